@@ -1,0 +1,1 @@
+"""Vendor adapters: placeholder until issue 4 lands."""

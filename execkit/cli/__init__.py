@@ -1,0 +1,72 @@
+"""The `execkit` command line. Surfaces only: every rule lives in the library.
+
+Each subcommand group lives in its own private module exposing `register(subparsers)`;
+a handler takes the parsed namespace and returns the process exit code. Errors the
+library raises on purpose (`ExecKitError`) become one line on stderr, or a JSON object
+with `--json`, and a documented exit code; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from execkit.cli import _adapters, _classify, _decide, _demo, _dispatch, _ledger, _run
+from execkit.cli._output import INTERNAL_ERROR_EXIT, report_error
+from execkit.errors import ExecKitError
+
+__all__ = ["main"]
+
+_GROUPS = (_run, _classify, _adapters, _decide, _ledger, _dispatch, _demo)
+
+# `execkit run -- CMD` runs a command; `execkit run start|finish` are ledger operations.
+# The command to run always follows `--`, so the two never collide.
+_RUN_LEDGER_VERBS = {"start": "run-start", "finish": "run-finish"}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="execkit",
+        description="Run vendor CLIs and charge retries only for informative attempts.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in _GROUPS:
+        group.register(sub)
+    return parser
+
+
+def _rewrite(argv: list[str]) -> list[str]:
+    if len(argv) >= 2 and argv[0] == "run" and argv[1] in _RUN_LEDGER_VERBS:
+        return [_RUN_LEDGER_VERBS[argv[1]], *argv[2:]]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code (never raises, but for SystemExit from argparse)."""
+    args_list = _rewrite(list(sys.argv[1:] if argv is None else argv))
+    args = _build_parser().parse_args(args_list)
+    as_json = bool(getattr(args, "json", False))
+    try:
+        code: int = args.handler(args)
+        return code
+    except ExecKitError as exc:
+        return report_error(exc, as_json=as_json)
+    except KeyboardInterrupt:
+        print("execkit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`); keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # the last line of defence: never a traceback
+        if os.environ.get("EXECKIT_DEBUG"):
+            raise
+        print(
+            f"execkit: internal error: {type(exc).__name__}: {exc} "
+            "(set EXECKIT_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
+        return INTERNAL_ERROR_EXIT
