@@ -1,19 +1,50 @@
-"""Attempt budgets as pure policies over one immutable attempt history.
+"""Attempt budgets as pure policies over one immutable attempt history (ADR 0046, 0033, 015).
 
-SKELETON: the types and signatures below are the contract other modules code against.
-The helper implementing issue 5 fills in the logic (and may add private helpers), but
-keeps these public names, fields and signatures.
+Everything here is a function of its arguments (the one impure default is `now`, which
+falls back to `time.time()`); no I/O. The ledger and the dispatcher call `decide` with the
+stored history and act on the `Decision`.
+
+The three meanings of "max attempts" are three policies over the same history:
+
+- `WorkBudget.max_attempts` bounds CHARGED attempts (informative about the work);
+  `WorkBudget.max_uncharged_attempts` bounds CONSECUTIVE upstream attempts (ADR 0046).
+- `ExplicitLimit` bounds EVERY admitted attempt and replaces the charged bound (ADR 0033).
+- `DispatchCap` bounds every dispatch of a board issue (ADR 015).
+
+How each attempt is read:
+
+- succeeded: the history is done (nothing may follow it); it is never classed and counts
+  as charged (it was informative).
+- failed: charged unless positively classed `environment` or `upstream`; no class = work.
+- abandoned: charged whatever class it carries, because its owner died mid-work and no
+  proof of what happened was recorded (default to charging).
+- running: not yet charged (its outcome is unknown); while one runs the decision is `wait`.
+
+Uncharged streak: the consecutive upstream attempts at the end of the history. A charged
+attempt (work failure, abandoned, succeeded) resets it. An environment attempt neither adds
+to it nor resets it: it says nothing about the outside service, so an outage that spans an
+operator's environment fix and forced retry stays bounded by the same ceiling.
+
+When several bounds hold at once the decision names the most specific one, in this order:
+environment, attempt_limit, upstream, work, dispatch_cap. Environment first because only a
+human can fix it; the explicit limit before the class bounds because it is the operator's
+own setting and raising it is the documented way out; the dispatch cap last because it is
+the coarsest backstop.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from execkit.classify import FailureClass
+from execkit.errors import HistoryError, InvalidInput
 
 __all__ = [
     "MAX_UNCHARGED_REPLANS",
@@ -33,6 +64,8 @@ __all__ = [
 
 MAX_UNCHARGED_REPLANS = 3
 
+EXPLICIT_LIMIT_MAX = 10000
+
 
 class AttemptStatus(enum.Enum):
     RUNNING = "running"
@@ -41,45 +74,197 @@ class AttemptStatus(enum.Enum):
     ABANDONED = "abandoned"
 
 
+# --- converters and validators -------------------------------------------------------
+
+
+def _allowed(enum_type: type[enum.Enum]) -> str:
+    return ", ".join(member.value for member in enum_type)
+
+
+def _to_status(value: AttemptStatus | str) -> AttemptStatus:
+    if isinstance(value, AttemptStatus):
+        return value
+    if isinstance(value, str):
+        try:
+            return AttemptStatus(value)
+        except ValueError:
+            pass
+    raise InvalidInput(f"status: {value!r} is not one of {_allowed(AttemptStatus)}")
+
+
+def _to_failure_class(value: FailureClass | str | None) -> FailureClass | None:
+    if value is None or isinstance(value, FailureClass):
+        return value
+    if isinstance(value, str):
+        try:
+            return FailureClass(value)
+        except ValueError:
+            pass
+    raise InvalidInput(
+        f"failure_class: {value!r} is not one of {_allowed(FailureClass)} (or null for work)"
+    )
+
+
+def _to_time(value: float | None) -> float | None:
+    # Store ints as floats; anything else is left for `_optional_time` to reject by name.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _optional_time(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not _is_number(value):
+        raise InvalidInput(
+            f"{attribute.name}: must be a finite number of POSIX seconds or null, got {value!r}"
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_number_field(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_int(value) or value < 1:
+        raise InvalidInput(f"{attribute.name}: must be an integer >= 1, got {value!r}")
+
+
+def _optional_str(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput(f"{attribute.name}: must be a string or null, got {value!r}")
+
+
+def _bool_field(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{attribute.name}: must be true or false, got {value!r}")
+
+
+# --- value types -----------------------------------------------------------------------
+
+
 @attrs.frozen
 class Attempt:
-    """One admitted attempt. Times are POSIX seconds (float)."""
+    """One admitted attempt. Times are POSIX seconds (float).
 
-    number: int
-    status: AttemptStatus
-    failure_class: FailureClass | None = None
-    reason: str | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    forced: bool = False
+    `status` and `failure_class` accept their enum or its string value. A failed attempt
+    with `failure_class=None` is a work failure. Bad values raise `InvalidInput` naming the
+    field and what is allowed.
+    """
+
+    number: int = attrs.field(validator=_positive_number_field)
+    status: AttemptStatus = attrs.field(converter=_to_status)
+    failure_class: FailureClass | None = attrs.field(default=None, converter=_to_failure_class)
+    reason: str | None = attrs.field(default=None, validator=_optional_str)
+    started_at: float | None = attrs.field(
+        default=None, converter=_to_time, validator=_optional_time
+    )
+    ended_at: float | None = attrs.field(default=None, converter=_to_time, validator=_optional_time)
+    forced: bool = attrs.field(default=False, validator=_bool_field)
 
 
 @attrs.frozen
 class WorkBudget:
-    max_attempts: int = 3
-    max_uncharged_attempts: int = 3
+    """The ADR 0046 budget: charged attempts and consecutive upstream attempts (each >= 1)."""
+
+    max_attempts: int = attrs.field(default=3, validator=_positive_number_field)
+    max_uncharged_attempts: int = attrs.field(default=3, validator=_positive_number_field)
+
+
+def _limit_range(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_int(value) or not 1 <= value <= EXPLICIT_LIMIT_MAX:
+        raise InvalidInput(
+            f"{attribute.name}: an explicit attempt limit must be an integer in "
+            f"1..{EXPLICIT_LIMIT_MAX}, got {value!r}"
+        )
 
 
 @attrs.frozen
 class ExplicitLimit:
-    max_attempts: int  # 1..10000, else ValueError naming the range
+    """An ADR 0033 task limit: every admitted run counts; 1..10000 else `InvalidInput`."""
+
+    max_attempts: int = attrs.field(validator=_limit_range)
+
+
+def _int_field(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_int(value):
+        raise InvalidInput(f"{attribute.name}: must be an integer, got {value!r}")
 
 
 @attrs.frozen
 class DispatchCap:
-    max_attempts: int = 10  # total dispatches; negative = no cap (ADR 015)
+    """The ADR 015 cap on total dispatches of one item.
+
+    Zero or negative means no cap (the ADR's "retry forever" escape hatch maps a negative
+    setting to 0 = no cap, so both read the same here).
+    """
+
+    max_attempts: int = attrs.field(default=10, validator=_int_field)
+
+    @property
+    def capped(self) -> bool:
+        return self.max_attempts > 0
+
+
+def _finite(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_number(value):
+        raise InvalidInput(f"{attribute.name}: must be a finite number, got {value!r}")
 
 
 @attrs.frozen
 class Backoff:
-    base_s: float = 10.0
-    factor: float = 2.0
-    max_s: float = 300.0
-    jitter: float = 0.1
+    """Exponential backoff with deterministic jitter.
+
+    delay(n) = min(max_s, base_s * factor**(n-1)) scaled by (1 + u) with u in
+    [-jitter, +jitter] derived from the history, then capped at max_s again.
+    Requires base_s > 0, factor >= 1, max_s >= base_s, 0 <= jitter < 1.
+    """
+
+    base_s: float = attrs.field(default=10.0, validator=_finite)
+    factor: float = attrs.field(default=2.0, validator=_finite)
+    max_s: float = attrs.field(default=300.0, validator=_finite)
+    jitter: float = attrs.field(default=0.1, validator=_finite)
+
+    def __attrs_post_init__(self) -> None:
+        if self.base_s <= 0:
+            raise InvalidInput(f"base_s: must be > 0, got {self.base_s!r}")
+        if self.factor < 1:
+            raise InvalidInput(f"factor: must be >= 1, got {self.factor!r}")
+        if self.max_s < self.base_s:
+            raise InvalidInput(f"max_s: must be >= base_s ({self.base_s!r}), got {self.max_s!r}")
+        if not 0 <= self.jitter < 1:
+            raise InvalidInput(f"jitter: must be in [0, 1), got {self.jitter!r}")
+
+    def delay(self, consecutive_failures: int, seed: str = "") -> float:
+        """Seconds to wait after `consecutive_failures` (>= 1) failures; never above max_s.
+
+        `seed` makes the jitter deterministic: the same seed gives the same delay.
+        """
+        if consecutive_failures < 1:
+            raise InvalidInput(f"consecutive_failures: must be >= 1, got {consecutive_failures!r}")
+        exponent = consecutive_failures - 1
+        # Compare in log space so a history of thousands of failures cannot overflow.
+        if self.factor == 1 or exponent * math.log(self.factor) < math.log(
+            self.max_s / self.base_s
+        ):
+            raw = min(self.max_s, self.base_s * self.factor**exponent)
+        else:
+            raw = self.max_s
+        return min(self.max_s, raw * (1.0 + self.jitter * _unit_jitter(seed)))
+
+
+def _unit_jitter(seed: str) -> float:
+    """A value in [-1, 1] that depends only on `seed` (not on PYTHONHASHSEED)."""
+    digest = hashlib.blake2b(seed.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / float(2**64 - 1) * 2.0 - 1.0
 
 
 @attrs.frozen
 class Decision:
+    """What the policies say about the next attempt; `to_dict()` is JSON-safe."""
+
     state: str  # ready | running | backoff | done | blocked
     blocked_on: str | None  # None | environment | upstream | work | attempt_limit | dispatch_cap
     next_action: str  # run | wait | none
@@ -94,8 +279,89 @@ class Decision:
         return attrs.asdict(self)
 
 
+# --- history ---------------------------------------------------------------------------
+
+
+def _check_history(
+    items: Sequence[Attempt | Plan], item_type: type[Attempt] | type[Plan], kind: str
+) -> None:
+    running: int | None = None
+    for index, item in enumerate(items):
+        if not isinstance(item, item_type):
+            raise HistoryError(
+                f"{kind} history item {index}: expected {item_type.__name__}, "
+                f"got {type(item).__name__}"
+            )
+        if item.number != index + 1:
+            raise HistoryError(
+                f"{kind} history item {index}: number is {item.number}, expected {index + 1} "
+                "(numbers must be gapless 1..N in order)"
+            )
+        if item.status is AttemptStatus.RUNNING:
+            if running is not None:
+                raise HistoryError(
+                    f"{kind} history: {kind}s {running} and {item.number} are both running "
+                    "(at most one may run)"
+                )
+            running = item.number
+        if item.status is AttemptStatus.SUCCEEDED and index != len(items) - 1:
+            raise HistoryError(
+                f"{kind} history: {kind} {item.number} succeeded but {kind} "
+                f"{items[index + 1].number} follows it (nothing may follow a success)"
+            )
+
+
 def validate_history(attempts: Sequence[Attempt]) -> None:
-    raise NotImplementedError
+    """Raise `HistoryError` unless the attempts are numbered gapless 1..N in order, at most
+    one is running, and nothing follows a succeeded attempt."""
+    _check_history(attempts, Attempt, "attempt")
+
+
+def _charged(status: AttemptStatus, failure_class: FailureClass | None) -> bool:
+    if status is AttemptStatus.FAILED:
+        return failure_class is None or failure_class.charged
+    # Abandoned: the owner died mid-work, nothing identified it as uninformative.
+    return status in (AttemptStatus.SUCCEEDED, AttemptStatus.ABANDONED)
+
+
+def _is_upstream(status: AttemptStatus, failure_class: FailureClass | None) -> bool:
+    return status is AttemptStatus.FAILED and failure_class is FailureClass.UPSTREAM
+
+
+def _is_environment(status: AttemptStatus, failure_class: FailureClass | None) -> bool:
+    return status is AttemptStatus.FAILED and failure_class is FailureClass.ENVIRONMENT
+
+
+def _streak(items: Sequence[Attempt | Plan]) -> tuple[int, str | None]:
+    """Consecutive upstream failures at the end, and the latest one's reason.
+
+    Environment and running items are transparent (see the module docstring).
+    """
+    streak = 0
+    latest_reason: str | None = None
+    for item in reversed(items):
+        if _is_upstream(item.status, item.failure_class):
+            if streak == 0:
+                latest_reason = item.reason
+            streak += 1
+        elif item.status is AttemptStatus.RUNNING or _is_environment(
+            item.status, item.failure_class
+        ):
+            continue
+        else:
+            break
+    return streak, latest_reason
+
+
+def _environment_reason(reason: str | None) -> str:
+    if reason:
+        return f"environment: {reason}"
+    return "environment: a precondition is missing (no reason recorded); fix it, then force a retry"
+
+
+def _upstream_reason(reason: str | None, streak: int) -> str:
+    what = f": {reason}" if reason else ""
+    return f"waiting on an outside service{what} ({streak} consecutive upstream attempts)"
 
 
 def decide(
@@ -105,29 +371,184 @@ def decide(
     backoff: Backoff = Backoff(),
     now: float | None = None,
     cap: DispatchCap | None = None,
+    *,
+    force: bool = False,
 ) -> Decision:
-    raise NotImplementedError
+    """Project the history onto a Decision about the next attempt.
+
+    `force=True` asks on behalf of an operator who fixed the environment: it lifts the
+    environment stop and nothing else (every other bound and the backoff still apply), so a
+    forced retry runs with the budget intact but cannot outrun it. Once recorded (with
+    `forced=True`), that attempt is evaluated like any other.
+
+    Raises `HistoryError` for a history that `validate_history` rejects and `InvalidInput`
+    for a non-finite `now`.
+    """
+    validate_history(attempts)
+    if now is None:
+        now = time.time()
+    elif not _is_number(now):
+        raise InvalidInput(f"now: must be a finite number of POSIX seconds, got {now!r}")
+
+    used = len(attempts)
+    charged = sum(1 for a in attempts if _charged(a.status, a.failure_class))
+    streak, upstream_reason = _streak(attempts)
+    if limit is not None:
+        remaining = max(0, limit.max_attempts - used)
+    else:
+        remaining = max(0, budget.max_attempts - charged)
+
+    def result(
+        state: str,
+        next_action: str,
+        reason: str | None,
+        blocked_on: str | None = None,
+        next_attempt_at: float | None = None,
+    ) -> Decision:
+        return Decision(
+            state=state,
+            blocked_on=blocked_on,
+            next_action=next_action,
+            next_attempt_at=next_attempt_at,
+            reason=reason,
+            attempts_used=used,
+            charged_attempts=charged,
+            uncharged_streak=streak,
+            remaining=remaining,
+        )
+
+    if not attempts:  # every bound is >= 1, so nothing can bind an empty history
+        return result("ready", "run", "no attempts yet")
+
+    last = attempts[-1]
+    if last.status is AttemptStatus.SUCCEEDED:
+        # Finished stays finished: raising a limit never reopens it (ADR 0033).
+        return result("done", "none", f"succeeded on attempt {last.number}")
+    running = next((a for a in attempts if a.status is AttemptStatus.RUNNING), None)
+    if running is not None:
+        return result("running", "wait", f"attempt {running.number} is running")
+
+    blocked = _blocked(used, charged, streak, budget, limit, cap, last, upstream_reason, force)
+    if blocked is not None:
+        return result("blocked", "none", blocked[1], blocked_on=blocked[0])
+
+    # Every attempt here ended without success, so the failure run is the whole history.
+    reference = last.ended_at if last.ended_at is not None else last.started_at
+    if reference is None:  # a legacy record without times: nothing to wait from
+        return result("ready", "run", f"retry after attempt {last.number}")
+    seed = f"{last.number}:{last.started_at!r}"
+    next_at = reference + backoff.delay(used, seed)
+    if now < next_at:
+        return result(
+            "backoff",
+            "wait",
+            f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}",
+            next_attempt_at=next_at,
+        )
+    return result("ready", "run", f"retry after attempt {last.number}", next_attempt_at=next_at)
+
+
+def _blocked(
+    used: int,
+    charged: int,
+    streak: int,
+    budget: WorkBudget,
+    limit: ExplicitLimit | None,
+    cap: DispatchCap | None,
+    last: Attempt,
+    upstream_reason: str | None,
+    force: bool,
+) -> tuple[str, str] | None:
+    """The most specific bound that holds, as (blocked_on, reason), or None."""
+    if not force and _is_environment(last.status, last.failure_class):
+        return "environment", _environment_reason(last.reason)
+    if limit is not None and used >= limit.max_attempts:
+        return "attempt_limit", f"attempt limit reached: {used} of {limit.max_attempts} runs"
+    if streak >= budget.max_uncharged_attempts:
+        return "upstream", _upstream_reason(upstream_reason, streak)
+    if limit is None and charged >= budget.max_attempts:
+        return "work", f"charged budget spent: {charged} of {budget.max_attempts} attempts"
+    if cap is not None and cap.capped and used >= cap.max_attempts:
+        return "dispatch_cap", f"dispatch cap reached: {used} of {cap.max_attempts} dispatches"
+    return None
+
+
+# --- the governor's replan budget ------------------------------------------------------
 
 
 @attrs.frozen
 class Plan:
-    number: int
-    status: AttemptStatus
-    failure_class: FailureClass | None = None
-    reason: str | None = None
+    """One plan record of a goal; the replan analogue of `Attempt`."""
+
+    number: int = attrs.field(validator=_positive_number_field)
+    status: AttemptStatus = attrs.field(converter=_to_status)
+    failure_class: FailureClass | None = attrs.field(default=None, converter=_to_failure_class)
+    reason: str | None = attrs.field(default=None, validator=_optional_str)
 
 
 @attrs.frozen
 class ReplanDecision:
-    state: str
-    blocked_on: str | None
-    next_action: str
+    """What the replan budget says about planning again; `to_dict()` is JSON-safe."""
+
+    state: str  # ready | running | done | blocked
+    blocked_on: str | None  # None | environment | upstream | work
+    next_action: str  # run | wait | none
     reason: str | None
     replans_used: int
     charged_replans: int
     uncharged_streak: int
     remaining: int
 
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
 
 def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
-    raise NotImplementedError
+    """The ADR 0046 projection over a goal's plan records.
+
+    `max_replans` (>= 1) bounds charged plans exactly as `WorkBudget.max_attempts` bounds
+    charged attempts; `MAX_UNCHARGED_REPLANS` bounds consecutive upstream plan failures; an
+    environment plan failure stops the goal and names the precondition. Raises
+    `HistoryError` for a bad plan history and `InvalidInput` for a bad `max_replans`.
+    """
+    if not _is_int(max_replans) or max_replans < 1:
+        raise InvalidInput(f"max_replans: must be an integer >= 1, got {max_replans!r}")
+    _check_history(plans, Plan, "plan")
+    used = len(plans)
+    charged = sum(1 for p in plans if _charged(p.status, p.failure_class))
+    streak, upstream_reason = _streak(plans)
+
+    def result(
+        state: str, next_action: str, reason: str | None, blocked_on: str | None = None
+    ) -> ReplanDecision:
+        return ReplanDecision(
+            state=state,
+            blocked_on=blocked_on,
+            next_action=next_action,
+            reason=reason,
+            replans_used=used,
+            charged_replans=charged,
+            uncharged_streak=streak,
+            remaining=max(0, max_replans - charged),
+        )
+
+    if not plans:
+        return result("ready", "run", "no plans yet")
+    last = plans[-1]
+    if last.status is AttemptStatus.SUCCEEDED:
+        return result("done", "none", f"plan {last.number} succeeded")
+    running = next((p for p in plans if p.status is AttemptStatus.RUNNING), None)
+    if running is not None:
+        return result("running", "wait", f"plan {running.number} is running")
+    if _is_environment(last.status, last.failure_class):
+        return result("blocked", "none", _environment_reason(last.reason), "environment")
+    if streak >= MAX_UNCHARGED_REPLANS:
+        return result("blocked", "none", _upstream_reason(upstream_reason, streak), "upstream")
+    if charged >= max_replans:
+        return result(
+            "blocked",
+            "none",
+            f"charged replan budget spent: {charged} of {max_replans} replans",
+            "work",
+        )
+    return result("ready", "run", f"replan after plan {last.number}")

@@ -1,10 +1,175 @@
-"""CLI group placeholder: filled in by its issue."""
+"""`execkit decide`: print the budget Decision for a JSON attempt history.
+
+A tool for operators who want to know why an item stopped; every rule lives in
+`execkit.budget`, this module only parses input and prints.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import sys
 from typing import Any
+
+from execkit.budget import Attempt, Decision, ExplicitLimit, WorkBudget, decide
+from execkit.cli._output import print_json
+from execkit.errors import HistoryError, InvalidInput, NotFound
+
+_KEYS = frozenset(
+    {"number", "status", "class", "failure_class", "reason", "started_at", "ended_at", "forced"}
+)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add this group's subcommands (none yet)."""
+    """Add `decide`."""
+    parser = sub.add_parser(
+        "decide",
+        help="explain what the attempt budgets say about a history",
+        description=(
+            "Print the budget decision for a JSON list of attempts (keys: number, status, "
+            "class or failure_class, reason, started_at, ended_at, forced). Exit 0 whatever "
+            "the decision; bad input exits 3 (invalid) or 11 (invalid_history)."
+        ),
+    )
+    parser.add_argument(
+        "--history", required=True, metavar="FILE", help="JSON file of attempts, or - for stdin"
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="charged attempts allowed (default 3)",
+    )
+    parser.add_argument(
+        "--max-uncharged-attempts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="consecutive upstream attempts allowed (default 3)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="explicit limit on every admitted attempt, 1..10000",
+    )
+    parser.add_argument(
+        "--now",
+        type=float,
+        default=None,
+        metavar="T",
+        help="evaluate at POSIX time T (default: the clock)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    try:
+        budget = WorkBudget(args.max_attempts, args.max_uncharged_attempts)
+    except InvalidInput as exc:
+        # The library names its field; say it as the flag the user typed.
+        flag, value = (
+            ("--max-uncharged-attempts", args.max_uncharged_attempts)
+            if exc.message.startswith("max_uncharged_attempts")
+            else ("--max-attempts", args.max_attempts)
+        )
+        raise InvalidInput(f"{flag}: must be an integer >= 1, got {value}") from None
+    limit = None
+    if args.limit is not None:
+        try:
+            limit = ExplicitLimit(args.limit)
+        except InvalidInput:
+            raise InvalidInput(f"--limit: must be in 1..10000, got {args.limit}") from None
+    attempts = _parse_history(_read(args.history))
+    try:
+        decision = decide(attempts, budget=budget, limit=limit, now=args.now)
+    except HistoryError:
+        raise
+    except InvalidInput as exc:  # only `now` is left to be wrong here
+        raise InvalidInput(f"--now: {exc.message.removeprefix('now: ')}") from None
+    if args.json:
+        print_json(decision.to_dict())
+    else:
+        sys.stdout.write(_summary(decision, args.now))
+    return 0
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise NotFound(f"--history: no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"--history: cannot read {path}: {exc}") from None
+
+
+def _parse_history(text: str) -> list[Attempt]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"--history: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    if not isinstance(data, list):
+        raise HistoryError(f"history: expected a JSON list of attempts, got {type(data).__name__}")
+    return [_parse_attempt(index, item) for index, item in enumerate(data)]
+
+
+def _parse_attempt(index: int, item: object) -> Attempt:
+    where = f"history[{index}]"
+    if not isinstance(item, dict):
+        raise HistoryError(f"{where}: expected an object, got {type(item).__name__}")
+    unknown = sorted(set(item) - _KEYS)
+    if unknown:
+        raise HistoryError(
+            f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(_KEYS))})"
+        )
+    if "class" in item and "failure_class" in item:
+        raise HistoryError(f"{where}: give one of 'class' and 'failure_class', not both")
+    for required in ("number", "status"):
+        if required not in item:
+            raise HistoryError(f"{where}: missing field {required!r}")
+    fields: dict[str, Any] = {key: value for key, value in item.items() if key != "class"}
+    if "class" in item:
+        fields["failure_class"] = item["class"]
+    if fields.get("forced") is None:
+        fields.pop("forced", None)
+    try:
+        return Attempt(**fields)
+    except InvalidInput as exc:
+        # The value types name the field; add which item it is.
+        field, _, detail = exc.message.partition(":")
+        raise HistoryError(f"{where}.{field}:{detail}") from None
+
+
+def _when(ts: float, now: float | None) -> str:
+    stamp = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).isoformat(timespec="seconds")
+    if now is None:
+        return stamp
+    return f"{stamp} ({ts - now:+.1f} s from --now)"
+
+
+def _summary(decision: Decision, now: float | None) -> str:
+    state = decision.state
+    if decision.blocked_on:
+        state += f" on {decision.blocked_on}"
+    lines = [
+        f"state: {state}",
+        f"next action: {decision.next_action}",
+    ]
+    if decision.next_attempt_at is not None:
+        lines.append(f"next attempt at: {_when(decision.next_attempt_at, now)}")
+    if decision.reason:
+        lines.append(f"reason: {decision.reason}")
+    lines.append(
+        f"attempts used: {decision.attempts_used}, charged: {decision.charged_attempts}, "
+        f"uncharged streak: {decision.uncharged_streak}, remaining: {decision.remaining}"
+    )
+    return "\n".join(lines) + "\n"
