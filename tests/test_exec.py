@@ -1,0 +1,446 @@
+"""execkit.spawn against real processes: spawn failures, exits, timeouts, trees, capture."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from execkit import InvalidInput
+from execkit.exec import SpawnResult, spawn
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
+# -I -S: no site import, so the fixture is up (and has its signal handlers) quickly.
+PY = [sys.executable, "-I", "-S"]
+
+
+def fixture(name: str, *args: str) -> list[str]:
+    return [*PY, str(FIXTURES / name), *args]
+
+
+def gone(pid: int) -> bool:
+    """Dead or a zombie nobody reaped yet (in a container pid 1 may never reap)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.02)
+    return gone(pid)
+
+
+def kill_quietly(pid: int) -> None:
+    with contextlib.suppress(psutil.Error):
+        psutil.Process(pid).kill()
+
+
+def read_pids(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+# ---------------------------------------------------------------- spawn failures vs exits
+
+
+def test_absent_binary_is_a_spawn_failure_with_enoent() -> None:
+    result = spawn(["execkit-no-such-binary-xyz", "--flag"])
+    assert result.spawn_errno == errno.ENOENT
+    assert result.exit_code is None and result.signal is None and result.pid is None
+    assert "execkit-no-such-binary-xyz" in (result.spawn_error or "")
+    assert not result.ok
+    assert result.failure_text().startswith("executable not found")
+
+
+def test_absent_absolute_path_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "bin" / "codex"
+    result = spawn([str(missing)])
+    assert result.spawn_errno == errno.ENOENT
+    assert str(missing) in (result.spawn_error or "")
+
+
+def test_missing_cwd_says_it_was_the_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "gone"
+    result = spawn(["true"], cwd=missing)
+    assert result.spawn_errno == errno.ENOENT
+    assert result.spawn_error == f"working directory not found: {missing}"
+    assert result.exit_code is None
+
+
+def test_cwd_that_is_a_file_is_a_directory_failure(tmp_path: Path) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    result = spawn(["true"], cwd=str(a_file))
+    assert result.spawn_errno == errno.ENOTDIR
+    assert "working directory" in (result.spawn_error or "")
+
+
+def test_not_executable_keeps_eacces(tmp_path: Path) -> None:
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    result = spawn([str(script)])
+    assert result.spawn_errno == errno.EACCES
+    assert str(script) in (result.spawn_error or "")
+    assert result.exit_code is None
+
+
+def test_shell_missing_command_is_exit_127_not_a_spawn_failure() -> None:
+    result = spawn(["sh", "-c", "execkit-no-such-command-xyz"])
+    assert result.exit_code == 127
+    assert result.spawn_errno is None and result.spawn_error is None
+    assert result.pid is not None
+    assert "execkit-no-such-command-xyz" in result.stderr_tail
+
+
+def test_exit_code_and_streams_are_kept_apart() -> None:
+    result = spawn(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert result.exit_code == 3 and result.signal is None and not result.timed_out
+    assert result.stdout_tail == "out\n" and result.stderr_tail == "err\n"
+    assert (result.stdout_bytes, result.stderr_bytes) == (4, 4)
+    assert result.failure_text() == "err\nout"
+    assert result.duration_s >= 0
+
+
+def test_success_is_ok() -> None:
+    result = spawn(["true"])
+    assert result.ok and result.exit_code == 0 and isinstance(result.pid, int)
+
+
+def test_death_by_signal_sets_signal_not_exit_code() -> None:
+    result = spawn(["sh", "-c", "kill -KILL $$"])
+    assert result.signal == signal.SIGKILL
+    assert result.exit_code is None and not result.timed_out and not result.ok
+
+
+def test_argv_is_never_split_or_shell_expanded() -> None:
+    args = ["$HOME; echo pwned", "*", "a b", "`id`"]
+    result = spawn([*PY, "-c", "import sys; print(repr(sys.argv[1:]))", *args])
+    assert result.stdout_tail.strip() == repr(args)
+
+
+def test_env_replaces_the_environment() -> None:
+    result = spawn(
+        [*PY, "-c", "import os; print(sorted(k for k in os.environ if k.startswith('EK_')))"],
+        env={"EK_ONE": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    assert result.stdout_tail.strip() == "['EK_ONE']"
+
+
+def test_cwd_is_used(tmp_path: Path) -> None:
+    result = spawn(["pwd"], cwd=tmp_path)
+    assert result.stdout_tail.strip() == str(tmp_path)
+
+
+# ------------------------------------------------------------------------ input / stdin
+
+
+def test_stdin_is_devnull_without_input() -> None:
+    result = spawn(["cat"], timeout=30)
+    assert result.ok and result.stdout_bytes == 0
+
+
+def test_large_input_is_written_without_deadlock() -> None:
+    # 8 MiB in, 8 MiB out through `cat`: far beyond both pipe buffers.
+    payload = b"".join(b"%07d\n" % i for i in range(1024 * 1024))
+    result = spawn(["cat"], input=payload, timeout=60, tail_bytes=1024)
+    assert result.ok
+    assert result.stdout_bytes == len(payload) == 8 * 1024 * 1024
+    assert result.stdout_tail == payload[-1024:].decode()
+    assert result.stdout_truncated
+
+
+def test_str_input_is_utf8() -> None:
+    result = spawn([*PY, "-c", "import sys; print(sys.stdin.buffer.read().hex())"], input="é")
+    assert result.stdout_tail.strip() == "c3a9"
+
+
+def test_child_that_ignores_its_input_is_not_an_error() -> None:
+    result = spawn(["true"], input=b"x" * (4 * 1024 * 1024), timeout=30)
+    assert result.ok
+
+
+# ------------------------------------------------------------------------------- capture
+
+
+def test_tails_keep_the_last_bytes_exactly() -> None:
+    code = "import sys; sys.stdout.write(''.join(f'{i}\\n' for i in range(100000)))"
+    expected = "".join(f"{i}\n" for i in range(100000))
+    result = spawn([*PY, "-c", code], tail_bytes=1000)
+    assert result.stdout_bytes == len(expected)
+    assert result.stdout_truncated and not result.stderr_truncated
+    assert result.stdout_tail == expected[-1000:]
+    assert result.failure_text(20) == "…" + expected.strip()[-19:]
+
+
+def test_output_exactly_at_the_limit_is_not_truncated() -> None:
+    result = spawn(["printf", "abcd"], tail_bytes=4)
+    assert result.stdout_tail == "abcd" and not result.stdout_truncated
+    result = spawn(["printf", "abcde"], tail_bytes=4)
+    assert result.stdout_tail == "bcde" and result.stdout_truncated
+
+
+def test_binary_garbage_never_raises_and_counts_exactly() -> None:
+    result = spawn(fixture("binary_garbage.py", "300000", "7000", "3"), tail_bytes=4096)
+    assert result.exit_code == 0
+    assert (result.stdout_bytes, result.stderr_bytes) == (300000, 7000)
+    assert result.stdout_truncated and result.stderr_truncated
+    assert isinstance(result.stdout_tail, str) and result.stdout_tail
+    result.to_dict()  # JSON-safe even with replacement characters
+
+
+def test_tail_does_not_open_in_the_middle_of_a_character() -> None:
+    # "é" is 2 bytes; an odd limit would start on its second byte without realignment.
+    result = spawn([*PY, "-c", "import sys; sys.stdout.write('é' * 1000)"], tail_bytes=11)
+    assert result.stdout_truncated
+    assert result.stdout_tail == "é" * 5
+    assert "\ufffd" not in result.stdout_tail
+
+
+def test_callbacks_receive_every_byte_without_changing_what_is_kept() -> None:
+    out_chunks: list[bytes] = []
+    err_chunks: list[bytes] = []
+    code = "import sys; sys.stdout.write('o' * 200000); sys.stderr.write('e' * 70000)"
+    result = spawn(
+        [*PY, "-c", code], tail_bytes=100, on_stdout=out_chunks.append, on_stderr=err_chunks.append
+    )
+    plain = spawn([*PY, "-c", code], tail_bytes=100)
+    assert b"".join(out_chunks) == b"o" * 200000
+    assert b"".join(err_chunks) == b"e" * 70000
+    assert all(len(c) <= 64 * 1024 for c in out_chunks)
+    fields = ("stdout_tail", "stderr_tail", "stdout_bytes", "stderr_bytes", "stdout_truncated")
+    assert [getattr(result, f) for f in fields] == [getattr(plain, f) for f in fields]
+
+
+def test_callbacks_are_live(tmp_path: Path) -> None:
+    # The child only finishes early if the callback sees "ready" while it is running.
+    flag = tmp_path / "flag"
+
+    def on_stdout(chunk: bytes) -> None:
+        if b"ready" in chunk:
+            flag.touch()
+
+    result = spawn(fixture("wait_for_file.py", str(flag)), on_stdout=on_stdout, timeout=60)
+    assert result.ok, result.failure_text()
+    assert result.stdout_tail == "ready\nseen\n"
+
+
+def test_a_raising_callback_kills_the_child_and_propagates(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def on_stdout(chunk: bytes) -> None:
+        seen.append(int(chunk.split()[1]))
+        raise RuntimeError("log sink full")
+
+    with pytest.raises(RuntimeError, match="log sink full"):
+        spawn(fixture("ignore_term.py"), on_stdout=on_stdout, timeout=60)
+    assert seen and wait_gone(seen[0])
+
+
+def test_secrets_are_masked_in_tails_but_not_in_live_chunks() -> None:
+    live: list[bytes] = []
+    code = (
+        "import os; print('OPENAI_API_KEY=sk-proj-abcdefghijklmnop1234'); "
+        "print('value', os.environ['MY_SERVICE_TOKEN']); "
+        "import sys; print('Authorization: Bearer abc.def.ghi12345', file=sys.stderr)"
+    )
+    env = {"MY_SERVICE_TOKEN": "hunter2hunter2", "PATH": os.environ.get("PATH", "")}
+    result = spawn([*PY, "-c", code], env=env, on_stdout=live.append)
+    assert "sk-proj" not in result.stdout_tail and "hunter2hunter2" not in result.stdout_tail
+    assert result.stdout_tail == "OPENAI_API_KEY=[REDACTED]\nvalue [REDACTED]\n"
+    assert result.stderr_tail == "Authorization: Bearer [REDACTED]\n"
+    assert b"hunter2hunter2" in b"".join(live)
+
+
+def test_secret_in_argv_is_masked_on_the_result() -> None:
+    result = spawn(["echo", "--api-key", "abc123secretvalue", "sk-ant-abcdefghijklmnopqrstu"])
+    assert result.argv == ("echo", "--api-key", "[REDACTED]", "[REDACTED]")
+    assert "abc123secretvalue" not in result.stdout_tail
+
+
+# ------------------------------------------------------------------ timeouts and trees
+
+
+def test_timeout_escalates_to_sigkill_when_sigterm_is_ignored() -> None:
+    result = spawn(fixture("ignore_term.py"), timeout=1.5, kill_grace=0.3)
+    assert result.stdout_tail.startswith("ready"), "fixture was not up before the timeout"
+    assert result.timed_out and result.signal == signal.SIGKILL and result.exit_code is None
+    assert not result.ok
+    assert wait_gone(int(result.stdout_tail.split()[1]))
+
+
+def test_timed_out_is_true_even_when_the_child_exits_0_on_sigterm() -> None:
+    result = spawn(fixture("exit0_on_term.py"), timeout=1.5, kill_grace=30)
+    assert result.stdout_tail.startswith("ready"), "fixture was not up before the timeout"
+    assert result.timed_out and result.exit_code == 0 and result.signal is None
+    assert not result.ok
+    # Its last words during the grace were captured, and the 30 s grace was not waited out.
+    assert "got SIGTERM" in result.stderr_tail
+    assert result.duration_s < 25
+
+
+def test_plain_sigterm_death_on_timeout() -> None:
+    result = spawn(["sleep", "60"], timeout=0.3, kill_grace=30)
+    assert result.timed_out and result.signal == signal.SIGTERM and result.duration_s < 25
+
+
+def test_timeout_kills_the_whole_tree_including_escaped_descendants(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    try:
+        result = spawn(fixture("tree.py", str(pidfile)), timeout=2.0, kill_grace=0.3)
+        pids = read_pids(pidfile)
+        assert len(pids) == 3, "fixture was not up before the timeout"
+        child, in_group, escaped = pids
+        assert result.timed_out and result.pid == child
+        assert result.signal == signal.SIGTERM  # the child itself honours SIGTERM
+        # Both grandchildren ignore SIGTERM: only the group SIGKILL and the psutil
+        # snapshot (for the one in its own session) can have ended them.
+        assert wait_gone(in_group), "grandchild in the group survived"
+        assert wait_gone(escaped), "grandchild that left the group survived"
+    finally:
+        for pid in read_pids(pidfile)[1:]:
+            kill_quietly(pid)
+
+
+def test_grandchild_holding_the_pipes_does_not_hang_spawn(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    try:
+        result = spawn(fixture("hold_pipes.py", str(pidfile)), timeout=120)
+        assert result.ok and not result.timed_out
+        assert result.stdout_tail == "parent done\n"
+        # The grandchild sleeps 600 s with the pipes open; spawn gave up on them quickly.
+        assert result.duration_s < 60
+        (grandchild,) = read_pids(pidfile)
+        assert not gone(grandchild)  # a normal exit leaves descendants alone
+    finally:
+        for pid in read_pids(pidfile):
+            kill_quietly(pid)
+
+
+def test_keyboard_interrupt_kills_the_child() -> None:
+    pids: list[int] = []
+
+    def on_stdout(chunk: bytes) -> None:
+        pids.append(int(chunk.split()[1]))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        spawn(fixture("ignore_term.py"), on_stdout=on_stdout, timeout=60)
+    assert pids and wait_gone(pids[0])
+
+
+# ------------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"argv": []}, InvalidInput, "argv"),
+        ({"argv": ()}, InvalidInput, "argv"),
+        ({"argv": "echo hi"}, TypeError, "argv"),
+        ({"argv": b"echo"}, TypeError, "argv"),
+        ({"argv": ["echo", 1]}, TypeError, "argv[1]"),
+        ({"argv": ["echo", None]}, TypeError, "argv[1]"),
+        ({"argv": [Path("/bin/echo")]}, TypeError, "argv[0]"),
+        ({"argv": [""]}, InvalidInput, "argv[0]"),
+        ({"argv": ["echo", "a\0b"]}, InvalidInput, "argv[1]"),
+        ({"timeout": 0}, InvalidInput, "timeout"),
+        ({"timeout": -1}, InvalidInput, "timeout"),
+        ({"timeout": float("nan")}, InvalidInput, "timeout"),
+        ({"timeout": float("inf")}, InvalidInput, "timeout"),
+        ({"timeout": "5"}, TypeError, "timeout"),
+        ({"timeout": True}, TypeError, "timeout"),
+        ({"kill_grace": -0.1}, InvalidInput, "kill_grace"),
+        ({"tail_bytes": 0}, InvalidInput, "tail_bytes"),
+        ({"tail_bytes": 1.5}, TypeError, "tail_bytes"),
+        ({"env": {"A": 1}}, TypeError, "env"),
+        ({"env": {"A=B": "x"}}, InvalidInput, "env"),
+        ({"input": 12}, TypeError, "input"),
+        ({"on_stdout": "print"}, TypeError, "on_stdout"),
+        ({"cwd": 3}, TypeError, "cwd"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_spawn_nothing(
+    fp: object, kwargs: dict[str, object], error: type[Exception], names: str
+) -> None:
+    # `fp` has nothing registered: reaching Popen would raise ProcessNotRegisteredError.
+    call: dict[str, object] = {"argv": ["echo", "x"], **kwargs}
+    argv = call.pop("argv")
+    with pytest.raises(error) as info:
+        spawn(argv, **call)  # type: ignore[arg-type]
+    assert names in str(info.value)
+    if error is InvalidInput:
+        assert isinstance(info.value, ValueError)
+
+
+def test_zero_kill_grace_is_allowed() -> None:
+    result = spawn(fixture("ignore_term.py"), timeout=1.0, kill_grace=0)
+    assert result.timed_out and result.signal == signal.SIGKILL
+
+
+def test_result_contract_holds_for_each_outcome() -> None:
+    outcomes = [
+        spawn(["execkit-no-such-binary-xyz"]),
+        spawn(["sh", "-c", "exit 4"]),
+        spawn(["sh", "-c", "kill -TERM $$"]),
+    ]
+    for result in outcomes:
+        assert isinstance(result, SpawnResult)
+        set_fields = [result.spawn_errno, result.signal, result.exit_code]
+        assert sum(v is not None for v in set_fields) == 1
+        data = result.to_dict()
+        assert data["argv"] == list(result.argv) and data["ok"] is result.ok
+
+
+# ---------------------------------------------------------------------------------- memory
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_for_hundreds_of_mib() -> None:
+    me = psutil.Process()
+    baseline = me.memory_info().rss
+    peak = baseline
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, me.memory_info().rss)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = spawn(["head", "-c", str(300 * 1024 * 1024), "/dev/zero"], timeout=300)
+    finally:
+        done.set()
+        sampler.join(10)
+    assert result.ok and result.stdout_bytes == 300 * 1024 * 1024
+    assert len(result.stdout_tail) == 65536
+    # 300 MiB went through; the parent grew by well under 16 MiB (tails are 64 KiB).
+    assert peak - baseline < 16 * 1024 * 1024, f"grew {(peak - baseline) >> 20} MiB"
+
+
+def test_works_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Old kernels have no pidfd_open: the loop must fall back to polling the child.
+    def no_pidfd(_pid: int, _flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "pidfd_open not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    result = spawn(["sh", "-c", "echo out; echo err >&2; exit 6"])
+    assert (result.exit_code, result.stdout_tail, result.stderr_tail) == (6, "out\n", "err\n")
+    result = spawn(["sleep", "60"], timeout=0.3, kill_grace=5)
+    assert result.timed_out and result.signal == signal.SIGTERM
