@@ -1,0 +1,433 @@
+"""execkit.classify: the structural rules, every row of the documented list, hard negatives."""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+
+import attrs
+import pytest
+
+import execkit.classify as classify_module
+from execkit.classify import (
+    EVIDENCE_CHARS,
+    TAIL_CHARS,
+    Classification,
+    FailureClass,
+    classification_fields,
+    classify,
+    classify_text,
+)
+from execkit.errors import InvalidInput
+from execkit.exec import SpawnResult
+
+
+def spawn_result(
+    *,
+    exit_code: int | None = 1,
+    spawn_errno: int | None = None,
+    spawn_error: str | None = None,
+    signal: int | None = None,
+    timed_out: bool = False,
+    stdout: str = "",
+    stderr: str = "",
+) -> SpawnResult:
+    never_started = spawn_errno is not None
+    return SpawnResult(
+        argv=("codex", "exec", "fix the test"),
+        pid=None if never_started else 4242,
+        exit_code=None if never_started or signal is not None else exit_code,
+        signal=signal,
+        spawn_errno=spawn_errno,
+        spawn_error=spawn_error,
+        timed_out=timed_out,
+        duration_s=0.5,
+        stdout_tail=stdout,
+        stderr_tail=stderr,
+        stdout_bytes=len(stdout.encode()),
+        stderr_bytes=len(stderr.encode()),
+        stdout_truncated=False,
+        stderr_truncated=False,
+    )
+
+
+def deciding_rule(text: str) -> str | None:
+    """The name of the rule that decided `text` (None when nothing matched)."""
+    decided = classify_module._decide(text)
+    return None if decided is None else decided[1].rule
+
+
+# --- the documented table ------------------------------------------------------------------
+
+
+def _table_rows() -> list[tuple[str, str, str, list[str]]]:
+    """(rule, class, reason, examples) per rule, continuation rows folded into their rule."""
+    doc = classify_module.__doc__
+    assert doc is not None
+    rows: list[tuple[str, str, str, list[str]]] = []
+    for line in doc.splitlines():
+        if not line.startswith("| ") or line.startswith("| rule "):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        rule, cls, reason, examples = cells
+        found = re.findall(r"`([^`]+)`", examples)
+        if not rule:
+            rows[-1][3].extend(found)
+            continue
+        rows.append((rule.strip("`"), cls, reason.strip("`"), found))
+    return rows
+
+
+TABLE = _table_rows()
+SPECIAL_ROWS = {"retry-notice", "(none)"}
+
+
+def test_the_table_documents_exactly_the_rules_in_the_code() -> None:
+    names = [row[0] for row in TABLE]
+    assert len(names) == len(set(names))
+    code_rules = {rule.name for rule in classify_module._RULES}
+    assert set(names) - SPECIAL_ROWS == code_rules
+    assert set(names) >= SPECIAL_ROWS
+    assert all(row[3] for row in TABLE), "every row shows at least one example"
+
+
+@pytest.mark.parametrize(
+    ("rule", "cls", "reason", "example"),
+    [
+        pytest.param(rule, cls, reason, example, id=f"{rule}:{example}")
+        for rule, cls, reason, examples in TABLE
+        if rule not in SPECIAL_ROWS
+        for example in examples
+    ],
+)
+def test_every_documented_example_classifies_as_its_row_says(
+    rule: str, cls: str, reason: str, example: str
+) -> None:
+    verdict = classify_text(example)
+    assert verdict.failure_class.value == cls
+    if reason == "http N":
+        code = re.search(r"\d{3}", example)
+        assert code is not None
+        assert verdict.reason == f"http {code.group()}"
+    else:
+        assert verdict.reason == reason
+    assert deciding_rule(example) == rule
+    assert verdict.evidence is not None and verdict.evidence in example
+
+
+@pytest.mark.parametrize(
+    "example", [ex for rule, _, _, exs in TABLE if rule == "(none)" for ex in exs]
+)
+def test_documented_non_signals_are_work_default(example: str) -> None:
+    assert classify_text(example) == Classification(FailureClass.WORK, "default")
+
+
+def test_retry_notice_row() -> None:
+    notice = "stream error: unexpected status 503 Service Unavailable; retrying 1/5 in 212ms…"
+    # More output followed: the retry went on, so the notice is not the outcome.
+    assert classify_text(notice + "\nERROR: 1 failed, 7 passed").reason == "default"
+    # The run ended on the notice (killed while retrying): it is the outcome.
+    assert classify_text(notice + "\n\n").reason == "http 503"
+    # A final error line after notices still counts.
+    final = notice + "\nERROR: exceeded retry limit, last status: 503 Service Unavailable"
+    assert classify_text(final).failure_class is FailureClass.UPSTREAM
+
+
+def test_retry_notice_does_not_hide_an_account_limit() -> None:
+    text = "429 Too Many Requests insufficient_quota; retrying 1/3\nError: gave up"
+    assert classify_text(text) == Classification(
+        FailureClass.WORK,
+        "insufficient quota",
+        "429 Too Many Requests insufficient_quota; retrying 1/3",
+    )
+
+
+# --- hard negatives and precision details --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "HTTP 404",
+        "HTTP/1.1 404 Not Found",
+        "unexpected status 401 Unauthorized",
+        "Error code: 400 - {'type': 'invalid_request_error'}",
+        "'code': 'context_length_exceeded'",
+        "processed 500 files",
+        'File "app.py", line 503, in handler',
+        "max_tokens: 4290 > 4096",
+        "Port 5000 is in use",
+        "status 4290",
+        "status: 5030",
+        "status 1503",
+        "HTTP/1.1 200 OK",
+        "status 503.5",
+        "status: 500/1000 files",
+        "status 503 of 1000 documents",
+        "status 50%",
+        "status_503_handler failed",
+        "request_id=req_5034a429be took 429ms",
+        "2025-05-03T05:03:29.503Z job 529 failed",
+        "http://500.example.test/ refused",
+        "HTTPStatus.SERVICE_UNAVAILABLE != resp.status",
+        "FAILED tests/test_rate_limit.py::test_rate_limit_exceeded - assert 200 == 429",
+        "FAILED test_service_unavailable_is_retried",
+        "TypeError: RateLimitExceeded is not a constructor",
+        "error: call of overloaded 'clamp(double, int, int)' is ambiguous",
+        "error: overloaded function with no contextual type information",
+        "error: Overloaded function signatures 1 and 2 overlap",
+        "BlockingIOError: [Errno 11] Resource temporarily unavailable",
+        "short-circuit open path skipped",
+        "test_circuit_open expected 'open'",
+        "bash: codex: command not found",
+        "Error: connect ECONNREFUSED 127.0.0.1:8080",
+        "getaddrinfo ENOTFOUND api.anthropic.com",
+        "API Error: Request timed out.",
+        "exit status 1",
+        "the generated iterate() keeps a separate rate table",
+    ],
+)
+def test_hard_negatives_are_work(text: str) -> None:
+    verdict = classify_text(text)
+    assert verdict.failure_class is FailureClass.WORK, verdict
+    assert verdict.charged
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            "Error code: 429 - {'error': {'message': 'You exceeded your current quota', "
+            "'type': 'insufficient_quota'}}",
+            "insufficient quota",
+        ),
+        ("status 503 then: please check your plan and billing details", "billing"),
+        ("API Error: 529 overloaded; Claude AI usage limit reached|1753459200", "usage limit"),
+        ("usage limit reached.\nHTTP/1.1 503 Service Unavailable", "usage limit"),
+    ],
+)
+def test_account_limits_veto_upstream_anywhere_in_the_tail(text: str, reason: str) -> None:
+    verdict = classify_text(text)
+    assert verdict.failure_class is FailureClass.WORK
+    assert verdict.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('"http_status": 503', "http 503"),
+        ('"error_code": 429', "http 429"),
+        ("'http_code': 502", "http 502"),
+        ("HTTP/2 503", "http 503"),
+        ("x-status: 529", "http 529"),
+        ("unexpected status 503 Service Unavailable", "http 503"),
+        ("[API Error: got status: 500 Internal Server Error.]", "http 500"),
+        ("urllib.error.HTTPError: HTTP Error 503: Service Unavailable", "http 503"),
+        ("That model is currently overloaded with other requests.", "overloaded"),
+        ("Our servers are currently overloaded", "overloaded"),
+        ("Error: Rate limited. Retry later.", "rate limited"),
+        ("You have been rate-limited by the API", "rate limited"),
+        ("exceeded token rate limit of your current tier", "rate limited"),
+        ("CircuitOpenError: provider openai", "circuit open"),
+        ("circuit breaker state: OPEN", "circuit open"),
+    ],
+)
+def test_more_upstream_shapes(text: str, reason: str) -> None:
+    verdict = classify_text(text)
+    assert verdict.failure_class is FailureClass.UPSTREAM
+    assert verdict.reason == reason
+
+
+def test_a_numeric_status_beats_wording_and_the_latest_wins() -> None:
+    text = "circuit breaker is open\nstatus 503\nrate limit exceeded\nAPI Error: 429"
+    assert classify_text(text).reason == "http 429"
+    assert classify_text("status 502\nstatus 503").reason == "http 503"
+    assert classify_text("Too Many Requests\ncircuit open").reason == "circuit open"
+
+
+def test_nested_json_escapes_are_read() -> None:
+    text = '{"message":"{\\n \\"code\\": 503,\\n \\"status\\": \\"UNAVAILABLE\\"}"}'
+    assert classify_text(text).reason == "http 503"
+
+
+def test_only_the_tail_is_read() -> None:
+    head = "HTTP/1.1 503 Service Unavailable\n"
+    filler = "building module 42 of 97: ok\n" * (TAIL_CHARS // 20)
+    text = head + filler + "ERROR: 1 failed"
+    assert len(text) - len(head) >= TAIL_CHARS
+    assert classify_text(text).reason == "default"
+    assert classify_text(text, tail_chars=len(text)).reason == "http 503"
+
+
+def test_evidence_is_bounded_and_keeps_the_match() -> None:
+    line = "x" * 3000 + " unexpected status 503 Service Unavailable " + "y" * 3000
+    verdict = classify_text(line)
+    assert verdict.reason == "http 503"
+    assert verdict.evidence is not None
+    assert len(verdict.evidence) <= EVIDENCE_CHARS
+    assert "status 503" in verdict.evidence
+
+
+def test_evidence_offsets_survive_characters_that_change_length_when_lowered() -> None:
+    # "İ".lower() is two characters; matching must still point at the right place.
+    text = "İ" * 40 + "\n" + "İ" * 10 + " API Error: 529 " + "İ" * 5
+    verdict = classify_text(text)
+    assert verdict.reason == "http 529"
+    assert verdict.evidence is not None and "API Error: 529" in verdict.evidence
+
+
+def test_classify_text_is_never_environment() -> None:
+    for text in ["spawn errno ENOENT", "No such file or directory: 'codex'", "exit 127"]:
+        assert classify_text(text).failure_class is not FailureClass.ENVIRONMENT
+
+
+# --- classify: the structural rules --------------------------------------------------------
+
+
+def test_a_succeeded_run_is_never_classed() -> None:
+    ok = spawn_result(exit_code=0, stderr="status 503 Service Unavailable")
+    assert classify(ok) is None
+    assert classification_fields(ok) == {"class": None, "reason": None, "evidence": None}
+
+
+def test_enoent_is_environment() -> None:
+    result = spawn_result(
+        spawn_errno=errno.ENOENT, spawn_error="[Errno 2] No such file or directory: 'codex'"
+    )
+    verdict = classify(result)
+    assert verdict == Classification(
+        FailureClass.ENVIRONMENT,
+        "spawn errno ENOENT",
+        "[Errno 2] No such file or directory: 'codex'",
+    )
+    assert not verdict.charged
+
+
+def test_a_missing_working_directory_is_environment() -> None:
+    result = spawn_result(
+        spawn_errno=errno.ENOENT, spawn_error="working directory not found: /srv/gone"
+    )
+    verdict = classify(result)
+    assert verdict is not None
+    assert verdict.failure_class is FailureClass.ENVIRONMENT
+    assert verdict.reason == "missing working directory"
+
+
+@pytest.mark.parametrize(
+    ("number", "name"),
+    [(errno.EACCES, "EACCES"), (errno.E2BIG, "E2BIG"), (errno.ENOEXEC, "ENOEXEC")],
+)
+def test_any_other_spawn_errno_is_work(number: int, name: str) -> None:
+    # Even when the text looks upstream: the process never started, so no vendor spoke.
+    result = spawn_result(spawn_errno=number, spawn_error="503 Service Unavailable")
+    verdict = classify(result)
+    assert verdict is not None
+    assert verdict.failure_class is FailureClass.WORK
+    assert verdict.reason == f"spawn errno {name}"
+
+
+def test_an_unnamed_errno_is_reported_by_number() -> None:
+    verdict = classify(spawn_result(spawn_errno=99999, spawn_error=None))
+    assert verdict == Classification(FailureClass.WORK, "spawn errno 99999", None)
+
+
+def test_a_bare_exit_127_is_work() -> None:
+    result = spawn_result(exit_code=127, stderr="bash: line 1: codex: command not found")
+    assert classify(result) == Classification(FailureClass.WORK, "default")
+
+
+def test_upstream_text_on_a_failed_run() -> None:
+    result = spawn_result(
+        stdout="[2025-07-25T09:41:12] OpenAI Codex v0.21.0\nmodel: gpt-5",
+        stderr="ERROR: exceeded retry limit, last status: 503 Service Unavailable",
+    )
+    verdict = classify(result)
+    assert verdict is not None
+    assert verdict.failure_class is FailureClass.UPSTREAM
+    assert verdict.reason == "http 503"
+    assert not verdict.charged
+
+
+def test_a_timeout_is_work_unless_the_text_says_upstream() -> None:
+    plain = spawn_result(exit_code=None, signal=9, timed_out=True, stdout="thinking...")
+    assert classify(plain) == Classification(FailureClass.WORK, "timeout")
+    retrying = spawn_result(
+        exit_code=None,
+        signal=15,
+        timed_out=True,
+        stderr="API Error (529 overloaded_error) · Retrying in 32 seconds… (attempt 6/10)",
+    )
+    verdict = classify(retrying)
+    assert verdict is not None and verdict.reason == "http 529"
+
+
+def test_death_by_signal_is_work() -> None:
+    assert classify(spawn_result(signal=9)) == Classification(FailureClass.WORK, "default")
+
+
+def test_classify_reads_the_tail_of_failure_text() -> None:
+    result = spawn_result(stderr="status 503\n" + "z" * (TAIL_CHARS + 10))
+    assert classify(result) == Classification(FailureClass.WORK, "default")
+    wide = classify(result, tail_chars=TAIL_CHARS * 2)
+    assert wide is not None and wide.reason == "http 503"
+
+
+# --- the value type ------------------------------------------------------------------------
+
+
+def test_to_dict_and_classification_fields() -> None:
+    result = spawn_result(stderr="HTTP/1.1 502 Bad Gateway")
+    fields = classification_fields(result)
+    assert fields == {
+        "class": "upstream",
+        "reason": "http 502",
+        "evidence": "HTTP/1.1 502 Bad Gateway",
+    }
+    assert json.loads(json.dumps(fields)) == fields
+    assert Classification(FailureClass.WORK, "default").to_dict() == {
+        "class": "work",
+        "reason": "default",
+        "evidence": None,
+    }
+
+
+def test_classification_is_frozen() -> None:
+    verdict = Classification(FailureClass.WORK, "default")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        verdict.reason = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"failure_class": "work", "reason": "default"}, "failure_class"),
+        ({"failure_class": FailureClass.WORK, "reason": ""}, "reason"),
+        ({"failure_class": FailureClass.WORK, "reason": "x" * 65}, "reason"),
+        (
+            {"failure_class": FailureClass.WORK, "reason": "r", "evidence": "e" * 201},
+            "evidence",
+        ),
+    ],
+)
+def test_bad_classification_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        Classification(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tail_chars", [0, -1, True])
+def test_bad_tail_chars_is_invalid_input(tail_chars: int) -> None:
+    with pytest.raises(InvalidInput, match="tail_chars"):
+        classify_text("status 503", tail_chars=tail_chars)
+    with pytest.raises(InvalidInput, match="tail_chars"):
+        classify(spawn_result(), tail_chars=tail_chars)
+
+
+def test_non_text_is_invalid_input() -> None:
+    with pytest.raises(InvalidInput, match="text"):
+        classify_text(b"status 503")  # type: ignore[arg-type]
+
+
+def test_failure_class_values_and_charging() -> None:
+    assert [c.value for c in FailureClass] == ["work", "environment", "upstream"]
+    assert [c.charged for c in FailureClass] == [True, False, False]

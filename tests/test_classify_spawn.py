@@ -1,0 +1,47 @@
+"""classify on real spawned processes: the structural signals exec reports are the ones read."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from execkit.classify import Classification, FailureClass, classify
+from execkit.exec import spawn
+
+
+def test_a_missing_binary_is_environment(tmp_path: Path) -> None:
+    verdict = classify(spawn([str(tmp_path / "no-such-vendor-cli"), "exec"]))
+    assert verdict is not None
+    assert verdict.failure_class is FailureClass.ENVIRONMENT
+    assert verdict.reason == "spawn errno ENOENT"
+
+
+def test_a_missing_working_directory_is_environment(tmp_path: Path) -> None:
+    verdict = classify(spawn([sys.executable, "-c", "pass"], cwd=tmp_path / "gone"))
+    assert verdict is not None
+    assert verdict.failure_class is FailureClass.ENVIRONMENT
+    assert verdict.reason == "missing working directory"
+
+
+def test_a_shell_exit_127_is_work() -> None:
+    result = spawn(["sh", "-c", "no-such-command-for-execkit-tests"])
+    assert result.exit_code == 127 and result.spawn_errno is None
+    assert classify(result) == Classification(FailureClass.WORK, "default")
+
+
+def test_an_upstream_refusal_on_stderr_is_upstream() -> None:
+    script = (
+        "import sys; print('model: gpt-5'); "
+        "sys.stderr.write('ERROR: exceeded retry limit, last status: 503 Service Unavailable\\n'); "
+        "sys.exit(1)"
+    )
+    verdict = classify(spawn([sys.executable, "-c", script]))
+    assert verdict is not None
+    assert (verdict.failure_class, verdict.reason) == (FailureClass.UPSTREAM, "http 503")
+
+
+def test_a_timed_out_run_is_work_timeout() -> None:
+    script = "import time; print('thinking...', flush=True); time.sleep(60)"
+    result = spawn([sys.executable, "-c", script], timeout=1.0, kill_grace=1.0)
+    assert result.timed_out
+    assert classify(result) == Classification(FailureClass.WORK, "timeout")
