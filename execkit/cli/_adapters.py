@@ -1,10 +1,141 @@
-"""CLI group placeholder: filled in by its issue."""
+"""`execkit adapters [--json]` (a doctor check) and `execkit run --adapter NAME -- ARGS...`.
+
+`execkit adapters` lists every adapter, its binary and where that binary is on PATH.
+`run_adapter_command` runs `BINARY ARGS...` once through the adapter and reports the
+AgentProof: with `--json` the whole proof (with `"class"`, `"reason"`, `"precondition"`),
+otherwise the reply on stdout, or one line on stderr naming the class and what to fix.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from typing import Any
+
+import adapters
+from execkit.agent import run_command
+from execkit.classify import FailureClass
+from execkit.cli._output import print_json
+from execkit.errors import InvalidInput
+from execkit.proof import AgentProof, AgentStatus
+
+__all__ = ["register", "run_adapter_command"]
+
+# Shell conventions, as `execkit run` uses them: never started, timed out, other failure.
+_NOT_STARTED_EXIT = 127
+_TIMEOUT_EXIT = 124
+_FAILED_EXIT = 1
+_DEFAULT_KILL_GRACE = 5.0
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add this group's subcommands (none yet)."""
+    """Add `execkit adapters`."""
+    parser = sub.add_parser(
+        "adapters",
+        help="list vendor adapters and whether each binary is on PATH",
+        description="List the built-in and registered adapters, their binaries, and "
+        "whether each binary is on PATH (with the install hint when it is not).",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=_handle_list)
+
+
+def _rows() -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name in adapters.names():
+        try:
+            adapter = adapters.get(name)
+        except InvalidInput as exc:
+            rows.append({"name": name, "error": exc.message})
+            continue
+        path = adapters.which(adapter)
+        rows.append(
+            {
+                "name": name,
+                "binary": adapter.binary or None,
+                "path": path,
+                "on_path": path is not None,
+                "install_hint": adapter.install_hint,
+                "login_hint": adapter.login_hint,
+            }
+        )
+    return rows
+
+
+def _handle_list(args: argparse.Namespace) -> int:
+    rows = _rows()
+    if args.json:
+        print_json({"adapters": rows})
+        return 0
+    for row in rows:
+        if "error" in row:
+            print(f"{row['name']:<10} broken: {row['error']}")
+        elif row["binary"] is None:
+            print(f"{row['name']:<10} (any command: give it after --)")
+        elif row["on_path"]:
+            print(f"{row['name']:<10} {row['binary']:<10} {row['path']}")
+        else:
+            print(
+                f"{row['name']:<10} {row['binary']:<10} not on PATH; install: {row['install_hint']}"
+            )
+    return 0
+
+
+def _seconds(flag: str, raw: object, *, allow_zero: bool) -> float | None:
+    if raw is None:
+        return None
+    bound = ">= 0" if allow_zero else "> 0"
+    try:
+        seconds = float(str(raw))
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise InvalidInput(f"{flag} must be a number of seconds {bound}, got {raw!r}")
+    return seconds
+
+
+def _exit_code(proof: AgentProof) -> int:
+    if proof.status is not AgentStatus.FAILED:
+        return 0
+    if proof.failure_class is FailureClass.ENVIRONMENT:
+        return _NOT_STARTED_EXIT
+    if proof.reason == "timeout":
+        return _TIMEOUT_EXIT
+    return _FAILED_EXIT
+
+
+def run_adapter_command(args: argparse.Namespace) -> int:
+    """`execkit run --adapter NAME [--json] [--timeout S] -- ARGS...`.
+
+    Reads `args.adapter`, `args.command_argv` (a leading `--` is dropped), `args.json`
+    and, when present, `args.timeout` and `args.kill_grace` (strings, as `execkit run`
+    parses them). The adapter's binary is prepended to ARGS
+    (`generic` takes the program as the first ARG). Exit status: 0 on success, 127 when
+    the binary could not be started, 124 on timeout, 1 for any other failure.
+    Raises UnknownAdapter / InvalidInput (the CLI reports them) for bad input.
+    """
+    adapter = adapters.get(args.adapter)
+    raw_args = list(getattr(args, "command_argv", None) or [])
+    if raw_args and raw_args[0] == "--":
+        raw_args = raw_args[1:]
+    argv = [adapter.binary, *raw_args] if adapter.binary else raw_args
+    if not argv:
+        raise InvalidInput(
+            f"adapter {adapter.name!r} needs the command after --: "
+            f"execkit run --adapter {adapter.name} -- PROGRAM [ARGS...]"
+        )
+    timeout = _seconds("--timeout", getattr(args, "timeout", None), allow_zero=False)
+    grace = _seconds("--kill-grace", getattr(args, "kill_grace", None), allow_zero=True)
+    proof = run_command(
+        adapter, argv, timeout_s=timeout, kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace
+    )
+    if getattr(args, "json", False):
+        print_json(proof.to_dict())
+    elif proof.status is AgentStatus.FAILED:
+        cls = proof.failure_class.value if proof.failure_class else "work"
+        detail = proof.precondition or proof.error or "no output"
+        print(f"execkit: {adapter.name} failed ({cls}: {proof.reason}): {detail}", file=sys.stderr)
+    elif proof.output:
+        print(proof.output)
+    return _exit_code(proof)

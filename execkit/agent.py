@@ -1,0 +1,469 @@
+"""The in-agent loop: one agent, a few spawns, and the proof of what happened (ADR 0046).
+
+`run_agent` retries a spawn-level failure up to its own `max_attempts`:
+
+- environment breaks the loop at once: a missing binary is never re-spawned in one run;
+- upstream retries after a capped exponential backoff with jitter, or after the wait the
+  vendor asked for (`Retry-After`, "try again in N s"), capped the same way;
+- work retries straight away; a schema-gate failure (`validate` rejected the reply)
+  retries with the validation error appended to the original prompt.
+
+The try after an uncharged failure is told its prior was `lost`, never `workflow_error`,
+and gets no cause derived from the failed proof: a 503's text is not "your code errored".
+
+The proof is recorded (on the explicit `recorder`, else the current `RunRecorder`) before
+`AgentFailed` is raised, so a caller that swallows the failure cannot erase its class.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import math
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+
+from adapters.base import Adapter, AdapterRawResult, AgentRequest
+from execkit.classify import FailureClass
+from execkit.errors import ExecKitError, InvalidInput
+from execkit.exec import spawn
+from execkit.proof import AgentProof, AgentStatus, RunProof, RunStatus
+from execkit.redact import redact, secret_env_values
+
+__all__ = [
+    "MAX_AGENT_ATTEMPTS",
+    "AgentFailed",
+    "AttemptContext",
+    "PriorOutcome",
+    "RetryBackoff",
+    "RunRecorder",
+    "context_after",
+    "current_recorder",
+    "run_agent",
+    "run_command",
+]
+
+MAX_AGENT_ATTEMPTS = 100
+
+# Vendors print whole JSON envelopes; keep enough of stdout that a large reply still parses.
+_ENVELOPE_TAIL_BYTES = 4 * 1024 * 1024
+# How much of a failed try's error the next try may be told (workflow_error only).
+_CAUSE_CHARS = 2000
+
+_SCHEMA_RETRY = (
+    "\n\nYour previous reply was rejected by the output schema check:\n{error}\n"
+    "Reply again, following the required format exactly."
+)
+
+
+# --- backoff ----------------------------------------------------------------------------
+
+
+def _non_negative(name: str) -> Any:
+    def check(_inst: object, _attr: attrs.Attribute[Any], value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise InvalidInput(f"{name} must be a finite number >= 0, got {value!r}")
+
+    return check
+
+
+def _check_factor(_inst: object, _attr: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 100:
+        raise InvalidInput(f"factor must be between 1 and 100, got {value!r}")
+
+
+def _check_jitter(_inst: object, _attr: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise InvalidInput(f"jitter must be between 0 and 1, got {value!r}")
+
+
+@attrs.frozen
+class RetryBackoff:
+    """Capped exponential backoff with jitter, between upstream tries of one agent.
+
+    Retry n (1-based) waits `base_s * factor**(n-1)`, times a uniform factor in
+    `[1 - jitter, 1 + jitter]`, never more than `max_s`. A vendor-requested wait replaces
+    the computed one (no jitter), capped at `max_s` too, so no vendor can park an agent.
+    """
+
+    base_s: float = attrs.field(default=2.0, validator=_non_negative("base_s"))
+    factor: float = attrs.field(default=2.0, validator=_check_factor)
+    max_s: float = attrs.field(default=60.0, validator=_non_negative("max_s"))
+    jitter: float = attrs.field(default=0.1, validator=_check_jitter)
+
+    def delay(
+        self,
+        retry: int,
+        *,
+        retry_after_s: float | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> float:
+        """Seconds to wait before retry number `retry` (>= 1); always in [0, max_s]."""
+        if isinstance(retry, bool) or not isinstance(retry, int) or retry < 1:
+            raise InvalidInput(f"retry must be an integer >= 1, got {retry!r}")
+        if retry_after_s is not None and math.isfinite(retry_after_s):
+            return min(max(retry_after_s, 0.0), self.max_s)
+        try:
+            raw = self.base_s * self.factor ** (retry - 1)
+        except OverflowError:
+            raw = math.inf
+        spread = 1.0 + self.jitter * (2.0 * rng() - 1.0)
+        return max(0.0, min(self.max_s, min(raw, self.max_s) * spread))
+
+
+# --- attempt context --------------------------------------------------------------------
+
+
+class PriorOutcome(enum.Enum):
+    """What the previous try of this agent told us, as handed to the next try."""
+
+    LOST = "lost"  # uncharged: it never touched the work (environment, upstream)
+    WORKFLOW_ERROR = "workflow_error"  # charged: the agent ran and its result failed
+
+
+@attrs.frozen
+class AttemptContext:
+    """What one try is told about the tries before it.
+
+    `prior_cause` is set only for `workflow_error`: an uncharged prior carries no cause,
+    because its text (a 503 page, a missing binary) says nothing about the work.
+    """
+
+    attempt: int
+    max_attempts: int
+    prior_outcome: PriorOutcome | None = None
+    prior_cause: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.prior_outcome is not PriorOutcome.WORKFLOW_ERROR and self.prior_cause:
+            raise InvalidInput("prior_cause is only given for a workflow_error prior")
+
+    def to_env(self) -> dict[str, str]:
+        """`EXECKIT_ATTEMPT`, `EXECKIT_MAX_ATTEMPTS`, `EXECKIT_PRIOR_OUTCOME` and, for a
+        workflow_error prior, `EXECKIT_PRIOR_CAUSE`: what the spawned agent can read."""
+        env = {
+            "EXECKIT_ATTEMPT": str(self.attempt),
+            "EXECKIT_MAX_ATTEMPTS": str(self.max_attempts),
+        }
+        if self.prior_outcome is not None:
+            env["EXECKIT_PRIOR_OUTCOME"] = self.prior_outcome.value
+        if self.prior_cause:
+            env["EXECKIT_PRIOR_CAUSE"] = self.prior_cause
+        return env
+
+
+def context_after(
+    failure_class: FailureClass | None,
+    cause: str | None,
+    *,
+    attempt: int,
+    max_attempts: int,
+) -> AttemptContext:
+    """The context for try `attempt`, given how the previous try failed.
+
+    A work failure (or an unclassed one: it charges) is `workflow_error` with its cause,
+    redacted and tail-bounded; any uncharged class is `lost` with no cause; no prior
+    failure (`failure_class` None and no cause) gives no prior outcome.
+    """
+    if failure_class is None and cause is None:
+        return AttemptContext(attempt, max_attempts)
+    if failure_class is not None and not failure_class.charged:
+        return AttemptContext(attempt, max_attempts, PriorOutcome.LOST, None)
+    bounded = None
+    if cause:
+        bounded = redact(cause if len(cause) <= _CAUSE_CHARS else "…" + cause[-_CAUSE_CHARS:])
+    return AttemptContext(attempt, max_attempts, PriorOutcome.WORKFLOW_ERROR, bounded)
+
+
+# --- run recorder -----------------------------------------------------------------------
+
+_CURRENT: contextvars.ContextVar[RunRecorder | None] = contextvars.ContextVar(
+    "execkit_run_recorder", default=None
+)
+
+
+def current_recorder() -> RunRecorder | None:
+    """The recorder of the innermost `with RunRecorder():` block in this context."""
+    return _CURRENT.get()
+
+
+class RunRecorder:
+    """Collects the proof of every agent of one run, as each is made (thread-safe).
+
+    Use it as a context manager to make it the default for `run_agent` in this context
+    (threads started inside do not inherit it: pass `recorder=` or copy the context).
+    `finish` builds the RunProof whose class is derived from what was recorded.
+    """
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.id = run_id or uuid.uuid4().hex
+        self._agents: list[AgentProof] = []
+        self._lock = threading.Lock()
+        self._tokens: list[contextvars.Token[RunRecorder | None]] = []
+
+    def record(self, proof: AgentProof) -> None:
+        with self._lock:
+            self._agents.append(proof)
+
+    @property
+    def agents(self) -> tuple[AgentProof, ...]:
+        with self._lock:
+            return tuple(self._agents)
+
+    def finish(self, error: BaseException | str | None = None) -> RunProof:
+        """The run's proof: failed with `error` when one is given, else succeeded."""
+        if error is None:
+            return RunProof(id=self.id, status=RunStatus.SUCCEEDED, agents=self.agents)
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return RunProof(id=self.id, status=RunStatus.FAILED, agents=self.agents, error=message)
+
+    def __enter__(self) -> RunRecorder:
+        self._tokens.append(_CURRENT.set(self))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _CURRENT.reset(self._tokens.pop())
+
+
+class AgentFailed(ExecKitError):
+    """An agent failed; `proof` (already recorded) says why, with its class."""
+
+    code = "agent_failed"
+
+    def __init__(self, proof: AgentProof) -> None:
+        detail = proof.precondition or proof.error or "no output"
+        cls = proof.failure_class.value if proof.failure_class else "work"
+        super().__init__(f"{proof.harness} agent failed ({cls}: {proof.reason}): {detail}")
+        self.proof = proof
+
+
+# --- the loop ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Try:
+    """One spawn's outcome as the loop sees it (a schema rejection turns ok into work)."""
+
+    raw: AdapterRawResult
+    failure_class: FailureClass | None
+    reason: str | None
+    error: str | None
+    schema_error: str | None = None
+
+
+def _judge(raw: AdapterRawResult, validate: Callable[[str], str | None] | None) -> _Try:
+    if not raw.ok:
+        return _Try(raw, raw.failure_class or FailureClass.WORK, raw.reason, raw.error)
+    if validate is not None:
+        problem = validate(raw.text or "")
+        if problem:
+            return _Try(raw, FailureClass.WORK, "schema", problem, schema_error=problem)
+    return _Try(raw, None, None, None)
+
+
+def _child_env(request: AgentRequest, context: AttemptContext) -> dict[str, str]:
+    return {**os.environ, **(request.env or {}), **context.to_env()}
+
+
+def _spawn_once(
+    adapter: Adapter,
+    argv: Sequence[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    timeout_s: float | None,
+    kill_grace: float,
+) -> AdapterRawResult:
+    result = spawn(
+        list(argv),
+        cwd=cwd,
+        env=env,
+        timeout=timeout_s,
+        kill_grace=kill_grace,
+        tail_bytes=_ENVELOPE_TAIL_BYTES,
+    )
+    return adapter.parse(result)
+
+
+def _sum_costs(tries: Sequence[_Try]) -> float | None:
+    costs = [t.raw.cost_usd for t in tries if t.raw.cost_usd is not None]
+    return sum(costs) if costs else None
+
+
+def _proof(
+    adapter: Adapter,
+    tries: Sequence[_Try],
+    *,
+    model: str | None,
+    label: str | None,
+    started: float,
+    secrets: Sequence[str],
+) -> AgentProof:
+    last = tries[-1]
+    common: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "harness": adapter.name,
+        "label": label,
+        "model": model,
+        "attempts": len(tries),
+        "duration_s": max(0.0, time.monotonic() - started),
+        "cost_usd": _sum_costs(tries),
+        "session_id": next((t.raw.session_id for t in reversed(tries) if t.raw.session_id), None),
+    }
+    if last.failure_class is None:
+        return AgentProof(status=AgentStatus.SUCCEEDED, output=last.raw.text, **common)
+    # Any try that touched the work makes the agent's failure informative: it charges.
+    classes = [t.failure_class for t in tries]
+    agent_class = FailureClass.WORK if FailureClass.WORK in classes else last.failure_class
+    decisive = next(t for t in reversed(tries) if t.failure_class is agent_class)
+    precondition = next((t.raw.precondition for t in tries if t.raw.precondition), None)
+    error = decisive.error
+    return AgentProof(
+        status=AgentStatus.FAILED,
+        failure_class=agent_class,
+        reason=decisive.reason,
+        error=redact(error, secrets) if error else None,
+        precondition=precondition,
+        **common,
+    )
+
+
+def _settle(proof: AgentProof, recorder: RunRecorder | None) -> AgentProof:
+    """Record first, then raise: the class must survive a caller that swallows the error."""
+    target = recorder if recorder is not None else current_recorder()
+    if target is not None:
+        target.record(proof)
+    if proof.status is AgentStatus.FAILED:
+        raise AgentFailed(proof)
+    return proof
+
+
+def _check_max_attempts(max_attempts: int) -> None:
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_AGENT_ATTEMPTS
+    ):
+        raise InvalidInput(
+            f"max_attempts must be an integer between 1 and {MAX_AGENT_ATTEMPTS}, "
+            f"got {max_attempts!r}"
+        )
+
+
+def run_agent(
+    adapter: Adapter,
+    request: AgentRequest,
+    *,
+    max_attempts: int = 2,
+    backoff: RetryBackoff | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: Callable[[], float] = random.random,
+    validate: Callable[[str], str | None] | None = None,
+    prepare: Callable[[AgentRequest, AttemptContext], AgentRequest] | None = None,
+    recorder: RunRecorder | None = None,
+    label: str | None = None,
+    kill_grace: float = 5.0,
+) -> AgentProof:
+    """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
+
+    `validate(reply)` is the schema gate: it returns an error message to reject a reply
+    (retried with the message appended to the prompt) or None to accept it. `prepare`
+    may rewrite the request for each try given its `AttemptContext` (the spawned agent
+    also sees the context as `EXECKIT_*` environment variables). `sleep` and `rng` are
+    injectable so tests neither sleep nor depend on chance.
+
+    Raises `AgentFailed` (carrying the proof, already recorded) when the last try
+    failed; `InvalidInput` for `max_attempts` outside 1..100 or a request the adapter
+    cannot express, before anything runs.
+    """
+    _check_max_attempts(max_attempts)
+    backoff = backoff if backoff is not None else RetryBackoff()
+    started = time.monotonic()
+    secrets = secret_env_values({**os.environ, **(request.env or {})})
+    tries: list[_Try] = []
+    current = request
+    context = AttemptContext(1, max_attempts)
+    upstream_retries = 0
+    while True:
+        attempt_request = prepare(current, context) if prepare is not None else current
+        raw = _spawn_once(
+            adapter,
+            adapter.build_argv(attempt_request),
+            cwd=attempt_request.cwd,
+            env=_child_env(attempt_request, context),
+            timeout_s=attempt_request.timeout_s,
+            kill_grace=kill_grace,
+        )
+        outcome = _judge(raw, validate)
+        tries.append(outcome)
+        failure = outcome.failure_class
+        if failure is None or failure is FailureClass.ENVIRONMENT or len(tries) >= max_attempts:
+            break
+        if failure is FailureClass.UPSTREAM:
+            upstream_retries += 1
+            sleep(backoff.delay(upstream_retries, retry_after_s=raw.retry_after_s, rng=rng))
+        # A schema rejection re-asks the original prompt with the latest error appended;
+        # any other failure re-asks the original prompt unchanged.
+        current = (
+            request.with_prompt(request.prompt + _SCHEMA_RETRY.format(error=outcome.schema_error))
+            if outcome.schema_error
+            else request
+        )
+        context = context_after(
+            failure, outcome.error, attempt=len(tries) + 1, max_attempts=max_attempts
+        )
+    proof = _proof(
+        adapter, tries, model=request.model, label=label, started=started, secrets=secrets
+    )
+    return _settle(proof, recorder)
+
+
+def run_command(
+    adapter: Adapter,
+    argv: Sequence[str],
+    *,
+    cwd: str | None = None,
+    timeout_s: float | None = None,
+    kill_grace: float = 5.0,
+    label: str | None = None,
+    recorder: RunRecorder | None = None,
+) -> AgentProof:
+    """Spawn `argv` once as given (no retry), read it through `adapter`; return the proof.
+
+    For surfaces that pass vendor arguments through (`execkit run --adapter`). Never
+    raises for a failed agent: the proof's status and class say what happened. Raises
+    InvalidInput for an empty argv or a timeout that is not > 0.
+    """
+    if not argv:
+        raise InvalidInput("argv must not be empty: it needs at least the program to run")
+    if timeout_s is not None and not timeout_s > 0:
+        raise InvalidInput(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    started = time.monotonic()
+    raw = _spawn_once(adapter, argv, cwd=cwd, env=None, timeout_s=timeout_s, kill_grace=kill_grace)
+    proof = _proof(
+        adapter,
+        [_judge(raw, None)],
+        model=None,
+        label=label,
+        started=started,
+        secrets=secret_env_values(os.environ),
+    )
+    try:
+        return _settle(proof, recorder)
+    except AgentFailed as failed:
+        return failed.proof

@@ -1,0 +1,307 @@
+"""Agent and run proofs, and the rollup that derives `run.class` from the agents (ADR 0046).
+
+The class is born on a spawn, recorded on the agent's proof before any failure is raised,
+and promoted to the run by `rollup_class`: derived from the agents, never stored by hand,
+so a caller that swallows an agent's failure cannot erase its class.
+
+Loading is lenient on purpose: proofs written before classes existed (no `"class"` key)
+load with no class and behave as charged work failures, exactly as they did before.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from execkit.classify import FailureClass
+from execkit.errors import InvalidInput
+from execkit.redact import redact
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AgentProof",
+    "AgentStatus",
+    "RunProof",
+    "RunStatus",
+    "load_agent_proof",
+    "load_run_proof",
+    "rollup_class",
+]
+
+# Version 1 introduced `"class"`; a proof with no `schema_version` is version 0.
+SCHEMA_VERSION = 1
+
+
+class AgentStatus(enum.Enum):
+    """How one agent ended. `cached` means a prior result was reused: productive work."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CACHED = "cached"
+
+
+class RunStatus(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+def _redact_error(value: str | None) -> str | None:
+    return None if value is None else redact(value)
+
+
+def _non_negative(name: str) -> Any:
+    def check(_inst: object, _attr: attrs.Attribute[Any], value: float | None) -> None:
+        if value is not None and value < 0:
+            raise InvalidInput(f"{name} must be >= 0, got {value!r}")
+
+    return check
+
+
+def _agent_class_matches_status(
+    inst: AgentProof, _attr: attrs.Attribute[Any], value: FailureClass | None
+) -> None:
+    if value is not None and inst.status is not AgentStatus.FAILED:
+        raise InvalidInput(
+            f"failure_class must be None for a {inst.status.value} agent, got {value.value!r}"
+        )
+
+
+@attrs.frozen
+class AgentProof:
+    """What one agent did: its status, how many spawns it took, and why it failed.
+
+    `failure_class` is None for a succeeded or cached agent (a success is never classed);
+    a failed agent with no class is a charged work failure (`effective_class`).
+    `error` is redacted on construction, so no secret reaches a stored proof.
+    `precondition` names the missing binary and how to install it (environment only).
+    """
+
+    id: str
+    harness: str
+    status: AgentStatus
+    label: str | None = None
+    model: str | None = None
+    attempts: int = attrs.field(default=1, validator=_non_negative("attempts"))
+    duration_s: float = attrs.field(default=0.0, validator=_non_negative("duration_s"))
+    cost_usd: float | None = attrs.field(default=None, validator=_non_negative("cost_usd"))
+    session_id: str | None = None
+    error: str | None = attrs.field(default=None, converter=_redact_error)
+    failure_class: FailureClass | None = attrs.field(
+        default=None, validator=_agent_class_matches_status
+    )
+    reason: str | None = None
+    precondition: str | None = None
+    output: str | None = None
+
+    @property
+    def productive(self) -> bool:
+        """A succeeded or cached agent did real work: its run is charged."""
+        return self.status is not AgentStatus.FAILED
+
+    @property
+    def effective_class(self) -> FailureClass | None:
+        """The class budgets act on: None when productive, WORK for an unclassed failure."""
+        if self.productive:
+            return None
+        return self.failure_class or FailureClass.WORK
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe mapping; the class is under `"class"` (None when not classed)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "id": self.id,
+            "label": self.label,
+            "harness": self.harness,
+            "model": self.model,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "duration_s": self.duration_s,
+            "cost_usd": self.cost_usd,
+            "session_id": self.session_id,
+            "error": self.error,
+            "class": self.failure_class.value if self.failure_class else None,
+            "reason": self.reason,
+            "precondition": self.precondition,
+            "output": self.output,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AgentProof:
+        """Load a proof of any schema version; see `load_agent_proof`."""
+        return load_agent_proof(data)
+
+
+def rollup_class(status: RunStatus, agents: Iterable[AgentProof]) -> FailureClass | None:
+    """Derive `run.class` from the agents (ADR 0046 "Threading the class").
+
+    A succeeded run is never classed. Any productive agent (succeeded or cached) or any
+    work failure (an unclassed failure counts as work) makes the run work: the attempt
+    told us something about the work. Otherwise environment beats upstream, because
+    nothing can succeed until the environment is fixed. A failed run with no agents is
+    work: nothing positively identified it as uncharged.
+    """
+    if status is RunStatus.SUCCEEDED:
+        return None
+    seen: set[FailureClass] = set()
+    for agent in agents:
+        effective = agent.effective_class
+        if effective is None or effective is FailureClass.WORK:
+            return FailureClass.WORK
+        seen.add(effective)
+    for uncharged in (FailureClass.ENVIRONMENT, FailureClass.UPSTREAM):
+        if uncharged in seen:
+            return uncharged
+    return FailureClass.WORK
+
+
+def _agents_tuple(agents: Iterable[AgentProof]) -> tuple[AgentProof, ...]:
+    return tuple(agents)
+
+
+@attrs.frozen
+class RunProof:
+    """One run of a script: its agents and, derived from them, its class."""
+
+    id: str
+    status: RunStatus
+    agents: tuple[AgentProof, ...] = attrs.field(default=(), converter=_agents_tuple)
+    error: str | None = attrs.field(default=None, converter=_redact_error)
+
+    @property
+    def run_class(self) -> FailureClass | None:
+        """Derived on every read from the agents; see `rollup_class`."""
+        return rollup_class(self.status, self.agents)
+
+    @property
+    def reason(self) -> str | None:
+        """The reason of the agent whose class the run took, if one did."""
+        run_class = self.run_class
+        if run_class is None or run_class is FailureClass.WORK:
+            return None
+        for agent in self.agents:
+            if agent.failure_class is run_class:
+                return agent.reason
+        return None  # pragma: no cover - rollup only returns a class some agent carries
+
+    @property
+    def precondition(self) -> str | None:
+        """The first environment precondition among the agents (what to fix)."""
+        for agent in self.agents:
+            if agent.precondition:
+                return agent.precondition
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe mapping with the derived `"class"` (written for readers, never read)."""
+        run_class = self.run_class
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "id": self.id,
+            "status": self.status.value,
+            "class": run_class.value if run_class else None,
+            "reason": self.reason,
+            "precondition": self.precondition,
+            "error": self.error,
+            "agents": [agent.to_dict() for agent in self.agents],
+        }
+
+
+def _enum(kind: type[enum.Enum], field: str, value: Any) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise InvalidInput(f"{field} must be one of {allowed}; got {value!r}") from None
+
+
+def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{key} must be a string or null; got {type(value).__name__}")
+    return value
+
+
+def _opt_number(data: Mapping[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{key} must be a number or null; got {value!r}")
+    return float(value)
+
+
+def _load_class(value: Any) -> FailureClass | None:
+    if value is None:
+        return None
+    try:
+        return FailureClass(value)
+    except ValueError:
+        # A class this reader does not know (a newer writer) is not positively
+        # identified as uncharged: it charges, like no class at all.
+        return FailureClass.WORK
+
+
+def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
+    """Build an AgentProof from `to_dict` output of any schema version.
+
+    Missing `"class"` (schema 0) loads as no class, which behaves as a charged work
+    failure. An unknown class string loads as work. A class on a succeeded or cached
+    agent is dropped: a success is never classed. Unknown keys are ignored.
+    Raises InvalidInput naming the field when a required field is missing or malformed.
+    """
+    if not isinstance(data, Mapping):
+        raise InvalidInput(f"an agent proof must be an object; got {type(data).__name__}")
+    for key in ("id", "harness", "status"):
+        if not isinstance(data.get(key), str):
+            raise InvalidInput(f"agent proof field {key!r} is required and must be a string")
+    status = _enum(AgentStatus, "status", data["status"])
+    attempts = data.get("attempts", 1)
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        raise InvalidInput(f"attempts must be an integer >= 0; got {attempts!r}")
+    failure_class = _load_class(data.get("class", data.get("failure_class")))
+    if status is not AgentStatus.FAILED:
+        failure_class = None
+    return AgentProof(
+        id=data["id"],
+        harness=data["harness"],
+        status=status,
+        label=_opt_str(data, "label"),
+        model=_opt_str(data, "model"),
+        attempts=attempts,
+        duration_s=_opt_number(data, "duration_s") or 0.0,
+        cost_usd=_opt_number(data, "cost_usd"),
+        session_id=_opt_str(data, "session_id"),
+        error=_opt_str(data, "error"),
+        failure_class=failure_class,
+        reason=_opt_str(data, "reason"),
+        precondition=_opt_str(data, "precondition"),
+        output=_opt_str(data, "output"),
+    )
+
+
+def load_run_proof(data: Mapping[str, Any]) -> RunProof:
+    """Build a RunProof from `to_dict` output of any schema version.
+
+    A stored `"class"` is ignored: `run_class` is always re-derived from the agents,
+    so an old or hand-edited value can never override the rollup.
+    Raises InvalidInput naming the field when the shape is wrong.
+    """
+    if not isinstance(data, Mapping):
+        raise InvalidInput(f"a run proof must be an object; got {type(data).__name__}")
+    if not isinstance(data.get("id"), str):
+        raise InvalidInput("run proof field 'id' is required and must be a string")
+    status = _enum(RunStatus, "status", data.get("status"))
+    agents = data.get("agents", [])
+    if not isinstance(agents, list):
+        raise InvalidInput(f"agents must be a list; got {type(agents).__name__}")
+    return RunProof(
+        id=data["id"],
+        status=status,
+        agents=tuple(load_agent_proof(agent) for agent in agents),
+        error=_opt_str(data, "error"),
+    )

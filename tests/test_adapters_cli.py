@@ -1,0 +1,131 @@
+"""`execkit adapters` and `run_adapter_command` (the `execkit run --adapter` handler)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execkit.cli._adapters import run_adapter_command
+from execkit.errors import InvalidInput, UnknownAdapter
+from execkit.testing import FakeVendor
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def ns(
+    adapter: str, *argv: str, as_json: bool = True, timeout: str | None = None
+) -> argparse.Namespace:
+    return argparse.Namespace(
+        adapter=adapter, command_argv=["--", *argv], json=as_json, timeout=timeout
+    )
+
+
+def test_adapters_lists_every_adapter_and_whether_it_is_on_path(tmp_path: Path) -> None:
+    fake_bin = tmp_path / "claude"
+    fake_bin.write_text("#!/bin/sh\nexit 0\n")
+    fake_bin.chmod(0o755)
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "execkit", "adapters", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["name"]: row for row in json.loads(proc.stdout)["adapters"]}
+    assert {"codex", "claude", "gemini", "opencode", "generic"} <= set(rows)
+    assert rows["claude"]["on_path"] is True
+    assert rows["claude"]["path"] == str(fake_bin)
+    assert rows["codex"]["on_path"] is False
+    assert rows["codex"]["install_hint"] == "npm install -g @openai/codex"
+    text = subprocess.run(
+        [sys.executable, "-m", "execkit", "adapters"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert (
+        "codex" in text.stdout
+        and "not on PATH; install: npm install -g @openai/codex" in text.stdout
+    )
+
+
+def test_run_adapter_missing_binary_prints_the_precondition(
+    fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_vendor.register("codex", missing=True)
+    code = run_adapter_command(ns("codex", "exec", "fix the test"))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 127
+    assert out["class"] == "environment"
+    assert out["reason"] == "spawn errno ENOENT"
+    assert out["precondition"].startswith(
+        "codex CLI not found on PATH; install: npm install -g @openai/codex"
+    )
+    assert fake_vendor.calls("codex") == [("codex", "exec", "fix the test")]
+
+
+def test_run_adapter_upstream_and_success(
+    fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_vendor.register("claude", stdout=FIXTURES / "claude" / "overloaded.json", exit_code=1)
+    fake_vendor.register("claude", stdout=FIXTURES / "claude" / "success.json")
+    assert run_adapter_command(ns("claude", "-p", "x", "--output-format", "json")) == 1
+    failed = json.loads(capsys.readouterr().out)
+    assert (failed["class"], failed["reason"], failed["precondition"]) == (
+        "upstream",
+        "http 529",
+        None,
+    )
+    assert run_adapter_command(ns("claude", "-p", "x", as_json=False)) == 0
+    assert "Renamed `fetch_rows`" in capsys.readouterr().out
+
+
+def test_run_adapter_human_failure_line(
+    fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_vendor.register("gemini", missing=True)
+    assert run_adapter_command(ns("gemini", "-p", "x", as_json=False)) == 127
+    err = capsys.readouterr().err
+    assert err.startswith("execkit: gemini failed (environment: spawn errno ENOENT): gemini CLI")
+
+
+def test_run_adapter_generic_runs_a_real_process(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_adapter_command(ns("generic", sys.executable, "-c", "print('hello')"))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert (out["status"], out["class"], out["output"]) == ("succeeded", None, "hello")
+
+
+def test_run_adapter_bad_input_is_a_clear_error() -> None:
+    with pytest.raises(UnknownAdapter, match="known adapters"):
+        run_adapter_command(ns("nope", "x"))
+    with pytest.raises(InvalidInput, match="needs the command after --"):
+        run_adapter_command(ns("generic"))
+    with pytest.raises(InvalidInput, match="--timeout"):
+        run_adapter_command(ns("generic", "true", timeout="-1"))
+    with pytest.raises(InvalidInput, match="--timeout"):
+        run_adapter_command(ns("generic", "true", timeout="soon"))
+    bad_grace = ns("generic", "true")
+    bad_grace.kill_grace = "-2"
+    with pytest.raises(InvalidInput, match="--kill-grace"):
+        run_adapter_command(bad_grace)
+
+
+def test_run_adapter_timeout_kills_a_hung_vendor(
+    fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_vendor.register("opencode", hang=True)
+    args = ns("opencode", "run", "x", timeout="30")
+    args.kill_grace = "0"
+    assert run_adapter_command(args) == 124
+    assert json.loads(capsys.readouterr().out)["reason"] == "timeout"

@@ -1,0 +1,423 @@
+"""The in-agent loop: environment stops, upstream backs off, schema gate re-asks, context."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import adapters
+from adapters.base import AgentRequest
+from execkit.agent import (
+    AgentFailed,
+    AttemptContext,
+    PriorOutcome,
+    RetryBackoff,
+    RunRecorder,
+    context_after,
+    current_recorder,
+    run_agent,
+    run_command,
+)
+from execkit.classify import FailureClass
+from execkit.errors import InvalidInput
+from execkit.proof import AgentStatus, RunStatus
+from execkit.testing import FakeVendor
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+ENV, UP, WORK = FailureClass.ENVIRONMENT, FailureClass.UPSTREAM, FailureClass.WORK
+REQUEST = AgentRequest(prompt="fix the test")
+
+
+class Sleeps(list[float]):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def fx(vendor: str, name: str) -> Path:
+    return FIXTURES / vendor / name
+
+
+def mid() -> float:
+    return 0.5  # rng at the middle: jitter multiplies by exactly 1
+
+
+# --- environment ----------------------------------------------------------------------------
+
+
+def test_missing_binary_stops_at_once_and_is_never_respawned(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", missing=True, occurrences=5)
+    sleeps = Sleeps()
+    recorder = RunRecorder()
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("codex"), REQUEST, max_attempts=5, sleep=sleeps, recorder=recorder)
+    proof = failed.value.proof
+    assert fake_vendor.call_count("codex") == 1
+    assert sleeps == []
+    assert proof.failure_class is ENV
+    assert proof.attempts == 1
+    assert proof.reason == "spawn errno ENOENT"
+    assert proof.precondition is not None
+    assert proof.precondition.startswith(
+        "codex CLI not found on PATH; install: npm install -g @openai/codex"
+    )
+    assert "codex CLI not found on PATH" in failed.value.message
+    assert recorder.agents == (proof,)
+
+
+# --- upstream -------------------------------------------------------------------------------
+
+
+def test_upstream_retries_with_backoff_then_succeeds(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("claude", stdout=fx("claude", "overloaded.json"), exit_code=1)
+    fake_vendor.register("claude", stdout=fx("claude", "server_error_text_only.json"), exit_code=1)
+    fake_vendor.register("claude", stdout=fx("claude", "success.json"))
+    sleeps = Sleeps()
+    proof = run_agent(
+        adapters.get("claude"),
+        REQUEST,
+        max_attempts=3,
+        backoff=RetryBackoff(base_s=2.0, factor=3.0, max_s=100.0, jitter=0.5),
+        sleep=sleeps,
+        rng=mid,
+    )
+    assert proof.status is AgentStatus.SUCCEEDED
+    assert proof.failure_class is None
+    assert proof.attempts == 3
+    assert sleeps == [2.0, 6.0]
+    assert proof.output == "Renamed `fetch_rows` to `load_rows` and updated its 3 callers."
+    assert proof.session_id == "5d9a2c61-3f0e-4d6b-9a51-0c7b8e2f4a13"
+    assert proof.cost_usd == pytest.approx(0.0421)
+
+
+def test_persistent_upstream_is_bounded_and_uncharged(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register(
+        "gemini", stdout=fx("gemini", "overloaded.json"), exit_code=1, occurrences=3
+    )
+    sleeps = Sleeps()
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(
+            adapters.get("gemini"),
+            REQUEST,
+            max_attempts=3,
+            backoff=RetryBackoff(base_s=10.0, factor=2.0, max_s=15.0, jitter=0.0),
+            sleep=sleeps,
+        )
+    assert fake_vendor.call_count("gemini") == 3
+    assert sleeps == [10.0, 15.0]  # capped
+    proof = failed.value.proof
+    assert (proof.failure_class, proof.reason, proof.attempts) == (UP, "http 503", 3)
+
+
+def test_vendor_retry_after_is_honoured_and_capped(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", stdout=fx("codex", "rate_limit.jsonl"), exit_code=1)
+    fake_vendor.register("codex", stdout=fx("codex", "success.jsonl"))
+    fake_vendor.register("claude", stdout=fx("claude", "rate_limit.json"), exit_code=1)
+    fake_vendor.register("claude", stdout=fx("claude", "success.json"))
+    sleeps = Sleeps()
+    backoff = RetryBackoff(base_s=1.0, max_s=30.0, jitter=0.0)
+    run_agent(adapters.get("codex"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 14 s
+    run_agent(adapters.get("claude"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 37 s
+    assert sleeps == [14.0, 30.0]
+
+
+# --- work -----------------------------------------------------------------------------------
+
+
+def test_work_failure_retries_without_sleeping_and_charges(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register(
+        "opencode", stdout=fx("opencode", "auth_failure.jsonl"), exit_code=1, occurrences=2
+    )
+    sleeps = Sleeps()
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("opencode"), REQUEST, max_attempts=2, sleep=sleeps)
+    assert sleeps == []
+    assert failed.value.proof.failure_class is WORK
+    assert failed.value.proof.attempts == 2
+
+
+def test_a_work_try_charges_the_agent_even_if_a_later_try_was_upstream(
+    fake_vendor: FakeVendor,
+) -> None:
+    fake_vendor.register("codex", stdout=fx("codex", "bad_request.jsonl"), exit_code=1)
+    fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("codex"), REQUEST, max_attempts=2, sleep=Sleeps())
+    assert failed.value.proof.failure_class is WORK
+    assert failed.value.proof.reason == "default"
+
+
+def test_upstream_then_missing_binary_stops_as_environment(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
+    fake_vendor.register("codex", missing=True, occurrences=3)
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("codex"), REQUEST, max_attempts=5, sleep=Sleeps())
+    assert fake_vendor.call_count("codex") == 2
+    assert failed.value.proof.failure_class is ENV
+    assert failed.value.proof.precondition
+
+
+def test_a_hung_vendor_is_killed_and_charged_as_a_timeout(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("claude", hang=True, stdout="thinking...\n")
+    request = AgentRequest(prompt="x", timeout_s=30)
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("claude"), request, max_attempts=1, kill_grace=0.1)
+    assert (failed.value.proof.failure_class, failed.value.proof.reason) == (WORK, "timeout")
+
+
+# --- schema gate ----------------------------------------------------------------------------
+
+
+def test_schema_gate_retries_with_the_validation_error_appended(fake_vendor: FakeVendor) -> None:
+    def envelope(result: str) -> str:
+        return json.dumps(
+            {
+                "type": "result",
+                "subtype": "success",
+                "is_error": False,
+                "result": result,
+                "session_id": "s",
+            }
+        )
+
+    fake_vendor.register("claude", stdout=envelope("sure! here it is"))
+    fake_vendor.register("claude", stdout=envelope('{"files": ["a.py"]}'))
+
+    def validate(reply: str) -> str | None:
+        try:
+            json.loads(reply)
+        except ValueError as exc:
+            return f"reply is not JSON: {exc}"
+        return None
+
+    contexts: list[AttemptContext] = []
+
+    def prepare(request: AgentRequest, context: AttemptContext) -> AgentRequest:
+        contexts.append(context)
+        return request
+
+    proof = run_agent(
+        adapters.get("claude"), REQUEST, max_attempts=2, validate=validate, prepare=prepare
+    )
+    assert proof.status is AgentStatus.SUCCEEDED
+    assert proof.output == '{"files": ["a.py"]}'
+    first, second = (argv[-1] for argv in fake_vendor.calls("claude"))
+    assert first == "fix the test"
+    assert second.startswith("fix the test\n\n")
+    assert "reply is not JSON" in second
+    assert contexts[1].prior_outcome is PriorOutcome.WORKFLOW_ERROR
+    assert "reply is not JSON" in (contexts[1].prior_cause or "")
+
+
+def test_schema_gate_failure_on_the_last_try_is_work(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", stdout=fx("codex", "success.jsonl"))
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("codex"), REQUEST, max_attempts=1, validate=lambda _: "bad")
+    assert (failed.value.proof.failure_class, failed.value.proof.reason) == (WORK, "schema")
+
+
+# --- the context handed to the next try -----------------------------------------------------
+
+
+def test_uncharged_prior_is_lost_with_no_cause(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
+    fake_vendor.register("codex", stdout=fx("codex", "auth_failure.jsonl"), exit_code=1)
+    fake_vendor.register("codex", stdout=fx("codex", "success.jsonl"))
+    contexts: list[AttemptContext] = []
+
+    def prepare(request: AgentRequest, context: AttemptContext) -> AgentRequest:
+        contexts.append(context)
+        return request
+
+    run_agent(adapters.get("codex"), REQUEST, max_attempts=3, prepare=prepare, sleep=Sleeps())
+    assert [c.attempt for c in contexts] == [1, 2, 3]
+    assert contexts[0].prior_outcome is None
+    assert contexts[1] == AttemptContext(2, 3, PriorOutcome.LOST, None)
+    assert contexts[2].prior_outcome is PriorOutcome.WORKFLOW_ERROR
+    assert "401 Unauthorized" in (contexts[2].prior_cause or "")
+    assert "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx1234" not in (contexts[2].prior_cause or "")
+
+
+def test_the_spawned_agent_sees_its_context_in_its_environment(tmp_path: Path) -> None:
+    # A real process: first try fails upstream, second try reports what it was told.
+    counter = tmp_path / "count"
+    script = textwrap.dedent(
+        f"""
+        import os, pathlib, sys
+        counter = pathlib.Path({str(counter)!r})
+        n = int(counter.read_text()) + 1 if counter.exists() else 1
+        counter.write_text(str(n))
+        if n == 1:
+            print("HTTP 503 Service Unavailable", file=sys.stderr)
+            sys.exit(1)
+        print(os.environ["EXECKIT_ATTEMPT"], os.environ["EXECKIT_PRIOR_OUTCOME"],
+              os.environ.get("EXECKIT_PRIOR_CAUSE", "<none>"))
+        """
+    )
+    generic = adapters.GenericAdapter(command=(sys.executable, "-c", script))
+    proof = run_agent(generic, AgentRequest(prompt=""), max_attempts=2, sleep=Sleeps())
+    assert proof.output == "2 lost <none>"
+
+
+@settings(max_examples=50)
+@given(
+    st.sampled_from([ENV, UP, WORK, None]),
+    st.none() | st.text(max_size=50),
+    st.integers(2, 10),
+)
+def test_prop_uncharged_prior_is_lost_and_carries_no_cause(
+    cls: FailureClass | None, cause: str | None, attempt: int
+) -> None:
+    context = context_after(cls, cause, attempt=attempt, max_attempts=10)
+    if cls is not None and not cls.charged:
+        assert context.prior_outcome is PriorOutcome.LOST
+        assert context.prior_cause is None
+        assert "EXECKIT_PRIOR_CAUSE" not in context.to_env()
+    elif cls is None and cause is None:
+        assert context.prior_outcome is None
+    else:
+        assert context.prior_outcome is PriorOutcome.WORKFLOW_ERROR
+    assert context.prior_outcome is not PriorOutcome.WORKFLOW_ERROR or cls in (WORK, None)
+
+
+def test_a_lost_context_with_a_cause_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="prior_cause"):
+        AttemptContext(2, 3, PriorOutcome.LOST, "HTTP 503")
+
+
+# --- backoff --------------------------------------------------------------------------------
+
+
+@settings(max_examples=100)
+@given(
+    st.floats(0, 100),
+    st.floats(1, 10),
+    st.floats(0, 1000),
+    st.floats(0, 1),
+    st.integers(1, 2000),
+    st.floats(0, 1),
+    st.none() | st.floats(-10, 1e9),
+)
+def test_prop_backoff_is_always_within_zero_and_the_cap(
+    base: float,
+    factor: float,
+    cap: float,
+    jitter: float,
+    retry: int,
+    u: float,
+    retry_after: float | None,
+) -> None:
+    backoff = RetryBackoff(base_s=base, factor=factor, max_s=cap, jitter=jitter)
+    delay = backoff.delay(retry, retry_after_s=retry_after, rng=lambda: u)
+    assert 0 <= delay <= cap
+
+
+@settings(max_examples=100)
+@given(st.floats(0.1, 10), st.floats(1, 4), st.integers(1, 50))
+def test_prop_backoff_without_jitter_never_shrinks(base: float, factor: float, retry: int) -> None:
+    backoff = RetryBackoff(base_s=base, factor=factor, max_s=600, jitter=0)
+    assert backoff.delay(retry + 1) >= backoff.delay(retry)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"base_s": -1}, "base_s"),
+        ({"factor": 0.5}, "factor"),
+        ({"max_s": float("nan")}, "max_s"),
+        ({"jitter": 2}, "jitter"),
+    ],
+)
+def test_backoff_rejects_bad_values_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        RetryBackoff(**kwargs)
+
+
+@pytest.mark.parametrize("bad", [0, 101, True, 2.0])
+def test_max_attempts_out_of_range_changes_nothing(fake_vendor: FakeVendor, bad: Any) -> None:
+    with pytest.raises(InvalidInput, match="max_attempts"):
+        run_agent(adapters.get("codex"), REQUEST, max_attempts=bad)
+    assert fake_vendor.call_count("codex") == 0
+
+
+# --- the class survives a parallel() that swallows failures ---------------------------------
+
+
+def parallel(thunks: list[Callable[[], Any]]) -> list[Any]:
+    """A script helper that swallows rejections: None for each failed thunk."""
+    results = []
+    for thunk in thunks:
+        try:
+            results.append(thunk())
+        except Exception:
+            results.append(None)
+    return results
+
+
+def test_swallowed_failures_still_class_the_run(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", missing=True)
+    fake_vendor.register("gemini", stdout=fx("gemini", "overloaded.json"), exit_code=1)
+    with RunRecorder() as recorder:
+        assert current_recorder() is recorder
+        results = parallel(
+            [
+                lambda: run_agent(adapters.get("codex"), REQUEST, max_attempts=1),
+                lambda: run_agent(adapters.get("gemini"), REQUEST, max_attempts=1),
+            ]
+        )
+        assert results == [None, None]
+        error = RuntimeError("no agent produced a plan")
+    assert current_recorder() is None
+    run = recorder.finish(error)
+    assert run.status is RunStatus.FAILED
+    assert run.run_class is ENV
+    assert run.to_dict()["class"] == "environment"
+    assert run.precondition and run.precondition.startswith("codex CLI not found on PATH")
+
+
+def test_a_productive_agent_charges_the_run_despite_a_swallowed_environment_failure(
+    fake_vendor: FakeVendor,
+) -> None:
+    fake_vendor.register("claude", stdout=fx("claude", "success.json"))
+    fake_vendor.register("codex", missing=True)
+    recorder = RunRecorder()
+    parallel(
+        [
+            lambda: run_agent(adapters.get("claude"), REQUEST, recorder=recorder),
+            lambda: run_agent(adapters.get("codex"), REQUEST, recorder=recorder),
+        ]
+    )
+    assert recorder.finish("later step failed").run_class is WORK
+    assert recorder.finish().run_class is None
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+
+def test_secrets_from_the_environment_never_reach_the_proof(fake_vendor: FakeVendor) -> None:
+    secret = "hunter2-very-private-value"
+    fake_vendor.register("codex", stderr=f"auth failed using {secret}\n", exit_code=1)
+    request = AgentRequest(prompt="x", env={"VENDOR_API_TOKEN": secret})
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("codex"), request, max_attempts=1)
+    assert secret not in json.dumps(failed.value.proof.to_dict())
+    assert secret not in failed.value.message
+
+
+# --- run_command (the CLI path) ---------------------------------------------------------------
+
+
+def test_run_command_returns_the_proof_instead_of_raising(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", missing=True)
+    proof = run_command(adapters.get("codex"), ["codex", "exec", "fix the test"])
+    assert proof.status is AgentStatus.FAILED
+    assert proof.failure_class is ENV
+    with pytest.raises(InvalidInput, match="argv"):
+        run_command(adapters.get("codex"), [])

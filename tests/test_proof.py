@@ -1,0 +1,251 @@
+"""AgentProof / RunProof: JSON shape, back-compat loading, redaction, and the run.class rollup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from execkit.classify import FailureClass
+from execkit.errors import InvalidInput
+from execkit.proof import (
+    SCHEMA_VERSION,
+    AgentProof,
+    AgentStatus,
+    RunProof,
+    RunStatus,
+    load_agent_proof,
+    load_run_proof,
+    rollup_class,
+)
+
+ENV, UP, WORK = FailureClass.ENVIRONMENT, FailureClass.UPSTREAM, FailureClass.WORK
+
+
+def agent(
+    status: AgentStatus = AgentStatus.FAILED, cls: FailureClass | None = None, **kw: Any
+) -> AgentProof:
+    return AgentProof(
+        id=kw.pop("id", "a1"), harness="codex", status=status, failure_class=cls, **kw
+    )
+
+
+def failed_run(*agents: AgentProof) -> RunProof:
+    return RunProof(id="r1", status=RunStatus.FAILED, agents=agents)
+
+
+# --- the rollup rules, one example each -----------------------------------------------------
+
+
+def test_succeeded_run_is_never_classed() -> None:
+    run = RunProof(id="r", status=RunStatus.SUCCEEDED, agents=(agent(cls=ENV),))
+    assert run.run_class is None
+    assert run.to_dict()["class"] is None
+
+
+@pytest.mark.parametrize("productive", [AgentStatus.SUCCEEDED, AgentStatus.CACHED])
+def test_any_productive_agent_charges_the_run(productive: AgentStatus) -> None:
+    run = failed_run(agent(productive), agent(cls=ENV, id="a2"), agent(cls=UP, id="a3"))
+    assert run.run_class is WORK
+
+
+def test_environment_beats_upstream() -> None:
+    assert failed_run(agent(cls=UP), agent(cls=ENV, id="a2")).run_class is ENV
+    assert failed_run(agent(cls=ENV), agent(cls=UP, id="a2")).run_class is ENV
+    assert failed_run(agent(cls=UP)).run_class is UP
+
+
+def test_a_failed_agent_with_no_class_makes_the_run_work() -> None:
+    assert failed_run(agent(cls=ENV), agent(cls=None, id="a2")).run_class is WORK
+    assert failed_run(agent(cls=None)).run_class is WORK
+
+
+def test_a_failed_run_with_no_agents_is_work() -> None:
+    assert failed_run().run_class is WORK
+
+
+def test_run_reason_and_precondition_come_from_the_deciding_agent() -> None:
+    run = failed_run(
+        agent(cls=UP, reason="http 503"),
+        agent(cls=ENV, id="a2", reason="spawn errno ENOENT", precondition="codex CLI not found"),
+    )
+    data = run.to_dict()
+    assert (data["class"], data["reason"], data["precondition"]) == (
+        "environment",
+        "spawn errno ENOENT",
+        "codex CLI not found",
+    )
+
+
+# --- JSON ------------------------------------------------------------------------------
+
+
+def test_agent_to_dict_uses_class_key_and_schema_version() -> None:
+    data = agent(cls=UP, reason="http 529", error="API Error: 529").to_dict()
+    assert data["class"] == "upstream"
+    assert "failure_class" not in data
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert load_agent_proof(data) == agent(cls=UP, reason="http 529", error="API Error: 529")
+    assert AgentProof.from_dict(data) == load_agent_proof(data)
+
+
+def test_old_proof_without_class_loads_and_charges() -> None:
+    old = {"id": "x", "harness": "codex", "status": "failed", "attempts": 2, "error": "boom"}
+    proof = load_agent_proof(old)
+    assert proof.failure_class is None
+    assert proof.effective_class is WORK
+    run = load_run_proof({"id": "r", "status": "failed", "agents": [old]})
+    assert run.run_class is WORK
+
+
+def test_unknown_class_from_a_newer_writer_charges() -> None:
+    proof = load_agent_proof({"id": "x", "harness": "h", "status": "failed", "class": "quota"})
+    assert proof.failure_class is WORK
+
+
+def test_a_class_on_a_success_is_dropped_on_load_and_refused_on_construction() -> None:
+    loaded = load_agent_proof(
+        {"id": "x", "harness": "h", "status": "succeeded", "class": "environment"}
+    )
+    assert loaded.failure_class is None
+    with pytest.raises(InvalidInput, match="failure_class"):
+        agent(AgentStatus.SUCCEEDED, ENV)
+
+
+def test_a_stored_run_class_is_ignored_on_load() -> None:
+    data = failed_run(agent(cls=None)).to_dict()
+    data["class"] = "environment"  # hand-edited: the rollup is re-derived anyway
+    assert load_run_proof(data).run_class is WORK
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"harness": "h", "status": "failed"}, "id"),
+        ({"id": "x", "status": "failed"}, "harness"),
+        ({"id": "x", "harness": "h", "status": "exploded"}, "status"),
+        ({"id": "x", "harness": "h", "status": "failed", "attempts": "2"}, "attempts"),
+        ({"id": "x", "harness": "h", "status": "failed", "cost_usd": "1"}, "cost_usd"),
+        ({"id": "x", "harness": "h", "status": "failed", "attempts": -1}, "attempts"),
+    ],
+)
+def test_malformed_agent_proof_names_the_field(data: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        load_agent_proof(data)
+
+
+def test_malformed_run_proof_names_the_field() -> None:
+    with pytest.raises(InvalidInput, match="status"):
+        load_run_proof({"id": "r", "status": "nope"})
+    with pytest.raises(InvalidInput, match="agents"):
+        load_run_proof({"id": "r", "status": "failed", "agents": {}})
+    with pytest.raises(InvalidInput, match="object"):
+        load_run_proof([])  # type: ignore[arg-type]
+
+
+def test_secrets_never_reach_a_proof_error() -> None:
+    key = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx1234"
+    proof = agent(cls=WORK, error=f"401 Incorrect API key provided: {key}")
+    assert key not in (proof.error or "")
+    assert key not in str(proof.to_dict())
+    run = RunProof(id="r", status=RunStatus.FAILED, error=f"Authorization: Bearer {key}")
+    assert key not in (run.error or "")
+    assert key not in str(load_agent_proof({**proof.to_dict(), "error": key}).error)
+
+
+# --- properties --------------------------------------------------------------------------
+
+classes = st.sampled_from([None, ENV, UP, WORK])
+
+
+@st.composite
+def agents(draw: st.DrawFn) -> AgentProof:
+    status = draw(st.sampled_from(list(AgentStatus)))
+    cls = draw(classes) if status is AgentStatus.FAILED else None
+    return AgentProof(
+        id=draw(st.text(min_size=1, max_size=6)),
+        harness=draw(st.sampled_from(["codex", "claude", "gemini"])),
+        status=status,
+        attempts=draw(st.integers(0, 5)),
+        duration_s=draw(st.floats(0, 100)),
+        cost_usd=draw(st.none() | st.floats(0, 10)),
+        failure_class=cls,
+        reason=draw(st.none() | st.sampled_from(["http 503", "spawn errno ENOENT", "default"])),
+    )
+
+
+agent_lists = st.lists(agents(), max_size=6)
+
+
+@settings(max_examples=100)
+@given(agent_lists)
+def test_prop_succeeded_runs_are_never_classed(items: list[AgentProof]) -> None:
+    assert rollup_class(RunStatus.SUCCEEDED, items) is None
+
+
+@settings(max_examples=100)
+@given(agent_lists)
+def test_prop_failed_run_class_is_work_or_an_agents_class(items: list[AgentProof]) -> None:
+    run_class = rollup_class(RunStatus.FAILED, items)
+    assert run_class is WORK or run_class in {a.failure_class for a in items}
+
+
+@settings(max_examples=100)
+@given(agent_lists, agents())
+def test_prop_a_productive_or_work_agent_always_charges(
+    items: list[AgentProof], extra: AgentProof
+) -> None:
+    if extra.effective_class in (None, WORK):
+        assert rollup_class(RunStatus.FAILED, [*items, extra]) is WORK
+        assert rollup_class(RunStatus.FAILED, [extra, *items]) is WORK
+
+
+@settings(max_examples=100)
+@given(agent_lists, agents())
+def test_prop_adding_an_agent_never_uncharges_a_charged_run(
+    items: list[AgentProof], extra: AgentProof
+) -> None:
+    # A failed run with no agents is work only because nothing identified it yet.
+    if items and rollup_class(RunStatus.FAILED, items) is WORK:
+        assert rollup_class(RunStatus.FAILED, [*items, extra]) is WORK
+
+
+@settings(max_examples=100)
+@given(agent_lists, st.randoms(use_true_random=False))
+def test_prop_rollup_ignores_agent_order(items: list[AgentProof], rnd: Any) -> None:
+    shuffled = list(items)
+    rnd.shuffle(shuffled)
+    assert rollup_class(RunStatus.FAILED, shuffled) is rollup_class(RunStatus.FAILED, items)
+
+
+@settings(max_examples=100)
+@given(agent_lists)
+def test_prop_environment_wins_when_nothing_charged(items: list[AgentProof]) -> None:
+    run_class = rollup_class(RunStatus.FAILED, items)
+    effective = {a.effective_class for a in items}
+    if items and effective <= {ENV, UP}:
+        assert run_class is (ENV if ENV in effective else UP)
+    else:
+        assert run_class is WORK
+
+
+@settings(max_examples=100)
+@given(agent_lists, st.sampled_from(list(RunStatus)))
+def test_prop_round_trip_keeps_everything(items: list[AgentProof], status: RunStatus) -> None:
+    run = RunProof(id="r", status=status, agents=items, error=None)
+    loaded = load_run_proof(run.to_dict())
+    assert loaded == run
+    assert loaded.run_class is run.run_class
+
+
+@settings(max_examples=100)
+@given(agent_lists)
+def test_prop_proofs_without_class_behave_as_work(items: list[AgentProof]) -> None:
+    dicts = [
+        {k: v for k, v in a.to_dict().items() if k not in ("class", "schema_version")}
+        for a in items
+    ]
+    run = load_run_proof({"id": "r", "status": "failed", "agents": dicts})
+    assert run.run_class is WORK
