@@ -1,8 +1,7 @@
 """The ledger's wire shapes and the `Ledger` interface every backend implements.
 
-SKELETON: the contract the dispatcher and the CLI code against. The helper implementing
-issue 6 fills in the SQLite backend and may add fields, but keeps these names and
-signatures (adding keyword-only parameters with defaults is fine).
+The dispatcher and the CLI code against this module only; a backend (SQLite here,
+PostgreSQL later) implements `Ledger` with all of its SQL kept in its own module.
 """
 
 from __future__ import annotations
@@ -15,14 +14,35 @@ import attrs
 from execkit.budget import Attempt, Backoff, DispatchCap, WorkBudget
 from execkit.classify import FailureClass
 
-__all__ = ["CAPABILITIES", "Ledger", "Run", "Task"]
+__all__ = [
+    "CAPABILITIES",
+    "MAX_ATTEMPT_LIMIT",
+    "OPERATE_ROLE",
+    "RUN_STATUSES",
+    "AuditEvent",
+    "Ledger",
+    "Run",
+    "Task",
+]
 
 CAPABILITIES = frozenset({"tasks.attempt_limits"})
+
+# ADR 0033: an explicit limit is 1..10000 total task-bound runs; 0 means "no explicit limit".
+MAX_ATTEMPT_LIMIT = 10000
+
+# ADR 0033: after the first run, changing a task's limit needs this role.
+OPERATE_ROLE = "agent.operate"
+
+RUN_STATUSES = ("running", "succeeded", "failed", "abandoned")
 
 
 @attrs.frozen
 class Run:
-    """One admitted run: a row of the immutable history."""
+    """One admitted run: a row of the immutable history.
+
+    `owner_host`/`owner_pid` name the process that owns a running run, so that a run whose
+    owner died can be marked abandoned (`Ledger.abandon_stale_runs`).
+    """
 
     id: str
     task_id: str
@@ -35,11 +55,26 @@ class Run:
     forced: bool
     started_at: float
     ended_at: float | None
+    owner_host: str = ""
+    owner_pid: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        data = attrs.asdict(self)
-        data["failure_class"] = self.failure_class.value if self.failure_class else None
-        return data
+        """JSON-safe wire shape (`failure_class` as its string value or None)."""
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "attempt": self.attempt,
+            "status": self.status,
+            "failure_class": self.failure_class.value if self.failure_class else None,
+            "reason": self.reason,
+            "request_key": self.request_key,
+            "actor": self.actor,
+            "forced": self.forced,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "owner_host": self.owner_host,
+            "owner_pid": self.owner_pid,
+        }
 
 
 @attrs.frozen
@@ -63,7 +98,48 @@ class Task:
     created_at: float
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        """JSON-safe wire shape (every field is a str, int, float, bool or None)."""
+        return {
+            "id": self.id,
+            "title": self.title,
+            "status": self.status,
+            "state": self.state,
+            "blocked_on": self.blocked_on,
+            "reason": self.reason,
+            "ready": self.ready,
+            "max_attempts": self.max_attempts,
+            "attempts_started": self.attempts_started,
+            "charged_attempts": self.charged_attempts,
+            "uncharged_streak": self.uncharged_streak,
+            "remaining": self.remaining,
+            "next_attempt_at": self.next_attempt_at,
+            "created_by": self.created_by,
+            "created_at": self.created_at,
+        }
+
+
+@attrs.frozen
+class AuditEvent:
+    """One audit record: who changed what, when (detail is a JSON-safe mapping)."""
+
+    id: int
+    at: float
+    actor: str
+    action: str  # task.create | task.set_attempt_limit | task.cancel | run.start | ...
+    task_id: str | None
+    run_id: str | None
+    detail: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "at": self.at,
+            "actor": self.actor,
+            "action": self.action,
+            "task_id": self.task_id,
+            "run_id": self.run_id,
+            "detail": dict(self.detail),
+        }
 
 
 class Ledger(Protocol):
@@ -126,5 +202,6 @@ class Ledger(Protocol):
     ) -> Task: ...
 
     def cancel_task(self, task_id: str, *, actor: str) -> Task: ...
+    def audit_events(self, task_id: str | None = None) -> list[AuditEvent]: ...
     def validate(self) -> list[str]: ...
     def close(self) -> None: ...

@@ -1,0 +1,591 @@
+"""The SQLite ledger's operations on real files: tasks, runs, limits, idempotency, audit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execkit.budget import Backoff, DispatchCap, WorkBudget
+from execkit.classify import FailureClass
+from execkit.errors import AdmissionRefused, Conflict, Forbidden, InvalidInput, NotFound
+from execkit.ledger import (
+    CAPABILITIES,
+    SqliteLedger,
+    default_db_path,
+    open_ledger,
+)
+
+OPERATE = ("agent.operate",)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.db"
+
+
+@pytest.fixture
+def ledger(db: Path) -> Iterator[SqliteLedger]:
+    with SqliteLedger(db) as opened:
+        yield opened
+
+
+def _fail(ledger: SqliteLedger, task_id: str, key: str, **finish: object) -> None:
+    run = ledger.start_run(task_id, request_key=key, actor="a")
+    ledger.finish_run(run.id, "failed", **finish)  # type: ignore[arg-type]
+
+
+# -- opening ---------------------------------------------------------------------------
+
+
+def test_default_path_prefers_argument_then_env_then_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EXECKIT_DB", raising=False)
+    assert default_db_path() == tmp_path / ".execkit" / "ledger.db"
+    monkeypatch.setenv("EXECKIT_DB", str(tmp_path / "env.db"))
+    assert default_db_path() == tmp_path / "env.db"
+    assert default_db_path(tmp_path / "arg.db") == tmp_path / "arg.db"
+
+
+def test_open_ledger_creates_the_default_file_in_wal_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EXECKIT_DB", raising=False)
+    with open_ledger() as ledger:
+        assert ledger.schema_version() == 2
+        assert ledger.status_info()["journal_mode"] == "wal"
+        assert ledger.capabilities() == CAPABILITIES
+        assert "tasks.attempt_limits" in ledger.capabilities()
+    assert (tmp_path / ".execkit" / "ledger.db").is_file()
+
+
+def test_create_false_refuses_a_missing_file_and_creates_nothing(tmp_path: Path) -> None:
+    with pytest.raises(NotFound, match="no ledger"):
+        SqliteLedger(tmp_path / "missing.db", create=False)
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_a_non_ledger_file_is_refused(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(InvalidInput, match="not a usable ledger"):
+        SqliteLedger(junk)
+    assert junk.read_bytes() == b"this is not sqlite at all" * 100
+
+
+# -- creation and idempotency -------------------------------------------------------------
+
+
+def test_create_task_defaults_to_no_explicit_limit(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("write the parser", actor="alice", now=100.0)
+    assert task.id == "t-1"
+    assert (task.status, task.state, task.ready) == ("open", "ready", True)
+    assert task.max_attempts == 0
+    assert task.attempts_started == 0
+    assert task.remaining == 3  # the WorkBudget's charged bound
+    assert (task.created_by, task.created_at) == ("alice", 100.0)
+    assert ledger.create_task("second", actor="alice").id == "t-2"
+
+
+@pytest.mark.parametrize("bad", [-1, 10001, 2.5, "3", True, None])
+def test_create_task_rejects_a_bad_limit_and_writes_nothing(
+    ledger: SqliteLedger, bad: object
+) -> None:
+    with pytest.raises(InvalidInput, match=r"max_attempts.*1\.\.10000"):
+        ledger.create_task("t", max_attempts=bad, actor="a")  # type: ignore[arg-type]
+    assert ledger.list_tasks() == []
+    assert ledger.audit_events() == []
+
+
+@pytest.mark.parametrize("title", ["", "   ", "x" * 1001])
+def test_create_task_rejects_a_bad_title(ledger: SqliteLedger, title: str) -> None:
+    with pytest.raises(InvalidInput, match="title"):
+        ledger.create_task(title, actor="a")
+    assert ledger.list_tasks() == []
+
+
+def test_replaying_a_creation_key_returns_the_same_task(ledger: SqliteLedger) -> None:
+    first = ledger.create_task("t", max_attempts=5, idempotency_key="k", actor="a")
+    again = ledger.create_task("t", max_attempts=5, idempotency_key="k", actor="a")
+    assert again.id == first.id
+    assert len(ledger.list_tasks()) == 1
+    assert [e.action for e in ledger.audit_events()] == ["task.create"]
+
+
+@pytest.mark.parametrize(
+    ("title", "limit"), [("other title", 5), ("t", 6), ("t", 0)], ids=["title", "limit", "none"]
+)
+def test_the_same_creation_key_with_another_request_is_a_conflict(
+    ledger: SqliteLedger, title: str, limit: int
+) -> None:
+    ledger.create_task("t", max_attempts=5, idempotency_key="k", actor="a")
+    with pytest.raises(Conflict, match="idempotency key 'k'"):
+        ledger.create_task(title, max_attempts=limit, idempotency_key="k", actor="a")
+    assert len(ledger.list_tasks()) == 1
+
+
+def test_creation_fingerprint_is_the_legacy_one_without_a_limit(ledger: SqliteLedger) -> None:
+    import hashlib
+
+    ledger.create_task("legacy", idempotency_key="k0", actor="a")
+    ledger.create_task("limited", max_attempts=4, idempotency_key="k4", actor="a")
+    rows = dict(ledger._conn.execute("SELECT key, fingerprint FROM idempotency").fetchall())
+
+    def sha(obj: object) -> str:
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    assert rows["k0"] == sha({"title": "legacy"})
+    assert rows["k4"] == sha({"max_attempts": 4, "title": "limited"})
+
+
+# -- admission -----------------------------------------------------------------------------
+
+
+def test_start_run_numbers_attempts_and_records_the_owner(ledger: SqliteLedger) -> None:
+    import os
+    import socket
+
+    task = ledger.create_task("t", max_attempts=3, actor="a")
+    run = ledger.start_run(task.id, request_key="r1", actor="bob", now=10.0)
+    assert (run.id, run.attempt, run.status, run.actor) == ("r-1", 1, "running", "bob")
+    assert (run.owner_pid, run.owner_host) == (os.getpid(), socket.gethostname())
+    assert run.started_at == 10.0
+    shown = ledger.get_task(task.id, now=11.0)
+    assert (shown.state, shown.ready, shown.attempts_started) == ("running", False, 1)
+    finished = ledger.finish_run(run.id, "failed", now=12.0)
+    assert (finished.status, finished.ended_at) == ("failed", 12.0)
+    second = ledger.start_run(task.id, request_key="r2", actor="bob", now=13.0)
+    assert second.attempt == 2
+
+
+def test_replaying_a_request_key_returns_the_same_run_and_creates_none(
+    ledger: SqliteLedger,
+) -> None:
+    task = ledger.create_task("t", max_attempts=3, actor="a")
+    run = ledger.start_run(task.id, request_key="same", actor="a")
+    assert ledger.start_run(task.id, request_key="same", actor="a") == run
+    ledger.finish_run(run.id, "failed")
+    replay = ledger.start_run(task.id, request_key="same", actor="a")
+    assert (replay.id, replay.status) == (run.id, "failed")
+    assert len(ledger.runs(task.id)) == 1
+
+
+def test_a_request_key_replayed_for_another_task_is_a_conflict(ledger: SqliteLedger) -> None:
+    one = ledger.create_task("one", actor="a")
+    two = ledger.create_task("two", actor="a")
+    ledger.start_run(one.id, request_key="k", actor="a")
+    with pytest.raises(Conflict):
+        ledger.start_run(two.id, request_key="k", actor="a")
+    assert ledger.runs(two.id) == []
+
+
+def test_a_second_run_while_one_runs_is_blocked(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=5, actor="a")
+    ledger.start_run(task.id, request_key="1", actor="a")
+    with pytest.raises(AdmissionRefused, match="still running") as refused:
+        ledger.start_run(task.id, request_key="2", actor="a")
+    assert refused.value.code == "blocked"
+    assert len(ledger.runs(task.id)) == 1
+
+
+def test_the_explicit_limit_counts_every_run_and_refuses_with_attempt_limit(
+    ledger: SqliteLedger,
+) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="a")
+    _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)  # uncharged still counts
+    run = ledger.start_run(task.id, request_key="2", actor="a")
+    ledger.finish_run(run.id, "abandoned")
+    with pytest.raises(AdmissionRefused, match="2 of 2") as refused:
+        ledger.start_run(task.id, request_key="3", actor="a")
+    assert refused.value.code == "attempt_limit"
+    shown = ledger.get_task(task.id)
+    assert (shown.state, shown.blocked_on, shown.ready) == ("blocked", "attempt_limit", False)
+    assert shown.status == "open"  # stays in progress, not finished (ADR 0033)
+    assert shown.remaining == 0
+
+
+def test_forced_never_passes_the_explicit_limit(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=1, actor="a")
+    _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")
+    with pytest.raises(AdmissionRefused) as refused:
+        ledger.start_run(task.id, request_key="2", actor="op", forced=True)
+    assert refused.value.code == "attempt_limit"
+
+
+def test_an_environment_stop_blocks_until_an_operator_forces(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="a")
+    _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")
+    shown = ledger.get_task(task.id)
+    assert (shown.state, shown.blocked_on) == ("blocked", "environment")
+    assert "codex missing" in (shown.reason or "")
+    with pytest.raises(AdmissionRefused, match="codex missing") as refused:
+        ledger.start_run(task.id, request_key="2", actor="a")
+    assert refused.value.code == "blocked"
+    forced = ledger.start_run(task.id, request_key="3", actor="op", forced=True)
+    assert (forced.attempt, forced.forced) == (2, True)
+    start_events = [e for e in ledger.audit_events(task.id) if e.action == "run.start"]
+    assert start_events[-1].detail["forced"] is True
+    assert start_events[-1].actor == "op"
+
+
+def test_without_a_limit_the_work_budget_blocks(db: Path) -> None:
+    with SqliteLedger(db, budget=WorkBudget(max_attempts=2)) as ledger:
+        task = ledger.create_task("t", actor="a")
+        _fail(ledger, task.id, "1")
+        _fail(ledger, task.id, "2")
+        with pytest.raises(AdmissionRefused, match="charged budget") as refused:
+            ledger.start_run(task.id, request_key="3", actor="a")
+        assert refused.value.code == "blocked"
+        assert ledger.get_task(task.id).blocked_on == "work"
+
+
+def test_the_uncharged_bound_blocks_on_upstream(db: Path) -> None:
+    with SqliteLedger(db, budget=WorkBudget(max_uncharged_attempts=2)) as ledger:
+        task = ledger.create_task("t", max_attempts=10, actor="a")
+        _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM, reason="http 503")
+        _fail(ledger, task.id, "2", failure_class=FailureClass.UPSTREAM, reason="http 503")
+        with pytest.raises(AdmissionRefused) as refused:
+            ledger.start_run(task.id, request_key="3", actor="a")
+        assert refused.value.code == "blocked"
+        assert ledger.get_task(task.id).blocked_on == "upstream"
+
+
+def test_the_dispatch_cap_is_passed_to_the_policy(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=10, actor="a")
+    _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)
+    with pytest.raises(AdmissionRefused, match="dispatch cap") as refused:
+        ledger.start_run(task.id, request_key="2", actor="d", cap=DispatchCap(1))
+    assert refused.value.code == "blocked"
+    assert ledger.get_task(task.id, cap=DispatchCap(1)).blocked_on == "dispatch_cap"
+    assert ledger.start_run(task.id, request_key="3", actor="d").attempt == 2
+
+
+def test_backoff_is_reported_but_does_not_refuse_a_manual_start(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=5, actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a", now=1000.0)
+    ledger.finish_run(run.id, "failed", now=1001.0)
+    shown = ledger.get_task(task.id, now=1002.0)
+    assert shown.state == "backoff"
+    assert shown.next_attempt_at is not None and shown.next_attempt_at > 1002.0
+    assert not shown.ready
+    assert ledger.start_run(task.id, request_key="2", actor="a", now=1002.0).attempt == 2
+
+
+def test_a_succeeded_run_finishes_the_task(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=5, actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    ledger.finish_run(run.id, "succeeded")
+    shown = ledger.get_task(task.id)
+    assert (shown.status, shown.state, shown.ready) == ("done", "done", False)
+    with pytest.raises(AdmissionRefused) as refused:
+        ledger.start_run(task.id, request_key="2", actor="a")
+    assert refused.value.code == "finished"
+
+
+def test_a_cancelled_task_admits_nothing_and_keeps_its_policy(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="a")
+    cancelled = ledger.cancel_task(task.id, actor="op")
+    assert (cancelled.status, cancelled.state, cancelled.ready) == ("cancelled", "cancelled", False)
+    assert ledger.cancel_task(task.id, actor="op").status == "cancelled"  # idempotent
+    with pytest.raises(AdmissionRefused) as refused:
+        ledger.start_run(task.id, request_key="1", actor="a")
+    assert refused.value.code == "finished"
+    with pytest.raises(AdmissionRefused) as refused:
+        ledger.set_attempt_limit(task.id, 5, expected_max_attempts=2, actor="a", roles=OPERATE)
+    assert refused.value.code == "finished"
+    assert ledger.get_task(task.id).max_attempts == 2
+
+
+def test_unknown_ids_are_not_found(ledger: SqliteLedger) -> None:
+    for call in (
+        lambda: ledger.get_task("t-9"),
+        lambda: ledger.runs("t-9"),
+        lambda: ledger.start_run("t-9", request_key="k", actor="a"),
+        lambda: ledger.finish_run("r-9", "failed"),
+        lambda: ledger.set_attempt_limit("t-9", 3, expected_max_attempts=0, actor="a"),
+        lambda: ledger.cancel_task("t-9", actor="a"),
+    ):
+        with pytest.raises(NotFound):
+            call()
+
+
+def test_a_dead_owner_pid_is_refused(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="a")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    with pytest.raises(InvalidInput, match="owner_pid"):
+        ledger.start_run(task.id, request_key="k", actor="a", owner_pid=int(proc.stdout))
+    assert ledger.runs(task.id) == []
+
+
+# -- finishing -----------------------------------------------------------------------------
+
+
+def test_finish_run_validates_its_input_and_changes_nothing(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    with pytest.raises(InvalidInput, match="status"):
+        ledger.finish_run(run.id, "running")
+    with pytest.raises(InvalidInput, match="failure_class"):
+        ledger.finish_run(run.id, "failed", failure_class="cosmic")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="succeeded"):
+        ledger.finish_run(run.id, "succeeded", failure_class=FailureClass.WORK)
+    assert ledger.runs(task.id)[0].status == "running"
+
+
+def test_finishing_twice_is_idempotent_but_different_values_conflict(
+    ledger: SqliteLedger,
+) -> None:
+    task = ledger.create_task("t", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    done = ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, reason="503")
+    again = ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, reason="503")
+    assert again == done
+    with pytest.raises(Conflict, match="already finished"):
+        ledger.finish_run(run.id, "failed", failure_class=FailureClass.WORK, reason="503")
+    with pytest.raises(Conflict):
+        ledger.finish_run(run.id, "succeeded")
+    assert ledger.runs(task.id) == [done]
+
+
+def test_reasons_are_redacted_before_they_are_stored(ledger: SqliteLedger) -> None:
+    secret = "sk-" + "A1b2C3d4E5f6G7h8I9j0" * 2
+    task = ledger.create_task("t", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    finished = ledger.finish_run(run.id, "failed", reason=f"401 with key {secret}")
+    assert secret not in (finished.reason or "")
+    assert "[REDACTED]" in (finished.reason or "")
+    stored = ledger._conn.execute("SELECT reason FROM runs").fetchone()[0]
+    assert secret not in stored
+
+
+def test_a_long_reason_keeps_its_end(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    finished = ledger.finish_run(run.id, "failed", reason="x" * 10000 + "THE END")
+    assert finished.reason is not None
+    assert len(finished.reason) == 4000
+    assert finished.reason.endswith("THE END")
+
+
+def test_abandon_stale_runs_marks_runs_of_dead_owners_and_they_still_count(
+    ledger: SqliteLedger,
+) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="a")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        run = ledger.start_run(task.id, request_key="1", actor="a", owner_pid=child.pid)
+        assert ledger.abandon_stale_runs() == []  # owner alive: left alone
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    abandoned = ledger.abandon_stale_runs(now=50.0)
+    assert [(r.id, r.status, r.ended_at) for r in abandoned] == [(run.id, "abandoned", 50.0)]
+    assert str(child.pid) in (abandoned[0].reason or "")
+    assert ledger.abandon_stale_runs() == []
+    shown = ledger.get_task(task.id)
+    assert (shown.attempts_started, shown.charged_attempts) == (1, 1)
+    assert ledger.start_run(task.id, request_key="2", actor="a").attempt == 2
+    assert ledger.validate() == []
+
+
+def test_a_run_of_this_process_is_not_abandoned(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="a")
+    ledger.start_run(task.id, request_key="1", actor="a")
+    assert ledger.abandon_stale_runs() == []
+
+
+# -- set_attempt_limit ----------------------------------------------------------------------
+
+
+def test_the_creator_may_set_the_limit_before_the_first_run(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="alice")
+    updated = ledger.set_attempt_limit(task.id, 4, expected_max_attempts=0, actor="alice")
+    assert updated.max_attempts == 4
+    assert updated.remaining == 4
+    event = ledger.audit_events(task.id)[-1]
+    assert (event.action, event.actor, event.detail["from"], event.detail["to"]) == (
+        "task.set_attempt_limit",
+        "alice",
+        0,
+        4,
+    )
+
+
+def test_others_and_the_creator_after_a_run_need_agent_operate(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="alice")
+    with pytest.raises(Forbidden, match=r"agent\.operate"):
+        ledger.set_attempt_limit(task.id, 3, expected_max_attempts=2, actor="mallory")
+    _fail(ledger, task.id, "1")
+    with pytest.raises(Forbidden, match="after its first run"):
+        ledger.set_attempt_limit(task.id, 3, expected_max_attempts=2, actor="alice")
+    assert ledger.get_task(task.id).max_attempts == 2
+    updated = ledger.set_attempt_limit(
+        task.id, 3, expected_max_attempts=2, actor="op", roles=OPERATE
+    )
+    assert updated.max_attempts == 3
+
+
+def test_a_stale_expected_value_is_a_conflict_naming_the_current_one(
+    ledger: SqliteLedger,
+) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="alice")
+    with pytest.raises(Conflict, match="current limit of task t-1: 2"):
+        ledger.set_attempt_limit(task.id, 5, expected_max_attempts=3, actor="alice")
+    assert ledger.get_task(task.id).max_attempts == 2
+    assert [e.action for e in ledger.audit_events(task.id)] == ["task.create"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10001, 2.5, "3", True])
+def test_set_attempt_limit_requires_1_to_10000(ledger: SqliteLedger, bad: object) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="alice")
+    with pytest.raises(InvalidInput, match=r"max_attempts must be .*1\.\.10000"):
+        ledger.set_attempt_limit(task.id, bad, expected_max_attempts=2, actor="alice")  # type: ignore[arg-type]
+    assert ledger.get_task(task.id).max_attempts == 2
+
+
+def test_set_attempt_limit_replays_its_keyed_response(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="alice")
+    first = ledger.set_attempt_limit(
+        task.id, 4, expected_max_attempts=2, actor="alice", idempotency_key="raise-1"
+    )
+    # A transport retry: expected no longer matches, but the key says it already happened.
+    again = ledger.set_attempt_limit(
+        task.id, 4, expected_max_attempts=2, actor="alice", idempotency_key="raise-1"
+    )
+    assert again.max_attempts == first.max_attempts == 4
+    assert sum(e.action == "task.set_attempt_limit" for e in ledger.audit_events()) == 1
+    with pytest.raises(Conflict, match="raise-1"):
+        ledger.set_attempt_limit(
+            task.id, 5, expected_max_attempts=4, actor="alice", idempotency_key="raise-1"
+        )
+    assert ledger.get_task(task.id).max_attempts == 4
+
+
+def test_raising_the_limit_makes_an_exhausted_task_ready_with_its_history(
+    ledger: SqliteLedger,
+) -> None:
+    task = ledger.create_task("t", max_attempts=1, actor="alice")
+    _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)
+    assert ledger.get_task(task.id, now=10**10).blocked_on == "attempt_limit"
+    before = ledger.runs(task.id)
+    ledger.set_attempt_limit(task.id, 3, expected_max_attempts=1, actor="op", roles=OPERATE)
+    shown = ledger.get_task(task.id, now=10**10)
+    assert (shown.state, shown.ready, shown.remaining, shown.attempts_started) == (
+        "ready",
+        True,
+        2,
+        1,
+    )
+    assert ledger.runs(task.id) == before
+    assert ledger.start_run(task.id, request_key="2", actor="a").attempt == 2
+
+
+def test_lowering_the_limit_leaves_the_running_run_and_refuses_the_next(
+    ledger: SqliteLedger,
+) -> None:
+    task = ledger.create_task("t", max_attempts=5, actor="alice")
+    _fail(ledger, task.id, "1")
+    running = ledger.start_run(task.id, request_key="2", actor="a")
+    ledger.set_attempt_limit(task.id, 1, expected_max_attempts=5, actor="op", roles=OPERATE)
+    assert ledger.runs(task.id)[-1] == running
+    assert ledger.finish_run(running.id, "failed").status == "failed"
+    with pytest.raises(AdmissionRefused) as refused:
+        ledger.start_run(task.id, request_key="3", actor="a")
+    assert refused.value.code == "attempt_limit"
+
+
+def test_a_done_task_refuses_a_limit_change(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", max_attempts=2, actor="alice")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    ledger.finish_run(run.id, "succeeded")
+    with pytest.raises(AdmissionRefused, match="can no longer change") as refused:
+        ledger.set_attempt_limit(task.id, 5, expected_max_attempts=2, actor="op", roles=OPERATE)
+    assert refused.value.code == "finished"
+
+
+# -- restart and validation ------------------------------------------------------------------
+
+_SHOW = """
+import json, sys
+from execkit.budget import Backoff, WorkBudget
+from execkit.ledger import SqliteLedger
+with SqliteLedger(sys.argv[1], budget=WorkBudget(max_attempts=4), backoff=Backoff()) as ledger:
+    print(json.dumps(ledger.get_task(sys.argv[2], now=float(sys.argv[3])).to_dict()))
+"""
+
+
+def test_counts_and_backoff_come_from_history_after_a_restart(db: Path) -> None:
+    budget = WorkBudget(max_attempts=4)
+    with SqliteLedger(db, budget=budget, backoff=Backoff()) as ledger:
+        task = ledger.create_task("t", actor="a")
+        for i, klass in enumerate([FailureClass.WORK, FailureClass.UPSTREAM, None]):
+            run = ledger.start_run(task.id, request_key=str(i), actor="a", now=1000.0 + i * 100)
+            ledger.finish_run(run.id, "failed", failure_class=klass, now=1001.0 + i * 100)
+        before = ledger.get_task(task.id, now=1210.0)
+    assert before.state == "backoff"
+    assert (before.attempts_started, before.charged_attempts) == (3, 2)
+    # A new process (nothing shared but the file) gives the same answer.
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHOW, str(db), task.id, "1210.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(proc.stdout) == before.to_dict()
+    with SqliteLedger(db, budget=budget, backoff=Backoff()) as reopened:
+        assert reopened.get_task(task.id, now=1210.0) == before
+        assert reopened.start_run(task.id, request_key="3", actor="a").attempt == 4
+
+
+def test_validate_reports_a_broken_history(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="a")
+    _fail(ledger, task.id, "1")
+    assert ledger.validate() == []
+    # Damage the file the way only a bug or a hand edit could: a gap in the numbers.
+    ledger._conn.execute("UPDATE runs SET attempt = 3 WHERE id = 'r-1'")
+    problems = ledger.validate()
+    assert len(problems) == 1
+    assert problems[0].startswith("t-1: ")
+    assert "gapless" in problems[0]
+
+
+def test_validate_reports_a_done_task_without_success(ledger: SqliteLedger) -> None:
+    ledger.create_task("t", actor="a")
+    ledger._conn.execute("UPDATE tasks SET status = 'done'")
+    assert ledger.validate() == ["t-1: task is done but no run succeeded"]
+
+
+def test_list_tasks_projects_every_task_in_creation_order(ledger: SqliteLedger) -> None:
+    one = ledger.create_task("one", max_attempts=1, actor="a")
+    two = ledger.create_task("two", actor="a")
+    _fail(ledger, one.id, "1")
+    listed = ledger.list_tasks(now=10**10)
+    assert [t.id for t in listed] == [one.id, two.id]
+    assert [t.state for t in listed] == ["blocked", "ready"]
+    assert listed == [ledger.get_task(one.id, now=10**10), ledger.get_task(two.id, now=10**10)]
+
+
+def test_wire_shapes_are_json_safe(ledger: SqliteLedger) -> None:
+    task = ledger.create_task("t", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    run = ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM)
+    assert json.loads(json.dumps(run.to_dict()))["failure_class"] == "upstream"
+    shown = json.loads(json.dumps(ledger.get_task(task.id).to_dict()))
+    assert {"max_attempts", "attempts_started", "ready", "state", "blocked_on"} <= set(shown)
+    for event in ledger.audit_events():
+        json.dumps(event.to_dict())

@@ -1,0 +1,167 @@
+"""Property: no sequence of operations admits more runs than the limit in force."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from execkit.budget import WorkBudget
+from execkit.classify import FailureClass
+from execkit.errors import AdmissionRefused, Conflict, Forbidden
+from execkit.ledger import SqliteLedger
+
+_OUTCOMES = st.sampled_from(
+    [
+        ("failed", None),
+        ("failed", FailureClass.WORK),
+        ("failed", FailureClass.UPSTREAM),
+        ("failed", FailureClass.ENVIRONMENT),
+        ("abandoned", None),
+        ("succeeded", None),
+    ]
+)
+
+
+class LimitMachine(RuleBasedStateMachine):
+    """Random creates, limit changes, starts (forced or not) and finishes on one real file.
+
+    The model keeps only what the test states: the limit in force per task and how many runs
+    each task has had. The ledger decides everything else; the checks are that it never
+    admits past the limit in force, numbers attempts 1..N, and refuses with
+    `attempt_limit` only when the limit is really used up.
+    """
+
+    tasks = Bundle("tasks")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="ledger-prop-"))
+        self.ledger = SqliteLedger(
+            self.dir / "ledger.db", budget=WorkBudget(max_attempts=3, max_uncharged_attempts=2)
+        )
+        self.limit: dict[str, int] = {}
+        self.started: dict[str, int] = {}
+        self.running: dict[str, str] = {}
+        self.keys = 0
+        self.now = 1000.0
+
+    def teardown(self) -> None:
+        self.ledger.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _tick(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    @initialize(target=tasks, limit=st.integers(1, 3))
+    def create_limited(self, limit: int) -> str:
+        return self.create(limit)
+
+    @rule(target=tasks, limit=st.integers(0, 4))
+    def create(self, limit: int) -> str:
+        task = self.ledger.create_task("t", max_attempts=limit, actor="creator", now=self._tick())
+        self.limit[task.id] = limit
+        self.started[task.id] = 0
+        return task.id
+
+    @rule(task=tasks, new=st.integers(1, 5), operator=st.booleans(), stale=st.booleans())
+    def set_limit(self, task: str, new: int, operator: bool, stale: bool) -> None:
+        expected = self.limit[task] + (1 if stale else 0)
+        roles = ("agent.operate",) if operator else ()
+        try:
+            self.ledger.set_attempt_limit(
+                task, new, expected_max_attempts=expected, actor="creator", roles=roles
+            )
+        except Forbidden:
+            assert not operator and self.started[task] > 0
+            return
+        except Conflict:
+            assert stale
+            return
+        except AdmissionRefused as refused:
+            assert refused.code == "finished"
+            return
+        assert not stale
+        self.limit[task] = new
+
+    @rule(task=tasks, forced=st.booleans())
+    def start(self, task: str, forced: bool) -> None:
+        self._try_start(task, forced)
+
+    @rule(task=tasks, outcomes=st.lists(_OUTCOMES, min_size=1, max_size=6), forced=st.booleans())
+    def burst(
+        self, task: str, outcomes: list[tuple[str, FailureClass | None]], forced: bool
+    ) -> None:
+        """Start and finish repeatedly, so the bound is reached within one step."""
+        for status, klass in outcomes:
+            self._try_start(task, forced)
+            if task in self.running:
+                self.ledger.finish_run(
+                    self.running.pop(task), status, failure_class=klass, now=self._tick()
+                )
+
+    def _try_start(self, task: str, forced: bool) -> None:
+        self.keys += 1
+        limit, before = self.limit[task], self.started[task]
+        try:
+            run = self.ledger.start_run(
+                task, request_key=f"k{self.keys}", actor="a", forced=forced, now=self._tick()
+            )
+        except AdmissionRefused as refused:
+            if refused.code == "attempt_limit":
+                assert limit and before >= limit
+            return
+        assert limit == 0 or run.attempt <= limit, (run.attempt, limit)
+        assert run.attempt == before + 1
+        assert task not in self.running
+        self.started[task] = run.attempt
+        self.running[task] = run.id
+
+    @precondition(lambda self: bool(self.running))
+    @rule(data=st.data(), outcome=_OUTCOMES)
+    def finish(self, data: st.DataObject, outcome: tuple[str, FailureClass | None]) -> None:
+        task = data.draw(st.sampled_from(sorted(self.running)))
+        status, klass = outcome
+        run = self.ledger.finish_run(
+            self.running.pop(task), status, failure_class=klass, now=self._tick()
+        )
+        assert run.status == status
+
+    @rule(task=consumes(tasks))
+    def cancel(self, task: str) -> None:
+        try:
+            self.ledger.cancel_task(task, actor="op")
+        except AdmissionRefused as refused:
+            assert refused.code == "finished"
+
+    @invariant()
+    def history_matches_the_model(self) -> None:
+        for task_id, count in self.started.items():
+            shown = self.ledger.get_task(task_id, now=self.now)
+            assert shown.attempts_started == count
+            assert shown.max_attempts == self.limit[task_id]
+            if shown.max_attempts and count >= shown.max_attempts:
+                assert not shown.ready
+        assert self.ledger.validate() == []
+
+
+LimitMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_no_sequence_admits_more_than_the_limit = LimitMachine.TestCase

@@ -1,0 +1,270 @@
+"""Schema versions: additive migration of a populated version-1 file, refusal of newer ones."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from execkit.errors import InvalidInput, SchemaTooNew
+from execkit.ledger import SCHEMA_VERSION, SqliteLedger, migrate
+from execkit.ledger.sqlite import _SCHEMA_STEPS
+
+
+def _legacy_fingerprint(title: str) -> str:
+    canonical = json.dumps({"title": title}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _build_version_1(path: Path) -> None:
+    """A populated file as a version-1 (pre attempt limits) execkit would have left it."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("BEGIN IMMEDIATE")
+    for statement in _SCHEMA_STEPS[1]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (1, 1.5)")
+    conn.executemany(
+        "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (1, "t-1", "old open task", "open", "alice", 100.25, 100.25),
+            (2, "t-2", "old done task", "done", "bob", 200.5, 260.125),
+        ],
+    )
+    conn.executemany(
+        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                1,
+                "r-1",
+                "t-1",
+                1,
+                "failed",
+                "upstream",
+                "http 503",
+                "k1",
+                "alice",
+                0,
+                "h",
+                1,
+                5.0,
+                110.0,
+                111.0,
+            ),
+            (
+                2,
+                "r-2",
+                "t-2",
+                1,
+                "failed",
+                None,
+                "wrong",
+                "k2",
+                "bob",
+                0,
+                "h",
+                1,
+                5.0,
+                210.0,
+                220.0,
+            ),
+            (
+                3,
+                "r-3",
+                "t-2",
+                2,
+                "succeeded",
+                None,
+                None,
+                "k3",
+                "bob",
+                0,
+                "h",
+                1,
+                5.0,
+                250.0,
+                260.125,
+            ),
+            (
+                4,
+                "r-4",
+                "t-1",
+                2,
+                "failed",
+                "work",
+                "bad",
+                "k4",
+                "alice",
+                1,
+                "h",
+                1,
+                5.0,
+                300.0,
+                301.0,
+            ),
+        ],
+    )
+    conn.execute(
+        "INSERT INTO idempotency VALUES ('task.create', 'legacy-key', ?, ?, 100.25)",
+        (_legacy_fingerprint("old open task"), json.dumps({"task_id": "t-1"})),
+    )
+    conn.execute("INSERT INTO audit VALUES (1, 100.25, 'alice', 'task.create', 't-1', NULL, '{}')")
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def _rows(path: Path, table: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        # quote() renders each value exactly as stored (type and bits), so equal lists mean
+        # byte-for-byte equal rows, not merely equal-looking Python values.
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+        quoted = ", ".join(f"quote({c})" for c in columns)
+        return list(conn.execute(f"SELECT {quoted} FROM {table} ORDER BY rowid"))
+    finally:
+        conn.close()
+
+
+def _table_sql(path: Path) -> dict[str, str]:
+    conn = sqlite3.connect(path)
+    try:
+        return dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"))
+    finally:
+        conn.close()
+
+
+def test_a_fresh_file_goes_through_every_step() -> None:
+    assert sorted(_SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
+    assert SCHEMA_VERSION == 2
+
+
+def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    _build_version_1(db)
+    before = {table: _rows(db, table) for table in ("tasks", "runs", "audit", "idempotency")}
+    sql_before = _table_sql(db)
+
+    with SqliteLedger(db) as ledger:
+        assert ledger.migration is not None
+        assert (ledger.migration.from_version, ledger.migration.to_version) == (1, 2)
+        backup = ledger.migration.backup_path
+        assert ledger.schema_version() == 2
+        # The migrated tasks read with no explicit limit and their whole history.
+        old = ledger.get_task("t-1", now=10**10)
+        assert (old.max_attempts, old.attempts_started, old.status) == (0, 2, "open")
+        assert ledger.get_task("t-2").state == "done"
+        assert ledger.validate() == []
+        assert ledger.history("t-1")[1].forced is True
+
+    for table, rows in before.items():
+        assert _rows(db, table) == rows, table
+    sql_after = _table_sql(db)
+    # Additive: every old object is defined exactly as before; only new ones appear.
+    assert {name: sql_after[name] for name in sql_before} == sql_before
+    assert set(sql_after) - set(sql_before) == {"task_attempt_limits", "runs_by_task_creation"}
+    assert _rows(db, "schema_version")[0] == ("1", "1.5")
+
+    # The backup is the untouched version-1 file.
+    assert backup is not None and backup.is_file()
+    assert backup.parent == db.parent
+    assert _rows(backup, "schema_version") == [("1", "1.5")]
+    assert _rows(backup, "runs") == before["runs"]
+    assert "task_attempt_limits" not in _table_sql(backup)
+
+
+def test_a_legacy_creation_key_still_replays_after_migration(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    _build_version_1(db)
+    with SqliteLedger(db) as ledger:
+        # ADR 0033: the fingerprint with max_attempts 0 is the legacy one, unchanged.
+        again = ledger.create_task("old open task", idempotency_key="legacy-key", actor="x")
+        assert again.id == "t-1"
+        assert len(ledger.list_tasks()) == 2
+
+
+def test_the_migrated_file_enforces_limits(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    _build_version_1(db)
+    with SqliteLedger(db) as ledger:
+        ledger.set_attempt_limit(
+            "t-1", 3, expected_max_attempts=0, actor="op", roles=("agent.operate",)
+        )
+        assert ledger.start_run("t-1", request_key="new", actor="op").attempt == 3
+        ledger.finish_run("r-5", "failed")
+        assert ledger.get_task("t-1").blocked_on == "attempt_limit"
+
+
+def test_migrate_writes_a_backup_and_says_where(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    _build_version_1(db)
+    result = migrate(db)
+    assert (result.from_version, result.to_version) == (1, 2)
+    assert result.backup_path is not None and result.backup_path.is_file()
+    assert "schema-v1" in result.backup_path.name
+    again = migrate(db)
+    assert (again.from_version, again.backup_path) == (2, None)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".bak") == [
+        result.backup_path.name
+    ]
+
+
+def test_a_newer_schema_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    with SqliteLedger(db) as ledger:
+        ledger.create_task("made by the future", actor="a")
+    conn = sqlite3.connect(db)
+    conn.execute("INSERT INTO schema_version VALUES (?, 9.0)", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    image = db.read_bytes()
+    listing = sorted(p.name for p in tmp_path.iterdir())
+
+    with pytest.raises(SchemaTooNew, match=f"schema version {SCHEMA_VERSION + 1}"):
+        SqliteLedger(db)
+    with pytest.raises(SchemaTooNew):
+        migrate(db)
+    with pytest.raises(SchemaTooNew):
+        SqliteLedger(db, upgrade=False)
+
+    assert db.read_bytes() == image
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing
+
+
+def test_a_newer_rollback_journal_file_is_not_switched_to_wal(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for statement in _SCHEMA_STEPS[1]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (99, 1.0)")
+    conn.close()
+    image = db.read_bytes()
+    with pytest.raises(SchemaTooNew):
+        SqliteLedger(db)
+    assert db.read_bytes() == image
+
+
+def test_status_without_upgrade_reports_an_old_file_without_touching_it(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    _build_version_1(db)
+    image = db.read_bytes()
+    with SqliteLedger(db, upgrade=False) as ledger:
+        info = ledger.status_info()
+    assert (info["schema_version"], info["needs_migration"]) == (1, True)
+    assert (info["tasks"], info["runs"]) == (2, 4)
+    assert db.read_bytes() == image
+    assert not list(tmp_path.glob("*.bak"))
+
+
+def test_an_sqlite_file_of_another_program_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "other.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE notes (x)")
+    conn.commit()
+    conn.close()
+    image = db.read_bytes()
+    with pytest.raises(InvalidInput, match="not an execkit ledger"):
+        SqliteLedger(db)
+    assert db.read_bytes() == image
