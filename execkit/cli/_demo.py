@@ -1,10 +1,179 @@
-"""CLI group placeholder: filled in by its issue."""
+"""`execkit demo` (what `make demo` runs): the dispatcher over four issues, in seconds.
+
+A temporary board of four issues and a fresh ledger; the `generic` adapter runs small real
+scripts from the repository's `fixtures/bin/` standing in for a vendor CLI. The clock is
+virtual: when nothing is due it jumps to the next retry time, so the backoff is real but
+nobody waits for it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
+
+import execkit
+from adapters import GenericAdapter
+from execkit.cli._dispatch import describe_event, format_status_table
+from execkit.dispatch import (
+    AdapterRunner,
+    BoardIssue,
+    BoardState,
+    DispatchConfig,
+    Dispatcher,
+    DispatchEvent,
+    JsonFileBoard,
+    issue_statuses,
+)
+from execkit.errors import InvalidInput, NotFound
+from execkit.ledger import open_ledger
+
+__all__ = ["register"]
+
+# Bounds the loop whatever happens: the demo needs about ten passes.
+_MAX_PASSES = 200
+_MISSING_BINARY = "acme-agent"
+_INSTALL_HINT = f"pip install {_MISSING_BINARY} (left out on purpose)"
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add this group's subcommands (none yet)."""
+    """Add `demo`."""
+    demo = sub.add_parser(
+        "demo",
+        help="run the dispatcher over a four-issue demo board (a few seconds)",
+        description=(
+            "Dispatch a demo board of four issues through real scripts standing in for a "
+            "vendor CLI: one succeeds, one's binary is missing, one hits a vendor 503 twice "
+            "then succeeds, one always produces wrong output. Ends with the status table."
+        ),
+    )
+    demo.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="write the board and ledger into DIR (new or empty) and keep them",
+    )
+    demo.set_defaults(handler=_demo)
+
+
+class _VirtualClock:
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_to(self, at: float) -> None:
+        self.now = max(self.now, at)
+
+
+def _fixtures_bin() -> Path:
+    # The scripts live in the repository, next to the package (not in an installed wheel).
+    path = Path(execkit.__file__).resolve().parent.parent / "fixtures" / "bin"
+    if not path.is_dir():
+        raise NotFound(
+            f"the demo needs the repository's fixtures/bin (looked in {path}); "
+            "run it from a checkout of execkit"
+        )
+    return path
+
+
+def _issues(bin_dir: Path) -> list[BoardIssue]:
+    return [
+        BoardIssue(
+            "DEMO-1",
+            "Fix the typo in the README",
+            "todo",
+            prompt="fix the typo in README.md",
+            argv=[str(bin_dir / "fake-agent-ok")],
+        ),
+        BoardIssue(
+            "DEMO-2",
+            f"Summarise the changelog with {_MISSING_BINARY}",
+            "todo",
+            prompt="summarise CHANGELOG.md",
+            argv=[_MISSING_BINARY],
+        ),
+        BoardIssue(
+            "DEMO-3",
+            "Draft release notes (the vendor is down for a while)",
+            "todo",
+            prompt="draft the release notes",
+            argv=[str(bin_dir / "fake-agent-flaky"), "--fail-times", "2", "--key", "DEMO-3"],
+        ),
+        BoardIssue(
+            "DEMO-4",
+            "Compute the answer (the agent always gets it wrong)",
+            "todo",
+            prompt="what is six times seven?",
+            argv=[str(bin_dir / "fake-agent-wrong")],
+        ),
+    ]
+
+
+def _workdir(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
+    if keep is None:
+        holder = tempfile.TemporaryDirectory(prefix="execkit-demo-")
+        return Path(holder.name), holder
+    path = Path(keep)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise InvalidInput(f"--keep: {path} must be a new or empty directory")
+    path.mkdir(parents=True, exist_ok=True)
+    return path, None
+
+
+def _demo(args: argparse.Namespace) -> int:
+    bin_dir = _fixtures_bin()
+    workdir, holder = _workdir(args.keep)
+    try:
+        _run(workdir, bin_dir)
+        if args.keep:
+            board, db = workdir / "board.json", workdir / "ledger.db"
+            print(f"\nkept: execkit status --board {board} --db {db}")
+    finally:
+        if holder is not None:
+            holder.cleanup()
+    return 0
+
+
+def _run(workdir: Path, bin_dir: Path) -> None:
+    config = DispatchConfig()
+    states = [
+        BoardState("todo", eligible=True),
+        BoardState("done", terminal=True),
+        BoardState("blocked", terminal=True),
+    ]
+    board = JsonFileBoard.create(
+        workdir / "board.json", _issues(bin_dir), states, dispatch=config.to_dict()
+    )
+    state_dir = workdir / "fixture-state"
+    state_dir.mkdir()
+    adapter = GenericAdapter(install_hint=_INSTALL_HINT)
+    runner = AdapterRunner(adapter, env={"EXECKIT_FIXTURE_STATE": str(state_dir)})
+    clock = _VirtualClock(time.time())
+
+    def show(event: DispatchEvent) -> None:
+        print(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}", flush=True)
+
+    print(
+        "execkit demo: 4 board issues, the generic adapter over fixtures/bin, "
+        f"dispatch cap {config.max_attempts}, backoff {config.base_backoff_s:g}s.."
+        f"{config.max_retry_backoff_s:g}s on a virtual clock (no real waiting)\n"
+    )
+    started = time.monotonic()
+    with open_ledger(workdir / "ledger.db", backoff=config.backoff) as ledger:
+        dispatcher = Dispatcher(board, runner, ledger, config, clock, on_event=show)
+        for _ in range(_MAX_PASSES):
+            events = dispatcher.tick()
+            due = dispatcher.next_due()
+            if due is None:
+                if not any(e.kind == "dispatched" for e in events):
+                    break  # nothing ran and nothing waits: every issue has settled
+                continue
+            clock.advance_to(due)
+        rows = issue_statuses(ledger, config, board=board, now=clock())
+    elapsed = time.monotonic() - started
+    print(f"\nstatus after {clock() - clock.start:.0f}s of virtual time ({elapsed:.1f}s real):\n")
+    print(format_status_table(rows, clock()))

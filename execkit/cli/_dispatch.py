@@ -1,10 +1,265 @@
-"""CLI group placeholder: filled in by its issue."""
+"""`execkit dispatch` (the scheduling loop over a board) and `execkit status` (the dashboard).
+
+Settings come from the board file's `dispatch` object, then the flags; the rules are all in
+`execkit.dispatch`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
+import time
+from collections.abc import Sequence
 from typing import Any
+
+import adapters
+from execkit.cli._output import print_json
+from execkit.dispatch import (
+    AdapterRunner,
+    DispatchConfig,
+    Dispatcher,
+    DispatchEvent,
+    IssueStatus,
+    JsonFileBoard,
+    issue_statuses,
+)
+from execkit.ledger import open_ledger
+
+__all__ = ["describe_event", "format_status_table", "register"]
+
+_DEFAULT_INTERVAL_S = 10.0
+
+
+def _max_attempts_arg(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 1, or negative for no cap; got {text!r}"
+        ) from None
+
+
+def _interval_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0; got {text!r}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add this group's subcommands (none yet)."""
+    """Add `dispatch` and `status`."""
+    dispatch = sub.add_parser(
+        "dispatch",
+        help="dispatch the eligible issues of a board, with bounded retries",
+        description=(
+            "Dispatch every eligible board issue whose backoff has elapsed through an "
+            "adapter, recording each dispatch in the ledger. A failure is retried with "
+            "capped exponential backoff until the dispatch cap, then the issue is moved to "
+            "the failed state."
+        ),
+    )
+    dispatch.add_argument("--board", required=True, metavar="FILE", help="board JSON file")
+    dispatch.add_argument("--adapter", required=True, metavar="NAME", help="vendor adapter")
+    mode = dispatch.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="one pass, then exit")
+    mode.add_argument(
+        "--interval",
+        type=_interval_arg,
+        metavar="S",
+        help=f"seconds between passes (default {_DEFAULT_INTERVAL_S:g}); runs until Ctrl-C",
+    )
+    _add_common(dispatch)
+    dispatch.add_argument(
+        "--timeout", type=_interval_arg, metavar="S", help="kill one agent run after S seconds"
+    )
+    dispatch.set_defaults(handler=_dispatch)
+
+    status = sub.add_parser(
+        "status",
+        help="the dispatcher dashboard: issues, attempts, charges, next retry",
+        description="A table of issues: board state, ledger state, attempt n/max, charged, "
+        "uncharged streak, next attempt time, last class and reason.",
+    )
+    status.add_argument("--board", metavar="FILE", help="board JSON file (all its issues)")
+    _add_common(status)
+    status.set_defaults(handler=_status)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", metavar="PATH", help="ledger file (default $EXECKIT_DB)")
+    parser.add_argument(
+        "--max-attempts",
+        type=_max_attempts_arg,
+        metavar="N",
+        help="dispatch cap per issue (default 10; negative = no cap)",
+    )
+    parser.add_argument(
+        "--failed-state",
+        metavar="S|none",
+        help="board state for a given-up issue (default blocked; none = never move)",
+    )
+    parser.add_argument("--json", action="store_true", help="JSON output")
+
+
+def _config(args: argparse.Namespace, board: JsonFileBoard | None) -> DispatchConfig:
+    settings: dict[str, Any] = board.dispatch_settings() if board is not None else {}
+    if args.max_attempts is not None:
+        settings["max_attempts"] = args.max_attempts
+    if args.failed_state is not None:
+        settings["failed_state"] = args.failed_state
+    return DispatchConfig.from_mapping(settings)
+
+
+def _when(at: float | None, now: float) -> str:
+    if at is None:
+        return "-"
+    delta = at - now
+    if delta <= 0:
+        return "due"
+    return f"in {_duration(delta)}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def describe_event(event: DispatchEvent, now: float | None = None) -> str:
+    """One line for a human: issue, attempt n/max, class, reason, charged, what next."""
+    at = event.at if now is None else now
+    cap = f"/{event.max_attempts}" if event.max_attempts else ""
+    attempt = f"attempt {event.attempt}{cap}" if event.attempt else "-"
+    if event.kind == "dispatched":
+        if event.status == "succeeded":
+            head = f"{event.issue_id}  {attempt}  succeeded"
+        else:
+            klass = event.failure_class.value if event.failure_class else "work"
+            charged = "charged" if event.charged else "uncharged"
+            head = f"{event.issue_id}  {attempt}  {klass} ({charged}): {event.reason or '-'}"
+        if event.moved_to:
+            tail = f" -> moved to {event.moved_to}"
+            if event.blocked_on and event.blocked_on != "environment":
+                tail += f" ({event.decision or event.blocked_on})"
+            elif event.blocked_on:
+                tail += " (blocked on environment: fix it, then force a retry)"
+        elif event.blocked_on:
+            tail = f" -> blocked on {event.blocked_on}, not moved: {event.decision or '-'}"
+            if event.next_attempt_at is not None:
+                tail += f"; retry {_when(event.next_attempt_at, at)}"
+        elif event.next_attempt_at is not None:
+            tail = f" -> retry {_when(event.next_attempt_at, at)}"
+        else:
+            tail = ""
+        return head + tail
+    if event.kind == "gave_up":
+        return f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
+    if event.kind == "done":
+        where = f" -> moved to {event.moved_to}" if event.moved_to else " (board move failed)"
+        return f"{event.issue_id}  already succeeded{where}"
+    reason = event.decision or event.reason or "-"
+    return f"{event.issue_id}  {event.kind}: {reason}"
+
+
+def _attempts(row: IssueStatus) -> str:
+    return f"{row.attempts}/{row.max_attempts}" if row.max_attempts else f"{row.attempts}/-"
+
+
+def _ledger_state(row: IssueStatus) -> str:
+    if row.ledger_state is None:
+        return "-"
+    if row.blocked_on:
+        return f"{row.ledger_state} ({row.blocked_on})"
+    return row.ledger_state
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
+    """The dashboard as an aligned text table (the reason column is not padded)."""
+    header = (
+        "ISSUE",
+        "BOARD",
+        "LEDGER",
+        "ATTEMPT",
+        "CHARGED",
+        "UNCHARGED",
+        "NEXT",
+        "LAST CLASS",
+        "REASON",
+    )
+    table = [header]
+    for row in rows:
+        reason = row.reason if row.ledger_state == "blocked" else row.last_reason
+        table.append(
+            (
+                row.issue_id,
+                row.board_state or "-",
+                _ledger_state(row),
+                _attempts(row),
+                str(row.charged_attempts),
+                str(row.uncharged_streak),
+                _when(row.next_attempt_at, now),
+                row.last_class.value if row.last_class else (row.last_status or "-"),
+                _clip(reason or "-", 120),
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+    lines = []
+    for line in table:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
+        lines.append("  ".join([*cells, line[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def _setup_logging() -> None:
+    # The give-up warnings are for the operator: show them on stderr (basicConfig is a
+    # no-op when the embedding program configured logging already).
+    logging.basicConfig(level=logging.WARNING, format="execkit: %(levelname)s: %(message)s")
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    _setup_logging()
+    board = JsonFileBoard(args.board)
+    config = _config(args, board)
+    adapter = adapters.get(args.adapter)
+    runner = AdapterRunner(adapter, timeout_s=args.timeout)
+
+    def show(event: DispatchEvent) -> None:
+        if args.json:
+            print_json(event.to_dict())
+        else:
+            print(describe_event(event), flush=True)
+
+    with open_ledger(args.db, backoff=config.backoff) as ledger:
+        dispatcher = Dispatcher(board, runner, ledger, config, time.time, on_event=show)
+        if args.once:
+            dispatcher.tick()
+            return 0
+        interval = args.interval if args.interval is not None else _DEFAULT_INTERVAL_S
+        dispatcher.run_forever(interval)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    board = JsonFileBoard(args.board) if args.board else None
+    config = _config(args, board)
+    now = time.time()
+    with open_ledger(args.db, backoff=config.backoff) as ledger:
+        rows = issue_statuses(ledger, config, board=board, now=now)
+    if args.json:
+        print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
+        return 0
+    if not rows:
+        print("no issues" if board is not None else "no dispatched issues in the ledger")
+        return 0
+    print(format_status_table(rows, now))
+    return 0

@@ -1,0 +1,195 @@
+"""`execkit dispatch` and `execkit status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execkit.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / "fixtures" / "bin"
+
+
+@pytest.fixture
+def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("EXECKIT_FIXTURE_STATE", str(state))
+    monkeypatch.setenv("EXECKIT_DB", str(tmp_path / "ledger.db"))
+    path = tmp_path / "board.json"
+    path.write_text(
+        json.dumps(
+            {
+                "states": [
+                    {"name": "todo", "eligible": True},
+                    {"name": "done", "terminal": True},
+                    {"name": "blocked", "terminal": True},
+                ],
+                "issues": [
+                    {
+                        "id": "OK",
+                        "title": "fine",
+                        "state": "todo",
+                        "argv": [f"{BIN}/fake-agent-ok"],
+                    },
+                    {"id": "ENV", "title": "gone", "state": "todo", "argv": ["acme-not-here"]},
+                    {
+                        "id": "BAD",
+                        "title": "wrong",
+                        "state": "todo",
+                        "argv": [f"{BIN}/fake-agent-wrong"],
+                    },
+                ],
+                "dispatch": {"max_attempts": 5},
+            }
+        )
+    )
+    return path
+
+
+def states(path: Path) -> dict[str, str]:
+    return {i["id"]: i["state"] for i in json.loads(path.read_text())["issues"]}
+
+
+def test_dispatch_once_then_status(board: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dispatch", "--board", str(board), "--adapter", "generic", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "OK  attempt 1/5  succeeded -> moved to done" in out
+    assert "ENV  attempt 1/5  environment (uncharged)" in out
+    assert "acme-not-here CLI not found on PATH" in out
+    assert "BAD  attempt 1/5  work (charged)" in out and "retry in" in out
+    assert states(board) == {"OK": "done", "ENV": "blocked", "BAD": "todo"}
+
+    assert main(["status", "--board", str(board)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:4] == ["ISSUE", "BOARD", "LEDGER", "ATTEMPT"]
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert rows["OK"][1:4] == ["done", "done", "1/5"]
+    assert rows["ENV"][1:5] == ["blocked", "blocked", "(environment)", "1/5"]
+    assert rows["BAD"][1:4] == ["todo", "backoff", "1/5"]
+    assert "in" in rows["BAD"]  # the next attempt time
+
+    # A second pass right away: BAD is in backoff, nothing runs.
+    assert main(["dispatch", "--board", str(board), "--adapter", "generic", "--once"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_status_json(board: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["dispatch", "--board", str(board), "--adapter", "generic", "--once", "--json"])
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {e["issue_id"]: e["kind"] for e in events} == {
+        "OK": "dispatched",
+        "ENV": "dispatched",
+        "BAD": "dispatched",
+    }
+    assert main(["status", "--board", str(board), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_id = {row["issue_id"]: row for row in doc["issues"]}
+    assert by_id["BAD"]["last_class"] == "work"
+    assert by_id["BAD"]["charged_attempts"] == 1
+    assert by_id["BAD"]["next_attempt_at"] > doc["now"]
+    assert by_id["ENV"]["last_class"] == "environment"
+    assert doc["config"]["max_attempts"] == 5
+    # Without a board: the ledger's dispatched issues.
+    assert main(["status", "--json"]) == 0
+    ids = {row["issue_id"] for row in json.loads(capsys.readouterr().out)["issues"]}
+    assert ids == {"OK", "ENV", "BAD"}
+
+
+def test_flags_override_the_board_file(
+    board: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    argv = ["dispatch", "--board", str(board), "--adapter", "generic", "--once"]
+    assert main([*argv, "--max-attempts", "-1", "--failed-state", "none"]) == 0
+    assert "attempt 1 " in capsys.readouterr().out  # no cap shown
+    assert states(board)["ENV"] == "todo"  # failed_state none: never moved
+    assert any("ENV" in m and "failed_state" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["--max-attempts", "0"], 3, "max_attempts"),
+        (["--failed-state", ""], 3, "failed_state"),
+        (["--adapter", "nope"], 4, "unknown adapter"),
+    ],
+)
+def test_bad_input_is_a_clear_error(
+    board: Path, capsys: pytest.CaptureFixture[str], extra: list[str], code: int, message: str
+) -> None:
+    argv = ["dispatch", "--board", str(board), "--adapter", "generic", "--once", *extra]
+    before = board.read_text()
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert board.read_text() == before
+
+
+def test_missing_board_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["status", "--board", str(tmp_path / "nope.json"), "--db", str(tmp_path / "l.db")]
+    assert main(argv) == 4
+    assert "no board file" in capsys.readouterr().err
+
+
+def test_once_and_interval_are_exclusive(board: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(
+            ["dispatch", "--board", str(board), "--adapter", "generic", "--once", "--interval", "1"]
+        )
+
+
+def test_dispatch_cli_in_a_real_process(board: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "execkit",
+            "dispatch",
+            "--board",
+            str(board),
+            "--adapter",
+            "generic",
+            "--once",
+            "--db",
+            str(tmp_path / "other.db"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "OK  attempt 1/5  succeeded" in result.stdout
+
+
+def test_the_give_up_warning_reaches_stderr(board: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "execkit",
+            "dispatch",
+            "--board",
+            str(board),
+            "--adapter",
+            "generic",
+            "--once",
+            "--failed-state",
+            "none",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "execkit: WARNING: issue ENV was not moved" in result.stderr
+    assert "failed_state" in result.stderr
