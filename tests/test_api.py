@@ -1,0 +1,49 @@
+"""The declared public API: every exported name resolves, and no import order is circular."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import execkit
+
+
+@pytest.mark.parametrize("name", execkit.__all__)
+def test_every_exported_name_resolves(name: str) -> None:
+    assert getattr(execkit, name) is not None
+    assert name in dir(execkit)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        _ = execkit.no_such_thing  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "first_import",
+    [
+        "adapters",
+        "adapters.codex",
+        "execkit",
+        "execkit.agent",
+        "execkit.dispatch",
+        "execkit.testing",
+    ],
+)
+def test_any_module_can_be_imported_first(first_import: str) -> None:
+    # A fresh interpreter each time: the package init must not close an import cycle.
+    code = f"import {first_import}; from execkit import *; import adapters; adapters.get('codex')"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_lazy_exports_are_the_library_objects() -> None:
+    from execkit.agent import run_agent
+    from execkit.dispatch import Dispatcher
+
+    assert execkit.run_agent is run_agent
+    assert execkit.Dispatcher is Dispatcher
