@@ -12,10 +12,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from execkit.cli import _adapters, _classify, _decide, _demo, _dispatch, _ledger, _run
 from execkit.cli._output import INTERNAL_ERROR_EXIT, report_error
-from execkit.errors import ExecKitError
+from execkit.errors import ExecKitError, InvalidInput
 
 __all__ = ["main"]
 
@@ -26,8 +27,20 @@ _GROUPS = (_run, _classify, _adapters, _decide, _ledger, _dispatch, _demo)
 _RUN_LEDGER_VERBS = {"start": "run-start", "finish": "run-finish"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are `invalid` input like any other.
+
+    Plain argparse prints usage and exits 2; raising instead gives a bad flag value the
+    same documented exit code and, with `--json`, the same JSON error object as every
+    other invalid input. Subparsers inherit the class.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise InvalidInput(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="execkit",
         description="Run vendor CLIs and charge retries only for informative attempts.",
     )
@@ -43,10 +56,19 @@ def _rewrite(argv: list[str]) -> list[str]:
     return argv
 
 
+def _asks_for_json(args_list: list[str]) -> bool:
+    """Whether `--json` was given to execkit itself (not to a command after `--`)."""
+    own = args_list[: args_list.index("--")] if "--" in args_list else args_list
+    return "--json" in own
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code (never raises, but for SystemExit from argparse)."""
+    """Run the CLI and return its exit code; raises only SystemExit for `--help`."""
     args_list = _rewrite(list(sys.argv[1:] if argv is None else argv))
-    args = _build_parser().parse_args(args_list)
+    try:
+        args = _build_parser().parse_args(args_list)
+    except InvalidInput as exc:
+        return report_error(exc, as_json=_asks_for_json(args_list))
     as_json = bool(getattr(args, "json", False))
     try:
         code: int = args.handler(args)

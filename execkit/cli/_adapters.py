@@ -9,13 +9,13 @@ otherwise the reply on stdout, or one line on stderr naming the class and what t
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
 
 import adapters
 from execkit.agent import run_command
 from execkit.classify import FailureClass
+from execkit.cli._args import parse_seconds
 from execkit.cli._output import print_json
 from execkit.errors import InvalidInput
 from execkit.proof import AgentProof, AgentStatus
@@ -82,19 +82,6 @@ def _handle_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(flag: str, raw: object, *, allow_zero: bool) -> float | None:
-    if raw is None:
-        return None
-    bound = ">= 0" if allow_zero else "> 0"
-    try:
-        seconds = float(str(raw))
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidInput(f"{flag} must be a number of seconds {bound}, got {raw!r}")
-    return seconds
-
-
 def _exit_code(proof: AgentProof) -> int:
     if proof.status is not AgentStatus.FAILED:
         return 0
@@ -125,8 +112,8 @@ def run_adapter_command(args: argparse.Namespace) -> int:
             f"adapter {adapter.name!r} needs the command after --: "
             f"execkit run --adapter {adapter.name} -- PROGRAM [ARGS...]"
         )
-    timeout = _seconds("--timeout", getattr(args, "timeout", None), allow_zero=False)
-    grace = _seconds("--kill-grace", getattr(args, "kill_grace", None), allow_zero=True)
+    timeout = parse_seconds("--timeout", getattr(args, "timeout", None), allow_zero=False)
+    grace = parse_seconds("--kill-grace", getattr(args, "kill_grace", None), allow_zero=True)
     proof = run_command(
         adapter, argv, timeout_s=timeout, kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace
     )

@@ -1,15 +1,17 @@
-"""`execkit run [--timeout S] [--tail-bytes N] [--kill-grace S] [--json] -- CMD [ARGS...]`.
+"""`execkit run [--timeout S] [--tail-bytes N] [--kill-grace S] [--adapter NAME] [--json]
+-- CMD [ARGS...]`.
 
 Streams the child's output through (or, with `--json`, captures it and prints the result
 as one JSON object) and exits like a shell would: the child's exit code, 127 when it could
-not be spawned, 124 on timeout, 128+N on death by signal N.
+not be spawned, 124 on timeout, 128+N on death by signal N. With `--json` the object
+carries the failure's `class`, `reason` and `evidence` (null when the run succeeded).
+With `--adapter NAME` the ARGS go to that vendor's binary through its adapter instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import signal
 import sys
 import threading
@@ -17,6 +19,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TextIO
 
+from execkit.classify import classification_fields
+from execkit.cli._args import parse_seconds
 from execkit.cli._output import print_json
 from execkit.errors import InvalidInput
 from execkit.exec import MAX_TAIL_BYTES, SpawnResult, spawn
@@ -62,6 +66,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="seconds between SIGTERM and SIGKILL on timeout (>= 0, default 5)",
     )
     parser.add_argument(
+        "--adapter",
+        metavar="NAME",
+        help="run the vendor binary of adapter NAME with ARGS and print its AgentProof "
+        "(class, reason, precondition); see `execkit adapters`",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="capture the output and print the result as one JSON object",
@@ -76,9 +86,15 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def _handle(args: argparse.Namespace) -> int:
     """Run the command; return the shell-style exit status."""
+    if args.adapter is not None:
+        # Imported here: the adapter path pulls in the adapters and the in-agent loop,
+        # which a plain `execkit run` never needs.
+        from execkit.cli._adapters import run_adapter_command
+
+        return run_adapter_command(args)
     argv = _command(args.command_argv)
-    timeout = _seconds("--timeout", args.timeout, allow_zero=False)
-    grace = _seconds("--kill-grace", args.kill_grace, allow_zero=True)
+    timeout = parse_seconds("--timeout", args.timeout, allow_zero=False)
+    grace = parse_seconds("--kill-grace", args.kill_grace, allow_zero=True)
     tail_bytes = _tail_bytes(args.tail_bytes)
     streaming = not args.json
     with _signals_unwind():
@@ -100,8 +116,10 @@ def _handle(args: argparse.Namespace) -> int:
 
 
 def _result_payload(result: SpawnResult) -> dict[str, Any]:
-    """The JSON object `execkit run --json` prints for one result."""
-    return result.to_dict()
+    """The JSON object `execkit run --json` prints: the result and its class (null if ok)."""
+    payload = result.to_dict()
+    payload.update(classification_fields(result))
+    return payload
 
 
 def _exit_status(result: SpawnResult) -> int:
@@ -120,19 +138,6 @@ def _command(raw: list[str]) -> list[str]:
     if not argv:
         raise InvalidInput("a command is required: execkit run [OPTIONS] -- CMD [ARGS...]")
     return argv
-
-
-def _seconds(flag: str, raw: str | None, *, allow_zero: bool) -> float | None:
-    if raw is None:
-        return None
-    bound = ">= 0" if allow_zero else "> 0"
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise InvalidInput(f"{flag} must be a finite number of seconds {bound}, got {raw!r}")
-    return value
 
 
 def _tail_bytes(raw: str | None) -> int:
