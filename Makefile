@@ -30,7 +30,9 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/bench_exec.py
+	$(PY) benchmarks/bench_classify.py
+	$(PY) benchmarks/bench_ledger.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -27,8 +27,16 @@ from typing import Any
 
 import attrs
 import pytest
-from pytest_subprocess import FakeProcess
-from pytest_subprocess.process_dispatcher import ProcessDispatcher
+
+try:
+    from pytest_subprocess import FakeProcess
+    from pytest_subprocess.process_dispatcher import ProcessDispatcher
+except ImportError:  # pragma: no cover - exercised in a subprocess by the plugin tests
+    # pytest loads this plugin for everyone who installs execkit-runner; without
+    # pytest-subprocess it must not break their test runs, only `fake_vendor` itself.
+    _HAVE_PYTEST_SUBPROCESS = False
+else:
+    _HAVE_PYTEST_SUBPROCESS = True
 
 __all__ = ["FakeVendor", "fake_vendor"]
 
@@ -140,19 +148,39 @@ class FakeVendor:
         if argv and argv[0] in self._names:
             self._calls.append(argv)
         process = original(command, **kwargs)
+        # pytest-subprocess has no public way to make Popen() itself raise (as it does for
+        # an absent binary), nor to hang under a callback while `wait(timeout)` expires;
+        # both read private FakePopen attributes, hence the <1.7 pin in pyproject.toml.
         callback = getattr(process, "_callback", None)
         if isinstance(callback, _Missing):
             raise _missing_error(callback.name)
         if isinstance(callback, _Hang):
-            # pytest-subprocess emulates `wait(timeout)` from this budget: a large one
-            # makes every finite timeout expire at once, without sleeping.
+            # `wait(timeout)` is emulated from this budget: an infinite one makes every
+            # finite timeout expire at once, without sleeping.
             process._wait_timeout = float("inf")
         return process
 
 
-@pytest.fixture
-def fake_vendor(fp: FakeProcess) -> Iterator[FakeVendor]:
-    """A `FakeVendor` over pytest-subprocess's `fp` fixture, undone after the test."""
+if _HAVE_PYTEST_SUBPROCESS:
+
+    @pytest.fixture
+    def fake_vendor(fp: FakeProcess) -> Iterator[FakeVendor]:
+        """A `FakeVendor` over pytest-subprocess's `fp` fixture, undone after the test."""
+        yield from _patched_vendor(fp)
+
+else:  # pragma: no cover - exercised in a subprocess by the plugin tests
+
+    @pytest.fixture
+    def fake_vendor() -> Iterator[FakeVendor]:
+        """Fails the test: the fake needs pytest-subprocess."""
+        pytest.fail(
+            "fake_vendor needs pytest-subprocess: pip install 'execkit-runner[testing]'",
+            pytrace=False,
+        )
+        yield  # unreachable; keeps this a generator like the real fixture
+
+
+def _patched_vendor(fp: FakeProcess) -> Iterator[FakeVendor]:
     vendor = FakeVendor(fp)
     original = ProcessDispatcher.dispatch
 
