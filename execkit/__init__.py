@@ -3,6 +3,9 @@
 The public API, in the order of the one-way flow: exec ➜ classify ➜ proofs and the
 in-agent loop ➜ budgets ➜ ledger and dispatcher. Vendor adapters live in the top-level
 `adapters` package; the pytest plugin in `execkit.testing`. Everything else is private.
+
+`execkit.classify` is the function (`classify(result)`); its module is still importable
+with `from execkit.classify import ...`. Redaction stays in `execkit.redact`.
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ from execkit.proof import (
     load_run_proof,
     rollup_class,
 )
-from execkit.redact import redact
 
 # The in-agent loop and the dispatcher stand below the `adapters` package in the flow, and
 # `adapters` itself imports execkit's lower layers (exec, classify). Importing them eagerly
@@ -146,7 +148,6 @@ __all__ = [
     "load_agent_proof",
     "load_run_proof",
     "open_ledger",
-    "redact",
     "rollup_class",
     "run_agent",
     "spawn",
