@@ -13,7 +13,7 @@ import errno as errno_names
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -30,12 +30,14 @@ __all__ = [
     "AgentRequest",
     "Envelope",
     "finish",
+    "http_status",
     "iter_json_objects",
     "load_json_document",
     "number_field",
     "parse_retry_after",
     "precondition_for",
     "prompt_args",
+    "request_argv",
     "str_field",
 ]
 
@@ -288,6 +290,28 @@ def number_field(obj: object, *keys: str) -> float | None:
 def prompt_args(prompt: str) -> list[str]:
     """The prompt as the final positional argument, never mistaken for a flag."""
     return ["--", prompt] if prompt.startswith("-") else [prompt]
+
+
+def request_argv(
+    head: Sequence[str],
+    request: AgentRequest,
+    *,
+    options: Sequence[str] = (),
+    prompt: Sequence[str] | None = None,
+) -> list[str]:
+    """`head`, `--model M` (when the request names one), `options`, `extra_args`, the prompt.
+
+    The request's `extra_args` go in verbatim; the prompt is `prompt_args` unless the
+    vendor passes it in its own form as `prompt`.
+    """
+    model = ["--model", request.model] if request.model else []
+    tail = prompt_args(request.prompt) if prompt is None else prompt
+    return [*head, *model, *options, *request.extra_args, *tail]
+
+
+def http_status(code: float | None) -> int | None:
+    """A vendor's numeric status field as an HTTP status: None unless it is in 100..599."""
+    return int(code) if code is not None and 100 <= code <= 599 else None
 
 
 def _failed(

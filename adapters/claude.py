@@ -19,7 +19,7 @@ from adapters.base import (
     finish,
     load_json_document,
     number_field,
-    prompt_args,
+    request_argv,
     str_field,
 )
 from execkit.exec import SpawnResult
@@ -70,12 +70,8 @@ class ClaudeAdapter:
     login_hint: str | None = "run `claude` and /login, or set ANTHROPIC_API_KEY"
 
     def build_argv(self, request: AgentRequest) -> list[str]:
-        argv = [self.binary, "-p", "--output-format", "json"]
-        if request.model:
-            argv += ["--model", request.model]
-        if request.max_turns is not None:
-            argv += ["--max-turns", str(request.max_turns)]
-        return [*argv, *request.extra_args, *prompt_args(request.prompt)]
+        turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]
+        return request_argv([self.binary, "-p", "--output-format", "json"], request, options=turns)
 
     def parse(self, result: SpawnResult) -> AdapterRawResult:
         return finish(self, result, _read(result.stdout_tail))

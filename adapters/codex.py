@@ -18,7 +18,7 @@ from adapters.base import (
     Envelope,
     finish,
     iter_json_objects,
-    prompt_args,
+    request_argv,
     str_field,
 )
 from execkit.exec import SpawnResult
@@ -78,12 +78,8 @@ class CodexAdapter:
     login_hint: str | None = "codex login"
 
     def build_argv(self, request: AgentRequest) -> list[str]:
-        argv = [self.binary, "exec", "--json"]
-        if request.model:
-            argv += ["--model", request.model]
-        if request.cwd:
-            argv += ["--cd", request.cwd]
-        return [*argv, *request.extra_args, *prompt_args(request.prompt)]
+        cd = ["--cd", request.cwd] if request.cwd else []
+        return request_argv([self.binary, "exec", "--json"], request, options=cd)
 
     def parse(self, result: SpawnResult) -> AdapterRawResult:
         return finish(self, result, _read(result.stdout_tail))

@@ -16,8 +16,10 @@ from adapters.base import (
     AgentRequest,
     Envelope,
     finish,
+    http_status,
     load_json_document,
     number_field,
+    request_argv,
     str_field,
 )
 from execkit.exec import SpawnResult
@@ -38,8 +40,7 @@ def _read(stdout: str, stderr: str) -> Envelope:
     error = envelope.get("error")
     session_id = str_field(envelope, "session_id", "sessionId")
     if isinstance(error, dict | str):
-        code = number_field(error, "code", "status")
-        status = int(code) if code is not None and 100 <= code <= 599 else None
+        status = http_status(number_field(error, "code", "status"))
         message = error if isinstance(error, str) else str_field(error, "message", "type")
         return Envelope(
             found=True,
@@ -68,11 +69,9 @@ class GeminiAdapter:
     login_hint: str | None = "run `gemini` once to sign in, or set GEMINI_API_KEY"
 
     def build_argv(self, request: AgentRequest) -> list[str]:
-        argv = [self.binary, "--output-format", "json"]
-        if request.model:
-            argv += ["--model", request.model]
         # `--prompt=VALUE` keeps a prompt that starts with "-" from reading as a flag.
-        return [*argv, *request.extra_args, f"--prompt={request.prompt}"]
+        prompt = [f"--prompt={request.prompt}"]
+        return request_argv([self.binary, "--output-format", "json"], request, prompt=prompt)
 
     def parse(self, result: SpawnResult) -> AdapterRawResult:
         return finish(self, result, _read(result.stdout_tail, result.stderr_tail))

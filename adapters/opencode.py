@@ -16,9 +16,10 @@ from adapters.base import (
     AgentRequest,
     Envelope,
     finish,
+    http_status,
     iter_json_objects,
     number_field,
-    prompt_args,
+    request_argv,
     str_field,
 )
 from execkit.exec import SpawnResult
@@ -38,7 +39,7 @@ def _error_of(event: dict[str, Any]) -> tuple[str, int | None]:
         or "opencode reported an error"
     )
     code = number_field(data, "statusCode", "status") or number_field(error, "statusCode")
-    return message, int(code) if code is not None and 100 <= code <= 599 else None
+    return message, http_status(code)
 
 
 def _read(stdout: str) -> Envelope:
@@ -95,10 +96,7 @@ class OpencodeAdapter:
     login_hint: str | None = "opencode auth login"
 
     def build_argv(self, request: AgentRequest) -> list[str]:
-        argv = [self.binary, "run", "--format", "json"]
-        if request.model:
-            argv += ["--model", request.model]
-        return [*argv, *request.extra_args, *prompt_args(request.prompt)]
+        return request_argv([self.binary, "run", "--format", "json"], request)
 
     def parse(self, result: SpawnResult) -> AdapterRawResult:
         return finish(self, result, _read(result.stdout_tail))

@@ -353,6 +353,27 @@ def _streak(items: Sequence[Attempt | Plan]) -> tuple[int, str | None]:
     return streak, latest_reason
 
 
+def _state_before_bounds(
+    items: Sequence[Attempt] | Sequence[Plan], *, empty: str, succeeded: str, running: str
+) -> tuple[str, str, str] | None:
+    """(state, next_action, reason) when no bound is read, else None.
+
+    An empty history is ready (every bound is >= 1, so nothing can bind it); a last item
+    that succeeded is done; an item still running makes the caller wait. `succeeded` and
+    `running` are formats of that item's number.
+    """
+    if not items:
+        return "ready", "run", empty
+    last = items[-1]
+    if last.status is AttemptStatus.SUCCEEDED:
+        # Finished stays finished: raising a limit never reopens it (ADR 0033).
+        return "done", "none", succeeded.format(last.number)
+    active = next((item for item in items if item.status is AttemptStatus.RUNNING), None)
+    if active is not None:
+        return "running", "wait", running.format(active.number)
+    return None
+
+
 def _environment_reason(reason: str | None) -> str:
     if reason:
         return f"environment: {reason}"
@@ -417,17 +438,16 @@ def decide(
             remaining=remaining,
         )
 
-    if not attempts:  # every bound is >= 1, so nothing can bind an empty history
-        return result("ready", "run", "no attempts yet")
+    early = _state_before_bounds(
+        attempts,
+        empty="no attempts yet",
+        succeeded="succeeded on attempt {}",
+        running="attempt {} is running",
+    )
+    if early is not None:
+        return result(*early)
 
     last = attempts[-1]
-    if last.status is AttemptStatus.SUCCEEDED:
-        # Finished stays finished: raising a limit never reopens it (ADR 0033).
-        return result("done", "none", f"succeeded on attempt {last.number}")
-    running = next((a for a in attempts if a.status is AttemptStatus.RUNNING), None)
-    if running is not None:
-        return result("running", "wait", f"attempt {running.number} is running")
-
     blocked = _blocked(used, charged, streak, budget, limit, cap, last, upstream_reason, force)
     if blocked is not None:
         return result("blocked", "none", blocked[1], blocked_on=blocked[0])
@@ -532,14 +552,12 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
             remaining=max(0, max_replans - charged),
         )
 
-    if not plans:
-        return result("ready", "run", "no plans yet")
+    early = _state_before_bounds(
+        plans, empty="no plans yet", succeeded="plan {} succeeded", running="plan {} is running"
+    )
+    if early is not None:
+        return result(*early)
     last = plans[-1]
-    if last.status is AttemptStatus.SUCCEEDED:
-        return result("done", "none", f"plan {last.number} succeeded")
-    running = next((p for p in plans if p.status is AttemptStatus.RUNNING), None)
-    if running is not None:
-        return result("running", "wait", f"plan {running.number} is running")
     if _is_environment(last.status, last.failure_class):
         return result("blocked", "none", _environment_reason(last.reason), "environment")
     if streak >= MAX_UNCHARGED_REPLANS:

@@ -157,13 +157,9 @@ class BoardIssue:
     argv: tuple[str, ...] = attrs.field(default=(), converter=_to_argv, validator=_check_argv)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "title": self.title,
-            "state": self.state,
-            "prompt": self.prompt,
-            "argv": list(self.argv),
-        }
+        data = attrs.asdict(self, recurse=False)
+        data["argv"] = list(self.argv)
+        return data
 
 
 @runtime_checkable
@@ -951,39 +947,31 @@ class Dispatcher:
             return self._dispatch(issue, task, cap=None)
         return self._dispatch(issue, task, cap=self._cap)
 
-    def _attempt_limit_event(self, issue: BoardIssue, task: Task) -> DispatchEvent:
+    def _stopped_event(
+        self, kind: str, issue: BoardIssue, task: Task, blocked_on: str | None, **fields: Any
+    ) -> DispatchEvent:
+        """An event for a task a bound stopped: its attempts so far and the ledger's why."""
         return self._event(
-            "attempt_limit",
+            kind,
             issue,
             task,
             attempt=task.attempts_started,
-            blocked_on="attempt_limit",
+            blocked_on=blocked_on,
             decision=task.reason,
+            **fields,
         )
 
+    def _attempt_limit_event(self, issue: BoardIssue, task: Task) -> DispatchEvent:
+        return self._stopped_event("attempt_limit", issue, task, "attempt_limit")
+
     def _gave_up(self, issue: BoardIssue, task: Task, moved: str) -> DispatchEvent:
-        return self._event(
-            "gave_up",
-            issue,
-            task,
-            attempt=task.attempts_started,
-            blocked_on=task.blocked_on,
-            decision=task.reason,
-            moved_to=moved,
-        )
+        return self._stopped_event("gave_up", issue, task, task.blocked_on, moved_to=moved)
 
     def _give_up_event(self, issue: BoardIssue, task: Task) -> DispatchEvent:
         moved = self._give_up(issue, task)
         if moved is not None:
             return self._gave_up(issue, task, moved)
-        return self._event(
-            "blocked",
-            issue,
-            task,
-            attempt=task.attempts_started,
-            blocked_on=task.blocked_on,
-            decision=task.reason,
-        )
+        return self._stopped_event("blocked", issue, task, task.blocked_on)
 
     def _give_up(self, issue: BoardIssue, task: Task) -> str | None:
         """Move a given-up issue to the failed state; the state moved to, or None."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _support import spawn_result
 
 import adapters
 from adapters.base import (
@@ -23,35 +24,6 @@ from execkit.exec import SpawnResult
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VENDORS = ("codex", "claude", "gemini", "opencode", "generic")
-
-
-def spawn_result(
-    argv: tuple[str, ...],
-    *,
-    exit_code: int | None = 0,
-    stdout: str = "",
-    stderr: str = "",
-    spawn_errno: int | None = None,
-    spawn_error: str | None = None,
-    timed_out: bool = False,
-    signal: int | None = None,
-) -> SpawnResult:
-    return SpawnResult(
-        argv=argv,
-        pid=None if spawn_errno is not None else 4242,
-        exit_code=None if spawn_errno is not None or signal is not None else exit_code,
-        signal=signal,
-        spawn_errno=spawn_errno,
-        spawn_error=spawn_error,
-        timed_out=timed_out,
-        duration_s=0.25,
-        stdout_tail=stdout,
-        stderr_tail=stderr,
-        stdout_bytes=len(stdout.encode()),
-        stderr_bytes=len(stderr.encode()),
-        stdout_truncated=False,
-        stderr_truncated=False,
-    )
 
 
 def load_cases() -> list[tuple[str, dict[str, Any]]]:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import errno
+import functools
+import importlib
 import json
 import re
 
+import _support
 import attrs
 import pytest
 
-import execkit.classify as classify_module
 from execkit.classify import (
     EVIDENCE_CHARS,
     TAIL_CHARS,
@@ -20,36 +22,19 @@ from execkit.classify import (
     classify_text,
 )
 from execkit.errors import InvalidInput
-from execkit.exec import SpawnResult
+
+# The module, not the `classify` function that `execkit` exports under the same name
+# (`import execkit.classify as ...` binds the package attribute, which is the function).
+classify_module = importlib.import_module("execkit.classify")
+
+# A failed codex spawn unless a test says otherwise.
+spawn_result = functools.partial(_support.spawn_result, exit_code=1)
 
 
-def spawn_result(
-    *,
-    exit_code: int | None = 1,
-    spawn_errno: int | None = None,
-    spawn_error: str | None = None,
-    signal: int | None = None,
-    timed_out: bool = False,
-    stdout: str = "",
-    stderr: str = "",
-) -> SpawnResult:
-    never_started = spawn_errno is not None
-    return SpawnResult(
-        argv=("codex", "exec", "fix the test"),
-        pid=None if never_started else 4242,
-        exit_code=None if never_started or signal is not None else exit_code,
-        signal=signal,
-        spawn_errno=spawn_errno,
-        spawn_error=spawn_error,
-        timed_out=timed_out,
-        duration_s=0.5,
-        stdout_tail=stdout,
-        stderr_tail=stderr,
-        stdout_bytes=len(stdout.encode()),
-        stderr_bytes=len(stderr.encode()),
-        stdout_truncated=False,
-        stderr_truncated=False,
-    )
+def assert_text_verdict(text: str, failure_class: FailureClass, reason: str) -> None:
+    verdict = classify_text(text)
+    assert verdict.failure_class is failure_class, verdict
+    assert verdict.reason == reason
 
 
 def deciding_rule(text: str) -> str | None:
@@ -208,9 +193,7 @@ def test_hard_negatives_are_work(text: str) -> None:
     ],
 )
 def test_account_limits_veto_upstream_anywhere_in_the_tail(text: str, reason: str) -> None:
-    verdict = classify_text(text)
-    assert verdict.failure_class is FailureClass.WORK
-    assert verdict.reason == reason
+    assert_text_verdict(text, FailureClass.WORK, reason)
 
 
 @pytest.mark.parametrize(
@@ -234,9 +217,7 @@ def test_account_limits_veto_upstream_anywhere_in_the_tail(text: str, reason: st
     ],
 )
 def test_more_upstream_shapes(text: str, reason: str) -> None:
-    verdict = classify_text(text)
-    assert verdict.failure_class is FailureClass.UPSTREAM
-    assert verdict.reason == reason
+    assert_text_verdict(text, FailureClass.UPSTREAM, reason)
 
 
 def test_a_numeric_status_beats_wording_and_the_latest_wins() -> None:

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _support import REPO, run_execkit, write_board
 
 from execkit.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "fixtures" / "bin"
 
 
@@ -22,35 +19,12 @@ def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state.mkdir()
     monkeypatch.setenv("EXECKIT_FIXTURE_STATE", str(state))
     monkeypatch.setenv("EXECKIT_DB", str(tmp_path / "ledger.db"))
-    path = tmp_path / "board.json"
-    path.write_text(
-        json.dumps(
-            {
-                "states": [
-                    {"name": "todo", "eligible": True},
-                    {"name": "done", "terminal": True},
-                    {"name": "blocked", "terminal": True},
-                ],
-                "issues": [
-                    {
-                        "id": "OK",
-                        "title": "fine",
-                        "state": "todo",
-                        "argv": [f"{BIN}/fake-agent-ok"],
-                    },
-                    {"id": "ENV", "title": "gone", "state": "todo", "argv": ["acme-not-here"]},
-                    {
-                        "id": "BAD",
-                        "title": "wrong",
-                        "state": "todo",
-                        "argv": [f"{BIN}/fake-agent-wrong"],
-                    },
-                ],
-                "dispatch": {"max_attempts": 5},
-            }
-        )
-    )
-    return path
+    issues: list[dict[str, object]] = [
+        {"id": "OK", "title": "fine", "state": "todo", "argv": [f"{BIN}/fake-agent-ok"]},
+        {"id": "ENV", "title": "gone", "state": "todo", "argv": ["acme-not-here"]},
+        {"id": "BAD", "title": "wrong", "state": "todo", "argv": [f"{BIN}/fake-agent-wrong"]},
+    ]
+    return write_board(tmp_path / "board.json", issues, dispatch={"max_attempts": 5})
 
 
 def states(path: Path) -> dict[str, str]:
@@ -144,51 +118,15 @@ def test_once_and_interval_are_exclusive(board: Path, capsys: pytest.CaptureFixt
 
 
 def test_dispatch_cli_in_a_real_process(board: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "execkit",
-            "dispatch",
-            "--board",
-            str(board),
-            "--adapter",
-            "generic",
-            "--once",
-            "--db",
-            str(tmp_path / "other.db"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = ["dispatch", "--board", str(board), "--adapter", "generic", "--once"]
+    result = run_execkit(*argv, "--db", str(tmp_path / "other.db"))
     assert result.returncode == 0, result.stderr
     assert "OK  attempt 1/5  succeeded" in result.stdout
 
 
 def test_the_give_up_warning_reaches_stderr(board: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "execkit",
-            "dispatch",
-            "--board",
-            str(board),
-            "--adapter",
-            "generic",
-            "--once",
-            "--failed-state",
-            "none",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = ["dispatch", "--board", str(board), "--adapter", "generic", "--once"]
+    result = run_execkit(*argv, "--failed-state", "none")
     assert result.returncode == 0, result.stderr
     assert "execkit: WARNING: issue ENV was not moved" in result.stderr
     assert "failed_state" in result.stderr

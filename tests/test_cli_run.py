@@ -8,31 +8,16 @@ import selectors
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
+from _support import gone, wait_gone
 
 from execkit.cli import main
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
 PY = [sys.executable, "-I", "-S"]
 EXECKIT = [sys.executable, "-m", "execkit"]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(pid: int, within: float = 15.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline and not gone(pid):
-        time.sleep(0.02)
-    return gone(pid)
 
 
 def test_streams_through_and_exits_with_the_child_code(capfd: pytest.CaptureFixture[str]) -> None:

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _support import REPO, write_board
 
 from adapters import GenericAdapter
 from execkit.classify import FailureClass
 from execkit.dispatch import AdapterRunner, BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard
 from execkit.ledger import open_ledger
 
-REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "fixtures" / "bin"
 
 
@@ -124,19 +124,7 @@ def test_two_dispatcher_processes_never_run_one_issue_twice_at_once(tmp_path: Pa
                 "argv": [*argv, "--exit-code", str(fail)],
             }
         )
-    board = tmp_path / "board.json"
-    board.write_text(
-        json.dumps(
-            {
-                "states": [
-                    {"name": "todo", "eligible": True},
-                    {"name": "done", "terminal": True},
-                    {"name": "blocked", "terminal": True},
-                ],
-                "issues": issues,
-            }
-        )
-    )
+    board = write_board(tmp_path / "board.json", issues)
     db = tmp_path / "ledger.db"
     with open_ledger(db):
         pass  # create the schema once, before the race

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _support import gone, wait_gone
 
 from execkit import InvalidInput
 from execkit.exec import SpawnResult, spawn
@@ -25,23 +26,6 @@ PY = [sys.executable, "-I", "-S"]
 
 def fixture(name: str, *args: str) -> list[str]:
     return [*PY, str(FIXTURES / name), *args]
-
-
-def gone(pid: int) -> bool:
-    """Dead or a zombie nobody reaped yet (in a container pid 1 may never reap)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(pid: int, within: float = 15.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if gone(pid):
-            return True
-        time.sleep(0.02)
-    return gone(pid)
 
 
 def kill_quietly(pid: int) -> None:

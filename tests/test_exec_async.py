@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
+from _support import gone, wait_gone
 
 from execkit import InvalidInput
 from execkit.exec import SpawnResult, spawn, spawn_async
@@ -21,20 +22,6 @@ T = TypeVar("T")
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
 PY = [sys.executable, "-I", "-S"]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(pid: int, within: float = 15.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline and not gone(pid):
-        time.sleep(0.02)
-    return gone(pid)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

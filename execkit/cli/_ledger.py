@@ -15,7 +15,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from execkit.cli._output import EXIT_CODES, print_json
 from execkit.errors import InvalidInput
@@ -31,6 +31,7 @@ from execkit.ledger import (
 )
 
 _INT = re.compile(r"[+-]?[0-9]+")
+_T = TypeVar("_T")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -163,6 +164,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 # -- parsing helpers ------------------------------------------------------------------
 
 
+def _parse_limit(flag: str, text: str, *, zero: str | None) -> int:
+    """An attempt limit, 1..MAX_ATTEMPT_LIMIT; also 0 when `zero` says what 0 means there."""
+    if zero is None:
+        return _parse_int(flag, text, 1, MAX_ATTEMPT_LIMIT, f"1..{MAX_ATTEMPT_LIMIT}")
+    return _parse_int(flag, text, 0, MAX_ATTEMPT_LIMIT, f"0 ({zero}) or 1..{MAX_ATTEMPT_LIMIT}")
+
+
 def _parse_int(flag: str, text: str, low: int, high: int, allowed: str) -> int:
     if not _INT.fullmatch(text.strip()):
         raise InvalidInput(f"{flag} must be a whole number, {allowed}; got {text!r}")
@@ -189,8 +197,8 @@ def _open(args: argparse.Namespace, *, create: bool) -> SqliteLedger:
 
 
 def _with_ledger(
-    args: argparse.Namespace, *, create: bool, action: Callable[[SqliteLedger], int]
-) -> int:
+    args: argparse.Namespace, *, create: bool, action: Callable[[SqliteLedger], _T]
+) -> _T:
     with _open(args, create=create) as ledger:
         return action(ledger)
 
@@ -235,106 +243,91 @@ def _print_run(run: Run, *, as_json: bool) -> None:
         print(_run_line(run))
 
 
+def _print_result(
+    args: argparse.Namespace,
+    operation: Callable[[SqliteLedger], Task | Run],
+    *,
+    create: bool = False,
+) -> int:
+    """Do one ledger operation and print the task or run it returns (text or --json)."""
+    with _open(args, create=create) as ledger:
+        result = operation(ledger)
+        if isinstance(result, Run):
+            _print_run(result, as_json=args.json)
+        else:
+            _print_task(result, as_json=args.json)
+    return 0
+
+
+def _print_listing(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> int:
+    """Print `doc` with --json, else one line per item."""
+    if args.json:
+        print_json(doc)
+    else:
+        for line in lines:
+            print(line)
+    return 0
+
+
 # -- handlers ---------------------------------------------------------------------------
 
 
 def _task_create(args: argparse.Namespace) -> int:
-    max_attempts = _parse_int(
-        "--max-attempts",
-        args.max_attempts,
-        0,
-        MAX_ATTEMPT_LIMIT,
-        f"0 (no explicit limit) or 1..{MAX_ATTEMPT_LIMIT}",
-    )
+    max_attempts = _parse_limit("--max-attempts", args.max_attempts, zero="no explicit limit")
     actor = _actor(args)
-
-    def action(ledger: SqliteLedger) -> int:
-        task = ledger.create_task(
+    return _print_result(
+        args,
+        lambda ledger: ledger.create_task(
             args.title,
             max_attempts=max_attempts,
             idempotency_key=args.idempotency_key,
             actor=actor,
-        )
-        _print_task(task, as_json=args.json)
-        return 0
-
-    return _with_ledger(args, create=True, action=action)
+        ),
+        create=True,
+    )
 
 
 def _task_show(args: argparse.Namespace) -> int:
-    def action(ledger: SqliteLedger) -> int:
-        _print_task(ledger.get_task(args.task_id), as_json=args.json)
-        return 0
-
-    return _with_ledger(args, create=False, action=action)
+    return _print_result(args, lambda ledger: ledger.get_task(args.task_id))
 
 
 def _task_list(args: argparse.Namespace) -> int:
-    def action(ledger: SqliteLedger) -> int:
-        tasks = ledger.list_tasks()
-        if args.json:
-            print_json({"tasks": [task.to_dict() for task in tasks]})
-            return 0
-        for task in tasks:
-            print(
-                f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
-                f"{_limit_text(task)}  {task.title}"
-            )
-        return 0
-
-    return _with_ledger(args, create=False, action=action)
+    tasks = _with_ledger(args, create=False, action=lambda ledger: ledger.list_tasks())
+    lines = [
+        f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
+        f"{_limit_text(task)}  {task.title}"
+        for task in tasks
+    ]
+    return _print_listing(args, {"tasks": [task.to_dict() for task in tasks]}, lines)
 
 
 def _task_runs(args: argparse.Namespace) -> int:
-    def action(ledger: SqliteLedger) -> int:
-        runs = ledger.runs(args.task_id)
-        if args.json:
-            print_json({"task_id": args.task_id, "runs": [run.to_dict() for run in runs]})
-            return 0
-        for run in runs:
-            print(_run_line(run))
-        return 0
-
-    return _with_ledger(args, create=False, action=action)
+    runs = _with_ledger(args, create=False, action=lambda ledger: ledger.runs(args.task_id))
+    doc = {"task_id": args.task_id, "runs": [run.to_dict() for run in runs]}
+    return _print_listing(args, doc, [_run_line(run) for run in runs])
 
 
 def _task_set_attempt_limit(args: argparse.Namespace) -> int:
     # A limit is required here: 0 is not "no limit" but invalid (ADR 0033: 1..10000).
-    max_attempts = _parse_int(
-        "N (max attempts)", args.max_attempts, 1, MAX_ATTEMPT_LIMIT, f"1..{MAX_ATTEMPT_LIMIT}"
-    )
-    expected = _parse_int(
-        "--expected",
-        args.expected,
-        0,
-        MAX_ATTEMPT_LIMIT,
-        f"0 (no limit set) or 1..{MAX_ATTEMPT_LIMIT}",
-    )
+    max_attempts = _parse_limit("N (max attempts)", args.max_attempts, zero=None)
+    expected = _parse_limit("--expected", args.expected, zero="no limit set")
     actor = _actor(args)
-
-    def action(ledger: SqliteLedger) -> int:
-        task = ledger.set_attempt_limit(
+    return _print_result(
+        args,
+        lambda ledger: ledger.set_attempt_limit(
             args.task_id,
             max_attempts,
             expected_max_attempts=expected,
             actor=actor,
             roles=tuple(args.role),
             idempotency_key=args.idempotency_key,
-        )
-        _print_task(task, as_json=args.json)
-        return 0
-
-    return _with_ledger(args, create=False, action=action)
+        ),
+    )
 
 
 def _task_cancel(args: argparse.Namespace) -> int:
     actor = _actor(args)
-
-    def action(ledger: SqliteLedger) -> int:
-        _print_task(ledger.cancel_task(args.task_id, actor=actor), as_json=args.json)
-        return 0
-
-    return _with_ledger(args, create=False, action=action)
+    return _print_result(args, lambda ledger: ledger.cancel_task(args.task_id, actor=actor))
 
 
 def _run_start(args: argparse.Namespace) -> int:
@@ -346,33 +339,25 @@ def _run_start(args: argparse.Namespace) -> int:
     )
     request_key = args.request_key or f"cli-{uuid.uuid4()}"
     actor = _actor(args)
-
-    def action(ledger: SqliteLedger) -> int:
-        run = ledger.start_run(
+    return _print_result(
+        args,
+        lambda ledger: ledger.start_run(
             args.task_id,
             request_key=request_key,
             actor=actor,
             forced=args.forced,
             owner_pid=owner_pid,
-        )
-        _print_run(run, as_json=args.json)
-        return 0
-
-    return _with_ledger(args, create=False, action=action)
+        ),
+    )
 
 
 def _run_finish(args: argparse.Namespace) -> int:
-    def action(ledger: SqliteLedger) -> int:
-        run = ledger.finish_run(
-            args.run_id,
-            args.status,
-            failure_class=args.failure_class,
-            reason=args.reason,
-        )
-        _print_run(run, as_json=args.json)
-        return 0
-
-    return _with_ledger(args, create=False, action=action)
+    return _print_result(
+        args,
+        lambda ledger: ledger.finish_run(
+            args.run_id, args.status, failure_class=args.failure_class, reason=args.reason
+        ),
+    )
 
 
 def _capabilities(args: argparse.Namespace) -> int:

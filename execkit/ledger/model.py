@@ -60,21 +60,9 @@ class Run:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe wire shape (`failure_class` as its string value or None)."""
-        return {
-            "id": self.id,
-            "task_id": self.task_id,
-            "attempt": self.attempt,
-            "status": self.status,
-            "failure_class": self.failure_class.value if self.failure_class else None,
-            "reason": self.reason,
-            "request_key": self.request_key,
-            "actor": self.actor,
-            "forced": self.forced,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "owner_host": self.owner_host,
-            "owner_pid": self.owner_pid,
-        }
+        data = attrs.asdict(self, recurse=False)
+        data["failure_class"] = self.failure_class.value if self.failure_class else None
+        return data
 
 
 @attrs.frozen
@@ -99,23 +87,7 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe wire shape (every field is a str, int, float, bool or None)."""
-        return {
-            "id": self.id,
-            "title": self.title,
-            "status": self.status,
-            "state": self.state,
-            "blocked_on": self.blocked_on,
-            "reason": self.reason,
-            "ready": self.ready,
-            "max_attempts": self.max_attempts,
-            "attempts_started": self.attempts_started,
-            "charged_attempts": self.charged_attempts,
-            "uncharged_streak": self.uncharged_streak,
-            "remaining": self.remaining,
-            "next_attempt_at": self.next_attempt_at,
-            "created_by": self.created_by,
-            "created_at": self.created_at,
-        }
+        return attrs.asdict(self, recurse=False)
 
 
 @attrs.frozen
@@ -131,15 +103,9 @@ class AuditEvent:
     detail: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "at": self.at,
-            "actor": self.actor,
-            "action": self.action,
-            "task_id": self.task_id,
-            "run_id": self.run_id,
-            "detail": dict(self.detail),
-        }
+        data = attrs.asdict(self, recurse=False)
+        data["detail"] = dict(self.detail)  # a copy: the event stays immutable
+        return data
 
 
 class Ledger(Protocol):

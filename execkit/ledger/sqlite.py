@@ -489,6 +489,18 @@ class SqliteLedger:
             (scope, key, fingerprint, json.dumps(response, sort_keys=True), now),
         )
 
+    def _store_limit(
+        self, conn: sqlite3.Connection, task_id: str, max_attempts: int, actor: str, at: float
+    ) -> None:
+        """Set the task's explicit limit row, creating it on the first limit."""
+        conn.execute(
+            "INSERT INTO task_attempt_limits (task_id, max_attempts, updated_by, updated_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
+            "max_attempts = excluded.max_attempts, updated_by = excluded.updated_by, "
+            "updated_at = excluded.updated_at",
+            (task_id, max_attempts, actor, at),
+        )
+
     def _task_row(self, conn: sqlite3.Connection, task_id: str) -> _TaskRow:
         row = conn.execute(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
         if row is None:
@@ -597,11 +609,7 @@ class SqliteLedger:
                 (seq, task_id, title, actor, at, at),
             )
             if max_attempts:
-                conn.execute(
-                    "INSERT INTO task_attempt_limits (task_id, max_attempts, updated_by, "
-                    "updated_at) VALUES (?, ?, ?, ?)",
-                    (task_id, max_attempts, actor, at),
-                )
+                self._store_limit(conn, task_id, max_attempts, actor, at)
             self._audit(
                 conn,
                 at=at,
@@ -922,13 +930,7 @@ class SqliteLedger:
                     f"expected_max_attempts {expected_max_attempts} does not match the current "
                     f"limit of task {task_id}: {task.max_attempts}"
                 )
-            conn.execute(
-                "INSERT INTO task_attempt_limits (task_id, max_attempts, updated_by, updated_at)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
-                "max_attempts = excluded.max_attempts, updated_by = excluded.updated_by, "
-                "updated_at = excluded.updated_at",
-                (task_id, max_attempts, actor, at),
-            )
+            self._store_limit(conn, task_id, max_attempts, actor, at)
             self._audit(
                 conn,
                 at=at,

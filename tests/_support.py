@@ -1,0 +1,102 @@
+"""Plain helpers shared by several test modules (fixtures would go in a conftest.py).
+
+Imported as `_support`: tests/ is not a package, and pytest puts it on sys.path when it
+imports a test module from it (the default `prepend` import mode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from execkit.exec import SpawnResult
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A board whose issues start in `todo` and end in `done` or `blocked`.
+BOARD_STATES = [
+    {"name": "todo", "eligible": True},
+    {"name": "done", "terminal": True},
+    {"name": "blocked", "terminal": True},
+]
+
+
+def gone(pid: int) -> bool:
+    """Dead or a zombie nobody reaped yet (in a container pid 1 may never reap)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, within: float = 15.0) -> bool:
+    """Whether `pid` is gone within `within` seconds (polled, so bounded under load)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not gone(pid):
+        time.sleep(0.02)
+    return gone(pid)
+
+
+def spawn_result(
+    argv: tuple[str, ...] = ("codex", "exec", "fix the test"),
+    *,
+    exit_code: int | None = 0,
+    stdout: str = "",
+    stderr: str = "",
+    spawn_errno: int | None = None,
+    spawn_error: str | None = None,
+    timed_out: bool = False,
+    signal: int | None = None,
+) -> SpawnResult:
+    """A `SpawnResult` as `spawn` would report it, without running anything.
+
+    With `spawn_errno` the process never started (no pid, no exit code); with `signal`
+    it has no exit code either.
+    """
+    never_started = spawn_errno is not None
+    return SpawnResult(
+        argv=argv,
+        pid=None if never_started else 4242,
+        exit_code=None if never_started or signal is not None else exit_code,
+        signal=signal,
+        spawn_errno=spawn_errno,
+        spawn_error=spawn_error,
+        timed_out=timed_out,
+        duration_s=0.25,
+        stdout_tail=stdout,
+        stderr_tail=stderr,
+        stdout_bytes=len(stdout.encode()),
+        stderr_bytes=len(stderr.encode()),
+        stdout_truncated=False,
+        stderr_truncated=False,
+    )
+
+
+def write_board(
+    path: Path,
+    issues: list[dict[str, object]],
+    *,
+    states: list[object] | None = None,
+    **extra: object,
+) -> Path:
+    """Write a JSON board file (`BOARD_STATES` unless `states` is given); returns `path`."""
+    doc = {"states": BOARD_STATES if states is None else states, "issues": issues, **extra}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def run_execkit(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m execkit ARGS` in a real process that imports this checkout (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "execkit", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
