@@ -13,7 +13,7 @@ import errno as errno_names
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -60,6 +60,14 @@ def _check_prompt(_inst: object, _attr: attrs.Attribute[Any], value: object) -> 
         raise InvalidInput(f"prompt must be a string, got {type(value).__name__}")
 
 
+def _as_args(value: Iterable[str]) -> tuple[str, ...]:
+    # A typed converter (not bare `tuple`) so that type checkers see what __init__ takes;
+    # a lone string would otherwise become one argument per character.
+    if isinstance(value, str | bytes):
+        raise InvalidInput(f"extra_args must be a list of strings, not one string: {value!r}")
+    return tuple(value)
+
+
 def _check_extra_args(_inst: object, _attr: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
     for arg in value:
         if not isinstance(arg, str):
@@ -82,7 +90,7 @@ class AgentRequest:
     timeout_s: float | None = attrs.field(default=None, validator=_check_timeout)
     max_turns: int | None = attrs.field(default=None, validator=_check_max_turns)
     extra_args: tuple[str, ...] = attrs.field(
-        default=(), converter=tuple, validator=_check_extra_args
+        default=(), converter=_as_args, validator=_check_extra_args
     )
     env: Mapping[str, str] | None = attrs.field(default=None, eq=False, hash=False)
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import attrs
 
@@ -96,7 +96,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -472,7 +472,7 @@ def _check_state_name(_inst: object, attribute: attrs.Attribute[Any], value: obj
 
 
 def _check_seconds(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not _is_number(value) or value <= 0:  # type: ignore[operator]
+    if not _is_number(value) or value <= 0:
         raise InvalidInput(
             f"{attribute.name}: must be a finite number of seconds > 0; got {value!r}"
         )
@@ -632,8 +632,7 @@ class AdapterRunner:
             prompt=issue.prompt,
             cwd=self._cwd,
             timeout_s=self._timeout_s,
-            # attrs types this parameter from its `tuple` converter, which mypy cannot solve.
-            extra_args=issue.argv,  # type: ignore[arg-type]
+            extra_args=issue.argv,
             env=self._env,
         )
 

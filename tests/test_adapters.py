@@ -334,6 +334,7 @@ def test_generic_without_a_command_is_a_clear_error() -> None:
         ({"max_turns": 0}, "max_turns"),
         ({"max_turns": True}, "max_turns"),
         ({"extra_args": ("ok", 3)}, "extra_args"),
+        ({"extra_args": "--one-string"}, "extra_args"),
     ],
 )
 def test_agent_request_rejects_bad_values_naming_the_field(
