@@ -114,3 +114,22 @@ def test_an_unknown_adapter_names_the_known_ones() -> None:
     done = execkit("run", "--adapter", "nope", "--", "x")
     assert done.returncode != 0
     assert "codex" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_reader_that_goes_away_ends_execkit_like_sigpipe(tmp_path: Path) -> None:
+    # Enough tasks that the listing overflows the pipe after `head` has gone.
+    db = str(tmp_path / "l.db")
+    script = (
+        "from execkit.ledger import open_ledger\n"
+        f"ledger = open_ledger({db!r})\n"
+        "for n in range(1500): ledger.create_task('a long enough task title ' * 3, actor='a')\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    pipeline = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m execkit task list --db {db} | head -n 1;"
+         " echo status=${PIPESTATUS[0]} >&2"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert pipeline.stdout.startswith("t-1 ")
+    assert "status=141" in pipeline.stderr
+    assert "Traceback" not in pipeline.stderr and "BrokenPipe" not in pipeline.stderr

@@ -24,6 +24,8 @@ _GROUPS = (_run, _classify, _adapters, _decide, _ledger, _dispatch, _demo)
 
 # `execkit run -- CMD` runs a command; `execkit run start|finish` are ledger operations.
 # The command to run always follows `--`, so the two never collide.
+_SIGPIPE_EXIT = 128 + 13
+
 _RUN_LEDGER_VERBS = {"start": "run-start", "finish": "run-finish"}
 
 
@@ -79,10 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("execkit: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader went away (`| head`); keep Python from complaining at exit.
+        # The reader went away (`| head`): exit as a shell reports death by SIGPIPE, and
+        # point stdout at /dev/null so Python's flush at exit does not complain again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return _SIGPIPE_EXIT
     except Exception as exc:  # the last line of defence: never a traceback
         if os.environ.get("EXECKIT_DEBUG"):
             raise
