@@ -1,7 +1,9 @@
 """A bounded tail buffer: keep the LAST `limit` bytes of a stream and count all of them.
 
-Memory stays below `2 * limit` plus one fed chunk whatever the stream length: the buffer
-is compacted only when it doubles, so each byte is copied a bounded number of times.
+It also keeps up to `context` bytes from just before the tail, so a redactor can see a
+credential that the cut sliced in two. Memory stays below `2 * (limit + context)` plus
+one fed chunk whatever the stream length: the buffer is compacted only when it doubles,
+so each byte is copied a bounded number of times.
 """
 
 from __future__ import annotations
@@ -20,15 +22,18 @@ def _is_continuation(byte: int) -> bool:
 class TailBuffer:
     """The last `limit` bytes fed, the exact byte total, and whether anything was dropped.
 
-    Raises ValueError when `limit` < 1.
+    Raises ValueError when `limit` < 1 or `context` < 0.
     """
 
-    __slots__ = ("_buf", "_limit", "total")
+    __slots__ = ("_buf", "_keep", "_limit", "total")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, context: int = 0) -> None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
+        if context < 0:
+            raise ValueError(f"context must be >= 0, got {context}")
         self._limit = limit
+        self._keep = limit + context
         self._buf = bytearray()
         self.total = 0
 
@@ -47,16 +52,20 @@ class TailBuffer:
         if not size:
             return
         self.total += size
-        if size >= self._limit:
-            self._buf[:] = chunk[-self._limit :]
+        if size >= self._keep:
+            self._buf[:] = chunk[-self._keep :]
             return
         self._buf += chunk
-        if len(self._buf) >= 2 * self._limit:
-            del self._buf[: len(self._buf) - self._limit]
+        if len(self._buf) >= 2 * self._keep:
+            del self._buf[: len(self._buf) - self._keep]
 
     def tail_bytes(self) -> bytes:
         """The last `limit` bytes (fewer when fewer were fed), exactly as received."""
         return bytes(self._buf[-self._limit :])
+
+    def context_bytes(self) -> bytes:
+        """Up to `context` bytes fed just before the tail (fewer when fewer were dropped)."""
+        return bytes(self._buf[-self._keep : -self._limit])
 
     def text(self) -> str:
         """The tail decoded as UTF-8 with replacement; never raises.

@@ -25,6 +25,7 @@ import errno
 import math
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
@@ -37,7 +38,7 @@ import psutil
 
 from execkit._tail import TailBuffer
 from execkit.errors import InvalidInput
-from execkit.redact import MIN_ENV_SECRET_LEN, redact, redact_argv, secret_env_values
+from execkit.redact import MIN_ENV_SECRET_LEN, redact, redact_argv, redact_tail, secret_env_values
 
 __all__ = ["MAX_TAIL_BYTES", "OutputCallback", "SpawnResult", "spawn", "spawn_async"]
 
@@ -52,6 +53,14 @@ _READS_PER_WAKE = 16
 _DRAIN_S = 0.5
 # Where pidfd_open is unavailable the loop polls the child's exit this often.
 _POLL_S = 0.05
+# The longest single wait in the loop: a huge timeout or grace (1e300 s is finite and
+# valid) would overflow the selector's clock, so long waits are taken in slices.
+_MAX_WAIT_S = 3600.0
+# Linux reads at most this much of a #! line.
+_SHEBANG_MAX = 256
+# Bytes kept from before each cut tail so a credential the cut sliced in two is still
+# recognised: longer than any key shape, long enough for most bearer tokens.
+_REDACT_CONTEXT = 4096
 MAX_TAIL_BYTES = 256 * 1024 * 1024
 """The largest `tail_bytes` spawn accepts (each stream's tail is held in memory)."""
 
@@ -114,8 +123,10 @@ class SpawnResult:
         A stream whose tail was already cut at capture starts with `…`, and so does the
         joined text when `max_chars` cuts it.
         """
+        if isinstance(max_chars, bool) or not isinstance(max_chars, int):
+            raise TypeError(f"max_chars must be an int, got {type(max_chars).__name__}")
         if max_chars < 0:
-            raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+            raise InvalidInput(f"max_chars must be >= 0, got {max_chars}")
         parts: list[str] = []
         if self.spawn_error:
             parts.append(self.spawn_error)
@@ -147,6 +158,7 @@ class _Plan:
     cwd: str | None
     env: dict[str, str] | None
     input: bytes | None
+    inherit_stdin: bool
     timeout: float | None
     kill_grace: float
     tail_bytes: int
@@ -206,6 +218,7 @@ def _plan(
     cwd: object,
     env: object,
     input: object,
+    inherit_stdin: object,
     timeout: object,
     kill_grace: object,
     tail_bytes: object,
@@ -225,6 +238,12 @@ def _plan(
         data = bytes(input)
     else:
         raise TypeError(f"input must be str, bytes or None, got {type(input).__name__}")
+    if not isinstance(inherit_stdin, bool):
+        raise TypeError(f"inherit_stdin must be a bool, got {type(inherit_stdin).__name__}")
+    if inherit_stdin and data is not None:
+        raise InvalidInput(
+            "input and inherit_stdin=True exclude each other: the child has one stdin"
+        )
     checked_timeout = (
         None if timeout is None else _check_seconds("timeout", timeout, allow_zero=False)
     )
@@ -241,6 +260,7 @@ def _plan(
         cwd=checked_cwd,
         env=checked_env,
         input=data,
+        inherit_stdin=inherit_stdin,
         timeout=checked_timeout,
         kill_grace=checked_grace,
         tail_bytes=tail_bytes,
@@ -278,12 +298,28 @@ def _describe_spawn_error(plan: _Plan, exc: OSError, code: int) -> str:
         return f"working directory not usable: {cwd} ({os.strerror(code)})"
     path = filename or plan.argv[0]
     if code == errno.ENOENT:
-        return f"executable not found: {path}"
+        return _describe_enoent(plan, path)
     if code == errno.EACCES:
         return f"permission denied: cannot execute {path}"
     if code == errno.ENOEXEC:
         return f"exec format error: {path} is not a runnable program"
     return f"could not start {path}: [Errno {code}] {os.strerror(code)}"
+
+
+def _describe_enoent(plan: _Plan, path: str) -> str:
+    """ENOENT for a program that is there means exec could not find its #! interpreter."""
+    found = shutil.which(path, path=os.pathsep.join(os.get_exec_path(plan.env)))
+    if found is None:
+        return f"executable not found: {path}"
+    interpreter = None
+    with contextlib.suppress(OSError), open(found, "rb") as script:
+        first = script.readline(_SHEBANG_MAX)
+        if first.startswith(b"#!"):
+            words = first[2:].split()
+            interpreter = os.fsdecode(words[0]) if words else None
+    if interpreter is None:
+        return f"cannot execute {found}: its loader or interpreter was not found (ENOENT)"
+    return f"interpreter not found: {interpreter} (the #! line of {found})"
 
 
 def _secrets_for(plan: _Plan, *texts: str) -> tuple[str, ...]:
@@ -319,6 +355,13 @@ def _not_started(plan: _Plan, exc: OSError, started: float) -> SpawnResult:
     )
 
 
+def _context_of(buffer: TailBuffer) -> str:
+    """What came just before a cut tail (a credential may run across the cut); else ""."""
+    if not buffer.truncated:
+        return ""
+    return buffer.context_bytes().decode("utf-8", errors="replace")
+
+
 def _finished(
     plan: _Plan,
     pid: int,
@@ -329,7 +372,8 @@ def _finished(
     started: float,
 ) -> SpawnResult:
     stdout_tail, stderr_tail = out.text(), err.text()
-    secrets = _secrets_for(plan, stdout_tail, stderr_tail, *plan.argv)
+    out_context, err_context = _context_of(out), _context_of(err)
+    secrets = _secrets_for(plan, out_context + stdout_tail, err_context + stderr_tail, *plan.argv)
     return SpawnResult(
         argv=redact_argv(plan.argv, secrets),
         pid=pid,
@@ -339,8 +383,8 @@ def _finished(
         spawn_error=None,
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
-        stdout_tail=redact(stdout_tail, secrets),
-        stderr_tail=redact(stderr_tail, secrets),
+        stdout_tail=redact_tail(stdout_tail, out_context, secrets),
+        stderr_tail=redact_tail(stderr_tail, err_context, secrets),
         stdout_bytes=out.total,
         stderr_bytes=err.total,
         stdout_truncated=out.truncated,
@@ -379,6 +423,18 @@ def _signal_tree(leader: int, tree: Sequence[psutil.Process], sig: int) -> None:
             pass
 
 
+def _kill_now(proc: subprocess.Popen[bytes]) -> None:
+    """Abnormal exit (cancel, callback error, KeyboardInterrupt): no grace, no leftovers."""
+    tree = _snapshot_tree(proc.pid) if proc.returncode is None else []
+    _signal_tree(proc.pid, tree, signal.SIGKILL)
+    if proc.returncode is None:
+        proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
 class _Cancelled(Exception):
     """The awaiting task of `spawn_async` was cancelled; the tree has been killed."""
 
@@ -411,7 +467,8 @@ class _Supervisor:
         self._cancel_fd = cancel_fd
 
     def run(self, started: float) -> tuple[int, bool]:
-        """Return (returncode, timed_out). On any exception the tree is SIGKILLed first."""
+        """Return (returncode, timed_out). Closes every fd it holds, whatever happens;
+        killing the tree on an exception is the caller's job (see `_spawn`)."""
         try:
             self._register()
             deadline = None if self._plan.timeout is None else started + self._plan.timeout
@@ -422,9 +479,6 @@ class _Supervisor:
             returncode = self._proc.returncode
             assert returncode is not None
             return returncode, timed_out
-        except BaseException:
-            self._kill_now()
-            raise
         finally:
             self._close()
 
@@ -461,6 +515,7 @@ class _Supervisor:
                 wait = until - time.monotonic()
                 if wait <= 0:
                     return False
+                wait = min(wait, _MAX_WAIT_S)
             if self._pidfd is None:
                 wait = _POLL_S if wait is None else min(wait, _POLL_S)
             for key, _ in self._sel.select(wait):
@@ -541,14 +596,6 @@ class _Supervisor:
         _signal_tree(pid, tree, signal.SIGKILL)
         self._pump(None)
 
-    def _kill_now(self) -> None:
-        """Abnormal exit (cancel, callback error, KeyboardInterrupt): no grace, no leftovers."""
-        proc = self._proc
-        tree = _snapshot_tree(proc.pid) if proc.returncode is None else []
-        _signal_tree(proc.pid, tree, signal.SIGKILL)
-        if proc.returncode is None:
-            proc.wait()
-
     def _drain(self) -> None:
         """Read what is left in the pipes, for at most `_DRAIN_S`."""
         self._close_stdin()  # nobody is left to read the rest of the input
@@ -627,13 +674,21 @@ def _has_fds(proc: Any) -> bool:
     return True
 
 
+def _stdin_of(plan: _Plan) -> int | None:
+    if plan.input is not None:
+        return subprocess.PIPE
+    return None if plan.inherit_stdin else subprocess.DEVNULL
+
+
 def _spawn(plan: _Plan, cancel_fd: int | None = None) -> SpawnResult:
+    out = TailBuffer(plan.tail_bytes, _REDACT_CONTEXT)
+    err = TailBuffer(plan.tail_bytes, _REDACT_CONTEXT)
     started = time.monotonic()
     try:
         # Looked up on the module at call time so pytest-subprocess's fake takes over.
         proc = subprocess.Popen(
             list(plan.argv),
-            stdin=subprocess.PIPE if plan.input is not None else subprocess.DEVNULL,
+            stdin=_stdin_of(plan),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=plan.cwd,
@@ -643,10 +698,15 @@ def _spawn(plan: _Plan, cancel_fd: int | None = None) -> SpawnResult:
         )
     except OSError as exc:
         return _not_started(plan, exc, started)
-    out = TailBuffer(plan.tail_bytes)
-    err = TailBuffer(plan.tail_bytes)
     if _has_fds(proc):
-        returncode, timed_out = _Supervisor(proc, plan, out, err, cancel_fd).run(started)
+        # From here on any exception (a callback's, KeyboardInterrupt, a signal handler's,
+        # a cancel) must not leave the child's tree running: it leads its own session, so
+        # nothing else would ever stop it.
+        try:
+            returncode, timed_out = _Supervisor(proc, plan, out, err, cancel_fd).run(started)
+        except BaseException:
+            _kill_now(proc)
+            raise
     else:
         outcome = _run_fake(proc, plan, out, err)
         if isinstance(outcome, OSError):
@@ -661,6 +721,7 @@ def spawn(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     input: str | bytes | None = None,
+    inherit_stdin: bool = False,
     timeout: float | None = None,
     kill_grace: float = 5.0,
     tail_bytes: int = 65536,
@@ -670,7 +731,9 @@ def spawn(
     """Run `argv` directly (never through a shell) and report how it ended.
 
     - `env` replaces the environment (as with Popen); None inherits it. The child's stdin
-      is `input` (str is UTF-8 encoded), or /dev/null so it never waits on a terminal.
+      is `input` (str is UTF-8 encoded), or /dev/null so it never waits on a terminal or
+      a pipe nobody closes. `inherit_stdin=True` hands it the caller's own stdin instead
+      (a wrapper such as `execkit run`); spawn never reads it, so it cannot wait on it.
     - `timeout` (None or > 0 s): SIGTERM to the child's process group and to descendants
       that left it, `kill_grace` (>= 0 s) more, then SIGKILL; `timed_out` is then True
       whatever the child exited with.
@@ -683,7 +746,9 @@ def spawn(
     or `InvalidInput` (a ValueError) naming the argument for bad arguments, before
     anything runs.
     """
-    plan = _plan(argv, cwd, env, input, timeout, kill_grace, tail_bytes, on_stdout, on_stderr)
+    plan = _plan(
+        argv, cwd, env, input, inherit_stdin, timeout, kill_grace, tail_bytes, on_stdout, on_stderr
+    )
     return _spawn(plan)
 
 
@@ -693,6 +758,7 @@ async def spawn_async(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     input: str | bytes | None = None,
+    inherit_stdin: bool = False,
     timeout: float | None = None,
     kill_grace: float = 5.0,
     tail_bytes: int = 65536,
@@ -705,7 +771,9 @@ async def spawn_async(
     (use `loop.call_soon_threadsafe` to touch loop state). Cancelling the awaiting task
     SIGKILLs the whole process tree and reaps the child before `CancelledError` propagates.
     """
-    plan = _plan(argv, cwd, env, input, timeout, kill_grace, tail_bytes, on_stdout, on_stderr)
+    plan = _plan(
+        argv, cwd, env, input, inherit_stdin, timeout, kill_grace, tail_bytes, on_stdout, on_stderr
+    )
     loop = asyncio.get_running_loop()
     future: asyncio.Future[SpawnResult] = loop.create_future()
     wake_read, wake_write = os.pipe()
@@ -731,7 +799,12 @@ async def spawn_async(
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
             loop.call_soon_threadsafe(deliver, result, error)
 
-    threading.Thread(target=work, name=f"execkit-spawn:{plan.argv[0]}", daemon=True).start()
+    try:
+        threading.Thread(target=work, name=f"execkit-spawn:{plan.argv[0]}", daemon=True).start()
+    except BaseException:  # no thread, so nobody else will close the worker's end
+        os.close(wake_read)
+        os.close(wake_write)
+        raise
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -18,6 +18,7 @@ __all__ = [
     "looks_secret_name",
     "redact",
     "redact_argv",
+    "redact_tail",
     "secret_env_values",
 ]
 
@@ -109,6 +110,33 @@ def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:
     for pattern in _PREFIXED_PATTERNS:
         text = pattern.sub(_mask_value, text)
     return text
+
+
+def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> str:
+    """`redact(tail)`, where `tail` is what was kept of a longer text and `context` the
+    text that came just before it.
+
+    A cut can slice a credential in two: the half inside `tail` no longer looks like one.
+    When redacting `context + tail` masks what redacting `tail` alone does not, the
+    differing head of `tail` is replaced by `[REDACTED]` and the rest is kept.
+    """
+    secrets = tuple(extra_secrets)
+    alone = redact(tail, secrets)
+    if not context:
+        return alone
+    seen = redact(context + tail, secrets)
+    if seen.endswith(alone):
+        return alone
+    return REDACTED + alone[len(alone) - _common_suffix_len(alone, seen) :]
+
+
+def _common_suffix_len(a: str, b: str) -> int:
+    agree = 0
+    for x, y in zip(reversed(a), reversed(b), strict=False):  # the shorter one bounds it
+        if x != y:
+            break
+        agree += 1
+    return agree
 
 
 def redact_argv(argv: Sequence[str], extra_secrets: Iterable[str] = ()) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import selectors
@@ -168,3 +169,75 @@ def test_sigterm_to_execkit_kills_the_child_tree(tmp_path: Path) -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+# ---------------------------------------------------------------------------------- stdin
+
+
+def test_stdin_is_handed_to_the_command_like_timeout_does() -> None:
+    proc = subprocess.run(
+        [*EXECKIT, "run", "--", "cat"],
+        input=b"prompt from a pipe\n",
+        capture_output=True,
+        timeout=120,
+    )
+    assert (proc.returncode, proc.stdout) == (0, b"prompt from a pipe\n")
+
+
+def test_a_stdin_nobody_closes_cannot_hold_execkit_past_its_timeout() -> None:
+    proc = subprocess.Popen(
+        [*EXECKIT, "run", "--json", "--timeout", "0.5", "--", "cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(b"half a prompt")
+        proc.stdin.flush()  # and never closed
+        code = proc.wait(timeout=120)  # the JSON object is small: the pipe cannot fill
+        payload = json.loads(proc.stdout.read())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
+    assert code == 124
+    assert payload["timed_out"] and payload["stdout_tail"] == "half a prompt"
+
+
+# ---------------------------------------------------------------------------- the stdout side
+
+
+def test_reader_going_away_exits_141_and_stops_the_command() -> None:
+    # `execkit run -- yes | head -1`: the shell reports 141 for a writer killed by SIGPIPE.
+    proc = subprocess.Popen(
+        [*EXECKIT, "run", "--", "sh", "-c", "echo $$; exec yes"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    child = 0
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        proc.stdout.close()
+        assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
+        assert wait_gone(child), "the command outlived execkit"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        if child and not gone(child):
+            os.kill(child, signal.SIGKILL)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_a_text_only_stdout_gets_whole_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 3-byte characters: pipe reads split some of them; each must still arrive whole.
+    text_only = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", text_only)
+    code = main(["run", "--", *PY, "-c", "import sys; sys.stdout.write('€' * 100000)"])
+    assert code == 0
+    assert text_only.getvalue() == "€" * 100000

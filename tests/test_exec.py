@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
+import selectors
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
-from _support import gone, wait_gone
+from _support import REPO, gone, wait_gone
 
 from execkit import InvalidInput
 from execkit.exec import SpawnResult, spawn
@@ -82,6 +86,18 @@ def test_not_executable_keeps_eacces(tmp_path: Path) -> None:
     assert result.exit_code is None
 
 
+def test_missing_interpreter_is_enoent_and_names_the_interpreter(tmp_path: Path) -> None:
+    # How a vendor CLI installed as a script fails when its runtime is gone.
+    script = tmp_path / "codex"
+    script.write_text("#!/nonexistent/node --flag\nconsole.log(1)\n")
+    script.chmod(0o755)
+    result = spawn([str(script)])
+    assert result.spawn_errno == errno.ENOENT and result.exit_code is None
+    assert (
+        result.spawn_error == f"interpreter not found: /nonexistent/node (the #! line of {script})"
+    )
+
+
 def test_shell_missing_command_is_exit_127_not_a_spawn_failure() -> None:
     result = spawn(["sh", "-c", "execkit-no-such-command-xyz"])
     assert result.exit_code == 127
@@ -132,9 +148,54 @@ def test_cwd_is_used(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ input / stdin
 
 
-def test_stdin_is_devnull_without_input() -> None:
-    result = spawn(["cat"], timeout=30)
-    assert result.ok and result.stdout_bytes == 0
+# Run in a fresh interpreter whose own stdin is a pipe that already holds a line and is
+# never closed: what pytest's fd 0 happens to be cannot make these pass by accident.
+_STDIN_SCRIPT = """
+import json, sys
+sys.path.insert(0, {root!r})
+from execkit.exec import spawn
+print(json.dumps([
+    r.to_dict() for r in (
+        spawn(["cat"], timeout=5, kill_grace=0),
+        spawn(["head", "-n", "1"], inherit_stdin=True, timeout=30),
+        spawn(["cat"], inherit_stdin=True, timeout=0.5, kill_grace=5),
+    )
+]))
+"""
+
+
+def test_stdin_is_devnull_unless_inherited_and_never_read_by_spawn() -> None:
+    script = _STDIN_SCRIPT.format(root=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(b"fed\n")
+        proc.stdin.flush()  # and left open: nobody ever sends EOF
+        proc.wait(timeout=120)  # its output is small: the pipe cannot fill
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
+    devnull, inherited, never_closed = json.loads(out)
+    assert devnull["ok"] and devnull["stdout_bytes"] == 0, (devnull, err)
+    assert inherited["ok"] and inherited["stdout_tail"] == "fed\n"
+    # The child waits on the open pipe; spawn does not, and the timeout still ends it.
+    assert never_closed["timed_out"] and never_closed["signal"] == signal.SIGTERM
+
+
+def test_input_and_inherit_stdin_exclude_each_other(fp: object) -> None:
+    with pytest.raises(InvalidInput, match="inherit_stdin"):
+        spawn(["cat"], input="x", inherit_stdin=True)
+    with pytest.raises(TypeError, match="inherit_stdin"):
+        spawn(["cat"], inherit_stdin=1)  # type: ignore[arg-type]
 
 
 def test_large_input_is_written_without_deadlock() -> None:
@@ -247,6 +308,24 @@ def test_secrets_are_masked_in_tails_but_not_in_live_chunks() -> None:
     assert result.stdout_tail == "OPENAI_API_KEY=[REDACTED]\nvalue [REDACTED]\n"
     assert result.stderr_tail == "Authorization: Bearer [REDACTED]\n"
     assert b"hunter2hunter2" in b"".join(live)
+
+
+def test_a_secret_the_tail_cut_in_two_leaves_no_part_behind() -> None:
+    key = "sk-proj-" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+    line = f"OPENAI_API_KEY={key}\n"
+    tail_bytes = len(line) - line.index(key) - 12  # the cut falls 12 characters into the key
+    code = f"import sys; sys.stdout.write('x' * 100000 + ' ' + {line!r})"
+    result = spawn([*PY, "-c", code], tail_bytes=tail_bytes)
+    assert result.stdout_truncated
+    assert result.stdout_tail == "[REDACTED]\n"
+
+
+def test_an_env_secret_cut_by_a_tiny_tail_leaves_no_part_behind() -> None:
+    secret = "hunter2hunter2hunter2"
+    env = {"MY_SERVICE_TOKEN": secret, "PATH": os.environ.get("PATH", "")}
+    code = "import os; print(os.environ['MY_SERVICE_TOKEN'])"
+    result = spawn([*PY, "-c", code], env=env, tail_bytes=4)  # "er2" and the newline
+    assert result.stdout_truncated and result.stdout_tail == "[REDACTED]\n"
 
 
 def test_secret_in_argv_is_masked_on_the_result() -> None:
@@ -368,6 +447,41 @@ def test_bad_arguments_name_the_argument_and_spawn_nothing(
     assert names in str(info.value)
     if error is InvalidInput:
         assert isinstance(info.value, ValueError)
+
+
+def test_huge_finite_timeout_and_grace_are_honoured_not_overflowed() -> None:
+    assert spawn(["true"], timeout=1e300).ok
+    result = spawn(["sleep", "60"], timeout=0.3, kill_grace=1e300)
+    assert result.timed_out and result.signal == signal.SIGTERM
+
+
+@pytest.mark.parametrize(("max_chars", "error"), [(-1, InvalidInput), ("5", TypeError)])
+def test_failure_text_names_a_bad_max_chars(max_chars: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="max_chars"):
+        spawn(["true"]).failure_text(max_chars)  # type: ignore[arg-type]
+
+
+def test_an_error_after_the_child_started_still_kills_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever fails between Popen and the end of supervision (here: no fd left for the
+    # selector), the child leads its own session and must not be left running.
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        return proc
+
+    def no_selector() -> selectors.BaseSelector:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(selectors, "DefaultSelector", no_selector)
+    with pytest.raises(OSError, match="Too many open files"):
+        spawn(["sleep", "60"])
+    (proc,) = started
+    assert proc.returncode == -signal.SIGKILL  # killed and reaped before the error surfaced
+    assert proc.stdout is not None and proc.stdout.closed
 
 
 def test_zero_kill_grace_is_allowed() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -89,11 +90,24 @@ def test_spawns_run_concurrently(tmp_path: Path) -> None:
 
 
 def test_many_concurrent_spawns_are_not_serialised_by_a_small_pool() -> None:
+    # Each callback holds its supervising thread until every child has been heard from.
+    # With fewer threads than spawns (the default executor has at most 32) the barrier
+    # breaks, the callbacks raise and the spawns fail.
+    count = 40
+    barrier = threading.Barrier(count, timeout=60)
+
+    def meet(_chunk: bytes) -> None:
+        barrier.wait()
+
     async def many() -> list[SpawnResult]:
-        return list(await asyncio.gather(*(spawn_async(["true"]) for _ in range(40))))
+        return list(
+            await asyncio.gather(
+                *(spawn_async(["echo", "up"], on_stdout=meet) for _ in range(count))
+            )
+        )
 
     results = run(many())
-    assert all(r.ok for r in results)
+    assert all(r.ok and r.stdout_tail == "up\n" for r in results)
 
 
 def test_cancelling_the_task_kills_the_whole_tree(tmp_path: Path) -> None:

@@ -65,3 +65,26 @@ def test_memory_is_bounded_by_twice_the_limit() -> None:
 def test_limit_must_be_positive(limit: int) -> None:
     with pytest.raises(ValueError, match="limit"):
         TailBuffer(limit)
+
+
+@given(
+    chunks=chunks,
+    limit=st.integers(min_value=1, max_value=200),
+    context=st.integers(min_value=0, max_value=100),
+)
+def test_context_is_exactly_the_bytes_before_the_tail(
+    chunks: list[bytes], limit: int, context: int
+) -> None:
+    tail = TailBuffer(limit, context)
+    for chunk in chunks:
+        tail.feed(chunk)
+        assert len(tail._buf) < 2 * (limit + context) + len(chunk)
+    everything = b"".join(chunks)
+    assert tail.tail_bytes() == everything[-limit:]
+    tail_starts = max(0, len(everything) - limit)
+    assert tail.context_bytes() == everything[max(0, tail_starts - context) : tail_starts]
+
+
+def test_negative_context_is_refused() -> None:
+    with pytest.raises(ValueError, match="context"):
+        TailBuffer(10, -1)

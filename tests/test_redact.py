@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execkit.redact import REDACTED, looks_secret_name, redact, redact_argv, secret_env_values
+from execkit.redact import (
+    REDACTED,
+    looks_secret_name,
+    redact,
+    redact_argv,
+    redact_tail,
+    secret_env_values,
+)
 
 SECRET_CASES = [
     ("key sk-abcdefghijklmnopqrstuv used", "sk-abcdefghijklmnopqrstuv"),
@@ -157,3 +164,40 @@ print("ok")
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+# --------------------------------------------------------- a credential sliced by the cut
+
+_CUT_SECRET = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=8, max_size=40)
+# Disjoint from every secret alphabet and pattern: nothing in here is masked on its own.
+_PLAIN = st.text(alphabet=" XYZ.\n", max_size=30)
+
+
+@given(before=_PLAIN, secret=_CUT_SECRET, after=_PLAIN, data=st.data())
+def test_an_env_secret_cut_by_the_tail_leaves_no_part_behind(
+    before: str, secret: str, after: str, data: st.DataObject
+) -> None:
+    cut = data.draw(st.integers(min_value=1, max_value=len(secret) - 1))
+    kept = redact_tail(secret[cut:] + after, before + secret[:cut], [secret])
+    assert kept == REDACTED + after
+
+
+@given(before=_PLAIN, body=_KEY_BODY, prefix=_PREFIXES, after=_PLAIN, data=st.data())
+def test_a_vendor_key_cut_by_the_tail_leaves_no_part_behind(
+    before: str, body: str, prefix: str, after: str, data: st.DataObject
+) -> None:
+    key = prefix + body
+    cut = data.draw(st.integers(min_value=1, max_value=len(key) - 1))
+    after = " " + after  # a key runs on through any letter or digit
+    assert redact_tail(key[cut:] + after, before + " " + key[:cut]) == REDACTED + after
+
+
+@given(context=_SURROUNDING, tail=st.text(max_size=200))
+def test_a_context_that_ends_its_line_changes_nothing(context: str, tail: str) -> None:
+    # Only a credential running across the cut can need the context; none crosses a line.
+    assert redact_tail(tail, context + "\n") == redact(tail)
+
+
+def test_a_named_value_cut_by_the_tail_is_masked() -> None:
+    assert redact_tail("9f0e1d2c rest", "GITHUB_TOKEN=a1b2c3") == f"{REDACTED} rest"
+    assert redact_tail("123 next line", "line 1\nprocessed ") == "123 next line"

@@ -3,14 +3,18 @@
 
 Streams the child's output through (or, with `--json`, captures it and prints the result
 as one JSON object) and exits like a shell would: the child's exit code, 127 when it could
-not be spawned, 124 on timeout, 128+N on death by signal N. With `--json` the object
-carries the failure's `class`, `reason` and `evidence` (null when the run succeeded).
+not be spawned, 124 on timeout, 128+N on death by signal N. Like `timeout`, it hands the
+child its own stdin, so `... | execkit run -- CMD` feeds CMD; execkit never reads it, so
+a stdin nobody closes cannot hold execkit up (`--timeout` still bounds the child).
+With `--json` the object carries the failure's `class`, `reason` and `evidence` (null
+when the run succeeded).
 With `--adapter NAME` the ARGS go to that vendor's binary through its adapter instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import signal
 import sys
@@ -40,8 +44,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "run",
         help="run a command, stream its output, exit with its status",
         description=(
-            "Run CMD directly (no shell), stream its output through and exit with its "
-            "exit code: 127 when it could not be spawned, 124 on timeout, 128+N on signal N."
+            "Run CMD directly (no shell) with execkit's own stdin, stream its output through "
+            "and exit with its exit code: 127 when it could not be spawned, 124 on timeout, "
+            "128+N on signal N."
         ),
     )
     _add_run_options(parser)
@@ -100,6 +105,7 @@ def _handle(args: argparse.Namespace) -> int:
     with _signals_unwind():
         result = spawn(
             argv,
+            inherit_stdin=True,
             timeout=timeout,
             kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace,
             tail_bytes=tail_bytes,
@@ -165,8 +171,11 @@ def _tee(stream: TextIO) -> Callable[[bytes], None]:
 
         return write_bytes
 
+    # A character split across two chunks must not turn into two replacement characters.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
     def write_text(chunk: bytes) -> None:
-        stream.write(chunk.decode("utf-8", errors="replace"))
+        stream.write(decoder.decode(chunk))
         stream.flush()
 
     return write_text
