@@ -3,7 +3,7 @@
 A vendor module only builds argv and parses its own output envelope into an `Envelope`;
 `finish` turns that into an `AdapterRawResult` the same way for every vendor: the
 structural spawn errno first (ENOENT is environment, with the install hint), then the
-vendor's structured error fields (an HTTP status >= 500 or 429 is upstream), then the
+vendor's structured error fields (an HTTP status 429 or 500-599 is upstream), then the
 shared text list in `execkit.classify`. Upstream wording never lives in a vendor module.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from execkit.classify import FailureClass, classify, classify_text
+from execkit.classify import FailureClass, classify, classify_text, is_upstream_status
 from execkit.errors import InvalidInput
 from execkit.exec import SpawnResult
 from execkit.redact import redact
@@ -204,9 +204,11 @@ def precondition_for(adapter: Adapter, result: SpawnResult) -> str:
     return f"{binary} CLI could not be started ({code}); {fix}"
 
 
+# Every gap is bounded, so a long run of spaces after the keyword costs linear time.
 _RETRY_AFTER = re.compile(
-    r"(?:retry[-_ ]?after|(?:try again|retry) in)[\"']?\s*[:=]?\s*(\d+(?:\.\d+)?)\s*"
-    r"(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?)?\b",
+    r"(?:retry[-_ ]?after|(?:try again|retry) in)[\"']?\s{0,4}[:=]?\s{0,4}"
+    r"(\d{1,9}(?:\.\d{1,6})?)\s{0,2}"
+    r"(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?)?\b",
     re.IGNORECASE,
 )
 
@@ -214,7 +216,7 @@ _RETRY_AFTER = re.compile(
 def parse_retry_after(text: str | None) -> float | None:
     """The last wait (seconds) a vendor asked for: `Retry-After: 30`, `try again in 14.0s`.
 
-    Units default to seconds; `ms` and minutes are converted. None when absent.
+    Units default to seconds; `ms`, minutes and hours are converted. None when absent.
     """
     if not text:
         return None
@@ -228,6 +230,8 @@ def parse_retry_after(text: str | None) -> float | None:
         factor = 0.001
     elif unit.startswith("m"):
         factor = 60.0
+    elif unit.startswith("h"):
+        factor = 3600.0
     else:
         factor = 1.0
     return float(found.group(1)) * factor
@@ -318,8 +322,11 @@ def request_argv(
 
 
 def http_status(code: float | None) -> int | None:
-    """A vendor's numeric status field as an HTTP status: None unless it is in 100..599."""
-    return int(code) if code is not None and 100 <= code <= 599 else None
+    """A vendor's numeric status field as an HTTP status: None unless it is a whole number
+    in 100..599 (a NaN, an infinity or 503.5 is not a status, and must not raise)."""
+    if code is None or not 100 <= code <= 599 or code != int(code):
+        return None
+    return int(code)
 
 
 def _failed(
@@ -347,10 +354,6 @@ def _failed(
     )
 
 
-def _upstream_status(status: int | None) -> bool:
-    return status is not None and (status >= 500 or status == 429)
-
-
 def finish(
     adapter: Adapter, result: SpawnResult, envelope: Envelope = NO_ENVELOPE
 ) -> AdapterRawResult:
@@ -361,7 +364,7 @@ def finish(
        environment with `precondition_for`.
     2. a timeout or a signal: the classifier's verdict on the process.
     3. the envelope reported an error, or the process failed and the envelope carried an
-       error message: a structured HTTP status decides (>= 500 or 429 is upstream,
+       error message: a structured HTTP status decides (429 or 500-599 is upstream,
        `http N`; any other status is work) unless the message names an account limit
        (quota, billing: work, as `classify_text` says); without a status,
        `classify_text` on the vendor's message.
@@ -392,7 +395,9 @@ def finish(
         if status is not None and not account_limit:
             # The structured field is the vendor's own word: it decides, except where the
             # text names an account limit (quota, billing), which no backoff will cure.
-            status_class = FailureClass.UPSTREAM if _upstream_status(status) else FailureClass.WORK
+            status_class = (
+                FailureClass.UPSTREAM if is_upstream_status(status) else FailureClass.WORK
+            )
             return _failed(result, envelope, status_class, f"http {status}", message)
         return _failed(result, envelope, verdict.failure_class, verdict.reason, message)
 

@@ -17,6 +17,7 @@ from adapters.base import (
     AgentRequest,
     Envelope,
     finish,
+    http_status,
     load_json_document,
     number_field,
     request_argv,
@@ -44,7 +45,6 @@ def _read(stdout: str) -> Envelope:
         return Envelope()
     subtype = str_field(envelope, "subtype") or ""
     is_error = envelope.get("is_error") is True or subtype.startswith("error")
-    status = number_field(envelope, "api_error_status")
     result_text = str_field(envelope, "result")
     return Envelope(
         found=True,
@@ -53,7 +53,7 @@ def _read(stdout: str) -> Envelope:
         session_id=str_field(envelope, "session_id"),
         cost_usd=number_field(envelope, "total_cost_usd", "cost_usd"),
         error_message=(result_text or subtype or "claude reported an error") if is_error else None,
-        http_status=int(status) if status is not None else None,
+        http_status=http_status(number_field(envelope, "api_error_status")),
     )
 
 

@@ -12,7 +12,9 @@ The try after an uncharged failure is told its prior was `lost`, never `workflow
 and gets no cause derived from the failed proof: a 503's text is not "your code errored".
 
 The proof is recorded (on the explicit `recorder`, else the current `RunRecorder`) before
-`AgentFailed` is raised, so a caller that swallows the failure cannot erase its class.
+`AgentFailed` is raised, so a caller that swallows the failure cannot erase its class. An
+exception from inside the loop (a hook, the adapter) is recorded as a charged work failure
+before it propagates, for the same reason.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ MAX_AGENT_ATTEMPTS = 100
 
 # Vendors print whole JSON envelopes; keep enough of stdout that a large reply still parses.
 _ENVELOPE_TAIL_BYTES = 4 * 1024 * 1024
-# How much of a failed try's error the next try may be told (workflow_error only).
+# How much of a failed try's error the next try may be told (workflow_error only), and
+# how much of an exception raised inside the loop its proof keeps.
 _CAUSE_CHARS = 2000
 
 _SCHEMA_RETRY = (
@@ -147,6 +150,14 @@ class AttemptContext:
     def __attrs_post_init__(self) -> None:
         if self.prior_outcome is not PriorOutcome.WORKFLOW_ERROR and self.prior_cause:
             raise InvalidInput("prior_cause is only given for a workflow_error prior")
+
+    ENV_NAMES = (
+        "EXECKIT_ATTEMPT",
+        "EXECKIT_MAX_ATTEMPTS",
+        "EXECKIT_PRIOR_OUTCOME",
+        "EXECKIT_PRIOR_CAUSE",
+    )
+    """Every variable `to_env` may set."""
 
     def to_env(self) -> dict[str, str]:
         """`EXECKIT_ATTEMPT`, `EXECKIT_MAX_ATTEMPTS`, `EXECKIT_PRIOR_OUTCOME` and, for a
@@ -277,7 +288,13 @@ def _judge(raw: AdapterRawResult, validate: Callable[[str], str | None] | None) 
 
 
 def _child_env(request: AgentRequest, context: AttemptContext) -> dict[str, str]:
-    return {**os.environ, **(request.env or {}), **context.to_env()}
+    env = {**os.environ, **(request.env or {})}
+    # An execkit run inside an agent inherits that agent's context: a stale prior outcome
+    # or cause must not reach this try, so the context variables are all replaced.
+    for name in AttemptContext.ENV_NAMES:
+        env.pop(name, None)
+    env.update(context.to_env())
+    return env
 
 
 def _spawn_once(
@@ -331,7 +348,9 @@ def _proof(
     classes = [t.failure_class for t in tries]
     agent_class = FailureClass.WORK if FailureClass.WORK in classes else last.failure_class
     decisive = next(t for t in reversed(tries) if t.failure_class is agent_class)
-    precondition = next((t.raw.precondition for t in tries if t.raw.precondition), None)
+    # A precondition is what to fix before retrying: it belongs only to an agent that
+    # stopped on the environment, never to a charged one (a consumer acts on it).
+    precondition = decisive.raw.precondition if agent_class is FailureClass.ENVIRONMENT else None
     error = decisive.error
     return AgentProof(
         status=AgentStatus.FAILED,
@@ -343,11 +362,15 @@ def _proof(
     )
 
 
-def _settle(proof: AgentProof, recorder: RunRecorder | None) -> AgentProof:
-    """Record first, then raise: the class must survive a caller that swallows the error."""
+def _record(proof: AgentProof, recorder: RunRecorder | None) -> None:
     target = recorder if recorder is not None else current_recorder()
     if target is not None:
         target.record(proof)
+
+
+def _settle(proof: AgentProof, recorder: RunRecorder | None) -> AgentProof:
+    """Record first, then raise: the class must survive a caller that swallows the error."""
+    _record(proof, recorder)
     if proof.status is AgentStatus.FAILED:
         raise AgentFailed(proof)
     return proof
@@ -388,14 +411,71 @@ def run_agent(
     injectable so tests neither sleep nor depend on chance.
 
     Raises `AgentFailed` (carrying the proof, already recorded) when the last try
-    failed; `InvalidInput` for `max_attempts` outside 1..100 or a request the adapter
-    cannot express, before anything runs.
+    failed; `InvalidInput` for `max_attempts` outside 1..100, before anything runs.
+    Anything else that raises inside the loop (`validate`, `prepare`, the adapter, a
+    request the adapter cannot express) propagates unchanged, after a failed work proof
+    (reason `error`) is recorded.
     """
     _check_max_attempts(max_attempts)
-    backoff = backoff if backoff is not None else RetryBackoff()
     started = time.monotonic()
     secrets = secret_env_values({**os.environ, **(request.env or {})})
     tries: list[_Try] = []
+    try:
+        _try_until_settled(
+            adapter,
+            request,
+            tries,
+            max_attempts=max_attempts,
+            backoff=backoff if backoff is not None else RetryBackoff(),
+            sleep=sleep,
+            rng=rng,
+            validate=validate,
+            prepare=prepare,
+            kill_grace=kill_grace,
+        )
+    except Exception as exc:
+        # A hook, an adapter or the request broke mid-loop. Nothing identified the failure
+        # as uncharged, so the agent is recorded as a charged work failure before the
+        # error propagates: a caller that swallows it cannot leave the run without it.
+        tries.append(_crashed(exc))
+        _record(
+            _proof(
+                adapter, tries, model=request.model, label=label, started=started, secrets=secrets
+            ),
+            recorder,
+        )
+        raise
+    proof = _proof(
+        adapter, tries, model=request.model, label=label, started=started, secrets=secrets
+    )
+    return _settle(proof, recorder)
+
+
+def _crashed(exc: Exception) -> _Try:
+    # The head names the exception; a hook's message may be as long as the reply it quotes.
+    error = f"{type(exc).__name__}: {exc}"[:_CAUSE_CHARS]
+    raw = AdapterRawResult(ok=False, error=error, failure_class=FailureClass.WORK, reason="error")
+    return _Try(raw, FailureClass.WORK, "error", error)
+
+
+def _try_until_settled(
+    adapter: Adapter,
+    request: AgentRequest,
+    tries: list[_Try],
+    *,
+    max_attempts: int,
+    backoff: RetryBackoff,
+    sleep: Callable[[float], None],
+    rng: Callable[[], float],
+    validate: Callable[[str], str | None] | None,
+    prepare: Callable[[AgentRequest, AttemptContext], AgentRequest] | None,
+    kill_grace: float,
+) -> None:
+    """Spawn tries, appending each to `tries`, until one settles the agent.
+
+    Settled: a success, an environment failure (never re-spawned), or `max_attempts`
+    tries. Upstream waits `backoff` (or the vendor's asked-for wait, capped) first.
+    """
     current = request
     context = AttemptContext(1, max_attempts)
     upstream_retries = 0
@@ -413,7 +493,7 @@ def run_agent(
         tries.append(outcome)
         failure = outcome.failure_class
         if failure is None or failure is FailureClass.ENVIRONMENT or len(tries) >= max_attempts:
-            break
+            return
         if failure is FailureClass.UPSTREAM:
             upstream_retries += 1
             sleep(backoff.delay(upstream_retries, retry_after_s=raw.retry_after_s, rng=rng))
@@ -427,10 +507,6 @@ def run_agent(
         context = context_after(
             failure, outcome.error, attempt=len(tries) + 1, max_attempts=max_attempts
         )
-    proof = _proof(
-        adapter, tries, model=request.model, label=label, started=started, secrets=secrets
-    )
-    return _settle(proof, recorder)
 
 
 def run_command(

@@ -50,6 +50,7 @@ files`, `line 503`, `max_tokens: 4290`, `port 5000` stay work).
 | (none) | work | `default` | `HTTP 404`, `401 Unauthorized`, `400 invalid_request_error` |
 | | | | `context_length_exceeded`, `processed 500 files`, `line 503` |
 | | | | `max_tokens: 4290`, `port 5000`, `Connection refused`, `Request timed out` |
+| | | | `assert resp.status == 503` |
 
 Why the rows are as they are:
 
@@ -57,6 +58,8 @@ Why the rows are as they are:
   `API Error`, `error code`, a JSON `"code"` key, or before its reason phrase), and only
   429 or 500-599. Word boundaries keep `4290`, `5000` and `1503` from matching.
 - A status followed by `/`, `%` or `of` is a progress count (`status: 500/1000`), not HTTP.
+  A status compared with `==` is code or a test assertion an agent printed
+  (`assert resp.status_code == 429`), not a response.
 - Wording rules need a vendor-shaped context: C++'s `call of overloaded 'f'`, a test named
   `test_rate_limit_exceeded`, `HTTPStatus.SERVICE_UNAVAILABLE` or errno EAGAIN's `Resource
   temporarily unavailable` are work, so snake_case forms count only when quoted (a JSON
@@ -98,6 +101,7 @@ __all__ = [
     "classification_fields",
     "classify",
     "classify_text",
+    "is_upstream_status",
 ]
 
 TAIL_CHARS = 8192
@@ -197,6 +201,10 @@ _FLAGS = re.ASCII | re.MULTILINE
 _CODE_END = r"(?![\w%]|\.\d|\s{0,2}/|\s{1,2}of\s)"
 # An optional quote, possibly backslash-escaped (JSON nested in a JSON string).
 _Q = r"\\?[\"']?"
+# Between a status key and its number: spaces, a colon or one `=`. Never `==`: that is a
+# comparison in code or a test assertion (`assert resp.status == 503`), not a status.
+_ASSIGN = r"=(?!=)"
+_SEP = rf"(?:[ \t:]|{_ASSIGN}){{0,4}}"
 _CODE = r"(?P<code>\d{3})"
 
 # HTTP reason phrases that present the number before them as a status.
@@ -245,7 +253,7 @@ _NUMERIC_RULES = (
         (
             "http",
             r"http(?<![a-z0-9_]http)(?:/\d(?:\.\d)?)?(?:[ _-]?(?:error|status|code))?"
-            rf"{_Q}[ \t:=(\[]{{0,3}}{_CODE}{_CODE_END}",
+            rf"{_Q}(?:[ \t:(\[]|{_ASSIGN}){{0,3}}{_CODE}{_CODE_END}",
         ),
     ),
     _rule(
@@ -253,7 +261,7 @@ _NUMERIC_RULES = (
         None,
         (
             "status",
-            rf"status(?<![a-z0-9]status)(?:[ _-]?code)?{_Q}[ \t:=]{{0,4}}{_Q}{_CODE}{_CODE_END}",
+            rf"status(?<![a-z0-9]status)(?:[ _-]?code)?{_Q}{_SEP}{_Q}{_CODE}{_CODE_END}",
         ),
     ),
     _rule(
@@ -266,10 +274,10 @@ _NUMERIC_RULES = (
         None,
         (
             "error",
-            rf"error(?<![a-z0-9_]error)[ _-]?code{_Q}[ \t:=]{{0,4}}{_Q}{_CODE}{_CODE_END}",
+            rf"error(?<![a-z0-9_]error)[ _-]?code{_Q}{_SEP}{_Q}{_CODE}{_CODE_END}",
         ),
-        ('"code', rf'"code\\?"[ \t:=]{{0,4}}{_Q}{_CODE}{_CODE_END}'),
-        ("'code", rf"'code\\?'[ \t:=]{{0,4}}{_Q}{_CODE}{_CODE_END}"),
+        ('"code', rf'"code\\?"{_SEP}{_Q}{_CODE}{_CODE_END}'),
+        ("'code", rf"'code\\?'{_SEP}{_Q}{_CODE}{_CODE_END}"),
     ),
     _rule(
         "status-phrase",
@@ -317,7 +325,7 @@ _UPSTREAM_WORDING = (
         "service unavailable",
         ("service", r"service(?<![a-z0-9_]service)[ -](?:temporarily[ -])?unavailable\b"),
         ("service_unavailable", r"service_unavailable(?<=[\"']service_unavailable)\\?[\"']"),
-        ("unavailable", rf"status(?<![a-z0-9]status){_Q}[ \t:=]{{0,4}}\\?[\"']unavailable\\?[\"']"),
+        ("unavailable", rf"status(?<![a-z0-9]status){_Q}{_SEP}\\?[\"']unavailable\\?[\"']"),
     ),
     _rule(
         "rate-limit",
@@ -373,7 +381,8 @@ def _lowered(text: str) -> str:
     return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
 
 
-def _upstream_status(code: int) -> bool:
+def is_upstream_status(code: int) -> bool:
+    """True for an HTTP status that means the vendor refused: 429 or 500..599."""
     return code == 429 or 500 <= code <= 599
 
 
@@ -444,7 +453,7 @@ class _Scan:
                     continue
                 if rule.reason is None:
                     code = int(match.group("code"))
-                    if not _upstream_status(code):
+                    if not is_upstream_status(code):
                         continue
                     reason = f"http {code}"
                 else:

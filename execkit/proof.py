@@ -11,6 +11,7 @@ load with no class and behave as charged work failures, exactly as they did befo
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,16 +49,26 @@ class RunStatus(enum.Enum):
     FAILED = "failed"
 
 
-def _redact_error(value: str | None) -> str | None:
+def _redacted(value: str | None) -> str | None:
     return None if value is None else redact(value)
 
 
 def _non_negative(name: str) -> Any:
+    # Non-finite values are refused too: JSON has no NaN or Infinity to store them as.
     def check(_inst: object, _attr: attrs.Attribute[Any], value: float | None) -> None:
-        if value is not None and value < 0:
-            raise InvalidInput(f"{name} must be >= 0, got {value!r}")
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput(f"{name} must be a number >= 0, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise InvalidInput(f"{name} must be a finite number >= 0, got {value!r}")
 
     return check
+
+
+def _check_attempts(_inst: object, _attr: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"attempts must be an integer >= 0, got {value!r}")
 
 
 def _agent_class_matches_status(
@@ -75,7 +86,8 @@ class AgentProof:
 
     `failure_class` is None for a succeeded or cached agent (a success is never classed);
     a failed agent with no class is a charged work failure (`effective_class`).
-    `error` is redacted on construction, so no secret reaches a stored proof.
+    `error` and `output` are redacted on construction, so no secret reaches a stored proof
+    (a proof loaded from an older writer included).
     `precondition` names the missing binary and how to install it (environment only).
     """
 
@@ -84,17 +96,17 @@ class AgentProof:
     status: AgentStatus
     label: str | None = None
     model: str | None = None
-    attempts: int = attrs.field(default=1, validator=_non_negative("attempts"))
+    attempts: int = attrs.field(default=1, validator=_check_attempts)
     duration_s: float = attrs.field(default=0.0, validator=_non_negative("duration_s"))
     cost_usd: float | None = attrs.field(default=None, validator=_non_negative("cost_usd"))
     session_id: str | None = None
-    error: str | None = attrs.field(default=None, converter=_redact_error)
+    error: str | None = attrs.field(default=None, converter=_redacted)
     failure_class: FailureClass | None = attrs.field(
         default=None, validator=_agent_class_matches_status
     )
     reason: str | None = None
     precondition: str | None = None
-    output: str | None = None
+    output: str | None = attrs.field(default=None, converter=_redacted)
 
     @property
     def productive(self) -> bool:
@@ -168,7 +180,7 @@ class RunProof:
     id: str
     status: RunStatus
     agents: tuple[AgentProof, ...] = attrs.field(default=(), converter=_agents_tuple)
-    error: str | None = attrs.field(default=None, converter=_redact_error)
+    error: str | None = attrs.field(default=None, converter=_redacted)
 
     @property
     def run_class(self) -> FailureClass | None:
@@ -190,7 +202,7 @@ class RunProof:
     def precondition(self) -> str | None:
         """The first environment precondition among the agents (what to fix)."""
         for agent in self.agents:
-            if agent.precondition:
+            if agent.failure_class is FailureClass.ENVIRONMENT and agent.precondition:
                 return agent.precondition
         return None
 
@@ -260,9 +272,6 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         if not isinstance(data.get(key), str):
             raise InvalidInput(f"agent proof field {key!r} is required and must be a string")
     status = _enum(AgentStatus, "status", data["status"])
-    attempts = data.get("attempts", 1)
-    if isinstance(attempts, bool) or not isinstance(attempts, int):
-        raise InvalidInput(f"attempts must be an integer >= 0; got {attempts!r}")
     failure_class = _load_class(data.get("class", data.get("failure_class")))
     if status is not AgentStatus.FAILED:
         failure_class = None
@@ -272,7 +281,7 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         status=status,
         label=_opt_str(data, "label"),
         model=_opt_str(data, "model"),
-        attempts=attempts,
+        attempts=data.get("attempts", 1),
         duration_s=_opt_number(data, "duration_s") or 0.0,
         cost_usd=_opt_number(data, "cost_usd"),
         session_id=_opt_str(data, "session_id"),

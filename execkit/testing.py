@@ -28,6 +28,8 @@ from typing import Any
 import attrs
 import pytest
 
+from execkit.errors import InvalidInput
+
 try:
     from pytest_subprocess import FakeProcess
     from pytest_subprocess.process_dispatcher import ProcessDispatcher
@@ -111,12 +113,13 @@ class FakeVendor:
         `stdout`/`stderr`: the transcript, a string or a Path to read. `missing`: Popen
         raises FileNotFoundError (ENOENT). `hang`: runs until terminated or killed, then
         dies by that signal (its transcript, if any, is what it printed before).
-        Raises ValueError for `missing` with `hang`, or `occurrences` < 1.
+        Raises InvalidInput (a ValueError) for `missing` with `hang`, or `occurrences`
+        that is not an integer >= 1.
         """
         if missing and hang:
-            raise ValueError("a fake vendor is either missing or hangs, not both")
-        if occurrences < 1:
-            raise ValueError(f"occurrences must be >= 1, got {occurrences}")
+            raise InvalidInput("a fake vendor is either missing or hangs, not both")
+        if isinstance(occurrences, bool) or not isinstance(occurrences, int) or occurrences < 1:
+            raise InvalidInput(f"occurrences must be an integer >= 1, got {occurrences!r}")
         self._names.add(name)
         command: list[Any] = [name, self.fp.any()]
         out, err = _text(stdout), _text(stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,19 @@ def test_every_vendor_has_fixtures_for_each_failure_kind() -> None:
             "missing",
         } <= (kinds), vendor
     assert {"success", "work_failure", "upstream_text", "missing"} <= by_vendor["generic"]
+
+
+def test_every_vendor_fixture_set_covers_each_class_and_upstream_kind() -> None:
+    # By outcome, not by file name: each class, and the 429 and 5xx kinds of upstream.
+    for vendor in ("codex", "claude", "gemini", "opencode"):
+        outcomes = {
+            (c["expect"]["class"], c["expect"].get("reason")) for v, c in CASES if v == vendor
+        }
+        classes = {cls for cls, _ in outcomes}
+        assert {None, "work", "upstream", "environment"} <= classes, vendor
+        upstream = {reason for cls, reason in outcomes if cls == "upstream"}
+        assert "http 429" in upstream, vendor
+        assert any(re.fullmatch(r"http 5\d\d", r or "") for r in upstream), vendor
 
 
 @pytest.mark.parametrize(("vendor", "case"), CASES, ids=[f"{v}-{c['name']}" for v, c in CASES])
@@ -239,6 +253,8 @@ def test_codex_recovered_reconnect_error_is_not_a_failure() -> None:
         ("Please try again in 14.036s. Visit https://x", 14.036),
         ("try again in 250ms", 0.25),
         ("try again in 2 minutes", 120.0),
+        ("Rate limit resets; try again in 2 hours", 7200.0),
+        ("retry in 1h", 3600.0),
         ("retry-after: 5\n...later: Retry-After: 9", 9.0),
         ("nothing here", None),
         ("", None),
@@ -246,6 +262,12 @@ def test_codex_recovered_reconnect_error_is_not_a_failure() -> None:
 )
 def test_parse_retry_after(text: str, seconds: float | None) -> None:
     assert parse_retry_after(text) == (pytest.approx(seconds) if seconds is not None else None)
+
+
+def test_parse_retry_after_has_bounded_gaps() -> None:
+    # With unbounded gaps each start position would rescan the run of spaces (quadratic).
+    assert parse_retry_after("retry after" + " " * 20_000 + "soon") is None
+    assert parse_retry_after("Retry-After:    12") == 12.0
 
 
 def test_load_json_document_finds_the_envelope_after_banners() -> None:

@@ -6,6 +6,7 @@ import json
 import sys
 import textwrap
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -421,3 +422,197 @@ def test_run_command_returns_the_proof_instead_of_raising(fake_vendor: FakeVendo
     assert proof.failure_class is ENV
     with pytest.raises(InvalidInput, match="argv"):
         run_command(adapters.get("codex"), [])
+
+
+# --- review: context isolation, crashes recorded, preconditions, the loop's bounds ----------
+
+
+def test_an_inherited_context_never_reaches_a_try(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # execkit running inside an agent that execkit spawned inherits that agent's context.
+    monkeypatch.setenv("EXECKIT_PRIOR_OUTCOME", "workflow_error")
+    monkeypatch.setenv("EXECKIT_PRIOR_CAUSE", "stale cause from the parent run")
+    monkeypatch.setenv("EXECKIT_ATTEMPT", "7")
+    log = tmp_path / "seen.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import json, os, pathlib, sys
+        log = pathlib.Path({str(log)!r})
+        seen = {{k: v for k, v in os.environ.items() if k.startswith("EXECKIT_")}}
+        with log.open("a") as out:
+            out.write(json.dumps(seen) + "\\n")
+        if len(log.read_text().splitlines()) == 1:
+            print("HTTP/1.1 503 Service Unavailable", file=sys.stderr)
+            sys.exit(1)
+        """
+    )
+    generic = adapters.GenericAdapter(command=(sys.executable, "-c", script))
+    run_agent(generic, AgentRequest(prompt=""), max_attempts=2, sleep=Sleeps())
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    assert first == {"EXECKIT_ATTEMPT": "1", "EXECKIT_MAX_ATTEMPTS": "2"}
+    assert second == {
+        "EXECKIT_ATTEMPT": "2",
+        "EXECKIT_MAX_ATTEMPTS": "2",
+        "EXECKIT_PRIOR_OUTCOME": "lost",
+    }
+
+
+def test_a_crash_inside_the_loop_is_recorded_as_work_before_it_propagates(
+    fake_vendor: FakeVendor,
+) -> None:
+    # The crashed agent ran (its reply reached the gate): it must charge the run, even
+    # when parallel() swallows the error and the only other agent was uncharged.
+    fake_vendor.register("codex", missing=True)
+    fake_vendor.register("claude", stdout=fx("claude", "success.json"))
+
+    def broken_gate(reply: str) -> str | None:
+        raise ZeroDivisionError("the gate divided by zero")
+
+    with RunRecorder() as recorder:
+        parallel(
+            [
+                lambda: run_agent(adapters.get("codex"), REQUEST, max_attempts=1),
+                lambda: run_agent(adapters.get("claude"), REQUEST, validate=broken_gate),
+            ]
+        )
+    crashed = recorder.agents[1]
+    assert (crashed.harness, crashed.failure_class, crashed.reason) == ("claude", WORK, "error")
+    assert crashed.error == "ZeroDivisionError: the gate divided by zero"
+    assert crashed.precondition is None
+    assert recorder.finish("no agent produced a plan").run_class is WORK
+    # The caller still sees its own error, not a wrapped one.
+    with pytest.raises(ZeroDivisionError):
+        run_agent(
+            adapters.get("generic"),
+            AgentRequest(prompt="", extra_args=("x",)),
+            prepare=lambda r, c: 1 / 0,
+        )
+
+
+def test_a_charged_agent_carries_no_precondition(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", stdout=fx("codex", "bad_request.jsonl"), exit_code=1)
+    fake_vendor.register("codex", missing=True)
+    recorder = RunRecorder()
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(adapters.get("codex"), REQUEST, max_attempts=2, recorder=recorder)
+    assert failed.value.proof.failure_class is WORK
+    assert failed.value.proof.precondition is None
+    assert recorder.finish("failed").precondition is None
+
+
+class ScriptedAdapter:
+    """Spawns `true` (a real process) and reports the next scripted outcome."""
+
+    name = "scripted"
+    binary = "true"
+    install_hint = "-"
+    login_hint = None
+
+    def __init__(self, outcomes: list[tuple[FailureClass | None, float | None]]) -> None:
+        self.outcomes = list(outcomes)
+        self.spawns = 0
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        return ["true"]
+
+    def parse(self, result: Any) -> adapters.AdapterRawResult:
+        cls, retry_after = self.outcomes[self.spawns]
+        self.spawns += 1
+        if cls is None:
+            return adapters.AdapterRawResult(ok=True, text="done")
+        return adapters.AdapterRawResult(
+            ok=False,
+            error=f"{cls.value} failure",
+            failure_class=cls,
+            reason=cls.value,
+            precondition="true CLI not found" if cls is ENV else None,
+            retry_after_s=retry_after,
+        )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([ENV, UP, WORK, None]), st.none() | st.floats(0, 10_000)),
+        min_size=6,
+        max_size=6,
+    ),
+    st.integers(1, 6),
+)
+def test_prop_the_loop_is_bounded_and_tells_each_try_the_truth(
+    outcomes: list[tuple[FailureClass | None, float | None]], max_attempts: int
+) -> None:
+    adapter = ScriptedAdapter(outcomes)
+    backoff = RetryBackoff(base_s=1.0, factor=2.0, max_s=50.0, jitter=0.0)
+    sleeps = Sleeps()
+    contexts: list[AttemptContext] = []
+
+    def prepare(request: AgentRequest, context: AttemptContext) -> AgentRequest:
+        contexts.append(context)
+        return request
+
+    recorder = RunRecorder()
+    try:
+        proof = run_agent(
+            adapter,
+            REQUEST,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            sleep=sleeps,
+            prepare=prepare,
+            recorder=recorder,
+        )
+    except AgentFailed as failed:
+        proof = failed.proof
+    classes = [cls for cls, _ in outcomes]
+    # Stops at the first success or environment failure, else at max_attempts: never more.
+    settle = next((i + 1 for i, cls in enumerate(classes) if cls in (None, ENV)), 99)
+    assert adapter.spawns == proof.attempts == min(settle, max_attempts)
+    assert recorder.agents == (proof,)
+    # Only an upstream try followed by another try waits; every wait is capped.
+    waited = [outcomes[i] for i in range(adapter.spawns - 1) if classes[i] is UP]
+    assert len(sleeps) == len(waited)
+    for slept, (_, asked) in zip(sleeps, waited, strict=True):
+        assert 0 <= slept <= backoff.max_s
+        if asked is not None:
+            assert slept == min(asked, backoff.max_s)
+    # Each try after an uncharged one is told `lost`, with no cause.
+    for index, context in enumerate(contexts[1:]):
+        prior = classes[index]
+        if prior in (ENV, UP):
+            assert (context.prior_outcome, context.prior_cause) == (PriorOutcome.LOST, None)
+        else:
+            assert context.prior_outcome is PriorOutcome.WORKFLOW_ERROR
+    # The agent's class: work if any try touched the work, else the last try's class.
+    tried = classes[: adapter.spawns]
+    if tried[-1] is None:
+        assert proof.status is AgentStatus.SUCCEEDED
+    else:
+        assert proof.failure_class is (WORK if WORK in tried else tried[-1])
+        assert (proof.precondition is not None) is (proof.failure_class is ENV)
+
+
+def test_threaded_parallel_that_swallows_failures_keeps_every_class(tmp_path: Path) -> None:
+    # Real threads and real processes: a thread pool does not inherit the `with` recorder,
+    # so the script passes it explicitly; the recorder must keep every proof.
+    missing = adapters.GenericAdapter(command=(str(tmp_path / "absent-vendor-cli"),))
+    refused = adapters.GenericAdapter(
+        command=("sh", "-c", "echo 'HTTP/1.1 503 Service Unavailable' >&2; exit 1")
+    )
+    recorder = RunRecorder()
+
+    def agent(adapter: adapters.Adapter) -> Callable[[], Any]:
+        return lambda: run_agent(
+            adapter, AgentRequest(prompt=""), max_attempts=2, sleep=Sleeps(), recorder=recorder
+        )
+
+    thunks = [agent(missing if i % 2 else refused) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(thunk) for thunk in thunks]
+    assert all(isinstance(f.exception(timeout=60), AgentFailed) for f in futures)
+    classes = sorted(a.failure_class.value for a in recorder.agents if a.failure_class)
+    assert classes == ["environment"] * 4 + ["upstream"] * 4
+    run = recorder.finish("every agent failed")
+    assert run.run_class is ENV
+    assert run.precondition and "absent-vendor-cli CLI not found on PATH" in run.precondition

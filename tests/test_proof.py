@@ -153,6 +153,9 @@ def test_secrets_never_reach_a_proof_error() -> None:
     run = RunProof(id="r", status=RunStatus.FAILED, error=f"Authorization: Bearer {key}")
     assert key not in (run.error or "")
     assert key not in str(load_agent_proof({**proof.to_dict(), "error": key}).error)
+    reply = agent(AgentStatus.SUCCEEDED, output=f"done; export OPENAI_API_KEY={key}")
+    assert key not in (reply.output or "")
+    assert key not in str(load_agent_proof({**reply.to_dict(), "output": key}).output)
 
 
 # --- properties --------------------------------------------------------------------------
@@ -249,3 +252,34 @@ def test_prop_proofs_without_class_behave_as_work(items: list[AgentProof]) -> No
     ]
     run = load_run_proof({"id": "r", "status": "failed", "agents": dicts})
     assert run.run_class is WORK
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"duration_s": float("nan")}, "duration_s"),
+        ({"duration_s": float("inf")}, "duration_s"),
+        ({"cost_usd": float("nan")}, "cost_usd"),
+        ({"cost_usd": -0.01}, "cost_usd"),
+        ({"attempts": 1.5}, "attempts"),
+        ({"attempts": True}, "attempts"),
+    ],
+)
+def test_values_json_cannot_store_are_refused_naming_the_field(
+    kwargs: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        agent(cls=WORK, **kwargs)
+
+
+def test_a_stored_nan_is_refused_on_load() -> None:
+    data = {**agent(cls=WORK).to_dict(), "cost_usd": float("nan")}
+    with pytest.raises(InvalidInput, match="cost_usd"):
+        load_agent_proof(data)
+
+
+def test_run_precondition_comes_only_from_an_environment_agent() -> None:
+    stale = agent(cls=WORK, precondition="codex CLI not found on PATH")
+    assert failed_run(stale).precondition is None
+    env = agent(cls=ENV, id="a2", precondition="claude CLI not found on PATH")
+    assert failed_run(stale, env).precondition == "claude CLI not found on PATH"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from execkit.errors import InvalidInput
+from execkit.testing import FakeVendor
+
 pytest_plugins = ["pytester"]
 
 
@@ -72,3 +75,12 @@ def test_plugin_fixture_for_a_user_test_suite(pytester: pytest.Pytester) -> None
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=7)
+
+
+@pytest.mark.parametrize("occurrences", [0, -1, True, 1.5])
+def test_bad_occurrences_are_refused_naming_the_field(
+    fake_vendor: FakeVendor, occurrences: object
+) -> None:
+    with pytest.raises(InvalidInput, match="occurrences"):
+        fake_vendor.register("codex", occurrences=occurrences)  # type: ignore[arg-type]
+    assert fake_vendor.call_count("codex") == 0
