@@ -47,6 +47,7 @@ from execkit.classify import FailureClass
 from execkit.errors import HistoryError, InvalidInput
 
 __all__ = [
+    "EXPLICIT_LIMIT_MAX",
     "MAX_UNCHARGED_REPLANS",
     "Attempt",
     "AttemptStatus",

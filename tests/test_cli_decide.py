@@ -198,18 +198,28 @@ def test_bad_history_is_a_clear_error(
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("--limit", "0"), "--limit: must be in 1..10000, got 0"),
-        (("--limit", "10001"), "--limit: must be in 1..10000"),
-        (("--max-attempts", "0"), "--max-attempts: must be an integer >= 1, got 0"),
-        (("--max-uncharged-attempts", "-1"), "--max-uncharged-attempts: must be an integer >= 1"),
-        (("--now", "nan"), "--now: must be a finite number"),
+        (("--limit", "0"), "--limit must be 1..10000; got 0"),
+        (("--limit", "10001"), "--limit must be 1..10000; got 10001"),
+        (("--limit", "2.5"), "--limit must be a whole number, 1..10000; got '2.5'"),
+        (("--limit", "-1"), "--limit must be 1..10000; got -1"),
+        (("--max-attempts", "0"), "--max-attempts must be >= 1; got 0"),
+        (("--max-attempts", "x"), "--max-attempts must be a whole number, >= 1; got 'x'"),
+        (("--max-attempts", "abc"), "--max-attempts must be a whole number, >= 1"),
+        (("--max-uncharged-attempts", "-1"), "--max-uncharged-attempts must be >= 1; got -1"),
+        (("--max-uncharged-attempts", "2.5"), "--max-uncharged-attempts must be a whole number"),
+        (("--now", "nan"), "--now must be a finite number of seconds >= 0"),
+        (("--now", "soon"), "--now must be a finite number of seconds >= 0, got 'soon'"),
     ],
 )
 def test_bad_flags_name_the_flag_and_range(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], needle: str
 ) -> None:
+    rc, out, err = run_cli(tmp_path, capsys, [], *args, "--json")
+    assert rc == 3 and out == ""
+    error = json.loads(err)["error"]
+    assert error["code"] == "invalid" and needle in error["message"], error
     rc, out, err = run_cli(tmp_path, capsys, [], *args)
-    assert rc == 3 and out == "" and needle in err
+    assert rc == 3 and out == "" and err.startswith("execkit: invalid: ") and needle in err
 
 
 def test_missing_file_is_not_found(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

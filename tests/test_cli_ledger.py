@@ -313,3 +313,24 @@ def test_env_var_selects_the_file(
     monkeypatch.setenv("EXECKIT_DB", str(tmp_path / "env.db"))
     assert main(["task", "create", "t", "--json"]) == 0
     assert (tmp_path / "env.db").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (("run", "start", "t-1", "--owner-pid", "abc"), "--owner-pid must be a whole number"),
+        (("run", "start", "t-1", "--owner-pid", "0"), "--owner-pid must be a process id >= 1"),
+        (("run", "start", "t-1", "--owner-pid", "2.5"), "--owner-pid"),
+        (("run", "finish", "r-1", "failed", "--class", "cosmic"), "failure_class"),
+        (("run", "finish", "r-1", "running"), "status must be one of"),
+    ],
+)
+def test_bad_run_flags_are_invalid_and_change_nothing(
+    cli: Cli, argv: tuple[str, ...], needle: str
+) -> None:
+    cli("task", "create", "t", "--max-attempts", "2")
+    if argv[1] == "finish":
+        cli("run", "start", "t-1")
+    before = _table_dump(cli.db)
+    assert needle in cli.error("invalid", *argv)
+    assert _table_dump(cli.db) == before

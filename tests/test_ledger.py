@@ -589,3 +589,62 @@ def test_wire_shapes_are_json_safe(ledger: SqliteLedger) -> None:
     assert {"max_attempts", "attempts_started", "ready", "state", "blocked_on"} <= set(shown)
     for event in ledger.audit_events():
         json.dumps(event.to_dict())
+
+
+# -- input that must change nothing ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("roles", ["agent.operate", "not-agent.operate", None, [1]])
+def test_roles_must_be_a_collection_of_names(ledger: SqliteLedger, roles: object) -> None:
+    # A bare string once passed the role check as a substring test.
+    task = ledger.create_task("t", max_attempts=2, actor="alice")
+    _fail(ledger, task.id, "1")
+    with pytest.raises(InvalidInput, match="roles"):
+        ledger.set_attempt_limit(
+            task.id,
+            5,
+            expected_max_attempts=2,
+            actor="op",
+            roles=roles,  # type: ignore[arg-type]
+        )
+    assert ledger.get_task(task.id).max_attempts == 2
+    assert [e.action for e in ledger.audit_events(task.id)][-1] == "run.finish"
+
+
+@pytest.mark.parametrize("forced", ["no", 1, None])
+def test_forced_must_be_a_real_bool(ledger: SqliteLedger, forced: object) -> None:
+    task = ledger.create_task("t", actor="a")
+    _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")
+    with pytest.raises(InvalidInput, match="forced"):
+        ledger.start_run(task.id, request_key="2", actor="op", forced=forced)  # type: ignore[arg-type]
+    assert len(ledger.runs(task.id)) == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "now", True])
+def test_a_time_that_is_not_a_finite_number_is_refused(ledger: SqliteLedger, bad: object) -> None:
+    task = ledger.create_task("t", max_attempts=3, actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a")
+    before = (ledger.runs(task.id), ledger.audit_events())
+    for call in (
+        lambda: ledger.finish_run(run.id, "failed", now=bad),  # type: ignore[arg-type]
+        lambda: ledger.create_task("u", actor="a", now=bad),  # type: ignore[arg-type]
+        lambda: ledger.cancel_task(task.id, actor="a", now=bad),  # type: ignore[arg-type]
+        lambda: ledger.abandon_stale_runs(now=bad),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidInput, match="now must be a finite number"):
+            call()
+    assert (ledger.runs(task.id), ledger.audit_events()) == before
+    assert ledger.validate() == []
+
+
+def test_an_environment_stop_is_named_before_a_used_up_limit(ledger: SqliteLedger) -> None:
+    # Admission refuses for the same reason the task shows: the policy's order.
+    task = ledger.create_task("t", max_attempts=1, actor="a")
+    _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")
+    assert ledger.get_task(task.id).blocked_on == "environment"
+    with pytest.raises(AdmissionRefused, match="codex missing") as refused:
+        ledger.start_run(task.id, request_key="2", actor="a")
+    assert refused.value.code == "blocked"
+    with pytest.raises(AdmissionRefused, match="1 of 1 runs of task t-1") as refused:
+        ledger.start_run(task.id, request_key="3", actor="op", forced=True)
+    assert refused.value.code == "attempt_limit"

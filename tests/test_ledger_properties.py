@@ -1,4 +1,5 @@
-"""Property: no sequence of operations admits more runs than the limit in force."""
+"""Properties: no sequence of operations admits more runs than the limit in force; admission
+refuses exactly when the task's projection says no run may start; keyed requests replay."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -55,6 +57,8 @@ class LimitMachine(RuleBasedStateMachine):
         self.limit: dict[str, int] = {}
         self.started: dict[str, int] = {}
         self.running: dict[str, str] = {}
+        self.accepted: dict[str, tuple[str, str]] = {}  # request key -> (task, run id)
+        self.creations: dict[str, tuple[str, int]] = {}  # idempotency key -> (task, limit)
         self.keys = 0
         self.now = 1000.0
 
@@ -72,10 +76,28 @@ class LimitMachine(RuleBasedStateMachine):
 
     @rule(target=tasks, limit=st.integers(0, 4))
     def create(self, limit: int) -> str:
-        task = self.ledger.create_task("t", max_attempts=limit, actor="creator", now=self._tick())
+        key = f"c{len(self.creations)}"
+        task = self.ledger.create_task(
+            "t", max_attempts=limit, idempotency_key=key, actor="creator", now=self._tick()
+        )
+        self.creations[key] = (task.id, limit)
         self.limit[task.id] = limit
         self.started[task.id] = 0
         return task.id
+
+    @precondition(lambda self: bool(self.creations))
+    @rule(data=st.data(), other_limit=st.booleans())
+    def replay_creation(self, data: st.DataObject, other_limit: bool) -> None:
+        key = data.draw(st.sampled_from(sorted(self.creations)))
+        task_id, limit = self.creations[key]
+        asked = limit + 1 if other_limit else limit
+        try:
+            task = self.ledger.create_task("t", max_attempts=asked, idempotency_key=key, actor="x")
+        except Conflict:
+            assert other_limit
+            return
+        assert not other_limit
+        assert task.id == task_id
 
     @rule(task=tasks, new=st.integers(1, 5), operator=st.booleans(), stale=st.booleans())
     def set_limit(self, task: str, new: int, operator: bool, stale: bool) -> None:
@@ -115,20 +137,43 @@ class LimitMachine(RuleBasedStateMachine):
 
     def _try_start(self, task: str, forced: bool) -> None:
         self.keys += 1
+        key = f"k{self.keys}"
         limit, before = self.limit[task], self.started[task]
+        at = self._tick()
+        shown = self.ledger.get_task(task, now=at)
         try:
-            run = self.ledger.start_run(
-                task, request_key=f"k{self.keys}", actor="a", forced=forced, now=self._tick()
-            )
+            run = self.ledger.start_run(task, request_key=key, actor="a", forced=forced, now=at)
         except AdmissionRefused as refused:
             if refused.code == "attempt_limit":
                 assert limit and before >= limit
+            if not forced:
+                # Refused for exactly the reason the task shows (backoff never refuses).
+                assert shown.state in ("running", "blocked", "done", "cancelled")
+                assert (refused.code == "attempt_limit") == (shown.blocked_on == "attempt_limit")
             return
         assert limit == 0 or run.attempt <= limit, (run.attempt, limit)
         assert run.attempt == before + 1
         assert task not in self.running
+        if not forced:
+            assert shown.state in ("ready", "backoff")
         self.started[task] = run.attempt
         self.running[task] = run.id
+        self.accepted[key] = (task, run.id)
+
+    @precondition(lambda self: bool(self.accepted))
+    @rule(data=st.data())
+    def replay_start(self, data: st.DataObject) -> None:
+        """A transport retry of an accepted start returns that run and admits nothing."""
+        key = data.draw(st.sampled_from(sorted(self.accepted)))
+        task, run_id = self.accepted[key]
+        before = self.started[task]
+        run = self.ledger.start_run(task, request_key=key, actor="a", now=self._tick())
+        assert (run.id, run.task_id) == (run_id, task)
+        assert self.ledger.get_task(task).attempts_started == before
+        other = next((t for t in self.limit if t != task), None)
+        if other is not None:
+            with pytest.raises(Conflict):
+                self.ledger.start_run(other, request_key=key, actor="a", now=self._tick())
 
     @precondition(lambda self: bool(self.running))
     @rule(data=st.data(), outcome=_OUTCOMES)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from execkit.errors import InvalidInput, SchemaTooNew
-from execkit.ledger import SCHEMA_VERSION, SqliteLedger, migrate
+from execkit.ledger import SCHEMA_VERSION, Migration, SqliteLedger, migrate
 from execkit.ledger.sqlite import _SCHEMA_STEPS
 
 
@@ -195,6 +197,53 @@ def test_the_migrated_file_enforces_limits(tmp_path: Path) -> None:
         assert ledger.start_run("t-1", request_key="new", actor="op").attempt == 3
         ledger.finish_run("r-5", "failed")
         assert ledger.get_task("t-1").blocked_on == "attempt_limit"
+
+
+def test_concurrent_upgrades_back_up_once_the_state_they_migrate(tmp_path: Path) -> None:
+    """The backup is taken under the migration's write lock: a write committed while the
+    upgraders wait is in it (restoring it loses nothing), and only one of two upgraders
+    that read the old version backs up and migrates."""
+    db = tmp_path / "ledger.db"
+    _build_version_1(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a version-1 writer, busy as the upgraders start
+    migrations: list[Migration | None] = []
+    errors: list[BaseException] = []
+
+    def upgrade() -> None:
+        try:
+            with SqliteLedger(db) as ledger:
+                migrations.append(ledger.migration)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    upgraders = [threading.Thread(target=upgrade) for _ in range(2)]
+    try:
+        for upgrader in upgraders:
+            upgrader.start()
+        # Give both time to read version 1 and queue for the lock; nothing may be backed
+        # up before they hold it (a slow start only makes this test weaker, never flaky).
+        time.sleep(1.0)
+        assert not list(tmp_path.glob("*.bak"))
+        holder.execute(
+            "INSERT INTO tasks VALUES "
+            "(3, 't-3', 'written while they waited', 'open', 'c', 9.0, 9.0)"
+        )
+        holder.execute("COMMIT")
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+        for upgrader in upgraders:
+            upgrader.join(timeout=120)
+    assert errors == []
+    assert sorted(m is None for m in migrations) == [False, True]
+    backups = list(tmp_path.glob("*.bak"))
+    assert len(backups) == 1
+    assert [row[1] for row in _rows(backups[0], "tasks")] == ["'t-1'", "'t-2'", "'t-3'"]
+    assert _rows(backups[0], "schema_version") == [("1", "1.5")]
+    with SqliteLedger(db) as ledger:
+        assert ledger.get_task("t-3").title == "written while they waited"
 
 
 def test_migrate_writes_a_backup_and_says_where(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ import json
 import sys
 from typing import Any
 
-from execkit.budget import Attempt, Decision, ExplicitLimit, WorkBudget, decide
+from execkit.budget import EXPLICIT_LIMIT_MAX, Attempt, Decision, ExplicitLimit, WorkBudget, decide
+from execkit.cli._args import parse_seconds
+from execkit.cli._ledger import parse_int
 from execkit.cli._output import print_json
 from execkit.errors import HistoryError, InvalidInput, NotFound
 
@@ -35,66 +37,51 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--history", required=True, metavar="FILE", help="JSON file of attempts, or - for stdin"
     )
+    # Values are parsed in `_handle`, not by argparse `type=`, so a bad one is an `invalid`
+    # error naming the flag and its range (argparse would only say "invalid int value").
     parser.add_argument(
         "--max-attempts",
-        type=int,
-        default=3,
+        default="3",
         metavar="N",
-        help="charged attempts allowed (default 3)",
+        help="charged attempts allowed, >= 1 (default 3)",
     )
     parser.add_argument(
         "--max-uncharged-attempts",
-        type=int,
-        default=3,
+        default="3",
         metavar="N",
-        help="consecutive upstream attempts allowed (default 3)",
+        help="consecutive upstream attempts allowed, >= 1 (default 3)",
     )
     parser.add_argument(
         "--limit",
-        type=int,
         default=None,
         metavar="N",
-        help="explicit limit on every admitted attempt, 1..10000",
+        help=f"explicit limit on every admitted attempt, 1..{EXPLICIT_LIMIT_MAX}",
     )
     parser.add_argument(
         "--now",
-        type=float,
         default=None,
         metavar="T",
-        help="evaluate at POSIX time T (default: the clock)",
+        help="evaluate at POSIX time T, seconds >= 0 (default: the clock)",
     )
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
     parser.set_defaults(handler=_handle)
 
 
 def _handle(args: argparse.Namespace) -> int:
-    try:
-        budget = WorkBudget(args.max_attempts, args.max_uncharged_attempts)
-    except InvalidInput as exc:
-        # The library names its field; say it as the flag the user typed.
-        flag, value = (
-            ("--max-uncharged-attempts", args.max_uncharged_attempts)
-            if exc.message.startswith("max_uncharged_attempts")
-            else ("--max-attempts", args.max_attempts)
-        )
-        raise InvalidInput(f"{flag}: must be an integer >= 1, got {value}") from None
+    budget = WorkBudget(
+        parse_int("--max-attempts", args.max_attempts, 1),
+        parse_int("--max-uncharged-attempts", args.max_uncharged_attempts, 1),
+    )
     limit = None
     if args.limit is not None:
-        try:
-            limit = ExplicitLimit(args.limit)
-        except InvalidInput:
-            raise InvalidInput(f"--limit: must be in 1..10000, got {args.limit}") from None
+        limit = ExplicitLimit(parse_int("--limit", args.limit, 1, EXPLICIT_LIMIT_MAX))
+    now = parse_seconds("--now", args.now, allow_zero=True)
     attempts = _parse_history(_read(args.history))
-    try:
-        decision = decide(attempts, budget=budget, limit=limit, now=args.now)
-    except HistoryError:
-        raise
-    except InvalidInput as exc:  # only `now` is left to be wrong here
-        raise InvalidInput(f"--now: {exc.message.removeprefix('now: ')}") from None
+    decision = decide(attempts, budget=budget, limit=limit, now=now)
     if args.json:
         print_json(decision.to_dict())
     else:
-        sys.stdout.write(_summary(decision, args.now))
+        sys.stdout.write(_summary(decision, now))
     return 0
 
 

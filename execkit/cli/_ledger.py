@@ -167,15 +167,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def _parse_limit(flag: str, text: str, *, zero: str | None) -> int:
     """An attempt limit, 1..MAX_ATTEMPT_LIMIT; also 0 when `zero` says what 0 means there."""
     if zero is None:
-        return _parse_int(flag, text, 1, MAX_ATTEMPT_LIMIT, f"1..{MAX_ATTEMPT_LIMIT}")
-    return _parse_int(flag, text, 0, MAX_ATTEMPT_LIMIT, f"0 ({zero}) or 1..{MAX_ATTEMPT_LIMIT}")
+        return parse_int(flag, text, 1, MAX_ATTEMPT_LIMIT)
+    return parse_int(
+        flag, text, 0, MAX_ATTEMPT_LIMIT, allowed=f"0 ({zero}) or 1..{MAX_ATTEMPT_LIMIT}"
+    )
 
 
-def _parse_int(flag: str, text: str, low: int, high: int, allowed: str) -> int:
+def parse_int(
+    flag: str, text: str, low: int, high: int | None = None, *, allowed: str | None = None
+) -> int:
+    """`text` as a whole number in low..high (no upper bound when `high` is None).
+
+    Anything else ("abc", "2.5", "", out of range) is InvalidInput naming `flag` and the
+    range (`allowed` overrides how the range is said). Also used by `execkit decide`.
+    """
+    if allowed is None:
+        allowed = f">= {low}" if high is None else f"{low}..{high}"
     if not _INT.fullmatch(text.strip()):
         raise InvalidInput(f"{flag} must be a whole number, {allowed}; got {text!r}")
     value = int(text)
-    if not low <= value <= high:
+    if value < low or (high is not None and value > high):
         raise InvalidInput(f"{flag} must be {allowed}; got {value}")
     return value
 
@@ -335,7 +346,7 @@ def _run_start(args: argparse.Namespace) -> int:
     owner_pid = (
         os.getppid()
         if args.owner_pid is None
-        else _parse_int("--owner-pid", args.owner_pid, 1, 2**31 - 1, "a process id >= 1")
+        else parse_int("--owner-pid", args.owner_pid, 1, 2**31 - 1, allowed="a process id >= 1")
     )
     request_key = args.request_key or f"cli-{uuid.uuid4()}"
     actor = _actor(args)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from execkit.budget import Attempt, Backoff, DispatchCap, WorkBudget
+from execkit.budget import EXPLICIT_LIMIT_MAX, Attempt, Backoff, DispatchCap, WorkBudget
 from execkit.classify import FailureClass
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
 CAPABILITIES = frozenset({"tasks.attempt_limits"})
 
 # ADR 0033: an explicit limit is 1..10000 total task-bound runs; 0 means "no explicit limit".
-MAX_ATTEMPT_LIMIT = 10000
+MAX_ATTEMPT_LIMIT = EXPLICIT_LIMIT_MAX
 
 # ADR 0033: after the first run, changing a task's limit needs this role.
 OPERATE_ROLE = "agent.operate"

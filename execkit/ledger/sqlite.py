@@ -14,8 +14,10 @@ this code knows raises `SchemaTooNew` before anything is written to it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
+import math
 import os
 import socket
 import sqlite3
@@ -264,10 +266,39 @@ def _attempt_from_run(run: Run) -> Attempt:
 
 
 def _process_started_at(pid: int) -> float | None:
+    if pid == os.getpid():
+        return _own_start_time(pid)
     try:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def _own_start_time(pid: int) -> float:
+    # Keyed by pid so a forked child asks again; saves two /proc reads per admission.
+    return psutil.Process(pid).create_time()
+
+
+def _moment(now: float | None) -> float:
+    """`now`, or the clock; a time that is not a finite number is refused before any write
+    (a NaN stored as a start or end time would make the task's history unreadable)."""
+    if now is None:
+        return time.time()
+    if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
+        raise InvalidInput(f"now must be a finite number of POSIX seconds, got {now!r}")
+    return float(now)
+
+
+def _check_roles(roles: Sequence[str]) -> tuple[str, ...]:
+    # A bare string would turn the role check into a substring test ("agent.operate" is
+    # "in" "not-agent.operate"), so only a collection of names is accepted.
+    if not isinstance(roles, str):
+        with contextlib.suppress(TypeError):
+            names = tuple(roles)
+            if all(isinstance(name, str) for name in names):
+                return names
+    raise InvalidInput(f"roles must be a list of role names, got {roles!r}")
 
 
 def _owner_alive(pid: int, started_at: float | None) -> bool:
@@ -281,6 +312,32 @@ def _owner_alive(pid: int, started_at: float | None) -> bool:
         return False
     except psutil.AccessDenied:
         return True  # it exists; we may not look at it, so we must not abandon its run
+
+
+def _refusal(task_id: str, runs: Sequence[Run], decision: Decision) -> AdmissionRefused | None:
+    """Why `decision` admits no run now, as the error `start_run` raises; None to admit.
+
+    Backoff does not refuse: waiting is the scheduler's business.
+    """
+    if decision.state == "done":
+        return AdmissionRefused("finished", f"task {task_id} already succeeded")
+    if decision.state == "running":
+        active = next(run for run in runs if run.status == "running")
+        return AdmissionRefused(
+            "blocked",
+            f"run {active.id} (attempt {active.attempt}) of task {task_id} is still running; "
+            "finish it (or abandon it) before starting another",
+        )
+    if decision.state != "blocked":
+        return None
+    if decision.blocked_on == "attempt_limit":
+        return AdmissionRefused(
+            "attempt_limit",
+            f"{decision.reason} of task {task_id}; an operator can raise it (set-attempt-limit)",
+        )
+    return AdmissionRefused(
+        "blocked", decision.reason or f"task {task_id} is blocked on {decision.blocked_on}"
+    )
 
 
 def _backup_path_for(path: Path, version: int) -> Path:
@@ -317,6 +374,7 @@ class SqliteLedger:
         self.budget = budget
         self.backoff = backoff
         self.migration: Migration | None = None
+        self._busy_timeout_s = busy_timeout_s
         if not self.path.exists():
             if not create:
                 raise NotFound(f"no ledger database at {self.path}")
@@ -410,22 +468,16 @@ class SqliteLedger:
         return int(version or 0)
 
     def _upgrade(self, found: int) -> Migration | None:
-        backup = None
-        if found > 0:
-            # ADR 0033: back up before upgrading; restoring it is the way back to old code.
-            backup = _backup_path_for(self.path, found)
-            target = sqlite3.connect(backup)
-            try:
-                self._conn.backup(target)
-            finally:
-                target.close()
         with self._write() as conn:
-            # Another process may have migrated between our read and our write lock.
+            # Re-read under the write lock: another process may have migrated (or created
+            # the file) since `found` was read, and nobody can write from here on, so the
+            # backup below is exactly the state the migration starts from.
             current = self._read_version()
             if current > SCHEMA_VERSION:
                 raise SchemaTooNew(f"{self.path} was upgraded to schema {current} meanwhile")
-            if current == SCHEMA_VERSION and backup is None:
-                return None  # a concurrent opener created the file first
+            if current == SCHEMA_VERSION:
+                return None
+            backup = self._backup(current) if current > 0 else None
             now = time.time()
             for version in range(current + 1, SCHEMA_VERSION + 1):
                 for statement in _SCHEMA_STEPS[version]:
@@ -434,7 +486,27 @@ class SqliteLedger:
                     "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
                     (version, now),
                 )
-        return Migration(from_version=found, to_version=SCHEMA_VERSION, backup_path=backup)
+        return Migration(from_version=current, to_version=SCHEMA_VERSION, backup_path=backup)
+
+    def _backup(self, version: int) -> Path:
+        """Copy the file to a new backup beside it (ADR 0033: restoring it is the way back
+        to an older execkit). Called under our write lock; it reads through a second
+        connection because SQLite cannot back up from a connection inside a write
+        transaction, and readers are not blocked by that lock."""
+        backup = _backup_path_for(self.path, version)
+        source = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
+        try:
+            target = sqlite3.connect(backup)
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+        except BaseException:
+            backup.unlink(missing_ok=True)
+            raise
+        finally:
+            source.close()
+        return backup
 
     def _audit(
         self,
@@ -541,8 +613,6 @@ class SqliteLedger:
         else:
             state, blocked_on = decision.state, decision.blocked_on
             reason, next_at = decision.reason, decision.next_attempt_at
-        # ADR 0033: `ready` includes that an attempt is still available under the limit.
-        attempt_available = task.max_attempts == 0 or len(runs) < task.max_attempts
         return Task(
             id=task.id,
             title=task.title,
@@ -550,7 +620,9 @@ class SqliteLedger:
             state=state,
             blocked_on=blocked_on,
             reason=reason,
-            ready=state == "ready" and attempt_available,
+            # ADR 0033: `ready` includes that an attempt is still available: a used-up
+            # limit is the policy's `attempt_limit` bound, never `ready`.
+            ready=state == "ready",
             max_attempts=task.max_attempts,
             attempts_started=len(runs),
             charged_attempts=decision.charged_attempts,
@@ -595,7 +667,7 @@ class SqliteLedger:
         _check_text("actor", actor, _MAX_KEY)
         if idempotency_key is not None:
             _check_text("idempotency_key", idempotency_key, _MAX_KEY)
-        at = time.time() if now is None else now
+        at = _moment(now)
         fingerprint = _creation_fingerprint(title, max_attempts)
         with self._write() as conn:
             replay = self._replayed(conn, "task.create", idempotency_key, fingerprint)
@@ -627,13 +699,13 @@ class SqliteLedger:
         self, task_id: str, *, now: float | None = None, cap: DispatchCap | None = None
     ) -> Task:
         """The task with the budget projection of its history at `now`; NotFound if absent."""
-        at = time.time() if now is None else now
+        at = _moment(now)
         with self._read() as conn:
             return self._load_task(conn, task_id, at, cap)
 
     def list_tasks(self, *, now: float | None = None) -> list[Task]:
         """Every task in creation order."""
-        at = time.time() if now is None else now
+        at = _moment(now)
         with self._read() as conn:
             tasks = [_TaskRow(*row) for row in conn.execute(f"{_TASK_SELECT} ORDER BY t.seq")]
             runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
@@ -672,7 +744,8 @@ class SqliteLedger:
 
         Refusal codes: `finished` (task done or cancelled), `attempt_limit` (the explicit
         limit is used up), `blocked` (a run is still running, or the budget/environment/
-        upstream/dispatch-cap bound holds). Backoff does not refuse: waiting is the
+        upstream/dispatch-cap bound holds); when several hold, the one `get_task` shows as
+        `blocked_on` (the policy's order). Backoff does not refuse: waiting is the
         scheduler's business. `forced` lets an operator start past an environment stop
         (audited), never past a limit. Replaying an accepted `request_key` returns the same
         run and creates none. `owner_pid` (default: this process) names the process whose
@@ -680,11 +753,14 @@ class SqliteLedger:
         """
         _check_text("request_key", request_key, _MAX_KEY)
         _check_text("actor", actor, _MAX_KEY)
+        if not isinstance(forced, bool):
+            # Anything truthy would lift an environment stop: only a real True may.
+            raise InvalidInput(f"forced must be true or false, got {forced!r}")
         owner = os.getpid() if owner_pid is None else owner_pid
         owner_started_at = _process_started_at(owner)
         if owner_started_at is None:
             raise InvalidInput(f"owner_pid {owner} is not a running process")
-        at = time.time() if now is None else now
+        at = _moment(now)
         fingerprint = _fingerprint({"task_id": task_id})
         with self._write() as conn:
             replay = self._replayed(conn, "run.start", request_key, fingerprint)
@@ -696,33 +772,12 @@ class SqliteLedger:
                     "finished", f"task {task_id} is {task.status}; it admits no more runs"
                 )
             runs = self._task_runs(conn, task_id)
-            active = [run for run in runs if run.status == "running"]
-            if active:
-                raise AdmissionRefused(
-                    "blocked",
-                    f"run {active[0].id} (attempt {active[0].attempt}) of task {task_id} is "
-                    "still running; finish it (or abandon it) before starting another",
-                )
-            # The explicit limit is the admission rule of ADR 0033; checked here first so
-            # that nothing (not even `forced`) can start a run past it.
-            if task.max_attempts and len(runs) >= task.max_attempts:
-                raise AdmissionRefused(
-                    "attempt_limit",
-                    f"attempt limit reached: {len(runs)} of {task.max_attempts} runs of task "
-                    f"{task_id}; an operator can raise it (set-attempt-limit)",
-                )
-            # `force` lifts the environment stop and nothing else (the policy's rule).
+            # One rule set: the policy's decision, `force` lifting the environment stop and
+            # nothing else, so not even a forced start passes the explicit limit.
             decision = self._decide(task, runs, at, cap, force=forced)
-            if decision.state == "done":
-                raise AdmissionRefused("finished", f"task {task_id} already succeeded")
-            if decision.state == "blocked":
-                code = "attempt_limit" if decision.blocked_on == "attempt_limit" else "blocked"
-                raise AdmissionRefused(
-                    code,
-                    decision.reason or f"task {task_id} is blocked on {decision.blocked_on}",
-                )
-            if decision.state == "running":
-                raise AdmissionRefused("blocked", f"task {task_id} has a run in progress")
+            refusal = _refusal(task_id, runs, decision)
+            if refusal is not None:
+                raise refusal
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
             run = Run(
                 id=f"r-{seq}",
@@ -733,7 +788,7 @@ class SqliteLedger:
                 reason=None,
                 request_key=request_key,
                 actor=actor,
-                forced=bool(forced),
+                forced=forced,
                 started_at=at,
                 ended_at=None,
                 owner_host=socket.gethostname(),
@@ -799,7 +854,7 @@ class SqliteLedger:
         if status == "succeeded" and klass is not None:
             raise InvalidInput("failure_class must be empty for a succeeded run")
         stored_reason = _clean_reason(reason)
-        at = time.time() if now is None else now
+        at = _moment(now)
         with self._write() as conn:
             run = self._run(conn, run_id)
             if run.status != "running":
@@ -830,7 +885,9 @@ class SqliteLedger:
                 run_id=run_id,
                 detail={"status": status, "failure_class": klass.value if klass else None},
             )
-            return self._run(conn, run_id)
+            return attrs.evolve(
+                run, status=status, failure_class=klass, reason=stored_reason, ended_at=at
+            )
 
     def abandon_stale_runs(self, *, now: float | None = None) -> list[Run]:
         """Mark abandoned the running runs whose owner process on this host is gone.
@@ -838,7 +895,7 @@ class SqliteLedger:
         Abandoned runs still count against every limit. Runs owned by other hosts are left
         alone (their liveness cannot be seen from here).
         """
-        at = time.time() if now is None else now
+        at = _moment(now)
         host = socket.gethostname()
         rows = self._conn.execute(
             "SELECT id, owner_pid, owner_started_at FROM runs "
@@ -895,9 +952,10 @@ class SqliteLedger:
         _check_limit("max_attempts", max_attempts, allow_zero=False)
         _check_limit("expected_max_attempts", expected_max_attempts, allow_zero=True)
         _check_text("actor", actor, _MAX_KEY)
+        held_roles = _check_roles(roles)
         if idempotency_key is not None:
             _check_text("idempotency_key", idempotency_key, _MAX_KEY)
-        at = time.time() if now is None else now
+        at = _moment(now)
         fingerprint = _fingerprint(
             {
                 "task_id": task_id,
@@ -919,7 +977,7 @@ class SqliteLedger:
                 "SELECT COUNT(*) FROM runs WHERE task_id = ?", (task_id,)
             ).fetchone()
             creator_before_first_run = started == 0 and actor == task.created_by
-            if not creator_before_first_run and OPERATE_ROLE not in roles:
+            if not creator_before_first_run and OPERATE_ROLE not in held_roles:
                 who = "after its first run" if started else "by anyone but its creator"
                 raise Forbidden(
                     f"changing the attempt limit of task {task_id} {who} needs the role "
@@ -941,7 +999,7 @@ class SqliteLedger:
                     "from": task.max_attempts,
                     "to": max_attempts,
                     "attempts_started": started,
-                    "roles": sorted(roles),
+                    "roles": sorted(held_roles),
                 },
             )
             self._remember(
@@ -960,7 +1018,7 @@ class SqliteLedger:
         A running run is not touched: it finishes and is recorded as usual.
         """
         _check_text("actor", actor, _MAX_KEY)
-        at = time.time() if now is None else now
+        at = _moment(now)
         with self._write() as conn:
             task = self._task_row(conn, task_id)
             if task.status == "done":
