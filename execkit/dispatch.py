@@ -13,9 +13,10 @@ After a failure the ledger's decision says what happens next:
 - blocked on environment, upstream, work or the dispatch cap: the dispatcher gives up and
   moves the issue to `DispatchConfig.failed_state`, so it leaves the eligible set and shows
   on the board. When that move is unavailable (no failed state configured, the board has no
-  such state, or it refuses), a WARNING naming the issue and the state is logged every time
-  and the legacy behaviour is kept: the issue stays eligible, and for the dispatch cap the
-  dispatcher keeps retrying past it rather than strand the issue (ADR 015's "never strand").
+  such state, or it refuses), a WARNING naming the issue and the state is logged at every
+  exhaustion (once per attempt count) and the legacy behaviour is kept: the issue stays
+  eligible, and for the dispatch cap the dispatcher keeps retrying past it rather than
+  strand the issue (ADR 015's "never strand").
 - blocked on `attempt_limit` (an explicit task limit, ADR 0033): the issue is NOT moved; it
   stays in progress and is reported as `attempt_limit` until an operator raises the limit,
   when scheduling resumes with the same task and history.
@@ -25,17 +26,18 @@ A success moves the issue to `DispatchConfig.done_state`.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging
 import math
 import os
-import tempfile
+import secrets
+import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
@@ -45,9 +47,17 @@ from adapters.base import Adapter, AgentRequest
 from execkit.agent import AgentFailed, run_agent
 from execkit.budget import Backoff, DispatchCap
 from execkit.classify import FailureClass
-from execkit.errors import AdmissionRefused, ExecKitError, InvalidInput, NotFound, UnsupportedMove
+from execkit.errors import (
+    AdmissionRefused,
+    Conflict,
+    ExecKitError,
+    InvalidInput,
+    NotFound,
+    UnsupportedMove,
+)
 from execkit.ledger.model import Ledger, Run, Task
 from execkit.proof import AgentProof
+from execkit.redact import redact
 
 __all__ = [
     "DISPATCH_ACTOR",
@@ -182,15 +192,19 @@ class Board(Tracker, Protocol):
     def list_issues(self) -> list[BoardIssue]: ...
 
 
+def _duplicates(values: Iterable[str]) -> list[str]:
+    return sorted(value for value, seen in Counter(values).items() if seen > 1)
+
+
 def _check_board(states: Sequence[BoardState], issues: Sequence[BoardIssue]) -> None:
+    # Runs on every read of a board file (each pass reads it): linear, not quadratic.
     names = [s.name for s in states]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    duplicates = _duplicates(names)
     if duplicates:
         raise InvalidInput(f"states: duplicate state names {duplicates}")
     if not any(s.eligible for s in states):
         raise InvalidInput("states: at least one state must be eligible")
-    ids = [i.id for i in issues]
-    duplicate_ids = sorted({i for i in ids if ids.count(i) > 1})
+    duplicate_ids = _duplicates(i.id for i in issues)
     if duplicate_ids:
         raise InvalidInput(f"issues: duplicate issue ids {duplicate_ids}")
     known = set(names)
@@ -231,7 +245,9 @@ class InMemoryBoard:
     def add(self, issue: BoardIssue) -> None:
         """Add an issue (InvalidInput for a duplicate id or an unknown state)."""
         with self._lock:
-            _check_board(self._states, [*self._issues.values(), issue])
+            if issue.id in self._issues:
+                raise InvalidInput(f"issues: duplicate issue ids [{issue.id!r}]")
+            _check_board(self._states, [issue])
             self._issues[issue.id] = issue
 
     def get(self, issue_id: str) -> BoardIssue:
@@ -410,43 +426,51 @@ class JsonFileBoard:
         return [i for i in doc.issues if i.state in eligible]
 
     def move(self, issue_id: str, state: str) -> bool:
-        with self._locked():
-            doc = self._read()
-            if state not in {s.name for s in doc.states}:
-                return False
-            raw_issues = doc.raw.get("issues", [])
-            for raw_issue in raw_issues:
-                if raw_issue.get("id") == issue_id:
-                    raw_issue["state"] = state
-                    break
-            else:
-                return False
-            _write_atomic(self.path, doc.raw)
-            return True
+        """Move one issue; False for an unknown issue or state. ExecKitError naming the
+        file when it cannot be written."""
+        try:
+            with self._locked():
+                doc = self._read()
+                if state not in {s.name for s in doc.states}:
+                    return False
+                for raw_issue in doc.raw.get("issues", []):
+                    if raw_issue.get("id") == issue_id:
+                        raw_issue["state"] = state
+                        break
+                else:
+                    return False
+                _write_atomic(self.path, doc.raw)
+                return True
+        except OSError as exc:
+            raise ExecKitError(f"cannot write board file {self.path}: {exc}") from exc
 
 
 def _write_atomic(path: Path, doc: Mapping[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Replace `path` with `doc` so a reader sees the old file or the new one, never half.
+
+    The new file keeps the old one's permission bits (a board shared by a team must not
+    turn private on the dispatcher's first move); a new board gets the umask's.
+    """
+    try:
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    # O_EXCL: never write through a file or link that someone else put at this name.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
             json.dump(doc, handle, indent=2, sort_keys=False)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with _suppress_missing():
+        with suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-@contextmanager
-def _suppress_missing() -> Iterator[None]:
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
 
 
 # --- configuration ----------------------------------------------------------------------
@@ -547,6 +571,10 @@ def _check_outcome_status(_inst: object, _attr: attrs.Attribute[Any], value: obj
         raise InvalidInput(f"status must be 'succeeded' or 'failed', got {value!r}")
 
 
+def _redact_text(value: str | None) -> str | None:
+    return redact(value) if isinstance(value, str) else value
+
+
 @attrs.frozen
 class RunOutcome:
     """How one dispatch of an issue ended.
@@ -560,7 +588,8 @@ class RunOutcome:
     failure_class: FailureClass | None = None
     reason: str | None = None
     precondition: str | None = None
-    detail: str | None = None
+    # Redacted here: a custom runner's text reaches events and logs, not only the ledger.
+    detail: str | None = attrs.field(default=None, converter=_redact_text)
 
     def __attrs_post_init__(self) -> None:
         if self.status == "succeeded" and self.failure_class is not None:
@@ -681,7 +710,7 @@ class DispatchEvent:
     at: float
     task_id: str | None = None
     attempt: int | None = None
-    max_attempts: int | None = None  # the dispatch cap; None = no cap
+    max_attempts: int | None = None  # the binding bound: dispatch cap or task limit; None = none
     status: str | None = None
     failure_class: FailureClass | None = None
     charged: bool | None = None
@@ -763,36 +792,55 @@ def _status_row(
 
 
 def issue_statuses(
-    ledger: Ledger,
+    ledger: Ledger | None,
     config: DispatchConfig,
     *,
     board: Board | None = None,
     now: float | None = None,
 ) -> list[IssueStatus]:
     """The dashboard rows: every board issue (with `board`), else every ledger task the
-    dispatcher created. Reads only; an issue never dispatched has no task (`task_id` None).
+    dispatcher created. Reads only; an issue never dispatched has no task (`task_id` None),
+    and `ledger=None` (no ledger yet) means no issue was.
+
+    A row at the dispatch cap whose give-up move is unavailable (`failed_state` None, or
+    the issue still in an eligible board state) shows the retry the dispatcher will make
+    past the cap (ADR 015's legacy behaviour), not a stop that will not happen.
     """
     at = time.time() if now is None else now
     cap = config.cap
     tasks = {
-        t.title: t for t in ledger.list_tasks(now=at) if t.title.startswith(_TASK_TITLE_PREFIX)
+        t.title: t
+        for t in (ledger.list_tasks(now=at) if ledger is not None else [])
+        if t.title.startswith(_TASK_TITLE_PREFIX)
     }
-    rows: list[IssueStatus] = []
-    if board is not None:
-        for issue in board.list_issues():
-            found = tasks.get(task_key(issue.id))
-            task = ledger.get_task(found.id, now=at, cap=cap) if found else None
-            runs = ledger.runs(task.id) if task else []
-            rows.append(_status_row(issue.id, issue.title, issue.state, task, runs, cap))
-        return rows
-    for title, found in tasks.items():
+    still_eligible = {i.id for i in board.list_candidates()} if board is not None else set()
+
+    def row(issue_id: str, title: str, board_state: str | None, found: Task | None) -> IssueStatus:
+        if ledger is None or found is None:
+            return _status_row(issue_id, title, board_state, None, [], cap)
         task = ledger.get_task(found.id, now=at, cap=cap)
-        issue_id = title[len(_TASK_TITLE_PREFIX) :]
-        rows.append(_status_row(issue_id, "", None, task, ledger.runs(task.id), cap))
-    return rows
+        if task.blocked_on == "dispatch_cap" and (
+            config.failed_state is None or issue_id in still_eligible
+        ):
+            task = ledger.get_task(found.id, now=at)
+        return _status_row(issue_id, title, board_state, task, ledger.runs(found.id), cap)
+
+    if board is not None:
+        return [
+            row(issue.id, issue.title, issue.state, tasks.get(task_key(issue.id)))
+            for issue in board.list_issues()
+        ]
+    return [row(title[len(_TASK_TITLE_PREFIX) :], "", None, t) for title, t in tasks.items()]
 
 
 # --- the dispatcher ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Unrecorded:
+    run_id: str
+    outcome: RunOutcome
+    ended_at: float
 
 
 class Dispatcher:
@@ -826,6 +874,13 @@ class Dispatcher:
         # A cache of a stable mapping (the ledger replays the same task for the key), not
         # retry state: dropping it changes nothing.
         self._task_ids: dict[str, str] = {}
+        # Results the ledger failed to take (busy past its timeout, disk full): retried at
+        # the start of each pass, so the run does not stay `running` (and its issue stuck)
+        # for as long as this process lives. Lost on exit, when abandon_stale_runs takes over.
+        self._unrecorded: dict[str, _Unrecorded] = {}
+        # Per issue, the (attempts, state) of the last "not moved" warning: one warning per
+        # exhaustion, not one per pass that finds the same history again.
+        self._warned: dict[str, tuple[int, str | None]] = {}
 
     # -- public --------------------------------------------------------------------------
 
@@ -833,10 +888,12 @@ class Dispatcher:
         """Dispatch every eligible issue whose backoff has elapsed, once; return the events.
 
         Runs are abandoned first when their owner process on this host died (so a crashed
-        dispatcher's run does not hold its task forever). A ledger or board error on one
-        issue becomes an `error` event and the other issues go on.
+        dispatcher's run does not hold its task forever), and results an earlier pass could
+        not write are written. A ledger or board error on one issue becomes an `error`
+        event and the other issues go on.
         """
         self.ledger.abandon_stale_runs(now=self.clock())
+        self._record_pending()
         events: list[DispatchEvent] = []
         for issue in self.tracker.list_candidates():
             try:
@@ -908,7 +965,7 @@ class Dispatcher:
                 issue_id=issue.id,
                 at=self.clock(),
                 task_id=task.id if task else None,
-                max_attempts=self._cap.max_attempts if self._cap.capped else None,
+                max_attempts=_binding_max(self._cap, task),
                 **fields,
             )
         )
@@ -927,7 +984,7 @@ class Dispatcher:
         # The history alone (no cap): the ledger's own bounds and the backoff.
         task = self.ledger.get_task(task_id, now=now)
         if task.status == "done":
-            moved = self._move(issue, self.config.done_state, why="it succeeded")
+            moved = self._move(issue, task, self.config.done_state, why="it succeeded")
             return [self._event("done", issue, task, moved_to=moved, reason=task.reason)]
         if task.status == "cancelled":
             return [self._event("refused", issue, task, reason="task cancelled in the ledger")]
@@ -975,30 +1032,35 @@ class Dispatcher:
     def _give_up(self, issue: BoardIssue, task: Task) -> str | None:
         """Move a given-up issue to the failed state; the state moved to, or None."""
         why = task.reason or f"blocked on {task.blocked_on}"
-        return self._move(issue, self.config.failed_state, why=why)
+        return self._move(issue, task, self.config.failed_state, why=why)
 
-    def _move(self, issue: BoardIssue, state: str | None, *, why: str) -> str | None:
+    def _move(self, issue: BoardIssue, task: Task, state: str | None, *, why: str) -> str | None:
         """Move the issue; when that is unavailable, log a WARNING naming issue and state.
 
-        Logged every time, on purpose: a board that cannot take the move leaves the cap
-        disengaged, and the operator must hear about it (ADR 015).
+        Logged once for each attempt count at which the move fails, so every exhaustion of
+        the cap is heard (a board that cannot take the move leaves the cap disengaged, ADR
+        015) without repeating it on each pass that re-reads the same history.
         """
         if state is None:
             problem = "no failed_state is configured (failed_state: none)"
         else:
             try:
                 if self.tracker.move(issue.id, state):
+                    self._warned.pop(issue.id, None)
                     return state
                 problem = f"the board has no state {state!r} or refused the move"
             except UnsupportedMove as exc:
                 problem = f"moving it to {state!r} is unsupported: {exc.message}"
-        _log.warning(
-            "issue %s was not moved (%s): %s; it stays in %r and remains eligible",
-            issue.id,
-            why,
-            problem,
-            issue.state,
-        )
+        seen = (task.attempts_started, state)
+        if self._warned.get(issue.id) != seen:
+            self._warned[issue.id] = seen
+            _log.warning(
+                "issue %s was not moved (%s): %s; it stays in %r and remains eligible",
+                issue.id,
+                why,
+                problem,
+                issue.state,
+            )
         return None
 
     def _dispatch(
@@ -1046,6 +1108,8 @@ class Dispatcher:
         return [self._after_run(issue, run, outcome)]
 
     def _run(self, issue: BoardIssue, run: Run) -> RunOutcome:
+        """Run the runner and record its outcome; ExecKitError when the ledger cannot take
+        it (the result is kept and recorded again on the next pass)."""
         try:
             outcome = self.runner.run(issue, run.attempt)
         except Exception as exc:
@@ -1059,18 +1123,39 @@ class Dispatcher:
             )
         except BaseException:
             # Interrupted mid-run (Ctrl-C): no proof of what happened, so abandoned (charged).
-            self.ledger.finish_run(
-                run.id, "abandoned", reason="dispatcher interrupted", now=self.clock()
-            )
+            # The interrupt is what must propagate; if the ledger cannot take this either,
+            # abandon_stale_runs marks the run once this process has exited.
+            with suppress(ExecKitError):
+                self.ledger.finish_run(
+                    run.id, "abandoned", reason="dispatcher interrupted", now=self.clock()
+                )
             raise
+        self._unrecorded[run.id] = _Unrecorded(run.id, outcome, self.clock())
+        self._record(run.id)
+        return outcome
+
+    def _record(self, run_id: str) -> None:
+        pending = self._unrecorded[run_id]
+        outcome = pending.outcome
         self.ledger.finish_run(
-            run.id,
+            run_id,
             outcome.status,
             failure_class=outcome.failure_class if outcome.status == "failed" else None,
             reason=outcome.ledger_reason(),
-            now=self.clock(),
+            now=pending.ended_at,
         )
-        return outcome
+        del self._unrecorded[run_id]
+
+    def _record_pending(self) -> None:
+        for run_id in list(self._unrecorded):
+            try:
+                self._record(run_id)
+            except Conflict:
+                # Finished meanwhile as something else (abandoned by an operator or another
+                # host): the history already says how it ended.
+                del self._unrecorded[run_id]
+            except ExecKitError as exc:
+                _log.warning("run %s: its result is still not recorded: %s", run_id, exc.message)
 
     def _after_run(self, issue: BoardIssue, run: Run, outcome: RunOutcome) -> DispatchEvent:
         failed = outcome.status == "failed"
@@ -1084,7 +1169,9 @@ class Dispatcher:
             "precondition": outcome.precondition,
         }
         if not failed:
-            fields["moved_to"] = self._move(issue, self.config.done_state, why="it succeeded")
+            fields["moved_to"] = self._move(
+                issue, after, self.config.done_state, why="it succeeded"
+            )
         elif after.state == "blocked":
             fields["blocked_on"] = after.blocked_on
             fields["decision"] = after.reason

@@ -100,3 +100,26 @@ def run_execkit(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def table_columns(text: str) -> list[dict[str, str]]:
+    """The rows of an aligned text table (`execkit status`) as {header: cell}.
+
+    Columns are cut at the header's word positions (a header may hold a space, as in
+    `LAST CLASS`, when its words are one space apart); the last column runs to the end
+    of the line. The table ends at the first blank line after the header.
+    """
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("ISSUE "))
+    header = lines[start]
+    bounds = [0] + [
+        n for n in range(2, len(header)) if header[n - 2 : n] == "  " and header[n] != " "
+    ]
+    names = [header[a:b].strip() for a, b in zip(bounds, [*bounds[1:], None], strict=True)]
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        cells = [line[a:b].strip() for a, b in zip(bounds, [*bounds[1:], None], strict=True)]
+        rows.append(dict(zip(names, cells, strict=True)))
+    return rows

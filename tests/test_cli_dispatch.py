@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
-from _support import REPO, run_execkit, write_board
+from _support import REPO, run_execkit, table_columns, write_board
 
 from execkit.cli import main
 
@@ -41,13 +42,50 @@ def test_dispatch_once_then_status(board: Path, capsys: pytest.CaptureFixture[st
     assert states(board) == {"OK": "done", "ENV": "blocked", "BAD": "todo"}
 
     assert main(["status", "--board", str(board)]) == 0
-    table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:4] == ["ISSUE", "BOARD", "LEDGER", "ATTEMPT"]
-    rows = {line.split()[0]: line.split() for line in table[1:]}
-    assert rows["OK"][1:4] == ["done", "done", "1/5"]
-    assert rows["ENV"][1:5] == ["blocked", "blocked", "(environment)", "1/5"]
-    assert rows["BAD"][1:4] == ["todo", "backoff", "1/5"]
-    assert "in" in rows["BAD"]  # the next attempt time
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split("  ")
+    assert [h.strip() for h in header if h.strip()] == [
+        "ISSUE",
+        "BOARD",
+        "LEDGER",
+        "ATTEMPT",
+        "CHARGED",
+        "UNCHARGED",
+        "NEXT",
+        "LAST CLASS",
+        "REASON",
+    ]
+    rows = {row.pop("ISSUE"): row for row in table_columns(out)}
+    assert rows["OK"] == {
+        "BOARD": "done",
+        "LEDGER": "done",
+        "ATTEMPT": "1/5",
+        "CHARGED": "1",
+        "UNCHARGED": "0",
+        "NEXT": "-",
+        "LAST CLASS": "succeeded",
+        "REASON": "-",
+    }
+    env = rows["ENV"]
+    assert [env[c] for c in ("BOARD", "LEDGER", "ATTEMPT", "CHARGED", "NEXT", "LAST CLASS")] == [
+        "blocked",
+        "blocked (environment)",
+        "1/5",
+        "0",
+        "-",
+        "environment",
+    ]
+    assert "acme-not-here CLI not found on PATH" in env["REASON"]
+    bad = rows["BAD"]
+    assert [bad[c] for c in ("BOARD", "LEDGER", "ATTEMPT", "CHARGED", "LAST CLASS")] == [
+        "todo",
+        "backoff",
+        "1/5",
+        "1",
+        "work",
+    ]
+    assert re.fullmatch(r"in \d+s", bad["NEXT"])  # the next attempt, relative to now
+    assert "check failed: expected 42, got 41" in bad["REASON"]
 
     # A second pass right away: BAD is in backoff, nothing runs.
     assert main(["dispatch", "--board", str(board), "--adapter", "generic", "--once"]) == 0
@@ -103,6 +141,23 @@ def test_bad_input_is_a_clear_error(
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert board.read_text() == before
+
+
+def test_status_before_any_dispatch_creates_no_ledger(
+    board: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--board", str(board)]) == 0
+    rows = table_columns(capsys.readouterr().out)
+    assert [(r["ISSUE"], r["LEDGER"], r["ATTEMPT"]) for r in rows] == [
+        ("OK", "-", "0/5"),
+        ("ENV", "-", "0/5"),
+        ("BAD", "-", "0/5"),
+    ]
+    assert not (tmp_path / "ledger.db").exists()
+    # Without a board there is nothing to show: the missing ledger is named.
+    assert main(["status"]) == 4
+    assert "no ledger database" in capsys.readouterr().err
+    assert not (tmp_path / "ledger.db").exists()
 
 
 def test_missing_board_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,14 +1,19 @@
-"""`execkit demo` (what `make demo` runs) in a real process: the four issues end as designed."""
+"""`execkit demo` (what `make demo` runs) in a real process: the four issues end as designed,
+the output is the same on every run, and the README quotes it as it is."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import pytest
+from _support import REPO, table_columns
+
+README = REPO / "README.md"
 
 
 def run_demo(*extra: str) -> subprocess.CompletedProcess[str]:
@@ -24,45 +29,89 @@ def run_demo(*extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def table_rows(stdout: str) -> dict[str, list[str]]:
-    lines = stdout.splitlines()
-    header = next(n for n, line in enumerate(lines) if line.startswith("ISSUE "))
-    rows: dict[str, list[str]] = {}
-    for line in lines[header + 1 :]:
-        if not line.strip():
-            break  # the table ends at the first blank line
-        rows[line.split()[0]] = line.split()
-    return rows
+def event_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("t+")]
 
 
-def test_demo_shows_the_four_outcomes(tmp_path: Path) -> None:
-    result = run_demo("--keep", str(tmp_path / "kept"))
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """One demo run for the module (it spawns a dozen processes): stdout and its --keep dir."""
+    where = tmp_path_factory.mktemp("demo") / "kept"
+    result = run_demo("--keep", str(where))
     assert result.returncode == 0, result.stderr
-    out = result.stdout
-    rows = table_rows(out)
+    return result.stdout, where
+
+
+def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
+    out, where = kept
+    rows = {row["ISSUE"]: row for row in table_columns(out)}
     assert set(rows) == {"DEMO-1", "DEMO-2", "DEMO-3", "DEMO-4"}
+    columns = ["BOARD", "LEDGER", "ATTEMPT", "CHARGED", "UNCHARGED", "NEXT", "LAST CLASS"]
+
+    def cells(issue: str) -> list[str]:
+        return [rows[issue][c] for c in columns]
+
     # One succeeds at once.
-    assert rows["DEMO-1"][1:4] == ["done", "done", "1/10"]
+    assert cells("DEMO-1") == ["done", "done", "1/10", "1", "0", "-", "succeeded"]
     # The missing binary stops at once, uncharged, naming the install hint.
-    assert rows["DEMO-2"][1:5] == ["blocked", "blocked", "(environment)", "1/10"]
-    assert rows["DEMO-2"][5] == "0"
-    assert "acme-agent CLI not found on PATH; install: pip install acme-agent" in out
+    assert cells("DEMO-2") == [
+        "blocked",
+        "blocked (environment)",
+        "1/10",
+        "0",
+        "0",
+        "-",
+        "environment",
+    ]
+    assert rows["DEMO-2"]["REASON"].startswith(
+        "environment: acme-agent CLI not found on PATH; install: pip install acme-agent"
+    )
     # A vendor 503 twice, then success: three dispatches, only the success charged.
-    assert rows["DEMO-3"][1:5] == ["done", "done", "3/10", "1"]
-    assert out.count("DEMO-3  attempt") == 3
-    assert out.count("upstream (uncharged): http 503") == 2
+    assert cells("DEMO-3") == ["done", "done", "3/10", "1", "0", "-", "succeeded"]
+    events = event_lines(out)
+    assert [line.split()[3:5] for line in events if "DEMO-3" in line] == [
+        ["attempt", "1/10"],
+        ["attempt", "2/10"],
+        ["attempt", "3/10"],
+    ]
+    upstream = [line for line in events if "upstream (uncharged): http 503" in line]
+    assert [line.split()[2] for line in upstream] == ["DEMO-3", "DEMO-3"]
     # Always wrong: charged until the charged budget is spent, then Blocked.
-    assert rows["DEMO-4"][1:6] == ["blocked", "blocked", "(work)", "3/10", "3"]
-    assert "charged budget spent: 3 of 3 attempts" in out
+    assert cells("DEMO-4") == ["blocked", "blocked (work)", "3/10", "3", "0", "-", "work"]
+    assert rows["DEMO-4"]["REASON"] == "charged budget spent: 3 of 3 attempts"
+    assert events[-1].endswith("-> moved to blocked (charged budget spent: 3 of 3 attempts)")
     # The kept board and ledger say the same thing afterwards.
-    board = json.loads((tmp_path / "kept" / "board.json").read_text())
+    board = json.loads((where / "board.json").read_text())
     assert {i["id"]: i["state"] for i in board["issues"]} == {
         "DEMO-1": "done",
         "DEMO-2": "blocked",
         "DEMO-3": "done",
         "DEMO-4": "blocked",
     }
-    assert (tmp_path / "kept" / "ledger.db").exists()
+    assert (where / "ledger.db").exists()
+
+
+def _readme_demo_block() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## What `make demo` shows") :]
+    match = re.search(r"```\n(.*?)```", section, re.DOTALL)
+    assert match, "the README's demo section has no output block"
+    return [line for line in match.group(1).splitlines() if line.strip()]
+
+
+def test_the_readme_quotes_the_demo_as_it_prints(kept: tuple[str, Path]) -> None:
+    # The virtual clock starts at a fixed time, so the retry times do not vary between runs;
+    # the README may elide the middle of a long line with "...".
+    again = run_demo()
+    assert again.returncode == 0, again.stderr
+    assert event_lines(again.stdout) == event_lines(kept[0])
+    printed = [line.rstrip() for line in again.stdout.splitlines() if line.strip()]
+    quoted = _readme_demo_block()
+    assert quoted
+    for line in quoted:
+        head, _, tail = line.partition("...")
+        found = [p for p in printed if p.startswith(head) and p.endswith(tail)]
+        assert found, f"the README quotes a line the demo does not print: {line!r}"
 
 
 def test_demo_keep_refuses_a_non_empty_directory(tmp_path: Path) -> None:

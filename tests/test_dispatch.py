@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,8 +25,8 @@ from execkit.dispatch import (
     issue_statuses,
     task_key,
 )
-from execkit.errors import UnsupportedMove
-from execkit.ledger import SqliteLedger, open_ledger
+from execkit.errors import ExecKitError, UnsupportedMove
+from execkit.ledger import Run, SqliteLedger, open_ledger
 
 T0 = 1_700_000_000.0
 # A charged budget far above every cap these tests use, so the dispatch cap is what binds.
@@ -149,12 +150,34 @@ def test_failed_state_none_keeps_retrying_and_warns_every_time(
     assert [e.attempt for e in events] == list(range(1, 8))
     assert board.get("ISS-1").state == "todo"
     warnings = [r for r in caplog.records if r.name == "execkit.dispatch"]
-    # Every exhaustion warns: after attempts 3, 4, 5, 6 and 7 (and before each retry past it).
+    # Every exhaustion warns once: after attempts 3, 4, 5, 6 and 7 (the check before each
+    # retry past the cap finds the same history and does not repeat it).
     exhaustions = [e for e in events if e.blocked_on == "dispatch_cap"]
     assert [e.attempt for e in exhaustions] == [3, 4, 5, 6, 7]
-    assert len(warnings) >= len(exhaustions)
+    assert len(warnings) == len(exhaustions)
     assert all(r.levelno == logging.WARNING for r in warnings)
     assert all("ISS-1" in r.getMessage() and "failed_state" in r.getMessage() for r in warnings)
+    # The retry past the cap is scheduled, and the dashboard shows it rather than a stop.
+    assert all(e.next_attempt_at is not None and e.moved_to is None for e in exhaustions)
+    (row,) = issue_statuses(ledger, config, board=board, now=exhaustions[-1].at)
+    assert (row.ledger_state, row.attempts, row.max_attempts) == ("backoff", 7, 3)
+    assert row.next_attempt_at == exhaustions[-1].next_attempt_at
+
+
+def test_a_blocked_issue_that_cannot_move_warns_once_not_every_pass(
+    ledger: SqliteLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    board, runner, clock = one_issue_board(), ScriptedRunner(ENVIRONMENT), Clock()
+    config = DispatchConfig(failed_state=None)
+    dispatcher = Dispatcher(board, runner, ledger, config, clock)
+    with caplog.at_level(logging.WARNING, logger="execkit.dispatch"):
+        events = [dispatcher.tick() for _ in range(5)]
+    assert len(runner.calls) == 1  # environment stops at once, move or no move
+    assert [e.kind for e in events[0]] == ["dispatched"]
+    assert [[e.kind for e in later] for later in events[1:]] == [["blocked"]] * 4
+    assert all(later[0].blocked_on == "environment" for later in events[1:])
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "execkit.dispatch"]
+    assert "ISS-1" in warning and "failed_state" in warning
 
 
 class RefusingBoard(InMemoryBoard):
@@ -185,7 +208,7 @@ def test_unavailable_move_keeps_retrying_and_warns(
     assert len(runner.calls) == 5
     assert board.get("ISS-1").state == "todo"
     messages = [r.getMessage() for r in caplog.records if r.name == "execkit.dispatch"]
-    assert len(messages) >= 4  # exhaustion after attempts 2, 3, 4, 5
+    assert len(messages) == 4  # one per exhaustion: after attempts 2, 3, 4 and 5
     assert all("ISS-1" in m and "'blocked'" in m for m in messages)
 
 
@@ -265,7 +288,7 @@ def test_upstream_is_uncharged_up_to_its_own_bound(db: Path) -> None:
         dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(), clock)
         events = dispatched(drive(dispatcher, clock, passes=10))
         (row,) = issue_statuses(ledger, DispatchConfig(), board=board, now=clock.now)
-    assert 3 <= len(runner.calls) <= 4
+    assert len(runner.calls) == 3
     assert all(e.charged is False for e in events)
     assert [e.blocked_on for e in events[:-1]] == [None] * (len(events) - 1)
     assert (events[-1].blocked_on, events[-1].moved_to) == ("upstream", "blocked")
@@ -309,6 +332,15 @@ def test_attempt_limit_stays_in_progress_and_resumes_when_raised(ledger: SqliteL
     assert dispatched(events)[-1].moved_to is None
     limits = [e for e in events if e.kind == "attempt_limit"]
     assert limits and all(e.moved_to is None for e in limits)
+    # The explicit limit binds before the dispatch cap (10), so it is the n/max shown.
+    assert [e.max_attempts for e in dispatched(events)] == [2]
+    (row,) = issue_statuses(ledger, DispatchConfig(), board=board, now=clock.now)
+    assert (row.ledger_state, row.blocked_on, row.attempts, row.max_attempts) == (
+        "blocked",
+        "attempt_limit",
+        2,
+        2,
+    )
     assert board.get("ISS-1").state == "todo"  # not cancelled, not moved
     # The operator raises the limit: same task, same history, attempt 3 next.
     ledger.set_attempt_limit(
@@ -345,6 +377,38 @@ def test_a_runner_that_raises_is_a_charged_work_failure(ledger: SqliteLedger) ->
     assert "RuntimeError: boom" in (event.reason or "")
     (run,) = ledger.runs(event.task_id or "")
     assert (run.status, run.failure_class) == ("failed", FailureClass.WORK)
+
+
+class FlakyFinishLedger(SqliteLedger):
+    """A real ledger whose next `finish_run` fails, as one busy past its timeout does."""
+
+    fail_next_finish = False
+
+    def finish_run(self, run_id: str, status: str, **kwargs: Any) -> Run:
+        if self.fail_next_finish:
+            self.fail_next_finish = False
+            raise ExecKitError(f"ledger {self.path} is busy or unwritable: database is locked")
+        return super().finish_run(run_id, status, **kwargs)
+
+
+def test_a_result_the_ledger_could_not_take_is_recorded_on_the_next_pass(db: Path) -> None:
+    board, runner, clock = one_issue_board(), ScriptedRunner(WORK, OK), Clock()
+    with FlakyFinishLedger(db, budget=ROOMY) as ledger:
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(), clock)
+        ledger.fail_next_finish = True
+        (error,) = dispatcher.tick()
+        assert (error.kind, error.issue_id) == ("error", "ISS-1")
+        assert "busy" in (error.reason or "")
+        (run,) = ledger.runs(error.task_id or ledger.list_tasks()[0].id)
+        assert run.status == "running"  # the work happened; its result is not stored yet
+        # The next pass stores it (with the time it ended) and the issue goes on: it is not
+        # left `running` for as long as this process lives.
+        assert dispatcher.tick() == []  # recorded; now in backoff
+        (run,) = ledger.runs(run.task_id)
+        assert (run.status, run.failure_class, run.ended_at) == ("failed", FailureClass.WORK, T0)
+        events = drive(dispatcher, clock, passes=3)
+    assert runner.calls == [("ISS-1", 1), ("ISS-1", 2)]
+    assert dispatched(events)[-1].moved_to == "done"
 
 
 def test_each_issue_is_one_task_across_restarts(db: Path) -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from _support import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +22,7 @@ from execkit.dispatch import (
     JsonFileBoard,
     Tracker,
 )
-from execkit.errors import InvalidInput, NotFound
+from execkit.errors import ExecKitError, InvalidInput, NotFound
 
 STATES = [
     {"name": "todo", "eligible": True},
@@ -117,23 +121,67 @@ def test_json_board_errors_for_missing_and_malformed_files(tmp_path: Path) -> No
         JsonFileBoard(bad)
 
 
-def test_concurrent_moves_are_never_lost(tmp_path: Path) -> None:
+_MOVER = """
+import sys
+from execkit.dispatch import JsonFileBoard
+board = JsonFileBoard(sys.argv[1])
+for issue_id in sys.argv[2:]:
+    assert board.move(issue_id, "done"), issue_id
+"""
+
+_READER = """
+import sys, time
+from execkit.dispatch import JsonFileBoard
+board = JsonFileBoard(sys.argv[1])
+deadline = time.time() + 60
+reads = 0
+while time.time() < deadline:
+    states = [i.state for i in board.list_issues()]  # raises on a half-written file
+    reads += 1
+    if reads >= 20 and all(s == "done" for s in states):
+        break
+print(reads)
+"""
+
+
+def test_concurrent_moves_from_processes_are_never_lost_nor_half_seen(tmp_path: Path) -> None:
     issues = [{"id": f"I{n}", "title": "t", "state": "todo"} for n in range(24)]
-    path = write_board(tmp_path / "board.json", issues)
+    path = write_board(tmp_path / "board.json", issues, owner="ops-team")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
 
-    def mover(ids: list[str]) -> None:
-        board = JsonFileBoard(path)  # each thread its own reader, as separate processes are
-        for issue_id in ids:
-            assert board.move(issue_id, "done")
+    def start(code: str, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", code, str(path), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
-    threads = [
-        threading.Thread(target=mover, args=([f"I{n}" for n in range(k, 24, 4)],)) for k in range(4)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    reader = start(_READER)
+    movers = [start(_MOVER, *(f"I{n}" for n in range(k, 24, 4))) for k in range(4)]
+    for proc in [*movers, reader]:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
     assert {i.state for i in JsonFileBoard(path).list_issues()} == {"done"}
+    assert json.loads(path.read_text())["owner"] == "ops-team"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_move_keeps_the_board_file_permissions(tmp_path: Path) -> None:
+    path = write_board(tmp_path / "board.json", [{"id": "A", "title": "a", "state": "todo"}])
+    path.chmod(0o640)
+    assert JsonFileBoard(path).move("A", "done")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_a_board_file_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_board(tmp_path / "board.json", [{"id": "A", "title": "a", "state": "todo"}])
+    # The lock can't be opened (a folder sits at its name): an OSError even for root.
+    (tmp_path / "board.json.lock").mkdir()
+    with pytest.raises(ExecKitError, match="cannot write board file"):
+        JsonFileBoard(path).move("A", "done")
+    assert JsonFileBoard(path).list_issues()[0].state == "todo"
 
 
 def test_create_round_trips(tmp_path: Path) -> None:

@@ -36,6 +36,10 @@ __all__ = ["register"]
 _MAX_PASSES = 200
 _MISSING_BINARY = "acme-agent"
 _INSTALL_HINT = f"pip install {_MISSING_BINARY} (left out on purpose)"
+# Where the virtual clock starts (2025-01-01 00:28 UTC). Fixed, not today's time, because
+# the backoff jitter is seeded by the history's times: a fixed start prints the same
+# retry times on every run, the ones the README quotes.
+_VIRTUAL_EPOCH = 1_735_691_280.0
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -152,18 +156,23 @@ def _run(workdir: Path, bin_dir: Path) -> None:
     state_dir.mkdir()
     adapter = GenericAdapter(install_hint=_INSTALL_HINT)
     runner = AdapterRunner(adapter, env={"EXECKIT_FIXTURE_STATE": str(state_dir)})
-    clock = _VirtualClock(time.time())
+    clock = _VirtualClock(_VIRTUAL_EPOCH)
 
     def show(event: DispatchEvent) -> None:
         print(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}", flush=True)
 
-    print(
-        "execkit demo: 4 board issues, the generic adapter over fixtures/bin, "
-        f"dispatch cap {config.max_attempts}, backoff {config.base_backoff_s:g}s.."
-        f"{config.max_retry_backoff_s:g}s on a virtual clock (no real waiting)\n"
-    )
     started = time.monotonic()
     with open_ledger(workdir / "ledger.db", backoff=config.backoff) as ledger:
+        budget = ledger.budget
+        print(
+            "execkit demo: 4 board issues; the generic adapter runs scripts from fixtures/bin "
+            "standing in for a vendor CLI.\n"
+            f"Per issue: {budget.max_attempts} charged attempts (work), "
+            f"{budget.max_uncharged_attempts} upstream failures in a row (uncharged), "
+            f"{config.max_attempts} dispatches in all; retries back off "
+            f"{config.base_backoff_s:g}s..{config.max_retry_backoff_s:g}s on a virtual clock "
+            "(no real waiting).\n"
+        )
         dispatcher = Dispatcher(board, runner, ledger, config, clock, on_event=show)
         for _ in range(_MAX_PASSES):
             events = dispatcher.tick()
@@ -177,3 +186,8 @@ def _run(workdir: Path, bin_dir: Path) -> None:
     elapsed = time.monotonic() - started
     print(f"\nstatus after {clock() - clock.start:.0f}s of virtual time ({elapsed:.1f}s real):\n")
     print(format_status_table(rows, clock()))
+    print(
+        "\nATTEMPT counts every dispatch against the cap; CHARGED only the attempts that said "
+        "something about the work;\nUNCHARGED is the current run of upstream failures. "
+        "Missing binaries and vendor outages cost no budget."
+    )

@@ -24,7 +24,7 @@ from execkit.dispatch import (
     JsonFileBoard,
     issue_statuses,
 )
-from execkit.ledger import open_ledger
+from execkit.ledger import SqliteLedger, default_db_path, open_ledger
 
 __all__ = ["describe_event", "format_status_table", "register"]
 
@@ -253,8 +253,13 @@ def _status(args: argparse.Namespace) -> int:
     board = JsonFileBoard(args.board) if args.board else None
     config = _config(args, board)
     now = time.time()
-    with open_ledger(args.db, backoff=config.backoff) as ledger:
-        rows = issue_statuses(ledger, config, board=board, now=now)
+    db = default_db_path(args.db)
+    if board is not None and not db.exists():
+        # Nothing dispatched yet: every issue shows as such, and a dashboard creates no file.
+        rows = issue_statuses(None, config, board=board, now=now)
+    else:
+        with SqliteLedger(db, create=False, backoff=config.backoff) as ledger:
+            rows = issue_statuses(ledger, config, board=board, now=now)
     if args.json:
         print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
         return 0

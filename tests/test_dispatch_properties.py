@@ -1,0 +1,178 @@
+"""Property tests of the dispatcher's invariants (ADR 015, 0033, 0046) over a real SQLite ledger.
+
+One model-based test drives a board issue through a drawn sequence of outcomes, budgets and
+dispatch cap, restarting the dispatcher (a new ledger connection, nothing carried over) at
+a drawn pass and probing for an early dispatch inside every backoff. A small reference
+model of the three bounds says how many dispatches there must be and where the issue ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from execkit.budget import WorkBudget
+from execkit.classify import FailureClass
+from execkit.dispatch import (
+    BoardIssue,
+    DispatchConfig,
+    Dispatcher,
+    DispatchEvent,
+    InMemoryBoard,
+    RunOutcome,
+)
+from execkit.ledger import open_ledger
+
+T0 = 1_700_000_000.0
+
+OUTCOMES = {
+    "ok": RunOutcome("succeeded"),
+    "work": RunOutcome("failed", FailureClass.WORK, "default", detail="wrong"),
+    "upstream": RunOutcome("failed", FailureClass.UPSTREAM, "http 503"),
+    "environment": RunOutcome(
+        "failed", FailureClass.ENVIRONMENT, "spawn errno ENOENT", precondition="acme missing"
+    ),
+}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ByAttempt:
+    """Returns the outcome drawn for the attempt number (the last one repeats)."""
+
+    def __init__(self, kinds: list[str]) -> None:
+        self.kinds = kinds
+        self.attempts: list[int] = []
+
+    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+        self.attempts.append(attempt)
+        return OUTCOMES[self.kinds[min(attempt, len(self.kinds)) - 1]]
+
+
+def expected_end(
+    kinds: list[str], budget: WorkBudget, cap: int, failed_state: str | None
+) -> tuple[int, str]:
+    """(dispatches, what stops the issue) by the rules, without the ledger.
+
+    The cap stops only where the give-up move is possible (ADR 015's legacy retry); the
+    class bounds stop regardless (ADR 0046), so something always stops: nothing retries
+    without end.
+    """
+    charged = streak = 0
+    attempt = 0
+    while True:
+        attempt += 1
+        kind = kinds[min(attempt, len(kinds)) - 1]
+        if kind == "ok":
+            return attempt, "done"
+        if kind == "environment":
+            return attempt, "environment"
+        if kind == "upstream":
+            streak += 1
+        else:
+            charged, streak = charged + 1, 0
+        if streak >= budget.max_uncharged_attempts:
+            return attempt, "upstream"
+        if charged >= budget.max_attempts:
+            return attempt, "work"
+        if 0 < cap <= attempt and failed_state is not None:
+            return attempt, "dispatch_cap"
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    kinds=st.lists(st.sampled_from(sorted(OUTCOMES)), min_size=1, max_size=8),
+    max_charged=st.integers(min_value=1, max_value=5),
+    max_uncharged=st.integers(min_value=1, max_value=4),
+    cap=st.sampled_from([-1, 1, 2, 3, 5, 8]),
+    failed_state=st.sampled_from(["blocked", None]),
+    base=st.floats(min_value=0.5, max_value=60),
+    spread=st.floats(min_value=1, max_value=20),
+    restart_at=st.integers(min_value=0, max_value=12),
+    probe=st.floats(min_value=0, max_value=0.999),
+)
+def test_the_dispatcher_follows_the_bounds_across_a_restart(
+    tmp_path_factory: pytest.TempPathFactory,
+    kinds: list[str],
+    max_charged: int,
+    max_uncharged: int,
+    cap: int,
+    failed_state: str | None,
+    base: float,
+    spread: float,
+    restart_at: int,
+    probe: float,
+) -> None:
+    budget = WorkBudget(max_attempts=max_charged, max_uncharged_attempts=max_uncharged)
+    config = DispatchConfig(
+        max_attempts=cap,
+        failed_state=failed_state,
+        base_backoff_s=base,
+        max_retry_backoff_s=base * spread,
+    )
+    want_dispatches, want_stop = expected_end(kinds, budget, cap, failed_state)
+    db = tmp_path_factory.mktemp("prop") / "ledger.db"
+    board = InMemoryBoard([BoardIssue("ISS-1", "t", "todo")])
+    runner, clock = ByAttempt(kinds), Clock()
+    events: list[DispatchEvent] = []
+    not_before = T0  # the earliest a dispatch may happen: the last retry time announced
+
+    ledger = open_ledger(db, budget=budget)
+    try:
+        dispatcher = Dispatcher(board, runner, ledger, config, clock)
+        for n in range(want_dispatches + 10):
+            if n == restart_at:
+                ledger.close()
+                ledger = open_ledger(db, budget=budget)
+                dispatcher = Dispatcher(board, runner, ledger, config, clock)
+            for event in dispatcher.tick():
+                if event.kind == "dispatched":
+                    assert event.at >= not_before, "dispatched before its backoff ended"
+                    if event.next_attempt_at is not None:
+                        # Backoff never exceeds the cap, and is never zero.
+                        assert event.at < event.next_attempt_at
+                        assert event.next_attempt_at <= event.at + config.max_retry_backoff_s
+                        not_before = event.next_attempt_at
+                events.append(event)
+            due = dispatcher.next_due()
+            if due is None:
+                continue
+            # Inside the backoff nothing is dispatched, whoever asks.
+            clock.now += (due - clock.now) * probe
+            assert [e for e in dispatcher.tick() if e.kind == "dispatched"] == []
+            clock.now = max(clock.now, due)
+    finally:
+        ledger.close()
+
+    dispatched = [e for e in events if e.kind == "dispatched"]
+    # Attempt numbers come from the history: 1, 2, 3 ... whatever restarted in between.
+    assert runner.attempts == list(range(1, want_dispatches + 1))
+    assert [e.attempt for e in dispatched] == runner.attempts
+    # Only work failures (and the success) spend the charged budget.
+    charged = [e.charged for e in dispatched]
+    assert charged == [kinds[min(a, len(kinds)) - 1] in ("work", "ok") for a in runner.attempts]
+    last = dispatched[-1]
+    if want_stop == "done":
+        assert (last.status, last.moved_to, board.get("ISS-1").state) == (
+            "succeeded",
+            "done",
+            "done",
+        )
+        return
+    assert last.blocked_on == want_stop
+    if failed_state is None:
+        assert board.get("ISS-1").state == "todo"  # never moved, never stranded silently
+        assert board.moves == []
+    else:
+        assert (last.moved_to, board.get("ISS-1").state) == ("blocked", "blocked")
