@@ -7,10 +7,13 @@ names the flag and its allowed range (exit 3, JSON with `--json`), never a usage
 from __future__ import annotations
 
 import math
+import re
 
 from execkit.errors import InvalidInput
 
-__all__ = ["parse_seconds"]
+__all__ = ["parse_int", "parse_seconds"]
+
+_INT = re.compile(r"[+-]?[0-9]+")
 
 
 def parse_seconds(flag: str, raw: object, *, allow_zero: bool) -> float | None:
@@ -28,3 +31,21 @@ def parse_seconds(flag: str, raw: object, *, allow_zero: bool) -> float | None:
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         raise InvalidInput(f"{flag} must be a finite number of seconds {bound}, got {raw!r}")
     return seconds
+
+
+def parse_int(
+    flag: str, text: str, low: int, high: int | None = None, *, allowed: str | None = None
+) -> int:
+    """`text` as a whole number in low..high (no upper bound when `high` is None).
+
+    Anything else ("abc", "2.5", "", out of range) is InvalidInput naming `flag` and the
+    range (`allowed` overrides how the range is said).
+    """
+    if allowed is None:
+        allowed = f">= {low}" if high is None else f"{low}..{high}"
+    if not _INT.fullmatch(text.strip()):
+        raise InvalidInput(f"{flag} must be a whole number, {allowed}; got {text!r}")
+    value = int(text)
+    if value < low or (high is not None and value > high):
+        raise InvalidInput(f"{flag} must be {allowed}; got {value}")
+    return value

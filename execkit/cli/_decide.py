@@ -13,8 +13,7 @@ import sys
 from typing import Any
 
 from execkit.budget import EXPLICIT_LIMIT_MAX, Attempt, Decision, ExplicitLimit, WorkBudget, decide
-from execkit.cli._args import parse_seconds
-from execkit.cli._ledger import parse_int
+from execkit.cli._args import parse_int, parse_seconds
 from execkit.cli._output import print_json
 from execkit.errors import HistoryError, InvalidInput, NotFound
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from execkit.cli._args import parse_int
 from execkit.cli._output import EXIT_CODES, print_json
-from execkit.errors import InvalidInput
 from execkit.ledger import (
     CAPABILITIES,
     MAX_ATTEMPT_LIMIT,
@@ -30,7 +29,6 @@ from execkit.ledger import (
     migrate,
 )
 
-_INT = re.compile(r"[+-]?[0-9]+")
 _T = TypeVar("_T")
 
 
@@ -171,24 +169,6 @@ def _parse_limit(flag: str, text: str, *, zero: str | None) -> int:
     return parse_int(
         flag, text, 0, MAX_ATTEMPT_LIMIT, allowed=f"0 ({zero}) or 1..{MAX_ATTEMPT_LIMIT}"
     )
-
-
-def parse_int(
-    flag: str, text: str, low: int, high: int | None = None, *, allowed: str | None = None
-) -> int:
-    """`text` as a whole number in low..high (no upper bound when `high` is None).
-
-    Anything else ("abc", "2.5", "", out of range) is InvalidInput naming `flag` and the
-    range (`allowed` overrides how the range is said). Also used by `execkit decide`.
-    """
-    if allowed is None:
-        allowed = f">= {low}" if high is None else f"{low}..{high}"
-    if not _INT.fullmatch(text.strip()):
-        raise InvalidInput(f"{flag} must be a whole number, {allowed}; got {text!r}")
-    value = int(text)
-    if value < low or (high is not None and value > high):
-        raise InvalidInput(f"{flag} must be {allowed}; got {value}")
-    return value
 
 
 def _actor(args: argparse.Namespace) -> str:
