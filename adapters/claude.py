@@ -12,18 +12,14 @@ from typing import Any
 
 import attrs
 
-from adapters.base import (
-    AdapterRawResult,
-    AgentRequest,
-    Envelope,
-    finish,
+from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
+from execkit.adapterkit import (
     http_status,
     load_json_document,
     number_field,
     request_argv,
     str_field,
 )
-from execkit.exec import SpawnResult
 
 __all__ = ["ClaudeAdapter"]
 
@@ -73,5 +69,5 @@ class ClaudeAdapter:
         turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]
         return request_argv([self.binary, "-p", "--output-format", "json"], request, options=turns)
 
-    def parse(self, result: SpawnResult) -> AdapterRawResult:
-        return finish(self, result, _read(result.stdout_tail))
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return map_result(self, result, _read(result.stdout_tail))

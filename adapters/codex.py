@@ -12,16 +12,8 @@ from typing import Any
 
 import attrs
 
-from adapters.base import (
-    AdapterRawResult,
-    AgentRequest,
-    Envelope,
-    finish,
-    iter_json_objects,
-    request_argv,
-    str_field,
-)
-from execkit.exec import SpawnResult
+from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
+from execkit.adapterkit import iter_json_objects, request_argv, str_field
 
 __all__ = ["CodexAdapter"]
 
@@ -81,5 +73,5 @@ class CodexAdapter:
         cd = ["--cd", request.cwd] if request.cwd else []
         return request_argv([self.binary, "exec", "--json"], request, options=cd)
 
-    def parse(self, result: SpawnResult) -> AdapterRawResult:
-        return finish(self, result, _read(result.stdout_tail))
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return map_result(self, result, _read(result.stdout_tail))

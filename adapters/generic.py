@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from adapters.base import NO_ENVELOPE, AdapterRawResult, AgentRequest, finish
-from execkit.errors import InvalidInput
-from execkit.exec import SpawnResult
+from execkit import AgentRequest, InvalidInput, MappedResult, SpawnResult, map_result
 
 __all__ = ["GenericAdapter"]
 
@@ -35,10 +33,11 @@ class GenericAdapter:
         if not argv:
             raise InvalidInput(
                 "the generic adapter needs a command: give GenericAdapter(command=...) "
-                "or the request's extra_args (program first)"
+                "or the request's extra_args (program first)",
+                field="extra_args",
             )
         # Verbatim: execkit cannot know whether an unknown CLI understands "--".
         return argv + ([request.prompt] if request.prompt else [])
 
-    def parse(self, result: SpawnResult) -> AdapterRawResult:
-        return finish(self, result, NO_ENVELOPE)
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return map_result(self, result)

@@ -11,18 +11,8 @@ from typing import Any
 
 import attrs
 
-from adapters.base import (
-    AdapterRawResult,
-    AgentRequest,
-    Envelope,
-    finish,
-    http_status,
-    iter_json_objects,
-    number_field,
-    request_argv,
-    str_field,
-)
-from execkit.exec import SpawnResult
+from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
+from execkit.adapterkit import http_status, iter_json_objects, number_field, request_argv, str_field
 
 __all__ = ["OpencodeAdapter"]
 
@@ -98,5 +88,5 @@ class OpencodeAdapter:
     def build_argv(self, request: AgentRequest) -> list[str]:
         return request_argv([self.binary, "run", "--format", "json"], request)
 
-    def parse(self, result: SpawnResult) -> AdapterRawResult:
-        return finish(self, result, _read(result.stdout_tail))
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return map_result(self, result, _read(result.stdout_tail))

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from execkit.classify import TAIL_CHARS, classify_text  # noqa: E402
+from execkit._classify import TAIL_CHARS, classify_text  # noqa: E402
 
 CORPUS = ROOT / "fixtures" / "failures"
 BIG_CHARS = 64 * 1024 * 1024

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from execkit.exec import spawn  # noqa: E402  (the checkout, not an installed copy)
+from execkit._exec import spawn  # noqa: E402  (the checkout, not an installed copy)
 
 ONE_GIB = 1024 * 1024 * 1024
 DRAIN = ["head", "-c", str(ONE_GIB), "/dev/zero"]
@@ -37,7 +37,7 @@ DRAIN = ["head", "-c", str(ONE_GIB), "/dev/zero"]
 _RSS_SCRIPT = """
 import resource, sys
 sys.path.insert(0, {root!r})
-from execkit.exec import spawn
+from execkit._exec import spawn
 if {drain!r}:
     result = spawn({argv!r})
     assert result.ok and result.stdout_bytes == {size!r}, result

@@ -1,11 +1,15 @@
 """execkit: run vendor CLIs for agent runners; charge retries only for informative attempts.
 
-The public API, in the order of the one-way flow: exec ➜ classify ➜ proofs and the
-in-agent loop ➜ budgets ➜ ledger and dispatcher. Vendor adapters live in the top-level
-`adapters` package; the pytest plugin in `execkit.testing`. Everything else is private.
+The public API, in the order of the one-way flow: exec ➜ classify ➜ the adapter contract ➜
+proofs and the in-agent loop ➜ budgets ➜ ledger and dispatcher. Every name below lives in a
+private room (`execkit._exec`, `execkit._classify`, ..., `execkit.ledger`,
+`execkit.dispatch`) and is re-exported here; `execkit.adapterkit` (helpers for adapter
+authors) and `execkit.testing` (the pytest plugin) are the public modules. The vendor
+adapters live in the top-level `adapters` package, which imports execkit, never the reverse.
 
-`execkit.classify` is the function (`classify(result)`); its module is still importable
-with `from execkit.classify import ...`. Redaction stays in `execkit.redact`.
+Each name is imported on first use, not at `import execkit`: a CLI command or a program that
+only spawns does not pay for the ledger (sqlite3), asyncio, psutil or the classifier's
+patterns. No import cycle needs this; it is only about start-up time.
 """
 
 from __future__ import annotations
@@ -13,70 +17,179 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from execkit.budget import (
-    MAX_UNCHARGED_REPLANS,
-    Attempt,
-    AttemptStatus,
-    Backoff,
-    Decision,
-    DispatchCap,
-    ExplicitLimit,
-    Plan,
-    ReplanDecision,
-    WorkBudget,
-    decide,
-    decide_replans,
-    validate_history,
-)
-from execkit.classify import Classification, FailureClass, classify, classify_text
-from execkit.errors import (
-    AdmissionRefused,
-    Conflict,
-    ExecKitError,
-    Forbidden,
-    HistoryError,
-    InvalidInput,
-    NotFound,
-    SchemaTooNew,
-    UnknownAdapter,
-    UnsupportedMove,
-)
-from execkit.exec import SpawnResult, spawn, spawn_async
-from execkit.ledger import Ledger, Run, Task, open_ledger
-from execkit.proof import (
-    AgentProof,
-    AgentStatus,
-    RunProof,
-    RunStatus,
-    load_agent_proof,
-    load_run_proof,
-    rollup_class,
-)
+__version__ = "0.1.0"
 
-# The in-agent loop and the dispatcher stand below the `adapters` package in the flow, and
-# `adapters` itself imports execkit's lower layers (exec, classify). Importing them eagerly
-# here would make `import adapters` circular, so their names load on first use.
-_LAZY_EXPORTS = {
-    "AgentFailed": "execkit.agent",
-    "run_agent": "execkit.agent",
+# name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "AdmissionRefused": "execkit._errors",
+    "AgentFailed": "execkit._errors",
+    "AttemptLimitReached": "execkit._errors",
+    "Conflict": "execkit._errors",
+    "ExecKitError": "execkit._errors",
+    "Forbidden": "execkit._errors",
+    "HistoryError": "execkit._errors",
+    "InvalidInput": "execkit._errors",
+    "NotFound": "execkit._errors",
+    "SchemaTooNew": "execkit._errors",
+    "StorageError": "execkit._errors",
+    "TaskBlocked": "execkit._errors",
+    "TaskFinished": "execkit._errors",
+    "UnknownAdapter": "execkit._errors",
+    "UnsupportedMove": "execkit._errors",
+    "SpawnFailure": "execkit._exec",
+    "SpawnResult": "execkit._exec",
+    "spawn": "execkit._exec",
+    "spawn_async": "execkit._exec",
+    "Classification": "execkit._classify",
+    "FailureClass": "execkit._classify",
+    "Reason": "execkit._classify",
+    "classify": "execkit._classify",
+    "classify_text": "execkit._classify",
+    "Adapter": "execkit._adapter",
+    "AgentRequest": "execkit._adapter",
+    "Envelope": "execkit._adapter",
+    "MappedResult": "execkit._adapter",
+    "map_result": "execkit._adapter",
+    "adapter_names": "execkit._registry",
+    "available_adapters": "execkit._registry",
+    "find_binary": "execkit._registry",
+    "get_adapter": "execkit._registry",
+    "AgentProof": "execkit._proof",
+    "AgentStatus": "execkit._proof",
+    "RunProof": "execkit._proof",
+    "RunStatus": "execkit._proof",
+    "load_agent_proof": "execkit._proof",
+    "load_run_proof": "execkit._proof",
+    "rollup_class": "execkit._proof",
+    "AttemptContext": "execkit._agent",
+    "PriorOutcome": "execkit._agent",
+    "RunRecorder": "execkit._agent",
+    "run_agent": "execkit._agent",
+    "run_command": "execkit._agent",
+    "MAX_UNCHARGED_REPLANS": "execkit._budget",
+    "Attempt": "execkit._budget",
+    "AttemptStatus": "execkit._budget",
+    "Backoff": "execkit._budget",
+    "BlockedOn": "execkit._budget",
+    "Decision": "execkit._budget",
+    "DecisionState": "execkit._budget",
+    "DispatchCap": "execkit._budget",
+    "ExplicitLimit": "execkit._budget",
+    "NextAction": "execkit._budget",
+    "Plan": "execkit._budget",
+    "ReplanDecision": "execkit._budget",
+    "WorkBudget": "execkit._budget",
+    "decide": "execkit._budget",
+    "decide_replans": "execkit._budget",
+    "validate_history": "execkit._budget",
+    "Ledger": "execkit.ledger",
+    "Run": "execkit.ledger",
+    "Task": "execkit.ledger",
+    "TaskState": "execkit.ledger",
+    "TaskStatus": "execkit.ledger",
+    "open_ledger": "execkit.ledger",
+    "AdapterRunner": "execkit.dispatch",
     "BoardIssue": "execkit.dispatch",
+    "BoardState": "execkit.dispatch",
     "DispatchConfig": "execkit.dispatch",
+    "DispatchEvent": "execkit.dispatch",
     "Dispatcher": "execkit.dispatch",
+    "EventKind": "execkit.dispatch",
     "InMemoryBoard": "execkit.dispatch",
     "IssueStatus": "execkit.dispatch",
     "JsonFileBoard": "execkit.dispatch",
-    "Runner": "execkit.dispatch",
     "RunOutcome": "execkit.dispatch",
+    "Runner": "execkit.dispatch",
     "Tracker": "execkit.dispatch",
     "issue_statuses": "execkit.dispatch",
 }
 
 if TYPE_CHECKING:
-    from execkit.agent import AgentFailed, run_agent
+    from execkit._adapter import (
+        Adapter,
+        AgentRequest,
+        Envelope,
+        MappedResult,
+        map_result,
+    )
+    from execkit._agent import (
+        AttemptContext,
+        PriorOutcome,
+        RunRecorder,
+        run_agent,
+        run_command,
+    )
+    from execkit._budget import (
+        MAX_UNCHARGED_REPLANS,
+        Attempt,
+        AttemptStatus,
+        Backoff,
+        BlockedOn,
+        Decision,
+        DecisionState,
+        DispatchCap,
+        ExplicitLimit,
+        NextAction,
+        Plan,
+        ReplanDecision,
+        WorkBudget,
+        decide,
+        decide_replans,
+        validate_history,
+    )
+    from execkit._classify import (
+        Classification,
+        FailureClass,
+        Reason,
+        classify,
+        classify_text,
+    )
+    from execkit._errors import (
+        AdmissionRefused,
+        AgentFailed,
+        AttemptLimitReached,
+        Conflict,
+        ExecKitError,
+        Forbidden,
+        HistoryError,
+        InvalidInput,
+        NotFound,
+        SchemaTooNew,
+        StorageError,
+        TaskBlocked,
+        TaskFinished,
+        UnknownAdapter,
+        UnsupportedMove,
+    )
+    from execkit._exec import (
+        SpawnFailure,
+        SpawnResult,
+        spawn,
+        spawn_async,
+    )
+    from execkit._proof import (
+        AgentProof,
+        AgentStatus,
+        RunProof,
+        RunStatus,
+        load_agent_proof,
+        load_run_proof,
+        rollup_class,
+    )
+    from execkit._registry import (
+        adapter_names,
+        available_adapters,
+        find_binary,
+        get_adapter,
+    )
     from execkit.dispatch import (
+        AdapterRunner,
         BoardIssue,
+        BoardState,
         DispatchConfig,
         Dispatcher,
+        DispatchEvent,
+        EventKind,
         InMemoryBoard,
         IssueStatus,
         JsonFileBoard,
@@ -85,35 +198,43 @@ if TYPE_CHECKING:
         Tracker,
         issue_statuses,
     )
+    from execkit.ledger import (
+        Ledger,
+        Run,
+        Task,
+        TaskState,
+        TaskStatus,
+        open_ledger,
+    )
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY_EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'execkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MAX_UNCHARGED_REPLANS",
+    "Adapter",
+    "AdapterRunner",
     "AdmissionRefused",
     "AgentFailed",
     "AgentProof",
+    "AgentRequest",
     "AgentStatus",
     "Attempt",
+    "AttemptContext",
+    "AttemptLimitReached",
     "AttemptStatus",
     "Backoff",
+    "BlockedOn",
     "BoardIssue",
+    "BoardState",
     "Classification",
     "Conflict",
     "Decision",
+    "DecisionState",
     "DispatchCap",
     "DispatchConfig",
+    "DispatchEvent",
     "Dispatcher",
+    "Envelope",
+    "EventKind",
     "ExecKitError",
     "ExplicitLimit",
     "FailureClass",
@@ -124,36 +245,62 @@ __all__ = [
     "IssueStatus",
     "JsonFileBoard",
     "Ledger",
+    "MappedResult",
+    "NextAction",
     "NotFound",
     "Plan",
+    "PriorOutcome",
+    "Reason",
     "ReplanDecision",
     "Run",
     "RunOutcome",
     "RunProof",
+    "RunRecorder",
     "RunStatus",
     "Runner",
     "SchemaTooNew",
+    "SpawnFailure",
     "SpawnResult",
+    "StorageError",
     "Task",
+    "TaskBlocked",
+    "TaskFinished",
+    "TaskState",
+    "TaskStatus",
     "Tracker",
     "UnknownAdapter",
     "UnsupportedMove",
     "WorkBudget",
     "__version__",
+    "adapter_names",
+    "available_adapters",
     "classify",
     "classify_text",
     "decide",
     "decide_replans",
+    "find_binary",
+    "get_adapter",
     "issue_statuses",
     "load_agent_proof",
     "load_run_proof",
+    "map_result",
     "open_ledger",
     "rollup_class",
     "run_agent",
+    "run_command",
     "spawn",
     "spawn_async",
     "validate_history",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'execkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
 def __dir__() -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 import pytest
 
-from execkit.errors import InvalidInput
+from execkit._errors import InvalidInput
 
 try:
     from pytest_subprocess import FakeProcess

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from execkit.exec import SpawnResult
+from execkit._exec import SpawnFailure, SpawnResult
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,6 +51,7 @@ def spawn_result(
     stderr: str = "",
     spawn_errno: int | None = None,
     spawn_error: str | None = None,
+    spawn_failure: SpawnFailure | None = None,
     timed_out: bool = False,
     signal: int | None = None,
 ) -> SpawnResult:
@@ -75,6 +76,7 @@ def spawn_result(
         stderr_bytes=len(stderr.encode()),
         stdout_truncated=False,
         stderr_truncated=False,
+        spawn_failure=spawn_failure,
     )
 
 

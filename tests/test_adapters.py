@@ -12,16 +12,19 @@ import pytest
 from _support import spawn_result
 
 import adapters
-from adapters.base import (
+from execkit import (
+    Adapter,
     AgentRequest,
     Envelope,
-    finish,
-    load_json_document,
-    parse_retry_after,
+    adapter_names,
+    available_adapters,
+    get_adapter,
+    map_result,
 )
-from execkit.classify import FailureClass
-from execkit.errors import InvalidInput, UnknownAdapter
-from execkit.exec import SpawnResult
+from execkit._classify import FailureClass
+from execkit._errors import InvalidInput, UnknownAdapter
+from execkit._exec import SpawnFailure, SpawnResult
+from execkit.adapterkit import load_json_document, parse_retry_after
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VENDORS = ("codex", "claude", "gemini", "opencode", "generic")
@@ -39,10 +42,10 @@ def load_cases() -> list[tuple[str, dict[str, Any]]]:
 CASES = load_cases()
 
 
-def adapter_for(vendor: str) -> adapters.Adapter:
+def adapter_for(vendor: str) -> Adapter:
     if vendor == "generic":
         return adapters.GenericAdapter(command=("mytool",))
-    return adapters.get(vendor)
+    return get_adapter(vendor)
 
 
 def result_for(vendor: str, case: dict[str, Any]) -> SpawnResult:
@@ -117,7 +120,7 @@ def test_adapter_classes_each_fixture(vendor: str, case: dict[str, Any]) -> None
 
 
 def test_missing_codex_names_the_precondition_exactly() -> None:
-    codex = adapters.get("codex")
+    codex = get_adapter("codex")
     raw = codex.parse(
         spawn_result(
             ("codex", "exec", "--json", "x"),
@@ -135,11 +138,12 @@ def test_missing_codex_names_the_precondition_exactly() -> None:
 
 
 def test_missing_working_directory_names_the_directory_not_the_binary() -> None:
-    raw = adapters.get("claude").parse(
+    raw = get_adapter("claude").parse(
         spawn_result(
             ("claude", "-p", "x"),
             spawn_errno=errno.ENOENT,
             spawn_error="working directory not found: /no/such/dir",
+            spawn_failure=SpawnFailure.CWD_NOT_FOUND,
         )
     )
     assert raw.failure_class is FailureClass.ENVIRONMENT
@@ -147,7 +151,7 @@ def test_missing_working_directory_names_the_directory_not_the_binary() -> None:
 
 
 def test_other_spawn_errno_charges_as_work() -> None:
-    raw = adapters.get("gemini").parse(
+    raw = get_adapter("gemini").parse(
         spawn_result(("gemini",), spawn_errno=errno.EACCES, spawn_error="Permission denied")
     )
     assert raw.failure_class is FailureClass.WORK
@@ -155,7 +159,7 @@ def test_other_spawn_errno_charges_as_work() -> None:
 
 
 def test_bare_exit_127_without_errno_is_work() -> None:
-    raw = adapters.get("codex").parse(
+    raw = get_adapter("codex").parse(
         spawn_result(("codex", "exec"), exit_code=127, stderr="sh: 1: codex: not found\n")
     )
     assert raw.failure_class is FailureClass.WORK
@@ -163,7 +167,7 @@ def test_bare_exit_127_without_errno_is_work() -> None:
 
 
 def test_timeout_is_work_unless_the_vendor_said_upstream() -> None:
-    claude = adapters.get("claude")
+    claude = get_adapter("claude")
     plain = claude.parse(spawn_result(("claude",), exit_code=None, signal=9, timed_out=True))
     assert plain.failure_class is FailureClass.WORK and plain.timed_out
     assert plain.reason == "timeout"
@@ -176,13 +180,13 @@ def test_timeout_is_work_unless_the_vendor_said_upstream() -> None:
 
 
 def test_structured_status_decides_over_the_wording() -> None:
-    codex = adapters.get("codex")
+    codex = get_adapter("codex")
     result = spawn_result(("codex",), exit_code=1, stderr="boom")
-    upstream = finish(
+    upstream = map_result(
         codex, result, Envelope(found=True, is_error=True, error_message="x", http_status=503)
     )
     assert (upstream.failure_class, upstream.reason) == (FailureClass.UPSTREAM, "http 503")
-    work = finish(
+    work = map_result(
         codex,
         result,
         Envelope(
@@ -197,8 +201,8 @@ def test_structured_status_decides_over_the_wording() -> None:
 
 def test_account_limit_wording_vetoes_a_structured_429() -> None:
     result = spawn_result(("claude",), exit_code=1)
-    raw = finish(
-        adapters.get("claude"),
+    raw = map_result(
+        get_adapter("claude"),
         result,
         Envelope(
             found=True,
@@ -222,14 +226,14 @@ def test_envelope_error_on_exit_zero_is_still_a_failure() -> None:
             "session_id": "s1",
         }
     )
-    raw = adapters.get("claude").parse(spawn_result(("claude",), exit_code=0, stdout=stdout))
+    raw = get_adapter("claude").parse(spawn_result(("claude",), exit_code=0, stdout=stdout))
     assert not raw.ok
     assert raw.failure_class is FailureClass.UPSTREAM
     assert raw.session_id == "s1"
 
 
 def test_exit_zero_without_an_envelope_is_plain_text_success() -> None:
-    raw = adapters.get("codex").parse(spawn_result(("codex",), stdout="just text\n"))
+    raw = get_adapter("codex").parse(spawn_result(("codex",), stdout="just text\n"))
     assert raw.ok and raw.text == "just text"
 
 
@@ -241,7 +245,7 @@ def test_secrets_never_reach_the_raw_error() -> None:
 
 def test_codex_recovered_reconnect_error_is_not_a_failure() -> None:
     case = next(c for v, c in CASES if v == "codex" and c["name"] == "reconnect_then_success")
-    raw = adapters.get("codex").parse(result_for("codex", case))
+    raw = get_adapter("codex").parse(result_for("codex", case))
     assert raw.ok and raw.failure_class is None
 
 
@@ -286,7 +290,7 @@ def test_build_argv_per_vendor() -> None:
     request = AgentRequest(
         prompt="fix it", model="m1", cwd="/repo", max_turns=7, extra_args=("--flag",)
     )
-    assert adapters.get("codex").build_argv(request) == [
+    assert get_adapter("codex").build_argv(request) == [
         "codex",
         "exec",
         "--json",
@@ -297,7 +301,7 @@ def test_build_argv_per_vendor() -> None:
         "--flag",
         "fix it",
     ]
-    assert adapters.get("claude").build_argv(request) == [
+    assert get_adapter("claude").build_argv(request) == [
         "claude",
         "-p",
         "--output-format",
@@ -309,7 +313,7 @@ def test_build_argv_per_vendor() -> None:
         "--flag",
         "fix it",
     ]
-    assert adapters.get("gemini").build_argv(request) == [
+    assert get_adapter("gemini").build_argv(request) == [
         "gemini",
         "--output-format",
         "json",
@@ -318,7 +322,7 @@ def test_build_argv_per_vendor() -> None:
         "--flag",
         "--prompt=fix it",
     ]
-    assert adapters.get("opencode").build_argv(request) == [
+    assert get_adapter("opencode").build_argv(request) == [
         "opencode",
         "run",
         "--format",
@@ -338,14 +342,14 @@ def test_build_argv_per_vendor() -> None:
 
 def test_a_prompt_that_looks_like_a_flag_stays_a_prompt() -> None:
     request = AgentRequest(prompt="--delete-everything")
-    assert adapters.get("codex").build_argv(request)[-2:] == ["--", "--delete-everything"]
-    assert adapters.get("gemini").build_argv(request)[-1] == "--prompt=--delete-everything"
+    assert get_adapter("codex").build_argv(request)[-2:] == ["--", "--delete-everything"]
+    assert get_adapter("gemini").build_argv(request)[-1] == "--prompt=--delete-everything"
 
 
 def test_generic_without_a_command_is_a_clear_error() -> None:
     with pytest.raises(InvalidInput, match="needs a command"):
-        adapters.get("generic").build_argv(AgentRequest(prompt="x"))
-    assert adapters.get("generic").build_argv(AgentRequest(prompt="", extra_args=("ls",))) == ["ls"]
+        get_adapter("generic").build_argv(AgentRequest(prompt="x"))
+    assert get_adapter("generic").build_argv(AgentRequest(prompt="", extra_args=("ls",))) == ["ls"]
 
 
 @pytest.mark.parametrize(
@@ -370,17 +374,17 @@ def test_agent_request_rejects_bad_values_naming_the_field(
 
 
 def test_builtin_names_and_get() -> None:
-    assert {"codex", "claude", "gemini", "opencode", "generic"} <= set(adapters.names())
+    assert {"codex", "claude", "gemini", "opencode", "generic"} <= set(adapter_names())
     for name in ("codex", "claude", "gemini", "opencode", "generic"):
-        adapter = adapters.get(name)
-        assert isinstance(adapter, adapters.Adapter)
+        adapter = get_adapter(name)
+        assert isinstance(adapter, Adapter)
         assert adapter.name == name
-    assert [a.name for a in adapters.available()] == sorted(a.name for a in adapters.available())
+    assert [a.name for a in available_adapters()] == sorted(a.name for a in available_adapters())
 
 
 def test_unknown_adapter_lists_the_known_ones() -> None:
     with pytest.raises(UnknownAdapter) as info:
-        adapters.get("nope")
+        get_adapter("nope")
     assert "'nope'" in info.value.message
     for name in ("claude", "codex", "gemini", "generic", "opencode"):
         assert name in info.value.message

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from execkit._errors import InvalidInput, UnknownAdapter
 from execkit.cli._adapters import run_adapter_command
-from execkit.errors import InvalidInput, UnknownAdapter
 from execkit.testing import FakeVendor
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -14,16 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adapters
-from adapters.base import AgentRequest, Envelope, finish, http_status
-from execkit.classify import FailureClass
+from execkit import Adapter, AgentRequest, Envelope, get_adapter, map_result
+from execkit._classify import FailureClass
+from execkit.adapterkit import http_status
 
 VENDORS = ("codex", "claude", "gemini", "opencode", "generic")
 
 
-def adapter_for(vendor: str) -> adapters.Adapter:
+def adapter_for(vendor: str) -> Adapter:
     if vendor == "generic":
         return adapters.GenericAdapter(command=("mytool",))
-    return adapters.get(vendor)
+    return get_adapter(vendor)
 
 
 # Keys and values the vendors' envelopes use, so generated documents reach the parsers'
@@ -159,7 +160,7 @@ def test_claude_non_http_api_error_status_is_not_a_status(status: str) -> None:
         '{"type": "result", "subtype": "success", "is_error": true, '
         f'"result": "request failed", "api_error_status": {status}}}'
     )
-    raw = adapters.get("claude").parse(spawn_result(("claude",), exit_code=1, stdout=stdout))
+    raw = get_adapter("claude").parse(spawn_result(("claude",), exit_code=1, stdout=stdout))
     assert (raw.failure_class, raw.reason) == (FailureClass.WORK, "default")
 
 
@@ -188,7 +189,7 @@ def test_http_status_accepts_only_whole_numbers_in_range(
 def test_a_structured_status_above_599_is_not_upstream(status: int, cls: str) -> None:
     # A third-party adapter may fill Envelope.http_status without range-checking it.
     envelope = Envelope(found=True, is_error=True, error_message="x", http_status=status)
-    raw = finish(adapters.get("codex"), spawn_result(("codex",), exit_code=1), envelope)
+    raw = map_result(get_adapter("codex"), spawn_result(("codex",), exit_code=1), envelope)
     assert raw.failure_class is not None
     assert raw.failure_class.value == cls
 
@@ -202,7 +203,7 @@ def _gemini_error(code: Any) -> str:
     [(503, "upstream", "http 503"), (429, "upstream", "http 429"), (5030, "work", "default")],
 )
 def test_gemini_reads_its_structured_error_code(code: int, cls: str, reason: str) -> None:
-    raw = adapters.get("gemini").parse(
+    raw = get_adapter("gemini").parse(
         spawn_result(("gemini",), exit_code=1, stderr=_gemini_error(code))
     )
     assert raw.failure_class is not None

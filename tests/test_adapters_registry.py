@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import adapters
-from execkit.errors import InvalidInput, UnknownAdapter
+from adapters import CodexAdapter
+from execkit import Adapter, AgentRequest, adapter_names, available_adapters, get_adapter
+from execkit._errors import InvalidInput, UnknownAdapter
 
 
 def install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry_points: str) -> None:
@@ -17,7 +18,7 @@ def install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry_points
         textwrap.dedent(
             """
             import attrs
-            from adapters.base import NO_ENVELOPE, finish
+            from execkit import map_result
 
             @attrs.frozen
             class AcmeAdapter:
@@ -30,7 +31,7 @@ def install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry_points
                     return [self.binary, request.prompt]
 
                 def parse(self, result):
-                    return finish(self, result, NO_ENVELOPE)
+                    return map_result(self, result)
 
             INSTANCE = AcmeAdapter(name="acme-instance")
             NOT_AN_ADAPTER = object()
@@ -59,18 +60,18 @@ def test_registered_adapter_is_found_by_name(
         "broken = acme_adapter:broken\n"
         "codex = acme_adapter:AcmeAdapter\n",
     )
-    assert {"acme", "acme-instance", "bogus", "broken", "codex"} <= set(adapters.names())
-    acme = adapters.get("acme")
-    assert isinstance(acme, adapters.Adapter)
-    assert acme.build_argv(adapters.AgentRequest(prompt="hi")) == ["acme", "hi"]
-    assert adapters.get("acme-instance").name == "acme-instance"
+    assert {"acme", "acme-instance", "bogus", "broken", "codex"} <= set(adapter_names())
+    acme = get_adapter("acme")
+    assert isinstance(acme, Adapter)
+    assert acme.build_argv(AgentRequest(prompt="hi")) == ["acme", "hi"]
+    assert get_adapter("acme-instance").name == "acme-instance"
     # A plugin cannot replace a built-in.
-    assert isinstance(adapters.get("codex"), adapters.CodexAdapter)
+    assert isinstance(get_adapter("codex"), CodexAdapter)
     with pytest.raises(InvalidInput, match=r"bogus.*does not provide"):
-        adapters.get("bogus")
+        get_adapter("bogus")
     with pytest.raises(InvalidInput, match=r"broken.*cannot import the vendor SDK"):
-        adapters.get("broken")
+        get_adapter("broken")
     # Broken plugins are skipped by available(), not fatal.
-    assert {"acme", "codex"} <= {a.name for a in adapters.available()}
+    assert {"acme", "codex"} <= {a.name for a in available_adapters()}
     with pytest.raises(UnknownAdapter, match="acme"):
-        adapters.get("zzz")
+        get_adapter("zzz")

@@ -15,21 +15,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adapters
-from adapters.base import AgentRequest
-from execkit.agent import (
-    AgentFailed,
+from execkit import Adapter, AgentRequest, MappedResult, get_adapter
+from execkit._agent import (
     AttemptContext,
     PriorOutcome,
-    RetryBackoff,
     RunRecorder,
     context_after,
     current_recorder,
     run_agent,
     run_command,
 )
-from execkit.classify import FailureClass
-from execkit.errors import InvalidInput
-from execkit.proof import AgentStatus, RunStatus
+from execkit._budget import Backoff
+from execkit._classify import FailureClass
+from execkit._errors import AgentFailed, InvalidInput
+from execkit._proof import AgentStatus, RunStatus
 from execkit.testing import FakeVendor
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -58,7 +57,7 @@ def test_missing_binary_stops_at_once_and_is_never_respawned(fake_vendor: FakeVe
     sleeps = Sleeps()
     recorder = RunRecorder()
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("codex"), REQUEST, max_attempts=5, sleep=sleeps, recorder=recorder)
+        run_agent(get_adapter("codex"), REQUEST, max_attempts=5, sleep=sleeps, recorder=recorder)
     proof = failed.value.proof
     assert fake_vendor.call_count("codex") == 1
     assert sleeps == []
@@ -82,10 +81,10 @@ def test_upstream_retries_with_backoff_then_succeeds(fake_vendor: FakeVendor) ->
     fake_vendor.register("claude", stdout=fx("claude", "success.json"))
     sleeps = Sleeps()
     proof = run_agent(
-        adapters.get("claude"),
+        get_adapter("claude"),
         REQUEST,
         max_attempts=3,
-        backoff=RetryBackoff(base_s=2.0, factor=3.0, max_s=100.0, jitter=0.5),
+        backoff=Backoff(base_s=2.0, factor=3.0, max_s=100.0, jitter=0.5),
         sleep=sleeps,
         rng=mid,
     )
@@ -105,10 +104,10 @@ def test_persistent_upstream_is_bounded_and_uncharged(fake_vendor: FakeVendor) -
     sleeps = Sleeps()
     with pytest.raises(AgentFailed) as failed:
         run_agent(
-            adapters.get("gemini"),
+            get_adapter("gemini"),
             REQUEST,
             max_attempts=3,
-            backoff=RetryBackoff(base_s=10.0, factor=2.0, max_s=15.0, jitter=0.0),
+            backoff=Backoff(base_s=10.0, factor=2.0, max_s=15.0, jitter=0.0),
             sleep=sleeps,
         )
     assert fake_vendor.call_count("gemini") == 3
@@ -123,9 +122,9 @@ def test_vendor_retry_after_is_honoured_and_capped(fake_vendor: FakeVendor) -> N
     fake_vendor.register("claude", stdout=fx("claude", "rate_limit.json"), exit_code=1)
     fake_vendor.register("claude", stdout=fx("claude", "success.json"))
     sleeps = Sleeps()
-    backoff = RetryBackoff(base_s=1.0, max_s=30.0, jitter=0.0)
-    run_agent(adapters.get("codex"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 14 s
-    run_agent(adapters.get("claude"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 37 s
+    backoff = Backoff(base_s=1.0, max_s=30.0, jitter=0.0)
+    run_agent(get_adapter("codex"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 14 s
+    run_agent(get_adapter("claude"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 37 s
     assert sleeps == [14.0, 30.0]
 
 
@@ -138,7 +137,7 @@ def test_work_failure_retries_without_sleeping_and_charges(fake_vendor: FakeVend
     )
     sleeps = Sleeps()
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("opencode"), REQUEST, max_attempts=2, sleep=sleeps)
+        run_agent(get_adapter("opencode"), REQUEST, max_attempts=2, sleep=sleeps)
     assert sleeps == []
     assert failed.value.proof.failure_class is WORK
     assert failed.value.proof.attempts == 2
@@ -150,7 +149,7 @@ def test_a_work_try_charges_the_agent_even_if_a_later_try_was_upstream(
     fake_vendor.register("codex", stdout=fx("codex", "bad_request.jsonl"), exit_code=1)
     fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("codex"), REQUEST, max_attempts=2, sleep=Sleeps())
+        run_agent(get_adapter("codex"), REQUEST, max_attempts=2, sleep=Sleeps())
     assert failed.value.proof.failure_class is WORK
     assert failed.value.proof.reason == "default"
 
@@ -159,7 +158,7 @@ def test_upstream_then_missing_binary_stops_as_environment(fake_vendor: FakeVend
     fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
     fake_vendor.register("codex", missing=True, occurrences=3)
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("codex"), REQUEST, max_attempts=5, sleep=Sleeps())
+        run_agent(get_adapter("codex"), REQUEST, max_attempts=5, sleep=Sleeps())
     assert fake_vendor.call_count("codex") == 2
     assert failed.value.proof.failure_class is ENV
     assert failed.value.proof.precondition
@@ -169,7 +168,7 @@ def test_a_hung_vendor_is_killed_and_charged_as_a_timeout(fake_vendor: FakeVendo
     fake_vendor.register("claude", hang=True, stdout="thinking...\n")
     request = AgentRequest(prompt="x", timeout_s=30)
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("claude"), request, max_attempts=1, kill_grace=0.1)
+        run_agent(get_adapter("claude"), request, max_attempts=1, kill_grace=0.1)
     assert (failed.value.proof.failure_class, failed.value.proof.reason) == (WORK, "timeout")
 
 
@@ -205,7 +204,7 @@ def test_schema_gate_retries_with_the_validation_error_appended(fake_vendor: Fak
         return request
 
     proof = run_agent(
-        adapters.get("claude"), REQUEST, max_attempts=2, validate=validate, prepare=prepare
+        get_adapter("claude"), REQUEST, max_attempts=2, validate=validate, prepare=prepare
     )
     assert proof.status is AgentStatus.SUCCEEDED
     assert proof.output == '{"files": ["a.py"]}'
@@ -220,7 +219,7 @@ def test_schema_gate_retries_with_the_validation_error_appended(fake_vendor: Fak
 def test_schema_gate_failure_on_the_last_try_is_work(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("codex", stdout=fx("codex", "success.jsonl"))
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("codex"), REQUEST, max_attempts=1, validate=lambda _: "bad")
+        run_agent(get_adapter("codex"), REQUEST, max_attempts=1, validate=lambda _: "bad")
     assert (failed.value.proof.failure_class, failed.value.proof.reason) == (WORK, "schema")
 
 
@@ -237,7 +236,7 @@ def test_uncharged_prior_is_lost_with_no_cause(fake_vendor: FakeVendor) -> None:
         contexts.append(context)
         return request
 
-    run_agent(adapters.get("codex"), REQUEST, max_attempts=3, prepare=prepare, sleep=Sleeps())
+    run_agent(get_adapter("codex"), REQUEST, max_attempts=3, prepare=prepare, sleep=Sleeps())
     assert [c.attempt for c in contexts] == [1, 2, 3]
     assert contexts[0].prior_outcome is None
     assert contexts[1] == AttemptContext(2, 3, PriorOutcome.LOST, None)
@@ -298,10 +297,10 @@ def test_a_lost_context_with_a_cause_is_refused() -> None:
 
 @settings(max_examples=100)
 @given(
-    st.floats(0, 100),
+    st.floats(0.001, 100),
     st.floats(1, 10),
-    st.floats(0, 1000),
-    st.floats(0, 1),
+    st.floats(1, 1000),
+    st.floats(0, 1, exclude_max=True),
     st.integers(1, 2000),
     st.floats(0, 1),
     st.none() | st.floats(-10, 1e9),
@@ -309,13 +308,15 @@ def test_a_lost_context_with_a_cause_is_refused() -> None:
 def test_prop_backoff_is_always_within_zero_and_the_cap(
     base: float,
     factor: float,
-    cap: float,
+    cap_factor: float,
     jitter: float,
     retry: int,
     u: float,
     retry_after: float | None,
 ) -> None:
-    backoff = RetryBackoff(base_s=base, factor=factor, max_s=cap, jitter=jitter)
+    # One backoff policy for the whole library: its cap is never below its base.
+    cap = base * cap_factor
+    backoff = Backoff(base_s=base, factor=factor, max_s=cap, jitter=jitter)
     delay = backoff.delay(retry, retry_after_s=retry_after, rng=lambda: u)
     assert 0 <= delay <= cap
 
@@ -323,7 +324,7 @@ def test_prop_backoff_is_always_within_zero_and_the_cap(
 @settings(max_examples=100)
 @given(st.floats(0.1, 10), st.floats(1, 4), st.integers(1, 50))
 def test_prop_backoff_without_jitter_never_shrinks(base: float, factor: float, retry: int) -> None:
-    backoff = RetryBackoff(base_s=base, factor=factor, max_s=600, jitter=0)
+    backoff = Backoff(base_s=base, factor=factor, max_s=600, jitter=0)
     assert backoff.delay(retry + 1) >= backoff.delay(retry)
 
 
@@ -332,19 +333,20 @@ def test_prop_backoff_without_jitter_never_shrinks(base: float, factor: float, r
     [
         ({"base_s": -1}, "base_s"),
         ({"factor": 0.5}, "factor"),
+        ({"factor": 101}, "factor"),
         ({"max_s": float("nan")}, "max_s"),
         ({"jitter": 2}, "jitter"),
     ],
 )
 def test_backoff_rejects_bad_values_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidInput, match=field):
-        RetryBackoff(**kwargs)
+        Backoff(**kwargs)
 
 
 @pytest.mark.parametrize("bad", [0, 101, True, 2.0])
 def test_max_attempts_out_of_range_changes_nothing(fake_vendor: FakeVendor, bad: Any) -> None:
     with pytest.raises(InvalidInput, match="max_attempts"):
-        run_agent(adapters.get("codex"), REQUEST, max_attempts=bad)
+        run_agent(get_adapter("codex"), REQUEST, max_attempts=bad)
     assert fake_vendor.call_count("codex") == 0
 
 
@@ -369,8 +371,8 @@ def test_swallowed_failures_still_class_the_run(fake_vendor: FakeVendor) -> None
         assert current_recorder() is recorder
         results = parallel(
             [
-                lambda: run_agent(adapters.get("codex"), REQUEST, max_attempts=1),
-                lambda: run_agent(adapters.get("gemini"), REQUEST, max_attempts=1),
+                lambda: run_agent(get_adapter("codex"), REQUEST, max_attempts=1),
+                lambda: run_agent(get_adapter("gemini"), REQUEST, max_attempts=1),
             ]
         )
         assert results == [None, None]
@@ -391,8 +393,8 @@ def test_a_productive_agent_charges_the_run_despite_a_swallowed_environment_fail
     recorder = RunRecorder()
     parallel(
         [
-            lambda: run_agent(adapters.get("claude"), REQUEST, recorder=recorder),
-            lambda: run_agent(adapters.get("codex"), REQUEST, recorder=recorder),
+            lambda: run_agent(get_adapter("claude"), REQUEST, recorder=recorder),
+            lambda: run_agent(get_adapter("codex"), REQUEST, recorder=recorder),
         ]
     )
     assert recorder.finish("later step failed").run_class is WORK
@@ -407,7 +409,7 @@ def test_secrets_from_the_environment_never_reach_the_proof(fake_vendor: FakeVen
     fake_vendor.register("codex", stderr=f"auth failed using {secret}\n", exit_code=1)
     request = AgentRequest(prompt="x", env={"VENDOR_API_TOKEN": secret})
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("codex"), request, max_attempts=1)
+        run_agent(get_adapter("codex"), request, max_attempts=1)
     assert secret not in json.dumps(failed.value.proof.to_dict())
     assert secret not in failed.value.message
 
@@ -417,11 +419,11 @@ def test_secrets_from_the_environment_never_reach_the_proof(fake_vendor: FakeVen
 
 def test_run_command_returns_the_proof_instead_of_raising(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("codex", missing=True)
-    proof = run_command(adapters.get("codex"), ["codex", "exec", "fix the test"])
+    proof = run_command(get_adapter("codex"), ["codex", "exec", "fix the test"])
     assert proof.status is AgentStatus.FAILED
     assert proof.failure_class is ENV
     with pytest.raises(InvalidInput, match="argv"):
-        run_command(adapters.get("codex"), [])
+        run_command(get_adapter("codex"), [])
 
 
 # --- review: context isolation, crashes recorded, preconditions, the loop's bounds ----------
@@ -472,8 +474,8 @@ def test_a_crash_inside_the_loop_is_recorded_as_work_before_it_propagates(
     with RunRecorder() as recorder:
         parallel(
             [
-                lambda: run_agent(adapters.get("codex"), REQUEST, max_attempts=1),
-                lambda: run_agent(adapters.get("claude"), REQUEST, validate=broken_gate),
+                lambda: run_agent(get_adapter("codex"), REQUEST, max_attempts=1),
+                lambda: run_agent(get_adapter("claude"), REQUEST, validate=broken_gate),
             ]
         )
     crashed = recorder.agents[1]
@@ -484,7 +486,7 @@ def test_a_crash_inside_the_loop_is_recorded_as_work_before_it_propagates(
     # The caller still sees its own error, not a wrapped one.
     with pytest.raises(ZeroDivisionError):
         run_agent(
-            adapters.get("generic"),
+            get_adapter("generic"),
             AgentRequest(prompt="", extra_args=("x",)),
             prepare=lambda r, c: 1 / 0,
         )
@@ -495,7 +497,7 @@ def test_a_charged_agent_carries_no_precondition(fake_vendor: FakeVendor) -> Non
     fake_vendor.register("codex", missing=True)
     recorder = RunRecorder()
     with pytest.raises(AgentFailed) as failed:
-        run_agent(adapters.get("codex"), REQUEST, max_attempts=2, recorder=recorder)
+        run_agent(get_adapter("codex"), REQUEST, max_attempts=2, recorder=recorder)
     assert failed.value.proof.failure_class is WORK
     assert failed.value.proof.precondition is None
     assert recorder.finish("failed").precondition is None
@@ -516,12 +518,12 @@ class ScriptedAdapter:
     def build_argv(self, request: AgentRequest) -> list[str]:
         return ["true"]
 
-    def parse(self, result: Any) -> adapters.AdapterRawResult:
+    def parse(self, result: Any) -> MappedResult:
         cls, retry_after = self.outcomes[self.spawns]
         self.spawns += 1
         if cls is None:
-            return adapters.AdapterRawResult(ok=True, text="done")
-        return adapters.AdapterRawResult(
+            return MappedResult(ok=True, text="done")
+        return MappedResult(
             ok=False,
             error=f"{cls.value} failure",
             failure_class=cls,
@@ -544,7 +546,7 @@ def test_prop_the_loop_is_bounded_and_tells_each_try_the_truth(
     outcomes: list[tuple[FailureClass | None, float | None]], max_attempts: int
 ) -> None:
     adapter = ScriptedAdapter(outcomes)
-    backoff = RetryBackoff(base_s=1.0, factor=2.0, max_s=50.0, jitter=0.0)
+    backoff = Backoff(base_s=1.0, factor=2.0, max_s=50.0, jitter=0.0)
     sleeps = Sleeps()
     contexts: list[AttemptContext] = []
 
@@ -602,7 +604,7 @@ def test_threaded_parallel_that_swallows_failures_keeps_every_class(tmp_path: Pa
     )
     recorder = RunRecorder()
 
-    def agent(adapter: adapters.Adapter) -> Callable[[], Any]:
+    def agent(adapter: Adapter) -> Callable[[], Any]:
         return lambda: run_agent(
             adapter, AgentRequest(prompt=""), max_attempts=2, sleep=Sleeps(), recorder=recorder
         )

@@ -27,14 +27,14 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         "adapters",
         "adapters.codex",
         "execkit",
-        "execkit.agent",
+        "execkit._agent",
         "execkit.dispatch",
         "execkit.testing",
     ],
 )
 def test_any_module_can_be_imported_first(first_import: str) -> None:
     # A fresh interpreter each time: the package init must not close an import cycle.
-    code = f"import {first_import}; from execkit import *; import adapters; adapters.get('codex')"
+    code = f"import {first_import}; from execkit import *; import adapters; get_adapter('codex')"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
@@ -42,7 +42,7 @@ def test_any_module_can_be_imported_first(first_import: str) -> None:
 
 
 def test_lazy_exports_are_the_library_objects() -> None:
-    from execkit.agent import run_agent
+    from execkit._agent import run_agent
     from execkit.dispatch import Dispatcher
 
     assert execkit.run_agent is run_agent

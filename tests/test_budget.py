@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from execkit.budget import (
+from execkit._budget import (
     MAX_UNCHARGED_REPLANS,
     Attempt,
     AttemptStatus,
@@ -25,8 +25,8 @@ from execkit.budget import (
     decide_replans,
     validate_history,
 )
-from execkit.classify import FailureClass
-from execkit.errors import HistoryError, InvalidInput
+from execkit._classify import FailureClass
+from execkit._errors import HistoryError, InvalidInput
 
 FAR = 1e12  # a `now` after every backoff in these histories
 NOT_FOUND = "codex CLI not found on PATH; install: npm i -g @openai/codex"
@@ -359,7 +359,7 @@ def test_backoff_survives_a_restart_with_jitter() -> None:
     here = decide(history, now=0.0).next_attempt_at
     assert here == decide(list(history), now=0.0).next_attempt_at
     script = (
-        "from execkit.budget import Attempt, decide\n"
+        "from execkit._budget import Attempt, decide\n"
         "h = [Attempt(1, 'failed', 'work', 'x', 100.0, 101.0),"
         " Attempt(2, 'failed', 'upstream', 'y', 200.0, 201.0)]\n"
         "print(repr(decide(h, now=0.0).next_attempt_at))\n"

@@ -15,7 +15,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from execkit.budget import (
+from execkit._budget import (
     MAX_UNCHARGED_REPLANS,
     Attempt,
     AttemptStatus,
@@ -29,8 +29,8 @@ from execkit.budget import (
     decide_replans,
     validate_history,
 )
-from execkit.classify import FailureClass
-from execkit.errors import HistoryError
+from execkit._classify import FailureClass
+from execkit._errors import HistoryError
 
 # (status, class) outcomes an admitted attempt can end with.
 OUTCOMES = [

@@ -1,4 +1,4 @@
-"""execkit.classify: the structural rules, every row of the documented list, hard negatives."""
+"""execkit._classify: the structural rules, every row of the documented list, hard negatives."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import _support
 import attrs
 import pytest
 
-from execkit.classify import (
+from execkit._classify import (
     EVIDENCE_CHARS,
     TAIL_CHARS,
     Classification,
@@ -21,11 +21,12 @@ from execkit.classify import (
     classify,
     classify_text,
 )
-from execkit.errors import InvalidInput
+from execkit._errors import InvalidInput
+from execkit._exec import SpawnFailure
 
 # The module, not the `classify` function that `execkit` exports under the same name
-# (`import execkit.classify as ...` binds the package attribute, which is the function).
-classify_module = importlib.import_module("execkit.classify")
+# (`import execkit._classify as ...` binds the package attribute, which is the function).
+classify_module = importlib.import_module("execkit._classify")
 
 # A failed codex spawn unless a test says otherwise.
 spawn_result = functools.partial(_support.spawn_result, exit_code=1)
@@ -291,7 +292,9 @@ def test_enoent_is_environment() -> None:
 
 def test_a_missing_working_directory_is_environment() -> None:
     result = spawn_result(
-        spawn_errno=errno.ENOENT, spawn_error="working directory not found: /srv/gone"
+        spawn_errno=errno.ENOENT,
+        spawn_error="working directory not found: /srv/gone",
+        spawn_failure=SpawnFailure.CWD_NOT_FOUND,
     )
     verdict = classify(result)
     assert verdict is not None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from execkit.classify import TAIL_CHARS
+from execkit._classify import TAIL_CHARS
 from execkit.cli import main
 
 CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "failures"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from execkit.classify import FailureClass, classify_text
+from execkit._classify import FailureClass, classify_text
 
 CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "failures"
 VENDORS = ("codex", "claude", "gemini", "opencode")

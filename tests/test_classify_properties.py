@@ -9,8 +9,8 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from execkit.classify import TAIL_CHARS, FailureClass, classify, classify_text
-from execkit.exec import SpawnResult
+from execkit._classify import TAIL_CHARS, FailureClass, classify, classify_text
+from execkit._exec import SpawnResult
 
 UPSTREAM_SAMPLES = [
     "HTTP/1.1 503 Service Unavailable",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from execkit.classify import Classification, FailureClass, classify
-from execkit.exec import spawn
+from execkit._classify import Classification, FailureClass, classify
+from execkit._exec import spawn
 
 
 def test_a_missing_binary_is_environment(tmp_path: Path) -> None:

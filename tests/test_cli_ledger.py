@@ -14,7 +14,7 @@ import pytest
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
 from execkit.ledger import SCHEMA_VERSION, SqliteLedger
-from execkit.ledger.sqlite import _SCHEMA_STEPS
+from execkit.ledger._sqlite import _SCHEMA_STEPS
 
 
 class Cli:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from execkit.budget import WorkBudget
-from execkit.classify import FailureClass
+from execkit._budget import WorkBudget
+from execkit._classify import FailureClass
+from execkit._errors import ExecKitError, UnsupportedMove
 from execkit.dispatch import (
     BoardIssue,
     BoardState,
@@ -25,7 +26,6 @@ from execkit.dispatch import (
     issue_statuses,
     task_key,
 )
-from execkit.errors import ExecKitError, UnsupportedMove
 from execkit.ledger import Run, SqliteLedger, open_ledger
 
 T0 = 1_700_000_000.0

@@ -14,6 +14,7 @@ from _support import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from execkit._errors import ExecKitError, InvalidInput, NotFound
 from execkit.dispatch import (
     BoardIssue,
     BoardState,
@@ -22,7 +23,6 @@ from execkit.dispatch import (
     JsonFileBoard,
     Tracker,
 )
-from execkit.errors import ExecKitError, InvalidInput, NotFound
 
 STATES = [
     {"name": "todo", "eligible": True},

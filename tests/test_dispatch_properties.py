@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from execkit.budget import WorkBudget
-from execkit.classify import FailureClass
+from execkit._budget import WorkBudget
+from execkit._classify import FailureClass
 from execkit.dispatch import (
     BoardIssue,
     DispatchConfig,

@@ -16,7 +16,7 @@ import pytest
 from _support import REPO, write_board
 
 from adapters import GenericAdapter
-from execkit.classify import FailureClass
+from execkit._classify import FailureClass
 from execkit.dispatch import AdapterRunner, BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard
 from execkit.ledger import open_ledger
 
@@ -88,7 +88,7 @@ _WORKER = textwrap.dedent(
     """
     import sys, time
     from adapters import GenericAdapter
-    from execkit.budget import WorkBudget
+    from execkit._budget import WorkBudget
     from execkit.dispatch import AdapterRunner, DispatchConfig, Dispatcher, JsonFileBoard
     from execkit.ledger import open_ledger
 

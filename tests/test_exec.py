@@ -21,7 +21,7 @@ import pytest
 from _support import REPO, gone, wait_gone
 
 from execkit import InvalidInput
-from execkit.exec import SpawnResult, spawn
+from execkit._exec import SpawnResult, spawn
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
 # -I -S: no site import, so the fixture is up (and has its signal handlers) quickly.
@@ -153,7 +153,7 @@ def test_cwd_is_used(tmp_path: Path) -> None:
 _STDIN_SCRIPT = """
 import json, sys
 sys.path.insert(0, {root!r})
-from execkit.exec import spawn
+from execkit._exec import spawn
 print(json.dumps([
     r.to_dict() for r in (
         spawn(["cat"], timeout=5, kill_grace=0),

@@ -17,7 +17,7 @@ import pytest
 from _support import gone, wait_gone
 
 from execkit import InvalidInput
-from execkit.exec import SpawnResult, spawn, spawn_async
+from execkit._exec import SpawnResult, spawn, spawn_async
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from execkit.exec import spawn
+from execkit._exec import spawn
 
 
 def test_a_faked_vendor_cli_reports_exit_and_output(fp: Any) -> None:

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execkit.exec import SpawnResult
+from execkit._exec import SpawnResult
 
 _CUT = "…"
 _streams = st.text(alphabet=st.characters(codec="utf-8"), max_size=80)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from execkit.budget import Backoff, DispatchCap, WorkBudget
-from execkit.classify import FailureClass
-from execkit.errors import AdmissionRefused, Conflict, Forbidden, InvalidInput, NotFound
+from execkit._budget import Backoff, DispatchCap, WorkBudget
+from execkit._classify import FailureClass
+from execkit._errors import AdmissionRefused, Conflict, Forbidden, InvalidInput, NotFound
 from execkit.ledger import (
     CAPABILITIES,
     SqliteLedger,
@@ -521,7 +521,7 @@ def test_a_done_task_refuses_a_limit_change(ledger: SqliteLedger) -> None:
 
 _SHOW = """
 import json, sys
-from execkit.budget import Backoff, WorkBudget
+from execkit._budget import Backoff, WorkBudget
 from execkit.ledger import SqliteLedger
 with SqliteLedger(sys.argv[1], budget=WorkBudget(max_attempts=4), backoff=Backoff()) as ledger:
     print(json.dumps(ledger.get_task(sys.argv[2], now=float(sys.argv[3])).to_dict()))

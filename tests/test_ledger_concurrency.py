@@ -18,7 +18,7 @@ from execkit.ledger import SqliteLedger
 _WORKER = r"""
 import json, sys, time
 from pathlib import Path
-from execkit.errors import AdmissionRefused
+from execkit._errors import AdmissionRefused
 from execkit.ledger import SqliteLedger
 
 db, task_id, name, answers, sync = sys.argv[1:6]
@@ -110,7 +110,7 @@ def test_eight_processes_admit_exactly_the_limit(tmp_path: Path) -> None:
 _HOLD_IN_ADMISSION = r"""
 import sys, time
 from pathlib import Path
-import execkit.ledger.sqlite as backend
+import execkit.ledger._sqlite as backend
 from execkit.ledger import SqliteLedger
 
 db, task_id, marker = sys.argv[1:4]

@@ -20,9 +20,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from execkit.budget import WorkBudget
-from execkit.classify import FailureClass
-from execkit.errors import AdmissionRefused, Conflict, Forbidden
+from execkit._budget import WorkBudget
+from execkit._classify import FailureClass
+from execkit._errors import AdmissionRefused, Conflict, Forbidden
 from execkit.ledger import SqliteLedger
 
 _OUTCOMES = st.sampled_from(

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from execkit.errors import InvalidInput, SchemaTooNew
+from execkit._errors import InvalidInput, SchemaTooNew
 from execkit.ledger import SCHEMA_VERSION, Migration, SqliteLedger, migrate
-from execkit.ledger.sqlite import _SCHEMA_STEPS
+from execkit.ledger._sqlite import _SCHEMA_STEPS
 
 
 def _legacy_fingerprint(title: str) -> str:

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execkit.classify import FailureClass
-from execkit.errors import InvalidInput
-from execkit.proof import (
+from execkit._classify import FailureClass
+from execkit._errors import InvalidInput
+from execkit._proof import (
     SCHEMA_VERSION,
     AgentProof,
     AgentStatus,

@@ -26,7 +26,7 @@ def _python_block(starts_with: str) -> str:
 
 
 def test_the_python_api_example_prints_what_its_comments_say(tmp_path: Path) -> None:
-    code = _python_block("from execkit import AgentFailed, classify")
+    code = _python_block("from execkit import AgentFailed, AgentRequest, classify")
     lines = code.splitlines()
     # The comment right under each print() is what it prints.
     expected = [
@@ -52,10 +52,9 @@ def test_the_adapter_example_classes_its_envelope() -> None:
     exec(_python_block("class AcmeAdapter"), namespace)
     adapter = namespace["AcmeAdapter"]()  # type: ignore[operator]
 
-    import adapters
-    from execkit import FailureClass, spawn
+    from execkit import Adapter, FailureClass, spawn
 
-    assert isinstance(adapter, adapters.Adapter)
+    assert isinstance(adapter, Adapter)
     refused = spawn(
         [sys.executable, "-c", 'print(\'{"error": "busy", "status": 503}\'); raise SystemExit(1)']
     )
@@ -72,9 +71,7 @@ def test_the_plugin_example_passes(pytester: pytest.Pytester) -> None:
     imports = textwrap.dedent(
         """
         import pytest
-        import adapters
-        from adapters import AgentRequest
-        from execkit import AgentFailed, FailureClass, run_agent
+        from execkit import AgentFailed, AgentRequest, FailureClass, get_adapter, run_agent
         """
     )
     pytester.makepyfile(imports + _python_block("def test_missing_codex_stops"))

@@ -1,4 +1,4 @@
-"""execkit.redact: credentials never reach a stored tail; ordinary text survives."""
+"""execkit._redact: credentials never reach a stored tail; ordinary text survives."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execkit.redact import (
+from execkit._redact import (
     REDACTED,
     looks_secret_name,
     redact,
@@ -149,7 +149,7 @@ def test_patterns_are_linear_on_adversarial_input() -> None:
     # finish in seconds. The generous bound keeps this honest on a loaded machine.
     script = """
 import sys
-from execkit.redact import redact
+from execkit._redact import redact
 n = 1_000_000
 for text in (
     "a" * n, "sk-" * (n // 3), "token" * (n // 5), "token:" * (n // 6),

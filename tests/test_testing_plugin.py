@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from execkit.errors import InvalidInput
+from execkit._errors import InvalidInput
 from execkit.testing import FakeVendor
 
 pytest_plugins = ["pytester"]
@@ -20,16 +20,12 @@ def test_plugin_fixture_for_a_user_test_suite(pytester: pytest.Pytester) -> None
 
         import pytest
 
-        import adapters
-        from adapters.base import AgentRequest
-        from execkit.agent import AgentFailed, run_agent
-        from execkit.classify import FailureClass
-        from execkit.exec import spawn
+        from execkit import AgentFailed, AgentRequest, FailureClass, get_adapter, run_agent, spawn
 
 
         def test_transcript_from_a_file(fake_vendor):
             fake_vendor.register("gemini", stdout=Path("transcript.json"))
-            proof = run_agent(adapters.get("gemini"), AgentRequest(prompt="hi"))
+            proof = run_agent(get_adapter("gemini"), AgentRequest(prompt="hi"))
             assert proof.output == "ok from gemini"
 
 
@@ -51,7 +47,7 @@ def test_plugin_fixture_for_a_user_test_suite(pytester: pytest.Pytester) -> None
         def test_missing_stops_the_agent(fake_vendor):
             fake_vendor.register("codex", missing=True, occurrences=3)
             with pytest.raises(AgentFailed) as failed:
-                run_agent(adapters.get("codex"), AgentRequest(prompt="x"), max_attempts=3)
+                run_agent(get_adapter("codex"), AgentRequest(prompt="x"), max_attempts=3)
             assert failed.value.proof.failure_class is FailureClass.ENVIRONMENT
             assert fake_vendor.call_count("codex") == 1
 

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from execkit._errors import ExecKitError, InvalidInput
 from execkit.cli import _adapters, _classify, _decide, _demo, _dispatch, _ledger, _run
 from execkit.cli._output import INTERNAL_ERROR_EXIT, report_error
-from execkit.errors import ExecKitError, InvalidInput
 
 __all__ = ["main"]
 

@@ -12,13 +12,13 @@ import argparse
 import sys
 from typing import Any
 
-import adapters
-from execkit.agent import run_command
-from execkit.classify import FailureClass
+from execkit._agent import run_command
+from execkit._classify import FailureClass, Reason
+from execkit._errors import InvalidInput
+from execkit._proof import AgentProof, AgentStatus
+from execkit._registry import adapter_names, find_binary, get_adapter
 from execkit.cli._args import parse_seconds
 from execkit.cli._output import print_json
-from execkit.errors import InvalidInput
-from execkit.proof import AgentProof, AgentStatus
 
 __all__ = ["register", "run_adapter_command"]
 
@@ -43,13 +43,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _rows() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for name in adapters.names():
+    for name in adapter_names():
         try:
-            adapter = adapters.get(name)
+            adapter = get_adapter(name)
         except InvalidInput as exc:
             rows.append({"name": name, "error": exc.message})
             continue
-        path = adapters.which(adapter)
+        path = find_binary(adapter)
         rows.append(
             {
                 "name": name,
@@ -87,7 +87,7 @@ def _exit_code(proof: AgentProof) -> int:
         return 0
     if proof.failure_class is FailureClass.ENVIRONMENT:
         return _NOT_STARTED_EXIT
-    if proof.reason == "timeout":
+    if proof.reason == Reason.TIMEOUT:
         return _TIMEOUT_EXIT
     return _FAILED_EXIT
 
@@ -102,7 +102,7 @@ def run_adapter_command(args: argparse.Namespace) -> int:
     the binary could not be started, 124 on timeout, 1 for any other failure.
     Raises UnknownAdapter / InvalidInput (the CLI reports them) for bad input.
     """
-    adapter = adapters.get(args.adapter)
+    adapter = get_adapter(args.adapter)
     raw_args = list(getattr(args, "command_argv", None) or [])
     if raw_args and raw_args[0] == "--":
         raw_args = raw_args[1:]

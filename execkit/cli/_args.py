@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from execkit.errors import InvalidInput
+from execkit._errors import InvalidInput
 
 __all__ = ["parse_int", "parse_seconds"]
 

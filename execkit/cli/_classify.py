@@ -12,9 +12,9 @@ import os
 import sys
 from typing import Any, BinaryIO
 
-from execkit.classify import TAIL_CHARS, classify_text
+from execkit._classify import TAIL_CHARS, classify_text
+from execkit._errors import ExecKitError, InvalidInput, NotFound
 from execkit.cli._output import print_json
-from execkit.errors import ExecKitError, InvalidInput, NotFound
 
 # A UTF-8 character is at most 4 bytes, so this many bytes always hold TAIL_CHARS characters.
 _TAIL_BYTES = 4 * TAIL_CHARS

@@ -1,7 +1,7 @@
 """`execkit decide`: print the budget Decision for a JSON attempt history.
 
 A tool for operators who want to know why an item stopped; every rule lives in
-`execkit.budget`, this module only parses input and prints.
+`execkit._budget`, this module only parses input and prints.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import json
 import sys
 from typing import Any
 
-from execkit.budget import EXPLICIT_LIMIT_MAX, Attempt, Decision, ExplicitLimit, WorkBudget, decide
+from execkit._budget import EXPLICIT_LIMIT_MAX, Attempt, Decision, ExplicitLimit, WorkBudget, decide
+from execkit._errors import HistoryError, InvalidInput, NotFound
 from execkit.cli._args import parse_int, parse_seconds
 from execkit.cli._output import print_json
-from execkit.errors import HistoryError, InvalidInput, NotFound
 
 _KEYS = frozenset(
     {"number", "status", "class", "failure_class", "reason", "started_at", "ended_at", "forced"}
@@ -143,7 +143,7 @@ def _when(ts: float, now: float | None) -> str:
 
 
 def _summary(decision: Decision, now: float | None) -> str:
-    state = decision.state
+    state = str(decision.state)
     if decision.blocked_on:
         state += f" on {decision.blocked_on}"
     lines = [

@@ -14,8 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 import execkit
-from adapters import GenericAdapter
+from execkit._adapter import AgentRequest, MappedResult, map_result
+from execkit._errors import InvalidInput, NotFound
+from execkit._exec import SpawnResult
 from execkit.cli._dispatch import describe_event, format_status_table
 from execkit.dispatch import (
     AdapterRunner,
@@ -27,7 +31,6 @@ from execkit.dispatch import (
     JsonFileBoard,
     issue_statuses,
 )
-from execkit.errors import InvalidInput, NotFound
 from execkit.ledger import open_ledger
 
 __all__ = ["register"]
@@ -59,6 +62,24 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="write the board and ledger into DIR (new or empty) and keep them",
     )
     demo.set_defaults(handler=_demo)
+
+
+@attrs.frozen
+class _StandInAdapter:
+    """The demo's stand-in vendor: any program, given per issue as its `argv` (like the
+    `generic` adapter), whose install hint names the binary the demo leaves out. Defined
+    here because execkit never imports the `adapters` package."""
+
+    name: str = "demo"
+    binary: str = ""
+    install_hint: str = _INSTALL_HINT
+    login_hint: str | None = None
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        return [*request.extra_args, *([request.prompt] if request.prompt else [])]
+
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return map_result(self, result)
 
 
 class _VirtualClock:
@@ -154,8 +175,7 @@ def _run(workdir: Path, bin_dir: Path) -> None:
     )
     state_dir = workdir / "fixture-state"
     state_dir.mkdir()
-    adapter = GenericAdapter(install_hint=_INSTALL_HINT)
-    runner = AdapterRunner(adapter, env={"EXECKIT_FIXTURE_STATE": str(state_dir)})
+    runner = AdapterRunner(_StandInAdapter(), env={"EXECKIT_FIXTURE_STATE": str(state_dir)})
     clock = _VirtualClock(_VIRTUAL_EPOCH)
 
     def show(event: DispatchEvent) -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import adapters
+from execkit._registry import get_adapter
 from execkit.cli._output import print_json
 from execkit.dispatch import (
     AdapterRunner,
@@ -230,7 +230,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     _setup_logging()
     board = JsonFileBoard(args.board)
     config = _config(args, board)
-    adapter = adapters.get(args.adapter)
+    adapter = get_adapter(args.adapter)
     runner = AdapterRunner(adapter, timeout_s=args.timeout)
 
     def show(event: DispatchEvent) -> None:

@@ -6,23 +6,13 @@ import json
 import sys
 from typing import Any
 
-from execkit.errors import ExecKitError
+from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
 
-# One distinct, documented exit code per error code (README "Exit codes").
-EXIT_CODES: dict[str, int] = {
-    "error": 1,
-    "invalid": 3,
-    "not_found": 4,
-    "conflict": 5,
-    "forbidden": 6,
-    "attempt_limit": 7,
-    "blocked": 8,
-    "finished": 9,
-    "schema_too_new": 10,
-    "invalid_history": 11,
-    "unsupported_move": 12,
-}
-INTERNAL_ERROR_EXIT = 70
+__all__ = ["EXIT_CODES", "INTERNAL_ERROR_EXIT", "print_json", "report_error"]
+
+# One distinct, documented exit code per error code (README "Exit codes"), read off the
+# error types themselves so the table cannot drift from them.
+EXIT_CODES: dict[str, int] = {kind.code: kind.exit_code for kind in error_types()}
 
 
 def print_json(obj: Any) -> None:
@@ -38,4 +28,4 @@ def report_error(exc: ExecKitError, *, as_json: bool) -> int:
         sys.stderr.write(json.dumps(payload, sort_keys=True) + "\n")
     else:
         sys.stderr.write(f"execkit: {exc.code}: {exc.message}\n")
-    return EXIT_CODES.get(exc.code, 1)
+    return exc.exit_code

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TextIO
 
-from execkit.classify import classification_fields
+from execkit._classify import classification_fields
+from execkit._errors import InvalidInput
+from execkit._exec import MAX_TAIL_BYTES, SpawnResult, spawn
 from execkit.cli._args import parse_seconds
 from execkit.cli._output import print_json
-from execkit.errors import InvalidInput
-from execkit.exec import MAX_TAIL_BYTES, SpawnResult, spawn
 
 __all__ = ["register"]
 

@@ -1,7 +1,9 @@
 """The durable ledger (ADR 0033): tasks, runs, attempt limits, audit, idempotency.
 
-`open_ledger()` is the entry point; the SQLite backend is the embedded default. Callers
-code against `Ledger` (model.py) so another backend can replace it without touching them.
+`open_ledger()` is the entry point and the one place that names a backend; the SQLite
+backend (`_sqlite`) is the embedded default. Callers code against `Ledger` (`_model`), so
+another backend can replace it without touching them. `import execkit` does not import
+this package: it loads on first use of a ledger name.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from execkit.budget import Backoff, WorkBudget
-from execkit.ledger.model import (
+from execkit._budget import Backoff, WorkBudget
+from execkit.ledger._model import (
     CAPABILITIES,
     MAX_ATTEMPT_LIMIT,
     OPERATE_ROLE,
@@ -18,8 +20,10 @@ from execkit.ledger.model import (
     Ledger,
     Run,
     Task,
+    TaskState,
+    TaskStatus,
 )
-from execkit.ledger.sqlite import SCHEMA_VERSION, Migration, SqliteLedger, migrate
+from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger, migrate
 
 __all__ = [
     "CAPABILITIES",
@@ -33,6 +37,8 @@ __all__ = [
     "Run",
     "SqliteLedger",
     "Task",
+    "TaskState",
+    "TaskStatus",
     "default_db_path",
     "migrate",
     "open_ledger",

@@ -86,18 +86,22 @@ import enum
 import errno
 import re
 import string
-from typing import Any
 
 import attrs
+from attrs.validators import instance_of, max_len
 
-from execkit.errors import InvalidInput
-from execkit.exec import SpawnResult
+from execkit._errors import InvalidInput
+from execkit._exec import SpawnFailure, SpawnResult
+from execkit._json import json_key, to_json
+from execkit._validate import checked, non_blank, opt_checked
 
 __all__ = [
+    "ACCOUNT_LIMIT_REASONS",
     "EVIDENCE_CHARS",
     "TAIL_CHARS",
     "Classification",
     "FailureClass",
+    "Reason",
     "classification_fields",
     "classify",
     "classify_text",
@@ -112,12 +116,8 @@ EVIDENCE_CHARS = 200
 
 _MAX_REASON_CHARS = 64
 
-# exec reports a missing cwd as ENOENT with this spawn_error prefix: same errno as a missing
-# binary, but a different precondition to name.
-_MISSING_CWD_PREFIX = "working directory not found"
 
-
-class FailureClass(enum.Enum):
+class FailureClass(enum.StrEnum):
     """Did a failed attempt produce information about the work?"""
 
     WORK = "work"
@@ -130,28 +130,24 @@ class FailureClass(enum.Enum):
         return self is FailureClass.WORK
 
 
-def _check_reason(_inst: object, _attr: object, value: Any) -> None:
-    if not isinstance(value, str) or not value.strip() or len(value) > _MAX_REASON_CHARS:
-        raise InvalidInput(
-            f"reason must be a non-empty string of at most {_MAX_REASON_CHARS} characters, "
-            f"got {value!r}"
-        )
+class Reason(enum.StrEnum):
+    """The fixed reasons code compares; others are formatted (`http 503`, `spawn errno EIO`)."""
+
+    DEFAULT = "default"  # work: nothing identified the failure
+    TIMEOUT = "timeout"  # work: the run was timed out with nothing upstream to show
+    MISSING_BINARY = "spawn errno ENOENT"  # environment: the program is not there
+    MISSING_CWD = "missing working directory"  # environment: the cwd is not there
+    CIRCUIT_OPEN = "circuit open"
+    OVERLOADED = "overloaded"
+    SERVICE_UNAVAILABLE = "service unavailable"
+    RATE_LIMITED = "rate limited"
+    INSUFFICIENT_QUOTA = "insufficient quota"  # an account limit: work, never upstream
+    BILLING = "billing"
+    USAGE_LIMIT = "usage limit"
 
 
-def _check_evidence(_inst: object, _attr: object, value: Any) -> None:
-    if value is None:
-        return
-    if not isinstance(value, str) or len(value) > EVIDENCE_CHARS:
-        raise InvalidInput(
-            f"evidence must be None or a string of at most {EVIDENCE_CHARS} characters, "
-            f"got {type(value).__name__} of length {len(value) if isinstance(value, str) else '-'}"
-        )
-
-
-def _check_class(_inst: object, _attr: object, value: Any) -> None:
-    if not isinstance(value, FailureClass):
-        allowed = ", ".join(c.value for c in FailureClass)
-        raise InvalidInput(f"failure_class must be a FailureClass ({allowed}), got {value!r}")
+ACCOUNT_LIMIT_REASONS = frozenset({Reason.INSUFFICIENT_QUOTA, Reason.BILLING, Reason.USAGE_LIMIT})
+"""Reasons that name an account limit: no backoff cures them, so they veto upstream."""
 
 
 @attrs.frozen
@@ -163,9 +159,25 @@ class Classification:
     Construction raises `InvalidInput` for a value outside those shapes.
     """
 
-    failure_class: FailureClass = attrs.field(validator=_check_class)
-    reason: str = attrs.field(validator=_check_reason)
-    evidence: str | None = attrs.field(default=None, validator=_check_evidence)
+    failure_class: FailureClass = attrs.field(
+        validator=checked(f"a FailureClass ({', '.join(FailureClass)})", instance_of(FailureClass)),
+        metadata=json_key("class"),
+    )
+    reason: str = attrs.field(
+        validator=checked(
+            f"a non-empty string of at most {_MAX_REASON_CHARS} characters",
+            non_blank,
+            max_len(_MAX_REASON_CHARS),
+        )
+    )
+    evidence: str | None = attrs.field(
+        default=None,
+        validator=opt_checked(
+            f"a string of at most {EVIDENCE_CHARS} characters",
+            instance_of(str),
+            max_len(EVIDENCE_CHARS),
+        ),
+    )
 
     @property
     def charged(self) -> bool:
@@ -174,11 +186,7 @@ class Classification:
 
     def to_dict(self) -> dict[str, str | None]:
         """`{"class": ..., "reason": ..., "evidence": ...}`, JSON-safe."""
-        return {
-            "class": self.failure_class.value,
-            "reason": self.reason,
-            "evidence": self.evidence,
-        }
+        return to_json(self)
 
 
 _NO_CLASSIFICATION: dict[str, str | None] = {"class": None, "reason": None, "evidence": None}
@@ -298,7 +306,7 @@ _RATE_LIMIT = ("rate limit", "rate-limit")
 _UPSTREAM_WORDING = (
     _rule(
         "circuit",
-        "circuit open",
+        Reason.CIRCUIT_OPEN,
         (
             "circuit",
             r"circuit(?<![a-z0-9_]circuit)(?<!short[ -]circuit)[ _-]?(?:breaker)?[ _-]?"
@@ -308,7 +316,7 @@ _UPSTREAM_WORDING = (
     ),
     _rule(
         "overloaded",
-        "overloaded",
+        Reason.OVERLOADED,
         ("overloaded", r"overloaded(?<=[\"']overloaded)(?:_error)?\\?[\"']"),
         ("overloaded_error", r"overloaded_error(?<![a-z0-9_]overloaded_error)\b"),
         (
@@ -322,14 +330,14 @@ _UPSTREAM_WORDING = (
     ),
     _rule(
         "unavailable",
-        "service unavailable",
+        Reason.SERVICE_UNAVAILABLE,
         ("service", r"service(?<![a-z0-9_]service)[ -](?:temporarily[ -])?unavailable\b"),
         ("service_unavailable", r"service_unavailable(?<=[\"']service_unavailable)\\?[\"']"),
         ("unavailable", rf"status(?<![a-z0-9]status){_Q}{_SEP}\\?[\"']unavailable\\?[\"']"),
     ),
     _rule(
         "rate-limit",
-        "rate limited",
+        Reason.RATE_LIMITED,
         (
             _RATE_LIMIT,
             r"rate(?<![a-z0-9_]rate)[ -]limit(?:ing)?[ \t]{1,2}"
@@ -353,19 +361,21 @@ _UPSTREAM_WORDING = (
 _ACCOUNT_LIMITS = (
     _rule(
         "quota",
-        "insufficient quota",
+        Reason.INSUFFICIENT_QUOTA,
         ("insufficient_quota", r"insufficient_quota"),
         ("quota", r"\bexceeded your (?:current )?quota\b"),
     ),
     _rule(
         "billing",
-        "billing",
+        Reason.BILLING,
         ("credit balance", r"\bcredit balance is too low\b"),
         ("billing", r"\bplan and billing\b"),
         ("billing", r"\bbilling[ _](?:details|hard[ _]limit)"),
         ("payment required", r"\bpayment required\b"),
     ),
-    _rule("usage-limit", "usage limit", (("usage limit", "usage_limit"), r"\busage[ _]limit\b")),
+    _rule(
+        "usage-limit", Reason.USAGE_LIMIT, (("usage limit", "usage_limit"), r"\busage[ _]limit\b")
+    ),
 )
 
 _RULES = _NUMERIC_RULES + _UPSTREAM_WORDING + _ACCOUNT_LIMITS
@@ -503,7 +513,7 @@ def classify_text(text: str, *, tail_chars: int = TAIL_CHARS) -> Classification:
     tail = text[-tail_chars:]
     decided = _decide(tail)
     if decided is None:
-        return Classification(FailureClass.WORK, "default")
+        return Classification(FailureClass.WORK, Reason.DEFAULT)
     failure_class, hit = decided
     return Classification(failure_class, hit.reason, _evidence(tail, hit.start, hit.end))
 
@@ -531,8 +541,8 @@ def classify(result: SpawnResult, *, tail_chars: int = TAIL_CHARS) -> Classifica
     if result.spawn_errno is not None:
         evidence = _spawn_evidence(result)
         if result.spawn_errno == errno.ENOENT:
-            missing_cwd = (result.spawn_error or "").strip().lower().startswith(_MISSING_CWD_PREFIX)
-            reason = "missing working directory" if missing_cwd else "spawn errno ENOENT"
+            missing_cwd = result.spawn_failure is SpawnFailure.CWD_NOT_FOUND
+            reason = Reason.MISSING_CWD if missing_cwd else Reason.MISSING_BINARY
             return Classification(FailureClass.ENVIRONMENT, reason, evidence)
         # Never started, so no vendor spoke: nothing upstream to find in the text.
         return Classification(
@@ -541,7 +551,7 @@ def classify(result: SpawnResult, *, tail_chars: int = TAIL_CHARS) -> Classifica
     verdict = classify_text(result.failure_text(tail_chars), tail_chars=tail_chars)
     if verdict.failure_class is FailureClass.UPSTREAM or not result.timed_out:
         return verdict
-    return Classification(FailureClass.WORK, "timeout")
+    return Classification(FailureClass.WORK, Reason.TIMEOUT)
 
 
 def classification_fields(result: SpawnResult) -> dict[str, str | None]:

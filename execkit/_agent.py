@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextvars
 import enum
-import math
 import os
 import random
 import threading
@@ -33,19 +32,19 @@ from typing import Any
 
 import attrs
 
-from adapters.base import Adapter, AdapterRawResult, AgentRequest
-from execkit.classify import FailureClass
-from execkit.errors import ExecKitError, InvalidInput
-from execkit.exec import spawn
-from execkit.proof import AgentProof, AgentStatus, RunProof, RunStatus
-from execkit.redact import redact, secret_env_values
+from execkit._adapter import Adapter, AgentRequest, MappedResult
+from execkit._budget import AGENT_BACKOFF, Backoff
+from execkit._classify import FailureClass
+from execkit._errors import AgentFailed, InvalidInput
+from execkit._exec import spawn
+from execkit._proof import AgentProof, AgentStatus, RunProof, RunStatus
+from execkit._redact import redact, secret_env_values
+from execkit._validate import integer_arg, number_arg
 
 __all__ = [
     "MAX_AGENT_ATTEMPTS",
-    "AgentFailed",
     "AttemptContext",
     "PriorOutcome",
-    "RetryBackoff",
     "RunRecorder",
     "context_after",
     "current_recorder",
@@ -67,67 +66,10 @@ _SCHEMA_RETRY = (
 )
 
 
-# --- backoff ----------------------------------------------------------------------------
-
-
-def _non_negative(name: str) -> Any:
-    def check(_inst: object, _attr: attrs.Attribute[Any], value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidInput(f"{name} must be a number, got {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise InvalidInput(f"{name} must be a finite number >= 0, got {value!r}")
-
-    return check
-
-
-def _check_factor(_inst: object, _attr: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 100:
-        raise InvalidInput(f"factor must be between 1 and 100, got {value!r}")
-
-
-def _check_jitter(_inst: object, _attr: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise InvalidInput(f"jitter must be between 0 and 1, got {value!r}")
-
-
-@attrs.frozen
-class RetryBackoff:
-    """Capped exponential backoff with jitter, between upstream tries of one agent.
-
-    Retry n (1-based) waits `base_s * factor**(n-1)`, times a uniform factor in
-    `[1 - jitter, 1 + jitter]`, never more than `max_s`. A vendor-requested wait replaces
-    the computed one (no jitter), capped at `max_s` too, so no vendor can park an agent.
-    """
-
-    base_s: float = attrs.field(default=2.0, validator=_non_negative("base_s"))
-    factor: float = attrs.field(default=2.0, validator=_check_factor)
-    max_s: float = attrs.field(default=60.0, validator=_non_negative("max_s"))
-    jitter: float = attrs.field(default=0.1, validator=_check_jitter)
-
-    def delay(
-        self,
-        retry: int,
-        *,
-        retry_after_s: float | None = None,
-        rng: Callable[[], float] = random.random,
-    ) -> float:
-        """Seconds to wait before retry number `retry` (>= 1); always in [0, max_s]."""
-        if isinstance(retry, bool) or not isinstance(retry, int) or retry < 1:
-            raise InvalidInput(f"retry must be an integer >= 1, got {retry!r}")
-        if retry_after_s is not None and math.isfinite(retry_after_s):
-            return min(max(retry_after_s, 0.0), self.max_s)
-        try:
-            raw = self.base_s * self.factor ** (retry - 1)
-        except OverflowError:
-            raw = math.inf
-        spread = 1.0 + self.jitter * (2.0 * rng() - 1.0)
-        return max(0.0, min(self.max_s, min(raw, self.max_s) * spread))
-
-
 # --- attempt context --------------------------------------------------------------------
 
 
-class PriorOutcome(enum.Enum):
+class PriorOutcome(enum.StrEnum):
     """What the previous try of this agent told us, as handed to the next try."""
 
     LOST = "lost"  # uncharged: it never touched the work (environment, upstream)
@@ -149,7 +91,9 @@ class AttemptContext:
 
     def __attrs_post_init__(self) -> None:
         if self.prior_outcome is not PriorOutcome.WORKFLOW_ERROR and self.prior_cause:
-            raise InvalidInput("prior_cause is only given for a workflow_error prior")
+            raise InvalidInput(
+                "prior_cause is only given for a workflow_error prior", field="prior_cause"
+            )
 
     ENV_NAMES = (
         "EXECKIT_ATTEMPT",
@@ -251,18 +195,6 @@ class RunRecorder:
         _CURRENT.reset(self._tokens.pop())
 
 
-class AgentFailed(ExecKitError):
-    """An agent failed; `proof` (already recorded) says why, with its class."""
-
-    code = "agent_failed"
-
-    def __init__(self, proof: AgentProof) -> None:
-        detail = proof.precondition or proof.error or "no output"
-        cls = proof.failure_class.value if proof.failure_class else "work"
-        super().__init__(f"{proof.harness} agent failed ({cls}: {proof.reason}): {detail}")
-        self.proof = proof
-
-
 # --- the loop ---------------------------------------------------------------------------
 
 
@@ -270,14 +202,14 @@ class AgentFailed(ExecKitError):
 class _Try:
     """One spawn's outcome as the loop sees it (a schema rejection turns ok into work)."""
 
-    raw: AdapterRawResult
+    raw: MappedResult
     failure_class: FailureClass | None
     reason: str | None
     error: str | None
     schema_error: str | None = None
 
 
-def _judge(raw: AdapterRawResult, validate: Callable[[str], str | None] | None) -> _Try:
+def _judge(raw: MappedResult, validate: Callable[[str], str | None] | None) -> _Try:
     if not raw.ok:
         return _Try(raw, raw.failure_class or FailureClass.WORK, raw.reason, raw.error)
     if validate is not None:
@@ -305,7 +237,7 @@ def _spawn_once(
     env: Mapping[str, str] | None,
     timeout_s: float | None,
     kill_grace: float,
-) -> AdapterRawResult:
+) -> MappedResult:
     result = spawn(
         list(argv),
         cwd=cwd,
@@ -376,24 +308,12 @@ def _settle(proof: AgentProof, recorder: RunRecorder | None) -> AgentProof:
     return proof
 
 
-def _check_max_attempts(max_attempts: int) -> None:
-    if (
-        isinstance(max_attempts, bool)
-        or not isinstance(max_attempts, int)
-        or not 1 <= max_attempts <= MAX_AGENT_ATTEMPTS
-    ):
-        raise InvalidInput(
-            f"max_attempts must be an integer between 1 and {MAX_AGENT_ATTEMPTS}, "
-            f"got {max_attempts!r}"
-        )
-
-
 def run_agent(
     adapter: Adapter,
     request: AgentRequest,
     *,
     max_attempts: int = 2,
-    backoff: RetryBackoff | None = None,
+    backoff: Backoff = AGENT_BACKOFF,
     sleep: Callable[[float], None] = time.sleep,
     rng: Callable[[], float] = random.random,
     validate: Callable[[str], str | None] | None = None,
@@ -416,7 +336,7 @@ def run_agent(
     request the adapter cannot express) propagates unchanged, after a failed work proof
     (reason `error`) is recorded.
     """
-    _check_max_attempts(max_attempts)
+    integer_arg("max_attempts", max_attempts, 1, MAX_AGENT_ATTEMPTS)
     started = time.monotonic()
     secrets = secret_env_values({**os.environ, **(request.env or {})})
     tries: list[_Try] = []
@@ -426,7 +346,7 @@ def run_agent(
             request,
             tries,
             max_attempts=max_attempts,
-            backoff=backoff if backoff is not None else RetryBackoff(),
+            backoff=backoff,
             sleep=sleep,
             rng=rng,
             validate=validate,
@@ -454,7 +374,7 @@ def run_agent(
 def _crashed(exc: Exception) -> _Try:
     # The head names the exception; a hook's message may be as long as the reply it quotes.
     error = f"{type(exc).__name__}: {exc}"[:_CAUSE_CHARS]
-    raw = AdapterRawResult(ok=False, error=error, failure_class=FailureClass.WORK, reason="error")
+    raw = MappedResult(ok=False, error=error, failure_class=FailureClass.WORK, reason="error")
     return _Try(raw, FailureClass.WORK, "error", error)
 
 
@@ -464,7 +384,7 @@ def _try_until_settled(
     tries: list[_Try],
     *,
     max_attempts: int,
-    backoff: RetryBackoff,
+    backoff: Backoff,
     sleep: Callable[[float], None],
     rng: Callable[[], float],
     validate: Callable[[str], str | None] | None,
@@ -526,9 +446,11 @@ def run_command(
     InvalidInput for an empty argv or a timeout that is not > 0.
     """
     if not argv:
-        raise InvalidInput("argv must not be empty: it needs at least the program to run")
-    if timeout_s is not None and not timeout_s > 0:
-        raise InvalidInput(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        raise InvalidInput(
+            "argv must not be empty: it needs at least the program to run", field="argv"
+        )
+    if timeout_s is not None:
+        number_arg("timeout_s", timeout_s, allow_zero=False)
     started = time.monotonic()
     raw = _spawn_once(adapter, argv, cwd=cwd, env=None, timeout_s=timeout_s, kill_grace=kill_grace)
     proof = _proof(

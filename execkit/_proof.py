@@ -11,15 +11,17 @@ load with no class and behave as charged work failures, exactly as they did befo
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+from attrs.validators import ge, instance_of, optional
 
-from execkit.classify import FailureClass
-from execkit.errors import InvalidInput
-from execkit.redact import redact
+from execkit._classify import FailureClass
+from execkit._errors import InvalidInput
+from execkit._json import json_key, to_json
+from execkit._redact import redact
+from execkit._validate import checked, finite, integer
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -36,7 +38,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 
-class AgentStatus(enum.Enum):
+class AgentStatus(enum.StrEnum):
     """How one agent ended. `cached` means a prior result was reused: productive work."""
 
     SUCCEEDED = "succeeded"
@@ -44,7 +46,9 @@ class AgentStatus(enum.Enum):
     CACHED = "cached"
 
 
-class RunStatus(enum.Enum):
+class RunStatus(enum.StrEnum):
+    """How one run of a script ended."""
+
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 
@@ -53,22 +57,8 @@ def _redacted(value: str | None) -> str | None:
     return None if value is None else redact(value)
 
 
-def _non_negative(name: str) -> Any:
-    # Non-finite values are refused too: JSON has no NaN or Infinity to store them as.
-    def check(_inst: object, _attr: attrs.Attribute[Any], value: float | None) -> None:
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidInput(f"{name} must be a number >= 0, got {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise InvalidInput(f"{name} must be a finite number >= 0, got {value!r}")
-
-    return check
-
-
-def _check_attempts(_inst: object, _attr: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"attempts must be an integer >= 0, got {value!r}")
+# Non-finite values are refused too: JSON has no NaN or Infinity to store them as.
+_SECONDS = checked("a finite number >= 0", finite, ge(0))
 
 
 def _agent_class_matches_status(
@@ -76,7 +66,8 @@ def _agent_class_matches_status(
 ) -> None:
     if value is not None and inst.status is not AgentStatus.FAILED:
         raise InvalidInput(
-            f"failure_class must be None for a {inst.status.value} agent, got {value.value!r}"
+            f"failure_class must be None for a {inst.status.value} agent, got {value.value!r}",
+            field="failure_class",
         )
 
 
@@ -96,13 +87,18 @@ class AgentProof:
     status: AgentStatus
     label: str | None = None
     model: str | None = None
-    attempts: int = attrs.field(default=1, validator=_check_attempts)
-    duration_s: float = attrs.field(default=0.0, validator=_non_negative("duration_s"))
-    cost_usd: float | None = attrs.field(default=None, validator=_non_negative("cost_usd"))
+    attempts: int = attrs.field(default=1, validator=checked("an integer >= 0", integer, ge(0)))
+    duration_s: float = attrs.field(default=0.0, validator=_SECONDS)
+    cost_usd: float | None = attrs.field(default=None, validator=optional(_SECONDS))
     session_id: str | None = None
     error: str | None = attrs.field(default=None, converter=_redacted)
     failure_class: FailureClass | None = attrs.field(
-        default=None, validator=_agent_class_matches_status
+        default=None,
+        validator=[
+            checked("a FailureClass or None", optional(instance_of(FailureClass))),
+            _agent_class_matches_status,
+        ],
+        metadata=json_key("class"),
     )
     reason: str | None = None
     precondition: str | None = None
@@ -122,23 +118,7 @@ class AgentProof:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe mapping; the class is under `"class"` (None when not classed)."""
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "id": self.id,
-            "label": self.label,
-            "harness": self.harness,
-            "model": self.model,
-            "status": self.status.value,
-            "attempts": self.attempts,
-            "duration_s": self.duration_s,
-            "cost_usd": self.cost_usd,
-            "session_id": self.session_id,
-            "error": self.error,
-            "class": self.failure_class.value if self.failure_class else None,
-            "reason": self.reason,
-            "precondition": self.precondition,
-            "output": self.output,
-        }
+        return {"schema_version": SCHEMA_VERSION, **to_json(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AgentProof:
@@ -211,12 +191,10 @@ class RunProof:
         run_class = self.run_class
         return {
             "schema_version": SCHEMA_VERSION,
-            "id": self.id,
-            "status": self.status.value,
+            **to_json(self),
             "class": run_class.value if run_class else None,
             "reason": self.reason,
             "precondition": self.precondition,
-            "error": self.error,
             "agents": [agent.to_dict() for agent in self.agents],
         }
 
@@ -226,7 +204,9 @@ def _enum(kind: type[enum.Enum], field: str, value: Any) -> Any:
         return kind(value)
     except ValueError:
         allowed = ", ".join(member.value for member in kind)
-        raise InvalidInput(f"{field} must be one of {allowed}; got {value!r}") from None
+        raise InvalidInput(
+            f"{field} must be one of {allowed}; got {value!r}", field=field
+        ) from None
 
 
 def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
@@ -234,7 +214,7 @@ def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidInput(f"{key} must be a string or null; got {type(value).__name__}")
+        raise InvalidInput(f"{key} must be a string or null; got {type(value).__name__}", field=key)
     return value
 
 
@@ -243,7 +223,7 @@ def _opt_number(data: Mapping[str, Any], key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{key} must be a number or null; got {value!r}")
+        raise InvalidInput(f"{key} must be a number or null; got {value!r}", field=key)
     return float(value)
 
 
@@ -270,7 +250,9 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         raise InvalidInput(f"an agent proof must be an object; got {type(data).__name__}")
     for key in ("id", "harness", "status"):
         if not isinstance(data.get(key), str):
-            raise InvalidInput(f"agent proof field {key!r} is required and must be a string")
+            raise InvalidInput(
+                f"agent proof field {key!r} is required and must be a string", field=key
+            )
     status = _enum(AgentStatus, "status", data["status"])
     failure_class = _load_class(data.get("class", data.get("failure_class")))
     if status is not AgentStatus.FAILED:
@@ -303,11 +285,11 @@ def load_run_proof(data: Mapping[str, Any]) -> RunProof:
     if not isinstance(data, Mapping):
         raise InvalidInput(f"a run proof must be an object; got {type(data).__name__}")
     if not isinstance(data.get("id"), str):
-        raise InvalidInput("run proof field 'id' is required and must be a string")
+        raise InvalidInput("run proof field 'id' is required and must be a string", field="id")
     status = _enum(RunStatus, "status", data.get("status"))
     agents = data.get("agents", [])
     if not isinstance(agents, list):
-        raise InvalidInput(f"agents must be a list; got {type(agents).__name__}")
+        raise InvalidInput(f"agents must be a list; got {type(agents).__name__}", field="agents")
     return RunProof(
         id=data["id"],
         status=status,

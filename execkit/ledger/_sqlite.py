@@ -17,7 +17,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import math
 import os
 import socket
 import sqlite3
@@ -29,37 +28,45 @@ from typing import Any
 import attrs
 import psutil
 
-from execkit.budget import (
+from execkit._budget import (
     Attempt,
     AttemptStatus,
     Backoff,
+    BlockedOn,
     Decision,
+    DecisionState,
     DispatchCap,
     ExplicitLimit,
     WorkBudget,
     decide,
     validate_history,
 )
-from execkit.classify import FailureClass
-from execkit.errors import (
+from execkit._classify import FailureClass
+from execkit._errors import (
     AdmissionRefused,
+    AttemptLimitReached,
     Conflict,
-    ExecKitError,
     Forbidden,
     HistoryError,
     InvalidInput,
     NotFound,
     SchemaTooNew,
+    StorageError,
+    TaskBlocked,
+    TaskFinished,
 )
-from execkit.ledger.model import (
+from execkit._redact import redact
+from execkit._validate import is_number
+from execkit.ledger._model import (
     CAPABILITIES,
     MAX_ATTEMPT_LIMIT,
     OPERATE_ROLE,
     AuditEvent,
     Run,
     Task,
+    TaskState,
+    TaskStatus,
 )
-from execkit.redact import redact
 
 __all__ = ["SCHEMA_VERSION", "Migration", "SqliteLedger", "migrate"]
 
@@ -140,8 +147,8 @@ _TASK_SELECT = (
     "COALESCE(l.max_attempts, 0) FROM tasks t "
     "LEFT JOIN task_attempt_limits l ON l.task_id = t.id"
 )
-_FINISHED_STATUSES = ("done", "cancelled")
-_FINAL_RUN_STATUSES = ("succeeded", "failed", "abandoned")
+_FINISHED_STATUSES = (TaskStatus.DONE, TaskStatus.CANCELLED)
+_FINAL_RUN_STATUSES = (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.ABANDONED)
 _MAX_TITLE = 1000
 _MAX_KEY = 200
 _MAX_REASON = 4000
@@ -173,7 +180,7 @@ class Migration:
 class _TaskRow:
     id: str
     title: str
-    status: str
+    status: TaskStatus = attrs.field(converter=TaskStatus)
     created_by: str
     created_at: float
     max_attempts: int
@@ -181,9 +188,11 @@ class _TaskRow:
 
 def _check_text(field: str, value: object, max_len: int) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise InvalidInput(f"{field} must be a non-empty string")
+        raise InvalidInput(f"{field} must be a non-empty string", field=field)
     if len(value) > max_len:
-        raise InvalidInput(f"{field} must be at most {max_len} characters, got {len(value)}")
+        raise InvalidInput(
+            f"{field} must be at most {max_len} characters, got {len(value)}", field=field
+        )
     return value
 
 
@@ -195,9 +204,11 @@ def _check_limit(field: str, value: object, *, allow_zero: bool) -> int:
         else (f"1..{MAX_ATTEMPT_LIMIT}")
     )
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{field} must be a whole number in {allowed}, got {value!r}")
+        raise InvalidInput(
+            f"{field} must be a whole number in {allowed}, got {value!r}", field=field
+        )
     if not low <= value <= MAX_ATTEMPT_LIMIT:
-        raise InvalidInput(f"{field} must be {allowed}, got {value}")
+        raise InvalidInput(f"{field} must be {allowed}, got {value}", field=field)
     return value
 
 
@@ -217,7 +228,9 @@ def _clean_reason(reason: str | None) -> str | None:
     if reason is None:
         return None
     if not isinstance(reason, str):
-        raise InvalidInput(f"reason must be a string or None, got {type(reason).__name__}")
+        raise InvalidInput(
+            f"reason must be a string or None, got {type(reason).__name__}", field="reason"
+        )
     cleaned = redact(reason)
     if len(cleaned) > _MAX_REASON:
         # Keep the end: the last lines of a failure say the most about it.
@@ -231,8 +244,10 @@ def _failure_class(value: FailureClass | str | None) -> FailureClass | None:
     try:
         return FailureClass(value)
     except ValueError:
-        allowed = ", ".join(c.value for c in FailureClass)
-        raise InvalidInput(f"failure_class must be one of {allowed}, got {value!r}") from None
+        allowed = ", ".join(FailureClass)
+        raise InvalidInput(
+            f"failure_class must be one of {allowed}, got {value!r}", field="failure_class"
+        ) from None
 
 
 def _run_from_row(row: Sequence[Any]) -> Run:
@@ -240,7 +255,7 @@ def _run_from_row(row: Sequence[Any]) -> Run:
         id=row[0],
         task_id=row[1],
         attempt=row[2],
-        status=row[3],
+        status=AttemptStatus(row[3]),
         failure_class=FailureClass(row[4]) if row[4] is not None else None,
         reason=row[5],
         request_key=row[6],
@@ -256,7 +271,7 @@ def _run_from_row(row: Sequence[Any]) -> Run:
 def _attempt_from_run(run: Run) -> Attempt:
     return Attempt(
         number=run.attempt,
-        status=AttemptStatus(run.status),
+        status=run.status,
         failure_class=run.failure_class,
         reason=run.reason,
         started_at=run.started_at,
@@ -285,8 +300,10 @@ def _moment(now: float | None) -> float:
     (a NaN stored as a start or end time would make the task's history unreadable)."""
     if now is None:
         return time.time()
-    if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
-        raise InvalidInput(f"now must be a finite number of POSIX seconds, got {now!r}")
+    if not is_number(now):
+        raise InvalidInput(
+            f"now must be a finite number of POSIX seconds, got {now!r}", field="now"
+        )
     return float(now)
 
 
@@ -298,7 +315,7 @@ def _check_roles(roles: Sequence[str]) -> tuple[str, ...]:
             names = tuple(roles)
             if all(isinstance(name, str) for name in names):
                 return names
-    raise InvalidInput(f"roles must be a list of role names, got {roles!r}")
+    raise InvalidInput(f"roles must be a list of role names, got {roles!r}", field="roles")
 
 
 def _owner_alive(pid: int, started_at: float | None) -> bool:
@@ -319,25 +336,21 @@ def _refusal(task_id: str, runs: Sequence[Run], decision: Decision) -> Admission
 
     Backoff does not refuse: waiting is the scheduler's business.
     """
-    if decision.state == "done":
-        return AdmissionRefused("finished", f"task {task_id} already succeeded")
-    if decision.state == "running":
-        active = next(run for run in runs if run.status == "running")
-        return AdmissionRefused(
-            "blocked",
+    if decision.state is DecisionState.DONE:
+        return TaskFinished(f"task {task_id} already succeeded")
+    if decision.state is DecisionState.RUNNING:
+        active = next(run for run in runs if run.status is AttemptStatus.RUNNING)
+        return TaskBlocked(
             f"run {active.id} (attempt {active.attempt}) of task {task_id} is still running; "
             "finish it (or abandon it) before starting another",
         )
-    if decision.state != "blocked":
+    if decision.state is not DecisionState.BLOCKED:
         return None
-    if decision.blocked_on == "attempt_limit":
-        return AdmissionRefused(
-            "attempt_limit",
+    if decision.blocked_on is BlockedOn.ATTEMPT_LIMIT:
+        return AttemptLimitReached(
             f"{decision.reason} of task {task_id}; an operator can raise it (set-attempt-limit)",
         )
-    return AdmissionRefused(
-        "blocked", decision.reason or f"task {task_id} is blocked on {decision.blocked_on}"
-    )
+    return TaskBlocked(decision.reason or f"task {task_id} is blocked on {decision.blocked_on}")
 
 
 def _backup_path_for(path: Path, version: int) -> Path:
@@ -382,7 +395,9 @@ class SqliteLedger:
         try:
             self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
         except sqlite3.Error as exc:
-            raise InvalidInput(f"cannot open ledger database {self.path}: {exc}") from exc
+            raise InvalidInput(
+                f"cannot open ledger database {self.path}: {exc}", field="path"
+            ) from exc
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             self._conn.execute("PRAGMA foreign_keys = ON")
@@ -400,10 +415,12 @@ class SqliteLedger:
                     self.migration = self._upgrade(found)
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, I/O, ...
             self._conn.close()
-            raise ExecKitError(f"cannot open ledger database {self.path}: {exc}") from exc
+            raise StorageError(f"cannot open ledger database {self.path}: {exc}") from exc
         except sqlite3.DatabaseError as exc:  # not an SQLite file at all
             self._conn.close()
-            raise InvalidInput(f"{self.path} is not a usable ledger database: {exc}") from exc
+            raise InvalidInput(
+                f"{self.path} is not a usable ledger database: {exc}", field="path"
+            ) from exc
         except BaseException:
             self._conn.close()
             raise
@@ -426,21 +443,21 @@ class SqliteLedger:
         try:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise ExecKitError(f"ledger {self.path} is busy or unwritable: {exc}") from exc
+            raise StorageError(f"ledger {self.path} is busy or unwritable: {exc}") from exc
         try:
             yield self._conn
         except BaseException as exc:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise ExecKitError(f"ledger write failed ({self.path}): {exc}") from exc
+                raise StorageError(f"ledger write failed ({self.path}): {exc}") from exc
             raise
         try:
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
-            raise ExecKitError(f"ledger commit failed ({self.path}): {exc}") from exc
+            raise StorageError(f"ledger commit failed ({self.path}): {exc}") from exc
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -453,7 +470,7 @@ class SqliteLedger:
                 if self._conn.in_transaction:
                     self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise ExecKitError(f"ledger read failed ({self.path}): {exc}") from exc
+            raise StorageError(f"ledger read failed ({self.path}): {exc}") from exc
 
     def _read_version(self) -> int:
         names = {
@@ -462,7 +479,9 @@ class SqliteLedger:
         }
         if "schema_version" not in names:
             if names:
-                raise InvalidInput(f"{self.path} is an SQLite file but not an execkit ledger")
+                raise InvalidInput(
+                    f"{self.path} is an SQLite file but not an execkit ledger", field="path"
+                )
             return 0
         version = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         return int(version or 0)
@@ -609,9 +628,9 @@ class SqliteLedger:
     ) -> Task:
         decision = self._decide(task, runs, now, cap)
         if task.status in _FINISHED_STATUSES:
-            state, blocked_on, reason, next_at = task.status, None, None, None
+            state, blocked_on, reason, next_at = TaskState(task.status), None, None, None
         else:
-            state, blocked_on = decision.state, decision.blocked_on
+            state, blocked_on = TaskState(decision.state), decision.blocked_on
             reason, next_at = decision.reason, decision.next_attempt_at
         return Task(
             id=task.id,
@@ -622,7 +641,7 @@ class SqliteLedger:
             reason=reason,
             # ADR 0033: `ready` includes that an attempt is still available: a used-up
             # limit is the policy's `attempt_limit` bound, never `ready`.
-            ready=state == "ready",
+            ready=state is TaskState.READY,
             max_attempts=task.max_attempts,
             attempts_started=len(runs),
             charged_attempts=decision.charged_attempts,
@@ -755,11 +774,11 @@ class SqliteLedger:
         _check_text("actor", actor, _MAX_KEY)
         if not isinstance(forced, bool):
             # Anything truthy would lift an environment stop: only a real True may.
-            raise InvalidInput(f"forced must be true or false, got {forced!r}")
+            raise InvalidInput(f"forced must be true or false, got {forced!r}", field="forced")
         owner = os.getpid() if owner_pid is None else owner_pid
         owner_started_at = _process_started_at(owner)
         if owner_started_at is None:
-            raise InvalidInput(f"owner_pid {owner} is not a running process")
+            raise InvalidInput(f"owner_pid {owner} is not a running process", field="owner_pid")
         at = _moment(now)
         fingerprint = _fingerprint({"task_id": task_id})
         with self._write() as conn:
@@ -768,9 +787,7 @@ class SqliteLedger:
                 return self._run(conn, replay["run_id"])
             task = self._task_row(conn, task_id)
             if task.status in _FINISHED_STATUSES:
-                raise AdmissionRefused(
-                    "finished", f"task {task_id} is {task.status}; it admits no more runs"
-                )
+                raise TaskFinished(f"task {task_id} is {task.status}; it admits no more runs")
             runs = self._task_runs(conn, task_id)
             # One rule set: the policy's decision, `force` lifting the environment stop and
             # nothing else, so not even a forced start passes the explicit limit.
@@ -783,7 +800,7 @@ class SqliteLedger:
                 id=f"r-{seq}",
                 task_id=task_id,
                 attempt=len(runs) + 1,
-                status="running",
+                status=AttemptStatus.RUNNING,
                 failure_class=None,
                 reason=None,
                 request_key=request_key,
@@ -834,7 +851,7 @@ class SqliteLedger:
     def finish_run(
         self,
         run_id: str,
-        status: str,
+        status: AttemptStatus | str,
         *,
         failure_class: FailureClass | None = None,
         reason: str | None = None,
@@ -848,11 +865,15 @@ class SqliteLedger:
         """
         if status not in _FINAL_RUN_STATUSES:
             raise InvalidInput(
-                f"status must be one of {', '.join(_FINAL_RUN_STATUSES)}, got {status!r}"
+                f"status must be one of {', '.join(_FINAL_RUN_STATUSES)}, got {status!r}",
+                field="status",
             )
+        status = AttemptStatus(status)
         klass = _failure_class(failure_class)
         if status == "succeeded" and klass is not None:
-            raise InvalidInput("failure_class must be empty for a succeeded run")
+            raise InvalidInput(
+                "failure_class must be empty for a succeeded run", field="failure_class"
+            )
         stored_reason = _clean_reason(reason)
         at = _moment(now)
         with self._write() as conn:
@@ -969,9 +990,8 @@ class SqliteLedger:
                 return self._load_task(conn, replay["task_id"], at, None)
             task = self._task_row(conn, task_id)
             if task.status in _FINISHED_STATUSES:
-                raise AdmissionRefused(
-                    "finished",
-                    f"task {task_id} is {task.status}; its attempt policy can no longer change",
+                raise TaskFinished(
+                    f"task {task_id} is {task.status}; its attempt policy can no longer change"
                 )
             (started,) = conn.execute(
                 "SELECT COUNT(*) FROM runs WHERE task_id = ?", (task_id,)
@@ -1022,9 +1042,7 @@ class SqliteLedger:
         with self._write() as conn:
             task = self._task_row(conn, task_id)
             if task.status == "done":
-                raise AdmissionRefused(
-                    "finished", f"task {task_id} is done; it cannot be cancelled"
-                )
+                raise TaskFinished(f"task {task_id} is done; it cannot be cancelled")
             if task.status == "open":
                 conn.execute(
                     "UPDATE tasks SET status = 'cancelled', updated_at = ? WHERE id = ?",

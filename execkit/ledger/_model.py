@@ -6,23 +6,34 @@ PostgreSQL later) implements `Ledger` with all of its SQL kept in its own module
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import attrs
 
-from execkit.budget import EXPLICIT_LIMIT_MAX, Attempt, Backoff, DispatchCap, WorkBudget
-from execkit.classify import FailureClass
+from execkit._budget import (
+    EXPLICIT_LIMIT_MAX,
+    Attempt,
+    AttemptStatus,
+    Backoff,
+    BlockedOn,
+    DispatchCap,
+    WorkBudget,
+)
+from execkit._classify import FailureClass
+from execkit._json import to_json
 
 __all__ = [
     "CAPABILITIES",
     "MAX_ATTEMPT_LIMIT",
     "OPERATE_ROLE",
-    "RUN_STATUSES",
     "AuditEvent",
     "Ledger",
     "Run",
     "Task",
+    "TaskState",
+    "TaskStatus",
 ]
 
 CAPABILITIES = frozenset({"tasks.attempt_limits"})
@@ -33,7 +44,24 @@ MAX_ATTEMPT_LIMIT = EXPLICIT_LIMIT_MAX
 # ADR 0033: after the first run, changing a task's limit needs this role.
 OPERATE_ROLE = "agent.operate"
 
-RUN_STATUSES = ("running", "succeeded", "failed", "abandoned")
+
+class TaskStatus(enum.StrEnum):
+    """What is stored about a task itself: open until a run succeeds or it is cancelled."""
+
+    OPEN = "open"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class TaskState(enum.StrEnum):
+    """A task's state as derived from its status and its run history (`Decision.state`)."""
+
+    READY = "ready"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    DONE = "done"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
 
 
 @attrs.frozen
@@ -47,7 +75,7 @@ class Run:
     id: str
     task_id: str
     attempt: int  # gapless 1..N per task
-    status: str  # running | succeeded | failed | abandoned
+    status: AttemptStatus
     failure_class: FailureClass | None
     reason: str | None
     request_key: str
@@ -60,9 +88,7 @@ class Run:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe wire shape (`failure_class` as its string value or None)."""
-        data = attrs.asdict(self, recurse=False)
-        data["failure_class"] = self.failure_class.value if self.failure_class else None
-        return data
+        return to_json(self)
 
 
 @attrs.frozen
@@ -71,9 +97,9 @@ class Task:
 
     id: str
     title: str
-    status: str  # open | done | cancelled   (stored)
-    state: str  # ready | running | backoff | done | blocked | cancelled   (derived)
-    blocked_on: str | None
+    status: TaskStatus  # stored
+    state: TaskState  # derived
+    blocked_on: BlockedOn | None
     reason: str | None
     ready: bool  # state == ready, including that an attempt is still available
     max_attempts: int  # 0 = no explicit limit
@@ -87,7 +113,7 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe wire shape (every field is a str, int, float, bool or None)."""
-        return attrs.asdict(self, recurse=False)
+        return to_json(self)
 
 
 @attrs.frozen
@@ -103,9 +129,7 @@ class AuditEvent:
     detail: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        data = attrs.asdict(self, recurse=False)
-        data["detail"] = dict(self.detail)  # a copy: the event stays immutable
-        return data
+        return to_json(self)  # `detail` is copied: the event stays immutable
 
 
 class Ledger(Protocol):
@@ -147,7 +171,7 @@ class Ledger(Protocol):
     def finish_run(
         self,
         run_id: str,
-        status: str,
+        status: AttemptStatus | str,
         *,
         failure_class: FailureClass | None = None,
         reason: str | None = None,

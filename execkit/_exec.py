@@ -19,8 +19,8 @@ loop through a pipe; it SIGKILLs the whole process tree and reaps the child befo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import enum
 import errno
 import math
 import os
@@ -31,16 +31,32 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
-import psutil
 
+from execkit._errors import InvalidInput
+from execkit._json import to_json
+from execkit._redact import (
+    MIN_ENV_SECRET_LEN,
+    redact,
+    redact_argv,
+    redact_tail,
+    secret_env_values,
+)
 from execkit._tail import TailBuffer
-from execkit.errors import InvalidInput
-from execkit.redact import MIN_ENV_SECRET_LEN, redact, redact_argv, redact_tail, secret_env_values
 
-__all__ = ["MAX_TAIL_BYTES", "OutputCallback", "SpawnResult", "spawn", "spawn_async"]
+if TYPE_CHECKING:
+    import psutil
+
+__all__ = [
+    "MAX_TAIL_BYTES",
+    "OutputCallback",
+    "SpawnFailure",
+    "SpawnResult",
+    "spawn",
+    "spawn_async",
+]
 
 OutputCallback = Callable[[bytes], object]
 """Receives each raw chunk of a stream as it arrives (not redacted, not decoded)."""
@@ -81,6 +97,19 @@ def _keep_tail(text: str, max_chars: int) -> str:
     return _CUT + text[-(max_chars - 1) :]
 
 
+class SpawnFailure(enum.StrEnum):
+    """Why a process never started, as a fact the classifier reads (never parsed from text)."""
+
+    PROGRAM_NOT_FOUND = "program_not_found"  # ENOENT: no such program on PATH or at the path
+    INTERPRETER_NOT_FOUND = "interpreter_not_found"  # ENOENT: its #! interpreter or loader
+    CWD_NOT_FOUND = "cwd_not_found"  # the working directory does not exist
+    CWD_NOT_DIRECTORY = "cwd_not_directory"  # the working directory is a file
+    CWD_UNUSABLE = "cwd_unusable"  # the working directory exists but cannot be entered
+    PERMISSION_DENIED = "permission_denied"  # EACCES: the program is not executable
+    EXEC_FORMAT = "exec_format"  # ENOEXEC: not a program the kernel can run
+    OTHER = "other"  # any other errno from the start
+
+
 @attrs.frozen
 class SpawnResult:
     """How one spawned process ended.
@@ -89,7 +118,9 @@ class SpawnResult:
     `signal` and `pid` are None), `signal` is set (death by signal; `exit_code` is None),
     or `exit_code` is set. `timed_out` is independent: the process was killed (or asked to
     stop) because its timeout elapsed, whatever it then exited with. `argv`, the tails and
-    `spawn_error` have credentials masked (`execkit.redact`).
+    `spawn_error` have credentials masked (`execkit._redact`). `spawn_failure` says, as a
+    value, what `spawn_errno` meant for this start (a missing program or a missing working
+    directory share ENOENT but name different preconditions).
     """
 
     argv: tuple[str, ...]
@@ -106,6 +137,7 @@ class SpawnResult:
     stderr_bytes: int
     stdout_truncated: bool
     stderr_truncated: bool
+    spawn_failure: SpawnFailure | None = None
 
     @property
     def ok(self) -> bool:
@@ -141,10 +173,7 @@ class SpawnResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe mapping of every field plus `ok`."""
-        data = attrs.asdict(self)
-        data["argv"] = list(self.argv)
-        data["ok"] = self.ok
-        return data
+        return {**to_json(self), "ok": self.ok}
 
 
 # --------------------------------------------------------------------------- validation
@@ -281,7 +310,8 @@ def _errno_of(exc: OSError) -> int:
     return errno.EIO
 
 
-def _describe_spawn_error(plan: _Plan, exc: OSError, code: int) -> str:
+def _describe_spawn_error(plan: _Plan, exc: OSError, code: int) -> tuple[SpawnFailure, str]:
+    """What failed at the start, as a value, and the sentence an operator reads."""
     cwd = plan.cwd
     filename = exc.filename if isinstance(exc.filename, str) else None
     # Popen reports a failed chdir with the directory as the filename; a cwd that is gone
@@ -292,25 +322,31 @@ def _describe_spawn_error(plan: _Plan, exc: OSError, code: int) -> str:
         and (filename == cwd or not os.path.isdir(cwd))
     ):
         if not os.path.exists(cwd):
-            return f"working directory not found: {cwd}"
+            return SpawnFailure.CWD_NOT_FOUND, f"working directory not found: {cwd}"
         if not os.path.isdir(cwd):
-            return f"working directory is not a directory: {cwd}"
-        return f"working directory not usable: {cwd} ({os.strerror(code)})"
+            return SpawnFailure.CWD_NOT_DIRECTORY, f"working directory is not a directory: {cwd}"
+        return (
+            SpawnFailure.CWD_UNUSABLE,
+            f"working directory not usable: {cwd} ({os.strerror(code)})",
+        )
     path = filename or plan.argv[0]
     if code == errno.ENOENT:
         return _describe_enoent(plan, path)
     if code == errno.EACCES:
-        return f"permission denied: cannot execute {path}"
+        return SpawnFailure.PERMISSION_DENIED, f"permission denied: cannot execute {path}"
     if code == errno.ENOEXEC:
-        return f"exec format error: {path} is not a runnable program"
-    return f"could not start {path}: [Errno {code}] {os.strerror(code)}"
+        return (
+            SpawnFailure.EXEC_FORMAT,
+            f"exec format error: {path} is not a runnable program",
+        )
+    return SpawnFailure.OTHER, f"could not start {path}: [Errno {code}] {os.strerror(code)}"
 
 
-def _describe_enoent(plan: _Plan, path: str) -> str:
+def _describe_enoent(plan: _Plan, path: str) -> tuple[SpawnFailure, str]:
     """ENOENT for a program that is there means exec could not find its #! interpreter."""
     found = shutil.which(path, path=os.pathsep.join(os.get_exec_path(plan.env)))
     if found is None:
-        return f"executable not found: {path}"
+        return SpawnFailure.PROGRAM_NOT_FOUND, f"executable not found: {path}"
     interpreter = None
     with contextlib.suppress(OSError), open(found, "rb") as script:
         first = script.readline(_SHEBANG_MAX)
@@ -318,8 +354,14 @@ def _describe_enoent(plan: _Plan, path: str) -> str:
             words = first[2:].split()
             interpreter = os.fsdecode(words[0]) if words else None
     if interpreter is None:
-        return f"cannot execute {found}: its loader or interpreter was not found (ENOENT)"
-    return f"interpreter not found: {interpreter} (the #! line of {found})"
+        return (
+            SpawnFailure.INTERPRETER_NOT_FOUND,
+            f"cannot execute {found}: its loader or interpreter was not found (ENOENT)",
+        )
+    return (
+        SpawnFailure.INTERPRETER_NOT_FOUND,
+        f"interpreter not found: {interpreter} (the #! line of {found})",
+    )
 
 
 def _secrets_for(plan: _Plan, *texts: str) -> tuple[str, ...]:
@@ -335,7 +377,7 @@ def _secrets_for(plan: _Plan, *texts: str) -> tuple[str, ...]:
 
 def _not_started(plan: _Plan, exc: OSError, started: float) -> SpawnResult:
     code = _errno_of(exc)
-    error = _describe_spawn_error(plan, exc, code)
+    failure, error = _describe_spawn_error(plan, exc, code)
     secrets = _secrets_for(plan, error, *plan.argv)
     return SpawnResult(
         argv=redact_argv(plan.argv, secrets),
@@ -352,6 +394,7 @@ def _not_started(plan: _Plan, exc: OSError, started: float) -> SpawnResult:
         stderr_bytes=0,
         stdout_truncated=False,
         stderr_truncated=False,
+        spawn_failure=failure,
     )
 
 
@@ -398,6 +441,8 @@ def _finished(
 def _snapshot_tree(pid: int) -> list[psutil.Process]:
     """Descendants of `pid` now, taken before signalling: once the child dies its
     children are re-parented and can no longer be found from it."""
+    import psutil  # only a kill needs it: most spawns end on their own
+
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -413,6 +458,10 @@ def _signal_tree(leader: int, tree: Sequence[psutil.Process], sig: int) -> None:
     if leader > 0:
         with contextlib.suppress(OSError):  # the group may already be gone
             os.killpg(leader, sig)
+    if not tree:
+        return
+    import psutil
+
     for proc in tree:
         try:
             if os.getpgid(proc.pid) == leader:
@@ -771,6 +820,8 @@ async def spawn_async(
     (use `loop.call_soon_threadsafe` to touch loop state). Cancelling the awaiting task
     SIGKILLs the whole process tree and reaps the child before `CancelledError` propagates.
     """
+    import asyncio  # only asyncio runners pay for importing it
+
     plan = _plan(
         argv, cwd, env, input, inherit_stdin, timeout, kill_grace, tail_bytes, on_stdout, on_stderr
     )

@@ -38,23 +38,30 @@ import enum
 import hashlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+from attrs.validators import ge, instance_of, le, lt
 
-from execkit.classify import FailureClass
-from execkit.errors import HistoryError, InvalidInput
+from execkit._classify import FailureClass
+from execkit._errors import HistoryError, InvalidInput
+from execkit._json import to_json
+from execkit._validate import checked, finite, integer, opt_checked, truth
 
 __all__ = [
+    "AGENT_BACKOFF",
     "EXPLICIT_LIMIT_MAX",
     "MAX_UNCHARGED_REPLANS",
     "Attempt",
     "AttemptStatus",
     "Backoff",
+    "BlockedOn",
     "Decision",
+    "DecisionState",
     "DispatchCap",
     "ExplicitLimit",
+    "NextAction",
     "Plan",
     "ReplanDecision",
     "WorkBudget",
@@ -68,79 +75,92 @@ MAX_UNCHARGED_REPLANS = 3
 EXPLICIT_LIMIT_MAX = 10000
 
 
-class AttemptStatus(enum.Enum):
+class AttemptStatus(enum.StrEnum):
+    """How one admitted attempt (a ledger run) stands."""
+
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     ABANDONED = "abandoned"
 
 
-# --- converters and validators -------------------------------------------------------
+class DecisionState(enum.StrEnum):
+    """What the policies say about a history now."""
+
+    READY = "ready"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    DONE = "done"
+    BLOCKED = "blocked"
 
 
-def _allowed(enum_type: type[enum.Enum]) -> str:
-    return ", ".join(member.value for member in enum_type)
+class BlockedOn(enum.StrEnum):
+    """Which bound stopped a blocked history, most specific first (see `decide`)."""
+
+    ENVIRONMENT = "environment"
+    ATTEMPT_LIMIT = "attempt_limit"
+    UPSTREAM = "upstream"
+    WORK = "work"
+    DISPATCH_CAP = "dispatch_cap"
+
+
+class NextAction(enum.StrEnum):
+    """What the caller should do next."""
+
+    RUN = "run"
+    WAIT = "wait"
+    NONE = "none"
+
+
+# --- converters -----------------------------------------------------------------------
+
+
+def _to_enum(kind: type[enum.StrEnum], field: str, extra: str = "") -> Callable[[Any], Any]:
+    """A converter from the enum or its string value; InvalidInput naming `field` else."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, kind) or (value is None and extra):
+            return value
+        if isinstance(value, str):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+        raise InvalidInput(
+            f"{field}: {value!r} is not one of {', '.join(kind)}{extra}", field=field
+        )
+
+    return convert
+
+
+_attempt_status = _to_enum(AttemptStatus, "status")
+_failure_class = _to_enum(FailureClass, "failure_class", " (or null for work)")
 
 
 def _to_status(value: AttemptStatus | str) -> AttemptStatus:
-    if isinstance(value, AttemptStatus):
-        return value
-    if isinstance(value, str):
-        try:
-            return AttemptStatus(value)
-        except ValueError:
-            pass
-    raise InvalidInput(f"status: {value!r} is not one of {_allowed(AttemptStatus)}")
+    status: AttemptStatus = _attempt_status(value)
+    return status
 
 
-def _to_failure_class(value: FailureClass | str | None) -> FailureClass | None:
-    if value is None or isinstance(value, FailureClass):
-        return value
-    if isinstance(value, str):
-        try:
-            return FailureClass(value)
-        except ValueError:
-            pass
-    raise InvalidInput(
-        f"failure_class: {value!r} is not one of {_allowed(FailureClass)} (or null for work)"
-    )
+def _to_class(value: FailureClass | str | None) -> FailureClass | None:
+    klass: FailureClass | None = _failure_class(value)
+    return klass
 
 
 def _to_time(value: float | None) -> float | None:
-    # Store ints as floats; anything else is left for `_optional_time` to reject by name.
+    # Store ints as floats; anything else is left for the validator to reject by name.
     if isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
 
 
-def _optional_time(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not _is_number(value):
-        raise InvalidInput(
-            f"{attribute.name}: must be a finite number of POSIX seconds or null, got {value!r}"
-        )
+_AT_LEAST_ONE = checked("an integer >= 1", integer, ge(1))
+_TIME = opt_checked("a finite number of POSIX seconds", finite)
+_OPT_TEXT = opt_checked("a string", instance_of(str))
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _positive_number_field(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not _is_int(value) or value < 1:
-        raise InvalidInput(f"{attribute.name}: must be an integer >= 1, got {value!r}")
-
-
-def _optional_str(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not isinstance(value, str):
-        raise InvalidInput(f"{attribute.name}: must be a string or null, got {value!r}")
-
-
-def _bool_field(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, bool):
-        raise InvalidInput(f"{attribute.name}: must be true or false, got {value!r}")
+def _time_field() -> Any:
+    return attrs.field(default=None, converter=_to_time, validator=_TIME)
 
 
 # --- value types -----------------------------------------------------------------------
@@ -155,43 +175,37 @@ class Attempt:
     field and what is allowed.
     """
 
-    number: int = attrs.field(validator=_positive_number_field)
+    number: int = attrs.field(validator=_AT_LEAST_ONE)
     status: AttemptStatus = attrs.field(converter=_to_status)
-    failure_class: FailureClass | None = attrs.field(default=None, converter=_to_failure_class)
-    reason: str | None = attrs.field(default=None, validator=_optional_str)
-    started_at: float | None = attrs.field(
-        default=None, converter=_to_time, validator=_optional_time
+    failure_class: FailureClass | None = attrs.field(default=None, converter=_to_class)
+    reason: str | None = attrs.field(
+        default=None, validator=opt_checked("a string", instance_of(str))
     )
-    ended_at: float | None = attrs.field(default=None, converter=_to_time, validator=_optional_time)
-    forced: bool = attrs.field(default=False, validator=_bool_field)
+    started_at: float | None = _time_field()
+    ended_at: float | None = _time_field()
+    forced: bool = attrs.field(default=False, validator=checked("true or false", truth))
 
 
 @attrs.frozen
 class WorkBudget:
     """The ADR 0046 budget: charged attempts and consecutive upstream attempts (each >= 1)."""
 
-    max_attempts: int = attrs.field(default=3, validator=_positive_number_field)
-    max_uncharged_attempts: int = attrs.field(default=3, validator=_positive_number_field)
-
-
-def _limit_range(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not _is_int(value) or not 1 <= value <= EXPLICIT_LIMIT_MAX:
-        raise InvalidInput(
-            f"{attribute.name}: an explicit attempt limit must be an integer in "
-            f"1..{EXPLICIT_LIMIT_MAX}, got {value!r}"
-        )
+    max_attempts: int = attrs.field(default=3, validator=_AT_LEAST_ONE)
+    max_uncharged_attempts: int = attrs.field(default=3, validator=_AT_LEAST_ONE)
 
 
 @attrs.frozen
 class ExplicitLimit:
     """An ADR 0033 task limit: every admitted run counts; 1..10000 else `InvalidInput`."""
 
-    max_attempts: int = attrs.field(validator=_limit_range)
-
-
-def _int_field(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not _is_int(value):
-        raise InvalidInput(f"{attribute.name}: must be an integer, got {value!r}")
+    max_attempts: int = attrs.field(
+        validator=checked(
+            f"an integer in 1..{EXPLICIT_LIMIT_MAX} (an explicit attempt limit)",
+            integer,
+            ge(1),
+            le(EXPLICIT_LIMIT_MAX),
+        )
+    )
 
 
 @attrs.frozen
@@ -202,50 +216,67 @@ class DispatchCap:
     setting to 0 = no cap, so both read the same here).
     """
 
-    max_attempts: int = attrs.field(default=10, validator=_int_field)
+    max_attempts: int = attrs.field(default=10, validator=checked("an integer", integer))
 
     @property
     def capped(self) -> bool:
         return self.max_attempts > 0
 
 
-def _finite(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not _is_number(value):
-        raise InvalidInput(f"{attribute.name}: must be a finite number, got {value!r}")
+def _max_at_least_base(inst: Backoff, _attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < inst.base_s:
+        raise InvalidInput(
+            f"max_s must be >= base_s ({inst.base_s!r}), got {value!r}", field="max_s"
+        )
 
 
 @attrs.frozen
 class Backoff:
-    """Exponential backoff with deterministic jitter.
+    """Capped exponential backoff with jitter: the one backoff policy of execkit.
 
-    delay(n) = min(max_s, base_s * factor**(n-1)) scaled by (1 + u) with u in
-    [-jitter, +jitter] derived from the history, then capped at max_s again.
-    Requires base_s > 0, factor >= 1, max_s >= base_s, 0 <= jitter < 1.
+    The wait after `n` consecutive failures (n >= 1) is `min(max_s, base_s * factor**(n-1))`
+    scaled by `1 + jitter * u` with `u` in [-1, 1], then capped at `max_s` again, so it is
+    always in (0, max_s]. `u` comes from `seed` when one is given (the durable scheduler:
+    the same history gives the same time after a restart), else from `rng` (the in-agent
+    loop), else 0. A wait the vendor asked for (`retry_after_s`) replaces the computed one,
+    clamped to [0, max_s], so no vendor can park a caller past its own ceiling.
+
+    Requires 0 < base_s <= max_s (finite), 1 <= factor <= 100, 0 <= jitter < 1;
+    `InvalidInput` naming the field otherwise. The defaults are the scheduler's; the
+    in-agent loop uses `AGENT_BACKOFF`.
     """
 
-    base_s: float = attrs.field(default=10.0, validator=_finite)
-    factor: float = attrs.field(default=2.0, validator=_finite)
-    max_s: float = attrs.field(default=300.0, validator=_finite)
-    jitter: float = attrs.field(default=0.1, validator=_finite)
+    base_s: float = attrs.field(
+        default=10.0,
+        validator=checked("a finite number of seconds > 0", finite, attrs.validators.gt(0)),
+    )
+    factor: float = attrs.field(
+        default=2.0, validator=checked("a number in 1..100", finite, ge(1), le(100))
+    )
+    max_s: float = attrs.field(
+        default=300.0,
+        validator=[checked("a finite number of seconds", finite), _max_at_least_base],
+    )
+    jitter: float = attrs.field(
+        default=0.1, validator=checked("a number in [0, 1)", finite, ge(0), lt(1))
+    )
 
-    def __attrs_post_init__(self) -> None:
-        if self.base_s <= 0:
-            raise InvalidInput(f"base_s: must be > 0, got {self.base_s!r}")
-        if self.factor < 1:
-            raise InvalidInput(f"factor: must be >= 1, got {self.factor!r}")
-        if self.max_s < self.base_s:
-            raise InvalidInput(f"max_s: must be >= base_s ({self.base_s!r}), got {self.max_s!r}")
-        if not 0 <= self.jitter < 1:
-            raise InvalidInput(f"jitter: must be in [0, 1), got {self.jitter!r}")
-
-    def delay(self, consecutive_failures: int, seed: str = "") -> float:
-        """Seconds to wait after `consecutive_failures` (>= 1) failures; never above max_s.
-
-        `seed` makes the jitter deterministic: the same seed gives the same delay.
-        """
-        if consecutive_failures < 1:
-            raise InvalidInput(f"consecutive_failures: must be >= 1, got {consecutive_failures!r}")
-        exponent = consecutive_failures - 1
+    def delay(
+        self,
+        failures: int,
+        seed: str | None = None,
+        *,
+        rng: Callable[[], float] | None = None,
+        retry_after_s: float | None = None,
+    ) -> float:
+        """Seconds to wait after `failures` (>= 1) consecutive failures (see the class)."""
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
+            raise InvalidInput(
+                f"failures must be an integer >= 1, got {failures!r}", field="failures"
+            )
+        if retry_after_s is not None and math.isfinite(retry_after_s):
+            return min(max(retry_after_s, 0.0), self.max_s)
+        exponent = failures - 1
         # Compare in log space so a history of thousands of failures cannot overflow.
         if self.factor == 1 or exponent * math.log(self.factor) < math.log(
             self.max_s / self.base_s
@@ -253,7 +284,13 @@ class Backoff:
             raw = min(self.max_s, self.base_s * self.factor**exponent)
         else:
             raw = self.max_s
-        return min(self.max_s, raw * (1.0 + self.jitter * _unit_jitter(seed)))
+        if seed is not None:
+            unit = _unit_jitter(seed)
+        elif rng is not None:
+            unit = 2.0 * rng() - 1.0
+        else:
+            unit = 0.0
+        return max(0.0, min(self.max_s, raw * (1.0 + self.jitter * unit)))
 
 
 def _unit_jitter(seed: str) -> float:
@@ -262,13 +299,17 @@ def _unit_jitter(seed: str) -> float:
     return int.from_bytes(digest, "big") / float(2**64 - 1) * 2.0 - 1.0
 
 
+AGENT_BACKOFF = Backoff(base_s=2.0, factor=2.0, max_s=60.0, jitter=0.1)
+"""The in-agent loop's default: retries within one run wait seconds, not minutes."""
+
+
 @attrs.frozen
 class Decision:
     """What the policies say about the next attempt; `to_dict()` is JSON-safe."""
 
-    state: str  # ready | running | backoff | done | blocked
-    blocked_on: str | None  # None | environment | upstream | work | attempt_limit | dispatch_cap
-    next_action: str  # run | wait | none
+    state: DecisionState
+    blocked_on: BlockedOn | None
+    next_action: NextAction
     next_attempt_at: float | None
     reason: str | None
     attempts_used: int
@@ -277,7 +318,7 @@ class Decision:
     remaining: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        return to_json(self)
 
 
 # --- history ---------------------------------------------------------------------------
@@ -356,7 +397,7 @@ def _streak(items: Sequence[Attempt | Plan]) -> tuple[int, str | None]:
 
 def _state_before_bounds(
     items: Sequence[Attempt] | Sequence[Plan], *, empty: str, succeeded: str, running: str
-) -> tuple[str, str, str] | None:
+) -> tuple[DecisionState, NextAction, str] | None:
     """(state, next_action, reason) when no bound is read, else None.
 
     An empty history is ready (every bound is >= 1, so nothing can bind it); a last item
@@ -364,14 +405,14 @@ def _state_before_bounds(
     `running` are formats of that item's number.
     """
     if not items:
-        return "ready", "run", empty
+        return DecisionState.READY, NextAction.RUN, empty
     last = items[-1]
     if last.status is AttemptStatus.SUCCEEDED:
         # Finished stays finished: raising a limit never reopens it (ADR 0033).
-        return "done", "none", succeeded.format(last.number)
+        return DecisionState.DONE, NextAction.NONE, succeeded.format(last.number)
     active = next((item for item in items if item.status is AttemptStatus.RUNNING), None)
     if active is not None:
-        return "running", "wait", running.format(active.number)
+        return DecisionState.RUNNING, NextAction.WAIT, running.format(active.number)
     return None
 
 
@@ -409,8 +450,10 @@ def decide(
     validate_history(attempts)
     if now is None:
         now = time.time()
-    elif not _is_number(now):
-        raise InvalidInput(f"now: must be a finite number of POSIX seconds, got {now!r}")
+    elif isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
+        raise InvalidInput(
+            f"now: must be a finite number of POSIX seconds, got {now!r}", field="now"
+        )
 
     used = len(attempts)
     charged = sum(1 for a in attempts if _charged(a.status, a.failure_class))
@@ -421,10 +464,10 @@ def decide(
         remaining = max(0, budget.max_attempts - charged)
 
     def result(
-        state: str,
-        next_action: str,
+        state: DecisionState,
+        next_action: NextAction,
         reason: str | None,
-        blocked_on: str | None = None,
+        blocked_on: BlockedOn | None = None,
         next_attempt_at: float | None = None,
     ) -> Decision:
         return Decision(
@@ -451,22 +494,27 @@ def decide(
     last = attempts[-1]
     blocked = _blocked(used, charged, streak, budget, limit, cap, last, upstream_reason, force)
     if blocked is not None:
-        return result("blocked", "none", blocked[1], blocked_on=blocked[0])
+        return result(DecisionState.BLOCKED, NextAction.NONE, blocked[1], blocked_on=blocked[0])
 
     # Every attempt here ended without success, so the failure run is the whole history.
     reference = last.ended_at if last.ended_at is not None else last.started_at
     if reference is None:  # a legacy record without times: nothing to wait from
-        return result("ready", "run", f"retry after attempt {last.number}")
+        return result(DecisionState.READY, NextAction.RUN, f"retry after attempt {last.number}")
     seed = f"{last.number}:{last.started_at!r}"
     next_at = reference + backoff.delay(used, seed)
     if now < next_at:
         return result(
-            "backoff",
-            "wait",
+            DecisionState.BACKOFF,
+            NextAction.WAIT,
             f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}",
             next_attempt_at=next_at,
         )
-    return result("ready", "run", f"retry after attempt {last.number}", next_attempt_at=next_at)
+    return result(
+        DecisionState.READY,
+        NextAction.RUN,
+        f"retry after attempt {last.number}",
+        next_attempt_at=next_at,
+    )
 
 
 def _blocked(
@@ -479,18 +527,25 @@ def _blocked(
     last: Attempt,
     upstream_reason: str | None,
     force: bool,
-) -> tuple[str, str] | None:
+) -> tuple[BlockedOn, str] | None:
     """The most specific bound that holds, as (blocked_on, reason), or None."""
     if not force and _is_environment(last.status, last.failure_class):
-        return "environment", _environment_reason(last.reason)
+        return BlockedOn.ENVIRONMENT, _environment_reason(last.reason)
     if limit is not None and used >= limit.max_attempts:
-        return "attempt_limit", f"attempt limit reached: {used} of {limit.max_attempts} runs"
+        return (
+            BlockedOn.ATTEMPT_LIMIT,
+            f"attempt limit reached: {used} of {limit.max_attempts} runs",
+        )
     if streak >= budget.max_uncharged_attempts:
-        return "upstream", _upstream_reason(upstream_reason, streak)
+        return BlockedOn.UPSTREAM, _upstream_reason(upstream_reason, streak)
     if limit is None and charged >= budget.max_attempts:
-        return "work", f"charged budget spent: {charged} of {budget.max_attempts} attempts"
+        reason = f"charged budget spent: {charged} of {budget.max_attempts} attempts"
+        return BlockedOn.WORK, reason
     if cap is not None and cap.capped and used >= cap.max_attempts:
-        return "dispatch_cap", f"dispatch cap reached: {used} of {cap.max_attempts} dispatches"
+        return (
+            BlockedOn.DISPATCH_CAP,
+            f"dispatch cap reached: {used} of {cap.max_attempts} dispatches",
+        )
     return None
 
 
@@ -501,19 +556,21 @@ def _blocked(
 class Plan:
     """One plan record of a goal; the replan analogue of `Attempt`."""
 
-    number: int = attrs.field(validator=_positive_number_field)
+    number: int = attrs.field(validator=_AT_LEAST_ONE)
     status: AttemptStatus = attrs.field(converter=_to_status)
-    failure_class: FailureClass | None = attrs.field(default=None, converter=_to_failure_class)
-    reason: str | None = attrs.field(default=None, validator=_optional_str)
+    failure_class: FailureClass | None = attrs.field(default=None, converter=_to_class)
+    reason: str | None = attrs.field(
+        default=None, validator=opt_checked("a string", instance_of(str))
+    )
 
 
 @attrs.frozen
 class ReplanDecision:
     """What the replan budget says about planning again; `to_dict()` is JSON-safe."""
 
-    state: str  # ready | running | done | blocked
-    blocked_on: str | None  # None | environment | upstream | work
-    next_action: str  # run | wait | none
+    state: DecisionState  # never backoff
+    blocked_on: BlockedOn | None  # None | environment | upstream | work
+    next_action: NextAction
     reason: str | None
     replans_used: int
     charged_replans: int
@@ -521,7 +578,7 @@ class ReplanDecision:
     remaining: int
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        return to_json(self)
 
 
 def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
@@ -532,15 +589,20 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
     environment plan failure stops the goal and names the precondition. Raises
     `HistoryError` for a bad plan history and `InvalidInput` for a bad `max_replans`.
     """
-    if not _is_int(max_replans) or max_replans < 1:
-        raise InvalidInput(f"max_replans: must be an integer >= 1, got {max_replans!r}")
+    if isinstance(max_replans, bool) or not isinstance(max_replans, int) or max_replans < 1:
+        raise InvalidInput(
+            f"max_replans: must be an integer >= 1, got {max_replans!r}", field="max_replans"
+        )
     _check_history(plans, Plan, "plan")
     used = len(plans)
     charged = sum(1 for p in plans if _charged(p.status, p.failure_class))
     streak, upstream_reason = _streak(plans)
 
     def result(
-        state: str, next_action: str, reason: str | None, blocked_on: str | None = None
+        state: DecisionState,
+        next_action: NextAction,
+        reason: str | None,
+        blocked_on: BlockedOn | None = None,
     ) -> ReplanDecision:
         return ReplanDecision(
             state=state,
@@ -560,14 +622,24 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
         return result(*early)
     last = plans[-1]
     if _is_environment(last.status, last.failure_class):
-        return result("blocked", "none", _environment_reason(last.reason), "environment")
+        return result(
+            DecisionState.BLOCKED,
+            NextAction.NONE,
+            _environment_reason(last.reason),
+            BlockedOn.ENVIRONMENT,
+        )
     if streak >= MAX_UNCHARGED_REPLANS:
-        return result("blocked", "none", _upstream_reason(upstream_reason, streak), "upstream")
+        return result(
+            DecisionState.BLOCKED,
+            NextAction.NONE,
+            _upstream_reason(upstream_reason, streak),
+            BlockedOn.UPSTREAM,
+        )
     if charged >= max_replans:
         return result(
-            "blocked",
-            "none",
+            DecisionState.BLOCKED,
+            NextAction.NONE,
             f"charged replan budget spent: {charged} of {max_replans} replans",
-            "work",
+            BlockedOn.WORK,
         )
-    return result("ready", "run", f"replan after plan {last.number}")
+    return result(DecisionState.READY, NextAction.RUN, f"replan after plan {last.number}")

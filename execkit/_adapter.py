@@ -1,77 +1,61 @@
-"""The adapter contract and the mapping every vendor shares.
+"""The adapter contract, and the mapping from a spawn to a classed result every vendor shares.
 
-A vendor module only builds argv and parses its own output envelope into an `Envelope`;
-`finish` turns that into an `AdapterRawResult` the same way for every vendor: the
-structural spawn errno first (ENOENT is environment, with the install hint), then the
-vendor's structured error fields (an HTTP status 429 or 500-599 is upstream), then the
-shared text list in `execkit.classify`. Upstream wording never lives in a vendor module.
+A vendor adapter (the top-level `adapters` package, or any package registered under the
+`execkit.adapters` entry points) only builds argv and parses its own output envelope into
+an `Envelope`; `map_result` turns a spawn plus that envelope into a `MappedResult` the
+same way for every vendor: the structural spawn facts first (ENOENT is environment, with
+the install hint), then the vendor's structured error fields (an HTTP status 429 or
+500-599 is upstream), then the shared text list of the classifier. Upstream wording never
+lives in a vendor module.
 """
 
 from __future__ import annotations
 
 import errno as errno_names
-import json
 import os
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
+from attrs.validators import deep_iterable, gt, instance_of, optional
 
-from execkit.classify import FailureClass, classify, classify_text, is_upstream_status
-from execkit.errors import InvalidInput
-from execkit.exec import SpawnResult
-from execkit.redact import redact
+from execkit._classify import (
+    ACCOUNT_LIMIT_REASONS,
+    FailureClass,
+    Reason,
+    classify,
+    classify_text,
+    is_upstream_status,
+)
+from execkit._errors import InvalidInput
+from execkit._exec import SpawnResult
+from execkit._json import json_key, to_json
+from execkit._redact import redact
+from execkit._validate import checked, finite, integer, opt_checked
+from execkit.adapterkit import parse_retry_after
 
 __all__ = [
     "NO_ENVELOPE",
     "Adapter",
-    "AdapterRawResult",
     "AgentRequest",
     "Envelope",
-    "finish",
-    "http_status",
-    "iter_json_objects",
-    "load_json_document",
-    "number_field",
-    "parse_retry_after",
+    "MappedResult",
+    "map_result",
     "precondition_for",
-    "prompt_args",
-    "request_argv",
-    "str_field",
 ]
 
-# How much failure text a raw result keeps: the tail, where the cause usually is.
+# How much failure text a mapped result keeps: the tail, where the cause usually is.
 _ERROR_CHARS = 2000
-
-
-def _check_timeout(_inst: object, _attr: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise InvalidInput(f"timeout_s must be > 0 seconds (or None for no limit), got {value!r}")
-
-
-def _check_max_turns(_inst: object, _attr: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidInput(f"max_turns must be an integer >= 1 (or None), got {value!r}")
-
-
-def _check_prompt(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str):
-        raise InvalidInput(f"prompt must be a string, got {type(value).__name__}")
 
 
 def _as_args(value: Iterable[str]) -> tuple[str, ...]:
     # A typed converter (not bare `tuple`) so that type checkers see what __init__ takes;
     # a lone string would otherwise become one argument per character.
     if isinstance(value, str | bytes):
-        raise InvalidInput(f"extra_args must be a list of strings, not one string: {value!r}")
+        raise InvalidInput(
+            f"extra_args must be a list of strings, not one string: {value!r}", field="extra_args"
+        )
     return tuple(value)
-
-
-def _check_extra_args(_inst: object, _attr: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
-    for arg in value:
-        if not isinstance(arg, str):
-            raise InvalidInput(f"extra_args must all be strings, got {arg!r}")
 
 
 @attrs.frozen
@@ -84,13 +68,19 @@ class AgentRequest:
     Raises InvalidInput naming the field for a value out of range.
     """
 
-    prompt: str = attrs.field(validator=_check_prompt)
+    prompt: str = attrs.field(validator=checked("a string", instance_of(str)))
     model: str | None = None
     cwd: str | None = None
-    timeout_s: float | None = attrs.field(default=None, validator=_check_timeout)
-    max_turns: int | None = attrs.field(default=None, validator=_check_max_turns)
+    timeout_s: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number of seconds > 0", finite, gt(0))
+    )
+    max_turns: int | None = attrs.field(
+        default=None, validator=opt_checked("an integer >= 1", integer, gt(0))
+    )
     extra_args: tuple[str, ...] = attrs.field(
-        default=(), converter=_as_args, validator=_check_extra_args
+        default=(),
+        converter=_as_args,
+        validator=checked("only strings", deep_iterable(instance_of(str))),
     )
     env: Mapping[str, str] | None = attrs.field(default=None, eq=False, hash=False)
 
@@ -100,17 +90,20 @@ class AgentRequest:
 
 
 def _check_ok_has_no_class(
-    inst: AdapterRawResult, _attr: attrs.Attribute[Any], value: FailureClass | None
+    inst: MappedResult, _attr: attrs.Attribute[Any], value: FailureClass | None
 ) -> None:
     if inst.ok and value is not None:
-        raise InvalidInput("failure_class must be None when ok")
+        raise InvalidInput("failure_class must be None when ok", field="failure_class")
     if not inst.ok and value is None:
-        raise InvalidInput("a failed result must carry a failure_class (work by default)")
+        raise InvalidInput(
+            "a failed result must carry a failure_class (work by default)", field="failure_class"
+        )
 
 
 @attrs.frozen
-class AdapterRawResult:
-    """One spawn of a vendor CLI, its envelope unwrapped and its failure classed.
+class MappedResult:
+    """One spawn of a vendor CLI mapped to what execkit acts on: its envelope unwrapped and
+    its failure classed.
 
     `text` is the final reply (envelope unwrapped); `error` the tail of the failure text;
     `failure_class` is None exactly when `ok`; `precondition` names the missing binary
@@ -125,17 +118,19 @@ class AdapterRawResult:
     duration_s: float = 0.0
     error: str | None = None
     spawn_errno: int | None = None
-    failure_class: FailureClass | None = attrs.field(default=None, validator=_check_ok_has_no_class)
+    failure_class: FailureClass | None = attrs.field(
+        default=None,
+        validator=[optional(instance_of(FailureClass)), _check_ok_has_no_class],
+        metadata=json_key("class"),
+    )
     reason: str | None = None
     precondition: str | None = None
     retry_after_s: float | None = None
     timed_out: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        data = attrs.asdict(self)
-        del data["failure_class"]
-        data["class"] = self.failure_class.value if self.failure_class else None
-        return data
+        """JSON-safe mapping; the class is under `"class"`."""
+        return to_json(self)
 
 
 @runtime_checkable
@@ -161,7 +156,7 @@ class Adapter(Protocol):
 
     def build_argv(self, request: AgentRequest) -> list[str]: ...
 
-    def parse(self, result: SpawnResult) -> AdapterRawResult: ...
+    def parse(self, result: SpawnResult) -> MappedResult: ...
 
 
 @attrs.frozen
@@ -204,131 +199,6 @@ def precondition_for(adapter: Adapter, result: SpawnResult) -> str:
     return f"{binary} CLI could not be started ({code}); {fix}"
 
 
-# Every gap is bounded, so a long run of spaces after the keyword costs linear time.
-_RETRY_AFTER = re.compile(
-    r"(?:retry[-_ ]?after|(?:try again|retry) in)[\"']?\s{0,4}[:=]?\s{0,4}"
-    r"(\d{1,9}(?:\.\d{1,6})?)\s{0,2}"
-    r"(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?)?\b",
-    re.IGNORECASE,
-)
-
-
-def parse_retry_after(text: str | None) -> float | None:
-    """The last wait (seconds) a vendor asked for: `Retry-After: 30`, `try again in 14.0s`.
-
-    Units default to seconds; `ms`, minutes and hours are converted. None when absent.
-    """
-    if not text:
-        return None
-    found = None
-    for match in _RETRY_AFTER.finditer(text):
-        found = match
-    if found is None:
-        return None
-    unit = (found.group(2) or "s").lower()
-    if unit.startswith(("ms", "milli")):
-        factor = 0.001
-    elif unit.startswith("m"):
-        factor = 60.0
-    elif unit.startswith("h"):
-        factor = 3600.0
-    else:
-        factor = 1.0
-    return float(found.group(1)) * factor
-
-
-def iter_json_objects(text: str) -> Iterator[dict[str, Any]]:
-    """Each line of `text` that is a JSON object (JSONL); other lines are skipped."""
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            yield value
-
-
-def load_json_document(text: str) -> Any:
-    """The JSON document in `text`: the whole text, else its last JSON line, else None.
-
-    Vendors print banners or warnings around their envelope; this finds it anyway.
-    """
-    body = text.strip()
-    if not body:
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        pass
-    for line in reversed(body.splitlines()):
-        line = line.strip()
-        if line.startswith(("{", "[")):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    start = body.find("{")
-    if start > 0:
-        try:
-            return json.loads(body[start:])
-        except ValueError:
-            return None
-    return None
-
-
-def str_field(obj: object, *keys: str) -> str | None:
-    """The first of `keys` in a mapping whose value is a non-empty string."""
-    if isinstance(obj, Mapping):
-        for key in keys:
-            value = obj.get(key)
-            if isinstance(value, str) and value:
-                return value
-    return None
-
-
-def number_field(obj: object, *keys: str) -> float | None:
-    """The first of `keys` in a mapping whose value is a number (bools are not)."""
-    if isinstance(obj, Mapping):
-        for key in keys:
-            value = obj.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
-    return None
-
-
-def prompt_args(prompt: str) -> list[str]:
-    """The prompt as the final positional argument, never mistaken for a flag."""
-    return ["--", prompt] if prompt.startswith("-") else [prompt]
-
-
-def request_argv(
-    head: Sequence[str],
-    request: AgentRequest,
-    *,
-    options: Sequence[str] = (),
-    prompt: Sequence[str] | None = None,
-) -> list[str]:
-    """`head`, `--model M` (when the request names one), `options`, `extra_args`, the prompt.
-
-    The request's `extra_args` go in verbatim; the prompt is `prompt_args` unless the
-    vendor passes it in its own form as `prompt`.
-    """
-    model = ["--model", request.model] if request.model else []
-    tail = prompt_args(request.prompt) if prompt is None else prompt
-    return [*head, *model, *options, *request.extra_args, *tail]
-
-
-def http_status(code: float | None) -> int | None:
-    """A vendor's numeric status field as an HTTP status: None unless it is a whole number
-    in 100..599 (a NaN, an infinity or 503.5 is not a status, and must not raise)."""
-    if code is None or not 100 <= code <= 599 or code != int(code):
-        return None
-    return int(code)
-
-
 def _failed(
     result: SpawnResult,
     envelope: Envelope,
@@ -336,9 +206,9 @@ def _failed(
     reason: str,
     error: str,
     precondition: str | None = None,
-) -> AdapterRawResult:
+) -> MappedResult:
     error = redact(_tail(error))
-    return AdapterRawResult(
+    return MappedResult(
         ok=False,
         text=envelope.text,
         session_id=envelope.session_id,
@@ -354,10 +224,10 @@ def _failed(
     )
 
 
-def finish(
+def map_result(
     adapter: Adapter, result: SpawnResult, envelope: Envelope = NO_ENVELOPE
-) -> AdapterRawResult:
-    """Map one spawn and the vendor's parsed envelope to an `AdapterRawResult`.
+) -> MappedResult:
+    """Map one spawn and the vendor's parsed envelope to a `MappedResult`.
 
     Order, most durable signal first:
     1. a spawn errno (never started): the classifier's structural rule; ENOENT is
@@ -379,7 +249,7 @@ def finish(
         if result.spawn_errno is not None and verdict.failure_class is FailureClass.ENVIRONMENT:
             precondition = (
                 (result.spawn_error or "working directory not found").strip()
-                if verdict.reason == "missing working directory"
+                if verdict.reason == Reason.MISSING_CWD
                 else precondition_for(adapter, result)
             )
         error = result.failure_text(_ERROR_CHARS)
@@ -391,7 +261,7 @@ def finish(
         message = envelope.error_message or result.failure_text(_ERROR_CHARS)
         verdict = classify_text(message)
         status = envelope.http_status
-        account_limit = verdict.failure_class is FailureClass.WORK and verdict.reason != "default"
+        account_limit = verdict.reason in ACCOUNT_LIMIT_REASONS
         if status is not None and not account_limit:
             # The structured field is the vendor's own word: it decides, except where the
             # text names an account limit (quota, billing), which no backoff will cure.
@@ -414,7 +284,7 @@ def finish(
         )
 
     text = envelope.text if envelope.found else result.stdout_tail.strip()
-    return AdapterRawResult(
+    return MappedResult(
         ok=True,
         text=text,
         session_id=envelope.session_id,

@@ -1,0 +1,183 @@
+"""Every error execkit raises on purpose, caught by type.
+
+    ExecKitError                      code "error"            exit 1
+    ├── InvalidInput (ValueError)     "invalid"               3    `.field` names the bad value
+    │   └── HistoryError              "invalid_history"       11
+    ├── NotFound (LookupError)        "not_found"             4
+    │   └── UnknownAdapter
+    ├── Conflict                      "conflict"              5
+    ├── Forbidden                     "forbidden"             6
+    ├── AdmissionRefused              (a run was not admitted; never raised itself)
+    │   ├── AttemptLimitReached       "attempt_limit"         7
+    │   ├── TaskBlocked               "blocked"               8
+    │   └── TaskFinished              "finished"              9
+    ├── StorageError                  "storage"               13   I/O, locks, corruption
+    │   └── SchemaTooNew              "schema_too_new"        10
+    ├── UnsupportedMove               "unsupported_move"      12
+    └── AgentFailed                   "agent_failed"          1    `.proof` says why
+
+`code` is the stable machine-readable name (`{"error": {"code", "message"}}` in JSON) and
+`exit_code` the CLI's documented exit status for it. Both are class attributes, so a
+caller can map a type without an instance, and no two leaf codes share an exit code except
+the generic ones (1). Subclassing the builtin an error resembles lets code that knows
+nothing of execkit still catch it sensibly (`except ValueError`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from execkit._proof import AgentProof
+
+__all__ = [
+    "INTERNAL_ERROR_EXIT",
+    "AdmissionRefused",
+    "AgentFailed",
+    "AttemptLimitReached",
+    "Conflict",
+    "ExecKitError",
+    "Forbidden",
+    "HistoryError",
+    "InvalidInput",
+    "NotFound",
+    "SchemaTooNew",
+    "StorageError",
+    "TaskBlocked",
+    "TaskFinished",
+    "UnknownAdapter",
+    "UnsupportedMove",
+    "error_types",
+]
+
+INTERNAL_ERROR_EXIT = 70
+"""The exit status of a bug: anything that is not an `ExecKitError`."""
+
+
+class ExecKitError(Exception):
+    """Base of every error execkit raises on purpose."""
+
+    code: ClassVar[str] = "error"
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ExecKitError, ValueError):
+    """A value is outside its allowed range or of the wrong shape; nothing was changed.
+
+    `field` names the value (an argument, an attribute, a flag, a key of a file), or is
+    None where no single one is to blame.
+    """
+
+    code = "invalid"
+    exit_code = 3
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class HistoryError(InvalidInput):
+    """An attempt history breaks an invariant (gapless 1..N, one running, nothing after success)."""
+
+    code = "invalid_history"
+    exit_code = 11
+
+
+class NotFound(ExecKitError, LookupError):
+    """The named task, run, adapter or file does not exist."""
+
+    code = "not_found"
+    exit_code = 4
+
+
+class UnknownAdapter(NotFound):
+    """No built-in or registered adapter has this name."""
+
+
+class Conflict(ExecKitError):
+    """An idempotency key was replayed with a different request, or a compare-and-set lost."""
+
+    code = "conflict"
+    exit_code = 5
+
+
+class Forbidden(ExecKitError):
+    """The actor lacks the role the operation needs."""
+
+    code = "forbidden"
+    exit_code = 6
+
+
+class AdmissionRefused(ExecKitError):
+    """A run was not admitted. Catch this for any refusal, or one subclass for one reason."""
+
+
+class AttemptLimitReached(AdmissionRefused):
+    """The task's explicit attempt limit is used up; an operator can raise it (ADR 0033)."""
+
+    code = "attempt_limit"
+    exit_code = 7
+
+
+class TaskBlocked(AdmissionRefused):
+    """The budgets say stop (environment, upstream ceiling, work budget, dispatch cap), or
+    another run of the task is still running."""
+
+    code = "blocked"
+    exit_code = 8
+
+
+class TaskFinished(AdmissionRefused):
+    """The task is done or cancelled; it admits no more runs and its policy is frozen."""
+
+    code = "finished"
+    exit_code = 9
+
+
+class StorageError(ExecKitError):
+    """The ledger (or a board file) could not be read or written: I/O, a lock held past its
+    timeout, a file that is not a ledger. Nothing half-written is left behind."""
+
+    code = "storage"
+    exit_code = 13
+
+
+class SchemaTooNew(StorageError):
+    """The database was written by a newer execkit; nothing was written to it."""
+
+    code = "schema_too_new"
+    exit_code = 10
+
+
+class UnsupportedMove(ExecKitError):
+    """The board has no such state or refuses the transition."""
+
+    code = "unsupported_move"
+    exit_code = 12
+
+
+class AgentFailed(ExecKitError):
+    """An agent failed; `proof` (already recorded) says why, with its class."""
+
+    code = "agent_failed"
+
+    def __init__(self, proof: AgentProof) -> None:
+        detail = proof.precondition or proof.error or "no output"
+        cls = proof.failure_class.value if proof.failure_class else "work"
+        super().__init__(f"{proof.harness} agent failed ({cls}: {proof.reason}): {detail}")
+        self.proof = proof
+
+
+def error_types() -> tuple[type[ExecKitError], ...]:
+    """Every error type above, base first: the table the CLI's documentation is built from."""
+    found: list[type[ExecKitError]] = []
+    pending: list[type[ExecKitError]] = [ExecKitError]
+    while pending:
+        kind = pending.pop(0)
+        found.append(kind)
+        pending.extend(kind.__subclasses__())
+    return tuple(found)

@@ -1,0 +1,414 @@
+"""Boards: the trackers the dispatcher reads issues from and moves them on.
+
+A board lists issues in states (columns); eligible states are dispatched from, terminal
+ones never are. `InMemoryBoard` is for tests and embedding; `JsonFileBoard` keeps a board
+in one JSON file an operator can edit (its format is in docs/formats.md). Each issue maps to
+one ledger task whose idempotency key (and title) is `task_key(issue_id)`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import stat
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+from attrs.validators import deep_iterable, instance_of, max_len
+
+from execkit._errors import InvalidInput, NotFound, StorageError
+from execkit._json import to_json
+from execkit._validate import checked, non_blank
+
+__all__ = [
+    "DEFAULT_STATES",
+    "TASK_TITLE_PREFIX",
+    "Board",
+    "BoardIssue",
+    "BoardState",
+    "InMemoryBoard",
+    "JsonFileBoard",
+    "Tracker",
+    "task_key",
+]
+
+TASK_TITLE_PREFIX = "board:"
+_MAX_ID = 200
+
+_ID = checked(f"a non-empty string of at most {_MAX_ID} characters", non_blank, max_len(_MAX_ID))
+_TEXT = checked("a string", instance_of(str))
+
+
+def task_key(issue_id: str) -> str:
+    """The ledger idempotency key (and task title) of a board issue: `board:<id>`."""
+    return f"{TASK_TITLE_PREFIX}{issue_id}"
+
+
+def _to_argv(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        # A bare string would be split into characters; say so instead.
+        raise InvalidInput(
+            f"argv must be a list of strings, not a single string: {value!r}", field="argv"
+        )
+    return tuple(value)
+
+
+@attrs.frozen
+class BoardState:
+    """A column of a board. Eligible states are dispatched from; terminal ones never are."""
+
+    name: str = attrs.field(validator=_ID)
+    eligible: bool = False
+    terminal: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.eligible and self.terminal:
+            raise InvalidInput(
+                f"state {self.name!r} cannot be both eligible and terminal", field="eligible"
+            )
+
+
+@attrs.frozen
+class BoardIssue:
+    """One issue on a board.
+
+    `prompt` is what the agent is asked (a board's `body`); `argv`, when given, is the
+    command the runner starts for this issue (the `generic` adapter's program and flags).
+    """
+
+    id: str = attrs.field(validator=_ID)
+    title: str = attrs.field(validator=_TEXT)
+    state: str = attrs.field(validator=_ID)
+    prompt: str = attrs.field(default="", validator=_TEXT)
+    argv: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_to_argv,
+        validator=checked("a list of only strings", deep_iterable(instance_of(str))),
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """What the dispatcher needs of a board.
+
+    `move` returns False (or raises `UnsupportedMove`) when the board has no such state or
+    refuses the transition; the dispatcher then keeps the issue where it is.
+    """
+
+    def list_candidates(self) -> list[BoardIssue]: ...
+
+    def move(self, issue_id: str, state: str) -> bool: ...
+
+
+@runtime_checkable
+class Board(Tracker, Protocol):
+    """A tracker that can also list every issue (for the status table)."""
+
+    def list_issues(self) -> list[BoardIssue]: ...
+
+
+def _duplicates(values: Iterable[str]) -> list[str]:
+    return sorted(value for value, seen in Counter(values).items() if seen > 1)
+
+
+def _check_board(states: Sequence[BoardState], issues: Sequence[BoardIssue]) -> None:
+    # Runs on every read of a board file (each pass reads it): linear, not quadratic.
+    names = [s.name for s in states]
+    duplicates = _duplicates(names)
+    if duplicates:
+        raise InvalidInput(f"states: duplicate state names {duplicates}", field="states")
+    if not any(s.eligible for s in states):
+        raise InvalidInput("states: at least one state must be eligible", field="states")
+    duplicate_ids = _duplicates(i.id for i in issues)
+    if duplicate_ids:
+        raise InvalidInput(f"issues: duplicate issue ids {duplicate_ids}", field="issues")
+    known = set(names)
+    for issue in issues:
+        if issue.state not in known:
+            raise InvalidInput(
+                f"issues: issue {issue.id!r} is in unknown state {issue.state!r}; "
+                f"states are {', '.join(names)}",
+                field="issues",
+            )
+
+
+DEFAULT_STATES = (
+    BoardState("todo", eligible=True),
+    BoardState("done", terminal=True),
+    BoardState("blocked", terminal=True),
+)
+
+
+class InMemoryBoard:
+    """A board held in memory (tests, embedding). Not shared between processes."""
+
+    def __init__(
+        self,
+        issues: Iterable[BoardIssue] = (),
+        states: Iterable[BoardState] = DEFAULT_STATES,
+    ) -> None:
+        self._states = tuple(states)
+        issue_list = list(issues)
+        _check_board(self._states, issue_list)
+        self._issues = {issue.id: issue for issue in issue_list}
+        self._lock = threading.Lock()
+        self.moves: list[tuple[str, str]] = []
+
+    @property
+    def states(self) -> tuple[BoardState, ...]:
+        return self._states
+
+    def add(self, issue: BoardIssue) -> None:
+        """Add an issue (InvalidInput for a duplicate id or an unknown state)."""
+        with self._lock:
+            if issue.id in self._issues:
+                raise InvalidInput(f"issues: duplicate issue ids [{issue.id!r}]", field="issues")
+            _check_board(self._states, [issue])
+            self._issues[issue.id] = issue
+
+    def get(self, issue_id: str) -> BoardIssue:
+        with self._lock:
+            try:
+                return self._issues[issue_id]
+            except KeyError:
+                raise NotFound(f"no issue {issue_id!r} on the board") from None
+
+    def list_issues(self) -> list[BoardIssue]:
+        with self._lock:
+            return list(self._issues.values())
+
+    def list_candidates(self) -> list[BoardIssue]:
+        eligible = {s.name for s in self._states if s.eligible}
+        return [i for i in self.list_issues() if i.state in eligible]
+
+    def move(self, issue_id: str, state: str) -> bool:
+        with self._lock:
+            issue = self._issues.get(issue_id)
+            if issue is None or state not in {s.name for s in self._states}:
+                return False
+            self._issues[issue_id] = attrs.evolve(issue, state=state)
+            self.moves.append((issue_id, state))
+            return True
+
+
+def _state_from_json(index: int, raw: object) -> BoardState:
+    where = f"states[{index}]"
+    if isinstance(raw, str):
+        return BoardState(raw)
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(f"{where}: must be a state name or an object, got {raw!r}", field=where)
+    unknown = set(raw) - {"name", "eligible", "terminal"}
+    if unknown:
+        raise InvalidInput(
+            f"{where}: unknown keys {sorted(unknown)}; allowed: name, eligible, terminal",
+            field=where,
+        )
+    for flag in ("eligible", "terminal"):
+        if not isinstance(raw.get(flag, False), bool):
+            raise InvalidInput(
+                f"{where}.{flag}: must be true or false, got {raw[flag]!r}", field=f"{where}.{flag}"
+            )
+    try:
+        return BoardState(
+            raw.get("name"),  # type: ignore[arg-type]  # validated by BoardState
+            eligible=raw.get("eligible", False),
+            terminal=raw.get("terminal", False),
+        )
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.{exc.field}") from None
+
+
+def _issue_from_json(index: int, raw: object) -> BoardIssue:
+    where = f"issues[{index}]"
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(f"{where}: must be an object, got {raw!r}", field=where)
+    allowed = {"id", "title", "state", "prompt", "body", "argv"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise InvalidInput(
+            f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}", field=where
+        )
+    argv = raw.get("argv", [])
+    if not isinstance(argv, list):
+        raise InvalidInput(
+            f"{where}.argv: must be a list of strings, got {argv!r}", field=f"{where}.argv"
+        )
+    try:
+        return BoardIssue(
+            # Each value is validated by BoardIssue, naming the field.
+            id=raw.get("id", ""),
+            title=raw.get("title", ""),
+            state=raw.get("state", ""),
+            prompt=raw.get("prompt", raw.get("body", "")),
+            argv=argv,
+        )
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.{exc.field}") from None
+
+
+@attrs.frozen
+class _BoardDoc:
+    states: tuple[BoardState, ...]
+    issues: tuple[BoardIssue, ...]
+    dispatch: Mapping[str, Any]
+    raw: dict[str, Any]
+
+
+class JsonFileBoard:
+    """A board kept in one JSON file, re-read on every call so an operator's edits count.
+
+    The file is `{"states": [...], "issues": [...], "dispatch": {...}}`: a state is a name
+    or `{"name", "eligible", "terminal"}`; an issue is `{"id", "title", "state", "prompt"
+    (or "body"), "argv"}`; the optional `dispatch` object holds `DispatchConfig` settings.
+    Moves take an exclusive lock on a sidecar `FILE.lock` and replace the file atomically
+    (temp file + `os.replace`), so two dispatcher processes never lose each other's moves
+    and a reader never sees half a file. Unknown keys are kept on rewrite.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._read()  # fail early, naming the field, on a bad file
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        issues: Iterable[BoardIssue],
+        states: Iterable[BoardState] = DEFAULT_STATES,
+        dispatch: Mapping[str, Any] | None = None,
+    ) -> JsonFileBoard:
+        """Write a new board file (replacing any) and open it."""
+        state_list, issue_list = list(states), list(issues)
+        _check_board(state_list, issue_list)
+        doc: dict[str, Any] = {
+            "states": [
+                {"name": s.name, "eligible": s.eligible, "terminal": s.terminal} for s in state_list
+            ],
+            "issues": [i.to_dict() for i in issue_list],
+        }
+        if dispatch:
+            doc["dispatch"] = dict(dispatch)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(target, doc)
+        return cls(target)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> _BoardDoc:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise NotFound(f"no board file at {self.path}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read board file {self.path}: {exc}") from exc
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise InvalidInput(
+                f"board file {self.path} is not valid JSON: {exc}", field="board"
+            ) from None
+        if not isinstance(raw, dict):
+            raise InvalidInput(
+                f"board file {self.path}: the top level must be an object", field="board"
+            )
+        states_raw, issues_raw = raw.get("states"), raw.get("issues", [])
+        if not isinstance(states_raw, list) or not states_raw:
+            raise InvalidInput(
+                f"board file {self.path}: `states` must be a non-empty list", field="states"
+            )
+        if not isinstance(issues_raw, list):
+            raise InvalidInput(f"board file {self.path}: `issues` must be a list", field="issues")
+        dispatch = raw.get("dispatch", {})
+        if not isinstance(dispatch, dict):
+            raise InvalidInput(
+                f"board file {self.path}: `dispatch` must be an object", field="dispatch"
+            )
+        try:
+            states = tuple(_state_from_json(n, s) for n, s in enumerate(states_raw))
+            issues = tuple(_issue_from_json(n, i) for n, i in enumerate(issues_raw))
+            _check_board(states, issues)
+        except InvalidInput as exc:
+            raise InvalidInput(f"board file {self.path}: {exc.message}", field=exc.field) from None
+        return _BoardDoc(states, issues, dispatch, raw)
+
+    @property
+    def states(self) -> tuple[BoardState, ...]:
+        return self._read().states
+
+    def dispatch_settings(self) -> dict[str, Any]:
+        """The file's `dispatch` object (for `DispatchConfig.from_mapping`), or {}."""
+        return dict(self._read().dispatch)
+
+    def list_issues(self) -> list[BoardIssue]:
+        return list(self._read().issues)
+
+    def list_candidates(self) -> list[BoardIssue]:
+        doc = self._read()
+        eligible = {s.name for s in doc.states if s.eligible}
+        return [i for i in doc.issues if i.state in eligible]
+
+    def move(self, issue_id: str, state: str) -> bool:
+        """Move one issue; False for an unknown issue or state. ExecKitError naming the
+        file when it cannot be written."""
+        try:
+            with self._locked():
+                doc = self._read()
+                if state not in {s.name for s in doc.states}:
+                    return False
+                for raw_issue in doc.raw.get("issues", []):
+                    if raw_issue.get("id") == issue_id:
+                        raw_issue["state"] = state
+                        break
+                else:
+                    return False
+                _write_atomic(self.path, doc.raw)
+                return True
+        except OSError as exc:
+            raise StorageError(f"cannot write board file {self.path}: {exc}") from exc
+
+
+def _write_atomic(path: Path, doc: Mapping[str, Any]) -> None:
+    """Replace `path` with `doc` so a reader sees the old file or the new one, never half.
+
+    The new file keeps the old one's permission bits (a board shared by a team must not
+    turn private on the dispatcher's first move); a new board gets the umask's.
+    """
+    try:
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    # O_EXCL: never write through a file or link that someone else put at this name.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
+            json.dump(doc, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

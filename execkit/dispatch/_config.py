@@ -1,0 +1,105 @@
+"""The dispatcher's knobs (ADR 015): the dispatch cap, where a given-up issue goes, backoff."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from attrs.validators import gt, in_, max_len, not_, optional
+
+from execkit._budget import Backoff, DispatchCap
+from execkit._errors import InvalidInput
+from execkit._json import to_json
+from execkit._validate import checked, finite, integer, non_blank
+from execkit.ledger import Task
+
+__all__ = ["DispatchConfig"]
+
+_MAX_STATE = 200
+
+# 0 is refused, not read as "no cap": a config that forgot the value must not silently
+# retry forever. Negative is the explicit opt-in (ADR 015).
+_CAP = checked("an integer >= 1, or negative for no cap", integer, not_(in_((0,))))
+_STATE = checked(
+    f"a non-empty state name of at most {_MAX_STATE} characters", non_blank, max_len(_MAX_STATE)
+)
+_FAILED_STATE = checked(
+    'a non-empty state name, or None ("none" in a config file)',
+    optional([non_blank, max_len(_MAX_STATE)]),
+)
+_SECONDS = checked("a finite number of seconds > 0", finite, gt(0))
+
+
+@attrs.frozen
+class DispatchConfig:
+    """The dispatcher's knobs (ADR 015).
+
+    `max_attempts` caps the dispatches of one issue (initial run + retries); negative means
+    no cap; 0 is refused. `failed_state` is where a given-up issue goes (None opts out of
+    the move); `done_state` where a succeeded one goes. The retry backoff is exponential
+    from `base_backoff_s`, capped at `max_retry_backoff_s`. InvalidInput names a bad field.
+    """
+
+    max_attempts: int = attrs.field(default=10, validator=_CAP)
+    failed_state: str | None = attrs.field(default="blocked", validator=_FAILED_STATE)
+    base_backoff_s: float = attrs.field(default=10.0, validator=_SECONDS)
+    max_retry_backoff_s: float = attrs.field(default=300.0, validator=_SECONDS)
+    done_state: str = attrs.field(default="done", validator=_STATE)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_retry_backoff_s < self.base_backoff_s:
+            raise InvalidInput(
+                f"max_retry_backoff_s: must be >= base_backoff_s ({self.base_backoff_s!r}); "
+                f"got {self.max_retry_backoff_s!r}",
+                field="max_retry_backoff_s",
+            )
+        if self.failed_state == self.done_state:
+            raise InvalidInput(
+                f"failed_state and done_state must differ; both are {self.done_state!r}",
+                field="failed_state",
+            )
+
+    @property
+    def cap(self) -> DispatchCap:
+        """The ledger's view of the cap (0 = no cap)."""
+        return DispatchCap(max(self.max_attempts, 0))
+
+    @property
+    def backoff(self) -> Backoff:
+        """The retry backoff the ledger computes `next_attempt_at` with."""
+        return Backoff(base_s=float(self.base_backoff_s), max_s=float(self.max_retry_backoff_s))
+
+    def bound_for(self, task: Task | None) -> int | None:
+        """The binding bound on a task's attempts: the dispatch cap or its explicit limit,
+        whichever is lower; None when neither bounds it."""
+        bounds = [self.max_attempts] if self.max_attempts > 0 else []
+        if task is not None and task.max_attempts:
+            bounds.append(task.max_attempts)
+        return min(bounds) if bounds else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> DispatchConfig:
+        """Build from a config file's mapping; `failed_state: "none"` (or null) means None.
+
+        Unknown keys and bad values raise InvalidInput naming the key and what is allowed.
+        """
+        if not isinstance(data, Mapping):
+            raise InvalidInput(
+                f"dispatch config must be a mapping, got {type(data).__name__}", field="dispatch"
+            )
+        allowed = [f.name for f in attrs.fields(cls)]
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise InvalidInput(
+                f"dispatch config: unknown keys {unknown}; allowed: {', '.join(allowed)}",
+                field=unknown[0],
+            )
+        values = dict(data)
+        failed = values.get("failed_state", "blocked")
+        if failed is None or (isinstance(failed, str) and failed.strip().lower() == "none"):
+            values["failed_state"] = None
+        return cls(**values)

@@ -1,0 +1,482 @@
+"""The dispatcher (ADR 015, ADR 0033's orchestrator part): bounded retries over a board.
+
+A board (`Tracker`) lists eligible issues and moves them between states. Each issue maps to
+one ledger task (`idempotency_key=f"board:{issue_id}"`), and each dispatch is one ledger run:
+`start_run` (the single place that refuses), the `Runner`, then `finish_run`. The
+dispatcher keeps no retry counters of its own: attempt numbers, charged counts, the uncharged
+streak and the backoff are all read back from the ledger's history, so a restarted
+dispatcher (or a second one over the same ledger) sees exactly what the first one saw.
+
+After a failure the ledger's decision says what happens next:
+
+- backoff: the issue is skipped until `next_attempt_at`.
+- blocked on environment, upstream, work or the dispatch cap: the dispatcher gives up and
+  moves the issue to `DispatchConfig.failed_state`, so it leaves the eligible set and shows
+  on the board. When that move is unavailable (no failed state configured, the board has no
+  such state, or it refuses), a WARNING naming the issue and the state is logged at every
+  exhaustion (once per attempt count) and the legacy behaviour is kept: the issue stays
+  eligible, and for the dispatch cap the dispatcher keeps retrying past it rather than
+  strand the issue (ADR 015's "never strand").
+- blocked on `attempt_limit` (an explicit task limit, ADR 0033): the issue is NOT moved; it
+  stays in progress and is reported as `attempt_limit` until an operator raises the limit,
+  when scheduling resumes with the same task and history.
+
+A success moves the issue to `DispatchConfig.done_state`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import attrs
+
+from execkit._budget import AttemptStatus, BlockedOn, DispatchCap
+from execkit._classify import FailureClass
+from execkit._errors import (
+    AdmissionRefused,
+    AttemptLimitReached,
+    Conflict,
+    ExecKitError,
+    InvalidInput,
+    UnsupportedMove,
+)
+from execkit._json import to_json
+from execkit._proof import RunStatus
+from execkit._validate import is_number
+from execkit.dispatch._board import BoardIssue, Tracker, task_key
+from execkit.dispatch._config import DispatchConfig
+from execkit.dispatch._runner import Runner, RunOutcome, last_line
+from execkit.ledger import Ledger, Run, Task, TaskState, TaskStatus
+
+__all__ = ["DISPATCH_ACTOR", "DispatchEvent", "Dispatcher", "EventKind"]
+
+_log = logging.getLogger("execkit.dispatch")
+
+DISPATCH_ACTOR = "dispatcher"
+"""The actor the dispatcher records on the tasks it creates and the runs it starts."""
+
+# Run ids this process is running right now. Two dispatchers in one process (threads, each
+# with its own ledger connection) must not both run a replayed admission; across processes
+# the owner pid on the run tells them apart.
+_IN_FLIGHT: set[str] = set()
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+class EventKind(enum.StrEnum):
+    """What a `DispatchEvent` reports (see its docstring)."""
+
+    DISPATCHED = "dispatched"
+    GAVE_UP = "gave_up"
+    BLOCKED = "blocked"
+    ATTEMPT_LIMIT = "attempt_limit"
+    DONE = "done"
+    REFUSED = "refused"
+    ERROR = "error"
+
+
+@attrs.frozen
+class DispatchEvent:
+    """One thing the dispatcher did or reported for one issue.
+
+    `kind`:
+    - `dispatched`: a run was started and finished (`attempt`, `status`, `failure_class`,
+      `charged`, `reason` of this run); `moved_to` is set when it then moved the issue
+      (done, or given up into the failed state); `blocked_on` and `decision` when the
+      history now blocks it; `next_attempt_at` when a retry is scheduled.
+    - `gave_up`: moved to the failed state without a dispatch (found blocked or at the cap).
+    - `blocked`: blocked but the failed-state move is unavailable; it stays eligible.
+    - `attempt_limit`: the explicit task limit is used up; it stays in progress.
+    - `done`: the task had already succeeded; the issue was moved to the done state.
+    - `refused`: the ledger refused the admission (e.g. another dispatcher is running it).
+    - `error`: a ledger or board error for this issue; the other issues went on.
+    """
+
+    kind: EventKind
+    issue_id: str
+    at: float
+    task_id: str | None = None
+    attempt: int | None = None
+    max_attempts: int | None = None  # the binding bound: dispatch cap or task limit; None = none
+    status: RunStatus | None = None
+    failure_class: FailureClass | None = None
+    charged: bool | None = None
+    reason: str | None = None
+    precondition: str | None = None
+    blocked_on: BlockedOn | None = None
+    decision: str | None = None  # the ledger's reason when the history blocks the issue
+    moved_to: str | None = None
+    next_attempt_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@attrs.frozen
+class _Unrecorded:
+    run_id: str
+    outcome: RunOutcome
+    ended_at: float
+
+
+class Dispatcher:
+    """The scheduling loop over one board and one ledger (see the module docstring).
+
+    The dispatcher owns the ledger's retry backoff: it sets `ledger.backoff` to
+    `config.backoff`, so every projection of the history (here, in `execkit status`, in
+    another dispatcher built with the same config) computes the same `next_attempt_at`.
+    `clock` gives POSIX seconds (inject a virtual clock in tests and the demo);
+    `on_event` is called with each event as it happens.
+    """
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        runner: Runner,
+        ledger: Ledger,
+        config: DispatchConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        on_event: Callable[[DispatchEvent], None] | None = None,
+    ) -> None:
+        self.tracker = tracker
+        self.runner = runner
+        self.ledger = ledger
+        self.config = DispatchConfig() if config is None else config
+        self.clock = clock
+        self._on_event = on_event
+        self._cap = self.config.cap
+        ledger.backoff = self.config.backoff
+        # A cache of a stable mapping (the ledger replays the same task for the key), not
+        # retry state: dropping it changes nothing.
+        self._task_ids: dict[str, str] = {}
+        # Results the ledger failed to take (busy past its timeout, disk full): retried at
+        # the start of each pass, so the run does not stay `running` (and its issue stuck)
+        # for as long as this process lives. Lost on exit, when abandon_stale_runs takes over.
+        self._unrecorded: dict[str, _Unrecorded] = {}
+        # Per issue, the (attempts, state) of the last "not moved" warning: one warning per
+        # exhaustion, not one per pass that finds the same history again.
+        self._warned: dict[str, tuple[int, str | None]] = {}
+
+    # -- public --------------------------------------------------------------------------
+
+    def tick(self) -> list[DispatchEvent]:
+        """Dispatch every eligible issue whose backoff has elapsed, once; return the events.
+
+        Runs are abandoned first when their owner process on this host died (so a crashed
+        dispatcher's run does not hold its task forever), and results an earlier pass could
+        not write are written. A ledger or board error on one issue becomes an `error`
+        event and the other issues go on.
+        """
+        self.ledger.abandon_stale_runs(now=self.clock())
+        self._record_pending()
+        events: list[DispatchEvent] = []
+        for issue in self.tracker.list_candidates():
+            try:
+                issue_events = self._tick_issue(issue)
+            except ExecKitError as exc:
+                _log.warning("issue %s: %s", issue.id, exc.message)
+                issue_events = [
+                    self._event(EventKind.ERROR, issue, None, reason=f"{exc.code}: {exc.message}")
+                ]
+            events.extend(issue_events)
+        return events
+
+    def next_due(self) -> float | None:
+        """The earliest `next_attempt_at` among the eligible issues this dispatcher has
+        ticked that wait in backoff, or None."""
+        now = self.clock()
+        due: list[float] = []
+        for issue in self.tracker.list_candidates():
+            task_id = self._task_ids.get(issue.id)
+            if task_id is None:
+                continue
+            task = self.ledger.get_task(task_id, now=now)
+            if task.state is TaskState.BACKOFF and task.next_attempt_at is not None:
+                due.append(task.next_attempt_at)
+        return min(due, default=None)
+
+    def run_forever(
+        self,
+        interval_s: float,
+        *,
+        stop: Callable[[], bool] = lambda: False,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """Tick, then sleep `interval_s`, until `stop()` is true (checked before each tick).
+
+        The sleep is cut short when a backoff ends sooner, so a retry is not delayed by a
+        long interval. An ExecKitError from a pass (a board file caught mid-edit, a busy
+        ledger) is logged as a WARNING and the loop goes on. InvalidInput for an interval
+        that is not a positive number.
+        """
+        if not is_number(interval_s) or interval_s <= 0:
+            raise InvalidInput(
+                f"interval_s: must be a number of seconds > 0, got {interval_s!r}",
+                field="interval_s",
+            )
+        while not stop():
+            wait = interval_s
+            try:
+                self.tick()
+                if stop():
+                    return
+                due = self.next_due()
+                if due is not None:
+                    wait = min(wait, max(due - self.clock(), 0.0))
+            except ExecKitError as exc:
+                _log.warning("dispatch pass failed, retrying in %gs: %s", wait, exc.message)
+            sleep(max(wait, 0.01))
+
+    # -- one issue -----------------------------------------------------------------------
+
+    def _emit(self, event: DispatchEvent) -> DispatchEvent:
+        if self._on_event is not None:
+            self._on_event(event)
+        return event
+
+    def _event(
+        self, kind: EventKind, issue: BoardIssue, task: Task | None, **fields: Any
+    ) -> DispatchEvent:
+        return self._emit(
+            DispatchEvent(
+                kind=kind,
+                issue_id=issue.id,
+                at=self.clock(),
+                task_id=task.id if task else None,
+                max_attempts=self.config.bound_for(task),
+                **fields,
+            )
+        )
+
+    def _task_id(self, issue: BoardIssue) -> str:
+        task_id = self._task_ids.get(issue.id)
+        if task_id is None:
+            key = task_key(issue.id)
+            task = self.ledger.create_task(key, idempotency_key=key, actor=DISPATCH_ACTOR)
+            task_id = self._task_ids[issue.id] = task.id
+        return task_id
+
+    def _tick_issue(self, issue: BoardIssue) -> list[DispatchEvent]:
+        task_id = self._task_id(issue)
+        now = self.clock()
+        # The history alone (no cap): the ledger's own bounds and the backoff.
+        task = self.ledger.get_task(task_id, now=now)
+        if task.status is TaskStatus.DONE:
+            moved = self._move(issue, task, self.config.done_state, why="it succeeded")
+            return [self._event(EventKind.DONE, issue, task, moved_to=moved, reason=task.reason)]
+        if task.status is TaskStatus.CANCELLED:
+            reason = "task cancelled in the ledger"
+            return [self._event(EventKind.REFUSED, issue, task, reason=reason)]
+        if task.state in (TaskState.RUNNING, TaskState.BACKOFF):
+            return []  # another dispatcher runs it, or its retry is not due yet
+        if task.state is TaskState.BLOCKED:
+            if task.blocked_on is BlockedOn.ATTEMPT_LIMIT:
+                return [self._attempt_limit_event(issue, task)]
+            return [self._give_up_event(issue, task)]
+        capped = self.ledger.get_task(task_id, now=now, cap=self._cap)
+        if capped.state is TaskState.BLOCKED and capped.blocked_on is BlockedOn.DISPATCH_CAP:
+            moved = self._give_up(issue, capped)
+            if moved is not None:
+                return [self._gave_up(issue, capped, moved)]
+            # Legacy retry (ADR 015): the cap does not engage without a terminal state.
+            return self._dispatch(issue, task, cap=None)
+        return self._dispatch(issue, task, cap=self._cap)
+
+    def _stopped_event(
+        self,
+        kind: EventKind,
+        issue: BoardIssue,
+        task: Task,
+        blocked_on: BlockedOn | None,
+        **fields: Any,
+    ) -> DispatchEvent:
+        """An event for a task a bound stopped: its attempts so far and the ledger's why."""
+        return self._event(
+            kind,
+            issue,
+            task,
+            attempt=task.attempts_started,
+            blocked_on=blocked_on,
+            decision=task.reason,
+            **fields,
+        )
+
+    def _attempt_limit_event(self, issue: BoardIssue, task: Task) -> DispatchEvent:
+        return self._stopped_event(EventKind.ATTEMPT_LIMIT, issue, task, BlockedOn.ATTEMPT_LIMIT)
+
+    def _gave_up(self, issue: BoardIssue, task: Task, moved: str) -> DispatchEvent:
+        return self._stopped_event(EventKind.GAVE_UP, issue, task, task.blocked_on, moved_to=moved)
+
+    def _give_up_event(self, issue: BoardIssue, task: Task) -> DispatchEvent:
+        moved = self._give_up(issue, task)
+        if moved is not None:
+            return self._gave_up(issue, task, moved)
+        return self._stopped_event(EventKind.BLOCKED, issue, task, task.blocked_on)
+
+    def _give_up(self, issue: BoardIssue, task: Task) -> str | None:
+        """Move a given-up issue to the failed state; the state moved to, or None."""
+        why = task.reason or f"blocked on {task.blocked_on}"
+        return self._move(issue, task, self.config.failed_state, why=why)
+
+    def _move(self, issue: BoardIssue, task: Task, state: str | None, *, why: str) -> str | None:
+        """Move the issue; when that is unavailable, log a WARNING naming issue and state.
+
+        Logged once for each attempt count at which the move fails, so every exhaustion of
+        the cap is heard (a board that cannot take the move leaves the cap disengaged, ADR
+        015) without repeating it on each pass that re-reads the same history.
+        """
+        if state is None:
+            problem = "no failed_state is configured (failed_state: none)"
+        else:
+            try:
+                if self.tracker.move(issue.id, state):
+                    self._warned.pop(issue.id, None)
+                    return state
+                problem = f"the board has no state {state!r} or refused the move"
+            except UnsupportedMove as exc:
+                problem = f"moving it to {state!r} is unsupported: {exc.message}"
+        seen = (task.attempts_started, state)
+        if self._warned.get(issue.id) != seen:
+            self._warned[issue.id] = seen
+            _log.warning(
+                "issue %s was not moved (%s): %s; it stays in %r and remains eligible",
+                issue.id,
+                why,
+                problem,
+                issue.state,
+            )
+        return None
+
+    def _dispatch(
+        self, issue: BoardIssue, task: Task, *, cap: DispatchCap | None
+    ) -> list[DispatchEvent]:
+        expected = task.attempts_started + 1
+        # Deterministic per attempt: a second dispatcher that read the same history gets
+        # this run back as a replay (not a new run) and sees it is not its own.
+        request_key = f"dispatch:{task_key(issue.id)}:{expected}"
+        try:
+            run = self.ledger.start_run(
+                task.id, request_key=request_key, actor=DISPATCH_ACTOR, now=self.clock(), cap=cap
+            )
+        except AttemptLimitReached:
+            return [
+                self._attempt_limit_event(issue, self.ledger.get_task(task.id, now=self.clock()))
+            ]
+        except AdmissionRefused as refused:
+            return [
+                self._event(
+                    EventKind.REFUSED, issue, task, attempt=expected, reason=refused.message
+                )
+            ]
+        with _IN_FLIGHT_LOCK:
+            mine = (
+                run.status is AttemptStatus.RUNNING
+                and run.owner_pid == os.getpid()
+                and run.id not in _IN_FLIGHT
+            )
+            if mine:
+                _IN_FLIGHT.add(run.id)
+        if not mine:
+            return [
+                self._event(
+                    EventKind.REFUSED,
+                    issue,
+                    task,
+                    attempt=run.attempt,
+                    reason=f"attempt {run.attempt} was dispatched by another dispatcher",
+                )
+            ]
+        try:
+            outcome = self._run(issue, run)
+        finally:
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT.discard(run.id)
+        return [self._after_run(issue, run, outcome)]
+
+    def _run(self, issue: BoardIssue, run: Run) -> RunOutcome:
+        """Run the runner and record its outcome; ExecKitError when the ledger cannot take
+        it (the result is kept and recorded again on the next pass)."""
+        try:
+            outcome = self.runner.run(issue, run.attempt)
+        except Exception as exc:
+            _log.exception("issue %s: the runner raised on attempt %d", issue.id, run.attempt)
+            # Not positively identified as uninformative: it charges (ADR 0046).
+            outcome = RunOutcome(
+                RunStatus.FAILED,
+                failure_class=FailureClass.WORK,
+                reason="runner error",
+                detail=last_line(f"{type(exc).__name__}: {exc}"),
+            )
+        except BaseException:
+            # Interrupted mid-run (Ctrl-C): no proof of what happened, so abandoned (charged).
+            # The interrupt is what must propagate; if the ledger cannot take this either,
+            # abandon_stale_runs marks the run once this process has exited.
+            with suppress(ExecKitError):
+                self.ledger.finish_run(
+                    run.id,
+                    AttemptStatus.ABANDONED,
+                    reason="dispatcher interrupted",
+                    now=self.clock(),
+                )
+            raise
+        self._unrecorded[run.id] = _Unrecorded(run.id, outcome, self.clock())
+        self._record(run.id)
+        return outcome
+
+    def _record(self, run_id: str) -> None:
+        pending = self._unrecorded[run_id]
+        outcome = pending.outcome
+        self.ledger.finish_run(
+            run_id,
+            AttemptStatus(outcome.status),
+            failure_class=outcome.failure_class if outcome.status is RunStatus.FAILED else None,
+            reason=outcome.ledger_reason(),
+            now=pending.ended_at,
+        )
+        del self._unrecorded[run_id]
+
+    def _record_pending(self) -> None:
+        for run_id in list(self._unrecorded):
+            try:
+                self._record(run_id)
+            except Conflict:
+                # Finished meanwhile as something else (abandoned by an operator or another
+                # host): the history already says how it ended.
+                del self._unrecorded[run_id]
+            except ExecKitError as exc:
+                _log.warning("run %s: its result is still not recorded: %s", run_id, exc.message)
+
+    def _after_run(self, issue: BoardIssue, run: Run, outcome: RunOutcome) -> DispatchEvent:
+        failed = outcome.status is RunStatus.FAILED
+        after = self.ledger.get_task(run.task_id, now=self.clock(), cap=self._cap)
+        fields: dict[str, Any] = {
+            "attempt": run.attempt,
+            "status": outcome.status,
+            "failure_class": (outcome.failure_class or FailureClass.WORK) if failed else None,
+            "charged": outcome.charged,
+            "reason": outcome.ledger_reason(),
+            "precondition": outcome.precondition,
+        }
+        if not failed:
+            fields["moved_to"] = self._move(
+                issue, after, self.config.done_state, why="it succeeded"
+            )
+        elif after.state is TaskState.BLOCKED:
+            fields["blocked_on"] = after.blocked_on
+            fields["decision"] = after.reason
+            if after.blocked_on is not BlockedOn.ATTEMPT_LIMIT:
+                fields["moved_to"] = self._give_up(issue, after)
+            if fields.get("moved_to") is None and after.blocked_on is BlockedOn.DISPATCH_CAP:
+                # Legacy retry past the cap: when it is due comes from the uncapped view.
+                plain = self.ledger.get_task(run.task_id, now=self.clock())
+                fields["next_attempt_at"] = plain.next_attempt_at
+        else:
+            fields["next_attempt_at"] = after.next_attempt_at
+        return self._event(EventKind.DISPATCHED, issue, after, **fields)

@@ -1,0 +1,112 @@
+"""The operator's dashboard: each board issue's board state beside its ledger state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from execkit._budget import AttemptStatus, BlockedOn
+from execkit._classify import FailureClass
+from execkit._json import to_json
+from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
+from execkit.dispatch._config import DispatchConfig
+from execkit.ledger import Ledger, Run, Task, TaskState
+
+__all__ = ["IssueStatus", "issue_statuses"]
+
+
+@attrs.frozen
+class IssueStatus:
+    """One row of the operator's dashboard: the board's view and the ledger's, side by side."""
+
+    issue_id: str
+    title: str
+    board_state: str | None
+    task_id: str | None
+    ledger_state: TaskState | None
+    blocked_on: BlockedOn | None
+    attempts: int
+    max_attempts: int | None  # the binding bound: dispatch cap or explicit limit; None = none
+    charged_attempts: int
+    uncharged_streak: int
+    next_attempt_at: float | None
+    last_class: FailureClass | None
+    last_status: AttemptStatus | None
+    last_reason: str | None
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+def _status_row(
+    issue_id: str,
+    title: str,
+    board_state: str | None,
+    task: Task | None,
+    runs: Sequence[Run],
+    config: DispatchConfig,
+) -> IssueStatus:
+    last = runs[-1] if runs else None
+    return IssueStatus(
+        issue_id=issue_id,
+        title=title,
+        board_state=board_state,
+        task_id=task.id if task else None,
+        ledger_state=task.state if task else None,
+        blocked_on=task.blocked_on if task else None,
+        attempts=task.attempts_started if task else 0,
+        max_attempts=config.bound_for(task),
+        charged_attempts=task.charged_attempts if task else 0,
+        uncharged_streak=task.uncharged_streak if task else 0,
+        next_attempt_at=task.next_attempt_at if task and task.state is TaskState.BACKOFF else None,
+        last_class=last.failure_class if last else None,
+        last_status=last.status if last else None,
+        last_reason=last.reason if last else None,
+        reason=task.reason if task else None,
+    )
+
+
+def issue_statuses(
+    ledger: Ledger | None,
+    config: DispatchConfig,
+    *,
+    board: Board | None = None,
+    now: float | None = None,
+) -> list[IssueStatus]:
+    """The dashboard rows: every board issue (with `board`), else every ledger task the
+    dispatcher created. Reads only; an issue never dispatched has no task (`task_id` None),
+    and `ledger=None` (no ledger yet) means no issue was.
+
+    A row at the dispatch cap whose give-up move is unavailable (`failed_state` None, or
+    the issue still in an eligible board state) shows the retry the dispatcher will make
+    past the cap (ADR 015's legacy behaviour), not a stop that will not happen.
+    """
+    at = time.time() if now is None else now
+    cap = config.cap
+    tasks = {
+        t.title: t
+        for t in (ledger.list_tasks(now=at) if ledger is not None else [])
+        if t.title.startswith(TASK_TITLE_PREFIX)
+    }
+    still_eligible = {i.id for i in board.list_candidates()} if board is not None else set()
+
+    def row(issue_id: str, title: str, board_state: str | None, found: Task | None) -> IssueStatus:
+        if ledger is None or found is None:
+            return _status_row(issue_id, title, board_state, None, [], config)
+        task = ledger.get_task(found.id, now=at, cap=cap)
+        if task.blocked_on is BlockedOn.DISPATCH_CAP and (
+            config.failed_state is None or issue_id in still_eligible
+        ):
+            task = ledger.get_task(found.id, now=at)
+        return _status_row(issue_id, title, board_state, task, ledger.runs(found.id), config)
+
+    if board is not None:
+        return [
+            row(issue.id, issue.title, issue.state, tasks.get(task_key(issue.id)))
+            for issue in board.list_issues()
+        ]
+    return [row(title[len(TASK_TITLE_PREFIX) :], "", None, t) for title, t in tasks.items()]
