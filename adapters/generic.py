@@ -7,6 +7,8 @@ Failures are classed by the shared rules only (errno, then the text list).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
 from execkit import AgentRequest, InvalidInput, MappedResult, SpawnResult, map_result
@@ -14,11 +16,16 @@ from execkit import AgentRequest, InvalidInput, MappedResult, SpawnResult, map_r
 __all__ = ["GenericAdapter"]
 
 
+def _to_command(value: Iterable[str]) -> tuple[str, ...]:
+    # A typed converter (not bare `tuple`) so that type checkers see what __init__ takes.
+    return tuple(value)
+
+
 @attrs.frozen
 class GenericAdapter:
     """`COMMAND... EXTRA_ARGS... [PROMPT]` for a CLI execkit has no envelope parser for."""
 
-    command: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    command: tuple[str, ...] = attrs.field(default=(), converter=_to_command)
     name: str = "generic"
     install_hint: str = "install it, or put its directory on PATH"
     login_hint: str | None = None

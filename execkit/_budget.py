@@ -35,22 +35,29 @@ the coarsest backstop.
 from __future__ import annotations
 
 import enum
-import hashlib
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-from attrs.validators import ge, instance_of, le, lt
+from attrs.validators import ge, instance_of, le
 
+from execkit._backoff import SCHEDULER_BACKOFF, Backoff
 from execkit._classify import FailureClass
 from execkit._errors import HistoryError, InvalidInput
 from execkit._json import to_json
-from execkit._validate import checked, finite, integer, opt_checked, truth
+from execkit._validate import (
+    checked,
+    finite,
+    integer,
+    integer_arg,
+    is_integer,
+    is_number,
+    opt_checked,
+    truth,
+)
 
 __all__ = [
-    "AGENT_BACKOFF",
     "EXPLICIT_LIMIT_MAX",
     "MAX_UNCHARGED_REPLANS",
     "Attempt",
@@ -149,7 +156,7 @@ def _to_class(value: FailureClass | str | None) -> FailureClass | None:
 
 def _to_time(value: float | None) -> float | None:
     # Store ints as floats; anything else is left for the validator to reject by name.
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_integer(value):
         return float(value)
     return value
 
@@ -221,86 +228,6 @@ class DispatchCap:
     @property
     def capped(self) -> bool:
         return self.max_attempts > 0
-
-
-def _max_at_least_base(inst: Backoff, _attribute: attrs.Attribute[Any], value: float) -> None:
-    if value < inst.base_s:
-        raise InvalidInput(
-            f"max_s must be >= base_s ({inst.base_s!r}), got {value!r}", field="max_s"
-        )
-
-
-@attrs.frozen
-class Backoff:
-    """Capped exponential backoff with jitter: the one backoff policy of execkit.
-
-    The wait after `n` consecutive failures (n >= 1) is `min(max_s, base_s * factor**(n-1))`
-    scaled by `1 + jitter * u` with `u` in [-1, 1], then capped at `max_s` again, so it is
-    always in (0, max_s]. `u` comes from `seed` when one is given (the durable scheduler:
-    the same history gives the same time after a restart), else from `rng` (the in-agent
-    loop), else 0. A wait the vendor asked for (`retry_after_s`) replaces the computed one,
-    clamped to [0, max_s], so no vendor can park a caller past its own ceiling.
-
-    Requires 0 < base_s <= max_s (finite), 1 <= factor <= 100, 0 <= jitter < 1;
-    `InvalidInput` naming the field otherwise. The defaults are the scheduler's; the
-    in-agent loop uses `AGENT_BACKOFF`.
-    """
-
-    base_s: float = attrs.field(
-        default=10.0,
-        validator=checked("a finite number of seconds > 0", finite, attrs.validators.gt(0)),
-    )
-    factor: float = attrs.field(
-        default=2.0, validator=checked("a number in 1..100", finite, ge(1), le(100))
-    )
-    max_s: float = attrs.field(
-        default=300.0,
-        validator=[checked("a finite number of seconds", finite), _max_at_least_base],
-    )
-    jitter: float = attrs.field(
-        default=0.1, validator=checked("a number in [0, 1)", finite, ge(0), lt(1))
-    )
-
-    def delay(
-        self,
-        failures: int,
-        seed: str | None = None,
-        *,
-        rng: Callable[[], float] | None = None,
-        retry_after_s: float | None = None,
-    ) -> float:
-        """Seconds to wait after `failures` (>= 1) consecutive failures (see the class)."""
-        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
-            raise InvalidInput(
-                f"failures must be an integer >= 1, got {failures!r}", field="failures"
-            )
-        if retry_after_s is not None and math.isfinite(retry_after_s):
-            return min(max(retry_after_s, 0.0), self.max_s)
-        exponent = failures - 1
-        # Compare in log space so a history of thousands of failures cannot overflow.
-        if self.factor == 1 or exponent * math.log(self.factor) < math.log(
-            self.max_s / self.base_s
-        ):
-            raw = min(self.max_s, self.base_s * self.factor**exponent)
-        else:
-            raw = self.max_s
-        if seed is not None:
-            unit = _unit_jitter(seed)
-        elif rng is not None:
-            unit = 2.0 * rng() - 1.0
-        else:
-            unit = 0.0
-        return max(0.0, min(self.max_s, raw * (1.0 + self.jitter * unit)))
-
-
-def _unit_jitter(seed: str) -> float:
-    """A value in [-1, 1] that depends only on `seed` (not on PYTHONHASHSEED)."""
-    digest = hashlib.blake2b(seed.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / float(2**64 - 1) * 2.0 - 1.0
-
-
-AGENT_BACKOFF = Backoff(base_s=2.0, factor=2.0, max_s=60.0, jitter=0.1)
-"""The in-agent loop's default: retries within one run wait seconds, not minutes."""
 
 
 @attrs.frozen
@@ -431,7 +358,7 @@ def decide(
     attempts: Sequence[Attempt],
     budget: WorkBudget = WorkBudget(),
     limit: ExplicitLimit | None = None,
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = SCHEDULER_BACKOFF,
     now: float | None = None,
     cap: DispatchCap | None = None,
     *,
@@ -450,7 +377,7 @@ def decide(
     validate_history(attempts)
     if now is None:
         now = time.time()
-    elif isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
+    elif not is_number(now):
         raise InvalidInput(
             f"now: must be a finite number of POSIX seconds, got {now!r}", field="now"
         )
@@ -589,10 +516,7 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
     environment plan failure stops the goal and names the precondition. Raises
     `HistoryError` for a bad plan history and `InvalidInput` for a bad `max_replans`.
     """
-    if isinstance(max_replans, bool) or not isinstance(max_replans, int) or max_replans < 1:
-        raise InvalidInput(
-            f"max_replans: must be an integer >= 1, got {max_replans!r}", field="max_replans"
-        )
+    integer_arg("max_replans", max_replans, 1)
     _check_history(plans, Plan, "plan")
     used = len(plans)
     charged = sum(1 for p in plans if _charged(p.status, p.failure_class))

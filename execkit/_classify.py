@@ -93,7 +93,7 @@ from attrs.validators import instance_of, max_len
 from execkit._errors import InvalidInput
 from execkit._exec import SpawnFailure, SpawnResult
 from execkit._json import json_key, to_json
-from execkit._validate import checked, non_blank, opt_checked
+from execkit._validate import checked, integer_arg, non_blank, opt_checked
 
 __all__ = [
     "ACCOUNT_LIMIT_REASONS",
@@ -496,8 +496,7 @@ def _decide(tail: str) -> tuple[FailureClass, _Hit] | None:
 
 
 def _check_tail_chars(tail_chars: int) -> None:
-    if isinstance(tail_chars, bool) or not isinstance(tail_chars, int) or tail_chars < 1:
-        raise InvalidInput(f"tail_chars must be an integer >= 1, got {tail_chars!r}")
+    integer_arg("tail_chars", tail_chars, 1)
 
 
 def classify_text(text: str, *, tail_chars: int = TAIL_CHARS) -> Classification:
@@ -509,7 +508,7 @@ def classify_text(text: str, *, tail_chars: int = TAIL_CHARS) -> Classification:
     """
     _check_tail_chars(tail_chars)
     if not isinstance(text, str):
-        raise InvalidInput(f"text must be a str, got {type(text).__name__}")
+        raise InvalidInput(f"text must be a str, got {type(text).__name__}", field="text")
     tail = text[-tail_chars:]
     decided = _decide(tail)
     if decided is None:

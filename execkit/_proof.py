@@ -21,7 +21,7 @@ from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
 from execkit._json import json_key, to_json
 from execkit._redact import redact
-from execkit._validate import checked, finite, integer
+from execkit._validate import checked, finite, integer, is_number
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -222,7 +222,7 @@ def _opt_number(data: Mapping[str, Any], key: str) -> float | None:
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         raise InvalidInput(f"{key} must be a number or null; got {value!r}", field=key)
     return float(value)
 

@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 import psutil
 
+from execkit._backoff import SCHEDULER_BACKOFF
 from execkit._budget import (
     Attempt,
     AttemptStatus,
@@ -56,7 +57,7 @@ from execkit._errors import (
     TaskFinished,
 )
 from execkit._redact import redact
-from execkit._validate import is_number
+from execkit._validate import is_integer, is_number
 from execkit.ledger._model import (
     CAPABILITIES,
     MAX_ATTEMPT_LIMIT,
@@ -153,7 +154,6 @@ _MAX_TITLE = 1000
 _MAX_KEY = 200
 _MAX_REASON = 4000
 _DEFAULT_BUDGET = WorkBudget()
-_DEFAULT_BACKOFF = Backoff()
 
 # Testing seam: the crash test sets this in a child process to hold the admission
 # transaction open after the INSERT (before COMMIT) and kills the child there.
@@ -203,7 +203,7 @@ def _check_limit(field: str, value: object, *, allow_zero: bool) -> int:
         if allow_zero
         else (f"1..{MAX_ATTEMPT_LIMIT}")
     )
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise InvalidInput(
             f"{field} must be a whole number in {allowed}, got {value!r}", field=field
         )
@@ -378,7 +378,7 @@ class SqliteLedger:
         path: str | os.PathLike[str],
         *,
         budget: WorkBudget = _DEFAULT_BUDGET,
-        backoff: Backoff = _DEFAULT_BACKOFF,
+        backoff: Backoff = SCHEDULER_BACKOFF,
         create: bool = True,
         upgrade: bool = True,
         busy_timeout_s: float = 30.0,
@@ -1122,7 +1122,7 @@ def migrate(
     path: str | os.PathLike[str],
     *,
     budget: WorkBudget = _DEFAULT_BUDGET,
-    backoff: Backoff = _DEFAULT_BACKOFF,
+    backoff: Backoff = SCHEDULER_BACKOFF,
 ) -> Migration:
     """Bring an existing ledger file to `SCHEMA_VERSION`, writing a backup first.
 
