@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "TaskFinished": "execkit._errors",
     "UnknownAdapter": "execkit._errors",
     "UnsupportedMove": "execkit._errors",
+    "ProcessStarter": "execkit._exec",
     "SpawnFailure": "execkit._exec",
     "SpawnResult": "execkit._exec",
     "spawn": "execkit._exec",
@@ -69,7 +70,7 @@ _EXPORTS: dict[str, str] = {
     "MAX_UNCHARGED_REPLANS": "execkit._budget",
     "Attempt": "execkit._budget",
     "AttemptStatus": "execkit._budget",
-    "Backoff": "execkit._budget",
+    "Backoff": "execkit._backoff",
     "BlockedOn": "execkit._budget",
     "Decision": "execkit._budget",
     "DecisionState": "execkit._budget",
@@ -119,11 +120,11 @@ if TYPE_CHECKING:
         run_agent,
         run_command,
     )
+    from execkit._backoff import Backoff
     from execkit._budget import (
         MAX_UNCHARGED_REPLANS,
         Attempt,
         AttemptStatus,
-        Backoff,
         BlockedOn,
         Decision,
         DecisionState,
@@ -162,6 +163,7 @@ if TYPE_CHECKING:
         UnsupportedMove,
     )
     from execkit._exec import (
+        ProcessStarter,
         SpawnFailure,
         SpawnResult,
         spawn,
@@ -250,6 +252,7 @@ __all__ = [
     "NotFound",
     "Plan",
     "PriorOutcome",
+    "ProcessStarter",
     "Reason",
     "ReplanDecision",
     "Run",

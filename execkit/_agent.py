@@ -23,6 +23,7 @@ import contextvars
 import enum
 import os
 import random
+import subprocess
 import threading
 import time
 import uuid
@@ -33,10 +34,10 @@ from typing import Any
 import attrs
 
 from execkit._adapter import Adapter, AgentRequest, MappedResult
-from execkit._budget import AGENT_BACKOFF, Backoff
+from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass
 from execkit._errors import AgentFailed, InvalidInput
-from execkit._exec import spawn
+from execkit._exec import ProcessStarter, spawn
 from execkit._proof import AgentProof, AgentStatus, RunProof, RunStatus
 from execkit._redact import redact, secret_env_values
 from execkit._validate import integer_arg, number_arg
@@ -237,6 +238,7 @@ def _spawn_once(
     env: Mapping[str, str] | None,
     timeout_s: float | None,
     kill_grace: float,
+    start: ProcessStarter,
 ) -> MappedResult:
     result = spawn(
         list(argv),
@@ -245,6 +247,7 @@ def _spawn_once(
         timeout=timeout_s,
         kill_grace=kill_grace,
         tail_bytes=_ENVELOPE_TAIL_BYTES,
+        start=start,
     )
     return adapter.parse(result)
 
@@ -321,6 +324,7 @@ def run_agent(
     recorder: RunRecorder | None = None,
     label: str | None = None,
     kill_grace: float = 5.0,
+    start: ProcessStarter = subprocess.Popen,
 ) -> AgentProof:
     """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
 
@@ -328,7 +332,8 @@ def run_agent(
     (retried with the message appended to the prompt) or None to accept it. `prepare`
     may rewrite the request for each try given its `AttemptContext` (the spawned agent
     also sees the context as `EXECKIT_*` environment variables). `sleep` and `rng` are
-    injectable so tests neither sleep nor depend on chance.
+    injectable so tests neither sleep nor depend on chance; `start` is how each try's
+    process is started (`spawn`'s seam: a test passes `fake_vendor.start`).
 
     Raises `AgentFailed` (carrying the proof, already recorded) when the last try
     failed; `InvalidInput` for `max_attempts` outside 1..100, before anything runs.
@@ -352,6 +357,7 @@ def run_agent(
             validate=validate,
             prepare=prepare,
             kill_grace=kill_grace,
+            start=start,
         )
     except Exception as exc:
         # A hook, an adapter or the request broke mid-loop. Nothing identified the failure
@@ -390,6 +396,7 @@ def _try_until_settled(
     validate: Callable[[str], str | None] | None,
     prepare: Callable[[AgentRequest, AttemptContext], AgentRequest] | None,
     kill_grace: float,
+    start: ProcessStarter,
 ) -> None:
     """Spawn tries, appending each to `tries`, until one settles the agent.
 
@@ -408,6 +415,7 @@ def _try_until_settled(
             env=_child_env(attempt_request, context),
             timeout_s=attempt_request.timeout_s,
             kill_grace=kill_grace,
+            start=start,
         )
         outcome = _judge(raw, validate)
         tries.append(outcome)
@@ -438,12 +446,14 @@ def run_command(
     kill_grace: float = 5.0,
     label: str | None = None,
     recorder: RunRecorder | None = None,
+    start: ProcessStarter = subprocess.Popen,
 ) -> AgentProof:
     """Spawn `argv` once as given (no retry), read it through `adapter`; return the proof.
 
-    For surfaces that pass vendor arguments through (`execkit run --adapter`). Never
-    raises for a failed agent: the proof's status and class say what happened. Raises
-    InvalidInput for an empty argv or a timeout that is not > 0.
+    For surfaces that pass vendor arguments through (`execkit run --adapter`). `start`
+    is how the process is started (`spawn`'s seam). Never raises for a failed agent: the
+    proof's status and class say what happened. Raises InvalidInput for an empty argv or
+    a timeout that is not > 0.
     """
     if not argv:
         raise InvalidInput(
@@ -452,7 +462,9 @@ def run_command(
     if timeout_s is not None:
         number_arg("timeout_s", timeout_s, allow_zero=False)
     started = time.monotonic()
-    raw = _spawn_once(adapter, argv, cwd=cwd, env=None, timeout_s=timeout_s, kill_grace=kill_grace)
+    raw = _spawn_once(
+        adapter, argv, cwd=cwd, env=None, timeout_s=timeout_s, kill_grace=kill_grace, start=start
+    )
     proof = _proof(
         adapter,
         [_judge(raw, None)],

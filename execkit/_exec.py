@@ -4,9 +4,11 @@
 result (`spawn_errno`), because it is the durable structural signal the classifier needs
 (ADR 0046: ENOENT from a direct spawn is not the same as a shell exiting 127).
 
-How it runs a real process: `subprocess.Popen` (so pytest-subprocess can fake it) with the
-child leading its own session, stdin from `input` or /dev/null, and one selector loop in the
-calling thread over stdout, stderr, stdin and a pidfd for the child's exit. Reads are fixed
+How it runs a real process: the `start` seam (`subprocess.Popen` unless the caller injects
+another `ProcessStarter`, such as the `fake_vendor` fixture's) with the child leading its own
+session, stdin from `input` or /dev/null, and one selector loop in the calling thread over
+stdout, stderr, stdin and a pidfd for the child's exit. There is one supervision path, over
+real file descriptors: a starter must hand back a real `subprocess.Popen`. Reads are fixed
 64 KiB chunks into bounded tail buffers, so memory stays flat whatever the child prints.
 Once the child is reaped the pipes are read for at most `_DRAIN_S` more: a descendant that
 inherited them cannot keep `spawn` waiting.
@@ -22,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
-import math
 import os
 import selectors
 import shutil
@@ -31,7 +32,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import attrs
 
@@ -45,6 +46,7 @@ from execkit._redact import (
     secret_env_values,
 )
 from execkit._tail import TailBuffer
+from execkit._validate import integer_arg, is_integer, number_arg
 
 if TYPE_CHECKING:
     import psutil
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_TAIL_BYTES",
     "OutputCallback",
+    "ProcessStarter",
     "SpawnFailure",
     "SpawnResult",
     "spawn",
@@ -60,6 +63,21 @@ __all__ = [
 
 OutputCallback = Callable[[bytes], object]
 """Receives each raw chunk of a stream as it arrives (not redacted, not decoded)."""
+
+ProcessStarter: TypeAlias = Callable[..., "subprocess.Popen[bytes]"]
+"""How `spawn` starts a process: a callable with `subprocess.Popen`'s signature.
+
+It is called as `start(argv_list, stdin=..., stdout=PIPE, stderr=PIPE, cwd=..., env=...,
+start_new_session=True, bufsize=0)` and must return a started `subprocess.Popen[bytes]`
+that honours those arguments (real pipes, its own session), or raise OSError when the
+program could not be started (its errno, or its type for an OSError without one, becomes
+`spawn_errno`). Anything else it raises propagates out of `spawn` unchanged.
+"""
+
+# The real class, for the type check of what a starter returns. In a tuple, not bound to a
+# name of its own: while its fixture is active, pytest-subprocess (1.6) rebinds every
+# module-level name bound to `subprocess.Popen` itself to its fake.
+_POPEN_TYPES: tuple[type[subprocess.Popen[bytes]]] = (subprocess.Popen,)
 
 _CUT = "…"
 _CHUNK = 64 * 1024
@@ -80,7 +98,8 @@ _REDACT_CONTEXT = 4096
 MAX_TAIL_BYTES = 256 * 1024 * 1024
 """The largest `tail_bytes` spawn accepts (each stream's tail is held in memory)."""
 
-# Some fakes raise an OSError without an errno; the exception type still says which.
+# A starter (a test's fake, a wrapper) may raise an OSError without an errno; the exception
+# type still says which.
 _ERRNO_BY_TYPE: tuple[tuple[type[OSError], int], ...] = (
     (FileNotFoundError, errno.ENOENT),
     (NotADirectoryError, errno.ENOTDIR),
@@ -153,12 +172,10 @@ class SpawnResult:
         """The spawn error, then stderr, then stdout, keeping the LAST `max_chars`.
 
         A stream whose tail was already cut at capture starts with `…`, and so does the
-        joined text when `max_chars` cuts it.
+        joined text when `max_chars` cuts it. Raises TypeError when `max_chars` is not an
+        int, `InvalidInput` when it is negative.
         """
-        if isinstance(max_chars, bool) or not isinstance(max_chars, int):
-            raise TypeError(f"max_chars must be an int, got {type(max_chars).__name__}")
-        if max_chars < 0:
-            raise InvalidInput(f"max_chars must be >= 0, got {max_chars}")
+        _int_arg("max_chars", max_chars, 0)
         parts: list[str] = []
         if self.spawn_error:
             parts.append(self.spawn_error)
@@ -193,6 +210,15 @@ class _Plan:
     tail_bytes: int
     on_stdout: OutputCallback | None
     on_stderr: OutputCallback | None
+    start: ProcessStarter
+
+
+def _int_arg(name: str, value: object, low: int, high: int | None = None) -> int:
+    """`integer_arg`, with a value that is no int at all a TypeError: a wrong type, not
+    a value out of range, as every other argument of spawn reports it."""
+    if not is_integer(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return integer_arg(name, value, low, high)
 
 
 def _check_argv(argv: object) -> tuple[str, ...]:
@@ -216,13 +242,10 @@ def _check_argv(argv: object) -> tuple[str, ...]:
 
 
 def _check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # NaN and infinity are floats, so a bad value (InvalidInput), not a bad type.
+    if not (is_integer(value) or isinstance(value, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    seconds = float(value)
-    bound = ">= 0" if allow_zero else "> 0"
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidInput(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-    return seconds
+    return number_arg(name, value, allow_zero=allow_zero)
 
 
 def _check_env(env: object) -> dict[str, str] | None:
@@ -253,6 +276,7 @@ def _plan(
     tail_bytes: object,
     on_stdout: object,
     on_stderr: object,
+    start: object,
 ) -> _Plan:
     checked_argv = _check_argv(argv)
     if cwd is not None and not isinstance(cwd, str | os.PathLike):
@@ -277,13 +301,14 @@ def _plan(
         None if timeout is None else _check_seconds("timeout", timeout, allow_zero=False)
     )
     checked_grace = _check_seconds("kill_grace", kill_grace, allow_zero=True)
-    if isinstance(tail_bytes, bool) or not isinstance(tail_bytes, int):
-        raise TypeError(f"tail_bytes must be an int, got {type(tail_bytes).__name__}")
-    if not 1 <= tail_bytes <= MAX_TAIL_BYTES:
-        raise InvalidInput(f"tail_bytes must be between 1 and {MAX_TAIL_BYTES}, got {tail_bytes}")
+    checked_tail = _int_arg("tail_bytes", tail_bytes, 1, MAX_TAIL_BYTES)
     for name, callback in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
         if callback is not None and not callable(callback):
             raise TypeError(f"{name} must be callable or None, got {type(callback).__name__}")
+    if not callable(start):
+        raise TypeError(
+            f"start must be a callable like subprocess.Popen, got {type(start).__name__}"
+        )
     return _Plan(
         argv=checked_argv,
         cwd=checked_cwd,
@@ -292,9 +317,10 @@ def _plan(
         inherit_stdin=inherit_stdin,
         timeout=checked_timeout,
         kill_grace=checked_grace,
-        tail_bytes=tail_bytes,
+        tail_bytes=checked_tail,
         on_stdout=cast("OutputCallback | None", on_stdout),
         on_stderr=cast("OutputCallback | None", on_stderr),
+        start=cast("ProcessStarter", start),
     )
 
 
@@ -669,58 +695,7 @@ class _Supervisor:
                     stream.close()
 
 
-# ------------------------------------------------------------------------ a faked process
-
-
-def _run_fake(
-    proc: Any, plan: _Plan, out: TailBuffer, err: TailBuffer
-) -> tuple[int, bool] | OSError:
-    """A pytest-subprocess fake (in-memory streams, no fds): its own wait/communicate.
-
-    A fake that raises an OSError (FileNotFoundError for a missing vendor CLI) raises it
-    from wait(); it is returned so the caller reports a spawn failure, as with Popen.
-    """
-    timed_out = False
-    try:
-        try:
-            returncode = proc.wait(timeout=plan.timeout)
-            stdout, stderr = proc.communicate(plan.input)
-        except subprocess.TimeoutExpired:
-            # A fake has no real process to wait for: it ends when its signal_callback
-            # sets a returncode; waiting on it would sleep out its whole `wait=`.
-            timed_out = True
-            proc.terminate()
-            if proc.returncode is None:
-                proc.kill()
-            returncode = -signal.SIGKILL if proc.returncode is None else proc.returncode
-            stdout, stderr = proc.communicate(plan.input, timeout=_POLL_S)
-    except OSError as exc:
-        return exc
-    for data, tail, callback in (
-        (stdout, out, plan.on_stdout),
-        (stderr, err, plan.on_stderr),
-    ):
-        if not data:
-            continue
-        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        for start in range(0, len(raw), _CHUNK):
-            chunk = raw[start : start + _CHUNK]
-            tail.feed(chunk)
-            if callback is not None:
-                callback(chunk)
-    return int(returncode), timed_out
-
-
 # ------------------------------------------------------------------------------- spawning
-
-
-def _has_fds(proc: Any) -> bool:
-    try:
-        proc.stdout.fileno()
-        proc.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False
-    return True
 
 
 def _stdin_of(plan: _Plan) -> int | None:
@@ -729,13 +704,39 @@ def _stdin_of(plan: _Plan) -> int | None:
     return None if plan.inherit_stdin else subprocess.DEVNULL
 
 
+def _check_popen(proc: object) -> subprocess.Popen[bytes]:
+    """What the starter returned, if it is a real `subprocess.Popen`; else TypeError.
+
+    Checked by type, never by probing for attributes: a stand-in without real file
+    descriptors (pytest-subprocess's FakePopen) cannot be supervised, and a second code
+    path for it would test something other than what runs in production.
+    """
+    if not isinstance(proc, _POPEN_TYPES):
+        kind = type(proc)
+        raise TypeError(
+            "start must return a started subprocess.Popen with real pipes, got "
+            f"{kind.__module__}.{kind.__qualname__}; to fake a vendor CLI in a test use the "
+            "fake_vendor fixture and pass start=fake_vendor.start"
+        )
+    return proc
+
+
+def _check_pipes(proc: subprocess.Popen[bytes], plan: _Plan) -> None:
+    """TypeError for a started process without the pipes spawn asked its starter for."""
+    missing_stdin = plan.input is not None and proc.stdin is None
+    if proc.stdout is None or proc.stderr is None or missing_stdin:
+        raise TypeError(
+            "start must honour the stdin/stdout/stderr=PIPE that spawn passes: the process "
+            f"it returned (pid {proc.pid}) lacks a pipe, so it was killed"
+        )
+
+
 def _spawn(plan: _Plan, cancel_fd: int | None = None) -> SpawnResult:
     out = TailBuffer(plan.tail_bytes, _REDACT_CONTEXT)
     err = TailBuffer(plan.tail_bytes, _REDACT_CONTEXT)
     started = time.monotonic()
     try:
-        # Looked up on the module at call time so pytest-subprocess's fake takes over.
-        proc = subprocess.Popen(
+        proc = plan.start(
             list(plan.argv),
             stdin=_stdin_of(plan),
             stdout=subprocess.PIPE,
@@ -747,20 +748,16 @@ def _spawn(plan: _Plan, cancel_fd: int | None = None) -> SpawnResult:
         )
     except OSError as exc:
         return _not_started(plan, exc, started)
-    if _has_fds(proc):
-        # From here on any exception (a callback's, KeyboardInterrupt, a signal handler's,
-        # a cancel) must not leave the child's tree running: it leads its own session, so
-        # nothing else would ever stop it.
-        try:
-            returncode, timed_out = _Supervisor(proc, plan, out, err, cancel_fd).run(started)
-        except BaseException:
-            _kill_now(proc)
-            raise
-    else:
-        outcome = _run_fake(proc, plan, out, err)
-        if isinstance(outcome, OSError):
-            return _not_started(plan, outcome, started)
-        returncode, timed_out = outcome
+    proc = _check_popen(proc)
+    # From here on any exception (a callback's, KeyboardInterrupt, a signal handler's,
+    # a cancel, a starter that ignored the pipes) must not leave the child's tree running:
+    # it leads its own session, so nothing else would ever stop it.
+    try:
+        _check_pipes(proc, plan)
+        returncode, timed_out = _Supervisor(proc, plan, out, err, cancel_fd).run(started)
+    except BaseException:
+        _kill_now(proc)
+        raise
     return _finished(plan, proc.pid, returncode, timed_out, out, err, started)
 
 
@@ -776,6 +773,7 @@ def spawn(
     tail_bytes: int = 65536,
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
+    start: ProcessStarter = subprocess.Popen,
 ) -> SpawnResult:
     """Run `argv` directly (never through a shell) and report how it ended.
 
@@ -790,13 +788,29 @@ def spawn(
       replacement and redacted; byte totals and `*_truncated` are exact.
     - `on_stdout`/`on_stderr` get every raw chunk live, unredacted, in the calling thread.
       If one raises, the process tree is SIGKILLed and the exception propagates.
+    - `start` starts the process (see `ProcessStarter`); the default, the real
+      `subprocess.Popen`, is bound when execkit is imported, so patching `subprocess.Popen`
+      later does not reach spawn: a test injects its fake here (`fake_vendor.start`).
+      An OSError it raises is a start failure like any other (`spawn_errno`); a return
+      value that is not a `subprocess.Popen` raises TypeError, and so does one without the
+      pipes asked for (after that process is killed); anything else it raises propagates.
 
     Never raises for a process that could not start (see `spawn_errno`). Raises TypeError
     or `InvalidInput` (a ValueError) naming the argument for bad arguments, before
     anything runs.
     """
     plan = _plan(
-        argv, cwd, env, input, inherit_stdin, timeout, kill_grace, tail_bytes, on_stdout, on_stderr
+        argv,
+        cwd,
+        env,
+        input,
+        inherit_stdin,
+        timeout,
+        kill_grace,
+        tail_bytes,
+        on_stdout,
+        on_stderr,
+        start,
     )
     return _spawn(plan)
 
@@ -813,8 +827,10 @@ async def spawn_async(
     tail_bytes: int = 65536,
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
+    start: ProcessStarter = subprocess.Popen,
 ) -> SpawnResult:
-    """`spawn` for asyncio runners: same arguments, same result, same errors.
+    """`spawn` for asyncio runners: same arguments (`start` included), same result, same
+    errors.
 
     The process is supervised in a dedicated thread, so the callbacks run in that thread
     (use `loop.call_soon_threadsafe` to touch loop state). Cancelling the awaiting task
@@ -823,7 +839,17 @@ async def spawn_async(
     import asyncio  # only asyncio runners pay for importing it
 
     plan = _plan(
-        argv, cwd, env, input, inherit_stdin, timeout, kill_grace, tail_bytes, on_stdout, on_stderr
+        argv,
+        cwd,
+        env,
+        input,
+        inherit_stdin,
+        timeout,
+        kill_grace,
+        tail_bytes,
+        on_stdout,
+        on_stderr,
+        start,
     )
     loop = asyncio.get_running_loop()
     future: asyncio.Future[SpawnResult] = loop.create_future()

@@ -1,27 +1,48 @@
 """pytest plugin (entry point `pytest11`): fake vendor CLIs for testing adapters and runners.
 
-Built on pytest-subprocess's `fp` fixture, so `subprocess.Popen` (and `execkit.spawn`) see
-the fakes; anything not registered still raises `ProcessNotRegisteredError`.
+One fixture, `fake_vendor`. Register what a vendor CLI does, by program name, and pass
+`start=fake_vendor.start` to whatever spawns it (`spawn`, `spawn_async`, `run_agent`,
+`run_command`, `AdapterRunner`, `run_adapter_command`, `execkit.cli.main`):
 
     def test_missing_codex_stops(fake_vendor):
         fake_vendor.register("codex", missing=True)
         with pytest.raises(AgentFailed) as failed:
-            run_agent(adapters.get("codex"), AgentRequest(prompt="fix the test"))
+            run_agent(
+                get_adapter("codex"), AgentRequest(prompt="fix the test"), start=fake_vendor.start
+            )
         assert failed.value.proof.failure_class is FailureClass.ENVIRONMENT
 
-A fake CLI prints a transcript (a string, or a `pathlib.Path` to a fixture file) on stdout
-and stderr and exits with a code; or is missing (Popen raises FileNotFoundError, errno
-ENOENT, exactly as for an absent binary); or hangs until it is terminated or killed (the
-caller's timeout fires at once: no test sleeps through it). Registrations of one name are
-consumed in order, one per spawn.
+`fake_vendor.start` is a `ProcessStarter` (`spawn`'s seam). For a registered name it either
+raises at start, exactly as the kernel reports a program that cannot run (`missing=True`:
+FileNotFoundError, errno ENOENT; `start_errno=errno.EACCES`: PermissionError; nothing is
+spawned), or starts a REAL child process, a tiny Python replay program that prints the
+registered transcript (a string, bytes, or a `pathlib.Path` to a fixture file) on stdout,
+then stderr, and exits with `exit_code` (-N: dies by signal N), or with `hang=True` waits
+until a signal ends it. So spawn's one supervision path, its timeouts and its tree kill run
+for real. Registrations of one name are consumed in order, one per start; a name never
+registered goes to `subprocess.Popen` as looked up at that moment (under pytest-subprocess,
+which refuses what it was not told about).
+
+The fixture is built on pytest-subprocess's `fp` (its public API only): every registration
+is also made there, so code that calls `subprocess` directly, not through `spawn`, sees the
+same fake (`subprocess.run(["codex", ...])` raises FileNotFoundError after
+`register("codex", missing=True)`), and anything not registered still raises
+`ProcessNotRegisteredError`. Without pytest-subprocess the plugin loads and only tests that
+use `fake_vendor` fail, saying how to install it.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
+import itertools
+import json
+import os
 import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +50,10 @@ import attrs
 import pytest
 
 from execkit._errors import InvalidInput
+from execkit._validate import integer_arg, number_arg
 
 try:
-    from pytest_subprocess import FakeProcess
-    from pytest_subprocess.process_dispatcher import ProcessDispatcher
+    from pytest_subprocess import FakeProcess, ProcessNotRegisteredError
 except ImportError:  # pragma: no cover - exercised in a subprocess by the plugin tests
     # pytest loads this plugin for everyone who installs execkit-runner; without
     # pytest-subprocess it must not break their test runs, only `fake_vendor` itself.
@@ -40,136 +61,416 @@ except ImportError:  # pragma: no cover - exercised in a subprocess by the plugi
 else:
     _HAVE_PYTEST_SUBPROCESS = True
 
-__all__ = ["FakeVendor", "fake_vendor"]
+__all__ = ["HANG_LIMIT_S", "FakeVendor", "fake_vendor"]
 
-# A hanging fake gives up after this long even if nobody kills it, so a test that forgets
-# a timeout fails instead of hanging the suite.
 HANG_LIMIT_S = 30.0
+"""A hanging fake gives up after this long even if nobody signals it, so a test that forgets
+a timeout fails instead of hanging the suite."""
+
+# The fakes must be real processes whatever a test patched, so the real class is captured
+# when pytest loads the plugin, before any test's `fp` replaces `subprocess.Popen`. In a
+# tuple, not bound to a name of its own: while its fixture is active, pytest-subprocess
+# (1.6) rebinds every module-level name bound to `subprocess.Popen` itself to its fake.
+_REAL_POPEN: tuple[type[subprocess.Popen[bytes]]] = (subprocess.Popen,)
+
+# Signals whose default action does not end a process: a fake "killed" by one would stop
+# or carry on instead of dying, which no real exit status can express.
+_NOT_FATAL = frozenset(
+    {
+        signal.SIGCHLD,
+        signal.SIGCONT,
+        signal.SIGURG,
+        signal.SIGWINCH,
+        signal.SIGSTOP,
+        signal.SIGTSTP,
+        signal.SIGTTIN,
+        signal.SIGTTOU,
+    }
+)
+
+# The replay program, run as `python -I -S -c _REPLAY SPEC`: isolated from the user's
+# environment and site-packages, so it starts fast and behaves the same everywhere.
+_REPLAY = r"""
+import json, os, signal, sys, time
+with open(sys.argv[1], "rb") as f:
+    spec = json.load(f)
+# As a native binary: SIGINT and SIGPIPE end it (Python would raise or ignore them).
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+if spec["stdin"] is not None:
+    data = sys.stdin.buffer.read()
+    with open(spec["stdin"], "wb") as f:
+        f.write(data)
+for key, fd in (("stdout", 1), ("stderr", 2)):
+    if spec[key] is not None:
+        with open(spec[key], "rb") as f:
+            view = memoryview(f.read())
+        while view:
+            view = view[os.write(fd, view):]
+if spec["hang"]:
+    time.sleep(spec["hang_limit_s"])  # a signal with its default action ends it first
+    os.write(2, b"fake_vendor: hang limit reached and nobody stopped this fake\n")
+code = spec["exit_code"]
+if code < 0:
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGSEGV, SIGABRT: no core file
+    try:
+        signal.signal(-code, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass  # SIGKILL cannot be caught, so it needs no reset
+    os.kill(os.getpid(), -code)
+    code = 128 - code
+os._exit(code)
+"""
 
 
-def _missing_error(name: str) -> FileNotFoundError:
-    return FileNotFoundError(errno.ENOENT, "No such file or directory", name)
+def _start_error(name: str, code: int) -> OSError:
+    """The OSError Popen raises for a program that cannot be executed: OSError picks the
+    subclass from the errno (FileNotFoundError for ENOENT, PermissionError for EACCES)."""
+    return OSError(code, os.strerror(code), name)
+
+
+def _argv_of(args: object) -> tuple[str, ...]:
+    """Popen's `args` as a tuple of str: a sequence, or one program (str, bytes, path)."""
+    if isinstance(args, str | bytes | os.PathLike):
+        return (os.fsdecode(args),)
+    if isinstance(args, Sequence):
+        return tuple(os.fsdecode(a) if isinstance(a, bytes | os.PathLike) else str(a) for a in args)
+    return ()
+
+
+def _transcript(field: str, value: object) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, Path):
+        return value.read_bytes()
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes):
+        return value
+    raise InvalidInput(
+        f"{field} must be a str, bytes, a pathlib.Path or None, got {type(value).__name__}",
+        field=field,
+    )
+
+
+def _check_flag(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{field} must be True or False, got {value!r}", field=field)
+    return value
+
+
+def _check_start_errno(missing: bool, start_errno: object) -> int | None:
+    if start_errno is None:
+        return errno.ENOENT if missing else None
+    if missing:
+        raise InvalidInput(
+            "missing=True is start_errno=errno.ENOENT: give one of them", field="start_errno"
+        )
+    code = integer_arg("start_errno", start_errno, 1)
+    if code not in errno.errorcode:
+        raise InvalidInput(f"start_errno must be an errno value, got {code}", field="start_errno")
+    return code
+
+
+def _check_exit_code(exit_code: object) -> int:
+    code = integer_arg("exit_code", exit_code, -(signal.NSIG - 1), 255)
+    if code < 0 and (-code not in signal.valid_signals() or -code in _NOT_FATAL):
+        raise InvalidInput(
+            f"exit_code {code} must name a signal whose default action ends a process",
+            field="exit_code",
+        )
+    return code
 
 
 @attrs.frozen
-class _Missing:
-    """Callback of a missing fake. Popen raises before it runs; if a future
-    pytest-subprocess bypasses the hook, raising here still reaches the caller's wait()."""
+class _Behaviour:
+    """What one start of a registered name does."""
 
     name: str
+    stdout: Path | None  # the transcript files the replay program prints
+    stderr: Path | None
+    exit_code: int
+    start_errno: int | None  # set: the start itself fails with this errno
+    hang: bool
+
+
+@attrs.frozen
+class _StartFails:
+    """pytest-subprocess callback of a fake that cannot start, for direct `subprocess`
+    calls: pytest-subprocess re-raises its error from the caller's `wait()` or
+    `communicate()`, so `subprocess.run` raises it as it would for the real program."""
+
+    name: str
+    code: int
 
     def __call__(self, process: Any) -> None:
-        raise _missing_error(self.name)
+        raise _start_error(self.name, self.code)
 
 
 class _Hang:
-    """Callback of a hanging fake: blocks until a signal arrives (or HANG_LIMIT_S)."""
+    """pytest-subprocess callback of a hanging fake: blocks until `on_signal` (terminate,
+    kill, interrupt) sets the fake's returncode, or the hang limit, or `release()`."""
 
     def __init__(self, limit_s: float) -> None:
-        self._signalled = threading.Event()
+        self._released = threading.Event()
         self._limit_s = limit_s
 
     def __call__(self, process: Any) -> None:
-        self._signalled.wait(self._limit_s)
+        self._released.wait(self._limit_s)
 
     def on_signal(self, process: Any, sig: int) -> None:
         if process.returncode is None and sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
             process.returncode = -sig
-            self._signalled.set()
+            self.release()
 
-
-def _text(value: str | Path | None) -> str | None:
-    if isinstance(value, Path):
-        return value.read_text(encoding="utf-8")
-    return value
+    def release(self) -> None:
+        self._released.set()
 
 
 class FakeVendor:
-    """Registers fake vendor CLIs on a pytest-subprocess `FakeProcess`.
+    """Fake vendor CLIs by program name (argv[0], exact match); see the module docstring.
 
-    `calls(name)` lists the argv of every spawn of `name` (missing ones included), so a
-    test can assert how many times a binary was tried.
+    `start` is the `ProcessStarter` to pass as `start=`. `calls(name)` lists the argv of
+    every start of `name` (failed starts and direct `subprocess` calls included), so a test
+    can assert how many times a binary was tried; `inputs(name)` what each fake process of
+    `name` read on its stdin. The files the fakes read and write live in `workdir`. Safe to
+    use from several threads at once.
     """
 
-    def __init__(self, fp: FakeProcess, *, hang_limit_s: float = HANG_LIMIT_S) -> None:
+    def __init__(
+        self, fp: FakeProcess, workdir: Path, *, hang_limit_s: float = HANG_LIMIT_S
+    ) -> None:
         self.fp = fp
-        self._hang_limit_s = hang_limit_s
+        self._workdir = workdir
+        self._hang_limit_s = number_arg("hang_limit_s", hang_limit_s, allow_zero=True)
+        self._lock = threading.Lock()
+        self._files = itertools.count(1)
+        self._queues: dict[str, collections.deque[_Behaviour]] = {}
+        self._registered: collections.Counter[str] = collections.Counter()
         self._calls: list[tuple[str, ...]] = []
-        self._names: set[str] = set()
+        # Per fake process started: its name and where it records its stdin (None: it was
+        # given no stdin pipe, so it reads nothing).
+        self._stdin_files: list[tuple[str, Path | None]] = []
+        self._started: list[subprocess.Popen[Any]] = []
+        # pytest-subprocess's record of the direct calls, per registration, in order.
+        self._direct: list[tuple[str, Any]] = []
+        self._hangs: list[_Hang] = []
 
     def register(
         self,
         name: str,
         *,
-        stdout: str | Path | None = None,
-        stderr: str | Path | None = None,
+        stdout: str | bytes | Path | None = None,
+        stderr: str | bytes | Path | None = None,
         exit_code: int = 0,
         missing: bool = False,
+        start_errno: int | None = None,
         hang: bool = False,
         occurrences: int = 1,
     ) -> None:
-        """Add `occurrences` spawns of `name` (with any arguments) that behave as asked.
+        """Add `occurrences` starts of `name` (with any arguments) that behave as asked.
 
-        `stdout`/`stderr`: the transcript, a string or a Path to read. `missing`: Popen
-        raises FileNotFoundError (ENOENT). `hang`: runs until terminated or killed, then
-        dies by that signal (its transcript, if any, is what it printed before).
-        Raises InvalidInput (a ValueError) for `missing` with `hang`, or `occurrences`
-        that is not an integer >= 1.
+        `stdout`/`stderr`: the transcript, a str (UTF-8), bytes, or a Path read now.
+        `exit_code`: 0..255, or -N to die by signal N. `missing`: the start raises
+        FileNotFoundError (ENOENT), as for an absent binary; `start_errno` (EACCES,
+        ENOEXEC, ...): the start raises the OSError of that errno. `hang`: the process
+        prints its transcript, then runs until a signal ends it (it dies by that signal),
+        or until the hang limit, when it exits with `exit_code`.
+        Raises InvalidInput (a ValueError) naming the field for a bad value, or for
+        `missing` with `start_errno`, or a start error with `hang`; nothing is registered.
         """
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise InvalidInput(
+                f"name must be a non-empty program name without NUL, got {name!r}", field="name"
+            )
+        out, err = _transcript("stdout", stdout), _transcript("stderr", stderr)
+        code = _check_exit_code(exit_code)
+        missing, hang = _check_flag("missing", missing), _check_flag("hang", hang)
         if missing and hang:
-            raise InvalidInput("a fake vendor is either missing or hangs, not both")
-        if isinstance(occurrences, bool) or not isinstance(occurrences, int) or occurrences < 1:
-            raise InvalidInput(f"occurrences must be an integer >= 1, got {occurrences!r}")
-        self._names.add(name)
-        command: list[Any] = [name, self.fp.any()]
-        out, err = _text(stdout), _text(stderr)
-        for _ in range(occurrences):
-            if missing:
-                self.fp.register(command, callback=_Missing(name))
-            elif hang:
-                hang_callback = _Hang(self._hang_limit_s)
-                self.fp.register(
+            raise InvalidInput("a fake vendor is either missing or hangs, not both", field="hang")
+        start_code = _check_start_errno(missing, start_errno)
+        if start_code is not None and hang:
+            raise InvalidInput(
+                "a fake vendor either fails to start (start_errno) or hangs, not both",
+                field="hang",
+            )
+        count = integer_arg("occurrences", occurrences, 1)
+        behaviour = _Behaviour(
+            name=name,
+            stdout=self._write_file(out, "stdout"),
+            stderr=self._write_file(err, "stderr"),
+            exit_code=code,
+            start_errno=start_code,
+            hang=hang,
+        )
+        with self._lock:
+            self._queues.setdefault(name, collections.deque()).extend([behaviour] * count)
+            self._registered[name] += count
+        self._register_direct(behaviour, out, err, count)
+
+    def _write_file(self, data: bytes | None, stream: str) -> Path | None:
+        if data is None:
+            return None
+        path = self._workdir / f"transcript-{next(self._files)}.{stream}"
+        path.write_bytes(data)
+        return path
+
+    def _register_direct(
+        self, behaviour: _Behaviour, out: bytes | None, err: bytes | None, count: int
+    ) -> None:
+        """The same fake on pytest-subprocess, for code that calls `subprocess` itself."""
+        command: list[Any] = [behaviour.name, self.fp.any()]
+        if behaviour.hang:
+            # Each hanging fake waits for its own signal, so each is its own registration.
+            for _ in range(count):
+                hang = _Hang(self._hang_limit_s)
+                self._hangs.append(hang)
+                recorder = self.fp.register(
                     command,
                     stdout=out,
                     stderr=err,
-                    returncode=exit_code,
-                    callback=hang_callback,
-                    signal_callback=hang_callback.on_signal,
+                    returncode=behaviour.exit_code,
+                    callback=hang,
+                    signal_callback=hang.on_signal,
                 )
+                self._direct.append((behaviour.name, recorder))
+            return
+        # A plain transcript gets no callback: with one, pytest-subprocess leaves the
+        # fake's stdout unreadable by `proc.stdout.read()`.
+        fails = (
+            None
+            if behaviour.start_errno is None
+            else _StartFails(behaviour.name, behaviour.start_errno)
+        )
+        recorder = self.fp.register(
+            command,
+            stdout=out,
+            stderr=err,
+            returncode=behaviour.exit_code,
+            callback=fails,
+            occurrences=count,
+        )
+        self._direct.append((behaviour.name, recorder))
+
+    def start(self, args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        """A `ProcessStarter`: fake a registered program, pass any other to Popen.
+
+        For a registered name: records the call, takes its next registration and raises
+        its start error, or starts the real replay process (with the caller's `stdin`,
+        `stdout`, `stderr`, `cwd`, `env` and other Popen arguments; it reads its stdin
+        only when that is `subprocess.PIPE`). Once every registration of the name is
+        used, raises pytest-subprocess's ProcessNotRegisteredError. Any other name goes
+        to `subprocess.Popen` looked up now (pytest-subprocess refuses it unless the test
+        allowed unregistered commands); TypeError if that returns a fake without real
+        pipes (a command registered on `fp` directly: register it with `fake_vendor`).
+        """
+        argv = _argv_of(args)
+        name = argv[0] if argv else ""
+        with self._lock:
+            queue = self._queues.get(name)
+            if queue is None:
+                behaviour = None
             else:
-                self.fp.register(command, stdout=out, stderr=err, returncode=exit_code)
+                self._calls.append(argv)
+                behaviour = queue.popleft() if queue else None
+        if queue is None:
+            return self._not_ours(args, kwargs)
+        if behaviour is None:
+            raise ProcessNotRegisteredError(
+                f"The process {' '.join(argv)!r} was not registered: fake_vendor's "
+                f"{self._registered[name]} registration(s) of {name!r} are used up"
+            )
+        if behaviour.start_errno is not None:
+            raise _start_error(name, behaviour.start_errno)
+        return self._replay(behaviour, kwargs)
+
+    def _replay(self, behaviour: _Behaviour, kwargs: dict[str, Any]) -> subprocess.Popen[bytes]:
+        run_dir = self._workdir / f"start-{next(self._files)}"
+        run_dir.mkdir()
+        stdin_file = run_dir / "stdin" if kwargs.get("stdin") == subprocess.PIPE else None
+        spec = {
+            "stdout": None if behaviour.stdout is None else str(behaviour.stdout),
+            "stderr": None if behaviour.stderr is None else str(behaviour.stderr),
+            "stdin": None if stdin_file is None else str(stdin_file),
+            "exit_code": behaviour.exit_code,
+            "hang": behaviour.hang,
+            "hang_limit_s": self._hang_limit_s,
+        }
+        spec_file = run_dir / "spec.json"
+        spec_file.write_text(json.dumps(spec), encoding="utf-8")
+        # The replay replaces the program, so nothing may pick another one to run.
+        popen_kwargs = {k: v for k, v in kwargs.items() if k not in ("executable", "shell")}
+        proc: subprocess.Popen[bytes] = _REAL_POPEN[0](
+            [sys.executable, "-I", "-S", "-c", _REPLAY, str(spec_file)], **popen_kwargs
+        )
+        with self._lock:
+            self._started.append(proc)
+            self._stdin_files.append((behaviour.name, stdin_file))
+        return proc
+
+    def _not_ours(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen[bytes]:
+        # Looked up now, not at import: under `fp` this is pytest-subprocess's dispatcher.
+        proc = subprocess.Popen(args, **kwargs)
+        if not isinstance(proc, _REAL_POPEN):
+            shown = _argv_of(args)[:1] or (repr(args),)
+            raise TypeError(
+                f"{shown[0]!r} is registered on pytest-subprocess's fp directly, whose fake "
+                "has no real pipes for spawn to supervise: register it with "
+                f"fake_vendor.register({shown[0]!r}, ...) instead"
+            )
+        return proc
 
     def calls(self, name: str) -> list[tuple[str, ...]]:
-        """The argv of each spawn of `name`, in order."""
-        return [argv for argv in self._calls if argv and argv[0] == name]
+        """The argv of each start of `name`: those through `start` in order (failed starts
+        included), then the direct `subprocess` calls in order."""
+        with self._lock:
+            started = [argv for argv in self._calls if argv[:1] == (name,)]
+            direct = [
+                _argv_of(process.args)
+                for owner, recorder in self._direct
+                if owner == name
+                for process in recorder.calls
+            ]
+        return started + direct
 
     def call_count(self, name: str) -> int:
+        """How many times `name` was started (failed starts included)."""
         return len(self.calls(name))
 
-    def _dispatch(self, original: Callable[..., Any], command: Any, **kwargs: Any) -> Any:
-        argv = tuple(str(part) for part in command) if isinstance(command, list | tuple) else ()
-        if argv and argv[0] in self._names:
-            self._calls.append(argv)
-        process = original(command, **kwargs)
-        # pytest-subprocess has no public way to make Popen() itself raise (as it does for
-        # an absent binary), nor to hang under a callback while `wait(timeout)` expires;
-        # both read private FakePopen attributes, hence the <1.7 pin in pyproject.toml.
-        callback = getattr(process, "_callback", None)
-        if isinstance(callback, _Missing):
-            raise _missing_error(callback.name)
-        if isinstance(callback, _Hang):
-            # `wait(timeout)` is emulated from this budget: an infinite one makes every
-            # finite timeout expire at once, without sleeping.
-            process._wait_timeout = float("inf")
-        return process
+    def inputs(self, name: str) -> list[bytes]:
+        """What each fake process `start` ran for `name` read on its stdin, in order: the
+        spawn's `input`, or b"" for one given no input (a failed start ran no process).
+        Meant for after the process exited: one killed before it read to the end shows
+        b"". Direct `subprocess` calls are not included."""
+        with self._lock:
+            files = [path for owner, path in self._stdin_files if owner == name]
+        return [b"" if path is None or not path.exists() else path.read_bytes() for path in files]
+
+    def close(self) -> None:
+        """End what the test left running: release direct hangs, kill live fakes."""
+        for hang in self._hangs:
+            hang.release()
+        with self._lock:
+            started = list(self._started)
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 if _HAVE_PYTEST_SUBPROCESS:
 
     @pytest.fixture
-    def fake_vendor(fp: FakeProcess) -> Iterator[FakeVendor]:
+    def fake_vendor(
+        fp: FakeProcess, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[FakeVendor]:
         """A `FakeVendor` over pytest-subprocess's `fp` fixture, undone after the test."""
-        yield from _patched_vendor(fp)
+        vendor = FakeVendor(fp, tmp_path_factory.mktemp("fake_vendor"))
+        try:
+            yield vendor
+        finally:
+            vendor.close()
 
 else:  # pragma: no cover - exercised in a subprocess by the plugin tests
 
@@ -181,15 +482,3 @@ else:  # pragma: no cover - exercised in a subprocess by the plugin tests
             pytrace=False,
         )
         yield  # unreachable; keeps this a generator like the real fixture
-
-
-def _patched_vendor(fp: FakeProcess) -> Iterator[FakeVendor]:
-    vendor = FakeVendor(fp)
-    original = ProcessDispatcher.dispatch
-
-    def dispatch(cls: type[ProcessDispatcher], /, command: Any, **kwargs: Any) -> Any:
-        return vendor._dispatch(original, command, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ProcessDispatcher, "dispatch", classmethod(dispatch))
-        yield vendor

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from execkit._errors import InvalidInput, UnknownAdapter
+from execkit.cli import main
 from execkit.cli._adapters import run_adapter_command
 from execkit.testing import FakeVendor
 
@@ -63,7 +64,7 @@ def test_run_adapter_missing_binary_prints_the_precondition(
     fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_vendor.register("codex", missing=True)
-    code = run_adapter_command(ns("codex", "exec", "fix the test"))
+    code = run_adapter_command(ns("codex", "exec", "fix the test"), start=fake_vendor.start)
     out = json.loads(capsys.readouterr().out)
     assert code == 127
     assert out["class"] == "environment"
@@ -79,14 +80,15 @@ def test_run_adapter_upstream_and_success(
 ) -> None:
     fake_vendor.register("claude", stdout=FIXTURES / "claude" / "overloaded.json", exit_code=1)
     fake_vendor.register("claude", stdout=FIXTURES / "claude" / "success.json")
-    assert run_adapter_command(ns("claude", "-p", "x", "--output-format", "json")) == 1
+    start = fake_vendor.start
+    assert run_adapter_command(ns("claude", "-p", "x", "--output-format", "json"), start=start) == 1
     failed = json.loads(capsys.readouterr().out)
     assert (failed["class"], failed["reason"], failed["precondition"]) == (
         "upstream",
         "http 529",
         None,
     )
-    assert run_adapter_command(ns("claude", "-p", "x", as_json=False)) == 0
+    assert run_adapter_command(ns("claude", "-p", "x", as_json=False), start=start) == 0
     assert "Renamed `fetch_rows`" in capsys.readouterr().out
 
 
@@ -94,7 +96,8 @@ def test_run_adapter_human_failure_line(
     fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_vendor.register("gemini", missing=True)
-    assert run_adapter_command(ns("gemini", "-p", "x", as_json=False)) == 127
+    args = ns("gemini", "-p", "x", as_json=False)
+    assert run_adapter_command(args, start=fake_vendor.start) == 127
     err = capsys.readouterr().err
     assert err.startswith("execkit: gemini failed (environment: spawn errno ENOENT): gemini CLI")
 
@@ -125,7 +128,21 @@ def test_run_adapter_timeout_kills_a_hung_vendor(
     fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_vendor.register("opencode", hang=True)
-    args = ns("opencode", "run", "x", timeout="30")
+    args = ns("opencode", "run", "x", timeout="0.5")  # a real process: a real timeout
     args.kill_grace = "0"
-    assert run_adapter_command(args) == 124
+    assert run_adapter_command(args, start=fake_vendor.start) == 124
     assert json.loads(capsys.readouterr().out)["reason"] == "timeout"
+
+
+def test_main_hands_its_starter_to_run_and_run_adapter(
+    fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_vendor.register("codex", missing=True)
+    fake_vendor.register("mycli", stdout="hi\n", exit_code=3)
+    argv = ["run", "--adapter", "codex", "--json", "--", "exec", "x"]
+    assert main(argv, start=fake_vendor.start) == 127
+    assert json.loads(capsys.readouterr().out)["reason"] == "spawn errno ENOENT"
+    assert main(["run", "--json", "--", "mycli", "a"], start=fake_vendor.start) == 3
+    assert json.loads(capsys.readouterr().out)["stdout_tail"] == "hi\n"
+    assert fake_vendor.calls("codex") == [("codex", "exec", "x")]
+    assert fake_vendor.calls("mycli") == [("mycli", "a")]

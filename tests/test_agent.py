@@ -57,7 +57,14 @@ def test_missing_binary_stops_at_once_and_is_never_respawned(fake_vendor: FakeVe
     sleeps = Sleeps()
     recorder = RunRecorder()
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("codex"), REQUEST, max_attempts=5, sleep=sleeps, recorder=recorder)
+        run_agent(
+            get_adapter("codex"),
+            REQUEST,
+            max_attempts=5,
+            sleep=sleeps,
+            recorder=recorder,
+            start=fake_vendor.start,
+        )
     proof = failed.value.proof
     assert fake_vendor.call_count("codex") == 1
     assert sleeps == []
@@ -87,6 +94,7 @@ def test_upstream_retries_with_backoff_then_succeeds(fake_vendor: FakeVendor) ->
         backoff=Backoff(base_s=2.0, factor=3.0, max_s=100.0, jitter=0.5),
         sleep=sleeps,
         rng=mid,
+        start=fake_vendor.start,
     )
     assert proof.status is AgentStatus.SUCCEEDED
     assert proof.failure_class is None
@@ -109,6 +117,7 @@ def test_persistent_upstream_is_bounded_and_uncharged(fake_vendor: FakeVendor) -
             max_attempts=3,
             backoff=Backoff(base_s=10.0, factor=2.0, max_s=15.0, jitter=0.0),
             sleep=sleeps,
+            start=fake_vendor.start,
         )
     assert fake_vendor.call_count("gemini") == 3
     assert sleeps == [10.0, 15.0]  # capped
@@ -123,8 +132,12 @@ def test_vendor_retry_after_is_honoured_and_capped(fake_vendor: FakeVendor) -> N
     fake_vendor.register("claude", stdout=fx("claude", "success.json"))
     sleeps = Sleeps()
     backoff = Backoff(base_s=1.0, max_s=30.0, jitter=0.0)
-    run_agent(get_adapter("codex"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 14 s
-    run_agent(get_adapter("claude"), REQUEST, backoff=backoff, sleep=sleeps)  # asks for 37 s
+    run_agent(
+        get_adapter("codex"), REQUEST, backoff=backoff, sleep=sleeps, start=fake_vendor.start
+    )  # asks for 14 s
+    run_agent(
+        get_adapter("claude"), REQUEST, backoff=backoff, sleep=sleeps, start=fake_vendor.start
+    )  # asks for 37 s
     assert sleeps == [14.0, 30.0]
 
 
@@ -137,7 +150,9 @@ def test_work_failure_retries_without_sleeping_and_charges(fake_vendor: FakeVend
     )
     sleeps = Sleeps()
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("opencode"), REQUEST, max_attempts=2, sleep=sleeps)
+        run_agent(
+            get_adapter("opencode"), REQUEST, max_attempts=2, sleep=sleeps, start=fake_vendor.start
+        )
     assert sleeps == []
     assert failed.value.proof.failure_class is WORK
     assert failed.value.proof.attempts == 2
@@ -149,7 +164,9 @@ def test_a_work_try_charges_the_agent_even_if_a_later_try_was_upstream(
     fake_vendor.register("codex", stdout=fx("codex", "bad_request.jsonl"), exit_code=1)
     fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("codex"), REQUEST, max_attempts=2, sleep=Sleeps())
+        run_agent(
+            get_adapter("codex"), REQUEST, max_attempts=2, sleep=Sleeps(), start=fake_vendor.start
+        )
     assert failed.value.proof.failure_class is WORK
     assert failed.value.proof.reason == "default"
 
@@ -158,7 +175,9 @@ def test_upstream_then_missing_binary_stops_as_environment(fake_vendor: FakeVend
     fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
     fake_vendor.register("codex", missing=True, occurrences=3)
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("codex"), REQUEST, max_attempts=5, sleep=Sleeps())
+        run_agent(
+            get_adapter("codex"), REQUEST, max_attempts=5, sleep=Sleeps(), start=fake_vendor.start
+        )
     assert fake_vendor.call_count("codex") == 2
     assert failed.value.proof.failure_class is ENV
     assert failed.value.proof.precondition
@@ -166,9 +185,12 @@ def test_upstream_then_missing_binary_stops_as_environment(fake_vendor: FakeVend
 
 def test_a_hung_vendor_is_killed_and_charged_as_a_timeout(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("claude", hang=True, stdout="thinking...\n")
-    request = AgentRequest(prompt="x", timeout_s=30)
+    # The fake is a real process, so its timeout really elapses: keep it short.
+    request = AgentRequest(prompt="x", timeout_s=0.5)
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("claude"), request, max_attempts=1, kill_grace=0.1)
+        run_agent(
+            get_adapter("claude"), request, max_attempts=1, kill_grace=0.1, start=fake_vendor.start
+        )
     assert (failed.value.proof.failure_class, failed.value.proof.reason) == (WORK, "timeout")
 
 
@@ -204,7 +226,12 @@ def test_schema_gate_retries_with_the_validation_error_appended(fake_vendor: Fak
         return request
 
     proof = run_agent(
-        get_adapter("claude"), REQUEST, max_attempts=2, validate=validate, prepare=prepare
+        get_adapter("claude"),
+        REQUEST,
+        max_attempts=2,
+        validate=validate,
+        prepare=prepare,
+        start=fake_vendor.start,
     )
     assert proof.status is AgentStatus.SUCCEEDED
     assert proof.output == '{"files": ["a.py"]}'
@@ -219,7 +246,13 @@ def test_schema_gate_retries_with_the_validation_error_appended(fake_vendor: Fak
 def test_schema_gate_failure_on_the_last_try_is_work(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("codex", stdout=fx("codex", "success.jsonl"))
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("codex"), REQUEST, max_attempts=1, validate=lambda _: "bad")
+        run_agent(
+            get_adapter("codex"),
+            REQUEST,
+            max_attempts=1,
+            validate=lambda _: "bad",
+            start=fake_vendor.start,
+        )
     assert (failed.value.proof.failure_class, failed.value.proof.reason) == (WORK, "schema")
 
 
@@ -236,7 +269,14 @@ def test_uncharged_prior_is_lost_with_no_cause(fake_vendor: FakeVendor) -> None:
         contexts.append(context)
         return request
 
-    run_agent(get_adapter("codex"), REQUEST, max_attempts=3, prepare=prepare, sleep=Sleeps())
+    run_agent(
+        get_adapter("codex"),
+        REQUEST,
+        max_attempts=3,
+        prepare=prepare,
+        sleep=Sleeps(),
+        start=fake_vendor.start,
+    )
     assert [c.attempt for c in contexts] == [1, 2, 3]
     assert contexts[0].prior_outcome is None
     assert contexts[1] == AttemptContext(2, 3, PriorOutcome.LOST, None)
@@ -346,7 +386,7 @@ def test_backoff_rejects_bad_values_naming_the_field(kwargs: dict[str, Any], fie
 @pytest.mark.parametrize("bad", [0, 101, True, 2.0])
 def test_max_attempts_out_of_range_changes_nothing(fake_vendor: FakeVendor, bad: Any) -> None:
     with pytest.raises(InvalidInput, match="max_attempts"):
-        run_agent(get_adapter("codex"), REQUEST, max_attempts=bad)
+        run_agent(get_adapter("codex"), REQUEST, max_attempts=bad, start=fake_vendor.start)
     assert fake_vendor.call_count("codex") == 0
 
 
@@ -371,8 +411,12 @@ def test_swallowed_failures_still_class_the_run(fake_vendor: FakeVendor) -> None
         assert current_recorder() is recorder
         results = parallel(
             [
-                lambda: run_agent(get_adapter("codex"), REQUEST, max_attempts=1),
-                lambda: run_agent(get_adapter("gemini"), REQUEST, max_attempts=1),
+                lambda: run_agent(
+                    get_adapter("codex"), REQUEST, max_attempts=1, start=fake_vendor.start
+                ),
+                lambda: run_agent(
+                    get_adapter("gemini"), REQUEST, max_attempts=1, start=fake_vendor.start
+                ),
             ]
         )
         assert results == [None, None]
@@ -393,8 +437,12 @@ def test_a_productive_agent_charges_the_run_despite_a_swallowed_environment_fail
     recorder = RunRecorder()
     parallel(
         [
-            lambda: run_agent(get_adapter("claude"), REQUEST, recorder=recorder),
-            lambda: run_agent(get_adapter("codex"), REQUEST, recorder=recorder),
+            lambda: run_agent(
+                get_adapter("claude"), REQUEST, recorder=recorder, start=fake_vendor.start
+            ),
+            lambda: run_agent(
+                get_adapter("codex"), REQUEST, recorder=recorder, start=fake_vendor.start
+            ),
         ]
     )
     assert recorder.finish("later step failed").run_class is WORK
@@ -409,7 +457,7 @@ def test_secrets_from_the_environment_never_reach_the_proof(fake_vendor: FakeVen
     fake_vendor.register("codex", stderr=f"auth failed using {secret}\n", exit_code=1)
     request = AgentRequest(prompt="x", env={"VENDOR_API_TOKEN": secret})
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("codex"), request, max_attempts=1)
+        run_agent(get_adapter("codex"), request, max_attempts=1, start=fake_vendor.start)
     assert secret not in json.dumps(failed.value.proof.to_dict())
     assert secret not in failed.value.message
 
@@ -419,11 +467,13 @@ def test_secrets_from_the_environment_never_reach_the_proof(fake_vendor: FakeVen
 
 def test_run_command_returns_the_proof_instead_of_raising(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("codex", missing=True)
-    proof = run_command(get_adapter("codex"), ["codex", "exec", "fix the test"])
+    proof = run_command(
+        get_adapter("codex"), ["codex", "exec", "fix the test"], start=fake_vendor.start
+    )
     assert proof.status is AgentStatus.FAILED
     assert proof.failure_class is ENV
     with pytest.raises(InvalidInput, match="argv"):
-        run_command(get_adapter("codex"), [])
+        run_command(get_adapter("codex"), [], start=fake_vendor.start)
 
 
 # --- review: context isolation, crashes recorded, preconditions, the loop's bounds ----------
@@ -474,8 +524,12 @@ def test_a_crash_inside_the_loop_is_recorded_as_work_before_it_propagates(
     with RunRecorder() as recorder:
         parallel(
             [
-                lambda: run_agent(get_adapter("codex"), REQUEST, max_attempts=1),
-                lambda: run_agent(get_adapter("claude"), REQUEST, validate=broken_gate),
+                lambda: run_agent(
+                    get_adapter("codex"), REQUEST, max_attempts=1, start=fake_vendor.start
+                ),
+                lambda: run_agent(
+                    get_adapter("claude"), REQUEST, validate=broken_gate, start=fake_vendor.start
+                ),
             ]
         )
     crashed = recorder.agents[1]
@@ -483,12 +537,16 @@ def test_a_crash_inside_the_loop_is_recorded_as_work_before_it_propagates(
     assert crashed.error == "ZeroDivisionError: the gate divided by zero"
     assert crashed.precondition is None
     assert recorder.finish("no agent produced a plan").run_class is WORK
+
     # The caller still sees its own error, not a wrapped one.
+    def dividing_prepare(request: AgentRequest, context: AttemptContext) -> AgentRequest:
+        raise ZeroDivisionError("division by zero")
+
     with pytest.raises(ZeroDivisionError):
         run_agent(
             get_adapter("generic"),
             AgentRequest(prompt="", extra_args=("x",)),
-            prepare=lambda r, c: 1 / 0,
+            prepare=dividing_prepare,
         )
 
 
@@ -497,7 +555,13 @@ def test_a_charged_agent_carries_no_precondition(fake_vendor: FakeVendor) -> Non
     fake_vendor.register("codex", missing=True)
     recorder = RunRecorder()
     with pytest.raises(AgentFailed) as failed:
-        run_agent(get_adapter("codex"), REQUEST, max_attempts=2, recorder=recorder)
+        run_agent(
+            get_adapter("codex"),
+            REQUEST,
+            max_attempts=2,
+            recorder=recorder,
+            start=fake_vendor.start,
+        )
     assert failed.value.proof.failure_class is WORK
     assert failed.value.proof.precondition is None
     assert recorder.finish("failed").precondition is None

@@ -475,10 +475,9 @@ def test_an_error_after_the_child_started_still_kills_it(monkeypatch: pytest.Mon
     def no_selector() -> selectors.BaseSelector:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(subprocess, "Popen", recording_popen)
     monkeypatch.setattr(selectors, "DefaultSelector", no_selector)
     with pytest.raises(OSError, match="Too many open files"):
-        spawn(["sleep", "60"])
+        spawn(["sleep", "60"], start=recording_popen)
     (proc,) = started
     assert proc.returncode == -signal.SIGKILL  # killed and reaped before the error surfaced
     assert proc.stdout is not None and proc.stdout.closed

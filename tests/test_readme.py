@@ -20,7 +20,8 @@ _BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
 def _python_block(starts_with: str) -> str:
-    blocks = [b for b in _BLOCK.findall(README.read_text(encoding="utf-8")) if starts_with in b]
+    found: list[str] = _BLOCK.findall(README.read_text(encoding="utf-8"))
+    blocks = [b for b in found if starts_with in b]
     assert len(blocks) == 1, f"expected one README python block containing {starts_with!r}"
     return blocks[0]
 

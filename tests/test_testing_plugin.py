@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
 import pytest
+from pytest_subprocess import ProcessNotRegisteredError
 
 from execkit._errors import InvalidInput
+from execkit._exec import spawn, spawn_async
 from execkit.testing import FakeVendor
 
 pytest_plugins = ["pytester"]
@@ -25,13 +34,15 @@ def test_plugin_fixture_for_a_user_test_suite(pytester: pytest.Pytester) -> None
 
         def test_transcript_from_a_file(fake_vendor):
             fake_vendor.register("gemini", stdout=Path("transcript.json"))
-            proof = run_agent(get_adapter("gemini"), AgentRequest(prompt="hi"))
+            proof = run_agent(
+                get_adapter("gemini"), AgentRequest(prompt="hi"), start=fake_vendor.start
+            )
             assert proof.output == "ok from gemini"
 
 
         def test_transcript_from_strings_and_exit_code(fake_vendor):
             fake_vendor.register("mycli", stdout="out\\n", stderr="err\\n", exit_code=7)
-            result = spawn(["mycli", "--flag"])
+            result = spawn(["mycli", "--flag"], start=fake_vendor.start)
             assert (result.exit_code, result.stdout_tail, result.stderr_tail) == (
                 7, "out\\n", "err\\n")
             assert fake_vendor.calls("mycli") == [("mycli", "--flag")]
@@ -47,16 +58,43 @@ def test_plugin_fixture_for_a_user_test_suite(pytester: pytest.Pytester) -> None
         def test_missing_stops_the_agent(fake_vendor):
             fake_vendor.register("codex", missing=True, occurrences=3)
             with pytest.raises(AgentFailed) as failed:
-                run_agent(get_adapter("codex"), AgentRequest(prompt="x"), max_attempts=3)
+                run_agent(
+                    get_adapter("codex"),
+                    AgentRequest(prompt="x"),
+                    max_attempts=3,
+                    start=fake_vendor.start,
+                )
             assert failed.value.proof.failure_class is FailureClass.ENVIRONMENT
             assert fake_vendor.call_count("codex") == 1
 
 
         def test_hang_until_killed(fake_vendor):
             fake_vendor.register("claude", hang=True)
-            result = spawn(["claude", "-p", "x"], timeout=30, kill_grace=0.1)
+            # A real process: its timeout really elapses, so it is short.
+            result = spawn(
+                ["claude", "-p", "x"], timeout=0.3, kill_grace=0.1, start=fake_vendor.start
+            )
             assert result.timed_out
             assert result.signal is not None
+
+
+        def test_start_errno_eacces(fake_vendor):
+            fake_vendor.register("/opt/bin/mycli", start_errno=errno.EACCES, occurrences=2)
+            result = spawn(["/opt/bin/mycli"], start=fake_vendor.start)
+            assert result.spawn_errno == errno.EACCES
+            assert result.spawn_error == "permission denied: cannot execute /opt/bin/mycli"
+            with pytest.raises(PermissionError) as info:
+                subprocess.run(["/opt/bin/mycli", "--version"])
+            assert info.value.errno == errno.EACCES
+            assert fake_vendor.call_count("/opt/bin/mycli") == 2
+
+
+        def test_inputs_record_what_each_spawn_read(fake_vendor):
+            fake_vendor.register("mycli", stdout="ok", occurrences=2)
+            spawn(["mycli"], input="the prompt", start=fake_vendor.start)
+            spawn(["mycli"], start=fake_vendor.start)
+            assert fake_vendor.inputs("mycli") == [b"the prompt", b""]
+            assert fake_vendor.call_count("mycli") == 2
 
 
         def test_unregistered_commands_are_still_refused(fake_vendor):
@@ -70,7 +108,7 @@ def test_plugin_fixture_for_a_user_test_suite(pytester: pytest.Pytester) -> None
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=9)
 
 
 @pytest.mark.parametrize("occurrences", [0, -1, True, 1.5])
@@ -80,3 +118,65 @@ def test_bad_occurrences_are_refused_naming_the_field(
     with pytest.raises(InvalidInput, match="occurrences"):
         fake_vendor.register("codex", occurrences=occurrences)  # type: ignore[arg-type]
     assert fake_vendor.call_count("codex") == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"missing": True, "start_errno": errno.EACCES}, "start_errno"),
+        ({"start_errno": errno.EACCES, "hang": True}, "hang"),
+        ({"start_errno": 0}, "start_errno"),
+        ({"start_errno": 99999}, "start_errno"),
+        ({"start_errno": "EACCES"}, "start_errno"),
+        ({"exit_code": 256}, "exit_code"),
+        ({"exit_code": -int(signal.SIGSTOP)}, "exit_code"),
+        ({"exit_code": 1.0}, "exit_code"),
+        ({"stdout": 12}, "stdout"),
+        ({"missing": "yes"}, "missing"),
+    ],
+)
+def test_bad_registrations_are_refused_naming_the_field(
+    fake_vendor: FakeVendor, kwargs: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidInput, match=field) as info:
+        fake_vendor.register("codex", **kwargs)
+    assert info.value.field == field
+    with pytest.raises(InvalidInput, match="name"):
+        fake_vendor.register("")
+    with pytest.raises(ProcessNotRegisteredError):
+        spawn(["codex"], start=fake_vendor.start)  # nothing half-registered
+
+
+def test_registrations_are_used_in_order_then_refused(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", stdout="first")
+    fake_vendor.register("codex", exit_code=-int(signal.SIGTERM))
+    assert spawn(["codex", "a"], start=fake_vendor.start).stdout_tail == "first"
+    assert spawn(["codex", "b"], start=fake_vendor.start).signal == signal.SIGTERM
+    with pytest.raises(ProcessNotRegisteredError, match="not registered"):
+        spawn(["codex", "c"], start=fake_vendor.start)
+    assert fake_vendor.calls("codex") == [("codex", "a"), ("codex", "b"), ("codex", "c")]
+
+
+def test_a_direct_subprocess_call_of_a_hanging_fake_ends_by_its_signal(
+    fake_vendor: FakeVendor,
+) -> None:
+    fake_vendor.register("claude", hang=True, stdout="thinking\n")
+    proc = subprocess.Popen(["claude", "-p", "x"], stdout=subprocess.PIPE)
+    proc.terminate()
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+    assert fake_vendor.calls("claude") == [("claude", "-p", "x")]
+
+
+def test_spawn_async_takes_the_fake_too(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("gemini", stdout="async ok", exit_code=3)
+    result = asyncio.run(spawn_async(["gemini", "-p", "x"], start=fake_vendor.start))
+    assert (result.exit_code, result.stdout_tail) == (3, "async ok")
+
+
+def test_a_fake_left_running_is_killed_at_teardown(tmp_path: Path, fp: Any) -> None:
+    vendor = FakeVendor(fp, tmp_path)
+    vendor.register("claude", hang=True)
+    proc = vendor.start(["claude"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert proc.poll() is None
+    vendor.close()
+    assert proc.returncode == -signal.SIGKILL

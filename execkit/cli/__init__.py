@@ -1,7 +1,8 @@
 """The `execkit` command line. Surfaces only: every rule lives in the library.
 
 Each subcommand group lives in its own private module exposing `register(subparsers)`;
-a handler takes the parsed namespace and returns the process exit code. Errors the
+a handler takes the parsed namespace and returns the process exit code (one that spawns
+starts its processes with `args.start`, the `ProcessStarter` given to `main`). Errors the
 library raises on purpose (`ExecKitError`) become one line on stderr, or a JSON object
 with `--json`, and a documented exit code; no traceback reaches the user.
 """
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from execkit._errors import ExecKitError, InvalidInput
+from execkit._exec import ProcessStarter
 from execkit.cli import _adapters, _classify, _decide, _demo, _dispatch, _ledger, _run
 from execkit.cli._output import INTERNAL_ERROR_EXIT, report_error
 
@@ -64,13 +67,19 @@ def _asks_for_json(args_list: list[str]) -> bool:
     return "--json" in own
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code; raises only SystemExit for `--help`."""
+def main(argv: Sequence[str] | None = None, *, start: ProcessStarter = subprocess.Popen) -> int:
+    """Run the CLI and return its exit code; raises only SystemExit for `--help`.
+
+    `start` is how the commands that spawn (`run`, `run --adapter`, `dispatch`) start
+    their processes (`spawn`'s seam); a test passes `fake_vendor.start`.
+    """
     args_list = _rewrite(list(sys.argv[1:] if argv is None else argv))
     try:
         args = _build_parser().parse_args(args_list)
     except InvalidInput as exc:
         return report_error(exc, as_json=_asks_for_json(args_list))
+    # On the namespace, so every handler keeps the one-argument shape `handler(args)`.
+    args.start = start
     as_json = bool(getattr(args, "json", False))
     try:
         code: int = args.handler(args)

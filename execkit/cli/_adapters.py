@@ -9,12 +9,14 @@ otherwise the reply on stdout, or one line on stderr naming the class and what t
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from typing import Any
 
 from execkit._agent import run_command
 from execkit._classify import FailureClass, Reason
 from execkit._errors import InvalidInput
+from execkit._exec import ProcessStarter
 from execkit._proof import AgentProof, AgentStatus
 from execkit._registry import adapter_names, find_binary, get_adapter
 from execkit.cli._args import parse_seconds
@@ -92,14 +94,17 @@ def _exit_code(proof: AgentProof) -> int:
     return _FAILED_EXIT
 
 
-def run_adapter_command(args: argparse.Namespace) -> int:
+def run_adapter_command(
+    args: argparse.Namespace, *, start: ProcessStarter = subprocess.Popen
+) -> int:
     """`execkit run --adapter NAME [--json] [--timeout S] -- ARGS...`.
 
     Reads `args.adapter`, `args.command_argv` (a leading `--` is dropped), `args.json`
     and, when present, `args.timeout` and `args.kill_grace` (strings, as `execkit run`
     parses them). The adapter's binary is prepended to ARGS
-    (`generic` takes the program as the first ARG). Exit status: 0 on success, 127 when
-    the binary could not be started, 124 on timeout, 1 for any other failure.
+    (`generic` takes the program as the first ARG); `start` starts it (`spawn`'s seam).
+    Exit status: 0 on success, 127 when the binary could not be started, 124 on timeout,
+    1 for any other failure.
     Raises UnknownAdapter / InvalidInput (the CLI reports them) for bad input.
     """
     adapter = get_adapter(args.adapter)
@@ -115,7 +120,11 @@ def run_adapter_command(args: argparse.Namespace) -> int:
     timeout = parse_seconds("--timeout", getattr(args, "timeout", None), allow_zero=False)
     grace = parse_seconds("--kill-grace", getattr(args, "kill_grace", None), allow_zero=True)
     proof = run_command(
-        adapter, argv, timeout_s=timeout, kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace
+        adapter,
+        argv,
+        timeout_s=timeout,
+        kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace,
+        start=start,
     )
     if getattr(args, "json", False):
         print_json(proof.to_dict())

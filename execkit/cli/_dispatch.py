@@ -231,7 +231,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     board = JsonFileBoard(args.board)
     config = _config(args, board)
     adapter = get_adapter(args.adapter)
-    runner = AdapterRunner(adapter, timeout_s=args.timeout)
+    runner = AdapterRunner(adapter, timeout_s=args.timeout, start=args.start)
 
     def show(event: DispatchEvent) -> None:
         if args.json:

@@ -96,7 +96,7 @@ def _handle(args: argparse.Namespace) -> int:
         # which a plain `execkit run` never needs.
         from execkit.cli._adapters import run_adapter_command
 
-        return run_adapter_command(args)
+        return run_adapter_command(args, start=args.start)
     argv = _command(args.command_argv)
     timeout = parse_seconds("--timeout", args.timeout, allow_zero=False)
     grace = parse_seconds("--kill-grace", args.kill_grace, allow_zero=True)
@@ -111,6 +111,7 @@ def _handle(args: argparse.Namespace) -> int:
             tail_bytes=tail_bytes,
             on_stdout=_tee(sys.stdout) if streaming else None,
             on_stderr=_tee(sys.stderr) if streaming else None,
+            start=args.start,
         )
     if args.json:
         print_json(_result_payload(result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -12,6 +13,7 @@ from execkit._adapter import Adapter, AgentRequest
 from execkit._agent import run_agent
 from execkit._classify import FailureClass
 from execkit._errors import AgentFailed, InvalidInput
+from execkit._exec import ProcessStarter
 from execkit._proof import AgentProof, RunStatus
 from execkit._redact import redact
 from execkit._validate import integer_arg
@@ -93,7 +95,8 @@ class AdapterRunner:
     The issue's prompt is the request's prompt and its `argv` the request's `extra_args`
     (for the `generic` adapter: the program and its flags). `agent_attempts` defaults to 1:
     the dispatcher owns retries across dispatches, so the in-agent loop must not also
-    re-spawn (and sleep) inside one dispatch.
+    re-spawn (and sleep) inside one dispatch. `start` is how each agent process is started
+    (`spawn`'s seam; a test passes `fake_vendor.start`).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class AdapterRunner:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        start: ProcessStarter = subprocess.Popen,
     ) -> None:
         integer_arg("agent_attempts", agent_attempts, 1)
         self.adapter = adapter
@@ -113,6 +117,7 @@ class AdapterRunner:
         self._cwd = cwd
         self._env = dict(env) if env is not None else None
         self._sleep = sleep
+        self._start = start
 
     def request_for(self, issue: BoardIssue) -> AgentRequest:
         return AgentRequest(
@@ -128,7 +133,11 @@ class AdapterRunner:
         proof: AgentProof
         try:
             proof = run_agent(
-                self.adapter, request, max_attempts=self._agent_attempts, sleep=self._sleep
+                self.adapter,
+                request,
+                max_attempts=self._agent_attempts,
+                sleep=self._sleep,
+                start=self._start,
             )
         except AgentFailed as failed:
             proof = failed.proof
