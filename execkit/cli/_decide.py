@@ -17,6 +17,8 @@ from execkit._errors import HistoryError, InvalidInput, NotFound
 from execkit.cli._args import parse_int, parse_seconds
 from execkit.cli._output import print_json
 
+__all__ = ["attempt_to_json", "register"]
+
 _KEYS = frozenset(
     {"number", "status", "class", "failure_class", "reason", "started_at", "ended_at", "forced"}
 )
@@ -94,6 +96,23 @@ def _read(path: str) -> str:
         raise NotFound(f"--history: no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"--history: cannot read {path}: {exc}") from None
+
+
+def attempt_to_json(attempt: Attempt) -> dict[str, Any]:
+    """One attempt in the history-file shape `--history` reads (docs/formats.md).
+
+    The one writer of that shape: the class is written under `"class"` (null for none),
+    times as POSIX seconds or null. `_parse_attempt` reads it back to an equal `Attempt`.
+    """
+    return {
+        "number": attempt.number,
+        "status": attempt.status.value,
+        "class": attempt.failure_class.value if attempt.failure_class is not None else None,
+        "reason": attempt.reason,
+        "started_at": attempt.started_at,
+        "ended_at": attempt.ended_at,
+        "forced": attempt.forced,
+    }
 
 
 def _parse_history(text: str) -> list[Attempt]:

@@ -9,6 +9,7 @@ nobody waits for it.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -16,10 +17,10 @@ from typing import Any
 
 import attrs
 
-import execkit
 from execkit._adapter import AgentRequest, MappedResult, map_result
 from execkit._errors import InvalidInput, NotFound
-from execkit._exec import SpawnResult
+from execkit._exec import ProcessStarter, SpawnResult
+from execkit.cli._decide import attempt_to_json
 from execkit.cli._dispatch import describe_event, format_status_table
 from execkit.dispatch import (
     AdapterRunner,
@@ -30,6 +31,7 @@ from execkit.dispatch import (
     DispatchEvent,
     JsonFileBoard,
     issue_statuses,
+    task_key,
 )
 from execkit.ledger import open_ledger
 
@@ -96,7 +98,7 @@ class _VirtualClock:
 
 def _fixtures_bin() -> Path:
     # The scripts live in the repository, next to the package (not in an installed wheel).
-    path = Path(execkit.__file__).resolve().parent.parent / "fixtures" / "bin"
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "bin"
     if not path.is_dir():
         raise NotFound(
             f"the demo needs the repository's fixtures/bin (looked in {path}); "
@@ -153,17 +155,21 @@ def _demo(args: argparse.Namespace) -> int:
     bin_dir = _fixtures_bin()
     workdir, holder = _workdir(args.keep)
     try:
-        _run(workdir, bin_dir)
+        _run(workdir, bin_dir, args.start)
         if args.keep:
             board, db = workdir / "board.json", workdir / "ledger.db"
-            print(f"\nkept: execkit status --board {board} --db {db}")
+            history = _write_histories(workdir)[-1]
+            print(
+                f"\nkept: execkit status --board {board} --db {db}; "
+                f"execkit decide --history {history}"
+            )
     finally:
         if holder is not None:
             holder.cleanup()
     return 0
 
 
-def _run(workdir: Path, bin_dir: Path) -> None:
+def _run(workdir: Path, bin_dir: Path, start: ProcessStarter) -> None:
     config = DispatchConfig()
     states = [
         BoardState("todo", eligible=True),
@@ -175,7 +181,9 @@ def _run(workdir: Path, bin_dir: Path) -> None:
     )
     state_dir = workdir / "fixture-state"
     state_dir.mkdir()
-    runner = AdapterRunner(_StandInAdapter(), env={"EXECKIT_FIXTURE_STATE": str(state_dir)})
+    runner = AdapterRunner(
+        _StandInAdapter(), env={"EXECKIT_FIXTURE_STATE": str(state_dir)}, start=start
+    )
     clock = _VirtualClock(_VIRTUAL_EPOCH)
 
     def show(event: DispatchEvent) -> None:
@@ -211,3 +219,23 @@ def _run(workdir: Path, bin_dir: Path) -> None:
         "something about the work;\nUNCHARGED is the current run of upstream failures. "
         "Missing binaries and vendor outages cost no budget."
     )
+
+
+def _write_histories(workdir: Path) -> list[Path]:
+    """Write each dispatched issue's attempt history, read back from the ledger, to
+    `history/<ISSUE>.json` in the `execkit decide --history` format; the files, in board
+    order."""
+    out = workdir / "history"
+    out.mkdir()
+    written: list[Path] = []
+    with open_ledger(workdir / "ledger.db") as ledger:
+        tasks = {task.title: task.id for task in ledger.list_tasks()}
+        for issue in JsonFileBoard(workdir / "board.json").list_issues():
+            task_id = tasks.get(task_key(issue.id))
+            if task_id is None:
+                continue
+            attempts = [attempt_to_json(attempt) for attempt in ledger.history(task_id)]
+            path = out / f"{issue.id}.json"
+            path.write_text(json.dumps(attempts, indent=2) + "\n", encoding="utf-8")
+            written.append(path)
+    return written
