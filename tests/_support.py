@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -82,13 +83,17 @@ def spawn_result(
 
 def write_board(
     path: Path,
-    issues: list[dict[str, object]],
+    issues: Sequence[Mapping[str, object]],
     *,
-    states: list[object] | None = None,
+    states: Sequence[object] | None = None,
     **extra: object,
 ) -> Path:
     """Write a JSON board file (`BOARD_STATES` unless `states` is given); returns `path`."""
-    doc = {"states": BOARD_STATES if states is None else states, "issues": issues, **extra}
+    doc = {
+        "states": BOARD_STATES if states is None else list(states),
+        "issues": [dict(issue) for issue in issues],
+        **extra,
+    }
     path.write_text(json.dumps(doc))
     return path
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-from typing import Any
 
 import pytest
 from _support import spawn_result
@@ -194,7 +193,7 @@ def test_a_structured_status_above_599_is_not_upstream(status: int, cls: str) ->
     assert raw.failure_class.value == cls
 
 
-def _gemini_error(code: Any) -> str:
+def _gemini_error(code: int) -> str:
     return json.dumps({"error": {"type": "ApiError", "message": "failed", "code": code}})
 
 

@@ -156,7 +156,7 @@ def test_validate_history_accepts_gapless_histories() -> None:
 def test_validate_history_rejects_broken_histories(
     numbers_statuses: list[tuple[int, str]], needle: str
 ) -> None:
-    attempts = [Attempt(n, s) for n, s in numbers_statuses]  # type: ignore[arg-type]
+    attempts = [Attempt(n, s) for n, s in numbers_statuses]
     with pytest.raises(HistoryError, match=needle):
         validate_history(attempts)
     with pytest.raises(HistoryError):  # decide refuses it too

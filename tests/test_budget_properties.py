@@ -178,7 +178,7 @@ class Scheduler(RuleBasedStateMachine):
         assert (d.state == "blocked") == (d.blocked_on is not None)
         assert d.remaining is not None and d.remaining >= 0
         if d.state == "backoff":
-            assert d.next_attempt_at > self.clock
+            assert d.next_attempt_at is not None and d.next_attempt_at > self.clock
 
 
 TestScheduler = Scheduler.TestCase

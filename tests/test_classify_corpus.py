@@ -24,7 +24,8 @@ CASES = _cases()
 
 
 def _text(case: dict[str, Any]) -> str:
-    return (CORPUS / case["file"]).read_text(encoding="utf-8")
+    name: str = case["file"]
+    return (CORPUS / name).read_text(encoding="utf-8")
 
 
 def test_manifest_and_files_agree() -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from execkit._budget import WorkBudget
+from execkit._budget import AttemptStatus, WorkBudget
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, UnsupportedMove
 from execkit.dispatch import (
@@ -384,16 +383,27 @@ class FlakyFinishLedger(SqliteLedger):
 
     fail_next_finish = False
 
-    def finish_run(self, run_id: str, status: str, **kwargs: Any) -> Run:
+    def finish_run(
+        self,
+        run_id: str,
+        status: AttemptStatus | str,
+        *,
+        failure_class: FailureClass | None = None,
+        reason: str | None = None,
+        now: float | None = None,
+    ) -> Run:
         if self.fail_next_finish:
             self.fail_next_finish = False
             raise ExecKitError(f"ledger {self.path} is busy or unwritable: database is locked")
-        return super().finish_run(run_id, status, **kwargs)
+        return super().finish_run(
+            run_id, status, failure_class=failure_class, reason=reason, now=now
+        )
 
 
 def test_a_result_the_ledger_could_not_take_is_recorded_on_the_next_pass(db: Path) -> None:
     board, runner, clock = one_issue_board(), ScriptedRunner(WORK, OK), Clock()
-    with FlakyFinishLedger(db, budget=ROOMY) as ledger:
+    ledger = FlakyFinishLedger(db, budget=ROOMY)
+    with ledger:
         dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(), clock)
         ledger.fail_next_finish = True
         (error,) = dispatcher.tick()

@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,9 @@ STATES = [
 ]
 
 
-def write_board(path: Path, issues: list[dict[str, object]], **extra: object) -> Path:
-    path.write_text(json.dumps({"states": STATES, "issues": issues, **extra}))
+def write_board(path: Path, issues: Sequence[Mapping[str, object]], **extra: object) -> Path:
+    doc = {"states": STATES, "issues": [dict(issue) for issue in issues], **extra}
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -210,7 +212,7 @@ def test_in_memory_board() -> None:
 
 def test_board_issue_validation() -> None:
     with pytest.raises(InvalidInput, match="single string"):
-        BoardIssue("A", "a", "todo", argv="prog --flag")  # type: ignore[arg-type]
+        BoardIssue("A", "a", "todo", argv="prog --flag")
     with pytest.raises(InvalidInput, match="only strings"):
         BoardIssue("A", "a", "todo", argv=["prog", 3])  # type: ignore[list-item]
 

@@ -46,7 +46,7 @@ class LimitMachine(RuleBasedStateMachine):
     `attempt_limit` only when the limit is really used up.
     """
 
-    tasks = Bundle("tasks")
+    tasks: Bundle[str] = Bundle("tasks")
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,10 +72,13 @@ class LimitMachine(RuleBasedStateMachine):
 
     @initialize(target=tasks, limit=st.integers(1, 3))
     def create_limited(self, limit: int) -> str:
-        return self.create(limit)
+        return self._create(limit)
 
     @rule(target=tasks, limit=st.integers(0, 4))
     def create(self, limit: int) -> str:
+        return self._create(limit)
+
+    def _create(self, limit: int) -> str:
         key = f"c{len(self.creations)}"
         task = self.ledger.create_task(
             "t", max_attempts=limit, idempotency_key=key, actor="creator", now=self._tick()

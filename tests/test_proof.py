@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -217,7 +218,7 @@ def test_prop_adding_an_agent_never_uncharges_a_charged_run(
 
 @settings(max_examples=100)
 @given(agent_lists, st.randoms(use_true_random=False))
-def test_prop_rollup_ignores_agent_order(items: list[AgentProof], rnd: Any) -> None:
+def test_prop_rollup_ignores_agent_order(items: list[AgentProof], rnd: random.Random) -> None:
     shuffled = list(items)
     rnd.shuffle(shuffled)
     assert rollup_class(RunStatus.FAILED, shuffled) is rollup_class(RunStatus.FAILED, items)
