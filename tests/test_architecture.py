@@ -1,0 +1,186 @@
+"""The shape of the house, checked: one-way imports, private rooms, a thin front door.
+
+These read the source (ast) and start fresh interpreters; they fail when someone imports a
+higher layer from a lower one, makes an implementation module public, lets `execkit`
+import the vendor package, or makes `import execkit` pay for the ledger.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import execkit
+from execkit._errors import ExecKitError, error_types
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "execkit"
+
+# The public modules: the front door, the adapter authors' helpers, the pytest plugin, the
+# CLI entry point, and the two subpackages whose own __init__ is a thin front door.
+PUBLIC_MODULES = {
+    "execkit",
+    "execkit.__main__",
+    "execkit.adapterkit",
+    "execkit.testing",
+    "execkit.cli",
+    "execkit.ledger",
+    "execkit.dispatch",
+}
+
+# Each room's place in the one-way flow; a module may import only rooms of its rank or
+# below (type-only imports under `if TYPE_CHECKING:` excepted: they never run).
+RANKS = {
+    "execkit._errors": 0,
+    "execkit._validate": 0,
+    "execkit._json": 0,
+    "execkit._tail": 0,
+    "execkit._redact": 0,
+    "execkit._backoff": 0,
+    "execkit._exec": 1,
+    "execkit._classify": 2,
+    "execkit.adapterkit": 3,
+    "execkit._adapter": 3,
+    "execkit._registry": 3,
+    "execkit._proof": 4,
+    "execkit._agent": 5,
+    "execkit._budget": 6,
+    "execkit.ledger": 7,
+    "execkit.dispatch": 8,
+    "execkit.cli": 9,
+    "execkit.testing": 9,
+    "execkit": 10,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def room_of(name: str) -> str:
+    """The room a module belongs to: its longest prefix in RANKS."""
+    while name not in RANKS:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Modules `path` imports when it runs (imports under `if TYPE_CHECKING:` left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_only.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_execkit_never_imports_the_vendor_package(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        names = (
+            [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        for name in names:
+            assert name != "adapters" and not name.startswith("adapters."), (
+                f"{module_name(path)} imports {name}: adapters are found through entry points"
+            )
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_imports_flow_one_way(path: Path) -> None:
+    me = room_of(module_name(path))
+    for imported in runtime_imports(path):
+        if imported != "execkit" and not imported.startswith("execkit."):
+            continue
+        them = room_of(imported)
+        assert RANKS[them] <= RANKS[me], f"{me} (rank {RANKS[me]}) imports {them} ({RANKS[them]})"
+
+
+def test_implementation_modules_are_private() -> None:
+    for path in SOURCES:
+        name = module_name(path)
+        if name in PUBLIC_MODULES:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        assert leaf.startswith("_"), f"{name} is a public module; make it private"
+        assert parent in PUBLIC_MODULES, f"{name} lives under a private package"
+
+
+def test_vendor_adapters_use_only_the_public_api() -> None:
+    for path in sorted((REPO / "adapters").glob("*.py")):
+        for imported in runtime_imports(path):
+            if imported.startswith("execkit"):
+                assert imported in {"execkit", "execkit.adapterkit"}, (path.name, imported)
+
+
+def test_the_front_door_declares_exactly_what_it_exports() -> None:
+    exports = execkit._EXPORTS
+    assert sorted(execkit.__all__) == sorted([*exports, "__version__"])
+    for name in exports:
+        value = getattr(execkit, name)
+        if not (isinstance(value, type) or inspect.isfunction(value)):
+            continue  # a constant or a type alias: its module is where it was built
+        defined_in = value.__module__
+        # Each name is the object of a private room (or a subpackage's front door).
+        assert defined_in.startswith(("execkit._", "execkit.ledger", "execkit.dispatch")), (
+            name,
+            defined_in,
+        )
+
+
+def _modules_after(code: str) -> set[str]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded: list[str] = json.loads(done.stdout)
+    return set(loaded)
+
+
+def test_importing_execkit_loads_no_ledger_sqlite_asyncio_or_psutil() -> None:
+    loaded = _modules_after("import execkit")
+    heavy = {"sqlite3", "asyncio", "psutil", "execkit.ledger", "execkit.dispatch", "adapters"}
+    assert not loaded & heavy, sorted(loaded & heavy)
+    assert {m for m in loaded if m.startswith("execkit")} == {"execkit"}
+
+
+def test_a_spawn_loads_neither_the_ledger_nor_asyncio() -> None:
+    loaded = _modules_after("from execkit import spawn; spawn(['true'])")
+    assert not loaded & {"sqlite3", "asyncio", "psutil", "execkit.ledger", "adapters"}
+
+
+def test_each_error_code_has_its_own_exit_code() -> None:
+    kinds = error_types()
+    assert kinds[0] is ExecKitError
+    by_code: dict[str, int] = {}
+    for kind in kinds:
+        by_code.setdefault(kind.code, kind.exit_code)
+        assert by_code[kind.code] == kind.exit_code, kind
+    specific = {code: exit for code, exit in by_code.items() if exit != 1}
+    assert len(set(specific.values())) == len(specific), specific
+    assert all(issubclass(kind, ExecKitError) for kind in kinds)
