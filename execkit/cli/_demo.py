@@ -29,6 +29,7 @@ from execkit.dispatch import (
     DispatchConfig,
     Dispatcher,
     DispatchEvent,
+    EventKind,
     JsonFileBoard,
     issue_statuses,
     task_key,
@@ -206,7 +207,7 @@ def _run(workdir: Path, bin_dir: Path, start: ProcessStarter) -> None:
             events = dispatcher.tick()
             due = dispatcher.next_due()
             if due is None:
-                if not any(e.kind == "dispatched" for e in events):
+                if not any(e.kind is EventKind.DISPATCHED for e in events):
                     break  # nothing ran and nothing waits: every issue has settled
                 continue
             clock.advance_to(due)

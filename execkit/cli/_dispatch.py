@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from execkit._budget import BlockedOn
+from execkit._proof import RunStatus
 from execkit._registry import get_adapter
 from execkit.cli._output import print_json
 from execkit.dispatch import (
@@ -20,11 +22,12 @@ from execkit.dispatch import (
     DispatchConfig,
     Dispatcher,
     DispatchEvent,
+    EventKind,
     IssueStatus,
     JsonFileBoard,
     issue_statuses,
 )
-from execkit.ledger import SqliteLedger, default_db_path, open_ledger
+from execkit.ledger import SqliteLedger, TaskState, default_db_path, open_ledger
 
 __all__ = ["describe_event", "format_status_table", "register"]
 
@@ -136,8 +139,8 @@ def describe_event(event: DispatchEvent, now: float | None = None) -> str:
     at = event.at if now is None else now
     cap = f"/{event.max_attempts}" if event.max_attempts else ""
     attempt = f"attempt {event.attempt}{cap}" if event.attempt else "-"
-    if event.kind == "dispatched":
-        if event.status == "succeeded":
+    if event.kind is EventKind.DISPATCHED:
+        if event.status is RunStatus.SUCCEEDED:
             head = f"{event.issue_id}  {attempt}  succeeded"
         else:
             klass = event.failure_class.value if event.failure_class else "work"
@@ -145,7 +148,7 @@ def describe_event(event: DispatchEvent, now: float | None = None) -> str:
             head = f"{event.issue_id}  {attempt}  {klass} ({charged}): {event.reason or '-'}"
         if event.moved_to:
             tail = f" -> moved to {event.moved_to}"
-            if event.blocked_on and event.blocked_on != "environment":
+            if event.blocked_on and event.blocked_on is not BlockedOn.ENVIRONMENT:
                 tail += f" ({event.decision or event.blocked_on})"
             elif event.blocked_on:
                 tail += " (blocked on environment: fix it, then force a retry)"
@@ -158,9 +161,9 @@ def describe_event(event: DispatchEvent, now: float | None = None) -> str:
         else:
             tail = ""
         return head + tail
-    if event.kind == "gave_up":
+    if event.kind is EventKind.GAVE_UP:
         return f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
-    if event.kind == "done":
+    if event.kind is EventKind.DONE:
         where = f" -> moved to {event.moved_to}" if event.moved_to else " (board move failed)"
         return f"{event.issue_id}  already succeeded{where}"
     reason = event.decision or event.reason or "-"
@@ -198,7 +201,7 @@ def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
     )
     table = [header]
     for row in rows:
-        reason = row.reason if row.ledger_state == "blocked" else row.last_reason
+        reason = row.reason if row.ledger_state is TaskState.BLOCKED else row.last_reason
         table.append(
             (
                 row.issue_id,

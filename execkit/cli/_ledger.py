@@ -25,6 +25,7 @@ from execkit.ledger import (
     Run,
     SqliteLedger,
     Task,
+    TaskState,
     default_db_path,
     migrate,
 )
@@ -216,7 +217,7 @@ def _print_task(task: Task, *, as_json: bool) -> None:
         print(f"  blocked on {task.blocked_on}")
     if task.reason:
         print(f"  reason: {task.reason}")
-    if task.next_attempt_at is not None and task.state == "backoff":
+    if task.next_attempt_at is not None and task.state is TaskState.BACKOFF:
         print(f"  next attempt at {task.next_attempt_at:.3f}")
 
 

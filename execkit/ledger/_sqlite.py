@@ -56,6 +56,7 @@ from execkit._errors import (
     TaskBlocked,
     TaskFinished,
 )
+from execkit._json import to_json
 from execkit._redact import redact
 from execkit._validate import is_integer, is_number
 from execkit.ledger._model import (
@@ -169,11 +170,7 @@ class Migration:
     backup_path: Path | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "from_version": self.from_version,
-            "to_version": self.to_version,
-            "backup_path": str(self.backup_path) if self.backup_path else None,
-        }
+        return to_json(self)
 
 
 @attrs.frozen
