@@ -68,12 +68,15 @@ __all__ = [
     "DecisionState",
     "DispatchCap",
     "ExplicitLimit",
+    "HistorySummary",
     "NextAction",
     "Plan",
     "ReplanDecision",
     "WorkBudget",
     "decide",
     "decide_replans",
+    "decide_summary",
+    "summarize",
     "validate_history",
 ]
 
@@ -191,6 +194,9 @@ class Attempt:
     started_at: float | None = _time_field()
     ended_at: float | None = _time_field()
     forced: bool = attrs.field(default=False, validator=checked("true or false", truth))
+    # The earliest time the vendor said it would take another request (a reset time or a
+    # Retry-After); the next attempt is never scheduled before it.
+    not_before: float | None = _time_field()
 
 
 @attrs.frozen
@@ -301,46 +307,90 @@ def _is_environment(status: AttemptStatus, failure_class: FailureClass | None) -
     return status is AttemptStatus.FAILED and failure_class is FailureClass.ENVIRONMENT
 
 
-def _streak(items: Sequence[Attempt | Plan]) -> tuple[int, str | None]:
-    """Consecutive upstream failures at the end, and the latest one's reason.
+@attrs.frozen
+class HistorySummary:
+    """Everything the policies read of a history, folded attempt by attempt.
 
-    Environment and running items are transparent (see the module docstring).
+    `summarize(history)` and the ledger's stored per-task summary (updated by `started` and
+    `finished` in the transaction that writes the run) are the same value for the same
+    history; `decide` is a function of it, so admission reads one row, not every run.
+    `last` is the latest attempt; `running` the number of the one running, if any.
     """
-    streak = 0
-    latest_reason: str | None = None
-    for item in reversed(items):
-        if _is_upstream(item.status, item.failure_class):
-            if streak == 0:
-                latest_reason = item.reason
-            streak += 1
-        elif item.status is AttemptStatus.RUNNING or _is_environment(
-            item.status, item.failure_class
-        ):
-            continue
-        else:
-            break
-    return streak, latest_reason
+
+    attempts_used: int = 0
+    charged_attempts: int = 0
+    uncharged_streak: int = 0
+    streak_reason: str | None = None
+    running: int | None = None
+    last: Attempt | None = None
+
+    def started(self, attempt: Attempt) -> HistorySummary:
+        """The summary after `attempt` (number attempts_used + 1) was appended."""
+        if attempt.number != self.attempts_used + 1:
+            raise HistoryError(
+                f"attempt {attempt.number} cannot follow {self.attempts_used} attempts "
+                "(numbers must be gapless 1..N in order)"
+            )
+        if self.running is not None and attempt.status is AttemptStatus.RUNNING:
+            raise HistoryError(
+                f"attempts {self.running} and {attempt.number} are both running "
+                "(at most one may run)"
+            )
+        if self.last is not None and self.last.status is AttemptStatus.SUCCEEDED:
+            raise HistoryError(
+                f"attempt {self.last.number} succeeded but attempt {attempt.number} follows "
+                "it (nothing may follow a success)"
+            )
+        appended = attrs.evolve(self, attempts_used=attempt.number, last=attempt)
+        if attempt.status is AttemptStatus.RUNNING:
+            # A running attempt is transparent: it neither charges nor moves the streak.
+            return attrs.evolve(appended, running=attempt.number)
+        return appended._counted(attempt)
+
+    def finished(self, attempt: Attempt) -> HistorySummary:
+        """The summary after the running attempt (the latest) ended as `attempt`."""
+        if self.last is None or self.running != attempt.number != self.last.number:
+            raise HistoryError(f"attempt {attempt.number} is not the running attempt")
+        if attempt.status is AttemptStatus.RUNNING:
+            raise HistoryError(f"attempt {attempt.number} has not ended")
+        return attrs.evolve(self, running=None, last=attempt)._counted(attempt)
+
+    def _counted(self, attempt: Attempt) -> HistorySummary:
+        """Charge and streak after one ended attempt.
+
+        A forced attempt (an operator's retry) starts a fresh streak: it counts itself if
+        it met the vendor refusing, but the ceiling that stopped the item is not held
+        against it. An environment failure neither adds to the streak nor resets it; any
+        charged attempt ends it.
+        """
+        charged = self.charged_attempts + _charged(attempt.status, attempt.failure_class)
+        streak, reason = (
+            (0, None)
+            if attempt.forced
+            else (
+                self.uncharged_streak,
+                self.streak_reason,
+            )
+        )
+        if _is_upstream(attempt.status, attempt.failure_class):
+            streak, reason = streak + 1, attempt.reason
+        elif not _is_environment(attempt.status, attempt.failure_class):
+            streak, reason = 0, None
+        return attrs.evolve(
+            self, charged_attempts=charged, uncharged_streak=streak, streak_reason=reason
+        )
 
 
-def _state_before_bounds(
-    items: Sequence[Attempt] | Sequence[Plan], *, empty: str, succeeded: str, running: str
-) -> tuple[DecisionState, NextAction, str] | None:
-    """(state, next_action, reason) when no bound is read, else None.
-
-    An empty history is ready (every bound is >= 1, so nothing can bind it); a last item
-    that succeeded is done; an item still running makes the caller wait. `succeeded` and
-    `running` are formats of that item's number.
-    """
-    if not items:
-        return DecisionState.READY, NextAction.RUN, empty
-    last = items[-1]
-    if last.status is AttemptStatus.SUCCEEDED:
-        # Finished stays finished: raising a limit never reopens it (ADR 0033).
-        return DecisionState.DONE, NextAction.NONE, succeeded.format(last.number)
-    active = next((item for item in items if item.status is AttemptStatus.RUNNING), None)
-    if active is not None:
-        return DecisionState.RUNNING, NextAction.WAIT, running.format(active.number)
-    return None
+def summarize(attempts: Sequence[Attempt]) -> HistorySummary:
+    """Fold a history into its `HistorySummary`; `HistoryError` for a broken history."""
+    summary = HistorySummary()
+    for index, attempt in enumerate(attempts):
+        if not isinstance(attempt, Attempt):
+            raise HistoryError(
+                f"attempt history item {index}: expected Attempt, got {type(attempt).__name__}"
+            )
+        summary = summary.started(attempt)
+    return summary
 
 
 def _environment_reason(reason: str | None) -> str:
@@ -366,25 +416,43 @@ def decide(
 ) -> Decision:
     """Project the history onto a Decision about the next attempt.
 
-    `force=True` asks on behalf of an operator who fixed the environment: it lifts the
-    environment stop and nothing else (every other bound and the backoff still apply), so a
-    forced retry runs with the budget intact but cannot outrun it. Once recorded (with
-    `forced=True`), that attempt is evaluated like any other.
-
-    Raises `HistoryError` for a history that `validate_history` rejects and `InvalidInput`
-    for a non-finite `now`.
+    `decide_summary(summarize(attempts), ...)`: see there. Raises `HistoryError` for a
+    history that `validate_history` rejects and `InvalidInput` for a non-finite `now`.
     """
     validate_history(attempts)
+    return decide_summary(summarize(attempts), budget, limit, backoff, now, cap, force=force)
+
+
+def decide_summary(
+    summary: HistorySummary,
+    budget: WorkBudget = WorkBudget(),
+    limit: ExplicitLimit | None = None,
+    backoff: Backoff = SCHEDULER_BACKOFF,
+    now: float | None = None,
+    cap: DispatchCap | None = None,
+    *,
+    force: bool = False,
+) -> Decision:
+    """The Decision about the next attempt, from a history's summary.
+
+    `force=True` asks on behalf of an operator who retries after a stop (ADR 0046: "a human
+    who fixes the environment can still force a retry"; ADR 015: "the operator re-opens
+    them once the host recovers"): it lifts the environment stop, the uncharged ceiling,
+    the spent charged budget, the dispatch cap and the backoff for this one admission, and
+    never the explicit limit (ADR 0033: only raising it admits more). Once recorded (with
+    `forced=True`) that attempt is evaluated like any other, so a forced retry runs once
+    and the bounds apply again to what it returns.
+
+    Raises `InvalidInput` for a non-finite `now`.
+    """
     if now is None:
         now = time.time()
     elif not is_number(now):
         raise InvalidInput(
             f"now: must be a finite number of POSIX seconds, got {now!r}", field="now"
         )
-
-    used = len(attempts)
-    charged = sum(1 for a in attempts if _charged(a.status, a.failure_class))
-    streak, upstream_reason = _streak(attempts)
+    used, charged = summary.attempts_used, summary.charged_attempts
+    streak = summary.uncharged_streak
     if limit is not None:
         remaining = max(0, limit.max_attempts - used)
     else:
@@ -409,33 +477,36 @@ def decide(
             remaining=remaining,
         )
 
-    early = _state_before_bounds(
-        attempts,
-        empty="no attempts yet",
-        succeeded="succeeded on attempt {}",
-        running="attempt {} is running",
-    )
-    if early is not None:
-        return result(*early)
+    last = summary.last
+    if last is None:
+        # Every bound is >= 1, so nothing can bind an empty history.
+        return result(DecisionState.READY, NextAction.RUN, "no attempts yet")
+    if last.status is AttemptStatus.SUCCEEDED:
+        # Finished stays finished: raising a limit never reopens it (ADR 0033).
+        return result(DecisionState.DONE, NextAction.NONE, f"succeeded on attempt {last.number}")
+    if summary.running is not None:
+        return result(
+            DecisionState.RUNNING, NextAction.WAIT, f"attempt {summary.running} is running"
+        )
 
-    last = attempts[-1]
-    blocked = _blocked(used, charged, streak, budget, limit, cap, last, upstream_reason, force)
+    blocked = _blocked(summary, budget, limit, cap, force)
     if blocked is not None:
         return result(DecisionState.BLOCKED, NextAction.NONE, blocked[1], blocked_on=blocked[0])
 
     # Every attempt here ended without success, so the failure run is the whole history.
     reference = last.ended_at if last.ended_at is not None else last.started_at
-    if reference is None:  # a legacy record without times: nothing to wait from
+    next_at = None
+    if reference is not None:
+        next_at = reference + backoff.delay(used, f"{last.number}:{last.started_at!r}")
+    waiting = f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}"
+    if last.not_before is not None and (next_at is None or last.not_before > next_at):
+        # The vendor named the time it takes requests again: never earlier than that.
+        next_at = last.not_before
+        waiting = f"waiting for the vendor's reset time after attempt {last.number}"
+    if next_at is None:  # a legacy record without times: nothing to wait from
         return result(DecisionState.READY, NextAction.RUN, f"retry after attempt {last.number}")
-    seed = f"{last.number}:{last.started_at!r}"
-    next_at = reference + backoff.delay(used, seed)
-    if now < next_at:
-        return result(
-            DecisionState.BACKOFF,
-            NextAction.WAIT,
-            f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}",
-            next_attempt_at=next_at,
-        )
+    if now < next_at and not force:
+        return result(DecisionState.BACKOFF, NextAction.WAIT, waiting, next_attempt_at=next_at)
     return result(
         DecisionState.READY,
         NextAction.RUN,
@@ -445,34 +516,31 @@ def decide(
 
 
 def _blocked(
-    used: int,
-    charged: int,
-    streak: int,
+    summary: HistorySummary,
     budget: WorkBudget,
     limit: ExplicitLimit | None,
     cap: DispatchCap | None,
-    last: Attempt,
-    upstream_reason: str | None,
     force: bool,
 ) -> tuple[BlockedOn, str] | None:
     """The most specific bound that holds, as (blocked_on, reason), or None."""
+    last, used = summary.last, summary.attempts_used
+    assert last is not None
     if not force and _is_environment(last.status, last.failure_class):
         return BlockedOn.ENVIRONMENT, _environment_reason(last.reason)
     if limit is not None and used >= limit.max_attempts:
-        return (
-            BlockedOn.ATTEMPT_LIMIT,
-            f"attempt limit reached: {used} of {limit.max_attempts} runs",
-        )
-    if streak >= budget.max_uncharged_attempts:
-        return BlockedOn.UPSTREAM, _upstream_reason(upstream_reason, streak)
+        reason = f"attempt limit reached: {used} of {limit.max_attempts} runs"
+        return BlockedOn.ATTEMPT_LIMIT, reason
+    if force:
+        return None
+    if summary.uncharged_streak >= budget.max_uncharged_attempts:
+        return BlockedOn.UPSTREAM, _upstream_reason(summary.streak_reason, summary.uncharged_streak)
+    charged = summary.charged_attempts
     if limit is None and charged >= budget.max_attempts:
         reason = f"charged budget spent: {charged} of {budget.max_attempts} attempts"
         return BlockedOn.WORK, reason
     if cap is not None and cap.capped and used >= cap.max_attempts:
-        return (
-            BlockedOn.DISPATCH_CAP,
-            f"dispatch cap reached: {used} of {cap.max_attempts} dispatches",
-        )
+        reason = f"dispatch cap reached: {used} of {cap.max_attempts} dispatches"
+        return BlockedOn.DISPATCH_CAP, reason
     return None
 
 
@@ -518,9 +586,10 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
     """
     integer_arg("max_replans", max_replans, 1)
     _check_history(plans, Plan, "plan")
-    used = len(plans)
-    charged = sum(1 for p in plans if _charged(p.status, p.failure_class))
-    streak, upstream_reason = _streak(plans)
+    # The same fold as attempts: a plan is an attempt of the governor's replanning.
+    summary = summarize([Attempt(p.number, p.status, p.failure_class, p.reason) for p in plans])
+    used, charged = summary.attempts_used, summary.charged_attempts
+    streak, upstream_reason = summary.uncharged_streak, summary.streak_reason
 
     def result(
         state: DecisionState,
@@ -539,12 +608,13 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
             remaining=max(0, max_replans - charged),
         )
 
-    early = _state_before_bounds(
-        plans, empty="no plans yet", succeeded="plan {} succeeded", running="plan {} is running"
-    )
-    if early is not None:
-        return result(*early)
-    last = plans[-1]
+    last = summary.last
+    if last is None:
+        return result(DecisionState.READY, NextAction.RUN, "no plans yet")
+    if last.status is AttemptStatus.SUCCEEDED:
+        return result(DecisionState.DONE, NextAction.NONE, f"plan {last.number} succeeded")
+    if summary.running is not None:
+        return result(DecisionState.RUNNING, NextAction.WAIT, f"plan {summary.running} is running")
     if _is_environment(last.status, last.failure_class):
         return result(
             DecisionState.BLOCKED,

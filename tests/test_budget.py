@@ -9,7 +9,10 @@ import subprocess
 import sys
 import time
 
+import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from execkit._budget import (
     MAX_UNCHARGED_REPLANS,
@@ -19,10 +22,12 @@ from execkit._budget import (
     Decision,
     DispatchCap,
     ExplicitLimit,
+    HistorySummary,
     Plan,
     WorkBudget,
     decide,
     decide_replans,
+    summarize,
     validate_history,
 )
 from execkit._classify import FailureClass
@@ -214,8 +219,18 @@ def test_a_work_attempt_resets_the_uncharged_streak() -> None:
 
 def test_environment_in_the_middle_neither_adds_to_nor_resets_the_streak() -> None:
     # Documented choice: an environment stop says nothing about the outside service.
-    d = at_far(hist("U", "U", "E", "U", forced=(4,)))
+    d = at_far(hist("U", "U", "E", "U"))
     assert d.uncharged_streak == 3 and d.blocked_on == "upstream"
+
+
+def test_a_forced_retry_starts_a_fresh_uncharged_streak() -> None:
+    # ADR 015 "the operator re-opens them once the host recovers": the ceiling that
+    # stopped the item is not held against the operator's retry.
+    d = at_far(hist("U", "U", "E", "U", forced=(4,)))
+    assert (d.uncharged_streak, d.state) == (1, "ready")
+    d = at_far(hist("U", "U", "U", "U", forced=(4,)))
+    assert (d.uncharged_streak, d.state) == (1, "ready")
+    assert at_far(hist("U", "U", "U", "U", "U", "U", forced=(4,))).blocked_on == "upstream"
 
 
 def test_unclassed_failures_are_charged_and_spend_the_budget() -> None:
@@ -287,12 +302,19 @@ def test_forced_retry_after_environment_runs_with_the_budget_intact() -> None:
     assert at_far(hist("W", "E", "E", forced=(3,))).blocked_on == "environment"
 
 
-def test_force_lifts_only_the_environment_stop() -> None:
-    d = at_far(hist("W", "W", "W", "E"), force=True)
-    assert d.blocked_on == "work"
+def test_force_lifts_every_stop_but_the_explicit_limit() -> None:
+    # An operator's retry runs once past the environment stop, the uncharged ceiling, the
+    # spent charged budget and the dispatch cap (ADR 0046, ADR 015) - never past an
+    # explicit limit (ADR 0033: raising it is the way to admit more).
+    assert at_far(hist("W", "W", "W", "E"), force=True).state == "ready"
+    assert at_far(hist("U", "U", "U"), force=True).state == "ready"
+    assert at_far(hist("W", "W", "W"), force=True).state == "ready"
+    assert at_far(hist("W", "U"), cap=DispatchCap(2), force=True).state == "ready"
     assert at_far(hist("W", "E"), limit=ExplicitLimit(2), force=True).blocked_on == (
         "attempt_limit"
     )
+    # Once recorded, the forced attempt is evaluated like any other: it ran once.
+    assert at_far(hist("W", "W", "W", "W", forced=(4,))).blocked_on == "work"
 
 
 def test_dispatch_cap_counts_every_dispatch() -> None:
@@ -476,3 +498,34 @@ def test_replans_reject_a_broken_history() -> None:
 def test_replan_decision_to_dict_is_json_safe() -> None:
     data = decide_replans(plans("U", "E"), 3).to_dict()
     assert json.loads(json.dumps(data, allow_nan=False)) == data
+
+
+def test_the_vendors_reset_time_is_the_earliest_next_attempt() -> None:
+    # ADR 0046 upstream: "retry, ... at no earlier than any reset time the vendor gave".
+    reset = 100.0 + 1 + 3600.0
+    refused = Attempt(1, "failed", "upstream", "http 429", 100.0, 101.0, not_before=reset)
+    early = decide([refused], backoff=Backoff(jitter=0), now=101.0 + 60)
+    assert (early.state, early.next_attempt_at) == ("backoff", reset)
+    assert "reset time" in (early.reason or "")
+    assert decide([refused], backoff=Backoff(jitter=0), now=reset).state == "ready"
+    # A reset time sooner than the backoff does not shorten it.
+    soon = attrs.evolve(refused, not_before=101.5)
+    assert decide([soon], backoff=Backoff(jitter=0), now=102.0).next_attempt_at == 111.0
+    # An operator's forced retry does not wait for it.
+    assert decide([refused], now=102.0, force=True).state == "ready"
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from("WNUEA"), max_size=12), st.sets(st.integers(1, 12)), st.booleans())
+def test_prop_the_summary_folded_step_by_step_is_summarize(
+    codes: list[str], forced: set[int], running_last: bool
+) -> None:
+    # The ledger keeps the summary by `started` then `finished` as each run is written;
+    # that must be exactly `summarize` of the history it ends up with.
+    history = hist(*codes, *(["R"] if running_last else []), forced=tuple(sorted(forced)))
+    summary = HistorySummary()
+    for attempt in history:
+        summary = summary.started(attrs.evolve(attempt, status="running", failure_class=None))
+        if attempt.status is not AttemptStatus.RUNNING:
+            summary = summary.finished(attempt)
+    assert summary == summarize(history)

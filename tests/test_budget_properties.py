@@ -51,16 +51,18 @@ def is_charged(a: Attempt) -> bool:
     return a.status in (AttemptStatus.ABANDONED, AttemptStatus.SUCCEEDED)
 
 
-def longest_upstream_run(history: list[Attempt]) -> int:
-    """Longest run of upstream attempts, environment attempts skipped (as decide does)."""
-    best = run = 0
+def upstream_run(history: list[Attempt]) -> int:
+    """The run of upstream attempts at the end, environment attempts skipped, counted from
+    the latest forced attempt (an operator's retry starts a fresh run)."""
+    run = 0
     for a in history:
+        if a.forced:
+            run = 0
         if a.failure_class is FailureClass.UPSTREAM and a.status is AttemptStatus.FAILED:
             run += 1
-            best = max(best, run)
         elif not (a.failure_class is FailureClass.ENVIRONMENT and a.status is AttemptStatus.FAILED):
             run = 0
-    return best
+    return run
 
 
 class Scheduler(RuleBasedStateMachine):
@@ -123,8 +125,7 @@ class Scheduler(RuleBasedStateMachine):
     def operator_forces_a_retry(self) -> None:
         d = self.ask(force=True)
         if d.next_action == "run":
-            before = self.ask()
-            self.admit(forced=before.blocked_on == "environment")
+            self.admit(forced=True)
 
     @precondition(lambda self: bool(self.history) and self.history[-1].ended_at is None)
     @rule(outcome=outcomes, duration=st.floats(0, 30), reason=st.sampled_from(["503", "x"]))
@@ -150,14 +151,23 @@ class Scheduler(RuleBasedStateMachine):
     def history_stays_valid(self) -> None:
         validate_history(self.history)
 
+    # The bounds hold for every attempt the scheduler admitted on its own: before each
+    # unforced attempt, the history had charged less than the budget, met fewer upstream
+    # refusals in a row than the ceiling, and dispatched fewer times than the cap. Only an
+    # operator's forced retry (one attempt each) may pass them, never the explicit limit.
+
     @invariant()
     def charged_runs_within_budget(self) -> None:
         if self.limit is None:
-            assert sum(map(is_charged, self.history)) <= self.budget.max_attempts
+            for k, attempt in enumerate(self.history):
+                if not attempt.forced:
+                    assert sum(map(is_charged, self.history[:k])) < self.budget.max_attempts
 
     @invariant()
     def consecutive_upstream_within_bound(self) -> None:
-        assert longest_upstream_run(self.history) <= self.budget.max_uncharged_attempts
+        for k, attempt in enumerate(self.history):
+            if not attempt.forced:
+                assert upstream_run(self.history[:k]) < self.budget.max_uncharged_attempts
 
     @invariant()
     def environment_never_followed_by_an_unforced_attempt(self) -> None:
@@ -170,7 +180,8 @@ class Scheduler(RuleBasedStateMachine):
         if self.limit is not None:
             assert len(self.history) <= self.limit.max_attempts
         if self.cap is not None and self.cap.max_attempts > 0:
-            assert len(self.history) <= self.cap.max_attempts
+            for k, attempt in enumerate(self.history):
+                assert attempt.forced or k < self.cap.max_attempts
 
     @invariant()
     def decision_is_consistent(self) -> None:
@@ -331,7 +342,8 @@ def test_replans_are_the_same_projection_as_attempts(
     history: list[Attempt], max_replans: int
 ) -> None:
     plans = [Plan(a.number, a.status, a.failure_class, a.reason) for a in history]
-    untimed = [attrs.evolve(a, started_at=None, ended_at=None) for a in history]
+    # A plan has no times and is never forced: compare with attempts that have neither.
+    untimed = [attrs.evolve(a, started_at=None, ended_at=None, forced=False) for a in history]
     r = decide_replans(plans, max_replans)
     d = decide(untimed, WorkBudget(max_replans, MAX_UNCHARGED_REPLANS), now=0.0)
     assert (r.state, r.blocked_on, r.next_action) == (d.state, d.blocked_on, d.next_action)
