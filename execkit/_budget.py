@@ -225,8 +225,8 @@ class ExplicitLimit:
 class DispatchCap:
     """The ADR 015 cap on total dispatches of one item.
 
-    Zero or negative means no cap (the ADR's "retry forever" escape hatch maps a negative
-    setting to 0 = no cap, so both read the same here).
+    Zero means no cap. Negative is the ADR's explicit "retry forever" escape hatch: no cap,
+    and the charged work budget is lifted too (see `decide_summary`).
     """
 
     max_attempts: int = attrs.field(default=10, validator=checked("an integer", integer))
@@ -234,6 +234,11 @@ class DispatchCap:
     @property
     def capped(self) -> bool:
         return self.max_attempts > 0
+
+    @property
+    def unbounded(self) -> bool:
+        """The operator asked for work failures to be retried without end."""
+        return self.max_attempts < 0
 
 
 @attrs.frozen
@@ -413,6 +418,7 @@ def decide(
     cap: DispatchCap | None = None,
     *,
     force: bool = False,
+    ignore_backoff: bool = False,
 ) -> Decision:
     """Project the history onto a Decision about the next attempt.
 
@@ -420,7 +426,16 @@ def decide(
     history that `validate_history` rejects and `InvalidInput` for a non-finite `now`.
     """
     validate_history(attempts)
-    return decide_summary(summarize(attempts), budget, limit, backoff, now, cap, force=force)
+    return decide_summary(
+        summarize(attempts),
+        budget,
+        limit,
+        backoff,
+        now,
+        cap,
+        force=force,
+        ignore_backoff=ignore_backoff,
+    )
 
 
 def decide_summary(
@@ -432,16 +447,23 @@ def decide_summary(
     cap: DispatchCap | None = None,
     *,
     force: bool = False,
+    ignore_backoff: bool = False,
 ) -> Decision:
     """The Decision about the next attempt, from a history's summary.
 
     `force=True` asks on behalf of an operator who retries after a stop (ADR 0046: "a human
     who fixes the environment can still force a retry"; ADR 015: "the operator re-opens
     them once the host recovers"): it lifts the environment stop, the uncharged ceiling,
-    the spent charged budget, the dispatch cap and the backoff for this one admission, and
-    never the explicit limit (ADR 0033: only raising it admits more). Once recorded (with
+    the spent charged budget and the dispatch cap for this one admission, and never the
+    explicit limit (ADR 0033: only raising it admits more). Once recorded (with
     `forced=True`) that attempt is evaluated like any other, so a forced retry runs once
-    and the bounds apply again to what it returns.
+    and the bounds apply again to what it returns. `ignore_backoff=True` does not wait for
+    the backoff or the vendor's reset time (an operator deciding when).
+
+    A negative dispatch cap (ADR 015's "retry forever" escape hatch) lifts the dispatch
+    cap and the charged work budget: work failures are retried without end, as the
+    operator asked. The environment stop and the uncharged ceiling still hold (ADR 0046:
+    nothing that was not informative retries without end).
 
     Raises `InvalidInput` for a non-finite `now`.
     """
@@ -505,7 +527,7 @@ def decide_summary(
         waiting = f"waiting for the vendor's reset time after attempt {last.number}"
     if next_at is None:  # a legacy record without times: nothing to wait from
         return result(DecisionState.READY, NextAction.RUN, f"retry after attempt {last.number}")
-    if now < next_at and not force:
+    if now < next_at and not ignore_backoff:
         return result(DecisionState.BACKOFF, NextAction.WAIT, waiting, next_attempt_at=next_at)
     return result(
         DecisionState.READY,
@@ -535,7 +557,8 @@ def _blocked(
     if summary.uncharged_streak >= budget.max_uncharged_attempts:
         return BlockedOn.UPSTREAM, _upstream_reason(summary.streak_reason, summary.uncharged_streak)
     charged = summary.charged_attempts
-    if limit is None and charged >= budget.max_attempts:
+    unbounded = cap is not None and cap.unbounded
+    if limit is None and not unbounded and charged >= budget.max_attempts:
         reason = f"charged budget spent: {charged} of {budget.max_attempts} attempts"
         return BlockedOn.WORK, reason
     if cap is not None and cap.capped and used >= cap.max_attempts:

@@ -10,7 +10,8 @@
     ├── AdmissionRefused              (a run was not admitted; never raised itself)
     │   ├── AttemptLimitReached       "attempt_limit"         7
     │   ├── TaskBlocked               "blocked"               8
-    │   └── TaskFinished              "finished"              9
+    │   ├── TaskFinished              "finished"              9
+    │   └── TaskBackingOff            "backoff"               14   `.ready_at` says when
     ├── StorageError                  "storage"               13   I/O, locks, corruption
     │   └── SchemaTooNew              "schema_too_new"        10
     ├── UnsupportedMove               "unsupported_move"      12
@@ -43,6 +44,7 @@ __all__ = [
     "NotFound",
     "SchemaTooNew",
     "StorageError",
+    "TaskBackingOff",
     "TaskBlocked",
     "TaskFinished",
     "UnknownAdapter",
@@ -136,6 +138,18 @@ class TaskFinished(AdmissionRefused):
 
     code = "finished"
     exit_code = 9
+
+
+class TaskBackingOff(AdmissionRefused):
+    """The task is backing off after a failure (or waiting for the vendor's reset time):
+    no run is admitted before `ready_at` unless the caller overrides it, which is audited."""
+
+    code = "backoff"
+    exit_code = 14
+
+    def __init__(self, message: str, *, ready_at: float) -> None:
+        super().__init__(message)
+        self.ready_at = ready_at
 
 
 class StorageError(ExecKitError):

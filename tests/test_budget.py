@@ -511,8 +511,9 @@ def test_the_vendors_reset_time_is_the_earliest_next_attempt() -> None:
     # A reset time sooner than the backoff does not shorten it.
     soon = attrs.evolve(refused, not_before=101.5)
     assert decide([soon], backoff=Backoff(jitter=0), now=102.0).next_attempt_at == 111.0
-    # An operator's forced retry does not wait for it.
-    assert decide([refused], now=102.0, force=True).state == "ready"
+    # Forcing lifts stops, not the wait; an operator deciding when may skip the wait too.
+    assert decide([refused], now=102.0, force=True).state == "backoff"
+    assert decide([refused], now=102.0, ignore_backoff=True).state == "ready"
 
 
 @settings(max_examples=300)

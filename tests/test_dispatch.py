@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -322,9 +323,8 @@ def test_attempt_limit_stays_in_progress_and_resumes_when_raised(ledger: SqliteL
     dispatcher.tick()
     task_id = issue_statuses(ledger, DispatchConfig(), board=board)[0].task_id
     assert task_id is not None
-    ledger.set_attempt_limit(
-        task_id, 2, expected_max_attempts=0, actor="ops", roles=["agent.operate"]
-    )
+    ledger.grant_role("ops", "agent.operate", actor=getpass.getuser())
+    ledger.set_attempt_limit(task_id, 2, expected_max_attempts=0, actor="ops")
     events = drive(dispatcher, clock, passes=4)
     assert len(runner.calls) == 2
     assert dispatched(events)[-1].blocked_on == "attempt_limit"
@@ -342,9 +342,7 @@ def test_attempt_limit_stays_in_progress_and_resumes_when_raised(ledger: SqliteL
     )
     assert board.get("ISS-1").state == "todo"  # not cancelled, not moved
     # The operator raises the limit: same task, same history, attempt 3 next.
-    ledger.set_attempt_limit(
-        task_id, 4, expected_max_attempts=2, actor="ops", roles=["agent.operate"]
-    )
+    ledger.set_attempt_limit(task_id, 4, expected_max_attempts=2, actor="ops")
     runner.outcomes = (OK,)
     events = dispatched(drive(dispatcher, clock, passes=4))
     assert runner.calls[-1] == ("ISS-1", 3)
@@ -390,13 +388,19 @@ class FlakyFinishLedger(SqliteLedger):
         *,
         failure_class: FailureClass | None = None,
         reason: str | None = None,
+        not_before: float | None = None,
         now: float | None = None,
     ) -> Run:
         if self.fail_next_finish:
             self.fail_next_finish = False
             raise ExecKitError(f"ledger {self.path} is busy or unwritable: database is locked")
         return super().finish_run(
-            run_id, status, failure_class=failure_class, reason=reason, now=now
+            run_id,
+            status,
+            failure_class=failure_class,
+            reason=reason,
+            not_before=not_before,
+            now=now,
         )
 
 

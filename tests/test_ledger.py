@@ -12,15 +12,23 @@ import pytest
 
 from execkit._budget import Backoff, DispatchCap, WorkBudget
 from execkit._classify import FailureClass
-from execkit._errors import AdmissionRefused, Conflict, Forbidden, InvalidInput, NotFound
+from execkit._errors import (
+    AdmissionRefused,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    StorageError,
+    TaskBackingOff,
+)
 from execkit.ledger import (
     CAPABILITIES,
+    OPERATE_ROLE,
+    SCHEMA_VERSION,
     SqliteLedger,
     default_db_path,
     open_ledger,
 )
-
-OPERATE = ("agent.operate",)
 
 
 @pytest.fixture
@@ -35,8 +43,21 @@ def ledger(db: Path) -> Iterator[SqliteLedger]:
 
 
 def _fail(ledger: SqliteLedger, task_id: str, key: str, **finish: object) -> None:
-    run = ledger.start_run(task_id, request_key=key, actor="a")
+    # Most tests here are about bounds, not time: they start the next run at once.
+    run = ledger.start_run(task_id, request_key=key, actor="a", ignore_backoff=True)
     ledger.finish_run(run.id, "failed", **finish)  # type: ignore[arg-type]
+
+
+def _operator(ledger: SqliteLedger, name: str = "op") -> str:
+    """A principal holding agent.operate, granted by the ledger's owner (this user)."""
+    ledger.grant_role(name, OPERATE_ROLE, actor=_owner())
+    return name
+
+
+def _owner() -> str:
+    import getpass
+
+    return getpass.getuser()
 
 
 # -- opening ---------------------------------------------------------------------------
@@ -59,11 +80,18 @@ def test_open_ledger_creates_the_default_file_in_wal_mode(
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EXECKIT_DB", raising=False)
     with open_ledger() as ledger:
-        assert ledger.schema_version() == 2
+        assert ledger.schema_version() == SCHEMA_VERSION
         assert ledger.status_info()["journal_mode"] == "wal"
         assert ledger.capabilities() == CAPABILITIES
         assert "tasks.attempt_limits" in ledger.capabilities()
-    assert (tmp_path / ".execkit" / "ledger.db").is_file()
+        ledger.create_task("t", actor="a")  # something in the WAL too
+        path = tmp_path / ".execkit" / "ledger.db"
+        # Owner-only: the ledger holds reasons and audit rows that are nobody else's.
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert path.parent.stat().st_mode & 0o777 == 0o700
+        for extra in (path.with_name("ledger.db-wal"), path.with_name("ledger.db-shm")):
+            assert extra.stat().st_mode & 0o077 == 0, extra
+    assert path.is_file()
 
 
 def test_create_false_refuses_a_missing_file_and_creates_nothing(tmp_path: Path) -> None:
@@ -75,7 +103,7 @@ def test_create_false_refuses_a_missing_file_and_creates_nothing(tmp_path: Path)
 def test_a_non_ledger_file_is_refused(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite at all" * 100)
-    with pytest.raises(InvalidInput, match="not a usable ledger"):
+    with pytest.raises(StorageError, match="not a usable ledger"):
         SqliteLedger(junk)
     assert junk.read_bytes() == b"this is not sqlite at all" * 100
 
@@ -162,7 +190,7 @@ def test_start_run_numbers_attempts_and_records_the_owner(ledger: SqliteLedger) 
     assert (shown.state, shown.ready, shown.attempts_started) == ("running", False, 1)
     finished = ledger.finish_run(run.id, "failed", now=12.0)
     assert (finished.status, finished.ended_at) == ("failed", 12.0)
-    second = ledger.start_run(task.id, request_key="r2", actor="bob", now=13.0)
+    second = ledger.start_run(task.id, request_key="r2", actor="bob", now=13.0 + 3600)
     assert second.attempt == 2
 
 
@@ -201,7 +229,7 @@ def test_the_explicit_limit_counts_every_run_and_refuses_with_attempt_limit(
 ) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="a")
     _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)  # uncharged still counts
-    run = ledger.start_run(task.id, request_key="2", actor="a")
+    run = ledger.start_run(task.id, request_key="2", actor="a", ignore_backoff=True)
     ledger.finish_run(run.id, "abandoned")
     with pytest.raises(AdmissionRefused, match="2 of 2") as refused:
         ledger.start_run(task.id, request_key="3", actor="a")
@@ -229,7 +257,10 @@ def test_an_environment_stop_blocks_until_an_operator_forces(ledger: SqliteLedge
     with pytest.raises(AdmissionRefused, match="codex missing") as refused:
         ledger.start_run(task.id, request_key="2", actor="a")
     assert refused.value.code == "blocked"
-    forced = ledger.start_run(task.id, request_key="3", actor="op", forced=True)
+    # An operator's start, at once: forced past the stop, and not waiting out the backoff.
+    forced = ledger.start_run(
+        task.id, request_key="3", actor="op", forced=True, ignore_backoff=True
+    )
     assert (forced.attempt, forced.forced) == (2, True)
     start_events = [e for e in ledger.audit_events(task.id) if e.action == "run.start"]
     assert start_events[-1].detail["forced"] is True
@@ -265,10 +296,12 @@ def test_the_dispatch_cap_is_passed_to_the_policy(ledger: SqliteLedger) -> None:
         ledger.start_run(task.id, request_key="2", actor="d", cap=DispatchCap(1))
     assert refused.value.code == "blocked"
     assert ledger.get_task(task.id, cap=DispatchCap(1)).blocked_on == "dispatch_cap"
-    assert ledger.start_run(task.id, request_key="3", actor="d").attempt == 2
+    third = ledger.start_run(task.id, request_key="3", actor="d", ignore_backoff=True)
+    assert third.attempt == 2
 
 
-def test_backoff_is_reported_but_does_not_refuse_a_manual_start(ledger: SqliteLedger) -> None:
+def test_admission_honours_the_backoff_that_ready_shows(ledger: SqliteLedger) -> None:
+    # One truth about "ready": what `get_task` says is what `start_run` does.
     task = ledger.create_task("t", max_attempts=5, actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a", now=1000.0)
     ledger.finish_run(run.id, "failed", now=1001.0)
@@ -276,7 +309,20 @@ def test_backoff_is_reported_but_does_not_refuse_a_manual_start(ledger: SqliteLe
     assert shown.state == "backoff"
     assert shown.next_attempt_at is not None and shown.next_attempt_at > 1002.0
     assert not shown.ready
-    assert ledger.start_run(task.id, request_key="2", actor="a", now=1002.0).attempt == 2
+    with pytest.raises(TaskBackingOff, match="ready at") as refused:
+        ledger.start_run(task.id, request_key="2", actor="a", now=1002.0)
+    assert (refused.value.code, refused.value.exit_code) == ("backoff", 14)
+    assert refused.value.ready_at == shown.next_attempt_at
+    assert len(ledger.runs(task.id)) == 1
+    # At the time `ready` names, admission admits.
+    assert ledger.get_task(task.id, now=shown.next_attempt_at).ready
+    # An explicit override admits now, and the audit says it was one.
+    overridden = ledger.start_run(
+        task.id, request_key="3", actor="a", now=1002.0, ignore_backoff=True
+    )
+    assert overridden.attempt == 2
+    start = [e for e in ledger.audit_events(task.id) if e.action == "run.start"][-1]
+    assert start.detail["ignored_backoff_until"] == shown.next_attempt_at
 
 
 def test_a_succeeded_run_finishes_the_task(ledger: SqliteLedger) -> None:
@@ -299,7 +345,7 @@ def test_a_cancelled_task_admits_nothing_and_keeps_its_policy(ledger: SqliteLedg
         ledger.start_run(task.id, request_key="1", actor="a")
     assert refused.value.code == "finished"
     with pytest.raises(AdmissionRefused) as refused:
-        ledger.set_attempt_limit(task.id, 5, expected_max_attempts=2, actor="a", roles=OPERATE)
+        ledger.set_attempt_limit(task.id, 5, expected_max_attempts=2, actor=_operator(ledger))
     assert refused.value.code == "finished"
     assert ledger.get_task(task.id).max_attempts == 2
 
@@ -317,18 +363,48 @@ def test_unknown_ids_are_not_found(ledger: SqliteLedger) -> None:
             call()
 
 
-def test_a_dead_owner_pid_is_refused(ledger: SqliteLedger) -> None:
+def test_a_run_whose_lease_expired_is_abandoned_by_the_next_admission(
+    ledger: SqliteLedger,
+) -> None:
+    # No pid or host is looked at: the lease alone says whether the runner is still there.
+    task = ledger.create_task("t", max_attempts=3, actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a", now=100.0, lease_s=60)
+    assert run.lease_expires_at == 160.0
+    with pytest.raises(AdmissionRefused, match="still running"):
+        ledger.start_run(task.id, request_key="2", actor="a", now=159.0)
+    # The next admission abandons the run whose lease expired; the abandonment stands even
+    # though this admission then waits out the backoff that failure earned.
+    with pytest.raises(TaskBackingOff):
+        ledger.start_run(task.id, request_key="3", actor="a", now=161.0)
+    first = ledger.run(run.id)
+    assert (first.status, first.ended_at) == ("abandoned", 161.0)
+    assert "lease expired" in (first.reason or "")
+    shown = ledger.get_task(task.id, now=162.0)
+    # ADR 0033: every admitted run counts; it charges as an unclassed failure.
+    assert (shown.attempts_started, shown.charged_attempts, shown.state) == (1, 1, "backoff")
+    second = ledger.start_run(task.id, request_key="4", actor="a", now=161.0 + 600)
+    assert second.attempt == 2
+    actions = [e.action for e in ledger.audit_events(task.id)]
+    assert actions[-2:] == ["run.abandon", "run.start"]
+    with pytest.raises(Conflict, match="abandoned"):
+        ledger.finish_run(run.id, "succeeded", now=800.0)  # the late result cannot land
+    assert ledger.validate(now=801.0) == []
+
+
+def test_a_heartbeat_renews_the_lease(ledger: SqliteLedger) -> None:
     task = ledger.create_task("t", actor="a")
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    with pytest.raises(InvalidInput, match="owner_pid"):
-        ledger.start_run(task.id, request_key="k", actor="a", owner_pid=int(proc.stdout))
-    assert ledger.runs(task.id) == []
+    run = ledger.start_run(task.id, request_key="1", actor="a", now=100.0, lease_s=60)
+    renewed = ledger.heartbeat(run.id, now=150.0)
+    assert renewed.lease_expires_at == 210.0  # the lease it was started with
+    assert ledger.heartbeat(run.id, lease_s=600, now=151.0).lease_expires_at == 751.0
+    assert ledger.heartbeat(run.id, now=152.0).lease_expires_at == 752.0
+    with pytest.raises(AdmissionRefused, match="still running"):
+        ledger.start_run(task.id, request_key="2", actor="a", now=700.0)
+    ledger.finish_run(run.id, "failed", now=701.0)
+    with pytest.raises(Conflict, match="not running"):
+        ledger.heartbeat(run.id, now=702.0)
+    with pytest.raises(InvalidInput, match="lease_s"):
+        ledger.heartbeat(run.id, lease_s=0)
 
 
 # -- finishing -----------------------------------------------------------------------------
@@ -381,31 +457,22 @@ def test_a_long_reason_keeps_its_end(ledger: SqliteLedger) -> None:
     assert finished.reason.endswith("THE END")
 
 
-def test_abandon_stale_runs_marks_runs_of_dead_owners_and_they_still_count(
+def test_abandon_expired_runs_marks_every_expired_run_and_they_still_count(
     ledger: SqliteLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="a")
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        run = ledger.start_run(task.id, request_key="1", actor="a", owner_pid=child.pid)
-        assert ledger.abandon_stale_runs() == []  # owner alive: left alone
-    finally:
-        child.kill()
-        child.wait(timeout=60)
-    abandoned = ledger.abandon_stale_runs(now=50.0)
+    other = ledger.create_task("u", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a", now=10.0, lease_s=30)
+    alive = ledger.start_run(other.id, request_key="2", actor="a", now=10.0, lease_s=300)
+    assert ledger.abandon_expired_runs(now=39.0) == []  # lease still live: left alone
+    abandoned = ledger.abandon_expired_runs(now=50.0)
     assert [(r.id, r.status, r.ended_at) for r in abandoned] == [(run.id, "abandoned", 50.0)]
-    assert str(child.pid) in (abandoned[0].reason or "")
-    assert ledger.abandon_stale_runs() == []
-    shown = ledger.get_task(task.id)
+    assert ledger.abandon_expired_runs(now=51.0) == []
+    assert ledger.run(alive.id).status == "running"
+    shown = ledger.get_task(task.id, now=10**10)
     assert (shown.attempts_started, shown.charged_attempts) == (1, 1)
-    assert ledger.start_run(task.id, request_key="2", actor="a").attempt == 2
-    assert ledger.validate() == []
-
-
-def test_a_run_of_this_process_is_not_abandoned(ledger: SqliteLedger) -> None:
-    task = ledger.create_task("t", actor="a")
-    ledger.start_run(task.id, request_key="1", actor="a")
-    assert ledger.abandon_stale_runs() == []
+    assert ledger.start_run(task.id, request_key="3", actor="a").attempt == 2
+    assert ledger.validate(now=60.0) == []
 
 
 # -- set_attempt_limit ----------------------------------------------------------------------
@@ -433,9 +500,10 @@ def test_others_and_the_creator_after_a_run_need_agent_operate(ledger: SqliteLed
     with pytest.raises(Forbidden, match="after its first run"):
         ledger.set_attempt_limit(task.id, 3, expected_max_attempts=2, actor="alice")
     assert ledger.get_task(task.id).max_attempts == 2
-    updated = ledger.set_attempt_limit(
-        task.id, 3, expected_max_attempts=2, actor="op", roles=OPERATE
-    )
+    # The role is a grant stored in the ledger, never a claim the caller makes.
+    with pytest.raises(Forbidden, match=r"agent\.operate"):
+        ledger.set_attempt_limit(task.id, 3, expected_max_attempts=2, actor="op")
+    updated = ledger.set_attempt_limit(task.id, 3, expected_max_attempts=2, actor=_operator(ledger))
     assert updated.max_attempts == 3
 
 
@@ -482,7 +550,7 @@ def test_raising_the_limit_makes_an_exhausted_task_ready_with_its_history(
     _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)
     assert ledger.get_task(task.id, now=10**10).blocked_on == "attempt_limit"
     before = ledger.runs(task.id)
-    ledger.set_attempt_limit(task.id, 3, expected_max_attempts=1, actor="op", roles=OPERATE)
+    ledger.set_attempt_limit(task.id, 3, expected_max_attempts=1, actor=_operator(ledger))
     shown = ledger.get_task(task.id, now=10**10)
     assert (shown.state, shown.ready, shown.remaining, shown.attempts_started) == (
         "ready",
@@ -491,7 +559,7 @@ def test_raising_the_limit_makes_an_exhausted_task_ready_with_its_history(
         1,
     )
     assert ledger.runs(task.id) == before
-    assert ledger.start_run(task.id, request_key="2", actor="a").attempt == 2
+    assert ledger.start_run(task.id, request_key="2", actor="a", ignore_backoff=True).attempt == 2
 
 
 def test_lowering_the_limit_leaves_the_running_run_and_refuses_the_next(
@@ -499,12 +567,12 @@ def test_lowering_the_limit_leaves_the_running_run_and_refuses_the_next(
 ) -> None:
     task = ledger.create_task("t", max_attempts=5, actor="alice")
     _fail(ledger, task.id, "1")
-    running = ledger.start_run(task.id, request_key="2", actor="a")
-    ledger.set_attempt_limit(task.id, 1, expected_max_attempts=5, actor="op", roles=OPERATE)
+    running = ledger.start_run(task.id, request_key="2", actor="a", ignore_backoff=True)
+    ledger.set_attempt_limit(task.id, 1, expected_max_attempts=5, actor=_operator(ledger))
     assert ledger.runs(task.id)[-1] == running
     assert ledger.finish_run(running.id, "failed").status == "failed"
     with pytest.raises(AdmissionRefused) as refused:
-        ledger.start_run(task.id, request_key="3", actor="a")
+        ledger.start_run(task.id, request_key="3", actor="a", ignore_backoff=True)
     assert refused.value.code == "attempt_limit"
 
 
@@ -513,7 +581,7 @@ def test_a_done_task_refuses_a_limit_change(ledger: SqliteLedger) -> None:
     run = ledger.start_run(task.id, request_key="1", actor="a")
     ledger.finish_run(run.id, "succeeded")
     with pytest.raises(AdmissionRefused, match="can no longer change") as refused:
-        ledger.set_attempt_limit(task.id, 5, expected_max_attempts=2, actor="op", roles=OPERATE)
+        ledger.set_attempt_limit(task.id, 5, expected_max_attempts=2, actor=_operator(ledger))
     assert refused.value.code == "finished"
 
 
@@ -594,21 +662,34 @@ def test_wire_shapes_are_json_safe(ledger: SqliteLedger) -> None:
 # -- input that must change nothing ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("roles", ["agent.operate", "not-agent.operate", None, [1]])
-def test_roles_must_be_a_collection_of_names(ledger: SqliteLedger, roles: object) -> None:
-    # A bare string once passed the role check as a substring test.
-    task = ledger.create_task("t", max_attempts=2, actor="alice")
-    _fail(ledger, task.id, "1")
-    with pytest.raises(InvalidInput, match="roles"):
-        ledger.set_attempt_limit(
-            task.id,
-            5,
-            expected_max_attempts=2,
-            actor="op",
-            roles=roles,  # type: ignore[arg-type]
-        )
-    assert ledger.get_task(task.id).max_attempts == 2
-    assert [e.action for e in ledger.audit_events(task.id)][-1] == "run.finish"
+def test_roles_are_granted_only_by_the_owner_or_an_admin(ledger: SqliteLedger) -> None:
+    owner = _owner()
+    with pytest.raises(Forbidden, match="owner"):
+        ledger.grant_role("mallory", OPERATE_ROLE, actor="mallory")
+    assert ledger.grants() == []
+    grant = ledger.grant_role("alice", "ledger.admin", actor=owner, now=5.0)
+    assert (grant.principal, grant.role, grant.granted_by, grant.granted_at) == (
+        "alice",
+        "ledger.admin",
+        owner,
+        5.0,
+    )
+    # An admin may grant; the grant is idempotent and audited once.
+    ledger.grant_role("bob", OPERATE_ROLE, actor="alice")
+    again = ledger.grant_role("bob", OPERATE_ROLE, actor="alice")
+    assert again.granted_by == "alice"
+    assert [(g.principal, g.role) for g in ledger.grants()] == [
+        ("alice", "ledger.admin"),
+        ("bob", OPERATE_ROLE),
+    ]
+    with pytest.raises(InvalidInput, match="role must be one of"):
+        ledger.grant_role("bob", "root", actor=owner)
+    assert ledger.revoke_role("bob", OPERATE_ROLE, actor="alice") is True
+    assert ledger.revoke_role("bob", OPERATE_ROLE, actor="alice") is False
+    with pytest.raises(Forbidden):
+        ledger.revoke_role("alice", "ledger.admin", actor="bob")
+    actions = [e.action for e in ledger.audit_events()]
+    assert actions == ["role.grant", "role.grant", "role.revoke"]
 
 
 @pytest.mark.parametrize("forced", ["no", 1, None])
@@ -629,7 +710,7 @@ def test_a_time_that_is_not_a_finite_number_is_refused(ledger: SqliteLedger, bad
         lambda: ledger.finish_run(run.id, "failed", now=bad),  # type: ignore[arg-type]
         lambda: ledger.create_task("u", actor="a", now=bad),  # type: ignore[arg-type]
         lambda: ledger.cancel_task(task.id, actor="a", now=bad),  # type: ignore[arg-type]
-        lambda: ledger.abandon_stale_runs(now=bad),  # type: ignore[arg-type]
+        lambda: ledger.abandon_expired_runs(now=bad),  # type: ignore[arg-type]
     ):
         with pytest.raises(InvalidInput, match="now must be a finite number"):
             call()

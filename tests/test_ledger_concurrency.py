@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from execkit.ledger import SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
 
 _WORKER = r"""
 import json, sys, time
 from pathlib import Path
 from execkit._errors import AdmissionRefused
-from execkit.ledger import SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
 
 db, task_id, name, answers, sync = sys.argv[1:6]
 ledger = SqliteLedger(db)
@@ -35,7 +35,10 @@ while len(admitted) + sum(refusals.values()) < int(answers):
         sys.exit("deadline")
     calls += 1
     try:
-        run = ledger.start_run(task_id, request_key=f"{name}-{calls}", actor=name)
+        # About the limit, not time: each worker retries at once.
+        run = ledger.start_run(
+            task_id, request_key=f"{name}-{calls}", actor=name, ignore_backoff=True
+        )
     except AdmissionRefused as refused:
         if refused.code == "blocked":
             # Another worker's run is still active: not an answer about the limit.
@@ -111,7 +114,7 @@ _HOLD_IN_ADMISSION = r"""
 import sys, time
 from pathlib import Path
 import execkit.ledger._sqlite as backend
-from execkit.ledger import SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
 
 db, task_id, marker = sys.argv[1:4]
 
@@ -158,14 +161,16 @@ def test_sigkill_inside_the_admission_transaction_leaves_no_run(tmp_path: Path) 
 
 _LOOP = r"""
 import sys
-from execkit.ledger import SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
 
 db, task_id = sys.argv[1:3]
 ledger = SqliteLedger(db)
 n = 0
 while True:
     n += 1
-    run = ledger.start_run(task_id, request_key=f"loop-{n}", actor="looper")
+    run = ledger.start_run(
+        task_id, request_key=f"loop-{n}", actor="looper", ignore_backoff=True
+    )
     print(run.attempt, flush=True)
     ledger.finish_run(run.id, "failed", reason="loop")
 """
@@ -193,7 +198,8 @@ def test_sigkill_at_random_moments_leaves_only_whole_runs(tmp_path: Path) -> Non
                 child.kill()
             child.wait(timeout=60)
         with SqliteLedger(db) as ledger:
-            ledger.abandon_stale_runs()
+            # The killed looper never renews its lease: once it expires the run is abandoned.
+            ledger.abandon_expired_runs(now=time.time() + DEFAULT_LEASE_S + 1)
             runs = ledger.runs(task.id)
             assert [r.attempt for r in runs] == list(range(1, len(runs) + 1))
             starts = [e for e in ledger.audit_events(task.id) if e.action == "run.start"]
@@ -206,4 +212,4 @@ def test_sigkill_at_random_moments_leaves_only_whole_runs(tmp_path: Path) -> Non
             for run in runs:
                 assert run.status in ("failed", "abandoned")
                 assert run.ended_at is not None
-            assert ledger.validate() == []
+            assert ledger.validate(now=time.time() + DEFAULT_LEASE_S + 1) == []

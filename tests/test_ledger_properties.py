@@ -3,6 +3,7 @@ refuses exactly when the task's projection says no run may start; keyed requests
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import tempfile
 from pathlib import Path
@@ -61,6 +62,8 @@ class LimitMachine(RuleBasedStateMachine):
         self.creations: dict[str, tuple[str, int]] = {}  # idempotency key -> (task, limit)
         self.keys = 0
         self.now = 1000.0
+        # The role is a grant in the ledger: the owner of the file (this user) grants it.
+        self.ledger.grant_role("op", "agent.operate", actor=getpass.getuser())
 
     def teardown(self) -> None:
         self.ledger.close()
@@ -105,11 +108,9 @@ class LimitMachine(RuleBasedStateMachine):
     @rule(task=tasks, new=st.integers(1, 5), operator=st.booleans(), stale=st.booleans())
     def set_limit(self, task: str, new: int, operator: bool, stale: bool) -> None:
         expected = self.limit[task] + (1 if stale else 0)
-        roles = ("agent.operate",) if operator else ()
+        actor = "op" if operator else "creator"
         try:
-            self.ledger.set_attempt_limit(
-                task, new, expected_max_attempts=expected, actor="creator", roles=roles
-            )
+            self.ledger.set_attempt_limit(task, new, expected_max_attempts=expected, actor=actor)
         except Forbidden:
             assert not operator and self.started[task] > 0
             return
@@ -150,15 +151,17 @@ class LimitMachine(RuleBasedStateMachine):
             if refused.code == "attempt_limit":
                 assert limit and before >= limit
             if not forced:
-                # Refused for exactly the reason the task shows (backoff never refuses).
-                assert shown.state in ("running", "blocked", "done", "cancelled")
+                # Refused for exactly the reason the task shows: one truth about "ready".
+                assert not shown.ready
+                assert shown.state in ("running", "blocked", "done", "cancelled", "backoff")
                 assert (refused.code == "attempt_limit") == (shown.blocked_on == "attempt_limit")
+                assert (refused.code == "backoff") == (shown.state == "backoff")
             return
         assert limit == 0 or run.attempt <= limit, (run.attempt, limit)
         assert run.attempt == before + 1
         assert task not in self.running
         if not forced:
-            assert shown.state in ("ready", "backoff")
+            assert shown.ready and shown.state == "ready"
         self.started[task] = run.attempt
         self.running[task] = run.id
         self.accepted[key] = (task, run.id)
@@ -203,7 +206,7 @@ class LimitMachine(RuleBasedStateMachine):
             assert shown.max_attempts == self.limit[task_id]
             if shown.max_attempts and count >= shown.max_attempts:
                 assert not shown.ready
-        assert self.ledger.validate() == []
+        assert self.ledger.validate(now=self.now) == []
 
 
 LimitMachine.TestCase.settings = settings(

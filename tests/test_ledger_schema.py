@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import sqlite3
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from execkit._errors import InvalidInput, SchemaTooNew
+from execkit._errors import SchemaTooNew, StorageError
 from execkit.ledger import SCHEMA_VERSION, Migration, SqliteLedger, migrate
 from execkit.ledger._sqlite import _SCHEMA_STEPS
 
@@ -140,7 +141,7 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(_SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -151,9 +152,9 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
 
     with SqliteLedger(db) as ledger:
         assert ledger.migration is not None
-        assert (ledger.migration.from_version, ledger.migration.to_version) == (1, 2)
+        assert (ledger.migration.from_version, ledger.migration.to_version) == (1, 3)
         backup = ledger.migration.backup_path
-        assert ledger.schema_version() == 2
+        assert ledger.schema_version() == 3
         # The migrated tasks read with no explicit limit and their whole history.
         old = ledger.get_task("t-1", now=10**10)
         assert (old.max_attempts, old.attempts_started, old.status) == (0, 2, "open")
@@ -166,7 +167,17 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
     sql_after = _table_sql(db)
     # Additive: every old object is defined exactly as before; only new ones appear.
     assert {name: sql_after[name] for name in sql_before} == sql_before
-    assert set(sql_after) - set(sql_before) == {"task_attempt_limits", "runs_by_task_creation"}
+    assert set(sql_after) - set(sql_before) == {
+        "task_attempt_limits",
+        "runs_by_task_creation",
+        "run_extras",
+        "task_extras",
+        "task_summaries",
+        "ledger_meta",
+        "role_grants",
+        "runs_by_task_request_key",
+        "run_extras_by_lease",
+    }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 
     # The backup is the untouched version-1 file.
@@ -191,9 +202,8 @@ def test_the_migrated_file_enforces_limits(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     _build_version_1(db)
     with SqliteLedger(db) as ledger:
-        ledger.set_attempt_limit(
-            "t-1", 3, expected_max_attempts=0, actor="op", roles=("agent.operate",)
-        )
+        ledger.grant_role("op", "agent.operate", actor=getpass.getuser())
+        ledger.set_attempt_limit("t-1", 3, expected_max_attempts=0, actor="op")
         assert ledger.start_run("t-1", request_key="new", actor="op").attempt == 3
         ledger.finish_run("r-5", "failed")
         assert ledger.get_task("t-1").blocked_on == "attempt_limit"
@@ -250,11 +260,11 @@ def test_migrate_writes_a_backup_and_says_where(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     _build_version_1(db)
     result = migrate(db)
-    assert (result.from_version, result.to_version) == (1, 2)
+    assert (result.from_version, result.to_version) == (1, 3)
     assert result.backup_path is not None and result.backup_path.is_file()
     assert "schema-v1" in result.backup_path.name
     again = migrate(db)
-    assert (again.from_version, again.backup_path) == (2, None)
+    assert (again.from_version, again.backup_path) == (3, None)
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".bak") == [
         result.backup_path.name
     ]
@@ -314,6 +324,6 @@ def test_an_sqlite_file_of_another_program_is_refused(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     image = db.read_bytes()
-    with pytest.raises(InvalidInput, match="not an execkit ledger"):
+    with pytest.raises(StorageError, match="not an execkit ledger"):
         SqliteLedger(db)
     assert db.read_bytes() == image

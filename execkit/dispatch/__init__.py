@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from execkit.dispatch._board import (
     DEFAULT_STATES,
+    BindableBoard,
     Board,
     BoardIssue,
     BoardState,
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_STATES",
     "DISPATCH_ACTOR",
     "AdapterRunner",
+    "BindableBoard",
     "Board",
     "BoardIssue",
     "BoardState",

@@ -23,13 +23,14 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 from attrs.validators import deep_iterable, instance_of, max_len
 
-from execkit._errors import InvalidInput, NotFound, StorageError
+from execkit._errors import Conflict, InvalidInput, NotFound, StorageError
 from execkit._json import to_json
 from execkit._validate import checked, non_blank
 
 __all__ = [
     "DEFAULT_STATES",
     "TASK_TITLE_PREFIX",
+    "BindableBoard",
     "Board",
     "BoardIssue",
     "BoardState",
@@ -115,6 +116,16 @@ class Board(Tracker, Protocol):
     """A tracker that can also list every issue (for the status table)."""
 
     def list_issues(self) -> list[BoardIssue]: ...
+
+
+@runtime_checkable
+class BindableBoard(Protocol):
+    """A board that remembers which ledger dispatched it, so that a status table is never
+    read from the wrong one (a table of blanks for issues that ledger has never seen)."""
+
+    def ledger_binding(self) -> tuple[str, str] | None: ...
+
+    def bind_ledger(self, ledger_id: str, location: str) -> None: ...
 
 
 def _duplicates(values: Iterable[str]) -> list[str]:
@@ -365,6 +376,42 @@ class JsonFileBoard:
         doc = self._read()
         eligible = {s.name for s in doc.states if s.eligible}
         return [i for i in doc.issues if i.state in eligible]
+
+    def ledger_binding(self) -> tuple[str, str] | None:
+        """(ledger id, where it was) of the ledger that dispatched this board, or None."""
+        bound = self._read().raw.get("ledger")
+        if not isinstance(bound, Mapping):
+            return None
+        ledger_id, location = bound.get("id"), bound.get("location")
+        if not isinstance(ledger_id, str) or not isinstance(location, str):
+            raise InvalidInput(
+                f'board file {self.path}: `ledger` must be {{"id": str, "location": str}}',
+                field="ledger",
+            )
+        return ledger_id, location
+
+    def bind_ledger(self, ledger_id: str, location: str) -> None:
+        """Record the ledger dispatching this board (written once, under the file lock).
+
+        Conflict when the board already belongs to another ledger: dispatching it from
+        two ledgers would split its history in two.
+        """
+        try:
+            with self._locked():
+                doc = self._read()
+                bound = doc.raw.get("ledger")
+                if isinstance(bound, Mapping) and bound.get("id") == ledger_id:
+                    return
+                if isinstance(bound, Mapping) and bound.get("id"):
+                    raise Conflict(
+                        f"board file {self.path} belongs to ledger {bound.get('id')} at "
+                        f"{bound.get('location')}; dispatch it with that ledger (--db), or "
+                        "delete its `ledger` key to move it to a new one"
+                    )
+                doc.raw["ledger"] = {"id": ledger_id, "location": location}
+                _write_atomic(self.path, doc.raw)
+        except OSError as exc:
+            raise StorageError(f"cannot write board file {self.path}: {exc}") from exc
 
     def move(self, issue_id: str, state: str) -> bool:
         """Move one issue; False for an unknown issue or state. ExecKitError naming the

@@ -35,9 +35,12 @@ _SECONDS = checked("a finite number of seconds > 0", finite, gt(0))
 class DispatchConfig:
     """The dispatcher's knobs (ADR 015).
 
-    `max_attempts` caps the dispatches of one issue (initial run + retries); negative means
-    no cap; 0 is refused. `failed_state` is where a given-up issue goes (None opts out of
-    the move); `done_state` where a succeeded one goes. The retry backoff is exponential
+    `max_attempts` caps the dispatches of one issue (initial run + retries); 0 is refused.
+    Negative is ADR 015's "retry forever": no cap, and the charged work budget does not stop
+    the issue either (the environment stop and the uncharged ceiling still do: ADR 0046).
+    `failed_state` is where a given-up issue goes (None opts out of the move, and then the
+    issue is retried past its bounds, loudly: ADR 015's legacy retry); `done_state` where a
+    succeeded one goes. The retry backoff is exponential
     from `base_backoff_s`, capped at `max_retry_backoff_s`. InvalidInput names a bad field.
     """
 
@@ -62,8 +65,9 @@ class DispatchConfig:
 
     @property
     def cap(self) -> DispatchCap:
-        """The ledger's view of the cap (0 = no cap)."""
-        return DispatchCap(max(self.max_attempts, 0))
+        """The ledger's view of the cap; negative keeps its meaning there: no cap, and work
+        failures retried without end (ADR 015's explicit escape hatch)."""
+        return DispatchCap(self.max_attempts)
 
     @property
     def backoff(self) -> Backoff:

@@ -40,15 +40,17 @@ class RunOutcome:
 
     `failure_class` is None for a success; a failure with no class is a charged work
     failure. `precondition` names what is missing (environment: binary and install hint).
-    `detail` is a short line of the failure text, kept for the operator.
+    `detail` is a short line of the failure text, kept for the operator. `not_before` is the
+    vendor's reset time, when it named one: the next dispatch is not before it.
     """
 
     status: RunStatus = attrs.field(converter=_to_status)
     failure_class: FailureClass | None = None
-    reason: str | None = None
-    precondition: str | None = None
     # Redacted here: a custom runner's text reaches events and logs, not only the ledger.
+    reason: str | None = attrs.field(default=None, converter=_redact_text)
+    precondition: str | None = attrs.field(default=None, converter=_redact_text)
     detail: str | None = attrs.field(default=None, converter=_redact_text)
+    not_before: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.status is RunStatus.SUCCEEDED and self.failure_class is not None:

@@ -4,19 +4,26 @@ A board (`Tracker`) lists eligible issues and moves them between states. Each is
 one ledger task (`idempotency_key=f"board:{issue_id}"`), and each dispatch is one ledger run:
 `start_run` (the single place that refuses), the `Runner`, then `finish_run`. The
 dispatcher keeps no retry counters of its own: attempt numbers, charged counts, the uncharged
-streak and the backoff are all read back from the ledger's history, so a restarted
-dispatcher (or a second one over the same ledger) sees exactly what the first one saw.
+streak, the backoff and where it gave up are all read back from the ledger, so a restarted
+dispatcher (or another one over the same ledger, on another host) sees exactly what the
+first one saw. While a run runs, the dispatcher renews its lease from a second thread; a
+dispatcher that dies stops renewing, and the next admission on that task, from anywhere,
+abandons the run (it counts) and the work goes on.
 
 After a failure the ledger's decision says what happens next:
 
 - backoff: the issue is skipped until `next_attempt_at`.
-- blocked on environment, upstream, work or the dispatch cap: the dispatcher gives up and
+- blocked on environment, upstream, work or the dispatch cap: the dispatcher gives up: it
   moves the issue to `DispatchConfig.failed_state`, so it leaves the eligible set and shows
-  on the board. When that move is unavailable (no failed state configured, the board has no
-  such state, or it refuses), a WARNING naming the issue and the state is logged at every
-  exhaustion (once per attempt count) and the legacy behaviour is kept: the issue stays
-  eligible, and for the dispatch cap the dispatcher keeps retrying past it rather than
-  strand the issue (ADR 015's "never strand").
+  on the board, and records the give-up in the ledger with the attempt count. An issue that
+  later stands in an eligible state again at that same count was moved back by an operator:
+  that is a forced retry (ADR 015 "the operator re-opens them once the host recovers";
+  ADR 0046 "a human who fixes the environment can still force a retry"), run once with the
+  budget intact, and the bounds apply again to what it returns.
+- when the give-up move is unavailable (no failed state configured, the board has no such
+  state, or it refuses), ADR 015's "never strand" holds: a WARNING naming the issue and the
+  state is logged at every exhaustion (once per attempt count) and the legacy behaviour is
+  kept: the issue stays eligible and is retried past the bound, with backoff.
 - blocked on `attempt_limit` (an explicit task limit, ADR 0033): the issue is NOT moved; it
   stays in progress and is reported as `attempt_limit` until an operator raises the limit,
   when scheduling resumes with the same task and history.
@@ -29,15 +36,16 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import attrs
 
-from execkit._budget import AttemptStatus, BlockedOn, DispatchCap
+from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._errors import (
     AdmissionRefused,
@@ -45,15 +53,17 @@ from execkit._errors import (
     Conflict,
     ExecKitError,
     InvalidInput,
+    TaskBackingOff,
     UnsupportedMove,
 )
 from execkit._json import to_json
 from execkit._proof import RunStatus
+from execkit._redact import redact
 from execkit._validate import is_number
-from execkit.dispatch._board import BoardIssue, Tracker, task_key
+from execkit.dispatch._board import BindableBoard, BoardIssue, Tracker, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._runner import Runner, RunOutcome, last_line
-from execkit.ledger import Ledger, Run, Task, TaskState, TaskStatus
+from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, Task, TaskState, TaskStatus
 
 __all__ = ["DISPATCH_ACTOR", "DispatchEvent", "Dispatcher", "EventKind"]
 
@@ -107,10 +117,14 @@ class DispatchEvent:
     status: RunStatus | None = None
     failure_class: FailureClass | None = None
     charged: bool | None = None
-    reason: str | None = None
-    precondition: str | None = None
+    # Event text reaches logs and `execkit dispatch --json`: redacted on construction.
+    reason: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
+    precondition: str | None = attrs.field(
+        default=None, converter=attrs.converters.optional(redact)
+    )
     blocked_on: BlockedOn | None = None
-    decision: str | None = None  # the ledger's reason when the history blocks the issue
+    # The ledger's reason when the history blocks the issue.
+    decision: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
     moved_to: str | None = None
     next_attempt_at: float | None = None
 
@@ -132,7 +146,9 @@ class Dispatcher:
     `config.backoff`, so every projection of the history (here, in `execkit status`, in
     another dispatcher built with the same config) computes the same `next_attempt_at`.
     `clock` gives POSIX seconds (inject a virtual clock in tests and the demo);
-    `on_event` is called with each event as it happens.
+    `on_event` is called with each event as it happens. Each run holds a lease of
+    `lease_s` seconds, renewed every `lease_s / 3` while the runner runs: the ledger must
+    accept calls from that second thread (the SQLite and remote ledgers do).
     """
 
     def __init__(
@@ -144,7 +160,12 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         *,
         on_event: Callable[[DispatchEvent], None] | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
+        if not is_number(lease_s) or lease_s <= 0:
+            raise InvalidInput(
+                f"lease_s must be a number of seconds > 0, got {lease_s!r}", field="lease_s"
+            )
         self.tracker = tracker
         self.runner = runner
         self.ledger = ledger
@@ -152,29 +173,33 @@ class Dispatcher:
         self.clock = clock
         self._on_event = on_event
         self._cap = self.config.cap
+        self._lease_s = float(lease_s)
         ledger.backoff = self.config.backoff
         # A cache of a stable mapping (the ledger replays the same task for the key), not
         # retry state: dropping it changes nothing.
         self._task_ids: dict[str, str] = {}
         # Results the ledger failed to take (busy past its timeout, disk full): retried at
         # the start of each pass, so the run does not stay `running` (and its issue stuck)
-        # for as long as this process lives. Lost on exit, when abandon_stale_runs takes over.
+        # for as long as this process lives. Lost on exit, when the lease runs out instead.
         self._unrecorded: dict[str, _Unrecorded] = {}
         # Per issue, the (attempts, state) of the last "not moved" warning: one warning per
         # exhaustion, not one per pass that finds the same history again.
         self._warned: dict[str, tuple[int, str | None]] = {}
+        self._bound = False
 
     # -- public --------------------------------------------------------------------------
 
     def tick(self) -> list[DispatchEvent]:
         """Dispatch every eligible issue whose backoff has elapsed, once; return the events.
 
-        Runs are abandoned first when their owner process on this host died (so a crashed
-        dispatcher's run does not hold its task forever), and results an earlier pass could
-        not write are written. A ledger or board error on one issue becomes an `error`
-        event and the other issues go on.
+        Runs whose lease expired are abandoned first (a crashed dispatcher's run does not
+        hold its task forever), and results an earlier pass could not write are written. A
+        ledger or board error on one issue becomes an `error` event and the other issues go
+        on. The first pass binds the board to this ledger (`BindableBoard`), or refuses when
+        the board belongs to another one.
         """
-        self.ledger.abandon_stale_runs(now=self.clock())
+        self._bind()
+        self.ledger.abandon_expired_runs(now=self.clock())
         self._record_pending()
         events: list[DispatchEvent] = []
         for issue in self.tracker.list_candidates():
@@ -197,7 +222,9 @@ class Dispatcher:
             task_id = self._task_ids.get(issue.id)
             if task_id is None:
                 continue
-            task = self.ledger.get_task(task_id, now=now)
+            task = self.ledger.get_task(task_id, now=now, cap=self._cap)
+            if task.state is TaskState.BLOCKED and self._legacy(issue, task):
+                task = self.ledger.get_task(task_id, now=now, cap=self._cap, force=True)
             if task.state is TaskState.BACKOFF and task.next_attempt_at is not None:
                 due.append(task.next_attempt_at)
         return min(due, default=None)
@@ -236,6 +263,13 @@ class Dispatcher:
 
     # -- one issue -----------------------------------------------------------------------
 
+    def _bind(self) -> None:
+        if self._bound:
+            return
+        if isinstance(self.tracker, BindableBoard):
+            self.tracker.bind_ledger(self.ledger.ledger_id(), self.ledger.location())
+        self._bound = True
+
     def _emit(self, event: DispatchEvent) -> DispatchEvent:
         if self._on_event is not None:
             self._on_event(event)
@@ -266,8 +300,7 @@ class Dispatcher:
     def _tick_issue(self, issue: BoardIssue) -> list[DispatchEvent]:
         task_id = self._task_id(issue)
         now = self.clock()
-        # The history alone (no cap): the ledger's own bounds and the backoff.
-        task = self.ledger.get_task(task_id, now=now)
+        task = self.ledger.get_task(task_id, now=now, cap=self._cap)
         if task.status is TaskStatus.DONE:
             moved = self._move(issue, task, self.config.done_state, why="it succeeded")
             return [self._event(EventKind.DONE, issue, task, moved_to=moved, reason=task.reason)]
@@ -276,18 +309,36 @@ class Dispatcher:
             return [self._event(EventKind.REFUSED, issue, task, reason=reason)]
         if task.state in (TaskState.RUNNING, TaskState.BACKOFF):
             return []  # another dispatcher runs it, or its retry is not due yet
-        if task.state is TaskState.BLOCKED:
-            if task.blocked_on is BlockedOn.ATTEMPT_LIMIT:
-                return [self._attempt_limit_event(issue, task)]
-            return [self._give_up_event(issue, task)]
-        capped = self.ledger.get_task(task_id, now=now, cap=self._cap)
-        if capped.state is TaskState.BLOCKED and capped.blocked_on is BlockedOn.DISPATCH_CAP:
-            moved = self._give_up(issue, capped)
-            if moved is not None:
-                return [self._gave_up(issue, capped, moved)]
-            # Legacy retry (ADR 015): the cap does not engage without a terminal state.
-            return self._dispatch(issue, task, cap=None)
-        return self._dispatch(issue, task, cap=self._cap)
+        if task.state is not TaskState.BLOCKED:
+            return self._dispatch(issue, task, forced=False)
+        if task.blocked_on is BlockedOn.ATTEMPT_LIMIT:
+            return [self._attempt_limit_event(issue, task)]
+        if task.gave_up_at_attempt == task.attempts_started:
+            # We moved it to the failed state at this very count, and it is eligible again:
+            # an operator moved the card back. That is the forced retry they asked for.
+            reopened = self.ledger.retry_task(
+                task_id,
+                actor=Actor(DISPATCH_ACTOR, on_behalf_of="the board's operator"),
+                reason=f"issue {issue.id} moved back to {issue.state!r} on the board",
+                force=True,
+                now=now,
+            )
+            return self._dispatch(issue, reopened, forced=False)
+        moved = self._give_up(issue, task)
+        if moved is not None:
+            return [self._gave_up(issue, task, moved)]
+        # Never strand (ADR 015): without a terminal state to move to, retry past the bound
+        # (loudly: `_move` warned), waiting out the backoff as the legacy dispatcher did.
+        forced = self.ledger.get_task(task_id, now=now, cap=self._cap, force=True)
+        if forced.state is TaskState.READY:
+            return self._dispatch(issue, forced, forced=True)
+        return [self._stopped_event(EventKind.BLOCKED, issue, task, task.blocked_on)]
+
+    def _legacy(self, issue: BoardIssue, task: Task) -> bool:
+        """Whether a blocked, still eligible issue is retried past its bound (no give-up)."""
+        return task.blocked_on is not BlockedOn.ATTEMPT_LIMIT and (
+            self.config.failed_state is None or task.gave_up_at_attempt != task.attempts_started
+        )
 
     def _stopped_event(
         self,
@@ -314,23 +365,33 @@ class Dispatcher:
     def _gave_up(self, issue: BoardIssue, task: Task, moved: str) -> DispatchEvent:
         return self._stopped_event(EventKind.GAVE_UP, issue, task, task.blocked_on, moved_to=moved)
 
-    def _give_up_event(self, issue: BoardIssue, task: Task) -> DispatchEvent:
-        moved = self._give_up(issue, task)
-        if moved is not None:
-            return self._gave_up(issue, task, moved)
-        return self._stopped_event(EventKind.BLOCKED, issue, task, task.blocked_on)
-
     def _give_up(self, issue: BoardIssue, task: Task) -> str | None:
-        """Move a given-up issue to the failed state; the state moved to, or None."""
+        """Move a given-up issue to the failed state and remember it in the ledger; the
+        state moved to, or None when the move is unavailable."""
         why = task.reason or f"blocked on {task.blocked_on}"
-        return self._move(issue, task, self.config.failed_state, why=why)
+        moved = self._move(issue, task, self.config.failed_state, why=why)
+        if moved is not None:
+            # Moved first, recorded second: a record without the move would later read as
+            # an operator's re-open of an issue that never left its column.
+            try:
+                self.ledger.record_give_up(
+                    task.id, state=moved, actor=DISPATCH_ACTOR, now=self.clock()
+                )
+            except ExecKitError as exc:
+                _log.warning(
+                    "issue %s: moved to %r but the give-up is not recorded: %s",
+                    issue.id,
+                    moved,
+                    exc.message,
+                )
+        return moved
 
     def _move(self, issue: BoardIssue, task: Task, state: str | None, *, why: str) -> str | None:
         """Move the issue; when that is unavailable, log a WARNING naming issue and state.
 
         Logged once for each attempt count at which the move fails, so every exhaustion of
-        the cap is heard (a board that cannot take the move leaves the cap disengaged, ADR
-        015) without repeating it on each pass that re-reads the same history.
+        a bound is heard (a board that cannot take the move keeps retrying, ADR 015)
+        without repeating it on each pass that re-reads the same history.
         """
         if state is None:
             problem = "no failed_state is configured (failed_state: none)"
@@ -354,31 +415,45 @@ class Dispatcher:
             )
         return None
 
-    def _dispatch(
-        self, issue: BoardIssue, task: Task, *, cap: DispatchCap | None
-    ) -> list[DispatchEvent]:
+    def _dispatch(self, issue: BoardIssue, task: Task, *, forced: bool) -> list[DispatchEvent]:
         expected = task.attempts_started + 1
         # Deterministic per attempt: a second dispatcher that read the same history gets
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
         try:
             run = self.ledger.start_run(
-                task.id, request_key=request_key, actor=DISPATCH_ACTOR, now=self.clock(), cap=cap
+                task.id,
+                request_key=request_key,
+                actor=DISPATCH_ACTOR,
+                forced=forced,
+                lease_s=self._lease_s,
+                now=self.clock(),
+                cap=self._cap,
             )
         except AttemptLimitReached:
-            return [
-                self._attempt_limit_event(issue, self.ledger.get_task(task.id, now=self.clock()))
-            ]
+            now_task = self.ledger.get_task(task.id, now=self.clock())
+            return [self._attempt_limit_event(issue, now_task)]
+        except TaskBackingOff:
+            return []  # not due after all (another dispatcher's failure just landed)
         except AdmissionRefused as refused:
             return [
                 self._event(
                     EventKind.REFUSED, issue, task, attempt=expected, reason=refused.message
                 )
             ]
+        except Conflict as conflict:
+            # The same key with another request: another dispatcher ran this attempt as a
+            # forced retry (or not); it is theirs.
+            return [
+                self._event(
+                    EventKind.REFUSED, issue, task, attempt=expected, reason=conflict.message
+                )
+            ]
         with _IN_FLIGHT_LOCK:
             mine = (
                 run.status is AttemptStatus.RUNNING
                 and run.owner_pid == os.getpid()
+                and run.owner_host == socket.gethostname()
                 and run.id not in _IN_FLIGHT
             )
             if mine:
@@ -394,11 +469,33 @@ class Dispatcher:
                 )
             ]
         try:
-            outcome = self._run(issue, run)
+            with self._lease_kept(run):
+                outcome = self._run(issue, run)
         finally:
             with _IN_FLIGHT_LOCK:
                 _IN_FLIGHT.discard(run.id)
         return [self._after_run(issue, run, outcome)]
+
+    @contextmanager
+    def _lease_kept(self, run: Run) -> Iterator[None]:
+        """Renew the run's lease from a second thread while the runner runs."""
+        stop = threading.Event()
+        every = self._lease_s / 3
+
+        def renew() -> None:
+            while not stop.wait(every):
+                try:
+                    self.ledger.heartbeat(run.id, lease_s=self._lease_s, now=self.clock())
+                except ExecKitError as exc:
+                    _log.warning("run %s: its lease was not renewed: %s", run.id, exc.message)
+
+        keeper = threading.Thread(target=renew, name=f"execkit-lease:{run.id}", daemon=True)
+        keeper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            keeper.join()
 
     def _run(self, issue: BoardIssue, run: Run) -> RunOutcome:
         """Run the runner and record its outcome; ExecKitError when the ledger cannot take
@@ -417,7 +514,7 @@ class Dispatcher:
         except BaseException:
             # Interrupted mid-run (Ctrl-C): no proof of what happened, so abandoned (charged).
             # The interrupt is what must propagate; if the ledger cannot take this either,
-            # abandon_stale_runs marks the run once this process has exited.
+            # the run's lease runs out and the next admission abandons it.
             with suppress(ExecKitError):
                 self.ledger.finish_run(
                     run.id,
@@ -433,11 +530,13 @@ class Dispatcher:
     def _record(self, run_id: str) -> None:
         pending = self._unrecorded[run_id]
         outcome = pending.outcome
+        failed = outcome.status is RunStatus.FAILED
         self.ledger.finish_run(
             run_id,
             AttemptStatus(outcome.status),
-            failure_class=outcome.failure_class if outcome.status is RunStatus.FAILED else None,
+            failure_class=outcome.failure_class if failed else None,
             reason=outcome.ledger_reason(),
+            not_before=outcome.not_before if failed else None,
             now=pending.ended_at,
         )
         del self._unrecorded[run_id]
@@ -447,8 +546,8 @@ class Dispatcher:
             try:
                 self._record(run_id)
             except Conflict:
-                # Finished meanwhile as something else (abandoned by an operator or another
-                # host): the history already says how it ended.
+                # Finished meanwhile as something else (abandoned after its lease ran out):
+                # the history already says how it ended.
                 del self._unrecorded[run_id]
             except ExecKitError as exc:
                 _log.warning("run %s: its result is still not recorded: %s", run_id, exc.message)
@@ -473,10 +572,12 @@ class Dispatcher:
             fields["decision"] = after.reason
             if after.blocked_on is not BlockedOn.ATTEMPT_LIMIT:
                 fields["moved_to"] = self._give_up(issue, after)
-            if fields.get("moved_to") is None and after.blocked_on is BlockedOn.DISPATCH_CAP:
-                # Legacy retry past the cap: when it is due comes from the uncapped view.
-                plain = self.ledger.get_task(run.task_id, now=self.clock())
-                fields["next_attempt_at"] = plain.next_attempt_at
+                if fields["moved_to"] is None:
+                    # Legacy retry past the bound: when it is due comes from the forced view.
+                    forced = self.ledger.get_task(
+                        run.task_id, now=self.clock(), cap=self._cap, force=True
+                    )
+                    fields["next_attempt_at"] = forced.next_attempt_at
         else:
             fields["next_attempt_at"] = after.next_attempt_at
         return self._event(EventKind.DISPATCHED, issue, after, **fields)

@@ -81,9 +81,10 @@ def issue_statuses(
     dispatcher created. Reads only; an issue never dispatched has no task (`task_id` None),
     and `ledger=None` (no ledger yet) means no issue was.
 
-    A row at the dispatch cap whose give-up move is unavailable (`failed_state` None, or
-    the issue still in an eligible board state) shows the retry the dispatcher will make
-    past the cap (ADR 015's legacy behaviour), not a stop that will not happen.
+    A blocked row whose issue still stands in an eligible board state shows what the
+    dispatcher will do with it, not a stop that will not happen: an issue an operator moved
+    back after a give-up, or one whose board offers no state to give up into (ADR 015's
+    legacy retry), shows the forced retry it gets.
     """
     at = time.time() if now is None else now
     cap = config.cap
@@ -93,15 +94,22 @@ def issue_statuses(
         if t.title.startswith(TASK_TITLE_PREFIX)
     }
     still_eligible = {i.id for i in board.list_candidates()} if board is not None else set()
+    states = getattr(board, "states", None)
+    can_give_up = config.failed_state is not None and (
+        states is None or config.failed_state in {state.name for state in states}
+    )
 
     def row(issue_id: str, title: str, board_state: str | None, found: Task | None) -> IssueStatus:
         if ledger is None or found is None:
             return _status_row(issue_id, title, board_state, None, [], config)
         task = ledger.get_task(found.id, now=at, cap=cap)
-        if task.blocked_on is BlockedOn.DISPATCH_CAP and (
-            config.failed_state is None or issue_id in still_eligible
+        if (
+            task.state is TaskState.BLOCKED
+            and task.blocked_on is not BlockedOn.ATTEMPT_LIMIT
+            and issue_id in still_eligible
+            and (not can_give_up or task.gave_up_at_attempt == task.attempts_started)
         ):
-            task = ledger.get_task(found.id, now=at)
+            task = ledger.get_task(found.id, now=at, cap=cap, force=True)
         return _status_row(issue_id, title, board_state, task, ledger.runs(found.id), config)
 
     if board is not None:

@@ -13,10 +13,17 @@ from pathlib import Path
 
 from execkit._budget import Backoff, WorkBudget
 from execkit.ledger._model import (
+    ADMIN_ROLE,
     CAPABILITIES,
+    DEFAULT_LEASE_S,
+    KNOWN_ROLES,
     MAX_ATTEMPT_LIMIT,
+    MAX_LEASE_S,
+    MAX_UNCHARGED_LIMIT,
     OPERATE_ROLE,
+    Actor,
     AuditEvent,
+    Grant,
     Ledger,
     Run,
     Task,
@@ -26,12 +33,19 @@ from execkit.ledger._model import (
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger, migrate
 
 __all__ = [
+    "ADMIN_ROLE",
     "CAPABILITIES",
     "DB_ENV_VAR",
+    "DEFAULT_LEASE_S",
+    "KNOWN_ROLES",
     "MAX_ATTEMPT_LIMIT",
+    "MAX_LEASE_S",
+    "MAX_UNCHARGED_LIMIT",
     "OPERATE_ROLE",
     "SCHEMA_VERSION",
+    "Actor",
     "AuditEvent",
+    "Grant",
     "Ledger",
     "Migration",
     "Run",

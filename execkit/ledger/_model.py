@@ -1,34 +1,43 @@
 """The ledger's wire shapes and the `Ledger` interface every backend implements.
 
-The dispatcher and the CLI code against this module only; a backend (SQLite here,
-PostgreSQL later) implements `Ledger` with all of its SQL kept in its own module.
+The dispatcher, the CLI and the HTTP remote code against this module only; a backend
+(SQLite, PostgreSQL) implements the storage beneath `LedgerCore` (`_core.py`), and the
+remote client implements `Ledger` over HTTP.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 import attrs
+from attrs.validators import instance_of, max_len, optional
 
+from execkit._backoff import Backoff
 from execkit._budget import (
     EXPLICIT_LIMIT_MAX,
     Attempt,
     AttemptStatus,
-    Backoff,
     BlockedOn,
     DispatchCap,
     WorkBudget,
 )
 from execkit._classify import FailureClass
 from execkit._json import to_json
+from execkit._validate import checked, non_blank
 
 __all__ = [
+    "ADMIN_ROLE",
     "CAPABILITIES",
+    "DEFAULT_LEASE_S",
+    "KNOWN_ROLES",
     "MAX_ATTEMPT_LIMIT",
+    "MAX_LEASE_S",
+    "MAX_UNCHARGED_LIMIT",
     "OPERATE_ROLE",
+    "Actor",
     "AuditEvent",
+    "Grant",
     "Ledger",
     "Run",
     "Task",
@@ -36,13 +45,65 @@ __all__ = [
     "TaskStatus",
 ]
 
-CAPABILITIES = frozenset({"tasks.attempt_limits"})
+CAPABILITIES = frozenset({"tasks.attempt_limits", "runs.leases", "tasks.retry", "roles.grants"})
+"""What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
+limit (ADR 0033: an older server must not be assumed to enforce an unknown field)."""
 
 # ADR 0033: an explicit limit is 1..10000 total task-bound runs; 0 means "no explicit limit".
 MAX_ATTEMPT_LIMIT = EXPLICIT_LIMIT_MAX
 
+# ADR 0046: a per-item ceiling on consecutive upstream attempts; None = the ledger's budget.
+MAX_UNCHARGED_LIMIT = 1000
+
 # ADR 0033: after the first run, changing a task's limit needs this role.
 OPERATE_ROLE = "agent.operate"
+# Granting and revoking roles needs this role (or owning the ledger).
+ADMIN_ROLE = "ledger.admin"
+KNOWN_ROLES = frozenset({OPERATE_ROLE, ADMIN_ROLE})
+
+DEFAULT_LEASE_S = 300.0
+"""How long a running run's lease lasts unless its runner renews it (`heartbeat`). A run
+whose lease has expired is abandoned by the next admission on its task, on any host."""
+MAX_LEASE_S = 7 * 24 * 3600.0
+
+_NAME = checked("a non-empty string of at most 200 characters", non_blank, max_len(200))
+
+
+@attrs.frozen
+class Actor:
+    """Who acts: an identity the caller has established (the operating-system user, a
+    token's owner), optionally acting for someone else.
+
+    Roles are always those of `name`; the audit records `"X on behalf of Y"`, never Y.
+    """
+
+    name: str = attrs.field(validator=_NAME)
+    on_behalf_of: str | None = attrs.field(
+        default=None, validator=checked("a name or None", optional(instance_of(str)))
+    )
+
+    def __str__(self) -> str:
+        if self.on_behalf_of:
+            return f"{self.name} on behalf of {self.on_behalf_of}"
+        return self.name
+
+    @classmethod
+    def of(cls, value: Actor | str) -> Actor:
+        """`value` as an Actor (a bare string is an identity acting for itself)."""
+        return value if isinstance(value, Actor) else cls(value)
+
+
+@attrs.frozen
+class Grant:
+    """A role held by a principal, and who granted it when."""
+
+    principal: str
+    role: str
+    granted_by: str
+    granted_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
 
 
 class TaskStatus(enum.StrEnum):
@@ -68,8 +129,11 @@ class TaskState(enum.StrEnum):
 class Run:
     """One admitted run: a row of the immutable history.
 
-    `owner_host`/`owner_pid` name the process that owns a running run, so that a run whose
-    owner died can be marked abandoned (`Ledger.abandon_stale_runs`).
+    A running run holds a lease until `lease_expires_at`, which its runner renews while
+    the child lives (`Ledger.heartbeat`); once it has expired the next admission on the
+    task abandons the run, on any host. `owner_host`/`owner_pid` say which process admitted
+    it (for the operator: liveness is the lease's business). `not_before` is the vendor's
+    reset time recorded with a failure: the next attempt waits for it.
     """
 
     id: str
@@ -85,6 +149,8 @@ class Run:
     ended_at: float | None
     owner_host: str = ""
     owner_pid: int = 0
+    lease_expires_at: float | None = None
+    not_before: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe wire shape (`failure_class` as its string value or None)."""
@@ -110,6 +176,9 @@ class Task:
     next_attempt_at: float | None
     created_by: str
     created_at: float
+    max_uncharged_attempts: int  # the ceiling in force: the task's own, else the ledger's
+    retry_pending: bool = False  # an operator asked for one forced retry (`retry_task`)
+    gave_up_at_attempt: int | None = None  # a dispatcher gave its issue up at this count
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe wire shape (every field is a str, int, float, bool or None)."""
@@ -133,28 +202,42 @@ class AuditEvent:
 
 
 class Ledger(Protocol):
-    """Durable tasks and runs. Every method is one transaction; errors are ExecKitError."""
+    """Durable tasks and runs. Every method is one transaction; errors are ExecKitError.
+
+    `actor` is an identity the caller established (see `Actor`); roles come from the grants
+    stored in the ledger, never from the caller.
+    """
 
     budget: WorkBudget
     backoff: Backoff
 
     def capabilities(self) -> frozenset[str]: ...
     def schema_version(self) -> int: ...
+    def ledger_id(self) -> str: ...
+    def location(self) -> str: ...
 
     def create_task(
         self,
         title: str,
         *,
         max_attempts: int = 0,
+        max_uncharged_attempts: int | None = None,
         idempotency_key: str | None = None,
-        actor: str,
+        actor: Actor | str,
+        now: float | None = None,
     ) -> Task: ...
 
     def get_task(
-        self, task_id: str, *, now: float | None = None, cap: DispatchCap | None = None
+        self,
+        task_id: str,
+        *,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+        force: bool = False,
     ) -> Task: ...
     def list_tasks(self, *, now: float | None = None) -> list[Task]: ...
     def runs(self, task_id: str) -> list[Run]: ...
+    def run(self, run_id: str) -> Run: ...
     def history(self, task_id: str) -> list[Attempt]: ...
 
     def start_run(
@@ -162,10 +245,16 @@ class Ledger(Protocol):
         task_id: str,
         *,
         request_key: str,
-        actor: str,
+        actor: Actor | str,
         forced: bool = False,
+        ignore_backoff: bool = False,
+        lease_s: float = DEFAULT_LEASE_S,
         now: float | None = None,
         cap: DispatchCap | None = None,
+    ) -> Run: ...
+
+    def heartbeat(
+        self, run_id: str, *, lease_s: float | None = None, now: float | None = None
     ) -> Run: ...
 
     def finish_run(
@@ -175,10 +264,25 @@ class Ledger(Protocol):
         *,
         failure_class: FailureClass | None = None,
         reason: str | None = None,
+        not_before: float | None = None,
         now: float | None = None,
     ) -> Run: ...
 
-    def abandon_stale_runs(self, *, now: float | None = None) -> list[Run]: ...
+    def abandon_expired_runs(self, *, now: float | None = None) -> list[Run]: ...
+
+    def retry_task(
+        self,
+        task_id: str,
+        *,
+        actor: Actor | str,
+        reason: str | None = None,
+        force: bool = False,
+        now: float | None = None,
+    ) -> Task: ...
+
+    def record_give_up(
+        self, task_id: str, *, state: str, actor: Actor | str, now: float | None = None
+    ) -> Task: ...
 
     def set_attempt_limit(
         self,
@@ -186,12 +290,24 @@ class Ledger(Protocol):
         max_attempts: int,
         *,
         expected_max_attempts: int,
-        actor: str,
-        roles: Sequence[str] = (),
+        actor: Actor | str,
         idempotency_key: str | None = None,
+        now: float | None = None,
     ) -> Task: ...
 
-    def cancel_task(self, task_id: str, *, actor: str) -> Task: ...
+    def cancel_task(
+        self, task_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> Task: ...
+
+    def grant_role(
+        self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
+    ) -> Grant: ...
+    def revoke_role(
+        self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
+    ) -> bool: ...
+    def grants(self, principal: str | None = None) -> list[Grant]: ...
+
     def audit_events(self, task_id: str | None = None) -> list[AuditEvent]: ...
-    def validate(self) -> list[str]: ...
+    def validate(self, *, now: float | None = None) -> list[str]: ...
+    def repair(self, *, now: float | None = None) -> list[str]: ...
     def close(self) -> None: ...

@@ -15,28 +15,43 @@ this code knows raises `SchemaTooNew` before anything is written to it.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
+import pwd
 import sqlite3
+import stat
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
-from execkit._budget import AttemptStatus, WorkBudget
+from execkit._budget import Attempt, AttemptStatus, HistorySummary, WorkBudget, summarize
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, NotFound, SchemaTooNew, StorageError
 from execkit._json import to_json
-from execkit.ledger._core import LedgerCore, TaskRecord
-from execkit.ledger._model import CAPABILITIES, AuditEvent, Run, TaskStatus
+from execkit.ledger._core import LedgerCore, TaskRecord, attempt_from_run
+from execkit.ledger._model import (
+    CAPABILITIES,
+    DEFAULT_LEASE_S,
+    AuditEvent,
+    Grant,
+    Run,
+    TaskStatus,
+)
 
 __all__ = ["SCHEMA_VERSION", "Migration", "SqliteLedger", "SqliteStore", "migrate"]
 
 # Version 1: the legacy store (no attempt limits). Version 2 (ADR 0033): attempt limits
-# keyed by task id and the run-history index by task and creation order; additive only.
+# keyed by task id and the run-history index by task and creation order. Version 3: run
+# leases and reset times, per-task uncharged ceilings and pending operator retries, the
+# per-task summary that admission reads instead of the whole history, role grants and
+# the ledger's identity. Every step is additive.
 _SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -100,23 +115,89 @@ _SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX runs_by_task_creation ON runs (task_id, seq)",
     ),
+    3: (
+        # New facts go into new tables keyed by the old rows, so every version-2 object
+        # stays defined (and every row stored) exactly as before.
+        """CREATE TABLE run_extras (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id),
+            lease_expires_at REAL,
+            lease_s REAL CHECK (lease_s IS NULL OR lease_s > 0),
+            not_before REAL
+        )""",
+        """CREATE TABLE task_extras (
+            task_id TEXT PRIMARY KEY REFERENCES tasks (id),
+            max_uncharged_attempts INTEGER
+                CHECK (max_uncharged_attempts IS NULL
+                       OR max_uncharged_attempts BETWEEN 1 AND 1000),
+            retry_requested_by TEXT,
+            retry_requested_at REAL,
+            gave_up_at_attempt INTEGER
+        )""",
+        """CREATE TABLE task_summaries (
+            task_id TEXT PRIMARY KEY REFERENCES tasks (id),
+            attempts_used INTEGER NOT NULL CHECK (attempts_used >= 0),
+            charged_attempts INTEGER NOT NULL CHECK (charged_attempts >= 0),
+            uncharged_streak INTEGER NOT NULL CHECK (uncharged_streak >= 0),
+            streak_reason TEXT,
+            running INTEGER,
+            last_number INTEGER,
+            last_status TEXT
+                CHECK (last_status IS NULL
+                       OR last_status IN ('running', 'succeeded', 'failed', 'abandoned')),
+            last_class TEXT
+                CHECK (last_class IS NULL OR last_class IN ('work', 'environment', 'upstream')),
+            last_reason TEXT,
+            last_started_at REAL,
+            last_ended_at REAL,
+            last_forced INTEGER NOT NULL DEFAULT 0 CHECK (last_forced IN (0, 1)),
+            last_not_before REAL
+        )""",
+        """CREATE TABLE ledger_meta (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        )""",
+        """CREATE TABLE role_grants (
+            principal TEXT NOT NULL,
+            role TEXT NOT NULL,
+            granted_by TEXT NOT NULL,
+            granted_at REAL NOT NULL,
+            PRIMARY KEY (principal, role)
+        )""",
+        "CREATE UNIQUE INDEX runs_by_task_request_key ON runs (task_id, request_key)",
+        "CREATE INDEX run_extras_by_lease ON run_extras (lease_expires_at)",
+    ),
 }
 SCHEMA_VERSION = max(_SCHEMA_STEPS)
 
-_RUN_COLUMNS = (
-    "id, task_id, attempt, status, failure_class, reason, request_key, actor, forced, "
-    "started_at, ended_at, owner_host, owner_pid"
+_RUN_SELECT = (
+    "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
+    "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
+    "x.lease_expires_at, x.not_before FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
+)
+_SUMMARY_COLUMNS = (
+    "attempts_used, charged_attempts, uncharged_streak, streak_reason, running, last_number, "
+    "last_status, last_class, last_reason, last_started_at, last_ended_at, last_forced, "
+    "last_not_before"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
-    "COALESCE(l.max_attempts, 0) FROM tasks t "
-    "LEFT JOIN task_attempt_limits l ON l.task_id = t.id"
+    "COALESCE(l.max_attempts, 0), e.max_uncharged_attempts, e.retry_requested_by, "
+    "e.gave_up_at_attempt, "
+    + ", ".join(f"s.{column.strip()}" for column in _SUMMARY_COLUMNS.split(","))
+    + " FROM tasks t LEFT JOIN task_attempt_limits l ON l.task_id = t.id "
+    "LEFT JOIN task_extras e ON e.task_id = t.id "
+    "LEFT JOIN task_summaries s ON s.task_id = t.id"
 )
 _DEFAULT_BUDGET = WorkBudget()
+# Owner-only: a ledger holds reasons and audit rows that are nobody else's business.
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
 
 # Testing seam: the crash test sets this in a child process to hold the admission
 # transaction open after the INSERT (before COMMIT) and kills the child there.
 _after_admission_insert: Callable[[], None] | None = None
+
+_E = TypeVar("_E", bound=enum.Enum)
 
 
 @attrs.frozen
@@ -131,13 +212,27 @@ class Migration:
         return to_json(self)
 
 
+def _domain(kind: type[_E], value: Any, where: str) -> _E:
+    """A stored value as its enum; a value this execkit does not know is a StorageError
+    naming the row (a newer writer or a hand edit), never a traceback."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in kind)
+        raise StorageError(
+            f"{where} holds {value!r}, which is not one of {allowed}; "
+            "`execkit db check` lists every such row"
+        ) from None
+
+
 def _run_from_row(row: Sequence[Any]) -> Run:
+    where = f"run {row[0]!r}"
     return Run(
         id=row[0],
         task_id=row[1],
         attempt=row[2],
-        status=AttemptStatus(row[3]),
-        failure_class=FailureClass(row[4]) if row[4] is not None else None,
+        status=_domain(AttemptStatus, row[3], f"{where} status"),
+        failure_class=None if row[4] is None else _domain(FailureClass, row[4], f"{where} class"),
         reason=row[5],
         request_key=row[6],
         actor=row[7],
@@ -146,6 +241,69 @@ def _run_from_row(row: Sequence[Any]) -> Run:
         ended_at=row[10],
         owner_host=row[11],
         owner_pid=row[12],
+        lease_expires_at=row[13],
+        not_before=row[14],
+    )
+
+
+def _summary_from_row(row: Sequence[Any]) -> HistorySummary:
+    if row[0] is None:  # no summary row: the task has no history yet
+        return HistorySummary()
+    last = None
+    if row[5] is not None:
+        last = Attempt(
+            number=row[5],
+            status=_domain(AttemptStatus, row[6], "summary last_status"),
+            failure_class=None
+            if row[7] is None
+            else _domain(FailureClass, row[7], "summary last_class"),
+            reason=row[8],
+            started_at=row[9],
+            ended_at=row[10],
+            forced=bool(row[11]),
+            not_before=row[12],
+        )
+    return HistorySummary(
+        attempts_used=row[0],
+        charged_attempts=row[1],
+        uncharged_streak=row[2],
+        streak_reason=row[3],
+        running=row[4],
+        last=last,
+    )
+
+
+def _summary_values(summary: HistorySummary) -> tuple[Any, ...]:
+    last = summary.last
+    return (
+        summary.attempts_used,
+        summary.charged_attempts,
+        summary.uncharged_streak,
+        summary.streak_reason,
+        summary.running,
+        None if last is None else last.number,
+        None if last is None else last.status,
+        None if last is None or last.failure_class is None else last.failure_class,
+        None if last is None else last.reason,
+        None if last is None else last.started_at,
+        None if last is None else last.ended_at,
+        int(last.forced) if last is not None else 0,
+        None if last is None else last.not_before,
+    )
+
+
+def _task_from_row(row: Sequence[Any]) -> TaskRecord:
+    return TaskRecord(
+        id=row[0],
+        title=row[1],
+        status=_domain(TaskStatus, row[2], f"task {row[0]!r} status"),
+        created_by=row[3],
+        created_at=row[4],
+        max_attempts=row[5],
+        max_uncharged_attempts=row[6],
+        retry_requested_by=row[7],
+        gave_up_at_attempt=row[8],
+        summary=_summary_from_row(row[9:]),
     )
 
 
@@ -160,51 +318,53 @@ def _backup_path_for(path: Path, version: int) -> Path:
 
 
 class _SqliteTx:
-    """One transaction on the store's connection (see `Tx` in `_core.py`)."""
+    """One transaction on the store's connection (see `Tx` in `_core.py`).
+
+    Every write runs under BEGIN IMMEDIATE, which holds the database's write lock for the
+    whole transaction, so `lock=True` needs nothing more here.
+    """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
-    def task(self, task_id: str) -> TaskRecord | None:
+    def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         row = self._conn.execute(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
-        return None if row is None else TaskRecord(*row)
+        return None if row is None else _task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
-        return [TaskRecord(*row) for row in self._conn.execute(f"{_TASK_SELECT} ORDER BY t.seq")]
+        rows = self._conn.execute(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
+        return [_task_from_row(row) for row in rows]
 
     def runs(self, task_id: str) -> list[Run]:
         rows = self._conn.execute(
-            f"SELECT {_RUN_COLUMNS} FROM runs WHERE task_id = ? ORDER BY seq", (task_id,)
+            f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,)
         ).fetchall()
         return [_run_from_row(row) for row in rows]
 
     def all_runs(self) -> list[Run]:
-        return [
-            _run_from_row(row)
-            for row in self._conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY seq")
-        ]
+        rows = self._conn.execute(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
+        return [_run_from_row(row) for row in rows]
 
     def run(self, run_id: str) -> Run | None:
+        row = self._conn.execute(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
+        return None if row is None else _run_from_row(row)
+
+    def run_at(self, task_id: str, attempt: int) -> Run | None:
         row = self._conn.execute(
-            f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)
+            f"{_RUN_SELECT} WHERE r.task_id = ? AND r.attempt = ?", (task_id, attempt)
         ).fetchone()
         return None if row is None else _run_from_row(row)
 
-    def running_runs(self, host: str) -> list[tuple[Run, float | None]]:
+    def expired_runs(self, now: float) -> list[Run]:
         rows = self._conn.execute(
-            f"SELECT {_RUN_COLUMNS}, owner_started_at FROM runs "
-            "WHERE status = 'running' AND owner_host = ? ORDER BY seq",
-            (host,),
+            f"{_RUN_SELECT} WHERE r.status = 'running' AND x.lease_expires_at <= ? ORDER BY r.seq",
+            (now,),
         ).fetchall()
-        return [(_run_from_row(row), row[-1]) for row in rows]
+        return [_run_from_row(row) for row in rows]
 
-    def run_count(self, task_id: str) -> int:
-        (count,) = self._conn.execute(
-            "SELECT COUNT(*) FROM runs WHERE task_id = ?", (task_id,)
-        ).fetchone()
-        return int(count)
-
-    def insert_task(self, title: str, actor: str, at: float) -> str:
+    def insert_task(
+        self, title: str, actor: str, at: float, max_uncharged_attempts: int | None
+    ) -> str:
         seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM tasks").fetchone()[0]
         task_id = f"t-{seq}"
         self._conn.execute(
@@ -212,11 +372,32 @@ class _SqliteTx:
             " VALUES (?, ?, ?, 'open', ?, ?, ?)",
             (seq, task_id, title, actor, at, at),
         )
+        if max_uncharged_attempts is not None:
+            self._conn.execute(
+                "INSERT INTO task_extras (task_id, max_uncharged_attempts) VALUES (?, ?)",
+                (task_id, max_uncharged_attempts),
+            )
         return task_id
 
     def set_task_status(self, task_id: str, status: TaskStatus, at: float) -> None:
         self._conn.execute(
             "UPDATE tasks SET status = ?, updated_at = ? WHERE id = ?", (status, at, task_id)
+        )
+
+    def set_retry(self, task_id: str, requested_by: str | None, at: float | None) -> None:
+        self._conn.execute(
+            "INSERT INTO task_extras (task_id, retry_requested_by, retry_requested_at) "
+            "VALUES (?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
+            "retry_requested_by = excluded.retry_requested_by, "
+            "retry_requested_at = excluded.retry_requested_at",
+            (task_id, requested_by, at),
+        )
+
+    def set_gave_up(self, task_id: str, attempts: int | None) -> None:
+        self._conn.execute(
+            "INSERT INTO task_extras (task_id, gave_up_at_attempt) VALUES (?, ?) "
+            "ON CONFLICT (task_id) DO UPDATE SET gave_up_at_attempt = excluded.gave_up_at_attempt",
+            (task_id, attempts),
         )
 
     def upsert_limit(self, task_id: str, max_attempts: int, actor: str, at: float) -> None:
@@ -228,13 +409,25 @@ class _SqliteTx:
             (task_id, max_attempts, actor, at),
         )
 
-    def insert_run(self, run: Run, owner_started_at: float | None) -> Run:
+    def write_summary(self, task_id: str, summary: HistorySummary) -> None:
+        placeholders = ", ".join("?" * 14)
+        updates = ", ".join(
+            f"{column.strip()} = excluded.{column.strip()}"
+            for column in _SUMMARY_COLUMNS.split(",")
+        )
+        self._conn.execute(
+            f"INSERT INTO task_summaries (task_id, {_SUMMARY_COLUMNS}) VALUES ({placeholders}) "
+            f"ON CONFLICT (task_id) DO UPDATE SET {updates}",
+            (task_id, *_summary_values(summary)),
+        )
+
+    def insert_run(self, run: Run, lease_s: float) -> Run:
         seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
         stored = attrs.evolve(run, id=f"r-{seq}")
         self._conn.execute(
             "INSERT INTO runs (seq, id, task_id, attempt, status, request_key, actor, "
-            "forced, owner_host, owner_pid, owner_started_at, started_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "forced, owner_host, owner_pid, started_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 seq,
                 stored.id,
@@ -246,9 +439,12 @@ class _SqliteTx:
                 int(stored.forced),
                 stored.owner_host,
                 stored.owner_pid,
-                owner_started_at,
                 stored.started_at,
             ),
+        )
+        self._conn.execute(
+            "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) VALUES (?, ?, ?)",
+            (stored.id, stored.lease_expires_at, lease_s),
         )
         if _after_admission_insert is not None:
             _after_admission_insert()
@@ -260,6 +456,7 @@ class _SqliteTx:
         status: AttemptStatus,
         failure_class: FailureClass | None,
         reason: str | None,
+        not_before: float | None,
         at: float,
     ) -> bool:
         changed = self._conn.execute(
@@ -267,7 +464,28 @@ class _SqliteTx:
             "WHERE id = ? AND status = 'running'",
             (status, failure_class, reason, at, run_id),
         ).rowcount
+        if changed and not_before is not None:
+            self._conn.execute(
+                "INSERT INTO run_extras (run_id, not_before) VALUES (?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET not_before = excluded.not_before",
+                (run_id, not_before),
+            )
         return bool(changed)
+
+    def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:
+        changed = self._conn.execute(
+            "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id) DO UPDATE SET lease_expires_at = excluded.lease_expires_at, "
+            "lease_s = COALESCE(excluded.lease_s, run_extras.lease_s)",
+            (run_id, expires_at, lease_s),
+        ).rowcount
+        return bool(changed)
+
+    def lease_of(self, run_id: str) -> float:
+        row = self._conn.execute(
+            "SELECT lease_s FROM run_extras WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
 
     def audit(
         self,
@@ -323,13 +541,81 @@ class _SqliteTx:
             (scope, key, fingerprint, json.dumps(response, sort_keys=True), at),
         )
 
+    def grants(self, principal: str | None) -> list[Grant]:
+        sql = "SELECT principal, role, granted_by, granted_at FROM role_grants"
+        params: tuple[str, ...] = ()
+        if principal is not None:
+            sql += " WHERE principal = ?"
+            params = (principal,)
+        rows = self._conn.execute(sql + " ORDER BY principal, role", params).fetchall()
+        return [Grant(*row) for row in rows]
+
+    def put_grant(self, grant: Grant) -> bool:
+        changed = self._conn.execute(
+            "INSERT INTO role_grants (principal, role, granted_by, granted_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (principal, role) DO NOTHING",
+            (grant.principal, grant.role, grant.granted_by, grant.granted_at),
+        ).rowcount
+        return bool(changed)
+
+    def delete_grant(self, principal: str, role: str) -> bool:
+        changed = self._conn.execute(
+            "DELETE FROM role_grants WHERE principal = ? AND role = ?", (principal, role)
+        ).rowcount
+        return bool(changed)
+
+    def meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM ledger_meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+
+def _after_schema_3(conn: sqlite3.Connection, now: float) -> None:
+    """Version 3's data step: the ledger's identity, a summary for every task built from
+    its history, and a fresh lease for runs a v2 ledger saw running (their owners were
+    tracked by pid; from now on they must renew, or they are abandoned)."""
+    conn.execute(
+        "INSERT OR IGNORE INTO ledger_meta (key, value) VALUES ('ledger_id', ?)",
+        (uuid.uuid4().hex,),
+    )
+    conn.execute(
+        "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) "
+        "SELECT id, ?, ? FROM runs WHERE status = 'running'",
+        (now + DEFAULT_LEASE_S, DEFAULT_LEASE_S),
+    )
+    tx = _SqliteTx(conn)
+    for (task_id,) in conn.execute("SELECT id FROM tasks ORDER BY seq").fetchall():
+        history = [attempt_from_run(run) for run in tx.runs(task_id)]
+        try:
+            summary = summarize(history)
+        except Exception:  # a broken history keeps no summary; `db check` reports it
+            continue
+        tx.write_summary(task_id, summary)
+
+
+_DATA_STEPS: dict[int, Callable[[sqlite3.Connection, float], None]] = {3: _after_schema_3}
+
+
+def _create_owner_only(path: Path) -> None:
+    """Make an empty file at `path` readable and writable by its owner only (and its
+    folder, when execkit creates it, enterable by its owner only)."""
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(parent, _DIR_MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+    os.close(fd)
+
 
 class SqliteStore:
     """The SQLite backend: one connection, its transactions, schema and migrations.
 
-    Opening creates the file (and its folder) unless `create=False`, migrates an older
-    schema after writing a backup (`self.migration`), and refuses a newer one with
-    `SchemaTooNew` without writing anything. `upgrade=False` opens without writing at all.
+    `create=True` creates a ledger at a path where nothing exists (its file 0600, a new
+    folder 0700); an existing file is never re-initialised, an empty one included (it may
+    be a truncated ledger): only `init=True` (`execkit db init`) makes an empty file a
+    ledger. `upgrade=True` migrates an older schema after writing a backup
+    (`self.migration`); `upgrade=False` opens without writing anything, and then only
+    inspection works until the schema is current. A newer schema is refused with
+    `SchemaTooNew`, nothing written.
     """
 
     def __init__(
@@ -338,21 +624,23 @@ class SqliteStore:
         *,
         create: bool = True,
         upgrade: bool = True,
+        init: bool = False,
         busy_timeout_s: float = 30.0,
     ) -> None:
         self.path = Path(path)
         self.migration: Migration | None = None
         self._busy_timeout_s = busy_timeout_s
-        if not self.path.exists():
-            if not create:
-                raise NotFound(f"no ledger database at {self.path}")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._outdated = False
+        # One connection, shared by the threads of one owner (a dispatcher renewing its
+        # runs' leases while they run): each transaction holds this lock for its length.
+        self._lock = threading.RLock()
+        self._open_file(create=create, init=init)
         try:
-            self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
+            self._conn = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
-            raise InvalidInput(
-                f"cannot open ledger database {self.path}: {exc}", field="path"
-            ) from exc
+            raise StorageError(f"cannot open ledger database {self.path}: {exc}") from exc
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             self._conn.execute("PRAGMA foreign_keys = ON")
@@ -368,24 +656,70 @@ class SqliteStore:
                     self._conn.execute("PRAGMA journal_mode = WAL")
                 if found < SCHEMA_VERSION:
                     self.migration = self._upgrade(found)
+            else:
+                self._outdated = found < SCHEMA_VERSION
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, I/O, ...
             self._conn.close()
             raise StorageError(f"cannot open ledger database {self.path}: {exc}") from exc
         except sqlite3.DatabaseError as exc:  # not an SQLite file at all
             self._conn.close()
-            raise InvalidInput(
-                f"{self.path} is not a usable ledger database: {exc}", field="path"
-            ) from exc
+            raise StorageError(f"{self.path} is not a usable ledger database: {exc}") from exc
         except BaseException:
             self._conn.close()
             raise
 
+    def _open_file(self, *, create: bool, init: bool) -> None:
+        path = self.path
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            info = None
+        except NotADirectoryError:
+            raise InvalidInput(
+                f"{path}: a parent of the ledger path is a file, not a folder", field="path"
+            ) from None
+        except OSError as exc:
+            raise StorageError(f"cannot reach ledger database {path}: {exc}") from exc
+        if info is None:
+            if not (create or init):
+                raise NotFound(f"no ledger database at {path}")
+            try:
+                _create_owner_only(path)
+            except (FileExistsError, NotADirectoryError):
+                raise InvalidInput(
+                    f"{path}: a parent of the ledger path is a file, not a folder", field="path"
+                ) from None
+            except OSError as exc:
+                raise StorageError(f"cannot create ledger database {path}: {exc}") from exc
+            return
+        if stat.S_ISDIR(info.st_mode):
+            raise InvalidInput(f"{path} is a directory, not a ledger file", field="path")
+        if info.st_size == 0 and not init:
+            raise StorageError(
+                f"{path} is an empty file, not an execkit ledger (a truncated one?): execkit "
+                f"will not silently start a new ledger over it; `execkit db init --db {path}` "
+                "makes it a new, empty ledger"
+            )
+
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._conn.close()
+
+    def _current(self) -> None:
+        if self._outdated:
+            raise StorageError(
+                f"{self.path} has schema version {self._read_version()} and this command "
+                f"needs {SCHEMA_VERSION}: run `execkit db migrate` (it backs the file up first)"
+            )
 
     @contextlib.contextmanager
     def write(self) -> Iterator[_SqliteTx]:
         """One write transaction: BEGIN IMMEDIATE takes the write lock before any read."""
+        with self._lock:
+            yield from self._write()
+
+    def _write(self) -> Iterator[_SqliteTx]:
+        self._current()
         try:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -408,6 +742,11 @@ class SqliteStore:
     @contextlib.contextmanager
     def read(self) -> Iterator[_SqliteTx]:
         """One read transaction, so several SELECTs see one snapshot."""
+        with self._lock:
+            yield from self._read()
+
+    def _read(self) -> Iterator[_SqliteTx]:
+        self._current()
         try:
             self._conn.execute("BEGIN")
             try:
@@ -421,6 +760,20 @@ class SqliteStore:
     def schema_version(self) -> int:
         return self._read_version()
 
+    def location(self) -> str:
+        return str(self.path.resolve())
+
+    def owner(self) -> str | None:
+        """The operating-system user who owns the ledger file."""
+        try:
+            uid = self.path.stat().st_uid
+        except OSError:
+            return None
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+
     def _read_version(self) -> int:
         names = {
             row[0]
@@ -428,15 +781,15 @@ class SqliteStore:
         }
         if "schema_version" not in names:
             if names:
-                raise InvalidInput(
-                    f"{self.path} is an SQLite file but not an execkit ledger", field="path"
-                )
+                raise StorageError(f"{self.path} is an SQLite file but not an execkit ledger")
             return 0
         version = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         return int(version or 0)
 
     def _upgrade(self, found: int) -> Migration | None:
-        with self.write():
+        with contextlib.ExitStack() as stack:
+            self._conn.execute("BEGIN IMMEDIATE")
+            stack.callback(self._end_transaction)
             # Re-read under the write lock: another process may have migrated (or created
             # the file) since `found` was read, and nobody can write from here on, so the
             # backup below is exactly the state the migration starts from.
@@ -450,18 +803,27 @@ class SqliteStore:
             for version in range(current + 1, SCHEMA_VERSION + 1):
                 for statement in _SCHEMA_STEPS[version]:
                     self._conn.execute(statement)
+                data_step = _DATA_STEPS.get(version)
+                if data_step is not None:
+                    data_step(self._conn, now)
                 self._conn.execute(
                     "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
                     (version, now),
                 )
+            self._conn.execute("COMMIT")
         return Migration(from_version=current, to_version=SCHEMA_VERSION, backup_path=backup)
 
+    def _end_transaction(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
     def _backup(self, version: int) -> Path:
-        """Copy the file to a new backup beside it (ADR 0033: restoring it is the way back
-        to an older execkit). Called under our write lock; it reads through a second
-        connection because SQLite cannot back up from a connection inside a write
+        """Copy the file to a new owner-only backup beside it (ADR 0033: restoring it is the
+        way back to an older execkit). Called under our write lock; it reads through a
+        second connection because SQLite cannot back up from a connection inside a write
         transaction, and readers are not blocked by that lock."""
         backup = _backup_path_for(self.path, version)
+        _create_owner_only(backup)
         source = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
         try:
             target = sqlite3.connect(backup)
@@ -477,24 +839,97 @@ class SqliteStore:
         return backup
 
     def storage_problems(self) -> list[str]:
+        """The file's integrity, then every row outside its domain, each named."""
         problems: list[str] = []
-        with self.read():
+        try:
             for (message,) in self._conn.execute("PRAGMA quick_check"):
                 if message != "ok":
                     problems.append(f"storage: {message}")
             for row in self._conn.execute("PRAGMA foreign_key_check"):
                 problems.append(f"storage: row {row[1]} of {row[0]} references a missing {row[2]}")
+            tables = {
+                row[0]
+                for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            needed = {"tasks", "runs", "audit", "idempotency", "task_attempt_limits"}
+            if self.schema_version() >= 3:
+                needed |= {
+                    "task_summaries",
+                    "ledger_meta",
+                    "role_grants",
+                    "run_extras",
+                    "task_extras",
+                }
+            for missing in sorted(needed - tables):
+                problems.append(f"storage: table {missing} is missing")
+            if "runs" in tables:
+                problems += self._domain_problems(
+                    "runs", "id", "status", AttemptStatus, "status of run"
+                )
+                problems += self._domain_problems(
+                    "runs", "id", "failure_class", FailureClass, "class of run"
+                )
+            if "tasks" in tables:
+                problems += self._domain_problems(
+                    "tasks", "id", "status", TaskStatus, "status of task"
+                )
+            problems += self._shape_problems(tables)
+        except sqlite3.Error as exc:
+            problems.append(f"storage: {exc}")
         return problems
 
+    def _shape_problems(self, tables: set[str]) -> list[str]:
+        """Stored values of the wrong type (SQLite keeps whatever it is given)."""
+        checks = {
+            "runs": (
+                ("attempt", "typeof(attempt) != 'integer' OR attempt < 1", "attempt"),
+                ("reason", "reason IS NOT NULL AND typeof(reason) != 'text'", "reason"),
+                ("started_at", "typeof(started_at) NOT IN ('real', 'integer')", "start time"),
+                (
+                    "ended_at",
+                    "ended_at IS NOT NULL AND typeof(ended_at) NOT IN ('real', 'integer')",
+                    "end time",
+                ),
+            ),
+            "tasks": (
+                ("title", "typeof(title) != 'text'", "title"),
+                ("created_at", "typeof(created_at) NOT IN ('real', 'integer')", "creation time"),
+            ),
+        }
+        problems: list[str] = []
+        for table, columns in checks.items():
+            if table not in tables:
+                continue
+            for column, bad, what in columns:
+                rows = self._conn.execute(
+                    f"SELECT id, {column} FROM {table} WHERE {bad}"
+                ).fetchall()
+                problems += [f"{row[0]}: the {what} stored is {row[1]!r}" for row in rows]
+        return problems
+
+    def _domain_problems(
+        self, table: str, key: str, column: str, kind: type[enum.Enum], what: str
+    ) -> list[str]:
+        allowed = tuple(str(member.value) for member in kind)
+        marks = ", ".join("?" * len(allowed))
+        rows = self._conn.execute(
+            f"SELECT {key}, {column} FROM {table} "
+            f"WHERE {column} IS NOT NULL AND {column} NOT IN ({marks})",
+            allowed,
+        ).fetchall()
+        return [f"{row[0]}: {what} is {row[1]!r}, not one of {', '.join(allowed)}" for row in rows]
+
     def info(self) -> dict[str, Any]:
-        """Facts for `execkit db status` (JSON-safe)."""
-        with self.read():
+        """Facts for `execkit db status` (JSON-safe); works on an older schema too."""
+        try:
             (tasks,) = self._conn.execute("SELECT COUNT(*) FROM tasks").fetchone()
             (runs,) = self._conn.execute("SELECT COUNT(*) FROM runs").fetchone()
             (running,) = self._conn.execute(
                 "SELECT COUNT(*) FROM runs WHERE status = 'running'"
             ).fetchone()
             (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
+        except sqlite3.Error as exc:
+            raise StorageError(f"ledger read failed ({self.path}): {exc}") from exc
         version = self._read_version()
         return {
             "path": str(self.path),
@@ -510,14 +945,9 @@ class SqliteStore:
 
 
 class SqliteLedger(LedgerCore):
-    """The embedded ledger over one SQLite file (see the module docstring).
-
-    Opening creates the file (and its folder) unless `create=False`, migrates an older
-    schema after writing a backup (`self.migration` says what happened), and refuses a
-    newer one with `SchemaTooNew` without writing anything. `upgrade=False` opens without
-    writing at all (for inspection: `status_info`); other operations then need the
-    current schema. Not thread-safe: one per thread or process.
-    """
+    """The embedded ledger over one SQLite file (see the module docstring and
+    `SqliteStore` for what opening creates, migrates or refuses). Not thread-safe: one per
+    thread or process."""
 
     def __init__(
         self,
@@ -527,9 +957,12 @@ class SqliteLedger(LedgerCore):
         backoff: Backoff = SCHEDULER_BACKOFF,
         create: bool = True,
         upgrade: bool = True,
+        init: bool = False,
         busy_timeout_s: float = 30.0,
     ) -> None:
-        store = SqliteStore(path, create=create, upgrade=upgrade, busy_timeout_s=busy_timeout_s)
+        store = SqliteStore(
+            path, create=create, upgrade=upgrade, init=init, busy_timeout_s=busy_timeout_s
+        )
         super().__init__(store, budget=budget, backoff=backoff)
         self._sqlite = store
         self.path = store.path
