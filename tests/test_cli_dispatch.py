@@ -143,17 +143,17 @@ def test_bad_input_is_a_clear_error(
     assert board.read_text() == before
 
 
-def test_status_before_any_dispatch_creates_no_ledger(
-    board: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_status_before_any_dispatch_refuses_and_creates_no_ledger(
+    board: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert main(["status", "--board", str(board)]) == 0
-    rows = table_columns(capsys.readouterr().out)
-    assert [(r["ISSUE"], r["LEDGER"], r["ATTEMPT"]) for r in rows] == [
-        ("OK", "-", "0/5"),
-        ("ENV", "-", "0/5"),
-        ("BAD", "-", "0/5"),
-    ]
+    # A table of blanks would say "nothing ran" about issues no ledger has seen.
+    assert main(["status", "--board", str(board)]) == 4  # the ledger $EXECKIT_DB names
+    assert "no ledger database" in capsys.readouterr().err
+    monkeypatch.delenv("EXECKIT_DB")
+    assert main(["status", "--board", str(board)]) == 4  # none named, none remembered
+    assert "has not been dispatched yet" in capsys.readouterr().err
     assert not (tmp_path / "ledger.db").exists()
+    monkeypatch.setenv("EXECKIT_DB", str(tmp_path / "ledger.db"))
     # Without a board there is nothing to show: the missing ledger is named.
     assert main(["status"]) == 4
     assert "no ledger database" in capsys.readouterr().err
@@ -185,3 +185,28 @@ def test_the_give_up_warning_reaches_stderr(board: Path, tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr
     assert "execkit: WARNING: issue ENV was not moved" in result.stderr
     assert "failed_state" in result.stderr
+
+
+def test_text_output_escapes_control_characters_from_the_board_and_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("EXECKIT_DB", str(tmp_path / "ledger.db"))
+    hostile = r"printf 'evil \033[2J\rgone\033]0;title\007' >&2; exit 1"
+    issues: list[dict[str, object]] = [
+        {"id": "X\x1b[31m", "title": "t\x1b[2J", "state": "todo", "argv": ["sh", "-c", hostile]},
+    ]
+    board = write_board(tmp_path / "board.json", issues)
+    assert main(["dispatch", "--board", str(board), "--adapter", "generic", "--once"]) == 0
+    dispatched = capsys.readouterr().out
+    assert main(["status", "--board", str(board)]) == 0
+    table = capsys.readouterr().out
+    for out in (dispatched, table):
+        assert "X\\x1b[31m" in out
+        assert "gone\\x1b]0;title\\x07" in out  # the failure's last line, escaped
+        assert not {"\x1b", "\r", "\x07"} & set(out)
+    assert len(dispatched.splitlines()) == 1
+    rows = table_columns(table)
+    assert [row["ISSUE"] for row in rows] == ["X\\x1b[31m"]
+    # JSON keeps the values as they are.
+    assert main(["status", "--board", str(board), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["issues"][0]["issue_id"] == "X\x1b[31m"

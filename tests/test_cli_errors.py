@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import execkit.cli as cli
+from execkit.cli import main
+
 EXECKIT = [sys.executable, "-m", "execkit"]
 
 
@@ -55,6 +58,15 @@ def test_json_after_the_double_dash_belongs_to_the_child() -> None:
     done = execkit("run", "--bogus", "--", "echo", "--json")
     assert done.returncode == 3
     assert done.stderr.startswith("execkit: invalid: ")
+
+
+def test_everything_after_the_double_dash_belongs_to_the_command() -> None:
+    done = execkit("run", "--", "echo", "--json", "--db", "x.db", "--actor", "a")
+    assert (done.returncode, done.stdout) == (0, "--json --db x.db --actor a\n")
+    # `--json` before the command is execkit's; the one after `--` is still the child's.
+    captured = execkit("--json", "run", "--", "echo", "--json")
+    assert captured.returncode == 0, captured.stderr
+    assert json.loads(captured.stdout)["stdout_tail"] == "--json\n"
 
 
 def test_run_json_carries_the_class_reason_and_evidence() -> None:
@@ -133,3 +145,129 @@ def test_a_reader_that_goes_away_ends_execkit_like_sigpipe(tmp_path: Path) -> No
     assert pipeline.stdout.startswith("t-1 ")
     assert "status=141" in pipeline.stderr
     assert "Traceback" not in pipeline.stderr and "BrokenPipe" not in pipeline.stderr
+
+
+# -- --db naming a directory ----------------------------------------------------------
+
+# Every command that takes --db, with whatever else it requires.
+DB_COMMANDS = [
+    ["task", "create", "x"],
+    ["task", "show", "t-1"],
+    ["task", "list"],
+    ["task", "runs", "t-1"],
+    ["task", "set-attempt-limit", "t-1", "2", "--expected", "0"],
+    ["task", "cancel", "t-1"],
+    ["task", "retry", "t-1"],
+    ["role", "grant", "bob", "agent.operate"],
+    ["role", "revoke", "bob", "agent.operate"],
+    ["role", "list"],
+    ["run", "start", "t-1"],
+    ["run", "finish", "r-1", "failed"],
+    ["run", "heartbeat", "r-1"],
+    ["capabilities"],
+    ["db", "init"],
+    ["db", "migrate"],
+    ["db", "status"],
+    ["db", "check"],
+    ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
+    ["status"],
+    ["status", "--board", "board.json"],
+]
+
+
+def _commands_with_db() -> set[str]:
+    """The prog of every parser that has a --db option, found by walking the parsers."""
+    import argparse
+
+    found: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if "--db" in action.option_strings:
+                found.add(parser.prog)
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    walk(child)
+
+    for module in {m for m, _ in cli._COMMANDS.values()} | set(cli._INTERNAL.values()):
+        parser = argparse.ArgumentParser(prog="execkit")
+        __import__(f"execkit.cli.{module}", fromlist=["register"]).register(parser.add_subparsers())
+        walk(parser)
+    return found
+
+
+def test_the_db_list_covers_every_command_that_takes_db() -> None:
+    covered = set()
+    for argv in DB_COMMANDS:
+        words = [w for w in argv[:2] if not w.startswith("-")]
+        if words[0] in {"task", "db", "run", "role"}:
+            covered.add(f"execkit {' '.join(words[:2])}")
+        else:
+            covered.add(f"execkit {words[0]}")
+    assert covered == _commands_with_db()
+
+
+@pytest.mark.parametrize("argv", DB_COMMANDS, ids=lambda argv: " ".join(argv[:2]))
+@pytest.mark.parametrize("before", [False, True], ids=["after", "before"])
+def test_a_db_that_is_a_directory_is_invalid_before_any_ledger_opens(
+    argv: list[str],
+    before: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EXECKIT_DB", raising=False)
+    (tmp_path / "board.json").write_text('{"states": [], "issues": []}')
+    directory = tmp_path / "ledgers"
+    directory.mkdir()
+    full = ["--db", str(directory), *argv] if before else [*argv, "--db", str(directory)]
+    assert main(full) == 3
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"execkit: invalid: --db must name a ledger file, got the directory {directory}\n"
+    assert list(directory.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["board.json", "ledgers"]
+    assert main([*full, "--json"]) == 3
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "invalid"
+
+
+def test_an_execkit_db_that_is_a_directory_is_invalid_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("EXECKIT_DB", str(tmp_path))
+    assert main(["task", "list"]) == 3
+    err = capsys.readouterr().err
+    assert "$EXECKIT_DB names a directory" in err and str(tmp_path) in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- what an error message may print ------------------------------------------------
+
+
+def test_an_error_message_is_redacted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0" * 2
+    db = str(tmp_path / "l.db")
+    assert main(["task", "create", "x", "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["task", "show", token, "--db", db]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("execkit: not_found: ") and "[REDACTED]" in err
+    assert token not in err and "a1B2c3D4e5F6" not in err
+    assert main(["task", "show", token, "--db", db, "--json"]) == 4
+    assert token not in capsys.readouterr().err
+
+
+def test_an_error_message_cannot_rewrite_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "no\x1b[2Jsuch\rfile\n")
+    assert main(["classify", missing]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("execkit: not_found: ")
+    assert "no\\x1b[2Jsuch\\rfile\\n" in err
+    assert "\x1b" not in err and "\r" not in err
+    assert err.count("\n") == 1 and err.endswith("\n")
+    # JSON carries the message as it is (json escapes control characters itself).
+    assert main(["classify", missing, "--json"]) == 4
+    assert missing in json.loads(capsys.readouterr().err)["error"]["message"]

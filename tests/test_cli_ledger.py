@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import sqlite3
 import subprocess
 import sys
@@ -13,8 +15,18 @@ import pytest
 
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
-from execkit.ledger import SCHEMA_VERSION, SqliteLedger
+from execkit.ledger import CAPABILITIES, SCHEMA_VERSION, SqliteLedger
 from execkit.ledger._sqlite import _SCHEMA_STEPS
+
+ME = pwd.getpwuid(os.geteuid()).pw_name  # who the CLI says acts: the OS user, no flag
+
+
+def hand_over(db: Path) -> str:
+    """Make the ledger someone else's file (as on a shared host), so that the user running
+    the tests is not its owner and holds only the roles granted to them. Returns the owner."""
+    owner = "nobody"
+    os.chown(db, pwd.getpwnam(owner).pw_uid, -1)
+    return owner
 
 
 class Cli:
@@ -60,17 +72,19 @@ def test_the_exit_codes_are_distinct() -> None:
 
 
 def test_task_lifecycle_with_json(cli: Cli) -> None:
-    code, task, _ = cli(
-        "task", "create", "write the parser", "--max-attempts", "2", "--actor", "alice"
-    )
+    code, task, _ = cli("task", "create", "write the parser", "--max-attempts", "2")
     assert code == 0
     assert (task["id"], task["max_attempts"], task["ready"]) == ("t-1", 2, True)
-    assert task["created_by"] == "alice"
+    assert task["created_by"] == ME
 
-    code, run, _ = cli("run", "start", "t-1", "--request-key", "k1", "--actor", "bot")
+    code, run, _ = cli(
+        "run", "start", "t-1", "--request-key", "k1", "--on-behalf-of", "the build bot"
+    )
     assert code == 0
     assert (run["id"], run["attempt"], run["status"]) == ("r-1", 1, "running")
-    assert cli("run", "start", "t-1", "--request-key", "k1")[1] == run  # replay
+    assert run["actor"] == f"{ME} on behalf of the build bot"
+    replay = cli("run", "start", "t-1", "--request-key", "k1", "--on-behalf-of", "the build bot")
+    assert replay[1] == run
 
     code, finished, _ = cli(
         "run", "finish", "r-1", "failed", "--class", "upstream", "--reason", "http 503"
@@ -86,55 +100,72 @@ def test_task_lifecycle_with_json(cli: Cli) -> None:
     assert runs["task_id"] == "t-1"
     assert [r["id"] for r in runs["runs"]] == ["r-1"]
 
-    cli("run", "start", "t-1", "--request-key", "k2")
+    cli("run", "start", "t-1", "--request-key", "k2", "--ignore-backoff")
     cli("run", "finish", "r-2", "failed")
     message = cli.error("attempt_limit", "run", "start", "t-1")
     assert "2 of 2" in message
 
-    code, raised, _ = cli(
-        "task",
-        "set-attempt-limit",
-        "t-1",
-        "3",
-        "--expected",
-        "2",
-        "--role",
-        "agent.operate",
-        "--actor",
-        "op",
-    )
-    assert code == 0
+    # After the first run the limit needs agent.operate: a grant in the ledger, which its
+    # owner (the user owning the file: us) may make.
+    code, grants, _ = cli("role", "grant", "op", "agent.operate")
+    assert (code, [g["principal"] for g in grants["grants"]]) == (0, ["op"])
+    code, raised, _ = cli("task", "set-attempt-limit", "t-1", "3", "--expected", "2")
+    assert code == 0  # we own the file: every role is ours already
     assert (raised["max_attempts"], raised["attempts_started"]) == (3, 2)
-    assert cli("run", "start", "t-1")[1]["attempt"] == 3
+    assert cli("run", "start", "t-1", "--ignore-backoff")[1]["attempt"] == 3
+    code, listed, _ = cli("role", "list")
+    assert [(g["principal"], g["role"], g["granted_by"]) for g in listed["grants"]] == [
+        ("op", "agent.operate", ME)
+    ]
 
 
-def test_run_start_belongs_to_the_caller_by_default(cli: Cli) -> None:
-    import os
+def test_roles_are_grants_in_the_ledger_not_claims(cli: Cli) -> None:
+    cli("task", "create", "t", "--max-attempts", "1")
+    cli("run", "start", "t-1")
+    owner = hand_over(cli.db)  # now we are one user among others
+    assert "agent.operate" in cli.error(
+        "forbidden", "task", "set-attempt-limit", "t-1", "4", "--expected", "1"
+    )
+    assert "owner" in cli.error("forbidden", "role", "grant", ME, "agent.operate")
+    with SqliteLedger(cli.db) as ledger:
+        ledger.grant_role(ME, "agent.operate", actor=owner)
+    code, raised, _ = cli("task", "set-attempt-limit", "t-1", "4", "--expected", "1")
+    assert (code, raised["max_attempts"]) == (0, 4)
+    cli.error("invalid", "role", "grant", ME, "root")
 
+
+def test_a_retry_after_a_stop_and_a_lease_from_the_command_line(cli: Cli) -> None:
     cli("task", "create", "t")
-    run = cli("run", "start", "t-1")[1]
-    # In-process here, so "the caller of execkit" is this process's parent.
-    assert run["owner_pid"] == os.getppid()
+    run = cli("run", "start", "t-1", "--lease", "60")[1]
+    assert run["lease_expires_at"] == pytest.approx(run["started_at"] + 60)
+    beat = cli("run", "heartbeat", "r-1", "--lease", "120")[1]
+    assert beat["lease_expires_at"] > run["lease_expires_at"]
+    cli("run", "finish", "r-1", "failed", "--class", "environment", "--reason", "no codex")
+    assert "no codex" in cli.error("blocked", "run", "start", "t-1")
+    code, retried, _ = cli("task", "retry", "t-1", "--reason", "installed codex")
+    assert (code, retried["ready"], retried["retry_pending"]) == (0, True, True)
+    forced = cli("run", "start", "t-1")[1]
+    assert (forced["attempt"], forced["forced"]) == (2, True)
+    cli("run", "finish", "r-2", "failed", "--class", "work")
+    cli("run", "start", "t-1", "--ignore-backoff")
+    cli("run", "finish", "r-3", "failed")
+    cli("run", "start", "t-1", "--ignore-backoff")
+    cli("run", "finish", "r-4", "failed")
+    assert "--force" in cli.error("blocked", "task", "retry", "t-1")
+    assert cli("task", "retry", "t-1", "--force")[1]["ready"] is True
+    cli.error("invalid", "run", "heartbeat", "r-1", "--lease", "0")
+    cli.error("conflict", "run", "heartbeat", "r-1")
 
 
 def test_errors_have_one_shape_and_their_own_exit_code(cli: Cli) -> None:
-    cli("task", "create", "t", "--max-attempts", "1", "--actor", "alice")
+    cli("task", "create", "t", "--max-attempts", "1")
     assert "t-9" in cli.error("not_found", "task", "show", "t-9")
     assert "current limit" in cli.error(
-        "conflict", "task", "set-attempt-limit", "t-1", "4", "--expected", "3", "--actor", "alice"
-    )
-    cli.error(
-        "forbidden",
-        "task",
-        "set-attempt-limit",
-        "t-1",
-        "4",
-        "--expected",
-        "1",
-        "--actor",
-        "mallory",
+        "conflict", "task", "set-attempt-limit", "t-1", "4", "--expected", "3"
     )
     cli("run", "start", "t-1")
+    hand_over(cli.db)
+    cli.error("forbidden", "task", "set-attempt-limit", "t-1", "4", "--expected", "1")
     assert "still running" in cli.error("blocked", "run", "start", "t-1")
     cli("run", "finish", "r-1", "succeeded")
     cli.error("finished", "run", "start", "t-1")
@@ -145,21 +176,19 @@ def test_errors_have_one_shape_and_their_own_exit_code(cli: Cli) -> None:
 
 @pytest.mark.parametrize("bad", ["0", "10001", "-1", "abc", "2.5", ""])
 def test_set_attempt_limit_bad_values_are_invalid_and_change_nothing(cli: Cli, bad: str) -> None:
-    cli("task", "create", "t", "--max-attempts", "2", "--actor", "alice")
+    cli("task", "create", "t", "--max-attempts", "2")
     before = _table_dump(cli.db)
-    message = cli.error(
-        "invalid", "task", "set-attempt-limit", "t-1", bad, "--expected", "2", "--actor", "alice"
-    )
+    message = cli.error("invalid", "task", "set-attempt-limit", "t-1", bad, "--expected", "2")
     assert "1..10000" in message
     assert _table_dump(cli.db) == before
 
 
 @pytest.mark.parametrize("bad", ["-1", "abc", "2.5", "10001"])
 def test_expected_must_be_a_limit_too(cli: Cli, bad: str) -> None:
-    cli("task", "create", "t", "--max-attempts", "2", "--actor", "alice")
+    cli("task", "create", "t", "--max-attempts", "2")
     before = _table_dump(cli.db)
     assert "--expected" in cli.error(
-        "invalid", "task", "set-attempt-limit", "t-1", "3", "--expected", bad, "--actor", "alice"
+        "invalid", "task", "set-attempt-limit", "t-1", "3", "--expected", bad
     )
     assert _table_dump(cli.db) == before
 
@@ -194,19 +223,24 @@ def test_reading_commands_do_not_create_a_ledger(cli: Cli) -> None:
 def test_capabilities(cli: Cli) -> None:
     code, out, _ = cli("capabilities")
     assert code == 0
-    assert out == {"capabilities": ["tasks.attempt_limits"], "schema_version": SCHEMA_VERSION}
+    assert out == {"capabilities": sorted(CAPABILITIES), "schema_version": SCHEMA_VERSION}
+    assert "tasks.attempt_limits" in out["capabilities"]
 
 
 def test_db_status_check_and_migrate(cli: Cli) -> None:
     cli("task", "create", "t")
     code, status, _ = cli("db", "status")
     assert code == 0
-    assert (status["schema_version"], status["tasks"], status["journal_mode"]) == (2, 1, "wal")
+    assert (status["schema_version"], status["tasks"], status["journal_mode"]) == (
+        SCHEMA_VERSION,
+        1,
+        "wal",
+    )
     code, check, _ = cli("db", "check")
-    assert (code, check) == (0, {"ok": True, "problems": []})
+    assert (code, check) == (0, {"ok": True, "problems": [], "repaired": []})
     code, migrated, _ = cli("db", "migrate")
     assert code == 0
-    assert (migrated["from_version"], migrated["backup_path"]) == (2, None)
+    assert (migrated["from_version"], migrated["backup_path"]) == (SCHEMA_VERSION, None)
 
 
 def test_db_check_reports_problems_with_its_exit_code(cli: Cli) -> None:
@@ -217,7 +251,36 @@ def test_db_check_reports_problems_with_its_exit_code(cli: Cli) -> None:
     conn.close()
     code, check, _ = cli("db", "check")
     assert code == EXIT_CODES["invalid_history"]
-    assert check == {"ok": False, "problems": ["t-1: task is done but no run succeeded"]}
+    assert check == {
+        "ok": False,
+        "problems": ["t-1: task is done but no run succeeded"],
+        "repaired": [],
+    }
+
+
+def test_db_check_names_an_empty_file_and_db_init_is_the_only_way_over_it(cli: Cli) -> None:
+    cli.db.touch()
+    code, check, _ = cli("db", "check")
+    assert code == EXIT_CODES["invalid_history"]
+    assert check["ok"] is False and "empty file" in check["problems"][0]
+    assert "empty file" in cli.error("storage", "task", "create", "t")
+    assert cli.db.stat().st_size == 0  # nothing silently re-initialised it
+    code, made, _ = cli("db", "init")
+    assert (code, made["created"]) == (0, True)
+    assert cli("task", "create", "t")[0] == 0
+    assert cli("db", "init")[1]["created"] is False
+
+
+def test_db_check_repair_abandons_an_expired_run(cli: Cli) -> None:
+    cli("task", "create", "t")
+    with SqliteLedger(cli.db) as ledger:
+        ledger.start_run("t-1", request_key="k", actor="a", now=100.0, lease_s=10)
+    code, check, _ = cli("db", "check")
+    assert code == EXIT_CODES["invalid_history"]
+    assert "lease expired" in check["problems"][0]
+    code, repaired, _ = cli("db", "check", "--repair")
+    assert (code, repaired["ok"]) == (0, True)
+    assert repaired["repaired"] == ["t-1: abandoned run r-1 (lease expired)"]
 
 
 def test_db_migrate_upgrades_a_version_1_file_and_names_the_backup(cli: Cli) -> None:
@@ -230,10 +293,11 @@ def test_db_migrate_upgrades_a_version_1_file_and_names_the_backup(cli: Cli) -> 
     assert (status["schema_version"], status["needs_migration"]) == (1, True)
     code, migrated, _ = cli("db", "migrate")
     assert code == 0
-    assert (migrated["from_version"], migrated["to_version"]) == (1, 2)
+    assert (migrated["from_version"], migrated["to_version"]) == (1, SCHEMA_VERSION)
     backup = Path(migrated["backup_path"])
     assert backup.is_file() and backup.parent == cli.db.parent
-    assert cli("db", "status")[1]["schema_version"] == 2
+    assert backup.stat().st_mode & 0o077 == 0  # owner-only, as the ledger
+    assert cli("db", "status")[1]["schema_version"] == SCHEMA_VERSION
 
 
 def test_a_newer_file_is_refused_by_every_command(cli: Cli) -> None:
@@ -318,9 +382,10 @@ def test_env_var_selects_the_file(
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (("run", "start", "t-1", "--owner-pid", "abc"), "--owner-pid must be a whole number"),
-        (("run", "start", "t-1", "--owner-pid", "0"), "--owner-pid must be a process id >= 1"),
-        (("run", "start", "t-1", "--owner-pid", "2.5"), "--owner-pid"),
+        (("run", "start", "t-1", "--lease", "abc"), "--lease must be a finite number"),
+        (("run", "start", "t-1", "--lease", "0"), "--lease must be a finite number"),
+        (("run", "start", "t-1", "--lease", "1e9"), "--lease must be at most"),
+        (("task", "create", "u", "--max-uncharged-attempts", "0"), "--max-uncharged-attempts"),
         (("run", "finish", "r-1", "failed", "--class", "cosmic"), "failure_class"),
         (("run", "finish", "r-1", "running"), "status must be one of"),
     ],
@@ -334,3 +399,113 @@ def test_bad_run_flags_are_invalid_and_change_nothing(
     before = _table_dump(cli.db)
     assert needle in cli.error("invalid", *argv)
     assert _table_dump(cli.db) == before
+
+
+# -- the common flags before the command, and terminal-safe text ------------------------
+
+
+def test_json_and_db_work_before_or_after_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "ledger.db")
+    assert main(["--db", db, "task", "create", "hello"]) == 0
+    capsys.readouterr()
+    outputs = []
+    for argv in (
+        ["--json", "task", "show", "t-1", "--db", db],
+        ["task", "show", "t-1", "--json", "--db", db],
+        ["--json", "--db", db, "task", "show", "t-1"],
+        [f"--db={db}", "--json", "task", "show", "t-1"],
+        ["--json", "task", "show", "--json", "t-1", "--db", db],
+    ):
+        assert main(argv) == 0, argv
+        outputs.append(capsys.readouterr().out)
+    assert json.loads(outputs[0])["title"] == "hello"
+    assert outputs == [outputs[0]] * len(outputs)
+    # And with `run start|finish`, reached through `run`.
+    assert main(["--json", "--db", db, "run", "start", "t-1"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == "r-1"
+    assert main(["--db", db, "task", "list"]) == 0
+    assert capsys.readouterr().out.startswith("t-1  running")
+
+
+def test_an_error_is_json_when_json_comes_before_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "ledger.db")
+    assert main(["--json", "--db", db, "task", "show", "t-9"]) == EXIT_CODES["not_found"]
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    assert main(["--json", "task", "show"]) == EXIT_CODES["invalid"]  # a usage error
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "invalid"
+
+
+def test_on_behalf_of_works_before_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "ledger.db")
+    assert main(["--on-behalf-of", "alice", "task", "create", "x", "--db", db, "--json"]) == 0
+    # Recorded as both, never as alice alone: the identity is ours.
+    assert json.loads(capsys.readouterr().out)["created_by"] == f"{ME} on behalf of alice"
+    assert main(["--on-behalf-of=bob", "run", "start", "t-1", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["actor"] == f"{ME} on behalf of bob"
+
+
+def test_no_flag_or_variable_can_claim_an_identity_or_a_role(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = str(tmp_path / "ledger.db")
+    monkeypatch.setenv("EXECKIT_ACTOR", "alice")
+    assert main(["task", "create", "x", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["created_by"] == ME
+    for argv in (
+        ["task", "create", "y", "--actor", "alice", "--db", db],
+        ["task", "set-attempt-limit", "t-1", "2", "--expected", "0", "--role", "x", "--db", db],
+    ):
+        assert main(argv) == EXIT_CODES["invalid"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--db", "x.db", "run", "--", "true"], "execkit run: --db does not apply"),
+        (
+            ["--on-behalf-of", "a", "task", "show", "t-1"],
+            "execkit task show: --on-behalf-of does not apply",
+        ),
+        (["--db", "a.db", "task", "list", "--db", "b.db"], "given both before and after"),
+        (["--bogus", "task", "list"], "unrecognized option before the command: '--bogus'"),
+        (["--db"], "argument --db: expected one argument"),
+        (["--json"], "the following arguments are required: COMMAND"),
+    ],
+)
+def test_a_misplaced_common_flag_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(argv) == EXIT_CODES["invalid"]
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert message in err
+
+
+HOSTILE = "evil \x1b[2J\rgone\nfake line\x9b31m\x07"
+ESCAPED = "evil \\x1b[2J\\rgone\\nfake line\\x9b31m\\x07"
+
+
+def test_text_output_escapes_control_characters_in_titles_and_reasons(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "ledger.db")
+    assert main(["task", "create", HOSTILE, "--db", db]) == 0
+    assert main(["run", "start", "t-1", "--db", db]) == 0
+    assert main(["run", "finish", "r-1", "failed", "--reason", HOSTILE, "--db", db]) == 0
+    capsys.readouterr()
+    for argv in (["task", "show", "t-1"], ["task", "list"], ["task", "runs", "t-1"]):
+        assert main([*argv, "--db", db]) == 0
+        out = capsys.readouterr().out
+        assert ESCAPED in out, argv
+        assert not {"\x1b", "\r", "\x9b", "\x07"} & set(out), argv
+        assert "\nfake line" not in out
+    # JSON keeps the text as it is (json escapes control characters itself).
+    assert main(["task", "show", "t-1", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == HOSTILE

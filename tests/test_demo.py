@@ -120,3 +120,52 @@ def test_demo_keep_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert "--keep" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["something"]
+
+
+def test_demo_json_is_one_object_per_event_then_the_status(kept: tuple[str, Path]) -> None:
+    result = run_demo("--json")
+    assert result.returncode == 0, result.stderr
+    objects = [json.loads(line) for line in result.stdout.splitlines()]
+    *events, final = objects
+    # The same events as the text run, with the same virtual times.
+    text_events = event_lines(kept[0])
+    assert len(events) == len(text_events)
+    for event, line in zip(events, text_events, strict=True):
+        assert set(event) == {"event", "t"}
+        assert line.startswith(f"t+{event['t']:>4.0f}s  {event['event']['issue_id']}  ")
+        assert event["event"]["kind"] == "dispatched"
+    assert set(final) == {"status", "kept"}
+    assert final["kept"] is None
+    status = final["status"]
+    assert set(status) == {"now", "config", "issues"}
+    assert status["config"]["max_attempts"] == 10
+    rows = {row["issue_id"]: row for row in status["issues"]}
+    assert set(rows) == {"DEMO-1", "DEMO-2", "DEMO-3", "DEMO-4"}
+    assert rows["DEMO-2"]["last_class"] == "environment"
+    assert rows["DEMO-4"]["charged_attempts"] == 3
+    assert status["now"] - events[0]["event"]["at"] == events[-1]["t"]
+
+
+def test_demo_json_with_keep_names_the_kept_files(tmp_path: Path) -> None:
+    where = tmp_path / "kept"
+    result = run_demo("--keep", str(where), "--json")
+    assert result.returncode == 0, result.stderr
+    final = json.loads(result.stdout.splitlines()[-1])
+    assert final["kept"] == {
+        "dir": str(where),
+        "board": str(where / "board.json"),
+        "db": str(where / "ledger.db"),
+        "histories": [str(where / "history" / f"DEMO-{n}.json") for n in range(1, 5)],
+    }
+    assert all(Path(path).is_file() for path in final["kept"]["histories"])
+
+
+def test_demo_help_documents_the_json_shape() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "execkit", "demo", "--help"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert '{"event": EVENT, "t": S}' in text and '"status": {"now": T' in text

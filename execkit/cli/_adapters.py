@@ -20,7 +20,7 @@ from execkit._exec import ProcessStarter
 from execkit._proof import AgentProof, AgentStatus
 from execkit._registry import adapter_names, find_binary, get_adapter
 from execkit.cli._args import parse_seconds
-from execkit.cli._output import print_json
+from execkit.cli._output import print_json, safe_text
 
 __all__ = ["register", "run_adapter_command"]
 
@@ -71,16 +71,18 @@ def _handle_list(args: argparse.Namespace) -> int:
         print_json({"adapters": rows})
         return 0
     for row in rows:
+        # Names, hints and paths come from installed distributions and PATH: escape them.
         if "error" in row:
-            print(f"{row['name']:<10} broken: {row['error']}")
+            line = f"{row['name']:<10} broken: {row['error']}"
         elif row["binary"] is None:
-            print(f"{row['name']:<10} (any command: give it after --)")
+            line = f"{row['name']:<10} (any command: give it after --)"
         elif row["on_path"]:
-            print(f"{row['name']:<10} {row['binary']:<10} {row['path']}")
+            line = f"{row['name']:<10} {row['binary']:<10} {row['path']}"
         else:
-            print(
+            line = (
                 f"{row['name']:<10} {row['binary']:<10} not on PATH; install: {row['install_hint']}"
             )
+        print(safe_text(line))
     return 0
 
 
@@ -131,7 +133,9 @@ def run_adapter_command(
     elif proof.status is AgentStatus.FAILED:
         cls = proof.failure_class.value if proof.failure_class else "work"
         detail = proof.precondition or proof.error or "no output"
-        print(f"execkit: {adapter.name} failed ({cls}: {proof.reason}): {detail}", file=sys.stderr)
+        line = f"execkit: {adapter.name} failed ({cls}: {proof.reason}): {detail}"
+        print(safe_text(line), file=sys.stderr)
     elif proof.output:
-        print(proof.output)
+        # The vendor's reply, lines and all; its other control characters are escaped.
+        print(safe_text(proof.output, multiline=True))
     return _exit_code(proof)

@@ -7,11 +7,16 @@ names the flag and its allowed range (exit 3, JSON with `--json`), never a usage
 from __future__ import annotations
 
 import math
+import os
 import re
 
 from execkit._errors import InvalidInput
 
-__all__ = ["parse_int", "parse_seconds"]
+__all__ = ["DB_ENV_VAR", "parse_db", "parse_int", "parse_seconds"]
+
+# Read by `execkit.ledger.default_db_path` when no --db is given (named here so that a bad
+# value is caught without importing the ledger).
+DB_ENV_VAR = "EXECKIT_DB"
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
@@ -49,3 +54,23 @@ def parse_int(
     if value < low or (high is not None and value > high):
         raise InvalidInput(f"{flag} must be {allowed}; got {value}")
     return value
+
+
+def parse_db(raw: str | None) -> str | None:
+    """The `--db PATH` value, checked before any ledger is opened; None stays None.
+
+    A directory is never a ledger file: `--db DIR` (or `$EXECKIT_DB` naming a directory,
+    when no --db is given) is InvalidInput naming where the path came from, instead of
+    whatever the storage layer would make of it. Anything else is left to the ledger
+    (a missing file is `not_found` for commands that only read).
+    """
+    if raw is not None and raw != "":
+        if os.path.isdir(raw):
+            raise InvalidInput(f"--db must name a ledger file, got the directory {raw}")
+        return raw
+    from_env = os.environ.get(DB_ENV_VAR)
+    if from_env and os.path.isdir(from_env):
+        raise InvalidInput(
+            f"--db not given and ${DB_ENV_VAR} names a directory, not a ledger file: {from_env}"
+        )
+    return raw

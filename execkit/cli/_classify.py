@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 from execkit._classify import TAIL_CHARS, classify_text
 from execkit._errors import ExecKitError, InvalidInput, NotFound
-from execkit.cli._output import print_json
+from execkit.cli._output import print_json, safe_text
 
 # A UTF-8 character is at most 4 bytes, so this many bytes always hold TAIL_CHARS characters.
 _TAIL_BYTES = 4 * TAIL_CHARS
@@ -51,9 +51,10 @@ def _handle(args: argparse.Namespace) -> int:
     if args.json:
         print_json(verdict.to_dict())
     else:
-        lines = [f"{verdict.failure_class.value}: {verdict.reason}"]
+        # The reason and evidence quote the transcript: escape its control characters.
+        lines = [f"{verdict.failure_class.value}: {safe_text(verdict.reason)}"]
         if verdict.evidence:
-            lines.append(f"evidence: {verdict.evidence}")
+            lines.append(f"evidence: {safe_text(verdict.evidence)}")
         sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

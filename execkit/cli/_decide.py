@@ -15,7 +15,7 @@ from typing import Any
 from execkit._budget import EXPLICIT_LIMIT_MAX, Attempt, Decision, ExplicitLimit, WorkBudget, decide
 from execkit._errors import HistoryError, InvalidInput, NotFound
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import print_json
+from execkit.cli._output import print_json, safe_text
 
 __all__ = ["attempt_to_json", "register"]
 
@@ -172,7 +172,7 @@ def _summary(decision: Decision, now: float | None) -> str:
     if decision.next_attempt_at is not None:
         lines.append(f"next attempt at: {_when(decision.next_attempt_at, now)}")
     if decision.reason:
-        lines.append(f"reason: {decision.reason}")
+        lines.append(f"reason: {safe_text(decision.reason)}")
     lines.append(
         f"attempts used: {decision.attempts_used}, charged: {decision.charged_attempts}, "
         f"uncharged streak: {decision.uncharged_streak}, remaining: {decision.remaining}"

@@ -4,6 +4,8 @@ A temporary board of four issues and a fresh ledger; the `generic` adapter runs 
 scripts from the repository's `fixtures/bin/` standing in for a vendor CLI. The clock is
 virtual: when nothing is due it jumps to the next retry time, so the backoff is real but
 nobody waits for it.
+
+With `--json` the demo prints JSON lines instead of text (the shape is in `_JSON_HELP`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from execkit._errors import InvalidInput, NotFound
 from execkit._exec import ProcessStarter, SpawnResult
 from execkit.cli._decide import attempt_to_json
 from execkit.cli._dispatch import describe_event, format_status_table
+from execkit.cli._output import print_json, safe_text
 from execkit.dispatch import (
     AdapterRunner,
     BoardIssue,
@@ -47,6 +50,15 @@ _INSTALL_HINT = f"pip install {_MISSING_BINARY} (left out on purpose)"
 # retry times on every run, the ones the README quotes.
 _VIRTUAL_EPOCH = 1_735_691_280.0
 
+_JSON_HELP = (
+    "With --json, stdout is JSON lines (one object per line) instead of text: one "
+    '{"event": EVENT, "t": S} per dispatcher event as it happens (EVENT as `execkit '
+    "dispatch --json` prints it; S: seconds of virtual time since the start), then one "
+    'final {"status": {"now": T, "config": CONFIG, "issues": [ROW, ...]}, "kept": KEPT} '
+    "(the dashboard as `execkit status --json` prints it, at virtual time T; KEPT is null, "
+    'or with --keep {"dir": DIR, "board": FILE, "db": FILE, "histories": [FILE, ...]}).'
+)
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `demo`."""
@@ -58,11 +70,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "vendor CLI: one succeeds, one's binary is missing, one hits a vendor 503 twice "
             "then succeeds, one always produces wrong output. Ends with the status table."
         ),
+        epilog=_JSON_HELP,
     )
     demo.add_argument(
         "--keep",
         metavar="DIR",
         help="write the board and ledger into DIR (new or empty) and keep them",
+    )
+    demo.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON lines: one object per event, then one with the status rows",
     )
     demo.set_defaults(handler=_demo)
 
@@ -156,21 +174,34 @@ def _demo(args: argparse.Namespace) -> int:
     bin_dir = _fixtures_bin()
     workdir, holder = _workdir(args.keep)
     try:
-        _run(workdir, bin_dir, args.start)
+        status = _run(workdir, bin_dir, args.start, as_json=args.json)
+        kept: dict[str, Any] | None = None
         if args.keep:
             board, db = workdir / "board.json", workdir / "ledger.db"
-            history = _write_histories(workdir)[-1]
-            print(
-                f"\nkept: execkit status --board {board} --db {db}; "
-                f"execkit decide --history {history}"
-            )
+            histories = _write_histories(workdir)
+            kept = {
+                "dir": str(workdir),
+                "board": str(board),
+                "db": str(db),
+                "histories": [str(path) for path in histories],
+            }
+            if not args.json:
+                line = (
+                    f"kept: execkit status --board {board} --db {db}; "
+                    f"execkit decide --history {histories[-1]}"
+                )
+                print(f"\n{safe_text(line)}")
+        if args.json:
+            print_json({"status": status, "kept": kept})
     finally:
         if holder is not None:
             holder.cleanup()
     return 0
 
 
-def _run(workdir: Path, bin_dir: Path, start: ProcessStarter) -> None:
+def _run(workdir: Path, bin_dir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, Any]:
+    """Dispatch the demo board until it settles, printing as it goes (text or JSON lines);
+    return the final dashboard as `execkit status --json` shapes it."""
     config = DispatchConfig()
     states = [
         BoardState("todo", eligible=True),
@@ -188,12 +219,15 @@ def _run(workdir: Path, bin_dir: Path, start: ProcessStarter) -> None:
     clock = _VirtualClock(_VIRTUAL_EPOCH)
 
     def show(event: DispatchEvent) -> None:
-        print(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}", flush=True)
+        if as_json:
+            print_json({"event": event.to_dict(), "t": event.at - clock.start})
+        else:
+            print(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}", flush=True)
 
     started = time.monotonic()
     with open_ledger(workdir / "ledger.db", backoff=config.backoff) as ledger:
         budget = ledger.budget
-        print(
+        intro = (
             "execkit demo: 4 board issues; the generic adapter runs scripts from fixtures/bin "
             "standing in for a vendor CLI.\n"
             f"Per issue: {budget.max_attempts} charged attempts (work), "
@@ -202,6 +236,8 @@ def _run(workdir: Path, bin_dir: Path, start: ProcessStarter) -> None:
             f"{config.base_backoff_s:g}s..{config.max_retry_backoff_s:g}s on a virtual clock "
             "(no real waiting).\n"
         )
+        if not as_json:
+            print(intro)
         dispatcher = Dispatcher(board, runner, ledger, config, clock, on_event=show)
         for _ in range(_MAX_PASSES):
             events = dispatcher.tick()
@@ -213,6 +249,9 @@ def _run(workdir: Path, bin_dir: Path, start: ProcessStarter) -> None:
             clock.advance_to(due)
         rows = issue_statuses(ledger, config, board=board, now=clock())
     elapsed = time.monotonic() - started
+    status = {"now": clock(), "config": config.to_dict(), "issues": [r.to_dict() for r in rows]}
+    if as_json:
+        return status
     print(f"\nstatus after {clock() - clock.start:.0f}s of virtual time ({elapsed:.1f}s real):\n")
     print(format_status_table(rows, clock()))
     print(
@@ -220,6 +259,7 @@ def _run(workdir: Path, bin_dir: Path, start: ProcessStarter) -> None:
         "something about the work;\nUNCHARGED is the current run of upstream failures. "
         "Missing binaries and vendor outages cost no budget."
     )
+    return status
 
 
 def _write_histories(workdir: Path) -> list[Path]:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from execkit._budget import BlockedOn
+from execkit._errors import Conflict, NotFound
 from execkit._proof import RunStatus
 from execkit._registry import get_adapter
-from execkit.cli._output import print_json
+from execkit.cli._output import print_json, safe_text
 from execkit.dispatch import (
     AdapterRunner,
     DispatchConfig,
@@ -27,7 +30,7 @@ from execkit.dispatch import (
     JsonFileBoard,
     issue_statuses,
 )
-from execkit.ledger import SqliteLedger, TaskState, default_db_path, open_ledger
+from execkit.ledger import DB_ENV_VAR, SqliteLedger, TaskState, default_db_path, open_ledger
 
 __all__ = ["describe_event", "format_status_table", "register"]
 
@@ -135,7 +138,15 @@ def _duration(seconds: float) -> str:
 
 
 def describe_event(event: DispatchEvent, now: float | None = None) -> str:
-    """One line for a human: issue, attempt n/max, class, reason, charged, what next."""
+    """One line for a human: issue, attempt n/max, class, reason, charged, what next.
+
+    Its control characters are escaped (`safe_text`): the issue id, reason and states come
+    from the board and the agent, and must not rewrite the operator's terminal.
+    """
+    return safe_text(_describe(event, now))
+
+
+def _describe(event: DispatchEvent, now: float | None) -> str:
     at = event.at if now is None else now
     cap = f"/{event.max_attempts}" if event.max_attempts else ""
     attempt = f"attempt {event.attempt}{cap}" if event.attempt else "-"
@@ -187,7 +198,12 @@ def _clip(text: str, width: int) -> str:
 
 
 def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
-    """The dashboard as an aligned text table (the reason column is not padded)."""
+    """The dashboard as an aligned text table (the reason column is not padded).
+
+    Every cell is escaped (`safe_text`) before the columns are measured, so a control
+    character in an issue id, state or reason neither rewrites the terminal nor breaks the
+    alignment.
+    """
     header = (
         "ISSUE",
         "BOARD",
@@ -204,15 +220,15 @@ def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
         reason = row.reason if row.ledger_state is TaskState.BLOCKED else row.last_reason
         table.append(
             (
-                row.issue_id,
-                row.board_state or "-",
+                safe_text(row.issue_id),
+                safe_text(row.board_state or "-"),
                 _ledger_state(row),
                 _attempts(row),
                 str(row.charged_attempts),
                 str(row.uncharged_streak),
                 _when(row.next_attempt_at, now),
                 row.last_class.value if row.last_class else (row.last_status or "-"),
-                _clip(reason or "-", 120),
+                _clip(safe_text(reason or "-"), 120),
             )
         )
     widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
@@ -223,10 +239,25 @@ def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
     return "\n".join(lines)
 
 
+class _SafeFormatter(logging.Formatter):
+    """Log lines with their control characters escaped (a traceback keeps its newlines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return safe_text(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return safe_text(super().formatException(ei), multiline=True)
+
+    def formatStack(self, stack_info: str) -> str:
+        return safe_text(super().formatStack(stack_info), multiline=True)
+
+
 def _setup_logging() -> None:
     # The give-up warnings are for the operator: show them on stderr (basicConfig is a
     # no-op when the embedding program configured logging already).
-    logging.basicConfig(level=logging.WARNING, format="execkit: %(levelname)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_SafeFormatter("execkit: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -256,13 +287,15 @@ def _status(args: argparse.Namespace) -> int:
     board = JsonFileBoard(args.board) if args.board else None
     config = _config(args, board)
     now = time.time()
-    db = default_db_path(args.db)
-    if board is not None and not db.exists():
-        # Nothing dispatched yet: every issue shows as such, and a dashboard creates no file.
-        rows = issue_statuses(None, config, board=board, now=now)
-    else:
-        with SqliteLedger(db, create=False, backoff=config.backoff) as ledger:
-            rows = issue_statuses(ledger, config, board=board, now=now)
+    with _status_ledger(args, board) as ledger:
+        ledger.backoff = config.backoff
+        rows = issue_statuses(ledger, config, board=board, now=now)
+        if board is not None and not any(row.task_id for row in rows) and rows:
+            # A ledger that never saw this board would print a table of blanks.
+            raise NotFound(
+                f"the ledger at {ledger.location()} has no task for any issue of "
+                f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
+            )
     if args.json:
         print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
         return 0
@@ -271,3 +304,25 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(format_status_table(rows, now))
     return 0
+
+
+def _status_ledger(args: argparse.Namespace, board: JsonFileBoard | None) -> SqliteLedger:
+    """The ledger a status table is read from: the one `--db` (or $EXECKIT_DB) names, else
+    the one the board remembers dispatching it; refused when the two disagree, or when a
+    board names none and none is given. Opened for reading only."""
+    binding = board.ledger_binding() if board is not None else None
+    given = args.db is not None or bool(os.environ.get(DB_ENV_VAR))
+    if board is not None and binding is None and not given:
+        raise NotFound(
+            f"board {board.path} names no ledger: it has not been dispatched yet "
+            "(`execkit dispatch` records its ledger in it), or give --db"
+        )
+    target = default_db_path(args.db) if given or binding is None else Path(binding[1])
+    ledger = SqliteLedger(target, create=False, upgrade=False)
+    if binding is not None and ledger.ledger_id() != binding[0]:
+        ledger.close()
+        raise Conflict(
+            f"board {board.path if board else ''} was dispatched with ledger {binding[0]} at "
+            f"{binding[1]}, not with the one at {target}; drop --db to read the right one"
+        )
+    return ledger

@@ -10,18 +10,22 @@ Commands that only read never create a ledger file: a missing file is `not_found
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from execkit.cli._args import parse_int
-from execkit.cli._output import EXIT_CODES, print_json
+from execkit._errors import InvalidInput, StorageError
+from execkit.cli._args import parse_int, parse_seconds
+from execkit.cli._output import EXIT_CODES, print_json, safe_text
 from execkit.ledger import (
     CAPABILITIES,
+    KNOWN_ROLES,
     MAX_ATTEMPT_LIMIT,
+    MAX_LEASE_S,
+    MAX_UNCHARGED_LIMIT,
     SCHEMA_VERSION,
+    Actor,
+    Grant,
     Run,
     SqliteLedger,
     Task,
@@ -31,6 +35,9 @@ from execkit.ledger import (
 )
 
 _T = TypeVar("_T")
+
+# A shell that calls `run start` may never renew the lease: give it a long one.
+_CLI_LEASE_S = 1800.0
 
 
 def _common() -> argparse.ArgumentParser:
@@ -45,16 +52,18 @@ def _common() -> argparse.ArgumentParser:
     return parent
 
 
-def _actor_flag(parser: argparse.ArgumentParser) -> None:
+def _acting(parser: argparse.ArgumentParser) -> None:
+    """The one identity flag: whom you act for. Who you are is the operating system's."""
     parser.add_argument(
-        "--actor",
+        "--on-behalf-of",
         default=None,
-        help="who acts (default: $EXECKIT_ACTOR, else the login name)",
+        metavar="NAME",
+        help="you act for NAME: recorded as 'you on behalf of NAME' (your roles apply)",
     )
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add `task`, `run-start`, `run-finish`, `capabilities` and `db`."""
+    """Add `task`, `role`, `run-start`, `run-finish`, `run-heartbeat`, `capabilities`, `db`."""
     common = _common()
 
     task = sub.add_parser("task", help="durable tasks with optional attempt limits")
@@ -68,8 +77,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="N",
         help=f"explicit limit on every admitted run, 1..{MAX_ATTEMPT_LIMIT}; 0 = none (default)",
     )
+    create.add_argument(
+        "--max-uncharged-attempts",
+        default=None,
+        metavar="N",
+        help=f"this task's ceiling on consecutive upstream attempts, 1..{MAX_UNCHARGED_LIMIT} "
+        "(default: the ledger's, 3)",
+    )
     create.add_argument("--idempotency-key", default=None, metavar="KEY")
-    _actor_flag(create)
+    _acting(create)
     create.set_defaults(handler=_task_create)
 
     show = task_sub.add_parser("show", parents=[common], help="one task and its state")
@@ -83,32 +99,84 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     runs.add_argument("task_id", metavar="TASK_ID")
     runs.set_defaults(handler=_task_runs)
 
+    retry = task_sub.add_parser(
+        "retry",
+        parents=[common],
+        help="ask for one forced retry of a stopped task",
+        description=(
+            "Ask for one forced retry of a task that stopped: after an environment or "
+            "upstream stop it needs nothing more (those attempts were uncharged, the budget "
+            "is intact); after a work stop it needs --force; past an explicit limit it needs "
+            "--force and the role agent.operate, and raises the limit by one. The next "
+            "admission (the dispatcher, or `execkit run start`) is then forced, at once. "
+            "Everything is recorded in the audit with your name and --reason."
+        ),
+    )
+    retry.add_argument("task_id", metavar="TASK_ID")
+    retry.add_argument("--reason", default=None, help="why (stored redacted, in the audit)")
+    retry.add_argument(
+        "--force", action="store_true", help="also after a work or attempt-limit stop"
+    )
+    _acting(retry)
+    retry.set_defaults(handler=_task_retry)
+
     limit = task_sub.add_parser(
         "set-attempt-limit",
         parents=[common],
         help="compare-and-set a task's attempt limit",
         description=(
             "Set the explicit limit (1..10000) if it is still EXPECTED (0 = none set). The "
-            "creator may change it before the first run; afterwards --role agent.operate."
+            "creator may change it before the first run; afterwards it needs the role "
+            "agent.operate, granted in the ledger (`execkit role grant USER agent.operate`)."
         ),
     )
     limit.add_argument("task_id", metavar="TASK_ID")
     limit.add_argument("max_attempts", metavar="N")
     limit.add_argument("--expected", required=True, metavar="N", help="the current limit")
-    limit.add_argument(
-        "--role", action="append", default=[], metavar="ROLE", help="a role the actor holds"
-    )
     limit.add_argument("--idempotency-key", default=None, metavar="KEY")
-    _actor_flag(limit)
+    _acting(limit)
     limit.set_defaults(handler=_task_set_attempt_limit)
 
     cancel = task_sub.add_parser("cancel", parents=[common], help="cancel an open task")
     cancel.add_argument("task_id", metavar="TASK_ID")
-    _actor_flag(cancel)
+    _acting(cancel)
     cancel.set_defaults(handler=_task_cancel)
 
-    # Reached as `execkit run start|finish` (the CLI rewrites those to these names).
-    start = sub.add_parser("run-start", parents=[common], prog="execkit run start")
+    role = sub.add_parser(
+        "role",
+        help="roles granted in the ledger (agent.operate, ledger.admin)",
+        description=(
+            "Roles are grants stored in the ledger, never claims made on the command line. "
+            "Only the ledger's owner (the user owning its file) or a holder of ledger.admin "
+            "may grant or revoke them; every change is audited."
+        ),
+    )
+    role_sub = role.add_subparsers(dest="role_command", metavar="ACTION", required=True)
+    for verb, helptext, handler in (
+        ("grant", "grant ROLE to USER", _role_grant),
+        ("revoke", "revoke ROLE from USER", _role_revoke),
+    ):
+        change = role_sub.add_parser(verb, parents=[common], help=helptext)
+        change.add_argument("principal", metavar="USER")
+        change.add_argument("role", metavar="ROLE", help=" | ".join(sorted(KNOWN_ROLES)))
+        change.set_defaults(handler=handler)
+    role_list = role_sub.add_parser("list", parents=[common], help="every grant")
+    role_list.add_argument("principal", nargs="?", default=None, metavar="USER")
+    role_list.set_defaults(handler=_role_list)
+
+    # Reached as `execkit run start|finish|heartbeat` (the CLI rewrites those names).
+    start = sub.add_parser(
+        "run-start",
+        parents=[common],
+        prog="execkit run start",
+        description=(
+            "Admit one run of TASK_ID in one transaction, or refuse (attempt limit, a stop, "
+            "a run still running, the backoff). The run holds a lease of --lease seconds: "
+            "renew it with `execkit run heartbeat RUN_ID` while the work goes on, or finish "
+            "it; once the lease has expired the next admission on the task abandons it "
+            "(it still counts)."
+        ),
+    )
     start.add_argument("task_id", metavar="TASK_ID")
     start.add_argument(
         "--request-key",
@@ -117,16 +185,33 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="replaying an accepted key returns the same run (default: a fresh key)",
     )
     start.add_argument(
-        "--forced", action="store_true", help="start past an environment stop (audited)"
+        "--forced",
+        action="store_true",
+        help="an operator's retry: past a stop (never an explicit limit) and at once (audited)",
     )
     start.add_argument(
-        "--owner-pid",
-        default=None,
-        metavar="PID",
-        help="process whose death abandons the run (default: the caller of execkit)",
+        "--ignore-backoff",
+        action="store_true",
+        help="start now even if the task is backing off (audited)",
     )
-    _actor_flag(start)
+    start.add_argument(
+        "--lease",
+        default=None,
+        metavar="S",
+        help=f"seconds the run's lease lasts unless renewed (default {_CLI_LEASE_S:g})",
+    )
+    _acting(start)
     start.set_defaults(handler=_run_start)
+
+    heartbeat = sub.add_parser(
+        "run-heartbeat",
+        parents=[common],
+        prog="execkit run heartbeat",
+        description="Renew a running run's lease (by its own length, or --lease seconds).",
+    )
+    heartbeat.add_argument("run_id", metavar="RUN_ID")
+    heartbeat.add_argument("--lease", default=None, metavar="S", help="new lease length")
+    heartbeat.set_defaults(handler=_run_heartbeat)
 
     finish = sub.add_parser("run-finish", parents=[common], prog="execkit run finish")
     finish.add_argument("run_id", metavar="RUN_ID")
@@ -139,6 +224,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="work | environment | upstream (failed runs only; none = work)",
     )
     finish.add_argument("--reason", default=None, help="why it failed (stored redacted)")
+    finish.add_argument(
+        "--retry-after",
+        default=None,
+        metavar="S",
+        help="the vendor asked for S seconds before another request: none is admitted sooner",
+    )
     finish.set_defaults(handler=_run_finish)
 
     caps = sub.add_parser("capabilities", parents=[common], help="what this ledger enforces")
@@ -146,6 +237,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
     db = sub.add_parser("db", help="the ledger file: schema, migration, checks")
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    db_init = db_sub.add_parser(
+        "init",
+        parents=[common],
+        help="create a ledger here (also over an empty file, never over anything else)",
+    )
+    db_init.set_defaults(handler=_db_init)
     db_migrate = db_sub.add_parser(
         "migrate", parents=[common], help="upgrade the schema (writes a backup first)"
     )
@@ -156,6 +253,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "check",
         parents=[common],
         help=f"validate every history (exit {EXIT_CODES['invalid_history']} on problems)",
+    )
+    db_check.add_argument(
+        "--repair",
+        action="store_true",
+        help="abandon runs whose lease expired and rebuild summaries from their histories",
     )
     db_check.set_defaults(handler=_db_check)
 
@@ -172,26 +274,30 @@ def _parse_limit(flag: str, text: str, *, zero: str | None) -> int:
     )
 
 
-def _actor(args: argparse.Namespace) -> str:
-    if args.actor:
-        return str(args.actor)
-    from_env = os.environ.get("EXECKIT_ACTOR")
-    if from_env:
-        return from_env
+def _actor(args: argparse.Namespace) -> Actor:
+    """Who acts: the operating-system user running this command (as PostgreSQL's `peer`
+    authentication reads it), never a flag or an environment variable; `--on-behalf-of`
+    only says for whom."""
+    import pwd  # only the commands that act need a name
+
+    uid = os.geteuid()
     try:
-        return getpass.getuser()
-    except Exception:  # no login name in some containers
-        return "local"
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid with no passwd entry (some containers)
+        name = f"uid-{uid}"
+    return Actor(name, on_behalf_of=getattr(args, "on_behalf_of", None))
 
 
-def _open(args: argparse.Namespace, *, create: bool) -> SqliteLedger:
-    return SqliteLedger(default_db_path(args.db), create=create)
+def _open(args: argparse.Namespace, *, create: bool = False, write: bool = True) -> SqliteLedger:
+    """The ledger `--db` names. A command that only reads opens it without writing
+    anything (no file, schema or migration is created by a read)."""
+    return SqliteLedger(default_db_path(args.db), create=create, upgrade=write)
 
 
 def _with_ledger(
     args: argparse.Namespace, *, create: bool, action: Callable[[SqliteLedger], _T]
 ) -> _T:
-    with _open(args, create=create) as ledger:
+    with _open(args, create=create, write=create) as ledger:
         return action(ledger)
 
 
@@ -206,17 +312,20 @@ def _print_task(task: Task, *, as_json: bool) -> None:
     if as_json:
         print_json(task.to_dict())
         return
-    print(f"{task.id}  {task.title}")
+    print(f"{safe_text(task.id)}  {safe_text(task.title)}")
     print(f"  status {task.status}, state {task.state}, ready {'yes' if task.ready else 'no'}")
     print(
         f"  attempts started {task.attempts_started}, limit {_limit_text(task)}, "
         f"charged {task.charged_attempts}, uncharged streak {task.uncharged_streak}, "
         f"remaining {task.remaining if task.remaining is not None else '-'}"
     )
+    print(f"  uncharged ceiling {task.max_uncharged_attempts}")
+    if task.retry_pending:
+        print("  an operator's forced retry is pending")
     if task.blocked_on:
         print(f"  blocked on {task.blocked_on}")
     if task.reason:
-        print(f"  reason: {task.reason}")
+        print(f"  reason: {safe_text(task.reason)}")
     if task.next_attempt_at is not None and task.state is TaskState.BACKOFF:
         print(f"  next attempt at {task.next_attempt_at:.3f}")
 
@@ -225,7 +334,9 @@ def _run_line(run: Run) -> str:
     klass = run.failure_class.value if run.failure_class else "-"
     forced = " forced" if run.forced else ""
     reason = f"  {run.reason}" if run.reason else ""
-    return f"{run.id}  {run.task_id} attempt {run.attempt}  {run.status}  {klass}{forced}{reason}"
+    return safe_text(
+        f"{run.id}  {run.task_id} attempt {run.attempt}  {run.status}  {klass}{forced}{reason}"
+    )
 
 
 def _print_run(run: Run, *, as_json: bool) -> None:
@@ -240,9 +351,10 @@ def _print_result(
     operation: Callable[[SqliteLedger], Task | Run],
     *,
     create: bool = False,
+    write: bool = True,
 ) -> int:
     """Do one ledger operation and print the task or run it returns (text or --json)."""
-    with _open(args, create=create) as ledger:
+    with _open(args, create=create, write=write) as ledger:
         result = operation(ledger)
         if isinstance(result, Run):
             _print_run(result, as_json=args.json)
@@ -266,12 +378,19 @@ def _print_listing(args: argparse.Namespace, doc: dict[str, Any], lines: list[st
 
 def _task_create(args: argparse.Namespace) -> int:
     max_attempts = _parse_limit("--max-attempts", args.max_attempts, zero="no explicit limit")
+    uncharged = (
+        None
+        if args.max_uncharged_attempts is None
+        else parse_int("--max-uncharged-attempts", args.max_uncharged_attempts, 1,
+                       MAX_UNCHARGED_LIMIT)
+    )  # fmt: skip
     actor = _actor(args)
     return _print_result(
         args,
         lambda ledger: ledger.create_task(
             args.title,
             max_attempts=max_attempts,
+            max_uncharged_attempts=uncharged,
             idempotency_key=args.idempotency_key,
             actor=actor,
         ),
@@ -280,14 +399,24 @@ def _task_create(args: argparse.Namespace) -> int:
 
 
 def _task_show(args: argparse.Namespace) -> int:
-    return _print_result(args, lambda ledger: ledger.get_task(args.task_id))
+    return _print_result(args, lambda ledger: ledger.get_task(args.task_id), write=False)
+
+
+def _task_retry(args: argparse.Namespace) -> int:
+    actor = _actor(args)
+    return _print_result(
+        args,
+        lambda ledger: ledger.retry_task(
+            args.task_id, actor=actor, reason=args.reason, force=args.force
+        ),
+    )
 
 
 def _task_list(args: argparse.Namespace) -> int:
     tasks = _with_ledger(args, create=False, action=lambda ledger: ledger.list_tasks())
     lines = [
         f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
-        f"{_limit_text(task)}  {task.title}"
+        f"{_limit_text(task)}  {safe_text(task.title)}"
         for task in tasks
     ]
     return _print_listing(args, {"tasks": [task.to_dict() for task in tasks]}, lines)
@@ -311,7 +440,6 @@ def _task_set_attempt_limit(args: argparse.Namespace) -> int:
             max_attempts,
             expected_max_attempts=expected,
             actor=actor,
-            roles=tuple(args.role),
             idempotency_key=args.idempotency_key,
         ),
     )
@@ -322,15 +450,22 @@ def _task_cancel(args: argparse.Namespace) -> int:
     return _print_result(args, lambda ledger: ledger.cancel_task(args.task_id, actor=actor))
 
 
+def _lease(flag: str, raw: str | None, default: float | None) -> float | None:
+    seconds = parse_seconds(flag, raw, allow_zero=False)
+    if seconds is not None and seconds > MAX_LEASE_S:
+        raise InvalidInput(
+            f"{flag} must be at most {MAX_LEASE_S:g} seconds, got {raw!r}", field=flag
+        )
+    return default if seconds is None else seconds
+
+
 def _run_start(args: argparse.Namespace) -> int:
-    # The CLI process exits at once; the run belongs to whoever called it.
-    owner_pid = (
-        os.getppid()
-        if args.owner_pid is None
-        else parse_int("--owner-pid", args.owner_pid, 1, 2**31 - 1, allowed="a process id >= 1")
-    )
+    import uuid  # only `run start` needs a fresh key
+
     request_key = args.request_key or f"cli-{uuid.uuid4()}"
     actor = _actor(args)
+    lease = _lease("--lease", args.lease, _CLI_LEASE_S)
+    assert lease is not None
     return _print_result(
         args,
         lambda ledger: ledger.start_run(
@@ -338,18 +473,65 @@ def _run_start(args: argparse.Namespace) -> int:
             request_key=request_key,
             actor=actor,
             forced=args.forced,
-            owner_pid=owner_pid,
+            # An operator forcing from the command line means now.
+            ignore_backoff=args.ignore_backoff or args.forced,
+            lease_s=lease,
         ),
     )
+
+
+def _run_heartbeat(args: argparse.Namespace) -> int:
+    lease = _lease("--lease", args.lease, None)
+    return _print_result(args, lambda ledger: ledger.heartbeat(args.run_id, lease_s=lease))
 
 
 def _run_finish(args: argparse.Namespace) -> int:
+    import time
+
+    retry_after = parse_seconds("--retry-after", args.retry_after, allow_zero=True)
+    not_before = None if retry_after is None else time.time() + retry_after
     return _print_result(
         args,
         lambda ledger: ledger.finish_run(
-            args.run_id, args.status, failure_class=args.failure_class, reason=args.reason
+            args.run_id,
+            args.status,
+            failure_class=args.failure_class,
+            reason=args.reason,
+            not_before=not_before,
         ),
     )
+
+
+def _role_grant(args: argparse.Namespace) -> int:
+    actor = _actor(args)
+    with _open(args) as ledger:
+        grant = ledger.grant_role(args.principal, args.role, actor=actor)
+    return _print_grants(args, [grant])
+
+
+def _role_revoke(args: argparse.Namespace) -> int:
+    actor = _actor(args)
+    with _open(args) as ledger:
+        removed = ledger.revoke_role(args.principal, args.role, actor=actor)
+    if args.json:
+        print_json({"principal": args.principal, "role": args.role, "revoked": removed})
+    else:
+        what = "revoked" if removed else "was not granted"
+        print(safe_text(f"{args.principal} {args.role}: {what}"))
+    return 0
+
+
+def _role_list(args: argparse.Namespace) -> int:
+    grants = _with_ledger(args, create=False, action=lambda ledger: ledger.grants(args.principal))
+    return _print_grants(args, grants)
+
+
+def _print_grants(args: argparse.Namespace, grants: list[Grant]) -> int:
+    lines = [
+        safe_text(f"{g.principal}  {g.role}  granted by {g.granted_by} at {g.granted_at:.0f}")
+        for g in grants
+    ]
+    return _print_listing(args, {"grants": [g.to_dict() for g in grants]}, lines)
 
 
 def _capabilities(args: argparse.Namespace) -> int:
@@ -369,11 +551,13 @@ def _db_migrate(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"path": str(path), **result.to_dict()})
     elif result.backup_path is None:
-        print(f"{path}: already at schema version {result.to_version}; nothing to do")
+        print(safe_text(f"{path}: already at schema version {result.to_version}; nothing to do"))
     else:
         print(
-            f"{path}: migrated schema {result.from_version} -> {result.to_version}; "
-            f"backup written to {result.backup_path}"
+            safe_text(
+                f"{path}: migrated schema {result.from_version} -> {result.to_version}; "
+                f"backup written to {result.backup_path}"
+            )
         )
     return 0
 
@@ -386,20 +570,42 @@ def _db_status(args: argparse.Namespace) -> int:
         print_json(info)
     else:
         for key, value in info.items():
-            print(f"{key}: {value}")
+            print(safe_text(f"{key}: {value}"))
+    return 0
+
+
+def _db_init(args: argparse.Namespace) -> int:
+    path = default_db_path(args.db)
+    with SqliteLedger(path, init=True) as ledger:
+        created = ledger.migration is not None
+        info = {"path": str(path), "created": created, "ledger_id": ledger.ledger_id()}
+    if args.json:
+        print_json(info)
+    elif created:
+        print(safe_text(f"{path}: a new, empty ledger (id {info['ledger_id']})"))
+    else:
+        print(safe_text(f"{path}: already an execkit ledger; nothing to do"))
     return 0
 
 
 def _db_check(args: argparse.Namespace) -> int:
-    def action(ledger: SqliteLedger) -> int:
-        problems = ledger.validate()
-        if args.json:
-            print_json({"ok": not problems, "problems": problems})
-        elif problems:
-            for problem in problems:
-                print(problem)
-        else:
+    repaired: list[str] = []
+    try:
+        # --repair writes; a plain check reads only (a file it cannot even open is the
+        # first problem it reports, not an error).
+        with _open(args, write=args.repair) as ledger:
+            if args.repair:
+                repaired = ledger.repair()
+            problems = ledger.validate()
+    except StorageError as exc:
+        problems = [f"storage: {exc.message}"]
+    if args.json:
+        print_json({"ok": not problems, "problems": problems, "repaired": repaired})
+    else:
+        for line in repaired:
+            print(safe_text(f"repaired: {line}"))
+        for problem in problems:
+            print(safe_text(problem))
+        if not problems:
             print("ok: every history validates")
-        return EXIT_CODES["invalid_history"] if problems else 0
-
-    return _with_ledger(args, create=False, action=action)
+    return EXIT_CODES["invalid_history"] if problems else 0

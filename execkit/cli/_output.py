@@ -1,31 +1,85 @@
-"""Shared CLI output: JSON printing and the error-code ➜ exit-code table."""
+"""Shared CLI output: JSON printing, terminal-safe text and the error-code ➜ exit-code table.
+
+Human text output prints values that came from outside execkit (task titles, failure
+reasons, board issues, paths, error messages). `safe_text` escapes the control characters
+in them, so a title holding `ESC [2J` or a carriage return cannot clear or rewrite the
+operator's terminal. JSON output needs none of this: `json.dumps` escapes every control
+character already.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
+from execkit._redact import redact
 
-__all__ = ["EXIT_CODES", "INTERNAL_ERROR_EXIT", "print_json", "report_error"]
+__all__ = [
+    "EXIT_CODES",
+    "INTERNAL_ERROR_EXIT",
+    "print_json",
+    "report_error",
+    "report_internal_error",
+    "safe_text",
+]
 
 # One distinct, documented exit code per error code (README "Exit codes"), read off the
 # error types themselves so the table cannot drift from them.
 EXIT_CODES: dict[str, int] = {kind.code: kind.exit_code for kind in error_types()}
 
+# C0 controls, DEL and C1 controls, each written as a visible escape: the usual short
+# escapes for tab, newline and carriage return, `\xNN` for the rest (ESC is `\x1b`).
+_SHORT_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_CONTROLS = [*range(0x00, 0x20), *range(0x7F, 0xA0)]
+_ESCAPES: dict[int, str] = {
+    code: _SHORT_ESCAPES.get(chr(code), f"\\x{code:02x}") for code in _CONTROLS
+}
+# For text where a line break is meant (a reply, a multi-line message): keep \n and \t.
+_ESCAPES_MULTILINE: dict[int, str] = {
+    code: escape for code, escape in _ESCAPES.items() if chr(code) not in "\n\t"
+}
+
+
+def safe_text(text: str, *, multiline: bool = False) -> str:
+    """`text` with its control characters escaped, safe to print to a terminal.
+
+    Every C0 control (U+0000..U+001F), DEL and every C1 control (U+0080..U+009F) is
+    written as an escape (`\\x1b`, `\\r`, `\\n`, `\\t`, `\\x9b`), so nothing in the
+    text can move the cursor, clear the screen or overwrite what was printed before.
+    With `multiline`, newlines and tabs are kept as they are. Text without controls is
+    returned unchanged.
+    """
+    return text.translate(_ESCAPES_MULTILINE if multiline else _ESCAPES)
+
 
 def print_json(obj: Any) -> None:
     """One JSON document on stdout."""
+    import json  # not every command prints JSON
+
     sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 
 def report_error(exc: ExecKitError, *, as_json: bool) -> int:
-    """Write the error (JSON on stderr with --json) and return its exit code."""
+    """Write the error (JSON on stderr with --json) and return its exit code.
+
+    The message is redacted first (a task id that is a token, a path holding a password
+    never reaches the terminal), and the text form escapes its control characters.
+    """
+    message = redact(exc.message)
     if as_json:
-        payload = {"error": {"code": exc.code, "message": exc.message}}
+        import json
+
+        payload = {"error": {"code": exc.code, "message": message}}
         sys.stderr.write(json.dumps(payload, sort_keys=True) + "\n")
     else:
-        sys.stderr.write(f"execkit: {exc.code}: {exc.message}\n")
+        sys.stderr.write(f"execkit: {exc.code}: {safe_text(message)}\n")
     return exc.exit_code
+
+
+def report_internal_error(exc: BaseException) -> int:
+    """The last line of defence: one line naming an unexpected exception, never a traceback."""
+    detail = safe_text(redact(f"{type(exc).__name__}: {exc}"))
+    sys.stderr.write(f"execkit: internal error: {detail} (set EXECKIT_DEBUG=1 for a traceback)\n")
+    return INTERNAL_ERROR_EXIT

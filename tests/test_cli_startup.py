@@ -1,0 +1,396 @@
+"""The CLI's start-up: the command table, what each command imports, and Ctrl-C at any moment.
+
+Real `python -m execkit` processes where the process itself is the point (imports, signals).
+Nothing here is timed: start-up speed is measured by benchmarks/bench_cli.py; these tests
+pin what makes it fast (the modules a command does not import) and what Ctrl-C prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import importlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import termios
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+import pytest
+from _support import REPO, run_execkit, wait_gone
+
+import execkit.cli as cli
+from execkit.cli import main
+
+PUBLIC = [
+    "run",
+    "classify",
+    "adapters",
+    "decide",
+    "task",
+    "role",
+    "capabilities",
+    "db",
+    "dispatch",
+    "status",
+    "demo",
+]
+INTERNAL = ["run-start", "run-finish", "run-heartbeat"]
+INTERRUPTED = "execkit: interrupted"
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("EXECKIT_DB", None)
+    return env
+
+
+def _imported(*args: str) -> set[str]:
+    """The modules `python -m execkit ARGS` imports, read off `-X importtime`."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "execkit", *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    names = set()
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and not line.rstrip().endswith("| package"):
+            names.add(line.rsplit("|", 1)[1].strip())
+    assert names, done.stderr
+    return names
+
+
+# -- the command table ----------------------------------------------------------------
+
+
+def _registered(module: str) -> dict[str, str | None]:
+    """name -> help of every command `execkit.cli.<module>.register` adds."""
+    parser = argparse.ArgumentParser(prog="execkit")
+    sub = parser.add_subparsers()
+    importlib.import_module(f"execkit.cli.{module}").register(sub)
+    helps: dict[str, str | None] = {name: None for name in sub.choices}
+    for action in sub._choices_actions:
+        helps[action.dest] = action.help
+    return helps
+
+
+def test_the_table_names_every_command_its_module_registers_with_the_same_help() -> None:
+    assert list(cli._COMMANDS) == PUBLIC
+    assert sorted(cli._INTERNAL) == sorted(INTERNAL)
+    modules = {module for module, _ in cli._COMMANDS.values()} | set(cli._INTERNAL.values())
+    for module in sorted(modules):
+        registered = _registered(module)
+        public = {name for name, (mod, _) in cli._COMMANDS.items() if mod == module}
+        internal = {name for name, mod in cli._INTERNAL.items() if mod == module}
+        assert set(registered) == public | internal, module
+        for name in public:
+            assert registered[name] == cli._COMMANDS[name][1], name
+        for name in internal:
+            assert registered[name] is None, f"{name} must not have a listing help"
+
+
+def test_help_lists_every_public_command_and_no_internal_one() -> None:
+    done = run_execkit("--help")
+    assert done.returncode == 0, done.stderr
+    listing = done.stdout.split("positional arguments:", 1)[1].split("options:", 1)[0]
+    listed = re.findall(r"^    (\S+)", listing, re.MULTILINE)
+    assert listed == PUBLIC
+    for name, (_module, one_line) in cli._COMMANDS.items():
+        # argparse wraps the help: compare it with the whitespace squeezed out.
+        assert " ".join(one_line.split()) in " ".join(listing.split()), name
+    for name in INTERNAL:
+        assert name not in done.stdout
+    usage = done.stdout.splitlines()[0]
+    assert usage == "usage: execkit [-h] [--json] [--db PATH] [--on-behalf-of NAME] COMMAND ..."
+
+
+def test_run_help_names_run_start_and_run_finish() -> None:
+    done = run_execkit("run", "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "execkit run start TASK_ID" in text and "execkit run finish RUN_ID" in text
+    assert "admits" in text and "records how that run ended" in text
+    assert all(name not in done.stdout for name in INTERNAL)
+
+
+@pytest.mark.parametrize("typed", ["run-start", "run-finish", "run-strat", "rn", "nope"])
+def test_an_unknown_command_never_names_or_suggests_an_internal_one(
+    typed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([typed, "t-1"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"execkit: invalid: execkit: unknown command {typed!r}")
+    rest = err.split(f"{typed!r}", 1)[1]
+    assert all(name not in rest for name in INTERNAL)
+    choices = re.search(r"choose from ([^)]*)\)", rest)
+    assert choices and choices.group(1).split(", ") == [repr(name) for name in PUBLIC]
+    suggested = re.findall(r"did you mean '([^']+)'", rest)
+    assert set(suggested) <= set(PUBLIC)
+    if typed == "rn":
+        assert suggested == ["run"]
+
+
+def test_internal_commands_are_reached_as_run_start_and_run_finish(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "l.db")
+    assert main(["task", "create", "x", "--db", db]) == 0
+    assert main(["run", "start", "t-1", "--db", db]) == 0
+    assert main(["run", "finish", "r-1", "succeeded", "--db", db]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "finish", "--help"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: execkit run finish ")
+
+
+# -- what start-up imports ------------------------------------------------------------
+
+HEAVY = {"sqlite3", "asyncio", "psutil", "execkit.ledger", "execkit.dispatch"}
+GROUPS = {f"execkit.cli.{module}" for module, _ in cli._COMMANDS.values()}
+
+
+def test_run_imports_no_ledger_asyncio_psutil_dispatcher_or_other_group() -> None:
+    loaded = _imported("run", "--", "true")
+    assert "execkit.cli._run" in loaded
+    assert not loaded & HEAVY, sorted(loaded & HEAVY)
+    assert not loaded & {"execkit._agent", "execkit._registry", "importlib.metadata"}
+    assert loaded & GROUPS == {"execkit.cli._run"}
+
+
+def test_help_imports_no_command_group() -> None:
+    loaded = _imported("--help")
+    assert not loaded & GROUPS, sorted(loaded & GROUPS)
+    assert not loaded & (HEAVY | {"execkit._exec", "execkit._classify", "subprocess"})
+
+
+def test_a_command_imports_only_its_own_group() -> None:
+    assert _imported("classify", "/dev/null") & GROUPS == {"execkit.cli._classify"}
+
+
+def test_importing_the_cli_is_light_and_changes_no_signal_handler() -> None:
+    probe = (
+        "import signal, sys\n"
+        "before = signal.getsignal(signal.SIGINT)\n"
+        "import execkit.cli\n"
+        "assert signal.getsignal(signal.SIGINT) is before\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('execkit', 'argparse'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['execkit', 'execkit.cli']"
+
+
+def test_the_classifier_compiles_its_patterns_on_first_use_not_at_import() -> None:
+    probe = (
+        "import execkit._classify as c\n"
+        "assert c._compiled.cache_info().currsize == 0, 'compiled at import'\n"
+        "patterns = [a.pattern for rule in c._RULES for a in rule.alternatives]\n"
+        "assert len(patterns) > 30, len(patterns)\n"
+        "assert all(p.flags & c._FLAGS == c._FLAGS for p in patterns)\n"
+        "assert patterns[0] is c._RULES[0].alternatives[0].pattern, 'compiled once'\n"
+        "print(c.classify_text('HTTP/1.1 503 Service Unavailable').reason)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "http 503"
+
+
+def test_a_handler_keeps_the_callers_sigint_handler_in_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["classify", "/dev/null"]) == 0
+    assert signal.getsignal(signal.SIGINT) is before
+    capsys.readouterr()
+
+
+def test_keyboard_interrupt_in_process_is_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import execkit.cli._classify as group
+
+    def interrupted(_path: str) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(group, "_read_tail", interrupted)
+    assert main(["classify", "-"]) == 130
+    assert capsys.readouterr().err == f"{INTERRUPTED}\n"
+
+
+# -- Ctrl-C in a real process ---------------------------------------------------------
+
+
+def _start(*args: str, stdout: int | IO[Any] | None = subprocess.PIPE) -> subprocess.Popen[str]:
+    """`python -X importtime -m execkit ARGS` with SIGINT at its default, stdin a pipe
+    left open (so `classify -` waits for it), stderr a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "execkit", *args],
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Whatever the test runner did with SIGINT, the child starts with the default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _own_lines(stderr: str) -> list[str]:
+    """stderr without the `-X importtime` report."""
+    return [line for line in stderr.splitlines() if not line.startswith("import time:")]
+
+
+def _lines_until(proc: subprocess.Popen[str], module: str) -> Iterator[str]:
+    """stderr up to `-X importtime`'s line for `module` (bounded: a watchdog kills the
+    process if that line never comes)."""
+    assert proc.stderr is not None
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            yield line
+            if line.startswith("import time:") and line.rsplit("|", 1)[1].strip() == module:
+                return
+    finally:
+        watchdog.cancel()
+    raise AssertionError(f"{module} was never imported")
+
+
+def _finish(proc: subprocess.Popen[str], head: list[str]) -> tuple[int, list[str]]:
+    try:
+        _out, rest = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    return proc.returncode, _own_lines("".join(head) + rest)
+
+
+def test_ctrl_c_the_moment_the_process_starts_kills_it_quietly() -> None:
+    # Before the interpreter has set up any handler, SIGINT's default action ends the
+    # process (a shell reports 130); nothing is printed, certainly no traceback.
+    proc = _start("classify", "-")
+    proc.send_signal(signal.SIGINT)
+    code, lines = _finish(proc, [])
+    assert (code, lines) in [(-signal.SIGINT, []), (130, [INTERRUPTED])]
+
+
+# Modules imported after execkit's own code took over Ctrl-C: by the CLI module, while
+# reading argv, and while importing the command's group; SIGINT lands at or after each.
+@pytest.mark.parametrize(
+    "module", ["execkit.cli", "execkit.cli._output", "argparse", "execkit._classify"]
+)
+def test_ctrl_c_during_start_up_is_one_line_and_130(module: str) -> None:
+    proc = _start("classify", "-")
+    head = list(_lines_until(proc, module))
+    proc.send_signal(signal.SIGINT)
+    code, lines = _finish(proc, head)
+    assert (code, lines) == (130, [INTERRUPTED])
+
+
+def test_ctrl_c_while_a_handler_waits_is_one_line_and_130() -> None:
+    proc = _start("classify", "-")
+    head = list(_lines_until(proc, "execkit.cli._classify"))
+    time.sleep(0.3)  # most likely reading stdin by now; any moment after gives the same
+    proc.send_signal(signal.SIGINT)
+    code, lines = _finish(proc, head)
+    assert (code, lines) == (130, [INTERRUPTED])
+
+
+def test_a_second_ctrl_c_still_prints_one_line() -> None:
+    proc = _start("classify", "-")
+    head = list(_lines_until(proc, "execkit.cli._classify"))
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    code, lines = _finish(proc, head)
+    assert (code, lines) == (130, [INTERRUPTED])
+
+
+def _pipe_bytes(fd: int) -> int:
+    buffered = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, buffered)
+    return int.from_bytes(buffered, sys.byteorder)
+
+
+def test_ctrl_c_while_printing_is_one_line_and_130(tmp_path: Path) -> None:
+    db = tmp_path / "l.db"
+    script = (
+        "import sys\nfrom execkit.ledger import open_ledger\n"
+        "with open_ledger(sys.argv[1]) as ledger:\n"
+        "    for _ in range(400): ledger.create_task('a title long enough ' * 10, actor='a')\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(db)], env=_env(), check=True, timeout=120)
+    read_end, write_end = os.pipe()
+    try:
+        proc = _start("task", "list", "--db", str(db), stdout=write_end)
+        os.close(write_end)
+        # Nobody reads: once the pipe is full (it stops filling), execkit is blocked printing.
+        deadline = time.monotonic() + 60
+        filled, steady = -1, 0
+        while steady < 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            now = _pipe_bytes(read_end)
+            steady = steady + 1 if now == filled and now >= 32768 else 0
+            filled = now
+        assert proc.poll() is None, "the listing fit in the pipe"
+        proc.send_signal(signal.SIGINT)
+        os.set_blocking(read_end, False)
+        while proc.poll() is None:  # drain, so the flush at exit cannot block
+            try:
+                os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                time.sleep(0.01)
+        code, lines = _finish(proc, [])
+    finally:
+        os.close(read_end)
+    assert (code, lines) == (130, [INTERRUPTED])
+
+
+def test_ctrl_c_during_a_long_run_exits_130_with_one_line() -> None:
+    # `execkit run`'s own signal handling lives in cli/_run.py; here only what the
+    # operator sees: exit 130, one line, and the child does not outlive execkit.
+    proc = _start("run", "--", "sleep", "5", stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    children: list[psutil.Process] = []
+    while not children and time.monotonic() < deadline:
+        children = [c for c in psutil.Process(proc.pid).children() if c.name() == "sleep"]
+        time.sleep(0.01)
+    assert children, "sleep never started"
+    proc.send_signal(signal.SIGINT)
+    code, lines = _finish(proc, [])
+    assert code == 130
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert wait_gone(children[0].pid)
+
+
+def test_an_inherited_ignored_sigint_stays_ignored() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "execkit", "classify", "-"],
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate("HTTP/1.1 503 Service Unavailable\n", timeout=30)
+    assert proc.returncode == 0, err
+    assert out.startswith("upstream: http 503")
