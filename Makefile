@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean record-vendors test-vendors
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,19 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_exec.py
 	$(PY) benchmarks/bench_classify.py
 	$(PY) benchmarks/bench_ledger.py
+
+# The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
+# API; both need node and npm and print SKIP without them. Neither is part of `make test`.
+#   make record-vendors   npm ci if needed, then re-record fixtures/recorded (~25 min)
+#   make test-vendors     run the same matrix live and compare each cell's shape
+record-vendors: $(STAMP)
+	$(PY) tests/vendors/clis.py install
+	$(PY) tests/vendors/record.py
+	$(PY) tests/vendors/measure.py --no-table
+
+test-vendors: $(STAMP)
+	$(PY) tests/vendors/clis.py install
+	$(PY) tests/vendors/record.py --check
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

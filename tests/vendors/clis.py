@@ -1,0 +1,201 @@
+"""Where the pinned vendor CLIs are (tests/vendors/node_modules) and what version each is.
+
+    python tests/vendors/clis.py            # one line per CLI: found or why not
+    python tests/vendors/clis.py install    # `npm ci` here when node_modules is stale
+
+`find_cli(name)` never raises for a missing tool: it returns a `CLI` whose `missing` says
+why (no node, no npm, not installed, a binary that does not run), so a caller prints that
+and skips instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CLI", "CLI_NAMES", "HERE", "NODE_MODULES", "PACKAGES", "find_cli", "install"]
+
+HERE = Path(__file__).resolve().parent
+NODE_MODULES = HERE / "node_modules"
+BIN = NODE_MODULES / ".bin"
+
+# adapter name -> npm package (the binary is named like the adapter)
+PACKAGES: dict[str, str] = {
+    "codex": "@openai/codex",
+    "claude": "@anthropic-ai/claude-code",
+    "gemini": "@google/gemini-cli",
+    "opencode": "opencode-ai",
+}
+CLI_NAMES: tuple[str, ...] = tuple(PACKAGES)
+
+_VERSION_TIMEOUT_S = 60.0
+_NPM_CI_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class CLI:
+    """One vendor CLI: its binary and version, or why it cannot be used (`missing`)."""
+
+    name: str
+    package: str
+    pinned: str | None
+    path: Path | None = None
+    version: str | None = None
+    missing: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.missing is None and self.path is not None
+
+
+def pinned_versions() -> dict[str, str]:
+    """The exact versions package.json pins, by npm package name."""
+    manifest = json.loads((HERE / "package.json").read_text(encoding="utf-8"))
+    deps: dict[str, str] = manifest.get("dependencies", {})
+    return deps
+
+
+def _installed_version(package: str) -> str | None:
+    meta = NODE_MODULES / package / "package.json"
+    try:
+        version = json.loads(meta.read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError):
+        return None
+    return version if isinstance(version, str) else None
+
+
+def _tool_missing() -> str | None:
+    if shutil.which("node") is None:
+        return "node is not on PATH (install Node.js 20+ and npm, then `make record-vendors`)"
+    if shutil.which("npm") is None:
+        return "npm is not on PATH (install npm, then `make record-vendors`)"
+    return None
+
+
+def node_bin_dir() -> str | None:
+    """The directory of the `node` on PATH (the CLIs' shebangs need it on their PATH)."""
+    node = shutil.which("node")
+    return str(Path(node).resolve().parent) if node else None
+
+
+def find_cli(name: str, *, run_version: bool = True) -> CLI:
+    """The installed CLI `name` (codex, claude, gemini, opencode), or why it is missing."""
+    package = PACKAGES[name]
+    pinned = pinned_versions().get(package)
+    missing = _tool_missing()
+    if missing:
+        return CLI(name, package, pinned, missing=missing)
+    binary = BIN / name
+    if not binary.exists():
+        return CLI(
+            name,
+            package,
+            pinned,
+            missing=f"{package} is not installed in {NODE_MODULES} "
+            "(run `cd tests/vendors && npm ci`, or `make record-vendors`)",
+        )
+    installed = _installed_version(package)
+    if pinned and installed != pinned:
+        return CLI(
+            name,
+            package,
+            pinned,
+            path=binary,
+            missing=f"{package} {installed} is installed but package.json pins {pinned} "
+            "(run `cd tests/vendors && npm ci`)",
+        )
+    version = installed
+    if run_version:
+        version, problem = _run_version(binary)
+        if problem:
+            return CLI(name, package, pinned, path=binary, missing=problem)
+    return CLI(name, package, pinned, path=binary, version=version)
+
+
+def _run_version(binary: Path) -> tuple[str | None, str | None]:
+    """`BINARY --version` in a throwaway HOME: (its last line, None) or (None, why)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="execkit-clis-") as home:
+        env = {
+            "HOME": home,
+            "PATH": os.pathsep.join(filter(None, [node_bin_dir(), "/usr/bin", "/bin"])),
+            "LANG": "C.UTF-8",
+            "NO_COLOR": "1",
+        }
+        try:
+            done = subprocess.run(
+                [str(binary), "--version"],
+                env=env,
+                cwd=home,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=_VERSION_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return None, f"{binary.name} --version did not finish in {_VERSION_TIMEOUT_S:.0f}s"
+        except OSError as exc:
+            return None, f"{binary.name} could not be started: {exc}"
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.decode(errors="replace").strip()[-300:]
+        return None, f"{binary.name} --version exited {done.returncode}: {tail}"
+    return lines[-1].strip(), None
+
+
+def _stale() -> bool:
+    marker = NODE_MODULES / ".package-lock.json"
+    lock = HERE / "package-lock.json"
+    return not marker.exists() or marker.stat().st_mtime < lock.stat().st_mtime
+
+
+def install() -> str | None:
+    """`npm ci` in tests/vendors when node_modules is missing or older than the lock file.
+
+    Returns None when the CLIs are installed, else why not (a caller skips with it).
+    """
+    missing = _tool_missing()
+    if missing:
+        return missing
+    if not _stale():
+        return None
+    npm = shutil.which("npm")
+    assert npm is not None
+    try:
+        done = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=HERE,
+            stdin=subprocess.DEVNULL,
+            timeout=_NPM_CI_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"npm ci did not finish in {_NPM_CI_TIMEOUT_S:.0f}s"
+    if done.returncode != 0:
+        return f"npm ci exited {done.returncode} (is the npm registry reachable?)"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:2] == ["install"]:
+        problem = install()
+        if problem:
+            print(f"SKIP: {problem}")
+        return 0
+    for name in CLI_NAMES:
+        cli = find_cli(name)
+        if cli.ok:
+            print(f"{name}: {cli.version} ({cli.package}@{cli.pinned}) at {cli.path}")
+        else:
+            print(f"{name}: SKIP: {cli.missing}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
