@@ -1,16 +1,88 @@
-"""Mask API keys, bearer tokens and known secret values before text is stored.
+r"""Mask credentials before text is stored or printed.
 
-Every pattern here runs in linear time on Python's backtracking `re`: each starts with a
-literal (`sk-`, `AIza`, `bearer`, a secret-sounding name), has no nested or adjacent
-unbounded quantifiers that could trade characters with each other, and bounds every
-optional run that precedes another quantifier. Redaction errs towards masking: a false
-positive loses a little debugging text, a false negative leaks a credential.
+`redact(text)` replaces every credential it recognises with `[REDACTED]`; `redact_tail`
+does the same for the kept tail of a longer output, looking at the text just before the
+cut; `redact_argv` does it per argument. A false positive loses a little debugging text, a
+false negative leaks a credential, so redaction errs towards masking.
+
+What is recognised, in three phases over the text:
+
+1. The literal `extra_secrets` (values of the child's secret-named environment variables),
+   longest first.
+2. The reference rules, run one after another over the output of the one before, with
+   the output of the code before the coverage work (tests/_redact_reference.py holds it,
+   and tests/test_redact.py checks the two agree): OpenAI/Anthropic `sk-`, Google `AIza`,
+   GitHub `gh?_`/`github_pat_` and Slack `xox?-` keys; `Authorization:` headers; `Bearer`
+   tokens; `NAME=value`, `NAME: value` and `"name": "value"` for secret-sounding names;
+   `--api-key VALUE` flags.
+3. The shapes added since, each matched against the text as phase 1 left it (so no
+   earlier masking can hide one) and masked on top of phase 2's output: AWS access key
+   IDs and bare AWS secret keys (40 base64 characters on a line that says aws/secret),
+   Slack webhook URLs, JWTs, the password of `scheme://user:password@host` (URLs and
+   the connection strings of PostgreSQL, MySQL, MongoDB, Redis, AMQP...), PEM and OpenSSH
+   private key blocks, Azure `AccountKey=`/`SharedAccessKey=`/`SharedAccessSignature=`,
+   Stripe `sk_live_`/`rk_live_`/`sk_test_`, npm `npm_`, Hugging Face `hf_`, GitLab
+   `glpat-`/`glrt-`/`gldt-`/`glptt-`, Twilio `SK` + 32 hex, SendGrid `SG.x.y`,
+   `Cookie:`/`Set-Cookie:` values, names and headers whose quotes are backslash-escaped
+   (JSON inside a JSON string), and the JSON-escaped form of each literal secret. So
+   the output is always the reference output with more spans masked, and exactly the
+   reference output wherever phase 3 finds nothing.
+
+Formats were taken as facts (prefixes, lengths, alphabets; no code) from two well-kept
+secret scanners: gitleaks `config/gitleaks.toml` (rules aws-access-token,
+slack-webhook-url, jwt, private-key, stripe-access-token, npm-access-token,
+huggingface-access-token, gitlab-pat, gitlab-pat-routable, gitlab-runner-authentication-
+token, gitlab-deploy-token, gitlab-ptt, twilio-api-key, sendgrid-api-token,
+curl-auth-user, generic-api-key) and Yelp detect-secrets `detect_secrets/plugins/`
+(aws.py, aws_secret_access_key.py, basic_auth.py, azure_storage_key.py, jwt.py,
+private_key.py, slack.py, stripe.py, twilio.py, sendgrid.py, npm.py). Lengths are kept
+loose where the vendors' are not stable (Stripe, npm, Hugging Face: at least 10/30/30).
+
+Left alone on purpose: git SHAs and sha256 digests (hex has no upper and lower case mix,
+so it is never an AWS secret), UUIDs, `max_tokens=4096`, `token_count=5` (the secret word
+must END the name), base64 data without a key context, certificates and public keys.
+
+Linear time. Every pattern runs in linear time on Python's backtracking `re`: each starts
+with a literal or a one-character class, has no nested or adjacent unbounded quantifiers
+that could trade characters with each other (the new ones use possessive quantifiers,
+which never give characters back), and bounds every optional run that precedes another
+quantifier. Where a match must not follow a letter or digit, the look-behind comes after
+the literal (`SK(?<![A-Za-z0-9]SK)`, `bearer(?<!\wbearer)` for `\bbearer`), so the engine
+skips ahead with a substring search instead of trying every position.
+
+Folded patterns. A case-insensitive rule runs as a lowered, case-sensitive pattern on
+`_fold(text)`: the text lowered after mapping U+0130 (İ), U+0131 (ı) and U+017F (ſ) to
+`i`, `i` and `s`. The fold has the text's length (U+0130 is the one code point `lower()`
+turns into two), so offsets carry over, and it is exactly what IGNORECASE sees: `re`
+matches an ASCII letter to its two cases, U+212A KELVIN SIGN (for k, which `lower()`
+maps to `k`), U+0130 and U+0131 (for i) and U+017F (for s), and to nothing else; a digit
+or punctuation only to itself; and lowering keeps what is a word character, whitespace
+or a newline. tests/test_redact.py checks each of these facts, and each character class
+of the folded patterns, against every code point.
+
+Anchors. A pattern runs at all only where its anchors occur: each pass lists literals
+that every match of it contains (in groups, each of which must be represented), and a
+substring search over the text (or the fold, for a folded pass) decides. The check is
+exact, for every code point: a case-sensitive pattern can only match its literals as
+written, in the string it runs on. The marker contains no anchor and no anchor contains a
+bracket, so masking never creates one: one look at the text serves every pass.
+
+Tails. `redact_tail(tail, context)` redacts `context + tail` once and keeps the part that
+came from `tail`; a credential that runs across the cut is masked from the start of the
+tail through its end. Its output is the old `redact_tail` (redact the tail alone, and
+again with the context; when they differ, mask the differing head) with phase 3 on top,
+computed without redacting the tail twice: the two views can only differ near the cut
+(where a match crosses it, or where the cut splits a word that could start a key); no
+reference rule matches across a newline, so from the tail's first newline on the two
+agree, and only then is the tail's first line redacted alone.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "MIN_ENV_SECRET_LEN",
@@ -30,42 +102,58 @@ MIN_ENV_SECRET_LEN = 8
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
+# --- phase 2: the reference rules
+#
+# The same rules as before the coverage work (tests/_redact_reference.py holds the old code
+# and tests/test_redact.py checks the two agree), written so the engine can skip ahead: the
+# literal comes first and the look-behind that used to precede it follows it, and the
+# case-insensitive ones run, case-sensitive and lowered, on `_fold(text)` (see "Folded
+# patterns" in the module docstring).
+
 # Vendor key shapes. The negative look-behind keeps `task-...` or `disk-...` from matching
 # the `sk-` prefix.
 _VENDOR_KEYS = re.compile(
-    r"(?<![A-Za-z0-9])(?:"
-    r"sk-[A-Za-z0-9_\-]{16,}"  # OpenAI sk-..., sk-proj-..., Anthropic sk-ant-...
-    r"|AIza[A-Za-z0-9_\-]{30,}"  # Google API keys
-    r"|gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub tokens
-    r"|github_pat_[A-Za-z0-9_]{20,}"
-    r"|xox[abprs]-[A-Za-z0-9\-]{10,}"  # Slack tokens
-    r")"
+    r"sk-(?<![A-Za-z0-9]sk-)[A-Za-z0-9_\-]{16,}"  # OpenAI sk-..., sk-proj-..., sk-ant-...
+    r"|AIza(?<![A-Za-z0-9]AIza)[A-Za-z0-9_\-]{30,}"  # Google API keys
+    r"|gh[pousr]_(?<![A-Za-z0-9]gh[pousr]_)[A-Za-z0-9]{20,}"  # GitHub tokens
+    r"|github_pat_(?<![A-Za-z0-9]github_pat_)[A-Za-z0-9_]{20,}"
+    r"|xox[abprs]-(?<![A-Za-z0-9]xox[abprs]-)[A-Za-z0-9\-]{10,}"  # Slack tokens
 )
 
 # `Authorization: Bearer x`, `Authorization: token x`, `authorization=x`: the credential.
-_AUTH_HEADER = re.compile(
-    r"(?i)(\bauthorization[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?"
+_AUTH_HEADER = (
+    r"(authorization(?<!\wauthorization)[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?"
     r"(?:(?:bearer|basic|token|bot)[ \t]{1,8})?)"
     r"[^\s\"',;]+"
 )
 
 # A bare `Bearer <token>` anywhere else (curl traces, logged headers).
-_BEARER = re.compile(r"(?i)(\bbearer[ \t]{1,8})[A-Za-z0-9\-._~+/]{8,}=*")
+_BEARER = r"(bearer(?<!\wbearer)[ \t]{1,8})[A-Za-z0-9\-._~+/]{8,}=*"
 
 # `NAME=value`, `NAME: value`, `"name": "value"` where NAME ends in a secret-sounding word
 # (`OPENAI_API_KEY`, `GITHUB_TOKEN`, `client_secret`, `apiKey`, `password`). The name's
 # prefix is irrelevant to the match, which is what keeps this linear; requiring the word
 # to END the name keeps `token_count=5` and `max_tokens=4096` readable.
-_KEY_VALUE = re.compile(
-    r"(?i)((?:api[_\-]?key|access[_\-]?key|secret[_\-]?key|private[_\-]?key"
-    r"|token|secret|password|passwd|credentials?)"
-    r"[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?)"
-    r"[^\s\"',;&]+"
+_NAMES = (
+    r"(?:a(?:pi[_\-]?key|ccess[_\-]?key)|s(?:ecret[_\-]?key|ecret)|p(?:rivate[_\-]?key"
+    r"|ass(?:word|wd))|token|credentials?)"
+)  # the reference's alternatives, in its order, sharing their first letters
+# Where a name can start, from each word of it (`api_key` holds `key` 4 characters in,
+# `apikey` 3, `access_key` 7...; the other words start the name), and how far past the word
+# its separator can be at most (the rest of `secret_key`, an escaped quote, 8 blanks, `:`).
+_NAME_STARTS = (
+    ("key", (3, 4, 6, 7, 8)),
+    ("token", (0,)),
+    ("secret", (0,)),
+    ("passw", (0,)),
+    ("credential", (0,)),
 )
+_NAME_REACH = 16
+_KEY_VALUE = rf"({_NAMES}[\"']?[ \t]{{0,8}}[:=][ \t]{{0,8}}[\"']?)[^\s\"',;&]+"
 
 # `--api-key VALUE` / `--token=VALUE` on a logged command line.
-_SECRET_FLAG = re.compile(
-    r"(?i)(--?(?:api[_\-]?key|access[_\-]?key|token|secret|password|passwd)(?:[ \t]{1,8}|=))"
+_SECRET_FLAG = (
+    r"(--?(?:api[_\-]?key|access[_\-]?key|token|secret|password|passwd)(?:[ \t]{1,8}|=))"
     r"[^\s\"',;&]+"
 )
 
@@ -73,11 +161,349 @@ _SECRET_FLAG_ITEM = re.compile(
     r"(?i)--?(?:api[_\-]?key|access[_\-]?key|token|secret|password|passwd)"
 )
 
-_PREFIXED_PATTERNS: tuple[re.Pattern[str], ...] = (_AUTH_HEADER, _BEARER, _KEY_VALUE, _SECRET_FLAG)
+# --- phase 3: the shapes added since (compiled on first use: start-up time matters)
+
+# After a name, quotes escaped with a backslash (`{\"api_key\": \"v\"}`, `KEY=\"v\"`):
+# either the name's closing quote is escaped, or the value's opening one is.
+_ESCAPED_SEP = (
+    r"(?:\\[\"'][ \t]{0,8}[:=][ \t]{0,8}(?:\\[\"'])?"
+    r"|[\"']?[ \t]{0,8}[:=][ \t]{0,8}\\[\"'])"
+)
+_PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
+_PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
+
+_SOURCES = {
+    # The header stays readable; the body (base64 lines, `Proc-Type:`/`DEK-Info:` headers,
+    # `\n` when JSON-escaped, markers an earlier rule left) and the END line are masked. A
+    # block without its END line is masked up to the next `-----` or the end of the text.
+    # Whitespace counts only when more of the body follows it (so masking is idempotent).
+    "private_key": (
+        rf"(-----BEGIN{_PEM_LINE})"
+        rf"(?:{_PEM_BODY}++|-(?!----)|\s++(?={_PEM_BODY}|-))*+"
+        rf"(?:-----END{_PEM_LINE})?"
+    ),
+    "escaped_authorization": (
+        rf"(authorization(?<!\wauthorization){_ESCAPED_SEP}"
+        r"(?:(?:bearer|basic|token|bot)[ \t]{1,8})?)"
+        r"[^\s\"',;\\]+"
+    ),
+    "escaped_key_value": rf"({_NAMES}{_ESCAPED_SEP})[^\s\"',;&\\]+",
+    # scheme://user:password@host: the password (the user part may be empty: redis://:p@h).
+    "url_password": r"://([^\s:/@?#\[\]\"'<>]{0,128}+):([^\s/?#\"'<>]{1,256})@",
+    "slack_webhook": r"(hooks\.slack\.com/(?:services|workflows|triggers)/)[a-z0-9_+/\-]{8,}+",
+    "jwt": (
+        r"eyJ(?<![A-Za-z0-9_\-]eyJ)[A-Za-z0-9_\-]{10,}+={0,2}+"
+        r"\.eyJ[A-Za-z0-9_\-]{10,}+={0,2}+\.[A-Za-z0-9_\-]*+={0,2}+"
+    ),
+    # 40 characters of base64 with both cases: a hex digest never qualifies. Masked only
+    # on a line that says aws or secret (or names an access key ID) before it.
+    "aws_secret_key": r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])",
+    "aws_access_key_id": (
+        r"(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)(?<![A-Za-z0-9]....)[A-Z0-9]{16}(?![A-Za-z0-9])"
+    ),
+    "azure_key": (
+        r"((?:accountkey(?<!\waccountkey)|sharedaccesskey(?<!\wsharedaccesskey)"
+        r"|sharedaccesssignature(?<!\wsharedaccesssignature))[ \t]{0,8}=[ \t]{0,8})"
+        r"[^\s;\"'<>]+"
+    ),
+    "stripe": r"[rs]k_(?:live|test|prod)_(?<![A-Za-z0-9].{8})[A-Za-z0-9]{10,}+",
+    "npm": r"npm_(?<![A-Za-z0-9_]npm_)[A-Za-z0-9]{30,}+",
+    "huggingface": r"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{30,}+",
+    "gitlab": (
+        r"(?:glpat-(?<![A-Za-z0-9]glpat-)|glptt-(?<![A-Za-z0-9]glptt-)"
+        r"|gl[dr]t-(?<![A-Za-z0-9]gl[dr]t-))[A-Za-z0-9_\-]{20,}+(?:\.[A-Za-z0-9]{2,}+)?+"
+    ),
+    "twilio": r"SK(?<![A-Za-z0-9]SK)[0-9a-fA-F]{32}(?![A-Za-z0-9])",
+    "sendgrid": r"SG\.(?<![A-Za-z0-9]SG\.)[A-Za-z0-9_\-]{16,}+\.[A-Za-z0-9_\-]{16,}+",
+    "cookie": (
+        r"((?:set-cookie(?<!\wset-cookie)|cookie(?<!\wcookie))(?:\\?[\"'])?"
+        r"[ \t]{0,8}[:=][ \t]{0,8}(?:\\?[\"'])?)[^\r\n\"\\]+"
+    ),
+}
+
+# The wording that makes a bare 40-character token an AWS secret key (looked for in the
+# fold), and how far back on its line it may be.
+_AWS_WORDS = ("aws", "secret", "akia", "asia")
+_AWS_WORDING = re.compile("|".join(_AWS_WORDS), re.IGNORECASE)
+_AWS_WINDOW = 80
+
+# --- anchors and the case fold
+
+# Code points outside ASCII that IGNORECASE pairs with an ASCII letter and that `lower()`
+# does not turn into it (U+212A KELVIN SIGN lowers to "k" already). Found by scanning all
+# of Unicode; tests/test_redact.py checks the table is complete.
+_FOLD_FIXES = (("\u0130", "i"), ("\u0131", "i"), ("\u017f", "s"))
 
 
-def _mask_value(match: re.Match[str]) -> str:
-    return match.group(1) + REDACTED
+def _fold(text: str) -> str:
+    """`text` lowered so that whatever a case-insensitive pattern matches to an ASCII
+    literal reads as that literal in lower case (see the module docstring)."""
+    if not text.isascii():
+        for char, letter in _FOLD_FIXES:
+            if char in text:
+                text = text.replace(char, letter)
+    return text.lower()
+
+
+# An anchor is a literal and whether it is looked for in the fold (True) or as written.
+_Anchor = tuple[str, bool]
+_Anchors = tuple[tuple[_Anchor, ...], ...]
+
+
+def _folded(*literals: str) -> tuple[_Anchor, ...]:
+    return tuple((literal, True) for literal in literals)
+
+
+def _exact(*literals: str) -> tuple[_Anchor, ...]:
+    return tuple((literal, False) for literal in literals)
+
+
+_NAME_WORDS = _folded("key", "token", "secret", "passw", "credential")
+_ASSIGN = _exact(":", "=")
+
+
+# Up to this length a gate looks for all anchors up front (argv items, error messages).
+_EAGER_CHARS = 2048
+
+
+class _Gate:
+    """Which anchors occur in one text; each is looked for at most once."""
+
+    __slots__ = ("_bits", "_chars", "_low", "_state", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._low: str | None = None
+        self._state: list[int] = []  # per anchor id: -1 not looked for yet, 0 absent, 1 found
+        self._chars: dict[tuple[str, bool], bool] = {}  # (character, in the fold): present
+        self._bits = 0  # bit i set: anchor i found (a short text's anchors, all looked for)
+        if len(text) > _EAGER_CHARS:
+            self._state = [-1] * len(_ANCHOR_LIST)
+            return
+        # A short text: looking for every anchor at once costs less than deciding which.
+        low = self._low = _fold(text)
+        bits = 0
+        for bit, (literal, folded) in enumerate(_ANCHOR_LIST):
+            if literal in (low if folded else text):
+                bits |= 1 << bit
+        self._bits = bits
+
+    @property
+    def empty(self) -> bool:
+        """True when the text is short and holds no anchor at all."""
+        return not self._state and not self._bits
+
+    def opens(self, step: _Pass) -> bool:
+        """True when each of the pass's anchor groups has a member in the text."""
+        if not self._state:
+            bits = self._bits
+            for mask in step.masks:  # noqa: SIM110 - a loop, not a generator: it runs per pass
+                if not bits & mask:
+                    return False
+            return True
+        state = self._state
+        for group in step.groups:
+            for anchor in group:
+                found = state[anchor]
+                if found < 0:
+                    found = state[anchor] = self._look(anchor)
+                if found:
+                    break
+            else:
+                return False
+        return True
+
+    def _look(self, anchor: int) -> int:
+        literal, folded = _ANCHOR_LIST[anchor]
+        text = self.fold() if folded else self._text
+        # Looking for one character is a memchr that stops at its first occurrence, and a
+        # literal with a character the text lacks cannot occur: its rarest characters
+        # first save most of the full searches a long text would cost.
+        chars = self._chars
+        for char in _RAREST_FIRST[literal]:
+            key = (char, folded)
+            found = chars.get(key)
+            if found is None:
+                found = chars[key] = char in text
+            if not found:
+                return 0
+        return 1 if len(literal) == 1 or literal in text else 0
+
+    def fold(self) -> str:
+        """`_fold` of the text, computed once."""
+        if self._low is None:
+            self._low = _fold(self._text)
+        return self._low
+
+
+# Every anchor once, numbered: a gate keeps one flag per anchor.
+_ANCHOR_LIST: list[_Anchor] = []
+_ANCHOR_IDS: dict[_Anchor, int] = {}
+# Characters by how rarely logs hold them (a guess: it orders the checks, nothing more).
+_COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789-_.:/=\n"
+# Per anchor literal: its distinct characters, the rarest first.
+_RAREST_FIRST: dict[str, tuple[str, ...]] = {}
+
+
+def _rarity(char: str) -> int:
+    at = _COMMON.find(char.lower())
+    common = len(_COMMON) if at < 0 else at
+    return -common - (100 if char.isupper() else 0)  # an upper-case letter is rarer still
+
+
+def _anchor_ids(anchors: _Anchors) -> tuple[tuple[int, ...], ...]:
+    for group in anchors:
+        for anchor in group:
+            if anchor not in _ANCHOR_IDS:
+                _ANCHOR_IDS[anchor] = len(_ANCHOR_LIST)
+                _ANCHOR_LIST.append(anchor)
+                _RAREST_FIRST[anchor[0]] = tuple(sorted(set(anchor[0]), key=_rarity))
+    return tuple(tuple(_ANCHOR_IDS[anchor] for anchor in group) for group in anchors)
+
+
+# --- passes
+
+_Span = Callable[[re.Match[str]], "tuple[int, int] | None"]
+
+
+def _whole(match: re.Match[str]) -> tuple[int, int] | None:
+    return match.span()
+
+
+def _after_prefix(match: re.Match[str]) -> tuple[int, int] | None:
+    start, end = match.end(1), match.end()
+    return (start, end) if start < end else None
+
+
+def _password(match: re.Match[str]) -> tuple[int, int] | None:
+    return match.span(2)
+
+
+def _aws_secret(match: re.Match[str]) -> tuple[int, int] | None:
+    token = match.group()
+    if token.lower() == token or token.upper() == token:
+        return None  # one case only: hex, or not random enough to be a key
+    start = match.start()
+    window = match.string[max(0, start - _AWS_WINDOW) : start]
+    window = window[window.rfind("\n") + 1 :]
+    return match.span() if _AWS_WORDING.search(window) else None
+
+
+class _Pass:
+    """One pattern, the anchors every match of it contains, and what of a match to mask.
+
+    A `folded` pass runs on `_fold(text)` (its source is lowered and case-sensitive) and
+    looks for its anchors there; the others run on the text as it is.
+    """
+
+    __slots__ = (
+        "_pattern",
+        "anchors",
+        "folded",
+        "groups",
+        "masks",
+        "name",
+        "named",
+        "source",
+        "span",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        pattern: re.Pattern[str] | str,
+        anchors: _Anchors,
+        span: _Span = _after_prefix,
+        *,
+        folded: bool = False,
+        named: bool = False,
+    ) -> None:
+        self.name = name
+        self.named = named  # every match starts with one of `_NAMES`: tried only there
+        self._pattern = pattern if isinstance(pattern, re.Pattern) else None
+        self.source = pattern if isinstance(pattern, str) else pattern.pattern
+        self.anchors = anchors
+        self.folded = folded
+        self.groups = _anchor_ids(anchors)
+        self.masks = tuple(sum(1 << anchor for anchor in group) for group in self.groups)
+        self.span = span
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        if self._pattern is None:
+            self._pattern = re.compile(self.source)
+        return self._pattern
+
+
+# Phase 2, in the reference order.
+_REFERENCE_PASSES = (
+    _Pass(
+        "vendor_key",
+        _VENDOR_KEYS,
+        (_exact("sk-", "AIza", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox"),),
+        _whole,
+    ),
+    _Pass("authorization", _AUTH_HEADER, (_folded("authorization"),), folded=True),
+    _Pass("bearer", _BEARER, (_folded("bearer"),), folded=True),
+    _Pass("key_value", _KEY_VALUE, (_NAME_WORDS, _ASSIGN), folded=True, named=True),
+    _Pass(
+        "secret_flag",
+        _SECRET_FLAG,
+        (_exact("-"), _folded("key", "token", "secret", "passw")),
+        folded=True,
+    ),
+)
+
+# Phase 3: each pass sees the text as phase 1 left it, independently of the others.
+_EXTRA_PASSES = (
+    _Pass(
+        "private_key",
+        _SOURCES["private_key"],
+        (_exact("-----BEGIN"), _exact("PRIVATE KEY")),
+    ),
+    _Pass(
+        "escaped_authorization",
+        _SOURCES["escaped_authorization"],
+        (_exact("\\"), _folded("authorization"), _ASSIGN),
+        folded=True,
+    ),
+    _Pass(
+        "escaped_key_value",
+        _SOURCES["escaped_key_value"],
+        (_exact("\\"), _NAME_WORDS, _ASSIGN),
+        folded=True,
+        named=True,
+    ),
+    _Pass("url_password", _SOURCES["url_password"], (_exact("@"), _exact("://")), _password),
+    _Pass("slack_webhook", _SOURCES["slack_webhook"], (_folded("hooks.slack.com"),), folded=True),
+    _Pass("jwt", _SOURCES["jwt"], (_exact("."), _exact("eyJ")), _whole),
+    # Its anchors are the wording in the fold; the pattern runs on the text (case matters).
+    _Pass("aws_secret_key", _SOURCES["aws_secret_key"], (_folded(*_AWS_WORDS),), _aws_secret),
+    _Pass(
+        "aws_access_key_id",
+        _SOURCES["aws_access_key_id"],
+        (_exact("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),),
+        _whole,
+    ),
+    _Pass(
+        "azure_key",
+        _SOURCES["azure_key"],
+        (_exact("="), _folded("accountkey", "sharedaccess")),
+        folded=True,
+    ),
+    _Pass("stripe", _SOURCES["stripe"], (_exact("k_live_", "k_test_", "k_prod_"),), _whole),
+    _Pass("npm", _SOURCES["npm"], (_exact("npm_"),), _whole),
+    _Pass("huggingface", _SOURCES["huggingface"], (_exact("hf_"),), _whole),
+    _Pass("gitlab", _SOURCES["gitlab"], (_exact("glpat-", "glptt-", "gldt-", "glrt-"),), _whole),
+    _Pass("twilio", _SOURCES["twilio"], (_exact("SK"),), _whole),
+    _Pass("sendgrid", _SOURCES["sendgrid"], (_exact("SG."),), _whole),
+    _Pass("cookie", _SOURCES["cookie"], (_folded("cookie"), _ASSIGN), folded=True),
+)
+
+# What a cut can make match at the very start of a tail that did not match in context + tail:
+# the rules that look at the character before them (`\b`, a look-behind).
+_WORD_CHAR = re.compile(r"\w")
+_BOUNDARY_STARTS = ("sk-", "aiza", "gh", "github_pat_", "xox", "authorization", "bearer")
 
 
 def looks_secret_name(name: str) -> bool:
@@ -93,23 +519,389 @@ def secret_env_values(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(value for value in map(env.__getitem__, names) if len(value) >= MIN_ENV_SECRET_LEN)
 
 
+def _literal_secrets(extra_secrets: Iterable[str]) -> list[str]:
+    # A "secret" inside the marker itself would re-mask its own output forever. Built as
+    # the reference builds it, so equal-length secrets come in the same order.
+    literal = {s for s in extra_secrets if s and s not in REDACTED}
+    return sorted(literal, key=len, reverse=True)
+
+
+def _escaped_forms(secret: str) -> tuple[str, ...]:
+    """How `secret` reads inside a JSON string, where that differs from the secret."""
+    if secret.isascii() and secret.isprintable() and '"' not in secret and "\\" not in secret:
+        return ()
+    import json  # only a secret with quotes, backslashes or non-ASCII needs it
+
+    forms = {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    return tuple(form for form in forms if form != secret and form not in REDACTED)
+
+
+# --- the redaction of one text, remembering where each piece of the output came from
+
+# A piece of the output: original offsets [start, end) and its text, None for
+# `original[start:end]` kept as it was, else what replaced it (the marker, or part of one
+# when a later mask cut a marker in two; such a part after the first has start == end).
+_Piece = tuple[int, int, "str | None"]
+# A mask: where the whole match lies and where the masked part lies, in original offsets.
+_Mask = tuple[int, int, int, int]
+
+
+def _length(piece: _Piece) -> int:
+    start, end, text = piece
+    return end - start if text is None else len(text)
+
+
+def _sub_piece(piece: _Piece, lo: int, hi: int) -> _Piece:
+    """The part of `piece` that is its output [lo, hi)."""
+    start, end, text = piece
+    if text is None:
+        return (start + lo, start + hi, None)
+    if lo == 0 and hi == len(text):
+        return piece
+    return (start, end, text[:hi]) if lo == 0 else (end, end, text[lo:hi])
+
+
+class _Trace:
+    """Phases 1 and 2 over one text as pieces of output, and the masks of phase 3."""
+
+    __slots__ = ("_low", "current", "gate", "matches", "original", "phase1", "pieces")
+
+    def __init__(self, original: str, gate: _Gate | None = None) -> None:
+        self.original = original
+        self.pieces: list[_Piece] = [(0, len(original), None)] if original else []
+        self.current = original
+        self._low: str | None = None  # _fold(current), once asked for
+        self.matches: list[_Mask] = []  # phase 1 and 2 matches, in original offsets
+        self.phase1: tuple[list[_Piece], str] = (self.pieces, original)
+        self.gate = _Gate(original) if gate is None else gate
+
+    # -- offsets
+
+    def _origin(self, pieces: list[_Piece], starts: list[int], at: int, *, end: bool) -> int:
+        """The original offset of output offset `at`: where the character there came from
+        (a start), or where the one before it ended (an end). A marker maps as a whole."""
+        if end:
+            index = bisect.bisect_right(starts, at - 1) - 1
+            start, stop, text = pieces[index]
+            return stop if text is not None else start + at - starts[index]
+        index = bisect.bisect_right(starts, at) - 1
+        if index >= len(pieces):
+            return len(self.original)
+        start, stop, text = pieces[index]
+        return start if text is not None else start + at - starts[index]
+
+    @staticmethod
+    def _offsets(pieces: list[_Piece]) -> list[int]:
+        starts: list[int] = []
+        total = 0
+        for piece in pieces:
+            starts.append(total)
+            total += _length(piece)
+        return starts
+
+    def _masks(self, pieces: list[_Piece], spans: list[tuple[int, int, int, int]]) -> list[_Mask]:
+        starts = self._offsets(pieces)
+        origin = self._origin
+        return [
+            (
+                origin(pieces, starts, g_start, end=False),
+                origin(pieces, starts, g_end, end=True),
+                origin(pieces, starts, m_start, end=False),
+                origin(pieces, starts, m_end, end=True),
+            )
+            for g_start, g_end, m_start, m_end in spans
+        ]
+
+    # -- phases
+
+    def _replace(self, spans: list[tuple[int, int, int, int]]) -> None:
+        """Mask each output span's masked part (sorted, disjoint), as `re.sub` would."""
+        self.matches.extend(self._masks(self.pieces, spans))
+        pieces = self.pieces
+        out: list[_Piece] = []
+        index = local = position = 0
+
+        def take(until: int) -> list[_Piece]:
+            nonlocal index, local, position
+            taken: list[_Piece] = []
+            while position < until:
+                piece = pieces[index]
+                size = _length(piece)
+                step = min(size - local, until - position)
+                taken.append(_sub_piece(piece, local, local + step))
+                local += step
+                position += step
+                if local == size:
+                    index += 1
+                    local = 0
+            return taken
+
+        for _, _, start, end in spans:
+            out.extend(take(start))
+            covered = take(end)
+            out.append((covered[0][0], covered[-1][1], REDACTED))
+        out.extend(take(len(self.current)))
+        self.pieces = out
+        self.current = "".join(
+            self.original[start:end] if text is None else text for start, end, text in out
+        )
+        self._low = None
+
+    def reference_phases(self, secrets: Sequence[str]) -> None:
+        """Phase 1 (the literal secrets) and phase 2 (the reference rules)."""
+        for secret in secrets:
+            current = self.current
+            found = current.find(secret)
+            if found < 0:
+                continue
+            spans: list[tuple[int, int, int, int]] = []
+            while found >= 0:
+                spans.append((found, found + len(secret), found, found + len(secret)))
+                found = current.find(secret, found + len(secret))
+            self._replace(spans)
+        self.phase1 = (self.pieces, self.current)
+        if self.current is not self.original:
+            self.gate = _Gate(self.current)
+        for step in _REFERENCE_PASSES:
+            if self.gate.opens(step):
+                if self.current is self.phase1[1]:
+                    low = self.gate.fold() if step.folded else ""
+                else:
+                    if self._low is None and step.folded:
+                        self._low = _fold(self.current)
+                    low = self._low or ""
+                spans = _spans(step, self.current, low)
+                if spans:
+                    self._replace(spans)
+
+    def extra_masks(self, secrets: Sequence[str]) -> list[_Mask]:
+        """Phase 3: what the added shapes mask in the text as phase 1 left it."""
+        pieces, text = self.phase1
+        spans = _extra_spans(text, self.gate, secrets)
+        return self._masks(pieces, spans) if spans else []
+
+    def crosses(self, cut: int) -> bool:
+        """True when a phase 1 or 2 match runs across original offset `cut`."""
+        return any(start < cut < end for start, end, _, _ in self.matches)
+
+    def pieces_from(self, cut: int) -> list[_Piece]:
+        """The output pieces that came from original offsets `cut` on (no piece may cross
+        it). The rest of a marker that ended at `cut` stays behind with its marker."""
+        out: list[_Piece] = []
+        for start, end, text in self.pieces:
+            if text is None:
+                if end > cut:
+                    out.append((max(start, cut), end, None))
+            elif start > cut or (start == cut and end > cut):
+                out.append((start, end, text))
+        return out
+
+
+def _extra_spans(text: str, gate: _Gate, secrets: Sequence[str]) -> list[tuple[int, int, int, int]]:
+    """Phase 3 over `text` (as phase 1 left it; `gate` is its gate): the JSON-escaped forms
+    of the literal secrets, then each added shape."""
+    spans: list[tuple[int, int, int, int]] = []
+    for secret in secrets:
+        for form in _escaped_forms(secret):
+            found = text.find(form)
+            while found >= 0:
+                spans.append((found, found + len(form), found, found + len(form)))
+                found = text.find(form, found + len(form))
+    for step in _EXTRA_PASSES:
+        if gate.opens(step):
+            spans.extend(_spans(step, text, gate.fold()))
+    return spans
+
+
+def _spans(step: _Pass, text: str, low: str) -> list[tuple[int, int, int, int]]:
+    """(match start, match end, masked start, masked end) of each match `step` masks in
+    `text`, whose fold is `low` (the two have the same length)."""
+    if step.span is _aws_secret:
+        return _aws_secret_spans(step, text, low)
+    spans: list[tuple[int, int, int, int]] = []
+    span = step.span
+    matches = (
+        _named_matches(step, low)
+        if step.named
+        else step.pattern.finditer(low if step.folded else text)
+    )
+    for match in matches:
+        masked = span(match)
+        if masked is not None and masked[0] < masked[1]:
+            spans.append((match.start(), match.end(), masked[0], masked[1]))
+    return spans
+
+
+def _named_matches(step: _Pass, low: str) -> Iterator[re.Match[str]]:
+    """`step.pattern.finditer(low)` for a pattern whose every match starts with a name, tried
+    only where a name can start: a few characters before a name word with a `:` or `=`
+    soon after it on its line. Every position a match could start at is tried, in order,
+    from where the last match ended: the matches `finditer` finds, without trying every
+    position. (No name word overlaps itself, so one search per word finds each.)"""
+    starts: set[int] = set()
+    for finder, offsets in _name_finders():
+        for word in finder.finditer(low):
+            found = word.start()
+            starts.update(found - offset for offset in offsets if offset <= found)
+    match_at = step.pattern.match
+    resume = 0
+    for start in sorted(starts):
+        if start >= resume and (match := match_at(low, start)) is not None:
+            yield match
+            resume = match.end()
+
+
+@functools.cache
+def _name_finders() -> tuple[tuple[re.Pattern[str], tuple[int, ...]], ...]:
+    # A literal first, so the engine skips ahead with a substring search.
+    reach = f"(?=[^:=\\n]{{0,{_NAME_REACH - 1}}}+[:=])"
+    return tuple((re.compile(re.escape(word) + reach), offsets) for word, offsets in _NAME_STARTS)
+
+
+def _aws_secret_spans(step: _Pass, text: str, low: str) -> list[tuple[int, int, int, int]]:
+    """The AWS secret keys: 40-character tokens looked for only where the wording before
+    them could be (up to `_AWS_WINDOW` characters after a word, on its line); each is then
+    checked exactly as `_aws_secret` says. Each stretch of text is searched once."""
+    reach: list[tuple[int, int]] = []
+    for word in _AWS_WORDS:
+        found = low.find(word)
+        while found >= 0:
+            after = found + len(word)
+            line_end = low.find("\n", after, found + _AWS_WINDOW)
+            reach.append((after, found + _AWS_WINDOW if line_end < 0 else line_end))
+            found = low.find(word, found + 1)
+    reach.sort()
+    spans: list[tuple[int, int, int, int]] = []
+    searched = 0  # tokens starting before this were looked for already
+    for first, last in reach:
+        first = max(first, searched)
+        if first > last:
+            continue
+        # A token starting at `last` ends 40 characters on; the one after shows its end.
+        for match in step.pattern.finditer(text, first, min(len(text), last + 41)):
+            if match.start() > last:
+                break
+            if _aws_secret(match) is not None:
+                spans.append((match.start(), match.end(), match.start(), match.end()))
+        searched = last + 1
+    return spans
+
+
+def _mask_more(pieces: list[_Piece], intervals: list[tuple[int, int]]) -> list[_Piece]:
+    """`pieces` with each original interval masked: the pieces it touches become one marker
+    (a marker it touches is taken whole); overlapping intervals are merged first."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    cut: list[tuple[_Piece, int]] = []  # each fragment and the interval masking it, or -1
+    first = 0  # the first interval that may still touch this piece or a later one
+    for piece in pieces:
+        start, end, text = piece
+        while first < len(merged) and (
+            merged[first][1] < start or (merged[first][1] == start and start < end)
+        ):
+            first += 1
+        if text is not None:
+            hit = first < len(merged) and (
+                merged[first][0] < end and start < merged[first][1]
+                if start < end  # a marker's later part (start == end) goes with its marker
+                else merged[first][0] < start <= merged[first][1]
+            )
+            cut.append((piece, first if hit else -1))
+            continue
+        position = start
+        index = first
+        while index < len(merged) and merged[index][0] < end:
+            lo, hi = merged[index]
+            if hi > position:
+                if lo > position:
+                    cut.append(((position, lo, None), -1))
+                cut.append(((max(lo, position), min(hi, end), None), index))
+                position = min(hi, end)
+            if hi > end:
+                break
+            index += 1
+        if position < end:
+            cut.append(((position, end, None), -1))
+    out: list[_Piece] = []
+    previous = -1
+    for (start, end, text), owner in cut:
+        if owner < 0:
+            out.append((start, end, text))
+        elif owner == previous:
+            out[-1] = (out[-1][0], max(out[-1][1], end), REDACTED)
+        else:
+            out.append((start, end, REDACTED))
+        previous = owner
+    return out
+
+
+def _render(pieces: list[_Piece], original: str) -> str:
+    if len(pieces) == 1 and pieces[0] == (0, len(original), None):
+        return original
+    return "".join(original[start:end] if text is None else text for start, end, text in pieces)
+
+
+# No pattern matches fewer characters (`://:p@`): shorter texts only hold literal secrets.
+_SHORTEST_MATCH = 6
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    if secrets:
+        for secret in secrets:  # phase 1, as the reference does it
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+    elif len(text) < _SHORTEST_MATCH:
+        return text
+    gate = _Gate(text)
+    if gate.empty:
+        return text
+    extra = _extra_spans(text, gate, secrets)
+    if not extra:
+        return _reference_rules(text, gate)
+    # Phase 3 masks something: phase 2 has to remember where its output came from.
+    trace = _Trace(text, gate)
+    trace.reference_phases(())
+    pieces = _mask_more(trace.pieces, [(start, end) for _, _, start, end in extra])
+    return _render(pieces, text)
+
+
+def _reference_rules(text: str, gate: _Gate) -> str:
+    """Phase 2 over `text` (`gate` is its gate), each rule over what the one before left."""
+    current = text
+    low: str | None = None
+    for step in _REFERENCE_PASSES:
+        if not gate.opens(step):
+            continue
+        if step.folded and low is None:
+            low = gate.fold() if current is text else _fold(current)
+        spans = _spans(step, current, low or "")
+        if spans:
+            parts: list[str] = []
+            last = 0
+            for _, _, start, end in spans:
+                parts.append(current[last:start])
+                parts.append(REDACTED)
+                last = end
+            parts.append(current[last:])
+            current = "".join(parts)
+            low = None
+    return current
+
+
 def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:
     """`text` with credentials replaced by `[REDACTED]`.
 
     Masks the literal `extra_secrets` (longest first, so a secret containing another is
     masked whole; empty strings and parts of the marker are ignored), then vendor key
-    shapes, then values that follow a secret-sounding name, header or flag. Idempotent:
-    redacting twice changes nothing more.
+    shapes, then values that follow a secret-sounding name, header or flag, then the
+    shapes listed in the module docstring. Idempotent: redacting twice changes nothing
+    more.
     """
-    # A "secret" inside the marker itself would re-mask its own output forever.
-    literal = {s for s in extra_secrets if s and s not in REDACTED}
-    for secret in sorted(literal, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    text = _VENDOR_KEYS.sub(REDACTED, text)
-    for pattern in _PREFIXED_PATTERNS:
-        text = pattern.sub(_mask_value, text)
-    return text
+    return _redact(text, _literal_secrets(extra_secrets))
 
 
 def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> str:
@@ -117,17 +909,83 @@ def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> s
     text that came just before it.
 
     A cut can slice a credential in two: the half inside `tail` no longer looks like one.
-    When redacting `context + tail` masks what redacting `tail` alone does not, the
-    differing head of `tail` is replaced by `[REDACTED]` and the rest is kept.
+    `context + tail` is redacted once; a credential that runs across the cut is masked
+    from the start of the tail through its end, and the rest of the tail is kept as that
+    one redaction left it (see the module docstring for how this matches the old
+    two-redaction result).
     """
-    secrets = tuple(extra_secrets)
-    alone = redact(tail, secrets)
+    secrets = _literal_secrets(extra_secrets)
     if not context:
-        return alone
-    seen = redact(context + tail, secrets)
-    if seen.endswith(alone):
-        return alone
-    return REDACTED + alone[len(alone) - _common_suffix_len(alone, seen) :]
+        return _redact(tail, secrets)
+    joined = context + tail
+    cut = len(context)
+    seen = _Trace(joined)
+    seen.reference_phases(secrets)
+    if seen.crosses(cut) or _may_start_differently(context, tail):
+        kept = _reference_tail(seen, tail, cut, secrets)
+    else:
+        kept = seen.pieces_from(cut)
+    intervals: list[tuple[int, int]] = []
+    head_end = cut
+    for match_start, _, start, end in seen.extra_masks(secrets):
+        if end <= cut:
+            continue
+        if match_start < cut:
+            head_end = max(head_end, end)  # it runs across the cut: mask the tail's head
+        else:
+            intervals.append((start, end))
+    if head_end > cut:
+        intervals.append((cut, head_end))
+    if intervals:
+        kept = _mask_more(kept, intervals)
+    return "".join(joined[start:end] if text is None else text for start, end, text in kept)
+
+
+def _may_start_differently(context: str, tail: str) -> bool:
+    """Whether a reference rule could match at the start of `tail` alone but not after
+    `context`: only one that checks the character before it, after a word character."""
+    return _WORD_CHAR.match(context[-1]) is not None and _fold(tail[:16]).startswith(
+        _BOUNDARY_STARTS
+    )
+
+
+def _reference_tail(seen: _Trace, tail: str, cut: int, secrets: Sequence[str]) -> list[_Piece]:
+    """The old rule on phases 1 and 2: redact the tail alone and `context + tail`; keep the
+    lone redaction when the joint one ends with it, else mask the head they differ in.
+
+    The two agree after the tail's first newline (no reference rule matches across one,
+    and each restarts there), so only the first line is redacted alone. A literal secret
+    holding a newline could cross it: then the whole tail is.
+    """
+    newline = tail.find("\n")
+    first = len(tail) if newline < 0 or any("\n" in s for s in secrets) else newline + 1
+    alone = _Trace(tail[:first])
+    alone.reference_phases(secrets)
+    head = [(start + cut, end + cut, text) for start, end, text in alone.pieces]
+    after = seen.pieces_from(cut + first) if first < len(tail) else []
+    after_text = "".join(
+        seen.original[start:end] if text is None else text for start, end, text in after
+    )
+    before = seen.current[: len(seen.current) - len(after_text)]
+    if before.endswith(alone.current):
+        return head + after
+    agree = _common_suffix_len(alone.current, before)
+    rest = _output_from(head, len(alone.current) - agree) + after
+    end = rest[0][0] if rest else cut + len(tail)
+    return [(cut, max(cut, end), REDACTED), *rest]
+
+
+def _output_from(pieces: list[_Piece], at: int) -> list[_Piece]:
+    """The pieces from output offset `at` on (the piece holding `at` cut there)."""
+    out: list[_Piece] = []
+    position = 0
+    for piece in pieces:
+        size = _length(piece)
+        if position + size > at:
+            lo = max(0, at - position)
+            out.append(piece if lo == 0 else _sub_piece(piece, lo, size))
+        position += size
+    return out
 
 
 def _common_suffix_len(a: str, b: str) -> int:
@@ -145,13 +1003,13 @@ def redact_argv(argv: Sequence[str], extra_secrets: Iterable[str] = ()) -> tuple
     `["--api-key", "abc"]` stores as `["--api-key", "[REDACTED]"]`: the value stands alone,
     so no in-text pattern could see its name.
     """
-    secrets = tuple(extra_secrets)
+    secrets = _literal_secrets(extra_secrets)
     out: list[str] = []
     mask_next = False
     for item in argv:
         if mask_next and item:
             out.append(REDACTED)
         else:
-            out.append(redact(item, secrets))
+            out.append(_redact(item, secrets))
         mask_next = _SECRET_FLAG_ITEM.fullmatch(item) is not None
     return tuple(out)

@@ -1,14 +1,30 @@
-"""execkit._redact: credentials never reach a stored tail; ordinary text survives."""
+"""execkit._redact: credentials never reach a stored tail; ordinary text survives.
+
+Beyond the examples: every shape of tests/secrets_corpus.py is masked wherever it is
+printed; the anchor pre-check is exact over all of Unicode; the output equals the frozen
+reference (tests/_redact_reference.py) wherever that one masked correctly, and is the
+reference output with more spans masked where a new shape occurs; a cut never lets a
+credential grow back; redaction is linear in the size of the text.
+"""
 
 from __future__ import annotations
 
+import importlib
+import json
+import re
 import subprocess
 import sys
+import textwrap
+from typing import Any
+from unittest import mock
 
+import _redact_reference as reference
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from secrets_corpus import NEGATIVES, SAMPLES, Sample, leaked
 
+from execkit import _redact
 from execkit._redact import (
     REDACTED,
     looks_secret_name,
@@ -198,6 +214,566 @@ def test_a_context_that_ends_its_line_changes_nothing(context: str, tail: str) -
     assert redact_tail(tail, context + "\n") == redact(tail)
 
 
-def test_a_named_value_cut_by_the_tail_is_masked() -> None:
-    assert redact_tail("9f0e1d2c rest", "GITHUB_TOKEN=a1b2c3") == f"{REDACTED} rest"
-    assert redact_tail("123 next line", "line 1\nprocessed ") == "123 next line"
+# ================================================================ the corpus: every shape
+
+SAMPLE_IDS = [sample.name for sample in SAMPLES]
+# Where a credential gets printed: alone, inside a line, at the start or the end of a line.
+# (JSON-escaped inside a JSON string has its own test below.)
+PLACEMENTS = {
+    "alone": "{}",
+    "in_text": "step 3 of 7: {} (retrying)\nnext line",
+    "line_start": "{}\nmore output follows",
+    "line_end": "output before it\n{}",
+}
+
+
+def placed(sample: Sample, placement: str) -> str:
+    return PLACEMENTS[placement].replace("{}", sample.text)
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_every_sample_is_masked_wherever_it_is_printed(sample: Sample, placement: str) -> None:
+    masked = redact(placed(sample, placement), sample.extra_secrets)
+    assert not leaked(sample.secret, masked), masked
+    assert REDACTED in masked
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_every_sample_is_masked_json_escaped(sample: Sample) -> None:
+    event = json.dumps({"type": "tool_result", "content": f"ran it:\n{sample.text}\ndone"})
+    masked = redact(event, sample.extra_secrets)
+    assert not leaked(sample.secret, masked, escaped=True), masked
+    # The JSON structure survives wherever the reference kept it. (`KEY=\"v\"` escaped
+    # loses its backslash to the reference rule, whose value may start with one: masking
+    # only ever more than the reference cannot give it back.)
+    try:
+        json.loads(reference.redact(event, sample.extra_secrets))
+    except ValueError:
+        return
+    assert json.loads(masked)["type"] == "tool_result"
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_every_sample_survives_every_tail_cut(sample: Sample) -> None:
+    text = placed(sample, "in_text")
+    for cut in range(len(text) + 1):
+        kept = redact_tail(text[cut:], text[:cut], sample.extra_secrets)
+        assert not leaked(sample.secret, kept), (cut, kept)
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_the_corpus_says_truly_which_shapes_are_new(sample: Sample) -> None:
+    # A shape marked as covered before is masked by the frozen reference; a new one is not.
+    by_reference = reference.redact(sample.text, sample.extra_secrets)
+    assert (not leaked(sample.secret, by_reference)) is sample.covered_before, by_reference
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_a_masked_sample_stays_as_it_is(sample: Sample) -> None:
+    once = redact(placed(sample, "in_text"), sample.extra_secrets)
+    assert redact(once, sample.extra_secrets) == once
+
+
+@pytest.mark.parametrize("text", NEGATIVES)
+def test_look_alikes_are_left_alone(text: str) -> None:
+    assert redact(text) == text
+    for cut in range(0, len(text) + 1, 7):
+        assert redact_tail(text[cut:], text[:cut]) == text[cut:]
+
+
+def test_the_corpus_holds_every_shape_asked_for() -> None:
+    names = {sample.name for sample in SAMPLES}
+    asked = {
+        "aws_access_key_id", "aws_secret_prompt", "slack_webhook", "jwt", "url_password",
+        "pem_rsa_private_key", "openssh_private_key", "postgres_url", "postgresql_url",
+        "mysql_url", "mongodb_srv_url", "redis_url", "amqp_url", "azure_account_key",
+        "azure_shared_access_key", "stripe_live_key", "stripe_restricted_key",
+        "stripe_test_key", "npm_token", "huggingface_token", "gitlab_pat", "twilio_api_key",
+        "sendgrid_key", "cookie_header", "set_cookie_header", "openai_key", "anthropic_key",
+        "google_api_key", "github_token", "github_fine_grained_pat", "slack_bot_token",
+        "authorization_bearer", "bearer_token", "env_assignment", "api_key_flag",
+        "env_literal",
+    }  # fmt: skip
+    assert asked <= names, sorted(asked - names)
+    assert len({sample.secret for sample in SAMPLES}) == len(SAMPLES)
+
+
+# ================================================================ the anchor pre-check
+
+ALL_CODE_POINTS = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+ALL_PASSES = _redact._REFERENCE_PASSES + _redact._EXTRA_PASSES
+# Text full of anchor letters and their look-alikes (KELVIN SIGN, long s, dotted and
+# dotless i).
+_LOOKALIKE_TEXT = st.text(
+    alphabet=st.sampled_from(
+        [*"aeiksotnrcpwdybhzlKISTAEBP-_:=./@\\ \n'\"", "\u212a", "\u017f", "\u0130", "\u0131"]
+    ),
+    max_size=80,
+)
+
+
+def folded_anchor_chars() -> set[str]:
+    chars = {
+        char
+        for step in ALL_PASSES
+        for group in step.anchors
+        for literal, folded in group
+        if folded
+        for char in literal
+    }
+    return chars | {char.upper() for char in chars}
+
+
+def look_alikes(char: str) -> list[str]:
+    """Every code point a case-insensitive `re` pattern matches to `char`."""
+    pattern = re.compile(re.escape(char), re.IGNORECASE)
+    return [match.group() for match in pattern.finditer(ALL_CODE_POINTS)]
+
+
+def test_the_fold_maps_every_case_insensitive_look_alike_to_its_anchor_letter() -> None:
+    # For every character of every case-insensitive anchor, scan all of Unicode for what
+    # IGNORECASE matches to it: each such code point must fold to the anchor's character.
+    tested: dict[str, list[str]] = {}
+    for char in sorted(folded_anchor_chars()):
+        alikes = look_alikes(char)
+        assert char in alikes
+        for alike in alikes:
+            assert _redact._fold(alike) == char.lower(), (char, hex(ord(alike)))
+            # ... and inside a text too: the fold of a text is the fold of its characters.
+            assert _redact._fold(f"\u03a3x{alike}\u0130") == f"σx{char.lower()}i"
+        tested[char] = alikes
+    # The scan really reaches the characters that lower() alone gets wrong.
+    assert "\u212a" in tested["k"] and "\u017f" in tested["s"]
+    assert {"\u0130", "\u0131"} <= set(tested["i"])
+
+
+def test_the_fold_table_is_exactly_what_lower_misses() -> None:
+    # Over all of Unicode: the code points IGNORECASE pairs with an ASCII letter but that
+    # lower() does not turn into it are exactly the table's; digits and the punctuation
+    # of anchors pair with themselves only.
+    missed = {
+        (alike, letter)
+        for letter in "abcdefghijklmnopqrstuvwxyz"
+        for alike in look_alikes(letter)
+        if alike.lower() != letter
+    }
+    assert missed == set(_redact._FOLD_FIXES)
+    for char in "0123456789-_.:/@\\=+ ":
+        assert look_alikes(char) == [char]
+
+
+def test_a_lowered_pattern_on_the_fold_matches_what_ignorecase_matches() -> None:
+    # Why folded passes equal the reference's IGNORECASE patterns, checked over all of
+    # Unicode: the fold keeps every length (so offsets carry over), keeps what is a word
+    # character, whitespace or a newline, and each character class of the folded sources
+    # matches, case-sensitive on the fold, exactly where it matches with IGNORECASE on the
+    # text. (Letters: test_the_fold_table_is_exactly_what_lower_misses.)
+    low = _redact._fold(ALL_CODE_POINTS)
+    assert len(low) == len(ALL_CODE_POINTS)
+
+    def where(pattern: str, text: str, flags: int = 0) -> list[int]:
+        return [m.start() for m in re.finditer(pattern, text, flags)]
+
+    for category in (r"\w", r"\s", r"\n", "."):
+        assert where(category, ALL_CODE_POINTS) == where(category, low), category
+    classes = {
+        found
+        for step in ALL_PASSES
+        if step.folded
+        for found in re.findall(r"\[(?:\\.|[^\]\\])*\]", step.source)
+    }
+    assert len(classes) > 10
+    for char_class in sorted(classes):
+        on_text = where(char_class, ALL_CODE_POINTS, re.IGNORECASE)
+        assert on_text == where(char_class, low), char_class
+    for letter in "abcdefghijklmnopqrstuvwxyz":
+        assert where(letter, ALL_CODE_POINTS, re.IGNORECASE) == where(letter, low), letter
+
+
+_REFERENCE_PATTERNS = {
+    "vendor_key": reference._VENDOR_KEYS,
+    "authorization": reference._AUTH_HEADER,
+    "bearer": reference._BEARER,
+    "key_value": reference._KEY_VALUE,
+    "secret_flag": reference._SECRET_FLAG,
+}
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    parts=st.lists(
+        st.one_of(
+            _LOOKALIKE_TEXT,
+            st.text(max_size=20),
+            st.sampled_from(
+                [s.text for s in SAMPLES]
+                + ["sk-", "AIza", "ghp_", "xoxb-", "token", "secret", "key", ": ", "=", "_"]
+                + ["api", "private", "access", "passw", "credential", "s ", "\t", '"']
+            ),
+        ),
+        max_size=8,
+    )
+)
+def test_each_reference_rule_matches_as_it_did(parts: list[str]) -> None:
+    # The rewritten reference rules (literal first; lowered, on the fold; `key_value`
+    # tried only where a name can start) find the very matches the old patterns find.
+    text = "".join(parts)
+    low = _redact._fold(text)
+    for step in _redact._REFERENCE_PASSES:
+        old = [m.span() for m in _REFERENCE_PATTERNS[step.name].finditer(text)]
+        new = [(start, end) for start, end, _, _ in _redact._spans(step, text, low)]
+        assert new == old, step.name
+        assert new == [m.span() for m in step.pattern.finditer(low if step.folded else text)]
+
+
+def test_each_look_alike_of_an_anchor_still_opens_its_pass() -> None:
+    # Take each sample a case-insensitive pass masks and swap each anchor character in it
+    # for each of its look-alikes: wherever the pattern still matches, the gate must open.
+    alikes = {char: look_alikes(char) for char in folded_anchor_chars()}
+    exercised = 0
+    for step in ALL_PASSES:
+        folded = [literal for group in step.anchors for literal, f in group if f]
+        for sample in SAMPLES:
+            text = sample.text
+            if not folded or not _redact._spans(step, text, _redact._fold(text)):
+                continue
+            low = _redact._fold(text)
+            for literal in folded:
+                at = low.find(literal)
+                if at < 0:
+                    continue
+                for offset, char in enumerate(literal):
+                    for alike in alikes.get(char, []) + alikes.get(char.upper(), []):
+                        variant = text[: at + offset] + alike + text[at + offset + 1 :]
+                        if _redact._spans(step, variant, _redact._fold(variant)):
+                            exercised += 1
+                            assert _redact._Gate(variant).opens(step), (step.name, variant)
+                            big = variant + " " * (_redact._EAGER_CHARS + 1)  # the lazy gate
+                            assert _redact._Gate(big).opens(step), (step.name, variant)
+    assert exercised > 100
+
+
+def test_anchor_kinds_follow_where_the_pattern_runs() -> None:
+    # A folded pass runs on the fold (a lowered, case-sensitive source) and looks for its
+    # anchors there; any other pass runs on the text, case-sensitive, anchors as written.
+    outside_classes = re.compile(r"\\.|\[(?:\\.|[^\]\\])*\]")
+    for step in ALL_PASSES:
+        assert not step.pattern.flags & re.IGNORECASE, step.name
+        kinds = {
+            f for group in step.anchors for literal, f in group if re.search("[a-zA-Z]", literal)
+        }
+        if step.folded:
+            assert kinds <= {True}, step.name
+            # No upper-case letter outside a class: the fold has none, it would never match.
+            assert not re.search("[A-Z]", outside_classes.sub("", step.source)), step.name
+        elif step.name == "aws_secret_key":  # the fold holds its wording, the text its key
+            assert kinds == {True}
+        else:
+            assert kinds <= {False}, step.name
+
+
+def test_no_anchor_hides_in_the_marker() -> None:
+    # Masking never creates an anchor, so one look at the text serves every pass.
+    for step in ALL_PASSES:
+        for group in step.anchors:
+            for literal, folded in group:
+                assert "[" not in literal and "]" not in literal
+                marker = _redact._fold(REDACTED) if folded else REDACTED
+                assert literal not in marker, literal
+
+
+def test_no_pattern_matches_fewer_characters_than_the_length_short_cut() -> None:
+    parser: Any = importlib.import_module("re._parser")
+    for step in ALL_PASSES:
+        assert parser.parse(step.source).getwidth()[0] >= _redact._SHORTEST_MATCH, step.name
+
+
+def _redact_ungated(text: str, extras: tuple[str, ...] = ()) -> str:
+    with (
+        mock.patch.object(_redact._Gate, "opens", lambda self, step: True),
+        mock.patch.object(_redact._Gate, "empty", property(lambda self: False)),
+    ):
+        return redact(text, extras)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(
+        st.one_of(_LOOKALIKE_TEXT, st.sampled_from([s.text for s in SAMPLES])), max_size=4
+    ),
+    swaps=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6),
+    alike=st.sampled_from(["\u212a", "\u017f", "\u0130", "\u0131"]),
+)
+def test_the_gate_never_changes_the_output(parts: list[str], swaps: list[int], alike: str) -> None:
+    text = " ".join(parts)
+    for swap in swaps:  # look-alikes dropped into the samples' own words
+        if text:
+            at = swap % len(text)
+            text = text[:at] + alike + text[at + 1 :]
+    assert redact(text) == _redact_ungated(text)
+    big = text + "\n" * (_redact._EAGER_CHARS + 1)  # the gate that looks lazily
+    assert redact(big) == _redact_ungated(big)
+
+
+# ================================================================ against the frozen reference
+
+
+def masks_at_least(new: str, old: str) -> bool:
+    """True when `new` is `old` with more spans masked.
+
+    Precisely: split `new` at its markers into the literal runs L0, L1, ..., Lk. Then `old`
+    must read L0 G1 L1 G2 ... Gk Lk, where every gap Gi is non-empty and every marker of
+    `old` lies inside a gap. So everything `new` keeps, `old` keeps too, in the same order
+    and places, and each of `old`'s masks is inside one of `new`'s (`new`'s marker may
+    cover more, and merge several). Runs are placed leftmost first, which finds such a
+    reading whenever one exists.
+    """
+    runs = new.split(REDACTED)
+    if len(runs) == 1:
+        return new == old
+    marks = [match.span() for match in re.finditer(re.escape(REDACTED), old)]
+
+    def clear(start: int, end: int) -> bool:
+        if start == end:
+            return not any(a < start < b for a, b in marks)
+        return not any(start < b and a < end for a, b in marks)
+
+    first, *middle, last = runs
+    if not old.startswith(first) or not clear(0, len(first)):
+        return False
+    position = len(first)
+    for run in middle:
+        at = old.find(run, position + 1)
+        while at >= 0 and not clear(at, at + len(run)):
+            at = old.find(run, at + 1)
+        if at < 0:
+            return False
+        position = at + len(run)
+    end = len(old) - len(last)
+    return end > position and old.endswith(last) and clear(end, len(old))
+
+
+def test_the_superset_check_means_what_it_says() -> None:
+    m = REDACTED
+    assert masks_at_least("a b", "a b")
+    assert masks_at_least(f"a {m}", f"a {m}")
+    assert masks_at_least(f"a {m}", "a secret")
+    assert masks_at_least(f"{m} c", f"{m} {m} c")  # one marker over two
+    assert masks_at_least(f"k={m}", f"k={m}/tail")
+    assert masks_at_least(f"{m}{m}", f"{m}x")
+    assert not masks_at_least("a secret", f"a {m}")  # keeps what the old one masked
+    assert not masks_at_least(f"b {m}", f"a {m}")  # changed what it kept
+    assert not masks_at_least(f"a {m} x y", f"a {m} x")  # added text
+    assert not masks_at_least(f"{m}{m}", m)  # a marker cannot be split in two
+    assert not masks_at_least(f"x{m}y", "xy")  # a marker must stand for something
+
+
+def adds_nothing(text: str, extras: tuple[str, ...] = ()) -> bool:
+    """True when no shape added since the reference masks anything in `text`."""
+    secrets = _redact._literal_secrets(extras)
+    trace = _redact._Trace(text)
+    trace.reference_phases(secrets)
+    return not trace.extra_masks(secrets)
+
+
+_OLD_SAMPLES = [s for s in SAMPLES if s.covered_before]
+_ANY_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=30)
+_LOG_TEXT = st.text(alphabet=st.sampled_from(list("abc xyz:=/'\"-_.@\n\t0129")), max_size=30)
+_GLUE = st.sampled_from(["", " ", "\n", "=", ": ", '"', "\\", "-----"])
+_Case = tuple[str, tuple[str, ...]]
+
+
+def corpus_texts(samples: list[Sample]) -> st.SearchStrategy[_Case]:
+    """Texts mixing corpus samples, log-like and arbitrary text; with the samples' extras."""
+    part: st.SearchStrategy[_Case] = st.one_of(
+        st.sampled_from(samples).map(lambda s: (s.text, s.extra_secrets)),
+        _ANY_TEXT.map(lambda t: (t, ())),
+        _LOG_TEXT.map(lambda t: (t, ())),
+        _GLUE.map(lambda t: (t, ())),
+    )
+
+    def join(parts: list[_Case]) -> _Case:
+        return "".join(text for text, _ in parts), tuple(x for _, e in parts for x in e)
+
+    return st.lists(part, max_size=7).map(join)
+
+
+def check_against_reference(text: str, extras: tuple[str, ...], data: st.DataObject) -> None:
+    """New ⊇ reference always; new == reference when no added shape masks anything (in
+    the text, or for a tail in context + tail). Also after a cut, with any context."""
+    new, old = redact(text, extras), reference.redact(text, extras)
+    assert masks_at_least(new, old), (text, new, old)
+    if adds_nothing(text, extras):
+        assert new == old
+    cut = data.draw(st.integers(min_value=0, max_value=len(text)), label="cut")
+    start = data.draw(st.integers(min_value=0, max_value=cut), label="context start")
+    tail, context = text[cut:], text[start:cut]
+    new, old = redact_tail(tail, context, extras), reference.redact_tail(tail, context, extras)
+    assert masks_at_least(new, old), (tail, context, new, old)
+    if adds_nothing(context + tail, extras):
+        assert new == old, (tail, context)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=corpus_texts(_OLD_SAMPLES), data=st.data())
+def test_the_reference_shapes_come_out_exactly_as_before(case: _Case, data: st.DataObject) -> None:
+    check_against_reference(*case, data)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=corpus_texts(list(SAMPLES)), data=st.data())
+def test_new_shapes_only_ever_mask_more(case: _Case, data: st.DataObject) -> None:
+    check_against_reference(*case, data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    text=st.text(max_size=120),
+    secret=st.text(alphabet="abcdefghij0123456789\n", min_size=8, max_size=20),
+    data=st.data(),
+)
+def test_literal_secrets_come_out_as_before(text: str, secret: str, data: st.DataObject) -> None:
+    # The literal phase and its interplay with the cut, a newline inside a secret included.
+    at = data.draw(st.integers(min_value=0, max_value=len(text)))
+    check_against_reference(text[:at] + secret + text[at:], (secret,), data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=corpus_texts(list(SAMPLES)))
+def test_a_context_ending_a_line_gives_the_lone_redaction(case: _Case) -> None:
+    text, extras = case
+    assert redact_tail(text, "any thing\n", extras) == redact(text, extras)
+
+
+# ================================================================ cuts
+
+
+_FILLER = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    sample=st.sampled_from(SAMPLES),
+    before=_FILLER,
+    after=_FILLER,
+    gap=st.sampled_from([" ", "\n", " \n"]),
+    data=st.data(),
+)
+def test_a_cut_never_lets_a_secret_grow_back(
+    sample: Sample, before: str, after: str, gap: str, data: st.DataObject
+) -> None:
+    text = before + gap + sample.text + gap + after
+    cut = data.draw(st.integers(min_value=0, max_value=len(text)), label="cut")
+    # However much context the buffer kept, as long as it reaches back to the sample.
+    start = data.draw(st.integers(min_value=0, max_value=min(cut, len(before))), label="start")
+    kept = redact_tail(text[cut:], text[start:cut], sample.extra_secrets)
+    assert not leaked(sample.secret, kept), (cut, kept)
+
+
+def test_a_secret_across_the_cut_is_masked_from_the_start_of_the_tail() -> None:
+    key = "AKIA" + "Q" * 15 + "7"
+    text = f"line one\nexport AWS_ACCESS_KEY_ID={key} done\nlast line\n"
+    cut = text.index(key) + 6
+    assert redact_tail(text[cut:], text[:cut]) == f"{REDACTED} done\nlast line\n"
+
+
+def test_a_cut_tail_is_redacted_once() -> None:
+    # One redaction of context + tail; when a match runs across the cut, the tail's first
+    # line alone is redacted again (what the old rule compares), never the whole tail.
+    lines = "".join(f"line {i}: all is well\n" for i in range(3000))
+    lengths: list[int] = []
+    original_init = _redact._Trace.__init__
+
+    def counting(self: _redact._Trace, text: str, gate: _redact._Gate | None = None) -> None:
+        lengths.append(len(text))
+        original_init(self, text, gate)
+
+    key = "sk-" + "a" * 30
+    context, tail = f"head\npassword={key[:10]}", key[10:] + " rest\n" + lines
+    with mock.patch.object(_redact._Trace, "__init__", counting):
+        assert redact_tail(lines, "head\nmore\n") == lines
+        assert lengths == [len("head\nmore\n") + len(lines)]
+        lengths.clear()
+        kept = redact_tail(tail, context)
+        assert lengths == [len(context) + len(tail), len(key) - 10 + len(" rest\n")]
+    assert kept == REDACTED + " rest\n" + lines == reference.redact_tail(tail, context)
+
+
+# ================================================================ linear time
+
+_LINEAR_SCRIPT = textwrap.dedent(
+    r"""
+    import json, re, sys, time
+    from execkit._redact import redact
+
+    def best(run, repeats):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    floor_pattern = re.compile(r"[^\n]")  # one trivial re.sub: it touches every character
+    out = {}
+    for unit, size in json.loads(sys.argv[1]):
+        one = (unit * (size // len(unit) + 1))[:size]
+        two = (unit * (2 * size // len(unit) + 1))[: 2 * size]
+        floor = best(lambda: floor_pattern.sub("", one), 3)
+        first = best(lambda: redact(one), 3)
+        second = best(lambda: redact(two), 3)
+        out[unit] = {"vs_floor": first / floor, "doubled": second / first}
+    print(json.dumps(out))
+    """
+)
+
+# Repeated anchors of every rule: each would cost quadratic time on a pattern that
+# backtracks. 8 MiB for the two the issue names, 512 KiB for most others, 256 KiB where
+# every few characters are a match (a Python call each: the run time, not the ratio).
+_ADVERSARIAL = [
+    ("sk-", 8 << 20),
+    ("Bearer ", 8 << 20),
+    *(
+        (unit, 1 << 19)
+        for unit in [
+            "token=", "AIza", "ghp_", "xoxb-", "://a:", "://:@", "eyJ", "eyJa.",
+            "-----BEGIN PRIVATE KEY-----", "-----BEGIN X", "AKIA", "A3TX", "SK", "SG.",
+            "SG.a.", "hf_", "npm_", "glpat-", "k_live_", "cookie: ", "aws secret ", "Ab+/",
+            "hooks.slack.com/services/", "a",
+        ]
+    ),
+    *(
+        (unit, 1 << 18)
+        for unit in [
+            "authorization: ", "--token ", "AccountKey=", '\\"token\\": \\"', 'password=\\"',
+        ]
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_redaction_is_linear_on_adversarial_input() -> None:
+    # Ratios measured in the same run, never absolute times: against one trivial re.sub
+    # over the same text, and the cost of doubling the text (2x when linear, 4x when
+    # quadratic). A ratio over its bound is measured once more before it counts.
+    def measure(cases: list[tuple[str, int]]) -> dict[str, dict[str, float]]:
+        done = subprocess.run(
+            [sys.executable, "-c", _LINEAR_SCRIPT, json.dumps(cases)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, dict[str, float]] = json.loads(done.stdout)
+        return result
+
+    def over(ratio: dict[str, float]) -> bool:
+        return ratio["vs_floor"] >= 40 or ratio["doubled"] >= 2.5
+
+    ratios = measure(_ADVERSARIAL)
+    again = [(unit, size) for unit, size in _ADVERSARIAL if over(ratios[unit])]
+    if again:
+        for unit, ratio in measure(again).items():
+            ratios[unit] = {key: min(value, ratio[key]) for key, value in ratios[unit].items()}
+    assert not {unit: r for unit, r in ratios.items() if over(r)}, ratios

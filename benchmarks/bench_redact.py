@@ -1,0 +1,171 @@
+"""Benchmark redaction: the new redactor against the frozen reference and a linear floor.
+
+Run: python benchmarks/bench_redact.py   (about 10-20 s; prints a markdown table)
+
+1. A clean 1 MiB output (no anchor of any rule in it) against the floor: one `str.find`
+   pass over the same text for a string that is not there. The anchor pre-check makes the
+   new redactor a few dozen such passes; the reference runs every pattern.
+2. A 1 MiB output with corpus credentials every few KiB (tests/secrets_corpus.py).
+3. A cut 64 KiB tail with 4 KiB of context (what `spawn` keeps of a large output), clean
+   and with credentials: the reference redacts it twice (alone, and with the context);
+   the new one once.
+4. The issue's case: five spawns of 1 MiB each, i.e. ten cut tails (stdout and stderr).
+
+Ratios: `vs floor` is time / floor time; `speed-up` is reference time / new time.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import _redact_reference as reference  # noqa: E402
+from secrets_corpus import SAMPLES  # noqa: E402
+
+from execkit import _redact  # noqa: E402
+from execkit._redact import redact, redact_tail  # noqa: E402
+
+MIB = 1 << 20
+TAIL = 64 * 1024
+CONTEXT = 4096
+_WORDS = [
+    "the",
+    "build",
+    "step",
+    "compiled",
+    "module",
+    "warning",
+    "line",
+    "file",
+    "test",
+    "passed",
+    "ok",
+    "running",
+    "install",
+    "done",
+    "[info]",
+    "2024-05-01T12:00:00Z",
+    "src/app/main.py:123",
+    "return",
+    "value",
+    "42",
+    "ms",
+    "retry",
+    "queue",
+    "worker",
+    "fetched",
+    "200",
+    "bytes",
+    "from",
+    "cache",
+    "in",
+    "3.2s",
+    "(hit)",
+    "linking",
+    "objects",
+    "...",
+    "writing",
+    "output",
+]
+
+
+def _best_of(repeats: int, run: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _clean_output(size: int, seed: int) -> str:
+    rng = random.Random(seed)
+    lines: list[str] = []
+    total = 0
+    while total < size:
+        line = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14)))
+        lines.append(line)
+        total += len(line) + 1
+    return "\n".join(lines)[:size]
+
+
+def _with_secrets(size: int, seed: int) -> str:
+    rng = random.Random(seed)
+    clean = _clean_output(size, seed)
+    parts: list[str] = []
+    position = 0
+    while position < len(clean):
+        step = rng.randint(2048, 6144)
+        parts.append(clean[position : position + step])
+        parts.append("\n" + rng.choice(SAMPLES).text + "\n")
+        position += step
+    return "".join(parts)[:size]
+
+
+def _opens_nothing(text: str) -> bool:
+    gate = _redact._Gate(text)
+    return not any(gate.opens(step) for step in _redact._REFERENCE_PASSES + _redact._EXTRA_PASSES)
+
+
+def main() -> None:
+    clean = _clean_output(MIB, 1)
+    assert _opens_nothing(clean), "the clean text must hold no anchor"
+    dirty = _with_secrets(MIB, 2)
+    assert redact(clean) == reference.redact(clean) == clean
+
+    rows: list[tuple[str, float, float, float]] = []  # case, floor, new, reference seconds
+
+    def case(
+        name: str, texts: list[str], new: Callable[[], object], old: Callable[[], object], n: int
+    ) -> None:
+        floor = _best_of(20, lambda: [text.find("\x00absent\x00") for text in texts])
+        rows.append((name, floor, _best_of(n, new), _best_of(max(1, n // 2), old)))
+
+    case("clean 1 MiB output", [clean], lambda: redact(clean), lambda: reference.redact(clean), 10)
+    case(
+        "1 MiB output with secrets",
+        [dirty],
+        lambda: redact(dirty),
+        lambda: reference.redact(dirty),
+        5,
+    )
+    for label, text in (("clean", clean), ("with secrets", dirty)):
+        cut = len(text) - TAIL
+        tail, context = text[cut:], text[cut - CONTEXT : cut]
+        case(
+            f"cut 64 KiB tail + 4 KiB context, {label}",
+            [context + tail],
+            functools.partial(redact_tail, tail, context),
+            functools.partial(reference.redact_tail, tail, context),
+            20,
+        )
+    spawns = [_clean_output(MIB, 10 + i) for i in range(10)]
+    tails = [(s[-TAIL:], s[-TAIL - CONTEXT : -TAIL]) for s in spawns]
+    case(
+        "five 1 MiB spawns: ten cut tails, clean",
+        [c + t for t, c in tails],
+        lambda: [redact_tail(t, c) for t, c in tails],
+        lambda: [reference.redact_tail(t, c) for t, c in tails],
+        5,
+    )
+
+    print("floor: one str.find pass over the same text, for a string that is not in it\n")
+    print("| case | floor | new | reference | new vs floor | reference vs floor | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    for name, floor, new_s, old_s in rows:
+        print(
+            f"| {name} | {floor * 1e3:.3f} ms | {new_s * 1e3:.2f} ms | {old_s * 1e3:.2f} ms "
+            f"| {new_s / floor:.1f}x | {old_s / floor:.1f}x | {old_s / new_s:.1f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()
