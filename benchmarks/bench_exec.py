@@ -1,48 +1,46 @@
-"""Benchmark execkit.spawn against the obvious subprocess baselines, measured in one run.
+"""Benchmark execkit.spawn, each row against its floor measured in the same run.
 
-    python benchmarks/bench_exec.py [--rounds N] [--drain-rounds N]
+    python benchmarks/bench_exec.py [--rounds N] [--drain-rounds N] [--big-rounds N]
+                                    [--root DIR] [--skip-big]
 
-1. spawn+wait of `true` vs `subprocess.run(["true"])`: alternated rounds, median per call
-   (target <= 1.2x). Context row: against `subprocess.run` capturing both pipes in a new
-   session, which pays the same kernel work (pipes, setsid) that spawn needs.
-2. draining 1 GiB from `head -c 1G /dev/zero` vs `subprocess.run(stdout=DEVNULL)`: median
-   wall (target <= 1.5x).
-   Context row: the same drain against a bare `os.read` loop over a pipe, the floor for
-   anything that captures output (DEVNULL never copies the bytes at all).
-3. peak RSS of a fresh interpreter that imports execkit and drains that 1 GiB
-   (`ru_maxrss`, target < 64 MiB), next to one that only imports it.
+Every row times execkit and its floor in interleaved repetitions (the order rotates each
+round, so drift hits all alike) and reports the medians and their ratio:
 
-Prints a markdown table.
+1. `spawn(["true"])` against `subprocess.run(["true"], capture_output=True)` (<= 1.1x),
+2. `spawn(["true"])` against a bare `subprocess.run(["true"])` (<= 1.2x),
+3. draining 1 MiB of /dev/urandom (`head -c 1048576 /dev/urandom`) against the pipe floor:
+   a bare 64 KiB `os.read` loop over the child's stdout keeping a 64 KiB tail (<= 2.0x);
+   the same row again with redaction replaced by the identity, to show what the rest of
+   spawn costs on its own,
+4. draining 256 MiB and 1 GiB of /dev/zero against that same floor (<= 1.15x),
+5. context: `spawn(["true"])` under each process-tree mechanism execkit can use here
+   (`cgroup`, `subreaper`, `session`) against the capturing run, and the post-exit work
+   on a 64 MiB kept tail against `bytes.decode` of 64 MiB (tests/test_exec_tree.py bounds
+   that ratio).
+
+`--root DIR` imports execkit from another checkout (to measure a before/after pair with
+the same script). Prints the command, then a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from execkit._exec import spawn  # noqa: E402  (the checkout, not an installed copy)
-
-ONE_GIB = 1024 * 1024 * 1024
-DRAIN = ["head", "-c", str(ONE_GIB), "/dev/zero"]
-
-_RSS_SCRIPT = """
-import resource, sys
-sys.path.insert(0, {root!r})
-from execkit._exec import spawn
-if {drain!r}:
-    result = spawn({argv!r})
-    assert result.ok and result.stdout_bytes == {size!r}, result
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-"""
+MIB = 1024 * 1024
+TAIL = 64 * 1024
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -51,100 +49,211 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _alternate(
-    ours: Callable[[], object], baseline: Callable[[], object], rounds: int
-) -> tuple[float, float]:
-    """Median seconds of each, measured in alternation so drift hits both alike."""
-    ours_s: list[float] = []
-    base_s: list[float] = []
-    for i in range(rounds):
-        if i % 2:
-            ours_s.append(_timed(ours))
-            base_s.append(_timed(baseline))
-        else:
-            base_s.append(_timed(baseline))
-            ours_s.append(_timed(ours))
-    return statistics.median(ours_s), statistics.median(base_s)
+def _interleaved(fns: list[Callable[[], object]], rounds: int) -> list[float]:
+    """The median seconds of each of `fns`, run in a rotating order `rounds` times."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        for k in range(len(fns)):
+            i = (r + k) % len(fns)
+            times[i].append(_timed(fns[i]))
+    return [statistics.median(t) for t in times]
 
 
-def _peak_rss_mib(drain: bool) -> float:
-    script = _RSS_SCRIPT.format(root=str(ROOT), drain=drain, argv=DRAIN, size=ONE_GIB)
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
-    ).stdout
-    return int(out.strip()) / 1024  # Linux reports KiB
+def _floor_drain(argv: list[str]) -> Callable[[], None]:
+    """The pipe floor: a bare 64 KiB `os.read` loop keeping a 64 KiB tail."""
+
+    def floor() -> None:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, bufsize=0)
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        tail = bytearray()
+        while chunk := os.read(fd, TAIL):
+            tail += chunk
+            if len(tail) > 2 * TAIL:
+                del tail[:-TAIL]
+        proc.stdout.close()
+        assert proc.wait() == 0
+
+    return floor
+
+
+@contextmanager
+def _no_redaction(exec_module: ModuleType) -> Iterator[None]:
+    """Redaction replaced by the identity inside execkit._exec, for the context row."""
+    stubs: dict[str, Callable[..., Any]] = {
+        "redact": lambda text, *_a, **_k: text,
+        "redact_tail": lambda tail, *_a, **_k: tail,
+        "redact_argv": lambda argv, *_a, **_k: tuple(argv),
+    }
+    saved = {name: getattr(exec_module, name) for name in stubs if hasattr(exec_module, name)}
+    for name in saved:
+        setattr(exec_module, name, stubs[name])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(exec_module, name, value)
+
+
+def _row(measure: str, ours: float, floor: float, floor_name: str, target: str) -> str:
+    unit, scale = ("ms", 1e3) if floor < 0.1 else ("s", 1.0)
+    return (
+        f"| {measure} | {ours * scale:.3f} {unit} | {floor * scale:.3f} {unit} {floor_name} "
+        f"| {ours / floor:.2f}x | {target} |"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--drain-rounds", type=int, default=5)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=400)
+    parser.add_argument("--drain-rounds", type=int, default=60)
+    parser.add_argument("--big-rounds", type=int, default=5)
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to import")
+    parser.add_argument("--skip-big", action="store_true", help="skip the 256 MiB/1 GiB rows")
     args = parser.parse_args()
+
+    sys.path.insert(0, str(args.root.resolve()))
+    import execkit._exec as exec_module
+
+    spawn = exec_module.spawn
+    rows: list[str] = []
 
     def ours_true() -> None:
         assert spawn(["true"]).ok
 
-    def base_true() -> None:
+    def capture_true() -> None:
+        subprocess.run(["true"], check=True, capture_output=True)
+
+    def bare_true() -> None:
         subprocess.run(["true"], check=True)
 
-    def capture_true() -> None:
-        subprocess.run(["true"], check=True, capture_output=True, start_new_session=True)
-
-    def ours_drain() -> None:
-        assert spawn(DRAIN).stdout_bytes == ONE_GIB
-
-    def base_drain() -> None:
-        subprocess.run(DRAIN, stdout=subprocess.DEVNULL, check=True)
-
-    def floor_drain() -> None:
-        # What any wrapper that captures must pay: every byte crosses a pipe into us.
-        proc = subprocess.Popen(DRAIN, stdout=subprocess.PIPE, bufsize=0)
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        while os.read(fd, 64 * 1024):
-            pass
-        proc.stdout.close()
-        assert proc.wait() == 0
-
-    for _ in range(10):  # warm caches and the page cache for `true`
+    for _ in range(20):  # warm caches and the page cache for `true`
         ours_true()
-        base_true()
-    spawn_ours, spawn_base = _alternate(ours_true, base_true, args.rounds)
-    spawn_ours_2, spawn_capture = _alternate(ours_true, capture_true, args.rounds)
-    drain_ours, drain_base = _alternate(ours_drain, base_drain, args.drain_rounds)
-    drain_ours_2, drain_floor = _alternate(ours_drain, floor_drain, args.drain_rounds)
-    rss_idle = _peak_rss_mib(drain=False)
-    rss_drain = _peak_rss_mib(drain=True)
+        capture_true()
+        bare_true()
+    ours, capture, bare = _interleaved([ours_true, capture_true, bare_true], args.rounds)
+    n = args.rounds
+    rows.append(
+        _row(
+            f'`spawn(["true"])` (median of {n})',
+            ours,
+            capture,
+            '`subprocess.run(["true"], capture_output=True)`',
+            "<= 1.1x",
+        )
+    )
+    rows.append(
+        _row(
+            f'`spawn(["true"])` (median of {n})',
+            ours,
+            bare,
+            '`subprocess.run(["true"])`',
+            "<= 1.2x",
+        )
+    )
 
-    spawn_ratio = spawn_ours / spawn_base
-    drain_ratio = drain_ours / drain_base
-    print(f"execkit spawn benchmark (python {sys.version.split()[0]}, {sys.platform})\n")
-    print("| measure | execkit | baseline | ratio | target |")
+    urandom = ["head", "-c", str(MIB), "/dev/urandom"]
+
+    def ours_urandom() -> None:
+        assert spawn(urandom).stdout_bytes == MIB
+
+    floor_urandom = _floor_drain(urandom)
+    ours_u, floor_u = _interleaved([ours_urandom, floor_urandom], args.drain_rounds)
+    with _no_redaction(exec_module):
+        ours_plain, floor_u2 = _interleaved([ours_urandom, floor_urandom], args.drain_rounds)
+    m = args.drain_rounds
+    rows.append(
+        _row(
+            f"drain 1 MiB of /dev/urandom (median of {m})",
+            ours_u,
+            floor_u,
+            "64 KiB `os.read` loop + 64 KiB tail",
+            "<= 2.0x",
+        )
+    )
+    rows.append(
+        _row(
+            f"drain 1 MiB of /dev/urandom, redaction stubbed (median of {m})",
+            ours_plain,
+            floor_u2,
+            "same floor",
+            "(context)",
+        )
+    )
+
+    if not args.skip_big:
+        for size, label in ((256 * MIB, "256 MiB"), (1024 * MIB, "1 GiB")):
+            zero = ["head", "-c", str(size), "/dev/zero"]
+
+            def ours_zero(zero: list[str] = zero, size: int = size) -> None:
+                assert spawn(zero).stdout_bytes == size
+
+            ours_z, floor_z = _interleaved([ours_zero, _floor_drain(zero)], args.big_rounds)
+            rows.append(
+                _row(
+                    f"drain {label} of /dev/zero (median of {args.big_rounds})",
+                    ours_z,
+                    floor_z,
+                    "64 KiB `os.read` loop + 64 KiB tail",
+                    "<= 1.15x",
+                )
+            )
+
+    mechanisms: list[str] = list(getattr(exec_module, "TREE_MECHANISMS", ()))
+    force = getattr(exec_module, "_force_mechanism", None)
+    if mechanisms and callable(force):
+        for name in mechanisms:
+            if not force(name):
+                rows.append(f'| `spawn(["true"])`, mechanism `{name}` | n/a | | | (context) |')
+                continue
+            try:
+                ours_m, capture_m = _interleaved([ours_true, capture_true], args.rounds // 2)
+            finally:
+                force(None)
+            rows.append(
+                _row(
+                    f'`spawn(["true"])`, mechanism `{name}` (median of {args.rounds // 2})',
+                    ours_m,
+                    capture_m,
+                    "capturing `subprocess.run`",
+                    "(context)",
+                )
+            )
+
+    post_exit = getattr(exec_module, "_post_exit_seconds", None)
+    if callable(post_exit):
+        data = os.urandom(64 * MIB)
+
+        def decode() -> None:
+            data.decode("utf-8", errors="replace")
+
+        def finish() -> None:
+            post_exit(data)
+
+        ours_p, floor_p = _interleaved([finish, decode], 3)
+        rows.append(
+            _row(
+                "post-exit work on a 64 MiB kept tail (median of 3)",
+                ours_p,
+                floor_p,
+                "`bytes.decode` of 64 MiB",
+                "(context; bounded in tests)",
+            )
+        )
+
+    mechanism = getattr(exec_module, "tree_mechanism", None)
+    command = shlex.join([sys.executable, *sys.argv])
+    print(f"$ {command}\n")
+    print(
+        f"execkit spawn benchmark (python {sys.version.split()[0]}, {sys.platform}, "
+        f"{os.cpu_count()} CPUs, execkit from {args.root}"
+        + (f", tree mechanism `{mechanism()}`" if callable(mechanism) else "")
+        + ")\n"
+    )
+    print("| measure | execkit | floor | ratio | target |")
     print("|---|---|---|---|---|")
-    print(
-        f"| spawn+wait `true` (median of {args.rounds}) | {spawn_ours * 1e3:.2f} ms "
-        f"| {spawn_base * 1e3:.2f} ms `subprocess.run` | {spawn_ratio:.2f}x | <= 1.2x |"
-    )
-    print(
-        f"| spawn+wait `true`, against a capturing run (median of {args.rounds}) "
-        f"| {spawn_ours_2 * 1e3:.2f} ms | {spawn_capture * 1e3:.2f} ms `subprocess.run("
-        f"capture_output=True, start_new_session=True)` | {spawn_ours_2 / spawn_capture:.2f}x "
-        "| (context) |"
-    )
-    print(
-        f"| drain 1 GiB `head -c 1G /dev/zero` (median of {args.drain_rounds}) "
-        f"| {drain_ours:.2f} s | {drain_base:.2f} s `run(stdout=DEVNULL)` "
-        f"| {drain_ratio:.2f}x | <= 1.5x |"
-    )
-    print(
-        f"| drain 1 GiB, against the pipe floor (median of {args.drain_rounds}) "
-        f"| {drain_ours_2:.2f} s | {drain_floor:.2f} s bare `os.read` loop on a pipe "
-        f"| {drain_ours_2 / drain_floor:.2f}x | (context) |"
-    )
-    print(
-        f"| peak RSS while draining 1 GiB (fresh interpreter) | {rss_drain:.1f} MiB "
-        f"| {rss_idle:.1f} MiB import only | +{rss_drain - rss_idle:.1f} MiB | < 64 MiB |"
-    )
+    for row in rows:
+        print(row)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,18 @@
 """A bounded tail buffer: keep the LAST `limit` bytes of a stream and count all of them.
 
 It also keeps up to `context` bytes from just before the tail, so a redactor can see a
-credential that the cut sliced in two. Memory stays below `2 * (limit + context)` plus
-one fed chunk whatever the stream length: the buffer is compacted only when it doubles,
-so each byte is copied a bounded number of times.
+credential that the cut sliced in two. Memory never exceeds `limit + context` bytes plus
+one fed chunk, whatever the stream length: the buffer grows until it holds that much and
+from then on is a ring that is overwritten in place, so each byte is copied once.
+
+`fill(fd)` reads straight from a file descriptor into the ring (no intermediate `bytes`
+per read), which is what `spawn` does for a stream nobody watches live.
 """
 
 from __future__ import annotations
+
+import codecs
+import os
 
 __all__ = ["TailBuffer"]
 
@@ -14,9 +20,8 @@ __all__ = ["TailBuffer"]
 # most 3 of them can precede the first character boundary of a cut tail.
 _MAX_CONTINUATION_SKIP = 3
 
-
-def _is_continuation(byte: int) -> bool:
-    return byte & 0xC0 == 0x80
+# Bytes read at once while the buffer is still growing (a full pipe's worth by default).
+_GROW_READ = 64 * 1024
 
 
 class TailBuffer:
@@ -25,7 +30,7 @@ class TailBuffer:
     Raises ValueError when `limit` < 1 or `context` < 0.
     """
 
-    __slots__ = ("_buf", "_keep", "_limit", "total")
+    __slots__ = ("_buf", "_keep", "_limit", "_pos", "_view", "total")
 
     def __init__(self, limit: int, context: int = 0) -> None:
         if limit < 1:
@@ -35,6 +40,10 @@ class TailBuffer:
         self._limit = limit
         self._keep = limit + context
         self._buf = bytearray()
+        # -1 while the buffer grows; once it holds `_keep` bytes, the index of the oldest
+        # byte in the ring (where the next byte is written).
+        self._pos = -1
+        self._view: memoryview | None = None
         self.total = 0
 
     @property
@@ -46,26 +55,90 @@ class TailBuffer:
         """True when more bytes were fed than the buffer keeps."""
         return self.total > self._limit
 
-    def feed(self, chunk: bytes) -> None:
+    def _become_ring(self) -> None:
+        # From now on the length never changes, so the exported view is safe to hold.
+        self._pos = 0
+        self._view = memoryview(self._buf)
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append one chunk, dropping the oldest bytes beyond the limit."""
         size = len(chunk)
         if not size:
             return
         self.total += size
-        if size >= self._keep:
-            self._buf[:] = chunk[-self._keep :]
+        keep = self._keep
+        buf = self._buf
+        pos = self._pos
+        if pos < 0:
+            if size >= keep:
+                buf[:] = memoryview(chunk)[size - keep :]
+                self._become_ring()
+                return
+            buf += chunk
+            if len(buf) >= keep:
+                del buf[: len(buf) - keep]
+                self._become_ring()
             return
-        self._buf += chunk
-        if len(self._buf) >= 2 * self._keep:
-            del self._buf[: len(self._buf) - self._keep]
+        if size >= keep:
+            buf[:] = memoryview(chunk)[size - keep :]  # same length: overwritten in place
+            self._pos = 0
+            return
+        end = pos + size
+        if end <= keep:
+            buf[pos:end] = chunk
+            self._pos = 0 if end == keep else end
+        else:
+            first = keep - pos
+            view = memoryview(chunk)
+            buf[pos:] = view[:first]
+            buf[: size - first] = view[first:]
+            self._pos = size - first
+
+    def fill(self, fd: int) -> int:
+        """Read once from `fd` into the buffer; return the byte count (0 at end of file).
+
+        Raises what `os.read`/`os.readv` raise (BlockingIOError on an empty non-blocking
+        pipe). Once the buffer is full (and at least 64 KiB), the kernel copies straight
+        into the ring; reads are at most 64 KiB while it grows, and at most the ring.
+        """
+        pos = self._pos
+        if pos < 0 or self._keep < _GROW_READ:  # growing, or a ring smaller than a read
+            chunk = os.read(fd, _GROW_READ)
+            self.feed(chunk)
+            return len(chunk)
+        view = self._view
+        assert view is not None
+        count = os.readv(fd, [view[pos:], view[:pos]] if pos else [view])
+        if count:
+            self.total += count
+            self._pos = (pos + count) % self._keep
+        return count
+
+    def _segments(self, start: int, stop: int) -> list[memoryview]:
+        """Views of the kept bytes [start, stop) in stream order (0 is the oldest kept)."""
+        buf = memoryview(self._buf)
+        pos = self._pos
+        if pos <= 0:
+            return [buf[start:stop]]
+        size = len(buf)
+        lo, hi = pos + start, pos + stop
+        if hi <= size:
+            return [buf[lo:hi]]
+        if lo >= size:
+            return [buf[lo - size : hi - size]]
+        return [buf[lo:], buf[: hi - size]]
+
+    def _tail_span(self) -> tuple[int, int]:
+        kept = len(self._buf)
+        return max(0, kept - self._limit), kept
 
     def tail_bytes(self) -> bytes:
         """The last `limit` bytes (fewer when fewer were fed), exactly as received."""
-        return bytes(self._buf[-self._limit :])
+        return b"".join(self._segments(*self._tail_span()))
 
     def context_bytes(self) -> bytes:
         """Up to `context` bytes fed just before the tail (fewer when fewer were dropped)."""
-        return bytes(self._buf[-self._keep : -self._limit])
+        return b"".join(self._segments(0, self._tail_span()[0]))
 
     def text(self) -> str:
         """The tail decoded as UTF-8 with replacement; never raises.
@@ -73,13 +146,15 @@ class TailBuffer:
         When the tail was cut, leading continuation bytes of a character whose start was
         dropped are skipped, so the text does not open with a replacement character.
         """
-        data = self._buf[-self._limit :]
-        start = 0
+        start, stop = self._tail_span()
         if self.truncated:
-            while (
-                start < len(data)
-                and start < _MAX_CONTINUATION_SKIP
-                and _is_continuation(data[start])
-            ):
+            head = b"".join(self._segments(start, min(stop, start + _MAX_CONTINUATION_SKIP)))
+            for byte in head:
+                if byte & 0xC0 != 0x80:
+                    break
                 start += 1
-        return data[start:].decode("utf-8", errors="replace")
+        segments = self._segments(start, stop)
+        if len(segments) == 1:
+            return str(segments[0], "utf-8", "replace")
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        return decoder.decode(segments[0]) + decoder.decode(segments[1], final=True)

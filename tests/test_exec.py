@@ -6,7 +6,6 @@ import contextlib
 import errno
 import json
 import os
-import selectors
 import signal
 import stat
 import subprocess
@@ -20,7 +19,7 @@ import psutil
 import pytest
 from _support import REPO, gone, wait_gone
 
-from execkit import InvalidInput
+from execkit import InvalidInput, _exec
 from execkit._exec import SpawnResult, spawn
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
@@ -381,13 +380,27 @@ def test_timeout_kills_the_whole_tree_including_escaped_descendants(tmp_path: Pa
 def test_grandchild_holding_the_pipes_does_not_hang_spawn(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     try:
-        result = spawn(fixture("hold_pipes.py", str(pidfile)), timeout=120)
+        result = spawn(fixture("hold_pipes.py", str(pidfile)), timeout=120, keep_descendants=True)
         assert result.ok and not result.timed_out
         assert result.stdout_tail == "parent done\n"
         # The grandchild sleeps 600 s with the pipes open; spawn gave up on them quickly.
         assert result.duration_s < 60
         (grandchild,) = read_pids(pidfile)
-        assert not gone(grandchild)  # a normal exit leaves descendants alone
+        assert not gone(grandchild)  # keep_descendants leaves it running
+    finally:
+        for pid in read_pids(pidfile):
+            kill_quietly(pid)
+
+
+def test_a_grandchild_holding_the_pipes_is_ended_with_the_child(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    try:
+        result = spawn(fixture("hold_pipes.py", str(pidfile)), timeout=120)
+        assert result.ok and result.stdout_tail == "parent done\n"
+        (grandchild,) = read_pids(pidfile)
+        assert wait_gone(grandchild), "the grandchild outlived its parent's spawn"
+        # Ended, the grandchild closed the pipes: spawn did not wait out its drain time.
+        assert result.duration_s < 60
     finally:
         for pid in read_pids(pidfile):
             kill_quietly(pid)
@@ -434,6 +447,7 @@ def test_keyboard_interrupt_kills_the_child() -> None:
         ({"input": 12}, TypeError, "input"),
         ({"on_stdout": "print"}, TypeError, "on_stdout"),
         ({"cwd": 3}, TypeError, "cwd"),
+        ({"keep_descendants": 1}, TypeError, "keep_descendants"),
     ],
 )
 def test_bad_arguments_name_the_argument_and_spawn_nothing(
@@ -462,8 +476,8 @@ def test_failure_text_names_a_bad_max_chars(max_chars: object, error: type[Excep
 
 
 def test_an_error_after_the_child_started_still_kills_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Whatever fails between Popen and the end of supervision (here: no fd left for the
-    # selector), the child leads its own session and must not be left running.
+    # Whatever fails between Popen and the end of supervision (here: no fd left while the
+    # pipes are registered), the child leads its own session and must not be left running.
     started: list[subprocess.Popen[bytes]] = []
     real_popen = subprocess.Popen
 
@@ -472,10 +486,10 @@ def test_an_error_after_the_child_started_still_kills_it(monkeypatch: pytest.Mon
         started.append(proc)
         return proc
 
-    def no_selector() -> selectors.BaseSelector:
+    def no_fd_left(_self: object) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(selectors, "DefaultSelector", no_selector)
+    monkeypatch.setattr(_exec._Supervisor, "_register", no_fd_left)
     with pytest.raises(OSError, match="Too many open files"):
         spawn(["sleep", "60"], start=recording_popen)
     (proc,) = started

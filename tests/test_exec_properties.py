@@ -8,13 +8,19 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execkit._exec import SpawnResult
+from execkit._exec import SpawnResult, TreeMechanism
 
 _CUT = "…"
 _streams = st.text(alphabet=st.characters(codec="utf-8"), max_size=80)
 
 
-def _result(stderr: str, stdout: str, spawn_error: str | None, truncated: bool) -> SpawnResult:
+def _result(
+    stderr: str,
+    stdout: str,
+    spawn_error: str | None,
+    truncated: bool,
+    mechanism: TreeMechanism | None = None,
+) -> SpawnResult:
     return SpawnResult(
         argv=("codex",),
         pid=None if spawn_error else 7,
@@ -30,6 +36,7 @@ def _result(stderr: str, stdout: str, spawn_error: str | None, truncated: bool) 
         stderr_bytes=len(stderr.encode()) + (100 if truncated else 0),
         stdout_truncated=truncated,
         stderr_truncated=truncated,
+        tree_mechanism=None if spawn_error else mechanism,
     )
 
 
@@ -56,12 +63,18 @@ def test_failure_text_keeps_the_end_and_marks_every_cut(
     assert whole == "\n".join(_CUT + p if cut else p for p, cut in pieces if p)
 
 
-@given(stderr=_streams, stdout=_streams, truncated=st.booleans())
+@given(
+    stderr=_streams,
+    stdout=_streams,
+    truncated=st.booleans(),
+    mechanism=st.none() | st.sampled_from(TreeMechanism),
+)
 def test_to_dict_is_json_and_round_trips_every_field(
-    stderr: str, stdout: str, truncated: bool
+    stderr: str, stdout: str, truncated: bool, mechanism: TreeMechanism | None
 ) -> None:
-    result = _result(stderr, stdout, None, truncated)
+    result = _result(stderr, stdout, None, truncated, mechanism)
     data = json.loads(json.dumps(result.to_dict()))
     assert data.pop("ok") is result.ok
+    assert data["tree_mechanism"] == (None if mechanism is None else mechanism.value)
     data["argv"] = tuple(data["argv"])
     assert SpawnResult(**data) == result

@@ -1,5 +1,5 @@
-"""`execkit run [--timeout S] [--tail-bytes N] [--kill-grace S] [--adapter NAME] [--json]
--- CMD [ARGS...]`.
+"""`execkit run [--timeout S] [--tail-bytes N] [--kill-grace S] [--keep-descendants]
+[--adapter NAME] [--json] -- CMD [ARGS...]`.
 
 Streams the child's output through (or, with `--json`, captures it and prints the result
 as one JSON object) and exits like a shell would: the child's exit code, 127 when it could
@@ -9,6 +9,13 @@ a stdin nobody closes cannot hold execkit up (`--timeout` still bounds the child
 With `--json` the object carries the failure's `class`, `reason` and `evidence` (null
 when the run succeeded).
 With `--adapter NAME` the ARGS go to that vendor's binary through its adapter instead.
+
+When CMD exits, whatever it left running in its process tree is ended too, unless
+`--keep-descendants` is given. A signal that would end execkit (each of `_ENDING_SIGNALS`:
+SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF,
+SIGIO, SIGPWR, SIGXCPU, SIGSTKFLT and the real-time signals; not one that was ignored when
+execkit started, as `nohup` does to SIGHUP) first ends CMD's whole tree, then execkit exits
+128+N (SIGINT: 130, with one line on stderr).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -25,7 +33,7 @@ from typing import Any, TextIO
 
 from execkit._classify import classification_fields
 from execkit._errors import InvalidInput
-from execkit._exec import MAX_TAIL_BYTES, SpawnResult, spawn
+from execkit._exec import MAX_TAIL_BYTES, SpawnCancelled, SpawnResult, spawn_cancellable
 from execkit.cli._args import parse_seconds
 from execkit.cli._output import print_json
 
@@ -48,6 +56,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "and exit with its exit code: 127 when it could not be spawned, 124 on timeout, "
             "128+N on signal N."
         ),
+        epilog=(
+            "Two ledger operations share the name: `execkit run start TASK_ID` admits the "
+            "task's next attempt and records it as a running run (or refuses: budgets, "
+            "limits), and `execkit run finish RUN_ID succeeded|failed|abandoned` records how "
+            "that run ended, with its class and reason. See `execkit run start --help` and "
+            "`execkit run finish --help`. The command to run always follows `--`, so the two "
+            "never collide."
+        ),
     )
     _add_run_options(parser)
     parser.set_defaults(handler=_handle)
@@ -69,6 +85,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "--kill-grace",
         metavar="S",
         help="seconds between SIGTERM and SIGKILL on timeout (>= 0, default 5)",
+    )
+    parser.add_argument(
+        "--keep-descendants",
+        action="store_true",
+        help="leave running what CMD leaves behind when it exits (daemons, background jobs); "
+        "by default they are ended with it",
     )
     parser.add_argument(
         "--adapter",
@@ -96,23 +118,43 @@ def _handle(args: argparse.Namespace) -> int:
         # which a plain `execkit run` never needs.
         from execkit.cli._adapters import run_adapter_command
 
-        return run_adapter_command(args, start=args.start)
+        # The adapter's loop spawns through the library, which watches no cancel pipe:
+        # there an ending signal raises (once), and spawn's cleanup ends the tree.
+        code: int | None = None
+        with _signals_end_the_tree() as stop:
+            stop.interruptible = True
+            with contextlib.suppress(_Stopped):
+                code = run_adapter_command(args, start=args.start)
+        if stop.signum is not None or code is None:
+            return stop.exit_status()
+        return code
     argv = _command(args.command_argv)
     timeout = parse_seconds("--timeout", args.timeout, allow_zero=False)
     grace = parse_seconds("--kill-grace", args.kill_grace, allow_zero=True)
     tail_bytes = _tail_bytes(args.tail_bytes)
     streaming = not args.json
-    with _signals_unwind():
-        result = spawn(
-            argv,
-            inherit_stdin=True,
-            timeout=timeout,
-            kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace,
-            tail_bytes=tail_bytes,
-            on_stdout=_tee(sys.stdout) if streaming else None,
-            on_stderr=_tee(sys.stderr) if streaming else None,
-            start=args.start,
-        )
+    with _signals_end_the_tree() as stop:
+        try:
+            result = spawn_cancellable(
+                stop.wake_fd,
+                argv,
+                inherit_stdin=True,
+                timeout=timeout,
+                kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace,
+                tail_bytes=tail_bytes,
+                on_stdout=_tee(sys.stdout, stop) if streaming else None,
+                on_stderr=_tee(sys.stderr, stop) if streaming else None,
+                keep_descendants=args.keep_descendants,
+                # A small single-threaded process: a preexec_fn is safe and cheap here, so
+                # the kernel kills the child too should execkit itself be SIGKILLed.
+                die_with_parent=True,
+                start=args.start,
+            )
+        except (SpawnCancelled, _Stopped):
+            if stop.signum is None:
+                raise
+    if stop.signum is not None:
+        return stop.exit_status()
     if args.json:
         print_json(_result_payload(result))
     elif result.spawn_errno is not None:
@@ -161,14 +203,21 @@ def _tail_bytes(raw: str | None) -> int:
     return value
 
 
-def _tee(stream: TextIO) -> Callable[[bytes], None]:
-    """Write raw chunks straight through, flushed, so the user sees output as it comes."""
+def _tee(stream: TextIO, stop: _Stop) -> Callable[[bytes], None]:
+    """Write raw chunks straight through, flushed, so the user sees output as it comes.
+
+    A write may block (a terminal scrolled back, a reader that stopped reading): while it
+    does, an ending signal interrupts it (see `_Stop`)."""
     binary = getattr(stream, "buffer", None)
     if binary is not None:
 
         def write_bytes(chunk: bytes) -> None:
-            binary.write(chunk)
-            binary.flush()
+            stop.interruptible = True
+            try:
+                binary.write(chunk)
+                binary.flush()
+            finally:
+                stop.interruptible = False
 
         return write_bytes
 
@@ -176,34 +225,115 @@ def _tee(stream: TextIO) -> Callable[[bytes], None]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def write_text(chunk: bytes) -> None:
-        stream.write(decoder.decode(chunk))
-        stream.flush()
+        stop.interruptible = True
+        try:
+            stream.write(decoder.decode(chunk))
+            stream.flush()
+        finally:
+            stop.interruptible = False
 
     return write_text
 
 
-class _Terminated(SystemExit):
-    """execkit itself got SIGTERM/SIGHUP: unwind so spawn kills the child's tree."""
+def _ending_signals() -> tuple[int, ...]:
+    """Every signal whose default action ends a process and that a handler may catch.
+
+    Left out: SIGKILL and SIGSTOP (no handler can catch them), the faults a process raises
+    on itself (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP: Python cannot
+    carry on after them), SIGXFSZ (Python ignores it, a too-large write fails instead), and
+    the signals whose default is to be ignored or to stop (SIGCHLD, SIGWINCH, SIGURG,
+    SIGCONT, SIGTSTP, SIGTTIN, SIGTTOU).
+    """
+    names = (
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGPIPE",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGIO",
+        "SIGPWR",
+        "SIGXCPU",
+        "SIGSTKFLT",
+    )
+    found = {int(getattr(signal, name)) for name in names if hasattr(signal, name)}
+    low, high = getattr(signal, "SIGRTMIN", 0), getattr(signal, "SIGRTMAX", -1)
+    found.update(range(int(low), int(high) + 1))
+    return tuple(sorted(found))
+
+
+_ENDING_SIGNALS = _ending_signals()
+
+
+class _Stopped(BaseException):
+    """An ending signal interrupted a blocked write of the child's output."""
+
+
+class _Stop:
+    """Which ending signal came, and the pipe that tells spawn's loop to end the tree.
+
+    The handler only records the signal and writes a byte to the pipe: spawn notices at a
+    safe point of its loop (never halfway through starting the child or ending its tree),
+    SIGKILLs and reaps the tree, and raises `SpawnCancelled`. Only while the output is
+    being written (a write that may block for good) does the handler raise instead, once,
+    so the write gives up; spawn's cleanup then ends the tree just the same (and so it is
+    for `--adapter`, whose spawns watch no pipe). SIGPIPE never raises: a reader that went
+    away already makes that write fail (exit 141).
+    """
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.wake_fd = read_fd
+        self._write_fd = write_fd
+        self.signum: int | None = None
+        self.interruptible = False  # raise from the handler (once) instead of waking spawn
+        self._raised = False
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+        with contextlib.suppress(OSError):  # full already: one byte is enough
+            os.write(self._write_fd, b"\0")
+        if self.interruptible and not self._raised and signum != signal.SIGPIPE:
+            self._raised = True
+            raise _Stopped
+
+    def exit_status(self) -> int:
+        """128+N; SIGINT is an interrupt like any other Ctrl-C (main prints its line, 130)."""
+        assert self.signum is not None
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        return SIGNAL_EXIT_BASE + self.signum
 
 
 @contextlib.contextmanager
-def _signals_unwind() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into an exception while the child runs.
+def _signals_end_the_tree() -> Iterator[_Stop]:
+    """While the child runs, a signal that would end execkit ends the child's tree first.
 
     The child leads its own session, so a signal aimed at execkit does not reach it; the
-    default action would kill execkit and orphan the child. Raising instead lets spawn's
-    cleanup kill the whole tree; the exit status is 128+N as if the signal had killed us.
+    default action would kill execkit and orphan the child. Outside the main thread (where
+    no handler can be installed) the pipe is there but nothing writes to it.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def unwind(signum: int, _frame: FrameType | None) -> None:
-        raise _Terminated(SIGNAL_EXIT_BASE + signum)
-
-    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    stop = _Stop(read_fd, write_fd)
+    previous: dict[int, Any] = {}
     try:
-        yield
+        if threading.current_thread() is threading.main_thread():
+            for sig in _ENDING_SIGNALS:
+                # One ignored from the start stays ignored (`nohup`, a background job's
+                # SIGINT and SIGQUIT): it would not end execkit. SIGPIPE is the exception:
+                # Python itself ignores it, so a SIGPIPE would otherwise end nothing.
+                if sig != signal.SIGPIPE and signal.getsignal(sig) is signal.SIG_IGN:
+                    continue
+                with contextlib.suppress(OSError, ValueError):  # one the platform reserves
+                    previous[sig] = signal.signal(sig, stop.handle)
+        yield stop
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            # None: a handler installed outside Python, which cannot be put back.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        os.close(read_fd)
+        os.close(write_fd)
