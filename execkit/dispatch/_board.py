@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 from attrs.validators import deep_iterable, instance_of, max_len
 
-from execkit._errors import Conflict, InvalidInput, NotFound, StorageError
+from execkit._errors import Conflict, Forbidden, InvalidInput, NotFound, StorageError
 from execkit._json import to_json
 from execkit._validate import checked, non_blank
 
@@ -50,6 +50,40 @@ _TEXT = checked("a string", instance_of(str))
 def task_key(issue_id: str) -> str:
     """The ledger idempotency key (and task title) of a board issue: `board:<id>`."""
     return f"{TASK_TITLE_PREFIX}{issue_id}"
+
+
+_MAX_BOARD_BYTES = 64 * 1024 * 1024
+_MAX_NESTING = 64
+
+
+def _nesting(text: str) -> int:
+    """How deep `[`/`{` nest in a JSON text (strings skipped), in one linear pass."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_nul(_inst: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    for index, arg in enumerate(value):
+        if "\0" in arg:
+            raise InvalidInput(
+                f"argv[{index}] must not contain a NUL character", field=attribute.name
+            )
 
 
 def _to_argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -91,7 +125,7 @@ class BoardIssue:
     argv: tuple[str, ...] = attrs.field(
         default=(),
         converter=_to_argv,
-        validator=checked("a list of only strings", deep_iterable(instance_of(str))),
+        validator=[checked("a list of only strings", deep_iterable(instance_of(str))), _no_nul],
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -326,11 +360,29 @@ class JsonFileBoard:
 
     def _read(self) -> _BoardDoc:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            data = self.path.read_bytes()
         except FileNotFoundError:
             raise NotFound(f"no board file at {self.path}") from None
+        except IsADirectoryError:
+            raise InvalidInput(f"board file {self.path} is a directory", field="board") from None
         except OSError as exc:
             raise StorageError(f"cannot read board file {self.path}: {exc}") from exc
+        if len(data) > _MAX_BOARD_BYTES:
+            raise InvalidInput(
+                f"board file {self.path} is {len(data)} bytes; at most {_MAX_BOARD_BYTES}",
+                field="board",
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(
+                f"board file {self.path} is not UTF-8 text (byte {exc.start})", field="board"
+            ) from None
+        if _nesting(text) > _MAX_NESTING:
+            # json.loads recurses: a 100,000-deep file would end in RecursionError.
+            raise InvalidInput(
+                f"board file {self.path} nests deeper than {_MAX_NESTING} levels", field="board"
+            )
         try:
             raw = json.loads(text)
         except ValueError as exc:
@@ -376,6 +428,33 @@ class JsonFileBoard:
         doc = self._read()
         eligible = {s.name for s in doc.states if s.eligible}
         return [i for i in doc.issues if i.state in eligible]
+
+    def ensure_private(self) -> None:
+        """Refuse a board file that someone else could write (Forbidden), as ssh refuses a
+        key others can write: its `argv` are commands the dispatcher runs as itself.
+
+        The file must belong to this user (or root) and not be writable by group or others;
+        the same for its folder, unless that folder is sticky (like /tmp: others cannot
+        replace a file they do not own there)."""
+        me = os.geteuid()
+        for target, is_folder in ((self.path, False), (self.path.resolve().parent, True)):
+            try:
+                info = target.stat()
+            except OSError as exc:
+                raise StorageError(f"cannot inspect {target}: {exc}") from exc
+            what = "the folder of board file" if is_folder else "board file"
+            if info.st_uid not in (me, 0):
+                raise Forbidden(
+                    f"{what} {self.path} belongs to another user (uid {info.st_uid}); its "
+                    "commands would run as you: refusing to dispatch it"
+                )
+            writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            if writable and not (is_folder and info.st_mode & stat.S_ISVTX):
+                raise Forbidden(
+                    f"{what} {self.path} can be written by others (mode "
+                    f"{stat.S_IMODE(info.st_mode):o}); its commands would run as you: "
+                    f"`chmod go-w {target}` to dispatch it"
+                )
 
     def ledger_binding(self) -> tuple[str, str] | None:
         """(ledger id, where it was) of the ledger that dispatched this board, or None."""

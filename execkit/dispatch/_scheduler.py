@@ -60,7 +60,7 @@ from execkit._json import to_json
 from execkit._proof import RunStatus
 from execkit._redact import redact
 from execkit._validate import is_number
-from execkit.dispatch._board import BindableBoard, BoardIssue, Tracker, task_key
+from execkit.dispatch._board import BindableBoard, BoardIssue, JsonFileBoard, Tracker, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._runner import Runner, RunOutcome, last_line
 from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, Task, TaskState, TaskStatus
@@ -196,7 +196,8 @@ class Dispatcher:
         hold its task forever), and results an earlier pass could not write are written. A
         ledger or board error on one issue becomes an `error` event and the other issues go
         on. The first pass binds the board to this ledger (`BindableBoard`), or refuses when
-        the board belongs to another one.
+        the board belongs to another one, and refuses a board file others can write
+        (`Forbidden`: its commands would run as this process).
         """
         self._bind()
         self.ledger.abandon_expired_runs(now=self.clock())
@@ -266,6 +267,8 @@ class Dispatcher:
     def _bind(self) -> None:
         if self._bound:
             return
+        if isinstance(self.tracker, JsonFileBoard):
+            self.tracker.ensure_private()  # its commands run as us
         if isinstance(self.tracker, BindableBoard):
             self.tracker.bind_ledger(self.ledger.ledger_id(), self.ledger.location())
         self._bound = True
