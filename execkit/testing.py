@@ -19,15 +19,25 @@ spawned), or starts a REAL child process, a tiny Python replay program that prin
 registered transcript (a string, bytes, or a `pathlib.Path` to a fixture file) on stdout,
 then stderr, and exits with `exit_code` (-N: dies by signal N), or with `hang=True` waits
 until a signal ends it. So spawn's one supervision path, its timeouts and its tree kill run
-for real. Registrations of one name are consumed in order, one per start; a name never
-registered goes to `subprocess.Popen` as looked up at that moment (under pytest-subprocess,
-which refuses what it was not told about).
+for real. Registrations of one name are consumed in order, one per start, and the last one
+registered without `occurrences` stays for every later start, so a failure registered once
+is what every retry of `run_agent` meets; `occurrences=N` limits a registration to N starts,
+after which the next registration, or a refusal, follows. A name never registered goes to
+`subprocess.Popen` as looked up at that moment (under pytest-subprocess, which refuses what
+it was not told about).
+
+`fake_vendor.sleep` is a `sleep` seam that waits for nothing and records each wait asked
+for (`fake_vendor.sleeps`): pass it as `sleep=` to `run_agent`, `AdapterRunner` or
+`run_command` and an upstream retry costs no wall time.
 
 The fixture is built on pytest-subprocess's `fp` (its public API only): every registration
 is also made there, so code that calls `subprocess` directly, not through `spawn`, sees the
 same fake (`subprocess.run(["codex", ...])` raises FileNotFoundError after
 `register("codex", missing=True)`), and anything not registered still raises
-`ProcessNotRegisteredError`. Without pytest-subprocess the plugin loads and only tests that
+`ProcessNotRegisteredError`. A direct call uses each registration `occurrences` times,
+and one registered without `occurrences` once: pytest-subprocess cannot keep one
+registration of a command without keeping every last one, the user's own included.
+Without pytest-subprocess the plugin loads and only tests that
 use `fake_vendor` fail, saying how to install it.
 """
 
@@ -130,6 +140,21 @@ def _start_error(name: str, code: int) -> OSError:
     return OSError(code, os.strerror(code), name)
 
 
+def _take(queue: collections.deque[_Registration]) -> _Behaviour | None:
+    """The next start's behaviour from one name's registrations, or None: used up."""
+    if not queue:
+        return None
+    head = queue[0]
+    if head.starts_left is None:
+        if len(queue) > 1:  # a later registration takes over after this one start
+            queue.popleft()
+        return head.behaviour
+    head.starts_left -= 1
+    if head.starts_left == 0:
+        queue.popleft()
+    return head.behaviour
+
+
 def _argv_of(args: object) -> tuple[str, ...]:
     """Popen's `args` as a tuple of str: a sequence, or one program (str, bytes, path)."""
     if isinstance(args, str | bytes | os.PathLike):
@@ -195,6 +220,15 @@ class _Behaviour:
     hang: bool
 
 
+@attrs.define
+class _Registration:
+    """One `register` call: its behaviour and how many starts it still serves (None: one
+    while a later registration follows, every start while it is the last)."""
+
+    behaviour: _Behaviour
+    starts_left: int | None
+
+
 @attrs.frozen
 class _StartFails:
     """pytest-subprocess callback of a fake that cannot start, for direct `subprocess`
@@ -246,7 +280,9 @@ class FakeVendor:
         self._hang_limit_s = number_arg("hang_limit_s", hang_limit_s, allow_zero=True)
         self._lock = threading.Lock()
         self._files = itertools.count(1)
-        self._queues: dict[str, collections.deque[_Behaviour]] = {}
+        self._queues: dict[str, collections.deque[_Registration]] = {}
+        self._limited: dict[str, int | None] = {}
+        self._sleeps: list[float] = []
         self._registered: collections.Counter[str] = collections.Counter()
         self._calls: list[tuple[str, ...]] = []
         # Per fake process started: its name and where it records its stdin (None: it was
@@ -267,9 +303,13 @@ class FakeVendor:
         missing: bool = False,
         start_errno: int | None = None,
         hang: bool = False,
-        occurrences: int = 1,
+        occurrences: int | None = None,
     ) -> None:
-        """Add `occurrences` starts of `name` (with any arguments) that behave as asked.
+        """Add starts of `name` (with any arguments) that behave as asked.
+
+        `occurrences`: how many starts this registration serves. Without it, one start if
+        another registration of `name` follows, and every later start while it is the
+        last, so a retried failure fails again until the test registers what comes next.
 
         `stdout`/`stderr`: the transcript, a str (UTF-8), bytes, or a Path read now.
         `exit_code`: 0..255, or -N to die by signal N. `missing`: the start raises
@@ -295,7 +335,8 @@ class FakeVendor:
                 "a fake vendor either fails to start (start_errno) or hangs, not both",
                 field="hang",
             )
-        count = integer_arg("occurrences", occurrences, 1)
+        limit = None if occurrences is None else integer_arg("occurrences", occurrences, 1)
+        count = 1 if limit is None else limit
         behaviour = _Behaviour(
             name=name,
             stdout=self._write_file(out, "stdout"),
@@ -305,8 +346,11 @@ class FakeVendor:
             hang=hang,
         )
         with self._lock:
-            self._queues.setdefault(name, collections.deque()).extend([behaviour] * count)
-            self._registered[name] += count
+            self._queues.setdefault(name, collections.deque()).append(
+                _Registration(behaviour, limit)
+            )
+            self._limited[name] = limit
+            self._registered[name] += 1
         self._register_direct(behaviour, out, err, count)
 
     def _write_file(self, data: bytes | None, stream: str) -> Path | None:
@@ -373,13 +417,15 @@ class FakeVendor:
                 behaviour = None
             else:
                 self._calls.append(argv)
-                behaviour = queue.popleft() if queue else None
+                behaviour = _take(queue)
         if queue is None:
             return self._not_ours(args, kwargs)
         if behaviour is None:
             raise ProcessNotRegisteredError(
                 f"The process {' '.join(argv)!r} was not registered: fake_vendor's "
-                f"{self._registered[name]} registration(s) of {name!r} are used up"
+                f"{self._registered[name]} registration(s) of {name!r} are used up (the "
+                f"last was limited to occurrences={self._limited[name]}; register what "
+                "the next start should do)"
             )
         if behaviour.start_errno is not None:
             raise _start_error(name, behaviour.start_errno)
@@ -420,6 +466,17 @@ class FakeVendor:
                 f"fake_vendor.register({shown[0]!r}, ...) instead"
             )
         return proc
+
+    def sleep(self, seconds: float) -> None:
+        """A `sleep` seam that records `seconds` and returns at once (see `sleeps`)."""
+        with self._lock:
+            self._sleeps.append(float(seconds))
+
+    @property
+    def sleeps(self) -> list[float]:
+        """Each wait `sleep` was asked for, in order (a copy)."""
+        with self._lock:
+            return list(self._sleeps)
 
     def calls(self, name: str) -> list[tuple[str, ...]]:
         """The argv of each start of `name`: those through `start` in order (failed starts

@@ -6,12 +6,14 @@ import asyncio
 import errno
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pytest_subprocess import ProcessNotRegisteredError
 
+from execkit import AgentFailed, AgentRequest, FailureClass, get_adapter, run_agent
 from execkit._errors import InvalidInput
 from execkit._exec import spawn, spawn_async
 from execkit.testing import FakeVendor
@@ -147,14 +149,66 @@ def test_bad_registrations_are_refused_naming_the_field(
         spawn(["codex"], start=fake_vendor.start)  # nothing half-registered
 
 
-def test_registrations_are_used_in_order_then_refused(fake_vendor: FakeVendor) -> None:
+def test_registrations_are_used_in_order_and_the_last_stays(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("codex", stdout="first")
     fake_vendor.register("codex", exit_code=-int(signal.SIGTERM))
     assert spawn(["codex", "a"], start=fake_vendor.start).stdout_tail == "first"
-    assert spawn(["codex", "b"], start=fake_vendor.start).signal == signal.SIGTERM
-    with pytest.raises(ProcessNotRegisteredError, match="not registered"):
-        spawn(["codex", "c"], start=fake_vendor.start)
-    assert fake_vendor.calls("codex") == [("codex", "a"), ("codex", "b"), ("codex", "c")]
+    for argv in (["codex", "b"], ["codex", "c"], ["codex", "d"]):
+        assert spawn(argv, start=fake_vendor.start).signal == signal.SIGTERM
+    assert fake_vendor.calls("codex") == [
+        ("codex", "a"),
+        ("codex", "b"),
+        ("codex", "c"),
+        ("codex", "d"),
+    ]
+
+
+def test_a_limited_last_registration_is_refused_once_used_up(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("codex", stdout="first", occurrences=2)
+    fake_vendor.register("codex", stdout="second", occurrences=1)
+    tails = [spawn(["codex"], start=fake_vendor.start).stdout_tail for _ in range(3)]
+    assert tails == ["first", "first", "second"]
+    with pytest.raises(ProcessNotRegisteredError, match="occurrences=1"):
+        spawn(["codex", "again"], start=fake_vendor.start)
+    assert fake_vendor.call_count("codex") == 4
+
+
+def test_a_registration_followed_by_another_serves_one_start(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("gemini", exit_code=3)
+    fake_vendor.register("gemini", exit_code=4)
+    fake_vendor.register("gemini", exit_code=5, occurrences=1)
+    codes = [spawn(["gemini"], start=fake_vendor.start).exit_code for _ in range(3)]
+    assert codes == [3, 4, 5]
+
+
+def test_a_failure_registered_once_meets_every_retry_without_real_sleeps(
+    fake_vendor: FakeVendor,
+) -> None:
+    overloaded = Path(__file__).parent.parent / "fixtures" / "claude" / "overloaded.json"
+    fake_vendor.register("claude", stdout=overloaded, exit_code=1)
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(
+            get_adapter("claude"),
+            AgentRequest(prompt="x"),
+            max_attempts=3,
+            start=fake_vendor.start,
+            sleep=fake_vendor.sleep,
+        )
+    assert failed.value.proof.failure_class is FailureClass.UPSTREAM
+    tries = fake_vendor.call_count("claude")
+    # Every upstream retry within the agent's ceiling met the same failure, and each wait
+    # between them went to the fake sleep instead of the clock.
+    assert tries > 1
+    assert len(fake_vendor.sleeps) == tries - 1
+    assert all(wait > 0 for wait in fake_vendor.sleeps)
+
+
+def test_the_fake_sleep_returns_at_once_and_records_each_wait(fake_vendor: FakeVendor) -> None:
+    floor = time.monotonic()
+    fake_vendor.sleep(3600)
+    fake_vendor.sleep(0.5)
+    assert time.monotonic() - floor < 60  # an hour asked for, not taken
+    assert fake_vendor.sleeps == [3600.0, 0.5]
 
 
 def test_a_direct_subprocess_call_of_a_hanging_fake_ends_by_its_signal(
