@@ -100,6 +100,7 @@ from execkit._tail import TailBuffer
 from execkit._validate import integer_arg, is_integer, number_arg
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_S",
     "MAX_TAIL_BYTES",
     "TREE_MECHANISMS",
     "OutputCallback",
@@ -111,6 +112,10 @@ __all__ = [
     "spawn_async",
     "tree_mechanism",
 ]
+
+DEFAULT_HEARTBEAT_S = 60.0
+"""How often `spawn` calls its `heartbeat` by default: well inside the ledger's shortest
+default lease (300 s), so two missed beats still leave the run its lease."""
 
 OutputCallback = Callable[[bytes], object]
 """Receives each raw chunk of a stream as it arrives (not redacted, not decoded)."""
@@ -301,6 +306,8 @@ class _Plan:
     keep_descendants: bool = False
     # PR_SET_PDEATHSIG(SIGKILL) on the child, through a preexec_fn (`_SubreaperTree`).
     die_with_parent: bool = False
+    heartbeat: Callable[[], object] | None = None
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
 
 
 def _int_arg(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -369,6 +376,8 @@ def _plan(
     start: object,
     keep_descendants: object = False,
     die_with_parent: bool = False,
+    heartbeat: object = None,
+    heartbeat_s: object = None,
 ) -> _Plan:
     checked_argv = _check_argv(argv)
     if cwd is not None and not isinstance(cwd, str | os.PathLike):
@@ -403,6 +412,13 @@ def _plan(
         )
     if not isinstance(keep_descendants, bool):
         raise TypeError(f"keep_descendants must be a bool, got {type(keep_descendants).__name__}")
+    if heartbeat is not None and not callable(heartbeat):
+        raise TypeError(f"heartbeat must be callable or None, got {type(heartbeat).__name__}")
+    every = (
+        DEFAULT_HEARTBEAT_S
+        if heartbeat_s is None
+        else _check_seconds("heartbeat_s", heartbeat_s, allow_zero=False)
+    )
     return _Plan(
         argv=checked_argv,
         cwd=checked_cwd,
@@ -417,6 +433,8 @@ def _plan(
         start=cast("ProcessStarter", start),
         keep_descendants=keep_descendants,
         die_with_parent=die_with_parent,
+        heartbeat=cast("Callable[[], object] | None", heartbeat),
+        heartbeat_s=every,
     )
 
 
@@ -1813,22 +1831,30 @@ class _Supervisor:
         poll = self._poll.poll
         serve = self._serve
         tree = self._tree
+        heartbeat = self._plan.heartbeat
+        beat_at = None if heartbeat is None else time.monotonic() + self._plan.heartbeat_s
         while not self._exited:
             if self._pidfd is None and self._poll_exit():
                 break
             wait: float | None = None
             settle_at = tree.settle_at
-            if until is not None or settle_at is not None:
+            if until is not None or settle_at is not None or beat_at is not None:
                 now = time.monotonic()
                 if settle_at is not None and now >= settle_at:
                     tree.settle()
+                    continue
+                if beat_at is not None and now >= beat_at:
+                    assert heartbeat is not None
+                    heartbeat()  # raises through `_spawn`, which ends the tree first
+                    beat_at = time.monotonic() + self._plan.heartbeat_s
                     continue
                 if until is not None:
                     wait = until - now
                     if wait <= 0:
                         return False
-                if settle_at is not None:
-                    wait = settle_at - now if wait is None else min(wait, settle_at - now)
+                for due in (settle_at, beat_at):
+                    if due is not None:
+                        wait = due - now if wait is None else min(wait, due - now)
                 wait = min(wait, _MAX_WAIT_S) if wait is not None else None
             if self._pidfd is None:
                 wait = _POLL_S if wait is None else min(wait, _POLL_S)
@@ -2050,6 +2076,8 @@ def spawn(
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
     keep_descendants: bool = False,
+    heartbeat: Callable[[], object] | None = None,
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
 ) -> SpawnResult:
     """Run `argv` directly (never through a shell) and report how it ended.
@@ -2070,6 +2098,11 @@ def spawn(
       replacement and redacted; byte totals and `*_truncated` are exact.
     - `on_stdout`/`on_stderr` get every raw chunk live, unredacted, in the calling thread.
       If one raises, the process tree is SIGKILLed and the exception propagates.
+    - `heartbeat` is called every `heartbeat_s` (> 0 s) while the child lives, first after
+      one interval, in the calling thread: how a run's ledger lease is renewed for as long
+      as its process runs (`heartbeat=lambda: ledger.heartbeat(run.id)`). If it raises
+      (the run was abandoned meanwhile: `Conflict`), the tree is SIGKILLed and the
+      exception propagates, since the attempt's result can no longer be recorded.
     - `start` starts the process (see `ProcessStarter`); the default, the real
       `subprocess.Popen`, is bound when execkit is imported, so patching `subprocess.Popen`
       later does not reach spawn: a test injects its fake here (`fake_vendor.start`).
@@ -2094,6 +2127,8 @@ def spawn(
         on_stderr,
         start,
         keep_descendants,
+        heartbeat=heartbeat,
+        heartbeat_s=heartbeat_s,
     )
     return _spawn(plan)
 
@@ -2111,12 +2146,15 @@ async def spawn_async(
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
     keep_descendants: bool = False,
+    heartbeat: Callable[[], object] | None = None,
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
 ) -> SpawnResult:
-    """`spawn` for asyncio runners: same arguments (`start` and `keep_descendants`
-    included), same result, same errors.
+    """`spawn` for asyncio runners: same arguments (`start`, `keep_descendants` and
+    `heartbeat` included), same result, same errors.
 
-    The process is supervised in a dedicated thread, so the callbacks run in that thread
+    The process is supervised in a dedicated thread, so the callbacks (`heartbeat` too)
+    run in that thread
     (use `loop.call_soon_threadsafe` to touch loop state). Cancelling the awaiting task
     SIGKILLs the whole process tree and reaps the child before `CancelledError` propagates.
     """
@@ -2135,6 +2173,8 @@ async def spawn_async(
         on_stderr,
         start,
         keep_descendants,
+        heartbeat=heartbeat,
+        heartbeat_s=heartbeat_s,
     )
     loop = asyncio.get_running_loop()
     future: asyncio.Future[SpawnResult] = loop.create_future()

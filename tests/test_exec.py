@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
 import signal
@@ -555,3 +556,59 @@ def test_works_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (result.exit_code, result.stdout_tail, result.stderr_tail) == (6, "out\n", "err\n")
     result = spawn(["sleep", "60"], timeout=0.3, kill_grace=5)
     assert result.timed_out and result.signal == signal.SIGTERM
+
+
+def test_heartbeat_beats_while_the_child_lives_and_not_after() -> None:
+    beats: list[float] = []
+    started = time.monotonic()
+    result = spawn(
+        [sys.executable, "-c", "import time; time.sleep(0.6)"],
+        heartbeat=lambda: beats.append(time.monotonic()),
+        heartbeat_s=0.1,
+    )
+    ended = time.monotonic()
+    assert result.exit_code == 0
+    # First beat after one interval, none after the child is gone; a loaded machine may
+    # skip beats, never add them.
+    assert 1 <= len(beats) <= 6
+    assert all(started + 0.1 <= beat <= ended for beat in beats)
+    assert all(later - earlier >= 0.1 for earlier, later in itertools.pairwise(beats))
+
+
+def test_a_quick_child_gets_no_heartbeat() -> None:
+    beats: list[int] = []
+    spawn(["true"], heartbeat=lambda: beats.append(1), heartbeat_s=30)
+    assert beats == []
+
+
+def test_a_failing_heartbeat_ends_the_tree_and_propagates(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    script = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+
+    def lost() -> None:
+        if marker.exists():
+            raise LookupError("the run's lease is gone")
+
+    with pytest.raises(LookupError, match="lease is gone"):
+        spawn([sys.executable, "-c", script], heartbeat=lost, heartbeat_s=0.05, timeout=30)
+    pid = int(marker.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"heartbeat": "renew"}, TypeError),
+        ({"heartbeat": print, "heartbeat_s": 0}, InvalidInput),
+        ({"heartbeat": print, "heartbeat_s": -1}, InvalidInput),
+        ({"heartbeat": print, "heartbeat_s": float("nan")}, InvalidInput),
+    ],
+)
+def test_bad_heartbeat_arguments_are_refused_before_anything_runs(
+    kwargs: dict[str, Any], error: type[Exception], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    with pytest.raises(error, match="heartbeat"):
+        spawn(["touch", str(marker)], **kwargs)
+    assert not marker.exists()
