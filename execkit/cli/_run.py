@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TextIO
 
-from execkit._classify import classification_fields
 from execkit._errors import InvalidInput
 from execkit._exec import MAX_TAIL_BYTES, SpawnCancelled, SpawnResult, spawn_cancellable
 from execkit.cli._args import parse_seconds
@@ -166,6 +165,9 @@ def _handle(args: argparse.Namespace) -> int:
 
 def _result_payload(result: SpawnResult) -> dict[str, Any]:
     """The JSON object `execkit run --json` prints: the result and its class (null if ok)."""
+    # Only --json classes the result: a plain `execkit run` starts without the classifier.
+    from execkit._classify import classification_fields
+
     payload = result.to_dict()
     payload.update(classification_fields(result))
     return payload
