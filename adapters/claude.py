@@ -1,19 +1,31 @@
 """Anthropic Claude Code: `claude -p --output-format json`, one result envelope.
 
 The envelope is `{"type": "result", "subtype", "is_error", "result", "session_id",
-"total_cost_usd", "api_error_status"?...}`; with `--verbose` the CLI prints a list of
-messages whose last `result` entry is the envelope. An error subtype
-(`error_max_turns`, `error_during_execution`) is a failure even when `is_error` is false.
+"total_cost_usd", "api_error_status"?, "api_error_type"?, "api_error"?...}`; with `--verbose`
+the CLI prints a list of messages whose last `result` entry is the envelope. An error
+subtype (`error_max_turns`, `error_during_execution`) is a failure even when `is_error` is
+false.
+
+Structured error fields read (claude-code 2.1, recorded in fixtures/recorded/claude):
+`api_error_status` is the HTTP status of the API's final answer; `api_error_type` is the
+Anthropic error type (`authentication_error`, `permission_error`, `billing_error`,
+`rate_limit_error`, `overloaded_error`, `api_error`...); `api_error: "connection_failed"`
+marks a request that never reached the API. The CLI also renders some errors as fixed
+sentences of its own, matched whole: `Credit balance is too low` (its billing error, sent
+with type `invalid_request_error`), `Not logged in · Please run /login`, and the
+`Claude AI usage limit reached|<epoch>` form whose epoch is the reset.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
 
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
+    ErrorKind,
     http_status,
     load_json_document,
     number_field,
@@ -22,6 +34,26 @@ from execkit.adapterkit import (
 )
 
 __all__ = ["ClaudeAdapter"]
+
+_ERROR_TYPES = {
+    "authentication_error": ErrorKind.CREDENTIALS,
+    "permission_error": ErrorKind.CREDENTIALS,
+    "billing_error": ErrorKind.BILLING,
+    "rate_limit_error": ErrorKind.RATE_LIMITED,
+    "overloaded_error": ErrorKind.OVERLOADED,
+    "api_error": ErrorKind.SERVER_ERROR,
+}
+# `api_error` values the CLI sets when the request never reached the API.
+_CONNECTION_ERRORS = frozenset({"connection_failed", "connection_error"})
+# The CLI's own fixed sentences for its error variants (the whole `result`).
+_FIXED_RESULTS = {
+    "Credit balance is too low": ErrorKind.BILLING,
+    "Not logged in · Please run /login": ErrorKind.CREDENTIALS,
+    "Invalid API key · Please run /login": ErrorKind.CREDENTIALS,
+    "Invalid API key · Fix external API key": ErrorKind.CREDENTIALS,
+}
+# `<sentence>|<epoch>`: the CLI's machine-readable usage limit with its reset.
+_USAGE_LIMIT = re.compile(r"^Claude AI usage limit reached\|\d{9,11}$")
 
 
 def _result_object(document: Any) -> dict[str, Any] | None:
@@ -33,6 +65,17 @@ def _result_object(document: Any) -> dict[str, Any] | None:
     if isinstance(document, dict) and ("result" in document or document.get("type") == "result"):
         return document
     return None
+
+
+def _kind(envelope: dict[str, Any], result_text: str | None) -> ErrorKind | None:
+    if str_field(envelope, "api_error") in _CONNECTION_ERRORS:
+        return ErrorKind.UNREACHABLE
+    fixed = (result_text or "").strip()
+    if fixed in _FIXED_RESULTS:
+        return _FIXED_RESULTS[fixed]
+    if _USAGE_LIMIT.match(fixed):
+        return ErrorKind.USAGE_LIMIT
+    return _ERROR_TYPES.get(str_field(envelope, "api_error_type") or "")
 
 
 def _read(stdout: str) -> Envelope:
@@ -50,6 +93,7 @@ def _read(stdout: str) -> Envelope:
         cost_usd=number_field(envelope, "total_cost_usd", "cost_usd"),
         error_message=(result_text or subtype or "claude reported an error") if is_error else None,
         http_status=http_status(number_field(envelope, "api_error_status")),
+        error_kind=_kind(envelope, result_text) if is_error else None,
     )
 
 
@@ -63,7 +107,13 @@ class ClaudeAdapter:
     name: str = "claude"
     binary: str = "claude"
     install_hint: str = "npm install -g @anthropic-ai/claude-code"
-    login_hint: str | None = "run `claude` and /login, or set ANTHROPIC_API_KEY"
+    login_hint: str | None = "run `claude`, then /login"
+    credential_env: tuple[str, ...] = (
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "CLAUDE_CODE_OAUTH_TOKEN",
+    )
+    credential_files: tuple[str, ...] = ("~/.claude/.credentials.json",)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]

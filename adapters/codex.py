@@ -4,18 +4,101 @@ Events read: `thread.started` (thread_id is the session), `item.completed` with 
 `agent_message` item (the reply), `turn.completed`, `turn.failed` (error.message) and
 top-level `error` events. An `error` event followed by `turn.completed` was a transient
 reconnect the CLI recovered from, so only an error the turn did not recover from counts.
+
+`Reconnecting... N/M (<error>)` and `Reconnecting... waiting for network (<error>)` error
+events are codex's retry notices, never the final error: the final one is the error after
+them (or `turn.failed`). When the run ends (a timeout) with a notice as the last event, it
+was still retrying: `ErrorKind.RETRYING`, or `UNREACHABLE` for a connection failure.
+
+codex renders each of its error variants in a fixed shape (codex-rs `CodexErr`), read here
+as structure: `unexpected status <N> <reason>: <body>` and `exceeded retry limit, last
+status: <N> ...` carry the HTTP status; `Quota exceeded. Check your plan and billing
+details.` is its quota error; `You've hit your usage limit. ... try again at <time>.` its
+usage limit (with the reset); `Selected model is at capacity...` and `We're currently
+experiencing high demand...` its overload and 5xx errors; `stream disconnected before
+completion: ...` and `Error while reading the server response: ...` a broken stream;
+`Connection failed: ...` an unreachable API; `Your access token could not be refreshed
+...` a credential failure. A message that is a JSON error body is read for its type.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
 
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
-from execkit.adapterkit import iter_json_objects, request_argv, str_field
+from execkit.adapterkit import (
+    ErrorKind,
+    iter_json_objects,
+    json_object,
+    request_argv,
+    str_field,
+)
 
 __all__ = ["CodexAdapter"]
+
+_NOTICE = re.compile(
+    r"^Reconnecting\.\.\. (?:\d+/\d+|waiting for network) \((?P<inner>.*)\)$", re.S
+)
+_STATUS = re.compile(r"^(?:unexpected status|exceeded retry limit, last status:) (?P<code>\d{3})\b")
+_FIXED_PREFIXES = (
+    ("Quota exceeded. Check your plan and billing details.", ErrorKind.BILLING),
+    ("You've hit your usage limit", ErrorKind.USAGE_LIMIT),
+    ("You\u2019ve hit your usage limit", ErrorKind.USAGE_LIMIT),
+    ("Selected model is at capacity.", ErrorKind.OVERLOADED),
+    ("We're currently experiencing high demand", ErrorKind.OVERLOADED),
+    ("We\u2019re currently experiencing high demand", ErrorKind.OVERLOADED),
+    ("stream disconnected before completion:", ErrorKind.STREAM_FAILED),
+    ("Error while reading the server response:", ErrorKind.STREAM_FAILED),
+    ("Connection failed:", ErrorKind.UNREACHABLE),
+    ("Your access token could not be refreshed", ErrorKind.CREDENTIALS),
+)
+# OpenAI error `type`/`code` values in a JSON body codex passed through.
+_BODY_KINDS = {
+    "insufficient_quota": ErrorKind.BILLING,
+    "invalid_api_key": ErrorKind.CREDENTIALS,
+    "usage_limit_reached": ErrorKind.USAGE_LIMIT,
+    "rate_limit_exceeded": ErrorKind.RATE_LIMITED,
+    "server_error": ErrorKind.SERVER_ERROR,
+}
+
+
+@attrs.frozen
+class _Error:
+    """One codex error, read from its fixed rendering."""
+
+    message: str
+    status: int | None = None
+    kind: ErrorKind | None = None
+
+
+def _read_error(message: str) -> _Error:
+    status_match = _STATUS.match(message)
+    status = int(status_match.group("code")) if status_match else None
+    kind = next((kind for prefix, kind in _FIXED_PREFIXES if message.startswith(prefix)), None)
+    body = json_object(message)
+    if kind is None and body is not None:
+        error = body.get("error")
+        for key in ("code", "type"):
+            value = str_field(error, key)
+            if value in _BODY_KINDS:
+                kind = _BODY_KINDS[value]
+                break
+    return _Error(message, status if status is not None and 100 <= status <= 599 else None, kind)
+
+
+def _notice_error(message: str) -> _Error | None:
+    """The error inside a `Reconnecting...` notice, kind `retrying` (or `unreachable`)."""
+    found = _NOTICE.match(message)
+    if found is None:
+        return None
+    inner = _read_error(found.group("inner"))
+    waiting = "waiting for network" in message[: message.find("(")]
+    unreachable = waiting or inner.kind is ErrorKind.UNREACHABLE
+    kind = ErrorKind.UNREACHABLE if unreachable else ErrorKind.RETRYING
+    return _Error(inner.message, inner.status, kind)
 
 
 def _item_text(item: Any) -> str | None:
@@ -31,8 +114,9 @@ def _read(stdout: str) -> Envelope:
     session_id: str | None = None
     reply: str | None = None
     completed = False
-    failed_message: str | None = None
-    pending_error: str | None = None
+    failed: _Error | None = None
+    pending: _Error | None = None  # an error event the turn has not recovered from
+    notice: _Error | None = None  # the last event was a retry notice
     seen = False
     for event in iter_json_objects(stdout):
         kind = event.get("type")
@@ -43,20 +127,31 @@ def _read(stdout: str) -> Envelope:
             session_id = str_field(event, "thread_id") or session_id
         elif kind == "item.completed":
             reply = _item_text(event.get("item")) or reply
+            notice = None
         elif kind == "turn.completed":
             completed = True
-            pending_error = None
+            pending = notice = None
         elif kind == "turn.failed":
-            failed_message = str_field(event.get("error"), "message") or "turn failed"
+            failed = _read_error(str_field(event.get("error"), "message") or "turn failed")
+            notice = None
         elif kind == "error":
-            pending_error = str_field(event, "message") or str_field(event.get("error"), "message")
-    error = failed_message or pending_error
+            message = str_field(event, "message") or str_field(event.get("error"), "message")
+            if message is None:
+                continue
+            retrying = _notice_error(message)
+            if retrying is not None:
+                notice = retrying
+            else:
+                pending, notice = _read_error(message), None
+    error = failed or pending or notice
     return Envelope(
         found=seen and (completed or error is not None),
-        is_error=failed_message is not None or (pending_error is not None and not completed),
+        is_error=failed is not None or (error is not None and not completed),
         text=reply,
         session_id=session_id,
-        error_message=error,
+        error_message=None if error is None else error.message,
+        http_status=None if error is None else error.status,
+        error_kind=None if error is None else error.kind,
     )
 
 
@@ -68,6 +163,8 @@ class CodexAdapter:
     binary: str = "codex"
     install_hint: str = "npm install -g @openai/codex"
     login_hint: str | None = "codex login"
+    credential_env: tuple[str, ...] = ("OPENAI_API_KEY", "CODEX_API_KEY")
+    credential_files: tuple[str, ...] = ("~/.codex/auth.json",)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         cd = ["--cd", request.cwd] if request.cwd else []

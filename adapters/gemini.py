@@ -1,49 +1,170 @@
 """Google Gemini CLI: `gemini --output-format json --prompt=...`, one JSON object.
 
-The object is `{"response", "stats", "error"?: {"type", "message", "code"}}`; `code`
-is an HTTP status when it is a number in 100..599. A failing CLI may print the error
-object on stderr instead of stdout, so both are read.
+The object is `{"session_id"?, "response", "stats", "error"?: {"type", "message", "code"}}`;
+`code` is an HTTP status when it is a number in 100..599. A failing CLI prints the error
+object, pretty-printed, at the END of stderr, after terminal warnings and a node stack
+trace full of `{`, so it is found as the last complete JSON value of either stream.
+
+Structure read (gemini-cli 0.61, recorded in fixtures/recorded/gemini):
+
+- `error.message` is often the API's own error body serialized (`{"error": {"code": 401,
+  "status": "UNAUTHENTICATED"}}`): its Google status names the kind (`UNAUTHENTICATED`,
+  `PERMISSION_DENIED`: credentials; `FAILED_PRECONDITION`: billing, as the Gemini API uses
+  it for "enable billing"; `RESOURCE_EXHAUSTED`: a rate limit; `UNAVAILABLE`: overloaded;
+  `INTERNAL`, `DEADLINE_EXCEEDED`: a server error).
+- `error.type` `INVALID_STREAM` with the `NO_FINISH_REASON` error in `stats` (or its fixed
+  message) is a stream the API cut off; `FatalAuthenticationError` is a credential error.
+- The exit code is the HTTP status mod 256 (145 = 401, 147 = 403), and 41 is the CLI's
+  FatalAuthenticationError: read when no error object was printed.
+- `Attempt N failed[ with status S]. Retrying with backoff...` (with its stack trace) is a
+  retry notice, never the final error; a run that ends (timeout) on one was still
+  retrying (`fetch failed`: the API is unreachable). The reset of a quota error is its
+  `retryDelayMs`, else the `Please retry in Ns` of the final error.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
 
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
+    ErrorKind,
     http_status,
+    json_object,
+    last_json_value,
     load_json_document,
     number_field,
+    parse_retry_after,
     request_argv,
     str_field,
 )
 
 __all__ = ["GeminiAdapter"]
 
+_GOOGLE_STATUS = {
+    "UNAUTHENTICATED": ErrorKind.CREDENTIALS,
+    "PERMISSION_DENIED": ErrorKind.CREDENTIALS,
+    "FAILED_PRECONDITION": ErrorKind.BILLING,
+    "RESOURCE_EXHAUSTED": ErrorKind.RATE_LIMITED,
+    "UNAVAILABLE": ErrorKind.OVERLOADED,
+    "INTERNAL": ErrorKind.SERVER_ERROR,
+    "DEADLINE_EXCEEDED": ErrorKind.SERVER_ERROR,
+}
+_ERROR_TYPES = {"FatalAuthenticationError": ErrorKind.CREDENTIALS}
+_NO_FINISH = "Model stream ended without a finish reason."
+# gemini-cli exits with the HTTP status mod 256, and 41 for FatalAuthenticationError.
+_EXIT_STATUS = {145: 401, 147: 403}
+_AUTH_EXIT = 41
+
+_NOTICE = re.compile(r"^Attempt \d+ failed(?: with status (?P<code>\d{3}))?[.:].*$", re.M)
+_FINAL = "Error when talking to Gemini API"
+_RETRY_DELAY_MS = re.compile(r"^\s*retryDelayMs: (\d{1,9}),?$", re.M)
+
 
 def _envelope_of(document: Any) -> dict[str, Any] | None:
-    if isinstance(document, dict) and ("response" in document or "error" in document):
+    # The CLI's own object, not an API error body ({"error": {"code", "status"}}) from a
+    # notice line: it has a session, a response or stats, or an error with a `type`.
+    if not isinstance(document, dict):
+        return None
+    error = document.get("error")
+    if any(key in document for key in ("response", "session_id", "sessionId", "stats")):
+        return document
+    if isinstance(error, dict) and "type" in error:
         return document
     return None
 
 
-def _read(stdout: str, stderr: str) -> Envelope:
-    envelope = _envelope_of(load_json_document(stdout)) or _envelope_of(load_json_document(stderr))
+def _stream_cut(envelope: dict[str, Any], error: dict[str, Any]) -> bool:
+    if str_field(error, "type") != "INVALID_STREAM":
+        return False
+    if str_field(error, "message") == _NO_FINISH:
+        return True
+    stats = envelope.get("stats")
+    models = stats.get("models") if isinstance(stats, dict) else None
+    if not isinstance(models, dict):
+        return False
+    for model in models.values():
+        api = model.get("api") if isinstance(model, dict) else None
+        errors = api.get("errorsByType") if isinstance(api, dict) else None
+        if isinstance(errors, dict) and "NO_FINISH_REASON" in errors:
+            return True
+    return False
+
+
+def _kind(envelope: dict[str, Any], error: dict[str, Any], message: str | None) -> ErrorKind | None:
+    if _stream_cut(envelope, error):
+        return ErrorKind.STREAM_FAILED
+    named = _ERROR_TYPES.get(str_field(error, "type") or "")
+    if named is not None:
+        return named
+    body = json_object(message)
+    api_error = body.get("error") if body is not None else None
+    return _GOOGLE_STATUS.get(str_field(api_error, "status") or "")
+
+
+def _final_block(stderr: str) -> str:
+    at = stderr.rfind(_FINAL)
+    return "" if at < 0 else stderr[at:]
+
+
+def _stated_wait(message: str | None, stderr: str) -> float | None:
+    block = _final_block(stderr)
+    delays = _RETRY_DELAY_MS.findall(block)
+    if delays:
+        return int(delays[-1]) / 1000.0
+    return parse_retry_after(message) or parse_retry_after(block)
+
+
+def _retrying(stderr: str) -> Envelope | None:
+    """The last retry notice, when nothing final came after it (the CLI was still at it)."""
+    notice = None
+    for notice in _NOTICE.finditer(stderr):  # noqa: B007 - the last one is wanted
+        continue
+    if notice is None or "Retrying" not in notice.group(0):
+        return None
+    for later in stderr[notice.end() :].splitlines():
+        # Only the notice's own stack frames and inspected error (indented, or the `}`
+        # closing it) and the CLI's startup timing lines may follow a notice still pending.
+        if later.strip() and not later.startswith((" ", "\t", "}", "[STARTUP]")):
+            return None
+    line = notice.group(0)
+    kind = ErrorKind.UNREACHABLE if "fetch failed" in line else ErrorKind.RETRYING
+    code = notice.group("code")
+    return Envelope(
+        found=True,
+        is_error=True,
+        error_message=line,
+        http_status=http_status(float(code)) if code else None,
+        error_kind=kind,
+    )
+
+
+def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
+    envelope = _envelope_of(load_json_document(stdout)) or _envelope_of(last_json_value(stderr))
     if envelope is None:
-        return Envelope()
+        said = stderr.strip()[-2000:] or f"gemini exited {exit_code}"
+        if exit_code == _AUTH_EXIT:
+            return Envelope(error_message=said, error_kind=ErrorKind.CREDENTIALS)
+        if exit_code in _EXIT_STATUS:
+            return Envelope(error_message=said, http_status=_EXIT_STATUS[exit_code])
+        return _retrying(stderr) or Envelope()
     error = envelope.get("error")
     session_id = str_field(envelope, "session_id", "sessionId")
     if isinstance(error, dict | str):
-        status = http_status(number_field(error, "code", "status"))
         message = error if isinstance(error, str) else str_field(error, "message", "type")
+        fields = error if isinstance(error, dict) else {}
+        status = http_status(number_field(fields, "code", "status"))
         return Envelope(
             found=True,
             is_error=True,
             session_id=session_id,
             error_message=message or "gemini reported an error",
             http_status=status,
+            error_kind=_kind(envelope, fields, message),
+            retry_after_s=_stated_wait(message, stderr),
         )
     return Envelope(
         found=True,
@@ -62,7 +183,13 @@ class GeminiAdapter:
     name: str = "gemini"
     binary: str = "gemini"
     install_hint: str = "npm install -g @google/gemini-cli"
-    login_hint: str | None = "run `gemini` once to sign in, or set GEMINI_API_KEY"
+    login_hint: str | None = "run `gemini` once to sign in with Google"
+    credential_env: tuple[str, ...] = (
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+    )
+    credential_files: tuple[str, ...] = ("~/.gemini/oauth_creds.json",)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         # `--prompt=VALUE` keeps a prompt that starts with "-" from reading as a flag.
@@ -70,4 +197,6 @@ class GeminiAdapter:
         return request_argv([self.binary, "--output-format", "json"], request, prompt=prompt)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, _read(result.stdout_tail, result.stderr_tail))
+        return map_result(
+            self, result, _read(result.stdout_tail, result.stderr_tail, result.exit_code)
+        )

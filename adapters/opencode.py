@@ -2,25 +2,94 @@
 
 Events carry `type`, `sessionID` and a `part`: `text` parts make the reply (the last
 step's text), `step_finish` parts carry `cost`, and an `error` event carries
-`error: {"name", "data": {"message", "statusCode"?}}`; `statusCode` is the HTTP status.
+`error: {"name", "data": {"message", "statusCode"?, "isRetryable"?, "responseHeaders"?,
+"responseBody"?}}`; `statusCode` is the HTTP status.
+
+Structure read (opencode 1.18, recorded in fixtures/recorded/opencode):
+
+- `name` `ProviderAuthError` is opencode's own credential error; `ContextOverflowError`
+  a request too long for the model (charged).
+- `APIError` with no `statusCode` whose message is opencode's `Cannot connect to API: ...`
+  is its connection-error event: the API is unreachable.
+- `responseBody` is the provider's error body: its `error.type` / `error.code`
+  (`insufficient_quota`, `invalid_api_key`, `usage_limit_reached`, `rate_limit_exceeded`,
+  `server_error`...) names the kind, and `resets_in_seconds` / `resets_at` the reset;
+  `responseHeaders` carry `retry-after`.
+- `UnknownError` whose message is itself a JSON error (`{"message", "type", "code": 503}`)
+  is an error chunk the provider sent mid-stream.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import attrs
 
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
-from execkit.adapterkit import http_status, iter_json_objects, number_field, request_argv, str_field
+from execkit.adapterkit import (
+    ErrorKind,
+    header_wait_s,
+    http_status,
+    iter_json_objects,
+    json_object,
+    number_field,
+    request_argv,
+    str_field,
+)
 
 __all__ = ["OpencodeAdapter"]
 
+_ERROR_NAMES = {"ProviderAuthError": ErrorKind.CREDENTIALS}
+_CONNECTION_FAILED = "Cannot connect to API"
+# OpenAI-compatible error `code` / `type` values in the provider's body.
+_BODY_KINDS = {
+    "invalid_api_key": ErrorKind.CREDENTIALS,
+    "insufficient_quota": ErrorKind.BILLING,
+    "payment_required": ErrorKind.BILLING,
+    "usage_limit_reached": ErrorKind.USAGE_LIMIT,
+    "rate_limit_exceeded": ErrorKind.RATE_LIMITED,
+    "rate_limit_error": ErrorKind.RATE_LIMITED,
+    "overloaded": ErrorKind.OVERLOADED,
+    "overloaded_error": ErrorKind.OVERLOADED,
+    "server_error": ErrorKind.SERVER_ERROR,
+    "authentication_error": ErrorKind.CREDENTIALS,
+    "billing_error": ErrorKind.BILLING,
+}
 
-def _error_of(event: dict[str, Any]) -> tuple[str, int | None]:
+
+@attrs.frozen
+class _Error:
+    message: str
+    status: int | None = None
+    kind: ErrorKind | None = None
+    wait: float | None = None
+
+
+def _body_kind(body: dict[str, Any] | None) -> ErrorKind | None:
+    if body is None:
+        return None
+    error = body.get("error", body)
+    for key in ("code", "type"):
+        value = str_field(error, key)
+        if value in _BODY_KINDS:
+            return _BODY_KINDS[value]
+    return None
+
+
+def _body_wait(body: dict[str, Any] | None, now: float) -> float | None:
+    error = body.get("error", body) if body is not None else None
+    seconds = number_field(error, "resets_in_seconds")
+    if seconds is not None:
+        return max(0.0, seconds)
+    resets_at = number_field(error, "resets_at")
+    return None if resets_at is None else max(0.0, resets_at - now)
+
+
+def _error_of(event: dict[str, Any], now: float) -> _Error:
     error = event.get("error")
     if isinstance(error, str):
-        return error, None
+        return _Error(error)
     data = error.get("data") if isinstance(error, dict) else None
     message = (
         str_field(data, "message")
@@ -28,15 +97,28 @@ def _error_of(event: dict[str, Any]) -> tuple[str, int | None]:
         or str_field(event, "message")
         or "opencode reported an error"
     )
+    name = str_field(error, "name") or ""
     code = number_field(data, "statusCode", "status") or number_field(error, "statusCode")
-    return message, http_status(code)
+    status = http_status(code)
+    body = json_object(str_field(data, "responseBody"))
+    chunk = json_object(message)  # an error chunk whose message is the provider's JSON
+    if status is None and chunk is not None:
+        status = http_status(number_field(chunk.get("error", chunk), "code", "status"))
+    kind = _ERROR_NAMES.get(name) or _body_kind(body) or _body_kind(chunk)
+    if kind is None and status is None and message.startswith(_CONNECTION_FAILED):
+        kind = ErrorKind.UNREACHABLE
+    headers = data.get("responseHeaders") if isinstance(data, dict) else None
+    wait = _body_wait(body, now)
+    if wait is None:
+        wait = header_wait_s(headers, now=now)
+    return _Error(message, status, kind, wait)
 
 
-def _read(stdout: str) -> Envelope:
+def _read(stdout: str, now: float) -> Envelope:
     session_id: str | None = None
     step_text: list[str] = []
     cost: float | None = None
-    error: tuple[str, int | None] | None = None
+    error: _Error | None = None
     finished = False
     for event in iter_json_objects(stdout):
         kind = event.get("type")
@@ -54,16 +136,17 @@ def _read(stdout: str) -> Envelope:
             if step_cost is not None:
                 cost = (cost or 0.0) + step_cost
         elif kind == "error":
-            error = _error_of(event)
+            error = _error_of(event, now)
     if error is not None:
-        message, status = error
         return Envelope(
             found=True,
             is_error=True,
             session_id=session_id,
             cost_usd=cost,
-            error_message=message,
-            http_status=status,
+            error_message=error.message,
+            http_status=error.status,
+            error_kind=error.kind,
+            retry_after_s=error.wait,
         )
     return Envelope(
         found=finished,
@@ -84,9 +167,17 @@ class OpencodeAdapter:
     binary: str = "opencode"
     install_hint: str = "npm install -g opencode-ai"
     login_hint: str | None = "opencode auth login"
+    # opencode reads the configured provider's own variable; these are the common ones.
+    credential_env: tuple[str, ...] = (
+        "ANTHROPIC_API_KEY",
+        "OPENAI_API_KEY",
+        "GEMINI_API_KEY",
+        "OPENROUTER_API_KEY",
+    )
+    credential_files: tuple[str, ...] = ("~/.local/share/opencode/auth.json",)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         return request_argv([self.binary, "run", "--format", "json"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, _read(result.stdout_tail))
+        return map_result(self, result, _read(result.stdout_tail, time.time()))

@@ -3,10 +3,18 @@
 A vendor adapter (the top-level `adapters` package, or any package registered under the
 `execkit.adapters` entry points) only builds argv and parses its own output envelope into
 an `Envelope`; `map_result` turns a spawn plus that envelope into a `MappedResult` the
-same way for every vendor: the structural spawn facts first (ENOENT is environment, with
-the install hint), then the vendor's structured error fields (an HTTP status 429 or
-500-599 is upstream), then the shared text list of the classifier. Upstream wording never
-lives in a vendor module.
+same way for every vendor: the structural spawn facts first (a program that never started
+is environment, each kind of start failure with its own precondition), then the vendor's
+structured error fields (`http_status`, `error_kind`, `retry_after_s`), then the shared
+text list of the classifier. Upstream wording never lives in a vendor module, and text
+alone never yields environment: credentials and billing stop a run only when an adapter
+read them from the vendor's structure.
+
+Besides the `Adapter` protocol's members, the contract reads two optional attributes with
+`getattr` defaults, so an adapter that lacks them needs no change: `credential_env` (the
+environment variables the vendor CLI takes credentials from) and `credential_files` (its
+credential files, `~` allowed). They name what to fix in an environment precondition and
+let `execkit adapters` say whether credentials look present; their values are never read.
 """
 
 from __future__ import annotations
@@ -17,22 +25,24 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
-from attrs.validators import deep_iterable, gt, instance_of, optional
+from attrs.validators import deep_iterable, ge, gt, instance_of, optional
 
 from execkit._classify import (
     ACCOUNT_LIMIT_REASONS,
+    Classification,
     FailureClass,
     Reason,
     classify,
     classify_text,
     is_upstream_status,
+    stated_wait_s,
 )
 from execkit._errors import InvalidInput
-from execkit._exec import SpawnResult
+from execkit._exec import SpawnFailure, SpawnResult
 from execkit._json import json_key, to_json
 from execkit._redact import redact
 from execkit._validate import checked, finite, integer, opt_checked
-from execkit.adapterkit import parse_retry_after
+from execkit.adapterkit import ErrorKind
 
 __all__ = [
     "NO_ENVELOPE",
@@ -40,6 +50,10 @@ __all__ = [
     "AgentRequest",
     "Envelope",
     "MappedResult",
+    "billing_precondition",
+    "credential_env_of",
+    "credential_files_of",
+    "credentials_precondition",
     "map_result",
     "precondition_for",
 ]
@@ -106,17 +120,19 @@ class MappedResult:
     its failure classed.
 
     `text` is the final reply (envelope unwrapped); `error` the tail of the failure text;
-    `failure_class` is None exactly when `ok`; `precondition` names the missing binary
-    and how to install (and log in) for environment; `retry_after_s` is a wait the
-    vendor asked for, if it printed one.
+    `failure_class` is None exactly when `ok`; `precondition` names what is missing and
+    how to fix it for environment (the binary and how to install it, the credentials and
+    how to log in, the billing); `retry_after_s` is, for upstream only, the wait until a
+    reset the vendor stated, if it stated one.
     """
 
     ok: bool
-    text: str | None = None
+    # The vendor's words are stored and printed: redacted on construction.
+    text: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
     session_id: str | None = None
     cost_usd: float | None = None
     duration_s: float = 0.0
-    error: str | None = None
+    error: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
     spawn_errno: int | None = None
     failure_class: FailureClass | None = attrs.field(
         default=None,
@@ -124,8 +140,12 @@ class MappedResult:
         metadata=json_key("class"),
     )
     reason: str | None = None
-    precondition: str | None = None
-    retry_after_s: float | None = None
+    precondition: str | None = attrs.field(
+        default=None, converter=attrs.converters.optional(redact)
+    )
+    retry_after_s: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number of seconds >= 0", finite, ge(0))
+    )
     timed_out: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,7 +185,12 @@ class Envelope:
 
     `found`: a result envelope was recognised. `is_error`: the envelope reported failure
     (whatever the exit code). `http_status`: a structured status field, when the vendor
-    has one. `error_message`: the vendor's own error text.
+    has one (the final one: a retried status the CLI recovered from is not it).
+    `error_message`: the vendor's own error text. `error_kind`: what the vendor's
+    structured output said the failure was (`execkit.adapterkit.ErrorKind`: credentials,
+    billing, a rate limit, a connection failure, a retry in progress...); set it only from
+    structure, never from searching text. `retry_after_s`: a wait the vendor stated in a
+    structured field (a `Retry-After` header, `resets_in_seconds`, `retryDelay`).
     """
 
     found: bool = False
@@ -175,6 +200,8 @@ class Envelope:
     cost_usd: float | None = None
     error_message: str | None = None
     http_status: int | None = None
+    error_kind: ErrorKind | None = None
+    retry_after_s: float | None = None
 
 
 NO_ENVELOPE = Envelope()
@@ -184,18 +211,98 @@ def _tail(text: str, max_chars: int = _ERROR_CHARS) -> str:
     return text if len(text) <= max_chars else "…" + text[-(max_chars - 1) :]
 
 
-def precondition_for(adapter: Adapter, result: SpawnResult) -> str:
-    """Name the binary that could not be started and how to fix it.
+def credential_env_of(adapter: object) -> tuple[str, ...]:
+    """The adapter's `credential_env` (variable names), or () when it has none."""
+    return _names(getattr(adapter, "credential_env", ()))
 
-    `codex CLI not found on PATH; install: npm install -g @openai/codex; then log in: ...`
+
+def credential_files_of(adapter: object) -> tuple[str, ...]:
+    """The adapter's `credential_files` (paths, `~` allowed), or () when it has none."""
+    return _names(getattr(adapter, "credential_files", ()))
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if not isinstance(value, Iterable):
+        return ()
+    return tuple(item for item in value if isinstance(item, str) and item)
+
+
+def _adapter_name(adapter: Adapter) -> str:
+    return adapter.name or adapter.binary or "the vendor CLI"
+
+
+def credentials_precondition(adapter: Adapter, reason: str) -> str:
+    """What to fix when the vendor refused the credentials: its variables and login.
+
+    `claude: the vendor refused the credentials or their permission (http 401); set
+    ANTHROPIC_API_KEY, or log in: run `claude`, then /login`
+    """
+    fixes = []
+    names = credential_env_of(adapter)
+    if names:
+        fixes.append("set " + " or ".join(names))
+    if adapter.login_hint:
+        fixes.append(f"log in: {adapter.login_hint}")
+    fix = ", or ".join(fixes) or "check the credentials it is configured with"
+    said = "" if reason == Reason.CREDENTIALS else f" ({reason})"
+    return (
+        f"{_adapter_name(adapter)}: the vendor refused the credentials or their "
+        f"permission{said}; {fix}"
+    )
+
+
+def billing_precondition(adapter: Adapter, reason: str) -> str:
+    """What to fix when the vendor's account has no credit or quota left (no reset).
+
+    `billing: add credits or raise the quota for the claude account (http 402), then retry`
+    """
+    said = "" if reason == Reason.BILLING else f" ({reason})"
+    return (
+        f"billing: add credits or raise the quota for the {_adapter_name(adapter)} "
+        f"account{said}, then retry"
+    )
+
+
+def precondition_for(adapter: Adapter, result: SpawnResult) -> str:
+    """Name the program that could not be started, why, and how to fix it.
+
+    `codex CLI not found on PATH; install: npm install -g @openai/codex; then log in: ...`;
+    a program that is there but whose `#!` interpreter is missing, that is not executable
+    (EACCES), not a program (ENOEXEC) or reached through a file (ENOTDIR) says so instead.
     """
     binary = adapter.binary or (os.path.basename(result.argv[0]) if result.argv else "the")
-    fix = f"install: {adapter.install_hint}"
-    if adapter.login_hint:
-        fix += f"; then log in: {adapter.login_hint}"
-    if result.spawn_errno == errno_names.ENOENT:
+    install = f"install: {adapter.install_hint}"
+    fix = install + (f"; then log in: {adapter.login_hint}" if adapter.login_hint else "")
+    detail = (result.spawn_error or "").strip()
+    seen = f": {detail}" if detail else ""
+    failure = result.spawn_failure
+    number = result.spawn_errno
+    if failure is SpawnFailure.INTERPRETER_NOT_FOUND:
+        return (
+            f"{binary} CLI is installed but its interpreter is missing{seen}; install the "
+            f"interpreter its #! line names (an npm-installed CLI needs node on PATH), or "
+            f"reinstall: {adapter.install_hint}"
+        )
+    if failure is SpawnFailure.PERMISSION_DENIED or number == errno_names.EACCES:
+        return (
+            f"{binary} CLI is not executable (EACCES){seen}; make it executable "
+            f"(chmod +x) or reinstall: {adapter.install_hint}"
+        )
+    if failure is SpawnFailure.EXEC_FORMAT or number == errno_names.ENOEXEC:
+        return (
+            f"{binary} CLI is not a program this machine can run (ENOEXEC){seen}; reinstall "
+            f"it for this platform: {adapter.install_hint}"
+        )
+    if number == errno_names.ENOTDIR:
+        return (
+            f"{binary} CLI path runs through a file, not a directory (ENOTDIR){seen}; fix "
+            f"the path or PATH, or {install}"
+        )
+    if number == errno_names.ENOENT:
         return f"{binary} CLI not found on PATH; {fix}"
-    code = errno_names.errorcode.get(result.spawn_errno or 0, str(result.spawn_errno))
+    code = errno_names.errorcode.get(number or 0, str(number))
     return f"{binary} CLI could not be started ({code}); {fix}"
 
 
@@ -206,8 +313,10 @@ def _failed(
     reason: str,
     error: str,
     precondition: str | None = None,
+    retry_after_s: float | None = None,
 ) -> MappedResult:
     error = redact(_tail(error))
+    upstream = failure_class is FailureClass.UPSTREAM
     return MappedResult(
         ok=False,
         text=envelope.text,
@@ -219,69 +328,167 @@ def _failed(
         failure_class=failure_class,
         reason=reason,
         precondition=precondition,
-        retry_after_s=parse_retry_after(error),
+        retry_after_s=retry_after_s if upstream else None,
         timed_out=result.timed_out,
     )
 
 
+def _from_verdict(
+    result: SpawnResult, envelope: Envelope, verdict: Classification, error: str
+) -> MappedResult:
+    return _failed(
+        result,
+        envelope,
+        verdict.failure_class,
+        verdict.reason,
+        error,
+        retry_after_s=verdict.retry_after_s,
+    )
+
+
+def _not_started(adapter: Adapter, result: SpawnResult, envelope: Envelope) -> MappedResult:
+    verdict = classify(result)
+    if verdict is None:  # pragma: no cover - the classifier classes every failure
+        return _failed(result, envelope, FailureClass.WORK, "failed", result.failure_text())
+    precondition = None
+    if verdict.failure_class is FailureClass.ENVIRONMENT:
+        cwd = verdict.reason in (Reason.MISSING_CWD, Reason.UNUSABLE_CWD)
+        precondition = (
+            (result.spawn_error or "working directory not usable").strip()
+            if cwd
+            else precondition_for(adapter, result)
+        )
+    error = result.failure_text(_ERROR_CHARS) or (precondition or "")
+    return _failed(result, envelope, verdict.failure_class, verdict.reason, error, precondition)
+
+
+# The upstream kinds and the reason each gives when no upstream status is there to name.
+_UPSTREAM_KINDS = {
+    ErrorKind.RATE_LIMITED: Reason.RATE_LIMITED,
+    ErrorKind.USAGE_LIMIT: Reason.USAGE_LIMIT,
+    ErrorKind.OVERLOADED: Reason.OVERLOADED,
+    ErrorKind.SERVER_ERROR: Reason.SERVER_ERROR,
+    ErrorKind.STREAM_FAILED: Reason.STREAM_FAILED,
+    ErrorKind.UNREACHABLE: Reason.UNREACHABLE,
+    ErrorKind.RETRYING: Reason.STILL_RETRYING,
+}
+# A CLI killed on timeout while its last event was one of these was still retrying.
+_STILL_TRYING = frozenset({ErrorKind.RETRYING, ErrorKind.UNREACHABLE})
+
+
+def _status_class(status: int) -> FailureClass:
+    if status in (401, 402, 403):
+        return FailureClass.ENVIRONMENT
+    return FailureClass.UPSTREAM if is_upstream_status(status) else FailureClass.WORK
+
+
+def _reason(status: int | None, failure_class: FailureClass, otherwise: str) -> str:
+    """`http N` when the status itself says this class, else the kind's own reason."""
+    if status is not None and _status_class(status) is failure_class:
+        return f"http {status}"
+    return otherwise
+
+
+@attrs.frozen
+class _Decided:
+    failure_class: FailureClass
+    reason: str
+    precondition: str | None = None  # "credentials" or "billing"
+
+
+def _structured(
+    kind: ErrorKind | None, status: int | None, text: Classification, wait: float | None
+) -> _Decided | None:
+    """The class the vendor's structured fields give, or None when they give none."""
+    env, up, work = FailureClass.ENVIRONMENT, FailureClass.UPSTREAM, FailureClass.WORK
+    if kind is ErrorKind.CREDENTIALS or status in (401, 403):
+        return _Decided(env, _reason(status, env, Reason.CREDENTIALS), "credentials")
+    if kind is ErrorKind.BILLING or status == 402:
+        if wait is not None:  # a quota that resets at a stated time: wait for it
+            return _Decided(up, _reason(status, up, Reason.USAGE_LIMIT))
+        return _Decided(env, _reason(status, env, Reason.BILLING), "billing")
+    if kind in _UPSTREAM_KINDS:
+        return _Decided(up, _reason(status, up, _UPSTREAM_KINDS[kind]))
+    if status is None:
+        return None
+    if text.failure_class is work and text.reason in ACCOUNT_LIMIT_REASONS:
+        # The message names an account limit and states no reset: no backoff cures it and
+        # nothing structured said billing, so it charges (as the text list says).
+        return _Decided(work, text.reason)
+    return _Decided(up if is_upstream_status(status) else work, f"http {status}")
+
+
 def map_result(
-    adapter: Adapter, result: SpawnResult, envelope: Envelope = NO_ENVELOPE
+    adapter: Adapter,
+    result: SpawnResult,
+    envelope: Envelope = NO_ENVELOPE,
+    *,
+    now: float | None = None,
 ) -> MappedResult:
     """Map one spawn and the vendor's parsed envelope to a `MappedResult`.
 
     Order, most durable signal first:
-    1. a spawn errno (never started): the classifier's structural rule; ENOENT is
-       environment with `precondition_for`.
-    2. a timeout or a signal: the classifier's verdict on the process.
-    3. the envelope reported an error, or the process failed and the envelope carried an
-       error message: a structured HTTP status decides (429 or 500-599 is upstream,
-       `http N`; any other status is work) unless the message names an account limit
-       (quota, billing: work, as `classify_text` says); without a status,
-       `classify_text` on the vendor's message.
+    1. a spawn errno (never started): the classifier's structural rule; environment
+       (ENOENT, EACCES, ENOEXEC, ENOTDIR, a missing working directory) carries
+       `precondition_for` (or the working directory's own sentence).
+    2. a timeout or a signal: upstream when the CLI was killed on timeout while its last
+       event was a retry or reconnect notice (`error_kind` retrying or unreachable: the
+       uncharged ceiling bounds it); else the classifier's verdict on the process.
+    3. the envelope reported an error (or the failed process's envelope carried one): the
+       structured fields decide. Credentials (`error_kind` credentials, status 401/403) are
+       environment naming the vendor's variables and login; billing (`error_kind` billing,
+       status 402) is environment naming the billing fix, unless a reset is stated (then
+       upstream, waiting for it); the other kinds are upstream; a status 429 or 500-599 is
+       upstream and any other status work, except that a message naming an account limit
+       with no reset charges. Without either, `classify_text` on the vendor's message.
     4. the process failed otherwise: the classifier on the tail of its output.
     5. exit 0 and no envelope error: success; the reply is the envelope text, or stdout.
+
+    An upstream result carries `retry_after_s`: the envelope's structured wait, else a
+    reset the message states (`now` is the clock for absolute resets, default now).
     """
-    if result.spawn_errno is not None or result.timed_out or result.signal is not None:
-        verdict = classify(result)
+    if result.spawn_errno is not None:
+        return _not_started(adapter, result, envelope)
+
+    if result.timed_out or result.signal is not None:
+        if result.timed_out and envelope.error_kind in _STILL_TRYING:
+            message = envelope.error_message or result.failure_text(_ERROR_CHARS)
+            status = envelope.http_status
+            kind_reason = _UPSTREAM_KINDS[envelope.error_kind]
+            up = FailureClass.UPSTREAM
+            wait = envelope.retry_after_s
+            return _failed(
+                result, envelope, up, _reason(status, up, kind_reason), message, None, wait
+            )
+        verdict = classify(result, now=now)
         if verdict is None:  # pragma: no cover - the classifier classes every failure
             return _failed(result, envelope, FailureClass.WORK, "failed", result.failure_text())
-        precondition = None
-        if result.spawn_errno is not None and verdict.failure_class is FailureClass.ENVIRONMENT:
-            precondition = (
-                (result.spawn_error or "working directory not found").strip()
-                if verdict.reason == Reason.MISSING_CWD
-                else precondition_for(adapter, result)
-            )
-        error = result.failure_text(_ERROR_CHARS)
-        if precondition and not error:
-            error = precondition
-        return _failed(result, envelope, verdict.failure_class, verdict.reason, error, precondition)
+        return _from_verdict(result, envelope, verdict, result.failure_text(_ERROR_CHARS))
 
-    if envelope.is_error or (not result.ok and envelope.error_message):
+    failed_envelope = envelope.error_message or envelope.error_kind is not None
+    if envelope.is_error or (not result.ok and failed_envelope):
         message = envelope.error_message or result.failure_text(_ERROR_CHARS)
-        verdict = classify_text(message)
-        status = envelope.http_status
-        account_limit = verdict.reason in ACCOUNT_LIMIT_REASONS
-        if status is not None and not account_limit:
-            # The structured field is the vendor's own word: it decides, except where the
-            # text names an account limit (quota, billing), which no backoff will cure.
-            status_class = (
-                FailureClass.UPSTREAM if is_upstream_status(status) else FailureClass.WORK
-            )
-            return _failed(result, envelope, status_class, f"http {status}", message)
-        return _failed(result, envelope, verdict.failure_class, verdict.reason, message)
+        verdict = classify_text(message, now=now)
+        wait = envelope.retry_after_s
+        if wait is None:
+            wait = stated_wait_s(message, now=now)
+        decided = _structured(envelope.error_kind, envelope.http_status, verdict, wait)
+        if decided is None:
+            return _from_verdict(result, envelope, verdict, message)
+        precondition = None
+        if decided.precondition == "credentials":
+            precondition = credentials_precondition(adapter, decided.reason)
+        elif decided.precondition == "billing":
+            precondition = billing_precondition(adapter, decided.reason)
+        return _failed(
+            result, envelope, decided.failure_class, decided.reason, message, precondition, wait
+        )
 
     if not result.ok:
-        verdict = classify(result)
+        verdict = classify(result, now=now)
         if verdict is None:  # pragma: no cover - not ok always classes
             return _failed(result, envelope, FailureClass.WORK, "failed", result.failure_text())
-        return _failed(
-            result,
-            envelope,
-            verdict.failure_class,
-            verdict.reason,
-            result.failure_text(_ERROR_CHARS),
-        )
+        return _from_verdict(result, envelope, verdict, result.failure_text(_ERROR_CHARS))
 
     text = envelope.text if envelope.found else result.stdout_tail.strip()
     return MappedResult(

@@ -4,7 +4,9 @@
 
 - environment breaks the loop at once: a missing binary is never re-spawned in one run;
 - upstream retries after a capped exponential backoff with jitter, or after the wait the
-  vendor asked for (`Retry-After`, "try again in N s"), capped the same way;
+  vendor asked for (`Retry-After`, "try again in N s") when that wait is within the
+  backoff's `max_s`; a longer one (a usage limit resetting in hours) stops the loop at
+  once and the proof carries `retry_after_s`, so the durable scheduler waits instead;
 - work retries straight away; a schema-gate failure (`validate` rejected the reply)
   retries with the validation error appended to the original prompt.
 
@@ -286,6 +288,8 @@ def _proof(
     # A precondition is what to fix before retrying: it belongs only to an agent that
     # stopped on the environment, never to a charged one (a consumer acts on it).
     precondition = decisive.raw.precondition if agent_class is FailureClass.ENVIRONMENT else None
+    # A reset the vendor stated is when to retry: only an uncharged upstream agent has one.
+    wait = decisive.raw.retry_after_s if agent_class is FailureClass.UPSTREAM else None
     error = decisive.error
     return AgentProof(
         status=AgentStatus.FAILED,
@@ -293,6 +297,7 @@ def _proof(
         reason=decisive.reason,
         error=redact(error, secrets) if error else None,
         precondition=precondition,
+        retry_after_s=wait,
         **common,
     )
 
@@ -400,8 +405,10 @@ def _try_until_settled(
 ) -> None:
     """Spawn tries, appending each to `tries`, until one settles the agent.
 
-    Settled: a success, an environment failure (never re-spawned), or `max_attempts`
-    tries. Upstream waits `backoff` (or the vendor's asked-for wait, capped) first.
+    Settled: a success, an environment failure (never re-spawned), an upstream failure
+    whose vendor asked for a wait longer than `backoff.max_s` (the scheduler waits for
+    it, not this loop), or `max_attempts` tries. Upstream waits `backoff` (or the
+    vendor's asked-for wait, when within `max_s`) first.
     """
     current = request
     context = AttemptContext(1, max_attempts)
@@ -423,8 +430,11 @@ def _try_until_settled(
         if failure is None or failure is FailureClass.ENVIRONMENT or len(tries) >= max_attempts:
             return
         if failure is FailureClass.UPSTREAM:
+            wait = raw.retry_after_s
+            if wait is not None and wait > backoff.max_s:
+                return  # a reset beyond this loop's patience: the proof carries it
             upstream_retries += 1
-            sleep(backoff.delay(upstream_retries, retry_after_s=raw.retry_after_s, rng=rng))
+            sleep(backoff.delay(upstream_retries, retry_after_s=wait, rng=rng))
         # A schema rejection re-asks the original prompt with the latest error appended;
         # any other failure re-asks the original prompt unchanged.
         current = (

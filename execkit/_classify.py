@@ -3,18 +3,29 @@
 `classify(result)` answers for a `SpawnResult`, in order of durability:
 
 1. A succeeded run is never classed (None).
-2. Structure: `spawn_errno == ENOENT` is **environment** (reason `spawn errno ENOENT`, or
-   `missing working directory` when the spawn error says the cwd was absent). Any other
-   spawn errno (EACCES, E2BIG...) is **work**, reason `spawn errno <NAME>`: it is not
-   positively identified, so it charges. A bare exit 127 with no errno is work: a shell
-   exits 127 legitimately. Nothing is environment because of what the text says.
+2. Structure: a spawn errno that means the run never started is **environment**, each with
+   its own reason (the adapter layer turns each into its own precondition):
+
+   | spawn fact | reason |
+   |---|---|
+   | ENOENT, the program is not there | `spawn errno ENOENT` |
+   | ENOENT, its `#!` interpreter is not there | `missing interpreter` |
+   | the working directory does not exist | `missing working directory` |
+   | the working directory is a file or cannot be entered | `unusable working directory` |
+   | EACCES (not executable), ENOEXEC (not a program) | `spawn errno <NAME>` |
+   | ENOTDIR (its path runs through a file) | `spawn errno ENOTDIR` |
+
+   Any other spawn errno (E2BIG, EMFILE, ENOMEM...) is **work**, reason `spawn errno <NAME>`:
+   it is not positively identified, so it charges. A bare exit 127 with no errno is work: a
+   shell exits 127 legitimately. Nothing is environment because of what the text says.
 3. Text: `classify_text` over the last `TAIL_CHARS` (8 KiB) of `failure_text()`.
 4. Otherwise **work**: reason `timeout` for a timed-out run, else `default`.
 
 `classify_text(text)` is upstream or work, never environment. It reads only the tail and is
-linear time: every gap is bounded (`{0,n}`) and no quantifier is nested, so Python's
-backtracking engine does constant work per start position, and a pattern runs at all only
-when its literal keyword occurs in the tail.
+linear time: every gap is bounded (`{0,n}`) and no quantifier is nested without a bound, so
+Python's backtracking engine does constant work per start position, and a pattern runs at
+all only when its literal keyword occurs in the tail. An upstream verdict carries
+`retry_after_s` when the tail states when to retry (see "Reset times" below).
 
 The upstream list is tight on purpose: a false positive wrongly withholds a charge, while a
 false negative only charges an attempt as before this classifier existed. A bare number
@@ -31,35 +42,64 @@ files`, `line 503`, `max_tokens: 4290`, `port 5000` stay work).
 | `status-phrase` | upstream | `http N` | `503 Service Unavailable`, `502 Bad Gateway` |
 | | | | `504 Gateway Time-out`, `500 Internal Server Error`, `500 Server Error` |
 | | | | `429 Too Many Requests`, `529 Overloaded` |
+| `sdk-status` | upstream | `http N` | `RateLimitError: 429 {"type":"error"}` |
+| | | | `InternalServerError: 529 {}` |
+| | | | `google.api_core.exceptions.ResourceExhausted: 429 Quota exceeded` |
+| | | | `ServiceUnavailable: 503 The service is currently unavailable.` |
+| `no-body` | upstream | `http N` | `Error: 503 status code (no body)` |
+| | | | `APIError: 429 status code (no body)` |
 | `circuit` | upstream | `circuit open` | `circuit open`, `circuit breaker is open` |
 | | | | `circuit-breaker opened`, `CircuitBreakerOpenError` |
 | `overloaded` | upstream | `overloaded` | `"overloaded_error"`, `"Overloaded"` |
 | | | | `model is overloaded`, `currently overloaded`, `APICallError: Overloaded` |
+| `high-demand` | upstream | `overloaded` | `high demand, which may cause temporary errors` |
+| | | | `We're currently experiencing high demand, which may cause temporary errors.` |
 | `unavailable` | upstream | `service unavailable` | `Service Unavailable` |
 | | | | `Service Temporarily Unavailable`, `"service_unavailable"` |
 | | | | `"status": "UNAVAILABLE"` |
 | `rate-limit` | upstream | `rate limited` | `rate limit exceeded`, `Rate limit reached for gpt-5` |
 | | | | `rate limiting detected`, `"rate_limit_error"`, `Too Many Requests` |
 | | | | `would exceed the rate limit`, `being rate limited`, `Error: rate limited` |
+| | | | `"status": "RESOURCE_EXHAUSTED"` |
+| `unreachable` | upstream | `vendor unreachable` | `APIConnectionError: Connection error.` |
+| | | | `anthropic.APIConnectionError: Connection error.` |
+| | | | `openai.APIConnectionError: Connection error.` |
 | `quota` | work | `insufficient quota` | `insufficient_quota`, `exceeded your current quota` |
 | `billing` | work | `billing` | `credit balance is too low`, `check your plan and billing` |
 | | | | `billing_hard_limit_reached`, `402 Payment Required` |
 | `usage-limit` | work | `usage limit` | `Claude AI usage limit reached` |
 | | | | `You've hit your usage limit` |
 | `retry-notice` | ignored | | `status 503; retrying 1/5` with more output after that line |
+| | | | `Reconnecting... 1/5 (unexpected status 503 ...)` with more output after it |
 | (none) | work | `default` | `HTTP 404`, `401 Unauthorized`, `400 invalid_request_error` |
 | | | | `context_length_exceeded`, `processed 500 files`, `line 503` |
 | | | | `max_tokens: 4290`, `port 5000`, `Connection refused`, `Request timed out` |
-| | | | `assert resp.status == 503` |
+| | | | `assert resp.status == 503`, `fetch failed`, `Unable to connect to API` |
 
 Why the rows are as they are:
 
 - A numeric status counts only where the text presents it as one (after `HTTP`, `status`,
-  `API Error`, `error code`, a JSON `"code"` key, or before its reason phrase), and only
-  429 or 500-599. Word boundaries keep `4290`, `5000` and `1503` from matching.
+  `API Error`, `error code`, a JSON `"code"` key, an SDK's exception name, or before its
+  reason phrase), and only 429 or 500-599. Word boundaries keep `4290`, `5000` and `1503`
+  from matching.
+- **The last status decides.** Every presented status (any 100-599) is read, and when the
+  one nearest the end is not an upstream one (`400`, `401`...), every upstream signal
+  before it is discarded: a CLI that retried a 503 and then got a 400 failed on the 400.
 - A status followed by `/`, `%` or `of` is a progress count (`status: 500/1000`), not HTTP.
   A status compared with `==` is code or a test assertion an agent printed
   (`assert resp.status_code == 429`), not a response.
+- The SDK rows are the official clients' own renderings, read in their source: the
+  TypeScript SDKs of OpenAI and Anthropic print `RateLimitError: 429 {...}`,
+  `InternalServerError: 529 {...}` and, for an empty body, `503 status code (no body)`;
+  their Python SDKs print `Error code: 429 - {...}` (the `error-code` row) and
+  `anthropic.APIConnectionError: Connection error.` when the API cannot be reached;
+  google-api-core prints `ResourceExhausted: 429 ...`; Google's JSON errors carry
+  `"status": "RESOURCE_EXHAUSTED"` / `"UNAVAILABLE"`; the Vercel AI SDK's
+  `AI_APICallError` carries `statusCode: 503` (the `status` row) or the provider's words.
+  The SDK exception names count only in the `Name: <status>` shape, so the agent's own
+  `class RateLimitError(Exception)` or `RateLimitError: too many widgets` stay work.
+  `high-demand` is codex's fixed sentence for a 5xx it retried (`CodexErr::InternalServerError`),
+  matched whole with its clause, so "we are experiencing high demand" alone stays work.
 - Wording rules need a vendor-shaped context: C++'s `call of overloaded 'f'`, a test named
   `test_rate_limit_exceeded`, `HTTPStatus.SERVICE_UNAVAILABLE` or errno EAGAIN's `Resource
   temporarily unavailable` are work, so snake_case forms count only when quoted (a JSON
@@ -67,16 +107,33 @@ Why the rows are as they are:
 - The account-limit rows (`quota`, `billing`, `usage-limit`) veto upstream wherever they
   appear in the tail, even next to a 429: an exhausted quota, an unpaid bill or a plan's
   usage cap does not recover within a retry backoff, so going uncharged would only spin
-  until the uncharged bound. They need a person, and they charge as before.
+  until the uncharged bound. They need a person, and they charge as before. **Unless the
+  text states a reset after them** (`Please retry in 17.0s`, `try again at 4:00 PM`,
+  `usage limit reached|1753459200`): then it is a limit that lifts at a known time, the
+  verdict is upstream (the status if one is presented, else `usage limit`) and carries
+  `retry_after_s`, so the scheduler waits for the reset instead of charging.
 - A vendor CLI announces a transient failure it is about to retry (`...; retrying 1/5`,
-  `Retrying in 1 seconds`). If the retry then succeeded and the work failed later, that
-  notice must not excuse the work, so a notice counts only when it is the last line (the
-  run ended while still retrying). When every retry fails, the CLI's final line says so.
-- Network failures (connection refused or reset, DNS, TLS) and client-side timeouts are not
-  on the list: the vendor never answered, and nothing positively says it refused.
+  `Retrying in 1 seconds`, codex's `Reconnecting... 1/5 (...)`, gemini's `Attempt 1 failed
+  with status 503. Retrying with backoff...` with its stack trace). If the retry then
+  succeeded and the work failed later, that notice must not excuse the work, so a notice
+  (with the stack frames and the inspected error object printed under it) counts only when
+  it is the last thing in the text (the run ended while still retrying). When every retry
+  fails, the CLI's final line says so.
+- Network failures (connection refused or reset, DNS, TLS, `fetch failed`) and client-side
+  timeouts are not on the list: in plain text nothing says a vendor was being called. The
+  adapters read the CLIs' own connection-error events instead (execkit/_adapter.py).
 - When several upstream signals appear, a numeric status beats wording (it is more
   specific), and within each kind the one nearest the end wins (transcripts put the reason
   last).
+
+Reset times (`stated_wait_s`): `Retry-After: 30`, `retry-after-ms: 1500`, `"retryDelay":
+"17s"`, `retryDelayMs: 17000`, `try again in 14.036s`, `Please retry in 7200.0s`, `try again
+in 4 days 10 hours 3 minutes`, `reset after 2h52m39s`, `"resets_in_seconds": 4123`,
+`"resets_at": 1796313600` and `usage limit reached|1753459200` (epoch seconds), and codex's
+`try again at 4:00 PM` / `try again at Dec 4th, 2026 4:00 PM` (the local time of this
+machine, which is the CLI's: codex prints the bare time only for a reset later the same
+day). The last one in the text wins; a reset already past waits 0. A CLI's own backoff
+(`Retrying in 8 seconds`, `Retrying after 17268ms`) is not the vendor's reset and is not read.
 """
 
 from __future__ import annotations
@@ -84,19 +141,24 @@ from __future__ import annotations
 import bisect
 import enum
 import errno
+import functools
+import math
 import re
 import string
+import time
 
 import attrs
-from attrs.validators import instance_of, max_len
+from attrs.validators import ge, instance_of, max_len
 
 from execkit._errors import InvalidInput
 from execkit._exec import SpawnFailure, SpawnResult
 from execkit._json import json_key, to_json
-from execkit._validate import checked, integer_arg, non_blank, opt_checked
+from execkit._redact import redact
+from execkit._validate import checked, finite, integer_arg, non_blank, opt_checked
 
 __all__ = [
     "ACCOUNT_LIMIT_REASONS",
+    "ENVIRONMENT_ERRNOS",
     "EVIDENCE_CHARS",
     "TAIL_CHARS",
     "Classification",
@@ -106,6 +168,7 @@ __all__ = [
     "classify",
     "classify_text",
     "is_upstream_status",
+    "stated_wait_s",
 ]
 
 TAIL_CHARS = 8192
@@ -115,6 +178,9 @@ EVIDENCE_CHARS = 200
 """The longest evidence snippet a `Classification` carries."""
 
 _MAX_REASON_CHARS = 64
+
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
+"""Spawn errnos that mean the program never started: a precondition is missing."""
 
 
 class FailureClass(enum.StrEnum):
@@ -136,11 +202,18 @@ class Reason(enum.StrEnum):
     DEFAULT = "default"  # work: nothing identified the failure
     TIMEOUT = "timeout"  # work: the run was timed out with nothing upstream to show
     MISSING_BINARY = "spawn errno ENOENT"  # environment: the program is not there
+    MISSING_INTERPRETER = "missing interpreter"  # environment: its #! interpreter is not there
     MISSING_CWD = "missing working directory"  # environment: the cwd is not there
+    UNUSABLE_CWD = "unusable working directory"  # environment: the cwd is a file or locked
     CIRCUIT_OPEN = "circuit open"
     OVERLOADED = "overloaded"
     SERVICE_UNAVAILABLE = "service unavailable"
     RATE_LIMITED = "rate limited"
+    UNREACHABLE = "vendor unreachable"  # upstream: the CLI could not connect to its API
+    SERVER_ERROR = "server error"  # upstream: the vendor's own error type said so
+    STREAM_FAILED = "stream failed"  # upstream: the vendor's stream broke off mid-answer
+    STILL_RETRYING = "still retrying"  # upstream: it ended while retrying a vendor failure
+    CREDENTIALS = "credentials"  # environment: the vendor refused the credentials
     INSUFFICIENT_QUOTA = "insufficient quota"  # an account limit: work, never upstream
     BILLING = "billing"
     USAGE_LIMIT = "usage limit"
@@ -150,12 +223,23 @@ ACCOUNT_LIMIT_REASONS = frozenset({Reason.INSUFFICIENT_QUOTA, Reason.BILLING, Re
 """Reasons that name an account limit: no backoff cures them, so they veto upstream."""
 
 
+def _redacted_evidence(value: str | None) -> str | None:
+    # Evidence is printed and stored: its credentials are masked here, and masking never
+    # pushes an evidence that fit past EVIDENCE_CHARS.
+    if not isinstance(value, str):
+        return value
+    masked = redact(value)
+    return masked[:EVIDENCE_CHARS] if len(value) <= EVIDENCE_CHARS else masked
+
+
 @attrs.frozen
 class Classification:
     """Why one failed attempt failed.
 
     `reason` is short and stable (`http 503`, `spawn errno ENOENT`, `default`); `evidence`
-    is the text that decided it (at most `EVIDENCE_CHARS`), or None when nothing matched.
+    is the text that decided it (at most `EVIDENCE_CHARS`, credentials masked), or None
+    when nothing matched; `retry_after_s` is the wait until a reset the vendor stated
+    (upstream only), or None.
     Construction raises `InvalidInput` for a value outside those shapes.
     """
 
@@ -172,11 +256,15 @@ class Classification:
     )
     evidence: str | None = attrs.field(
         default=None,
+        converter=_redacted_evidence,
         validator=opt_checked(
             f"a string of at most {EVIDENCE_CHARS} characters",
             instance_of(str),
             max_len(EVIDENCE_CHARS),
         ),
+    )
+    retry_after_s: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number of seconds >= 0", finite, ge(0))
     )
 
     @property
@@ -184,12 +272,17 @@ class Classification:
         """True when the attempt spends the charged budget (class work)."""
         return self.failure_class.charged
 
-    def to_dict(self) -> dict[str, str | None]:
-        """`{"class": ..., "reason": ..., "evidence": ...}`, JSON-safe."""
+    def to_dict(self) -> dict[str, str | float | None]:
+        """`{"class", "reason", "evidence", "retry_after_s"}`, JSON-safe."""
         return to_json(self)
 
 
-_NO_CLASSIFICATION: dict[str, str | None] = {"class": None, "reason": None, "evidence": None}
+_NO_CLASSIFICATION: dict[str, str | float | None] = {
+    "class": None,
+    "reason": None,
+    "evidence": None,
+    "retry_after_s": None,
+}
 
 
 # --- the text rules -------------------------------------------------------------------------
@@ -228,11 +321,45 @@ _STATUS_PHRASES = (
     "overloaded",
 )
 
+# Exception names the official SDKs print as `Name: <status> <body>` (lowered): the
+# OpenAI and Anthropic TypeScript SDKs' status errors and google-api-core's exceptions.
+_SDK_STATUS_ERRORS = (
+    "badrequesterror",
+    "authenticationerror",
+    "permissiondeniederror",
+    "notfounderror",
+    "conflicterror",
+    "unprocessableentityerror",
+    "ratelimiterror",
+    "internalservererror",
+    "apistatuserror",
+    "invalidargument",
+    "failedprecondition",
+    "unauthenticated",
+    "permissiondenied",
+    "resourceexhausted",
+    "toomanyrequests",
+    "serviceunavailable",
+    "badgateway",
+    "gatewaytimeout",
+    "deadlineexceeded",
+)
+
+
+@functools.cache
+def _compiled(source: str) -> re.Pattern[str]:
+    return re.compile(source, _FLAGS)
+
 
 @attrs.frozen
 class _Alternative:
     keywords: tuple[str, ...]
-    pattern: re.Pattern[str]
+    source: str
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        """The compiled pattern: compiled on first use, not at import (start-up time)."""
+        return _compiled(self.source)
 
 
 @attrs.frozen
@@ -248,7 +375,7 @@ def _rule(name: str, reason: str | None, *alternatives: tuple[str | tuple[str, .
         name,
         reason,
         tuple(
-            _Alternative((kw,) if isinstance(kw, str) else kw, re.compile(pattern, _FLAGS))
+            _Alternative((kw,) if isinstance(kw, str) else kw, pattern)
             for kw, pattern in alternatives
         ),
     )
@@ -299,6 +426,36 @@ _NUMERIC_RULES = (
             for phrase in _STATUS_PHRASES
         ),
     ),
+    _rule(
+        "sdk-status",
+        None,
+        (
+            # What every name ends with, so a tail is checked for few keywords.
+            (
+                "error:",
+                "exhausted:",
+                "requests:",
+                "unavailable:",
+                "gateway:",
+                "timeout:",
+                "exceeded:",
+                "unauthenticated:",
+                "denied:",
+                "argument:",
+                "precondition:",
+            ),
+            rf"(?<![\w])(?:{'|'.join(_SDK_STATUS_ERRORS)}):[ \t]{{1,2}}"
+            rf"(?:error code:[ \t]{{0,2}})?{_CODE}{_CODE_END}",
+        ),
+    ),
+    _rule(
+        "no-body",
+        None,
+        (
+            "status code (no body)",
+            rf"(?:[:\]][ \t]{{1,2}}|^[ \t]{{0,4}}){_CODE} status code \(no body\)",
+        ),
+    ),
 )
 
 _RATE_LIMIT = ("rate limit", "rate-limit")
@@ -329,6 +486,14 @@ _UPSTREAM_WORDING = (
         ("overloaded", r"(?:error|exception)[ \t:]{1,3}overloaded[ \t]{0,3}(?:$|[.!\"'}\]])"),
     ),
     _rule(
+        "high-demand",
+        Reason.OVERLOADED,
+        (
+            "high demand",
+            r"\bhigh demand, which may cause temporary errors",
+        ),
+    ),
+    _rule(
         "unavailable",
         Reason.SERVICE_UNAVAILABLE,
         ("service", r"service(?<![a-z0-9_]service)[ -](?:temporarily[ -])?unavailable\b"),
@@ -355,6 +520,19 @@ _UPSTREAM_WORDING = (
         ),
         (_RATE_LIMIT, r"(?:^|error)\W{0,4}rate[ -]limited\b"),
         ("too many requests", r"\btoo many requests\b"),
+        (
+            "resource_exhausted",
+            rf"status(?<![a-z0-9]status){_Q}{_SEP}\\?[\"']resource_exhausted\\?[\"']",
+        ),
+    ),
+    _rule(
+        "unreachable",
+        Reason.UNREACHABLE,
+        (
+            "apiconnectionerror",
+            r"(?<![\w.])(?<!except )(?:openai|anthropic)\.apiconnectionerror:[ \t]"
+            r"|^[ \t]{0,8}apiconnectionerror: connection error\.",
+        ),
     ),
 )
 
@@ -396,6 +574,129 @@ def is_upstream_status(code: int) -> bool:
     return code == 429 or 500 <= code <= 599
 
 
+def _is_http_status(code: int) -> bool:
+    return 100 <= code <= 599
+
+
+# --- reset times ----------------------------------------------------------------------------
+
+_UNIT = (
+    r"(?:milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d)"
+    r"(?![a-z])"
+)
+_NUMBER = r"\d{1,9}(?:\.\d{1,6})?"
+# One to four `<number><unit>` parts (`4 days 10 hours 3 minutes`, `2h52m39s`), or one bare
+# number (seconds, or milliseconds after an `-ms` key) not followed by a word.
+_DURATION = (
+    rf"(?P<dur>(?:{_NUMBER}[ \t]{{0,2}}{_UNIT}(?:,?[ \t]{{0,2}}(?:and[ \t]{{1,2}})?)){{1,4}}"
+    rf"|{_NUMBER}(?![ \t]{{0,2}}[a-z\d.]))"
+)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_WAIT_SEP = r"[\"']?[ \t]{0,4}[:=]?[ \t]{0,4}[\"']?"
+# Each pattern starts with a literal, so the engine finds candidates with a fast prefix
+# search (one alternation over all of them would try every position).
+_WAIT_SOURCES = (
+    # A relative wait after a key or phrase.
+    r"retry(?:[-_ ]?after(?P<ms1>[-_]?ms)?|[-_ ]?delay(?P<ms2>[-_]?ms)?| (?:in|after))"
+    rf"{_WAIT_SEP}{_DURATION}",
+    r"reset(?:s? (?:in|after)|s?_in_seconds)"
+    rf"{_WAIT_SEP}{_DURATION}"
+    # An absolute reset in epoch seconds.
+    r"|resets?_at[\"']?[ \t]{0,2}[:=][ \t]{0,2}[\"']?(?P<epoch>\d{9,11})(?!\d)",
+    r"usage limit reached\|(?P<epoch>\d{9,11})(?!\d)",
+    # codex's local wall-clock reset (with the date when it is not today), or a duration.
+    rf"try again (?:(?:in|after){_WAIT_SEP}{_DURATION}"
+    rf"|at (?:(?P<mon>{'|'.join(_MONTHS)})[a-z]{{0,6}}\.? (?P<day>\d{{1,2}})"
+    r"(?:st|nd|rd|th)?,? (?P<year>\d{4}),? )?(?P<hour>\d{1,2}):(?P<minute>\d{2})"
+    r"[ \t]{0,2}(?P<ampm>am|pm)\b)",
+)
+_PART_SOURCE = rf"({_NUMBER})[ \t]{{0,2}}({_UNIT})?"
+
+
+def _unit_seconds(unit: str | None, default: float) -> float:
+    if not unit:
+        return default
+    if unit.startswith(("ms", "msec", "milli")):
+        return 0.001
+    if unit.startswith("s"):
+        return 1.0
+    if unit.startswith("m"):
+        return 60.0
+    if unit.startswith("h"):
+        return 3600.0
+    return 86400.0
+
+
+def _duration_seconds(text: str, default_unit: float) -> float:
+    return sum(
+        float(part.group(1)) * _unit_seconds(part.group(2), default_unit)
+        for part in _compiled(_PART_SOURCE).finditer(text)
+    )
+
+
+def _clock_reset(match: re.Match[str], now: float) -> float | None:
+    """The epoch of codex's `try again at [Mon Dth, YYYY ]H:MM AM|PM`, in local time."""
+    hour, minute = int(match.group("hour")), int(match.group("minute"))
+    if not (1 <= hour <= 12 and minute <= 59):
+        return None
+    hour = hour % 12 + (12 if match.group("ampm") == "pm" else 0)
+    if match.group("mon"):
+        year = int(match.group("year"))
+        month = _MONTHS.index(match.group("mon")) + 1
+        day = int(match.group("day"))
+    else:
+        today = time.localtime(now)
+        year, month, day = today.tm_year, today.tm_mon, today.tm_mday
+    try:
+        return time.mktime((year, month, day, hour, minute, 0, 0, 0, -1))
+    except (OverflowError, ValueError):
+        return None
+
+
+def _wait_of(match: re.Match[str], now: float) -> float | None:
+    groups = match.groupdict()
+    duration = groups.get("dur")
+    if duration is not None:
+        millis = bool(groups.get("ms1") or groups.get("ms2"))
+        return _duration_seconds(duration, 0.001 if millis else 1.0)
+    if groups.get("epoch") is not None:
+        return float(groups["epoch"]) - now
+    if groups.get("hour") is None:
+        return None
+    reset = _clock_reset(match, now)
+    return None if reset is None else reset - now
+
+
+def _last_wait(low: str, now: float, skip: _NoticeIndex | None = None) -> tuple[int, float] | None:
+    """(offset, seconds) of the last reset stated in lowered `low`, stale notices skipped."""
+    found: tuple[int, float] | None = None
+    for source in _WAIT_SOURCES:
+        for match in _compiled(source).finditer(low):
+            if found is not None and match.start() <= found[0]:
+                continue
+            if skip is not None and skip.is_stale_notice(match.start()):
+                continue
+            wait = _wait_of(match, now)
+            if wait is not None and math.isfinite(wait):
+                found = (match.start(), max(0.0, wait))
+    return found
+
+
+def stated_wait_s(text: str | None, *, now: float | None = None) -> float | None:
+    """Seconds until the last reset `text` states (see "Reset times"); None when none.
+
+    `now` is the clock for absolute resets (epoch seconds, default `time.time()`); a reset
+    already past is 0. Linear time; never raises for any str.
+    """
+    if not text:
+        return None
+    found = _last_wait(_lowered(text), time.time() if now is None else now)
+    return None if found is None else found[1]
+
+
+# --- scanning -------------------------------------------------------------------------------
+
+
 def _line_bounds(text: str, start: int, end: int) -> tuple[int, int]:
     line_start = text.rfind("\n", 0, start) + 1
     line_end = text.find("\n", end)
@@ -422,6 +723,72 @@ class _Hit:
     start: int
     end: int
     reason: str
+    code: int | None = None
+
+
+_NOTICE_WORDS = ("retrying", "reconnecting")
+
+
+def _next_line(low: str, line_end: int) -> tuple[int, int]:
+    """(start, end) of the line after the one ending at `line_end` (a newline or the end)."""
+    start = line_end + 1
+    end = low.find("\n", start)
+    return start, len(low) if end < 0 else end
+
+
+def _continuation_end(low: str, line_start: int, line_end: int) -> int:
+    """Where a notice's printout ends: its stack frames (`    at ...`) and the inspected
+    error object a frame opens with `{` (indented lines up to a closing `}`) belong to it."""
+    in_block = low[line_start:line_end].rstrip().endswith("{")
+    end = line_end
+    while end < len(low):
+        start, next_end = _next_line(low, end)
+        line = low[start:next_end]
+        if in_block:
+            if line.startswith("}"):
+                in_block = False
+            elif not line.startswith((" ", "\t")):
+                break
+        elif line.startswith((" ", "\t")) and line.lstrip().startswith("at "):
+            in_block = line.rstrip().endswith("{")
+        else:
+            break
+        end = next_end
+    return end
+
+
+class _NoticeIndex:
+    """The retry notices of a lowered tail that more output followed (stale ones)."""
+
+    def __init__(self, low: str) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        content_end = len(low.rstrip())
+        position = 0
+        upcoming = [low.find(word) for word in _NOTICE_WORDS]
+        while True:
+            # Each keyword's next occurrence is searched again only once passed: linear.
+            upcoming = [
+                found if found < 0 or found >= position else low.find(word, position)
+                for word, found in zip(_NOTICE_WORDS, upcoming, strict=True)
+            ]
+            live = [found for found in upcoming if found >= 0]
+            if not live:
+                break
+            found = min(live)
+            line_start = low.rfind("\n", position, found) + 1 or position
+            line_end = low.find("\n", found)
+            line_end = len(low) if line_end < 0 else line_end
+            end = _continuation_end(low, line_start, line_end)
+            if end < content_end:  # output followed: the retry went on
+                self._starts.append(line_start)
+                self._ends.append(end)
+            position = end + 1
+
+    def is_stale_notice(self, start: int) -> bool:
+        """True when `start` lies on a retry notice that more output followed."""
+        index = bisect.bisect_right(self._starts, start) - 1
+        return index >= 0 and start <= self._ends[index]
 
 
 class _Scan:
@@ -429,31 +796,11 @@ class _Scan:
 
     def __init__(self, tail: str) -> None:
         self.low = _lowered(tail)
-        self._notice_starts, self._notice_ends = self._stale_notices()
+        self.notices = _NoticeIndex(self.low)
 
-    def _stale_notices(self) -> tuple[list[int], list[int]]:
-        # One pass: each search resumes after the line it found, so even a single huge line
-        # full of "retrying" costs linear time.
-        low = self.low
-        last_line_start = low.rstrip().rfind("\n") + 1
-        starts: list[int] = []
-        ends: list[int] = []
-        position = 0
-        while (found := low.find("retrying", position, last_line_start)) >= 0:
-            line_start = low.rfind("\n", position, found) + 1 or position
-            line_end = low.find("\n", found)
-            starts.append(line_start)
-            ends.append(line_end)
-            position = line_end + 1
-        return starts, ends
-
-    def is_stale_notice(self, start: int) -> bool:
-        """True when `start` lies on a retry notice that more output followed."""
-        index = bisect.bisect_right(self._notice_starts, start) - 1
-        return index >= 0 and start <= self._notice_ends[index]
-
-    def last_hit(self, rule: _Rule, *, skip_notices: bool) -> _Hit | None:
-        """The rule's counted match nearest the end (an upstream status, not a stale notice)."""
+    def last_hit(self, rule: _Rule, *, skip_notices: bool, any_status: bool = False) -> _Hit | None:
+        """The rule's counted match nearest the end (an upstream status, not a stale notice;
+        with `any_status`, any HTTP status 100..599)."""
         best: _Hit | None = None
         for alternative in rule.alternatives:
             if not any(keyword in self.low for keyword in alternative.keywords):
@@ -461,60 +808,93 @@ class _Scan:
             for match in alternative.pattern.finditer(self.low):
                 if best is not None and match.end() <= best.end:
                     continue
+                code = None
                 if rule.reason is None:
                     code = int(match.group("code"))
-                    if not is_upstream_status(code):
+                    wanted = _is_http_status(code) if any_status else is_upstream_status(code)
+                    if not wanted:
                         continue
                     reason = f"http {code}"
                 else:
                     reason = rule.reason
-                if skip_notices and self.is_stale_notice(match.start()):
+                if skip_notices and self.notices.is_stale_notice(match.start()):
                     continue
-                best = _Hit(rule.name, match.start(), match.end(), reason)
+                best = _Hit(rule.name, match.start(), match.end(), reason, code)
         return best
 
-    def latest(self, rules: tuple[_Rule, ...], *, skip_notices: bool) -> _Hit | None:
+    def latest(
+        self, rules: tuple[_Rule, ...], *, skip_notices: bool, any_status: bool = False
+    ) -> _Hit | None:
         """The counted match nearest the end over `rules`; rule order breaks ties."""
         best: _Hit | None = None
         for rule in rules:
-            hit = self.last_hit(rule, skip_notices=skip_notices)
+            hit = self.last_hit(rule, skip_notices=skip_notices, any_status=any_status)
             if hit is not None and (best is None or hit.end > best.end):
                 best = hit
         return best
 
+    def upstream(self) -> _Hit | None:
+        """The deciding upstream signal: the last presented status when it is an upstream
+        one, else wording after it (the last status, when not upstream, bars all before)."""
+        status = self.latest(_NUMERIC_RULES, skip_notices=True, any_status=True)
+        if status is not None and status.code is not None and is_upstream_status(status.code):
+            return status
+        barrier = -1 if status is None else status.end
+        wording = self.latest(_UPSTREAM_WORDING, skip_notices=True)
+        return wording if wording is not None and wording.start >= barrier else None
 
-def _decide(tail: str) -> tuple[FailureClass, _Hit] | None:
+
+def _decide(tail: str, now: float | None = None) -> tuple[FailureClass, _Hit] | None:
     """The deciding match in `tail`: an account-limit veto (work), else upstream, else None."""
-    scan = _Scan(tail)
+    return _decide_scan(_Scan(tail), now)[0]
+
+
+def _decide_scan(
+    scan: _Scan, now: float | None
+) -> tuple[tuple[FailureClass, _Hit] | None, float | None]:
+    """The deciding match and, for upstream, the wait until a stated reset."""
+    clock = time.time() if now is None else now
     veto = scan.latest(_ACCOUNT_LIMITS, skip_notices=False)
+    reset = None
     if veto is not None:
-        return FailureClass.WORK, veto
-    hit = scan.latest(_NUMERIC_RULES, skip_notices=True) or scan.latest(
-        _UPSTREAM_WORDING, skip_notices=True
-    )
-    return None if hit is None else (FailureClass.UPSTREAM, hit)
+        reset = _last_wait(scan.low, clock, scan.notices)
+        if reset is None or reset[0] < veto.start:
+            return (FailureClass.WORK, veto), None
+    # No account limit, or one that lifts at a time stated after it: upstream may decide.
+    hit = scan.upstream()
+    if hit is None:
+        if veto is None:
+            return None, None
+        hit = attrs.evolve(veto, reason=Reason.USAGE_LIMIT)
+    if reset is None:
+        reset = _last_wait(scan.low, clock, scan.notices)
+    return (FailureClass.UPSTREAM, hit), None if reset is None else reset[1]
 
 
 def _check_tail_chars(tail_chars: int) -> None:
     integer_arg("tail_chars", tail_chars, 1)
 
 
-def classify_text(text: str, *, tail_chars: int = TAIL_CHARS) -> Classification:
+def classify_text(
+    text: str, *, tail_chars: int = TAIL_CHARS, now: float | None = None
+) -> Classification:
     """Upstream when the last `tail_chars` of `text` match the documented list, else work.
 
     Never environment: that class comes only from structure (`classify`). Work carries
-    reason `default`, or the account-limit row that vetoed upstream. Raises `InvalidInput`
-    for a `tail_chars` below 1 or a `text` that is not a str.
+    reason `default`, or the account-limit row that vetoed upstream; upstream carries
+    `retry_after_s` when the text states a reset (`now`: the clock for absolute resets,
+    default `time.time()`). Raises `InvalidInput` for a `tail_chars` below 1 or a `text`
+    that is not a str.
     """
     _check_tail_chars(tail_chars)
     if not isinstance(text, str):
         raise InvalidInput(f"text must be a str, got {type(text).__name__}", field="text")
     tail = text[-tail_chars:]
-    decided = _decide(tail)
+    decided, wait = _decide_scan(_Scan(tail), now)
     if decided is None:
         return Classification(FailureClass.WORK, Reason.DEFAULT)
     failure_class, hit = decided
-    return Classification(failure_class, hit.reason, _evidence(tail, hit.start, hit.end))
+    return Classification(failure_class, hit.reason, _evidence(tail, hit.start, hit.end), wait)
 
 
 def _errno_name(number: int) -> str:
@@ -527,34 +907,53 @@ def _spawn_evidence(result: SpawnResult) -> str | None:
     return result.spawn_error.strip()[:EVIDENCE_CHARS] or None
 
 
-def classify(result: SpawnResult, *, tail_chars: int = TAIL_CHARS) -> Classification | None:
+_CWD_REASONS = {
+    SpawnFailure.CWD_NOT_FOUND: Reason.MISSING_CWD,
+    SpawnFailure.CWD_NOT_DIRECTORY: Reason.UNUSABLE_CWD,
+    SpawnFailure.CWD_UNUSABLE: Reason.UNUSABLE_CWD,
+}
+
+
+def _spawn_verdict(result: SpawnResult, number: int) -> Classification:
+    """A run that never started: environment when its errno means a missing precondition."""
+    evidence = _spawn_evidence(result)
+    failure = result.spawn_failure
+    if failure in _CWD_REASONS:
+        return Classification(FailureClass.ENVIRONMENT, _CWD_REASONS[failure], evidence)
+    if number in ENVIRONMENT_ERRNOS:
+        if failure is SpawnFailure.INTERPRETER_NOT_FOUND:
+            reason: str = Reason.MISSING_INTERPRETER
+        elif number == errno.ENOENT:
+            reason = Reason.MISSING_BINARY
+        else:
+            reason = f"spawn errno {_errno_name(number)}"
+        return Classification(FailureClass.ENVIRONMENT, reason, evidence)
+    # Never started, so no vendor spoke: nothing upstream to find in the text.
+    return Classification(FailureClass.WORK, f"spawn errno {_errno_name(number)}", evidence)
+
+
+def classify(
+    result: SpawnResult, *, tail_chars: int = TAIL_CHARS, now: float | None = None
+) -> Classification | None:
     """Class one spawn's failure; None when it succeeded (`result.ok`).
 
     Structural rules first (spawn errno), then `classify_text` over the last `tail_chars`
-    of `result.failure_text()`, then work (`timeout` or `default`). Raises `InvalidInput`
-    for a `tail_chars` below 1.
+    of `result.failure_text()` (`now` as there), then work (`timeout` or `default`).
+    Raises `InvalidInput` for a `tail_chars` below 1.
     """
     _check_tail_chars(tail_chars)
     if result.ok:
         return None
     if result.spawn_errno is not None:
-        evidence = _spawn_evidence(result)
-        if result.spawn_errno == errno.ENOENT:
-            missing_cwd = result.spawn_failure is SpawnFailure.CWD_NOT_FOUND
-            reason = Reason.MISSING_CWD if missing_cwd else Reason.MISSING_BINARY
-            return Classification(FailureClass.ENVIRONMENT, reason, evidence)
-        # Never started, so no vendor spoke: nothing upstream to find in the text.
-        return Classification(
-            FailureClass.WORK, f"spawn errno {_errno_name(result.spawn_errno)}", evidence
-        )
-    verdict = classify_text(result.failure_text(tail_chars), tail_chars=tail_chars)
+        return _spawn_verdict(result, result.spawn_errno)
+    verdict = classify_text(result.failure_text(tail_chars), tail_chars=tail_chars, now=now)
     if verdict.failure_class is FailureClass.UPSTREAM or not result.timed_out:
         return verdict
     return Classification(FailureClass.WORK, Reason.TIMEOUT)
 
 
-def classification_fields(result: SpawnResult) -> dict[str, str | None]:
-    """`classify(result).to_dict()`, or all three keys None for a run that succeeded.
+def classification_fields(result: SpawnResult) -> dict[str, str | float | None]:
+    """`classify(result).to_dict()`, or all four keys None for a run that succeeded.
 
     The shape `execkit run --json` merges into its output.
     """

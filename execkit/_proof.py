@@ -79,7 +79,9 @@ class AgentProof:
     a failed agent with no class is a charged work failure (`effective_class`).
     `error` and `output` are redacted on construction, so no secret reaches a stored proof
     (a proof loaded from an older writer included).
-    `precondition` names the missing binary and how to install it (environment only).
+    `precondition` names what is missing and how to fix it (environment only).
+    `retry_after_s` is the wait until a reset the vendor stated (upstream only): the
+    scheduler retries no earlier.
     """
 
     id: str
@@ -103,6 +105,7 @@ class AgentProof:
     reason: str | None = None
     precondition: str | None = None
     output: str | None = attrs.field(default=None, converter=_redacted)
+    retry_after_s: float | None = attrs.field(default=None, validator=optional(_SECONDS))
 
     @property
     def productive(self) -> bool:
@@ -272,6 +275,7 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         reason=_opt_str(data, "reason"),
         precondition=_opt_str(data, "precondition"),
         output=_opt_str(data, "output"),
+        retry_after_s=_opt_number(data, "retry_after_s") if failure_class else None,
     )
 
 

@@ -2,25 +2,39 @@
 
 Public, for adapter authors (the built-in adapters use nothing else):
 
-    from execkit.adapterkit import load_json_document, number_field, request_argv, str_field
+    from execkit.adapterkit import ErrorKind, last_json_value, request_argv, str_field
 
-Every function here is pure, never raises for malformed vendor output, and runs in time
-linear in its input.
+`ErrorKind` is what an adapter read from the vendor's *structured* output about a failure
+(an error type field, the CLI's own credential or connection error event); it goes on
+`Envelope.error_kind` and `map_result` turns it into a class the same way for every vendor.
+
+Every function here is pure (a clock, where one is read, can be passed as `now`), never
+raises for malformed vendor output, and runs in time linear in its input.
 """
 
 from __future__ import annotations
 
+import email.utils
+import enum
 import json
+import math
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from execkit._classify import stated_wait_s
 
 if TYPE_CHECKING:
     from execkit._adapter import AgentRequest
 
 __all__ = [
+    "ErrorKind",
+    "header_wait_s",
     "http_status",
     "iter_json_objects",
+    "json_object",
+    "last_json_value",
     "load_json_document",
     "number_field",
     "parse_retry_after",
@@ -30,37 +44,82 @@ __all__ = [
 ]
 
 
-# Every gap is bounded, so a long run of spaces after the keyword costs linear time.
-_RETRY_AFTER = re.compile(
-    r"(?:retry[-_ ]?after|(?:try again|retry) in)[\"']?\s{0,4}[:=]?\s{0,4}"
-    r"(\d{1,9}(?:\.\d{1,6})?)\s{0,2}"
-    r"(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?)?\b",
-    re.IGNORECASE,
-)
+class ErrorKind(enum.StrEnum):
+    """What a vendor's structured output said a failure was (`Envelope.error_kind`).
 
+    Only for what the adapter read from structure (an error type field, the CLI's own
+    fixed error event), never from searching free text: `map_result` acts on it.
 
-def parse_retry_after(text: str | None) -> float | None:
-    """The last wait (seconds) a vendor asked for: `Retry-After: 30`, `try again in 14.0s`.
-
-    Units default to seconds; `ms`, minutes and hours are converted. None when absent.
+    | kind | class | meaning |
+    |---|---|---|
+    | `credentials` | environment | the vendor refused or lacks the credentials |
+    | `billing` | environment | credit or quota exhausted (upstream if a reset is stated) |
+    | `rate_limited` | upstream | a rate limit |
+    | `usage_limit` | upstream | a plan's usage limit (waits for its reset when stated) |
+    | `overloaded` | upstream | the vendor is at capacity |
+    | `server_error` | upstream | the vendor's own server error type |
+    | `stream_failed` | upstream | the vendor's stream broke off before it completed |
+    | `unreachable` | upstream | the CLI's own connection-error event |
+    | `retrying` | upstream | the CLI's last event was a retry notice (it ended retrying) |
     """
-    if not text:
+
+    CREDENTIALS = "credentials"
+    BILLING = "billing"
+    RATE_LIMITED = "rate_limited"
+    USAGE_LIMIT = "usage_limit"
+    OVERLOADED = "overloaded"
+    SERVER_ERROR = "server_error"
+    STREAM_FAILED = "stream_failed"
+    UNREACHABLE = "unreachable"
+    RETRYING = "retrying"
+
+
+def parse_retry_after(text: str | None, *, now: float | None = None) -> float | None:
+    """The wait (seconds) until the last reset a vendor stated: `Retry-After: 30`,
+    `try again in 14.0s`, `retryDelay: "17s"`, `try again in 4 days 10 hours`,
+    `"resets_in_seconds": 4123`, `"resets_at": <epoch>`, `usage limit reached|<epoch>`,
+    codex's `try again at 4:00 PM` (local time).
+
+    Units default to seconds (milliseconds after an `-ms` key); `now` is the clock for an
+    absolute reset (default `time.time()`), one already past waits 0. None when absent.
+    """
+    return stated_wait_s(text, now=now)
+
+
+def header_wait_s(headers: object, *, now: float | None = None) -> float | None:
+    """The wait a response's headers ask for: `retry-after-ms`, then `retry-after` (seconds
+    or an HTTP date). Keys are matched case-insensitively; None when absent or malformed."""
+    if not isinstance(headers, Mapping):
         return None
-    found = None
-    for match in _RETRY_AFTER.finditer(text):
-        found = match
-    if found is None:
+    lowered = {str(key).lower(): value for key, value in headers.items()}
+    millis = lowered.get("retry-after-ms")
+    if isinstance(millis, str | int | float) and not isinstance(millis, bool):
+        seconds = _finite(millis)
+        if seconds is not None:
+            return max(0.0, seconds / 1000.0)
+    value = lowered.get("retry-after")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = _finite(value)
+        return None if seconds is None else max(0.0, seconds)
+    if not isinstance(value, str) or not value.strip():
         return None
-    unit = (found.group(2) or "s").lower()
-    if unit.startswith(("ms", "milli")):
-        factor = 0.001
-    elif unit.startswith("m"):
-        factor = 60.0
-    elif unit.startswith("h"):
-        factor = 3600.0
-    else:
-        factor = 1.0
-    return float(found.group(1)) * factor
+    seconds = _finite(value.strip())
+    if seconds is not None:
+        return max(0.0, seconds)
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    clock = time.time() if now is None else now
+    return max(0.0, when.timestamp() - clock)
+
+
+def _finite(value: str | float) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def iter_json_objects(text: str) -> Iterator[dict[str, Any]]:
@@ -78,31 +137,146 @@ def iter_json_objects(text: str) -> Iterator[dict[str, Any]]:
 
 
 def load_json_document(text: str) -> Any:
-    """The JSON document in `text`: the whole text, else its last JSON line, else None.
+    """The JSON document in `text`: the whole text, else its last complete JSON object or
+    array (`last_json_value`), else None.
 
-    Vendors print banners or warnings around their envelope; this finds it anyway.
+    Vendors print banners, warnings and stack traces around their envelope; this finds it
+    anyway.
     """
     body = text.strip()
     if not body:
         return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        pass
-    for line in reversed(body.splitlines()):
-        line = line.strip()
-        if line.startswith(("{", "[")):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    start = body.find("{")
-    if start > 0:
+    if body[0] in "{[" and body[-1] in "}]":
         try:
-            return json.loads(body[start:])
-        except ValueError:
-            return None
-    return None
+            return json.loads(body)
+        except (ValueError, RecursionError):
+            pass
+    return last_json_value(body)
+
+
+def json_object(text: object) -> dict[str, Any] | None:
+    """`text` itself as a JSON object (a vendor's message that is a serialized error body),
+    else None."""
+    if not isinstance(text, str):
+        return None
+    body = text.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# --- the last JSON value ------------------------------------------------------------------
+
+_OPENER_OF = {"}": "{", "]": "["}
+_STRUCTURE = re.compile(r'[{}\[\]"\n]')
+_CHUNK = 1 << 16
+_DECODER = json.JSONDecoder()
+_TRY_COST = 32  # characters of budget one decode attempt costs beyond its length
+_OBJECT_START = re.compile(r'\{\s*["}]')
+
+
+class _LastValue:
+    """The backward scan of `last_json_value`: bracket pairs outside strings, each tried
+    (outermost and nearest the end first) as soon as nothing after it can enclose it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.closers: list[int] = []  # unmatched closers, innermost last
+        self.pending: list[tuple[int, int]] = []  # complete pairs an open closer may enclose
+        # Parsing work allowed in all (characters): a constant times the input, so no
+        # flood of candidates can make the search quadratic.
+        self.budget = 8 * len(text) + 4096
+        self.found: Any = None
+        self.done = False
+
+    def scan(self) -> Any:
+        text = self.text
+        in_string = False
+        high = len(text)
+        while high > 0 and not self.done:
+            low = max(0, high - _CHUNK)
+            marks = [m.start() for m in _STRUCTURE.finditer(text, low, high)]
+            for position in reversed(marks):
+                char = text[position]
+                if char == "\n":
+                    in_string = False  # a JSON string never holds a raw newline
+                elif char == '"':
+                    if not self._escaped(position):
+                        in_string = not in_string
+                elif in_string:
+                    continue
+                elif char in "}]":
+                    self.closers.append(position)
+                else:
+                    self._opener(position, char)
+                if self.done:
+                    break
+            high = low
+        if not self.done:
+            self._flush()
+        return self.found
+
+    def _escaped(self, position: int) -> bool:
+        # Each run of backslashes is counted once, by the quote right after it: linear.
+        start = position
+        while start > 0 and self.text[start - 1] == "\\":
+            start -= 1
+        return (position - start) % 2 == 1
+
+    def _opener(self, position: int, char: str) -> None:
+        if not self.closers:
+            return  # an opener nothing after it closes: noise
+        closer = self.closers.pop()
+        if _OPENER_OF[self.text[closer]] != char:
+            # Mismatched: nothing enclosing this point is JSON; what is pending is maximal.
+            self.closers.clear()
+            self._flush()
+            return
+        self.pending.append((position, closer))
+        if not self.closers:
+            self._flush()
+
+    def _flush(self) -> None:
+        # Outermost and nearest the end first: by closing position, descending. Each
+        # candidate is decoded on its own slice, so a failure costs its length (a decode
+        # error on the whole text would count its lines from the start: quadratic), and
+        # the budget charges that length plus a constant per try.
+        candidates = sorted(self.pending, key=lambda pair: pair[1], reverse=True)
+        self.pending.clear()
+        for start, end in candidates:
+            self.budget -= end - start + 1 + _TRY_COST
+            if self.budget < 0:
+                self.done = True
+                return
+            if self.text[start] == "{" and not _OBJECT_START.match(self.text, start, end + 1):
+                continue  # `{x}`, `{ status: 401 }`: cannot open an object, skip the decode
+            piece = self.text[start : end + 1]
+            try:
+                value, stop = _DECODER.raw_decode(piece)
+            except (ValueError, RecursionError):
+                continue
+            if stop == len(piece):
+                self.found, self.done = value, True
+                return
+
+
+def last_json_value(text: str) -> Any:
+    """The last complete JSON object or array in `text`, or None when there is none.
+
+    For a stream that also holds warnings, stack traces, inspected objects (`{ status:
+    401 }`) and partial lines: the text is scanned from the end for brackets outside JSON
+    strings, and the first balanced pair (nearest the end, outermost) that parses is the
+    answer. Linear time in `len(text)` whatever it holds: the parsing of failed candidates
+    is bounded by a constant times the input (so a flood of bracketed noise AFTER the value
+    can use that up first: then None). Never raises for a str.
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    return _LastValue(text).scan()
 
 
 def str_field(obj: object, *keys: str) -> str | None:

@@ -30,13 +30,51 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VENDORS = ("codex", "claude", "gemini", "opencode", "generic")
 
 
+# The vendor manifests predate the credentials policy (DESIGN.md "The three classes": a
+# vendor's structured 401/403 or its own credential error stops as environment, naming
+# the vendor's variables and login) and codex's fixed `unexpected status N` rendering read
+# as its status; these cases expect that now.
+POLICY_UPDATES: dict[tuple[str, str], dict[str, Any]] = {
+    ("codex", "auth_failure"): {
+        "class": "environment",
+        "reason": "http 401",
+        "precondition_startswith": "codex: the vendor refused the credentials",
+    },
+    ("codex", "bad_request"): {"reason": "http 400"},
+    ("claude", "auth_failure"): {
+        "class": "environment",
+        "reason": "http 401",
+        "precondition_startswith": "claude: the vendor refused the credentials",
+    },
+    ("gemini", "auth_failure"): {
+        "class": "environment",
+        "reason": "http 401",
+        "precondition_startswith": "gemini: the vendor refused the credentials",
+    },
+    ("opencode", "auth_failure"): {
+        "class": "environment",
+        "reason": "credentials",
+        "precondition_startswith": "opencode: the vendor refused the credentials",
+    },
+}
+
+
 def load_cases() -> list[tuple[str, dict[str, Any]]]:
     cases = []
     for vendor in VENDORS:
         manifest = json.loads((FIXTURES / vendor / "manifest.json").read_text())
         assert manifest["vendor"] == vendor
-        cases += [(vendor, case) for case in manifest["cases"]]
+        for case in manifest["cases"]:
+            update = POLICY_UPDATES.get((vendor, case["name"]))
+            if update is not None:
+                case = {**case, "expect": {**case["expect"], **update}}
+            cases.append((vendor, case))
     return cases
+
+
+def test_every_policy_update_names_a_manifest_case() -> None:
+    names = {(vendor, case["name"]) for vendor, case in CASES}
+    assert set(POLICY_UPDATES) <= names
 
 
 CASES = load_cases()
@@ -150,11 +188,60 @@ def test_missing_working_directory_names_the_directory_not_the_binary() -> None:
     assert raw.precondition == "working directory not found: /no/such/dir"
 
 
-def test_other_spawn_errno_charges_as_work() -> None:
+@pytest.mark.parametrize(
+    ("number", "failure", "error", "says"),
+    [
+        (
+            errno.EACCES,
+            SpawnFailure.PERMISSION_DENIED,
+            "permission denied: cannot execute /usr/bin/gemini",
+            "gemini CLI is not executable (EACCES): permission denied: cannot execute "
+            "/usr/bin/gemini; make it executable (chmod +x) or reinstall: "
+            "npm install -g @google/gemini-cli",
+        ),
+        (
+            errno.ENOEXEC,
+            SpawnFailure.EXEC_FORMAT,
+            "exec format error: /usr/bin/gemini is not a runnable program",
+            "gemini CLI is not a program this machine can run (ENOEXEC): exec format error: "
+            "/usr/bin/gemini is not a runnable program; reinstall it for this platform: "
+            "npm install -g @google/gemini-cli",
+        ),
+        (
+            errno.ENOENT,
+            SpawnFailure.INTERPRETER_NOT_FOUND,
+            "interpreter not found: /usr/bin/node (the #! line of /usr/bin/gemini)",
+            "gemini CLI is installed but its interpreter is missing: interpreter not found: "
+            "/usr/bin/node (the #! line of /usr/bin/gemini); install the interpreter its #! "
+            "line names (an npm-installed CLI needs node on PATH), or reinstall: "
+            "npm install -g @google/gemini-cli",
+        ),
+        (
+            errno.ENOTDIR,
+            SpawnFailure.OTHER,
+            "could not start /opt/tool.tgz/gemini: [Errno 20] Not a directory",
+            "gemini CLI path runs through a file, not a directory (ENOTDIR): could not start "
+            "/opt/tool.tgz/gemini: [Errno 20] Not a directory; fix the path or PATH, or "
+            "install: npm install -g @google/gemini-cli",
+        ),
+    ],
+)
+def test_each_never_started_errno_is_environment_with_its_own_precondition(
+    number: int, failure: SpawnFailure, error: str, says: str
+) -> None:
     raw = get_adapter("gemini").parse(
-        spawn_result(("gemini",), spawn_errno=errno.EACCES, spawn_error="Permission denied")
+        spawn_result(("gemini",), spawn_errno=number, spawn_error=error, spawn_failure=failure)
     )
-    assert raw.failure_class is FailureClass.WORK
+    assert raw.failure_class is FailureClass.ENVIRONMENT
+    assert raw.precondition == says
+    assert "not found on PATH" not in raw.precondition
+
+
+def test_an_errno_that_is_not_a_missing_precondition_charges_as_work() -> None:
+    raw = get_adapter("gemini").parse(
+        spawn_result(("gemini",), spawn_errno=errno.E2BIG, spawn_error="Argument list too long")
+    )
+    assert (raw.failure_class, raw.reason) == (FailureClass.WORK, "spawn errno E2BIG")
     assert raw.precondition is None
 
 

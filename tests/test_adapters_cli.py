@@ -146,3 +146,30 @@ def test_main_hands_its_starter_to_run_and_run_adapter(
     assert json.loads(capsys.readouterr().out)["stdout_tail"] == "hi\n"
     assert fake_vendor.calls("codex") == [("codex", "exec", "x")]
     assert fake_vendor.calls("mycli") == [("mycli", "a")]
+
+
+def test_adapters_says_whether_credentials_look_present_by_name_only(tmp_path: Path) -> None:
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "auth.json").write_text('{"tokens": "sk-proj-FileSecretValue1234"}')
+    secret = "sk-ant-api03-EnvSecretValueAbCdEfGh1234567890"
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path), "ANTHROPIC_API_KEY": secret}
+    run = [sys.executable, "-m", "execkit", "adapters"]
+    as_json = subprocess.run(
+        [*run, "--json"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    rows = {row["name"]: row for row in json.loads(as_json.stdout)["adapters"]}
+    assert rows["claude"]["credentials"]["present"] is True
+    assert rows["claude"]["credentials"]["found"] == ["ANTHROPIC_API_KEY"]
+    assert rows["codex"]["credentials"]["found"] == ["~/.codex/auth.json"]
+    assert rows["gemini"]["credentials"]["present"] is False
+    assert rows["gemini"]["credentials"]["env"][0] == "GEMINI_API_KEY"
+    assert rows["generic"]["credentials"]["known"] is False
+    text = subprocess.run(run, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert "credentials: present (ANTHROPIC_API_KEY)" in text.stdout
+    assert "credentials: present (~/.codex/auth.json)" in text.stdout
+    assert "credentials: none found (no GEMINI_API_KEY" in text.stdout
+    assert "log in: run `gemini` once to sign in with Google" in text.stdout
+    for output in (as_json.stdout, text.stdout):
+        assert secret not in output and "EnvSecret" not in output
+        assert "FileSecretValue" not in output

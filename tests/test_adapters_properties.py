@@ -124,9 +124,17 @@ def test_prop_parse_never_raises_and_never_grants_a_free_pass(
         assert raw.failure_class is None and raw.error is None
     else:
         assert raw.failure_class is not None and raw.reason
-    # Environment comes only from structure: the process ran, so never environment.
-    assert raw.failure_class is not FailureClass.ENVIRONMENT
-    assert raw.precondition is None
+    # The process ran: environment comes only from what a vendor adapter read in the
+    # vendor's structured output (a 401/403, a credential or billing error), always naming
+    # the fix; the text-only generic adapter never says environment.
+    if raw.failure_class is FailureClass.ENVIRONMENT:
+        assert vendor != "generic"
+        assert raw.precondition is not None
+        assert raw.reason in {"http 401", "http 402", "http 403", "credentials", "billing"}
+    else:
+        assert raw.precondition is None
+    if raw.retry_after_s is not None:
+        assert raw.failure_class is FailureClass.UPSTREAM and raw.retry_after_s >= 0
 
 
 @settings(max_examples=60, deadline=None)

@@ -125,20 +125,40 @@ def test_persistent_upstream_is_bounded_and_uncharged(fake_vendor: FakeVendor) -
     assert (proof.failure_class, proof.reason, proof.attempts) == (UP, "http 503", 3)
 
 
-def test_vendor_retry_after_is_honoured_and_capped(fake_vendor: FakeVendor) -> None:
+def test_a_vendor_wait_within_max_s_is_waited_in_the_loop(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("codex", stdout=fx("codex", "rate_limit.jsonl"), exit_code=1)
     fake_vendor.register("codex", stdout=fx("codex", "success.jsonl"))
+    sleeps = Sleeps()
+    backoff = Backoff(base_s=1.0, max_s=30.0, jitter=0.0)
+    proof = run_agent(
+        get_adapter("codex"), REQUEST, backoff=backoff, sleep=sleeps, start=fake_vendor.start
+    )  # asks for 14 s
+    assert sleeps == [14.0]
+    assert proof.status is AgentStatus.SUCCEEDED and proof.attempts == 2
+    assert proof.retry_after_s is None
+
+
+def test_a_vendor_wait_beyond_max_s_stops_the_loop_for_the_scheduler(
+    fake_vendor: FakeVendor,
+) -> None:
     fake_vendor.register("claude", stdout=fx("claude", "rate_limit.json"), exit_code=1)
     fake_vendor.register("claude", stdout=fx("claude", "success.json"))
     sleeps = Sleeps()
     backoff = Backoff(base_s=1.0, max_s=30.0, jitter=0.0)
-    run_agent(
-        get_adapter("codex"), REQUEST, backoff=backoff, sleep=sleeps, start=fake_vendor.start
-    )  # asks for 14 s
-    run_agent(
-        get_adapter("claude"), REQUEST, backoff=backoff, sleep=sleeps, start=fake_vendor.start
-    )  # asks for 37 s
-    assert sleeps == [14.0, 30.0]
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(
+            get_adapter("claude"),
+            REQUEST,
+            max_attempts=3,
+            backoff=backoff,
+            sleep=sleeps,
+            start=fake_vendor.start,
+        )  # asks for 37 s: more than this loop waits
+    proof = failed.value.proof
+    assert sleeps == []  # neither slept (capped) nor re-spawned early
+    assert fake_vendor.call_count("claude") == 1
+    assert (proof.failure_class, proof.reason, proof.retry_after_s) == (UP, "http 429", 37.0)
+    assert proof.to_dict()["retry_after_s"] == 37.0
 
 
 # --- work -----------------------------------------------------------------------------------
@@ -146,7 +166,7 @@ def test_vendor_retry_after_is_honoured_and_capped(fake_vendor: FakeVendor) -> N
 
 def test_work_failure_retries_without_sleeping_and_charges(fake_vendor: FakeVendor) -> None:
     fake_vendor.register(
-        "opencode", stdout=fx("opencode", "auth_failure.jsonl"), exit_code=1, occurrences=2
+        "opencode", stdout=fx("opencode", "bad_request.jsonl"), exit_code=1, occurrences=2
     )
     sleeps = Sleeps()
     with pytest.raises(AgentFailed) as failed:
@@ -168,7 +188,21 @@ def test_a_work_try_charges_the_agent_even_if_a_later_try_was_upstream(
             get_adapter("codex"), REQUEST, max_attempts=2, sleep=Sleeps(), start=fake_vendor.start
         )
     assert failed.value.proof.failure_class is WORK
-    assert failed.value.proof.reason == "default"
+    assert failed.value.proof.reason == "http 400"
+
+
+def test_a_refused_credential_stops_at_once_naming_the_fix(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("opencode", stdout=fx("opencode", "auth_failure.jsonl"), exit_code=1)
+    sleeps = Sleeps()
+    with pytest.raises(AgentFailed) as failed:
+        run_agent(
+            get_adapter("opencode"), REQUEST, max_attempts=3, sleep=sleeps, start=fake_vendor.start
+        )
+    proof = failed.value.proof
+    assert sleeps == [] and fake_vendor.call_count("opencode") == 1
+    assert (proof.failure_class, proof.reason) == (ENV, "credentials")
+    assert proof.precondition and "opencode auth login" in proof.precondition
+    assert proof.retry_after_s is None
 
 
 def test_upstream_then_missing_binary_stops_as_environment(fake_vendor: FakeVendor) -> None:
@@ -261,7 +295,7 @@ def test_schema_gate_failure_on_the_last_try_is_work(fake_vendor: FakeVendor) ->
 
 def test_uncharged_prior_is_lost_with_no_cause(fake_vendor: FakeVendor) -> None:
     fake_vendor.register("codex", stdout=fx("codex", "overloaded.jsonl"), exit_code=1)
-    fake_vendor.register("codex", stdout=fx("codex", "auth_failure.jsonl"), exit_code=1)
+    fake_vendor.register("codex", stdout=fx("codex", "bad_request.jsonl"), exit_code=1)
     fake_vendor.register("codex", stdout=fx("codex", "success.jsonl"))
     contexts: list[AttemptContext] = []
 
@@ -281,8 +315,7 @@ def test_uncharged_prior_is_lost_with_no_cause(fake_vendor: FakeVendor) -> None:
     assert contexts[0].prior_outcome is None
     assert contexts[1] == AttemptContext(2, 3, PriorOutcome.LOST, None)
     assert contexts[2].prior_outcome is PriorOutcome.WORKFLOW_ERROR
-    assert "401 Unauthorized" in (contexts[2].prior_cause or "")
-    assert "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx1234" not in (contexts[2].prior_cause or "")
+    assert "400 Bad Request" in (contexts[2].prior_cause or "")
 
 
 def test_the_spawned_agent_sees_its_context_in_its_environment(tmp_path: Path) -> None:
@@ -632,17 +665,27 @@ def test_prop_the_loop_is_bounded_and_tells_each_try_the_truth(
     except AgentFailed as failed:
         proof = failed.proof
     classes = [cls for cls, _ in outcomes]
-    # Stops at the first success or environment failure, else at max_attempts: never more.
-    settle = next((i + 1 for i, cls in enumerate(classes) if cls in (None, ENV)), 99)
+    # Stops at the first success or environment failure, or at an upstream failure whose
+    # vendor asked for more than max_s (the scheduler waits for that), else at
+    # max_attempts: never more.
+    settle = next(
+        (
+            i + 1
+            for i, (cls, asked) in enumerate(outcomes)
+            if cls in (None, ENV) or (cls is UP and asked is not None and asked > backoff.max_s)
+        ),
+        99,
+    )
     assert adapter.spawns == proof.attempts == min(settle, max_attempts)
     assert recorder.agents == (proof,)
-    # Only an upstream try followed by another try waits; every wait is capped.
+    # Only an upstream try followed by another try waits: the vendor's wait when it asked
+    # for one (never more than max_s), else the backoff.
     waited = [outcomes[i] for i in range(adapter.spawns - 1) if classes[i] is UP]
     assert len(sleeps) == len(waited)
     for slept, (_, asked) in zip(sleeps, waited, strict=True):
         assert 0 <= slept <= backoff.max_s
         if asked is not None:
-            assert slept == min(asked, backoff.max_s)
+            assert slept == asked
     # Each try after an uncharged one is told `lost`, with no cause.
     for index, context in enumerate(contexts[1:]):
         prior = classes[index]
@@ -657,6 +700,11 @@ def test_prop_the_loop_is_bounded_and_tells_each_try_the_truth(
     else:
         assert proof.failure_class is (WORK if WORK in tried else tried[-1])
         assert (proof.precondition is not None) is (proof.failure_class is ENV)
+        # The reset travels on the proof for upstream only: what the scheduler waits for.
+        if proof.failure_class is UP:
+            assert proof.retry_after_s == outcomes[adapter.spawns - 1][1]
+        else:
+            assert proof.retry_after_s is None
 
 
 def test_threaded_parallel_that_swallows_failures_keeps_every_class(tmp_path: Path) -> None:

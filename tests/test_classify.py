@@ -176,6 +176,23 @@ def test_retry_notice_does_not_hide_an_account_limit() -> None:
         "API Error: Request timed out.",
         "exit status 1",
         "the generated iterate() keeps a separate rate table",
+        # Hard negatives of the SDK, high-demand, unreachable and RESOURCE_EXHAUSTED rows.
+        "class RateLimitError(Exception):",
+        "AssertionError: RateLimitError not raised",
+        "app.errors.RateLimitError: too many widgets in cart (limit 500)",
+        "from openai import InternalServerError, RateLimitError",
+        'E       assert str(err) == "503 status code (no body)"',
+        "We are experiencing high demand for tickets, please wait.",
+        "currently experiencing high demand",
+        "    except anthropic.APIConnectionError:",
+        "class APIConnectionError(ConnectionError):",
+        "myapp.APIConnectionError: database is down",
+        "assert status == Status.RESOURCE_EXHAUSTED",
+        "RESOURCE_EXHAUSTED",
+        "TypeError: fetch failed",
+        "Cannot connect to API: Unable to connect. Is the computer able to access the url?",
+        "Reconnecting... waiting for network (Connection failed: error sending request)",
+        "Attempt 4 failed. Retrying with backoff... Error: exception TypeError: fetch failed",
     ],
 )
 def test_hard_negatives_are_work(text: str) -> None:
@@ -193,12 +210,132 @@ def test_hard_negatives_are_work(text: str) -> None:
             "insufficient quota",
         ),
         ("status 503 then: please check your plan and billing details", "billing"),
-        ("API Error: 529 overloaded; Claude AI usage limit reached|1753459200", "usage limit"),
         ("usage limit reached.\nHTTP/1.1 503 Service Unavailable", "usage limit"),
+        # A reset stated BEFORE the account limit is not its reset.
+        ("retry after 5s\nYour credit balance is too low", "billing"),
+        ("You've hit your usage limit. Upgrade to Pro or try again later.", "usage limit"),
     ],
 )
 def test_account_limits_veto_upstream_anywhere_in_the_tail(text: str, reason: str) -> None:
     assert_text_verdict(text, FailureClass.WORK, reason)
+    assert classify_text(text).retry_after_s is None
+
+
+NOW = 1_753_450_000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "wait"),
+    [
+        ("API Error: 529 overloaded; Claude AI usage limit reached|1753459200", "http 529", 9200),
+        ("Claude AI usage limit reached|1753459200", "usage limit", 9200),
+        ("Claude AI usage limit reached|1753000000", "usage limit", 0),
+        (
+            "You've hit your usage limit. Upgrade to Pro or try again in "
+            "4 days 10 hours 3 minutes.",
+            "usage limit",
+            4 * 86400 + 10 * 3600 + 180,
+        ),
+        (
+            '{"error":{"code":429,"message":"You exceeded your current quota, please check '
+            'your plan and billing details.\\nPlease retry in 17.0s.",'
+            '"status":"RESOURCE_EXHAUSTED"}}',
+            "http 429",
+            17,
+        ),
+        (
+            "You have exhausted your capacity on this model. Your quota will reset after 2h52m39s."
+            " usage limit",
+            "default",
+            None,
+        ),
+    ],
+)
+def test_a_stated_reset_after_an_account_limit_makes_it_upstream(
+    text: str, reason: str, wait: float | None
+) -> None:
+    verdict = classify_text(text, now=NOW)
+    if wait is None:
+        # The reset came first and the limit after it: still the veto.
+        assert verdict.failure_class is FailureClass.WORK
+        return
+    assert (verdict.failure_class, verdict.reason) == (FailureClass.UPSTREAM, reason)
+    assert verdict.retry_after_s == pytest.approx(wait)
+
+
+@pytest.mark.parametrize(
+    ("text", "wait"),
+    [
+        ("Retry-After: 30", 30.0),
+        ("retry-after-ms: 1500", 1.5),
+        ('"retryDelay": "17s"', 17.0),
+        ("retryDelayMs: 17000,", 17.0),
+        ("Please retry in 7200.0s.", 7200.0),
+        ("Suggested retry after 17s.. Retrying after 17268ms...", 17.0),
+        ("try again in 4 days 10 hours 3 minutes", 4 * 86400 + 10 * 3600 + 180),
+        ("Your quota will reset after 2h52m39s.", 2 * 3600 + 52 * 60 + 39),
+        ('"resets_in_seconds": 4123', 4123.0),
+        ('"resets_at": 1753459200', 9200.0),
+        ("usage limit reached|1753459200", 9200.0),
+        ("Retrying in 8 seconds… (attempt 4/10)", None),  # the CLI's own backoff
+        ("retry in 5 attempts", None),  # a count, not a duration
+        ("try again later", None),
+        ("", None),
+    ],
+)
+def test_stated_waits(text: str, wait: float | None) -> None:
+    got = classify_module.stated_wait_s(text, now=NOW)
+    assert got == (pytest.approx(wait) if wait is not None else None)
+
+
+def test_codex_wall_clock_resets_are_local_time() -> None:
+    import time
+
+    now = time.mktime((2026, 12, 3, 14, 51, 0, 0, 0, -1))
+    same_day = classify_module.stated_wait_s("or try again at 4:00 PM.", now=now)
+    assert same_day == pytest.approx(69 * 60)
+    dated = classify_module.stated_wait_s("try again at Dec 4th, 2026 4:00 PM.", now=now)
+    assert dated == pytest.approx(69 * 60 + 86400, abs=3600)  # a DST change moves it an hour
+    # Printed today but already past when read (a clock or zone mismatch): no wait.
+    assert classify_module.stated_wait_s("try again at 9:15 AM", now=now) == 0.0
+    assert classify_module.stated_wait_s("try again at 13:00 PM", now=now) is None
+
+
+def test_the_last_status_decides() -> None:
+    # A retried 503 then a final 400: the 400 failed the run.
+    assert_text_verdict(
+        "HTTP/1.1 503 Service Unavailable\nHTTP/1.1 400", FailureClass.WORK, "default"
+    )
+    assert_text_verdict('status 503\n{"error": {"code": 401}}', FailureClass.WORK, "default")
+    # Wording before the last (non-upstream) status is barred too; after it, it counts.
+    assert_text_verdict("model is overloaded\nstatus 404", FailureClass.WORK, "default")
+    assert_text_verdict("status 404\nmodel is overloaded", FailureClass.UPSTREAM, "overloaded")
+    # An upstream status last still decides.
+    assert_text_verdict("HTTP 400\nHTTP 503", FailureClass.UPSTREAM, "http 503")
+
+
+def test_gemini_notices_with_their_stack_traces_are_not_the_final_error() -> None:
+    notice = (
+        "Attempt 1 failed with status 503. Retrying with backoff... _ApiError: {...}\n"
+        "    at throwErrorIfNotOK (file:///x/chunk.js:267833:24)\n"
+        "    at async Turn.run (file:///x/chunk.js:333001:24) {\n"
+        "  status: 503\n"
+        "}\n"
+    )
+    # Killed while still retrying: the notice (with its inspected status) is the outcome.
+    assert classify_text(notice).reason == "http 503"
+    # The retry went on and something else failed: the notice's status is not counted.
+    assert classify_text(notice + "Error: tool run_tests failed\n").reason == "default"
+
+
+def test_codex_reconnecting_banners_are_notices() -> None:
+    banner = (
+        '{"type":"error","message":'
+        '"Reconnecting... 1/5 (unexpected status 503 Service Unavailable)"}'
+    )
+    assert classify_text(banner).reason == "http 503"
+    later = banner + '\n{"type":"turn.failed","error":{"message":"tests failed"}}'
+    assert classify_text(later).reason == "default"
 
 
 @pytest.mark.parametrize(
@@ -219,6 +356,17 @@ def test_account_limits_veto_upstream_anywhere_in_the_tail(text: str, reason: st
         ("exceeded token rate limit of your current tier", "rate limited"),
         ("CircuitOpenError: provider openai", "circuit open"),
         ("circuit breaker state: OPEN", "circuit open"),
+        ("anthropic.InternalServerError: Error code: 529 - {'type': 'error'}", "http 529"),
+        ("InternalServerError: 500 status code (no body)", "http 500"),
+        ("503 status code (no body)", "http 503"),
+        ("google.api_core.exceptions.ServiceUnavailable: 503 Connection reset", "http 503"),
+        ("openai.APIConnectionError: Connection error.", "vendor unreachable"),
+        ('{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED"}}', "http 429"),
+        ('{"error": {"status": "RESOURCE_EXHAUSTED"}}', "rate limited"),
+        (
+            "We\u2019re currently experiencing high demand, which may cause temporary errors.",
+            "overloaded",
+        ),
     ],
 )
 def test_more_upstream_shapes(text: str, reason: str) -> None:
@@ -274,7 +422,12 @@ def test_classify_text_is_never_environment() -> None:
 def test_a_succeeded_run_is_never_classed() -> None:
     ok = spawn_result(exit_code=0, stderr="status 503 Service Unavailable")
     assert classify(ok) is None
-    assert classification_fields(ok) == {"class": None, "reason": None, "evidence": None}
+    assert classification_fields(ok) == {
+        "class": None,
+        "reason": None,
+        "evidence": None,
+        "retry_after_s": None,
+    }
 
 
 def test_enoent_is_environment() -> None:
@@ -303,8 +456,33 @@ def test_a_missing_working_directory_is_environment() -> None:
 
 
 @pytest.mark.parametrize(
+    ("number", "failure", "reason"),
+    [
+        (errno.EACCES, SpawnFailure.PERMISSION_DENIED, "spawn errno EACCES"),
+        (errno.ENOEXEC, SpawnFailure.EXEC_FORMAT, "spawn errno ENOEXEC"),
+        (errno.ENOTDIR, SpawnFailure.OTHER, "spawn errno ENOTDIR"),
+        (errno.ENOENT, SpawnFailure.INTERPRETER_NOT_FOUND, "missing interpreter"),
+        (errno.ENOENT, SpawnFailure.CWD_NOT_FOUND, "missing working directory"),
+        (errno.ENOTDIR, SpawnFailure.CWD_NOT_DIRECTORY, "unusable working directory"),
+        (errno.EACCES, SpawnFailure.CWD_UNUSABLE, "unusable working directory"),
+    ],
+)
+def test_a_spawn_errno_that_means_never_started_is_environment(
+    number: int, failure: SpawnFailure, reason: str
+) -> None:
+    # Even when the text looks upstream: the process never started, so no vendor spoke.
+    result = spawn_result(
+        spawn_errno=number, spawn_error="503 Service Unavailable", spawn_failure=failure
+    )
+    verdict = classify(result)
+    assert verdict is not None
+    assert (verdict.failure_class, verdict.reason) == (FailureClass.ENVIRONMENT, reason)
+    assert not verdict.charged
+
+
+@pytest.mark.parametrize(
     ("number", "name"),
-    [(errno.EACCES, "EACCES"), (errno.E2BIG, "E2BIG"), (errno.ENOEXEC, "ENOEXEC")],
+    [(errno.E2BIG, "E2BIG"), (errno.EMFILE, "EMFILE"), (errno.ENOMEM, "ENOMEM")],
 )
 def test_any_other_spawn_errno_is_work(number: int, name: str) -> None:
     # Even when the text looks upstream: the process never started, so no vendor spoke.
@@ -371,13 +549,17 @@ def test_to_dict_and_classification_fields() -> None:
         "class": "upstream",
         "reason": "http 502",
         "evidence": "HTTP/1.1 502 Bad Gateway",
+        "retry_after_s": None,
     }
     assert json.loads(json.dumps(fields)) == fields
     assert Classification(FailureClass.WORK, "default").to_dict() == {
         "class": "work",
         "reason": "default",
         "evidence": None,
+        "retry_after_s": None,
     }
+    limited = classification_fields(spawn_result(stderr="HTTP/1.1 429\nRetry-After: 30"))
+    assert (limited["reason"], limited["retry_after_s"]) == ("http 429", 30.0)
 
 
 def test_classification_is_frozen() -> None:
@@ -395,6 +577,11 @@ def test_classification_is_frozen() -> None:
         (
             {"failure_class": FailureClass.WORK, "reason": "r", "evidence": "e" * 201},
             "evidence",
+        ),
+        ({"failure_class": FailureClass.UPSTREAM, "reason": "r", "retry_after_s": -1}, "retry"),
+        (
+            {"failure_class": FailureClass.UPSTREAM, "reason": "r", "retry_after_s": float("nan")},
+            "retry",
         ),
     ],
 )

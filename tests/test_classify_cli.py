@@ -41,6 +41,7 @@ def test_dash_reads_stdin_and_json_prints_one_object(
         "class": "work",
         "reason": "default",
         "evidence": None,
+        "retry_after_s": None,
     }
 
 

@@ -9,7 +9,14 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from execkit._classify import TAIL_CHARS, FailureClass, classify, classify_text
+from execkit._classify import (
+    ENVIRONMENT_ERRNOS,
+    TAIL_CHARS,
+    FailureClass,
+    classify,
+    classify_text,
+    stated_wait_s,
+)
 from execkit._exec import SpawnResult
 
 UPSTREAM_SAMPLES = [
@@ -128,8 +135,10 @@ def test_structure_decides_a_spawn_failure(number: int, spawn_error: str | None)
         _result("", exit_code=None, pid=None, spawn_errno=number, spawn_error=spawn_error)
     )
     assert verdict is not None
-    if number == errno.ENOENT:
+    if number in ENVIRONMENT_ERRNOS:
+        # Never started for a missing precondition: ENOENT, EACCES, ENOEXEC, ENOTDIR.
         assert verdict.failure_class is FailureClass.ENVIRONMENT
+        assert verdict.reason == f"spawn errno {errno.errorcode[number]}"
     else:
         assert verdict.failure_class is FailureClass.WORK
         assert verdict.reason == f"spawn errno {errno.errorcode[number]}"
@@ -141,6 +150,17 @@ def test_without_an_errno_nothing_is_environment(text: str) -> None:
         verdict = classify(_result(text, **overrides))
         assert verdict is not None
         assert verdict.failure_class is not FailureClass.ENVIRONMENT
+
+
+@given(st.text(max_size=300), st.floats(0, 2e9))
+def test_a_work_verdict_never_carries_a_wait_and_waits_are_never_negative(
+    text: str, now: float
+) -> None:
+    verdict = classify_text(text, now=now)
+    if verdict.failure_class is FailureClass.WORK:
+        assert verdict.retry_after_s is None
+    wait = stated_wait_s(text, now=now)
+    assert wait is None or wait >= 0
 
 
 @given(st.text(max_size=300))
@@ -174,6 +194,17 @@ ADVERSARIAL_UNITS = [
     "too many ",
     "retrying ",
     "status 503; retrying\n",
+    "Reconnecting... 1/5 (status 503)\n",
+    "    at f (x.js:1:2) {\n",
+    "  status: 503\n",
+    "}\n",
+    "retry after ",
+    "try again in 4 days ",
+    "10 hours ",
+    "usage limit reached|1753459200 ",
+    "try again at 4:00 pm ",
+    "ratelimiterror: 429 ",
+    "503 status code (no body)",
     "\n",
     " ",
     "İ",

@@ -45,3 +45,49 @@ def test_a_timed_out_run_is_work_timeout() -> None:
     result = spawn([sys.executable, "-c", script], timeout=1.0, kill_grace=1.0)
     assert result.timed_out
     assert classify(result) == Classification(FailureClass.WORK, "timeout")
+
+
+def _script(path: Path, body: bytes, mode: int) -> Path:
+    path.write_bytes(body)
+    path.chmod(mode)
+    return path
+
+
+def test_a_program_that_is_not_executable_is_environment(tmp_path: Path) -> None:
+    program = _script(tmp_path / "vendor-cli", b"#!/bin/sh\necho hi\n", 0o644)
+    verdict = classify(spawn([str(program)]))
+    assert verdict is not None
+    assert (verdict.failure_class, verdict.reason) == (
+        FailureClass.ENVIRONMENT,
+        "spawn errno EACCES",
+    )
+
+
+def test_a_program_that_is_not_a_program_is_environment(tmp_path: Path) -> None:
+    program = _script(tmp_path / "vendor-cli", b"\x7fELF\x00garbage", 0o755)
+    verdict = classify(spawn([str(program)]))
+    assert verdict is not None
+    assert (verdict.failure_class, verdict.reason) == (
+        FailureClass.ENVIRONMENT,
+        "spawn errno ENOEXEC",
+    )
+
+
+def test_a_missing_interpreter_is_environment_with_its_own_reason(tmp_path: Path) -> None:
+    program = _script(tmp_path / "vendor-cli", b"#!/nonexistent/node\n", 0o755)
+    verdict = classify(spawn([str(program)]))
+    assert verdict is not None
+    assert (verdict.failure_class, verdict.reason) == (
+        FailureClass.ENVIRONMENT,
+        "missing interpreter",
+    )
+
+
+def test_a_path_through_a_file_is_environment(tmp_path: Path) -> None:
+    a_file = _script(tmp_path / "not-a-dir", b"x", 0o644)
+    verdict = classify(spawn([str(a_file / "vendor-cli")]))
+    assert verdict is not None
+    assert (verdict.failure_class, verdict.reason) == (
+        FailureClass.ENVIRONMENT,
+        "spawn errno ENOTDIR",
+    )

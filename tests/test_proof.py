@@ -264,6 +264,8 @@ def test_prop_proofs_without_class_behave_as_work(items: list[AgentProof]) -> No
         ({"cost_usd": -0.01}, "cost_usd"),
         ({"attempts": 1.5}, "attempts"),
         ({"attempts": True}, "attempts"),
+        ({"retry_after_s": float("nan")}, "retry_after_s"),
+        ({"retry_after_s": -1.0}, "retry_after_s"),
     ],
 )
 def test_values_json_cannot_store_are_refused_naming_the_field(
@@ -284,3 +286,17 @@ def test_run_precondition_comes_only_from_an_environment_agent() -> None:
     assert failed_run(stale).precondition is None
     env = agent(cls=ENV, id="a2", precondition="claude CLI not found on PATH")
     assert failed_run(stale, env).precondition == "claude CLI not found on PATH"
+
+
+def test_the_vendors_reset_travels_on_the_proof_and_round_trips() -> None:
+    limited = agent(cls=UP, reason="http 429", retry_after_s=4123.0)
+    data = limited.to_dict()
+    assert data["retry_after_s"] == 4123.0
+    assert load_agent_proof(data) == limited
+    # Written before the field existed: no reset, which is what it meant.
+    older = {k: v for k, v in data.items() if k != "retry_after_s"}
+    assert load_agent_proof(older).retry_after_s is None
+    # A success has nothing to wait for, whatever an older writer stored.
+    ok = {**agent(AgentStatus.SUCCEEDED).to_dict(), "retry_after_s": 30.0}
+    assert load_agent_proof(ok).retry_after_s is None
+    assert agent(AgentStatus.SUCCEEDED).to_dict()["retry_after_s"] is None

@@ -1,6 +1,9 @@
 """`execkit adapters [--json]` (a doctor check) and `execkit run --adapter NAME -- ARGS...`.
 
-`execkit adapters` lists every adapter, its binary and where that binary is on PATH.
+`execkit adapters` lists every adapter, its binary and where that binary is on PATH, and
+whether its credentials look present: one of its documented variables (`credential_env`)
+is set, or one of its credential files (`credential_files`) exists. Only names are ever
+printed, never a value.
 `run_adapter_command` runs `BINARY ARGS...` once through the adapter and reports the
 AgentProof: with `--json` the whole proof (with `"class"`, `"reason"`, `"precondition"`),
 otherwise the reply on stdout, or one line on stderr naming the class and what to fix.
@@ -9,10 +12,13 @@ otherwise the reply on stdout, or one line on stderr naming the class and what t
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
+from execkit._adapter import Adapter, credential_env_of, credential_files_of
 from execkit._agent import run_command
 from execkit._classify import FailureClass, Reason
 from execkit._errors import InvalidInput
@@ -36,11 +42,56 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser = sub.add_parser(
         "adapters",
         help="list vendor adapters and whether each binary is on PATH",
-        description="List the built-in and registered adapters, their binaries, and "
-        "whether each binary is on PATH (with the install hint when it is not).",
+        description="List the built-in and registered adapters, their binaries, "
+        "whether each binary is on PATH (with the install hint when it is not), and "
+        "whether credentials look present (a documented variable set or a credential "
+        "file there; names only, never values).",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=_handle_list)
+
+
+def credential_status(adapter: Adapter, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Whether `adapter`'s credentials look present, by name only (values never read out).
+
+    `{"known": bool, "present": bool, "found": [names set / files there], "env": [...],
+    "files": [...]}`; `known` is False for an adapter that documents no credentials.
+    """
+    environ = os.environ if env is None else env
+    names = list(credential_env_of(adapter))
+    files = list(credential_files_of(adapter))
+    found = [name for name in names if environ.get(name, "").strip()]
+    home = environ.get("HOME") or os.path.expanduser("~")
+    for path in files:
+        full = os.path.join(home, path[2:]) if path.startswith("~/") else path
+        if os.path.isfile(full):
+            found.append(path)
+    return {
+        "known": bool(names or files),
+        "present": bool(found),
+        "found": found,
+        "env": names,
+        "files": files,
+    }
+
+
+def _credentials_line(row: dict[str, Any]) -> str:
+    creds = row["credentials"]
+    if not creds["known"]:
+        return "credentials: none documented"
+    if creds["present"]:
+        return "credentials: present (" + ", ".join(creds["found"]) + ")"
+    missing = []
+    if creds["env"]:
+        missing.append(_listed(creds["env"]) + " set")
+    if creds["files"]:
+        missing.append(_listed(creds["files"]))
+    login = f"; log in: {row['login_hint']}" if row.get("login_hint") else ""
+    return f"credentials: none found (no {', no '.join(missing)}){login}"
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -60,6 +111,7 @@ def _rows() -> list[dict[str, Any]]:
                 "on_path": path is not None,
                 "install_hint": adapter.install_hint,
                 "login_hint": adapter.login_hint,
+                "credentials": credential_status(adapter),
             }
         )
     return rows
@@ -83,6 +135,8 @@ def _handle_list(args: argparse.Namespace) -> int:
                 f"{row['name']:<10} {row['binary']:<10} not on PATH; install: {row['install_hint']}"
             )
         print(safe_text(line))
+        if "error" not in row:
+            print(safe_text(f"{'':<10} {_credentials_line(row)}"))
     return 0
 
 

@@ -98,7 +98,9 @@ class AdapterRunner:
     (for the `generic` adapter: the program and its flags). `agent_attempts` defaults to 1:
     the dispatcher owns retries across dispatches, so the in-agent loop must not also
     re-spawn (and sleep) inside one dispatch. `start` is how each agent process is started
-    (`spawn`'s seam; a test passes `fake_vendor.start`).
+    (`spawn`'s seam; a test passes `fake_vendor.start`). An upstream failure whose vendor
+    stated a reset sets `RunOutcome.not_before` to `clock() + retry_after_s` (`clock`:
+    epoch seconds, `time.time` by default), so the next dispatch is no earlier.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class AdapterRunner:
         env: Mapping[str, str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         start: ProcessStarter = subprocess.Popen,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         integer_arg("agent_attempts", agent_attempts, 1)
         self.adapter = adapter
@@ -120,6 +123,7 @@ class AdapterRunner:
         self._env = dict(env) if env is not None else None
         self._sleep = sleep
         self._start = start
+        self._clock = clock
 
     def request_for(self, issue: BoardIssue) -> AgentRequest:
         return AgentRequest(
@@ -145,10 +149,16 @@ class AdapterRunner:
             proof = failed.proof
         if proof.productive:
             return RunOutcome(RunStatus.SUCCEEDED)
+        failure_class = proof.effective_class
+        wait = proof.retry_after_s
+        not_before = None
+        if failure_class is FailureClass.UPSTREAM and wait is not None:
+            not_before = self._clock() + wait
         return RunOutcome(
             RunStatus.FAILED,
-            failure_class=proof.effective_class,
+            failure_class=failure_class,
             reason=proof.reason,
             precondition=proof.precondition,
             detail=last_line(proof.error),
+            not_before=not_before,
         )

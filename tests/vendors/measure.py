@@ -3,6 +3,7 @@
     python tests/vendors/measure.py            # figures and the per-cell table
     python tests/vendors/measure.py --json     # the same as one JSON document
     python tests/vendors/measure.py --write-expected   # regenerate expected.json (review it!)
+    python tests/vendors/measure.py --write-matrix     # the class matrix into MATRIX.md
 
 Reads `fixtures/recorded/expected.json` (the class an operator needs for each
 CLI/scenario cell; null for success) and replays every recording through
@@ -14,32 +15,47 @@ CLI/scenario cell; null for success) and replays every recording through
 For each path it prints the precision and recall of `upstream` and the share of cells
 whose class is the expected one; then the same figures over the hand-labelled corpus in
 fixtures/failures/ (each transcript as the stderr of a spawn that exited 1). It changes
-nothing and needs only Python (no node).
+nothing (unless told to write) and needs only Python (no node); the cells replay in
+parallel.
+
+`--write-matrix` replaces the "Classes" section of fixtures/recorded/MATRIX.md (between
+its markers, after record.py's table of recorded cells) with the CLI x scenario table of
+the class each cell gets on the adapter path, and the figures;
+tests/test_vendor_recorded.py checks that it is current.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from replay import load, replay_spawn  # noqa: E402
+from replay import load, write_replay  # noqa: E402
+
+if TYPE_CHECKING:
+    from execkit import SpawnResult
 
 REPO = HERE.parent.parent
 RECORDED = REPO / "fixtures" / "recorded"
 EXPECTED = RECORDED / "expected.json"
 CORPUS = REPO / "fixtures" / "failures"
+MATRIX = RECORDED / "MATRIX.md"
 ADAPTERS = ("codex", "claude", "gemini", "opencode")
 # A recorded hang is replayed and killed after this long (the recording says how it ended).
 HANG_REPLAY_S = 1.5
+MATRIX_BEGIN = "<!-- classes: written by tests/vendors/measure.py --write-matrix -->"
+MATRIX_END = "<!-- end of classes -->"
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,7 @@ class Verdict:
     plain: str | None
     adapter_reason: str | None = None
     plain_reason: str | None = None
+    adapter_retry_after_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,32 +119,55 @@ def load_expected() -> dict[str, dict[str, Any]]:
     return cells
 
 
-def measure_recordings() -> list[Verdict]:
-    """Replay every recording and class it both ways."""
+def replay_all(
+    paths: list[Path], *, hang_s: float = HANG_REPLAY_S, workers: int = 16
+) -> dict[Path, SpawnResult]:
+    """Replay every recording through `execkit.spawn`, `workers` at a time.
+
+    Every stand-in is written (and closed) before the first one starts: a script still
+    open for writing in one thread while another thread forks would fail to exec with
+    ETXTBSY ("text file busy").
+    """
+    from execkit import spawn
+
+    with tempfile.TemporaryDirectory(prefix="execkit-measure-") as root:
+        bins = {path: write_replay(path, Path(root) / str(i)) for i, path in enumerate(paths)}
+
+        def run(path: Path) -> SpawnResult:
+            cell = load(path)
+            env = {**os.environ, "PATH": os.pathsep.join([str(bins[path]), os.environ["PATH"]])}
+            timeout = hang_s if cell.meta.get("timed_out") else 60.0
+            return spawn(cell.argv, env=env, timeout=timeout, kill_grace=1.0, tail_bytes=4 << 20)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return dict(zip(paths, pool.map(run, paths), strict=True))
+
+
+def _measure_one(path: Path, result: SpawnResult, expected: dict[str, dict[str, Any]]) -> Verdict:
     from execkit import classify, get_adapter
 
+    cell = load(path)
+    key = f"{cell.cli}/{cell.scenario}"
+    if key not in expected:
+        raise SystemExit(f"{EXPECTED.name} has no entry for {key}: run --write-expected")
+    mapped = get_adapter(cell.cli).parse(result)
+    plain = classify(result)
+    return Verdict(
+        key,
+        expected[key]["class"],
+        None if mapped.failure_class is None else mapped.failure_class.value,
+        None if plain is None else plain.failure_class.value,
+        mapped.reason,
+        None if plain is None else plain.reason,
+        mapped.retry_after_s,
+    )
+
+
+def measure_recordings() -> list[Verdict]:
+    """Replay every recording (in parallel) and class it both ways."""
     expected = load_expected()
-    verdicts: list[Verdict] = []
-    for path in _recordings():
-        cell = load(path)
-        key = f"{cell.cli}/{cell.scenario}"
-        if key not in expected:
-            raise SystemExit(f"{EXPECTED.name} has no entry for {key}: run --write-expected")
-        timeout = HANG_REPLAY_S if cell.meta.get("timed_out") else 60.0
-        result = replay_spawn(path, timeout_s=timeout, kill_grace=1.0)
-        mapped = get_adapter(cell.cli).parse(result)
-        plain = classify(result)
-        verdicts.append(
-            Verdict(
-                key,
-                expected[key]["class"],
-                None if mapped.failure_class is None else mapped.failure_class.value,
-                None if plain is None else plain.failure_class.value,
-                mapped.reason,
-                None if plain is None else plain.reason,
-            )
-        )
-    return verdicts
+    results = replay_all(_recordings())
+    return [_measure_one(path, result, expected) for path, result in results.items()]
 
 
 def measure_corpus() -> list[Verdict]:
@@ -196,11 +236,22 @@ _BY_SCENARIO: dict[str, tuple[str | None, str]] = {
     "retrying_503_killed": ("upstream", "killed while retrying a 503: retry later"),
 }
 _BY_OUTCOME = {"flaky_503_then_400", "flaky_503_then_success"}
+_SILENT_RETRY = (
+    "work",
+    "killed while retrying a 503, but the CLI printed nothing: indistinguishable from a "
+    "hang, so charged as a timeout (a timeout with nothing to show stays work)",
+)
 
 
-def expected_for(meta: dict[str, Any]) -> tuple[str | None, str]:
-    """The class for one recorded cell: by its scenario, or by the last answer it got."""
+def expected_for(meta: dict[str, Any], printed: bool = True) -> tuple[str | None, str]:
+    """The class for one recorded cell: by its scenario, or by the last answer it got.
+
+    `printed`: the CLI wrote anything at all (a run killed while retrying that printed
+    nothing cannot be told from a hang, and the policy charges a silent timeout).
+    """
     scenario = str(meta["scenario"])
+    if scenario == "retrying_503_killed" and meta.get("timed_out") and not printed:
+        return _SILENT_RETRY
     if scenario not in _BY_OUTCOME:
         return _BY_SCENARIO[scenario]
     main = [e for e in meta["requests"] if e.get("role") == "model" and not e.get("helper")]
@@ -215,23 +266,94 @@ def expected_for(meta: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def write_expected() -> None:
+    """Regenerate expected.json; the hand-added keys of a cell whose class is unchanged
+    (`reason`, `retry_after_s`, `precondition_has`...) are kept."""
+    previous = load_expected() if EXPECTED.exists() else {}
     cells: dict[str, dict[str, Any]] = {}
     for path in _recordings():
         cell = load(path)
-        klass, why = expected_for(cell.meta)
-        cells[f"{cell.cli}/{cell.scenario}"] = {"class": klass, "why": why}
+        printed = bool(cell.stdout().strip() or cell.stderr().strip())
+        klass, why = expected_for(cell.meta, printed)
+        key = f"{cell.cli}/{cell.scenario}"
+        extra = previous.get(key, {})
+        kept = {k: v for k, v in extra.items() if k not in ("class", "why")}
+        cells[key] = {"class": klass, "why": why, **(kept if extra.get("class") == klass else {})}
     document = {
         "description": (
             "The failure class an operator needs for each recorded cell (null: success). "
             "upstream: the vendor refused or was unreachable (5xx, 529, 429, rate and usage "
             "limits with a reset, connection refused, killed while retrying); environment: "
             "a missing precondition (401, 403, credit or quota exhausted with no reset); "
-            "work: everything else (400, 404, context length, a silent hang). Read by "
-            "tests/vendors/measure.py."
+            "work: everything else (400, 404, context length, a silent hang or a run killed "
+            "while retrying that printed nothing). Optional per cell: reason (the expected "
+            "reason), retry_after_s (a number, or [min, max] for a wall-clock reset), "
+            "precondition_has (substrings the environment precondition names). Read by "
+            "tests/vendors/measure.py and tests/test_vendor_recorded.py."
         ),
         "cells": cells,
     }
     EXPECTED.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- MATRIX.md
+
+
+def _matrix_cell(verdict: Verdict) -> str:
+    if verdict.adapter is None:
+        shown = "success"
+    else:
+        shown = f"{verdict.adapter} ({verdict.adapter_reason}"
+        if verdict.adapter_retry_after_s is not None:
+            shown += ", waits for the stated reset"
+        shown += ")"
+    if verdict.adapter != verdict.expected:
+        shown += f" **expected {_show(verdict.expected)}**"
+    return shown
+
+
+def matrix_section(recorded: list[Verdict], corpus: list[Verdict]) -> str:
+    """The "Classes" section of MATRIX.md, markers included."""
+    by_key = {v.key: v for v in recorded}
+    clis = sorted({key.split("/")[0] for key in by_key})
+    scenarios = sorted({key.split("/")[1] for key in by_key})
+    lines = [
+        MATRIX_BEGIN,
+        "## Classes",
+        "",
+        "The class each recorded cell gets on the adapter path (`get_adapter(cli).parse`,",
+        "the path `execkit run --adapter` and the dispatcher take), with its reason; written",
+        "by `python tests/vendors/measure.py --write-matrix`.",
+        "",
+        "| scenario | " + " | ".join(clis) + " |",
+        "|---|" + "---|" * len(clis),
+    ]
+    for scenario in scenarios:
+        cells = [
+            _matrix_cell(by_key[f"{cli}/{scenario}"]) if f"{cli}/{scenario}" in by_key else ""
+            for cli in clis
+        ]
+        lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    lines += ["", "| over | path | figures |", "|---|---|---|"]
+    for title, verdicts in (("recorded cells", recorded), ("fixtures/failures", corpus)):
+        for path, pairs in (
+            ("adapter", [(v.expected, v.adapter) for v in verdicts]),
+            ("plain `classify`", [(v.expected, v.plain) for v in verdicts]),
+        ):
+            lines.append(f"| {title} | {path} | {figures(pairs).line()} |")
+    lines.append(MATRIX_END)
+    return "\n".join(lines) + "\n"
+
+
+def write_matrix(recorded: list[Verdict], corpus: list[Verdict]) -> None:
+    """Replace (or append) the "Classes" section of MATRIX.md."""
+    text = MATRIX.read_text(encoding="utf-8") if MATRIX.exists() else ""
+    section = matrix_section(recorded, corpus)
+    begin, end = text.find(MATRIX_BEGIN), text.find(MATRIX_END)
+    if begin >= 0 and end > begin:
+        text = text[:begin] + section + text[end + len(MATRIX_END) :].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + section
+    MATRIX.write_text(text, encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- main
@@ -266,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--write-expected", action="store_true", help="regenerate expected")
     parser.add_argument("--no-table", action="store_true", help="figures only")
+    parser.add_argument(
+        "--write-matrix", action="store_true", help="write the class matrix into MATRIX.md"
+    )
     args = parser.parse_args(argv)
     if args.write_expected:
         write_expected()
@@ -276,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     recorded = measure_recordings()
     corpus = measure_corpus()
+    if args.write_matrix:
+        write_matrix(recorded, corpus)
+        print(f"wrote the classes of {MATRIX.relative_to(REPO)}")
     if args.json:
         document = {
             "recorded": {

@@ -1,0 +1,202 @@
+"""Every recorded real-CLI cell, replayed through execkit's real adapter path, gets what an
+operator needs: the class, the reason, the precondition and the retry timing of
+fixtures/recorded/expected.json.
+
+Each cell's recorded output is reproduced by its stand-in (tests/vendors/replay.py: Python,
+no node), put first on the PATH the child is started with, and run by
+`execkit.run_command(get_adapter(cli), argv)` exactly as argv.json says, and a few cells
+through `execkit run --adapter CLI --json -- ...` in a fresh interpreter. All stand-ins are
+written before the first starts (an open script forked into another thread's child fails
+to exec with ETXTBSY), then the cells run in parallel; a recorded hang is killed after
+`HANG_S`, as execkit kills a real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENDORS = REPO / "tests" / "vendors"
+RECORDED = REPO / "fixtures" / "recorded"
+if str(VENDORS) not in sys.path:
+    sys.path.insert(0, str(VENDORS))
+
+import measure  # noqa: E402
+from replay import Recording, load, write_replay  # noqa: E402
+
+from execkit import AgentProof, AgentStatus, get_adapter, run_command  # noqa: E402
+from execkit._classify import FailureClass  # noqa: E402
+
+HANG_S = 1.0
+PATHS = sorted(p.parent for p in RECORDED.glob("*/*/meta.json"))
+EXPECTED: dict[str, dict[str, Any]] = json.loads(
+    (RECORDED / "expected.json").read_text(encoding="utf-8")
+)["cells"]
+KEYS = [f"{p.parent.name}/{p.name}" for p in PATHS]
+# Through the CLI as well: one cell per vendor, each class, a wall-clock reset, a hang.
+CLI_CELLS = [
+    "claude/auth_401",
+    "codex/usage_limit",
+    "gemini/rate_limit_429",
+    "opencode/connection_refused",
+    "gemini/retrying_503_killed",
+]
+
+
+def _path_env(bin_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
+    return env
+
+
+def _starter(bin_dir: Path) -> Callable[..., subprocess.Popen[bytes]]:
+    """`spawn`'s start seam, with the stand-in's directory first on the child's PATH (the
+    program is looked up on the PATH of the environment it is started with)."""
+
+    def start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        kwargs["env"] = _path_env(bin_dir, kwargs.get("env"))
+        return subprocess.Popen(argv, **kwargs)
+
+    return start
+
+
+@pytest.fixture(scope="module")
+def stand_ins() -> Iterator[dict[str, tuple[Recording, Path]]]:
+    with tempfile.TemporaryDirectory(prefix="execkit-recorded-") as root:
+        yield {
+            key: (load(path), write_replay(path, Path(root) / key.replace("/", "-")))
+            for key, path in zip(KEYS, PATHS, strict=True)
+        }
+
+
+@pytest.fixture(scope="module")
+def proofs(stand_ins: dict[str, tuple[Recording, Path]]) -> dict[str, AgentProof]:
+    def run(key: str) -> AgentProof:
+        cell, bin_dir = stand_ins[key]
+        timeout = HANG_S if cell.meta.get("timed_out") else 60.0
+        return run_command(
+            get_adapter(cell.cli),
+            cell.argv,
+            timeout_s=timeout,
+            kill_grace=1.0,
+            start=_starter(bin_dir),
+        )
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return dict(zip(KEYS, pool.map(run, KEYS), strict=True))
+
+
+def _class(proof_class: FailureClass | None) -> str | None:
+    return None if proof_class is None else proof_class.value
+
+
+def test_expected_covers_exactly_the_recorded_cells() -> None:
+    assert sorted(EXPECTED) == KEYS
+    assert len(KEYS) == 88  # 4 CLIs x 22 scenarios
+    for key, want in EXPECTED.items():
+        assert want["class"] in (None, "work", "environment", "upstream"), key
+        assert want.get("why"), key
+        if want["class"] is not None:
+            assert want.get("reason"), key
+        if want["class"] == "environment":
+            assert want.get("precondition_has"), key
+
+
+def _check(key: str, proof: dict[str, Any]) -> None:
+    want = EXPECTED[key]
+    assert proof["class"] == want["class"], (key, proof)
+    if want["class"] is None:
+        assert proof["status"] == "succeeded", key
+        return
+    assert proof["status"] == "failed"
+    assert proof["reason"] == want["reason"], (key, proof["reason"])
+    if want["class"] == "environment":
+        assert proof["precondition"], key
+        for part in want["precondition_has"]:
+            assert part in proof["precondition"], (key, part, proof["precondition"])
+    else:
+        assert proof["precondition"] is None, key
+    wait = want.get("retry_after_s")
+    if wait is None:
+        assert proof["retry_after_s"] is None, (key, proof["retry_after_s"])
+    elif isinstance(wait, list):
+        low, high = wait
+        assert proof["retry_after_s"] is not None, key
+        assert low <= proof["retry_after_s"] <= high, (key, proof["retry_after_s"])
+    else:
+        assert proof["retry_after_s"] == pytest.approx(wait), key
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_each_recorded_cell_gets_what_an_operator_needs(
+    key: str, proofs: dict[str, AgentProof]
+) -> None:
+    proof = proofs[key]
+    _check(key, proof.to_dict())
+    if proof.status is AgentStatus.FAILED:
+        assert proof.effective_class is FailureClass(EXPECTED[key]["class"])
+
+
+def test_upstream_precision_and_every_class_on_the_adapter_path(
+    proofs: dict[str, AgentProof],
+) -> None:
+    pairs = [(EXPECTED[key]["class"], _class(proofs[key].failure_class)) for key in KEYS]
+    figures = measure.figures(pairs)
+    assert figures.upstream_precision == 1.0
+    assert figures.upstream_recall == 1.0
+    assert figures.agreement == 1.0
+
+
+def _cli_proof(cell: Recording, bin_dir: Path, timeout: float | None) -> dict[str, Any]:
+    command = [sys.executable, "-m", "execkit", "run", "--adapter", cell.cli, "--json"]
+    if timeout is not None:
+        command += ["--timeout", str(timeout), "--kill-grace", "1"]
+    done = subprocess.run(
+        [*command, "--", *cell.argv[1:]],
+        env=_path_env(bin_dir),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    proof: dict[str, Any] = json.loads(done.stdout)
+    proof["exit_status"] = done.returncode
+    return proof
+
+
+def test_a_few_cells_through_execkit_run_adapter_json(
+    stand_ins: dict[str, tuple[Recording, Path]],
+) -> None:
+    def run(key: str) -> dict[str, Any]:
+        cell, bin_dir = stand_ins[key]
+        return _cli_proof(cell, bin_dir, HANG_S if cell.meta.get("timed_out") else None)
+
+    with ThreadPoolExecutor(max_workers=len(CLI_CELLS)) as pool:
+        results = dict(zip(CLI_CELLS, pool.map(run, CLI_CELLS), strict=True))
+    for key, proof in results.items():
+        _check(key, proof)
+    # The shell conventions of `execkit run`: 127 stops on a precondition, 1 otherwise.
+    assert results["claude/auth_401"]["exit_status"] == 127
+    assert results["codex/usage_limit"]["exit_status"] == 1
+
+
+def test_matrix_md_holds_the_current_classes() -> None:
+    recorded = measure.measure_recordings()
+    corpus = measure.measure_corpus()
+    text = (RECORDED / "MATRIX.md").read_text(encoding="utf-8")
+    section = measure.matrix_section(recorded, corpus)
+    assert section in text, "run: python tests/vendors/measure.py --write-matrix"
+    assert text.index(measure.MATRIX_BEGIN) > text.index("| cli | scenario |")
+    corpus_figures = measure.figures((v.expected, v.adapter) for v in corpus)
+    assert corpus_figures.upstream_precision == 1.0
