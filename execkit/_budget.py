@@ -401,7 +401,10 @@ def summarize(attempts: Sequence[Attempt]) -> HistorySummary:
 def _environment_reason(reason: str | None) -> str:
     if reason:
         return f"environment: {reason}"
-    return "environment: a precondition is missing (no reason recorded); fix it, then force a retry"
+    return (
+        "environment: a precondition is missing (no reason recorded); fix it, then retry the "
+        "task (execkit task retry)"
+    )
 
 
 def _upstream_reason(reason: str | None, streak: int) -> str:

@@ -79,7 +79,10 @@ def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
     # Always wrong: charged until the charged budget is spent, then Blocked.
     assert cells("DEMO-4") == ["blocked", "blocked (work)", "3/10", "3", "0", "-", "work"]
     assert rows["DEMO-4"]["REASON"] == "charged budget spent: 3 of 3 attempts"
-    assert events[-1].endswith("-> moved to blocked (charged budget spent: 3 of 3 attempts)")
+    assert events[-1].endswith(
+        "-> moved to blocked (charged budget spent: 3 of 3 attempts; "
+        "move the card back to retry once)"
+    )
     # The kept board and ledger say the same thing afterwards.
     board = json.loads((where / "board.json").read_text())
     assert {i["id"]: i["state"] for i in board["issues"]} == {

@@ -26,8 +26,8 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unus
 from execkit._budget import Attempt, AttemptStatus
 from execkit._classify import FailureClass
 from execkit.cli import main
-from execkit.ledger import SqliteLedger
 from execkit.cli._decide import _parse_attempt, attempt_to_json
+from execkit.ledger import SqliteLedger
 
 DOCS = REPO / "docs"
 SCHEMAS = DOCS / "schemas"

@@ -4,8 +4,10 @@ pytest plugin example. A README that drifts from the code fails here."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +73,50 @@ def test_the_plugin_example_passes(pytester: pytest.Pytester) -> None:
     # Verbatim: the block carries its own imports and reads no file it does not make.
     pytester.makepyfile(_python_block("import json"))
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def _sh_block(starts_with: str) -> str:
+    found: list[str] = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+    blocks = [b for b in found if b.startswith(starts_with)]
+    assert len(blocks) == 1, f"expected one README sh block starting {starts_with!r}"
+    return blocks[0]
+
+
+def _shell_with_execkit(tmp_path: Path) -> dict[str, str]:
+    """An environment whose `execkit` is this checkout's, whatever is installed."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "execkit"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m execkit "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXECKIT_")}
+    env["PATH"] = f"{shims}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(README.parent)
+    return env
+
+
+def test_the_operator_loop_runs_as_written(tmp_path: Path) -> None:
+    block = _sh_block("cat > board.json")
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        cwd=work,
+        env=_shell_with_execkit(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    first = next(line for line in lines if "attempt 1/10" in line)
+    assert "environment (uncharged): acme-agent CLI not found on PATH" in first
+    assert "moved to blocked" in first
+    assert any(line.startswith("ISS-1  blocked  blocked (environment)") for line in lines)
+    assert "ISS-1  attempt 2/10  succeeded -> moved to done" in lines
+    runs = [line for line in lines if line.startswith("r-")]
+    assert [run.split()[4:6] for run in runs] == [["failed", "environment"], ["succeeded", "-"]]
+    assert runs[1].endswith("forced")
+    board = json.loads((work / "board.json").read_text(encoding="utf-8"))
+    assert board["issues"][0]["state"] == "done"

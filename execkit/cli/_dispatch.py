@@ -160,9 +160,9 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
         if event.moved_to:
             tail = f" -> moved to {event.moved_to}"
             if event.blocked_on and event.blocked_on is not BlockedOn.ENVIRONMENT:
-                tail += f" ({event.decision or event.blocked_on})"
+                tail += f" ({event.decision or event.blocked_on}; move the card back to retry once)"
             elif event.blocked_on:
-                tail += " (blocked on environment: fix it, then force a retry)"
+                tail += " (blocked on environment: fix it, then move the card back to retry once)"
         elif event.blocked_on:
             tail = f" -> blocked on {event.blocked_on}, not moved: {event.decision or '-'}"
             if event.next_attempt_at is not None:
