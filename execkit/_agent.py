@@ -39,7 +39,7 @@ from execkit._adapter import Adapter, AgentRequest, MappedResult
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass
 from execkit._errors import AgentFailed, InvalidInput
-from execkit._exec import ProcessStarter, spawn
+from execkit._exec import DEFAULT_HEARTBEAT_S, ProcessStarter, spawn
 from execkit._proof import AgentProof, AgentStatus, RunProof, RunStatus
 from execkit._redact import redact, secret_env_values
 from execkit._validate import integer_arg, number_arg
@@ -241,6 +241,7 @@ def _spawn_once(
     timeout_s: float | None,
     kill_grace: float,
     start: ProcessStarter,
+    beat: _Beat | None = None,
 ) -> MappedResult:
     result = spawn(
         list(argv),
@@ -249,9 +250,39 @@ def _spawn_once(
         timeout=timeout_s,
         kill_grace=kill_grace,
         tail_bytes=_ENVELOPE_TAIL_BYTES,
+        heartbeat=None if beat is None else beat.renew,
+        heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else beat.every_s,
         start=start,
     )
     return adapter.parse(result)
+
+
+@attrs.frozen
+class _Beat:
+    """A run's lease renewal: `renew()` every `every_s` while a try runs or waits."""
+
+    renew: Callable[[], object]
+    every_s: float
+
+    def sleep(self, sleep: Callable[[float], None], seconds: float) -> None:
+        """`sleep(seconds)` in slices of at most `every_s`, renewing before each, so a
+        backoff longer than a lease does not let it lapse."""
+        left = seconds
+        while True:
+            self.renew()
+            if left <= 0:
+                return
+            piece = min(left, self.every_s)
+            sleep(piece)
+            left -= piece
+
+
+def _check_beat(heartbeat: object, heartbeat_s: object) -> _Beat | None:
+    if heartbeat is None:
+        return None
+    if not callable(heartbeat):
+        raise TypeError(f"heartbeat must be callable or None, got {type(heartbeat).__name__}")
+    return _Beat(heartbeat, number_arg("heartbeat_s", heartbeat_s, allow_zero=False))
 
 
 def _sum_costs(tries: Sequence[_Try]) -> float | None:
@@ -329,6 +360,8 @@ def run_agent(
     recorder: RunRecorder | None = None,
     label: str | None = None,
     kill_grace: float = 5.0,
+    heartbeat: Callable[[], object] | None = None,
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
 ) -> AgentProof:
     """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
@@ -339,14 +372,21 @@ def run_agent(
     also sees the context as `EXECKIT_*` environment variables). `sleep` and `rng` are
     injectable so tests neither sleep nor depend on chance; `start` is how each try's
     process is started (`spawn`'s seam: a test passes `fake_vendor.start`).
+    `heartbeat` renews the ledger run this agent works for (`lambda:
+    ledger.heartbeat(run.id)`): it is called every `heartbeat_s` (> 0) while a try runs
+    and through every backoff wait between tries, so the run's lease never lapses while
+    the agent is alive; if it raises, the running try is ended and the error propagates
+    like a hook's (below).
 
     Raises `AgentFailed` (carrying the proof, already recorded) when the last try
-    failed; `InvalidInput` for `max_attempts` outside 1..100, before anything runs.
+    failed; `InvalidInput` for `max_attempts` outside 1..100 or `heartbeat_s` <= 0,
+    before anything runs.
     Anything else that raises inside the loop (`validate`, `prepare`, the adapter, a
     request the adapter cannot express) propagates unchanged, after a failed work proof
     (reason `error`) is recorded.
     """
     integer_arg("max_attempts", max_attempts, 1, MAX_AGENT_ATTEMPTS)
+    beat = _check_beat(heartbeat, heartbeat_s)
     started = time.monotonic()
     secrets = secret_env_values({**os.environ, **(request.env or {})})
     tries: list[_Try] = []
@@ -363,6 +403,7 @@ def run_agent(
             prepare=prepare,
             kill_grace=kill_grace,
             start=start,
+            beat=beat,
         )
     except Exception as exc:
         # A hook, an adapter or the request broke mid-loop. Nothing identified the failure
@@ -402,6 +443,7 @@ def _try_until_settled(
     prepare: Callable[[AgentRequest, AttemptContext], AgentRequest] | None,
     kill_grace: float,
     start: ProcessStarter,
+    beat: _Beat | None = None,
 ) -> None:
     """Spawn tries, appending each to `tries`, until one settles the agent.
 
@@ -423,6 +465,7 @@ def _try_until_settled(
             timeout_s=attempt_request.timeout_s,
             kill_grace=kill_grace,
             start=start,
+            beat=beat,
         )
         outcome = _judge(raw, validate)
         tries.append(outcome)
@@ -434,7 +477,11 @@ def _try_until_settled(
             if wait is not None and wait > backoff.max_s:
                 return  # a reset beyond this loop's patience: the proof carries it
             upstream_retries += 1
-            sleep(backoff.delay(upstream_retries, retry_after_s=wait, rng=rng))
+            delay = backoff.delay(upstream_retries, retry_after_s=wait, rng=rng)
+            if beat is None:
+                sleep(delay)
+            else:
+                beat.sleep(sleep, delay)
         # A schema rejection re-asks the original prompt with the latest error appended;
         # any other failure re-asks the original prompt unchanged.
         current = (

@@ -730,3 +730,85 @@ def test_threaded_parallel_that_swallows_failures_keeps_every_class(tmp_path: Pa
     run = recorder.finish("every agent failed")
     assert run.run_class is ENV
     assert run.precondition and "absent-vendor-cli CLI not found on PATH" in run.precondition
+
+
+def test_a_heartbeat_keeps_the_runs_lease_while_the_agent_runs_and_waits(
+    tmp_path: Path,
+) -> None:
+    from execkit.ledger import SqliteLedger
+
+    script = tmp_path / "slow-agent"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(0.8)\nprint('done')\n")
+    script.chmod(0o755)
+    with SqliteLedger(tmp_path / "ledger.db") as ledger:
+        task = ledger.create_task("t", actor="alice")
+        run = ledger.start_run(task.id, request_key="k", actor="alice", lease_s=0.3)
+        renewals: list[float] = []
+
+        def renew() -> None:
+            renewals.append(ledger.heartbeat(run.id, lease_s=0.3).lease_expires_at or 0.0)
+
+        proof = run_agent(
+            get_adapter("generic"),
+            AgentRequest(prompt="", extra_args=(str(script),)),
+            max_attempts=1,
+            heartbeat=renew,
+            heartbeat_s=0.1,
+        )
+        assert proof.output == "done"
+        # The lease (0.3 s) was renewed while the 0.8 s agent ran, so it still holds.
+        assert len(renewals) >= 2
+        assert renewals[-1] > (run.lease_expires_at or 0.0) + 0.3
+        finished = ledger.finish_run(run.id, "succeeded")
+        assert finished.status == "succeeded"
+
+
+def test_a_heartbeat_renews_through_a_long_backoff_wait(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("claude", stdout=fx("claude", "overloaded.json"), exit_code=1)
+    fake_vendor.register("claude", stdout=fx("claude", "success.json"))
+    events: list[str] = []
+    proof = run_agent(
+        get_adapter("claude"),
+        REQUEST,
+        backoff=Backoff(base_s=25.0, max_s=25.0, jitter=0.0),
+        sleep=lambda s: events.append(f"sleep {s:g}"),
+        heartbeat=lambda: events.append("renew"),
+        heartbeat_s=10.0,
+        start=fake_vendor.start,
+    )
+    assert proof.status is AgentStatus.SUCCEEDED
+    # 25 s of backoff in slices no longer than the heartbeat, renewed before each.
+    assert events == ["renew", "sleep 10", "renew", "sleep 10", "renew", "sleep 5", "renew"]
+
+
+def test_a_failing_heartbeat_stops_the_agent_and_propagates(fake_vendor: FakeVendor) -> None:
+    fake_vendor.register("claude", hang=True)
+
+    def lost() -> None:
+        raise RuntimeError("run r-1 is abandoned, not running")
+
+    with pytest.raises(RuntimeError, match="abandoned"):
+        run_agent(
+            get_adapter("claude"),
+            REQUEST,
+            heartbeat=lost,
+            heartbeat_s=0.05,
+            start=fake_vendor.start,
+        )
+    assert fake_vendor.call_count("claude") == 1
+
+
+@pytest.mark.parametrize(("heartbeat", "every"), [(print, 0), (print, -1.0), ("renew", 1.0)])
+def test_bad_heartbeat_arguments_are_refused_before_anything_runs(
+    fake_vendor: FakeVendor, heartbeat: Any, every: float
+) -> None:
+    fake_vendor.register("claude", stdout=fx("claude", "success.json"))
+    with pytest.raises((InvalidInput, TypeError), match="heartbeat"):
+        run_agent(
+            get_adapter("claude"),
+            REQUEST,
+            heartbeat=heartbeat,
+            heartbeat_s=every,
+            start=fake_vendor.start,
+        )
+    assert fake_vendor.call_count("claude") == 0
