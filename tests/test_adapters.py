@@ -30,51 +30,13 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VENDORS = ("codex", "claude", "gemini", "opencode", "generic")
 
 
-# The vendor manifests predate the credentials policy (DESIGN.md "The three classes": a
-# vendor's structured 401/403 or its own credential error stops as environment, naming
-# the vendor's variables and login) and codex's fixed `unexpected status N` rendering read
-# as its status; these cases expect that now.
-POLICY_UPDATES: dict[tuple[str, str], dict[str, Any]] = {
-    ("codex", "auth_failure"): {
-        "class": "environment",
-        "reason": "http 401",
-        "precondition_startswith": "codex: the vendor refused the credentials",
-    },
-    ("codex", "bad_request"): {"reason": "http 400"},
-    ("claude", "auth_failure"): {
-        "class": "environment",
-        "reason": "http 401",
-        "precondition_startswith": "claude: the vendor refused the credentials",
-    },
-    ("gemini", "auth_failure"): {
-        "class": "environment",
-        "reason": "http 401",
-        "precondition_startswith": "gemini: the vendor refused the credentials",
-    },
-    ("opencode", "auth_failure"): {
-        "class": "environment",
-        "reason": "credentials",
-        "precondition_startswith": "opencode: the vendor refused the credentials",
-    },
-}
-
-
 def load_cases() -> list[tuple[str, dict[str, Any]]]:
     cases = []
     for vendor in VENDORS:
         manifest = json.loads((FIXTURES / vendor / "manifest.json").read_text())
         assert manifest["vendor"] == vendor
-        for case in manifest["cases"]:
-            update = POLICY_UPDATES.get((vendor, case["name"]))
-            if update is not None:
-                case = {**case, "expect": {**case["expect"], **update}}
-            cases.append((vendor, case))
+        cases += [(vendor, case) for case in manifest["cases"]]
     return cases
-
-
-def test_every_policy_update_names_a_manifest_case() -> None:
-    names = {(vendor, case["name"]) for vendor, case in CASES}
-    assert set(POLICY_UPDATES) <= names
 
 
 CASES = load_cases()
