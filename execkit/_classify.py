@@ -219,6 +219,20 @@ class Reason(enum.StrEnum):
     USAGE_LIMIT = "usage limit"
 
 
+_NOT_STARTED_REASONS = frozenset(
+    {Reason.MISSING_INTERPRETER, Reason.MISSING_CWD, Reason.UNUSABLE_CWD}
+)
+
+
+def never_started(reason: str | None) -> bool:
+    """Whether a classification's `reason` says the program never started (any spawn
+    errno, a missing interpreter or working directory), as opposed to a run that started
+    and failed, a refused credential included."""
+    return reason is not None and (
+        reason.startswith("spawn errno ") or reason in _NOT_STARTED_REASONS
+    )
+
+
 ACCOUNT_LIMIT_REASONS = frozenset({Reason.INSUFFICIENT_QUOTA, Reason.BILLING, Reason.USAGE_LIMIT})
 """Reasons that name an account limit: no backoff cures them, so they veto upstream."""
 

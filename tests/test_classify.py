@@ -606,3 +606,24 @@ def test_non_text_is_invalid_input() -> None:
 def test_failure_class_values_and_charging() -> None:
     assert [c.value for c in FailureClass] == ["work", "environment", "upstream"]
     assert [c.charged for c in FailureClass] == [True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("spawn errno ENOENT", True),
+        ("spawn errno EACCES", True),
+        ("spawn errno E2BIG", True),
+        ("missing interpreter", True),
+        ("missing working directory", True),
+        ("unusable working directory", True),
+        ("credentials", False),
+        ("http 401", False),
+        ("default", False),
+        (None, False),
+    ],
+)
+def test_never_started_reads_the_reason_only(reason: str | None, expected: bool) -> None:
+    from execkit._classify import never_started
+
+    assert never_started(reason) is expected

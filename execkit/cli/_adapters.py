@@ -20,7 +20,7 @@ from typing import Any
 
 from execkit._adapter import Adapter, credential_env_of, credential_files_of
 from execkit._agent import run_command
-from execkit._classify import FailureClass, Reason
+from execkit._classify import Reason, never_started
 from execkit._errors import InvalidInput
 from execkit._exec import ProcessStarter
 from execkit._proof import AgentProof, AgentStatus
@@ -143,7 +143,7 @@ def _handle_list(args: argparse.Namespace) -> int:
 def _exit_code(proof: AgentProof) -> int:
     if proof.status is not AgentStatus.FAILED:
         return 0
-    if proof.failure_class is FailureClass.ENVIRONMENT:
+    if never_started(proof.reason):
         return _NOT_STARTED_EXIT
     if proof.reason == Reason.TIMEOUT:
         return _TIMEOUT_EXIT
@@ -160,7 +160,7 @@ def run_adapter_command(
     parses them). The adapter's binary is prepended to ARGS
     (`generic` takes the program as the first ARG); `start` starts it (`spawn`'s seam).
     Exit status: 0 on success, 127 when the binary could not be started, 124 on timeout,
-    1 for any other failure.
+    1 for any other failure (a refused credential included: the program ran).
     Raises UnknownAdapter / InvalidInput (the CLI reports them) for bad input.
     """
     adapter = get_adapter(args.adapter)
