@@ -27,7 +27,7 @@ class GenericAdapter:
 
     command: tuple[str, ...] = attrs.field(default=(), converter=_to_command)
     name: str = "generic"
-    install_hint: str = "install it, or put its directory on PATH"
+    install_hint: str = "put the program on PATH (or give its full path in argv)"
     login_hint: str | None = None
 
     @property
