@@ -130,7 +130,7 @@ def iter_json_objects(text: str) -> Iterator[dict[str, Any]]:
             continue
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a line nested thousands deep is noise too
             continue
         if isinstance(value, dict):
             yield value

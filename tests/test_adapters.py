@@ -438,3 +438,10 @@ def test_unknown_adapter_lists_the_known_ones() -> None:
     for name in ("claude", "codex", "gemini", "generic", "opencode"):
         assert name in info.value.message
     assert isinstance(info.value, LookupError)
+
+
+def test_a_line_nested_thousands_deep_is_skipped_as_noise() -> None:
+    from execkit.adapterkit import iter_json_objects
+
+    text = "{" * 100_000 + '\n{"type": "result"}\n' + '{"a": ' * 50_000
+    assert list(iter_json_objects(text)) == [{"type": "result"}]

@@ -271,3 +271,50 @@ def test_an_error_message_cannot_rewrite_the_terminal(
     # JSON carries the message as it is (json escapes control characters itself).
     assert main(["classify", missing, "--json"]) == 4
     assert missing in json.loads(capsys.readouterr().err)["error"]["message"]
+
+
+def _hostile_files(root: Path) -> None:
+    (root / "empty.db").write_bytes(b"")
+    (root / "foreign.db").write_bytes(b"not sqlite at all\n")
+    (root / "afile").write_bytes(b"")
+    (root / "bad.json").write_bytes(b"\xff\xfe")
+    (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (root / "nul.json").write_text(
+        '{"states": ["todo"], "issues": [{"id": "a", "state": "todo", "argv": ["a\\u0000b"]}]}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "exit_code"),
+    [
+        (["task", "list", "--db", "empty.db"], 13),
+        (["task", "list", "--db", "foreign.db"], 13),
+        (["task", "create", "x", "--db", "afile/sub.db"], 3),
+        (["status", "--board", "bad.json"], 3),
+        (["status", "--board", "deep.json"], 3),
+        (["dispatch", "--board", "nul.json", "--adapter", "generic", "--once"], 3),
+        (["dispatch", "--board", ".", "--adapter", "generic", "--once"], 3),
+        (["decide", "--history", "deep.json"], 3),
+        (["decide", "--history", "bad.json"], 3),
+        (["classify", "."], 3),
+    ],
+)
+def test_hostile_files_get_one_clear_error_and_change_nothing(
+    tmp_path: Path, args: list[str], exit_code: int
+) -> None:
+    _hostile_files(tmp_path)
+    before = sorted((p.name, p.stat().st_size) for p in tmp_path.iterdir())
+    done = subprocess.run(
+        [*EXECKIT, *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "EXECKIT_DB"},
+    )
+    assert done.returncode == exit_code, done.stderr
+    (line,) = done.stderr.splitlines()  # one JSON error object, no traceback
+    assert json.loads(line)["error"]["code"] in {"invalid", "storage"}
+    after = sorted((p.name, p.stat().st_size) for p in tmp_path.iterdir())
+    assert after == before

@@ -122,6 +122,11 @@ def _parse_history(text: str) -> list[Attempt]:
         raise InvalidInput(
             f"--history: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from None
+    except RecursionError:
+        # json.loads recurses: a history nested thousands deep is hostile, not a history.
+        raise InvalidInput(
+            "--history: nests too deeply to be an attempt history", field="--history"
+        ) from None
     if not isinstance(data, list):
         raise HistoryError(f"history: expected a JSON list of attempts, got {type(data).__name__}")
     return [_parse_attempt(index, item) for index, item in enumerate(data)]
