@@ -120,3 +120,48 @@ def test_the_operator_loop_runs_as_written(tmp_path: Path) -> None:
     assert runs[1].endswith("forced")
     board = json.loads((work / "board.json").read_text(encoding="utf-8"))
     assert board["issues"][0]["state"] == "done"
+
+
+def test_the_cli_tour_runs_as_written(tmp_path: Path) -> None:
+    block = _sh_block("# Run a command directly")
+    work = tmp_path / "work"
+    (work / "bin").mkdir(parents=True)
+    # What the block assumes is there: a board, and a claude that answers (a stand-in).
+    claude = work / "bin" / "claude"
+    claude.write_text(
+        '#!/bin/sh\necho \'{"type": "result", "is_error": false, "result": "fixed"}\'\n'
+    )
+    claude.chmod(0o755)
+    (work / "board.json").write_text(
+        json.dumps(
+            {
+                "states": [
+                    {"name": "todo", "eligible": True},
+                    {"name": "done", "terminal": True},
+                    {"name": "blocked", "terminal": True},
+                ],
+                "issues": [{"id": "ISS-7", "state": "todo", "prompt": "fix the flaky test"}],
+            }
+        )
+    )
+    env = _shell_with_execkit(tmp_path)
+    env["PATH"] = f"{work / 'bin'}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(
+        ["bash", "-eu", "-o", "pipefail", "-c", block],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "hello"
+    assert json.loads(lines[1])["class"] == "upstream"
+    assert lines[2] == "exit 1"
+    assert json.loads(lines[3])["precondition"].startswith("acme-agent CLI not found on PATH")
+    assert lines[4] == "exit 127"
+    assert "r-1  t-1 attempt 1  failed  upstream  http 503" in lines
+    assert "ci-bot  agent.operate" in done.stdout
+    assert "ISS-7  attempt 1/10  succeeded -> moved to done" in lines
