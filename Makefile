@@ -24,8 +24,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# The suite runs inside a throwaway PostgreSQL cluster (tests/pgcluster.py), stopped when
+# pytest ends however it ends; without server binaries the PostgreSQL tests skip.
 unit: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) tests/pgcluster.py --run -- $(PY) -m pytest -q
 
 test: lint typecheck unit
 
@@ -33,6 +35,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_exec.py
 	$(PY) benchmarks/bench_classify.py
 	$(PY) benchmarks/bench_ledger.py
+	$(PY) tests/pgcluster.py --run -- $(PY) benchmarks/bench_postgres.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.

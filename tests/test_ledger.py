@@ -1,14 +1,16 @@
-"""The SQLite ledger's operations on real files: tasks, runs, limits, idempotency, audit."""
+"""The ledger's operations on both backends (a real file, a real PostgreSQL server): tasks,
+runs, limits, idempotency, audit. The SQLite-only checks (files, WAL) open `SqliteLedger`
+themselves and run once."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ledger_backends import AnyLedger, Opener, RawSql
 
 from execkit._budget import Backoff, DispatchCap, WorkBudget
 from execkit._classify import FailureClass
@@ -30,25 +32,17 @@ from execkit.ledger import (
     open_ledger,
 )
 
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "ledger.db"
+# `ledger`, `opener`, `ledger_target` and `raw_sql` (conftest.py) run each test below on
+# SQLite and on PostgreSQL; the tests of SQLite files open `SqliteLedger` themselves.
 
 
-@pytest.fixture
-def ledger(db: Path) -> Iterator[SqliteLedger]:
-    with SqliteLedger(db) as opened:
-        yield opened
-
-
-def _fail(ledger: SqliteLedger, task_id: str, key: str, **finish: object) -> None:
+def _fail(ledger: AnyLedger, task_id: str, key: str, **finish: object) -> None:
     # Most tests here are about bounds, not time: they start the next run at once.
     run = ledger.start_run(task_id, request_key=key, actor="a", ignore_backoff=True)
     ledger.finish_run(run.id, "failed", **finish)  # type: ignore[arg-type]
 
 
-def _operator(ledger: SqliteLedger, name: str = "op") -> str:
+def _operator(ledger: AnyLedger, name: str = "op") -> str:
     """A principal holding agent.operate, granted by the ledger's owner (this user)."""
     ledger.grant_role(name, OPERATE_ROLE, actor=_owner())
     return name
@@ -111,7 +105,7 @@ def test_a_non_ledger_file_is_refused(tmp_path: Path) -> None:
 # -- creation and idempotency -------------------------------------------------------------
 
 
-def test_create_task_defaults_to_no_explicit_limit(ledger: SqliteLedger) -> None:
+def test_create_task_defaults_to_no_explicit_limit(ledger: AnyLedger) -> None:
     task = ledger.create_task("write the parser", actor="alice", now=100.0)
     assert task.id == "t-1"
     assert (task.status, task.state, task.ready) == ("open", "ready", True)
@@ -123,9 +117,7 @@ def test_create_task_defaults_to_no_explicit_limit(ledger: SqliteLedger) -> None
 
 
 @pytest.mark.parametrize("bad", [-1, 10001, 2.5, "3", True, None])
-def test_create_task_rejects_a_bad_limit_and_writes_nothing(
-    ledger: SqliteLedger, bad: object
-) -> None:
+def test_create_task_rejects_a_bad_limit_and_writes_nothing(ledger: AnyLedger, bad: object) -> None:
     with pytest.raises(InvalidInput, match=r"max_attempts.*1\.\.10000"):
         ledger.create_task("t", max_attempts=bad, actor="a")  # type: ignore[arg-type]
     assert ledger.list_tasks() == []
@@ -133,13 +125,13 @@ def test_create_task_rejects_a_bad_limit_and_writes_nothing(
 
 
 @pytest.mark.parametrize("title", ["", "   ", "x" * 1001])
-def test_create_task_rejects_a_bad_title(ledger: SqliteLedger, title: str) -> None:
+def test_create_task_rejects_a_bad_title(ledger: AnyLedger, title: str) -> None:
     with pytest.raises(InvalidInput, match="title"):
         ledger.create_task(title, actor="a")
     assert ledger.list_tasks() == []
 
 
-def test_replaying_a_creation_key_returns_the_same_task(ledger: SqliteLedger) -> None:
+def test_replaying_a_creation_key_returns_the_same_task(ledger: AnyLedger) -> None:
     first = ledger.create_task("t", max_attempts=5, idempotency_key="k", actor="a")
     again = ledger.create_task("t", max_attempts=5, idempotency_key="k", actor="a")
     assert again.id == first.id
@@ -151,7 +143,7 @@ def test_replaying_a_creation_key_returns_the_same_task(ledger: SqliteLedger) ->
     ("title", "limit"), [("other title", 5), ("t", 6), ("t", 0)], ids=["title", "limit", "none"]
 )
 def test_the_same_creation_key_with_another_request_is_a_conflict(
-    ledger: SqliteLedger, title: str, limit: int
+    ledger: AnyLedger, title: str, limit: int
 ) -> None:
     ledger.create_task("t", max_attempts=5, idempotency_key="k", actor="a")
     with pytest.raises(Conflict, match="idempotency key 'k'"):
@@ -159,12 +151,14 @@ def test_the_same_creation_key_with_another_request_is_a_conflict(
     assert len(ledger.list_tasks()) == 1
 
 
-def test_creation_fingerprint_is_the_legacy_one_without_a_limit(ledger: SqliteLedger) -> None:
+def test_creation_fingerprint_is_the_legacy_one_without_a_limit(
+    ledger: AnyLedger, raw_sql: RawSql
+) -> None:
     import hashlib
 
     ledger.create_task("legacy", idempotency_key="k0", actor="a")
     ledger.create_task("limited", max_attempts=4, idempotency_key="k4", actor="a")
-    rows = dict(ledger._conn.execute("SELECT key, fingerprint FROM idempotency").fetchall())
+    rows: dict[str, str] = dict(raw_sql("SELECT key, fingerprint FROM idempotency"))
 
     def sha(obj: object) -> str:
         text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
@@ -177,7 +171,7 @@ def test_creation_fingerprint_is_the_legacy_one_without_a_limit(ledger: SqliteLe
 # -- admission -----------------------------------------------------------------------------
 
 
-def test_start_run_numbers_attempts_and_records_the_owner(ledger: SqliteLedger) -> None:
+def test_start_run_numbers_attempts_and_records_the_owner(ledger: AnyLedger) -> None:
     import os
     import socket
 
@@ -195,7 +189,7 @@ def test_start_run_numbers_attempts_and_records_the_owner(ledger: SqliteLedger) 
 
 
 def test_replaying_a_request_key_returns_the_same_run_and_creates_none(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=3, actor="a")
     run = ledger.start_run(task.id, request_key="same", actor="a")
@@ -206,7 +200,7 @@ def test_replaying_a_request_key_returns_the_same_run_and_creates_none(
     assert len(ledger.runs(task.id)) == 1
 
 
-def test_a_request_key_replayed_for_another_task_is_a_conflict(ledger: SqliteLedger) -> None:
+def test_a_request_key_replayed_for_another_task_is_a_conflict(ledger: AnyLedger) -> None:
     one = ledger.create_task("one", actor="a")
     two = ledger.create_task("two", actor="a")
     ledger.start_run(one.id, request_key="k", actor="a")
@@ -215,7 +209,7 @@ def test_a_request_key_replayed_for_another_task_is_a_conflict(ledger: SqliteLed
     assert ledger.runs(two.id) == []
 
 
-def test_a_second_run_while_one_runs_is_blocked(ledger: SqliteLedger) -> None:
+def test_a_second_run_while_one_runs_is_blocked(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=5, actor="a")
     ledger.start_run(task.id, request_key="1", actor="a")
     with pytest.raises(AdmissionRefused, match="still running") as refused:
@@ -225,7 +219,7 @@ def test_a_second_run_while_one_runs_is_blocked(ledger: SqliteLedger) -> None:
 
 
 def test_the_explicit_limit_counts_every_run_and_refuses_with_attempt_limit(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="a")
     _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)  # uncharged still counts
@@ -240,7 +234,7 @@ def test_the_explicit_limit_counts_every_run_and_refuses_with_attempt_limit(
     assert shown.remaining == 0
 
 
-def test_forced_never_passes_the_explicit_limit(ledger: SqliteLedger) -> None:
+def test_forced_never_passes_the_explicit_limit(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=1, actor="a")
     _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")
     with pytest.raises(AdmissionRefused) as refused:
@@ -248,7 +242,7 @@ def test_forced_never_passes_the_explicit_limit(ledger: SqliteLedger) -> None:
     assert refused.value.code == "attempt_limit"
 
 
-def test_an_environment_stop_blocks_until_an_operator_forces(ledger: SqliteLedger) -> None:
+def test_an_environment_stop_blocks_until_an_operator_forces(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")
     shown = ledger.get_task(task.id)
@@ -267,8 +261,8 @@ def test_an_environment_stop_blocks_until_an_operator_forces(ledger: SqliteLedge
     assert start_events[-1].actor == "op"
 
 
-def test_without_a_limit_the_work_budget_blocks(db: Path) -> None:
-    with SqliteLedger(db, budget=WorkBudget(max_attempts=2)) as ledger:
+def test_without_a_limit_the_work_budget_blocks(opener: Opener) -> None:
+    with opener(budget=WorkBudget(max_attempts=2)) as ledger:
         task = ledger.create_task("t", actor="a")
         _fail(ledger, task.id, "1")
         _fail(ledger, task.id, "2")
@@ -278,8 +272,8 @@ def test_without_a_limit_the_work_budget_blocks(db: Path) -> None:
         assert ledger.get_task(task.id).blocked_on == "work"
 
 
-def test_the_uncharged_bound_blocks_on_upstream(db: Path) -> None:
-    with SqliteLedger(db, budget=WorkBudget(max_uncharged_attempts=2)) as ledger:
+def test_the_uncharged_bound_blocks_on_upstream(opener: Opener) -> None:
+    with opener(budget=WorkBudget(max_uncharged_attempts=2)) as ledger:
         task = ledger.create_task("t", max_attempts=10, actor="a")
         _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM, reason="http 503")
         _fail(ledger, task.id, "2", failure_class=FailureClass.UPSTREAM, reason="http 503")
@@ -289,7 +283,7 @@ def test_the_uncharged_bound_blocks_on_upstream(db: Path) -> None:
         assert ledger.get_task(task.id).blocked_on == "upstream"
 
 
-def test_the_dispatch_cap_is_passed_to_the_policy(ledger: SqliteLedger) -> None:
+def test_the_dispatch_cap_is_passed_to_the_policy(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=10, actor="a")
     _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)
     with pytest.raises(AdmissionRefused, match="dispatch cap") as refused:
@@ -300,7 +294,7 @@ def test_the_dispatch_cap_is_passed_to_the_policy(ledger: SqliteLedger) -> None:
     assert third.attempt == 2
 
 
-def test_admission_honours_the_backoff_that_ready_shows(ledger: SqliteLedger) -> None:
+def test_admission_honours_the_backoff_that_ready_shows(ledger: AnyLedger) -> None:
     # One truth about "ready": what `get_task` says is what `start_run` does.
     task = ledger.create_task("t", max_attempts=5, actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a", now=1000.0)
@@ -325,7 +319,7 @@ def test_admission_honours_the_backoff_that_ready_shows(ledger: SqliteLedger) ->
     assert start.detail["ignored_backoff_until"] == shown.next_attempt_at
 
 
-def test_a_succeeded_run_finishes_the_task(ledger: SqliteLedger) -> None:
+def test_a_succeeded_run_finishes_the_task(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=5, actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a")
     ledger.finish_run(run.id, "succeeded")
@@ -336,7 +330,7 @@ def test_a_succeeded_run_finishes_the_task(ledger: SqliteLedger) -> None:
     assert refused.value.code == "finished"
 
 
-def test_a_cancelled_task_admits_nothing_and_keeps_its_policy(ledger: SqliteLedger) -> None:
+def test_a_cancelled_task_admits_nothing_and_keeps_its_policy(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="a")
     cancelled = ledger.cancel_task(task.id, actor="op")
     assert (cancelled.status, cancelled.state, cancelled.ready) == ("cancelled", "cancelled", False)
@@ -350,7 +344,7 @@ def test_a_cancelled_task_admits_nothing_and_keeps_its_policy(ledger: SqliteLedg
     assert ledger.get_task(task.id).max_attempts == 2
 
 
-def test_unknown_ids_are_not_found(ledger: SqliteLedger) -> None:
+def test_unknown_ids_are_not_found(ledger: AnyLedger) -> None:
     for call in (
         lambda: ledger.get_task("t-9"),
         lambda: ledger.runs("t-9"),
@@ -364,7 +358,7 @@ def test_unknown_ids_are_not_found(ledger: SqliteLedger) -> None:
 
 
 def test_a_run_whose_lease_expired_is_abandoned_by_the_next_admission(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     # No pid or host is looked at: the lease alone says whether the runner is still there.
     task = ledger.create_task("t", max_attempts=3, actor="a")
@@ -391,7 +385,7 @@ def test_a_run_whose_lease_expired_is_abandoned_by_the_next_admission(
     assert ledger.validate(now=801.0) == []
 
 
-def test_a_heartbeat_renews_the_lease(ledger: SqliteLedger) -> None:
+def test_a_heartbeat_renews_the_lease(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a", now=100.0, lease_s=60)
     renewed = ledger.heartbeat(run.id, now=150.0)
@@ -410,7 +404,7 @@ def test_a_heartbeat_renews_the_lease(ledger: SqliteLedger) -> None:
 # -- finishing -----------------------------------------------------------------------------
 
 
-def test_finish_run_validates_its_input_and_changes_nothing(ledger: SqliteLedger) -> None:
+def test_finish_run_validates_its_input_and_changes_nothing(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a")
     with pytest.raises(InvalidInput, match="status"):
@@ -423,7 +417,7 @@ def test_finish_run_validates_its_input_and_changes_nothing(ledger: SqliteLedger
 
 
 def test_finishing_twice_is_idempotent_but_different_values_conflict(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a")
@@ -437,18 +431,18 @@ def test_finishing_twice_is_idempotent_but_different_values_conflict(
     assert ledger.runs(task.id) == [done]
 
 
-def test_reasons_are_redacted_before_they_are_stored(ledger: SqliteLedger) -> None:
+def test_reasons_are_redacted_before_they_are_stored(ledger: AnyLedger, raw_sql: RawSql) -> None:
     secret = "sk-" + "A1b2C3d4E5f6G7h8I9j0" * 2
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a")
     finished = ledger.finish_run(run.id, "failed", reason=f"401 with key {secret}")
     assert secret not in (finished.reason or "")
     assert "[REDACTED]" in (finished.reason or "")
-    stored = ledger._conn.execute("SELECT reason FROM runs").fetchone()[0]
+    ((stored,),) = raw_sql("SELECT reason FROM runs")
     assert secret not in stored
 
 
-def test_a_long_reason_keeps_its_end(ledger: SqliteLedger) -> None:
+def test_a_long_reason_keeps_its_end(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a")
     finished = ledger.finish_run(run.id, "failed", reason="x" * 10000 + "THE END")
@@ -458,7 +452,7 @@ def test_a_long_reason_keeps_its_end(ledger: SqliteLedger) -> None:
 
 
 def test_abandon_expired_runs_marks_every_expired_run_and_they_still_count(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="a")
     other = ledger.create_task("u", actor="a")
@@ -478,7 +472,7 @@ def test_abandon_expired_runs_marks_every_expired_run_and_they_still_count(
 # -- set_attempt_limit ----------------------------------------------------------------------
 
 
-def test_the_creator_may_set_the_limit_before_the_first_run(ledger: SqliteLedger) -> None:
+def test_the_creator_may_set_the_limit_before_the_first_run(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="alice")
     updated = ledger.set_attempt_limit(task.id, 4, expected_max_attempts=0, actor="alice")
     assert updated.max_attempts == 4
@@ -492,7 +486,7 @@ def test_the_creator_may_set_the_limit_before_the_first_run(ledger: SqliteLedger
     )
 
 
-def test_others_and_the_creator_after_a_run_need_agent_operate(ledger: SqliteLedger) -> None:
+def test_others_and_the_creator_after_a_run_need_agent_operate(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="alice")
     with pytest.raises(Forbidden, match=r"agent\.operate"):
         ledger.set_attempt_limit(task.id, 3, expected_max_attempts=2, actor="mallory")
@@ -508,7 +502,7 @@ def test_others_and_the_creator_after_a_run_need_agent_operate(ledger: SqliteLed
 
 
 def test_a_stale_expected_value_is_a_conflict_naming_the_current_one(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="alice")
     with pytest.raises(Conflict, match="current limit of task t-1: 2"):
@@ -518,14 +512,14 @@ def test_a_stale_expected_value_is_a_conflict_naming_the_current_one(
 
 
 @pytest.mark.parametrize("bad", [0, -1, 10001, 2.5, "3", True])
-def test_set_attempt_limit_requires_1_to_10000(ledger: SqliteLedger, bad: object) -> None:
+def test_set_attempt_limit_requires_1_to_10000(ledger: AnyLedger, bad: object) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="alice")
     with pytest.raises(InvalidInput, match=r"max_attempts must be .*1\.\.10000"):
         ledger.set_attempt_limit(task.id, bad, expected_max_attempts=2, actor="alice")  # type: ignore[arg-type]
     assert ledger.get_task(task.id).max_attempts == 2
 
 
-def test_set_attempt_limit_replays_its_keyed_response(ledger: SqliteLedger) -> None:
+def test_set_attempt_limit_replays_its_keyed_response(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="alice")
     first = ledger.set_attempt_limit(
         task.id, 4, expected_max_attempts=2, actor="alice", idempotency_key="raise-1"
@@ -544,7 +538,7 @@ def test_set_attempt_limit_replays_its_keyed_response(ledger: SqliteLedger) -> N
 
 
 def test_raising_the_limit_makes_an_exhausted_task_ready_with_its_history(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=1, actor="alice")
     _fail(ledger, task.id, "1", failure_class=FailureClass.UPSTREAM)
@@ -563,7 +557,7 @@ def test_raising_the_limit_makes_an_exhausted_task_ready_with_its_history(
 
 
 def test_lowering_the_limit_leaves_the_running_run_and_refuses_the_next(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=5, actor="alice")
     _fail(ledger, task.id, "1")
@@ -576,7 +570,7 @@ def test_lowering_the_limit_leaves_the_running_run_and_refuses_the_next(
     assert refused.value.code == "attempt_limit"
 
 
-def test_a_done_task_refuses_a_limit_change(ledger: SqliteLedger) -> None:
+def test_a_done_task_refuses_a_limit_change(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", max_attempts=2, actor="alice")
     run = ledger.start_run(task.id, request_key="1", actor="a")
     ledger.finish_run(run.id, "succeeded")
@@ -590,15 +584,17 @@ def test_a_done_task_refuses_a_limit_change(ledger: SqliteLedger) -> None:
 _SHOW = """
 import json, sys
 from execkit._budget import Backoff, WorkBudget
-from execkit.ledger import SqliteLedger
-with SqliteLedger(sys.argv[1], budget=WorkBudget(max_attempts=4), backoff=Backoff()) as ledger:
+from execkit.ledger import open_ledger
+with open_ledger(sys.argv[1], budget=WorkBudget(max_attempts=4), backoff=Backoff()) as ledger:
     print(json.dumps(ledger.get_task(sys.argv[2], now=float(sys.argv[3])).to_dict()))
 """
 
 
-def test_counts_and_backoff_come_from_history_after_a_restart(db: Path) -> None:
+def test_counts_and_backoff_come_from_history_after_a_restart(
+    opener: Opener, ledger_target: str
+) -> None:
     budget = WorkBudget(max_attempts=4)
-    with SqliteLedger(db, budget=budget, backoff=Backoff()) as ledger:
+    with opener(budget=budget, backoff=Backoff()) as ledger:
         task = ledger.create_task("t", actor="a")
         for i, klass in enumerate([FailureClass.WORK, FailureClass.UPSTREAM, None]):
             run = ledger.start_run(task.id, request_key=str(i), actor="a", now=1000.0 + i * 100)
@@ -606,39 +602,39 @@ def test_counts_and_backoff_come_from_history_after_a_restart(db: Path) -> None:
         before = ledger.get_task(task.id, now=1210.0)
     assert before.state == "backoff"
     assert (before.attempts_started, before.charged_attempts) == (3, 2)
-    # A new process (nothing shared but the file) gives the same answer.
+    # A new process (nothing shared but the file, or the server) gives the same answer.
     proc = subprocess.run(
-        [sys.executable, "-c", _SHOW, str(db), task.id, "1210.0"],
+        [sys.executable, "-c", _SHOW, ledger_target, task.id, "1210.0"],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
     assert json.loads(proc.stdout) == before.to_dict()
-    with SqliteLedger(db, budget=budget, backoff=Backoff()) as reopened:
+    with opener(budget=budget, backoff=Backoff()) as reopened:
         assert reopened.get_task(task.id, now=1210.0) == before
         assert reopened.start_run(task.id, request_key="3", actor="a").attempt == 4
 
 
-def test_validate_reports_a_broken_history(ledger: SqliteLedger) -> None:
+def test_validate_reports_a_broken_history(ledger: AnyLedger, raw_sql: RawSql) -> None:
     task = ledger.create_task("t", actor="a")
     _fail(ledger, task.id, "1")
     assert ledger.validate() == []
     # Damage the file the way only a bug or a hand edit could: a gap in the numbers.
-    ledger._conn.execute("UPDATE runs SET attempt = 3 WHERE id = 'r-1'")
+    raw_sql("UPDATE runs SET attempt = 3 WHERE id = 'r-1'")
     problems = ledger.validate()
     assert len(problems) == 1
     assert problems[0].startswith("t-1: ")
     assert "gapless" in problems[0]
 
 
-def test_validate_reports_a_done_task_without_success(ledger: SqliteLedger) -> None:
+def test_validate_reports_a_done_task_without_success(ledger: AnyLedger, raw_sql: RawSql) -> None:
     ledger.create_task("t", actor="a")
-    ledger._conn.execute("UPDATE tasks SET status = 'done'")
+    raw_sql("UPDATE tasks SET status = 'done'")
     assert ledger.validate() == ["t-1: task is done but no run succeeded"]
 
 
-def test_list_tasks_projects_every_task_in_creation_order(ledger: SqliteLedger) -> None:
+def test_list_tasks_projects_every_task_in_creation_order(ledger: AnyLedger) -> None:
     one = ledger.create_task("one", max_attempts=1, actor="a")
     two = ledger.create_task("two", actor="a")
     _fail(ledger, one.id, "1")
@@ -648,7 +644,7 @@ def test_list_tasks_projects_every_task_in_creation_order(ledger: SqliteLedger) 
     assert listed == [ledger.get_task(one.id, now=10**10), ledger.get_task(two.id, now=10**10)]
 
 
-def test_wire_shapes_are_json_safe(ledger: SqliteLedger) -> None:
+def test_wire_shapes_are_json_safe(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a")
     run = ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM)
@@ -662,7 +658,7 @@ def test_wire_shapes_are_json_safe(ledger: SqliteLedger) -> None:
 # -- input that must change nothing ----------------------------------------------------------
 
 
-def test_roles_are_granted_only_by_the_owner_or_an_admin(ledger: SqliteLedger) -> None:
+def test_roles_are_granted_only_by_the_owner_or_an_admin(ledger: AnyLedger) -> None:
     owner = _owner()
     with pytest.raises(Forbidden, match="owner"):
         ledger.grant_role("mallory", OPERATE_ROLE, actor="mallory")
@@ -693,7 +689,7 @@ def test_roles_are_granted_only_by_the_owner_or_an_admin(ledger: SqliteLedger) -
 
 
 @pytest.mark.parametrize("forced", ["no", 1, None])
-def test_forced_must_be_a_real_bool(ledger: SqliteLedger, forced: object) -> None:
+def test_forced_must_be_a_real_bool(ledger: AnyLedger, forced: object) -> None:
     task = ledger.create_task("t", actor="a")
     _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")
     with pytest.raises(InvalidInput, match="forced"):
@@ -702,7 +698,7 @@ def test_forced_must_be_a_real_bool(ledger: SqliteLedger, forced: object) -> Non
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), "now", True])
-def test_a_time_that_is_not_a_finite_number_is_refused(ledger: SqliteLedger, bad: object) -> None:
+def test_a_time_that_is_not_a_finite_number_is_refused(ledger: AnyLedger, bad: object) -> None:
     task = ledger.create_task("t", max_attempts=3, actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a")
     before = (ledger.runs(task.id), ledger.audit_events())
@@ -718,7 +714,7 @@ def test_a_time_that_is_not_a_finite_number_is_refused(ledger: SqliteLedger, bad
     assert ledger.validate() == []
 
 
-def test_an_environment_stop_is_named_before_a_used_up_limit(ledger: SqliteLedger) -> None:
+def test_an_environment_stop_is_named_before_a_used_up_limit(ledger: AnyLedger) -> None:
     # Admission refuses for the same reason the task shows: the policy's order.
     task = ledger.create_task("t", max_attempts=1, actor="a")
     _fail(ledger, task.id, "1", failure_class=FailureClass.ENVIRONMENT, reason="codex missing")

@@ -1,4 +1,5 @@
-"""Real processes on one SQLite file: the admission race, and SIGKILL in mid-admission."""
+"""Real processes on one ledger (an SQLite file, a PostgreSQL server): the admission race,
+and SIGKILL in mid-admission. Every test runs on both backends."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
+from ledger_backends import Opener, RawSql
 
-from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S
 
 _WORKER = r"""
 import json, sys, time
 from pathlib import Path
 from execkit._errors import AdmissionRefused
-from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S, open_ledger
 
 db, task_id, name, answers, sync = sys.argv[1:6]
-ledger = SqliteLedger(db)
+ledger = open_ledger(db)
 Path(sync, f"ready-{name}").touch()
 deadline = time.monotonic() + 240
 while not Path(sync, "go").exists():
@@ -61,18 +63,19 @@ def _wait_for(predicate: object, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-def test_eight_processes_admit_exactly_the_limit(tmp_path: Path) -> None:
+def test_eight_processes_admit_exactly_the_limit(
+    tmp_path: Path, opener: Opener, ledger_target: str
+) -> None:
     """8 processes x 50 admission answers on one task with limit 25: exactly 25 runs.
 
     A `blocked` refusal (another process's run is still active) is retried and not counted,
     so every worker gets 50 answers about the limit itself (admitted or attempt_limit).
     """
-    db = tmp_path / "ledger.db"
-    with SqliteLedger(db) as ledger:
+    with opener() as ledger:
         task = ledger.create_task("contended", max_attempts=25, actor="test")
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(db), task.id, f"w{i}", "50", str(tmp_path)],
+            [sys.executable, "-c", _WORKER, ledger_target, task.id, f"w{i}", "50", str(tmp_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -100,7 +103,7 @@ def test_eight_processes_admit_exactly_the_limit(tmp_path: Path) -> None:
         for code, count in result["refusals"].items():
             refusals[code] = refusals.get(code, 0) + count
     assert refusals == {"attempt_limit": 8 * 50 - 25}
-    with SqliteLedger(db) as ledger:
+    with opener() as ledger:
         runs = ledger.runs(task.id)
         assert [run.attempt for run in runs] == list(range(1, 26))
         assert {run.status for run in runs} == {"failed"}
@@ -111,37 +114,52 @@ def test_eight_processes_admit_exactly_the_limit(tmp_path: Path) -> None:
 
 
 _HOLD_IN_ADMISSION = r"""
-import sys, time
+import importlib, sys, time
 from pathlib import Path
-import execkit.ledger._sqlite as backend
-from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S, open_ledger
 
-db, task_id, marker = sys.argv[1:4]
+db, task_id, marker, module = sys.argv[1:5]
+backend = importlib.import_module(module)  # the backend's own seam
 
 def hold() -> None:
     Path(marker).touch()  # the run row is inserted; COMMIT has not happened
     time.sleep(600)
 
 backend._after_admission_insert = hold
-SqliteLedger(db).start_run(task_id, request_key="doomed", actor="crasher")
+open_ledger(db).start_run(task_id, request_key="doomed", actor="crasher")
 """
 
+_SEAMS = {"sqlite": "execkit.ledger._sqlite", "postgres": "execkit.ledger._postgres"}
+# Opening a second ledger while the child holds its admission open: SQLite must not wait
+# out the writer's lock; PostgreSQL's reads never wait for a writer.
+_SECOND = {"sqlite": {"busy_timeout_s": 0.2}, "postgres": {}}
 
-def test_sigkill_inside_the_admission_transaction_leaves_no_run(tmp_path: Path) -> None:
-    db = tmp_path / "ledger.db"
+
+def test_sigkill_inside_the_admission_transaction_leaves_no_run(
+    tmp_path: Path, opener: Opener, ledger_target: str, backend: str
+) -> None:
     marker = tmp_path / "inserted"
-    with SqliteLedger(db) as ledger:
+    with opener() as ledger:
         task = ledger.create_task("t", max_attempts=2, actor="test")
     child = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_IN_ADMISSION, str(db), task.id, str(marker)],
+        [
+            sys.executable,
+            "-c",
+            _HOLD_IN_ADMISSION,
+            ledger_target,
+            task.id,
+            str(marker),
+            _SEAMS[backend],
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         _wait_for(lambda: marker.exists() or child.poll() is not None, 120, "the insert")
         assert child.poll() is None, child.stderr.read() if child.stderr else ""
-        # While it holds the write lock, no other process can admit (or see its run).
-        with SqliteLedger(db, busy_timeout_s=0.2) as other:
+        # While it holds the write lock (the task's row lock), no other process can admit
+        # (or see its run).
+        with opener(**_SECOND[backend]) as other:
             assert other.runs(task.id) == []
         os.kill(child.pid, signal.SIGKILL)
     finally:
@@ -150,7 +168,7 @@ def test_sigkill_inside_the_admission_transaction_leaves_no_run(tmp_path: Path) 
         child.wait(timeout=60)
     assert child.returncode == -signal.SIGKILL
 
-    with SqliteLedger(db) as ledger:
+    with opener() as ledger:
         assert ledger.runs(task.id) == []
         assert ledger.validate() == []
         assert [e.action for e in ledger.audit_events()] == ["task.create"]
@@ -161,10 +179,10 @@ def test_sigkill_inside_the_admission_transaction_leaves_no_run(tmp_path: Path) 
 
 _LOOP = r"""
 import sys
-from execkit.ledger import DEFAULT_LEASE_S, SqliteLedger
+from execkit.ledger import DEFAULT_LEASE_S, open_ledger
 
 db, task_id = sys.argv[1:3]
-ledger = SqliteLedger(db)
+ledger = open_ledger(db)
 n = 0
 while True:
     n += 1
@@ -177,14 +195,15 @@ while True:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_leaves_only_whole_runs(tmp_path: Path) -> None:
-    db = tmp_path / "ledger.db"
-    with SqliteLedger(db) as ledger:
+def test_sigkill_at_random_moments_leaves_only_whole_runs(
+    opener: Opener, ledger_target: str, raw_sql: RawSql
+) -> None:
+    with opener() as ledger:
         task = ledger.create_task("t", max_attempts=10000, actor="test")
     rng = random.Random(6)
     for _round in range(4):
         child = subprocess.Popen(
-            [sys.executable, "-c", _LOOP, str(db), task.id],
+            [sys.executable, "-c", _LOOP, ledger_target, task.id],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -197,7 +216,7 @@ def test_sigkill_at_random_moments_leaves_only_whole_runs(tmp_path: Path) -> Non
             if child.poll() is None:
                 child.kill()
             child.wait(timeout=60)
-        with SqliteLedger(db) as ledger:
+        with opener() as ledger:
             # The killed looper never renews its lease: once it expires the run is abandoned.
             ledger.abandon_expired_runs(now=time.time() + DEFAULT_LEASE_S + 1)
             runs = ledger.runs(task.id)
@@ -205,9 +224,7 @@ def test_sigkill_at_random_moments_leaves_only_whole_runs(tmp_path: Path) -> Non
             starts = [e for e in ledger.audit_events(task.id) if e.action == "run.start"]
             # Each run came with its audit event and its keyed response, or not at all.
             assert [e.run_id for e in starts] == [r.id for r in runs]
-            keys = ledger._conn.execute(
-                "SELECT COUNT(*) FROM idempotency WHERE scope = 'run.start'"
-            ).fetchone()[0]
+            ((keys,),) = raw_sql("SELECT COUNT(*) FROM idempotency WHERE scope = 'run.start'")
             assert keys == len(runs)
             for run in runs:
                 assert run.status in ("failed", "abandoned")

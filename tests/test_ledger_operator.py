@@ -1,13 +1,13 @@
 """The operator's side of the ledger: retrying what stopped, per-task ceilings, reset times,
-request keys that must not be reused for another request, and the dispatcher's give-up."""
+request keys that must not be reused for another request, and the dispatcher's give-up.
+Every test runs on both backends (the `ledger` fixture, conftest.py)."""
 
 from __future__ import annotations
 
 import getpass
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from ledger_backends import AnyLedger
 
 from execkit._classify import FailureClass
 from execkit._errors import (
@@ -19,19 +19,13 @@ from execkit._errors import (
     TaskBlocked,
     TaskFinished,
 )
-from execkit.ledger import OPERATE_ROLE, Actor, SqliteLedger
+from execkit.ledger import OPERATE_ROLE, Actor
 
 FAR = 10.0**10
 
 
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[SqliteLedger]:
-    with SqliteLedger(tmp_path / "ledger.db") as opened:
-        yield opened
-
-
 def fail(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
     task_id: str,
     key: str,
     klass: FailureClass | None,
@@ -47,7 +41,7 @@ def fail(
 
 
 def test_a_retry_after_an_environment_stop_runs_once_with_the_budget_intact(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", actor="a")
     fail(ledger, task.id, "1", FailureClass.ENVIRONMENT, at=100, reason="codex not found")
@@ -72,7 +66,7 @@ def test_a_retry_after_an_environment_stop_runs_once_with_the_budget_intact(
 
 
 def test_a_forced_start_after_the_upstream_ceiling_resets_the_streak(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     # ADR 015: "the operator re-opens them once the host recovers".
     task = ledger.create_task("t", actor="a")
@@ -85,7 +79,7 @@ def test_a_forced_start_after_the_upstream_ceiling_resets_the_streak(
     assert (after.state, after.uncharged_streak, after.charged_attempts) == ("ready", 1, 0)
 
 
-def test_a_retry_after_a_work_stop_needs_force_and_is_audited(ledger: SqliteLedger) -> None:
+def test_a_retry_after_a_work_stop_needs_force_and_is_audited(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     for n in range(3):
         fail(ledger, task.id, str(n), FailureClass.WORK, at=100 + n * 10)
@@ -104,7 +98,7 @@ def test_a_retry_after_a_work_stop_needs_force_and_is_audited(ledger: SqliteLedg
 
 
 def test_a_retry_past_an_explicit_limit_raises_it_and_needs_the_role(
-    ledger: SqliteLedger,
+    ledger: AnyLedger,
 ) -> None:
     task = ledger.create_task("t", max_attempts=1, actor="a")
     fail(ledger, task.id, "1", FailureClass.WORK, at=100)
@@ -122,7 +116,7 @@ def test_a_retry_past_an_explicit_limit_raises_it_and_needs_the_role(
     assert actions[-3:] == ["task.set_attempt_limit", "task.retry", "run.start"]
 
 
-def test_nothing_to_retry_while_running_or_finished(ledger: SqliteLedger) -> None:
+def test_nothing_to_retry_while_running_or_finished(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a", now=1)
     with pytest.raises(TaskBlocked, match="in progress"):
@@ -137,7 +131,7 @@ def test_nothing_to_retry_while_running_or_finished(ledger: SqliteLedger) -> Non
 # -- per-task uncharged ceiling (ADR 0046 "max_uncharged_attempts as a per-item field") ----
 
 
-def test_a_task_may_carry_its_own_uncharged_ceiling(ledger: SqliteLedger) -> None:
+def test_a_task_may_carry_its_own_uncharged_ceiling(ledger: AnyLedger) -> None:
     patient = ledger.create_task("patient", max_uncharged_attempts=5, actor="a")
     default = ledger.create_task("default", actor="a")
     assert (patient.max_uncharged_attempts, default.max_uncharged_attempts) == (5, 3)
@@ -151,13 +145,13 @@ def test_a_task_may_carry_its_own_uncharged_ceiling(ledger: SqliteLedger) -> Non
 
 
 @pytest.mark.parametrize("bad", [0, 1001, -1, 2.5, True, "3"])
-def test_the_per_task_ceiling_is_1_to_1000(ledger: SqliteLedger, bad: object) -> None:
+def test_the_per_task_ceiling_is_1_to_1000(ledger: AnyLedger, bad: object) -> None:
     with pytest.raises(InvalidInput, match=r"max_uncharged_attempts.*1\.\.1000"):
         ledger.create_task("t", max_uncharged_attempts=bad, actor="a")  # type: ignore[arg-type]
     assert ledger.list_tasks() == []
 
 
-def test_the_per_task_ceiling_is_part_of_the_creation_request(ledger: SqliteLedger) -> None:
+def test_the_per_task_ceiling_is_part_of_the_creation_request(ledger: AnyLedger) -> None:
     ledger.create_task("t", max_uncharged_attempts=5, idempotency_key="k", actor="a")
     with pytest.raises(Conflict):
         ledger.create_task("t", idempotency_key="k", actor="a")
@@ -167,7 +161,7 @@ def test_the_per_task_ceiling_is_part_of_the_creation_request(ledger: SqliteLedg
 # -- the vendor's reset time ---------------------------------------------------------------
 
 
-def test_a_recorded_reset_time_holds_the_next_admission(ledger: SqliteLedger) -> None:
+def test_a_recorded_reset_time_holds_the_next_admission(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="1", actor="a", now=100)
     finished = ledger.finish_run(
@@ -190,7 +184,7 @@ def test_a_recorded_reset_time_holds_the_next_admission(ledger: SqliteLedger) ->
     "change", [{"actor": "mallory"}, {"forced": True}], ids=["actor", "forced"]
 )
 def test_a_request_key_reused_for_another_request_is_a_conflict(
-    ledger: SqliteLedger, change: dict[str, object]
+    ledger: AnyLedger, change: dict[str, object]
 ) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(task.id, request_key="k", actor="alice", now=1)
@@ -204,7 +198,7 @@ def test_a_request_key_reused_for_another_request_is_a_conflict(
 # -- identity -----------------------------------------------------------------------------
 
 
-def test_an_actor_on_behalf_of_someone_is_recorded_as_both(ledger: SqliteLedger) -> None:
+def test_an_actor_on_behalf_of_someone_is_recorded_as_both(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     run = ledger.start_run(
         task.id, request_key="1", actor=Actor("ci-bot", on_behalf_of="alice"), now=1
@@ -222,7 +216,7 @@ def test_an_actor_on_behalf_of_someone_is_recorded_as_both(ledger: SqliteLedger)
 # -- the dispatcher's give-up ------------------------------------------------------------
 
 
-def test_a_give_up_is_remembered_with_the_attempt_count(ledger: SqliteLedger) -> None:
+def test_a_give_up_is_remembered_with_the_attempt_count(ledger: AnyLedger) -> None:
     task = ledger.create_task("t", actor="a")
     fail(ledger, task.id, "1", FailureClass.ENVIRONMENT, at=100)
     given_up = ledger.record_give_up(task.id, state="blocked", actor="dispatcher", now=150)

@@ -1,12 +1,11 @@
 """Properties: no sequence of operations admits more runs than the limit in force; admission
-refuses exactly when the task's projection says no run may start; keyed requests replay."""
+refuses exactly when the task's projection says no run may start; keyed requests replay.
+On both backends: each example gets a fresh ledger (a new file, or a new PostgreSQL schema)."""
 
 from __future__ import annotations
 
 import getpass
-import shutil
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,12 +18,13 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
+from ledger_backends import open_at
 
 from execkit._budget import WorkBudget
 from execkit._classify import FailureClass
 from execkit._errors import AdmissionRefused, Conflict, Forbidden
-from execkit.ledger import SqliteLedger
 
 _OUTCOMES = st.sampled_from(
     [
@@ -39,7 +39,7 @@ _OUTCOMES = st.sampled_from(
 
 
 class LimitMachine(RuleBasedStateMachine):
-    """Random creates, limit changes, starts (forced or not) and finishes on one real file.
+    """Random creates, limit changes, starts (forced or not) and finishes on one real ledger.
 
     The model keeps only what the test states: the limit in force per task and how many runs
     each task has had. The ledger decides everything else; the checks are that it never
@@ -49,11 +49,11 @@ class LimitMachine(RuleBasedStateMachine):
 
     tasks: Bundle[str] = Bundle("tasks")
 
-    def __init__(self) -> None:
+    def __init__(self, new_target: Callable[[], str]) -> None:
         super().__init__()
-        self.dir = Path(tempfile.mkdtemp(prefix="ledger-prop-"))
-        self.ledger = SqliteLedger(
-            self.dir / "ledger.db", budget=WorkBudget(max_attempts=3, max_uncharged_attempts=2)
+        # A fresh, empty ledger per example: a new file, or a new PostgreSQL schema.
+        self.ledger = open_at(
+            new_target(), budget=WorkBudget(max_attempts=3, max_uncharged_attempts=2)
         )
         self.limit: dict[str, int] = {}
         self.started: dict[str, int] = {}
@@ -62,12 +62,11 @@ class LimitMachine(RuleBasedStateMachine):
         self.creations: dict[str, tuple[str, int]] = {}  # idempotency key -> (task, limit)
         self.keys = 0
         self.now = 1000.0
-        # The role is a grant in the ledger: the owner of the file (this user) grants it.
+        # The role is a grant in the ledger: its owner (this user) grants it.
         self.ledger.grant_role("op", "agent.operate", actor=getpass.getuser())
 
     def teardown(self) -> None:
         self.ledger.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def _tick(self) -> float:
         self.now += 1.0
@@ -209,10 +208,17 @@ class LimitMachine(RuleBasedStateMachine):
         assert self.ledger.validate(now=self.now) == []
 
 
-LimitMachine.TestCase.settings = settings(
+_SETTINGS = settings(
     max_examples=60,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-test_no_sequence_admits_more_than_the_limit = LimitMachine.TestCase
+
+
+def test_no_sequence_admits_more_than_the_limit(new_target: Callable[[], str]) -> None:
+    class OnThisBackend(LimitMachine):
+        def __init__(self) -> None:
+            super().__init__(new_target)
+
+    run_state_machine_as_test(OnThisBackend, settings=_SETTINGS)

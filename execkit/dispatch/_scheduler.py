@@ -319,6 +319,11 @@ class Dispatcher:
         if task.gave_up_at_attempt == task.attempts_started:
             # We moved it to the failed state at this very count, and it is eligible again:
             # an operator moved the card back. That is the forced retry they asked for.
+            # Unless `issue` is stale: another dispatcher may have given it up since this
+            # pass listed the candidates. A give-up is recorded after its move, so a fresh
+            # read of the board tells the two apart.
+            if not any(c.id == issue.id for c in self.tracker.list_candidates()):
+                return []
             reopened = self.ledger.retry_task(
                 task_id,
                 actor=Actor(DISPATCH_ACTOR, on_behalf_of="the board's operator"),

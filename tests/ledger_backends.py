@@ -1,0 +1,73 @@
+"""Plain helpers for the ledger contract suite: one name for "a ledger of either backend",
+opening one at a target (a file path or a postgresql:// URL), and raw SQL beneath the rules.
+
+The fixtures that hand these out (`backend`, `ledger_target`, `opener`, `ledger`,
+`raw_sql`, and the PostgreSQL cluster) live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from pgcluster import Cluster
+
+from execkit.ledger import SqliteLedger
+from execkit.ledger._postgres import PostgresLedger, is_postgres_url
+
+BACKENDS = ("sqlite", "postgres")
+
+AnyLedger = SqliteLedger | PostgresLedger
+"""A ledger of either backend: the `Ledger` interface, a context manager, `status_info`."""
+
+Opener = Callable[..., AnyLedger]
+"""Opens (creating as needed) the test's ledger again: `opener(budget=..., backoff=...)`."""
+
+RawSql = Callable[[str], list[tuple[Any, ...]]]
+"""Runs one SQL statement on the test's ledger through a connection of its own (committed
+at once) and returns the rows: for damage only a bug or a hand edit could do."""
+
+
+def open_at(target: str, **options: Any) -> AnyLedger:
+    """The ledger at `target`: PostgreSQL for a URL, else the SQLite file at that path."""
+    if is_postgres_url(target):
+        return PostgresLedger(target, **options)
+    return SqliteLedger(target, **options)
+
+
+def raw_sql_at(target: str) -> RawSql:
+    """A `RawSql` for the ledger at `target`."""
+
+    def run(sql: str) -> list[tuple[Any, ...]]:
+        if is_postgres_url(target):
+            import psycopg
+
+            with psycopg.connect(target, autocommit=True) as conn:
+                cursor = conn.execute(sql)
+                return cursor.fetchall() if cursor.description else []
+        lite = sqlite3.connect(target, isolation_level=None)
+        try:
+            return lite.execute(sql).fetchall()
+        finally:
+            lite.close()
+
+    return run
+
+
+class PgSchemas:
+    """Fresh, empty schemas in the cluster's database, each named by a URL."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._numbers = itertools.count(1)
+
+    def new(self) -> str:
+        import psycopg
+
+        name = f"t{os.getpid()}_{next(self._numbers)}"
+        with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{name}"')
+        return self.cluster.url(options=f"-csearch_path={name}")

@@ -1,0 +1,654 @@
+"""What is the PostgreSQL backend's own: selection by URL, the constraints the database
+enforces, the row lock admissions queue on, the advisory lock migrations queue on, schema
+refusal and migration, passwords kept out, and connections that fail or are killed.
+
+The rules themselves are the contract suite's (test_ledger*.py run on both backends).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from ledger_backends import PgSchemas
+from pgcluster import Cluster
+
+import execkit.ledger._postgres as backend
+from execkit._errors import (
+    InvalidInput,
+    NotFound,
+    SchemaTooNew,
+    StorageError,
+    TaskBlocked,
+)
+from execkit.ledger import SqliteLedger, default_db_path, open_ledger
+from execkit.ledger._postgres import PostgresLedger, migrate_postgres, public_url
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """One statement on a connection of its own (autocommit)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[PostgresLedger]:
+    with PostgresLedger(pg_url) as ledger:
+        yield ledger
+
+
+# -- selection -----------------------------------------------------------------------------
+
+
+def test_a_url_selects_postgres_and_a_path_selects_sqlite(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_ledger(pg_url) as ledger:
+        assert isinstance(ledger, PostgresLedger)
+        assert ledger.location() == pg_url  # no password in it to strip
+    with open_ledger("postgres://" + pg_url.removeprefix("postgresql://")) as ledger:
+        assert isinstance(ledger, PostgresLedger)
+    monkeypatch.setenv("EXECKIT_DB", pg_url)
+    with open_ledger() as ledger:
+        assert isinstance(ledger, PostgresLedger)
+    with open_ledger(tmp_path / "file.db") as ledger:
+        assert isinstance(ledger, SqliteLedger)
+    # A URL names no file: the file-only entry point says so rather than making one.
+    with pytest.raises(InvalidInput, match="PostgreSQL ledger"):
+        default_db_path()
+    monkeypatch.delenv("EXECKIT_DB")
+    with pytest.raises(InvalidInput, match="PostgreSQL ledger"):
+        default_db_path(pg_url)
+    assert not list(Path.cwd().glob("postgres*"))
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_importing_the_ledger_does_not_import_psycopg() -> None:
+    done = _python(
+        "import sys, execkit.ledger, execkit.ledger._postgres\nprint('psycopg' in sys.modules)"
+    )
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_without_psycopg_a_url_is_one_clear_error(pg_url: str) -> None:
+    done = _python(
+        "import sys\n"
+        "sys.modules['psycopg'] = None  # as if not installed\n"
+        "from execkit._errors import StorageError\n"
+        "from execkit.ledger import open_ledger\n"
+        "try:\n"
+        f"    open_ledger({pg_url!r})\n"
+        "except StorageError as exc:\n"
+        "    print(exc.code, exc.message)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("storage ")
+    assert "pip install 'execkit-runner[postgres]'" in done.stdout
+
+
+def test_execkit_dispatch_takes_a_url_for_db(pg_url: str, tmp_path: Path) -> None:
+    board = tmp_path / "board.json"
+    board.write_text(json.dumps({"states": [{"name": "todo", "eligible": True}], "issues": []}))
+    board.chmod(0o600)
+    argv = ["dispatch", "--board", str(board), "--once", "--adapter", "generic", "--db", pg_url]
+    done = subprocess.run(
+        [sys.executable, "-m", "execkit", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    with PostgresLedger(pg_url) as ledger:
+        # The board is bound to this ledger: its id and its password-free URL.
+        bound = json.loads(board.read_text())
+        assert ledger.ledger_id() in json.dumps(bound)
+        assert ledger.location() in json.dumps(bound)
+
+
+# -- identity and secrets ----------------------------------------------------------------
+
+
+def test_owner_and_id_are_stored_at_creation(pg_url: str) -> None:
+    with PostgresLedger(pg_url) as ledger:
+        first_id = ledger.ledger_id()
+        assert len(first_id) == 32
+        assert ledger._store.owner() == getpass.getuser()
+    rows = dict(sql(pg_url, "SELECT key, value FROM ledger_meta"))
+    assert rows == {"ledger_id": first_id, "owner": getpass.getuser()}
+    with PostgresLedger(pg_url) as again:
+        assert again.ledger_id() == first_id
+        assert again.migration is None
+        assert again.schema_version() == backend.SCHEMA_VERSION
+
+
+def test_the_password_is_never_shown(pg_url: str) -> None:
+    secret = "s3cret-Pa55word"
+    with_user = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{secret}@")
+    as_param = f"{pg_url}&password={secret}"
+    for url in (with_user, as_param):
+        assert secret not in public_url(url)
+        # trust authentication ignores the password: the ledger opens, and never shows it
+        with PostgresLedger(url) as ledger:
+            assert secret not in ledger.location()
+            assert secret not in json.dumps(ledger.status_info())
+            assert ledger.location() == pg_url
+    unreachable = f"postgresql://postgres:{secret}@/execkit?host=/nonexistent-dir&port=1"
+    with pytest.raises(StorageError, match="cannot connect") as failed:
+        PostgresLedger(unreachable)
+    assert secret not in failed.value.message
+    assert "postgresql://postgres@/execkit" in failed.value.message
+
+
+def test_a_url_of_another_kind_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="postgresql:// URL"):
+        PostgresLedger("mysql://x")
+
+
+# -- what the database enforces ----------------------------------------------------------
+
+
+def _insert_run(url: str, run_id: int, attempt: int, key: str, status: str = "failed") -> None:
+    ended = "NULL" if status == "running" else "2"
+    sql(
+        url,
+        "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, request_key, "
+        f"actor, owner_host, owner_pid, started_at, ended_at) VALUES ({run_id}, 'r-{run_id}', "
+        f"'t-1', {attempt}, (SELECT max_attempts FROM tasks WHERE id = 't-1'), '{status}', "
+        f"'{key}', 'x', 'h', 1, 1, {ended})",
+    )
+
+
+def test_the_database_enforces_attempts_keys_the_limit_and_one_running_run(
+    pg: PostgresLedger, pg_url: str
+) -> None:
+    task = pg.create_task("t", max_attempts=2, actor="a")
+    run = pg.start_run(task.id, request_key="k1", actor="a")
+    # Every run row carries the limit in force when it was admitted.
+    assert sql(pg_url, "SELECT attempt, limit_at_admission FROM runs") == [(1, 2)]
+    with pytest.raises(psycopg.errors.UniqueViolation, match="runs_one_running_per_task"):
+        _insert_run(pg_url, 90, 2, "k2", status="running")
+    pg.finish_run(run.id, "failed")
+    with pytest.raises(psycopg.errors.UniqueViolation, match="runs_attempt_unique"):
+        _insert_run(pg_url, 91, 1, "k3")
+    with pytest.raises(psycopg.errors.UniqueViolation, match="runs_request_key_unique"):
+        _insert_run(pg_url, 92, 2, "k1")
+    with pytest.raises(psycopg.errors.CheckViolation, match="runs_attempt_within_limit"):
+        _insert_run(pg_url, 93, 3, "k4")
+    with pytest.raises(psycopg.errors.CheckViolation, match="runs_attempt_within_limit"):
+        sql(pg_url, "UPDATE runs SET attempt = 3")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        sql(pg_url, "UPDATE runs SET status = 'paused'")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        sql(pg_url, "UPDATE tasks SET max_attempts = 10001")
+    assert pg.validate() == []
+    assert [r.attempt for r in pg.runs(task.id)] == [1]
+
+
+def test_a_write_the_database_refuses_is_a_storage_error_and_rolls_back(
+    pg: PostgresLedger, pg_url: str
+) -> None:
+    # A rule the code would never break, broken on purpose beneath it: the database's own
+    # CHECK catches it, and the transaction leaves nothing behind.
+    task = pg.create_task("t", max_attempts=1, actor="a")
+    sql(pg_url, "UPDATE tasks SET attempts_used = 1")  # the summary now lies about the history
+    before = pg.audit_events()
+    with pytest.raises(StorageError, match="refused the write") as refused:
+        pg.start_run(task.id, request_key="k", actor="a", forced=True)
+    assert "runs_attempt_within_limit" in refused.value.message
+    assert pg.runs(task.id) == []
+    assert pg.audit_events() == before
+    assert sql(pg_url, "SELECT COUNT(*) FROM idempotency WHERE scope = 'run.start'") == [(0,)]
+
+
+def test_a_nul_in_a_reason_is_stored_not_refused(pg: PostgresLedger) -> None:
+    task = pg.create_task("t", actor="a")
+    run = pg.start_run(task.id, request_key="k", actor="a")
+    pg.finish_run(run.id, "failed", reason="binary \x00 output")
+    assert pg.run(run.id).reason == "binary \ufffd output"
+    assert pg.validate() == []
+
+
+# -- the row lock admissions queue on -------------------------------------------------------
+
+
+@pytest.fixture
+def hold_admission(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, Any]]:
+    """Holds admissions made by the thread named `victim` open right after their INSERT,
+    until the returned event is set; the second value records that the insert happened."""
+    release = threading.Event()
+    inserted = threading.Event()
+
+    def hold() -> None:
+        if threading.current_thread().name == "victim":
+            inserted.set()
+            assert release.wait(60), "never released"
+
+    monkeypatch.setattr(backend, "_after_admission_insert", hold)
+    yield release, inserted
+    release.set()
+
+
+def test_two_admissions_on_one_task_queue_on_its_row_lock(
+    pg_url: str, hold_admission: tuple[threading.Event, threading.Event]
+) -> None:
+    release, inserted = hold_admission
+    with PostgresLedger(pg_url) as setup:
+        task = setup.create_task("t", max_attempts=5, actor="a")
+        other = setup.create_task("u", max_attempts=5, actor="a")
+    first = PostgresLedger(pg_url)
+    results: dict[str, Any] = {}
+
+    def admit(name: str, ledger: PostgresLedger, task_id: str) -> None:
+        try:
+            results[name] = ledger.start_run(task_id, request_key=name, actor=name)
+        except Exception as exc:
+            results[name] = exc
+
+    victim = threading.Thread(target=admit, args=("first", first, task.id), name="victim")
+    victim.start()
+    try:
+        assert inserted.wait(30)
+        with PostgresLedger(pg_url, lock_timeout_s=0.3) as impatient:
+            # The first admission holds the task's row: a second one waits for it ...
+            started = time.monotonic()
+            with pytest.raises(StorageError, match="ledger busy"):
+                impatient.start_run(task.id, request_key="impatient", actor="b")
+            assert time.monotonic() - started >= 0.25
+            # ... and sees nothing uncommitted meanwhile; another task is not held up.
+            assert impatient.runs(task.id) == []
+            assert impatient.start_run(other.id, request_key="o", actor="b").attempt == 1
+        second = PostgresLedger(pg_url)
+        waiter = threading.Thread(target=admit, args=("second", second, task.id))
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive()  # queued on the lock
+        release.set()
+        victim.join(30)
+        waiter.join(30)
+        second.close()
+    finally:
+        release.set()
+        victim.join(30)
+        first.close()
+    assert results["first"].attempt == 1
+    # The second admission decided on the first one's committed run.
+    assert isinstance(results["second"], TaskBlocked), results["second"]
+    assert "still running" in results["second"].message
+    with PostgresLedger(pg_url) as ledger:
+        assert [r.request_key for r in ledger.runs(task.id)] == ["first"]
+        assert ledger.validate() == []
+
+
+def test_concurrent_first_uses_of_one_key_create_one_task(pg_url: str) -> None:
+    with PostgresLedger(pg_url):
+        pass
+    ledgers = [PostgresLedger(pg_url) for _ in range(6)]
+    barrier = threading.Barrier(len(ledgers))
+    ids: list[str] = []
+    errors: list[BaseException] = []
+
+    def create(ledger: PostgresLedger) -> None:
+        barrier.wait(30)
+        try:
+            ids.append(ledger.create_task("board:I1", idempotency_key="board:I1", actor="d").id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(ledger,)) for ledger in ledgers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for ledger in ledgers:
+        ledger.close()
+    assert errors == []
+    assert ids == ["t-1"] * len(ledgers)
+    assert sql(pg_url, "SELECT COUNT(*) FROM tasks") == [(1,)]
+
+
+def test_one_ledger_is_shared_safely_by_threads(pg: PostgresLedger) -> None:
+    # A dispatcher renews its run's lease from a second thread while the first one works.
+    task = pg.create_task("t", max_attempts=10000, actor="a")
+    run = pg.start_run(task.id, request_key="k0", actor="a")
+    stop = threading.Event()
+    beats: list[float] = []
+    failures: list[BaseException] = []
+
+    def heartbeat() -> None:
+        while not stop.is_set():
+            try:
+                beats.append(pg.heartbeat(run.id).lease_expires_at or 0)
+            except BaseException as exc:
+                failures.append(exc)
+                return
+
+    beater = threading.Thread(target=heartbeat)
+    beater.start()
+    try:
+        others = [pg.create_task(f"o{n}", actor="a") for n in range(30)]
+        for other in others:
+            pg.finish_run(pg.start_run(other.id, request_key=other.id, actor="a").id, "succeeded")
+    finally:
+        stop.set()
+        beater.join(30)
+    assert failures == []
+    assert beats
+    assert pg.validate() == []
+
+
+# -- schema versions ----------------------------------------------------------------------
+
+
+def test_a_newer_schema_is_refused_with_nothing_written(pg: PostgresLedger, pg_url: str) -> None:
+    pg.create_task("t", actor="a")
+    sql(pg_url, "INSERT INTO schema_version (version, applied_at) VALUES (99, 0)")
+    before = sql(pg_url, "SELECT COUNT(*) FROM audit")
+    with pytest.raises(SchemaTooNew, match="schema version 99"):
+        PostgresLedger(pg_url)
+    assert sql(pg_url, "SELECT COUNT(*) FROM audit") == before
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(99,)]
+
+
+def test_foreign_tables_and_a_missing_ledger(pg_url: str, pg_schemas: PgSchemas) -> None:
+    sql(pg_url, "CREATE TABLE tasks (id integer)")
+    with pytest.raises(StorageError, match="no execkit ledger"):
+        PostgresLedger(pg_url)
+    empty = pg_schemas.new()
+    with pytest.raises(NotFound, match="no ledger"):
+        PostgresLedger(empty, create=False)
+    assert sql(empty, "SELECT COUNT(*) FROM pg_tables WHERE schemaname = current_schema()") == [
+        (0,)
+    ]
+
+
+def test_concurrent_creations_and_migrations_serialise_on_the_advisory_lock(
+    pg_url: str,
+) -> None:
+    # Someone holds the migration lock: a ledger being created waits for it.
+    holder = psycopg.connect(pg_url, autocommit=True)
+    holder.execute("BEGIN")
+    holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", backend._MIGRATION_LOCK)
+    opened: list[PostgresLedger] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            opened.append(PostgresLedger(pg_url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    assert opened == [] and errors == []  # all four wait on the lock
+    holder.execute("COMMIT")
+    holder.close()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    # One of them built the schema; the other three found it built.
+    assert sorted(ledger.migration is None for ledger in opened) == [False, True, True, True]
+    assert sql(pg_url, "SELECT version FROM schema_version") == [(1,)]
+    assert {ledger.ledger_id() for ledger in opened} == {opened[0].ledger_id()}
+    for ledger in opened:
+        ledger.close()
+
+
+def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with PostgresLedger(pg_url) as ledger:
+        task = ledger.create_task("kept", max_attempts=3, actor="a")
+        ledger.start_run(task.id, request_key="k", actor="a")
+        before = ledger.get_task(task.id)
+    # A newer execkit with one more (additive) step.
+    steps = {**backend._SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    monkeypatch.setattr(backend, "_SCHEMA_STEPS", steps)
+    monkeypatch.setattr(backend, "SCHEMA_VERSION", 2)
+    with PostgresLedger(pg_url) as outdated:
+        assert outdated.schema_version() == 1
+        with pytest.raises(StorageError, match="back it up first") as refused:
+            outdated.get_task(task.id)
+        message = refused.value.message
+        assert "pg_dump --format=custom" in message
+        assert f"--dbname={pg_url}" in message or "--dbname=" in message
+        assert "--schema=" in message
+        assert outdated.status_info()["needs_migration"] is True
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]
+    done = migrate_postgres(pg_url)
+    assert (done.from_version, done.to_version) == (1, 2)
+    assert done.backup_command is not None and done.backup_command.startswith("pg_dump ")
+    assert migrate_postgres(pg_url).backup_command is None  # already current: nothing done
+    with PostgresLedger(pg_url) as migrated:
+        assert migrated.schema_version() == 2
+        assert migrated.get_task(task.id) == before
+        assert migrated.validate() == []
+    assert sql(pg_url, "SELECT COUNT(*) FROM ledger_notes") == [(0,)]
+
+
+def test_storage_problems_are_named_and_a_drifted_summary_repaired(
+    pg: PostgresLedger, pg_url: str
+) -> None:
+    task = pg.create_task("t", actor="a")
+    run = pg.start_run(task.id, request_key="1", actor="a", now=1)
+    pg.finish_run(run.id, "failed", failure_class="upstream", now=2)  # type: ignore[arg-type]
+    sql(pg_url, "UPDATE tasks SET uncharged_streak = 3")
+    (problem,) = pg.validate(now=3)
+    assert "stored summary differs from its history" in problem
+    assert pg.repair(now=3) == ["t-1: rebuilt its summary from its history"]
+    assert pg.validate(now=3) == []
+    sql(pg_url, "DROP TABLE role_grants")
+    assert pg.validate() == ["storage: table role_grants is missing"]
+    with pytest.raises(StorageError, match="role_grants"):
+        pg.grants()
+
+
+# -- connections that fail ---------------------------------------------------------------
+
+
+def _backend_pids(url: str, application: str) -> list[int]:
+    rows = sql(url, "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application,))
+    return [int(row[0]) for row in rows]
+
+
+def _terminate(url: str, application: str) -> int:
+    pids = _backend_pids(url, application)
+    for pid in pids:
+        sql(url, "SELECT pg_terminate_backend(%s)", (pid,))
+    return len(pids)
+
+
+def test_a_dropped_connection_is_replaced_and_a_replayed_key_returns_its_run(
+    pg_url: str,
+) -> None:
+    url = f"{pg_url}&application_name=dropped"
+    with PostgresLedger(url) as ledger:
+        task = ledger.create_task("t", max_attempts=3, actor="a")
+        run = ledger.start_run(task.id, request_key="k", actor="a")
+        # The connection goes away between two calls (the answer to the start was lost,
+        # say): the next call reconnects before it sends anything, and the replay of the
+        # same request key returns the run it created; no attempt is spent twice.
+        assert _terminate(pg_url, "dropped") == 1
+        assert ledger.start_run(task.id, request_key="k", actor="a") == run
+        assert [r.id for r in ledger.runs(task.id)] == [run.id]
+        assert _backend_pids(pg_url, "dropped")  # a new backend serves it
+
+
+def test_a_backend_terminated_mid_admission_writes_nothing_and_the_retry_admits(
+    pg_url: str, hold_admission: tuple[threading.Event, threading.Event]
+) -> None:
+    release, inserted = hold_admission
+    url = f"{pg_url}&application_name=victim"
+    with PostgresLedger(pg_url) as setup:
+        task = setup.create_task("t", max_attempts=2, actor="a")
+    victim = PostgresLedger(url)
+    outcome: list[BaseException | object] = []
+
+    def admit() -> None:
+        try:
+            outcome.append(victim.start_run(task.id, request_key="doomed", actor="v"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=admit, name="victim")
+    thread.start()
+    try:
+        assert inserted.wait(30)
+        assert _terminate(pg_url, "victim") == 1  # killed with the run row inserted
+        release.set()
+        thread.join(30)
+    finally:
+        release.set()
+        thread.join(30)
+    (failure,) = outcome
+    assert isinstance(failure, StorageError), failure
+    assert "rolled back" in failure.message and "nothing was written" in failure.message
+    with PostgresLedger(pg_url) as ledger:
+        assert ledger.runs(task.id) == []
+        assert [e.action for e in ledger.audit_events()] == ["task.create"]
+        assert ledger.validate() == []
+    # The same ledger object reconnects; the key was never used, so it admits attempt 1.
+    run = victim.start_run(task.id, request_key="doomed", actor="v")
+    assert run.attempt == 1
+    victim.close()
+
+
+def test_a_server_that_is_not_there_is_one_clear_error(tmp_path: Path) -> None:
+    url = f"postgresql://postgres@/execkit?host={tmp_path}&port=5432"
+    with pytest.raises(StorageError, match="cannot connect to the PostgreSQL server"):
+        PostgresLedger(url, connect_timeout_s=2)
+
+
+_STREAM = r"""
+import json, sys, time
+from pathlib import Path
+from execkit._errors import StorageError, TaskBlocked
+from execkit.ledger import open_ledger
+
+url, task_id, name, sync = sys.argv[1:5]
+deadline = time.monotonic() + 120
+acked, errors, n = [], 0, 0
+
+def answer(call):
+    global errors
+    while True:
+        if time.monotonic() > deadline:
+            sys.exit("deadline")
+        try:
+            return call()
+        except StorageError:
+            errors += 1  # the server went away: the same request again, same key
+            time.sleep(0.02)
+        except TaskBlocked:
+            time.sleep(0.002)  # the other worker's run is still running
+
+ledger = answer(lambda: open_ledger(url))
+while not Path(sync, "stop").exists():
+    n += 1
+    key = f"{name}-{n}"
+    run = answer(lambda: ledger.start_run(task_id, request_key=key, actor=name,
+                                          ignore_backoff=True))
+    answer(lambda: ledger.finish_run(run.id, "failed", reason="stream"))
+    acked.append([key, run.id, run.attempt])
+    Path(sync, f"{name}.count").write_text(str(len(acked)))
+print(json.dumps({"acked": acked, "errors": errors}))
+"""
+
+
+@pytest.mark.slow
+def test_a_server_crash_in_a_stream_of_admissions_loses_and_doubles_nothing(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """`pg_ctl restart -m immediate` while 4 processes admit on 2 tasks: every run a worker
+    was told about is there, nothing else is, histories are valid, and admissions resume."""
+    with PostgresLedger(pg_url) as ledger:
+        tasks = [ledger.create_task(f"t{n}", max_attempts=10000, actor="a").id for n in (1, 2)]
+    names = [f"w{n}" for n in range(4)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _STREAM, pg_url, tasks[n % 2], name, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        for n, name in enumerate(names)
+    ]
+
+    def counts() -> list[int]:
+        found = []
+        for name in names:
+            count = 0
+            with contextlib.suppress(OSError, ValueError):  # not written yet, or half
+                count = int((tmp_path / f"{name}.count").read_text() or 0)
+            found.append(count)
+        return found
+
+    def admitted() -> int:
+        return sum(counts())
+
+    results = []
+    try:
+        # Every worker is in the middle of its stream when the server crashes.
+        wait_for(lambda: min(counts()) >= 5 and admitted() >= 40, 120, "every worker admitting")
+        pg_cluster.restart("immediate")
+        after_crash = admitted()
+        wait_for(lambda: admitted() >= after_crash + 40, 120, "admissions after the crash")
+        (tmp_path / "stop").touch()
+        for worker in workers:
+            out, err = worker.communicate(timeout=120)
+            assert worker.returncode == 0, err
+            results.append(json.loads(out))
+    finally:
+        (tmp_path / "stop").touch()
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    acked = {run_id: key for result in results for key, run_id, _ in result["acked"]}
+    assert sum(result["errors"] for result in results) > 0  # the crash was felt
+    with PostgresLedger(pg_url) as ledger:
+        assert ledger.validate() == []
+        stored: dict[str, str] = {}
+        for task_id in tasks:
+            runs = ledger.runs(task_id)
+            assert [r.attempt for r in runs] == list(range(1, len(runs) + 1))
+            assert {r.status for r in runs} == {"failed"}
+            stored.update({r.id: r.request_key for r in runs})
+        # Nothing lost (every acknowledged run is there), nothing doubled (nothing else is).
+        assert stored == acked
+        keys = sql(pg_url, "SELECT COUNT(*) FROM idempotency WHERE scope = 'run.start'")
+        assert keys == [(len(stored),)]
