@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "execkit"
 
 # The public modules: the front door, the adapter authors' helpers, the pytest plugin, the
-# CLI entry point, and the two subpackages whose own __init__ is a thin front door.
+# CLI entry point, the remote ledger client, and the three subpackages whose own __init__ is
+# a thin front door.
 PUBLIC_MODULES = {
     "execkit",
     "execkit.__main__",
@@ -32,6 +33,8 @@ PUBLIC_MODULES = {
     "execkit.cli",
     "execkit.ledger",
     "execkit.dispatch",
+    "execkit.remote",
+    "execkit.server",
 }
 
 # Each room's place in the one-way flow; a module may import only rooms of its rank or
@@ -55,6 +58,8 @@ RANKS = {
     "execkit.dispatch": 8,
     "execkit.cli": 9,
     "execkit.testing": 9,
+    "execkit.remote": 9,
+    "execkit.server": 9,
     "execkit": 10,
 }
 

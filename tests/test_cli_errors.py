@@ -172,6 +172,7 @@ DB_COMMANDS = [
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],
+    ["serve", "--tokens", "tokens.json"],
 ]
 
 

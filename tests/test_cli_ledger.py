@@ -1,16 +1,28 @@
-"""`execkit task|run start|run finish|capabilities|db` with --json, errors and exit codes."""
+"""`execkit task|run start|run finish|capabilities|db` with --json, errors and exit codes.
+
+The suite runs twice where it can: on a local ledger file (`--db`), and through a real
+`execkit serve` on loopback (`--remote`, the token in $EXECKIT_TOKEN), which must print the
+same and exit the same. The server is one subprocess for the session (started on a free
+port, stopped whatever happens); each remote test starts from an empty ledger (its rows
+deleted beneath the server). Tests of local-only things (file modes and owners, raw files,
+`db init|migrate|status`) use `local_cli`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import pwd
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from execkit.cli import main
@@ -19,6 +31,7 @@ from execkit.ledger import CAPABILITIES, SCHEMA_VERSION, SqliteLedger
 from execkit.ledger._sqlite import _SCHEMA_STEPS
 
 ME = pwd.getpwuid(os.geteuid()).pw_name  # who the CLI says acts: the OS user, no flag
+REPO = Path(__file__).resolve().parent.parent
 
 
 def hand_over(db: Path) -> str:
@@ -29,15 +42,83 @@ def hand_over(db: Path) -> str:
     return owner
 
 
+@attrs.frozen
+class Server:
+    """`execkit serve` in a subprocess, on a free loopback port."""
+
+    url: str
+    token: str
+    db: Path
+    log: Path  # its stderr
+    process: subprocess.Popen[str]
+
+
+@pytest.fixture(scope="session")
+def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from execkit.server import add_token
+
+    where = tmp_path_factory.mktemp("serve")
+    tokens = where / "tokens.json"
+    token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
+    db = where / "ledger.db"
+    log = where / "serve.log"
+    argv = [sys.executable, "-m", "execkit", "serve", "--db", str(db), "--tokens", str(tokens)]
+    with log.open("w") as err:
+        process = subprocess.Popen(
+            [*argv, "--listen", "127.0.0.1:0", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, f"execkit serve did not start: {log.read_text()}"
+        url = json.loads(line)["url"]
+        assert url.startswith("http://127.0.0.1:")
+        yield Server(url, token, db, log, process)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def _empty(db: Path) -> None:
+    """Delete every row of the served ledger but its schema and identity (the server
+    keeps its connection; ids start again at t-1 and r-1)."""
+    conn = sqlite3.connect(db, timeout=30, isolation_level=None)
+    try:
+        tables = [
+            name
+            for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if name not in ("schema_version", "ledger_meta") and not name.startswith("sqlite_")
+        ]
+        conn.execute("BEGIN IMMEDIATE")
+        for name in tables:
+            conn.execute(f'DELETE FROM "{name}"')
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
 class Cli:
-    def __init__(self, db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def __init__(
+        self, db: Path, capsys: pytest.CaptureFixture[str], *, remote: str | None = None
+    ) -> None:
         self.db = db
         self.capsys = capsys
+        self.remote = remote
+        # The flags that name this ledger, for tests that call `main` themselves.
+        self.flags = ["--db", str(db)] if remote is None else ["--remote", remote]
 
     def __call__(self, *argv: str) -> tuple[int, Any, Any]:
         """Run with --db/--json; return (exit code, stdout JSON or None, stderr JSON or None)."""
         self.capsys.readouterr()
-        code = main([*argv, "--db", str(self.db), "--json"])
+        code = main([*argv, *self.flags, "--json"])
         out, err = self.capsys.readouterr()
         return code, json.loads(out) if out else None, json.loads(err) if err else None
 
@@ -51,9 +132,45 @@ class Cli:
         message: str = err["error"]["message"]
         return message
 
+    def state(self) -> list[str] | None:
+        """Every row of the ledger file (None when there is no file)."""
+        return _table_dump(self.db) if self.db.exists() else None
+
+
+@pytest.fixture(params=["local", "remote"])
+def cli(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Cli:
+    monkeypatch.delenv("EXECKIT_REMOTE", raising=False)
+    if request.param == "local":
+        monkeypatch.delenv("EXECKIT_TOKEN", raising=False)
+        return Cli(tmp_path / "ledger.db", capsys)
+    server: Server = request.getfixturevalue("remote_server")
+    return _through(server, capsys, monkeypatch)
+
+
+def _through(
+    server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Cli:
+    os.chown(server.db, os.geteuid(), -1)  # ours again, if a test handed it over
+    _empty(server.db)
+    monkeypatch.setenv("EXECKIT_TOKEN", server.token)
+    return Cli(server.db, capsys, remote=server.url)
+
 
 @pytest.fixture
-def cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
+def remote_cli(
+    remote_server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Cli:
+    monkeypatch.delenv("EXECKIT_REMOTE", raising=False)
+    return _through(remote_server, capsys, monkeypatch)
+
+
+@pytest.fixture
+def local_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
     return Cli(tmp_path / "ledger.db", capsys)
 
 
@@ -195,9 +312,10 @@ def test_expected_must_be_a_limit_too(cli: Cli, bad: str) -> None:
 
 @pytest.mark.parametrize("bad", ["10001", "-1", "abc", "2.5"])
 def test_create_with_a_bad_limit_is_invalid_and_creates_nothing(cli: Cli, bad: str) -> None:
+    before = cli.state()  # locally: no file at all
     message = cli.error("invalid", "task", "create", "t", "--max-attempts", bad)
     assert "--max-attempts" in message and "1..10000" in message
-    assert not cli.db.exists()
+    assert cli.state() == before
 
 
 def test_create_with_zero_means_no_limit_and_keys_replay(cli: Cli) -> None:
@@ -207,7 +325,7 @@ def test_create_with_zero_means_no_limit_and_keys_replay(cli: Cli) -> None:
     cli.error("conflict", "task", "create", "t", "--max-attempts", "3", "--idempotency-key", "k")
 
 
-def test_reading_commands_do_not_create_a_ledger(cli: Cli) -> None:
+def test_reading_commands_do_not_create_a_ledger(local_cli: Cli) -> None:
     for argv in (
         ("task", "show", "t-1"),
         ("task", "list"),
@@ -216,8 +334,8 @@ def test_reading_commands_do_not_create_a_ledger(cli: Cli) -> None:
         ("db", "migrate"),
         ("run", "start", "t-1"),
     ):
-        assert "no ledger" in cli.error("not_found", *argv)
-    assert not cli.db.exists()
+        assert "no ledger" in local_cli.error("not_found", *argv)
+    assert not local_cli.db.exists()
 
 
 def test_capabilities(cli: Cli) -> None:
@@ -227,18 +345,18 @@ def test_capabilities(cli: Cli) -> None:
     assert "tasks.attempt_limits" in out["capabilities"]
 
 
-def test_db_status_check_and_migrate(cli: Cli) -> None:
-    cli("task", "create", "t")
-    code, status, _ = cli("db", "status")
+def test_db_status_check_and_migrate(local_cli: Cli) -> None:
+    local_cli("task", "create", "t")
+    code, status, _ = local_cli("db", "status")
     assert code == 0
     assert (status["schema_version"], status["tasks"], status["journal_mode"]) == (
         SCHEMA_VERSION,
         1,
         "wal",
     )
-    code, check, _ = cli("db", "check")
+    code, check, _ = local_cli("db", "check")
     assert (code, check) == (0, {"ok": True, "problems": [], "repaired": []})
-    code, migrated, _ = cli("db", "migrate")
+    code, migrated, _ = local_cli("db", "migrate")
     assert code == 0
     assert (migrated["from_version"], migrated["backup_path"]) == (SCHEMA_VERSION, None)
 
@@ -258,17 +376,17 @@ def test_db_check_reports_problems_with_its_exit_code(cli: Cli) -> None:
     }
 
 
-def test_db_check_names_an_empty_file_and_db_init_is_the_only_way_over_it(cli: Cli) -> None:
-    cli.db.touch()
-    code, check, _ = cli("db", "check")
+def test_db_check_names_an_empty_file_and_db_init_is_the_only_way_over_it(local_cli: Cli) -> None:
+    local_cli.db.touch()
+    code, check, _ = local_cli("db", "check")
     assert code == EXIT_CODES["invalid_history"]
     assert check["ok"] is False and "empty file" in check["problems"][0]
-    assert "empty file" in cli.error("storage", "task", "create", "t")
-    assert cli.db.stat().st_size == 0  # nothing silently re-initialised it
-    code, made, _ = cli("db", "init")
+    assert "empty file" in local_cli.error("storage", "task", "create", "t")
+    assert local_cli.db.stat().st_size == 0  # nothing silently re-initialised it
+    code, made, _ = local_cli("db", "init")
     assert (code, made["created"]) == (0, True)
-    assert cli("task", "create", "t")[0] == 0
-    assert cli("db", "init")[1]["created"] is False
+    assert local_cli("task", "create", "t")[0] == 0
+    assert local_cli("db", "init")[1]["created"] is False
 
 
 def test_db_check_repair_abandons_an_expired_run(cli: Cli) -> None:
@@ -283,31 +401,31 @@ def test_db_check_repair_abandons_an_expired_run(cli: Cli) -> None:
     assert repaired["repaired"] == ["t-1: abandoned run r-1 (lease expired)"]
 
 
-def test_db_migrate_upgrades_a_version_1_file_and_names_the_backup(cli: Cli) -> None:
-    conn = sqlite3.connect(cli.db, isolation_level=None)
+def test_db_migrate_upgrades_a_version_1_file_and_names_the_backup(local_cli: Cli) -> None:
+    conn = sqlite3.connect(local_cli.db, isolation_level=None)
     for statement in _SCHEMA_STEPS[1]:
         conn.execute(statement)
     conn.execute("INSERT INTO schema_version VALUES (1, 1.0)")
     conn.close()
-    status = cli("db", "status")[1]
+    status = local_cli("db", "status")[1]
     assert (status["schema_version"], status["needs_migration"]) == (1, True)
-    code, migrated, _ = cli("db", "migrate")
+    code, migrated, _ = local_cli("db", "migrate")
     assert code == 0
     assert (migrated["from_version"], migrated["to_version"]) == (1, SCHEMA_VERSION)
     backup = Path(migrated["backup_path"])
-    assert backup.is_file() and backup.parent == cli.db.parent
+    assert backup.is_file() and backup.parent == local_cli.db.parent
     assert backup.stat().st_mode & 0o077 == 0  # owner-only, as the ledger
-    assert cli("db", "status")[1]["schema_version"] == SCHEMA_VERSION
+    assert local_cli("db", "status")[1]["schema_version"] == SCHEMA_VERSION
 
 
-def test_a_newer_file_is_refused_by_every_command(cli: Cli) -> None:
-    with SqliteLedger(cli.db) as ledger:
+def test_a_newer_file_is_refused_by_every_command(local_cli: Cli) -> None:
+    with SqliteLedger(local_cli.db) as ledger:
         ledger.create_task("t", actor="a")
-    conn = sqlite3.connect(cli.db)
+    conn = sqlite3.connect(local_cli.db)
     conn.execute("INSERT INTO schema_version VALUES (99, 1.0)")
     conn.commit()
     conn.close()
-    image = cli.db.read_bytes()
+    image = local_cli.db.read_bytes()
     for argv in (
         ("task", "show", "t-1"),
         ("task", "create", "x"),
@@ -315,8 +433,8 @@ def test_a_newer_file_is_refused_by_every_command(cli: Cli) -> None:
         ("db", "status"),
         ("run", "start", "t-1"),
     ):
-        assert "99" in cli.error("schema_too_new", *argv)
-    assert cli.db.read_bytes() == image
+        assert "99" in local_cli.error("schema_too_new", *argv)
+    assert local_cli.db.read_bytes() == image
 
 
 def test_the_real_binary_prints_json_errors_on_stderr(tmp_path: Path) -> None:
@@ -358,17 +476,19 @@ def test_the_real_binary_prints_json_errors_on_stderr(tmp_path: Path) -> None:
     assert "Traceback" not in plain.stderr
 
 
-def test_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    db = str(tmp_path / "ledger.db")
-    assert main(["task", "create", "hello", "--max-attempts", "2", "--db", db]) == 0
+def test_human_output(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    where = cli.flags
+    assert main(["task", "create", "hello", "--max-attempts", "2", *where]) == 0
     assert "t-1  hello" in capsys.readouterr().out
-    assert main(["run", "start", "t-1", "--db", db]) == 0
+    assert main(["run", "start", "t-1", *where]) == 0
     assert capsys.readouterr().out.startswith("r-1  t-1 attempt 1  running")
-    assert main(["run", "finish", "r-1", "failed", "--reason", "boom", "--db", db]) == 0
-    assert main(["task", "list", "--db", db]) == 0
+    assert main(["run", "finish", "r-1", "failed", "--reason", "boom", *where]) == 0
+    assert main(["task", "list", *where]) == 0
     assert "attempts 1/2" in capsys.readouterr().out
-    assert main(["db", "check", "--db", db]) == 0
+    assert main(["db", "check", *where]) == 0
     assert "ok" in capsys.readouterr().out
+    assert main(["task", "show", "t-9", *where]) == EXIT_CODES["not_found"]
+    assert capsys.readouterr().err == "execkit: not_found: no task 't-9'\n"
 
 
 def test_env_var_selects_the_file(
@@ -405,27 +525,27 @@ def test_bad_run_flags_are_invalid_and_change_nothing(
 
 
 def test_json_and_db_work_before_or_after_the_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cli: Cli, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = str(tmp_path / "ledger.db")
-    assert main(["--db", db, "task", "create", "hello"]) == 0
+    flag, db = cli.flags  # --db PATH, or --remote URL: the same rules
+    assert main([flag, db, "task", "create", "hello"]) == 0
     capsys.readouterr()
     outputs = []
     for argv in (
-        ["--json", "task", "show", "t-1", "--db", db],
-        ["task", "show", "t-1", "--json", "--db", db],
-        ["--json", "--db", db, "task", "show", "t-1"],
-        [f"--db={db}", "--json", "task", "show", "t-1"],
-        ["--json", "task", "show", "--json", "t-1", "--db", db],
+        ["--json", "task", "show", "t-1", flag, db],
+        ["task", "show", "t-1", "--json", flag, db],
+        ["--json", flag, db, "task", "show", "t-1"],
+        [f"{flag}={db}", "--json", "task", "show", "t-1"],
+        ["--json", "task", "show", "--json", "t-1", flag, db],
     ):
         assert main(argv) == 0, argv
         outputs.append(capsys.readouterr().out)
     assert json.loads(outputs[0])["title"] == "hello"
     assert outputs == [outputs[0]] * len(outputs)
     # And with `run start|finish`, reached through `run`.
-    assert main(["--json", "--db", db, "run", "start", "t-1"]) == 0
+    assert main(["--json", flag, db, "run", "start", "t-1"]) == 0
     assert json.loads(capsys.readouterr().out)["id"] == "r-1"
-    assert main(["--db", db, "task", "list"]) == 0
+    assert main([flag, db, "task", "list"]) == 0
     assert capsys.readouterr().out.startswith("t-1  running")
 
 
@@ -440,13 +560,13 @@ def test_an_error_is_json_when_json_comes_before_the_command(
 
 
 def test_on_behalf_of_works_before_the_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cli: Cli, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = str(tmp_path / "ledger.db")
-    assert main(["--on-behalf-of", "alice", "task", "create", "x", "--db", db, "--json"]) == 0
+    where = cli.flags
+    assert main(["--on-behalf-of", "alice", "task", "create", "x", *where, "--json"]) == 0
     # Recorded as both, never as alice alone: the identity is ours.
     assert json.loads(capsys.readouterr().out)["created_by"] == f"{ME} on behalf of alice"
-    assert main(["--on-behalf-of=bob", "run", "start", "t-1", "--db", db, "--json"]) == 0
+    assert main(["--on-behalf-of=bob", "run", "start", "t-1", *where, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["actor"] == f"{ME} on behalf of bob"
 
 
@@ -493,19 +613,87 @@ ESCAPED = "evil \\x1b[2J\\rgone\\nfake line\\x9b31m\\x07"
 
 
 def test_text_output_escapes_control_characters_in_titles_and_reasons(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cli: Cli, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = str(tmp_path / "ledger.db")
-    assert main(["task", "create", HOSTILE, "--db", db]) == 0
-    assert main(["run", "start", "t-1", "--db", db]) == 0
-    assert main(["run", "finish", "r-1", "failed", "--reason", HOSTILE, "--db", db]) == 0
+    where = cli.flags
+    assert main(["task", "create", HOSTILE, *where]) == 0
+    assert main(["run", "start", "t-1", *where]) == 0
+    assert main(["run", "finish", "r-1", "failed", "--reason", HOSTILE, *where]) == 0
     capsys.readouterr()
     for argv in (["task", "show", "t-1"], ["task", "list"], ["task", "runs", "t-1"]):
-        assert main([*argv, "--db", db]) == 0
+        assert main([*argv, *where]) == 0
         out = capsys.readouterr().out
         assert ESCAPED in out, argv
         assert not {"\x1b", "\r", "\x9b", "\x07"} & set(out), argv
         assert "\nfake line" not in out
     # JSON keeps the text as it is (json escapes control characters itself).
-    assert main(["task", "show", "t-1", "--db", db, "--json"]) == 0
+    assert main(["task", "show", "t-1", *where, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["title"] == HOSTILE
+
+
+# -- through a remote only ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["init", "migrate", "status"])
+def test_db_init_migrate_and_status_refuse_a_remote(
+    remote_cli: Cli, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = remote_cli.state()
+    message = remote_cli.error("invalid", "db", action)
+    assert "local ledger file only" in message and "--remote" in message
+    assert remote_cli.remote is not None
+    monkeypatch.setenv("EXECKIT_REMOTE", remote_cli.remote)
+    code = main(["db", action, "--json"])
+    assert code == EXIT_CODES["invalid"]
+    assert "$EXECKIT_REMOTE" in remote_cli.capsys.readouterr().err
+    assert remote_cli.state() == before
+
+
+def test_the_remote_comes_from_the_environment_unless_db_is_given(
+    remote_cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert remote_cli.remote is not None
+    monkeypatch.setenv("EXECKIT_REMOTE", remote_cli.remote)
+    assert main(["task", "create", "via env", "--json"]) == 0
+    assert json.loads(remote_cli.capsys.readouterr().out)["id"] == "t-1"
+    local = tmp_path / "mine.db"
+    assert main(["task", "list", "--db", str(local), "--json"]) == EXIT_CODES["not_found"]
+    remote_cli.capsys.readouterr()
+    message = remote_cli.error("invalid", "task", "list", "--db", str(local))
+    assert "--db and --remote" in message
+
+
+def test_a_remote_needs_the_token_in_the_environment(
+    remote_cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EXECKIT_TOKEN")
+    assert "EXECKIT_TOKEN" in remote_cli.error("invalid", "task", "list")
+    monkeypatch.setenv("EXECKIT_TOKEN", "not-the-token")
+    assert "unauthenticated" in remote_cli.error("forbidden", "task", "list")
+
+
+def test_the_real_binary_through_the_remote(remote_cli: Cli, remote_server: Server) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EXECKIT_TOKEN": remote_server.token}
+    base = [sys.executable, "-m", "execkit", "--remote", remote_server.url]
+    made = subprocess.run(
+        [*base, "task", "create", "t", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["id"] == "t-1"
+    plain = subprocess.run(
+        [*base, "task", "show", "t-9"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert plain.returncode == EXIT_CODES["not_found"]
+    assert plain.stderr == "execkit: not_found: no task 't-9'\n"
+
+
+def test_the_server_logs_no_token(remote_cli: Cli, remote_server: Server) -> None:
+    remote_cli("task", "create", "t")
+    remote_cli.error("not_found", "task", "show", "t-9")
+    time.sleep(0.1)
+    assert remote_server.token not in remote_server.log.read_text()
+    assert remote_server.process.poll() is None  # still serving

@@ -40,6 +40,7 @@ PUBLIC = [
     "db",
     "dispatch",
     "status",
+    "serve",
     "demo",
 ]
 INTERNAL = ["run-start", "run-finish", "run-heartbeat"]
@@ -110,8 +111,11 @@ def test_help_lists_every_public_command_and_no_internal_one() -> None:
         assert " ".join(one_line.split()) in " ".join(listing.split()), name
     for name in INTERNAL:
         assert name not in done.stdout
-    usage = done.stdout.splitlines()[0]
-    assert usage == "usage: execkit [-h] [--json] [--db PATH] [--on-behalf-of NAME] COMMAND ..."
+    # argparse wraps a long usage line: compare it with the whitespace squeezed out.
+    usage = " ".join(done.stdout.split("\n\n", 1)[0].split())
+    assert usage == (
+        "usage: execkit [-h] [--json] [--db PATH] [--remote URL] [--on-behalf-of NAME] COMMAND ..."
+    )
 
 
 def test_run_help_names_run_start_and_run_finish() -> None:

@@ -12,10 +12,10 @@ one-line help, so `execkit --help` imports no group at all). This module imports
 heavy at its top, so `from execkit.cli import main` is cheap and Ctrl-C handling is in
 place before the real work starts.
 
-The common options `--json`, `--db PATH` and `--on-behalf-of NAME` may come before the command as
-well as after it: `execkit --json task show t-1` is `execkit task show t-1 --json`. A
-command that does not take one refuses it (`invalid`). Anything after `--` belongs to the
-command `execkit run` runs.
+The common options `--json`, `--db PATH`, `--remote URL` and `--on-behalf-of NAME` may come
+before the command as well as after it: `execkit --json task show t-1` is
+`execkit task show t-1 --json`. A command that does not take one refuses it (`invalid`).
+Anything after `--` belongs to the command `execkit run` runs.
 
 Ctrl-C: when `main` runs the process's own command line (`argv` is None: the console
 script, `python -m execkit`), an interrupt at any moment, while importing, parsing, running
@@ -63,6 +63,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("_ledger", "the ledger file: schema, migration, checks"),
     "dispatch": ("_dispatch", "dispatch the eligible issues of a board, with bounded retries"),
     "status": ("_dispatch", "the dispatcher dashboard: issues, attempts, charges, next retry"),
+    "serve": ("_serve", "serve a ledger over HTTP with token auth (for --remote and the SDKs)"),
     "demo": ("_demo", "run the dispatcher over a four-issue demo board (a few seconds)"),
 }
 
@@ -77,13 +78,20 @@ _INTERNAL: dict[str, str] = {
 _RUN_LEDGER_VERBS = {"start": "run-start", "finish": "run-finish", "heartbeat": "run-heartbeat"}
 
 # Options every command that has them accepts before the command too: flag -> namespace dest.
-_COMMON_FLAGS = {"--json": "json", "--db": "db", "--on-behalf-of": "on_behalf_of"}
-_VALUED_FLAGS = frozenset({"--db", "--on-behalf-of"})
+_COMMON_FLAGS = {
+    "--json": "json",
+    "--db": "db",
+    "--remote": "remote",
+    "--on-behalf-of": "on_behalf_of",
+}
+_VALUED_FLAGS = frozenset({"--db", "--remote", "--on-behalf-of"})
 
 _DESCRIPTION = "Run vendor CLIs and charge retries only for informative attempts."
 _EPILOG = (
-    "--json, --db and --on-behalf-of may also come after COMMAND (`execkit --json task show t-1` "
-    "is `execkit task show t-1 --json`); a command that does not take one refuses it. "
+    "--json, --db, --remote and --on-behalf-of may also come after COMMAND (`execkit --json "
+    "task show t-1` is `execkit task show t-1 --json`); a command that does not take one "
+    "refuses it. --remote URL (or $EXECKIT_REMOTE, when no --db is given) sends every ledger "
+    "command to `execkit serve` at URL, with the bearer token in $EXECKIT_TOKEN. "
     "Everything after `--` belongs to the command `execkit run` runs. "
     "See `execkit COMMAND --help` for each command."
 )
@@ -171,6 +179,12 @@ def _help_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="ledger file, for the commands that use one "
         "(default: $EXECKIT_DB, else ./.execkit/ledger.db)",
+    )
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="send ledger commands to `execkit serve` at URL instead of opening --db "
+        "(default: $EXECKIT_REMOTE; the token is read from $EXECKIT_TOKEN, never a flag)",
     )
     parser.add_argument(
         "--on-behalf-of",

@@ -1,7 +1,9 @@
 """`execkit dispatch` (the scheduling loop over a board) and `execkit status` (the dashboard).
 
 Settings come from the board file's `dispatch` object, then the flags; the rules are all in
-`execkit.dispatch`.
+`execkit.dispatch`. With `--remote URL` (or `$EXECKIT_REMOTE`) both work on the ledger
+`execkit serve` serves there (the dispatcher runs unchanged over `RemoteLedger`); the
+backoff is then the server's, and a board asking for another one is refused.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from execkit._budget import BlockedOn
 from execkit._errors import Conflict, NotFound
 from execkit._proof import RunStatus
 from execkit._registry import get_adapter
+from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import print_json, safe_text
 from execkit.dispatch import (
     AdapterRunner,
@@ -30,7 +32,7 @@ from execkit.dispatch import (
     JsonFileBoard,
     issue_statuses,
 )
-from execkit.ledger import DB_ENV_VAR, SqliteLedger, TaskState, default_db_path, open_ledger
+from execkit.ledger import DB_ENV_VAR, Ledger, TaskState, open_ledger
 
 __all__ = ["describe_event", "format_status_table", "register"]
 
@@ -97,6 +99,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH", help="ledger file (default $EXECKIT_DB)")
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="the ledger `execkit serve` serves at URL (default $EXECKIT_REMOTE when no --db "
+        "is given; the token is read from $EXECKIT_TOKEN)",
+    )
     parser.add_argument(
         "--max-attempts",
         type=_max_attempts_arg,
@@ -273,13 +281,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         else:
             print(describe_event(event), flush=True)
 
-    with open_ledger(args.db, backoff=config.backoff) as ledger:
+    url = remote_url(args)
+    ledger: Ledger = (
+        open_remote(url) if url is not None else open_ledger(args.db, backoff=config.backoff)
+    )
+    try:
         dispatcher = Dispatcher(board, runner, ledger, config, time.time, on_event=show)
         if args.once:
             dispatcher.tick()
             return 0
         interval = args.interval if args.interval is not None else _DEFAULT_INTERVAL_S
         dispatcher.run_forever(interval)
+    finally:
+        ledger.close()
     return 0
 
 
@@ -287,7 +301,8 @@ def _status(args: argparse.Namespace) -> int:
     board = JsonFileBoard(args.board) if args.board else None
     config = _config(args, board)
     now = time.time()
-    with _status_ledger(args, board) as ledger:
+    ledger = _status_ledger(args, board)
+    try:
         ledger.backoff = config.backoff
         rows = issue_statuses(ledger, config, board=board, now=now)
         if board is not None and not any(row.task_id for row in rows) and rows:
@@ -296,6 +311,8 @@ def _status(args: argparse.Namespace) -> int:
                 f"the ledger at {ledger.location()} has no task for any issue of "
                 f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
             )
+    finally:
+        ledger.close()
     if args.json:
         print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
         return 0
@@ -306,19 +323,29 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_ledger(args: argparse.Namespace, board: JsonFileBoard | None) -> SqliteLedger:
-    """The ledger a status table is read from: the one `--db` (or $EXECKIT_DB) names, else
-    the one the board remembers dispatching it; refused when the two disagree, or when a
-    board names none and none is given. Opened for reading only."""
+def _status_ledger(args: argparse.Namespace, board: JsonFileBoard | None) -> Ledger:
+    """The ledger a status table is read from: the one `--remote` or `--db` (or their
+    variables) names, else the one the board remembers dispatching it (a file, or a server
+    URL); refused when the two disagree, or when a board names none and none is given.
+    Opened for reading only."""
     binding = board.ledger_binding() if board is not None else None
-    given = args.db is not None or bool(os.environ.get(DB_ENV_VAR))
+    url = remote_url(args)
+    given = url is not None or args.db is not None or bool(os.environ.get(DB_ENV_VAR))
     if board is not None and binding is None and not given:
         raise NotFound(
             f"board {board.path} names no ledger: it has not been dispatched yet "
             "(`execkit dispatch` records its ledger in it), or give --db"
         )
-    target = default_db_path(args.db) if given or binding is None else Path(binding[1])
-    ledger = SqliteLedger(target, create=False, upgrade=False)
+    ledger: Ledger
+    if url is not None:
+        target, ledger = url, open_remote(url)
+    elif not given and binding is not None and is_remote_url(binding[1]):
+        target, ledger = binding[1], open_remote(binding[1])
+    else:
+        ledger = open_target(
+            args.db if given or binding is None else binding[1], create=False, write=False
+        )
+        target = ledger.location()
     if binding is not None and ledger.ledger_id() != binding[0]:
         ledger.close()
         raise Conflict(

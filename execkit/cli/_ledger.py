@@ -1,7 +1,12 @@
 """Ledger commands: `execkit task ...`, `execkit run start|finish`, `execkit capabilities`,
 `execkit db ...`.
 
-Every rule lives in `execkit.ledger`; this module parses, calls, prints. Integers are
+Every rule lives in `execkit.ledger`; this module parses, calls, prints. The ledger is the
+one `--db` names (a file, or a postgresql:// URL), or with `--remote URL` (else
+`$EXECKIT_REMOTE` when no `--db` is given) the one `execkit serve` serves there, reached
+through `execkit.remote.RemoteLedger` with the token in `$EXECKIT_TOKEN` (never a flag: a
+flag shows in `ps`). Every command prints the same and exits the same either way, except
+`db init|migrate|status`, which work on a local file only and refuse a remote. Integers are
 parsed here (not with argparse `type=int`) so that "abc", "2.5" or "-1" is an `invalid`
 error naming the flag and its range, with `--json` shape and exit code like any other.
 Commands that only read never create a ledger file: a missing file is `not_found`.
@@ -10,8 +15,9 @@ Commands that only read never create a ledger file: a missing file is `not_found
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from execkit._errors import InvalidInput, StorageError
@@ -19,6 +25,7 @@ from execkit.cli._args import parse_int, parse_seconds
 from execkit.cli._output import EXIT_CODES, print_json, safe_text
 from execkit.ledger import (
     CAPABILITIES,
+    DB_ENV_VAR,
     KNOWN_ROLES,
     MAX_ATTEMPT_LIMIT,
     MAX_LEASE_S,
@@ -26,6 +33,7 @@ from execkit.ledger import (
     SCHEMA_VERSION,
     Actor,
     Grant,
+    Ledger,
     Run,
     SqliteLedger,
     Task,
@@ -39,6 +47,12 @@ _T = TypeVar("_T")
 # A shell that calls `run start` may never renew the lease: give it a long one.
 _CLI_LEASE_S = 1800.0
 
+# Named here (as `execkit.remote` names them) so a local command never imports the client.
+REMOTE_ENV_VAR = "EXECKIT_REMOTE"
+TOKEN_ENV_VAR = "EXECKIT_TOKEN"
+_REMOTE_SCHEMES = ("http://", "https://")
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
 
 def _common() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
@@ -47,6 +61,13 @@ def _common() -> argparse.ArgumentParser:
         metavar="PATH",
         default=None,
         help="ledger file (default: $EXECKIT_DB, else ./.execkit/ledger.db)",
+    )
+    parent.add_argument(
+        "--remote",
+        metavar="URL",
+        default=None,
+        help=f"the ledger `execkit serve` serves at URL (default: ${REMOTE_ENV_VAR} when no "
+        f"--db is given); the token is read from ${TOKEN_ENV_VAR}",
     )
     parent.add_argument("--json", action="store_true", help="print JSON")
     return parent
@@ -288,16 +309,88 @@ def _actor(args: argparse.Namespace) -> Actor:
     return Actor(name, on_behalf_of=getattr(args, "on_behalf_of", None))
 
 
-def _open(args: argparse.Namespace, *, create: bool = False, write: bool = True) -> SqliteLedger:
-    """The ledger `--db` names. A command that only reads opens it without writing
-    anything (no file, schema or migration is created by a read)."""
-    return SqliteLedger(default_db_path(args.db), create=create, upgrade=write)
+def remote_url(args: argparse.Namespace) -> str | None:
+    """The server the command goes through: `--remote`, else `$EXECKIT_REMOTE` unless a
+    `--db` is given; None for a local ledger. Both flags at once is InvalidInput."""
+    given = getattr(args, "remote", None)
+    db = getattr(args, "db", None)
+    if given:
+        if db:
+            raise InvalidInput(
+                "--db and --remote both name a ledger: give one of them", field="--remote"
+            )
+        return str(given)
+    from_env = os.environ.get(REMOTE_ENV_VAR)
+    if from_env and not db:
+        return from_env
+    return None
 
 
-def _with_ledger(
-    args: argparse.Namespace, *, create: bool, action: Callable[[SqliteLedger], _T]
-) -> _T:
-    with _open(args, create=create, write=create) as ledger:
+def open_remote(url: str) -> Ledger:
+    """The `RemoteLedger` at `url`, with the token from `$EXECKIT_TOKEN`."""
+    token = os.environ.get(TOKEN_ENV_VAR, "")
+    if not token.strip():
+        raise InvalidInput(
+            f"a remote ledger ({url}) needs its bearer token in ${TOKEN_ENV_VAR} "
+            "(never a flag: flags show in `ps`); `execkit serve --add-token` makes one",
+            field=TOKEN_ENV_VAR,
+        )
+    from execkit.remote import RemoteLedger
+
+    return RemoteLedger(url, token)
+
+
+def is_remote_url(target: str) -> bool:
+    """Whether `target` (a board's remembered ledger location) is a server's URL."""
+    return target.startswith(_REMOTE_SCHEMES)
+
+
+def open_target(target: str | None, *, create: bool, write: bool) -> Ledger:
+    """The local ledger `target` names: a postgresql:// URL is the PostgreSQL backend,
+    anything else the SQLite file (None: `$EXECKIT_DB`, else the default path). A command
+    that only reads opens it without writing anything (no file, schema or migration is
+    created by a read)."""
+    named = target or os.environ.get(DB_ENV_VAR) or ""
+    if named.startswith(_POSTGRES_SCHEMES):
+        from execkit.ledger._postgres import PostgresLedger
+
+        return PostgresLedger(named, create=create)
+    return SqliteLedger(default_db_path(target), create=create, upgrade=write)
+
+
+def _open(args: argparse.Namespace, *, create: bool = False, write: bool = True) -> Ledger:
+    """The ledger this command works on: the server `--remote` names, else `--db`'s."""
+    url = remote_url(args)
+    if url is not None:
+        return open_remote(url)
+    return open_target(args.db, create=create, write=write)
+
+
+@contextlib.contextmanager
+def _using(
+    args: argparse.Namespace, *, create: bool = False, write: bool = True
+) -> Iterator[Ledger]:
+    ledger = _open(args, create=create, write=write)
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+def _local_only(args: argparse.Namespace, command: str) -> None:
+    """`db init|migrate|status` read and write a local file: refuse a remote clearly."""
+    url = remote_url(args)
+    if url is not None:
+        source = "--remote" if getattr(args, "remote", None) else f"${REMOTE_ENV_VAR}"
+        raise InvalidInput(
+            f"execkit {command} works on a local ledger file only, and {source} names the "
+            f"server {url}: run it on the server's host with --db (or drop {source})",
+            field="--remote",
+        )
+
+
+def _with_ledger(args: argparse.Namespace, *, create: bool, action: Callable[[Ledger], _T]) -> _T:
+    with _using(args, create=create, write=create) as ledger:
         return action(ledger)
 
 
@@ -348,13 +441,13 @@ def _print_run(run: Run, *, as_json: bool) -> None:
 
 def _print_result(
     args: argparse.Namespace,
-    operation: Callable[[SqliteLedger], Task | Run],
+    operation: Callable[[Ledger], Task | Run],
     *,
     create: bool = False,
     write: bool = True,
 ) -> int:
     """Do one ledger operation and print the task or run it returns (text or --json)."""
-    with _open(args, create=create, write=write) as ledger:
+    with _using(args, create=create, write=write) as ledger:
         result = operation(ledger)
         if isinstance(result, Run):
             _print_run(result, as_json=args.json)
@@ -504,14 +597,14 @@ def _run_finish(args: argparse.Namespace) -> int:
 
 def _role_grant(args: argparse.Namespace) -> int:
     actor = _actor(args)
-    with _open(args) as ledger:
+    with _using(args) as ledger:
         grant = ledger.grant_role(args.principal, args.role, actor=actor)
     return _print_grants(args, [grant])
 
 
 def _role_revoke(args: argparse.Namespace) -> int:
     actor = _actor(args)
-    with _open(args) as ledger:
+    with _using(args) as ledger:
         removed = ledger.revoke_role(args.principal, args.role, actor=actor)
     if args.json:
         print_json({"principal": args.principal, "role": args.role, "revoked": removed})
@@ -535,10 +628,16 @@ def _print_grants(args: argparse.Namespace, grants: list[Grant]) -> int:
 
 
 def _capabilities(args: argparse.Namespace) -> int:
-    # A property of this code, not of a file: answers without opening a ledger.
-    caps = sorted(CAPABILITIES)
+    # Locally a property of this code, not of a file: answers without opening a ledger.
+    # Through a remote, what the server advertises (an older one may lack some).
+    url = remote_url(args)
+    if url is None:
+        caps, version = sorted(CAPABILITIES), SCHEMA_VERSION
+    else:
+        with contextlib.closing(open_remote(url)) as ledger:
+            caps, version = sorted(ledger.capabilities()), ledger.schema_version()
     if args.json:
-        print_json({"capabilities": caps, "schema_version": SCHEMA_VERSION})
+        print_json({"capabilities": caps, "schema_version": version})
     else:
         for cap in caps:
             print(cap)
@@ -546,6 +645,7 @@ def _capabilities(args: argparse.Namespace) -> int:
 
 
 def _db_migrate(args: argparse.Namespace) -> int:
+    _local_only(args, "db migrate")
     path = default_db_path(args.db)
     result = migrate(path)
     if args.json:
@@ -564,6 +664,7 @@ def _db_migrate(args: argparse.Namespace) -> int:
 
 def _db_status(args: argparse.Namespace) -> int:
     # Inspection only: an older schema is reported, not migrated.
+    _local_only(args, "db status")
     with SqliteLedger(default_db_path(args.db), create=False, upgrade=False) as ledger:
         info = ledger.status_info()
     if args.json:
@@ -575,6 +676,7 @@ def _db_status(args: argparse.Namespace) -> int:
 
 
 def _db_init(args: argparse.Namespace) -> int:
+    _local_only(args, "db init")
     path = default_db_path(args.db)
     with SqliteLedger(path, init=True) as ledger:
         created = ledger.migration is not None
@@ -593,7 +695,7 @@ def _db_check(args: argparse.Namespace) -> int:
     try:
         # --repair writes; a plain check reads only (a file it cannot even open is the
         # first problem it reports, not an error).
-        with _open(args, write=args.repair) as ledger:
+        with _using(args, write=args.repair) as ledger:
             if args.repair:
                 repaired = ledger.repair()
             problems = ledger.validate()

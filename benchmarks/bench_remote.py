@@ -1,0 +1,212 @@
+"""Admissions per second through `execkit serve`, next to direct library calls on the same
+ledger (the floor), with 1 and 16 clients, on SQLite and (when one is at hand) PostgreSQL.
+
+An admission is `start_run` + `finish_run` (two write transactions), as in
+bench_ledger.py. Each client admits on tasks of its own (50 of them, in turn), so the
+figures measure the path, not a contended task. The floor is the same calls on the ledger
+object itself, from 1 and from 16 threads sharing it (as the server's worker threads share
+its one ledger). Through the server, the clients are threads of this process, each with its
+own `RemoteLedger` (one keep-alive connection), and the server is a separate
+`python -m execkit serve` process on 127.0.0.1 (a free port).
+
+    python benchmarks/bench_remote.py [--admissions N] [--clients C] [--pg URL | --no-pg]
+
+PostgreSQL is measured with `--pg URL`, else in a throwaway cluster (tests/pgcluster.py)
+when server binaries are installed; `--no-pg` skips it. Prints a markdown table and the
+command that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pwd
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from execkit._classify import FailureClass
+from execkit.ledger import Ledger, open_ledger
+from execkit.remote import RemoteLedger
+from execkit.server import add_token
+
+REPO = Path(__file__).resolve().parent.parent
+ME = pwd.getpwuid(os.geteuid()).pw_name
+_TASKS_PER_CLIENT = 50
+
+
+def _tasks(ledger: Ledger, clients: int, tag: str) -> list[list[str]]:
+    return [
+        [
+            ledger.create_task(
+                f"bench {tag} {c}.{i}", max_attempts=10000, max_uncharged_attempts=1000, actor=ME
+            ).id
+            for i in range(_TASKS_PER_CLIENT)
+        ]
+        for c in range(clients)
+    ]
+
+
+def _admit(ledger: Ledger, task_ids: list[str], count: int, tag: str) -> None:
+    for n in range(count):
+        run = ledger.start_run(
+            task_ids[n % len(task_ids)],
+            request_key=f"{tag}-{n}",
+            actor=ME,
+            ignore_backoff=True,  # a failed run backs its task off: measure admissions only
+        )
+        ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, reason="bench")
+
+
+def _rate(
+    per_client: list[list[str]], count: int, ledger_for: Callable[[int], Ledger], tag: str
+) -> float:
+    """Admissions per second over all clients (threads), started together."""
+    clients = len(per_client)
+    ledgers = [ledger_for(c) for c in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+    errors: list[BaseException] = []
+
+    def client(c: int) -> None:
+        barrier.wait()
+        try:
+            _admit(ledgers[c], per_client[c], count, f"{tag}-{c}")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    return clients * count / elapsed
+
+
+@contextlib.contextmanager
+def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
+    tokens = where / "tokens.json"
+    token = add_token(tokens, ME)
+    log = (where / "serve.log").open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "execkit",
+            "serve",
+            "--db",
+            target,
+            "--tokens",
+            str(tokens),
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            raise SystemExit(f"execkit serve did not start: {(where / 'serve.log').read_text()}")
+        yield json.loads(line)["url"], token
+    finally:
+        process.send_signal(2)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def _measure(
+    name: str, target: str, where: Path, count: int, counts: tuple[int, ...]
+) -> list[tuple[str, int, float, float]]:
+    rows = []
+    with contextlib.closing(open_ledger(target)) as direct:
+        for clients in counts:
+            per_client = _tasks(direct, clients, f"direct{clients}")
+            floor = _rate(per_client, count, lambda _c: direct, f"d{clients}")
+            remote_tasks = _tasks(direct, clients, f"remote{clients}")
+            with _server(target, where / f"{name}-{clients}") as (url, token):
+                clients_of = [RemoteLedger(url, token, timeout_s=120) for _ in range(clients)]
+                served = _rate(remote_tasks, count, clients_of.__getitem__, f"r{clients}")
+                for client in clients_of:
+                    client.close()
+            rows.append((name, clients, floor, served))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--admissions", type=int, default=200, help="per client")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--pg", metavar="URL", help="a postgresql:// URL to measure too")
+    parser.add_argument("--no-pg", action="store_true", help="SQLite only")
+    args = parser.parse_args()
+    counts = (1, args.clients)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-remote-") as tmp:
+        where = Path(tmp)
+        for clients in counts:
+            (where / f"sqlite-{clients}").mkdir()
+        rows += _measure("sqlite", str(where / "ledger.db"), where, args.admissions, counts)
+        pg_rows = _postgres(args, where, counts)
+        rows += pg_rows
+
+    print(f"$ python benchmarks/bench_remote.py {' '.join(sys.argv[1:])}".rstrip())
+    print()
+    print(
+        "| backend | clients | direct admissions/s (floor) | through the server admissions/s "
+        "| server / direct |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for name, clients, floor, served in rows:
+        print(f"| {name} | {clients} | {floor:,.0f} | {served:,.0f} | {served / floor:.2f}x |")
+    print()
+    print(
+        f"{args.admissions} admissions (start_run + finish_run) per client; the server is a "
+        "separate process on 127.0.0.1, the clients threads of this one."
+    )
+
+
+def _postgres(
+    args: argparse.Namespace, where: Path, counts: tuple[int, ...]
+) -> list[tuple[str, int, float, float]]:
+    if args.no_pg:
+        return []
+    for clients in counts:
+        (where / f"postgres-{clients}").mkdir()
+    if args.pg:
+        return _measure("postgres", args.pg, where, args.admissions, counts)
+    helper = REPO / "tests" / "pgcluster.py"
+    if not helper.exists():
+        return []
+    sys.path.insert(0, str(helper.parent))
+    import pgcluster
+
+    if pgcluster.find_bindir() is None:
+        print("(no PostgreSQL server binaries: PostgreSQL not measured)", file=sys.stderr)
+        return []
+    cluster = pgcluster.Cluster.start()
+    try:
+        return _measure("postgres", cluster.url(), where, args.admissions, counts)
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

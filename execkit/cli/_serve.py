@@ -1,0 +1,222 @@
+"""`execkit serve`: one ledger over HTTP (docs/remote.md), and `--add-token` to mint tokens.
+
+    execkit serve --db TARGET --listen 127.0.0.1:8750 --tokens FILE [--without-capability NAME]
+    execkit serve --add-token FILE --actor NAME [--role ROLE ...]
+
+The server is `execkit.server` (Starlette on uvicorn, the optional extra
+`execkit-runner[server]`, imported only when serving); `--add-token` needs neither. Once the
+socket listens, one line says where (`--json`: one JSON object), so a script can start
+the server on `--listen 127.0.0.1:0` and read the port it got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from execkit._errors import InvalidInput
+from execkit.cli._args import parse_int, parse_seconds
+from execkit.cli._output import print_json, safe_text
+from execkit.ledger import CAPABILITIES, KNOWN_ROLES, Ledger
+
+__all__ = ["register"]
+
+_MAX_BODY_LIMIT = 64 * 1024 * 1024
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add `serve`."""
+    from execkit.server._listen import DEFAULT_LISTEN
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a ledger over HTTP with token auth (for --remote and the SDKs)",
+        description=(
+            "Serve one ledger (a SQLite file or a postgresql:// URL) over an HTTP JSON API "
+            "(docs/remote.md). Every request but GET /openapi.json needs a bearer token from "
+            "--tokens; the ledger's rules and grants apply as for a local caller, with the "
+            "token's actor acting. Listens on loopback only unless --allow-non-loopback. "
+            "With --add-token FILE: mint a token for --actor with the given --role(s), store "
+            "its hash in FILE and print the token once."
+        ),
+    )
+    serve.add_argument(
+        "--db",
+        metavar="TARGET",
+        default=None,
+        help="ledger file or postgresql:// URL (default: $EXECKIT_DB, else "
+        "./.execkit/ledger.db; created if missing)",
+    )
+    serve.add_argument(
+        "--listen",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"address to listen on (default {DEFAULT_LISTEN}; port 0 picks a free one)",
+    )
+    serve.add_argument("--tokens", metavar="FILE", help="the tokens file (hashes, actors, roles)")
+    serve.add_argument(
+        "--idempotency-db",
+        metavar="PATH",
+        default=None,
+        help="where answers to Idempotency-Key requests are kept (default: beside the tokens "
+        "file, FILE's name with .idempotency.db)",
+    )
+    serve.add_argument(
+        "--without-capability",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="do not advertise NAME (stands in for an older server in tests)",
+    )
+    serve.add_argument(
+        "--allow-non-loopback",
+        action="store_true",
+        help="allow --listen on an address other hosts can reach (plain HTTP: put TLS in front)",
+    )
+    serve.add_argument(
+        "--max-body-bytes", default=None, metavar="N", help="request body limit (default 1 MiB)"
+    )
+    serve.add_argument(
+        "--request-timeout",
+        default=None,
+        metavar="S",
+        help="seconds one request may take before it is answered 503 (default 60)",
+    )
+    serve.add_argument(
+        "--add-token",
+        metavar="FILE",
+        default=None,
+        help="mint a token into the tokens file FILE (created owner-only) and print it once",
+    )
+    serve.add_argument("--actor", metavar="NAME", default=None, help="with --add-token: who")
+    serve.add_argument(
+        "--role",
+        action="append",
+        default=[],
+        metavar="ROLE",
+        help=f"with --add-token: a role the token may use ({' | '.join(sorted(KNOWN_ROLES))})",
+    )
+    serve.add_argument("--json", action="store_true", help="print JSON")
+    serve.set_defaults(handler=_serve)
+
+
+def _refuse_with(args: argparse.Namespace, mode: str, flags: dict[str, object]) -> None:
+    for flag, value in flags.items():
+        if value:
+            raise InvalidInput(f"execkit serve: {flag} does not apply {mode}", field=flag)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.add_token is not None:
+        return _add_token(args)
+    _refuse_with(
+        args, "without --add-token", {"--actor": args.actor is not None, "--role": args.role}
+    )
+    if not args.tokens:
+        raise InvalidInput(
+            "execkit serve: --tokens FILE is required (to make one, see --add-token and "
+            "--actor in `execkit serve --help`)",
+            field="--tokens",
+        )
+    unknown = sorted(set(args.without_capability) - CAPABILITIES)
+    if unknown:
+        raise InvalidInput(
+            f"--without-capability: unknown capability {', '.join(unknown)} (known: "
+            f"{', '.join(sorted(CAPABILITIES))})",
+            field="--without-capability",
+        )
+    from execkit.server._listen import DEFAULT_LISTEN, parse_listen
+
+    listen = args.listen or DEFAULT_LISTEN
+    parse_listen(listen, allow_non_loopback=args.allow_non_loopback)  # before any import
+    options: dict[str, Any] = {}
+    if args.max_body_bytes is not None:
+        options["max_body_bytes"] = parse_int(
+            "--max-body-bytes", args.max_body_bytes, 1, _MAX_BODY_LIMIT
+        )
+    if args.request_timeout is not None:
+        options["request_timeout_s"] = parse_seconds(
+            "--request-timeout", args.request_timeout, allow_zero=False
+        )
+    # ExecKitError naming the extra when Starlette or uvicorn is not installed.
+    from execkit.server import serve
+
+    def ready(url: str, ledger: Ledger) -> None:
+        if args.json:
+            print_json({"url": url, "ledger": ledger.location(), "ledger_id": ledger.ledger_id()})
+        else:
+            line = f"execkit serve: listening on {url} (ledger {ledger.location()})"
+            print(safe_text(line), flush=True)
+        sys.stdout.flush()
+
+    _quiet_logging()
+    serve(
+        args.db,
+        args.tokens,
+        listen=listen,
+        idempotency_db=args.idempotency_db,
+        without=args.without_capability,
+        allow_non_loopback=args.allow_non_loopback,
+        ready=ready,
+        **options,
+    )
+    return 0
+
+
+def _quiet_logging() -> None:
+    """Warnings and errors on stderr, each line escaped; uvicorn's start-up chatter off."""
+    import logging
+
+    class _Safe(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return safe_text(super().format(record), multiline=True)
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Safe("execkit serve: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+
+
+def _add_token(args: argparse.Namespace) -> int:
+    _refuse_with(
+        args,
+        "with --add-token",
+        {
+            "--tokens": args.tokens,
+            "--listen": args.listen,
+            "--db": args.db,
+            "--idempotency-db": args.idempotency_db,
+            "--without-capability": args.without_capability,
+            "--max-body-bytes": args.max_body_bytes,
+            "--request-timeout": args.request_timeout,
+            "--allow-non-loopback": args.allow_non_loopback,
+        },
+    )
+    if not args.actor:
+        raise InvalidInput(
+            "execkit serve: --actor NAME is required with --add-token", field="--actor"
+        )
+    from execkit.server._tokens import add_token
+
+    token = add_token(args.add_token, args.actor, args.role)
+    if args.json:
+        print_json(
+            {
+                "token": token,
+                "actor": args.actor,
+                "roles": sorted(set(args.role)),
+                "tokens_file": args.add_token,
+            }
+        )
+    else:
+        print(token)
+        print(
+            safe_text(
+                f"execkit serve: token for {args.actor} "
+                f"(roles: {', '.join(sorted(set(args.role))) or 'none'}) added to "
+                f"{args.add_token}; it is shown only now"
+            ),
+            file=sys.stderr,
+        )
+    return 0

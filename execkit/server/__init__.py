@@ -1,0 +1,72 @@
+"""`execkit serve`: the ledger over HTTP (docs/remote.md).
+
+The rooms: `_routes` (the route table: every endpoint, its token role, its fields, its
+ledger call), `_openapi` (the OpenAPI 3.1 document generated from that table), `_app` (the
+Starlette application: authentication, checks, idempotency, bounds), `_tokens` (the
+hashed tokens file), `_idempotency` (the stored answers) and `_serve` (uvicorn, the
+listening address, a server in a thread).
+
+Starlette and uvicorn are the optional extra `execkit-runner[server]`; the names that need
+them load on first use, so `add_token` and `TokenFile` (`execkit serve --add-token`) work
+without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from execkit.server._idempotency import IdempotencyStore
+from execkit.server._listen import DEFAULT_LISTEN, parse_listen
+from execkit.server._tokens import Principal, TokenFile, add_token, token_hash
+
+if TYPE_CHECKING:
+    from execkit.server._app import LedgerApp
+    from execkit.server._openapi import openapi_document
+    from execkit.server._serve import ServerThread, default_idempotency_path, serve, serving
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "IdempotencyStore",
+    "LedgerApp",
+    "Principal",
+    "ServerThread",
+    "TokenFile",
+    "add_token",
+    "default_idempotency_path",
+    "openapi_document",
+    "parse_listen",
+    "serve",
+    "serving",
+    "token_hash",
+]
+
+INSTALL_HINT = "pip install 'execkit-runner[server]'"
+
+_LAZY = {
+    "LedgerApp": "execkit.server._app",
+    "openapi_document": "execkit.server._openapi",
+    "ServerThread": "execkit.server._serve",
+    "default_idempotency_path": "execkit.server._serve",
+    "serve": "execkit.server._serve",
+    "serving": "execkit.server._serve",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'execkit.server' has no attribute {name!r}")
+    try:
+        loaded = __import__(module, fromlist=[name])
+    except ImportError as exc:
+        if exc.name not in ("starlette", "uvicorn") and not str(exc.name).startswith(
+            ("starlette.", "uvicorn.")
+        ):
+            raise
+        from execkit._errors import ExecKitError
+
+        raise ExecKitError(
+            f"execkit serve needs {exc.name.split('.')[0] if exc.name else 'starlette'}, "
+            f"which is not installed: {INSTALL_HINT}"
+        ) from None
+    return getattr(loaded, name)

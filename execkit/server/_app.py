@@ -1,0 +1,421 @@
+"""The ASGI application of `execkit serve` (Starlette): the route table (`_routes`) bound to
+one ledger, with authentication, role gates, input checks, idempotency and bounds.
+
+One request, in order: the bearer token is looked up (401 `unauthenticated`), the route's
+token role checked (403 `forbidden`), the body read within `max_body_bytes` (413) and every
+query parameter and body member checked against the route's fields (400 `invalid`); then,
+in a worker thread, the `Idempotency-Key` is claimed, a stored answer replayed (or 409
+`conflict` for a different request with the key), else the ledger called and a 2xx answer
+stored. The whole request is bounded by `request_timeout_s`: past it the answer is 503
+`storage` saying the outcome is unknown (the worker finishes and stores its answer, so the
+same key replays it). Errors keep one shape, `{"error": {"code", "message"}}`, messages
+redacted. Nothing is logged of a request's headers: a token never reaches a log.
+
+The ledger is shared by the worker threads (SQLite and PostgreSQL ledgers serialise their
+transactions on a lock of their own); the pool of `workers` threads bounds how many
+requests wait on it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import re
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from execkit._errors import ExecKitError, StorageError, TaskBackingOff
+from execkit._redact import redact
+from execkit.ledger import Actor, Ledger
+from execkit.server._idempotency import IdempotencyStore, StoredResponse
+from execkit.server._openapi import ERROR_STATUSES, openapi_document
+from execkit.server._routes import ENDPOINTS, Call, Endpoint, Field
+from execkit.server._tokens import Principal, TokenFile
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "DEFAULT_WORKERS",
+    "REPLAYED_HEADER",
+    "LedgerApp",
+    "error_answer",
+]
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+DEFAULT_WORKERS = 32
+REPLAYED_HEADER = "Idempotency-Replayed"
+
+_log = logging.getLogger("execkit.server")
+_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+_INT = re.compile(r"[+-]?[0-9]{1,19}")
+_INT64 = (-(2**63), 2**63 - 1)
+_MAX_NAME = 200
+_JSON = "application/json"
+
+
+class _Refused(Exception):
+    """An answer that is an error, before the ledger is called."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True)
+
+
+def _error_doc(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": redact(message), **extra}}
+
+
+def error_answer(exc: ExecKitError) -> tuple[int, dict[str, Any]]:
+    """An ExecKitError as (HTTP status, JSON document)."""
+    status = ERROR_STATUSES.get(exc.code)
+    if status is None or exc.code == "error":
+        return 500, _error_doc("error", exc.message)
+    extra: dict[str, Any] = {}
+    if isinstance(exc, TaskBackingOff):
+        extra["ready_at"] = exc.ready_at
+    return status, _error_doc(exc.code, exc.message, **extra)
+
+
+def _response(status: int, text: str, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(text, status_code=status, media_type=_JSON, headers=dict(headers or {}))
+
+
+def _refusal(exc: _Refused) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return _response(exc.status, _dumps(_error_doc(exc.code, exc.message)), headers)
+
+
+def _invalid(message: str) -> _Refused:
+    return _Refused(400, "invalid", message)
+
+
+def _checked_text(where: str, value: str) -> str:
+    if "\x00" in value:
+        raise _invalid(f"{where} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _invalid(f"{where} is not valid Unicode text") from None
+    return value
+
+
+def _checked_value(where: str, field: Field, value: Any) -> Any:
+    if value is None:
+        if field.nullable:
+            return None
+        raise _invalid(f"{where} must not be null")
+    kind = field.type
+    if kind == "string":
+        if not isinstance(value, str):
+            raise _invalid(f"{where} must be a string, got {type(value).__name__}")
+        return _checked_text(where, value)
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            raise _invalid(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(f"{where} must be a whole number, got {value!r}")
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise _invalid(f"{where} is out of range")
+        return value
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _invalid(f"{where} must be a number, got {value!r}")
+        if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+            raise _invalid(f"{where} is out of range")
+        if not math.isfinite(value):
+            raise _invalid(f"{where} must be a finite number")
+        return value
+    raise AssertionError(kind)  # pragma: no cover
+
+
+def _query_value(field: Field, raw: str) -> Any:
+    where = f"query parameter {field.name}"
+    if field.type == "boolean":
+        if raw not in ("true", "false"):
+            raise _invalid(f"{where} must be true or false, got {raw!r}")
+        return raw == "true"
+    if field.type == "integer":
+        if not _INT.fullmatch(raw):
+            raise _invalid(f"{where} must be a whole number, got {raw!r}")
+        return _checked_value(where, field, int(raw))
+    return _checked_text(where, raw)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class LedgerApp:
+    """The application over one ledger; `app` is the ASGI callable (see the module
+    docstring). `capabilities` is what `/v1/capabilities` advertises: the ledger's less
+    `without` (`--without-capability`, a stand-in for an older server)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        tokens: TokenFile,
+        idempotency: IdempotencyStore,
+        *,
+        without: frozenset[str] = frozenset(),
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        workers: int = DEFAULT_WORKERS,
+        version: str = "0",
+    ) -> None:
+        self.ledger = ledger
+        self.tokens = tokens
+        self.idempotency = idempotency
+        self.capabilities = frozenset(ledger.capabilities()) - without
+        self.ledger_id = ledger.ledger_id()
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.openapi = openapi_document(version)
+        self._openapi_text = _dumps(self.openapi)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="execkit-serve")
+        routes = [
+            Route(endpoint.path, self._endpoint(endpoint), methods=[endpoint.method])
+            for endpoint in ENDPOINTS
+        ]
+        self.app = Starlette(
+            routes=routes, exception_handlers={HTTPException: self._http_exception}
+        )
+
+    def close(self) -> None:
+        """Stop the worker threads (after the ones running finish)."""
+        self._pool.shutdown(wait=True)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def _http_exception(self, _request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            doc = _error_doc("not_found", "no such endpoint (see GET /openapi.json)")
+        elif exc.status_code == 405:
+            doc = _error_doc("invalid", "method not allowed on this endpoint")
+        else:
+            doc = _error_doc("invalid", str(exc.detail))
+        return _response(exc.status_code, _dumps(doc), exc.headers)
+
+    def _endpoint(self, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            try:
+                return await asyncio.wait_for(
+                    self._handle(endpoint, request), self.request_timeout_s
+                )
+            except TimeoutError:
+                message = (
+                    f"the request did not finish within {self.request_timeout_s:g} s; its "
+                    "outcome is unknown: repeat it with the same Idempotency-Key"
+                )
+                return _response(503, _dumps(_error_doc("storage", message)))
+            except _Refused as exc:
+                return _refusal(exc)
+            except Exception:  # the last line of defence: a JSON 500, never a traceback
+                _log.exception("internal error serving %s %s", endpoint.method, endpoint.path)
+                return _response(500, _dumps(_error_doc("error", "internal server error")))
+
+        handle.__name__ = endpoint.operation_id
+        return handle
+
+    def _authenticate(self, request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _Refused(401, "unauthenticated", "send Authorization: Bearer TOKEN")
+        try:
+            principal = self.tokens.lookup(token.strip())
+        except ExecKitError as exc:
+            raise _Refused(
+                503, "storage", f"the server cannot check tokens: {exc.message}"
+            ) from None
+        if principal is None:
+            raise _Refused(401, "unauthenticated", "unknown token")
+        return principal
+
+    def _on_behalf_of(self, request: Request) -> str | None:
+        raw = request.headers.get("x-on-behalf-of")
+        if raw is None:
+            return None
+        try:
+            name = urllib.parse.unquote(raw, errors="strict")
+        except UnicodeDecodeError:
+            raise _invalid("X-On-Behalf-Of must be UTF-8, percent-encoded") from None
+        if not name.strip() or len(name) > _MAX_NAME:
+            raise _invalid(f"X-On-Behalf-Of must be a name of 1..{_MAX_NAME} characters")
+        if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in name):
+            raise _invalid("X-On-Behalf-Of must not hold control characters")
+        return _checked_text("X-On-Behalf-Of", name)
+
+    def _idempotency_key(self, request: Request) -> str | None:
+        raw = request.headers.get("idempotency-key")
+        if raw is None:
+            return None
+        if not _KEY.fullmatch(raw):
+            raise _invalid("Idempotency-Key must be 1..200 visible ASCII characters")
+        return raw
+
+    async def _body(self, request: Request, endpoint: Endpoint) -> dict[str, Any]:
+        limit = self.max_body_bytes
+        declared = request.headers.get("content-length")
+        too_large = _Refused(413, "invalid", f"the request body is over {limit} bytes")
+        if declared is not None:
+            if not declared.isdigit():
+                raise _invalid("Content-Length must be a number of bytes")
+            if int(declared) > limit:
+                raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            doc: Any = {}
+        else:
+            try:
+                doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+            except (ValueError, RecursionError) as exc:
+                raise _invalid(f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise _invalid("the request body must be a JSON object")
+        fields = {field.name: field for field in endpoint.body or ()}
+        unknown = sorted(set(doc) - set(fields))
+        if unknown:
+            raise _invalid(f"unknown field(s) in the request body: {', '.join(unknown)}")
+        checked: dict[str, Any] = {}
+        for name, field in fields.items():
+            if name not in doc:
+                if field.required:
+                    raise _invalid(f"the request body needs {name!r}")
+                continue
+            checked[name] = _checked_value(name, field, doc[name])
+        return checked
+
+    def _query(self, request: Request, endpoint: Endpoint) -> dict[str, Any]:
+        fields = {field.name: field for field in endpoint.query}
+        found: dict[str, Any] = {}
+        for name, raw in request.query_params.multi_items():
+            field = fields.get(name)
+            if field is None:
+                raise _invalid(f"unknown query parameter {name!r}")
+            if name in found:
+                raise _invalid(f"query parameter {name!r} given twice")
+            found[name] = _query_value(field, raw)
+        return found
+
+    # -- one request -------------------------------------------------------------------
+
+    async def _handle(self, endpoint: Endpoint, request: Request) -> Response:
+        if not endpoint.authenticated:
+            return _response(200, self._openapi_text)
+        principal = self._authenticate(request)
+        self._check_roles(principal, endpoint.roles_needed({}), endpoint)
+        path = {
+            name: _checked_text(name, str(value)) for name, value in request.path_params.items()
+        }
+        query = self._query(request, endpoint)
+        body = await self._body(request, endpoint) if endpoint.body is not None else {}
+        self._check_roles(principal, endpoint.roles_needed(body), endpoint)
+        on_behalf_of = self._on_behalf_of(request)
+        key = self._idempotency_key(request) if endpoint.method == "POST" else None
+        call = Call(
+            ledger=self.ledger,
+            actor=Actor(principal.actor, on_behalf_of=on_behalf_of),
+            path=path,
+            query=query,
+            body=body,
+            idempotency_key=key,
+            capabilities=self.capabilities,
+        )
+        fingerprint = hashlib.sha256(
+            _dumps(
+                {
+                    "method": endpoint.method,
+                    "path": request.url.path,
+                    "query": query,
+                    "body": body,
+                    "on_behalf_of": on_behalf_of,
+                }
+            ).encode()
+        ).hexdigest()
+        loop = asyncio.get_running_loop()
+        status, text, replayed = await loop.run_in_executor(
+            self._pool, self._execute, endpoint, call, principal.actor, fingerprint
+        )
+        return _response(status, text, {REPLAYED_HEADER: "true"} if replayed else None)
+
+    def _check_roles(
+        self, principal: Principal, needed: frozenset[str], endpoint: Endpoint
+    ) -> None:
+        missing = sorted(needed - principal.roles)
+        if missing:
+            raise _Refused(
+                403,
+                "forbidden",
+                f"{endpoint.method} {endpoint.path} needs the token role(s) "
+                f"{', '.join(missing)}; this token ({principal.actor}) has "
+                f"{', '.join(sorted(principal.roles)) or 'none'}",
+            )
+
+    def _call_ledger(self, endpoint: Endpoint, call: Call) -> tuple[int, str]:
+        try:
+            status, doc = endpoint.handler(call)
+        except ExecKitError as exc:
+            status, doc = error_answer(exc)
+        return status, _dumps(doc)
+
+    def _execute(
+        self, endpoint: Endpoint, call: Call, actor: str, fingerprint: str
+    ) -> tuple[int, str, bool]:
+        """In a worker thread: the ledger call, under the request's idempotency key."""
+        key = call.idempotency_key
+        if key is None:
+            return (*self._call_ledger(endpoint, call), False)
+        store = self.idempotency
+        try:
+            with store.claim(self.ledger_id, actor, key, timeout_s=self.request_timeout_s):
+                stored = store.get(self.ledger_id, actor, key)
+                if stored is not None:
+                    if stored.fingerprint != fingerprint:
+                        message = (
+                            f"Idempotency-Key {key!r} was already used for a different "
+                            "request; a new request needs a new key"
+                        )
+                        return 409, _dumps(_error_doc("conflict", message)), False
+                    return stored.status, stored.body, True
+                status, text = self._call_ledger(endpoint, call)
+                if 200 <= status < 300:
+                    try:
+                        store.put(
+                            self.ledger_id, actor, key, StoredResponse(fingerprint, status, text)
+                        )
+                    except StorageError as exc:
+                        # The ledger has committed: answer it. A replay of this key will
+                        # reach the ledger again, whose own keys replay what they can.
+                        _log.warning("an answer was not stored for replay: %s", exc.message)
+                return status, text, False
+        except StorageError as exc:
+            status, doc = error_answer(exc)
+            return status, _dumps(doc), False

@@ -1,0 +1,228 @@
+"""The OpenAPI 3.1 document of the HTTP API, generated from the route table (`_routes`)
+and from the ledger's own wire types (`Task`, `Run`, `Grant`, `AuditEvent`: their attrs
+fields and annotations), so the document describes exactly what the server routes and
+answers. Served at `GET /openapi.json` without authentication.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from typing import Any
+
+import attrs
+
+from execkit._errors import error_types
+from execkit.ledger import AuditEvent, Grant, Run, Task
+from execkit.server._routes import ENDPOINTS, Endpoint, Field
+
+__all__ = ["ERROR_STATUSES", "openapi_document"]
+
+# docs/remote.md, "Errors": the HTTP status of every error code.
+ERROR_STATUSES: dict[str, int] = {
+    "invalid": 400,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "blocked": 409,
+    "finished": 409,
+    "backoff": 409,
+    "unsupported_move": 409,
+    "attempt_limit": 422,
+    "invalid_history": 422,
+    "storage": 503,
+    "schema_too_new": 503,
+    "error": 500,
+}
+
+_JSON = "application/json"
+
+
+def _schema_of(annotation: Any) -> dict[str, Any]:
+    """The JSON Schema of one field annotation of a wire type."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = _schema_of(next(a for a in args if a is not type(None)))
+        if "enum" in inner:
+            return {"type": [inner["type"], "null"], "enum": [*inner["enum"], None]}
+        return {"type": [inner["type"], "null"]}
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return {"type": "string", "enum": [member.value for member in annotation]}
+    if annotation is bool:
+        return {"type": "boolean"}
+    if annotation is int:
+        return {"type": "integer"}
+    if annotation is float:
+        return {"type": "number"}
+    if annotation is str:
+        return {"type": "string"}
+    if typing.get_origin(annotation) is dict or annotation is dict:
+        return {"type": "object"}
+    raise TypeError(f"no JSON schema for {annotation!r}")  # pragma: no cover
+
+
+def _wire_schema(kind: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(kind)
+    fields = attrs.fields(kind)
+    return {
+        "type": "object",
+        "properties": {field.name: _schema_of(hints[field.name]) for field in fields},
+        "required": [field.name for field in fields],
+    }
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _array_of(name: str) -> dict[str, Any]:
+    return {"type": "array", "items": _ref(name)}
+
+
+def _components() -> dict[str, Any]:
+    codes = sorted({kind.code for kind in error_types()} | set(ERROR_STATUSES))
+    schemas: dict[str, Any] = {
+        "Task": _wire_schema(Task),
+        "Run": _wire_schema(Run),
+        "Grant": _wire_schema(Grant),
+        "AuditEvent": _wire_schema(AuditEvent),
+        "TaskList": _object({"tasks": _array_of("Task")}),
+        "RunList": _object({"runs": _array_of("Run")}, optional={"task_id": {"type": "string"}}),
+        "AuditList": _object({"events": _array_of("AuditEvent")}),
+        "GrantList": _object({"grants": _array_of("Grant")}),
+        "Revoked": _object({"revoked": {"type": "boolean"}}),
+        "Check": _object(
+            {"ok": {"type": "boolean"}, "problems": {"type": "array", "items": {"type": "string"}}}
+        ),
+        "Repaired": _object({"repaired": {"type": "array", "items": {"type": "string"}}}),
+        "Capabilities": _object(
+            {
+                "capabilities": {"type": "array", "items": {"type": "string"}},
+                "schema_version": {"type": "integer"},
+                "ledger_id": {"type": "string"},
+                "backoff": {"type": "object"},
+                "budget": {"type": "object"},
+            }
+        ),
+        "OpenApi": {"type": "object"},
+        "Error": _object(
+            {
+                "error": _object(
+                    {"code": {"type": "string", "enum": codes}, "message": {"type": "string"}},
+                    optional={"ready_at": {"type": "number"}},
+                )
+            }
+        ),
+    }
+    return {
+        "schemas": schemas,
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+    }
+
+
+def _object(required: dict[str, Any], *, optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": list(required),
+    }
+
+
+def _field_schema(field: Field) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": [field.type, "null"] if field.nullable else field.type}
+    if field.description:
+        schema["description"] = field.description
+    return schema
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": _ref("Error")}}}
+
+
+def _operation(endpoint: Endpoint) -> dict[str, Any]:
+    parameters: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in endpoint.path_params()
+    ]
+    parameters += [
+        {"name": field.name, "in": "query", "required": False, "schema": _field_schema(field)}
+        for field in endpoint.query
+    ]
+    responses: dict[str, Any] = {
+        str(endpoint.status): {
+            "description": endpoint.summary,
+            "content": {_JSON: {"schema": _ref(endpoint.response)}},
+        }
+    }
+    operation: dict[str, Any] = {
+        "operationId": endpoint.operation_id,
+        "summary": endpoint.summary,
+        "responses": responses,
+    }
+    if endpoint.authenticated:
+        operation["security"] = [{"bearer": []}]
+        responses["401"] = _error_response("no token, or an unknown one")
+        responses["403"] = _error_response("the token lacks a role the operation needs")
+        responses["400"] = _error_response("invalid input")
+        responses["404"] = _error_response("no such task or run")
+        responses["409"] = _error_response("a conflict or a refused admission")
+        responses["422"] = _error_response("an attempt limit, or a broken history")
+        responses["503"] = _error_response("the ledger could not be read or written")
+        roles = sorted({r for r in (endpoint.role, endpoint.role_if and endpoint.role_if[1]) if r})
+        if roles:
+            when = f" when {endpoint.role_if[0]} is true" if endpoint.role_if else ""
+            operation["description"] = f"Needs the token role {', '.join(roles)}{when}."
+    if endpoint.body is not None:
+        parameters.append(
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+            }
+        )
+        responses["413"] = _error_response("the request body is over the server's limit")
+        operation["requestBody"] = {
+            "required": False,
+            "content": {
+                _JSON: {
+                    "schema": {
+                        "type": "object",
+                        "properties": {f.name: _field_schema(f) for f in endpoint.body},
+                        "required": [f.name for f in endpoint.body if f.required],
+                        "additionalProperties": False,
+                    }
+                }
+            },
+        }
+    if endpoint.authenticated:
+        parameters.append(
+            {
+                "name": "X-On-Behalf-Of",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+            }
+        )
+    if parameters:
+        operation["parameters"] = parameters
+    return operation
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `ENDPOINTS` (a fresh dict on every call)."""
+    paths: dict[str, dict[str, Any]] = {}
+    for endpoint in ENDPOINTS:
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(endpoint)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "execkit ledger",
+            "version": version,
+            "description": "The execkit ledger over HTTP (docs/remote.md).",
+        },
+        "paths": paths,
+        "components": _components(),
+    }

@@ -1,0 +1,189 @@
+"""Running the application on uvicorn: the listening address, the server's bounds, and a
+server in a background thread (for tests, benchmarks and programs that embed one).
+
+The socket is bound here, before uvicorn starts, so `--listen 127.0.0.1:0` gets a free port
+that can be printed, and so a non-loopback address is refused before anything listens
+(`allow_non_loopback` lifts that: the API is plain HTTP, meant for one host unless a TLS
+proxy stands in front of it). uvicorn runs with its access log off and no `Server` header,
+keep-alive connections closed after 5 idle seconds, at most `limit_concurrency` connections
+and tasks at once (503 beyond), and a 16 KiB bound on an incomplete request head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+
+import uvicorn
+
+from execkit._errors import StorageError
+from execkit.ledger import Ledger, open_ledger
+from execkit.server._app import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    LedgerApp,
+)
+from execkit.server._idempotency import IdempotencyStore
+from execkit.server._listen import DEFAULT_LISTEN, parse_listen
+from execkit.server._tokens import TokenFile
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "ServerThread",
+    "bind",
+    "default_idempotency_path",
+    "parse_listen",
+    "serve",
+    "serving",
+    "url_of",
+]
+
+_LIMIT_CONCURRENCY = 1024
+_KEEP_ALIVE_S = 5
+_MAX_HEAD_BYTES = 16 * 1024
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); StorageError when the address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto named: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
+    # without it a response's head and body wait out the peer's delayed ACK (~40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise StorageError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.set_inheritable(False)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def default_idempotency_path(tokens: str | os.PathLike[str]) -> Path:
+    """Where the stored answers live unless `--idempotency-db` says: beside the tokens
+    file, named after it (`tokens.json` -> `tokens.idempotency.db`)."""
+    path = Path(tokens)
+    return path.with_name(f"{path.stem}.idempotency.db")
+
+
+def _config(app: LedgerApp) -> uvicorn.Config:
+    return uvicorn.Config(
+        app.app,
+        loop="asyncio",
+        lifespan="off",
+        access_log=False,  # an access log is where a token would leak; there is none
+        log_config=None,
+        server_header=False,
+        proxy_headers=False,
+        timeout_keep_alive=_KEEP_ALIVE_S,
+        limit_concurrency=_LIMIT_CONCURRENCY,
+        h11_max_incomplete_event_size=_MAX_HEAD_BYTES,
+    )
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("execkit-runner")
+    except Exception:  # not installed as a distribution (a source checkout)
+        return "0"
+
+
+def serve(
+    target: str | None,
+    tokens: str | os.PathLike[str],
+    *,
+    listen: str = DEFAULT_LISTEN,
+    idempotency_db: str | os.PathLike[str] | None = None,
+    without: Iterable[str] = (),
+    allow_non_loopback: bool = False,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    ready: Callable[[str, Ledger], None] | None = None,
+) -> None:
+    """Serve the ledger `target` names (`open_ledger`: a file, a postgresql:// URL, None for
+    the default) until interrupted; `ready(url, ledger)` is called once the socket listens."""
+    host, port = parse_listen(listen, allow_non_loopback=allow_non_loopback)
+    token_file = TokenFile(tokens)
+    with contextlib.ExitStack() as stack:
+        sock = bind(host, port)
+        stack.callback(sock.close)
+        ledger = open_ledger(target)
+        stack.callback(ledger.close)
+        store = IdempotencyStore(idempotency_db or default_idempotency_path(tokens))
+        stack.callback(store.close)
+        app = LedgerApp(
+            ledger,
+            token_file,
+            store,
+            without=frozenset(without),
+            max_body_bytes=max_body_bytes,
+            request_timeout_s=request_timeout_s,
+            version=_version(),
+        )
+        stack.callback(app.close)
+        if ready is not None:
+            ready(url_of(sock), ledger)
+        uvicorn.Server(_config(app)).run(sockets=[sock])
+
+
+class ServerThread:
+    """`app` served on a loopback port in a background thread (a context manager):
+    `url` is where; leaving the block stops the server and waits for it."""
+
+    def __init__(self, app: LedgerApp, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self._sock = bind(host, port)
+        self.url = url_of(self._sock)
+        self._server = uvicorn.Server(_config(app))
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._sock]},
+            name="execkit-serve",
+            daemon=True,
+        )
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise StorageError("the server thread did not start")
+            time.sleep(0.005)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self._sock.close()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serving(app: LedgerApp) -> Iterator[str]:
+    """`with serving(app) as url:` — `ServerThread` as a one-liner."""
+    with ServerThread(app) as running:
+        yield running.url

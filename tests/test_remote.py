@@ -1,0 +1,298 @@
+"""`execkit.remote.RemoteLedger`: the `Ledger` interface over a real server on loopback.
+
+Errors come back typed, the wire shapes back as the ledger's own values, capabilities are
+checked before a limit is relied on, a dropped connection is retried with the same key,
+and the dispatcher runs unchanged over it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import pwd
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from execkit._backoff import Backoff
+from execkit._budget import AttemptStatus
+from execkit._classify import FailureClass
+from execkit._errors import (
+    AttemptLimitReached,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    StorageError,
+    TaskBackingOff,
+    TaskBlocked,
+    TaskFinished,
+)
+from execkit.dispatch import (
+    BoardIssue,
+    DispatchConfig,
+    Dispatcher,
+    InMemoryBoard,
+    RunOutcome,
+)
+from execkit.ledger import Actor, Ledger, SqliteLedger
+from execkit.remote import RemoteLedger, error_from_wire
+from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
+
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
+@attrs.define
+class Remote:
+    ledger: SqliteLedger  # the server's own ledger, for looking under the API
+    app: LedgerApp
+    url: str
+    token: str
+
+    def client(self, **options: Any) -> RemoteLedger:
+        return RemoteLedger(self.url, self.token, **options)
+
+
+@pytest.fixture
+def remote(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Remote]:
+    without: frozenset[str] = getattr(request, "param", frozenset())
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
+    app = LedgerApp(
+        ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "idem.db"), without=without
+    )
+    with ServerThread(app) as running:
+        yield Remote(ledger, app, running.url, token)
+    app.close()
+    ledger.close()
+
+
+def test_it_is_a_ledger_and_answers_with_the_ledgers_own_values(remote: Remote) -> None:
+    client: Ledger = remote.client()
+    task = client.create_task("write it", max_attempts=3, actor=ME)
+    assert task == remote.ledger.get_task("t-1", now=task.created_at)
+    run = client.start_run("t-1", request_key="k", actor=ME, lease_s=60)
+    assert run == remote.ledger.run("r-1")
+    finished = client.finish_run(
+        run.id, AttemptStatus.FAILED, failure_class=FailureClass.UPSTREAM, reason="http 503"
+    )
+    assert finished.failure_class is FailureClass.UPSTREAM
+    assert client.runs("t-1") == remote.ledger.runs("t-1")
+    assert client.history("t-1") == remote.ledger.history("t-1")
+    assert client.audit_events("t-1") == remote.ledger.audit_events("t-1")
+    grant = client.grant_role("op", "agent.operate", actor=ME)
+    assert client.grants() == remote.ledger.grants() == [grant]
+    assert client.revoke_role("op", "agent.operate", actor=ME) is True
+    assert client.ledger_id() == remote.ledger.ledger_id()
+    assert client.schema_version() == remote.ledger.schema_version()
+    assert client.capabilities() == remote.ledger.capabilities()
+    assert client.validate() == []
+    assert client.location() == remote.url
+    listed = client.list_tasks()
+    assert [t.id for t in listed] == ["t-1"]
+    client.close()
+
+
+def test_refusals_come_back_as_the_same_typed_errors(remote: Remote) -> None:
+    client = remote.client()
+    with pytest.raises(NotFound, match="no task 't-9'"):
+        client.get_task("t-9")
+    client.create_task("t", max_attempts=1, actor=ME, idempotency_key="key")
+    with pytest.raises(Conflict):
+        client.create_task("other", actor=ME, idempotency_key="key")
+    run = client.start_run("t-1", request_key="a", actor=ME)
+    with pytest.raises(TaskBlocked, match="still running"):
+        client.start_run("t-1", request_key="b", actor=ME)
+    client.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM)
+    with pytest.raises(AttemptLimitReached):
+        client.start_run("t-1", request_key="c", actor=ME, ignore_backoff=True)
+    client.create_task("u", actor=ME)
+    client.finish_run(
+        client.start_run("t-2", request_key="d", actor=ME).id,
+        "failed",
+        failure_class=FailureClass.UPSTREAM,
+    )
+    with pytest.raises(TaskBackingOff) as backing_off:
+        client.start_run("t-2", request_key="e", actor=ME)
+    assert backing_off.value.ready_at > time.time()
+    client.cancel_task("t-2", actor=ME)
+    with pytest.raises(TaskFinished):
+        client.start_run("t-2", request_key="f", actor=ME)
+    with pytest.raises(InvalidInput, match="failure_class must be one of"):
+        client.finish_run("r-2", "failed", failure_class="cosmic")  # type: ignore[arg-type]
+    with pytest.raises(Forbidden, match=r"^unauthenticated"):
+        RemoteLedger(remote.url, "wrong-token").list_tasks()
+
+
+def test_error_codes_map_to_their_types() -> None:
+    assert type(error_from_wire(404, {"error": {"code": "not_found", "message": "m"}})) is NotFound
+    backoff = error_from_wire(409, {"error": {"code": "backoff", "message": "m", "ready_at": 5}})
+    assert isinstance(backoff, TaskBackingOff) and backoff.ready_at == 5.0
+    assert isinstance(error_from_wire(502, "<html>"), StorageError)
+
+
+@pytest.mark.parametrize("remote", [frozenset({"tasks.attempt_limits"})], indirect=True)
+def test_a_server_without_attempt_limits_is_refused_before_anything_is_sent(
+    remote: Remote,
+) -> None:
+    client = remote.client()
+    with pytest.raises(StorageError, match=r"does not advertise tasks\.attempt_limits"):
+        client.create_task("limited", max_attempts=3, actor=ME)
+    assert remote.ledger.list_tasks() == []
+    task = client.create_task("unlimited", actor=ME)  # nothing to enforce: it goes ahead
+    with pytest.raises(StorageError, match=r"tasks\.attempt_limits"):
+        client.set_attempt_limit(task.id, 5, expected_max_attempts=0, actor=ME)
+    assert remote.ledger.get_task(task.id).max_attempts == 0
+
+
+def test_who_acts_is_the_token_and_on_behalf_of_is_sent(remote: Remote) -> None:
+    client = remote.client(on_behalf_of="the build bot")
+    assert (
+        client.create_task("a", actor="someone else").created_by
+        == f"{ME} on behalf of the build bot"
+    )
+    named = client.create_task("b", actor=Actor("x", on_behalf_of="Jürgen"))
+    assert named.created_by == f"{ME} on behalf of Jürgen"
+    plain = remote.client()
+    assert plain.create_task("c", actor="mallory").created_by == ME
+
+
+def test_a_dropped_connection_is_retried_with_the_same_key(
+    remote: Remote, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = http.client.HTTPConnection.getresponse
+    sent_keys: list[str] = []
+    real_request = http.client.HTTPConnection.request
+
+    def request(self: http.client.HTTPConnection, method: str, url: str, **kwargs: Any) -> None:
+        headers = kwargs.get("headers") or {}
+        if "Idempotency-Key" in headers:
+            sent_keys.append(headers["Idempotency-Key"])
+        real_request(self, method, url, **kwargs)
+
+    dropped: list[bool] = []
+
+    def flaky(self: http.client.HTTPConnection) -> http.client.HTTPResponse:
+        if not dropped:
+            dropped.append(True)
+            time.sleep(0.3)  # the server acts meanwhile
+            self.close()
+            raise http.client.RemoteDisconnected("dropped before the answer")
+        return real(self)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", request)
+    monkeypatch.setattr(http.client.HTTPConnection, "getresponse", flaky)
+    task = remote.client().create_task("once", actor=ME)
+    assert len(sent_keys) == 2 and sent_keys[0] == sent_keys[1]
+    assert [t.id for t in remote.ledger.list_tasks()] == [task.id]
+
+
+def test_an_unreachable_server_is_a_storage_error() -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = RemoteLedger(f"http://127.0.0.1:{port}", "t", retries=1, timeout_s=2)
+    with pytest.raises(StorageError, match="cannot reach the execkit server"):
+        client.list_tasks()
+
+
+@pytest.mark.parametrize(
+    ("url", "token"),
+    [
+        ("ftp://host", "t"),
+        ("http://user:pw@host", "t"),
+        ("http://host?x=1", "t"),
+        ("http://host", ""),
+        ("http://host", "a\nb"),
+    ],
+)
+def test_bad_urls_and_tokens_are_refused(url: str, token: str) -> None:
+    with pytest.raises(InvalidInput):
+        RemoteLedger(url, token)
+
+
+def test_the_token_never_shows(remote: Remote) -> None:
+    client = remote.client()
+    assert remote.token not in repr(client)
+    with pytest.raises(NotFound) as missing:
+        client.run("r-404")
+    assert remote.token not in str(missing.value)
+
+
+def test_the_servers_backoff_is_the_one_in_force(remote: Remote) -> None:
+    client = remote.client()
+    assert client.backoff == remote.ledger.backoff
+    client.backoff = Backoff()  # the same one: fine
+    with pytest.raises(InvalidInput, match="decides the backoff"):
+        client.backoff = Backoff(base_s=1.0, max_s=2.0)
+    assert client.budget == remote.ledger.budget
+
+
+def test_calls_from_many_threads_share_one_client(remote: Remote) -> None:
+    client = remote.client()
+    for n in range(8):
+        client.create_task(f"t{n}", actor=ME)
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for _ in range(10):
+                client.get_task(f"t-{n + 1}")
+                client.list_tasks()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    client.close()
+
+
+class _SlowRunner:
+    def __init__(self, outcomes: dict[str, RunOutcome], seconds: float) -> None:
+        self.outcomes = outcomes
+        self.seconds = seconds
+
+    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+        time.sleep(self.seconds)
+        return self.outcomes[issue.id]
+
+
+def test_the_dispatcher_runs_unchanged_over_a_remote_ledger(remote: Remote) -> None:
+    board = InMemoryBoard(
+        [
+            BoardIssue("A", "passes", "todo", prompt="p"),
+            BoardIssue("B", "fails", "todo", prompt="p"),
+        ]
+    )
+    runner = _SlowRunner(
+        {"A": RunOutcome("succeeded"), "B": RunOutcome("failed", FailureClass.WORK, "wrong")}, 0.6
+    )
+    client = remote.client()
+    dispatcher = Dispatcher(board, runner, client, DispatchConfig(), time.time, lease_s=0.3)
+    events = dispatcher.tick()
+    assert {e.issue_id for e in events} == {"A", "B"}
+    assert board.get("A").state == "done"
+    tasks = {t.title: t for t in remote.ledger.list_tasks()}
+    assert tasks["board:A"].status == "done"
+    run_b = remote.ledger.runs(tasks["board:B"].id)
+    assert [(r.status, r.failure_class) for r in run_b] == [("failed", FailureClass.WORK)]
+    # The lease was renewed from the dispatcher's second thread while the runner ran.
+    events_b = remote.ledger.audit_events(tasks["board:B"].id)
+    assert all(e.action != "run.abandon" for e in events_b)
+    assert run_b[0].ended_at is not None and run_b[0].ended_at - run_b[0].started_at >= 0.6
+    renewed = run_b[0].lease_expires_at
+    assert renewed is not None and renewed > run_b[0].started_at + 0.3 + 0.05
+    # A second pass: B backs off, A is done; nothing is dispatched again.
+    assert all(e.kind != "dispatched" for e in dispatcher.tick())

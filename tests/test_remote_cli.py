@@ -1,0 +1,127 @@
+"""`execkit dispatch`, `execkit status` and limit-setting commands through `--remote`, and
+the client refusing an older server (one that does not advertise attempt limits)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from _support import REPO, table_columns, write_board
+
+from execkit.cli import main
+from execkit.cli._output import EXIT_CODES
+from execkit.ledger import CAPABILITIES, SqliteLedger
+from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
+
+BIN = REPO / "fixtures" / "bin"
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
+@attrs.frozen
+class Served:
+    url: str
+    ledger: SqliteLedger
+
+
+def _serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without: frozenset[str] = frozenset()
+) -> Iterator[Served]:
+    where = tmp_path / "server"
+    where.mkdir()
+    ledger = SqliteLedger(where / "ledger.db")
+    tokens = where / "tokens.json"
+    monkeypatch.setenv("EXECKIT_TOKEN", add_token(tokens, ME, ["agent.operate", "ledger.admin"]))
+    monkeypatch.delenv("EXECKIT_DB", raising=False)
+    monkeypatch.delenv("EXECKIT_REMOTE", raising=False)
+    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(where / "idem.db"), without=without)
+    with ServerThread(app) as running:
+        yield Served(running.url, ledger)
+    app.close()
+    ledger.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    yield from _serve(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def older(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    yield from _serve(tmp_path, monkeypatch, without=frozenset({"tasks.attempt_limits"}))
+
+
+@pytest.fixture
+def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("EXECKIT_FIXTURE_STATE", str(state))
+    issues: list[dict[str, object]] = [
+        {"id": "OK", "title": "fine", "state": "todo", "argv": [f"{BIN}/fake-agent-ok"]},
+        {"id": "BAD", "title": "wrong", "state": "todo", "argv": [f"{BIN}/fake-agent-wrong"]},
+    ]
+    return write_board(tmp_path / "board.json", issues, dispatch={"max_attempts": 5})
+
+
+def test_dispatch_and_status_through_the_remote(
+    served: Served, board: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["dispatch", "--board", str(board), "--adapter", "generic", "--once"]
+    assert main([*argv, "--remote", served.url]) == 0
+    out = capsys.readouterr().out
+    assert "OK  attempt 1/5  succeeded -> moved to done" in out
+    assert "BAD  attempt 1/5  work (charged)" in out and "retry in" in out
+    tasks = {t.title: t for t in served.ledger.list_tasks()}
+    assert tasks["board:OK"].status == "done"
+    assert json.loads(board.read_text())["ledger"] == {
+        "id": served.ledger.ledger_id(),
+        "location": served.url,
+    }
+    # The board remembers the server: status finds it without --remote.
+    assert main(["status", "--board", str(board)]) == 0
+    rows = {row.pop("ISSUE"): row for row in table_columns(capsys.readouterr().out)}
+    assert (rows["OK"]["LEDGER"], rows["OK"]["ATTEMPT"]) == ("done", "1/5")
+    assert (rows["BAD"]["LEDGER"], rows["BAD"]["LAST CLASS"]) == ("backoff", "work")
+    assert re.fullmatch(r"in \d+s", rows["BAD"]["NEXT"])
+    assert main(["status", "--remote", served.url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {row["issue_id"] for row in doc["issues"]} == {"OK", "BAD"}
+    # A second pass at once: BAD backs off, nothing runs.
+    assert main([*argv, "--remote", served.url]) == 0
+    assert "attempt 2" not in capsys.readouterr().out
+
+
+def test_a_board_asking_for_another_backoff_is_refused_through_the_remote(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    issues: list[dict[str, object]] = [
+        {"id": "X", "title": "x", "state": "todo", "argv": [f"{BIN}/fake-agent-ok"]}
+    ]
+    path = write_board(tmp_path / "b.json", issues, dispatch={"base_backoff_s": 1.0})
+    argv = ["dispatch", "--board", str(path), "--adapter", "generic", "--once"]
+    assert main([*argv, "--remote", served.url]) == EXIT_CODES["invalid"]
+    assert "decides the backoff" in capsys.readouterr().err
+    assert served.ledger.list_tasks() == []
+
+
+def test_an_older_server_is_refused_before_a_limit_is_relied_on(
+    older: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--remote", older.url, "--json"]
+    assert main(["task", "create", "limited", "--max-attempts", "3", *where]) == 13
+    err = json.loads(capsys.readouterr().err)["error"]
+    assert err["code"] == "storage" and "tasks.attempt_limits" in err["message"]
+    assert older.ledger.list_tasks() == []
+    assert main(["task", "create", "free", *where]) == 0  # no limit: nothing to enforce
+    capsys.readouterr()
+    assert main(["task", "set-attempt-limit", "t-1", "3", "--expected", "0", *where]) == 13
+    capsys.readouterr()
+    assert older.ledger.get_task("t-1").max_attempts == 0
+    assert main(["capabilities", *where]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["capabilities"] == sorted(CAPABILITIES - {"tasks.attempt_limits"})

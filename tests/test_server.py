@@ -1,0 +1,758 @@
+"""`execkit serve`'s application: routes and their OpenAPI document, authentication and the
+two role layers, error shapes and statuses, input bounds, idempotency, tokens.
+
+Most tests call the ASGI app in-process (Starlette's TestClient); the ones about what a
+real listener does (the access log, the CLI) start one on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import re
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from starlette.testclient import TestClient
+
+from execkit._classify import FailureClass
+from execkit._errors import ExecKitError
+from execkit.cli import main
+from execkit.cli._output import EXIT_CODES
+from execkit.ledger import CAPABILITIES, SqliteLedger, Task
+from execkit.server import (
+    IdempotencyStore,
+    LedgerApp,
+    ServerThread,
+    TokenFile,
+    add_token,
+    default_idempotency_path,
+    parse_listen,
+    token_hash,
+)
+from execkit.server._routes import ENDPOINTS
+
+REPO = Path(__file__).resolve().parent.parent
+ME = pwd.getpwuid(os.geteuid()).pw_name
+BOTH = ["agent.operate", "ledger.admin"]
+
+
+@attrs.define
+class Served:
+    tmp: Path
+    ledger: SqliteLedger
+    tokens: Path
+    app: LedgerApp
+    client: TestClient
+    owner: str  # the token for the ledger's owner (us), with both roles
+    plain: str  # alice, no token role
+    operator: str  # alice, agent.operate
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        token: str | None = None,
+        body: Any = None,
+        **headers: str,
+    ) -> tuple[int, Any]:
+        sent = dict(headers)
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
+        sent = {name.replace("_", "-"): value for name, value in sent.items()}
+        kwargs: dict[str, Any] = {"headers": sent}
+        if body is not None:
+            kwargs["content" if isinstance(body, bytes) else "json"] = body
+        answer = self.client.request(method, path, **kwargs)
+        return answer.status_code, answer.json()
+
+    def state(self) -> list[str]:
+        """Every row of the ledger and of the idempotency store."""
+        rows = list(self.ledger._conn.iterdump())
+        conn = sqlite3.connect(self.app.idempotency.path)
+        try:
+            rows += list(conn.iterdump())
+        finally:
+            conn.close()
+        return rows
+
+
+def _served(tmp_path: Path, **options: Any) -> Served:
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    tokens = tmp_path / "tokens.json"
+    owner = add_token(tokens, ME, BOTH)
+    plain = add_token(tokens, "alice")
+    operator = add_token(tokens, "alice", ["agent.operate"])
+    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "idem.db"), **options)
+    return Served(tmp_path, ledger, tokens, app, TestClient(app.app), owner, plain, operator)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    made = _served(tmp_path)
+    yield made
+    made.app.close()
+    made.ledger.close()
+
+
+def _error(doc: Any) -> str:
+    assert set(doc) == {"error"}, doc
+    assert {"code", "message"} <= set(doc["error"]) <= {"code", "message", "ready_at"}
+    code: str = doc["error"]["code"]
+    return code
+
+
+# -- the route table and its document -------------------------------------------------
+
+
+def _normal(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "{}", path.split("?")[0])
+
+
+def test_every_route_is_in_the_openapi_document_with_its_methods(served: Served) -> None:
+    status, doc = served.call("GET", "/openapi.json")
+    assert status == 200
+    assert doc["openapi"] == "3.1.0"
+    documented = {(method.upper(), path) for path, item in doc["paths"].items() for method in item}
+    routed: set[tuple[str, str]] = set()
+    for route in served.app.app.routes:
+        for method in getattr(route, "methods", None) or ():
+            if method != "HEAD":
+                routed.add((method, getattr(route, "path", "")))
+    assert routed == documented
+    assert routed == {(e.method, e.path) for e in ENDPOINTS}
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            names = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+            assert names == set(re.findall(r"\{([^}]+)\}", path)), (method, path)
+            for response in operation["responses"].values():
+                ref = response["content"]["application/json"]["schema"]["$ref"]
+                assert ref.rsplit("/", 1)[1] in doc["components"]["schemas"]
+
+
+def test_every_path_in_docs_remote_md_is_routed_and_every_route_documented() -> None:
+    text = (REPO / "docs" / "remote.md").read_text(encoding="utf-8")
+    table = text.split("## Endpoints", 1)[1].split("\n## ", 1)[0]
+    in_doc = {
+        (method, _normal(path))
+        for method, path in re.findall(r"^\| `(GET|POST) ([^`]+)`", table, re.MULTILINE)
+    }
+    assert in_doc == {(e.method, _normal(e.path)) for e in ENDPOINTS}
+
+
+def test_the_documented_wire_shapes_are_the_ledgers(served: Served) -> None:
+    _, doc = served.call("GET", "/openapi.json")
+    schemas = doc["components"]["schemas"]
+    task = served.ledger.create_task("t", actor="a")
+    assert set(schemas["Task"]["properties"]) == set(task.to_dict())
+    assert schemas["Task"]["properties"]["state"]["enum"] == [s.value for s in type(task.state)]
+    assert schemas["Task"]["properties"]["blocked_on"]["type"] == ["string", "null"]
+
+
+def test_the_error_statuses_are_those_of_docs_remote_md() -> None:
+    from execkit.server._openapi import ERROR_STATUSES
+
+    text = (REPO / "docs" / "remote.md").read_text(encoding="utf-8")
+    table = text.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    documented: dict[str, int] = {}
+    for status, codes in re.findall(r"^\| (\d{3}) \| (.+) \|$", table, re.MULTILINE):
+        for code in re.findall(r"`([a-z_]+)`", codes):
+            documented[code] = int(status)
+    assert documented == ERROR_STATUSES
+
+
+# -- authentication and roles ---------------------------------------------------------
+
+POSTS: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/tasks", {"title": "x", "max_attempts": 3}),
+    ("/v1/tasks/t-1/attempt-limit", {"max_attempts": 9, "expected_max_attempts": 2}),
+    ("/v1/tasks/t-1/retry", {"force": True}),
+    ("/v1/tasks/t-1/cancel", {}),
+    ("/v1/tasks/t-1/give-up", {"state": "blocked"}),
+    ("/v1/tasks/t-1/runs", {"ignore_backoff": True}),
+    ("/v1/runs/r-1/heartbeat", {}),
+    ("/v1/runs/r-1/finish", {"status": "failed"}),
+    ("/v1/runs/abandon-expired", {}),
+    ("/v1/grants", {"principal": "bob", "role": "agent.operate"}),
+    ("/v1/grants/revoke", {"principal": "carol", "role": "agent.operate"}),
+    ("/v1/check/repair", {}),
+]
+
+
+def _seed(served: Served) -> None:
+    ledger = served.ledger
+    ledger.create_task("seed", max_attempts=2, actor=ME)
+    run = ledger.start_run("t-1", request_key="k", actor=ME, lease_s=0.001)
+    ledger.grant_role("carol", "agent.operate", actor=ME)
+    time.sleep(0.01)  # its lease has expired: abandon-expired and repair would act
+    assert run.status == "running"
+
+
+@pytest.mark.parametrize(("path", "body"), POSTS, ids=[p for p, _ in POSTS])
+@pytest.mark.parametrize("token", [None, "", "Basic abc", "Bearer nope"])
+def test_an_unauthenticated_call_is_401_and_changes_nothing(
+    served: Served, path: str, body: dict[str, Any], token: str | None
+) -> None:
+    _seed(served)
+    before = served.state()
+    headers = {} if token is None else {"Authorization": token}
+    answer = served.client.post(path, json=body, headers={**headers, "Idempotency-Key": "k1"})
+    assert answer.status_code == 401
+    assert answer.headers["www-authenticate"] == "Bearer"
+    assert _error(answer.json()) == "unauthenticated"
+    assert served.state() == before
+
+
+GATED = [
+    ("/v1/tasks/t-1/attempt-limit", {"max_attempts": 9, "expected_max_attempts": 2}),
+    ("/v1/tasks/t-1/retry", {"force": True}),
+    ("/v1/grants", {"principal": "bob", "role": "agent.operate"}),
+    ("/v1/grants/revoke", {"principal": "carol", "role": "agent.operate"}),
+    ("/v1/check/repair", {}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), GATED, ids=[p for p, _ in GATED])
+def test_a_call_without_the_token_role_is_403_and_changes_nothing(
+    served: Served, path: str, body: dict[str, Any]
+) -> None:
+    _seed(served)
+    before = served.state()
+    status, doc = served.call("POST", path, served.plain, body, Idempotency_Key="k2")
+    assert (status, _error(doc)) == (403, "forbidden")
+    assert "token role" in doc["error"]["message"]
+    assert served.state() == before
+    if "grants" in path or "repair" in path:  # agent.operate is not ledger.admin
+        status, doc = served.call("POST", path, served.operator, body)
+        assert (status, _error(doc)) == (403, "forbidden")
+        assert served.state() == before
+
+
+def test_roles_from_the_request_are_never_read(served: Served) -> None:
+    served.ledger.create_task("t", max_attempts=2, actor=ME)
+    for extra in ({"roles": ["agent.operate"]}, {"role": "agent.operate"}):
+        status, doc = served.call(
+            "POST",
+            "/v1/tasks/t-1/attempt-limit",
+            served.plain,
+            {"max_attempts": 3, "expected_max_attempts": 2, **extra},
+        )
+        assert status in (400, 403), doc
+    status, doc = served.call(
+        "POST",
+        "/v1/tasks/t-1/attempt-limit",
+        served.plain,
+        {"max_attempts": 3, "expected_max_attempts": 2},
+        X_Roles="agent.operate",
+        X_Actor=ME,
+    )
+    assert (status, _error(doc)) == (403, "forbidden")
+    assert served.ledger.get_task("t-1").max_attempts == 2
+
+
+def test_the_two_role_layers(served: Served) -> None:
+    """The token's role opens the route; the ledger still checks the actor's grant."""
+    os.chown(served.ledger.path, pwd.getpwnam("nobody").pw_uid, -1)  # we no longer own it
+    served.ledger.create_task("t", max_attempts=2, actor="alice")
+    served.ledger.start_run("t-1", request_key="k", actor="alice")
+    body = {"max_attempts": 4, "expected_max_attempts": 2}
+    # The token may use agent.operate, but alice holds no grant in the ledger.
+    status, doc = served.call("POST", "/v1/tasks/t-1/attempt-limit", served.operator, body)
+    assert (status, _error(doc)) == (403, "forbidden")
+    assert "execkit role grant alice agent.operate" in doc["error"]["message"]
+    served.ledger.grant_role("alice", "agent.operate", actor="nobody")
+    # Granted in the ledger, but this token may not use the role.
+    status, doc = served.call("POST", "/v1/tasks/t-1/attempt-limit", served.plain, body)
+    assert (status, _error(doc)) == (403, "forbidden")
+    # Both layers agree.
+    status, doc = served.call("POST", "/v1/tasks/t-1/attempt-limit", served.operator, body)
+    assert (status, doc["max_attempts"]) == (200, 4)
+    assert served.ledger.audit_events("t-1")[-1].actor == "alice"
+
+
+def test_the_token_actor_acts_and_on_behalf_of_is_recorded_beside_it(served: Served) -> None:
+    status, task = served.call(
+        "POST", "/v1/tasks", served.plain, {"title": "x"}, X_On_Behalf_Of="the%20build%20bot"
+    )
+    assert (status, task["created_by"]) == (201, "alice on behalf of the build bot")
+    status, task = served.call(
+        "POST", "/v1/tasks", served.plain, {"title": "y"}, X_On_Behalf_Of="J%C3%BCrgen"
+    )
+    assert task["created_by"] == "alice on behalf of Jürgen"
+    for bad in ("%FF", "a%0Ab", " "):
+        status, doc = served.call(
+            "POST", "/v1/tasks", served.plain, {"title": "z"}, X_On_Behalf_Of=bad
+        )
+        assert (status, _error(doc)) == (400, "invalid"), bad
+    assert len(served.ledger.list_tasks()) == 2
+
+
+def test_reads_need_a_token_too_but_not_the_document(served: Served) -> None:
+    for path in ("/v1/tasks", "/v1/capabilities", "/v1/audit", "/v1/grants", "/v1/check"):
+        assert served.call("GET", path)[0] == 401, path
+        assert served.call("GET", path, served.plain)[0] == 200, path
+    assert served.call("GET", "/openapi.json")[0] == 200
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def test_each_refusal_has_its_status_and_code(served: Served) -> None:
+    call, token = served.call, served.owner
+    assert call("GET", "/v1/tasks/t-9", token)[0] == 404
+    call("POST", "/v1/tasks", token, {"title": "t", "max_attempts": 1})
+    _, run = call("POST", "/v1/tasks/t-1/runs", token, {})
+    status, doc = call("POST", "/v1/tasks/t-1/runs", token, {})
+    assert (status, _error(doc)) == (409, "blocked")
+    call("POST", f"/v1/runs/{run['id']}/finish", token, {"status": "failed"})
+    status, doc = call("POST", "/v1/tasks/t-1/runs", token, {"ignore_backoff": True})
+    assert (status, _error(doc)) == (422, "attempt_limit")
+    status, doc = call(
+        "POST",
+        "/v1/tasks/t-1/attempt-limit",
+        token,
+        {"max_attempts": 3, "expected_max_attempts": 7},
+    )
+    assert (status, _error(doc)) == (409, "conflict")
+    call("POST", "/v1/tasks", token, {"title": "u"})
+    call("POST", "/v1/tasks/t-2/runs", token, {})
+    call("POST", "/v1/runs/r-2/finish", token, {"status": "failed", "failure_class": "upstream"})
+    status, doc = call("POST", "/v1/tasks/t-2/runs", token, {})
+    assert (status, _error(doc)) == (409, "backoff")
+    assert doc["error"]["ready_at"] > time.time()
+    call("POST", "/v1/tasks/t-2/cancel", token, {})
+    status, doc = call("POST", "/v1/tasks/t-2/runs", token, {})
+    assert (status, _error(doc)) == (409, "finished")
+    status, doc = call("POST", "/v1/runs/r-2/finish", token, {"status": "exploded"})
+    assert (status, _error(doc)) == (400, "invalid")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b'"text"',
+        b'{"title": NaN}',
+        b'{"title": "x", "max_attempts": Infinity}',
+        b'{"title": 7}',
+        b'{"title": "x", "max_attempts": true}',
+        b'{"title": "x", "max_attempts": 2.5}',
+        b'{"title": "x", "max_attempts": 100000000000000000000000}',
+        b'{"title": "x", "surprise": 1}',
+        b'{"title": "a\\u0000b"}',
+        b'{"title": "\\ud800"}',
+        b"{}",
+        b"\xff\xfe",
+        b"[" * 100_000,
+    ],
+)
+def test_bad_bodies_are_400_invalid_and_change_nothing(served: Served, body: bytes) -> None:
+    before = served.state()
+    status, doc = served.call("POST", "/v1/tasks", served.owner, body)
+    assert (status, _error(doc)) == (400, "invalid"), doc
+    assert served.state() == before
+
+
+@pytest.mark.parametrize(
+    "query", ["cap=abc", "force=yes", "cap=1&cap=2", "surprise=1", "cap=99999999999999999999"]
+)
+def test_bad_query_parameters_are_400(served: Served, query: str) -> None:
+    served.ledger.create_task("t", actor="a")
+    status, doc = served.call("GET", f"/v1/tasks/t-1?{query}", served.owner)
+    assert (status, _error(doc)) == (400, "invalid")
+
+
+def test_a_body_over_the_limit_is_413_and_changes_nothing(tmp_path: Path) -> None:
+    served = _served(tmp_path, max_body_bytes=1000)
+    before = served.state()
+    big = {"title": "x" * 2000}
+    status, doc = served.call("POST", "/v1/tasks", served.owner, big)
+    assert (status, _error(doc)) == (413, "invalid")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the stream is counted
+        yield b'{"title": "'
+        for _ in range(20):
+            yield b"x" * 100
+        yield b'"}'
+
+    answer = served.client.post(
+        "/v1/tasks", content=chunks(), headers={"Authorization": f"Bearer {served.owner}"}
+    )
+    assert answer.status_code == 413
+    assert served.state() == before
+    served.app.close()
+
+
+def test_unknown_paths_and_methods_keep_the_error_shape(served: Served) -> None:
+    status, doc = served.call("GET", "/v2/nothing", served.owner)
+    assert (status, _error(doc)) == (404, "not_found")
+    status, doc = served.call("DELETE", "/v1/tasks", served.owner)
+    assert (status, _error(doc)) == (405, "invalid")
+
+
+def test_a_request_past_its_time_is_503_and_its_answer_replays_later(tmp_path: Path) -> None:
+    class SlowLedger(SqliteLedger):
+        def create_task(self, title: str, **kwargs: Any) -> Task:
+            time.sleep(0.6)
+            return super().create_task(title, **kwargs)
+
+    ledger = SlowLedger(tmp_path / "ledger.db")
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME)
+    app = LedgerApp(
+        ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "i.db"), request_timeout_s=0.2
+    )
+    client = TestClient(app.app)
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "slow-1"}
+    answer = client.post("/v1/tasks", json={"title": "x"}, headers=headers)
+    assert answer.status_code == 503
+    assert "outcome is unknown" in answer.json()["error"]["message"]
+    deadline = time.monotonic() + 10
+    while len(app.idempotency) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again = client.post("/v1/tasks", json={"title": "x"}, headers=headers)
+    assert again.status_code == 201
+    assert again.headers["idempotency-replayed"] == "true"
+    assert [t.id for t in ledger.list_tasks()] == ["t-1"]
+    app.close()
+    ledger.close()
+
+
+def test_an_unexpected_exception_is_a_json_500(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class BrokenLedger(SqliteLedger):
+        def list_tasks(self, *, now: float | None = None) -> list[Task]:
+            raise RuntimeError("a bug")
+
+    ledger = BrokenLedger(tmp_path / "ledger.db")
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME)
+    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(":memory:"))
+    with caplog.at_level(logging.ERROR, logger="execkit.server"):
+        answer = TestClient(app.app).get("/v1/tasks", headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 500
+    assert answer.json() == {"error": {"code": "error", "message": "internal server error"}}
+    assert "a bug" in caplog.text and token not in caplog.text
+    app.close()
+    ledger.close()
+
+
+# -- idempotency ------------------------------------------------------------------------
+
+
+def test_a_key_replays_the_stored_answer_and_a_different_request_is_409(served: Served) -> None:
+    body = {"title": "x", "max_attempts": 2}
+    first = served.client.post(
+        "/v1/tasks",
+        json=body,
+        headers={"Authorization": f"Bearer {served.owner}", "Idempotency-Key": "a"},
+    )
+    assert first.status_code == 201 and "idempotency-replayed" not in first.headers
+    served.ledger.start_run("t-1", request_key="r", actor=ME)  # the task moves on
+    again = served.client.post(
+        "/v1/tasks",
+        json=body,
+        headers={"Authorization": f"Bearer {served.owner}", "Idempotency-Key": "a"},
+    )
+    assert again.status_code == 201
+    assert again.headers["idempotency-replayed"] == "true"
+    assert again.content == first.content  # the stored answer, byte for byte
+    before = served.state()
+    for changed in ({"title": "y", "max_attempts": 2}, {"title": "x"}):
+        status, doc = served.call("POST", "/v1/tasks", served.owner, changed, Idempotency_Key="a")
+        assert (status, _error(doc)) == (409, "conflict")
+    status, doc = served.call(
+        "POST", "/v1/tasks", served.owner, body, Idempotency_Key="a", X_On_Behalf_Of="bob"
+    )
+    assert (status, _error(doc)) == (409, "conflict")
+    assert served.state() == before
+    status, doc = served.call("POST", "/v1/tasks", served.owner, body, Idempotency_Key="!" * 201)
+    assert (status, _error(doc)) == (400, "invalid")
+
+
+def test_a_refusal_is_not_stored(served: Served) -> None:
+    served.ledger.create_task("t", actor=ME)
+    served.ledger.start_run("t-1", request_key="first", actor=ME)
+    status, doc = served.call("POST", "/v1/tasks/t-1/runs", served.owner, {}, Idempotency_Key="b")
+    assert (status, _error(doc)) == (409, "blocked")
+    served.ledger.finish_run("r-1", "failed", failure_class=FailureClass.UPSTREAM)
+    status, run = served.call(
+        "POST", "/v1/tasks/t-1/runs", served.owner, {"ignore_backoff": True}, Idempotency_Key="c"
+    )
+    assert (status, run["attempt"], run["request_key"]) == (201, 2, "c")
+
+
+def test_stored_answers_survive_a_restart(tmp_path: Path) -> None:
+    first = _served(tmp_path)
+    status, task = first.call("POST", "/v1/tasks", first.owner, {"title": "x"}, Idempotency_Key="k")
+    assert status == 201
+    first.app.close()
+    first.ledger.close()
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    app = LedgerApp(ledger, TokenFile(first.tokens), IdempotencyStore(tmp_path / "idem.db"))
+    answer = TestClient(app.app).post(
+        "/v1/tasks",
+        json={"title": "x"},
+        headers={"Authorization": f"Bearer {first.owner}", "Idempotency-Key": "k"},
+    )
+    assert answer.headers["idempotency-replayed"] == "true"
+    assert answer.json() == task
+    assert len(ledger.list_tasks()) == 1
+    app.close()
+    ledger.close()
+
+
+def test_two_requests_with_one_key_at_once_act_once(served: Served) -> None:
+    answers: list[tuple[int, Any]] = []
+
+    def send() -> None:
+        answers.append(
+            served.call("POST", "/v1/tasks", served.owner, {"title": "x"}, Idempotency_Key="same")
+        )
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {status for status, _ in answers} == {201}
+    assert {doc["id"] for _, doc in answers} == {"t-1"}
+    assert len(served.ledger.list_tasks()) == 1
+
+
+def test_the_key_is_the_runs_request_key_when_the_body_gives_none(served: Served) -> None:
+    served.ledger.create_task("t", actor=ME)
+    status, run = served.call("POST", "/v1/tasks/t-1/runs", served.owner, {}, Idempotency_Key="rk")
+    assert (status, run["request_key"]) == (201, "rk")
+    # The ledger's own replay: the same run, even with the server's store emptied.
+    served.app.idempotency._conn.execute("DELETE FROM responses")
+    status, again = served.call(
+        "POST", "/v1/tasks/t-1/runs", served.owner, {}, Idempotency_Key="rk"
+    )
+    assert (status, again["id"]) == (201, run["id"])
+
+
+def test_answers_are_kept_per_actor(served: Served) -> None:
+    served.call("POST", "/v1/tasks", served.owner, {"title": "x"}, Idempotency_Key="k")
+    status, doc = served.call(
+        "POST", "/v1/tasks", served.plain, {"title": "x"}, Idempotency_Key="k"
+    )
+    # Not alice's stored answer: her request reaches the ledger, whose key replays the task.
+    assert (status, doc["id"]) == (201, "t-1")
+    assert len(served.app.idempotency) == 2
+
+
+# -- capabilities -----------------------------------------------------------------------
+
+
+def test_capabilities_and_the_older_server_stand_in(tmp_path: Path) -> None:
+    served = _served(tmp_path, without=frozenset({"tasks.attempt_limits"}))
+    status, doc = served.call("GET", "/v1/capabilities", served.plain)
+    assert status == 200
+    assert doc["capabilities"] == sorted(CAPABILITIES - {"tasks.attempt_limits"})
+    assert doc["ledger_id"] == served.ledger.ledger_id()
+    assert doc["schema_version"] == served.ledger.schema_version()
+    assert doc["backoff"] == attrs.asdict(served.ledger.backoff)
+    served.app.close()
+
+
+# -- tokens -----------------------------------------------------------------------------
+
+
+def test_the_tokens_file_holds_hashes_only_and_is_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "tokens.json"
+    token = add_token(path, "alice", ["agent.operate"])
+    text = path.read_text()
+    assert token not in text
+    doc = json.loads(text)
+    assert doc == {
+        "tokens": [{"sha256": token_hash(token), "actor": "alice", "roles": ["agent.operate"]}]
+    }
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    second = add_token(path, "bob")
+    assert second != token and len(json.loads(path.read_text())["tokens"]) == 2
+    found = TokenFile(path)
+    assert found.lookup(token) is not None and found.lookup(token + "x") is None
+    with pytest.raises(ExecKitError, match="unknown role"):
+        add_token(path, "carol", ["root"])
+    assert len(json.loads(path.read_text())["tokens"]) == 2
+
+
+def test_a_tokens_file_others_can_write_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    add_token(path, "alice")
+    os.chmod(path, 0o620)
+    with pytest.raises(ExecKitError, match="writable by others"):
+        TokenFile(path)
+
+
+def test_tokens_are_reread_when_the_file_changes_and_a_broken_file_fails_closed(
+    served: Served,
+) -> None:
+    late = add_token(served.tokens, "dave")
+    assert served.call("GET", "/v1/tasks", late)[0] == 200
+    good = served.tokens.read_text()
+    served.tokens.write_text('{"tokens": [{"sha256": "oops"}]}')
+    status, doc = served.call("GET", "/v1/tasks", served.owner)
+    assert (status, _error(doc)) == (503, "storage")
+    served.tokens.write_text(good)
+    assert served.call("GET", "/v1/tasks", served.owner)[0] == 200
+    # Removing a token's line revokes it.
+    entries = json.loads(good)["tokens"]
+    kept = [e for e in entries if e["sha256"] != token_hash(late)]
+    served.tokens.write_text(json.dumps({"tokens": kept}))
+    assert served.call("GET", "/v1/tasks", late)[0] == 401
+
+
+def test_no_token_reaches_a_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    served = _served(tmp_path)
+    with caplog.at_level(logging.DEBUG), ServerThread(served.app) as running:
+        for token in (served.owner, "not-a-token-" + "z" * 20):
+            request = urllib.request.Request(
+                f"{running.url}/v1/tasks/t-404", headers={"Authorization": f"Bearer {token}"}
+            )
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(request, timeout=10)
+    assert served.owner not in caplog.text
+    assert "z" * 20 not in caplog.text
+    served.app.close()
+    served.ledger.close()
+
+
+# -- listening ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:8750", ("127.0.0.1", 8750)),
+        ("localhost:0", ("127.0.0.1", 0)),
+        ("127.8.9.10:1", ("127.8.9.10", 1)),
+        ("[::1]:9000", ("::1", 9000)),
+    ],
+)
+def test_loopback_addresses_are_accepted(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["0.0.0.0:8750", "[::]:8750", "10.0.0.5:80", "example.com:80", "8750", "x:y", ":80"]
+)
+def test_other_addresses_are_refused_unless_allowed(text: str) -> None:
+    with pytest.raises(ExecKitError):
+        parse_listen(text)
+    if text not in ("8750", "x:y", ":80"):
+        assert parse_listen(text, allow_non_loopback=True)[1] > 0
+
+
+def test_the_default_idempotency_file_is_beside_the_tokens(tmp_path: Path) -> None:
+    assert default_idempotency_path(tmp_path / "tokens.json") == tmp_path / "tokens.idempotency.db"
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def test_serve_refuses_a_non_loopback_address_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokens = tmp_path / "tokens.json"
+    add_token(tokens, ME)
+    db = tmp_path / "ledger.db"
+    argv = ["serve", "--db", str(db), "--tokens", str(tokens), "--listen", "0.0.0.0:0"]
+    assert main(argv) == EXIT_CODES["invalid"]
+    assert "not a loopback address" in capsys.readouterr().err
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["serve"], "--tokens FILE is required"),
+        (["serve", "--tokens", "t.json", "--actor", "a"], "--actor does not apply"),
+        (["serve", "--tokens", "t.json", "--without-capability", "x"], "unknown capability"),
+        (["serve", "--add-token", "t.json"], "--actor NAME is required"),
+        (["serve", "--add-token", "t.json", "--actor", "a", "--role", "root"], "unknown role"),
+        (["serve", "--add-token", "t.json", "--actor", "a", "--tokens", "x"], "does not apply"),
+        (["serve", "--tokens", "t.json", "--request-timeout", "0"], "--request-timeout"),
+    ],
+)
+def test_serve_flags_are_checked(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    needle: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    add_token(tmp_path / "t.json", ME)
+    assert main(argv) == EXIT_CODES["invalid"]
+    assert needle in capsys.readouterr().err
+
+
+def test_add_token_prints_the_token_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tokens.json"
+    argv = ["serve", "--add-token", str(path), "--actor", "bot", "--role", "agent.operate"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["actor"], doc["roles"]) == ("bot", ["agent.operate"])
+    principal = TokenFile(path).lookup(doc["token"])
+    assert principal is not None and principal.actor == "bot"
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert len(out.split()) == 1 and out.strip() not in err
+
+
+def test_serve_listens_where_it_says_and_stops_on_sigint(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "execkit",
+            "serve",
+            "--db",
+            str(tmp_path / "ledger.db"),
+            "--tokens",
+            str(tokens),
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert process.stdout is not None
+        ready = json.loads(process.stdout.readline())
+        request = urllib.request.Request(
+            f"{ready['url']}/v1/capabilities", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert json.loads(answer.read())["ledger_id"] == ready["ledger_id"]
+        assert (tmp_path / "tokens.idempotency.db").is_file()
+        assert stat.S_IMODE((tmp_path / "tokens.idempotency.db").stat().st_mode) == 0o600
+    finally:
+        process.send_signal(2)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert token not in err and "Traceback" not in err
