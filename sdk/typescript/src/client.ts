@@ -1,0 +1,822 @@
+/**
+ * `ExeckitClient`: the ledger's operations over the HTTP remote of docs/remote.md, with the
+ * global `fetch` and nothing else.
+ *
+ * Every call checks its arguments first (`InvalidInput` naming the option, nothing sent),
+ * then, for an operation that relies on a capability, reads `/v1/capabilities` once per
+ * client (`CapabilityMissing`, nothing sent for the operation), then sends one request. Every
+ * POST carries an `Idempotency-Key` (the caller's, else a random UUID) that stays the same
+ * when the client repeats the request itself after a transport failure (`retries` times at
+ * most, never after an HTTP answer), so a repeat never does the work twice. The token goes
+ * into the Authorization header only: never into a message, an error or a log.
+ */
+
+import {
+  CapabilityMissing,
+  ExeckitError,
+  InvalidInput,
+  TransportError,
+  errorFromAnswer,
+} from "./errors.js";
+import {
+  ATTEMPT_LIMITS,
+  MAX_ATTEMPT_LIMIT,
+  MAX_LEASE_S,
+  MAX_UNCHARGED_LIMIT,
+  type AuditEvent,
+  type Capabilities,
+  type FailureClass,
+  type FinalRunStatus,
+  type Grant,
+  type Run,
+  type Task,
+} from "./types.js";
+
+/** The `fetch` the client calls (the global one unless `ClientOptions.fetch` says). */
+export type FetchLike = (input: string, init: RequestInit) => Promise<Response>;
+
+export interface ClientOptions {
+  /** Where the server listens, e.g. "http://127.0.0.1:8750" (a path prefix is kept). */
+  baseUrl: string;
+  /** The bearer token (`execkit serve --add-token`). Sent in the Authorization header only. */
+  token: string;
+  /** Records "ACTOR on behalf of NAME" in the ledger (X-On-Behalf-Of); roles stay the token's. */
+  onBehalfOf?: string | undefined;
+  /** A fetch to use instead of the global one (a proxy agent, a test's recorder). */
+  fetch?: FetchLike | undefined;
+  /** How long one try may take, in milliseconds (default 30 000). */
+  timeoutMs?: number | undefined;
+  /** How many times a request is repeated after a transport failure (default 2, at most 10). */
+  retries?: number | undefined;
+  /** The wait before the first repeat, doubled for each next one (default 100 ms). */
+  retryDelayMs?: number | undefined;
+}
+
+/** Given to every POST: the key the server stores its answer under. */
+export interface IdempotentOptions {
+  /** 1..200 visible ASCII characters; default: a random UUID per call. */
+  idempotencyKey?: string | undefined;
+}
+
+export interface CreateTaskOptions extends IdempotentOptions {
+  title: string;
+  /** An explicit attempt limit, 1..10000 runs (0 or absent: none). Needs the capability. */
+  maxAttempts?: number | undefined;
+  /** A ceiling on consecutive upstream attempts, 1..1000 (absent or null: the ledger's). */
+  maxUnchargedAttempts?: number | null | undefined;
+}
+
+export interface GetTaskOptions {
+  /** A dispatch cap to add to the bounds (a whole number). */
+  cap?: number | undefined;
+  /** What a forced admission would meet. */
+  force?: boolean | undefined;
+}
+
+export interface StartRunOptions extends IdempotentOptions {
+  /** The run's request key: the same key replays the same run (default: the idempotency key). */
+  requestKey?: string | undefined;
+  forced?: boolean | undefined;
+  ignoreBackoff?: boolean | undefined;
+  /** The run's lease in seconds, (0, 604800] (default: the ledger's, 300). */
+  leaseS?: number | undefined;
+  /** A dispatch cap to admit under (a whole number). */
+  cap?: number | null | undefined;
+}
+
+export interface FinishRunOptions extends IdempotentOptions {
+  status: FinalRunStatus;
+  /** For a failed run: null or absent is "work" (charged). */
+  failureClass?: FailureClass | null | undefined;
+  reason?: string | null | undefined;
+  /** The vendor's reset time (POSIX seconds): the next attempt waits for it. */
+  notBefore?: number | null | undefined;
+}
+
+export interface HeartbeatOptions extends IdempotentOptions {
+  /** The renewed lease in seconds (default: the lease the run was started with). */
+  leaseS?: number | null | undefined;
+}
+
+export interface SetAttemptLimitOptions extends IdempotentOptions {
+  /** The new limit, 1..10000 runs. */
+  maxAttempts: number;
+  /** The limit the caller last saw (0 = none): anything else is `Conflict`. */
+  expectedMaxAttempts: number;
+}
+
+export interface RetryTaskOptions extends IdempotentOptions {
+  reason?: string | null | undefined;
+  /** Past an explicit limit or a budget (needs agent.operate). */
+  force?: boolean | undefined;
+}
+
+const DEFAULT_TIMEOUT_MS = 30_000;
+const DEFAULT_RETRIES = 2;
+const DEFAULT_RETRY_DELAY_MS = 100;
+const MAX_RETRIES = 10;
+const MAX_TOKEN = 512;
+const MAX_NAME = 200;
+const MAX_TITLE = 1000;
+const MAX_REASON = 4000;
+const MAX_ID = 1000;
+const KEY = /^[\x21-\x7e]{1,200}$/;
+const TOKEN = /^[\x21-\x7e]+$/;
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+const FINAL_STATUSES: readonly string[] = ["succeeded", "failed", "abandoned"];
+const FAILURE_CLASSES: readonly string[] = ["work", "environment", "upstream"];
+
+type Json = Record<string, unknown>;
+type Query = Record<string, string>;
+
+interface Call {
+  method: "GET" | "POST";
+  path: string;
+  query?: Query;
+  body?: Json;
+  idempotencyKey?: string | undefined;
+}
+
+// -- argument checks (InvalidInput naming the option, before anything is sent) ----------
+
+function invalid(field: string, message: string): InvalidInput {
+  return new InvalidInput(`${field} ${message}`, { field });
+}
+
+function describe(value: unknown): string {
+  if (typeof value === "string") {
+    return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}...` : value);
+  }
+  if (typeof value === "number" || typeof value === "boolean" || value === null) {
+    return String(value);
+  }
+  return value === undefined ? "undefined" : typeof value;
+}
+
+function optionsOf<T extends object>(
+  what: string,
+  value: T | undefined,
+  allowed: readonly string[],
+  required = false,
+): Partial<T> {
+  if (value === undefined && !required) {
+    return {};
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new InvalidInput(`${what} needs an options object, got ${describe(value)}`, {
+      field: null,
+    });
+  }
+  for (const name of Object.keys(value)) {
+    if (!allowed.includes(name)) {
+      throw invalid(name, `is not an option of ${what} (options: ${allowed.join(", ")})`);
+    }
+  }
+  return value;
+}
+
+function integerIn(field: string, value: unknown, low: number, high: number): number {
+  if (typeof value !== "number" || !Number.isInteger(value)) {
+    throw invalid(field, `must be a whole number in ${low}..${high}, got ${describe(value)}`);
+  }
+  if (value < low || value > high) {
+    throw invalid(field, `must be in ${low}..${high}, got ${value}`);
+  }
+  return value;
+}
+
+function wholeNumber(field: string, value: unknown): number {
+  if (typeof value !== "number" || !Number.isSafeInteger(value)) {
+    throw invalid(field, `must be a whole number, got ${describe(value)}`);
+  }
+  return value;
+}
+
+function finite(field: string, value: unknown): number {
+  if (typeof value !== "number" || !Number.isFinite(value)) {
+    throw invalid(field, `must be a finite number, got ${describe(value)}`);
+  }
+  return value;
+}
+
+function lease(field: string, value: unknown): number {
+  const seconds = finite(field, value);
+  if (!(seconds > 0 && seconds <= MAX_LEASE_S)) {
+    throw invalid(field, `must be a number of seconds in (0, ${MAX_LEASE_S}], got ${seconds}`);
+  }
+  return seconds;
+}
+
+function bool(field: string, value: unknown): boolean {
+  if (typeof value !== "boolean") {
+    throw invalid(field, `must be true or false, got ${describe(value)}`);
+  }
+  return value;
+}
+
+function text(field: string, value: unknown, maxLength: number): string {
+  if (typeof value !== "string" || value.trim() === "") {
+    throw invalid(field, `must be a non-empty string, got ${describe(value)}`);
+  }
+  if (value.length > maxLength) {
+    throw invalid(field, `must be at most ${maxLength} characters, got ${value.length}`);
+  }
+  if (value.includes("\u0000")) {
+    throw invalid(field, "must not contain NUL characters");
+  }
+  return value;
+}
+
+function name(field: string, value: unknown): string {
+  const checked = text(field, value, MAX_NAME);
+  if (CONTROL.test(checked)) {
+    throw invalid(field, "must not contain control characters");
+  }
+  return checked;
+}
+
+function identifier(field: string, value: unknown): string {
+  const checked = text(field, value, MAX_ID);
+  if (CONTROL.test(checked)) {
+    throw invalid(field, "must not contain control characters");
+  }
+  return checked;
+}
+
+function idempotencyKey(value: unknown): string {
+  if (value === undefined) {
+    return globalThis.crypto.randomUUID();
+  }
+  if (typeof value !== "string" || !KEY.test(value)) {
+    throw invalid(
+      "idempotencyKey",
+      `must be 1..200 visible ASCII characters, got ${describe(value)}`,
+    );
+  }
+  return value;
+}
+
+function oneOf(field: string, value: unknown, allowed: readonly string[]): string {
+  if (typeof value !== "string" || !allowed.includes(value)) {
+    throw invalid(field, `must be one of ${allowed.join(", ")}, got ${describe(value)}`);
+  }
+  return value;
+}
+
+// -- answers -----------------------------------------------------------------------------
+
+function isObject(value: unknown): value is Json {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function unexpected(what: string, status = 200): ExeckitError {
+  return new ExeckitError(`the server's answer is not ${what} (HTTP ${status})`, {
+    code: "error",
+    httpStatus: status,
+  });
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+function causeText(error: unknown): string {
+  const parts: string[] = [];
+  let current: unknown = error;
+  for (let depth = 0; depth < 4 && current instanceof Error; depth += 1) {
+    if (current.message && !parts.includes(current.message)) {
+      parts.push(current.message);
+    }
+    current = current.cause;
+  }
+  return parts.join(": ") || String(error);
+}
+
+/** A client of one `execkit serve`. Safe to share: calls may run concurrently. */
+export class ExeckitClient {
+  /** The server's address as given, without a trailing slash. */
+  readonly baseUrl: string;
+  readonly onBehalfOf: string | null;
+  readonly timeoutMs: number;
+  readonly retries: number;
+  readonly retryDelayMs: number;
+  readonly #token: string;
+  readonly #fetch: FetchLike;
+  #capabilities: Promise<Capabilities> | null = null;
+
+  constructor(options: ClientOptions) {
+    if (!isObject(options)) {
+      throw new InvalidInput("ExeckitClient needs an options object", { field: null });
+    }
+    const allowed = [
+      "baseUrl",
+      "token",
+      "onBehalfOf",
+      "fetch",
+      "timeoutMs",
+      "retries",
+      "retryDelayMs",
+    ];
+    for (const key of Object.keys(options)) {
+      if (!allowed.includes(key)) {
+        throw invalid(key, `is not an option of ExeckitClient (options: ${allowed.join(", ")})`);
+      }
+    }
+    this.baseUrl = checkedBaseUrl(options.baseUrl);
+    const token: unknown = options.token;
+    if (typeof token !== "string" || !TOKEN.test(token) || token.length > MAX_TOKEN) {
+      // The value is never shown: it is a secret, even when malformed.
+      throw invalid(
+        "token",
+        `must be a non-empty string of at most ${MAX_TOKEN} visible ASCII characters ` +
+          "(the value is not shown)",
+      );
+    }
+    this.#token = token;
+    this.onBehalfOf =
+      options.onBehalfOf === undefined ? null : name("onBehalfOf", options.onBehalfOf);
+    if (options.fetch !== undefined && typeof options.fetch !== "function") {
+      throw invalid("fetch", `must be a function, got ${describe(options.fetch)}`);
+    }
+    const found = options.fetch ?? (globalThis.fetch as FetchLike | undefined);
+    if (found === undefined) {
+      throw invalid("fetch", "is needed: this runtime has no global fetch");
+    }
+    this.#fetch = found;
+    this.timeoutMs =
+      options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : finite("timeoutMs", options.timeoutMs);
+    if (this.timeoutMs <= 0) {
+      throw invalid("timeoutMs", `must be more than 0, got ${this.timeoutMs}`);
+    }
+    this.retries =
+      options.retries === undefined
+        ? DEFAULT_RETRIES
+        : integerIn("retries", options.retries, 0, MAX_RETRIES);
+    this.retryDelayMs =
+      options.retryDelayMs === undefined
+        ? DEFAULT_RETRY_DELAY_MS
+        : integerIn("retryDelayMs", options.retryDelayMs, 0, 60_000);
+  }
+
+  // -- the operations ------------------------------------------------------------------
+
+  /** What the server's ledger enforces (`GET /v1/capabilities`); refreshes the cache. */
+  async capabilities(): Promise<Capabilities> {
+    const answer = this.#readCapabilities();
+    this.#capabilities = answer;
+    answer.catch(() => {
+      if (this.#capabilities === answer) {
+        this.#capabilities = null;
+      }
+    });
+    return answer;
+  }
+
+  /** Create a task, with an optional explicit attempt limit (needs `tasks.attempt_limits`). */
+  async createTask(options: CreateTaskOptions): Promise<Task> {
+    const given = optionsOf(
+      "createTask",
+      options,
+      ["title", "maxAttempts", "maxUnchargedAttempts", "idempotencyKey"],
+      true,
+    );
+    const body: Json = { title: text("title", given.title, MAX_TITLE) };
+    if (given.maxAttempts !== undefined) {
+      const limit = integerIn("maxAttempts", given.maxAttempts, 0, MAX_ATTEMPT_LIMIT);
+      if (limit !== 0) {
+        body["max_attempts"] = limit;
+      }
+    }
+    if (given.maxUnchargedAttempts !== undefined && given.maxUnchargedAttempts !== null) {
+      body["max_uncharged_attempts"] = integerIn(
+        "maxUnchargedAttempts",
+        given.maxUnchargedAttempts,
+        1,
+        MAX_UNCHARGED_LIMIT,
+      );
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    if (body["max_attempts"] !== undefined) {
+      await this.#require(ATTEMPT_LIMITS, "create a task with an attempt limit");
+    }
+    return this.#task(
+      await this.#send({ method: "POST", path: "/v1/tasks", body, idempotencyKey: key }),
+    );
+  }
+
+  /** One task and the budget projection of its history. */
+  async getTask(taskId: string, options?: GetTaskOptions): Promise<Task> {
+    const id = identifier("taskId", taskId);
+    const given = options === undefined ? {} : optionsOf("getTask", options, ["cap", "force"]);
+    const query: Query = {};
+    if (given.cap !== undefined) {
+      query["cap"] = String(wholeNumber("cap", given.cap));
+    }
+    if (given.force !== undefined) {
+      query["force"] = String(bool("force", given.force));
+    }
+    return this.#task(await this.#send({ method: "GET", path: `/v1/tasks/${enc(id)}`, query }));
+  }
+
+  /** Every task. */
+  async listTasks(): Promise<Task[]> {
+    const doc = await this.#send({ method: "GET", path: "/v1/tasks" });
+    return this.#list(doc, "tasks").map((task) => this.#task(task));
+  }
+
+  /** A task's runs, attempt 1 first. */
+  async runs(taskId: string): Promise<Run[]> {
+    const id = identifier("taskId", taskId);
+    const doc = await this.#send({ method: "GET", path: `/v1/tasks/${enc(id)}/runs` });
+    return this.#list(doc, "runs").map((run) => this.#run(run));
+  }
+
+  /** One run. */
+  async getRun(runId: string): Promise<Run> {
+    const id = identifier("runId", runId);
+    return this.#run(await this.#send({ method: "GET", path: `/v1/runs/${enc(id)}` }));
+  }
+
+  /** Admit one run of the task, or refuse (`AdmissionRefused` and its subclasses). */
+  async startRun(taskId: string, options?: StartRunOptions): Promise<Run> {
+    const id = identifier("taskId", taskId);
+    const given =
+      options === undefined
+        ? {}
+        : optionsOf("startRun", options, [
+            "requestKey",
+            "forced",
+            "ignoreBackoff",
+            "leaseS",
+            "cap",
+            "idempotencyKey",
+          ]);
+    const body: Json = {};
+    if (given.requestKey !== undefined) {
+      body["request_key"] = identifier("requestKey", given.requestKey);
+    }
+    if (given.forced !== undefined) {
+      body["forced"] = bool("forced", given.forced);
+    }
+    if (given.ignoreBackoff !== undefined) {
+      body["ignore_backoff"] = bool("ignoreBackoff", given.ignoreBackoff);
+    }
+    if (given.leaseS !== undefined) {
+      body["lease_s"] = lease("leaseS", given.leaseS);
+    }
+    if (given.cap !== undefined && given.cap !== null) {
+      body["cap"] = wholeNumber("cap", given.cap);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    return this.#run(
+      await this.#send({
+        method: "POST",
+        path: `/v1/tasks/${enc(id)}/runs`,
+        body,
+        idempotencyKey: key,
+      }),
+    );
+  }
+
+  /** Record how a running run ended. */
+  async finishRun(runId: string, options: FinishRunOptions): Promise<Run> {
+    const id = identifier("runId", runId);
+    const given = optionsOf(
+      "finishRun",
+      options,
+      ["status", "failureClass", "reason", "notBefore", "idempotencyKey"],
+      true,
+    );
+    const body: Json = { status: oneOf("status", given.status, FINAL_STATUSES) };
+    if (given.failureClass !== undefined && given.failureClass !== null) {
+      body["failure_class"] = oneOf("failureClass", given.failureClass, FAILURE_CLASSES);
+    }
+    if (given.reason !== undefined && given.reason !== null) {
+      body["reason"] = text("reason", given.reason, MAX_REASON);
+    }
+    if (given.notBefore !== undefined && given.notBefore !== null) {
+      body["not_before"] = finite("notBefore", given.notBefore);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    return this.#run(
+      await this.#send({
+        method: "POST",
+        path: `/v1/runs/${enc(id)}/finish`,
+        body,
+        idempotencyKey: key,
+      }),
+    );
+  }
+
+  /** Renew a running run's lease. */
+  async heartbeat(runId: string, options?: HeartbeatOptions): Promise<Run> {
+    const id = identifier("runId", runId);
+    const given =
+      options === undefined ? {} : optionsOf("heartbeat", options, ["leaseS", "idempotencyKey"]);
+    const body: Json = {};
+    if (given.leaseS !== undefined && given.leaseS !== null) {
+      body["lease_s"] = lease("leaseS", given.leaseS);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    return this.#run(
+      await this.#send({
+        method: "POST",
+        path: `/v1/runs/${enc(id)}/heartbeat`,
+        body,
+        idempotencyKey: key,
+      }),
+    );
+  }
+
+  /** Compare-and-set a task's explicit attempt limit (needs `tasks.attempt_limits`). */
+  async setAttemptLimit(taskId: string, options: SetAttemptLimitOptions): Promise<Task> {
+    const id = identifier("taskId", taskId);
+    const given = optionsOf(
+      "setAttemptLimit",
+      options,
+      ["maxAttempts", "expectedMaxAttempts", "idempotencyKey"],
+      true,
+    );
+    const body: Json = {
+      max_attempts: integerIn("maxAttempts", given.maxAttempts, 1, MAX_ATTEMPT_LIMIT),
+      expected_max_attempts: integerIn(
+        "expectedMaxAttempts",
+        given.expectedMaxAttempts,
+        0,
+        MAX_ATTEMPT_LIMIT,
+      ),
+    };
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(ATTEMPT_LIMITS, "change an attempt limit");
+    return this.#task(
+      await this.#send({
+        method: "POST",
+        path: `/v1/tasks/${enc(id)}/attempt-limit`,
+        body,
+        idempotencyKey: key,
+      }),
+    );
+  }
+
+  /** Ask for one forced retry of a stopped task. */
+  async retryTask(taskId: string, options?: RetryTaskOptions): Promise<Task> {
+    const id = identifier("taskId", taskId);
+    const given =
+      options === undefined
+        ? {}
+        : optionsOf("retryTask", options, ["reason", "force", "idempotencyKey"]);
+    const body: Json = {};
+    if (given.reason !== undefined && given.reason !== null) {
+      body["reason"] = text("reason", given.reason, MAX_REASON);
+    }
+    if (given.force !== undefined) {
+      body["force"] = bool("force", given.force);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    return this.#task(
+      await this.#send({
+        method: "POST",
+        path: `/v1/tasks/${enc(id)}/retry`,
+        body,
+        idempotencyKey: key,
+      }),
+    );
+  }
+
+  /** Cancel an open task. */
+  async cancelTask(taskId: string, options?: IdempotentOptions): Promise<Task> {
+    const id = identifier("taskId", taskId);
+    const given = options === undefined ? {} : optionsOf("cancelTask", options, ["idempotencyKey"]);
+    const key = idempotencyKey(given.idempotencyKey);
+    return this.#task(
+      await this.#send({
+        method: "POST",
+        path: `/v1/tasks/${enc(id)}/cancel`,
+        body: {},
+        idempotencyKey: key,
+      }),
+    );
+  }
+
+  /** Abandon every running run whose lease expired; the runs it abandoned. */
+  async abandonExpiredRuns(options?: IdempotentOptions): Promise<Run[]> {
+    const given =
+      options === undefined ? {} : optionsOf("abandonExpiredRuns", options, ["idempotencyKey"]);
+    const key = idempotencyKey(given.idempotencyKey);
+    const doc = await this.#send({
+      method: "POST",
+      path: "/v1/runs/abandon-expired",
+      body: {},
+      idempotencyKey: key,
+    });
+    return this.#list(doc, "runs").map((run) => this.#run(run));
+  }
+
+  /** Audit records, all or one task's. */
+  async auditEvents(taskId?: string): Promise<AuditEvent[]> {
+    const query: Query = {};
+    if (taskId !== undefined) {
+      query["task_id"] = identifier("taskId", taskId);
+    }
+    const doc = await this.#send({ method: "GET", path: "/v1/audit", query });
+    return this.#list(doc, "events") as unknown as AuditEvent[];
+  }
+
+  /** Every grant, or one principal's. */
+  async grants(principal?: string): Promise<Grant[]> {
+    const query: Query = {};
+    if (principal !== undefined) {
+      query["principal"] = name("principal", principal);
+    }
+    const doc = await this.#send({ method: "GET", path: "/v1/grants", query });
+    return this.#list(doc, "grants") as unknown as Grant[];
+  }
+
+  /** Grant a role (needs ledger.admin). */
+  async grantRole(principal: string, role: string, options?: IdempotentOptions): Promise<Grant> {
+    const body: Json = { principal: name("principal", principal), role: name("role", role) };
+    const given = options === undefined ? {} : optionsOf("grantRole", options, ["idempotencyKey"]);
+    const key = idempotencyKey(given.idempotencyKey);
+    const doc = await this.#send({ method: "POST", path: "/v1/grants", body, idempotencyKey: key });
+    return doc as unknown as Grant;
+  }
+
+  /** Revoke a role (needs ledger.admin); whether the principal held it. */
+  async revokeRole(principal: string, role: string, options?: IdempotentOptions): Promise<boolean> {
+    const body: Json = { principal: name("principal", principal), role: name("role", role) };
+    const given = options === undefined ? {} : optionsOf("revokeRole", options, ["idempotencyKey"]);
+    const key = idempotencyKey(given.idempotencyKey);
+    const doc = await this.#send({
+      method: "POST",
+      path: "/v1/grants/revoke",
+      body,
+      idempotencyKey: key,
+    });
+    const revoked = doc["revoked"];
+    if (typeof revoked !== "boolean") {
+      throw unexpected("a revocation");
+    }
+    return revoked;
+  }
+
+  // -- plumbing --------------------------------------------------------------------------
+
+  async #readCapabilities(): Promise<Capabilities> {
+    const doc = await this.#send({ method: "GET", path: "/v1/capabilities" });
+    const list = doc["capabilities"];
+    if (!Array.isArray(list) || !list.every((item) => typeof item === "string")) {
+      throw unexpected("a capabilities document");
+    }
+    return doc as unknown as Capabilities;
+  }
+
+  async #require(capability: string, purpose: string): Promise<void> {
+    let cached = this.#capabilities;
+    if (cached === null) {
+      cached = this.capabilities();
+    }
+    const found = await cached;
+    if (!found.capabilities.includes(capability)) {
+      throw new CapabilityMissing(
+        `the server at ${this.baseUrl} does not advertise ${capability}: it might not enforce ` +
+          `an attempt limit, so the client refuses to ${purpose} (nothing was sent; upgrade ` +
+          "the server)",
+        capability,
+      );
+    }
+  }
+
+  #task(doc: unknown): Task {
+    if (!isObject(doc) || typeof doc["id"] !== "string" || typeof doc["state"] !== "string") {
+      throw unexpected("a task");
+    }
+    return doc as unknown as Task;
+  }
+
+  #run(doc: unknown): Run {
+    if (!isObject(doc) || typeof doc["id"] !== "string" || typeof doc["attempt"] !== "number") {
+      throw unexpected("a run");
+    }
+    return doc as unknown as Run;
+  }
+
+  #list(doc: Json, member: string): unknown[] {
+    const list = doc[member];
+    if (!Array.isArray(list)) {
+      throw unexpected(`a document with a list "${member}"`);
+    }
+    return list as unknown[];
+  }
+
+  /** Scrub the token from a text that is about to leave the client (belt and braces). */
+  #scrub(message: string): string {
+    return message.split(this.#token).join("[redacted]");
+  }
+
+  async #send(request: Call): Promise<Json> {
+    let url = this.baseUrl + request.path;
+    if (request.query !== undefined && Object.keys(request.query).length > 0) {
+      url += `?${new URLSearchParams(request.query).toString()}`;
+    }
+    const headers: Record<string, string> = {
+      Accept: "application/json",
+      Authorization: `Bearer ${this.#token}`,
+    };
+    if (this.onBehalfOf !== null) {
+      headers["X-On-Behalf-Of"] = encodeURIComponent(this.onBehalfOf);
+    }
+    let body: string | undefined;
+    if (request.method === "POST") {
+      headers["Content-Type"] = "application/json";
+      // Every POST is keyed; one key for every try of this one call.
+      headers["Idempotency-Key"] = request.idempotencyKey ?? globalThis.crypto.randomUUID();
+      body = JSON.stringify(request.body ?? {});
+    }
+    const what = `${request.method} ${request.path}`;
+    let attempt = 0;
+    for (;;) {
+      attempt += 1;
+      const signal = AbortSignal.timeout(this.timeoutMs);
+      let status: number;
+      let raw: string;
+      try {
+        const init: RequestInit = { method: request.method, headers, signal, redirect: "error" };
+        if (body !== undefined) {
+          init.body = body;
+        }
+        const response = await this.#fetch(url, init);
+        status = response.status;
+        raw = await response.text();
+      } catch (error: unknown) {
+        const timedOut =
+          signal.aborted ||
+          (error instanceof Error &&
+            (error.name === "TimeoutError" || error.name === "AbortError"));
+        if (attempt <= this.retries) {
+          await sleep(this.retryDelayMs * 2 ** (attempt - 1));
+          continue;
+        }
+        const why = timedOut ? `no answer within ${this.timeoutMs} ms` : causeText(error);
+        throw new TransportError(
+          this.#scrub(
+            `${what}: no answer from ${this.baseUrl} after ${attempt} ` +
+              `${attempt === 1 ? "try" : "tries"}: ${why}`,
+          ),
+          { request: what, attempts: attempt, timedOut, cause: error },
+        );
+      }
+      return this.#answer(status, raw);
+    }
+  }
+
+  #answer(status: number, raw: string): Json {
+    let doc: unknown;
+    try {
+      doc = raw.trim() === "" ? undefined : JSON.parse(raw);
+    } catch {
+      doc = undefined;
+    }
+    if (status >= 200 && status < 300) {
+      if (!isObject(doc)) {
+        throw unexpected("a JSON object", status);
+      }
+      return doc;
+    }
+    const error = isObject(doc) ? doc["error"] : undefined;
+    if (!isObject(error) || typeof error["code"] !== "string") {
+      throw new ExeckitError(
+        `HTTP ${status} without an execkit error document (is ${this.baseUrl} an execkit server?)`,
+        { code: "error", httpStatus: status },
+      );
+    }
+    const message = typeof error["message"] === "string" ? error["message"] : error["code"];
+    const readyAt = typeof error["ready_at"] === "number" ? error["ready_at"] : null;
+    throw errorFromAnswer(error["code"], this.#scrub(message), status, readyAt);
+  }
+}
+
+function enc(segment: string): string {
+  return encodeURIComponent(segment);
+}
+
+function checkedBaseUrl(value: unknown): string {
+  if (typeof value !== "string" || value.trim() === "") {
+    throw invalid("baseUrl", `must be a URL such as http://127.0.0.1:8750, got ${describe(value)}`);
+  }
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw invalid("baseUrl", `is not a URL: ${describe(value)}`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw invalid("baseUrl", `must be an http:// or https:// URL, got ${url.protocol}`);
+  }
+  if (url.username !== "" || url.password !== "") {
+    throw invalid("baseUrl", "must not hold credentials: give the token as `token`");
+  }
+  if (url.search !== "" || url.hash !== "") {
+    throw invalid("baseUrl", "must not hold a query or a fragment");
+  }
+  return `${url.origin}${url.pathname.replace(/\/+$/, "")}`;
+}

@@ -1,0 +1,56 @@
+/**
+ * @execkit/client: the TypeScript client of the execkit HTTP remote (docs/remote.md).
+ */
+
+export {
+  ExeckitClient,
+  type ClientOptions,
+  type CreateTaskOptions,
+  type FetchLike,
+  type FinishRunOptions,
+  type GetTaskOptions,
+  type HeartbeatOptions,
+  type IdempotentOptions,
+  type RetryTaskOptions,
+  type SetAttemptLimitOptions,
+  type StartRunOptions,
+} from "./client.js";
+export {
+  AdmissionRefused,
+  AttemptLimitReached,
+  CapabilityMissing,
+  Conflict,
+  ExeckitError,
+  Forbidden,
+  InvalidHistory,
+  InvalidInput,
+  NotFound,
+  SchemaTooNew,
+  StorageError,
+  TaskBackingOff,
+  TaskBlocked,
+  TaskFinished,
+  TransportError,
+  Unauthenticated,
+  UnsupportedMove,
+  errorFromAnswer,
+  type ErrorCode,
+} from "./errors.js";
+export {
+  ATTEMPT_LIMITS,
+  MAX_ATTEMPT_LIMIT,
+  MAX_LEASE_S,
+  MAX_UNCHARGED_LIMIT,
+  type AuditEvent,
+  type BlockedOn,
+  type Capabilities,
+  type FailureClass,
+  type FinalRunStatus,
+  type Grant,
+  type Run,
+  type RunList,
+  type RunStatus,
+  type Task,
+  type TaskState,
+  type TaskStatus,
+} from "./types.js";
