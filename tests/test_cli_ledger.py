@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import signal
 import sqlite3
 import subprocess
@@ -234,6 +235,22 @@ def test_task_lifecycle_with_json(cli: Cli) -> None:
     assert [(g["principal"], g["role"], g["granted_by"]) for g in listed["grants"]] == [
         ("op", "agent.operate", ME)
     ]
+    # A person reads times, not epoch seconds: the text lines print them in UTC.
+    cli.capsys.readouterr()
+    assert main(["role", "list", *cli.flags]) == 0
+    line = cli.capsys.readouterr().out
+    assert re.fullmatch(
+        rf"op  agent\.operate  granted by {re.escape(ME)} at \d{{4}}-\d\d-\d\dT[\d:]{{8}}\+00:00\n",
+        line,
+    ), line
+    cli("task", "create", "backs off")
+    cli("run", "start", "t-2")
+    cli("run", "finish", "r-4", "failed", "--class", "upstream")
+    assert main(["task", "show", "t-2", *cli.flags]) == 0
+    shown_text = cli.capsys.readouterr().out
+    assert re.search(r"next attempt at \d{4}-\d\d-\d\dT[\d:]{8}\+00:00$", shown_text, re.M), (
+        shown_text
+    )
 
 
 def test_roles_are_grants_in_the_ledger_not_claims(cli: Cli) -> None:

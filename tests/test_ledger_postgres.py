@@ -32,6 +32,7 @@ from execkit._errors import (
     StorageError,
     TaskBlocked,
 )
+from execkit.cli._output import EXIT_CODES
 from execkit.ledger import SqliteLedger, default_db_path, open_ledger
 from execkit.ledger._postgres import PostgresLedger, migrate_postgres, public_url
 
@@ -457,6 +458,42 @@ def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
         assert migrated.get_task(task.id) == before
         assert migrated.validate() == []
     assert sql(pg_url, "SELECT COUNT(*) FROM ledger_notes") == [(0,)]
+
+
+def test_the_db_commands_take_a_url(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from execkit.cli import main
+
+    def cli(*argv: str) -> tuple[int, dict[str, Any]]:
+        code = main(["--json", *argv, "--db", pg_url])
+        printed = capsys.readouterr()
+        return code, json.loads(printed.out if code == 0 else printed.err)
+
+    with pytest.raises(NotFound):
+        PostgresLedger(pg_url, create=False).close()
+    code, created = cli("db", "init")
+    assert code == 0 and created["created"] is True and created["ledger_id"]
+    assert cli("db", "init") == (0, {**created, "created": False})
+    code, status = cli("db", "status")
+    assert code == 0 and status["schema_version"] == backend.SCHEMA_VERSION
+    assert status["needs_migration"] is False and status["tasks"] == 0
+    code, current = cli("db", "migrate")
+    assert code == 0 and current["backup_command"] is None
+
+    # A newer execkit with one more (additive) step: migrate waits for the operator's dump.
+    steps = {**backend._SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    monkeypatch.setattr(backend, "_SCHEMA_STEPS", steps)
+    monkeypatch.setattr(backend, "SCHEMA_VERSION", 2)
+    assert cli("db", "status")[1]["needs_migration"] is True
+    code, refused = cli("db", "migrate")
+    assert code == EXIT_CODES["invalid"]
+    message = refused["error"]["message"]
+    assert "pg_dump --format=custom" in message and "--backed-up" in message
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]  # nothing written
+    code, migrated = cli("db", "migrate", "--backed-up")
+    assert code == 0 and (migrated["from_version"], migrated["to_version"]) == (1, 2)
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(2,)]
 
 
 def test_storage_problems_are_named_and_a_drifted_summary_repaired(

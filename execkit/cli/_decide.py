@@ -7,7 +7,6 @@ A tool for operators who want to know why an item stopped; every rule lives in
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from execkit._budget import EXPLICIT_LIMIT_MAX, Attempt, Decision, ExplicitLimit, WorkBudget, decide
 from execkit._errors import HistoryError, InvalidInput, NotFound
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import print_json, safe_text
+from execkit.cli._output import print_json, safe_text, utc_stamp
 
 __all__ = ["attempt_to_json", "register"]
 
@@ -160,7 +159,7 @@ def _parse_attempt(index: int, item: object) -> Attempt:
 
 
 def _when(ts: float, now: float | None) -> str:
-    stamp = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).isoformat(timespec="seconds")
+    stamp = utc_stamp(ts)
     if now is None:
         return stamp
     return f"{stamp} ({ts - now:+.1f} s from --now)"

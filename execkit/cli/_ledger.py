@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from execkit._errors import InvalidInput, StorageError
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import EXIT_CODES, print_json, safe_text
+from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp
 from execkit.ledger import (
     CAPABILITIES,
     DB_ENV_VAR,
@@ -256,7 +256,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     caps = sub.add_parser("capabilities", parents=[common], help="what this ledger enforces")
     caps.set_defaults(handler=_capabilities)
 
-    db = sub.add_parser("db", help="the ledger file: schema, migration, checks")
+    db = sub.add_parser("db", help="the ledger (a file or a PostgreSQL URL): schema, checks")
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     db_init = db_sub.add_parser(
         "init",
@@ -265,7 +265,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     db_init.set_defaults(handler=_db_init)
     db_migrate = db_sub.add_parser(
-        "migrate", parents=[common], help="upgrade the schema (writes a backup first)"
+        "migrate",
+        parents=[common],
+        help="upgrade the schema (a file is backed up first; a PostgreSQL ledger, by you)",
+    )
+    db_migrate.add_argument(
+        "--backed-up",
+        action="store_true",
+        help="PostgreSQL only: you took the pg_dump this command names, so it may migrate",
     )
     db_migrate.set_defaults(handler=_db_migrate)
     db_status = db_sub.add_parser("status", parents=[common], help="schema version and counts")
@@ -420,7 +427,7 @@ def _print_task(task: Task, *, as_json: bool) -> None:
     if task.reason:
         print(f"  reason: {safe_text(task.reason)}")
     if task.next_attempt_at is not None and task.state is TaskState.BACKOFF:
-        print(f"  next attempt at {task.next_attempt_at:.3f}")
+        print(f"  next attempt at {utc_stamp(task.next_attempt_at)}")
 
 
 def _run_line(run: Run) -> str:
@@ -621,7 +628,9 @@ def _role_list(args: argparse.Namespace) -> int:
 
 def _print_grants(args: argparse.Namespace, grants: list[Grant]) -> int:
     lines = [
-        safe_text(f"{g.principal}  {g.role}  granted by {g.granted_by} at {g.granted_at:.0f}")
+        safe_text(
+            f"{g.principal}  {g.role}  granted by {g.granted_by} at {utc_stamp(g.granted_at)}"
+        )
         for g in grants
     ]
     return _print_listing(args, {"grants": [g.to_dict() for g in grants]}, lines)
@@ -644,8 +653,17 @@ def _capabilities(args: argparse.Namespace) -> int:
     return 0
 
 
+def _postgres_url(args: argparse.Namespace) -> str | None:
+    """The PostgreSQL URL `--db` (else `$EXECKIT_DB`) names, or None for a ledger file."""
+    named = args.db or os.environ.get(DB_ENV_VAR) or ""
+    return named if named.startswith(_POSTGRES_SCHEMES) else None
+
+
 def _db_migrate(args: argparse.Namespace) -> int:
     _local_only(args, "db migrate")
+    url = _postgres_url(args)
+    if url is not None:
+        return _db_migrate_postgres(args, url)
     path = default_db_path(args.db)
     result = migrate(path)
     if args.json:
@@ -662,11 +680,50 @@ def _db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _db_migrate_postgres(args: argparse.Namespace, url: str) -> int:
+    """execkit cannot copy a server's database, so an outdated PostgreSQL ledger migrates
+    only once the operator says (`--backed-up`) they took the dump this names."""
+    from execkit.ledger._postgres import PostgresLedger, migrate_postgres
+
+    with PostgresLedger(url, create=False, upgrade=False) as ledger:
+        info = ledger.status_info()
+        where, found = ledger.location(), int(info["schema_version"])
+        backup = ledger.backup_command(found)
+    if info["needs_migration"] and not args.backed_up:
+        raise InvalidInput(
+            f"the ledger at {where} has schema version {found} and this execkit needs "
+            f"{info['supported_schema_version']}. execkit cannot copy a server's database: "
+            f"back it up with "
+            f"`{backup}`, then run `execkit db migrate --backed-up`",
+            field="--backed-up",
+        )
+    result = migrate_postgres(url)
+    if args.json:
+        print_json({"url": where, **result.to_dict()})
+    elif result.backup_command is None:
+        print(safe_text(f"{where}: already at schema version {result.to_version}; nothing to do"))
+    else:
+        print(
+            safe_text(
+                f"{where}: migrated schema {result.from_version} -> {result.to_version} "
+                f"(restore from the dump `{result.backup_command}` names, if need be)"
+            )
+        )
+    return 0
+
+
 def _db_status(args: argparse.Namespace) -> int:
     # Inspection only: an older schema is reported, not migrated.
     _local_only(args, "db status")
-    with SqliteLedger(default_db_path(args.db), create=False, upgrade=False) as ledger:
-        info = ledger.status_info()
+    url = _postgres_url(args)
+    if url is not None:
+        from execkit.ledger._postgres import PostgresLedger
+
+        with PostgresLedger(url, create=False, upgrade=False) as pg:
+            info = pg.status_info()
+    else:
+        with SqliteLedger(default_db_path(args.db), create=False, upgrade=False) as ledger:
+            info = ledger.status_info()
     if args.json:
         print_json(info)
     else:
@@ -677,16 +734,26 @@ def _db_status(args: argparse.Namespace) -> int:
 
 def _db_init(args: argparse.Namespace) -> int:
     _local_only(args, "db init")
-    path = default_db_path(args.db)
-    with SqliteLedger(path, init=True) as ledger:
-        created = ledger.migration is not None
-        info = {"path": str(path), "created": created, "ledger_id": ledger.ledger_id()}
+    url = _postgres_url(args)
+    if url is not None:
+        from execkit.ledger._postgres import PostgresLedger
+
+        with PostgresLedger(url, create=True) as pg:
+            created = pg.migration is not None
+            info = {"url": pg.location(), "created": created, "ledger_id": pg.ledger_id()}
+        where = info["url"]
+    else:
+        path = default_db_path(args.db)
+        with SqliteLedger(path, init=True) as ledger:
+            created = ledger.migration is not None
+            info = {"path": str(path), "created": created, "ledger_id": ledger.ledger_id()}
+        where = info["path"]
     if args.json:
         print_json(info)
     elif created:
-        print(safe_text(f"{path}: a new, empty ledger (id {info['ledger_id']})"))
+        print(safe_text(f"{where}: a new, empty ledger (id {info['ledger_id']})"))
     else:
-        print(safe_text(f"{path}: already an execkit ledger; nothing to do"))
+        print(safe_text(f"{where}: already an execkit ledger; nothing to do"))
     return 0
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "report_error",
     "report_internal_error",
     "safe_text",
+    "utc_stamp",
 ]
 
 # One distinct, documented exit code per error code (README "Exit codes"), read off the
@@ -51,6 +52,14 @@ def safe_text(text: str, *, multiline: bool = False) -> str:
     returned unchanged.
     """
     return text.translate(_ESCAPES_MULTILINE if multiline else _ESCAPES)
+
+
+def utc_stamp(epoch_s: float) -> str:
+    """`epoch_s` as an ISO 8601 UTC time to the second (`2026-12-03T18:21:51+00:00`): what
+    a human line prints for a time; JSON output keeps the epoch seconds."""
+    import datetime  # only the commands that print a time need it
+
+    return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat(timespec="seconds")
 
 
 def print_json(obj: Any) -> None:

@@ -968,8 +968,7 @@ class PostgresStore:
                 f"the ledger at {self._where} has schema version {self._outdated} and this "
                 f"execkit needs {SCHEMA_VERSION}. execkit cannot copy a server's database: "
                 f"back it up first with `{self.backup_command(self._outdated)}`, then migrate "
-                "it (`execkit.ledger._postgres.migrate_postgres(URL)`, or open it with "
-                "upgrade=True)"
+                "it with `execkit db migrate --db URL --backed-up`"
             )
 
     def _upgrade(self) -> PostgresMigration | None:
@@ -1115,6 +1114,11 @@ class PostgresLedger(LedgerCore):
     def status_info(self) -> dict[str, Any]:
         """Facts for an operator's status view (JSON-safe)."""
         return self._postgres.info()
+
+    def backup_command(self, version: int | None = None) -> str:
+        """The `pg_dump` command that backs this ledger up before a migration (execkit
+        cannot copy a server's database itself; the password is left to libpq)."""
+        return self._postgres.backup_command(version)
 
 
 def migrate_postgres(
