@@ -31,11 +31,16 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# Every figure in the README's "Figures", each a ratio against a floor measured in the
+# same run (minutes; not part of `make test`).
 bench: $(STAMP)
 	$(PY) benchmarks/bench_exec.py
+	$(PY) benchmarks/bench_redact.py
 	$(PY) benchmarks/bench_classify.py
+	$(PY) benchmarks/bench_cli.py
 	$(PY) benchmarks/bench_ledger.py
 	$(PY) tests/pgcluster.py --run -- $(PY) benchmarks/bench_postgres.py
+	$(PY) benchmarks/bench_remote.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.
@@ -44,7 +49,7 @@ bench: $(STAMP)
 record-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install
 	$(PY) tests/vendors/record.py
-	$(PY) tests/vendors/measure.py --no-table
+	$(PY) tests/vendors/measure.py --write-matrix --no-table
 
 test-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install
