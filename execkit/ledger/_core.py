@@ -76,13 +76,6 @@ from execkit.ledger._model import (
 
 __all__ = ["LedgerCore", "Store", "TaskRecord", "Tx", "attempt_from_run"]
 
-_FINISHED_STATUSES = (TaskStatus.DONE, TaskStatus.CANCELLED)
-_FINAL_RUN_STATUSES = (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.ABANDONED)
-_MAX_TITLE = 1000
-_MAX_KEY = 200
-_MAX_REASON = 4000
-_DEFAULT_BUDGET = WorkBudget()
-
 
 @attrs.frozen
 class TaskRecord:

@@ -49,7 +49,6 @@ psycopg (3) is imported when a store is opened, never when this module is import
 from __future__ import annotations
 
 import contextlib
-import enum
 import getpass
 import json
 import shlex
@@ -58,12 +57,12 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
-from execkit._budget import Attempt, AttemptStatus, HistorySummary, WorkBudget
+from execkit._budget import AttemptStatus, HistorySummary, WorkBudget
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, NotFound, SchemaTooNew, StorageError
 from execkit._json import to_json
@@ -76,6 +75,13 @@ from execkit.ledger._model import (
     Grant,
     Run,
     TaskStatus,
+)
+from execkit.ledger._rows import (
+    RUN_COLUMNS,
+    SUMMARY_COLUMNS,
+    run_from_row,
+    summary_values,
+    task_from_row,
 )
 
 if TYPE_CHECKING:
@@ -220,38 +226,16 @@ _TABLES = (
 # space the idempotency keys use. 0x65786b74 is "exkt".
 _MIGRATION_LOCK = (0x65786B74, 1)
 
-_RUN_COLUMNS = (
-    "id, task_id, attempt, status, failure_class, reason, request_key, actor, forced, "
-    "started_at, ended_at, owner_host, owner_pid, lease_expires_at, not_before"
-)
-_RUN_SELECT = f"SELECT {_RUN_COLUMNS} FROM runs"
-_SUMMARY_COLUMNS = (
-    "attempts_used",
-    "charged_attempts",
-    "uncharged_streak",
-    "streak_reason",
-    "running",
-    "last_number",
-    "last_status",
-    "last_class",
-    "last_reason",
-    "last_started_at",
-    "last_ended_at",
-    "last_forced",
-    "last_not_before",
-)
+_RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 _TASK_SELECT = (
     "SELECT id, title, status, created_by, created_at, max_attempts, max_uncharged_attempts, "
-    "retry_requested_by, gave_up_at_attempt, " + ", ".join(_SUMMARY_COLUMNS) + " FROM tasks"
+    "retry_requested_by, gave_up_at_attempt, " + ", ".join(SUMMARY_COLUMNS) + " FROM tasks"
 )
 _DEFAULT_BUDGET = WorkBudget()
 
 # Testing seam: the crash tests set this to hold the admission transaction open after the
 # INSERT (before COMMIT), then kill the process or its server connection there.
 _after_admission_insert: Callable[[], None] | None = None
-
-_E = TypeVar("_E", bound=enum.Enum)
-
 
 # --- URLs -------------------------------------------------------------------------------
 
@@ -301,99 +285,6 @@ class PostgresMigration:
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
-
-
-def _domain(kind: type[_E], value: Any, where: str) -> _E:
-    """A stored value as its enum; one this execkit does not know is a StorageError naming
-    the row (a newer writer), never a traceback."""
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(str(member.value) for member in kind)
-        raise StorageError(
-            f"{where} holds {value!r}, which is not one of {allowed}; "
-            "`execkit db check` lists every such row"
-        ) from None
-
-
-def _run_from_row(row: Sequence[Any]) -> Run:
-    where = f"run {row[0]!r}"
-    return Run(
-        id=row[0],
-        task_id=row[1],
-        attempt=row[2],
-        status=_domain(AttemptStatus, row[3], f"{where} status"),
-        failure_class=None if row[4] is None else _domain(FailureClass, row[4], f"{where} class"),
-        reason=row[5],
-        request_key=row[6],
-        actor=row[7],
-        forced=bool(row[8]),
-        started_at=row[9],
-        ended_at=row[10],
-        owner_host=row[11],
-        owner_pid=row[12],
-        lease_expires_at=row[13],
-        not_before=row[14],
-    )
-
-
-def _summary_from_row(row: Sequence[Any]) -> HistorySummary:
-    last = None
-    if row[5] is not None:
-        last = Attempt(
-            number=row[5],
-            status=_domain(AttemptStatus, row[6], "summary last_status"),
-            failure_class=None
-            if row[7] is None
-            else _domain(FailureClass, row[7], "summary last_class"),
-            reason=row[8],
-            started_at=row[9],
-            ended_at=row[10],
-            forced=bool(row[11]),
-            not_before=row[12],
-        )
-    return HistorySummary(
-        attempts_used=row[0],
-        charged_attempts=row[1],
-        uncharged_streak=row[2],
-        streak_reason=row[3],
-        running=row[4],
-        last=last,
-    )
-
-
-def _summary_values(summary: HistorySummary) -> tuple[Any, ...]:
-    last = summary.last
-    return (
-        summary.attempts_used,
-        summary.charged_attempts,
-        summary.uncharged_streak,
-        _text(summary.streak_reason),
-        summary.running,
-        None if last is None else last.number,
-        None if last is None else str(last.status),
-        None if last is None or last.failure_class is None else str(last.failure_class),
-        None if last is None else _text(last.reason),
-        None if last is None else last.started_at,
-        None if last is None else last.ended_at,
-        last is not None and last.forced,
-        None if last is None else last.not_before,
-    )
-
-
-def _task_from_row(row: Sequence[Any]) -> TaskRecord:
-    return TaskRecord(
-        id=row[0],
-        title=row[1],
-        status=_domain(TaskStatus, row[2], f"task {row[0]!r} status"),
-        created_by=row[3],
-        created_at=row[4],
-        max_attempts=row[5],
-        max_uncharged_attempts=row[6],
-        retry_requested_by=row[7],
-        gave_up_at_attempt=row[8],
-        summary=_summary_from_row(row[9:]),
-    )
 
 
 def _text(value: str | None) -> str | None:
@@ -447,33 +338,33 @@ class _PostgresTx:
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         suffix = " FOR UPDATE" if lock and self._write else ""
         row = self._one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
-        return None if row is None else _task_from_row(row)
+        return None if row is None else task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
         suffix = " FOR UPDATE" if self._write else ""
-        return [_task_from_row(row) for row in self._all(f"{_TASK_SELECT} ORDER BY seq{suffix}")]
+        return [task_from_row(row) for row in self._all(f"{_TASK_SELECT} ORDER BY seq{suffix}")]
 
     def runs(self, task_id: str) -> list[Run]:
         rows = self._all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
-        return [_run_from_row(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     def all_runs(self) -> list[Run]:
-        return [_run_from_row(row) for row in self._all(f"{_RUN_SELECT} ORDER BY seq")]
+        return [run_from_row(row) for row in self._all(f"{_RUN_SELECT} ORDER BY seq")]
 
     def run(self, run_id: str) -> Run | None:
         self._lock_task_of(run_id)
         row = self._one(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
-        return None if row is None else _run_from_row(row)
+        return None if row is None else run_from_row(row)
 
     def run_at(self, task_id: str, attempt: int) -> Run | None:
         row = self._one(f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt))
-        return None if row is None else _run_from_row(row)
+        return None if row is None else run_from_row(row)
 
     def expired_runs(self, now: float) -> list[Run]:
         expired = "status = 'running' AND lease_expires_at <= %s"
         if not self._write:
             rows = self._all(f"{_RUN_SELECT} WHERE {expired} ORDER BY seq", (now,))
-            return [_run_from_row(row) for row in rows]
+            return [run_from_row(row) for row in rows]
         locked = [
             row[0]
             for row in self._all(
@@ -488,7 +379,7 @@ class _PostgresTx:
         rows = self._all(
             f"{_RUN_SELECT} WHERE {expired} AND task_id = ANY(%s) ORDER BY seq", (now, locked)
         )
-        return [_run_from_row(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     def insert_task(
         self, title: str, actor: str, at: float, max_uncharged_attempts: int | None
@@ -526,10 +417,10 @@ class _PostgresTx:
         )
 
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
-        assignments = ", ".join(f"{column} = %s" for column in _SUMMARY_COLUMNS)
+        assignments = ", ".join(f"{column} = %s" for column in SUMMARY_COLUMNS)
         self._send(
             f"UPDATE tasks SET {assignments} WHERE id = %s",
-            (*_summary_values(summary), task_id),
+            (*(_text(v) if isinstance(v, str) else v for v in summary_values(summary)), task_id),
         )
 
     def insert_run(self, run: Run, lease_s: float) -> Run:

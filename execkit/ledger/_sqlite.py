@@ -24,14 +24,14 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
-from execkit._budget import Attempt, AttemptStatus, HistorySummary, WorkBudget, summarize
+from execkit._budget import AttemptStatus, HistorySummary, WorkBudget, summarize
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, NotFound, SchemaTooNew, StorageError
 from execkit._json import to_json
@@ -43,6 +43,13 @@ from execkit.ledger._model import (
     Grant,
     Run,
     TaskStatus,
+)
+from execkit.ledger._rows import (
+    RUN_COLUMNS,
+    SUMMARY_COLUMNS,
+    run_from_row,
+    summary_values,
+    task_from_row,
 )
 
 __all__ = ["SCHEMA_VERSION", "Migration", "SqliteLedger", "SqliteStore", "migrate"]
@@ -169,21 +176,19 @@ _SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
 }
 SCHEMA_VERSION = max(_SCHEMA_STEPS)
 
+_RUN_EXTRAS = ("lease_expires_at", "not_before")
 _RUN_SELECT = (
-    "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
-    "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
-    "x.lease_expires_at, x.not_before FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
-)
-_SUMMARY_COLUMNS = (
-    "attempts_used, charged_attempts, uncharged_streak, streak_reason, running, last_number, "
-    "last_status, last_class, last_reason, last_started_at, last_ended_at, last_forced, "
-    "last_not_before"
+    "SELECT "
+    + ", ".join(
+        f"x.{c}" if c in ("lease_expires_at", "not_before") else f"r.{c}" for c in RUN_COLUMNS
+    )
+    + " FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
     "COALESCE(l.max_attempts, 0), e.max_uncharged_attempts, e.retry_requested_by, "
     "e.gave_up_at_attempt, "
-    + ", ".join(f"s.{column.strip()}" for column in _SUMMARY_COLUMNS.split(","))
+    + ", ".join(f"s.{column}" for column in SUMMARY_COLUMNS)
     + " FROM tasks t LEFT JOIN task_attempt_limits l ON l.task_id = t.id "
     "LEFT JOIN task_extras e ON e.task_id = t.id "
     "LEFT JOIN task_summaries s ON s.task_id = t.id"
@@ -197,8 +202,6 @@ _DIR_MODE = 0o700
 # transaction open after the INSERT (before COMMIT) and kills the child there.
 _after_admission_insert: Callable[[], None] | None = None
 
-_E = TypeVar("_E", bound=enum.Enum)
-
 
 @attrs.frozen
 class Migration:
@@ -210,101 +213,6 @@ class Migration:
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
-
-
-def _domain(kind: type[_E], value: Any, where: str) -> _E:
-    """A stored value as its enum; a value this execkit does not know is a StorageError
-    naming the row (a newer writer or a hand edit), never a traceback."""
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(str(member.value) for member in kind)
-        raise StorageError(
-            f"{where} holds {value!r}, which is not one of {allowed}; "
-            "`execkit db check` lists every such row"
-        ) from None
-
-
-def _run_from_row(row: Sequence[Any]) -> Run:
-    where = f"run {row[0]!r}"
-    return Run(
-        id=row[0],
-        task_id=row[1],
-        attempt=row[2],
-        status=_domain(AttemptStatus, row[3], f"{where} status"),
-        failure_class=None if row[4] is None else _domain(FailureClass, row[4], f"{where} class"),
-        reason=row[5],
-        request_key=row[6],
-        actor=row[7],
-        forced=bool(row[8]),
-        started_at=row[9],
-        ended_at=row[10],
-        owner_host=row[11],
-        owner_pid=row[12],
-        lease_expires_at=row[13],
-        not_before=row[14],
-    )
-
-
-def _summary_from_row(row: Sequence[Any]) -> HistorySummary:
-    if row[0] is None:  # no summary row: the task has no history yet
-        return HistorySummary()
-    last = None
-    if row[5] is not None:
-        last = Attempt(
-            number=row[5],
-            status=_domain(AttemptStatus, row[6], "summary last_status"),
-            failure_class=None
-            if row[7] is None
-            else _domain(FailureClass, row[7], "summary last_class"),
-            reason=row[8],
-            started_at=row[9],
-            ended_at=row[10],
-            forced=bool(row[11]),
-            not_before=row[12],
-        )
-    return HistorySummary(
-        attempts_used=row[0],
-        charged_attempts=row[1],
-        uncharged_streak=row[2],
-        streak_reason=row[3],
-        running=row[4],
-        last=last,
-    )
-
-
-def _summary_values(summary: HistorySummary) -> tuple[Any, ...]:
-    last = summary.last
-    return (
-        summary.attempts_used,
-        summary.charged_attempts,
-        summary.uncharged_streak,
-        summary.streak_reason,
-        summary.running,
-        None if last is None else last.number,
-        None if last is None else last.status,
-        None if last is None or last.failure_class is None else last.failure_class,
-        None if last is None else last.reason,
-        None if last is None else last.started_at,
-        None if last is None else last.ended_at,
-        int(last.forced) if last is not None else 0,
-        None if last is None else last.not_before,
-    )
-
-
-def _task_from_row(row: Sequence[Any]) -> TaskRecord:
-    return TaskRecord(
-        id=row[0],
-        title=row[1],
-        status=_domain(TaskStatus, row[2], f"task {row[0]!r} status"),
-        created_by=row[3],
-        created_at=row[4],
-        max_attempts=row[5],
-        max_uncharged_attempts=row[6],
-        retry_requested_by=row[7],
-        gave_up_at_attempt=row[8],
-        summary=_summary_from_row(row[9:]),
-    )
 
 
 def _backup_path_for(path: Path, version: int) -> Path:
@@ -329,38 +237,38 @@ class _SqliteTx:
 
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         row = self._conn.execute(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
-        return None if row is None else _task_from_row(row)
+        return None if row is None else task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
         rows = self._conn.execute(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
-        return [_task_from_row(row) for row in rows]
+        return [task_from_row(row) for row in rows]
 
     def runs(self, task_id: str) -> list[Run]:
         rows = self._conn.execute(
             f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,)
         ).fetchall()
-        return [_run_from_row(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     def all_runs(self) -> list[Run]:
         rows = self._conn.execute(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
-        return [_run_from_row(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     def run(self, run_id: str) -> Run | None:
         row = self._conn.execute(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
-        return None if row is None else _run_from_row(row)
+        return None if row is None else run_from_row(row)
 
     def run_at(self, task_id: str, attempt: int) -> Run | None:
         row = self._conn.execute(
             f"{_RUN_SELECT} WHERE r.task_id = ? AND r.attempt = ?", (task_id, attempt)
         ).fetchone()
-        return None if row is None else _run_from_row(row)
+        return None if row is None else run_from_row(row)
 
     def expired_runs(self, now: float) -> list[Run]:
         rows = self._conn.execute(
             f"{_RUN_SELECT} WHERE r.status = 'running' AND x.lease_expires_at <= ? ORDER BY r.seq",
             (now,),
         ).fetchall()
-        return [_run_from_row(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     def insert_task(
         self, title: str, actor: str, at: float, max_uncharged_attempts: int | None
@@ -410,15 +318,12 @@ class _SqliteTx:
         )
 
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
-        placeholders = ", ".join("?" * 14)
-        updates = ", ".join(
-            f"{column.strip()} = excluded.{column.strip()}"
-            for column in _SUMMARY_COLUMNS.split(",")
-        )
+        placeholders = ", ".join("?" * (1 + len(SUMMARY_COLUMNS)))
+        updates = ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
         self._conn.execute(
-            f"INSERT INTO task_summaries (task_id, {_SUMMARY_COLUMNS}) VALUES ({placeholders}) "
-            f"ON CONFLICT (task_id) DO UPDATE SET {updates}",
-            (task_id, *_summary_values(summary)),
+            f"INSERT INTO task_summaries (task_id, {', '.join(SUMMARY_COLUMNS)}) "
+            f"VALUES ({placeholders}) ON CONFLICT (task_id) DO UPDATE SET {updates}",
+            (task_id, *summary_values(summary)),
         )
 
     def insert_run(self, run: Run, lease_s: float) -> Run:
