@@ -17,9 +17,10 @@
  *   │   ├── TaskFinished         "finished"           409
  *   │   └── TaskBackingOff       "backoff"            409   `.readyAt` says when
  *   ├── UnsupportedMove          "unsupported_move"   409
- *   ├── StorageError             "storage"            503
- *   │   └── SchemaTooNew         "schema_too_new"     503
- *   └── CapabilityMissing        "capability_missing" -     `.capability`; nothing was sent
+ *   └── StorageError             "storage"            503
+ *       ├── SchemaTooNew         "schema_too_new"     503
+ *       └── CapabilityMissing    "storage"            -     `.capability`; nothing was sent
+ *                                (the Python SDK's StorageError for the same refusal)
  *
  *   TransportError               no answer at all: connection refused or reset, timeout,
  *                                DNS; `.attempts` says how many tries were made
@@ -29,7 +30,7 @@
  * answer, or null for a refusal the client made itself (nothing was sent).
  */
 
-/** The stable machine-readable error codes of docs/remote.md, plus the client's own. */
+/** The stable machine-readable error codes of docs/remote.md. */
 export type ErrorCode =
   | "invalid"
   | "unauthenticated"
@@ -44,8 +45,7 @@ export type ErrorCode =
   | "invalid_history"
   | "storage"
   | "schema_too_new"
-  | "error"
-  | "capability_missing";
+  | "error";
 
 /** Base of every answer that is an error (the server's or the client's own refusal). */
 export class ExeckitError extends Error {
@@ -156,8 +156,8 @@ export class SchemaTooNew extends StorageError {
  * The server does not advertise a capability the operation relies on (docs/remote.md,
  * "Capabilities"): the client refused, and sent nothing for the operation.
  */
-export class CapabilityMissing extends ExeckitError {
-  static override readonly code: string = "capability_missing";
+export class CapabilityMissing extends StorageError {
+  static override readonly code: string = "storage";
   /** The capability that was not advertised, e.g. "tasks.attempt_limits". */
   readonly capability: string;
 

@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { ATTEMPT_LIMITS, CapabilityMissing, ExeckitClient, ExeckitError } from "../src/index.js";
+import { ATTEMPT_LIMITS, CapabilityMissing, ExeckitClient, StorageError } from "../src/index.js";
 import { recordingFetch, startServer, type Server } from "../testing/server.js";
 
 let server: Server;
@@ -52,8 +52,8 @@ test("setAttemptLimit: CapabilityMissing, and no request is made for the update"
       (e: unknown) => e,
     );
   assert.ok(error instanceof CapabilityMissing);
-  assert.ok(error instanceof ExeckitError);
-  assert.equal(error.code, "capability_missing");
+  assert.ok(error instanceof StorageError); // the Python SDK's refusal, code and all
+  assert.equal(error.code, "storage");
   assert.equal(error.capability, ATTEMPT_LIMITS);
   assert.equal(error.httpStatus, null);
   assert.match(error.message, /tasks\.attempt_limits/);

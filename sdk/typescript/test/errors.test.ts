@@ -82,7 +82,8 @@ test("backoff carries readyAt; unknown codes and 'error' are the base class", ()
 test("client-side errors: CapabilityMissing and TransportError", () => {
   const missing = new CapabilityMissing("no", "tasks.attempt_limits");
   assert.ok(missing instanceof ExeckitError);
-  assert.equal(missing.code, "capability_missing");
+  assert.ok(missing instanceof StorageError); // as the Python SDK refuses
+  assert.equal(missing.code, "storage");
   assert.equal(missing.httpStatus, null);
   const transport = new TransportError("down", {
     request: "GET /v1/tasks",
