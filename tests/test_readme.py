@@ -165,3 +165,111 @@ def test_the_cli_tour_runs_as_written(tmp_path: Path) -> None:
     assert "r-1  t-1 attempt 1  failed  upstream  http 503" in lines
     assert "ci-bot  agent.operate" in done.stdout
     assert "ISS-7  attempt 1/10  succeeded -> moved to done" in lines
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_outgrowing_one_machine_runs_as_written(tmp_path: Path, pg_url: str) -> None:
+    """As written but for the two things that name this machine: the database URL (a fresh
+    schema on the test run's cluster) and the port (a free one). The `&` line is started
+    here, as the shell would, and waited on until it says it listens."""
+    block = _sh_block("# The ledger on a PostgreSQL server")
+    assert "postgresql://execkit@db.internal:5432/execkit" in block and ":8750" in block
+    block = block.replace(
+        "postgresql://execkit@db.internal:5432/execkit", shlex.quote(pg_url)
+    ).replace("127.0.0.1:8750", f"127.0.0.1:{_free_port()}")
+    lines = block.splitlines()
+    (serve_at,) = [i for i, line in enumerate(lines) if line.endswith(" &")]
+    before, serve, after = lines[:serve_at], lines[serve_at], lines[serve_at + 1 :]
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _shell_with_execkit(tmp_path)
+
+    def shell(script: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", "\n".join(script)],
+            cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    first = shell(before)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "t-1" in first.stdout
+    env["EXECKIT_DB"] = pg_url  # what `export` set for the rest of the reader's shell
+    server = subprocess.Popen(
+        ["bash", "-c", f"exec {serve.removesuffix(' &')}"],
+        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        ready = server.stdout.readline()  # one line once the socket listens (or EOF)
+        if "listening on http://127.0.0.1:" not in ready:
+            server.kill()
+            _, why = server.communicate(timeout=30)
+            raise AssertionError(f"execkit serve did not start: {ready!r} {why}")
+        done = shell(after)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = done.stdout.splitlines()
+    assert printed[0].startswith("t-1  port the parser")
+    run = json.loads(printed[-1])
+    assert (run["task_id"], run["attempt"], run["status"]) == ("t-1", 1, "running")
+    assert run["actor"] == "ci-bot"
+    assert (work / "tokens.json").stat().st_mode & 0o077 == 0
+    assert "sha256" in (work / "tokens.json").read_text(encoding="utf-8")
+    token = (work / "ci-bot.token").read_text(encoding="utf-8").strip()
+    assert token and token not in (work / "tokens.json").read_text(encoding="utf-8")
+
+
+def test_the_make_lines_name_targets_that_exist() -> None:
+    block = _sh_block("make demo")
+    targets = [line.split()[1] for line in block.splitlines() if line.startswith("make ")]
+    assert targets == ["demo", "test"]
+    for target in targets:
+        dry = subprocess.run(
+            ["make", "-n", target], cwd=README.parent, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert dry.returncode == 0, dry.stderr
+    assert (
+        "-m execkit demo"
+        in subprocess.run(
+            ["make", "-n", "demo"], cwd=README.parent, capture_output=True, text=True, timeout=60
+        ).stdout
+    )
+
+
+def test_the_entry_point_registers_the_example_adapter(tmp_path: Path) -> None:
+    """The toml block, installed as a distribution's metadata would be, makes the README's
+    adapter findable by name in a fresh interpreter."""
+    import tomllib
+
+    found = re.findall(r"```toml\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+    assert len(found) == 1
+    groups = tomllib.loads(found[0])["project"]["entry-points"]
+    assert list(groups) == ["execkit.adapters"]
+    (name, target), = groups["execkit.adapters"].items()  # fmt: skip
+    module, _, attr = target.partition(":")
+    (tmp_path / f"{module}.py").write_text(_python_block("class AcmeAdapter"), encoding="utf-8")
+    info = tmp_path / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[execkit.adapters]\n{name} = {module}:{attr}\n")
+    probe = (
+        "import execkit; a = execkit.get_adapter('acme'); "
+        "print(type(a).__name__, a.binary, 'acme' in execkit.adapter_names())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{README.parent}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["AcmeAdapter", "acme", "True"]
