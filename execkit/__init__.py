@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "TaskBackingOff": "execkit._errors",
     "TaskBlocked": "execkit._errors",
     "TaskFinished": "execkit._errors",
+    "Unauthenticated": "execkit._errors",
     "UnknownAdapter": "execkit._errors",
     "UnsupportedMove": "execkit._errors",
     "ProcessStarter": "execkit._exec",
@@ -161,6 +162,7 @@ if TYPE_CHECKING:
         TaskBackingOff,
         TaskBlocked,
         TaskFinished,
+        Unauthenticated,
         UnknownAdapter,
         UnsupportedMove,
     )
@@ -274,6 +276,7 @@ __all__ = [
     "TaskState",
     "TaskStatus",
     "Tracker",
+    "Unauthenticated",
     "UnknownAdapter",
     "UnsupportedMove",
     "WorkBudget",

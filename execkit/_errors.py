@@ -7,6 +7,7 @@
     │   └── UnknownAdapter
     ├── Conflict                      "conflict"              5
     ├── Forbidden                     "forbidden"             6
+    │   └── Unauthenticated           "unauthenticated"       15   a server knows no such token
     ├── AdmissionRefused              (a run was not admitted; never raised itself)
     │   ├── AttemptLimitReached       "attempt_limit"         7
     │   ├── TaskBlocked               "blocked"               8
@@ -47,6 +48,7 @@ __all__ = [
     "TaskBackingOff",
     "TaskBlocked",
     "TaskFinished",
+    "Unauthenticated",
     "UnknownAdapter",
     "UnsupportedMove",
     "error_types",
@@ -112,6 +114,15 @@ class Forbidden(ExecKitError):
 
     code = "forbidden"
     exit_code = 6
+
+
+class Unauthenticated(Forbidden):
+    """A server refused the request before any rule ran: no bearer token, or one it does
+    not know (HTTP 401). Nothing was changed. A `Forbidden`, so code that refuses on any
+    missing right catches both."""
+
+    code = "unauthenticated"
+    exit_code = 15
 
 
 class AdmissionRefused(ExecKitError):

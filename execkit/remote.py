@@ -22,7 +22,7 @@ a fresh `Idempotency-Key` per logical call; when the connection drops before an 
 arrives the call is sent again with the same key, at most `retries` times, and the server
 replays its stored answer instead of acting twice. A server that cannot be reached (or
 answers something that is not the API) is `StorageError`. An unknown token (401) is
-`Forbidden` with a message starting "unauthenticated".
+`Unauthenticated` (a `Forbidden`).
 
 Capabilities (ADR 0033): before `create_task` with a limit, or `set_attempt_limit`, the
 client reads `/v1/capabilities`; a server that does not advertise `tasks.attempt_limits`
@@ -53,7 +53,6 @@ from execkit._classify import FailureClass
 from execkit._errors import (
     AgentFailed,
     ExecKitError,
-    Forbidden,
     InvalidInput,
     StorageError,
     TaskBackingOff,
@@ -91,8 +90,6 @@ def error_from_wire(status: int, doc: object) -> ExecKitError:
         return StorageError(f"the server answered HTTP {status} without an execkit error")
     code: str = error["code"]
     message = str(error.get("message", ""))
-    if code == "unauthenticated":
-        return Forbidden(f"unauthenticated: {message}")
     kind = _TYPES_BY_CODE.get(code, ExecKitError)
     if issubclass(kind, TaskBackingOff):
         ready_at = error.get("ready_at")

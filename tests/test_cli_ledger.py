@@ -686,7 +686,7 @@ def test_a_remote_needs_the_token_in_the_environment(
     monkeypatch.delenv("EXECKIT_TOKEN")
     assert "EXECKIT_TOKEN" in remote_cli.error("invalid", "task", "list")
     monkeypatch.setenv("EXECKIT_TOKEN", "not-the-token")
-    assert "unauthenticated" in remote_cli.error("forbidden", "task", "list")
+    assert "unknown token" in remote_cli.error("unauthenticated", "task", "list")
 
 
 def test_the_real_binary_through_the_remote(remote_cli: Cli, remote_server: Server) -> None:

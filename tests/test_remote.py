@@ -32,6 +32,7 @@ from execkit._errors import (
     TaskBackingOff,
     TaskBlocked,
     TaskFinished,
+    Unauthenticated,
 )
 from execkit.dispatch import (
     BoardIssue,
@@ -126,8 +127,10 @@ def test_refusals_come_back_as_the_same_typed_errors(remote: Remote) -> None:
         client.start_run("t-2", request_key="f", actor=ME)
     with pytest.raises(InvalidInput, match="failure_class must be one of"):
         client.finish_run("r-2", "failed", failure_class="cosmic")  # type: ignore[arg-type]
-    with pytest.raises(Forbidden, match=r"^unauthenticated"):
+    with pytest.raises(Unauthenticated, match="unknown token") as refused:
         RemoteLedger(remote.url, "wrong-token").list_tasks()
+    assert isinstance(refused.value, Forbidden)  # `except Forbidden` catches it too
+    assert (refused.value.code, refused.value.exit_code) == ("unauthenticated", 15)
 
 
 def test_error_codes_map_to_their_types() -> None:

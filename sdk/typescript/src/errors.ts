@@ -7,8 +7,8 @@
  *   │                            or the client's own refusal before anything was sent
  *   ├── InvalidInput             "invalid"            400   `.field` names the bad value
  *   │   └── InvalidHistory       "invalid_history"    422
- *   ├── Unauthenticated          "unauthenticated"    401
  *   ├── Forbidden                "forbidden"          403
+ *   │   └── Unauthenticated      "unauthenticated"    401
  *   ├── NotFound                 "not_found"          404
  *   ├── Conflict                 "conflict"           409
  *   ├── AdmissionRefused         (a run was not admitted; never thrown itself)
@@ -84,14 +84,15 @@ export class InvalidHistory extends InvalidInput {
   static override readonly code: string = "invalid_history";
 }
 
-/** No token, or a token the server does not know (401). Nothing was changed. */
-export class Unauthenticated extends ExeckitError {
-  static override readonly code: string = "unauthenticated";
-}
-
 /** The token (or the ledger's grants) lack the role the operation needs (403). */
 export class Forbidden extends ExeckitError {
   static override readonly code: string = "forbidden";
+}
+
+/** No token, or a token the server does not know (401); a `Forbidden`, as in the Python
+ * SDK. Nothing was changed. */
+export class Unauthenticated extends Forbidden {
+  static override readonly code: string = "unauthenticated";
 }
 
 /** The task, run or endpoint does not exist (404). */

@@ -66,6 +66,7 @@ test("the families: admission refusals, storage, input", () => {
   }
   assert.ok(errorFromAnswer("schema_too_new", "m", 503) instanceof StorageError);
   assert.ok(errorFromAnswer("invalid_history", "m", 422) instanceof InvalidInput);
+  assert.ok(errorFromAnswer("unauthenticated", "m", 401) instanceof Forbidden); // as in Python
 });
 
 test("backoff carries readyAt; unknown codes and 'error' are the base class", () => {
