@@ -8,9 +8,9 @@ The rules themselves are the contract suite's (test_ledger*.py run on both backe
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
+import pwd
 import subprocess
 import sys
 import threading
@@ -141,13 +141,17 @@ def test_execkit_dispatch_takes_a_url_for_db(pg_url: str, tmp_path: Path) -> Non
 # -- identity and secrets ----------------------------------------------------------------
 
 
-def test_owner_and_id_are_stored_at_creation(pg_url: str) -> None:
+def test_owner_and_id_are_stored_at_creation(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    # The creator is the operating-system user, as the CLI's actor is: never $USER.
+    for variable in ("USER", "LOGNAME", "LNAME", "USERNAME"):
+        monkeypatch.setenv(variable, "mallory")
     with PostgresLedger(pg_url) as ledger:
         first_id = ledger.ledger_id()
         assert len(first_id) == 32
-        assert ledger._store.owner() == getpass.getuser()
+        assert ledger._store.owner() == me
     rows = dict(sql(pg_url, "SELECT key, value FROM ledger_meta"))
-    assert rows == {"ledger_id": first_id, "owner": getpass.getuser()}
+    assert rows == {"ledger_id": first_id, "owner": me}
     with PostgresLedger(pg_url) as again:
         assert again.ledger_id() == first_id
         assert again.migration is None

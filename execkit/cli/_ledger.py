@@ -40,6 +40,7 @@ from execkit.ledger import (
     TaskState,
     default_db_path,
     migrate,
+    user_name,
 )
 
 _T = TypeVar("_T")
@@ -306,14 +307,7 @@ def _actor(args: argparse.Namespace) -> Actor:
     """Who acts: the operating-system user running this command (as PostgreSQL's `peer`
     authentication reads it), never a flag or an environment variable; `--on-behalf-of`
     only says for whom."""
-    import pwd  # only the commands that act need a name
-
-    uid = os.geteuid()
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:  # a uid with no passwd entry (some containers)
-        name = f"uid-{uid}"
-    return Actor(name, on_behalf_of=getattr(args, "on_behalf_of", None))
+    return Actor(user_name(os.geteuid()), on_behalf_of=getattr(args, "on_behalf_of", None))
 
 
 def remote_url(args: argparse.Namespace) -> str | None:

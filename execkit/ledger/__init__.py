@@ -33,6 +33,7 @@ from execkit.ledger._model import (
     Task,
     TaskState,
     TaskStatus,
+    user_name,
 )
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger, migrate
 
@@ -63,6 +64,7 @@ __all__ = [
     "default_db_path",
     "migrate",
     "open_ledger",
+    "user_name",
 ]
 
 DB_ENV_VAR = "EXECKIT_DB"
@@ -93,8 +95,7 @@ def default_db_path(path: str | os.PathLike[str] | None = None) -> Path:
     target = _target(path)
     if isinstance(target, str):
         raise InvalidInput(
-            "this names a PostgreSQL ledger, not a ledger file: only `open_ledger` (and "
-            "`execkit dispatch --db`) open one",
+            "this names a PostgreSQL ledger, not a ledger file: open it with `open_ledger`",
             field="db",
         )
     return target

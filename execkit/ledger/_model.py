@@ -43,6 +43,7 @@ __all__ = [
     "Task",
     "TaskState",
     "TaskStatus",
+    "user_name",
 ]
 
 CAPABILITIES = frozenset({"tasks.attempt_limits", "runs.leases", "tasks.retry", "roles.grants"})
@@ -311,3 +312,17 @@ class Ledger(Protocol):
     def validate(self, *, now: float | None = None) -> list[str]: ...
     def repair(self, *, now: float | None = None) -> list[str]: ...
     def close(self) -> None: ...
+
+
+def user_name(uid: int) -> str:
+    """The operating-system user `uid` names (its passwd entry), or `uid-N` for a uid with
+    no entry (some containers). The one spelling of a local identity: the CLI's actor, the
+    SQLite file's owner and the PostgreSQL ledger's creator all read it, so the owner's
+    rights match its actor wherever the ledger lives, and no environment variable
+    ($USER, $LOGNAME) can choose it."""
+    import pwd  # POSIX only; only the code that names a local user needs it
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid-{uid}"

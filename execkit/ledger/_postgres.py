@@ -49,8 +49,8 @@ psycopg (3) is imported when a store is opened, never when this module is import
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
+import os
 import shlex
 import threading
 import time
@@ -75,6 +75,7 @@ from execkit.ledger._model import (
     Grant,
     Run,
     TaskStatus,
+    user_name,
 )
 from execkit.ledger._rows import (
     RUN_COLUMNS,
@@ -884,7 +885,7 @@ class PostgresStore:
                     tx._conn.execute(
                         "INSERT INTO ledger_meta (key, value) VALUES ('ledger_id', %s), "
                         "('owner', %s)",
-                        (uuid.uuid4().hex, _text(getpass.getuser())),
+                        (uuid.uuid4().hex, _text(user_name(os.geteuid()))),
                     )
                 tx._conn.execute(
                     "INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)",

@@ -18,7 +18,6 @@ import contextlib
 import enum
 import json
 import os
-import pwd
 import sqlite3
 import stat
 import threading
@@ -43,6 +42,7 @@ from execkit.ledger._model import (
     Grant,
     Run,
     TaskStatus,
+    user_name,
 )
 from execkit.ledger._rows import (
     RUN_COLUMNS,
@@ -674,10 +674,7 @@ class SqliteStore:
             uid = self.path.stat().st_uid
         except OSError:
             return None
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return str(uid)
+        return user_name(uid)
 
     def _read_version(self) -> int:
         names = {
