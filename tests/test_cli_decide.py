@@ -87,6 +87,32 @@ def test_human_summary_shows_the_backoff_time(
     assert "from --now" in out
 
 
+def test_the_vendors_reset_time_is_read_and_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from execkit._budget import Attempt, AttemptStatus
+    from execkit._classify import FailureClass
+    from execkit.cli._decide import _parse_attempt, attempt_to_json
+
+    # A 429 whose vendor said "not before t=5000": later than any backoff from t=101.
+    limited = attempt(1, cls="upstream", reason="http 429", not_before=5000.0)
+    _, out, _ = run_cli(tmp_path, capsys, [limited], "--json", "--now", "102")
+    assert json.loads(out)["next_attempt_at"] == 5000.0
+    without = {k: v for k, v in limited.items() if k != "not_before"}
+    _, out, _ = run_cli(tmp_path, capsys, [without], "--json", "--now", "102")
+    assert json.loads(out)["next_attempt_at"] < 5000.0
+    # The one writer and the reader agree, reset time included.
+    kept = Attempt(
+        number=1,
+        status=AttemptStatus.FAILED,
+        failure_class=FailureClass.UPSTREAM,
+        started_at=100.0,
+        ended_at=101.0,
+        not_before=5000.0,
+    )
+    assert _parse_attempt(0, attempt_to_json(kept)) == kept
+
+
 def test_budget_flags_change_the_decision(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

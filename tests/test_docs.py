@@ -145,7 +145,7 @@ def test_execkit_decide_reads_every_kept_history(kept: Path) -> None:
 def test_attempt_to_json_round_trips_through_the_reader() -> None:
     attempts = [
         Attempt(1, AttemptStatus.FAILED, FailureClass.UPSTREAM, "http 503", 10.0, 11.5),
-        Attempt(2, AttemptStatus.FAILED, None, None, 20.0, None, forced=True),
+        Attempt(2, AttemptStatus.FAILED, None, None, 20.0, None, forced=True, not_before=90.0),
         Attempt(3, AttemptStatus.RUNNING, started_at=30.0),
     ]
     written = [attempt_to_json(attempt) for attempt in attempts]
@@ -157,7 +157,9 @@ def test_attempt_to_json_round_trips_through_the_reader() -> None:
         "started_at": 10.0,
         "ended_at": 11.5,
         "forced": False,
+        "not_before": None,
     }
+    assert written[1]["not_before"] == 90.0
     assert schema_errors("attempt-history", written) == []
     assert [_parse_attempt(i, item) for i, item in enumerate(written)] == attempts
 

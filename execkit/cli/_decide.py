@@ -19,7 +19,17 @@ from execkit.cli._output import print_json, safe_text, utc_stamp
 __all__ = ["attempt_to_json", "register"]
 
 _KEYS = frozenset(
-    {"number", "status", "class", "failure_class", "reason", "started_at", "ended_at", "forced"}
+    {
+        "number",
+        "status",
+        "class",
+        "failure_class",
+        "reason",
+        "started_at",
+        "ended_at",
+        "forced",
+        "not_before",
+    }
 )
 
 
@@ -30,7 +40,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="explain what the attempt budgets say about a history",
         description=(
             "Print the budget decision for a JSON list of attempts (keys: number, status, "
-            "class or failure_class, reason, started_at, ended_at, forced). Exit 0 whatever "
+            "class or failure_class, reason, started_at, ended_at, forced, not_before). Exit "
+            "0 whatever "
             "the decision; bad input exits 3 (invalid) or 11 (invalid_history)."
         ),
     )
@@ -111,6 +122,7 @@ def attempt_to_json(attempt: Attempt) -> dict[str, Any]:
         "started_at": attempt.started_at,
         "ended_at": attempt.ended_at,
         "forced": attempt.forced,
+        "not_before": attempt.not_before,
     }
 
 
