@@ -22,8 +22,9 @@ How each attempt is read:
 
 Uncharged streak: the consecutive upstream attempts at the end of the history. A charged
 attempt (work failure, abandoned, succeeded) resets it. An environment attempt neither adds
-to it nor resets it: it says nothing about the outside service, so an outage that spans an
-operator's environment fix and forced retry stays bounded by the same ceiling.
+to it nor resets it: it says nothing about the outside service. A forced attempt (an
+operator's retry after a stop) starts a fresh streak: the operator has looked and decided to
+try again, so the ceiling applies anew to what follows it.
 
 When several bounds hold at once the decision names the most specific one, in this order:
 environment, attempt_limit, upstream, work, dispatch_cap. Environment first because only a

@@ -66,8 +66,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         description=(
             "Dispatch every eligible board issue whose backoff has elapsed through an "
             "adapter, recording each dispatch in the ledger. A failure is retried with "
-            "capped exponential backoff until the dispatch cap, then the issue is moved to "
-            "the failed state."
+            "capped exponential backoff while its class allows (environment: never; "
+            "upstream: up to the uncharged ceiling; work: up to the work budget) and the "
+            "dispatch cap holds; then the issue is moved to the failed state. Moving it "
+            "back to an eligible state retries it once."
         ),
     )
     dispatch.add_argument("--board", required=True, metavar="FILE", help="board JSON file")

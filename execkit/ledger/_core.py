@@ -1153,9 +1153,11 @@ class LedgerCore:
         return problems
 
     def repair(self, *, now: float | None = None) -> list[str]:
-        """Fix what `validate` can fix, in one transaction, and say what was done: abandon
-        running runs whose lease expired, and rebuild every stored summary that differs from
-        its history (the history is the truth). A broken history is not touched."""
+        """Fix what `validate` can fix and say what was done: abandon running runs whose
+        lease expired (one transaction, as an admission would), then rebuild every stored
+        summary that differs from its history (a second; the history is the truth). Each
+        step is whole on its own, so a failure between them leaves a valid ledger that a
+        second `repair` finishes. A broken history is not touched."""
         at = _moment(now)
         done = [
             f"{run.task_id}: abandoned run {run.id} (lease expired)"
