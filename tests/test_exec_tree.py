@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import selectors
 import signal
 import subprocess
@@ -424,6 +425,22 @@ def test_post_exit_work_on_a_huge_tail_stays_bounded() -> None:
         post_exit.append(_exec._post_exit_seconds(data))
     ratio = min(post_exit) / min(decode)
     assert ratio <= 25, f"post-exit work took {ratio:.1f}x a decode of the same 64 MiB"
+
+
+def test_post_exit_work_on_binary_output_stays_linear() -> None:
+    # Random bytes decode to a long string of replacement and other non-ASCII characters,
+    # the slowest input for the case fold: still a bounded number of decodes of the same
+    # bytes (about 5 on the machine this was set on), never a superlinear blow-up.
+    data = random.Random(7).randbytes(32 * 1024 * 1024)
+    decode: list[float] = []
+    post_exit: list[float] = []
+    for _ in range(2):
+        begin = time.perf_counter()
+        data.decode("utf-8", errors="replace")
+        decode.append(time.perf_counter() - begin)
+        post_exit.append(_exec._post_exit_seconds(data))
+    ratio = min(post_exit) / min(decode)
+    assert ratio <= 25, f"post-exit work on binary output took {ratio:.1f}x a decode of it"
 
 
 def test_post_exit_work_besides_redaction_is_about_one_decode(
