@@ -225,6 +225,7 @@ def test_outgrowing_one_machine_runs_as_written(tmp_path: Path, pg_url: str) -> 
     assert run["actor"] == "ci-bot"
     assert (work / "tokens.json").stat().st_mode & 0o077 == 0
     assert "sha256" in (work / "tokens.json").read_text(encoding="utf-8")
+    assert (work / "ci-bot.token").stat().st_mode & 0o077 == 0
     token = (work / "ci-bot.token").read_text(encoding="utf-8").strip()
     assert token and token not in (work / "tokens.json").read_text(encoding="utf-8")
 
