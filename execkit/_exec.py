@@ -2154,8 +2154,9 @@ async def spawn_async(
     `heartbeat` included), same result, same errors.
 
     The process is supervised in a dedicated thread, so the callbacks (`heartbeat` too)
-    run in that thread (use `loop.call_soon_threadsafe` to touch loop state). Cancelling the awaiting task
-    SIGKILLs the whole process tree and reaps the child before `CancelledError` propagates.
+    run in that thread (use `loop.call_soon_threadsafe` to touch loop state). Cancelling
+    the awaiting task SIGKILLs the whole process tree and reaps the child before
+    `CancelledError` propagates.
     """
     import asyncio  # only asyncio runners pay for importing it
 

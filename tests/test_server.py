@@ -682,7 +682,7 @@ def test_serve_refuses_a_non_loopback_address_before_anything(
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["serve"], "--tokens FILE is required"),
+        (["serve"], "the tokens file is required (--tokens)"),
         (["serve", "--tokens", "t.json", "--actor", "a"], "--actor does not apply"),
         (["serve", "--tokens", "t.json", "--without-capability", "x"], "unknown capability"),
         (["serve", "--add-token", "t.json"], "--actor NAME is required"),
@@ -701,7 +701,19 @@ def test_serve_flags_are_checked(
     monkeypatch.chdir(tmp_path)
     add_token(tmp_path / "t.json", ME)
     assert main(argv) == EXIT_CODES["invalid"]
-    assert needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "[REDACTED]" not in err  # our own advice must survive redaction whole
+
+
+def test_a_missing_tokens_file_says_how_to_make_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--db", str(tmp_path / "l.db"), "--tokens", str(tmp_path / "none.json")]
+    assert main(argv) == EXIT_CODES["not_found"]
+    err = capsys.readouterr().err
+    assert "create one with `execkit serve --add-token`" in err
+    assert "[REDACTED]" not in err
 
 
 def test_add_token_prints_the_token_once(

@@ -115,8 +115,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if not args.tokens:
         raise InvalidInput(
-            "execkit serve: --tokens FILE is required (to make one, see --add-token and "
-            "--actor in `execkit serve --help`)",
+            # Worded so that no flag named like a secret is followed by a word: redaction
+            # (rightly) masks the value after `--token`-like flags in every message.
+            "execkit serve: the tokens file is required (--tokens); to make one, run "
+            "`execkit serve --add-token` with --actor (see `execkit serve --help`)",
             field="--tokens",
         )
     unknown = sorted(set(args.without_capability) - CAPABILITIES)

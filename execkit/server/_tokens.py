@@ -141,8 +141,8 @@ class TokenFile:
             info = self.path.stat()
         except FileNotFoundError:
             raise NotFound(
-                f"no tokens file at {self.path}: create one with --add-token (see "
-                "`execkit serve --help`)"
+                f"no tokens file at {self.path}: create one with `execkit serve --add-token` "
+                "(see `execkit serve --help`)"
             ) from None
         except OSError as exc:
             raise StorageError(f"cannot read tokens file {self.path}: {exc}") from exc
