@@ -67,6 +67,19 @@ exact, for every code point: a case-sensitive pattern can only match its literal
 written, in the string it runs on. The marker contains no anchor and no anchor contains a
 bracket, so masking never creates one: one look at the text serves every pass.
 
+Long texts. On a text of more than `_EAGER_CHARS` characters, anchors are looked for one
+at a time, each at most once, and a literal with a character the text lacks is settled by
+that character alone. A pass whose pattern opens with its anchor (`lead`) does not ask for
+the literal at all: the engine's own search for it costs the same, so looking first would
+only search twice. A pattern that is an alternation of shapes each opening with a literal
+(the vendor keys, Stripe's `rk_`/`sk_`) is searched for one shape at a time and the
+matches merged as the alternation takes them, because `re` tries every position of the
+text for an alternation whose shapes begin differently. The fold of a long text outside
+ASCII is built a piece at a time, so that its copies stay small: what it costs is one
+string of the text's size. What a long text costs after that is a fixed number of
+substring searches over it, whatever it holds (tests/test_exec_tree.py bounds the whole
+post-exit work as a number of decodes of the same bytes).
+
 Tails. `redact_tail(tail, context)` redacts `context + tail` once and keeps the part that
 came from `tail`; a credential that runs across the cut is masked from the start of the
 tail through its end. Its output is the old `redact_tail` (redact the tail alone, and
@@ -112,13 +125,15 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGN
 
 # Vendor key shapes. The negative look-behind keeps `task-...` or `disk-...` from matching
 # the `sk-` prefix.
-_VENDOR_KEYS = re.compile(
-    r"sk-(?<![A-Za-z0-9]sk-)[A-Za-z0-9_\-]{16,}"  # OpenAI sk-..., sk-proj-..., sk-ant-...
-    r"|AIza(?<![A-Za-z0-9]AIza)[A-Za-z0-9_\-]{30,}"  # Google API keys
-    r"|gh[pousr]_(?<![A-Za-z0-9]gh[pousr]_)[A-Za-z0-9]{20,}"  # GitHub tokens
-    r"|github_pat_(?<![A-Za-z0-9]github_pat_)[A-Za-z0-9_]{20,}"
-    r"|xox[abprs]-(?<![A-Za-z0-9]xox[abprs]-)[A-Za-z0-9\-]{10,}"  # Slack tokens
+# Each shape opens with a literal, so a long text is searched for each on its own.
+_VENDOR_KEY_SHAPES = (
+    r"sk-(?<![A-Za-z0-9]sk-)[A-Za-z0-9_\-]{16,}",  # OpenAI sk-..., sk-proj-..., sk-ant-...
+    r"AIza(?<![A-Za-z0-9]AIza)[A-Za-z0-9_\-]{30,}",  # Google API keys
+    r"gh[pousr]_(?<![A-Za-z0-9]gh[pousr]_)[A-Za-z0-9]{20,}",  # GitHub tokens
+    r"github_pat_(?<![A-Za-z0-9]github_pat_)[A-Za-z0-9_]{20,}",
+    r"xox[abprs]-(?<![A-Za-z0-9]xox[abprs]-)[A-Za-z0-9\-]{10,}",  # Slack tokens
 )
+_VENDOR_KEYS = re.compile("|".join(_VENDOR_KEY_SHAPES))
 
 # `Authorization: Bearer x`, `Authorization: token x`, `authorization=x`: the credential.
 _AUTH_HEADER = (
@@ -169,6 +184,7 @@ _ESCAPED_SEP = (
     r"(?:\\[\"'][ \t]{0,8}[:=][ \t]{0,8}(?:\\[\"'])?"
     r"|[\"']?[ \t]{0,8}[:=][ \t]{0,8}\\[\"'])"
 )
+_STRIPE_AFTER_R_OR_S = r"k_(?:live|test|prod)_(?<![A-Za-z0-9].{8})[A-Za-z0-9]{10,}+"
 _PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
 
@@ -206,7 +222,7 @@ _SOURCES = {
         r"|sharedaccesssignature(?<!\wsharedaccesssignature))[ \t]{0,8}=[ \t]{0,8})"
         r"[^\s;\"'<>]+"
     ),
-    "stripe": r"[rs]k_(?:live|test|prod)_(?<![A-Za-z0-9].{8})[A-Za-z0-9]{10,}+",
+    "stripe": rf"[rs]{_STRIPE_AFTER_R_OR_S}",
     "npm": r"npm_(?<![A-Za-z0-9_]npm_)[A-Za-z0-9]{30,}+",
     "huggingface": r"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{30,}+",
     "gitlab": (
@@ -235,13 +251,26 @@ _AWS_WINDOW = 80
 _FOLD_FIXES = (("\u0130", "i"), ("\u0131", "i"), ("\u017f", "s"))
 
 
+# A long text outside ASCII is folded this many characters at a time: each piece's copies
+# are small and reused, so the fold costs one string of the text's size, not one per fix.
+_FOLD_PIECE = 1 << 18
+
+
 def _fold(text: str) -> str:
     """`text` lowered so that whatever a case-insensitive pattern matches to an ASCII
     literal reads as that literal in lower case (see the module docstring)."""
-    if not text.isascii():
-        for char, letter in _FOLD_FIXES:
-            if char in text:
-                text = text.replace(char, letter)
+    if text.isascii():
+        return text.lower()
+    if len(text) <= _FOLD_PIECE:
+        return _fold_piece(text)
+    piece = _FOLD_PIECE
+    return "".join([_fold_piece(text[at : at + piece]) for at in range(0, len(text), piece)])
+
+
+def _fold_piece(text: str) -> str:
+    for char, letter in _FOLD_FIXES:
+        if char in text:
+            text = text.replace(char, letter)
     return text.lower()
 
 
@@ -269,11 +298,12 @@ _EAGER_CHARS = 2048
 class _Gate:
     """Which anchors occur in one text; each is looked for at most once."""
 
-    __slots__ = ("_bits", "_chars", "_low", "_state", "_text")
+    __slots__ = ("_bits", "_chars", "_low", "_names", "_state", "_text")
 
     def __init__(self, text: str) -> None:
         self._text = text
         self._low: str | None = None
+        self._names: list[int] | None = None  # where a name can start in the fold, once
         self._state: list[int] = []  # per anchor id: -1 not looked for yet, 0 absent, 1 found
         self._chars: dict[tuple[str, bool], bool] = {}  # (character, in the fold): present
         self._bits = 0  # bit i set: anchor i found (a short text's anchors, all looked for)
@@ -294,7 +324,9 @@ class _Gate:
         return not self._state and not self._bits
 
     def opens(self, step: _Pass) -> bool:
-        """True when each of the pass's anchor groups has a member in the text."""
+        """True when each of the pass's anchor groups has a member in the text. For a
+        `lead` pass on a long text, True can mean only that their characters are there:
+        its own search decides. False always means the pass cannot match."""
         if not self._state:
             bits = self._bits
             for mask in step.masks:  # noqa: SIM110 - a loop, not a generator: it runs per pass
@@ -302,6 +334,16 @@ class _Gate:
                     return False
             return True
         state = self._state
+        if step.lead:
+            # The pattern's own search costs what a full look would (see `_Pass`): only
+            # the characters are looked for, which is cheap and decides most texts.
+            return all(
+                any(
+                    state[anchor] > 0 or (state[anchor] < 0 and self._has_chars(anchor))
+                    for anchor in group
+                )
+                for group in step.groups
+            )
         for group in step.groups:
             for anchor in group:
                 found = state[anchor]
@@ -314,6 +356,13 @@ class _Gate:
         return True
 
     def _look(self, anchor: int) -> int:
+        if not self._has_chars(anchor):
+            return 0
+        literal, folded = _ANCHOR_LIST[anchor]
+        return 1 if len(literal) == 1 or literal in (self.fold() if folded else self._text) else 0
+
+    def _has_chars(self, anchor: int) -> bool:
+        """Whether the text holds every character of the anchor (not yet the anchor)."""
         literal, folded = _ANCHOR_LIST[anchor]
         text = self.fold() if folded else self._text
         # Looking for one character is a memchr that stops at its first occurrence, and a
@@ -326,14 +375,22 @@ class _Gate:
             if found is None:
                 found = chars[key] = char in text
             if not found:
-                return 0
-        return 1 if len(literal) == 1 or literal in text else 0
+                return False
+        return True
 
     def fold(self) -> str:
         """`_fold` of the text, computed once."""
         if self._low is None:
             self._low = _fold(self._text)
         return self._low
+
+    def name_starts(self, low: str) -> list[int]:
+        """`_name_starts(low)`, computed once when `low` is this text's fold."""
+        if low is not self._low:
+            return _name_starts(low)
+        if self._names is None:
+            self._names = _name_starts(low)
+        return self._names
 
 
 # Every anchor once, numbered: a gate keeps one flag per anchor.
@@ -393,17 +450,26 @@ class _Pass:
     """One pattern, the anchors every match of it contains, and what of a match to mask.
 
     A `folded` pass runs on `_fold(text)` (its source is lowered and case-sensitive) and
-    looks for its anchors there; the others run on the text as it is.
+    looks for its anchors there; the others run on the text as it is. A `lead` pass's
+    pattern opens with its anchor, so the engine's own search for it costs no more than
+    the gate's: on a long text it runs without asking the gate. `alternatives` (sources
+    whose alternation is the pattern, in its order) each open with a literal: on a long
+    text they are searched for one by one, which is a substring search each, where the
+    alternation would try every position.
     """
 
     __slots__ = (
+        "_alternatives",
         "_pattern",
+        "alternative_sources",
         "anchors",
         "folded",
         "groups",
+        "lead",
         "masks",
         "name",
         "named",
+        "reads_fold",
         "source",
         "span",
     )
@@ -417,13 +483,20 @@ class _Pass:
         *,
         folded: bool = False,
         named: bool = False,
+        lead: bool = False,
+        alternatives: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.named = named  # every match starts with one of `_NAMES`: tried only there
+        self.lead = lead or bool(alternatives)
+        self.alternative_sources = alternatives
+        self._alternatives: tuple[re.Pattern[str], ...] | None = None
         self._pattern = pattern if isinstance(pattern, re.Pattern) else None
         self.source = pattern if isinstance(pattern, str) else pattern.pattern
         self.anchors = anchors
         self.folded = folded
+        # What the pass reads in the fold: its pattern's subject, or its anchors.
+        self.reads_fold = folded or any(in_fold for group in anchors for _, in_fold in group)
         self.groups = _anchor_ids(anchors)
         self.masks = tuple(sum(1 << anchor for anchor in group) for group in self.groups)
         self.span = span
@@ -434,6 +507,12 @@ class _Pass:
             self._pattern = re.compile(self.source)
         return self._pattern
 
+    @property
+    def alternatives(self) -> tuple[re.Pattern[str], ...]:
+        if self._alternatives is None:
+            self._alternatives = tuple(map(re.compile, self.alternative_sources))
+        return self._alternatives
+
 
 # Phase 2, in the reference order.
 _REFERENCE_PASSES = (
@@ -442,6 +521,7 @@ _REFERENCE_PASSES = (
         _VENDOR_KEYS,
         (_exact("sk-", "AIza", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox"),),
         _whole,
+        alternatives=_VENDOR_KEY_SHAPES,
     ),
     _Pass("authorization", _AUTH_HEADER, (_folded("authorization"),), folded=True),
     _Pass("bearer", _BEARER, (_folded("bearer"),), folded=True),
@@ -460,6 +540,7 @@ _EXTRA_PASSES = (
         "private_key",
         _SOURCES["private_key"],
         (_exact("-----BEGIN"), _exact("PRIVATE KEY")),
+        lead=True,
     ),
     _Pass(
         "escaped_authorization",
@@ -474,9 +555,21 @@ _EXTRA_PASSES = (
         folded=True,
         named=True,
     ),
-    _Pass("url_password", _SOURCES["url_password"], (_exact("@"), _exact("://")), _password),
-    _Pass("slack_webhook", _SOURCES["slack_webhook"], (_folded("hooks.slack.com"),), folded=True),
-    _Pass("jwt", _SOURCES["jwt"], (_exact("."), _exact("eyJ")), _whole),
+    _Pass(
+        "url_password",
+        _SOURCES["url_password"],
+        (_exact("@"), _exact("://")),
+        _password,
+        lead=True,
+    ),
+    _Pass(
+        "slack_webhook",
+        _SOURCES["slack_webhook"],
+        (_folded("hooks.slack.com"),),
+        folded=True,
+        lead=True,
+    ),
+    _Pass("jwt", _SOURCES["jwt"], (_exact("."), _exact("eyJ")), _whole, lead=True),
     # Its anchors are the wording in the fold; the pattern runs on the text (case matters).
     _Pass("aws_secret_key", _SOURCES["aws_secret_key"], (_folded(*_AWS_WORDS),), _aws_secret),
     _Pass(
@@ -484,6 +577,7 @@ _EXTRA_PASSES = (
         _SOURCES["aws_access_key_id"],
         (_exact("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),),
         _whole,
+        lead=True,  # every shape opens with "A": one search for it, then a few tries
     ),
     _Pass(
         "azure_key",
@@ -491,12 +585,24 @@ _EXTRA_PASSES = (
         (_exact("="), _folded("accountkey", "sharedaccess")),
         folded=True,
     ),
-    _Pass("stripe", _SOURCES["stripe"], (_exact("k_live_", "k_test_", "k_prod_"),), _whole),
-    _Pass("npm", _SOURCES["npm"], (_exact("npm_"),), _whole),
-    _Pass("huggingface", _SOURCES["huggingface"], (_exact("hf_"),), _whole),
-    _Pass("gitlab", _SOURCES["gitlab"], (_exact("glpat-", "glptt-", "gldt-", "glrt-"),), _whole),
-    _Pass("twilio", _SOURCES["twilio"], (_exact("SK"),), _whole),
-    _Pass("sendgrid", _SOURCES["sendgrid"], (_exact("SG."),), _whole),
+    _Pass(
+        "stripe",
+        _SOURCES["stripe"],
+        (_exact("k_live_", "k_test_", "k_prod_"),),
+        _whole,
+        alternatives=(f"r{_STRIPE_AFTER_R_OR_S}", f"s{_STRIPE_AFTER_R_OR_S}"),
+    ),
+    _Pass("npm", _SOURCES["npm"], (_exact("npm_"),), _whole, lead=True),
+    _Pass("huggingface", _SOURCES["huggingface"], (_exact("hf_"),), _whole, lead=True),
+    _Pass(
+        "gitlab",
+        _SOURCES["gitlab"],
+        (_exact("glpat-", "glptt-", "gldt-", "glrt-"),),
+        _whole,
+        lead=True,  # `re` searches for the shapes' common "gl" once
+    ),
+    _Pass("twilio", _SOURCES["twilio"], (_exact("SK"),), _whole, lead=True),
+    _Pass("sendgrid", _SOURCES["sendgrid"], (_exact("SG."),), _whole, lead=True),
     _Pass("cookie", _SOURCES["cookie"], (_folded("cookie"), _ASSIGN), folded=True),
 )
 
@@ -670,7 +776,7 @@ class _Trace:
                     if self._low is None and step.folded:
                         self._low = _fold(self.current)
                     low = self._low or ""
-                spans = _spans(step, self.current, low)
+                spans = _spans(step, self.current, low, self.gate)
                 if spans:
                     self._replace(spans)
 
@@ -709,22 +815,29 @@ def _extra_spans(text: str, gate: _Gate, secrets: Sequence[str]) -> list[tuple[i
                 found = text.find(form, found + len(form))
     for step in _EXTRA_PASSES:
         if gate.opens(step):
-            spans.extend(_spans(step, text, gate.fold()))
+            spans.extend(_spans(step, text, gate.fold() if step.reads_fold else "", gate))
     return spans
 
 
-def _spans(step: _Pass, text: str, low: str) -> list[tuple[int, int, int, int]]:
+def _spans(
+    step: _Pass, text: str, low: str, gate: _Gate | None = None
+) -> list[tuple[int, int, int, int]]:
     """(match start, match end, masked start, masked end) of each match `step` masks in
-    `text`, whose fold is `low` (the two have the same length)."""
+    `text`, whose fold is `low` (the two have the same length); `gate`, when given, is
+    the gate of `text` or of the text `low` is the fold of."""
     if step.span is _aws_secret:
         return _aws_secret_spans(step, text, low)
     spans: list[tuple[int, int, int, int]] = []
     span = step.span
-    matches = (
-        _named_matches(step, low)
-        if step.named
-        else step.pattern.finditer(low if step.folded else text)
-    )
+    subject = low if step.folded else text
+    matches: Iterable[re.Match[str]]
+    if step.named:
+        starts = _name_starts(low) if gate is None else gate.name_starts(low)
+        matches = _matches_from(step.pattern, low, starts)
+    elif step.alternative_sources and len(subject) > _EAGER_CHARS:
+        matches = _alternation_matches(step.alternatives, subject)
+    else:
+        matches = step.pattern.finditer(subject)
     for match in matches:
         masked = span(match)
         if masked is not None and masked[0] < masked[1]:
@@ -732,23 +845,67 @@ def _spans(step: _Pass, text: str, low: str) -> list[tuple[int, int, int, int]]:
     return spans
 
 
-def _named_matches(step: _Pass, low: str) -> Iterator[re.Match[str]]:
-    """`step.pattern.finditer(low)` for a pattern whose every match starts with a name, tried
-    only where a name can start: a few characters before a name word with a `:` or `=`
-    soon after it on its line. Every position a match could start at is tried, in order,
-    from where the last match ended: the matches `finditer` finds, without trying every
-    position. (No name word overlaps itself, so one search per word finds each.)"""
+def _name_starts(low: str) -> list[int]:
+    """Where in the fold `low` a match of a named pattern can start, in order: a few
+    characters before a name word with a `:` or `=` soon after it on its line. (No name
+    word overlaps itself, so one search per word finds each.)"""
     starts: set[int] = set()
     for finder, offsets in _name_finders():
         for word in finder.finditer(low):
             found = word.start()
             starts.update(found - offset for offset in offsets if offset <= found)
-    match_at = step.pattern.match
+    return sorted(starts)
+
+
+def _matches_from(
+    pattern: re.Pattern[str], text: str, starts: Iterable[int]
+) -> Iterator[re.Match[str]]:
+    """`pattern.finditer(text)` for a pattern that can only start at `starts` (in order):
+    each is tried from where the last match ended, so these are the matches `finditer`
+    finds, without trying every position."""
+    match_at = pattern.match
     resume = 0
-    for start in sorted(starts):
-        if start >= resume and (match := match_at(low, start)) is not None:
+    for start in starts:
+        if start >= resume and (match := match_at(text, start)) is not None:
             yield match
             resume = match.end()
+
+
+def _alternation_matches(
+    alternatives: Sequence[re.Pattern[str]], text: str
+) -> Iterator[re.Match[str]]:
+    """`re.compile("|".join(alternatives)).finditer(text)`, found by searching for each
+    alternative on its own: from where the last match ended, the leftmost position some
+    alternative matches at wins, and there the first alternative in order (as the
+    alternation tries them). Each search is remembered until a match passes it."""
+    ahead: list[re.Match[str] | None] = [pattern.search(text) for pattern in alternatives]
+    while True:
+        best: re.Match[str] | None = None
+        for found in ahead:
+            if found is not None and (best is None or found.start() < best.start()):
+                best = found
+        if best is None:
+            return
+        yield best
+        resume = best.end()
+        for index, found in enumerate(ahead):
+            if found is not None and found.start() < resume:
+                ahead[index] = alternatives[index].search(text, resume)
+
+
+@functools.cache
+def _aws_word_finders() -> tuple[re.Pattern[str], ...]:
+    # Each word where it starts (a look-ahead, so words that overlap are all found), in
+    # one search per first letter: "a" opens three of them.
+    by_first: dict[str, list[str]] = {}
+    for word in _AWS_WORDS:
+        by_first.setdefault(word[0], []).append(re.escape(word[1:]))
+    return tuple(
+        re.compile(f"{re.escape(first)}(?=({'|'.join(rests)}))")
+        if len(rests) > 1
+        else re.compile(f"({re.escape(first)}{rests[0]})")
+        for first, rests in by_first.items()
+    )
 
 
 @functools.cache
@@ -763,13 +920,11 @@ def _aws_secret_spans(step: _Pass, text: str, low: str) -> list[tuple[int, int, 
     them could be (up to `_AWS_WINDOW` characters after a word, on its line); each is then
     checked exactly as `_aws_secret` says. Each stretch of text is searched once."""
     reach: list[tuple[int, int]] = []
-    for word in _AWS_WORDS:
-        found = low.find(word)
-        while found >= 0:
-            after = found + len(word)
+    for finder in _aws_word_finders():
+        for word in finder.finditer(low):
+            found, after = word.start(), word.end(1)
             line_end = low.find("\n", after, found + _AWS_WINDOW)
             reach.append((after, found + _AWS_WINDOW if line_end < 0 else line_end))
-            found = low.find(word, found + 1)
     reach.sort()
     spans: list[tuple[int, int, int, int]] = []
     searched = 0  # tokens starting before this were looked for already
@@ -878,7 +1033,7 @@ def _reference_rules(text: str, gate: _Gate) -> str:
             continue
         if step.folded and low is None:
             low = gate.fold() if current is text else _fold(current)
-        spans = _spans(step, current, low or "")
+        spans = _spans(step, current, low or "", gate)
         if spans:
             parts: list[str] = []
             last = 0
@@ -938,6 +1093,8 @@ def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> s
         intervals.append((cut, head_end))
     if intervals:
         kept = _mask_more(kept, intervals)
+    if kept == [(cut, len(joined), None)]:
+        return tail  # nothing in it masked: the tail as given, not a copy of it
     return "".join(joined[start:end] if text is None else text for start, end, text in kept)
 
 

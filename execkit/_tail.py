@@ -11,7 +11,6 @@ per read), which is what `spawn` does for a stream nobody watches live.
 
 from __future__ import annotations
 
-import codecs
 import os
 
 __all__ = ["TailBuffer"]
@@ -154,7 +153,7 @@ class TailBuffer:
                     break
                 start += 1
         segments = self._segments(start, stop)
-        if len(segments) == 1:
-            return str(segments[0], "utf-8", "replace")
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        return decoder.decode(segments[0]) + decoder.decode(segments[1], final=True)
+        # A wrapped ring is joined as bytes and decoded once: joining two decoded halves
+        # would copy the text again, at up to four bytes per character.
+        kept = segments[0] if len(segments) == 1 else b"".join(segments)
+        return str(kept, "utf-8", "replace")

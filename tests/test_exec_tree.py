@@ -427,20 +427,30 @@ def test_post_exit_work_on_a_huge_tail_stays_bounded() -> None:
     assert ratio <= 25, f"post-exit work took {ratio:.1f}x a decode of the same 64 MiB"
 
 
-def test_post_exit_work_on_binary_output_stays_linear() -> None:
-    # Random bytes decode to a long string of replacement and other non-ASCII characters,
-    # the slowest input for the case fold: still a bounded number of decodes of the same
-    # bytes (about 5 on the machine this was set on), never a superlinear blow-up.
+def test_post_exit_work_on_binary_output_stays_a_few_decodes() -> None:
+    # Random bytes decode to a long string of replacement and other non-ASCII characters:
+    # four bytes a character, and every letter redaction looks for occurs somewhere, so
+    # every pass has to search. The bound the issue set, a second per 32 MiB, is about 3.4
+    # decodes of 32 MiB of random bytes on the 2-core machine it was set on; the work
+    # measured 5.1 to 5.5 decodes before the fold went piece by piece and the passes that
+    # open with a literal stopped asking the gate first, 3.2 to 3.6 after. A ratio over
+    # the bound is measured once more before it counts (the machine is shared).
     data = random.Random(7).randbytes(32 * 1024 * 1024)
-    decode: list[float] = []
-    post_exit: list[float] = []
-    for _ in range(2):
-        begin = time.perf_counter()
-        data.decode("utf-8", errors="replace")
-        decode.append(time.perf_counter() - begin)
-        post_exit.append(_exec._post_exit_seconds(data))
-    ratio = min(post_exit) / min(decode)
-    assert ratio <= 25, f"post-exit work on binary output took {ratio:.1f}x a decode of it"
+
+    def ratio() -> float:
+        decode: list[float] = []
+        post_exit: list[float] = []
+        for _ in range(3):  # interleaved; the best of each, against noise from other work
+            begin = time.perf_counter()
+            data.decode("utf-8", errors="replace")
+            decode.append(time.perf_counter() - begin)
+            post_exit.append(_exec._post_exit_seconds(data))
+        return min(post_exit) / min(decode)
+
+    measured = ratio()
+    if measured > 4.5:
+        measured = min(measured, ratio())
+    assert measured <= 4.5, f"post-exit work on binary output took {measured:.1f}x a decode of it"
 
 
 def test_post_exit_work_besides_redaction_is_about_one_decode(

@@ -639,6 +639,83 @@ def test_literal_secrets_come_out_as_before(text: str, secret: str, data: st.Dat
     check_against_reference(text[:at] + secret + text[at:], (secret,), data)
 
 
+# A text longer than this takes the lazy gate, the one-by-one searches for alternatives,
+# and each lead pass's own search: the padding puts every case on those paths too.
+_LONG_PAD = "\n" * (_redact._EAGER_CHARS + 1)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=corpus_texts(list(SAMPLES)), data=st.data())
+def test_a_long_text_comes_out_as_the_reference_and_as_a_short_one(
+    case: _Case, data: st.DataObject
+) -> None:
+    # No rule matches across a blank line's worth of newlines at either end of a text, so
+    # padding changes nothing but which way the redactor goes about it.
+    text, extras = case
+    if any("\n" in extra for extra in extras):
+        return  # a literal secret may hold a newline: then padding is not neutral
+    long = _LONG_PAD + text + _LONG_PAD
+    assert redact(long, extras) == _LONG_PAD + redact(text, extras) + _LONG_PAD
+    check_against_reference(long, extras, data)
+
+
+_ALTERNATIVE_PARTS = st.lists(
+    st.sampled_from(
+        [
+            *("sk-", "sk_", "rk_", "live_", "test_", "AIza", "ghp_", "gho_", "github_pat_"),
+            *("gh", "xoxb-", "xox", "_", "-", " ", "\n", "a", "Z9", "abcdefghijklmnop"),
+        ]
+    ),
+    max_size=24,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(parts=_ALTERNATIVE_PARTS)
+def test_alternatives_searched_one_by_one_find_what_the_alternation_finds(
+    parts: list[str],
+) -> None:
+    # Prefixes that run into each other, keys inside keys, a match that hides the start of
+    # another: the one-by-one searches must take the same matches, in the same order.
+    text = "".join(parts)
+    with_alternatives = [step for step in ALL_PASSES if step.alternative_sources]
+    assert {step.name for step in with_alternatives} >= {"vendor_key", "stripe"}
+    for step in with_alternatives:
+        expected = [m.span() for m in step.pattern.finditer(text)]
+        found = [m.span() for m in _redact._alternation_matches(step.alternatives, text)]
+        assert found == expected, step.name
+
+
+def test_a_key_inside_a_longer_key_is_not_matched_again() -> None:
+    # The Slack shape on its own finds a token inside the OpenAI key's body; the pass's
+    # pattern does not, and neither do the one-by-one searches.
+    text = "sk-" + "a" * 10 + "-xoxb-" + "c" * 12
+    step = next(step for step in ALL_PASSES if step.name == "vendor_key")
+    slack = next(pattern for pattern in step.alternatives if pattern.pattern.startswith("xox"))
+    assert slack.search(text) is not None
+    assert [m.span() for m in step.pattern.finditer(text)] == [(0, len(text))]
+    found = [m.span() for m in _redact._alternation_matches(step.alternatives, text)]
+    assert found == [(0, len(text))]
+
+
+def test_the_fold_of_a_long_text_is_the_fold_of_the_whole() -> None:
+    # Folded a piece at a time, with the look-alikes just before, on and after each cut
+    # between pieces: the same characters as replacing them and lowering the whole text.
+    # (Greek capital sigma, the one letter whose lowering looks at its neighbours, is left
+    # out: either of its lower cases is a word character and no anchor.)
+    piece = _redact._FOLD_PIECE
+    alphabet = [chr(c) for c in range(0x20, 0x3000) if chr(c) != "\u03a3"]
+    chars = [alphabet[(i * 7919) % len(alphabet)] for i in range(3 * piece + 17)]
+    for cut in (piece, 2 * piece):
+        chars[cut - 1 : cut + 2] = ["\u0130", "\u212a", "\u017f"]
+    chars[-1] = "\u0131"
+    text = "".join(chars)
+    whole = text
+    for char, letter in _redact._FOLD_FIXES:
+        whole = whole.replace(char, letter)
+    assert _redact._fold(text) == whole.lower()
+
+
 @settings(max_examples=300, deadline=None)
 @given(case=corpus_texts(list(SAMPLES)))
 def test_a_context_ending_a_line_gives_the_lone_redaction(case: _Case) -> None:
