@@ -72,9 +72,10 @@ at a time, each at most once, and a literal with a character the text lacks is s
 that character alone. A pass whose pattern opens with its anchor (`lead`) does not ask for
 the literal at all: the engine's own search for it costs the same, so looking first would
 only search twice. A pattern that is an alternation of shapes each opening with a literal
-(the vendor keys, Stripe's `rk_`/`sk_`) is searched for one shape at a time and the
-matches merged as the alternation takes them, because `re` tries every position of the
-text for an alternation whose shapes begin differently. The fold of a long text outside
+(the vendor keys, Stripe's `rk_`/`sk_`) is searched for one shape at a time (not at all
+for a shape whose opening literal has a character the text lacks) and the matches merged
+as the alternation takes them, because `re` tries every position of the text for an
+alternation whose shapes begin differently. The fold of a long text outside
 ASCII is built a piece at a time, so that its copies stay small: what it costs is one
 string of the text's size. What a long text costs after that is a fixed number of
 substring searches over it, whatever it holds (tests/test_exec_tree.py bounds the whole
@@ -363,13 +364,17 @@ class _Gate:
 
     def _has_chars(self, anchor: int) -> bool:
         """Whether the text holds every character of the anchor (not yet the anchor)."""
-        literal, folded = _ANCHOR_LIST[anchor]
+        return self.may_hold(*_ANCHOR_LIST[anchor])
+
+    def may_hold(self, literal: str, folded: bool) -> bool:
+        """False when the text (its fold, if `folded`) lacks a character of `literal`, so
+        that it cannot hold it; True says only that every character is there."""
         text = self.fold() if folded else self._text
         # Looking for one character is a memchr that stops at its first occurrence, and a
         # literal with a character the text lacks cannot occur: its rarest characters
         # first save most of the full searches a long text would cost.
         chars = self._chars
-        for char in _RAREST_FIRST[literal]:
+        for char in _rarest_first(literal):
             key = (char, folded)
             found = chars.get(key)
             if found is None:
@@ -400,6 +405,13 @@ _ANCHOR_IDS: dict[_Anchor, int] = {}
 _COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789-_.:/=\n"
 # Per anchor literal: its distinct characters, the rarest first.
 _RAREST_FIRST: dict[str, tuple[str, ...]] = {}
+
+
+def _rarest_first(literal: str) -> tuple[str, ...]:
+    found = _RAREST_FIRST.get(literal)
+    if found is None:
+        found = _RAREST_FIRST[literal] = tuple(sorted(set(literal), key=_rarity))
+    return found
 
 
 def _rarity(char: str) -> int:
@@ -446,6 +458,14 @@ def _aws_secret(match: re.Match[str]) -> tuple[int, int] | None:
     return match.span() if _AWS_WORDING.search(window) else None
 
 
+def _literal_head(source: str) -> str:
+    """The literal a pattern source opens with, as far as no character is special."""
+    head = len(source) - len(
+        source.lstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+    )
+    return source[:head]
+
+
 class _Pass:
     """One pattern, the anchors every match of it contains, and what of a match to mask.
 
@@ -461,6 +481,7 @@ class _Pass:
     __slots__ = (
         "_alternatives",
         "_pattern",
+        "alternative_leads",
         "alternative_sources",
         "anchors",
         "folded",
@@ -490,6 +511,8 @@ class _Pass:
         self.named = named  # every match starts with one of `_NAMES`: tried only there
         self.lead = lead or bool(alternatives)
         self.alternative_sources = alternatives
+        # The literal each alternative opens with: one the text cannot hold rules it out.
+        self.alternative_leads = tuple(map(_literal_head, alternatives))
         self._alternatives: tuple[re.Pattern[str], ...] | None = None
         self._pattern = pattern if isinstance(pattern, re.Pattern) else None
         self.source = pattern if isinstance(pattern, str) else pattern.pattern
@@ -835,7 +858,12 @@ def _spans(
         starts = _name_starts(low) if gate is None else gate.name_starts(low)
         matches = _matches_from(step.pattern, low, starts)
     elif step.alternative_sources and len(subject) > _EAGER_CHARS:
-        matches = _alternation_matches(step.alternatives, subject)
+        alternatives = [
+            pattern
+            for pattern, lead in zip(step.alternatives, step.alternative_leads, strict=True)
+            if gate is None or gate.may_hold(lead, step.folded)
+        ]
+        matches = _alternation_matches(alternatives, subject)
     else:
         matches = step.pattern.finditer(subject)
     for match in matches:
