@@ -383,6 +383,10 @@ class _Gate:
                 return False
         return True
 
+    @property
+    def text(self) -> str:
+        return self._text
+
     def fold(self) -> str:
         """`_fold` of the text, computed once."""
         if self._low is None:
@@ -403,7 +407,7 @@ _ANCHOR_LIST: list[_Anchor] = []
 _ANCHOR_IDS: dict[_Anchor, int] = {}
 # Characters by how rarely logs hold them (a guess: it orders the checks, nothing more).
 _COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789-_.:/=\n"
-# Per anchor literal: its distinct characters, the rarest first.
+# Per literal looked for: its distinct characters, the rarest first (`_rarest_first`).
 _RAREST_FIRST: dict[str, tuple[str, ...]] = {}
 
 
@@ -426,7 +430,6 @@ def _anchor_ids(anchors: _Anchors) -> tuple[tuple[int, ...], ...]:
             if anchor not in _ANCHOR_IDS:
                 _ANCHOR_IDS[anchor] = len(_ANCHOR_LIST)
                 _ANCHOR_LIST.append(anchor)
-                _RAREST_FIRST[anchor[0]] = tuple(sorted(set(anchor[0]), key=_rarity))
     return tuple(tuple(_ANCHOR_IDS[anchor] for anchor in group) for group in anchors)
 
 
@@ -858,10 +861,12 @@ def _spans(
         starts = _name_starts(low) if gate is None else gate.name_starts(low)
         matches = _matches_from(step.pattern, low, starts)
     elif step.alternative_sources and len(subject) > _EAGER_CHARS:
+        # The gate rules out a shape only when it is the gate of the text searched here.
+        checks = gate if gate is not None and gate.text is text else None
         alternatives = [
             pattern
             for pattern, lead in zip(step.alternatives, step.alternative_leads, strict=True)
-            if gate is None or gate.may_hold(lead, step.folded)
+            if checks is None or checks.may_hold(lead, step.folded)
         ]
         matches = _alternation_matches(alternatives, subject)
     else:
