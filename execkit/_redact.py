@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -164,6 +165,11 @@ _NAME_STARTS = (
     ("passw", (0,)),
     ("credential", (0,)),
 )
+# Above one place a name can start per this many characters of a long fold's first,
+# middle and last `_DENSE_SAMPLE` characters, a named pattern scans the whole fold.
+_DENSE_NAMES = 64
+_DENSE_SAMPLE = 1 << 16
+_NAME_BACK = max(offset for _, offsets in _NAME_STARTS for offset in offsets)
 _NAME_REACH = 16
 _KEY_VALUE = rf"({_NAMES}[\"']?[ \t]{{0,8}}[:=][ \t]{{0,8}}[\"']?)[^\s\"',;&]+"
 
@@ -188,6 +194,7 @@ _ESCAPED_SEP = (
 _STRIPE_AFTER_R_OR_S = r"k_(?:live|test|prod)_(?<![A-Za-z0-9].{8})[A-Za-z0-9]{10,}+"
 _PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
+_PEM_START = "-----BEGIN"  # the one shape whose match can run over a newline
 
 _SOURCES = {
     # The header stays readable; the body (base64 lines, `Proc-Type:`/`DEK-Info:` headers,
@@ -693,34 +700,86 @@ def _sub_piece(piece: _Piece, lo: int, hi: int) -> _Piece:
     return (start, end, text[:hi]) if lo == 0 else (end, end, text[lo:hi])
 
 
+def _untouched(pieces: list[_Piece]) -> bool:
+    """True when `pieces` are one unmasked piece: output and original offsets agree."""
+    return len(pieces) == 1 and pieces[0][2] is None and pieces[0][0] == 0
+
+
+def _masked_whole(piece: _Piece, spans: list[tuple[int, int, int, int]]) -> list[_Piece]:
+    """`_masked([piece], spans)` for one unmasked piece that starts at 0."""
+    out: list[_Piece] = []
+    kept = 0
+    for _, _, start, end in spans:
+        if start > kept:
+            out.append((kept, start, None))
+        out.append((start, end, REDACTED))
+        kept = end
+    if kept < piece[1]:
+        out.append((kept, piece[1], None))
+    return out
+
+
+def _masked(pieces: list[_Piece], spans: list[tuple[int, int, int, int]]) -> list[_Piece]:
+    """`pieces` with each output span's masked part (sorted, disjoint, non-empty) turned
+    into one marker that stands for the original offsets it covers."""
+    starts = _Trace._offsets(pieces)  # where each piece starts in the output
+    find = bisect.bisect_right
+    out: list[_Piece] = []
+    append = out.append
+    index = local = 0  # the next output: pieces[index] from its `local`-th character on
+    for _, _, start, end in spans:
+        holder = find(starts, start) - 1  # the piece the masked part starts in
+        if holder > index:  # the pieces before it are kept as they are
+            if local:
+                piece = pieces[index]
+                append(_sub_piece(piece, local, _length(piece)))
+                index += 1
+                local = 0
+            out.extend(pieces[index:holder])
+            index = holder
+        piece_start, piece_end, text = piece = pieces[index]
+        lo = start - starts[index]
+        if lo > local:
+            append(_sub_piece(piece, local, lo))
+        # Covered: the marker stands for the original from where its first character
+        # came from to where its last one ended (a marker it cuts into, taken whole).
+        first = piece_start + lo if text is None else piece_start if not lo else piece_end
+        index = find(starts, end - 1) - 1  # the piece the masked part ends in
+        piece_start, piece_end, text = piece = pieces[index]
+        local = end - starts[index]
+        append((first, piece_start + local if text is None else piece_end, REDACTED))
+        if local == _length(piece):
+            index += 1
+            local = 0
+    if local:
+        piece = pieces[index]
+        append(_sub_piece(piece, local, _length(piece)))
+        index += 1
+    out.extend(pieces[index:])
+    return out
+
+
 class _Trace:
-    """Phases 1 and 2 over one text as pieces of output, and the masks of phase 3."""
+    """Phases 1 and 2 over one text as pieces of output, and the masks of phase 3.
+
+    `matches` (phase 1 and 2 matches in original offsets, for `crosses`) is kept only when
+    asked for: mapping each match back costs what masking it does.
+    """
 
     __slots__ = ("_low", "current", "gate", "matches", "original", "phase1", "pieces")
 
-    def __init__(self, original: str, gate: _Gate | None = None) -> None:
+    def __init__(
+        self, original: str, gate: _Gate | None = None, *, track_matches: bool = True
+    ) -> None:
         self.original = original
         self.pieces: list[_Piece] = [(0, len(original), None)] if original else []
         self.current = original
         self._low: str | None = None  # _fold(current), once asked for
-        self.matches: list[_Mask] = []  # phase 1 and 2 matches, in original offsets
+        self.matches: list[_Mask] | None = [] if track_matches else None
         self.phase1: tuple[list[_Piece], str] = (self.pieces, original)
         self.gate = _Gate(original) if gate is None else gate
 
     # -- offsets
-
-    def _origin(self, pieces: list[_Piece], starts: list[int], at: int, *, end: bool) -> int:
-        """The original offset of output offset `at`: where the character there came from
-        (a start), or where the one before it ended (an end). A marker maps as a whole."""
-        if end:
-            index = bisect.bisect_right(starts, at - 1) - 1
-            start, stop, text = pieces[index]
-            return stop if text is not None else start + at - starts[index]
-        index = bisect.bisect_right(starts, at) - 1
-        if index >= len(pieces):
-            return len(self.original)
-        start, stop, text = pieces[index]
-        return start if text is not None else start + at - starts[index]
 
     @staticmethod
     def _offsets(pieces: list[_Piece]) -> list[int]:
@@ -732,15 +791,29 @@ class _Trace:
         return starts
 
     def _masks(self, pieces: list[_Piece], spans: list[tuple[int, int, int, int]]) -> list[_Mask]:
+        """Each output span in original offsets: a start where the character there came
+        from, an end where the one before it ended. A marker maps as a whole."""
+        if _untouched(pieces):
+            return spans  # nothing masked yet: output offsets are the original's
         starts = self._offsets(pieces)
-        origin = self._origin
+        last = len(pieces) - 1
+        after_all = len(self.original)
+        find = bisect.bisect_right
+
+        def start_of(at: int) -> int:
+            index = find(starts, at) - 1
+            if index > last:
+                return after_all
+            start, _, text = pieces[index]
+            return start if text is not None else start + at - starts[index]
+
+        def end_of(at: int) -> int:
+            index = find(starts, at - 1) - 1
+            start, stop, text = pieces[index]
+            return stop if text is not None else start + at - starts[index]
+
         return [
-            (
-                origin(pieces, starts, g_start, end=False),
-                origin(pieces, starts, g_end, end=True),
-                origin(pieces, starts, m_start, end=False),
-                origin(pieces, starts, m_end, end=True),
-            )
+            (start_of(g_start), end_of(g_end), start_of(m_start), end_of(m_end))
             for g_start, g_end, m_start, m_end in spans
         ]
 
@@ -748,34 +821,14 @@ class _Trace:
 
     def _replace(self, spans: list[tuple[int, int, int, int]]) -> None:
         """Mask each output span's masked part (sorted, disjoint), as `re.sub` would."""
-        self.matches.extend(self._masks(self.pieces, spans))
         pieces = self.pieces
-        out: list[_Piece] = []
-        index = local = position = 0
-
-        def take(until: int) -> list[_Piece]:
-            nonlocal index, local, position
-            taken: list[_Piece] = []
-            while position < until:
-                piece = pieces[index]
-                size = _length(piece)
-                step = min(size - local, until - position)
-                taken.append(_sub_piece(piece, local, local + step))
-                local += step
-                position += step
-                if local == size:
-                    index += 1
-                    local = 0
-            return taken
-
-        for _, _, start, end in spans:
-            out.extend(take(start))
-            covered = take(end)
-            out.append((covered[0][0], covered[-1][1], REDACTED))
-        out.extend(take(len(self.current)))
+        if self.matches is not None:
+            self.matches.extend(self._masks(pieces, spans))
+        out = _masked_whole(pieces[0], spans) if _untouched(pieces) else _masked(pieces, spans)
         self.pieces = out
+        original = self.original
         self.current = "".join(
-            self.original[start:end] if text is None else text for start, end, text in out
+            [original[start:end] if text is None else text for start, end, text in out]
         )
         self._low = None
 
@@ -814,6 +867,7 @@ class _Trace:
 
     def crosses(self, cut: int) -> bool:
         """True when a phase 1 or 2 match runs across original offset `cut`."""
+        assert self.matches is not None, "a trace made with track_matches=False"
         return any(start < cut < end for start, end, _, _ in self.matches)
 
     def pieces_from(self, cut: int) -> list[_Piece]:
@@ -858,8 +912,12 @@ def _spans(
     subject = low if step.folded else text
     matches: Iterable[re.Match[str]]
     if step.named:
-        starts = _name_starts(low) if gate is None else gate.name_starts(low)
-        matches = _matches_from(step.pattern, low, starts)
+        if _names_dense(low):
+            # One scan for the pattern costs less than finding and trying each start.
+            matches = step.pattern.finditer(low)
+        else:
+            starts = _name_starts(low) if gate is None else gate.name_starts(low)
+            matches = _matches_from(step.pattern, low, starts)
     elif step.alternative_sources and len(subject) > _EAGER_CHARS:
         # The gate rules out a shape only when it is the gate of the text searched here.
         checks = gate if gate is not None and gate.text is text else None
@@ -871,6 +929,16 @@ def _spans(
         matches = _alternation_matches(alternatives, subject)
     else:
         matches = step.pattern.finditer(subject)
+    # The two common shapes are inlined: on a text full of credentials this loop is most
+    # of the work, a few calls per match.
+    if span is _whole:
+        return [(start, end, start, end) for start, end in map(_match_span, matches)]
+    if span is _after_prefix:
+        return [
+            (match.start(), end, start, end)
+            for match in matches
+            if (start := match.end(1)) < (end := match.end())
+        ]
     for match in matches:
         masked = span(match)
         if masked is not None and masked[0] < masked[1]:
@@ -878,15 +946,39 @@ def _spans(
     return spans
 
 
+_match_span = operator.methodcaller("span")
+
+
+def _names_dense(low: str) -> bool:
+    """Whether a long fold holds name words so densely that trying a named pattern at each
+    start costs more than one scan of the whole fold (judged on three samples of it: this
+    only chooses the faster of two ways to the same matches)."""
+    size = len(low)
+    if size < 4 * _DENSE_SAMPLE:
+        return False
+    starts = 0
+    for begin in (0, (size - _DENSE_SAMPLE) // 2, size - _DENSE_SAMPLE):
+        end = begin + _DENSE_SAMPLE
+        starts += sum(low.count(word, begin, end) * len(at) for word, at in _NAME_STARTS)
+    return starts * _DENSE_NAMES > 3 * _DENSE_SAMPLE
+
+
 def _name_starts(low: str) -> list[int]:
     """Where in the fold `low` a match of a named pattern can start, in order: a few
     characters before a name word with a `:` or `=` soon after it on its line. (No name
     word overlaps itself, so one search per word finds each.)"""
-    starts: set[int] = set()
+    candidates: list[list[int]] = []
     for finder, offsets in _name_finders():
-        for word in finder.finditer(low):
-            found = word.start()
-            starts.update(found - offset for offset in offsets if offset <= found)
+        found = [word.start() for word in finder.finditer(low)]
+        if found:
+            candidates.extend(
+                [at - offset for at in found] if offset else found for offset in offsets
+            )
+    if len(candidates) == 1:
+        return candidates[0]  # one word, in order, each once: as it is
+    starts = set().union(*candidates)
+    for before_text in range(-_NAME_BACK, 0):
+        starts.discard(before_text)
     return sorted(starts)
 
 
@@ -912,6 +1004,14 @@ def _alternation_matches(
     alternative matches at wins, and there the first alternative in order (as the
     alternation tries them). Each search is remembered until a match passes it."""
     ahead: list[re.Match[str] | None] = [pattern.search(text) for pattern in alternatives]
+    found_at = [index for index, found in enumerate(ahead) if found is not None]
+    if len(found_at) == 1:
+        # Only one shape occurs at all: its own matches are the alternation's.
+        (index,) = found_at
+        first = ahead[index]
+        assert first is not None
+        yield from alternatives[index].finditer(text, first.start())
+        return
     while True:
         best: re.Match[str] | None = None
         for found in ahead:
@@ -984,53 +1084,93 @@ def _mask_more(pieces: list[_Piece], intervals: list[tuple[int, int]]) -> list[_
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
             merged.append((start, end))
-    cut: list[tuple[_Piece, int]] = []  # each fragment and the interval masking it, or -1
+    if _untouched(pieces):
+        return _masked_intervals(pieces[0][1], merged)
+    out: list[_Piece] = []
+    append = out.append
+    count = len(merged)
+    previous = -1  # the interval the last fragment out went to, or -1 (kept as it was)
     first = 0  # the first interval that may still touch this piece or a later one
     for piece in pieces:
         start, end, text = piece
-        while first < len(merged) and (
-            merged[first][1] < start or (merged[first][1] == start and start < end)
-        ):
-            first += 1
+        while first < count:
+            reach = merged[first][1]
+            if reach < start or (reach == start and start < end):
+                first += 1
+            else:
+                break
+        if first == count or (merged[first][0] >= end and text is None):
+            append(piece)  # no interval touches it (the common case: checked first)
+            previous = -1
+            continue
+        lo, hi = merged[first]
         if text is not None:
-            hit = first < len(merged) and (
-                merged[first][0] < end and start < merged[first][1]
-                if start < end  # a marker's later part (start == end) goes with its marker
-                else merged[first][0] < start <= merged[first][1]
-            )
-            cut.append((piece, first if hit else -1))
+            # A marker's later part (start == end) goes with its marker.
+            if lo < end and start < hi if start < end else lo < start <= hi:
+                if first == previous:
+                    joined_start, joined_end, _ = out.pop()
+                    append((joined_start, max(joined_end, end), REDACTED))
+                else:
+                    append((start, end, REDACTED))
+                previous = first
+            else:
+                append(piece)
+                previous = -1
             continue
         position = start
         index = first
-        while index < len(merged) and merged[index][0] < end:
+        while index < count:
             lo, hi = merged[index]
+            if lo >= end:
+                break
             if hi > position:
                 if lo > position:
-                    cut.append(((position, lo, None), -1))
-                cut.append(((max(lo, position), min(hi, end), None), index))
-                position = min(hi, end)
+                    append((position, lo, None))
+                    previous = -1
+                    position = lo
+                stop = hi if hi < end else end
+                if index == previous:
+                    joined_start, joined_end, _ = out.pop()
+                    append((joined_start, max(joined_end, stop), REDACTED))
+                else:
+                    append((position, stop, REDACTED))
+                previous = index
+                position = stop
             if hi > end:
                 break
             index += 1
         if position < end:
-            cut.append(((position, end, None), -1))
+            append((position, end, None))
+            previous = -1
+    return out
+
+
+def _masked_intervals(length: int, merged: list[tuple[int, int]]) -> list[_Piece]:
+    """`_mask_more([(0, length, None)], intervals)`, given the intervals merged: one
+    marker for each, the text between them kept."""
     out: list[_Piece] = []
-    previous = -1
-    for (start, end, text), owner in cut:
-        if owner < 0:
-            out.append((start, end, text))
-        elif owner == previous:
-            out[-1] = (out[-1][0], max(out[-1][1], end), REDACTED)
-        else:
-            out.append((start, end, REDACTED))
-        previous = owner
+    position = 0
+    for lo, hi in merged:
+        if lo >= length:
+            break
+        if hi > position:
+            if lo > position:
+                out.append((position, lo, None))
+                position = lo
+            end = hi if hi < length else length
+            out.append((position, end, REDACTED))
+            position = end
+        if hi > length:
+            break
+    if position < length:
+        out.append((position, length, None))
     return out
 
 
 def _render(pieces: list[_Piece], original: str) -> str:
     if len(pieces) == 1 and pieces[0] == (0, len(original), None):
         return original
-    return "".join(original[start:end] if text is None else text for start, end, text in pieces)
+    return "".join([original[start:end] if text is None else text for start, end, text in pieces])
 
 
 # No pattern matches fewer characters (`://:p@`): shorter texts only hold literal secrets.
@@ -1051,7 +1191,7 @@ def _redact(text: str, secrets: Sequence[str]) -> str:
     if not extra:
         return _reference_rules(text, gate)
     # Phase 3 masks something: phase 2 has to remember where its output came from.
-    trace = _Trace(text, gate)
+    trace = _Trace(text, gate, track_matches=False)
     trace.reference_phases(())
     pieces = _mask_more(trace.pieces, [(start, end) for _, _, start, end in extra])
     return _render(pieces, text)
@@ -1105,6 +1245,35 @@ def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> s
     secrets = _literal_secrets(extra_secrets)
     if not context:
         return _redact(tail, secrets)
+    split = _line_after_cut(context, tail, secrets)
+    if split == len(tail):
+        return _redact_across(tail, context, secrets)
+    # Only the first line can see the cut: the rest costs what `redact` costs, without
+    # tracing where each piece of its output came from.
+    head, rest = tail[:split], tail[split:]
+    head_out, rest_out = _redact_across(head, context, secrets), _redact(rest, secrets)
+    if head_out is head and rest_out is rest:
+        return tail  # nothing in it masked: the tail as given, not a copy of it
+    return head_out + rest_out
+
+
+def _line_after_cut(context: str, tail: str, secrets: Sequence[str]) -> int:
+    """Where in `tail` the text starts that is redacted the same with `context` before it
+    as on its own: just after the tail's first newline, when no match can run across
+    that newline. Only a private key block and a literal secret holding a newline can;
+    when either may, the whole tail (`len(tail)`)."""
+    newline = tail.find("\n")
+    if newline < 0 or any("\n" in secret for secret in secrets):
+        return len(tail)
+    split = newline + 1
+    reach = len(_PEM_START) - 1  # a block's opening cut in two is still one opening
+    if _PEM_START in context or _PEM_START in context[-reach:] + tail[:split]:
+        return len(tail)
+    return split
+
+
+def _redact_across(tail: str, context: str, secrets: Sequence[str]) -> str:
+    """`redact_tail` on phases 1 to 3 (`secrets` as `_literal_secrets` gives them)."""
     joined = context + tail
     cut = len(context)
     seen = _Trace(joined)
@@ -1128,7 +1297,7 @@ def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> s
         kept = _mask_more(kept, intervals)
     if kept == [(cut, len(joined), None)]:
         return tail  # nothing in it masked: the tail as given, not a copy of it
-    return "".join(joined[start:end] if text is None else text for start, end, text in kept)
+    return "".join([joined[start:end] if text is None else text for start, end, text in kept])
 
 
 def _may_start_differently(context: str, tail: str) -> bool:

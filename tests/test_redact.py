@@ -756,8 +756,9 @@ def test_a_secret_across_the_cut_is_masked_from_the_start_of_the_tail() -> None:
 
 
 def test_a_cut_tail_is_redacted_once() -> None:
-    # One redaction of context + tail; when a match runs across the cut, the tail's first
-    # line alone is redacted again (what the old rule compares), never the whole tail.
+    # Only context + the tail's first line is traced (no match can run past its newline);
+    # when a match runs across the cut, that first line alone is redacted again (what the
+    # old rule compares). The rest of the tail is redacted once, on its own.
     lines = "".join(f"line {i}: all is well\n" for i in range(3000))
     lengths: list[int] = []
     original_init = _redact._Trace.__init__
@@ -770,10 +771,11 @@ def test_a_cut_tail_is_redacted_once() -> None:
     context, tail = f"head\npassword={key[:10]}", key[10:] + " rest\n" + lines
     with mock.patch.object(_redact._Trace, "__init__", counting):
         assert redact_tail(lines, "head\nmore\n") == lines
-        assert lengths == [len("head\nmore\n") + len(lines)]
+        assert lengths == [len("head\nmore\n") + len("line 0: all is well\n")]
         lengths.clear()
         kept = redact_tail(tail, context)
-        assert lengths == [len(context) + len(tail), len(key) - 10 + len(" rest\n")]
+        first_line = len(key) - 10 + len(" rest\n")
+        assert lengths == [len(context) + first_line, first_line]
     assert kept == REDACTED + " rest\n" + lines == reference.redact_tail(tail, context)
 
 
