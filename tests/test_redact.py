@@ -755,6 +755,40 @@ def test_a_secret_across_the_cut_is_masked_from_the_start_of_the_tail() -> None:
     assert redact_tail(text[cut:], text[:cut]) == f"{REDACTED} done\nlast line\n"
 
 
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=corpus_texts(list(SAMPLES)))
+def test_a_named_pattern_scanned_whole_finds_what_its_starts_find(case: _Case) -> None:
+    # Where names are dense the named patterns scan the whole fold instead of trying each
+    # start: the two ways must take the same matches.
+    low = _redact._fold(case[0])
+    named = [step for step in ALL_PASSES if step.named]
+    assert {step.name for step in named} == {"key_value", "escaped_key_value"}
+    for step in named:
+        tried = _redact._matches_from(step.pattern, low, _redact._name_starts(low))
+        assert [m.span() for m in step.pattern.finditer(low)] == [m.span() for m in tried]
+
+
+def test_a_long_text_dense_with_credentials_is_redacted_as_its_lines() -> None:
+    # The dense ways (a named pattern scanning the whole fold, masks laid into a long
+    # trace) on a text past every size threshold give what redacting each line alone
+    # gives: no rule matches across a newline but a private key block, left out here.
+    lines = [
+        sample.text.replace("\n", " ") + "\n"
+        for sample in SAMPLES
+        if not sample.extra_secrets and "PRIVATE KEY" not in sample.text
+    ]
+    lines += ["api_key=abc", "token: x y", '"password": "p4ss"', "no secret here"]
+    lines = [line if line.endswith("\n") else line + "\n" for line in lines]
+    text_lines = lines * (5 * _redact._DENSE_SAMPLE // len("".join(lines)) + 1)
+    text = "".join(text_lines)
+    assert _redact._names_dense(_redact._fold(text))
+    expected = "".join(redact(line) for line in lines) * (len(text_lines) // len(lines))
+    assert redact(text) == expected
+    assert redact_tail(text, "some context\nbefore the cut ") == expected
+    cut = len(lines[0]) // 2
+    assert redact_tail(text[cut:], text[:cut]).endswith(expected[len(redact(lines[0])) :])
+
+
 def test_a_cut_tail_is_redacted_once() -> None:
     # Only context + the tail's first line is traced (no match can run past its newline);
     # when a match runs across the cut, that first line alone is redacted again (what the
