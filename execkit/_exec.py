@@ -96,10 +96,11 @@ from execkit._redact import (
     redact_tail,
     secret_env_values,
 )
-from execkit._tail import TailBuffer
+from execkit._tail import KeptText, TailBuffer
 from execkit._validate import integer_arg, is_integer, number_arg
 
 __all__ = [
+    "BINARY_NOTICE",
     "DEFAULT_HEARTBEAT_S",
     "MAX_TAIL_BYTES",
     "TREE_MECHANISMS",
@@ -138,6 +139,8 @@ PR_SET_PDEATHSIG in the module docstring.)
 _POPEN_TYPES: tuple[type[subprocess.Popen[bytes]]] = (subprocess.Popen,)
 
 _CUT = "…"
+BINARY_NOTICE = "[binary output: {} bytes not kept]"
+"""Where a tail's binary output was dropped (`TailBuffer.kept`), with its byte count."""
 _CHUNK = 64 * 1024
 # After the child is reaped: how long pipes held open by a surviving descendant are still
 # read before they are closed. Data the child itself wrote is already in the pipe by then.
@@ -589,17 +592,13 @@ def _not_started(plan: _Plan, exc: OSError, started: float) -> SpawnResult:
     )
 
 
-def _context_of(buffer: TailBuffer) -> str:
-    """What came just before a cut tail (a credential may run across the cut); else ""."""
-    if not buffer.truncated:
-        return ""
-    return buffer.context_bytes().decode("utf-8", errors="replace")
-
-
-def _redacted_tail(text: str, context: str, secrets: tuple[str, ...]) -> str:
-    if not text and not context:
-        return ""  # nothing to mask: the redactor is not worth a call
-    return redact_tail(text, context, secrets)
+def _stored_tail(kept: KeptText, secrets: tuple[str, ...]) -> str:
+    """A stream's tail as a result holds it: redacted, binary output dropped (see
+    `TailBuffer.kept`) and counted in a notice where it was."""
+    text, context, binary_bytes = kept
+    if text or context:  # else nothing to mask: the redactor is not worth a call
+        text = redact_tail(text, context, secrets)
+    return BINARY_NOTICE.format(binary_bytes) + text if binary_bytes else text
 
 
 def _finished(
@@ -612,10 +611,11 @@ def _finished(
     started: float,
     mechanism: TreeMechanism,
 ) -> SpawnResult:
-    out_text, out_context = out.text(), _context_of(out)
-    err_text, err_context = err.text(), _context_of(err)
+    out_kept, err_kept = out.kept(), err.kept()
     longest = max(
-        len(out_text) + len(out_context), len(err_text) + len(err_context), *map(len, plan.argv)
+        len(out_kept.text) + len(out_kept.context),
+        len(err_kept.text) + len(err_kept.context),
+        *map(len, plan.argv),
     )
     secrets = _secrets_for(plan, longest)
     return SpawnResult(
@@ -627,8 +627,8 @@ def _finished(
         spawn_error=None,
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
-        stdout_tail=_redacted_tail(out_text, out_context, secrets),
-        stderr_tail=_redacted_tail(err_text, err_context, secrets),
+        stdout_tail=_stored_tail(out_kept, secrets),
+        stderr_tail=_stored_tail(err_kept, secrets),
         stdout_bytes=out.total,
         stderr_bytes=err.total,
         stdout_truncated=out.truncated,
@@ -637,10 +637,12 @@ def _finished(
     )
 
 
-def _post_exit_seconds(data: bytes) -> float:
-    """The work `spawn` does after its child exits, timed over a tail of `data` kept whole
-    (the benchmark and the bound in tests/test_exec_tree.py)."""
-    size = max(1, len(data))
+def _post_exit_seconds(data: bytes, tail_bytes: int | None = None) -> float:
+    """The seconds the work `spawn` does after its child exits takes when the child wrote
+    `data` and the last `tail_bytes` of it are kept (all by default; fewer cut the tail,
+    with context before it): what benchmarks/bench_exec.py and tests/test_exec_tree.py
+    measure."""
+    size = max(1, len(data) if tail_bytes is None else tail_bytes)
     plan = _plan(["true"], None, None, None, False, None, 5.0, size, None, None, _POPEN_TYPES[0])
     out = TailBuffer(plan.tail_bytes, _REDACT_CONTEXT)
     err = TailBuffer(plan.tail_bytes, _REDACT_CONTEXT)
@@ -2095,7 +2097,9 @@ def spawn(
       leaves them running instead (a timeout still stops them all). How the tree was
       contained is `tree_mechanism` on the result (see `tree_mechanism()`).
     - Each stream keeps its last `tail_bytes` (1..256 MiB) bytes, decoded as UTF-8 with
-      replacement and redacted; byte totals and `*_truncated` are exact.
+      replacement and redacted; byte totals and `*_truncated` are exact. A tail that is
+      binary output (more than a quarter of it NUL or not UTF-8) keeps only the text
+      after its last such byte, behind `[binary output: N bytes not kept]`.
     - `on_stdout`/`on_stderr` get every raw chunk live, unredacted, in the calling thread.
       If one raises, the process tree is SIGKILLed and the exception propagates.
     - `heartbeat` is called every `heartbeat_s` (> 0 s) while the child lives, first after

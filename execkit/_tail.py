@@ -7,13 +7,23 @@ from then on is a ring that is overwritten in place, so each byte is copied once
 
 `fill(fd)` reads straight from a file descriptor into the ring (no intermediate `bytes`
 per read), which is what `spawn` does for a stream nobody watches live.
+
+`kept()` is what of the tail is stored as text. A tail that is binary output (more than a
+quarter of it NUL bytes or bytes that are not UTF-8: random data, compressed or
+executable files, text in a legacy 8-bit encoding) is not kept as text: decoded, it
+would be replacement characters an operator cannot read, it can hold a credential in a
+form no text rule recognises (a DER key, a memory dump), and it costs the redactor most
+(every character it looks for occurs somewhere in it). Only the text after its last NUL or
+undecodable byte is kept, with the count of the bytes dropped before it, as journald
+shows "[blob data]" and grep "binary file matches".
 """
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
-__all__ = ["TailBuffer"]
+__all__ = ["KeptText", "TailBuffer"]
 
 # A UTF-8 continuation byte is 0b10xxxxxx; a character is at most 4 bytes long, so at
 # most 3 of them can precede the first character boundary of a cut tail.
@@ -21,6 +31,22 @@ _MAX_CONTINUATION_SKIP = 3
 
 # Bytes read at once while the buffer is still growing (a full pipe's worth by default).
 _GROW_READ = 64 * 1024
+
+# A tail is binary output when more than one byte in this many is a NUL or not UTF-8.
+# Text in UTF-8 has none; Latin-1 French or German has 1 in 6 to 1 in 11; random or
+# compressed data has about 2 in 5, an executable 1 in 3 besides its NULs.
+_BINARY_SHARE = 4
+
+
+class KeptText(NamedTuple):
+    """What of a tail is kept as text (see `TailBuffer.kept`)."""
+
+    text: str
+    """The kept text, decoded as UTF-8 with replacement (not yet redacted)."""
+    context: str
+    """What came just before `text`, so a redactor can see a credential cut in two."""
+    binary_bytes: int
+    """Bytes of binary output just before `text` that are not kept (0: none)."""
 
 
 class TailBuffer:
@@ -145,6 +171,9 @@ class TailBuffer:
         When the tail was cut, leading continuation bytes of a character whose start was
         dropped are skipped, so the text does not open with a replacement character.
         """
+        return str(self._text_bytes(), "utf-8", "replace")
+
+    def _text_bytes(self) -> bytes | memoryview:
         start, stop = self._tail_span()
         if self.truncated:
             head = b"".join(self._segments(start, min(stop, start + _MAX_CONTINUATION_SKIP)))
@@ -155,5 +184,25 @@ class TailBuffer:
         segments = self._segments(start, stop)
         # A wrapped ring is joined as bytes and decoded once: joining two decoded halves
         # would copy the text again, at up to four bytes per character.
-        kept = segments[0] if len(segments) == 1 else b"".join(segments)
-        return str(kept, "utf-8", "replace")
+        return segments[0] if len(segments) == 1 else b"".join(segments)
+
+    def kept(self) -> KeptText:
+        """The tail as `text()` decodes it, with the bytes before it as `context` when it
+        was cut; or, when the tail is binary output, only the text after its last NUL or
+        undecodable byte, with the text before that as `context`. Never raises.
+        """
+        raw = self._text_bytes()
+        text = str(raw, "utf-8", "replace")
+        binary = text.count("\ufffd")  # no cost on text that cannot hold one (ASCII)
+        if "\0" in text:  # a memchr; counting costs more than the decode
+            binary += text.count("\0")
+        if binary * _BINARY_SHARE <= len(raw):
+            context = "" if not self.truncated else str(self.context_bytes(), "utf-8", "replace")
+            return KeptText(text, context, 0)
+        cut = max(text.rfind("\ufffd"), text.rfind("\0")) + 1
+        after = text[cut:]
+        # `after` holds no replacement character, so it encodes back to exactly its bytes;
+        # the rest of the tail (a cut character's skipped bytes included) is dropped.
+        start, stop = self._tail_span()
+        dropped = stop - start - len(after.encode("utf-8"))
+        return KeptText(after, text[max(0, cut - self._keep + self._limit) : cut], dropped)

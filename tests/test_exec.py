@@ -247,6 +247,20 @@ def test_binary_garbage_never_raises_and_counts_exactly() -> None:
     result.to_dict()  # JSON-safe even with replacement characters
 
 
+def test_binary_output_is_counted_and_the_text_after_it_kept_redacted() -> None:
+    # A vendor CLI that dumps binary, then prints its error: the error is what matters,
+    # and a value cut from its name by a NUL is still masked (the name is context).
+    after = b"hunter2hunter2\nError: 503 Service Unavailable\n"
+    code = (
+        "import os, sys; out = sys.stdout.buffer; out.write(os.urandom(100000));"
+        f" out.write(b'password=\\0' + {after!r})"
+    )
+    result = spawn([*PY, "-c", code], tail_bytes=65536)
+    assert result.ok and result.stdout_bytes == 100000 + len(b"password=\0") + len(after)
+    notice = f"[binary output: {65536 - len(after)} bytes not kept]"
+    assert result.stdout_tail == notice + "[REDACTED]\nError: 503 Service Unavailable\n"
+
+
 def test_tail_does_not_open_in_the_middle_of_a_character() -> None:
     # "é" is 2 bytes; an odd limit would start on its second byte without realignment.
     result = spawn([*PY, "-c", "import sys; sys.stdout.write('é' * 1000)"], tail_bytes=11)
@@ -541,7 +555,8 @@ def test_memory_stays_flat_for_hundreds_of_mib() -> None:
         done.set()
         sampler.join(10)
     assert result.ok and result.stdout_bytes == 300 * 1024 * 1024
-    assert len(result.stdout_tail) == 65536
+    # NUL bytes are binary output: counted in the tail, not kept as text.
+    assert result.stdout_tail == "[binary output: 65536 bytes not kept]"
     # 300 MiB went through; the parent grew by well under 16 MiB (tails are 64 KiB).
     assert peak - baseline < 16 * 1024 * 1024, f"grew {(peak - baseline) >> 20} MiB"
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from secrets_corpus import SAMPLES, Sample, leaked
 
-from execkit._tail import TailBuffer
+from execkit import _exec
+from execkit._redact import redact
+from execkit._tail import KeptText, TailBuffer
 
 chunks = st.lists(st.binary(max_size=300), max_size=30)
 
@@ -146,3 +150,104 @@ def test_the_ring_is_never_larger_than_what_it_keeps(chunks: list[bytes], limit:
     for chunk in chunks:
         tail.feed(chunk)
         assert len(tail._buf) <= limit + 5
+
+
+# ================================================================ binary output
+
+
+def _kept(data: bytes, limit: int | None = None, context: int = 4096) -> KeptText:
+    tail = TailBuffer(len(data) if limit is None else limit, context)
+    tail.feed(data)
+    return tail.kept()
+
+
+@settings(max_examples=500)
+@given(
+    chunks=st.lists(
+        st.one_of(
+            st.binary(max_size=60),
+            st.text(max_size=60).map(lambda text: text.encode("utf-8")),
+            st.sampled_from([b"\0", b"\xff", b"\xc3", b"\n", b"token=", b"\xe2\x84\xaa"]),
+        ),
+        max_size=20,
+    ),
+    limit=st.integers(min_value=1, max_value=400),
+)
+def test_kept_is_the_text_or_what_follows_the_binary_output(
+    chunks: list[bytes], limit: int
+) -> None:
+    tail = TailBuffer(limit, 50)
+    for chunk in chunks:
+        tail.feed(chunk)
+    text, raw = tail.text(), tail._text_bytes()
+    kept = tail.kept()
+    undecodable = text.count("\ufffd") + text.count("\0")
+    if undecodable * 4 <= len(raw):  # text: as `text()` has it, with the bytes before
+        context = tail.context_bytes().decode("utf-8", "replace") if tail.truncated else ""
+        assert kept == KeptText(text, context, 0)
+        return
+    # Binary: only what follows the last NUL or undecodable byte, which is valid UTF-8,
+    # and the exact count of the kept bytes before it.
+    assert kept.binary_bytes > 0
+    assert tail.tail_bytes()[kept.binary_bytes :].decode("utf-8") == kept.text
+    assert "\ufffd" not in kept.text and "\0" not in kept.text
+    before = text[: len(text) - len(kept.text)]
+    assert text.endswith(kept.text) and before[-1] in "\ufffd\0"
+    assert before.endswith(kept.context) and len(kept.context) <= 50
+
+
+def test_text_in_a_legacy_encoding_is_kept_as_text() -> None:
+    # Latin-1 German: one byte in nine is not UTF-8. Damaged, but text an operator reads.
+    data = "Größe der Datei: 12 MB, Übertragung läuft...\n".encode("latin-1") * 100
+    kept = _kept(data)
+    assert kept.binary_bytes == 0 and kept.text.startswith("Gr\ufffd\ufffde der Datei")
+
+
+@pytest.mark.parametrize(
+    ("data", "binary"),
+    [
+        (b"abc\0", False),  # a quarter of it: still text
+        (b"ab\0", True),  # more than a quarter
+        (b"\xff\xfeabcdef", False),
+        (b"\xff\xfe\xfdabcdef", True),
+        (b"\0" * 10, True),
+    ],
+)
+def test_binary_is_more_than_a_quarter_nul_or_not_utf8(data: bytes, binary: bool) -> None:
+    assert (_kept(data).binary_bytes > 0) == binary
+
+
+def test_binary_output_keeps_the_text_after_it_and_counts_the_rest() -> None:
+    noise = random.Random(1).randbytes(100_000)
+    line = b"Error: 503 Service Unavailable\n"
+    kept = _kept(noise + b"\0" + line, limit=65_536)
+    assert kept == KeptText(line.decode(), kept.context, 65_536 - len(line))
+    assert kept.context.endswith("\0") and len(kept.context) == 4096
+    assert _kept(noise + b"\0").text == ""  # binary to the end: nothing kept as text
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    sample=st.sampled_from(SAMPLES),
+    noise=st.binary(min_size=1, max_size=300),
+    after=st.text(max_size=30),
+    data=st.data(),
+)
+def test_binary_output_never_lets_a_secret_through(
+    sample: Sample, noise: bytes, after: str, data: st.DataObject
+) -> None:
+    # Binary output and then a credential, with a NUL somewhere before the secret (between
+    # a name and its value, say): the binary part is dropped and the rest is redacted with
+    # what came before it, so wherever the whole text would have been masked, it is.
+    line = sample.text + after
+    at = data.draw(st.integers(min_value=0, max_value=line.index(sample.secret)), label="nul")
+    text_bytes = (line[:at] + "\0" + line[at:]).encode("utf-8")
+    masked_as_text = redact(text_bytes.decode("utf-8"), sample.extra_secrets)
+    assume(not leaked(sample.secret, masked_as_text))
+    tail = TailBuffer(1 << 16, 4096)
+    tail.feed(b"\0" * (4 * len(text_bytes)) + noise + text_bytes)
+    kept = tail.kept()
+    assert kept.binary_bytes > 0
+    stored = _exec._stored_tail(kept, sample.extra_secrets)
+    assert stored.startswith(_exec.BINARY_NOTICE.format(kept.binary_bytes))
+    assert not leaked(sample.secret, stored), stored
