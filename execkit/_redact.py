@@ -1099,6 +1099,18 @@ def _mask_more(pieces: list[_Piece], intervals: list[tuple[int, int]]) -> list[_
     append = out.append
     count = len(merged)
     previous = -1  # the interval the last fragment out went to, or -1 (kept as it was)
+
+    def mask(owner: int, start: int, end: int) -> None:
+        """Mask a fragment for interval `owner`: one marker with the one before it, if
+        that went to the same interval."""
+        nonlocal previous
+        if owner == previous:
+            joined_start, joined_end, _ = out.pop()
+            append((joined_start, max(joined_end, end), REDACTED))
+        else:
+            append((start, end, REDACTED))
+        previous = owner
+
     first = 0  # the first interval that may still touch this piece or a later one
     for piece in pieces:
         start, end, text = piece
@@ -1116,12 +1128,7 @@ def _mask_more(pieces: list[_Piece], intervals: list[tuple[int, int]]) -> list[_
         if text is not None:
             # A marker's later part (start == end) goes with its marker.
             if lo < end and start < hi if start < end else lo < start <= hi:
-                if first == previous:
-                    joined_start, joined_end, _ = out.pop()
-                    append((joined_start, max(joined_end, end), REDACTED))
-                else:
-                    append((start, end, REDACTED))
-                previous = first
+                mask(first, start, end)
             else:
                 append(piece)
                 previous = -1
@@ -1138,12 +1145,7 @@ def _mask_more(pieces: list[_Piece], intervals: list[tuple[int, int]]) -> list[_
                     previous = -1
                     position = lo
                 stop = hi if hi < end else end
-                if index == previous:
-                    joined_start, joined_end, _ = out.pop()
-                    append((joined_start, max(joined_end, stop), REDACTED))
-                else:
-                    append((position, stop, REDACTED))
-                previous = index
+                mask(index, position, stop)
                 position = stop
             if hi > end:
                 break

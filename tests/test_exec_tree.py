@@ -439,43 +439,38 @@ def bounded_ratio(bound: float, measure: Callable[[], float]) -> float:
     return measured if measured <= bound else min(measured, measure())
 
 
-def test_post_exit_work_on_a_huge_tail_stays_bounded() -> None:
-    # Log lines with the words redaction looks for, so the redactor has work to do on
-    # every line, against a decode and one substring search over the same 32 MiB: the work
-    # is about a dozen such passes (11 to 15 measured; a decode alone is a memory copy
-    # for ASCII, whose speed against the rest differs too much between machines).
-    data = kept_tails.log_lines(32 * 1024 * 1024 + 4096)
-    floor = kept_tails.search_once
-    measured = bounded_ratio(20, lambda: post_exit_ratio(data, 3, cut=4096, floor=floor))
-    assert measured <= 20, f"post-exit work on log lines took {measured:.1f}x the floor"
+MIB = 1024 * 1024
+
+# Each kind of huge cut tail (tests/kept_tails.py), against a floor of what any redactor
+# must do to it, with the ratio it must stay within:
+# - log lines holding the words redaction looks for, against a decode and one substring
+#   search: about a dozen such passes (11 to 15 measured; a decode alone is a memory copy
+#   for ASCII, whose speed against the rest differs too much between machines);
+# - valid UTF-8 decoding to four bytes a character, made of every character the rules
+#   look for, against the same floor: no search can be skipped, each over the widest
+#   string (12 to 20);
+# - binary output against a decode: counted, never searched (1.3 to 1.6; 3.1 to 5.7 when
+#   it was kept as text, where every letter the rules look for occurs);
+# - a credential on every line against one `re.sub` in C that masks a word a line (4 to
+#   5; 9 to 10 while the whole cut tail was traced).
+POST_EXIT_BOUNDS = [
+    pytest.param(kept_tails.log_lines, 32 * MIB, kept_tails.search_once, 20, id="log-lines"),
+    pytest.param(kept_tails.wide_text, 32 * MIB, kept_tails.search_once, 25, id="wide-text"),
+    pytest.param(kept_tails.random_bytes, 32 * MIB, None, 2.2, id="binary"),
+    pytest.param(kept_tails.credential_log, 16 * MIB, kept_tails.mask_last_words, 7, id="dense"),
+]
 
 
-def test_the_widest_text_costs_a_bounded_number_of_passes() -> None:
-    # Valid UTF-8 that decodes to four bytes a character, made of every character the
-    # rules look for: no search can be skipped and each is over the widest string.
-    data = kept_tails.wide_text(32 * 1024 * 1024 + 4096)
-    floor = kept_tails.search_once
-    measured = bounded_ratio(20, lambda: post_exit_ratio(data, 2, cut=4096, floor=floor))
-    assert measured <= 20, f"post-exit work on wide text took {measured:.1f}x the floor"
-
-
-def test_binary_output_costs_about_a_decode() -> None:
-    # Random bytes are binary output: decoded once and counted, never searched. Kept as
-    # text they cost 3.1 to 5.7 decodes (every letter redaction looks for occurs in them,
-    # four bytes a character); counted, 1.3 to 1.6.
-    data = kept_tails.random_bytes(32 * 1024 * 1024 + 4096)
-    measured = bounded_ratio(2.2, lambda: post_exit_ratio(data, 3, cut=4096))
-    assert measured <= 2.2, f"binary output took {measured:.1f}x a decode of it"
-
-
-def test_a_tail_dense_with_credentials_costs_a_few_passes_of_re() -> None:
-    # A credential on every line, the tail cut (so context is looked at): against one
-    # `re.sub` in C that masks one word a line, the work measured 9 to 10 such passes
-    # while the whole cut tail was traced, 4 to 5 since only its first line is.
-    data = kept_tails.credential_log(16 * 1024 * 1024 + 4096)
-    floor = kept_tails.mask_last_words
-    measured = bounded_ratio(7, lambda: post_exit_ratio(data, 2, cut=4096, floor=floor))
-    assert measured <= 7, f"a credential-dense tail took {measured:.1f}x the floor"
+@pytest.mark.parametrize(("build", "size", "floor", "bound"), POST_EXIT_BOUNDS)
+def test_post_exit_work_on_a_huge_cut_tail_is_bounded(
+    build: Callable[[int], bytes],
+    size: int,
+    floor: Callable[[str], object] | None,
+    bound: float,
+) -> None:
+    data = build(size + 4096)
+    measured = bounded_ratio(bound, lambda: post_exit_ratio(data, 2, cut=4096, floor=floor))
+    assert measured <= bound, f"the work after the exit took {measured:.1f}x its floor"
 
 
 def test_post_exit_work_besides_redaction_is_about_one_decode(
