@@ -1259,13 +1259,16 @@ def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> s
     split = _line_after_cut(context, tail, secrets)
     if split == len(tail):
         return _redact_across(tail, context, secrets)
-    # Only the first line can see the cut: the rest costs what `redact` costs, without
-    # tracing where each piece of its output came from.
-    head, rest = tail[:split], tail[split:]
-    head_out, rest_out = _redact_across(head, context, secrets), _redact(rest, secrets)
-    if head_out is head and rest_out is rest:
-        return tail  # nothing in it masked: the tail as given, not a copy of it
-    return head_out + rest_out
+    # Only the first line can see the cut: the tail costs what `redact` costs, without
+    # tracing where each piece of its output came from, and its redaction is the first
+    # line's followed by the rest's. Where the cut changes nothing in the first line
+    # (almost always), that is the answer as it is, not a copy of it.
+    head = tail[:split]
+    head_out, head_alone = _redact_across(head, context, secrets), _redact(head, secrets)
+    whole = _redact(tail, secrets)
+    if head_out == head_alone:
+        return whole
+    return head_out + whole[len(head_alone) :]
 
 
 def _line_after_cut(context: str, tail: str, secrets: Sequence[str]) -> int:
