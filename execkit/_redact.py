@@ -1067,20 +1067,23 @@ def _aws_secret_spans(step: _Pass, text: str, low: str) -> list[tuple[int, int, 
             found, after = word.start(), word.end(1)
             line_end = low.find("\n", after, found + _AWS_WINDOW)
             reach.append((after, found + _AWS_WINDOW if line_end < 0 else line_end))
-    reach.sort()
+    # Where tokens may start, as disjoint stretches: the words of one line ("aws" and
+    # "secret" in AWS_SECRET_ACCESS_KEY) reach over the same text.
+    stretches: list[tuple[int, int]] = []
+    for first, last in sorted(reach):
+        if stretches and first <= stretches[-1][1] + 1:
+            if last > stretches[-1][1]:
+                stretches[-1] = (stretches[-1][0], last)
+        elif first <= last:
+            stretches.append((first, last))
     spans: list[tuple[int, int, int, int]] = []
-    searched = 0  # tokens starting before this were looked for already
-    for first, last in reach:
-        first = max(first, searched)
-        if first > last:
-            continue
+    for first, last in stretches:
         # A token starting at `last` ends 40 characters on; the one after shows its end.
         for match in step.pattern.finditer(text, first, min(len(text), last + 41)):
             if match.start() > last:
                 break
             if _aws_secret(match) is not None:
                 spans.append((match.start(), match.end(), match.start(), match.end()))
-        searched = last + 1
     return spans
 
 
