@@ -204,6 +204,9 @@ _STRIPE_AFTER_R_OR_S = r"k_(?:live|test|prod)_(?<![A-Za-z0-9].{8})[A-Za-z0-9]{10
 _PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
 _PEM_START = "-----BEGIN"  # the one shape whose match can run over a newline
+# `redact_tail` redacts a cut tail's first line apart only when it is at most this
+# fraction of the tail (it is redacted three times: with the context, alone, in the tail).
+_SHORT_HEAD = 8
 
 _SOURCES = {
     # The header stays readable; the body (base64 lines, `Proc-Type:`/`DEK-Info:` headers,
@@ -1260,7 +1263,9 @@ def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> s
     if not context:
         return _redact(tail, secrets)
     split = _line_after_cut(context, tail, secrets)
-    if split == len(tail):
+    if split * _SHORT_HEAD > len(tail):
+        # The first line is most of the tail (or all of it): redacting it twice more
+        # would cost more than tracing the whole tail once.
         return _redact_across(tail, context, secrets)
     # Only the first line can see the cut: the tail costs what `redact` costs, without
     # tracing where each piece of its output came from, and its redaction is the first
@@ -1284,7 +1289,11 @@ def _line_after_cut(context: str, tail: str, secrets: Sequence[str]) -> int:
         return len(tail)
     split = newline + 1
     reach = len(_PEM_START) - 1  # a block's opening cut in two is still one opening
-    if _PEM_START in context or _PEM_START in context[-reach:] + tail[:split]:
+    if (
+        _PEM_START in context
+        or _PEM_START in context[-reach:] + tail[:reach]
+        or tail.find(_PEM_START, 0, split) >= 0
+    ):
         return len(tail)
     return split
 

@@ -810,6 +810,12 @@ def test_a_cut_tail_is_redacted_once() -> None:
         kept = redact_tail(tail, context)
         first_line = len(key) - 10 + len(" rest\n")
         assert lengths == [len(context) + first_line, first_line]
+        lengths.clear()
+        # A first line that is most of the tail is traced with the rest, once, rather
+        # than redacted three times over.
+        one_line = "x=1 " * 5000 + "\nlast\n"
+        assert redact_tail(one_line, "head\n") == one_line
+        assert lengths == [len("head\n") + len(one_line)]
     assert kept == REDACTED + " rest\n" + lines == reference.redact_tail(tail, context)
 
 
