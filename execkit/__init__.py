@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 # name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     "AdmissionRefused": "execkit._errors",
-    "AgentFailed": "execkit._errors",
+    "AgentFailed": "execkit._proof",
     "AttemptLimitReached": "execkit._errors",
     "Conflict": "execkit._errors",
     "ExecKitError": "execkit._errors",
@@ -149,7 +149,6 @@ if TYPE_CHECKING:
     )
     from execkit._errors import (
         AdmissionRefused,
-        AgentFailed,
         AttemptLimitReached,
         Conflict,
         ExecKitError,
@@ -174,6 +173,7 @@ if TYPE_CHECKING:
         spawn_async,
     )
     from execkit._proof import (
+        AgentFailed,
         AgentProof,
         AgentStatus,
         RunProof,

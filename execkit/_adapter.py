@@ -19,6 +19,7 @@ let `execkit adapters` say whether credentials look present; their values are ne
 
 from __future__ import annotations
 
+import enum
 import errno as errno_names
 import os
 from collections.abc import Iterable, Mapping
@@ -42,13 +43,13 @@ from execkit._exec import SpawnFailure, SpawnResult
 from execkit._json import json_key, to_json
 from execkit._redact import redact
 from execkit._validate import checked, finite, integer, opt_checked
-from execkit.adapterkit import ErrorKind
 
 __all__ = [
     "NO_ENVELOPE",
     "Adapter",
     "AgentRequest",
     "Envelope",
+    "ErrorKind",
     "MappedResult",
     "billing_precondition",
     "credential_env_of",
@@ -57,6 +58,37 @@ __all__ = [
     "map_result",
     "precondition_for",
 ]
+
+
+class ErrorKind(enum.StrEnum):
+    """What a vendor's structured output said a failure was (`Envelope.error_kind`).
+
+    Only for what the adapter read from structure (an error type field, the CLI's own
+    fixed error event), never from searching free text: `map_result` acts on it.
+
+    | kind | class | meaning |
+    |---|---|---|
+    | `credentials` | environment | the vendor refused or lacks the credentials |
+    | `billing` | environment | credit or quota exhausted (upstream if a reset is stated) |
+    | `rate_limited` | upstream | a rate limit |
+    | `usage_limit` | upstream | a plan's usage limit (waits for its reset when stated) |
+    | `overloaded` | upstream | the vendor is at capacity |
+    | `server_error` | upstream | the vendor's own server error type |
+    | `stream_failed` | upstream | the vendor's stream broke off before it completed |
+    | `unreachable` | upstream | the CLI's own connection-error event |
+    | `retrying` | upstream | the CLI's last event was a retry notice (it ended retrying) |
+    """
+
+    CREDENTIALS = "credentials"
+    BILLING = "billing"
+    RATE_LIMITED = "rate_limited"
+    USAGE_LIMIT = "usage_limit"
+    OVERLOADED = "overloaded"
+    SERVER_ERROR = "server_error"
+    STREAM_FAILED = "stream_failed"
+    UNREACHABLE = "unreachable"
+    RETRYING = "retrying"
+
 
 # How much failure text a mapped result keeps: the tail, where the cause usually is.
 _ERROR_CHARS = 2000

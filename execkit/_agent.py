@@ -38,9 +38,9 @@ import attrs
 from execkit._adapter import Adapter, AgentRequest, MappedResult
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass
-from execkit._errors import AgentFailed, InvalidInput
+from execkit._errors import InvalidInput
 from execkit._exec import DEFAULT_HEARTBEAT_S, ProcessStarter, spawn
-from execkit._proof import AgentProof, AgentStatus, RunProof, RunStatus
+from execkit._proof import AgentFailed, AgentProof, AgentStatus, RunProof, RunStatus
 from execkit._redact import redact, secret_env_values
 from execkit._validate import integer_arg, number_arg
 

@@ -17,6 +17,7 @@
     │   └── SchemaTooNew              "schema_too_new"        10
     ├── UnsupportedMove               "unsupported_move"      12
     └── AgentFailed                   "agent_failed"          1    `.proof` says why
+                                      (defined beside the proof it carries, in `_proof`)
 
 `code` is the stable machine-readable name (`{"error": {"code", "message"}}` in JSON) and
 `exit_code` the CLI's documented exit status for it. Both are class attributes, so a
@@ -27,15 +28,11 @@ nothing of execkit still catch it sensibly (`except ValueError`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
-
-if TYPE_CHECKING:
-    from execkit._proof import AgentProof
+from typing import ClassVar
 
 __all__ = [
     "INTERNAL_ERROR_EXIT",
     "AdmissionRefused",
-    "AgentFailed",
     "AttemptLimitReached",
     "Conflict",
     "ExecKitError",
@@ -185,20 +182,10 @@ class UnsupportedMove(ExecKitError):
     exit_code = 12
 
 
-class AgentFailed(ExecKitError):
-    """An agent failed; `proof` (already recorded) says why, with its class."""
-
-    code = "agent_failed"
-
-    def __init__(self, proof: AgentProof) -> None:
-        detail = proof.precondition or proof.error or "no output"
-        cls = proof.failure_class.value if proof.failure_class else "work"
-        super().__init__(f"{proof.harness} agent failed ({cls}: {proof.reason}): {detail}")
-        self.proof = proof
-
-
 def error_types() -> tuple[type[ExecKitError], ...]:
-    """Every error type above, base first: the table the CLI's documentation is built from."""
+    """Every error type, base first: the table the CLI's exit codes and the HTTP API's error
+    codes are built from. It walks the subclasses defined so far; `AgentFailed` lives in
+    `_proof` (it carries a proof), so a table that must name it imports that room first."""
     found: list[type[ExecKitError]] = []
     pending: list[type[ExecKitError]] = [ExecKitError]
     while pending:

@@ -18,13 +18,14 @@ import attrs
 from attrs.validators import ge, instance_of, optional
 
 from execkit._classify import FailureClass
-from execkit._errors import InvalidInput
+from execkit._errors import ExecKitError, InvalidInput
 from execkit._json import json_key, to_json
 from execkit._redact import redact
 from execkit._validate import checked, finite, integer, is_number
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AgentFailed",
     "AgentProof",
     "AgentStatus",
     "RunProof",
@@ -154,6 +155,22 @@ def rollup_class(status: RunStatus, agents: Iterable[AgentProof]) -> FailureClas
 
 def _agents_tuple(agents: Iterable[AgentProof]) -> tuple[AgentProof, ...]:
     return tuple(agents)
+
+
+class AgentFailed(ExecKitError):
+    """An agent failed; `proof` (already recorded) says why, with its class.
+
+    It lives beside `AgentProof` rather than with the other errors in `_errors` because it
+    carries one: the error rooms stay free of the proof's imports.
+    """
+
+    code = "agent_failed"
+
+    def __init__(self, proof: AgentProof) -> None:
+        detail = proof.precondition or proof.error or "no output"
+        cls = proof.failure_class.value if proof.failure_class else "work"
+        super().__init__(f"{proof.harness} agent failed ({cls}: {proof.reason}): {detail}")
+        self.proof = proof
 
 
 @attrs.frozen

@@ -15,18 +15,15 @@ raises for malformed vendor output, and runs in time linear in its input.
 from __future__ import annotations
 
 import email.utils
-import enum
 import json
 import math
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from execkit._adapter import AgentRequest, ErrorKind
 from execkit._classify import stated_wait_s
-
-if TYPE_CHECKING:
-    from execkit._adapter import AgentRequest
 
 __all__ = [
     "ErrorKind",
@@ -42,36 +39,6 @@ __all__ = [
     "request_argv",
     "str_field",
 ]
-
-
-class ErrorKind(enum.StrEnum):
-    """What a vendor's structured output said a failure was (`Envelope.error_kind`).
-
-    Only for what the adapter read from structure (an error type field, the CLI's own
-    fixed error event), never from searching free text: `map_result` acts on it.
-
-    | kind | class | meaning |
-    |---|---|---|
-    | `credentials` | environment | the vendor refused or lacks the credentials |
-    | `billing` | environment | credit or quota exhausted (upstream if a reset is stated) |
-    | `rate_limited` | upstream | a rate limit |
-    | `usage_limit` | upstream | a plan's usage limit (waits for its reset when stated) |
-    | `overloaded` | upstream | the vendor is at capacity |
-    | `server_error` | upstream | the vendor's own server error type |
-    | `stream_failed` | upstream | the vendor's stream broke off before it completed |
-    | `unreachable` | upstream | the CLI's own connection-error event |
-    | `retrying` | upstream | the CLI's last event was a retry notice (it ended retrying) |
-    """
-
-    CREDENTIALS = "credentials"
-    BILLING = "billing"
-    RATE_LIMITED = "rate_limited"
-    USAGE_LIMIT = "usage_limit"
-    OVERLOADED = "overloaded"
-    SERVER_ERROR = "server_error"
-    STREAM_FAILED = "stream_failed"
-    UNREACHABLE = "unreachable"
-    RETRYING = "retrying"
 
 
 def parse_retry_after(text: str | None, *, now: float | None = None) -> float | None:

@@ -51,13 +51,13 @@ from execkit._backoff import Backoff
 from execkit._budget import Attempt, AttemptStatus, DispatchCap, WorkBudget
 from execkit._classify import FailureClass
 from execkit._errors import (
-    AgentFailed,
     ExecKitError,
     InvalidInput,
     StorageError,
     TaskBackingOff,
     error_types,
 )
+from execkit._proof import AgentFailed
 from execkit.ledger import DEFAULT_LEASE_S, Actor, AuditEvent, Grant, Run, Task
 from execkit.ledger._core import attempt_from_run
 

@@ -27,8 +27,8 @@ from execkit._agent import (
 )
 from execkit._budget import Backoff
 from execkit._classify import FailureClass
-from execkit._errors import AgentFailed, InvalidInput
-from execkit._proof import AgentStatus, RunStatus
+from execkit._errors import InvalidInput
+from execkit._proof import AgentFailed, AgentStatus, RunStatus
 from execkit.testing import FakeVendor
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -194,3 +194,88 @@ def test_each_error_code_has_its_own_exit_code() -> None:
     specific = {code: exit for code, exit in by_code.items() if exit != 1}
     assert len(set(specific.values())) == len(specific), specific
     assert all(issubclass(kind, ExecKitError) for kind in kinds)
+
+
+# -- the import graph: no circles, no reaching into another package's rooms ---------------
+
+MODULES = {module_name(path): path for path in SOURCES}
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module `path` names in an import, type-only and function-level ones included
+    (a circle through a type-only import is still two rooms that need each other), with a
+    relative import made absolute and `from P import name` read as `P.name` when that is a
+    module."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _module_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        edges = set()
+        for imported in _imported_names(path):
+            while imported and imported not in MODULES:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                edges.add(imported)
+        graph[name] = edges
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_anywhere_in_execkit() -> None:
+    assert _circles(_module_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    # The check above is only as good as this: a two-room and a three-room circle are found.
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"a"}}
+    assert _circles(graph) == [["a", "b"], ["c", "d", "e"]]

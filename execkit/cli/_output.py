@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
+from execkit._proof import AgentFailed
 from execkit._redact import redact
 
 __all__ = [
@@ -26,8 +27,9 @@ __all__ = [
 ]
 
 # One distinct, documented exit code per error code (README "Exit codes"), read off the
-# error types themselves so the table cannot drift from them.
-EXIT_CODES: dict[str, int] = {kind.code: kind.exit_code for kind in error_types()}
+# error types themselves so the table cannot drift from them (`AgentFailed` named: it is
+# defined in `_proof`, which may not have been imported yet).
+EXIT_CODES: dict[str, int] = {kind.code: kind.exit_code for kind in (*error_types(), AgentFailed)}
 
 # C0 controls, DEL and C1 controls, each written as a visible escape: the usual short
 # escapes for tab, newline and carriage return, `\xNN` for the rest (ESC is `\x1b`).

@@ -27,7 +27,7 @@ _MAX_BODY_LIMIT = 64 * 1024 * 1024
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `serve`."""
-    from execkit.server._listen import DEFAULT_LISTEN
+    from execkit.server import DEFAULT_LISTEN
 
     serve = sub.add_parser(
         "serve",
@@ -128,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(CAPABILITIES))})",
             field="--without-capability",
         )
-    from execkit.server._listen import DEFAULT_LISTEN, parse_listen
+    from execkit.server import DEFAULT_LISTEN, parse_listen
 
     listen = args.listen or DEFAULT_LISTEN
     parse_listen(listen, allow_non_loopback=args.allow_non_loopback)  # before any import
@@ -199,7 +199,7 @@ def _add_token(args: argparse.Namespace) -> int:
         raise InvalidInput(
             "execkit serve: --actor NAME is required with --add-token", field="--actor"
         )
-    from execkit.server._tokens import add_token
+    from execkit.server import add_token
 
     token = add_token(args.add_token, args.actor, args.role)
     if args.json:

@@ -12,9 +12,9 @@ import attrs
 from execkit._adapter import Adapter, AgentRequest
 from execkit._agent import run_agent
 from execkit._classify import FailureClass
-from execkit._errors import AgentFailed, InvalidInput
+from execkit._errors import InvalidInput
 from execkit._exec import ProcessStarter
-from execkit._proof import AgentProof, RunStatus
+from execkit._proof import AgentFailed, AgentProof, RunStatus
 from execkit._redact import redact
 from execkit._validate import integer_arg
 from execkit.dispatch._board import BoardIssue
