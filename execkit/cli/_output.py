@@ -29,7 +29,8 @@ __all__ = [
 # One distinct, documented exit code per error code (README "Exit codes"), read off the
 # error types themselves so the table cannot drift from them (`AgentFailed` named: it is
 # defined in `_proof`, which may not have been imported yet).
-EXIT_CODES: dict[str, int] = {kind.code: kind.exit_code for kind in (*error_types(), AgentFailed)}
+_ERROR_TYPES: tuple[type[ExecKitError], ...] = (*error_types(), AgentFailed)
+EXIT_CODES: dict[str, int] = {kind.code: kind.exit_code for kind in _ERROR_TYPES}
 
 # C0 controls, DEL and C1 controls, each written as a visible escape: the usual short
 # escapes for tab, newline and carriage return, `\xNN` for the rest (ESC is `\x1b`).

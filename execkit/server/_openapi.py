@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from execkit._errors import error_types
+from execkit._errors import ExecKitError, error_types
 from execkit._proof import AgentFailed
 from execkit.ledger import AuditEvent, Grant, Run, Task
 from execkit.server._routes import ENDPOINTS, Endpoint, Field
@@ -83,7 +83,8 @@ def _array_of(name: str) -> dict[str, Any]:
 
 
 def _components() -> dict[str, Any]:
-    codes = sorted({kind.code for kind in (*error_types(), AgentFailed)} | set(ERROR_STATUSES))
+    kinds: tuple[type[ExecKitError], ...] = (*error_types(), AgentFailed)
+    codes = sorted({kind.code for kind in kinds} | set(ERROR_STATUSES))
     schemas: dict[str, Any] = {
         "Task": _wire_schema(Task),
         "Run": _wire_schema(Run),
