@@ -17,8 +17,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     "AdmissionRefused": "execkit._errors",
@@ -108,6 +106,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    __version__: str
     from execkit._adapter import (
         Adapter,
         AgentRequest,
@@ -304,6 +303,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        # Read on first use: importlib.metadata costs more than `import execkit` itself.
+        from execkit._version import installed_version
+
+        value = globals()["__version__"] = installed_version()
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'execkit' has no attribute {name!r}")

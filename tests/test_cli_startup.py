@@ -26,6 +26,7 @@ import psutil
 import pytest
 from _support import REPO, run_execkit, wait_gone
 
+import execkit
 import execkit.cli as cli
 from execkit.cli import main
 
@@ -114,8 +115,29 @@ def test_help_lists_every_public_command_and_no_internal_one() -> None:
     # argparse wraps a long usage line: compare it with the whitespace squeezed out.
     usage = " ".join(done.stdout.split("\n\n", 1)[0].split())
     assert usage == (
-        "usage: execkit [-h] [--json] [--db PATH] [--remote URL] [--on-behalf-of NAME] COMMAND ..."
+        "usage: execkit [-h] [--version] [--json] [--db PATH] [--remote URL] "
+        "[--on-behalf-of NAME] COMMAND ..."
     )
+
+
+def test_version_prints_the_installed_distributions_version() -> None:
+    from importlib.metadata import version
+
+    done = run_execkit("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"execkit {version('execkit-runner')}\n"
+    assert execkit.__version__ == version("execkit-runner")
+
+
+def test_importing_execkit_reads_no_metadata_until_the_version_is_asked_for() -> None:
+    probe = (
+        "import sys, execkit; before = 'importlib.metadata' in sys.modules; "
+        "execkit.__version__; print(before, 'importlib.metadata' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["False", "True"], done.stderr
 
 
 def test_run_help_names_run_start_and_run_finish() -> None:

@@ -171,6 +171,7 @@ def _new_parser(**kwargs: Any) -> argparse.ArgumentParser:
 def _help_parser() -> argparse.ArgumentParser:
     """`execkit --help`: every public command with its one-line help; imports no group."""
     parser = _new_parser(prog="execkit", description=_DESCRIPTION, epilog=_EPILOG)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument(
         "--json", action="store_true", help="print JSON (every command that prints)"
     )
@@ -207,7 +208,8 @@ def _usage_error(message: str) -> Exception:
 def _split_common(tokens: list[str]) -> tuple[dict[str, str | bool], list[str]]:
     """The common options before the command, and the command with everything after it.
 
-    `-h`/`--help` there prints the top-level help and raises SystemExit(0), as argparse does.
+    `-h`/`--help` there prints the top-level help and `--version` the installed version;
+    each raises SystemExit(0), as argparse does.
     """
     given: dict[str, str | bool] = {}
     index = 0
@@ -215,6 +217,11 @@ def _split_common(tokens: list[str]) -> tuple[dict[str, str | bool], list[str]]:
         token = tokens[index]
         if token in ("-h", "--help"):
             _help_parser().print_help()
+            raise SystemExit(0)
+        if token == "--version":
+            from execkit._version import installed_version
+
+            sys.stdout.write(f"execkit {installed_version()}\n")
             raise SystemExit(0)
         flag, equals, value = token.partition("=")
         if flag not in _COMMON_FLAGS or (equals and flag not in _VALUED_FLAGS):
