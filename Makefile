@@ -4,17 +4,25 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# Two stamps: the demo needs only execkit and its two dependencies (attrs, psutil); the
+# tests need the whole toolchain. A venv set up for the tests serves the demo too.
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit bench clean record-vendors test-vendors
 
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PIP) --upgrade pip
+	$(PIP) -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
+	$(PIP) -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(PY) -m execkit demo
 
 lint: $(STAMP)

@@ -172,3 +172,50 @@ def test_demo_help_documents_the_json_shape() -> None:
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
     assert '{"event": EVENT, "t": S}' in text and '"status": {"now": T' in text
+
+
+def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
+    # What a user who ran `pip install execkit-runner` gets: the wheel built from this
+    # checkout, installed into a folder of its own and run from elsewhere, with nothing of
+    # the repository (fixtures/, the source tree) on the path.
+    wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = wheels.glob("*.whl")
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert installed.returncode == 0, installed.stderr
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("EXECKIT_DB", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args],
+            env=env,
+            cwd=elsewhere,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    where = run(
+        "-c", "import execkit.cli._demo as d, adapters; print(d.__file__, adapters.__file__)"
+    )
+    assert where.stdout.split() and all(
+        path.startswith(str(site)) for path in where.stdout.split()
+    ), where.stdout + where.stderr
+    demo = run("-m", "execkit", "demo")
+    assert demo.returncode == 0, demo.stderr
+    assert event_lines(demo.stdout) == event_lines(run_demo().stdout)
+    assert (site / "adapters" / "py.typed").is_file()

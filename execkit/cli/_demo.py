@@ -1,7 +1,10 @@
 """`execkit demo` (what `make demo` runs): the dispatcher over four issues, in seconds.
 
 A temporary board of four issues and a fresh ledger; the `generic` adapter runs small real
-scripts from the repository's `fixtures/bin/` standing in for a vendor CLI. The clock is
+scripts standing in for a vendor CLI. They ship inside the package (`_demo_agents/`, package
+data, run with this interpreter so no executable bit or `#!` line is relied on), so the demo
+works from an installed wheel as from a checkout; the repository's `fixtures/bin/` links to
+them for the tests. The clock is
 virtual: when nothing is due it jumps to the next retry time, so the backoff is real but
 nobody waits for it.
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -115,25 +119,28 @@ class _VirtualClock:
         self.now = max(self.now, at)
 
 
-def _fixtures_bin() -> Path:
-    # The scripts live in the repository, next to the package (not in an installed wheel).
-    path = Path(__file__).resolve().parents[2] / "fixtures" / "bin"
-    if not path.is_dir():
+_AGENTS = Path(__file__).resolve().parent / "_demo_agents"
+
+
+def _agent(name: str, *args: str) -> list[str]:
+    """The argv that runs the stand-in agent `name` with this interpreter."""
+    script = _AGENTS / name
+    if not script.is_file():
         raise NotFound(
-            f"the demo needs the repository's fixtures/bin (looked in {path}); "
-            "run it from a checkout of execkit"
+            f"the demo's stand-in agent {name} is missing from {_AGENTS}: "
+            "reinstall execkit-runner (the directory is package data)"
         )
-    return path
+    return [sys.executable, str(script), *args]
 
 
-def _issues(bin_dir: Path) -> list[BoardIssue]:
+def _issues() -> list[BoardIssue]:
     return [
         BoardIssue(
             "DEMO-1",
             "Fix the typo in the README",
             "todo",
             prompt="fix the typo in README.md",
-            argv=[str(bin_dir / "fake-agent-ok")],
+            argv=_agent("fake-agent-ok"),
         ),
         BoardIssue(
             "DEMO-2",
@@ -147,14 +154,14 @@ def _issues(bin_dir: Path) -> list[BoardIssue]:
             "Draft release notes (the vendor is down for a while)",
             "todo",
             prompt="draft the release notes",
-            argv=[str(bin_dir / "fake-agent-flaky"), "--fail-times", "2", "--key", "DEMO-3"],
+            argv=_agent("fake-agent-flaky", "--fail-times", "2", "--key", "DEMO-3"),
         ),
         BoardIssue(
             "DEMO-4",
             "Compute the answer (the agent always gets it wrong)",
             "todo",
             prompt="what is six times seven?",
-            argv=[str(bin_dir / "fake-agent-wrong")],
+            argv=_agent("fake-agent-wrong"),
         ),
     ]
 
@@ -171,10 +178,9 @@ def _workdir(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] |
 
 
 def _demo(args: argparse.Namespace) -> int:
-    bin_dir = _fixtures_bin()
     workdir, holder = _workdir(args.keep)
     try:
-        status = _run(workdir, bin_dir, args.start, as_json=args.json)
+        status = _run(workdir, args.start, as_json=args.json)
         kept: dict[str, Any] | None = None
         if args.keep:
             board, db = workdir / "board.json", workdir / "ledger.db"
@@ -199,7 +205,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(workdir: Path, bin_dir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, Any]:
+def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, Any]:
     """Dispatch the demo board until it settles, printing as it goes (text or JSON lines);
     return the final dashboard as `execkit status --json` shapes it."""
     config = DispatchConfig()
@@ -209,7 +215,7 @@ def _run(workdir: Path, bin_dir: Path, start: ProcessStarter, *, as_json: bool) 
         BoardState("blocked", terminal=True),
     ]
     board = JsonFileBoard.create(
-        workdir / "board.json", _issues(bin_dir), states, dispatch=config.to_dict()
+        workdir / "board.json", _issues(), states, dispatch=config.to_dict()
     )
     state_dir = workdir / "fixture-state"
     state_dir.mkdir()
@@ -228,7 +234,7 @@ def _run(workdir: Path, bin_dir: Path, start: ProcessStarter, *, as_json: bool) 
     with open_ledger(workdir / "ledger.db", backoff=config.backoff) as ledger:
         budget = ledger.budget
         intro = (
-            "execkit demo: 4 board issues; the generic adapter runs scripts from fixtures/bin "
+            "execkit demo: 4 board issues; the generic adapter runs small scripts "
             "standing in for a vendor CLI.\n"
             f"Per issue: {budget.max_attempts} charged attempts (work), "
             f"{budget.max_uncharged_attempts} upstream failures in a row (uncharged), "
