@@ -5,14 +5,15 @@ a stream of warnings, stack traces and partial lines, in linear time), `load_jso
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from work_counts import python_lines
 
+import execkit.adapterkit as adapterkit
 from execkit.adapterkit import (
     header_wait_s,
     json_object,
@@ -112,42 +113,50 @@ ADVERSARIAL = [
 ]
 
 
-def _floor_seconds(text: str) -> float:
-    # A linear floor doing comparable Python-level work per structural character.
-    start = time.perf_counter()
-    count = 0
-    for char in text:
-        if char in '{}[]"\n':
-            count += 1
-    return time.perf_counter() - start
+def _fill(unit: str, size: int) -> str:
+    return (unit * (size // len(unit) + 1))[:size]
 
 
-def _seconds(text: str) -> float:
-    start = time.perf_counter()
-    last_json_value(text)
-    return time.perf_counter() - start
+def _work(text: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """(Python lines run, characters handed to the JSON decoder) for one scan of `text`:
+    the scanner's own loops are Python, and the decoder's work is its input's length."""
+    decoded = 0
+    decoder = adapterkit._DECODER
+
+    class Counting:
+        def raw_decode(self, piece: str) -> tuple[Any, int]:
+            nonlocal decoded
+            decoded += len(piece)
+            return decoder.raw_decode(piece)
+
+    monkeypatch.setattr(adapterkit, "_DECODER", Counting())
+    lines = python_lines(lambda: last_json_value(text))
+    monkeypatch.setattr(adapterkit, "_DECODER", decoder)
+    return lines, decoded
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(ADVERSARIAL), min_size=1, max_size=4))
-def test_adversarial_floods_cost_linear_time(units: list[str]) -> None:
-    unit = "".join(units)
-    size = 200_000
-    text = (unit * (size // len(unit) + 1))[:size]
-    # Best of three, so a busy machine's pause does not decide; a quadratic scan of 200k
-    # characters is thousands of times the floor, a linear one a small multiple of it.
-    measured = min(_seconds(text) for _ in range(3))
-    floor = min(_floor_seconds(text) for _ in range(3))
-    assert measured < 100 * floor
+def test_adversarial_floods_cost_linear_work(units: list[str]) -> None:
+    # Counted, not timed: a bounded number of the scanner's Python lines per character
+    # (measured at most 11 on these floods; a quadratic scan of 50,000 characters would run
+    # a billion), and the decoder never reads more than its budget of eight times the text.
+    # Sizes are not compared with each other: where the cut of the flood falls decides
+    # whether a value is found early, so the work is linear but not monotone in the size.
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        text = _fill("".join(units), 50_000)
+        lines, decoded = _work(text, monkeypatch)
+    assert lines <= 16 * len(text) + 1000, lines
+    assert decoded <= 8 * len(text) + 4096, decoded
 
 
-def test_doubling_the_input_about_doubles_the_time() -> None:
+def test_doubling_the_input_about_doubles_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
     unit = '{"a":{"b":[1,'
-    small = unit * 20_000
-    large = unit * 80_000
-    ratio = min(_seconds(large) for _ in range(3)) / min(_seconds(small) for _ in range(3))
+    lines_small, decoded_small = _work(unit * 2_000, monkeypatch)
+    lines_large, decoded_large = _work(unit * 8_000, monkeypatch)
     # Four times the input: about 4x when linear, about 16x when quadratic.
-    assert ratio < 9
+    assert lines_large < 4.5 * lines_small
+    assert decoded_large <= 4.5 * decoded_small + 8192
 
 
 # --- small readers -----------------------------------------------------------------------
