@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import _redact_reference as reference  # noqa: E402
 from secrets_corpus import SAMPLES  # noqa: E402
 
-from execkit import _redact  # noqa: E402
+from execkit._redact import engine, gate  # noqa: E402
 from execkit._redact import redact, redact_tail  # noqa: E402
 
 MIB = 1 << 20
@@ -111,8 +111,8 @@ def _with_secrets(size: int, seed: int) -> str:
 
 
 def _holds_no_anchor(text: str) -> bool:
-    low = _redact._fold(text)
-    steps = _redact._REFERENCE_PASSES + _redact._EXTRA_PASSES
+    low = gate.fold(text)
+    steps = engine.REFERENCE_PASSES + engine.EXTRA_PASSES
     return not any(
         all(
             any(literal in (low if folded else text) for literal, folded in group)

@@ -3,7 +3,7 @@
 Every value is fake: built at import from a fixed seed (a hash chain), so the file holds no
 credential-shaped literal for a scanner to flag, and every run sees the same values.
 Shapes follow gitleaks `config/gitleaks.toml` and Yelp detect-secrets' plugins (prefixes,
-lengths, alphabets); see execkit/_redact.py.
+lengths, alphabets); see execkit/_redact/shapes.py.
 
 `SAMPLES` holds every shape execkit masks: those the reference redactor covered
 (`covered_before=True`) and those added since. `secret` is what must never survive; the

@@ -24,15 +24,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from secrets_corpus import NEGATIVES, SAMPLES, Sample, leaked
 
-from execkit import _redact
 from execkit._redact import (
     REDACTED,
+    engine,
+    gate,
     looks_secret_name,
     redact,
     redact_argv,
     redact_tail,
     secret_env_values,
+    trace,
 )
+from execkit._redact.text import SHORTEST_MATCH
 
 SECRET_CASES = [
     ("key sk-abcdefghijklmnopqrstuv used", "sk-abcdefghijklmnopqrstuv"),
@@ -302,7 +305,7 @@ def test_the_corpus_holds_every_shape_asked_for() -> None:
 # ================================================================ the anchor pre-check
 
 ALL_CODE_POINTS = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
-ALL_PASSES = _redact._REFERENCE_PASSES + _redact._EXTRA_PASSES
+ALL_PASSES = engine.REFERENCE_PASSES + engine.EXTRA_PASSES
 # Text full of anchor letters and their look-alikes (KELVIN SIGN, long s, dotted and
 # dotless i).
 _LOOKALIKE_TEXT = st.text(
@@ -339,9 +342,9 @@ def test_the_fold_maps_every_case_insensitive_look_alike_to_its_anchor_letter() 
         alikes = look_alikes(char)
         assert char in alikes
         for alike in alikes:
-            assert _redact._fold(alike) == char.lower(), (char, hex(ord(alike)))
+            assert gate.fold(alike) == char.lower(), (char, hex(ord(alike)))
             # ... and inside a text too: the fold of a text is the fold of its characters.
-            assert _redact._fold(f"\u03a3x{alike}\u0130") == f"σx{char.lower()}i"
+            assert gate.fold(f"\u03a3x{alike}\u0130") == f"σx{char.lower()}i"
         tested[char] = alikes
     # The scan really reaches the characters that lower() alone gets wrong.
     assert "\u212a" in tested["k"] and "\u017f" in tested["s"]
@@ -358,7 +361,7 @@ def test_the_fold_table_is_exactly_what_lower_misses() -> None:
         for alike in look_alikes(letter)
         if alike.lower() != letter
     }
-    assert missed == set(_redact._FOLD_FIXES)
+    assert missed == set(gate.FOLD_FIXES)
     for char in "0123456789-_.:/@\\=+ ":
         assert look_alikes(char) == [char]
 
@@ -369,7 +372,7 @@ def test_a_lowered_pattern_on_the_fold_matches_what_ignorecase_matches() -> None
     # character, whitespace or a newline, and each character class of the folded sources
     # matches, case-sensitive on the fold, exactly where it matches with IGNORECASE on the
     # text. (Letters: test_the_fold_table_is_exactly_what_lower_misses.)
-    low = _redact._fold(ALL_CODE_POINTS)
+    low = gate.fold(ALL_CODE_POINTS)
     assert len(low) == len(ALL_CODE_POINTS)
 
     def where(pattern: str, text: str, flags: int = 0) -> list[int]:
@@ -419,10 +422,10 @@ def test_each_reference_rule_matches_as_it_did(parts: list[str]) -> None:
     # The rewritten reference rules (literal first; lowered, on the fold; `key_value`
     # tried only where a name can start) find the very matches the old patterns find.
     text = "".join(parts)
-    low = _redact._fold(text)
-    for step in _redact._REFERENCE_PASSES:
+    low = gate.fold(text)
+    for step in engine.REFERENCE_PASSES:
         old = [m.span() for m in _REFERENCE_PATTERNS[step.name].finditer(text)]
-        new = [(start, end) for start, end, _, _ in _redact._spans(step, text, low)]
+        new = [(start, end) for start, end, _, _ in engine.find_spans(step, text, low)]
         assert new == old, step.name
         assert new == [m.span() for m in step.pattern.finditer(low if step.folded else text)]
 
@@ -436,9 +439,9 @@ def test_each_look_alike_of_an_anchor_still_opens_its_pass() -> None:
         folded = [literal for group in step.anchors for literal, f in group if f]
         for sample in SAMPLES:
             text = sample.text
-            if not folded or not _redact._spans(step, text, _redact._fold(text)):
+            if not folded or not engine.find_spans(step, text, gate.fold(text)):
                 continue
-            low = _redact._fold(text)
+            low = gate.fold(text)
             for literal in folded:
                 at = low.find(literal)
                 if at < 0:
@@ -446,11 +449,11 @@ def test_each_look_alike_of_an_anchor_still_opens_its_pass() -> None:
                 for offset, char in enumerate(literal):
                     for alike in alikes.get(char, []) + alikes.get(char.upper(), []):
                         variant = text[: at + offset] + alike + text[at + offset + 1 :]
-                        if _redact._spans(step, variant, _redact._fold(variant)):
+                        if engine.find_spans(step, variant, gate.fold(variant)):
                             exercised += 1
-                            assert _redact._Gate(variant).opens(step), (step.name, variant)
-                            big = variant + " " * (_redact._EAGER_CHARS + 1)  # the lazy gate
-                            assert _redact._Gate(big).opens(step), (step.name, variant)
+                            assert gate.Gate(variant).opens(step), (step.name, variant)
+                            big = variant + " " * (gate.EAGER_CHARS + 1)  # the lazy gate
+                            assert gate.Gate(big).opens(step), (step.name, variant)
     assert exercised > 100
 
 
@@ -479,20 +482,20 @@ def test_no_anchor_hides_in_the_marker() -> None:
         for group in step.anchors:
             for literal, folded in group:
                 assert "[" not in literal and "]" not in literal
-                marker = _redact._fold(REDACTED) if folded else REDACTED
+                marker = gate.fold(REDACTED) if folded else REDACTED
                 assert literal not in marker, literal
 
 
 def test_no_pattern_matches_fewer_characters_than_the_length_short_cut() -> None:
     parser: Any = importlib.import_module("re._parser")
     for step in ALL_PASSES:
-        assert parser.parse(step.source).getwidth()[0] >= _redact._SHORTEST_MATCH, step.name
+        assert parser.parse(step.source).getwidth()[0] >= SHORTEST_MATCH, step.name
 
 
 def _redact_ungated(text: str, extras: tuple[str, ...] = ()) -> str:
     with (
-        mock.patch.object(_redact._Gate, "opens", lambda self, step: True),
-        mock.patch.object(_redact._Gate, "empty", property(lambda self: False)),
+        mock.patch.object(gate.Gate, "opens", lambda self, step: True),
+        mock.patch.object(gate.Gate, "empty", property(lambda self: False)),
     ):
         return redact(text, extras)
 
@@ -512,7 +515,7 @@ def test_the_gate_never_changes_the_output(parts: list[str], swaps: list[int], a
             at = swap % len(text)
             text = text[:at] + alike + text[at + 1 :]
     assert redact(text) == _redact_ungated(text)
-    big = text + "\n" * (_redact._EAGER_CHARS + 1)  # the gate that looks lazily
+    big = text + "\n" * (gate.EAGER_CHARS + 1)  # the gate that looks lazily
     assert redact(big) == _redact_ungated(big)
 
 
@@ -571,10 +574,10 @@ def test_the_superset_check_means_what_it_says() -> None:
 
 def adds_nothing(text: str, extras: tuple[str, ...] = ()) -> bool:
     """True when no shape added since the reference masks anything in `text`."""
-    secrets = _redact._literal_secrets(extras)
-    trace = _redact._Trace(text)
-    trace.reference_phases(secrets)
-    return not trace.extra_masks(secrets)
+    secrets = engine.literal_secrets(extras)
+    traced = trace.Trace(text)
+    traced.reference_phases(secrets)
+    return not traced.extra_masks(secrets)
 
 
 _OLD_SAMPLES = [s for s in SAMPLES if s.covered_before]
@@ -641,7 +644,7 @@ def test_literal_secrets_come_out_as_before(text: str, secret: str, data: st.Dat
 
 # A text longer than this takes the lazy gate, the one-by-one searches for alternatives,
 # and each lead pass's own search: the padding puts every case on those paths too.
-_LONG_PAD = "\n" * (_redact._EAGER_CHARS + 1)
+_LONG_PAD = "\n" * (gate.EAGER_CHARS + 1)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -682,7 +685,7 @@ def test_alternatives_searched_one_by_one_find_what_the_alternation_finds(
     assert {step.name for step in with_alternatives} >= {"vendor_key", "stripe"}
     for step in with_alternatives:
         expected = [m.span() for m in step.pattern.finditer(text)]
-        found = [m.span() for m in _redact._alternation_matches(step.alternatives, text)]
+        found = [m.span() for m in engine.alternation_matches(step.alternatives, text)]
         assert found == expected, step.name
 
 
@@ -694,7 +697,7 @@ def test_a_key_inside_a_longer_key_is_not_matched_again() -> None:
     slack = next(pattern for pattern in step.alternatives if pattern.pattern.startswith("xox"))
     assert slack.search(text) is not None
     assert [m.span() for m in step.pattern.finditer(text)] == [(0, len(text))]
-    found = [m.span() for m in _redact._alternation_matches(step.alternatives, text)]
+    found = [m.span() for m in engine.alternation_matches(step.alternatives, text)]
     assert found == [(0, len(text))]
 
 
@@ -703,7 +706,7 @@ def test_the_fold_of_a_long_text_is_the_fold_of_the_whole() -> None:
     # between pieces: the same characters as replacing them and lowering the whole text.
     # (Greek capital sigma, the one letter whose lowering looks at its neighbours, is left
     # out: either of its lower cases is a word character and no anchor.)
-    piece = _redact._FOLD_PIECE
+    piece = gate.FOLD_PIECE
     alphabet = [chr(c) for c in range(0x20, 0x3000) if chr(c) != "\u03a3"]
     chars = [alphabet[(i * 7919) % len(alphabet)] for i in range(3 * piece + 17)]
     for cut in (piece, 2 * piece):
@@ -711,9 +714,9 @@ def test_the_fold_of_a_long_text_is_the_fold_of_the_whole() -> None:
     chars[-1] = "\u0131"
     text = "".join(chars)
     whole = text
-    for char, letter in _redact._FOLD_FIXES:
+    for char, letter in gate.FOLD_FIXES:
         whole = whole.replace(char, letter)
-    assert _redact._fold(text) == whole.lower()
+    assert gate.fold(text) == whole.lower()
 
 
 @settings(max_examples=300, deadline=None)
@@ -760,11 +763,11 @@ def test_a_secret_across_the_cut_is_masked_from_the_start_of_the_tail() -> None:
 def test_a_named_pattern_scanned_whole_finds_what_its_starts_find(case: _Case) -> None:
     # Where names are dense the named patterns scan the whole fold instead of trying each
     # start: the two ways must take the same matches.
-    low = _redact._fold(case[0])
+    low = gate.fold(case[0])
     named = [step for step in ALL_PASSES if step.named]
     assert {step.name for step in named} == {"key_value", "escaped_key_value"}
     for step in named:
-        tried = _redact._matches_from(step.pattern, low, _redact._name_starts(low))
+        tried = engine.matches_from(step.pattern, low, gate.name_starts(low))
         assert [m.span() for m in step.pattern.finditer(low)] == [m.span() for m in tried]
 
 
@@ -779,9 +782,9 @@ def test_a_long_text_dense_with_credentials_is_redacted_as_its_lines() -> None:
     ]
     lines += ["api_key=abc", "token: x y", '"password": "p4ss"', "no secret here"]
     lines = [line if line.endswith("\n") else line + "\n" for line in lines]
-    text_lines = lines * (5 * _redact._DENSE_SAMPLE // len("".join(lines)) + 1)
+    text_lines = lines * (5 * engine.DENSE_SAMPLE // len("".join(lines)) + 1)
     text = "".join(text_lines)
-    assert _redact._names_dense(_redact._fold(text))
+    assert engine.names_dense(gate.fold(text))
     expected = "".join(redact(line) for line in lines) * (len(text_lines) // len(lines))
     assert redact(text) == expected
     assert redact_tail(text, "some context\nbefore the cut ") == expected
@@ -795,15 +798,15 @@ def test_a_cut_tail_is_redacted_once() -> None:
     # old rule compares). The rest of the tail is redacted once, on its own.
     lines = "".join(f"line {i}: all is well\n" for i in range(3000))
     lengths: list[int] = []
-    original_init = _redact._Trace.__init__
+    original_init = trace.Trace.__init__
 
-    def counting(self: _redact._Trace, text: str, gate: _redact._Gate | None = None) -> None:
+    def counting(self: trace.Trace, text: str, given: gate.Gate | None = None) -> None:
         lengths.append(len(text))
-        original_init(self, text, gate)
+        original_init(self, text, given)
 
     key = "sk-" + "a" * 30
     context, tail = f"head\npassword={key[:10]}", key[10:] + " rest\n" + lines
-    with mock.patch.object(_redact._Trace, "__init__", counting):
+    with mock.patch.object(trace.Trace, "__init__", counting):
         assert redact_tail(lines, "head\nmore\n") == lines
         assert lengths == [len("head\nmore\n") + len("line 0: all is well\n")]
         lengths.clear()

@@ -1,0 +1,592 @@
+r"""The credential shapes: one record each, and the words the named rules share.
+
+A `Shape` is data: its name, a line for the docs, the phase it runs in, a `re` source, the
+literals every match of it holds (its anchors), what part of a match is masked, how the
+engine may look for it, and an example. `engine.py` compiles `SHAPES` into passes, and
+everything else that knows about shapes is derived from the table (`BOUNDARY_STARTS`,
+`LINE_CROSSING_STARTS`, the list in the package docstring), so adding a shape is one
+entry here (and a sample in tests/secrets_corpus.py). tests/test_redact.py checks each
+entry against its own pattern: the anchors are exact over all of Unicode, a folded source
+is lowered, `boundary` and `crosses_lines` say what the pattern does, the example masks
+exactly what it marks, and the package docstring lists the table.
+
+Writing a pattern. Each runs in linear time on Python's backtracking `re`: it opens with a
+literal or a one-character class; it has no unbounded quantifier inside another, and no
+two side by side that could trade characters (a run followed by more pattern is
+possessive, `++` or `{n,}+`, and never gives characters back); every optional run before
+another quantifier is bounded (`[ \t]{0,8}`). Where a match must not follow a letter or
+digit, the look-behind comes after the literal (`SK(?<![A-Za-z0-9]SK)`, `bearer(?<!\w
+bearer)` for `\bbearer`), so the engine skips ahead with a substring search instead of
+trying every position. A case-insensitive shape is `folded`: its source is written in
+lower case and runs, case-sensitive, on the fold of the text (see gate.py). tests/
+test_redact.py walks every compiled pattern for the nesting rule.
+
+Formats were taken as facts (prefixes, lengths, alphabets; no code) from two well-kept
+secret scanners: gitleaks `config/gitleaks.toml` (rules aws-access-token,
+slack-webhook-url, jwt, private-key, stripe-access-token, npm-access-token,
+huggingface-access-token, gitlab-pat, gitlab-pat-routable, gitlab-runner-authentication-
+token, gitlab-deploy-token, gitlab-ptt, twilio-api-key, sendgrid-api-token,
+curl-auth-user, generic-api-key) and Yelp detect-secrets `detect_secrets/plugins/`
+(aws.py, aws_secret_access_key.py, basic_auth.py, azure_storage_key.py, jwt.py,
+private_key.py, slack.py, stripe.py, twilio.py, sendgrid.py, npm.py). Lengths are kept
+loose where the vendors' are not stable (Stripe, npm, Hugging Face: at least 10/30/30).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import string
+from typing import Any, TypeAlias
+
+import attrs
+from attrs.validators import and_, deep_iterable, instance_of, matches_re, min_len, optional
+
+__all__ = [
+    "BOUNDARY_STARTS",
+    "LINE_CROSSING_STARTS",
+    "NAME_STARTS",
+    "NAME_WORDS",
+    "REDACTED",
+    "SECRET_FLAG_ITEM",
+    "SHAPES",
+    "Anchor",
+    "Masked",
+    "Nearby",
+    "Phase",
+    "Search",
+    "Shape",
+    "exact",
+    "example_of",
+    "folded",
+    "opening_literal",
+    "shape_list",
+]
+
+REDACTED = "[REDACTED]"
+
+
+class Phase(enum.StrEnum):
+    """When a shape runs (the package docstring tells the three phases)."""
+
+    REFERENCE = "reference"  # phase 2: in table order, each over what the one before left
+    ADDED = "added"  # phase 3: over the text as phase 1 left it, masked on top of phase 2
+
+
+class Masked(enum.StrEnum):
+    """What of a match the marker replaces."""
+
+    MATCH = "the match"
+    AFTER_GROUP_1 = "after group 1"  # the name, header or key line stays readable
+    GROUP_2 = "group 2"  # the password of scheme://user:password@host
+
+
+class Search(enum.StrEnum):
+    """How the engine finds a shape's matches once its anchors are in the text."""
+
+    SCAN = "scan"  # the gate looks for the anchors first, then the pattern scans the text
+    # The pattern opens with its anchor: on a long text the engine's own search for it is
+    # the look (the gate only checks that the anchor's characters are there).
+    LEAD = "lead"
+    NAMED = "named"  # every match starts with one of `NAMES`: tried only where one can
+
+
+# An anchor is a literal and whether it is looked for in the fold (True) or as written.
+Anchor: TypeAlias = tuple[str, bool]
+
+
+def folded(*literals: str) -> tuple[Anchor, ...]:
+    """Anchors looked for in the fold (a folded shape's literals, in lower case)."""
+    return tuple((literal, True) for literal in literals)
+
+
+def exact(*literals: str) -> tuple[Anchor, ...]:
+    """Anchors looked for in the text as it is written."""
+    return tuple((literal, False) for literal in literals)
+
+
+def _is_anchor(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    literal, in_fold = value if isinstance(value, tuple) and len(value) == 2 else ("", None)
+    if not (isinstance(literal, str) and literal and isinstance(in_fold, bool)):
+        raise TypeError(f"{attribute.name}: {value!r} is not a (literal, folded) anchor")
+    if in_fold and literal != literal.lower():
+        raise ValueError(f"{attribute.name}: {literal!r} is looked for in the fold, lowered")
+
+
+_GROUPS = deep_iterable(
+    member_validator=and_(min_len(1), deep_iterable(member_validator=_is_anchor)),
+    iterable_validator=and_(instance_of(tuple), min_len(1)),
+)
+
+
+@attrs.frozen
+class Nearby:
+    """A token that is a credential only with one of `words` (looked for in the fold)
+    before it on its line, starting at most `window` characters before the token, and
+    (`both_cases`) with upper and lower case letters in it: a hex digest never is.
+    `longest` is the most characters the shape's pattern matches (the search for tokens
+    after a word stops there)."""
+
+    words: tuple[str, ...] = attrs.field(
+        validator=deep_iterable(matches_re(r"[a-z0-9_]+"), min_len(1))
+    )
+    window: int = attrs.field(validator=instance_of(int))
+    longest: int = attrs.field(validator=instance_of(int))
+    both_cases: bool = attrs.field(default=True, validator=instance_of(bool))
+
+
+def _example_marks_one_span(_inst: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value.count("«") != 1 or value.count("»") != 1 or value.index("«") > value.index("»"):
+        raise ValueError(f"{attribute.name}: {value!r} marks no one «masked» span")
+
+
+@attrs.frozen
+class Shape:
+    """One credential shape, or one rule that finds credentials by their context.
+
+    `pattern` is a `re` source (lowered, run on the fold, when `folded`). Each group of
+    `anchors` holds a literal that every match contains (`exact` as written, `folded` in
+    the fold): the pattern runs only on a text that holds one of each group. `masked` says
+    what of a match is replaced by the marker. `boundary`: the pattern looks behind its
+    opening literal (a match never follows a letter or digit), so a cut can make one start
+    at the first character of a tail. `crosses_lines`: a match can run over a newline
+    (`redact_tail` then traces more than the tail's first line). `nearby`: the match counts
+    only with a word before it on its line. Shapes with the same `alternation` (adjacent in
+    the table, one anchor group each) run as one pattern, their sources `|`-joined in table
+    order, as `re` would try them at each position. `example` shows the shape as a tool
+    prints it: «» marks what is masked, and `{alnum:24}` stands for 24 characters of an
+    alphabet (`example_of`), so that no credential-shaped literal is written here.
+    """
+
+    name: str = attrs.field(validator=matches_re(r"[a-z][a-z0-9_]*"))
+    label: str = attrs.field(validator=matches_re(r"[^\n]+"))
+    phase: Phase = attrs.field(validator=instance_of(Phase))
+    pattern: str = attrs.field(validator=and_(instance_of(str), min_len(1)))
+    anchors: tuple[tuple[Anchor, ...], ...] = attrs.field(kw_only=True, validator=_GROUPS)
+    example: str = attrs.field(kw_only=True, validator=_example_marks_one_span)
+    masked: Masked = attrs.field(default=Masked.MATCH, kw_only=True, validator=instance_of(Masked))
+    folded: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    search: Search = attrs.field(default=Search.SCAN, kw_only=True, validator=instance_of(Search))
+    boundary: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    crosses_lines: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    nearby: Nearby | None = attrs.field(
+        default=None, kw_only=True, validator=optional(instance_of(Nearby))
+    )
+    alternation: str | None = attrs.field(
+        default=None, kw_only=True, validator=optional(matches_re(r"[a-z][a-z0-9_]*"))
+    )
+
+
+# --- the words of the named rules
+
+# `NAME=value`, `NAME: value`, `"name": "value"` where NAME ends in a secret-sounding word
+# (`OPENAI_API_KEY`, `GITHUB_TOKEN`, `client_secret`, `apiKey`, `password`). The name's
+# prefix is irrelevant to the match, which is what keeps this linear; requiring the word
+# to END the name keeps `token_count=5` and `max_tokens=4096` readable.
+NAMES = (
+    r"(?:a(?:pi[_\-]?key|ccess[_\-]?key)|s(?:ecret[_\-]?key|ecret)|p(?:rivate[_\-]?key"
+    r"|ass(?:word|wd))|token|credentials?)"
+)  # the reference's alternatives, in its order, sharing their first letters
+# Where a name can start, from each word of it (`api_key` holds `key` 4 characters in,
+# `apikey` 3, `access_key` 7...; the other words start the name). A Search.NAMED shape's
+# matches all start at one of these.
+NAME_STARTS = (
+    ("key", (3, 4, 6, 7, 8)),
+    ("token", (0,)),
+    ("secret", (0,)),
+    ("passw", (0,)),
+    ("credential", (0,)),
+)
+NAME_WORDS = folded(*(word for word, _ in NAME_STARTS))
+_ASSIGN = exact(":", "=")
+
+# The flags whose value is a secret: `--api-key VALUE`, `--token=VALUE`, and in an argv
+# the item after a bare flag (SECRET_FLAG_ITEM).
+_FLAG_NAMES = r"--?(?:api[_\-]?key|access[_\-]?key|token|secret|password|passwd)"
+SECRET_FLAG_ITEM = re.compile(f"(?i){_FLAG_NAMES}")
+
+# After a name, quotes escaped with a backslash (`{\"api_key\": \"v\"}`, `KEY=\"v\"`):
+# either the name's closing quote is escaped, or the value's opening one is.
+_ESCAPED_SEP = (
+    r"(?:\\[\"'][ \t]{0,8}[:=][ \t]{0,8}(?:\\[\"'])?"
+    r"|[\"']?[ \t]{0,8}[:=][ \t]{0,8}\\[\"'])"
+)
+_STRIPE_AFTER_R_OR_S = r"k_(?:live|test|prod)_(?<![A-Za-z0-9].{8})[A-Za-z0-9]{10,}+"
+_PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
+_PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
+# The wording that makes a bare 40-character token an AWS secret key.
+_AWS_WORDS = ("aws", "secret", "akia", "asia")
+
+# --- the table: phase 2 in the reference's order, then phase 3 (order free: its masks
+# are merged)
+
+SHAPES: tuple[Shape, ...] = (
+    # Phase 2: the rules of the redactor before the coverage work (tests/_redact_reference.py
+    # holds its code), rewritten so the engine can skip ahead: the literal first, the look-
+    # behind that used to precede it after it, and the case-insensitive ones folded.
+    Shape(
+        "openai_key",
+        "OpenAI and Anthropic keys (`sk-`, `sk-proj-`, `sk-ant-`)",
+        Phase.REFERENCE,
+        r"sk-(?<![A-Za-z0-9]sk-)[A-Za-z0-9_\-]{16,}",  # not `task-...` or `disk-...`
+        anchors=(exact("sk-"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="key «sk-proj-{urlsafe:24}» used",
+    ),
+    Shape(
+        "google_api_key",
+        "Google API keys (`AIza`)",
+        Phase.REFERENCE,
+        r"AIza(?<![A-Za-z0-9]AIza)[A-Za-z0-9_\-]{30,}",
+        anchors=(exact("AIza"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="GET /geocode?addr=x&key=«AIza{urlsafe:35}»",
+    ),
+    Shape(
+        "github_token",
+        "GitHub tokens (`ghp_`, `gho_`, `ghu_`, `ghs_`, `ghr_`)",
+        Phase.REFERENCE,
+        r"gh[pousr]_(?<![A-Za-z0-9]gh[pousr]_)[A-Za-z0-9]{20,}",
+        anchors=(exact("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="remote: using token «ghp_{alnum:36}»",
+    ),
+    Shape(
+        "github_fine_grained_pat",
+        "GitHub fine-grained tokens (`github_pat_`)",
+        Phase.REFERENCE,
+        r"github_pat_(?<![A-Za-z0-9]github_pat_)[A-Za-z0-9_]{20,}",
+        anchors=(exact("github_pat_"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="GH auth «github_pat_{alnum:82}» accepted",
+    ),
+    Shape(
+        "slack_token",
+        "Slack tokens (`xoxa-`, `xoxb-`, `xoxp-`, `xoxr-`, `xoxs-`)",
+        Phase.REFERENCE,
+        r"xox[abprs]-(?<![A-Za-z0-9]xox[abprs]-)[A-Za-z0-9\-]{10,}",
+        anchors=(exact("xox"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="slack client init «xoxb-{digits:12}-{digits:13}-{alnum:24}»",
+    ),
+    Shape(
+        "authorization",
+        "`Authorization:` and `authorization=` values, after `Bearer`/`Basic`/`token`/`Bot`",
+        Phase.REFERENCE,
+        r"(authorization(?<!\wauthorization)[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?"
+        r"(?:(?:bearer|basic|token|bot)[ \t]{1,8})?)"
+        r"[^\s\"',;]+",
+        anchors=(folded("authorization"),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="curl -H 'Authorization: Basic «{b64:24}»' https://x",
+    ),
+    Shape(
+        "bearer",
+        "a bare `Bearer <token>` (curl traces, logged headers)",
+        Phase.REFERENCE,
+        r"(bearer(?<!\wbearer)[ \t]{1,8})[A-Za-z0-9\-._~+/]{8,}=*",
+        anchors=(folded("bearer"),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="retrying request with bearer «{alnum:32}» after 401",
+    ),
+    Shape(
+        "key_value",
+        '`NAME=value`, `NAME: value`, `"name": "value"` for a secret-sounding NAME',
+        Phase.REFERENCE,
+        rf"({NAMES}[\"']?[ \t]{{0,8}}[:=][ \t]{{0,8}}[\"']?)[^\s\"',;&]+",
+        anchors=(NAME_WORDS, _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.NAMED,
+        example='{"client_secret": "«{alnum:30}»", "model": "x"}',
+    ),
+    Shape(
+        "secret_flag",
+        "`--api-key VALUE`, `--token=VALUE` on a logged command line",
+        Phase.REFERENCE,
+        rf"({_FLAG_NAMES}(?:[ \t]{{1,8}}|=))[^\s\"',;&]+",
+        anchors=(exact("-"), folded("key", "token", "secret", "passw")),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        example="codex --api-key «{alnum:26}» exec 'fix it'",
+    ),
+    # Phase 3: the shapes added since.
+    Shape(
+        "private_key",
+        "PEM and OpenSSH private key blocks: the body and the END line",
+        Phase.ADDED,
+        # The body (base64 lines, `Proc-Type:`/`DEK-Info:` headers, `\n` when JSON-escaped,
+        # markers an earlier rule left) and the END line are masked. A block without its
+        # END line is masked up to the next `-----` or the end of the text. Whitespace
+        # counts only when more of the body follows it (so masking is idempotent).
+        rf"(-----BEGIN{_PEM_LINE})"
+        rf"(?:{_PEM_BODY}++|-(?!----)|\s++(?={_PEM_BODY}|-))*+"
+        rf"(?:-----END{_PEM_LINE})?",
+        anchors=(exact("-----BEGIN"), exact("PRIVATE KEY")),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        crosses_lines=True,  # the one shape that does
+        example=(
+            "key file:\n-----BEGIN RSA PRIVATE KEY-----«\n{b64:64}\n{b64:64}\n{b64:22}==\n"
+            "-----END RSA PRIVATE KEY-----»\n(end)"
+        ),
+    ),
+    Shape(
+        "escaped_authorization",
+        "`Authorization` headers whose quotes are backslash-escaped (JSON in a JSON string)",
+        Phase.ADDED,
+        rf"(authorization(?<!\wauthorization){_ESCAPED_SEP}"
+        r"(?:(?:bearer|basic|token|bot)[ \t]{1,8})?)"
+        r"[^\s\"',;\\]+",
+        anchors=(exact("\\"), folded("authorization"), _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example='{"headers": "{\\"Authorization\\": \\"Bearer «{alnum:32}»\\"}"}',
+    ),
+    Shape(
+        "escaped_key_value",
+        "secret-named values whose quotes are backslash-escaped (JSON in a JSON string)",
+        Phase.ADDED,
+        rf"({NAMES}{_ESCAPED_SEP})[^\s\"',;&\\]+",
+        anchors=(exact("\\"), NAME_WORDS, _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.NAMED,
+        example='{"content": "{\\"api_key\\": \\"«{alnum:24}»\\"}"}',
+    ),
+    Shape(
+        "url_password",
+        "the password of `scheme://user:password@host` (URLs, database connection strings)",
+        Phase.ADDED,
+        # The user part may be empty: redis://:p@h.
+        r"://([^\s:/@?#\[\]\"'<>]{0,128}+):([^\s/?#\"'<>]{1,256})@",
+        anchors=(exact("@"), exact("://")),
+        masked=Masked.GROUP_2,
+        search=Search.LEAD,
+        example="DATABASE_URL=postgres://app:«{alnum:22}»@db.internal:5432/app",
+    ),
+    Shape(
+        "slack_webhook",
+        "Slack webhook URLs (`hooks.slack.com/services/...`)",
+        Phase.ADDED,
+        r"(hooks\.slack\.com/(?:services|workflows|triggers)/)[a-z0-9_+/\-]{8,}+",
+        anchors=(folded("hooks.slack.com"),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        example="POST https://hooks.slack.com/services/«T{upper:8}/B{upper:8}/{alnum:24}» ok",
+    ),
+    Shape(
+        "jwt",
+        "JSON Web Tokens (`eyJ...` `.eyJ...` `.signature`)",
+        Phase.ADDED,
+        r"eyJ(?<![A-Za-z0-9_\-]eyJ)[A-Za-z0-9_\-]{10,}+={0,2}+"
+        r"\.eyJ[A-Za-z0-9_\-]{10,}+={0,2}+\.[A-Za-z0-9_\-]*+={0,2}+",
+        anchors=(exact("."), exact("eyJ")),
+        search=Search.LEAD,
+        boundary=True,
+        example="id token «eyJ{urlsafe:20}.eyJ{urlsafe:40}.{urlsafe:43}» issued",
+    ),
+    Shape(
+        "aws_secret_key",
+        "AWS secret keys: 40 base64 characters on a line that says aws or secret before them",
+        Phase.ADDED,
+        # Both cases of letters (`nearby`): a hex digest never qualifies.
+        r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])",
+        anchors=(folded(*_AWS_WORDS),),  # the wording, in the fold; the token in the text
+        nearby=Nearby(_AWS_WORDS, window=80, longest=40),
+        example="AWS Secret Access Key [None]: «{b64:40}»",
+    ),
+    Shape(
+        "aws_access_key_id",
+        "AWS access key IDs (`AKIA`, `ASIA`, `ABIA`, `ACCA`, `A3T`)",
+        Phase.ADDED,
+        r"(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)(?<![A-Za-z0-9]....)[A-Z0-9]{16}(?![A-Za-z0-9])",
+        anchors=(exact("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),),
+        search=Search.LEAD,  # every shape opens with "A": one search for it, then a few tries
+        boundary=True,
+        example="export AWS_ACCESS_KEY_ID=«AKIA{upper:16}»",
+    ),
+    Shape(
+        "azure_key",
+        "Azure `AccountKey=`, `SharedAccessKey=`, `SharedAccessSignature=` values",
+        Phase.ADDED,
+        r"((?:accountkey(?<!\waccountkey)|sharedaccesskey(?<!\wsharedaccesskey)"
+        r"|sharedaccesssignature(?<!\wsharedaccesssignature))[ \t]{0,8}=[ \t]{0,8})"
+        r"[^\s;\"'<>]+",
+        anchors=(exact("="), folded("accountkey", "sharedaccess")),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="AccountName=acct;AccountKey=«{b64:86}==»;EndpointSuffix=core.windows.net",
+    ),
+    Shape(
+        "stripe_restricted_key",
+        "Stripe restricted keys (`rk_live_`, `rk_test_`, `rk_prod_`)",
+        Phase.ADDED,
+        f"r{_STRIPE_AFTER_R_OR_S}",
+        anchors=(exact("k_live_", "k_test_", "k_prod_"),),
+        boundary=True,
+        alternation="stripe",
+        example="stripe client «rk_live_{alnum:24}» ok",
+    ),
+    Shape(
+        "stripe_secret_key",
+        "Stripe secret keys (`sk_live_`, `sk_test_`, `sk_prod_`)",
+        Phase.ADDED,
+        f"s{_STRIPE_AFTER_R_OR_S}",
+        anchors=(exact("k_live_", "k_test_", "k_prod_"),),
+        boundary=True,
+        alternation="stripe",
+        example="charge failed for «sk_live_{alnum:24}» (401)",
+    ),
+    Shape(
+        "npm_token",
+        "npm tokens (`npm_`)",
+        Phase.ADDED,
+        r"npm_(?<![A-Za-z0-9_]npm_)[A-Za-z0-9]{30,}+",
+        anchors=(exact("npm_"),),
+        search=Search.LEAD,
+        boundary=True,
+        example="npm publish using «npm_{alnum:36}»",
+    ),
+    Shape(
+        "huggingface_token",
+        "Hugging Face tokens (`hf_`)",
+        Phase.ADDED,
+        r"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{30,}+",
+        anchors=(exact("hf_"),),
+        search=Search.LEAD,
+        boundary=True,
+        example="huggingface-cli login --add «hf_{letters:34}»",
+    ),
+    Shape(
+        "gitlab_token",
+        "GitLab tokens (`glpat-`, `glrt-`, `gldt-`, `glptt-`)",
+        Phase.ADDED,
+        r"(?:glpat-(?<![A-Za-z0-9]glpat-)|glptt-(?<![A-Za-z0-9]glptt-)"
+        r"|gl[dr]t-(?<![A-Za-z0-9]gl[dr]t-))[A-Za-z0-9_\-]{20,}+(?:\.[A-Za-z0-9]{2,}+)?+",
+        anchors=(exact("glpat-", "glptt-", "gldt-", "glrt-"),),
+        search=Search.LEAD,  # `re` searches for the shapes' common "gl" once
+        boundary=True,
+        example="git push with «glpat-{urlsafe:20}» to gitlab",
+    ),
+    Shape(
+        "twilio_api_key",
+        "Twilio API keys (`SK` and 32 hex digits)",
+        Phase.ADDED,
+        r"SK(?<![A-Za-z0-9]SK)[0-9a-fA-F]{32}(?![A-Za-z0-9])",
+        anchors=(exact("SK"),),
+        search=Search.LEAD,
+        boundary=True,
+        example="twilio api key «SK{hex:32}» created",
+    ),
+    Shape(
+        "sendgrid_key",
+        "SendGrid keys (`SG.x.y`)",
+        Phase.ADDED,
+        r"SG\.(?<![A-Za-z0-9]SG\.)[A-Za-z0-9_\-]{16,}+\.[A-Za-z0-9_\-]{16,}+",
+        anchors=(exact("SG."),),
+        search=Search.LEAD,
+        boundary=True,
+        example="sendgrid «SG.{urlsafe:22}.{urlsafe:43}» rejected",
+    ),
+    Shape(
+        "cookie",
+        "`Cookie:` and `Set-Cookie:` values, to the end of the line",
+        Phase.ADDED,
+        r"((?:set-cookie(?<!\wset-cookie)|cookie(?<!\wcookie))(?:\\?[\"'])?"
+        r"[ \t]{0,8}[:=][ \t]{0,8}(?:\\?[\"'])?)[^\r\n\"\\]+",
+        anchors=(folded("cookie"), _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="> Cookie: «session={hex:32}; theme=dark»\n< HTTP/1.1 200",
+    ),
+)
+
+
+# --- what the rest of the package derives from the table
+
+
+def opening_literal(source: str) -> str:
+    """The literal every match of `source` opens with, as far as it is plain: after a
+    leading group's `(`, the letters, digits, `_` and `-` up to the first other character
+    (`gh[pousr]_...` opens with `gh`, `(authorization(?<!...` with `authorization`). Only
+    meaningful for a source that does not open with an alternation."""
+    body = source.removeprefix("(?:") if source.startswith("(?:") else source.removeprefix("(")
+    plain = len(body) - len(body.lstrip(string.ascii_letters + string.digits + "_-"))
+    return body[:plain]
+
+
+# What a cut can make match at the very start of a tail that did not match after the text
+# before the cut: the phase 2 rules that look at the character before them, by the literal
+# they open with, in the fold. (Phase 3 masks across a cut are handled by masking the
+# tail's head, whatever starts them.)
+BOUNDARY_STARTS: tuple[str, ...] = tuple(
+    opening_literal(shape.pattern).lower()
+    for shape in SHAPES
+    if shape.phase is Phase.REFERENCE and shape.boundary
+)
+
+# The literals that open a match that may run over a newline (as written).
+LINE_CROSSING_STARTS: tuple[str, ...] = tuple(
+    opening_literal(shape.pattern) for shape in SHAPES if shape.crosses_lines
+)
+
+
+_ALPHABETS = {
+    "alnum": string.ascii_letters + string.digits,
+    "letters": string.ascii_letters,
+    "upper": string.ascii_uppercase + string.digits,
+    "digits": string.digits,
+    "hex": "0123456789abcdef",
+    "b64": string.ascii_letters + string.digits + "+/",
+    "urlsafe": string.ascii_letters + string.digits + "-_",
+}
+_FILLER = re.compile(r"\{(" + "|".join(_ALPHABETS) + r"):(\d+)\}")
+
+
+def example_of(shape: Shape) -> tuple[str, str]:
+    """The shape's example as a text, and what `redact` makes of it: the «» span masked.
+
+    Each `{alphabet:n}` becomes n characters of the alphabet, stepped through at a stride
+    prime to its size (so upper and lower case, letters and digits all occur, the same on
+    every run, and the text holds no value that looks random)."""
+
+    def fill(match: re.Match[str]) -> str:
+        alphabet = _ALPHABETS[match.group(1)]
+        stride = 7 if len(alphabet) % 7 else 11
+        return "".join(alphabet[(i * stride) % len(alphabet)] for i in range(int(match[2])))
+
+    before, rest = _FILLER.sub(fill, shape.example).split("«")
+    secret, after = rest.split("»")
+    return before + secret + after, before + REDACTED + after
+
+
+def shape_list() -> str:
+    """The table as the package docstring lists it: an entry a shape, in table order,
+    wrapped at 92 columns between words (never inside a `code` span)."""
+    lines: list[str] = []
+    for shape in SHAPES:
+        phase = 2 if shape.phase is Phase.REFERENCE else 3
+        entry = f"- `{shape.name}` (phase {phase}, masks {shape.masked}): {shape.label}"
+        line = ""
+        for word in re.findall(r"(?:`[^`]*`|[^\s`])+", entry):
+            if line and len(line) + 1 + len(word) > 92:
+                lines.append(line)
+                line = "  " + word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return "\n".join(lines)
