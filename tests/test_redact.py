@@ -9,30 +9,36 @@ credential grow back; redaction is linear in the size of the text.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import _redact_reference as reference
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from secrets_corpus import NEGATIVES, SAMPLES, Sample, leaked
 
+import execkit._redact as _redact_package
 from execkit._redact import (
     REDACTED,
     engine,
     gate,
     looks_secret_name,
+    record,
     redact,
     redact_argv,
     redact_tail,
     secret_env_values,
+    shapes,
     trace,
 )
 from execkit._redact.text import SHORTEST_MATCH
@@ -820,6 +826,183 @@ def test_a_cut_tail_is_redacted_once() -> None:
         assert redact_tail(one_line, "head\n") == one_line
         assert lengths == [len("head\n") + len(one_line)]
     assert kept == REDACTED + " rest\n" + lines == reference.redact_tail(tail, context)
+
+
+# ================================================================ the table of shapes
+
+SHAPE_IDS = [shape.name for shape in shapes.SHAPES]
+
+
+def test_the_package_docstring_lists_the_table() -> None:
+    # The list is written by record.shape_list; paste its output when a shape changes.
+    listed = record.shape_list(shapes.SHAPES)
+    assert listed in (_redact_package.__doc__ or ""), f"the docstring should list:\n{listed}"
+    assert listed.count("\n- `") + 1 == len(shapes.SHAPES)
+
+
+def test_the_table_names_each_shape_once_and_compiles_to_the_passes() -> None:
+    names = [shape.name for shape in shapes.SHAPES]
+    assert len(set(names)) == len(names)
+    passed = [shape.name for step in ALL_PASSES for shape in step.shapes]
+    assert passed == names  # phase 2 first, then phase 3, each in table order
+    assert [step.name for step in engine.REFERENCE_PASSES] == list(_REFERENCE_PATTERNS)
+    by_name = {step.name: step for step in ALL_PASSES}
+    assert len(by_name["vendor_key"].alternative_sources) == 5
+    assert len(by_name["stripe"].alternative_sources) == 2
+    for step in ALL_PASSES:
+        assert step.source == "|".join(shape.pattern for shape in step.shapes)
+
+
+@pytest.mark.parametrize("shape", shapes.SHAPES, ids=SHAPE_IDS)
+def test_each_example_is_masked_where_it_is_marked(shape: record.Shape) -> None:
+    # `redact` gives the example with its «» span masked, and the shape on its own masks
+    # exactly that span (so the example shows what this shape does, not a neighbour's).
+    text, expected = record.example_of(shape)
+    assert redact(text) == expected
+    assert redact_tail(text, "context\n") == expected
+    start = expected.index(REDACTED)
+    end = start + len(text) - len(expected) + len(REDACTED)
+    alone = engine.Pass([shape])
+    masked = [(a, b) for _, _, a, b in engine.find_spans(alone, text, gate.fold(text))]
+    assert masked == [(start, end)], (masked, text[start:end])
+
+
+def test_derived_facts_come_from_the_table() -> None:
+    # What the tail handling knows of the shapes is derived, and means what it says: a
+    # boundary rule of phase 2 matches only from its opening literal on.
+    assert shapes.BOUNDARY_STARTS == (
+        "sk-", "aiza", "gh", "github_pat_", "xox", "authorization", "bearer",
+    )  # fmt: skip
+    assert shapes.LINE_CROSSING_STARTS == ("-----BEGIN",)
+    texts = [sample.text for sample in SAMPLES] + [record.example_of(s)[0] for s in shapes.SHAPES]
+    checked = 0
+    for shape in shapes.SHAPES:
+        if shape.phase is not record.Phase.REFERENCE or not shape.boundary:
+            continue
+        opening = record.opening_literal(shape.pattern).lower()
+        assert opening, shape.name
+        for text in texts:
+            for match in re.finditer(shape.pattern, gate.fold(text) if shape.folded else text):
+                checked += 1
+                assert gate.fold(match.group()).startswith(opening), (shape.name, match)
+    assert checked >= 10
+
+
+_parser: Any = importlib.import_module("re._parser")
+_constants: Any = importlib.import_module("re._constants")
+_OP = _constants  # opcodes: LITERAL, IN, BRANCH, SUBPATTERN, MAX_REPEAT...
+_REPEATS = {_OP.MAX_REPEAT, _OP.MIN_REPEAT, _OP.POSSESSIVE_REPEAT}
+_CATEGORIES = {
+    _OP.CATEGORY_DIGIT: r"\d", _OP.CATEGORY_NOT_DIGIT: r"\D", _OP.CATEGORY_SPACE: r"\s",
+    _OP.CATEGORY_NOT_SPACE: r"\S", _OP.CATEGORY_WORD: r"\w", _OP.CATEGORY_NOT_WORD: r"\W",
+}  # fmt: skip
+
+
+def _accepts(op: Any, arg: Any, char: str) -> bool:
+    """Whether one consuming node of a parsed pattern matches `char`."""
+    if op is _OP.LITERAL:
+        return bool(chr(arg) == char)
+    if op is _OP.NOT_LITERAL:
+        return bool(chr(arg) != char)
+    if op is _OP.ANY:
+        return char != "\n"
+    assert op is _OP.IN, op
+    negate = bool(arg) and arg[0][0] is _OP.NEGATE
+    found = False
+    for item_op, item in arg[1:] if negate else arg:
+        if item_op is _OP.LITERAL:
+            found = found or chr(item) == char
+        elif item_op is _OP.RANGE:
+            found = found or item[0] <= ord(char) <= item[1]
+        else:
+            assert item_op is _OP.CATEGORY, item_op
+            found = found or re.fullmatch(_CATEGORIES[item], char) is not None
+    return found is not negate
+
+
+def _consumers(items: Any) -> Any:
+    """Every consuming node of a parsed pattern (look-arounds left out: they consume none)."""
+    for op, arg in items:
+        if op in (_OP.LITERAL, _OP.NOT_LITERAL, _OP.ANY, _OP.IN):
+            yield op, arg
+        elif op is _OP.SUBPATTERN:
+            yield from _consumers(arg[3])
+        elif op is _OP.BRANCH:
+            for branch in arg[1]:
+                yield from _consumers(branch)
+        elif op in _REPEATS:
+            yield from _consumers(arg[2])
+        elif op is _OP.ATOMIC_GROUP:
+            yield from _consumers(arg)
+        else:
+            assert op in (_OP.ASSERT, _OP.ASSERT_NOT, _OP.AT), op
+
+
+def _opens_looking_behind(items: Any) -> bool | None:
+    """True when the pattern looks behind before it repeats anything: at its start, or
+    after a fixed opening (literals, classes, groups and alternations of those); None
+    when the items are such an opening and no more."""
+    for op, arg in items:
+        if op in (_OP.LITERAL, _OP.NOT_LITERAL, _OP.ANY, _OP.IN):
+            continue
+        if op is _OP.ASSERT_NOT and arg[0] == -1:
+            return True
+        if op is _OP.SUBPATTERN:
+            found = _opens_looking_behind(arg[3])
+        elif op is _OP.BRANCH:
+            each = {_opens_looking_behind(branch) for branch in arg[1]}
+            found = each.pop() if len(each) == 1 else False
+        else:
+            return False
+        if found is not None:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("shape", shapes.SHAPES, ids=SHAPE_IDS)
+def test_each_shape_says_truly_how_it_starts_and_ends(shape: record.Shape) -> None:
+    parsed = _parser.parse(shape.pattern)
+    # `boundary`: the pattern looks at the character before the match.
+    assert bool(_opens_looking_behind(parsed)) is shape.boundary
+    # `crosses_lines`: some part of a match can be a newline (what `redact_tail` relies on
+    # to trace only the first line after a cut).
+    crosses = any(_accepts(op, arg, "\n") for op, arg in _consumers(parsed))
+    assert crosses is shape.crosses_lines
+    if shape.nearby is not None:  # the search after a word stops at the longest match
+        assert parsed.getwidth()[1] == shape.nearby.longest
+
+
+def test_an_alternation_is_one_pass_of_adjacent_alike_shapes() -> None:
+    by_name = {shape.name: shape for shape in shapes.SHAPES}
+    openai, github = by_name["openai_key"], by_name["github_token"]
+    (joined,) = engine.compile_passes([openai, github])
+    assert joined.name == "vendor_key" and joined.lead
+    assert joined.source == f"{openai.pattern}|{github.pattern}"
+    assert joined.alternative_leads == ("sk-", "gh")
+    assert joined.anchors == ((("sk-", False), *github.anchors[0]),)
+    with pytest.raises(ValueError, match="not adjacent"):
+        engine.compile_passes([openai, by_name["bearer"], github])
+    with pytest.raises(ValueError, match="differs in folded"):
+        engine.compile_passes([openai, attrs.evolve(github, folded=True)])
+    alone = attrs.evolve(openai, alternation=None)
+    with pytest.raises(ValueError, match="share a name"):
+        engine.compile_passes([alone, by_name["bearer"], alone])
+
+
+def test_other_rooms_import_only_the_package() -> None:
+    # Inside execkit, only the package's own files name its files.
+    root = Path(_redact_package.__file__).resolve().parent
+    for path in sorted(root.parent.rglob("*.py")):
+        if root in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("execkit._redact."), (path, node.module)
+                if node.module == "execkit._redact":
+                    assert {a.name for a in node.names} <= set(_redact_package.__all__), path
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+                assert not any(n.startswith("execkit._redact.") for n in names), path
 
 
 # ================================================================ linear time

@@ -18,8 +18,8 @@ What is recognised, in three phases over the text:
    JSON-escaped form of each literal secret. So the output is always the reference output
    with more spans masked, and exactly the reference output wherever phase 3 finds nothing.
 
-The shapes of phases 2 and 3, as `shapes.SHAPES` lists them (`shapes.shape_list()` writes
-this list; tests/test_redact.py checks it is the table's):
+The shapes of phases 2 and 3, in the order of their table, `shapes.SHAPES` (written by
+`record.shape_list`; tests/test_redact.py checks this list is the table's):
 
 - `openai_key` (phase 2, masks the match): OpenAI and Anthropic keys (`sk-`, `sk-proj-`,
   `sk-ant-`)
@@ -72,16 +72,17 @@ Left alone on purpose: git SHAs and sha256 digests (hex has no upper and lower c
 so it is never an AWS secret), UUIDs, `max_tokens=4096`, `token_count=5` (the secret word
 must END the name), base64 data without a key context, certificates and public keys.
 
-Linear time. Every pattern runs in linear time on Python's backtracking `re` (shapes.py
+Linear time. Every pattern runs in linear time on Python's backtracking `re` (record.py
 says how a pattern is written so; tests/test_redact.py walks every compiled pattern), a
 pattern runs at all only where its anchors occur (gate.py), and what a long text costs
 after that is a fixed number of substring searches over it and a scan per rule that has
 matches, whatever it holds (engine.py). Where credentials are on every line the work is
 per match, kept to a scan per rule (trace.py).
 
-The rooms of this package, each importing only those above it:
+The files of this package, each importing only those above it:
 
-- shapes.py: the table, one record a shape; the words the named rules share.
+- record.py: what an entry of the table holds (`Shape`), and what is read off entries.
+- shapes.py: the table, one entry a shape; the words the named rules share.
 - gate.py: the case fold, and which passes can match a text at all (anchors).
 - engine.py: the table compiled into passes; how each finds its matches; phases 2 and 3.
 - trace.py: where each piece of the output came from, so phase 3 masks on top of phase 2.
@@ -95,7 +96,7 @@ Other rooms import only from `execkit._redact`; tests may reach into its files.
 from __future__ import annotations
 
 from execkit._redact.env import MIN_ENV_SECRET_LEN, looks_secret_name, secret_env_values
-from execkit._redact.shapes import REDACTED
+from execkit._redact.record import REDACTED
 from execkit._redact.tail import redact_tail
 from execkit._redact.text import redact, redact_argv
 

@@ -33,10 +33,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from execkit._redact.gate import EAGER_CHARS, Gate, anchor_ids, fold, name_starts
-from execkit._redact.shapes import (
-    NAME_STARTS,
+from execkit._redact.record import (
     REDACTED,
-    SHAPES,
     Anchor,
     Masked,
     Nearby,
@@ -45,6 +43,7 @@ from execkit._redact.shapes import (
     Shape,
     opening_literal,
 )
+from execkit._redact.shapes import NAME_STARTS, SHAPES
 
 __all__ = [
     "DENSE_SAMPLE",
@@ -123,7 +122,7 @@ class Pass:
     def __init__(self, shapes: Sequence[Shape]) -> None:
         first = shapes[0]
         self.shapes = tuple(shapes)
-        self.name = first.name if len(shapes) == 1 else str(first.alternation)
+        self.name = first.alternation or first.name
         _check_alike(self.name, self.shapes)
         self.phase = first.phase
         self.named = first.search is Search.NAMED  # tried only where a name can start
@@ -182,7 +181,7 @@ def compile_passes(shapes: Iterable[Shape]) -> tuple[Pass, ...]:
             runs[-1].append(shape)
         else:
             runs.append([shape])
-    names = [run[0].name if len(run) == 1 else str(run[0].alternation) for run in runs]
+    names = [run[0].alternation or run[0].name for run in runs]
     for run in runs:
         if run[0].alternation is not None and names.count(run[0].alternation) > 1:
             raise ValueError(f"alternation {run[0].alternation}: its shapes are not adjacent")

@@ -34,7 +34,8 @@ import functools
 import re
 from typing import TYPE_CHECKING
 
-from execkit._redact.shapes import NAME_STARTS, Anchor
+from execkit._redact.record import Anchor
+from execkit._redact.shapes import NAME_STARTS
 
 if TYPE_CHECKING:
     from execkit._redact.engine import Pass

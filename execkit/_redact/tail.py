@@ -24,7 +24,8 @@ from collections.abc import Iterable, Sequence
 
 from execkit._redact.engine import literal_secrets
 from execkit._redact.gate import fold
-from execkit._redact.shapes import BOUNDARY_STARTS, LINE_CROSSING_STARTS, REDACTED
+from execkit._redact.record import REDACTED
+from execkit._redact.shapes import BOUNDARY_STARTS, LINE_CROSSING_STARTS
 from execkit._redact.text import redact_text
 from execkit._redact.trace import Piece, Trace, mask_more, output_from
 

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 
 from execkit._redact.engine import extra_spans, literal_secrets, reference_rules
 from execkit._redact.gate import Gate
-from execkit._redact.shapes import REDACTED, SECRET_FLAG_ITEM
+from execkit._redact.record import REDACTED
+from execkit._redact.shapes import SECRET_FLAG_ITEM
 from execkit._redact.trace import Trace, mask_more, render
 
 __all__ = ["SHORTEST_MATCH", "redact", "redact_argv", "redact_text"]

@@ -22,7 +22,7 @@ from typing import TypeAlias
 
 from execkit._redact.engine import REFERENCE_PASSES, SpanList, extra_spans, find_spans
 from execkit._redact.gate import Gate, fold
-from execkit._redact.shapes import REDACTED
+from execkit._redact.record import REDACTED
 
 __all__ = ["Mask", "Piece", "Trace", "mask_more", "output_from", "render"]
 
