@@ -35,6 +35,7 @@ from execkit._redact import (
     REDACTED,
     engine,
     env,
+    front,
     gate,
     looks_secret_name,
     record,
@@ -45,8 +46,9 @@ from execkit._redact import (
     shapes,
     tail,
     trace,
+    words,
 )
-from execkit._redact.text import SHORTEST_MATCH
+from execkit._redact.front import SHORTEST_MATCH
 
 SECRET_CASES = [
     ("key sk-abcdefghijklmnopqrstuv used", "sk-abcdefghijklmnopqrstuv"),
@@ -585,7 +587,7 @@ def test_the_superset_check_means_what_it_says() -> None:
 
 def adds_nothing(text: str, extras: tuple[str, ...] = ()) -> bool:
     """True when no shape added since the reference masks anything in `text`."""
-    secrets = engine.literal_secrets(extras)
+    secrets = front.literal_secrets(extras)
     traced = trace.Trace(text)
     traced.reference_phases(secrets)
     return not traced.extra_masks(secrets)
@@ -994,6 +996,46 @@ def test_an_alternation_is_one_pass_of_adjacent_alike_shapes() -> None:
         engine.compile_passes([alone, by_name["bearer"], alone])
 
 
+def test_the_table_is_loaded_on_the_first_text_a_rule_could_match() -> None:
+    # Start-up time: a run that redacts only short words (`execkit run -- true`) never
+    # pays for the table, its passes or the attrs classes behind them.
+    probe = """
+import json, sys
+import execkit._redact as r
+def loaded():
+    return sorted(m for m in sys.modules if m.startswith("execkit._redact.") or m == "attrs")
+before = loaded()
+r.redact_argv(["true"]); r.redact("ok"); r.redact_tail("", ""); r.secret_env_values({})
+words = loaded()
+r.redact("a longer line")
+print(json.dumps([before, words, loaded()]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    before, after_words, after_line = json.loads(done.stdout)
+    light = ["execkit._redact.env", "execkit._redact.front", "execkit._redact.words"]
+    assert before == after_words == light
+    assert {"attrs", "execkit._redact.shapes", "execkit._redact.engine"} <= set(after_line)
+
+
+def test_each_file_of_the_package_imports_only_those_above_it() -> None:
+    # The order of the package docstring's list; imports inside a function (front.py's,
+    # on first use) and for type checking only are left out.
+    doc = _redact_package.__doc__ or ""
+    order = re.findall(r"^- (\w+)\.py: ", doc, re.MULTILINE)
+    root = Path(_redact_package.__file__).resolve().parent
+    assert sorted(order) == sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__")
+    for rank, name in enumerate(order):
+        tree = ast.parse((root / f"{name}.py").read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only: `if TYPE_CHECKING:` is an ast.If
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "execkit._redact."
+            ):
+                imported = (node.module or "").rpartition(".")[2]
+                assert order.index(imported) < rank, f"{name}.py imports {imported}.py"
+
+
 def test_other_rooms_import_only_the_package() -> None:
     # Inside execkit, only the package's own files name its files.
     root = Path(_redact_package.__file__).resolve().parent
@@ -1032,7 +1074,7 @@ def _compiled_patterns() -> dict[str, re.Pattern[str]]:
             found[f"{step.name} wording"] = engine._wording(step.nearby.words)
     for index, (finder, _) in enumerate(gate._name_finders()):
         found[f"name finder[{index}]"] = finder
-    found["secret flag item"] = shapes.SECRET_FLAG_ITEM
+    found["secret flag item"] = words.SECRET_FLAG_ITEM
     found["secret name"] = env._SECRET_NAME
     found["word character"] = tail._WORD_CHAR
     return found

@@ -79,16 +79,19 @@ after that is a fixed number of substring searches over it and a scan per rule t
 matches, whatever it holds (engine.py). Where credentials are on every line the work is
 per match, kept to a scan per rule (trace.py).
 
-The files of this package, each importing only those above it:
+The files of this package, in layers: each imports only those above it when it is loaded
+(front.py loads trace.py and tail.py on first use; tests/test_redact.py checks the order):
 
+- words.py: the marker, and the secret-sounding names and flags the rules look for.
+- env.py: which values of the child's environment are literal secrets.
+- front.py: `redact`, `redact_argv`, `redact_tail` and phase 1; the rest is imported on
+  the first text long enough for a rule (start-up time matters).
 - record.py: what an entry of the table holds (`Shape`), and what is read off entries.
-- shapes.py: the table, one entry a shape; the words the named rules share.
+- shapes.py: the table, one entry a shape.
 - gate.py: the case fold, and which passes can match a text at all (anchors).
 - engine.py: the table compiled into passes; how each finds its matches; phases 2 and 3.
 - trace.py: where each piece of the output came from, so phase 3 masks on top of phase 2.
-- text.py: `redact` and `redact_argv`.
-- tail.py: `redact_tail`, the first line after a cut redacted with the text before it.
-- env.py: which values of the child's environment are literal secrets.
+- tail.py: a tail with the text before its cut, its first line traced with that text.
 
 Other rooms import only from `execkit._redact`; tests may reach into its files.
 """
@@ -96,9 +99,8 @@ Other rooms import only from `execkit._redact`; tests may reach into its files.
 from __future__ import annotations
 
 from execkit._redact.env import MIN_ENV_SECRET_LEN, looks_secret_name, secret_env_values
-from execkit._redact.record import REDACTED
-from execkit._redact.tail import redact_tail
-from execkit._redact.text import redact, redact_argv
+from execkit._redact.front import redact, redact_argv, redact_tail
+from execkit._redact.words import REDACTED
 
 __all__ = [
     "MIN_ENV_SECRET_LEN",

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from execkit._redact.gate import EAGER_CHARS, Gate, anchor_ids, fold, name_starts
 from execkit._redact.record import (
-    REDACTED,
     Anchor,
     Masked,
     Nearby,
@@ -43,7 +42,8 @@ from execkit._redact.record import (
     Shape,
     opening_literal,
 )
-from execkit._redact.shapes import NAME_STARTS, SHAPES
+from execkit._redact.shapes import SHAPES
+from execkit._redact.words import NAME_STARTS, REDACTED
 
 __all__ = [
     "DENSE_SAMPLE",
@@ -56,7 +56,6 @@ __all__ = [
     "escaped_forms",
     "extra_spans",
     "find_spans",
-    "literal_secrets",
     "matches_from",
     "names_dense",
     "reference_rules",
@@ -127,6 +126,8 @@ class Pass:
         self.phase = first.phase
         self.named = first.search is Search.NAMED  # tried only where a name can start
         self.nearby: Nearby | None = first.nearby
+        if self.nearby is not None and first.masked is not Masked.MATCH:
+            raise ValueError(f"{self.name}: a token found near a word is masked whole")
         sources = tuple(shape.pattern for shape in shapes)
         self.alternative_sources = sources if len(sources) > 1 else ()
         self.lead = first.search is Search.LEAD or bool(self.alternative_sources)
@@ -193,14 +194,6 @@ def compile_passes(shapes: Iterable[Shape]) -> tuple[Pass, ...]:
 # Phase 2, in the reference order; phase 3, each over the text as phase 1 left it.
 REFERENCE_PASSES = compile_passes(shape for shape in SHAPES if shape.phase is Phase.REFERENCE)
 EXTRA_PASSES = compile_passes(shape for shape in SHAPES if shape.phase is Phase.ADDED)
-
-
-def literal_secrets(extra_secrets: Iterable[str]) -> list[str]:
-    """Phase 1's secrets, longest first. A "secret" inside the marker itself would re-mask
-    its own output forever. Built as the reference builds it, so equal-length secrets come
-    in the same order."""
-    literal = {s for s in extra_secrets if s and s not in REDACTED}
-    return sorted(literal, key=len, reverse=True)
 
 
 def escaped_forms(secret: str) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ import re
 from typing import TYPE_CHECKING
 
 from execkit._redact.record import Anchor
-from execkit._redact.shapes import NAME_STARTS
+from execkit._redact.words import NAME_STARTS
 
 if TYPE_CHECKING:
     from execkit._redact.engine import Pass

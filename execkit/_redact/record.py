@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import enum
 import re
-import string
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
 import attrs
-from attrs.validators import and_, deep_iterable, instance_of, matches_re, min_len, optional
+from attrs.validators import and_, deep_iterable, instance_of, min_len, optional
+
+from execkit._redact.words import REDACTED
 
 __all__ = [
-    "REDACTED",
     "Anchor",
     "Masked",
     "Nearby",
@@ -45,8 +45,6 @@ __all__ = [
     "opening_literal",
     "shape_list",
 ]
-
-REDACTED = "[REDACTED]"
 
 
 class Phase(enum.StrEnum):
@@ -88,6 +86,23 @@ def exact(*literals: str) -> tuple[Anchor, ...]:
     return tuple((literal, False) for literal in literals)
 
 
+# Written out, not `matches_re`: compiling a pattern per field would cost start-up time.
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_DIGITS = "0123456789"
+
+
+def _snake_case(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not (
+        isinstance(value, str) and value[:1].isalpha() and not value.strip(_LETTERS + _DIGITS + "_")
+    ):
+        raise ValueError(f"{attribute.name}: {value!r} is not a lower-case snake_case name")
+
+
+def _one_line(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not (isinstance(value, str) and value.strip() and "\n" not in value):
+        raise ValueError(f"{attribute.name}: {value!r} is not one line of text")
+
+
 def _is_anchor(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     literal, in_fold = value if isinstance(value, tuple) and len(value) == 2 else ("", None)
     if not (isinstance(literal, str) and literal and isinstance(in_fold, bool)):
@@ -110,9 +125,7 @@ class Nearby:
     `longest` is the most characters the shape's pattern matches (the search for tokens
     after a word stops there)."""
 
-    words: tuple[str, ...] = attrs.field(
-        validator=deep_iterable(matches_re(r"[a-z0-9_]+"), min_len(1))
-    )
+    words: tuple[str, ...] = attrs.field(validator=deep_iterable(_snake_case, min_len(1)))
     window: int = attrs.field(validator=instance_of(int))
     longest: int = attrs.field(validator=instance_of(int))
     both_cases: bool = attrs.field(default=True, validator=instance_of(bool))
@@ -146,8 +159,8 @@ class Shape:
       literal is written here.
     """
 
-    name: str = attrs.field(validator=matches_re(r"[a-z][a-z0-9_]*"))
-    label: str = attrs.field(validator=matches_re(r"[^\n]+"))
+    name: str = attrs.field(validator=_snake_case)
+    label: str = attrs.field(validator=_one_line)
     phase: Phase = attrs.field(validator=instance_of(Phase))
     pattern: str = attrs.field(validator=and_(instance_of(str), min_len(1)))
     anchors: tuple[tuple[Anchor, ...], ...] = attrs.field(kw_only=True, validator=_GROUPS)
@@ -161,7 +174,7 @@ class Shape:
         default=None, kw_only=True, validator=optional(instance_of(Nearby))
     )
     alternation: str | None = attrs.field(
-        default=None, kw_only=True, validator=optional(matches_re(r"[a-z][a-z0-9_]*"))
+        default=None, kw_only=True, validator=optional(_snake_case)
     )
 
 
@@ -171,20 +184,20 @@ def opening_literal(source: str) -> str:
     (`gh[pousr]_...` opens with `gh`, `(authorization(?<!...` with `authorization`). Only
     meaningful for a source that does not open with an alternation."""
     body = source.removeprefix("(?:") if source.startswith("(?:") else source.removeprefix("(")
-    plain = len(body) - len(body.lstrip(string.ascii_letters + string.digits + "_-"))
+    plain = len(body) - len(body.lstrip(_LETTERS + _LETTERS.upper() + _DIGITS + "_-"))
     return body[:plain]
 
 
 _ALPHABETS = {
-    "alnum": string.ascii_letters + string.digits,
-    "letters": string.ascii_letters,
-    "upper": string.ascii_uppercase + string.digits,
-    "digits": string.digits,
+    "alnum": _LETTERS + _LETTERS.upper() + _DIGITS,
+    "letters": _LETTERS + _LETTERS.upper(),
+    "upper": _LETTERS.upper() + _DIGITS,
+    "digits": _DIGITS,
     "hex": "0123456789abcdef",
-    "b64": string.ascii_letters + string.digits + "+/",
-    "urlsafe": string.ascii_letters + string.digits + "-_",
+    "b64": _LETTERS + _LETTERS.upper() + _DIGITS + "+/",
+    "urlsafe": _LETTERS + _LETTERS.upper() + _DIGITS + "-_",
 }
-_FILLER = re.compile(r"\{(" + "|".join(_ALPHABETS) + r"):(\d+)\}")
+_FILLER = r"\{(" + "|".join(_ALPHABETS) + r"):(\d+)\}"
 
 
 def example_of(shape: Shape) -> tuple[str, str]:
@@ -199,7 +212,7 @@ def example_of(shape: Shape) -> tuple[str, str]:
         stride = 7 if len(alphabet) % 7 else 11
         return "".join(alphabet[(i * stride) % len(alphabet)] for i in range(int(match[2])))
 
-    before, rest = _FILLER.sub(fill, shape.example).split("«")
+    before, rest = re.sub(_FILLER, fill, shape.example).split("«")
     secret, after = rest.split("»")
     return before + secret + after, before + REDACTED + after
 

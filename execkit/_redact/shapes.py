@@ -21,8 +21,6 @@ loose where the vendors' are not stable (Stripe, npm, Hugging Face: at least 10/
 
 from __future__ import annotations
 
-import re
-
 from execkit._redact.record import (
     Masked,
     Nearby,
@@ -33,44 +31,14 @@ from execkit._redact.record import (
     folded,
     opening_literal,
 )
+from execkit._redact.words import FLAG_NAMES, NAME_STARTS, NAMES
 
-__all__ = [
-    "BOUNDARY_STARTS",
-    "LINE_CROSSING_STARTS",
-    "NAMES",
-    "NAME_STARTS",
-    "NAME_WORDS",
-    "SECRET_FLAG_ITEM",
-    "SHAPES",
-]
+__all__ = ["BOUNDARY_STARTS", "LINE_CROSSING_STARTS", "NAME_WORDS", "SHAPES"]
 
-# --- the words of the named rules
+# --- what the entries share
 
-# `NAME=value`, `NAME: value`, `"name": "value"` where NAME ends in a secret-sounding word
-# (`OPENAI_API_KEY`, `GITHUB_TOKEN`, `client_secret`, `apiKey`, `password`). The name's
-# prefix is irrelevant to the match, which is what keeps this linear; requiring the word
-# to END the name keeps `token_count=5` and `max_tokens=4096` readable.
-NAMES = (
-    r"(?:a(?:pi[_\-]?key|ccess[_\-]?key)|s(?:ecret[_\-]?key|ecret)|p(?:rivate[_\-]?key"
-    r"|ass(?:word|wd))|token|credentials?)"
-)  # the reference's alternatives, in its order, sharing their first letters
-# Where a name can start, from each word of it (`api_key` holds `key` 4 characters in,
-# `apikey` 3, `access_key` 7...; the other words start the name). A Search.NAMED shape's
-# matches all start at one of these.
-NAME_STARTS = (
-    ("key", (3, 4, 6, 7, 8)),
-    ("token", (0,)),
-    ("secret", (0,)),
-    ("passw", (0,)),
-    ("credential", (0,)),
-)
 NAME_WORDS = folded(*(word for word, _ in NAME_STARTS))
 _ASSIGN = exact(":", "=")
-
-# The flags whose value is a secret: `--api-key VALUE`, `--token=VALUE`, and in an argv
-# the item after a bare flag (SECRET_FLAG_ITEM).
-_FLAG_NAMES = r"--?(?:api[_\-]?key|access[_\-]?key|token|secret|password|passwd)"
-SECRET_FLAG_ITEM = re.compile(f"(?i){_FLAG_NAMES}")
 
 # After a name, quotes escaped with a backslash (`{\"api_key\": \"v\"}`, `KEY=\"v\"`):
 # either the name's closing quote is escaped, or the value's opening one is.
@@ -180,7 +148,7 @@ SHAPES: tuple[Shape, ...] = (
         "secret_flag",
         "`--api-key VALUE`, `--token=VALUE` on a logged command line",
         Phase.REFERENCE,
-        rf"({_FLAG_NAMES}(?:[ \t]{{1,8}}|=))[^\s\"',;&]+",
+        rf"({FLAG_NAMES}(?:[ \t]{{1,8}}|=))[^\s\"',;&]+",
         anchors=(exact("-"), folded("key", "token", "secret", "passw")),
         masked=Masked.AFTER_GROUP_1,
         folded=True,

@@ -1,5 +1,5 @@
 """Tails: `redact_tail(tail, context)`, the kept end of a longer text, redacted with the text
-just before the cut in view.
+just before the cut in view (`cut_tail`, which front.py calls when there is a context).
 
 `context + tail` is redacted once and the part that came from `tail` is kept; a
 credential that runs across the cut is masked from the start of the tail through its
@@ -20,16 +20,15 @@ redacted three times over.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from execkit._redact.engine import literal_secrets
+from execkit._redact.front import redact_text
 from execkit._redact.gate import fold
-from execkit._redact.record import REDACTED
 from execkit._redact.shapes import BOUNDARY_STARTS, LINE_CROSSING_STARTS
-from execkit._redact.text import redact_text
 from execkit._redact.trace import Piece, Trace, mask_more, output_from
+from execkit._redact.words import REDACTED
 
-__all__ = ["SHORT_HEAD", "redact_tail"]
+__all__ = ["SHORT_HEAD", "cut_tail"]
 
 # `redact_tail` redacts a cut tail's first line apart only when it is at most this
 # fraction of the tail (it is redacted three times: with the context, alone, in the tail).
@@ -38,19 +37,9 @@ SHORT_HEAD = 8
 _WORD_CHAR = re.compile(r"\w")
 
 
-def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> str:
-    """`redact(tail)`, where `tail` is what was kept of a longer text and `context` the
-    text that came just before it.
-
-    A cut can slice a credential in two: the half inside `tail` no longer looks like one.
-    `context + tail` is redacted once; a credential that runs across the cut is masked
-    from the start of the tail through its end, and the rest of the tail is kept as that
-    one redaction left it (see the module docstring for how this matches the old
-    two-redaction result).
-    """
-    secrets = literal_secrets(extra_secrets)
-    if not context:
-        return redact_text(tail, secrets)
+def cut_tail(tail: str, context: str, secrets: Sequence[str]) -> str:
+    """`redact_tail(tail, context)`, `context` not empty and the secrets as
+    front.literal_secrets gives them."""
     split = _line_after_cut(context, tail, secrets)
     if split * SHORT_HEAD > len(tail):
         # The first line is most of the tail (or all of it): redacting it twice more
@@ -89,7 +78,7 @@ def _line_after_cut(context: str, tail: str, secrets: Sequence[str]) -> int:
 
 
 def _redact_across(tail: str, context: str, secrets: Sequence[str]) -> str:
-    """`redact_tail` on phases 1 to 3 (`secrets` as `literal_secrets` gives them)."""
+    """`redact_tail` on phases 1 to 3 (`secrets` as front.literal_secrets gives them)."""
     joined = context + tail
     cut = len(context)
     seen = Trace(joined)

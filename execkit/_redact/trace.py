@@ -20,11 +20,17 @@ import bisect
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from execkit._redact.engine import REFERENCE_PASSES, SpanList, extra_spans, find_spans
+from execkit._redact.engine import (
+    REFERENCE_PASSES,
+    SpanList,
+    extra_spans,
+    find_spans,
+    reference_rules,
+)
 from execkit._redact.gate import Gate, fold
-from execkit._redact.record import REDACTED
+from execkit._redact.words import REDACTED
 
-__all__ = ["Mask", "Piece", "Trace", "mask_more", "output_from", "render"]
+__all__ = ["Mask", "Piece", "Trace", "later_phases", "mask_more", "output_from", "render"]
 
 # A piece of the output (see the module docstring).
 Piece: TypeAlias = tuple[int, int, str | None]
@@ -341,3 +347,21 @@ def output_from(pieces: list[Piece], at: int) -> list[Piece]:
             out.append(piece if lo == 0 else _sub_piece(piece, lo, size))
         position += size
     return out
+
+
+def later_phases(text: str, secrets: Sequence[str]) -> str:
+    """Phases 2 and 3 over `text` as phase 1 left it (`secrets` as front.literal_secrets
+    gives them, for their JSON-escaped forms): a text whose gate finds no anchor is done;
+    when phase 3 finds nothing (almost always), phase 2 runs as plain string replacements;
+    when it finds something, phase 2 runs traced, so that phase 3's spans, which are
+    offsets in phase 1's output, can be laid on top of phase 2's."""
+    gate = Gate(text)
+    if gate.empty:
+        return text
+    extra = extra_spans(text, gate, secrets)
+    if not extra:
+        return reference_rules(text, gate)
+    trace = Trace(text, gate, track_matches=False)
+    trace.reference_phases(())
+    pieces = mask_more(trace.pieces, [(start, end) for _, _, start, end in extra])
+    return render(pieces, text)
