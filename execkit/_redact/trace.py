@@ -8,6 +8,10 @@ A `Trace` runs phases 1 and 2 over a text keeping the output as pieces: original
 first has start == end). `extra_masks` maps phase 3's spans to original offsets and
 `mask_more` lays them into the pieces; `render` joins them.
 
+`later_phases` is `redact` after phase 1: phase 3 is looked for first, and only when it
+finds something (rarely) is phase 2 traced; otherwise phase 2 runs as plain string
+replacements (engine.reference_rules), which is most of what redaction costs.
+
 Dense texts. Where credentials are on every line, the work is per match. It is kept to a
 scan per rule: a trace lays each rule's masks into its pieces with a bisect each, and the
 original offsets of phase 1 and 2 matches (`matches`, which `redact_tail` asks whether a
