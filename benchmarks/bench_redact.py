@@ -1,6 +1,8 @@
 """Benchmark redaction: the new redactor against the frozen reference and a linear floor.
 
-Run: python benchmarks/bench_redact.py   (about 10-20 s; prints a markdown table)
+    python benchmarks/bench_redact.py [--root DIR] [--skip-linear]
+
+(about a minute; prints two markdown tables)
 
 1. A clean 1 MiB output (no anchor of any rule in it) against the floor: one `str.find`
    pass over the same text for a string that is not there. The anchor pre-check makes the
@@ -10,28 +12,34 @@ Run: python benchmarks/bench_redact.py   (about 10-20 s; prints a markdown table
    and with credentials: the reference redacts it twice (alone, and with the context);
    the new one once.
 4. The issue's case: five spawns of 1 MiB each, i.e. ten cut tails (stdout and stderr).
+5. Linear time (`--skip-linear` leaves it out): each text of `secrets_corpus.ADVERSARIAL`,
+   which repeats a rule's anchors, against one trivial `re.sub` over the same text (`vs
+   floor`), and the cost of doubling it (`doubled`: 2x when linear, 4x when quadratic).
+   Timed here, never in a test: tests/test_redact.py holds the same texts to counts.
 
 Ratios: `vs floor` is time / floor time; `speed-up` is reference time / new time.
+`--root DIR` imports execkit from another checkout (a before/after pair, same script).
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import importlib
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import _redact_reference as reference  # noqa: E402
-from secrets_corpus import SAMPLES  # noqa: E402
-
-from execkit import _redact  # noqa: E402
-from execkit._redact import redact, redact_tail  # noqa: E402
+from secrets_corpus import ADVERSARIAL, SAMPLES, adversarial  # noqa: E402
 
 MIB = 1 << 20
 TAIL = 64 * 1024
@@ -110,9 +118,13 @@ def _with_secrets(size: int, seed: int) -> str:
     return "".join(parts)[:size]
 
 
-def _holds_no_anchor(text: str) -> bool:
-    low = _redact._fold(text)
-    steps = _redact._REFERENCE_PASSES + _redact._EXTRA_PASSES
+def _holds_no_anchor(redactor: ModuleType, text: str) -> bool:
+    if hasattr(redactor, "_fold"):  # a checkout from before execkit/_redact/ was a package
+        low, steps = redactor._fold(text), redactor._REFERENCE_PASSES + redactor._EXTRA_PASSES
+    else:
+        engine: Any = importlib.import_module("execkit._redact.engine")
+        gate: Any = importlib.import_module("execkit._redact.gate")
+        low, steps = gate.fold(text), engine.REFERENCE_PASSES + engine.EXTRA_PASSES
     return not any(
         all(
             any(literal in (low if folded else text) for literal, folded in group)
@@ -123,8 +135,18 @@ def _holds_no_anchor(text: str) -> bool:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to import")
+    parser.add_argument("--skip-linear", action="store_true", help="leave out table 5")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.root.resolve()))
+    redactor = importlib.import_module("execkit._redact")
+    redact: Callable[..., str] = redactor.redact
+    redact_tail: Callable[..., str] = redactor.redact_tail
+    print(f"execkit from {Path(redactor.__file__ or '').parent}\n")
+
     clean = _clean_output(MIB, 1)
-    assert _holds_no_anchor(clean), "the clean text must hold no anchor"
+    assert _holds_no_anchor(redactor, clean), "the clean text must hold no anchor"
     dirty = _with_secrets(MIB, 2)
     assert redact(clean) == reference.redact(clean) == clean
 
@@ -171,6 +193,33 @@ def main() -> None:
         print(
             f"| {name} | {floor * 1e3:.3f} ms | {new_s * 1e3:.2f} ms | {old_s * 1e3:.2f} ms "
             f"| {new_s / floor:.1f}x | {old_s / floor:.1f}x | {old_s / new_s:.1f}x |"
+        )
+    if not args.skip_linear:
+        _linear(redact)
+
+
+# Per text of ADVERSARIAL: 8 MiB for the two the issue named, 256 KiB where every few
+# characters are a match (a Python call each: the run time, not the ratio), else 512 KiB.
+_LINEAR_SIZES = {"sk-": 8 << 20, "Bearer ": 8 << 20}
+_MANY_MATCHES = {"authorization: ", "--token ", "AccountKey=", '\\"token\\": \\"', 'password=\\"'}
+
+
+def _linear(redact: Callable[..., str]) -> None:
+    """Table 5: each adversarial text against one trivial `re.sub` over it, and doubled."""
+    floor_pattern = re.compile(r"[^\n]")  # touches every character
+    print("\nlinear time: floor is one `re.sub` of a one-character class over the same text\n")
+    print("| text | size | new | vs floor | doubled |")
+    print("|---|---|---|---|---|")
+    for head, unit in ADVERSARIAL:
+        size = _LINEAR_SIZES.get(unit, 1 << 18 if unit in _MANY_MATCHES else 1 << 19)
+        one, two = adversarial(head, unit, size), adversarial(head, unit, 2 * size)
+        floor = _best_of(5, functools.partial(floor_pattern.sub, "", one))
+        first = _best_of(5, functools.partial(redact, one))
+        second = _best_of(5, functools.partial(redact, two))
+        label = repr(head + unit if len(head + unit) < 30 else (head + unit)[:27] + "...")
+        print(
+            f"| `{label}` | {size >> 10} KiB | {first * 1e3:.2f} ms | {first / floor:.1f}x "
+            f"| {second / first:.2f}x |"
         )
 
 

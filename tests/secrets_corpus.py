@@ -3,13 +3,14 @@
 Every value is fake: built at import from a fixed seed (a hash chain), so the file holds no
 credential-shaped literal for a scanner to flag, and every run sees the same values.
 Shapes follow gitleaks `config/gitleaks.toml` and Yelp detect-secrets' plugins (prefixes,
-lengths, alphabets); see execkit/_redact.py.
+lengths, alphabets); see execkit/_redact/shapes.py.
 
 `SAMPLES` holds every shape execkit masks: those the reference redactor covered
 (`covered_before=True`) and those added since. `secret` is what must never survive; the
 rest of `text` may (a header name, a URL's host, a PEM header line). `extra_secrets` is
 set for a value that only the child's environment marks as secret. `NEGATIVES` are texts
-that must come out unchanged.
+that must come out unchanged. `ADVERSARIAL` texts repeat the anchors of every rule, where a
+pattern that backtracks or an engine that tries every position would do quadratic work.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import string
 from dataclasses import dataclass
 
-__all__ = ["NEGATIVES", "SAMPLES", "Sample", "fake", "leaked"]
+__all__ = ["ADVERSARIAL", "NEGATIVES", "SAMPLES", "Sample", "adversarial", "fake", "leaked"]
 
 _ALNUM = string.ascii_letters + string.digits
 _UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -287,3 +288,27 @@ def _negatives() -> tuple[str, ...]:
 
 
 NEGATIVES: tuple[str, ...] = _negatives()
+
+
+# (head, unit): the text `head + unit * n`, cut to its size (`adversarial`). Each unit
+# repeats the anchor of a rule, or what a match of it needs but one character, so that a
+# rule that backtracks, or a search started again from each match, has work at every one.
+ADVERSARIAL: tuple[tuple[str, str], ...] = (
+    *(
+        ("", unit)
+        for unit in [
+            "a", "sk-", "Bearer ", "token", "token:", "token=", "AIza", "ghp_", "xoxb-",
+            "://a:", "://:@", "eyJ", "eyJa.", "-----BEGIN PRIVATE KEY-----", "-----BEGIN X",
+            "AKIA", "A3TX", "SK", "SG.", "SG.a.", "hf_", "npm_", "glpat-", "k_live_",
+            "cookie: ", "aws secret ", "Ab+/", "hooks.slack.com/services/",
+            "authorization: ", "--token ", "AccountKey=", '\\"token\\": \\"', 'password=\\"',
+            "sk-" + "a" * 15 + " ",
+        ]
+    ),
+    ("api_key=", "x"),
+)  # fmt: skip
+
+
+def adversarial(head: str, unit: str, size: int) -> str:
+    """`head` then `unit` repeated, `size` characters in all."""
+    return (head + unit * (size // len(unit) + 1))[:size]

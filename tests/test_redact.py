@@ -4,35 +4,51 @@ Beyond the examples: every shape of tests/secrets_corpus.py is masked wherever i
 printed; the anchor pre-check is exact over all of Unicode; the output equals the frozen
 reference (tests/_redact_reference.py) wherever that one masked correctly, and is the
 reference output with more spans masked where a new shape occurs; a cut never lets a
-credential grow back; redaction is linear in the size of the text.
+credential grow back; each entry of the table of shapes says truly what its pattern does;
+redaction is linear in the size of the text, held by counts (no test here is timed).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import itertools
 import json
 import re
 import subprocess
 import sys
-import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
 from typing import Any
 from unittest import mock
 
 import _redact_reference as reference
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from secrets_corpus import NEGATIVES, SAMPLES, Sample, leaked
+from secrets_corpus import ADVERSARIAL, NEGATIVES, SAMPLES, Sample, adversarial, leaked
 
-from execkit import _redact
+import execkit._redact as _redact_package
 from execkit._redact import (
     REDACTED,
+    engine,
+    env,
+    front,
+    gate,
     looks_secret_name,
+    record,
     redact,
     redact_argv,
     redact_tail,
     secret_env_values,
+    shapes,
+    tail,
+    trace,
+    words,
 )
+from execkit._redact.front import SHORTEST_MATCH
 
 SECRET_CASES = [
     ("key sk-abcdefghijklmnopqrstuv used", "sk-abcdefghijklmnopqrstuv"),
@@ -302,7 +318,7 @@ def test_the_corpus_holds_every_shape_asked_for() -> None:
 # ================================================================ the anchor pre-check
 
 ALL_CODE_POINTS = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
-ALL_PASSES = _redact._REFERENCE_PASSES + _redact._EXTRA_PASSES
+ALL_PASSES = engine.REFERENCE_PASSES + engine.EXTRA_PASSES
 # Text full of anchor letters and their look-alikes (KELVIN SIGN, long s, dotted and
 # dotless i).
 _LOOKALIKE_TEXT = st.text(
@@ -339,9 +355,9 @@ def test_the_fold_maps_every_case_insensitive_look_alike_to_its_anchor_letter() 
         alikes = look_alikes(char)
         assert char in alikes
         for alike in alikes:
-            assert _redact._fold(alike) == char.lower(), (char, hex(ord(alike)))
+            assert gate.fold(alike) == char.lower(), (char, hex(ord(alike)))
             # ... and inside a text too: the fold of a text is the fold of its characters.
-            assert _redact._fold(f"\u03a3x{alike}\u0130") == f"σx{char.lower()}i"
+            assert gate.fold(f"\u03a3x{alike}\u0130") == f"σx{char.lower()}i"
         tested[char] = alikes
     # The scan really reaches the characters that lower() alone gets wrong.
     assert "\u212a" in tested["k"] and "\u017f" in tested["s"]
@@ -358,7 +374,7 @@ def test_the_fold_table_is_exactly_what_lower_misses() -> None:
         for alike in look_alikes(letter)
         if alike.lower() != letter
     }
-    assert missed == set(_redact._FOLD_FIXES)
+    assert missed == set(gate.FOLD_FIXES)
     for char in "0123456789-_.:/@\\=+ ":
         assert look_alikes(char) == [char]
 
@@ -369,7 +385,7 @@ def test_a_lowered_pattern_on_the_fold_matches_what_ignorecase_matches() -> None
     # character, whitespace or a newline, and each character class of the folded sources
     # matches, case-sensitive on the fold, exactly where it matches with IGNORECASE on the
     # text. (Letters: test_the_fold_table_is_exactly_what_lower_misses.)
-    low = _redact._fold(ALL_CODE_POINTS)
+    low = gate.fold(ALL_CODE_POINTS)
     assert len(low) == len(ALL_CODE_POINTS)
 
     def where(pattern: str, text: str, flags: int = 0) -> list[int]:
@@ -419,10 +435,10 @@ def test_each_reference_rule_matches_as_it_did(parts: list[str]) -> None:
     # The rewritten reference rules (literal first; lowered, on the fold; `key_value`
     # tried only where a name can start) find the very matches the old patterns find.
     text = "".join(parts)
-    low = _redact._fold(text)
-    for step in _redact._REFERENCE_PASSES:
+    low = gate.fold(text)
+    for step in engine.REFERENCE_PASSES:
         old = [m.span() for m in _REFERENCE_PATTERNS[step.name].finditer(text)]
-        new = [(start, end) for start, end, _, _ in _redact._spans(step, text, low)]
+        new = [(start, end) for start, end, _, _ in engine.find_spans(step, text, low)]
         assert new == old, step.name
         assert new == [m.span() for m in step.pattern.finditer(low if step.folded else text)]
 
@@ -436,9 +452,9 @@ def test_each_look_alike_of_an_anchor_still_opens_its_pass() -> None:
         folded = [literal for group in step.anchors for literal, f in group if f]
         for sample in SAMPLES:
             text = sample.text
-            if not folded or not _redact._spans(step, text, _redact._fold(text)):
+            if not folded or not engine.find_spans(step, text, gate.fold(text)):
                 continue
-            low = _redact._fold(text)
+            low = gate.fold(text)
             for literal in folded:
                 at = low.find(literal)
                 if at < 0:
@@ -446,11 +462,11 @@ def test_each_look_alike_of_an_anchor_still_opens_its_pass() -> None:
                 for offset, char in enumerate(literal):
                     for alike in alikes.get(char, []) + alikes.get(char.upper(), []):
                         variant = text[: at + offset] + alike + text[at + offset + 1 :]
-                        if _redact._spans(step, variant, _redact._fold(variant)):
+                        if engine.find_spans(step, variant, gate.fold(variant)):
                             exercised += 1
-                            assert _redact._Gate(variant).opens(step), (step.name, variant)
-                            big = variant + " " * (_redact._EAGER_CHARS + 1)  # the lazy gate
-                            assert _redact._Gate(big).opens(step), (step.name, variant)
+                            assert gate.Gate(variant).opens(step), (step.name, variant)
+                            big = variant + " " * (gate.EAGER_CHARS + 1)  # the lazy gate
+                            assert gate.Gate(big).opens(step), (step.name, variant)
     assert exercised > 100
 
 
@@ -479,20 +495,20 @@ def test_no_anchor_hides_in_the_marker() -> None:
         for group in step.anchors:
             for literal, folded in group:
                 assert "[" not in literal and "]" not in literal
-                marker = _redact._fold(REDACTED) if folded else REDACTED
+                marker = gate.fold(REDACTED) if folded else REDACTED
                 assert literal not in marker, literal
 
 
 def test_no_pattern_matches_fewer_characters_than_the_length_short_cut() -> None:
     parser: Any = importlib.import_module("re._parser")
     for step in ALL_PASSES:
-        assert parser.parse(step.source).getwidth()[0] >= _redact._SHORTEST_MATCH, step.name
+        assert parser.parse(step.source).getwidth()[0] >= SHORTEST_MATCH, step.name
 
 
 def _redact_ungated(text: str, extras: tuple[str, ...] = ()) -> str:
     with (
-        mock.patch.object(_redact._Gate, "opens", lambda self, step: True),
-        mock.patch.object(_redact._Gate, "empty", property(lambda self: False)),
+        mock.patch.object(gate.Gate, "opens", lambda self, step: True),
+        mock.patch.object(gate.Gate, "empty", property(lambda self: False)),
     ):
         return redact(text, extras)
 
@@ -512,7 +528,7 @@ def test_the_gate_never_changes_the_output(parts: list[str], swaps: list[int], a
             at = swap % len(text)
             text = text[:at] + alike + text[at + 1 :]
     assert redact(text) == _redact_ungated(text)
-    big = text + "\n" * (_redact._EAGER_CHARS + 1)  # the gate that looks lazily
+    big = text + "\n" * (gate.EAGER_CHARS + 1)  # the gate that looks lazily
     assert redact(big) == _redact_ungated(big)
 
 
@@ -571,10 +587,10 @@ def test_the_superset_check_means_what_it_says() -> None:
 
 def adds_nothing(text: str, extras: tuple[str, ...] = ()) -> bool:
     """True when no shape added since the reference masks anything in `text`."""
-    secrets = _redact._literal_secrets(extras)
-    trace = _redact._Trace(text)
-    trace.reference_phases(secrets)
-    return not trace.extra_masks(secrets)
+    secrets = front.literal_secrets(extras)
+    traced = trace.Trace(text)
+    traced.reference_phases(secrets)
+    return not traced.extra_masks(secrets)
 
 
 _OLD_SAMPLES = [s for s in SAMPLES if s.covered_before]
@@ -641,7 +657,7 @@ def test_literal_secrets_come_out_as_before(text: str, secret: str, data: st.Dat
 
 # A text longer than this takes the lazy gate, the one-by-one searches for alternatives,
 # and each lead pass's own search: the padding puts every case on those paths too.
-_LONG_PAD = "\n" * (_redact._EAGER_CHARS + 1)
+_LONG_PAD = "\n" * (gate.EAGER_CHARS + 1)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -682,7 +698,7 @@ def test_alternatives_searched_one_by_one_find_what_the_alternation_finds(
     assert {step.name for step in with_alternatives} >= {"vendor_key", "stripe"}
     for step in with_alternatives:
         expected = [m.span() for m in step.pattern.finditer(text)]
-        found = [m.span() for m in _redact._alternation_matches(step.alternatives, text)]
+        found = [m.span() for m in engine.alternation_matches(step.alternatives, text)]
         assert found == expected, step.name
 
 
@@ -694,7 +710,7 @@ def test_a_key_inside_a_longer_key_is_not_matched_again() -> None:
     slack = next(pattern for pattern in step.alternatives if pattern.pattern.startswith("xox"))
     assert slack.search(text) is not None
     assert [m.span() for m in step.pattern.finditer(text)] == [(0, len(text))]
-    found = [m.span() for m in _redact._alternation_matches(step.alternatives, text)]
+    found = [m.span() for m in engine.alternation_matches(step.alternatives, text)]
     assert found == [(0, len(text))]
 
 
@@ -703,7 +719,7 @@ def test_the_fold_of_a_long_text_is_the_fold_of_the_whole() -> None:
     # between pieces: the same characters as replacing them and lowering the whole text.
     # (Greek capital sigma, the one letter whose lowering looks at its neighbours, is left
     # out: either of its lower cases is a word character and no anchor.)
-    piece = _redact._FOLD_PIECE
+    piece = gate.FOLD_PIECE
     alphabet = [chr(c) for c in range(0x20, 0x3000) if chr(c) != "\u03a3"]
     chars = [alphabet[(i * 7919) % len(alphabet)] for i in range(3 * piece + 17)]
     for cut in (piece, 2 * piece):
@@ -711,9 +727,9 @@ def test_the_fold_of_a_long_text_is_the_fold_of_the_whole() -> None:
     chars[-1] = "\u0131"
     text = "".join(chars)
     whole = text
-    for char, letter in _redact._FOLD_FIXES:
+    for char, letter in gate.FOLD_FIXES:
         whole = whole.replace(char, letter)
-    assert _redact._fold(text) == whole.lower()
+    assert gate.fold(text) == whole.lower()
 
 
 @settings(max_examples=300, deadline=None)
@@ -760,11 +776,11 @@ def test_a_secret_across_the_cut_is_masked_from_the_start_of_the_tail() -> None:
 def test_a_named_pattern_scanned_whole_finds_what_its_starts_find(case: _Case) -> None:
     # Where names are dense the named patterns scan the whole fold instead of trying each
     # start: the two ways must take the same matches.
-    low = _redact._fold(case[0])
+    low = gate.fold(case[0])
     named = [step for step in ALL_PASSES if step.named]
     assert {step.name for step in named} == {"key_value", "escaped_key_value"}
     for step in named:
-        tried = _redact._matches_from(step.pattern, low, _redact._name_starts(low))
+        tried = engine.matches_from(step.pattern, low, gate.name_starts(low))
         assert [m.span() for m in step.pattern.finditer(low)] == [m.span() for m in tried]
 
 
@@ -779,9 +795,9 @@ def test_a_long_text_dense_with_credentials_is_redacted_as_its_lines() -> None:
     ]
     lines += ["api_key=abc", "token: x y", '"password": "p4ss"', "no secret here"]
     lines = [line if line.endswith("\n") else line + "\n" for line in lines]
-    text_lines = lines * (5 * _redact._DENSE_SAMPLE // len("".join(lines)) + 1)
+    text_lines = lines * (5 * engine.DENSE_SAMPLE // len("".join(lines)) + 1)
     text = "".join(text_lines)
-    assert _redact._names_dense(_redact._fold(text))
+    assert engine.names_dense(gate.fold(text))
     expected = "".join(redact(line) for line in lines) * (len(text_lines) // len(lines))
     assert redact(text) == expected
     assert redact_tail(text, "some context\nbefore the cut ") == expected
@@ -795,15 +811,15 @@ def test_a_cut_tail_is_redacted_once() -> None:
     # old rule compares). The rest of the tail is redacted once, on its own.
     lines = "".join(f"line {i}: all is well\n" for i in range(3000))
     lengths: list[int] = []
-    original_init = _redact._Trace.__init__
+    original_init = trace.Trace.__init__
 
-    def counting(self: _redact._Trace, text: str, gate: _redact._Gate | None = None) -> None:
+    def counting(self: trace.Trace, text: str, given: gate.Gate | None = None) -> None:
         lengths.append(len(text))
-        original_init(self, text, gate)
+        original_init(self, text, given)
 
     key = "sk-" + "a" * 30
     context, tail = f"head\npassword={key[:10]}", key[10:] + " rest\n" + lines
-    with mock.patch.object(_redact._Trace, "__init__", counting):
+    with mock.patch.object(trace.Trace, "__init__", counting):
         assert redact_tail(lines, "head\nmore\n") == lines
         assert lengths == [len("head\nmore\n") + len("line 0: all is well\n")]
         lengths.clear()
@@ -819,80 +835,392 @@ def test_a_cut_tail_is_redacted_once() -> None:
     assert kept == REDACTED + " rest\n" + lines == reference.redact_tail(tail, context)
 
 
+# ================================================================ the table of shapes
+
+SHAPE_IDS = [shape.name for shape in shapes.SHAPES]
+
+
+def test_the_package_docstring_lists_the_table() -> None:
+    # The list is written by record.shape_list; paste its output when a shape changes.
+    listed = record.shape_list(shapes.SHAPES)
+    assert listed in (_redact_package.__doc__ or ""), f"the docstring should list:\n{listed}"
+    assert listed.count("\n- `") + 1 == len(shapes.SHAPES)
+
+
+def test_the_table_names_each_shape_once_and_compiles_to_the_passes() -> None:
+    names = [shape.name for shape in shapes.SHAPES]
+    assert len(set(names)) == len(names)
+    passed = [shape.name for step in ALL_PASSES for shape in step.shapes]
+    assert passed == names  # phase 2 first, then phase 3, each in table order
+    assert [step.name for step in engine.REFERENCE_PASSES] == list(_REFERENCE_PATTERNS)
+    by_name = {step.name: step for step in ALL_PASSES}
+    assert len(by_name["vendor_key"].alternative_sources) == 5
+    assert len(by_name["stripe"].alternative_sources) == 2
+    for step in ALL_PASSES:
+        assert step.source == "|".join(shape.pattern for shape in step.shapes)
+
+
+@pytest.mark.parametrize("shape", shapes.SHAPES, ids=SHAPE_IDS)
+def test_each_example_is_masked_where_it_is_marked(shape: record.Shape) -> None:
+    # `redact` gives the example with its «» span masked, and the shape on its own masks
+    # exactly that span (so the example shows what this shape does, not a neighbour's).
+    text, expected = record.example_of(shape)
+    assert redact(text) == expected
+    assert redact_tail(text, "context\n") == expected
+    start = expected.index(REDACTED)
+    end = start + len(text) - len(expected) + len(REDACTED)
+    alone = engine.Pass([shape])
+    masked = [(a, b) for _, _, a, b in engine.find_spans(alone, text, gate.fold(text))]
+    assert masked == [(start, end)], (masked, text[start:end])
+
+
+def test_derived_facts_come_from_the_table() -> None:
+    # What the tail handling knows of the shapes is derived, and means what it says: a
+    # boundary rule of phase 2 matches only from its opening literal on.
+    assert shapes.BOUNDARY_STARTS == (
+        "sk-", "aiza", "gh", "github_pat_", "xox", "authorization", "bearer",
+    )  # fmt: skip
+    assert shapes.LINE_CROSSING_STARTS == ("-----BEGIN",)
+    texts = [sample.text for sample in SAMPLES] + [record.example_of(s)[0] for s in shapes.SHAPES]
+    checked = 0
+    for shape in shapes.SHAPES:
+        if shape.phase is not record.Phase.REFERENCE or not shape.boundary:
+            continue
+        opening = record.opening_literal(shape.pattern).lower()
+        assert opening, shape.name
+        for text in texts:
+            for match in re.finditer(shape.pattern, gate.fold(text) if shape.folded else text):
+                checked += 1
+                assert gate.fold(match.group()).startswith(opening), (shape.name, match)
+    assert checked >= 10
+
+
+_parser: Any = importlib.import_module("re._parser")
+_constants: Any = importlib.import_module("re._constants")
+_OP = _constants  # opcodes: LITERAL, IN, BRANCH, SUBPATTERN, MAX_REPEAT...
+_REPEATS = {_OP.MAX_REPEAT, _OP.MIN_REPEAT, _OP.POSSESSIVE_REPEAT}
+_CATEGORIES = {
+    _OP.CATEGORY_DIGIT: r"\d", _OP.CATEGORY_NOT_DIGIT: r"\D", _OP.CATEGORY_SPACE: r"\s",
+    _OP.CATEGORY_NOT_SPACE: r"\S", _OP.CATEGORY_WORD: r"\w", _OP.CATEGORY_NOT_WORD: r"\W",
+}  # fmt: skip
+
+
+def _accepts(op: Any, arg: Any, char: str) -> bool:
+    """Whether one consuming node of a parsed pattern matches `char`."""
+    if op is _OP.LITERAL:
+        return bool(chr(arg) == char)
+    if op is _OP.NOT_LITERAL:
+        return bool(chr(arg) != char)
+    if op is _OP.ANY:
+        return char != "\n"
+    assert op is _OP.IN, op
+    negate = bool(arg) and arg[0][0] is _OP.NEGATE
+    found = False
+    for item_op, item in arg[1:] if negate else arg:
+        if item_op is _OP.LITERAL:
+            found = found or chr(item) == char
+        elif item_op is _OP.RANGE:
+            found = found or item[0] <= ord(char) <= item[1]
+        else:
+            assert item_op is _OP.CATEGORY, item_op
+            found = found or re.fullmatch(_CATEGORIES[item], char) is not None
+    return found is not negate
+
+
+def _consumers(items: Any) -> Any:
+    """Every consuming node of a parsed pattern (look-arounds left out: they consume none)."""
+    for op, arg in items:
+        if op in (_OP.LITERAL, _OP.NOT_LITERAL, _OP.ANY, _OP.IN):
+            yield op, arg
+        elif op is _OP.SUBPATTERN:
+            yield from _consumers(arg[3])
+        elif op is _OP.BRANCH:
+            for branch in arg[1]:
+                yield from _consumers(branch)
+        elif op in _REPEATS:
+            yield from _consumers(arg[2])
+        elif op is _OP.ATOMIC_GROUP:
+            yield from _consumers(arg)
+        else:
+            assert op in (_OP.ASSERT, _OP.ASSERT_NOT, _OP.AT), op
+
+
+def _opens_looking_behind(items: Any) -> bool | None:
+    """True when the pattern looks behind before it repeats anything: at its start, or
+    after a fixed opening (literals, classes, groups and alternations of those); None
+    when the items are such an opening and no more."""
+    for op, arg in items:
+        if op in (_OP.LITERAL, _OP.NOT_LITERAL, _OP.ANY, _OP.IN):
+            continue
+        if op is _OP.ASSERT_NOT and arg[0] == -1:
+            return True
+        if op is _OP.SUBPATTERN:
+            found = _opens_looking_behind(arg[3])
+        elif op is _OP.BRANCH:
+            each = {_opens_looking_behind(branch) for branch in arg[1]}
+            found = each.pop() if len(each) == 1 else False
+        else:
+            return False
+        if found is not None:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("shape", shapes.SHAPES, ids=SHAPE_IDS)
+def test_each_shape_says_truly_how_it_starts_and_ends(shape: record.Shape) -> None:
+    parsed = _parser.parse(shape.pattern)
+    # `boundary`: the pattern looks at the character before the match.
+    assert bool(_opens_looking_behind(parsed)) is shape.boundary
+    # `crosses_lines`: some part of a match can be a newline (what `redact_tail` relies on
+    # to trace only the first line after a cut).
+    crosses = any(_accepts(op, arg, "\n") for op, arg in _consumers(parsed))
+    assert crosses is shape.crosses_lines
+    if shape.nearby is not None:  # the search after a word stops at the longest match
+        assert parsed.getwidth()[1] == shape.nearby.longest
+
+
+def test_an_alternation_is_one_pass_of_adjacent_alike_shapes() -> None:
+    by_name = {shape.name: shape for shape in shapes.SHAPES}
+    openai, github = by_name["openai_key"], by_name["github_token"]
+    (joined,) = engine.compile_passes([openai, github])
+    assert joined.name == "vendor_key" and joined.lead
+    assert joined.source == f"{openai.pattern}|{github.pattern}"
+    assert joined.alternative_leads == ("sk-", "gh")
+    assert joined.anchors == ((("sk-", False), *github.anchors[0]),)
+    with pytest.raises(ValueError, match="not adjacent"):
+        engine.compile_passes([openai, by_name["bearer"], github])
+    with pytest.raises(ValueError, match="differs in folded"):
+        engine.compile_passes([openai, attrs.evolve(github, folded=True)])
+    alone = attrs.evolve(openai, alternation=None)
+    with pytest.raises(ValueError, match="share a name"):
+        engine.compile_passes([alone, by_name["bearer"], alone])
+
+
+def test_the_table_is_loaded_on_the_first_text_a_rule_could_match() -> None:
+    # Start-up time: a run that redacts only short words (`execkit run -- true`) never
+    # pays for the table, its passes or the attrs classes behind them.
+    probe = """
+import json, sys
+import execkit._redact as r
+def loaded():
+    return sorted(m for m in sys.modules if m.startswith("execkit._redact.") or m == "attrs")
+before = loaded()
+r.redact_argv(["true"]); r.redact("ok"); r.redact_tail("", ""); r.secret_env_values({})
+words = loaded()
+r.redact("a longer line")
+print(json.dumps([before, words, loaded()]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    before, after_words, after_line = json.loads(done.stdout)
+    light = ["execkit._redact.env", "execkit._redact.front", "execkit._redact.words"]
+    assert before == after_words == light
+    assert {"attrs", "execkit._redact.shapes", "execkit._redact.engine"} <= set(after_line)
+
+
+def test_each_file_of_the_package_imports_only_those_above_it() -> None:
+    # The order of the package docstring's list; imports inside a function (front.py's,
+    # on first use) and for type checking only are left out.
+    doc = _redact_package.__doc__ or ""
+    order = re.findall(r"^- (\w+)\.py: ", doc, re.MULTILINE)
+    root = Path(_redact_package.__file__).resolve().parent
+    assert sorted(order) == sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__")
+    for rank, name in enumerate(order):
+        tree = ast.parse((root / f"{name}.py").read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only: `if TYPE_CHECKING:` is an ast.If
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "execkit._redact."
+            ):
+                imported = (node.module or "").rpartition(".")[2]
+                assert order.index(imported) < rank, f"{name}.py imports {imported}.py"
+
+
+def test_other_rooms_import_only_the_package() -> None:
+    # Inside execkit, only the package's own files name its files.
+    root = Path(_redact_package.__file__).resolve().parent
+    for path in sorted(root.parent.rglob("*.py")):
+        if root in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("execkit._redact."), (path, node.module)
+                if node.module == "execkit._redact":
+                    assert {a.name for a in node.names} <= set(_redact_package.__all__), path
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+                assert not any(n.startswith("execkit._redact.") for n in names), path
+
+
 # ================================================================ linear time
+#
+# Nothing here is timed (benchmarks/bench_redact.py times the same texts). Linear time is
+# held by counts: no compiled pattern can backtrack over its own repeats (each match
+# attempt is linear), and on texts that repeat every rule's anchors the calls the engine
+# makes grow at most in proportion to the text (no search started again from every match
+# or position). tests/test_exec_tree.py bounds the whole post-exit work in decodes.
 
-_LINEAR_SCRIPT = textwrap.dedent(
-    r"""
-    import json, re, sys, time
-    from execkit._redact import redact
 
-    def best(run, repeats):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return min(times)
+def _compiled_patterns() -> dict[str, re.Pattern[str]]:
+    """Every pattern the package compiles, by where it comes from."""
+    found: dict[str, re.Pattern[str]] = {}
+    for step in ALL_PASSES:
+        found[step.name] = step.pattern
+        for index, alternative in enumerate(step.alternatives):
+            found[f"{step.name}[{index}]"] = alternative
+        if step.nearby is not None:
+            for index, finder in enumerate(engine._word_finders(step.nearby.words)):
+                found[f"{step.name} words[{index}]"] = finder
+            found[f"{step.name} wording"] = engine._wording(step.nearby.words)
+    for index, (finder, _) in enumerate(gate._name_finders()):
+        found[f"name finder[{index}]"] = finder
+    found["secret flag item"] = words.SECRET_FLAG_ITEM
+    found["secret name"] = env._SECRET_NAME
+    found["word character"] = tail._WORD_CHAR
+    return found
 
-    floor_pattern = re.compile(r"[^\n]")  # one trivial re.sub: it touches every character
-    out = {}
-    for unit, size in json.loads(sys.argv[1]):
-        one = (unit * (size // len(unit) + 1))[:size]
-        two = (unit * (2 * size // len(unit) + 1))[: 2 * size]
-        floor = best(lambda: floor_pattern.sub("", one), 3)
-        first = best(lambda: redact(one), 3)
-        second = best(lambda: redact(two), 3)
-        out[unit] = {"vs_floor": first / floor, "doubled": second / first}
-    print(json.dumps(out))
+
+def _is_unbounded(op: Any, arg: Any) -> bool:
+    return op in (_OP.MAX_REPEAT, _OP.MIN_REPEAT) and arg[1] == _OP.MAXREPEAT
+
+
+def _one_character(items: Any) -> tuple[Any, Any] | None:
+    """The node of a repeat's body when it is one character (a literal or a class)."""
+    if len(items) == 1 and items[0][0] in (_OP.LITERAL, _OP.NOT_LITERAL, _OP.ANY, _OP.IN):
+        return items[0]  # type: ignore[no-any-return]
+    return None
+
+
+# What two runs side by side are checked to share: ASCII, the Latin supplements, and the
+# look-alikes the fold deals with.
+_PROBE = [chr(c) for c in range(0x300)] + ["\u0130", "\u0131", "\u017f", "\u212a", "\u2028"]
+
+
+def _backtracking_risks(items: Any, inside: str = "") -> list[str]:
+    """Why `re` could backtrack over the repeats of a parsed pattern without bound:
+
+    - an unbounded greedy or lazy repeat inside another (`(a+)*`), unless a possessive
+      repeat or an atomic group lies between (it is never backtracked into);
+    - an unbounded greedy or lazy run of one character directly followed (look-arounds
+      aside) by an unbounded run of one character that can match one of the same
+      characters (`a+a*`, `\\w+\\d+`): the two can trade characters.
     """
+    risks: list[str] = []
+    consuming = [(op, arg) for op, arg in items if op not in (_OP.ASSERT, _OP.ASSERT_NOT, _OP.AT)]
+    for (op, arg), (next_op, next_arg) in itertools.pairwise(consuming):
+        if _is_unbounded(op, arg) and next_op in _REPEATS and next_arg[1] == _OP.MAXREPEAT:
+            first, second = _one_character(arg[2]), _one_character(next_arg[2])
+            if first is not None and second is not None:
+                shared = [c for c in _PROBE if _accepts(*first, c) and _accepts(*second, c)]
+                if shared:
+                    risks.append(f"adjacent runs share {shared[:5]}")
+    for op, arg in items:
+        if op in (_OP.MAX_REPEAT, _OP.MIN_REPEAT):
+            unbounded = arg[1] == _OP.MAXREPEAT
+            if unbounded and inside:
+                risks.append(f"an unbounded repeat inside {inside}")
+            risks += _backtracking_risks(arg[2], inside or ("an unbounded repeat" * unbounded))
+        elif op is _OP.POSSESSIVE_REPEAT:
+            risks += _backtracking_risks(arg[2])
+        elif op is _OP.ATOMIC_GROUP:
+            risks += _backtracking_risks(arg)
+        elif op is _OP.SUBPATTERN:
+            risks += _backtracking_risks(arg[3], inside)
+        elif op is _OP.BRANCH:
+            for branch in arg[1]:
+                risks += _backtracking_risks(branch, inside)
+        elif op in (_OP.ASSERT, _OP.ASSERT_NOT):
+            risks += _backtracking_risks(arg[1], inside)
+    return risks
+
+
+def test_no_pattern_can_backtrack_over_its_own_repeats() -> None:
+    patterns = _compiled_patterns()
+    assert len(patterns) >= 35
+    risky = {
+        name: risks
+        for name, pattern in patterns.items()
+        if (risks := _backtracking_risks(_parser.parse(pattern.pattern, pattern.flags)))
+    }
+    assert not risky, risky
+
+
+def test_the_backtracking_check_finds_what_it_looks_for() -> None:
+    def risks(source: str) -> list[str]:
+        return _backtracking_risks(_parser.parse(source))
+
+    assert risks(r"(?:a+)*b") and risks(r"(x[ab]+)+") and risks(r"\w+\d+") and risks(r"a*a*")
+    assert risks(r"(?:(?:a|b)+c)*d") and risks(r"[a-z]+(?=x)[a-c]+")
+    assert not risks(r"(?:a++)*b") and not risks(r"(?:a+)*+b") and not risks(r"(?>a+)*")
+    assert not risks(r"[a-z]+=*") and not risks(r"a{0,8}a+") and not risks(r"(?:ab{1,3})+")
+
+
+TraceFunction = Callable[[FrameType, str, Any], "TraceFunction | None"]
+
+
+def _calls(run: Callable[[], object]) -> int:
+    """How many functions `run` calls (Python and C; a resumed generator counts) and how
+    many lines of Python it runs: the engine's own work, in steps."""
+    count = 0
+
+    def profile(_frame: FrameType, event: str, _arg: object) -> None:
+        nonlocal count
+        if event == "c_call":
+            count += 1
+
+    def trace_lines(_frame: FrameType, _event: str, _arg: object) -> TraceFunction:
+        nonlocal count
+        count += 1  # a call, a line or a return of Python code
+        return trace_lines
+
+    tracing, profiling = sys.gettrace(), sys.getprofile()  # a coverage tool's, say
+    sys.setprofile(profile)
+    sys.settrace(trace_lines)
+    try:
+        run()
+    finally:
+        sys.settrace(tracing)
+        sys.setprofile(profiling)
+    return count
+
+
+def _redactions(text: str) -> list[Callable[[], object]]:
+    return [
+        lambda: redact(text, extra_secrets=["abcdefgh"]),
+        lambda: redact_tail(text[100:], text[:100], ["abcdefgh"]),
+    ]
+
+
+def _calls_per_size(head: str, unit: str, sizes: tuple[int, ...]) -> list[list[int]]:
+    """Per redaction (`redact`, `redact_tail`), the calls it makes at each size."""
+    for warm_up in _redactions(adversarial(head, unit, sizes[0])):
+        warm_up()  # patterns compiled and caches filled: what every later text finds
+    texts = [adversarial(head, unit, size) for size in sizes]
+    by_size = [[_calls(run) for run in _redactions(text)] for text in texts]
+    return [list(calls) for calls in zip(*by_size, strict=True)]
+
+
+# Past the eager gate's size; and, for the named rules, past the dense-names threshold.
+_SIZES = (1 << 12, 1 << 13, 1 << 14)
+_DENSE_SIZES = (1 << 18, 1 << 19, 1 << 20)
+_NAMED_UNITS = {"token:", "token=", '\\"token\\": \\"', "x"}
+
+
+@pytest.mark.parametrize(
+    ("head", "unit", "sizes"),
+    [pytest.param(head, unit, _SIZES, id=repr(head + unit)) for head, unit in ADVERSARIAL]
+    + [
+        pytest.param(head, unit, _DENSE_SIZES, id=f"dense {head + unit!r}")
+        for head, unit in ADVERSARIAL
+        if unit in _NAMED_UNITS
+    ],
 )
-
-# Repeated anchors of every rule: each would cost quadratic time on a pattern that
-# backtracks. 8 MiB for the two the issue names, 512 KiB for most others, 256 KiB where
-# every few characters are a match (a Python call each: the run time, not the ratio).
-_ADVERSARIAL = [
-    ("sk-", 8 << 20),
-    ("Bearer ", 8 << 20),
-    *(
-        (unit, 1 << 19)
-        for unit in [
-            "token=", "AIza", "ghp_", "xoxb-", "://a:", "://:@", "eyJ", "eyJa.",
-            "-----BEGIN PRIVATE KEY-----", "-----BEGIN X", "AKIA", "A3TX", "SK", "SG.",
-            "SG.a.", "hf_", "npm_", "glpat-", "k_live_", "cookie: ", "aws secret ", "Ab+/",
-            "hooks.slack.com/services/", "a",
-        ]
-    ),
-    *(
-        (unit, 1 << 18)
-        for unit in [
-            "authorization: ", "--token ", "AccountKey=", '\\"token\\": \\"', 'password=\\"',
-        ]
-    ),
-]  # fmt: skip
-
-
-@pytest.mark.slow
-def test_redaction_is_linear_on_adversarial_input() -> None:
-    # Ratios measured in the same run, never absolute times: against one trivial re.sub
-    # over the same text, and the cost of doubling the text (2x when linear, 4x when
-    # quadratic). A ratio over its bound is measured once more before it counts.
-    def measure(cases: list[tuple[str, int]]) -> dict[str, dict[str, float]]:
-        done = subprocess.run(
-            [sys.executable, "-c", _LINEAR_SCRIPT, json.dumps(cases)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stderr
-        result: dict[str, dict[str, float]] = json.loads(done.stdout)
-        return result
-
-    def over(ratio: dict[str, float]) -> bool:
-        return ratio["vs_floor"] >= 40 or ratio["doubled"] >= 2.5
-
-    ratios = measure(_ADVERSARIAL)
-    again = [(unit, size) for unit, size in _ADVERSARIAL if over(ratios[unit])]
-    if again:
-        for unit, ratio in measure(again).items():
-            ratios[unit] = {key: min(value, ratio[key]) for key, value in ratios[unit].items()}
-    assert not {unit: r for unit, r in ratios.items() if over(r)}, ratios
+def test_the_engine_makes_calls_in_proportion_to_the_text(
+    head: str, unit: str, sizes: tuple[int, ...]
+) -> None:
+    # Doubling the text at most doubles the calls (a few fixed ones aside): a pass that
+    # searched again from every match, or tried every position, would more than double
+    # them. Most of these texts cost the same calls whatever their size.
+    for calls in _calls_per_size(head, unit, sizes):
+        for smaller, larger in itertools.pairwise(calls):
+            assert larger <= 2 * smaller + 64, calls

@@ -1,0 +1,113 @@
+r"""Mask credentials before text is stored or printed.
+
+`redact(text)` replaces every credential it recognises with `[REDACTED]`; `redact_tail`
+does the same for the kept tail of a longer output, looking at the text just before the
+cut; `redact_argv` does it per argument. A false positive loses a little debugging text, a
+false negative leaks a credential, so redaction errs towards masking.
+
+What is recognised, in three phases over the text:
+
+1. The literal `extra_secrets` (values of the child's secret-named environment variables,
+   `secret_env_values`), longest first.
+2. The reference rules, run one after another over the output of the one before, with
+   the output of the code before the coverage work (tests/_redact_reference.py holds it,
+   and tests/test_redact.py checks the two agree): vendor key shapes, `Authorization:`
+   headers, `Bearer` tokens, values after secret-sounding names and flags.
+3. The shapes added since, each matched against the text as phase 1 left it (so no
+   earlier masking can hide one) and masked on top of phase 2's output, and the
+   JSON-escaped form of each literal secret. So the output is always the reference output
+   with more spans masked, and exactly the reference output wherever phase 3 finds nothing.
+
+The shapes of phases 2 and 3, in the order of their table, `shapes.SHAPES` (written by
+`record.shape_list`; tests/test_redact.py checks this list is the table's):
+
+- `openai_key` (phase 2, masks the match): OpenAI and Anthropic keys (`sk-`, `sk-proj-`,
+  `sk-ant-`)
+- `google_api_key` (phase 2, masks the match): Google API keys (`AIza`)
+- `github_token` (phase 2, masks the match): GitHub tokens (`ghp_`, `gho_`, `ghu_`, `ghs_`,
+  `ghr_`)
+- `github_fine_grained_pat` (phase 2, masks the match): GitHub fine-grained tokens
+  (`github_pat_`)
+- `slack_token` (phase 2, masks the match): Slack tokens (`xoxa-`, `xoxb-`, `xoxp-`,
+  `xoxr-`, `xoxs-`)
+- `authorization` (phase 2, masks after group 1): `Authorization:` and `authorization=`
+  values, after `Bearer`/`Basic`/`token`/`Bot`
+- `bearer` (phase 2, masks after group 1): a bare `Bearer <token>` (curl traces, logged
+  headers)
+- `key_value` (phase 2, masks after group 1): `NAME=value`, `NAME: value`, `"name": "value"`
+  for a secret-sounding NAME
+- `secret_flag` (phase 2, masks after group 1): `--api-key VALUE`, `--token=VALUE` on a
+  logged command line
+- `private_key` (phase 3, masks after group 1): PEM and OpenSSH private key blocks: the body
+  and the END line
+- `escaped_authorization` (phase 3, masks after group 1): `Authorization` headers whose
+  quotes are backslash-escaped (JSON in a JSON string)
+- `escaped_key_value` (phase 3, masks after group 1): secret-named values whose quotes are
+  backslash-escaped (JSON in a JSON string)
+- `url_password` (phase 3, masks group 2): the password of `scheme://user:password@host`
+  (URLs, database connection strings)
+- `slack_webhook` (phase 3, masks after group 1): Slack webhook URLs
+  (`hooks.slack.com/services/...`)
+- `jwt` (phase 3, masks the match): JSON Web Tokens (`eyJ...` `.eyJ...` `.signature`)
+- `aws_secret_key` (phase 3, masks the match): AWS secret keys: 40 base64 characters on a
+  line that says aws or secret before them
+- `aws_access_key_id` (phase 3, masks the match): AWS access key IDs (`AKIA`, `ASIA`,
+  `ABIA`, `ACCA`, `A3T`)
+- `azure_key` (phase 3, masks after group 1): Azure `AccountKey=`, `SharedAccessKey=`,
+  `SharedAccessSignature=` values
+- `stripe_restricted_key` (phase 3, masks the match): Stripe restricted keys (`rk_live_`,
+  `rk_test_`, `rk_prod_`)
+- `stripe_secret_key` (phase 3, masks the match): Stripe secret keys (`sk_live_`,
+  `sk_test_`, `sk_prod_`)
+- `npm_token` (phase 3, masks the match): npm tokens (`npm_`)
+- `huggingface_token` (phase 3, masks the match): Hugging Face tokens (`hf_`)
+- `gitlab_token` (phase 3, masks the match): GitLab tokens (`glpat-`, `glrt-`, `gldt-`,
+  `glptt-`)
+- `twilio_api_key` (phase 3, masks the match): Twilio API keys (`SK` and 32 hex digits)
+- `sendgrid_key` (phase 3, masks the match): SendGrid keys (`SG.x.y`)
+- `cookie` (phase 3, masks after group 1): `Cookie:` and `Set-Cookie:` values, to the end of
+  the line
+
+Left alone on purpose: git SHAs and sha256 digests (hex has no upper and lower case mix,
+so it is never an AWS secret), UUIDs, `max_tokens=4096`, `token_count=5` (the secret word
+must END the name), base64 data without a key context, certificates and public keys.
+
+Linear time. Every pattern runs in linear time on Python's backtracking `re` (record.py
+says how a pattern is written so; tests/test_redact.py walks every compiled pattern), a
+pattern runs at all only where its anchors occur (gate.py), and what a long text costs
+after that is a fixed number of substring searches over it and a scan per rule that has
+matches, whatever it holds (engine.py). Where credentials are on every line the work is
+per match, kept to a scan per rule (trace.py).
+
+The files of this package, in layers: each imports only those above it when it is loaded
+(front.py loads trace.py and tail.py on first use; tests/test_redact.py checks the order):
+
+- words.py: the marker, and the secret-sounding names and flags the rules look for.
+- env.py: which values of the child's environment are literal secrets.
+- front.py: `redact`, `redact_argv`, `redact_tail` and phase 1; the rest is imported on
+  the first text long enough for a rule (start-up time matters).
+- record.py: what an entry of the table holds (`Shape`), and what is read off entries.
+- shapes.py: the table, one entry a shape.
+- gate.py: the case fold, and which passes can match a text at all (anchors).
+- engine.py: the table compiled into passes; how each finds its matches; phases 2 and 3.
+- trace.py: where each piece of the output came from, so phase 3 masks on top of phase 2.
+- tail.py: a tail with the text before its cut, its first line traced with that text.
+
+Other rooms import only from `execkit._redact`; tests may reach into its files.
+"""
+
+from __future__ import annotations
+
+from execkit._redact.env import MIN_ENV_SECRET_LEN, looks_secret_name, secret_env_values
+from execkit._redact.front import redact, redact_argv, redact_tail
+from execkit._redact.words import REDACTED
+
+__all__ = [
+    "MIN_ENV_SECRET_LEN",
+    "REDACTED",
+    "looks_secret_name",
+    "redact",
+    "redact_argv",
+    "redact_tail",
+    "secret_env_values",
+]

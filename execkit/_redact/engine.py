@@ -1,0 +1,422 @@
+"""The passes: the table of shapes compiled, and how each finds its matches in one text.
+
+`compile_passes` turns shapes (shapes.py) into passes: one per shape, or one per run of
+shapes sharing an `alternation` (their sources `|`-joined in table order). A pass knows its
+anchors as numbers (gate.py), what of a match to mask, and how it may be searched for;
+its pattern is compiled on first use (start-up time matters). `find_spans` finds what a pass
+masks in a text, choosing among ways that all give `pattern.finditer`'s matches:
+
+- a named pass (Search.NAMED) is tried only where a name can start (gate.name_starts),
+  or, in a long fold whose samples hold such a place every few dozen characters, scans
+  the whole fold once (which finds the same matches as trying it at each start);
+- an alternation on a long text is searched for one shape at a time (not at all for a
+  shape whose opening literal has a character the text lacks) and the matches merged as
+  the alternation takes them, because `re` tries every position of the text for an
+  alternation whose shapes begin differently;
+- a shape with `nearby` words (the AWS secret key) is searched only in the stretches of
+  text after a word on its line, each stretch once;
+- any other pass scans the text (or its fold) with its pattern.
+
+`reference_rules` runs phase 2 over a text as plain strings, each pass over the output of
+the one before; `extra_spans` finds phase 3's spans in the text as phase 1 left it (the
+JSON-escaped forms of the literal secrets, then each added shape). What a long text costs
+is a fixed number of substring searches over it and a scan per pass that has matches,
+whatever it holds (tests/test_exec_tree.py bounds the whole post-exit work as a number of
+decodes of the same bytes).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from execkit._redact.gate import EAGER_CHARS, Gate, anchor_ids, fold, name_starts
+from execkit._redact.record import (
+    Anchor,
+    Masked,
+    Nearby,
+    Phase,
+    Search,
+    Shape,
+    opening_literal,
+)
+from execkit._redact.shapes import SHAPES
+from execkit._redact.words import NAME_STARTS, REDACTED
+
+__all__ = [
+    "DENSE_SAMPLE",
+    "EXTRA_PASSES",
+    "REFERENCE_PASSES",
+    "Pass",
+    "SpanList",
+    "alternation_matches",
+    "compile_passes",
+    "escaped_forms",
+    "extra_spans",
+    "find_spans",
+    "matches_from",
+    "names_dense",
+    "reference_rules",
+]
+
+# (match start, match end, masked start, masked end) of each match a pass masks.
+SpanList = list[tuple[int, int, int, int]]
+_Span = Callable[[re.Match[str]], "tuple[int, int] | None"]
+
+
+def _whole(match: re.Match[str]) -> tuple[int, int] | None:
+    return match.span()
+
+
+def _after_group_1(match: re.Match[str]) -> tuple[int, int] | None:
+    start, end = match.end(1), match.end()
+    return (start, end) if start < end else None
+
+
+def _group_2(match: re.Match[str]) -> tuple[int, int] | None:
+    return match.span(2)
+
+
+_SPANS: dict[Masked, _Span] = {
+    Masked.MATCH: _whole,
+    Masked.AFTER_GROUP_1: _after_group_1,
+    Masked.GROUP_2: _group_2,
+}
+
+
+class Pass:
+    """One pattern (one shape's, or an alternation of shapes'), the anchors every match of
+    it contains, and what of a match to mask.
+
+    A `folded` pass runs on `fold(text)` (its source is lowered and case-sensitive); the
+    others run on the text as it is. A `lead` pass's pattern opens with its anchor, so the
+    engine's own search for it costs no more than the gate's: on a long text it runs
+    without asking the gate. `alternatives` (the sources whose alternation is the pattern,
+    in its order) each open with a literal: on a long text they are searched for one by
+    one, which is a substring search each, where the alternation would try every position.
+    """
+
+    __slots__ = (
+        "_alternatives",
+        "_pattern",
+        "alternative_leads",
+        "alternative_sources",
+        "anchors",
+        "folded",
+        "groups",
+        "lead",
+        "masks",
+        "name",
+        "named",
+        "nearby",
+        "phase",
+        "reads_fold",
+        "shapes",
+        "source",
+        "span",
+    )
+
+    def __init__(self, shapes: Sequence[Shape]) -> None:
+        first = shapes[0]
+        self.shapes = tuple(shapes)
+        self.name = first.alternation or first.name
+        _check_alike(self.name, self.shapes)
+        self.phase = first.phase
+        self.named = first.search is Search.NAMED  # tried only where a name can start
+        self.nearby: Nearby | None = first.nearby
+        if self.nearby is not None and first.masked is not Masked.MATCH:
+            raise ValueError(f"{self.name}: a token found near a word is masked whole")
+        sources = tuple(shape.pattern for shape in shapes)
+        self.alternative_sources = sources if len(sources) > 1 else ()
+        self.lead = first.search is Search.LEAD or bool(self.alternative_sources)
+        # The literal each alternative opens with: one the text cannot hold rules it out.
+        self.alternative_leads = tuple(map(opening_literal, self.alternative_sources))
+        self._alternatives: tuple[re.Pattern[str], ...] | None = None
+        self._pattern: re.Pattern[str] | None = None
+        self.source = "|".join(sources)
+        # An alternation's anchors: one group, every member's literals (each member has one).
+        self.anchors: tuple[tuple[Anchor, ...], ...] = (
+            first.anchors
+            if len(shapes) == 1
+            else (tuple(dict.fromkeys(a for shape in shapes for a in shape.anchors[0])),)
+        )
+        self.folded = first.folded
+        # What the pass reads in the fold: its pattern's subject, or its anchors.
+        self.reads_fold = self.folded or any(f for group in self.anchors for _, f in group)
+        self.groups = anchor_ids(self.anchors)
+        self.masks = tuple(sum(1 << anchor for anchor in group) for group in self.groups)
+        self.span = _SPANS[first.masked]
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        if self._pattern is None:
+            self._pattern = re.compile(self.source)
+        return self._pattern
+
+    @property
+    def alternatives(self) -> tuple[re.Pattern[str], ...]:
+        if self._alternatives is None:
+            self._alternatives = tuple(map(re.compile, self.alternative_sources))
+        return self._alternatives
+
+
+def _check_alike(name: str, shapes: tuple[Shape, ...]) -> None:
+    """An alternation's shapes run as one pattern: they must agree on all but it."""
+    first = shapes[0]
+    for shape in shapes[1:]:
+        for fact in ("phase", "masked", "folded", "search", "nearby", "crosses_lines"):
+            if getattr(shape, fact) != getattr(first, fact):
+                raise ValueError(f"alternation {name}: {shape.name} differs in {fact}")
+    if len(shapes) > 1 and any(len(shape.anchors) != 1 for shape in shapes):
+        raise ValueError(f"alternation {name}: each shape needs exactly one anchor group")
+
+
+def compile_passes(shapes: Iterable[Shape]) -> tuple[Pass, ...]:
+    """A pass per shape, or per run of adjacent shapes sharing an `alternation`, in order."""
+    runs: list[list[Shape]] = []
+    for shape in shapes:
+        joins = runs and shape.alternation and runs[-1][0].alternation == shape.alternation
+        if joins:
+            runs[-1].append(shape)
+        else:
+            runs.append([shape])
+    names = [run[0].alternation or run[0].name for run in runs]
+    for run in runs:
+        if run[0].alternation is not None and names.count(run[0].alternation) > 1:
+            raise ValueError(f"alternation {run[0].alternation}: its shapes are not adjacent")
+    if len(set(names)) != len(names):
+        raise ValueError(f"two passes share a name: {sorted(names)}")
+    return tuple(Pass(run) for run in runs)
+
+
+# Phase 2, in the reference order; phase 3, each over the text as phase 1 left it.
+REFERENCE_PASSES = compile_passes(shape for shape in SHAPES if shape.phase is Phase.REFERENCE)
+EXTRA_PASSES = compile_passes(shape for shape in SHAPES if shape.phase is Phase.ADDED)
+
+
+def escaped_forms(secret: str) -> tuple[str, ...]:
+    """How `secret` reads inside a JSON string, where that differs from the secret."""
+    if secret.isascii() and secret.isprintable() and '"' not in secret and "\\" not in secret:
+        return ()
+    import json  # only a secret with quotes, backslashes or non-ASCII needs it
+
+    forms = {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    return tuple(form for form in forms if form != secret and form not in REDACTED)
+
+
+def extra_spans(text: str, gate: Gate, secrets: Sequence[str]) -> SpanList:
+    """Phase 3 over `text` (as phase 1 left it; `gate` is its gate): the JSON-escaped forms
+    of the literal secrets, then each added shape."""
+    found_spans: SpanList = []
+    for secret in secrets:
+        for form in escaped_forms(secret):
+            found = text.find(form)
+            while found >= 0:
+                found_spans.append((found, found + len(form), found, found + len(form)))
+                found = text.find(form, found + len(form))
+    for step in EXTRA_PASSES:
+        if gate.opens(step):
+            found_spans.extend(find_spans(step, text, gate.fold() if step.reads_fold else "", gate))
+    return found_spans
+
+
+def reference_rules(text: str, gate: Gate) -> str:
+    """Phase 2 over `text` (`gate` is its gate), each rule over what the one before left."""
+    current = text
+    low: str | None = None
+    for step in REFERENCE_PASSES:
+        if not gate.opens(step):
+            continue
+        if step.folded and low is None:
+            low = gate.fold() if current is text else fold(current)
+        found = find_spans(step, current, low or "", gate)
+        if found:
+            parts: list[str] = []
+            last = 0
+            for _, _, start, end in found:
+                parts.append(current[last:start])
+                parts.append(REDACTED)
+                last = end
+            parts.append(current[last:])
+            current = "".join(parts)
+            low = None
+    return current
+
+
+def find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
+    """(match start, match end, masked start, masked end) of each match `step` masks in
+    `text`, whose fold is `low` (the two have the same length); `gate`, when given, is
+    the gate of `text` or of the text `low` is the fold of."""
+    if step.nearby is not None:
+        return _nearby_spans(step, step.nearby, text, low)
+    found_spans: SpanList = []
+    span = step.span
+    subject = low if step.folded else text
+    matches: Iterable[re.Match[str]]
+    if step.named:
+        if names_dense(low):
+            # One scan for the pattern costs less than finding and trying each start.
+            matches = step.pattern.finditer(low)
+        else:
+            starts = name_starts(low) if gate is None else gate.name_starts(low)
+            matches = matches_from(step.pattern, low, starts)
+    elif step.alternative_sources and len(subject) > EAGER_CHARS:
+        # The gate rules out a shape only when it is the gate of the text searched here.
+        checks = gate if gate is not None and gate.text is text else None
+        alternatives = [
+            pattern
+            for pattern, lead in zip(step.alternatives, step.alternative_leads, strict=True)
+            if checks is None or checks.may_hold(lead, step.folded)
+        ]
+        matches = alternation_matches(alternatives, subject)
+    else:
+        matches = step.pattern.finditer(subject)
+    # The two common shapes are inlined: on a text full of credentials this loop is most
+    # of the work, a few calls per match.
+    if span is _whole:
+        return [(start, end, start, end) for start, end in map(_match_span, matches)]
+    if span is _after_group_1:
+        return [
+            (match.start(), end, start, end)
+            for match in matches
+            if (start := match.end(1)) < (end := match.end())
+        ]
+    for match in matches:
+        masked = span(match)
+        if masked is not None and masked[0] < masked[1]:
+            found_spans.append((match.start(), match.end(), masked[0], masked[1]))
+    return found_spans
+
+
+_match_span = operator.methodcaller("span")
+
+# Above one place a name can start per this many characters of a long fold's first,
+# middle and last `DENSE_SAMPLE` characters, a named pattern scans the whole fold.
+_DENSE_NAMES = 64
+DENSE_SAMPLE = 1 << 16
+
+
+def names_dense(low: str) -> bool:
+    """Whether a long fold holds name words so densely that trying a named pattern at each
+    start costs more than one scan of the whole fold (judged on three samples of it: this
+    only chooses the faster of two ways to the same matches)."""
+    size = len(low)
+    if size < 4 * DENSE_SAMPLE:
+        return False
+    starts = 0
+    for begin in (0, (size - DENSE_SAMPLE) // 2, size - DENSE_SAMPLE):
+        end = begin + DENSE_SAMPLE
+        starts += sum(low.count(word, begin, end) * len(at) for word, at in NAME_STARTS)
+    return starts * _DENSE_NAMES > 3 * DENSE_SAMPLE
+
+
+def matches_from(
+    pattern: re.Pattern[str], text: str, starts: Iterable[int]
+) -> Iterator[re.Match[str]]:
+    """`pattern.finditer(text)` for a pattern that can only start at `starts` (in order):
+    each is tried from where the last match ended, so these are the matches `finditer`
+    finds, without trying every position."""
+    match_at = pattern.match
+    resume = 0
+    for start in starts:
+        if start >= resume and (match := match_at(text, start)) is not None:
+            yield match
+            resume = match.end()
+
+
+def alternation_matches(
+    alternatives: Sequence[re.Pattern[str]], text: str
+) -> Iterator[re.Match[str]]:
+    """`re.compile("|".join(alternatives)).finditer(text)`, found by searching for each
+    alternative on its own: from where the last match ended, the leftmost position some
+    alternative matches at wins, and there the first alternative in order (as the
+    alternation tries them). Each search is remembered until a match passes it."""
+    ahead: list[re.Match[str] | None] = [pattern.search(text) for pattern in alternatives]
+    found_at = [index for index, found in enumerate(ahead) if found is not None]
+    if len(found_at) == 1:
+        # Only one shape occurs at all: its own matches are the alternation's.
+        (index,) = found_at
+        first = ahead[index]
+        assert first is not None
+        yield from alternatives[index].finditer(text, first.start())
+        return
+    while True:
+        best: re.Match[str] | None = None
+        for found in ahead:
+            if found is not None and (best is None or found.start() < best.start()):
+                best = found
+        if best is None:
+            return
+        yield best
+        resume = best.end()
+        for index, found in enumerate(ahead):
+            if found is not None and found.start() < resume:
+                ahead[index] = alternatives[index].search(text, resume)
+
+
+@functools.cache
+def _wording(words: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(words), re.IGNORECASE)
+
+
+@functools.cache
+def _word_finders(words: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    # Each word where it starts (a look-ahead, so words that overlap are all found), in
+    # one search per first letter: "a" opens three of the AWS words.
+    by_first: dict[str, list[str]] = {}
+    for word in words:
+        by_first.setdefault(word[0], []).append(re.escape(word[1:]))
+    return tuple(
+        re.compile(f"{re.escape(first)}(?=({'|'.join(rests)}))")
+        if len(rests) > 1
+        else re.compile(f"({re.escape(first)}{rests[0]})")
+        for first, rests in by_first.items()
+    )
+
+
+def _near_a_word(match: re.Match[str], nearby: Nearby, wording: re.Pattern[str]) -> bool:
+    """Whether a token the pattern found counts: its letters in both cases (when asked),
+    and one of the words (`wording` finds them) before it on its line, within the window."""
+    token = match.group()
+    if nearby.both_cases and (token.lower() == token or token.upper() == token):
+        return False  # one case only: hex, or not random enough to be a key
+    start = match.start()
+    window = match.string[max(0, start - nearby.window) : start]
+    window = window[window.rfind("\n") + 1 :]
+    return wording.search(window) is not None
+
+
+def _nearby_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:
+    """The tokens of a `nearby` shape: looked for only where the wording before them could
+    be (up to the window after a word, on its line); each is then checked exactly as
+    `_near_a_word` says. Each stretch of text is searched once."""
+    reach: list[tuple[int, int]] = []
+    window = nearby.window
+    for finder in _word_finders(nearby.words):
+        for word in finder.finditer(low):
+            found, after = word.start(), word.end(1)
+            line_end = low.find("\n", after, found + window)
+            reach.append((after, found + window if line_end < 0 else line_end))
+    # Where tokens may start, as disjoint stretches: the words of one line ("aws" and
+    # "secret" in AWS_SECRET_ACCESS_KEY) reach over the same text.
+    stretches: list[tuple[int, int]] = []
+    for first, last in sorted(reach):
+        if stretches and first <= stretches[-1][1] + 1:
+            if last > stretches[-1][1]:
+                stretches[-1] = (stretches[-1][0], last)
+        elif first <= last:
+            stretches.append((first, last))
+    found_spans: SpanList = []
+    # A token starting at `last` ends `longest` characters on at most; the character after
+    # it shows where it ends.
+    longest = nearby.longest
+    wording = _wording(nearby.words)
+    for first, last in stretches:
+        for match in step.pattern.finditer(text, first, min(len(text), last + longest + 1)):
+            if match.start() > last:
+                break
+            if _near_a_word(match, nearby, wording):
+                found_spans.append((match.start(), match.end(), match.start(), match.end()))
+    return found_spans

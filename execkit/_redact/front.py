@@ -1,0 +1,109 @@
+"""The front functions: `redact`, `redact_argv` and `redact_tail`, and what is done before
+any rule runs.
+
+Phase 1 replaces the literal secrets in a text, longest first; a text then too short for
+any pattern is done. The rest (phases 2 and 3, trace.py; a tail with text before its cut,
+tail.py) is imported on first use: the table of shapes, its compiled passes and the
+attrs classes behind them cost start-up time that a run redacting nothing longer than a
+word (`execkit run -- true`) never needs. tests/test_redact.py checks that importing the
+package loads none of it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+
+from execkit._redact.words import REDACTED, SECRET_FLAG_ITEM
+
+__all__ = [
+    "SHORTEST_MATCH",
+    "literal_secrets",
+    "redact",
+    "redact_argv",
+    "redact_tail",
+    "redact_text",
+]
+
+# No pattern matches fewer characters (`://:p@`): shorter texts only hold literal secrets.
+SHORTEST_MATCH = 6
+
+_Redaction = Callable[[str, Sequence[str]], str]
+
+
+@functools.cache
+def _later_phases() -> _Redaction:
+    from execkit._redact.trace import later_phases
+
+    return later_phases
+
+
+@functools.cache
+def _cut_tail() -> Callable[[str, str, Sequence[str]], str]:
+    from execkit._redact.tail import cut_tail
+
+    return cut_tail
+
+
+def literal_secrets(extra_secrets: Iterable[str]) -> list[str]:
+    """Phase 1's secrets, longest first. A "secret" inside the marker itself would re-mask
+    its own output forever. Built as the reference builds it, so equal-length secrets come
+    in the same order."""
+    literal = {s for s in extra_secrets if s and s not in REDACTED}
+    return sorted(literal, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: Sequence[str]) -> str:
+    """`redact(text)`, the secrets as `literal_secrets` gives them."""
+    if secrets:
+        for secret in secrets:  # phase 1, as the reference does it
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+    elif len(text) < SHORTEST_MATCH:
+        return text
+    return _later_phases()(text, secrets)
+
+
+def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:
+    """`text` with credentials replaced by `[REDACTED]`.
+
+    Masks the literal `extra_secrets` (longest first, so a secret containing another is
+    masked whole; empty strings and parts of the marker are ignored), then vendor key
+    shapes, then values that follow a secret-sounding name, header or flag, then the
+    shapes listed in the package docstring. Idempotent: redacting twice changes nothing
+    more.
+    """
+    return redact_text(text, literal_secrets(extra_secrets))
+
+
+def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> str:
+    """`redact(tail)`, where `tail` is what was kept of a longer text and `context` the
+    text that came just before it.
+
+    A cut can slice a credential in two: the half inside `tail` no longer looks like one.
+    `context + tail` is redacted once; a credential that runs across the cut is masked
+    from the start of the tail through its end, and the rest of the tail is kept as that
+    one redaction left it (tail.py says how this matches the old two-redaction result).
+    """
+    secrets = literal_secrets(extra_secrets)
+    if not context:
+        return redact_text(tail, secrets)
+    return _cut_tail()(tail, context, secrets)
+
+
+def redact_argv(argv: Sequence[str], extra_secrets: Iterable[str] = ()) -> tuple[str, ...]:
+    """Each argument redacted, and the argument after a bare secret flag masked whole.
+
+    `["--api-key", "abc"]` stores as `["--api-key", "[REDACTED]"]`: the value stands alone,
+    so no in-text pattern could see its name.
+    """
+    secrets = literal_secrets(extra_secrets)
+    out: list[str] = []
+    mask_next = False
+    for item in argv:
+        if mask_next and item:
+            out.append(REDACTED)
+        else:
+            out.append(redact_text(item, secrets))
+        mask_next = SECRET_FLAG_ITEM.fullmatch(item) is not None
+    return tuple(out)

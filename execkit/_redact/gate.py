@@ -1,0 +1,255 @@
+"""The case fold and the anchor gate: which passes can match a text at all, and where.
+
+Folded patterns. A case-insensitive rule runs as a lowered, case-sensitive pattern on
+`fold(text)`: the text lowered after mapping U+0130 (İ), U+0131 (ı) and U+017F (ſ) to
+`i`, `i` and `s`. The fold has the text's length (U+0130 is the one code point `lower()`
+turns into two), so offsets carry over, and it is exactly what IGNORECASE sees: `re`
+matches an ASCII letter to its two cases, U+212A KELVIN SIGN (for k, which `lower()`
+maps to `k`), U+0130 and U+0131 (for i) and U+017F (for s), and to nothing else; a digit
+or punctuation only to itself; and lowering keeps what is a word character, whitespace
+or a newline. tests/test_redact.py checks each of these facts, and each character class
+of the folded patterns, against every code point.
+
+Anchors. A pass runs at all only where its anchors occur: it lists literals that every
+match of it contains (in groups, each of which must be represented), and a substring
+search over the text (or the fold, for a folded anchor) decides. The check is exact, for
+every code point: a case-sensitive pattern can only match its literals as written, in the
+string it runs on. The marker contains no anchor and no anchor contains a bracket, so
+masking never creates one: one look at the text serves every pass.
+
+Long texts. On a text of more than `EAGER_CHARS` characters, anchors are looked for one at
+a time, each at most once, and a literal with a character the text lacks is settled by
+that character alone. A `lead` pass (its pattern opens with its anchor) is not looked for
+at all beyond its characters: the engine's own search for it costs the same, so looking
+first would only search twice. The fold of a long text outside ASCII is built a piece at a
+time, so that its copies stay small: what it costs is one string of the text's size.
+
+Named passes start only a few characters before a name word with a `:` or `=` soon after
+it on its line; `name_starts` finds those places (once per text, through its gate).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import TYPE_CHECKING
+
+from execkit._redact.record import Anchor
+from execkit._redact.words import NAME_STARTS
+
+if TYPE_CHECKING:
+    from execkit._redact.engine import Pass
+
+__all__ = [
+    "ANCHORS",
+    "EAGER_CHARS",
+    "FOLD_FIXES",
+    "FOLD_PIECE",
+    "Gate",
+    "anchor_ids",
+    "fold",
+    "name_starts",
+]
+
+# Code points outside ASCII that IGNORECASE pairs with an ASCII letter and that `lower()`
+# does not turn into it (U+212A KELVIN SIGN lowers to "k" already). Found by scanning all
+# of Unicode; tests/test_redact.py checks the table is complete.
+FOLD_FIXES = (("\u0130", "i"), ("\u0131", "i"), ("\u017f", "s"))
+
+# A long text outside ASCII is folded this many characters at a time: each piece's copies
+# are small and reused, so the fold costs one string of the text's size, not one per fix.
+FOLD_PIECE = 1 << 18
+
+
+def fold(text: str) -> str:
+    """`text` lowered so that whatever a case-insensitive pattern matches to an ASCII
+    literal reads as that literal in lower case (see the module docstring)."""
+    if text.isascii():
+        return text.lower()
+    if len(text) <= FOLD_PIECE:
+        return _fold_piece(text)
+    piece = FOLD_PIECE
+    return "".join([_fold_piece(text[at : at + piece]) for at in range(0, len(text), piece)])
+
+
+def _fold_piece(text: str) -> str:
+    for char, letter in FOLD_FIXES:
+        if char in text:
+            text = text.replace(char, letter)
+    return text.lower()
+
+
+# Every anchor of every pass once, numbered (`anchor_ids`): a gate keeps one flag each.
+ANCHORS: list[Anchor] = []
+_ANCHOR_IDS: dict[Anchor, int] = {}
+
+
+def anchor_ids(anchors: tuple[tuple[Anchor, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """The groups of a pass's anchors as anchor numbers, numbering new anchors."""
+    for group in anchors:
+        for anchor in group:
+            if anchor not in _ANCHOR_IDS:
+                _ANCHOR_IDS[anchor] = len(ANCHORS)
+                ANCHORS.append(anchor)
+    return tuple(tuple(_ANCHOR_IDS[anchor] for anchor in group) for group in anchors)
+
+
+# Characters by how rarely logs hold them (a guess: it orders the checks, nothing more).
+_COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789-_.:/=\n"
+# Per literal looked for: its distinct characters, the rarest first (`_rarest_first`).
+_RAREST_FIRST: dict[str, tuple[str, ...]] = {}
+
+
+def _rarest_first(literal: str) -> tuple[str, ...]:
+    found = _RAREST_FIRST.get(literal)
+    if found is None:
+        found = _RAREST_FIRST[literal] = tuple(sorted(set(literal), key=_rarity))
+    return found
+
+
+def _rarity(char: str) -> int:
+    at = _COMMON.find(char.lower())
+    common = len(_COMMON) if at < 0 else at
+    return -common - (100 if char.isupper() else 0)  # an upper-case letter is rarer still
+
+
+# Up to this length a gate looks for all anchors up front (argv items, error messages).
+EAGER_CHARS = 2048
+
+
+class Gate:
+    """Which anchors occur in one text; each is looked for at most once."""
+
+    __slots__ = ("_bits", "_chars", "_low", "_names", "_state", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._low: str | None = None
+        self._names: list[int] | None = None  # where a name can start in the fold, once
+        self._state: list[int] = []  # per anchor id: -1 not looked for yet, 0 absent, 1 found
+        self._chars: dict[tuple[str, bool], bool] = {}  # (character, in the fold): present
+        self._bits = 0  # bit i set: anchor i found (a short text's anchors, all looked for)
+        if len(text) > EAGER_CHARS:
+            self._state = [-1] * len(ANCHORS)
+            return
+        # A short text: looking for every anchor at once costs less than deciding which.
+        low = self._low = fold(text)
+        bits = 0
+        for bit, (literal, folded) in enumerate(ANCHORS):
+            if literal in (low if folded else text):
+                bits |= 1 << bit
+        self._bits = bits
+
+    @property
+    def empty(self) -> bool:
+        """True when the text is short and holds no anchor at all."""
+        return not self._state and not self._bits
+
+    def opens(self, step: Pass) -> bool:
+        """True when each of the pass's anchor groups has a member in the text. For a
+        `lead` pass on a long text, True can mean only that their characters are there:
+        its own search decides. False always means the pass cannot match."""
+        if not self._state:
+            bits = self._bits
+            for mask in step.masks:  # noqa: SIM110 - a loop, not a generator: it runs per pass
+                if not bits & mask:
+                    return False
+            return True
+        state = self._state
+        if step.lead:
+            # The pattern's own search costs what a full look would (see `Pass`): only
+            # the characters are looked for, which is cheap and decides most texts.
+            return all(
+                any(
+                    state[anchor] > 0 or (state[anchor] < 0 and self._has_chars(anchor))
+                    for anchor in group
+                )
+                for group in step.groups
+            )
+        for group in step.groups:
+            for anchor in group:
+                found = state[anchor]
+                if found < 0:
+                    found = state[anchor] = self._look(anchor)
+                if found:
+                    break
+            else:
+                return False
+        return True
+
+    def _look(self, anchor: int) -> int:
+        if not self._has_chars(anchor):
+            return 0
+        literal, folded = ANCHORS[anchor]
+        return 1 if len(literal) == 1 or literal in (self.fold() if folded else self._text) else 0
+
+    def _has_chars(self, anchor: int) -> bool:
+        """Whether the text holds every character of the anchor (not yet the anchor)."""
+        return self.may_hold(*ANCHORS[anchor])
+
+    def may_hold(self, literal: str, folded: bool) -> bool:
+        """False when the text (its fold, if `folded`) lacks a character of `literal`, so
+        that it cannot hold it; True says only that every character is there."""
+        text = self.fold() if folded else self._text
+        # Looking for one character is a memchr that stops at its first occurrence, and a
+        # literal with a character the text lacks cannot occur: its rarest characters
+        # first save most of the full searches a long text would cost.
+        chars = self._chars
+        for char in _rarest_first(literal):
+            key = (char, folded)
+            found = chars.get(key)
+            if found is None:
+                found = chars[key] = char in text
+            if not found:
+                return False
+        return True
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def fold(self) -> str:
+        """`fold` of the text, computed once."""
+        if self._low is None:
+            self._low = fold(self._text)
+        return self._low
+
+    def name_starts(self, low: str) -> list[int]:
+        """`name_starts(low)`, computed once when `low` is this text's fold."""
+        if low is not self._low:
+            return name_starts(low)
+        if self._names is None:
+            self._names = name_starts(low)
+        return self._names
+
+
+# How far back from a name word its name can start, and how far past the word its
+# separator can be at most (the rest of `secret_key`, an escaped quote, 8 blanks, `:`).
+_NAME_BACK = max(offset for _, offsets in NAME_STARTS for offset in offsets)
+_NAME_REACH = 16
+
+
+@functools.cache
+def _name_finders() -> tuple[tuple[re.Pattern[str], tuple[int, ...]], ...]:
+    # A literal first, so the engine skips ahead with a substring search.
+    reach = f"(?=[^:=\\n]{{0,{_NAME_REACH - 1}}}+[:=])"
+    return tuple((re.compile(re.escape(word) + reach), offsets) for word, offsets in NAME_STARTS)
+
+
+def name_starts(low: str) -> list[int]:
+    """Where in the fold `low` a match of a named pattern can start, in order: a few
+    characters before a name word with a `:` or `=` soon after it on its line. (No name
+    word overlaps itself, so one search per word finds each.)"""
+    candidates: list[list[int]] = []
+    for finder, offsets in _name_finders():
+        found = [word.start() for word in finder.finditer(low)]
+        if found:
+            candidates.extend(
+                [at - offset for at in found] if offset else found for offset in offsets
+            )
+    if len(candidates) == 1:
+        return candidates[0]  # one word, in order, each once: as it is
+    starts = set().union(*candidates)
+    for before_text in range(-_NAME_BACK, 0):
+        starts.discard(before_text)
+    return sorted(starts)

@@ -1,0 +1,368 @@
+"""The table of credential shapes: every shape `redact` masks, one entry each.
+
+Adding a shape is one entry in `SHAPES` (record.py says what an entry holds; add a sample
+to tests/secrets_corpus.py too). The engine compiles the table (engine.py), and what else
+knows about shapes is derived from it: `BOUNDARY_STARTS` and `LINE_CROSSING_STARTS` for
+the tail handling, and the list in the package docstring (record.shape_list, checked by
+tests/test_redact.py, which also checks every entry against its own pattern and example).
+Phase 2 holds the rules of the redactor before the coverage work, in its order; phase 3
+the shapes added since, in any order (their masks are merged).
+
+Formats were taken as facts (prefixes, lengths, alphabets; no code) from two well-kept
+secret scanners: gitleaks `config/gitleaks.toml` (rules aws-access-token,
+slack-webhook-url, jwt, private-key, stripe-access-token, npm-access-token,
+huggingface-access-token, gitlab-pat, gitlab-pat-routable, gitlab-runner-authentication-
+token, gitlab-deploy-token, gitlab-ptt, twilio-api-key, sendgrid-api-token,
+curl-auth-user, generic-api-key) and Yelp detect-secrets `detect_secrets/plugins/`
+(aws.py, aws_secret_access_key.py, basic_auth.py, azure_storage_key.py, jwt.py,
+private_key.py, slack.py, stripe.py, twilio.py, sendgrid.py, npm.py). Lengths are kept
+loose where the vendors' are not stable (Stripe, npm, Hugging Face: at least 10/30/30).
+"""
+
+from __future__ import annotations
+
+from execkit._redact.record import (
+    Masked,
+    Nearby,
+    Phase,
+    Search,
+    Shape,
+    exact,
+    folded,
+    opening_literal,
+)
+from execkit._redact.words import FLAG_NAMES, NAME_STARTS, NAMES
+
+__all__ = ["BOUNDARY_STARTS", "LINE_CROSSING_STARTS", "NAME_WORDS", "SHAPES"]
+
+# --- what the entries share
+
+NAME_WORDS = folded(*(word for word, _ in NAME_STARTS))
+_ASSIGN = exact(":", "=")
+
+# After a name, quotes escaped with a backslash (`{\"api_key\": \"v\"}`, `KEY=\"v\"`):
+# either the name's closing quote is escaped, or the value's opening one is.
+_ESCAPED_SEP = (
+    r"(?:\\[\"'][ \t]{0,8}[:=][ \t]{0,8}(?:\\[\"'])?"
+    r"|[\"']?[ \t]{0,8}[:=][ \t]{0,8}\\[\"'])"
+)
+_STRIPE_AFTER_R_OR_S = r"k_(?:live|test|prod)_(?<![A-Za-z0-9].{8})[A-Za-z0-9]{10,}+"
+_PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
+_PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
+# The wording that makes a bare 40-character token an AWS secret key.
+_AWS_WORDS = ("aws", "secret", "akia", "asia")
+
+# --- the table: phase 2 in the reference's order, then phase 3 (order free: its masks
+# are merged)
+
+SHAPES: tuple[Shape, ...] = (
+    # Phase 2: the rules of the redactor before the coverage work (tests/_redact_reference.py
+    # holds its code), rewritten so the engine can skip ahead: the literal first, the look-
+    # behind that used to precede it after it, and the case-insensitive ones folded.
+    Shape(
+        "openai_key",
+        "OpenAI and Anthropic keys (`sk-`, `sk-proj-`, `sk-ant-`)",
+        Phase.REFERENCE,
+        r"sk-(?<![A-Za-z0-9]sk-)[A-Za-z0-9_\-]{16,}",  # not `task-...` or `disk-...`
+        anchors=(exact("sk-"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="key «sk-proj-{urlsafe:24}» used",
+    ),
+    Shape(
+        "google_api_key",
+        "Google API keys (`AIza`)",
+        Phase.REFERENCE,
+        r"AIza(?<![A-Za-z0-9]AIza)[A-Za-z0-9_\-]{30,}",
+        anchors=(exact("AIza"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="GET /geocode?addr=x&key=«AIza{urlsafe:35}»",
+    ),
+    Shape(
+        "github_token",
+        "GitHub tokens (`ghp_`, `gho_`, `ghu_`, `ghs_`, `ghr_`)",
+        Phase.REFERENCE,
+        r"gh[pousr]_(?<![A-Za-z0-9]gh[pousr]_)[A-Za-z0-9]{20,}",
+        anchors=(exact("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="remote: using token «ghp_{alnum:36}»",
+    ),
+    Shape(
+        "github_fine_grained_pat",
+        "GitHub fine-grained tokens (`github_pat_`)",
+        Phase.REFERENCE,
+        r"github_pat_(?<![A-Za-z0-9]github_pat_)[A-Za-z0-9_]{20,}",
+        anchors=(exact("github_pat_"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="GH auth «github_pat_{alnum:82}» accepted",
+    ),
+    Shape(
+        "slack_token",
+        "Slack tokens (`xoxa-`, `xoxb-`, `xoxp-`, `xoxr-`, `xoxs-`)",
+        Phase.REFERENCE,
+        r"xox[abprs]-(?<![A-Za-z0-9]xox[abprs]-)[A-Za-z0-9\-]{10,}",
+        anchors=(exact("xox"),),
+        boundary=True,
+        alternation="vendor_key",
+        example="slack client init «xoxb-{digits:12}-{digits:13}-{alnum:24}»",
+    ),
+    Shape(
+        "authorization",
+        "`Authorization:` and `authorization=` values, after `Bearer`/`Basic`/`token`/`Bot`",
+        Phase.REFERENCE,
+        r"(authorization(?<!\wauthorization)[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?"
+        r"(?:(?:bearer|basic|token|bot)[ \t]{1,8})?)"
+        r"[^\s\"',;]+",
+        anchors=(folded("authorization"),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="curl -H 'Authorization: Basic «{b64:24}»' https://x",
+    ),
+    Shape(
+        "bearer",
+        "a bare `Bearer <token>` (curl traces, logged headers)",
+        Phase.REFERENCE,
+        r"(bearer(?<!\wbearer)[ \t]{1,8})[A-Za-z0-9\-._~+/]{8,}=*",
+        anchors=(folded("bearer"),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="retrying request with bearer «{alnum:32}» after 401",
+    ),
+    Shape(
+        "key_value",
+        '`NAME=value`, `NAME: value`, `"name": "value"` for a secret-sounding NAME',
+        Phase.REFERENCE,
+        rf"({NAMES}[\"']?[ \t]{{0,8}}[:=][ \t]{{0,8}}[\"']?)[^\s\"',;&]+",
+        anchors=(NAME_WORDS, _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.NAMED,
+        example='{"client_secret": "«{alnum:30}»", "model": "x"}',
+    ),
+    Shape(
+        "secret_flag",
+        "`--api-key VALUE`, `--token=VALUE` on a logged command line",
+        Phase.REFERENCE,
+        rf"({FLAG_NAMES}(?:[ \t]{{1,8}}|=))[^\s\"',;&]+",
+        anchors=(exact("-"), folded("key", "token", "secret", "passw")),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        example="codex --api-key «{alnum:26}» exec 'fix it'",
+    ),
+    # Phase 3: the shapes added since.
+    Shape(
+        "private_key",
+        "PEM and OpenSSH private key blocks: the body and the END line",
+        Phase.ADDED,
+        # The body (base64 lines, `Proc-Type:`/`DEK-Info:` headers, `\n` when JSON-escaped,
+        # markers an earlier rule left) and the END line are masked. A block without its
+        # END line is masked up to the next `-----` or the end of the text. Whitespace
+        # counts only when more of the body follows it (so masking is idempotent).
+        rf"(-----BEGIN{_PEM_LINE})"
+        rf"(?:{_PEM_BODY}++|-(?!----)|\s++(?={_PEM_BODY}|-))*+"
+        rf"(?:-----END{_PEM_LINE})?",
+        anchors=(exact("-----BEGIN"), exact("PRIVATE KEY")),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        crosses_lines=True,  # the one shape that does
+        example=(
+            "key file:\n-----BEGIN RSA PRIVATE KEY-----«\n{b64:64}\n{b64:64}\n{b64:22}==\n"
+            "-----END RSA PRIVATE KEY-----»\n(end)"
+        ),
+    ),
+    Shape(
+        "escaped_authorization",
+        "`Authorization` headers whose quotes are backslash-escaped (JSON in a JSON string)",
+        Phase.ADDED,
+        rf"(authorization(?<!\wauthorization){_ESCAPED_SEP}"
+        r"(?:(?:bearer|basic|token|bot)[ \t]{1,8})?)"
+        r"[^\s\"',;\\]+",
+        anchors=(exact("\\"), folded("authorization"), _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example='{"headers": "{\\"Authorization\\": \\"Bearer «{alnum:32}»\\"}"}',
+    ),
+    Shape(
+        "escaped_key_value",
+        "secret-named values whose quotes are backslash-escaped (JSON in a JSON string)",
+        Phase.ADDED,
+        rf"({NAMES}{_ESCAPED_SEP})[^\s\"',;&\\]+",
+        anchors=(exact("\\"), NAME_WORDS, _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.NAMED,
+        example='{"content": "{\\"api_key\\": \\"«{alnum:24}»\\"}"}',
+    ),
+    Shape(
+        "url_password",
+        "the password of `scheme://user:password@host` (URLs, database connection strings)",
+        Phase.ADDED,
+        # The user part may be empty: redis://:p@h.
+        r"://([^\s:/@?#\[\]\"'<>]{0,128}+):([^\s/?#\"'<>]{1,256})@",
+        anchors=(exact("@"), exact("://")),
+        masked=Masked.GROUP_2,
+        search=Search.LEAD,
+        example="DATABASE_URL=postgres://app:«{alnum:22}»@db.internal:5432/app",
+    ),
+    Shape(
+        "slack_webhook",
+        "Slack webhook URLs (`hooks.slack.com/services/...`)",
+        Phase.ADDED,
+        r"(hooks\.slack\.com/(?:services|workflows|triggers)/)[a-z0-9_+/\-]{8,}+",
+        anchors=(folded("hooks.slack.com"),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        example="POST https://hooks.slack.com/services/«T{upper:8}/B{upper:8}/{alnum:24}» ok",
+    ),
+    Shape(
+        "jwt",
+        "JSON Web Tokens (`eyJ...` `.eyJ...` `.signature`)",
+        Phase.ADDED,
+        r"eyJ(?<![A-Za-z0-9_\-]eyJ)[A-Za-z0-9_\-]{10,}+={0,2}+"
+        r"\.eyJ[A-Za-z0-9_\-]{10,}+={0,2}+\.[A-Za-z0-9_\-]*+={0,2}+",
+        anchors=(exact("."), exact("eyJ")),
+        search=Search.LEAD,
+        boundary=True,
+        example="id token «eyJ{urlsafe:20}.eyJ{urlsafe:40}.{urlsafe:43}» issued",
+    ),
+    Shape(
+        "aws_secret_key",
+        "AWS secret keys: 40 base64 characters on a line that says aws or secret before them",
+        Phase.ADDED,
+        # Both cases of letters (`nearby`): a hex digest never qualifies.
+        r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])",
+        anchors=(folded(*_AWS_WORDS),),  # the wording, in the fold; the token in the text
+        boundary=True,
+        nearby=Nearby(_AWS_WORDS, window=80, longest=40),
+        example="AWS Secret Access Key [None]: «{b64:40}»",
+    ),
+    Shape(
+        "aws_access_key_id",
+        "AWS access key IDs (`AKIA`, `ASIA`, `ABIA`, `ACCA`, `A3T`)",
+        Phase.ADDED,
+        r"(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)(?<![A-Za-z0-9]....)[A-Z0-9]{16}(?![A-Za-z0-9])",
+        anchors=(exact("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),),
+        search=Search.LEAD,  # every shape opens with "A": one search for it, then a few tries
+        boundary=True,
+        example="export AWS_ACCESS_KEY_ID=«AKIA{upper:16}»",
+    ),
+    Shape(
+        "azure_key",
+        "Azure `AccountKey=`, `SharedAccessKey=`, `SharedAccessSignature=` values",
+        Phase.ADDED,
+        r"((?:accountkey(?<!\waccountkey)|sharedaccesskey(?<!\wsharedaccesskey)"
+        r"|sharedaccesssignature(?<!\wsharedaccesssignature))[ \t]{0,8}=[ \t]{0,8})"
+        r"[^\s;\"'<>]+",
+        anchors=(exact("="), folded("accountkey", "sharedaccess")),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="AccountName=acct;AccountKey=«{b64:86}==»;EndpointSuffix=core.windows.net",
+    ),
+    Shape(
+        "stripe_restricted_key",
+        "Stripe restricted keys (`rk_live_`, `rk_test_`, `rk_prod_`)",
+        Phase.ADDED,
+        f"r{_STRIPE_AFTER_R_OR_S}",
+        anchors=(exact("k_live_", "k_test_", "k_prod_"),),
+        boundary=True,
+        alternation="stripe",
+        example="stripe client «rk_live_{alnum:24}» ok",
+    ),
+    Shape(
+        "stripe_secret_key",
+        "Stripe secret keys (`sk_live_`, `sk_test_`, `sk_prod_`)",
+        Phase.ADDED,
+        f"s{_STRIPE_AFTER_R_OR_S}",
+        anchors=(exact("k_live_", "k_test_", "k_prod_"),),
+        boundary=True,
+        alternation="stripe",
+        example="charge failed for «sk_live_{alnum:24}» (401)",
+    ),
+    Shape(
+        "npm_token",
+        "npm tokens (`npm_`)",
+        Phase.ADDED,
+        r"npm_(?<![A-Za-z0-9_]npm_)[A-Za-z0-9]{30,}+",
+        anchors=(exact("npm_"),),
+        search=Search.LEAD,
+        boundary=True,
+        example="npm publish using «npm_{alnum:36}»",
+    ),
+    Shape(
+        "huggingface_token",
+        "Hugging Face tokens (`hf_`)",
+        Phase.ADDED,
+        r"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{30,}+",
+        anchors=(exact("hf_"),),
+        search=Search.LEAD,
+        boundary=True,
+        example="huggingface-cli login --add «hf_{letters:34}»",
+    ),
+    Shape(
+        "gitlab_token",
+        "GitLab tokens (`glpat-`, `glrt-`, `gldt-`, `glptt-`)",
+        Phase.ADDED,
+        r"(?:glpat-(?<![A-Za-z0-9]glpat-)|glptt-(?<![A-Za-z0-9]glptt-)"
+        r"|gl[dr]t-(?<![A-Za-z0-9]gl[dr]t-))[A-Za-z0-9_\-]{20,}+(?:\.[A-Za-z0-9]{2,}+)?+",
+        anchors=(exact("glpat-", "glptt-", "gldt-", "glrt-"),),
+        search=Search.LEAD,  # `re` searches for the shapes' common "gl" once
+        boundary=True,
+        example="git push with «glpat-{urlsafe:20}» to gitlab",
+    ),
+    Shape(
+        "twilio_api_key",
+        "Twilio API keys (`SK` and 32 hex digits)",
+        Phase.ADDED,
+        r"SK(?<![A-Za-z0-9]SK)[0-9a-fA-F]{32}(?![A-Za-z0-9])",
+        anchors=(exact("SK"),),
+        search=Search.LEAD,
+        boundary=True,
+        example="twilio api key «SK{hex:32}» created",
+    ),
+    Shape(
+        "sendgrid_key",
+        "SendGrid keys (`SG.x.y`)",
+        Phase.ADDED,
+        r"SG\.(?<![A-Za-z0-9]SG\.)[A-Za-z0-9_\-]{16,}+\.[A-Za-z0-9_\-]{16,}+",
+        anchors=(exact("SG."),),
+        search=Search.LEAD,
+        boundary=True,
+        example="sendgrid «SG.{urlsafe:22}.{urlsafe:43}» rejected",
+    ),
+    Shape(
+        "cookie",
+        "`Cookie:` and `Set-Cookie:` values, to the end of the line",
+        Phase.ADDED,
+        r"((?:set-cookie(?<!\wset-cookie)|cookie(?<!\wcookie))(?:\\?[\"'])?"
+        r"[ \t]{0,8}[:=][ \t]{0,8}(?:\\?[\"'])?)[^\r\n\"\\]+",
+        anchors=(folded("cookie"), _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        boundary=True,
+        example="> Cookie: «session={hex:32}; theme=dark»\n< HTTP/1.1 200",
+    ),
+)
+
+
+# What a cut can make match at the very start of a tail that did not match after the text
+# before the cut: the phase 2 rules that look at the character before them, by the literal
+# they open with, in the fold. (Phase 3 masks across a cut are handled by masking the
+# tail's head, whatever starts them.)
+BOUNDARY_STARTS: tuple[str, ...] = tuple(
+    opening_literal(shape.pattern).lower()
+    for shape in SHAPES
+    if shape.phase is Phase.REFERENCE and shape.boundary
+)
+
+# The literals that open a match that may run over a newline (as written).
+LINE_CROSSING_STARTS: tuple[str, ...] = tuple(
+    opening_literal(shape.pattern) for shape in SHAPES if shape.crosses_lines
+)
