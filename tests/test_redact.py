@@ -1014,7 +1014,12 @@ print(json.dumps([before, words, loaded()]))
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     before, after_words, after_line = json.loads(done.stdout)
-    light = ["execkit._redact.env", "execkit._redact.front", "execkit._redact.words"]
+    light = [
+        "execkit._redact.env",
+        "execkit._redact.front",
+        "execkit._redact.text",
+        "execkit._redact.words",
+    ]
     assert before == after_words == light
     assert {"attrs", "execkit._redact.shapes", "execkit._redact.engine"} <= set(after_line)
 

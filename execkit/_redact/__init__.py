@@ -84,8 +84,9 @@ The files of this package, in layers: each imports only those above it when it i
 
 - words.py: the marker, and the secret-sounding names and flags the rules look for.
 - env.py: which values of the child's environment are literal secrets.
-- front.py: `redact`, `redact_argv`, `redact_tail` and phase 1; the rest is imported on
-  the first text long enough for a rule (start-up time matters).
+- text.py: phase 1 (the literal secrets) and the hand-over of a whole text to the rest.
+- front.py: `redact`, `redact_argv`, `redact_tail`; the rest is imported on the first
+  text long enough for a rule (start-up time matters).
 - record.py: what an entry of the table holds (`Shape`), and what is read off entries.
 - shapes.py: the table, one entry a shape.
 - gate.py: the case fold, and which passes can match a text at all (anchors).

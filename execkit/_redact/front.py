@@ -1,8 +1,8 @@
 """The front functions: `redact`, `redact_argv` and `redact_tail`, and what is done before
 any rule runs.
 
-Phase 1 replaces the literal secrets in a text, longest first; a text then too short for
-any pattern is done. The rest (phases 2 and 3, trace.py; a tail with text before its cut,
+Phase 1 (text.py) replaces the literal secrets in a text, longest first; a text then too
+short for any pattern is done. The rest (phases 2 and 3, trace.py; a tail with text before its cut,
 tail.py) is imported on first use: the table of shapes, its compiled passes and the
 attrs classes behind them cost start-up time that a run redacting nothing longer than a
 word (`execkit run -- true`) never needs. tests/test_redact.py checks that importing the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 
+from execkit._redact.text import SHORTEST_MATCH, literal_secrets, redact_text
 from execkit._redact.words import REDACTED, SECRET_FLAG_ITEM
 
 __all__ = [
@@ -25,43 +26,12 @@ __all__ = [
     "redact_text",
 ]
 
-# No pattern matches fewer characters (`://:p@`): shorter texts only hold literal secrets.
-SHORTEST_MATCH = 6
-
-_Redaction = Callable[[str, Sequence[str]], str]
-
-
-@functools.cache
-def _later_phases() -> _Redaction:
-    from execkit._redact.trace import later_phases
-
-    return later_phases
-
 
 @functools.cache
 def _cut_tail() -> Callable[[str, str, Sequence[str]], str]:
     from execkit._redact.tail import cut_tail
 
     return cut_tail
-
-
-def literal_secrets(extra_secrets: Iterable[str]) -> list[str]:
-    """Phase 1's secrets, longest first. A "secret" inside the marker itself would re-mask
-    its own output forever. Built as the reference builds it, so equal-length secrets come
-    in the same order."""
-    literal = {s for s in extra_secrets if s and s not in REDACTED}
-    return sorted(literal, key=len, reverse=True)
-
-
-def redact_text(text: str, secrets: Sequence[str]) -> str:
-    """`redact(text)`, the secrets as `literal_secrets` gives them."""
-    if secrets:
-        for secret in secrets:  # phase 1, as the reference does it
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-    elif len(text) < SHORTEST_MATCH:
-        return text
-    return _later_phases()(text, secrets)
 
 
 def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:

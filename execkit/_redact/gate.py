@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from execkit._redact.record import Anchor
 from execkit._redact.words import NAME_STARTS
-
-if TYPE_CHECKING:
-    from execkit._redact.engine import Pass
 
 __all__ = [
     "ANCHORS",
@@ -46,6 +44,7 @@ __all__ = [
     "FOLD_FIXES",
     "FOLD_PIECE",
     "Gate",
+    "Opening",
     "anchor_ids",
     "fold",
     "name_starts",
@@ -117,6 +116,20 @@ def _rarity(char: str) -> int:
 EAGER_CHARS = 2048
 
 
+class Opening(Protocol):
+    """What the gate reads of a pass (engine.py's `Pass`): its anchor groups, as anchor ids
+    and as bit masks, and whether its own search opens with its anchor."""
+
+    @property
+    def groups(self) -> Sequence[Sequence[int]]: ...
+
+    @property
+    def masks(self) -> Sequence[int]: ...
+
+    @property
+    def lead(self) -> bool: ...
+
+
 class Gate:
     """Which anchors occur in one text; each is looked for at most once."""
 
@@ -145,7 +158,7 @@ class Gate:
         """True when the text is short and holds no anchor at all."""
         return not self._state and not self._bits
 
-    def opens(self, step: Pass) -> bool:
+    def opens(self, step: Opening) -> bool:
         """True when each of the pass's anchor groups has a member in the text. For a
         `lead` pass on a long text, True can mean only that their characters are there:
         its own search decides. False always means the pass cannot match."""

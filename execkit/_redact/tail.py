@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from execkit._redact.front import redact_text
 from execkit._redact.gate import fold
 from execkit._redact.shapes import BOUNDARY_STARTS, LINE_CROSSING_STARTS
+from execkit._redact.text import redact_text
 from execkit._redact.trace import Piece, Trace, mask_more, output_from
 from execkit._redact.words import REDACTED
 
