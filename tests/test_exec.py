@@ -20,7 +20,8 @@ import psutil
 import pytest
 from _support import REPO, gone, wait_gone
 
-from execkit import InvalidInput, _exec
+from execkit import InvalidInput
+from execkit._exec import supervisor
 from execkit._exec import SpawnResult, spawn
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
@@ -504,7 +505,7 @@ def test_an_error_after_the_child_started_still_kills_it(monkeypatch: pytest.Mon
     def no_fd_left(_self: object) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(_exec._Supervisor, "_register", no_fd_left)
+    monkeypatch.setattr(supervisor.Supervisor, "_register", no_fd_left)
     with pytest.raises(OSError, match="Too many open files"):
         spawn(["sleep", "60"], start=recording_popen)
     (proc,) = started

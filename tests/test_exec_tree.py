@@ -23,7 +23,8 @@ import psutil
 import pytest
 from _support import REPO, gone, wait_gone
 
-from execkit import _exec
+from execkit._exec import tree
+from execkit._exec.tree import cgroup
 from execkit._exec import TREE_MECHANISMS, TreeMechanism, spawn, tree_mechanism
 
 PY = [sys.executable, "-I", "-S"]
@@ -138,12 +139,12 @@ def zombie_children() -> list[int]:
 def mechanism(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each mechanism in turn, forced for the spawns of the test."""
     name: str = request.param
-    if not _exec._force_mechanism(name):
+    if not tree.force_mechanism(name):
         pytest.skip(f"the {name} mechanism is not available here")
     try:
         yield name
     finally:
-        _exec._force_mechanism(None)
+        tree.force_mechanism(None)
 
 
 def _mechanisms_that_find_orphans(name: str) -> None:
@@ -219,9 +220,9 @@ def test_the_result_says_which_mechanism_ran(mechanism: str) -> None:
 def test_a_cgroup_is_made_at_once_when_asked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    if not _exec._force_mechanism("cgroup"):
+    if not tree.force_mechanism("cgroup"):
         pytest.skip("no cgroup v2 this process may write to")
-    monkeypatch.setattr(_exec, "_CGROUP_AFTER_S", 0.0)
+    monkeypatch.setattr(cgroup, "_CGROUP_AFTER_S", 0.0)
     pidfile = tmp_path / "pids"
     try:
         result = spawn([*PY, "-c", DAEMON, str(pidfile), "0.0", "0.0"], timeout=60)
@@ -229,7 +230,7 @@ def test_a_cgroup_is_made_at_once_when_asked(
         (daemon,) = read_pids(pidfile)
         assert wait_gone(daemon)
     finally:
-        _exec._force_mechanism(None)
+        tree.force_mechanism(None)
         kill_all(read_pids(pidfile))
 
 
