@@ -11,9 +11,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from secrets_corpus import SAMPLES, Sample, leaked
 
-from execkit._redact import redact
 from execkit._exec import BINARY_NOTICE, result
 from execkit._exec.tail import KeptText, TailBuffer
+from execkit._redact import redact
 
 chunks = st.lists(st.binary(max_size=300), max_size=30)
 
