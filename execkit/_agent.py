@@ -39,7 +39,7 @@ from execkit._adapter import Adapter, AgentRequest, MappedResult
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
-from execkit._exec import DEFAULT_HEARTBEAT_S, ProcessStarter, spawn
+from execkit._exec import DEFAULT_HEARTBEAT_S, DEFAULT_KILL_GRACE_S, ProcessStarter, spawn
 from execkit._proof import AgentFailed, AgentProof, AgentStatus, RunProof, RunStatus
 from execkit._redact import redact, secret_env_values
 from execkit._validate import integer_arg, number_arg
@@ -359,7 +359,7 @@ def run_agent(
     prepare: Callable[[AgentRequest, AttemptContext], AgentRequest] | None = None,
     recorder: RunRecorder | None = None,
     label: str | None = None,
-    kill_grace: float = 5.0,
+    kill_grace: float = DEFAULT_KILL_GRACE_S,
     heartbeat: Callable[[], object] | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
@@ -500,7 +500,7 @@ def run_command(
     *,
     cwd: str | None = None,
     timeout_s: float | None = None,
-    kill_grace: float = 5.0,
+    kill_grace: float = DEFAULT_KILL_GRACE_S,
     label: str | None = None,
     recorder: RunRecorder | None = None,
     start: ProcessStarter = subprocess.Popen,

@@ -1,7 +1,8 @@
 """Huge kept tails, one per kind of output that costs the work after the exit differently.
 
-tests/test_exec_tree.py bounds that work on them and benchmarks/bench_exec.py measures it;
-both build their data here, deterministically, so the two measure the same bytes.
+tests/test_exec_tree.py counts that work on them (calls, decoded bytes) and
+benchmarks/bench_exec.py times it against the floors below; both build their data here,
+deterministically, so the two look at the same bytes.
 
 - `random_bytes`: binary output. Kept as a count, not as text (see `TailBuffer.kept`).
 - `log_lines`: plain log text holding the words redaction looks for, and no credential.

@@ -43,7 +43,6 @@ RANKS = {
     "execkit._errors": 0,
     "execkit._validate": 0,
     "execkit._json": 0,
-    "execkit._tail": 0,
     "execkit._redact": 0,
     "execkit._backoff": 0,
     "execkit._version": 0,

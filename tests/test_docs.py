@@ -25,8 +25,9 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unus
 
 from execkit._budget import Attempt, AttemptStatus
 from execkit._classify import FailureClass
-from execkit._exec import _REDACT_CONTEXT, BINARY_NOTICE, MAX_TAIL_BYTES
-from execkit._tail import _BINARY_SHARE
+from execkit._exec import BINARY_NOTICE, MAX_TAIL_BYTES
+from execkit._exec.result import REDACT_CONTEXT
+from execkit._exec.tail import _BINARY_SHARE
 from execkit.cli import main
 from execkit.cli._decide import _parse_attempt, attempt_to_json
 from execkit.ledger import SqliteLedger
@@ -387,7 +388,7 @@ def test_kept_output_is_described_as_spawn_keeps_it() -> None:
     section = text[text.index("## Kept output") : text.index("## The ledger storage")]
     assert f"`{BINARY_NOTICE.format('N')}`" in section
     assert f"at most {MAX_TAIL_BYTES >> 20} MiB" in section
-    assert f"up to {_REDACT_CONTEXT >> 10} KiB before the cut" in section
+    assert f"up to {REDACT_CONTEXT >> 10} KiB before the cut" in section
     assert "more than a quarter of the bytes" in section and _BINARY_SHARE == 4
 
 

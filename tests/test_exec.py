@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import json
 import os
+import select
 import signal
 import stat
 import subprocess
@@ -20,8 +20,8 @@ import psutil
 import pytest
 from _support import REPO, gone, wait_gone
 
-from execkit import InvalidInput, _exec
-from execkit._exec import SpawnResult, spawn
+from execkit import InvalidInput
+from execkit._exec import SpawnResult, spawn, supervisor
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
 # -I -S: no site import, so the fixture is up (and has its signal handlers) quickly.
@@ -504,7 +504,7 @@ def test_an_error_after_the_child_started_still_kills_it(monkeypatch: pytest.Mon
     def no_fd_left(_self: object) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(_exec._Supervisor, "_register", no_fd_left)
+    monkeypatch.setattr(supervisor.Supervisor, "_register", no_fd_left)
     with pytest.raises(OSError, match="Too many open files"):
         spawn(["sleep", "60"], start=recording_popen)
     (proc,) = started
@@ -573,21 +573,49 @@ def test_works_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.timed_out and result.signal == signal.SIGTERM
 
 
-def test_heartbeat_beats_while_the_child_lives_and_not_after() -> None:
-    beats: list[float] = []
-    started = time.monotonic()
-    result = spawn(
-        [sys.executable, "-c", "import time; time.sleep(0.6)"],
-        heartbeat=lambda: beats.append(time.monotonic()),
-        heartbeat_s=0.1,
-    )
-    ended = time.monotonic()
+def test_heartbeat_beats_while_the_child_lives_and_not_after(tmp_path: Path) -> None:
+    # Counted against the rounds of the loop's poll, never timed: the child lives until it
+    # has had three beats. Each beat comes while the child is still unreaped and after a
+    # poll round: the first after the loop waited one interval, and never two in a row (a
+    # loaded machine may skip beats, never add them).
+    release = tmp_path / "release"
+    script = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.01)"
+    started: list[subprocess.Popen[bytes]] = []
+    events: list[str] = []
+
+    def start(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc: subprocess.Popen[bytes] = subprocess.Popen(*args, **kwargs)
+        started.append(proc)
+        return proc
+
+    def beat() -> None:
+        # Checked here, so that a loop that beats on without polling fails at once.
+        (proc,) = started
+        assert proc.returncode is None, "a beat after the child was reaped"
+        assert events[-1:] == ["poll"], f"a beat without a poll round before it: {events}"
+        events.append("beat")
+        if events.count("beat") == 3:
+            release.touch()
+
+    poll_type = type(select.poll())
+
+    def profile(_frame: object, event: str, arg: object) -> None:
+        # A round of the loop: a call of `poll` on a poll object, in this thread.
+        if (
+            event == "c_call"
+            and getattr(arg, "__name__", None) == "poll"
+            and isinstance(getattr(arg, "__self__", None), poll_type)
+        ):
+            events.append("poll")
+
+    sys.setprofile(profile)
+    try:
+        result = spawn([*PY, "-c", script], heartbeat=beat, heartbeat_s=0.05, start=start)
+    finally:
+        sys.setprofile(None)
     assert result.exit_code == 0
-    # First beat after one interval, none after the child is gone; a loaded machine may
-    # skip beats, never add them.
-    assert 1 <= len(beats) <= 6
-    assert all(started + 0.1 <= beat <= ended for beat in beats)
-    assert all(later - earlier >= 0.1 for earlier, later in itertools.pairwise(beats))
+    assert events.count("beat") >= 3
+    assert events.count("poll") > events.count("beat")
 
 
 def test_a_quick_child_gets_no_heartbeat() -> None:

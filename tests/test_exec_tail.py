@@ -11,9 +11,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from secrets_corpus import SAMPLES, Sample, leaked
 
-from execkit import _exec
+from execkit._exec import BINARY_NOTICE, result
+from execkit._exec.tail import KeptText, TailBuffer
 from execkit._redact import redact
-from execkit._tail import KeptText, TailBuffer
 
 chunks = st.lists(st.binary(max_size=300), max_size=30)
 
@@ -248,6 +248,6 @@ def test_binary_output_never_lets_a_secret_through(
     tail.feed(b"\0" * (4 * len(text_bytes)) + noise + text_bytes)
     kept = tail.kept()
     assert kept.binary_bytes > 0
-    stored = _exec._stored_tail(kept, sample.extra_secrets)
-    assert stored.startswith(_exec.BINARY_NOTICE.format(kept.binary_bytes))
+    stored = result._stored_tail(kept, sample.extra_secrets)
+    assert stored.startswith(BINARY_NOTICE.format(kept.binary_bytes))
     assert not leaked(sample.secret, stored), stored

@@ -14,17 +14,23 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import FrameType
+from typing import NamedTuple
 
 import kept_tails
 import psutil
 import pytest
 from _support import REPO, gone, wait_gone
 
-from execkit import _exec
-from execkit._exec import TREE_MECHANISMS, TreeMechanism, spawn, tree_mechanism
+from execkit._exec import TREE_MECHANISMS, TreeMechanism, spawn, tree, tree_mechanism
+from execkit._exec import result as exec_result
+from execkit._exec import tail as exec_tail
+from execkit._exec.tree import cgroup
 
 PY = [sys.executable, "-I", "-S"]
 EXECKIT = [sys.executable, "-m", "execkit"]
@@ -138,12 +144,12 @@ def zombie_children() -> list[int]:
 def mechanism(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each mechanism in turn, forced for the spawns of the test."""
     name: str = request.param
-    if not _exec._force_mechanism(name):
+    if not tree.force_mechanism(name):
         pytest.skip(f"the {name} mechanism is not available here")
     try:
         yield name
     finally:
-        _exec._force_mechanism(None)
+        tree.force_mechanism(None)
 
 
 def _mechanisms_that_find_orphans(name: str) -> None:
@@ -219,9 +225,9 @@ def test_the_result_says_which_mechanism_ran(mechanism: str) -> None:
 def test_a_cgroup_is_made_at_once_when_asked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    if not _exec._force_mechanism("cgroup"):
+    if not tree.force_mechanism("cgroup"):
         pytest.skip("no cgroup v2 this process may write to")
-    monkeypatch.setattr(_exec, "_CGROUP_AFTER_S", 0.0)
+    monkeypatch.setattr(cgroup, "_CGROUP_AFTER_S", 0.0)
     pidfile = tmp_path / "pids"
     try:
         result = spawn([*PY, "-c", DAEMON, str(pidfile), "0.0", "0.0"], timeout=60)
@@ -229,7 +235,7 @@ def test_a_cgroup_is_made_at_once_when_asked(
         (daemon,) = read_pids(pidfile)
         assert wait_gone(daemon)
     finally:
-        _exec._force_mechanism(None)
+        tree.force_mechanism(None)
         kill_all(read_pids(pidfile))
 
 
@@ -406,83 +412,124 @@ def test_execkit_run_keep_descendants(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the work after exit
+# Counted, never timed (the wall-clock figures are benchmarks/bench_exec.py's): the calls
+# the work after the exit makes, into C (`str.find`, `re.Pattern.finditer`, `str.count`,
+# ...) and into Python functions, and the bytes it decodes, on cut tails of each kind
+# (tests/kept_tails.py) at two sizes. What may grow with the size is said per kind.
 
 
-def post_exit_ratio(
-    data: bytes,
-    rounds: int,
-    *,
-    cut: int = 0,
-    floor: Callable[[str], object] | None = None,
-) -> float:
-    """The best post-exit time on `data` (the last `len(data) - cut` bytes of it kept: a
-    cut tail with context when `cut`) over the best time of its floor: a decode of the
-    kept bytes, then `floor` on the text when given. Measured interleaved `rounds` times
-    (the best of each, against noise from other work; never an absolute time)."""
-    kept = data[cut:]
-    floor_times: list[float] = []
-    post_exit: list[float] = []
-    for _ in range(rounds):
-        begin = time.perf_counter()
-        text = kept.decode("utf-8", errors="replace")
-        if floor is not None:
-            floor(text)
-        floor_times.append(time.perf_counter() - begin)
-        del text
-        post_exit.append(_exec._post_exit_seconds(data, len(kept)))
-    return min(post_exit) / min(floor_times)
+class PostExitWork(NamedTuple):
+    """What the work after the exit did on one kept tail."""
+
+    c_calls: int  # calls into C: string methods, regex calls, builtins
+    py_calls: int  # calls of Python functions
+    whole_text: int  # C calls on a str or bytes at least a quarter as long as the tail
+    decoded: int  # bytes decoded to text
+    masks: int  # credentials masked in the stored tail
+
+    @property
+    def calls(self) -> int:
+        return self.c_calls + self.py_calls
 
 
-def bounded_ratio(bound: float, measure: Callable[[], float]) -> float:
-    """`measure()`, measured once more when over `bound` (the machine is shared)."""
-    measured = measure()
-    return measured if measured <= bound else min(measured, measure())
+def post_exit_work(data: bytes, kept: int) -> PostExitWork:
+    """Count what `spawn` does after its child wrote `data`, the last `kept` bytes of it
+    kept (a cut tail, with context before it, when `kept < len(data)`).
+
+    A smaller tail of the same kind is done first, uncounted: the first redaction in a
+    process builds its tables (tens of thousands of calls, once).
+    """
+    exec_result._post_exit(data[len(data) // 2 :], kept // 2)()
+    work = exec_result._post_exit(data, kept)
+    counts: Counter[str] = Counter()
+    decode = exec_tail._decode.__code__
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "c_call":
+            counts["c"] += 1
+            text = getattr(arg, "__self__", None)
+            if isinstance(text, str | bytes | bytearray | memoryview) and len(text) * 4 >= kept:
+                counts["whole"] += 1
+        elif event == "call":
+            counts["py"] += 1
+            if frame.f_code is decode:
+                counts["decoded"] += len(frame.f_locals["data"])
+
+    sys.setprofile(profile)
+    try:
+        done = work()
+    finally:
+        sys.setprofile(None)
+    masks = done.stdout_tail.count("[REDACTED]")
+    return PostExitWork(counts["c"], counts["py"], counts["whole"], counts["decoded"], masks)
 
 
-MIB = 1024 * 1024
+KIB = 1024
+SIZE = 256 * KIB
 
-# Each kind of huge cut tail (tests/kept_tails.py), against a floor of what any redactor
-# must do to it, with the ratio it must stay within:
-# - log lines holding the words redaction looks for, against a decode and one substring
-#   search: about a dozen such passes (11 to 15 measured; a decode alone is a memory copy
-#   for ASCII, whose speed against the rest differs too much between machines);
-# - valid UTF-8 decoding to four bytes a character, made of every character the rules
-#   look for, against the same floor: no search can be skipped, each over the widest
-#   string (12 to 20);
-# - binary output against a decode: counted, never searched (1.3 to 1.6; 3.1 to 5.7 when
-#   it was kept as text, where every letter the rules look for occurs);
-# - a credential on every line against one `re.sub` in C that masks a word a line (4 to
-#   5; 9 to 10 while the whole cut tail was traced).
-POST_EXIT_BOUNDS = [
-    pytest.param(kept_tails.log_lines, 32 * MIB, kept_tails.search_once, 20, id="log-lines"),
-    pytest.param(kept_tails.wide_text, 32 * MIB, kept_tails.search_once, 25, id="wide-text"),
-    pytest.param(kept_tails.random_bytes, 32 * MIB, None, 2.2, id="binary"),
-    pytest.param(kept_tails.credential_log, 16 * MIB, kept_tails.mask_last_words, 7, id="dense"),
+# Each kind of cut tail at SIZE and at four times SIZE, and what its work may grow with:
+# - log lines holding the words redaction looks for, and no credential: nothing, and at
+#   most 24 calls over the whole text (a fixed number of searches: 20 now);
+# - binary output: nothing, and no more than spawn's own 4 calls over the whole text:
+#   it is counted, never searched (while it was kept as text, its calls grew with it);
+# - valid UTF-8 of four bytes a character, made of every character the rules look for:
+#   only the rare candidates the rules find in it, at most one call a KiB (0.3 now; a
+#   call for each of its lines would be 14);
+# - a credential on every line: the masks, at most 20 calls into C and 6 Python calls
+#   each (11 and 2.4 now; 31 and 17 while the whole cut tail was traced).
+GROWTH_BOUNDS = [
+    pytest.param(kept_tails.log_lines, "nothing", id="log-lines"),
+    pytest.param(kept_tails.random_bytes, "nothing", id="binary"),
+    pytest.param(kept_tails.wide_text, "candidates", id="wide-text"),
+    pytest.param(kept_tails.credential_log, "masks", id="dense"),
 ]
+WHOLE_TEXT_CALLS: dict[Callable[[int], bytes], int] = {
+    kept_tails.log_lines: 24,
+    kept_tails.random_bytes: 4,
+}
 
 
-@pytest.mark.parametrize(("build", "size", "floor", "bound"), POST_EXIT_BOUNDS)
-def test_post_exit_work_on_a_huge_cut_tail_is_bounded(
-    build: Callable[[int], bytes],
-    size: int,
-    floor: Callable[[str], object] | None,
-    bound: float,
+@pytest.mark.parametrize(("build", "grows_with"), GROWTH_BOUNDS)
+def test_post_exit_work_on_a_cut_tail_does_not_grow_with_its_size(
+    build: Callable[[int], bytes], grows_with: str
 ) -> None:
-    data = build(size + 4096)
-    measured = bounded_ratio(bound, lambda: post_exit_ratio(data, 2, cut=4096, floor=floor))
-    assert measured <= bound, f"the work after the exit took {measured:.1f}x its floor"
+    small = post_exit_work(build(SIZE + 4096), SIZE)
+    big = post_exit_work(build(4 * SIZE + 4096), 4 * SIZE)
+    # Each kept byte is decoded once, and so is the context before the cut.
+    for work, kept in ((small, SIZE), (big, 4 * SIZE)):
+        assert work.decoded <= kept + exec_result.REDACT_CONTEXT, work
+    if grows_with == "nothing":
+        assert big.calls <= small.calls, (small, big)
+        assert big.whole_text <= small.whole_text <= WHOLE_TEXT_CALLS[build], (small, big)
+    elif grows_with == "candidates":
+        assert big.calls - small.calls <= 3 * SIZE // KIB, (small, big)
+    else:
+        more = big.masks - small.masks
+        assert more >= 3 * small.masks > 0, (small, big)
+        assert big.c_calls - small.c_calls <= 20 * more, (small, big)
+        assert big.py_calls - small.py_calls <= 6 * more, (small, big)
 
 
-def test_post_exit_work_besides_redaction_is_about_one_decode(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_post_exit_work_besides_redaction_is_one_decode(monkeypatch: pytest.MonkeyPatch) -> None:
     # What spawn itself does with a kept tail after the exit (join the ring, decode, look
-    # for binary output, find the context, build the result) costs about one decode;
-    # redaction is on top of it. Measured 1.2 decodes alone, up to 3.5 late in the whole
-    # suite, where every fresh page of the text costs a fault.
-    monkeypatch.setattr(_exec, "redact_tail", lambda tail, _context, _secrets=(): tail)
-    size = 64 * 1024 * 1024
+    # for binary output, find the context, build the result), redaction aside: each byte
+    # decoded once, one search over the text (for the replacement character), no more at
+    # four times the size, and at most one copy of the tail alive at once besides the ring.
+    monkeypatch.setattr(exec_result, "redact_tail", lambda tail, _context, _secrets=(): tail)
+    size = 4 * 1024 * KIB
     line = b"plain log line without anything to mask, number 1234567890\n"
     data = (line * (size // len(line) + 1))[:size]
-    ratio = bounded_ratio(4, lambda: post_exit_ratio(data, 3))
-    assert ratio <= 4, f"post-exit work without redaction took {ratio:.1f}x a decode"
+    work = post_exit_work(data, size)
+    quarter = post_exit_work(data[: size // 4], size // 4)
+    assert work.decoded == size
+    assert work.whole_text <= 2, work
+    assert work.calls <= quarter.calls, (quarter, work)
+    finish = exec_result._post_exit(data, size)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        finish()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak <= size + size // 2, f"{peak} bytes allocated at once for a {size}-byte tail"

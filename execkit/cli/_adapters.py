@@ -22,7 +22,7 @@ from execkit._adapter import Adapter, credential_env_of, credential_files_of
 from execkit._agent import run_command
 from execkit._classify import Reason, never_started
 from execkit._errors import InvalidInput
-from execkit._exec import ProcessStarter
+from execkit._exec import DEFAULT_KILL_GRACE_S, ProcessStarter
 from execkit._proof import AgentProof, AgentStatus
 from execkit._registry import adapter_names, find_binary, get_adapter
 from execkit.cli._args import parse_seconds
@@ -34,7 +34,6 @@ __all__ = ["register", "run_adapter_command"]
 _NOT_STARTED_EXIT = 127
 _TIMEOUT_EXIT = 124
 _FAILED_EXIT = 1
-_DEFAULT_KILL_GRACE = 5.0
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -179,7 +178,7 @@ def run_adapter_command(
         adapter,
         argv,
         timeout_s=timeout,
-        kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace,
+        kill_grace=DEFAULT_KILL_GRACE_S if grace is None else grace,
         start=start,
     )
     if getattr(args, "json", False):

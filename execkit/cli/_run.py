@@ -32,7 +32,14 @@ from types import FrameType
 from typing import Any, TextIO
 
 from execkit._errors import InvalidInput
-from execkit._exec import MAX_TAIL_BYTES, SpawnCancelled, SpawnResult, spawn_cancellable
+from execkit._exec import (
+    DEFAULT_KILL_GRACE_S,
+    DEFAULT_TAIL_BYTES,
+    MAX_TAIL_BYTES,
+    SpawnCancelled,
+    SpawnResult,
+    spawn_cancellable,
+)
 from execkit.cli._args import parse_seconds
 from execkit.cli._output import print_json
 
@@ -41,8 +48,6 @@ __all__ = ["register"]
 SPAWN_FAILED_EXIT = 127
 TIMEOUT_EXIT = 124
 SIGNAL_EXIT_BASE = 128
-
-_DEFAULT_KILL_GRACE = 5.0
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -78,12 +83,18 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tail-bytes",
         metavar="N",
-        help=f"bytes of each stream kept in the JSON result (1..{MAX_TAIL_BYTES}, default 65536)",
+        help=(
+            f"bytes of each stream kept in the JSON result (1..{MAX_TAIL_BYTES}, "
+            f"default {DEFAULT_TAIL_BYTES})"
+        ),
     )
     parser.add_argument(
         "--kill-grace",
         metavar="S",
-        help="seconds between SIGTERM and SIGKILL on timeout (>= 0, default 5)",
+        help=(
+            "seconds between SIGTERM and SIGKILL on timeout "
+            f"(>= 0, default {DEFAULT_KILL_GRACE_S:g})"
+        ),
     )
     parser.add_argument(
         "--keep-descendants",
@@ -139,7 +150,7 @@ def _handle(args: argparse.Namespace) -> int:
                 argv,
                 inherit_stdin=True,
                 timeout=timeout,
-                kill_grace=_DEFAULT_KILL_GRACE if grace is None else grace,
+                kill_grace=DEFAULT_KILL_GRACE_S if grace is None else grace,
                 tail_bytes=tail_bytes,
                 on_stdout=_tee(sys.stdout, stop) if streaming else None,
                 on_stderr=_tee(sys.stderr, stop) if streaming else None,
@@ -193,7 +204,7 @@ def _command(raw: list[str]) -> list[str]:
 
 def _tail_bytes(raw: str | None) -> int:
     if raw is None:
-        return 65536
+        return DEFAULT_TAIL_BYTES
     try:
         value = int(raw)
     except ValueError:

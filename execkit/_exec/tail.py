@@ -6,7 +6,7 @@ one fed chunk, whatever the stream length: the buffer grows until it holds that 
 from then on is a ring that is overwritten in place, so each byte is copied once.
 
 `fill(fd)` reads straight from a file descriptor into the ring (no intermediate `bytes`
-per read), which is what `spawn` does for a stream nobody watches live.
+per read), which is what the supervisor does for a stream nobody watches live.
 
 `kept()` is what of the tail is stored as text. A tail that is binary output (more than a
 quarter of it NUL bytes or bytes that are not UTF-8: random data, compressed or
@@ -36,6 +36,12 @@ _GROW_READ = 64 * 1024
 # Text in UTF-8 has none; Latin-1 French or German has 1 in 6 to 1 in 11; random or
 # compressed data has about 2 in 5, an executable 1 in 3 besides its NULs.
 _BINARY_SHARE = 4
+
+
+def _decode(data: bytes | memoryview) -> str:
+    """UTF-8 with replacement: the one way bytes of a tail become text (tests count the
+    bytes that pass here: each kept byte is decoded once)."""
+    return str(data, "utf-8", "replace")
 
 
 class KeptText(NamedTuple):
@@ -171,7 +177,7 @@ class TailBuffer:
         When the tail was cut, leading continuation bytes of a character whose start was
         dropped are skipped, so the text does not open with a replacement character.
         """
-        return str(self._text_bytes(), "utf-8", "replace")
+        return _decode(self._text_bytes())
 
     def _text_bytes(self) -> bytes | memoryview:
         start, stop = self._tail_span()
@@ -192,12 +198,12 @@ class TailBuffer:
         undecodable byte, with the text before that as `context`. Never raises.
         """
         raw = self._text_bytes()
-        text = str(raw, "utf-8", "replace")
+        text = _decode(raw)
         binary = text.count("\ufffd")  # no cost on text that cannot hold one (ASCII)
         if "\0" in text:  # a memchr; counting costs more than the decode
             binary += text.count("\0")
         if binary * _BINARY_SHARE <= len(raw):
-            context = "" if not self.truncated else str(self.context_bytes(), "utf-8", "replace")
+            context = "" if not self.truncated else _decode(self.context_bytes())
             return KeptText(text, context, 0)
         cut = max(text.rfind("\ufffd"), text.rfind("\0")) + 1
         after = text[cut:]
