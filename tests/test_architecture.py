@@ -204,8 +204,8 @@ MODULES = {module_name(path): path for path in SOURCES}
 def _imported_names(path: Path) -> set[str]:
     """Every module `path` names in an import, type-only and function-level ones included
     (a circle through a type-only import is still two rooms that need each other), with a
-    relative import made absolute and `from P import name` read as `P.name` when that is a
-    module."""
+    relative import made absolute. `from P import name` names `P.name` when that is a
+    module (a submodule, not the package's `__init__`), else `P`."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
@@ -218,8 +218,9 @@ def _imported_names(path: Path) -> set[str]:
                 module = ".".join([*base, *([node.module] if node.module else [])])
             else:
                 module = node.module or ""
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                found.add(submodule if submodule in MODULES else module)
     return found
 
 
