@@ -71,6 +71,7 @@ from execkit.ledger._core import LedgerCore, TaskRecord
 from execkit.ledger._model import (
     CAPABILITIES,
     DEFAULT_LEASE_S,
+    AuditEntry,
     AuditEvent,
     Grant,
     Run,
@@ -491,19 +492,18 @@ class _PostgresTx:
         row = self._one("SELECT lease_s FROM runs WHERE id = %s", (run_id,))
         return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
 
-    def audit(
-        self,
-        at: float,
-        actor: str,
-        action: str,
-        task_id: str | None,
-        run_id: str | None,
-        detail: dict[str, Any],
-    ) -> None:
+    def audit(self, entry: AuditEntry) -> None:
         self._send(
             "INSERT INTO audit (at, actor, action, task_id, run_id, detail) "
             "VALUES (%s, %s, %s, %s, %s, %s::jsonb)",
-            (at, _text(actor), action, task_id, run_id, _json(detail)),
+            (
+                entry.at,
+                _text(entry.actor),
+                str(entry.action),
+                entry.task_id,
+                entry.run_id,
+                _json(entry.detail),
+            ),
         )
 
     def audit_events(self, task_id: str | None) -> list[AuditEvent]:

@@ -38,6 +38,7 @@ from execkit.ledger._core import LedgerCore, TaskRecord, attempt_from_run
 from execkit.ledger._model import (
     CAPABILITIES,
     DEFAULT_LEASE_S,
+    AuditEntry,
     AuditEvent,
     Grant,
     Run,
@@ -392,19 +393,18 @@ class _SqliteTx:
         ).fetchone()
         return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
 
-    def audit(
-        self,
-        at: float,
-        actor: str,
-        action: str,
-        task_id: str | None,
-        run_id: str | None,
-        detail: dict[str, Any],
-    ) -> None:
+    def audit(self, entry: AuditEntry) -> None:
         self._conn.execute(
             "INSERT INTO audit (at, actor, action, task_id, run_id, detail) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (at, actor, action, task_id, run_id, json.dumps(detail, sort_keys=True)),
+            (
+                entry.at,
+                entry.actor,
+                str(entry.action),
+                entry.task_id,
+                entry.run_id,
+                json.dumps(entry.detail, sort_keys=True),
+            ),
         )
 
     def audit_events(self, task_id: str | None) -> list[AuditEvent]:
