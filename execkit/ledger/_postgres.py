@@ -56,7 +56,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -81,8 +81,11 @@ from execkit.ledger._model import (
 from execkit.ledger._rows import (
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
+    TASK_COLUMNS,
+    audit_event_from_row,
+    grant_from_row,
     run_from_row,
-    summary_values,
+    summary_row,
     task_from_row,
 )
 
@@ -228,10 +231,14 @@ _TABLES = (
 # space the idempotency keys use. 0x65786b74 is "exkt".
 _MIGRATION_LOCK = (0x65786B74, 1)
 
+# Rows are read by column name (`_rows.py`); here every column of a row shape is a column
+# of one table under the same name.
 _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
-_TASK_SELECT = (
-    "SELECT id, title, status, created_by, created_at, max_attempts, max_uncharged_attempts, "
-    "retry_requested_by, gave_up_at_attempt, " + ", ".join(SUMMARY_COLUMNS) + " FROM tasks"
+_TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
+_SUMMARY_UPDATE = (
+    "UPDATE tasks SET "
+    + ", ".join(f"{column} = %({column})s" for column in SUMMARY_COLUMNS)
+    + " WHERE id = %(task_id)s"
 )
 _DEFAULT_BUDGET = WorkBudget()
 
@@ -316,7 +323,7 @@ class _PostgresTx:
     # nothing needs (its errors surface at the next read or at COMMIT, inside the
     # transaction all the same); a read waits for everything queued before it, in order.
 
-    def _send(self, sql: str, params: Sequence[Any] = ()) -> None:
+    def _send(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
         self._conn.execute(sql, params)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
@@ -324,6 +331,18 @@ class _PostgresTx:
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._conn.execute(sql, params).fetchall()
+
+    def _named(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[dict[str, Any]]:
+        """`sql` run on a cursor whose rows are dicts by column name (`dict_row`)."""
+        from psycopg.rows import dict_row
+
+        return self._conn.cursor(row_factory=dict_row).execute(sql, params)
+
+    def _named_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        return self._named(sql, params).fetchone()
+
+    def _named_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return self._named(sql, params).fetchall()
 
     def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
         """The rows a statement ending in `RETURNING 1` changed."""
@@ -339,33 +358,36 @@ class _PostgresTx:
 
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         suffix = " FOR UPDATE" if lock and self._write else ""
-        row = self._one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
+        row = self._named_one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
         return None if row is None else task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
         suffix = " FOR UPDATE" if self._write else ""
-        return [task_from_row(row) for row in self._all(f"{_TASK_SELECT} ORDER BY seq{suffix}")]
+        rows = self._named_all(f"{_TASK_SELECT} ORDER BY seq{suffix}")
+        return [task_from_row(row) for row in rows]
 
     def runs(self, task_id: str) -> list[Run]:
-        rows = self._all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
+        rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
         return [run_from_row(row) for row in rows]
 
     def all_runs(self) -> list[Run]:
-        return [run_from_row(row) for row in self._all(f"{_RUN_SELECT} ORDER BY seq")]
+        return [run_from_row(row) for row in self._named_all(f"{_RUN_SELECT} ORDER BY seq")]
 
     def run(self, run_id: str) -> Run | None:
         self._lock_task_of(run_id)
-        row = self._one(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
+        row = self._named_one(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
         return None if row is None else run_from_row(row)
 
     def run_at(self, task_id: str, attempt: int) -> Run | None:
-        row = self._one(f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt))
+        row = self._named_one(
+            f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt)
+        )
         return None if row is None else run_from_row(row)
 
     def expired_runs(self, now: float) -> list[Run]:
         expired = "status = 'running' AND lease_expires_at <= %s"
         if not self._write:
-            rows = self._all(f"{_RUN_SELECT} WHERE {expired} ORDER BY seq", (now,))
+            rows = self._named_all(f"{_RUN_SELECT} WHERE {expired} ORDER BY seq", (now,))
             return [run_from_row(row) for row in rows]
         locked = [
             row[0]
@@ -378,7 +400,7 @@ class _PostgresTx:
         if not locked:
             return []
         # Read again now that the tasks are locked: a run finished meanwhile is not expired.
-        rows = self._all(
+        rows = self._named_all(
             f"{_RUN_SELECT} WHERE {expired} AND task_id = ANY(%s) ORDER BY seq", (now, locked)
         )
         return [run_from_row(row) for row in rows]
@@ -419,11 +441,11 @@ class _PostgresTx:
         )
 
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
-        assignments = ", ".join(f"{column} = %s" for column in SUMMARY_COLUMNS)
-        self._send(
-            f"UPDATE tasks SET {assignments} WHERE id = %s",
-            (*(_text(v) if isinstance(v, str) else v for v in summary_values(summary)), task_id),
-        )
+        values = {
+            column: _text(value) if isinstance(value, str) else value
+            for column, value in summary_row(summary).items()
+        }
+        self._send(_SUMMARY_UPDATE, {**values, "task_id": task_id})
 
     def insert_run(self, run: Run, lease_s: float) -> Run:
         # The limit in force is read from the task row this transaction has locked, in the
@@ -507,23 +529,13 @@ class _PostgresTx:
         )
 
     def audit_events(self, task_id: str | None) -> list[AuditEvent]:
-        sql = "SELECT seq, at, actor, action, task_id, run_id, detail FROM audit"
+        sql = "SELECT seq AS id, at, actor, action, task_id, run_id, detail FROM audit"
         params: tuple[str, ...] = ()
         if task_id is not None:
             sql += " WHERE task_id = %s"
             params = (task_id,)
-        return [
-            AuditEvent(
-                id=row[0],
-                at=row[1],
-                actor=row[2],
-                action=row[3],
-                task_id=row[4],
-                run_id=row[5],
-                detail=dict(row[6]),
-            )
-            for row in self._all(sql + " ORDER BY seq", params)
-        ]
+        rows = self._named_all(sql + " ORDER BY seq", params)
+        return [audit_event_from_row(row, dict(row["detail"])) for row in rows]
 
     def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None:
         if self._write:
@@ -554,7 +566,8 @@ class _PostgresTx:
         if principal is not None:
             sql += " WHERE principal = %s"
             params = (principal,)
-        return [Grant(*row) for row in self._all(sql + " ORDER BY principal, role", params)]
+        rows = self._named_all(sql + " ORDER BY principal, role", params)
+        return [grant_from_row(row) for row in rows]
 
     def put_grant(self, grant: Grant) -> bool:
         changed = self._count(

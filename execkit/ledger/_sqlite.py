@@ -46,10 +46,11 @@ from execkit.ledger._model import (
     user_name,
 )
 from execkit.ledger._rows import (
-    RUN_COLUMNS,
     SUMMARY_COLUMNS,
+    audit_event_from_row,
+    grant_from_row,
     run_from_row,
-    summary_values,
+    summary_row,
     task_from_row,
 )
 
@@ -177,22 +178,28 @@ _SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
 }
 SCHEMA_VERSION = max(_SCHEMA_STEPS)
 
-_RUN_EXTRAS = ("lease_expires_at", "not_before")
+# Rows are read by column name (`_rows.py`): each SELECT below names every column of its
+# row shape, with the facts schema 3 added taken from the tables it added them in.
 _RUN_SELECT = (
-    "SELECT "
-    + ", ".join(
-        f"x.{c}" if c in ("lease_expires_at", "not_before") else f"r.{c}" for c in RUN_COLUMNS
-    )
-    + " FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
+    "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
+    "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
+    "x.lease_expires_at, x.not_before "
+    "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
-    "COALESCE(l.max_attempts, 0), e.max_uncharged_attempts, e.retry_requested_by, "
-    "e.gave_up_at_attempt, "
+    "COALESCE(l.max_attempts, 0) AS max_attempts, e.max_uncharged_attempts, "
+    "e.retry_requested_by, e.gave_up_at_attempt, "
     + ", ".join(f"s.{column}" for column in SUMMARY_COLUMNS)
     + " FROM tasks t LEFT JOIN task_attempt_limits l ON l.task_id = t.id "
     "LEFT JOIN task_extras e ON e.task_id = t.id "
     "LEFT JOIN task_summaries s ON s.task_id = t.id"
+)
+_SUMMARY_UPSERT = (
+    f"INSERT INTO task_summaries (task_id, {', '.join(SUMMARY_COLUMNS)}) "
+    f"VALUES (:task_id, {', '.join(f':{column}' for column in SUMMARY_COLUMNS)}) "
+    "ON CONFLICT (task_id) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
 )
 _DEFAULT_BUDGET = WorkBudget()
 # Owner-only: a ledger holds reasons and audit rows that are nobody else's business.
@@ -236,36 +243,41 @@ class _SqliteTx:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
+    def _named(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """`sql` run on a cursor whose rows are read by column name (`sqlite3.Row`); the
+        connection itself keeps plain tuples for everything else."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = sqlite3.Row
+        return cursor.execute(sql, params)
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
-        row = self._conn.execute(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
+        row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
         return None if row is None else task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
-        rows = self._conn.execute(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
+        rows = self._named(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
         return [task_from_row(row) for row in rows]
 
     def runs(self, task_id: str) -> list[Run]:
-        rows = self._conn.execute(
-            f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,)
-        ).fetchall()
-        return [run_from_row(row) for row in rows]
+        rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
+        return [run_from_row(row) for row in rows.fetchall()]
 
     def all_runs(self) -> list[Run]:
-        rows = self._conn.execute(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
+        rows = self._named(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
         return [run_from_row(row) for row in rows]
 
     def run(self, run_id: str) -> Run | None:
-        row = self._conn.execute(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
+        row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
         return None if row is None else run_from_row(row)
 
     def run_at(self, task_id: str, attempt: int) -> Run | None:
-        row = self._conn.execute(
+        row = self._named(
             f"{_RUN_SELECT} WHERE r.task_id = ? AND r.attempt = ?", (task_id, attempt)
         ).fetchone()
         return None if row is None else run_from_row(row)
 
     def expired_runs(self, now: float) -> list[Run]:
-        rows = self._conn.execute(
+        rows = self._named(
             f"{_RUN_SELECT} WHERE r.status = 'running' AND x.lease_expires_at <= ? ORDER BY r.seq",
             (now,),
         ).fetchall()
@@ -319,13 +331,7 @@ class _SqliteTx:
         )
 
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
-        placeholders = ", ".join("?" * (1 + len(SUMMARY_COLUMNS)))
-        updates = ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
-        self._conn.execute(
-            f"INSERT INTO task_summaries (task_id, {', '.join(SUMMARY_COLUMNS)}) "
-            f"VALUES ({placeholders}) ON CONFLICT (task_id) DO UPDATE SET {updates}",
-            (task_id, *summary_values(summary)),
-        )
+        self._conn.execute(_SUMMARY_UPSERT, {"task_id": task_id, **summary_row(summary)})
 
     def insert_run(self, run: Run, lease_s: float) -> Run:
         seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
@@ -408,24 +414,13 @@ class _SqliteTx:
         )
 
     def audit_events(self, task_id: str | None) -> list[AuditEvent]:
-        sql = "SELECT seq, at, actor, action, task_id, run_id, detail FROM audit"
+        sql = "SELECT seq AS id, at, actor, action, task_id, run_id, detail FROM audit"
         params: tuple[str, ...] = ()
         if task_id is not None:
             sql += " WHERE task_id = ?"
             params = (task_id,)
-        rows = self._conn.execute(sql + " ORDER BY seq", params).fetchall()
-        return [
-            AuditEvent(
-                id=row[0],
-                at=row[1],
-                actor=row[2],
-                action=row[3],
-                task_id=row[4],
-                run_id=row[5],
-                detail=json.loads(row[6]),
-            )
-            for row in rows
-        ]
+        rows = self._named(sql + " ORDER BY seq", params).fetchall()
+        return [audit_event_from_row(row, json.loads(row["detail"])) for row in rows]
 
     def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None:
         row = self._conn.execute(
@@ -452,8 +447,8 @@ class _SqliteTx:
         if principal is not None:
             sql += " WHERE principal = ?"
             params = (principal,)
-        rows = self._conn.execute(sql + " ORDER BY principal, role", params).fetchall()
-        return [Grant(*row) for row in rows]
+        rows = self._named(sql + " ORDER BY principal, role", params).fetchall()
+        return [grant_from_row(row) for row in rows]
 
     def put_grant(self, grant: Grant) -> bool:
         changed = self._conn.execute(
