@@ -40,8 +40,9 @@ Schema versions are this backend's own, numbered from 1 and applied in order, ea
 additive and in one transaction under a PostgreSQL advisory lock, so concurrent
 migrations serialise. A schema newer than this code knows is refused (`SchemaTooNew`)
 before anything is written. execkit cannot copy a server's database, so an existing
-ledger is migrated only when asked (`upgrade=True`, `migrate_postgres`); until then every
-transaction is refused with the exact `pg_dump` command to take the backup first.
+ledger is migrated only when asked (`upgrade=True` on open, or `migrate(backed_up=True)`);
+until then every transaction is refused with the exact `pg_dump` command to take the backup
+first.
 
 psycopg (3) is imported when a store is opened, never when this module is imported.
 """
@@ -909,6 +910,18 @@ class PostgresStore:
             from_version=current, to_version=SCHEMA_VERSION, backup_command=command
         )
 
+    def upgrade(self) -> PostgresMigration | None:
+        """What `upgrade=True` does on open, for a store opened without it: bring an older
+        schema to SCHEMA_VERSION (the caller took the backup `backup_command` names).
+        None when it was already current, nothing written."""
+        with self._lock:
+            done = self._upgrade()
+            with self._transaction(write=False, current=False) as tx:
+                self._owner = tx.meta("owner")  # not read while the schema was outdated
+        if done is not None:
+            self.migration = done
+        return done
+
     def schema_version(self) -> int:
         with self._transaction(write=False, current=False) as tx:
             return self._read_version(tx)
@@ -1017,8 +1030,37 @@ class PostgresLedger(LedgerCore):
         self.close()
 
     def status_info(self) -> dict[str, Any]:
-        """Facts for an operator's status view (JSON-safe)."""
+        """Facts for an operator's status view (JSON-safe); works on an older schema too."""
         return self._postgres.info()
+
+    def where(self) -> tuple[str, str]:
+        """Where this ledger is, as a labelled value for an operator: `("url", URL)`, its
+        password left out (as `location()`)."""
+        return "url", self.url
+
+    def migrate(self, *, backed_up: bool = False) -> PostgresMigration:
+        """Bring an older schema to SCHEMA_VERSION once the operator says (`backed_up`)
+        they took the dump `backup_command()` names: execkit cannot copy a server's
+        database, so without it an outdated ledger is refused with InvalidInput naming the
+        exact `pg_dump` command, nothing written. Returns what was done, with
+        `backup_command` None when it was already current (nothing written).
+        """
+        found = self._postgres.schema_version()
+        if found < SCHEMA_VERSION and not backed_up:
+            raise InvalidInput(
+                f"the ledger at {self.url} has schema version {found} and this execkit needs "
+                f"{SCHEMA_VERSION}. execkit cannot copy a server's database: back it up with "
+                f"`{self.backup_command(found)}`, then run `execkit db migrate --backed-up` "
+                "(from Python: `migrate(..., backed_up=True)`)",
+                field="backed_up",
+            )
+        done = self._postgres.upgrade()
+        if done is not None:
+            self.migration = done
+            return done
+        return PostgresMigration(
+            from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_command=None
+        )
 
     def backup_command(self, version: int | None = None) -> str:
         """The `pg_dump` command that backs this ledger up before a migration (execkit
@@ -1026,18 +1068,10 @@ class PostgresLedger(LedgerCore):
         return self._postgres.backup_command(version)
 
 
-def migrate_postgres(
-    url: str,
-    *,
-    budget: WorkBudget = _DEFAULT_BUDGET,
-    backoff: Backoff = SCHEDULER_BACKOFF,
-) -> PostgresMigration:
-    """Bring an existing PostgreSQL ledger to `SCHEMA_VERSION` (take the backup its
-    `backup_command` names first: execkit cannot). Returns what was done; nothing is written
-    when it is already current. NotFound when there is no ledger; SchemaTooNew when newer."""
-    with PostgresLedger(url, budget=budget, backoff=backoff, create=False, upgrade=True) as ledger:
-        if ledger.migration is not None:
-            return ledger.migration
-        return PostgresMigration(
-            from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_command=None
-        )
+def migrate_postgres(url: str) -> PostgresMigration:
+    """Bring an existing PostgreSQL ledger to SCHEMA_VERSION, the caller having taken the
+    backup its `backup_command()` names: `execkit.ledger.migrate(url, backed_up=True)`, kept
+    under the name docs/architecture.md gives it. NotFound when there is no ledger;
+    SchemaTooNew when it is newer."""
+    with PostgresLedger(url, create=False, upgrade=False) as ledger:
+        return ledger.migrate(backed_up=True)

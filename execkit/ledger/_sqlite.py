@@ -54,7 +54,7 @@ from execkit.ledger._rows import (
     task_from_row,
 )
 
-__all__ = ["SCHEMA_VERSION", "Migration", "SqliteLedger", "SqliteStore", "migrate"]
+__all__ = ["SCHEMA_VERSION", "Migration", "SqliteLedger", "SqliteStore"]
 
 # Version 1: the legacy store (no attempt limits). Version 2 (ADR 0033): attempt limits
 # keyed by task id and the run-history index by task and creation order. Version 3: run
@@ -552,10 +552,7 @@ class SqliteStore:
                     "taken before the upgrade"
                 )
             if upgrade:
-                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    self._conn.execute("PRAGMA journal_mode = WAL")
-                if found < SCHEMA_VERSION:
-                    self.migration = self._upgrade(found)
+                self.migration = self._bring_up(found)
             else:
                 self._outdated = found < SCHEMA_VERSION
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, I/O, ...
@@ -709,6 +706,36 @@ class SqliteStore:
                 )
             self._conn.execute("COMMIT")
         return Migration(from_version=current, to_version=SCHEMA_VERSION, backup_path=backup)
+
+    def _bring_up(self, found: int) -> Migration | None:
+        """WAL mode, then the schema brought from `found` to SCHEMA_VERSION (a backup
+        first); None when it was already current."""
+        if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self._conn.execute("PRAGMA journal_mode = WAL")
+        if found < SCHEMA_VERSION:
+            return self._upgrade(found)
+        return None
+
+    def upgrade(self) -> Migration | None:
+        """What `upgrade=True` does on open, for a store opened without it: bring an older
+        schema to SCHEMA_VERSION after writing a backup beside the file. None when it was
+        already current (nothing written). SchemaTooNew when it is newer; StorageError
+        when the file is busy past the timeout, with nothing migrated."""
+        with self._lock:
+            try:
+                found = self._read_version()
+                if found > SCHEMA_VERSION:
+                    raise SchemaTooNew(
+                        f"{self.path} has schema version {found}, newer than this execkit "
+                        f"knows ({SCHEMA_VERSION})"
+                    )
+                done = self._bring_up(found)
+            except sqlite3.Error as exc:
+                raise StorageError(f"cannot migrate ledger database {self.path}: {exc}") from exc
+            self._outdated = False
+            if done is not None:
+                self.migration = done
+            return done
 
     def _end_transaction(self) -> None:
         if self._conn.in_transaction:
@@ -872,27 +899,30 @@ class SqliteLedger(LedgerCore):
         self.close()
 
     def status_info(self) -> dict[str, Any]:
-        """Facts for `execkit db status` (JSON-safe)."""
+        """Facts for `execkit db status` (JSON-safe); works on an older schema too."""
         return self._sqlite.info()
+
+    def where(self) -> tuple[str, str]:
+        """Where this ledger is, as a labelled value for an operator: `("path", FILE)`, the
+        file as it was named (not resolved, unlike `location()`)."""
+        return "path", str(self.path)
+
+    def migrate(self, *, backed_up: bool = False) -> Migration:
+        """Bring an older schema to SCHEMA_VERSION, writing a backup beside the file first
+        (a ledger opened with `upgrade=False` is then usable); returns what was done, with
+        `backup_path` None (nothing written) when it was already current.
+
+        `backed_up` is a PostgreSQL ledger's business (execkit cannot copy a server's
+        database, so there the operator takes the dump): a file is backed up by execkit
+        itself, whatever it says. SchemaTooNew when the file is newer than this execkit.
+        """
+        done = self._sqlite.upgrade()
+        if done is not None:
+            self.migration = done
+            return done
+        return Migration(from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_path=None)
 
     @property
     def _conn(self) -> sqlite3.Connection:
         """The raw connection, for tests that look under the rules at the stored rows."""
         return self._sqlite._conn
-
-
-def migrate(
-    path: str | os.PathLike[str],
-    *,
-    budget: WorkBudget = _DEFAULT_BUDGET,
-    backoff: Backoff = SCHEDULER_BACKOFF,
-) -> Migration:
-    """Bring an existing ledger file to `SCHEMA_VERSION`, writing a backup first.
-
-    Returns what was done; `backup_path` is None (and nothing is written) when the file is
-    already current. NotFound when there is no file; SchemaTooNew when it is newer.
-    """
-    with SqliteLedger(path, budget=budget, backoff=backoff, create=False) as ledger:
-        if ledger.migration is not None:
-            return ledger.migration
-        return Migration(from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_path=None)
