@@ -672,9 +672,13 @@ class LedgerCore:
             if expired is not None:
                 why = f"lease expired at {_when(expired.lease_expires_at or at)}: not renewed"
                 task = self._abandon(tx, task, expired, at, why)
-            refused = self._admission_refusal(task, at, cap, forced, ignore_backoff)
+            # Decided once: the refusal and the admission's audit read the same decision.
+            decision = self._decide(task, at, cap, force=forced)
+            refused = self._admission_refusal(task, decision, at, ignore_backoff)
             if refused is None:
-                return self._admit(tx, task, at, who, request_key, fingerprint, forced, lease, cap)
+                return self._admit(
+                    tx, task, decision, at, who, request_key, fingerprint, forced, lease
+                )
             if expired is None:
                 raise refused
             # Leaving the block commits the abandonment: it stands whether or not this
@@ -682,14 +686,8 @@ class LedgerCore:
         raise refused
 
     def _admission_refusal(
-        self,
-        task: TaskRecord,
-        at: float,
-        cap: DispatchCap | None,
-        forced: bool,
-        ignore_backoff: bool,
+        self, task: TaskRecord, decision: Decision, at: float, ignore_backoff: bool
     ) -> AdmissionRefused | None:
-        decision = self._decide(task, at, cap, force=forced)
         refusal = _refusal(task, decision)
         if refusal is not None:
             return refusal
@@ -706,17 +704,16 @@ class LedgerCore:
         self,
         tx: Tx,
         task: TaskRecord,
+        decision: Decision,
         at: float,
         who: Actor,
         request_key: str,
         fingerprint: str,
         forced: bool,
         lease: float,
-        cap: DispatchCap | None,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
-        decision = self._decide(task, at, cap, force=forced)
         run = tx.insert_run(
             Run(
                 id="",

@@ -94,30 +94,31 @@ GRANT_COLUMNS = ("principal", "role", "granted_by", "granted_at")
 _E = TypeVar("_E", bound=enum.Enum)
 
 
-def domain(kind: type[_E], value: Any, where: str) -> _E:
+def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
     """A stored value as its enum; one this execkit does not know is a StorageError
-    naming the row (`where`)."""
+    naming the row: `where`, formatted with `keys` (`"run {!r} status", run_id`) only
+    then, as every row read passes through here."""
     try:
         return kind(value)
     except ValueError:
         allowed = ", ".join(str(member.value) for member in kind)
         raise StorageError(
-            f"{where} holds {value!r}, which is not one of {allowed}; "
+            f"{where.format(*keys)} holds {value!r}, which is not one of {allowed}; "
             "`execkit db check` lists every such row"
         ) from None
 
 
 def run_from_row(row: NamedRow) -> Run:
-    where = f"run {row['id']!r}"
+    run_id = row["id"]
     failure_class = row["failure_class"]
     return Run(
-        id=row["id"],
+        id=run_id,
         task_id=row["task_id"],
         attempt=row["attempt"],
-        status=domain(AttemptStatus, row["status"], f"{where} status"),
+        status=domain(AttemptStatus, row["status"], "run {!r} status", run_id),
         failure_class=None
         if failure_class is None
-        else domain(FailureClass, failure_class, f"{where} class"),
+        else domain(FailureClass, failure_class, "run {!r} class", run_id),
         reason=row["reason"],
         request_key=row["request_key"],
         actor=row["actor"],
@@ -186,7 +187,7 @@ def task_from_row(row: NamedRow) -> TaskRecord:
     return TaskRecord(
         id=row["id"],
         title=row["title"],
-        status=domain(TaskStatus, row["status"], f"task {row['id']!r} status"),
+        status=domain(TaskStatus, row["status"], "task {!r} status", row["id"]),
         created_by=row["created_by"],
         created_at=row["created_at"],
         max_attempts=row["max_attempts"],
