@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 
 from execkit import FailureClass
-from execkit.ledger import SqliteLedger
+from execkit.ledger import open_ledger
 
 _TASKS_PER_WORKER = 50  # keeps each task's history short, as in real use
 
 
 def _prepare_ledger(db: Path, workers: int) -> list[list[str]]:
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         return [
             [
                 ledger.create_task(f"bench {w}.{i}", max_attempts=10000, actor="bench").id
@@ -43,7 +43,7 @@ def _prepare_ledger(db: Path, workers: int) -> list[list[str]]:
 
 
 def _admit(db: str, task_ids: list[str], count: int, tag: str, start_at: float) -> float:
-    ledger = SqliteLedger(db)
+    ledger = open_ledger(db)
     while time.time() < start_at:
         time.sleep(0.001)
     began = time.perf_counter()
@@ -108,7 +108,7 @@ def _history_rows(db: Path, history: int, rounds: int) -> tuple[float, float]:
         clock += 3600.0
         return clock
 
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         old = ledger.create_task("long history", max_attempts=10000, actor="bench").id
         for n in range(history):
             run = ledger.start_run(old, request_key=f"h{n}", actor="bench", now=later())

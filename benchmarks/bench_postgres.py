@@ -27,7 +27,7 @@ from pathlib import Path
 
 import bench_ledger
 
-from execkit.ledger._postgres import PostgresLedger
+from execkit.ledger import open_ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import pgcluster
@@ -48,7 +48,7 @@ def _schema(url: str, prefix: str) -> str:
 
 
 def _prepare_ledger(url: str, workers: int) -> list[list[str]]:
-    with PostgresLedger(url) as ledger:
+    with open_ledger(url) as ledger:
         return [
             [
                 ledger.create_task(f"bench {w}.{i}", max_attempts=10000, actor="bench").id
@@ -59,7 +59,7 @@ def _prepare_ledger(url: str, workers: int) -> list[list[str]]:
 
 
 def _admit(url: str, task_ids: list[str], count: int, tag: str, start_at: float) -> float:
-    ledger = PostgresLedger(url)
+    ledger = open_ledger(url)
     while time.time() < start_at:
         time.sleep(0.001)
     began = time.perf_counter()

@@ -73,6 +73,7 @@ __all__ = [
     "NextAction",
     "Plan",
     "ReplanDecision",
+    "TaskState",
     "WorkBudget",
     "decide",
     "decide_replans",
@@ -95,14 +96,28 @@ class AttemptStatus(enum.StrEnum):
     ABANDONED = "abandoned"
 
 
-class DecisionState(enum.StrEnum):
-    """What the policies say about a history now."""
+class TaskState(enum.StrEnum):
+    """A task's state: what the policies say about its history now (`Decision.state`), or
+    `cancelled`.
+
+    The policies return the first five; `cancelled` is never a decision (no history ends in
+    it): only the ledger sets it, for a task an operator cancelled (`Task.state`). One enum
+    for both, so the dispatcher and the CLI compare a decision and a task with the same
+    members. It lives here, below the ledger that also uses it, because the policies are
+    where a state is decided. `DecisionState` is the same class under its older name.
+    """
 
     READY = "ready"
     RUNNING = "running"
     BACKOFF = "backoff"
     DONE = "done"
     BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+
+
+DecisionState = TaskState
+"""The name `Decision.state` was first published under (public API, in the docs): the
+very same enum, so `TaskState.BLOCKED is TaskState.BLOCKED`."""
 
 
 class BlockedOn(enum.StrEnum):
@@ -246,7 +261,7 @@ class DispatchCap:
 class Decision:
     """What the policies say about the next attempt; `to_dict()` is JSON-safe."""
 
-    state: DecisionState
+    state: TaskState  # never cancelled
     blocked_on: BlockedOn | None
     next_action: NextAction
     next_attempt_at: float | None
@@ -485,7 +500,7 @@ def decide_summary(
         remaining = max(0, budget.max_attempts - charged)
 
     def result(
-        state: DecisionState,
+        state: TaskState,
         next_action: NextAction,
         reason: str | None,
         blocked_on: BlockedOn | None = None,
@@ -506,18 +521,16 @@ def decide_summary(
     last = summary.last
     if last is None:
         # Every bound is >= 1, so nothing can bind an empty history.
-        return result(DecisionState.READY, NextAction.RUN, "no attempts yet")
+        return result(TaskState.READY, NextAction.RUN, "no attempts yet")
     if last.status is AttemptStatus.SUCCEEDED:
         # Finished stays finished: raising a limit never reopens it (ADR 0033).
-        return result(DecisionState.DONE, NextAction.NONE, f"succeeded on attempt {last.number}")
+        return result(TaskState.DONE, NextAction.NONE, f"succeeded on attempt {last.number}")
     if summary.running is not None:
-        return result(
-            DecisionState.RUNNING, NextAction.WAIT, f"attempt {summary.running} is running"
-        )
+        return result(TaskState.RUNNING, NextAction.WAIT, f"attempt {summary.running} is running")
 
     blocked = _blocked(summary, budget, limit, cap, force)
     if blocked is not None:
-        return result(DecisionState.BLOCKED, NextAction.NONE, blocked[1], blocked_on=blocked[0])
+        return result(TaskState.BLOCKED, NextAction.NONE, blocked[1], blocked_on=blocked[0])
 
     # Every attempt here ended without success, so the failure run is the whole history.
     reference = last.ended_at if last.ended_at is not None else last.started_at
@@ -530,11 +543,11 @@ def decide_summary(
         next_at = last.not_before
         waiting = f"waiting for the vendor's reset time after attempt {last.number}"
     if next_at is None:  # a legacy record without times: nothing to wait from
-        return result(DecisionState.READY, NextAction.RUN, f"retry after attempt {last.number}")
+        return result(TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}")
     if now < next_at and not ignore_backoff:
-        return result(DecisionState.BACKOFF, NextAction.WAIT, waiting, next_attempt_at=next_at)
+        return result(TaskState.BACKOFF, NextAction.WAIT, waiting, next_attempt_at=next_at)
     return result(
-        DecisionState.READY,
+        TaskState.READY,
         NextAction.RUN,
         f"retry after attempt {last.number}",
         next_attempt_at=next_at,
@@ -590,7 +603,7 @@ class Plan:
 class ReplanDecision:
     """What the replan budget says about planning again; `to_dict()` is JSON-safe."""
 
-    state: DecisionState  # never backoff
+    state: TaskState  # never backoff or cancelled
     blocked_on: BlockedOn | None  # None | environment | upstream | work
     next_action: NextAction
     reason: str | None
@@ -619,7 +632,7 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
     streak, upstream_reason = summary.uncharged_streak, summary.streak_reason
 
     def result(
-        state: DecisionState,
+        state: TaskState,
         next_action: NextAction,
         reason: str | None,
         blocked_on: BlockedOn | None = None,
@@ -637,30 +650,30 @@ def decide_replans(plans: Sequence[Plan], max_replans: int) -> ReplanDecision:
 
     last = summary.last
     if last is None:
-        return result(DecisionState.READY, NextAction.RUN, "no plans yet")
+        return result(TaskState.READY, NextAction.RUN, "no plans yet")
     if last.status is AttemptStatus.SUCCEEDED:
-        return result(DecisionState.DONE, NextAction.NONE, f"plan {last.number} succeeded")
+        return result(TaskState.DONE, NextAction.NONE, f"plan {last.number} succeeded")
     if summary.running is not None:
-        return result(DecisionState.RUNNING, NextAction.WAIT, f"plan {summary.running} is running")
+        return result(TaskState.RUNNING, NextAction.WAIT, f"plan {summary.running} is running")
     if _is_environment(last.status, last.failure_class):
         return result(
-            DecisionState.BLOCKED,
+            TaskState.BLOCKED,
             NextAction.NONE,
             _environment_reason(last.reason),
             BlockedOn.ENVIRONMENT,
         )
     if streak >= MAX_UNCHARGED_REPLANS:
         return result(
-            DecisionState.BLOCKED,
+            TaskState.BLOCKED,
             NextAction.NONE,
             _upstream_reason(upstream_reason, streak),
             BlockedOn.UPSTREAM,
         )
     if charged >= max_replans:
         return result(
-            DecisionState.BLOCKED,
+            TaskState.BLOCKED,
             NextAction.NONE,
             f"charged replan budget spent: {charged} of {max_replans} replans",
             BlockedOn.WORK,
         )
-    return result(DecisionState.READY, NextAction.RUN, f"replan after plan {last.number}")
+    return result(TaskState.READY, NextAction.RUN, f"replan after plan {last.number}")

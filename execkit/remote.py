@@ -58,8 +58,7 @@ from execkit._errors import (
     error_types,
 )
 from execkit._proof import AgentFailed
-from execkit.ledger import DEFAULT_LEASE_S, Actor, AuditEvent, Grant, Run, Task
-from execkit.ledger._core import attempt_from_run
+from execkit.ledger import DEFAULT_LEASE_S, Actor, AuditEvent, Grant, Run, Task, attempt_from_run
 
 __all__ = [
     "ATTEMPT_LIMITS",

@@ -15,8 +15,7 @@ from typing import Any
 
 from pgcluster import Cluster
 
-from execkit.ledger import SqliteLedger
-from execkit.ledger._postgres import PostgresLedger, is_postgres_url
+from execkit.ledger import PostgresLedger, SqliteLedger, open_ledger
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -32,10 +31,13 @@ at once) and returns the rows: for damage only a bug or a hand edit could do."""
 
 
 def open_at(target: str, **options: Any) -> AnyLedger:
-    """The ledger at `target`: PostgreSQL for a URL, else the SQLite file at that path."""
-    if is_postgres_url(target):
-        return PostgresLedger(target, **options)
-    return SqliteLedger(target, **options)
+    """The ledger at `target` (`open_ledger`: PostgreSQL for a URL, else the SQLite file at
+    that path), with `open_ledger`'s options."""
+    return open_ledger(target, **options)
+
+
+def is_postgres_url(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
 
 
 def raw_sql_at(target: str) -> RawSql:

@@ -735,12 +735,12 @@ def test_threaded_parallel_that_swallows_failures_keeps_every_class(tmp_path: Pa
 def test_a_heartbeat_keeps_the_runs_lease_while_the_agent_runs_and_waits(
     tmp_path: Path,
 ) -> None:
-    from execkit.ledger import SqliteLedger
+    from execkit.ledger import open_ledger
 
     script = tmp_path / "slow-agent"
     script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(0.8)\nprint('done')\n")
     script.chmod(0o755)
-    with SqliteLedger(tmp_path / "ledger.db") as ledger:
+    with open_ledger(tmp_path / "ledger.db") as ledger:
         task = ledger.create_task("t", actor="alice")
         run = ledger.start_run(task.id, request_key="k", actor="alice", lease_s=0.3)
         renewals: list[float] = []

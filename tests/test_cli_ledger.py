@@ -28,7 +28,7 @@ import pytest
 
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
-from execkit.ledger import CAPABILITIES, SCHEMA_VERSION, SqliteLedger
+from execkit.ledger import CAPABILITIES, SCHEMA_VERSION, open_ledger
 from execkit.ledger._sqlite import _SCHEMA_STEPS
 
 ME = pwd.getpwuid(os.geteuid()).pw_name  # who the CLI says acts: the OS user, no flag
@@ -261,7 +261,7 @@ def test_roles_are_grants_in_the_ledger_not_claims(cli: Cli) -> None:
         "forbidden", "task", "set-attempt-limit", "t-1", "4", "--expected", "1"
     )
     assert "owner" in cli.error("forbidden", "role", "grant", ME, "agent.operate")
-    with SqliteLedger(cli.db) as ledger:
+    with open_ledger(cli.db) as ledger:
         ledger.grant_role(ME, "agent.operate", actor=owner)
     code, raised, _ = cli("task", "set-attempt-limit", "t-1", "4", "--expected", "1")
     assert (code, raised["max_attempts"]) == (0, 4)
@@ -408,7 +408,7 @@ def test_db_check_names_an_empty_file_and_db_init_is_the_only_way_over_it(local_
 
 def test_db_check_repair_abandons_an_expired_run(cli: Cli) -> None:
     cli("task", "create", "t")
-    with SqliteLedger(cli.db) as ledger:
+    with open_ledger(cli.db) as ledger:
         ledger.start_run("t-1", request_key="k", actor="a", now=100.0, lease_s=10)
     code, check, _ = cli("db", "check")
     assert code == EXIT_CODES["invalid_history"]
@@ -436,7 +436,7 @@ def test_db_migrate_upgrades_a_version_1_file_and_names_the_backup(local_cli: Cl
 
 
 def test_a_newer_file_is_refused_by_every_command(local_cli: Cli) -> None:
-    with SqliteLedger(local_cli.db) as ledger:
+    with open_ledger(local_cli.db) as ledger:
         ledger.create_task("t", actor="a")
     conn = sqlite3.connect(local_cli.db)
     conn.execute("INSERT INTO schema_version VALUES (99, 1.0)")

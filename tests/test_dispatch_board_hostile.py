@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from execkit._errors import ExecKitError, Forbidden, InvalidInput
 from execkit.dispatch import BoardIssue, Dispatcher, JsonFileBoard, RunOutcome
-from execkit.ledger import SqliteLedger
+from execkit.ledger import open_ledger
 
 GOOD = {"states": [{"name": "todo", "eligible": True}, "done"], "issues": []}
 
@@ -55,7 +55,7 @@ def test_the_dispatcher_refuses_a_board_others_can_write(tmp_path: Path, mode: i
     doc = {**GOOD, "issues": [{"id": "A", "state": "todo", "argv": ["true"]}]}
     path = write(tmp_path / "b.json", json.dumps(doc).encode())
     path.chmod(mode)
-    with SqliteLedger(tmp_path / "l.db") as ledger:
+    with open_ledger(tmp_path / "l.db") as ledger:
         with pytest.raises(Forbidden, match="chmod"):
             Dispatcher(JsonFileBoard(path), Never(), ledger).tick()
         assert ledger.list_tasks() == []
@@ -66,7 +66,7 @@ def test_a_board_in_a_folder_others_can_write_is_refused_unless_sticky(tmp_path:
     shared.mkdir()
     path = write(shared / "b.json", json.dumps(GOOD).encode())
     shared.chmod(0o777)
-    with SqliteLedger(tmp_path / "l.db") as ledger:
+    with open_ledger(tmp_path / "l.db") as ledger:
         with pytest.raises(Forbidden, match="folder"):
             Dispatcher(JsonFileBoard(path), Never(), ledger).tick()
         shared.chmod(0o1777)  # sticky, like /tmp: others cannot replace our file
@@ -78,7 +78,7 @@ def test_a_board_owned_by_another_user_is_refused(tmp_path: Path) -> None:
         pytest.skip("needs root to give the file to another user")
     path = write(tmp_path / "b.json", json.dumps(GOOD).encode())
     os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
-    with SqliteLedger(tmp_path / "l.db") as ledger, pytest.raises(Forbidden, match="another"):
+    with open_ledger(tmp_path / "l.db") as ledger, pytest.raises(Forbidden, match="another"):
         Dispatcher(JsonFileBoard(path), Never(), ledger).tick()
 
 

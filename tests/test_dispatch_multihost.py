@@ -29,7 +29,7 @@ from ledger_backends import AnyLedger
 
 from execkit._classify import FailureClass
 from execkit.dispatch import BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard, RunOutcome
-from execkit.ledger._postgres import PostgresLedger
+from execkit.ledger import Ledger, open_ledger
 
 BIN = REPO / "fixtures" / "bin"
 SLOW = str(BIN / "fake-agent-slow")
@@ -99,7 +99,7 @@ def test_three_cli_dispatchers_share_one_board_and_one_ledger(pg_url: str, tmp_p
         )
     board = write_board(tmp_path / "board.json", issues, dispatch={"max_attempts": 2, **FAST})
     board.chmod(0o600)
-    with PostgresLedger(pg_url):
+    with open_ledger(pg_url):
         pass  # the schema, once, before the race
     command = [sys.executable, "-m", "execkit", "dispatch", "--board", str(board)]
     command += ["--adapter", "generic", "--db", pg_url, "--interval", "0.05"]
@@ -128,7 +128,7 @@ def test_three_cli_dispatchers_share_one_board_and_one_ledger(pg_url: str, tmp_p
     assert {k: len(v) for k, v in spans.items()} == {f"I{n}": 2 if n % 2 else 1 for n in range(6)}
     states = {i["id"]: i["state"] for i in json.loads(board.read_text())["issues"]}
     assert states == {f"I{n}": "blocked" if n % 2 else "done" for n in range(6)}
-    with PostgresLedger(pg_url) as ledger:
+    with open_ledger(pg_url) as ledger:
         assert ledger.validate() == []
         owners = set()
         for task in ledger.list_tasks():
@@ -187,7 +187,7 @@ def test_a_sigkilled_dispatcher_loses_its_claim_when_the_lease_expires(
     ]
     board = write_board(tmp_path / "board.json", issues, dispatch={"max_attempts": 3, **FAST})
     board.chmod(0o600)
-    ledger = PostgresLedger(pg_url)
+    ledger = open_ledger(pg_url)
 
     def start() -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -258,7 +258,7 @@ def test_a_sigkilled_dispatcher_loses_its_claim_when_the_lease_expires(
     ledger.close()
 
 
-def task_of(ledger: PostgresLedger, issue_id: str) -> str:
+def task_of(ledger: Ledger, issue_id: str) -> str:
     return next(t.id for t in ledger.list_tasks() if t.title == f"board:{issue_id}")
 
 

@@ -23,7 +23,7 @@ from execkit.dispatch import (
     JsonFileBoard,
     RunOutcome,
 )
-from execkit.ledger import SqliteLedger, open_ledger
+from execkit.ledger import open_ledger
 
 T0 = 1_700_000_000.0
 WORK = RunOutcome("failed", FailureClass.WORK, "default", detail="wrong answer")
@@ -203,8 +203,8 @@ def test_the_lease_is_renewed_while_the_runner_runs(tmp_path: Path) -> None:
 def test_a_board_file_remembers_its_ledger_and_refuses_another(tmp_path: Path) -> None:
     board = JsonFileBoard.create(tmp_path / "board.json", [BoardIssue("ISS-1", "t", "todo")])
     assert board.ledger_binding() is None
-    with SqliteLedger(tmp_path / "one.db") as one:
+    with open_ledger(tmp_path / "one.db") as one:
         Dispatcher(board, Scripted(OK), one, clock=Clock()).tick()
         assert board.ledger_binding() == (one.ledger_id(), str((tmp_path / "one.db").resolve()))
-    with SqliteLedger(tmp_path / "two.db") as two, pytest.raises(Conflict, match="belongs to"):
+    with open_ledger(tmp_path / "two.db") as two, pytest.raises(Conflict, match="belongs to"):
         Dispatcher(board, Scripted(OK), two, clock=Clock()).tick()

@@ -30,7 +30,7 @@ from execkit._exec.result import REDACT_CONTEXT
 from execkit._exec.tail import _BINARY_SHARE
 from execkit.cli import main
 from execkit.cli._decide import _parse_attempt, attempt_to_json
-from execkit.ledger import SqliteLedger
+from execkit.ledger import open_ledger
 
 DOCS = REPO / "docs"
 SCHEMAS = DOCS / "schemas"
@@ -299,7 +299,7 @@ def _status_exit(
     path.write_text(json.dumps(board), encoding="utf-8")
     # An empty ledger: `status` reads the board and its dispatch settings, then finds no
     # task for any issue (it refuses to print a table of blanks).
-    SqliteLedger(tmp_path / "empty.db").close()
+    open_ledger(tmp_path / "empty.db").close()
     code = main(["status", "--board", str(path), "--db", str(tmp_path / "empty.db")])
     err = capsys.readouterr().err
     return code, err

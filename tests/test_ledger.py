@@ -1,10 +1,11 @@
 """The ledger's operations on both backends (a real file, a real PostgreSQL server): tasks,
-runs, limits, idempotency, audit. The SQLite-only checks (files, WAL) open `SqliteLedger`
-themselves and run once."""
+runs, limits, idempotency, audit. The SQLite-only checks (files, WAL) open a file with
+`open_ledger` themselves and run once."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -27,13 +28,14 @@ from execkit.ledger import (
     CAPABILITIES,
     OPERATE_ROLE,
     SCHEMA_VERSION,
-    SqliteLedger,
     default_db_path,
+    ledger_status,
+    migrate,
     open_ledger,
 )
 
 # `ledger`, `opener`, `ledger_target` and `raw_sql` (conftest.py) run each test below on
-# SQLite and on PostgreSQL; the tests of SQLite files open `SqliteLedger` themselves.
+# SQLite and on PostgreSQL; the tests of SQLite files open a file themselves.
 
 
 def _fail(ledger: AnyLedger, task_id: str, key: str, **finish: object) -> None:
@@ -90,7 +92,7 @@ def test_open_ledger_creates_the_default_file_in_wal_mode(
 
 def test_create_false_refuses_a_missing_file_and_creates_nothing(tmp_path: Path) -> None:
     with pytest.raises(NotFound, match="no ledger"):
-        SqliteLedger(tmp_path / "missing.db", create=False)
+        open_ledger(tmp_path / "missing.db", create=False)
     assert not (tmp_path / "missing.db").exists()
 
 
@@ -98,8 +100,52 @@ def test_a_non_ledger_file_is_refused(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(StorageError, match="not a usable ledger"):
-        SqliteLedger(junk)
+        open_ledger(junk)
     assert junk.read_bytes() == b"this is not sqlite at all" * 100
+
+
+def test_open_options_mean_the_same_on_either_backend(ledger_target: str, backend: str) -> None:
+    # Nothing there yet: neither a read nor `create=False` makes a ledger.
+    with pytest.raises(NotFound, match="no ledger"):
+        open_ledger(ledger_target, create=False)
+    with pytest.raises(NotFound, match="no ledger"):
+        ledger_status(ledger_target)
+    with pytest.raises(NotFound, match="no ledger"):
+        migrate(ledger_target, backed_up=True)
+    with open_ledger(ledger_target, create=True) as made:
+        assert made.migration is not None and made.migration.from_version == 0
+        key, where = made.where()
+        assert (key, where) == (
+            ("path", ledger_target) if backend == "sqlite" else ("url", ledger_target)
+        )
+        made.create_task("t", actor="a")
+    with open_ledger(ledger_target, create=False, upgrade=False) as again:
+        assert again.migration is None and again.get_task("t-1").title == "t"
+    status = ledger_status(ledger_target)
+    assert (status["tasks"], status["needs_migration"]) == (1, False)
+    assert status[key] == ledger_target
+    # Already current: migrating does nothing, whatever the backup flag says.
+    for backed_up in (False, True):
+        done = migrate(ledger_target, backed_up=backed_up)
+        assert done.from_version == done.to_version
+
+
+def test_lock_timeout_bounds_the_wait_for_another_writer(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    open_ledger(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        with (
+            open_ledger(db, lock_timeout_s=0.1) as impatient,
+            pytest.raises(StorageError, match="busy"),
+        ):
+            impatient.create_task("t", actor="a")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with open_ledger(db) as ledger:
+        assert ledger.list_tasks() == []
 
 
 # -- creation and idempotency -------------------------------------------------------------

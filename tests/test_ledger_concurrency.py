@@ -132,7 +132,7 @@ open_ledger(db).start_run(task_id, request_key="doomed", actor="crasher")
 _SEAMS = {"sqlite": "execkit.ledger._sqlite", "postgres": "execkit.ledger._postgres"}
 # Opening a second ledger while the child holds its admission open: SQLite must not wait
 # out the writer's lock; PostgreSQL's reads never wait for a writer.
-_SECOND = {"sqlite": {"busy_timeout_s": 0.2}, "postgres": {}}
+_SECOND = {"sqlite": {"lock_timeout_s": 0.2}, "postgres": {}}
 
 
 def test_sigkill_inside_the_admission_transaction_leaves_no_run(

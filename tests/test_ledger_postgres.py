@@ -33,8 +33,15 @@ from execkit._errors import (
     TaskBlocked,
 )
 from execkit.cli._output import EXIT_CODES
-from execkit.ledger import SqliteLedger, default_db_path, open_ledger
-from execkit.ledger._postgres import PostgresLedger, migrate_postgres, public_url
+from execkit.ledger import (
+    PostgresLedger,
+    PostgresMigration,
+    SqliteLedger,
+    default_db_path,
+    migrate,
+    open_ledger,
+)
+from execkit.ledger._postgres import public_url
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,9 +61,16 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
+def open_pg(url: str, **options: Any) -> PostgresLedger:
+    """The PostgreSQL ledger at `url`, opened as everything opens one (`open_ledger`)."""
+    ledger = open_ledger(url, **options)
+    assert isinstance(ledger, PostgresLedger)
+    return ledger
+
+
 @pytest.fixture
 def pg(pg_url: str) -> Iterator[PostgresLedger]:
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         yield ledger
 
 
@@ -131,7 +145,7 @@ def test_execkit_dispatch_takes_a_url_for_db(pg_url: str, tmp_path: Path) -> Non
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert done.returncode == 0, done.stderr
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         # The board is bound to this ledger: its id and its password-free URL.
         bound = json.loads(board.read_text())
         assert ledger.ledger_id() in json.dumps(bound)
@@ -146,13 +160,13 @@ def test_owner_and_id_are_stored_at_creation(pg_url: str, monkeypatch: pytest.Mo
     # The creator is the operating-system user, as the CLI's actor is: never $USER.
     for variable in ("USER", "LOGNAME", "LNAME", "USERNAME"):
         monkeypatch.setenv(variable, "mallory")
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         first_id = ledger.ledger_id()
         assert len(first_id) == 32
         assert ledger._store.owner() == me
     rows = dict(sql(pg_url, "SELECT key, value FROM ledger_meta"))
     assert rows == {"ledger_id": first_id, "owner": me}
-    with PostgresLedger(pg_url) as again:
+    with open_pg(pg_url) as again:
         assert again.ledger_id() == first_id
         assert again.migration is None
         assert again.schema_version() == backend.SCHEMA_VERSION
@@ -165,13 +179,13 @@ def test_the_password_is_never_shown(pg_url: str) -> None:
     for url in (with_user, as_param):
         assert secret not in public_url(url)
         # trust authentication ignores the password: the ledger opens, and never shows it
-        with PostgresLedger(url) as ledger:
+        with open_pg(url) as ledger:
             assert secret not in ledger.location()
             assert secret not in json.dumps(ledger.status_info())
             assert ledger.location() == pg_url
     unreachable = f"postgresql://postgres:{secret}@/execkit?host=/nonexistent-dir&port=1"
     with pytest.raises(StorageError, match="cannot connect") as failed:
-        PostgresLedger(unreachable)
+        open_pg(unreachable)
     assert secret not in failed.value.message
     assert "postgresql://postgres@/execkit" in failed.value.message
 
@@ -269,10 +283,10 @@ def test_two_admissions_on_one_task_queue_on_its_row_lock(
     pg_url: str, hold_admission: tuple[threading.Event, threading.Event]
 ) -> None:
     release, inserted = hold_admission
-    with PostgresLedger(pg_url) as setup:
+    with open_pg(pg_url) as setup:
         task = setup.create_task("t", max_attempts=5, actor="a")
         other = setup.create_task("u", max_attempts=5, actor="a")
-    first = PostgresLedger(pg_url)
+    first = open_pg(pg_url)
     results: dict[str, Any] = {}
 
     def admit(name: str, ledger: PostgresLedger, task_id: str) -> None:
@@ -285,7 +299,7 @@ def test_two_admissions_on_one_task_queue_on_its_row_lock(
     victim.start()
     try:
         assert inserted.wait(30)
-        with PostgresLedger(pg_url, lock_timeout_s=0.3) as impatient:
+        with open_pg(pg_url, lock_timeout_s=0.3) as impatient:
             # The first admission holds the task's row: a second one waits for it ...
             started = time.monotonic()
             with pytest.raises(StorageError, match="ledger busy"):
@@ -294,7 +308,7 @@ def test_two_admissions_on_one_task_queue_on_its_row_lock(
             # ... and sees nothing uncommitted meanwhile; another task is not held up.
             assert impatient.runs(task.id) == []
             assert impatient.start_run(other.id, request_key="o", actor="b").attempt == 1
-        second = PostgresLedger(pg_url)
+        second = open_pg(pg_url)
         waiter = threading.Thread(target=admit, args=("second", second, task.id))
         waiter.start()
         time.sleep(0.3)
@@ -311,15 +325,15 @@ def test_two_admissions_on_one_task_queue_on_its_row_lock(
     # The second admission decided on the first one's committed run.
     assert isinstance(results["second"], TaskBlocked), results["second"]
     assert "still running" in results["second"].message
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         assert [r.request_key for r in ledger.runs(task.id)] == ["first"]
         assert ledger.validate() == []
 
 
 def test_concurrent_first_uses_of_one_key_create_one_task(pg_url: str) -> None:
-    with PostgresLedger(pg_url):
+    with open_pg(pg_url):
         pass
-    ledgers = [PostgresLedger(pg_url) for _ in range(6)]
+    ledgers = [open_pg(pg_url) for _ in range(6)]
     barrier = threading.Barrier(len(ledgers))
     ids: list[str] = []
     errors: list[BaseException] = []
@@ -381,7 +395,7 @@ def test_a_newer_schema_is_refused_with_nothing_written(pg: PostgresLedger, pg_u
     sql(pg_url, "INSERT INTO schema_version (version, applied_at) VALUES (99, 0)")
     before = sql(pg_url, "SELECT COUNT(*) FROM audit")
     with pytest.raises(SchemaTooNew, match="schema version 99"):
-        PostgresLedger(pg_url)
+        open_pg(pg_url)
     assert sql(pg_url, "SELECT COUNT(*) FROM audit") == before
     assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(99,)]
 
@@ -389,10 +403,10 @@ def test_a_newer_schema_is_refused_with_nothing_written(pg: PostgresLedger, pg_u
 def test_foreign_tables_and_a_missing_ledger(pg_url: str, pg_schemas: PgSchemas) -> None:
     sql(pg_url, "CREATE TABLE tasks (id integer)")
     with pytest.raises(StorageError, match="no execkit ledger"):
-        PostgresLedger(pg_url)
+        open_pg(pg_url)
     empty = pg_schemas.new()
     with pytest.raises(NotFound, match="no ledger"):
-        PostgresLedger(empty, create=False)
+        open_pg(empty, create=False)
     assert sql(empty, "SELECT COUNT(*) FROM pg_tables WHERE schemaname = current_schema()") == [
         (0,)
     ]
@@ -410,7 +424,7 @@ def test_concurrent_creations_and_migrations_serialise_on_the_advisory_lock(
 
     def open_one() -> None:
         try:
-            opened.append(PostgresLedger(pg_url))
+            opened.append(open_pg(pg_url))
         except BaseException as exc:
             errors.append(exc)
 
@@ -435,7 +449,7 @@ def test_concurrent_creations_and_migrations_serialise_on_the_advisory_lock(
 def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         task = ledger.create_task("kept", max_attempts=3, actor="a")
         ledger.start_run(task.id, request_key="k", actor="a")
         before = ledger.get_task(task.id)
@@ -443,7 +457,7 @@ def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
     steps = {**backend._SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
     monkeypatch.setattr(backend, "_SCHEMA_STEPS", steps)
     monkeypatch.setattr(backend, "SCHEMA_VERSION", 2)
-    with PostgresLedger(pg_url) as outdated:
+    with open_pg(pg_url) as outdated:
         assert outdated.schema_version() == 1
         with pytest.raises(StorageError, match="back it up first") as refused:
             outdated.get_task(task.id)
@@ -453,15 +467,51 @@ def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
         assert "--schema=" in message
         assert outdated.status_info()["needs_migration"] is True
     assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]
-    done = migrate_postgres(pg_url)
+    # Without the operator's word that the dump was taken, migrate names it and waits.
+    with pytest.raises(InvalidInput, match="pg_dump --format=custom") as waiting:
+        migrate(pg_url)
+    assert "--backed-up" in waiting.value.message and waiting.value.field == "backed_up"
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]
+    done = migrate(pg_url, backed_up=True)
+    assert isinstance(done, PostgresMigration)
     assert (done.from_version, done.to_version) == (1, 2)
     assert done.backup_command is not None and done.backup_command.startswith("pg_dump ")
-    assert migrate_postgres(pg_url).backup_command is None  # already current: nothing done
-    with PostgresLedger(pg_url) as migrated:
+    again = migrate(pg_url, backed_up=True)  # already current: nothing done
+    assert isinstance(again, PostgresMigration) and again.backup_command is None
+    assert (again.from_version, again.to_version) == (2, 2)
+    with open_pg(pg_url) as migrated:
         assert migrated.schema_version() == 2
         assert migrated.get_task(task.id) == before
         assert migrated.validate() == []
     assert sql(pg_url, "SELECT COUNT(*) FROM ledger_notes") == [(0,)]
+
+
+def test_an_outdated_ledger_opened_as_is_migrates_in_place_once_backed_up(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    open_pg(pg_url).close()
+    steps = {**backend._SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    monkeypatch.setattr(backend, "_SCHEMA_STEPS", steps)
+    monkeypatch.setattr(backend, "SCHEMA_VERSION", 2)
+    with open_pg(pg_url) as outdated:  # a server's ledger is never migrated by default
+        assert outdated.migration is None
+        with pytest.raises(InvalidInput, match="pg_dump --format=custom"):
+            outdated.migrate()
+        assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]
+        done = outdated.migrate(backed_up=True)
+        assert (done.from_version, done.to_version) == (1, 2)
+        assert outdated.migration == done
+        # Usable at once, its owner known (it was not read while the schema was outdated).
+        assert outdated.grant_role("op", "agent.operate", actor=me).role == "agent.operate"
+    monkeypatch.setattr(
+        backend, "_SCHEMA_STEPS", {**steps, 3: ("CREATE TABLE more_notes (note text)",)}
+    )
+    monkeypatch.setattr(backend, "SCHEMA_VERSION", 3)
+    with open_pg(pg_url, upgrade=True) as upgraded:  # the operator's say-so, on open
+        assert upgraded.migration is not None
+        assert (upgraded.migration.from_version, upgraded.migration.to_version) == (2, 3)
+        assert upgraded.grants()[0].principal == "op"
 
 
 def test_the_db_commands_take_a_url(
@@ -475,7 +525,7 @@ def test_the_db_commands_take_a_url(
         return code, json.loads(printed.out if code == 0 else printed.err)
 
     with pytest.raises(NotFound):
-        PostgresLedger(pg_url, create=False).close()
+        open_pg(pg_url, create=False).close()
     code, created = cli("db", "init")
     assert code == 0 and created["created"] is True and created["ledger_id"]
     assert cli("db", "init") == (0, {**created, "created": False})
@@ -536,7 +586,7 @@ def test_a_dropped_connection_is_replaced_and_a_replayed_key_returns_its_run(
     pg_url: str,
 ) -> None:
     url = f"{pg_url}&application_name=dropped"
-    with PostgresLedger(url) as ledger:
+    with open_pg(url) as ledger:
         task = ledger.create_task("t", max_attempts=3, actor="a")
         run = ledger.start_run(task.id, request_key="k", actor="a")
         # The connection goes away between two calls (the answer to the start was lost,
@@ -553,9 +603,9 @@ def test_a_backend_terminated_mid_admission_writes_nothing_and_the_retry_admits(
 ) -> None:
     release, inserted = hold_admission
     url = f"{pg_url}&application_name=victim"
-    with PostgresLedger(pg_url) as setup:
+    with open_pg(pg_url) as setup:
         task = setup.create_task("t", max_attempts=2, actor="a")
-    victim = PostgresLedger(url)
+    victim = open_pg(url)
     outcome: list[BaseException | object] = []
 
     def admit() -> None:
@@ -577,7 +627,7 @@ def test_a_backend_terminated_mid_admission_writes_nothing_and_the_retry_admits(
     (failure,) = outcome
     assert isinstance(failure, StorageError), failure
     assert "rolled back" in failure.message and "nothing was written" in failure.message
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         assert ledger.runs(task.id) == []
         assert [e.action for e in ledger.audit_events()] == ["task.create"]
         assert ledger.validate() == []
@@ -590,7 +640,7 @@ def test_a_backend_terminated_mid_admission_writes_nothing_and_the_retry_admits(
 def test_a_server_that_is_not_there_is_one_clear_error(tmp_path: Path) -> None:
     url = f"postgresql://postgres@/execkit?host={tmp_path}&port=5432"
     with pytest.raises(StorageError, match="cannot connect to the PostgreSQL server"):
-        PostgresLedger(url, connect_timeout_s=2)
+        open_pg(url, connect_timeout_s=2)
 
 
 _STREAM = r"""
@@ -635,7 +685,7 @@ def test_a_server_crash_in_a_stream_of_admissions_loses_and_doubles_nothing(
 ) -> None:
     """`pg_ctl restart -m immediate` while 4 processes admit on 2 tasks: every run a worker
     was told about is there, nothing else is, histories are valid, and admissions resume."""
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         tasks = [ledger.create_task(f"t{n}", max_attempts=10000, actor="a").id for n in (1, 2)]
     names = [f"w{n}" for n in range(4)]
     workers = [
@@ -681,7 +731,7 @@ def test_a_server_crash_in_a_stream_of_admissions_loses_and_doubles_nothing(
                 worker.wait()
     acked = {run_id: key for result in results for key, run_id, _ in result["acked"]}
     assert sum(result["errors"] for result in results) > 0  # the crash was felt
-    with PostgresLedger(pg_url) as ledger:
+    with open_pg(pg_url) as ledger:
         assert ledger.validate() == []
         stored: dict[str, str] = {}
         for task_id in tasks:

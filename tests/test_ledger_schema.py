@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from execkit._errors import SchemaTooNew, StorageError
-from execkit.ledger import SCHEMA_VERSION, Migration, SqliteLedger, migrate
+from execkit.ledger import SCHEMA_VERSION, Migration, ledger_status, migrate, open_ledger
 from execkit.ledger._sqlite import _SCHEMA_STEPS
 
 
@@ -150,7 +150,7 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
     before = {table: _rows(db, table) for table in ("tasks", "runs", "audit", "idempotency")}
     sql_before = _table_sql(db)
 
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         assert ledger.migration is not None
         assert (ledger.migration.from_version, ledger.migration.to_version) == (1, 3)
         backup = ledger.migration.backup_path
@@ -191,7 +191,7 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
 def test_a_legacy_creation_key_still_replays_after_migration(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     _build_version_1(db)
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         # ADR 0033: the fingerprint with max_attempts 0 is the legacy one, unchanged.
         again = ledger.create_task("old open task", idempotency_key="legacy-key", actor="x")
         assert again.id == "t-1"
@@ -201,7 +201,7 @@ def test_a_legacy_creation_key_still_replays_after_migration(tmp_path: Path) -> 
 def test_the_migrated_file_enforces_limits(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     _build_version_1(db)
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         ledger.grant_role("op", "agent.operate", actor=getpass.getuser())
         ledger.set_attempt_limit("t-1", 3, expected_max_attempts=0, actor="op")
         assert ledger.start_run("t-1", request_key="new", actor="op").attempt == 3
@@ -222,7 +222,7 @@ def test_concurrent_upgrades_back_up_once_the_state_they_migrate(tmp_path: Path)
 
     def upgrade() -> None:
         try:
-            with SqliteLedger(db) as ledger:
+            with open_ledger(db) as ledger:
                 migrations.append(ledger.migration)
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
@@ -252,7 +252,7 @@ def test_concurrent_upgrades_back_up_once_the_state_they_migrate(tmp_path: Path)
     assert len(backups) == 1
     assert [row[1] for row in _rows(backups[0], "tasks")] == ["'t-1'", "'t-2'", "'t-3'"]
     assert _rows(backups[0], "schema_version") == [("1", "1.5")]
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         assert ledger.get_task("t-3").title == "written while they waited"
 
 
@@ -272,7 +272,7 @@ def test_migrate_writes_a_backup_and_says_where(tmp_path: Path) -> None:
 
 def test_a_newer_schema_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         ledger.create_task("made by the future", actor="a")
     conn = sqlite3.connect(db)
     conn.execute("INSERT INTO schema_version VALUES (?, 9.0)", (SCHEMA_VERSION + 1,))
@@ -282,11 +282,11 @@ def test_a_newer_schema_is_refused_and_nothing_is_written(tmp_path: Path) -> Non
     listing = sorted(p.name for p in tmp_path.iterdir())
 
     with pytest.raises(SchemaTooNew, match=f"schema version {SCHEMA_VERSION + 1}"):
-        SqliteLedger(db)
+        open_ledger(db)
     with pytest.raises(SchemaTooNew):
         migrate(db)
     with pytest.raises(SchemaTooNew):
-        SqliteLedger(db, upgrade=False)
+        open_ledger(db, upgrade=False)
 
     assert db.read_bytes() == image
     assert sorted(p.name for p in tmp_path.iterdir()) == listing
@@ -301,7 +301,7 @@ def test_a_newer_rollback_journal_file_is_not_switched_to_wal(tmp_path: Path) ->
     conn.close()
     image = db.read_bytes()
     with pytest.raises(SchemaTooNew):
-        SqliteLedger(db)
+        open_ledger(db)
     assert db.read_bytes() == image
 
 
@@ -309,7 +309,7 @@ def test_status_without_upgrade_reports_an_old_file_without_touching_it(tmp_path
     db = tmp_path / "ledger.db"
     _build_version_1(db)
     image = db.read_bytes()
-    with SqliteLedger(db, upgrade=False) as ledger:
+    with open_ledger(db, upgrade=False) as ledger:
         info = ledger.status_info()
     assert (info["schema_version"], info["needs_migration"]) == (1, True)
     assert (info["tasks"], info["runs"]) == (2, 4)
@@ -325,5 +325,21 @@ def test_an_sqlite_file_of_another_program_is_refused(tmp_path: Path) -> None:
     conn.close()
     image = db.read_bytes()
     with pytest.raises(StorageError, match="not an execkit ledger"):
-        SqliteLedger(db)
+        open_ledger(db)
     assert db.read_bytes() == image
+
+
+def test_an_older_file_opened_as_is_is_read_only_until_migrated_in_place(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    _build_version_1(db)
+    with open_ledger(db, upgrade=False) as ledger:
+        assert ledger.status_info()["needs_migration"] is True
+        with pytest.raises(StorageError, match="db migrate"):
+            ledger.create_task("t", actor="a")
+        done = ledger.migrate()
+        assert (done.from_version, done.to_version) == (1, SCHEMA_VERSION)
+        assert done.backup_path is not None and done.backup_path.is_file()
+        assert ledger.migration == done
+        assert ledger.create_task("now it writes", actor="a").id == "t-3"
+        assert ledger.migrate().backup_path is None  # current now: nothing more
+    assert ledger_status(db)["schema_version"] == SCHEMA_VERSION

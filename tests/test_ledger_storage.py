@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, InvalidInput, NotFound, StorageError
-from execkit.ledger import SqliteLedger
+from execkit.ledger import open_ledger
 
 
 def make_ledger(path: Path) -> None:
-    with SqliteLedger(path) as ledger:
+    with open_ledger(path) as ledger:
         task = ledger.create_task("t", actor="a")
         run = ledger.start_run(task.id, request_key="1", actor="a", now=1)
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, now=2)
@@ -28,27 +28,27 @@ def test_an_empty_file_is_never_silently_made_a_ledger(tmp_path: Path) -> None:
     empty.touch()
     for create in (True, False):
         with pytest.raises(StorageError, match="empty file"):
-            SqliteLedger(empty, create=create)
+            open_ledger(empty, create=create)
     assert empty.stat().st_size == 0
     # Only an explicit init makes it one.
-    with SqliteLedger(empty, init=True) as ledger:
+    with open_ledger(empty, init=True) as ledger:
         assert ledger.list_tasks() == []
     assert empty.stat().st_size > 0
 
 
 def test_a_path_that_is_a_directory_or_under_a_file_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="is a directory"):
-        SqliteLedger(tmp_path)
+        open_ledger(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(InvalidInput, match="parent of the ledger path is a file"):
-        SqliteLedger(blocker / "ledger.db")
+        open_ledger(blocker / "ledger.db")
     assert blocker.read_text() == "x"
 
 
 def test_reading_never_creates_or_migrates(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
-        SqliteLedger(tmp_path / "missing.db", create=False, upgrade=False)
+        open_ledger(tmp_path / "missing.db", create=False, upgrade=False)
     assert not (tmp_path / "missing.db").exists()
 
 
@@ -61,7 +61,7 @@ def test_rows_outside_their_domain_are_named_not_crashed_on(tmp_path: Path) -> N
     conn.execute("UPDATE runs SET status = 'paused', failure_class = 'cosmic' WHERE id = 'r-1'")
     conn.commit()
     conn.close()
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         with pytest.raises(StorageError, match="run 'r-1' status holds 'paused'"):
             ledger.runs("t-1")
         problems = ledger.validate()
@@ -80,7 +80,7 @@ def test_a_dropped_table_is_a_storage_error_and_a_named_problem(tmp_path: Path) 
     conn.execute("DROP TABLE task_summaries")
     conn.commit()
     conn.close()
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         with pytest.raises(StorageError):
             ledger.list_tasks()
         assert "storage: table task_summaries is missing" in ledger.validate()
@@ -91,7 +91,7 @@ def test_a_summary_that_drifted_from_its_history_is_reported_and_repaired(
 ) -> None:
     db = tmp_path / "ledger.db"
     make_ledger(db)
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         ledger._conn.execute("UPDATE task_summaries SET uncharged_streak = 3")
         (problem,) = ledger.validate(now=3)
         assert "stored summary differs from its history" in problem
@@ -104,13 +104,13 @@ def test_a_summary_that_drifted_from_its_history_is_reported_and_repaired(
 def test_the_summary_migration_builds_summaries_for_an_old_ledger(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     make_ledger(db)
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         ledger._conn.execute("DELETE FROM task_summaries")
         ledger._conn.execute("DELETE FROM schema_version WHERE version = 3")
         for table in ("task_summaries", "run_extras", "task_extras", "ledger_meta", "role_grants"):
             ledger._conn.execute(f"DROP TABLE {table}")
         ledger._conn.execute("DROP INDEX runs_by_task_request_key")
-    with SqliteLedger(db) as migrated:
+    with open_ledger(db) as migrated:
         assert migrated.migration is not None and migrated.migration.from_version == 2
         shown = migrated.get_task("t-1", now=10**10)
         assert (shown.attempts_started, shown.uncharged_streak) == (1, 1)
@@ -162,7 +162,7 @@ def test_prop_any_stored_row_reads_as_a_result_or_a_storage_error(
         )
     conn.commit()
     conn.close()
-    with SqliteLedger(db) as ledger:
+    with open_ledger(db) as ledger:
         for read in (lambda: ledger.runs("t-1"), ledger.list_tasks, ledger.audit_events):
             with contextlib.suppress(ExecKitError):
                 read()

@@ -41,7 +41,7 @@ from execkit.dispatch import (
     InMemoryBoard,
     RunOutcome,
 )
-from execkit.ledger import Actor, Ledger, SqliteLedger
+from execkit.ledger import Actor, Ledger, SqliteLedger, open_ledger
 from execkit.remote import RemoteLedger, error_from_wire
 from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
 
@@ -62,7 +62,7 @@ class Remote:
 @pytest.fixture
 def remote(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Remote]:
     without: frozenset[str] = getattr(request, "param", frozenset())
-    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger = open_ledger(tmp_path / "ledger.db")
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
     app = LedgerApp(

@@ -16,7 +16,7 @@ from _support import REPO, table_columns, write_board
 
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
-from execkit.ledger import CAPABILITIES, SqliteLedger
+from execkit.ledger import CAPABILITIES, SqliteLedger, open_ledger
 from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
 
 BIN = REPO / "fixtures" / "bin"
@@ -34,7 +34,7 @@ def _serve(
 ) -> Iterator[Served]:
     where = tmp_path / "server"
     where.mkdir()
-    ledger = SqliteLedger(where / "ledger.db")
+    ledger = open_ledger(where / "ledger.db")
     tokens = where / "tokens.json"
     monkeypatch.setenv("EXECKIT_TOKEN", add_token(tokens, ME, ["agent.operate", "ledger.admin"]))
     monkeypatch.delenv("EXECKIT_DB", raising=False)

@@ -31,7 +31,7 @@ from execkit._classify import FailureClass
 from execkit._errors import ExecKitError
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
-from execkit.ledger import CAPABILITIES, SqliteLedger, Task
+from execkit.ledger import CAPABILITIES, SqliteLedger, Task, open_ledger
 from execkit.server import (
     IdempotencyStore,
     LedgerApp,
@@ -90,7 +90,7 @@ class Served:
 
 
 def _served(tmp_path: Path, **options: Any) -> Served:
-    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger = open_ledger(tmp_path / "ledger.db")
     tokens = tmp_path / "tokens.json"
     owner = add_token(tokens, ME, BOTH)
     plain = add_token(tokens, "alice")
@@ -502,7 +502,7 @@ def test_stored_answers_survive_a_restart(tmp_path: Path) -> None:
     assert status == 201
     first.app.close()
     first.ledger.close()
-    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger = open_ledger(tmp_path / "ledger.db")
     app = LedgerApp(ledger, TokenFile(first.tokens), IdempotencyStore(tmp_path / "idem.db"))
     answer = TestClient(app.app).post(
         "/v1/tasks",

@@ -20,7 +20,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
-from execkit.ledger import SqliteLedger  # noqa: E402
+from execkit.ledger import open_ledger  # noqa: E402
 from execkit.server import (  # noqa: E402
     IdempotencyStore,
     LedgerApp,
@@ -36,7 +36,7 @@ MAX_EXAMPLES = 12
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     where = tmp_path_factory.mktemp("fuzz")
-    ledger = SqliteLedger(where / "ledger.db")
+    ledger = open_ledger(where / "ledger.db")
     tokens = where / "tokens.json"
     token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
     ledger.create_task("seed", max_attempts=3, actor=ME)

@@ -25,7 +25,6 @@ from execkit.cli._args import parse_int, parse_seconds
 from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp
 from execkit.ledger import (
     CAPABILITIES,
-    DB_ENV_VAR,
     KNOWN_ROLES,
     MAX_ATTEMPT_LIMIT,
     MAX_LEASE_S,
@@ -34,12 +33,12 @@ from execkit.ledger import (
     Actor,
     Grant,
     Ledger,
+    Migration,
     Run,
-    SqliteLedger,
     Task,
     TaskState,
-    default_db_path,
-    migrate,
+    ledger_status,
+    open_ledger,
     user_name,
 )
 
@@ -52,7 +51,6 @@ _CLI_LEASE_S = 1800.0
 REMOTE_ENV_VAR = "EXECKIT_REMOTE"
 TOKEN_ENV_VAR = "EXECKIT_TOKEN"
 _REMOTE_SCHEMES = ("http://", "https://")
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -347,16 +345,12 @@ def is_remote_url(target: str) -> bool:
 
 
 def open_target(target: str | None, *, create: bool, write: bool) -> Ledger:
-    """The local ledger `target` names: a postgresql:// URL is the PostgreSQL backend,
-    anything else the SQLite file (None: `$EXECKIT_DB`, else the default path). A command
-    that only reads opens it without writing anything (no file, schema or migration is
-    created by a read)."""
-    named = target or os.environ.get(DB_ENV_VAR) or ""
-    if named.startswith(_POSTGRES_SCHEMES):
-        from execkit.ledger._postgres import PostgresLedger
-
-        return PostgresLedger(named, create=create)
-    return SqliteLedger(default_db_path(target), create=create, upgrade=write)
+    """The local ledger `target` names (`open_ledger`: a file, a postgresql:// URL, None for
+    `$EXECKIT_DB` or the default path). A command that only reads opens it without writing
+    anything (no file, schema or migration is created by a read); one that writes migrates
+    an older file as `open_ledger` does by default (a server's ledger waits for `db
+    migrate`)."""
+    return open_ledger(target, create=create, upgrade=None if write else False)
 
 
 def _open(args: argparse.Namespace, *, create: bool = False, write: bool = True) -> Ledger:
@@ -647,55 +641,24 @@ def _capabilities(args: argparse.Namespace) -> int:
     return 0
 
 
-def _postgres_url(args: argparse.Namespace) -> str | None:
-    """The PostgreSQL URL `--db` (else `$EXECKIT_DB`) names, or None for a ledger file."""
-    named = args.db or os.environ.get(DB_ENV_VAR) or ""
-    return named if named.startswith(_POSTGRES_SCHEMES) else None
-
-
 def _db_migrate(args: argparse.Namespace) -> int:
     _local_only(args, "db migrate")
-    url = _postgres_url(args)
-    if url is not None:
-        return _db_migrate_postgres(args, url)
-    path = default_db_path(args.db)
-    result = migrate(path)
+    # Opened without writing: `migrate` decides (a file is backed up first; a PostgreSQL
+    # ledger waits for --backed-up, naming the pg_dump to take).
+    with open_ledger(args.db, create=False, upgrade=False) as ledger:
+        result = ledger.migrate(backed_up=args.backed_up)
+        key, where = ledger.where()
     if args.json:
-        print_json({"path": str(path), **result.to_dict()})
-    elif result.backup_path is None:
-        print(safe_text(f"{path}: already at schema version {result.to_version}; nothing to do"))
-    else:
+        print_json({key: where, **result.to_dict()})
+    elif result.from_version == result.to_version:
+        print(safe_text(f"{where}: already at schema version {result.to_version}; nothing to do"))
+    elif isinstance(result, Migration):
         print(
             safe_text(
-                f"{path}: migrated schema {result.from_version} -> {result.to_version}; "
+                f"{where}: migrated schema {result.from_version} -> {result.to_version}; "
                 f"backup written to {result.backup_path}"
             )
         )
-    return 0
-
-
-def _db_migrate_postgres(args: argparse.Namespace, url: str) -> int:
-    """execkit cannot copy a server's database, so an outdated PostgreSQL ledger migrates
-    only once the operator says (`--backed-up`) they took the dump this names."""
-    from execkit.ledger._postgres import PostgresLedger, migrate_postgres
-
-    with PostgresLedger(url, create=False, upgrade=False) as ledger:
-        info = ledger.status_info()
-        where, found = ledger.location(), int(info["schema_version"])
-        backup = ledger.backup_command(found)
-    if info["needs_migration"] and not args.backed_up:
-        raise InvalidInput(
-            f"the ledger at {where} has schema version {found} and this execkit needs "
-            f"{info['supported_schema_version']}. execkit cannot copy a server's database: "
-            f"back it up with "
-            f"`{backup}`, then run `execkit db migrate --backed-up`",
-            field="--backed-up",
-        )
-    result = migrate_postgres(url)
-    if args.json:
-        print_json({"url": where, **result.to_dict()})
-    elif result.backup_command is None:
-        print(safe_text(f"{where}: already at schema version {result.to_version}; nothing to do"))
     else:
         print(
             safe_text(
@@ -709,15 +672,7 @@ def _db_migrate_postgres(args: argparse.Namespace, url: str) -> int:
 def _db_status(args: argparse.Namespace) -> int:
     # Inspection only: an older schema is reported, not migrated.
     _local_only(args, "db status")
-    url = _postgres_url(args)
-    if url is not None:
-        from execkit.ledger._postgres import PostgresLedger
-
-        with PostgresLedger(url, create=False, upgrade=False) as pg:
-            info = pg.status_info()
-    else:
-        with SqliteLedger(default_db_path(args.db), create=False, upgrade=False) as ledger:
-            info = ledger.status_info()
+    info = ledger_status(args.db)
     if args.json:
         print_json(info)
     else:
@@ -728,20 +683,10 @@ def _db_status(args: argparse.Namespace) -> int:
 
 def _db_init(args: argparse.Namespace) -> int:
     _local_only(args, "db init")
-    url = _postgres_url(args)
-    if url is not None:
-        from execkit.ledger._postgres import PostgresLedger
-
-        with PostgresLedger(url, create=True) as pg:
-            created = pg.migration is not None
-            info = {"url": pg.location(), "created": created, "ledger_id": pg.ledger_id()}
-        where = info["url"]
-    else:
-        path = default_db_path(args.db)
-        with SqliteLedger(path, init=True) as ledger:
-            created = ledger.migration is not None
-            info = {"path": str(path), "created": created, "ledger_id": ledger.ledger_id()}
-        where = info["path"]
+    with open_ledger(args.db, create=True, init=True) as ledger:
+        created = ledger.migration is not None
+        key, where = ledger.where()
+        info = {key: where, "created": created, "ledger_id": ledger.ledger_id()}
     if args.json:
         print_json(info)
     elif created:

@@ -31,10 +31,10 @@ from execkit._budget import (
     AttemptStatus,
     BlockedOn,
     Decision,
-    DecisionState,
     DispatchCap,
     ExplicitLimit,
     HistorySummary,
+    TaskState,
     WorkBudget,
     decide_summary,
     summarize,
@@ -66,11 +66,12 @@ from execkit.ledger._model import (
     MAX_UNCHARGED_LIMIT,
     OPERATE_ROLE,
     Actor,
+    AuditAction,
+    AuditEntry,
     AuditEvent,
     Grant,
     Run,
     Task,
-    TaskState,
     TaskStatus,
 )
 
@@ -129,15 +130,7 @@ class Tx(Protocol):
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool: ...
     def lease_of(self, run_id: str) -> float: ...
 
-    def audit(
-        self,
-        at: float,
-        actor: str,
-        action: str,
-        task_id: str | None,
-        run_id: str | None,
-        detail: dict[str, Any],
-    ) -> None: ...
+    def audit(self, entry: AuditEntry) -> None: ...
     def audit_events(self, task_id: str | None) -> list[AuditEvent]: ...
     def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None: ...
     def remember(
@@ -170,6 +163,8 @@ _MAX_TITLE = 1000
 _MAX_KEY = 200
 _MAX_REASON = 4000
 _DEFAULT_BUDGET = WorkBudget()
+# The actor of what the ledger does by itself (abandoning an expired run, a repair).
+_SYSTEM = "execkit"
 
 
 def _check_text(field: str, value: object, max_len: int) -> str:
@@ -320,14 +315,14 @@ def attempt_from_run(run: Run) -> Attempt:
 
 def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
     """Why `decision` admits no run now, as the error `start_run` raises; None to admit."""
-    if decision.state is DecisionState.DONE:
+    if decision.state is TaskState.DONE:
         return TaskFinished(f"task {task.id} already succeeded")
-    if decision.state is DecisionState.RUNNING:
+    if decision.state is TaskState.RUNNING:
         return TaskBlocked(
             f"attempt {task.summary.running} of task {task.id} is still running; finish it, "
             "or let its lease expire (abandoned runs count), before starting another"
         )
-    if decision.state is DecisionState.BLOCKED:
+    if decision.state is TaskState.BLOCKED:
         if decision.blocked_on is BlockedOn.ATTEMPT_LIMIT:
             return AttemptLimitReached(
                 f"{decision.reason} of task {task.id}; an operator can raise it (set-attempt-limit)"
@@ -373,9 +368,12 @@ class LedgerCore:
         return run
 
     def _replayed(
-        self, tx: Tx, scope: str, key: str | None, fingerprint: str
+        self, tx: Tx, scope: AuditAction, key: str | None, fingerprint: str
     ) -> dict[str, Any] | None:
-        """The stored response for (scope, key); Conflict when the request differs."""
+        """The stored response for (scope, key); Conflict when the request differs.
+
+        A key's scope is the action the keyed request records (its value is the stored
+        scope), so one key may serve a creation and a limit change without meeting."""
         if key is None:
             return None
         found = tx.idempotent(scope, key)
@@ -391,7 +389,7 @@ class LedgerCore:
     def _remember(
         self,
         tx: Tx,
-        scope: str,
+        scope: AuditAction,
         key: str | None,
         fingerprint: str,
         response: dict[str, Any],
@@ -437,7 +435,7 @@ class LedgerCore:
         if task.status in _FINISHED_STATUSES:
             state, blocked_on, reason, next_at = TaskState(task.status), None, None, None
         else:
-            state, blocked_on = TaskState(decision.state), decision.blocked_on
+            state, blocked_on = decision.state, decision.blocked_on
             reason, next_at = decision.reason, decision.next_attempt_at
             if pending and state is TaskState.READY:
                 reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
@@ -484,7 +482,16 @@ class LedgerCore:
             return task if current is None else current
         ended = attrs.evolve(run, status=AttemptStatus.ABANDONED, reason=why, ended_at=at)
         summary = self._summary_after(tx, task, ended)
-        tx.audit(at, "execkit", "run.abandon", task.id, run.id, {"reason": why})
+        tx.audit(
+            AuditEntry(
+                at=at,
+                actor=_SYSTEM,
+                action=AuditAction.RUN_ABANDON,
+                task_id=task.id,
+                run_id=run.id,
+                detail={"reason": why},
+            )
+        )
         return attrs.evolve(task, summary=summary)
 
     def _summary_after(self, tx: Tx, task: TaskRecord, ended: Run) -> HistorySummary:
@@ -557,7 +564,7 @@ class LedgerCore:
         at = _moment(now)
         fingerprint = _creation_fingerprint(title, max_attempts, uncharged)
         with self._store.write() as tx:
-            replay = self._replayed(tx, "task.create", idempotency_key, fingerprint)
+            replay = self._replayed(tx, AuditAction.TASK_CREATE, idempotency_key, fingerprint)
             if replay is not None:
                 return self._load_task(tx, replay["task_id"], at, None)
             task_id = tx.insert_task(title, str(who), at, uncharged)
@@ -566,9 +573,17 @@ class LedgerCore:
             detail: dict[str, Any] = {"title": title, "max_attempts": max_attempts}
             if uncharged is not None:
                 detail["max_uncharged_attempts"] = uncharged
-            tx.audit(at, str(who), "task.create", task_id, None, detail)
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_CREATE,
+                    task_id=task_id,
+                    detail=detail,
+                )
+            )
             response = {"task_id": task_id}
-            self._remember(tx, "task.create", idempotency_key, fingerprint, response, at)
+            self._remember(tx, AuditAction.TASK_CREATE, idempotency_key, fingerprint, response, at)
             return self._load_task(tx, task_id, at, None)
 
     def get_task(
@@ -647,7 +662,7 @@ class LedgerCore:
         fingerprint = _fingerprint({"task_id": task_id, "actor": str(who), "forced": forced})
         refused: AdmissionRefused | None = None
         with self._store.write() as tx:
-            found = tx.idempotent("run.start", request_key)
+            found = tx.idempotent(AuditAction.RUN_START, request_key)
             if found is not None:
                 return self._replay_start(tx, request_key, found, task_id, who, forced)
             task = self._task(tx, task_id, lock=True)
@@ -657,9 +672,13 @@ class LedgerCore:
             if expired is not None:
                 why = f"lease expired at {_when(expired.lease_expires_at or at)}: not renewed"
                 task = self._abandon(tx, task, expired, at, why)
-            refused = self._admission_refusal(task, at, cap, forced, ignore_backoff)
+            # Decided once: the refusal and the admission's audit read the same decision.
+            decision = self._decide(task, at, cap, force=forced)
+            refused = self._admission_refusal(task, decision, at, ignore_backoff)
             if refused is None:
-                return self._admit(tx, task, at, who, request_key, fingerprint, forced, lease, cap)
+                return self._admit(
+                    tx, task, decision, at, who, request_key, fingerprint, forced, lease
+                )
             if expired is None:
                 raise refused
             # Leaving the block commits the abandonment: it stands whether or not this
@@ -667,18 +686,12 @@ class LedgerCore:
         raise refused
 
     def _admission_refusal(
-        self,
-        task: TaskRecord,
-        at: float,
-        cap: DispatchCap | None,
-        forced: bool,
-        ignore_backoff: bool,
+        self, task: TaskRecord, decision: Decision, at: float, ignore_backoff: bool
     ) -> AdmissionRefused | None:
-        decision = self._decide(task, at, cap, force=forced)
         refusal = _refusal(task, decision)
         if refusal is not None:
             return refusal
-        if decision.state is DecisionState.BACKOFF and not ignore_backoff:
+        if decision.state is TaskState.BACKOFF and not ignore_backoff:
             ready_at = decision.next_attempt_at or at
             return TaskBackingOff(
                 f"task {task.id} is {decision.reason}; it is ready at {_when(ready_at)} "
@@ -691,17 +704,16 @@ class LedgerCore:
         self,
         tx: Tx,
         task: TaskRecord,
+        decision: Decision,
         at: float,
         who: Actor,
         request_key: str,
         fingerprint: str,
         forced: bool,
         lease: float,
-        cap: DispatchCap | None,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
-        decision = self._decide(task, at, cap, force=forced)
         run = tx.insert_run(
             Run(
                 id="",
@@ -732,10 +744,19 @@ class LedgerCore:
         if pending is not None:
             tx.set_retry(task.id, None, None)
             detail["retry_requested_by"] = pending
-        if decision.state is DecisionState.BACKOFF:
+        if decision.state is TaskState.BACKOFF:
             detail["ignored_backoff_until"] = decision.next_attempt_at
-        tx.audit(at, str(who), "run.start", task.id, run.id, detail)
-        tx.remember("run.start", request_key, fingerprint, {"run_id": run.id}, at)
+        tx.audit(
+            AuditEntry(
+                at=at,
+                actor=str(who),
+                action=AuditAction.RUN_START,
+                task_id=task.id,
+                run_id=run.id,
+                detail=detail,
+            )
+        )
+        tx.remember(AuditAction.RUN_START, request_key, fingerprint, {"run_id": run.id}, at)
         return run
 
     def _replay_start(
@@ -837,12 +858,14 @@ class LedgerCore:
             if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
                 tx.set_task_status(run.task_id, TaskStatus.DONE, at)
             tx.audit(
-                at,
-                run.actor,
-                "run.finish",
-                run.task_id,
-                run_id,
-                {"status": final, "failure_class": klass.value if klass else None},
+                AuditEntry(
+                    at=at,
+                    actor=run.actor,
+                    action=AuditAction.RUN_FINISH,
+                    task_id=run.task_id,
+                    run_id=run_id,
+                    detail={"status": final, "failure_class": klass.value if klass else None},
+                )
             )
             return ended
 
@@ -887,7 +910,7 @@ class LedgerCore:
             if task.status in _FINISHED_STATUSES:
                 raise TaskFinished(f"task {task_id} is {task.status}; there is nothing to retry")
             decision = self._decide(task, at, None)
-            if decision.state is DecisionState.RUNNING:
+            if decision.state is TaskState.RUNNING:
                 raise TaskBlocked(f"task {task_id} has a run in progress; nothing to retry yet")
             stopped_on = decision.blocked_on
             if stopped_on is BlockedOn.WORK and not force:
@@ -908,21 +931,32 @@ class LedgerCore:
                     )
                 tx.upsert_limit(task_id, task.max_attempts + 1, str(who), at)
                 tx.audit(
-                    at,
-                    str(who),
-                    "task.set_attempt_limit",
-                    task_id,
-                    None,
-                    {"from": task.max_attempts, "to": task.max_attempts + 1, "via": "task.retry"},
+                    AuditEntry(
+                        at=at,
+                        actor=str(who),
+                        action=AuditAction.TASK_SET_ATTEMPT_LIMIT,
+                        task_id=task_id,
+                        detail={
+                            "from": task.max_attempts,
+                            "to": task.max_attempts + 1,
+                            "via": AuditAction.TASK_RETRY,
+                        },
+                    )
                 )
             tx.set_retry(task_id, str(who), at)
             tx.audit(
-                at,
-                str(who),
-                "task.retry",
-                task_id,
-                None,
-                {"reason": note, "force": force, "blocked_on": stopped_on, "state": decision.state},
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_RETRY,
+                    task_id=task_id,
+                    detail={
+                        "reason": note,
+                        "force": force,
+                        "blocked_on": stopped_on,
+                        "state": decision.state,
+                    },
+                )
             )
             return self._load_task(tx, task_id, at, None)
 
@@ -941,7 +975,15 @@ class LedgerCore:
             tx.set_gave_up(task_id, attempts)
             decision = self._decide(task, at, None)
             detail = {"state": state, "attempts": attempts, "blocked_on": decision.blocked_on}
-            tx.audit(at, str(who), "task.give_up", task_id, None, detail)
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_GIVE_UP,
+                    task_id=task_id,
+                    detail=detail,
+                )
+            )
             return self._load_task(tx, task_id, at, None)
 
     def set_attempt_limit(
@@ -977,7 +1019,9 @@ class LedgerCore:
             }
         )
         with self._store.write() as tx:
-            replay = self._replayed(tx, "task.set_attempt_limit", idempotency_key, fingerprint)
+            replay = self._replayed(
+                tx, AuditAction.TASK_SET_ATTEMPT_LIMIT, idempotency_key, fingerprint
+            )
             if replay is not None:
                 return self._load_task(tx, replay["task_id"], at, None)
             task = self._task(tx, task_id, lock=True)
@@ -1001,21 +1045,22 @@ class LedgerCore:
                 )
             tx.upsert_limit(task_id, max_attempts, str(who), at)
             tx.audit(
-                at,
-                str(who),
-                "task.set_attempt_limit",
-                task_id,
-                None,
-                {
-                    "from": task.max_attempts,
-                    "to": max_attempts,
-                    "attempts_started": started,
-                    "roles": sorted(roles),
-                },
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_SET_ATTEMPT_LIMIT,
+                    task_id=task_id,
+                    detail={
+                        "from": task.max_attempts,
+                        "to": max_attempts,
+                        "attempts_started": started,
+                        "roles": sorted(roles),
+                    },
+                )
             )
             self._remember(
                 tx,
-                "task.set_attempt_limit",
+                AuditAction.TASK_SET_ATTEMPT_LIMIT,
                 idempotency_key,
                 fingerprint,
                 {"task_id": task_id, "max_attempts": max_attempts},
@@ -1036,7 +1081,11 @@ class LedgerCore:
                 raise TaskFinished(f"task {task_id} is done; it cannot be cancelled")
             if task.status is TaskStatus.OPEN:
                 tx.set_task_status(task_id, TaskStatus.CANCELLED, at)
-                tx.audit(at, str(who), "task.cancel", task_id, None, {})
+                tx.audit(
+                    AuditEntry(
+                        at=at, actor=str(who), action=AuditAction.TASK_CANCEL, task_id=task_id
+                    )
+                )
             return self._load_task(tx, task_id, at, None)
 
     # -- roles ------------------------------------------------------------------------
@@ -1068,7 +1117,14 @@ class LedgerCore:
             grant = Grant(principal=principal, role=role, granted_by=str(who), granted_at=at)
             if not tx.put_grant(grant):
                 return next(g for g in tx.grants(principal) if g.role == role)
-            tx.audit(at, str(who), "role.grant", None, None, {"principal": principal, "role": role})
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.ROLE_GRANT,
+                    detail={"principal": principal, "role": role},
+                )
+            )
             return grant
 
     def revoke_role(
@@ -1082,7 +1138,9 @@ class LedgerCore:
             removed = tx.delete_grant(principal, role)
             if removed:
                 detail = {"principal": principal, "role": role}
-                tx.audit(at, str(who), "role.revoke", None, None, detail)
+                tx.audit(
+                    AuditEntry(at=at, actor=str(who), action=AuditAction.ROLE_REVOKE, detail=detail)
+                )
             return removed
 
     def grants(self, principal: str | None = None) -> list[Grant]:
@@ -1173,7 +1231,14 @@ class LedgerCore:
                 expected = summarize(history)
                 if expected != task.summary:
                     tx.write_summary(task.id, expected)
-                    tx.audit(at, "execkit", "task.repair_summary", task.id, None, {})
+                    tx.audit(
+                        AuditEntry(
+                            at=at,
+                            actor=_SYSTEM,
+                            action=AuditAction.TASK_REPAIR_SUMMARY,
+                            task_id=task.id,
+                        )
+                    )
                     done.append(f"{task.id}: rebuilt its summary from its history")
         return done
 

@@ -3,11 +3,16 @@
 The dispatcher, the CLI and the HTTP remote code against this module only; a backend
 (SQLite, PostgreSQL) implements the storage beneath `LedgerCore` (`_core.py`), and the
 remote client implements `Ledger` over HTTP.
+
+The ledger's words are enums that compare equal to the strings stored and sent: a task's
+`TaskStatus` and `TaskState`, a `Role` granted in the ledger, and the `AuditAction` of every
+audit record it writes (an `AuditEntry`, read back with its number as an `AuditEvent`).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -20,11 +25,12 @@ from execkit._budget import (
     AttemptStatus,
     BlockedOn,
     DispatchCap,
+    TaskState,
     WorkBudget,
 )
 from execkit._classify import FailureClass
 from execkit._json import to_json
-from execkit._validate import checked, non_blank
+from execkit._validate import checked, finite, non_blank
 
 __all__ = [
     "ADMIN_ROLE",
@@ -36,9 +42,12 @@ __all__ = [
     "MAX_UNCHARGED_LIMIT",
     "OPERATE_ROLE",
     "Actor",
+    "AuditAction",
+    "AuditEntry",
     "AuditEvent",
     "Grant",
     "Ledger",
+    "Role",
     "Run",
     "Task",
     "TaskState",
@@ -56,11 +65,25 @@ MAX_ATTEMPT_LIMIT = EXPLICIT_LIMIT_MAX
 # ADR 0046: a per-item ceiling on consecutive upstream attempts; None = the ledger's budget.
 MAX_UNCHARGED_LIMIT = 1000
 
-# ADR 0033: after the first run, changing a task's limit needs this role.
-OPERATE_ROLE = "agent.operate"
-# Granting and revoking roles needs this role (or owning the ledger).
-ADMIN_ROLE = "ledger.admin"
-KNOWN_ROLES = frozenset({OPERATE_ROLE, ADMIN_ROLE})
+
+class Role(enum.StrEnum):
+    """A role granted in the ledger (`Ledger.grant_role`); the ledger's owner holds every one.
+
+    Stored and sent as its string; a grant read back keeps the string it was stored with.
+    """
+
+    # ADR 0033: after the first run, changing a task's limit (or retrying it past the
+    # limit, which raises it) needs this role.
+    OPERATE = "agent.operate"
+    # Granting and revoking roles needs this role (or owning the ledger).
+    ADMIN = "ledger.admin"
+
+
+# The names other packages (the server, the CLI) have always used: the members themselves,
+# so they compare and hash equal to the strings they were.
+OPERATE_ROLE = Role.OPERATE
+ADMIN_ROLE = Role.ADMIN
+KNOWN_ROLES: frozenset[Role] = frozenset(Role)
 
 DEFAULT_LEASE_S = 300.0
 """How long a running run's lease lasts unless its runner renews it (`heartbeat`). A run
@@ -115,17 +138,6 @@ class TaskStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-class TaskState(enum.StrEnum):
-    """A task's state as derived from its status and its run history (`Decision.state`)."""
-
-    READY = "ready"
-    RUNNING = "running"
-    BACKOFF = "backoff"
-    DONE = "done"
-    BLOCKED = "blocked"
-    CANCELLED = "cancelled"
-
-
 @attrs.frozen
 class Run:
     """One admitted run: a row of the immutable history.
@@ -165,7 +177,7 @@ class Task:
     id: str
     title: str
     status: TaskStatus  # stored
-    state: TaskState  # derived
+    state: TaskState  # derived: the policies' decision, or done/cancelled from the status
     blocked_on: BlockedOn | None
     reason: str | None
     ready: bool  # state == ready, including that an attempt is still available
@@ -186,14 +198,56 @@ class Task:
         return to_json(self)
 
 
+class AuditAction(enum.StrEnum):
+    """What an audit record says was done; stored as its string (the column `action`)."""
+
+    TASK_CREATE = "task.create"
+    TASK_SET_ATTEMPT_LIMIT = "task.set_attempt_limit"
+    TASK_RETRY = "task.retry"
+    TASK_GIVE_UP = "task.give_up"
+    TASK_CANCEL = "task.cancel"
+    TASK_REPAIR_SUMMARY = "task.repair_summary"
+    RUN_START = "run.start"
+    RUN_FINISH = "run.finish"
+    RUN_ABANDON = "run.abandon"
+    ROLE_GRANT = "role.grant"
+    ROLE_REVOKE = "role.revoke"
+
+
+def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(detail)
+
+
+@attrs.frozen(kw_only=True)
+class AuditEntry:
+    """One audit record as the ledger writes it (`Tx.audit`): who did what, when, to which
+    task and run. The store numbers it; it is read back as an `AuditEvent`.
+
+    Keywords only, and the action must be an `AuditAction` member: an entry is never six
+    positional values that a reordering could swap unnoticed. `detail` (JSON-safe) is
+    copied, so the caller's dict cannot change the entry after it was made.
+    """
+
+    at: float = attrs.field(validator=checked("a finite number of POSIX seconds", finite))
+    actor: str = attrs.field(validator=checked("a non-empty string", non_blank))
+    action: AuditAction = attrs.field(validator=checked("an AuditAction", instance_of(AuditAction)))
+    task_id: str | None = None
+    run_id: str | None = None
+    detail: dict[str, Any] = attrs.field(factory=dict, converter=_copied)
+
+
 @attrs.frozen
 class AuditEvent:
-    """One audit record: who changed what, when (detail is a JSON-safe mapping)."""
+    """One audit record read back: an `AuditEntry` and its number (`id`, in write order).
+
+    `action` is the stored string: one of `AuditAction`'s values for every record this
+    execkit writes (compare with the members), kept as it is for one a newer one wrote.
+    """
 
     id: int
     at: float
     actor: str
-    action: str  # task.create | task.set_attempt_limit | task.cancel | run.start | ...
+    action: str
     task_id: str | None
     run_id: str | None
     detail: dict[str, Any]

@@ -40,8 +40,9 @@ Schema versions are this backend's own, numbered from 1 and applied in order, ea
 additive and in one transaction under a PostgreSQL advisory lock, so concurrent
 migrations serialise. A schema newer than this code knows is refused (`SchemaTooNew`)
 before anything is written. execkit cannot copy a server's database, so an existing
-ledger is migrated only when asked (`upgrade=True`, `migrate_postgres`); until then every
-transaction is refused with the exact `pg_dump` command to take the backup first.
+ledger is migrated only when asked (`upgrade=True` on open, or `migrate(backed_up=True)`);
+until then every transaction is refused with the exact `pg_dump` command to take the backup
+first.
 
 psycopg (3) is imported when a store is opened, never when this module is imported.
 """
@@ -56,7 +57,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -71,6 +72,7 @@ from execkit.ledger._core import LedgerCore, TaskRecord
 from execkit.ledger._model import (
     CAPABILITIES,
     DEFAULT_LEASE_S,
+    AuditEntry,
     AuditEvent,
     Grant,
     Run,
@@ -80,8 +82,11 @@ from execkit.ledger._model import (
 from execkit.ledger._rows import (
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
+    TASK_COLUMNS,
+    audit_event_from_row,
+    grant_from_row,
     run_from_row,
-    summary_values,
+    summary_row,
     task_from_row,
 )
 
@@ -227,10 +232,14 @@ _TABLES = (
 # space the idempotency keys use. 0x65786b74 is "exkt".
 _MIGRATION_LOCK = (0x65786B74, 1)
 
+# Rows are read by column name (`_rows.py`); here every column of a row shape is a column
+# of one table under the same name.
 _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
-_TASK_SELECT = (
-    "SELECT id, title, status, created_by, created_at, max_attempts, max_uncharged_attempts, "
-    "retry_requested_by, gave_up_at_attempt, " + ", ".join(SUMMARY_COLUMNS) + " FROM tasks"
+_TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
+_SUMMARY_UPDATE = (
+    "UPDATE tasks SET "
+    + ", ".join(f"{column} = %({column})s" for column in SUMMARY_COLUMNS)
+    + " WHERE id = %(task_id)s"
 )
 _DEFAULT_BUDGET = WorkBudget()
 
@@ -315,7 +324,7 @@ class _PostgresTx:
     # nothing needs (its errors surface at the next read or at COMMIT, inside the
     # transaction all the same); a read waits for everything queued before it, in order.
 
-    def _send(self, sql: str, params: Sequence[Any] = ()) -> None:
+    def _send(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
         self._conn.execute(sql, params)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
@@ -323,6 +332,18 @@ class _PostgresTx:
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._conn.execute(sql, params).fetchall()
+
+    def _named(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[dict[str, Any]]:
+        """`sql` run on a cursor whose rows are dicts by column name (`dict_row`)."""
+        from psycopg.rows import dict_row
+
+        return self._conn.cursor(row_factory=dict_row).execute(sql, params)
+
+    def _named_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        return self._named(sql, params).fetchone()
+
+    def _named_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return self._named(sql, params).fetchall()
 
     def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
         """The rows a statement ending in `RETURNING 1` changed."""
@@ -338,33 +359,36 @@ class _PostgresTx:
 
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         suffix = " FOR UPDATE" if lock and self._write else ""
-        row = self._one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
+        row = self._named_one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
         return None if row is None else task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
         suffix = " FOR UPDATE" if self._write else ""
-        return [task_from_row(row) for row in self._all(f"{_TASK_SELECT} ORDER BY seq{suffix}")]
+        rows = self._named_all(f"{_TASK_SELECT} ORDER BY seq{suffix}")
+        return [task_from_row(row) for row in rows]
 
     def runs(self, task_id: str) -> list[Run]:
-        rows = self._all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
+        rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
         return [run_from_row(row) for row in rows]
 
     def all_runs(self) -> list[Run]:
-        return [run_from_row(row) for row in self._all(f"{_RUN_SELECT} ORDER BY seq")]
+        return [run_from_row(row) for row in self._named_all(f"{_RUN_SELECT} ORDER BY seq")]
 
     def run(self, run_id: str) -> Run | None:
         self._lock_task_of(run_id)
-        row = self._one(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
+        row = self._named_one(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
         return None if row is None else run_from_row(row)
 
     def run_at(self, task_id: str, attempt: int) -> Run | None:
-        row = self._one(f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt))
+        row = self._named_one(
+            f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt)
+        )
         return None if row is None else run_from_row(row)
 
     def expired_runs(self, now: float) -> list[Run]:
         expired = "status = 'running' AND lease_expires_at <= %s"
         if not self._write:
-            rows = self._all(f"{_RUN_SELECT} WHERE {expired} ORDER BY seq", (now,))
+            rows = self._named_all(f"{_RUN_SELECT} WHERE {expired} ORDER BY seq", (now,))
             return [run_from_row(row) for row in rows]
         locked = [
             row[0]
@@ -377,7 +401,7 @@ class _PostgresTx:
         if not locked:
             return []
         # Read again now that the tasks are locked: a run finished meanwhile is not expired.
-        rows = self._all(
+        rows = self._named_all(
             f"{_RUN_SELECT} WHERE {expired} AND task_id = ANY(%s) ORDER BY seq", (now, locked)
         )
         return [run_from_row(row) for row in rows]
@@ -418,11 +442,11 @@ class _PostgresTx:
         )
 
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
-        assignments = ", ".join(f"{column} = %s" for column in SUMMARY_COLUMNS)
-        self._send(
-            f"UPDATE tasks SET {assignments} WHERE id = %s",
-            (*(_text(v) if isinstance(v, str) else v for v in summary_values(summary)), task_id),
-        )
+        values = {
+            column: _text(value) if isinstance(value, str) else value
+            for column, value in summary_row(summary).items()
+        }
+        self._send(_SUMMARY_UPDATE, {**values, "task_id": task_id})
 
     def insert_run(self, run: Run, lease_s: float) -> Run:
         # The limit in force is read from the task row this transaction has locked, in the
@@ -491,39 +515,28 @@ class _PostgresTx:
         row = self._one("SELECT lease_s FROM runs WHERE id = %s", (run_id,))
         return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
 
-    def audit(
-        self,
-        at: float,
-        actor: str,
-        action: str,
-        task_id: str | None,
-        run_id: str | None,
-        detail: dict[str, Any],
-    ) -> None:
+    def audit(self, entry: AuditEntry) -> None:
         self._send(
             "INSERT INTO audit (at, actor, action, task_id, run_id, detail) "
             "VALUES (%s, %s, %s, %s, %s, %s::jsonb)",
-            (at, _text(actor), action, task_id, run_id, _json(detail)),
+            (
+                entry.at,
+                _text(entry.actor),
+                str(entry.action),
+                entry.task_id,
+                entry.run_id,
+                _json(entry.detail),
+            ),
         )
 
     def audit_events(self, task_id: str | None) -> list[AuditEvent]:
-        sql = "SELECT seq, at, actor, action, task_id, run_id, detail FROM audit"
+        sql = "SELECT seq AS id, at, actor, action, task_id, run_id, detail FROM audit"
         params: tuple[str, ...] = ()
         if task_id is not None:
             sql += " WHERE task_id = %s"
             params = (task_id,)
-        return [
-            AuditEvent(
-                id=row[0],
-                at=row[1],
-                actor=row[2],
-                action=row[3],
-                task_id=row[4],
-                run_id=row[5],
-                detail=dict(row[6]),
-            )
-            for row in self._all(sql + " ORDER BY seq", params)
-        ]
+        rows = self._named_all(sql + " ORDER BY seq", params)
+        return [audit_event_from_row(row, dict(row["detail"])) for row in rows]
 
     def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None:
         if self._write:
@@ -554,7 +567,8 @@ class _PostgresTx:
         if principal is not None:
             sql += " WHERE principal = %s"
             params = (principal,)
-        return [Grant(*row) for row in self._all(sql + " ORDER BY principal, role", params)]
+        rows = self._named_all(sql + " ORDER BY principal, role", params)
+        return [grant_from_row(row) for row in rows]
 
     def put_grant(self, grant: Grant) -> bool:
         changed = self._count(
@@ -896,6 +910,18 @@ class PostgresStore:
             from_version=current, to_version=SCHEMA_VERSION, backup_command=command
         )
 
+    def upgrade(self) -> PostgresMigration | None:
+        """What `upgrade=True` does on open, for a store opened without it: bring an older
+        schema to SCHEMA_VERSION (the caller took the backup `backup_command` names).
+        None when it was already current, nothing written."""
+        with self._lock:
+            done = self._upgrade()
+            with self._transaction(write=False, current=False) as tx:
+                self._owner = tx.meta("owner")  # not read while the schema was outdated
+        if done is not None:
+            self.migration = done
+        return done
+
     def schema_version(self) -> int:
         with self._transaction(write=False, current=False) as tx:
             return self._read_version(tx)
@@ -1004,8 +1030,37 @@ class PostgresLedger(LedgerCore):
         self.close()
 
     def status_info(self) -> dict[str, Any]:
-        """Facts for an operator's status view (JSON-safe)."""
+        """Facts for an operator's status view (JSON-safe); works on an older schema too."""
         return self._postgres.info()
+
+    def where(self) -> tuple[str, str]:
+        """Where this ledger is, as a labelled value for an operator: `("url", URL)`, its
+        password left out (as `location()`)."""
+        return "url", self.url
+
+    def migrate(self, *, backed_up: bool = False) -> PostgresMigration:
+        """Bring an older schema to SCHEMA_VERSION once the operator says (`backed_up`)
+        they took the dump `backup_command()` names: execkit cannot copy a server's
+        database, so without it an outdated ledger is refused with InvalidInput naming the
+        exact `pg_dump` command, nothing written. Returns what was done, with
+        `backup_command` None when it was already current (nothing written).
+        """
+        found = self._postgres.schema_version()
+        if found < SCHEMA_VERSION and not backed_up:
+            raise InvalidInput(
+                f"the ledger at {self.url} has schema version {found} and this execkit needs "
+                f"{SCHEMA_VERSION}. execkit cannot copy a server's database: back it up with "
+                f"`{self.backup_command(found)}`, then run `execkit db migrate --backed-up` "
+                "(from Python: `migrate(..., backed_up=True)`)",
+                field="backed_up",
+            )
+        done = self._postgres.upgrade()
+        if done is not None:
+            self.migration = done
+            return done
+        return PostgresMigration(
+            from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_command=None
+        )
 
     def backup_command(self, version: int | None = None) -> str:
         """The `pg_dump` command that backs this ledger up before a migration (execkit
@@ -1013,18 +1068,10 @@ class PostgresLedger(LedgerCore):
         return self._postgres.backup_command(version)
 
 
-def migrate_postgres(
-    url: str,
-    *,
-    budget: WorkBudget = _DEFAULT_BUDGET,
-    backoff: Backoff = SCHEDULER_BACKOFF,
-) -> PostgresMigration:
-    """Bring an existing PostgreSQL ledger to `SCHEMA_VERSION` (take the backup its
-    `backup_command` names first: execkit cannot). Returns what was done; nothing is written
-    when it is already current. NotFound when there is no ledger; SchemaTooNew when newer."""
-    with PostgresLedger(url, budget=budget, backoff=backoff, create=False, upgrade=True) as ledger:
-        if ledger.migration is not None:
-            return ledger.migration
-        return PostgresMigration(
-            from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_command=None
-        )
+def migrate_postgres(url: str) -> PostgresMigration:
+    """Bring an existing PostgreSQL ledger to SCHEMA_VERSION, the caller having taken the
+    backup its `backup_command()` names: `execkit.ledger.migrate(url, backed_up=True)`, kept
+    under the name docs/architecture.md gives it. NotFound when there is no ledger;
+    SchemaTooNew when it is newer."""
+    with PostgresLedger(url, create=False, upgrade=False) as ledger:
+        return ledger.migrate(backed_up=True)

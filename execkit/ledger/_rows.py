@@ -1,32 +1,49 @@
-"""The row shapes both SQL backends share: a run row and a task row with its summary.
+"""The row shapes both SQL backends share, mapped by column name: a run row, a task row with
+its summary, an audit row and a grant row.
 
-Each backend writes its own SELECT (its joins and placeholders differ) but returns the
-columns in the order named here, so one mapping reads them: `run_from_row` for
-`RUN_COLUMNS`, `task_from_row` for the task columns followed by `SUMMARY_COLUMNS`, and
-`summary_values` writes a summary back in `SUMMARY_COLUMNS` order. A stored value outside
-its enum (a newer writer, a hand edit) is a StorageError naming the row, never a traceback.
+Each backend writes its own SELECT (its joins and placeholders differ) and returns each row
+as a mapping from column name to value (`sqlite3.Row`, psycopg's `dict_row`): the names
+below, never positions, so a column added to a table or a SELECT cannot shift the others.
+`run_from_row` reads `RUN_COLUMNS`, `task_from_row` reads `TASK_COLUMNS` and
+`SUMMARY_COLUMNS`; `summary_row` gives a summary to write back as a mapping keyed by
+`SUMMARY_COLUMNS`, which the backends' statements name as parameters (`:name`,
+`%(name)s`). A column missing from a row is a KeyError: a bug in a SELECT, which the contract
+tests meet on their first read. A stored value outside its enum (a newer writer, a hand
+edit) is a StorageError naming the row, never a traceback.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit.ledger._core import TaskRecord
-from execkit.ledger._model import Run, TaskStatus
+from execkit.ledger._model import AuditEvent, Grant, Run, TaskStatus
 
 __all__ = [
+    "AUDIT_COLUMNS",
+    "GRANT_COLUMNS",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
+    "TASK_COLUMNS",
+    "NamedRow",
+    "audit_event_from_row",
     "domain",
+    "grant_from_row",
     "run_from_row",
-    "summary_values",
+    "summary_row",
     "task_from_row",
 ]
+
+
+class NamedRow(Protocol):
+    """A row read by column name (`sqlite3.Row`, a psycopg `dict_row` dict)."""
+
+    def __getitem__(self, column: str, /) -> Any: ...
+
 
 RUN_COLUMNS = (
     "id",
@@ -45,6 +62,17 @@ RUN_COLUMNS = (
     "lease_expires_at",
     "not_before",
 )
+TASK_COLUMNS = (
+    "id",
+    "title",
+    "status",
+    "created_by",
+    "created_at",
+    "max_attempts",  # 0: no explicit limit
+    "max_uncharged_attempts",
+    "retry_requested_by",
+    "gave_up_at_attempt",
+)
 SUMMARY_COLUMNS = (
     "attempts_used",
     "charged_attempts",
@@ -60,103 +88,135 @@ SUMMARY_COLUMNS = (
     "last_forced",
     "last_not_before",
 )
+AUDIT_COLUMNS = ("id", "at", "actor", "action", "task_id", "run_id", "detail")
+GRANT_COLUMNS = ("principal", "role", "granted_by", "granted_at")
 
 _E = TypeVar("_E", bound=enum.Enum)
 
 
-def domain(kind: type[_E], value: Any, where: str) -> _E:
+def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
     """A stored value as its enum; one this execkit does not know is a StorageError
-    naming the row (`where`)."""
+    naming the row: `where`, formatted with `keys` (`"run {!r} status", run_id`) only
+    then, as every row read passes through here."""
     try:
         return kind(value)
     except ValueError:
         allowed = ", ".join(str(member.value) for member in kind)
         raise StorageError(
-            f"{where} holds {value!r}, which is not one of {allowed}; "
+            f"{where.format(*keys)} holds {value!r}, which is not one of {allowed}; "
             "`execkit db check` lists every such row"
         ) from None
 
 
-def run_from_row(row: Sequence[Any]) -> Run:
-    where = f"run {row[0]!r}"
+def run_from_row(row: NamedRow) -> Run:
+    run_id = row["id"]
+    failure_class = row["failure_class"]
     return Run(
-        id=row[0],
-        task_id=row[1],
-        attempt=row[2],
-        status=domain(AttemptStatus, row[3], f"{where} status"),
-        failure_class=None if row[4] is None else domain(FailureClass, row[4], f"{where} class"),
-        reason=row[5],
-        request_key=row[6],
-        actor=row[7],
-        forced=bool(row[8]),
-        started_at=row[9],
-        ended_at=row[10],
-        owner_host=row[11],
-        owner_pid=row[12],
-        lease_expires_at=row[13],
-        not_before=row[14],
+        id=run_id,
+        task_id=row["task_id"],
+        attempt=row["attempt"],
+        status=domain(AttemptStatus, row["status"], "run {!r} status", run_id),
+        failure_class=None
+        if failure_class is None
+        else domain(FailureClass, failure_class, "run {!r} class", run_id),
+        reason=row["reason"],
+        request_key=row["request_key"],
+        actor=row["actor"],
+        forced=bool(row["forced"]),
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        owner_host=row["owner_host"],
+        owner_pid=row["owner_pid"],
+        lease_expires_at=row["lease_expires_at"],
+        not_before=row["not_before"],
     )
 
 
-def _summary_from_row(row: Sequence[Any]) -> HistorySummary:
-    if row[0] is None:  # no summary row (a left join): the task has no history yet
+def _summary_from_row(row: NamedRow) -> HistorySummary:
+    if row["attempts_used"] is None:  # no summary row (a left join): no history yet
         return HistorySummary()
     last = None
-    if row[5] is not None:
+    if row["last_number"] is not None:
+        last_class = row["last_class"]
         last = Attempt(
-            number=row[5],
-            status=domain(AttemptStatus, row[6], "summary last_status"),
+            number=row["last_number"],
+            status=domain(AttemptStatus, row["last_status"], "summary last_status"),
             failure_class=None
-            if row[7] is None
-            else domain(FailureClass, row[7], "summary last_class"),
-            reason=row[8],
-            started_at=row[9],
-            ended_at=row[10],
-            forced=bool(row[11]),
-            not_before=row[12],
+            if last_class is None
+            else domain(FailureClass, last_class, "summary last_class"),
+            reason=row["last_reason"],
+            started_at=row["last_started_at"],
+            ended_at=row["last_ended_at"],
+            forced=bool(row["last_forced"]),
+            not_before=row["last_not_before"],
         )
     return HistorySummary(
-        attempts_used=row[0],
-        charged_attempts=row[1],
-        uncharged_streak=row[2],
-        streak_reason=row[3],
-        running=row[4],
+        attempts_used=row["attempts_used"],
+        charged_attempts=row["charged_attempts"],
+        uncharged_streak=row["uncharged_streak"],
+        streak_reason=row["streak_reason"],
+        running=row["running"],
         last=last,
     )
 
 
-def summary_values(summary: HistorySummary) -> tuple[Any, ...]:
-    """`summary` as the values of `SUMMARY_COLUMNS` (enums as their strings)."""
+def summary_row(summary: HistorySummary) -> dict[str, Any]:
+    """`summary` as the values of `SUMMARY_COLUMNS`, by name (enums as their strings)."""
     last = summary.last
-    return (
-        summary.attempts_used,
-        summary.charged_attempts,
-        summary.uncharged_streak,
-        summary.streak_reason,
-        summary.running,
-        None if last is None else last.number,
-        None if last is None else str(last.status),
-        None if last is None or last.failure_class is None else str(last.failure_class),
-        None if last is None else last.reason,
-        None if last is None else last.started_at,
-        None if last is None else last.ended_at,
-        last is not None and last.forced,
-        None if last is None else last.not_before,
+    return {
+        "attempts_used": summary.attempts_used,
+        "charged_attempts": summary.charged_attempts,
+        "uncharged_streak": summary.uncharged_streak,
+        "streak_reason": summary.streak_reason,
+        "running": summary.running,
+        "last_number": None if last is None else last.number,
+        "last_status": None if last is None else str(last.status),
+        "last_class": None
+        if last is None or last.failure_class is None
+        else str(last.failure_class),
+        "last_reason": None if last is None else last.reason,
+        "last_started_at": None if last is None else last.started_at,
+        "last_ended_at": None if last is None else last.ended_at,
+        "last_forced": last is not None and last.forced,
+        "last_not_before": None if last is None else last.not_before,
+    }
+
+
+def task_from_row(row: NamedRow) -> TaskRecord:
+    """A task row: `TASK_COLUMNS` and `SUMMARY_COLUMNS` (NULL when it has no summary yet)."""
+    return TaskRecord(
+        id=row["id"],
+        title=row["title"],
+        status=domain(TaskStatus, row["status"], "task {!r} status", row["id"]),
+        created_by=row["created_by"],
+        created_at=row["created_at"],
+        max_attempts=row["max_attempts"],
+        max_uncharged_attempts=row["max_uncharged_attempts"],
+        retry_requested_by=row["retry_requested_by"],
+        gave_up_at_attempt=row["gave_up_at_attempt"],
+        summary=_summary_from_row(row),
     )
 
 
-def task_from_row(row: Sequence[Any]) -> TaskRecord:
-    """A task row: id, title, status, created_by, created_at, max_attempts (0: none),
-    max_uncharged_attempts, retry_requested_by, gave_up_at_attempt, then the summary."""
-    return TaskRecord(
-        id=row[0],
-        title=row[1],
-        status=domain(TaskStatus, row[2], f"task {row[0]!r} status"),
-        created_by=row[3],
-        created_at=row[4],
-        max_attempts=row[5],
-        max_uncharged_attempts=row[6],
-        retry_requested_by=row[7],
-        gave_up_at_attempt=row[8],
-        summary=_summary_from_row(row[9:]),
+def audit_event_from_row(row: NamedRow, detail: dict[str, Any]) -> AuditEvent:
+    """An audit row (`AUDIT_COLUMNS`); `detail` is its `detail` column as the backend
+    decoded it (JSON text on SQLite, jsonb on PostgreSQL)."""
+    return AuditEvent(
+        id=row["id"],
+        at=row["at"],
+        actor=row["actor"],
+        action=row["action"],
+        task_id=row["task_id"],
+        run_id=row["run_id"],
+        detail=detail,
+    )
+
+
+def grant_from_row(row: NamedRow) -> Grant:
+    """A role grant row (`GRANT_COLUMNS`)."""
+    return Grant(
+        principal=row["principal"],
+        role=row["role"],
+        granted_by=row["granted_by"],
+        granted_at=row["granted_at"],
     )

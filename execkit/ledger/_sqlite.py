@@ -38,6 +38,7 @@ from execkit.ledger._core import LedgerCore, TaskRecord, attempt_from_run
 from execkit.ledger._model import (
     CAPABILITIES,
     DEFAULT_LEASE_S,
+    AuditEntry,
     AuditEvent,
     Grant,
     Run,
@@ -45,14 +46,15 @@ from execkit.ledger._model import (
     user_name,
 )
 from execkit.ledger._rows import (
-    RUN_COLUMNS,
     SUMMARY_COLUMNS,
+    audit_event_from_row,
+    grant_from_row,
     run_from_row,
-    summary_values,
+    summary_row,
     task_from_row,
 )
 
-__all__ = ["SCHEMA_VERSION", "Migration", "SqliteLedger", "SqliteStore", "migrate"]
+__all__ = ["SCHEMA_VERSION", "Migration", "SqliteLedger", "SqliteStore"]
 
 # Version 1: the legacy store (no attempt limits). Version 2 (ADR 0033): attempt limits
 # keyed by task id and the run-history index by task and creation order. Version 3: run
@@ -176,22 +178,28 @@ _SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
 }
 SCHEMA_VERSION = max(_SCHEMA_STEPS)
 
-_RUN_EXTRAS = ("lease_expires_at", "not_before")
+# Rows are read by column name (`_rows.py`): each SELECT below names every column of its
+# row shape, with the facts schema 3 added taken from the tables it added them in.
 _RUN_SELECT = (
-    "SELECT "
-    + ", ".join(
-        f"x.{c}" if c in ("lease_expires_at", "not_before") else f"r.{c}" for c in RUN_COLUMNS
-    )
-    + " FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
+    "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
+    "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
+    "x.lease_expires_at, x.not_before "
+    "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
-    "COALESCE(l.max_attempts, 0), e.max_uncharged_attempts, e.retry_requested_by, "
-    "e.gave_up_at_attempt, "
+    "COALESCE(l.max_attempts, 0) AS max_attempts, e.max_uncharged_attempts, "
+    "e.retry_requested_by, e.gave_up_at_attempt, "
     + ", ".join(f"s.{column}" for column in SUMMARY_COLUMNS)
     + " FROM tasks t LEFT JOIN task_attempt_limits l ON l.task_id = t.id "
     "LEFT JOIN task_extras e ON e.task_id = t.id "
     "LEFT JOIN task_summaries s ON s.task_id = t.id"
+)
+_SUMMARY_UPSERT = (
+    f"INSERT INTO task_summaries (task_id, {', '.join(SUMMARY_COLUMNS)}) "
+    f"VALUES (:task_id, {', '.join(f':{column}' for column in SUMMARY_COLUMNS)}) "
+    "ON CONFLICT (task_id) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
 )
 _DEFAULT_BUDGET = WorkBudget()
 # Owner-only: a ledger holds reasons and audit rows that are nobody else's business.
@@ -235,36 +243,41 @@ class _SqliteTx:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
+    def _named(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """`sql` run on a cursor whose rows are read by column name (`sqlite3.Row`); the
+        connection itself keeps plain tuples for everything else."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = sqlite3.Row
+        return cursor.execute(sql, params)
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
-        row = self._conn.execute(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
+        row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
         return None if row is None else task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
-        rows = self._conn.execute(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
+        rows = self._named(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
         return [task_from_row(row) for row in rows]
 
     def runs(self, task_id: str) -> list[Run]:
-        rows = self._conn.execute(
-            f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,)
-        ).fetchall()
-        return [run_from_row(row) for row in rows]
+        rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
+        return [run_from_row(row) for row in rows.fetchall()]
 
     def all_runs(self) -> list[Run]:
-        rows = self._conn.execute(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
+        rows = self._named(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
         return [run_from_row(row) for row in rows]
 
     def run(self, run_id: str) -> Run | None:
-        row = self._conn.execute(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
+        row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
         return None if row is None else run_from_row(row)
 
     def run_at(self, task_id: str, attempt: int) -> Run | None:
-        row = self._conn.execute(
+        row = self._named(
             f"{_RUN_SELECT} WHERE r.task_id = ? AND r.attempt = ?", (task_id, attempt)
         ).fetchone()
         return None if row is None else run_from_row(row)
 
     def expired_runs(self, now: float) -> list[Run]:
-        rows = self._conn.execute(
+        rows = self._named(
             f"{_RUN_SELECT} WHERE r.status = 'running' AND x.lease_expires_at <= ? ORDER BY r.seq",
             (now,),
         ).fetchall()
@@ -318,13 +331,7 @@ class _SqliteTx:
         )
 
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
-        placeholders = ", ".join("?" * (1 + len(SUMMARY_COLUMNS)))
-        updates = ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
-        self._conn.execute(
-            f"INSERT INTO task_summaries (task_id, {', '.join(SUMMARY_COLUMNS)}) "
-            f"VALUES ({placeholders}) ON CONFLICT (task_id) DO UPDATE SET {updates}",
-            (task_id, *summary_values(summary)),
-        )
+        self._conn.execute(_SUMMARY_UPSERT, {"task_id": task_id, **summary_row(summary)})
 
     def insert_run(self, run: Run, lease_s: float) -> Run:
         seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
@@ -392,40 +399,28 @@ class _SqliteTx:
         ).fetchone()
         return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
 
-    def audit(
-        self,
-        at: float,
-        actor: str,
-        action: str,
-        task_id: str | None,
-        run_id: str | None,
-        detail: dict[str, Any],
-    ) -> None:
+    def audit(self, entry: AuditEntry) -> None:
         self._conn.execute(
             "INSERT INTO audit (at, actor, action, task_id, run_id, detail) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (at, actor, action, task_id, run_id, json.dumps(detail, sort_keys=True)),
+            (
+                entry.at,
+                entry.actor,
+                str(entry.action),
+                entry.task_id,
+                entry.run_id,
+                json.dumps(entry.detail, sort_keys=True),
+            ),
         )
 
     def audit_events(self, task_id: str | None) -> list[AuditEvent]:
-        sql = "SELECT seq, at, actor, action, task_id, run_id, detail FROM audit"
+        sql = "SELECT seq AS id, at, actor, action, task_id, run_id, detail FROM audit"
         params: tuple[str, ...] = ()
         if task_id is not None:
             sql += " WHERE task_id = ?"
             params = (task_id,)
-        rows = self._conn.execute(sql + " ORDER BY seq", params).fetchall()
-        return [
-            AuditEvent(
-                id=row[0],
-                at=row[1],
-                actor=row[2],
-                action=row[3],
-                task_id=row[4],
-                run_id=row[5],
-                detail=json.loads(row[6]),
-            )
-            for row in rows
-        ]
+        rows = self._named(sql + " ORDER BY seq", params).fetchall()
+        return [audit_event_from_row(row, json.loads(row["detail"])) for row in rows]
 
     def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None:
         row = self._conn.execute(
@@ -452,8 +447,8 @@ class _SqliteTx:
         if principal is not None:
             sql += " WHERE principal = ?"
             params = (principal,)
-        rows = self._conn.execute(sql + " ORDER BY principal, role", params).fetchall()
-        return [Grant(*row) for row in rows]
+        rows = self._named(sql + " ORDER BY principal, role", params).fetchall()
+        return [grant_from_row(row) for row in rows]
 
     def put_grant(self, grant: Grant) -> bool:
         changed = self._conn.execute(
@@ -557,10 +552,7 @@ class SqliteStore:
                     "taken before the upgrade"
                 )
             if upgrade:
-                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    self._conn.execute("PRAGMA journal_mode = WAL")
-                if found < SCHEMA_VERSION:
-                    self.migration = self._upgrade(found)
+                self.migration = self._bring_up(found)
             else:
                 self._outdated = found < SCHEMA_VERSION
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, I/O, ...
@@ -714,6 +706,36 @@ class SqliteStore:
                 )
             self._conn.execute("COMMIT")
         return Migration(from_version=current, to_version=SCHEMA_VERSION, backup_path=backup)
+
+    def _bring_up(self, found: int) -> Migration | None:
+        """WAL mode, then the schema brought from `found` to SCHEMA_VERSION (a backup
+        first); None when it was already current."""
+        if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self._conn.execute("PRAGMA journal_mode = WAL")
+        if found < SCHEMA_VERSION:
+            return self._upgrade(found)
+        return None
+
+    def upgrade(self) -> Migration | None:
+        """What `upgrade=True` does on open, for a store opened without it: bring an older
+        schema to SCHEMA_VERSION after writing a backup beside the file. None when it was
+        already current (nothing written). SchemaTooNew when it is newer; StorageError
+        when the file is busy past the timeout, with nothing migrated."""
+        with self._lock:
+            try:
+                found = self._read_version()
+                if found > SCHEMA_VERSION:
+                    raise SchemaTooNew(
+                        f"{self.path} has schema version {found}, newer than this execkit "
+                        f"knows ({SCHEMA_VERSION})"
+                    )
+                done = self._bring_up(found)
+            except sqlite3.Error as exc:
+                raise StorageError(f"cannot migrate ledger database {self.path}: {exc}") from exc
+            self._outdated = False
+            if done is not None:
+                self.migration = done
+            return done
 
     def _end_transaction(self) -> None:
         if self._conn.in_transaction:
@@ -877,27 +899,30 @@ class SqliteLedger(LedgerCore):
         self.close()
 
     def status_info(self) -> dict[str, Any]:
-        """Facts for `execkit db status` (JSON-safe)."""
+        """Facts for `execkit db status` (JSON-safe); works on an older schema too."""
         return self._sqlite.info()
+
+    def where(self) -> tuple[str, str]:
+        """Where this ledger is, as a labelled value for an operator: `("path", FILE)`, the
+        file as it was named (not resolved, unlike `location()`)."""
+        return "path", str(self.path)
+
+    def migrate(self, *, backed_up: bool = False) -> Migration:
+        """Bring an older schema to SCHEMA_VERSION, writing a backup beside the file first
+        (a ledger opened with `upgrade=False` is then usable); returns what was done, with
+        `backup_path` None (nothing written) when it was already current.
+
+        `backed_up` is a PostgreSQL ledger's business (execkit cannot copy a server's
+        database, so there the operator takes the dump): a file is backed up by execkit
+        itself, whatever it says. SchemaTooNew when the file is newer than this execkit.
+        """
+        done = self._sqlite.upgrade()
+        if done is not None:
+            self.migration = done
+            return done
+        return Migration(from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_path=None)
 
     @property
     def _conn(self) -> sqlite3.Connection:
         """The raw connection, for tests that look under the rules at the stored rows."""
         return self._sqlite._conn
-
-
-def migrate(
-    path: str | os.PathLike[str],
-    *,
-    budget: WorkBudget = _DEFAULT_BUDGET,
-    backoff: Backoff = SCHEDULER_BACKOFF,
-) -> Migration:
-    """Bring an existing ledger file to `SCHEMA_VERSION`, writing a backup first.
-
-    Returns what was done; `backup_path` is None (and nothing is written) when the file is
-    already current. NotFound when there is no file; SchemaTooNew when it is newer.
-    """
-    with SqliteLedger(path, budget=budget, backoff=backoff, create=False) as ledger:
-        if ledger.migration is not None:
-            return ledger.migration
-        return Migration(from_version=SCHEMA_VERSION, to_version=SCHEMA_VERSION, backup_path=None)
