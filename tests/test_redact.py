@@ -1041,22 +1041,6 @@ def test_each_file_of_the_package_imports_only_those_above_it() -> None:
                 assert order.index(imported) < rank, f"{name}.py imports {imported}.py"
 
 
-def test_other_rooms_import_only_the_package() -> None:
-    # Inside execkit, only the package's own files name its files.
-    root = Path(_redact_package.__file__).resolve().parent
-    for path in sorted(root.parent.rglob("*.py")):
-        if root in path.parents:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith("execkit._redact."), (path, node.module)
-                if node.module == "execkit._redact":
-                    assert {a.name for a in node.names} <= set(_redact_package.__all__), path
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-                assert not any(n.startswith("execkit._redact.") for n in names), path
-
-
 # ================================================================ linear time
 #
 # Nothing here is timed (benchmarks/bench_redact.py times the same texts). Linear time is
