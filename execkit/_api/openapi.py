@@ -5,9 +5,9 @@ document describes exactly what the server routes and answers. Served at
 `GET /openapi.json` without authentication; `python -m execkit.server --openapi` prints it,
 and the TypeScript SDK's wire types are generated from it (sdk/typescript/scripts/).
 
-An enum field's schema carries the enum's name as its `title` (`TaskState`), so a
-generator can name the type; `ERROR_STATUSES` is every code the server answers with, and
-the error schema lists exactly those.
+An enum field's schema carries the enum's name as its `title` (`TaskState`, and
+`ErrorCode` for the error codes), so a generator can name the type; `ERROR_STATUSES` is
+every code the server answers with, and the error schema lists exactly those.
 """
 
 from __future__ import annotations
@@ -143,7 +143,10 @@ def _components() -> dict[str, Any]:
         "Error": _object(
             {
                 "error": _object(
-                    {"code": {"type": "string", "enum": codes}, "message": {"type": "string"}},
+                    {
+                        "code": {"type": "string", "enum": codes, "title": "ErrorCode"},
+                        "message": {"type": "string"},
+                    },
                     optional={"ready_at": {"type": "number"}},
                 )
             }
