@@ -15,6 +15,8 @@ import json
 import os
 import pwd
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,6 +49,23 @@ def _protocol_methods() -> dict[str, Callable[..., Any]]:
 
 
 # -- the table is the client ------------------------------------------------------------
+
+
+def test_the_client_and_the_table_need_neither_starlette_nor_uvicorn() -> None:
+    """A runner that installs only the base package has RemoteLedger, and the document."""
+    probe = (
+        "import sys\n"
+        "sys.modules['starlette'] = sys.modules['uvicorn'] = None  # importing them fails\n"
+        "from execkit.remote import RemoteLedger\n"
+        "from execkit.server.__main__ import main\n"
+        "RemoteLedger('http://127.0.0.1:1', 'token')\n"
+        "main(['--openapi'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["openapi"] == "3.1.0"
 
 
 def test_every_ledger_operation_is_a_row_or_named_here() -> None:
