@@ -6,8 +6,9 @@ bind none. `ENDPOINTS` is all of them in the document's order. The server (`exec
 routes requests with `ENDPOINTS` and the OpenAPI document (openapi.py) is generated from
 it; the client (`execkit.remote.RemoteLedger`, a subclass of `LedgerRoutes`) has each row as
 its method. So a new route is one row here (with its handler) plus the ledger's method
-(in `Ledger` and `LedgerCore`), and the two ends and the document cannot differ. Nothing here knows HTTP framing: a handler takes a `Call` (the
-checked inputs, the acting `Actor`, the ledger) and returns (status, JSON document).
+(in `Ledger` and `LedgerCore`), and the two ends and the document cannot differ. Nothing
+here knows HTTP framing: a handler takes a `Call` (the checked inputs, the acting `Actor`,
+the ledger) and returns (status, JSON document).
 
 Roles, in two layers. The token's `roles` (the tokens file) gate routes here: an operation
 that can need a role in the ledger needs it in the token too, so a token can be made for
