@@ -56,6 +56,10 @@ RANKS = {
     "execkit._budget": 6,
     "execkit.ledger": 7,
     "execkit.dispatch": 8,
+    # The HTTP API described once (the route table, its OpenAPI document): above the
+    # ledger it calls, below the server and the client built from it, so neither can be
+    # imported back by it.
+    "execkit._api": 8,
     "execkit.cli": 9,
     "execkit.testing": 9,
     "execkit.remote": 9,

@@ -2,7 +2,9 @@
 
 Errors come back typed, the wire shapes back as the ledger's own values, capabilities are
 checked before a limit is relied on, a dropped connection is retried with the same key,
-and the dispatcher runs unchanged over it.
+and the dispatcher runs unchanged over it. The broad tests run twice: over the default
+transport to the server's socket, and over an in-memory transport that hands each request
+to the same application (`AppTransport`, test_remote_wire.py has more of those).
 """
 
 from __future__ import annotations
@@ -42,10 +44,29 @@ from execkit.dispatch import (
     RunOutcome,
 )
 from execkit.ledger import Actor, Ledger, SqliteLedger, open_ledger
-from execkit.remote import RemoteLedger, error_from_wire
+from execkit.remote import HttpAnswer, HttpRequest, RemoteLedger, error_from_wire
 from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
 
 ME = pwd.getpwuid(os.geteuid()).pw_name
+TRANSPORTS = ["socket", "memory"]
+
+
+class AppTransport:
+    """The in-memory transport: each request handed to the application itself (Starlette's
+    TestClient), no socket in between."""
+
+    def __init__(self, app: LedgerApp) -> None:
+        from starlette.testclient import TestClient
+
+        self.client = TestClient(app.app)
+        self.sent: list[HttpRequest] = []
+
+    def send(self, request: HttpRequest) -> HttpAnswer:
+        self.sent.append(request)
+        answer = self.client.request(
+            request.method, request.target, headers=dict(request.headers), content=request.body
+        )
+        return HttpAnswer(answer.status_code, dict(answer.headers), answer.content)
 
 
 @attrs.define
@@ -55,7 +76,9 @@ class Remote:
     url: str
     token: str
 
-    def client(self, **options: Any) -> RemoteLedger:
+    def client(self, transport: str = "socket", **options: Any) -> RemoteLedger:
+        if transport == "memory":
+            options["transport"] = AppTransport(self.app)
         return RemoteLedger(self.url, self.token, **options)
 
 
@@ -74,8 +97,11 @@ def remote(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Remote]:
     ledger.close()
 
 
-def test_it_is_a_ledger_and_answers_with_the_ledgers_own_values(remote: Remote) -> None:
-    client: Ledger = remote.client()
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_it_is_a_ledger_and_answers_with_the_ledgers_own_values(
+    remote: Remote, transport: str
+) -> None:
+    client: Ledger = remote.client(transport)
     task = client.create_task("write it", max_attempts=3, actor=ME)
     assert task == remote.ledger.get_task("t-1", now=task.created_at)
     run = client.start_run("t-1", request_key="k", actor=ME, lease_s=60)
@@ -100,8 +126,9 @@ def test_it_is_a_ledger_and_answers_with_the_ledgers_own_values(remote: Remote) 
     client.close()
 
 
-def test_refusals_come_back_as_the_same_typed_errors(remote: Remote) -> None:
-    client = remote.client()
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_refusals_come_back_as_the_same_typed_errors(remote: Remote, transport: str) -> None:
+    client = remote.client(transport)
     with pytest.raises(NotFound, match="no task 't-9'"):
         client.get_task("t-9")
     client.create_task("t", max_attempts=1, actor=ME, idempotency_key="key")

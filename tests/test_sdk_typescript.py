@@ -1,4 +1,10 @@
-"""The TypeScript SDK (sdk/typescript/) passes its own suite against a real `execkit serve`.
+"""The TypeScript SDK (sdk/typescript/): its generated wire types are the server's OpenAPI
+document's, and it passes its own suite against a real `execkit serve`.
+
+`src/wire.ts` is generated from the document (scripts/generate_wire.py, `npm run wire`) and
+committed; the first test writes it again into a temporary folder, from the document made
+in-process and from the one `python -m execkit.server --openapi` prints, and fails naming
+the difference when the committed file is not what the document says. It needs no node.
 
 `npm ci` installs the pinned dev dependencies (TypeScript, Node's types) when node_modules is
 missing or older than package-lock.json; `npm test` compiles with `tsc` and runs
@@ -10,6 +16,7 @@ and on a timeout the whole process group (npm, node and the servers it started) 
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -27,6 +34,42 @@ REPO = Path(__file__).resolve().parent.parent
 SDK = REPO / "sdk" / "typescript"
 INSTALL_TIMEOUT_S = 180.0
 TEST_TIMEOUT_S = 180.0
+
+
+WIRE = SDK / "src" / "wire.ts"
+GENERATOR = SDK / "scripts" / "generate_wire.py"
+
+
+@pytest.mark.parametrize("source", ["in-process", "dumped"])
+def test_the_generated_wire_types_are_the_documents(tmp_path: Path, source: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(GENERATOR), "--out", str(tmp_path / "wire.ts")]
+    if source == "dumped":
+        dumped = subprocess.run(
+            [sys.executable, "-m", "execkit.server", "--openapi"],
+            env=env,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        (tmp_path / "openapi.json").write_bytes(dumped.stdout)
+        command += ["--document", str(tmp_path / "openapi.json")]
+    subprocess.run(command, env=env, check=True, timeout=60, capture_output=True)
+    fresh = (tmp_path / "wire.ts").read_bytes()
+    committed = WIRE.read_bytes()
+    if fresh != committed:
+        diff = difflib.unified_diff(
+            committed.decode().splitlines(),
+            fresh.decode().splitlines(),
+            "sdk/typescript/src/wire.ts (committed)",
+            "what the OpenAPI document says",
+            lineterm="",
+        )
+        shown = "\n".join(list(diff)[:80])
+        pytest.fail(
+            "sdk/typescript/src/wire.ts differs from the server's OpenAPI document; "
+            f"regenerate it (cd sdk/typescript && npm run wire) and commit it:\n{shown}"
+        )
 
 
 def _unavailable(reason: str) -> NoReturn:

@@ -27,6 +27,7 @@ import attrs
 import pytest
 from starlette.testclient import TestClient
 
+from execkit._api import ENDPOINTS
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError
 from execkit.cli import main
@@ -42,7 +43,6 @@ from execkit.server import (
     parse_listen,
     token_hash,
 )
-from execkit.server._routes import ENDPOINTS
 
 REPO = Path(__file__).resolve().parent.parent
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -162,7 +162,7 @@ def test_the_documented_wire_shapes_are_the_ledgers(served: Served) -> None:
 
 
 def test_the_error_statuses_are_those_of_docs_remote_md() -> None:
-    from execkit.server._openapi import ERROR_STATUSES
+    from execkit._api import ERROR_STATUSES
 
     text = (REPO / "docs" / "remote.md").read_text(encoding="utf-8")
     table = text.split("## Errors", 1)[1].split("\n## ", 1)[0]

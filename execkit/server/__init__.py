@@ -1,14 +1,16 @@
 """`execkit serve`: the ledger over HTTP (docs/remote.md).
 
-The rooms: `_routes` (the route table: every endpoint, its token role, its fields, its
-ledger call), `_openapi` (the OpenAPI 3.1 document generated from that table), `_app` (the
-Starlette application: authentication, checks, idempotency, bounds), `_tokens` (the
-hashed tokens file), `_idempotency` (the stored answers) and `_serve` (uvicorn, the
-listening address, a server in a thread).
+The route table (every endpoint, its token role, its fields, its ledger call) and the
+OpenAPI 3.1 document generated from it live in `execkit._api`, the one description of the
+API, which the client (`execkit.remote`) is built from too. The rooms here: `_app` (the
+Starlette application over that table: authentication, checks, idempotency, bounds),
+`_tokens` (the hashed tokens file), `_idempotency` (the stored answers) and `_serve`
+(uvicorn, the listening address, a server in a thread). `python -m execkit.server
+--openapi` prints the document without starting a server.
 
 Starlette and uvicorn are the optional extra `execkit-runner[server]`; the names that need
-them load on first use, so `add_token` and `TokenFile` (`execkit serve --add-token`) work
-without it.
+them load on first use, so `add_token`, `TokenFile` (`execkit serve --add-token`) and
+`openapi_document` work without it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from execkit.server._listen import DEFAULT_LISTEN, parse_listen
 from execkit.server._tokens import Principal, TokenFile, add_token, token_hash
 
 if TYPE_CHECKING:
+    from execkit._api import openapi_document
     from execkit.server._app import LedgerApp
-    from execkit.server._openapi import openapi_document
     from execkit.server._serve import ServerThread, default_idempotency_path, serve, serving
 
 __all__ = [
@@ -44,7 +46,7 @@ INSTALL_HINT = "pip install 'execkit-runner[server]'"
 
 _LAZY = {
     "LedgerApp": "execkit.server._app",
-    "openapi_document": "execkit.server._openapi",
+    "openapi_document": "execkit._api",
     "ServerThread": "execkit.server._serve",
     "default_idempotency_path": "execkit.server._serve",
     "serve": "execkit.server._serve",

@@ -1,5 +1,6 @@
-"""The ASGI application of `execkit serve` (Starlette): the route table (`_routes`) bound to
-one ledger, with authentication, role gates, input checks, idempotency and bounds.
+"""The ASGI application of `execkit serve` (Starlette): the route table (`execkit._api`, the
+one description of the API, shared with the client) bound to one ledger, with
+authentication, role gates, input checks, idempotency and bounds.
 
 One request, in order: the bearer token is looked up (401 `unauthenticated`), the route's
 token role checked (403 `forbidden`), the body read within `max_body_bytes` (413) and every
@@ -35,12 +36,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
 from execkit._errors import ExecKitError, StorageError, TaskBackingOff
 from execkit._redact import redact
 from execkit.ledger import Actor, Ledger
 from execkit.server._idempotency import IdempotencyStore, StoredResponse
-from execkit.server._openapi import ERROR_STATUSES, openapi_document
-from execkit.server._routes import ENDPOINTS, Call, Endpoint, Field
 from execkit.server._tokens import Principal, TokenFile
 
 __all__ = [
@@ -216,7 +216,7 @@ class LedgerApp:
             doc = _error_doc("invalid", str(exc.detail))
         return _response(exc.status_code, _dumps(doc), exc.headers)
 
-    def _endpoint(self, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    def _endpoint(self, endpoint: Endpoint[..., Any]) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             try:
                 return await asyncio.wait_for(
@@ -274,7 +274,7 @@ class LedgerApp:
             raise _invalid("Idempotency-Key must be 1..200 visible ASCII characters")
         return raw
 
-    async def _body(self, request: Request, endpoint: Endpoint) -> dict[str, Any]:
+    async def _body(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
         limit = self.max_body_bytes
         declared = request.headers.get("content-length")
         too_large = _Refused(413, "invalid", f"the request body is over {limit} bytes")
@@ -313,7 +313,7 @@ class LedgerApp:
             checked[name] = _checked_value(name, field, doc[name])
         return checked
 
-    def _query(self, request: Request, endpoint: Endpoint) -> dict[str, Any]:
+    def _query(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
         fields = {field.name: field for field in endpoint.query}
         found: dict[str, Any] = {}
         for name, raw in request.query_params.multi_items():
@@ -327,7 +327,7 @@ class LedgerApp:
 
     # -- one request -------------------------------------------------------------------
 
-    async def _handle(self, endpoint: Endpoint, request: Request) -> Response:
+    async def _handle(self, endpoint: Endpoint[..., Any], request: Request) -> Response:
         if not endpoint.authenticated:
             return _response(200, self._openapi_text)
         principal = self._authenticate(request)
@@ -367,7 +367,7 @@ class LedgerApp:
         return _response(status, text, {REPLAYED_HEADER: "true"} if replayed else None)
 
     def _check_roles(
-        self, principal: Principal, needed: frozenset[str], endpoint: Endpoint
+        self, principal: Principal, needed: frozenset[str], endpoint: Endpoint[..., Any]
     ) -> None:
         missing = sorted(needed - principal.roles)
         if missing:
@@ -379,7 +379,7 @@ class LedgerApp:
                 f"{', '.join(sorted(principal.roles)) or 'none'}",
             )
 
-    def _call_ledger(self, endpoint: Endpoint, call: Call) -> tuple[int, str]:
+    def _call_ledger(self, endpoint: Endpoint[..., Any], call: Call) -> tuple[int, str]:
         try:
             status, doc = endpoint.handler(call)
         except ExecKitError as exc:
@@ -387,7 +387,7 @@ class LedgerApp:
         return status, _dumps(doc)
 
     def _execute(
-        self, endpoint: Endpoint, call: Call, actor: str, fingerprint: str
+        self, endpoint: Endpoint[..., Any], call: Call, actor: str, fingerprint: str
     ) -> tuple[int, str, bool]:
         """In a worker thread: the ledger call, under the request's idempotency key."""
         key = call.idempotency_key

@@ -22,6 +22,7 @@ from types import TracebackType
 
 import uvicorn
 
+from execkit._api import package_version
 from execkit._errors import StorageError
 from execkit.ledger import Ledger, open_ledger
 from execkit.server._app import (
@@ -94,15 +95,6 @@ def _config(app: LedgerApp) -> uvicorn.Config:
     )
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("execkit-runner")
-    except Exception:  # not installed as a distribution (a source checkout)
-        return "0"
-
-
 def serve(
     target: str | None,
     tokens: str | os.PathLike[str],
@@ -133,7 +125,7 @@ def serve(
             without=frozenset(without),
             max_body_bytes=max_body_bytes,
             request_timeout_s=request_timeout_s,
-            version=_version(),
+            version=package_version(),
         )
         stack.callback(app.close)
         if ready is not None:

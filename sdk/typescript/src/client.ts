@@ -31,6 +31,25 @@ import {
   type Run,
   type Task,
 } from "./types.js";
+import {
+  AttemptStatusValues,
+  FailureClassValues,
+  OPERATIONS,
+  type AuditQuery,
+  type Bodies,
+  type CreateTaskBody,
+  type FinishRunBody,
+  type GetTaskQuery,
+  type GrantRoleBody,
+  type GrantsQuery,
+  type HeartbeatBody,
+  type OperationId,
+  type Queries,
+  type RetryTaskBody,
+  type RevokeRoleBody,
+  type SetAttemptLimitBody,
+  type StartRunBody,
+} from "./wire.js";
 
 /** The `fetch` the client calls (the global one unless `ClientOptions.fetch` says). */
 export type FetchLike = (input: string, init: RequestInit) => Promise<Response>;
@@ -123,19 +142,27 @@ const MAX_ID = 1000;
 const KEY = /^[\x21-\x7e]{1,200}$/;
 const TOKEN = /^[\x21-\x7e]+$/;
 const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
-const FINAL_STATUSES: readonly string[] = ["succeeded", "failed", "abandoned"];
-const FAILURE_CLASSES: readonly string[] = ["work", "environment", "upstream"];
+const FINAL_STATUSES: readonly string[] = AttemptStatusValues.filter((s) => s !== "running");
+const FAILURE_CLASSES: readonly string[] = FailureClassValues;
 
 type Json = Record<string, unknown>;
-type Query = Record<string, string>;
 
-interface Call {
-  method: "GET" | "POST";
-  path: string;
-  query?: Query;
-  body?: Json;
+/** The parameter names of a path template: "/v1/tasks/{task_id}/runs" has "task_id". */
+type PathParams<P extends string> = P extends `${string}{${infer Name}}${infer Rest}`
+  ? Name | PathParams<Rest>
+  : never;
+
+type ParamsOf<K extends OperationId> = PathParams<(typeof OPERATIONS)[K]["path"]>;
+
+/** One request of operation K (wire.ts): its path parameters (required when its path has
+ * some), its query and body as the OpenAPI document types them, and its idempotency key. */
+type Call<K extends OperationId> = {
+  query?: Queries[K];
+  body?: Bodies[K];
   idempotencyKey?: string | undefined;
-}
+} & ([ParamsOf<K>] extends [never]
+  ? { params?: undefined }
+  : { params: Readonly<Record<ParamsOf<K>, string>> });
 
 // -- argument checks (InvalidInput naming the option, before anything is sent) ----------
 
@@ -380,15 +407,15 @@ export class ExeckitClient {
       ["title", "maxAttempts", "maxUnchargedAttempts", "idempotencyKey"],
       true,
     );
-    const body: Json = { title: text("title", given.title, MAX_TITLE) };
+    const body: CreateTaskBody = { title: text("title", given.title, MAX_TITLE) };
     if (given.maxAttempts !== undefined) {
       const limit = integerIn("maxAttempts", given.maxAttempts, 0, MAX_ATTEMPT_LIMIT);
       if (limit !== 0) {
-        body["max_attempts"] = limit;
+        body.max_attempts = limit;
       }
     }
     if (given.maxUnchargedAttempts !== undefined && given.maxUnchargedAttempts !== null) {
-      body["max_uncharged_attempts"] = integerIn(
+      body.max_uncharged_attempts = integerIn(
         "maxUnchargedAttempts",
         given.maxUnchargedAttempts,
         1,
@@ -396,45 +423,43 @@ export class ExeckitClient {
       );
     }
     const key = idempotencyKey(given.idempotencyKey);
-    if (body["max_attempts"] !== undefined) {
+    if (body.max_attempts !== undefined) {
       await this.#require(ATTEMPT_LIMITS, "create a task with an attempt limit");
     }
-    return this.#task(
-      await this.#send({ method: "POST", path: "/v1/tasks", body, idempotencyKey: key }),
-    );
+    return this.#task(await this.#send("createTask", { body, idempotencyKey: key }));
   }
 
   /** One task and the budget projection of its history. */
   async getTask(taskId: string, options?: GetTaskOptions): Promise<Task> {
     const id = identifier("taskId", taskId);
     const given = options === undefined ? {} : optionsOf("getTask", options, ["cap", "force"]);
-    const query: Query = {};
+    const query: GetTaskQuery = {};
     if (given.cap !== undefined) {
-      query["cap"] = String(wholeNumber("cap", given.cap));
+      query.cap = wholeNumber("cap", given.cap);
     }
     if (given.force !== undefined) {
-      query["force"] = String(bool("force", given.force));
+      query.force = bool("force", given.force);
     }
-    return this.#task(await this.#send({ method: "GET", path: `/v1/tasks/${enc(id)}`, query }));
+    return this.#task(await this.#send("getTask", { params: { task_id: id }, query }));
   }
 
   /** Every task. */
   async listTasks(): Promise<Task[]> {
-    const doc = await this.#send({ method: "GET", path: "/v1/tasks" });
+    const doc = await this.#send("listTasks", {});
     return this.#list(doc, "tasks").map((task) => this.#task(task));
   }
 
   /** A task's runs, attempt 1 first. */
   async runs(taskId: string): Promise<Run[]> {
     const id = identifier("taskId", taskId);
-    const doc = await this.#send({ method: "GET", path: `/v1/tasks/${enc(id)}/runs` });
+    const doc = await this.#send("taskRuns", { params: { task_id: id } });
     return this.#list(doc, "runs").map((run) => this.#run(run));
   }
 
   /** One run. */
   async getRun(runId: string): Promise<Run> {
     const id = identifier("runId", runId);
-    return this.#run(await this.#send({ method: "GET", path: `/v1/runs/${enc(id)}` }));
+    return this.#run(await this.#send("getRun", { params: { run_id: id } }));
   }
 
   /** Admit one run of the task, or refuse (`AdmissionRefused` and its subclasses). */
@@ -451,30 +476,25 @@ export class ExeckitClient {
             "cap",
             "idempotencyKey",
           ]);
-    const body: Json = {};
+    const body: StartRunBody = {};
     if (given.requestKey !== undefined) {
-      body["request_key"] = identifier("requestKey", given.requestKey);
+      body.request_key = identifier("requestKey", given.requestKey);
     }
     if (given.forced !== undefined) {
-      body["forced"] = bool("forced", given.forced);
+      body.forced = bool("forced", given.forced);
     }
     if (given.ignoreBackoff !== undefined) {
-      body["ignore_backoff"] = bool("ignoreBackoff", given.ignoreBackoff);
+      body.ignore_backoff = bool("ignoreBackoff", given.ignoreBackoff);
     }
     if (given.leaseS !== undefined) {
-      body["lease_s"] = lease("leaseS", given.leaseS);
+      body.lease_s = lease("leaseS", given.leaseS);
     }
     if (given.cap !== undefined && given.cap !== null) {
-      body["cap"] = wholeNumber("cap", given.cap);
+      body.cap = wholeNumber("cap", given.cap);
     }
     const key = idempotencyKey(given.idempotencyKey);
     return this.#run(
-      await this.#send({
-        method: "POST",
-        path: `/v1/tasks/${enc(id)}/runs`,
-        body,
-        idempotencyKey: key,
-      }),
+      await this.#send("startRun", { params: { task_id: id }, body, idempotencyKey: key }),
     );
   }
 
@@ -487,24 +507,19 @@ export class ExeckitClient {
       ["status", "failureClass", "reason", "notBefore", "idempotencyKey"],
       true,
     );
-    const body: Json = { status: oneOf("status", given.status, FINAL_STATUSES) };
+    const body: FinishRunBody = { status: oneOf("status", given.status, FINAL_STATUSES) };
     if (given.failureClass !== undefined && given.failureClass !== null) {
-      body["failure_class"] = oneOf("failureClass", given.failureClass, FAILURE_CLASSES);
+      body.failure_class = oneOf("failureClass", given.failureClass, FAILURE_CLASSES);
     }
     if (given.reason !== undefined && given.reason !== null) {
-      body["reason"] = text("reason", given.reason, MAX_REASON);
+      body.reason = text("reason", given.reason, MAX_REASON);
     }
     if (given.notBefore !== undefined && given.notBefore !== null) {
-      body["not_before"] = finite("notBefore", given.notBefore);
+      body.not_before = finite("notBefore", given.notBefore);
     }
     const key = idempotencyKey(given.idempotencyKey);
     return this.#run(
-      await this.#send({
-        method: "POST",
-        path: `/v1/runs/${enc(id)}/finish`,
-        body,
-        idempotencyKey: key,
-      }),
+      await this.#send("finishRun", { params: { run_id: id }, body, idempotencyKey: key }),
     );
   }
 
@@ -513,18 +528,13 @@ export class ExeckitClient {
     const id = identifier("runId", runId);
     const given =
       options === undefined ? {} : optionsOf("heartbeat", options, ["leaseS", "idempotencyKey"]);
-    const body: Json = {};
+    const body: HeartbeatBody = {};
     if (given.leaseS !== undefined && given.leaseS !== null) {
-      body["lease_s"] = lease("leaseS", given.leaseS);
+      body.lease_s = lease("leaseS", given.leaseS);
     }
     const key = idempotencyKey(given.idempotencyKey);
     return this.#run(
-      await this.#send({
-        method: "POST",
-        path: `/v1/runs/${enc(id)}/heartbeat`,
-        body,
-        idempotencyKey: key,
-      }),
+      await this.#send("heartbeat", { params: { run_id: id }, body, idempotencyKey: key }),
     );
   }
 
@@ -537,7 +547,7 @@ export class ExeckitClient {
       ["maxAttempts", "expectedMaxAttempts", "idempotencyKey"],
       true,
     );
-    const body: Json = {
+    const body: SetAttemptLimitBody = {
       max_attempts: integerIn("maxAttempts", given.maxAttempts, 1, MAX_ATTEMPT_LIMIT),
       expected_max_attempts: integerIn(
         "expectedMaxAttempts",
@@ -549,12 +559,7 @@ export class ExeckitClient {
     const key = idempotencyKey(given.idempotencyKey);
     await this.#require(ATTEMPT_LIMITS, "change an attempt limit");
     return this.#task(
-      await this.#send({
-        method: "POST",
-        path: `/v1/tasks/${enc(id)}/attempt-limit`,
-        body,
-        idempotencyKey: key,
-      }),
+      await this.#send("setAttemptLimit", { params: { task_id: id }, body, idempotencyKey: key }),
     );
   }
 
@@ -565,21 +570,16 @@ export class ExeckitClient {
       options === undefined
         ? {}
         : optionsOf("retryTask", options, ["reason", "force", "idempotencyKey"]);
-    const body: Json = {};
+    const body: RetryTaskBody = {};
     if (given.reason !== undefined && given.reason !== null) {
-      body["reason"] = text("reason", given.reason, MAX_REASON);
+      body.reason = text("reason", given.reason, MAX_REASON);
     }
     if (given.force !== undefined) {
-      body["force"] = bool("force", given.force);
+      body.force = bool("force", given.force);
     }
     const key = idempotencyKey(given.idempotencyKey);
     return this.#task(
-      await this.#send({
-        method: "POST",
-        path: `/v1/tasks/${enc(id)}/retry`,
-        body,
-        idempotencyKey: key,
-      }),
+      await this.#send("retryTask", { params: { task_id: id }, body, idempotencyKey: key }),
     );
   }
 
@@ -589,12 +589,7 @@ export class ExeckitClient {
     const given = options === undefined ? {} : optionsOf("cancelTask", options, ["idempotencyKey"]);
     const key = idempotencyKey(given.idempotencyKey);
     return this.#task(
-      await this.#send({
-        method: "POST",
-        path: `/v1/tasks/${enc(id)}/cancel`,
-        body: {},
-        idempotencyKey: key,
-      }),
+      await this.#send("cancelTask", { params: { task_id: id }, body: {}, idempotencyKey: key }),
     );
   }
 
@@ -603,55 +598,51 @@ export class ExeckitClient {
     const given =
       options === undefined ? {} : optionsOf("abandonExpiredRuns", options, ["idempotencyKey"]);
     const key = idempotencyKey(given.idempotencyKey);
-    const doc = await this.#send({
-      method: "POST",
-      path: "/v1/runs/abandon-expired",
-      body: {},
-      idempotencyKey: key,
-    });
+    const doc = await this.#send("abandonExpired", { body: {}, idempotencyKey: key });
     return this.#list(doc, "runs").map((run) => this.#run(run));
   }
 
   /** Audit records, all or one task's. */
   async auditEvents(taskId?: string): Promise<AuditEvent[]> {
-    const query: Query = {};
+    const query: AuditQuery = {};
     if (taskId !== undefined) {
-      query["task_id"] = identifier("taskId", taskId);
+      query.task_id = identifier("taskId", taskId);
     }
-    const doc = await this.#send({ method: "GET", path: "/v1/audit", query });
+    const doc = await this.#send("audit", { query });
     return this.#list(doc, "events") as unknown as AuditEvent[];
   }
 
   /** Every grant, or one principal's. */
   async grants(principal?: string): Promise<Grant[]> {
-    const query: Query = {};
+    const query: GrantsQuery = {};
     if (principal !== undefined) {
-      query["principal"] = name("principal", principal);
+      query.principal = name("principal", principal);
     }
-    const doc = await this.#send({ method: "GET", path: "/v1/grants", query });
+    const doc = await this.#send("grants", { query });
     return this.#list(doc, "grants") as unknown as Grant[];
   }
 
   /** Grant a role (needs ledger.admin). */
   async grantRole(principal: string, role: string, options?: IdempotentOptions): Promise<Grant> {
-    const body: Json = { principal: name("principal", principal), role: name("role", role) };
+    const body: GrantRoleBody = {
+      principal: name("principal", principal),
+      role: name("role", role),
+    };
     const given = options === undefined ? {} : optionsOf("grantRole", options, ["idempotencyKey"]);
     const key = idempotencyKey(given.idempotencyKey);
-    const doc = await this.#send({ method: "POST", path: "/v1/grants", body, idempotencyKey: key });
+    const doc = await this.#send("grantRole", { body, idempotencyKey: key });
     return doc as unknown as Grant;
   }
 
   /** Revoke a role (needs ledger.admin); whether the principal held it. */
   async revokeRole(principal: string, role: string, options?: IdempotentOptions): Promise<boolean> {
-    const body: Json = { principal: name("principal", principal), role: name("role", role) };
+    const body: RevokeRoleBody = {
+      principal: name("principal", principal),
+      role: name("role", role),
+    };
     const given = options === undefined ? {} : optionsOf("revokeRole", options, ["idempotencyKey"]);
     const key = idempotencyKey(given.idempotencyKey);
-    const doc = await this.#send({
-      method: "POST",
-      path: "/v1/grants/revoke",
-      body,
-      idempotencyKey: key,
-    });
+    const doc = await this.#send("revokeRole", { body, idempotencyKey: key });
     const revoked = doc["revoked"];
     if (typeof revoked !== "boolean") {
       throw unexpected("a revocation");
@@ -662,7 +653,7 @@ export class ExeckitClient {
   // -- plumbing --------------------------------------------------------------------------
 
   async #readCapabilities(): Promise<Capabilities> {
-    const doc = await this.#send({ method: "GET", path: "/v1/capabilities" });
+    const doc = await this.#send("capabilities", {});
     const list = doc["capabilities"];
     if (!Array.isArray(list) || !list.every((item) => typeof item === "string")) {
       throw unexpected("a capabilities document");
@@ -713,10 +704,23 @@ export class ExeckitClient {
     return message.split(this.#token).join("[redacted]");
   }
 
-  async #send(request: Call): Promise<Json> {
-    let url = this.baseUrl + request.path;
-    if (request.query !== undefined && Object.keys(request.query).length > 0) {
-      url += `?${new URLSearchParams(request.query).toString()}`;
+  async #send<K extends OperationId>(operation: K, request: Call<K>): Promise<Json> {
+    const { method, path: template } = OPERATIONS[operation];
+    const params: Readonly<Record<string, string>> = request.params ?? {};
+    const path = template.replace(/\{([^}]+)\}/g, (_whole, param: string) => {
+      const value = params[param];
+      if (value === undefined) {
+        throw new InvalidInput(`${operation} needs its ${param}`, { field: param });
+      }
+      return encodeURIComponent(value);
+    });
+    let url = this.baseUrl + path;
+    const query: [string, string][] = Object.entries(request.query ?? {}).map(([key, value]) => [
+      key,
+      String(value),
+    ]);
+    if (query.length > 0) {
+      url += `?${new URLSearchParams(query).toString()}`;
     }
     const headers: Record<string, string> = {
       Accept: "application/json",
@@ -726,13 +730,13 @@ export class ExeckitClient {
       headers["X-On-Behalf-Of"] = encodeURIComponent(this.onBehalfOf);
     }
     let body: string | undefined;
-    if (request.method === "POST") {
+    if (method === "POST") {
       headers["Content-Type"] = "application/json";
       // Every POST is keyed; one key for every try of this one call.
       headers["Idempotency-Key"] = request.idempotencyKey ?? globalThis.crypto.randomUUID();
       body = JSON.stringify(request.body ?? {});
     }
-    const what = `${request.method} ${request.path}`;
+    const what = `${method} ${path}`;
     let attempt = 0;
     for (;;) {
       attempt += 1;
@@ -740,7 +744,7 @@ export class ExeckitClient {
       let status: number;
       let raw: string;
       try {
-        const init: RequestInit = { method: request.method, headers, signal, redirect: "error" };
+        const init: RequestInit = { method, headers, signal, redirect: "error" };
         if (body !== undefined) {
           init.body = body;
         }
@@ -793,10 +797,6 @@ export class ExeckitClient {
     const readyAt = typeof error["ready_at"] === "number" ? error["ready_at"] : null;
     throw errorFromAnswer(error["code"], this.#scrub(message), status, readyAt);
   }
-}
-
-function enc(segment: string): string {
-  return encodeURIComponent(segment);
 }
 
 function checkedBaseUrl(value: unknown): string {

@@ -1,7 +1,13 @@
-"""The OpenAPI 3.1 document of the HTTP API, generated from the route table (`_routes`)
-and from the ledger's own wire types (`Task`, `Run`, `Grant`, `AuditEvent`: their attrs
-fields and annotations), so the document describes exactly what the server routes and
-answers. Served at `GET /openapi.json` without authentication.
+"""The OpenAPI 3.1 document of the HTTP API, generated from the route table (routes.py)
+and from the ledger's own wire types (`Task`, `Run`, `Grant`, `AuditEvent`, and the
+`Backoff` and `WorkBudget` in the capabilities: their attrs fields and annotations), so the
+document describes exactly what the server routes and answers. Served at
+`GET /openapi.json` without authentication; `python -m execkit.server --openapi` prints it,
+and the TypeScript SDK's wire types are generated from it (sdk/typescript/scripts/).
+
+An enum field's schema carries the enum's name as its `title` (`TaskState`, and
+`ErrorCode` for the error codes), so a generator can name the type; `ERROR_STATUSES` is
+every code the server answers with, and the error schema lists exactly those.
 """
 
 from __future__ import annotations
@@ -13,12 +19,12 @@ from typing import Any
 
 import attrs
 
-from execkit._errors import ExecKitError, error_types
-from execkit._proof import AgentFailed
+from execkit._api.routes import ENDPOINTS
+from execkit._api.row import Endpoint, Field
+from execkit._budget import Backoff, WorkBudget
 from execkit.ledger import AuditEvent, Grant, Run, Task
-from execkit.server._routes import ENDPOINTS, Endpoint, Field
 
-__all__ = ["ERROR_STATUSES", "openapi_document"]
+__all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
 
 # docs/remote.md, "Errors": the HTTP status of every error code.
 ERROR_STATUSES: dict[str, int] = {
@@ -47,10 +53,11 @@ def _schema_of(annotation: Any) -> dict[str, Any]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
         inner = _schema_of(next(a for a in args if a is not type(None)))
         if "enum" in inner:
-            return {"type": [inner["type"], "null"], "enum": [*inner["enum"], None]}
+            return {**inner, "type": [inner["type"], "null"], "enum": [*inner["enum"], None]}
         return {"type": [inner["type"], "null"]}
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return {"type": "string", "enum": [member.value for member in annotation]}
+        values = [member.value for member in annotation]
+        return {"type": "string", "enum": values, "title": annotation.__name__}
     if annotation is bool:
         return {"type": "boolean"}
     if annotation is int:
@@ -64,12 +71,35 @@ def _schema_of(annotation: Any) -> dict[str, Any]:
     raise TypeError(f"no JSON schema for {annotation!r}")  # pragma: no cover
 
 
+# What a wire field means where its name does not say it all (the ledger's comments on
+# its fields), for readers of the document and of the types generated from it.
+_DESCRIPTIONS: dict[type, dict[str, str]] = {
+    Task: {
+        "ready": 'state is "ready", including that an attempt is still available',
+        "max_attempts": "the explicit attempt limit; 0 = none",
+        "max_uncharged_attempts": (
+            "the ceiling on consecutive upstream attempts in force (the task's, else the ledger's)"
+        ),
+        "retry_pending": "an operator asked for one forced retry",
+        "gave_up_at_attempt": "a dispatcher gave the task's issue up at this attempt count",
+    },
+    Run: {"attempt": "gapless 1..N per task"},
+}
+
+
 def _wire_schema(kind: type) -> dict[str, Any]:
     hints = typing.get_type_hints(kind)
     fields = attrs.fields(kind)
+    described = _DESCRIPTIONS.get(kind, {})
+    properties = {}
+    for field in fields:
+        schema = _schema_of(hints[field.name])
+        if field.name in described:
+            schema["description"] = described[field.name]
+        properties[field.name] = schema
     return {
         "type": "object",
-        "properties": {field.name: _schema_of(hints[field.name]) for field in fields},
+        "properties": properties,
         "required": [field.name for field in fields],
     }
 
@@ -83,8 +113,7 @@ def _array_of(name: str) -> dict[str, Any]:
 
 
 def _components() -> dict[str, Any]:
-    kinds: tuple[type[ExecKitError], ...] = (*error_types(), AgentFailed)
-    codes = sorted({kind.code for kind in kinds} | set(ERROR_STATUSES))
+    codes = sorted(ERROR_STATUSES)
     schemas: dict[str, Any] = {
         "Task": _wire_schema(Task),
         "Run": _wire_schema(Run),
@@ -104,15 +133,20 @@ def _components() -> dict[str, Any]:
                 "capabilities": {"type": "array", "items": {"type": "string"}},
                 "schema_version": {"type": "integer"},
                 "ledger_id": {"type": "string"},
-                "backoff": {"type": "object"},
-                "budget": {"type": "object"},
+                "backoff": _ref("Backoff"),
+                "budget": _ref("WorkBudget"),
             }
         ),
+        "Backoff": _wire_schema(Backoff),
+        "WorkBudget": _wire_schema(WorkBudget),
         "OpenApi": {"type": "object"},
         "Error": _object(
             {
                 "error": _object(
-                    {"code": {"type": "string", "enum": codes}, "message": {"type": "string"}},
+                    {
+                        "code": {"type": "string", "enum": codes, "title": "ErrorCode"},
+                        "message": {"type": "string"},
+                    },
                     optional={"ready_at": {"type": "number"}},
                 )
             }
@@ -143,7 +177,7 @@ def _error_response(description: str) -> dict[str, Any]:
     return {"description": description, "content": {_JSON: {"schema": _ref("Error")}}}
 
 
-def _operation(endpoint: Endpoint) -> dict[str, Any]:
+def _operation(endpoint: Endpoint[..., Any]) -> dict[str, Any]:
     parameters: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in endpoint.path_params()
@@ -228,3 +262,14 @@ def openapi_document(version: str) -> dict[str, Any]:
         "paths": paths,
         "components": _components(),
     }
+
+
+def package_version() -> str:
+    """The installed execkit's version, the document's `info.version` ("0" in a source
+    checkout that is not installed as a distribution)."""
+    try:
+        from importlib.metadata import version
+
+        return version("execkit-runner")
+    except Exception:  # not installed as a distribution (a source checkout)
+        return "0"

@@ -1,11 +1,14 @@
-"""The HTTP API's route table: every endpoint of docs/remote.md, once.
+"""The route table of the HTTP API: every endpoint of docs/remote.md, once.
 
-Each `Endpoint` names its method and path, the token role it needs (the server's layer;
-the ledger checks its own grants beneath it), the fields of its query and body with their
-JSON types, its answer and the ledger call that makes it. The application (`_app`) routes
-requests with this table and the OpenAPI document (`_openapi`) is generated from it, so the
-two cannot differ. Nothing here knows HTTP framing: a handler takes a `Call` (the checked
-inputs, the acting `Actor`, the ledger) and returns (status, JSON document).
+`LedgerRoutes` holds one row (`Endpoint`, row.py) per `Ledger` operation served over HTTP,
+each named after the method it binds; `CAPABILITIES` and `OPENAPI` are the two routes that
+bind none. `ENDPOINTS` is all of them in the document's order. The server (`execkit.server`)
+routes requests with `ENDPOINTS` and the OpenAPI document (openapi.py) is generated from
+it; the client (`execkit.remote.RemoteLedger`, a subclass of `LedgerRoutes`) has each row as
+its method. So a new route is one row here (with its handler) plus the ledger's method
+(in `Ledger` and `LedgerCore`), and the two ends and the document cannot differ. Nothing
+here knows HTTP framing: a handler takes a `Call` (the checked inputs, the acting `Actor`,
+the ledger) and returns (status, JSON document).
 
 Roles, in two layers. The token's `roles` (the tokens file) gate routes here: an operation
 that can need a role in the ledger needs it in the token too, so a token can be made for
@@ -25,69 +28,25 @@ applies its own rule with the actor's grants (its owner holds every role):
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
+from execkit._api.row import Call, Endpoint, Field, Needs
+from execkit._api.wire import (
+    ATTEMPT_LIMITS,
+    cap_number,
+    document,
+    flag,
+    listed,
+    one,
+    text,
+)
 from execkit._budget import DispatchCap
 from execkit._errors import InvalidInput
-from execkit.ledger import ADMIN_ROLE, OPERATE_ROLE, Actor, Ledger
+from execkit.ledger import ADMIN_ROLE, OPERATE_ROLE, AuditEvent, Grant, Ledger, Run, Task
 
-__all__ = ["ENDPOINTS", "Call", "Endpoint", "Field", "Handler"]
-
-
-@attrs.frozen
-class Field:
-    """One query parameter or body member: its JSON type ("string", "integer", "number",
-    "boolean"), whether it must be given and whether null is allowed."""
-
-    name: str
-    type: str
-    required: bool = False
-    nullable: bool = False
-    description: str = ""
-
-
-@attrs.frozen
-class Call:
-    """One checked request, as a handler sees it."""
-
-    ledger: Ledger
-    actor: Actor
-    path: Mapping[str, str]
-    query: Mapping[str, Any]
-    body: Mapping[str, Any]
-    idempotency_key: str | None
-    capabilities: frozenset[str]
-
-
-Handler = Callable[[Call], tuple[int, dict[str, Any]]]
-
-
-@attrs.frozen
-class Endpoint:
-    method: str
-    path: str
-    operation_id: str
-    summary: str
-    handler: Handler
-    response: str  # a schema name in the OpenAPI document's components
-    status: int = 200
-    role: str | None = None  # the token role every call needs
-    role_if: tuple[str, str] | None = None  # (boolean body field, role) when it is true
-    query: tuple[Field, ...] = ()
-    body: tuple[Field, ...] | None = None  # None: no body (GET)
-    authenticated: bool = True
-
-    def roles_needed(self, body: Mapping[str, Any]) -> frozenset[str]:
-        needed = {self.role} if self.role else set()
-        if self.role_if is not None and body.get(self.role_if[0]) is True:
-            needed.add(self.role_if[1])
-        return frozenset(needed)
-
-    def path_params(self) -> list[str]:
-        return [part[1:-1] for part in self.path.split("/") if part.startswith("{")]
+__all__ = ["CAPABILITIES", "ENDPOINTS", "OPENAPI", "LedgerRoutes"]
 
 
 # -- handlers -----------------------------------------------------------------------------
@@ -261,18 +220,28 @@ _KEY = Field(
     "string",
     nullable=True,
     description="the ledger's own idempotency key (default: the request's Idempotency-Key)",
+    omit_none=True,
+)
+_LIMITS = Needs(ATTEMPT_LIMITS, "an attempt limit")
+_TASK = one(Task)
+_RUN = one(Run)
+
+CAPABILITIES: Endpoint[[], dict[str, Any]] = Endpoint(
+    "GET",
+    "/v1/capabilities",
+    "capabilities",
+    "What this server's ledger enforces, its schema version and id",
+    _capabilities,
+    "Capabilities",
+    read=document,
 )
 
-ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint(
-        "GET",
-        "/v1/capabilities",
-        "capabilities",
-        "What this server's ledger enforces, its schema version and id",
-        _capabilities,
-        "Capabilities",
-    ),
-    Endpoint(
+
+class LedgerRoutes:
+    """The routes that bind a `Ledger` method, in the document's order; on a `Sender`
+    (row.py) each is that method."""
+
+    create_task = Endpoint(
         "POST",
         "/v1/tasks",
         "createTask",
@@ -283,12 +252,24 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body=(
             Field("title", "string", required=True),
             Field("max_attempts", "integer", description="0 = no explicit limit, else 1..10000"),
-            Field("max_uncharged_attempts", "integer", nullable=True),
+            Field("max_uncharged_attempts", "integer", nullable=True, omit_none=True),
             _KEY,
         ),
-    ),
-    Endpoint("GET", "/v1/tasks", "listTasks", "Every task", _list_tasks, "TaskList"),
-    Endpoint(
+        binds=Ledger.create_task,
+        read=_TASK,
+        needs=Needs(ATTEMPT_LIMITS, "an attempt limit", when="max_attempts"),
+    )
+    list_tasks = Endpoint(
+        "GET",
+        "/v1/tasks",
+        "listTasks",
+        "Every task",
+        _list_tasks,
+        "TaskList",
+        binds=Ledger.list_tasks,
+        read=listed("tasks", _TASK),
+    )
+    get_task = Endpoint(
         "GET",
         _TASK_ID,
         "getTask",
@@ -296,12 +277,28 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         _get_task,
         "Task",
         query=(
-            Field("cap", "integer", description="a dispatch cap to add to the bounds"),
+            Field(
+                "cap",
+                "integer",
+                description="a dispatch cap to add to the bounds",
+                encode=cap_number,
+            ),
             Field("force", "boolean", description="what a forced admission would meet"),
         ),
-    ),
-    Endpoint("GET", f"{_TASK_ID}/runs", "taskRuns", "A task's runs", _task_runs, "RunList"),
-    Endpoint(
+        binds=Ledger.get_task,
+        read=_TASK,
+    )
+    runs = Endpoint(
+        "GET",
+        f"{_TASK_ID}/runs",
+        "taskRuns",
+        "A task's runs",
+        _task_runs,
+        "RunList",
+        binds=Ledger.runs,
+        read=listed("runs", _RUN),
+    )
+    set_attempt_limit = Endpoint(
         "POST",
         f"{_TASK_ID}/attempt-limit",
         "setAttemptLimit",
@@ -314,8 +311,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Field("expected_max_attempts", "integer", required=True),
             _KEY,
         ),
-    ),
-    Endpoint(
+        binds=Ledger.set_attempt_limit,
+        read=_TASK,
+        needs=_LIMITS,
+    )
+    retry_task = Endpoint(
         "POST",
         f"{_TASK_ID}/retry",
         "retryTask",
@@ -324,11 +324,21 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Task",
         role_if=("force", OPERATE_ROLE),
         body=(Field("reason", "string", nullable=True), Field("force", "boolean")),
-    ),
-    Endpoint(
-        "POST", f"{_TASK_ID}/cancel", "cancelTask", "Cancel an open task", _cancel, "Task", body=()
-    ),
-    Endpoint(
+        binds=Ledger.retry_task,
+        read=_TASK,
+    )
+    cancel_task = Endpoint(
+        "POST",
+        f"{_TASK_ID}/cancel",
+        "cancelTask",
+        "Cancel an open task",
+        _cancel,
+        "Task",
+        body=(),
+        binds=Ledger.cancel_task,
+        read=_TASK,
+    )
+    record_give_up = Endpoint(
         "POST",
         f"{_TASK_ID}/give-up",
         "giveUp",
@@ -336,8 +346,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         _give_up,
         "Task",
         body=(Field("state", "string", required=True),),
-    ),
-    Endpoint(
+        binds=Ledger.record_give_up,
+        read=_TASK,
+    )
+    start_run = Endpoint(
         "POST",
         f"{_TASK_ID}/runs",
         "startRun",
@@ -350,11 +362,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Field("forced", "boolean"),
             Field("ignore_backoff", "boolean"),
             Field("lease_s", "number", nullable=True),
-            Field("cap", "integer", nullable=True),
+            Field("cap", "integer", nullable=True, encode=cap_number),
         ),
-    ),
-    Endpoint("GET", _RUN_ID, "getRun", "One run", _get_run, "Run"),
-    Endpoint(
+        binds=Ledger.start_run,
+        read=_RUN,
+    )
+    run = Endpoint(
+        "GET", _RUN_ID, "getRun", "One run", _get_run, "Run", binds=Ledger.run, read=_RUN
+    )
+    heartbeat = Endpoint(
         "POST",
         f"{_RUN_ID}/heartbeat",
         "heartbeat",
@@ -362,22 +378,28 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         _heartbeat,
         "Run",
         body=(Field("lease_s", "number", nullable=True),),
-    ),
-    Endpoint(
+        binds=Ledger.heartbeat,
+        read=_RUN,
+    )
+    finish_run = Endpoint(
         "POST",
         f"{_RUN_ID}/finish",
         "finishRun",
         "Record how a running run ended",
         _finish,
         "Run",
+        # Sent as given (enums as their values): the server's ledger checks them, with the
+        # same words as a local one.
         body=(
             Field("status", "string", required=True),
             Field("failure_class", "string", nullable=True),
             Field("reason", "string", nullable=True),
             Field("not_before", "number", nullable=True),
         ),
-    ),
-    Endpoint(
+        binds=Ledger.finish_run,
+        read=_RUN,
+    )
+    abandon_expired_runs = Endpoint(
         "POST",
         "/v1/runs/abandon-expired",
         "abandonExpired",
@@ -385,8 +407,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         _abandon_expired,
         "RunList",
         body=(),
-    ),
-    Endpoint(
+        binds=Ledger.abandon_expired_runs,
+        read=listed("runs", _RUN),
+    )
+    audit_events = Endpoint(
         "GET",
         "/v1/audit",
         "audit",
@@ -394,8 +418,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         _audit,
         "AuditList",
         query=(Field("task_id", "string"),),
-    ),
-    Endpoint(
+        binds=Ledger.audit_events,
+        read=listed("events", one(AuditEvent)),
+    )
+    grants = Endpoint(
         "GET",
         "/v1/grants",
         "grants",
@@ -403,8 +429,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         _grants,
         "GrantList",
         query=(Field("principal", "string"),),
-    ),
-    Endpoint(
+        binds=Ledger.grants,
+        read=listed("grants", one(Grant)),
+    )
+    grant_role = Endpoint(
         "POST",
         "/v1/grants",
         "grantRole",
@@ -414,8 +442,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         status=201,
         role=ADMIN_ROLE,
         body=(Field("principal", "string", required=True), Field("role", "string", required=True)),
-    ),
-    Endpoint(
+        binds=Ledger.grant_role,
+        read=one(Grant),
+    )
+    revoke_role = Endpoint(
         "POST",
         "/v1/grants/revoke",
         "revokeRole",
@@ -424,9 +454,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Revoked",
         role=ADMIN_ROLE,
         body=(Field("principal", "string", required=True), Field("role", "string", required=True)),
-    ),
-    Endpoint("GET", "/v1/check", "check", "Validate every history", _check, "Check"),
-    Endpoint(
+        binds=Ledger.revoke_role,
+        read=flag("revoked"),
+    )
+    validate = Endpoint(
+        "GET",
+        "/v1/check",
+        "check",
+        "Validate every history",
+        _check,
+        "Check",
+        binds=Ledger.validate,
+        read=listed("problems", text),
+    )
+    repair = Endpoint(
         "POST",
         "/v1/check/repair",
         "repair",
@@ -435,14 +476,23 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Repaired",
         role=ADMIN_ROLE,
         body=(),
-    ),
-    Endpoint(
-        "GET",
-        "/openapi.json",
-        "openapi",
-        "This document",
-        _not_served,
-        "OpenApi",
-        authenticated=False,
-    ),
+        binds=Ledger.repair,
+        read=listed("repaired", text),
+    )
+
+
+OPENAPI: Endpoint[..., Any] = Endpoint(
+    "GET",
+    "/openapi.json",
+    "openapi",
+    "This document",
+    _not_served,
+    "OpenApi",
+    authenticated=False,
+)
+
+ENDPOINTS: tuple[Endpoint[..., Any], ...] = (
+    CAPABILITIES,
+    *(row for row in vars(LedgerRoutes).values() if isinstance(row, Endpoint)),
+    OPENAPI,
 )
