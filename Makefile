@@ -57,7 +57,7 @@ bench: $(STAMP)
 record-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install
 	$(PY) tests/vendors/record.py
-	$(PY) tests/vendors/measure.py --write-matrix --no-table
+	$(PY) tests/vendors/measure.py --write-corpus --write-matrix --no-table
 
 test-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install

@@ -59,6 +59,7 @@ RANKS = {
     "execkit.dispatch": 8,
     "execkit.cli": 9,
     "execkit.testing": 9,
+    "execkit._corpus": 9,
     "execkit.remote": 9,
     "execkit.server": 9,
     "execkit": 10,
