@@ -1,25 +1,42 @@
-"""Augment Code's auggie: `auggie --print --output-format json PROMPT`.
+"""Augment Code's auggie (`@augmentcode/auggie`): `auggie --print --output-format json PROMPT`.
 
-Structure read: see `_read`.
+auggie talks only to Augment's own service and takes no base URL, so it was recorded
+only not logged in (auggie 0.36, fixtures/recorded/auggie): it prints its fixed sentence
+`❌ No auth provided. Please log in with `auggie login` ...` on stderr and exits 1, read
+as a credential error. On success `--output-format json` prints a claude-like result
+(`adapters.claude.read_result`).
 """
 
 from __future__ import annotations
 
 import attrs
 
+from adapters._fixed_lines import first_fixed
+from adapters.claude import read_result
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
-from execkit.adapterkit import request_argv
+from execkit.adapterkit import ErrorKind, request_argv
 
 __all__ = ["AuggieAdapter"]
 
+_FIXED = (
+    ("No auth provided.", ErrorKind.CREDENTIALS),
+    ("Authentication failed", ErrorKind.CREDENTIALS),
+)
 
-def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
-    return Envelope()
+
+def _read(stdout: str, stderr: str) -> Envelope:
+    envelope = read_result(stdout)
+    if envelope.found:
+        return envelope
+    fixed = first_fixed(stderr, _FIXED)
+    if fixed is None:
+        return envelope
+    return Envelope(found=True, is_error=True, error_message=fixed[0], error_kind=fixed[1])
 
 
 @attrs.frozen
 class AuggieAdapter:
-    """`auggie --print --output-format json PROMPT`."""
+    """`auggie --print --output-format json [--model M] [--max-turns N] ARGS... PROMPT`."""
 
     name: str = "auggie"
     binary: str = "auggie"
@@ -29,9 +46,9 @@ class AuggieAdapter:
     credential_files: tuple[str, ...] = ("~/.augment/session.json",)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
-        return request_argv([self.binary, "--print", "--output-format", "json"], request)
+        turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]
+        head = [self.binary, "--print", "--output-format", "json"]
+        return request_argv(head, request, options=turns)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(
-            self, result, _read(result.stdout_tail, result.stderr_tail, result.exit_code)
-        )
+        return map_result(self, result, _read(result.stdout_tail, result.stderr_tail))

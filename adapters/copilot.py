@@ -10,6 +10,10 @@ Events read:
   run ended on. `errorType` `authentication` is a credential error (copilot exits 4 for
   "authentication required", `gh copilot`'s documented code, read when nothing else was
   printed); `statusCode` is the HTTP status of the last failed model call.
+- copilot's own fixed sentences: `Could not connect to local model provider at ...` and
+  `Failed native model HTTP request: error sending request ...` (unreachable), `Failed to
+  finalize chat-completions stream: ...` (a cut stream), `Error: No authentication
+  information found.` on stderr before any event (not logged in).
 - `model.call_failure` (`data.statusCode`, `data.retryAttempt`) and `session.info` with
   `infoType` `model_retry`: copilot's retry notices. A run that ends (a timeout) while the
   last of them is the last event was still retrying that status.
@@ -47,7 +51,14 @@ _ERROR_TYPES = {
 }
 # copilot's documented exit code for "authentication required".
 _AUTH_EXIT = 4
-_UNREACHABLE = ("fetch failed", "Connection error", "getaddrinfo", "ECONNREFUSED", "ENOTFOUND")
+_AUTH = ErrorKind.CREDENTIALS
+# copilot's own fixed sentences, at the start of the message or after `Last error: `.
+_FIXED = (
+    ("Could not connect to local model provider", ErrorKind.UNREACHABLE),
+    ("Failed native model HTTP request: error sending request", ErrorKind.UNREACHABLE),
+    ("Failed to finalize chat-completions stream", ErrorKind.STREAM_FAILED),
+    ("Error: No authentication information found", ErrorKind.CREDENTIALS),
+)
 
 
 @attrs.frozen
@@ -65,14 +76,15 @@ def _data(event: dict[str, Any]) -> dict[str, Any]:
 def _session_error(data: dict[str, Any]) -> _Error:
     message = str_field(data, "message") or "copilot reported an error"
     status = http_status(number_field(data, "statusCode"))
-    kind = _ERROR_TYPES.get(str_field(data, "errorType") or "") or sentence_kind(
-        message.rsplit("Last error: ", 1)[-1]
-    )
-    if kind is None and status is None and any(word in message for word in _UNREACHABLE):
-        # copilot's own rendering of a call that got no answer (its message names the
-        # network error it caught): unreachable.
-        kind = ErrorKind.UNREACHABLE
+    last = message.rsplit("Last error: ", 1)[-1]
+    kind = _ERROR_TYPES.get(str_field(data, "errorType") or "") or sentence_kind(last)
+    if kind is None:
+        kind = _fixed_kind(message) or _fixed_kind(last)
     return _Error(message, status, kind)
+
+
+def _fixed_kind(message: str) -> ErrorKind | None:
+    return next((kind for prefix, kind in _FIXED if message.startswith(prefix)), None)
 
 
 def _read(stdout: str, stderr: str, exit_code: int | None, now: float) -> Envelope:
@@ -104,9 +116,10 @@ def _read(stdout: str, stderr: str, exit_code: int | None, now: float) -> Envelo
         elif kind == "model.call_finished" and str_field(data, "outcome") == "success":
             notice = None
     final = error or notice
-    if final is None and not seen and exit_code == _AUTH_EXIT:
-        said = stderr.strip()[-2000:] or "copilot: authentication required"
-        final = _Error(said, None, ErrorKind.CREDENTIALS)
+    if final is None and not seen:
+        said = stderr.strip()
+        if _fixed_kind(said) is ErrorKind.CREDENTIALS or exit_code == _AUTH_EXIT:
+            final = _Error(said[:2000] or "copilot: authentication required", None, _AUTH)
     if final is None:
         return Envelope(found=seen and reply is not None, text=reply, session_id=session_id)
     return Envelope(

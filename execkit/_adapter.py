@@ -234,11 +234,11 @@ class Envelope:
     billing, a rate limit, a connection failure, a retry in progress...); set it only from
     structure, never from searching text. `retry_after_s`: a wait the vendor stated in a
     structured field (a `Retry-After` header, `resets_in_seconds`, `retryDelay`).
-    `pending`: the error is a refusal the CLI printed and had not given up on when its
-    output ended (its last event was a retry or wait notice carrying that refusal: a rate
-    limit it waits out, a 5xx it retries): a run killed on timeout then ended in the
-    middle of a vendor refusal, upstream, not a silent timeout. A final error is never
-    pending.
+    `pending`: the error is one the CLI printed and had not given up on when its output
+    ended (its last event was a retry or wait notice carrying a refusal: a rate limit it
+    waits out, a 5xx it retries; or it stopped to ask for a login): a run killed on
+    timeout then ended in the middle of that error, and the error's structure classes it
+    (upstream, environment), not a silent timeout. Set it only from the CLI's own events.
     """
 
     found: bool = False
@@ -508,10 +508,10 @@ def map_result(
        (ENOENT, EACCES, ENOEXEC, ENOTDIR, a missing working directory) carries
        `precondition_for` (or the working directory's own sentence).
     2. a timeout or a signal: upstream when the CLI was killed on timeout while its last
-       event was a retry or reconnect notice (`error_kind` retrying or unreachable), or a
-       vendor refusal it was still waiting out (`pending`, with an upstream kind or
-       status): the uncharged ceiling bounds it; else the classifier's verdict on the
-       process.
+       event was a retry or reconnect notice (`error_kind` retrying or unreachable: the
+       uncharged ceiling bounds it); an error the envelope marks `pending` (the CLI was
+       still waiting out a refusal, or waiting for a login, when it was killed) goes on
+       to step 3 as if the CLI had reported it; else the classifier's verdict.
     3. the envelope reported an error (or the failed process's envelope carried one): the
        structured fields decide. Credentials (`error_kind` credentials, status 401/403) are
        environment naming the vendor's variables and login; billing (`error_kind` billing,
@@ -530,20 +530,16 @@ def map_result(
     if result.spawn_errno is not None:
         return _not_started(adapter, result, envelope)
 
-    if result.timed_out or result.signal is not None:
-        status = envelope.http_status
-        # Or the adapter read that the CLI was waiting out (or retrying) a refusal it had
-        # printed when the run ended: the run ended in the middle of a vendor refusal.
-        waiting = envelope.pending and (
-            envelope.error_kind in _UPSTREAM_KINDS
-            or (status is not None and is_upstream_status(status))
-        )
-        if result.timed_out and (envelope.error_kind in _STILL_TRYING or waiting):
+    # A CLI killed on timeout while its last words were an error it had not given up on
+    # (`pending`: a refusal it was waiting out or retrying, a login it stopped to ask for)
+    # ended in the middle of that error: its structure decides, below.
+    pending = result.timed_out and envelope.pending
+    pending = pending and (envelope.error_kind is not None or envelope.http_status is not None)
+    if (result.timed_out or result.signal is not None) and not pending:
+        if result.timed_out and envelope.error_kind in _STILL_TRYING:
             message = envelope.error_message or result.failure_text(_ERROR_CHARS)
-            kind = envelope.error_kind
-            kind_reason = Reason.STILL_RETRYING
-            if kind is not None:
-                kind_reason = _UPSTREAM_KINDS.get(kind, Reason.STILL_RETRYING)
+            status = envelope.http_status
+            kind_reason = _UPSTREAM_KINDS[envelope.error_kind]
             up = FailureClass.UPSTREAM
             wait = envelope.retry_after_s
             return _failed(

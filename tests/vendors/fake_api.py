@@ -950,6 +950,7 @@ class _State:
     model_calls: int = 0
     requests: int = 0
     dump_dir: str | None = None
+    tool_less_helpers: bool = True
 
 
 _NON_STREAM_FAILURE: dict[Vendor, str] = {
@@ -1199,7 +1200,9 @@ class _Handler(BaseHTTPRequestHandler):
         # (chat or messages with no tools offered; codex's Responses calls carry their
         # tools inside `input`). It never uses up a step (see `Scenario`).
         helper = schema is not None or (
-            protocol in ("chat", "messages") and not request.get("tools")
+            state.tool_less_helpers
+            and protocol in ("chat", "messages")
+            and not request.get("tools")
         )
         with state.lock:
             index = state.model_calls
@@ -1313,6 +1316,7 @@ class FakeAPI:
         lifetime_s: float = 180.0,
         max_requests: int = 2000,
         dump_dir: str | None = None,
+        tool_less_helpers: bool = True,
     ) -> None:
         self.vendor = vendor
         self.scenario = scenario
@@ -1323,6 +1327,7 @@ class FakeAPI:
             max_requests=max_requests,
             deadline=time.monotonic() + lifetime_s,
             dump_dir=dump_dir,
+            tool_less_helpers=tool_less_helpers,
         )
         self._lifetime_s = lifetime_s
         self._serving = threading.Thread(target=self._serve, name="fake-api", daemon=True)

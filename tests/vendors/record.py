@@ -59,6 +59,8 @@ MAX_FILE_BYTES = 2 * 1024 * 1024
 # A host name the resolver refuses before any query leaves this machine: its first label
 # is longer than DNS allows (63), so no packet is ever sent for it.
 DNS_FAILURE_HOST = "x" * 64 + ".invalid"
+# CLIs that offer the model no tools: none of their chat calls is a helper call.
+TOOL_LESS = frozenset({"aider", "llm"})
 
 
 def base_env(box: Sandbox, sink_url: str, bin_dir: Path | None = None) -> dict[str, str]:
@@ -181,9 +183,10 @@ class Scrubber:
         pairs.sort(key=lambda pair: -len(pair[0]))
         self._literals = [(a.encode(), b.encode()) for a, b in pairs]
         port_alt = "|".join(str(p) for p in sorted(set(ports), reverse=True))
-        self._ports = re.compile(
-            rb"(127\.0\.0\.1|localhost|\[::1\]|0\.0\.0\.0)(:|%3A)(" + port_alt.encode() + rb")\b"
+        hosts = rb"127\.0\.0\.1|localhost|\[::1\]|0\.0\.0\.0|" + re.escape(
+            DNS_FAILURE_HOST.encode()
         )
+        self._ports = re.compile(rb"(" + hosts + rb")(:|%3A)(" + port_alt.encode() + rb")\b")
         self._keys = re.compile(
             rb"(sk-(?:ant-(?:api03-)?)?test-[A-Za-z0-9*_-]+|AIzaSy[A-Za-z0-9_-]{10,})"
         )
@@ -262,7 +265,12 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
     if dump_dir:
         Path(dump_dir).mkdir(parents=True, exist_ok=True)
     lifetime_s = timeout_s + KILL_GRACE_S + 30
-    with FakeAPI(vendor, scenario, lifetime_s=lifetime_s, dump_dir=dump_dir) as api:
+    # A chat call with no tools is a helper (a title call) except for the CLIs whose every
+    # call is tool-less (aider, llm): theirs are the main calls.
+    helpers = cli.name not in TOOL_LESS
+    with FakeAPI(
+        vendor, scenario, lifetime_s=lifetime_s, dump_dir=dump_dir, tool_less_helpers=helpers
+    ) as api:
         ports = [api.port]
         base_url = api.url
         if scenario.endpoint == "refused":
@@ -325,7 +333,7 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
     if cell_dir.exists():
         shutil.rmtree(cell_dir)
     cell_dir.mkdir(parents=True)
-    (cell_dir / "argv.json").write_text(json.dumps(argv) + "\n", encoding="utf-8")
+    (cell_dir / "argv.json").write_text(json.dumps(scrub.value(argv)) + "\n", encoding="utf-8")
     (cell_dir / "stdout").write_bytes(stdout)
     (cell_dir / "stderr").write_bytes(stderr)
     (cell_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
