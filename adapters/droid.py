@@ -5,7 +5,8 @@ One claude-like result object (droid 0.225, recorded in fixtures/recorded/droid)
 "session_id"...}`, read by `adapters.claude.read_result`. droid's own fixed sentences in
 `result`: `Authentication failed. ...` (no key, an invalid or expired key) is a credential
 error; a `result` that starts with a status (`403 Country, region...`) is the API's
-answer passed through, that status. A connection failure is only `Exec failed`, which names nothing: it stays work.
+answer passed through, that status. A connection failure is only `Exec failed`, which
+names nothing: it stays work.
 droid retries a 429 or 5xx silently (nothing printed until it gives up, past a minute):
 a runner's timeout then sees nothing, and charges it as a timeout.
 """

@@ -112,7 +112,7 @@ def test_expected_covers_exactly_the_recorded_cells() -> None:
     wanted = sorted(
         f"{cli}/{scenario}" for cli in CLI_NAMES for scenario in SCENARIOS if applies(cli, scenario)
     )
-    assert KEYS == wanted
+    assert wanted == KEYS
     assert len(KEYS) >= 88
     for key, want in EXPECTED.items():
         assert want["class"] in (None, "work", "environment", "upstream"), key

@@ -143,7 +143,7 @@ ERROR_KINDS = (
 # Steps that answer 200 and then fail inside the stream.
 STREAM_FAILURES = ("midstream_error", "overloaded_in_stream", "stream_cut")
 
-_SCENARIO_LIST = (
+_SCENARIO_LIST: tuple[Scenario, ...] = (
     Scenario("success", "a one-turn reply"),
     Scenario("server_500", "500 in the vendor's own error shape", ("server_500",)),
     Scenario("bad_gateway_502", "502 in the vendor's own error shape", ("bad_gateway_502",)),

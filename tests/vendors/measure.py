@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterable
