@@ -4,8 +4,9 @@
 "message"}` on stderr on failure (cn 1.5, recorded in fixtures/recorded/cn). `message`
 is the OpenAI SDK's rendering: `<status> <message>` (`401 Incorrect API key
 provided...`) or `Connection error.` for an unreachable API. The model, its API base
-and key come from `--config FILE` (a request's `extra_args`). cn retries a 429 or 5xx silently until it is killed
-(nothing printed, exit 0 on SIGTERM): a runner's timeout charges that as a timeout.
+and key come from `--config FILE` (a request's `extra_args`). cn retries a 429 or 5xx
+silently until it is killed (nothing printed, exit 0 on SIGTERM): a runner's timeout
+charges that as a timeout.
 """
 
 from __future__ import annotations
