@@ -259,7 +259,97 @@ def install() -> str | None:
     return install_pypi()
 
 
+LATEST = HERE / "latest"
+VERSIONS = HERE.parent.parent / "fixtures" / "recorded" / "versions.json"
+
+
+def newest_served(name: str) -> str | None:
+    """The newest version the package registry serves for CLI `name` (one look-up with
+    the ordinary client: `npm view` or `pip index versions`), or None when it cannot say."""
+    if name in PYPI:
+        argv = [sys.executable, "-m", "pip", "index", "versions", PYPI[name]]
+    else:
+        npm = shutil.which("npm")
+        if npm is None:
+            return None
+        argv = [npm, "view", PACKAGES[name], "version"]
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = done.stdout.decode(errors="replace").strip()
+    if done.returncode != 0 or not out:
+        return None
+    if name in PYPI:  # "aider-chat (0.86.2)"
+        first = out.splitlines()[0]
+        return first[first.find("(") + 1 : first.find(")")] or None
+    return out.splitlines()[-1].strip()
+
+
+def write_versions() -> dict[str, dict[str, str | None]]:
+    """fixtures/recorded/versions.json: each CLI's pinned version and the newest served."""
+    pins = {**pinned_versions(), **pypi_pins()}
+    table = {}
+    for name in CLI_NAMES:
+        package = PYPI.get(name) or PACKAGES[name]
+        table[name] = {
+            "package": package,
+            "pinned": pins.get(package),
+            "newest": newest_served(name),
+        }
+    VERSIONS.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+    return table
+
+
+def install_latest(names: list[str]) -> dict[str, Path | str]:
+    """Install each npm CLI's newest version into tests/vendors/latest (git-ignored).
+
+    Returns name -> its binary, or name -> why it could not be installed (a platform
+    package the registry does not serve, an install script that downloads).
+    """
+    npm = shutil.which("npm")
+    if npm is None:
+        return {name: "npm is not on PATH" for name in names}
+    LATEST.mkdir(exist_ok=True)
+    (LATEST / "package.json").write_text('{"private": true}\n', encoding="utf-8")
+    found: dict[str, Path | str] = {}
+    for name in names:
+        if name in PYPI:
+            found[name] = "PyPI CLIs are checked against their pinned venv only"
+            continue
+        spec = f"{PACKAGES[name]}@latest"
+        problem = _run(
+            [
+                npm,
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--ignore-scripts",
+                "--prefix",
+                str(LATEST),
+                spec,
+            ],
+            f"npm install {spec}",
+        )
+        if problem is None and PACKAGES[name] in LINK_SCRIPTS:
+            problem = _run([npm, "rebuild", "--prefix", str(LATEST), PACKAGES[name]], "npm rebuild")
+        binary = LATEST / "node_modules" / ".bin" / name
+        if problem is None and name != "crush":
+            _, problem = _run_version(binary)
+        found[name] = problem or binary
+    return found
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["versions"]:
+        for name, row in write_versions().items():
+            drift = "" if row["pinned"] == row["newest"] else "   <- newer served"
+            print(
+                f"{name:<9} {row['package']:<32} pinned {row['pinned']}  newest {row['newest']}{drift}"
+            )
+        return 0
     if argv[1:2] == ["install"]:
         problem = install()
         if problem:

@@ -488,6 +488,10 @@ def matrix_section(recorded: list[Verdict], corpus: list[Verdict]) -> str:
             for cli in clis
         ]
         lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    lines += ["", "Blank: the CLI is not recorded in that scenario (see the notes below).", ""]
+    lines += _per_cli(recorded)
+    lines += _drift_section()
+    lines += _NOTES
     lines += ["", "| over | path | figures |", "|---|---|---|"]
     for title, verdicts in (("recorded cells", recorded), ("fixtures/failures", corpus)):
         for path, pairs in (
@@ -497,6 +501,93 @@ def matrix_section(recorded: list[Verdict], corpus: list[Verdict]) -> str:
             lines.append(f"| {title} | {path} | {figures(pairs).line()} |")
     lines.append(MATRIX_END)
     return "\n".join(lines) + "\n"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _per_cli(recorded: list[Verdict]) -> list[str]:
+    """Per CLI: both paths' share of expected classes, upstream precision and recall, and
+    how many environment cells each path gets."""
+    lines = [
+        "### Per CLI",
+        "",
+        "| cli | cells | adapter: expected class | adapter: upstream P / R "
+        "| plain: expected class | plain: upstream P / R | environment cells: adapter / plain |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cli in sorted({v.key.split("/")[0] for v in recorded}):
+        mine = [v for v in recorded if v.key.split("/")[0] == cli]
+        adapter = figures((v.expected, v.adapter) for v in mine)
+        plain = figures((v.expected, v.plain) for v in mine)
+        env = [v for v in mine if v.expected == "environment"]
+        env_adapter = sum(1 for v in env if v.adapter == "environment")
+        env_plain = sum(1 for v in env if v.plain == "environment")
+        lines.append(
+            f"| {cli} | {len(mine)} | {adapter.agreement:.1%} "
+            f"| {_pct(adapter.upstream_precision)} / {_pct(adapter.upstream_recall)} "
+            f"| {plain.agreement:.1%} | {_pct(plain.upstream_precision)} / "
+            f"{_pct(plain.upstream_recall)} | {env_adapter} / {env_plain} of {len(env)} |"
+        )
+    return [*lines, ""]
+
+
+def _drift_section() -> list[str]:
+    """The second column: each CLI's pin beside the newest version the registry serves,
+    and how the newest classes its cells (`record.py --latest`)."""
+    versions_path, drift_path = RECORDED / "versions.json", RECORDED / "drift.json"
+    if not versions_path.exists():
+        return []
+    versions = json.loads(versions_path.read_text(encoding="utf-8"))
+    drift = json.loads(drift_path.read_text(encoding="utf-8")) if drift_path.exists() else {}
+    expected = load_expected()
+    lines = [
+        "### Version drift",
+        "",
+        "The pinned version (recorded above) beside the newest the registry served when",
+        "`python tests/vendors/record.py --latest` last ran; for each newer one, its cells",
+        "recorded live and classed through the same adapter.",
+        "",
+        "| cli | package | pinned | newest served | cells on the newest |",
+        "|---|---|---|---|---|",
+    ]
+    for cli, row in sorted(versions.items()):
+        if row["newest"] == row["pinned"]:
+            newest = "the pinned one"
+        else:
+            found = drift.get(cli, {})
+            if "not_installed" in found:
+                newest = f"could not be installed: {found['not_installed']}"
+            else:
+                cells = found.get("cells", {})
+                same = sum(
+                    1
+                    for scenario, got in cells.items()
+                    if got["class"] == expected.get(f"{cli}/{scenario}", {}).get("class")
+                )
+                newest = f"{same} of {len(cells)} cells get the expected class"
+        lines.append(
+            f"| {cli} | `{row['package']}` | {row['pinned']} | {row['newest']} | {newest} |"
+        )
+    return [*lines, ""]
+
+
+_NOTES = [
+    "### Notes",
+    "",
+    "- amp talks to its own service (`AMP_URL`), auggie only to Augment's: neither can be",
+    "  pointed at a model API, so they are recorded without credentials, not logged in and",
+    "  (amp) with the service unreachable.",
+    "- crush: `npm install @charmland/crush` installs a launcher with no binary; its first",
+    "  run downloads crush from GitHub releases, which is refused here. It is recorded once,",
+    "  as installed (`not_installed`), and read from its launcher's fixed sentence.",
+    "- `untrusted_workspace` is recorded for the CLIs that have a trust check (gemini, qwen).",
+    "- Cells whose expected class is not their scenario's are reviewed by hand; each says",
+    "  why in expected.json (`why`): a CLI that retried or waited silently until the timeout",
+    "  (charged, as a silent timeout is), one that took a cut stream as its reply (success),",
+    "  one that names nothing (`Exec failed`).",
+]
 
 
 def write_matrix(recorded: list[Verdict], corpus: list[Verdict]) -> None:

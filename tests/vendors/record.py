@@ -45,7 +45,16 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from clis import CLI, CLI_NAMES, find_cli, node_bin_dir  # noqa: E402
+from clis import (  # noqa: E402
+    CLI,
+    CLI_NAMES,
+    PACKAGES,
+    VERSIONS,
+    find_cli,
+    install_latest,
+    node_bin_dir,
+    write_versions,
+)
 from fake_api import SCENARIOS, FakeAPI, Scenario, dead_port  # noqa: E402
 from setups import KEYS, SETUPS, TIMEOUT_S, VENDOR_OF, Sandbox, Setup, applies  # noqa: E402
 
@@ -477,6 +486,70 @@ def write_matrix(root: Path) -> None:
     (root / "MATRIX.md").write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
+# --------------------------------------------------------------------------- version drift
+
+DRIFT = RECORDED / "drift.json"
+
+
+def _class_of(cell_dir: Path) -> tuple[str | None, str | None]:
+    from execkit import get_adapter
+    from replay import load, replay_spawn
+
+    recording = load(cell_dir)
+    timeout = 1.5 if recording.meta.get("timed_out") else 60.0
+    mapped = get_adapter(recording.cli).parse(replay_spawn(cell_dir, timeout_s=timeout))
+    return (None if mapped.failure_class is None else mapped.failure_class.value), mapped.reason
+
+
+def drift(cells: list[tuple[str, Scenario]], jobs: int) -> int:
+    """Record the newest version of each CLI whose pin is older (`--latest`), class every
+    cell through its adapter, and name each cell whose class differs from expected.json
+    (the failure says which cell and what the CLI says now, beside what the pinned one
+    said). Writes fixtures/recorded/versions.json and drift.json (MATRIX.md's second
+    column). Exit 1 when a cell's class changed."""
+    versions = write_versions()
+    newer = sorted(
+        {name for name, _ in cells if name in PACKAGES}
+        & {name for name, row in versions.items() if row["newest"] != row["pinned"]}
+    )
+    report: dict[str, Any] = {}
+    expected = json.loads((RECORDED / "expected.json").read_text(encoding="utf-8"))["cells"]
+    changed = 0
+    installed = install_latest(newer)
+    with tempfile.TemporaryDirectory(prefix="execkit-vendor-latest-") as scratch:
+        out_root = Path(scratch)
+        for name in newer:
+            row: dict[str, Any] = {"version": versions[name]["newest"], "cells": {}}
+            report[name] = row
+            binary = installed[name]
+            if not isinstance(binary, Path):
+                row["not_installed"] = binary
+                print(f"{name:<9}newest {row['version']} could not be installed: {binary}")
+                continue
+            cli = CLI(name, PACKAGES[name], row["version"], path=binary, version=row["version"])
+            mine = [scenario for cli_name, scenario in cells if cli_name == name]
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                list(pool.map(lambda sc: record_cell(cli, sc, out_root), mine))
+            for scenario in mine:
+                live = out_root / name / scenario.name
+                got, reason = _class_of(live)
+                want = expected.get(f"{name}/{scenario.name}", {}).get("class")
+                meta = json.loads((live / "meta.json").read_text(encoding="utf-8"))
+                words = _last_words(live, meta)
+                row["cells"][scenario.name] = {"class": got, "reason": reason, "words": words}
+                if got != want:
+                    changed += 1
+                    kept = RECORDED / name / scenario.name
+                    before = _last_words(kept, {}) if kept.exists() else "(not recorded)"
+                    print(
+                        f"DRIFT {name}/{scenario.name}: expected {want}, {row['version']} gives "
+                        f"{got} ({reason})\n    now says:    {words}\n    pinned said: {before}"
+                    )
+    DRIFT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {VERSIONS.name} and {DRIFT.name}; {changed} cell(s) changed class")
+    return 1 if changed else 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -524,6 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where to write (default fixtures)")
     parser.add_argument("--matrix", action="store_true", help="only rewrite MATRIX.md")
     parser.add_argument(
+        "--latest",
+        action="store_true",
+        help="version drift: record the newest version the registry serves of each CLI whose "
+        "pin is older, class every cell, name each cell whose class or sentence changed",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=3, help="cells run at once (most time is spent waiting)"
     )
     args = parser.parse_args(argv)
@@ -533,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     cells = _select(args.only)
     if not cells:
         parser.error(f"nothing matches {args.only}")
+    if args.latest:
+        return drift(cells, args.jobs)
     found = {name: find_cli(name) for name in sorted({name for name, _ in cells})}
     usable = {name: cli for name, cli in found.items() if cli.ok}
     for name, cli in found.items():
