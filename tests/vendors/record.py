@@ -492,8 +492,9 @@ DRIFT = RECORDED / "drift.json"
 
 
 def _class_of(cell_dir: Path) -> tuple[str | None, str | None]:
-    from execkit import get_adapter
     from replay import load, replay_spawn
+
+    from execkit import get_adapter
 
     recording = load(cell_dir)
     timeout = 1.5 if recording.meta.get("timed_out") else 60.0
