@@ -346,9 +346,8 @@ def main(argv: list[str]) -> int:
     if argv[1:2] == ["versions"]:
         for name, row in write_versions().items():
             drift = "" if row["pinned"] == row["newest"] else "   <- newer served"
-            print(
-                f"{name:<9} {row['package']:<32} pinned {row['pinned']}  newest {row['newest']}{drift}"
-            )
+            versions = f"pinned {row['pinned']}  newest {row['newest']}"
+            print(f"{name:<9} {row['package']:<32} {versions}{drift}")
         return 0
     if argv[1:2] == ["install"]:
         problem = install()

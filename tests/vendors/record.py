@@ -530,7 +530,7 @@ def drift(cells: list[tuple[str, Scenario]], jobs: int) -> int:
             cli = CLI(name, PACKAGES[name], row["version"], path=binary, version=row["version"])
             mine = [scenario for cli_name, scenario in cells if cli_name == name]
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-                list(pool.map(lambda sc: record_cell(cli, sc, out_root), mine))
+                list(pool.map(record_cell, [cli] * len(mine), mine, [out_root] * len(mine)))
             for scenario in mine:
                 live = out_root / name / scenario.name
                 got, reason = _class_of(live)
