@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean record-vendors test-vendors
+.PHONY: demo test lint typecheck unit bench clean record-vendors test-vendors drift-vendors
 
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,14 +54,22 @@ bench: $(STAMP)
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.
 #   make record-vendors   npm ci if needed, then re-record fixtures/recorded (~25 min)
 #   make test-vendors     run the same matrix live and compare each cell's shape
+#   make drift-vendors    record the newest served versions and name the cells that changed
 record-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install
 	$(PY) tests/vendors/record.py
-	$(PY) tests/vendors/measure.py --write-matrix --no-table
+	$(PY) tests/vendors/measure.py --write-corpus --write-matrix --no-table
 
 test-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install
 	$(PY) tests/vendors/record.py --check
+
+# Version drift: each pin beside the newest the registry serves; the newer ones recorded
+# live and classed; fails naming each cell whose class changed (not part of `make test`).
+drift-vendors: $(STAMP)
+	$(PY) tests/vendors/clis.py install
+	$(PY) tests/vendors/record.py --latest
+	$(PY) tests/vendors/measure.py --write-matrix --no-table
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -13,7 +13,11 @@ Anthropic error type (`authentication_error`, `permission_error`, `billing_error
 marks a request that never reached the API. The CLI also renders some errors as fixed
 sentences of its own, matched whole: `Credit balance is too low` (its billing error, sent
 with type `invalid_request_error`), `Not logged in · Please run /login`, and the
-`Claude AI usage limit reached|<epoch>` form whose epoch is the reset.
+`Claude AI usage limit reached|<epoch>` form whose epoch is the reset. Its connection
+errors, when `api_error` is not set (claude-code 2.1.332: a TLS failure), are its fixed
+sentences `API Error: Unable to connect to API (...)`, `API Error: Connection refused —
+...`, `API Error: Can't reach the API server ...` and `API Error: Connection to the API
+was lost ...`, matched by prefix.
 """
 
 from __future__ import annotations
@@ -52,6 +56,13 @@ _FIXED_RESULTS = {
     "Invalid API key · Please run /login": ErrorKind.CREDENTIALS,
     "Invalid API key · Fix external API key": ErrorKind.CREDENTIALS,
 }
+# The CLI's fixed sentences for a request that never reached the API (or lost it).
+_CONNECTION_PREFIXES = (
+    "API Error: Unable to connect to API",
+    "API Error: Connection refused",
+    "API Error: Can't reach the API server",
+    "API Error: Connection to the API was lost",
+)
 # `<sentence>|<epoch>`: the CLI's machine-readable usage limit with its reset.
 _USAGE_LIMIT = re.compile(r"^Claude AI usage limit reached\|\d{9,11}$")
 
@@ -75,10 +86,14 @@ def _kind(envelope: dict[str, Any], result_text: str | None) -> ErrorKind | None
         return _FIXED_RESULTS[fixed]
     if _USAGE_LIMIT.match(fixed):
         return ErrorKind.USAGE_LIMIT
+    if fixed.startswith(_CONNECTION_PREFIXES):
+        return ErrorKind.UNREACHABLE
     return _ERROR_TYPES.get(str_field(envelope, "api_error_type") or "")
 
 
-def _read(stdout: str) -> Envelope:
+def read_result(stdout: str) -> Envelope:
+    """The envelope of a claude-style `result` object (the last JSON value of `stdout`);
+    shared with the claude-compatible CLIs (droid, amp, qwen)."""
     envelope = _result_object(load_json_document(stdout))
     if envelope is None:
         return Envelope()
@@ -120,4 +135,4 @@ class ClaudeAdapter:
         return request_argv([self.binary, "-p", "--output-format", "json"], request, options=turns)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, _read(result.stdout_tail))
+        return map_result(self, result, read_result(result.stdout_tail))

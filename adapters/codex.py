@@ -18,7 +18,8 @@ usage limit (with the reset); `Selected model is at capacity...` and `We're curr
 experiencing high demand...` its overload and 5xx errors; `stream disconnected before
 completion: ...` and `Error while reading the server response: ...` a broken stream;
 `Connection failed: ...` an unreachable API; `Your access token could not be refreshed
-...` a credential failure. A message that is a JSON error body is read for its type.
+...` and `Missing environment variable: `OPENAI_API_KEY`` (no key: it never calls) a
+credential failure. A message that is a JSON error body is read for its type.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ _FIXED_PREFIXES = (
     ("Error while reading the server response:", ErrorKind.STREAM_FAILED),
     ("Connection failed:", ErrorKind.UNREACHABLE),
     ("Your access token could not be refreshed", ErrorKind.CREDENTIALS),
+    ("Missing environment variable:", ErrorKind.CREDENTIALS),
 )
 # OpenAI error `type`/`code` values in a JSON body codex passed through.
 _BODY_KINDS = {

@@ -14,8 +14,16 @@ Structure read (gemini-cli 0.61, recorded in fixtures/recorded/gemini):
   `INTERNAL`, `DEADLINE_EXCEEDED`: a server error).
 - `error.type` `INVALID_STREAM` with the `NO_FINISH_REASON` error in `stats` (or its fixed
   message) is a stream the API cut off; `FatalAuthenticationError` is a credential error.
-- The exit code is the HTTP status mod 256 (145 = 401, 147 = 403), and 41 is the CLI's
-  FatalAuthenticationError: read when no error object was printed.
+- The exit code is the HTTP status mod 256 (145 = 401, 147 = 403), 41 is the CLI's
+  FatalAuthenticationError (no key: `you must specify the GEMINI_API_KEY environment
+  variable`) and 55 its untrusted-workspace error: read when no error object was printed;
+  an error object whose `code` is 41 or 55 says the same.
+- An API error body whose `details` carry an `ErrorInfo` with reason `API_KEY_INVALID` or
+  `API_KEY_EXPIRED` is a credential error, whatever its status (an expired key is a 400).
+- `You have exhausted your daily quota` is the CLI's fixed sentence for a per-day quota
+  (its TerminalQuotaError): billing, which waits for the reset when one is stated.
+- An exit 0 whose `response` is empty while `stats` counts a `NO_FINISH_REASON` error is a
+  stream the CLI gave up on (an overload sent inside a 200 stream): it failed.
 - `Attempt N failed[ with status S]. Retrying with backoff...` (with its stack trace) is a
   retry notice, never the final error; a run that ends (timeout) on one was still
   retrying (`fetch failed`: the API is unreachable). The reset of a quota error is its
@@ -54,10 +62,13 @@ _GOOGLE_STATUS = {
     "DEADLINE_EXCEEDED": ErrorKind.SERVER_ERROR,
 }
 _ERROR_TYPES = {"FatalAuthenticationError": ErrorKind.CREDENTIALS}
+# The CLI's own exit codes, also put in an error object's `code`.
+_CODE_KINDS = {41: ErrorKind.CREDENTIALS, 55: ErrorKind.UNTRUSTED}
+_KEY_REASONS = frozenset({"API_KEY_INVALID", "API_KEY_EXPIRED"})
+_DAILY_QUOTA = "You have exhausted your daily quota"
 _NO_FINISH = "Model stream ended without a finish reason."
 # gemini-cli exits with the HTTP status mod 256, and 41 for FatalAuthenticationError.
 _EXIT_STATUS = {145: 401, 147: 403}
-_AUTH_EXIT = 41
 
 _NOTICE = re.compile(r"^Attempt \d+ failed(?: with status (?P<code>\d{3}))?[.:].*$", re.M)
 _FINAL = "Error when talking to Gemini API"
@@ -82,6 +93,10 @@ def _stream_cut(envelope: dict[str, Any], error: dict[str, Any]) -> bool:
         return False
     if str_field(error, "message") == _NO_FINISH:
         return True
+    return _no_finish_counted(envelope)
+
+
+def _no_finish_counted(envelope: dict[str, Any]) -> bool:
     stats = envelope.get("stats")
     models = stats.get("models") if isinstance(stats, dict) else None
     if not isinstance(models, dict):
@@ -98,10 +113,20 @@ def _kind(envelope: dict[str, Any], error: dict[str, Any], message: str | None) 
     if _stream_cut(envelope, error):
         return ErrorKind.STREAM_FAILED
     named = _ERROR_TYPES.get(str_field(error, "type") or "")
+    if named is None:
+        code = number_field(error, "code")
+        named = _CODE_KINDS.get(int(code)) if code is not None and code.is_integer() else None
     if named is not None:
         return named
+    if (message or "").startswith(_DAILY_QUOTA):
+        return ErrorKind.BILLING
     body = json_object(message)
     api_error = body.get("error") if body is not None else None
+    details = api_error.get("details") if isinstance(api_error, dict) else None
+    if isinstance(details, list) and any(
+        str_field(item, "reason") in _KEY_REASONS for item in details
+    ):
+        return ErrorKind.CREDENTIALS
     return _GOOGLE_STATUS.get(str_field(api_error, "status") or "")
 
 
@@ -146,8 +171,8 @@ def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
     envelope = _envelope_of(load_json_document(stdout)) or _envelope_of(last_json_value(stderr))
     if envelope is None:
         said = stderr.strip()[-2000:] or f"gemini exited {exit_code}"
-        if exit_code == _AUTH_EXIT:
-            return Envelope(error_message=said, error_kind=ErrorKind.CREDENTIALS)
+        if exit_code in _CODE_KINDS:
+            return Envelope(error_message=said, error_kind=_CODE_KINDS[exit_code])
         if exit_code in _EXIT_STATUS:
             return Envelope(error_message=said, http_status=_EXIT_STATUS[exit_code])
         return _retrying(stderr) or Envelope()
@@ -166,11 +191,16 @@ def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
             error_kind=_kind(envelope, fields, message),
             retry_after_s=_stated_wait(message, stderr),
         )
-    return Envelope(
-        found=True,
-        text=str_field(envelope, "response") or "",
-        session_id=session_id,
-    )
+    reply = str_field(envelope, "response") or ""
+    if not reply.strip() and _no_finish_counted(envelope):
+        return Envelope(
+            found=True,
+            is_error=True,
+            session_id=session_id,
+            error_message=_NO_FINISH,
+            error_kind=ErrorKind.STREAM_FAILED,
+        )
+    return Envelope(found=True, text=reply, session_id=session_id)
 
 
 @attrs.frozen
@@ -190,6 +220,10 @@ class GeminiAdapter:
         "GOOGLE_APPLICATION_CREDENTIALS",
     )
     credential_files: tuple[str, ...] = ("~/.gemini/oauth_creds.json",)
+    trust_hint: str = (
+        "set GEMINI_CLI_TRUST_WORKSPACE=true, pass --skip-trust, or trust the folder in "
+        "interactive mode"
+    )
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         # `--prompt=VALUE` keeps a prompt that starts with "-" from reading as a flag.

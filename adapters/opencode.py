@@ -17,10 +17,21 @@ Structure read (opencode 1.18, recorded in fixtures/recorded/opencode):
   `responseHeaders` carry `retry-after`.
 - `UnknownError` whose message is itself a JSON error (`{"message", "type", "code": 503}`)
   is an error chunk the provider sent mid-stream.
+- A last `step_finish` whose `reason` is `unknown` ended on a provider stream cut before
+  its finish reason; opencode then loops on it until killed: a stream failure it was
+  still retrying (`pending`).
+- An `error` event line that no longer parses because masking a credential-like value
+  inside it (`Authorization: Bearer YOUR_KEY).` in a vendor's hint) ate a quote is still
+  read for its `name` and `statusCode` (`_salvage`): execkit masks every kept byte before
+  an adapter sees it, so the adapter reads what survives rather than falling back to text.
+
+`read_events` is shared with the opencode-derived kilo adapter.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Any
 
@@ -41,6 +52,8 @@ from execkit.adapterkit import (
 __all__ = ["OpencodeAdapter"]
 
 _ERROR_NAMES = {"ProviderAuthError": ErrorKind.CREDENTIALS}
+# A step_finish whose reason is this ended on a stream with no finish reason.
+_NO_FINISH_REASON = "unknown"
 _CONNECTION_FAILED = "Cannot connect to API"
 # OpenAI-compatible error `code` / `type` values in the provider's body.
 _BODY_KINDS = {
@@ -114,13 +127,57 @@ def _error_of(event: dict[str, Any], now: float) -> _Error:
     return _Error(message, status, kind, wait)
 
 
-def _read(stdout: str, now: float) -> Envelope:
+# What an error event line still says after masking broke its JSON.
+_ERROR_LINE = re.compile(r'^\{\s*"type"\s*:\s*"error"')
+_SALVAGED = {
+    "name": re.compile(r'"name"\s*:\s*"(?P<value>[A-Za-z]{1,64})"'),
+    "statusCode": re.compile(r'"statusCode"\s*:\s*(?P<value>[1-5]\d\d)\b'),
+    "message": re.compile(r'"message"\s*:\s*"(?P<value>(?:[^"\\]|\\.){0,2000})'),
+}
+
+
+def _salvage(line: str) -> dict[str, Any] | None:
+    """An error event rebuilt from the fields a broken line still shows, or None."""
+    if not _ERROR_LINE.match(line):
+        return None
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        pass
+    else:
+        return None  # it parses: iter_json_objects has it
+    data: dict[str, Any] = {}
+    for key, pattern in _SALVAGED.items():
+        found = pattern.search(line)
+        if found is not None:
+            value = found.group("value")
+            data[key] = int(value) if key == "statusCode" else value
+    if not data:
+        return None
+    return {"type": "error", "error": {"name": data.pop("name", "UnknownError"), "data": data}}
+
+
+def _events(stdout: str) -> list[dict[str, Any]]:
+    events = list(iter_json_objects(stdout))
+    if '"type":"error"' in stdout.replace(" ", "") and not any(
+        event.get("type") == "error" for event in events
+    ):
+        for line in stdout.splitlines():
+            salvaged = _salvage(line.strip())
+            if salvaged is not None:
+                events.append(salvaged)
+    return events
+
+
+def read_events(stdout: str, now: float) -> Envelope:
+    """The envelope of an opencode-style `run --format json` event stream."""
     session_id: str | None = None
     step_text: list[str] = []
     cost: float | None = None
     error: _Error | None = None
     finished = False
-    for event in iter_json_objects(stdout):
+    finish_reason: str | None = None
+    for event in _events(stdout):
         kind = event.get("type")
         session_id = str_field(event, "sessionID", "session_id") or session_id
         part = event.get("part")
@@ -132,6 +189,7 @@ def _read(stdout: str, now: float) -> Envelope:
                 step_text.append(text)
         elif kind == "step_finish":
             finished = True
+            finish_reason = str_field(part, "reason")
             step_cost = number_field(part, "cost")
             if step_cost is not None:
                 cost = (cost or 0.0) + step_cost
@@ -147,6 +205,20 @@ def _read(stdout: str, now: float) -> Envelope:
             http_status=error.status,
             error_kind=error.kind,
             retry_after_s=error.wait,
+        )
+    if finish_reason == _NO_FINISH_REASON:
+        # The provider's stream ended with no finish reason (cut mid-answer): opencode
+        # starts another step on the same cut stream, again and again. Not an error it
+        # gives up on; a run killed then was still retrying a broken vendor stream.
+        return Envelope(
+            found=True,
+            text="".join(step_text).strip(),
+            session_id=session_id,
+            cost_usd=cost,
+            error_message="the model's stream ended without a finish reason (step_finish "
+            "reason unknown)",
+            error_kind=ErrorKind.STREAM_FAILED,
+            pending=True,
         )
     return Envelope(
         found=finished,
@@ -180,4 +252,4 @@ class OpencodeAdapter:
         return request_argv([self.binary, "run", "--format", "json"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, _read(result.stdout_tail, time.time()))
+        return map_result(self, result, read_events(result.stdout_tail, time.time()))

@@ -55,8 +55,10 @@ __all__ = [
     "credential_env_of",
     "credential_files_of",
     "credentials_precondition",
+    "install_precondition",
     "map_result",
     "precondition_for",
+    "trust_precondition",
 ]
 
 
@@ -77,6 +79,13 @@ class ErrorKind(enum.StrEnum):
     | `stream_failed` | upstream | the vendor's stream broke off before it completed |
     | `unreachable` | upstream | the CLI's own connection-error event |
     | `retrying` | upstream | the CLI's last event was a retry notice (it ended retrying) |
+    | `not_installed` | environment | the CLI's own launcher ran but says its program is not there |
+    | `untrusted` | environment | the CLI refuses to work in a directory it does not trust |
+
+    `not_installed` is for an npm or pip launcher that starts and then reports, in its own
+    fixed words, that the platform binary it wraps is missing (crush's, amp's, droid's
+    shims): the same precondition as a program not found on PATH, named with the install
+    hint.
     """
 
     CREDENTIALS = "credentials"
@@ -88,6 +97,8 @@ class ErrorKind(enum.StrEnum):
     STREAM_FAILED = "stream_failed"
     UNREACHABLE = "unreachable"
     RETRYING = "retrying"
+    NOT_INSTALLED = "not_installed"
+    UNTRUSTED = "untrusted"
 
 
 # How much failure text a mapped result keeps: the tail, where the cause usually is.
@@ -223,6 +234,11 @@ class Envelope:
     billing, a rate limit, a connection failure, a retry in progress...); set it only from
     structure, never from searching text. `retry_after_s`: a wait the vendor stated in a
     structured field (a `Retry-After` header, `resets_in_seconds`, `retryDelay`).
+    `pending`: the error is one the CLI printed and had not given up on when its output
+    ended (its last event was a retry or wait notice carrying a refusal: a rate limit it
+    waits out, a 5xx it retries; or it stopped to ask for a login): a run killed on
+    timeout then ended in the middle of that error, and the error's structure classes it
+    (upstream, environment), not a silent timeout. Set it only from the CLI's own events.
     """
 
     found: bool = False
@@ -234,6 +250,7 @@ class Envelope:
     http_status: int | None = None
     error_kind: ErrorKind | None = None
     retry_after_s: float | None = None
+    pending: bool = False
 
 
 NO_ENVELOPE = Envelope()
@@ -295,6 +312,29 @@ def billing_precondition(adapter: Adapter, reason: str) -> str:
         f"billing: add credits or raise the quota for the {_adapter_name(adapter)} "
         f"account{said}, then retry"
     )
+
+
+def install_precondition(adapter: Adapter) -> str:
+    """What to fix when the CLI's launcher ran but its program is not installed.
+
+    `crush CLI is not installed (its launcher ran, its program is missing); install: ...`
+    """
+    binary = adapter.binary or _adapter_name(adapter)
+    fix = f"install: {adapter.install_hint}"
+    if adapter.login_hint:
+        fix += f"; then log in: {adapter.login_hint}"
+    return f"{binary} CLI is not installed (its launcher ran, its program is missing); {fix}"
+
+
+def trust_precondition(adapter: Adapter) -> str:
+    """What to fix when the CLI refuses a working directory it does not trust: the
+    adapter's optional `trust_hint`, else a generic sentence.
+
+    `gemini: the CLI does not trust the working directory; set GEMINI_CLI_TRUST_WORKSPACE=true`
+    """
+    hint = getattr(adapter, "trust_hint", None)
+    fix = hint if isinstance(hint, str) and hint else "mark it trusted in the CLI's settings"
+    return f"{_adapter_name(adapter)}: the CLI does not trust the working directory; {fix}"
 
 
 def precondition_for(adapter: Adapter, result: SpawnResult) -> str:
@@ -425,7 +465,7 @@ def _reason(status: int | None, failure_class: FailureClass, otherwise: str) -> 
 class _Decided:
     failure_class: FailureClass
     reason: str
-    precondition: str | None = None  # "credentials" or "billing"
+    precondition: str | None = None  # "credentials", "billing", "install" or "trust"
 
 
 def _structured(
@@ -433,6 +473,10 @@ def _structured(
 ) -> _Decided | None:
     """The class the vendor's structured fields give, or None when they give none."""
     env, up, work = FailureClass.ENVIRONMENT, FailureClass.UPSTREAM, FailureClass.WORK
+    if kind is ErrorKind.NOT_INSTALLED:
+        return _Decided(env, Reason.MISSING_BINARY, "install")
+    if kind is ErrorKind.UNTRUSTED:
+        return _Decided(env, Reason.UNTRUSTED, "trust")
     if kind is ErrorKind.CREDENTIALS or status in (401, 403):
         return _Decided(env, _reason(status, env, Reason.CREDENTIALS), "credentials")
     if kind is ErrorKind.BILLING or status == 402:
@@ -465,14 +509,18 @@ def map_result(
        `precondition_for` (or the working directory's own sentence).
     2. a timeout or a signal: upstream when the CLI was killed on timeout while its last
        event was a retry or reconnect notice (`error_kind` retrying or unreachable: the
-       uncharged ceiling bounds it); else the classifier's verdict on the process.
+       uncharged ceiling bounds it); an error the envelope marks `pending` (the CLI was
+       still waiting out a refusal, or waiting for a login, when it was killed) goes on
+       to step 3 as if the CLI had reported it; else the classifier's verdict.
     3. the envelope reported an error (or the failed process's envelope carried one): the
        structured fields decide. Credentials (`error_kind` credentials, status 401/403) are
        environment naming the vendor's variables and login; billing (`error_kind` billing,
        status 402) is environment naming the billing fix, unless a reset is stated (then
        upstream, waiting for it); the other kinds are upstream; a status 429 or 500-599 is
        upstream and any other status work, except that a message naming an account limit
-       with no reset charges. Without either, `classify_text` on the vendor's message.
+       with no reset charges; `not_installed` is environment naming the install. Without
+       any of them, `classify_text` on the vendor's message. This holds whatever the exit
+       code: a CLI that exits 0 after a refusal (`is_error` set) has failed.
     4. the process failed otherwise: the classifier on the tail of its output.
     5. exit 0 and no envelope error: success; the reply is the envelope text, or stdout.
 
@@ -482,7 +530,12 @@ def map_result(
     if result.spawn_errno is not None:
         return _not_started(adapter, result, envelope)
 
-    if result.timed_out or result.signal is not None:
+    # A CLI killed on timeout while its last words were an error it had not given up on
+    # (`pending`: a refusal it was waiting out or retrying, a login it stopped to ask for)
+    # ended in the middle of that error: its structure decides, below.
+    pending = result.timed_out and envelope.pending
+    pending = pending and (envelope.error_kind is not None or envelope.http_status is not None)
+    if (result.timed_out or result.signal is not None) and not pending:
         if result.timed_out and envelope.error_kind in _STILL_TRYING:
             message = envelope.error_message or result.failure_text(_ERROR_CHARS)
             status = envelope.http_status
@@ -512,6 +565,10 @@ def map_result(
             precondition = credentials_precondition(adapter, decided.reason)
         elif decided.precondition == "billing":
             precondition = billing_precondition(adapter, decided.reason)
+        elif decided.precondition == "install":
+            precondition = install_precondition(adapter)
+        elif decided.precondition == "trust":
+            precondition = trust_precondition(adapter)
         return _failed(
             result, envelope, decided.failure_class, decided.reason, message, precondition, wait
         )

@@ -45,6 +45,7 @@ files`, `line 503`, `max_tokens: 4290`, `port 5000` stay work).
 | `sdk-status` | upstream | `http N` | `RateLimitError: 429 {"type":"error"}` |
 | | | | `InternalServerError: 529 {}` |
 | | | | `google.api_core.exceptions.ResourceExhausted: 429 Quota exceeded` |
+| | | | `google.genai.errors.ClientError: 429 RESOURCE_EXHAUSTED` |
 | | | | `ServiceUnavailable: 503 The service is currently unavailable.` |
 | `no-body` | upstream | `http N` | `Error: 503 status code (no body)` |
 | | | | `APIError: 429 status code (no body)` |
@@ -52,6 +53,7 @@ files`, `line 503`, `max_tokens: 4290`, `port 5000` stay work).
 | | | | `circuit-breaker opened`, `CircuitBreakerOpenError` |
 | `overloaded` | upstream | `overloaded` | `"overloaded_error"`, `"Overloaded"` |
 | | | | `model is overloaded`, `currently overloaded`, `APICallError: Overloaded` |
+| | | | `Overloaded`, `HTTP 200: Overloaded` (a whole message that is only that word) |
 | `high-demand` | upstream | `overloaded` | `high demand, which may cause temporary errors` |
 | | | | `We're currently experiencing high demand, which may cause temporary errors.` |
 | `unavailable` | upstream | `service unavailable` | `Service Unavailable` |
@@ -64,6 +66,18 @@ files`, `line 503`, `max_tokens: 4290`, `port 5000` stay work).
 | `unreachable` | upstream | `vendor unreachable` | `APIConnectionError: Connection error.` |
 | | | | `anthropic.APIConnectionError: Connection error.` |
 | | | | `openai.APIConnectionError: Connection error.` |
+| | | | `litellm.APIConnectionError: OpenAIException - Connection error.` |
+| | | | `API Error: Connection refused — a firewall or proxy may be blocking it` |
+| | | | `API Error: Unable to connect to API (ConnectionRefused)` |
+| `sdk-server-error` | upstream | `server error` | `openai.InternalServerError: upstream down` |
+| | | | `litellm.InternalServerError: AnthropicException - Overloaded` |
+| | | | `litellm.ServiceUnavailableError: OpenAIException - busy` |
+| | | | `google.genai.errors.ServerError: UNAVAILABLE` |
+| | | | `AI_APICallError: Internal server error` |
+| `sdk-rate-limit` | upstream | `rate limited` | `openai.RateLimitError: slow down` |
+| | | | `litellm.RateLimitError: AnthropicException - slow down` |
+| `per-minute-quota` | upstream | `rate limited` | `"quotaId": "GenerateRequestsPerMinute"` |
+| | | | `limit 'Generate requests per minute per project'` (lifts a quota veto) |
 | `quota` | work | `insufficient quota` | `insufficient_quota`, `exceeded your current quota` |
 | `billing` | work | `billing` | `credit balance is too low`, `check your plan and billing` |
 | | | | `billing_hard_limit_reached`, `402 Payment Required` |
@@ -88,6 +102,26 @@ Why the rows are as they are:
 - A status followed by `/`, `%` or `of` is a progress count (`status: 500/1000`), not HTTP.
   A status compared with `==` is code or a test assertion an agent printed
   (`assert resp.status_code == 429`), not a response.
+- The SDK exception rows without a status are the clients' exception names that mean one
+  kind of vendor failure whatever the body says, qualified by their module as a traceback
+  or LiteLLM's `str()` prints them: `openai.`/`anthropic.`/`litellm.` `InternalServerError`
+  and `ServiceUnavailableError` (a 5xx), `RateLimitError` (a 429), `APIConnectionError`
+  (unreachable); google-genai's `errors.ServerError`; the Vercel AI SDK's
+  `AI_APICallError` only with the 5xx sentence `Internal server error`. An `except`
+  clause, an import or a bare class name stays work.
+- A whole error message that is only `Overloaded` (a line of its own, or after a status
+  and `: ` as in `HTTP 200: Overloaded`, an overload sent inside a stream that began with
+  200) is an overload; the word inside a sentence (`method overloaded`) or after another
+  label (`candidate: overloaded`) is not.
+- A quota whose id or limit names a per-minute window (Google's `RESOURCE_EXHAUSTED` with
+  `quotaId` `...PerMinute...`) is a rate limit, even though Google words it "You exceeded
+  your current quota, please check your plan and billing details": it lifts the quota and
+  billing veto. A per-day quota keeps the veto (it is `work` from text; an adapter may
+  read it as `environment` from structure).
+- claude's `API Error: Connection refused` and `API Error: Unable to connect to API` name
+  the API, so they are the `unreachable` row; a bare `ECONNREFUSED`, `fetch failed` or
+  `Cannot connect to API` stays work (nothing says a vendor was being called, or the
+  adapter reads its CLI's own event).
 - The SDK rows are the official clients' own renderings, read in their source: the
   TypeScript SDKs of OpenAI and Anthropic print `RateLimitError: 429 {...}`,
   `InternalServerError: 529 {...}` and, for an empty body, `503 status code (no body)`;
@@ -217,6 +251,7 @@ class Reason(enum.StrEnum):
     INSUFFICIENT_QUOTA = "insufficient quota"  # an account limit: work, never upstream
     BILLING = "billing"
     USAGE_LIMIT = "usage limit"
+    UNTRUSTED = "untrusted workspace"  # environment: the CLI refuses the directory
 
 
 _NOT_STARTED_REASONS = frozenset(
@@ -347,6 +382,9 @@ _SDK_STATUS_ERRORS = (
     "ratelimiterror",
     "internalservererror",
     "apistatuserror",
+    # google-genai's `ServerError: 503 UNAVAILABLE`, `ClientError: 429 RESOURCE_EXHAUSTED`.
+    "servererror",
+    "clienterror",
     "invalidargument",
     "failedprecondition",
     "unauthenticated",
@@ -498,6 +536,9 @@ _UPSTREAM_WORDING = (
         ),
         ("overloaded", r"\b(?:currently|temporarily)\s{1,2}overloaded\b"),
         ("overloaded", r"(?:error|exception)[ \t:]{1,3}overloaded[ \t]{0,3}(?:$|[.!\"'}\]])"),
+        # A whole message that is only the word: a line of its own, or after `: `.
+        ("overloaded", r"^[ \t]{0,8}overloaded[.!]?[ \t]*$"),
+        ("overloaded", r"overloaded(?<=\d: overloaded)[.!]?[ \t]*$"),
     ),
     _rule(
         "high-demand",
@@ -544,9 +585,38 @@ _UPSTREAM_WORDING = (
         Reason.UNREACHABLE,
         (
             "apiconnectionerror",
-            r"(?<![\w.])(?<!except )(?:openai|anthropic)\.apiconnectionerror:[ \t]"
+            r"(?<![\w.])(?<!except )(?:openai|anthropic|litellm)\.apiconnectionerror:[ \t]"
             r"|^[ \t]{0,8}apiconnectionerror: connection error\.",
         ),
+        (
+            "api error",
+            r"(?<![\w.])api error: (?:connection refused\b|unable to connect to api\b)",
+        ),
+    ),
+    _rule(
+        "sdk-server-error",
+        Reason.SERVER_ERROR,
+        (
+            ("internalservererror", "serviceunavailableerror"),
+            r"(?<![\w.])(?<!except )(?:openai|anthropic|litellm)\."
+            r"(?:internalservererror|serviceunavailableerror):[ \t]",
+        ),
+        ("errors.servererror", r"(?<![\w.])(?:google\.)?genai\.errors\.servererror:[ \t]"),
+        ("ai_apicallerror", r"(?<![\w])ai_apicallerror: internal server error\b"),
+    ),
+    _rule(
+        "sdk-rate-limit",
+        Reason.RATE_LIMITED,
+        (
+            "ratelimiterror",
+            r"(?<![\w.])(?<!except )(?:openai|anthropic|litellm)\.ratelimiterror:[ \t]",
+        ),
+    ),
+    _rule(
+        "per-minute-quota",
+        Reason.RATE_LIMITED,
+        ("perminute", rf"quota_?id{_Q}{_SEP}{_Q}[a-z0-9_-]{{0,80}}perminute"),
+        ("per minute", r"\blimit '[a-z ]{0,60}\bper minute\b"),
     ),
 )
 
@@ -571,6 +641,7 @@ _ACCOUNT_LIMITS = (
 )
 
 _RULES = _NUMERIC_RULES + _UPSTREAM_WORDING + _ACCOUNT_LIMITS
+_PER_MINUTE = next(rule for rule in _UPSTREAM_WORDING if rule.name == "per-minute-quota")
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
@@ -869,6 +940,8 @@ def _decide_scan(
     """The deciding match and, for upstream, the wait until a stated reset."""
     clock = time.time() if now is None else now
     veto = scan.latest(_ACCOUNT_LIMITS, skip_notices=False)
+    if veto is not None and veto.reason != Reason.USAGE_LIMIT and _per_minute(scan):
+        veto = None  # Google words a per-minute rate limit as an exceeded quota
     reset = None
     if veto is not None:
         reset = _last_wait(scan.low, clock, scan.notices)
@@ -883,6 +956,10 @@ def _decide_scan(
     if reset is None:
         reset = _last_wait(scan.low, clock, scan.notices)
     return (FailureClass.UPSTREAM, hit), None if reset is None else reset[1]
+
+
+def _per_minute(scan: _Scan) -> bool:
+    return scan.last_hit(_PER_MINUTE, skip_notices=False) is not None
 
 
 def _check_tail_chars(tail_chars: int) -> None:

@@ -39,6 +39,24 @@ and one registered without `occurrences` once: pytest-subprocess cannot keep one
 registration of a command without keeping every last one, the user's own included.
 Without pytest-subprocess the plugin loads and only tests that
 use `fake_vendor` fail, saying how to install it.
+
+**The conformance corpus.** Every real vendor CLI run execkit records (fixtures/recorded:
+15 CLIs, each in every scenario it can be put in: 401, 429 with a reset, 5xx, a cut or
+overloaded stream, no key, not logged in, unreachable, a hang...) ships as package data,
+with the class an operator needs. Check your own adapter or classifier against them:
+
+    def test_my_adapter_on_real_transcripts(recorded_cell):
+        mapped = MyClaudeAdapter().parse(recorded_cell.spawn_result())
+        assert mapped.failure_class == recorded_cell.expected_class, recorded_cell.why
+
+A test that takes the `recorded_cell` fixture runs once per recorded cell (ids
+`cli/scenario`); `@pytest.mark.recorded_cells(cli="claude")` (and/or `scenario=...`, a
+name or a list) narrows it. `recorded_cells(...)` returns the cells themselves and
+`recorded_cell_params(...)` the `pytest.param`s for a `parametrize` of your own. Each
+`RecordedCell` has the recorded `stdout`, `stderr`, `exit_code`, `signal`, `timed_out`,
+the expected class, reason and reset (`expected_retry_after_s`: seconds, or a `(low,
+high)` range for a reset stated as a wall-clock time), and `spawn_result()`: the
+`SpawnResult` execkit's `spawn` would have produced (credentials masked as it masks them).
 """
 
 from __future__ import annotations
@@ -59,6 +77,7 @@ from typing import Any
 import attrs
 import pytest
 
+from execkit._corpus import RecordedCell, recorded_cells
 from execkit._errors import InvalidInput
 from execkit._validate import integer_arg, number_arg
 
@@ -71,7 +90,14 @@ except ImportError:  # pragma: no cover - exercised in a subprocess by the plugi
 else:
     _HAVE_PYTEST_SUBPROCESS = True
 
-__all__ = ["HANG_LIMIT_S", "FakeVendor", "fake_vendor"]
+__all__ = [
+    "HANG_LIMIT_S",
+    "FakeVendor",
+    "RecordedCell",
+    "fake_vendor",
+    "recorded_cell_params",
+    "recorded_cells",
+]
 
 HANG_LIMIT_S = 30.0
 """A hanging fake gives up after this long even if nobody signals it, so a test that forgets
@@ -539,3 +565,40 @@ else:  # pragma: no cover - exercised in a subprocess by the plugin tests
             pytrace=False,
         )
         yield  # unreachable; keeps this a generator like the real fixture
+
+
+# --- the conformance corpus -----------------------------------------------------------------
+
+_CORPUS_MARK = "recorded_cells"
+
+
+def recorded_cell_params(
+    cli: str | Sequence[str] | None = None, scenario: str | Sequence[str] | None = None
+) -> list[Any]:
+    """`pytest.param(cell, id="cli/scenario")` for each recorded cell (filtered as
+    `recorded_cells`), for `@pytest.mark.parametrize("cell", recorded_cell_params())`."""
+    return [pytest.param(cell, id=cell.key) for cell in recorded_cells(cli, scenario)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_CORPUS_MARK}(cli=None, scenario=None): narrow the recorded_cell fixture "
+        "to these CLIs and scenarios",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes `recorded_cell` runs once per recorded cell (see the docstring)."""
+    if "recorded_cell" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker(_CORPUS_MARK)
+    filters = dict(marker.kwargs) if marker is not None else {}
+    unknown = set(filters) - {"cli", "scenario"}
+    if unknown:
+        raise InvalidInput(
+            f"@pytest.mark.{_CORPUS_MARK} takes cli= and scenario=, not {sorted(unknown)}",
+            field=_CORPUS_MARK,
+        )
+    cells = recorded_cells(filters.get("cli"), filters.get("scenario"))
+    metafunc.parametrize("recorded_cell", cells, ids=[cell.key for cell in cells])

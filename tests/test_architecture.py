@@ -62,6 +62,7 @@ RANKS = {
     "execkit._api": 8,
     "execkit.cli": 9,
     "execkit.testing": 9,
+    "execkit._corpus": 9,
     "execkit.remote": 9,
     "execkit.server": 9,
     "execkit": 10,

@@ -627,3 +627,77 @@ def test_never_started_reads_the_reason_only(reason: str | None, expected: bool)
     from execkit._classify import never_started
 
     assert never_started(reason) is expected
+
+
+# --- the SDK exception names, a whole "Overloaded", per-minute quotas (issue 29) ------------
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "wait"),
+    [
+        ("openai.InternalServerError: upstream connect error or disconnect", "server error", None),
+        ("litellm.InternalServerError: AnthropicException - Overloaded", "server error", None),
+        ("litellm.ServiceUnavailableError: OpenAIException - busy", "server error", None),
+        ("google.genai.errors.ServerError: 503 UNAVAILABLE", "http 503", None),
+        ("AI_APICallError: Internal server error", "server error", None),
+        ("anthropic.RateLimitError: slow down", "rate limited", None),
+        ("HTTP 200: Overloaded", "overloaded", None),
+        ("Error: model call failed\nOverloaded\n", "overloaded", None),
+        ("API Error: Unable to connect to API (ConnectionRefused)", "vendor unreachable", None),
+        (
+            "You exceeded your current quota, please check your plan and billing details.\n"
+            '"quotaId": "GenerateRequestsPerMinutePerProjectPerModel-FreeTier"\n'
+            "Please retry in 17.0s.",
+            "rate limited",
+            17.0,
+        ),
+    ],
+)
+def test_sdk_names_whole_overloaded_and_per_minute_quotas_are_upstream(
+    text: str, reason: str, wait: float | None
+) -> None:
+    verdict = classify_text(text)
+    assert verdict.failure_class is FailureClass.UPSTREAM, verdict
+    assert verdict.reason == reason
+    assert verdict.retry_after_s == wait
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Beside sdk-server-error and sdk-rate-limit: code, imports, other libraries.
+        "    except openai.InternalServerError:",
+        "class InternalServerError(Exception):",
+        "raise litellm.ServiceUnavailableError",
+        "myapp.errors.ServerError: disk full",
+        "AI_APICallError: Bad Request",
+        "from litellm import RateLimitError",
+        "    except litellm.RateLimitError:",
+        "app.RateLimitError: too many widgets",
+        # Beside the whole-message overloaded: the word inside code or a sentence.
+        "The method is overloaded for ints",
+        "note: candidate: overloaded",
+        "Overloaded operators: +, -",
+        "HTTP 200: OK",
+        # Beside unreachable: network words that do not name the API.
+        "Error: connect ECONNREFUSED 127.0.0.1:8080",
+        "tcp connect error: Connection refused (os error 111)",
+        "Connection error. (cause: connect ECONNREFUSED 127.0.0.1:443)",
+        # Beside per-minute-quota: a per-day quota stays an account limit (work).
+        "You exceeded your current quota, please check your plan and billing details.\n"
+        '"quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier"',
+        "quotaId per_minute_limit_test failed",
+    ],
+)
+def test_hard_negatives_of_the_issue_29_rows(text: str) -> None:
+    verdict = classify_text(text)
+    assert verdict.failure_class is FailureClass.WORK, verdict
+
+
+def test_a_per_day_quota_in_text_charges_and_a_per_minute_one_does_not() -> None:
+    quota = "You exceeded your current quota, please check your plan and billing details."
+    per_day = classify_text(quota + ' "quotaId": "GenerateRequestsPerDayPerProject"')
+    per_minute = classify_text(quota + ' "quotaId": "GenerateRequestsPerMinutePerProject"')
+    assert per_day.failure_class is FailureClass.WORK
+    assert per_day.reason in ("insufficient quota", "billing")
+    assert (per_minute.failure_class, per_minute.reason) == (FailureClass.UPSTREAM, "rate limited")

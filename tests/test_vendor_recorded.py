@@ -32,7 +32,10 @@ if str(VENDORS) not in sys.path:
     sys.path.insert(0, str(VENDORS))
 
 import measure  # noqa: E402
+from clis import CLI_NAMES  # noqa: E402
+from fake_api import SCENARIOS  # noqa: E402
 from replay import Recording, load, write_replay  # noqa: E402
+from setups import applies  # noqa: E402
 
 from execkit import AgentProof, AgentStatus, get_adapter, run_command  # noqa: E402
 from execkit._classify import FailureClass  # noqa: E402
@@ -50,6 +53,9 @@ CLI_CELLS = [
     "gemini/rate_limit_429",
     "opencode/connection_refused",
     "gemini/retrying_503_killed",
+    "pi/server_500",
+    "amp/no_credentials",
+    "crush/not_installed",
 ]
 
 
@@ -102,7 +108,12 @@ def _class(proof_class: FailureClass | None) -> str | None:
 
 def test_expected_covers_exactly_the_recorded_cells() -> None:
     assert sorted(EXPECTED) == KEYS
-    assert len(KEYS) == 88  # 4 CLIs x 22 scenarios
+    # Every CLI in every scenario it can be put in (tests/vendors/setups.py's `applies`).
+    wanted = sorted(
+        f"{cli}/{scenario}" for cli in CLI_NAMES for scenario in SCENARIOS if applies(cli, scenario)
+    )
+    assert wanted == KEYS
+    assert len(KEYS) >= 88
     for key, want in EXPECTED.items():
         assert want["class"] in (None, "work", "environment", "upstream"), key
         assert want.get("why"), key

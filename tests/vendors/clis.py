@@ -30,8 +30,30 @@ PACKAGES: dict[str, str] = {
     "claude": "@anthropic-ai/claude-code",
     "gemini": "@google/gemini-cli",
     "opencode": "opencode-ai",
+    "qwen": "@qwen-code/qwen-code",
+    "pi": "@mariozechner/pi-coding-agent",
+    "kilo": "@kilocode/cli",
+    "copilot": "@github/copilot",
+    "cn": "@continuedev/cli",
+    "droid": "@factory/cli",
+    "amp": "@ampcode/cli",
+    "auggie": "@augmentcode/auggie",
+    "crush": "@charmland/crush",
 }
-CLI_NAMES: tuple[str, ...] = tuple(PACKAGES)
+# adapter name -> PyPI distribution, each in its own venv under pyvenv/ (their pins clash)
+PYPI: dict[str, str] = {"aider": "aider-chat", "llm": "llm"}
+CLI_NAMES: tuple[str, ...] = (*PACKAGES, *PYPI)
+PYVENV = HERE / "pyvenv"
+# Packages whose npm install script only links the binary of the platform package npm
+# installed (no download): `npm ci --ignore-scripts`, then these are rebuilt. crush's
+# script downloads from GitHub, which fails here: it is never run at install.
+LINK_SCRIPTS = (
+    "@anthropic-ai/claude-code",
+    "opencode-ai",
+    "@ampcode/cli",
+    "@factory/cli",
+    "@kilocode/cli",
+)
 
 _VERSION_TIMEOUT_S = 60.0
 _NPM_CI_TIMEOUT_S = 900.0
@@ -83,9 +105,40 @@ def node_bin_dir() -> str | None:
     return str(Path(node).resolve().parent) if node else None
 
 
+def pypi_pins() -> dict[str, str]:
+    """The exact versions requirements.txt pins, by PyPI distribution name."""
+    pins: dict[str, str] = {}
+    for line in (HERE / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep and not name.startswith("#"):
+            pins[name] = version
+    return pins
+
+
+def _find_pypi(name: str, run_version: bool) -> CLI:
+    package = PYPI[name]
+    pinned = pypi_pins().get(package)
+    binary = PYVENV / name / "bin" / name
+    if not binary.exists():
+        why = f"{package} is not installed in {PYVENV / name} (run `python {HERE}/clis.py install`)"
+        return CLI(name, package, pinned, missing=why)
+    version = pinned
+    if run_version:
+        version, problem = _run_version(binary)
+        if problem:
+            return CLI(name, package, pinned, path=binary, missing=problem)
+    return CLI(name, package, pinned, path=binary, version=version)
+
+
 def find_cli(name: str, *, run_version: bool = True) -> CLI:
-    """The installed CLI `name` (codex, claude, gemini, opencode), or why it is missing."""
+    """The installed CLI `name` (see `CLI_NAMES`), or why it is missing.
+
+    crush is found without running it: its npm shim would try to download its binary.
+    """
+    if name in PYPI:
+        return _find_pypi(name, run_version)
     package = PACKAGES[name]
+    run_version = run_version and name != "crush"
     pinned = pinned_versions().get(package)
     missing = _tool_missing()
     if missing:
@@ -142,7 +195,8 @@ def _run_version(binary: Path) -> tuple[str | None, str | None]:
             return None, f"{binary.name} --version did not finish in {_VERSION_TIMEOUT_S:.0f}s"
         except OSError as exc:
             return None, f"{binary.name} could not be started: {exc}"
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    # Some print their version on stderr (pi).
+    lines = (done.stdout or done.stderr).decode(errors="replace").strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = done.stderr.decode(errors="replace").strip()[-300:]
         return None, f"{binary.name} --version exited {done.returncode}: {tail}"
@@ -155,34 +209,146 @@ def _stale() -> bool:
     return not marker.exists() or marker.stat().st_mtime < lock.stat().st_mtime
 
 
+def _run(argv: list[str], why: str) -> str | None:
+    try:
+        done = subprocess.run(
+            argv, cwd=HERE, stdin=subprocess.DEVNULL, timeout=_NPM_CI_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"{why} did not finish in {_NPM_CI_TIMEOUT_S:.0f}s"
+    if done.returncode != 0:
+        return f"{why} exited {done.returncode} (is the package registry reachable?)"
+    return None
+
+
+def install_pypi() -> str | None:
+    """One venv per PyPI CLI under pyvenv/, each with its pinned distribution."""
+    for name, package in PYPI.items():
+        venv = PYVENV / name
+        pin = f"{package}=={pypi_pins()[package]}"
+        marker = venv / ".installed"
+        if marker.exists() and marker.read_text(encoding="utf-8") == pin:
+            continue
+        problem = _run([sys.executable, "-m", "venv", str(venv)], f"venv {venv}") or _run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", pin],
+            f"pip install {pin}",
+        )
+        if problem:
+            return problem
+        marker.write_text(pin, encoding="utf-8")
+    return None
+
+
 def install() -> str | None:
-    """`npm ci` in tests/vendors when node_modules is missing or older than the lock file.
+    """`npm ci --ignore-scripts` in tests/vendors when node_modules is missing or older than
+    the lock file, then the install scripts that only link a platform binary
+    (`LINK_SCRIPTS`), then the PyPI CLIs' venvs.
 
     Returns None when the CLIs are installed, else why not (a caller skips with it).
     """
     missing = _tool_missing()
     if missing:
         return missing
-    if not _stale():
-        return None
     npm = shutil.which("npm")
     assert npm is not None
+    if _stale():
+        problem = _run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], "npm ci")
+        problem = problem or _run([npm, "rebuild", *LINK_SCRIPTS], "npm rebuild")
+        if problem:
+            return problem
+    return install_pypi()
+
+
+LATEST = HERE / "latest"
+VERSIONS = HERE.parent.parent / "fixtures" / "recorded" / "versions.json"
+
+
+def newest_served(name: str) -> str | None:
+    """The newest version the package registry serves for CLI `name` (one look-up with
+    the ordinary client: `npm view` or `pip index versions`), or None when it cannot say."""
+    if name in PYPI:
+        argv = [sys.executable, "-m", "pip", "index", "versions", PYPI[name]]
+    else:
+        npm = shutil.which("npm")
+        if npm is None:
+            return None
+        argv = [npm, "view", PACKAGES[name], "version"]
     try:
         done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=HERE,
-            stdin=subprocess.DEVNULL,
-            timeout=_NPM_CI_TIMEOUT_S,
-            check=False,
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False
         )
-    except subprocess.TimeoutExpired:
-        return f"npm ci did not finish in {_NPM_CI_TIMEOUT_S:.0f}s"
-    if done.returncode != 0:
-        return f"npm ci exited {done.returncode} (is the npm registry reachable?)"
-    return None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = done.stdout.decode(errors="replace").strip()
+    if done.returncode != 0 or not out:
+        return None
+    if name in PYPI:  # "aider-chat (0.86.2)"
+        first = out.splitlines()[0]
+        return first[first.find("(") + 1 : first.find(")")] or None
+    return out.splitlines()[-1].strip()
+
+
+def write_versions() -> dict[str, dict[str, str | None]]:
+    """fixtures/recorded/versions.json: each CLI's pinned version and the newest served."""
+    pins = {**pinned_versions(), **pypi_pins()}
+    table = {}
+    for name in CLI_NAMES:
+        package = PYPI.get(name) or PACKAGES[name]
+        table[name] = {
+            "package": package,
+            "pinned": pins.get(package),
+            "newest": newest_served(name),
+        }
+    VERSIONS.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+    return table
+
+
+def install_latest(names: list[str]) -> dict[str, Path | str]:
+    """Install each npm CLI's newest version into tests/vendors/latest (git-ignored).
+
+    Returns name -> its binary, or name -> why it could not be installed (a platform
+    package the registry does not serve, an install script that downloads).
+    """
+    npm = shutil.which("npm")
+    if npm is None:
+        return {name: "npm is not on PATH" for name in names}
+    LATEST.mkdir(exist_ok=True)
+    (LATEST / "package.json").write_text('{"private": true}\n', encoding="utf-8")
+    found: dict[str, Path | str] = {}
+    for name in names:
+        if name in PYPI:
+            found[name] = "PyPI CLIs are checked against their pinned venv only"
+            continue
+        spec = f"{PACKAGES[name]}@latest"
+        problem = _run(
+            [
+                npm,
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--ignore-scripts",
+                "--prefix",
+                str(LATEST),
+                spec,
+            ],
+            f"npm install {spec}",
+        )
+        if problem is None and PACKAGES[name] in LINK_SCRIPTS:
+            problem = _run([npm, "rebuild", "--prefix", str(LATEST), PACKAGES[name]], "npm rebuild")
+        binary = LATEST / "node_modules" / ".bin" / name
+        if problem is None and name != "crush":
+            _, problem = _run_version(binary)
+        found[name] = problem or binary
+    return found
 
 
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["versions"]:
+        for name, row in write_versions().items():
+            drift = "" if row["pinned"] == row["newest"] else "   <- newer served"
+            versions = f"pinned {row['pinned']}  newest {row['newest']}"
+            print(f"{name:<9} {row['package']:<32} {versions}{drift}")
+        return 0
     if argv[1:2] == ["install"]:
         problem = install()
         if problem:

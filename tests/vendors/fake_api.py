@@ -61,6 +61,8 @@ VENDORS: tuple[Vendor, ...] = ("anthropic", "openai", "google")
 
 # What the fake model says on success, so a recording shows the reply came from here.
 REPLY_TEXT = "pong from the execkit fake API"
+# What a stream cut mid-answer sends before the connection closes.
+_CUT_TEXT = "pong from the"
 # The largest request body read (a CLI's first turn carries its system prompt and tools).
 MAX_BODY = 16 * 1024 * 1024
 # A reset time for usage limits: two hours from now, on the hour (not stable bytes, but
@@ -91,6 +93,14 @@ class Scenario:
     A CLI's helper calls (gemini's model router, opencode's title call) succeed unless
     `helpers_fail`: they then get the step the next main call gets, without using it up
     (a CLI whose router retries an error for minutes never reaches its main call).
+
+    How the recorder sets the CLI up (tests/vendors/record.py reads these):
+    `endpoint`: `fake` (this API), `refused` (a port nobody listens on), `dns` (a host
+    name the resolver refuses before any query leaves the machine: a label longer than
+    63 characters), `tls` (`https://` to this plain-HTTP API: the handshake fails).
+    `no_key`: the CLI's credential variable and files are left out. `logged_out`: the CLI
+    is not pointed at any API either (its default vendor, which the proxy refuses).
+    `untrusted`: the working directory is not marked trusted (only for CLIs that ask).
     """
 
     name: str
@@ -100,6 +110,15 @@ class Scenario:
     keep_retries: bool = False
     timeout_s: float | None = None
     helpers_fail: bool = False
+    endpoint: Literal["fake", "refused", "dns", "tls"] = "fake"
+    no_key: bool = False
+    logged_out: bool = False
+    untrusted: bool = False
+
+    @property
+    def reaches_api(self) -> bool:
+        """Whether the CLI is pointed at this API at all (so steps can be answered)."""
+        return self.endpoint == "fake" and not self.logged_out
 
 
 ERROR_KINDS = (
@@ -118,9 +137,13 @@ ERROR_KINDS = (
     "billing",
     "payment_402",
     "context_length",
+    "expired_401",
+    "quota_per_day",
 )
+# Steps that answer 200 and then fail inside the stream.
+STREAM_FAILURES = ("midstream_error", "overloaded_in_stream", "stream_cut")
 
-_SCENARIO_LIST = (
+_SCENARIO_LIST: tuple[Scenario, ...] = (
     Scenario("success", "a one-turn reply"),
     Scenario("server_500", "500 in the vendor's own error shape", ("server_500",)),
     Scenario("bad_gateway_502", "502 in the vendor's own error shape", ("bad_gateway_502",)),
@@ -156,7 +179,12 @@ _SCENARIO_LIST = (
     Scenario(
         "flaky_503_then_success", "503, then success on the retry", ("unavailable_503", "success")
     ),
-    Scenario("connection_refused", "the base URL's port has no listener", refused=True),
+    Scenario(
+        "connection_refused",
+        "the base URL's port has no listener",
+        refused=True,
+        endpoint="refused",
+    ),
     Scenario(
         "hang",
         "the API accepts and never answers; the recorder's timeout kills the CLI",
@@ -173,6 +201,55 @@ _SCENARIO_LIST = (
         helpers_fail=True,
     ),
 )
+_WIDER = (
+    Scenario(
+        "no_credentials",
+        "the CLI's key variable is not set (its base URL still points here)",
+        ("auth_401",),
+        no_key=True,
+    ),
+    Scenario(
+        "not_logged_in",
+        "no key and no base URL: the CLI's own default vendor, which the proxy refuses",
+        ("auth_401",),
+        no_key=True,
+        logged_out=True,
+    ),
+    Scenario(
+        "expired_credential",
+        "the vendor says the key or token expired or was revoked",
+        ("expired_401",),
+    ),
+    Scenario(
+        "untrusted_workspace",
+        "the working directory is not marked trusted (CLIs that ask for trust)",
+        untrusted=True,
+    ),
+    Scenario(
+        "quota_per_day",
+        "a per-day quota (Google: a PerDay quota id, no retry delay; OpenAI: requests per "
+        "day with its wait; Anthropic: the seven-day limit with its reset)",
+        ("quota_per_day",),
+    ),
+    Scenario(
+        "overloaded_in_stream",
+        "200, then an overloaded error as the stream's first event",
+        ("overloaded_in_stream",),
+    ),
+    Scenario(
+        "stream_cut",
+        "200, the first words of the answer, then the connection closes with no end event",
+        ("stream_cut",),
+    ),
+    Scenario("dns_failure", "the base URL's host name cannot be resolved", endpoint="dns"),
+    Scenario("tls_failure", "https:// to a server that speaks plain HTTP", endpoint="tls"),
+    Scenario(
+        "not_installed",
+        "the npm package is there but its binary is not (a shim that fetches it at first run)",
+        logged_out=True,
+    ),
+)
+_SCENARIO_LIST = _SCENARIO_LIST + _WIDER
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _SCENARIO_LIST}
 
 
@@ -342,6 +419,24 @@ def _anthropic_reply(kind: str) -> Reply:
         return _anthropic_error(
             400, "invalid_request_error", "prompt is too long: 215034 tokens > 200000 maximum"
         )
+    if kind == "expired_401":
+        return _anthropic_error(
+            401,
+            "authentication_error",
+            "OAuth token has expired. Please obtain a new token or refresh your existing token.",
+        )
+    if kind == "quota_per_day":
+        reset = str(_reset_epoch() + 2 * 86400)
+        return _anthropic_error(
+            429,
+            "rate_limit_error",
+            "This request would exceed your account's rate limit. Please try again later.",
+            ("anthropic-ratelimit-unified-status", "rejected"),
+            ("anthropic-ratelimit-unified-reset", reset),
+            ("anthropic-ratelimit-unified-7d-status", "rejected"),
+            ("anthropic-ratelimit-unified-7d-reset", reset),
+            ("anthropic-ratelimit-unified-representative-claim", "seven_day"),
+        )
     raise KeyError(kind)
 
 
@@ -440,6 +535,27 @@ def _openai_reply(kind: str) -> Reply:
             "context_length_exceeded",
             "input",
         )
+    if kind == "expired_401":
+        return _openai_error(
+            401,
+            "Your authentication token has expired. Please try signing in again.",
+            "invalid_request_error",
+            "token_expired",
+        )
+    if kind == "quota_per_day":
+        return _openai_error(
+            429,
+            "Rate limit reached for gpt-fake in organization org-fakeexeckit on requests per "
+            "day (RPD): Limit 200, Used 200, Requested 1. Please try again in 7m12s. Visit "
+            "https://platform.openai.com/account/rate-limits to learn more.",
+            "requests",
+            "rate_limit_exceeded",
+            None,
+            ("retry-after", "432"),
+            ("x-ratelimit-limit-requests", "200"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "7m12s"),
+        )
     raise KeyError(kind)
 
 
@@ -529,6 +645,35 @@ def _google_reply(kind: str) -> Reply:
             "The input token count (1215034) exceeds the maximum number of tokens allowed "
             "(1048576).",
         )
+    if kind == "expired_401":
+        # What the Gemini API answers for an expired key: 400, with the reason in details.
+        return _google_error(
+            400,
+            "INVALID_ARGUMENT",
+            "API key expired. Please renew the API key.",
+            {
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "API_KEY_INVALID",
+                "domain": "googleapis.com",
+                "metadata": {"service": "generativelanguage.googleapis.com"},
+            },
+        )
+    if kind == "quota_per_day":
+        return _google_error(
+            429,
+            "RESOURCE_EXHAUSTED",
+            "You exceeded your current quota, please check your plan and billing details. "
+            "For more information on this error, head to: "
+            "https://ai.google.dev/gemini-api/docs/rate-limits.\n* Quota exceeded for metric: "
+            "generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 50, "
+            "model: gemini-2.5-pro",
+            _google_quota(
+                "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+                "generate_content_free_tier_requests",
+                50,
+            ),
+            _GOOGLE_HELP,
+        )
     raise KeyError(kind)
 
 
@@ -560,7 +705,7 @@ def _sse(event: str | None, data: object) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
-def _messages_events(model: str, fail: bool) -> Iterator[bytes]:
+def _messages_events(model: str, fail: str | None) -> Iterator[bytes]:
     message_id = f"msg_fake{_ids()}"
     usage = {"input_tokens": 12, "output_tokens": 1}
     message: dict[str, object] = {
@@ -574,7 +719,7 @@ def _messages_events(model: str, fail: bool) -> Iterator[bytes]:
         "usage": usage,
     }
     yield _sse("message_start", {"type": "message_start", "message": message})
-    if fail:
+    if fail in ("midstream_error", "overloaded_in_stream"):
         error = {"type": "overloaded_error", "message": "Overloaded"}
         yield _sse("error", {"type": "error", "error": error})
         return
@@ -583,8 +728,10 @@ def _messages_events(model: str, fail: bool) -> Iterator[bytes]:
         "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
     )
     yield _sse("ping", {"type": "ping"})
-    delta = {"type": "text_delta", "text": REPLY_TEXT}
+    delta = {"type": "text_delta", "text": REPLY_TEXT if fail is None else _CUT_TEXT}
     yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+    if fail == "stream_cut":
+        return
     yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
     yield _sse(
         "message_delta",
@@ -632,7 +779,7 @@ def _response_object(model: str, response_id: str, status: str, output: list[Any
     }
 
 
-def _responses_events(model: str, fail: bool) -> Iterator[bytes]:
+def _responses_events(model: str, fail: str | None) -> Iterator[bytes]:
     response_id = f"resp_fake{_ids()}"
     item_id = f"msg_fake{_ids()}"
     seq = iter(range(1_000))
@@ -643,12 +790,16 @@ def _responses_events(model: str, fail: bool) -> Iterator[bytes]:
     created = _response_object(model, response_id, "in_progress", [])
     yield event("response.created", response=created)
     yield event("response.in_progress", response=created)
-    if fail:
+    if fail in ("midstream_error", "overloaded_in_stream"):
         failed = _response_object(model, response_id, "failed", [])
-        failed["error"] = {
-            "code": "server_error",
-            "message": "The server had an error processing your request. Sorry about that!",
-        }
+        failed["error"] = (
+            {
+                "code": "server_error",
+                "message": "The server had an error processing your request. Sorry about that!",
+            }
+            if fail == "midstream_error"
+            else {"code": "server_is_overloaded", "message": "Overloaded"}
+        )
         yield event("response.failed", response=failed)
         return
     empty = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant"}
@@ -656,6 +807,9 @@ def _responses_events(model: str, fail: bool) -> Iterator[bytes]:
     part = {"type": "output_text", "text": "", "annotations": []}
     where = {"item_id": item_id, "output_index": 0, "content_index": 0}
     yield event("response.content_part.added", **where, part=part)
+    if fail == "stream_cut":
+        yield event("response.output_text.delta", **where, delta=_CUT_TEXT, logprobs=[])
+        return
     yield event("response.output_text.delta", **where, delta=REPLY_TEXT, logprobs=[])
     yield event("response.output_text.done", **where, text=REPLY_TEXT, logprobs=[])
     done_part = {"type": "output_text", "text": REPLY_TEXT, "annotations": []}
@@ -667,7 +821,7 @@ def _responses_events(model: str, fail: bool) -> Iterator[bytes]:
     )
 
 
-def _chat_events(model: str, fail: bool) -> Iterator[bytes]:
+def _chat_events(model: str, fail: str | None) -> Iterator[bytes]:
     chunk_id = f"chatcmpl-fake{_ids()}"
     created = int(time.time())
 
@@ -684,10 +838,17 @@ def _chat_events(model: str, fail: bool) -> Iterator[bytes]:
         return _sse(None, body)
 
     yield chunk({"role": "assistant", "content": ""}, None)
-    if fail:
+    if fail in ("midstream_error", "overloaded_in_stream"):
         # OpenAI-compatible gateways report a failure after the 200 as an error chunk.
-        error = {"message": "Overloaded", "type": "server_error", "code": 503}
+        error: dict[str, object] = (
+            {"message": "Overloaded", "type": "server_error", "code": 503}
+            if fail == "midstream_error"
+            else {"message": "Overloaded", "type": "overloaded_error", "code": "overloaded"}
+        )
         yield _sse(None, {"id": chunk_id, "object": "chat.completion.chunk", "error": error})
+        return
+    if fail == "stream_cut":
+        yield chunk({"content": _CUT_TEXT}, None)
         return
     yield chunk({"content": REPLY_TEXT}, None)
     usage = {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}
@@ -758,7 +919,14 @@ def _google_chunk(model: str, text: str, finish: str | None) -> dict[str, object
     }
 
 
-def _google_events(model: str, fail: bool) -> Iterator[bytes]:
+def _google_events(model: str, fail: str | None) -> Iterator[bytes]:
+    if fail == "stream_cut":
+        yield _sse(None, _google_chunk(model, _CUT_TEXT, None))
+        return
+    if fail == "overloaded_in_stream":
+        error = {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}
+        yield _sse(None, {"error": error})
+        return
     if fail:
         yield _sse(None, _google_chunk(model, "pong", None))
         error = {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}
@@ -782,6 +950,7 @@ class _State:
     model_calls: int = 0
     requests: int = 0
     dump_dir: str | None = None
+    tool_less_helpers: bool = True
 
 
 _NON_STREAM_FAILURE: dict[Vendor, str] = {
@@ -1031,7 +1200,9 @@ class _Handler(BaseHTTPRequestHandler):
         # (chat or messages with no tools offered; codex's Responses calls carry their
         # tools inside `input`). It never uses up a step (see `Scenario`).
         helper = schema is not None or (
-            protocol in ("chat", "messages") and not request.get("tools")
+            state.tool_less_helpers
+            and protocol in ("chat", "messages")
+            and not request.get("tools")
         )
         with state.lock:
             index = state.model_calls
@@ -1057,13 +1228,19 @@ class _Handler(BaseHTTPRequestHandler):
             state.stop.wait(remaining)
             self.close_connection = True
             return
-        if step == "midstream_error" and not stream:
+        if step in ("midstream_error", "overloaded_in_stream") and not stream:
             # A non-streaming request (a CLI's fallback after the failed stream) cannot
             # fail midway: it gets the vendor's plain overload/server error instead.
             step = _NON_STREAM_FAILURE[state.vendor]
             info["step"] = step
-        if step in ("success", "midstream_error"):
-            fail = step == "midstream_error"
+        if step == "stream_cut" and not stream:
+            # Not streamed: the body is cut off halfway and the connection closed.
+            self._record("model", 200, **info, stream=False)
+            body = _json(_google_chunk(model, REPLY_TEXT, "STOP"))
+            self._send_cut(Reply(200, body))
+            return
+        if step in ("success", *STREAM_FAILURES):
+            fail = None if step == "success" else step
             self._record("model", 200, **info, stream=stream)
             if schema is not None and not fail:
                 text = json.dumps(_fill_schema(schema))
@@ -1075,26 +1252,39 @@ class _Handler(BaseHTTPRequestHandler):
         self._record("model", reply.status, **info)
         self._send(reply)
 
-    def _success(self, protocol: Protocol, model: str, stream: bool, fail: bool) -> None:
+    def _send_cut(self, reply: Reply) -> None:
+        """The headers of `reply` and half its body, then the connection closes."""
+        self.send_response(reply.status)
+        self.send_header("content-type", reply.content_type)
+        self.send_header("content-length", str(len(reply.body)))
+        self.send_header("connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        self.wfile.write(reply.body[: len(reply.body) // 2])
+        self.wfile.flush()
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _success(self, protocol: Protocol, model: str, stream: bool, fail: str | None) -> None:
         if protocol == "messages":
             if stream or fail:
-                self._send_stream(_messages_events(model, fail))
+                self._send_stream(_messages_events(model, fail), cut=fail == "stream_cut")
             else:
                 self._send(Reply(200, _message_json(model)))
         elif protocol == "responses":
             if stream or fail:
-                self._send_stream(_responses_events(model, fail))
+                self._send_stream(_responses_events(model, fail), cut=fail == "stream_cut")
             else:
-                events = list(_responses_events(model, fail=False))
+                events = list(_responses_events(model, fail=None))
                 completed = json.loads(events[-1].decode().split("data: ", 1)[1])
                 self._send(Reply(200, _json(completed["response"])))
         elif protocol == "chat":
             if stream or fail:
-                self._send_stream(_chat_events(model, fail), cut=fail)
+                self._send_stream(_chat_events(model, fail), cut=fail is not None)
             else:
                 self._send(Reply(200, _chat_json(model)))
         elif stream or fail:
-            self._send_stream(_google_events(model, fail), cut=fail)
+            self._send_stream(_google_events(model, fail), cut=fail is not None)
         else:
             self._send(Reply(200, _json(_google_chunk(model, REPLY_TEXT, "STOP"))))
 
@@ -1126,6 +1316,7 @@ class FakeAPI:
         lifetime_s: float = 180.0,
         max_requests: int = 2000,
         dump_dir: str | None = None,
+        tool_less_helpers: bool = True,
     ) -> None:
         self.vendor = vendor
         self.scenario = scenario
@@ -1136,6 +1327,7 @@ class FakeAPI:
             max_requests=max_requests,
             deadline=time.monotonic() + lifetime_s,
             dump_dir=dump_dir,
+            tool_less_helpers=tool_less_helpers,
         )
         self._lifetime_s = lifetime_s
         self._serving = threading.Thread(target=self._serve, name="fake-api", daemon=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -51,7 +52,23 @@ RECORDED = REPO / "fixtures" / "recorded"
 EXPECTED = RECORDED / "expected.json"
 CORPUS = REPO / "fixtures" / "failures"
 MATRIX = RECORDED / "MATRIX.md"
-ADAPTERS = ("codex", "claude", "gemini", "opencode")
+ADAPTERS = (
+    "codex",
+    "claude",
+    "gemini",
+    "opencode",
+    "qwen",
+    "pi",
+    "kilo",
+    "copilot",
+    "cn",
+    "droid",
+    "aider",
+    "llm",
+    "amp",
+    "auggie",
+    "crush",
+)
 # A recorded hang is replayed and killed after this long (the recording says how it ended).
 HANG_REPLAY_S = 1.5
 MATRIX_BEGIN = "<!-- classes: written by tests/vendors/measure.py --write-matrix -->"
@@ -69,6 +86,7 @@ class Verdict:
     adapter_reason: str | None = None
     plain_reason: str | None = None
     adapter_retry_after_s: float | None = None
+    adapter_precondition: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +178,7 @@ def _measure_one(path: Path, result: SpawnResult, expected: dict[str, dict[str, 
         mapped.reason,
         None if plain is None else plain.reason,
         mapped.retry_after_s,
+        mapped.precondition,
     )
 
 
@@ -234,8 +253,106 @@ _BY_SCENARIO: dict[str, tuple[str | None, str]] = {
     "connection_refused": ("upstream", "the API is unreachable: retry later"),
     "hang": ("work", "a hang with nothing shown: charged as a timeout"),
     "retrying_503_killed": ("upstream", "killed while retrying a 503: retry later"),
+    "no_credentials": ("environment", "no key in the environment: a missing precondition, stop"),
+    "not_logged_in": ("environment", "not logged in: a missing precondition, stop"),
+    "expired_credential": ("environment", "an expired or revoked credential: log in again, stop"),
+    "untrusted_workspace": ("environment", "the CLI does not trust the directory: stop"),
+    "quota_per_day": ("upstream", "a per-day limit with its reset: retry after the reset"),
+    "overloaded_in_stream": ("upstream", "overloaded inside a 200 stream: retry later"),
+    "stream_cut": ("upstream", "the stream was cut mid-answer: retry later"),
+    "dns_failure": ("upstream", "the API host cannot be resolved: unreachable, retry later"),
+    "tls_failure": ("upstream", "the TLS handshake failed: unreachable, retry later"),
+    "not_installed": ("environment", "the CLI's binary is not installed: stop"),
+}
+# Cells whose class is not the scenario's, decided by what the vendor or the CLI did
+# (reviewed by hand; the `why` says what happened).
+_OVERRIDES: dict[str, tuple[str | None, str]] = {
+    "gemini/quota_per_day": (
+        "environment",
+        "Google's per-day quota with no retry delay: the structure says the account's "
+        "daily quota is spent (raise it), no reset stated: stop",
+    ),
+    "codex/not_logged_in": (
+        "upstream",
+        "codex checks no credential before calling: with no key and no provider it calls "
+        "its default API, which is unreachable here (the proxy refuses it), and waits for "
+        "the network until killed",
+    ),
+    "copilot/billing": (
+        "upstream",
+        "copilot retries OpenAI's insufficient-quota 429 as a rate limit and was killed "
+        "retrying it; its retry events carry only the status 429, not the body: what the "
+        "run showed is a rate limit being retried (upstream, bounded by the uncharged "
+        "ceiling), and nothing structured says billing",
+    ),
+    "amp/tls_failure": (
+        "work",
+        "amp prints only `Error: TypeError: unknown certificate verification error`, which "
+        "names neither its service nor a connection: nothing identifies it",
+    ),
+    "cn/not_logged_in": (
+        "work",
+        "with no config cn calls the Continue hub (refused here) and prints only `The request "
+        "failed and the interceptors did not return an alternative response`: nothing "
+        "identifies a missing login",
+    ),
+    "droid/connection_refused": ("work", "droid says only `Exec failed`: nothing identifies it"),
+    "droid/dns_failure": ("work", "droid says only `Exec failed`: nothing identifies it"),
+    "droid/tls_failure": ("work", "droid says only `Exec failed`: nothing identifies it"),
+    "droid/payment_402": ("work", "droid says only `Exec failed`: nothing identifies it"),
+    "qwen/untrusted_workspace": (
+        None,
+        "qwen asks for no folder trust in headless mode (even with folderTrust enabled): "
+        "it ran and replied",
+    ),
+    "cn/stream_cut": (
+        None,
+        "cn took the cut stream as a complete reply and exited 0: the CLI reports success",
+    ),
+    "droid/stream_cut": (
+        None,
+        "droid took the cut stream as a complete reply (subtype success) and exited 0",
+    ),
+    "kilo/stream_cut": (
+        None,
+        "kilo took the cut stream as a complete reply and exited 0 (opencode loops on it)",
+    ),
+    "aider/forbidden_403": (
+        "work",
+        "aider prints the 403 as LiteLLM's generic `APIError` with the body only, no status "
+        "and no credential type: nothing structured names credentials",
+    ),
+    "aider/payment_402": (
+        "work",
+        "aider prints the 402 as LiteLLM's generic `APIError` with the body only: nothing "
+        "structured names billing (and billing in free text charges)",
+    ),
+    "llm/dns_failure": (
+        "work",
+        "Python's idna codec refuses the recording's over-long host name before any lookup "
+        "(`encoding with 'idna' codec failed`): no connection was tried, nothing names one",
+    ),
+    "llm/stream_cut": (
+        None,
+        "llm printed the cut stream's words as its reply and exited 0: it reports success",
+    ),
+    "pi/stream_cut": (
+        None,
+        "pi took the cut stream as a complete reply (stopReason stop, the partial text) and "
+        "exited 0: the CLI reports success (a cut answer is the work's to catch)",
+    ),
 }
 _BY_OUTCOME = {"flaky_503_then_400", "flaky_503_then_success"}
+# What a transcript that says anything about a failure holds somewhere.
+_FAILURE_WORDS = re.compile(
+    rb"(?i)error|retry|retrying|fail|no api key|login|\"reason\":\"unknown\"|\b[45]\d\d\b"
+)
+_SILENT = (
+    "work",
+    "killed by the timeout while the CLI retried or waited out the refusal without a word "
+    "(nothing it printed names a failure): indistinguishable from a hang, so charged as a "
+    "timeout; the CLI cannot be told to say more or to retry less",
+)
 _SILENT_RETRY = (
     "work",
     "killed while retrying a 503, but the CLI printed nothing: indistinguishable from a "
@@ -243,15 +360,24 @@ _SILENT_RETRY = (
 )
 
 
-def expected_for(meta: dict[str, Any], printed: bool = True) -> tuple[str | None, str]:
+def expected_for(
+    meta: dict[str, Any], printed: bool = True, silent: bool = False
+) -> tuple[str | None, str]:
     """The class for one recorded cell: by its scenario, or by the last answer it got.
 
     `printed`: the CLI wrote anything at all (a run killed while retrying that printed
     nothing cannot be told from a hang, and the policy charges a silent timeout).
+    `silent`: nothing it wrote names a failure (`_FAILURE_WORDS`): killed while it
+    retried or waited out a refusal without a word, it is charged the same way.
     """
     scenario = str(meta["scenario"])
+    key = f"{meta['cli']}/{scenario}"
+    if key in _OVERRIDES:
+        return _OVERRIDES[key]
     if scenario == "retrying_503_killed" and meta.get("timed_out") and not printed:
         return _SILENT_RETRY
+    if silent and meta.get("timed_out") and scenario != "hang":
+        return _SILENT
     if scenario not in _BY_OUTCOME:
         return _BY_SCENARIO[scenario]
     main = [e for e in meta["requests"] if e.get("role") == "model" and not e.get("helper")]
@@ -273,7 +399,8 @@ def write_expected() -> None:
     for path in _recordings():
         cell = load(path)
         printed = bool(cell.stdout().strip() or cell.stderr().strip())
-        klass, why = expected_for(cell.meta, printed)
+        silent = not _FAILURE_WORDS.search(cell.stdout() + cell.stderr())
+        klass, why = expected_for(cell.meta, printed, silent)
         key = f"{cell.cli}/{cell.scenario}"
         extra = previous.get(key, {})
         kept = {k: v for k, v in extra.items() if k not in ("class", "why")}
@@ -293,6 +420,34 @@ def write_expected() -> None:
         "cells": cells,
     }
     EXPECTED.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def fill_details(verdicts: list[Verdict]) -> list[str]:
+    """Give each expected cell that has no `reason` yet the adapter path's reason, reset
+    and precondition words, where the adapter path already gets the expected class (a
+    new cell's details are then reviewed by hand, like its class). Returns the keys
+    filled; a cell whose class the adapter misses is left for a person."""
+    document = json.loads(EXPECTED.read_text(encoding="utf-8"))
+    cells: dict[str, dict[str, Any]] = document["cells"]
+    filled = []
+    for verdict in verdicts:
+        want = cells.get(verdict.key)
+        if want is None or want["class"] is None or "reason" in want:
+            continue
+        if verdict.adapter != want["class"]:
+            continue
+        want["reason"] = verdict.adapter_reason
+        wait = verdict.adapter_retry_after_s
+        if wait is not None:
+            # A reset stated as a wall-clock time or an epoch moves with the recording's
+            # age: only its order of magnitude is checked.
+            want["retry_after_s"] = wait if wait < 3600 else [0, 30 * 86400]
+        precondition = verdict.adapter_precondition
+        if want["class"] == "environment" and precondition:
+            want["precondition_has"] = [precondition.split(";")[-1].strip()]
+        filled.append(verdict.key)
+    EXPECTED.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    return filled
 
 
 # --------------------------------------------------------------------------- MATRIX.md
@@ -333,6 +488,10 @@ def matrix_section(recorded: list[Verdict], corpus: list[Verdict]) -> str:
             for cli in clis
         ]
         lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    lines += ["", "Blank: the CLI is not recorded in that scenario (see the notes below).", ""]
+    lines += _per_cli(recorded)
+    lines += _drift_section()
+    lines += _NOTES
     lines += ["", "| over | path | figures |", "|---|---|---|"]
     for title, verdicts in (("recorded cells", recorded), ("fixtures/failures", corpus)):
         for path, pairs in (
@@ -342,6 +501,93 @@ def matrix_section(recorded: list[Verdict], corpus: list[Verdict]) -> str:
             lines.append(f"| {title} | {path} | {figures(pairs).line()} |")
     lines.append(MATRIX_END)
     return "\n".join(lines) + "\n"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _per_cli(recorded: list[Verdict]) -> list[str]:
+    """Per CLI: both paths' share of expected classes, upstream precision and recall, and
+    how many environment cells each path gets."""
+    lines = [
+        "### Per CLI",
+        "",
+        "| cli | cells | adapter: expected class | adapter: upstream P / R "
+        "| plain: expected class | plain: upstream P / R | environment cells: adapter / plain |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cli in sorted({v.key.split("/")[0] for v in recorded}):
+        mine = [v for v in recorded if v.key.split("/")[0] == cli]
+        adapter = figures((v.expected, v.adapter) for v in mine)
+        plain = figures((v.expected, v.plain) for v in mine)
+        env = [v for v in mine if v.expected == "environment"]
+        env_adapter = sum(1 for v in env if v.adapter == "environment")
+        env_plain = sum(1 for v in env if v.plain == "environment")
+        lines.append(
+            f"| {cli} | {len(mine)} | {adapter.agreement:.1%} "
+            f"| {_pct(adapter.upstream_precision)} / {_pct(adapter.upstream_recall)} "
+            f"| {plain.agreement:.1%} | {_pct(plain.upstream_precision)} / "
+            f"{_pct(plain.upstream_recall)} | {env_adapter} / {env_plain} of {len(env)} |"
+        )
+    return [*lines, ""]
+
+
+def _drift_section() -> list[str]:
+    """The second column: each CLI's pin beside the newest version the registry serves,
+    and how the newest classes its cells (`record.py --latest`)."""
+    versions_path, drift_path = RECORDED / "versions.json", RECORDED / "drift.json"
+    if not versions_path.exists():
+        return []
+    versions = json.loads(versions_path.read_text(encoding="utf-8"))
+    drift = json.loads(drift_path.read_text(encoding="utf-8")) if drift_path.exists() else {}
+    expected = load_expected()
+    lines = [
+        "### Version drift",
+        "",
+        "The pinned version (recorded above) beside the newest the registry served when",
+        "`python tests/vendors/record.py --latest` last ran; for each newer one, its cells",
+        "recorded live and classed through the same adapter.",
+        "",
+        "| cli | package | pinned | newest served | cells on the newest |",
+        "|---|---|---|---|---|",
+    ]
+    for cli, row in sorted(versions.items()):
+        if row["newest"] == row["pinned"]:
+            newest = "the pinned one"
+        else:
+            found = drift.get(cli, {})
+            if "not_installed" in found:
+                newest = f"could not be installed: {found['not_installed']}"
+            else:
+                cells = found.get("cells", {})
+                same = sum(
+                    1
+                    for scenario, got in cells.items()
+                    if got["class"] == expected.get(f"{cli}/{scenario}", {}).get("class")
+                )
+                newest = f"{same} of {len(cells)} cells get the expected class"
+        lines.append(
+            f"| {cli} | `{row['package']}` | {row['pinned']} | {row['newest']} | {newest} |"
+        )
+    return [*lines, ""]
+
+
+_NOTES = [
+    "### Notes",
+    "",
+    "- amp talks to its own service (`AMP_URL`), auggie only to Augment's: neither can be",
+    "  pointed at a model API, so they are recorded without credentials, not logged in and",
+    "  (amp) with the service unreachable.",
+    "- crush: `npm install @charmland/crush` installs a launcher with no binary; its first",
+    "  run downloads crush from GitHub releases, which is refused here. It is recorded once,",
+    "  as installed (`not_installed`), and read from its launcher's fixed sentence.",
+    "- `untrusted_workspace` is recorded for the CLIs that have a trust check (gemini, qwen).",
+    "- Cells whose expected class is not their scenario's are reviewed by hand; each says",
+    "  why in expected.json (`why`): a CLI that retried or waited silently until the timeout",
+    "  (charged, as a silent timeout is), one that took a cut stream as its reply (success),",
+    "  one that names nothing (`Exec failed`).",
+]
 
 
 def write_matrix(recorded: list[Verdict], corpus: list[Verdict]) -> None:
@@ -389,9 +635,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-expected", action="store_true", help="regenerate expected")
     parser.add_argument("--no-table", action="store_true", help="figures only")
     parser.add_argument(
+        "--write-corpus",
+        action="store_true",
+        help="write the packaged conformance corpus (execkit/recorded_cells.json.gz)",
+    )
+    parser.add_argument(
+        "--fill-details",
+        action="store_true",
+        help="give new expected cells the adapter path's reason, reset and precondition",
+    )
+    parser.add_argument(
         "--write-matrix", action="store_true", help="write the class matrix into MATRIX.md"
     )
     args = parser.parse_args(argv)
+    if args.write_corpus:
+        from execkit._corpus import CORPUS_FILE, write_corpus
+
+        target = write_corpus(RECORDED, REPO / "execkit" / CORPUS_FILE)
+        print(f"wrote {target.relative_to(REPO)} ({target.stat().st_size} bytes)")
+        if not (args.write_matrix or args.json):
+            return 0
+    if args.fill_details:
+        filled = fill_details(measure_recordings())
+        print(f"filled {len(filled)} cells of {EXPECTED.relative_to(REPO)}: review them")
+        return 0
     if args.write_expected:
         write_expected()
         print(f"wrote {EXPECTED.relative_to(REPO)}: review each class before committing")

@@ -34,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,206 +45,37 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from clis import CLI, CLI_NAMES, find_cli, node_bin_dir  # noqa: E402
-from fake_api import SCENARIOS, FakeAPI, Scenario, Vendor, dead_port  # noqa: E402
+from clis import (  # noqa: E402
+    CLI,
+    CLI_NAMES,
+    PACKAGES,
+    VERSIONS,
+    find_cli,
+    install_latest,
+    node_bin_dir,
+    write_versions,
+)
+from fake_api import SCENARIOS, FakeAPI, Scenario, dead_port  # noqa: E402
+from setups import KEYS, SETUPS, TIMEOUT_S, VENDOR_OF, Sandbox, Setup, applies  # noqa: E402
 
 REPO = HERE.parent.parent
 RECORDED = REPO / "fixtures" / "recorded"
 
 PROMPT = "Reply with one short sentence."
 DEFAULT_TIMEOUT_S = 60.0
-# opencode retries 429/5xx five times with 2 s doubling backoff (no knob lowers it): its
-# own give-up takes about 75 s.
-TIMEOUT_S: dict[str, float] = {"opencode": 120.0}
 KILL_GRACE_S = 5.0
 MAX_FILE_BYTES = 2 * 1024 * 1024
-# The fake keys: recognisable, never real, scrubbed to <KEY> in every recorded byte.
-KEYS: dict[str, str] = {
-    "codex": "sk-test-execkit-openai-0000",
-    "claude": "sk-ant-api03-test-execkit-0000",
-    "gemini": "AIzaSyTest-execkit-google-0000",
-    "opencode": "sk-test-execkit-opencode-0000",
-}
-VENDOR_OF: dict[str, Vendor] = {
-    "codex": "openai",
-    "claude": "anthropic",
-    "gemini": "google",
-    "opencode": "openai",
-}
+# A host name the resolver refuses before any query leaves this machine: its first label
+# is longer than DNS allows (63), so no packet is ever sent for it.
+DNS_FAILURE_HOST = "x" * 64 + ".invalid"
+# CLIs that offer the model no tools: none of their chat calls is a helper call.
+TOOL_LESS = frozenset({"aider", "llm"})
 
 
-@dataclass
-class Sandbox:
-    """One cell's private directories: all of a CLI's state lives under `root`."""
-
-    root: Path
-    home: Path = field(init=False)
-    work: Path = field(init=False)
-    tmp: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.home = self.root / "home"
-        self.work = self.root / "work"
-        self.tmp = self.root / "tmp"
-        for path in (self.home, self.work, self.tmp):
-            path.mkdir(parents=True)
-        # The agent's working directory is a fresh, empty git repository, as an agent
-        # runner's checkout would be (codex exec refuses a directory outside one).
-        git = shutil.which("git")
-        if git:
-            subprocess.run(
-                [git, "init", "-q", str(self.work)],
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)},
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
-
-    def write(self, path: Path, text: str, files: dict[str, str]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        files[str(path)] = text
-
-
-@dataclass
-class Setup:
-    """The env a CLI runs with and the config files written for it."""
-
-    env: dict[str, str]
-    files: dict[str, str] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- per-CLI setup
-
-
-def _toml_str(value: str) -> str:
-    return json.dumps(value)
-
-
-def setup_codex(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
-    codex_home = box.home / ".codex"
-    retries = "" if scenario.keep_retries else "request_max_retries = 1\nstream_max_retries = 1\n"
-    config = f"""\
-model_provider = "fake"
-approval_policy = "never"
-sandbox_mode = "read-only"
-check_for_update_on_startup = false
-
-[features]
-plugins = false
-remote_plugin = false
-apps = false
-plugin_sharing = false
-
-[analytics]
-enabled = false
-
-[feedback]
-enabled = false
-
-[otel]
-exporter = "none"
-trace_exporter = "none"
-metrics_exporter = "none"
-log_user_prompt = false
-
-[model_providers.fake]
-name = "fake"
-base_url = {_toml_str(base_url + "/v1")}
-env_key = "OPENAI_API_KEY"
-wire_api = "responses"
-{retries}stream_idle_timeout_ms = 15000
-
-[projects.{_toml_str(str(box.work))}]
-trust_level = "trusted"
-"""
-    setup = Setup({"CODEX_HOME": str(codex_home), "OPENAI_API_KEY": KEYS["codex"]})
-    box.write(codex_home / "config.toml", config, setup.files)
-    return setup
-
-
-def setup_claude(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
-    env = {
-        "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_API_KEY": KEYS["claude"],
-        "CLAUDE_CONFIG_DIR": str(box.home / ".claude"),
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-    }
-    if not scenario.keep_retries:
-        env["CLAUDE_CODE_MAX_RETRIES"] = "1"
-    return Setup(env)
-
-
-def setup_gemini(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
-    general: dict[str, object] = {
-        "enableAutoUpdate": False,
-        "enableAutoUpdateNotification": False,
-    }
-    if not scenario.keep_retries:
-        general["maxAttempts"] = 2
-    settings = {
-        "general": general,
-        "privacy": {"usageStatisticsEnabled": False},
-        "telemetry": {"enabled": False},
-        "security": {"auth": {"selectedType": "gemini-api-key"}},
-    }
-    setup = Setup(
-        {
-            "GEMINI_API_KEY": KEYS["gemini"],
-            "GOOGLE_GEMINI_BASE_URL": base_url,
-            "GEMINI_CLI_TRUST_WORKSPACE": "true",
-        }
-    )
-    box.write(box.home / ".gemini" / "settings.json", json.dumps(settings, indent=2), setup.files)
-    return setup
-
-
-def setup_opencode(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "model": "fake/gpt-fake",
-        "autoupdate": False,
-        "share": "disabled",
-        "provider": {
-            "fake": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "Fake",
-                "options": {"baseURL": base_url + "/v1", "apiKey": "{env:FAKE_API_KEY}"},
-                "models": {"gpt-fake": {"name": "GPT Fake"}},
-            }
-        },
-    }
-    path = box.home / ".config" / "opencode" / "opencode.json"
-    setup = Setup(
-        {
-            "OPENCODE_CONFIG": str(path),
-            "FAKE_API_KEY": KEYS["opencode"],
-            "OPENCODE_DISABLE_MODELS_FETCH": "1",
-            "OPENCODE_DISABLE_AUTOUPDATE": "1",
-            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
-            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-            "OPENCODE_DISABLE_SHARE": "1",
-        }
-    )
-    box.write(path, json.dumps(config, indent=2), setup.files)
-    return setup
-
-
-SETUPS: dict[str, Callable[[Sandbox, str, Scenario], Setup]] = {
-    "codex": setup_codex,
-    "claude": setup_claude,
-    "gemini": setup_gemini,
-    "opencode": setup_opencode,
-}
-
-
-def base_env(box: Sandbox, sink_url: str) -> dict[str, str]:
+def base_env(box: Sandbox, sink_url: str, bin_dir: Path | None = None) -> dict[str, str]:
     """What every CLI gets: nothing from this machine but PATH to node and the sandbox."""
-    path = os.pathsep.join(filter(None, [node_bin_dir(), "/usr/local/bin", "/usr/bin", "/bin"]))
+    dirs = [str(bin_dir) if bin_dir else None, node_bin_dir(), "/usr/local/bin", "/usr/bin", "/bin"]
+    path = os.pathsep.join(filter(None, dirs))
     env = {
         "PATH": path,
         "HOME": str(box.home),
@@ -259,8 +91,8 @@ def base_env(box: Sandbox, sink_url: str) -> dict[str, str]:
         "XDG_DATA_HOME": str(box.home / ".local" / "share"),
         "XDG_CACHE_HOME": str(box.home / ".cache"),
         "XDG_STATE_HOME": str(box.home / ".local" / "state"),
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
+        "NO_PROXY": "127.0.0.1,localhost,.invalid",
+        "no_proxy": "127.0.0.1,localhost,.invalid",
     }
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[name] = sink_url
@@ -328,10 +160,13 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def adapter_argv(cli: str) -> list[str]:
+def adapter_argv(cli: str, setup: Setup | None = None) -> list[str]:
+    """The adapter's argv for the prompt, with what the cell's setup adds (a model, args)."""
     from execkit import AgentRequest, get_adapter
 
-    return get_adapter(cli).build_argv(AgentRequest(prompt=PROMPT))
+    model = setup.model if setup else None
+    extra = setup.extra_args if setup else ()
+    return get_adapter(cli).build_argv(AgentRequest(prompt=PROMPT, model=model, extra_args=extra))
 
 
 # --------------------------------------------------------------------------- scrubbing
@@ -357,9 +192,10 @@ class Scrubber:
         pairs.sort(key=lambda pair: -len(pair[0]))
         self._literals = [(a.encode(), b.encode()) for a, b in pairs]
         port_alt = "|".join(str(p) for p in sorted(set(ports), reverse=True))
-        self._ports = re.compile(
-            rb"(127\.0\.0\.1|localhost|\[::1\]|0\.0\.0\.0)(:|%3A)(" + port_alt.encode() + rb")\b"
+        hosts = rb"127\.0\.0\.1|localhost|\[::1\]|0\.0\.0\.0|" + re.escape(
+            DNS_FAILURE_HOST.encode()
         )
+        self._ports = re.compile(rb"(" + hosts + rb")(:|%3A)(" + port_alt.encode() + rb")\b")
         self._keys = re.compile(
             rb"(sk-(?:ant-(?:api03-)?)?test-[A-Za-z0-9*_-]+|AIzaSy[A-Za-z0-9_-]{10,})"
         )
@@ -433,21 +269,30 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
     assert cli.path is not None
     timeout_s = scenario.timeout_s or TIMEOUT_S.get(cli.name, DEFAULT_TIMEOUT_S)
     vendor = VENDOR_OF[cli.name]
-    argv = adapter_argv(cli.name)
     started_at = datetime.now(UTC)
     dump_dir = os.environ.get("EXECKIT_FAKE_API_DUMP")  # debugging: keep request bodies
     if dump_dir:
         Path(dump_dir).mkdir(parents=True, exist_ok=True)
     lifetime_s = timeout_s + KILL_GRACE_S + 30
-    with FakeAPI(vendor, scenario, lifetime_s=lifetime_s, dump_dir=dump_dir) as api:
+    # A chat call with no tools is a helper (a title call) except for the CLIs whose every
+    # call is tool-less (aider, llm): theirs are the main calls.
+    helpers = cli.name not in TOOL_LESS
+    with FakeAPI(
+        vendor, scenario, lifetime_s=lifetime_s, dump_dir=dump_dir, tool_less_helpers=helpers
+    ) as api:
         ports = [api.port]
         base_url = api.url
-        if scenario.refused:
+        if scenario.endpoint == "refused":
             refused_port = dead_port()
             ports.append(refused_port)
             base_url = f"http://127.0.0.1:{refused_port}"
+        elif scenario.endpoint == "dns":
+            base_url = f"http://{DNS_FAILURE_HOST}:{api.port}"
+        elif scenario.endpoint == "tls":
+            base_url = f"https://127.0.0.1:{api.port}"
         setup = SETUPS[cli.name](box, base_url, scenario)
-        env = {**base_env(box, api.url), **setup.env}
+        argv = adapter_argv(cli.name, setup)
+        env = {**base_env(box, api.url, cli.path.parent), **setup.env}
         outcome = run_bounded([str(cli.path), *argv[1:]], env, box.work, timeout_s)
         log = api.requests()
     scrub = Scrubber(box, ports, KEYS.values())
@@ -479,8 +324,16 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
         "env": scrub.value({k: v for k, v in sorted(setup.env.items())}),
         "config_files": scrub.value(setup.files),
     }
-    if scenario.refused:
+    if scenario.endpoint == "refused":
         meta["base_url"] = "http://127.0.0.1:<PORT> (nobody listens there)"
+    elif scenario.endpoint == "dns":
+        meta["base_url"] = f"http://{DNS_FAILURE_HOST}:<PORT> (cannot resolve)"
+    elif scenario.endpoint == "tls":
+        meta["base_url"] = "https://127.0.0.1:<PORT> (the server speaks plain HTTP)"
+    if scenario.no_key:
+        meta["credentials"] = "left out"
+    if scenario.logged_out:
+        meta["base_url"] = "not set: the CLI's own default (outside, refused by the proxy)"
     if stdout_cut:
         meta["stdout_cut"] = stdout_cut
     if stderr_cut:
@@ -489,7 +342,7 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
     if cell_dir.exists():
         shutil.rmtree(cell_dir)
     cell_dir.mkdir(parents=True)
-    (cell_dir / "argv.json").write_text(json.dumps(argv) + "\n", encoding="utf-8")
+    (cell_dir / "argv.json").write_text(json.dumps(scrub.value(argv)) + "\n", encoding="utf-8")
     (cell_dir / "stdout").write_bytes(stdout)
     (cell_dir / "stderr").write_bytes(stderr)
     (cell_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -633,6 +486,71 @@ def write_matrix(root: Path) -> None:
     (root / "MATRIX.md").write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
+# --------------------------------------------------------------------------- version drift
+
+DRIFT = RECORDED / "drift.json"
+
+
+def _class_of(cell_dir: Path) -> tuple[str | None, str | None]:
+    from replay import load, replay_spawn
+
+    from execkit import get_adapter
+
+    recording = load(cell_dir)
+    timeout = 1.5 if recording.meta.get("timed_out") else 60.0
+    mapped = get_adapter(recording.cli).parse(replay_spawn(cell_dir, timeout_s=timeout))
+    return (None if mapped.failure_class is None else mapped.failure_class.value), mapped.reason
+
+
+def drift(cells: list[tuple[str, Scenario]], jobs: int) -> int:
+    """Record the newest version of each CLI whose pin is older (`--latest`), class every
+    cell through its adapter, and name each cell whose class differs from expected.json
+    (the failure says which cell and what the CLI says now, beside what the pinned one
+    said). Writes fixtures/recorded/versions.json and drift.json (MATRIX.md's second
+    column). Exit 1 when a cell's class changed."""
+    versions = write_versions()
+    newer = sorted(
+        {name for name, _ in cells if name in PACKAGES}
+        & {name for name, row in versions.items() if row["newest"] != row["pinned"]}
+    )
+    report: dict[str, Any] = {}
+    expected = json.loads((RECORDED / "expected.json").read_text(encoding="utf-8"))["cells"]
+    changed = 0
+    installed = install_latest(newer)
+    with tempfile.TemporaryDirectory(prefix="execkit-vendor-latest-") as scratch:
+        out_root = Path(scratch)
+        for name in newer:
+            row: dict[str, Any] = {"version": versions[name]["newest"], "cells": {}}
+            report[name] = row
+            binary = installed[name]
+            if not isinstance(binary, Path):
+                row["not_installed"] = binary
+                print(f"{name:<9}newest {row['version']} could not be installed: {binary}")
+                continue
+            cli = CLI(name, PACKAGES[name], row["version"], path=binary, version=row["version"])
+            mine = [scenario for cli_name, scenario in cells if cli_name == name]
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                list(pool.map(record_cell, [cli] * len(mine), mine, [out_root] * len(mine)))
+            for scenario in mine:
+                live = out_root / name / scenario.name
+                got, reason = _class_of(live)
+                want = expected.get(f"{name}/{scenario.name}", {}).get("class")
+                meta = json.loads((live / "meta.json").read_text(encoding="utf-8"))
+                words = _last_words(live, meta)
+                row["cells"][scenario.name] = {"class": got, "reason": reason, "words": words}
+                if got != want:
+                    changed += 1
+                    kept = RECORDED / name / scenario.name
+                    before = _last_words(kept, {}) if kept.exists() else "(not recorded)"
+                    print(
+                        f"DRIFT {name}/{scenario.name}: expected {want}, {row['version']} gives "
+                        f"{got} ({reason})\n    now says:    {words}\n    pinned said: {before}"
+                    )
+    DRIFT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {VERSIONS.name} and {DRIFT.name}; {changed} cell(s) changed class")
+    return 1 if changed else 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -641,6 +559,8 @@ def _select(only: Sequence[str]) -> list[tuple[str, Scenario]]:
     for name in CLI_NAMES:
         for scenario in SCENARIOS.values():
             key = f"{name}:{scenario.name}"
+            if not applies(name, scenario.name):
+                continue
             if not only or name in only or key in only or scenario.name in only:
                 cells.append((name, scenario))
     return cells
@@ -677,6 +597,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="run live, compare shapes")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default fixtures)")
     parser.add_argument("--matrix", action="store_true", help="only rewrite MATRIX.md")
+    parser.add_argument(
+        "--latest",
+        action="store_true",
+        help="version drift: record the newest version the registry serves of each CLI whose "
+        "pin is older, class every cell, name each cell whose class or sentence changed",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=3, help="cells run at once (most time is spent waiting)"
+    )
     args = parser.parse_args(argv)
     if args.matrix:
         write_matrix(args.out or RECORDED)
@@ -684,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     cells = _select(args.only)
     if not cells:
         parser.error(f"nothing matches {args.only}")
+    if args.latest:
+        return drift(cells, args.jobs)
     found = {name: find_cli(name) for name in sorted({name for name, _ in cells})}
     usable = {name: cli for name, cli in found.items() if cli.ok}
     for name, cli in found.items():
@@ -698,22 +629,25 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out_root = args.out or RECORDED
     mismatches = 0
+    runnable = [(usable[name], scenario) for name, scenario in cells if name in usable]
+
+    def run(cell: tuple[CLI, Scenario]) -> tuple[str, Scenario, dict[str, Any]]:
+        return cell[0].name, cell[1], record_cell(cell[0], cell[1], out_root)
+
     try:
-        for name, scenario in cells:
-            found_cli = usable.get(name)
-            if found_cli is None:
-                continue
-            meta = record_cell(found_cli, scenario, out_root)
-            line = f"{name:<9}{scenario.name:<24}{_summary(meta)}"
-            if args.check:
-                live = recorded_shape(out_root / name / scenario.name)
-                kept = recorded_shape(RECORDED / name / scenario.name)
-                if kept is None:
-                    line += "  (no recording to compare)"
-                elif live != kept:
-                    mismatches += 1
-                    line += f"\n    SHAPE CHANGED: recorded {kept}\n{'live':>22} {live}"
-            print(line, flush=True)
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            done = pool.map(run, runnable)
+            for name, scenario, meta in done:
+                line = f"{name:<9}{scenario.name:<24}{_summary(meta)}"
+                if args.check:
+                    live = recorded_shape(out_root / name / scenario.name)
+                    kept = recorded_shape(RECORDED / name / scenario.name)
+                    if kept is None:
+                        line += "  (no recording to compare)"
+                    elif live != kept:
+                        mismatches += 1
+                        line += f"\n    SHAPE CHANGED: recorded {kept}\n{'live':>22} {live}"
+                print(line, flush=True)
     finally:
         if scratch is not None:
             scratch.cleanup()

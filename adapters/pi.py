@@ -1,0 +1,166 @@
+"""pi (`@mariozechner/pi-coding-agent`): `pi -p --mode json --no-session PROMPT`, JSONL events.
+
+pi exits 0 after the vendor refused (pi 0.73, recorded in fixtures/recorded/pi): the
+failure is only in its event stream, so the envelope is read whatever the exit code.
+
+Events read: `session` (its `id`), `message_end` of the assistant (`stopReason`: `stop`,
+`length` or `toolUse` with the reply in `content` text parts; `error` or `aborted` with
+`errorMessage`), `auto_retry_start` (a retry notice: `errorMessage`, `delayMs`) and
+`auto_retry_end` (`success`; `false` carries `finalError`, the refusal it gave up on).
+
+Before any event, pi refuses to start with `No API key found for the selected model.` on
+stderr (exit 1): a credential error. The vendor's own fixed sentences inside an error
+(OpenAI's quota and usage-limit messages...) name its kind (`adapters._vendor_errors`).
+
+`errorMessage` is the provider SDK's own rendering of the failed call: the OpenAI and
+Anthropic clients print a status error as `<status> <message>` (`500 The server had an
+error...`, `429 Rate limit reached...`) and an unreachable API as `Connection error.`, read
+here as that status and that kind. A run that ends (a timeout) while its last event is a
+retry notice was still retrying.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import attrs
+
+from adapters._vendor_errors import sentence_kind
+from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
+from execkit.adapterkit import (
+    ErrorKind,
+    http_status,
+    iter_json_objects,
+    parse_retry_after,
+    request_argv,
+    str_field,
+)
+
+__all__ = ["PiAdapter"]
+
+# `<status> <message>`: the OpenAI and Anthropic SDKs' rendering of an HTTP status error.
+_SDK_STATUS = re.compile(r"^(?P<code>[1-5]\d\d) ")
+# The SDKs' messages for a request that never got an answer.
+_UNREACHABLE = ("Connection error.", "fetch failed")
+_FIXED_PREFIXES = (
+    ("No API key found", ErrorKind.CREDENTIALS),
+    ("No API key for provider", ErrorKind.CREDENTIALS),
+)
+
+
+@attrs.frozen
+class _Error:
+    message: str
+    kind: ErrorKind | None = None
+    status: int | None = None
+
+
+def _read_error(message: str, kind: ErrorKind | None = None) -> _Error:
+    found = _SDK_STATUS.match(message)
+    status = http_status(float(found.group("code"))) if found else None
+    if kind is None:
+        kind = next((k for prefix, k in _FIXED_PREFIXES if message.startswith(prefix)), None)
+    if kind is None:
+        kind = sentence_kind(message)
+    if kind is None and status is None and message.strip().startswith(_UNREACHABLE):
+        kind = ErrorKind.UNREACHABLE
+    return _Error(message, kind, status)
+
+
+def _reply(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "".join(
+        part["text"]
+        for part in content
+        if isinstance(part, dict)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
+    )
+
+
+def _read(stdout: str, stderr: str, now: float) -> Envelope:
+    session_id: str | None = None
+    reply: str | None = None
+    error: _Error | None = None  # the last assistant turn's error, or the retry's final one
+    notice: _Error | None = None  # the last event was a retry notice
+    seen = False
+    for event in iter_json_objects(stdout):
+        kind = event.get("type")
+        if not isinstance(kind, str):
+            continue
+        seen = True
+        if kind == "session":
+            session_id = str_field(event, "id") or session_id
+        elif kind == "message_end":
+            message = event.get("message")
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            notice = None
+            if message.get("stopReason") in ("error", "aborted"):
+                said = str_field(message, "errorMessage") or "pi reported an error"
+                error = _read_error(said)
+            else:
+                reply, error = _reply(message), None
+        elif kind == "auto_retry_start":
+            said = str_field(event, "errorMessage") or "retrying"
+            retrying = _read_error(said)
+            notice = attrs.evolve(
+                retrying,
+                kind=ErrorKind.UNREACHABLE
+                if retrying.kind is ErrorKind.UNREACHABLE
+                else ErrorKind.RETRYING,
+            )
+        elif kind == "auto_retry_end":
+            notice = None
+            if event.get("success") is False:
+                error = _read_error(str_field(event, "finalError") or "pi gave up retrying")
+            else:
+                error = None
+    final = notice or error
+    if final is None and reply is None:
+        # Before any turn: pi's own start-up refusal on stderr (no key for the model).
+        said = stderr.strip()
+        if said.startswith(tuple(prefix for prefix, _ in _FIXED_PREFIXES)):
+            final = _read_error(said.splitlines()[0])
+    if final is None:
+        return Envelope(found=seen and reply is not None, text=reply, session_id=session_id)
+    return Envelope(
+        found=True,
+        is_error=True,
+        session_id=session_id,
+        error_message=final.message,
+        http_status=final.status,
+        error_kind=final.kind,
+        retry_after_s=parse_retry_after(final.message, now=now),
+    )
+
+
+@attrs.frozen
+class PiAdapter:
+    """`pi -p --mode json --no-session [--model M] ARGS... PROMPT`.
+
+    Its retries are `retry.maxRetries` / `retry.baseDelayMs` in `~/.pi/agent/settings.json`
+    (no flag); the working directory is the spawn's cwd.
+    """
+
+    name: str = "pi"
+    binary: str = "pi"
+    install_hint: str = "npm install -g @mariozechner/pi-coding-agent"
+    login_hint: str | None = "run `pi`, then /login"
+    credential_env: tuple[str, ...] = (
+        "ANTHROPIC_API_KEY",
+        "OPENAI_API_KEY",
+        "GEMINI_API_KEY",
+        "OPENROUTER_API_KEY",
+    )
+    credential_files: tuple[str, ...] = ("~/.pi/agent/auth.json",)
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        return request_argv([self.binary, "-p", "--mode", "json", "--no-session"], request)
+
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return map_result(self, result, _read(result.stdout_tail, result.stderr_tail, time.time()))

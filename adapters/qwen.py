@@ -1,0 +1,117 @@
+"""Qwen Code (`@qwen-code/qwen-code`, a gemini-cli fork): `qwen --output-format stream-json`.
+
+One JSON event per line (qwen-code 0.24, recorded in fixtures/recorded/qwen, pointed at an
+OpenAI-compatible API): `assistant` messages, `system` events (`subtype` `retry`: a
+retry notice, without the error) and a final `result` (`subtype` `success` with
+`result`, or `error_during_execution` with `is_error` and `error.message`). stream-json,
+not json: a run killed mid-retry has still printed its events.
+
+`error.message` is qwen's own rendering `[API Error: <status> <message>]` (the status the
+OpenAI SDK put in front, read as the HTTP status), `[API Error: Connection error. (cause:
+...)]` (the SDK's unreachable API), `[API Error: Model stream ended without a finish
+reason.]` (a cut stream) or `[API Error: Overloaded]`; its fixed start-up refusals
+`Missing API key ...` and `No auth type is selected ...` are credential errors. While it
+retries it prints `Retrying in Ns (attempt a/b): [API Error: ...]` on stderr: a run
+killed after one with no result was still retrying that error (`pending`).
+
+Its retry loop is `model.generationConfig.maxRetries` / `retryInitialDelayMs` /
+`retryMaxDelayMs` in `~/.qwen/settings.json` (default 10 tries 60 s apart for a 429);
+lower them so that a refusal is reported before the runner's timeout.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import attrs
+
+from adapters._vendor_errors import sentence_kind
+from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
+from execkit.adapterkit import (
+    ErrorKind,
+    http_status,
+    iter_json_objects,
+    parse_retry_after,
+    request_argv,
+    str_field,
+)
+
+__all__ = ["QwenAdapter"]
+
+_API_ERROR = re.compile(r"\[API Error: (?:(?P<code>[1-5]\d\d) )?(?P<rest>.*?)\]?\s*$", re.S)
+_NOTICE = re.compile(r"^Retrying in \d+s \(attempt \d+/\d+\): (?P<error>\[API Error: .*)$", re.M)
+_FIXED = (
+    ("Missing API key", ErrorKind.CREDENTIALS),
+    ("No auth type is selected", ErrorKind.CREDENTIALS),
+    ("Connection error.", ErrorKind.UNREACHABLE),
+    ("Model stream ended without a finish reason", ErrorKind.STREAM_FAILED),
+    ("Overloaded", ErrorKind.OVERLOADED),
+)
+
+
+def _error(message: str, now: float, *, pending: bool = False) -> Envelope:
+    found = _API_ERROR.search(message)
+    status = http_status(float(found.group("code"))) if found and found.group("code") else None
+    rest = found.group("rest") if found else message
+    kind = next((k for prefix, k in _FIXED if rest.startswith(prefix)), None)
+    kind = kind or sentence_kind(rest)
+    return Envelope(
+        found=True,
+        is_error=True,
+        error_message=message,
+        http_status=status,
+        error_kind=kind,
+        retry_after_s=parse_retry_after(message, now=now),
+        pending=pending,
+    )
+
+
+def _read(stdout: str, stderr: str, now: float) -> Envelope:
+    result: dict[str, Any] | None = None
+    session_id: str | None = None
+    for event in iter_json_objects(stdout):
+        session_id = str_field(event, "session_id") or session_id
+        if event.get("type") == "result":
+            result = event
+    if result is None:
+        notices = _NOTICE.findall(stderr)
+        if notices:
+            return attrs.evolve(_error(notices[-1], now, pending=True), session_id=session_id)
+        return Envelope(session_id=session_id)
+    failed = result.get("is_error") is True or (str_field(result, "subtype") or "").startswith(
+        "error"
+    )
+    if not failed:
+        return Envelope(found=True, text=str_field(result, "result") or "", session_id=session_id)
+    message = (
+        str_field(result.get("error"), "message")
+        or str_field(result, "result", "subtype")
+        or "qwen reported an error"
+    )
+    return attrs.evolve(_error(message, now), session_id=session_id)
+
+
+@attrs.frozen
+class QwenAdapter:
+    """`qwen --output-format stream-json [--model M] ARGS... PROMPT` (the spawn's cwd)."""
+
+    name: str = "qwen"
+    binary: str = "qwen"
+    install_hint: str = "npm install -g @qwen-code/qwen-code"
+    login_hint: str | None = "run `qwen` once and pick an auth type"
+    credential_env: tuple[str, ...] = (
+        "OPENAI_API_KEY",
+        "DASHSCOPE_API_KEY",
+        "GEMINI_API_KEY",
+        "ANTHROPIC_API_KEY",
+    )
+    credential_files: tuple[str, ...] = ("~/.qwen/oauth_creds.json",)
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        return request_argv([self.binary, "--output-format", "stream-json"], request)
+
+    def parse(self, result: SpawnResult) -> MappedResult:
+        envelope = _read(result.stdout_tail, result.stderr_tail, time.time())
+        return map_result(self, result, envelope)
