@@ -39,7 +39,14 @@ from execkit._adapter import Adapter, AgentRequest, MappedResult
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
-from execkit._exec import DEFAULT_HEARTBEAT_S, DEFAULT_KILL_GRACE_S, ProcessStarter, spawn
+from execkit._exec import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_KILL_GRACE_S,
+    Cancellation,
+    ProcessStarter,
+    SpawnCancelled,
+    spawn,
+)
 from execkit._proof import AgentFailed, AgentProof, AgentStatus, RunProof, RunStatus
 from execkit._redact import redact, secret_env_values
 from execkit._validate import integer_arg, number_arg
@@ -242,6 +249,7 @@ def _spawn_once(
     kill_grace: float,
     start: ProcessStarter,
     beat: _Beat | None = None,
+    cancel: Cancellation | None = None,
 ) -> MappedResult:
     result = spawn(
         list(argv),
@@ -253,6 +261,7 @@ def _spawn_once(
         heartbeat=None if beat is None else beat.renew,
         heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else beat.every_s,
         start=start,
+        cancel=cancel,
     )
     return adapter.parse(result)
 
@@ -363,6 +372,7 @@ def run_agent(
     heartbeat: Callable[[], object] | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
+    cancel: Cancellation | None = None,
 ) -> AgentProof:
     """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
 
@@ -377,6 +387,10 @@ def run_agent(
     and through every backoff wait between tries, so the run's lease never lapses while
     the agent is alive; if it raises, the running try is ended and the error propagates
     like a hook's (below).
+
+    `cancel` (a `Cancellation`) stops the agent from another thread: the running try's
+    whole tree is killed, no further try starts, and `SpawnCancelled` propagates with
+    nothing recorded (the caller knows why it stopped the agent).
 
     Raises `AgentFailed` (carrying the proof, already recorded) when the last try
     failed; `InvalidInput` for `max_attempts` outside 1..100 or `heartbeat_s` <= 0,
@@ -404,7 +418,12 @@ def run_agent(
             kill_grace=kill_grace,
             start=start,
             beat=beat,
+            cancel=cancel,
         )
+    except SpawnCancelled:
+        # Stopped from outside (a dispatcher's shutdown, a cancelled task): the try that
+        # was running says nothing about the work, and the caller decides what to record.
+        raise
     except Exception as exc:
         # A hook, an adapter or the request broke mid-loop. Nothing identified the failure
         # as uncharged, so the agent is recorded as a charged work failure before the
@@ -444,6 +463,7 @@ def _try_until_settled(
     kill_grace: float,
     start: ProcessStarter,
     beat: _Beat | None = None,
+    cancel: Cancellation | None = None,
 ) -> None:
     """Spawn tries, appending each to `tries`, until one settles the agent.
 
@@ -456,6 +476,8 @@ def _try_until_settled(
     context = AttemptContext(1, max_attempts)
     upstream_retries = 0
     while True:
+        if cancel is not None and cancel.cancelled:
+            raise SpawnCancelled(f"cancelled before try {len(tries) + 1}")
         attempt_request = prepare(current, context) if prepare is not None else current
         raw = _spawn_once(
             adapter,
@@ -466,6 +488,7 @@ def _try_until_settled(
             kill_grace=kill_grace,
             start=start,
             beat=beat,
+            cancel=cancel,
         )
         outcome = _judge(raw, validate)
         tries.append(outcome)

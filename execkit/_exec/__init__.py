@@ -22,12 +22,14 @@ One concern a file, in the order a spawn meets them:
 - `proctable.py`: /proc read, descendants found, processes signalled and reaped by pid
   and start time;
 - `tail.py`: the bounded tail of each stream (a ring), and what of it is kept as text;
+- `cancel.py`: `Cancellation`, a one-shot signal from any thread that a spawn watches.
 - `result.py`: `SpawnResult`, `SpawnFailure`, `TreeMechanism`, the wording of a failed
   start and the redaction of everything a result keeps.
 
 Rooms outside this package import from `execkit._exec` only, never from its files.
 """
 
+from execkit._exec.cancel import Cancellation
 from execkit._exec.entry import spawn, spawn_async, spawn_cancellable
 from execkit._exec.options import (
     DEFAULT_HEARTBEAT_S,
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_TAIL_BYTES",
     "MAX_TAIL_BYTES",
     "TREE_MECHANISMS",
+    "Cancellation",
     "OutputCallback",
     "ProcessStarter",
     "SpawnCancelled",

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from execkit._exec.cancel import Cancellation
 from execkit._exec.options import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_KILL_GRACE_S,
@@ -34,7 +35,7 @@ from execkit._exec.options import (
     SpawnOptions,
 )
 from execkit._exec.result import SpawnResult, finished, new_tail, not_started
-from execkit._exec.supervisor import Supervisor, kill_now
+from execkit._exec.supervisor import SpawnCancelled, Supervisor, kill_now
 from execkit._exec.tree import new_tree
 
 __all__ = ["spawn", "spawn_async", "spawn_cancellable"]
@@ -153,6 +154,7 @@ def spawn(
     heartbeat: Callable[[], object] | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
+    cancel: Cancellation | None = None,
 ) -> SpawnResult:
     """Run `argv` directly (never through a shell) and report how it ended.
 
@@ -186,6 +188,10 @@ def spawn(
       value that is not a `subprocess.Popen` raises TypeError, and so does one without the
       pipes asked for (after that process is killed); anything else it raises propagates.
 
+    - `cancel` (a `Cancellation`) ends the spawn from another thread: once it is cancelled
+      the whole tree is SIGKILLed and reaped and `SpawnCancelled` is raised (at once, with
+      nothing started, when it was cancelled before the start).
+
     Never raises for a process that could not start (see `spawn_errno`). Raises TypeError
     or `InvalidInput` (a ValueError) naming the argument for bad arguments, before
     anything runs.
@@ -206,7 +212,11 @@ def spawn(
         heartbeat=heartbeat,
         heartbeat_s=heartbeat_s,
     )
-    return _spawn(options)
+    if cancel is None:
+        return _spawn(options)
+    if cancel.cancelled:
+        raise SpawnCancelled("cancelled before it started")
+    return _spawn(options, cancel.fileno())
 
 
 async def spawn_async(
