@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from execkit._exec import SpawnFailure, SpawnResult
+from execkit._exec import Cancellation, SpawnFailure, SpawnResult
+from execkit.dispatch import BoardIssue, RunOutcome, Slot
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -130,3 +131,40 @@ def table_columns(text: str) -> list[dict[str, str]]:
         cells = [line[a:b].strip() for a, b in zip(bounds, [*bounds[1:], None], strict=True)]
         rows.append(dict(zip(names, cells, strict=True)))
     return rows
+
+
+def a_slot(attempt: int = 1, adapter: str = "generic") -> Slot:
+    """A dispatcher's `Slot` for calling a runner by hand: no lease to renew, never
+    cancelled (its descriptors close with the process)."""
+    return Slot(
+        run_id=f"r-{attempt}",
+        attempt=attempt,
+        adapter=adapter,
+        heartbeat=lambda: None,
+        heartbeat_s=60.0,
+        cancel=Cancellation(),
+    )
+
+
+class BeatingRunner:
+    """A dispatcher `Runner` that works a while without spawning: it renews its lease
+    `beats` times (`every_s` apart, through the slot, as `run_agent` does), then answers
+    `outcomes[issue id]` (else success). `beats_done` counts the renewals per issue."""
+
+    def __init__(
+        self,
+        outcomes: Mapping[str, RunOutcome] | None = None,
+        beats: int = 3,
+        every_s: float = 0.05,
+    ) -> None:
+        self.outcomes = dict(outcomes or {})
+        self.beats = beats
+        self.every_s = every_s
+        self.beats_done: dict[str, int] = {}
+
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+        for _ in range(self.beats):
+            slot.cancel.wait(self.every_s)
+            slot.heartbeat()
+            self.beats_done[issue.id] = self.beats_done.get(issue.id, 0) + 1
+        return self.outcomes.get(issue.id, RunOutcome("succeeded"))

@@ -23,6 +23,7 @@ from execkit.dispatch import (
     InMemoryBoard,
     JsonFileBoard,
     RunOutcome,
+    Slot,
     issue_statuses,
     task_key,
 )
@@ -58,7 +59,8 @@ class ScriptedRunner:
         self.outcomes = outcomes
         self.calls: list[tuple[str, int]] = []
 
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+        attempt = slot.attempt
         self.calls.append((issue.id, attempt))
         return self.outcomes[min(len(self.calls), len(self.outcomes)) - 1]
 
@@ -364,7 +366,7 @@ def test_a_succeeded_task_whose_move_failed_is_moved_later(ledger: SqliteLedger)
 
 def test_a_runner_that_raises_is_a_charged_work_failure(ledger: SqliteLedger) -> None:
     class Broken:
-        def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+        def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
             raise RuntimeError("boom")
 
     clock = Clock()

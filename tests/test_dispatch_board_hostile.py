@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from execkit._errors import ExecKitError, Forbidden, InvalidInput
-from execkit.dispatch import BoardIssue, Dispatcher, JsonFileBoard, RunOutcome
+from execkit.dispatch import BoardIssue, Dispatcher, JsonFileBoard, RunOutcome, Slot
 from execkit.ledger import open_ledger
 
 GOOD = {"states": [{"name": "todo", "eligible": True}, "done"], "issues": []}
@@ -45,7 +45,7 @@ def test_a_nul_in_a_board_argv_is_refused(tmp_path: Path) -> None:
 
 
 class Never:
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
         raise AssertionError("a board others can write must not run anything")
 
 

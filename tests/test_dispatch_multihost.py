@@ -28,7 +28,7 @@ from _support import REPO, write_board
 from ledger_backends import AnyLedger
 
 from execkit._classify import FailureClass
-from execkit.dispatch import BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard, RunOutcome
+from execkit.dispatch import BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard, RunOutcome, Slot
 from execkit.ledger import Ledger, open_ledger
 
 BIN = REPO / "fixtures" / "bin"
@@ -280,7 +280,7 @@ class _Failing:
     def __init__(self) -> None:
         self.calls = 0
 
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
         self.calls += 1
         return RunOutcome("failed", FailureClass.WORK, "default", detail="wrong answer")
 
@@ -297,7 +297,7 @@ def test_an_issue_another_dispatcher_just_gave_up_is_not_taken_for_a_reopen(
     runner = _Failing()
     config = DispatchConfig(max_attempts=1, base_backoff_s=0.05, max_retry_backoff_s=0.1)
     first = Dispatcher(board, runner, ledger, config).tick()
-    assert [e.moved_to for e in first] == ["blocked"]
+    assert [e.moved_to for e in first] == ["blocked"], first
     board.stale = [issue]  # what B read before A's move
     assert Dispatcher(board, runner, ledger, config).tick() == []
     (task,) = ledger.list_tasks()

@@ -5,11 +5,10 @@ leases are renewed while a run runs, and a board remembers its ledger."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from _support import BeatingRunner
 
 from execkit._classify import FailureClass
 from execkit._errors import Conflict
@@ -22,6 +21,7 @@ from execkit.dispatch import (
     InMemoryBoard,
     JsonFileBoard,
     RunOutcome,
+    Slot,
 )
 from execkit.ledger import open_ledger
 
@@ -52,7 +52,7 @@ class Scripted:
         self.outcomes = list(outcomes)
         self.calls = 0
 
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
         self.calls += 1
         return self.outcomes[min(self.calls, len(self.outcomes)) - 1]
 
@@ -176,28 +176,19 @@ def test_a_negative_cap_retries_doomed_work_without_end_but_not_an_outage(
         assert dispatched[-1].blocked_on == stop
 
 
-class SlowRunner:
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
-        time.sleep(self.seconds)
-        return OK
-
-
 def test_the_lease_is_renewed_while_the_runner_runs(tmp_path: Path) -> None:
     board = InMemoryBoard([BoardIssue("ISS-1", "t", "todo")])
     with open_ledger(tmp_path / "ledger.db") as ledger:
-        # A run that outlives its lease three times over, renewed every lease/3 seconds.
-        dispatcher = Dispatcher(board, SlowRunner(0.9), ledger, lease_s=0.3)
-        started = time.time()
+        # A run renewed through its slot, beat after beat: its lease outlives the first.
+        runner = BeatingRunner(beats=3)
+        dispatcher = Dispatcher(board, runner, ledger, lease_s=0.3)
         (event,) = dispatcher.tick()
-        assert event.status == "succeeded"
+        assert event.status == "succeeded" and runner.beats_done == {"ISS-1": 3}
         (run,) = ledger.runs(event.task_id or "")
         assert run.lease_expires_at is not None
-        assert run.lease_expires_at > started + 0.3 + 0.1  # renewed at least once
+        assert run.lease_expires_at > run.started_at + 0.3  # renewed after it started
         assert not any(e.action == "run.abandon" for e in ledger.audit_events())
-        assert threading.active_count() < 5  # the lease keeper is gone
+        assert dispatcher.running == ()  # its slot is gone
 
 
 def test_a_board_file_remembers_its_ledger_and_refuses_another(tmp_path: Path) -> None:

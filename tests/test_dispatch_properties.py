@@ -21,6 +21,7 @@ from execkit.dispatch import (
     DispatchEvent,
     InMemoryBoard,
     RunOutcome,
+    Slot,
 )
 from execkit.ledger import open_ledger
 
@@ -51,7 +52,8 @@ class ByAttempt:
         self.kinds = kinds
         self.attempts: list[int] = []
 
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+        attempt = slot.attempt
         self.attempts.append(attempt)
         return OUTCOMES[self.kinds[min(attempt, len(self.kinds)) - 1]]
 

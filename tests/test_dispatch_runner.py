@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _support import REPO, write_board
+from _support import REPO, a_slot, write_board
 
 from adapters import GenericAdapter
 from execkit._classify import FailureClass
@@ -38,12 +38,12 @@ def issue(*argv: str) -> BoardIssue:
 
 
 def test_success(runner: AdapterRunner) -> None:
-    outcome = runner.run(issue(str(BIN / "fake-agent-ok")), 1)
+    outcome = runner.run(issue(str(BIN / "fake-agent-ok")), a_slot(1))
     assert (outcome.status, outcome.failure_class, outcome.charged) == ("succeeded", None, True)
 
 
 def test_missing_binary_is_environment_with_the_install_hint(runner: AdapterRunner) -> None:
-    outcome = runner.run(issue("acme-agent-that-is-not-installed"), 1)
+    outcome = runner.run(issue("acme-agent-that-is-not-installed"), a_slot(1))
     assert outcome.failure_class is FailureClass.ENVIRONMENT
     assert outcome.charged is False
     assert "install: pip install acme-agent" in (outcome.precondition or "")
@@ -52,14 +52,14 @@ def test_missing_binary_is_environment_with_the_install_hint(runner: AdapterRunn
 
 def test_vendor_503_is_upstream_then_recovers(runner: AdapterRunner) -> None:
     flaky = issue(str(BIN / "fake-agent-flaky"), "--fail-times", "2", "--key", "k")
-    first, second, third = (runner.run(flaky, n) for n in (1, 2, 3))
+    first, second, third = (runner.run(flaky, a_slot(n)) for n in (1, 2, 3))
     assert [o.failure_class for o in (first, second)] == [FailureClass.UPSTREAM] * 2
     assert first.reason == "http 503"
     assert third.status == "succeeded"
 
 
 def test_wrong_output_is_charged_work_with_the_detail(runner: AdapterRunner) -> None:
-    outcome = runner.run(issue(str(BIN / "fake-agent-wrong")), 1)
+    outcome = runner.run(issue(str(BIN / "fake-agent-wrong")), a_slot(1))
     assert (outcome.failure_class, outcome.charged) == (FailureClass.WORK, True)
     assert outcome.detail == "check failed: expected 42, got 41"
 
@@ -67,7 +67,7 @@ def test_wrong_output_is_charged_work_with_the_detail(runner: AdapterRunner) -> 
 def test_one_dispatch_spawns_once_even_for_upstream(runner: AdapterRunner, tmp_path: Path) -> None:
     # The dispatcher owns retries across dispatches; the in-agent loop must not re-spawn.
     flaky = issue(str(BIN / "fake-agent-flaky"), "--fail-times", "5", "--key", "once")
-    runner.run(flaky, 1)
+    runner.run(flaky, a_slot(1))
     count = (tmp_path / "state" / "fake-agent-flaky.once.count").read_text()
     assert count == "1"
 

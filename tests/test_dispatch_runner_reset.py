@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _support import a_slot
 
 from adapters import GenericAdapter
 from execkit._classify import FailureClass
@@ -38,7 +39,7 @@ def _issue(argv: list[str]) -> BoardIssue:
 def test_a_stated_reset_becomes_not_before_on_the_runners_clock(tmp_path: Path) -> None:
     argv = _vendor(tmp_path, "HTTP/1.1 429 Too Many Requests\nRetry-After: 120\n")
     runner = AdapterRunner(GenericAdapter(), clock=lambda: T0)
-    outcome = runner.run(_issue(argv), 1)
+    outcome = runner.run(_issue(argv), a_slot(1))
     assert (outcome.failure_class, outcome.reason) == (FailureClass.UPSTREAM, "http 429")
     assert outcome.not_before == T0 + 120.0
     assert outcome.charged is False
@@ -54,7 +55,7 @@ def test_a_stated_reset_becomes_not_before_on_the_runners_clock(tmp_path: Path) 
 )
 def test_no_reset_no_not_before(tmp_path: Path, stderr: str) -> None:
     runner = AdapterRunner(GenericAdapter(), clock=lambda: T0)
-    assert runner.run(_issue(_vendor(tmp_path, stderr)), 1).not_before is None
+    assert runner.run(_issue(_vendor(tmp_path, stderr)), a_slot(1)).not_before is None
 
 
 def test_the_default_clock_is_the_wall_clock(tmp_path: Path) -> None:
@@ -62,7 +63,8 @@ def test_the_default_clock_is_the_wall_clock(tmp_path: Path) -> None:
 
     before = time.time()
     outcome = AdapterRunner(GenericAdapter()).run(
-        _issue(_vendor(tmp_path, "API Error: 529 overloaded\nPlease try again in 30s.\n")), 1
+        _issue(_vendor(tmp_path, "API Error: 529 overloaded\nPlease try again in 30s.\n")),
+        a_slot(1),
     )
     assert outcome.not_before is not None
     assert before + 30.0 <= outcome.not_before <= time.time() + 30.0

@@ -28,7 +28,7 @@ from secrets_corpus import SAMPLES, Sample, leaked
 
 from execkit._classify import FailureClass
 from execkit.cli import main
-from execkit.dispatch import BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard, RunOutcome
+from execkit.dispatch import BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard, RunOutcome, Slot
 from execkit.ledger import open_ledger
 
 IDS = [sample.name for sample in SAMPLES]
@@ -173,7 +173,7 @@ class _SecretRunner:
         self.text = text
         self.failure_class = failure_class
 
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
         if self.failure_class is FailureClass.ENVIRONMENT:
             return RunOutcome("failed", self.failure_class, "spawn errno ENOENT", self.text)
         return RunOutcome("failed", self.failure_class, self.text, detail=self.text)

@@ -37,6 +37,7 @@ from execkit.dispatch import (
     Dispatcher,
     DispatchEvent,
     EventKind,
+    InlineExecutor,
     JsonFileBoard,
     issue_statuses,
     task_key,
@@ -208,7 +209,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, Any]:
     """Dispatch the demo board until it settles, printing as it goes (text or JSON lines);
     return the final dashboard as `execkit status --json` shapes it."""
-    config = DispatchConfig()
+    config = DispatchConfig(default_adapter=_StandInAdapter().name)
     states = [
         BoardState("todo", eligible=True),
         BoardState("done", terminal=True),
@@ -244,7 +245,11 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
         )
         if not as_json:
             print(intro)
-        dispatcher = Dispatcher(board, runner, ledger, config, clock, on_event=show)
+        # One agent at a time, in the board's order: on a virtual clock, running side by
+        # side would only shuffle the lines, and the README quotes them.
+        dispatcher = Dispatcher(
+            board, runner, ledger, config, clock, on_event=show, executor=InlineExecutor()
+        )
         for _ in range(_MAX_PASSES):
             events = dispatcher.tick()
             due = dispatcher.next_due()

@@ -12,17 +12,20 @@ import argparse
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from execkit._budget import BlockedOn
-from execkit._errors import Conflict, NotFound
+from execkit._errors import Conflict, NotFound, TaskBlocked
 from execkit._proof import RunStatus
 from execkit._registry import get_adapter
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import print_json, safe_text
 from execkit.dispatch import (
+    MAX_CONCURRENT_AGENTS,
     AdapterRunner,
     DispatchConfig,
     Dispatcher,
@@ -37,6 +40,9 @@ from execkit.ledger import DB_ENV_VAR, Ledger, TaskState, open_ledger
 __all__ = ["describe_event", "format_status_table", "register"]
 
 _DEFAULT_INTERVAL_S = 10.0
+_DEFAULT_DRAIN_S = 30.0
+# `--until-idle`'s exit when an issue ended blocked: the `blocked` error's exit code.
+_BLOCKED_EXIT = TaskBlocked.exit_code
 
 
 def _max_attempts_arg(text: str) -> int:
@@ -46,6 +52,35 @@ def _max_attempts_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"must be an integer >= 1, or negative for no cap; got {text!r}"
         ) from None
+
+
+def _concurrency_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CONCURRENT_AGENTS:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 1 to {MAX_CONCURRENT_AGENTS}; got {text!r}"
+        )
+    return value
+
+
+def _adapter_cap_arg(text: str) -> tuple[str, int]:
+    name, equals, count = text.partition("=")
+    if not equals or not name.strip():
+        raise argparse.ArgumentTypeError(f"must be NAME=N (an adapter and a count); got {text!r}")
+    return name.strip(), _concurrency_arg(count)
+
+
+def _drain_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0; got {text!r}")
+    return value
 
 
 def _interval_arg(text: str) -> float:
@@ -73,9 +108,43 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     dispatch.add_argument("--board", required=True, metavar="FILE", help="board JSON file")
-    dispatch.add_argument("--adapter", required=True, metavar="NAME", help="vendor adapter")
+    dispatch.add_argument(
+        "--adapter",
+        metavar="NAME",
+        help="the adapter of every issue that names none (default: the board's "
+        "dispatch.default_adapter, else generic)",
+    )
+    dispatch.add_argument(
+        "--concurrency",
+        type=_concurrency_arg,
+        metavar="N",
+        help=f"agents running at once, each in its own slot (1..{MAX_CONCURRENT_AGENTS}; "
+        "default 4)",
+    )
+    dispatch.add_argument(
+        "--adapter-concurrency",
+        action="append",
+        type=_adapter_cap_arg,
+        metavar="NAME=N",
+        help="at most N agents at once on adapter NAME (repeatable)",
+    )
+    dispatch.add_argument(
+        "--drain-timeout",
+        type=_drain_arg,
+        default=_DEFAULT_DRAIN_S,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C, seconds the running agents get to finish before their "
+        f"trees are stopped and their runs recorded as stopped (default {_DEFAULT_DRAIN_S:g}; "
+        "a second signal stops them at once)",
+    )
     mode = dispatch.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="one pass, then exit")
+    mode.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="run until no agent runs and no issue is ready or backing off, then exit: "
+        f"{_BLOCKED_EXIT} when an issue ended blocked, else 0 (for cron and CI)",
+    )
     mode.add_argument(
         "--interval",
         type=_interval_arg,
@@ -127,6 +196,14 @@ def _config(args: argparse.Namespace, board: JsonFileBoard | None) -> DispatchCo
         settings["max_attempts"] = args.max_attempts
     if args.failed_state is not None:
         settings["failed_state"] = args.failed_state
+    if getattr(args, "adapter", None) is not None:
+        settings["default_adapter"] = args.adapter
+    if getattr(args, "concurrency", None) is not None:
+        settings["max_concurrent_agents"] = args.concurrency
+    if getattr(args, "adapter_concurrency", None):
+        caps = dict(settings.get("max_concurrent_per_adapter") or {})
+        caps.update(args.adapter_concurrency)
+        settings["max_concurrent_per_adapter"] = caps
     return DispatchConfig.from_mapping(settings)
 
 
@@ -274,10 +351,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     _setup_logging()
     board = JsonFileBoard(args.board)
     config = _config(args, board)
-    adapter = get_adapter(args.adapter)
-    runner = AdapterRunner(adapter, timeout_s=args.timeout, start=args.start)
+    # The default adapter is the command's own choice: a name nobody knows stops here
+    # (not_found), before anything runs. An issue's own unknown adapter stops that issue.
+    runner = AdapterRunner(
+        get_adapter(config.default_adapter), timeout_s=args.timeout, start=args.start
+    )
+    ended_blocked: dict[str, bool] = {}
 
     def show(event: DispatchEvent) -> None:
+        ended_blocked[event.issue_id] = _ends_blocked(event, config)
         if args.json:
             print_json(event.to_dict())
         else:
@@ -289,14 +371,71 @@ def _dispatch(args: argparse.Namespace) -> int:
     )
     try:
         dispatcher = Dispatcher(board, runner, ledger, config, time.time, on_event=show)
-        if args.once:
-            dispatcher.tick()
-            return 0
-        interval = args.interval if args.interval is not None else _DEFAULT_INTERVAL_S
-        dispatcher.run_forever(interval)
+        with _StopOnSignals(dispatcher) as signals:
+            try:
+                if args.once:
+                    dispatcher.tick()
+                elif args.until_idle:
+                    interval = args.interval or _DEFAULT_INTERVAL_S
+                    dispatcher.run_forever(interval, stop=dispatcher.idle)
+                else:
+                    interval = args.interval if args.interval is not None else _DEFAULT_INTERVAL_S
+                    dispatcher.run_forever(interval)
+            finally:
+                for event in dispatcher.shutdown(args.drain_timeout):
+                    show(event)
+        if signals.received is not None:
+            return 128 + signals.received
     finally:
         ledger.close()
+    if args.until_idle and any(ended_blocked.values()):
+        return _BLOCKED_EXIT
     return 0
+
+
+def _ends_blocked(event: DispatchEvent, config: DispatchConfig) -> bool:
+    """Whether the issue stands blocked after `event` (given up into the failed state,
+    blocked where it stands, or at its explicit limit)."""
+    if event.kind in (EventKind.GAVE_UP, EventKind.BLOCKED, EventKind.ATTEMPT_LIMIT):
+        return True
+    if event.kind is EventKind.DISPATCHED:
+        return event.blocked_on is not None
+    return False
+
+
+class _StopOnSignals:
+    """While the dispatcher runs: the first SIGTERM or SIGINT (Ctrl-C) asks it to stop
+    taking work and drain; a second one stops its agents at once. The handlers in place
+    before are put back after."""
+
+    _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+        self._before: dict[int, Any] = {}
+        self.received: int | None = None
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        hurry = self.received is not None
+        self.received = signum
+        if not hurry:
+            running = len(self._dispatcher.running)
+            os.write(
+                2,
+                f"execkit: stopping ({signal.Signals(signum).name}): no new work; "
+                f"{running} agent(s) running (a second signal stops them now)\n".encode(),
+            )
+        self._dispatcher.request_stop(hurry=hurry)
+
+    def __enter__(self) -> _StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self._SIGNALS:
+                self._before[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._before.items():
+            signal.signal(signum, handler)
 
 
 def _status(args: argparse.Namespace) -> int:

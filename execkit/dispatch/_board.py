@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
-from attrs.validators import deep_iterable, instance_of, max_len
+from attrs.validators import deep_iterable, instance_of, max_len, optional
 
 from execkit._errors import Conflict, Forbidden, InvalidInput, NotFound, StorageError
 from execkit._json import to_json
@@ -45,6 +45,10 @@ _MAX_ID = 200
 
 _ID = checked(f"a non-empty string of at most {_MAX_ID} characters", non_blank, max_len(_MAX_ID))
 _TEXT = checked("a string", instance_of(str))
+_NAME = checked(
+    f"None or a non-empty string of at most {_MAX_ID} characters",
+    optional([non_blank, max_len(_MAX_ID)]),
+)
 
 
 def task_key(issue_id: str) -> str:
@@ -115,7 +119,10 @@ class BoardIssue:
     """One issue on a board.
 
     `prompt` is what the agent is asked (a board's `body`); `argv`, when given, is the
-    command the runner starts for this issue (the `generic` adapter's program and flags).
+    command the runner starts for this issue (the `generic` adapter's program and flags;
+    a vendor adapter's extra arguments). `adapter` names the agent CLI this issue runs on
+    (None: the dispatcher's default, `DispatchConfig.default_adapter`) and `model` the
+    model it asks for (None: the CLI's own default).
     """
 
     id: str = attrs.field(validator=_ID)
@@ -127,9 +134,17 @@ class BoardIssue:
         converter=_to_argv,
         validator=[checked("a list of only strings", deep_iterable(instance_of(str))), _no_nul],
     )
+    adapter: str | None = attrs.field(default=None, validator=_NAME)
+    model: str | None = attrs.field(default=None, validator=_NAME)
 
     def to_dict(self) -> dict[str, Any]:
-        return to_json(self)
+        """The JSON shape; `adapter` and `model` only when set (a board written before they
+        existed reads and writes back the same)."""
+        doc = to_json(self)
+        for key in ("adapter", "model"):
+            if doc[key] is None:
+                del doc[key]
+        return doc
 
 
 @runtime_checkable
@@ -277,7 +292,7 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
     where = f"issues[{index}]"
     if not isinstance(raw, Mapping):
         raise InvalidInput(f"{where}: must be an object, got {raw!r}", field=where)
-    allowed = {"id", "title", "state", "prompt", "body", "argv"}
+    allowed = {"id", "title", "state", "prompt", "body", "argv", "adapter", "model"}
     unknown = set(raw) - allowed
     if unknown:
         raise InvalidInput(
@@ -296,6 +311,8 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
             state=raw.get("state", ""),
             prompt=raw.get("prompt", raw.get("body", "")),
             argv=argv,
+            adapter=raw.get("adapter"),
+            model=raw.get("model"),
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.{exc.field}") from None
@@ -314,7 +331,8 @@ class JsonFileBoard:
 
     The file is `{"states": [...], "issues": [...], "dispatch": {...}}`: a state is a name
     or `{"name", "eligible", "terminal"}`; an issue is `{"id", "title", "state", "prompt"
-    (or "body"), "argv"}`; the optional `dispatch` object holds `DispatchConfig` settings.
+    (or "body"), "argv", "adapter", "model"}`; the optional `dispatch` object holds
+    `DispatchConfig` settings.
     Moves take an exclusive lock on a sidecar `FILE.lock` and replace the file atomically
     (temp file + `os.replace`), so two dispatcher processes never lose each other's moves
     and a reader never sees half a file. Unknown keys are kept on rewrite.

@@ -6,12 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from attrs.validators import gt, in_, max_len, not_, optional
+from attrs.validators import ge, gt, in_, le, max_len, not_, optional
 
 from execkit._budget import Backoff, DispatchCap
 from execkit._errors import InvalidInput
 from execkit._json import to_json
 from execkit._validate import checked, finite, integer, non_blank
+from execkit.dispatch._board import BoardIssue
 from execkit.ledger import Task
 
 __all__ = ["DispatchConfig"]
@@ -29,6 +30,44 @@ _FAILED_STATE = checked(
     optional([non_blank, max_len(_MAX_STATE)]),
 )
 _SECONDS = checked("a finite number of seconds > 0", finite, gt(0))
+MAX_CONCURRENT_AGENTS = 256
+_CONCURRENCY = checked(
+    f"an integer from 1 to {MAX_CONCURRENT_AGENTS}", integer, ge(1), le(MAX_CONCURRENT_AGENTS)
+)
+_ADAPTER = checked(
+    f"a non-empty adapter name of at most {_MAX_STATE} characters", non_blank, max_len(_MAX_STATE)
+)
+
+
+def _per_adapter(value: object) -> tuple[tuple[str, int], ...]:
+    """A mapping of adapter name to its cap, kept as sorted pairs (hashable, one order);
+    each name and cap checked, naming the entry."""
+    if isinstance(value, tuple) and all(isinstance(p, tuple) for p in value):
+        value = dict(value)
+    if not isinstance(value, Mapping):
+        raise InvalidInput(
+            "max_concurrent_per_adapter must be a mapping of adapter name to an integer "
+            f"from 1 to {MAX_CONCURRENT_AGENTS}, got {value!r}",
+            field="max_concurrent_per_adapter",
+        )
+    pairs = []
+    for name, cap in value.items():
+        field = f"max_concurrent_per_adapter.{name}"
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidInput(
+                f"max_concurrent_per_adapter: {name!r} is not an adapter name", field=field
+            )
+        if (
+            isinstance(cap, bool)
+            or not isinstance(cap, int)
+            or not 1 <= cap <= MAX_CONCURRENT_AGENTS
+        ):
+            raise InvalidInput(
+                f"{field}: must be an integer from 1 to {MAX_CONCURRENT_AGENTS}, got {cap!r}",
+                field=field,
+            )
+        pairs.append((name, cap))
+    return tuple(sorted(pairs))
 
 
 @attrs.frozen
@@ -42,6 +81,11 @@ class DispatchConfig:
     issue is retried past its bounds, loudly: ADR 015's legacy retry); `done_state` where a
     succeeded one goes. The retry backoff is exponential
     from `base_backoff_s`, capped at `max_retry_backoff_s`. InvalidInput names a bad field.
+
+    Concurrency: at most `max_concurrent_agents` (1..256) agents run at once, each in its
+    own slot (its own process tree and lease), and at most `max_concurrent_per_adapter[name]`
+    of them on one adapter (a vendor's own rate limit, a licence's seat count). An issue
+    runs on its own `adapter`, else on `default_adapter`.
     """
 
     max_attempts: int = attrs.field(default=10, validator=_CAP)
@@ -49,6 +93,11 @@ class DispatchConfig:
     base_backoff_s: float = attrs.field(default=10.0, validator=_SECONDS)
     max_retry_backoff_s: float = attrs.field(default=300.0, validator=_SECONDS)
     done_state: str = attrs.field(default="done", validator=_STATE)
+    max_concurrent_agents: int = attrs.field(default=4, validator=_CONCURRENCY)
+    max_concurrent_per_adapter: tuple[tuple[str, int], ...] = attrs.field(
+        default=(), converter=_per_adapter
+    )
+    default_adapter: str = attrs.field(default="generic", validator=_ADAPTER)
 
     def __attrs_post_init__(self) -> None:
         if self.max_retry_backoff_s < self.base_backoff_s:
@@ -62,6 +111,14 @@ class DispatchConfig:
                 f"failed_state and done_state must differ; both are {self.done_state!r}",
                 field="failed_state",
             )
+
+    def adapter_of(self, issue: BoardIssue) -> str:
+        """The adapter an issue runs on: its own, else the default."""
+        return issue.adapter or self.default_adapter
+
+    def adapter_cap(self, adapter: str) -> int:
+        """How many agents may run at once on `adapter`."""
+        return dict(self.max_concurrent_per_adapter).get(adapter, self.max_concurrent_agents)
 
     @property
     def cap(self) -> DispatchCap:
@@ -83,7 +140,9 @@ class DispatchConfig:
         return min(bounds) if bounds else None
 
     def to_dict(self) -> dict[str, Any]:
-        return to_json(self)
+        doc = to_json(self)
+        doc["max_concurrent_per_adapter"] = dict(self.max_concurrent_per_adapter)
+        return doc
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> DispatchConfig:

@@ -1,7 +1,9 @@
-"""Runners: what one dispatch of a board issue does, and how it ended (`RunOutcome`)."""
+"""Runners: what one dispatch of a board issue does (`Runner`), what it is handed (`Slot`),
+and how it ended (`RunOutcome`)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -12,14 +14,15 @@ import attrs
 from execkit._adapter import Adapter, AgentRequest
 from execkit._agent import run_agent
 from execkit._classify import FailureClass
-from execkit._errors import InvalidInput
-from execkit._exec import ProcessStarter
+from execkit._errors import ExecKitError, InvalidInput, UnknownAdapter
+from execkit._exec import Cancellation, ProcessStarter
 from execkit._proof import AgentFailed, AgentProof, RunStatus
 from execkit._redact import redact
+from execkit._registry import adapter_names, get_adapter
 from execkit._validate import integer_arg
 from execkit.dispatch._board import BoardIssue
 
-__all__ = ["AdapterRunner", "RunOutcome", "Runner", "last_line"]
+__all__ = ["AdapterRunner", "RunOutcome", "Runner", "Slot", "last_line"]
 
 _MAX_DETAIL = 160
 
@@ -74,11 +77,35 @@ class RunOutcome:
         return ": ".join(parts) or None
 
 
-class Runner(Protocol):
-    """Runs one dispatch of an issue. Failures are outcomes; raising is a dispatcher bug
-    path (the attempt is then recorded as a charged work failure)."""
+@attrs.frozen
+class Slot:
+    """What one dispatch of an issue is handed besides the issue: its place in the ledger
+    and the dispatcher's two lines to it.
 
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome: ...
+    `adapter` is the adapter the issue runs on (its own, else the dispatcher's default).
+    `heartbeat()` renews the run's lease; call it at least every `heartbeat_s` seconds
+    while the work goes on (`run_agent(heartbeat=..., heartbeat_s=...)` does, through
+    `spawn`). It raises when the run is no longer this dispatcher's (its lease lapsed and
+    another host abandoned it): stop then, nothing you produce can be recorded. `cancel` is
+    set when the dispatcher stops and its drain time is up: pass it to `run_agent` or
+    `spawn` (`cancel=`), which end the agent's whole tree and raise `SpawnCancelled`.
+    """
+
+    run_id: str
+    attempt: int
+    adapter: str
+    heartbeat: Callable[[], object]
+    heartbeat_s: float
+    cancel: Cancellation
+
+
+class Runner(Protocol):
+    """Runs one dispatch of an issue, in a slot of its own (a thread of the dispatcher,
+    beside the other slots). Failures are outcomes; raising is a dispatcher bug path (the
+    attempt is then recorded as a charged work failure), except `SpawnCancelled` after
+    `slot.cancel`, which records the run as stopped by its dispatcher (uncharged)."""
+
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome: ...
 
 
 def last_line(text: str | None) -> str | None:
@@ -92,21 +119,30 @@ def last_line(text: str | None) -> str | None:
 
 
 class AdapterRunner:
-    """A `Runner` over `run_agent` and one adapter.
+    """A `Runner` over `run_agent`, each issue on the adapter its slot names.
 
-    The issue's prompt is the request's prompt and its `argv` the request's `extra_args`
-    (for the `generic` adapter: the program and its flags). `agent_attempts` defaults to 1:
-    the dispatcher owns retries across dispatches, so the in-agent loop must not also
-    re-spawn (and sleep) inside one dispatch. `start` is how each agent process is started
-    (`spawn`'s seam; a test passes `fake_vendor.start`). An upstream failure whose vendor
-    stated a reset sets `RunOutcome.not_before` to `clock() + retry_after_s` (`clock`:
-    epoch seconds, `time.time` by default), so the next dispatch is no earlier.
+    The adapter is looked up by name: `adapter` (when given) answers to its own name, any
+    other name goes to `find` (the registry, `get_adapter`, by default). A name nobody
+    knows, or a vendor's own CLI run through the `generic` adapter (which cannot read its
+    structured output), stops that issue alone on `environment`, the fix named, with
+    nothing spawned.
+
+    The issue's prompt is the request's prompt, its `model` the request's model and its
+    `argv` the request's `extra_args` (for the `generic` adapter: the program and its
+    flags). `agent_attempts` defaults to 1: the dispatcher owns retries across dispatches,
+    so the in-agent loop must not also re-spawn (and sleep) inside one dispatch. `start`
+    is how each agent process is started (`spawn`'s seam; a test passes
+    `fake_vendor.start`). An upstream failure whose vendor stated a reset sets
+    `RunOutcome.not_before` to `clock() + retry_after_s` (`clock`: epoch seconds,
+    `time.time` by default), so the next dispatch is no earlier.
     """
 
     def __init__(
         self,
-        adapter: Adapter,
+        adapter: Adapter | None = None,
         *,
+        find: Callable[[str], Adapter] = get_adapter,
+        known: Callable[[], list[str]] = adapter_names,
         agent_attempts: int = 1,
         timeout_s: float | None = None,
         cwd: str | None = None,
@@ -117,6 +153,8 @@ class AdapterRunner:
     ) -> None:
         integer_arg("agent_attempts", agent_attempts, 1)
         self.adapter = adapter
+        self._find = find
+        self._known = known
         self._agent_attempts = agent_attempts
         self._timeout_s = timeout_s
         self._cwd = cwd
@@ -128,22 +166,70 @@ class AdapterRunner:
     def request_for(self, issue: BoardIssue) -> AgentRequest:
         return AgentRequest(
             prompt=issue.prompt,
+            model=issue.model,
             cwd=self._cwd,
             timeout_s=self._timeout_s,
             extra_args=issue.argv,
             env=self._env,
         )
 
-    def run(self, issue: BoardIssue, attempt: int) -> RunOutcome:
+    def adapter_for(self, issue: BoardIssue, name: str) -> Adapter | RunOutcome:
+        """The adapter named `name` for `issue`, or the outcome that stops the issue."""
+        if self.adapter is not None and self.adapter.name == name:
+            return self.adapter
+        try:
+            return self._find(name)
+        except UnknownAdapter:
+            known = ", ".join(self._known())
+            return _misconfigured(
+                issue,
+                "unknown adapter",
+                f"issues[{issue.id}].adapter: no adapter is named {name!r}; the known "
+                f"adapters are {known}",
+            )
+
+    def _vendor_through_generic(self, issue: BoardIssue, adapter: Adapter) -> RunOutcome | None:
+        """The generic adapter given a vendor's own CLI as argv[0]: refused, naming the
+        adapter that reads that CLI's output (the generic one cannot)."""
+        if adapter.name != "generic" or not issue.argv:
+            return None
+        program = os.path.basename(issue.argv[0])
+        for name in self._known():
+            if name == "generic":
+                continue
+            try:
+                vendor = self._find(name)
+            except ExecKitError:
+                continue
+            if vendor.binary == program:
+                return _misconfigured(
+                    issue,
+                    "vendor CLI without its adapter",
+                    f"issues[{issue.id}].adapter: argv runs the {name} CLI ({program}) through "
+                    f'the generic adapter, which cannot read its structured output; set "adapter"'
+                    f': "{name}" on the issue and keep only extra arguments in its argv',
+                )
+        return None
+
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+        found = self.adapter_for(issue, slot.adapter)
+        if isinstance(found, RunOutcome):
+            return found
+        refused = self._vendor_through_generic(issue, found)
+        if refused is not None:
+            return refused
         request = self.request_for(issue)
         proof: AgentProof
         try:
             proof = run_agent(
-                self.adapter,
+                found,
                 request,
                 max_attempts=self._agent_attempts,
                 sleep=self._sleep,
                 start=self._start,
+                heartbeat=slot.heartbeat,
+                heartbeat_s=slot.heartbeat_s,
+                cancel=slot.cancel,
             )
         except AgentFailed as failed:
             proof = failed.proof
@@ -162,3 +248,11 @@ class AdapterRunner:
             detail=last_line(proof.error),
             not_before=not_before,
         )
+
+
+def _misconfigured(issue: BoardIssue, reason: str, fix: str) -> RunOutcome:
+    """An issue whose configuration names no usable adapter: it never ran (environment,
+    uncharged), and the fix names the field to change."""
+    return RunOutcome(
+        RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason=reason, precondition=fix
+    )

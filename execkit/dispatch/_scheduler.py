@@ -6,9 +6,18 @@ one ledger task (`idempotency_key=f"board:{issue_id}"`), and each dispatch is on
 dispatcher keeps no retry counters of its own: attempt numbers, charged counts, the uncharged
 streak, the backoff and where it gave up are all read back from the ledger, so a restarted
 dispatcher (or another one over the same ledger, on another host) sees exactly what the
-first one saw. While a run runs, the dispatcher renews its lease from a second thread; a
-dispatcher that dies stops renewing, and the next admission on that task, from anywhere,
-abandons the run (it counts) and the work goes on.
+first one saw.
+
+Agents run side by side: each admitted run gets a slot (`_slots.py`: a thread of its own,
+its own process tree and lease), at most `DispatchConfig.max_concurrent_agents` at once and
+`adapter_cap(name)` on one adapter; a slot that finishes is refilled at once. The slot
+renews its run's lease through the agent's own spawn loop (`Slot.heartbeat`, the one
+renewer: a storage hiccup is logged and retried at the next beat, a run that is no longer
+this dispatcher's stops the agent) and writes its result; this thread admits, moves cards
+and reports. A dispatcher that dies stops renewing, and the next admission on that task,
+from anywhere, abandons the run (it counts) and the work goes on. One that is stopped
+(`shutdown`) takes no new work, lets its agents finish within the drain time, then stops
+their trees and records their runs as stopped by their dispatcher.
 
 After a failure the ledger's decision says what happens next:
 
@@ -34,13 +43,15 @@ A success moves the issue to `DispatchConfig.done_state`.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import suppress
 from typing import Any
 
 import attrs
@@ -53,16 +64,19 @@ from execkit._errors import (
     Conflict,
     ExecKitError,
     InvalidInput,
+    StorageError,
     TaskBackingOff,
     UnsupportedMove,
 )
+from execkit._exec import Cancellation, SpawnCancelled
 from execkit._json import to_json
 from execkit._proof import RunStatus
 from execkit._redact import redact
 from execkit._validate import is_number
 from execkit.dispatch._board import BindableBoard, BoardIssue, JsonFileBoard, Tracker, task_key
 from execkit.dispatch._config import DispatchConfig
-from execkit.dispatch._runner import Runner, RunOutcome, last_line
+from execkit.dispatch._runner import Runner, RunOutcome, Slot, last_line
+from execkit.dispatch._slots import SlotExecutor, ThreadPerSlot
 from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, Task, TaskState, TaskStatus
 
 __all__ = ["DISPATCH_ACTOR", "DispatchEvent", "Dispatcher", "EventKind"]
@@ -72,10 +86,19 @@ _log = logging.getLogger("execkit.dispatch")
 DISPATCH_ACTOR = "dispatcher"
 """The actor the dispatcher records on the tasks it creates and the runs it starts."""
 
+STOPPED_REASON = "dispatcher stopped"
+"""The reason recorded on a run whose dispatcher stopped its agent (`Dispatcher.shutdown`)."""
+
+# How long a cancelled slot may take to end after its tree was killed: a backstop only.
+_STOP_BACKSTOP_S = 60.0
+
+# What a slot stopped by its own dispatcher returns: recorded already, nothing to report.
+_STOPPED = RunOutcome(RunStatus.FAILED, failure_class=FailureClass.WORK, reason=STOPPED_REASON)
+
 # Run ids this process is running right now. Two dispatchers in one process (threads, each
 # with its own ledger connection) must not both run a replayed admission; across processes
 # the owner pid on the run tells them apart.
-_IN_FLIGHT: set[str] = set()
+_IN_FLIGHT: set[tuple[str, str]] = set()  # (ledger id, run id)
 _IN_FLIGHT_LOCK = threading.Lock()
 
 
@@ -139,6 +162,26 @@ class _Unrecorded:
     ended_at: float
 
 
+@attrs.frozen
+class _NotRecorded:
+    """A slot's outcome the ledger did not take (kept for the next pass), and why."""
+
+    outcome: RunOutcome
+    error: ExecKitError
+
+
+@attrs.define
+class _Running:
+    """One slot in flight: the issue, its run, the adapter it counts against, its result
+    to come and the signal that stops it."""
+
+    issue: BoardIssue
+    run: Run
+    adapter: str
+    cancel: Cancellation
+    future: Future[RunOutcome | _NotRecorded]
+
+
 class Dispatcher:
     """The scheduling loop over one board and one ledger (see the module docstring).
 
@@ -146,9 +189,11 @@ class Dispatcher:
     `config.backoff`, so every projection of the history (here, in `execkit status`, in
     another dispatcher built with the same config) computes the same `next_attempt_at`.
     `clock` gives POSIX seconds (inject a virtual clock in tests and the demo);
-    `on_event` is called with each event as it happens. Each run holds a lease of
-    `lease_s` seconds, renewed every `lease_s / 3` while the runner runs: the ledger must
-    accept calls from that second thread (the SQLite and remote ledgers do).
+    `on_event` is called with each event as it happens, in this thread. Each run holds a
+    lease of `lease_s` seconds, renewed every `lease_s / 3` by its slot while its agent
+    runs: the ledger must accept calls from several threads (every ledger here does).
+    `executor` runs the slots (`ThreadPerSlot` by default; `InlineExecutor` runs each at
+    once, which makes a pass deterministic for tests).
     """
 
     def __init__(
@@ -161,6 +206,7 @@ class Dispatcher:
         *,
         on_event: Callable[[DispatchEvent], None] | None = None,
         lease_s: float = DEFAULT_LEASE_S,
+        executor: SlotExecutor | None = None,
     ) -> None:
         if not is_number(lease_s) or lease_s <= 0:
             raise InvalidInput(
@@ -174,6 +220,7 @@ class Dispatcher:
         self._on_event = on_event
         self._cap = self.config.cap
         self._lease_s = float(lease_s)
+        self._executor: SlotExecutor = ThreadPerSlot() if executor is None else executor
         ledger.backoff = self.config.backoff
         # A cache of a stable mapping (the ledger replays the same task for the key), not
         # retry state: dropping it changes nothing.
@@ -181,16 +228,30 @@ class Dispatcher:
         # Results the ledger failed to take (busy past its timeout, disk full): retried at
         # the start of each pass, so the run does not stay `running` (and its issue stuck)
         # for as long as this process lives. Lost on exit, when the lease runs out instead.
+        # Written by the slots, read here: under its lock.
         self._unrecorded: dict[str, _Unrecorded] = {}
+        self._unrecorded_lock = threading.Lock()
         # Per issue, the (attempts, state) of the last "not moved" warning: one warning per
         # exhaustion, not one per pass that finds the same history again.
         self._warned: dict[str, tuple[int, str | None]] = {}
         self._bound = False
+        self._ledger_id = ""  # read when the first pass binds
+        self._running: dict[str, _Running] = {}  # by run id, in the order started
+        self._slot_done = threading.Event()  # set by a slot as it ends (and by a stop)
+        self._stopping = False  # no new work
+        self._hurry = False  # no more waiting for the running agents either
 
     # -- public --------------------------------------------------------------------------
 
+    @property
+    def running(self) -> tuple[tuple[str, str], ...]:
+        """(issue id, run id) of each agent running now, in the order they started."""
+        return tuple((r.issue.id, r.run.id) for r in self._running.values())
+
     def tick(self) -> list[DispatchEvent]:
-        """Dispatch every eligible issue whose backoff has elapsed, once; return the events.
+        """Dispatch every eligible issue whose backoff has elapsed once, up to the
+        concurrency caps at a time (a slot that ends is refilled at once), and wait for the
+        agents started; return the events, in the board's order of the issues.
 
         Runs whose lease expired are abandoned first (a crashed dispatcher's run does not
         hold its task forever), and results an earlier pass could not write are written. A
@@ -199,19 +260,28 @@ class Dispatcher:
         the board belongs to another one, and refuses a board file others can write
         (`Forbidden`: its commands would run as this process).
         """
-        self._bind()
-        self.ledger.abandon_expired_runs(now=self.clock())
-        self._record_pending()
+        self._prepare()
+        candidates = list(self.tracker.list_candidates())
+        order = {issue.id: n for n, issue in enumerate(candidates)}
+        busy = {r.issue.id for r in self._running.values()}
+        waiting = [issue for issue in candidates if issue.id not in busy]
         events: list[DispatchEvent] = []
-        for issue in self.tracker.list_candidates():
-            try:
-                issue_events = self._tick_issue(issue)
-            except ExecKitError as exc:
-                _log.warning("issue %s: %s", issue.id, exc.message)
-                issue_events = [
-                    self._event(EventKind.ERROR, issue, None, reason=f"{exc.code}: {exc.message}")
-                ]
-            events.extend(issue_events)
+        while True:
+            events.extend(self._reap())
+            waiting = self._fill(waiting, events)
+            if not self._running or self._stopping:
+                break  # a stop leaves the running agents to `shutdown`
+            self._wait_for_a_slot(None)
+        events.sort(key=lambda event: order.get(event.issue_id, len(order)))
+        return events
+
+    def pass_once(self) -> list[DispatchEvent]:
+        """One pass that does not wait: the results of the slots that ended, then every
+        due issue that fits a free slot started. The loop of `run_forever`."""
+        self._prepare()
+        events = self._reap()
+        busy = {r.issue.id for r in self._running.values()}
+        self._fill([i for i in self.tracker.list_candidates() if i.id not in busy], events)
         return events
 
     def next_due(self) -> float | None:
@@ -219,9 +289,10 @@ class Dispatcher:
         ticked that wait in backoff, or None."""
         now = self.clock()
         due: list[float] = []
+        busy = {r.issue.id for r in self._running.values()}
         for issue in self.tracker.list_candidates():
             task_id = self._task_ids.get(issue.id)
-            if task_id is None:
+            if task_id is None or issue.id in busy:
                 continue
             task = self.ledger.get_task(task_id, now=now, cap=self._cap)
             if task.state is TaskState.BLOCKED and self._legacy(issue, task):
@@ -237,22 +308,24 @@ class Dispatcher:
         stop: Callable[[], bool] = lambda: False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        """Tick, then sleep `interval_s`, until `stop()` is true (checked before each tick).
+        """Pass, then wait, until `stop()` is true (checked before each pass); the agents
+        still running then are left to `shutdown`.
 
-        The sleep is cut short when a backoff ends sooner, so a retry is not delayed by a
-        long interval. An ExecKitError from a pass (a board file caught mid-edit, a busy
-        ledger) is logged as a WARNING and the loop goes on. InvalidInput for an interval
-        that is not a positive number.
+        The wait ends early when a slot ends (its place is refilled at once) or a backoff
+        ends sooner than `interval_s`. With no agent running the wait is `sleep`. An
+        ExecKitError from a pass (a board file caught mid-edit, a busy ledger) is logged as
+        a WARNING and the loop goes on. InvalidInput for an interval that is not a positive
+        number.
         """
         if not is_number(interval_s) or interval_s <= 0:
             raise InvalidInput(
                 f"interval_s: must be a number of seconds > 0, got {interval_s!r}",
                 field="interval_s",
             )
-        while not stop():
+        while not stop() and not self._stopping:
             wait = interval_s
             try:
-                self.tick()
+                self.pass_once()
                 if stop():
                     return
                 due = self.next_due()
@@ -260,17 +333,152 @@ class Dispatcher:
                     wait = min(wait, max(due - self.clock(), 0.0))
             except ExecKitError as exc:
                 _log.warning("dispatch pass failed, retrying in %gs: %s", wait, exc.message)
-            sleep(max(wait, 0.01))
+            if self._running:
+                self._wait_for_a_slot(max(wait, 0.01))
+            else:
+                sleep(max(wait, 0.01))
 
-    # -- one issue -----------------------------------------------------------------------
+    def request_stop(self, *, hurry: bool = False) -> None:
+        """Ask the loop to stop taking new work (`tick` and `run_forever` return, leaving
+        the running agents to `shutdown`); with `hurry`, `shutdown` also stops waiting for
+        them. Safe from a signal handler or another thread: it only sets flags and wakes
+        the waits."""
+        self._stopping = True
+        self._hurry = self._hurry or hurry
+        self._slot_done.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was asked for (`request_stop`, `shutdown`)."""
+        return self._stopping
+
+    def idle(self) -> bool:
+        """True when no agent runs and no eligible issue is ready or waiting in backoff:
+        what `execkit dispatch --until-idle` waits for."""
+        if self._running:
+            return False
+        now = self.clock()
+        for issue in self.tracker.list_candidates():
+            task_id = self._task_id(issue)
+            task = self.ledger.get_task(task_id, now=now, cap=self._cap)
+            if task.state is TaskState.BLOCKED and self._legacy(issue, task):
+                task = self.ledger.get_task(task_id, now=now, cap=self._cap, force=True)
+            if task.state in (TaskState.READY, TaskState.BACKOFF):
+                return False
+            if task.state is TaskState.BLOCKED and task.gave_up_at_attempt == task.attempts_started:
+                return False  # moved back by an operator: a forced retry is due
+        return True
+
+    def shutdown(
+        self, drain_timeout_s: float, *, wait: Callable[[float], object] | None = None
+    ) -> list[DispatchEvent]:
+        """Stop: take no new work, let the running agents finish within `drain_timeout_s`,
+        then stop their process trees and record their runs as stopped by their dispatcher
+        (uncharged: the attempt said nothing about the work; it still counts against an
+        explicit task limit, as every admitted run does). Their cards stay where they are.
+        Returns the events of the slots that ended. `wait(s)` waits for a slot to end (the
+        default, a real wait on the slots)."""
+        if not is_number(drain_timeout_s) or drain_timeout_s < 0:
+            raise InvalidInput(
+                f"drain_timeout_s: must be a number of seconds >= 0, got {drain_timeout_s!r}",
+                field="drain_timeout_s",
+            )
+        self._stopping = True
+        events = self._reap()
+        deadline = time.monotonic() + drain_timeout_s
+        while self._running and not self._hurry and time.monotonic() < deadline:
+            (wait or self._wait_for_a_slot)(max(0.0, deadline - time.monotonic()))
+            events.extend(self._reap())
+        for running in self._running.values():
+            running.cancel.cancel()
+        # A cancelled agent's tree is killed at once; the bound is only a backstop.
+        for running in list(self._running.values()):
+            with suppress(Exception):
+                running.future.exception(timeout=_STOP_BACKSTOP_S)
+        events.extend(self._reap())
+        return events
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        self._bind()
+        self.ledger.abandon_expired_runs(now=self.clock())
+        self._record_pending()
+
+    def _wait_for_a_slot(self, timeout_s: float | None) -> None:
+        """Until a slot ends (or `timeout_s`). A slot that ended before the wait began is
+        seen at once: the flag is cleared only here, after a reap found it."""
+        if self._hurry or any(r.future.done() for r in self._running.values()):
+            return
+        self._slot_done.wait(timeout_s)
+        self._slot_done.clear()
+
+    def _room_for(self, adapter: str) -> bool:
+        if self._stopping or len(self._running) >= self.config.max_concurrent_agents:
+            return False
+        on_adapter = sum(1 for r in self._running.values() if r.adapter == adapter)
+        return on_adapter < self.config.adapter_cap(adapter)
+
+    def _fill(self, waiting: list[BoardIssue], events: list[DispatchEvent]) -> list[BoardIssue]:
+        """Start what fits from `waiting` (each issue at most once); the rest, in order."""
+        left: list[BoardIssue] = []
+        for issue in waiting:
+            if self._stopping or len(self._running) >= self.config.max_concurrent_agents:
+                left.append(issue)
+                continue
+            if not self._room_for(self.config.adapter_of(issue)):
+                left.append(issue)
+                continue
+            try:
+                events.extend(self._tick_issue(issue))
+            except ExecKitError as exc:
+                _log.warning("issue %s: %s", issue.id, exc.message)
+                events.append(
+                    self._event(EventKind.ERROR, issue, None, reason=f"{exc.code}: {exc.message}")
+                )
+        return left
+
+    def _reap(self) -> list[DispatchEvent]:
+        """The events of the slots that ended, in the order they were started."""
+        events: list[DispatchEvent] = []
+        for run_id, running in list(self._running.items()):
+            if not running.future.done():
+                continue
+            del self._running[run_id]
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT.discard((self._ledger_id, run_id))
+            running.cancel.close()
+            outcome = running.future.result()  # the slot's work never raises
+            if outcome is _STOPPED:
+                continue  # stopped by this dispatcher: nothing to move, nothing to say
+            if isinstance(outcome, _NotRecorded):
+                exc = outcome.error
+                _log.warning("issue %s: %s", running.issue.id, exc.message)
+                events.append(
+                    self._event(
+                        EventKind.ERROR, running.issue, None, reason=f"{exc.code}: {exc.message}"
+                    )
+                )
+                continue
+            try:
+                events.append(self._after_run(running.issue, running.run, outcome))
+            except ExecKitError as exc:
+                _log.warning("issue %s: %s", running.issue.id, exc.message)
+                events.append(
+                    self._event(
+                        EventKind.ERROR, running.issue, None, reason=f"{exc.code}: {exc.message}"
+                    )
+                )
+        return events
 
     def _bind(self) -> None:
         if self._bound:
             return
         if isinstance(self.tracker, JsonFileBoard):
             self.tracker.ensure_private()  # its commands run as us
+        self._ledger_id = self.ledger.ledger_id()
         if isinstance(self.tracker, BindableBoard):
-            self.tracker.bind_ledger(self.ledger.ledger_id(), self.ledger.location())
+            self.tracker.bind_ledger(self._ledger_id, self.ledger.location())
         self._bound = True
 
     def _emit(self, event: DispatchEvent) -> DispatchEvent:
@@ -462,10 +670,10 @@ class Dispatcher:
                 run.status is AttemptStatus.RUNNING
                 and run.owner_pid == os.getpid()
                 and run.owner_host == socket.gethostname()
-                and run.id not in _IN_FLIGHT
+                and (self._ledger_id, run.id) not in _IN_FLIGHT
             )
             if mine:
-                _IN_FLIGHT.add(run.id)
+                _IN_FLIGHT.add((self._ledger_id, run.id))
         if not mine:
             return [
                 self._event(
@@ -476,40 +684,41 @@ class Dispatcher:
                     reason=f"attempt {run.attempt} was dispatched by another dispatcher",
                 )
             ]
+        self._start_slot(issue, run)
+        return []
+
+    def _start_slot(self, issue: BoardIssue, run: Run) -> None:
+        """Hand the admitted run to a slot of its own."""
+        slot = Slot(
+            run_id=run.id,
+            attempt=run.attempt,
+            adapter=self.config.adapter_of(issue),
+            heartbeat=functools.partial(self._renew, run.id),
+            heartbeat_s=self._lease_s / 3,
+            cancel=Cancellation(),
+        )
+        future = self._executor.submit(functools.partial(self._work, issue, run, slot))
+        self._running[run.id] = _Running(issue, run, slot.adapter, slot.cancel, future)
+        future.add_done_callback(lambda _done: self._slot_done.set())
+
+    def _renew(self, run_id: str) -> None:
+        """The one lease renewer, called by the slot's spawn loop. A storage hiccup is
+        logged and left to the next beat (the lease outlasts two missed beats); anything
+        else (the run was abandoned meanwhile: `Conflict`) propagates, and the agent stops:
+        nothing it produces could be recorded."""
         try:
-            with self._lease_kept(run):
-                outcome = self._run(issue, run)
-        finally:
-            with _IN_FLIGHT_LOCK:
-                _IN_FLIGHT.discard(run.id)
-        return [self._after_run(issue, run, outcome)]
+            self.ledger.heartbeat(run_id, lease_s=self._lease_s, now=self.clock())
+        except StorageError as exc:
+            _log.warning("run %s: its lease was not renewed: %s", run_id, exc.message)
 
-    @contextmanager
-    def _lease_kept(self, run: Run) -> Iterator[None]:
-        """Renew the run's lease from a second thread while the runner runs."""
-        stop = threading.Event()
-        every = self._lease_s / 3
-
-        def renew() -> None:
-            while not stop.wait(every):
-                try:
-                    self.ledger.heartbeat(run.id, lease_s=self._lease_s, now=self.clock())
-                except ExecKitError as exc:
-                    _log.warning("run %s: its lease was not renewed: %s", run.id, exc.message)
-
-        keeper = threading.Thread(target=renew, name=f"execkit-lease:{run.id}", daemon=True)
-        keeper.start()
+    def _work(self, issue: BoardIssue, run: Run, slot: Slot) -> RunOutcome | _NotRecorded:
+        """A slot's whole dispatch, in its own thread: the runner, then the result's write.
+        Never raises: whatever happens is an outcome."""
         try:
-            yield
-        finally:
-            stop.set()
-            keeper.join()
-
-    def _run(self, issue: BoardIssue, run: Run) -> RunOutcome:
-        """Run the runner and record its outcome; ExecKitError when the ledger cannot take
-        it (the result is kept and recorded again on the next pass)."""
-        try:
-            outcome = self.runner.run(issue, run.attempt)
+            outcome = self.runner.run(issue, slot)
+        except SpawnCancelled:
+            self._stopped(run)
+            return _STOPPED
         except Exception as exc:
             _log.exception("issue %s: the runner raised on attempt %d", issue.id, run.attempt)
             # Not positively identified as uninformative: it charges (ADR 0046).
@@ -520,23 +729,29 @@ class Dispatcher:
                 detail=last_line(f"{type(exc).__name__}: {exc}"),
             )
         except BaseException:
-            # Interrupted mid-run (Ctrl-C): no proof of what happened, so abandoned (charged).
-            # The interrupt is what must propagate; if the ledger cannot take this either,
-            # the run's lease runs out and the next admission abandons it.
-            with suppress(ExecKitError):
-                self.ledger.finish_run(
-                    run.id,
-                    AttemptStatus.ABANDONED,
-                    reason="dispatcher interrupted",
-                    now=self.clock(),
-                )
+            # Interrupted mid-run (Ctrl-C in an inline slot): no proof of what happened.
+            self._stopped(run)
             raise
-        self._unrecorded[run.id] = _Unrecorded(run.id, outcome, self.clock())
-        self._record(run.id)
+        with self._unrecorded_lock:
+            self._unrecorded[run.id] = _Unrecorded(run.id, outcome, self.clock())
+        try:
+            self._record(run.id)
+        except ExecKitError as exc:
+            # Kept in `_unrecorded`: the next pass writes it. Reported by the reap.
+            return _NotRecorded(outcome, exc)
         return outcome
 
+    def _stopped(self, run: Run) -> None:
+        """Record a run this dispatcher stopped before its agent ended. If the ledger cannot
+        take it either, the run's lease runs out and the next admission abandons it."""
+        with suppress(ExecKitError):
+            self.ledger.finish_run(
+                run.id, AttemptStatus.ABANDONED, reason=STOPPED_REASON, now=self.clock()
+            )
+
     def _record(self, run_id: str) -> None:
-        pending = self._unrecorded[run_id]
+        with self._unrecorded_lock:
+            pending = self._unrecorded[run_id]
         outcome = pending.outcome
         failed = outcome.status is RunStatus.FAILED
         self.ledger.finish_run(
@@ -547,16 +762,21 @@ class Dispatcher:
             not_before=outcome.not_before if failed else None,
             now=pending.ended_at,
         )
-        del self._unrecorded[run_id]
+        with self._unrecorded_lock:
+            self._unrecorded.pop(run_id, None)
 
     def _record_pending(self) -> None:
-        for run_id in list(self._unrecorded):
+        with self._unrecorded_lock:
+            # A slot still running writes its own result; only the ended ones are retried.
+            pending = [run_id for run_id in self._unrecorded if run_id not in self._running]
+        for run_id in pending:
             try:
                 self._record(run_id)
             except Conflict:
                 # Finished meanwhile as something else (abandoned after its lease ran out):
                 # the history already says how it ended.
-                del self._unrecorded[run_id]
+                with self._unrecorded_lock:
+                    self._unrecorded.pop(run_id, None)
             except ExecKitError as exc:
                 _log.warning("run %s: its result is still not recorded: %s", run_id, exc.message)
 
