@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from _support import REPO, run_execkit, table_columns, write_board
 
@@ -210,3 +216,96 @@ def test_text_output_escapes_control_characters_from_the_board_and_the_agent(
     # JSON keeps the values as they are.
     assert main(["status", "--board", str(board), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["issues"][0]["issue_id"] == "X\x1b[31m"
+
+
+def _dispatcher_process(board: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "execkit", "dispatch", "--board", str(board), *extra],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for_descendant(pid: int, name: str) -> psutil.Process:
+    for _ in range(6000):
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                if child.name() == name:
+                    return child
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.01)
+    raise AssertionError(f"no {name} under {pid}")
+
+
+@pytest.mark.parametrize(("signum", "drain"), [(signal.SIGTERM, "0"), (signal.SIGINT, "0")])
+def test_a_stopped_dispatcher_leaves_no_agent_and_no_running_run(
+    tmp_path: Path, signum: int, drain: str
+) -> None:
+    # The agent sleeps ten minutes; the dispatcher is told to stop with no drain time. Its
+    # agent's tree must go with it, the run must be recorded (not left `running` until its
+    # lease ends), and the card must stay where it was.
+    db = tmp_path / "ledger.db"
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "LONG", "title": "t", "state": "todo", "argv": ["sleep", "600"]}],
+    )
+    proc = _dispatcher_process(board, "--once", "--db", str(db), "--drain-timeout", drain)
+    try:
+        agent = _wait_for_descendant(proc.pid, "sleep")
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    assert "stopping" in err and "Traceback" not in err
+    assert not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE
+    assert states(board) == {"LONG": "todo"}
+    listed = run_execkit("task", "runs", "t-1", "--db", str(db), "--json")
+    (run,) = json.loads(listed.stdout)["runs"]
+    assert (run["status"], run["reason"]) == ("abandoned", "dispatcher stopped")
+
+
+def test_until_idle_runs_every_retry_then_says_whether_an_issue_ended_blocked(
+    board: Path, tmp_path: Path
+) -> None:
+    # BAD is charged until its budget is spent; the backoffs are short so the loop runs
+    # them out. ENV stops at once. Then nothing is ready or backing off: exit 8 (blocked).
+    doc = json.loads(board.read_text())
+    doc["dispatch"] = {"max_attempts": 3, "base_backoff_s": 0.05, "max_retry_backoff_s": 0.05}
+    board.write_text(json.dumps(doc))
+    done = run_execkit(
+        "dispatch", "--board", str(board), "--until-idle", "--interval", "0.05",
+        "--db", str(tmp_path / "ledger.db"),
+    )  # fmt: skip
+    assert done.returncode == 8, done.stderr
+    assert states(board) == {"OK": "done", "ENV": "blocked", "BAD": "blocked"}
+    assert "BAD  attempt 3/3" in done.stdout
+
+
+def test_until_idle_exits_0_when_nothing_ended_blocked(tmp_path: Path) -> None:
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "OK", "title": "t", "state": "todo", "argv": ["true"]}],
+    )
+    done = run_execkit(
+        "dispatch", "--board", str(board), "--until-idle", "--db", str(tmp_path / "l.db")
+    )
+    assert done.returncode == 0, done.stderr
+    assert states(board) == {"OK": "done"}
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "257", "many"])
+def test_a_bad_concurrency_is_one_clear_error(
+    board: Path, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["dispatch", "--board", str(board), "--once", "--concurrency", bad]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "--concurrency" in err and "1 to 256" in err
+    assert states(board) == {"OK": "todo", "ENV": "todo", "BAD": "todo"}  # nothing ran

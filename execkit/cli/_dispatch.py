@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from execkit._budget import BlockedOn
-from execkit._errors import Conflict, NotFound, TaskBlocked
+from execkit._errors import Conflict, InvalidInput, NotFound, TaskBlocked
 from execkit._proof import RunStatus
 from execkit._registry import get_adapter
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
@@ -139,7 +139,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     mode = dispatch.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="one pass, then exit")
-    mode.add_argument(
+    dispatch.add_argument(
         "--until-idle",
         action="store_true",
         help="run until no agent runs and no issue is ready or backing off, then exit: "
@@ -348,6 +348,12 @@ def _setup_logging() -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.once and args.until_idle:
+        raise InvalidInput(
+            "execkit dispatch: --once and --until-idle are two different ends: give one "
+            "(see 'execkit dispatch --help')",
+            field="until_idle",
+        )
     _setup_logging()
     board = JsonFileBoard(args.board)
     config = _config(args, board)
