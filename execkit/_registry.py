@@ -16,7 +16,9 @@ imported when its adapter is first asked for.
 
 from __future__ import annotations
 
+import functools
 import shutil
+import sys
 from importlib import metadata
 
 from execkit._adapter import Adapter
@@ -36,6 +38,15 @@ def _is_own(entry_point: metadata.EntryPoint) -> bool:
 
 
 def _registered() -> dict[str, metadata.EntryPoint]:
+    # Reading every distribution's entry points costs milliseconds (a file per installed
+    # distribution), and a dispatcher asks for each run: read once per import path.
+    return dict(_registered_on(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _registered_on(path: tuple[str, ...]) -> dict[str, metadata.EntryPoint]:
+    """The entry points found on import path `path` (the cache key: a plugin installed
+    onto the path at run time is seen)."""
     found: dict[str, metadata.EntryPoint] = {}
     for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         current = found.get(entry_point.name)

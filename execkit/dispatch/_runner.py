@@ -155,6 +155,9 @@ class AdapterRunner:
         self.adapter = adapter
         self._find = find
         self._known = known
+        self._binaries: dict[str, str] | None = None
+        # Adapters are values (their parse and argv hold no state): one instance a name.
+        self._adapters: dict[str, Adapter] = {}
         self._agent_attempts = agent_attempts
         self._timeout_s = timeout_s
         self._cwd = cwd
@@ -177,8 +180,12 @@ class AdapterRunner:
         """The adapter named `name` for `issue`, or the outcome that stops the issue."""
         if self.adapter is not None and self.adapter.name == name:
             return self.adapter
+        found = self._adapters.get(name)
+        if found is not None:
+            return found
         try:
-            return self._find(name)
+            found = self._adapters[name] = self._find(name)
+            return found
         except UnknownAdapter:
             known = ", ".join(self._known())
             return _misconfigured(
@@ -194,22 +201,31 @@ class AdapterRunner:
         if adapter.name != "generic" or not issue.argv:
             return None
         program = os.path.basename(issue.argv[0])
-        for name in self._known():
-            if name == "generic":
-                continue
-            try:
-                vendor = self._find(name)
-            except ExecKitError:
-                continue
-            if vendor.binary == program:
-                return _misconfigured(
-                    issue,
-                    "vendor CLI without its adapter",
-                    f"issues[{issue.id}].adapter: argv runs the {name} CLI ({program}) through "
-                    f'the generic adapter, which cannot read its structured output; set "adapter"'
-                    f': "{name}" on the issue and keep only extra arguments in its argv',
-                )
+        name = self._vendor_binaries().get(program)
+        if name is not None:
+            return _misconfigured(
+                issue,
+                "vendor CLI without its adapter",
+                f"issues[{issue.id}].adapter: argv runs the {name} CLI ({program}) through "
+                f'the generic adapter, which cannot read its structured output; set "adapter"'
+                f': "{name}" on the issue and keep only extra arguments in its argv',
+            )
         return None
+
+    def _vendor_binaries(self) -> dict[str, str]:
+        """Each vendor adapter's binary name -> the adapter's name, read once (loading
+        every adapter costs more than a dispatch)."""
+        if self._binaries is None:
+            binaries: dict[str, str] = {}
+            for name in self._known():
+                try:
+                    vendor = self._find(name)
+                except ExecKitError:
+                    continue  # a broken plugin names no binary
+                if name != "generic" and vendor.binary:
+                    binaries.setdefault(vendor.binary, name)
+            self._binaries = binaries
+        return self._binaries
 
     def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
         found = self.adapter_for(issue, slot.adapter)
