@@ -4,9 +4,10 @@
 
 1. A succeeded run is never classed (None).
 2. Structure: a spawn errno that means the run never started is **environment** (ENOENT,
-   EACCES, ENOEXEC, ENOTDIR, a missing interpreter or working directory), each with its own
-   reason; any other spawn errno is **work**. A bare exit 127 with no errno is work: a shell
-   exits 127 legitimately. Nothing is environment because of what the text says.
+   EACCES, ENOEXEC, ENOTDIR, a missing interpreter, a missing or unusable working
+   directory), each with its own reason (structure.py has the table); any other spawn
+   errno is **work**. A bare exit 127 with no errno is work: a shell exits 127
+   legitimately. Nothing is environment because of what the text says.
 3. Text: `classify_text` over the last `TAIL_CHARS` (8 KiB) of `failure_text()`.
 4. Otherwise **work**: reason `timeout` for a timed-out run, else `default`.
 
@@ -19,7 +20,7 @@ classifier existed); account limits (quota, billing, usage limits) veto upstream
 work unless the text states a reset after them. An upstream verdict carries
 `retry_after_s` when the tail states when to retry.
 
-One concern a file, in the order a verdict is reached:
+One concern a file:
 
 - `entry.py`: `classify`, `classify_text`, `classification_fields`, `TAIL_CHARS`;
 - `structure.py`: the structural rules, the spawn errno table (`ENVIRONMENT_ERRNOS`);
@@ -28,7 +29,8 @@ One concern a file, in the order a verdict is reached:
 - `patterns.py`: how a pattern is written (linear time), compiled (on first use, never at
   import) and run (on a lowered copy with the same offsets);
 - `scan.py`: one tail scanned, and which match decides (the veto, the last status);
-- `notices.py`: the retry notices more output followed, which count for nothing;
+- `notices.py`: the retry notices more output followed (stale: an upstream signal or a
+  reset on one is skipped; an account limit on one still vetoes);
 - `resets.py`: the reset times a vendor states (`stated_wait_s`);
 - `verdict.py`: `FailureClass`, `Reason`, `Classification`, `EVIDENCE_CHARS`,
   `ACCOUNT_LIMIT_REASONS`, `never_started`.

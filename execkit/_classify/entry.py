@@ -3,9 +3,10 @@
 `classify(result)` asks in order of durability: a succeeded run is never classed (None);
 then structure (structure.py: a spawn errno); then `classify_text` over the last
 `TAIL_CHARS` of `result.failure_text()`; otherwise work, `timeout` for a timed-out run,
-else `default`. `classify_text` reads only the tail, so a text of any length costs what its
-last 8 KiB cost; it is upstream or work, never environment (scan.py decides, with the rows
-of rules.py). `classification_fields` is the shape `execkit run --json` merges.
+else `default`. `classify_text` reads only the last `tail_chars` (8 KiB by default), so a
+text of any length costs what its tail costs; it is upstream or work, never environment
+(scan.py decides, with the rows of rules.py). `classification_fields` is the shape
+`execkit run --json` merges.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The documented text list: what `classify_text` counts as upstream, and what vetoes it.
 
-This docstring is the list the README condenses and docs/architecture.md points to; the tuples below
-are the same table in code, row for row and in the same order (tests/test_classify.py
-checks that the two agree: the rules, their class and reason, and that every example here
-classifies as its row says). How a pattern is written so that it runs in linear time is
-in patterns.py; how the matches decide (the veto, the last status) is in scan.py.
+This docstring is the list the README condenses and docs/architecture.md points to. The
+tuples below are the same table in code, row for row and in the same order (the order
+breaks ties); tests/test_classify.py checks that the two agree: the rules, their order,
+class and reason, and that every example here classifies as its row says. How a pattern is
+written so that it runs in linear time is in patterns.py; how the matches decide (the
+veto, the last status) is in scan.py.
 
 The upstream list is tight on purpose: a false positive wrongly withholds a charge, while a
 false negative only charges an attempt as before this classifier existed. A bare number
