@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import importlib
 import json
 import re
 
@@ -20,13 +19,12 @@ from execkit._classify import (
     classification_fields,
     classify,
     classify_text,
+    rules,
+    scan,
+    stated_wait_s,
 )
 from execkit._errors import InvalidInput
 from execkit._exec import SpawnFailure
-
-# The module, not the `classify` function that `execkit` exports under the same name
-# (`import execkit._classify as ...` binds the package attribute, which is the function).
-classify_module = importlib.import_module("execkit._classify")
 
 # A failed codex spawn unless a test says otherwise.
 spawn_result = functools.partial(_support.spawn_result, exit_code=1)
@@ -40,7 +38,7 @@ def assert_text_verdict(text: str, failure_class: FailureClass, reason: str) -> 
 
 def deciding_rule(text: str) -> str | None:
     """The name of the rule that decided `text` (None when nothing matched)."""
-    decided = classify_module._decide(text)
+    decided = scan.decide(text)
     return None if decided is None else decided[1].rule
 
 
@@ -49,7 +47,7 @@ def deciding_rule(text: str) -> str | None:
 
 def _table_rows() -> list[tuple[str, str, str, list[str]]]:
     """(rule, class, reason, examples) per rule, continuation rows folded into their rule."""
-    doc = classify_module.__doc__
+    doc = rules.__doc__
     assert doc is not None
     rows: list[tuple[str, str, str, list[str]]] = []
     for line in doc.splitlines():
@@ -72,10 +70,28 @@ SPECIAL_ROWS = {"retry-notice", "(none)"}
 def test_the_table_documents_exactly_the_rules_in_the_code() -> None:
     names = [row[0] for row in TABLE]
     assert len(names) == len(set(names))
-    code_rules = {rule.name for rule in classify_module._RULES}
+    code_rules = {rule.name for rule in rules.RULES}
     assert set(names) - SPECIAL_ROWS == code_rules
     assert set(names) >= SPECIAL_ROWS
     assert all(row[3] for row in TABLE), "every row shows at least one example"
+
+
+def test_the_table_and_the_code_agree_row_for_row() -> None:
+    # One table in two forms: the docstring's rows are the code's rules in the same order
+    # (the order breaks ties), each with the class its group gives and the reason it names.
+    documented = [row for row in TABLE if row[0] not in SPECIAL_ROWS]
+    assert [row[0] for row in documented] == [rule.name for rule in rules.RULES]
+    groups = [
+        (rules.NUMERIC_RULES, "upstream"),
+        (rules.UPSTREAM_WORDING, "upstream"),
+        (rules.ACCOUNT_LIMITS, "work"),
+    ]
+    in_code = {
+        rule.name: (cls, "http N" if rule.reason is None else rule.reason)
+        for group, cls in groups
+        for rule in group
+    }
+    assert {name: (cls, reason) for name, cls, reason, _ in documented} == in_code
 
 
 @pytest.mark.parametrize(
@@ -284,7 +300,7 @@ def test_a_stated_reset_after_an_account_limit_makes_it_upstream(
     ],
 )
 def test_stated_waits(text: str, wait: float | None) -> None:
-    got = classify_module.stated_wait_s(text, now=NOW)
+    got = stated_wait_s(text, now=NOW)
     assert got == (pytest.approx(wait) if wait is not None else None)
 
 
@@ -292,13 +308,13 @@ def test_codex_wall_clock_resets_are_local_time() -> None:
     import time
 
     now = time.mktime((2026, 12, 3, 14, 51, 0, 0, 0, -1))
-    same_day = classify_module.stated_wait_s("or try again at 4:00 PM.", now=now)
+    same_day = stated_wait_s("or try again at 4:00 PM.", now=now)
     assert same_day == pytest.approx(69 * 60)
-    dated = classify_module.stated_wait_s("try again at Dec 4th, 2026 4:00 PM.", now=now)
+    dated = stated_wait_s("try again at Dec 4th, 2026 4:00 PM.", now=now)
     assert dated == pytest.approx(69 * 60 + 86400, abs=3600)  # a DST change moves it an hour
     # Printed today but already past when read (a clock or zone mismatch): no wait.
-    assert classify_module.stated_wait_s("try again at 9:15 AM", now=now) == 0.0
-    assert classify_module.stated_wait_s("try again at 13:00 PM", now=now) is None
+    assert stated_wait_s("try again at 9:15 AM", now=now) == 0.0
+    assert stated_wait_s("try again at 13:00 PM", now=now) is None
 
 
 def test_the_last_status_decides() -> None:

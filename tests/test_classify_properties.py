@@ -11,13 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from work_counts import c_calls, nested_unbounded_repeats, python_lines
 
-import execkit._classify as _classify
 from execkit._classify import (
     ENVIRONMENT_ERRNOS,
     TAIL_CHARS,
     FailureClass,
     classify,
     classify_text,
+    patterns,
+    resets,
+    rules,
     stated_wait_s,
 )
 from execkit._exec import SpawnResult
@@ -230,22 +232,22 @@ def test_no_pattern_the_classifier_uses_can_backtrack_super_linearly(
     # CPython's `re` counts no steps, so the cause of super-linear matching is checked on
     # the patterns themselves: every one compiled while classifying every adversarial unit.
     used: set[str] = set()
-    compiled = _classify._compiled
+    compiled = patterns.compiled
 
     def recording(source: str) -> re.Pattern[str]:
         used.add(source)
         return compiled(source)
 
-    monkeypatch.setattr(_classify, "_compiled", recording)
+    monkeypatch.setattr(patterns, "compiled", recording)
     for unit in ADVERSARIAL_UNITS:
         _classify_whole(_fill(unit, 4096))
         stated_wait_s(_fill(unit, 4096))
     assert len(used) >= 20  # the recording saw the classifier at work
     # Those, and every rule's patterns whether or not a unit reached them.
-    declared = {alt.source for rule in _classify._RULES for alt in rule.alternatives}
-    declared |= {*_classify._WAIT_SOURCES, _classify._PART_SOURCE}
+    declared = {alt.source for rule in rules.RULES for alt in rule.alternatives}
+    declared |= {*resets.WAIT_SOURCES, resets.PART_SOURCE}
     for source in sorted(used | declared):
-        assert nested_unbounded_repeats(re.compile(source, _classify._FLAGS)) == [], source
+        assert nested_unbounded_repeats(re.compile(source, patterns.FLAGS)) == [], source
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -222,11 +222,13 @@ def test_importing_the_cli_is_light_and_changes_no_signal_handler() -> None:
 def test_the_classifier_compiles_its_patterns_on_first_use_not_at_import() -> None:
     probe = (
         "import execkit._classify as c\n"
-        "assert c._compiled.cache_info().currsize == 0, 'compiled at import'\n"
-        "patterns = [a.pattern for rule in c._RULES for a in rule.alternatives]\n"
+        "from execkit._classify.patterns import FLAGS, compiled\n"
+        "from execkit._classify.rules import RULES\n"
+        "assert compiled.cache_info().currsize == 0, 'compiled at import'\n"
+        "patterns = [a.pattern for rule in RULES for a in rule.alternatives]\n"
         "assert len(patterns) > 30, len(patterns)\n"
-        "assert all(p.flags & c._FLAGS == c._FLAGS for p in patterns)\n"
-        "assert patterns[0] is c._RULES[0].alternatives[0].pattern, 'compiled once'\n"
+        "assert all(p.flags & FLAGS == FLAGS for p in patterns)\n"
+        "assert patterns[0] is RULES[0].alternatives[0].pattern, 'compiled once'\n"
         "print(c.classify_text('HTTP/1.1 503 Service Unavailable').reason)\n"
     )
     done = subprocess.run(
