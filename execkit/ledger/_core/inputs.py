@@ -4,7 +4,8 @@ Each check returns the value as the rules use it, or raises `InvalidInput` namin
 (`.field`), so a refused call writes nothing. Free text is redacted and bounded here
 (`clean_reason`), times are finite POSIX seconds (`moment`: a NaN stored as a start time
 would make a history unreadable), and a keyed request's fingerprint (`fingerprint_of`) is
-the canonical JSON of what it asked, so replaying a key with another request is told apart.
+the SHA-256 of the canonical JSON of what it asked, so replaying a key with another
+request is told apart.
 """
 
 from __future__ import annotations

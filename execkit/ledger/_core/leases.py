@@ -4,7 +4,8 @@ lease expired is abandoned, by the next admission on its task, by `abandon_expir
 
 An abandoned run counts against every limit and charges as an unclassed failure (ADR
 0033/0046): a runner that vanished told nothing about its vendor. Its late result cannot
-rewrite the history: `finish_run` on it is a Conflict, and so is renewing its lease.
+rewrite the history: finishing it with another outcome is a Conflict, and so is renewing
+its lease.
 """
 
 from __future__ import annotations

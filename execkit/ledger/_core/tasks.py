@@ -1,11 +1,12 @@
 """Tasks and their attempt policy: creating, reading and cancelling a task, its explicit
 attempt limit (a compare-and-set), an operator's forced retry, and a dispatcher's give-up.
 
-A task's state is never stored: it is decided from its history's summary each time it is
-read (`CoreBase._project`). What is stored are the facts an operator or a dispatcher adds:
-the limit (with who set it), a pending forced retry, the attempt a dispatcher gave up at.
-Each change is one transaction with its audit record, and a keyed change (creation, a limit)
-with its stored response, so replaying the key returns the same task.
+A task's state (ready, running, backing off, blocked) is never stored: it is decided from
+its history's summary each time the task is read (`CoreBase._project`). What is stored are
+the facts an operator or a dispatcher adds: the limit (with who set it), a pending forced
+retry, the attempt a dispatcher gave up at. Each change is one transaction with its audit
+record, and a keyed change (creation, a limit) with its stored response, so replaying the
+key returns the same task.
 """
 
 from __future__ import annotations
