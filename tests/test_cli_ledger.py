@@ -29,7 +29,7 @@ import pytest
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
 from execkit.ledger import CAPABILITIES, SCHEMA_VERSION, open_ledger
-from execkit.ledger._sqlite import _SCHEMA_STEPS
+from execkit.ledger._sqlite.schema import SCHEMA_STEPS
 
 ME = pwd.getpwuid(os.geteuid()).pw_name  # who the CLI says acts: the OS user, no flag
 REPO = Path(__file__).resolve().parent.parent
@@ -420,7 +420,7 @@ def test_db_check_repair_abandons_an_expired_run(cli: Cli) -> None:
 
 def test_db_migrate_upgrades_a_version_1_file_and_names_the_backup(local_cli: Cli) -> None:
     conn = sqlite3.connect(local_cli.db, isolation_level=None)
-    for statement in _SCHEMA_STEPS[1]:
+    for statement in SCHEMA_STEPS[1]:
         conn.execute(statement)
     conn.execute("INSERT INTO schema_version VALUES (1, 1.0)")
     conn.close()

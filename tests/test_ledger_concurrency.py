@@ -129,7 +129,7 @@ backend._after_admission_insert = hold
 open_ledger(db).start_run(task_id, request_key="doomed", actor="crasher")
 """
 
-_SEAMS = {"sqlite": "execkit.ledger._sqlite", "postgres": "execkit.ledger._postgres"}
+_SEAMS = {"sqlite": "execkit.ledger._sqlite.tx", "postgres": "execkit.ledger._postgres.tx"}
 # Opening a second ledger while the child holds its admission open: SQLite must not wait
 # out the writer's lock; PostgreSQL's reads never wait for a writer.
 _SECOND = {"sqlite": {"lock_timeout_s": 0.2}, "postgres": {}}

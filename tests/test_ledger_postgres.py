@@ -24,7 +24,9 @@ import pytest
 from ledger_backends import PgSchemas
 from pgcluster import Cluster
 
-import execkit.ledger._postgres as backend
+import execkit.ledger._postgres.migrate as pg_migrate
+import execkit.ledger._postgres.schema as pg_schema
+import execkit.ledger._postgres.tx as pg_tx
 from execkit._errors import (
     InvalidInput,
     NotFound,
@@ -169,7 +171,7 @@ def test_owner_and_id_are_stored_at_creation(pg_url: str, monkeypatch: pytest.Mo
     with open_pg(pg_url) as again:
         assert again.ledger_id() == first_id
         assert again.migration is None
-        assert again.schema_version() == backend.SCHEMA_VERSION
+        assert again.schema_version() == pg_schema.SCHEMA_VERSION
 
 
 def test_the_password_is_never_shown(pg_url: str) -> None:
@@ -274,7 +276,7 @@ def hold_admission(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.
             inserted.set()
             assert release.wait(60), "never released"
 
-    monkeypatch.setattr(backend, "_after_admission_insert", hold)
+    monkeypatch.setattr(pg_tx, "_after_admission_insert", hold)
     yield release, inserted
     release.set()
 
@@ -418,7 +420,7 @@ def test_concurrent_creations_and_migrations_serialise_on_the_advisory_lock(
     # Someone holds the migration lock: a ledger being created waits for it.
     holder = psycopg.connect(pg_url, autocommit=True)
     holder.execute("BEGIN")
-    holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", backend._MIGRATION_LOCK)
+    holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", pg_migrate._MIGRATION_LOCK)
     opened: list[PostgresLedger] = []
     errors: list[BaseException] = []
 
@@ -454,9 +456,9 @@ def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
         ledger.start_run(task.id, request_key="k", actor="a")
         before = ledger.get_task(task.id)
     # A newer execkit with one more (additive) step.
-    steps = {**backend._SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
-    monkeypatch.setattr(backend, "_SCHEMA_STEPS", steps)
-    monkeypatch.setattr(backend, "SCHEMA_VERSION", 2)
+    steps = {**pg_schema.SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    monkeypatch.setattr(pg_schema, "SCHEMA_STEPS", steps)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
     with open_pg(pg_url) as outdated:
         assert outdated.schema_version() == 1
         with pytest.raises(StorageError, match="back it up first") as refused:
@@ -491,9 +493,9 @@ def test_an_outdated_ledger_opened_as_is_migrates_in_place_once_backed_up(
 ) -> None:
     me = pwd.getpwuid(os.geteuid()).pw_name
     open_pg(pg_url).close()
-    steps = {**backend._SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
-    monkeypatch.setattr(backend, "_SCHEMA_STEPS", steps)
-    monkeypatch.setattr(backend, "SCHEMA_VERSION", 2)
+    steps = {**pg_schema.SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    monkeypatch.setattr(pg_schema, "SCHEMA_STEPS", steps)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
     with open_pg(pg_url) as outdated:  # a server's ledger is never migrated by default
         assert outdated.migration is None
         with pytest.raises(InvalidInput, match="pg_dump --format=custom"):
@@ -505,9 +507,9 @@ def test_an_outdated_ledger_opened_as_is_migrates_in_place_once_backed_up(
         # Usable at once, its owner known (it was not read while the schema was outdated).
         assert outdated.grant_role("op", "agent.operate", actor=me).role == "agent.operate"
     monkeypatch.setattr(
-        backend, "_SCHEMA_STEPS", {**steps, 3: ("CREATE TABLE more_notes (note text)",)}
+        pg_schema, "SCHEMA_STEPS", {**steps, 3: ("CREATE TABLE more_notes (note text)",)}
     )
-    monkeypatch.setattr(backend, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 3)
     with open_pg(pg_url, upgrade=True) as upgraded:  # the operator's say-so, on open
         assert upgraded.migration is not None
         assert (upgraded.migration.from_version, upgraded.migration.to_version) == (2, 3)
@@ -530,15 +532,15 @@ def test_the_db_commands_take_a_url(
     assert code == 0 and created["created"] is True and created["ledger_id"]
     assert cli("db", "init") == (0, {**created, "created": False})
     code, status = cli("db", "status")
-    assert code == 0 and status["schema_version"] == backend.SCHEMA_VERSION
+    assert code == 0 and status["schema_version"] == pg_schema.SCHEMA_VERSION
     assert status["needs_migration"] is False and status["tasks"] == 0
     code, current = cli("db", "migrate")
     assert code == 0 and current["backup_command"] is None
 
     # A newer execkit with one more (additive) step: migrate waits for the operator's dump.
-    steps = {**backend._SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
-    monkeypatch.setattr(backend, "_SCHEMA_STEPS", steps)
-    monkeypatch.setattr(backend, "SCHEMA_VERSION", 2)
+    steps = {**pg_schema.SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    monkeypatch.setattr(pg_schema, "SCHEMA_STEPS", steps)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
     assert cli("db", "status")[1]["needs_migration"] is True
     code, refused = cli("db", "migrate")
     assert code == EXIT_CODES["invalid"]

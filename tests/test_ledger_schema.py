@@ -14,7 +14,7 @@ import pytest
 
 from execkit._errors import SchemaTooNew, StorageError
 from execkit.ledger import SCHEMA_VERSION, Migration, ledger_status, migrate, open_ledger
-from execkit.ledger._sqlite import _SCHEMA_STEPS
+from execkit.ledger._sqlite.schema import SCHEMA_STEPS
 
 
 def _legacy_fingerprint(title: str) -> str:
@@ -27,7 +27,7 @@ def _build_version_1(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("BEGIN IMMEDIATE")
-    for statement in _SCHEMA_STEPS[1]:
+    for statement in SCHEMA_STEPS[1]:
         conn.execute(statement)
     conn.execute("INSERT INTO schema_version VALUES (1, 1.5)")
     conn.executemany(
@@ -140,7 +140,7 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 
 def test_a_fresh_file_goes_through_every_step() -> None:
-    assert sorted(_SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
+    assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
     assert SCHEMA_VERSION == 3
 
 
@@ -295,7 +295,7 @@ def test_a_newer_schema_is_refused_and_nothing_is_written(tmp_path: Path) -> Non
 def test_a_newer_rollback_journal_file_is_not_switched_to_wal(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     conn = sqlite3.connect(db, isolation_level=None)
-    for statement in _SCHEMA_STEPS[1]:
+    for statement in SCHEMA_STEPS[1]:
         conn.execute(statement)
     conn.execute("INSERT INTO schema_version VALUES (99, 1.0)")
     conn.close()

@@ -10,6 +10,22 @@ on open (create a missing ledger, migrate an older schema); `migrate()` and
 module. `import execkit` does not import this package: it loads on first use of a ledger
 name, and the PostgreSQL backend's names (`PostgresLedger`, `PostgresMigration`) load on
 first use of one of them.
+
+The rooms, in the order a call meets them:
+
+- `_model.py`: the `Ledger` protocol and the values it speaks (`Task`, `Run`, `Actor`, the
+  roles, the audit words, `CAPABILITIES`);
+- `_open.py`: `open_ledger`, `migrate`, `ledger_status`, and where a ledger is by default;
+- `_core/`: the rules, written once over the `Store`/`Tx` protocols: `LedgerCore`, composed
+  from one class of operations per concern (tasks and limits; admission and runs; leases;
+  roles; the audit trail, check and repair);
+- `_rows.py`: the row shapes both SQL backends share, read by column name;
+- `_sqlite/`, `_postgres/`: the two backends, peers with their own SQL, locking and schema
+  numbers, each with its schema and migrations apart from its store.
+
+A new concern (a fact on runs, a table of its own) is its operations in a new file of
+`_core/`, its reads and writes added to `Tx`, and in each backend a schema step and the
+statements that implement them.
 """
 
 from __future__ import annotations

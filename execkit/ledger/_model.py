@@ -1,7 +1,7 @@
 """The ledger's wire shapes and the `Ledger` interface every backend implements.
 
 The dispatcher, the CLI and the HTTP remote code against this module only; a backend
-(SQLite, PostgreSQL) implements the storage beneath `LedgerCore` (`_core.py`), and the
+(SQLite, PostgreSQL) implements the storage beneath `LedgerCore` (`_core`), and the
 remote client implements `Ledger` over HTTP.
 
 The ledger's words are enums that compare equal to the strings stored and sent: a task's

@@ -1,0 +1,210 @@
+"""What every ledger operation shares: the store, the budget policies, the lookups that
+raise NotFound, the idempotency replay, the decision on a task's summary and the `Task`
+it is shown as, and who holds which role.
+
+`CoreBase` holds the store and the policies (`budget`, `backoff`); each concern's
+operations subclass it (`tasks`, `runs`, `leases`, `roles`, `inspection`) and `LedgerCore`
+is composed from them. The helpers here open no transaction: each takes the `Tx` of the
+operation that calls it, so an operation stays one transaction whatever it reuses.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import attrs
+
+from execkit._backoff import SCHEDULER_BACKOFF, Backoff
+from execkit._budget import (
+    Attempt,
+    Decision,
+    DispatchCap,
+    ExplicitLimit,
+    HistorySummary,
+    TaskState,
+    WorkBudget,
+    decide_summary,
+    summarize,
+)
+from execkit._errors import Conflict, HistoryError, NotFound
+from execkit.ledger._core.store import Store, TaskRecord, Tx
+from execkit.ledger._model import KNOWN_ROLES, Actor, AuditAction, Run, Task, TaskStatus
+
+__all__ = [
+    "DEFAULT_BUDGET",
+    "FINISHED_STATUSES",
+    "SYSTEM_ACTOR",
+    "CoreBase",
+    "attempt_from_run",
+    "when",
+]
+
+FINISHED_STATUSES = (TaskStatus.DONE, TaskStatus.CANCELLED)
+DEFAULT_BUDGET = WorkBudget()
+# The actor of what the ledger does by itself (abandoning an expired run, a repair).
+SYSTEM_ACTOR = "execkit"
+
+
+def when(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, tz=datetime.UTC).isoformat(timespec="seconds")
+
+
+def attempt_from_run(run: Run) -> Attempt:
+    """A stored run as the `Attempt` the budget policies read."""
+    return Attempt(
+        number=run.attempt,
+        status=run.status,
+        failure_class=run.failure_class,
+        reason=run.reason,
+        started_at=run.started_at,
+        ended_at=run.ended_at,
+        forced=run.forced,
+        not_before=run.not_before,
+    )
+
+
+class CoreBase:
+    """The store and the policies every concern's operations read (see the module
+    docstring). Not thread-safe: one per thread or process, as its store."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        budget: WorkBudget = DEFAULT_BUDGET,
+        backoff: Backoff = SCHEDULER_BACKOFF,
+    ) -> None:
+        self._store = store
+        self.budget = budget
+        self.backoff = backoff
+
+    def _task(self, tx: Tx, task_id: str, *, lock: bool = False) -> TaskRecord:
+        task = tx.task(task_id, lock=lock)
+        if task is None:
+            raise NotFound(f"no task {task_id!r}")
+        return task
+
+    def _run(self, tx: Tx, run_id: str) -> Run:
+        run = tx.run(run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id!r}")
+        return run
+
+    def _replayed(
+        self, tx: Tx, scope: AuditAction, key: str | None, fingerprint: str
+    ) -> dict[str, Any] | None:
+        """The stored response for (scope, key); Conflict when the request differs.
+
+        A key's scope is the action the keyed request records (its value is the stored
+        scope), so one key may serve a creation and a limit change without meeting."""
+        if key is None:
+            return None
+        found = tx.idempotent(scope, key)
+        if found is None:
+            return None
+        stored_fingerprint, response = found
+        if stored_fingerprint != fingerprint:
+            raise Conflict(
+                f"idempotency key {key!r} was already used for a different {scope} request"
+            )
+        return response
+
+    def _remember(
+        self,
+        tx: Tx,
+        scope: AuditAction,
+        key: str | None,
+        fingerprint: str,
+        response: dict[str, Any],
+        at: float,
+    ) -> None:
+        if key is not None:
+            tx.remember(scope, key, fingerprint, response, at)
+
+    def _budget_for(self, task: TaskRecord) -> WorkBudget:
+        if task.max_uncharged_attempts is None:
+            return self.budget
+        return attrs.evolve(self.budget, max_uncharged_attempts=task.max_uncharged_attempts)
+
+    def _decide(
+        self,
+        task: TaskRecord,
+        now: float,
+        cap: DispatchCap | None,
+        *,
+        force: bool = False,
+        ignore_backoff: bool = False,
+    ) -> Decision:
+        limit = ExplicitLimit(task.max_attempts) if task.max_attempts else None
+        # An operator's pending retry is forced and runs when the operator asked, not after
+        # the backoff: it is what the next admission does, so it is what the task shows.
+        pending = task.retry_requested_by is not None
+        return decide_summary(
+            task.summary,
+            self._budget_for(task),
+            limit,
+            self.backoff,
+            now,
+            cap,
+            force=force or pending,
+            ignore_backoff=ignore_backoff or pending,
+        )
+
+    def _project(
+        self, task: TaskRecord, now: float, cap: DispatchCap | None, *, force: bool = False
+    ) -> Task:
+        pending = task.retry_requested_by is not None
+        decision = self._decide(task, now, cap, force=force)
+        if task.status in FINISHED_STATUSES:
+            state, blocked_on, reason, next_at = TaskState(task.status), None, None, None
+        else:
+            state, blocked_on = decision.state, decision.blocked_on
+            reason, next_at = decision.reason, decision.next_attempt_at
+            if pending and state is TaskState.READY:
+                reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
+        return Task(
+            id=task.id,
+            title=task.title,
+            status=task.status,
+            state=state,
+            blocked_on=blocked_on,
+            reason=reason,
+            # ADR 0033: `ready` includes that an attempt is still available, and here it is
+            # exactly what admission does now: a task in backoff is not ready.
+            ready=state is TaskState.READY,
+            max_attempts=task.max_attempts,
+            attempts_started=task.summary.attempts_used,
+            charged_attempts=decision.charged_attempts,
+            uncharged_streak=decision.uncharged_streak,
+            remaining=decision.remaining,
+            next_attempt_at=next_at,
+            created_by=task.created_by,
+            created_at=task.created_at,
+            max_uncharged_attempts=self._budget_for(task).max_uncharged_attempts,
+            retry_pending=pending,
+            gave_up_at_attempt=task.gave_up_at_attempt,
+        )
+
+    def _load_task(
+        self, tx: Tx, task_id: str, now: float, cap: DispatchCap | None, *, force: bool = False
+    ) -> Task:
+        return self._project(self._task(tx, task_id), now, cap, force=force)
+
+    def _roles(self, tx: Tx, actor: Actor) -> frozenset[str]:
+        """The roles `actor` holds: its grants; the ledger's owner holds every role (it
+        can rewrite the storage anyway, so pretending otherwise would protect nothing)."""
+        if actor.name == self._store.owner():
+            return KNOWN_ROLES
+        return frozenset(grant.role for grant in tx.grants(actor.name))
+
+    def _summary_after(self, tx: Tx, task: TaskRecord, ended: Run) -> HistorySummary:
+        """The task's summary once `ended` (its running run) finished, written back."""
+        try:
+            summary = task.summary.finished(attempt_from_run(ended))
+        except HistoryError:
+            # The stored summary disagrees with the history: rebuild it from the runs
+            # (the history is the truth; `db check` reports how they differed).
+            summary = summarize([attempt_from_run(run) for run in tx.runs(task.id)])
+        tx.write_summary(task.id, summary)
+        return summary

@@ -1,0 +1,168 @@
+"""Every argument of a ledger operation checked before its transaction opens.
+
+Each check returns the value as the rules use it, or raises `InvalidInput` naming the field
+(`.field`), so a refused call writes nothing. Free text is redacted and bounded here
+(`clean_reason`), times are finite POSIX seconds (`moment`: a NaN stored as a start time
+would make a history unreadable), and a keyed request's fingerprint (`fingerprint_of`) is
+the SHA-256 of the canonical JSON of what it asked, so replaying a key with another
+request is told apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+from execkit._classify import FailureClass
+from execkit._errors import InvalidInput
+from execkit._redact import redact
+from execkit._validate import is_integer, is_number
+from execkit.ledger._model import MAX_ATTEMPT_LIMIT, MAX_LEASE_S, MAX_UNCHARGED_LIMIT, Actor
+
+__all__ = [
+    "MAX_KEY",
+    "MAX_TITLE",
+    "as_actor",
+    "as_failure_class",
+    "check_bool",
+    "check_lease",
+    "check_limit",
+    "check_text",
+    "check_uncharged",
+    "clean_reason",
+    "creation_fingerprint",
+    "fingerprint_of",
+    "moment",
+    "optional_time",
+]
+
+MAX_TITLE = 1000
+MAX_KEY = 200
+_MAX_REASON = 4000
+
+
+def check_text(field: str, value: object, max_len: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{field} must be a non-empty string", field=field)
+    if len(value) > max_len:
+        raise InvalidInput(
+            f"{field} must be at most {max_len} characters, got {len(value)}", field=field
+        )
+    return value
+
+
+def check_limit(field: str, value: object, *, allow_zero: bool) -> int:
+    low = 0 if allow_zero else 1
+    allowed = f"1..{MAX_ATTEMPT_LIMIT}"
+    if allow_zero:
+        allowed = f"0 (no explicit limit) or {allowed}"
+    if not is_integer(value):
+        raise InvalidInput(
+            f"{field} must be a whole number in {allowed}, got {value!r}", field=field
+        )
+    if not low <= value <= MAX_ATTEMPT_LIMIT:
+        raise InvalidInput(f"{field} must be {allowed}, got {value}", field=field)
+    return value
+
+
+def check_uncharged(value: object) -> int | None:
+    if value is None:
+        return None
+    if not is_integer(value) or not 1 <= value <= MAX_UNCHARGED_LIMIT:
+        raise InvalidInput(
+            f"max_uncharged_attempts must be a whole number in 1..{MAX_UNCHARGED_LIMIT} "
+            f"(or None for the ledger's budget), got {value!r}",
+            field="max_uncharged_attempts",
+        )
+    return value
+
+
+def check_lease(field: str, value: object) -> float:
+    if not is_number(value) or not 0 < value <= MAX_LEASE_S:
+        raise InvalidInput(
+            f"{field} must be a number of seconds in (0, {MAX_LEASE_S:g}], got {value!r}",
+            field=field,
+        )
+    return float(value)
+
+
+def check_bool(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        # Anything truthy would lift a stop: only a real True may.
+        raise InvalidInput(f"{field} must be true or false, got {value!r}", field=field)
+    return value
+
+
+def as_actor(value: object) -> Actor:
+    if isinstance(value, Actor):
+        return value
+    check_text("actor", value, MAX_KEY)
+    assert isinstance(value, str)
+    return Actor(value)
+
+
+def moment(now: float | None) -> float:
+    """`now`, or the clock; a time that is not a finite number is refused before any write
+    (a NaN stored as a start or end time would make the task's history unreadable)."""
+    if now is None:
+        return time.time()
+    if not is_number(now):
+        raise InvalidInput(
+            f"now must be a finite number of POSIX seconds, got {now!r}", field="now"
+        )
+    return float(now)
+
+
+def optional_time(field: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if not is_number(value):
+        raise InvalidInput(
+            f"{field} must be a finite number of POSIX seconds or None, got {value!r}",
+            field=field,
+        )
+    return float(value)
+
+
+def clean_reason(reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        raise InvalidInput(
+            f"reason must be a string or None, got {type(reason).__name__}", field="reason"
+        )
+    cleaned = redact(reason)
+    if len(cleaned) > _MAX_REASON:
+        # Keep the end: the last lines of a failure say the most about it.
+        cleaned = "…" + cleaned[-(_MAX_REASON - 1) :]
+    return cleaned
+
+
+def as_failure_class(value: FailureClass | str | None) -> FailureClass | None:
+    if value is None or isinstance(value, FailureClass):
+        return value
+    try:
+        return FailureClass(value)
+    except ValueError:
+        allowed = ", ".join(FailureClass)
+        raise InvalidInput(
+            f"failure_class must be one of {allowed}, got {value!r}", field="failure_class"
+        ) from None
+
+
+def fingerprint_of(request: dict[str, Any]) -> str:
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def creation_fingerprint(title: str, max_attempts: int, max_uncharged: int | None) -> str:
+    # ADR 0033: the legacy fingerprint (title only) is unchanged when there is no limit;
+    # explicit limits (and a per-task uncharged ceiling) extend it.
+    request: dict[str, Any] = {"title": title}
+    if max_attempts:
+        request["max_attempts"] = max_attempts
+    if max_uncharged is not None:
+        request["max_uncharged_attempts"] = max_uncharged
+    return fingerprint_of(request)

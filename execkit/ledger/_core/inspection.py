@@ -1,0 +1,124 @@
+"""What an operator reads and repairs: the audit trail, `db check` (`validate`) and
+`db check --repair` (`repair`).
+
+`validate` finds every problem and fixes none: the backend's own storage checks first (rows
+the code cannot read stop it there), then each task's history validated, its stored summary
+compared with the one its history gives, and running runs whose lease expired. `repair`
+fixes what can be fixed without guessing: it abandons expired runs and rebuilds a summary
+from its history (the history is the truth); a broken history is reported, never touched.
+"""
+
+from __future__ import annotations
+
+from execkit._budget import Attempt, AttemptStatus, HistorySummary, summarize, validate_history
+from execkit._errors import HistoryError, InvalidInput
+from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
+from execkit.ledger._core.inputs import moment
+from execkit.ledger._core.leases import LeaseOps
+from execkit.ledger._core.store import TaskRecord
+from execkit.ledger._model import AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
+
+__all__ = ["InspectionOps"]
+
+
+class InspectionOps(LeaseOps):
+    """The audit trail, the ledger's check and its repair."""
+
+    def audit_events(self, task_id: str | None = None) -> list[AuditEvent]:
+        """Audit records in order, all or one task's."""
+        with self._store.read() as tx:
+            return tx.audit_events(task_id)
+
+    def validate(self, *, now: float | None = None) -> list[str]:
+        """Every problem found, none fixed: storage integrity and rows outside their domain
+        (the backend's own checks), `validate_history` on every task, each stored summary
+        against the one its history gives, and running runs whose lease has expired."""
+        at = moment(now)
+        problems = self._store.storage_problems()
+        if problems:
+            return problems  # rows the code cannot read: the checks below would only crash
+        with self._store.read() as tx:
+            tasks = tx.tasks()
+            runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
+            for run in tx.all_runs():
+                runs_by_task.setdefault(run.task_id, []).append(run)
+        for task in tasks:
+            problems.extend(self._task_problems(task, runs_by_task[task.id], at))
+        return problems
+
+    def _task_problems(self, task: TaskRecord, runs: list[Run], at: float) -> list[str]:
+        problems: list[str] = []
+        history: list[Attempt] = []
+        for run in runs:
+            try:
+                history.append(attempt_from_run(run))
+            except InvalidInput as exc:  # a stored value of the wrong shape
+                problems.append(f"{task.id}: run {run.id}: {exc.message}")
+        if problems:
+            return problems
+        try:
+            validate_history(history)
+        except HistoryError as exc:
+            return [f"{task.id}: {exc.message}"]
+        expected = summarize(history)
+        if expected != task.summary:
+            problems.append(
+                f"{task.id}: its stored summary differs from its history "
+                f"(stored {_summary_text(task.summary)}; history {_summary_text(expected)}); "
+                "`execkit db check --repair` rebuilds it"
+            )
+        succeeded = any(run.status is AttemptStatus.SUCCEEDED for run in runs)
+        if task.status is TaskStatus.DONE and not succeeded:
+            problems.append(f"{task.id}: task is done but no run succeeded")
+        if task.status is TaskStatus.OPEN and succeeded:
+            problems.append(f"{task.id}: a run succeeded but the task is still open")
+        for run in runs:
+            if (
+                run.status is AttemptStatus.RUNNING
+                and run.lease_expires_at is not None
+                and run.lease_expires_at <= at
+            ):
+                problems.append(
+                    f"{task.id}: run {run.id} is running but its lease expired at "
+                    f"{when(run.lease_expires_at)}; `execkit db check --repair` abandons it"
+                )
+        return problems
+
+    def repair(self, *, now: float | None = None) -> list[str]:
+        """Fix what `validate` can fix and say what was done: abandon running runs whose
+        lease expired (one transaction, as an admission would), then rebuild every stored
+        summary that differs from its history (a second; the history is the truth). Each
+        step is whole on its own, so a failure between them leaves a valid ledger that a
+        second `repair` finishes. A broken history is not touched."""
+        at = moment(now)
+        done = [
+            f"{run.task_id}: abandoned run {run.id} (lease expired)"
+            for run in self.abandon_expired_runs(now=at)
+        ]
+        with self._store.write() as tx:
+            for task in tx.tasks():
+                history = [attempt_from_run(run) for run in tx.runs(task.id)]
+                try:
+                    validate_history(history)
+                except HistoryError:
+                    continue
+                expected = summarize(history)
+                if expected != task.summary:
+                    tx.write_summary(task.id, expected)
+                    tx.audit(
+                        AuditEntry(
+                            at=at,
+                            actor=SYSTEM_ACTOR,
+                            action=AuditAction.TASK_REPAIR_SUMMARY,
+                            task_id=task.id,
+                        )
+                    )
+                    done.append(f"{task.id}: rebuilt its summary from its history")
+        return done
+
+
+def _summary_text(summary: HistorySummary) -> str:
+    return (
+        f"{summary.attempts_used} attempts, {summary.charged_attempts} charged, "
+        f"streak {summary.uncharged_streak}, running {summary.running}"
+    )

@@ -1,0 +1,313 @@
+"""Admission and runs: `start_run` admits one run of a task or refuses it, `finish_run`
+records how it ended, and the run history is read back (`runs`, `run`, `history`).
+
+Admission is one write transaction (ADR 0033: the count is checked in the transaction that
+starts the run; a failed transaction consumes no attempt): the task locked, a running run
+whose lease expired abandoned first, the policies decided once on the task's summary, then
+the run, the new summary, the audit record and the request key written together. Replaying
+an accepted request key returns the run it admitted and creates none. The refusals are
+`AdmissionRefused`s (`TaskFinished`, `AttemptLimitReached`, `TaskBlocked`,
+`TaskBackingOff`), each caught by type.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import attrs
+
+from execkit._budget import Attempt, AttemptStatus, BlockedOn, Decision, DispatchCap, TaskState
+from execkit._classify import FailureClass
+from execkit._errors import (
+    AdmissionRefused,
+    AttemptLimitReached,
+    Conflict,
+    InvalidInput,
+    TaskBackingOff,
+    TaskBlocked,
+    TaskFinished,
+)
+from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
+from execkit.ledger._core.inputs import (
+    MAX_KEY,
+    as_actor,
+    as_failure_class,
+    check_bool,
+    check_lease,
+    check_text,
+    clean_reason,
+    fingerprint_of,
+    moment,
+    optional_time,
+)
+from execkit.ledger._core.leases import LeaseOps
+from execkit.ledger._core.store import TaskRecord, Tx
+from execkit.ledger._model import DEFAULT_LEASE_S, Actor, AuditAction, AuditEntry, Run, TaskStatus
+
+__all__ = ["RunOps"]
+
+_FINAL_RUN_STATUSES = (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.ABANDONED)
+
+
+def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
+    """Why `decision` admits no run now, as the error `start_run` raises; None to admit."""
+    if decision.state is TaskState.DONE:
+        return TaskFinished(f"task {task.id} already succeeded")
+    if decision.state is TaskState.RUNNING:
+        return TaskBlocked(
+            f"attempt {task.summary.running} of task {task.id} is still running; finish it, "
+            "or let its lease expire (abandoned runs count), before starting another"
+        )
+    if decision.state is TaskState.BLOCKED:
+        if decision.blocked_on is BlockedOn.ATTEMPT_LIMIT:
+            return AttemptLimitReached(
+                f"{decision.reason} of task {task.id}; an operator can raise it (set-attempt-limit)"
+            )
+        return TaskBlocked(decision.reason or f"task {task.id} is blocked on {decision.blocked_on}")
+    return None
+
+
+class RunOps(LeaseOps):
+    """Admitting, finishing and reading runs; an expired lease met on the way is
+    abandoned (`LeaseOps`)."""
+
+    def runs(self, task_id: str) -> list[Run]:
+        """The task's runs in creation order (attempt 1..N); NotFound if no such task."""
+        with self._store.read() as tx:
+            self._task(tx, task_id)
+            return tx.runs(task_id)
+
+    def run(self, run_id: str) -> Run:
+        """One run by id; NotFound if absent."""
+        with self._store.read() as tx:
+            return self._run(tx, run_id)
+
+    def history(self, task_id: str) -> list[Attempt]:
+        """The task's runs as the `Attempt` history the budget policies read."""
+        return [attempt_from_run(run) for run in self.runs(task_id)]
+
+    def start_run(
+        self,
+        task_id: str,
+        *,
+        request_key: str,
+        actor: Actor | str,
+        forced: bool = False,
+        ignore_backoff: bool = False,
+        lease_s: float = DEFAULT_LEASE_S,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+    ) -> Run:
+        """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
+
+        First, a running run whose lease expired is abandoned (it counts and charges). Then
+        the policies decide; refusals: `TaskFinished` (done or cancelled),
+        `AttemptLimitReached` (the explicit limit is used up), `TaskBlocked` (a run is still
+        running, or a budget/environment/upstream/dispatch-cap bound holds; when several
+        hold, the one `get_task` shows as `blocked_on`), `TaskBackingOff` (its backoff, or
+        the vendor's reset time, has not passed; `ignore_backoff=True` admits anyway and the
+        audit records it). `forced` is an operator's retry (ADR 0046/015): it lifts every
+        stop but an explicit limit, once, audited; a retry an operator asked for with
+        `retry_task` is forced the same way. The run holds a lease of `lease_s` seconds
+        that its runner renews with `heartbeat`. Replaying an accepted `request_key` with
+        the same actor and force returns the same run and creates none; with different
+        ones it is a Conflict.
+        """
+        check_text("request_key", request_key, MAX_KEY)
+        who = as_actor(actor)
+        check_bool("forced", forced)
+        check_bool("ignore_backoff", ignore_backoff)
+        lease = check_lease("lease_s", lease_s)
+        at = moment(now)
+        fingerprint = fingerprint_of({"task_id": task_id, "actor": str(who), "forced": forced})
+        refused: AdmissionRefused | None = None
+        with self._store.write() as tx:
+            found = tx.idempotent(AuditAction.RUN_START, request_key)
+            if found is not None:
+                return self._replay_start(tx, request_key, found, task_id, who, forced)
+            task = self._task(tx, task_id, lock=True)
+            if task.status in FINISHED_STATUSES:
+                raise TaskFinished(f"task {task_id} is {task.status}; it admits no more runs")
+            expired = self._expired_running_run(tx, task, at)
+            if expired is not None:
+                why = f"lease expired at {when(expired.lease_expires_at or at)}: not renewed"
+                task = self._abandon(tx, task, expired, at, why)
+            # Decided once: the refusal and the admission's audit read the same decision.
+            decision = self._decide(task, at, cap, force=forced)
+            refused = self._admission_refusal(task, decision, at, ignore_backoff)
+            if refused is None:
+                return self._admit(
+                    tx, task, decision, at, who, request_key, fingerprint, forced, lease
+                )
+            if expired is None:
+                raise refused
+            # Leaving the block commits the abandonment: it stands whether or not this
+            # admission goes ahead, or an expired run could never be abandoned by one.
+        raise refused
+
+    def _admission_refusal(
+        self, task: TaskRecord, decision: Decision, at: float, ignore_backoff: bool
+    ) -> AdmissionRefused | None:
+        refusal = _refusal(task, decision)
+        if refusal is not None:
+            return refusal
+        if decision.state is TaskState.BACKOFF and not ignore_backoff:
+            ready_at = decision.next_attempt_at or at
+            return TaskBackingOff(
+                f"task {task.id} is {decision.reason}; it is ready at {when(ready_at)} "
+                "(wait, or override the backoff: that is audited)",
+                ready_at=ready_at,
+            )
+        return None
+
+    def _admit(
+        self,
+        tx: Tx,
+        task: TaskRecord,
+        decision: Decision,
+        at: float,
+        who: Actor,
+        request_key: str,
+        fingerprint: str,
+        forced: bool,
+        lease: float,
+    ) -> Run:
+        pending = task.retry_requested_by
+        force = forced or pending is not None
+        run = tx.insert_run(
+            Run(
+                id="",
+                task_id=task.id,
+                attempt=task.summary.attempts_used + 1,
+                status=AttemptStatus.RUNNING,
+                failure_class=None,
+                reason=None,
+                request_key=request_key,
+                actor=str(who),
+                forced=force,
+                started_at=at,
+                ended_at=None,
+                owner_host=socket.gethostname(),
+                owner_pid=os.getpid(),
+                lease_expires_at=at + lease,
+            ),
+            lease,
+        )
+        tx.write_summary(task.id, task.summary.started(attempt_from_run(run)))
+        detail: dict[str, Any] = {
+            "attempt": run.attempt,
+            "forced": force,
+            "state_before": decision.state,
+            "request_key": request_key,
+            "lease_s": lease,
+        }
+        if pending is not None:
+            tx.set_retry(task.id, None, None)
+            detail["retry_requested_by"] = pending
+        if decision.state is TaskState.BACKOFF:
+            detail["ignored_backoff_until"] = decision.next_attempt_at
+        tx.audit(
+            AuditEntry(
+                at=at,
+                actor=str(who),
+                action=AuditAction.RUN_START,
+                task_id=task.id,
+                run_id=run.id,
+                detail=detail,
+            )
+        )
+        tx.remember(AuditAction.RUN_START, request_key, fingerprint, {"run_id": run.id}, at)
+        return run
+
+    def _replay_start(
+        self,
+        tx: Tx,
+        key: str,
+        found: tuple[str, dict[str, Any]],
+        task_id: str,
+        who: Actor,
+        forced: bool,
+    ) -> Run:
+        """The run an accepted `request_key` created, when the request is the same one."""
+        run = self._run(tx, found[1]["run_id"])
+        # Compared with the run itself, so keys stored before the fingerprint named the
+        # actor and the force still replay when (and only when) the request matches.
+        if (run.task_id, run.actor) != (task_id, str(who)) or (forced and not run.forced):
+            raise Conflict(
+                f"request key {key!r} already admitted run {run.id} of task {run.task_id} "
+                f"for {run.actor} (forced {str(run.forced).lower()}); a different request "
+                "needs its own key"
+            )
+        return run
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: AttemptStatus | str,
+        *,
+        failure_class: FailureClass | None = None,
+        reason: str | None = None,
+        not_before: float | None = None,
+        now: float | None = None,
+    ) -> Run:
+        """Record how a running run ended: succeeded | failed | abandoned.
+
+        A succeeded run is never classed and marks its task done. The reason is redacted
+        before it is stored. `not_before` (failed runs) is the vendor's reset time: the next
+        attempt is not scheduled before it. Finishing a finished run again with the same
+        values returns it unchanged; with different values it is a Conflict (an abandoned
+        run's lease expired: its runner's late result cannot rewrite the history).
+        """
+        if status not in _FINAL_RUN_STATUSES:
+            raise InvalidInput(
+                f"status must be one of {', '.join(_FINAL_RUN_STATUSES)}, got {status!r}",
+                field="status",
+            )
+        final = AttemptStatus(status)
+        klass = as_failure_class(failure_class)
+        if final is AttemptStatus.SUCCEEDED and klass is not None:
+            raise InvalidInput(
+                "failure_class must be empty for a succeeded run", field="failure_class"
+            )
+        reset = optional_time("not_before", not_before)
+        if final is not AttemptStatus.FAILED:
+            reset = None
+        stored_reason = clean_reason(reason)
+        at = moment(now)
+        with self._store.write() as tx:
+            run = self._run(tx, run_id)
+            if run.status is not AttemptStatus.RUNNING:
+                if (run.status, run.failure_class, run.reason) == (final, klass, stored_reason):
+                    return run
+                shown = run.failure_class.value if run.failure_class else "-"
+                raise Conflict(
+                    f"run {run_id} already finished as {run.status} (class {shown}); "
+                    "a finished run is immutable"
+                    + (f" ({run.reason})" if run.status is AttemptStatus.ABANDONED else "")
+                )
+            task = self._task(tx, run.task_id, lock=True)
+            tx.finish_run(run_id, final, klass, stored_reason, reset, at)
+            ended = attrs.evolve(
+                run,
+                status=final,
+                failure_class=klass,
+                reason=stored_reason,
+                ended_at=at,
+                not_before=reset,
+            )
+            self._summary_after(tx, task, ended)
+            if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
+                tx.set_task_status(run.task_id, TaskStatus.DONE, at)
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=run.actor,
+                    action=AuditAction.RUN_FINISH,
+                    task_id=run.task_id,
+                    run_id=run_id,
+                    detail={"status": final, "failure_class": klass.value if klass else None},
+                )
+            )
+            return ended

@@ -1,0 +1,318 @@
+"""Tasks and their attempt policy: creating, reading and cancelling a task, its explicit
+attempt limit (a compare-and-set), an operator's forced retry, and a dispatcher's give-up.
+
+A task's state (ready, running, backing off, blocked) is never stored: it is decided from
+its history's summary each time the task is read (`CoreBase._project`). What is stored are
+the facts an operator or a dispatcher adds: the limit (with who set it), a pending forced
+retry, the attempt a dispatcher gave up at. Each change is one transaction with its audit
+record, and a keyed change (creation, a limit) with its stored response, so replaying the
+key returns the same task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from execkit._budget import BlockedOn, DispatchCap, TaskState
+from execkit._errors import AttemptLimitReached, Conflict, Forbidden, TaskBlocked, TaskFinished
+from execkit.ledger._core.base import FINISHED_STATUSES, CoreBase
+from execkit.ledger._core.inputs import (
+    MAX_KEY,
+    MAX_TITLE,
+    as_actor,
+    check_bool,
+    check_limit,
+    check_text,
+    check_uncharged,
+    clean_reason,
+    creation_fingerprint,
+    fingerprint_of,
+    moment,
+)
+from execkit.ledger._model import OPERATE_ROLE, Actor, AuditAction, AuditEntry, Task, TaskStatus
+
+__all__ = ["TaskOps"]
+
+
+class TaskOps(CoreBase):
+    """Creating, reading and cancelling tasks; attempt limits, retries and give-ups."""
+
+    def create_task(
+        self,
+        title: str,
+        *,
+        max_attempts: int = 0,
+        max_uncharged_attempts: int | None = None,
+        idempotency_key: str | None = None,
+        actor: Actor | str,
+        now: float | None = None,
+    ) -> Task:
+        """Create an open task.
+
+        `max_attempts`: 0 = no explicit limit, else 1..10000 admitted runs (ADR 0033).
+        `max_uncharged_attempts`: this task's ceiling on consecutive upstream attempts,
+        1..1000, or None for the ledger's budget (ADR 0046's per-item field). Replaying
+        `idempotency_key` with the same request returns the same task (as it is now);
+        with a different request it is a Conflict. InvalidInput changes nothing.
+        """
+        check_text("title", title, MAX_TITLE)
+        check_limit("max_attempts", max_attempts, allow_zero=True)
+        uncharged = check_uncharged(max_uncharged_attempts)
+        who = as_actor(actor)
+        if idempotency_key is not None:
+            check_text("idempotency_key", idempotency_key, MAX_KEY)
+        at = moment(now)
+        fingerprint = creation_fingerprint(title, max_attempts, uncharged)
+        with self._store.write() as tx:
+            replay = self._replayed(tx, AuditAction.TASK_CREATE, idempotency_key, fingerprint)
+            if replay is not None:
+                return self._load_task(tx, replay["task_id"], at, None)
+            task_id = tx.insert_task(title, str(who), at, uncharged)
+            if max_attempts:
+                tx.upsert_limit(task_id, max_attempts, str(who), at)
+            detail: dict[str, Any] = {"title": title, "max_attempts": max_attempts}
+            if uncharged is not None:
+                detail["max_uncharged_attempts"] = uncharged
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_CREATE,
+                    task_id=task_id,
+                    detail=detail,
+                )
+            )
+            response = {"task_id": task_id}
+            self._remember(tx, AuditAction.TASK_CREATE, idempotency_key, fingerprint, response, at)
+            return self._load_task(tx, task_id, at, None)
+
+    def get_task(
+        self,
+        task_id: str,
+        *,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+        force: bool = False,
+    ) -> Task:
+        """The task with the budget projection of its history at `now`; NotFound if absent.
+
+        `cap` adds a dispatch cap to the bounds; `force=True` shows what a forced admission
+        would meet (every stop lifted but an explicit limit; the backoff still applies).
+        """
+        check_bool("force", force)
+        at = moment(now)
+        with self._store.read() as tx:
+            return self._load_task(tx, task_id, at, cap, force=force)
+
+    def list_tasks(self, *, now: float | None = None) -> list[Task]:
+        """Every task in creation order (each from its summary: no history is read)."""
+        at = moment(now)
+        with self._store.read() as tx:
+            tasks = tx.tasks()
+        return [self._project(task, at, None) for task in tasks]
+
+    def set_attempt_limit(
+        self,
+        task_id: str,
+        max_attempts: int,
+        *,
+        expected_max_attempts: int,
+        actor: Actor | str,
+        idempotency_key: str | None = None,
+        now: float | None = None,
+    ) -> Task:
+        """Compare-and-set the task's explicit limit (1..10000).
+
+        `expected_max_attempts` must equal the current limit (0 = none), else Conflict
+        naming the current value. The creator may change it before the first run;
+        afterwards the actor needs the role `agent.operate`, granted in the ledger
+        (Forbidden). A done or cancelled task refuses (`TaskFinished`). Limit, audit event
+        and keyed response are written in one transaction. Lowering never touches a
+        running run; raising makes an `attempt_limit` task ready again with its history.
+        """
+        check_limit("max_attempts", max_attempts, allow_zero=False)
+        check_limit("expected_max_attempts", expected_max_attempts, allow_zero=True)
+        who = as_actor(actor)
+        if idempotency_key is not None:
+            check_text("idempotency_key", idempotency_key, MAX_KEY)
+        at = moment(now)
+        fingerprint = fingerprint_of(
+            {
+                "task_id": task_id,
+                "max_attempts": max_attempts,
+                "expected_max_attempts": expected_max_attempts,
+            }
+        )
+        with self._store.write() as tx:
+            replay = self._replayed(
+                tx, AuditAction.TASK_SET_ATTEMPT_LIMIT, idempotency_key, fingerprint
+            )
+            if replay is not None:
+                return self._load_task(tx, replay["task_id"], at, None)
+            task = self._task(tx, task_id, lock=True)
+            if task.status in FINISHED_STATUSES:
+                raise TaskFinished(
+                    f"task {task_id} is {task.status}; its attempt policy can no longer change"
+                )
+            started = task.summary.attempts_used
+            roles = self._roles(tx, who)
+            creator_before_first_run = started == 0 and who.name == task.created_by
+            if not creator_before_first_run and OPERATE_ROLE not in roles:
+                whom = "after its first run" if started else "by anyone but its creator"
+                raise Forbidden(
+                    f"changing the attempt limit of task {task_id} {whom} needs the role "
+                    f"{OPERATE_ROLE} (execkit role grant {who.name} {OPERATE_ROLE})"
+                )
+            if task.max_attempts != expected_max_attempts:
+                raise Conflict(
+                    f"expected_max_attempts {expected_max_attempts} does not match the current "
+                    f"limit of task {task_id}: {task.max_attempts}"
+                )
+            tx.upsert_limit(task_id, max_attempts, str(who), at)
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_SET_ATTEMPT_LIMIT,
+                    task_id=task_id,
+                    detail={
+                        "from": task.max_attempts,
+                        "to": max_attempts,
+                        "attempts_started": started,
+                        "roles": sorted(roles),
+                    },
+                )
+            )
+            self._remember(
+                tx,
+                AuditAction.TASK_SET_ATTEMPT_LIMIT,
+                idempotency_key,
+                fingerprint,
+                {"task_id": task_id, "max_attempts": max_attempts},
+                at,
+            )
+            return self._load_task(tx, task_id, at, None)
+
+    def cancel_task(self, task_id: str, *, actor: Actor | str, now: float | None = None) -> Task:
+        """Cancel an open task (idempotent); a done task refuses with `TaskFinished`.
+
+        A running run is not touched: it finishes and is recorded as usual.
+        """
+        who = as_actor(actor)
+        at = moment(now)
+        with self._store.write() as tx:
+            task = self._task(tx, task_id, lock=True)
+            if task.status is TaskStatus.DONE:
+                raise TaskFinished(f"task {task_id} is done; it cannot be cancelled")
+            if task.status is TaskStatus.OPEN:
+                tx.set_task_status(task_id, TaskStatus.CANCELLED, at)
+                tx.audit(
+                    AuditEntry(
+                        at=at, actor=str(who), action=AuditAction.TASK_CANCEL, task_id=task_id
+                    )
+                )
+            return self._load_task(tx, task_id, at, None)
+
+    def retry_task(
+        self,
+        task_id: str,
+        *,
+        actor: Actor | str,
+        reason: str | None = None,
+        force: bool = False,
+        now: float | None = None,
+    ) -> Task:
+        """An operator asks for one forced retry of a stopped task; the next admission (by
+        the dispatcher or `start_run`) is forced and clears the request.
+
+        After an environment or upstream stop (uncharged: the budget is intact) nothing
+        more is needed. After a work stop (the charged budget is spent) it needs
+        `force=True`. After an explicit limit is used up it needs `force=True` and the role
+        `agent.operate`, and raises the limit by one (ADR 0033: a run never passes the
+        limit; the operator extends it). A running, done or cancelled task refuses.
+        Everything is audited with the actor and `reason` (redacted).
+        """
+        who = as_actor(actor)
+        check_bool("force", force)
+        note = clean_reason(reason)
+        at = moment(now)
+        with self._store.write() as tx:
+            task = self._task(tx, task_id, lock=True)
+            if task.status in FINISHED_STATUSES:
+                raise TaskFinished(f"task {task_id} is {task.status}; there is nothing to retry")
+            decision = self._decide(task, at, None)
+            if decision.state is TaskState.RUNNING:
+                raise TaskBlocked(f"task {task_id} has a run in progress; nothing to retry yet")
+            stopped_on = decision.blocked_on
+            if stopped_on is BlockedOn.WORK and not force:
+                raise TaskBlocked(
+                    f"task {task_id} stopped on work ({decision.reason}): the attempts told "
+                    "something about the work, so another one needs --force (it is audited)"
+                )
+            if stopped_on is BlockedOn.ATTEMPT_LIMIT:
+                if not force:
+                    raise AttemptLimitReached(
+                        f"task {task_id} used its explicit limit ({decision.reason}); raise it "
+                        "with set-attempt-limit, or retry with --force, which raises it by one"
+                    )
+                if OPERATE_ROLE not in self._roles(tx, who):
+                    raise Forbidden(
+                        f"retrying task {task_id} past its explicit limit raises the limit, "
+                        f"which needs the role {OPERATE_ROLE}"
+                    )
+                tx.upsert_limit(task_id, task.max_attempts + 1, str(who), at)
+                tx.audit(
+                    AuditEntry(
+                        at=at,
+                        actor=str(who),
+                        action=AuditAction.TASK_SET_ATTEMPT_LIMIT,
+                        task_id=task_id,
+                        detail={
+                            "from": task.max_attempts,
+                            "to": task.max_attempts + 1,
+                            "via": AuditAction.TASK_RETRY,
+                        },
+                    )
+                )
+            tx.set_retry(task_id, str(who), at)
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_RETRY,
+                    task_id=task_id,
+                    detail={
+                        "reason": note,
+                        "force": force,
+                        "blocked_on": stopped_on,
+                        "state": decision.state,
+                    },
+                )
+            )
+            return self._load_task(tx, task_id, at, None)
+
+    def record_give_up(
+        self, task_id: str, *, state: str, actor: Actor | str, now: float | None = None
+    ) -> Task:
+        """A dispatcher moved the task's board issue to terminal `state` after its history
+        stopped it (ADR 015): remembered with the attempt count, so that finding the issue
+        back in an eligible state later means an operator re-opened it (a forced retry)."""
+        check_text("state", state, MAX_KEY)
+        who = as_actor(actor)
+        at = moment(now)
+        with self._store.write() as tx:
+            task = self._task(tx, task_id, lock=True)
+            attempts = task.summary.attempts_used
+            tx.set_gave_up(task_id, attempts)
+            decision = self._decide(task, at, None)
+            detail = {"state": state, "attempts": attempts, "blocked_on": decision.blocked_on}
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_GIVE_UP,
+                    task_id=task_id,
+                    detail=detail,
+                )
+            )
+            return self._load_task(tx, task_id, at, None)

@@ -1,0 +1,141 @@
+"""The PostgreSQL ledger's schema: the statements of each version, numbered from 1 and
+applied in order (`migrate.py` applies them), `SCHEMA_VERSION`, and the tables a current
+schema has.
+
+What the database itself enforces, whatever a client does:
+
+- `UNIQUE (task_id, attempt)` and `UNIQUE (task_id, request_key)` on runs, and at most one
+  running run per task (a partial unique index);
+- every run row carries the explicit limit in force when it was admitted
+  (`limit_at_admission`, read from the locked task row by the INSERT itself) and
+  `CHECK (limit_at_admission = 0 OR attempt <= limit_at_admission)`: no run passes the limit;
+- run and task statuses, failure classes and limits inside their domains, and a finished
+  run always has an end time.
+
+These versions are this backend's own, not the SQLite ledger's numbers; every step after
+the first must be additive.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
+
+# Version 1: tasks (with their limit, operator state and history summary in the row that
+# admission locks), runs (with their lease and the limit in force at admission), audit,
+# idempotency keys, role grants and the ledger's identity and owner.
+SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE schema_version (
+            version integer PRIMARY KEY CHECK (version >= 1),
+            applied_at double precision NOT NULL
+        )""",
+        """CREATE TABLE ledger_meta (
+            key text PRIMARY KEY,
+            value text NOT NULL
+        )""",
+        "CREATE SEQUENCE task_numbers AS bigint",
+        "CREATE SEQUENCE run_numbers AS bigint",
+        """CREATE TABLE tasks (
+            seq bigint PRIMARY KEY,
+            id text NOT NULL UNIQUE CHECK (id = 't-' || seq),
+            title text NOT NULL,
+            status text NOT NULL CHECK (status IN ('open', 'done', 'cancelled')),
+            created_by text NOT NULL,
+            created_at double precision NOT NULL,
+            updated_at double precision NOT NULL,
+            max_attempts integer NOT NULL DEFAULT 0
+                CHECK (max_attempts BETWEEN 0 AND 10000),
+            limit_updated_by text,
+            limit_updated_at double precision,
+            max_uncharged_attempts integer
+                CHECK (max_uncharged_attempts IS NULL
+                       OR max_uncharged_attempts BETWEEN 1 AND 1000),
+            retry_requested_by text,
+            retry_requested_at double precision,
+            gave_up_at_attempt integer CHECK (gave_up_at_attempt >= 0),
+            attempts_used integer NOT NULL DEFAULT 0 CHECK (attempts_used >= 0),
+            charged_attempts integer NOT NULL DEFAULT 0 CHECK (charged_attempts >= 0),
+            uncharged_streak integer NOT NULL DEFAULT 0 CHECK (uncharged_streak >= 0),
+            streak_reason text,
+            running integer CHECK (running >= 1),
+            last_number integer CHECK (last_number >= 1),
+            last_status text
+                CHECK (last_status IN ('running', 'succeeded', 'failed', 'abandoned')),
+            last_class text CHECK (last_class IN ('work', 'environment', 'upstream')),
+            last_reason text,
+            last_started_at double precision,
+            last_ended_at double precision,
+            last_forced boolean NOT NULL DEFAULT false,
+            last_not_before double precision
+        )""",
+        """CREATE TABLE runs (
+            seq bigint PRIMARY KEY,
+            id text NOT NULL UNIQUE CHECK (id = 'r-' || seq),
+            task_id text NOT NULL REFERENCES tasks (id),
+            attempt integer NOT NULL CHECK (attempt >= 1),
+            limit_at_admission integer NOT NULL
+                CHECK (limit_at_admission BETWEEN 0 AND 10000),
+            status text NOT NULL
+                CHECK (status IN ('running', 'succeeded', 'failed', 'abandoned')),
+            failure_class text CHECK (failure_class IN ('work', 'environment', 'upstream')),
+            reason text,
+            request_key text NOT NULL,
+            actor text NOT NULL,
+            forced boolean NOT NULL DEFAULT false,
+            owner_host text NOT NULL,
+            owner_pid integer NOT NULL,
+            started_at double precision NOT NULL,
+            ended_at double precision,
+            lease_expires_at double precision,
+            lease_s double precision CHECK (lease_s > 0),
+            not_before double precision,
+            CONSTRAINT runs_attempt_unique UNIQUE (task_id, attempt),
+            CONSTRAINT runs_request_key_unique UNIQUE (task_id, request_key),
+            CONSTRAINT runs_attempt_within_limit
+                CHECK (limit_at_admission = 0 OR attempt <= limit_at_admission),
+            CONSTRAINT runs_ended_when_final CHECK ((status = 'running') = (ended_at IS NULL)),
+            CONSTRAINT runs_success_unclassed
+                CHECK (status <> 'succeeded' OR failure_class IS NULL)
+        )""",
+        "CREATE UNIQUE INDEX runs_one_running_per_task ON runs (task_id) WHERE status = 'running'",
+        "CREATE INDEX runs_running_by_lease ON runs (lease_expires_at) WHERE status = 'running'",
+        "CREATE INDEX runs_by_task ON runs (task_id, seq)",
+        """CREATE TABLE audit (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            at double precision NOT NULL,
+            actor text NOT NULL,
+            action text NOT NULL,
+            task_id text,
+            run_id text,
+            detail jsonb NOT NULL
+        )""",
+        "CREATE INDEX audit_by_task ON audit (task_id, seq)",
+        """CREATE TABLE idempotency (
+            scope text NOT NULL,
+            key text NOT NULL,
+            fingerprint text NOT NULL,
+            response jsonb NOT NULL,
+            created_at double precision NOT NULL,
+            PRIMARY KEY (scope, key)
+        )""",
+        """CREATE TABLE role_grants (
+            principal text NOT NULL,
+            role text NOT NULL,
+            granted_by text NOT NULL,
+            granted_at double precision NOT NULL,
+            PRIMARY KEY (principal, role)
+        )""",
+    ),
+}
+SCHEMA_VERSION = max(SCHEMA_STEPS)
+
+# Every table a current schema has (`storage_problems` names the missing ones).
+TABLES = (
+    "schema_version",
+    "ledger_meta",
+    "tasks",
+    "runs",
+    "audit",
+    "idempotency",
+    "role_grants",
+)

@@ -1,0 +1,356 @@
+"""One PostgreSQL transaction's reads and writes: every SQL statement the rules need, no
+rules (`Tx` in `execkit.ledger._core`).
+
+How admission is serialised (ADR 0033: the count is checked in the transaction that starts
+the run). Writes run at READ COMMITTED (`store.py`); `task(..., lock=True)` is `SELECT ...
+FOR UPDATE` on the task row, which also holds the task's history summary, so two admissions
+on one task queue on that row lock and the second one reads the first one's committed
+summary (READ COMMITTED gives each statement a fresh snapshot) before it decides. Reading a
+run inside a write transaction locks its task row first, so finishing, renewing and
+abandoning a run serialise with admissions on the same task, and an idempotency key is
+looked up under a transaction-scoped advisory lock on the key, so two first uses of one key
+(two dispatchers creating the task for one board issue) queue, and the second one replays
+the first one's answer. Row locks are always taken in task order and advisory key locks
+before any row lock, so the locking cannot deadlock.
+
+A write transaction runs in pipeline mode: the statements whose results nothing needs
+(summary, audit, keys) are sent without waiting (`_send`), and the client waits only at the
+next read and before COMMIT. PostgreSQL text cannot hold NUL: text is stored with U+FFFD in
+its place (`nul_free`, `jsonb`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from execkit._budget import AttemptStatus, HistorySummary
+from execkit._classify import FailureClass
+from execkit._errors import StorageError
+from execkit.ledger._core import TaskRecord
+from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
+from execkit.ledger._rows import (
+    RUN_COLUMNS,
+    SUMMARY_COLUMNS,
+    TASK_COLUMNS,
+    audit_event_from_row,
+    grant_from_row,
+    run_from_row,
+    summary_row,
+    task_from_row,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresTx", "jsonb", "nul_free"]
+
+# Rows are read by column name (`_rows.py`); here every column of a row shape is a column
+# of one table under the same name.
+_RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
+_TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
+_SUMMARY_UPDATE = (
+    "UPDATE tasks SET "
+    + ", ".join(f"{column} = %({column})s" for column in SUMMARY_COLUMNS)
+    + " WHERE id = %(task_id)s"
+)
+
+# Testing seam: the crash tests set this to hold the admission transaction open after the
+# INSERT (before COMMIT), then kill the process or its server connection there.
+_after_admission_insert: Callable[[], None] | None = None
+
+
+def nul_free(value: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL: it is stored as U+FFFD (a vendor's binary output
+    in a failure reason must not make the run unrecordable)."""
+    return None if value is None else value.replace("\x00", "\ufffd")
+
+
+def jsonb(value: dict[str, Any]) -> str:
+    # jsonb refuses the \u0000 escape as text does NUL.
+    return json.dumps(value, sort_keys=True).replace("\\u0000", "\\ufffd")
+
+
+class PostgresTx:
+    """One transaction on the store's connection.
+
+    In a write transaction `task(lock=True)` locks the task row (FOR UPDATE), reading a run
+    locks its task row first, `tasks()` locks every task row (in task order) and an
+    idempotency key is read under an advisory lock on it: see the module docstring.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], *, write: bool) -> None:
+        self._conn = conn
+        self._write = write
+
+    # A write transaction runs in pipeline mode: `_send` queues a statement whose result
+    # nothing needs (its errors surface at the next read or at COMMIT, inside the
+    # transaction all the same); a read waits for everything queued before it, in order.
+
+    def _send(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
+        self._conn.execute(sql, params)
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        return self._conn.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, params).fetchall()
+
+    def _named(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[dict[str, Any]]:
+        """`sql` run on a cursor whose rows are dicts by column name (`dict_row`)."""
+        from psycopg.rows import dict_row
+
+        return self._conn.cursor(row_factory=dict_row).execute(sql, params)
+
+    def _named_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        return self._named(sql, params).fetchone()
+
+    def _named_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return self._named(sql, params).fetchall()
+
+    def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """The rows a statement ending in `RETURNING 1` changed."""
+        return len(self._all(sql, params))
+
+    def _lock_task_of(self, run_id: str) -> None:
+        if self._write:
+            self._send(
+                "SELECT 1 FROM tasks WHERE id = (SELECT task_id FROM runs WHERE id = %s) "
+                "FOR UPDATE",
+                (run_id,),
+            )
+
+    def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
+        suffix = " FOR UPDATE" if lock and self._write else ""
+        row = self._named_one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
+        return None if row is None else task_from_row(row)
+
+    def tasks(self) -> list[TaskRecord]:
+        suffix = " FOR UPDATE" if self._write else ""
+        rows = self._named_all(f"{_TASK_SELECT} ORDER BY seq{suffix}")
+        return [task_from_row(row) for row in rows]
+
+    def runs(self, task_id: str) -> list[Run]:
+        rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
+        return [run_from_row(row) for row in rows]
+
+    def all_runs(self) -> list[Run]:
+        return [run_from_row(row) for row in self._named_all(f"{_RUN_SELECT} ORDER BY seq")]
+
+    def run(self, run_id: str) -> Run | None:
+        self._lock_task_of(run_id)
+        row = self._named_one(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
+        return None if row is None else run_from_row(row)
+
+    def run_at(self, task_id: str, attempt: int) -> Run | None:
+        row = self._named_one(
+            f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt)
+        )
+        return None if row is None else run_from_row(row)
+
+    def expired_runs(self, now: float) -> list[Run]:
+        expired = "status = 'running' AND lease_expires_at <= %s"
+        if not self._write:
+            rows = self._named_all(f"{_RUN_SELECT} WHERE {expired} ORDER BY seq", (now,))
+            return [run_from_row(row) for row in rows]
+        locked = [
+            row[0]
+            for row in self._all(
+                f"SELECT id FROM tasks WHERE id IN (SELECT task_id FROM runs WHERE {expired}) "
+                "ORDER BY seq FOR UPDATE",
+                (now,),
+            )
+        ]
+        if not locked:
+            return []
+        # Read again now that the tasks are locked: a run finished meanwhile is not expired.
+        rows = self._named_all(
+            f"{_RUN_SELECT} WHERE {expired} AND task_id = ANY(%s) ORDER BY seq", (now, locked)
+        )
+        return [run_from_row(row) for row in rows]
+
+    def insert_task(
+        self, title: str, actor: str, at: float, max_uncharged_attempts: int | None
+    ) -> str:
+        row = self._one(
+            "WITH n AS (SELECT nextval('task_numbers') AS seq) "
+            "INSERT INTO tasks (seq, id, title, status, created_by, created_at, updated_at, "
+            "max_uncharged_attempts) "
+            "SELECT n.seq, 't-' || n.seq, %s, 'open', %s, %s, %s, %s FROM n RETURNING id",
+            (nul_free(title), nul_free(actor), at, at, max_uncharged_attempts),
+        )
+        assert row is not None
+        return str(row[0])
+
+    def set_task_status(self, task_id: str, status: TaskStatus, at: float) -> None:
+        self._send(
+            "UPDATE tasks SET status = %s, updated_at = %s WHERE id = %s",
+            (str(status), at, task_id),
+        )
+
+    def set_retry(self, task_id: str, requested_by: str | None, at: float | None) -> None:
+        self._send(
+            "UPDATE tasks SET retry_requested_by = %s, retry_requested_at = %s WHERE id = %s",
+            (nul_free(requested_by), at, task_id),
+        )
+
+    def set_gave_up(self, task_id: str, attempts: int | None) -> None:
+        self._send("UPDATE tasks SET gave_up_at_attempt = %s WHERE id = %s", (attempts, task_id))
+
+    def upsert_limit(self, task_id: str, max_attempts: int, actor: str, at: float) -> None:
+        self._send(
+            "UPDATE tasks SET max_attempts = %s, limit_updated_by = %s, limit_updated_at = %s "
+            "WHERE id = %s",
+            (max_attempts, nul_free(actor), at, task_id),
+        )
+
+    def write_summary(self, task_id: str, summary: HistorySummary) -> None:
+        values = {
+            column: nul_free(value) if isinstance(value, str) else value
+            for column, value in summary_row(summary).items()
+        }
+        self._send(_SUMMARY_UPDATE, {**values, "task_id": task_id})
+
+    def insert_run(self, run: Run, lease_s: float) -> Run:
+        # The limit in force is read from the task row this transaction has locked, in the
+        # INSERT itself, so the CHECK holds the attempt to the limit the task has now.
+        row = self._one(
+            "WITH n AS (SELECT nextval('run_numbers') AS seq) "
+            "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
+            "request_key, actor, forced, owner_host, owner_pid, started_at, "
+            "lease_expires_at, lease_s) "
+            "SELECT n.seq, 'r-' || n.seq, t.id, %s, t.max_attempts, %s, %s, %s, %s, %s, %s, "
+            "%s, %s, %s FROM n, tasks t WHERE t.id = %s RETURNING id",
+            (
+                run.attempt,
+                str(run.status),
+                nul_free(run.request_key),
+                nul_free(run.actor),
+                run.forced,
+                nul_free(run.owner_host),
+                run.owner_pid,
+                run.started_at,
+                run.lease_expires_at,
+                lease_s,
+                run.task_id,
+            ),
+        )
+        if row is None:
+            raise StorageError(f"task {run.task_id} vanished during its admission")
+        stored = attrs.evolve(run, id=str(row[0]))
+        if _after_admission_insert is not None:
+            _after_admission_insert()
+        return stored
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: AttemptStatus,
+        failure_class: FailureClass | None,
+        reason: str | None,
+        not_before: float | None,
+        at: float,
+    ) -> bool:
+        changed = self._count(
+            "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
+            "not_before = COALESCE(%s, not_before) WHERE id = %s AND status = 'running' "
+            "RETURNING 1",
+            (
+                str(status),
+                None if failure_class is None else str(failure_class),
+                nul_free(reason),
+                at,
+                not_before,
+                run_id,
+            ),
+        )
+        return bool(changed)
+
+    def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:
+        changed = self._count(
+            "UPDATE runs SET lease_expires_at = %s, lease_s = COALESCE(%s, lease_s) WHERE id = %s "
+            "RETURNING 1",
+            (expires_at, lease_s, run_id),
+        )
+        return bool(changed)
+
+    def lease_of(self, run_id: str) -> float:
+        row = self._one("SELECT lease_s FROM runs WHERE id = %s", (run_id,))
+        return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
+
+    def audit(self, entry: AuditEntry) -> None:
+        self._send(
+            "INSERT INTO audit (at, actor, action, task_id, run_id, detail) "
+            "VALUES (%s, %s, %s, %s, %s, %s::jsonb)",
+            (
+                entry.at,
+                nul_free(entry.actor),
+                str(entry.action),
+                entry.task_id,
+                entry.run_id,
+                jsonb(entry.detail),
+            ),
+        )
+
+    def audit_events(self, task_id: str | None) -> list[AuditEvent]:
+        sql = "SELECT seq AS id, at, actor, action, task_id, run_id, detail FROM audit"
+        params: tuple[str, ...] = ()
+        if task_id is not None:
+            sql += " WHERE task_id = %s"
+            params = (task_id,)
+        rows = self._named_all(sql + " ORDER BY seq", params)
+        return [audit_event_from_row(row, dict(row["detail"])) for row in rows]
+
+    def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None:
+        if self._write:
+            # Two first uses of one key queue here; the second reads the first one's answer.
+            self._send(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",)
+            )
+        row = self._one(
+            "SELECT fingerprint, response FROM idempotency WHERE scope = %s AND key = %s",
+            (scope, nul_free(key)),
+        )
+        if row is None:
+            return None
+        return str(row[0]), dict(row[1])
+
+    def remember(
+        self, scope: str, key: str, fingerprint: str, response: dict[str, Any], at: float
+    ) -> None:
+        self._send(
+            "INSERT INTO idempotency (scope, key, fingerprint, response, created_at) "
+            "VALUES (%s, %s, %s, %s::jsonb, %s)",
+            (scope, nul_free(key), fingerprint, jsonb(response), at),
+        )
+
+    def grants(self, principal: str | None) -> list[Grant]:
+        sql = "SELECT principal, role, granted_by, granted_at FROM role_grants"
+        params: tuple[str, ...] = ()
+        if principal is not None:
+            sql += " WHERE principal = %s"
+            params = (principal,)
+        rows = self._named_all(sql + " ORDER BY principal, role", params)
+        return [grant_from_row(row) for row in rows]
+
+    def put_grant(self, grant: Grant) -> bool:
+        changed = self._count(
+            "INSERT INTO role_grants (principal, role, granted_by, granted_at) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (principal, role) DO NOTHING RETURNING 1",
+            (nul_free(grant.principal), grant.role, nul_free(grant.granted_by), grant.granted_at),
+        )
+        return bool(changed)
+
+    def delete_grant(self, principal: str, role: str) -> bool:
+        changed = self._count(
+            "DELETE FROM role_grants WHERE principal = %s AND role = %s RETURNING 1",
+            (principal, role),
+        )
+        return bool(changed)
+
+    def meta(self, key: str) -> str | None:
+        row = self._one("SELECT value FROM ledger_meta WHERE key = %s", (key,))
+        return None if row is None else str(row[0])

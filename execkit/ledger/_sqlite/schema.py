@@ -1,0 +1,134 @@
+"""The SQLite ledger's schema: the statements of each version, numbered and applied in
+order (`migrate.py` applies them), and `SCHEMA_VERSION`, the one this code writes.
+
+A fresh database is built by the same steps an old one goes through, and every step is
+additive: new facts go into new tables keyed by the old rows, so every object an older
+version defined (and every row it stored) stays exactly as it was. The steps' data (a
+summary built for every task, the ledger's identity) is written by `migrate.py`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
+
+# Version 1: the legacy store (no attempt limits). Version 2 (ADR 0033): attempt limits
+# keyed by task id and the run-history index by task and creation order. Version 3: run
+# leases and reset times, per-task uncharged ceilings and pending operator retries, the
+# per-task summary that admission reads instead of the whole history, role grants and
+# the ledger's identity. Every step is additive.
+SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE schema_version (
+            version INTEGER PRIMARY KEY,
+            applied_at REAL NOT NULL
+        )""",
+        """CREATE TABLE tasks (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            title TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('open', 'done', 'cancelled')),
+            created_by TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TABLE runs (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            task_id TEXT NOT NULL REFERENCES tasks (id),
+            attempt INTEGER NOT NULL CHECK (attempt >= 1),
+            status TEXT NOT NULL
+                CHECK (status IN ('running', 'succeeded', 'failed', 'abandoned')),
+            failure_class TEXT
+                CHECK (failure_class IS NULL
+                       OR failure_class IN ('work', 'environment', 'upstream')),
+            reason TEXT,
+            request_key TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            forced INTEGER NOT NULL DEFAULT 0 CHECK (forced IN (0, 1)),
+            owner_host TEXT NOT NULL,
+            owner_pid INTEGER NOT NULL,
+            owner_started_at REAL,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            UNIQUE (task_id, attempt)
+        )""",
+        """CREATE TABLE audit (
+            seq INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            task_id TEXT,
+            run_id TEXT,
+            detail TEXT NOT NULL
+        )""",
+        """CREATE TABLE idempotency (
+            scope TEXT NOT NULL,
+            key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            response TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (scope, key)
+        )""",
+    ),
+    2: (
+        """CREATE TABLE task_attempt_limits (
+            task_id TEXT PRIMARY KEY REFERENCES tasks (id),
+            max_attempts INTEGER NOT NULL CHECK (max_attempts BETWEEN 0 AND 10000),
+            updated_by TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        "CREATE INDEX runs_by_task_creation ON runs (task_id, seq)",
+    ),
+    3: (
+        # New facts go into new tables keyed by the old rows, so every version-2 object
+        # stays defined (and every row stored) exactly as before.
+        """CREATE TABLE run_extras (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id),
+            lease_expires_at REAL,
+            lease_s REAL CHECK (lease_s IS NULL OR lease_s > 0),
+            not_before REAL
+        )""",
+        """CREATE TABLE task_extras (
+            task_id TEXT PRIMARY KEY REFERENCES tasks (id),
+            max_uncharged_attempts INTEGER
+                CHECK (max_uncharged_attempts IS NULL
+                       OR max_uncharged_attempts BETWEEN 1 AND 1000),
+            retry_requested_by TEXT,
+            retry_requested_at REAL,
+            gave_up_at_attempt INTEGER
+        )""",
+        """CREATE TABLE task_summaries (
+            task_id TEXT PRIMARY KEY REFERENCES tasks (id),
+            attempts_used INTEGER NOT NULL CHECK (attempts_used >= 0),
+            charged_attempts INTEGER NOT NULL CHECK (charged_attempts >= 0),
+            uncharged_streak INTEGER NOT NULL CHECK (uncharged_streak >= 0),
+            streak_reason TEXT,
+            running INTEGER,
+            last_number INTEGER,
+            last_status TEXT
+                CHECK (last_status IS NULL
+                       OR last_status IN ('running', 'succeeded', 'failed', 'abandoned')),
+            last_class TEXT
+                CHECK (last_class IS NULL OR last_class IN ('work', 'environment', 'upstream')),
+            last_reason TEXT,
+            last_started_at REAL,
+            last_ended_at REAL,
+            last_forced INTEGER NOT NULL DEFAULT 0 CHECK (last_forced IN (0, 1)),
+            last_not_before REAL
+        )""",
+        """CREATE TABLE ledger_meta (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        )""",
+        """CREATE TABLE role_grants (
+            principal TEXT NOT NULL,
+            role TEXT NOT NULL,
+            granted_by TEXT NOT NULL,
+            granted_at REAL NOT NULL,
+            PRIMARY KEY (principal, role)
+        )""",
+        "CREATE UNIQUE INDEX runs_by_task_request_key ON runs (task_id, request_key)",
+        "CREATE INDEX run_extras_by_lease ON run_extras (lease_expires_at)",
+    ),
+}
+SCHEMA_VERSION = max(SCHEMA_STEPS)

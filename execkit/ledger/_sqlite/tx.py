@@ -1,0 +1,293 @@
+"""One SQLite transaction's reads and writes: every SQL statement the rules need, no rules
+(`Tx` in `execkit.ledger._core`).
+
+Each write transaction runs under BEGIN IMMEDIATE (`store.py`), which holds the database's
+write lock for the whole transaction, so two processes admitting runs on one task serialise
+on it and the second one sees the first one's run when it counts; `task(lock=True)` needs
+nothing more here. Rows are read by column name (`_rows.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from execkit._budget import AttemptStatus, HistorySummary
+from execkit._classify import FailureClass
+from execkit.ledger._core import TaskRecord
+from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
+from execkit.ledger._rows import (
+    SUMMARY_COLUMNS,
+    audit_event_from_row,
+    grant_from_row,
+    run_from_row,
+    summary_row,
+    task_from_row,
+)
+
+__all__ = ["SqliteTx"]
+
+# Rows are read by column name (`_rows.py`): each SELECT below names every column of its
+# row shape, with the facts schema 3 added taken from the tables it added them in.
+_RUN_SELECT = (
+    "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
+    "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
+    "x.lease_expires_at, x.not_before "
+    "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
+)
+_TASK_SELECT = (
+    "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
+    "COALESCE(l.max_attempts, 0) AS max_attempts, e.max_uncharged_attempts, "
+    "e.retry_requested_by, e.gave_up_at_attempt, "
+    + ", ".join(f"s.{column}" for column in SUMMARY_COLUMNS)
+    + " FROM tasks t LEFT JOIN task_attempt_limits l ON l.task_id = t.id "
+    "LEFT JOIN task_extras e ON e.task_id = t.id "
+    "LEFT JOIN task_summaries s ON s.task_id = t.id"
+)
+_SUMMARY_UPSERT = (
+    f"INSERT INTO task_summaries (task_id, {', '.join(SUMMARY_COLUMNS)}) "
+    f"VALUES (:task_id, {', '.join(f':{column}' for column in SUMMARY_COLUMNS)}) "
+    "ON CONFLICT (task_id) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
+)
+
+# Testing seam: the crash test sets this in a child process to hold the admission
+# transaction open after the INSERT (before COMMIT) and kills the child there.
+_after_admission_insert: Callable[[], None] | None = None
+
+
+class SqliteTx:
+    """One transaction on the store's connection (see the module docstring): `lock=True`
+    needs nothing here, as BEGIN IMMEDIATE already holds the database's write lock."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def _named(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """`sql` run on a cursor whose rows are read by column name (`sqlite3.Row`); the
+        connection itself keeps plain tuples for everything else."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = sqlite3.Row
+        return cursor.execute(sql, params)
+
+    def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
+        row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
+        return None if row is None else task_from_row(row)
+
+    def tasks(self) -> list[TaskRecord]:
+        rows = self._named(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
+        return [task_from_row(row) for row in rows]
+
+    def runs(self, task_id: str) -> list[Run]:
+        rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
+        return [run_from_row(row) for row in rows.fetchall()]
+
+    def all_runs(self) -> list[Run]:
+        rows = self._named(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
+        return [run_from_row(row) for row in rows]
+
+    def run(self, run_id: str) -> Run | None:
+        row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
+        return None if row is None else run_from_row(row)
+
+    def run_at(self, task_id: str, attempt: int) -> Run | None:
+        row = self._named(
+            f"{_RUN_SELECT} WHERE r.task_id = ? AND r.attempt = ?", (task_id, attempt)
+        ).fetchone()
+        return None if row is None else run_from_row(row)
+
+    def expired_runs(self, now: float) -> list[Run]:
+        rows = self._named(
+            f"{_RUN_SELECT} WHERE r.status = 'running' AND x.lease_expires_at <= ? ORDER BY r.seq",
+            (now,),
+        ).fetchall()
+        return [run_from_row(row) for row in rows]
+
+    def insert_task(
+        self, title: str, actor: str, at: float, max_uncharged_attempts: int | None
+    ) -> str:
+        seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM tasks").fetchone()[0]
+        task_id = f"t-{seq}"
+        self._conn.execute(
+            "INSERT INTO tasks (seq, id, title, status, created_by, created_at, updated_at)"
+            " VALUES (?, ?, ?, 'open', ?, ?, ?)",
+            (seq, task_id, title, actor, at, at),
+        )
+        if max_uncharged_attempts is not None:
+            self._conn.execute(
+                "INSERT INTO task_extras (task_id, max_uncharged_attempts) VALUES (?, ?)",
+                (task_id, max_uncharged_attempts),
+            )
+        return task_id
+
+    def set_task_status(self, task_id: str, status: TaskStatus, at: float) -> None:
+        self._conn.execute(
+            "UPDATE tasks SET status = ?, updated_at = ? WHERE id = ?", (status, at, task_id)
+        )
+
+    def set_retry(self, task_id: str, requested_by: str | None, at: float | None) -> None:
+        self._conn.execute(
+            "INSERT INTO task_extras (task_id, retry_requested_by, retry_requested_at) "
+            "VALUES (?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
+            "retry_requested_by = excluded.retry_requested_by, "
+            "retry_requested_at = excluded.retry_requested_at",
+            (task_id, requested_by, at),
+        )
+
+    def set_gave_up(self, task_id: str, attempts: int | None) -> None:
+        self._conn.execute(
+            "INSERT INTO task_extras (task_id, gave_up_at_attempt) VALUES (?, ?) "
+            "ON CONFLICT (task_id) DO UPDATE SET gave_up_at_attempt = excluded.gave_up_at_attempt",
+            (task_id, attempts),
+        )
+
+    def upsert_limit(self, task_id: str, max_attempts: int, actor: str, at: float) -> None:
+        self._conn.execute(
+            "INSERT INTO task_attempt_limits (task_id, max_attempts, updated_by, updated_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
+            "max_attempts = excluded.max_attempts, updated_by = excluded.updated_by, "
+            "updated_at = excluded.updated_at",
+            (task_id, max_attempts, actor, at),
+        )
+
+    def write_summary(self, task_id: str, summary: HistorySummary) -> None:
+        self._conn.execute(_SUMMARY_UPSERT, {"task_id": task_id, **summary_row(summary)})
+
+    def insert_run(self, run: Run, lease_s: float) -> Run:
+        seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
+        stored = attrs.evolve(run, id=f"r-{seq}")
+        self._conn.execute(
+            "INSERT INTO runs (seq, id, task_id, attempt, status, request_key, actor, "
+            "forced, owner_host, owner_pid, started_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                seq,
+                stored.id,
+                stored.task_id,
+                stored.attempt,
+                stored.status,
+                stored.request_key,
+                stored.actor,
+                int(stored.forced),
+                stored.owner_host,
+                stored.owner_pid,
+                stored.started_at,
+            ),
+        )
+        self._conn.execute(
+            "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) VALUES (?, ?, ?)",
+            (stored.id, stored.lease_expires_at, lease_s),
+        )
+        if _after_admission_insert is not None:
+            _after_admission_insert()
+        return stored
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: AttemptStatus,
+        failure_class: FailureClass | None,
+        reason: str | None,
+        not_before: float | None,
+        at: float,
+    ) -> bool:
+        changed = self._conn.execute(
+            "UPDATE runs SET status = ?, failure_class = ?, reason = ?, ended_at = ? "
+            "WHERE id = ? AND status = 'running'",
+            (status, failure_class, reason, at, run_id),
+        ).rowcount
+        if changed and not_before is not None:
+            self._conn.execute(
+                "INSERT INTO run_extras (run_id, not_before) VALUES (?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET not_before = excluded.not_before",
+                (run_id, not_before),
+            )
+        return bool(changed)
+
+    def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:
+        changed = self._conn.execute(
+            "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id) DO UPDATE SET lease_expires_at = excluded.lease_expires_at, "
+            "lease_s = COALESCE(excluded.lease_s, run_extras.lease_s)",
+            (run_id, expires_at, lease_s),
+        ).rowcount
+        return bool(changed)
+
+    def lease_of(self, run_id: str) -> float:
+        row = self._conn.execute(
+            "SELECT lease_s FROM run_extras WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
+
+    def audit(self, entry: AuditEntry) -> None:
+        self._conn.execute(
+            "INSERT INTO audit (at, actor, action, task_id, run_id, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                entry.at,
+                entry.actor,
+                str(entry.action),
+                entry.task_id,
+                entry.run_id,
+                json.dumps(entry.detail, sort_keys=True),
+            ),
+        )
+
+    def audit_events(self, task_id: str | None) -> list[AuditEvent]:
+        sql = "SELECT seq AS id, at, actor, action, task_id, run_id, detail FROM audit"
+        params: tuple[str, ...] = ()
+        if task_id is not None:
+            sql += " WHERE task_id = ?"
+            params = (task_id,)
+        rows = self._named(sql + " ORDER BY seq", params).fetchall()
+        return [audit_event_from_row(row, json.loads(row["detail"])) for row in rows]
+
+    def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None:
+        row = self._conn.execute(
+            "SELECT fingerprint, response FROM idempotency WHERE scope = ? AND key = ?",
+            (scope, key),
+        ).fetchone()
+        if row is None:
+            return None
+        response: dict[str, Any] = json.loads(row[1])
+        return str(row[0]), response
+
+    def remember(
+        self, scope: str, key: str, fingerprint: str, response: dict[str, Any], at: float
+    ) -> None:
+        self._conn.execute(
+            "INSERT INTO idempotency (scope, key, fingerprint, response, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (scope, key, fingerprint, json.dumps(response, sort_keys=True), at),
+        )
+
+    def grants(self, principal: str | None) -> list[Grant]:
+        sql = "SELECT principal, role, granted_by, granted_at FROM role_grants"
+        params: tuple[str, ...] = ()
+        if principal is not None:
+            sql += " WHERE principal = ?"
+            params = (principal,)
+        rows = self._named(sql + " ORDER BY principal, role", params).fetchall()
+        return [grant_from_row(row) for row in rows]
+
+    def put_grant(self, grant: Grant) -> bool:
+        changed = self._conn.execute(
+            "INSERT INTO role_grants (principal, role, granted_by, granted_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (principal, role) DO NOTHING",
+            (grant.principal, grant.role, grant.granted_by, grant.granted_at),
+        ).rowcount
+        return bool(changed)
+
+    def delete_grant(self, principal: str, role: str) -> bool:
+        changed = self._conn.execute(
+            "DELETE FROM role_grants WHERE principal = ? AND role = ?", (principal, role)
+        ).rowcount
+        return bool(changed)
+
+    def meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM ledger_meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
