@@ -19,6 +19,12 @@
     └── AgentFailed                   "agent_failed"          1    `.proof` says why
                                       (defined beside the proof it carries, in `_proof`)
 
+Every message is masked when the error is built (`ExecKitError.__init__` runs it through
+`execkit._redact.redact`): an error is where a value given by a caller (a task id, a field
+name, a wrong-typed value, a finish reason) is echoed back, and it travels to every surface
+from here (the CLI's stderr, the server's error documents, the SDKs' exceptions rebuilt from
+them), so it is masked once, at birth, before anything can print or store it.
+
 `code` is the stable machine-readable name (`{"error": {"code", "message"}}` in JSON) and
 `exit_code` the CLI's documented exit status for it. Both are class attributes, so a
 caller can map a type without an instance, and no two leaf codes share an exit code except
@@ -62,8 +68,13 @@ class ExecKitError(Exception):
     exit_code: ClassVar[int] = 1
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+        # Imported here, not at the top: `_errors` is loaded by every room, the redactor
+        # only when an error is actually built (start-up time matters).
+        from execkit._redact import redact
+
+        masked = redact(message)
+        super().__init__(masked)
+        self.message = masked
 
 
 class InvalidInput(ExecKitError, ValueError):

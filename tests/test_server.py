@@ -75,6 +75,8 @@ class Served:
         kwargs: dict[str, Any] = {"headers": sent}
         if body is not None:
             kwargs["content" if isinstance(body, bytes) else "json"] = body
+            # Raw bytes are sent as JSON, as a client does (another type is 415).
+            sent.setdefault("content-type", "application/json")
         answer = self.client.request(method, path, **kwargs)
         return answer.status_code, answer.json()
 

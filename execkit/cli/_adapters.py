@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +25,7 @@ from execkit._exec import DEFAULT_KILL_GRACE_S, ProcessStarter
 from execkit._proof import AgentProof, AgentStatus
 from execkit._registry import adapter_names, find_binary, get_adapter
 from execkit.cli._args import parse_seconds
-from execkit.cli._output import print_json, safe_text
+from execkit.cli._output import emit, print_json, safe_text
 
 __all__ = ["register", "run_adapter_command"]
 
@@ -133,9 +132,9 @@ def _handle_list(args: argparse.Namespace) -> int:
             line = (
                 f"{row['name']:<10} {row['binary']:<10} not on PATH; install: {row['install_hint']}"
             )
-        print(safe_text(line))
+        emit(safe_text(line))
         if "error" not in row:
-            print(safe_text(f"{'':<10} {_credentials_line(row)}"))
+            emit(safe_text(f"{'':<10} {_credentials_line(row)}"))
     return 0
 
 
@@ -187,8 +186,8 @@ def run_adapter_command(
         cls = proof.failure_class.value if proof.failure_class else "work"
         detail = proof.precondition or proof.error or "no output"
         line = f"execkit: {adapter.name} failed ({cls}: {proof.reason}): {detail}"
-        print(safe_text(line), file=sys.stderr)
+        emit(safe_text(line), err=True)
     elif proof.output:
         # The vendor's reply, lines and all; its other control characters are escaped.
-        print(safe_text(proof.output, multiline=True))
+        emit(safe_text(proof.output, multiline=True))
     return _exit_code(proof)

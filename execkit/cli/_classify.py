@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 from execkit._classify import TAIL_CHARS, classify_text
 from execkit._errors import ExecKitError, InvalidInput, NotFound
-from execkit.cli._output import print_json, safe_text
+from execkit.cli._output import emit, print_json, safe_text
 
 # A UTF-8 character is at most 4 bytes, so this many bytes always hold TAIL_CHARS characters.
 _TAIL_BYTES = 4 * TAIL_CHARS
@@ -55,7 +55,7 @@ def _handle(args: argparse.Namespace) -> int:
         lines = [f"{verdict.failure_class.value}: {safe_text(verdict.reason)}"]
         if verdict.evidence:
             lines.append(f"evidence: {safe_text(verdict.evidence)}")
-        sys.stdout.write("\n".join(lines) + "\n")
+        emit("\n".join(lines))
     return 0
 
 

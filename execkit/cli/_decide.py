@@ -14,7 +14,7 @@ from typing import Any
 from execkit._budget import EXPLICIT_LIMIT_MAX, Attempt, Decision, ExplicitLimit, WorkBudget, decide
 from execkit._errors import HistoryError, InvalidInput, NotFound
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import print_json, safe_text, utc_stamp
+from execkit.cli._output import emit, print_json, safe_text, utc_stamp
 
 __all__ = ["attempt_to_json", "register"]
 
@@ -92,7 +92,7 @@ def _handle(args: argparse.Namespace) -> int:
     if args.json:
         print_json(decision.to_dict())
     else:
-        sys.stdout.write(_summary(decision, now))
+        emit(_summary(decision, now).removesuffix("\n"))
     return 0
 
 

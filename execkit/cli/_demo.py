@@ -28,7 +28,7 @@ from execkit._errors import InvalidInput, NotFound
 from execkit._exec import ProcessStarter, SpawnResult
 from execkit.cli._decide import attempt_to_json
 from execkit.cli._dispatch import describe_event, format_status_table
-from execkit.cli._output import print_json, safe_text
+from execkit.cli._output import emit, print_json, safe_text
 from execkit.dispatch import (
     AdapterRunner,
     BoardIssue,
@@ -197,7 +197,7 @@ def _demo(args: argparse.Namespace) -> int:
                     f"kept: execkit status --board {board} --db {db}; "
                     f"execkit decide --history {histories[-1]}"
                 )
-                print(f"\n{safe_text(line)}")
+                emit(f"\n{safe_text(line)}")
         if args.json:
             print_json({"status": status, "kept": kept})
     finally:
@@ -229,7 +229,7 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
         if as_json:
             print_json({"event": event.to_dict(), "t": event.at - clock.start})
         else:
-            print(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}", flush=True)
+            emit(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}")
 
     started = time.monotonic()
     with open_ledger(workdir / "ledger.db", backoff=config.backoff) as ledger:
@@ -244,7 +244,7 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
             "(no real waiting).\n"
         )
         if not as_json:
-            print(intro)
+            emit(intro)
         # One agent at a time, in the board's order: on a virtual clock, running side by
         # side would only shuffle the lines, and the README quotes them.
         dispatcher = Dispatcher(
@@ -263,9 +263,9 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
     status = {"now": clock(), "config": config.to_dict(), "issues": [r.to_dict() for r in rows]}
     if as_json:
         return status
-    print(f"\nstatus after {clock() - clock.start:.0f}s of virtual time ({elapsed:.1f}s real):\n")
-    print(format_status_table(rows, clock()))
-    print(
+    emit(f"\nstatus after {clock() - clock.start:.0f}s of virtual time ({elapsed:.1f}s real):\n")
+    emit(format_status_table(rows, clock()))
+    emit(
         "\nATTEMPT counts every dispatch against the cap; CHARGED only the attempts that said "
         "something about the work;\nUNCHARGED is the current run of upstream failures. "
         "Missing binaries and vendor outages cost no budget."

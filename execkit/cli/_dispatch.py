@@ -23,7 +23,7 @@ from execkit._errors import Conflict, InvalidInput, NotFound, TaskBlocked
 from execkit._proof import RunStatus
 from execkit._registry import get_adapter
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
-from execkit.cli._output import print_json, safe_text
+from execkit.cli._output import emit, log_handler, print_json, safe_text
 from execkit.dispatch import (
     MAX_CONCURRENT_AGENTS,
     AdapterRunner,
@@ -326,25 +326,10 @@ def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
     return "\n".join(lines)
 
 
-class _SafeFormatter(logging.Formatter):
-    """Log lines with their control characters escaped (a traceback keeps its newlines)."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return safe_text(super().formatMessage(record))
-
-    def formatException(self, ei: Any) -> str:
-        return safe_text(super().formatException(ei), multiline=True)
-
-    def formatStack(self, stack_info: str) -> str:
-        return safe_text(super().formatStack(stack_info), multiline=True)
-
-
 def _setup_logging() -> None:
     # The give-up warnings are for the operator: show them on stderr (basicConfig is a
     # no-op when the embedding program configured logging already).
-    handler = logging.StreamHandler()
-    handler.setFormatter(_SafeFormatter("execkit: %(levelname)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.basicConfig(level=logging.WARNING, handlers=[log_handler("execkit")])
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -369,7 +354,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.json:
             print_json(event.to_dict())
         else:
-            print(describe_event(event), flush=True)
+            emit(describe_event(event))
 
     url = remote_url(args)
     ledger: Ledger = (
@@ -464,9 +449,9 @@ def _status(args: argparse.Namespace) -> int:
         print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
         return 0
     if not rows:
-        print("no issues" if board is not None else "no dispatched issues in the ledger")
+        emit("no issues" if board is not None else "no dispatched issues in the ledger")
         return 0
-    print(format_status_table(rows, now))
+    emit(format_status_table(rows, now))
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from execkit._errors import InvalidInput, StorageError
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp
+from execkit.cli._output import EXIT_CODES, emit, print_json, safe_text, utc_stamp
 from execkit.ledger import (
     CAPABILITIES,
     KNOWN_ROLES,
@@ -400,22 +400,22 @@ def _print_task(task: Task, *, as_json: bool) -> None:
     if as_json:
         print_json(task.to_dict())
         return
-    print(f"{safe_text(task.id)}  {safe_text(task.title)}")
-    print(f"  status {task.status}, state {task.state}, ready {'yes' if task.ready else 'no'}")
-    print(
+    emit(f"{safe_text(task.id)}  {safe_text(task.title)}")
+    emit(f"  status {task.status}, state {task.state}, ready {'yes' if task.ready else 'no'}")
+    emit(
         f"  attempts started {task.attempts_started}, limit {_limit_text(task)}, "
         f"charged {task.charged_attempts}, uncharged streak {task.uncharged_streak}, "
         f"remaining {task.remaining if task.remaining is not None else '-'}"
     )
-    print(f"  uncharged ceiling {task.max_uncharged_attempts}")
+    emit(f"  uncharged ceiling {task.max_uncharged_attempts}")
     if task.retry_pending:
-        print("  an operator's forced retry is pending")
+        emit("  an operator's forced retry is pending")
     if task.blocked_on:
-        print(f"  blocked on {task.blocked_on}")
+        emit(f"  blocked on {task.blocked_on}")
     if task.reason:
-        print(f"  reason: {safe_text(task.reason)}")
+        emit(f"  reason: {safe_text(task.reason)}")
     if task.next_attempt_at is not None and task.state is TaskState.BACKOFF:
-        print(f"  next attempt at {utc_stamp(task.next_attempt_at)}")
+        emit(f"  next attempt at {utc_stamp(task.next_attempt_at)}")
 
 
 def _run_line(run: Run) -> str:
@@ -431,7 +431,7 @@ def _print_run(run: Run, *, as_json: bool) -> None:
     if as_json:
         print_json(run.to_dict())
     else:
-        print(_run_line(run))
+        emit(_run_line(run))
 
 
 def _print_result(
@@ -457,7 +457,7 @@ def _print_listing(args: argparse.Namespace, doc: dict[str, Any], lines: list[st
         print_json(doc)
     else:
         for line in lines:
-            print(line)
+            emit(line)
     return 0
 
 
@@ -605,7 +605,7 @@ def _role_revoke(args: argparse.Namespace) -> int:
         print_json({"principal": args.principal, "role": args.role, "revoked": removed})
     else:
         what = "revoked" if removed else "was not granted"
-        print(safe_text(f"{args.principal} {args.role}: {what}"))
+        emit(safe_text(f"{args.principal} {args.role}: {what}"))
     return 0
 
 
@@ -637,7 +637,7 @@ def _capabilities(args: argparse.Namespace) -> int:
         print_json({"capabilities": caps, "schema_version": version})
     else:
         for cap in caps:
-            print(cap)
+            emit(cap)
     return 0
 
 
@@ -651,16 +651,16 @@ def _db_migrate(args: argparse.Namespace) -> int:
     if args.json:
         print_json({key: where, **result.to_dict()})
     elif result.from_version == result.to_version:
-        print(safe_text(f"{where}: already at schema version {result.to_version}; nothing to do"))
+        emit(safe_text(f"{where}: already at schema version {result.to_version}; nothing to do"))
     elif isinstance(result, Migration):
-        print(
+        emit(
             safe_text(
                 f"{where}: migrated schema {result.from_version} -> {result.to_version}; "
                 f"backup written to {result.backup_path}"
             )
         )
     else:
-        print(
+        emit(
             safe_text(
                 f"{where}: migrated schema {result.from_version} -> {result.to_version} "
                 f"(restore from the dump `{result.backup_command}` names, if need be)"
@@ -677,7 +677,7 @@ def _db_status(args: argparse.Namespace) -> int:
         print_json(info)
     else:
         for key, value in info.items():
-            print(safe_text(f"{key}: {value}"))
+            emit(safe_text(f"{key}: {value}"))
     return 0
 
 
@@ -690,9 +690,9 @@ def _db_init(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
     elif created:
-        print(safe_text(f"{where}: a new, empty ledger (id {info['ledger_id']})"))
+        emit(safe_text(f"{where}: a new, empty ledger (id {info['ledger_id']})"))
     else:
-        print(safe_text(f"{where}: already an execkit ledger; nothing to do"))
+        emit(safe_text(f"{where}: already an execkit ledger; nothing to do"))
     return 0
 
 
@@ -711,9 +711,9 @@ def _db_check(args: argparse.Namespace) -> int:
         print_json({"ok": not problems, "problems": problems, "repaired": repaired})
     else:
         for line in repaired:
-            print(safe_text(f"repaired: {line}"))
+            emit(safe_text(f"repaired: {line}"))
         for problem in problems:
-            print(safe_text(problem))
+            emit(safe_text(problem))
         if not problems:
-            print("ok: every history validates")
+            emit("ok: every history validates")
     return EXIT_CODES["invalid_history"] if problems else 0

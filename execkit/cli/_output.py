@@ -1,5 +1,12 @@
 """Shared CLI output: JSON printing, terminal-safe text and the error-code ➜ exit-code table.
 
+Every byte the CLI writes to stdout or stderr goes through this module: `emit` (a line of
+text), `print_json` (a JSON document), `report_error`, `report_internal_error` and the log
+handler of `log_handler`. Each masks what it writes (`execkit._redact.redact`; JSON
+structurally, through `execkit._json.masked`), so a board field, a path, an argument or a
+value read back from a ledger cannot reach the terminal unmasked, whichever command printed
+it. No other module of execkit writes to stdout or stderr (tests/test_sink_layer.py).
+
 Human text output prints values that came from outside execkit (task titles, failure
 reasons, board issues, paths, error messages). `safe_text` escapes the control characters
 in them, so a title holding `ESC [2J` or a carriage return cannot clear or rewrite the
@@ -9,6 +16,7 @@ character already.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -19,10 +27,13 @@ from execkit._redact import redact
 __all__ = [
     "EXIT_CODES",
     "INTERNAL_ERROR_EXIT",
+    "emit",
+    "log_handler",
     "print_json",
     "report_error",
     "report_internal_error",
     "safe_text",
+    "show_credential",
     "utc_stamp",
 ]
 
@@ -65,12 +76,59 @@ def utc_stamp(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat(timespec="seconds")
 
 
-def print_json(obj: Any) -> None:
-    """One JSON document on stdout."""
+def emit(text: str = "", *, err: bool = False) -> None:
+    """`text` masked, and a newline, on stdout (stderr with `err`), flushed. The caller
+    escapes control characters (`safe_text`) where the text came from outside."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(redact(text) + "\n")
+    stream.flush()
+
+
+def print_json(obj: Any, *, credential: str | None = None) -> None:
+    """One JSON document on stdout, every string in it masked.
+
+    `credential` names the one top-level member left as it is: a credential the operator
+    asked execkit to make and show once (`execkit serve --add-token --json`). It is the
+    only way past the mask, and tests/test_sink_layer.py allows it in that command only.
+    """
     import json  # not every command prints JSON
 
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    from execkit._json import masked
+
+    doc = masked(obj)
+    if credential is not None:
+        doc[credential] = obj[credential]
+    sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     sys.stdout.flush()
+
+
+def show_credential(value: str) -> None:
+    """A credential execkit just made, on stdout as it is, shown once to the operator who
+    asked for it: the one line the CLI does not mask (see `print_json`'s `credential`)."""
+    sys.stdout.write(value + "\n")
+    sys.stdout.flush()
+
+
+class _SafeFormatter(logging.Formatter):
+    """Log lines masked, with their control characters escaped (a traceback keeps its
+    newlines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return safe_text(redact(super().formatMessage(record)))
+
+    def formatException(self, ei: Any) -> str:
+        return safe_text(redact(super().formatException(ei)), multiline=True)
+
+    def formatStack(self, stack_info: str) -> str:
+        return safe_text(redact(super().formatStack(stack_info)), multiline=True)
+
+
+def log_handler(prefix: str) -> logging.Handler:
+    """A handler writing each log record on stderr as `PREFIX: LEVEL: message`, masked and
+    escaped: the only way a CLI command puts log lines on the terminal."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_SafeFormatter(f"{prefix}: %(levelname)s: %(message)s"))
+    return handler
 
 
 def report_error(exc: ExecKitError, *, as_json: bool) -> int:

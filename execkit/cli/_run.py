@@ -41,7 +41,7 @@ from execkit._exec import (
     spawn_cancellable,
 )
 from execkit.cli._args import parse_seconds
-from execkit.cli._output import print_json
+from execkit.cli._output import emit, print_json
 
 __all__ = ["register"]
 
@@ -168,9 +168,9 @@ def _handle(args: argparse.Namespace) -> int:
     if args.json:
         print_json(_result_payload(result))
     elif result.spawn_errno is not None:
-        print(f"execkit: {result.spawn_error}", file=sys.stderr)
+        emit(f"execkit: {result.spawn_error}", err=True)
     elif result.timed_out:
-        print(f"execkit: timed out after {timeout:g}s; process tree stopped", file=sys.stderr)
+        emit(f"execkit: timed out after {timeout:g}s; process tree stopped", err=True)
     return _exit_status(result)
 
 

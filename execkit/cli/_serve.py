@@ -17,7 +17,7 @@ from typing import Any
 
 from execkit._errors import InvalidInput
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import print_json, safe_text
+from execkit.cli._output import emit, log_handler, print_json, safe_text, show_credential
 from execkit.ledger import CAPABILITIES, KNOWN_ROLES, Ledger
 
 __all__ = ["register"]
@@ -149,7 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
             print_json({"url": url, "ledger": ledger.location(), "ledger_id": ledger.ledger_id()})
         else:
             line = f"execkit serve: listening on {url} (ledger {ledger.location()})"
-            print(safe_text(line), flush=True)
+            emit(safe_text(line))
         sys.stdout.flush()
 
     _quiet_logging()
@@ -170,13 +170,7 @@ def _quiet_logging() -> None:
     """Warnings and errors on stderr, each line escaped; uvicorn's start-up chatter off."""
     import logging
 
-    class _Safe(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            return safe_text(super().format(record), multiline=True)
-
-    handler = logging.StreamHandler()
-    handler.setFormatter(_Safe("execkit serve: %(levelname)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.basicConfig(level=logging.WARNING, handlers=[log_handler("execkit serve")])
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
 
 
@@ -209,16 +203,17 @@ def _add_token(args: argparse.Namespace) -> int:
                 "actor": args.actor,
                 "roles": sorted(set(args.role)),
                 "tokens_file": args.add_token,
-            }
+            },
+            credential="token",
         )
     else:
-        print(token)
-        print(
+        show_credential(token)
+        emit(
             safe_text(
                 f"execkit serve: token for {args.actor} "
                 f"(roles: {', '.join(sorted(set(args.role))) or 'none'}) added to "
                 f"{args.add_token}; it is shown only now"
             ),
-            file=sys.stderr,
+            err=True,
         )
     return 0

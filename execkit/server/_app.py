@@ -9,8 +9,11 @@ in a worker thread, the `Idempotency-Key` is claimed, a stored answer replayed (
 `conflict` for a different request with the key), else the ledger called and a 2xx answer
 stored. The whole request is bounded by `request_timeout_s`: past it the answer is 503
 `storage` saying the outcome is unknown (the worker finishes and stores its answer, so the
-same key replays it). Errors keep one shape, `{"error": {"code", "message"}}`, messages
-redacted. Nothing is logged of a request's headers: a token never reaches a log.
+same key replays it). Errors keep one shape, `{"error": {"code", "message"}}`. Every answer
+body is serialized by `_dumps`, which masks every string in the document first
+(`execkit._json.masked`), and every `Response` is built by `_response`; a refusal names
+the offending field and its type, never the value sent. Nothing is logged of a request's
+headers: a token never reaches a log.
 
 The ledger is shared by the worker threads (SQLite and PostgreSQL ledgers serialise their
 transactions on a lock of their own); the pool of `workers` threads bounds how many
@@ -38,6 +41,7 @@ from starlette.routing import Route
 
 from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
 from execkit._errors import ExecKitError, StorageError, TaskBackingOff
+from execkit._json import masked
 from execkit._redact import redact
 from execkit.ledger import Actor, Ledger
 from execkit.server._idempotency import IdempotencyStore, StoredResponse
@@ -63,6 +67,7 @@ _INT = re.compile(r"[+-]?[0-9]{1,19}")
 _INT64 = (-(2**63), 2**63 - 1)
 _MAX_NAME = 200
 _JSON = "application/json"
+_ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
 
 
 class _Refused(Exception):
@@ -76,11 +81,12 @@ class _Refused(Exception):
 
 
 def _dumps(doc: Mapping[str, Any]) -> str:
-    return json.dumps(doc, sort_keys=True)
+    """The one serializer of an answer: every string in `doc` masked, then JSON."""
+    return json.dumps(masked(doc), sort_keys=True)
 
 
 def _error_doc(code: str, message: str, **extra: Any) -> dict[str, Any]:
-    return {"error": {"code": code, "message": redact(message), **extra}}
+    return {"error": {"code": code, "message": message, **extra}}
 
 
 def error_answer(exc: ExecKitError) -> tuple[int, dict[str, Any]]:
@@ -117,6 +123,22 @@ def _checked_text(where: str, value: str) -> str:
     return value
 
 
+def _kind(value: Any) -> str:
+    """How a refusal names a wrong-typed value: its JSON type, never the value (a string
+    sent where a number belongs may be a credential pasted into the wrong field)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null"
+
+
 def _checked_value(where: str, field: Field, value: Any) -> Any:
     if value is None:
         if field.nullable:
@@ -129,17 +151,17 @@ def _checked_value(where: str, field: Field, value: Any) -> Any:
         return _checked_text(where, value)
     if kind == "boolean":
         if not isinstance(value, bool):
-            raise _invalid(f"{where} must be true or false, got {value!r}")
+            raise _invalid(f"{where} must be true or false, got {_kind(value)}")
         return value
     if kind == "integer":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _invalid(f"{where} must be a whole number, got {value!r}")
+            raise _invalid(f"{where} must be a whole number, got {_kind(value)}")
         if not _INT64[0] <= value <= _INT64[1]:
             raise _invalid(f"{where} is out of range")
         return value
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _invalid(f"{where} must be a number, got {value!r}")
+            raise _invalid(f"{where} must be a number, got {_kind(value)}")
         if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
             raise _invalid(f"{where} is out of range")
         if not math.isfinite(value):
@@ -152,17 +174,50 @@ def _query_value(field: Field, raw: str) -> Any:
     where = f"query parameter {field.name}"
     if field.type == "boolean":
         if raw not in ("true", "false"):
-            raise _invalid(f"{where} must be true or false, got {raw!r}")
+            raise _invalid(f"{where} must be true or false")
         return raw == "true"
     if field.type == "integer":
         if not _INT.fullmatch(raw):
-            raise _invalid(f"{where} must be a whole number, got {raw!r}")
+            raise _invalid(f"{where} must be a whole number")
         return _checked_value(where, field, int(raw))
     return _checked_text(where, raw)
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # `{"cap": 1, "cap": -1}`: Python keeps the last, another parser the first, so two
+    # readers of one body could disagree about what was asked. Refuse it.
+    doc: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in doc:
+            raise ValueError(f"the member {name!r} is given twice")
+        doc[name] = value
+    return doc
+
+
+# The least value a field takes over HTTP, where the ledger allows less. A negative dispatch
+# cap is ADR 015's "retry forever": it lifts the charged work budget, an operator's choice
+# for a dispatcher's own configuration, not a request parameter any token may send.
+_MINIMUM = {"cap": 0}
+
+
+def _check_minimum(where: str, name: str, value: Any) -> None:
+    least = _MINIMUM.get(name)
+    if least is not None and isinstance(value, int) and value < least:
+        raise _invalid(
+            f"{where} must be at least {least} over HTTP (a negative cap lifts the "
+            "charged budget: set it in a dispatcher's own configuration)"
+        )
+
+
+def _route(endpoint: Endpoint[..., Any], handle: Callable[[Request], Awaitable[Response]]) -> Route:
+    route = Route(endpoint.path, handle, methods=[endpoint.method])
+    # Starlette answers HEAD for every GET route; the API documents no HEAD (405).
+    route.methods = {endpoint.method}
+    return route
 
 
 class LedgerApp:
@@ -192,13 +247,13 @@ class LedgerApp:
         self.openapi = openapi_document(version)
         self._openapi_text = _dumps(self.openapi)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="execkit-serve")
-        routes = [
-            Route(endpoint.path, self._endpoint(endpoint), methods=[endpoint.method])
-            for endpoint in ENDPOINTS
-        ]
+        routes = [_route(endpoint, self._endpoint(endpoint)) for endpoint in ENDPOINTS]
         self.app = Starlette(
             routes=routes, exception_handlers={HTTPException: self._http_exception}
         )
+        # A path the API does not have is 404, with or without a trailing slash: a 307 to
+        # the other spelling would invite a client to resend its token and body.
+        self.app.router.redirect_slashes = False
 
     def close(self) -> None:
         """Stop the worker threads (after the ones running finish)."""
@@ -272,7 +327,9 @@ class LedgerApp:
             return None
         if not _KEY.fullmatch(raw):
             raise _invalid("Idempotency-Key must be 1..200 visible ASCII characters")
-        return raw
+        # Masked as the ledger masks its own keys (a key is stored, and echoed in a
+        # conflict): the same key is masked the same way, so a replay still finds it.
+        return redact(raw)
 
     async def _body(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
         limit = self.max_body_bytes
@@ -294,8 +351,17 @@ class LedgerApp:
         if not raw.strip():
             doc: Any = {}
         else:
+            kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if kind != _JSON:
+                raise _Refused(
+                    415, "invalid", f"a request body must be sent as Content-Type: {_JSON}"
+                )
             try:
-                doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+                doc = json.loads(
+                    raw.decode("utf-8"),
+                    parse_constant=_reject_constant,
+                    object_pairs_hook=_unique_members,
+                )
             except (ValueError, RecursionError) as exc:
                 raise _invalid(f"the request body is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
@@ -311,6 +377,7 @@ class LedgerApp:
                     raise _invalid(f"the request body needs {name!r}")
                 continue
             checked[name] = _checked_value(name, field, doc[name])
+            _check_minimum(name, name, checked[name])
         return checked
 
     def _query(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
@@ -323,6 +390,7 @@ class LedgerApp:
             if name in found:
                 raise _invalid(f"query parameter {name!r} given twice")
             found[name] = _query_value(field, raw)
+            _check_minimum(f"query parameter {name}", name, found[name])
         return found
 
     # -- one request -------------------------------------------------------------------
@@ -330,6 +398,10 @@ class LedgerApp:
     async def _handle(self, endpoint: Endpoint[..., Any], request: Request) -> Response:
         if not endpoint.authenticated:
             return _response(200, self._openapi_text)
+        if _ENCODED_SLASH.search(request.scope.get("raw_path", b"")):
+            # The server decodes `%2F` before routing, so `/v1/tasks/a%2Fruns` would reach
+            # another endpoint than the one the client named. No id holds a `/`: 404.
+            raise _Refused(404, "not_found", "no such endpoint: a path segment holds %2F")
         principal = self._authenticate(request)
         self._check_roles(principal, endpoint.roles_needed({}), endpoint)
         path = {

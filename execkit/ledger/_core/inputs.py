@@ -1,11 +1,20 @@
 """Every argument of a ledger operation checked before its transaction opens.
 
 Each check returns the value as the rules use it, or raises `InvalidInput` naming the field
-(`.field`), so a refused call writes nothing. Free text is redacted and bounded here
-(`clean_reason`), times are finite POSIX seconds (`moment`: a NaN stored as a start time
-would make a history unreadable), and a keyed request's fingerprint (`fingerprint_of`) is
-the SHA-256 of the canonical JSON of what it asked, so replaying a key with another
-request is told apart.
+(`.field`), so a refused call writes nothing.
+
+This is where secrets are masked on the way in: every piece of text a caller hands a ledger
+operation (a title, a reason, an actor and the one it acts for, a principal, a board state,
+an idempotency or request key) is returned by `check_text`, `as_actor` or `clean_reason`
+already run through `execkit._redact.redact`, and only that returned value is stored,
+fingerprinted or echoed (tests/test_sink_layer.py checks every operation of `_core` takes
+its text through one of them). So no stored byte, and nothing read back from the ledger (a
+task list, an audit, a server's answer) can hold a credential the redactor knows; a key is
+masked the same way wherever it is given, so replaying it still finds its first answer.
+Free text is bounded here (`clean_reason`), times are finite POSIX seconds (`moment`: a NaN
+stored as a start time would make a history unreadable), and a keyed request's fingerprint
+(`fingerprint_of`) is the SHA-256 of the canonical JSON of what it asked, so replaying a key
+with another request is told apart.
 """
 
 from __future__ import annotations
@@ -44,13 +53,15 @@ _MAX_REASON = 4000
 
 
 def check_text(field: str, value: object, max_len: int) -> str:
+    """`value`, a non-empty string of at most `max_len` characters, masked: the caller
+    stores and echoes the returned value, never the argument."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"{field} must be a non-empty string", field=field)
     if len(value) > max_len:
         raise InvalidInput(
             f"{field} must be at most {max_len} characters, got {len(value)}", field=field
         )
-    return value
+    return redact(value)
 
 
 def check_limit(field: str, value: object, *, allow_zero: bool) -> int:
@@ -96,11 +107,12 @@ def check_bool(field: str, value: object) -> bool:
 
 
 def as_actor(value: object) -> Actor:
+    """`value` as an Actor whose name and on-behalf-of are masked (an `X-On-Behalf-Of`
+    header or a `--on-behalf-of` flag is free text from outside)."""
     if isinstance(value, Actor):
-        return value
-    check_text("actor", value, MAX_KEY)
-    assert isinstance(value, str)
-    return Actor(value)
+        behalf = value.on_behalf_of
+        return Actor(redact(value.name), on_behalf_of=None if behalf is None else redact(behalf))
+    return Actor(check_text("actor", value, MAX_KEY))
 
 
 def moment(now: float | None) -> float:

@@ -19,8 +19,9 @@ __all__ = ["RoleOps"]
 class RoleOps(CoreBase):
     """Granting, revoking and listing roles."""
 
-    def _check_role_change(self, tx: Tx, who: Actor, principal: object, role: object) -> None:
-        check_text("principal", principal, MAX_KEY)
+    def _check_role_change(self, tx: Tx, who: Actor, principal: object, role: object) -> str:
+        """The principal as it is stored (masked), once the change is allowed."""
+        masked = check_text("principal", principal, MAX_KEY)
         if role not in KNOWN_ROLES:
             raise InvalidInput(
                 f"role must be one of {', '.join(sorted(KNOWN_ROLES))}, got {role!r}",
@@ -31,6 +32,7 @@ class RoleOps(CoreBase):
                 f"changing roles needs the ledger's owner ({self._store.owner() or 'unknown'}) "
                 f"or the role {ADMIN_ROLE}; {who.name} has neither"
             )
+        return masked
 
     def grant_role(
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
@@ -42,7 +44,7 @@ class RoleOps(CoreBase):
         who = as_actor(actor)
         at = moment(now)
         with self._store.write() as tx:
-            self._check_role_change(tx, who, principal, role)
+            principal = self._check_role_change(tx, who, principal, role)
             grant = Grant(principal=principal, role=role, granted_by=str(who), granted_at=at)
             if not tx.put_grant(grant):
                 return next(g for g in tx.grants(principal) if g.role == role)
@@ -63,7 +65,7 @@ class RoleOps(CoreBase):
         who = as_actor(actor)
         at = moment(now)
         with self._store.write() as tx:
-            self._check_role_change(tx, who, principal, role)
+            principal = self._check_role_change(tx, who, principal, role)
             removed = tx.delete_grant(principal, role)
             if removed:
                 detail = {"principal": principal, "role": role}

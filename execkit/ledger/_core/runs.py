@@ -115,7 +115,7 @@ class RunOps(LeaseOps):
         the same actor and force returns the same run and creates none; with different
         ones it is a Conflict.
         """
-        check_text("request_key", request_key, MAX_KEY)
+        request_key = check_text("request_key", request_key, MAX_KEY)
         who = as_actor(actor)
         check_bool("forced", forced)
         check_bool("ignore_backoff", ignore_backoff)

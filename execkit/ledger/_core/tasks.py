@@ -55,12 +55,12 @@ class TaskOps(CoreBase):
         `idempotency_key` with the same request returns the same task (as it is now);
         with a different request it is a Conflict. InvalidInput changes nothing.
         """
-        check_text("title", title, MAX_TITLE)
+        title = check_text("title", title, MAX_TITLE)
         check_limit("max_attempts", max_attempts, allow_zero=True)
         uncharged = check_uncharged(max_uncharged_attempts)
         who = as_actor(actor)
         if idempotency_key is not None:
-            check_text("idempotency_key", idempotency_key, MAX_KEY)
+            idempotency_key = check_text("idempotency_key", idempotency_key, MAX_KEY)
         at = moment(now)
         fingerprint = creation_fingerprint(title, max_attempts, uncharged)
         with self._store.write() as tx:
@@ -134,7 +134,7 @@ class TaskOps(CoreBase):
         check_limit("expected_max_attempts", expected_max_attempts, allow_zero=True)
         who = as_actor(actor)
         if idempotency_key is not None:
-            check_text("idempotency_key", idempotency_key, MAX_KEY)
+            idempotency_key = check_text("idempotency_key", idempotency_key, MAX_KEY)
         at = moment(now)
         fingerprint = fingerprint_of(
             {
@@ -297,7 +297,7 @@ class TaskOps(CoreBase):
         """A dispatcher moved the task's board issue to terminal `state` after its history
         stopped it (ADR 015): remembered with the attempt count, so that finding the issue
         back in an eligible state later means an operator re-opened it (a forced retry)."""
-        check_text("state", state, MAX_KEY)
+        state = check_text("state", state, MAX_KEY)
         who = as_actor(actor)
         at = moment(now)
         with self._store.write() as tx:
