@@ -34,6 +34,7 @@ from typing import Any
 import attrs
 
 from execkit._errors import Forbidden, InvalidInput, NotFound, StorageError
+from execkit._redact import redact
 from execkit.ledger import KNOWN_ROLES
 
 __all__ = ["Principal", "TokenFile", "add_token", "token_hash"]
@@ -69,7 +70,9 @@ def _check_actor(actor: object, where: str) -> str:
         )
     if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in actor):
         raise InvalidInput(f"{where}: actor must not hold control characters", field="actor")
-    return actor
+    # Masked as the ledger masks every actor it stores: the name is written to the tokens
+    # file and becomes the actor of every request the token makes.
+    return redact(actor)
 
 
 def _check_roles(roles: object, where: str) -> frozenset[str]:

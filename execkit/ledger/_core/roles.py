@@ -19,9 +19,7 @@ __all__ = ["RoleOps"]
 class RoleOps(CoreBase):
     """Granting, revoking and listing roles."""
 
-    def _check_role_change(self, tx: Tx, who: Actor, principal: object, role: object) -> str:
-        """The principal as it is stored (masked), once the change is allowed."""
-        masked = check_text("principal", principal, MAX_KEY)
+    def _check_role_change(self, tx: Tx, who: Actor, role: object) -> None:
         if role not in KNOWN_ROLES:
             raise InvalidInput(
                 f"role must be one of {', '.join(sorted(KNOWN_ROLES))}, got {role!r}",
@@ -32,7 +30,6 @@ class RoleOps(CoreBase):
                 f"changing roles needs the ledger's owner ({self._store.owner() or 'unknown'}) "
                 f"or the role {ADMIN_ROLE}; {who.name} has neither"
             )
-        return masked
 
     def grant_role(
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
@@ -41,10 +38,11 @@ class RoleOps(CoreBase):
 
         Only the ledger's owner or a holder of `ledger.admin` may; Forbidden otherwise.
         """
+        principal = check_text("principal", principal, MAX_KEY)
         who = as_actor(actor)
         at = moment(now)
         with self._store.write() as tx:
-            principal = self._check_role_change(tx, who, principal, role)
+            self._check_role_change(tx, who, role)
             grant = Grant(principal=principal, role=role, granted_by=str(who), granted_at=at)
             if not tx.put_grant(grant):
                 return next(g for g in tx.grants(principal) if g.role == role)
@@ -62,10 +60,11 @@ class RoleOps(CoreBase):
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
     ) -> bool:
         """Revoke a grant; True when there was one. Same authority as `grant_role`."""
+        principal = check_text("principal", principal, MAX_KEY)
         who = as_actor(actor)
         at = moment(now)
         with self._store.write() as tx:
-            principal = self._check_role_change(tx, who, principal, role)
+            self._check_role_change(tx, who, role)
             removed = tx.delete_grant(principal, role)
             if removed:
                 detail = {"principal": principal, "role": role}
