@@ -20,7 +20,7 @@
                                       (defined beside the proof it carries, in `_proof`)
 
 Every message is masked when the error is built (`ExecKitError.__init__` runs it through
-`execkit._redact.redact`): an error is where a value given by a caller (a task id, a field
+`execkit._mask.mask_text`): an error is where a value given by a caller (a task id, a field
 name, a wrong-typed value, a finish reason) is echoed back, and it travels to every surface
 from here (the CLI's stderr, the server's error documents, the SDKs' exceptions rebuilt from
 them), so it is masked once, at birth, before anything can print or store it.
@@ -70,9 +70,9 @@ class ExecKitError(Exception):
     def __init__(self, message: str) -> None:
         # Imported here, not at the top: `_errors` is loaded by every room, the redactor
         # only when an error is actually built (start-up time matters).
-        from execkit._redact import redact
+        from execkit._mask import mask_text
 
-        masked = redact(message)
+        masked = mask_text(message)
         super().__init__(masked)
         self.message = masked
 

@@ -9,11 +9,6 @@
 - a field with `json_key(None)` is left out.
 
 Classes that add derived keys (`ok`, `schema_version`) merge them into this dict.
-
-`masked(value)` is the same JSON value with every string in it, keys included, run through
-`execkit._redact.redact`: what the CLI's `print_json` and the server's answers send.
-Masking the strings before they are serialized, never the serialized text, keeps the
-document valid JSON with the same structure whatever the redactor masks.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["JSON_KEY", "json_key", "masked", "to_json"]
+__all__ = ["JSON_KEY", "json_key", "to_json"]
 
 JSON_KEY = "execkit.json_key"
 
@@ -68,20 +63,3 @@ def to_json(inst: Any) -> dict[str, Any]:
     """The JSON-safe mapping of an attrs instance (see the module docstring)."""
     data = attrs.asdict(inst, value_serializer=_plain)
     return _keys(inst, data)
-
-
-def masked(value: Any) -> Any:
-    """`value` (a JSON value: dicts, lists, tuples, strings, numbers, booleans, None) with
-    every string in it masked, keys included; anything else is returned as it is."""
-    from execkit._redact import redact  # loaded by the first command that prints JSON
-
-    def walk(item: Any) -> Any:
-        if isinstance(item, str):
-            return redact(item)
-        if isinstance(item, dict):
-            return {walk(key): walk(part) for key, part in item.items()}
-        if isinstance(item, list | tuple):
-            return [walk(part) for part in item]
-        return item
-
-    return walk(value)

@@ -44,6 +44,7 @@ RANKS = {
     "execkit._validate": 0,
     "execkit._json": 0,
     "execkit._redact": 0,
+    "execkit._mask": 0,
     "execkit._backoff": 0,
     "execkit._version": 0,
     "execkit._exec": 1,

@@ -2,8 +2,8 @@
 
 Every byte the CLI writes to stdout or stderr goes through this module: `emit` (a line of
 text), `print_json` (a JSON document), `report_error`, `report_internal_error` and the log
-handler of `log_handler`. Each masks what it writes (`execkit._redact.redact`; JSON
-structurally, through `execkit._json.masked`), so a board field, a path, an argument or a
+handler of `log_handler`. Each masks what it writes (`execkit._mask`: text with
+`mask_text`, JSON structurally with `mask_json`), so a board field, a path, an argument or a
 value read back from a ledger cannot reach the terminal unmasked, whichever command printed
 it. No other module of execkit writes to stdout or stderr (tests/test_sink_layer.py).
 
@@ -21,8 +21,8 @@ import sys
 from typing import Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
+from execkit._mask import mask_text
 from execkit._proof import AgentFailed
-from execkit._redact import redact
 
 __all__ = [
     "EXIT_CODES",
@@ -80,7 +80,7 @@ def emit(text: str = "", *, err: bool = False) -> None:
     """`text` masked, and a newline, on stdout (stderr with `err`), flushed. The caller
     escapes control characters (`safe_text`) where the text came from outside."""
     stream = sys.stderr if err else sys.stdout
-    stream.write(redact(text) + "\n")
+    stream.write(mask_text(text) + "\n")
     stream.flush()
 
 
@@ -93,9 +93,9 @@ def print_json(obj: Any, *, credential: str | None = None) -> None:
     """
     import json  # not every command prints JSON
 
-    from execkit._json import masked
+    from execkit._mask import mask_json
 
-    doc = masked(obj)
+    doc = mask_json(obj)
     if credential is not None:
         doc[credential] = obj[credential]
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
@@ -114,13 +114,13 @@ class _SafeFormatter(logging.Formatter):
     newlines)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return safe_text(redact(super().formatMessage(record)))
+        return safe_text(mask_text(super().formatMessage(record)))
 
     def formatException(self, ei: Any) -> str:
-        return safe_text(redact(super().formatException(ei)), multiline=True)
+        return safe_text(mask_text(super().formatException(ei)), multiline=True)
 
     def formatStack(self, stack_info: str) -> str:
-        return safe_text(redact(super().formatStack(stack_info)), multiline=True)
+        return safe_text(mask_text(super().formatStack(stack_info)), multiline=True)
 
 
 def log_handler(prefix: str) -> logging.Handler:
@@ -137,7 +137,7 @@ def report_error(exc: ExecKitError, *, as_json: bool) -> int:
     The message is redacted first (a task id that is a token, a path holding a password
     never reaches the terminal), and the text form escapes its control characters.
     """
-    message = redact(exc.message)
+    message = mask_text(exc.message)
     if as_json:
         import json
 
@@ -150,6 +150,6 @@ def report_error(exc: ExecKitError, *, as_json: bool) -> int:
 
 def report_internal_error(exc: BaseException) -> int:
     """The last line of defence: one line naming an unexpected exception, never a traceback."""
-    detail = safe_text(redact(f"{type(exc).__name__}: {exc}"))
+    detail = safe_text(mask_text(f"{type(exc).__name__}: {exc}"))
     sys.stderr.write(f"execkit: internal error: {detail} (set EXECKIT_DEBUG=1 for a traceback)\n")
     return INTERNAL_ERROR_EXIT

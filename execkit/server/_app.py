@@ -11,7 +11,7 @@ stored. The whole request is bounded by `request_timeout_s`: past it the answer 
 `storage` saying the outcome is unknown (the worker finishes and stores its answer, so the
 same key replays it). Errors keep one shape, `{"error": {"code", "message"}}`. Every answer
 body is serialized by `_dumps`, which masks every string in the document first
-(`execkit._json.masked`), and every `Response` is built by `_response`; a refusal names
+(`execkit._mask.mask_json`), and every `Response` is built by `_response`; a refusal names
 the offending field and its type, never the value sent. Nothing is logged of a request's
 headers: a token never reaches a log.
 
@@ -41,8 +41,7 @@ from starlette.routing import Route
 
 from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
 from execkit._errors import ExecKitError, StorageError, TaskBackingOff
-from execkit._json import masked
-from execkit._redact import redact
+from execkit._mask import mask_json, mask_name
 from execkit.ledger import Actor, Ledger
 from execkit.server._idempotency import IdempotencyStore, StoredResponse
 from execkit.server._tokens import Principal, TokenFile
@@ -82,7 +81,7 @@ class _Refused(Exception):
 
 def _dumps(doc: Mapping[str, Any]) -> str:
     """The one serializer of an answer: every string in `doc` masked, then JSON."""
-    return json.dumps(masked(doc), sort_keys=True)
+    return json.dumps(mask_json(doc), sort_keys=True)
 
 
 def _error_doc(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -328,8 +327,8 @@ class LedgerApp:
         if not _KEY.fullmatch(raw):
             raise _invalid("Idempotency-Key must be 1..200 visible ASCII characters")
         # Masked as the ledger masks its own keys (a key is stored, and echoed in a
-        # conflict): the same key is masked the same way, so a replay still finds it.
-        return redact(raw)
+        # conflict): unique and stable, so a replay still finds its first answer.
+        return mask_name(raw)
 
     async def _body(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
         limit = self.max_body_bytes

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from execkit._errors import Forbidden, InvalidInput, NotFound, StorageError
-from execkit._redact import redact
+from execkit._mask import mask_name
 from execkit.ledger import KNOWN_ROLES
 
 __all__ = ["Principal", "TokenFile", "add_token", "token_hash"]
@@ -72,7 +72,7 @@ def _check_actor(actor: object, where: str) -> str:
         raise InvalidInput(f"{where}: actor must not hold control characters", field="actor")
     # Masked as the ledger masks every actor it stores: the name is written to the tokens
     # file and becomes the actor of every request the token makes.
-    return redact(actor)
+    return mask_name(actor)
 
 
 def _check_roles(roles: object, where: str) -> frozenset[str]:

@@ -4,13 +4,15 @@ Each check returns the value as the rules use it, or raises `InvalidInput` namin
 (`.field`), so a refused call writes nothing.
 
 This is where secrets are masked on the way in: every piece of text a caller hands a ledger
-operation (a title, a reason, an actor and the one it acts for, a principal, a board state,
-an idempotency or request key) is returned by `check_text`, `as_actor` or `clean_reason`
-already run through `execkit._redact.redact`, and only that returned value is stored,
-fingerprinted or echoed (tests/test_sink_layer.py checks every operation of `_core` takes
-its text through one of them). So no stored byte, and nothing read back from the ledger (a
-task list, an audit, a server's answer) can hold a credential the redactor knows; a key is
-masked the same way wherever it is given, so replaying it still finds its first answer.
+operation is returned by one of `check_text` (a title, a board state), `check_name` (a
+principal, an idempotency or request key), `as_actor` (an actor and the one it acts for)
+or `clean_reason` already masked (`execkit._mask`), and only that returned value is stored
+or echoed (tests/test_sink_layer.py checks every operation of `_core` takes its text
+through one of them). So no stored byte, and nothing read back from the ledger (a task
+list, an audit, a server's answer) holds a credential the redactor knows. Names and keys
+are masked with a tag (`mask_name`), so two of them stay two, and a key is masked the same
+way wherever it is given: replaying it still finds its first answer. A fingerprint is
+taken of what the caller sent, before masking: only its hash is stored.
 Free text is bounded here (`clean_reason`), times are finite POSIX seconds (`moment`: a NaN
 stored as a start time would make a history unreadable), and a keyed request's fingerprint
 (`fingerprint_of`) is the SHA-256 of the canonical JSON of what it asked, so replaying a key
@@ -26,7 +28,7 @@ from typing import Any
 
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
-from execkit._redact import redact
+from execkit._mask import mask_name, mask_text
 from execkit._validate import is_integer, is_number
 from execkit.ledger._model import MAX_ATTEMPT_LIMIT, MAX_LEASE_S, MAX_UNCHARGED_LIMIT, Actor
 
@@ -38,6 +40,7 @@ __all__ = [
     "check_bool",
     "check_lease",
     "check_limit",
+    "check_name",
     "check_text",
     "check_uncharged",
     "clean_reason",
@@ -52,16 +55,26 @@ MAX_KEY = 200
 _MAX_REASON = 4000
 
 
-def check_text(field: str, value: object, max_len: int) -> str:
-    """`value`, a non-empty string of at most `max_len` characters, masked: the caller
-    stores and echoes the returned value, never the argument."""
+def _checked(field: str, value: object, max_len: int) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"{field} must be a non-empty string", field=field)
     if len(value) > max_len:
         raise InvalidInput(
             f"{field} must be at most {max_len} characters, got {len(value)}", field=field
         )
-    return redact(value)
+    return value
+
+
+def check_text(field: str, value: object, max_len: int) -> str:
+    """`value`, a non-empty string of at most `max_len` characters, masked as text: the
+    caller stores and echoes the returned value, never the argument."""
+    return mask_text(_checked(field, value, max_len))
+
+
+def check_name(field: str, value: object, max_len: int) -> str:
+    """Like `check_text` for a name or a key: masked with a tag (`mask_name`), so two
+    different names never become one."""
+    return mask_name(_checked(field, value, max_len))
 
 
 def check_limit(field: str, value: object, *, allow_zero: bool) -> int:
@@ -111,8 +124,9 @@ def as_actor(value: object) -> Actor:
     header or a `--on-behalf-of` flag is free text from outside)."""
     if isinstance(value, Actor):
         behalf = value.on_behalf_of
-        return Actor(redact(value.name), on_behalf_of=None if behalf is None else redact(behalf))
-    return Actor(check_text("actor", value, MAX_KEY))
+        masked = None if behalf is None else mask_text(behalf)
+        return Actor(mask_name(value.name), on_behalf_of=masked)
+    return Actor(check_name("actor", value, MAX_KEY))
 
 
 def moment(now: float | None) -> float:
@@ -145,7 +159,7 @@ def clean_reason(reason: str | None) -> str | None:
         raise InvalidInput(
             f"reason must be a string or None, got {type(reason).__name__}", field="reason"
         )
-    cleaned = redact(reason)
+    cleaned = mask_text(reason)
     if len(cleaned) > _MAX_REASON:
         # Keep the end: the last lines of a failure say the most about it.
         cleaned = "…" + cleaned[-(_MAX_REASON - 1) :]

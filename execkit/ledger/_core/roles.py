@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from execkit._errors import Forbidden, InvalidInput
 from execkit.ledger._core.base import CoreBase
-from execkit.ledger._core.inputs import MAX_KEY, as_actor, check_text, moment
+from execkit.ledger._core.inputs import MAX_KEY, as_actor, check_name, moment
 from execkit.ledger._core.store import Tx
 from execkit.ledger._model import ADMIN_ROLE, KNOWN_ROLES, Actor, AuditAction, AuditEntry, Grant
 
@@ -38,7 +38,7 @@ class RoleOps(CoreBase):
 
         Only the ledger's owner or a holder of `ledger.admin` may; Forbidden otherwise.
         """
-        principal = check_text("principal", principal, MAX_KEY)
+        principal = check_name("principal", principal, MAX_KEY)
         who = as_actor(actor)
         at = moment(now)
         with self._store.write() as tx:
@@ -60,7 +60,7 @@ class RoleOps(CoreBase):
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
     ) -> bool:
         """Revoke a grant; True when there was one. Same authority as `grant_role`."""
-        principal = check_text("principal", principal, MAX_KEY)
+        principal = check_name("principal", principal, MAX_KEY)
         who = as_actor(actor)
         at = moment(now)
         with self._store.write() as tx:

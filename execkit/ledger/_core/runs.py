@@ -36,7 +36,7 @@ from execkit.ledger._core.inputs import (
     as_failure_class,
     check_bool,
     check_lease,
-    check_text,
+    check_name,
     clean_reason,
     fingerprint_of,
     moment,
@@ -115,7 +115,7 @@ class RunOps(LeaseOps):
         the same actor and force returns the same run and creates none; with different
         ones it is a Conflict.
         """
-        request_key = check_text("request_key", request_key, MAX_KEY)
+        request_key = check_name("request_key", request_key, MAX_KEY)
         who = as_actor(actor)
         check_bool("forced", forced)
         check_bool("ignore_backoff", ignore_backoff)

@@ -22,6 +22,7 @@ from execkit.ledger._core.inputs import (
     as_actor,
     check_bool,
     check_limit,
+    check_name,
     check_text,
     check_uncharged,
     clean_reason,
@@ -55,22 +56,24 @@ class TaskOps(CoreBase):
         `idempotency_key` with the same request returns the same task (as it is now);
         with a different request it is a Conflict. InvalidInput changes nothing.
         """
-        title = check_text("title", title, MAX_TITLE)
+        stored_title = check_text("title", title, MAX_TITLE)
         check_limit("max_attempts", max_attempts, allow_zero=True)
         uncharged = check_uncharged(max_uncharged_attempts)
         who = as_actor(actor)
         if idempotency_key is not None:
-            idempotency_key = check_text("idempotency_key", idempotency_key, MAX_KEY)
+            idempotency_key = check_name("idempotency_key", idempotency_key, MAX_KEY)
         at = moment(now)
+        # What was asked, before masking: two titles that differ only in a credential are
+        # two requests (only the hash is stored).
         fingerprint = creation_fingerprint(title, max_attempts, uncharged)
         with self._store.write() as tx:
             replay = self._replayed(tx, AuditAction.TASK_CREATE, idempotency_key, fingerprint)
             if replay is not None:
                 return self._load_task(tx, replay["task_id"], at, None)
-            task_id = tx.insert_task(title, str(who), at, uncharged)
+            task_id = tx.insert_task(stored_title, str(who), at, uncharged)
             if max_attempts:
                 tx.upsert_limit(task_id, max_attempts, str(who), at)
-            detail: dict[str, Any] = {"title": title, "max_attempts": max_attempts}
+            detail: dict[str, Any] = {"title": stored_title, "max_attempts": max_attempts}
             if uncharged is not None:
                 detail["max_uncharged_attempts"] = uncharged
             tx.audit(
@@ -134,7 +137,7 @@ class TaskOps(CoreBase):
         check_limit("expected_max_attempts", expected_max_attempts, allow_zero=True)
         who = as_actor(actor)
         if idempotency_key is not None:
-            idempotency_key = check_text("idempotency_key", idempotency_key, MAX_KEY)
+            idempotency_key = check_name("idempotency_key", idempotency_key, MAX_KEY)
         at = moment(now)
         fingerprint = fingerprint_of(
             {

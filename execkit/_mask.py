@@ -1,0 +1,61 @@
+"""The one place every sink masks through: text, names and keys, JSON documents.
+
+execkit promises that no credential reaches an output or a stored byte. The redactor
+(`execkit._redact.redact`) decides what a credential is; this module is how the rest of
+the package applies it, at three layers (docs/architecture.md, "Where secrets are masked"):
+a value entering a ledger operation (`ledger/_core/inputs.py`), an error message when the
+error is built (`_errors.ExecKitError`), and the one writer of each surface (the CLI's
+`cli/_output.py`, the server's `_app._dumps`). tests/test_sink_layer.py checks that no
+other path reaches a terminal, an answer or a stored row.
+
+- `mask_text(text)`: free text (a title, a reason, a message) with every credential masked.
+- `mask_name(name)`: an identity or a key (an actor, a principal, an idempotency or request
+  key). Masked like text, and when anything was masked, tagged with the first 16 hex digits
+  of the SHA-256 of the whole value, so two different names never become the same stored
+  name (a grant to one would be a grant to the other; one key's answer would replay for
+  another) and one name is masked the same way wherever it is given. A hash of a
+  credential is not the credential (tokens are stored the same way).
+- `mask_json(value)`: a JSON value with every string in it masked as text, keys included.
+  Masking the strings before they are serialized, never the serialized text, keeps the
+  document valid JSON with the same structure whatever the redactor masks.
+
+The redactor is imported on first use, not with this module (start-up time matters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+__all__ = ["mask_json", "mask_name", "mask_text"]
+
+_TAG_HEX = 16
+
+
+def mask_text(text: str) -> str:
+    """`text` with every credential the redactor knows masked."""
+    from execkit._redact import redact
+
+    return redact(text)
+
+
+def mask_name(name: str) -> str:
+    """`name` as it is when nothing in it is a credential; else masked and tagged with a
+    short hash of the whole value (`[REDACTED]~0123456789abcdef`), unique and stable."""
+    masked = mask_text(name)
+    if masked == name:
+        return name
+    tag = hashlib.sha256(name.encode("utf-8", errors="surrogatepass")).hexdigest()[:_TAG_HEX]
+    return f"{masked}~{tag}"
+
+
+def mask_json(value: Any) -> Any:
+    """`value` (dicts, lists, tuples, strings, numbers, booleans, None) with every string in
+    it masked, keys included; anything else is returned as it is."""
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, dict):
+        return {mask_json(key): mask_json(part) for key, part in value.items()}
+    if isinstance(value, list | tuple):
+        return [mask_json(part) for part in value]
+    return value
