@@ -279,7 +279,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     db_check = db_sub.add_parser(
         "check",
         parents=[common],
-        help=f"validate every history (exit {EXIT_CODES['invalid_history']} on problems)",
+        help=(
+            f"validate every history (exit {EXIT_CODES['invalid_history']} on problems, "
+            f"{EXIT_CODES['storage']} when the file is no usable ledger)"
+        ),
     )
     db_check.add_argument(
         "--repair",
@@ -698,6 +701,7 @@ def _db_init(args: argparse.Namespace) -> int:
 
 def _db_check(args: argparse.Namespace) -> int:
     repaired: list[str] = []
+    refused: StorageError | None = None
     try:
         # --repair writes; a plain check reads only (a file it cannot even open is the
         # first problem it reports, not an error).
@@ -707,6 +711,7 @@ def _db_check(args: argparse.Namespace) -> int:
             problems = ledger.validate()
     except StorageError as exc:
         problems = [f"storage: {exc.message}"]
+        refused = exc
     if args.json:
         print_json({"ok": not problems, "problems": problems, "repaired": repaired})
     else:
@@ -716,4 +721,11 @@ def _db_check(args: argparse.Namespace) -> int:
             emit(safe_text(problem))
         if not problems:
             emit("ok: every history validates")
+    # A file that is no usable ledger (random bytes, another program's database, a FIFO,
+    # an empty file, a missing table) is `storage`, as for every other command; only a
+    # readable ledger whose histories break a rule is `invalid_history`.
+    if refused is not None:
+        return refused.exit_code
+    if any(problem.startswith("storage:") for problem in problems):
+        return EXIT_CODES["storage"]
     return EXIT_CODES["invalid_history"] if problems else 0

@@ -8,6 +8,7 @@ one ledger task whose idempotency key (and title) is `task_key(issue_id)`.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -326,6 +327,43 @@ class _BoardDoc:
     raw: dict[str, Any]
 
 
+# What tells one version of a board file from another: a move or a binding replaces the
+# file (a new inode); an edit in place changes its size, mtime or ctime.
+_Version = tuple[int, int, int, int, int]
+
+
+def _read_regular_file(
+    path: Path, limit: int, known: _Version | None = None
+) -> tuple[_Version, bytes | None] | None:
+    """(its version, at most `limit` bytes) of the regular file at `path`; its version and
+    None when that is `known` (nothing read); None when it is not a regular file. Opened
+    without blocking (a FIFO with no writer would block `open` itself, and one written
+    forever would block a read), its type checked on the open descriptor, so a file
+    swapped in after a check cannot slip past it. OSError as raised (FileNotFoundError,
+    IsADirectoryError, ...)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        version = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if version == known:
+            return version, None
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, min(1 << 20, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return version, b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class JsonFileBoard:
     """A board kept in one JSON file, re-read on every call so an operator's edits count.
 
@@ -340,6 +378,11 @@ class JsonFileBoard:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        # The last document read and the file version it came from: a board is read for
+        # its states, its candidates, its settings and its binding in one command, and a
+        # 200,000-issue file costs seconds to parse and check; an unchanged file is
+        # parsed once. Writers read it fresh (they change `raw`).
+        self._cached: tuple[_Version, _BoardDoc] | None = None
         self._read()  # fail early, naming the field, on a bad file
 
     @classmethod
@@ -369,22 +412,51 @@ class JsonFileBoard:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         lock_path = self.path.with_name(self.path.name + ".lock")
-        with open(lock_path, "a") as lock:
+        # O_NONBLOCK: a FIFO put where the lock file goes fails to open (ENXIO) instead
+        # of waiting for a reader forever.
+        # An OSError is the caller's to word ("cannot write board file ...").
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(lock_path, flags, 0o666)
+        with os.fdopen(fd, "a") as lock:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StorageError(
+                    f"cannot write board file {self.path}: its lock file {lock_path} is not "
+                    "a regular file"
+                )
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _read(self) -> _BoardDoc:
+    def _read(self, *, fresh: bool = False) -> _BoardDoc:
+        cached = None if fresh else self._cached
         try:
-            data = self.path.read_bytes()
+            found = _read_regular_file(
+                self.path, _MAX_BOARD_BYTES + 1, cached[0] if cached else None
+            )
         except FileNotFoundError:
             raise NotFound(f"no board file at {self.path}") from None
         except IsADirectoryError:
             raise InvalidInput(f"board file {self.path} is a directory", field="board") from None
         except OSError as exc:
             raise StorageError(f"cannot read board file {self.path}: {exc}") from exc
+        if found is None:
+            raise InvalidInput(
+                f"board file {self.path} is not a regular file (a FIFO, a device or a "
+                "socket): a board must be a JSON file",
+                field="board",
+            )
+        version, data = found
+        if data is None:
+            assert cached is not None  # only a known version reads nothing
+            return cached[1]
+        doc = self._parse(data)
+        if not fresh:
+            self._cached = (version, doc)
+        return doc
+
+    def _parse(self, data: bytes) -> _BoardDoc:
         if len(data) > _MAX_BOARD_BYTES:
             raise InvalidInput(
                 f"board file {self.path} is {len(data)} bytes; at most {_MAX_BOARD_BYTES}",
@@ -495,7 +567,7 @@ class JsonFileBoard:
         """
         try:
             with self._locked():
-                doc = self._read()
+                doc = self._read(fresh=True)
                 bound = doc.raw.get("ledger")
                 if isinstance(bound, Mapping) and bound.get("id") == ledger_id:
                     return
@@ -515,7 +587,7 @@ class JsonFileBoard:
         file when it cannot be written."""
         try:
             with self._locked():
-                doc = self._read()
+                doc = self._read(fresh=True)
                 if state not in {s.name for s in doc.states}:
                     return False
                 for raw_issue in doc.raw.get("issues", []):

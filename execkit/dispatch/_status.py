@@ -11,6 +11,7 @@ import attrs
 from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._json import to_json
+from execkit._mask import mask_text
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.ledger import Ledger, Run, Task, TaskState
@@ -114,7 +115,9 @@ def issue_statuses(
 
     if board is not None:
         return [
-            row(issue.id, issue.title, issue.state, tasks.get(task_key(issue.id)))
+            # The ledger stores titles masked: an issue id holding a credential is found
+            # by its masked key.
+            row(issue.id, issue.title, issue.state, tasks.get(mask_text(task_key(issue.id))))
             for issue in board.list_issues()
         ]
     return [row(title[len(TASK_TITLE_PREFIX) :], "", None, t) for title, t in tasks.items()]

@@ -62,6 +62,18 @@ def _checked(field: str, value: object, max_len: int) -> str:
         raise InvalidInput(
             f"{field} must be at most {max_len} characters, got {len(value)}", field=field
         )
+    return _unicode(field, value)
+
+
+def _unicode(field: str, value: str) -> str:
+    # A command-line argument that was not UTF-8 arrives with lone surrogates (`ab\xe4cd`
+    # is 'ab\udce4cd'): no database, JSON document or terminal can take it.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{field} is not valid UTF-8 text (character {exc.start})", field=field
+        ) from None
     return value
 
 
@@ -124,8 +136,8 @@ def as_actor(value: object) -> Actor:
     header or a `--on-behalf-of` flag is free text from outside)."""
     if isinstance(value, Actor):
         behalf = value.on_behalf_of
-        masked = None if behalf is None else mask_text(behalf)
-        return Actor(mask_name(value.name), on_behalf_of=masked)
+        masked = None if behalf is None else mask_text(_unicode("on_behalf_of", behalf))
+        return Actor(mask_name(_unicode("actor", value.name)), on_behalf_of=masked)
     return Actor(check_name("actor", value, MAX_KEY))
 
 
@@ -159,7 +171,7 @@ def clean_reason(reason: str | None) -> str | None:
         raise InvalidInput(
             f"reason must be a string or None, got {type(reason).__name__}", field="reason"
         )
-    cleaned = mask_text(reason)
+    cleaned = mask_text(_unicode("reason", reason))
     if len(cleaned) > _MAX_REASON:
         # Keep the end: the last lines of a failure say the most about it.
         cleaned = "…" + cleaned[-(_MAX_REASON - 1) :]
@@ -180,7 +192,9 @@ def as_failure_class(value: FailureClass | str | None) -> FailureClass | None:
 
 def fingerprint_of(request: dict[str, Any]) -> str:
     canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    # surrogatepass: a lone surrogate (an argument that was not UTF-8) is refused later, by
+    # the check of the value itself; valid text hashes exactly as before.
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def creation_fingerprint(title: str, max_attempts: int, max_uncharged: int | None) -> str:

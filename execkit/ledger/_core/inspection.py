@@ -3,7 +3,10 @@
 
 `validate` finds every problem and fixes none: the backend's own storage checks first (rows
 the code cannot read stop it there), then each task's history validated, its stored summary
-compared with the one its history gives, and running runs whose lease expired. `repair`
+compared with the one its history gives, running runs whose lease expired, and every role
+grant against the audit: a grant row with no `role.grant` event of the same principal, role,
+granter and time was not made through execkit (another user with write access to the file
+inserting one for themselves) and is reported, never honoured silently. `repair`
 fixes what can be fixed without guessing: it abandons expired runs and rebuilds a summary
 from its history (the history is the truth); a broken history is reported, never touched.
 """
@@ -42,8 +45,23 @@ class InspectionOps(LeaseOps):
             runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
             for run in tx.all_runs():
                 runs_by_task.setdefault(run.task_id, []).append(run)
+            grants = tx.grants(None)
+            audited = {
+                (str(e.detail.get("principal")), str(e.detail.get("role")), e.actor, e.at)
+                for e in tx.audit_events(None)
+                if e.action == AuditAction.ROLE_GRANT
+            }
         for task in tasks:
             problems.extend(self._task_problems(task, runs_by_task[task.id], at))
+        for grant in grants:
+            made = (grant.principal, grant.role, grant.granted_by, grant.granted_at)
+            if made not in audited:
+                problems.append(
+                    f"grant: {grant.principal} holds {grant.role} (granted by "
+                    f"{grant.granted_by} at {when(grant.granted_at)}) with no role.grant in "
+                    "the audit: it was not made through execkit; revoke it (execkit role "
+                    "revoke) unless you know who wrote it"
+                )
         return problems
 
     def _task_problems(self, task: TaskRecord, runs: list[Run], at: float) -> list[str]:

@@ -18,7 +18,20 @@ from execkit._classify import FailureClass
 from execkit.ledger._model import TaskStatus
 from execkit.ledger._sqlite.migrate import read_version
 
-__all__ = ["storage_problems"]
+__all__ = ["missing_tables", "storage_problems"]
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def missing_tables(conn: sqlite3.Connection, path: Path) -> list[str]:
+    """The tables the file's schema version needs that it does not have, sorted. Reads
+    only; sqlite3 errors propagate."""
+    needed = {"tasks", "runs", "audit", "idempotency", "task_attempt_limits"}
+    if read_version(conn, path) >= 3:
+        needed |= {"task_summaries", "ledger_meta", "role_grants", "run_extras", "task_extras"}
+    return sorted(needed - _tables(conn))
 
 
 def storage_problems(conn: sqlite3.Connection, path: Path) -> list[str]:
@@ -30,19 +43,8 @@ def storage_problems(conn: sqlite3.Connection, path: Path) -> list[str]:
                 problems.append(f"storage: {message}")
         for row in conn.execute("PRAGMA foreign_key_check"):
             problems.append(f"storage: row {row[1]} of {row[0]} references a missing {row[2]}")
-        tables = {
-            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        needed = {"tasks", "runs", "audit", "idempotency", "task_attempt_limits"}
-        if read_version(conn, path) >= 3:
-            needed |= {
-                "task_summaries",
-                "ledger_meta",
-                "role_grants",
-                "run_extras",
-                "task_extras",
-            }
-        for missing in sorted(needed - tables):
+        tables = _tables(conn)
+        for missing in missing_tables(conn, path):
             problems.append(f"storage: table {missing} is missing")
         if "runs" in tables:
             problems += _domain_problems(

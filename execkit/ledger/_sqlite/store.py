@@ -21,13 +21,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from execkit._errors import SchemaTooNew, StorageError
+from execkit._errors import InvalidInput, SchemaTooNew, StorageError
 from execkit.ledger._model import CAPABILITIES, user_name
 from execkit.ledger._sqlite import check, migrate, schema
 from execkit.ledger._sqlite.files import prepare_file
 from execkit.ledger._sqlite.tx import SqliteTx
 
 __all__ = ["SqliteStore"]
+
+
+def _not_text(exc: UnicodeEncodeError) -> InvalidInput:
+    # A looked-up id from a command line that was not UTF-8 (lone surrogates): no row can
+    # match it and SQLite cannot even bind it; the caller's input, not the ledger, is wrong.
+    return InvalidInput(f"a value is not valid UTF-8 text (character {exc.start})")
 
 
 class SqliteStore:
@@ -55,6 +61,7 @@ class SqliteStore:
         self.migration: migrate.Migration | None = None
         self._busy_timeout_s = busy_timeout_s
         self._outdated = False
+        self._tables_checked = False
         # One connection, shared by the threads of one owner (a dispatcher renewing its
         # runs' leases while they run): each transaction holds this lock for its length.
         self._lock = threading.RLock()
@@ -113,6 +120,8 @@ class SqliteStore:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise StorageError(f"ledger {self.path} is busy or unwritable: {exc}") from exc
+        if not self._tables_checked:
+            self._check_tables()
         try:
             yield SqliteTx(self._conn)
         except BaseException as exc:
@@ -120,6 +129,8 @@ class SqliteStore:
                 self._conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise StorageError(f"ledger write failed ({self.path}): {exc}") from exc
+            if isinstance(exc, UnicodeEncodeError):
+                raise _not_text(exc) from None
             raise
         try:
             self._conn.execute("COMMIT")
@@ -127,6 +138,24 @@ class SqliteStore:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             raise StorageError(f"ledger commit failed ({self.path}): {exc}") from exc
+
+    def _check_tables(self) -> None:
+        """Inside the first write transaction, before anything is written: a file missing
+        a table its schema needs (a hand edit, a bad restore) takes no write at all, or a
+        task could be created in a ledger that can never run it (`db check` names what is
+        missing). Checked once per store: tables do not vanish under execkit."""
+        try:
+            missing = check.missing_tables(self._conn, self.path)
+        except sqlite3.Error as exc:
+            self._conn.execute("ROLLBACK")
+            raise StorageError(f"ledger read failed ({self.path}): {exc}") from exc
+        if missing:
+            self._conn.execute("ROLLBACK")
+            raise StorageError(
+                f"{self.path} is not a usable ledger: table(s) {', '.join(missing)} missing; "
+                "nothing was written (`execkit db check` lists what is wrong; restore a backup)"
+            )
+        self._tables_checked = True
 
     @contextlib.contextmanager
     def read(self) -> Iterator[SqliteTx]:
@@ -145,6 +174,8 @@ class SqliteStore:
                     self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StorageError(f"ledger read failed ({self.path}): {exc}") from exc
+        except UnicodeEncodeError as exc:
+            raise _not_text(exc) from None
 
     def schema_version(self) -> int:
         return self._read_version()
