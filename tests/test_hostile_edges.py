@@ -351,3 +351,38 @@ def test_dispatch_on_sigterm_leaves_nothing_it_started_alive(tmp_path: Path, sig
 def test_main_is_importable_here() -> None:
     # The edges above run in real processes; `main` is the same entry point in-process.
     assert callable(main)
+
+
+# ------------------------------------------------------------- a very large board's status
+
+
+def test_status_parses_a_large_board_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The 200,000-issue board of the issue took 49 s: status read and checked the file six
+    # times. Bounded by counts here (benchmarks/bench_status.py has the times): one parse
+    # of an unchanged file per command, and a changed file parsed again.
+    from execkit.dispatch._board import JsonFileBoard
+
+    issues = [{"id": f"I{k}", "title": f"i{k}", "state": "todo"} for k in range(2000)]
+    board = write_board(tmp_path / "board.json", issues)
+    db = tmp_path / "ledger.db"
+    with open_ledger(db) as ledger:
+        ledger.create_task("board:I0", idempotency_key="board:I0", actor="a")
+    parsed: list[int] = []
+    original = JsonFileBoard._parse
+
+    def counting(self: JsonFileBoard, data: bytes) -> Any:
+        parsed.append(len(data))
+        return original(self, data)
+
+    monkeypatch.setattr(JsonFileBoard, "_parse", counting)
+    assert main(["status", "--board", str(board), "--db", str(db), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["issues"]
+    assert len(rows) == 2000 and len(parsed) == 1
+    opened = JsonFileBoard(board)
+    assert len(opened.list_issues()) == 2000 and opened.states and opened.list_candidates()
+    assert len(parsed) == 2  # one more board object, one more parse; its questions none
+    assert opened.move("I1", "done")
+    assert opened.list_issues()[1].state == "done"  # the moved file is read again
+    assert len(parsed) == 4  # the move's own fresh read, then the new version once
