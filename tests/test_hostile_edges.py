@@ -348,11 +348,6 @@ def test_dispatch_on_sigterm_leaves_nothing_it_started_alive(tmp_path: Path, sig
     assert run.status != "running", run
 
 
-def test_main_is_importable_here() -> None:
-    # The edges above run in real processes; `main` is the same entry point in-process.
-    assert callable(main)
-
-
 # ------------------------------------------------------------- a very large board's status
 
 

@@ -103,6 +103,15 @@ def test_only_the_cli_output_module_writes_to_the_terminal() -> None:
     )
 
 
+def test_an_unmasked_lead_is_a_literal() -> None:
+    for path in SOURCES:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node, name in _calls(tree):
+            for keyword in node.keywords:
+                if name == "emit" and keyword.arg == "lead":
+                    assert isinstance(keyword.value, ast.Constant), f"{_rel(path)}:{node.lineno}"
+
+
 def test_the_one_unmasked_line_is_a_new_token_shown_once() -> None:
     uses: list[str] = []
     for path in SOURCES:

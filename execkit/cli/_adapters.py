@@ -74,18 +74,20 @@ def credential_status(adapter: Adapter, env: Mapping[str, str] | None = None) ->
 
 
 def _credentials_line(row: dict[str, Any]) -> str:
+    """What follows `credentials: ` (execkit's own label, written unmasked by `emit`: the
+    redactor would read `credentials: present` as a secret-named value)."""
     creds = row["credentials"]
     if not creds["known"]:
-        return "credentials: none documented"
+        return "none documented"
     if creds["present"]:
-        return "credentials: present (" + ", ".join(creds["found"]) + ")"
+        return "present (" + ", ".join(creds["found"]) + ")"
     missing = []
     if creds["env"]:
         missing.append(_listed(creds["env"]) + " set")
     if creds["files"]:
         missing.append(_listed(creds["files"]))
     login = f"; log in: {row['login_hint']}" if row.get("login_hint") else ""
-    return f"credentials: none found (no {', no '.join(missing)}){login}"
+    return f"none found (no {', no '.join(missing)}){login}"
 
 
 def _listed(names: list[str]) -> str:
@@ -134,7 +136,7 @@ def _handle_list(args: argparse.Namespace) -> int:
             )
         emit(safe_text(line))
         if "error" not in row:
-            emit(safe_text(f"{'':<10} {_credentials_line(row)}"))
+            emit(safe_text(_credentials_line(row)), lead="           credentials: ")
     return 0
 
 

@@ -76,11 +76,15 @@ def utc_stamp(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat(timespec="seconds")
 
 
-def emit(text: str = "", *, err: bool = False) -> None:
-    """`text` masked, and a newline, on stdout (stderr with `err`), flushed. The caller
-    escapes control characters (`safe_text`) where the text came from outside."""
+def emit(text: str = "", *, err: bool = False, lead: str = "") -> None:
+    """`lead`, then `text` masked, and a newline, on stdout (stderr with `err`), flushed.
+    The caller escapes control characters (`safe_text`) where the text came from outside.
+
+    `lead` is execkit's own wording written as it is, where the redactor would mask a
+    label for a secret-named value (`credentials: present`); it must be a string literal
+    (tests/test_sink_layer.py), so nothing from outside can ride on it."""
     stream = sys.stderr if err else sys.stdout
-    stream.write(mask_text(text) + "\n")
+    stream.write(lead + mask_text(text) + "\n")
     stream.flush()
 
 
