@@ -22,7 +22,7 @@ import attrs
 from execkit._api.routes import ENDPOINTS
 from execkit._api.row import Endpoint, Field
 from execkit._budget import Backoff, WorkBudget
-from execkit.ledger import AuditEvent, Grant, Run, Task
+from execkit.ledger import AuditEvent, Grant, Run, RunOwner, Task
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
 
@@ -83,7 +83,15 @@ _DESCRIPTIONS: dict[type, dict[str, str]] = {
         "retry_pending": "an operator asked for one forced retry",
         "gave_up_at_attempt": "a dispatcher gave the task's issue up at this attempt count",
     },
-    Run: {"attempt": "gapless 1..N per task"},
+    Run: {
+        "attempt": "gapless 1..N per task",
+        "stopped": "abandoned by its own runner on purpose: uncharged",
+    },
+    RunOwner: {
+        "boot_id": "the kernel's boot id: with pid_namespace, where pid means something",
+        "pid_started_at": "the process's start time (a reused pid has another)",
+        "instance": "a random id the owner drew when it started",
+    },
 }
 
 
@@ -117,6 +125,7 @@ def _components() -> dict[str, Any]:
     schemas: dict[str, Any] = {
         "Task": _wire_schema(Task),
         "Run": _wire_schema(Run),
+        "RunOwner": _wire_schema(RunOwner),
         "Grant": _wire_schema(Grant),
         "AuditEvent": _wire_schema(AuditEvent),
         "TaskList": _object({"tasks": _array_of("Task")}),
@@ -167,7 +176,13 @@ def _object(required: dict[str, Any], *, optional: dict[str, Any] | None = None)
 
 
 def _field_schema(field: Field) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": [field.type, "null"] if field.nullable else field.type}
+    if field.shape is not None:
+        shaped = _ref(field.shape)
+        schema: dict[str, Any] = {"anyOf": [shaped, {"type": "null"}]} if field.nullable else shaped
+        if field.description:
+            schema["description"] = field.description
+        return schema
+    schema = {"type": [field.type, "null"] if field.nullable else field.type}
     if field.description:
         schema["description"] = field.description
     return schema

@@ -44,12 +44,37 @@ from execkit._api.wire import (
 )
 from execkit._budget import DispatchCap
 from execkit._errors import InvalidInput
-from execkit.ledger import ADMIN_ROLE, OPERATE_ROLE, AuditEvent, Grant, Ledger, Run, Task
+from execkit.ledger import (
+    ADMIN_ROLE,
+    OPERATE_ROLE,
+    AuditEvent,
+    Grant,
+    Ledger,
+    Run,
+    RunOwner,
+    Task,
+)
 
 __all__ = ["CAPABILITIES", "ENDPOINTS", "OPENAPI", "LedgerRoutes"]
 
 
 # -- handlers -----------------------------------------------------------------------------
+
+
+def _owner(value: object) -> RunOwner | None:
+    """A `RunOwner` from its JSON object; its validators word a bad member."""
+    if value is None:
+        return None
+    assert isinstance(value, dict)
+    try:
+        return RunOwner(**value)
+    except TypeError as exc:
+        raise InvalidInput(f"owner: {exc}", field="owner") from None
+
+
+def owner_document(owner: RunOwner | None) -> dict[str, Any] | None:
+    """A `RunOwner` on the wire (the client's encoder)."""
+    return None if owner is None else owner.to_dict()
 
 
 def _cap(value: object) -> DispatchCap | None:
@@ -148,6 +173,7 @@ def _start_run(call: Call) -> tuple[int, dict[str, Any]]:
         forced=body.get("forced", False),
         ignore_backoff=body.get("ignore_backoff", False),
         cap=_cap(body.get("cap")),
+        owner=_owner(body.get("owner")),
         **options,
     )
     return 201, run.to_dict()
@@ -170,7 +196,17 @@ def _finish(call: Call) -> tuple[int, dict[str, Any]]:
         failure_class=body.get("failure_class"),
         reason=body.get("reason"),
         not_before=body.get("not_before"),
+        stopped=body.get("stopped", False),
     )
+    return 200, run.to_dict()
+
+
+def _running_runs(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {"runs": [run.to_dict() for run in call.ledger.running_runs()]}
+
+
+def _abandon_run(call: Call) -> tuple[int, dict[str, Any]]:
+    run = call.ledger.abandon_run(call.path["run_id"], reason=call.body["reason"], actor=call.actor)
     return 200, run.to_dict()
 
 
@@ -223,6 +259,13 @@ _KEY = Field(
     omit_none=True,
 )
 _LIMITS = Needs(ATTEMPT_LIMITS, "an attempt limit")
+_OWNERS = "runs.owners"
+_OWNERS_WHEN_OWNER = Needs(_OWNERS, "a run's owner", when="owner")
+
+
+def _true_or_none(value: object) -> bool | None:
+    # Sent only when true, so a server older than `stopped` takes every other finish.
+    return True if value else None
 _TASK = one(Task)
 _RUN = one(Run)
 
@@ -363,9 +406,18 @@ class LedgerRoutes:
             Field("ignore_backoff", "boolean"),
             Field("lease_s", "number", nullable=True),
             Field("cap", "integer", nullable=True, encode=cap_number),
+            Field(
+                "owner",
+                "object",
+                shape="RunOwner",
+                description="the process that will run it (default: the server's)",
+                omit_none=True,
+                encode=owner_document,
+            ),
         ),
         binds=Ledger.start_run,
         read=_RUN,
+        needs=_OWNERS_WHEN_OWNER,
     )
     run = Endpoint(
         "GET", _RUN_ID, "getRun", "One run", _get_run, "Run", binds=Ledger.run, read=_RUN
@@ -395,9 +447,34 @@ class LedgerRoutes:
             Field("failure_class", "string", nullable=True),
             Field("reason", "string", nullable=True),
             Field("not_before", "number", nullable=True),
+            Field("stopped", "boolean", omit_none=True, encode=_true_or_none),
         ),
         binds=Ledger.finish_run,
         read=_RUN,
+        needs=Needs(_OWNERS, "a stopped run", when="stopped"),
+    )
+    running_runs = Endpoint(
+        "GET",
+        "/v1/running",
+        "runningRuns",
+        "Every running run: where it runs, since when, until when its lease holds",
+        _running_runs,
+        "RunList",
+        binds=Ledger.running_runs,
+        read=listed("runs", _RUN),
+        needs=Needs(_OWNERS, "run owners"),
+    )
+    abandon_run = Endpoint(
+        "POST",
+        f"{_RUN_ID}/abandon",
+        "abandonRun",
+        "Abandon a running run whose owner is known to be gone",
+        _abandon_run,
+        "Run",
+        body=(Field("reason", "string", required=True),),
+        binds=Ledger.abandon_run,
+        read=_RUN,
+        needs=Needs(_OWNERS, "abandoning a run"),
     )
     abandon_expired_runs = Endpoint(
         "POST",

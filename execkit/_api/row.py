@@ -50,7 +50,7 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 
-JSON_TYPES = ("string", "integer", "number", "boolean")
+JSON_TYPES = ("string", "integer", "number", "boolean", "object")
 
 UNSENT = frozenset({"actor", "now"})
 """Parameters of a bound method that are not fields: `actor` becomes a header, `now` is
@@ -69,7 +69,10 @@ class Field:
 
     For the client: `encode` turns the argument into its JSON value (enums become their
     values by default); `omit_none` leaves a None out of the body instead of sending null,
-    so a server older than the member still takes a call that does not use it.
+    so a server older than the member still takes a call that does not use it. An
+    `object` member names its wire shape in `shape` (a component of the document, e.g.
+    `RunOwner`); the server hands the handler a JSON object of scalars, and the handler
+    builds the value (its validators word a bad one).
     """
 
     name: str
@@ -78,6 +81,7 @@ class Field:
     nullable: bool = False
     description: str = ""
     omit_none: bool = attrs.field(default=False, kw_only=True)
+    shape: str | None = attrs.field(default=None, kw_only=True)
     encode: Callable[[Any], Any] = attrs.field(default=_plain, kw_only=True, eq=False)
 
 

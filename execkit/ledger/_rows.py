@@ -61,6 +61,11 @@ RUN_COLUMNS = (
     "owner_pid",
     "lease_expires_at",
     "not_before",
+    "owner_boot_id",
+    "owner_pid_namespace",
+    "owner_pid_started_at",
+    "owner_instance",
+    "stopped",
 )
 TASK_COLUMNS = (
     "id",
@@ -87,6 +92,7 @@ SUMMARY_COLUMNS = (
     "last_ended_at",
     "last_forced",
     "last_not_before",
+    "last_stopped",
 )
 AUDIT_COLUMNS = ("id", "at", "actor", "action", "task_id", "run_id", "detail")
 GRANT_COLUMNS = ("principal", "role", "granted_by", "granted_at")
@@ -129,6 +135,11 @@ def run_from_row(row: NamedRow) -> Run:
         owner_pid=row["owner_pid"],
         lease_expires_at=row["lease_expires_at"],
         not_before=row["not_before"],
+        owner_boot_id=row["owner_boot_id"],
+        owner_pid_namespace=row["owner_pid_namespace"],
+        owner_pid_started_at=row["owner_pid_started_at"],
+        owner_instance=row["owner_instance"],
+        stopped=bool(row["stopped"]),
     )
 
 
@@ -149,6 +160,7 @@ def _summary_from_row(row: NamedRow) -> HistorySummary:
             ended_at=row["last_ended_at"],
             forced=bool(row["last_forced"]),
             not_before=row["last_not_before"],
+            stopped=bool(row["last_stopped"]),
         )
     return HistorySummary(
         attempts_used=row["attempts_used"],
@@ -179,6 +191,7 @@ def summary_row(summary: HistorySummary) -> dict[str, Any]:
         "last_ended_at": None if last is None else last.ended_at,
         "last_forced": last is not None and last.forced,
         "last_not_before": None if last is None else last.not_before,
+        "last_stopped": last is not None and last.stopped,
     }
 
 

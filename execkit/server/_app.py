@@ -103,6 +103,10 @@ def _refusal(exc: _Refused) -> Response:
     return _response(exc.status, _dumps(_error_doc(exc.code, exc.message)), headers)
 
 
+# An object member (a `RunOwner`) is a few scalars: anything bigger is not one.
+_MAX_OBJECT_MEMBERS = 16
+
+
 def _invalid(message: str) -> _Refused:
     return _Refused(400, "invalid", message)
 
@@ -144,6 +148,17 @@ def _checked_value(where: str, field: Field, value: Any) -> Any:
             raise _invalid(f"{where} is out of range")
         if not math.isfinite(value):
             raise _invalid(f"{where} must be a finite number")
+        return value
+    if kind == "object":
+        if not isinstance(value, dict) or len(value) > _MAX_OBJECT_MEMBERS:
+            raise _invalid(
+                f"{where} must be a JSON object of at most {_MAX_OBJECT_MEMBERS} members"
+            )
+        for member, item in value.items():
+            if isinstance(item, dict | list):
+                raise _invalid(f"{where}.{member} must be a string, number or boolean")
+            if isinstance(item, str):
+                _checked_text(f"{where}.{member}", item)
         return value
     raise AssertionError(kind)  # pragma: no cover
 

@@ -61,6 +61,7 @@ def attempt_from_run(run: Run) -> Attempt:
         ended_at=run.ended_at,
         forced=run.forced,
         not_before=run.not_before,
+        stopped=run.stopped,
     )
 
 

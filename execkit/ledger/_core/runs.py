@@ -12,8 +12,6 @@ an accepted request key returns the run it admitted and creates none. The refusa
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import attrs
@@ -44,7 +42,16 @@ from execkit.ledger._core.inputs import (
 )
 from execkit.ledger._core.leases import LeaseOps
 from execkit.ledger._core.store import TaskRecord, Tx
-from execkit.ledger._model import DEFAULT_LEASE_S, Actor, AuditAction, AuditEntry, Run, TaskStatus
+from execkit.ledger._model import (
+    DEFAULT_LEASE_S,
+    Actor,
+    AuditAction,
+    AuditEntry,
+    Run,
+    RunOwner,
+    TaskStatus,
+)
+from execkit.ledger._owner import process_owner
 
 __all__ = ["RunOps"]
 
@@ -99,6 +106,7 @@ class RunOps(LeaseOps):
         lease_s: float = DEFAULT_LEASE_S,
         now: float | None = None,
         cap: DispatchCap | None = None,
+        owner: RunOwner | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -113,9 +121,14 @@ class RunOps(LeaseOps):
         `retry_task` is forced the same way. The run holds a lease of `lease_s` seconds
         that its runner renews with `heartbeat`. Replaying an accepted `request_key` with
         the same actor and force returns the same run and creates none; with different
-        ones it is a Conflict.
+        ones it is a Conflict. `owner` is the process that will run it (a dispatcher's
+        `RunOwner`); by default the calling process.
         """
         check_text("request_key", request_key, MAX_KEY)
+        if owner is not None and not isinstance(owner, RunOwner):
+            raise InvalidInput(
+                f"owner: must be a RunOwner, got {type(owner).__name__}", field="owner"
+            )
         who = as_actor(actor)
         check_bool("forced", forced)
         check_bool("ignore_backoff", ignore_backoff)
@@ -139,7 +152,16 @@ class RunOps(LeaseOps):
             refused = self._admission_refusal(task, decision, at, ignore_backoff)
             if refused is None:
                 return self._admit(
-                    tx, task, decision, at, who, request_key, fingerprint, forced, lease
+                    tx,
+                    task,
+                    decision,
+                    at,
+                    who,
+                    request_key,
+                    fingerprint,
+                    forced,
+                    lease,
+                    owner or process_owner(),
                 )
             if expired is None:
                 raise refused
@@ -173,6 +195,7 @@ class RunOps(LeaseOps):
         fingerprint: str,
         forced: bool,
         lease: float,
+        owner: RunOwner,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
@@ -189,9 +212,13 @@ class RunOps(LeaseOps):
                 forced=force,
                 started_at=at,
                 ended_at=None,
-                owner_host=socket.gethostname(),
-                owner_pid=os.getpid(),
+                owner_host=owner.host,
+                owner_pid=owner.pid,
                 lease_expires_at=at + lease,
+                owner_boot_id=owner.boot_id,
+                owner_pid_namespace=owner.pid_namespace,
+                owner_pid_started_at=owner.pid_started_at,
+                owner_instance=owner.instance,
             ),
             lease,
         )
@@ -251,8 +278,13 @@ class RunOps(LeaseOps):
         reason: str | None = None,
         not_before: float | None = None,
         now: float | None = None,
+        stopped: bool = False,
     ) -> Run:
         """Record how a running run ended: succeeded | failed | abandoned.
+
+        `stopped=True` (abandoned only) says its own runner stopped it on purpose (a
+        dispatcher shutting down, a cancelled task): the attempt is uncharged and sets no
+        backoff, and it still counts against an explicit limit.
 
         A succeeded run is never classed and marks its task done. The reason is redacted
         before it is stored. `not_before` (failed runs) is the vendor's reset time: the next
@@ -271,6 +303,16 @@ class RunOps(LeaseOps):
             raise InvalidInput(
                 "failure_class must be empty for a succeeded run", field="failure_class"
             )
+        check_bool("stopped", stopped)
+        if stopped and final is not AttemptStatus.ABANDONED:
+            raise InvalidInput(
+                f"stopped: only an abandoned run can be stopped, not a {final} one",
+                field="stopped",
+            )
+        if stopped and klass is not None:
+            raise InvalidInput(
+                "failure_class must be empty for a stopped run", field="failure_class"
+            )
         reset = optional_time("not_before", not_before)
         if final is not AttemptStatus.FAILED:
             reset = None
@@ -279,7 +321,12 @@ class RunOps(LeaseOps):
         with self._store.write() as tx:
             run = self._run(tx, run_id)
             if run.status is not AttemptStatus.RUNNING:
-                if (run.status, run.failure_class, run.reason) == (final, klass, stored_reason):
+                if (run.status, run.failure_class, run.reason, run.stopped) == (
+                    final,
+                    klass,
+                    stored_reason,
+                    stopped,
+                ):
                     return run
                 shown = run.failure_class.value if run.failure_class else "-"
                 raise Conflict(
@@ -288,7 +335,7 @@ class RunOps(LeaseOps):
                     + (f" ({run.reason})" if run.status is AttemptStatus.ABANDONED else "")
                 )
             task = self._task(tx, run.task_id, lock=True)
-            tx.finish_run(run_id, final, klass, stored_reason, reset, at)
+            tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped)
             ended = attrs.evolve(
                 run,
                 status=final,
@@ -296,6 +343,7 @@ class RunOps(LeaseOps):
                 reason=stored_reason,
                 ended_at=at,
                 not_before=reset,
+                stopped=stopped,
             )
             self._summary_after(tx, task, ended)
             if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
@@ -307,7 +355,11 @@ class RunOps(LeaseOps):
                     action=AuditAction.RUN_FINISH,
                     task_id=run.task_id,
                     run_id=run_id,
-                    detail={"status": final, "failure_class": klass.value if klass else None},
+                    detail={
+                        "status": final,
+                        "failure_class": klass.value if klass else None,
+                        **({"stopped": True, "reason": stored_reason} if stopped else {}),
+                    },
                 )
             )
             return ended

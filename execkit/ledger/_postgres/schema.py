@@ -22,7 +22,11 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
 
 # Version 1: tasks (with their limit, operator state and history summary in the row that
 # admission locks), runs (with their lease and the limit in force at admission), audit,
-# idempotency keys, role grants and the ledger's identity and owner.
+# idempotency keys, role grants and the ledger's identity and owner. Version 2
+# (runs.owners): who runs each run (the dispatcher's boot, pid namespace, pid start time
+# and instance) and whether its own runner stopped it on purpose (uncharged), with the
+# summary's copy of that flag for the task's last attempt: new nullable or defaulted
+# columns, so every row stored before reads the same.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -125,6 +129,15 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             granted_at double precision NOT NULL,
             PRIMARY KEY (principal, role)
         )""",
+    ),
+    2: (
+        "ALTER TABLE runs ADD COLUMN owner_boot_id text, "
+        "ADD COLUMN owner_pid_namespace bigint CHECK (owner_pid_namespace >= 0), "
+        "ADD COLUMN owner_pid_started_at double precision, "
+        "ADD COLUMN owner_instance text, "
+        "ADD COLUMN stopped boolean NOT NULL DEFAULT false, "
+        "ADD CONSTRAINT runs_stopped_abandoned CHECK (NOT stopped OR status = 'abandoned')",
+        "ALTER TABLE tasks ADD COLUMN last_stopped boolean NOT NULL DEFAULT false",
     ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

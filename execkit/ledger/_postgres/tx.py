@@ -151,6 +151,10 @@ class PostgresTx:
         )
         return None if row is None else run_from_row(row)
 
+    def running_runs(self) -> list[Run]:
+        rows = self._named_all(f"{_RUN_SELECT} WHERE status = 'running' ORDER BY seq")
+        return [run_from_row(row) for row in rows]
+
     def expired_runs(self, now: float) -> list[Run]:
         expired = "status = 'running' AND lease_expires_at <= %s"
         if not self._write:
@@ -221,9 +225,10 @@ class PostgresTx:
             "WITH n AS (SELECT nextval('run_numbers') AS seq) "
             "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
             "request_key, actor, forced, owner_host, owner_pid, started_at, "
-            "lease_expires_at, lease_s) "
+            "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
+            "owner_pid_started_at, owner_instance) "
             "SELECT n.seq, 'r-' || n.seq, t.id, %s, t.max_attempts, %s, %s, %s, %s, %s, %s, "
-            "%s, %s, %s FROM n, tasks t WHERE t.id = %s RETURNING id",
+            "%s, %s, %s, %s, %s, %s, %s FROM n, tasks t WHERE t.id = %s RETURNING id",
             (
                 run.attempt,
                 str(run.status),
@@ -235,6 +240,10 @@ class PostgresTx:
                 run.started_at,
                 run.lease_expires_at,
                 lease_s,
+                nul_free(run.owner_boot_id),
+                run.owner_pid_namespace,
+                run.owner_pid_started_at,
+                nul_free(run.owner_instance),
                 run.task_id,
             ),
         )
@@ -253,17 +262,19 @@ class PostgresTx:
         reason: str | None,
         not_before: float | None,
         at: float,
+        stopped: bool = False,
     ) -> bool:
         changed = self._count(
             "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
-            "not_before = COALESCE(%s, not_before) WHERE id = %s AND status = 'running' "
-            "RETURNING 1",
+            "not_before = COALESCE(%s, not_before), stopped = %s "
+            "WHERE id = %s AND status = 'running' RETURNING 1",
             (
                 str(status),
                 None if failure_class is None else str(failure_class),
                 nul_free(reason),
                 at,
                 not_before,
+                stopped,
                 run_id,
             ),
         )

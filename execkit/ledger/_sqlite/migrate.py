@@ -78,9 +78,13 @@ def upgrade(conn: sqlite3.Connection, path: Path, busy_timeout_s: float) -> Migr
             return None
         backup = _backup(path, current, busy_timeout_s) if current > 0 else None
         now = time.time()
-        for version in range(current + 1, schema.SCHEMA_VERSION + 1):
+        steps = range(current + 1, schema.SCHEMA_VERSION + 1)
+        for version in steps:
             for statement in schema.SCHEMA_STEPS[version]:
                 conn.execute(statement)
+        # The data steps read and write with today's code (`SqliteTx`), which knows only
+        # the current schema: they run once every statement has been applied.
+        for version in steps:
             data_step = _DATA_STEPS.get(version)
             if data_step is not None:
                 data_step(conn, now)

@@ -15,7 +15,12 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # keyed by task id and the run-history index by task and creation order. Version 3: run
 # leases and reset times, per-task uncharged ceilings and pending operator retries, the
 # per-task summary that admission reads instead of the whole history, role grants and
-# the ledger's identity. Every step is additive.
+# the ledger's identity. Version 4 (runs.owners): who runs each run (the dispatcher's
+# identity: boot, pid namespace, pid start time, instance) and which abandoned runs their
+# own runner stopped on purpose (uncharged), plus the summary's copy of that flag for its
+# last attempt. Every step is additive; version 4 adds one column, with its default, to a
+# table version 3 made (an older execkit refuses a version-4 file: its backup, written
+# before the step, is the way back).
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -129,6 +134,20 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE UNIQUE INDEX runs_by_task_request_key ON runs (task_id, request_key)",
         "CREATE INDEX run_extras_by_lease ON run_extras (lease_expires_at)",
+    ),
+    4: (
+        """CREATE TABLE run_owners (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id),
+            boot_id TEXT NOT NULL,
+            pid_namespace INTEGER NOT NULL CHECK (pid_namespace >= 0),
+            pid_started_at REAL NOT NULL,
+            instance TEXT NOT NULL
+        )""",
+        """CREATE TABLE run_stops (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id)
+        )""",
+        "ALTER TABLE task_summaries ADD COLUMN last_stopped INTEGER NOT NULL DEFAULT 0"
+        " CHECK (last_stopped IN (0, 1))",
     ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

@@ -36,8 +36,11 @@ __all__ = ["SqliteTx"]
 _RUN_SELECT = (
     "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
     "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
-    "x.lease_expires_at, x.not_before "
-    "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
+    "x.lease_expires_at, x.not_before, o.boot_id AS owner_boot_id, "
+    "o.pid_namespace AS owner_pid_namespace, o.pid_started_at AS owner_pid_started_at, "
+    "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped "
+    "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id "
+    "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
@@ -99,6 +102,10 @@ class SqliteTx:
             f"{_RUN_SELECT} WHERE r.task_id = ? AND r.attempt = ?", (task_id, attempt)
         ).fetchone()
         return None if row is None else run_from_row(row)
+
+    def running_runs(self) -> list[Run]:
+        rows = self._named(f"{_RUN_SELECT} WHERE r.status = 'running' ORDER BY r.seq")
+        return [run_from_row(row) for row in rows.fetchall()]
 
     def expired_runs(self, now: float) -> list[Run]:
         rows = self._named(
@@ -182,6 +189,18 @@ class SqliteTx:
             "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) VALUES (?, ?, ?)",
             (stored.id, stored.lease_expires_at, lease_s),
         )
+        if stored.owner is not None:
+            self._conn.execute(
+                "INSERT INTO run_owners (run_id, boot_id, pid_namespace, pid_started_at, "
+                "instance) VALUES (?, ?, ?, ?, ?)",
+                (
+                    stored.id,
+                    stored.owner_boot_id,
+                    stored.owner_pid_namespace,
+                    stored.owner_pid_started_at,
+                    stored.owner_instance,
+                ),
+            )
         if _after_admission_insert is not None:
             _after_admission_insert()
         return stored
@@ -194,6 +213,7 @@ class SqliteTx:
         reason: str | None,
         not_before: float | None,
         at: float,
+        stopped: bool = False,
     ) -> bool:
         changed = self._conn.execute(
             "UPDATE runs SET status = ?, failure_class = ?, reason = ?, ended_at = ? "
@@ -206,6 +226,8 @@ class SqliteTx:
                 "ON CONFLICT (run_id) DO UPDATE SET not_before = excluded.not_before",
                 (run_id, not_before),
             )
+        if changed and stopped:
+            self._conn.execute("INSERT INTO run_stops (run_id) VALUES (?)", (run_id,))
         return bool(changed)
 
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:

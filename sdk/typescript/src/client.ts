@@ -20,6 +20,7 @@ import {
 } from "./errors.js";
 import {
   ATTEMPT_LIMITS,
+  RUN_OWNERS,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
   MAX_UNCHARGED_LIMIT,
@@ -35,6 +36,7 @@ import {
   AttemptStatusValues,
   FailureClassValues,
   OPERATIONS,
+  type AbandonRunBody,
   type AuditQuery,
   type Bodies,
   type CreateTaskBody,
@@ -110,6 +112,13 @@ export interface FinishRunOptions extends IdempotentOptions {
   reason?: string | null | undefined;
   /** The vendor's reset time (POSIX seconds): the next attempt waits for it. */
   notBefore?: number | null | undefined;
+  /** An abandoned run its own runner stopped on purpose: uncharged (needs `runs.owners`). */
+  stopped?: boolean | undefined;
+}
+
+export interface AbandonRunOptions extends IdempotentOptions {
+  /** How it is known that the run's owner is gone (stored, redacted). */
+  reason: string;
 }
 
 export interface HeartbeatOptions extends IdempotentOptions {
@@ -504,7 +513,7 @@ export class ExeckitClient {
     const given = optionsOf(
       "finishRun",
       options,
-      ["status", "failureClass", "reason", "notBefore", "idempotencyKey"],
+      ["status", "failureClass", "reason", "notBefore", "stopped", "idempotencyKey"],
       true,
     );
     const body: FinishRunBody = { status: oneOf("status", given.status, FINAL_STATUSES) };
@@ -517,7 +526,13 @@ export class ExeckitClient {
     if (given.notBefore !== undefined && given.notBefore !== null) {
       body.not_before = finite("notBefore", given.notBefore);
     }
+    if (given.stopped !== undefined && bool("stopped", given.stopped)) {
+      body.stopped = true;
+    }
     const key = idempotencyKey(given.idempotencyKey);
+    if (body.stopped === true) {
+      await this.#require(RUN_OWNERS, "record a stopped run");
+    }
     return this.#run(
       await this.#send("finishRun", { params: { run_id: id }, body, idempotencyKey: key }),
     );
@@ -600,6 +615,25 @@ export class ExeckitClient {
     const key = idempotencyKey(given.idempotencyKey);
     const doc = await this.#send("abandonExpired", { body: {}, idempotencyKey: key });
     return this.#list(doc, "runs").map((run) => this.#run(run));
+  }
+
+  /** Every running run: where it runs (its owner), since when, until when its lease holds. */
+  async runningRuns(): Promise<Run[]> {
+    await this.#require(RUN_OWNERS, "list the running runs");
+    const doc = await this.#send("runningRuns", {});
+    return this.#list(doc, "runs").map((run) => this.#run(run));
+  }
+
+  /** Abandon a running run whose owner is known to be gone (audited, charged). */
+  async abandonRun(runId: string, options: AbandonRunOptions): Promise<Run> {
+    const id = identifier("runId", runId);
+    const given = optionsOf("abandonRun", options, ["reason", "idempotencyKey"], true);
+    const body: AbandonRunBody = { reason: text("reason", given.reason, MAX_REASON) };
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(RUN_OWNERS, "abandon a run");
+    return this.#run(
+      await this.#send("abandonRun", { params: { run_id: id }, body, idempotencyKey: key }),
+    );
   }
 
   /** Audit records, all or one task's. */

@@ -7,6 +7,7 @@ export {
   type ClientOptions,
   type CreateTaskOptions,
   type FetchLike,
+  type AbandonRunOptions,
   type FinishRunOptions,
   type GetTaskOptions,
   type HeartbeatOptions,
@@ -38,6 +39,7 @@ export {
 } from "./errors.js";
 export {
   ATTEMPT_LIMITS,
+  RUN_OWNERS,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
   MAX_UNCHARGED_LIMIT,

@@ -51,6 +51,9 @@ export type RunList = Required<wire.RunList>;
 /** The capability a limit needs (docs/remote.md, "Capabilities"; ADR 0033). */
 export const ATTEMPT_LIMITS = "tasks.attempt_limits";
 
+/** The capability of run owners: stopped runs, `runningRuns` and `abandonRun`. */
+export const RUN_OWNERS = "runs.owners";
+
 /** ADR 0033: an explicit limit is 1..10000 runs; 0 means "no explicit limit". */
 export const MAX_ATTEMPT_LIMIT = 10000;
 

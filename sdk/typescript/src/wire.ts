@@ -141,18 +141,36 @@ export interface Run {
   readonly id: string;
   readonly lease_expires_at: number | null;
   readonly not_before: number | null;
+  readonly owner_boot_id: string | null;
   readonly owner_host: string;
+  readonly owner_instance: string | null;
   readonly owner_pid: number;
+  readonly owner_pid_namespace: number | null;
+  readonly owner_pid_started_at: number | null;
   readonly reason: string | null;
   readonly request_key: string;
   readonly started_at: number;
   readonly status: AttemptStatus;
+  /** Abandoned by its own runner on purpose: uncharged. */
+  readonly stopped: boolean;
   readonly task_id: string;
 }
 
 export interface RunList {
   readonly runs: readonly Run[];
   readonly task_id?: string;
+}
+
+export interface RunOwner {
+  /** The kernel's boot id: with pid_namespace, where pid means something. */
+  readonly boot_id: string;
+  readonly host: string;
+  /** A random id the owner drew when it started. */
+  readonly instance: string;
+  readonly pid: number;
+  readonly pid_namespace: number;
+  /** The process's start time (a reused pid has another). */
+  readonly pid_started_at: number;
 }
 
 export interface Task {
@@ -202,8 +220,10 @@ export const OPERATIONS = {
   grants: { method: "GET", path: "/v1/grants", status: 200 },
   grantRole: { method: "POST", path: "/v1/grants", status: 201 },
   revokeRole: { method: "POST", path: "/v1/grants/revoke", status: 200 },
+  runningRuns: { method: "GET", path: "/v1/running", status: 200 },
   abandonExpired: { method: "POST", path: "/v1/runs/abandon-expired", status: 200 },
   getRun: { method: "GET", path: "/v1/runs/{run_id}", status: 200 },
+  abandonRun: { method: "POST", path: "/v1/runs/{run_id}/abandon", status: 200 },
   finishRun: { method: "POST", path: "/v1/runs/{run_id}/finish", status: 200 },
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
@@ -248,11 +268,16 @@ export interface RevokeRoleBody {
 
 export type AbandonExpiredBody = Record<string, never>;
 
+export interface AbandonRunBody {
+  reason: string;
+}
+
 export interface FinishRunBody {
   failure_class?: string | null;
   not_before?: number | null;
   reason?: string | null;
   status: string;
+  stopped?: boolean;
 }
 
 export interface HeartbeatBody {
@@ -291,6 +316,8 @@ export interface StartRunBody {
   forced?: boolean;
   ignore_backoff?: boolean;
   lease_s?: number | null;
+  /** The process that will run it (default: the server's). */
+  owner?: RunOwner;
   request_key?: string | null;
 }
 
@@ -304,8 +331,10 @@ export interface Queries {
   grants: GrantsQuery;
   grantRole: never;
   revokeRole: never;
+  runningRuns: never;
   abandonExpired: never;
   getRun: never;
+  abandonRun: never;
   finishRun: never;
   heartbeat: never;
   listTasks: never;
@@ -329,8 +358,10 @@ export interface Bodies {
   grants: never;
   grantRole: GrantRoleBody;
   revokeRole: RevokeRoleBody;
+  runningRuns: never;
   abandonExpired: AbandonExpiredBody;
   getRun: never;
+  abandonRun: AbandonRunBody;
   finishRun: FinishRunBody;
   heartbeat: HeartbeatBody;
   listTasks: never;
@@ -354,8 +385,10 @@ export interface Answers {
   grants: GrantList;
   grantRole: Grant;
   revokeRole: Revoked;
+  runningRuns: RunList;
   abandonExpired: RunList;
   getRun: Run;
+  abandonRun: Run;
   finishRun: Run;
   heartbeat: Run;
   listTasks: TaskList;
