@@ -503,7 +503,8 @@ class LaneView:
     """A lane as it stands at one moment: `state` (a parked or cooling lane whose time
     passed is `half_open`), whether the next admission may go (`admits`; `probe` when it
     is the half-open attempt), when it opens (`opens_at`, None when only an operator or
-    the probe's result opens it), why, and whether a stated reset was capped."""
+    the probe's result opens it), why, whether a stated reset was capped, the task whose
+    run stopped it, how many closings in a row (`trips`) and when it last changed."""
 
     lane: str
     state: LaneState
@@ -513,6 +514,8 @@ class LaneView:
     reason: str | None
     capped: bool
     stopped_task: str | None
+    trips: int = 0
+    updated_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -541,4 +544,6 @@ def view(summary: LaneSummary, now: float) -> LaneView:
         reason=summary.reason,
         capped=summary.capped,
         stopped_task=summary.stopped_task,
+        trips=summary.trips,
+        updated_at=summary.updated_at,
     )

@@ -36,6 +36,8 @@ _STORED_ACTIONS = {
     "run.abandon",
     "role.grant",
     "role.revoke",
+    "lane.park",
+    "lane.resume",
 }
 
 

@@ -212,6 +212,8 @@ class AuditAction(enum.StrEnum):
     RUN_ABANDON = "run.abandon"
     ROLE_GRANT = "role.grant"
     ROLE_REVOKE = "role.revoke"
+    LANE_PARK = "lane.park"
+    LANE_RESUME = "lane.resume"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:

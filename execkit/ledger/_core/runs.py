@@ -25,10 +25,13 @@ from execkit._errors import (
     AttemptLimitReached,
     Conflict,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
     TaskBackingOff,
     TaskBlocked,
     TaskFinished,
 )
+from execkit._lanes import LaneCause
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
 from execkit.ledger._core.inputs import (
     MAX_KEY,
@@ -42,6 +45,7 @@ from execkit.ledger._core.inputs import (
     moment,
     optional_time,
 )
+from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
 from execkit.ledger._core.store import TaskRecord, Tx
 from execkit.ledger._model import DEFAULT_LEASE_S, Actor, AuditAction, AuditEntry, Run, TaskStatus
@@ -99,6 +103,7 @@ class RunOps(LeaseOps):
         lease_s: float = DEFAULT_LEASE_S,
         now: float | None = None,
         cap: DispatchCap | None = None,
+        lane: str | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -114,8 +119,16 @@ class RunOps(LeaseOps):
         that its runner renews with `heartbeat`. Replaying an accepted `request_key` with
         the same actor and force returns the same run and creates none; with different
         ones it is a Conflict.
+
+        `lane` (`ADAPTER/CREDENTIAL`, issue #28) binds the run to its vendor lane: the
+        lane, and the same lane on this host, are read in this transaction after the task's
+        own refusals, and one that does not admit refuses with `LaneWaiting` or
+        `LaneStopped` (before a backoff's refusal); nothing is written. Neither `forced`
+        nor `ignore_backoff` lifts a lane: an operator resumes it (`resume_lane`). Without
+        a lane, admission is as it was.
         """
         check_text("request_key", request_key, MAX_KEY)
+        lane_name = check_lane(lane)
         who = as_actor(actor)
         check_bool("forced", forced)
         check_bool("ignore_backoff", ignore_backoff)
@@ -136,11 +149,22 @@ class RunOps(LeaseOps):
                 task = self._abandon(tx, task, expired, at, why)
             # Decided once: the refusal and the admission's audit read the same decision.
             decision = self._decide(task, at, cap, force=forced)
-            refused = self._admission_refusal(task, decision, at, ignore_backoff)
+            refused = _refusal(task, decision)
+            probes: list[str] = []
+            if refused is None and lane_name is not None:
+                try:
+                    probes = self._lane_gate(tx, lane_name, task.id, at)
+                except (LaneWaiting, LaneStopped) as lane_refusal:
+                    refused = lane_refusal
             if refused is None:
-                return self._admit(
+                refused = self._admission_refusal(task, decision, at, ignore_backoff)
+            if refused is None:
+                run = self._admit(
                     tx, task, decision, at, who, request_key, fingerprint, forced, lease
                 )
+                if lane_name is not None:
+                    self._lane_admitted(tx, lane_name, probes, run, at)
+                return run
             if expired is None:
                 raise refused
             # Leaving the block commits the abandonment: it stands whether or not this
@@ -251,6 +275,7 @@ class RunOps(LeaseOps):
         reason: str | None = None,
         not_before: float | None = None,
         now: float | None = None,
+        lane_cause: str | None = None,
     ) -> Run:
         """Record how a running run ended: succeeded | failed | abandoned.
 
@@ -259,6 +284,14 @@ class RunOps(LeaseOps):
         attempt is not scheduled before it. Finishing a finished run again with the same
         values returns it unchanged; with different values it is a Conflict (an abandoned
         run's lease expired: its runner's late result cannot rewrite the history).
+
+        A run bound to a lane feeds it (issue #28). `lane_cause` is what the adapter read
+        from the vendor's structure, never from free text: `reset` (an upstream failure
+        whose `not_before` the vendor stated: the lane parks until then), `credentials`,
+        `billing` or `binary_missing` (an environment failure that stops the lane; the
+        reason is its fix; a missing binary stops the lane on the run's host only).
+        Without it an upstream failure counts toward the lane's breaker. A cause that does
+        not fit the class is InvalidInput, nothing written.
         """
         if status not in _FINAL_RUN_STATUSES:
             raise InvalidInput(
@@ -274,6 +307,17 @@ class RunOps(LeaseOps):
         reset = optional_time("not_before", not_before)
         if final is not AttemptStatus.FAILED:
             reset = None
+        cause = check_lane_cause(lane_cause)
+        if cause is not None and not (
+            (cause is LaneCause.RESET and klass is FailureClass.UPSTREAM and reset is not None)
+            or (cause is not LaneCause.RESET and klass is FailureClass.ENVIRONMENT)
+        ):
+            raise InvalidInput(
+                f"lane_cause {cause} needs a failed run of class "
+                + ("upstream with not_before" if cause is LaneCause.RESET else "environment")
+                + f", got {final} ({klass or 'no class'})",
+                field="lane_cause",
+            )
         stored_reason = clean_reason(reason)
         at = moment(now)
         with self._store.write() as tx:
@@ -298,6 +342,7 @@ class RunOps(LeaseOps):
                 not_before=reset,
             )
             self._summary_after(tx, task, ended)
+            self._lane_result(tx, ended, cause, at)
             if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
                 tx.set_task_status(run.task_id, TaskStatus.DONE, at)
             tx.audit(
