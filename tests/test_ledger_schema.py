@@ -268,7 +268,7 @@ def test_migrate_writes_a_backup_and_says_where(tmp_path: Path) -> None:
     assert result.backup_path is not None and result.backup_path.is_file()
     assert "schema-v1" in result.backup_path.name
     again = migrate(db)
-    assert (again.from_version, again.backup_path) == (3, None)
+    assert (again.from_version, again.backup_path) == (SCHEMA_VERSION, None)
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".bak") == [
         result.backup_path.name
     ]
