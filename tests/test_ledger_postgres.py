@@ -446,7 +446,8 @@ def test_concurrent_creations_and_migrations_serialise_on_the_advisory_lock(
     assert errors == []
     # One of them built the schema; the other three found it built.
     assert sorted(ledger.migration is None for ledger in opened) == [False, True, True, True]
-    assert sql(pg_url, "SELECT version FROM schema_version") == [(v,) for v in sorted(pg_schema.SCHEMA_STEPS)]
+    versions = [(version,) for version in sorted(pg_schema.SCHEMA_STEPS)]
+    assert sql(pg_url, "SELECT version FROM schema_version") == versions
     assert {ledger.ledger_id() for ledger in opened} == {opened[0].ledger_id()}
     for ledger in opened:
         ledger.close()
@@ -516,7 +517,8 @@ def test_an_outdated_ledger_opened_as_is_migrates_in_place_once_backed_up(
     monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", NEWER + 1)
     with open_pg(pg_url, upgrade=True) as upgraded:  # the operator's say-so, on open
         assert upgraded.migration is not None
-        assert (upgraded.migration.from_version, upgraded.migration.to_version) == (NEWER, NEWER + 1)
+        done = upgraded.migration
+        assert (done.from_version, done.to_version) == (NEWER, NEWER + 1)
         assert upgraded.grants()[0].principal == "op"
 
 
