@@ -57,6 +57,8 @@ from execkit._budget import Attempt, WorkBudget
 from execkit._errors import (
     ExecKitError,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
     StorageError,
     TaskBackingOff,
     error_types,
@@ -104,6 +106,15 @@ def error_from_wire(status: int, doc: object) -> ExecKitError:
         ready_at = error.get("ready_at")
         at = float(ready_at) if isinstance(ready_at, int | float) else time.time()
         return kind(message, ready_at=at)
+    if issubclass(kind, LaneWaiting):
+        opens = error.get("opens_at")
+        opens_at = float(opens) if isinstance(opens, int | float) else None
+        return kind(message, lane=str(error.get("lane", "")), opens_at=opens_at)
+    if issubclass(kind, LaneStopped):
+        fix = error.get("fix")
+        return kind(
+            message, lane=str(error.get("lane", "")), fix=fix if isinstance(fix, str) else None
+        )
     try:
         return kind(message)
     except TypeError:  # pragma: no cover - every mapped type takes a message
