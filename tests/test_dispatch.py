@@ -392,6 +392,7 @@ class FlakyFinishLedger(SqliteLedger):
         reason: str | None = None,
         not_before: float | None = None,
         now: float | None = None,
+        lane_cause: str | None = None,
     ) -> Run:
         if self.fail_next_finish:
             self.fail_next_finish = False
@@ -403,6 +404,7 @@ class FlakyFinishLedger(SqliteLedger):
             reason=reason,
             not_before=not_before,
             now=now,
+            lane_cause=lane_cause,
         )
 
 
