@@ -66,9 +66,9 @@ def test_resume_and_park_and_their_bad_input(
     code, doc = _json(capsys, "lane", "park", LANE, "--for", "600", "--db", db)
     assert code == 0 and doc["state"] == "parked"
     for bad in (["--until", "soon"], ["--until", "2001-01-01T00:00:00+00:00"], ["--for", "-5"]):
-        code, error = _json(capsys, "lane", "park", LANE, "--db", db, *bad)
+        code, _ = _json(capsys, "lane", "park", LANE, "--db", db, *bad)
         assert code == EXIT_CODES["invalid"], bad
-    code, error = _json(capsys, "lane", "show", "gemini/default", "--db", db)
+    code, _ = _json(capsys, "lane", "show", "gemini/default", "--db", db)
     assert code == EXIT_CODES["not_found"]
     code, _ = _json(capsys, "lane", "show", "nonsense", "--db", db)
     assert code == EXIT_CODES["invalid"]
