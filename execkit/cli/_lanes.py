@@ -18,9 +18,9 @@ from execkit._errors import InvalidInput
 from execkit._lanes import LaneEvent, LaneView
 from execkit.cli._args import parse_seconds
 from execkit.cli._ledger import _acting, _actor, _common, _using
-from execkit.cli._output import print_json, safe_text, utc_stamp
+from execkit.cli._output import print_json, safe_text, utc_stamp, waiting_text
 
-__all__ = ["lane_line", "register", "waiting_text"]
+__all__ = ["lane_line", "register"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -78,18 +78,6 @@ def _iso(raw: str) -> float:
     if stamp.tzinfo is None:
         raise ValueError("no zone")
     return stamp.timestamp()
-
-
-def waiting_text(lane: LaneView) -> str:
-    """ "waiting on lane claude/3f2a... until 15:00:00Z (usage limit)", for status lines."""
-    if lane.opens_at is not None:
-        until = f"until {utc_stamp(lane.opens_at)}"
-    elif lane.state == "stopped":
-        until = "until an operator resumes it"
-    else:
-        until = "until its probe attempt's result"
-    why = f" ({lane.reason})" if lane.reason else ""
-    return safe_text(f"waiting on lane {lane.lane} {until}{why}")
 
 
 def lane_line(lane: LaneView) -> str:

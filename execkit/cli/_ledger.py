@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from execkit._errors import InvalidInput, StorageError
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp
+from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp, waiting_text
 from execkit.ledger import (
     CAPABILITIES,
     KNOWN_ROLES,
@@ -507,8 +507,6 @@ def _task_show(args: argparse.Namespace) -> int:
         if not args.json and LANES_CAPABILITY in ledger.capabilities():
             lane = ledger.task_lane(args.task_id)
             if lane is not None and not lane.admits and task.status == "open":
-                from execkit.cli._lanes import waiting_text
-
                 print(f"  {waiting_text(lane)}")
     return 0
 
