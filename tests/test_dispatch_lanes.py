@@ -43,3 +43,20 @@ def test_an_expired_credential_is_met_once_until_the_lane_is_resumed(
     assert on["calls_before_open"] == 1 and off["calls_before_open"] == 50
     # The task that hit the stop is blocked as before (its card moved); the 49 held ones ran.
     assert on["done"] == 49 and on["charged_failures"] == 0
+
+
+def test_the_dashboard_says_which_lane_an_issue_waits_on(bench: ModuleType, tmp_path: Path) -> None:
+    from execkit.dispatch import DispatchConfig, Dispatcher, InlineExecutor, issue_statuses
+    from execkit.ledger import open_ledger
+
+    clock = bench.Clock()
+    vendor = bench.LimitedVendor(clock, clock.now + 3600)
+    board = bench._board()
+    config = DispatchConfig(max_concurrent_agents=8)
+    with open_ledger(tmp_path / "l.db") as ledger:
+        Dispatcher(board, vendor, ledger, config, clock, executor=InlineExecutor()).tick()
+        rows = issue_statuses(ledger, config, board=board, now=clock.now + 1)
+    assert len(vendor.calls) == 1
+    waiting = [row for row in rows if (row.reason or "").startswith("waiting on lane ")]
+    assert len(waiting) == len(rows) == 50  # the one that met the limit waits on it too
+    assert all(row.board_state == "todo" for row in rows)  # no card was moved

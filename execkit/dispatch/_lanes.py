@@ -17,16 +17,30 @@ ledger advertises `vendor.lanes` (an older server is sent none) and `enabled` is
 
 from __future__ import annotations
 
+import datetime
 import os
+import socket
 from collections.abc import Callable, Mapping
 
 from execkit._adapter import credential_env_of, credential_files_of
 from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
-from execkit._lanes import lane_for
+from execkit._lanes import LaneView, lane_for
 from execkit._registry import get_adapter
 from execkit.ledger import LANES_CAPABILITY, Ledger
 
-__all__ = ["DispatchLanes"]
+__all__ = ["DispatchLanes", "waiting_reason"]
+
+
+def waiting_reason(lane: LaneView) -> str:
+    """ "waiting on lane claude/default until 2026-12-05T15:00:00+00:00 (usage limit)"."""
+    if lane.opens_at is not None:
+        stamp = datetime.datetime.fromtimestamp(lane.opens_at, tz=datetime.UTC)
+        until = f"until {stamp.isoformat(timespec='seconds')}"
+    elif lane.state == "stopped":
+        until = "until an operator resumes it"
+    else:
+        until = "until its probe attempt's result"
+    return f"waiting on lane {lane.lane} {until}" + (f" ({lane.reason})" if lane.reason else "")
 
 
 class DispatchLanes:
@@ -96,6 +110,14 @@ class DispatchLanes:
         if lane is not None:
             opens_at = refusal.opens_at if isinstance(refusal, LaneWaiting) else None
             self._held[lane] = (refusal, opens_at)
+
+    def closed(self, adapter: str, views: Mapping[str, LaneView]) -> LaneView | None:
+        """Of `views` (lanes that do not admit, by name), the one a run on `adapter` would
+        meet here: its lane, or the same lane on this host."""
+        lane = self.lane_of(adapter)
+        if lane is None:
+            return None
+        return views.get(lane) or views.get(f"{lane}@{socket.gethostname()}")
 
     def wake_times(self) -> list[float]:
         """When the held lanes open (for `Dispatcher.next_due`)."""
