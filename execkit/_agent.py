@@ -338,6 +338,7 @@ def _proof(
         error=redact(error, secrets) if error else None,
         precondition=precondition,
         retry_after_s=wait,
+        reset_from_structure=wait is not None and decisive.raw.reset_from_structure,
         **common,
     )
 

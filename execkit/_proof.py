@@ -107,6 +107,9 @@ class AgentProof:
     precondition: str | None = None
     output: str | None = attrs.field(default=None, converter=_redacted)
     retry_after_s: float | None = attrs.field(default=None, validator=optional(_SECONDS))
+    # The reset came from the vendor's own structured field, not its message (issue #28:
+    # only such a reset parks a vendor lane).
+    reset_from_structure: bool = False
 
     @property
     def productive(self) -> bool:
@@ -293,6 +296,7 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         precondition=_opt_str(data, "precondition"),
         output=_opt_str(data, "output"),
         retry_after_s=_opt_number(data, "retry_after_s") if failure_class else None,
+        reset_from_structure=bool(data.get("reset_from_structure")) if failure_class else False,
     )
 
 

@@ -57,6 +57,8 @@ from execkit._budget import Attempt, WorkBudget
 from execkit._errors import (
     ExecKitError,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
     StorageError,
     TaskBackingOff,
     error_types,
@@ -104,6 +106,15 @@ def error_from_wire(status: int, doc: object) -> ExecKitError:
         ready_at = error.get("ready_at")
         at = float(ready_at) if isinstance(ready_at, int | float) else time.time()
         return kind(message, ready_at=at)
+    if issubclass(kind, LaneWaiting):
+        opens = error.get("opens_at")
+        opens_at = float(opens) if isinstance(opens, int | float) else None
+        return kind(message, lane=str(error.get("lane", "")), opens_at=opens_at)
+    if issubclass(kind, LaneStopped):
+        fix = error.get("fix")
+        return kind(
+            message, lane=str(error.get("lane", "")), fix=fix if isinstance(fix, str) else None
+        )
     try:
         return kind(message)
     except TypeError:  # pragma: no cover - every mapped type takes a message
@@ -296,8 +307,7 @@ class RemoteLedger(LedgerRoutes):
         """One logical call of a row: its capability checked, its request built from the
         arguments, sent (and sent again with the same key when no answer came back, at most
         `retries` times), and its answer read, or its error raised as the typed exception."""
-        needs = endpoint.needs_check(arguments)
-        if needs is not None:
+        for needs in endpoint.needs_check(arguments):
             self._require(needs)
         body = endpoint.payload(arguments)
         key = str(uuid.uuid4()) if endpoint.method == "POST" else None

@@ -54,6 +54,7 @@ RANKS = {
     "execkit._proof": 4,
     "execkit._agent": 5,
     "execkit._budget": 6,
+    "execkit._lanes": 6,
     "execkit.ledger": 7,
     "execkit.dispatch": 8,
     # The HTTP API described once (the route table, its OpenAPI document): above the

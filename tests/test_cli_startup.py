@@ -39,6 +39,7 @@ PUBLIC = [
     "role",
     "capabilities",
     "db",
+    "lane",
     "dispatch",
     "status",
     "serve",

@@ -393,6 +393,7 @@ class FlakyFinishLedger(SqliteLedger):
         not_before: float | None = None,
         now: float | None = None,
         stopped: bool = False,
+        lane_cause: str | None = None,
     ) -> Run:
         if self.fail_next_finish:
             self.fail_next_finish = False
@@ -405,6 +406,7 @@ class FlakyFinishLedger(SqliteLedger):
             not_before=not_before,
             now=now,
             stopped=stopped,
+            lane_cause=lane_cause,
         )
 
 

@@ -61,6 +61,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "role": ("_ledger", "roles granted in the ledger (agent.operate, ledger.admin)"),
     "capabilities": ("_ledger", "what this ledger enforces"),
     "db": ("_ledger", "the ledger (a file or a PostgreSQL URL): schema, checks"),
+    "lane": ("_lanes", "vendor lanes: list, show, resume, park"),
     "dispatch": ("_dispatch", "dispatch the eligible issues of a board, with bounded retries"),
     "status": ("_dispatch", "the dispatcher dashboard: issues, attempts, charges, next retry"),
     "serve": ("_serve", "serve a ledger over HTTP with token auth (for --remote and the SDKs)"),

@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 
 from execkit._errors import InvalidInput, StorageError
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp
+from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp, waiting_text
 from execkit.ledger import (
     CAPABILITIES,
     KNOWN_ROLES,
+    LANES_CAPABILITY,
     MAX_ATTEMPT_LIMIT,
     MAX_LEASE_S,
     MAX_UNCHARGED_LIMIT,
@@ -220,6 +221,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="S",
         help=f"seconds the run's lease lasts unless renewed (default {_CLI_LEASE_S:g})",
     )
+    start.add_argument(
+        "--lane",
+        default=None,
+        metavar="LANE",
+        help="the vendor lane ADAPTER/CREDENTIAL the run uses: refused while it waits",
+    )
     _acting(start)
     start.set_defaults(handler=_run_start)
 
@@ -249,6 +256,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         metavar="S",
         help="the vendor asked for S seconds before another request: none is admitted sooner",
+    )
+    finish.add_argument(
+        "--lane-cause",
+        default=None,
+        metavar="CAUSE",
+        help="what the vendor's structure said of the run's lane: reset (with --retry-after), "
+        "credentials, billing, binary_missing",
     )
     finish.set_defaults(handler=_run_finish)
 
@@ -487,7 +501,14 @@ def _task_create(args: argparse.Namespace) -> int:
 
 
 def _task_show(args: argparse.Namespace) -> int:
-    return _print_result(args, lambda ledger: ledger.get_task(args.task_id), write=False)
+    with _using(args, write=False) as ledger:
+        task = ledger.get_task(args.task_id)
+        _print_task(task, as_json=args.json)
+        if not args.json and LANES_CAPABILITY in ledger.capabilities():
+            lane = ledger.task_lane(args.task_id)
+            if lane is not None and not lane.admits and task.status == "open":
+                print(f"  {waiting_text(lane)}")
+    return 0
 
 
 def _task_retry(args: argparse.Namespace) -> int:
@@ -564,6 +585,7 @@ def _run_start(args: argparse.Namespace) -> int:
             # An operator forcing from the command line means now.
             ignore_backoff=args.ignore_backoff or args.forced,
             lease_s=lease,
+            lane=args.lane,
         ),
     )
 
@@ -586,6 +608,7 @@ def _run_finish(args: argparse.Namespace) -> int:
             failure_class=args.failure_class,
             reason=args.reason,
             not_before=not_before,
+            lane_cause=args.lane_cause,
         ),
     )
 

@@ -10,11 +10,14 @@ character already.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
 from execkit._proof import AgentFailed
 from execkit._redact import redact
+
+if TYPE_CHECKING:
+    from execkit._lanes import LaneView
 
 __all__ = [
     "EXIT_CODES",
@@ -24,6 +27,7 @@ __all__ = [
     "report_internal_error",
     "safe_text",
     "utc_stamp",
+    "waiting_text",
 ]
 
 # One distinct, documented exit code per error code (README "Exit codes"), read off the
@@ -95,3 +99,15 @@ def report_internal_error(exc: BaseException) -> int:
     detail = safe_text(redact(f"{type(exc).__name__}: {exc}"))
     sys.stderr.write(f"execkit: internal error: {detail} (set EXECKIT_DEBUG=1 for a traceback)\n")
     return INTERNAL_ERROR_EXIT
+
+
+def waiting_text(lane: LaneView) -> str:
+    """ "waiting on lane claude/3f2a... until 15:00:00Z (usage limit)", for status lines."""
+    if lane.opens_at is not None:
+        until = f"until {utc_stamp(lane.opens_at)}"
+    elif lane.state == "stopped":
+        until = "until an operator resumes it"
+    else:
+        until = "until its probe attempt's result"
+    why = f" ({lane.reason})" if lane.reason else ""
+    return safe_text(f"waiting on lane {lane.lane} {until}{why}")

@@ -68,6 +68,8 @@ from execkit._errors import (
     Conflict,
     ExecKitError,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
     NotFound,
     StorageError,
     TaskBackingOff,
@@ -80,6 +82,7 @@ from execkit._redact import redact
 from execkit._validate import is_number
 from execkit.dispatch._board import BindableBoard, BoardIssue, JsonFileBoard, Tracker, task_key
 from execkit.dispatch._config import DispatchConfig
+from execkit.dispatch._lanes import DispatchLanes
 from execkit.dispatch._runner import Runner, RunOutcome, Slot, last_line
 from execkit.dispatch._slots import SlotExecutor, ThreadPerSlot
 from execkit.ledger import (
@@ -218,6 +221,7 @@ class Dispatcher:
         lease_s: float = DEFAULT_LEASE_S,
         executor: SlotExecutor | None = None,
         owner: RunOwner | None = None,
+        lanes: bool = True,
     ) -> None:
         if not is_number(lease_s) or lease_s <= 0:
             raise InvalidInput(
@@ -253,6 +257,7 @@ class Dispatcher:
         self._slot_done = threading.Event()  # set by a slot as it ends (and by a stop)
         self._stopping = False  # no new work
         self._hurry = False  # no more waiting for the running agents either
+        self._lanes = DispatchLanes(ledger, enabled=lanes)  # vendor lanes (issue #28)
 
     # -- public --------------------------------------------------------------------------
 
@@ -312,7 +317,7 @@ class Dispatcher:
                 task = self.ledger.get_task(task_id, now=now, cap=self._cap, force=True)
             if task.state is TaskState.BACKOFF and task.next_attempt_at is not None:
                 due.append(task.next_attempt_at)
-        return min(due, default=None)
+        return min(due + self._lanes.wake_times(), default=None)
 
     def run_forever(
         self,
@@ -415,6 +420,7 @@ class Dispatcher:
 
     def _prepare(self) -> None:
         self._bind()
+        self._lanes.new_pass()
         self.ledger.abandon_expired_runs(now=self.clock())
         self._record_pending()
 
@@ -488,6 +494,7 @@ class Dispatcher:
         if isinstance(self.tracker, JsonFileBoard):
             self.tracker.ensure_private()  # its commands run as us
         self._ledger_id = self.ledger.ledger_id()
+        self._lanes.bind(self._ledger_id)
         if isinstance(self.tracker, BindableBoard):
             self.tracker.bind_ledger(self._ledger_id, self.ledger.location())
         self._abandon_lost_runs()
@@ -662,6 +669,10 @@ class Dispatcher:
         # Deterministic per attempt: a second dispatcher that read the same history gets
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
+        lane = self._lanes.lane_of(self.config.adapter_of(issue))
+        held = self._lanes.holding(lane, self.clock())
+        if held is not None:  # a lane that does not admit: no ledger call, no slot
+            return [self._event(EventKind.REFUSED, issue, task, reason=held.message)]
         try:
             run = self.ledger.start_run(
                 task.id,
@@ -672,7 +683,11 @@ class Dispatcher:
                 now=self.clock(),
                 cap=self._cap,
                 owner=self.owner,
+                lane=lane,
             )
+        except (LaneWaiting, LaneStopped) as waiting:
+            self._lanes.refused(lane, waiting)
+            return [self._event(EventKind.REFUSED, issue, task, reason=waiting.message)]
         except AttemptLimitReached:
             now_task = self.ledger.get_task(task.id, now=self.clock())
             return [self._attempt_limit_event(issue, now_task)]
@@ -790,6 +805,7 @@ class Dispatcher:
             reason=outcome.ledger_reason(),
             not_before=outcome.not_before if failed else None,
             now=pending.ended_at,
+            lane_cause=outcome.lane_cause if failed else None,
         )
         with self._unrecorded_lock:
             self._unrecorded.pop(run_id, None)

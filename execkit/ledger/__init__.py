@@ -40,6 +40,7 @@ from execkit.ledger._model import (
     CAPABILITIES,
     DEFAULT_LEASE_S,
     KNOWN_ROLES,
+    LANES_CAPABILITY,
     MAX_ATTEMPT_LIMIT,
     MAX_LEASE_S,
     MAX_UNCHARGED_LIMIT,
@@ -58,7 +59,6 @@ from execkit.ledger._model import (
     TaskStatus,
     user_name,
 )
-from execkit.ledger._owner import current_owner, owner_lost
 from execkit.ledger._open import (
     DB_ENV_VAR,
     default_db_path,
@@ -66,6 +66,7 @@ from execkit.ledger._open import (
     migrate,
     open_ledger,
 )
+from execkit.ledger._owner import current_owner, owner_lost
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_LEASE_S",
     "KNOWN_ROLES",
+    "LANES_CAPABILITY",
     "MAX_ATTEMPT_LIMIT",
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",

@@ -30,6 +30,7 @@ from execkit._budget import (
 )
 from execkit._classify import FailureClass
 from execkit._json import to_json
+from execkit._lanes import LaneEvent, LaneView
 from execkit._validate import checked, finite, integer, non_blank
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "CAPABILITIES",
     "DEFAULT_LEASE_S",
     "KNOWN_ROLES",
+    "LANES_CAPABILITY",
     "MAX_ATTEMPT_LIMIT",
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
@@ -56,11 +58,23 @@ __all__ = [
     "user_name",
 ]
 
+LANES_CAPABILITY = "vendor.lanes"
+"""Vendor lanes (issue #28): admission consults a run's lane, results feed it, operators
+park and resume it. A client sends a lane only to a server that advertises it."""
+
 CAPABILITIES = frozenset(
-    {"tasks.attempt_limits", "runs.leases", "tasks.retry", "roles.grants", "runs.owners"}
+    {
+        "tasks.attempt_limits",
+        "runs.leases",
+        "tasks.retry",
+        "roles.grants",
+        LANES_CAPABILITY,
+        "runs.owners",
+    }
 )
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
-limit (ADR 0033: an older server must not be assumed to enforce an unknown field)."""
+limit (ADR 0033: an older server must not be assumed to enforce an unknown field), and
+`vendor.lanes` before sending a lane."""
 
 # ADR 0033: an explicit limit is 1..10000 total task-bound runs; 0 means "no explicit limit".
 MAX_ATTEMPT_LIMIT = EXPLICIT_LIMIT_MAX
@@ -278,6 +292,8 @@ class AuditAction(enum.StrEnum):
     RUN_ABANDON = "run.abandon"
     ROLE_GRANT = "role.grant"
     ROLE_REVOKE = "role.revoke"
+    LANE_PARK = "lane.park"
+    LANE_RESUME = "lane.resume"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -373,6 +389,7 @@ class Ledger(Protocol):
         now: float | None = None,
         cap: DispatchCap | None = None,
         owner: RunOwner | None = None,
+        lane: str | None = None,
     ) -> Run: ...
 
     def heartbeat(
@@ -389,6 +406,7 @@ class Ledger(Protocol):
         not_before: float | None = None,
         now: float | None = None,
         stopped: bool = False,
+        lane_cause: str | None = None,
     ) -> Run: ...
 
     def abandon_expired_runs(self, *, now: float | None = None) -> list[Run]: ...
@@ -435,6 +453,28 @@ class Ledger(Protocol):
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
     ) -> bool: ...
     def grants(self, principal: str | None = None) -> list[Grant]: ...
+
+    def list_lanes(self, *, now: float | None = None) -> list[LaneView]: ...
+    def get_lane(self, lane: str, *, now: float | None = None) -> LaneView: ...
+    def lane_history(self, lane: str) -> list[LaneEvent]: ...
+    def task_lane(self, task_id: str, *, now: float | None = None) -> LaneView | None: ...
+    def park_lane(
+        self,
+        lane: str,
+        *,
+        until: float,
+        actor: Actor | str,
+        reason: str | None = None,
+        now: float | None = None,
+    ) -> LaneView: ...
+    def resume_lane(
+        self,
+        lane: str,
+        *,
+        actor: Actor | str,
+        reason: str | None = None,
+        now: float | None = None,
+    ) -> LaneView: ...
 
     def audit_events(self, task_id: str | None = None) -> list[AuditEvent]: ...
     def validate(self, *, now: float | None = None) -> list[str]: ...

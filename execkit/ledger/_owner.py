@@ -23,7 +23,7 @@ import psutil
 
 from execkit.ledger._model import Run, RunOwner
 
-__all__ = ["owner_lost", "process_owner", "current_owner"]
+__all__ = ["current_owner", "owner_lost", "process_owner"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # A start time read twice differs by rounding only (psutil reads clock ticks).

@@ -15,17 +15,21 @@ edit) is a StorageError naming the row, never a traceback.
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any, Protocol, TypeVar
 
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
-from execkit._errors import StorageError
+from execkit._errors import InvalidInput, StorageError
+from execkit._lanes import LaneEvent, LaneEventKind, LaneState, LaneSummary
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import AuditEvent, Grant, Run, TaskStatus
 
 __all__ = [
     "AUDIT_COLUMNS",
     "GRANT_COLUMNS",
+    "LANE_COLUMNS",
+    "LANE_EVENT_COLUMNS",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "TASK_COLUMNS",
@@ -33,6 +37,10 @@ __all__ = [
     "audit_event_from_row",
     "domain",
     "grant_from_row",
+    "lane_event_from_row",
+    "lane_event_row",
+    "lane_from_row",
+    "lane_row",
     "run_from_row",
     "summary_row",
     "task_from_row",
@@ -96,6 +104,21 @@ SUMMARY_COLUMNS = (
 )
 AUDIT_COLUMNS = ("id", "at", "actor", "action", "task_id", "run_id", "detail")
 GRANT_COLUMNS = ("principal", "role", "granted_by", "granted_at")
+# A lane's stored state (the fold of its events) and one row of its history (issue #28).
+LANE_COLUMNS = (
+    "lane",
+    "state",
+    "until_at",
+    "reason",
+    "trips",
+    "failures",  # JSON text: the upstream failure times inside the breaker's window
+    "probe_run",
+    "stopped_task",
+    "capped",
+    "events",
+    "updated_at",
+)
+LANE_EVENT_COLUMNS = ("lane", "kind", "at", "actor", "run_id", "task_id", "until_at", "reason")
 
 _E = TypeVar("_E", bound=enum.Enum)
 
@@ -233,3 +256,73 @@ def grant_from_row(row: NamedRow) -> Grant:
         granted_by=row["granted_by"],
         granted_at=row["granted_at"],
     )
+
+
+def lane_from_row(row: NamedRow) -> LaneSummary:
+    """A lane row (`LANE_COLUMNS`); a value outside its domain is a StorageError."""
+    name = row["lane"]
+    try:
+        failures = json.loads(row["failures"])
+        return LaneSummary(
+            lane=name,
+            state=domain(LaneState, row["state"], "lane {!r} state", name),
+            until=row["until_at"],
+            reason=row["reason"],
+            trips=row["trips"],
+            failures=tuple(failures),
+            probe_run=row["probe_run"],
+            stopped_task=row["stopped_task"],
+            capped=bool(row["capped"]),
+            events=row["events"],
+            updated_at=row["updated_at"],
+        )
+    except (InvalidInput, TypeError, ValueError) as exc:
+        raise StorageError(f"lane {name!r} holds a value of the wrong shape ({exc})") from None
+
+
+def lane_row(summary: LaneSummary) -> dict[str, Any]:
+    """`summary` as the values of `LANE_COLUMNS`, by name."""
+    return {
+        "lane": summary.lane,
+        "state": str(summary.state),
+        "until_at": summary.until,
+        "reason": summary.reason,
+        "trips": summary.trips,
+        "failures": json.dumps(list(summary.failures)),
+        "probe_run": summary.probe_run,
+        "stopped_task": summary.stopped_task,
+        "capped": summary.capped,
+        "events": summary.events,
+        "updated_at": summary.updated_at,
+    }
+
+
+def lane_event_from_row(row: NamedRow) -> LaneEvent:
+    """A lane history row (`LANE_EVENT_COLUMNS`)."""
+    try:
+        return LaneEvent(
+            lane=row["lane"],
+            kind=domain(LaneEventKind, row["kind"], "lane event of {!r} kind", row["lane"]),
+            at=row["at"],
+            actor=row["actor"],
+            run_id=row["run_id"],
+            task_id=row["task_id"],
+            until=row["until_at"],
+            reason=row["reason"],
+        )
+    except InvalidInput as exc:
+        raise StorageError(f"a lane event of {row['lane']!r}: {exc.message}") from None
+
+
+def lane_event_row(event: LaneEvent) -> dict[str, Any]:
+    """`event` as the values of `LANE_EVENT_COLUMNS`, by name."""
+    return {
+        "lane": event.lane,
+        "kind": str(event.kind),
+        "at": event.at,
+        "actor": event.actor,
+        "run_id": event.run_id,
+        "task_id": event.task_id,
+        "until_at": event.until,
+        "reason": event.reason,
+    }

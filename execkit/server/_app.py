@@ -37,7 +37,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
-from execkit._errors import ExecKitError, StorageError, TaskBackingOff
+from execkit._errors import ExecKitError, LaneStopped, LaneWaiting, StorageError, TaskBackingOff
 from execkit._redact import redact
 from execkit.ledger import Actor, Ledger
 from execkit.server._idempotency import IdempotencyStore, StoredResponse
@@ -91,6 +91,10 @@ def error_answer(exc: ExecKitError) -> tuple[int, dict[str, Any]]:
     extra: dict[str, Any] = {}
     if isinstance(exc, TaskBackingOff):
         extra["ready_at"] = exc.ready_at
+    if isinstance(exc, LaneWaiting):
+        extra.update(lane=exc.lane, opens_at=exc.opens_at)
+    if isinstance(exc, LaneStopped):
+        extra.update(lane=exc.lane, fix=exc.fix)
     return status, _error_doc(exc.code, exc.message, **extra)
 
 

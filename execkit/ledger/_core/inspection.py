@@ -32,7 +32,8 @@ class InspectionOps(LeaseOps):
     def validate(self, *, now: float | None = None) -> list[str]:
         """Every problem found, none fixed: storage integrity and rows outside their domain
         (the backend's own checks), `validate_history` on every task, each stored summary
-        against the one its history gives, and running runs whose lease has expired."""
+        against the one its history gives, running runs whose lease has expired, and every
+        vendor lane's stored state against the fold of its history."""
         at = moment(now)
         problems = self._store.storage_problems()
         if problems:
@@ -44,6 +45,7 @@ class InspectionOps(LeaseOps):
                 runs_by_task.setdefault(run.task_id, []).append(run)
         for task in tasks:
             problems.extend(self._task_problems(task, runs_by_task[task.id], at))
+        problems.extend(self._lane_problems())
         return problems
 
     def _task_problems(self, task: TaskRecord, runs: list[Run], at: float) -> list[str]:
@@ -87,7 +89,8 @@ class InspectionOps(LeaseOps):
     def repair(self, *, now: float | None = None) -> list[str]:
         """Fix what `validate` can fix and say what was done: abandon running runs whose
         lease expired (one transaction, as an admission would), then rebuild every stored
-        summary that differs from its history (a second; the history is the truth). Each
+        summary (and lane state) that differs from its history (a second; the history is
+        the truth). Each
         step is whole on its own, so a failure between them leaves a valid ledger that a
         second `repair` finishes. A broken history is not touched."""
         at = moment(now)
@@ -114,6 +117,7 @@ class InspectionOps(LeaseOps):
                         )
                     )
                     done.append(f"{task.id}: rebuilt its summary from its history")
+            done.extend(self._repair_lanes(tx))
         return done
 
 

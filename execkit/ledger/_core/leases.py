@@ -16,16 +16,18 @@ import attrs
 
 from execkit._budget import AttemptStatus
 from execkit._errors import Conflict, InvalidInput
-from execkit.ledger._core.base import SYSTEM_ACTOR, CoreBase, when
+from execkit.ledger._core.base import SYSTEM_ACTOR, when
 from execkit.ledger._core.inputs import as_actor, check_lease, clean_reason, moment
+from execkit.ledger._core.lanes import LaneOps
 from execkit.ledger._core.store import TaskRecord, Tx
 from execkit.ledger._model import Actor, AuditAction, AuditEntry, Run
 
 __all__ = ["LeaseOps"]
 
 
-class LeaseOps(CoreBase):
-    """Renewing a run's lease, and abandoning a run whose lease expired."""
+class LeaseOps(LaneOps):
+    """Renewing a run's lease, and abandoning a run whose lease expired (which frees its
+    lane's probe slot when it was the probe)."""
 
     def _abandon(
         self, tx: Tx, task: TaskRecord, run: Run, at: float, why: str, actor: str = SYSTEM_ACTOR
@@ -37,6 +39,7 @@ class LeaseOps(CoreBase):
             return task if current is None else current
         ended = attrs.evolve(run, status=AttemptStatus.ABANDONED, reason=why, ended_at=at)
         summary = self._summary_after(tx, task, ended)
+        self._lane_result(tx, ended, None, at)
         tx.audit(
             AuditEntry(
                 at=at,

@@ -23,10 +23,13 @@ from execkit._errors import (
     AttemptLimitReached,
     Conflict,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
     TaskBackingOff,
     TaskBlocked,
     TaskFinished,
 )
+from execkit._lanes import LaneCause
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
 from execkit.ledger._core.inputs import (
     MAX_KEY,
@@ -40,6 +43,7 @@ from execkit.ledger._core.inputs import (
     moment,
     optional_time,
 )
+from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
 from execkit.ledger._core.store import TaskRecord, Tx
 from execkit.ledger._model import (
@@ -107,6 +111,7 @@ class RunOps(LeaseOps):
         now: float | None = None,
         cap: DispatchCap | None = None,
         owner: RunOwner | None = None,
+        lane: str | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -123,8 +128,16 @@ class RunOps(LeaseOps):
         the same actor and force returns the same run and creates none; with different
         ones it is a Conflict. `owner` is the process that will run it (a dispatcher's
         `RunOwner`); by default the calling process.
+
+        `lane` (`ADAPTER/CREDENTIAL`, issue #28) binds the run to its vendor lane: the
+        lane, and the same lane on this host, are read in this transaction after the task's
+        own refusals, and one that does not admit refuses with `LaneWaiting` or
+        `LaneStopped` (before a backoff's refusal); nothing is written. Neither `forced`
+        nor `ignore_backoff` lifts a lane: an operator resumes it (`resume_lane`). Without
+        a lane, admission is as it was.
         """
         check_text("request_key", request_key, MAX_KEY)
+        lane_name = check_lane(lane)
         if owner is not None and not isinstance(owner, RunOwner):
             raise InvalidInput(
                 f"owner: must be a RunOwner, got {type(owner).__name__}", field="owner"
@@ -149,9 +162,17 @@ class RunOps(LeaseOps):
                 task = self._abandon(tx, task, expired, at, why)
             # Decided once: the refusal and the admission's audit read the same decision.
             decision = self._decide(task, at, cap, force=forced)
-            refused = self._admission_refusal(task, decision, at, ignore_backoff)
+            refused = _refusal(task, decision)
+            probes: list[str] = []
+            if refused is None and lane_name is not None:
+                try:
+                    probes = self._lane_gate(tx, lane_name, task.id, at)
+                except (LaneWaiting, LaneStopped) as lane_refusal:
+                    refused = lane_refusal
             if refused is None:
-                return self._admit(
+                refused = self._admission_refusal(task, decision, at, ignore_backoff)
+            if refused is None:
+                run = self._admit(
                     tx,
                     task,
                     decision,
@@ -163,6 +184,9 @@ class RunOps(LeaseOps):
                     lease,
                     owner or process_owner(),
                 )
+                if lane_name is not None:
+                    self._lane_admitted(tx, lane_name, probes, run, at)
+                return run
             if expired is None:
                 raise refused
             # Leaving the block commits the abandonment: it stands whether or not this
@@ -279,6 +303,7 @@ class RunOps(LeaseOps):
         not_before: float | None = None,
         now: float | None = None,
         stopped: bool = False,
+        lane_cause: str | None = None,
     ) -> Run:
         """Record how a running run ended: succeeded | failed | abandoned.
 
@@ -291,6 +316,14 @@ class RunOps(LeaseOps):
         attempt is not scheduled before it. Finishing a finished run again with the same
         values returns it unchanged; with different values it is a Conflict (an abandoned
         run's lease expired: its runner's late result cannot rewrite the history).
+
+        A run bound to a lane feeds it (issue #28). `lane_cause` is what the adapter read
+        from the vendor's structure, never from free text: `reset` (an upstream failure
+        whose `not_before` the vendor stated: the lane parks until then), `credentials`,
+        `billing` or `binary_missing` (an environment failure that stops the lane; the
+        reason is its fix; a missing binary stops the lane on the run's host only).
+        Without it an upstream failure counts toward the lane's breaker. A cause that does
+        not fit the class is InvalidInput, nothing written.
         """
         if status not in _FINAL_RUN_STATUSES:
             raise InvalidInput(
@@ -316,6 +349,17 @@ class RunOps(LeaseOps):
         reset = optional_time("not_before", not_before)
         if final is not AttemptStatus.FAILED:
             reset = None
+        cause = check_lane_cause(lane_cause)
+        if cause is not None and not (
+            (cause is LaneCause.RESET and klass is FailureClass.UPSTREAM and reset is not None)
+            or (cause is not LaneCause.RESET and klass is FailureClass.ENVIRONMENT)
+        ):
+            raise InvalidInput(
+                f"lane_cause {cause} needs a failed run of class "
+                + ("upstream with not_before" if cause is LaneCause.RESET else "environment")
+                + f", got {final} ({klass or 'no class'})",
+                field="lane_cause",
+            )
         stored_reason = clean_reason(reason)
         at = moment(now)
         with self._store.write() as tx:
@@ -346,6 +390,7 @@ class RunOps(LeaseOps):
                 stopped=stopped,
             )
             self._summary_after(tx, task, ended)
+            self._lane_result(tx, ended, cause, at)
             if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
                 tx.set_task_status(run.task_id, TaskStatus.DONE, at)
             tx.audit(

@@ -27,6 +27,8 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
 # and instance) and whether its own runner stopped it on purpose (uncharged), with the
 # summary's copy of that flag for the task's last attempt: new nullable or defaulted
 # columns, so every row stored before reads the same.
+# Version 3 (issue #28): vendor lanes, their history, their stored state (the fold of that
+# history, a row locked FOR UPDATE by whoever changes it) and the lane each run used.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -139,6 +141,40 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         "ADD CONSTRAINT runs_stopped_abandoned CHECK (NOT stopped OR status = 'abandoned')",
         "ALTER TABLE tasks ADD COLUMN last_stopped boolean NOT NULL DEFAULT false",
     ),
+    3: (
+        """CREATE TABLE lane_events (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            lane text NOT NULL,
+            kind text NOT NULL
+                CHECK (kind IN ('success', 'upstream', 'reset', 'stop', 'probe', 'abandon',
+                                'park', 'resume')),
+            at double precision NOT NULL,
+            actor text NOT NULL,
+            run_id text,
+            task_id text,
+            until_at double precision,
+            reason text
+        )""",
+        "CREATE INDEX lane_events_by_lane ON lane_events (lane, seq)",
+        """CREATE TABLE lane_summaries (
+            lane text PRIMARY KEY,
+            state text NOT NULL
+                CHECK (state IN ('open', 'parked', 'cooling', 'half_open', 'stopped')),
+            until_at double precision,
+            reason text,
+            trips integer NOT NULL CHECK (trips >= 0),
+            failures text NOT NULL,
+            probe_run text,
+            stopped_task text,
+            capped boolean NOT NULL,
+            events integer NOT NULL CHECK (events >= 0),
+            updated_at double precision
+        )""",
+        """CREATE TABLE run_lanes (
+            run_id text PRIMARY KEY REFERENCES runs (id),
+            lane text NOT NULL
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 
@@ -151,4 +187,7 @@ TABLES = (
     "audit",
     "idempotency",
     "role_grants",
+    "lane_events",
+    "lane_summaries",
+    "run_lanes",
 )

@@ -30,14 +30,21 @@ import attrs
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
+from execkit._lanes import LaneEvent, LaneSummary, open_lane
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
+    LANE_COLUMNS,
+    LANE_EVENT_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_COLUMNS,
     audit_event_from_row,
     grant_from_row,
+    lane_event_from_row,
+    lane_event_row,
+    lane_from_row,
+    lane_row,
     run_from_row,
     summary_row,
     task_from_row,
@@ -56,6 +63,23 @@ _SUMMARY_UPDATE = (
     "UPDATE tasks SET "
     + ", ".join(f"{column} = %({column})s" for column in SUMMARY_COLUMNS)
     + " WHERE id = %(task_id)s"
+)
+
+_LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
+_LANE_UPSERT = (
+    f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({column})s' for column in LANE_COLUMNS)}) "
+    "ON CONFLICT (lane) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in LANE_COLUMNS[1:])
+)
+_LANE_CREATE = (
+    f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({column})s' for column in LANE_COLUMNS)}) "
+    "ON CONFLICT (lane) DO NOTHING"
+)
+_LANE_EVENT_INSERT = (
+    f"INSERT INTO lane_events ({', '.join(LANE_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({column})s' for column in LANE_EVENT_COLUMNS)})"
 )
 
 # Testing seam: the crash tests set this to hold the admission transaction open after the
@@ -365,3 +389,53 @@ class PostgresTx:
     def meta(self, key: str) -> str | None:
         row = self._one("SELECT value FROM ledger_meta WHERE key = %s", (key,))
         return None if row is None else str(row[0])
+
+    # -- vendor lanes (issue #28) --------------------------------------------------------
+    # A lane's row is locked after the task rows of the transaction (admission and a
+    # run's result lock their task first; an operator's resume locks the task it retries
+    # before the lane), so the lock order stays tasks, then lanes, and cannot deadlock.
+
+    def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
+        if create and self._write:
+            # Two first results on one lane: the second INSERT waits on the first one's
+            # key, then does nothing, and the SELECT below reads (and locks) its row.
+            self._send(_LANE_CREATE, _clean(lane_row(open_lane(name))))
+        suffix = " FOR UPDATE" if (lock or create) and self._write else ""
+        row = self._named_one(f"{_LANE_SELECT} WHERE lane = %s{suffix}", (name,))
+        return None if row is None else lane_from_row(row)
+
+    def lanes(self) -> list[LaneSummary]:
+        return [lane_from_row(row) for row in self._named_all(f"{_LANE_SELECT} ORDER BY lane")]
+
+    def lane_events(self, name: str | None) -> list[LaneEvent]:
+        sql = f"SELECT {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events"
+        params: tuple[str, ...] = ()
+        if name is not None:
+            sql += " WHERE lane = %s"
+            params = (name,)
+        return [lane_event_from_row(row) for row in self._named_all(sql + " ORDER BY seq", params)]
+
+    def add_lane_event(self, event: LaneEvent) -> None:
+        self._send(_LANE_EVENT_INSERT, _clean(lane_event_row(event)))
+
+    def write_lane(self, summary: LaneSummary) -> None:
+        self._send(_LANE_UPSERT, _clean(lane_row(summary)))
+
+    def set_run_lane(self, run_id: str, lane: str) -> None:
+        self._send("INSERT INTO run_lanes (run_id, lane) VALUES (%s, %s)", (run_id, lane))
+
+    def run_lane(self, run_id: str) -> str | None:
+        row = self._one("SELECT lane FROM run_lanes WHERE run_id = %s", (run_id,))
+        return None if row is None else str(row[0])
+
+    def task_lane(self, task_id: str) -> str | None:
+        row = self._one(
+            "SELECT l.lane FROM run_lanes l JOIN runs r ON r.id = l.run_id "
+            "WHERE r.task_id = %s ORDER BY r.seq DESC LIMIT 1",
+            (task_id,),
+        )
+        return None if row is None else str(row[0])
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: nul_free(value) if isinstance(value, str) else value for key, value in row.items()}

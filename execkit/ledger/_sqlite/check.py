@@ -42,6 +42,8 @@ def storage_problems(conn: sqlite3.Connection, path: Path) -> list[str]:
                 "run_extras",
                 "task_extras",
             }
+        if read_version(conn, path) >= 5:
+            needed |= {"lane_events", "lane_summaries", "run_lanes"}
         for missing in sorted(needed - tables):
             problems.append(f"storage: table {missing} is missing")
         if "runs" in tables:

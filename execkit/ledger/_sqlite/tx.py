@@ -18,12 +18,19 @@ import attrs
 
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
+from execkit._lanes import LaneEvent, LaneSummary
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
+    LANE_COLUMNS,
+    LANE_EVENT_COLUMNS,
     SUMMARY_COLUMNS,
     audit_event_from_row,
     grant_from_row,
+    lane_event_from_row,
+    lane_event_row,
+    lane_from_row,
+    lane_row,
     run_from_row,
     summary_row,
     task_from_row,
@@ -56,6 +63,18 @@ _SUMMARY_UPSERT = (
     f"VALUES (:task_id, {', '.join(f':{column}' for column in SUMMARY_COLUMNS)}) "
     "ON CONFLICT (task_id) DO UPDATE SET "
     + ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
+)
+
+_LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
+_LANE_UPSERT = (
+    f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
+    f"VALUES ({', '.join(f':{column}' for column in LANE_COLUMNS)}) "
+    "ON CONFLICT (lane) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in LANE_COLUMNS[1:])
+)
+_LANE_EVENT_INSERT = (
+    f"INSERT INTO lane_events ({', '.join(LANE_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join(f':{column}' for column in LANE_EVENT_COLUMNS)})"
 )
 
 # Testing seam: the crash test sets this in a child process to hold the admission
@@ -312,4 +331,48 @@ class SqliteTx:
 
     def meta(self, key: str) -> str | None:
         row = self._conn.execute("SELECT value FROM ledger_meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    # -- vendor lanes (issue #28) --------------------------------------------------------
+
+    def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
+        row = self._named(f"{_LANE_SELECT} WHERE lane = ?", (name,)).fetchone()
+        return None if row is None else lane_from_row(row)
+
+    def lanes(self) -> list[LaneSummary]:
+        rows = self._named(f"{_LANE_SELECT} ORDER BY lane").fetchall()
+        return [lane_from_row(row) for row in rows]
+
+    def lane_events(self, name: str | None) -> list[LaneEvent]:
+        sql = f"SELECT {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events"
+        params: tuple[str, ...] = ()
+        if name is not None:
+            sql += " WHERE lane = ?"
+            params = (name,)
+        rows = self._named(sql + " ORDER BY seq", params).fetchall()
+        return [lane_event_from_row(row) for row in rows]
+
+    def add_lane_event(self, event: LaneEvent) -> None:
+        self._conn.execute(_LANE_EVENT_INSERT, lane_event_row(event))
+
+    def write_lane(self, summary: LaneSummary) -> None:
+        row = lane_row(summary)
+        row["capped"] = int(row["capped"])
+        self._conn.execute(_LANE_UPSERT, row)
+
+    def set_run_lane(self, run_id: str, lane: str) -> None:
+        self._conn.execute("INSERT INTO run_lanes (run_id, lane) VALUES (?, ?)", (run_id, lane))
+
+    def run_lane(self, run_id: str) -> str | None:
+        row = self._conn.execute(
+            "SELECT lane FROM run_lanes WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def task_lane(self, task_id: str) -> str | None:
+        row = self._conn.execute(
+            "SELECT l.lane FROM run_lanes l JOIN runs r ON r.id = l.run_id "
+            "WHERE r.task_id = ? ORDER BY r.seq DESC LIMIT 1",
+            (task_id,),
+        ).fetchone()
         return None if row is None else str(row[0])

@@ -48,6 +48,16 @@ export type Capabilities = wire.Capabilities;
 /** `GET /v1/tasks/{id}/runs`. */
 export type RunList = Required<wire.RunList>;
 
+/** A vendor lane as it stands now (`LaneView.to_dict()`, issue #28). */
+export type Lane = wire.Lane;
+
+/** One row of a vendor lane's history (`LaneEvent.to_dict()`). */
+export type LaneEvent = wire.LaneEvent;
+
+/** The capability vendor lanes need: the client sends a lane only to a server with it. */
+export const LANES = "vendor.lanes";
+
+
 /** The capability a limit needs (docs/remote.md, "Capabilities"; ADR 0033). */
 export const ATTEMPT_LIMITS = "tasks.attempt_limits";
 

@@ -32,6 +32,8 @@ export type ErrorCode =
   | "forbidden"
   | "invalid"
   | "invalid_history"
+  | "lane_stopped"
+  | "lane_waiting"
   | "not_found"
   | "schema_too_new"
   | "storage"
@@ -47,6 +49,8 @@ export const ErrorCodeValues: readonly ErrorCode[] = [
   "forbidden",
   "invalid",
   "invalid_history",
+  "lane_stopped",
+  "lane_waiting",
   "not_found",
   "schema_too_new",
   "storage",
@@ -56,6 +60,35 @@ export const ErrorCodeValues: readonly ErrorCode[] = [
 
 export type FailureClass = "work" | "environment" | "upstream";
 export const FailureClassValues: readonly FailureClass[] = ["work", "environment", "upstream"];
+
+export type LaneEventKind =
+  | "success"
+  | "upstream"
+  | "reset"
+  | "stop"
+  | "probe"
+  | "abandon"
+  | "park"
+  | "resume";
+export const LaneEventKindValues: readonly LaneEventKind[] = [
+  "success",
+  "upstream",
+  "reset",
+  "stop",
+  "probe",
+  "abandon",
+  "park",
+  "resume",
+];
+
+export type LaneState = "open" | "parked" | "cooling" | "half_open" | "stopped";
+export const LaneStateValues: readonly LaneState[] = [
+  "open",
+  "parked",
+  "cooling",
+  "half_open",
+  "stopped",
+];
 
 export type TaskState = "ready" | "running" | "backoff" | "done" | "blocked" | "cancelled";
 export const TaskStateValues: readonly TaskState[] = [
@@ -107,7 +140,7 @@ export interface Check {
 }
 
 export interface ErrorAnswer {
-  readonly error: { readonly code: ErrorCode; readonly message: string; readonly ready_at?: number };
+  readonly error: { readonly code: ErrorCode; readonly fix?: string | null; readonly lane?: string; readonly message: string; readonly opens_at?: number | null; readonly ready_at?: number };
 }
 
 export interface Grant {
@@ -119,6 +152,44 @@ export interface Grant {
 
 export interface GrantList {
   readonly grants: readonly Grant[];
+}
+
+export interface Lane {
+  /** The next admission on the lane may go. */
+  readonly admits: boolean;
+  /** The vendor's stated reset was further than the cap and was cut to it. */
+  readonly capped: boolean;
+  readonly lane: string;
+  /** When a parked or cooling lane opens; null when only a result or an operator opens it. */
+  readonly opens_at: number | null;
+  /** The next admission is the half-open probe. */
+  readonly probe: boolean;
+  readonly reason: string | null;
+  /** As it stands now (half_open: the wait passed; one probe attempt goes first). */
+  readonly state: LaneState;
+  readonly stopped_task: string | null;
+  readonly trips: number;
+  readonly updated_at: number | null;
+}
+
+export interface LaneEvent {
+  readonly actor: string;
+  readonly at: number;
+  readonly kind: LaneEventKind;
+  readonly lane: string;
+  readonly reason: string | null;
+  readonly run_id: string | null;
+  readonly task_id: string | null;
+  readonly until: number | null;
+}
+
+export interface LaneHistory {
+  readonly events: readonly LaneEvent[];
+  readonly lane: string;
+}
+
+export interface LaneList {
+  readonly lanes: readonly Lane[];
 }
 
 export type OpenApi = Readonly<Record<string, unknown>>;
@@ -199,6 +270,10 @@ export interface Task {
   readonly uncharged_streak: number;
 }
 
+export interface TaskLane {
+  readonly lane: Readonly<Record<string, unknown>>;
+}
+
 export interface TaskList {
   readonly tasks: readonly Task[];
 }
@@ -220,6 +295,11 @@ export const OPERATIONS = {
   grants: { method: "GET", path: "/v1/grants", status: 200 },
   grantRole: { method: "POST", path: "/v1/grants", status: 201 },
   revokeRole: { method: "POST", path: "/v1/grants/revoke", status: 200 },
+  listLanes: { method: "GET", path: "/v1/lanes", status: 200 },
+  laneHistory: { method: "GET", path: "/v1/lanes/history", status: 200 },
+  parkLane: { method: "POST", path: "/v1/lanes/park", status: 200 },
+  resumeLane: { method: "POST", path: "/v1/lanes/resume", status: 200 },
+  getLane: { method: "GET", path: "/v1/lanes/show", status: 200 },
   runningRuns: { method: "GET", path: "/v1/running", status: 200 },
   abandonExpired: { method: "POST", path: "/v1/runs/abandon-expired", status: 200 },
   getRun: { method: "GET", path: "/v1/runs/{run_id}", status: 200 },
@@ -232,6 +312,7 @@ export const OPERATIONS = {
   setAttemptLimit: { method: "POST", path: "/v1/tasks/{task_id}/attempt-limit", status: 200 },
   cancelTask: { method: "POST", path: "/v1/tasks/{task_id}/cancel", status: 200 },
   giveUp: { method: "POST", path: "/v1/tasks/{task_id}/give-up", status: 200 },
+  taskLane: { method: "GET", path: "/v1/tasks/{task_id}/lane", status: 200 },
   retryTask: { method: "POST", path: "/v1/tasks/{task_id}/retry", status: 200 },
   taskRuns: { method: "GET", path: "/v1/tasks/{task_id}/runs", status: 200 },
   startRun: { method: "POST", path: "/v1/tasks/{task_id}/runs", status: 201 },
@@ -245,6 +326,16 @@ export interface AuditQuery {
 
 export interface GrantsQuery {
   principal?: string;
+}
+
+export interface LaneHistoryQuery {
+  /** ADAPTER/CREDENTIAL[@HOST]. */
+  lane?: string;
+}
+
+export interface GetLaneQuery {
+  /** ADAPTER/CREDENTIAL[@HOST]. */
+  lane?: string;
 }
 
 export interface GetTaskQuery {
@@ -266,6 +357,17 @@ export interface RevokeRoleBody {
   role: string;
 }
 
+export interface ParkLaneBody {
+  lane: string;
+  reason?: string | null;
+  until: number;
+}
+
+export interface ResumeLaneBody {
+  lane: string;
+  reason?: string | null;
+}
+
 export type AbandonExpiredBody = Record<string, never>;
 
 export interface AbandonRunBody {
@@ -274,6 +376,8 @@ export interface AbandonRunBody {
 
 export interface FinishRunBody {
   failure_class?: string | null;
+  /** Reset | credentials | billing | binary_missing, from structure. */
+  lane_cause?: string | null;
   not_before?: number | null;
   reason?: string | null;
   status: string;
@@ -315,6 +419,8 @@ export interface StartRunBody {
   cap?: number | null;
   forced?: boolean;
   ignore_backoff?: boolean;
+  /** The vendor lane ADAPTER/CREDENTIAL the run uses. */
+  lane?: string | null;
   lease_s?: number | null;
   /** The process that will run it (default: the server's). */
   owner?: RunOwner;
@@ -331,6 +437,11 @@ export interface Queries {
   grants: GrantsQuery;
   grantRole: never;
   revokeRole: never;
+  listLanes: never;
+  laneHistory: LaneHistoryQuery;
+  parkLane: never;
+  resumeLane: never;
+  getLane: GetLaneQuery;
   runningRuns: never;
   abandonExpired: never;
   getRun: never;
@@ -343,6 +454,7 @@ export interface Queries {
   setAttemptLimit: never;
   cancelTask: never;
   giveUp: never;
+  taskLane: never;
   retryTask: never;
   taskRuns: never;
   startRun: never;
@@ -358,6 +470,11 @@ export interface Bodies {
   grants: never;
   grantRole: GrantRoleBody;
   revokeRole: RevokeRoleBody;
+  listLanes: never;
+  laneHistory: never;
+  parkLane: ParkLaneBody;
+  resumeLane: ResumeLaneBody;
+  getLane: never;
   runningRuns: never;
   abandonExpired: AbandonExpiredBody;
   getRun: never;
@@ -370,6 +487,7 @@ export interface Bodies {
   setAttemptLimit: SetAttemptLimitBody;
   cancelTask: CancelTaskBody;
   giveUp: GiveUpBody;
+  taskLane: never;
   retryTask: RetryTaskBody;
   taskRuns: never;
   startRun: StartRunBody;
@@ -385,6 +503,11 @@ export interface Answers {
   grants: GrantList;
   grantRole: Grant;
   revokeRole: Revoked;
+  listLanes: LaneList;
+  laneHistory: LaneHistory;
+  parkLane: Lane;
+  resumeLane: Lane;
+  getLane: Lane;
   runningRuns: RunList;
   abandonExpired: RunList;
   getRun: Run;
@@ -397,6 +520,7 @@ export interface Answers {
   setAttemptLimit: Task;
   cancelTask: Task;
   giveUp: Task;
+  taskLane: TaskLane;
   retryTask: Task;
   taskRuns: RunList;
   startRun: Run;
