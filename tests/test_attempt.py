@@ -310,3 +310,46 @@ def test_a_cancelled_asyncio_task_kills_the_tree_and_abandons_the_run(
     assert wait_gone(child) and wait_gone(grandchild)
     (run,) = ledger_at.runs(task.id)
     assert (run.status, run.reason) == ("abandoned", CANCELLED_REASON)
+
+
+def test_a_hook_that_raises_is_a_charged_runner_error_then_propagates(
+    ledger_at: AnyLedger, fake_vendor: FakeVendor
+) -> None:
+    task = ledger_at.create_task("t", actor="runner")
+    register(fake_vendor, "success")
+
+    def validate(reply: str) -> str | None:
+        raise RuntimeError("the schema file is gone")
+
+    with pytest.raises(RuntimeError, match="schema file"):
+        run_attempt(
+            ledger_at,
+            task.id,
+            get_adapter("claude"),
+            AgentRequest(prompt="p"),
+            validate=validate,
+            start=fake_vendor.start,
+        )
+    (run,) = ledger_at.runs(task.id)
+    assert (run.status, run.failure_class) == ("failed", FailureClass.WORK)
+    assert run.reason == "runner error: RuntimeError: the schema file is gone"
+    assert ledger_at.get_task(task.id).charged_attempts == 1
+
+
+def test_the_lease_is_renewed_while_the_agent_runs(
+    ledger_at: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = ledger_at.create_task("t", actor="runner")
+    renewals: list[str] = []
+    renew = ledger_at.heartbeat
+
+    def counting(run_id: str, **kwargs: Any) -> Any:
+        renewals.append(run_id)
+        return renew(run_id, **kwargs)
+
+    monkeypatch.setattr(ledger_at, "heartbeat", counting)
+    # An agent that outlives several renewal periods (lease 0.6 s: a beat every 0.2 s).
+    request = AgentRequest(prompt="", extra_args=[*PY, "-c", "import time; time.sleep(1.5)"])
+    outcome = run_attempt(ledger_at, task.id, GenericAdapter(), request, lease_s=0.6)
+    assert outcome.succeeded
+    assert len(renewals) >= 2 and set(renewals) == {outcome.run_id}
