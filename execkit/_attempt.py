@@ -105,8 +105,8 @@ class AttemptOutcome:
     About the run: `status` (succeeded, failed or abandoned), `failure_class` (None for a
     success; an unclassed failure is recorded as work), `charged`, `reason` as stored,
     `precondition` (environment: what is missing and how to fix it), `not_before` (the
-    vendor's reset time, POSIX seconds) and the agent's `proof` (None when no proof was
-    made: a stopped agent).
+    vendor's reset time, POSIX seconds) and the agent's `proof` (a stopped agent makes none:
+    it raises instead of returning an outcome).
 
     About the task, read back after the run was finished: `state` (done, ready, backoff or
     blocked), `blocked_on`, `next_attempt_at` and `decision` (the ledger's reason for the
@@ -122,7 +122,7 @@ class AttemptOutcome:
     reason: str | None
     precondition: str | None
     not_before: float | None
-    proof: AgentProof | None
+    proof: AgentProof
     state: TaskState
     blocked_on: BlockedOn | None
     next_attempt_at: float | None
@@ -332,7 +332,7 @@ def _run_admitted(
     rng: Callable[[], float],
 ) -> AttemptOutcome:
     """Steps 2 to 4 for a run this call admitted and claimed."""
-    proof: AgentProof | None
+    proof: AgentProof
     try:
         proof = run_agent(
             adapter,
@@ -385,7 +385,7 @@ def _run_admitted(
     return _outcome(ended, after, result, proof)
 
 
-def _outcome(run: Run, task: Task, result: _Result, proof: AgentProof | None) -> AttemptOutcome:
+def _outcome(run: Run, task: Task, result: _Result, proof: AgentProof) -> AttemptOutcome:
     failed = run.status is not AttemptStatus.SUCCEEDED
     return AttemptOutcome(
         task_id=run.task_id,
