@@ -53,9 +53,14 @@ RANKS = {
     "execkit._registry": 3,
     "execkit._proof": 4,
     "execkit._agent": 5,
+    # The retry libraries' helpers read only the failure types (and the agent's backoff).
+    "execkit._retry": 5,
     "execkit._budget": 6,
     "execkit._lanes": 6,
     "execkit.ledger": 7,
+    # One attempt of a task end to end (`run_attempt`): the agent loop over the ledger,
+    # below the dispatcher that does the same for each issue of a board.
+    "execkit._attempt": 7.5,
     "execkit.dispatch": 8,
     # The HTTP API described once (the route table, its OpenAPI document): above the
     # ledger it calls, below the server and the client built from it, so neither can be
