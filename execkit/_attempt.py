@@ -37,11 +37,8 @@ propagates.
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -57,7 +54,7 @@ from execkit._errors import Conflict, ExecKitError, StorageError
 from execkit._exec import DEFAULT_KILL_GRACE_S, Cancellation, ProcessStarter, SpawnCancelled
 from execkit._proof import AgentFailed, AgentProof
 from execkit._redact import redact
-from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, Task
+from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, RunOwner, Task, current_owner
 
 __all__ = [
     "CANCELLED_REASON",
@@ -78,12 +75,6 @@ CANCELLED_REASON = "cancelled by its caller"
 asyncio task), unless the caller names its own (`stop_reason=`)."""
 
 _MAX_DETAIL = 160
-
-# Run ids this process is running right now, by ledger: two runners in one process (threads,
-# each with its own ledger connection) must not both run a replayed admission; across
-# processes the owner pid and host on the run tell them apart.
-_IN_FLIGHT: set[tuple[str, str]] = set()  # (ledger id, run id)
-_IN_FLIGHT_LOCK = threading.Lock()
 
 
 def last_line(text: str | None) -> str | None:
@@ -189,31 +180,17 @@ def _result_of(proof: AgentProof, clock: Callable[[], float]) -> _Result:
     )
 
 
-def _claim(ledger: Ledger, run: Run) -> str:
-    """Take the admitted run as this process's, or raise Conflict: a replayed key's run is
-    only ours while it runs, was admitted by this host and pid, and no thread here runs it.
-    Returns the ledger id it was claimed under (for `_release`)."""
-    ledger_id = ledger.ledger_id()
-    with _IN_FLIGHT_LOCK:
-        mine = (
-            run.status is AttemptStatus.RUNNING
-            and run.owner_pid == os.getpid()
-            and run.owner_host == socket.gethostname()
-            and (ledger_id, run.id) not in _IN_FLIGHT
-        )
-        if mine:
-            _IN_FLIGHT.add((ledger_id, run.id))
-            return ledger_id
+def _claim(run: Run, owner: RunOwner) -> None:
+    """Take the admitted run as this call's, or raise Conflict: a replayed key's run is only
+    ours while it runs and was admitted with this call's owner identity (each call draws its
+    own instance unless the caller passes one)."""
+    if run.status is AttemptStatus.RUNNING and run.owner_instance == owner.instance:
+        return
     raise Conflict(
         f"request key {run.request_key!r} admitted attempt {run.attempt} of task "
         f"{run.task_id} (run {run.id}, {run.status}) for another runner "
         f"({run.owner_host} pid {run.owner_pid}); it is not this call's to run"
     )
-
-
-def _release(ledger_id: str, run: Run) -> None:
-    with _IN_FLIGHT_LOCK:
-        _IN_FLIGHT.discard((ledger_id, run.id))
 
 
 def _renewer(
@@ -256,6 +233,7 @@ def run_attempt(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     rng: Callable[[], float] = random.random,
+    owner: RunOwner | None = None,
 ) -> AttemptOutcome:
     """Run one attempt of `task_id` through `adapter` and record it; see the module
     docstring for the steps, the outcome and what raises.
@@ -269,8 +247,10 @@ def run_attempt(
     `cancel` stops the agent from another thread: its tree is killed, the run is finished
     `abandoned` with `stop_reason`, and `SpawnCancelled` propagates. `clock` (POSIX
     seconds) dates every ledger call and the vendor's reset; `sleep` and `rng` are the
-    in-agent backoff's.
+    in-agent backoff's. `owner` is who runs it (`RunOwner`); by default this process with an
+    instance drawn for this call, so a replay of the key by another call is refused.
     """
+    owner = current_owner() if owner is None else owner
     if request_key is None:
         # NotFound here, before anything is written, for a task that does not exist.
         expected = ledger.get_task(task_id, now=clock(), cap=cap).attempts_started + 1
@@ -283,31 +263,29 @@ def run_attempt(
         lease_s=lease_s,
         now=clock(),
         cap=cap,
+        owner=owner,
     )
-    claimed = _claim(ledger, run)
-    try:
-        return _run_admitted(
-            ledger,
-            run,
-            adapter,
-            request,
-            lease_s=lease_s,
-            cap=cap,
-            agent_attempts=agent_attempts,
-            validate=validate,
-            label=label,
-            recorder=recorder,
-            cancel=cancel,
-            stop_reason=stop_reason,
-            backoff=backoff,
-            kill_grace=kill_grace,
-            start=start,
-            clock=clock,
-            sleep=sleep,
-            rng=rng,
-        )
-    finally:
-        _release(claimed, run)
+    _claim(run, owner)
+    return _run_admitted(
+        ledger,
+        run,
+        adapter,
+        request,
+        lease_s=lease_s,
+        cap=cap,
+        agent_attempts=agent_attempts,
+        validate=validate,
+        label=label,
+        recorder=recorder,
+        cancel=cancel,
+        stop_reason=stop_reason,
+        backoff=backoff,
+        kill_grace=kill_grace,
+        start=start,
+        clock=clock,
+        sleep=sleep,
+        rng=rng,
+    )
 
 
 def _run_admitted(
@@ -357,7 +335,9 @@ def _run_admitted(
         # Stopped by its caller: the tree is gone; the run says so. If the ledger cannot
         # take it, the lease runs out and the next admission abandons the run.
         with suppress(ExecKitError):
-            ledger.finish_run(run.id, AttemptStatus.ABANDONED, reason=stop_reason, now=clock())
+            ledger.finish_run(
+                run.id, AttemptStatus.ABANDONED, reason=stop_reason, now=clock(), stopped=True
+            )
         raise
     except Exception as exc:
         # A hook, the adapter or the renewal broke mid-run: not positively identified as
@@ -427,6 +407,7 @@ async def run_attempt_async(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] | None = None,
     rng: Callable[[], float] = random.random,
+    owner: RunOwner | None = None,
 ) -> AttemptOutcome:
     """`run_attempt` for asyncio runners: same arguments (but `cancel`), same outcome, same
     errors, run in a thread of its own.
@@ -460,6 +441,7 @@ async def run_attempt_async(
                 clock=clock,
                 sleep=cancellable_sleep(cancel) if sleep is None else sleep,
                 rng=rng,
+                owner=owner,
             ),
             cancel,
         )

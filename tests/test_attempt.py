@@ -137,7 +137,11 @@ def test_fifty_tasks_end_as_the_dispatcher_leaves_them(
         [BoardIssue(f"ISS-{n}", f"task {n}", "todo", prompt=request.prompt) for n in range(50)]
     )
     runner = AdapterRunner(claude, start=fake_vendor.start, sleep=fake_vendor.sleep, clock=clock_b)
-    dispatcher = Dispatcher(board, runner, theirs, CONFIG, clock_b, executor=InlineExecutor())
+    # Lanes off: they hold a whole lane's tasks after one vendor refusal, which is a layer
+    # across tasks; this compares what one attempt of each task leaves in the ledger.
+    dispatcher = Dispatcher(
+        board, runner, theirs, CONFIG, clock_b, executor=InlineExecutor(), lanes=False
+    )
     for kind in kinds:
         register(fake_vendor, kind)
     dispatcher.tick()
@@ -274,8 +278,11 @@ def test_a_cancel_abandons_the_run_with_the_stop_reason(
                 start=fake_vendor.start,
             )
     (run,) = ledger_at.runs(task.id)
-    assert (run.status, run.reason) == ("abandoned", "dispatcher stopped")
+    assert (run.status, run.reason, run.stopped) == ("abandoned", "dispatcher stopped", True)
     assert fake_vendor.call_count("claude") == 0
+    # Stopped by its own caller: uncharged, and the task is ready again at once.
+    after = ledger_at.get_task(task.id)
+    assert (after.charged_attempts, after.attempts_started, after.state) == (0, 1, "ready")
 
 
 def test_a_cancelled_asyncio_task_kills_the_tree_and_abandons_the_run(
@@ -309,7 +316,8 @@ def test_a_cancelled_asyncio_task_kills_the_tree_and_abandons_the_run(
     child, grandchild = map(int, pids.read_text().split())
     assert wait_gone(child) and wait_gone(grandchild)
     (run,) = ledger_at.runs(task.id)
-    assert (run.status, run.reason) == ("abandoned", CANCELLED_REASON)
+    assert (run.status, run.reason, run.stopped) == ("abandoned", CANCELLED_REASON, True)
+    assert ledger_at.get_task(task.id).charged_attempts == 0
 
 
 def test_a_hook_that_raises_is_a_charged_runner_error_then_propagates(
