@@ -178,6 +178,14 @@ def _quiet_logging() -> None:
     handler.setFormatter(_Safe("execkit serve: %(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    # The access log (execkit.server._access_log): one JSON line per request on stderr,
+    # route templates only, so no token can be in it.
+    access = logging.getLogger("execkit.server.access")
+    access_handler = logging.StreamHandler()
+    access_handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(access_handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
 
 
 def _add_token(args: argparse.Namespace) -> int:
