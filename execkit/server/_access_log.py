@@ -111,7 +111,7 @@ class AccessLog:
             method = str(scope.get("method", ""))
             done = Request(
                 method=method if method in _METHODS else "OTHER",
-                route=template if isinstance(template, str) else "(unmatched)",
+                route=template if isinstance(template, str) and template else "(unmatched)",
                 status=status,
                 code=_code(bytes(error_body)) if error_body else None,
                 bytes_sent=sent,

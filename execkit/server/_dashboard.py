@@ -214,7 +214,10 @@ class LedgerView:
         return cached[1][-1] if cached and cached[1] else None
 
     def _card(self, task: Task, last: Run | None) -> dict[str, Any]:
-        last_failed = last is not None and last.status is not AttemptStatus.SUCCEEDED
+        last_failed = last is not None and last.status in (
+            AttemptStatus.FAILED,
+            AttemptStatus.ABANDONED,
+        )
         return {
             "task_id": task.id,
             "issue": issue_of(task),

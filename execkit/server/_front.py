@@ -19,7 +19,6 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount
 
 from execkit.ledger import Ledger
 from execkit.server._access_log import AccessLog
@@ -48,7 +47,9 @@ class Front:
         routes = [
             *self.monitoring.routes(),
             *dashboard_routes(tokens, self.view, self.sessions),
-            Mount("", app=api),
         ]
         site = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
+        # What no route here matches goes to the API, whose 404 and 405 answers it keeps
+        # (a wrong method on a route here is this router's 405, before the API is asked).
+        site.router.default = api
         self.asgi = AccessLog(site, (self.monitoring.observe,))
