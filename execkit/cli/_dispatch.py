@@ -315,7 +315,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 if args.once:
                     ran = dispatcher.tick() or dispatcher.running
                     if not ran and not args.json:  # "did it run?": no, and when it will
-                        from execkit.cli._status import nothing_due_line
+                        from execkit.cli._due import nothing_due_line
 
                         print(nothing_due_line(board, ledger, config), flush=True)
                 elif args.until_idle:

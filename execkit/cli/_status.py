@@ -1,5 +1,4 @@
-"""`execkit status` (the dashboard in a terminal) and the line `dispatch --once` prints when
-nothing was due.
+"""`execkit status`: the dashboard in a terminal.
 
 The table has one row per issue: its task id, board state, ledger state, attempt n/max,
 charged, uncharged streak, next attempt, last class and a reason; for an issue blocked on
@@ -20,13 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from execkit._errors import Conflict, InvalidInput, NotFound
-from execkit.cli._dispatch import _add_common, _clip, _config, _duration, _when
+from execkit.cli._dispatch import _add_common, _clip, _config, _when
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import print_json, safe_text, utc_stamp
-from execkit.dispatch import Board, DispatchConfig, IssueStatus, JsonFileBoard, issue_statuses
+from execkit.dispatch import DispatchConfig, IssueStatus, JsonFileBoard, issue_statuses
 from execkit.ledger import DB_ENV_VAR, Ledger, TaskState
 
-__all__ = ["format_status_table", "nothing_due_line", "register"]
+__all__ = ["format_status_table", "register"]
 
 # Cursor home, then clear the screen: the next table is drawn where the last one was.
 REDRAW = "\x1b[H\x1b[2J"
@@ -137,24 +136,6 @@ def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
         lines.append("  ".join([*cells, line[-1]]).rstrip())
     return "\n".join(lines)
-
-
-def nothing_due_line(
-    board: Board, ledger: Ledger, config: DispatchConfig, now: float | None = None
-) -> str:
-    """What `dispatch --once` says when the pass ran nothing: when the next issue is due
-    (the earliest backoff among the board's issues), or that none is waiting."""
-    at = time.time() if now is None else now
-    rows = issue_statuses(ledger, config, board=board, now=at)
-    waiting = [row for row in rows if row.next_attempt_at is not None]
-    if not waiting:
-        return "nothing due: no issue is eligible or backing off"
-    first = min(waiting, key=lambda row: row.next_attempt_at or 0.0)
-    assert first.next_attempt_at is not None
-    return safe_text(
-        f"nothing due, next at {utc_stamp(first.next_attempt_at)} "
-        f"(in {_duration(max(0.0, first.next_attempt_at - at))}: {first.issue_id})"
-    )
 
 
 def _read(args: argparse.Namespace) -> tuple[float, DispatchConfig, list[IssueStatus], str]:
