@@ -124,17 +124,17 @@ class Monitoring:
                 self.refusals.labels(request.code or str(request.status)).inc()
 
     async def healthz(self, _request: HttpRequest) -> Response:
-        return Response('{"status": "ok"}', media_type="application/json")
+        return Response('{"status": "ok"}\n', media_type="application/json")
 
     async def readyz(self, _request: HttpRequest) -> Response:
         try:
             version = await run_in_threadpool(self.ledger.schema_version)
         except ExecKitError as exc:
-            body = f'{{"status": "not ready", "code": "{exc.code}"}}'
+            body = f'{{"status": "not ready", "code": "{exc.code}"}}\n'
             _log.warning("readyz: the ledger did not answer: %s", redact(exc.message))
             return Response(body, status_code=503, media_type="application/json")
         return Response(
-            f'{{"status": "ready", "schema_version": {int(version)}}}',
+            f'{{"status": "ready", "schema_version": {int(version)}}}\n',
             media_type="application/json",
         )
 
