@@ -22,6 +22,7 @@ from execkit._budget import AttemptStatus, TaskState
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit.ledger import Ledger, Run, Task, TaskStatus
+from execkit.server import token_hash
 from execkit.server._dashboard import LedgerView
 
 ORIGIN = "http://testserver"
@@ -400,3 +401,17 @@ def test_a_ledger_with_lanes_gets_a_lanes_panel_and_series(scene: Scene) -> None
     assert [lane["name"] for lane in snap["lanes"]] == ["claude", "codex", "gemini"]
     text = client.get("/metrics", headers=_bearer(scene.viewer)).text
     assert 'execkit_lanes{state="closed"} 2.0' in text
+
+
+def test_a_revoked_token_ends_its_sessions(scene: Scene, client: TestClient) -> None:
+    _sign_in(client, scene.viewer)
+    assert client.get("/dashboard/api/snapshot").status_code == 200
+    path = scene.folder / "tokens.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["tokens"] = [t for t in doc["tokens"] if t["sha256"] != token_hash(scene.viewer)]
+    fresh = path.with_suffix(".new")
+    fresh.write_text(json.dumps(doc), encoding="utf-8")
+    fresh.chmod(0o600)
+    fresh.replace(path)  # a new inode: the server reads the file again
+    assert _code(client.get("/dashboard/api/snapshot")) == (401, "unauthenticated")
+    assert _code(client.get("/dashboard/api/session")) == (401, "unauthenticated")

@@ -5,8 +5,10 @@ Who may do what. Every read needs a valid token (any role: a viewer); "retry onc
 the token role `agent.operate`, and the ledger audits it under the token's actor, as the
 CLI's `task retry --force` is. A browser signs in once: it posts the token to
 `/dashboard/api/session` and gets a session cookie (random, HttpOnly, SameSite=Strict,
-Path=/dashboard) standing for the token's principal; the token itself is never sent back,
-written into a page or logged. A script may send `Authorization: Bearer TOKEN` instead.
+Path=/dashboard) standing for the token; the token itself is never sent back, written into a
+page or logged. It is kept in this process's memory and looked up again on every request,
+so removing it from the tokens file ends its sessions at their next request. A script may
+send `Authorization: Bearer TOKEN` instead.
 
 Cross-site requests. A POST that a cookie authenticates must carry the session's CSRF
 token in `X-CSRF-Token` (compared in constant time) and an `Origin` equal to the server's
@@ -70,8 +72,11 @@ _PAGE_HEADERS = {
 
 @attrs.frozen
 class _Session:
-    principal: Principal
-    csrf: str
+    # The token stays in this process's memory (never in an answer or a log), so that
+    # each request looks it up again: a token revoked in the tokens file ends its
+    # sessions at their next request, and a changed role applies at once.
+    token: str = attrs.field(repr=False)
+    csrf: str = attrs.field(repr=False)
     expires_at: float
 
 
@@ -92,11 +97,11 @@ class Sessions:
         self._lock = threading.Lock()
         self._by_id: OrderedDict[str, _Session] = OrderedDict()
 
-    def open(self, principal: Principal) -> tuple[str, str]:
-        """A new session for `principal`: (session id, CSRF token)."""
+    def open(self, token: str) -> tuple[str, str]:
+        """A new session for a token already checked: (session id, CSRF token)."""
         sid, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         with self._lock:
-            self._by_id[sid] = _Session(principal, csrf, self._clock() + self._ttl_s)
+            self._by_id[sid] = _Session(token, csrf, self._clock() + self._ttl_s)
             while len(self._by_id) > self._limit:
                 self._by_id.popitem(last=False)
         return sid, csrf
@@ -167,10 +172,17 @@ class _Dashboard:
             if scheme.lower() != "bearer" or not token.strip():
                 raise _Refused(401, "unauthenticated", "send Authorization: Bearer TOKEN")
             return self._lookup(token.strip()), None
-        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+        sid = request.cookies.get(SESSION_COOKIE)
+        session = self.sessions.get(sid)
         if session is None:
             raise _Refused(401, "unauthenticated", "sign in with a token (no session)")
-        return session.principal, session
+        try:
+            return self._lookup(session.token), session
+        except _Refused as refused:
+            if refused.status == 401:  # revoked since: this session is over
+                self.sessions.close(sid)
+                raise _Refused(401, "unauthenticated", "the session's token was revoked") from None
+            raise
 
     @staticmethod
     def _same_origin(request: Request) -> None:
@@ -257,7 +269,7 @@ class _Dashboard:
         if not isinstance(token, str) or not token.strip():
             raise _Refused(400, "invalid", 'send {"token": "..."}')
         principal = self._lookup(token.strip())
-        sid, csrf = self.sessions.open(principal)
+        sid, csrf = self.sessions.open(token.strip())
         answer = _json(200, self._describe(principal, csrf))
         answer.set_cookie(
             SESSION_COOKIE,
