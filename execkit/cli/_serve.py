@@ -34,9 +34,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="serve a ledger over HTTP with token auth (for --remote and the SDKs)",
         description=(
             "Serve one ledger (a SQLite file or a postgresql:// URL) over an HTTP JSON API "
-            "(docs/remote.md). Every request but GET /openapi.json needs a bearer token from "
-            "--tokens; the ledger's rules and grants apply as for a local caller, with the "
-            "token's actor acting. Listens on loopback only unless --allow-non-loopback. "
+            "(docs/remote.md). Every API request but GET /openapi.json needs a bearer token "
+            "from --tokens; the ledger's rules and grants apply as for a local caller, with the "
+            "token's actor acting. It serves the operator's dashboard at / (any token reads, "
+            "agent.operate acts), /healthz, /readyz and /metrics, and writes one JSON "
+            "access-log line per request on stderr. Listens on loopback only unless "
+            "--allow-non-loopback. "
             "With --add-token FILE: mint a token for --actor with the given --role(s), store "
             "its hash in FILE and print the token once."
         ),
