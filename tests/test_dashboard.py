@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from execkit._budget import AttemptStatus, TaskState
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit.ledger import Ledger, Run, Task, TaskStatus
-from execkit.server import token_hash
+from execkit.server import ServerThread, token_hash
 from execkit.server._dashboard import LedgerView
 
 ORIGIN = "http://testserver"
@@ -415,3 +417,52 @@ def test_a_revoked_token_ends_its_sessions(scene: Scene, client: TestClient) -> 
     fresh.replace(path)  # a new inode: the server reads the file again
     assert _code(client.get("/dashboard/api/snapshot")) == (401, "unauthenticated")
     assert _code(client.get("/dashboard/api/session")) == (401, "unauthenticated")
+
+
+class _Held:
+    """A ledger whose task list waits until released (a very large ledger, held still)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def list_tasks(self, *, now: float | None = None) -> list[Task]:
+        self.entered.set()
+        assert self.release.wait(60), "never released"
+        return self._ledger.list_tasks(now=now)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def test_a_slow_snapshot_does_not_hold_the_server(scene: Scene) -> None:
+    held = _Held(scene.ledger)
+    scene.app.front.view.ledger = held
+    answers: list[int] = []
+    with ServerThread(scene.app) as running:
+
+        def read() -> None:
+            request = urllib.request.Request(
+                f"{running.url}/dashboard/api/snapshot", headers=_bearer(scene.viewer)
+            )
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                answers.append(answer.status)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            assert held.entered.wait(60)
+            # While the snapshot is being read, the server answers everything else.
+            with urllib.request.urlopen(f"{running.url}/healthz", timeout=60) as answer:
+                assert answer.status == 200
+            request = urllib.request.Request(
+                f"{running.url}/v1/tasks/{scene.ids['ENG-101']}", headers=_bearer(scene.viewer)
+            )
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                assert json.loads(answer.read())["state"] == "blocked"
+            assert answers == []  # the snapshot is still held
+        finally:
+            held.release.set()
+            reader.join(60)
+    assert answers == [200]
