@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 
 from execkit._budget import AttemptStatus, TaskState
 from execkit._classify import FailureClass
-from execkit._errors import StorageError
+from execkit._errors import NotFound, StorageError
 from execkit.ledger import Ledger, Run, Task, TaskStatus
 from execkit.server import ServerThread, token_hash
 from execkit.server._dashboard import LedgerView
@@ -385,24 +385,71 @@ def test_the_access_log_is_json_and_never_holds_a_token(
 # -- lanes ------------------------------------------------------------------------------
 
 
-class _Lane:
-    def __init__(self, name: str, state: str) -> None:
-        self.name, self.state = name, state
+class WithLanes:
+    """A ledger with vendor lanes as branch `lanes` gives it (`list_lanes`, `resume_lane`
+    returning views with `to_dict()`), over a real one; records each resume."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "state": self.state, "why": "HTTP 429", "opens_at": None}
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.lanes = {"claude": "open", "codex": "parked", "gemini": "cooling"}
+        self.resumed: list[tuple[str, str, str | None]] = []
+
+    def _view(self, lane: str) -> Any:
+        state = self.lanes[lane]
+        doc = {
+            "lane": lane,
+            "state": state,
+            "admits": state == "open",
+            "opens_at": None if state == "open" else 4_000_000_000.0,
+            "reason": None if state == "open" else "HTTP 429: usage limit",
+        }
+        return type("LaneView", (), {"to_dict": lambda _self: dict(doc)})()
+
+    def list_lanes(self, *, now: float | None = None) -> list[Any]:
+        return [self._view(lane) for lane in sorted(self.lanes)]
+
+    def resume_lane(self, lane: str, *, actor: Any, reason: str | None = None) -> Any:
+        if lane not in self.lanes:
+            raise NotFound(f"no lane {lane!r}")
+        self.resumed.append((lane, str(actor), reason))
+        self.lanes[lane] = "open"
+        return self._view(lane)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
 
 
-def test_a_ledger_with_lanes_gets_a_lanes_panel_and_series(scene: Scene) -> None:
-    """The hook for branch `lanes`: any ledger with a `lanes()` method is shown."""
-    ledger: Ledger = scene.ledger
-    lanes = [_Lane("claude", "open"), _Lane("codex", "closed"), _Lane("gemini", "closed")]
-    ledger.lanes = lambda: lanes  # type: ignore[attr-defined]
+def test_a_ledger_with_lanes_gets_a_panel_series_and_resume(scene: Scene) -> None:
+    """The hook for branch `lanes`: a ledger with `list_lanes` and `resume_lane`."""
+    lanes = WithLanes(scene.ledger)
+    scene.app.front.view.ledger = lanes
     client = TestClient(scene.app.front.asgi, base_url=ORIGIN)
     snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
-    assert [lane["name"] for lane in snap["lanes"]] == ["claude", "codex", "gemini"]
+    assert [(lane["lane"], lane["state"]) for lane in snap["lanes"]] == [
+        ("claude", "open"),
+        ("codex", "parked"),
+        ("gemini", "cooling"),
+    ]
     text = client.get("/metrics", headers=_bearer(scene.viewer)).text
-    assert 'execkit_lanes{state="closed"} 2.0' in text
+    assert 'execkit_lanes{state="parked"} 1.0' in text
+    resume = "/dashboard/api/lanes/codex/resume"
+    assert _code(client.post(resume, headers=_bearer(scene.viewer))) == (403, "forbidden")
+    csrf = _sign_in(client, scene.operator)
+    assert _code(client.post(resume, headers={"Origin": ORIGIN})) == (403, "forbidden")
+    assert lanes.resumed == []
+    done = client.post(resume, headers={"Origin": ORIGIN, "X-CSRF-Token": csrf})
+    assert done.status_code == 200 and done.json()["lane"]["state"] == "open"
+    assert lanes.resumed == [("codex", ME, "resume (dashboard)")]
+    missing = client.post(
+        "/dashboard/api/lanes/nope/resume", headers={"Origin": ORIGIN, "X-CSRF-Token": csrf}
+    )
+    assert _code(missing) == (404, "not_found")
+
+
+def test_a_ledger_without_lanes_has_no_resume(scene: Scene, client: TestClient) -> None:
+    answer = client.post("/dashboard/api/lanes/codex/resume", headers=_bearer(scene.operator))
+    assert _code(answer) == (404, "not_found")
+    assert "execkit_lanes" not in client.get("/metrics", headers=_bearer(scene.viewer)).text
 
 
 def test_a_revoked_token_ends_its_sessions(scene: Scene, client: TestClient) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from dashboard_scene import CHROMIUM, ME, Scene, launch, make_scene
+from test_dashboard import WithLanes
 
 from execkit.server import ServerThread
 
@@ -151,7 +152,7 @@ def test_no_page_or_answer_carries_the_token_or_the_session(
     session = next(c for c in cookies if c["name"] == "execkit_session")
     assert session["httpOnly"] and session["sameSite"] == "Strict"
     assert page.evaluate("document.cookie") == ""  # the script cannot read it
-    page.wait_for_function("document.body.dataset.refreshedAt !== undefined")
+    page.wait_for_selector("body[data-refreshed-at]")
     html = page.content()
     for text in [*bodies, html]:
         assert made.operator not in text
@@ -159,3 +160,19 @@ def test_no_page_or_answer_carries_the_token_or_the_session(
     # A sign-out ends the session: the page asks for a token again.
     page.click("#sign-out")
     page.wait_for_selector("#sign-in:not([hidden])")
+
+
+def test_lanes_show_when_the_ledger_has_them_and_resume_is_a_click(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    made, url = scene
+    lanes = WithLanes(made.ledger)
+    made.app.front.view.ledger = lanes
+    page = _sign_in(browser, url, made.operator)
+    page.wait_for_selector("#lanes-panel:not([hidden]) #lanes tbody tr")
+    assert page.locator("#lanes tbody tr").count() == 3
+    assert page.locator("button.resume-lane").count() == 2  # not for the open lane
+    page.click("button.resume-lane[data-lane=codex]")
+    page.wait_for_selector("button.resume-lane[data-lane=codex]", state="detached")
+    assert page.locator("button.resume-lane").count() == 1
+    assert lanes.resumed == [("codex", ME, "resume (dashboard)")]

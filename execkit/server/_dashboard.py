@@ -13,8 +13,9 @@ bounded too: each column lists at most `max_cards` cards and says how many more 
 A view that cannot read the ledger raises the ledger's `ExecKitError`; nothing is cached
 from a failed read.
 
-Lanes: `LedgerView.lanes()` is the hook for the vendor lanes another branch adds to the
-ledger; it returns None (no lanes panel) unless the ledger has a `lanes()` method.
+Lanes: `LedgerView.lanes()` and `resume_lane()` are the hook for the vendor lanes branch
+`lanes` adds to the ledger (`list_lanes`, `resume_lane`); a ledger without them has no
+lanes panel, no lanes series and no resume action (404).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from execkit._budget import AttemptStatus, BlockedOn, TaskState
+from execkit._errors import NotFound
 from execkit.dispatch import task_key
-from execkit.ledger import Ledger, Run, Task
+from execkit.ledger import Actor, Ledger, Run, Task
 
 __all__ = [
     "COLUMNS",
@@ -197,15 +199,25 @@ class LedgerView:
         }
 
     def lanes(self) -> list[dict[str, Any]] | None:
-        """The vendor lanes (state, why, when they open), or None when the ledger has none.
-
-        The hook for branch `lanes`: a ledger with a `lanes()` method returning objects with
-        `to_dict()` gets a lanes panel; today's ledgers have none and the panel stays hidden.
-        """
-        lanes = getattr(self.ledger, "lanes", None)
-        if lanes is None or not callable(lanes):
+        """The vendor lanes (`lane`, `state`, `reason`, `opens_at`...), or None when the
+        ledger has none: the hook for branch `lanes`, whose ledgers have `list_lanes(now=)`
+        returning `LaneView`s (anything with `to_dict()`); today's ledgers have no such
+        method, and the page shows no lanes panel."""
+        list_lanes = getattr(self.ledger, "list_lanes", None)
+        if list_lanes is None or not callable(list_lanes):
             return None
-        return [lane.to_dict() if hasattr(lane, "to_dict") else dict(lane) for lane in lanes()]
+        return [lane.to_dict() for lane in list_lanes(now=self.clock())]
+
+    def resume_lane(self, lane: str, actor: Actor) -> dict[str, Any]:
+        """An operator's resume of one lane (`resume_lane`, audited by the ledger);
+        `NotFound` when the ledger has no lanes."""
+        resume = getattr(self.ledger, "resume_lane", None)
+        if resume is None or not callable(resume):
+            raise NotFound("this ledger has no vendor lanes")
+        view = resume(lane, actor=actor, reason="resume (dashboard)")
+        self.invalidate()
+        result: dict[str, Any] = view.to_dict()
+        return result
 
     # -- building ----------------------------------------------------------------------
 

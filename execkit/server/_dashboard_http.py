@@ -1,9 +1,10 @@
 """The dashboard's routes on `execkit serve`: the page, its static files, its session, its
-JSON reads and its one action, "retry once" (docs/dashboard.md).
+JSON reads and its actions, "retry once" and a lane's "resume" (docs/dashboard.md).
 
-Who may do what. Every read needs a valid token (any role: a viewer); "retry once" needs
-the token role `agent.operate`, and the ledger audits it under the token's actor, as the
-CLI's `task retry --force` is. A browser signs in once: it posts the token to
+Who may do what. Every read needs a valid token (any role: a viewer); "retry once" (and
+"resume" of a vendor lane, where the ledger has lanes) needs the token role
+`agent.operate`, and the ledger audits it under the token's actor, as the CLI's `task retry
+--force` is. A browser signs in once: it posts the token to
 `/dashboard/api/session` and gets a session cookie (random, HttpOnly, SameSite=Strict,
 Path=/dashboard) standing for the token; the token itself is never sent back, written into a
 page or logged. It is kept in this process's memory and looked up again on every request,
@@ -302,13 +303,7 @@ class _Dashboard:
 
     async def retry_once(self, request: Request) -> Response:
         principal = self._posting(request)
-        if OPERATE_ROLE not in principal.roles:
-            raise _Refused(
-                403,
-                "forbidden",
-                f"retry once needs the token role {OPERATE_ROLE}; this token "
-                f"({principal.actor}) has {', '.join(sorted(principal.roles)) or 'none'}",
-            )
+        _needs_operate(principal, "retry once")
         task_id = request.path_params["task_id"]
 
         def retry() -> dict[str, Any]:
@@ -323,6 +318,23 @@ class _Dashboard:
         doc = await run_in_threadpool(retry)
         self.view.invalidate()
         return _json(200, doc)
+
+    async def resume_lane(self, request: Request) -> Response:
+        principal = self._posting(request)
+        _needs_operate(principal, "resume")
+        lane = request.path_params["lane"]
+        doc = await run_in_threadpool(self.view.resume_lane, lane, Actor(principal.actor))
+        return _json(200, {"lane": doc})
+
+
+def _needs_operate(principal: Principal, action: str) -> None:
+    if OPERATE_ROLE not in principal.roles:
+        raise _Refused(
+            403,
+            "forbidden",
+            f"{action} needs the token role {OPERATE_ROLE}; this token "
+            f"({principal.actor}) has {', '.join(sorted(principal.roles)) or 'none'}",
+        )
 
 
 def dashboard_routes(tokens: TokenFile, view: LedgerView, sessions: Sessions) -> list[BaseRoute]:
@@ -340,4 +352,5 @@ def dashboard_routes(tokens: TokenFile, view: LedgerView, sessions: Sessions) ->
         Route("/dashboard/api/snapshot", g(board.snapshot), methods=["GET"]),
         Route("/dashboard/api/tasks/{task_id}", g(board.task), methods=["GET"]),
         Route("/dashboard/api/tasks/{task_id}/retry-once", g(board.retry_once), methods=["POST"]),
+        Route("/dashboard/api/lanes/{lane}/resume", g(board.resume_lane), methods=["POST"]),
     ]

@@ -80,7 +80,7 @@ class _LedgerCollector(Collector):
         if lanes is not None:
             by_state: dict[str, int] = {}
             for lane in lanes:
-                key = str(lane.get("state", "unknown"))
+                key = str(lane.get("state") or "unknown")
                 by_state[key] = by_state.get(key, 0) + 1
             family = GaugeMetricFamily("execkit_lanes", "vendor lanes by state", labels=["state"])
             for key, count in sorted(by_state.items()):

@@ -111,6 +111,18 @@ async function retryOnce(taskId, button) {
   refresh();
 }
 
+function resumeButton(lane) {
+  const button = el("button", { class: "resume-lane", type: "button", "data-lane": lane }, "resume");
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    const { status, doc } = await call("POST", `${API}/lanes/${encodeURIComponent(lane)}/resume`, {});
+    $("status").textContent = status === 200 ? `${lane}: resumed`
+      : `resume refused: ${doc && doc.error ? doc.error.message : status}`;
+    refresh();
+  });
+  return button;
+}
+
 function cardNode(card, now, canOperate) {
   const klass = card.blocked_on || card.last_class;
   const node = el("div", { class: `card c-${klass || "none"}`, "data-task-id": card.task_id,
@@ -168,8 +180,9 @@ function drawTables(snap) {
     when(r.lease_expires_at, snap.now)]);
   $("lanes-panel").hidden = snap.lanes === null || snap.lanes === undefined;
   if (snap.lanes) {
-    rows("lanes", snap.lanes, (l) => [l.name || l.lane || "-", l.state || "-", l.why || l.reason || "-",
-      l.opens_at ? when(l.opens_at, snap.now) : "-"]);
+    rows("lanes", snap.lanes, (l) => [l.lane || "-", l.state || "-", l.reason || "-",
+      l.opens_at ? when(l.opens_at, snap.now) : "-",
+      snap.can_operate && l.state !== "open" ? resumeButton(l.lane) : ""]);
   }
 }
 
