@@ -57,6 +57,7 @@ from execkit._proof import (
     agent_failure,
 )
 from execkit._redact import redact, secret_env_values
+from execkit._trace import attempt_span
 from execkit._validate import integer_arg, number_arg
 
 if TYPE_CHECKING:
@@ -620,20 +621,27 @@ def _try_until_settled(
         if cancel is not None and cancel.cancelled:
             raise SpawnCancelled(f"cancelled before try {len(tries) + 1}")
         attempt_request = prepare(current, context) if prepare is not None else current
-        raw = _spawn_once(
-            adapter,
-            adapter.build_argv(attempt_request),
-            cwd=attempt_request.cwd,
-            env=_child_env(attempt_request, context),
-            timeout_s=attempt_request.timeout_s,
-            kill_grace=kill_grace,
-            start=start,
-            beat=beat,
-            cancel=cancel,
-        )
-        outcome = _judge(raw, validate)
+        # A span per try for runners that trace (_trace: a no-op without OpenTelemetry).
+        with attempt_span(adapter.name, len(tries) + 1, max_attempts) as span:
+            raw = _spawn_once(
+                adapter,
+                adapter.build_argv(attempt_request),
+                cwd=attempt_request.cwd,
+                env=_child_env(attempt_request, context),
+                timeout_s=attempt_request.timeout_s,
+                kill_grace=kill_grace,
+                start=start,
+                beat=beat,
+                cancel=cancel,
+            )
+            outcome = _judge(raw, validate)
+            failure = outcome.failure_class
+            span.outcome(
+                failure.value if failure else None,
+                failure is None or failure.charged,
+                outcome.reason,
+            )
         tries.append(outcome)
-        failure = outcome.failure_class
         if failure is None or failure is FailureClass.ENVIRONMENT or len(tries) >= max_attempts:
             return
         if failure is FailureClass.UPSTREAM:

@@ -46,6 +46,7 @@ RANKS = {
     "execkit._redact": 0,
     "execkit._backoff": 0,
     "execkit._version": 0,
+    "execkit._trace": 0,
     "execkit._exec": 1,
     "execkit._classify": 2,
     "execkit.adapterkit": 3,

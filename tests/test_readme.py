@@ -122,7 +122,8 @@ def test_the_operator_loop_runs_as_written(tmp_path: Path) -> None:
         first = next(line for line in lines if "attempt 1/10" in line)
         assert "environment (uncharged): acme-agent CLI not found on PATH" in first
         assert "moved to blocked" in first
-        assert any(line.startswith("ISS-1  blocked  blocked (environment)") for line in lines)
+        # `execkit status` names the task beside the issue (issue #31).
+        assert any(line.startswith("ISS-1  t-1   blocked  blocked (environment)") for line in lines)
         assert "ISS-1  attempt 2/10  succeeded -> moved to done" in lines
         runs = [line for line in lines if line.startswith("r-")]
         assert [run.split()[4:6] for run in runs] == [

@@ -63,7 +63,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("_ledger", "the ledger (a file or a PostgreSQL URL): schema, checks"),
     "lane": ("_lanes", "vendor lanes: list, show, resume, park"),
     "dispatch": ("_dispatch", "dispatch the eligible issues of a board, with bounded retries"),
-    "status": ("_dispatch", "the dispatcher dashboard: issues, attempts, charges, next retry"),
+    "status": ("_status", "the dispatcher dashboard: issues, attempts, charges, next retry"),
     "serve": ("_serve", "serve a ledger over HTTP with token auth (for --remote and the SDKs)"),
     "demo": ("_demo", "run the dispatcher over a four-issue demo board (a few seconds)"),
 }

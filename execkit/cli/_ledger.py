@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from execkit._errors import InvalidInput, StorageError
+from execkit._errors import InvalidInput, NotFound, StorageError
 from execkit.cli._args import parse_int, parse_seconds
 from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp, waiting_text
 from execkit.ledger import (
@@ -109,8 +109,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _acting(create)
     create.set_defaults(handler=_task_create)
 
-    show = task_sub.add_parser("show", parents=[common], help="one task and its state")
-    show.add_argument("task_id", metavar="TASK_ID")
+    show = task_sub.add_parser(
+        "show",
+        parents=[common],
+        help="one task and its state (by task id, or by the board issue id it was made for)",
+    )
+    show.add_argument("task_id", metavar="TASK_ID|ISSUE_ID")
     show.set_defaults(handler=_task_show)
 
     listing = task_sub.add_parser("list", parents=[common], help="every task")
@@ -502,13 +506,28 @@ def _task_create(args: argparse.Namespace) -> int:
 
 def _task_show(args: argparse.Namespace) -> int:
     with _using(args, write=False) as ledger:
-        task = ledger.get_task(args.task_id)
+        task = _task_or_issue(ledger, args.task_id)
         _print_task(task, as_json=args.json)
         if not args.json and LANES_CAPABILITY in ledger.capabilities():
-            lane = ledger.task_lane(args.task_id)
+            lane = ledger.task_lane(task.id)
             if lane is not None and not lane.admits and task.status == "open":
                 print(f"  {waiting_text(lane)}")
     return 0
+
+
+def _task_or_issue(ledger: Ledger, ref: str) -> Task:
+    """The task `ref` names: its id, else the board issue id a dispatcher made it for (the
+    id `execkit status` shows in its ISSUE column); else the ledger's NotFound."""
+    try:
+        return ledger.get_task(ref)
+    except NotFound:
+        from execkit.dispatch import task_key  # only on this path: the CLI starts light
+
+        title = task_key(ref)
+        found = [task for task in ledger.list_tasks() if task.title == title]
+        if len(found) != 1:
+            raise  # the ledger's own "no task" answer
+        return ledger.get_task(found[0].id)
 
 
 def _task_retry(args: argparse.Namespace) -> int:

@@ -34,9 +34,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="serve a ledger over HTTP with token auth (for --remote and the SDKs)",
         description=(
             "Serve one ledger (a SQLite file or a postgresql:// URL) over an HTTP JSON API "
-            "(docs/remote.md). Every request but GET /openapi.json needs a bearer token from "
-            "--tokens; the ledger's rules and grants apply as for a local caller, with the "
-            "token's actor acting. Listens on loopback only unless --allow-non-loopback. "
+            "(docs/remote.md). Every API request but GET /openapi.json needs a bearer token "
+            "from --tokens; the ledger's rules and grants apply as for a local caller, with the "
+            "token's actor acting. It serves the operator's dashboard at / (any token reads, "
+            "agent.operate acts), /healthz, /readyz and /metrics, and writes one JSON "
+            "access-log line per request on stderr. Listens on loopback only unless "
+            "--allow-non-loopback. "
             "With --add-token FILE: mint a token for --actor with the given --role(s), store "
             "its hash in FILE and print the token once."
         ),
@@ -178,6 +181,14 @@ def _quiet_logging() -> None:
     handler.setFormatter(_Safe("execkit serve: %(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    # The access log (execkit.server._access_log): one JSON line per request on stderr,
+    # route templates only, so no token can be in it.
+    access = logging.getLogger("execkit.server.access")
+    access_handler = logging.StreamHandler()
+    access_handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(access_handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
 
 
 def _add_token(args: argparse.Namespace) -> int:

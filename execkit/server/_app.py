@@ -40,6 +40,7 @@ from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, opena
 from execkit._errors import ExecKitError, LaneStopped, LaneWaiting, StorageError, TaskBackingOff
 from execkit._redact import redact
 from execkit.ledger import Actor, Ledger
+from execkit.server._front import Front
 from execkit.server._idempotency import IdempotencyStore, StoredResponse
 from execkit.server._tokens import Principal, TokenFile
 
@@ -218,6 +219,8 @@ class LedgerApp:
         self.app = Starlette(
             routes=routes, exception_handlers={HTTPException: self._http_exception}
         )
+        # What the listener serves: the dashboard and monitoring in front of `app` (_front).
+        self.front = Front(self.app, ledger, tokens, self._http_exception)
 
     def close(self) -> None:
         """Stop the worker threads (after the ones running finish)."""

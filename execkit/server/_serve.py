@@ -82,10 +82,12 @@ def default_idempotency_path(tokens: str | os.PathLike[str]) -> Path:
 
 def _config(app: LedgerApp) -> uvicorn.Config:
     return uvicorn.Config(
-        app.app,
+        app.front.asgi,  # the API behind the dashboard, monitoring and access log (_front)
         loop="asyncio",
         lifespan="off",
-        access_log=False,  # an access log is where a token would leak; there is none
+        # uvicorn's access log prints the raw path and query; execkit's own (_access_log)
+        # prints route templates only, so no token typed into a URL reaches a log.
+        access_log=False,
         log_config=None,
         server_header=False,
         proxy_headers=False,
