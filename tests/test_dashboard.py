@@ -105,7 +105,7 @@ def test_the_snapshot_has_every_panel(scene: Scene, client: TestClient) -> None:
     assert flight["issue"] == "ENG-104" and flight["host"] and flight["lease_expires_at"]
     totals = {k: sum(b[k] for b in snap["chart"]["buckets"]) for k in ("work", "charged")}
     assert totals == {"work": 3, "charged": 4}  # three work failures and one success
-    assert snap["lanes"] is None and snap["can_operate"] is False
+    assert snap["lanes"] == [] and snap["can_operate"] is False
 
 
 def test_a_task_page_and_its_history(scene: Scene, client: TestClient) -> None:
@@ -357,7 +357,7 @@ def test_metrics_need_a_token_and_count_what_operators_watch(
         '{method="POST",route="/v1/tasks/{task_id}/runs",status="201"}'
     )
     assert samples[latency] == 1
-    assert "execkit_lanes" not in text
+    assert "execkit_lanes{" not in text  # the series, with no lane used yet
     assert scene.operator not in text and scene.viewer not in text
 
 
@@ -446,10 +446,14 @@ def test_a_ledger_with_lanes_gets_a_panel_series_and_resume(scene: Scene) -> Non
     assert _code(missing) == (404, "not_found")
 
 
-def test_a_ledger_without_lanes_has_no_resume(scene: Scene, client: TestClient) -> None:
-    answer = client.post("/dashboard/api/lanes/codex/resume", headers=_bearer(scene.operator))
-    assert _code(answer) == (404, "not_found")
-    assert "execkit_lanes" not in client.get("/metrics", headers=_bearer(scene.viewer)).text
+def test_resuming_a_lane_no_run_has_used_changes_nothing(scene: Scene, client: TestClient) -> None:
+    before = scene.ledger.audit_events()
+    answer = client.post(
+        "/dashboard/api/lanes/codex%2Fdefault/resume", headers=_bearer(scene.operator)
+    )
+    assert answer.status_code in (400, 404), answer.text
+    assert scene.ledger.audit_events() == before
+    assert "execkit_lanes{" not in client.get("/metrics", headers=_bearer(scene.viewer)).text
 
 
 def test_a_revoked_token_ends_its_sessions(scene: Scene, client: TestClient) -> None:

@@ -126,7 +126,7 @@ def test_every_panel_draws_and_a_task_shows_its_history(
     assert page.locator("#chart svg rect[data-charged]").count() >= 1
     assert made.ids["ENG-103"] in page.inner_text("#retries")
     assert made.ids["ENG-104"] in page.inner_text("#in-flight")
-    assert page.locator("#lanes-panel").is_hidden()  # today's ledgers have no lanes
+    assert page.locator("#lanes-panel").is_hidden()  # no lane has been used yet
     page.locator(f"#board .card[data-task-id='{made.ids['ENG-102']}']").click()
     page.wait_for_selector("#task-panel:not([hidden]) #task-runs tbody tr")
     assert page.locator("#task-runs tbody tr").count() == 3

@@ -12,6 +12,7 @@ the server on `--listen 127.0.0.1:0` and read the port it got.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -169,6 +170,19 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler on whatever `sys.stderr` is when a record is written, never on a stream
+    that was replaced (and closed) since the command started."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def _quiet_logging() -> None:
     """Warnings and errors on stderr, each line escaped; uvicorn's start-up chatter off."""
     import logging
@@ -184,8 +198,11 @@ def _quiet_logging() -> None:
     # The access log (execkit.server._access_log): one JSON line per request on stderr,
     # route templates only, so no token can be in it.
     access = logging.getLogger("execkit.server.access")
-    access_handler = logging.StreamHandler()
+    access_handler = _CurrentStderr()
     access_handler.setFormatter(logging.Formatter("%(message)s"))
+    # One handler however often the command runs in a process (tests call it in-process).
+    for old in [h for h in access.handlers if isinstance(h, _CurrentStderr)]:
+        access.removeHandler(old)
     access.addHandler(access_handler)
     access.setLevel(logging.INFO)
     access.propagate = False

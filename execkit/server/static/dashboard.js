@@ -178,7 +178,8 @@ function drawTables(snap) {
   rows("in-flight", snap.in_flight, (r) => [r.issue || "-", r.task_id, r.run_id, r.attempt,
     r.host ? `${r.host}:${r.pid}` : "-", r.dispatcher, when(r.since, snap.now),
     when(r.lease_expires_at, snap.now)]);
-  $("lanes-panel").hidden = snap.lanes === null || snap.lanes === undefined;
+  // Hidden until some run has used a lane (or when the ledger has none).
+  $("lanes-panel").hidden = !snap.lanes || snap.lanes.length === 0;
   if (snap.lanes) {
     rows("lanes", snap.lanes, (l) => [l.lane || "-", l.state || "-", l.reason || "-",
       l.opens_at ? when(l.opens_at, snap.now) : "-",
