@@ -227,6 +227,15 @@ export interface GrantsQuery {
   principal?: string;
 }
 
+export interface ListTasksQuery {
+  /** After this task (a page's last id). */
+  after?: string;
+  /** At most this many (1..10000). */
+  limit?: number;
+  /** Only tasks in this state. */
+  state?: string;
+}
+
 export interface GetTaskQuery {
   /** A dispatch cap to add to the bounds. */
   cap?: number;
@@ -308,7 +317,7 @@ export interface Queries {
   getRun: never;
   finishRun: never;
   heartbeat: never;
-  listTasks: never;
+  listTasks: ListTasksQuery;
   createTask: never;
   getTask: GetTaskQuery;
   setAttemptLimit: never;
