@@ -152,6 +152,10 @@ class PostgresTx:
         rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
         return [run_from_row(row) for row in rows]
 
+    def runs_of(self, task_ids: list[str]) -> list[Run]:
+        rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = ANY(%s) ORDER BY seq", (task_ids,))
+        return [run_from_row(row) for row in rows]
+
     def all_runs(self) -> list[Run]:
         return [run_from_row(row) for row in self._named_all(f"{_RUN_SELECT} ORDER BY seq")]
 

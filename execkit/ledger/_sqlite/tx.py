@@ -117,6 +117,11 @@ class SqliteTx:
         rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
         return [run_from_row(row) for row in rows.fetchall()]
 
+    def runs_of(self, task_ids: list[str]) -> list[Run]:
+        marks = ", ".join("?" * len(task_ids))
+        sql = f"{_RUN_SELECT} WHERE r.task_id IN ({marks}) ORDER BY r.seq"
+        return [run_from_row(row) for row in self._dicts(sql, tuple(task_ids))]
+
     def all_runs(self) -> list[Run]:
         return [run_from_row(row) for row in self._dicts(f"{_RUN_SELECT} ORDER BY r.seq")]
 
