@@ -62,6 +62,8 @@ bench: $(STAMP)
 	$(PY) tests/pgcluster.py --run -- $(PY) benchmarks/bench_postgres.py
 	$(PY) benchmarks/bench_remote.py
 	$(PY) benchmarks/bench_dashboard.py
+	$(PY) benchmarks/bench_bulk.py
+	$(PY) benchmarks/bench_http.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.

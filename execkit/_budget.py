@@ -377,11 +377,17 @@ class HistorySummary:
                 f"attempt {self.last.number} succeeded but attempt {attempt.number} follows "
                 "it (nothing may follow a success)"
             )
-        appended = attrs.evolve(self, attempts_used=attempt.number, last=attempt)
         if attempt.status is AttemptStatus.RUNNING:
             # A running attempt is transparent: it neither charges nor moves the streak.
-            return attrs.evolve(appended, running=attempt.number)
-        return appended._counted(attempt)
+            return HistorySummary(
+                attempts_used=attempt.number,
+                charged_attempts=self.charged_attempts,
+                uncharged_streak=self.uncharged_streak,
+                streak_reason=self.streak_reason,
+                running=attempt.number,
+                last=attempt,
+            )
+        return self._counted(attempt, attempts_used=attempt.number, running=self.running)
 
     def finished(self, attempt: Attempt) -> HistorySummary:
         """The summary after the running attempt (the latest) ended as `attempt`."""
@@ -389,10 +395,14 @@ class HistorySummary:
             raise HistoryError(f"attempt {attempt.number} is not the running attempt")
         if attempt.status is AttemptStatus.RUNNING:
             raise HistoryError(f"attempt {attempt.number} has not ended")
-        return attrs.evolve(self, running=None, last=attempt)._counted(attempt)
+        return self._counted(attempt, attempts_used=self.attempts_used, running=None)
 
-    def _counted(self, attempt: Attempt) -> HistorySummary:
-        """Charge and streak after one ended attempt.
+    def _counted(
+        self, attempt: Attempt, *, attempts_used: int, running: int | None
+    ) -> HistorySummary:
+        """The summary with `attempt` (ended) last, `attempts_used` and `running`: charge
+        and streak after it. Built directly, not by `attrs.evolve` (`db check` folds every
+        run of the ledger through here, and evolve cost more than the rest of the fold).
 
         A forced attempt (an operator's retry) starts a fresh streak: it counts itself if
         it met the vendor refusing, but the ceiling that stopped the item is not held
@@ -415,8 +425,13 @@ class HistorySummary:
             streak, reason = streak + 1, attempt.reason
         elif not (attempt.stopped or _is_environment(attempt.status, attempt.failure_class)):
             streak, reason = 0, None
-        return attrs.evolve(
-            self, charged_attempts=charged, uncharged_streak=streak, streak_reason=reason
+        return HistorySummary(
+            attempts_used=attempts_used,
+            charged_attempts=charged,
+            uncharged_streak=streak,
+            streak_reason=reason,
+            running=running,
+            last=attempt,
         )
 
 

@@ -46,7 +46,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -64,7 +64,7 @@ from execkit._errors import (
     error_types,
 )
 from execkit._proof import AgentFailed
-from execkit.ledger import Actor, attempt_from_run
+from execkit.ledger import LIST_PAGE, Actor, Task, TaskState, attempt_from_run
 
 if TYPE_CHECKING:
     from execkit.ledger import Ledger
@@ -300,6 +300,22 @@ class RemoteLedger(LedgerRoutes):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def iter_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        after: str | None = None,
+    ) -> Iterator[Task]:
+        """`Ledger.iter_tasks` over the API: `list_tasks` a page of `LIST_PAGE` at a time,
+        so a listing of any length holds one page (`now` is the server's, as everywhere)."""
+        while True:
+            page = self.list_tasks(state=state, limit=LIST_PAGE, after=after)
+            yield from page
+            if len(page) < LIST_PAGE:
+                return
+            after = page[-1].id
 
     # -- the one call path --------------------------------------------------------------
 

@@ -264,7 +264,7 @@ class _Counting:
             for i in range(n)
         ]
 
-    def list_tasks(self, *, now: float | None = None) -> list[Task]:
+    def list_tasks(self, *, now: float | None = None, **_filters: Any) -> list[Task]:
         self.calls["list_tasks"] += 1
         return self.tasks
 
@@ -478,7 +478,7 @@ class _Held:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def list_tasks(self, *, now: float | None = None) -> list[Task]:
+    def list_tasks(self, *, now: float | None = None, **_filters: Any) -> list[Task]:
         self.entered.set()
         assert self.release.wait(60), "never released"
         return self._ledger.list_tasks(now=now)

@@ -533,3 +533,30 @@ def test_post_exit_work_besides_redaction_is_one_decode(monkeypatch: pytest.Monk
     finally:
         tracemalloc.stop()
     assert peak <= size + size // 2, f"{peak} bytes allocated at once for a {size}-byte tail"
+
+
+# -- the start: vfork, whatever the parent holds --------------------------------------------
+
+
+def test_every_mechanism_starts_the_child_so_that_cpython_may_vfork(
+    mechanism: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What makes CPython 3.11 fork (a copy of the parent's page tables, whose cost grows
+    with the parent's memory) instead of vfork: a `preexec_fn`, or a uid, gid or groups to
+    set. A spawn passes none of them under any mechanism (only `die_with_parent`, which
+    `execkit run` asks for from a small single-threaded process, passes a `preexec_fn`), and
+    leaves vfork allowed. Counted on the arguments `subprocess` hands `_posixsubprocess`;
+    benchmarks/bench_exec.py measures it from a parent holding 1 GiB."""
+    seen: list[tuple[object, ...]] = []
+    real = subprocess._fork_exec  # type: ignore[attr-defined]
+
+    def recording(*args: object) -> int:
+        seen.append(args)
+        pid: int = real(*args)
+        return pid
+
+    monkeypatch.setattr(subprocess, "_fork_exec", recording)
+    assert spawn(["true"]).ok
+    assert len(seen) == 1
+    gid, gids, uid, _umask, preexec_fn, allow_vfork = seen[0][-6:]
+    assert (preexec_fn, gid, gids, uid, allow_vfork) == (None, None, None, None, True)

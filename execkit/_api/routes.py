@@ -112,7 +112,11 @@ def _create_task(call: Call) -> tuple[int, dict[str, Any]]:
 
 
 def _list_tasks(call: Call) -> tuple[int, dict[str, Any]]:
-    return 200, {"tasks": [task.to_dict() for task in call.ledger.list_tasks()]}
+    query = call.query
+    tasks = call.ledger.list_tasks(
+        state=query.get("state"), limit=query.get("limit"), after=query.get("after")
+    )
+    return 200, {"tasks": [task.to_dict() for task in tasks]}
 
 
 def _get_task(call: Call) -> tuple[int, dict[str, Any]]:
@@ -350,9 +354,14 @@ class LedgerRoutes:
         "GET",
         "/v1/tasks",
         "listTasks",
-        "Every task",
+        "Tasks in creation order: every one, or a page",
         _list_tasks,
         "TaskList",
+        query=(
+            Field("state", "string", description="only tasks in this state"),
+            Field("limit", "integer", description="at most this many (1..10000)"),
+            Field("after", "string", description="after this task (a page's last id)"),
+        ),
         binds=Ledger.list_tasks,
         read=listed("tasks", _TASK),
     )

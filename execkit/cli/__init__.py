@@ -381,9 +381,11 @@ def _main(tokens: list[str], start: ProcessStarter | None, interrupts: _Interrup
     from execkit.cli._output import report_error, report_internal_error
 
     if start is None:
-        import subprocess
-
-        start = subprocess.Popen
+        # The default starter, from `subprocess` where the command's group already loaded
+        # it: every group that starts processes (run, dispatch, demo, adapters, classify)
+        # imports it with the spawner, and a ledger command does not pay for importing it.
+        loaded = sys.modules.get("subprocess")
+        start = None if loaded is None else loaded.Popen
     # On the namespace, so every handler keeps the one-argument shape `handler(args)`.
     args.start = start
     as_json = bool(getattr(args, "json", False))

@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from execkit._errors import InvalidInput, NotFound, StorageError
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import EXIT_CODES, print_json, safe_text, utc_stamp, waiting_text
+from execkit.cli._output import (
+    EXIT_CODES,
+    print_json,
+    print_json_list,
+    safe_text,
+    utc_stamp,
+    waiting_text,
+    write_lines,
+)
 from execkit.ledger import (
     CAPABILITIES,
     KNOWN_ROLES,
@@ -117,7 +126,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     show.add_argument("task_id", metavar="TASK_ID|ISSUE_ID")
     show.set_defaults(handler=_task_show)
 
-    listing = task_sub.add_parser("list", parents=[common], help="every task")
+    listing = task_sub.add_parser(
+        "list",
+        parents=[common],
+        help="every task, or a page of them",
+        description=(
+            "Tasks in creation order, read a page at a time (memory stays flat however many "
+            "there are). --state keeps one state; --limit N prints at most N and then the "
+            "--after ID that continues the listing (with --json: `next_after`, null on the "
+            "last page)."
+        ),
+    )
+    listing.add_argument("--state", choices=[str(state) for state in TaskState], default=None)
+    listing.add_argument("--limit", default=None, metavar="N", help=f"1..{MAX_ATTEMPT_LIMIT}")
+    listing.add_argument(
+        "--after", default=None, metavar="TASK_ID", help="start after this task (a page's last)"
+    )
     listing.set_defaults(handler=_task_list)
 
     runs = task_sub.add_parser("runs", parents=[common], help="a task's run history")
@@ -540,14 +564,44 @@ def _task_retry(args: argparse.Namespace) -> int:
     )
 
 
-def _task_list(args: argparse.Namespace) -> int:
-    tasks = _with_ledger(args, create=False, action=lambda ledger: ledger.list_tasks())
-    lines = [
+def _task_line(task: Task) -> str:
+    return (
         f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
         f"{_limit_text(task)}  {safe_text(task.title)}"
-        for task in tasks
-    ]
-    return _print_listing(args, {"tasks": [task.to_dict() for task in tasks]}, lines)
+    )
+
+
+def _primed(items: Iterator[_T]) -> Iterator[_T]:
+    """`items` with its first one read now: a listing that fails at its first page (a bad
+    filter, a refused token, no ledger) prints nothing on stdout, only the error. A later
+    page that fails leaves what was printed, then the error on stderr."""
+    first = list(itertools.islice(items, 1))
+    return itertools.chain(first, items)
+
+
+def _task_list(args: argparse.Namespace) -> int:
+    """Streamed: each task is printed as its page is read, never the whole list held (a
+    page of --limit N is N tasks, and one more read to know whether another page follows)."""
+    limit = None if args.limit is None else parse_int("--limit", args.limit, 1, MAX_ATTEMPT_LIMIT)
+    with _using(args, create=False, write=False) as ledger:
+        tasks = _primed(ledger.iter_tasks(state=args.state, after=args.after))
+        if limit is None:
+            if args.json:
+                print_json_list("tasks", (task.to_dict() for task in tasks))
+            else:
+                write_lines(_task_line(task) for task in tasks)
+            return 0
+        page = list(itertools.islice(tasks, limit + 1))
+    more = len(page) > limit
+    del page[limit:]
+    next_after = page[-1].id if more else None
+    if args.json:
+        print_json({"next_after": next_after, "tasks": [task.to_dict() for task in page]})
+        return 0
+    write_lines(_task_line(task) for task in page)
+    if next_after is not None:
+        print(f"more: continue with --after {safe_text(next_after)}")
+    return 0
 
 
 def _task_runs(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ character already.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
@@ -74,6 +75,43 @@ def print_json(obj: Any) -> None:
     import json  # not every command prints JSON
 
     sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def print_json_list(key: str, items: Iterable[Any]) -> None:
+    """`{key: [items]}` on stdout, the bytes `print_json` writes for it, item by item as
+    `items` yields them: a listing of any length is never held whole. An exception from
+    `items` leaves the document unfinished (the error goes to stderr with its exit code)."""
+    import json
+
+    encode = json.JSONEncoder(sort_keys=True).encode  # one encoder, not one a call
+    write = sys.stdout.write
+    write("{" + encode(key) + ": [")
+    pending: list[str] = []
+    for item in items:
+        pending.append(encode(item))
+        if len(pending) == 512:  # a write per 512 items (see `write_lines`)
+            write(", ".join(pending))
+            pending.clear()
+            pending.append("")  # the next batch starts with its separator
+    write(", ".join(pending) + "]}\n")
+    sys.stdout.flush()
+
+
+def write_lines(lines: Iterable[str], batch: int = 512) -> None:
+    """Each of `lines` on stdout, `batch` lines a write (a write costs more than the line
+    it writes when there are 100,000 of them); flushed at the end."""
+    write = sys.stdout.write
+    pending: list[str] = []
+    for line in lines:
+        pending.append(line)
+        if len(pending) == batch:
+            pending.append("")
+            write("\n".join(pending))
+            pending.clear()
+    if pending:
+        pending.append("")
+        write("\n".join(pending))
     sys.stdout.flush()
 
 

@@ -12,7 +12,7 @@ audit record it writes (an `AuditEntry`, read back with its number as an `AuditE
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_LEASE_S",
     "KNOWN_ROLES",
     "LANES_CAPABILITY",
+    "LIST_PAGE",
     "MAX_ATTEMPT_LIMIT",
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
@@ -338,6 +339,11 @@ class AuditEvent:
         return to_json(self)  # `detail` is copied: the event stays immutable
 
 
+LIST_PAGE = 1000
+"""Tasks `iter_tasks` reads a page at a time (one read each): a listing of any length holds
+one page in memory."""
+
+
 class Ledger(Protocol):
     """Durable tasks and runs. Every method is one transaction; errors are ExecKitError.
 
@@ -372,7 +378,21 @@ class Ledger(Protocol):
         cap: DispatchCap | None = None,
         force: bool = False,
     ) -> Task: ...
-    def list_tasks(self, *, now: float | None = None) -> list[Task]: ...
+    def list_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[Task]: ...
+    def iter_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        after: str | None = None,
+    ) -> Iterator[Task]: ...
     def runs(self, task_id: str) -> list[Run]: ...
     def run(self, run_id: str) -> Run: ...
     def history(self, task_id: str) -> list[Attempt]: ...

@@ -15,8 +15,11 @@ edit) is a StorageError naming the row, never a traceback.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from typing import Any, Protocol, TypeVar
+
+import attrs
 
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
@@ -123,10 +126,18 @@ LANE_EVENT_COLUMNS = ("lane", "kind", "at", "actor", "run_id", "task_id", "until
 _E = TypeVar("_E", bound=enum.Enum)
 
 
+@functools.cache
+def _members(kind: type[_E]) -> dict[Any, _E]:
+    return {member.value: member for member in kind}
+
+
 def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
     """A stored value as its enum; one this execkit does not know is a StorageError
     naming the row: `where`, formatted with `keys` (`"run {!r} status", run_id`) only
-    then, as every row read passes through here."""
+    then, as every row read passes through here (a dict lookup, not the enum's call)."""
+    member: _E | None = _members(kind).get(value)
+    if member is not None:
+        return member
     try:
         return kind(value)
     except ValueError:
@@ -166,13 +177,32 @@ def run_from_row(row: NamedRow) -> Run:
     )
 
 
+_ATTEMPT_FIELDS = frozenset(field.name for field in attrs.fields(Attempt))
+
+
+def _stored_attempt(**values: Any) -> Attempt:
+    """A summary's last attempt as its columns hold it, without `Attempt`'s validators:
+    every listed task has one, and validating it cost half of listing 100,000 tasks. What
+    they check is held by the schema (the enums, each read through `domain`; the number;
+    the flag) or was checked when the attempt was written; `db check` validates every
+    history and compares each stored summary with it, so a summary edited by hand is
+    reported there. Every field is given: a missing one is a KeyError, not a half-built
+    value."""
+    if values.keys() != _ATTEMPT_FIELDS:
+        raise KeyError(sorted(_ATTEMPT_FIELDS ^ values.keys()))
+    attempt = object.__new__(Attempt)
+    for name, value in values.items():
+        object.__setattr__(attempt, name, value)
+    return attempt
+
+
 def _summary_from_row(row: NamedRow) -> HistorySummary:
     if row["attempts_used"] is None:  # no summary row (a left join): no history yet
         return HistorySummary()
     last = None
     if row["last_number"] is not None:
         last_class = row["last_class"]
-        last = Attempt(
+        last = _stored_attempt(
             number=row["last_number"],
             status=domain(AttemptStatus, row["last_status"], "summary last_status"),
             failure_class=None

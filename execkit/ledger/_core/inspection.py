@@ -3,9 +3,11 @@
 
 `validate` finds every problem and fixes none: the backend's own storage checks first (rows
 the code cannot read stop it there), then each task's history validated, its stored summary
-compared with the one its history gives, and running runs whose lease expired. `repair`
-fixes what can be fixed without guessing: it abandons expired runs and rebuilds a summary
-from its history (the history is the truth); a broken history is reported, never touched.
+compared with the one its history gives, and running runs whose lease expired; read a page
+of `LIST_PAGE` tasks with their runs at a time (each page one read), so its memory does not
+grow with the ledger. `repair` fixes what can be fixed without guessing: it abandons
+expired runs and rebuilds a summary from its history (the history is the truth); a broken
+history is reported, never touched.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
 from execkit.ledger._core.inputs import moment
 from execkit.ledger._core.leases import LeaseOps
 from execkit.ledger._core.store import TaskRecord
-from execkit.ledger._model import AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
+from execkit.ledger._model import LIST_PAGE, AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
 
 __all__ = ["InspectionOps"]
 
@@ -38,15 +40,19 @@ class InspectionOps(LeaseOps):
         problems = self._store.storage_problems()
         if problems:
             return problems  # rows the code cannot read: the checks below would only crash
-        with self._store.read() as tx:
-            tasks = tx.tasks()
-            runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
-            for run in tx.all_runs():
-                runs_by_task.setdefault(run.task_id, []).append(run)
-        for task in tasks:
-            problems.extend(self._task_problems(task, runs_by_task[task.id], at))
-        problems.extend(self._lane_problems())
-        return problems
+        after: str | None = None
+        while True:  # a page of tasks and their runs at a time: memory stays flat
+            with self._store.read() as tx:
+                tasks = tx.task_page(after, LIST_PAGE, None)
+                runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
+                for run in tx.runs_of(list(runs_by_task)) if tasks else ():
+                    runs_by_task[run.task_id].append(run)
+            for task in tasks:
+                problems.extend(self._task_problems(task, runs_by_task[task.id], at))
+            if len(tasks) < LIST_PAGE:
+                problems.extend(self._lane_problems())
+                return problems
+            after = tasks[-1].id
 
     def _task_problems(self, task: TaskRecord, runs: list[Run], at: float) -> list[str]:
         problems: list[str] = []

@@ -157,8 +157,27 @@ class PostgresTx:
         rows = self._named_all(f"{_TASK_SELECT} ORDER BY seq{suffix}")
         return [task_from_row(row) for row in rows]
 
+    def task_page(
+        self, after: str | None, limit: int, status: TaskStatus | None
+    ) -> list[TaskRecord]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if after is not None:  # an unknown id matches nothing; the caller checked it
+            clauses.append("seq > (SELECT seq FROM tasks WHERE id = %s)")
+            params.append(after)
+        if status is not None:
+            clauses.append("status = %s")
+            params.append(str(status))
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        rows = self._named_all(f"{_TASK_SELECT}{where} ORDER BY seq LIMIT %s", (*params, limit))
+        return [task_from_row(row) for row in rows]
+
     def runs(self, task_id: str) -> list[Run]:
         rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
+        return [run_from_row(row) for row in rows]
+
+    def runs_of(self, task_ids: list[str]) -> list[Run]:
+        rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = ANY(%s) ORDER BY seq", (task_ids,))
         return [run_from_row(row) for row in rows]
 
     def all_runs(self) -> list[Run]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -138,7 +137,7 @@ def _after_schema_3(conn: sqlite3.Connection, now: float) -> None:
     tracked by pid; from now on they must renew, or they are abandoned)."""
     conn.execute(
         "INSERT OR IGNORE INTO ledger_meta (key, value) VALUES ('ledger_id', ?)",
-        (uuid.uuid4().hex,),
+        (_new_id(),),
     )
     conn.execute(
         "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) "
@@ -157,3 +156,9 @@ def _after_schema_3(conn: sqlite3.Connection, now: float) -> None:
 
 # The data a version's statements cannot write by themselves, by version.
 _DATA_STEPS: dict[int, Callable[[sqlite3.Connection, float], None]] = {3: _after_schema_3}
+
+
+def _new_id() -> str:
+    import uuid  # only a new ledger needs an id: opening one does not import uuid
+
+    return uuid.uuid4().hex

@@ -82,6 +82,22 @@ _LANE_EVENT_INSERT = (
 _after_admission_insert: Callable[[], None] | None = None
 
 
+def _page_filter(
+    prefix: str, after: str | None, status: TaskStatus | None
+) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause of a page of tasks: after task `after` in creation order (an
+    unknown id matches nothing; the caller checked it), of `status` only."""
+    clauses: list[str] = []
+    params: list[str] = []
+    if after is not None:
+        clauses.append(f"{prefix}seq > (SELECT seq FROM tasks WHERE id = ?)")
+        params.append(after)
+    if status is not None:
+        clauses.append(f"{prefix}status = ?")
+        params.append(str(status))
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
+
+
 class SqliteTx:
     """One transaction on the store's connection (see the module docstring): `lock=True`
     needs nothing here, as BEGIN IMMEDIATE already holds the database's write lock."""
@@ -96,6 +112,14 @@ class SqliteTx:
         cursor.row_factory = sqlite3.Row
         return cursor.execute(sql, params)
 
+    def _dicts(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """`sql`'s rows as dicts by column name, for reads of many rows: `sqlite3.Row`
+        finds a column by comparing names, which costs more than the rest of a row's read
+        once a SELECT has twenty columns."""
+        cursor = self._conn.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
         return None if row is None else task_from_row(row)
@@ -104,13 +128,24 @@ class SqliteTx:
         rows = self._named(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
         return [task_from_row(row) for row in rows]
 
+    def task_page(
+        self, after: str | None, limit: int, status: TaskStatus | None
+    ) -> list[TaskRecord]:
+        where, params = _page_filter("t.", after, status)
+        sql = f"{_TASK_SELECT}{where} ORDER BY t.seq LIMIT ?"
+        return [task_from_row(row) for row in self._dicts(sql, (*params, limit))]
+
     def runs(self, task_id: str) -> list[Run]:
         rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
         return [run_from_row(row) for row in rows.fetchall()]
 
+    def runs_of(self, task_ids: list[str]) -> list[Run]:
+        marks = ", ".join("?" * len(task_ids))
+        sql = f"{_RUN_SELECT} WHERE r.task_id IN ({marks}) ORDER BY r.seq"
+        return [run_from_row(row) for row in self._dicts(sql, tuple(task_ids))]
+
     def all_runs(self) -> list[Run]:
-        rows = self._named(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
-        return [run_from_row(row) for row in rows]
+        return [run_from_row(row) for row in self._dicts(f"{_RUN_SELECT} ORDER BY r.seq")]
 
     def run(self, run_id: str) -> Run | None:
         row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()

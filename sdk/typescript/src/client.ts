@@ -34,11 +34,13 @@ import {
   type LaneEvent,
   type Run,
   type Task,
+  type TaskState,
 } from "./types.js";
 import {
   AttemptStatusValues,
   FailureClassValues,
   OPERATIONS,
+  TaskStateValues,
   type AbandonRunBody,
   type AuditQuery,
   type Bodies,
@@ -48,6 +50,7 @@ import {
   type GrantRoleBody,
   type GrantsQuery,
   type HeartbeatBody,
+  type ListTasksQuery,
   type OperationId,
   type ParkLaneBody,
   type ResumeLaneBody,
@@ -97,6 +100,15 @@ export interface GetTaskOptions {
   cap?: number | undefined;
   /** What a forced admission would meet. */
   force?: boolean | undefined;
+}
+
+export interface ListTasksOptions {
+  /** Only tasks in this state. */
+  state?: TaskState | undefined;
+  /** At most this many, 1..MAX_ATTEMPT_LIMIT (a page). */
+  limit?: number | undefined;
+  /** Start after this task id (the previous page's last). */
+  after?: string | undefined;
 }
 
 export interface StartRunOptions extends IdempotentOptions {
@@ -473,9 +485,22 @@ export class ExeckitClient {
     return this.#task(await this.#send("getTask", { params: { task_id: id }, query }));
   }
 
-  /** Every task. */
-  async listTasks(): Promise<Task[]> {
-    const doc = await this.#send("listTasks", {});
+  /** Tasks in creation order: every one, or a page (`limit`, continued with `after`: the
+   * last id of the page before), or those in one `state`. */
+  async listTasks(options?: ListTasksOptions): Promise<Task[]> {
+    const given =
+      options === undefined ? {} : optionsOf("listTasks", options, ["state", "limit", "after"]);
+    const query: ListTasksQuery = {};
+    if (given.state !== undefined) {
+      query.state = oneOf("state", given.state, TaskStateValues);
+    }
+    if (given.limit !== undefined) {
+      query.limit = integerIn("limit", given.limit, 1, MAX_ATTEMPT_LIMIT);
+    }
+    if (given.after !== undefined) {
+      query.after = identifier("after", given.after);
+    }
+    const doc = await this.#send("listTasks", { query });
     return this.#list(doc, "tasks").map((task) => this.#task(task));
   }
 

@@ -338,6 +338,15 @@ export interface GetLaneQuery {
   lane?: string;
 }
 
+export interface ListTasksQuery {
+  /** After this task (a page's last id). */
+  after?: string;
+  /** At most this many (1..10000). */
+  limit?: number;
+  /** Only tasks in this state. */
+  state?: string;
+}
+
 export interface GetTaskQuery {
   /** A dispatch cap to add to the bounds. */
   cap?: number;
@@ -448,7 +457,7 @@ export interface Queries {
   abandonRun: never;
   finishRun: never;
   heartbeat: never;
-  listTasks: never;
+  listTasks: ListTasksQuery;
   createTask: never;
   getTask: GetTaskQuery;
   setAttemptLimit: never;

@@ -116,6 +116,23 @@ describe("tasks", () => {
     assert.equal(forced.id, task.id);
   });
 
+  test("listTasks pages in creation order and filters by state", async () => {
+    const every = await worker.listTasks();
+    assert.ok(every.length >= 2);
+    const first = await worker.listTasks({ limit: 1 });
+    assert.deepEqual(first, every.slice(0, 1));
+    const next = await worker.listTasks({ limit: 1, after: first[0]!.id });
+    assert.deepEqual(next, every.slice(1, 2));
+    const ready = await worker.listTasks({ state: "ready" });
+    assert.deepEqual(
+      ready.map((t) => t.id),
+      every.filter((t) => t.state === "ready").map((t) => t.id),
+    );
+    await rejects(worker.listTasks({ limit: 0 }), InvalidInput);
+    await rejects(worker.listTasks({ state: "sleeping" as never }), InvalidInput);
+    await rejects(worker.listTasks({ after: "t-does-not-exist" }), NotFound);
+  });
+
   test("an unknown task is NotFound (404)", async () => {
     const error = await rejects(worker.getTask("t-does-not-exist"), NotFound);
     assert.equal(error.code, "not_found");
