@@ -82,9 +82,11 @@ DEFAULT_CREDENTIAL = "default"
 """The credential identity of a lane whose adapter would use no credential at all."""
 
 _FINGERPRINT_HEX = 16  # 64 bits: enough to tell one account from another, short to read
-_ADAPTER = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}\Z")
-_CREDENTIAL = re.compile(rf"(?:{DEFAULT_CREDENTIAL}|[0-9a-f]{{{_FINGERPRINT_HEX}}})\Z")
-_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
+# Pattern strings, compiled (and cached by `re`) at first use: importing the ledger, which
+# every CLI command does, compiles nothing.
+_ADAPTER = r"[a-z0-9][a-z0-9._-]{0,63}\Z"
+_CREDENTIAL = rf"(?:{DEFAULT_CREDENTIAL}|[0-9a-f]{{{_FINGERPRINT_HEX}}})\Z"
+_HOST = r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z"
 _MAX_REASON = 500
 _MAX_FAILURES = 1000  # the breaker's window never holds more than K times (K <= 1000)
 
@@ -180,8 +182,8 @@ class LaneKey:
             raise InvalidInput(f"lane {text!r}: {exc.message}", field="lane") from None
 
 
-def _match(pattern: re.Pattern[str], value: object) -> None:
-    if not isinstance(value, str) or pattern.match(value) is None:
+def _match(pattern: str, value: object) -> None:
+    if not isinstance(value, str) or re.match(pattern, value) is None:
         raise ValueError("no match")
 
 

@@ -45,7 +45,7 @@ PUBLIC = [
     "serve",
     "demo",
 ]
-INTERNAL = ["run-start", "run-finish", "run-heartbeat"]
+INTERNAL = ["run-start", "run-finish", "run-heartbeat", "run-list"]
 INTERRUPTED = "execkit: interrupted"
 
 

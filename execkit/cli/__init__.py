@@ -75,8 +75,14 @@ _INTERNAL: dict[str, str] = {
     "run-start": "_ledger",
     "run-finish": "_ledger",
     "run-heartbeat": "_ledger",
+    "run-list": "_ledger",
 }
-_RUN_LEDGER_VERBS = {"start": "run-start", "finish": "run-finish", "heartbeat": "run-heartbeat"}
+_RUN_LEDGER_VERBS = {
+    "start": "run-start",
+    "finish": "run-finish",
+    "heartbeat": "run-heartbeat",
+    "list": "run-list",
+}
 
 # Options every command that has them accepts before the command too: flag -> namespace dest.
 _COMMON_FLAGS = {

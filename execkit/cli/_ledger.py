@@ -294,6 +294,23 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     finish.set_defaults(handler=_run_finish)
 
+    listing = sub.add_parser(
+        "run-list",
+        parents=[common],
+        prog="execkit run list",
+        description=(
+            "The running runs: which task and attempt, where each runs (host, pid, the "
+            "dispatcher's instance), since when, and until when its lease holds."
+        ),
+    )
+    listing.add_argument(
+        "--running",
+        action="store_true",
+        help="the runs running now (the only listing: a task's whole history is "
+        "`execkit task runs TASK_ID`)",
+    )
+    listing.set_defaults(handler=_run_list)
+
     caps = sub.add_parser("capabilities", parents=[common], help="what this ledger enforces")
     caps.set_defaults(handler=_capabilities)
 
@@ -467,6 +484,30 @@ def _run_line(run: Run) -> str:
     return safe_text(
         f"{run.id}  {run.task_id} attempt {run.attempt}  {run.status}  {klass}{forced}{reason}"
     )
+
+
+def _running_line(run: Run) -> str:
+    instance = f" instance {run.owner_instance}" if run.owner_instance else ""
+    lease = (
+        f"  lease until {utc_stamp(run.lease_expires_at)}"
+        if run.lease_expires_at is not None
+        else ""
+    )
+    return safe_text(
+        f"{run.id}  {run.task_id} attempt {run.attempt}  on {run.owner_host} pid "
+        f"{run.owner_pid}{instance}  since {utc_stamp(run.started_at)}{lease}"
+    )
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    if not args.running:
+        raise InvalidInput(
+            "run list needs --running (a task's whole history: execkit task runs TASK_ID)",
+            field="--running",
+        )
+    runs = _with_ledger(args, create=False, action=lambda ledger: ledger.running_runs())
+    lines = [_running_line(run) for run in runs] or ["nothing is running"]
+    return _print_listing(args, {"runs": [run.to_dict() for run in runs]}, lines)
 
 
 def _print_run(run: Run, *, as_json: bool) -> None:

@@ -19,9 +19,9 @@ import os
 import secrets
 import socket
 
-import psutil
-
 from execkit.ledger._model import Run, RunOwner
+
+# psutil is imported where it is used: a command that only reads the ledger never needs it.
 
 __all__ = ["current_owner", "owner_lost", "process_owner"]
 
@@ -36,6 +36,8 @@ def _boot_id() -> str:
             return handle.read().strip() or "unknown"
     except OSError:
         # Not Linux: the boot time stands in (it changes with each boot too).
+        import psutil
+
         return f"boot-{int(psutil.boot_time())}"
 
 
@@ -49,6 +51,8 @@ def _pid_namespace() -> int:
 def current_owner(instance: str | None = None) -> RunOwner:
     """The calling process as a `RunOwner`; `instance` is a fresh random id unless given
     (a caller that admits several runs passes the one it drew, so they share it)."""
+    import psutil
+
     pid = os.getpid()
     return RunOwner(
         host=socket.gethostname() or "unknown",
@@ -85,6 +89,8 @@ def owner_lost(run: Run, here: RunOwner) -> str | None:
         return f"its owner {who} is gone: the host has booted since"
     if owner.pid_namespace != here.pid_namespace:
         return None
+    import psutil
+
     try:
         started = psutil.Process(owner.pid).create_time()
     except psutil.NoSuchProcess:
