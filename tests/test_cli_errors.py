@@ -163,6 +163,7 @@ DB_COMMANDS = [
     ["role", "list"],
     ["run", "start", "t-1"],
     ["run", "finish", "r-1", "failed"],
+    ["run", "list", "--running"],
     ["run", "heartbeat", "r-1"],
     ["capabilities"],
     ["db", "init"],
