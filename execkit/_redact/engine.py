@@ -27,7 +27,9 @@ decodes of the same bytes).
 
 from __future__ import annotations
 
+import collections
 import functools
+import math
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -75,6 +77,10 @@ def _after_group_1(match: re.Match[str]) -> tuple[int, int] | None:
     return (start, end) if start < end else None
 
 
+def _group_1(match: re.Match[str]) -> tuple[int, int] | None:
+    return match.span(1)
+
+
 def _group_2(match: re.Match[str]) -> tuple[int, int] | None:
     return match.span(2)
 
@@ -82,6 +88,7 @@ def _group_2(match: re.Match[str]) -> tuple[int, int] | None:
 _SPANS: dict[Masked, _Span] = {
     Masked.MATCH: _whole,
     Masked.AFTER_GROUP_1: _after_group_1,
+    Masked.GROUP_1: _group_1,
     Masked.GROUP_2: _group_2,
 }
 
@@ -382,10 +389,20 @@ def _near_a_word(match: re.Match[str], nearby: Nearby, wording: re.Pattern[str])
     token = match.group()
     if nearby.both_cases and (token.lower() == token or token.upper() == token):
         return False  # one case only: hex, or not random enough to be a key
+    if nearby.digit and not any(char.isdigit() for char in token):
+        return False
+    if nearby.entropy and _entropy(token) < nearby.entropy:
+        return False  # a name, a word or a path: too few distinct characters
     start = match.start()
     window = match.string[max(0, start - nearby.window) : start]
     window = window[window.rfind("\n") + 1 :]
     return wording.search(window) is not None
+
+
+def _entropy(token: str) -> float:
+    """Shannon entropy of `token`, in bits per character."""
+    size = len(token)
+    return -sum(n / size * math.log2(n / size) for n in collections.Counter(token).values())
 
 
 def _nearby_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:

@@ -59,6 +59,7 @@ class Masked(enum.StrEnum):
 
     MATCH = "the match"
     AFTER_GROUP_1 = "after group 1"  # the name, header or key line stays readable
+    GROUP_1 = "group 1"  # the key inside a longer shape (a DSN's user, a JSON field's value)
     GROUP_2 = "group 2"  # the password of scheme://user:password@host
 
 
@@ -123,12 +124,16 @@ class Nearby:
     before it on its line, starting at most `window` characters before the token, and
     (`both_cases`) with upper and lower case letters in it: a hex digest never is.
     `longest` is the most characters the shape's pattern matches (the search for tokens
-    after a word stops there)."""
+    after a word stops there). `digit` asks for a digit in the token too, and `entropy` for
+    at least that many bits of Shannon entropy per character (a random key has about
+    log2 of its length; a word, a path or a name has far less)."""
 
     words: tuple[str, ...] = attrs.field(validator=deep_iterable(_snake_case, min_len(1)))
     window: int = attrs.field(validator=instance_of(int))
     longest: int = attrs.field(validator=instance_of(int))
     both_cases: bool = attrs.field(default=True, validator=instance_of(bool))
+    digit: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    entropy: float = attrs.field(default=0.0, kw_only=True, validator=instance_of(float))
 
 
 def _example_marks_one_span(_inst: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -192,6 +197,7 @@ _ALPHABETS = {
     "alnum": _LETTERS + _LETTERS.upper() + _DIGITS,
     "letters": _LETTERS + _LETTERS.upper(),
     "upper": _LETTERS.upper() + _DIGITS,
+    "lower": _LETTERS + _DIGITS,
     "digits": _DIGITS,
     "hex": "0123456789abcdef",
     "b64": _LETTERS + _LETTERS.upper() + _DIGITS + "+/",

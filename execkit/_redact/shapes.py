@@ -31,9 +31,10 @@ from execkit._redact.record import (
     folded,
     opening_literal,
 )
+from execkit._redact.rules import provider_shapes
 from execkit._redact.words import FLAG_NAMES, NAME_STARTS, NAMES
 
-__all__ = ["BOUNDARY_STARTS", "LINE_CROSSING_STARTS", "NAME_WORDS", "SHAPES"]
+__all__ = ["BOUNDARY_STARTS", "LINE_CROSSING_STARTS", "NAME_WORDS", "PROVIDER_SHAPES", "SHAPES", "TABLE"]
 
 # --- what the entries share
 
@@ -51,6 +52,51 @@ _PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
 # The wording that makes a bare 40-character token an AWS secret key.
 _AWS_WORDS = ("aws", "secret", "akia", "asia")
+
+# Secret-named values, shape-free (phase 3). After the name: a quote (escaped or not),
+# blanks, `:`, `=` or `=>`, blanks, a quote. A quoted value runs to its closing quote
+# (spaces and all), an unquoted one to the first blank, quote, bracket or separator; a
+# backslash always ends it, so a mask never eats half of an escape (`\"` stays whole).
+_NAME_SEP = r"(?:\\?[\"'])?[ \t]{0,8}(?:=>|[:=])[ \t]{0,8}(?:\\?[\"'])?"
+_BARE = r"[^\s\"'`,;&\\<>{}()\[\]|]"
+
+
+def _value(least: int, *, digit: bool = False) -> str:
+    """A secret-named value of at least `least` characters; with `digit`, one that holds a
+    digit or is at least 12 characters long (a weak name: `auth`, `*_key`, `sig`)."""
+    guard = rf"(?=[^\s\"'\\]{{0,255}}[0-9]|[^\s\"'\\]{{12}})" if digit else ""
+    return (
+        rf"{guard}(?:(?<=\")[^\"\\\r\n]{{{least},256}}+|(?<=')[^'\\\r\n]{{{least},256}}+"
+        rf"|(?<![\"'])(?![\[{{(<]){_BARE}{{{least},}}+)"
+    )
+
+
+def _named(word: str, name: str, after: str, value: str, example: str) -> Shape:
+    """One secret word's rule: `word` (the literal its pattern opens with) and `after` (what
+    may follow it and must come before it), then the separator and the value. (One pass a
+    word, not an alternation: each masks after its own group 1.)"""
+    return Shape(
+        name,
+        f"values named `...{word}` in any syntax (`KEY=`, `\"key\":`, `key: `, `=>`)",
+        Phase.ADDED,
+        f"({word}{after}{_NAME_SEP}){value}",
+        anchors=(folded(word),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        boundary=True,
+        example=example,
+    )
+
+
+# A credential word before a long random token on its line (phase 3, `nearby`).
+_CREDENTIAL_WORDS = ("key", "token", "secret", "passw", "auth", "credential", "sig", "pwd")
+_URL_SECRET_PARAMS = (
+    "sig|signature|token|access_token|refresh_token|id_token|key|apikey|api_key|secret"
+    "|client_secret|password|passwd|pwd|pass|auth|x-amz-signature|x-amz-security-token"
+    "|x-amz-credential|x-goog-signature|x-goog-credential"
+)
+_LINE_END = r"(?=[ \t]*+(?:\r?\n|\\[rn]|$))"
 
 # --- the table: phase 2 in the reference's order, then phase 3 (order free: its masks
 # are merged)
@@ -349,7 +395,127 @@ SHAPES: tuple[Shape, ...] = (
         boundary=True,
         example="> Cookie: «session={hex:32}; theme=dark»\n< HTTP/1.1 200",
     ),
+    # Shape-free rules: what no provider list names.
+    _named(
+        "pass",
+        "secret_name_pass",
+        r"(?<![a-z]pass)(?:word|wd|phrase)?",
+        _value(6),
+        "export DB_PASS=«{alnum:14}»",
+    ),
+    _named(
+        "pwd",
+        "secret_name_pwd",
+        r"(?<=[_.;\"' \t-]pwd)(?!=/)",
+        _value(6),
+        "Server=db;User Id=app;Pwd=«{alnum:14}»;",
+    ),
+    _named(
+        "auth",
+        "secret_name_auth",
+        r"(?<![a-z]auth)",
+        _value(8, digit=True),
+        '{"auths": {"registry.example.com": {"auth": "«{b64:24}»"}}}',
+    ),
+    _named(
+        "key",
+        "secret_name_key",
+        r"(?<=[a-z0-9][_.-]key)(?:[_-]data)?",
+        _value(8, digit=True),
+        "    client-key-data: «{b64:64}»",
+    ),
+    _named(
+        "sig",
+        "secret_name_sig",
+        r"(?<![a-z]sig)(?:nature)?",
+        _value(8, digit=True),
+        "webhook signature=«{hex:64}»",
+    ),
+    _named(
+        "dsn",
+        "secret_name_dsn",
+        r"(?<![a-z]dsn)",
+        _value(8),
+        "SENTRY_DSN=«https://{hex:32}@o1.ingest.sentry.io/42»",
+    ),
+    Shape(
+        "url_secret_param",
+        "secret query parameters of a URL (`?sig=`, `&token=`, `&X-Amz-Signature=`), URL-encoded too",
+        Phase.ADDED,
+        rf"((?:[?&;]|%3f|%26)(?:{_URL_SECRET_PARAMS})(?:=|%3d))(?:[^&#%;\s\"'<>\\]|%(?!26|23)[0-9a-f]{{2}})++",
+        anchors=(folded("?", "&", ";", "%3f", "%26"), folded("=", "%3d")),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        example="https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sp=r&sig=«{b64:43}%3D»",
+    ),
+    Shape(
+        "netrc_line",
+        "`.netrc` lines: `machine HOST login USER password VALUE`",
+        Phase.ADDED,
+        r"(machine[ \t]++[^\s]++(?:[ \t]++(?:login|account|port)[ \t]++[^\s]++){0,4}+"
+        r"[ \t]++password[ \t]++)[^\s\"'\\]++",
+        anchors=(exact("machine"), exact("password")),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        example="machine api.example.com login bob password «{alnum:16}»",
+    ),
+    Shape(
+        "netrc_password_line",
+        "a `.netrc` line of its own: `password VALUE` (indented or not)",
+        Phase.ADDED,
+        r"(password(?:(?<![^\n]password)|(?<=\\npassword)|(?<=\n\tpassword)"
+        r"|(?<=\n password)|(?<=\n  password)|(?<=\n    password))[ \t]++)"
+        rf"[^\s\"'\\]++{_LINE_END}",
+        anchors=(exact("password"),),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        boundary=True,
+        example="machine example.com\n  login bob\n  password «{alnum:16}»\n",
+    ),
+    Shape(
+        "pgpass_line",
+        "`.pgpass` lines: `host:port:database:user:password`",
+        Phase.ADDED,
+        r":(?<=[A-Za-z0-9.\-_\]*]:)(?:[0-9]{1,5}|\*)"
+        r"(?::(?:\*|[^\s:A-Za-z\"'\\]*+[A-Za-z][^\s:\"'\\]*+)){2}"
+        r":([^\s:\"'\\]{4,}+)(?=\s|\\[nrt]|[\"']|$)",
+        anchors=(exact(":"),),
+        masked=Masked.GROUP_1,
+        search=Search.LEAD,
+        example="db.internal:5432:app:app_user:«{alnum:20}»",
+    ),
+    Shape(
+        "putty_private_key",
+        "PuTTY private keys: the `Private-Lines` body and its `Private-MAC`",
+        Phase.ADDED,
+        r"(Private-Lines:[ \t]*+[0-9]++)(?:(?:\r?\n|\\r?\\n)[A-Za-z0-9+/=]++(?![-:]))++"
+        r"(?:(?:\r?\n|\\r?\\n)Private-(?:MAC|Hash):[ \t]*+[0-9a-fA-F]++)?+",
+        anchors=(exact("Private-Lines:"),),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        crosses_lines=True,
+        example=(
+            "Public-Lines: 2\nAAAA\nBBBB\nPrivate-Lines: 2«\n{b64:64}\n{b64:20}==\n"
+            "Private-MAC: {hex:64}»\n"
+        ),
+    ),
+    Shape(
+        "credential_word_token",
+        "a long random token (both cases, a digit, high entropy) after a credential word",
+        Phase.ADDED,
+        r"(?:(?<![A-Za-z0-9+/_\-])|(?<=\\[nrt]))(?!/)[A-Za-z0-9+/_\-]{20,200}+={0,2}+"
+        r"(?![A-Za-z0-9+/_=\-])",
+        anchors=(folded(*_CREDENTIAL_WORDS),),
+        boundary=True,
+        nearby=Nearby(_CREDENTIAL_WORDS, window=48, longest=202, digit=True, entropy=3.5),
+        example="the signing credential is «{alnum:32}» (rotate it)",
+    ),
 )
+
+# The provider rules (rules.toml), after the table: each a phase 3 shape.
+PROVIDER_SHAPES: tuple[Shape, ...] = provider_shapes()
+TABLE = SHAPES
+SHAPES = TABLE + PROVIDER_SHAPES
 
 
 # What a cut can make match at the very start of a tail that did not match after the text
