@@ -58,6 +58,7 @@ __all__ = [
     "escaped_forms",
     "extra_spans",
     "find_spans",
+    "keep_escapes",
     "matches_from",
     "names_dense",
     "reference_rules",
@@ -255,7 +256,51 @@ def reference_rules(text: str, gate: Gate) -> str:
 def find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
     """(match start, match end, masked start, masked end) of each match `step` masks in
     `text`, whose fold is `low` (the two have the same length); `gate`, when given, is
-    the gate of `text` or of the text `low` is the fold of."""
+    the gate of `text` or of the text `low` is the fold of. No masked part ends or starts
+    inside a backslash escape (`keep_escapes`)."""
+    found = _find_spans(step, text, low, gate)
+    for _, _, start, end in found:
+        if (text[end - 1] == "\\" and text[end : end + 1] in _QUOTES) or (
+            start and text[start - 1] == "\\"
+        ):
+            return keep_escapes(text, found)
+    return found
+
+
+_QUOTES = ("\"", "'")
+
+
+def _escaping(text: str, at: int, stop: int) -> bool:
+    """Whether the backslash at `at` escapes the character after it: an odd run of
+    backslashes ends at `at` (counted back to `stop` at most)."""
+    run = 0
+    while at >= stop and text[at] == "\\":
+        run += 1
+        at -= 1
+    return run % 2 == 1
+
+
+def keep_escapes(text: str, spans: SpanList) -> SpanList:
+    """`spans` with no masked part cutting a backslash escape in two where that would
+    change the syntax: one that would end on the backslash of an escaped quote (`\\"`)
+    gives the backslash back (so a JSON string keeps its closing quote: masking never
+    breaks a line's syntax), and one that would start on an escaped character takes the
+    backslash too (`\\[` is no escape). A part left empty is dropped. (An escape whose
+    backslash alone is masked, `\\n`, leaves a plain letter: no syntax lost.)"""
+    out: SpanList = []
+    kept = 0  # where the last masked part ended: a start never moves back past it
+    for match_start, match_end, start, end in spans:
+        if text[end - 1] == "\\" and text[end : end + 1] in _QUOTES and _escaping(text, end - 1, start):
+            end -= 1
+        if start > kept and text[start - 1] == "\\" and _escaping(text, start - 1, kept):
+            start -= 1
+        if start < end:
+            out.append((min(match_start, start), match_end, start, end))
+            kept = end
+    return out
+
+
+def _find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
     if step.nearby is not None:
         return _nearby_spans(step, step.nearby, text, low)
     found_spans: SpanList = []
@@ -364,8 +409,15 @@ def alternation_matches(
 
 
 @functools.cache
-def _wording(words: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(words), re.IGNORECASE)
+def _wording(words: tuple[str, ...], adjacent: bool = False) -> re.Pattern[str]:
+    if not adjacent:
+        return re.compile("|".join(words), re.IGNORECASE)
+    # The word (and the rest of its name), then only separators up to the token: a
+    # quote, blanks, `:`, `=`, `,`, `>`, a bracket or an escape's backslash.
+    return re.compile(
+        f"(?:{'|'.join(words)})[A-Za-z0-9_.\\-]{{0,32}}[\\s\"'`:=,>()\\\\]{{1,8}}\\Z",
+        re.IGNORECASE,
+    )
 
 
 @functools.cache
@@ -429,7 +481,7 @@ def _nearby_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:
     # A token starting at `last` ends `longest` characters on at most; the character after
     # it shows where it ends.
     longest = nearby.longest
-    wording = _wording(nearby.words)
+    wording = _wording(nearby.words, nearby.adjacent)
     for first, last in stretches:
         for match in step.pattern.finditer(text, first, min(len(text), last + longest + 1)):
             if match.start() > last:

@@ -126,13 +126,16 @@ class Nearby:
     `longest` is the most characters the shape's pattern matches (the search for tokens
     after a word stops there). `digit` asks for a digit in the token too, and `entropy` for
     at least that many bits of Shannon entropy per character (a random key has about
-    log2 of its length; a word, a path or a name has far less)."""
+    log2 of its length; a word, a path or a name has far less). `adjacent` asks for the
+    word (with the rest of its name) to be followed by nothing but separators (quotes,
+    blanks, `:`, `=`) up to the token."""
 
     words: tuple[str, ...] = attrs.field(validator=deep_iterable(_snake_case, min_len(1)))
     window: int = attrs.field(validator=instance_of(int))
     longest: int = attrs.field(validator=instance_of(int))
     both_cases: bool = attrs.field(default=True, validator=instance_of(bool))
     digit: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    adjacent: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
     entropy: float = attrs.field(default=0.0, kw_only=True, validator=instance_of(float))
 
 

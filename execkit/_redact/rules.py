@@ -27,9 +27,10 @@ import tomllib
 from typing import Any
 
 import attrs
-from attrs.validators import in_, instance_of, optional
+from attrs.validators import and_, deep_iterable, in_, instance_of, min_len, optional
 
 from execkit._redact.record import Masked, Nearby, Phase, Search, Shape, exact, folded
+from execkit._redact.words import REDACTED
 
 __all__ = [
     "CHARSETS",
@@ -80,11 +81,17 @@ def _ascii_literal(_inst: object, attribute: attrs.Attribute[Any], value: object
         raise ValueError(f"{attribute.name}: {value!r} is not printable ASCII")
     if any(char.isspace() for char in value):
         raise ValueError(f"{attribute.name}: {value!r} holds whitespace")
+    if value in REDACTED:
+        raise ValueError(f"{attribute.name}: {value!r} is part of the marker {REDACTED}")
 
 
 def _snake(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not (isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_]*", value)):
         raise ValueError(f"{attribute.name}: {value!r} is not a lower-case snake_case name")
+
+
+def _tuple(value: object) -> object:
+    return tuple(value) if isinstance(value, list) else value
 
 
 @attrs.frozen
@@ -97,7 +104,11 @@ class Rule:
     charset: str | None = attrs.field(default=None, validator=optional(in_(CHARSETS)))
     length: int | None = attrs.field(default=None, validator=optional(instance_of(int)))
     regex: str | None = attrs.field(default=None, validator=optional(instance_of(str)))
-    anchor: str | None = attrs.field(default=None, validator=_ascii_literal)
+    anchor: tuple[str, ...] | None = attrs.field(
+        default=None,
+        converter=lambda value: (value,) if isinstance(value, str) else _tuple(value),
+        validator=optional(deep_iterable(_ascii_literal, and_(instance_of(tuple), min_len(1)))),
+    )
     keyword: str | None = attrs.field(default=None, validator=optional(_snake))
     masked: Masked = attrs.field(default=Masked.MATCH, validator=instance_of(Masked))
     example: str | None = attrs.field(default=None, validator=optional(instance_of(str)))
@@ -191,31 +202,22 @@ def _after_boundary(literal: str) -> str:
     )
 
 
+_ESCAPE = re.compile(r"\\.")
+_CLASS = re.compile(r"\[\^?\]?[^\]]*\]")
+_QUANTIFIER = re.compile(r"[*+{]|(?<!\()\?")
+
+
 def _opens_looking_behind(regex: str) -> bool:
-    """Whether a source looks at the character before its match (a look-behind at its
-    start, or after a fixed opening of literals and classes), as `Shape.boundary` says."""
-    parser: Any = importlib.import_module("re._parser")
-    constants: Any = importlib.import_module("re._constants")
-    consuming = (constants.LITERAL, constants.NOT_LITERAL, constants.ANY, constants.IN)
-
-    def opens(items: Any) -> bool | None:
-        for op, arg in items:
-            if op in consuming:
-                continue
-            if op in (constants.ASSERT_NOT, constants.ASSERT) and arg[0] == -1:
-                return True
-            if op is constants.SUBPATTERN:
-                found = opens(arg[3])
-            elif op is constants.BRANCH:
-                each = {opens(branch) for branch in arg[1]}
-                found = each.pop() if len(each) == 1 else False
-            else:
-                return False
-            if found is not None:
-                return found
-        return None
-
-    return bool(opens(parser.parse(regex)))
+    """Whether a source looks at the character before its match, as `Shape.boundary`
+    says: a look-behind before anything repeats (at its start, or after an opening of
+    literals, classes and groups of those). Read off the source's text, not parsed:
+    start-up time; tests/test_redact.py checks it against the parsed pattern."""
+    plain = _CLASS.sub("C", _ESCAPE.sub("E", regex))
+    behind = plain.find("(?<")
+    if behind < 0:
+        return False
+    repeat = _QUANTIFIER.search(plain)
+    return repeat is None or behind < repeat.start()
 
 
 def _token(rule: Rule) -> tuple[str, int]:
@@ -226,8 +228,20 @@ def _token(rule: Rule) -> tuple[str, int]:
     else:
         cls = CHARSETS[rule.charset][0]
         body = f"[{cls}]{{{rule.length}}}"
-    # Not inside a longer run; after an escape's letter (`\nKEY`) it may start.
-    return f"(?:(?<![{cls}])|(?<=\\\\[nrt])){body}(?![{cls}])", rule.length
+    # Not inside a longer run; after an escape's last character (`\nKEY`, `%3DKEY`) it may.
+    return (
+        f"(?:(?<![{cls}])|(?<=\\\\[nrt])|(?<=%[0-9A-Fa-f]{{2}})){body}(?![{cls}])",
+        rule.length,
+    )
+
+
+# A regex record's first `(?<![A-Za-z0-9]...)` (the key must not follow a letter or digit)
+# is widened as a prefix's is: an escape's last character may come before the key.
+_NOT_AFTER_WORD = re.compile(r"\(\?<!\[A-Za-z0-9\]((?:\\.|[^()\\])*)\)")
+
+
+def _widened(regex: str) -> str:
+    return _NOT_AFTER_WORD.sub(lambda m: _after_boundary(m.group(1)), regex, count=1)
 
 
 def shape_of(rule: Rule) -> Shape:
@@ -239,7 +253,7 @@ def shape_of(rule: Rule) -> Shape:
         if rule.keyword is not None and rule.regex is None
         else f"after `{rule.keyword}`"
         if rule.keyword is not None
-        else f"holds `{rule.anchor}`"
+        else f"holds `{'`, `'.join(rule.anchor or ())}`"
     )
     if rule.prefix is not None:
         assert rule.charset is not None and rule.length is not None
@@ -260,13 +274,13 @@ def shape_of(rule: Rule) -> Shape:
     if rule.anchor is not None:
         assert rule.regex is not None and rule.example is not None
         body = rule.regex.removeprefix("(")
-        lead = body.startswith(rule.anchor) or body.startswith(re.escape(rule.anchor))
+        lead = len(rule.anchor) == 1 and body.startswith((rule.anchor[0], re.escape(rule.anchor[0])))
         return Shape(
             rule.id,
             label,
             Phase.ADDED,
-            rule.regex,
-            anchors=(exact(rule.anchor),),
+            _widened(rule.regex),
+            anchors=(exact(*rule.anchor),),
             masked=rule.masked,
             search=Search.LEAD if lead else Search.SCAN,
             boundary=_opens_looking_behind(rule.regex),
@@ -275,7 +289,7 @@ def shape_of(rule: Rule) -> Shape:
     assert rule.keyword is not None
     if rule.regex is not None:
         assert rule.example is not None
-        pattern, longest = rule.regex, _width(rule.regex)
+        pattern, longest = _widened(rule.regex), _width(rule.regex)
         both_cases = False
         example = rule.example
     else:

@@ -61,10 +61,14 @@ _NAME_SEP = r"(?:\\?[\"'])?[ \t]{0,8}(?:=>|[:=])[ \t]{0,8}(?:\\?[\"'])?"
 _BARE = r"[^\s\"'`,;&\\<>{}()\[\]|]"
 
 
-def _value(least: int, *, digit: bool = False) -> str:
-    """A secret-named value of at least `least` characters; with `digit`, one that holds a
-    digit or is at least 12 characters long (a weak name: `auth`, `*_key`, `sig`)."""
-    guard = rf"(?=[^\s\"'\\]{{0,255}}[0-9]|[^\s\"'\\]{{12}})" if digit else ""
+def _value(least: int, *, digit: bool = False, base64: bool = False) -> str:
+    """A secret-named value of at least `least` characters; with `digit` (a weak name:
+    `*_key`, `sig`), one that holds a digit or `+/=`; with `base64` too (`auth`), or one of
+    at least 12 base64 characters (not the name of an environment variable, say)."""
+    guard = ""
+    if digit:
+        wide = r"|[a-z0-9+/=]{12}" if base64 else ""
+        guard = rf"(?=[^\s\"'\\]{{0,255}}[0-9+/=]{wide})"
     return (
         rf"{guard}(?:(?<=\")[^\"\\\r\n]{{{least},256}}+|(?<=')[^'\\\r\n]{{{least},256}}+"
         rf"|(?<![\"'])(?![\[{{(<]){_BARE}{{{least},}}+)"
@@ -414,7 +418,7 @@ SHAPES: tuple[Shape, ...] = (
         "auth",
         "secret_name_auth",
         r"(?<![a-z]auth)",
-        _value(8, digit=True),
+        _value(8, digit=True, base64=True),
         '{"auths": {"registry.example.com": {"auth": "«{b64:24}»"}}}',
     ),
     _named(
@@ -482,6 +486,7 @@ SHAPES: tuple[Shape, ...] = (
         anchors=(exact(":"),),
         masked=Masked.GROUP_1,
         search=Search.LEAD,
+        boundary=True,
         example="db.internal:5432:app:app_user:«{alnum:20}»",
     ),
     Shape(
@@ -507,8 +512,10 @@ SHAPES: tuple[Shape, ...] = (
         r"(?![A-Za-z0-9+/_=\-])",
         anchors=(folded(*_CREDENTIAL_WORDS),),
         boundary=True,
-        nearby=Nearby(_CREDENTIAL_WORDS, window=48, longest=202, digit=True, entropy=3.5),
-        example="the signing credential is «{alnum:32}» (rotate it)",
+        nearby=Nearby(
+            _CREDENTIAL_WORDS, window=48, longest=202, digit=True, entropy=3.5, adjacent=True
+        ),
+        example="signing credential: «{alnum:32}» (rotate it)",
     ),
 )
 
