@@ -56,6 +56,9 @@ CHARSETS: dict[str, tuple[str, str]] = {
     "digits": ("0-9", "digits"),
     "uuid": ("0-9a-fA-F", "hex"),
 }
+# The characters of a longer token (base64, base64url, names): a key does not start or
+# end next to one.
+_TOKEN = "A-Za-z0-9+/_\\-"
 # Charsets whose random keys hold both cases: a keyword token must then hold both too.
 _MIXED = frozenset({"alnum", "urlsafe", "b64"})
 _UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -195,9 +198,9 @@ def load(text: str | None = None) -> tuple[Rule, ...]:
 # Where a prefix that opens with a letter or digit may start: not after one, unless that
 # one ends an escape (`\n`, `%3D`, `\u0022`): the prefix itself is in each look-behind so
 # the engine finds the literal first.
-def _after_boundary(literal: str) -> str:
+def _after_boundary(literal: str, before: str = "A-Za-z0-9") -> str:
     return (
-        f"(?:(?<![A-Za-z0-9]{literal})|(?<=\\\\[nrtbf]{literal})"
+        f"(?:(?<![{before}]{literal})|(?<=\\\\[nrtbf]{literal})"
         f"|(?<=%[0-9A-Fa-f]{{2}}{literal})|(?<=\\\\u[0-9A-Fa-f]{{4}}{literal}))"
     )
 
@@ -228,9 +231,9 @@ def _token(rule: Rule) -> tuple[str, int]:
     else:
         cls = CHARSETS[rule.charset][0]
         body = f"[{cls}]{{{rule.length}}}"
-    # Not inside a longer run; after an escape's last character (`\nKEY`, `%3DKEY`) it may.
+    # Not inside a longer token; after an escape's last character (`\nKEY`, `%3DKEY`) it may.
     return (
-        f"(?:(?<![{cls}])|(?<=\\\\[nrt])|(?<=%[0-9A-Fa-f]{{2}})){body}(?![{cls}])",
+        f"(?:(?<![{_TOKEN}])|(?<=\\\\[nrt])|(?<=%[0-9A-Fa-f]{{2}})){body}(?![{_TOKEN}])",
         rule.length,
     )
 
@@ -260,7 +263,11 @@ def shape_of(rule: Rule) -> Shape:
         literal = re.escape(rule.prefix)
         boundary = rule.prefix[0].isalnum()
         cls, filler = CHARSETS[rule.charset]
-        pattern = f"{literal}{_after_boundary(literal) if boundary else ''}[{cls}]{{{rule.length},}}+"
+        # Not inside a longer token either (base64url data and names hold any prefix); a
+        # `/` may come before a key (a URL's path), rarely a prefix in base64 data.
+        after = _after_boundary(literal, "A-Za-z0-9+_\\-") if boundary else ""
+        padding = "={0,2}+" if rule.charset == "b64" else ""
+        pattern = f"{literal}{after}[{cls}]{{{rule.length},}}+{padding}"
         return Shape(
             rule.id,
             label,

@@ -57,7 +57,7 @@ _AWS_WORDS = ("aws", "secret", "akia", "asia")
 # blanks, `:`, `=` or `=>`, blanks, a quote. A quoted value runs to its closing quote
 # (spaces and all), an unquoted one to the first blank, quote, bracket or separator; a
 # backslash always ends it, so a mask never eats half of an escape (`\"` stays whole).
-_NAME_SEP = r"(?:\\?[\"'])?[ \t]{0,8}(?:=>|[:=])[ \t]{0,8}(?:\\?[\"'])?"
+_NAME_SEP = r"(?:\\{0,3}[\"'])?[ \t]{0,8}(?:=>|[:=])[ \t]{0,8}(?:\\{0,3}[\"'])?"
 _BARE = r"[^\s\"'`,;&\\<>{}()\[\]|]"
 
 
@@ -99,6 +99,18 @@ _URL_SECRET_PARAMS = (
     "sig|signature|token|access_token|refresh_token|id_token|key|apikey|api_key|secret"
     "|client_secret|password|passwd|pwd|pass|auth|x-amz-signature|x-amz-security-token"
     "|x-amz-credential|x-goog-signature|x-goog-credential"
+)
+# `password` at the start of a line: of the text, after a newline or a JSON-escaped one,
+# indented by nothing, a tab, or 1, 2 or 4 spaces (each a fixed-width look-behind).
+_LINE_START_PASSWORD = (
+    "(?:(?<![^\\n]password)"
+    + "".join(
+        f"|(?<={start}{indent}password)"
+        for start in ("\\n", "\\\\n")
+        for indent in ("", "\\t", " ", "  ", "    ", "\\\\t")
+        if not (start == "\\n" and indent == "")
+    )
+    + ")"
 )
 _LINE_END = r"(?=[ \t]*+(?:\r?\n|\\[rn]|$))"
 
@@ -465,11 +477,9 @@ SHAPES: tuple[Shape, ...] = (
     ),
     Shape(
         "netrc_password_line",
-        "a `.netrc` line of its own: `password VALUE` (indented or not)",
+        "a `.netrc` line of its own: `password VALUE` (indented or not, JSON-escaped or not)",
         Phase.ADDED,
-        r"(password(?:(?<![^\n]password)|(?<=\\npassword)|(?<=\n\tpassword)"
-        r"|(?<=\n password)|(?<=\n  password)|(?<=\n    password))[ \t]++)"
-        rf"[^\s\"'\\]++{_LINE_END}",
+        rf"(password{_LINE_START_PASSWORD}[ \t]++)[^\s\"'\\]++{_LINE_END}",
         anchors=(exact("password"),),
         masked=Masked.AFTER_GROUP_1,
         search=Search.LEAD,
@@ -482,7 +492,7 @@ SHAPES: tuple[Shape, ...] = (
         Phase.ADDED,
         r":(?<=[A-Za-z0-9.\-_\]*]:)(?:[0-9]{1,5}|\*)"
         r"(?::(?:\*|[^\s:A-Za-z\"'\\]*+[A-Za-z][^\s:\"'\\]*+)){2}"
-        r":([^\s:\"'\\]{4,}+)(?=\s|\\[nrt]|[\"']|$)",
+        r":([^\s:\"'\\]{4,}+)(?=\s|\\|[\"']|$)",
         anchors=(exact(":"),),
         masked=Masked.GROUP_1,
         search=Search.LEAD,
@@ -493,8 +503,8 @@ SHAPES: tuple[Shape, ...] = (
         "putty_private_key",
         "PuTTY private keys: the `Private-Lines` body and its `Private-MAC`",
         Phase.ADDED,
-        r"(Private-Lines:[ \t]*+[0-9]++)(?:(?:\r?\n|\\r?\\n)[A-Za-z0-9+/=]++(?![-:]))++"
-        r"(?:(?:\r?\n|\\r?\\n)Private-(?:MAC|Hash):[ \t]*+[0-9a-fA-F]++)?+",
+        r"(Private-Lines:[ \t]*+[0-9]++)(?:(?:\r?\n|(?:\\{1,3}r)?\\{1,3}n)[A-Za-z0-9+/=]++(?![-:]))++"
+        r"(?:(?:\r?\n|(?:\\{1,3}r)?\\{1,3}n)Private-(?:MAC|Hash):[ \t]*+[0-9a-fA-F]++)?+",
         anchors=(exact("Private-Lines:"),),
         masked=Masked.AFTER_GROUP_1,
         search=Search.LEAD,
