@@ -81,12 +81,18 @@ After them, phase 3 holds one shape per provider key format of `rules.toml` (457
   (`KEY=`, `"key":`, `key: `, `=>`)
 - `secret_name_dsn` (phase 3, masks after group 1): values named `...dsn` in any syntax
   (`KEY=`, `"key":`, `key: `, `=>`)
-- `url_secret_param` (phase 3, masks after group 1): secret query parameters of a URL
-  (`?sig=`, `&token=`, `&X-Amz-Signature=`), URL-encoded too
+- `url_secret_param` (phase 3, masks after group 1): secret query parameters of a URL after
+  `?` (`sig=`, `token=`, `X-Amz-Signature=`)
+- `url_secret_param_amp` (phase 3, masks after group 1): secret query parameters of a URL
+  after `&` (`sig=`, `token=`, `X-Amz-Signature=`)
+- `url_secret_param_encoded` (phase 3, masks after group 1): secret query parameters of a
+  URL after `%3f` (`sig=`, `token=`, `X-Amz-Signature=`)
+- `url_secret_param_encoded_amp` (phase 3, masks after group 1): secret query parameters of
+  a URL after `%26` (`sig=`, `token=`, `X-Amz-Signature=`)
 - `netrc_line` (phase 3, masks after group 1): `.netrc` lines:
   `machine HOST login USER password VALUE`
 - `netrc_password_line` (phase 3, masks after group 1): a `.netrc` line of its own:
-  `password VALUE` (indented or not)
+  `password VALUE` (indented or not, JSON-escaped or not)
 - `pgpass_line` (phase 3, masks group 1): `.pgpass` lines:
   `host:port:database:user:password`
 - `putty_private_key` (phase 3, masks after group 1): PuTTY private keys: the

@@ -21,6 +21,8 @@ loose where the vendors' are not stable (Stripe, npm, Hugging Face: at least 10/
 
 from __future__ import annotations
 
+import re
+
 from execkit._redact.record import (
     Masked,
     Nearby,
@@ -112,6 +114,25 @@ _LINE_START_PASSWORD = (
     )
     + ")"
 )
+
+
+def _url_param(separator: str, name: str, example: str) -> Shape:
+    """A secret query parameter after `separator` (`?`, `&`, or their URL encodings): its
+    value, to the next parameter, fragment, blank or quote."""
+    return Shape(
+        name,
+        f"secret query parameters of a URL after `{separator}` (`sig=`, `token=`, `X-Amz-Signature=`)",
+        Phase.ADDED,
+        rf"({re.escape(separator)}(?:{_URL_SECRET_PARAMS})(?:=|%3d))"
+        r"(?:[^&#%;\s\"'<>\\]|%(?!26|23)[0-9a-f]{2})++",
+        anchors=(folded(separator), folded("=", "%3d")),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        example=example,
+    )
+
+
 _LINE_END = r"(?=[ \t]*+(?:\r?\n|\\[rn]|$))"
 
 # --- the table: phase 2 in the reference's order, then phase 3 (order free: its masks
@@ -454,15 +475,19 @@ SHAPES: tuple[Shape, ...] = (
         _value(8),
         "SENTRY_DSN=«https://{hex:32}@o1.ingest.sentry.io/42»",
     ),
-    Shape(
-        "url_secret_param",
-        "secret query parameters of a URL (`?sig=`, `&token=`, `&X-Amz-Signature=`), URL-encoded too",
-        Phase.ADDED,
-        rf"((?:[?&;]|%3f|%26)(?:{_URL_SECRET_PARAMS})(?:=|%3d))(?:[^&#%;\s\"'<>\\]|%(?!26|23)[0-9a-f]{{2}})++",
-        anchors=(folded("?", "&", ";", "%3f", "%26"), folded("=", "%3d")),
-        masked=Masked.AFTER_GROUP_1,
-        folded=True,
-        example="https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sp=r&sig=«{b64:43}%3D»",
+    # One pass per separator, each opening with it: `re` then skips ahead to each.
+    *(
+        _url_param(separator, name, example)
+        for separator, name, example in (
+            ("?", "url_secret_param", "GET /files?sig=«{urlsafe:43}» HTTP/1.1"),
+            (
+                "&",
+                "url_secret_param_amp",
+                "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sp=r&sig=«{b64:43}%3D»",
+            ),
+            ("%3f", "url_secret_param_encoded", "next=%2Fcb%3Ftoken%3D«{urlsafe:32}»"),
+            ("%26", "url_secret_param_encoded_amp", "next=%2Fcb%3Fa%3D1%26key%3D«{urlsafe:32}»"),
+        )
     ),
     Shape(
         "netrc_line",
