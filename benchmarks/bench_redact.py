@@ -4,7 +4,7 @@
 
 (about a minute; prints two markdown tables)
 
-1. A clean 1 MiB output (no anchor of any rule in it) against the floor: one `str.find`
+1. A clean 1 MiB output (log words, timestamps, paths) against the floor: one `str.find`
    pass over the same text for a string that is not there. The anchor pre-check makes the
    new redactor a few dozen such passes; the reference runs every pattern.
 2. A 1 MiB output with corpus credentials every few KiB (tests/secrets_corpus.py).
@@ -167,7 +167,9 @@ def main() -> None:
         print(f"engine: {redactor.engine_in_use()}\n")
 
     clean = _clean_output(MIB, 1)
-    assert _holds_no_anchor(redactor, clean), "the clean text must hold no anchor"
+    # Before the provider rules, no anchor of any rule occurred in it; now a few do (`:`
+    # of the .pgpass rule, `?` of the URL parameters): said, not asserted.
+    print(f"the clean text holds an anchor of some rule: {not _holds_no_anchor(redactor, clean)}\n")
     dirty = _with_secrets(MIB, 2)
     assert redact(clean) == reference.redact(clean) == clean
 

@@ -135,15 +135,14 @@ SURVIVORS: tuple[Survivor, ...] = (
         "/sendMessage",
     ),
     _survivor("databricks", "host=x token ", "dapi" + fake(_HEX, 32, "dbx")),
-    _survivor(
-        "atlassian", "jira ", "ATATT3xFfGF0" + fake(_URLSAFE, 170, "atl") + "=" + "A1B2C3D4"
-    ),
+    _survivor("atlassian", "jira ", "ATATT3xFfGF0" + fake(_URLSAFE, 170, "atl") + "=" + "A1B2C3D4"),
     _survivor("replicate", "REPLICATE ", "r8_" + _mixed(_ALNUM, 37, "r8")),
     _survivor("perplexity", "pplx ", "pplx-" + _mixed(_ALNUM, 48, "pplx")),
     _survivor("stripe_webhook", "endpoint secret ", "whsec_" + fake(_B64, 32, "whsec")),
     _survivor(
-        "slack_app", "app token ", f"xapp-1-A0{fake(_UPPER, 9, 'xa')}-{fake(string.digits, 13, 'xb')}-"
-        + fake(_HEX, 64, "xc"),
+        "slack_app",
+        "app token ",
+        f"xapp-1-A0{fake(_UPPER, 9, 'xa')}-{fake(string.digits, 13, 'xb')}-" + fake(_HEX, 64, "xc"),
     ),
     _survivor("aws_session_token", "", "IQoJb3JpZ2luX2VjE" + fake(_B64, 300, "sts") + "="),
     _docker_auth(),
@@ -247,7 +246,9 @@ def _base64_data(count: int) -> str:
     for i in range(count):
         block = hashlib.sha256(block).digest()
         blob += block
-        out.append(json.dumps({"name": f"fixture_{i}.bin", "data": base64.b64encode(block * 2).decode()}))
+        out.append(
+            json.dumps({"name": f"fixture_{i}.bin", "data": base64.b64encode(block * 2).decode()})
+        )
     encoded = base64.encodebytes(bytes(blob)).decode()  # MIME lines of 76
     urlsafe = base64.urlsafe_b64encode(bytes(blob)).decode()  # one long line
     return "\n".join(out) + "\n" + encoded + urlsafe + "\n"

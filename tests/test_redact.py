@@ -61,6 +61,7 @@ def redaction_engine(request: pytest.FixtureRequest) -> Iterator[str]:
     yield request.param
     _redact_package.use_engine(None)
 
+
 SECRET_CASES = [
     ("key sk-abcdefghijklmnopqrstuv used", "sk-abcdefghijklmnopqrstuv"),
     ("sk-proj-AbC123_def-456ghiJKLmno", "sk-proj-AbC123_def-456ghiJKLmno"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redact_rules_corpus import CONTEXTS, SURVIVORS, Survivor, clean_corpus, rule_sample
@@ -53,12 +54,21 @@ def test_the_rules_are_several_hundred_providers_each_checked() -> None:
         ('{ id = "X", provider = "P", prefix = "ab_", charset = "alnum", length = 9 }', "snake"),
         ('{ id = "x", provider = "P", regex = "a(", anchor = "a", example = "«a»" }', "regex"),
         ('{ id = "x", provider = "P", regex = "ab", anchor = "ab" }', "example"),
-        ('{ id = "x", provider = "P", regex = "RED", anchor = "RED", example = "«RED»" }', "marker"),
+        (
+            '{ id = "x", provider = "P", regex = "RED", anchor = "RED", example = "«RED»" }',
+            "marker",
+        ),
         ('{ id = "x", provider = "P", prefix = "a b", charset = "alnum", length = 9 }', "white"),
         ('{ id = "x", provider = "P", keyword = "kw", charset = "uuid", length = 9 }', "uuid"),
         ('{ id = "x", provider = "P", charset = "alnum", length = 9 }', "needs a prefix"),
-        ('{ id = "x", provider = "P", prefix = "ab_", charset = "hex", length = 9, y = 1 }', "unknown"),
-        ('{ id = "x", provider = "P", prefix = "ab_", charset = "hex", length = 9, masked = "z" }', "masked"),
+        (
+            '{ id = "x", provider = "P", prefix = "ab_", charset = "hex", length = 9, y = 1 }',
+            "unknown",
+        ),
+        (
+            '{ id = "x", provider = "P", prefix = "a_", charset = "hex", length = 9, masked = "" }',
+            "masked",
+        ),
     ],
 )
 def test_a_bad_record_is_refused_by_id_and_field(record: str, complaint: str) -> None:
@@ -156,7 +166,9 @@ def test_the_engines_give_byte_identical_output() -> None:
         redaction.use_engine(name)
         try:
             outputs[name] = [redact(text) for text in texts]
-            outputs[name] += [redact_tail(text[len(text) // 2 :], text[: len(text) // 2]) for text in texts]
+            outputs[name] += [
+                redact_tail(text[len(text) // 2 :], text[: len(text) // 2]) for text in texts
+            ]
         finally:
             redaction.use_engine(None)
     assert outputs["hyperscan"] == outputs["python"]
@@ -194,3 +206,12 @@ def test_clean_output_stays_readable(engine: str) -> None:
         found[kind] = redact(text).count(REDACTED) - text.count(REDACTED)
     for kind, bound in FALSE_MASKS.items():
         assert found[kind] <= bound, (kind, found[kind])
+
+
+def test_the_documented_record_example_loads() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text("utf-8")
+    section = doc[doc.index("## Redaction rules") :]
+    block = section[section.index("```toml\n") + len("```toml\n") :]
+    loaded = rules.load(block[: block.index("```")])
+    assert [rule.id for rule in loaded] == ["groq_key", "postman_key", "datadog_api_key"]
+    assert all(rule in RULES for rule in loaded)

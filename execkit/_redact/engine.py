@@ -267,7 +267,7 @@ def find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> Spa
     return found
 
 
-_QUOTES = ("\"", "'")
+_QUOTES = ('"', "'")
 
 
 def _escaping(text: str, at: int, stop: int) -> bool:
@@ -290,7 +290,11 @@ def keep_escapes(text: str, spans: SpanList) -> SpanList:
     out: SpanList = []
     kept = 0  # where the last masked part ended: a start never moves back past it
     for match_start, match_end, start, end in spans:
-        if text[end - 1] == "\\" and text[end : end + 1] in _QUOTES and _escaping(text, end - 1, start):
+        if (
+            text[end - 1] == "\\"
+            and text[end : end + 1] in _QUOTES
+            and _escaping(text, end - 1, start)
+        ):
             end -= 1
         if start > kept and text[start - 1] == "\\" and _escaping(text, start - 1, kept):
             start -= 1

@@ -93,7 +93,10 @@ def _snake(_inst: object, attribute: attrs.Attribute[Any], value: object) -> Non
         raise ValueError(f"{attribute.name}: {value!r} is not a lower-case snake_case name")
 
 
-def _tuple(value: object) -> object:
+def _anchors(value: object) -> Any:
+    """A record's `anchor`: one literal, or a list of them, as a tuple."""
+    if isinstance(value, str):
+        return (value,)
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -109,7 +112,7 @@ class Rule:
     regex: str | None = attrs.field(default=None, validator=optional(instance_of(str)))
     anchor: tuple[str, ...] | None = attrs.field(
         default=None,
-        converter=lambda value: (value,) if isinstance(value, str) else _tuple(value),
+        converter=_anchors,
         validator=optional(deep_iterable(_ascii_literal, and_(instance_of(tuple), min_len(1)))),
     )
     keyword: str | None = attrs.field(default=None, validator=optional(_snake))
@@ -281,7 +284,9 @@ def shape_of(rule: Rule) -> Shape:
     if rule.anchor is not None:
         assert rule.regex is not None and rule.example is not None
         body = rule.regex.removeprefix("(")
-        lead = len(rule.anchor) == 1 and body.startswith((rule.anchor[0], re.escape(rule.anchor[0])))
+        lead = len(rule.anchor) == 1 and body.startswith(
+            (rule.anchor[0], re.escape(rule.anchor[0]))
+        )
         return Shape(
             rule.id,
             label,
@@ -303,7 +308,11 @@ def shape_of(rule: Rule) -> Shape:
         assert rule.charset is not None and rule.length is not None
         pattern, longest = _token(rule)
         both_cases = rule.charset in _MIXED
-        filler = _UUID_EXAMPLE if rule.charset == "uuid" else f"{{{CHARSETS[rule.charset][1]}:{rule.length}}}"
+        filler = (
+            _UUID_EXAMPLE
+            if rule.charset == "uuid"
+            else f"{{{CHARSETS[rule.charset][1]}:{rule.length}}}"
+        )
         example = f"{rule.keyword} said «{filler}» ok"
     return Shape(
         rule.id,
@@ -312,7 +321,9 @@ def shape_of(rule: Rule) -> Shape:
         pattern,
         anchors=(folded(rule.keyword),),
         boundary=_opens_looking_behind(pattern),
-        nearby=Nearby((rule.keyword,), window=KEYWORD_WINDOW, longest=longest, both_cases=both_cases),
+        nearby=Nearby(
+            (rule.keyword,), window=KEYWORD_WINDOW, longest=longest, both_cases=both_cases
+        ),
         example=example,
     )
 

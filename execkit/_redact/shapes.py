@@ -36,7 +36,14 @@ from execkit._redact.record import (
 from execkit._redact.rules import provider_shapes
 from execkit._redact.words import FLAG_NAMES, NAME_STARTS, NAMES
 
-__all__ = ["BOUNDARY_STARTS", "LINE_CROSSING_STARTS", "NAME_WORDS", "PROVIDER_SHAPES", "SHAPES", "TABLE"]
+__all__ = [
+    "BOUNDARY_STARTS",
+    "LINE_CROSSING_STARTS",
+    "NAME_WORDS",
+    "PROVIDER_SHAPES",
+    "SHAPES",
+    "TABLE",
+]
 
 # --- what the entries share
 
@@ -83,7 +90,7 @@ def _named(word: str, name: str, after: str, value: str, example: str) -> Shape:
     word, not an alternation: each masks after its own group 1.)"""
     return Shape(
         name,
-        f"values named `...{word}` in any syntax (`KEY=`, `\"key\":`, `key: `, `=>`)",
+        f'values named `...{word}` in any syntax (`KEY=`, `"key":`, `key: `, `=>`)',
         Phase.ADDED,
         f"({word}{after}{_NAME_SEP}){value}",
         anchors=(folded(word),),
@@ -121,7 +128,7 @@ def _url_param(separator: str, name: str, example: str) -> Shape:
     value, to the next parameter, fragment, blank or quote."""
     return Shape(
         name,
-        f"secret query parameters of a URL after `{separator}` (`sig=`, `token=`, `X-Amz-Signature=`)",
+        f"secret query parameters of a URL after `{separator}` (`sig=`, `token=`, ...)",
         Phase.ADDED,
         rf"({re.escape(separator)}(?:{_URL_SECRET_PARAMS})(?:=|%3d))"
         r"(?:[^&#%;\s\"'<>\\]|%(?!26|23)[0-9a-f]{2})++",
@@ -133,6 +140,8 @@ def _url_param(separator: str, name: str, example: str) -> Shape:
     )
 
 
+# A newline in a PuTTY key: as written, or JSON-escaped once or twice.
+_PPK_NEWLINE = r"(?:\r?\n|(?:\\{1,3}r)?\\{1,3}n)"
 _LINE_END = r"(?=[ \t]*+(?:\r?\n|\\[rn]|$))"
 
 # --- the table: phase 2 in the reference's order, then phase 3 (order free: its masks
@@ -528,8 +537,8 @@ SHAPES: tuple[Shape, ...] = (
         "putty_private_key",
         "PuTTY private keys: the `Private-Lines` body and its `Private-MAC`",
         Phase.ADDED,
-        r"(Private-Lines:[ \t]*+[0-9]++)(?:(?:\r?\n|(?:\\{1,3}r)?\\{1,3}n)[A-Za-z0-9+/=]++(?![-:]))++"
-        r"(?:(?:\r?\n|(?:\\{1,3}r)?\\{1,3}n)Private-(?:MAC|Hash):[ \t]*+[0-9a-fA-F]++)?+",
+        rf"(Private-Lines:[ \t]*+[0-9]++)(?:{_PPK_NEWLINE}[A-Za-z0-9+/=]++(?![-:]))++"
+        rf"(?:{_PPK_NEWLINE}Private-(?:MAC|Hash):[ \t]*+[0-9a-fA-F]++)?+",
         anchors=(exact("Private-Lines:"),),
         masked=Masked.AFTER_GROUP_1,
         search=Search.LEAD,
