@@ -82,13 +82,13 @@ After them, phase 3 holds one shape per provider key format of `rules.toml` (457
 - `secret_name_dsn` (phase 3, masks after group 1): values named `...dsn` in any syntax
   (`KEY=`, `"key":`, `key: `, `=>`)
 - `url_secret_param` (phase 3, masks after group 1): secret query parameters of a URL after
-  `?` (`sig=`, `token=`, `X-Amz-Signature=`)
+  `?` (`sig=`, `token=`, ...)
 - `url_secret_param_amp` (phase 3, masks after group 1): secret query parameters of a URL
-  after `&` (`sig=`, `token=`, `X-Amz-Signature=`)
+  after `&` (`sig=`, `token=`, ...)
 - `url_secret_param_encoded` (phase 3, masks after group 1): secret query parameters of a
-  URL after `%3f` (`sig=`, `token=`, `X-Amz-Signature=`)
+  URL after `%3f` (`sig=`, `token=`, ...)
 - `url_secret_param_encoded_amp` (phase 3, masks after group 1): secret query parameters of
-  a URL after `%26` (`sig=`, `token=`, `X-Amz-Signature=`)
+  a URL after `%26` (`sig=`, `token=`, ...)
 - `netrc_line` (phase 3, masks after group 1): `.netrc` lines:
   `machine HOST login USER password VALUE`
 - `netrc_password_line` (phase 3, masks after group 1): a `.netrc` line of its own:
