@@ -98,7 +98,7 @@ After them, phase 3 holds one shape per provider key format of `rules.toml` (457
 - `putty_private_key` (phase 3, masks after group 1): PuTTY private keys: the
   `Private-Lines` body and its `Private-MAC`
 - `credential_word_token` (phase 3, masks the match): a long random token (both cases, a
-  digit, high entropy) after a credential word
+  digit, distinct characters) after a credential word
 
 Left alone on purpose: git SHAs and sha256 digests (hex has no upper and lower case mix,
 so it is never an AWS secret), UUIDs, `max_tokens=4096`, `token_count=5` (the secret word

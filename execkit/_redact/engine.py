@@ -27,9 +27,7 @@ decodes of the same bytes).
 
 from __future__ import annotations
 
-import collections
 import functools
-import math
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -443,28 +441,62 @@ def _near_a_word(match: re.Match[str], nearby: Nearby, wording: re.Pattern[str])
     """Whether a token the pattern found counts: its letters in both cases (when asked),
     and one of the words (`wording` finds them) before it on its line, within the window."""
     token = match.group()
-    if nearby.both_cases and (token.lower() == token or token.upper() == token):
-        return False  # one case only: hex, or not random enough to be a key
-    if nearby.digit and not any(char.isdigit() for char in token):
-        return False
-    if nearby.entropy and _entropy(token) < nearby.entropy:
-        return False  # a name, a word or a path: too few distinct characters
+    if not _token_counts(token, nearby):
+        return False  # one case only (hex), no digit, or too few distinct characters
     start = match.start()
     window = match.string[max(0, start - nearby.window) : start]
     window = window[window.rfind("\n") + 1 :]
     return wording.search(window) is not None
 
 
-def _entropy(token: str) -> float:
-    """Shannon entropy of `token`, in bits per character."""
-    size = len(token)
-    return -sum(n / size * math.log2(n / size) for n in collections.Counter(token).values())
+@functools.cache
+def _adjacent_finder(words: tuple[str, ...]) -> re.Pattern[str]:
+    # In the fold: a word, the rest of its name, separators; a token may start where this
+    # ends (one scan in C: a word with no token after it costs no Python call).
+    return re.compile(
+        f"(?:{'|'.join(map(re.escape, words))})[a-z0-9_.\\-]{{0,32}}+"
+        f"[\\s\"'`:=,>()\\\\]{{1,8}}+(?=[a-z0-9+/_\\-]{{20}})"
+    )
+
+
+def _adjacent_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:
+    """The tokens of an `adjacent` nearby shape: each where a word, the rest of its name
+    and separators end (found in the fold, in one scan), if the pattern matches there and
+    the token passes `_near_a_word`'s checks of its characters."""
+    found_spans: SpanList = []
+    match_at = step.pattern.match
+    resume = 0
+    for word in _adjacent_finder(nearby.words).finditer(low):
+        start = word.end()
+        if start < resume:
+            continue
+        match = match_at(text, start)
+        if match is not None and _token_counts(match.group(), nearby):
+            found_spans.append((start, match.end(), start, match.end()))
+            resume = match.end()
+    return found_spans
+
+
+_DIGIT = re.compile("[0-9]")
+
+
+def _token_counts(token: str, nearby: Nearby) -> bool:
+    """The checks of a token's own characters (cases, digit, distinct characters), each a
+    call or two into C: on a text with a credential on every line this runs per line."""
+    if nearby.both_cases and (token.lower() == token or token.upper() == token):
+        return False
+    if nearby.digit and _DIGIT.search(token) is None:
+        return False
+    return not (nearby.distinct and len(set(token)) < min(16, len(token) // 2))
 
 
 def _nearby_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:
     """The tokens of a `nearby` shape: looked for only where the wording before them could
     be (up to the window after a word, on its line); each is then checked exactly as
-    `_near_a_word` says. Each stretch of text is searched once."""
+    `_near_a_word` says. Each stretch of text is searched once. (An `adjacent` shape:
+    `_adjacent_spans`.)"""
+    if nearby.adjacent:
+        return _adjacent_spans(step, nearby, text, low)
     reach: list[tuple[int, int]] = []
     window = nearby.window
     for finder in _word_finders(nearby.words):

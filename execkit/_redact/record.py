@@ -124,9 +124,9 @@ class Nearby:
     before it on its line, starting at most `window` characters before the token, and
     (`both_cases`) with upper and lower case letters in it: a hex digest never is.
     `longest` is the most characters the shape's pattern matches (the search for tokens
-    after a word stops there). `digit` asks for a digit in the token too, and `entropy` for
-    at least that many bits of Shannon entropy per character (a random key has about
-    log2 of its length; a word, a path or a name has far less). `adjacent` asks for the
+    after a word stops there). `digit` asks for a digit in the token too, and `distinct` for
+    at least half its length in distinct characters (16 at most): a random key has them,
+    a name, a word or a path far fewer. `adjacent` asks for the
     word (with the rest of its name) to be followed by nothing but separators (quotes,
     blanks, `:`, `=`) up to the token."""
 
@@ -136,7 +136,7 @@ class Nearby:
     both_cases: bool = attrs.field(default=True, validator=instance_of(bool))
     digit: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
     adjacent: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
-    entropy: float = attrs.field(default=0.0, kw_only=True, validator=instance_of(float))
+    distinct: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
 
 
 def _example_marks_one_span(_inst: object, attribute: attrs.Attribute[Any], value: str) -> None:

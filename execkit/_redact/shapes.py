@@ -550,14 +550,14 @@ SHAPES: tuple[Shape, ...] = (
     ),
     Shape(
         "credential_word_token",
-        "a long random token (both cases, a digit, high entropy) after a credential word",
+        "a long random token (both cases, a digit, distinct characters) after a credential word",
         Phase.ADDED,
         r"(?:(?<![A-Za-z0-9+/_\-])|(?<=\\[nrt]))(?!/)[A-Za-z0-9+/_\-]{20,200}+={0,2}+"
         r"(?![A-Za-z0-9+/_=\-])",
         anchors=(folded(*_CREDENTIAL_WORDS),),
         boundary=True,
         nearby=Nearby(
-            _CREDENTIAL_WORDS, window=48, longest=202, digit=True, entropy=3.5, adjacent=True
+            _CREDENTIAL_WORDS, window=48, longest=202, digit=True, distinct=True, adjacent=True
         ),
         example="signing credential: «{alnum:32}» (rotate it)",
     ),
