@@ -1094,6 +1094,8 @@ def _compiled_patterns() -> dict[str, re.Pattern[str]]:
             for index, finder in enumerate(engine._word_finders(step.nearby.words)):
                 found[f"{step.name} words[{index}]"] = finder
             found[f"{step.name} wording"] = engine._wording(step.nearby.words, step.nearby.adjacent)
+            if step.nearby.adjacent:
+                found[f"{step.name} adjacent"] = engine._adjacent_finder(step.nearby.words)
     for index, (finder, _) in enumerate(gate._name_finders()):
         found[f"name finder[{index}]"] = finder
     found["secret flag item"] = words.SECRET_FLAG_ITEM

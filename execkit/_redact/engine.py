@@ -417,7 +417,7 @@ def _wording(words: tuple[str, ...], adjacent: bool = False) -> re.Pattern[str]:
     # The word (and the rest of its name), then only separators up to the token: a
     # quote, blanks, `:`, `=`, `,`, `>`, a bracket or an escape's backslash.
     return re.compile(
-        f"(?:{'|'.join(words)})[A-Za-z0-9_.\\-]{{0,32}}[\\s\"'`:=,>()\\\\]{{1,8}}\\Z",
+        f"(?:{'|'.join(words)})[A-Za-z0-9_.\\-]{{0,32}}[ \\t\"'`:=,>()\\\\]{{1,8}}\\Z",
         re.IGNORECASE,
     )
 
@@ -451,11 +451,20 @@ def _near_a_word(match: re.Match[str], nearby: Nearby, wording: re.Pattern[str])
 
 @functools.cache
 def _adjacent_finder(words: tuple[str, ...]) -> re.Pattern[str]:
-    # In the fold: a word, the rest of its name, separators; a token may start where this
+    # In the fold: a word where a name starts (at the start, after a blank, a quote, `_`,
+    # `-`, `.`, `$`, `,`, a bracket or a backslash: `apikey` is left to the named rules, and
+    # random text holds few), the rest of its name, separators; a token may start where this
     # ends (one scan in C: a word with no token after it costs no Python call).
     return re.compile(
-        f"(?:{'|'.join(map(re.escape, words))})[a-z0-9_.\\-]{{0,32}}+"
-        f"[\\s\"'`:=,>()\\\\]{{1,8}}+(?=[a-z0-9+/_\\-]{{20}})"
+        "(?:"
+        + "|".join(
+            f"{re.escape(word)}(?:(?<=[\\s\"'_.\\-$,(\\[{{\\\\]{re.escape(word)})"
+            f"|(?<![\\s\\S]{re.escape(word)}))"
+            for word in words
+        )
+        + ")"
+        "[a-z0-9_.\\-]{0,32}+"
+        "[ \\t\"'`:=,>()\\\\]{1,8}+(?=[a-z0-9+/_\\-]{20})"
     )
 
 
