@@ -8,11 +8,11 @@ that the recorded pids are gone afterwards, or still there with `keep_descendant
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import selectors
 import signal
 import subprocess
-import gc
 import sys
 import time
 import tracemalloc
