@@ -8,6 +8,7 @@ that the recorded pids are gone afterwards, or still there with `keep_descendant
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import selectors
 import signal
@@ -455,11 +456,16 @@ def post_exit_work(data: bytes, kept: int) -> PostExitWork:
             if frame.f_code is decode:
                 counts["decoded"] += len(frame.f_locals["data"])
 
+    # The collector could run the finalizers of earlier tests' garbage inside the counted
+    # work (Python calls that are not this work's): collect first, and not during it.
+    gc.collect()
+    gc.disable()
     sys.setprofile(profile)
     try:
         done = work()
     finally:
         sys.setprofile(None)
+        gc.enable()
     masks = done.stdout_tail.count("[REDACTED]")
     return PostExitWork(counts["c"], counts["py"], counts["whole"], counts["decoded"], masks)
 
