@@ -499,6 +499,9 @@ WHOLE_TEXT_CALLS: dict[Callable[[int], bytes], int] = {
 def test_post_exit_work_on_a_cut_tail_does_not_grow_with_its_size(
     build: Callable[[int], bytes], grows_with: str
 ) -> None:
+    # Warm first: loading the rules and compiling patterns is done once per process, not
+    # per tail, and must count on neither side (in a whole suite it is done already).
+    post_exit_work(build(SIZE + 4096), SIZE)
     small = post_exit_work(build(SIZE + 4096), SIZE)
     big = post_exit_work(build(4 * SIZE + 4096), 4 * SIZE)
     # Each kept byte is decoded once, and so is the context before the cut.
@@ -508,7 +511,10 @@ def test_post_exit_work_on_a_cut_tail_does_not_grow_with_its_size(
         assert big.calls <= small.calls, (small, big)
         assert big.whole_text <= small.whole_text <= WHOLE_TEXT_CALLS[build], (small, big)
     elif grows_with == "candidates":
-        assert big.calls - small.calls <= 3 * SIZE // KIB, (small, big)
+        # Linear in the candidates a text offers: a few checks a KiB. The 457 provider
+        # rules' anchors (keywords before a token) offer about five a KiB in random wide
+        # text, where the twelve hand-written shapes offered under three.
+        assert big.calls - small.calls <= 8 * SIZE // KIB, (small, big)
     else:
         more = big.masks - small.masks
         assert more >= 3 * small.masks > 0, (small, big)
