@@ -12,6 +12,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit bench clean record-vendors test-vendors drift-vendors
 
+# The dashboard's browser tests (tests/test_dashboard_browser.py) drive Debian's Chromium
+# through Playwright (the `test` extra); Playwright's own browser download is never used.
+# The file is the stamp: installed once, by apt-get, when it is missing (as root, else
+# through sudo), so `make test` and .ci/run get it without a step of their own.
+CHROMIUM := /usr/bin/chromium
+
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
@@ -34,7 +40,13 @@ typecheck: $(STAMP)
 
 # The suite runs inside a throwaway PostgreSQL cluster (tests/pgcluster.py), stopped when
 # pytest ends however it ends; without server binaries the PostgreSQL tests skip.
-unit: $(STAMP)
+$(CHROMIUM):
+	@echo "installing Debian's chromium for the dashboard's browser tests"
+	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c \
+		'apt-get install -y --no-install-recommends chromium || \
+		 (apt-get update && apt-get install -y --no-install-recommends chromium)'
+
+unit: $(STAMP) $(CHROMIUM)
 	$(PY) tests/pgcluster.py --run -- $(PY) -m pytest -q
 
 test: lint typecheck unit
@@ -49,6 +61,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_ledger.py
 	$(PY) tests/pgcluster.py --run -- $(PY) benchmarks/bench_postgres.py
 	$(PY) benchmarks/bench_remote.py
+	$(PY) benchmarks/bench_dashboard.py
+	$(PY) benchmarks/bench_bulk.py
+	$(PY) benchmarks/bench_http.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.

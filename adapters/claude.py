@@ -18,11 +18,19 @@ errors, when `api_error` is not set (claude-code 2.1.332: a TLS failure), are it
 sentences `API Error: Unable to connect to API (...)`, `API Error: Connection refused —
 ...`, `API Error: Can't reach the API server ...` and `API Error: Connection to the API
 was lost ...`, matched by prefix.
+
+Resets read from structure (issue #28: only these park a vendor lane): a `rate_limit_event`
+(stream-json or `--verbose`: `{"type": "rate_limit_event", "rate_limit_info": {"status",
+"resetsAt", "rateLimitType"}}`) whose status is not `allowed`/`allowed_warning` gives the
+reset epoch `resetsAt`; the `Claude AI usage limit reached|<epoch>` form gives its epoch.
+A reset named only in prose is left to the shared text rules (it waits, never parks).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from typing import Any
 
 import attrs
@@ -91,15 +99,56 @@ def _kind(envelope: dict[str, Any], result_text: str | None) -> ErrorKind | None
     return _ERROR_TYPES.get(str_field(envelope, "api_error_type") or "")
 
 
+def _rate_limit_events(stdout: str, document: Any) -> list[dict[str, Any]]:
+    """Every `rate_limit_info` of a `rate_limit_event`, in order: from a `--verbose` list,
+    else from stream-json lines."""
+    entries: list[Any] = list(document) if isinstance(document, list) else []
+    if not entries and "rate_limit_event" in stdout:
+        for line in stdout.splitlines():
+            line = line.strip()
+            if line.startswith("{") and "rate_limit_event" in line:
+                try:
+                    entries.append(json.loads(line))
+                except ValueError:
+                    continue
+    return [
+        entry["rate_limit_info"]
+        for entry in entries
+        if isinstance(entry, dict)
+        and entry.get("type") == "rate_limit_event"
+        and isinstance(entry.get("rate_limit_info"), dict)
+    ]
+
+
+def _stated_reset(stdout: str, document: Any, result_text: str | None) -> float | None:
+    """The reset epoch the CLI's structure states: its last refusing `rate_limit_event`'s
+    `resetsAt`, else the epoch of its `usage limit reached|<epoch>` form; None otherwise."""
+    for info in reversed(_rate_limit_events(stdout, document)):
+        status = str_field(info, "status") or ""
+        reset = number_field(info, "resetsAt")
+        if status not in ("allowed", "allowed_warning") and reset is not None:
+            return float(reset)
+    fixed = (result_text or "").strip()
+    if _USAGE_LIMIT.match(fixed):
+        return float(fixed.rsplit("|", 1)[1])
+    return None
+
+
 def read_result(stdout: str) -> Envelope:
     """The envelope of a claude-style `result` object (the last JSON value of `stdout`);
     shared with the claude-compatible CLIs (droid, amp, qwen)."""
-    envelope = _result_object(load_json_document(stdout))
+    document = load_json_document(stdout)
+    envelope = _result_object(document)
     if envelope is None:
         return Envelope()
     subtype = str_field(envelope, "subtype") or ""
     is_error = envelope.get("is_error") is True or subtype.startswith("error")
     result_text = str_field(envelope, "result")
+    kind = _kind(envelope, result_text) if is_error else None
+    reset = _stated_reset(stdout, document, result_text) if is_error else None
+    wait = None if reset is None else max(0.0, reset - time.time())
+    if wait is not None and kind in (None, ErrorKind.RATE_LIMITED):
+        kind = ErrorKind.USAGE_LIMIT  # a refusal with its reset: the account's limit
     return Envelope(
         found=True,
         is_error=is_error,
@@ -108,7 +157,9 @@ def read_result(stdout: str) -> Envelope:
         cost_usd=number_field(envelope, "total_cost_usd", "cost_usd"),
         error_message=(result_text or subtype or "claude reported an error") if is_error else None,
         http_status=http_status(number_field(envelope, "api_error_status")),
-        error_kind=_kind(envelope, result_text) if is_error else None,
+        error_kind=kind,
+        retry_after_s=wait,
+        reset_structured=wait is not None,
     )
 
 

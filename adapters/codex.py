@@ -34,6 +34,7 @@ from execkit.adapterkit import (
     ErrorKind,
     iter_json_objects,
     json_object,
+    parse_retry_after,
     request_argv,
     str_field,
 )
@@ -146,6 +147,12 @@ def _read(stdout: str) -> Envelope:
             else:
                 pending, notice = _read_error(message), None
     error = failed or pending or notice
+    # The CLI's fixed usage-limit sentence carries its reset ("... try again at 3:05 PM"):
+    # its own rendering of the account's limit, so the time in it is the vendor's word
+    # (issue #28: it parks the vendor lane; a time in any other message does not).
+    wait = None
+    if error is not None and error.kind is ErrorKind.USAGE_LIMIT:
+        wait = parse_retry_after(error.message)
     return Envelope(
         found=seen and (completed or error is not None),
         is_error=failed is not None or (error is not None and not completed),
@@ -154,6 +161,8 @@ def _read(stdout: str) -> Envelope:
         error_message=None if error is None else error.message,
         http_status=None if error is None else error.status,
         error_kind=None if error is None else error.kind,
+        retry_after_s=wait,
+        reset_structured=wait is not None,
     )
 
 

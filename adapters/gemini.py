@@ -143,6 +143,12 @@ def _stated_wait(message: str | None, stderr: str) -> float | None:
     return parse_retry_after(message) or parse_retry_after(block)
 
 
+def _structured_delay(stderr: str) -> bool:
+    """Whether the wait is the error's own `RetryInfo` delay (`retryDelayMs`), the
+    vendor's structure (issue #28: only it parks a vendor lane), not a time in prose."""
+    return bool(_RETRY_DELAY_MS.findall(_final_block(stderr)))
+
+
 def _retrying(stderr: str) -> Envelope | None:
     """The last retry notice, when nothing final came after it (the CLI was still at it)."""
     notice = None
@@ -190,6 +196,7 @@ def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
             http_status=status,
             error_kind=_kind(envelope, fields, message),
             retry_after_s=_stated_wait(message, stderr),
+            reset_structured=_structured_delay(stderr),
         )
     reply = str_field(envelope, "response") or ""
     if not reply.strip() and _no_finish_counted(envelope):

@@ -20,7 +20,10 @@ round, so drift hits all alike) and reports the medians and their ratio:
    valid UTF-8 that decodes to four bytes a character (tests/kept_tails.py), each against
    a floor of what any redactor must do to it: decode it, and search it once or mask a
    word on each line (<= 1 s per 32 MiB). These ratios are figures, not test bounds:
-   tests/test_exec_tree.py counts the calls and decoded bytes of that work instead.
+   tests/test_exec_tree.py counts the calls and decoded bytes of that work instead,
+7. `spawn(["true"])` from a parent holding 1 GiB against `subprocess.run` from that same
+   parent, bare (<= 1.2x) and capturing (in a child process that holds the ballast; with
+   `--skip-big` it is skipped too).
 
 `--root DIR` imports execkit from another checkout (to measure a before/after pair with
 the same script). Prints the command, then a markdown table.
@@ -190,6 +193,49 @@ def _post_exit_rows(post_exit: Callable[..., float]) -> list[str]:
     return rows
 
 
+_BIG_PARENT = """
+import statistics, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+mib, rounds = int(sys.argv[2]), int(sys.argv[3])
+ballast = bytearray(mib * 1024 * 1024)
+for i in range(0, len(ballast), 4096):  # every page touched: resident, not just mapped
+    ballast[i] = 1
+from execkit._exec import spawn
+def ours(): assert spawn(["true"]).ok
+def floor(): subprocess.run(["true"], check=True, capture_output=True)
+def bare(): subprocess.run(["true"], check=True)
+fns = [ours, floor, bare]
+times = [[], [], []]
+for r in range(rounds):
+    for k in range(3):
+        i = (r + k) % 3
+        start = time.perf_counter(); fns[i](); times[i].append(time.perf_counter() - start)
+print(*(statistics.median(t) for t in times))
+"""
+
+
+def _big_parent_rows(root: Path, rounds: int) -> list[str]:
+    """Row 7: `spawn(["true"])` from a parent holding 1 GiB (a dispatcher running many
+    agents is such a parent), in a child process of its own that holds the ballast (so no
+    other row runs in a large process), against `subprocess.run` from the same parent:
+    with a fork the cost grows with the parent's memory, with vfork it does not."""
+    rows = []
+    for mib in (1024,):
+        done = subprocess.run(
+            [sys.executable, "-c", _BIG_PARENT, str(root), str(mib), str(rounds)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        ours, floor, bare = (float(part) for part in done.stdout.split())
+        label = f'`spawn(["true"])` from a parent holding {mib} MiB (median of {rounds})'
+        rows.append(
+            _row(label, ours, floor, "capturing `subprocess.run`, same parent", "(context)")
+        )
+        rows.append(_row(label, ours, bare, "bare `subprocess.run`, same parent", "<= 1.2x"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=400)
@@ -306,6 +352,9 @@ def main() -> None:
                     "(context)",
                 )
             )
+
+    if not args.skip_big:
+        rows.extend(_big_parent_rows(args.root.resolve(), args.rounds))
 
     post_exit = _private(exec_module, "result", "_post_exit_seconds", "_post_exit_seconds")
     if callable(post_exit):

@@ -190,6 +190,8 @@ class MappedResult:
         default=None, validator=opt_checked("a finite number of seconds >= 0", finite, ge(0))
     )
     timed_out: bool = False
+    # `retry_after_s` came from the vendor's own reset field (`Envelope.reset_structured`).
+    reset_from_structure: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe mapping; the class is under `"class"`."""
@@ -251,6 +253,10 @@ class Envelope:
     error_kind: ErrorKind | None = None
     retry_after_s: float | None = None
     pending: bool = False
+    # The wait is the vendor's own reset field (Claude's `rate_limit_event.resetsAt`,
+    # Gemini's `RetryInfo.retryDelay`, Codex's `resets_in_seconds`), not a time read from
+    # its message: only such a reset may park a vendor lane (issue #28).
+    reset_structured: bool = False
 
 
 NO_ENVELOPE = Envelope()
@@ -402,6 +408,11 @@ def _failed(
         precondition=precondition,
         retry_after_s=retry_after_s if upstream else None,
         timed_out=result.timed_out,
+        # Both callers take the envelope's wait first: when it has one, the wait is it.
+        reset_from_structure=upstream
+        and retry_after_s is not None
+        and envelope.retry_after_s is not None
+        and envelope.reset_structured,
     )
 
 

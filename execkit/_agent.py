@@ -21,6 +21,7 @@ before it propagates, for the same reason.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import enum
 import os
@@ -31,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -47,20 +48,36 @@ from execkit._exec import (
     SpawnCancelled,
     spawn,
 )
-from execkit._proof import AgentFailed, AgentProof, AgentStatus, RunProof, RunStatus
+from execkit._proof import (
+    AgentFailed,
+    AgentProof,
+    AgentStatus,
+    RunProof,
+    RunStatus,
+    agent_failure,
+)
 from execkit._redact import redact, secret_env_values
+from execkit._trace import attempt_span
 from execkit._validate import integer_arg, number_arg
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
 
 __all__ = [
     "MAX_AGENT_ATTEMPTS",
     "AttemptContext",
     "PriorOutcome",
     "RunRecorder",
+    "cancellable_sleep",
     "context_after",
     "current_recorder",
     "run_agent",
+    "run_agent_async",
     "run_command",
+    "run_in_thread",
 ]
+
+_T = TypeVar("_T")
 
 MAX_AGENT_ATTEMPTS = 100
 
@@ -338,6 +355,7 @@ def _proof(
         error=redact(error, secrets) if error else None,
         precondition=precondition,
         retry_after_s=wait,
+        reset_from_structure=wait is not None and decisive.raw.reset_from_structure,
         **common,
     )
 
@@ -348,11 +366,15 @@ def _record(proof: AgentProof, recorder: RunRecorder | None) -> None:
         target.record(proof)
 
 
-def _settle(proof: AgentProof, recorder: RunRecorder | None) -> AgentProof:
-    """Record first, then raise: the class must survive a caller that swallows the error."""
+def _settle(
+    proof: AgentProof, recorder: RunRecorder | None, clock: Callable[[], float] = time.time
+) -> AgentProof:
+    """Record first, then raise: the class must survive a caller that swallows the error.
+    The error is the subclass of the proof's class (`agent_failure`); `clock` dates an
+    upstream failure's `reset_at`."""
     _record(proof, recorder)
     if proof.status is AgentStatus.FAILED:
-        raise AgentFailed(proof)
+        raise agent_failure(proof, now=clock())
     return proof
 
 
@@ -373,6 +395,7 @@ def run_agent(
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
     cancel: Cancellation | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> AgentProof:
     """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
 
@@ -393,7 +416,9 @@ def run_agent(
     nothing recorded (the caller knows why it stopped the agent).
 
     Raises `AgentFailed` (carrying the proof, already recorded) when the last try
-    failed; `InvalidInput` for `max_attempts` outside 1..100 or `heartbeat_s` <= 0,
+    failed: always the subclass of the proof's class, `WorkFailure`, `EnvironmentFailure`
+    or `UpstreamFailure` (whose `reset_at` is `clock()` plus the vendor's stated wait, in
+    POSIX seconds); `InvalidInput` for `max_attempts` outside 1..100 or `heartbeat_s` <= 0,
     before anything runs.
     Anything else that raises inside the loop (`validate`, `prepare`, the adapter, a
     request the adapter cannot express) propagates unchanged, after a failed work proof
@@ -439,7 +464,124 @@ def run_agent(
     proof = _proof(
         adapter, tries, model=request.model, label=label, started=started, secrets=secrets
     )
-    return _settle(proof, recorder)
+    return _settle(proof, recorder, clock)
+
+
+def run_agent_async(
+    adapter: Adapter,
+    request: AgentRequest,
+    *,
+    max_attempts: int = 2,
+    backoff: Backoff = AGENT_BACKOFF,
+    sleep: Callable[[float], None] | None = None,
+    rng: Callable[[], float] = random.random,
+    validate: Callable[[str], str | None] | None = None,
+    prepare: Callable[[AgentRequest, AttemptContext], AgentRequest] | None = None,
+    recorder: RunRecorder | None = None,
+    label: str | None = None,
+    kill_grace: float = DEFAULT_KILL_GRACE_S,
+    heartbeat: Callable[[], object] | None = None,
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    start: ProcessStarter = subprocess.Popen,
+    clock: Callable[[], float] = time.time,
+) -> Awaitable[AgentProof]:
+    """`run_agent` for asyncio runners: same arguments (but `cancel`), same proof, same
+    errors; the loop runs in a thread of its own (the hooks, `heartbeat` too, run there),
+    in a copy of the caller's context, so the current `RunRecorder` still records.
+
+    Cancelling the awaiting task stops the agent: the running try's whole tree is killed,
+    no further try starts, and `CancelledError` propagates once the tree is gone, with
+    nothing recorded (as `run_agent` after a cancel). `sleep` (the backoff between tries)
+    defaults to a wait that the cancel ends. Arguments are checked before the coroutine is
+    returned: InvalidInput raises at the call, not at the await.
+    """
+    integer_arg("max_attempts", max_attempts, 1, MAX_AGENT_ATTEMPTS)
+    _check_beat(heartbeat, heartbeat_s)
+    cancel = Cancellation()
+    context = contextvars.copy_context()
+
+    def call() -> AgentProof:
+        return context.run(
+            run_agent,
+            adapter,
+            request,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            sleep=cancellable_sleep(cancel) if sleep is None else sleep,
+            rng=rng,
+            validate=validate,
+            prepare=prepare,
+            recorder=recorder,
+            label=label,
+            kill_grace=kill_grace,
+            heartbeat=heartbeat,
+            heartbeat_s=heartbeat_s,
+            start=start,
+            cancel=cancel,
+            clock=clock,
+        )
+
+    async def running() -> AgentProof:
+        try:
+            return await run_in_thread(call, cancel)
+        finally:
+            cancel.close()
+
+    return running()
+
+
+def cancellable_sleep(cancel: Cancellation) -> Callable[[float], None]:
+    """A `sleep` that ends early when `cancel` is cancelled (the next try then does not
+    start): the async forms' default backoff wait."""
+
+    def nap(seconds: float) -> None:
+        cancel.wait(seconds)
+
+    return nap
+
+
+async def run_in_thread(call: Callable[[], _T], cancel: Cancellation) -> _T:
+    """Await `call()` run in a thread of its own (not the loop's executor: an agent holds
+    its thread for minutes, and a runner may run many at once).
+
+    Cancelling the awaiting task cancels `cancel` and waits for the thread to end (the
+    work stops its tree and raises `SpawnCancelled`), then raises `CancelledError`: when
+    it propagates, nothing of the agent is left running. A second cancel while waiting
+    stops the wait, not the stop. What `call` raises is raised here.
+    """
+    import asyncio  # only asyncio runners pay for importing it
+
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def deliver(result: _T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]  # set only on success
+
+    def work() -> None:
+        result: _T | None = None
+        error: BaseException | None = None
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting task, never lost
+            error = exc
+        # The loop may be closed by now (its task was abandoned): nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, result, error)
+
+    threading.Thread(target=work, name="execkit-agent", daemon=True).start()
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        cancel.cancel()
+        # Wait for the tree to be gone (the work raises SpawnCancelled, or ends anyway).
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(future)
+        raise
 
 
 def _crashed(exc: Exception) -> _Try:
@@ -479,20 +621,27 @@ def _try_until_settled(
         if cancel is not None and cancel.cancelled:
             raise SpawnCancelled(f"cancelled before try {len(tries) + 1}")
         attempt_request = prepare(current, context) if prepare is not None else current
-        raw = _spawn_once(
-            adapter,
-            adapter.build_argv(attempt_request),
-            cwd=attempt_request.cwd,
-            env=_child_env(attempt_request, context),
-            timeout_s=attempt_request.timeout_s,
-            kill_grace=kill_grace,
-            start=start,
-            beat=beat,
-            cancel=cancel,
-        )
-        outcome = _judge(raw, validate)
+        # A span per try for runners that trace (_trace: a no-op without OpenTelemetry).
+        with attempt_span(adapter.name, len(tries) + 1, max_attempts) as span:
+            raw = _spawn_once(
+                adapter,
+                adapter.build_argv(attempt_request),
+                cwd=attempt_request.cwd,
+                env=_child_env(attempt_request, context),
+                timeout_s=attempt_request.timeout_s,
+                kill_grace=kill_grace,
+                start=start,
+                beat=beat,
+                cancel=cancel,
+            )
+            outcome = _judge(raw, validate)
+            failure = outcome.failure_class
+            span.outcome(
+                failure.value if failure else None,
+                failure is None or failure.charged,
+                outcome.reason,
+            )
         tries.append(outcome)
-        failure = outcome.failure_class
         if failure is None or failure is FailureClass.ENVIRONMENT or len(tries) >= max_attempts:
             return
         if failure is FailureClass.UPSTREAM:

@@ -17,7 +17,11 @@ How each attempt is read:
   as charged (it was informative).
 - failed: charged unless positively classed `environment` or `upstream`; no class = work.
 - abandoned: charged whatever class it carries, because its owner died mid-work and no
-  proof of what happened was recorded (default to charging).
+  proof of what happened was recorded (default to charging). The one exception is a run
+  its own runner stopped on purpose (`stopped`: a dispatcher shutting down, a cancelled
+  asyncio task): it said nothing about the work or the vendor, so it is uncharged, moves
+  no streak and sets no backoff; it still counts against an explicit limit, as every
+  admitted run does (ADR 0033).
 - running: not yet charged (its outcome is unknown); while one runs the decision is `wait`.
 
 Uncharged streak: the consecutive upstream attempts at the end of the history. A charged
@@ -213,6 +217,15 @@ class Attempt:
     # The earliest time the vendor said it would take another request (a reset time or a
     # Retry-After); the next attempt is never scheduled before it.
     not_before: float | None = _time_field()
+    # Abandoned by its own runner on purpose (see the module docstring): uncharged.
+    stopped: bool = attrs.field(default=False, validator=checked("true or false", truth))
+
+    def __attrs_post_init__(self) -> None:
+        if self.stopped and self.status is not AttemptStatus.ABANDONED:
+            raise InvalidInput(
+                f"stopped: only an abandoned attempt can be stopped, not a {self.status} one",
+                field="stopped",
+            )
 
 
 @attrs.frozen
@@ -313,7 +326,9 @@ def validate_history(attempts: Sequence[Attempt]) -> None:
     _check_history(attempts, Attempt, "attempt")
 
 
-def _charged(status: AttemptStatus, failure_class: FailureClass | None) -> bool:
+def _charged(status: AttemptStatus, failure_class: FailureClass | None, stopped: bool) -> bool:
+    if stopped:
+        return False  # stopped by its own runner: it said nothing about the work
     if status is AttemptStatus.FAILED:
         return failure_class is None or failure_class.charged
     # Abandoned: the owner died mid-work, nothing identified it as uninformative.
@@ -362,11 +377,17 @@ class HistorySummary:
                 f"attempt {self.last.number} succeeded but attempt {attempt.number} follows "
                 "it (nothing may follow a success)"
             )
-        appended = attrs.evolve(self, attempts_used=attempt.number, last=attempt)
         if attempt.status is AttemptStatus.RUNNING:
             # A running attempt is transparent: it neither charges nor moves the streak.
-            return attrs.evolve(appended, running=attempt.number)
-        return appended._counted(attempt)
+            return HistorySummary(
+                attempts_used=attempt.number,
+                charged_attempts=self.charged_attempts,
+                uncharged_streak=self.uncharged_streak,
+                streak_reason=self.streak_reason,
+                running=attempt.number,
+                last=attempt,
+            )
+        return self._counted(attempt, attempts_used=attempt.number, running=self.running)
 
     def finished(self, attempt: Attempt) -> HistorySummary:
         """The summary after the running attempt (the latest) ended as `attempt`."""
@@ -374,17 +395,24 @@ class HistorySummary:
             raise HistoryError(f"attempt {attempt.number} is not the running attempt")
         if attempt.status is AttemptStatus.RUNNING:
             raise HistoryError(f"attempt {attempt.number} has not ended")
-        return attrs.evolve(self, running=None, last=attempt)._counted(attempt)
+        return self._counted(attempt, attempts_used=self.attempts_used, running=None)
 
-    def _counted(self, attempt: Attempt) -> HistorySummary:
-        """Charge and streak after one ended attempt.
+    def _counted(
+        self, attempt: Attempt, *, attempts_used: int, running: int | None
+    ) -> HistorySummary:
+        """The summary with `attempt` (ended) last, `attempts_used` and `running`: charge
+        and streak after it. Built directly, not by `attrs.evolve` (`db check` folds every
+        run of the ledger through here, and evolve cost more than the rest of the fold).
 
         A forced attempt (an operator's retry) starts a fresh streak: it counts itself if
         it met the vendor refusing, but the ceiling that stopped the item is not held
         against it. An environment failure neither adds to the streak nor resets it; any
-        charged attempt ends it.
+        charged attempt ends it. A stopped attempt (its runner stopped it on purpose)
+        neither charges nor moves the streak, as it met neither the work nor the vendor.
         """
-        charged = self.charged_attempts + _charged(attempt.status, attempt.failure_class)
+        charged = self.charged_attempts + _charged(
+            attempt.status, attempt.failure_class, attempt.stopped
+        )
         streak, reason = (
             (0, None)
             if attempt.forced
@@ -395,10 +423,15 @@ class HistorySummary:
         )
         if _is_upstream(attempt.status, attempt.failure_class):
             streak, reason = streak + 1, attempt.reason
-        elif not _is_environment(attempt.status, attempt.failure_class):
+        elif not (attempt.stopped or _is_environment(attempt.status, attempt.failure_class)):
             streak, reason = 0, None
-        return attrs.evolve(
-            self, charged_attempts=charged, uncharged_streak=streak, streak_reason=reason
+        return HistorySummary(
+            attempts_used=attempts_used,
+            charged_attempts=charged,
+            uncharged_streak=streak,
+            streak_reason=reason,
+            running=running,
+            last=attempt,
         )
 
 
@@ -532,6 +565,11 @@ def decide_summary(
     if blocked is not None:
         return result(TaskState.BLOCKED, NextAction.NONE, blocked[1], blocked_on=blocked[0])
 
+    if last.stopped:
+        # Stopped by its own runner: nothing was learnt, so nothing to back off from.
+        return result(
+            TaskState.READY, NextAction.RUN, f"retry after attempt {last.number} (stopped)"
+        )
     # Every attempt here ended without success, so the failure run is the whole history.
     reference = last.ended_at if last.ended_at is not None else last.started_at
     next_at = None

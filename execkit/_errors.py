@@ -12,7 +12,9 @@
     │   ├── AttemptLimitReached       "attempt_limit"         7
     │   ├── TaskBlocked               "blocked"               8
     │   ├── TaskFinished              "finished"              9
-    │   └── TaskBackingOff            "backoff"               14   `.ready_at` says when
+    │   ├── TaskBackingOff            "backoff"               14   `.ready_at` says when
+│   ├── LaneWaiting               "lane_waiting"          16   `.lane`, `.opens_at`
+│   └── LaneStopped               "lane_stopped"          17   `.lane`, `.fix`
     ├── StorageError                  "storage"               13   I/O, locks, corruption
     │   └── SchemaTooNew              "schema_too_new"        10
     ├── UnsupportedMove               "unsupported_move"      12
@@ -45,6 +47,8 @@ __all__ = [
     "Forbidden",
     "HistoryError",
     "InvalidInput",
+    "LaneStopped",
+    "LaneWaiting",
     "NotFound",
     "SchemaTooNew",
     "StorageError",
@@ -169,6 +173,35 @@ class TaskBackingOff(AdmissionRefused):
     def __init__(self, message: str, *, ready_at: float) -> None:
         super().__init__(message)
         self.ready_at = ready_at
+
+
+class LaneWaiting(AdmissionRefused):
+    """The task's vendor lane is parked (until a reset the vendor stated), cooling (its
+    breaker tripped) or half-open with its probe attempt in flight: no run is admitted and
+    nothing is charged. `lane` names it; `opens_at` is when it opens, None when the probe's
+    result decides."""
+
+    code = "lane_waiting"
+    exit_code = 16
+
+    def __init__(self, message: str, *, lane: str = "", opens_at: float | None = None) -> None:
+        super().__init__(message)
+        self.lane = lane
+        self.opens_at = opens_at
+
+
+class LaneStopped(AdmissionRefused):
+    """The task's vendor lane is stopped on environment that belongs to it (credentials,
+    billing, the binary missing on this host): no run is admitted and nothing is charged
+    until an operator fixes it and resumes the lane. `fix` names what to do."""
+
+    code = "lane_stopped"
+    exit_code = 17
+
+    def __init__(self, message: str, *, lane: str = "", fix: str | None = None) -> None:
+        super().__init__(message)
+        self.lane = lane
+        self.fix = fix
 
 
 class StorageError(ExecKitError):

@@ -28,8 +28,12 @@ __all__ = [
     "AgentFailed",
     "AgentProof",
     "AgentStatus",
+    "EnvironmentFailure",
     "RunProof",
     "RunStatus",
+    "UpstreamFailure",
+    "WorkFailure",
+    "agent_failure",
     "load_agent_proof",
     "load_run_proof",
     "rollup_class",
@@ -107,6 +111,9 @@ class AgentProof:
     precondition: str | None = None
     output: str | None = attrs.field(default=None, converter=_redacted)
     retry_after_s: float | None = attrs.field(default=None, validator=optional(_SECONDS))
+    # The reset came from the vendor's own structured field, not its message (issue #28:
+    # only such a reset parks a vendor lane).
+    reset_from_structure: bool = False
 
     @property
     def productive(self) -> bool:
@@ -161,7 +168,17 @@ class AgentFailed(ExecKitError):
     """An agent failed; `proof` (already recorded) says why, with its class.
 
     It lives beside `AgentProof` rather than with the other errors in `_errors` because it
-    carries one: the error rooms stay free of the proof's imports.
+    carries one: the error rooms stay free of the proof's imports. What `run_agent` raises
+    is always one of its three subclasses, one per class, so a retry library that selects
+    by type (tenacity's `retry_if_exception_type`, stamina's `on=`) tells them apart::
+
+        AgentFailed                 `.proof`, `.failure_class`, `.charged`
+        ├── WorkFailure             charged: the agent ran and its result failed
+        ├── EnvironmentFailure      uncharged, stop: `.precondition` names the fix
+        └── UpstreamFailure         uncharged, bounded retry: `.retry_after_s`, `.reset_at`
+
+    `agent_failure(proof)` builds the one that fits a proof. `AgentFailed(proof)` itself
+    still constructs (and is caught by `except AgentFailed` as before).
     """
 
     code = "agent_failed"
@@ -171,6 +188,75 @@ class AgentFailed(ExecKitError):
         cls = proof.failure_class.value if proof.failure_class else "work"
         super().__init__(f"{proof.harness} agent failed ({cls}: {proof.reason}): {detail}")
         self.proof = proof
+
+    @property
+    def failure_class(self) -> FailureClass:
+        """The class budgets act on (an unclassed failure is work)."""
+        return self.proof.effective_class or FailureClass.WORK
+
+    @property
+    def charged(self) -> bool:
+        """True unless the failure is positively classed as uncharged (ADR 0046)."""
+        return self.failure_class.charged
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from the proof alone (a process pool sends errors back pickled).
+        return (type(self), (self.proof,), self.__dict__)
+
+
+class WorkFailure(AgentFailed):
+    """The agent ran and its result failed (or nothing identified it as uncharged):
+    charged against the work budget."""
+
+
+class EnvironmentFailure(AgentFailed):
+    """The agent could not run here (a missing binary, a bad key): uncharged, and nothing
+    will succeed until a human fixes what `precondition` names. Do not retry it."""
+
+    @property
+    def precondition(self) -> str | None:
+        """What is missing and how to fix it."""
+        return self.proof.precondition
+
+
+class UpstreamFailure(AgentFailed):
+    """The vendor refused or failed the request (a 529, a usage limit): uncharged, worth a
+    bounded retry, no earlier than `reset_at` when the vendor stated a reset.
+
+    `retry_after_s` is the vendor's stated wait (None when it stated none); `reset_at` is
+    that wait as POSIX seconds, counted from when the agent settled (`agent_failure`'s
+    `now`), or None.
+    """
+
+    def __init__(self, proof: AgentProof, reset_at: float | None = None) -> None:
+        super().__init__(proof)
+        self.reset_at = reset_at
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return self.proof.retry_after_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.proof, self.reset_at), self.__dict__)
+
+
+def agent_failure(proof: AgentProof, *, now: float | None = None) -> AgentFailed:
+    """The error for a failed agent's proof: the subclass of its class (an unclassed
+    failure is a `WorkFailure`). For an upstream proof with a stated wait, `reset_at` is
+    `now + retry_after_s` (`now`: POSIX seconds; None leaves `reset_at` None). InvalidInput
+    for a productive proof: a success is never an error."""
+    effective = proof.effective_class
+    if effective is None:
+        raise InvalidInput(
+            f"a {proof.status.value} agent did not fail; it has no failure to raise",
+            field="proof",
+        )
+    if effective is FailureClass.ENVIRONMENT:
+        return EnvironmentFailure(proof)
+    if effective is FailureClass.UPSTREAM:
+        wait = proof.retry_after_s
+        return UpstreamFailure(proof, None if now is None or wait is None else now + wait)
+    return WorkFailure(proof)
 
 
 @attrs.frozen
@@ -293,6 +379,7 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         precondition=_opt_str(data, "precondition"),
         output=_opt_str(data, "output"),
         retry_after_s=_opt_number(data, "retry_after_s") if failure_class else None,
+        reset_from_structure=bool(data.get("reset_from_structure")) if failure_class else False,
     )
 
 

@@ -46,7 +46,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -57,12 +57,14 @@ from execkit._budget import Attempt, WorkBudget
 from execkit._errors import (
     ExecKitError,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
     StorageError,
     TaskBackingOff,
     error_types,
 )
 from execkit._proof import AgentFailed
-from execkit.ledger import Actor, attempt_from_run
+from execkit.ledger import LIST_PAGE, Actor, Task, TaskState, attempt_from_run
 
 if TYPE_CHECKING:
     from execkit.ledger import Ledger
@@ -104,6 +106,15 @@ def error_from_wire(status: int, doc: object) -> ExecKitError:
         ready_at = error.get("ready_at")
         at = float(ready_at) if isinstance(ready_at, int | float) else time.time()
         return kind(message, ready_at=at)
+    if issubclass(kind, LaneWaiting):
+        opens = error.get("opens_at")
+        opens_at = float(opens) if isinstance(opens, int | float) else None
+        return kind(message, lane=str(error.get("lane", "")), opens_at=opens_at)
+    if issubclass(kind, LaneStopped):
+        fix = error.get("fix")
+        return kind(
+            message, lane=str(error.get("lane", "")), fix=fix if isinstance(fix, str) else None
+        )
     try:
         return kind(message)
     except TypeError:  # pragma: no cover - every mapped type takes a message
@@ -290,14 +301,29 @@ class RemoteLedger(LedgerRoutes):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def iter_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        after: str | None = None,
+    ) -> Iterator[Task]:
+        """`Ledger.iter_tasks` over the API: `list_tasks` a page of `LIST_PAGE` at a time,
+        so a listing of any length holds one page (`now` is the server's, as everywhere)."""
+        while True:
+            page = self.list_tasks(state=state, limit=LIST_PAGE, after=after)
+            yield from page
+            if len(page) < LIST_PAGE:
+                return
+            after = page[-1].id
+
     # -- the one call path --------------------------------------------------------------
 
     def _send(self, endpoint: Endpoint[Any, _R], arguments: Mapping[str, Any]) -> _R:
         """One logical call of a row: its capability checked, its request built from the
         arguments, sent (and sent again with the same key when no answer came back, at most
         `retries` times), and its answer read, or its error raised as the typed exception."""
-        needs = endpoint.needs_check(arguments)
-        if needs is not None:
+        for needs in endpoint.needs_check(arguments):
             self._require(needs)
         body = endpoint.payload(arguments)
         key = str(uuid.uuid4()) if endpoint.method == "POST" else None

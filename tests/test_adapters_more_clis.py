@@ -165,7 +165,6 @@ def test_a_kilo_401_whose_hint_masking_breaks_the_json_is_still_read() -> None:
     # A real process, so the line goes through spawn's own masking.
     result = spawn([sys.executable, "-c", f"print({line!r}); raise SystemExit(1)"], timeout=60)
     assert "YOUR_KEY" not in result.stdout_tail  # spawn masked it...
-    with pytest.raises(ValueError):
-        json.loads(result.stdout_tail)  # ...and the masking broke the line's JSON
+    json.loads(result.stdout_tail)  # ...and the line is still JSON (masks keep escapes)
     mapped = get_adapter("kilo").parse(result)
     assert (mapped.failure_class, mapped.reason) == (ENV, "http 401")

@@ -47,6 +47,7 @@ RANKS = {
     "execkit._mask": 0,
     "execkit._backoff": 0,
     "execkit._version": 0,
+    "execkit._trace": 0,
     "execkit._exec": 1,
     "execkit._classify": 2,
     "execkit.adapterkit": 3,
@@ -54,8 +55,14 @@ RANKS = {
     "execkit._registry": 3,
     "execkit._proof": 4,
     "execkit._agent": 5,
+    # The retry libraries' helpers read only the failure types (and the agent's backoff).
+    "execkit._retry": 5,
     "execkit._budget": 6,
+    "execkit._lanes": 6,
     "execkit.ledger": 7,
+    # One attempt of a task end to end (`run_attempt`): the agent loop over the ledger,
+    # below the dispatcher that does the same for each issue of a board.
+    "execkit._attempt": 7.5,
     "execkit.dispatch": 8,
     # The HTTP API described once (the route table, its OpenAPI document): above the
     # ledger it calls, below the server and the client built from it, so neither can be

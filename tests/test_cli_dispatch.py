@@ -52,6 +52,7 @@ def test_dispatch_once_then_status(board: Path, capsys: pytest.CaptureFixture[st
     header = out.splitlines()[0].split("  ")
     assert [h.strip() for h in header if h.strip()] == [
         "ISSUE",
+        "TASK",
         "BOARD",
         "LEDGER",
         "ATTEMPT",
@@ -62,6 +63,10 @@ def test_dispatch_once_then_status(board: Path, capsys: pytest.CaptureFixture[st
         "REASON",
     ]
     rows = {row.pop("ISSUE"): row for row in table_columns(out)}
+    # Each row names its task (issue #31): distinct ledger ids, one per issue.
+    tasks = {issue: row.pop("TASK") for issue, row in rows.items()}
+    assert all(re.fullmatch(r"t-\d+", task) for task in tasks.values())
+    assert len(set(tasks.values())) == len(tasks)
     assert rows["OK"] == {
         "BOARD": "done",
         "LEDGER": "done",
@@ -93,9 +98,13 @@ def test_dispatch_once_then_status(board: Path, capsys: pytest.CaptureFixture[st
     assert re.fullmatch(r"in \d+s", bad["NEXT"])  # the next attempt, relative to now
     assert "check failed: expected 42, got 41" in bad["REASON"]
 
-    # A second pass right away: BAD is in backoff, nothing runs.
+    # A second pass right away: BAD is in backoff, nothing runs; the one line says so and
+    # when the next attempt is due (issue #31: "did it run?"), and no dispatch is printed.
     assert main(["dispatch", "--board", str(board), "--adapter", "generic", "--once"]) == 0
-    assert capsys.readouterr().out == ""
+    out = capsys.readouterr().out
+    assert re.fullmatch(
+        r"nothing due, next at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \(in \d+s: BAD\)\n", out
+    ), out
 
 
 def test_status_json(board: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -163,12 +163,17 @@ DB_COMMANDS = [
     ["role", "list"],
     ["run", "start", "t-1"],
     ["run", "finish", "r-1", "failed"],
+    ["run", "list", "--running"],
     ["run", "heartbeat", "r-1"],
     ["capabilities"],
     ["db", "init"],
     ["db", "migrate"],
     ["db", "status"],
     ["db", "check"],
+    ["lane", "list"],
+    ["lane", "show", "claude/default"],
+    ["lane", "resume", "claude/default"],
+    ["lane", "park", "claude/default", "--for", "60"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],
@@ -201,7 +206,7 @@ def test_the_db_list_covers_every_command_that_takes_db() -> None:
     covered = set()
     for argv in DB_COMMANDS:
         words = [w for w in argv[:2] if not w.startswith("-")]
-        if words[0] in {"task", "db", "run", "role"}:
+        if words[0] in {"task", "db", "run", "role", "lane"}:
             covered.add(f"execkit {' '.join(words[:2])}")
         else:
             covered.add(f"execkit {words[0]}")

@@ -39,12 +39,13 @@ PUBLIC = [
     "role",
     "capabilities",
     "db",
+    "lane",
     "dispatch",
     "status",
     "serve",
     "demo",
 ]
-INTERNAL = ["run-start", "run-finish", "run-heartbeat"]
+INTERNAL = ["run-start", "run-finish", "run-heartbeat", "run-list"]
 INTERRUPTED = "execkit: interrupted"
 
 
@@ -202,6 +203,122 @@ def test_help_imports_no_command_group() -> None:
 
 def test_a_command_imports_only_its_own_group() -> None:
     assert _imported("classify", "/dev/null") & GROUPS == {"execkit.cli._classify"}
+
+
+# What a ledger listing must not import: the spawner and what only it needs, the
+# classifier's rules (the ledger stores a FailureClass, which loads alone), the agent
+# loop, adapters, the dispatcher, the server and the remote client, PostgreSQL, a new
+# ledger's uuid and the package metadata.
+NOT_FOR_A_LISTING = {
+    "execkit._exec",
+    "execkit._classify.entry",
+    "execkit._classify.rules",
+    "execkit._classify.scan",
+    "execkit._classify.patterns",
+    "execkit._classify.structure",
+    "execkit._agent",
+    "execkit._adapter",
+    "execkit._registry",
+    "execkit.dispatch",
+    "execkit.server",
+    "execkit.remote",
+    "execkit.ledger._postgres",
+    "subprocess",
+    "psutil",
+    "asyncio",
+    "ctypes",
+    "uuid",
+    "psycopg",
+    "starlette",
+    "uvicorn",
+    "http.client",
+    "importlib.metadata",
+}
+# `--version` reads the installed distribution's metadata and nothing of execkit beyond
+# its front door, the CLI's and the version's modules.
+NOT_FOR_THE_VERSION = NOT_FOR_A_LISTING - {"importlib.metadata"} | {
+    "attrs",
+    "json",
+    "sqlite3",
+    "execkit.ledger",
+    "execkit._classify",
+    "execkit._proof",
+    "execkit._redact",
+    "execkit.cli._output",
+}
+
+
+def test_task_list_imports_only_the_ledger_it_reads(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    subprocess.run(
+        [sys.executable, "-m", "execkit", "task", "create", "one", "--db", str(db)],
+        env=_env(),
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    loaded = _imported("task", "list", "--db", str(db))
+    assert {"execkit.cli._ledger", "execkit.ledger._sqlite", "execkit._classify.verdict"} <= loaded
+    assert not loaded & NOT_FOR_A_LISTING, sorted(loaded & NOT_FOR_A_LISTING)
+    assert loaded & GROUPS == {"execkit.cli._ledger"}
+
+
+def test_version_imports_only_the_metadata() -> None:
+    loaded = _imported("--version")
+    assert "importlib.metadata" in loaded
+    assert not loaded & NOT_FOR_THE_VERSION, sorted(loaded & NOT_FOR_THE_VERSION)
+    assert {m for m in loaded if m.startswith("execkit")} == {
+        "execkit",
+        "execkit._errors",
+        "execkit._version",
+        "execkit.cli",
+    }
+
+
+def test_run_imports_the_classifier_types_but_not_its_rules() -> None:
+    loaded = _imported("run", "--", "true")
+    assert "execkit._classify.verdict" in loaded
+    assert not loaded & {
+        "execkit._classify.entry",
+        "execkit._classify.rules",
+        "execkit._classify.scan",
+        "execkit._classify.patterns",
+    }
+
+
+def test_execkits_own_modules_compile_no_regex_on_the_way_to_run_or_list(tmp_path: Path) -> None:
+    """`re.compile` calls made by execkit's own modules while `run -- true` and `task list`
+    start and run (the classifier's patterns compile on first use; a pattern string used
+    with `re.fullmatch` is compiled and cached by `re` at its first use). The redactor's
+    two name patterns are the only ones left, compiled when it is imported."""
+    probe = (
+        "import collections, re, runpy, sys\n"
+        "calls = collections.Counter()\n"
+        "real = re.compile\n"
+        "def counting(pattern, flags=0):\n"
+        "    calls[sys._getframe(1).f_globals.get('__name__')] += 1\n"
+        "    return real(pattern, flags)\n"
+        "re.compile = counting\n"
+        "sys.argv = ['execkit', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('execkit', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in calls if m and m.startswith('execkit')), file=sys.stderr)\n"
+    )
+    db = tmp_path / "ledger.db"
+    for args in (["run", "--", "true"], ["task", "list", "--db", str(db)]):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.stderr.strip().splitlines()[-1] == str(
+            ["execkit._redact.env", "execkit._redact.words"]
+        ), done.stderr
 
 
 def test_importing_the_cli_is_light_and_changes_no_signal_handler() -> None:

@@ -78,7 +78,11 @@ def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
     assert [line.split()[2] for line in upstream] == ["DEMO-3", "DEMO-3"]
     # Always wrong: charged until the charged budget is spent, then Blocked.
     assert cells("DEMO-4") == ["blocked", "blocked (work)", "3/10", "3", "0", "-", "work"]
-    assert rows["DEMO-4"]["REASON"] == "charged budget spent: 3 of 3 attempts"
+    # The block and then the last failure itself (issue #31: the block alone hides it).
+    assert rows["DEMO-4"]["REASON"] == (
+        "charged budget spent: 3 of 3 attempts; last failure: default: check failed: "
+        "expected 42, got 41"
+    )
     assert events[-1].endswith(
         "-> moved to blocked (charged budget spent: 3 of 3 attempts; "
         "move the card back to retry once)"

@@ -392,6 +392,8 @@ class FlakyFinishLedger(SqliteLedger):
         reason: str | None = None,
         not_before: float | None = None,
         now: float | None = None,
+        stopped: bool = False,
+        lane_cause: str | None = None,
     ) -> Run:
         if self.fail_next_finish:
             self.fail_next_finish = False
@@ -403,6 +405,8 @@ class FlakyFinishLedger(SqliteLedger):
             reason=reason,
             not_before=not_before,
             now=now,
+            stopped=stopped,
+            lane_cause=lane_cause,
         )
 
 

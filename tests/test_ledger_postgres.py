@@ -47,6 +47,10 @@ from execkit.ledger._postgres import public_url
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The schema this code writes, and a newer one a test stands in (one more additive step).
+CURRENT = pg_schema.SCHEMA_VERSION
+NEWER = CURRENT + 1
+
 
 def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """One statement on a connection of its own (autocommit)."""
@@ -442,7 +446,8 @@ def test_concurrent_creations_and_migrations_serialise_on_the_advisory_lock(
     assert errors == []
     # One of them built the schema; the other three found it built.
     assert sorted(ledger.migration is None for ledger in opened) == [False, True, True, True]
-    assert sql(pg_url, "SELECT version FROM schema_version") == [(1,)]
+    versions = [(version,) for version in sorted(pg_schema.SCHEMA_STEPS)]
+    assert sql(pg_url, "SELECT version FROM schema_version") == versions
     assert {ledger.ledger_id() for ledger in opened} == {opened[0].ledger_id()}
     for ledger in opened:
         ledger.close()
@@ -456,11 +461,11 @@ def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
         ledger.start_run(task.id, request_key="k", actor="a")
         before = ledger.get_task(task.id)
     # A newer execkit with one more (additive) step.
-    steps = {**pg_schema.SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    steps = {**pg_schema.SCHEMA_STEPS, NEWER: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
     monkeypatch.setattr(pg_schema, "SCHEMA_STEPS", steps)
-    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", NEWER)
     with open_pg(pg_url) as outdated:
-        assert outdated.schema_version() == 1
+        assert outdated.schema_version() == CURRENT
         with pytest.raises(StorageError, match="back it up first") as refused:
             outdated.get_task(task.id)
         message = refused.value.message
@@ -468,21 +473,21 @@ def test_an_older_schema_waits_for_a_backup_then_migrates_additively(
         assert f"--dbname={pg_url}" in message or "--dbname=" in message
         assert "--schema=" in message
         assert outdated.status_info()["needs_migration"] is True
-    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(CURRENT,)]
     # Without the operator's word that the dump was taken, migrate names it and waits.
     with pytest.raises(InvalidInput, match="pg_dump --format=custom") as waiting:
         migrate(pg_url)
     assert "--backed-up" in waiting.value.message and waiting.value.field == "backed_up"
-    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(CURRENT,)]
     done = migrate(pg_url, backed_up=True)
     assert isinstance(done, PostgresMigration)
-    assert (done.from_version, done.to_version) == (1, 2)
+    assert (done.from_version, done.to_version) == (CURRENT, NEWER)
     assert done.backup_command is not None and done.backup_command.startswith("pg_dump ")
     again = migrate(pg_url, backed_up=True)  # already current: nothing done
     assert isinstance(again, PostgresMigration) and again.backup_command is None
-    assert (again.from_version, again.to_version) == (2, 2)
+    assert (again.from_version, again.to_version) == (NEWER, NEWER)
     with open_pg(pg_url) as migrated:
-        assert migrated.schema_version() == 2
+        assert migrated.schema_version() == NEWER
         assert migrated.get_task(task.id) == before
         assert migrated.validate() == []
     assert sql(pg_url, "SELECT COUNT(*) FROM ledger_notes") == [(0,)]
@@ -493,26 +498,27 @@ def test_an_outdated_ledger_opened_as_is_migrates_in_place_once_backed_up(
 ) -> None:
     me = pwd.getpwuid(os.geteuid()).pw_name
     open_pg(pg_url).close()
-    steps = {**pg_schema.SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    steps = {**pg_schema.SCHEMA_STEPS, NEWER: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
     monkeypatch.setattr(pg_schema, "SCHEMA_STEPS", steps)
-    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", NEWER)
     with open_pg(pg_url) as outdated:  # a server's ledger is never migrated by default
         assert outdated.migration is None
         with pytest.raises(InvalidInput, match="pg_dump --format=custom"):
             outdated.migrate()
-        assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]
+        assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(CURRENT,)]
         done = outdated.migrate(backed_up=True)
-        assert (done.from_version, done.to_version) == (1, 2)
+        assert (done.from_version, done.to_version) == (CURRENT, NEWER)
         assert outdated.migration == done
         # Usable at once, its owner known (it was not read while the schema was outdated).
         assert outdated.grant_role("op", "agent.operate", actor=me).role == "agent.operate"
     monkeypatch.setattr(
-        pg_schema, "SCHEMA_STEPS", {**steps, 3: ("CREATE TABLE more_notes (note text)",)}
+        pg_schema, "SCHEMA_STEPS", {**steps, NEWER + 1: ("CREATE TABLE more_notes (note text)",)}
     )
-    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", NEWER + 1)
     with open_pg(pg_url, upgrade=True) as upgraded:  # the operator's say-so, on open
         assert upgraded.migration is not None
-        assert (upgraded.migration.from_version, upgraded.migration.to_version) == (2, 3)
+        done = upgraded.migration
+        assert (done.from_version, done.to_version) == (NEWER, NEWER + 1)
         assert upgraded.grants()[0].principal == "op"
 
 
@@ -538,18 +544,18 @@ def test_the_db_commands_take_a_url(
     assert code == 0 and current["backup_command"] is None
 
     # A newer execkit with one more (additive) step: migrate waits for the operator's dump.
-    steps = {**pg_schema.SCHEMA_STEPS, 2: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
+    steps = {**pg_schema.SCHEMA_STEPS, NEWER: ("CREATE TABLE ledger_notes (note text NOT NULL)",)}
     monkeypatch.setattr(pg_schema, "SCHEMA_STEPS", steps)
-    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", NEWER)
     assert cli("db", "status")[1]["needs_migration"] is True
     code, refused = cli("db", "migrate")
     assert code == EXIT_CODES["invalid"]
     message = refused["error"]["message"]
     assert "pg_dump --format=custom" in message and "--backed-up" in message
-    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(1,)]  # nothing written
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(CURRENT,)]  # nothing written
     code, migrated = cli("db", "migrate", "--backed-up")
-    assert code == 0 and (migrated["from_version"], migrated["to_version"]) == (1, 2)
-    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(2,)]
+    assert code == 0 and (migrated["from_version"], migrated["to_version"]) == (CURRENT, NEWER)
+    assert sql(pg_url, "SELECT MAX(version) FROM schema_version") == [(NEWER,)]
 
 
 def test_storage_problems_are_named_and_a_drifted_summary_repaired(

@@ -36,6 +36,11 @@ _RUN: dict[str, Any] = {
     "owner_pid": 7,
     "lease_expires_at": 40.0,
     "not_before": 70.0,
+    "owner_boot_id": "b",
+    "owner_pid_namespace": 4,
+    "owner_pid_started_at": 5.0,
+    "owner_instance": "i",
+    "stopped": 0,
 }
 
 _SUMMARY = HistorySummary(

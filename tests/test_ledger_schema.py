@@ -141,7 +141,7 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 5
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -152,9 +152,9 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
 
     with open_ledger(db) as ledger:
         assert ledger.migration is not None
-        assert (ledger.migration.from_version, ledger.migration.to_version) == (1, 3)
+        assert (ledger.migration.from_version, ledger.migration.to_version) == (1, SCHEMA_VERSION)
         backup = ledger.migration.backup_path
-        assert ledger.schema_version() == 3
+        assert ledger.schema_version() == SCHEMA_VERSION
         # The migrated tasks read with no explicit limit and their whole history.
         old = ledger.get_task("t-1", now=10**10)
         assert (old.max_attempts, old.attempts_started, old.status) == (0, 2, "open")
@@ -177,6 +177,12 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "role_grants",
         "runs_by_task_request_key",
         "run_extras_by_lease",
+        "run_owners",
+        "run_stops",
+        "lane_events",
+        "lane_events_by_lane",
+        "lane_summaries",
+        "run_lanes",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 
@@ -260,11 +266,11 @@ def test_migrate_writes_a_backup_and_says_where(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     _build_version_1(db)
     result = migrate(db)
-    assert (result.from_version, result.to_version) == (1, 3)
+    assert (result.from_version, result.to_version) == (1, SCHEMA_VERSION)
     assert result.backup_path is not None and result.backup_path.is_file()
     assert "schema-v1" in result.backup_path.name
     again = migrate(db)
-    assert (again.from_version, again.backup_path) == (3, None)
+    assert (again.from_version, again.backup_path) == (SCHEMA_VERSION, None)
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".bak") == [
         result.backup_path.name
     ]

@@ -106,8 +106,18 @@ def test_the_summary_migration_builds_summaries_for_an_old_ledger(tmp_path: Path
     make_ledger(db)
     with open_ledger(db) as ledger:
         ledger._conn.execute("DELETE FROM task_summaries")
-        ledger._conn.execute("DELETE FROM schema_version WHERE version = 3")
-        for table in ("task_summaries", "run_extras", "task_extras", "ledger_meta", "role_grants"):
+        ledger._conn.execute("DELETE FROM schema_version WHERE version >= 3")
+        later = ("lane_events", "lane_summaries", "run_lanes")  # versions after 3
+        for table in (
+            "task_summaries",
+            "run_extras",
+            "task_extras",
+            "ledger_meta",
+            "role_grants",
+            "run_owners",
+            "run_stops",
+            *later,
+        ):
             ledger._conn.execute(f"DROP TABLE {table}")
         ledger._conn.execute("DROP INDEX runs_by_task_request_key")
     with open_ledger(db) as migrated:

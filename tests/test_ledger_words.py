@@ -36,6 +36,8 @@ _STORED_ACTIONS = {
     "run.abandon",
     "role.grant",
     "role.revoke",
+    "lane.park",
+    "lane.resume",
 }
 
 
@@ -105,6 +107,8 @@ def test_every_action_the_ledger_writes_is_a_member_stored_as_before(
     ledger.start_run(lost.id, request_key="2", actor=owner, now=7.0, lease_s=1)
     ledger.abandon_expired_runs(now=100.0)
     ledger.cancel_task(lost.id, actor=owner, now=101.0)
+    ledger.park_lane("claude/default", until=500.0, actor=owner, now=101.0)
+    ledger.resume_lane("claude/default", actor=owner, now=101.0)
     summaries = "task_summaries" if backend == "sqlite" else "tasks"
     raw_sql(f"UPDATE {summaries} SET uncharged_streak = 3")
     assert ledger.repair(now=102.0)

@@ -122,7 +122,8 @@ def test_the_operator_loop_runs_as_written(tmp_path: Path) -> None:
         first = next(line for line in lines if "attempt 1/10" in line)
         assert "environment (uncharged): acme-agent CLI not found on PATH" in first
         assert "moved to blocked" in first
-        assert any(line.startswith("ISS-1  blocked  blocked (environment)") for line in lines)
+        # `execkit status` names the task beside the issue (issue #31).
+        assert any(line.startswith("ISS-1  t-1   blocked  blocked (environment)") for line in lines)
         assert "ISS-1  attempt 2/10  succeeded -> moved to done" in lines
         runs = [line for line in lines if line.startswith("r-")]
         assert [run.split()[4:6] for run in runs] == [
@@ -269,3 +270,45 @@ def test_the_entry_point_registers_the_example_adapter(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["AcmeAdapter", "acme", "True"]
+
+
+def _comments_after_code(code: str) -> list[str]:
+    """The block's closing comment lines (what it prints), without their `# `."""
+    lines = code.rstrip().splitlines()
+    tail: list[str] = []
+    while lines and lines[-1].startswith("# "):
+        tail.insert(0, lines.pop().removeprefix("# "))
+    return tail
+
+
+def _run_block(code: str, cwd: Path) -> list[str]:
+    env = {**os.environ, "PATH": str(cwd / "empty-bin")}  # no vendor CLI on PATH
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def _matches(printed: list[str], expected: list[str]) -> None:
+    assert len(printed) == len(expected), (printed, expected)
+    for got, want in zip(printed, expected, strict=True):
+        assert got.startswith(want.removesuffix("...").rstrip()), (got, want)
+
+
+def test_the_runner_example_is_at_most_25_lines_and_settles_every_task(tmp_path: Path) -> None:
+    code = _python_block("run_attempt(ledger, task_id, claude")
+    assert len(code.rstrip().splitlines()) <= 25
+    expected = _comments_after_code(code)
+    _matches(_run_block(code, tmp_path), expected)
+    # Again in the same folder: the tasks are the same ones, already blocked, not re-run.
+    _matches(_run_block(code, tmp_path), expected[2:])
+
+
+def test_the_retry_library_example_does_not_retry_an_environment_failure(
+    tmp_path: Path,
+) -> None:
+    code = _python_block("wait=wait_for_reset()")
+    for _ in range(2):
+        _matches(_run_block(code, tmp_path), _comments_after_code(code))

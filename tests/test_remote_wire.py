@@ -37,7 +37,15 @@ ME = pwd.getpwuid(os.geteuid()).pw_name
 URL = "http://ledger.invalid:8750/prefix"
 
 # What no single route answers: read from the capabilities, derived, or local.
-BY_HAND = {"capabilities", "schema_version", "ledger_id", "location", "history", "close"}
+BY_HAND = {
+    "capabilities",
+    "schema_version",
+    "ledger_id",
+    "location",
+    "history",
+    "close",
+    "iter_tasks",  # list_tasks a page at a time
+}
 
 
 def _protocol_methods() -> dict[str, Callable[..., Any]]:

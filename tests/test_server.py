@@ -437,7 +437,7 @@ def test_an_unexpected_exception_is_a_json_500(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     class BrokenLedger(SqliteLedger):
-        def list_tasks(self, *, now: float | None = None) -> list[Task]:
+        def list_tasks(self, *, now: float | None = None, **_: Any) -> list[Task]:
             raise RuntimeError("a bug")
 
     ledger = BrokenLedger(tmp_path / "ledger.db")

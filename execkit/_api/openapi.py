@@ -22,7 +22,8 @@ import attrs
 from execkit._api.routes import ENDPOINTS
 from execkit._api.row import Endpoint, Field
 from execkit._budget import Backoff, WorkBudget
-from execkit.ledger import AuditEvent, Grant, Run, Task
+from execkit._lanes import LaneEvent, LaneView
+from execkit.ledger import AuditEvent, Grant, Run, RunOwner, Task
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
 
@@ -36,6 +37,8 @@ ERROR_STATUSES: dict[str, int] = {
     "blocked": 409,
     "finished": 409,
     "backoff": 409,
+    "lane_waiting": 409,
+    "lane_stopped": 409,
     "unsupported_move": 409,
     "attempt_limit": 422,
     "invalid_history": 422,
@@ -83,7 +86,23 @@ _DESCRIPTIONS: dict[type, dict[str, str]] = {
         "retry_pending": "an operator asked for one forced retry",
         "gave_up_at_attempt": "a dispatcher gave the task's issue up at this attempt count",
     },
-    Run: {"attempt": "gapless 1..N per task"},
+    Run: {
+        "attempt": "gapless 1..N per task",
+        "stopped": "abandoned by its own runner on purpose: uncharged",
+    },
+    RunOwner: {
+        "boot_id": "the kernel's boot id: with pid_namespace, where pid means something",
+        "pid_started_at": "the process's start time (a reused pid has another)",
+        "instance": "a random id the owner drew when it started",
+    },
+    LaneView: {
+        "state": "as it stands now (half_open: the wait passed; one probe attempt goes first)",
+        "admits": "the next admission on the lane may go",
+        "probe": "the next admission is the half-open probe",
+        "opens_at": "when a parked or cooling lane opens; null when only a result or an "
+        "operator opens it",
+        "capped": "the vendor's stated reset was further than the cap and was cut to it",
+    },
 }
 
 
@@ -117,6 +136,7 @@ def _components() -> dict[str, Any]:
     schemas: dict[str, Any] = {
         "Task": _wire_schema(Task),
         "Run": _wire_schema(Run),
+        "RunOwner": _wire_schema(RunOwner),
         "Grant": _wire_schema(Grant),
         "AuditEvent": _wire_schema(AuditEvent),
         "TaskList": _object({"tasks": _array_of("Task")}),
@@ -128,6 +148,11 @@ def _components() -> dict[str, Any]:
             {"ok": {"type": "boolean"}, "problems": {"type": "array", "items": {"type": "string"}}}
         ),
         "Repaired": _object({"repaired": {"type": "array", "items": {"type": "string"}}}),
+        "Lane": _wire_schema(LaneView),
+        "LaneEvent": _wire_schema(LaneEvent),
+        "LaneList": _object({"lanes": _array_of("Lane")}),
+        "LaneHistory": _object({"lane": {"type": "string"}, "events": _array_of("LaneEvent")}),
+        "TaskLane": _object({"lane": {"oneOf": [_ref("Lane"), {"type": "null"}]}}),
         "Capabilities": _object(
             {
                 "capabilities": {"type": "array", "items": {"type": "string"}},
@@ -147,7 +172,12 @@ def _components() -> dict[str, Any]:
                         "code": {"type": "string", "enum": codes, "title": "ErrorCode"},
                         "message": {"type": "string"},
                     },
-                    optional={"ready_at": {"type": "number"}},
+                    optional={
+                        "ready_at": {"type": "number"},
+                        "lane": {"type": "string"},
+                        "opens_at": {"type": ["number", "null"]},
+                        "fix": {"type": ["string", "null"]},
+                    },
                 )
             }
         ),
@@ -167,7 +197,13 @@ def _object(required: dict[str, Any], *, optional: dict[str, Any] | None = None)
 
 
 def _field_schema(field: Field) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": [field.type, "null"] if field.nullable else field.type}
+    if field.shape is not None:
+        shaped = _ref(field.shape)
+        schema: dict[str, Any] = {"anyOf": [shaped, {"type": "null"}]} if field.nullable else shaped
+        if field.description:
+            schema["description"] = field.description
+        return schema
+    schema = {"type": [field.type, "null"] if field.nullable else field.type}
     if field.description:
         schema["description"] = field.description
     return schema

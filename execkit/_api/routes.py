@@ -22,6 +22,7 @@ applies its own rule with the actor's grants (its owner holds every role):
                                             "force" is true     explicit limit
     POST /v1/grants, /v1/grants/revoke      ledger.admin        owner or ledger.admin
     POST /v1/check/repair                   ledger.admin        -
+    POST /v1/lanes/park, /v1/lanes/resume   agent.operate       agent.operate
     every other route                       any valid token     -
 """
 
@@ -35,21 +36,49 @@ import attrs
 from execkit._api.row import Call, Endpoint, Field, Needs
 from execkit._api.wire import (
     ATTEMPT_LIMITS,
+    LANES,
     cap_number,
     document,
     flag,
     listed,
     one,
+    optional,
     text,
 )
 from execkit._budget import DispatchCap
 from execkit._errors import InvalidInput
-from execkit.ledger import ADMIN_ROLE, OPERATE_ROLE, AuditEvent, Grant, Ledger, Run, Task
+from execkit._lanes import LaneEvent, LaneView
+from execkit.ledger import (
+    ADMIN_ROLE,
+    OPERATE_ROLE,
+    AuditEvent,
+    Grant,
+    Ledger,
+    Run,
+    RunOwner,
+    Task,
+)
 
 __all__ = ["CAPABILITIES", "ENDPOINTS", "OPENAPI", "LedgerRoutes"]
 
 
 # -- handlers -----------------------------------------------------------------------------
+
+
+def _owner(value: object) -> RunOwner | None:
+    """A `RunOwner` from its JSON object; its validators word a bad member."""
+    if value is None:
+        return None
+    assert isinstance(value, dict)
+    try:
+        return RunOwner(**value)
+    except TypeError as exc:
+        raise InvalidInput(f"owner: {exc}", field="owner") from None
+
+
+def owner_document(owner: RunOwner | None) -> dict[str, Any] | None:
+    """A `RunOwner` on the wire (the client's encoder)."""
+    return None if owner is None else owner.to_dict()
 
 
 def _cap(value: object) -> DispatchCap | None:
@@ -83,7 +112,11 @@ def _create_task(call: Call) -> tuple[int, dict[str, Any]]:
 
 
 def _list_tasks(call: Call) -> tuple[int, dict[str, Any]]:
-    return 200, {"tasks": [task.to_dict() for task in call.ledger.list_tasks()]}
+    query = call.query
+    tasks = call.ledger.list_tasks(
+        state=query.get("state"), limit=query.get("limit"), after=query.get("after")
+    )
+    return 200, {"tasks": [task.to_dict() for task in tasks]}
 
 
 def _get_task(call: Call) -> tuple[int, dict[str, Any]]:
@@ -148,6 +181,8 @@ def _start_run(call: Call) -> tuple[int, dict[str, Any]]:
         forced=body.get("forced", False),
         ignore_backoff=body.get("ignore_backoff", False),
         cap=_cap(body.get("cap")),
+        owner=_owner(body.get("owner")),
+        lane=body.get("lane"),
         **options,
     )
     return 201, run.to_dict()
@@ -170,7 +205,18 @@ def _finish(call: Call) -> tuple[int, dict[str, Any]]:
         failure_class=body.get("failure_class"),
         reason=body.get("reason"),
         not_before=body.get("not_before"),
+        stopped=body.get("stopped", False),
+        lane_cause=body.get("lane_cause"),
     )
+    return 200, run.to_dict()
+
+
+def _running_runs(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {"runs": [run.to_dict() for run in call.ledger.running_runs()]}
+
+
+def _abandon_run(call: Call) -> tuple[int, dict[str, Any]]:
+    run = call.ledger.abandon_run(call.path["run_id"], reason=call.body["reason"], actor=call.actor)
     return 200, run.to_dict()
 
 
@@ -198,6 +244,39 @@ def _revoke(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, {"revoked": removed}
 
 
+def _list_lanes(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {"lanes": [lane.to_dict() for lane in call.ledger.list_lanes()]}
+
+
+def _get_lane(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, call.ledger.get_lane(call.query.get("lane")).to_dict()  # type: ignore[arg-type]
+
+
+def _lane_history(call: Call) -> tuple[int, dict[str, Any]]:
+    lane = call.query.get("lane")
+    events = call.ledger.lane_history(lane)  # type: ignore[arg-type] # the ledger checks it
+    return 200, {"lane": lane, "events": [e.to_dict() for e in events]}
+
+
+def _task_lane(call: Call) -> tuple[int, dict[str, Any]]:
+    found = call.ledger.task_lane(call.path["task_id"])
+    return 200, {"lane": None if found is None else found.to_dict()}
+
+
+def _park_lane(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    lane = call.ledger.park_lane(
+        body["lane"], until=body["until"], actor=call.actor, reason=body.get("reason")
+    )
+    return 200, lane.to_dict()
+
+
+def _resume_lane(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    lane = call.ledger.resume_lane(body["lane"], actor=call.actor, reason=body.get("reason"))
+    return 200, lane.to_dict()
+
+
 def _check(call: Call) -> tuple[int, dict[str, Any]]:
     problems = call.ledger.validate()
     return 200, {"ok": not problems, "problems": problems}
@@ -223,8 +302,20 @@ _KEY = Field(
     omit_none=True,
 )
 _LIMITS = Needs(ATTEMPT_LIMITS, "an attempt limit")
+_OWNERS = "runs.owners"
+_OWNERS_WHEN_OWNER = Needs(_OWNERS, "a run's owner", when="owner")
+
+
+def _true_or_none(value: object) -> bool | None:
+    # Sent only when true, so a server older than `stopped` takes every other finish.
+    return True if value else None
+
+
 _TASK = one(Task)
 _RUN = one(Run)
+_LANE = one(LaneView)
+_NEEDS_LANES = Needs(LANES, "a vendor lane")
+_LANE_QUERY = Field("lane", "string", required=True, description="ADAPTER/CREDENTIAL[@HOST]")
 
 CAPABILITIES: Endpoint[[], dict[str, Any]] = Endpoint(
     "GET",
@@ -263,9 +354,14 @@ class LedgerRoutes:
         "GET",
         "/v1/tasks",
         "listTasks",
-        "Every task",
+        "Tasks in creation order: every one, or a page",
         _list_tasks,
         "TaskList",
+        query=(
+            Field("state", "string", description="only tasks in this state"),
+            Field("limit", "integer", description="at most this many (1..10000)"),
+            Field("after", "string", description="after this task (a page's last id)"),
+        ),
         binds=Ledger.list_tasks,
         read=listed("tasks", _TASK),
     )
@@ -363,9 +459,25 @@ class LedgerRoutes:
             Field("ignore_backoff", "boolean"),
             Field("lease_s", "number", nullable=True),
             Field("cap", "integer", nullable=True, encode=cap_number),
+            Field(
+                "owner",
+                "object",
+                shape="RunOwner",
+                description="the process that will run it (default: the server's)",
+                omit_none=True,
+                encode=owner_document,
+            ),
+            Field(
+                "lane",
+                "string",
+                nullable=True,
+                omit_none=True,
+                description="the vendor lane ADAPTER/CREDENTIAL the run uses",
+            ),
         ),
         binds=Ledger.start_run,
         read=_RUN,
+        needs=(_OWNERS_WHEN_OWNER, Needs(LANES, "a vendor lane", when="lane")),
     )
     run = Endpoint(
         "GET", _RUN_ID, "getRun", "One run", _get_run, "Run", binds=Ledger.run, read=_RUN
@@ -395,9 +507,44 @@ class LedgerRoutes:
             Field("failure_class", "string", nullable=True),
             Field("reason", "string", nullable=True),
             Field("not_before", "number", nullable=True),
+            Field(
+                "lane_cause",
+                "string",
+                nullable=True,
+                omit_none=True,
+                description="reset | credentials | billing | binary_missing, from structure",
+            ),
+            Field("stopped", "boolean", omit_none=True, encode=_true_or_none),
         ),
         binds=Ledger.finish_run,
         read=_RUN,
+        needs=(
+            Needs(_OWNERS, "a stopped run", when="stopped"),
+            Needs(LANES, "a vendor lane", when="lane_cause"),
+        ),
+    )
+    running_runs = Endpoint(
+        "GET",
+        "/v1/running",
+        "runningRuns",
+        "Every running run: where it runs, since when, until when its lease holds",
+        _running_runs,
+        "RunList",
+        binds=Ledger.running_runs,
+        read=listed("runs", _RUN),
+        needs=Needs(_OWNERS, "run owners"),
+    )
+    abandon_run = Endpoint(
+        "POST",
+        f"{_RUN_ID}/abandon",
+        "abandonRun",
+        "Abandon a running run whose owner is known to be gone",
+        _abandon_run,
+        "Run",
+        body=(Field("reason", "string", required=True),),
+        binds=Ledger.abandon_run,
+        read=_RUN,
+        needs=Needs(_OWNERS, "abandoning a run"),
     )
     abandon_expired_runs = Endpoint(
         "POST",
@@ -456,6 +603,82 @@ class LedgerRoutes:
         body=(Field("principal", "string", required=True), Field("role", "string", required=True)),
         binds=Ledger.revoke_role,
         read=flag("revoked"),
+    )
+    list_lanes = Endpoint(
+        "GET",
+        "/v1/lanes",
+        "listLanes",
+        "Every vendor lane the ledger has seen, as it stands now",
+        _list_lanes,
+        "LaneList",
+        binds=Ledger.list_lanes,
+        read=listed("lanes", _LANE),
+        needs=_NEEDS_LANES,
+    )
+    get_lane = Endpoint(
+        "GET",
+        "/v1/lanes/show",
+        "getLane",
+        "One vendor lane as it stands now",
+        _get_lane,
+        "Lane",
+        query=(_LANE_QUERY,),
+        binds=Ledger.get_lane,
+        read=_LANE,
+        needs=_NEEDS_LANES,
+    )
+    lane_history = Endpoint(
+        "GET",
+        "/v1/lanes/history",
+        "laneHistory",
+        "A vendor lane's events in order",
+        _lane_history,
+        "LaneHistory",
+        query=(_LANE_QUERY,),
+        binds=Ledger.lane_history,
+        read=listed("events", one(LaneEvent)),
+        needs=_NEEDS_LANES,
+    )
+    task_lane = Endpoint(
+        "GET",
+        f"{_TASK_ID}/lane",
+        "taskLane",
+        "The vendor lane of the task's last run, as it stands now (null for none)",
+        _task_lane,
+        "TaskLane",
+        binds=Ledger.task_lane,
+        read=optional("lane", _LANE),
+        needs=_NEEDS_LANES,
+    )
+    park_lane = Endpoint(
+        "POST",
+        "/v1/lanes/park",
+        "parkLane",
+        "Park a vendor lane until a time (audited)",
+        _park_lane,
+        "Lane",
+        role=OPERATE_ROLE,
+        body=(
+            Field("lane", "string", required=True),
+            Field("until", "number", required=True),
+            Field("reason", "string", nullable=True),
+        ),
+        binds=Ledger.park_lane,
+        read=_LANE,
+        needs=_NEEDS_LANES,
+    )
+    resume_lane = Endpoint(
+        "POST",
+        "/v1/lanes/resume",
+        "resumeLane",
+        "Re-open a vendor lane; the task that stopped it gets one forced retry (audited)",
+        _resume_lane,
+        "Lane",
+        role=OPERATE_ROLE,
+        body=(Field("lane", "string", required=True), Field("reason", "string", nullable=True)),
+        binds=Ledger.resume_lane,
+        read=_LANE,
+        needs=_NEEDS_LANES,
     )
     validate = Endpoint(
         "GET",

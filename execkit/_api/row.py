@@ -50,7 +50,7 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 
-JSON_TYPES = ("string", "integer", "number", "boolean")
+JSON_TYPES = ("string", "integer", "number", "boolean", "object")
 
 UNSENT = frozenset({"actor", "now"})
 """Parameters of a bound method that are not fields: `actor` becomes a header, `now` is
@@ -69,7 +69,10 @@ class Field:
 
     For the client: `encode` turns the argument into its JSON value (enums become their
     values by default); `omit_none` leaves a None out of the body instead of sending null,
-    so a server older than the member still takes a call that does not use it.
+    so a server older than the member still takes a call that does not use it. An
+    `object` member names its wire shape in `shape` (a component of the document, e.g.
+    `RunOwner`); the server hands the handler a JSON object of scalars, and the handler
+    builds the value (its validators word a bad one).
     """
 
     name: str
@@ -78,6 +81,7 @@ class Field:
     nullable: bool = False
     description: str = ""
     omit_none: bool = attrs.field(default=False, kw_only=True)
+    shape: str | None = attrs.field(default=None, kw_only=True)
     encode: Callable[[Any], Any] = attrs.field(default=_plain, kw_only=True, eq=False)
 
 
@@ -106,6 +110,15 @@ class Call:
 
 
 Handler = Callable[[Call], tuple[int, dict[str, Any]]]
+
+
+def _as_needs(value: Needs | tuple[Needs, ...] | None) -> tuple[Needs, ...]:
+    """A row's capabilities: one, several (one per optional argument), or none."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, Needs) else tuple(value)
+
+
 Reader = Callable[[dict[str, Any]], R]
 
 
@@ -180,7 +193,7 @@ class Endpoint(Generic[P, R]):
     authenticated: bool = True
     binds: Callable[Concatenate[Any, P], R] | None = attrs.field(default=None, eq=False)
     read: Reader[R] | None = attrs.field(default=None, eq=False)
-    needs: Needs | None = None
+    needs: tuple[Needs, ...] = attrs.field(default=(), converter=_as_needs)
     _params: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
     _method: Callable[..., R] | None = attrs.field(init=False, eq=False, repr=False)
 
@@ -198,7 +211,7 @@ class Endpoint(Generic[P, R]):
                 f"{sorted(signature.names - UNSENT)} must be its path, query and body "
                 f"fields {sorted(wired)} (and a read is needed)"
             )
-        if self.needs is not None and self.needs.when not in (None, *signature.names):
+        if any(needs.when not in (None, *signature.names) for needs in self.needs):
             raise TypeError(f"{self.operation_id}: needs.when names no parameter")
         object.__setattr__(self, "_method", _method_of(self, signature))
 
@@ -243,12 +256,9 @@ class Endpoint(Generic[P, R]):
             doc[field.name] = value
         return json.dumps(doc, allow_nan=False).encode("utf-8")
 
-    def needs_check(self, arguments: Mapping[str, Any]) -> Needs | None:
-        """The capability this call relies on, if any."""
-        needs = self.needs
-        if needs is None or (needs.when is not None and not arguments[needs.when]):
-            return None
-        return needs
+    def needs_check(self, arguments: Mapping[str, Any]) -> tuple[Needs, ...]:
+        """The capabilities this call relies on, with these arguments."""
+        return tuple(needs for needs in self.needs if needs.when is None or arguments[needs.when])
 
     @overload
     def __get__(self, instance: None, owner: type[Any]) -> Self: ...

@@ -22,10 +22,23 @@ import attrs
 from execkit._budget import DispatchCap
 from execkit._errors import StorageError
 
-__all__ = ["ATTEMPT_LIMITS", "cap_number", "document", "flag", "listed", "one", "text"]
+__all__ = [
+    "ATTEMPT_LIMITS",
+    "LANES",
+    "cap_number",
+    "document",
+    "flag",
+    "listed",
+    "one",
+    "optional",
+    "text",
+]
 
 ATTEMPT_LIMITS = "tasks.attempt_limits"
 """The capability a limit needs (ADR 0033; `execkit.ledger.CAPABILITIES` holds it)."""
+
+LANES = "vendor.lanes"
+"""The capability a lane needs (issue #28; `execkit.ledger.CAPABILITIES` holds it)."""
 
 T = TypeVar("T")
 A = TypeVar("A", bound=attrs.AttrsInstance)
@@ -94,6 +107,16 @@ def listed(member: str, item: Callable[[object], T]) -> Callable[[dict[str, Any]
         if not isinstance(found, list):
             raise StorageError(f"the server's answer has no list {member!r}")
         return [item(entry) for entry in found]
+
+    return read
+
+
+def optional(member: str, item: Callable[[object], T]) -> Callable[[dict[str, Any]], T | None]:
+    """The reader of a member that may be null (None), else read by `item`."""
+
+    def read(doc: dict[str, Any]) -> T | None:
+        found = doc.get(member)
+        return None if found is None else item(found)
 
     return read
 

@@ -38,15 +38,8 @@ One concern a file:
 Rooms outside this package import from `execkit._classify` only, never from its files.
 """
 
-from execkit._classify.entry import (
-    TAIL_CHARS,
-    classification_fields,
-    classify,
-    classify_text,
-)
-from execkit._classify.resets import stated_wait_s
-from execkit._classify.rules import is_upstream_status
-from execkit._classify.structure import ENVIRONMENT_ERRNOS
+from typing import TYPE_CHECKING, Any
+
 from execkit._classify.verdict import (
     ACCOUNT_LIMIT_REASONS,
     EVIDENCE_CHARS,
@@ -55,6 +48,46 @@ from execkit._classify.verdict import (
     Reason,
     never_started,
 )
+
+if TYPE_CHECKING:
+    from execkit._classify.entry import (
+        TAIL_CHARS,
+        classification_fields,
+        classify,
+        classify_text,
+    )
+    from execkit._classify.resets import stated_wait_s
+    from execkit._classify.rules import is_upstream_status
+    from execkit._classify.structure import ENVIRONMENT_ERRNOS
+
+# The verdict's types are imported with the package: the ledger stores a `FailureClass`.
+# The classifier itself (and through it the spawner's result types) loads on first use,
+# so a command that only reads the ledger (`execkit task list`) never imports it.
+_LAZY = {
+    "TAIL_CHARS": "entry",
+    "classification_fields": "entry",
+    "classify": "entry",
+    "classify_text": "entry",
+    "stated_wait_s": "resets",
+    "is_upstream_status": "rules",
+    "ENVIRONMENT_ERRNOS": "structure",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'execkit._classify' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"execkit._classify.{module}"), name)
+    globals()[name] = value  # once: the next lookup is a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "ACCOUNT_LIMIT_REASONS",

@@ -18,8 +18,10 @@ What is recognised, in three phases over the text:
    JSON-escaped form of each literal secret. So the output is always the reference output
    with more spans masked, and exactly the reference output wherever phase 3 finds nothing.
 
-The shapes of phases 2 and 3, in the order of their table, `shapes.SHAPES` (written by
-`record.shape_list`; tests/test_redact.py checks this list is the table's):
+The shapes of phases 2 and 3 written here, in the order of their table, `shapes.TABLE`
+(written by `record.shape_list`; tests/test_redact.py checks this list is the table's).
+After them, phase 3 holds one shape per provider key format of `rules.toml` (457 records,
+363 providers; rules.py reads and checks them, docs/formats.md describes a record):
 
 - `openai_key` (phase 2, masks the match): OpenAI and Anthropic keys (`sk-`, `sk-proj-`,
   `sk-ant-`)
@@ -67,10 +69,49 @@ The shapes of phases 2 and 3, in the order of their table, `shapes.SHAPES` (writ
 - `sendgrid_key` (phase 3, masks the match): SendGrid keys (`SG.x.y`)
 - `cookie` (phase 3, masks after group 1): `Cookie:` and `Set-Cookie:` values, to the end of
   the line
+- `secret_name_pass` (phase 3, masks after group 1): values named `...pass` in any syntax
+  (`KEY=`, `"key":`, `key: `, `=>`)
+- `secret_name_pwd` (phase 3, masks after group 1): values named `...pwd` in any syntax
+  (`KEY=`, `"key":`, `key: `, `=>`)
+- `secret_name_auth` (phase 3, masks after group 1): values named `...auth` in any syntax
+  (`KEY=`, `"key":`, `key: `, `=>`)
+- `secret_name_key` (phase 3, masks after group 1): values named `...key` in any syntax
+  (`KEY=`, `"key":`, `key: `, `=>`)
+- `secret_name_sig` (phase 3, masks after group 1): values named `...sig` in any syntax
+  (`KEY=`, `"key":`, `key: `, `=>`)
+- `secret_name_dsn` (phase 3, masks after group 1): values named `...dsn` in any syntax
+  (`KEY=`, `"key":`, `key: `, `=>`)
+- `url_secret_param` (phase 3, masks after group 1): secret query parameters of a URL after
+  `?` (`sig=`, `token=`, ...)
+- `url_secret_param_amp` (phase 3, masks after group 1): secret query parameters of a URL
+  after `&` (`sig=`, `token=`, ...)
+- `url_secret_param_encoded` (phase 3, masks after group 1): secret query parameters of a
+  URL after `%3f` (`sig=`, `token=`, ...)
+- `url_secret_param_encoded_amp` (phase 3, masks after group 1): secret query parameters of
+  a URL after `%26` (`sig=`, `token=`, ...)
+- `netrc_line` (phase 3, masks after group 1): `.netrc` lines:
+  `machine HOST login USER password VALUE`
+- `netrc_password_line` (phase 3, masks after group 1): a `.netrc` line of its own:
+  `password VALUE` (indented or not, JSON-escaped or not)
+- `pgpass_line` (phase 3, masks group 1): `.pgpass` lines:
+  `host:port:database:user:password`
+- `putty_private_key` (phase 3, masks after group 1): PuTTY private keys: the
+  `Private-Lines` body and its `Private-MAC`
+- `credential_word_token` (phase 3, masks the match): a long random token (both cases, a
+  digit, distinct characters) after a credential word
 
 Left alone on purpose: git SHAs and sha256 digests (hex has no upper and lower case mix,
 so it is never an AWS secret), UUIDs, `max_tokens=4096`, `token_count=5` (the secret word
 must END the name), base64 data without a key context, certificates and public keys.
+
+Engines. Which passes run on a text is decided by its anchors (gate.py): under the
+compiled engine (scan.py, when Hyperscan loads) one scan finds every anchor; under the
+pure-Python one, a substring search each. The passes, and so the output, are the same
+byte for byte (tests/test_redact.py runs its checks under both).
+
+Masks keep syntax: a mask never ends inside an escape (`\\"` stays whole: a masked JSON
+string stays a JSON string with its closing quote), and the shape-free rules stop a value
+at a quote, a backslash or a bracket.
 
 Linear time. Every pattern runs in linear time on Python's backtracking `re` (record.py
 says how a pattern is written so; tests/test_redact.py walks every compiled pattern), a
@@ -88,7 +129,10 @@ The files of this package, in layers: each imports only those above it when it i
 - front.py: `redact`, `redact_argv`, `redact_tail`; the rest is imported on the first
   text long enough for a rule (start-up time matters).
 - record.py: what an entry of the table holds (`Shape`), and what is read off entries.
-- shapes.py: the table, one entry a shape.
+- rules.py: the provider rules: rules.toml read, each record checked and made a `Shape`.
+- shapes.py: the table, one entry a shape, then the provider rules' shapes.
+- scan.py: the compiled engine (Hyperscan, the `fast` extra): every anchor in one scan;
+  which engine is in use (`use_engine`).
 - gate.py: the case fold, and which passes can match a text at all (anchors).
 - engine.py: the table compiled into passes; how each finds its matches; phases 2 and 3.
 - trace.py: where each piece of the output came from, so phase 3 masks on top of phase 2.
@@ -101,14 +145,18 @@ from __future__ import annotations
 
 from execkit._redact.env import MIN_ENV_SECRET_LEN, looks_secret_name, secret_env_values
 from execkit._redact.front import redact, redact_argv, redact_tail
+from execkit._redact.scan import available_engines, engine_in_use, use_engine
 from execkit._redact.words import REDACTED
 
 __all__ = [
     "MIN_ENV_SECRET_LEN",
     "REDACTED",
+    "available_engines",
+    "engine_in_use",
     "looks_secret_name",
     "redact",
     "redact_argv",
     "redact_tail",
     "secret_env_values",
+    "use_engine",
 ]

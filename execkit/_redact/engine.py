@@ -56,6 +56,7 @@ __all__ = [
     "escaped_forms",
     "extra_spans",
     "find_spans",
+    "keep_escapes",
     "matches_from",
     "names_dense",
     "reference_rules",
@@ -75,6 +76,10 @@ def _after_group_1(match: re.Match[str]) -> tuple[int, int] | None:
     return (start, end) if start < end else None
 
 
+def _group_1(match: re.Match[str]) -> tuple[int, int] | None:
+    return match.span(1)
+
+
 def _group_2(match: re.Match[str]) -> tuple[int, int] | None:
     return match.span(2)
 
@@ -82,6 +87,7 @@ def _group_2(match: re.Match[str]) -> tuple[int, int] | None:
 _SPANS: dict[Masked, _Span] = {
     Masked.MATCH: _whole,
     Masked.AFTER_GROUP_1: _after_group_1,
+    Masked.GROUP_1: _group_1,
     Masked.GROUP_2: _group_2,
 }
 
@@ -248,7 +254,55 @@ def reference_rules(text: str, gate: Gate) -> str:
 def find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
     """(match start, match end, masked start, masked end) of each match `step` masks in
     `text`, whose fold is `low` (the two have the same length); `gate`, when given, is
-    the gate of `text` or of the text `low` is the fold of."""
+    the gate of `text` or of the text `low` is the fold of. No masked part ends or starts
+    inside a backslash escape (`keep_escapes`)."""
+    found = _find_spans(step, text, low, gate)
+    for _, _, start, end in found:
+        if (text[end - 1] == "\\" and text[end : end + 1] in _QUOTES) or (
+            start and text[start - 1] == "\\"
+        ):
+            return keep_escapes(text, found)
+    return found
+
+
+_QUOTES = ('"', "'")
+
+
+def _escaping(text: str, at: int, stop: int) -> bool:
+    """Whether the backslash at `at` escapes the character after it: an odd run of
+    backslashes ends at `at` (counted back to `stop` at most)."""
+    run = 0
+    while at >= stop and text[at] == "\\":
+        run += 1
+        at -= 1
+    return run % 2 == 1
+
+
+def keep_escapes(text: str, spans: SpanList) -> SpanList:
+    """`spans` with no masked part cutting a backslash escape in two where that would
+    change the syntax: one that would end on the backslash of an escaped quote (`\\"`)
+    gives the backslash back (so a JSON string keeps its closing quote: masking never
+    breaks a line's syntax), and one that would start on an escaped character takes the
+    backslash too (`\\[` is no escape). A part left empty is dropped. (An escape whose
+    backslash alone is masked, `\\n`, leaves a plain letter: no syntax lost.)"""
+    out: SpanList = []
+    kept = 0  # where the last masked part ended: a start never moves back past it
+    for match_start, match_end, start, end in spans:
+        if (
+            text[end - 1] == "\\"
+            and text[end : end + 1] in _QUOTES
+            and _escaping(text, end - 1, start)
+        ):
+            end -= 1
+        if start > kept and text[start - 1] == "\\" and _escaping(text, start - 1, kept):
+            start -= 1
+        if start < end:
+            out.append((min(match_start, start), match_end, start, end))
+            kept = end
+    return out
+
+
+def _find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
     if step.nearby is not None:
         return _nearby_spans(step, step.nearby, text, low)
     found_spans: SpanList = []
@@ -357,8 +411,15 @@ def alternation_matches(
 
 
 @functools.cache
-def _wording(words: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(words), re.IGNORECASE)
+def _wording(words: tuple[str, ...], adjacent: bool = False) -> re.Pattern[str]:
+    if not adjacent:
+        return re.compile("|".join(words), re.IGNORECASE)
+    # The word (and the rest of its name), then only separators up to the token: a
+    # quote, blanks, `:`, `=`, `,`, `>`, a bracket or an escape's backslash.
+    return re.compile(
+        f"(?:{'|'.join(words)})[A-Za-z0-9_.\\-]{{0,32}}[ \\t\"'`:=,>()\\\\]{{1,8}}\\Z",
+        re.IGNORECASE,
+    )
 
 
 @functools.cache
@@ -380,18 +441,71 @@ def _near_a_word(match: re.Match[str], nearby: Nearby, wording: re.Pattern[str])
     """Whether a token the pattern found counts: its letters in both cases (when asked),
     and one of the words (`wording` finds them) before it on its line, within the window."""
     token = match.group()
-    if nearby.both_cases and (token.lower() == token or token.upper() == token):
-        return False  # one case only: hex, or not random enough to be a key
+    if not _token_counts(token, nearby):
+        return False  # one case only (hex), no digit, or too few distinct characters
     start = match.start()
     window = match.string[max(0, start - nearby.window) : start]
     window = window[window.rfind("\n") + 1 :]
     return wording.search(window) is not None
 
 
+@functools.cache
+def _adjacent_finder(words: tuple[str, ...]) -> re.Pattern[str]:
+    # In the fold: a word where a name starts (at the start, after a blank, a quote, `_`,
+    # `-`, `.`, `$`, `,`, a bracket or a backslash: `apikey` is left to the named rules, and
+    # random text holds few), the rest of its name, separators; a token may start where this
+    # ends (one scan in C: a word with no token after it costs no Python call).
+    return re.compile(
+        "(?:"
+        + "|".join(
+            f"{re.escape(word)}(?:(?<=[\\s\"'_.\\-$,(\\[{{\\\\]{re.escape(word)})"
+            f"|(?<![\\s\\S]{re.escape(word)}))"
+            for word in words
+        )
+        + ")"
+        "[a-z0-9_.\\-]{0,32}+"
+        "[ \\t\"'`:=,>()\\\\]{1,8}+(?=[a-z0-9+/_\\-]{20})"
+    )
+
+
+def _adjacent_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:
+    """The tokens of an `adjacent` nearby shape: each where a word, the rest of its name
+    and separators end (found in the fold, in one scan), if the pattern matches there and
+    the token passes `_near_a_word`'s checks of its characters."""
+    found_spans: SpanList = []
+    match_at = step.pattern.match
+    resume = 0
+    for word in _adjacent_finder(nearby.words).finditer(low):
+        start = word.end()
+        if start < resume:
+            continue
+        match = match_at(text, start)
+        if match is not None and _token_counts(match.group(), nearby):
+            found_spans.append((start, match.end(), start, match.end()))
+            resume = match.end()
+    return found_spans
+
+
+_DIGIT = re.compile("[0-9]")
+
+
+def _token_counts(token: str, nearby: Nearby) -> bool:
+    """The checks of a token's own characters (cases, digit, distinct characters), each a
+    call or two into C: on a text with a credential on every line this runs per line."""
+    if nearby.both_cases and (token.lower() == token or token.upper() == token):
+        return False
+    if nearby.digit and _DIGIT.search(token) is None:
+        return False
+    return not (nearby.distinct and len(set(token)) < min(16, len(token) // 2))
+
+
 def _nearby_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:
     """The tokens of a `nearby` shape: looked for only where the wording before them could
     be (up to the window after a word, on its line); each is then checked exactly as
-    `_near_a_word` says. Each stretch of text is searched once."""
+    `_near_a_word` says. Each stretch of text is searched once. (An `adjacent` shape:
+    `_adjacent_spans`.)"""
+    if nearby.adjacent:
+        return _adjacent_spans(step, nearby, text, low)
     reach: list[tuple[int, int]] = []
     window = nearby.window
     for finder in _word_finders(nearby.words):
@@ -412,7 +526,7 @@ def _nearby_spans(step: Pass, nearby: Nearby, text: str, low: str) -> SpanList:
     # A token starting at `last` ends `longest` characters on at most; the character after
     # it shows where it ends.
     longest = nearby.longest
-    wording = _wording(nearby.words)
+    wording = _wording(nearby.words, nearby.adjacent)
     for first, last in stretches:
         for match in step.pattern.finditer(text, first, min(len(text), last + longest + 1)):
             if match.start() > last:

@@ -24,6 +24,9 @@ at all beyond its characters: the engine's own search for it costs the same, so 
 first would only search twice. The fold of a long text outside ASCII is built a piece at a
 time, so that its copies stay small: what it costs is one string of the text's size.
 
+Under the compiled engine (scan.py), every anchor of a text of any length is looked for
+at once, in one scan: the gate then knows them all, as it knows a short text's.
+
 Named passes start only a few characters before a name word with a `:` or `=` soon after
 it on its line; `name_starts` finds those places (once per text, through its gate).
 """
@@ -35,6 +38,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
+from execkit._redact import scan
 from execkit._redact.record import Anchor
 from execkit._redact.words import NAME_STARTS
 
@@ -142,6 +146,11 @@ class Gate:
         self._state: list[int] = []  # per anchor id: -1 not looked for yet, 0 absent, 1 found
         self._chars: dict[tuple[str, bool], bool] = {}  # (character, in the fold): present
         self._bits = 0  # bit i set: anchor i found (a short text's anchors, all looked for)
+        found = scan.scanner(ANCHORS)
+        if found is not None:
+            # The compiled engine: every anchor looked for in one scan, whatever the length.
+            self._bits = found.bits(text, self.fold)
+            return
         if len(text) > EAGER_CHARS:
             self._state = [-1] * len(ANCHORS)
             return

@@ -59,6 +59,7 @@ class Masked(enum.StrEnum):
 
     MATCH = "the match"
     AFTER_GROUP_1 = "after group 1"  # the name, header or key line stays readable
+    GROUP_1 = "group 1"  # the key inside a longer shape (a DSN's user, a JSON field's value)
     GROUP_2 = "group 2"  # the password of scheme://user:password@host
 
 
@@ -123,12 +124,19 @@ class Nearby:
     before it on its line, starting at most `window` characters before the token, and
     (`both_cases`) with upper and lower case letters in it: a hex digest never is.
     `longest` is the most characters the shape's pattern matches (the search for tokens
-    after a word stops there)."""
+    after a word stops there). `digit` asks for a digit in the token too, and `distinct` for
+    at least half its length in distinct characters (16 at most): a random key has them,
+    a name, a word or a path far fewer. `adjacent` asks for the
+    word (with the rest of its name) to be followed by nothing but separators (quotes,
+    blanks, `:`, `=`) up to the token."""
 
     words: tuple[str, ...] = attrs.field(validator=deep_iterable(_snake_case, min_len(1)))
     window: int = attrs.field(validator=instance_of(int))
     longest: int = attrs.field(validator=instance_of(int))
     both_cases: bool = attrs.field(default=True, validator=instance_of(bool))
+    digit: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    adjacent: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    distinct: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
 
 
 def _example_marks_one_span(_inst: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -192,6 +200,7 @@ _ALPHABETS = {
     "alnum": _LETTERS + _LETTERS.upper() + _DIGITS,
     "letters": _LETTERS + _LETTERS.upper(),
     "upper": _LETTERS.upper() + _DIGITS,
+    "lower": _LETTERS + _DIGITS,
     "digits": _DIGITS,
     "hex": "0123456789abcdef",
     "b64": _LETTERS + _LETTERS.upper() + _DIGITS + "+/",

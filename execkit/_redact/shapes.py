@@ -21,6 +21,8 @@ loose where the vendors' are not stable (Stripe, npm, Hugging Face: at least 10/
 
 from __future__ import annotations
 
+import re
+
 from execkit._redact.record import (
     Masked,
     Nearby,
@@ -31,9 +33,17 @@ from execkit._redact.record import (
     folded,
     opening_literal,
 )
+from execkit._redact.rules import provider_shapes
 from execkit._redact.words import FLAG_NAMES, NAME_STARTS, NAMES
 
-__all__ = ["BOUNDARY_STARTS", "LINE_CROSSING_STARTS", "NAME_WORDS", "SHAPES"]
+__all__ = [
+    "BOUNDARY_STARTS",
+    "LINE_CROSSING_STARTS",
+    "NAME_WORDS",
+    "PROVIDER_SHAPES",
+    "SHAPES",
+    "TABLE",
+]
 
 # --- what the entries share
 
@@ -51,6 +61,88 @@ _PEM_LINE = r"[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_BODY = r"[A-Za-z0-9+/=\\:,.\[\]]"
 # The wording that makes a bare 40-character token an AWS secret key.
 _AWS_WORDS = ("aws", "secret", "akia", "asia")
+
+# Secret-named values, shape-free (phase 3). After the name: a quote (escaped or not),
+# blanks, `:`, `=` or `=>`, blanks, a quote. A quoted value runs to its closing quote
+# (spaces and all), an unquoted one to the first blank, quote, bracket or separator; a
+# backslash always ends it, so a mask never eats half of an escape (`\"` stays whole).
+_NAME_SEP = r"(?:\\{0,3}[\"'])?[ \t]{0,8}(?:=>|[:=])[ \t]{0,8}(?:\\{0,3}[\"'])?"
+_BARE = r"[^\s\"'`,;&\\<>{}()\[\]|]"
+
+
+def _value(least: int, *, digit: bool = False, base64: bool = False) -> str:
+    """A secret-named value of at least `least` characters; with `digit` (a weak name:
+    `*_key`, `sig`), one that holds a digit or `+/=`; with `base64` too (`auth`), or one of
+    at least 12 base64 characters (not the name of an environment variable, say)."""
+    guard = ""
+    if digit:
+        wide = r"|[a-z0-9+/=]{12}" if base64 else ""
+        guard = rf"(?=[^\s\"'\\]{{0,255}}[0-9+/=]{wide})"
+    return (
+        rf"{guard}(?:(?<=\")[^\"\\\r\n]{{{least},256}}+|(?<=')[^'\\\r\n]{{{least},256}}+"
+        rf"|(?<![\"'])(?![\[{{(<]){_BARE}{{{least},}}+)"
+    )
+
+
+def _named(word: str, name: str, after: str, value: str, example: str) -> Shape:
+    """One secret word's rule: `word` (the literal its pattern opens with) and `after` (what
+    may follow it and must come before it), then the separator and the value. (One pass a
+    word, not an alternation: each masks after its own group 1.)"""
+    return Shape(
+        name,
+        f'values named `...{word}` in any syntax (`KEY=`, `"key":`, `key: `, `=>`)',
+        Phase.ADDED,
+        f"({word}{after}{_NAME_SEP}){value}",
+        anchors=(folded(word),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        boundary=True,
+        example=example,
+    )
+
+
+# A credential word before a long random token on its line (phase 3, `nearby`).
+_CREDENTIAL_WORDS = ("key", "token", "secret", "passw", "auth", "credential", "sig", "pwd")
+_URL_SECRET_PARAMS = (
+    "sig|signature|token|access_token|refresh_token|id_token|key|apikey|api_key|secret"
+    "|client_secret|password|passwd|pwd|pass|auth|x-amz-signature|x-amz-security-token"
+    "|x-amz-credential|x-goog-signature|x-goog-credential"
+)
+# `password` at the start of a line: of the text, after a newline or a JSON-escaped one,
+# indented by nothing, a tab, or 1, 2 or 4 spaces (each a fixed-width look-behind).
+_LINE_START_PASSWORD = (
+    "(?:(?<![^\\n]password)"
+    + "".join(
+        f"|(?<={start}{indent}password)"
+        for start in ("\\n", "\\\\n")
+        for indent in ("", "\\t", " ", "  ", "    ", "\\\\t")
+        if not (start == "\\n" and indent == "")
+    )
+    + ")"
+)
+
+
+def _url_param(separator: str, name: str, example: str) -> Shape:
+    """A secret query parameter after `separator` (`?`, `&`, or their URL encodings): its
+    value, to the next parameter, fragment, blank or quote."""
+    return Shape(
+        name,
+        f"secret query parameters of a URL after `{separator}` (`sig=`, `token=`, ...)",
+        Phase.ADDED,
+        rf"({re.escape(separator)}(?:{_URL_SECRET_PARAMS})(?:=|%3d))"
+        r"(?:[^&#%;\s\"'<>\\]|%(?!26|23)[0-9a-f]{2})++",
+        anchors=(folded(separator), folded("=", "%3d")),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        example=example,
+    )
+
+
+# A newline in a PuTTY key: as written, or JSON-escaped once or twice.
+_PPK_NEWLINE = r"(?:\r?\n|(?:\\{1,3}r)?\\{1,3}n)"
+_LINE_END = r"(?=[ \t]*+(?:\r?\n|\\[rn]|$))"
 
 # --- the table: phase 2 in the reference's order, then phase 3 (order free: its masks
 # are merged)
@@ -349,7 +441,132 @@ SHAPES: tuple[Shape, ...] = (
         boundary=True,
         example="> Cookie: «session={hex:32}; theme=dark»\n< HTTP/1.1 200",
     ),
+    # Shape-free rules: what no provider list names.
+    _named(
+        "pass",
+        "secret_name_pass",
+        r"(?<![a-z]pass)(?:word|wd|phrase)?",
+        _value(6),
+        "export DB_PASS=«{alnum:14}»",
+    ),
+    _named(
+        "pwd",
+        "secret_name_pwd",
+        r"(?<=[_.;\"' \t-]pwd)(?!=/)",
+        _value(6),
+        "Server=db;User Id=app;Pwd=«{alnum:14}»;",
+    ),
+    _named(
+        "auth",
+        "secret_name_auth",
+        r"(?<![a-z]auth)",
+        _value(8, digit=True, base64=True),
+        '{"auths": {"registry.example.com": {"auth": "«{b64:24}»"}}}',
+    ),
+    _named(
+        "key",
+        "secret_name_key",
+        r"(?<=[a-z0-9][_.-]key)(?:[_-]data)?",
+        _value(8, digit=True),
+        "    client-key-data: «{b64:64}»",
+    ),
+    _named(
+        "sig",
+        "secret_name_sig",
+        r"(?<![a-z]sig)(?:nature)?",
+        _value(8, digit=True),
+        "webhook signature=«{hex:64}»",
+    ),
+    _named(
+        "dsn",
+        "secret_name_dsn",
+        r"(?<![a-z]dsn)",
+        _value(8),
+        "SENTRY_DSN=«https://{hex:32}@o1.ingest.sentry.io/42»",
+    ),
+    # One pass per separator, each opening with it: `re` then skips ahead to each.
+    *(
+        _url_param(separator, name, example)
+        for separator, name, example in (
+            ("?", "url_secret_param", "GET /files?sig=«{urlsafe:43}» HTTP/1.1"),
+            (
+                "&",
+                "url_secret_param_amp",
+                "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sp=r&sig=«{b64:43}%3D»",
+            ),
+            ("%3f", "url_secret_param_encoded", "next=%2Fcb%3Ftoken%3D«{urlsafe:32}»"),
+            ("%26", "url_secret_param_encoded_amp", "next=%2Fcb%3Fa%3D1%26key%3D«{urlsafe:32}»"),
+        )
+    ),
+    Shape(
+        "netrc_line",
+        "`.netrc` lines: `machine HOST login USER password VALUE`",
+        Phase.ADDED,
+        r"(machine[ \t]++[^\s]++(?:[ \t]++(?:login|account|port)[ \t]++[^\s]++){0,4}+"
+        r"[ \t]++password[ \t]++)[^\s\"'\\]++",
+        anchors=(exact("machine"), exact("password")),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        example="machine api.example.com login bob password «{alnum:16}»",
+    ),
+    Shape(
+        "netrc_password_line",
+        "a `.netrc` line of its own: `password VALUE` (indented or not, JSON-escaped or not)",
+        Phase.ADDED,
+        rf"(password{_LINE_START_PASSWORD}[ \t]++)[^\s\"'\\]++{_LINE_END}",
+        anchors=(exact("password"),),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        boundary=True,
+        example="machine example.com\n  login bob\n  password «{alnum:16}»\n",
+    ),
+    Shape(
+        "pgpass_line",
+        "`.pgpass` lines: `host:port:database:user:password`",
+        Phase.ADDED,
+        r":(?<=[A-Za-z0-9.\-_\]*]:)(?:[0-9]{1,5}|\*)"
+        r"(?::(?:\*|[^\s:A-Za-z\"'\\]*+[A-Za-z][^\s:\"'\\]*+)){2}"
+        r":([^\s:\"'\\]{4,}+)(?=\s|\\|[\"']|$)",
+        anchors=(exact(":"),),
+        masked=Masked.GROUP_1,
+        search=Search.LEAD,
+        boundary=True,
+        example="db.internal:5432:app:app_user:«{alnum:20}»",
+    ),
+    Shape(
+        "putty_private_key",
+        "PuTTY private keys: the `Private-Lines` body and its `Private-MAC`",
+        Phase.ADDED,
+        rf"(Private-Lines:[ \t]*+[0-9]++)(?:{_PPK_NEWLINE}[A-Za-z0-9+/=]++(?![-:]))++"
+        rf"(?:{_PPK_NEWLINE}Private-(?:MAC|Hash):[ \t]*+[0-9a-fA-F]++)?+",
+        anchors=(exact("Private-Lines:"),),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        crosses_lines=True,
+        example=(
+            "Public-Lines: 2\nAAAA\nBBBB\nPrivate-Lines: 2«\n{b64:64}\n{b64:20}==\n"
+            "Private-MAC: {hex:64}»\n"
+        ),
+    ),
+    Shape(
+        "credential_word_token",
+        "a long random token (both cases, a digit, distinct characters) after a credential word",
+        Phase.ADDED,
+        r"(?:(?<![A-Za-z0-9+/_\-])|(?<=\\[nrt]))(?!/)[A-Za-z0-9+/_\-]{20,200}+={0,2}+"
+        r"(?![A-Za-z0-9+/_=\-])",
+        anchors=(folded(*_CREDENTIAL_WORDS),),
+        boundary=True,
+        nearby=Nearby(
+            _CREDENTIAL_WORDS, window=48, longest=202, digit=True, distinct=True, adjacent=True
+        ),
+        example="signing credential: «{alnum:32}» (rotate it)",
+    ),
 )
+
+# The provider rules (rules.toml), after the table: each a phase 3 shape.
+PROVIDER_SHAPES: tuple[Shape, ...] = provider_shapes()
+TABLE = SHAPES
+SHAPES = TABLE + PROVIDER_SHAPES
 
 
 # What a cut can make match at the very start of a tail that did not match after the text

@@ -61,8 +61,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "role": ("_ledger", "roles granted in the ledger (agent.operate, ledger.admin)"),
     "capabilities": ("_ledger", "what this ledger enforces"),
     "db": ("_ledger", "the ledger (a file or a PostgreSQL URL): schema, checks"),
+    "lane": ("_lanes", "vendor lanes: list, show, resume, park"),
     "dispatch": ("_dispatch", "dispatch the eligible issues of a board, with bounded retries"),
-    "status": ("_dispatch", "the dispatcher dashboard: issues, attempts, charges, next retry"),
+    "status": ("_status", "the dispatcher dashboard: issues, attempts, charges, next retry"),
     "serve": ("_serve", "serve a ledger over HTTP with token auth (for --remote and the SDKs)"),
     "demo": ("_demo", "run the dispatcher over a four-issue demo board (a few seconds)"),
 }
@@ -74,8 +75,14 @@ _INTERNAL: dict[str, str] = {
     "run-start": "_ledger",
     "run-finish": "_ledger",
     "run-heartbeat": "_ledger",
+    "run-list": "_ledger",
 }
-_RUN_LEDGER_VERBS = {"start": "run-start", "finish": "run-finish", "heartbeat": "run-heartbeat"}
+_RUN_LEDGER_VERBS = {
+    "start": "run-start",
+    "finish": "run-finish",
+    "heartbeat": "run-heartbeat",
+    "list": "run-list",
+}
 
 # Options every command that has them accepts before the command too: flag -> namespace dest.
 _COMMON_FLAGS = {
@@ -380,9 +387,11 @@ def _main(tokens: list[str], start: ProcessStarter | None, interrupts: _Interrup
     from execkit.cli._output import report_error, report_internal_error
 
     if start is None:
-        import subprocess
-
-        start = subprocess.Popen
+        # The default starter, from `subprocess` where the command's group already loaded
+        # it: every group that starts processes (run, dispatch, demo, adapters, classify)
+        # imports it with the spawner, and a ledger command does not pay for importing it.
+        loaded = sys.modules.get("subprocess")
+        start = None if loaded is None else loaded.Popen
     # On the namespace, so every handler keeps the one-argument shape `handler(args)`.
     args.start = start
     as_json = bool(getattr(args, "json", False))

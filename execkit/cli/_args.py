@@ -18,7 +18,8 @@ __all__ = ["DB_ENV_VAR", "parse_db", "parse_int", "parse_seconds"]
 # value is caught without importing the ledger).
 DB_ENV_VAR = "EXECKIT_DB"
 
-_INT = re.compile(r"[+-]?[0-9]+")
+# A pattern string, compiled (and cached by `re`) at its first use, not at import.
+_INT = r"[+-]?[0-9]+"
 
 
 def parse_seconds(flag: str, raw: object, *, allow_zero: bool) -> float | None:
@@ -48,7 +49,7 @@ def parse_int(
     """
     if allowed is None:
         allowed = f">= {low}" if high is None else f"{low}..{high}"
-    if not _INT.fullmatch(text.strip()):
+    if not re.fullmatch(_INT, text.strip()):
         raise InvalidInput(f"{flag} must be a whole number, {allowed}; got {text!r}")
     value = int(text)
     if value < low or (high is not None and value > high):

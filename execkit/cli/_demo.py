@@ -27,8 +27,9 @@ from execkit._adapter import AgentRequest, MappedResult, map_result
 from execkit._errors import InvalidInput, NotFound
 from execkit._exec import ProcessStarter, SpawnResult
 from execkit.cli._decide import attempt_to_json
-from execkit.cli._dispatch import describe_event, format_status_table
+from execkit.cli._dispatch import describe_event
 from execkit.cli._output import emit, print_json, safe_text
+from execkit.cli._status import format_status_table
 from execkit.dispatch import (
     AdapterRunner,
     BoardIssue,

@@ -1,4 +1,4 @@
-"""`execkit dispatch` (the scheduling loop over a board) and `execkit status` (the dashboard).
+"""`execkit dispatch`: the scheduling loop over a board (`execkit status` is in `_status`).
 
 Settings come from the board file's `dispatch` object, then the flags; the rules are all in
 `execkit.dispatch`. With `--remote URL` (or `$EXECKIT_REMOTE`) both work on the ledger
@@ -15,14 +15,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from execkit._budget import BlockedOn
-from execkit._errors import Conflict, InvalidInput, NotFound, TaskBlocked
+from execkit._errors import InvalidInput, TaskBlocked
 from execkit._proof import RunStatus
 from execkit._registry import get_adapter
-from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
+from execkit.cli._ledger import open_remote, remote_url
 from execkit.cli._output import emit, log_handler, print_json, safe_text
 from execkit.dispatch import (
     MAX_CONCURRENT_AGENTS,
@@ -31,13 +30,11 @@ from execkit.dispatch import (
     Dispatcher,
     DispatchEvent,
     EventKind,
-    IssueStatus,
     JsonFileBoard,
-    issue_statuses,
 )
-from execkit.ledger import DB_ENV_VAR, Ledger, TaskState, open_ledger
+from execkit.ledger import Ledger, open_ledger
 
-__all__ = ["describe_event", "format_status_table", "register"]
+__all__ = ["describe_event", "register"]
 
 _DEFAULT_INTERVAL_S = 10.0
 _DEFAULT_DRAIN_S = 30.0
@@ -94,7 +91,7 @@ def _interval_arg(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add `dispatch` and `status`."""
+    """Add `dispatch` (`status` is `_status`'s)."""
     dispatch = sub.add_parser(
         "dispatch",
         help="dispatch the eligible issues of a board, with bounded retries",
@@ -156,16 +153,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--timeout", type=_interval_arg, metavar="S", help="kill one agent run after S seconds"
     )
     dispatch.set_defaults(handler=_dispatch)
-
-    status = sub.add_parser(
-        "status",
-        help="the dispatcher dashboard: issues, attempts, charges, next retry",
-        description="A table of issues: board state, ledger state, attempt n/max, charged, "
-        "uncharged streak, next attempt time, last class and reason.",
-    )
-    status.add_argument("--board", metavar="FILE", help="board JSON file (all its issues)")
-    _add_common(status)
-    status.set_defaults(handler=_status)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -268,62 +255,8 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
     return f"{event.issue_id}  {event.kind}: {reason}"
 
 
-def _attempts(row: IssueStatus) -> str:
-    return f"{row.attempts}/{row.max_attempts}" if row.max_attempts else f"{row.attempts}/-"
-
-
-def _ledger_state(row: IssueStatus) -> str:
-    if row.ledger_state is None:
-        return "-"
-    if row.blocked_on:
-        return f"{row.ledger_state} ({row.blocked_on})"
-    return row.ledger_state
-
-
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
-    """The dashboard as an aligned text table (the reason column is not padded).
-
-    Every cell is escaped (`safe_text`) before the columns are measured, so a control
-    character in an issue id, state or reason neither rewrites the terminal nor breaks the
-    alignment.
-    """
-    header = (
-        "ISSUE",
-        "BOARD",
-        "LEDGER",
-        "ATTEMPT",
-        "CHARGED",
-        "UNCHARGED",
-        "NEXT",
-        "LAST CLASS",
-        "REASON",
-    )
-    table = [header]
-    for row in rows:
-        reason = row.reason if row.ledger_state is TaskState.BLOCKED else row.last_reason
-        table.append(
-            (
-                safe_text(row.issue_id),
-                safe_text(row.board_state or "-"),
-                _ledger_state(row),
-                _attempts(row),
-                str(row.charged_attempts),
-                str(row.uncharged_streak),
-                _when(row.next_attempt_at, now),
-                row.last_class.value if row.last_class else (row.last_status or "-"),
-                _clip(safe_text(reason or "-"), 120),
-            )
-        )
-    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
-    lines = []
-    for line in table:
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
-        lines.append("  ".join([*cells, line[-1]]).rstrip())
-    return "\n".join(lines)
 
 
 def _setup_logging() -> None:
@@ -365,7 +298,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         with _StopOnSignals(dispatcher) as signals:
             try:
                 if args.once:
-                    dispatcher.tick()
+                    ran = dispatcher.tick() or dispatcher.running
+                    if not ran and not args.json:  # "did it run?": no, and when it will
+                        from execkit.cli._due import nothing_due_line
+
+                        emit(nothing_due_line(board, ledger, config))
                 elif args.until_idle:
                     interval = args.interval or _DEFAULT_INTERVAL_S
                     dispatcher.run_forever(interval, stop=dispatcher.idle)
@@ -427,61 +364,3 @@ class _StopOnSignals:
     def __exit__(self, *exc_info: object) -> None:
         for signum, handler in self._before.items():
             signal.signal(signum, handler)
-
-
-def _status(args: argparse.Namespace) -> int:
-    board = JsonFileBoard(args.board) if args.board else None
-    config = _config(args, board)
-    now = time.time()
-    ledger = _status_ledger(args, board)
-    try:
-        ledger.backoff = config.backoff
-        rows = issue_statuses(ledger, config, board=board, now=now)
-        if board is not None and not any(row.task_id for row in rows) and rows:
-            # A ledger that never saw this board would print a table of blanks.
-            raise NotFound(
-                f"the ledger at {ledger.location()} has no task for any issue of "
-                f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
-            )
-    finally:
-        ledger.close()
-    if args.json:
-        print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
-        return 0
-    if not rows:
-        emit("no issues" if board is not None else "no dispatched issues in the ledger")
-        return 0
-    emit(format_status_table(rows, now))
-    return 0
-
-
-def _status_ledger(args: argparse.Namespace, board: JsonFileBoard | None) -> Ledger:
-    """The ledger a status table is read from: the one `--remote` or `--db` (or their
-    variables) names, else the one the board remembers dispatching it (a file, or a server
-    URL); refused when the two disagree, or when a board names none and none is given.
-    Opened for reading only."""
-    binding = board.ledger_binding() if board is not None else None
-    url = remote_url(args)
-    given = url is not None or args.db is not None or bool(os.environ.get(DB_ENV_VAR))
-    if board is not None and binding is None and not given:
-        raise NotFound(
-            f"board {board.path} names no ledger: it has not been dispatched yet "
-            "(`execkit dispatch` records its ledger in it), or give --db"
-        )
-    ledger: Ledger
-    if url is not None:
-        target, ledger = url, open_remote(url)
-    elif not given and binding is not None and is_remote_url(binding[1]):
-        target, ledger = binding[1], open_remote(binding[1])
-    else:
-        ledger = open_target(
-            args.db if given or binding is None else binding[1], create=False, write=False
-        )
-        target = ledger.location()
-    if binding is not None and ledger.ledger_id() != binding[0]:
-        ledger.close()
-        raise Conflict(
-            f"board {board.path if board else ''} was dispatched with ledger {binding[0]} at "
-            f"{binding[1]}, not with the one at {target}; drop --db to read the right one"
-        )
-    return ledger

@@ -16,16 +16,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from execkit._errors import InvalidInput, StorageError
+from execkit._errors import InvalidInput, NotFound, StorageError
 from execkit.cli._args import parse_int, parse_seconds
-from execkit.cli._output import EXIT_CODES, emit, print_json, safe_text, utc_stamp
+from execkit.cli._output import (
+    EXIT_CODES,
+    emit,
+    print_json,
+    print_json_list,
+    safe_text,
+    utc_stamp,
+    waiting_text,
+    write_lines,
+)
 from execkit.ledger import (
     CAPABILITIES,
     KNOWN_ROLES,
+    LANES_CAPABILITY,
     MAX_ATTEMPT_LIMIT,
     MAX_LEASE_S,
     MAX_UNCHARGED_LIMIT,
@@ -108,11 +119,30 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _acting(create)
     create.set_defaults(handler=_task_create)
 
-    show = task_sub.add_parser("show", parents=[common], help="one task and its state")
-    show.add_argument("task_id", metavar="TASK_ID")
+    show = task_sub.add_parser(
+        "show",
+        parents=[common],
+        help="one task and its state (by task id, or by the board issue id it was made for)",
+    )
+    show.add_argument("task_id", metavar="TASK_ID|ISSUE_ID")
     show.set_defaults(handler=_task_show)
 
-    listing = task_sub.add_parser("list", parents=[common], help="every task")
+    listing = task_sub.add_parser(
+        "list",
+        parents=[common],
+        help="every task, or a page of them",
+        description=(
+            "Tasks in creation order, read a page at a time (memory stays flat however many "
+            "there are). --state keeps one state; --limit N prints at most N and then the "
+            "--after ID that continues the listing (with --json: `next_after`, null on the "
+            "last page)."
+        ),
+    )
+    listing.add_argument("--state", choices=[str(state) for state in TaskState], default=None)
+    listing.add_argument("--limit", default=None, metavar="N", help=f"1..{MAX_ATTEMPT_LIMIT}")
+    listing.add_argument(
+        "--after", default=None, metavar="TASK_ID", help="start after this task (a page's last)"
+    )
     listing.set_defaults(handler=_task_list)
 
     runs = task_sub.add_parser("runs", parents=[common], help="a task's run history")
@@ -220,6 +250,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="S",
         help=f"seconds the run's lease lasts unless renewed (default {_CLI_LEASE_S:g})",
     )
+    start.add_argument(
+        "--lane",
+        default=None,
+        metavar="LANE",
+        help="the vendor lane ADAPTER/CREDENTIAL the run uses: refused while it waits",
+    )
     _acting(start)
     start.set_defaults(handler=_run_start)
 
@@ -250,7 +286,31 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="S",
         help="the vendor asked for S seconds before another request: none is admitted sooner",
     )
+    finish.add_argument(
+        "--lane-cause",
+        default=None,
+        metavar="CAUSE",
+        help="what the vendor's structure said of the run's lane: reset (with --retry-after), "
+        "credentials, billing, binary_missing",
+    )
     finish.set_defaults(handler=_run_finish)
+
+    listing = sub.add_parser(
+        "run-list",
+        parents=[common],
+        prog="execkit run list",
+        description=(
+            "The running runs: which task and attempt, where each runs (host, pid, the "
+            "dispatcher's instance), since when, and until when its lease holds."
+        ),
+    )
+    listing.add_argument(
+        "--running",
+        action="store_true",
+        help="the runs running now (the only listing: a task's whole history is "
+        "`execkit task runs TASK_ID`)",
+    )
+    listing.set_defaults(handler=_run_list)
 
     caps = sub.add_parser("capabilities", parents=[common], help="what this ledger enforces")
     caps.set_defaults(handler=_capabilities)
@@ -430,6 +490,30 @@ def _run_line(run: Run) -> str:
     )
 
 
+def _running_line(run: Run) -> str:
+    instance = f" instance {run.owner_instance}" if run.owner_instance else ""
+    lease = (
+        f"  lease until {utc_stamp(run.lease_expires_at)}"
+        if run.lease_expires_at is not None
+        else ""
+    )
+    return safe_text(
+        f"{run.id}  {run.task_id} attempt {run.attempt}  on {run.owner_host} pid "
+        f"{run.owner_pid}{instance}  since {utc_stamp(run.started_at)}{lease}"
+    )
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    if not args.running:
+        raise InvalidInput(
+            "run list needs --running (a task's whole history: execkit task runs TASK_ID)",
+            field="--running",
+        )
+    runs = _with_ledger(args, create=False, action=lambda ledger: ledger.running_runs())
+    lines = [_running_line(run) for run in runs] or ["nothing is running"]
+    return _print_listing(args, {"runs": [run.to_dict() for run in runs]}, lines)
+
+
 def _print_run(run: Run, *, as_json: bool) -> None:
     if as_json:
         print_json(run.to_dict())
@@ -490,7 +574,29 @@ def _task_create(args: argparse.Namespace) -> int:
 
 
 def _task_show(args: argparse.Namespace) -> int:
-    return _print_result(args, lambda ledger: ledger.get_task(args.task_id), write=False)
+    with _using(args, write=False) as ledger:
+        task = _task_or_issue(ledger, args.task_id)
+        _print_task(task, as_json=args.json)
+        if not args.json and LANES_CAPABILITY in ledger.capabilities():
+            lane = ledger.task_lane(task.id)
+            if lane is not None and not lane.admits and task.status == "open":
+                emit(f"  {waiting_text(lane)}")
+    return 0
+
+
+def _task_or_issue(ledger: Ledger, ref: str) -> Task:
+    """The task `ref` names: its id, else the board issue id a dispatcher made it for (the
+    id `execkit status` shows in its ISSUE column); else the ledger's NotFound."""
+    try:
+        return ledger.get_task(ref)
+    except NotFound:
+        from execkit.dispatch import task_key  # only on this path: the CLI starts light
+
+        title = task_key(ref)
+        found = [task for task in ledger.list_tasks() if task.title == title]
+        if len(found) != 1:
+            raise  # the ledger's own "no task" answer
+        return ledger.get_task(found[0].id)
 
 
 def _task_retry(args: argparse.Namespace) -> int:
@@ -503,14 +609,44 @@ def _task_retry(args: argparse.Namespace) -> int:
     )
 
 
-def _task_list(args: argparse.Namespace) -> int:
-    tasks = _with_ledger(args, create=False, action=lambda ledger: ledger.list_tasks())
-    lines = [
+def _task_line(task: Task) -> str:
+    return (
         f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
         f"{_limit_text(task)}  {safe_text(task.title)}"
-        for task in tasks
-    ]
-    return _print_listing(args, {"tasks": [task.to_dict() for task in tasks]}, lines)
+    )
+
+
+def _primed(items: Iterator[_T]) -> Iterator[_T]:
+    """`items` with its first one read now: a listing that fails at its first page (a bad
+    filter, a refused token, no ledger) prints nothing on stdout, only the error. A later
+    page that fails leaves what was printed, then the error on stderr."""
+    first = list(itertools.islice(items, 1))
+    return itertools.chain(first, items)
+
+
+def _task_list(args: argparse.Namespace) -> int:
+    """Streamed: each task is printed as its page is read, never the whole list held (a
+    page of --limit N is N tasks, and one more read to know whether another page follows)."""
+    limit = None if args.limit is None else parse_int("--limit", args.limit, 1, MAX_ATTEMPT_LIMIT)
+    with _using(args, create=False, write=False) as ledger:
+        tasks = _primed(ledger.iter_tasks(state=args.state, after=args.after))
+        if limit is None:
+            if args.json:
+                print_json_list("tasks", (task.to_dict() for task in tasks))
+            else:
+                write_lines(_task_line(task) for task in tasks)
+            return 0
+        page = list(itertools.islice(tasks, limit + 1))
+    more = len(page) > limit
+    del page[limit:]
+    next_after = page[-1].id if more else None
+    if args.json:
+        print_json({"next_after": next_after, "tasks": [task.to_dict() for task in page]})
+        return 0
+    write_lines(_task_line(task) for task in page)
+    if next_after is not None:
+        emit(f"more: continue with --after {safe_text(next_after)}")
+    return 0
 
 
 def _task_runs(args: argparse.Namespace) -> int:
@@ -567,6 +703,7 @@ def _run_start(args: argparse.Namespace) -> int:
             # An operator forcing from the command line means now.
             ignore_backoff=args.ignore_backoff or args.forced,
             lease_s=lease,
+            lane=args.lane,
         ),
     )
 
@@ -589,6 +726,7 @@ def _run_finish(args: argparse.Namespace) -> int:
             failure_class=args.failure_class,
             reason=args.reason,
             not_before=not_before,
+            lane_cause=args.lane_cause,
         ),
     )
 

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
 from execkit._mask import mask_text
 from execkit._proof import AgentFailed
+
+if TYPE_CHECKING:
+    from execkit._lanes import LaneView
 
 __all__ = [
     "EXIT_CODES",
@@ -35,6 +39,7 @@ __all__ = [
     "safe_text",
     "show_credential",
     "utc_stamp",
+    "waiting_text",
 ]
 
 # One distinct, documented exit code per error code (README "Exit codes"), read off the
@@ -135,6 +140,43 @@ def log_handler(prefix: str) -> logging.Handler:
     return handler
 
 
+def print_json_list(key: str, items: Iterable[Any]) -> None:
+    """`{key: [items]}` on stdout, the bytes `print_json` writes for it, item by item as
+    `items` yields them: a listing of any length is never held whole. An exception from
+    `items` leaves the document unfinished (the error goes to stderr with its exit code)."""
+    import json
+
+    encode = json.JSONEncoder(sort_keys=True).encode  # one encoder, not one a call
+    write = sys.stdout.write
+    write("{" + encode(key) + ": [")
+    pending: list[str] = []
+    for item in items:
+        pending.append(encode(item))
+        if len(pending) == 512:  # a write per 512 items (see `write_lines`)
+            write(", ".join(pending))
+            pending.clear()
+            pending.append("")  # the next batch starts with its separator
+    write(", ".join(pending) + "]}\n")
+    sys.stdout.flush()
+
+
+def write_lines(lines: Iterable[str], batch: int = 512) -> None:
+    """Each of `lines` on stdout, `batch` lines a write (a write costs more than the line
+    it writes when there are 100,000 of them); flushed at the end."""
+    write = sys.stdout.write
+    pending: list[str] = []
+    for line in lines:
+        pending.append(line)
+        if len(pending) == batch:
+            pending.append("")
+            write("\n".join(pending))
+            pending.clear()
+    if pending:
+        pending.append("")
+        write("\n".join(pending))
+    sys.stdout.flush()
+
+
 def report_error(exc: ExecKitError, *, as_json: bool) -> int:
     """Write the error (JSON on stderr with --json) and return its exit code.
 
@@ -157,3 +199,15 @@ def report_internal_error(exc: BaseException) -> int:
     detail = safe_text(mask_text(f"{type(exc).__name__}: {exc}"))
     sys.stderr.write(f"execkit: internal error: {detail} (set EXECKIT_DEBUG=1 for a traceback)\n")
     return INTERNAL_ERROR_EXIT
+
+
+def waiting_text(lane: LaneView) -> str:
+    """ "waiting on lane claude/3f2a... until 15:00:00Z (usage limit)", for status lines."""
+    if lane.opens_at is not None:
+        until = f"until {utc_stamp(lane.opens_at)}"
+    elif lane.state == "stopped":
+        until = "until an operator resumes it"
+    else:
+        until = "until its probe attempt's result"
+    why = f" ({lane.reason})" if lane.reason else ""
+    return safe_text(f"waiting on lane {lane.lane} {until}{why}")

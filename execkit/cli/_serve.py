@@ -12,6 +12,7 @@ the server on `--listen 127.0.0.1:0` and read the port it got.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -34,9 +35,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="serve a ledger over HTTP with token auth (for --remote and the SDKs)",
         description=(
             "Serve one ledger (a SQLite file or a postgresql:// URL) over an HTTP JSON API "
-            "(docs/remote.md). Every request but GET /openapi.json needs a bearer token from "
-            "--tokens; the ledger's rules and grants apply as for a local caller, with the "
-            "token's actor acting. Listens on loopback only unless --allow-non-loopback. "
+            "(docs/remote.md). Every API request but GET /openapi.json needs a bearer token "
+            "from --tokens; the ledger's rules and grants apply as for a local caller, with the "
+            "token's actor acting. It serves the operator's dashboard at / (any token reads, "
+            "agent.operate acts), /healthz, /readyz and /metrics, and writes one JSON "
+            "access-log line per request on stderr. Listens on loopback only unless "
+            "--allow-non-loopback. "
             "With --add-token FILE: mint a token for --actor with the given --role(s), store "
             "its hash in FILE and print the token once."
         ),
@@ -166,12 +170,36 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler on whatever `sys.stderr` is when a record is written, never on a stream
+    that was replaced (and closed) since the command started."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def _quiet_logging() -> None:
     """Warnings and errors on stderr, each line escaped; uvicorn's start-up chatter off."""
     import logging
 
     logging.basicConfig(level=logging.WARNING, handlers=[log_handler("execkit serve")])
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    # The access log (execkit.server._access_log): one JSON line per request on stderr,
+    # route templates only, so no token can be in it.
+    access = logging.getLogger("execkit.server.access")
+    access_handler = _CurrentStderr()
+    access_handler.setFormatter(logging.Formatter("%(message)s"))
+    # One handler however often the command runs in a process (tests call it in-process).
+    for old in [h for h in access.handlers if isinstance(h, _CurrentStderr)]:
+        access.removeHandler(old)
+    access.addHandler(access_handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
 
 
 def _add_token(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import attrs
 
 from execkit._adapter import Adapter, AgentRequest
 from execkit._agent import run_agent
-from execkit._classify import FailureClass
+from execkit._classify import FailureClass, Reason
 from execkit._errors import ExecKitError, InvalidInput, UnknownAdapter
 from execkit._exec import Cancellation, ProcessStarter
 from execkit._proof import AgentFailed, AgentProof, RunStatus
@@ -45,6 +45,8 @@ class RunOutcome:
     failure. `precondition` names what is missing (environment: binary and install hint).
     `detail` is a short line of the failure text, kept for the operator. `not_before` is the
     vendor's reset time, when it named one: the next dispatch is not before it.
+    `lane_cause` is what the vendor's structure said of the run's vendor lane (the ledger
+    parks or stops the lane on it); never set from free text.
     """
 
     status: RunStatus = attrs.field(converter=_to_status)
@@ -54,6 +56,9 @@ class RunOutcome:
     precondition: str | None = attrs.field(default=None, converter=_redact_text)
     detail: str | None = attrs.field(default=None, converter=_redact_text)
     not_before: float | None = None
+    # What the vendor's structure said of the run's lane (issue #28): `reset` (with
+    # `not_before`), `credentials`, `billing`, `binary_missing`; None for nothing.
+    lane_cause: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.status is RunStatus.SUCCEEDED and self.failure_class is not None:
@@ -263,7 +268,35 @@ class AdapterRunner:
             precondition=proof.precondition,
             detail=last_line(proof.error),
             not_before=not_before,
+            lane_cause=lane_cause(found, proof, not_before),
         )
+
+
+# Environment reasons that belong to the vendor lane (the account or the host), not the task.
+_LANE_STOPS = {
+    Reason.CREDENTIALS: "credentials",
+    "http 401": "credentials",
+    "http 403": "credentials",
+    Reason.BILLING: "billing",
+    "http 402": "billing",
+    Reason.MISSING_BINARY: "binary_missing",
+}
+
+
+def lane_cause(adapter: Adapter, proof: AgentProof, not_before: float | None) -> str | None:
+    """What a failed agent's proof says of its vendor lane, from structure only: a reset
+    from the vendor's own field parks it; refused credentials, billing, or the vendor's
+    CLI missing on this host stop it. The generic adapter runs any program, so a missing
+    one is that issue's alone."""
+    klass = proof.effective_class
+    if klass is FailureClass.UPSTREAM:
+        return "reset" if not_before is not None and proof.reset_from_structure else None
+    if klass is not FailureClass.ENVIRONMENT or proof.reason is None:
+        return None
+    cause = _LANE_STOPS.get(proof.reason)
+    if cause == "binary_missing" and adapter.name == "generic":
+        return None
+    return cause
 
 
 def _misconfigured(issue: BoardIssue, reason: str, fix: str) -> RunOutcome:

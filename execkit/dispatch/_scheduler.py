@@ -14,10 +14,16 @@ its own process tree and lease), at most `DispatchConfig.max_concurrent_agents` 
 renews its run's lease through the agent's own spawn loop (`Slot.heartbeat`, the one
 renewer: a storage hiccup is logged and retried at the next beat, a run that is no longer
 this dispatcher's stops the agent) and writes its result; this thread admits, moves cards
-and reports. A dispatcher that dies stops renewing, and the next admission on that task,
-from anywhere, abandons the run (it counts) and the work goes on. One that is stopped
+and reports. Every run it admits carries its identity (`owner`, a `RunOwner` read from the
+OS: host, boot, pid and start time, a random instance id), locally, on PostgreSQL and
+through the HTTP remote, so a run is recognised as its own by that identity and never by
+the process that wrote the row. A dispatcher that dies stops renewing, and the next
+admission on that task, from anywhere, abandons the run (it counts) and the work goes on;
+a dispatcher that starts on the same host abandons at once the runs whose owner process is
+gone (a crash, a kill, a reboot), without waiting out their leases. One that is stopped
 (`shutdown`) takes no new work, lets its agents finish within the drain time, then stops
-their trees and records their runs as stopped by their dispatcher.
+their trees and records their runs as stopped by their dispatcher: uncharged, since the
+attempt said nothing about the work, and its card stays where it was.
 
 After a failure the ledger's decision says what happens next:
 
@@ -45,8 +51,6 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +68,9 @@ from execkit._errors import (
     Conflict,
     ExecKitError,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
+    NotFound,
     StorageError,
     TaskBackingOff,
     UnsupportedMove,
@@ -75,9 +82,21 @@ from execkit._redact import redact
 from execkit._validate import is_number
 from execkit.dispatch._board import BindableBoard, BoardIssue, JsonFileBoard, Tracker, task_key
 from execkit.dispatch._config import DispatchConfig
+from execkit.dispatch._lanes import DispatchLanes
 from execkit.dispatch._runner import Runner, RunOutcome, Slot, last_line
 from execkit.dispatch._slots import SlotExecutor, ThreadPerSlot
-from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, Task, TaskState, TaskStatus
+from execkit.ledger import (
+    DEFAULT_LEASE_S,
+    Actor,
+    Ledger,
+    Run,
+    RunOwner,
+    Task,
+    TaskState,
+    TaskStatus,
+    current_owner,
+    owner_lost,
+)
 
 __all__ = ["DISPATCH_ACTOR", "DispatchEvent", "Dispatcher", "EventKind"]
 
@@ -94,12 +113,6 @@ _STOP_BACKSTOP_S = 60.0
 
 # What a slot stopped by its own dispatcher returns: recorded already, nothing to report.
 _STOPPED = RunOutcome(RunStatus.FAILED, failure_class=FailureClass.WORK, reason=STOPPED_REASON)
-
-# Run ids this process is running right now. Two dispatchers in one process (threads, each
-# with its own ledger connection) must not both run a replayed admission; across processes
-# the owner pid on the run tells them apart.
-_IN_FLIGHT: set[tuple[str, str]] = set()  # (ledger id, run id)
-_IN_FLIGHT_LOCK = threading.Lock()
 
 
 class EventKind(enum.StrEnum):
@@ -207,6 +220,8 @@ class Dispatcher:
         on_event: Callable[[DispatchEvent], None] | None = None,
         lease_s: float = DEFAULT_LEASE_S,
         executor: SlotExecutor | None = None,
+        owner: RunOwner | None = None,
+        lanes: bool = True,
     ) -> None:
         if not is_number(lease_s) or lease_s <= 0:
             raise InvalidInput(
@@ -221,6 +236,8 @@ class Dispatcher:
         self._cap = self.config.cap
         self._lease_s = float(lease_s)
         self._executor: SlotExecutor = ThreadPerSlot() if executor is None else executor
+        # Who this dispatcher is: read from the OS once, with an instance id of its own.
+        self.owner = current_owner() if owner is None else owner
         ledger.backoff = self.config.backoff
         # A cache of a stable mapping (the ledger replays the same task for the key), not
         # retry state: dropping it changes nothing.
@@ -240,6 +257,7 @@ class Dispatcher:
         self._slot_done = threading.Event()  # set by a slot as it ends (and by a stop)
         self._stopping = False  # no new work
         self._hurry = False  # no more waiting for the running agents either
+        self._lanes = DispatchLanes(ledger, enabled=lanes)  # vendor lanes (issue #28)
 
     # -- public --------------------------------------------------------------------------
 
@@ -299,7 +317,7 @@ class Dispatcher:
                 task = self.ledger.get_task(task_id, now=now, cap=self._cap, force=True)
             if task.state is TaskState.BACKOFF and task.next_attempt_at is not None:
                 due.append(task.next_attempt_at)
-        return min(due, default=None)
+        return min(due + self._lanes.wake_times(), default=None)
 
     def run_forever(
         self,
@@ -402,6 +420,7 @@ class Dispatcher:
 
     def _prepare(self) -> None:
         self._bind()
+        self._lanes.new_pass()
         self.ledger.abandon_expired_runs(now=self.clock())
         self._record_pending()
 
@@ -445,8 +464,6 @@ class Dispatcher:
             if not running.future.done():
                 continue
             del self._running[run_id]
-            with _IN_FLIGHT_LOCK:
-                _IN_FLIGHT.discard((self._ledger_id, run_id))
             running.cancel.close()
             outcome = running.future.result()  # the slot's work never raises
             if outcome is _STOPPED:
@@ -477,9 +494,25 @@ class Dispatcher:
         if isinstance(self.tracker, JsonFileBoard):
             self.tracker.ensure_private()  # its commands run as us
         self._ledger_id = self.ledger.ledger_id()
+        self._lanes.bind(self._ledger_id)
         if isinstance(self.tracker, BindableBoard):
             self.tracker.bind_ledger(self._ledger_id, self.ledger.location())
+        self._abandon_lost_runs()
         self._bound = True
+
+    def _abandon_lost_runs(self) -> None:
+        """At start: abandon at once the runs owned on this host whose process is gone
+        (`owner_lost`), audited with the reason, instead of waiting out their leases. They
+        count and charge as every abandoned run does: nothing says what their agent did."""
+        for run in self.ledger.running_runs():
+            why = owner_lost(run, self.owner)
+            if why is None:
+                continue
+            try:
+                self.ledger.abandon_run(run.id, reason=why, actor=DISPATCH_ACTOR, now=self.clock())
+            except (Conflict, NotFound):
+                continue  # it ended meanwhile: the history says how
+            _log.warning("run %s of task %s: abandoned, %s", run.id, run.task_id, why)
 
     def _emit(self, event: DispatchEvent) -> DispatchEvent:
         if self._on_event is not None:
@@ -636,6 +669,10 @@ class Dispatcher:
         # Deterministic per attempt: a second dispatcher that read the same history gets
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
+        lane = self._lanes.lane_of(self.config.adapter_of(issue))
+        held = self._lanes.holding(lane, self.clock())
+        if held is not None:  # a lane that does not admit: no ledger call, no slot
+            return [self._event(EventKind.REFUSED, issue, task, reason=held.message)]
         try:
             run = self.ledger.start_run(
                 task.id,
@@ -645,7 +682,12 @@ class Dispatcher:
                 lease_s=self._lease_s,
                 now=self.clock(),
                 cap=self._cap,
+                owner=self.owner,
+                lane=lane,
             )
+        except (LaneWaiting, LaneStopped) as waiting:
+            self._lanes.refused(lane, waiting)
+            return [self._event(EventKind.REFUSED, issue, task, reason=waiting.message)]
         except AttemptLimitReached:
             now_task = self.ledger.get_task(task.id, now=self.clock())
             return [self._attempt_limit_event(issue, now_task)]
@@ -665,15 +707,13 @@ class Dispatcher:
                     EventKind.REFUSED, issue, task, attempt=expected, reason=conflict.message
                 )
             ]
-        with _IN_FLIGHT_LOCK:
-            mine = (
-                run.status is AttemptStatus.RUNNING
-                and run.owner_pid == os.getpid()
-                and run.owner_host == socket.gethostname()
-                and (self._ledger_id, run.id) not in _IN_FLIGHT
-            )
-            if mine:
-                _IN_FLIGHT.add((self._ledger_id, run.id))
+        # Ours when this dispatcher's identity admitted it and no slot of ours runs it yet
+        # (a replayed admission of a run we already run is not a second one).
+        mine = (
+            run.status is AttemptStatus.RUNNING
+            and run.owner_instance == self.owner.instance
+            and run.id not in self._running
+        )
         if not mine:
             return [
                 self._event(
@@ -746,7 +786,11 @@ class Dispatcher:
         take it either, the run's lease runs out and the next admission abandons it."""
         with suppress(ExecKitError):
             self.ledger.finish_run(
-                run.id, AttemptStatus.ABANDONED, reason=STOPPED_REASON, now=self.clock()
+                run.id,
+                AttemptStatus.ABANDONED,
+                reason=STOPPED_REASON,
+                now=self.clock(),
+                stopped=True,
             )
 
     def _record(self, run_id: str) -> None:
@@ -761,6 +805,7 @@ class Dispatcher:
             reason=outcome.ledger_reason(),
             not_before=outcome.not_before if failed else None,
             now=pending.ended_at,
+            lane_cause=outcome.lane_cause if failed else None,
         )
         with self._unrecorded_lock:
             self._unrecorded.pop(run_id, None)

@@ -14,7 +14,8 @@ from execkit._json import to_json
 from execkit._mask import mask_text
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
-from execkit.ledger import Ledger, Run, Task, TaskState
+from execkit.dispatch._lanes import DispatchLanes, waiting_reason
+from execkit.ledger import LANES_CAPABILITY, Ledger, Run, Task, TaskState
 
 __all__ = ["IssueStatus", "issue_statuses"]
 
@@ -99,8 +100,30 @@ def issue_statuses(
     can_give_up = config.failed_state is not None and (
         states is None or config.failed_state in {state.name for state in states}
     )
+    # Vendor lanes that do not admit now (issue #28): their open tasks show what they wait on.
+    closed = {}
+    lanes = None
+    if ledger is not None and LANES_CAPABILITY in ledger.capabilities():
+        closed = {view.lane: view for view in ledger.list_lanes(now=at) if not view.admits}
+        if closed:
+            lanes = DispatchLanes(ledger)
+            lanes.bind(ledger.ledger_id())
 
-    def row(issue_id: str, title: str, board_state: str | None, found: Task | None) -> IssueStatus:
+    def waiting(issue_id: str, task: Task, adapter: str | None) -> str | None:
+        if not closed or task.status != "open" or task.state is TaskState.RUNNING:
+            return None
+        view = ledger.task_lane(task.id, now=at) if ledger is not None else None
+        if (view is None or view.admits) and lanes is not None and adapter is not None:
+            view = lanes.closed(adapter, closed)
+        return None if view is None or view.admits else waiting_reason(view)
+
+    def row(
+        issue_id: str,
+        title: str,
+        board_state: str | None,
+        found: Task | None,
+        adapter: str | None = None,
+    ) -> IssueStatus:
         if ledger is None or found is None:
             return _status_row(issue_id, title, board_state, None, [], config)
         task = ledger.get_task(found.id, now=at, cap=cap)
@@ -111,13 +134,19 @@ def issue_statuses(
             and (not can_give_up or task.gave_up_at_attempt == task.attempts_started)
         ):
             task = ledger.get_task(found.id, now=at, cap=cap, force=True)
-        return _status_row(issue_id, title, board_state, task, ledger.runs(found.id), config)
+        shown = _status_row(issue_id, title, board_state, task, ledger.runs(found.id), config)
+        held = waiting(issue_id, task, adapter)
+        return shown if held is None else attrs.evolve(shown, reason=held)
 
     if board is not None:
         return [
-            # The ledger stores titles masked: an issue id holding a credential is found
-            # by its masked key.
-            row(issue.id, issue.title, issue.state, tasks.get(mask_text(task_key(issue.id))))
+            row(
+                issue.id,
+                issue.title,
+                issue.state,
+                tasks.get(mask_text(task_key(issue.id))),
+                config.adapter_of(issue),
+            )
             for issue in board.list_issues()
         ]
     return [row(title[len(TASK_TITLE_PREFIX) :], "", None, t) for title, t in tasks.items()]

@@ -13,8 +13,9 @@ first use of one of them.
 
 The rooms, in the order a call meets them:
 
-- `_model.py`: the `Ledger` protocol and the values it speaks (`Task`, `Run`, `Actor`, the
-  roles, the audit words, `CAPABILITIES`);
+- `_model.py`: the `Ledger` protocol and the values it speaks (`Task`, `Run`, `RunOwner`,
+  `Actor`, the roles, the audit words, `CAPABILITIES`);
+- `_owner.py`: a process's `RunOwner`, read from the OS, and whether a run's owner is gone;
 - `_open.py`: `open_ledger`, `migrate`, `ledger_status`, and where a ledger is by default;
 - `_core/`: the rules, written once over the `Store`/`Tx` protocols: `LedgerCore`, composed
   from one class of operations per concern (tasks and limits; admission and runs; leases;
@@ -39,6 +40,8 @@ from execkit.ledger._model import (
     CAPABILITIES,
     DEFAULT_LEASE_S,
     KNOWN_ROLES,
+    LANES_CAPABILITY,
+    LIST_PAGE,
     MAX_ATTEMPT_LIMIT,
     MAX_LEASE_S,
     MAX_UNCHARGED_LIMIT,
@@ -51,6 +54,7 @@ from execkit.ledger._model import (
     Ledger,
     Role,
     Run,
+    RunOwner,
     Task,
     TaskState,
     TaskStatus,
@@ -63,6 +67,7 @@ from execkit.ledger._open import (
     migrate,
     open_ledger,
 )
+from execkit.ledger._owner import current_owner, owner_lost
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger
 
 if TYPE_CHECKING:
@@ -74,6 +79,8 @@ __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_LEASE_S",
     "KNOWN_ROLES",
+    "LANES_CAPABILITY",
+    "LIST_PAGE",
     "MAX_ATTEMPT_LIMIT",
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
@@ -90,15 +97,18 @@ __all__ = [
     "PostgresMigration",
     "Role",
     "Run",
+    "RunOwner",
     "SqliteLedger",
     "Task",
     "TaskState",
     "TaskStatus",
     "attempt_from_run",
+    "current_owner",
     "default_db_path",
     "ledger_status",
     "migrate",
     "open_ledger",
+    "owner_lost",
     "user_name",
 ]
 

@@ -12,11 +12,11 @@ audit record it writes (an `AuditEntry`, read back with its number as an `AuditE
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import attrs
-from attrs.validators import instance_of, max_len, optional
+from attrs.validators import ge, instance_of, max_len, optional
 
 from execkit._backoff import Backoff
 from execkit._budget import (
@@ -30,13 +30,16 @@ from execkit._budget import (
 )
 from execkit._classify import FailureClass
 from execkit._json import to_json
-from execkit._validate import checked, finite, non_blank
+from execkit._lanes import LaneEvent, LaneView
+from execkit._validate import checked, finite, integer, non_blank
 
 __all__ = [
     "ADMIN_ROLE",
     "CAPABILITIES",
     "DEFAULT_LEASE_S",
     "KNOWN_ROLES",
+    "LANES_CAPABILITY",
+    "LIST_PAGE",
     "MAX_ATTEMPT_LIMIT",
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
@@ -49,15 +52,30 @@ __all__ = [
     "Ledger",
     "Role",
     "Run",
+    "RunOwner",
     "Task",
     "TaskState",
     "TaskStatus",
     "user_name",
 ]
 
-CAPABILITIES = frozenset({"tasks.attempt_limits", "runs.leases", "tasks.retry", "roles.grants"})
+LANES_CAPABILITY = "vendor.lanes"
+"""Vendor lanes (issue #28): admission consults a run's lane, results feed it, operators
+park and resume it. A client sends a lane only to a server that advertises it."""
+
+CAPABILITIES = frozenset(
+    {
+        "tasks.attempt_limits",
+        "runs.leases",
+        "tasks.retry",
+        "roles.grants",
+        LANES_CAPABILITY,
+        "runs.owners",
+    }
+)
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
-limit (ADR 0033: an older server must not be assumed to enforce an unknown field)."""
+limit (ADR 0033: an older server must not be assumed to enforce an unknown field), and
+`vendor.lanes` before sending a lane."""
 
 # ADR 0033: an explicit limit is 1..10000 total task-bound runs; 0 means "no explicit limit".
 MAX_ATTEMPT_LIMIT = EXPLICIT_LIMIT_MAX
@@ -138,6 +156,42 @@ class TaskStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+_OWNER_TEXT = 256
+
+
+def _owner_text() -> Any:
+    return checked(
+        f"a non-blank string of at most {_OWNER_TEXT} characters", non_blank, max_len(_OWNER_TEXT)
+    )
+
+
+@attrs.frozen
+class RunOwner:
+    """Who runs a run: the process (usually a dispatcher) that asked for its admission.
+
+    `host` is the host name; `boot_id` the kernel's boot id and `pid_namespace` the pid
+    namespace's inode, which together say where `pid` means something (after a reboot, or
+    in another container, the same pid is another process); `pid_started_at` the process's
+    start time (a reused pid has another); `instance` a random id the owner drew when it
+    started (two dispatchers of one process differ). Read from the OS by
+    `current_owner()` (`_owner.py`), never from a flag. Carried by `start_run` locally, on
+    PostgreSQL and through the HTTP remote, so a run's owner is its dispatcher and never
+    the process that wrote the row.
+    """
+
+    host: str = attrs.field(validator=_owner_text())
+    boot_id: str = attrs.field(validator=_owner_text())
+    pid_namespace: int = attrs.field(validator=checked("an integer >= 0", integer, ge(0)))
+    pid: int = attrs.field(validator=checked("an integer >= 1", integer, ge(1)))
+    pid_started_at: float = attrs.field(
+        validator=checked("a finite number of POSIX seconds", finite)
+    )
+    instance: str = attrs.field(validator=_owner_text())
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
 @attrs.frozen
 class Run:
     """One admitted run: a row of the immutable history.
@@ -145,8 +199,11 @@ class Run:
     A running run holds a lease until `lease_expires_at`, which its runner renews while
     the child lives (`Ledger.heartbeat`); once it has expired the next admission on the
     task abandons the run, on any host. `owner_host`/`owner_pid` say which process admitted
-    it (for the operator: liveness is the lease's business). `not_before` is the vendor's
-    reset time recorded with a failure: the next attempt waits for it.
+    it; the other `owner_` fields (None on runs older than schema 4, or admitted without
+    one) complete its `RunOwner`: a dispatcher recognises its own runs by `owner_instance`
+    and, on its host, finds the runs whose process is gone. `not_before` is the vendor's
+    reset time recorded with a failure: the next attempt waits for it. `stopped`: an
+    abandoned run its own runner stopped on purpose (uncharged; `_budget`).
     """
 
     id: str
@@ -164,6 +221,30 @@ class Run:
     owner_pid: int = 0
     lease_expires_at: float | None = None
     not_before: float | None = None
+    owner_boot_id: str | None = None
+    owner_pid_namespace: int | None = None
+    owner_pid_started_at: float | None = None
+    owner_instance: str | None = None
+    stopped: bool = False
+
+    @property
+    def owner(self) -> RunOwner | None:
+        """The whole `RunOwner`, when the run carries one."""
+        if (
+            self.owner_boot_id is None
+            or self.owner_pid_namespace is None
+            or self.owner_pid_started_at is None
+            or self.owner_instance is None
+        ):
+            return None
+        return RunOwner(
+            host=self.owner_host,
+            boot_id=self.owner_boot_id,
+            pid_namespace=self.owner_pid_namespace,
+            pid=self.owner_pid,
+            pid_started_at=self.owner_pid_started_at,
+            instance=self.owner_instance,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe wire shape (`failure_class` as its string value or None)."""
@@ -212,6 +293,8 @@ class AuditAction(enum.StrEnum):
     RUN_ABANDON = "run.abandon"
     ROLE_GRANT = "role.grant"
     ROLE_REVOKE = "role.revoke"
+    LANE_PARK = "lane.park"
+    LANE_RESUME = "lane.resume"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -256,6 +339,11 @@ class AuditEvent:
         return to_json(self)  # `detail` is copied: the event stays immutable
 
 
+LIST_PAGE = 1000
+"""Tasks `iter_tasks` reads a page at a time (one read each): a listing of any length holds
+one page in memory."""
+
+
 class Ledger(Protocol):
     """Durable tasks and runs. Every method is one transaction; errors are ExecKitError.
 
@@ -290,7 +378,21 @@ class Ledger(Protocol):
         cap: DispatchCap | None = None,
         force: bool = False,
     ) -> Task: ...
-    def list_tasks(self, *, now: float | None = None) -> list[Task]: ...
+    def list_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[Task]: ...
+    def iter_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        after: str | None = None,
+    ) -> Iterator[Task]: ...
     def runs(self, task_id: str) -> list[Run]: ...
     def run(self, run_id: str) -> Run: ...
     def history(self, task_id: str) -> list[Attempt]: ...
@@ -306,6 +408,8 @@ class Ledger(Protocol):
         lease_s: float = DEFAULT_LEASE_S,
         now: float | None = None,
         cap: DispatchCap | None = None,
+        owner: RunOwner | None = None,
+        lane: str | None = None,
     ) -> Run: ...
 
     def heartbeat(
@@ -321,9 +425,17 @@ class Ledger(Protocol):
         reason: str | None = None,
         not_before: float | None = None,
         now: float | None = None,
+        stopped: bool = False,
+        lane_cause: str | None = None,
     ) -> Run: ...
 
     def abandon_expired_runs(self, *, now: float | None = None) -> list[Run]: ...
+
+    def running_runs(self) -> list[Run]: ...
+
+    def abandon_run(
+        self, run_id: str, *, reason: str, actor: Actor | str, now: float | None = None
+    ) -> Run: ...
 
     def retry_task(
         self,
@@ -361,6 +473,28 @@ class Ledger(Protocol):
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
     ) -> bool: ...
     def grants(self, principal: str | None = None) -> list[Grant]: ...
+
+    def list_lanes(self, *, now: float | None = None) -> list[LaneView]: ...
+    def get_lane(self, lane: str, *, now: float | None = None) -> LaneView: ...
+    def lane_history(self, lane: str) -> list[LaneEvent]: ...
+    def task_lane(self, task_id: str, *, now: float | None = None) -> LaneView | None: ...
+    def park_lane(
+        self,
+        lane: str,
+        *,
+        until: float,
+        actor: Actor | str,
+        reason: str | None = None,
+        now: float | None = None,
+    ) -> LaneView: ...
+    def resume_lane(
+        self,
+        lane: str,
+        *,
+        actor: Actor | str,
+        reason: str | None = None,
+        now: float | None = None,
+    ) -> LaneView: ...
 
     def audit_events(self, task_id: str | None = None) -> list[AuditEvent]: ...
     def validate(self, *, now: float | None = None) -> list[str]: ...

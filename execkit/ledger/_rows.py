@@ -15,17 +15,24 @@ edit) is a StorageError naming the row, never a traceback.
 from __future__ import annotations
 
 import enum
+import functools
+import json
 from typing import Any, Protocol, TypeVar
+
+import attrs
 
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
-from execkit._errors import StorageError
+from execkit._errors import InvalidInput, StorageError
+from execkit._lanes import LaneEvent, LaneEventKind, LaneState, LaneSummary
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import AuditEvent, Grant, Run, TaskStatus
 
 __all__ = [
     "AUDIT_COLUMNS",
     "GRANT_COLUMNS",
+    "LANE_COLUMNS",
+    "LANE_EVENT_COLUMNS",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "TASK_COLUMNS",
@@ -33,6 +40,10 @@ __all__ = [
     "audit_event_from_row",
     "domain",
     "grant_from_row",
+    "lane_event_from_row",
+    "lane_event_row",
+    "lane_from_row",
+    "lane_row",
     "run_from_row",
     "summary_row",
     "task_from_row",
@@ -61,6 +72,11 @@ RUN_COLUMNS = (
     "owner_pid",
     "lease_expires_at",
     "not_before",
+    "owner_boot_id",
+    "owner_pid_namespace",
+    "owner_pid_started_at",
+    "owner_instance",
+    "stopped",
 )
 TASK_COLUMNS = (
     "id",
@@ -87,17 +103,41 @@ SUMMARY_COLUMNS = (
     "last_ended_at",
     "last_forced",
     "last_not_before",
+    "last_stopped",
 )
 AUDIT_COLUMNS = ("id", "at", "actor", "action", "task_id", "run_id", "detail")
 GRANT_COLUMNS = ("principal", "role", "granted_by", "granted_at")
+# A lane's stored state (the fold of its events) and one row of its history (issue #28).
+LANE_COLUMNS = (
+    "lane",
+    "state",
+    "until_at",
+    "reason",
+    "trips",
+    "failures",  # JSON text: the upstream failure times inside the breaker's window
+    "probe_run",
+    "stopped_task",
+    "capped",
+    "events",
+    "updated_at",
+)
+LANE_EVENT_COLUMNS = ("lane", "kind", "at", "actor", "run_id", "task_id", "until_at", "reason")
 
 _E = TypeVar("_E", bound=enum.Enum)
+
+
+@functools.cache
+def _members(kind: type[_E]) -> dict[Any, _E]:
+    return {member.value: member for member in kind}
 
 
 def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
     """A stored value as its enum; one this execkit does not know is a StorageError
     naming the row: `where`, formatted with `keys` (`"run {!r} status", run_id`) only
-    then, as every row read passes through here."""
+    then, as every row read passes through here (a dict lookup, not the enum's call)."""
+    member: _E | None = _members(kind).get(value)
+    if member is not None:
+        return member
     try:
         return kind(value)
     except ValueError:
@@ -129,7 +169,31 @@ def run_from_row(row: NamedRow) -> Run:
         owner_pid=row["owner_pid"],
         lease_expires_at=row["lease_expires_at"],
         not_before=row["not_before"],
+        owner_boot_id=row["owner_boot_id"],
+        owner_pid_namespace=row["owner_pid_namespace"],
+        owner_pid_started_at=row["owner_pid_started_at"],
+        owner_instance=row["owner_instance"],
+        stopped=bool(row["stopped"]),
     )
+
+
+_ATTEMPT_FIELDS = frozenset(field.name for field in attrs.fields(Attempt))
+
+
+def _stored_attempt(**values: Any) -> Attempt:
+    """A summary's last attempt as its columns hold it, without `Attempt`'s validators:
+    every listed task has one, and validating it cost half of listing 100,000 tasks. What
+    they check is held by the schema (the enums, each read through `domain`; the number;
+    the flag) or was checked when the attempt was written; `db check` validates every
+    history and compares each stored summary with it, so a summary edited by hand is
+    reported there. Every field is given: a missing one is a KeyError, not a half-built
+    value."""
+    if values.keys() != _ATTEMPT_FIELDS:
+        raise KeyError(sorted(_ATTEMPT_FIELDS ^ values.keys()))
+    attempt = object.__new__(Attempt)
+    for name, value in values.items():
+        object.__setattr__(attempt, name, value)
+    return attempt
 
 
 def _summary_from_row(row: NamedRow) -> HistorySummary:
@@ -138,7 +202,7 @@ def _summary_from_row(row: NamedRow) -> HistorySummary:
     last = None
     if row["last_number"] is not None:
         last_class = row["last_class"]
-        last = Attempt(
+        last = _stored_attempt(
             number=row["last_number"],
             status=domain(AttemptStatus, row["last_status"], "summary last_status"),
             failure_class=None
@@ -149,6 +213,7 @@ def _summary_from_row(row: NamedRow) -> HistorySummary:
             ended_at=row["last_ended_at"],
             forced=bool(row["last_forced"]),
             not_before=row["last_not_before"],
+            stopped=bool(row["last_stopped"]),
         )
     return HistorySummary(
         attempts_used=row["attempts_used"],
@@ -179,6 +244,7 @@ def summary_row(summary: HistorySummary) -> dict[str, Any]:
         "last_ended_at": None if last is None else last.ended_at,
         "last_forced": last is not None and last.forced,
         "last_not_before": None if last is None else last.not_before,
+        "last_stopped": last is not None and last.stopped,
     }
 
 
@@ -220,3 +286,73 @@ def grant_from_row(row: NamedRow) -> Grant:
         granted_by=row["granted_by"],
         granted_at=row["granted_at"],
     )
+
+
+def lane_from_row(row: NamedRow) -> LaneSummary:
+    """A lane row (`LANE_COLUMNS`); a value outside its domain is a StorageError."""
+    name = row["lane"]
+    try:
+        failures = json.loads(row["failures"])
+        return LaneSummary(
+            lane=name,
+            state=domain(LaneState, row["state"], "lane {!r} state", name),
+            until=row["until_at"],
+            reason=row["reason"],
+            trips=row["trips"],
+            failures=tuple(failures),
+            probe_run=row["probe_run"],
+            stopped_task=row["stopped_task"],
+            capped=bool(row["capped"]),
+            events=row["events"],
+            updated_at=row["updated_at"],
+        )
+    except (InvalidInput, TypeError, ValueError) as exc:
+        raise StorageError(f"lane {name!r} holds a value of the wrong shape ({exc})") from None
+
+
+def lane_row(summary: LaneSummary) -> dict[str, Any]:
+    """`summary` as the values of `LANE_COLUMNS`, by name."""
+    return {
+        "lane": summary.lane,
+        "state": str(summary.state),
+        "until_at": summary.until,
+        "reason": summary.reason,
+        "trips": summary.trips,
+        "failures": json.dumps(list(summary.failures)),
+        "probe_run": summary.probe_run,
+        "stopped_task": summary.stopped_task,
+        "capped": summary.capped,
+        "events": summary.events,
+        "updated_at": summary.updated_at,
+    }
+
+
+def lane_event_from_row(row: NamedRow) -> LaneEvent:
+    """A lane history row (`LANE_EVENT_COLUMNS`)."""
+    try:
+        return LaneEvent(
+            lane=row["lane"],
+            kind=domain(LaneEventKind, row["kind"], "lane event of {!r} kind", row["lane"]),
+            at=row["at"],
+            actor=row["actor"],
+            run_id=row["run_id"],
+            task_id=row["task_id"],
+            until=row["until_at"],
+            reason=row["reason"],
+        )
+    except InvalidInput as exc:
+        raise StorageError(f"a lane event of {row['lane']!r}: {exc.message}") from None
+
+
+def lane_event_row(event: LaneEvent) -> dict[str, Any]:
+    """`event` as the values of `LANE_EVENT_COLUMNS`, by name."""
+    return {
+        "lane": event.lane,
+        "kind": str(event.kind),
+        "at": event.at,
+        "actor": event.actor,
+        "run_id": event.run_id,
+        "task_id": event.task_id,
+        "until_at": event.until,
+        "reason": event.reason,
+    }

@@ -40,9 +40,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
-from execkit._errors import ExecKitError, StorageError, TaskBackingOff
+from execkit._errors import ExecKitError, LaneStopped, LaneWaiting, StorageError, TaskBackingOff
 from execkit._mask import mask_json, mask_name
 from execkit.ledger import Actor, Ledger
+from execkit.server._front import Front
 from execkit.server._idempotency import IdempotencyStore, StoredResponse
 from execkit.server._tokens import Principal, TokenFile
 
@@ -96,6 +97,10 @@ def error_answer(exc: ExecKitError) -> tuple[int, dict[str, Any]]:
     extra: dict[str, Any] = {}
     if isinstance(exc, TaskBackingOff):
         extra["ready_at"] = exc.ready_at
+    if isinstance(exc, LaneWaiting):
+        extra.update(lane=exc.lane, opens_at=exc.opens_at)
+    if isinstance(exc, LaneStopped):
+        extra.update(lane=exc.lane, fix=exc.fix)
     return status, _error_doc(exc.code, exc.message, **extra)
 
 
@@ -106,6 +111,10 @@ def _response(status: int, text: str, headers: Mapping[str, str] | None = None) 
 def _refusal(exc: _Refused) -> Response:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
     return _response(exc.status, _dumps(_error_doc(exc.code, exc.message)), headers)
+
+
+# An object member (a `RunOwner`) is a few scalars: anything bigger is not one.
+_MAX_OBJECT_MEMBERS = 16
 
 
 def _invalid(message: str) -> _Refused:
@@ -165,6 +174,17 @@ def _checked_value(where: str, field: Field, value: Any) -> Any:
             raise _invalid(f"{where} is out of range")
         if not math.isfinite(value):
             raise _invalid(f"{where} must be a finite number")
+        return value
+    if kind == "object":
+        if not isinstance(value, dict) or len(value) > _MAX_OBJECT_MEMBERS:
+            raise _invalid(
+                f"{where} must be a JSON object of at most {_MAX_OBJECT_MEMBERS} members"
+            )
+        for member, item in value.items():
+            if isinstance(item, dict | list):
+                raise _invalid(f"{where}.{member} must be a string, number or boolean")
+            if isinstance(item, str):
+                _checked_text(f"{where}.{member}", item)
         return value
     raise AssertionError(kind)  # pragma: no cover
 
@@ -253,6 +273,8 @@ class LedgerApp:
         # A path the API does not have is 404, with or without a trailing slash: a 307 to
         # the other spelling would invite a client to resend its token and body.
         self.app.router.redirect_slashes = False
+        # What the listener serves: the dashboard and monitoring in front of `app` (_front).
+        self.front = Front(self.app, ledger, tokens, self._http_exception)
 
     def close(self) -> None:
         """Stop the worker threads (after the ones running finish)."""

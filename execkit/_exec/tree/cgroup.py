@@ -152,7 +152,8 @@ class _Cgroup:
             os.rmdir(self.path)
 
 
-_HOME_NAME = re.compile(r"execkit-(\d+)-[0-9a-f]+\Z")
+# Compiled (and cached by `re`) at the first sweep, not when the spawner is imported.
+_HOME_NAME = r"execkit-(\d+)-[0-9a-f]+\Z"
 
 
 def _own_cgroup() -> str | None:
@@ -238,7 +239,7 @@ class CgroupHome:
         """Remove the homes of execkit processes that died without cleaning up."""
         with contextlib.suppress(OSError), os.scandir(own) as entries:
             for entry in entries:
-                match = _HOME_NAME.match(entry.name)
+                match = re.match(_HOME_NAME, entry.name)
                 if match and not _alive(int(match.group(1))) and entry.is_dir():
                     for root, dirs, _files in os.walk(entry.path, topdown=False):
                         for name in dirs:

@@ -28,6 +28,7 @@ from execkit._budget import (
     summarize,
 )
 from execkit._errors import Conflict, HistoryError, NotFound
+from execkit._lanes import DEFAULT_LANES, LaneConfig
 from execkit.ledger._core.store import Store, TaskRecord, Tx
 from execkit.ledger._model import KNOWN_ROLES, Actor, AuditAction, Run, Task, TaskStatus
 
@@ -61,6 +62,7 @@ def attempt_from_run(run: Run) -> Attempt:
         ended_at=run.ended_at,
         forced=run.forced,
         not_before=run.not_before,
+        stopped=run.stopped,
     )
 
 
@@ -74,10 +76,12 @@ class CoreBase:
         *,
         budget: WorkBudget = DEFAULT_BUDGET,
         backoff: Backoff = SCHEDULER_BACKOFF,
+        lanes: LaneConfig = DEFAULT_LANES,
     ) -> None:
         self._store = store
         self.budget = budget
         self.backoff = backoff
+        self.lane_config = lanes
 
     def _task(self, tx: Tx, task_id: str, *, lock: bool = False) -> TaskRecord:
         task = tx.task(task_id, lock=lock)

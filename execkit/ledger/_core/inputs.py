@@ -26,6 +26,7 @@ import json
 import time
 from typing import Any
 
+from execkit._budget import TaskState
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
 from execkit._mask import mask_name, mask_text
@@ -188,6 +189,15 @@ def as_failure_class(value: FailureClass | str | None) -> FailureClass | None:
         raise InvalidInput(
             f"failure_class must be one of {allowed}, got {value!r}", field="failure_class"
         ) from None
+
+
+def as_task_state(value: object) -> TaskState:
+    if isinstance(value, TaskState):
+        return value
+    if isinstance(value, str) and value in TaskState.__members__.values():
+        return TaskState(value)
+    allowed = ", ".join(TaskState)
+    raise InvalidInput(f"state must be one of {allowed}, got {value!r}", field="state")
 
 
 def fingerprint_of(request: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ granter and time was not made through execkit (another user with write access to
 inserting one for themselves) and is reported, never honoured silently. `repair`
 fixes what can be fixed without guessing: it abandons expired runs and rebuilds a summary
 from its history (the history is the truth); a broken history is reported, never touched.
+Tasks are read a page of `LIST_PAGE` at a time with their runs (each page one read), so
+memory does not grow with the ledger.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
 from execkit.ledger._core.inputs import moment
 from execkit.ledger._core.leases import LeaseOps
 from execkit.ledger._core.store import TaskRecord
-from execkit.ledger._model import AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
+from execkit.ledger._model import LIST_PAGE, AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
 
 __all__ = ["InspectionOps"]
 
@@ -35,24 +37,31 @@ class InspectionOps(LeaseOps):
     def validate(self, *, now: float | None = None) -> list[str]:
         """Every problem found, none fixed: storage integrity and rows outside their domain
         (the backend's own checks), `validate_history` on every task, each stored summary
-        against the one its history gives, and running runs whose lease has expired."""
+        against the one its history gives, running runs whose lease has expired, and every
+        vendor lane's stored state against the fold of its history."""
         at = moment(now)
         problems = self._store.storage_problems()
         if problems:
             return problems  # rows the code cannot read: the checks below would only crash
+        after: str | None = None
+        while True:  # a page of tasks and their runs at a time: memory stays flat
+            with self._store.read() as tx:
+                tasks = tx.task_page(after, LIST_PAGE, None)
+                runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
+                for run in tx.runs_of(list(runs_by_task)) if tasks else ():
+                    runs_by_task[run.task_id].append(run)
+            for task in tasks:
+                problems.extend(self._task_problems(task, runs_by_task[task.id], at))
+            if len(tasks) < LIST_PAGE:
+                break
+            after = tasks[-1].id
         with self._store.read() as tx:
-            tasks = tx.tasks()
-            runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
-            for run in tx.all_runs():
-                runs_by_task.setdefault(run.task_id, []).append(run)
             grants = tx.grants(None)
             audited = {
                 (str(e.detail.get("principal")), str(e.detail.get("role")), e.actor, e.at)
                 for e in tx.audit_events(None)
                 if e.action == AuditAction.ROLE_GRANT
             }
-        for task in tasks:
-            problems.extend(self._task_problems(task, runs_by_task[task.id], at))
         for grant in grants:
             made = (grant.principal, grant.role, grant.granted_by, grant.granted_at)
             if made not in audited:
@@ -62,6 +71,7 @@ class InspectionOps(LeaseOps):
                     "the audit: it was not made through execkit; revoke it (execkit role "
                     "revoke) unless you know who wrote it"
                 )
+        problems.extend(self._lane_problems())
         return problems
 
     def _task_problems(self, task: TaskRecord, runs: list[Run], at: float) -> list[str]:
@@ -105,7 +115,8 @@ class InspectionOps(LeaseOps):
     def repair(self, *, now: float | None = None) -> list[str]:
         """Fix what `validate` can fix and say what was done: abandon running runs whose
         lease expired (one transaction, as an admission would), then rebuild every stored
-        summary that differs from its history (a second; the history is the truth). Each
+        summary (and lane state) that differs from its history (a second; the history is
+        the truth). Each
         step is whole on its own, so a failure between them leaves a valid ledger that a
         second `repair` finishes. A broken history is not touched."""
         at = moment(now)
@@ -132,6 +143,7 @@ class InspectionOps(LeaseOps):
                         )
                     )
                     done.append(f"{task.id}: rebuilt its summary from its history")
+            done.extend(self._repair_lanes(tx))
         return done
 
 

@@ -1,6 +1,8 @@
 """Leases: a running run holds one, its runner renews it (`heartbeat`), and a run whose
 lease expired is abandoned, by the next admission on its task, by `abandon_expired_runs`
-(any host) or by a repair.
+(any host) or by a repair. A run whose owner is known to be gone (a dispatcher that found,
+on its own host, that the process which admitted it no longer exists) is abandoned at once
+by `abandon_run`, without waiting out its lease. `running_runs` lists what runs where.
 
 An abandoned run counts against every limit and charges as an unclassed failure (ADR
 0033/0046): a runner that vanished told nothing about its vendor. Its late result cannot
@@ -13,30 +15,35 @@ from __future__ import annotations
 import attrs
 
 from execkit._budget import AttemptStatus
-from execkit._errors import Conflict
-from execkit.ledger._core.base import SYSTEM_ACTOR, CoreBase, when
-from execkit.ledger._core.inputs import check_lease, moment
+from execkit._errors import Conflict, InvalidInput
+from execkit.ledger._core.base import SYSTEM_ACTOR, when
+from execkit.ledger._core.inputs import as_actor, check_lease, clean_reason, moment
+from execkit.ledger._core.lanes import LaneOps
 from execkit.ledger._core.store import TaskRecord, Tx
-from execkit.ledger._model import AuditAction, AuditEntry, Run
+from execkit.ledger._model import Actor, AuditAction, AuditEntry, Run
 
 __all__ = ["LeaseOps"]
 
 
-class LeaseOps(CoreBase):
-    """Renewing a run's lease, and abandoning a run whose lease expired."""
+class LeaseOps(LaneOps):
+    """Renewing a run's lease, and abandoning a run whose lease expired (which frees its
+    lane's probe slot when it was the probe)."""
 
-    def _abandon(self, tx: Tx, task: TaskRecord, run: Run, at: float, why: str) -> TaskRecord:
+    def _abandon(
+        self, tx: Tx, task: TaskRecord, run: Run, at: float, why: str, actor: str = SYSTEM_ACTOR
+    ) -> TaskRecord:
         """Mark a running run abandoned (it counts and charges, ADR 0033/0046) and return
-        the task with its summary brought up to date."""
+        the task with its summary brought up to date; audited as done by `actor`."""
         if not tx.finish_run(run.id, AttemptStatus.ABANDONED, None, why, None, at):
             current = tx.task(task.id)
             return task if current is None else current
         ended = attrs.evolve(run, status=AttemptStatus.ABANDONED, reason=why, ended_at=at)
         summary = self._summary_after(tx, task, ended)
+        self._lane_result(tx, ended, None, at)
         tx.audit(
             AuditEntry(
                 at=at,
-                actor=SYSTEM_ACTOR,
+                actor=actor,
                 action=AuditAction.RUN_ABANDON,
                 task_id=task.id,
                 run_id=run.id,
@@ -86,3 +93,29 @@ class LeaseOps(CoreBase):
                 self._abandon(tx, task, run, at, why)
                 abandoned.append(self._run(tx, run.id))
         return abandoned
+
+    def running_runs(self) -> list[Run]:
+        """Every running run, oldest first: where it runs (its owner) and until when its
+        lease holds."""
+        with self._store.read() as tx:
+            return tx.running_runs()
+
+    def abandon_run(
+        self, run_id: str, *, reason: str, actor: Actor | str, now: float | None = None
+    ) -> Run:
+        """Abandon a running run at once because its owner is known to be gone (`reason`
+        says how it is known; it is redacted and stored). It counts and charges as an
+        abandoned run (nothing identified it as uninformative), audited with `actor`.
+        Conflict when the run is no longer running; NotFound when there is none."""
+        who = as_actor(actor)
+        why = clean_reason(reason)
+        if not why:
+            raise InvalidInput("reason: say why the run is abandoned", field="reason")
+        at = moment(now)
+        with self._store.write() as tx:
+            run = self._run(tx, run_id)
+            if run.status is not AttemptStatus.RUNNING:
+                raise Conflict(f"run {run_id} is {run.status}, not running: nothing to abandon")
+            task = self._task(tx, run.task_id, lock=True)
+            self._abandon(tx, task, run, at, why, str(who))
+            return self._run(tx, run_id)

@@ -12,8 +12,6 @@ an accepted request key returns the run it admitted and creates none. The refusa
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import attrs
@@ -25,10 +23,13 @@ from execkit._errors import (
     AttemptLimitReached,
     Conflict,
     InvalidInput,
+    LaneStopped,
+    LaneWaiting,
     TaskBackingOff,
     TaskBlocked,
     TaskFinished,
 )
+from execkit._lanes import LaneCause
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
 from execkit.ledger._core.inputs import (
     MAX_KEY,
@@ -42,9 +43,19 @@ from execkit.ledger._core.inputs import (
     moment,
     optional_time,
 )
+from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
 from execkit.ledger._core.store import TaskRecord, Tx
-from execkit.ledger._model import DEFAULT_LEASE_S, Actor, AuditAction, AuditEntry, Run, TaskStatus
+from execkit.ledger._model import (
+    DEFAULT_LEASE_S,
+    Actor,
+    AuditAction,
+    AuditEntry,
+    Run,
+    RunOwner,
+    TaskStatus,
+)
+from execkit.ledger._owner import process_owner
 
 __all__ = ["RunOps"]
 
@@ -99,6 +110,8 @@ class RunOps(LeaseOps):
         lease_s: float = DEFAULT_LEASE_S,
         now: float | None = None,
         cap: DispatchCap | None = None,
+        owner: RunOwner | None = None,
+        lane: str | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -113,9 +126,22 @@ class RunOps(LeaseOps):
         `retry_task` is forced the same way. The run holds a lease of `lease_s` seconds
         that its runner renews with `heartbeat`. Replaying an accepted `request_key` with
         the same actor and force returns the same run and creates none; with different
-        ones it is a Conflict.
+        ones it is a Conflict. `owner` is the process that will run it (a dispatcher's
+        `RunOwner`); by default the calling process.
+
+        `lane` (`ADAPTER/CREDENTIAL`, issue #28) binds the run to its vendor lane: the
+        lane, and the same lane on this host, are read in this transaction after the task's
+        own refusals, and one that does not admit refuses with `LaneWaiting` or
+        `LaneStopped` (before a backoff's refusal); nothing is written. Neither `forced`
+        nor `ignore_backoff` lifts a lane: an operator resumes it (`resume_lane`). Without
+        a lane, admission is as it was.
         """
         request_key = check_name("request_key", request_key, MAX_KEY)
+        lane_name = check_lane(lane)
+        if owner is not None and not isinstance(owner, RunOwner):
+            raise InvalidInput(
+                f"owner: must be a RunOwner, got {type(owner).__name__}", field="owner"
+            )
         who = as_actor(actor)
         check_bool("forced", forced)
         check_bool("ignore_backoff", ignore_backoff)
@@ -136,11 +162,31 @@ class RunOps(LeaseOps):
                 task = self._abandon(tx, task, expired, at, why)
             # Decided once: the refusal and the admission's audit read the same decision.
             decision = self._decide(task, at, cap, force=forced)
-            refused = self._admission_refusal(task, decision, at, ignore_backoff)
+            refused = _refusal(task, decision)
+            probes: list[str] = []
+            if refused is None and lane_name is not None:
+                try:
+                    probes = self._lane_gate(tx, lane_name, task.id, at)
+                except (LaneWaiting, LaneStopped) as lane_refusal:
+                    refused = lane_refusal
             if refused is None:
-                return self._admit(
-                    tx, task, decision, at, who, request_key, fingerprint, forced, lease
+                refused = self._admission_refusal(task, decision, at, ignore_backoff)
+            if refused is None:
+                run = self._admit(
+                    tx,
+                    task,
+                    decision,
+                    at,
+                    who,
+                    request_key,
+                    fingerprint,
+                    forced,
+                    lease,
+                    owner or process_owner(),
                 )
+                if lane_name is not None:
+                    self._lane_admitted(tx, lane_name, probes, run, at)
+                return run
             if expired is None:
                 raise refused
             # Leaving the block commits the abandonment: it stands whether or not this
@@ -173,6 +219,7 @@ class RunOps(LeaseOps):
         fingerprint: str,
         forced: bool,
         lease: float,
+        owner: RunOwner,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
@@ -189,9 +236,13 @@ class RunOps(LeaseOps):
                 forced=force,
                 started_at=at,
                 ended_at=None,
-                owner_host=socket.gethostname(),
-                owner_pid=os.getpid(),
+                owner_host=owner.host,
+                owner_pid=owner.pid,
                 lease_expires_at=at + lease,
+                owner_boot_id=owner.boot_id,
+                owner_pid_namespace=owner.pid_namespace,
+                owner_pid_started_at=owner.pid_started_at,
+                owner_instance=owner.instance,
             ),
             lease,
         )
@@ -251,14 +302,28 @@ class RunOps(LeaseOps):
         reason: str | None = None,
         not_before: float | None = None,
         now: float | None = None,
+        stopped: bool = False,
+        lane_cause: str | None = None,
     ) -> Run:
         """Record how a running run ended: succeeded | failed | abandoned.
+
+        `stopped=True` (abandoned only) says its own runner stopped it on purpose (a
+        dispatcher shutting down, a cancelled task): the attempt is uncharged and sets no
+        backoff, and it still counts against an explicit limit.
 
         A succeeded run is never classed and marks its task done. The reason is redacted
         before it is stored. `not_before` (failed runs) is the vendor's reset time: the next
         attempt is not scheduled before it. Finishing a finished run again with the same
         values returns it unchanged; with different values it is a Conflict (an abandoned
         run's lease expired: its runner's late result cannot rewrite the history).
+
+        A run bound to a lane feeds it (issue #28). `lane_cause` is what the adapter read
+        from the vendor's structure, never from free text: `reset` (an upstream failure
+        whose `not_before` the vendor stated: the lane parks until then), `credentials`,
+        `billing` or `binary_missing` (an environment failure that stops the lane; the
+        reason is its fix; a missing binary stops the lane on the run's host only).
+        Without it an upstream failure counts toward the lane's breaker. A cause that does
+        not fit the class is InvalidInput, nothing written.
         """
         if status not in _FINAL_RUN_STATUSES:
             raise InvalidInput(
@@ -271,15 +336,41 @@ class RunOps(LeaseOps):
             raise InvalidInput(
                 "failure_class must be empty for a succeeded run", field="failure_class"
             )
+        check_bool("stopped", stopped)
+        if stopped and final is not AttemptStatus.ABANDONED:
+            raise InvalidInput(
+                f"stopped: only an abandoned run can be stopped, not a {final} one",
+                field="stopped",
+            )
+        if stopped and klass is not None:
+            raise InvalidInput(
+                "failure_class must be empty for a stopped run", field="failure_class"
+            )
         reset = optional_time("not_before", not_before)
         if final is not AttemptStatus.FAILED:
             reset = None
+        cause = check_lane_cause(lane_cause)
+        if cause is not None and not (
+            (cause is LaneCause.RESET and klass is FailureClass.UPSTREAM and reset is not None)
+            or (cause is not LaneCause.RESET and klass is FailureClass.ENVIRONMENT)
+        ):
+            raise InvalidInput(
+                f"lane_cause {cause} needs a failed run of class "
+                + ("upstream with not_before" if cause is LaneCause.RESET else "environment")
+                + f", got {final} ({klass or 'no class'})",
+                field="lane_cause",
+            )
         stored_reason = clean_reason(reason)
         at = moment(now)
         with self._store.write() as tx:
             run = self._run(tx, run_id)
             if run.status is not AttemptStatus.RUNNING:
-                if (run.status, run.failure_class, run.reason) == (final, klass, stored_reason):
+                if (run.status, run.failure_class, run.reason, run.stopped) == (
+                    final,
+                    klass,
+                    stored_reason,
+                    stopped,
+                ):
                     return run
                 shown = run.failure_class.value if run.failure_class else "-"
                 raise Conflict(
@@ -288,7 +379,7 @@ class RunOps(LeaseOps):
                     + (f" ({run.reason})" if run.status is AttemptStatus.ABANDONED else "")
                 )
             task = self._task(tx, run.task_id, lock=True)
-            tx.finish_run(run_id, final, klass, stored_reason, reset, at)
+            tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped)
             ended = attrs.evolve(
                 run,
                 status=final,
@@ -296,8 +387,10 @@ class RunOps(LeaseOps):
                 reason=stored_reason,
                 ended_at=at,
                 not_before=reset,
+                stopped=stopped,
             )
             self._summary_after(tx, task, ended)
+            self._lane_result(tx, ended, cause, at)
             if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
                 tx.set_task_status(run.task_id, TaskStatus.DONE, at)
             tx.audit(
@@ -307,7 +400,11 @@ class RunOps(LeaseOps):
                     action=AuditAction.RUN_FINISH,
                     task_id=run.task_id,
                     run_id=run_id,
-                    detail={"status": final, "failure_class": klass.value if klass else None},
+                    detail={
+                        "status": final,
+                        "failure_class": klass.value if klass else None,
+                        **({"stopped": True, "reason": stored_reason} if stopped else {}),
+                    },
                 )
             )
             return ended

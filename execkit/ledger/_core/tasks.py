@@ -11,6 +11,8 @@ key returns the same task.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 from execkit._budget import BlockedOn, DispatchCap, TaskState
@@ -20,6 +22,7 @@ from execkit.ledger._core.inputs import (
     MAX_KEY,
     MAX_TITLE,
     as_actor,
+    as_task_state,
     check_bool,
     check_limit,
     check_name,
@@ -30,7 +33,15 @@ from execkit.ledger._core.inputs import (
     fingerprint_of,
     moment,
 )
-from execkit.ledger._model import OPERATE_ROLE, Actor, AuditAction, AuditEntry, Task, TaskStatus
+from execkit.ledger._model import (
+    LIST_PAGE,
+    OPERATE_ROLE,
+    Actor,
+    AuditAction,
+    AuditEntry,
+    Task,
+    TaskStatus,
+)
 
 __all__ = ["TaskOps"]
 
@@ -107,12 +118,56 @@ class TaskOps(CoreBase):
         with self._store.read() as tx:
             return self._load_task(tx, task_id, at, cap, force=force)
 
-    def list_tasks(self, *, now: float | None = None) -> list[Task]:
-        """Every task in creation order (each from its summary: no history is read)."""
+    def list_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[Task]:
+        """Tasks in creation order (each from its summary: no history is read): every one,
+        or those in `state` (a `TaskState`), at most `limit` (1..10000), after task `after`
+        (the last id of the previous page). InvalidInput for a bad filter, NotFound for an
+        `after` that is no task."""
+        if limit is not None:
+            limit = check_limit("limit", limit, allow_zero=False)
+        return list(itertools.islice(self.iter_tasks(now=now, state=state, after=after), limit))
+
+    def iter_tasks(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        after: str | None = None,
+    ) -> Iterator[Task]:
+        """`list_tasks` as it is read: `LIST_PAGE` rows at a time, each page its own read,
+        so a listing of any length holds one page in memory. All are projected at one
+        `now`; a task created meanwhile is listed if its page is read after it."""
         at = moment(now)
-        with self._store.read() as tx:
-            tasks = tx.tasks()
-        return [self._project(task, at, None) for task in tasks]
+        wanted = None if state is None else as_task_state(state)
+        # done and cancelled are stored; every other state is an open task's projection.
+        status = (
+            None
+            if wanted is None
+            else TaskStatus(wanted)
+            if wanted in (TaskState.DONE, TaskState.CANCELLED)
+            else TaskStatus.OPEN
+        )
+        if after is not None:
+            after = check_text("after", after, MAX_KEY)
+            with self._store.read() as tx:
+                self._task(tx, after)  # NotFound: no page follows a task that is not there
+        while True:
+            with self._store.read() as tx:
+                page = tx.task_page(after, LIST_PAGE, status)
+            for record in page:
+                task = self._project(record, at, None)
+                if wanted is None or task.state is wanted:
+                    yield task
+            if len(page) < LIST_PAGE:
+                return
+            after = page[-1].id
 
     def set_attempt_limit(
         self,

@@ -22,7 +22,13 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
 
 # Version 1: tasks (with their limit, operator state and history summary in the row that
 # admission locks), runs (with their lease and the limit in force at admission), audit,
-# idempotency keys, role grants and the ledger's identity and owner.
+# idempotency keys, role grants and the ledger's identity and owner. Version 2
+# (runs.owners): who runs each run (the dispatcher's boot, pid namespace, pid start time
+# and instance) and whether its own runner stopped it on purpose (uncharged), with the
+# summary's copy of that flag for the task's last attempt: new nullable or defaulted
+# columns, so every row stored before reads the same.
+# Version 3 (issue #28): vendor lanes, their history, their stored state (the fold of that
+# history, a row locked FOR UPDATE by whoever changes it) and the lane each run used.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -126,6 +132,49 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (principal, role)
         )""",
     ),
+    2: (
+        "ALTER TABLE runs ADD COLUMN owner_boot_id text, "
+        "ADD COLUMN owner_pid_namespace bigint CHECK (owner_pid_namespace >= 0), "
+        "ADD COLUMN owner_pid_started_at double precision, "
+        "ADD COLUMN owner_instance text, "
+        "ADD COLUMN stopped boolean NOT NULL DEFAULT false, "
+        "ADD CONSTRAINT runs_stopped_abandoned CHECK (NOT stopped OR status = 'abandoned')",
+        "ALTER TABLE tasks ADD COLUMN last_stopped boolean NOT NULL DEFAULT false",
+    ),
+    3: (
+        """CREATE TABLE lane_events (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            lane text NOT NULL,
+            kind text NOT NULL
+                CHECK (kind IN ('success', 'upstream', 'reset', 'stop', 'probe', 'abandon',
+                                'park', 'resume')),
+            at double precision NOT NULL,
+            actor text NOT NULL,
+            run_id text,
+            task_id text,
+            until_at double precision,
+            reason text
+        )""",
+        "CREATE INDEX lane_events_by_lane ON lane_events (lane, seq)",
+        """CREATE TABLE lane_summaries (
+            lane text PRIMARY KEY,
+            state text NOT NULL
+                CHECK (state IN ('open', 'parked', 'cooling', 'half_open', 'stopped')),
+            until_at double precision,
+            reason text,
+            trips integer NOT NULL CHECK (trips >= 0),
+            failures text NOT NULL,
+            probe_run text,
+            stopped_task text,
+            capped boolean NOT NULL,
+            events integer NOT NULL CHECK (events >= 0),
+            updated_at double precision
+        )""",
+        """CREATE TABLE run_lanes (
+            run_id text PRIMARY KEY REFERENCES runs (id),
+            lane text NOT NULL
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 
@@ -138,4 +187,7 @@ TABLES = (
     "audit",
     "idempotency",
     "role_grants",
+    "lane_events",
+    "lane_summaries",
+    "run_lanes",
 )

@@ -30,14 +30,21 @@ import attrs
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
+from execkit._lanes import LaneEvent, LaneSummary, open_lane
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
+    LANE_COLUMNS,
+    LANE_EVENT_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_COLUMNS,
     audit_event_from_row,
     grant_from_row,
+    lane_event_from_row,
+    lane_event_row,
+    lane_from_row,
+    lane_row,
     run_from_row,
     summary_row,
     task_from_row,
@@ -56,6 +63,23 @@ _SUMMARY_UPDATE = (
     "UPDATE tasks SET "
     + ", ".join(f"{column} = %({column})s" for column in SUMMARY_COLUMNS)
     + " WHERE id = %(task_id)s"
+)
+
+_LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
+_LANE_UPSERT = (
+    f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({column})s' for column in LANE_COLUMNS)}) "
+    "ON CONFLICT (lane) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in LANE_COLUMNS[1:])
+)
+_LANE_CREATE = (
+    f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({column})s' for column in LANE_COLUMNS)}) "
+    "ON CONFLICT (lane) DO NOTHING"
+)
+_LANE_EVENT_INSERT = (
+    f"INSERT INTO lane_events ({', '.join(LANE_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({column})s' for column in LANE_EVENT_COLUMNS)})"
 )
 
 # Testing seam: the crash tests set this to hold the admission transaction open after the
@@ -133,8 +157,27 @@ class PostgresTx:
         rows = self._named_all(f"{_TASK_SELECT} ORDER BY seq{suffix}")
         return [task_from_row(row) for row in rows]
 
+    def task_page(
+        self, after: str | None, limit: int, status: TaskStatus | None
+    ) -> list[TaskRecord]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if after is not None:  # an unknown id matches nothing; the caller checked it
+            clauses.append("seq > (SELECT seq FROM tasks WHERE id = %s)")
+            params.append(after)
+        if status is not None:
+            clauses.append("status = %s")
+            params.append(str(status))
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        rows = self._named_all(f"{_TASK_SELECT}{where} ORDER BY seq LIMIT %s", (*params, limit))
+        return [task_from_row(row) for row in rows]
+
     def runs(self, task_id: str) -> list[Run]:
         rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = %s ORDER BY seq", (task_id,))
+        return [run_from_row(row) for row in rows]
+
+    def runs_of(self, task_ids: list[str]) -> list[Run]:
+        rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = ANY(%s) ORDER BY seq", (task_ids,))
         return [run_from_row(row) for row in rows]
 
     def all_runs(self) -> list[Run]:
@@ -150,6 +193,10 @@ class PostgresTx:
             f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt)
         )
         return None if row is None else run_from_row(row)
+
+    def running_runs(self) -> list[Run]:
+        rows = self._named_all(f"{_RUN_SELECT} WHERE status = 'running' ORDER BY seq")
+        return [run_from_row(row) for row in rows]
 
     def expired_runs(self, now: float) -> list[Run]:
         expired = "status = 'running' AND lease_expires_at <= %s"
@@ -221,9 +268,10 @@ class PostgresTx:
             "WITH n AS (SELECT nextval('run_numbers') AS seq) "
             "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
             "request_key, actor, forced, owner_host, owner_pid, started_at, "
-            "lease_expires_at, lease_s) "
+            "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
+            "owner_pid_started_at, owner_instance) "
             "SELECT n.seq, 'r-' || n.seq, t.id, %s, t.max_attempts, %s, %s, %s, %s, %s, %s, "
-            "%s, %s, %s FROM n, tasks t WHERE t.id = %s RETURNING id",
+            "%s, %s, %s, %s, %s, %s, %s FROM n, tasks t WHERE t.id = %s RETURNING id",
             (
                 run.attempt,
                 str(run.status),
@@ -235,6 +283,10 @@ class PostgresTx:
                 run.started_at,
                 run.lease_expires_at,
                 lease_s,
+                nul_free(run.owner_boot_id),
+                run.owner_pid_namespace,
+                run.owner_pid_started_at,
+                nul_free(run.owner_instance),
                 run.task_id,
             ),
         )
@@ -253,17 +305,19 @@ class PostgresTx:
         reason: str | None,
         not_before: float | None,
         at: float,
+        stopped: bool = False,
     ) -> bool:
         changed = self._count(
             "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
-            "not_before = COALESCE(%s, not_before) WHERE id = %s AND status = 'running' "
-            "RETURNING 1",
+            "not_before = COALESCE(%s, not_before), stopped = %s "
+            "WHERE id = %s AND status = 'running' RETURNING 1",
             (
                 str(status),
                 None if failure_class is None else str(failure_class),
                 nul_free(reason),
                 at,
                 not_before,
+                stopped,
                 run_id,
             ),
         )
@@ -354,3 +408,53 @@ class PostgresTx:
     def meta(self, key: str) -> str | None:
         row = self._one("SELECT value FROM ledger_meta WHERE key = %s", (key,))
         return None if row is None else str(row[0])
+
+    # -- vendor lanes (issue #28) --------------------------------------------------------
+    # A lane's row is locked after the task rows of the transaction (admission and a
+    # run's result lock their task first; an operator's resume locks the task it retries
+    # before the lane), so the lock order stays tasks, then lanes, and cannot deadlock.
+
+    def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
+        if create and self._write:
+            # Two first results on one lane: the second INSERT waits on the first one's
+            # key, then does nothing, and the SELECT below reads (and locks) its row.
+            self._send(_LANE_CREATE, _clean(lane_row(open_lane(name))))
+        suffix = " FOR UPDATE" if (lock or create) and self._write else ""
+        row = self._named_one(f"{_LANE_SELECT} WHERE lane = %s{suffix}", (name,))
+        return None if row is None else lane_from_row(row)
+
+    def lanes(self) -> list[LaneSummary]:
+        return [lane_from_row(row) for row in self._named_all(f"{_LANE_SELECT} ORDER BY lane")]
+
+    def lane_events(self, name: str | None) -> list[LaneEvent]:
+        sql = f"SELECT {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events"
+        params: tuple[str, ...] = ()
+        if name is not None:
+            sql += " WHERE lane = %s"
+            params = (name,)
+        return [lane_event_from_row(row) for row in self._named_all(sql + " ORDER BY seq", params)]
+
+    def add_lane_event(self, event: LaneEvent) -> None:
+        self._send(_LANE_EVENT_INSERT, _clean(lane_event_row(event)))
+
+    def write_lane(self, summary: LaneSummary) -> None:
+        self._send(_LANE_UPSERT, _clean(lane_row(summary)))
+
+    def set_run_lane(self, run_id: str, lane: str) -> None:
+        self._send("INSERT INTO run_lanes (run_id, lane) VALUES (%s, %s)", (run_id, lane))
+
+    def run_lane(self, run_id: str) -> str | None:
+        row = self._one("SELECT lane FROM run_lanes WHERE run_id = %s", (run_id,))
+        return None if row is None else str(row[0])
+
+    def task_lane(self, task_id: str) -> str | None:
+        row = self._one(
+            "SELECT l.lane FROM run_lanes l JOIN runs r ON r.id = l.run_id "
+            "WHERE r.task_id = %s ORDER BY r.seq DESC LIMIT 1",
+            (task_id,),
+        )
+        return None if row is None else str(row[0])
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: nul_free(value) if isinstance(value, str) else value for key, value in row.items()}

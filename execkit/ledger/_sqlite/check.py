@@ -31,6 +31,10 @@ def missing_tables(conn: sqlite3.Connection, path: Path) -> list[str]:
     needed = {"tasks", "runs", "audit", "idempotency", "task_attempt_limits"}
     if read_version(conn, path) >= 3:
         needed |= {"task_summaries", "ledger_meta", "role_grants", "run_extras", "task_extras"}
+    if read_version(conn, path) >= 4:
+        needed |= {"run_owners", "run_stops"}
+    if read_version(conn, path) >= 5:
+        needed |= {"lane_events", "lane_summaries", "run_lanes"}
     return sorted(needed - _tables(conn))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
 from execkit._budget import WorkBudget
+from execkit._lanes import DEFAULT_LANES, LaneConfig
 from execkit.ledger._core import LedgerCore
 from execkit.ledger._sqlite import schema
 from execkit.ledger._sqlite.migrate import Migration
@@ -34,11 +35,12 @@ class SqliteLedger(LedgerCore):
         upgrade: bool = True,
         init: bool = False,
         busy_timeout_s: float = 30.0,
+        lanes: LaneConfig = DEFAULT_LANES,
     ) -> None:
         store = SqliteStore(
             path, create=create, upgrade=upgrade, init=init, busy_timeout_s=busy_timeout_s
         )
-        super().__init__(store, budget=budget, backoff=backoff)
+        super().__init__(store, budget=budget, backoff=backoff, lanes=lanes)
         self._sqlite = store
         self.path = store.path
         self.migration = store.migration

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,9 +77,13 @@ def upgrade(conn: sqlite3.Connection, path: Path, busy_timeout_s: float) -> Migr
             return None
         backup = _backup(path, current, busy_timeout_s) if current > 0 else None
         now = time.time()
-        for version in range(current + 1, schema.SCHEMA_VERSION + 1):
+        steps = range(current + 1, schema.SCHEMA_VERSION + 1)
+        for version in steps:
             for statement in schema.SCHEMA_STEPS[version]:
                 conn.execute(statement)
+        # The data steps read and write with today's code (`SqliteTx`), which knows only
+        # the current schema: they run once every statement has been applied.
+        for version in steps:
             data_step = _DATA_STEPS.get(version)
             if data_step is not None:
                 data_step(conn, now)
@@ -134,7 +137,7 @@ def _after_schema_3(conn: sqlite3.Connection, now: float) -> None:
     tracked by pid; from now on they must renew, or they are abandoned)."""
     conn.execute(
         "INSERT OR IGNORE INTO ledger_meta (key, value) VALUES ('ledger_id', ?)",
-        (uuid.uuid4().hex,),
+        (_new_id(),),
     )
     conn.execute(
         "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) "
@@ -153,3 +156,9 @@ def _after_schema_3(conn: sqlite3.Connection, now: float) -> None:
 
 # The data a version's statements cannot write by themselves, by version.
 _DATA_STEPS: dict[int, Callable[[sqlite3.Connection, float], None]] = {3: _after_schema_3}
+
+
+def _new_id() -> str:
+    import uuid  # only a new ledger needs an id: opening one does not import uuid
+
+    return uuid.uuid4().hex

@@ -15,7 +15,13 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # keyed by task id and the run-history index by task and creation order. Version 3: run
 # leases and reset times, per-task uncharged ceilings and pending operator retries, the
 # per-task summary that admission reads instead of the whole history, role grants and
-# the ledger's identity. Every step is additive.
+# the ledger's identity. Version 4 (runs.owners): who runs each run (the dispatcher's
+# identity: boot, pid namespace, pid start time, instance) and which abandoned runs their
+# own runner stopped on purpose (uncharged), plus the summary's copy of that flag for its
+# last attempt. Every step is additive; version 4 adds one column, with its default, to a
+# table version 3 made (an older execkit refuses a version-4 file: its backup, written
+# before the step, is the way back). Version 5 (issue #28): vendor lanes, their
+# history, their stored state (the fold of that history) and the lane each run used.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -129,6 +135,54 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE UNIQUE INDEX runs_by_task_request_key ON runs (task_id, request_key)",
         "CREATE INDEX run_extras_by_lease ON run_extras (lease_expires_at)",
+    ),
+    4: (
+        """CREATE TABLE run_owners (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id),
+            boot_id TEXT NOT NULL,
+            pid_namespace INTEGER NOT NULL CHECK (pid_namespace >= 0),
+            pid_started_at REAL NOT NULL,
+            instance TEXT NOT NULL
+        )""",
+        """CREATE TABLE run_stops (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id)
+        )""",
+        "ALTER TABLE task_summaries ADD COLUMN last_stopped INTEGER NOT NULL DEFAULT 0"
+        " CHECK (last_stopped IN (0, 1))",
+    ),
+    5: (
+        """CREATE TABLE lane_events (
+            seq INTEGER PRIMARY KEY,
+            lane TEXT NOT NULL,
+            kind TEXT NOT NULL
+                CHECK (kind IN ('success', 'upstream', 'reset', 'stop', 'probe', 'abandon',
+                                'park', 'resume')),
+            at REAL NOT NULL,
+            actor TEXT NOT NULL,
+            run_id TEXT,
+            task_id TEXT,
+            until_at REAL,
+            reason TEXT
+        )""",
+        "CREATE INDEX lane_events_by_lane ON lane_events (lane, seq)",
+        """CREATE TABLE lane_summaries (
+            lane TEXT PRIMARY KEY,
+            state TEXT NOT NULL
+                CHECK (state IN ('open', 'parked', 'cooling', 'half_open', 'stopped')),
+            until_at REAL,
+            reason TEXT,
+            trips INTEGER NOT NULL CHECK (trips >= 0),
+            failures TEXT NOT NULL,
+            probe_run TEXT,
+            stopped_task TEXT,
+            capped INTEGER NOT NULL CHECK (capped IN (0, 1)),
+            events INTEGER NOT NULL CHECK (events >= 0),
+            updated_at REAL
+        )""",
+        """CREATE TABLE run_lanes (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id),
+            lane TEXT NOT NULL
+        )""",
     ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

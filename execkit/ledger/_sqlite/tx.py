@@ -18,12 +18,19 @@ import attrs
 
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
+from execkit._lanes import LaneEvent, LaneSummary
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
+    LANE_COLUMNS,
+    LANE_EVENT_COLUMNS,
     SUMMARY_COLUMNS,
     audit_event_from_row,
     grant_from_row,
+    lane_event_from_row,
+    lane_event_row,
+    lane_from_row,
+    lane_row,
     run_from_row,
     summary_row,
     task_from_row,
@@ -36,8 +43,11 @@ __all__ = ["SqliteTx"]
 _RUN_SELECT = (
     "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
     "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
-    "x.lease_expires_at, x.not_before "
-    "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id"
+    "x.lease_expires_at, x.not_before, o.boot_id AS owner_boot_id, "
+    "o.pid_namespace AS owner_pid_namespace, o.pid_started_at AS owner_pid_started_at, "
+    "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped "
+    "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id "
+    "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
@@ -55,9 +65,37 @@ _SUMMARY_UPSERT = (
     + ", ".join(f"{column} = excluded.{column}" for column in SUMMARY_COLUMNS)
 )
 
+_LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
+_LANE_UPSERT = (
+    f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
+    f"VALUES ({', '.join(f':{column}' for column in LANE_COLUMNS)}) "
+    "ON CONFLICT (lane) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in LANE_COLUMNS[1:])
+)
+_LANE_EVENT_INSERT = (
+    f"INSERT INTO lane_events ({', '.join(LANE_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join(f':{column}' for column in LANE_EVENT_COLUMNS)})"
+)
+
 # Testing seam: the crash test sets this in a child process to hold the admission
 # transaction open after the INSERT (before COMMIT) and kills the child there.
 _after_admission_insert: Callable[[], None] | None = None
+
+
+def _page_filter(
+    prefix: str, after: str | None, status: TaskStatus | None
+) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause of a page of tasks: after task `after` in creation order (an
+    unknown id matches nothing; the caller checked it), of `status` only."""
+    clauses: list[str] = []
+    params: list[str] = []
+    if after is not None:
+        clauses.append(f"{prefix}seq > (SELECT seq FROM tasks WHERE id = ?)")
+        params.append(after)
+    if status is not None:
+        clauses.append(f"{prefix}status = ?")
+        params.append(str(status))
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
 
 
 class SqliteTx:
@@ -74,6 +112,14 @@ class SqliteTx:
         cursor.row_factory = sqlite3.Row
         return cursor.execute(sql, params)
 
+    def _dicts(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """`sql`'s rows as dicts by column name, for reads of many rows: `sqlite3.Row`
+        finds a column by comparing names, which costs more than the rest of a row's read
+        once a SELECT has twenty columns."""
+        cursor = self._conn.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
         return None if row is None else task_from_row(row)
@@ -82,13 +128,24 @@ class SqliteTx:
         rows = self._named(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
         return [task_from_row(row) for row in rows]
 
+    def task_page(
+        self, after: str | None, limit: int, status: TaskStatus | None
+    ) -> list[TaskRecord]:
+        where, params = _page_filter("t.", after, status)
+        sql = f"{_TASK_SELECT}{where} ORDER BY t.seq LIMIT ?"
+        return [task_from_row(row) for row in self._dicts(sql, (*params, limit))]
+
     def runs(self, task_id: str) -> list[Run]:
         rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
         return [run_from_row(row) for row in rows.fetchall()]
 
+    def runs_of(self, task_ids: list[str]) -> list[Run]:
+        marks = ", ".join("?" * len(task_ids))
+        sql = f"{_RUN_SELECT} WHERE r.task_id IN ({marks}) ORDER BY r.seq"
+        return [run_from_row(row) for row in self._dicts(sql, tuple(task_ids))]
+
     def all_runs(self) -> list[Run]:
-        rows = self._named(f"{_RUN_SELECT} ORDER BY r.seq").fetchall()
-        return [run_from_row(row) for row in rows]
+        return [run_from_row(row) for row in self._dicts(f"{_RUN_SELECT} ORDER BY r.seq")]
 
     def run(self, run_id: str) -> Run | None:
         row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
@@ -99,6 +156,10 @@ class SqliteTx:
             f"{_RUN_SELECT} WHERE r.task_id = ? AND r.attempt = ?", (task_id, attempt)
         ).fetchone()
         return None if row is None else run_from_row(row)
+
+    def running_runs(self) -> list[Run]:
+        rows = self._named(f"{_RUN_SELECT} WHERE r.status = 'running' ORDER BY r.seq")
+        return [run_from_row(row) for row in rows.fetchall()]
 
     def expired_runs(self, now: float) -> list[Run]:
         rows = self._named(
@@ -182,6 +243,18 @@ class SqliteTx:
             "INSERT INTO run_extras (run_id, lease_expires_at, lease_s) VALUES (?, ?, ?)",
             (stored.id, stored.lease_expires_at, lease_s),
         )
+        if stored.owner is not None:
+            self._conn.execute(
+                "INSERT INTO run_owners (run_id, boot_id, pid_namespace, pid_started_at, "
+                "instance) VALUES (?, ?, ?, ?, ?)",
+                (
+                    stored.id,
+                    stored.owner_boot_id,
+                    stored.owner_pid_namespace,
+                    stored.owner_pid_started_at,
+                    stored.owner_instance,
+                ),
+            )
         if _after_admission_insert is not None:
             _after_admission_insert()
         return stored
@@ -194,6 +267,7 @@ class SqliteTx:
         reason: str | None,
         not_before: float | None,
         at: float,
+        stopped: bool = False,
     ) -> bool:
         changed = self._conn.execute(
             "UPDATE runs SET status = ?, failure_class = ?, reason = ?, ended_at = ? "
@@ -206,6 +280,8 @@ class SqliteTx:
                 "ON CONFLICT (run_id) DO UPDATE SET not_before = excluded.not_before",
                 (run_id, not_before),
             )
+        if changed and stopped:
+            self._conn.execute("INSERT INTO run_stops (run_id) VALUES (?)", (run_id,))
         return bool(changed)
 
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:
@@ -290,4 +366,48 @@ class SqliteTx:
 
     def meta(self, key: str) -> str | None:
         row = self._conn.execute("SELECT value FROM ledger_meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    # -- vendor lanes (issue #28) --------------------------------------------------------
+
+    def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
+        row = self._named(f"{_LANE_SELECT} WHERE lane = ?", (name,)).fetchone()
+        return None if row is None else lane_from_row(row)
+
+    def lanes(self) -> list[LaneSummary]:
+        rows = self._named(f"{_LANE_SELECT} ORDER BY lane").fetchall()
+        return [lane_from_row(row) for row in rows]
+
+    def lane_events(self, name: str | None) -> list[LaneEvent]:
+        sql = f"SELECT {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events"
+        params: tuple[str, ...] = ()
+        if name is not None:
+            sql += " WHERE lane = ?"
+            params = (name,)
+        rows = self._named(sql + " ORDER BY seq", params).fetchall()
+        return [lane_event_from_row(row) for row in rows]
+
+    def add_lane_event(self, event: LaneEvent) -> None:
+        self._conn.execute(_LANE_EVENT_INSERT, lane_event_row(event))
+
+    def write_lane(self, summary: LaneSummary) -> None:
+        row = lane_row(summary)
+        row["capped"] = int(row["capped"])
+        self._conn.execute(_LANE_UPSERT, row)
+
+    def set_run_lane(self, run_id: str, lane: str) -> None:
+        self._conn.execute("INSERT INTO run_lanes (run_id, lane) VALUES (?, ?)", (run_id, lane))
+
+    def run_lane(self, run_id: str) -> str | None:
+        row = self._conn.execute(
+            "SELECT lane FROM run_lanes WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def task_lane(self, task_id: str) -> str | None:
+        row = self._conn.execute(
+            "SELECT l.lane FROM run_lanes l JOIN runs r ON r.id = l.run_id "
+            "WHERE r.task_id = ? ORDER BY r.seq DESC LIMIT 1",
+            (task_id,),
+        ).fetchone()
         return None if row is None else str(row[0])

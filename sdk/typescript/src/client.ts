@@ -20,6 +20,8 @@ import {
 } from "./errors.js";
 import {
   ATTEMPT_LIMITS,
+  RUN_OWNERS,
+  LANES,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
   MAX_UNCHARGED_LIMIT,
@@ -28,13 +30,18 @@ import {
   type FailureClass,
   type FinalRunStatus,
   type Grant,
+  type Lane,
+  type LaneEvent,
   type Run,
   type Task,
+  type TaskState,
 } from "./types.js";
 import {
   AttemptStatusValues,
   FailureClassValues,
   OPERATIONS,
+  TaskStateValues,
+  type AbandonRunBody,
   type AuditQuery,
   type Bodies,
   type CreateTaskBody,
@@ -43,7 +50,10 @@ import {
   type GrantRoleBody,
   type GrantsQuery,
   type HeartbeatBody,
+  type ListTasksQuery,
   type OperationId,
+  type ParkLaneBody,
+  type ResumeLaneBody,
   type Queries,
   type RetryTaskBody,
   type RevokeRoleBody,
@@ -92,6 +102,15 @@ export interface GetTaskOptions {
   force?: boolean | undefined;
 }
 
+export interface ListTasksOptions {
+  /** Only tasks in this state. */
+  state?: TaskState | undefined;
+  /** At most this many, 1..MAX_ATTEMPT_LIMIT (a page). */
+  limit?: number | undefined;
+  /** Start after this task id (the previous page's last). */
+  after?: string | undefined;
+}
+
 export interface StartRunOptions extends IdempotentOptions {
   /** The run's request key: the same key replays the same run (default: the idempotency key). */
   requestKey?: string | undefined;
@@ -101,6 +120,18 @@ export interface StartRunOptions extends IdempotentOptions {
   leaseS?: number | undefined;
   /** A dispatch cap to admit under (a whole number). */
   cap?: number | null | undefined;
+  /** The vendor lane ADAPTER/CREDENTIAL the run uses (needs `vendor.lanes`). */
+  lane?: string | null | undefined;
+}
+
+export interface ResumeLaneOptions extends IdempotentOptions {
+  reason?: string | null | undefined;
+}
+
+export interface ParkLaneOptions extends IdempotentOptions {
+  /** Until when, in POSIX seconds (the server's clock; within its cap). */
+  until: number;
+  reason?: string | null | undefined;
 }
 
 export interface FinishRunOptions extends IdempotentOptions {
@@ -110,6 +141,16 @@ export interface FinishRunOptions extends IdempotentOptions {
   reason?: string | null | undefined;
   /** The vendor's reset time (POSIX seconds): the next attempt waits for it. */
   notBefore?: number | null | undefined;
+  /** What the vendor's structure said about the run's lane: "reset" (with notBefore),
+   * "credentials", "billing" or "binary_missing" (needs `vendor.lanes`). */
+  laneCause?: "reset" | "credentials" | "billing" | "binary_missing" | null | undefined;
+  /** An abandoned run its own runner stopped on purpose: uncharged (needs `runs.owners`). */
+  stopped?: boolean | undefined;
+}
+
+export interface AbandonRunOptions extends IdempotentOptions {
+  /** How it is known that the run's owner is gone (stored, redacted). */
+  reason: string;
 }
 
 export interface HeartbeatOptions extends IdempotentOptions {
@@ -144,6 +185,7 @@ const TOKEN = /^[\x21-\x7e]+$/;
 const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
 const FINAL_STATUSES: readonly string[] = AttemptStatusValues.filter((s) => s !== "running");
 const FAILURE_CLASSES: readonly string[] = FailureClassValues;
+const LANE_CAUSES: readonly string[] = ["reset", "credentials", "billing", "binary_missing"];
 
 type Json = Record<string, unknown>;
 
@@ -443,9 +485,22 @@ export class ExeckitClient {
     return this.#task(await this.#send("getTask", { params: { task_id: id }, query }));
   }
 
-  /** Every task. */
-  async listTasks(): Promise<Task[]> {
-    const doc = await this.#send("listTasks", {});
+  /** Tasks in creation order: every one, or a page (`limit`, continued with `after`: the
+   * last id of the page before), or those in one `state`. */
+  async listTasks(options?: ListTasksOptions): Promise<Task[]> {
+    const given =
+      options === undefined ? {} : optionsOf("listTasks", options, ["state", "limit", "after"]);
+    const query: ListTasksQuery = {};
+    if (given.state !== undefined) {
+      query.state = oneOf("state", given.state, TaskStateValues);
+    }
+    if (given.limit !== undefined) {
+      query.limit = integerIn("limit", given.limit, 1, MAX_ATTEMPT_LIMIT);
+    }
+    if (given.after !== undefined) {
+      query.after = identifier("after", given.after);
+    }
+    const doc = await this.#send("listTasks", { query });
     return this.#list(doc, "tasks").map((task) => this.#task(task));
   }
 
@@ -474,6 +529,7 @@ export class ExeckitClient {
             "ignoreBackoff",
             "leaseS",
             "cap",
+            "lane",
             "idempotencyKey",
           ]);
     const body: StartRunBody = {};
@@ -492,7 +548,13 @@ export class ExeckitClient {
     if (given.cap !== undefined && given.cap !== null) {
       body.cap = wholeNumber("cap", given.cap);
     }
+    if (given.lane !== undefined && given.lane !== null) {
+      body.lane = text("lane", given.lane, 400);
+    }
     const key = idempotencyKey(given.idempotencyKey);
+    if (body.lane !== undefined) {
+      await this.#require(LANES, "start a run on a vendor lane", "a vendor lane");
+    }
     return this.#run(
       await this.#send("startRun", { params: { task_id: id }, body, idempotencyKey: key }),
     );
@@ -504,7 +566,7 @@ export class ExeckitClient {
     const given = optionsOf(
       "finishRun",
       options,
-      ["status", "failureClass", "reason", "notBefore", "idempotencyKey"],
+      ["status", "failureClass", "reason", "notBefore", "stopped", "laneCause", "idempotencyKey"],
       true,
     );
     const body: FinishRunBody = { status: oneOf("status", given.status, FINAL_STATUSES) };
@@ -517,7 +579,19 @@ export class ExeckitClient {
     if (given.notBefore !== undefined && given.notBefore !== null) {
       body.not_before = finite("notBefore", given.notBefore);
     }
+    if (given.laneCause !== undefined && given.laneCause !== null) {
+      body.lane_cause = oneOf("laneCause", given.laneCause, LANE_CAUSES);
+    }
+    if (given.stopped !== undefined && bool("stopped", given.stopped)) {
+      body.stopped = true;
+    }
     const key = idempotencyKey(given.idempotencyKey);
+    if (body.stopped === true) {
+      await this.#require(RUN_OWNERS, "record a stopped run");
+    }
+    if (body.lane_cause !== undefined) {
+      await this.#require(LANES, "feed a vendor lane", "a vendor lane");
+    }
     return this.#run(
       await this.#send("finishRun", { params: { run_id: id }, body, idempotencyKey: key }),
     );
@@ -602,6 +676,25 @@ export class ExeckitClient {
     return this.#list(doc, "runs").map((run) => this.#run(run));
   }
 
+  /** Every running run: where it runs (its owner), since when, until when its lease holds. */
+  async runningRuns(): Promise<Run[]> {
+    await this.#require(RUN_OWNERS, "list the running runs");
+    const doc = await this.#send("runningRuns", {});
+    return this.#list(doc, "runs").map((run) => this.#run(run));
+  }
+
+  /** Abandon a running run whose owner is known to be gone (audited, charged). */
+  async abandonRun(runId: string, options: AbandonRunOptions): Promise<Run> {
+    const id = identifier("runId", runId);
+    const given = optionsOf("abandonRun", options, ["reason", "idempotencyKey"], true);
+    const body: AbandonRunBody = { reason: text("reason", given.reason, MAX_REASON) };
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(RUN_OWNERS, "abandon a run");
+    return this.#run(
+      await this.#send("abandonRun", { params: { run_id: id }, body, idempotencyKey: key }),
+    );
+  }
+
   /** Audit records, all or one task's. */
   async auditEvents(taskId?: string): Promise<AuditEvent[]> {
     const query: AuditQuery = {};
@@ -650,6 +743,65 @@ export class ExeckitClient {
     return revoked;
   }
 
+  /** Every vendor lane the server's ledger has seen, as it stands now (needs `vendor.lanes`). */
+  async listLanes(): Promise<Lane[]> {
+    await this.#require(LANES, "list vendor lanes", "vendor lanes");
+    const doc = await this.#send("listLanes", {});
+    return this.#list(doc, "lanes") as unknown as Lane[];
+  }
+
+  /** One vendor lane as it stands now; `NotFound` for a lane never seen. */
+  async getLane(lane: string): Promise<Lane> {
+    const query = { lane: text("lane", lane, 400) };
+    await this.#require(LANES, "read a vendor lane", "vendor lanes");
+    return this.#lane(await this.#send("getLane", { query }));
+  }
+
+  /** A vendor lane's events, in order. */
+  async laneHistory(lane: string): Promise<LaneEvent[]> {
+    const query = { lane: text("lane", lane, 400) };
+    await this.#require(LANES, "read a vendor lane", "vendor lanes");
+    const doc = await this.#send("laneHistory", { query });
+    return this.#list(doc, "events") as unknown as LaneEvent[];
+  }
+
+  /** The vendor lane of the task's last run, as it stands now (null: it used none). */
+  async taskLane(taskId: string): Promise<Lane | null> {
+    const id = identifier("taskId", taskId);
+    await this.#require(LANES, "read a vendor lane", "vendor lanes");
+    const doc = await this.#send("taskLane", { params: { task_id: id } });
+    return doc["lane"] === null || doc["lane"] === undefined ? null : this.#lane(doc["lane"]);
+  }
+
+  /** Park a vendor lane until a time (needs agent.operate; audited). */
+  async parkLane(lane: string, options: ParkLaneOptions): Promise<Lane> {
+    const given = optionsOf("parkLane", options, ["until", "reason", "idempotencyKey"], true);
+    const body: ParkLaneBody = {
+      lane: text("lane", lane, 400),
+      until: finite("until", given.until),
+    };
+    if (given.reason !== undefined && given.reason !== null) {
+      body.reason = text("reason", given.reason, MAX_REASON);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(LANES, "park a vendor lane", "vendor lanes");
+    return this.#lane(await this.#send("parkLane", { body, idempotencyKey: key }));
+  }
+
+  /** Re-open a vendor lane; the task whose run stopped it gets one forced retry (needs
+   * agent.operate; audited). On an open lane it changes nothing. */
+  async resumeLane(lane: string, options?: ResumeLaneOptions): Promise<Lane> {
+    const given =
+      options === undefined ? {} : optionsOf("resumeLane", options, ["reason", "idempotencyKey"]);
+    const body: ResumeLaneBody = { lane: text("lane", lane, 400) };
+    if (given.reason !== undefined && given.reason !== null) {
+      body.reason = text("reason", given.reason, MAX_REASON);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(LANES, "resume a vendor lane", "vendor lanes");
+    return this.#lane(await this.#send("resumeLane", { body, idempotencyKey: key }));
+  }
+
   // -- plumbing --------------------------------------------------------------------------
 
   async #readCapabilities(): Promise<Capabilities> {
@@ -661,7 +813,11 @@ export class ExeckitClient {
     return doc as unknown as Capabilities;
   }
 
-  async #require(capability: string, purpose: string): Promise<void> {
+  async #require(
+    capability: string,
+    purpose: string,
+    what: string = "an attempt limit",
+  ): Promise<void> {
     let cached = this.#capabilities;
     if (cached === null) {
       cached = this.capabilities();
@@ -670,7 +826,7 @@ export class ExeckitClient {
     if (!found.capabilities.includes(capability)) {
       throw new CapabilityMissing(
         `the server at ${this.baseUrl} does not advertise ${capability}: it might not enforce ` +
-          `an attempt limit, so the client refuses to ${purpose} (nothing was sent; upgrade ` +
+          `${what}, so the client refuses to ${purpose} (nothing was sent; upgrade ` +
           "the server)",
         capability,
       );
@@ -682,6 +838,13 @@ export class ExeckitClient {
       throw unexpected("a task");
     }
     return doc as unknown as Task;
+  }
+
+  #lane(doc: unknown): Lane {
+    if (!isObject(doc) || typeof doc["lane"] !== "string" || typeof doc["state"] !== "string") {
+      throw unexpected("a vendor lane");
+    }
+    return doc as unknown as Lane;
   }
 
   #run(doc: unknown): Run {
@@ -795,7 +958,12 @@ export class ExeckitClient {
     }
     const message = typeof error["message"] === "string" ? error["message"] : error["code"];
     const readyAt = typeof error["ready_at"] === "number" ? error["ready_at"] : null;
-    throw errorFromAnswer(error["code"], this.#scrub(message), status, readyAt);
+    const lane = {
+      lane: typeof error["lane"] === "string" ? error["lane"] : null,
+      opensAt: typeof error["opens_at"] === "number" ? error["opens_at"] : null,
+      fix: typeof error["fix"] === "string" ? this.#scrub(error["fix"]) : null,
+    };
+    throw errorFromAnswer(error["code"], this.#scrub(message), status, readyAt, lane);
   }
 }
 

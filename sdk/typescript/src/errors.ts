@@ -126,6 +126,37 @@ export class TaskBackingOff extends AdmissionRefused {
   }
 }
 
+/** The task's vendor lane is parked, cooling, or half-open with its probe in flight: no run
+ * was admitted and nothing was charged. `opensAt` is when it opens (null: the probe's result
+ * decides). */
+export class LaneWaiting extends AdmissionRefused {
+  static override readonly code: string = "lane_waiting";
+  /** The lane, e.g. "claude/default". */
+  readonly lane: string | null;
+  /** When the lane opens, in POSIX seconds; null when only a result or an operator opens it. */
+  readonly opensAt: number | null;
+
+  constructor(message: string, options: Partial<ErrorOptions> = {}) {
+    super(message, options);
+    this.lane = options.lane ?? null;
+    this.opensAt = options.opensAt ?? null;
+  }
+}
+
+/** The task's vendor lane is stopped on environment that belongs to it (credentials,
+ * billing, a missing binary): `fix` says what to do, then an operator resumes the lane. */
+export class LaneStopped extends AdmissionRefused {
+  static override readonly code: string = "lane_stopped";
+  readonly lane: string | null;
+  readonly fix: string | null;
+
+  constructor(message: string, options: Partial<ErrorOptions> = {}) {
+    super(message, options);
+    this.lane = options.lane ?? null;
+    this.fix = options.fix ?? null;
+  }
+}
+
 /** The board has no such state or refuses the transition. */
 export class UnsupportedMove extends ExeckitError {
   static override readonly code: string = "unsupported_move";
@@ -181,7 +212,14 @@ export class TransportError extends Error {
   }
 }
 
-type ErrorOptions = { code: string; httpStatus: number; readyAt: number | null };
+type ErrorOptions = {
+  code: string;
+  httpStatus: number;
+  readyAt: number | null;
+  lane?: string | null;
+  opensAt?: number | null;
+  fix?: string | null;
+};
 type Factory = (message: string, options: ErrorOptions) => ExeckitError;
 
 // One class per code the server sends ("error", the 500, is the base class itself): a code
@@ -197,6 +235,8 @@ const FACTORIES = {
   blocked: (m, o) => new TaskBlocked(m, o),
   finished: (m, o) => new TaskFinished(m, o),
   backoff: (m, o) => new TaskBackingOff(m, o),
+  lane_waiting: (m, o) => new LaneWaiting(m, o),
+  lane_stopped: (m, o) => new LaneStopped(m, o),
   unsupported_move: (m, o) => new UnsupportedMove(m, o),
   storage: (m, o) => new StorageError(m, o),
   schema_too_new: (m, o) => new SchemaTooNew(m, o),
@@ -212,7 +252,8 @@ export function errorFromAnswer(
   message: string,
   httpStatus: number,
   readyAt: number | null = null,
+  lane: { lane?: string | null; opensAt?: number | null; fix?: string | null } = {},
 ): ExeckitError {
-  const options: ErrorOptions = { code, httpStatus, readyAt };
+  const options: ErrorOptions = { code, httpStatus, readyAt, ...lane };
   return isKnown(code) ? FACTORIES[code](message, options) : new ExeckitError(message, options);
 }

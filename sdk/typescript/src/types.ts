@@ -48,8 +48,21 @@ export type Capabilities = wire.Capabilities;
 /** `GET /v1/tasks/{id}/runs`. */
 export type RunList = Required<wire.RunList>;
 
+/** A vendor lane as it stands now (`LaneView.to_dict()`, issue #28). */
+export type Lane = wire.Lane;
+
+/** One row of a vendor lane's history (`LaneEvent.to_dict()`). */
+export type LaneEvent = wire.LaneEvent;
+
+/** The capability vendor lanes need: the client sends a lane only to a server with it. */
+export const LANES = "vendor.lanes";
+
+
 /** The capability a limit needs (docs/remote.md, "Capabilities"; ADR 0033). */
 export const ATTEMPT_LIMITS = "tasks.attempt_limits";
+
+/** The capability of run owners: stopped runs, `runningRuns` and `abandonRun`. */
+export const RUN_OWNERS = "runs.owners";
 
 /** ADR 0033: an explicit limit is 1..10000 runs; 0 means "no explicit limit". */
 export const MAX_ATTEMPT_LIMIT = 10000;

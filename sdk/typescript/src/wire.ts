@@ -32,6 +32,8 @@ export type ErrorCode =
   | "forbidden"
   | "invalid"
   | "invalid_history"
+  | "lane_stopped"
+  | "lane_waiting"
   | "not_found"
   | "schema_too_new"
   | "storage"
@@ -47,6 +49,8 @@ export const ErrorCodeValues: readonly ErrorCode[] = [
   "forbidden",
   "invalid",
   "invalid_history",
+  "lane_stopped",
+  "lane_waiting",
   "not_found",
   "schema_too_new",
   "storage",
@@ -56,6 +60,35 @@ export const ErrorCodeValues: readonly ErrorCode[] = [
 
 export type FailureClass = "work" | "environment" | "upstream";
 export const FailureClassValues: readonly FailureClass[] = ["work", "environment", "upstream"];
+
+export type LaneEventKind =
+  | "success"
+  | "upstream"
+  | "reset"
+  | "stop"
+  | "probe"
+  | "abandon"
+  | "park"
+  | "resume";
+export const LaneEventKindValues: readonly LaneEventKind[] = [
+  "success",
+  "upstream",
+  "reset",
+  "stop",
+  "probe",
+  "abandon",
+  "park",
+  "resume",
+];
+
+export type LaneState = "open" | "parked" | "cooling" | "half_open" | "stopped";
+export const LaneStateValues: readonly LaneState[] = [
+  "open",
+  "parked",
+  "cooling",
+  "half_open",
+  "stopped",
+];
 
 export type TaskState = "ready" | "running" | "backoff" | "done" | "blocked" | "cancelled";
 export const TaskStateValues: readonly TaskState[] = [
@@ -107,7 +140,7 @@ export interface Check {
 }
 
 export interface ErrorAnswer {
-  readonly error: { readonly code: ErrorCode; readonly message: string; readonly ready_at?: number };
+  readonly error: { readonly code: ErrorCode; readonly fix?: string | null; readonly lane?: string; readonly message: string; readonly opens_at?: number | null; readonly ready_at?: number };
 }
 
 export interface Grant {
@@ -119,6 +152,44 @@ export interface Grant {
 
 export interface GrantList {
   readonly grants: readonly Grant[];
+}
+
+export interface Lane {
+  /** The next admission on the lane may go. */
+  readonly admits: boolean;
+  /** The vendor's stated reset was further than the cap and was cut to it. */
+  readonly capped: boolean;
+  readonly lane: string;
+  /** When a parked or cooling lane opens; null when only a result or an operator opens it. */
+  readonly opens_at: number | null;
+  /** The next admission is the half-open probe. */
+  readonly probe: boolean;
+  readonly reason: string | null;
+  /** As it stands now (half_open: the wait passed; one probe attempt goes first). */
+  readonly state: LaneState;
+  readonly stopped_task: string | null;
+  readonly trips: number;
+  readonly updated_at: number | null;
+}
+
+export interface LaneEvent {
+  readonly actor: string;
+  readonly at: number;
+  readonly kind: LaneEventKind;
+  readonly lane: string;
+  readonly reason: string | null;
+  readonly run_id: string | null;
+  readonly task_id: string | null;
+  readonly until: number | null;
+}
+
+export interface LaneHistory {
+  readonly events: readonly LaneEvent[];
+  readonly lane: string;
+}
+
+export interface LaneList {
+  readonly lanes: readonly Lane[];
 }
 
 export type OpenApi = Readonly<Record<string, unknown>>;
@@ -141,18 +212,36 @@ export interface Run {
   readonly id: string;
   readonly lease_expires_at: number | null;
   readonly not_before: number | null;
+  readonly owner_boot_id: string | null;
   readonly owner_host: string;
+  readonly owner_instance: string | null;
   readonly owner_pid: number;
+  readonly owner_pid_namespace: number | null;
+  readonly owner_pid_started_at: number | null;
   readonly reason: string | null;
   readonly request_key: string;
   readonly started_at: number;
   readonly status: AttemptStatus;
+  /** Abandoned by its own runner on purpose: uncharged. */
+  readonly stopped: boolean;
   readonly task_id: string;
 }
 
 export interface RunList {
   readonly runs: readonly Run[];
   readonly task_id?: string;
+}
+
+export interface RunOwner {
+  /** The kernel's boot id: with pid_namespace, where pid means something. */
+  readonly boot_id: string;
+  readonly host: string;
+  /** A random id the owner drew when it started. */
+  readonly instance: string;
+  readonly pid: number;
+  readonly pid_namespace: number;
+  /** The process's start time (a reused pid has another). */
+  readonly pid_started_at: number;
 }
 
 export interface Task {
@@ -181,6 +270,10 @@ export interface Task {
   readonly uncharged_streak: number;
 }
 
+export interface TaskLane {
+  readonly lane: Readonly<Record<string, unknown>>;
+}
+
 export interface TaskList {
   readonly tasks: readonly Task[];
 }
@@ -202,8 +295,15 @@ export const OPERATIONS = {
   grants: { method: "GET", path: "/v1/grants", status: 200 },
   grantRole: { method: "POST", path: "/v1/grants", status: 201 },
   revokeRole: { method: "POST", path: "/v1/grants/revoke", status: 200 },
+  listLanes: { method: "GET", path: "/v1/lanes", status: 200 },
+  laneHistory: { method: "GET", path: "/v1/lanes/history", status: 200 },
+  parkLane: { method: "POST", path: "/v1/lanes/park", status: 200 },
+  resumeLane: { method: "POST", path: "/v1/lanes/resume", status: 200 },
+  getLane: { method: "GET", path: "/v1/lanes/show", status: 200 },
+  runningRuns: { method: "GET", path: "/v1/running", status: 200 },
   abandonExpired: { method: "POST", path: "/v1/runs/abandon-expired", status: 200 },
   getRun: { method: "GET", path: "/v1/runs/{run_id}", status: 200 },
+  abandonRun: { method: "POST", path: "/v1/runs/{run_id}/abandon", status: 200 },
   finishRun: { method: "POST", path: "/v1/runs/{run_id}/finish", status: 200 },
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
@@ -212,6 +312,7 @@ export const OPERATIONS = {
   setAttemptLimit: { method: "POST", path: "/v1/tasks/{task_id}/attempt-limit", status: 200 },
   cancelTask: { method: "POST", path: "/v1/tasks/{task_id}/cancel", status: 200 },
   giveUp: { method: "POST", path: "/v1/tasks/{task_id}/give-up", status: 200 },
+  taskLane: { method: "GET", path: "/v1/tasks/{task_id}/lane", status: 200 },
   retryTask: { method: "POST", path: "/v1/tasks/{task_id}/retry", status: 200 },
   taskRuns: { method: "GET", path: "/v1/tasks/{task_id}/runs", status: 200 },
   startRun: { method: "POST", path: "/v1/tasks/{task_id}/runs", status: 201 },
@@ -225,6 +326,25 @@ export interface AuditQuery {
 
 export interface GrantsQuery {
   principal?: string;
+}
+
+export interface LaneHistoryQuery {
+  /** ADAPTER/CREDENTIAL[@HOST]. */
+  lane?: string;
+}
+
+export interface GetLaneQuery {
+  /** ADAPTER/CREDENTIAL[@HOST]. */
+  lane?: string;
+}
+
+export interface ListTasksQuery {
+  /** After this task (a page's last id). */
+  after?: string;
+  /** At most this many (1..10000). */
+  limit?: number;
+  /** Only tasks in this state. */
+  state?: string;
 }
 
 export interface GetTaskQuery {
@@ -246,13 +366,31 @@ export interface RevokeRoleBody {
   role: string;
 }
 
+export interface ParkLaneBody {
+  lane: string;
+  reason?: string | null;
+  until: number;
+}
+
+export interface ResumeLaneBody {
+  lane: string;
+  reason?: string | null;
+}
+
 export type AbandonExpiredBody = Record<string, never>;
+
+export interface AbandonRunBody {
+  reason: string;
+}
 
 export interface FinishRunBody {
   failure_class?: string | null;
+  /** Reset | credentials | billing | binary_missing, from structure. */
+  lane_cause?: string | null;
   not_before?: number | null;
   reason?: string | null;
   status: string;
+  stopped?: boolean;
 }
 
 export interface HeartbeatBody {
@@ -290,7 +428,11 @@ export interface StartRunBody {
   cap?: number | null;
   forced?: boolean;
   ignore_backoff?: boolean;
+  /** The vendor lane ADAPTER/CREDENTIAL the run uses. */
+  lane?: string | null;
   lease_s?: number | null;
+  /** The process that will run it (default: the server's). */
+  owner?: RunOwner;
   request_key?: string | null;
 }
 
@@ -304,16 +446,24 @@ export interface Queries {
   grants: GrantsQuery;
   grantRole: never;
   revokeRole: never;
+  listLanes: never;
+  laneHistory: LaneHistoryQuery;
+  parkLane: never;
+  resumeLane: never;
+  getLane: GetLaneQuery;
+  runningRuns: never;
   abandonExpired: never;
   getRun: never;
+  abandonRun: never;
   finishRun: never;
   heartbeat: never;
-  listTasks: never;
+  listTasks: ListTasksQuery;
   createTask: never;
   getTask: GetTaskQuery;
   setAttemptLimit: never;
   cancelTask: never;
   giveUp: never;
+  taskLane: never;
   retryTask: never;
   taskRuns: never;
   startRun: never;
@@ -329,8 +479,15 @@ export interface Bodies {
   grants: never;
   grantRole: GrantRoleBody;
   revokeRole: RevokeRoleBody;
+  listLanes: never;
+  laneHistory: never;
+  parkLane: ParkLaneBody;
+  resumeLane: ResumeLaneBody;
+  getLane: never;
+  runningRuns: never;
   abandonExpired: AbandonExpiredBody;
   getRun: never;
+  abandonRun: AbandonRunBody;
   finishRun: FinishRunBody;
   heartbeat: HeartbeatBody;
   listTasks: never;
@@ -339,6 +496,7 @@ export interface Bodies {
   setAttemptLimit: SetAttemptLimitBody;
   cancelTask: CancelTaskBody;
   giveUp: GiveUpBody;
+  taskLane: never;
   retryTask: RetryTaskBody;
   taskRuns: never;
   startRun: StartRunBody;
@@ -354,8 +512,15 @@ export interface Answers {
   grants: GrantList;
   grantRole: Grant;
   revokeRole: Revoked;
+  listLanes: LaneList;
+  laneHistory: LaneHistory;
+  parkLane: Lane;
+  resumeLane: Lane;
+  getLane: Lane;
+  runningRuns: RunList;
   abandonExpired: RunList;
   getRun: Run;
+  abandonRun: Run;
   finishRun: Run;
   heartbeat: Run;
   listTasks: TaskList;
@@ -364,6 +529,7 @@ export interface Answers {
   setAttemptLimit: Task;
   cancelTask: Task;
   giveUp: Task;
+  taskLane: TaskLane;
   retryTask: Task;
   taskRuns: RunList;
   startRun: Run;

@@ -12,6 +12,8 @@ import {
   Forbidden,
   InvalidHistory,
   InvalidInput,
+  LaneStopped,
+  LaneWaiting,
   NotFound,
   SchemaTooNew,
   StorageError,
@@ -33,6 +35,8 @@ const TABLE: [string, number, abstract new (...args: never[]) => ExeckitError][]
   ["blocked", 409, TaskBlocked],
   ["finished", 409, TaskFinished],
   ["backoff", 409, TaskBackingOff],
+  ["lane_waiting", 409, LaneWaiting],
+  ["lane_stopped", 409, LaneStopped],
   ["unsupported_move", 409, UnsupportedMove],
   ["attempt_limit", 422, AttemptLimitReached],
   ["invalid_history", 422, InvalidHistory],
@@ -67,6 +71,22 @@ test("the families: admission refusals, storage, input", () => {
   assert.ok(errorFromAnswer("schema_too_new", "m", 503) instanceof StorageError);
   assert.ok(errorFromAnswer("invalid_history", "m", 422) instanceof InvalidInput);
   assert.ok(errorFromAnswer("unauthenticated", "m", 401) instanceof Forbidden); // as in Python
+});
+
+test("lane refusals carry their lane, when it opens and the fix", () => {
+  const waiting = errorFromAnswer("lane_waiting", "wait", 409, null, {
+    lane: "claude/default",
+    opensAt: 1_700_000_060,
+  });
+  assert.ok(waiting instanceof LaneWaiting && waiting instanceof AdmissionRefused);
+  assert.equal(waiting.lane, "claude/default");
+  assert.equal(waiting.opensAt, 1_700_000_060);
+  const stopped = errorFromAnswer("lane_stopped", "stop", 409, null, {
+    lane: "claude/default",
+    fix: "run `claude /login`",
+  });
+  assert.ok(stopped instanceof LaneStopped);
+  assert.equal(stopped.fix, "run `claude /login`");
 });
 
 test("backoff carries readyAt; unknown codes and 'error' are the base class", () => {

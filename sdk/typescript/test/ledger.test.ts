@@ -116,6 +116,23 @@ describe("tasks", () => {
     assert.equal(forced.id, task.id);
   });
 
+  test("listTasks pages in creation order and filters by state", async () => {
+    const every = await worker.listTasks();
+    assert.ok(every.length >= 2);
+    const first = await worker.listTasks({ limit: 1 });
+    assert.deepEqual(first, every.slice(0, 1));
+    const next = await worker.listTasks({ limit: 1, after: first[0]!.id });
+    assert.deepEqual(next, every.slice(1, 2));
+    const ready = await worker.listTasks({ state: "ready" });
+    assert.deepEqual(
+      ready.map((t) => t.id),
+      every.filter((t) => t.state === "ready").map((t) => t.id),
+    );
+    await rejects(worker.listTasks({ limit: 0 }), InvalidInput);
+    await rejects(worker.listTasks({ state: "sleeping" as never }), InvalidInput);
+    await rejects(worker.listTasks({ after: "t-does-not-exist" }), NotFound);
+  });
+
   test("an unknown task is NotFound (404)", async () => {
     const error = await rejects(worker.getTask("t-does-not-exist"), NotFound);
     assert.equal(error.code, "not_found");
@@ -146,6 +163,31 @@ describe("tasks", () => {
 });
 
 describe("runs", () => {
+  test("a stopped run is uncharged; runningRuns lists what runs; abandonRun ends a lost one", async () => {
+    const task = await worker.createTask({ title: "stopped, then lost" });
+    const first = await worker.startRun(task.id, { requestKey: "stop-1" });
+    const running = await worker.runningRuns();
+    const listed = running.find((run) => run.id === first.id);
+    assert.ok(listed !== undefined);
+    assert.equal(listed.owner_host.length > 0, true);
+    const stopped = await worker.finishRun(first.id, {
+      status: "abandoned",
+      reason: "dispatcher stopped",
+      stopped: true,
+    });
+    assert.equal(stopped.stopped, true);
+    const after = await worker.getTask(task.id);
+    assert.equal(after.charged_attempts, 0);
+    assert.equal(after.state, "ready");
+
+    const second = await worker.startRun(task.id, { requestKey: "stop-2" });
+    const lost = await worker.abandonRun(second.id, { reason: "its owner is gone" });
+    assert.equal(lost.status, "abandoned");
+    assert.equal(lost.stopped, false);
+    assert.equal((await worker.getTask(task.id)).charged_attempts, 1);
+    assert.equal((await worker.runningRuns()).some((run) => run.task_id === task.id), false);
+  });
+
   test("startRun, heartbeat and finishRun round trip", async () => {
     const task = await worker.createTask({ title: "one run" });
     const run = await worker.startRun(task.id, { leaseS: 60, requestKey: "first-try" });

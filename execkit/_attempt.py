@@ -1,0 +1,449 @@
+"""One attempt of a ledger task, end to end: the runner author's one call (issue #32).
+
+`run_attempt(ledger, task_id, adapter, request)` does what the dispatcher does for one issue,
+without a board:
+
+1. admit: `start_run` with a request key (deterministic per attempt unless one is given:
+   `attempt:<task>:<n>`) and a lease, in the ledger's one transaction. A run the key
+   replays that is not this process's to run (another runner admitted it) is a `Conflict`;
+   nothing is written for it;
+2. run: `run_agent` with the lease kept alive by one renewer (a storage hiccup is logged
+   and left to the next beat; a `Conflict`, the run abandoned meanwhile, stops the agent);
+3. finish: `finish_run` with the class, the reason (the precondition for environment,
+   else the class reason and the last line of the error), and the vendor's reset time
+   (`not_before`) that the proof carries;
+4. tell: an `AttemptOutcome` with the run's result and what the ledger decided next
+   (done; retry at `next_attempt_at`; blocked on what, with the fix).
+
+Failures of the agent are outcomes, never exceptions. What raises:
+
+- the ledger's refusals, before anything runs and with nothing written: `NotFound` (no such
+  task), `TaskFinished`, `TaskBlocked`, `AttemptLimitReached`, `TaskBackingOff`, and
+  `Conflict` (a request key that admitted a run of another task or another actor, or a
+  run another runner is running);
+- `SpawnCancelled` (sync) or `asyncio.CancelledError` (async) after a cancel: the agent's
+  whole tree was killed and the run finished `abandoned` with the stop's reason;
+- anything a hook, the adapter or the lease renewal raised mid-run, after the run was
+  finished as a charged work failure (reason `runner error`) where the ledger still
+  takes it; a ledger that cannot take the result (`StorageError`) leaves the run to its
+  lease, and the next admission abandons it.
+
+The async forms run the same code in a thread of their own (the ledger and the agent block),
+so an asyncio runner needs no executor of its own; cancelling the awaiting task stops the
+agent through a `Cancellation` and waits for the tree to be gone before `CancelledError`
+propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import suppress
+
+import attrs
+
+from execkit._adapter import Adapter, AgentRequest
+from execkit._agent import RunRecorder, cancellable_sleep, run_agent, run_in_thread
+from execkit._backoff import AGENT_BACKOFF, Backoff
+from execkit._budget import AttemptStatus, BlockedOn, DispatchCap, TaskState
+from execkit._classify import FailureClass
+from execkit._errors import Conflict, ExecKitError, StorageError
+from execkit._exec import DEFAULT_KILL_GRACE_S, Cancellation, ProcessStarter, SpawnCancelled
+from execkit._proof import AgentFailed, AgentProof
+from execkit._redact import redact
+from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, RunOwner, Task, current_owner
+
+__all__ = [
+    "CANCELLED_REASON",
+    "RUNNER_ACTOR",
+    "AttemptOutcome",
+    "last_line",
+    "run_attempt",
+    "run_attempt_async",
+]
+
+_log = logging.getLogger("execkit.attempt")
+
+RUNNER_ACTOR = "runner"
+"""The actor `run_attempt` records on the runs it starts unless told another."""
+
+CANCELLED_REASON = "cancelled by its caller"
+"""The reason recorded on a run whose agent was stopped through `cancel=` (or a cancelled
+asyncio task), unless the caller names its own (`stop_reason=`)."""
+
+_MAX_DETAIL = 160
+
+
+def last_line(text: str | None) -> str | None:
+    """The last non-blank line of `text`, cut to 160 characters: the detail kept with a
+    failure's reason (for the operator, not for parsing)."""
+    if not text:
+        return None
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    line = lines[-1]
+    return line if len(line) <= _MAX_DETAIL else line[: _MAX_DETAIL - 1] + "…"
+
+
+@attrs.frozen
+class AttemptOutcome:
+    """How one attempt ended, and what the ledger decided next.
+
+    About the run: `status` (succeeded, failed or abandoned), `failure_class` (None for a
+    success; an unclassed failure is recorded as work), `charged`, `reason` as stored,
+    `precondition` (environment: what is missing and how to fix it), `not_before` (the
+    vendor's reset time, POSIX seconds) and the agent's `proof` (a stopped agent makes none:
+    it raises instead of returning an outcome).
+
+    About the task, read back after the run was finished: `state` (done, ready, backoff or
+    blocked), `blocked_on`, `next_attempt_at` and `decision` (the ledger's reason for the
+    state). `retry_at` and `fix` say the same as a runner needs it.
+    """
+
+    task_id: str
+    run_id: str
+    attempt: int
+    status: AttemptStatus
+    failure_class: FailureClass | None
+    charged: bool
+    reason: str | None
+    precondition: str | None
+    not_before: float | None
+    proof: AgentProof
+    state: TaskState
+    blocked_on: BlockedOn | None
+    next_attempt_at: float | None
+    decision: str | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status is AttemptStatus.SUCCEEDED
+
+    @property
+    def retry_at(self) -> float | None:
+        """When the next attempt may be admitted (POSIX seconds), or None when the task is
+        done or blocked. A ready task may start now: its `next_attempt_at`."""
+        if self.state in (TaskState.READY, TaskState.BACKOFF):
+            return self.next_attempt_at
+        return None
+
+    @property
+    def fix(self) -> str | None:
+        """What a human must do before the task runs again, when it is blocked: the
+        precondition for an environment stop, else the ledger's reason (which names the
+        bound and how to lift it). None when the task is not blocked."""
+        if self.state is not TaskState.BLOCKED:
+            return None
+        if self.blocked_on is BlockedOn.ENVIRONMENT and self.precondition:
+            return self.precondition
+        return self.decision
+
+
+@attrs.frozen
+class _Result:
+    """The run's result as `finish_run` takes it."""
+
+    status: AttemptStatus
+    failure_class: FailureClass | None = None
+    reason: str | None = None
+    precondition: str | None = None
+    not_before: float | None = None
+
+
+def _ledger_reason(reason: str | None, precondition: str | None, detail: str | None) -> str | None:
+    """The reason stored on a failed run: the precondition for environment (what to fix),
+    else the class reason with the detail line (as the dispatcher's `RunOutcome`)."""
+    if precondition:
+        return redact(precondition)
+    parts = [redact(p) for p in (reason, detail) if p]
+    return ": ".join(parts) or None
+
+
+def _result_of(proof: AgentProof, clock: Callable[[], float]) -> _Result:
+    if proof.productive:
+        return _Result(AttemptStatus.SUCCEEDED)
+    failure_class = proof.effective_class
+    wait = proof.retry_after_s
+    not_before = None
+    if failure_class is FailureClass.UPSTREAM and wait is not None:
+        not_before = clock() + wait
+    return _Result(
+        AttemptStatus.FAILED,
+        failure_class=failure_class,
+        reason=_ledger_reason(proof.reason, proof.precondition, last_line(proof.error)),
+        precondition=proof.precondition,
+        not_before=not_before,
+    )
+
+
+def _claim(run: Run, owner: RunOwner) -> None:
+    """Take the admitted run as this call's, or raise Conflict: a replayed key's run is only
+    ours while it runs and was admitted with this call's owner identity (each call draws its
+    own instance unless the caller passes one)."""
+    if run.status is AttemptStatus.RUNNING and run.owner_instance == owner.instance:
+        return
+    raise Conflict(
+        f"request key {run.request_key!r} admitted attempt {run.attempt} of task "
+        f"{run.task_id} (run {run.id}, {run.status}) for another runner "
+        f"({run.owner_host} pid {run.owner_pid}); it is not this call's to run"
+    )
+
+
+def _renewer(
+    ledger: Ledger, run_id: str, lease_s: float, clock: Callable[[], float]
+) -> Callable[[], None]:
+    """The one lease renewer, called by the agent's spawn loop every `lease_s / 3`. A storage
+    hiccup is logged and left to the next beat (the lease outlasts two missed beats);
+    anything else (the run was abandoned meanwhile: `Conflict`) propagates, and the agent
+    stops: nothing it produces could be recorded."""
+
+    def renew() -> None:
+        try:
+            ledger.heartbeat(run_id, lease_s=lease_s, now=clock())
+        except StorageError as exc:
+            _log.warning("run %s: its lease was not renewed: %s", run_id, exc.message)
+
+    return renew
+
+
+def run_attempt(
+    ledger: Ledger,
+    task_id: str,
+    adapter: Adapter,
+    request: AgentRequest,
+    *,
+    request_key: str | None = None,
+    actor: Actor | str = RUNNER_ACTOR,
+    forced: bool = False,
+    lease_s: float = DEFAULT_LEASE_S,
+    cap: DispatchCap | None = None,
+    agent_attempts: int = 1,
+    validate: Callable[[str], str | None] | None = None,
+    label: str | None = None,
+    recorder: RunRecorder | None = None,
+    cancel: Cancellation | None = None,
+    stop_reason: str = CANCELLED_REASON,
+    backoff: Backoff = AGENT_BACKOFF,
+    kill_grace: float = DEFAULT_KILL_GRACE_S,
+    start: ProcessStarter = subprocess.Popen,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: Callable[[], float] = random.random,
+    owner: RunOwner | None = None,
+) -> AttemptOutcome:
+    """Run one attempt of `task_id` through `adapter` and record it; see the module
+    docstring for the steps, the outcome and what raises.
+
+    `request_key` makes the admission idempotent (default `attempt:<task id>:<n>`, n the
+    attempt this call expects to start); `actor`, `forced`, `lease_s` and `cap` are
+    `start_run`'s (the lease is renewed every `lease_s / 3`); `cap` is also applied when the
+    decision is read back. `agent_attempts` is `run_agent`'s `max_attempts` (default 1:
+    the ledger owns retries across attempts, so the in-agent loop does not also re-spawn);
+    `validate`, `label`, `recorder`, `backoff`, `kill_grace` and `start` are passed to it.
+    `cancel` stops the agent from another thread: its tree is killed, the run is finished
+    `abandoned` with `stop_reason`, and `SpawnCancelled` propagates. `clock` (POSIX
+    seconds) dates every ledger call and the vendor's reset; `sleep` and `rng` are the
+    in-agent backoff's. `owner` is who runs it (`RunOwner`); by default this process with an
+    instance drawn for this call, so a replay of the key by another call is refused.
+    """
+    owner = current_owner() if owner is None else owner
+    if request_key is None:
+        # NotFound here, before anything is written, for a task that does not exist.
+        expected = ledger.get_task(task_id, now=clock(), cap=cap).attempts_started + 1
+        request_key = f"attempt:{task_id}:{expected}"
+    run = ledger.start_run(
+        task_id,
+        request_key=request_key,
+        actor=actor,
+        forced=forced,
+        lease_s=lease_s,
+        now=clock(),
+        cap=cap,
+        owner=owner,
+    )
+    _claim(run, owner)
+    return _run_admitted(
+        ledger,
+        run,
+        adapter,
+        request,
+        lease_s=lease_s,
+        cap=cap,
+        agent_attempts=agent_attempts,
+        validate=validate,
+        label=label,
+        recorder=recorder,
+        cancel=cancel,
+        stop_reason=stop_reason,
+        backoff=backoff,
+        kill_grace=kill_grace,
+        start=start,
+        clock=clock,
+        sleep=sleep,
+        rng=rng,
+    )
+
+
+def _run_admitted(
+    ledger: Ledger,
+    run: Run,
+    adapter: Adapter,
+    request: AgentRequest,
+    *,
+    lease_s: float,
+    cap: DispatchCap | None,
+    agent_attempts: int,
+    validate: Callable[[str], str | None] | None,
+    label: str | None,
+    recorder: RunRecorder | None,
+    cancel: Cancellation | None,
+    stop_reason: str,
+    backoff: Backoff,
+    kill_grace: float,
+    start: ProcessStarter,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    rng: Callable[[], float],
+) -> AttemptOutcome:
+    """Steps 2 to 4 for a run this call admitted and claimed."""
+    proof: AgentProof
+    try:
+        proof = run_agent(
+            adapter,
+            request,
+            max_attempts=agent_attempts,
+            backoff=backoff,
+            sleep=sleep,
+            rng=rng,
+            validate=validate,
+            recorder=recorder,
+            label=label,
+            kill_grace=kill_grace,
+            heartbeat=_renewer(ledger, run.id, lease_s, clock),
+            heartbeat_s=lease_s / 3,
+            start=start,
+            cancel=cancel,
+            clock=clock,
+        )
+    except AgentFailed as failed:
+        proof = failed.proof
+    except SpawnCancelled:
+        # Stopped by its caller: the tree is gone; the run says so. If the ledger cannot
+        # take it, the lease runs out and the next admission abandons the run.
+        with suppress(ExecKitError):
+            ledger.finish_run(
+                run.id, AttemptStatus.ABANDONED, reason=stop_reason, now=clock(), stopped=True
+            )
+        raise
+    except Exception as exc:
+        # A hook, the adapter or the renewal broke mid-run: not positively identified as
+        # uninformative, so it charges (ADR 0046); recorded before the error propagates.
+        detail = last_line(f"{type(exc).__name__}: {exc}")
+        with suppress(ExecKitError):
+            ledger.finish_run(
+                run.id,
+                AttemptStatus.FAILED,
+                failure_class=FailureClass.WORK,
+                reason=_ledger_reason("runner error", None, detail),
+                now=clock(),
+            )
+        raise
+    result = _result_of(proof, clock)
+    ended = ledger.finish_run(
+        run.id,
+        result.status,
+        failure_class=result.failure_class,
+        reason=result.reason,
+        not_before=result.not_before,
+        now=clock(),
+    )
+    after = ledger.get_task(run.task_id, now=clock(), cap=cap)
+    return _outcome(ended, after, result, proof)
+
+
+def _outcome(run: Run, task: Task, result: _Result, proof: AgentProof) -> AttemptOutcome:
+    failed = run.status is not AttemptStatus.SUCCEEDED
+    return AttemptOutcome(
+        task_id=run.task_id,
+        run_id=run.id,
+        attempt=run.attempt,
+        status=run.status,
+        failure_class=run.failure_class,
+        charged=not failed or run.failure_class is None or run.failure_class.charged,
+        reason=run.reason,
+        precondition=result.precondition,
+        not_before=run.not_before,
+        proof=proof,
+        state=task.state,
+        blocked_on=task.blocked_on,
+        next_attempt_at=task.next_attempt_at,
+        decision=task.reason,
+    )
+
+
+async def run_attempt_async(
+    ledger: Ledger,
+    task_id: str,
+    adapter: Adapter,
+    request: AgentRequest,
+    *,
+    request_key: str | None = None,
+    actor: Actor | str = RUNNER_ACTOR,
+    forced: bool = False,
+    lease_s: float = DEFAULT_LEASE_S,
+    cap: DispatchCap | None = None,
+    agent_attempts: int = 1,
+    validate: Callable[[str], str | None] | None = None,
+    label: str | None = None,
+    recorder: RunRecorder | None = None,
+    stop_reason: str = CANCELLED_REASON,
+    backoff: Backoff = AGENT_BACKOFF,
+    kill_grace: float = DEFAULT_KILL_GRACE_S,
+    start: ProcessStarter = subprocess.Popen,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] | None = None,
+    rng: Callable[[], float] = random.random,
+    owner: RunOwner | None = None,
+) -> AttemptOutcome:
+    """`run_attempt` for asyncio runners: same arguments (but `cancel`), same outcome, same
+    errors, run in a thread of its own.
+
+    Cancelling the awaiting task stops the attempt: the agent's whole tree is killed, the
+    run is finished `abandoned` with `stop_reason`, and only then does `CancelledError`
+    propagate. `sleep` (the in-agent backoff's) defaults to a wait that a cancel ends.
+    """
+    cancel = Cancellation()
+    try:
+        return await run_in_thread(
+            lambda: run_attempt(
+                ledger,
+                task_id,
+                adapter,
+                request,
+                request_key=request_key,
+                actor=actor,
+                forced=forced,
+                lease_s=lease_s,
+                cap=cap,
+                agent_attempts=agent_attempts,
+                validate=validate,
+                label=label,
+                recorder=recorder,
+                cancel=cancel,
+                stop_reason=stop_reason,
+                backoff=backoff,
+                kill_grace=kill_grace,
+                start=start,
+                clock=clock,
+                sleep=cancellable_sleep(cancel) if sleep is None else sleep,
+                rng=rng,
+                owner=owner,
+            ),
+            cancel,
+        )
+    finally:
+        cancel.close()

@@ -1,0 +1,143 @@
+"""The anchor scanner: which anchors of every pass a text holds, in one compiled pass.
+
+With several hundred rules, looking for each anchor with its own substring search costs a
+search per anchor (gate.py's pure-Python way). Hyperscan (the `fast` extra) compiles every
+anchor into one database and finds them all in one scan of the text; the gate then knows
+each anchor's presence exactly, and the passes run as before. The output is the same
+either way, byte for byte: the scanner only answers, for each anchor, what `literal in
+text` (or `literal in fold(text)`) answers, and the gate only decides which passes run at
+all (tests/test_redact.py runs every check under both engines).
+
+Exactness. An exact anchor is ASCII, and an ASCII literal occurs in a text exactly when its
+bytes occur in the text's UTF-8 (lone surrogates encoded as `surrogatepass` does, which
+makes no ASCII byte). A folded anchor is looked for caseless; on an ASCII text that is
+exactly `literal in text.lower()`; a text outside ASCII is scanned twice, as it is for its
+exact anchors and as its fold for its folded ones (the fold maps a few non-ASCII letters to
+ASCII, which a caseless byte scan would not see).
+
+Which engine: `use_engine` chooses ("hyperscan", "python", or None for the best one that
+loads, the default). The database is built on the first text a rule could match (about a
+tenth of a second for the table), never at import, and again when the anchors change. A
+scratch space is kept per thread (Hyperscan's scratch is not shared between threads).
+Importing this file loads neither Hyperscan nor the table: the package imports it for
+`use_engine`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from execkit._redact.record import Anchor
+
+__all__ = ["ENGINES", "Scanner", "available_engines", "engine_in_use", "scanner", "use_engine"]
+
+ENGINES = ("hyperscan", "python")
+
+_chosen: str | None = None  # None: the best engine that loads
+_loaded: dict[str, bool] = {}
+_built: Scanner | None = None
+
+
+def _loads(name: str) -> bool:
+    if name not in _loaded:
+        if name == "python":
+            _loaded[name] = True
+        else:
+            try:
+                import hyperscan  # noqa: F401  (the optional `fast` extra)
+            except ImportError:
+                _loaded[name] = False
+            else:
+                _loaded[name] = True
+    return _loaded[name]
+
+
+def available_engines() -> tuple[str, ...]:
+    """The engines that load here, the faster first."""
+    return tuple(name for name in ENGINES if _loads(name))
+
+
+def use_engine(name: str | None) -> None:
+    """Redact with `name` from now on (None: the best that loads). ValueError for an
+    unknown engine or one that does not load here."""
+    global _chosen
+    if name is not None and name not in ENGINES:
+        raise ValueError(f"unknown redaction engine {name!r}; known: {', '.join(ENGINES)}")
+    if name is not None and not _loads(name):
+        raise ValueError(f"redaction engine {name!r} does not load here (install the fast extra)")
+    _chosen = name
+
+
+def engine_in_use() -> str:
+    """The engine `redact` uses now."""
+    return _chosen if _chosen is not None else available_engines()[0]
+
+
+class Scanner:
+    """Every anchor compiled into one Hyperscan database (block mode, one report per
+    anchor and scan)."""
+
+    def __init__(self, anchors: Sequence[Anchor]) -> None:
+        import hyperscan
+
+        self.count = len(anchors)
+        self._hyperscan: Any = hyperscan
+        for literal, _ in anchors:
+            if not literal.isascii():
+                raise ValueError(f"anchor {literal!r} is not ASCII")
+        expressions = [literal.encode("ascii") for literal, _ in anchors]
+        single = hyperscan.HS_FLAG_SINGLEMATCH
+        flags = [single | (hyperscan.HS_FLAG_CASELESS if f else 0) for _, f in anchors]
+        self._database: Any = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._database.compile(
+            expressions=expressions,
+            ids=list(range(self.count)),
+            elements=self.count,
+            flags=flags,
+            literal=True,
+        )
+        self._folded = sum(1 << index for index, (_, f) in enumerate(anchors) if f)
+        self._local = threading.local()
+
+    def _scratch(self) -> Any:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = self._hyperscan.Scratch(self._database)
+        return scratch
+
+    def _hits(self, data: bytes) -> int:
+        found: list[int] = []
+        on_match: Callable[..., None] = lambda index, *_: found.append(index)  # noqa: E731
+        self._database.scan(data, match_event_handler=on_match, scratch=self._scratch())
+        bits = 0
+        for index in found:
+            bits |= 1 << index
+        return bits
+
+    def bits(self, text: str, fold: Callable[[], str]) -> int:
+        """Bit i set when anchor i occurs: an exact one in `text`, a folded one in
+        `fold()` (called only for a text outside ASCII)."""
+        if text.isascii():
+            return self._hits(text.encode("ascii"))
+        exact = self._hits(text.encode("utf-8", "surrogatepass")) & ~self._folded
+        return exact | (self._hits(fold().encode("utf-8", "surrogatepass")) & self._folded)
+
+
+_lock = threading.Lock()
+
+
+def scanner(anchors: Sequence[Anchor]) -> Scanner | None:
+    """The scanner for `anchors` under the engine in use (None: the pure-Python gate)."""
+    global _built
+    if engine_in_use() != "hyperscan":
+        return None
+    built = _built
+    if built is None or built.count != len(anchors):
+        with _lock:
+            built = _built
+            if built is None or built.count != len(anchors):
+                built = _built = Scanner(anchors)
+    return built

@@ -1,0 +1,148 @@
+"""`execkit lane list|show|resume|park`: the vendor lanes of a ledger (issue #28), local or
+through `--remote`, each with `--json`.
+
+`resume` and `park` need the role `agent.operate` in the ledger and are audited; `resume`
+on an open lane changes nothing (and says so); `park` takes `--until` (POSIX seconds or an
+ISO-8601 time with its zone) or `--for SECONDS`. Every rule is the ledger's: this module
+parses flags and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from typing import Any
+
+from execkit._errors import InvalidInput
+from execkit._lanes import LaneEvent, LaneView
+from execkit.cli._args import parse_seconds
+from execkit.cli._ledger import _acting, _actor, _common, _using
+from execkit.cli._output import emit, print_json, safe_text, utc_stamp, waiting_text
+
+__all__ = ["lane_line", "register"]
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add `lane` and its actions."""
+    common = _common()
+    lane = sub.add_parser("lane", help="vendor lanes: list, show, resume, park")
+    lane_sub = lane.add_subparsers(dest="lane_command", metavar="ACTION", required=True)
+
+    listing = lane_sub.add_parser("list", parents=[common], help="every lane the ledger has seen")
+    listing.set_defaults(handler=_list)
+
+    show = lane_sub.add_parser("show", parents=[common], help="one lane and its history")
+    show.add_argument("lane", metavar="LANE", help="ADAPTER/CREDENTIAL[@HOST]")
+    show.set_defaults(handler=_show)
+
+    resume = lane_sub.add_parser(
+        "resume",
+        parents=[common],
+        help="re-open a lane (agent.operate; audited): its tasks run, the stopped one once",
+    )
+    resume.add_argument("lane", metavar="LANE")
+    resume.add_argument("--reason", default=None, help="why (audited)")
+    _acting(resume)
+    resume.set_defaults(handler=_resume)
+
+    park = lane_sub.add_parser(
+        "park", parents=[common], help="park a lane until a time (agent.operate; audited)"
+    )
+    park.add_argument("lane", metavar="LANE")
+    when = park.add_mutually_exclusive_group(required=True)
+    when.add_argument("--until", default=None, metavar="TIME", help="POSIX seconds or ISO-8601")
+    when.add_argument("--for", dest="for_s", default=None, metavar="SECONDS")
+    park.add_argument("--reason", default=None, help="why (shown to its waiting tasks)")
+    _acting(park)
+    park.set_defaults(handler=_park)
+
+
+def _until(args: argparse.Namespace) -> float:
+    if args.for_s is not None:
+        seconds = parse_seconds("--for", args.for_s, allow_zero=False)
+        assert seconds is not None
+        return time.time() + seconds
+    raw = str(args.until).strip()
+    try:
+        return float(raw) if raw.replace(".", "", 1).isdigit() else _iso(raw)
+    except ValueError:
+        raise InvalidInput(
+            f"--until must be POSIX seconds or an ISO-8601 time with its zone, got {raw!r}",
+            field="--until",
+        ) from None
+
+
+def _iso(raw: str) -> float:
+    stamp = datetime.datetime.fromisoformat(raw)
+    if stamp.tzinfo is None:
+        raise ValueError("no zone")
+    return stamp.timestamp()
+
+
+def lane_line(lane: LaneView) -> str:
+    opens = utc_stamp(lane.opens_at) if lane.opens_at is not None else "-"
+    capped = " (reset capped)" if lane.capped else ""
+    return safe_text(f"{lane.lane}  {lane.state:<9}  opens {opens}  {lane.reason or '-'}{capped}")
+
+
+def _event_line(event: LaneEvent) -> str:
+    until = f" until {utc_stamp(event.until)}" if event.until is not None else ""
+    run = f" {event.run_id}" if event.run_id else ""
+    why = f"  {event.reason}" if event.reason else ""
+    return safe_text(f"  {utc_stamp(event.at)}  {event.kind}{until}{run} by {event.actor}{why}")
+
+
+def _print_lane(args: argparse.Namespace, lane: LaneView, **extra: Any) -> int:
+    if args.json:
+        print_json({**lane.to_dict(), **extra})
+    else:
+        emit(lane_line(lane))
+        if not lane.admits:
+            emit("  " + waiting_text(lane))
+        if lane.state == "stopped":
+            emit(safe_text(f"  fix it, then: execkit lane resume {lane.lane}"))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _using(args, write=False) as ledger:
+        lanes = ledger.list_lanes()
+    if args.json:
+        print_json({"lanes": [lane.to_dict() for lane in lanes]})
+    else:
+        for lane in lanes:
+            emit(lane_line(lane))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    with _using(args, write=False) as ledger:
+        lane = ledger.get_lane(args.lane)
+        events = ledger.lane_history(args.lane)
+    if args.json:
+        print_json({**lane.to_dict(), "events": [event.to_dict() for event in events]})
+        return 0
+    _print_lane(args, lane)
+    for event in events[-20:]:
+        emit(_event_line(event))
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    actor = _actor(args)
+    with _using(args) as ledger:
+        before = ledger.get_lane(args.lane)
+        lane = ledger.resume_lane(args.lane, actor=actor, reason=args.reason)
+    if not args.json and before.state == "open":
+        emit(safe_text(f"lane {lane.lane} is open; nothing to resume"))
+        return 0
+    return _print_lane(args, lane, resumed=before.state != "open")
+
+
+def _park(args: argparse.Namespace) -> int:
+    until = _until(args)
+    actor = _actor(args)
+    with _using(args) as ledger:
+        lane = ledger.park_lane(args.lane, until=until, actor=actor, reason=args.reason)
+    return _print_lane(args, lane)

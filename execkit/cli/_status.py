@@ -1,0 +1,231 @@
+"""`execkit status`: the dashboard in a terminal.
+
+The table has one row per issue: its task id, board state, ledger state, attempt n/max,
+charged, uncharged streak, next attempt, last class and a reason; for an issue blocked on
+`work` the reason is the block's and then the last failure's own ("...; last failure:
+..."), since "charged budget spent" alone hides what failed. `--watch` redraws it in place
+every `--interval` seconds on a terminal (cursor home, clear, table) until Ctrl-C, or
+`--count` redraws; not on a terminal it prints each table after a blank line. Every cell
+is escaped (`safe_text`): ids, states and reasons come from the board and the agents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from execkit._errors import Conflict, InvalidInput, NotFound
+from execkit.cli._dispatch import _add_common, _clip, _config, _when
+from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
+from execkit.cli._output import emit, print_json, safe_text, utc_stamp
+from execkit.dispatch import DispatchConfig, IssueStatus, JsonFileBoard, issue_statuses
+from execkit.ledger import DB_ENV_VAR, Ledger, TaskState
+
+__all__ = ["format_status_table", "register"]
+
+# Cursor home, then clear the screen: the next table is drawn where the last one was.
+REDRAW = "\x1b[H\x1b[2J"
+_DEFAULT_WATCH_S = 2.0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.05 <= value <= 86400:
+        raise argparse.ArgumentTypeError("must be 0.05..86400 seconds")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add `status`."""
+    status = sub.add_parser(
+        "status",
+        help="the dispatcher dashboard: issues, attempts, charges, next retry",
+        description="A table of issues: task id, board state, ledger state, attempt n/max, "
+        "charged, uncharged streak, next attempt time, last class and reason (for an issue "
+        "blocked on work, the last failure's reason too). --watch redraws it in place.",
+    )
+    status.add_argument("--board", metavar="FILE", help="board JSON file (all its issues)")
+    status.add_argument(
+        "--watch", action="store_true", help="redraw the table in place until Ctrl-C"
+    )
+    status.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=_DEFAULT_WATCH_S,
+        metavar="S",
+        help=f"seconds between redraws with --watch (default {_DEFAULT_WATCH_S:g})",
+    )
+    status.add_argument(
+        "--count", type=_count, metavar="N", help="with --watch: stop after N redraws"
+    )
+    _add_common(status)
+    status.set_defaults(handler=_status)
+
+
+def _attempts(row: IssueStatus) -> str:
+    return f"{row.attempts}/{row.max_attempts}" if row.max_attempts else f"{row.attempts}/-"
+
+
+def _ledger_state(row: IssueStatus) -> str:
+    if row.ledger_state is None:
+        return "-"
+    if row.blocked_on:
+        return f"{row.ledger_state} ({row.blocked_on})"
+    return row.ledger_state
+
+
+def _reason(row: IssueStatus) -> str | None:
+    if row.ledger_state is not TaskState.BLOCKED:
+        return row.last_reason
+    if row.blocked_on == "work" and row.last_reason and row.last_reason != row.reason:
+        return f"{row.reason or 'blocked on work'}; last failure: {row.last_reason}"
+    return row.reason
+
+
+def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
+    """The dashboard as an aligned text table (the reason column is not padded).
+
+    Every cell is escaped (`safe_text`) before the columns are measured, so a control
+    character in an issue id, state or reason neither rewrites the terminal nor breaks the
+    alignment.
+    """
+    header = (
+        "ISSUE",
+        "TASK",
+        "BOARD",
+        "LEDGER",
+        "ATTEMPT",
+        "CHARGED",
+        "UNCHARGED",
+        "NEXT",
+        "LAST CLASS",
+        "REASON",
+    )
+    table = [header]
+    for row in rows:
+        table.append(
+            (
+                safe_text(row.issue_id),
+                row.task_id or "-",
+                safe_text(row.board_state or "-"),
+                _ledger_state(row),
+                _attempts(row),
+                str(row.charged_attempts),
+                str(row.uncharged_streak),
+                _when(row.next_attempt_at, now),
+                row.last_class.value if row.last_class else (row.last_status or "-"),
+                _clip(safe_text(_reason(row) or "-"), 160),
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+    lines = []
+    for line in table:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
+        lines.append("  ".join([*cells, line[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def _read(args: argparse.Namespace) -> tuple[float, DispatchConfig, list[IssueStatus], str]:
+    board = JsonFileBoard(args.board) if args.board else None
+    config = _config(args, board)
+    now = time.time()
+    ledger = _status_ledger(args, board)
+    try:
+        ledger.backoff = config.backoff
+        rows = issue_statuses(ledger, config, board=board, now=now)
+        if board is not None and not any(row.task_id for row in rows) and rows:
+            # A ledger that never saw this board would print a table of blanks.
+            raise NotFound(
+                f"the ledger at {ledger.location()} has no task for any issue of "
+                f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
+            )
+    finally:
+        ledger.close()
+    if not rows:
+        empty = "no issues" if board is not None else "no dispatched issues in the ledger"
+        return now, config, rows, empty
+    return now, config, rows, format_status_table(rows, now)
+
+
+def _status(args: argparse.Namespace) -> int:
+    if args.watch:
+        if args.json:
+            raise InvalidInput("execkit status: --watch draws a table; drop --json", field="json")
+        return watch(args, sys.stdout, time.sleep)
+    if args.count is not None:
+        raise InvalidInput("execkit status: --count goes with --watch", field="count")
+    now, config, rows, text = _read(args)
+    if args.json:
+        print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
+        return 0
+    emit(text)
+    return 0
+
+
+def watch(args: argparse.Namespace, out: Any, sleep: Callable[[float], None]) -> int:
+    """Redraw the table every `args.interval` seconds (see the module docstring); `sleep`
+    is injected for tests. Ctrl-C ends it with exit 0."""
+    terminal = out.isatty()
+    drawn = 0
+    try:
+        while True:
+            now, _, _, text = _read(args)
+            stamp = f"every {args.interval:g}s, Ctrl-C to stop · {utc_stamp(now)}"
+            if terminal:
+                out.write(f"{REDRAW}{text}\n\n{stamp}\n")
+            else:
+                out.write(f"{'' if drawn == 0 else os.linesep}{text}\n")
+            out.flush()
+            drawn += 1
+            if args.count is not None and drawn >= args.count:
+                return 0
+            sleep(args.interval)
+    except KeyboardInterrupt:
+        if terminal:
+            out.write("\n")
+        return 0
+
+
+def _status_ledger(args: argparse.Namespace, board: JsonFileBoard | None) -> Ledger:
+    """The ledger a status table is read from: the one `--remote` or `--db` (or their
+    variables) names, else the one the board remembers dispatching it (a file, or a server
+    URL); refused when the two disagree, or when a board names none and none is given.
+    Opened for reading only."""
+    binding = board.ledger_binding() if board is not None else None
+    url = remote_url(args)
+    given = url is not None or args.db is not None or bool(os.environ.get(DB_ENV_VAR))
+    if board is not None and binding is None and not given:
+        raise NotFound(
+            f"board {board.path} names no ledger: it has not been dispatched yet "
+            "(`execkit dispatch` records its ledger in it), or give --db"
+        )
+    ledger: Ledger
+    if url is not None:
+        target, ledger = url, open_remote(url)
+    elif not given and binding is not None and is_remote_url(binding[1]):
+        target, ledger = binding[1], open_remote(binding[1])
+    else:
+        ledger = open_target(
+            args.db if given or binding is None else binding[1], create=False, write=False
+        )
+        target = ledger.location()
+    if binding is not None and ledger.ledger_id() != binding[0]:
+        ledger.close()
+        raise Conflict(
+            f"board {board.path if board else ''} was dispatched with ledger {binding[0]} at "
+            f"{binding[1]}, not with the one at {target}; drop --db to read the right one"
+        )
+    return ledger

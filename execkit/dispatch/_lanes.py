@@ -1,0 +1,124 @@
+"""The dispatcher's side of vendor lanes (issue #28): which lane an issue's run uses, and
+which lanes to leave alone until they open.
+
+The ledger decides (`start_run(lane=...)` refuses a run on a lane that does not admit, in
+the admission's own transaction, before a slot is taken); this module only saves the
+dispatcher from asking again and again. After a refusal the lane is held: its other issues
+are not sent to the ledger until the opening time the refusal named (or, for a lane that
+waits on its probe or an operator, until the next pass), they are reported as waiting on
+the lane and their cards stay where they are (the wait is not the task's fault), other
+lanes' issues take the free slots, and `next_due` wakes the dispatcher at the opening.
+
+A lane is `adapter/fingerprint`: the adapter's name and the keyed fingerprint of the
+credentials it would read (`execkit._lanes.lane_for`, keyed by the ledger's identity), its
+environment variables taken from the runner's environment. Lanes are on only when the
+ledger advertises `vendor.lanes` (an older server is sent none) and `enabled` is set.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Callable, Mapping
+
+from execkit._adapter import credential_env_of, credential_files_of
+from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
+from execkit._lanes import LaneView, lane_for
+from execkit._registry import get_adapter
+from execkit.ledger import LANES_CAPABILITY, Ledger
+
+__all__ = ["DispatchLanes", "waiting_reason"]
+
+
+def waiting_reason(lane: LaneView) -> str:
+    """ "waiting on lane claude/default until 2026-12-05T15:00:00+00:00 (usage limit)"."""
+    if lane.opens_at is not None:
+        stamp = datetime.datetime.fromtimestamp(lane.opens_at, tz=datetime.UTC)
+        until = f"until {stamp.isoformat(timespec='seconds')}"
+    elif lane.state == "stopped":
+        until = "until an operator resumes it"
+    else:
+        until = "until its probe attempt's result"
+    return f"waiting on lane {lane.lane} {until}" + (f" ({lane.reason})" if lane.reason else "")
+
+
+class DispatchLanes:
+    """Lanes for one dispatcher: the lane of each adapter (read once), the lanes held
+    after a refusal, and when each opens. Used from the dispatcher's own thread only."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        enabled: bool = True,
+        env: Mapping[str, str] | None = None,
+        find: Callable[[str], object] = get_adapter,
+    ) -> None:
+        self._ledger = ledger
+        self._enabled = enabled
+        self._env = os.environ if env is None else env
+        self._find = find
+        self._key: str | None = None
+        self._lanes: dict[str, str | None] = {}
+        # lane -> (the refusal, when it opens: None = at the next pass)
+        self._held: dict[str, tuple[ExecKitError, float | None]] = {}
+
+    def bind(self, ledger_id: str) -> None:
+        """Once the ledger is known: lanes need its identity, and its capability."""
+        if self._enabled and LANES_CAPABILITY not in self._ledger.capabilities():
+            self._enabled = False
+        self._key = ledger_id
+
+    def lane_of(self, adapter: str) -> str | None:
+        """The lane a run on `adapter` uses; None when lanes are off (or the adapter is
+        unknown: its issue stops on its own, as before)."""
+        if not self._enabled or self._key is None:
+            return None
+        if adapter not in self._lanes:
+            try:
+                found = self._find(adapter)
+            except ExecKitError:
+                self._lanes[adapter] = None
+            else:
+                self._lanes[adapter] = str(
+                    lane_for(
+                        adapter,
+                        key=self._key,
+                        env=self._env,
+                        credential_env=credential_env_of(found),
+                        credential_files=credential_files_of(found),
+                    )
+                )
+        return self._lanes[adapter]
+
+    def new_pass(self) -> None:
+        """A new pass: lanes held until "the next pass" are asked again."""
+        self._held = {lane: held for lane, held in self._held.items() if held[1] is not None}
+
+    def holding(self, lane: str | None, now: float) -> ExecKitError | None:
+        """The refusal that holds `lane` now, if any (the issue then waits, unasked)."""
+        if lane is None or lane not in self._held:
+            return None
+        refusal, opens_at = self._held[lane]
+        if opens_at is not None and opens_at <= now:
+            del self._held[lane]
+            return None
+        return refusal
+
+    def refused(self, lane: str | None, refusal: LaneWaiting | LaneStopped) -> None:
+        if lane is not None:
+            opens_at = refusal.opens_at if isinstance(refusal, LaneWaiting) else None
+            self._held[lane] = (refusal, opens_at)
+
+    def closed(self, adapter: str, views: Mapping[str, LaneView]) -> LaneView | None:
+        """Of `views` (lanes that do not admit, by name), the one a run on `adapter` would
+        meet here: its lane, or the same lane on this host."""
+        lane = self.lane_of(adapter)
+        if lane is None:
+            return None
+        return views.get(lane) or views.get(f"{lane}@{socket.gethostname()}")
+
+    def wake_times(self) -> list[float]:
+        """When the held lanes open (for `Dispatcher.next_due`)."""
+        return [opens for _refusal, opens in self._held.values() if opens is not None]

@@ -1,0 +1,363 @@
+"""Vendor lanes in the ledger (issue #28): admission consults the lane in the transaction
+that admits the run, a run's result feeds it, operators read, park and resume lanes, and
+`db check` compares every stored lane with the fold of its history.
+
+A run admitted with `start_run(lane=...)` is bound to that lane (`run_lanes`). Admission
+reads the lane and the same lane on this host (where a missing binary is a fact), both
+locked in name order after the task row: a lane that does not admit refuses with
+`LaneWaiting` (parked, cooling, or half-open with its probe in flight) or `LaneStopped`
+(with the fix), before the run is inserted, so a refusal writes nothing (no run, no
+charge, no counter, no event). A lane whose wait has passed admits one run, the probe, and
+records it. `finish_run` turns the run's result (with `lane_cause`, what the adapter read
+from the vendor's structure) into one lane event and stores the new state; an abandoned
+run frees the probe slot. Every change is an event appended and the state it folds to
+written, in the transaction of the operation that caused it.
+
+The states and the fold are `execkit._lanes`; this module only stores them.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from execkit._budget import AttemptStatus
+from execkit._classify import FailureClass
+from execkit._errors import Conflict, Forbidden, InvalidInput, LaneStopped, LaneWaiting, NotFound
+from execkit._lanes import (
+    STOPPING_CAUSES,
+    LaneCause,
+    LaneEvent,
+    LaneEventKind,
+    LaneKey,
+    LaneState,
+    LaneSummary,
+    LaneView,
+    fold,
+    open_lane,
+    step,
+    view,
+)
+from execkit.ledger._core.base import CoreBase, when
+from execkit.ledger._core.inputs import as_actor, clean_reason, moment
+from execkit.ledger._core.store import Tx
+from execkit.ledger._model import OPERATE_ROLE, Actor, AuditAction, AuditEntry, Run
+
+__all__ = ["LaneOps", "check_lane", "check_lane_cause"]
+
+
+def check_lane(value: object) -> str | None:
+    """A lane given to `start_run`: None, or `ADAPTER/CREDENTIAL` (the host part is the
+    ledger's to add). InvalidInput (field `lane`) otherwise."""
+    if value is None:
+        return None
+    key = LaneKey.parse(value)
+    if key.host is not None:
+        raise InvalidInput(
+            f"lane {value!r}: give the lane without a host; the ledger adds the host where a "
+            "fact is local to it",
+            field="lane",
+        )
+    return str(key)
+
+
+def check_lane_cause(value: object) -> LaneCause | None:
+    if value is None:
+        return None
+    try:
+        return LaneCause(value)  # type: ignore[arg-type]
+    except ValueError:
+        allowed = ", ".join(LaneCause)
+        raise InvalidInput(
+            f"lane_cause must be one of {allowed} or None, got {value!r}", field="lane_cause"
+        ) from None
+
+
+def _refusal(shown: LaneView, task_id: str) -> LaneWaiting | LaneStopped:
+    why = shown.reason or str(shown.state)
+    if shown.state is LaneState.STOPPED:
+        return LaneStopped(
+            f"task {task_id} waits on lane {shown.lane}, stopped: {why}; fix it, then "
+            f"`execkit lane resume {shown.lane}`",
+            lane=shown.lane,
+            fix=shown.reason,
+        )
+    until = (
+        f"until {when(shown.opens_at)}"
+        if shown.opens_at is not None
+        else "until its probe attempt's result"
+    )
+    capped = " (the vendor's reset was further away and was capped)" if shown.capped else ""
+    return LaneWaiting(
+        f"task {task_id} waits on lane {shown.lane} {until} ({why}){capped}; nothing was charged",
+        lane=shown.lane,
+        opens_at=shown.opens_at,
+    )
+
+
+class LaneOps(CoreBase):
+    """Lanes at admission and on a run's result, and the operators' lane operations."""
+
+    # -- inside other operations' transactions -------------------------------------------
+
+    def _lane_gate(self, tx: Tx, lane: str, task_id: str, at: float) -> list[str]:
+        """Before a run is admitted on `lane`: raise the refusal when the lane (or the same
+        lane on this host) does not admit; else the lanes whose next run is their probe."""
+        probes: list[str] = []
+        for name in (lane, f"{lane}@{socket.gethostname()}"):
+            stored = tx.lane(name, lock=True)
+            if stored is None:
+                continue
+            shown = view(stored, at)
+            if not shown.admits:
+                raise _refusal(shown, task_id)
+            if shown.probe:
+                probes.append(name)
+        return probes
+
+    def _lane_admitted(self, tx: Tx, lane: str, probes: list[str], run: Run, at: float) -> None:
+        tx.set_run_lane(run.id, lane)
+        for name in probes:
+            self._lane_event(
+                tx,
+                LaneEvent(
+                    lane=name,
+                    kind=LaneEventKind.PROBE,
+                    at=at,
+                    actor=run.actor,
+                    run_id=run.id,
+                    task_id=run.task_id,
+                ),
+            )
+
+    def _lane_event(self, tx: Tx, event: LaneEvent) -> LaneSummary:
+        stored = tx.lane(event.lane, lock=True, create=True) or open_lane(event.lane)
+        after = step(stored, event, self.lane_config)
+        tx.add_lane_event(event)
+        tx.write_lane(after)
+        return after
+
+    def _lane_result(self, tx: Tx, ended: Run, cause: LaneCause | None, at: float) -> None:
+        """Feed `ended` (a run that just finished or was abandoned) to its lane, if any."""
+        lane = tx.run_lane(ended.id)
+        if lane is None:
+            return
+        name, kind, until = lane, LaneEventKind.SUCCESS, None
+        if ended.status is AttemptStatus.ABANDONED:
+            kind = LaneEventKind.ABANDON
+        elif ended.status is AttemptStatus.FAILED:
+            if ended.failure_class is FailureClass.UPSTREAM:
+                kind = LaneEventKind.UPSTREAM
+                if cause is LaneCause.RESET and ended.not_before is not None:
+                    kind, until = LaneEventKind.RESET, ended.not_before
+            elif ended.failure_class is FailureClass.ENVIRONMENT and cause in STOPPING_CAUSES:
+                kind = LaneEventKind.STOP
+                if cause is LaneCause.BINARY_MISSING and ended.owner_host:
+                    name = str(LaneKey.parse(lane).on_host(ended.owner_host))
+        self._lane_event(
+            tx,
+            LaneEvent(
+                lane=name,
+                kind=kind,
+                at=at,
+                actor=ended.actor,
+                run_id=ended.id,
+                task_id=ended.task_id,
+                until=until,
+                reason=ended.reason,
+            ),
+        )
+
+    # -- operators -----------------------------------------------------------------------
+
+    def list_lanes(self, *, now: float | None = None) -> list[LaneView]:
+        """Every lane the ledger has seen, as it stands now, by name."""
+        at = moment(now)
+        with self._store.read() as tx:
+            return [view(stored, at) for stored in tx.lanes()]
+
+    def get_lane(self, lane: str, *, now: float | None = None) -> LaneView:
+        """One lane as it stands now; NotFound for a lane the ledger has never seen."""
+        name = str(LaneKey.parse(lane))
+        at = moment(now)
+        with self._store.read() as tx:
+            return view(self._known_lane(tx, name), at)
+
+    def lane_history(self, lane: str) -> list[LaneEvent]:
+        """A lane's events in order; NotFound for a lane the ledger has never seen."""
+        name = str(LaneKey.parse(lane))
+        with self._store.read() as tx:
+            self._known_lane(tx, name)
+            return tx.lane_events(name)
+
+    def task_lane(self, task_id: str, *, now: float | None = None) -> LaneView | None:
+        """The lane of the task's last run, as it stands now; None when it used none."""
+        at = moment(now)
+        with self._store.read() as tx:
+            self._task(tx, task_id)
+            name = tx.task_lane(task_id)
+            if name is None:
+                return None
+            found = [
+                view(tx.lane(candidate) or open_lane(candidate), at)
+                for candidate in (name, f"{name}@{socket.gethostname()}")
+            ]
+        closed = [shown for shown in found if not shown.admits]
+        return closed[0] if closed else found[0]
+
+    def _known_lane(self, tx: Tx, name: str) -> LaneSummary:
+        stored = tx.lane(name)
+        if stored is None:
+            raise NotFound(f"no lane {name!r}; `execkit lane list` shows the lanes")
+        return stored
+
+    def _operator(self, tx: Tx, who: Actor, what: str) -> None:
+        if OPERATE_ROLE not in self._roles(tx, who):
+            raise Forbidden(f"{what} needs the role {OPERATE_ROLE}")
+
+    def resume_lane(
+        self,
+        lane: str,
+        *,
+        actor: Actor | str,
+        reason: str | None = None,
+        now: float | None = None,
+    ) -> LaneView:
+        """Re-open a lane (role `agent.operate`, audited): its held tasks run again, and the
+        task whose run stopped it gets one forced retry. On an open lane it is a no-op that
+        writes nothing. NotFound for a lane never seen."""
+        name = str(LaneKey.parse(lane))
+        who = as_actor(actor)
+        note = clean_reason(reason)
+        at = moment(now)
+        with self._store.write() as tx:
+            seen = self._known_lane(tx, name)
+            self._operator(tx, who, f"resuming lane {name}")
+            # Lock order: the task to retry before the lane (see the backends' Tx).
+            retried = None
+            if seen.state is LaneState.STOPPED and seen.stopped_task is not None:
+                retried = tx.task(seen.stopped_task, lock=True)
+            stored = self._known_lane(tx, name) if retried is None else tx.lane(name, lock=True)
+            assert stored is not None
+            if stored.state is LaneState.OPEN:
+                return view(stored, at)
+            after = self._lane_event(
+                tx,
+                LaneEvent(lane=name, kind=LaneEventKind.RESUME, at=at, actor=str(who), reason=note),
+            )
+            detail: dict[str, object] = {"lane": name, "from": str(stored.state)}
+            if note is not None:
+                detail["reason"] = note
+            if (
+                retried is not None
+                and retried.id == stored.stopped_task
+                and retried.status == "open"
+                and retried.summary.running is None
+            ):
+                tx.set_retry(retried.id, str(who), at)
+                detail["retried_task"] = retried.id
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.LANE_RESUME,
+                    task_id=detail.get("retried_task"),  # type: ignore[arg-type]
+                    detail=detail,
+                )
+            )
+            return view(after, at)
+
+    def park_lane(
+        self,
+        lane: str,
+        *,
+        until: float,
+        actor: Actor | str,
+        reason: str | None = None,
+        now: float | None = None,
+    ) -> LaneView:
+        """Park a lane until `until` (role `agent.operate`, audited): its tasks wait, and
+        one probe goes first when it opens. `until` must be in the future and within the
+        lanes' `max_park_s` (InvalidInput); a stopped lane is resumed, not parked
+        (Conflict); a lane never seen may be parked (it is made)."""
+        name = str(LaneKey.parse(lane))
+        if LaneKey.parse(lane).host is not None:
+            raise InvalidInput(
+                f"lane {name!r}: only a lane without a host can be parked", field="lane"
+            )
+        who = as_actor(actor)
+        note = clean_reason(reason)
+        at = moment(now)
+        if not isinstance(until, int | float) or isinstance(until, bool) or until != until:
+            raise InvalidInput(f"until must be a POSIX time, got {until!r}", field="until")
+        if until <= at:
+            raise InvalidInput(
+                f"until must be in the future, got {when(until) if until > -1e11 else until}",
+                field="until",
+            )
+        if until - at > self.lane_config.max_park_s:
+            raise InvalidInput(
+                f"until must be within {self.lane_config.max_park_s:g}s of now "
+                f"(at most {when(at + self.lane_config.max_park_s)}), got {until!r}",
+                field="until",
+            )
+        with self._store.write() as tx:
+            self._operator(tx, who, f"parking lane {name}")
+            stored = tx.lane(name, lock=True, create=True) or open_lane(name)
+            if stored.state is LaneState.STOPPED:
+                raise Conflict(f"lane {name} is stopped ({stored.reason}); resume it instead")
+            after = self._lane_event(
+                tx,
+                LaneEvent(
+                    lane=name,
+                    kind=LaneEventKind.PARK,
+                    at=at,
+                    actor=str(who),
+                    until=float(until),
+                    reason=note or "parked by an operator",
+                ),
+            )
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.LANE_PARK,
+                    detail={"lane": name, "until": float(until), "reason": note},
+                )
+            )
+            return view(after, at)
+
+    # -- db check ------------------------------------------------------------------------
+
+    def _lane_problems(self) -> list[str]:
+        """Every stored lane against the fold of its history (and history with no lane)."""
+        with self._store.read() as tx:
+            stored = {lane.lane: lane for lane in tx.lanes()}
+            events: dict[str, list[LaneEvent]] = {}
+            for event in tx.lane_events(None):
+                events.setdefault(event.lane, []).append(event)
+        problems = []
+        for name in sorted(set(stored) | set(events)):
+            expected = fold(name, events.get(name, []), self.lane_config)
+            found = stored.get(name)
+            if found is None:
+                problems.append(f"lane {name}: it has a history but no stored state")
+            elif found != expected:
+                problems.append(
+                    f"lane {name}: its stored state differs from its history (stored "
+                    f"{found.state} after {found.events} events; history {expected.state} "
+                    f"after {expected.events}); `execkit db check --repair` rebuilds it"
+                )
+        return problems
+
+    def _repair_lanes(self, tx: Tx) -> list[str]:
+        done = []
+        stored = {lane.lane: lane for lane in tx.lanes()}
+        events: dict[str, list[LaneEvent]] = {}
+        for event in tx.lane_events(None):
+            events.setdefault(event.lane, []).append(event)
+        for name in sorted(set(stored) | set(events)):
+            expected = fold(name, events.get(name, []), self.lane_config)
+            if stored.get(name) != expected:
+                tx.write_lane(expected)
+                done.append(f"lane {name}: rebuilt its state from its history")
+        return done

@@ -1,0 +1,350 @@
+"""What the operator's dashboard shows, read from one ledger: the board's columns and
+cards, the retries table, the blocked cards with their fix, the runs in flight, a task's
+history and the attempts over time by class (docs/dashboard.md). No HTTP here: the routes
+(`_dashboard_http`) and the metrics (`_metrics`) both read a `LedgerView`.
+
+Cost. A snapshot is one `list_tasks` plus one `runs(task_id)` per task whose summary
+changed since the last snapshot: the runs of a task are cached under its summary (state,
+attempts started, charged, streak, next attempt, status), which every finished or admitted
+run changes, so a board that stands still costs one query per refresh whatever its size
+(a running task is read again every time, for its lease). Snapshots are shared for
+`ttl_s` between all viewers, so ten open pages cost what one does. What a page carries is
+bounded too: each column lists at most `max_cards` cards and says how many more there are.
+A view that cannot read the ledger raises the ledger's `ExecKitError`; nothing is cached
+from a failed read.
+
+Lanes: `LedgerView.lanes()` and `resume_lane()` are the hook for the vendor lanes branch
+`lanes` adds to the ledger (`list_lanes`, `resume_lane`); a ledger without them has no
+lanes panel, no lanes series and no resume action (404).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from execkit._budget import AttemptStatus, BlockedOn, TaskState
+from execkit._errors import NotFound
+from execkit.dispatch import task_key
+from execkit.ledger import Actor, Ledger, Run, Task
+
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_MAX_CARDS",
+    "LedgerView",
+    "charged",
+    "fix_for",
+    "issue_of",
+    "run_row",
+]
+
+# The board's columns, left to right: the order a card travels.
+COLUMNS: tuple[TaskState, ...] = (
+    TaskState.READY,
+    TaskState.RUNNING,
+    TaskState.BACKOFF,
+    TaskState.BLOCKED,
+    TaskState.DONE,
+    TaskState.CANCELLED,
+)
+# `board:`: the title prefix of a task a dispatcher made for a board issue.
+TASK_TITLE_PREFIX = task_key("")
+DEFAULT_MAX_CARDS = 100
+DEFAULT_TTL_S = 1.0
+CHART_BUCKETS = 24
+
+# What each blocked card tells the operator to do. An environment block's reason names the
+# missing precondition and its fix already (the adapter's precondition): the fix says so.
+_FIXES: Mapping[BlockedOn, str] = {
+    BlockedOn.ENVIRONMENT: "fix the precondition the reason names (install the program, log "
+    "in, add credit), then retry once",
+    BlockedOn.WORK: "the charged budget is spent on failures of the work itself: read the "
+    "last failure, change the task or its prompt, then retry once",
+    BlockedOn.UPSTREAM: "the vendor kept refusing (uncharged): retry once when it answers again",
+    BlockedOn.ATTEMPT_LIMIT: "the task's explicit attempt limit is reached: retry once "
+    "(raises it by one) or raise it with `execkit task limit`",
+    BlockedOn.DISPATCH_CAP: "the dispatcher's cap per issue is reached: retry once, or "
+    "raise --max-attempts",
+}
+
+
+def fix_for(blocked_on: BlockedOn | None) -> str | None:
+    """The fix a blocked card names (None for a card that is not blocked)."""
+    return _FIXES.get(blocked_on) if blocked_on is not None else None
+
+
+def issue_of(task: Task) -> str | None:
+    """The board issue id of a task a dispatcher created (`board:<id>`), else None."""
+    if task.title.startswith(TASK_TITLE_PREFIX):
+        return task.title[len(TASK_TITLE_PREFIX) :]
+    return None
+
+
+def charged(run: Run) -> bool | None:
+    """Whether a finished run was charged (the budget's rule, `_budget`); None while it runs."""
+    if run.status is AttemptStatus.RUNNING:
+        return None
+    if run.status is AttemptStatus.FAILED:
+        return run.failure_class is None or run.failure_class.charged
+    return True  # succeeded (informative) or abandoned (nothing proved it was not)
+
+
+def _class_of(run: Run) -> str:
+    if run.status is AttemptStatus.FAILED:
+        return run.failure_class.value if run.failure_class else "work"
+    return run.status.value  # succeeded, abandoned, running
+
+
+def run_row(run: Run) -> dict[str, Any]:
+    """A run as the dashboard shows it: its wire shape plus `class` and `charged`."""
+    row = run.to_dict()
+    row["class"] = _class_of(run)
+    row["charged"] = charged(run)
+    return row
+
+
+def _summary_key(task: Task) -> tuple[Any, ...]:
+    return (
+        task.status,
+        task.state,
+        task.attempts_started,
+        task.charged_attempts,
+        task.uncharged_streak,
+        task.next_attempt_at,
+        task.retry_pending,
+    )
+
+
+def _limit(task: Task) -> int | None:
+    return task.max_attempts or None
+
+
+class LedgerView:
+    """A cached reading of one ledger for the dashboard and the metrics (thread-safe).
+
+    `clock` is the wall clock (injected for tests); `ttl_s` how long one snapshot serves
+    every viewer; `max_cards` the cards per column a snapshot lists.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        clock: Callable[[], float] = time.time,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_cards: int = DEFAULT_MAX_CARDS,
+    ) -> None:
+        self.ledger = ledger
+        self.clock = clock
+        self.ttl_s = ttl_s
+        self.max_cards = max_cards
+        self._lock = threading.Lock()
+        self._runs: dict[str, tuple[tuple[Any, ...], list[Run]]] = {}
+        self._snapshot: dict[str, Any] | None = None
+        self._snapshot_at = 0.0
+        self._tasks: list[Task] = []
+        self._all_runs: list[Run] = []
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _refresh(self, now: float) -> None:
+        """Under the lock: the task list, and the runs of every task that changed."""
+        tasks = self.ledger.list_tasks(now=now)
+        seen: dict[str, tuple[tuple[Any, ...], list[Run]]] = {}
+        for task in tasks:
+            if task.attempts_started == 0:
+                continue
+            key = _summary_key(task)
+            cached = self._runs.get(task.id)
+            if cached is not None and cached[0] == key and task.state is not TaskState.RUNNING:
+                seen[task.id] = cached
+            else:
+                seen[task.id] = (key, self.ledger.runs(task.id))
+        self._runs = seen  # tasks gone from the list drop out of the cache
+        self._tasks = tasks
+        self._all_runs = [run for _key, runs in seen.values() for run in runs]
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole page's data (JSON-safe), at most `ttl_s` old."""
+        with self._lock:
+            now = self.clock()
+            if self._snapshot is not None and 0 <= now - self._snapshot_at < self.ttl_s:
+                return self._snapshot
+            self._refresh(now)
+            self._snapshot = self._build(now)
+            self._snapshot_at = now
+            return self._snapshot
+
+    def invalidate(self) -> None:
+        """Take the next snapshot afresh (after an action changed the ledger)."""
+        with self._lock:
+            self._snapshot = None
+
+    def tasks_and_runs(self) -> tuple[list[Task], list[Run]]:
+        """The tasks and every run of the last snapshot (taken now if it is stale)."""
+        self.snapshot()
+        with self._lock:
+            return list(self._tasks), list(self._all_runs)
+
+    def task_page(self, task_id: str) -> dict[str, Any]:
+        """One task, its card and its run history, read now (`NotFound` if none)."""
+        task = self.ledger.get_task(task_id)
+        runs = self.ledger.runs(task_id)
+        return {
+            "now": self.clock(),
+            "card": self._card(task, runs[-1] if runs else None),
+            "runs": [run_row(run) for run in runs],
+        }
+
+    def lanes(self) -> list[dict[str, Any]] | None:
+        """The vendor lanes (`lane`, `state`, `reason`, `opens_at`...), or None when the
+        ledger has none: the hook for branch `lanes`, whose ledgers have `list_lanes(now=)`
+        returning `LaneView`s (anything with `to_dict()`); today's ledgers have no such
+        method, and the page shows no lanes panel."""
+        list_lanes = getattr(self.ledger, "list_lanes", None)
+        if list_lanes is None or not callable(list_lanes):
+            return None
+        return [lane.to_dict() for lane in list_lanes(now=self.clock())]
+
+    def resume_lane(self, lane: str, actor: Actor) -> dict[str, Any]:
+        """An operator's resume of one lane (`resume_lane`, audited by the ledger);
+        `NotFound` when the ledger has no lanes."""
+        resume = getattr(self.ledger, "resume_lane", None)
+        if resume is None or not callable(resume):
+            raise NotFound("this ledger has no vendor lanes")
+        view = resume(lane, actor=actor, reason="resume (dashboard)")
+        self.invalidate()
+        result: dict[str, Any] = view.to_dict()
+        return result
+
+    # -- building ----------------------------------------------------------------------
+
+    def _last(self, task: Task) -> Run | None:
+        cached = self._runs.get(task.id)
+        return cached[1][-1] if cached and cached[1] else None
+
+    def _card(self, task: Task, last: Run | None) -> dict[str, Any]:
+        last_failed = last is not None and last.status in (
+            AttemptStatus.FAILED,
+            AttemptStatus.ABANDONED,
+        )
+        return {
+            "task_id": task.id,
+            "issue": issue_of(task),
+            "title": task.title,
+            "state": task.state.value,
+            "blocked_on": task.blocked_on.value if task.blocked_on else None,
+            "reason": task.reason,
+            "fix": fix_for(task.blocked_on),
+            "attempts": task.attempts_started,
+            "max_attempts": _limit(task),
+            "charged": task.charged_attempts,
+            "uncharged_streak": task.uncharged_streak,
+            "next_attempt_at": task.next_attempt_at if task.state is TaskState.BACKOFF else None,
+            "retry_pending": task.retry_pending,
+            "last_class": _class_of(last) if last is not None and last_failed else None,
+            "last_reason": last.reason if last is not None and last_failed else None,
+        }
+
+    def _build(self, now: float) -> dict[str, Any]:
+        by_state: dict[TaskState, list[Task]] = {state: [] for state in COLUMNS}
+        for task in self._tasks:
+            by_state.setdefault(task.state, []).append(task)
+        columns = []
+        for state in COLUMNS:
+            tasks = by_state[state]
+            # The newest first: what just changed is what the operator looks for.
+            shown = sorted(tasks, key=lambda t: t.created_at, reverse=True)[: self.max_cards]
+            columns.append(
+                {
+                    "state": state.value,
+                    "count": len(tasks),
+                    "more": len(tasks) - len(shown),
+                    "cards": [self._card(t, self._last(t)) for t in shown],
+                }
+            )
+        retrying = sorted(
+            (
+                t
+                for t in self._tasks
+                if t.attempts_started > 0 and t.state in (TaskState.BACKOFF, TaskState.READY)
+            ),
+            key=lambda t: (t.next_attempt_at or 0.0, t.id),
+        )
+        blocked = by_state[TaskState.BLOCKED]
+        return {
+            "now": now,
+            "counts": {state.value: len(by_state[state]) for state in COLUMNS},
+            "columns": columns,
+            "retries": [self._card(t, self._last(t)) for t in retrying[: self.max_cards]],
+            "retries_more": max(0, len(retrying) - self.max_cards),
+            "blocked": [self._card(t, self._last(t)) for t in blocked[: self.max_cards]],
+            "in_flight": self._in_flight(),
+            "chart": chart(self._all_runs, now),
+            "lanes": self.lanes(),
+        }
+
+    def _in_flight(self) -> list[dict[str, Any]]:
+        rows = []
+        for task in self._tasks:
+            if task.state is not TaskState.RUNNING:
+                continue
+            cached = self._runs.get(task.id)
+            for run in cached[1] if cached else ():
+                if run.status is AttemptStatus.RUNNING:
+                    rows.append(
+                        {
+                            "task_id": task.id,
+                            "issue": issue_of(task),
+                            "run_id": run.id,
+                            "attempt": run.attempt,
+                            "host": run.owner_host,
+                            "pid": run.owner_pid,
+                            "dispatcher": run.actor,
+                            "since": run.started_at,
+                            "lease_expires_at": run.lease_expires_at,
+                        }
+                    )
+        rows.sort(key=lambda row: (row["since"], row["run_id"]))
+        return rows[: self.max_cards]
+
+
+_CHART_CLASSES = ("work", "environment", "upstream", "succeeded", "abandoned")
+
+
+def chart(runs: Iterable[Run], now: float, buckets: int = CHART_BUCKETS) -> dict[str, Any]:
+    """Finished attempts over time: `buckets` equal slices from the first attempt to `now`,
+    each with its count per class and charged/uncharged (the running ones are left out)."""
+    finished = [run for run in runs if run.status is not AttemptStatus.RUNNING]
+    start = min((run.started_at for run in finished), default=now)
+    span = max(now - start, 60.0)
+    width = span / buckets
+    series: list[dict[str, Any]] = [
+        {
+            "start": start + i * width,
+            **dict.fromkeys(_CHART_CLASSES, 0),
+            "charged": 0,
+            "uncharged": 0,
+        }
+        for i in range(buckets)
+    ]
+    for run in finished:
+        at = run.ended_at if run.ended_at is not None else run.started_at
+        slot = series[min(buckets - 1, max(0, int((at - start) / width)))]
+        slot[_class_of(run)] += 1
+        slot["charged" if charged(run) else "uncharged"] += 1
+    return {"start": start, "end": start + span, "width_s": width, "buckets": series}
+
+
+def totals(runs: Sequence[Run]) -> dict[tuple[str, bool], int]:
+    """Finished attempts counted by (class, charged), for the metrics."""
+    counted: dict[tuple[str, bool], int] = {}
+    for run in runs:
+        was = charged(run)
+        if was is None:
+            continue
+        key = (_class_of(run), was)
+        counted[key] = counted.get(key, 0) + 1
+    return counted

@@ -1,0 +1,55 @@
+"""What `execkit serve` serves: the API (`_app.LedgerApp.app`, exactly its route table)
+behind the dashboard's and the monitoring's own routes, all inside the access log.
+
+    AccessLog (_access_log) ─► /healthz /readyz /metrics (_metrics)
+                               /, /dashboard... (_dashboard_http)
+                               everything else ─► the API (its 404 and 405 answers)
+
+The API's application keeps only the routes of its table (its OpenAPI document and
+docs/remote.md's "Endpoints" are checked against it); these routes are documented in
+docs/remote.md, "Monitoring and the dashboard".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from execkit.ledger import Ledger
+from execkit.server._access_log import AccessLog
+from execkit.server._dashboard import LedgerView
+from execkit.server._dashboard_http import Sessions, dashboard_routes
+from execkit.server._metrics import Monitoring
+from execkit.server._tokens import TokenFile
+
+__all__ = ["Front"]
+
+
+class Front:
+    """The served ASGI application (`asgi`) and the parts a test or a benchmark reaches:
+    `view` (the cached ledger reading), `monitoring` (the registry), `sessions`."""
+
+    def __init__(
+        self,
+        api: Any,
+        ledger: Ledger,
+        tokens: TokenFile,
+        http_exception: Callable[[Request, Exception], Awaitable[Response]],
+    ) -> None:
+        self.view = LedgerView(ledger)
+        self.monitoring = Monitoring(ledger, tokens, self.view)
+        self.sessions = Sessions()
+        routes = [
+            *self.monitoring.routes(),
+            *dashboard_routes(tokens, self.view, self.sessions),
+        ]
+        site = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
+        # What no route here matches goes to the API, whose 404 and 405 answers it keeps
+        # (a wrong method on a route here is this router's 405, before the API is asked).
+        site.router.default = api
+        self.asgi = AccessLog(site, (self.monitoring.observe,))

@@ -1,0 +1,137 @@
+"""A ledger the dashboard can show, for its tests, its benchmark and its screenshot.
+
+`make_scene(folder)` writes a SQLite ledger with one card of every kind a board has (an
+issue blocked on environment, one blocked on work, one backing off on upstream, one
+running, one done, one never dispatched), a tokens file with an operator (`agent.operate`)
+and a viewer (no role), and returns them with a `LedgerApp` over them. `extra_tasks` adds
+that many more dispatched issues (one failed attempt each), for the size checks.
+
+`chromium()` launches Debian's /usr/bin/chromium through Playwright with the flags this
+machine's closed network needs (never the library's own browser download).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from execkit._classify import FailureClass
+from execkit.ledger import Ledger, open_ledger
+from execkit.server import IdempotencyStore, LedgerApp, TokenFile, add_token
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ME = pwd.getpwuid(os.geteuid()).pw_name
+ENV_REASON = "codex: program not found on PATH: install it with `npm i -g @openai/codex`"
+WORK_REASON = "tests failed: 3 of 41 (test_parse_dates)"
+
+
+@attrs.define
+class Scene:
+    folder: Path
+    ledger: Ledger
+    app: LedgerApp
+    operator: str  # the ledger's owner's token, with agent.operate
+    viewer: str  # a token with no role
+    ids: dict[str, str]  # issue id -> task id
+
+    def close(self) -> None:
+        self.app.close()
+        self.ledger.close()
+
+
+def _fail(
+    ledger: Ledger,
+    task_id: str,
+    n: int,
+    klass: FailureClass,
+    reason: str,
+    *,
+    ago_s: float = 0.0,
+) -> None:
+    for i in range(n):
+        at = time.time() - ago_s + i * 60.0 if ago_s else None
+        run = ledger.start_run(
+            task_id, request_key=f"{task_id}-{i}", actor="dispatcher", ignore_backoff=True, now=at
+        )
+        ledger.finish_run(
+            run.id, "failed", failure_class=klass, reason=reason, now=at + 30 if at else None
+        )
+
+
+def make_scene(folder: Path, *, extra_tasks: int = 0) -> Scene:
+    folder.mkdir(parents=True, exist_ok=True)
+    ledger = open_ledger(folder / "ledger.db")
+    ids: dict[str, str] = {}
+
+    def issue(name: str) -> str:
+        ids[name] = ledger.create_task(f"board:{name}", actor="dispatcher").id
+        return ids[name]
+
+    _fail(ledger, issue("ENG-101"), 1, FailureClass.ENVIRONMENT, ENV_REASON)
+    _fail(ledger, issue("ENG-102"), 3, FailureClass.WORK, WORK_REASON)
+    _fail(ledger, issue("ENG-103"), 1, FailureClass.UPSTREAM, "HTTP 429: rate limited")
+    ledger.start_run(issue("ENG-104"), request_key="running", actor="dispatcher")
+    done = ledger.start_run(issue("ENG-105"), request_key="done", actor="dispatcher")
+    ledger.finish_run(done.id, "succeeded")
+    issue("ENG-106")
+    for i in range(extra_tasks):
+        # Spread over the last hours, so the chart has a shape; every fourth one was work.
+        task = ledger.create_task(f"board:BULK-{i}", actor="dispatcher")
+        klass = FailureClass.WORK if i % 4 == 3 else FailureClass.UPSTREAM
+        reason = WORK_REASON if klass is FailureClass.WORK else "HTTP 503: overloaded"
+        _fail(ledger, task.id, 1, klass, reason, ago_s=3600.0 * (1 + i % 6))
+    tokens = folder / "tokens.json"
+    operator = add_token(tokens, ME, ["agent.operate"])
+    viewer = add_token(tokens, "viola", [])
+    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(folder / "idem.db"))
+    return Scene(folder, ledger, app, operator, viewer, ids)
+
+
+def launch(playwright: Any) -> Any:
+    """Debian's Chromium, headless, under Playwright."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def screenshot(target: Path) -> None:
+    """Write the picture of the dashboard in docs/ (`python tests/dashboard_scene.py`)."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    from execkit.server import ServerThread
+
+    with tempfile.TemporaryDirectory() as folder:
+        made = make_scene(Path(folder), extra_tasks=16)
+        try:
+            with ServerThread(made.app) as running, sync_playwright() as playwright:
+                browser = launch(playwright)
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.goto(f"{running.url}/dashboard")
+                page.fill("#token", made.operator)
+                page.click("#sign-in-form button[type=submit]")
+                page.wait_for_selector("#board .card")
+                page.locator(f"#board .card[data-task-id='{made.ids['ENG-102']}']").click()
+                page.wait_for_selector("#task-panel:not([hidden]) #task-runs tbody tr")
+                page.screenshot(path=str(target), full_page=True)
+                browser.close()
+        finally:
+            made.close()
+
+
+if __name__ == "__main__":
+    screenshot(Path(__file__).resolve().parent.parent / "docs" / "dashboard.png")

@@ -1,0 +1,50 @@
+"""Lane facts read from the vendor's structure (issue #28): a reset from a structured field
+is marked so and may park a lane; a reset named only in prose waits but never parks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from _support import spawn_result
+
+from adapters.claude import ClaudeAdapter
+from execkit import SpawnResult
+from execkit._classify import FailureClass
+
+
+def _spawn(stdout: str) -> SpawnResult:
+    return spawn_result(("claude", "-p"), exit_code=1, stdout=stdout)
+
+
+def _result(text: str) -> dict[str, object]:
+    return {"type": "result", "subtype": "success", "is_error": True, "result": text}
+
+
+def test_a_claude_rate_limit_event_gives_a_structured_reset() -> None:
+    reset = int(time.time()) + 3600
+    lines = [
+        {"type": "system", "subtype": "init"},
+        {
+            "type": "rate_limit_event",
+            "rate_limit_info": {
+                "status": "rejected",
+                "resetsAt": reset,
+                "rateLimitType": "five_hour",
+            },
+        },
+        _result("Claude usage limit reached. Your limit will reset at 3pm."),
+    ]
+    mapped = ClaudeAdapter().parse(_spawn("\n".join(json.dumps(line) for line in lines)))
+    assert mapped.failure_class is FailureClass.UPSTREAM
+    assert mapped.retry_after_s is not None and 3500 < mapped.retry_after_s <= 3600
+    assert mapped.reset_from_structure
+
+
+def test_an_allowed_rate_limit_event_and_a_prose_reset_do_not_count_as_structure() -> None:
+    lines = [
+        {"type": "rate_limit_event", "rate_limit_info": {"status": "allowed", "resetsAt": 1}},
+        _result("API Error: 429 rate limited, try again in 30 seconds"),
+    ]
+    mapped = ClaudeAdapter().parse(_spawn("\n".join(json.dumps(line) for line in lines)))
+    assert not mapped.reset_from_structure

@@ -1,0 +1,76 @@
+"""`execkit lane list|show|resume|park` and the lane line of `task show` (issue #28): text and
+--json, exit codes for a refused admission, bad input refused with nothing stored."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from execkit.cli import main
+from execkit.cli._output import EXIT_CODES
+from execkit.ledger import open_ledger
+
+LANE = "claude/default"
+
+
+def _parked(db: Path) -> None:
+    with open_ledger(db) as ledger:
+        task = ledger.create_task("a", actor="d")
+        ledger.create_task("b", actor="d")
+        run = ledger.start_run(task.id, request_key="1", actor="d", lane=LANE)
+        ledger.finish_run(
+            run.id,
+            "failed",
+            failure_class="upstream",  # type: ignore[arg-type]
+            reason="usage limit",
+            not_before=time.time() + 3600,
+            lane_cause="reset",
+        )
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
+    code = main([*argv, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out if code == 0 else captured.err)
+
+
+def test_list_show_and_task_show_name_the_lane_and_when_it_opens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "l.db")
+    _parked(Path(db))
+    assert main(["lane", "list", "--db", db]) == 0
+    assert "claude/default  parked" in capsys.readouterr().out
+    code, doc = _json(capsys, "lane", "show", LANE, "--db", db)
+    assert code == 0 and doc["state"] == "parked" and len(doc["events"]) == 1  # type: ignore[arg-type]
+    assert main(["task", "show", "t-1", "--db", db]) == 0
+    assert "waiting on lane claude/default until " in capsys.readouterr().out
+    # A run start through the CLI on that lane is refused with its own exit code.
+    code, error = _json(capsys, "run", "start", "t-2", "--db", db, "--lane", LANE)
+    assert code == EXIT_CODES["lane_waiting"] == 16
+    assert error["error"]["code"] == "lane_waiting"  # type: ignore[index]
+
+
+def test_resume_and_park_and_their_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "l.db")
+    _parked(Path(db))
+    code, doc = _json(capsys, "lane", "resume", LANE, "--db", db, "--reason", "checked")
+    assert code == 0 and doc["state"] == "open" and doc["resumed"] is True
+    assert main(["lane", "resume", LANE, "--db", db]) == 0
+    assert "nothing to resume" in capsys.readouterr().out
+    code, doc = _json(capsys, "lane", "park", LANE, "--for", "600", "--db", db)
+    assert code == 0 and doc["state"] == "parked"
+    for bad in (["--until", "soon"], ["--until", "2001-01-01T00:00:00+00:00"], ["--for", "-5"]):
+        code, _ = _json(capsys, "lane", "park", LANE, "--db", db, *bad)
+        assert code == EXIT_CODES["invalid"], bad
+    code, _ = _json(capsys, "lane", "show", "gemini/default", "--db", db)
+    assert code == EXIT_CODES["not_found"]
+    code, _ = _json(capsys, "lane", "show", "nonsense", "--db", db)
+    assert code == EXIT_CODES["invalid"]
+    with open_ledger(db) as ledger:
+        assert [event.kind for event in ledger.lane_history(LANE)] == ["reset", "resume", "park"]

@@ -1,0 +1,519 @@
+"""The dashboard's and the monitoring's routes over HTTP, without a browser (the browser's
+click-throughs are tests/test_dashboard_browser.py): tokens, sessions, CSRF and Origin,
+bad input, the view's bounds on a 10,000-task ledger (by counts of ledger reads), the
+metrics, the health checks, the access log, the lanes hook.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import pytest
+from dashboard_scene import ME, Scene, make_scene
+from starlette.testclient import TestClient
+
+from execkit._budget import AttemptStatus, TaskState
+from execkit._classify import FailureClass
+from execkit._errors import NotFound, StorageError
+from execkit.ledger import Ledger, Run, Task, TaskStatus
+from execkit.server import ServerThread, token_hash
+from execkit.server._dashboard import LedgerView
+
+ORIGIN = "http://testserver"
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> Iterator[Scene]:
+    made = make_scene(tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def client(scene: Scene) -> TestClient:
+    return TestClient(scene.app.front.asgi, base_url=ORIGIN)
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _sign_in(client: TestClient, token: str) -> str:
+    answer = client.post(
+        "/dashboard/api/session", json={"token": token}, headers={"Origin": ORIGIN}
+    )
+    assert answer.status_code == 200, answer.text
+    csrf: str = answer.json()["csrf"]
+    return csrf
+
+
+def _code(answer: Any) -> tuple[int, str]:
+    return answer.status_code, answer.json()["error"]["code"]
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def test_reading_needs_a_token_or_a_session(scene: Scene, client: TestClient) -> None:
+    for path in ("/dashboard/api/snapshot", "/dashboard/api/session", "/dashboard/api/tasks/t-1"):
+        assert _code(client.get(path)) == (401, "unauthenticated")
+        assert _code(client.get(path, headers=_bearer("ekt_forged"))) == (401, "unauthenticated")
+        assert _code(client.get(path, headers={"Authorization": "Basic x"})) == (
+            401,
+            "unauthenticated",
+        )
+        forged = TestClient(scene.app.front.asgi, base_url=ORIGIN)
+        forged.cookies.set("execkit_session", "forged", path="/dashboard")
+        assert _code(forged.get(path)) == (401, "unauthenticated")
+    assert client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).status_code == 200
+    # The page itself holds no data: it is served to anyone, and asks for a token.
+    page = client.get("/dashboard")
+    assert page.status_code == 200 and "sign-in" in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert client.get("/", follow_redirects=False).headers["location"] == "/dashboard"
+
+
+def test_the_snapshot_has_every_panel(scene: Scene, client: TestClient) -> None:
+    snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
+    columns = {c["state"]: {card["issue"] for card in c["cards"]} for c in snap["columns"]}
+    assert columns == {
+        "ready": {"ENG-106"},
+        "running": {"ENG-104"},
+        "backoff": {"ENG-103"},
+        "blocked": {"ENG-101", "ENG-102"},
+        "done": {"ENG-105"},
+        "cancelled": set(),
+    }
+    blocked = {card["issue"]: card for card in snap["blocked"]}
+    assert blocked["ENG-101"]["blocked_on"] == "environment"
+    assert "npm i -g @openai/codex" in blocked["ENG-101"]["reason"]
+    assert blocked["ENG-101"]["fix"].startswith("fix the precondition")
+    assert blocked["ENG-102"]["last_reason"] == "tests failed: 3 of 41 (test_parse_dates)"
+    assert blocked["ENG-102"]["last_class"] == "work"
+    (retry,) = snap["retries"]
+    assert (retry["issue"], retry["attempts"], retry["uncharged_streak"]) == ("ENG-103", 1, 1)
+    assert retry["next_attempt_at"] is not None and retry["last_class"] == "upstream"
+    (flight,) = snap["in_flight"]
+    assert flight["issue"] == "ENG-104" and flight["host"] and flight["lease_expires_at"]
+    totals = {k: sum(b[k] for b in snap["chart"]["buckets"]) for k in ("work", "charged")}
+    assert totals == {"work": 3, "charged": 4}  # three work failures and one success
+    assert snap["lanes"] == [] and snap["can_operate"] is False
+
+
+def test_a_task_page_and_its_history(scene: Scene, client: TestClient) -> None:
+    task_id = scene.ids["ENG-102"]
+    doc = client.get(f"/dashboard/api/tasks/{task_id}", headers=_bearer(scene.viewer)).json()
+    assert [(r["attempt"], r["class"], r["charged"]) for r in doc["runs"]] == [
+        (1, "work", True),
+        (2, "work", True),
+        (3, "work", True),
+    ]
+    assert _code(client.get("/dashboard/api/tasks/t-999", headers=_bearer(scene.viewer))) == (
+        404,
+        "not_found",
+    )
+    assert _code(client.get("/dashboard/tasks/t-999", headers=_bearer(scene.viewer))) == (
+        404,
+        "not_found",
+    )
+    assert client.get(f"/dashboard/tasks/{task_id}", headers=_bearer(scene.viewer)).is_success
+    assert _code(client.get(f"/dashboard/tasks/{task_id}")) == (401, "unauthenticated")
+
+
+def test_unknown_routes_methods_and_files(scene: Scene, client: TestClient) -> None:
+    assert _code(client.get("/nowhere")) == (404, "not_found")
+    assert _code(client.get("/dashboard/static/../_app.py")) == (404, "not_found")
+    assert _code(client.get("/dashboard/static/secret.txt")) == (404, "not_found")
+    assert client.delete("/dashboard").status_code == 405
+    assert client.put("/dashboard/api/snapshot").status_code == 405
+    assert client.get(f"/dashboard/api/tasks/{scene.ids['ENG-101']}/retry-once").status_code == 405
+    assert (
+        client.get("/dashboard/static/dashboard.js")
+        .headers["content-type"]
+        .startswith("text/javascript")
+    )
+
+
+# -- acting -----------------------------------------------------------------------------
+
+
+def _retry(client: TestClient, task_id: str, **headers: str) -> Any:
+    return client.post(f"/dashboard/api/tasks/{task_id}/retry-once", json={}, headers=headers)
+
+
+def test_retry_once_needs_operate_csrf_and_origin_and_is_audited(
+    scene: Scene, client: TestClient
+) -> None:
+    task_id = scene.ids["ENG-101"]
+    csrf = _sign_in(client, scene.operator)
+    before = scene.ledger.audit_events()
+    refused = [
+        _retry(client, task_id),  # no CSRF token, no Origin
+        _retry(client, task_id, Origin=ORIGIN),  # no CSRF token
+        _retry(client, task_id, Origin=ORIGIN, **{"X-CSRF-Token": "forged"}),
+        _retry(client, task_id, **{"X-CSRF-Token": csrf}),  # no Origin
+        _retry(client, task_id, Origin="http://evil.example", **{"X-CSRF-Token": csrf}),
+    ]
+    assert [_code(a) for a in refused] == [(403, "forbidden")] * 5
+    assert scene.ledger.audit_events() == before
+    assert scene.ledger.get_task(task_id).state is TaskState.BLOCKED
+
+    done = _retry(client, task_id, Origin=ORIGIN, **{"X-CSRF-Token": csrf})
+    assert done.status_code == 200 and done.json()["task"]["state"] == "ready"
+    (event,) = scene.ledger.audit_events()[len(before) :]
+    assert (event.action, event.actor, event.detail["force"]) == ("task.retry", ME, True)
+    assert event.detail["reason"] == "retry once (dashboard)"
+    # The snapshot after an action is read afresh: the card has moved.
+    snap = client.get("/dashboard/api/snapshot").json()
+    ready = next(c for c in snap["columns"] if c["state"] == "ready")
+    assert task_id in {card["task_id"] for card in ready["cards"]}
+    assert _code(_retry(client, "t-999", Origin=ORIGIN, **{"X-CSRF-Token": csrf})) == (
+        404,
+        "not_found",
+    )
+
+
+def test_a_viewer_is_refused_an_action_and_nothing_changes(
+    scene: Scene, client: TestClient
+) -> None:
+    task_id = scene.ids["ENG-101"]
+    before = scene.ledger.audit_events()
+    assert _code(_retry(client, task_id, **_bearer(scene.viewer))) == (403, "forbidden")
+    csrf = _sign_in(client, scene.viewer)
+    assert _code(_retry(client, task_id, Origin=ORIGIN, **{"X-CSRF-Token": csrf})) == (
+        403,
+        "forbidden",
+    )
+    assert scene.ledger.audit_events() == before
+    # A script with an operator's bearer token needs no CSRF token: no browser sends it.
+    other = TestClient(scene.app.front.asgi, base_url=ORIGIN)
+    assert _retry(other, task_id, **_bearer(scene.operator)).status_code == 200
+
+
+def test_signing_in_is_checked_and_returns_no_token(scene: Scene, client: TestClient) -> None:
+    post = client.post
+    assert _code(post("/dashboard/api/session", json={"token": scene.operator})) == (
+        403,
+        "forbidden",
+    )
+    evil = {"Origin": "http://evil.example"}
+    assert _code(post("/dashboard/api/session", json={"token": scene.operator}, headers=evil)) == (
+        403,
+        "forbidden",
+    )
+    good = {"Origin": ORIGIN}
+    assert _code(post("/dashboard/api/session", json={"token": "ekt_x"}, headers=good)) == (
+        401,
+        "unauthenticated",
+    )
+    assert _code(post("/dashboard/api/session", content=b"[", headers=good)) == (400, "invalid")
+    assert _code(post("/dashboard/api/session", content=b"x" * 5000, headers=good)) == (
+        413,
+        "invalid",
+    )
+    answer = post("/dashboard/api/session", json={"token": scene.operator}, headers=good)
+    assert answer.status_code == 200
+    assert scene.operator not in answer.text
+    cookie = answer.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+    sid = re.search(r"execkit_session=([^;]+)", cookie)
+    assert sid is not None and sid.group(1) not in answer.text
+    # Signing out needs the CSRF token too, and ends the session.
+    csrf = answer.json()["csrf"]
+    assert client.post("/dashboard/api/session/close").status_code == 403
+    closing = {"Origin": ORIGIN, "X-CSRF-Token": csrf}
+    assert client.post("/dashboard/api/session/close", headers=closing).status_code == 200
+    assert client.get("/dashboard/api/snapshot").status_code == 401
+
+
+# -- size -------------------------------------------------------------------------------
+
+
+class _Counting:
+    """A ledger of `n` tasks, each with one failed run, counting the reads made of it."""
+
+    def __init__(self, n: int) -> None:
+        self.calls = {"list_tasks": 0, "runs": 0}
+        self.tasks = [
+            Task(
+                id=f"t-{i}",
+                title=f"board:BULK-{i}",
+                status=TaskStatus.OPEN,
+                state=TaskState.BACKOFF,
+                blocked_on=None,
+                reason=None,
+                ready=False,
+                max_attempts=0,
+                attempts_started=1,
+                charged_attempts=0,
+                uncharged_streak=1,
+                remaining=None,
+                next_attempt_at=100.0 + i,
+                created_by="d",
+                created_at=float(i),
+                max_uncharged_attempts=3,
+            )
+            for i in range(n)
+        ]
+
+    def list_tasks(self, *, now: float | None = None, **_filters: Any) -> list[Task]:
+        self.calls["list_tasks"] += 1
+        return self.tasks
+
+    def runs(self, task_id: str) -> list[Run]:
+        self.calls["runs"] += 1
+        return [
+            Run(
+                id=f"r-{task_id}",
+                task_id=task_id,
+                attempt=1,
+                status=AttemptStatus.FAILED,
+                failure_class=FailureClass.UPSTREAM,
+                reason="HTTP 503",
+                request_key="k",
+                actor="d",
+                forced=False,
+                started_at=10.0,
+                ended_at=11.0,
+            )
+        ]
+
+
+def test_ten_thousand_tasks_cost_one_read_each_once_and_a_bounded_answer() -> None:
+    ledger = _Counting(10_000)
+    now = [1000.0]
+    view = LedgerView(ledger, clock=lambda: now[0])  # type: ignore[arg-type]
+    snap = view.snapshot()
+    assert ledger.calls == {"list_tasks": 1, "runs": 10_000}
+    backoff = next(c for c in snap["columns"] if c["state"] == "backoff")
+    assert (backoff["count"], len(backoff["cards"]), backoff["more"]) == (10_000, 100, 9_900)
+    assert len(snap["retries"]) == 100 and snap["retries_more"] == 9_900
+    assert len(json.dumps(snap)) < 200_000  # bounded: 100 cards a panel, not 10,000
+    assert sum(b["upstream"] for b in snap["chart"]["buckets"]) == 10_000
+    view.snapshot()  # within the ttl: shared, no read at all
+    assert ledger.calls == {"list_tasks": 1, "runs": 10_000}
+    now[0] += 5
+    view.snapshot()  # nothing changed: one list, no runs read again
+    assert ledger.calls == {"list_tasks": 2, "runs": 10_000}
+    ledger.tasks[7] = attrs.evolve(ledger.tasks[7], attempts_started=2)
+    now[0] += 5
+    view.snapshot()  # one task changed: its runs alone are read
+    assert ledger.calls == {"list_tasks": 3, "runs": 10_001}
+
+
+# -- monitoring -------------------------------------------------------------------------
+
+
+def test_healthz_readyz_and_a_ledger_that_does_not_answer(scene: Scene, client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["status"] == "ready"
+
+    def broken() -> int:
+        raise StorageError("database is locked at postgresql://u:hunter2@db/x")
+
+    scene.app.front.monitoring.ledger = type(
+        "Broken", (), {"schema_version": staticmethod(broken)}
+    )()
+    answer = client.get("/readyz")
+    assert answer.status_code == 503 and answer.json()["code"] == "storage"
+    assert "hunter2" not in answer.text and "postgresql" not in answer.text
+
+
+def test_metrics_need_a_token_and_count_what_operators_watch(
+    scene: Scene, client: TestClient
+) -> None:
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=_bearer("ekt_forged")).status_code == 401
+    ready = scene.ids["ENG-106"]
+    op = _bearer(scene.operator)
+    assert client.post(f"/v1/tasks/{ready}/runs", json={}, headers=op).status_code == 201
+    refused = client.post(f"/v1/tasks/{ready}/runs", json={}, headers=op)
+    refused_code = refused.json()["error"]["code"]
+    text = client.get("/metrics", headers=_bearer(scene.viewer)).text
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['execkit_attempts_total{charged="true",class="work"}'] == 3
+    assert samples['execkit_attempts_total{charged="false",class="environment"}'] == 1
+    assert samples['execkit_attempts_total{charged="false",class="upstream"}'] == 1
+    assert samples['execkit_attempts_total{charged="true",class="succeeded"}'] == 1
+    assert samples["execkit_admissions_total"] == 1
+    assert samples[f'execkit_refusals_total{{code="{refused_code}"}}'] == 1
+    assert samples["execkit_runs_in_flight"] == 2  # ENG-104 and the one just admitted
+    assert samples['execkit_tasks{state="blocked"}'] == 2
+    assert samples["execkit_ledger_up"] == 1
+    latency = (
+        "execkit_http_request_duration_seconds_count"
+        '{method="POST",route="/v1/tasks/{task_id}/runs",status="201"}'
+    )
+    assert samples[latency] == 1
+    assert "execkit_lanes{" not in text  # the series, with no lane used yet
+    assert scene.operator not in text and scene.viewer not in text
+
+
+def test_the_access_log_is_json_and_never_holds_a_token(
+    scene: Scene, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = scene.operator
+    with caplog.at_level(logging.INFO, logger="execkit.server.access"):
+        client.get(f"/v1/tasks/{secret}", headers=_bearer(secret))
+        client.get(f"/{secret}?token={secret}", headers={"Cookie": f"execkit_session={secret}"})
+        client.post("/dashboard/api/session", json={"token": secret}, headers={"Origin": ORIGIN})
+        client.get("/healthz")
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name.endswith(".access")]
+    assert [(x["method"], x["route"], x["status"]) for x in lines] == [
+        ("GET", "/v1/tasks/{task_id}", 404),
+        ("GET", "(unmatched)", 404),
+        ("POST", "/dashboard/api/session", 200),
+        ("GET", "/healthz", 200),
+    ]
+    assert lines[0]["code"] == "not_found" and lines[3]["code"] is None
+    assert set(lines[0]) == {"method", "route", "status", "code", "bytes", "ms"}
+    assert secret not in caplog.text
+
+
+# -- lanes ------------------------------------------------------------------------------
+
+
+class WithLanes:
+    """A ledger with vendor lanes as branch `lanes` gives it (`list_lanes`, `resume_lane`
+    returning views with `to_dict()`), over a real one; records each resume."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.lanes = {"claude": "open", "codex": "parked", "gemini": "cooling"}
+        self.resumed: list[tuple[str, str, str | None]] = []
+
+    def _view(self, lane: str) -> Any:
+        state = self.lanes[lane]
+        doc = {
+            "lane": lane,
+            "state": state,
+            "admits": state == "open",
+            "opens_at": None if state == "open" else 4_000_000_000.0,
+            "reason": None if state == "open" else "HTTP 429: usage limit",
+        }
+        return type("LaneView", (), {"to_dict": lambda _self: dict(doc)})()
+
+    def list_lanes(self, *, now: float | None = None) -> list[Any]:
+        return [self._view(lane) for lane in sorted(self.lanes)]
+
+    def resume_lane(self, lane: str, *, actor: Any, reason: str | None = None) -> Any:
+        if lane not in self.lanes:
+            raise NotFound(f"no lane {lane!r}")
+        self.resumed.append((lane, str(actor), reason))
+        self.lanes[lane] = "open"
+        return self._view(lane)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def test_a_ledger_with_lanes_gets_a_panel_series_and_resume(scene: Scene) -> None:
+    """The hook for branch `lanes`: a ledger with `list_lanes` and `resume_lane`."""
+    lanes = WithLanes(scene.ledger)
+    scene.app.front.view.ledger = cast(Ledger, lanes)  # a stand-in with lanes
+    client = TestClient(scene.app.front.asgi, base_url=ORIGIN)
+    snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
+    assert [(lane["lane"], lane["state"]) for lane in snap["lanes"]] == [
+        ("claude", "open"),
+        ("codex", "parked"),
+        ("gemini", "cooling"),
+    ]
+    text = client.get("/metrics", headers=_bearer(scene.viewer)).text
+    assert 'execkit_lanes{state="parked"} 1.0' in text
+    resume = "/dashboard/api/lanes/codex/resume"
+    assert _code(client.post(resume, headers=_bearer(scene.viewer))) == (403, "forbidden")
+    csrf = _sign_in(client, scene.operator)
+    assert _code(client.post(resume, headers={"Origin": ORIGIN})) == (403, "forbidden")
+    assert lanes.resumed == []
+    done = client.post(resume, headers={"Origin": ORIGIN, "X-CSRF-Token": csrf})
+    assert done.status_code == 200 and done.json()["lane"]["state"] == "open"
+    assert lanes.resumed == [("codex", ME, "resume (dashboard)")]
+    missing = client.post(
+        "/dashboard/api/lanes/nope/resume", headers={"Origin": ORIGIN, "X-CSRF-Token": csrf}
+    )
+    assert _code(missing) == (404, "not_found")
+
+
+def test_resuming_a_lane_no_run_has_used_changes_nothing(scene: Scene, client: TestClient) -> None:
+    before = scene.ledger.audit_events()
+    answer = client.post(
+        "/dashboard/api/lanes/codex%2Fdefault/resume", headers=_bearer(scene.operator)
+    )
+    assert answer.status_code in (400, 404), answer.text
+    assert scene.ledger.audit_events() == before
+    assert "execkit_lanes{" not in client.get("/metrics", headers=_bearer(scene.viewer)).text
+
+
+def test_a_revoked_token_ends_its_sessions(scene: Scene, client: TestClient) -> None:
+    _sign_in(client, scene.viewer)
+    assert client.get("/dashboard/api/snapshot").status_code == 200
+    path = scene.folder / "tokens.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["tokens"] = [t for t in doc["tokens"] if t["sha256"] != token_hash(scene.viewer)]
+    fresh = path.with_suffix(".new")
+    fresh.write_text(json.dumps(doc), encoding="utf-8")
+    fresh.chmod(0o600)
+    fresh.replace(path)  # a new inode: the server reads the file again
+    assert _code(client.get("/dashboard/api/snapshot")) == (401, "unauthenticated")
+    assert _code(client.get("/dashboard/api/session")) == (401, "unauthenticated")
+
+
+class _Held:
+    """A ledger whose task list waits until released (a very large ledger, held still)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def list_tasks(self, *, now: float | None = None, **_filters: Any) -> list[Task]:
+        self.entered.set()
+        assert self.release.wait(60), "never released"
+        return self._ledger.list_tasks(now=now)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def test_a_slow_snapshot_does_not_hold_the_server(scene: Scene) -> None:
+    held = _Held(scene.ledger)
+    scene.app.front.view.ledger = held
+    answers: list[int] = []
+    with ServerThread(scene.app) as running:
+
+        def read() -> None:
+            request = urllib.request.Request(
+                f"{running.url}/dashboard/api/snapshot", headers=_bearer(scene.viewer)
+            )
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                answers.append(answer.status)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            assert held.entered.wait(60)
+            # While the snapshot is being read, the server answers everything else.
+            with urllib.request.urlopen(f"{running.url}/healthz", timeout=60) as answer:
+                assert answer.status == 200
+            request = urllib.request.Request(
+                f"{running.url}/v1/tasks/{scene.ids['ENG-101']}", headers=_bearer(scene.viewer)
+            )
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                assert json.loads(answer.read())["state"] == "blocked"
+            assert answers == []  # the snapshot is still held
+        finally:
+            held.release.set()
+            reader.join(60)
+    assert answers == [200]

@@ -1,0 +1,179 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright against
+`execkit serve` on loopback (`make test` installs /usr/bin/chromium; see the Makefile).
+
+Click-throughs: a blocked card shows its fix; "retry once" runs it (audited with the
+operator) and the card moves to `ready`; a viewer sees no action button and is refused
+(403, nothing changed) when it posts one anyway; the chart and every panel draw. Waits are
+bounded by Playwright's timeouts; nothing here measures time.
+
+Under `CI=true` a missing browser fails the run: it is never skipped there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from dashboard_scene import CHROMIUM, ME, Scene, launch, make_scene
+from test_dashboard import WithLanes
+
+from execkit.ledger import Ledger
+from execkit.server import ServerThread
+
+if not os.access(CHROMIUM, os.X_OK):
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        raise RuntimeError(f"{CHROMIUM} is missing: `make test` installs it (apt-get)")
+    pytest.skip(f"{CHROMIUM} is missing (make unit installs it)", allow_module_level=True)
+
+from playwright.sync_api import Page, sync_playwright
+
+WAIT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_playwright() as playwright:
+        launched = launch(playwright)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> Iterator[tuple[Scene, str]]:
+    made = make_scene(tmp_path)
+    with ServerThread(made.app) as running:
+        yield made, running.url
+    made.close()
+
+
+def _sign_in(browser: Any, url: str, token: str) -> Page:
+    page: Page = browser.new_context().new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{url}/dashboard?refresh_ms=500")
+    page.fill("#token", token)
+    page.click("#sign-in-form button[type=submit]")
+    page.wait_for_selector("#board .card")
+    return page
+
+
+def _column_of(page: Page, task_id: str) -> str | None:
+    found: str | None = page.evaluate(
+        "(id) => { const c = document.querySelector(`#board .card[data-task-id='${id}']`);"
+        " return c ? c.closest('.column').dataset.column : null; }",
+        task_id,
+    )
+    return found
+
+
+def test_a_blocked_card_shows_its_fix_and_retry_once_moves_it(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    made, url = scene
+    task_id = made.ids["ENG-101"]
+    page = _sign_in(browser, url, made.operator)
+    card = page.locator(f"#board .column[data-column=blocked] .card[data-task-id='{task_id}']")
+    assert "install it with `npm i -g @openai/codex`" in card.inner_text()
+    assert "fix: fix the precondition the reason names" in card.inner_text()
+    work = page.locator(f"#board .card[data-task-id='{made.ids['ENG-102']}']")
+    assert "last failure: tests failed: 3 of 41" in work.inner_text()
+
+    card.locator("button.retry-once").click()
+    page.wait_for_selector(
+        f"#board .column[data-column=ready] .card[data-task-id='{task_id}']", timeout=WAIT_MS
+    )
+    assert _column_of(page, task_id) == "ready"
+    task = made.ledger.get_task(task_id)
+    assert task.retry_pending
+    retries = [e for e in made.ledger.audit_events(task_id) if e.action == "task.retry"]
+    assert [(e.actor, e.detail["force"]) for e in retries] == [(ME, True)]
+
+
+def test_a_viewer_sees_no_action_and_is_refused_when_it_posts_one(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    made, url = scene
+    task_id = made.ids["ENG-101"]
+    page = _sign_in(browser, url, made.viewer)
+    page.wait_for_selector(f"#board .card[data-task-id='{task_id}']")
+    assert page.locator("button.retry-once").count() == 0
+    assert "viewer" in page.inner_text("#who")
+    before = made.ledger.audit_events()
+    status = page.evaluate(
+        """async (id) => {
+            const session = await (await fetch('/dashboard/api/session')).json();
+            const answer = await fetch(`/dashboard/api/tasks/${id}/retry-once`, {
+                method: 'POST', body: '{}',
+                headers: {'Content-Type': 'application/json', 'X-CSRF-Token': session.csrf}});
+            return answer.status;
+        }""",
+        task_id,
+    )
+    assert status == 403
+    assert made.ledger.audit_events() == before
+    assert made.ledger.get_task(task_id).state == "blocked"
+
+
+def test_every_panel_draws_and_a_task_shows_its_history(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    made, url = scene
+    page = _sign_in(browser, url, made.operator)
+    assert page.locator("#chart svg rect[data-class=work]").count() >= 1
+    assert page.locator("#chart svg rect[data-class=upstream]").count() >= 1
+    assert page.locator("#chart svg rect[data-charged]").count() >= 1
+    assert made.ids["ENG-103"] in page.inner_text("#retries")
+    assert made.ids["ENG-104"] in page.inner_text("#in-flight")
+    assert page.locator("#lanes-panel").is_hidden()  # no lane has been used yet
+    page.locator(f"#board .card[data-task-id='{made.ids['ENG-102']}']").click()
+    page.wait_for_selector("#task-panel:not([hidden]) #task-runs tbody tr")
+    assert page.locator("#task-runs tbody tr").count() == 3
+    assert "charged" in page.inner_text("#task-runs")
+    # The task page's own address opens the same panel.
+    page.goto(f"{url}/dashboard/tasks/{made.ids['ENG-103']}")
+    page.wait_for_selector("#task-panel:not([hidden]) #task-runs tbody tr")
+    assert "upstream" in page.inner_text("#task-runs")
+
+
+def test_no_page_or_answer_carries_the_token_or_the_session(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    made, url = scene
+    page: Page = browser.new_context().new_page()
+    page.set_default_timeout(WAIT_MS)
+    bodies: list[str] = []
+    page.on("response", lambda answer: bodies.append(answer.text()))
+    page.goto(f"{url}/dashboard?refresh_ms=500")
+    page.fill("#token", made.operator)
+    page.click("#sign-in-form button[type=submit]")
+    page.wait_for_selector("#board .card")
+    cookies = page.context.cookies()
+    session = next(c for c in cookies if c["name"] == "execkit_session")
+    assert session["httpOnly"] and session["sameSite"] == "Strict"
+    assert page.evaluate("document.cookie") == ""  # the script cannot read it
+    page.wait_for_selector("body[data-refreshed-at]")
+    html = page.content()
+    for text in [*bodies, html]:
+        assert made.operator not in text
+        assert session["value"] not in text
+    # A sign-out ends the session: the page asks for a token again.
+    page.click("#sign-out")
+    page.wait_for_selector("#sign-in:not([hidden])")
+
+
+def test_lanes_show_when_the_ledger_has_them_and_resume_is_a_click(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    made, url = scene
+    lanes = WithLanes(made.ledger)
+    made.app.front.view.ledger = cast(Ledger, lanes)  # a stand-in with lanes
+    page = _sign_in(browser, url, made.operator)
+    page.wait_for_selector("#lanes-panel:not([hidden]) #lanes tbody tr")
+    assert page.locator("#lanes tbody tr").count() == 3
+    assert page.locator("button.resume-lane").count() == 2  # not for the open lane
+    page.click("button.resume-lane[data-lane=codex]")
+    page.wait_for_selector("button.resume-lane[data-lane=codex]", state="detached")
+    assert page.locator("button.resume-lane").count() == 1
+    assert lanes.resumed == [("codex", ME, "resume (dashboard)")]

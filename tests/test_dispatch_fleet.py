@@ -1,0 +1,222 @@
+"""A fleet of dispatchers: three `execkit dispatch` processes, concurrency 4 each, over one
+30-issue board, sharing one ledger through one `execkit serve` in its own process, or one
+PostgreSQL ledger; and a dispatcher that starts where another was killed.
+
+What the ledger must show afterwards: every issue ran exactly once (one run, succeeded),
+each run's owner is the dispatcher process that ran it (never the server), nothing is left
+`running` or abandoned (a dispatcher that refused its own admission would leave one), and
+`db check` finds nothing. The killed dispatcher's run is abandoned at once by the next
+dispatcher on the host, audited with a reason naming the lost process, not after its lease.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from _support import REPO, write_board
+from test_dispatch_multihost import (
+    SLOW,
+    assert_never_twice_at_once,
+    stop,
+    vendor_spans,
+    wait_for,
+)
+
+from execkit.ledger import AuditAction, Ledger, open_ledger
+
+ISSUES = 30
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _board(tmp_path: Path, log: Path) -> Path:
+    issues = [
+        {
+            "id": f"I{n}",
+            "title": "t",
+            "state": "todo",
+            "argv": [SLOW, "--seconds", "0.2", "--log", str(log), "--key", f"I{n}"],
+        }
+        for n in range(ISSUES)
+    ]
+    board = write_board(tmp_path / "board.json", issues)
+    board.chmod(0o600)
+    return board
+
+
+def _fleet(board: Path, target: list[str], env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    command = [sys.executable, "-m", "execkit", "dispatch", "--board", str(board), *target]
+    command += ["--adapter", "generic", "--concurrency", "4", "--interval", "0.05"]
+    return [
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+
+
+def _settle(board: Path, fleet: list[subprocess.Popen[str]]) -> list[str]:
+    def settled() -> bool:
+        states = {i["state"] for i in json.loads(board.read_text())["issues"]}
+        return states == {"done"}
+
+    try:
+        wait_for(settled, 120, "every issue to be done")
+    finally:
+        outputs = [stop(process, grace=1) for process in fleet]
+    return outputs
+
+
+def _assert_each_ran_once(
+    ledger: Ledger, log: Path, fleet: list[subprocess.Popen[str]], errors: list[str]
+) -> None:
+    for err in errors:
+        assert "Traceback" not in err, err
+    spans, unfinished = vendor_spans(log)
+    assert unfinished == []
+    assert_never_twice_at_once(spans)
+    assert {key: len(runs) for key, runs in spans.items()} == {f"I{n}": 1 for n in range(ISSUES)}
+    tasks = ledger.list_tasks()
+    assert len(tasks) == ISSUES
+    pids = {process.pid for process in fleet}
+    owners: set[int] = set()
+    for task in tasks:
+        (run,) = ledger.runs(task.id)
+        assert (run.attempt, run.status, run.stopped) == (1, "succeeded", False)
+        assert run.owner_pid in pids, (run.owner_pid, pids)  # the dispatcher, not the server
+        assert run.owner_instance is not None
+        owners.add(run.owner_pid)
+    assert len(owners) >= 2, "one dispatcher did all the work: the fleet was not exercised"
+    assert ledger.running_runs() == []
+    assert ledger.validate() == []
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """`execkit serve` in its own process on loopback: (url, a dispatcher's token)."""
+    from execkit.server import add_token
+
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, "fleet", ["agent.operate"])
+    argv = [sys.executable, "-m", "execkit", "serve", "--db", str(tmp_path / "ledger.db")]
+    argv += ["--tokens", str(tokens), "--listen", "127.0.0.1:0", "--json"]
+    with (tmp_path / "serve.log").open("w") as err:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=ENV)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, (tmp_path / "serve.log").read_text()
+        yield json.loads(line)["url"], token
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_three_dispatchers_through_one_server_run_every_issue_once(
+    tmp_path: Path, server: tuple[str, str]
+) -> None:
+    url, token = server
+    log = tmp_path / "vendor.log"
+    board = _board(tmp_path, log)
+    env = {**ENV, "EXECKIT_REMOTE": url, "EXECKIT_TOKEN": token}
+    fleet = _fleet(board, [], env)
+    errors = _settle(board, fleet)
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        _assert_each_ran_once(ledger, log, fleet, errors)
+
+
+@pytest.mark.slow
+def test_three_dispatchers_on_one_postgresql_ledger_run_every_issue_once(
+    tmp_path: Path, pg_url: str
+) -> None:
+    log = tmp_path / "vendor.log"
+    board = _board(tmp_path, log)
+    with open_ledger(pg_url):
+        pass  # the schema, once, before the race
+    fleet = _fleet(board, ["--db", pg_url], ENV)
+    errors = _settle(board, fleet)
+    with open_ledger(pg_url) as ledger:
+        _assert_each_ran_once(ledger, log, fleet, errors)
+
+
+def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: Path) -> None:
+    log = tmp_path / "vendor.log"
+    db = tmp_path / "ledger.db"
+    issue = {
+        "id": "LONG",
+        "title": "t",
+        "state": "todo",
+        "argv": [SLOW, "--seconds", "600", "--log", str(log), "--key", "LONG"],
+    }
+    board = write_board(tmp_path / "board.json", [issue])
+    board.chmod(0o600)
+    command = [sys.executable, "-m", "execkit", "dispatch", "--board", str(board)]
+    command += ["--adapter", "generic", "--db", str(db)]
+    doomed = subprocess.Popen(
+        command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: log.exists() and "start LONG" in log.read_text(), 60, "LONG to start")
+        agents = psutil.Process(doomed.pid).children(recursive=True)
+        doomed.kill()
+        for agent in agents:
+            agent.kill()
+        doomed.wait(30)
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(30)
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "execkit", "run", "list", "--running", "--db", str(db), "--json"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (running,) = json.loads(listed.stdout)["runs"]
+    assert (running["owner_pid"], running["status"]) == (doomed.pid, "running")
+    assert running["lease_expires_at"] > running["started_at"]
+
+    # The next dispatcher on this host: the run is abandoned before its lease (60 s) ends
+    # (attempt 2 then waits out the backoff an abandoned, charged attempt sets).
+    again = subprocess.run(
+        [*command, "--once"], env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in again.stderr, again.stderr
+    with open_ledger(db) as ledger:
+        (task,) = ledger.list_tasks()
+        first = ledger.runs(task.id)[0]
+        assert (first.status, first.stopped) == ("abandoned", False)
+        assert f"pid {doomed.pid} on" in (first.reason or "") and "gone" in (first.reason or "")
+        assert first.ended_at is not None and first.lease_expires_at is not None
+        assert first.ended_at < first.lease_expires_at  # at once, not by the lease
+        abandon = [e for e in ledger.audit_events(task.id) if e.action == AuditAction.RUN_ABANDON]
+        assert [(e.actor, e.run_id) for e in abandon] == [("dispatcher", first.id)]
+        assert ledger.running_runs() == []
+
+
+def test_run_list_needs_running_and_says_when_nothing_runs(tmp_path: Path) -> None:
+    db = str(tmp_path / "ledger.db")
+    base = [sys.executable, "-m", "execkit", "run", "list", "--db", db]
+    with open_ledger(db):
+        pass
+    bare = subprocess.run(base, env=ENV, capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 3 and "--running" in bare.stderr, bare.stderr
+    quiet = subprocess.run(
+        [*base, "--running"], env=ENV, capture_output=True, text=True, timeout=60
+    )
+    assert (quiet.returncode, quiet.stdout) == (0, "nothing is running\n"), quiet.stderr

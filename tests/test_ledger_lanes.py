@@ -1,0 +1,374 @@
+"""Vendor lanes in the ledger (issue #28), on both backends: admission consults the lane in
+its transaction and a refusal writes nothing; a run's result feeds the lane; the half-open
+probe; operators park and resume (role, audit); `db check` recomputes every lane from its
+history; a lane is shared by processes on one ledger and survives a restart."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, given, settings
+from ledger_backends import AnyLedger, Opener, RawSql
+
+from execkit._errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    LaneStopped,
+    LaneWaiting,
+    NotFound,
+)
+from execkit._lanes import LaneConfig, LaneState, fold
+from execkit.ledger import OPERATE_ROLE
+
+LANE = "claude/default"
+OWNER = getpass.getuser()
+
+
+def _counts(ledger: AnyLedger, task_id: str) -> tuple[Any, ...]:
+    shown = ledger.get_task(task_id, now=10**9)
+    return (
+        len(ledger.runs(task_id)),
+        shown.attempts_started,
+        shown.charged_attempts,
+        shown.uncharged_streak,
+    )
+
+
+def _park(ledger: AnyLedger, task_id: str, *, at: float, reset: float, key: str = "p") -> str:
+    run = ledger.start_run(task_id, request_key=key, actor="d", lane=LANE, now=at)
+    ledger.finish_run(
+        run.id,
+        "failed",
+        failure_class="upstream",  # type: ignore[arg-type]
+        reason="usage limit reached",
+        not_before=reset,
+        lane_cause="reset",
+        now=at + 1,
+    )
+    return run.id
+
+
+def test_a_parked_lane_refuses_other_tasks_without_a_trace(
+    ledger: AnyLedger, raw_sql: RawSql
+) -> None:
+    first = ledger.create_task("first", actor="d", now=0)
+    second = ledger.create_task("second", actor="d", now=0)
+    _park(ledger, first.id, at=10, reset=70)
+    before = _counts(ledger, second.id)
+    audits = len(ledger.audit_events())
+    events = raw_sql("SELECT COUNT(*) FROM lane_events")
+    with pytest.raises(LaneWaiting) as refused:
+        ledger.start_run(second.id, request_key="s1", actor="d", lane=LANE, now=20)
+    assert refused.value.lane == LANE and refused.value.opens_at == 70
+    assert refused.value.exit_code == 16 and refused.value.code == "lane_waiting"
+    assert "until" in refused.value.message and "usage limit" in refused.value.message
+    # No run, no attempt, nothing charged, counters unchanged, nothing written at all.
+    assert _counts(ledger, second.id) == before
+    assert len(ledger.audit_events()) == audits
+    assert raw_sql("SELECT COUNT(*) FROM lane_events") == events
+    # A run without a lane behaves as today.
+    assert ledger.start_run(second.id, request_key="s2", actor="d", now=21).attempt == 1
+
+
+def test_the_lane_opens_at_the_reset_with_one_probe_first(ledger: AnyLedger) -> None:
+    tasks = [ledger.create_task(f"t{n}", actor="d", now=0).id for n in range(3)]
+    _park(ledger, tasks[0], at=10, reset=70)
+    probe = ledger.start_run(tasks[1], request_key="probe", actor="d", lane=LANE, now=70)
+    with pytest.raises(LaneWaiting) as waiting:
+        ledger.start_run(tasks[2], request_key="x", actor="d", lane=LANE, now=71)
+    assert waiting.value.opens_at is None and "probe" in waiting.value.message
+    assert ledger.get_lane(LANE, now=71).state is LaneState.HALF_OPEN
+    ledger.finish_run(probe.id, "succeeded", now=72)
+    assert ledger.get_lane(LANE, now=72).state is LaneState.OPEN
+    assert ledger.start_run(tasks[2], request_key="x2", actor="d", lane=LANE, now=73).attempt == 1
+    assert ledger.validate(now=80) == []
+
+
+def test_a_failed_probe_parks_the_lane_again_for_longer(ledger: AnyLedger) -> None:
+    a = ledger.create_task("a", actor="d", now=0).id
+    b = ledger.create_task("b", actor="d", now=0).id
+    _park(ledger, a, at=0, reset=10)
+    probe = ledger.start_run(b, request_key="probe", actor="d", lane=LANE, now=10)
+    ledger.finish_run(probe.id, "failed", failure_class="upstream", now=11)  # type: ignore[arg-type]
+    again = ledger.get_lane(LANE, now=12)
+    assert again.state is LaneState.COOLING
+    assert again.opens_at is not None and again.opens_at - 11 > 10
+    assert ledger.validate(now=12) == []
+
+
+def test_k_upstream_failures_across_tasks_cool_the_lane(opener: Opener) -> None:
+    with opener() as ledger:
+        ledger.lane_config = LaneConfig(breaker_k=2, breaker_window_s=60)
+        tasks = [ledger.create_task(f"t{n}", actor="d", now=0).id for n in range(3)]
+        for n, task in enumerate(tasks[:2]):
+            run = ledger.start_run(task, request_key=f"k{n}", actor="d", lane=LANE, now=n)
+            ledger.finish_run(
+                run.id,
+                "failed",
+                failure_class="upstream",  # type: ignore[arg-type]
+                reason="overloaded",
+                now=n + 0.5,
+            )
+        with pytest.raises(LaneWaiting, match="breaker"):
+            ledger.start_run(tasks[2], request_key="k2", actor="d", lane=LANE, now=2)
+        assert ledger.validate(now=2) == []
+
+
+def test_lane_environment_stops_it_until_an_operator_resumes(
+    ledger: AnyLedger,
+) -> None:
+    hit = ledger.create_task("hit", actor="d", now=0).id
+    held = ledger.create_task("held", actor="d", now=0).id
+    run = ledger.start_run(hit, request_key="1", actor="d", lane=LANE, now=1)
+    fix = "claude: credentials refused; run `claude /login`"
+    ledger.finish_run(
+        run.id,
+        "failed",
+        failure_class="environment",  # type: ignore[arg-type]
+        reason=fix,
+        lane_cause="credentials",
+        now=2,
+    )
+    with pytest.raises(LaneStopped) as stopped:
+        ledger.start_run(held, request_key="2", actor="d", lane=LANE, now=3)
+    assert stopped.value.fix == fix and stopped.value.exit_code == 17
+    assert "lane resume" in stopped.value.message
+    # Time does not open it.
+    with pytest.raises(LaneStopped):
+        ledger.start_run(held, request_key="3", actor="d", lane=LANE, now=10**8)
+    # The role, then the resume: audited, the held task runs, the blocked one once.
+    with pytest.raises(Forbidden):
+        ledger.resume_lane(LANE, actor="someone", now=4)
+    resumed = ledger.resume_lane(LANE, actor=OWNER, reason="logged in again", now=5)
+    assert resumed.state is LaneState.OPEN
+    assert ledger.get_task(hit, now=6).retry_pending
+    audit = ledger.audit_events()[-1]
+    assert (audit.action, audit.task_id, audit.detail["lane"]) == ("lane.resume", hit, LANE)
+    assert ledger.start_run(held, request_key="4", actor="d", lane=LANE, now=6).attempt == 1
+    assert ledger.start_run(hit, request_key="5", actor="d", lane=LANE, now=6).forced
+    # Resume on an open lane: a documented no-op, nothing written.
+    count = len(ledger.audit_events())
+    assert ledger.resume_lane(LANE, actor=OWNER, now=7).state is LaneState.OPEN
+    assert len(ledger.audit_events()) == count
+    assert ledger.validate(now=8) == []
+
+
+def test_a_missing_binary_stops_the_lane_on_that_host_only(ledger: AnyLedger) -> None:
+    task = ledger.create_task("t", actor="d", now=0).id
+    run = ledger.start_run(task, request_key="1", actor="d", lane=LANE, now=1)
+    ledger.finish_run(
+        run.id,
+        "failed",
+        failure_class="environment",  # type: ignore[arg-type]
+        reason="claude CLI not found on PATH; install it",
+        lane_cause="binary_missing",
+        now=2,
+    )
+    host_lane = f"{LANE}@{socket.gethostname()}"
+    assert ledger.get_lane(host_lane, now=3).state is LaneState.STOPPED
+    with pytest.raises(NotFound):
+        ledger.get_lane(LANE)  # the vendor lane itself saw nothing
+    other = ledger.create_task("u", actor="d", now=0).id
+    with pytest.raises(LaneStopped, match="not found on PATH"):
+        ledger.start_run(other, request_key="2", actor="d", lane=LANE, now=3)
+
+
+def test_bad_input_is_refused_and_changes_nothing(ledger: AnyLedger, raw_sql: RawSql) -> None:
+    task = ledger.create_task("t", actor="d", now=0).id
+    for bad in ("claude", "claude/secret", "claude/default@host", 7):
+        with pytest.raises(InvalidInput) as caught:
+            ledger.start_run(task, request_key="x", actor="d", lane=bad, now=1)  # type: ignore[arg-type]
+        assert caught.value.field == "lane"
+    run = ledger.start_run(task, request_key="ok", actor="d", lane=LANE, now=1)
+    with pytest.raises(InvalidInput, match="lane_cause"):
+        ledger.finish_run(run.id, "failed", failure_class="work", lane_cause="reset", now=2)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="lane_cause"):
+        ledger.finish_run(run.id, "failed", failure_class="upstream", lane_cause="reset", now=2)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="lane_cause"):
+        ledger.finish_run(run.id, "failed", failure_class="upstream", lane_cause="nonsense", now=2)  # type: ignore[arg-type]
+    assert ledger.run(run.id).status == "running"
+    with pytest.raises(NotFound):
+        ledger.get_lane("gemini/default")
+    with pytest.raises(NotFound):
+        ledger.resume_lane("gemini/default", actor=OWNER)
+    with pytest.raises(InvalidInput, match="future"):
+        ledger.park_lane(LANE, until=0.5, actor=OWNER, now=1)
+    with pytest.raises(InvalidInput, match="within"):
+        ledger.park_lane(LANE, until=1e12, actor=OWNER, now=1)
+    with pytest.raises(InvalidInput):
+        ledger.park_lane(LANE, until=float("nan"), actor=OWNER, now=1)
+    with pytest.raises(Forbidden):
+        ledger.park_lane(LANE, until=100, actor="someone", now=1)
+    # A stated reset in the past opens the lane; one absurdly far away is capped, reported.
+    ledger.finish_run(
+        run.id,
+        "failed",
+        failure_class="upstream",  # type: ignore[arg-type]
+        not_before=10**12,
+        lane_cause="reset",
+        now=2,
+    )
+    capped = ledger.get_lane(LANE, now=3)
+    assert capped.capped and capped.opens_at == 2 + ledger.lane_config.max_park_s
+    assert ledger.validate(now=3) == []
+
+
+def test_an_operator_parks_a_lane_and_a_stopped_one_must_be_resumed(ledger: AnyLedger) -> None:
+    ledger.grant_role("op", OPERATE_ROLE, actor=OWNER)
+    parked = ledger.park_lane(LANE, until=500, actor="op", reason="maintenance", now=100)
+    assert (parked.state, parked.opens_at, parked.reason) == (LaneState.PARKED, 500, "maintenance")
+    assert ledger.audit_events()[-1].action == "lane.park"
+    task = ledger.create_task("t", actor="d", now=0).id
+    with pytest.raises(LaneWaiting, match="maintenance"):
+        ledger.start_run(task, request_key="1", actor="d", lane=LANE, now=200)
+    assert [lane.lane for lane in ledger.list_lanes(now=200)] == [LANE]
+    run = ledger.start_run(task, request_key="2", actor="d", lane=LANE, now=500)
+    ledger.finish_run(
+        run.id,
+        "failed",
+        failure_class="environment",  # type: ignore[arg-type]
+        reason="no credit",
+        lane_cause="billing",
+        now=501,
+    )
+    with pytest.raises(Conflict, match="resume"):
+        ledger.park_lane(LANE, until=900, actor="op", now=502)
+    assert ledger.task_lane(task, now=502) is not None
+
+
+def test_db_check_finds_a_lane_that_drifted_and_repair_rebuilds_it(
+    ledger: AnyLedger, raw_sql: RawSql
+) -> None:
+    task = ledger.create_task("t", actor="d", now=0).id
+    _park(ledger, task, at=0, reset=100)
+    raw_sql("UPDATE lane_summaries SET state = 'open'")
+    (problem,) = ledger.validate(now=1)
+    assert "lane claude/default" in problem and "differs from its history" in problem
+    assert ledger.repair(now=1) == ["lane claude/default: rebuilt its state from its history"]
+    assert ledger.validate(now=1) == []
+    assert ledger.get_lane(LANE, now=1).state is LaneState.PARKED
+
+
+def test_a_parked_lane_survives_a_restart(opener: Opener) -> None:
+    with opener() as ledger:
+        task = ledger.create_task("t", actor="d", now=0).id
+        other = ledger.create_task("u", actor="d", now=0).id
+        _park(ledger, task, at=0, reset=3600)
+    with opener() as reopened:
+        with pytest.raises(LaneWaiting):
+            reopened.start_run(other, request_key="x", actor="d", lane=LANE, now=60)
+        assert reopened.get_lane(LANE, now=60).opens_at == 3600
+
+
+_OTHER_PROCESS = r"""
+import json, sys
+from execkit.ledger import open_ledger
+from execkit._errors import LaneWaiting
+target, task_id = sys.argv[1:3]
+with open_ledger(target) as ledger:
+    try:
+        ledger.start_run(task_id, request_key="other", actor="d2", lane="claude/default", now=30)
+        print(json.dumps({"admitted": True}))
+    except LaneWaiting as exc:
+        print(json.dumps({"admitted": False, "opens_at": exc.opens_at}))
+"""
+
+
+def test_two_processes_on_one_ledger_share_a_lane(opener: Opener, ledger_target: str) -> None:
+    with opener() as ledger:
+        task = ledger.create_task("t", actor="d", now=0).id
+        other = ledger.create_task("u", actor="d", now=0).id
+        _park(ledger, task, at=0, reset=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _OTHER_PROCESS, ledger_target, other],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(done.stdout) == {"admitted": False, "opens_at": 120}
+    with opener() as ledger:
+        assert ledger.runs(other) == []
+
+
+# -- properties: any interleaving of results on one lane ------------------------------------
+
+_STEPS = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # which task
+        st.sampled_from(["succeeded", "work", "upstream", "reset", "credentials", "resume"]),
+        st.integers(1, 90),  # seconds later
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(steps=_STEPS)
+def test_any_interleaving_folds_to_the_stored_lane_and_refusals_never_charge(
+    opener: Opener, raw_sql: RawSql, steps: list[tuple[int, str, int]]
+) -> None:
+    with opener() as ledger:
+        raw_sql("DELETE FROM lane_events")
+        raw_sql("DELETE FROM lane_summaries")
+        tasks = [ledger.create_task(f"t{n}", actor="d", now=0).id for n in range(4)]
+        at = 1000.0 * (1 + len(ledger.list_tasks(now=0)))  # past every earlier example
+        for n, (which, outcome, later) in enumerate(steps):
+            at += later
+            task = tasks[which]
+            if outcome == "resume":
+                with contextlib.suppress(NotFound):
+                    ledger.resume_lane(LANE, actor=OWNER, now=at)
+                continue
+            before = _counts(ledger, task)
+            try:
+                run = ledger.start_run(
+                    task, request_key=f"{at}-{n}", actor="d", lane=LANE, now=at, ignore_backoff=True
+                )
+            except (LaneWaiting, LaneStopped):
+                assert _counts(ledger, task) == before  # a lane refusal never charges
+                continue
+            except Exception:  # the task's own refusals (blocked, finished): not the lane's
+                continue
+            if outcome == "succeeded":
+                ledger.finish_run(run.id, "succeeded", now=at + 0.5)
+            elif outcome == "work":
+                ledger.finish_run(run.id, "failed", failure_class="work", now=at + 0.5)  # type: ignore[arg-type]
+            elif outcome == "upstream":
+                ledger.finish_run(run.id, "failed", failure_class="upstream", now=at + 0.5)  # type: ignore[arg-type]
+            elif outcome == "reset":
+                ledger.finish_run(
+                    run.id,
+                    "failed",
+                    failure_class="upstream",  # type: ignore[arg-type]
+                    not_before=at + later * 2,
+                    lane_cause="reset",
+                    now=at + 0.5,
+                )
+            else:
+                ledger.finish_run(
+                    run.id,
+                    "failed",
+                    failure_class="environment",  # type: ignore[arg-type]
+                    reason="log in",
+                    lane_cause="credentials",
+                    now=at + 0.5,
+                )
+        assert [p for p in ledger.validate(now=at + 1) if "lane" in p] == []
+        lanes = ledger.list_lanes(now=at + 1)
+        if lanes:
+            history = ledger.lane_history(LANE)
+            assert fold(LANE, history, ledger.lane_config).events == len(history)

@@ -1,0 +1,251 @@
+"""Bulk reads: `list_tasks` pages and filters, `iter_tasks` and `db check` a page at a time,
+and the JSON writer they print with, on both backends.
+
+Nothing here is timed (benchmarks/bench_bulk.py measures them at 100,000 tasks); what makes
+them scale is bounded by counts: the rows a page holds, the reads made, the objects built.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from _support import REPO
+from ledger_backends import AnyLedger
+
+import execkit.ledger._core.inspection as inspection
+import execkit.ledger._core.tasks as tasks_module
+from execkit._adapter import MappedResult
+from execkit._budget import Attempt, Decision, HistorySummary, decide
+from execkit._classify import FailureClass, classify_text
+from execkit._errors import InvalidInput, NotFound
+from execkit._json import _OMIT, JSON_KEY, to_json
+from execkit.ledger import LIST_PAGE, TaskState
+
+ME = "bench"
+
+
+def _tasks(ledger: AnyLedger, count: int) -> list[str]:
+    """`count` tasks: every third one done, every third failed upstream, the rest new."""
+    ids = []
+    for n in range(count):
+        task = ledger.create_task(f"task {n}", actor=ME, now=1000.0)
+        ids.append(task.id)
+        if n % 3 == 0:
+            continue
+        run = ledger.start_run(task.id, actor=ME, request_key=f"k{n}", now=1001.0)
+        if n % 3 == 1:
+            ledger.finish_run(run.id, "succeeded", now=1002.0)
+        else:
+            ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, now=1002.0)
+    return ids
+
+
+def test_list_tasks_pages_in_creation_order(ledger: AnyLedger) -> None:
+    ids = _tasks(ledger, 7)
+    assert [t.id for t in ledger.list_tasks()] == ids
+    first = ledger.list_tasks(limit=3)
+    assert [t.id for t in first] == ids[:3]
+    second = ledger.list_tasks(limit=3, after=first[-1].id)
+    assert [t.id for t in second] == ids[3:6]
+    assert [t.id for t in ledger.list_tasks(limit=3, after=second[-1].id)] == ids[6:]
+    assert ledger.list_tasks(after=ids[-1]) == []
+    assert list(ledger.iter_tasks(now=5000.0)) == ledger.list_tasks(now=5000.0)
+
+
+def test_list_tasks_filters_by_state(ledger: AnyLedger) -> None:
+    ids = _tasks(ledger, 9)
+    every = ledger.list_tasks(now=5000.0)
+    for state in TaskState:
+        wanted = [t.id for t in every if t.state is state]
+        assert [t.id for t in ledger.list_tasks(now=5000.0, state=state)] == wanted
+        assert [t.id for t in ledger.list_tasks(now=5000.0, state=str(state))] == wanted
+    done = [t.id for t in every if t.state is TaskState.DONE]
+    assert len(done) == 3
+    assert [t.id for t in ledger.list_tasks(state="done", limit=2, after=ids[0])] == done[:2]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"state": "sleeping"}, "state"),
+        ({"state": 3}, "state"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 10_001}, "limit"),
+        ({"limit": True}, "limit"),
+        ({"after": ""}, "after"),
+    ],
+)
+def test_a_bad_filter_is_invalid_input(
+    ledger: AnyLedger, arguments: dict[str, Any], field: str
+) -> None:
+    _tasks(ledger, 1)
+    with pytest.raises(InvalidInput) as caught:
+        ledger.list_tasks(**arguments)
+    assert caught.value.field == field
+
+
+def test_a_page_after_a_task_that_is_not_there_is_not_found(ledger: AnyLedger) -> None:
+    _tasks(ledger, 1)
+    with pytest.raises(NotFound):
+        ledger.list_tasks(after="t-999")
+
+
+def _counting_pages(monkeypatch: pytest.MonkeyPatch, ledger: AnyLedger) -> list[int]:
+    """The rows of each `task_page` the ledger's store reads, in order."""
+    pages: list[int] = []
+    store = ledger._store
+    real_read = store.read
+
+    class Counting:
+        def __init__(self, tx: Any) -> None:
+            self._tx = tx
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._tx, name)
+
+        def task_page(self, *args: Any) -> Any:
+            page = self._tx.task_page(*args)
+            pages.append(len(page))
+            return page
+
+    class Reading:
+        def __init__(self) -> None:
+            self._inner = real_read()
+
+        def __enter__(self) -> Counting:
+            return Counting(self._inner.__enter__())
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self._inner.__exit__(*exc)
+
+    monkeypatch.setattr(store, "read", Reading)
+    return pages
+
+
+def test_iter_tasks_holds_one_page_at_a_time(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = _tasks(ledger, 8)
+    monkeypatch.setattr(tasks_module, "LIST_PAGE", 3)
+    pages = _counting_pages(monkeypatch, ledger)
+    listing = ledger.iter_tasks(now=5000.0)
+    assert next(listing).id == ids[0]
+    assert pages == [3], "the first task is yielded once its page alone is read"
+    assert [t.id for t in listing] == ids[1:]
+    assert pages == [3, 3, 2]
+    pages.clear()
+    assert len(ledger.list_tasks(limit=4)) == 4
+    assert pages == [3, 3], "a page of 4 reads no more pages than it needs"
+
+
+def test_db_check_reads_a_page_of_tasks_and_their_runs_at_a_time(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tasks(ledger, 7)
+    assert ledger.validate() == []
+    monkeypatch.setattr(inspection, "LIST_PAGE", 3)
+    pages = _counting_pages(monkeypatch, ledger)
+    assert ledger.validate(now=5000.0) == []
+    assert pages == [3, 3, 1]
+
+
+def test_the_listing_page_is_a_thousand() -> None:
+    assert LIST_PAGE == 1000
+    assert tasks_module.LIST_PAGE is inspection.LIST_PAGE is LIST_PAGE  # type: ignore[attr-defined]
+
+
+# -- the JSON writers ---------------------------------------------------------------------
+
+
+def _reference(inst: Any) -> dict[str, Any]:
+    """What `to_json` gave when it was `attrs.asdict` with a serializer and a renaming
+    pass: the value it must still give."""
+    import enum
+    import os
+
+    def plain(_inst: object, _field: object, value: Any) -> Any:
+        if isinstance(value, enum.Enum):
+            return value.value
+        if isinstance(value, tuple | list):
+            return [plain(None, None, item) for item in value]
+        if isinstance(value, frozenset | set):
+            return sorted(value)
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        return value
+
+    def keys(inst: Any, data: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for field in attrs.fields(type(inst)):
+            key = field.metadata.get(JSON_KEY, field.name)
+            if key is _OMIT:
+                continue
+            value = data[field.name]
+            nested = getattr(inst, field.name)
+            if attrs.has(type(nested)):
+                value = keys(nested, value)
+            elif isinstance(nested, tuple | list) and nested and attrs.has(type(nested[0])):
+                value = [keys(item, part) for item, part in zip(nested, value, strict=True)]
+            out[key] = value
+        return out
+
+    return keys(inst, attrs.asdict(inst, value_serializer=plain))
+
+
+def test_to_json_writes_what_asdict_wrote(ledger: AnyLedger) -> None:
+    _tasks(ledger, 3)
+    values: list[Any] = [*ledger.list_tasks(now=5000.0)]
+    values += [run for task in values[:3] for run in ledger.runs(task.id)]
+    values += ledger.audit_events()
+    history = [Attempt(number=1, status="failed", failure_class=FailureClass.UPSTREAM)]
+    decision = decide(history, now=5000.0)
+    assert isinstance(decision, Decision)
+    values += [
+        decision,
+        HistorySummary(),
+        classify_text("HTTP/1.1 503 Service Unavailable"),
+        MappedResult(ok=False, failure_class=FailureClass.UPSTREAM, reason="http 503"),
+    ]
+    for value in values:
+        assert to_json(value) == _reference(value), type(value).__name__
+
+
+def test_the_streamed_json_listing_is_the_document_json_dumps_writes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "ledger.db"
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+
+    def execkit(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "execkit", *args, "--db", str(db)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    for n in range(4):
+        execkit("task", "create", f"t {n}")
+    streamed = execkit("task", "list", "--json")
+    doc = json.loads(streamed)
+    assert streamed == json.dumps(doc, sort_keys=True) + "\n"
+    assert [t["title"] for t in doc["tasks"]] == [f"t {n}" for n in range(4)]
+    page = json.loads(execkit("task", "list", "--json", "--limit", "3"))
+    assert [t["title"] for t in page["tasks"]] == ["t 0", "t 1", "t 2"]
+    rest = json.loads(
+        execkit("task", "list", "--json", "--limit", "3", "--after", page["next_after"])
+    )
+    assert [t["title"] for t in rest["tasks"]] == ["t 3"] and rest["next_after"] is None
+    text = execkit("task", "list", "--limit", "2").splitlines()
+    assert text[-1] == f"more: continue with --after {doc['tasks'][1]['id']}"
+    assert execkit("task", "list", "--state", "done") == ""

@@ -1,0 +1,73 @@
+"""Vendor lanes through `execkit serve` (issue #28): two clients of one server share a lane,
+lane refusals come back typed with their lane and time, the operator's routes work, and a
+server without `vendor.lanes` is never sent a lane."""
+
+from __future__ import annotations
+
+import pytest
+from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
+
+from execkit._errors import LaneStopped, LaneWaiting, StorageError
+from execkit._lanes import LaneState
+from execkit.ledger import LANES_CAPABILITY
+
+LANE = "claude/default"
+
+
+def test_two_clients_of_one_server_share_a_lane(remote: Remote) -> None:  # noqa: F811
+    first, second = remote.client(), remote.client("memory")
+    a = first.create_task("a", actor=ME)
+    b = second.create_task("b", actor=ME)
+    run = first.start_run(a.id, request_key="1", actor=ME, lane=LANE)
+    first.finish_run(
+        run.id,
+        "failed",
+        failure_class="upstream",  # type: ignore[arg-type]
+        reason="usage limit",
+        not_before=run.started_at + 3600,
+        lane_cause="reset",
+    )
+    with pytest.raises(LaneWaiting) as refused:
+        second.start_run(b.id, request_key="2", actor=ME, lane=LANE)
+    assert refused.value.lane == LANE and refused.value.opens_at == run.started_at + 3600
+    assert second.runs(b.id) == []
+    shown = second.get_lane(LANE)
+    assert shown == remote.ledger.get_lane(LANE, now=shown.updated_at)
+    assert shown.state is LaneState.PARKED
+    assert [lane.lane for lane in first.list_lanes()] == [LANE]
+    assert [event.kind for event in first.lane_history(LANE)] == ["reset"]
+    assert first.task_lane(a.id) is not None and first.task_lane(b.id) is None
+
+
+def test_a_stopped_lane_comes_back_with_its_fix_and_resumes(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    task = client.create_task("t", actor=ME)
+    other = client.create_task("u", actor=ME)
+    run = client.start_run(task.id, request_key="1", actor=ME, lane=LANE)
+    client.finish_run(
+        run.id,
+        "failed",
+        failure_class="environment",  # type: ignore[arg-type]
+        reason="run `claude /login`",
+        lane_cause="credentials",
+    )
+    with pytest.raises(LaneStopped) as stopped:
+        client.start_run(other.id, request_key="2", actor=ME, lane=LANE)
+    assert stopped.value.fix == "run `claude /login`" and stopped.value.lane == LANE
+    assert client.resume_lane(LANE, actor=ME, reason="logged in").state is LaneState.OPEN
+    assert client.start_run(other.id, request_key="3", actor=ME, lane=LANE).attempt == 1
+    parked = client.park_lane(LANE, until=run.started_at + 600, actor=ME)
+    assert parked.state is LaneState.PARKED
+
+
+@pytest.mark.parametrize("remote", [frozenset({LANES_CAPABILITY})], indirect=True)
+def test_a_server_without_lanes_is_never_sent_a_lane(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    task = client.create_task("t", actor=ME)
+    with pytest.raises(StorageError, match=r"does not advertise vendor\.lanes"):
+        client.start_run(task.id, request_key="1", actor=ME, lane=LANE)
+    assert remote.ledger.runs(task.id) == []
+    with pytest.raises(StorageError, match=r"vendor\.lanes"):
+        client.list_lanes()
+    run = client.start_run(task.id, request_key="2", actor=ME)  # without a lane: as before
+    assert run.attempt == 1
