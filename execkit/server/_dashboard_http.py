@@ -44,6 +44,7 @@ from starlette.routing import BaseRoute, Route
 
 from execkit._api import ERROR_STATUSES
 from execkit._errors import ExecKitError
+from execkit._mask import mask_json
 from execkit._redact import redact
 from execkit.ledger import OPERATE_ROLE, Actor
 from execkit.server._dashboard import LedgerView
@@ -129,8 +130,10 @@ class _Refused(Exception):
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response:
+    # Every string masked, as every API answer is (`_app._dumps`): the snapshot carries
+    # titles, reasons and actors.
     return Response(
-        json.dumps(doc, sort_keys=True),
+        json.dumps(mask_json(doc), sort_keys=True),
         status_code=status,
         media_type="application/json",
         headers={"Cache-Control": "no-store", **(headers or {})},

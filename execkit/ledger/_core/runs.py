@@ -30,6 +30,7 @@ from execkit._errors import (
     TaskFinished,
 )
 from execkit._lanes import LaneCause
+from execkit._mask import mask_text
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
 from execkit.ledger._core.inputs import (
     MAX_KEY,
@@ -141,6 +142,14 @@ class RunOps(LeaseOps):
         if owner is not None and not isinstance(owner, RunOwner):
             raise InvalidInput(
                 f"owner: must be a RunOwner, got {type(owner).__name__}", field="owner"
+            )
+        if owner is not None:
+            # Its words come from whoever calls (a server's client): stored masked.
+            owner = attrs.evolve(
+                owner,
+                host=mask_text(owner.host),
+                boot_id=mask_text(owner.boot_id),
+                instance=mask_text(owner.instance),
             )
         who = as_actor(actor)
         check_bool("forced", forced)
