@@ -37,32 +37,53 @@ propagates.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
+from typing import Literal
 
 import attrs
 
-from execkit._adapter import Adapter, AgentRequest
+from execkit._adapter import Adapter, AgentRequest, credential_env_of, credential_files_of
 from execkit._agent import RunRecorder, cancellable_sleep, run_agent, run_in_thread
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._budget import AttemptStatus, BlockedOn, DispatchCap, TaskState
-from execkit._classify import FailureClass
-from execkit._errors import Conflict, ExecKitError, StorageError
+from execkit._classify import FailureClass, Reason
+from execkit._errors import Conflict, ExecKitError, InvalidInput, StorageError
 from execkit._exec import DEFAULT_KILL_GRACE_S, Cancellation, ProcessStarter, SpawnCancelled
-from execkit._proof import AgentFailed, AgentProof
+from execkit._lanes import lane_for
+from execkit._proof import AgentFailed, AgentProof, RunStatus
 from execkit._redact import redact
-from execkit.ledger import DEFAULT_LEASE_S, Actor, Ledger, Run, RunOwner, Task, current_owner
+from execkit.ledger import (
+    DEFAULT_LEASE_S,
+    LANES_CAPABILITY,
+    Actor,
+    Ledger,
+    Run,
+    RunOwner,
+    Task,
+    current_owner,
+)
 
 __all__ = [
+    "AUTO_LANE",
     "CANCELLED_REASON",
     "RUNNER_ACTOR",
     "AttemptOutcome",
+    "RunOutcome",
+    "adapter_lane",
+    "attempt_agent",
+    "lane_cause",
     "last_line",
+    "outcome_of",
+    "record_outcome",
+    "record_stopped",
     "run_attempt",
     "run_attempt_async",
+    "runner_error",
 ]
 
 _log = logging.getLogger("execkit.attempt")
@@ -143,41 +164,176 @@ class AttemptOutcome:
         return self.decision
 
 
+def _to_status(value: object) -> RunStatus:
+    if isinstance(value, str) and value in RunStatus.__members__.values():
+        return RunStatus(value)
+    raise InvalidInput(f"status must be 'succeeded' or 'failed', got {value!r}", field="status")
+
+
+def _redact_text(value: str | None) -> str | None:
+    return redact(value) if isinstance(value, str) else value
+
+
 @attrs.frozen
-class _Result:
-    """The run's result as `finish_run` takes it."""
+class RunOutcome:
+    """How one run of an agent ended, as the ledger records it: the one value both
+    `run_attempt` and the dispatcher's runners produce and `record_outcome` writes.
 
-    status: AttemptStatus
+    `failure_class` is None for a success; a failure with no class is a charged work
+    failure. `precondition` names what is missing (environment: binary and install hint).
+    `detail` is a short line of the failure text, kept for the operator. `not_before` is the
+    vendor's reset time, when it named one: the next attempt is not before it.
+    `lane_cause` is what the vendor's structure said of the run's vendor lane (the ledger
+    parks or stops the lane on it: `reset`, `credentials`, `billing`, `binary_missing`);
+    never set from free text.
+    """
+
+    status: RunStatus = attrs.field(converter=_to_status)
     failure_class: FailureClass | None = None
-    reason: str | None = None
-    precondition: str | None = None
+    # Redacted here: a custom runner's text reaches events and logs, not only the ledger.
+    reason: str | None = attrs.field(default=None, converter=_redact_text)
+    precondition: str | None = attrs.field(default=None, converter=_redact_text)
+    detail: str | None = attrs.field(default=None, converter=_redact_text)
     not_before: float | None = None
+    lane_cause: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.status is RunStatus.SUCCEEDED and self.failure_class is not None:
+            raise InvalidInput(
+                "failure_class must be None for a succeeded outcome", field="failure_class"
+            )
+
+    @property
+    def charged(self) -> bool:
+        """True unless the failure is positively classed as uncharged (ADR 0046)."""
+        return self.failure_class is None or self.failure_class.charged
+
+    def ledger_reason(self) -> str | None:
+        """The reason stored on the run: the precondition for environment (what to fix),
+        else the class reason with the detail line."""
+        if self.status is RunStatus.SUCCEEDED:
+            return None
+        if self.precondition:
+            return self.precondition
+        parts = [p for p in (self.reason, self.detail) if p]
+        return ": ".join(parts) or None
 
 
-def _ledger_reason(reason: str | None, precondition: str | None, detail: str | None) -> str | None:
-    """The reason stored on a failed run: the precondition for environment (what to fix),
-    else the class reason with the detail line (as the dispatcher's `RunOutcome`)."""
-    if precondition:
-        return redact(precondition)
-    parts = [redact(p) for p in (reason, detail) if p]
-    return ": ".join(parts) or None
+# Environment reasons that belong to the vendor lane (the account or the host), not the task.
+_LANE_STOPS = {
+    Reason.CREDENTIALS: "credentials",
+    "http 401": "credentials",
+    "http 403": "credentials",
+    Reason.BILLING: "billing",
+    "http 402": "billing",
+    Reason.MISSING_BINARY: "binary_missing",
+}
 
 
-def _result_of(proof: AgentProof, clock: Callable[[], float]) -> _Result:
+def lane_cause(adapter: Adapter, proof: AgentProof, not_before: float | None) -> str | None:
+    """What a failed agent's proof says of its vendor lane, from structure only: a reset
+    from the vendor's own field parks it; refused credentials, billing, or the vendor's
+    CLI missing on this host stop it. The generic adapter runs any program, so a missing
+    one is that issue's alone."""
+    klass = proof.effective_class
+    if klass is FailureClass.UPSTREAM:
+        return "reset" if not_before is not None and proof.reset_from_structure else None
+    if klass is not FailureClass.ENVIRONMENT or proof.reason is None:
+        return None
+    cause = _LANE_STOPS.get(proof.reason)
+    if cause == "binary_missing" and adapter.name == "generic":
+        return None
+    return cause
+
+
+def outcome_of(adapter: Adapter, proof: AgentProof, clock: Callable[[], float]) -> RunOutcome:
+    """The run's outcome from the agent's proof: its class, reason, precondition, the
+    failure's last line, the vendor's reset as a time (`clock() + retry_after_s`, upstream
+    only) and what it says of the lane."""
     if proof.productive:
-        return _Result(AttemptStatus.SUCCEEDED)
+        return RunOutcome(RunStatus.SUCCEEDED)
     failure_class = proof.effective_class
     wait = proof.retry_after_s
     not_before = None
     if failure_class is FailureClass.UPSTREAM and wait is not None:
         not_before = clock() + wait
-    return _Result(
-        AttemptStatus.FAILED,
+    return RunOutcome(
+        RunStatus.FAILED,
         failure_class=failure_class,
-        reason=_ledger_reason(proof.reason, proof.precondition, last_line(proof.error)),
+        reason=proof.reason,
         precondition=proof.precondition,
+        detail=last_line(proof.error),
         not_before=not_before,
+        lane_cause=lane_cause(adapter, proof, not_before),
     )
+
+
+def runner_error(exc: BaseException) -> RunOutcome:
+    """The outcome of a run whose runner, hook or adapter raised: not positively identified
+    as uninformative, so a charged work failure (ADR 0046) with the error's last line."""
+    return RunOutcome(
+        RunStatus.FAILED,
+        failure_class=FailureClass.WORK,
+        reason="runner error",
+        detail=last_line(f"{type(exc).__name__}: {exc}"),
+    )
+
+
+def record_outcome(ledger: Ledger, run_id: str, outcome: RunOutcome, *, now: float) -> Run:
+    """Finish `run_id` with `outcome`: the one write of a run's result, for `run_attempt`
+    and the dispatcher alike. Raises what `finish_run` raises (`Conflict` for a run that
+    ended meanwhile, `StorageError`)."""
+    failed = outcome.status is RunStatus.FAILED
+    return ledger.finish_run(
+        run_id,
+        AttemptStatus(outcome.status),
+        failure_class=outcome.failure_class if failed else None,
+        reason=outcome.ledger_reason(),
+        not_before=outcome.not_before if failed else None,
+        now=now,
+        lane_cause=outcome.lane_cause if failed else None,
+    )
+
+
+def record_stopped(ledger: Ledger, run_id: str, reason: str, *, now: float) -> None:
+    """Finish a run its own runner stopped before the agent ended: `abandoned`, `stopped`,
+    uncharged. A ledger that cannot take it leaves the run to its lease (the next admission
+    abandons it), so nothing is raised."""
+    with suppress(ExecKitError):
+        ledger.finish_run(run_id, AttemptStatus.ABANDONED, reason=reason, now=now, stopped=True)
+
+
+def adapter_lane(adapter: Adapter, *, ledger_id: str, env: Mapping[str, str]) -> str:
+    """The vendor lane a run of `adapter` with `env` uses on the ledger `ledger_id`: the
+    adapter's name and the keyed fingerprint of the credentials it would read (never the
+    credentials themselves)."""
+    return str(
+        lane_for(
+            adapter.name,
+            key=ledger_id,
+            env=env,
+            credential_env=credential_env_of(adapter),
+            credential_files=credential_files_of(adapter),
+        )
+    )
+
+
+AUTO_LANE: Literal["auto"] = "auto"
+"""`run_attempt(lane=AUTO_LANE)`, the default: the adapter's lane on this ledger, when the
+ledger keeps lanes (`vendor.lanes`); no lane otherwise."""
+
+
+def _lane_for_call(
+    ledger: Ledger, adapter: Adapter, request: AgentRequest, lane: str | None
+) -> str | None:
+    if lane != AUTO_LANE:
+        return lane
+    if LANES_CAPABILITY not in ledger.capabilities():
+        return None
+    # The lane is the credentials the agent will see: the inherited environment with the
+    # request's additions.
+    env = {**os.environ, **(request.env or {})}
+    return adapter_lane(adapter, ledger_id=ledger.ledger_id(), env=env)
 
 
 def _claim(run: Run, owner: RunOwner) -> None:
@@ -234,6 +390,7 @@ def run_attempt(
     sleep: Callable[[float], None] = time.sleep,
     rng: Callable[[], float] = random.random,
     owner: RunOwner | None = None,
+    lane: str | None = AUTO_LANE,
 ) -> AttemptOutcome:
     """Run one attempt of `task_id` through `adapter` and record it; see the module
     docstring for the steps, the outcome and what raises.
@@ -249,6 +406,14 @@ def run_attempt(
     seconds) dates every ledger call and the vendor's reset; `sleep` and `rng` are the
     in-agent backoff's. `owner` is who runs it (`RunOwner`); by default this process with an
     instance drawn for this call, so a replay of the key by another call is refused.
+
+    `lane` is the vendor lane the run uses (issue #28): by default (`AUTO_LANE`) the
+    adapter's lane on this ledger, the fingerprint of the credentials it would read from
+    the inherited environment plus `request.env`, when the ledger keeps lanes; `None` for
+    none; or a lane's name. A lane that does not admit refuses before anything is written
+    (`LaneWaiting`, `LaneStopped`), and what the vendor's structure says of the lane (a
+    stated reset, refused credentials, billing, the CLI missing) is recorded with the run,
+    as the dispatcher does.
     """
     owner = current_owner() if owner is None else owner
     if request_key is None:
@@ -264,6 +429,7 @@ def run_attempt(
         now=clock(),
         cap=cap,
         owner=owner,
+        lane=_lane_for_call(ledger, adapter, request, lane),
     )
     _claim(run, owner)
     return _run_admitted(
@@ -310,9 +476,64 @@ def _run_admitted(
     rng: Callable[[], float],
 ) -> AttemptOutcome:
     """Steps 2 to 4 for a run this call admitted and claimed."""
-    proof: AgentProof
     try:
-        proof = run_agent(
+        proof = attempt_agent(
+            adapter,
+            request,
+            heartbeat=_renewer(ledger, run.id, lease_s, clock),
+            heartbeat_s=lease_s / 3,
+            cancel=cancel,
+            agent_attempts=agent_attempts,
+            validate=validate,
+            label=label,
+            recorder=recorder,
+            backoff=backoff,
+            kill_grace=kill_grace,
+            start=start,
+            clock=clock,
+            sleep=sleep,
+            rng=rng,
+        )
+    except SpawnCancelled:
+        # Stopped by its caller: the tree is gone; the run says so.
+        record_stopped(ledger, run.id, stop_reason, now=clock())
+        raise
+    except Exception as exc:
+        # Recorded before the error propagates; a ledger that cannot take it leaves the
+        # run to its lease.
+        with suppress(ExecKitError):
+            record_outcome(ledger, run.id, runner_error(exc), now=clock())
+        raise
+    outcome = outcome_of(adapter, proof, clock)
+    ended = record_outcome(ledger, run.id, outcome, now=clock())
+    after = ledger.get_task(run.task_id, now=clock(), cap=cap)
+    return _attempt_outcome(ended, after, outcome, proof)
+
+
+def attempt_agent(
+    adapter: Adapter,
+    request: AgentRequest,
+    *,
+    heartbeat: Callable[[], object] | None,
+    heartbeat_s: float,
+    cancel: Cancellation | None,
+    agent_attempts: int = 1,
+    validate: Callable[[str], str | None] | None = None,
+    label: str | None = None,
+    recorder: RunRecorder | None = None,
+    backoff: Backoff = AGENT_BACKOFF,
+    kill_grace: float = DEFAULT_KILL_GRACE_S,
+    start: ProcessStarter = subprocess.Popen,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: Callable[[], float] = random.random,
+) -> AgentProof:
+    """Run the agent of an admitted run and return its proof, failed or not: the one call
+    `run_attempt` and the dispatcher's `AdapterRunner` make. `heartbeat` renews the run's
+    lease every `heartbeat_s` seconds; `cancel` stops the whole tree (`SpawnCancelled`
+    propagates, as does anything a hook, the adapter or the heartbeat raised)."""
+    try:
+        return run_agent(
             adapter,
             request,
             max_attempts=agent_attempts,
@@ -323,49 +544,19 @@ def _run_admitted(
             recorder=recorder,
             label=label,
             kill_grace=kill_grace,
-            heartbeat=_renewer(ledger, run.id, lease_s, clock),
-            heartbeat_s=lease_s / 3,
+            heartbeat=heartbeat,
+            heartbeat_s=heartbeat_s,
             start=start,
             cancel=cancel,
             clock=clock,
         )
     except AgentFailed as failed:
-        proof = failed.proof
-    except SpawnCancelled:
-        # Stopped by its caller: the tree is gone; the run says so. If the ledger cannot
-        # take it, the lease runs out and the next admission abandons the run.
-        with suppress(ExecKitError):
-            ledger.finish_run(
-                run.id, AttemptStatus.ABANDONED, reason=stop_reason, now=clock(), stopped=True
-            )
-        raise
-    except Exception as exc:
-        # A hook, the adapter or the renewal broke mid-run: not positively identified as
-        # uninformative, so it charges (ADR 0046); recorded before the error propagates.
-        detail = last_line(f"{type(exc).__name__}: {exc}")
-        with suppress(ExecKitError):
-            ledger.finish_run(
-                run.id,
-                AttemptStatus.FAILED,
-                failure_class=FailureClass.WORK,
-                reason=_ledger_reason("runner error", None, detail),
-                now=clock(),
-            )
-        raise
-    result = _result_of(proof, clock)
-    ended = ledger.finish_run(
-        run.id,
-        result.status,
-        failure_class=result.failure_class,
-        reason=result.reason,
-        not_before=result.not_before,
-        now=clock(),
-    )
-    after = ledger.get_task(run.task_id, now=clock(), cap=cap)
-    return _outcome(ended, after, result, proof)
+        return failed.proof
 
 
-def _outcome(run: Run, task: Task, result: _Result, proof: AgentProof) -> AttemptOutcome:
+def _attempt_outcome(
+    run: Run, task: Task, outcome: RunOutcome, proof: AgentProof
+) -> AttemptOutcome:
     failed = run.status is not AttemptStatus.SUCCEEDED
     return AttemptOutcome(
         task_id=run.task_id,
@@ -375,7 +566,7 @@ def _outcome(run: Run, task: Task, result: _Result, proof: AgentProof) -> Attemp
         failure_class=run.failure_class,
         charged=not failed or run.failure_class is None or run.failure_class.charged,
         reason=run.reason,
-        precondition=result.precondition,
+        precondition=outcome.precondition,
         not_before=run.not_before,
         proof=proof,
         state=task.state,
@@ -408,6 +599,7 @@ async def run_attempt_async(
     sleep: Callable[[float], None] | None = None,
     rng: Callable[[], float] = random.random,
     owner: RunOwner | None = None,
+    lane: str | None = AUTO_LANE,
 ) -> AttemptOutcome:
     """`run_attempt` for asyncio runners: same arguments (but `cancel`), same outcome, same
     errors, run in a thread of its own.
@@ -442,6 +634,7 @@ async def run_attempt_async(
                 sleep=cancellable_sleep(cancel) if sleep is None else sleep,
                 rng=rng,
                 owner=owner,
+                lane=lane,
             ),
             cancel,
         )

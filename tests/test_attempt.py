@@ -24,6 +24,8 @@ from execkit import (
     AttemptOutcome,
     Cancellation,
     Conflict,
+    LaneStopped,
+    LaneWaiting,
     NotFound,
     SpawnCancelled,
     TaskFinished,
@@ -126,7 +128,14 @@ def test_fifty_tasks_end_as_the_dispatcher_leaves_them(
         register(fake_vendor, kind)
         first.append(
             run_attempt(
-                mine, task_id, claude, request, cap=CONFIG.cap, clock=clock, start=fake_vendor.start
+                mine,
+                task_id,
+                claude,
+                request,
+                cap=CONFIG.cap,
+                clock=clock,
+                start=fake_vendor.start,
+                lane=None,
             )
         )
 
@@ -177,7 +186,14 @@ def test_fifty_tasks_end_as_the_dispatcher_leaves_them(
     for task_id, kind in again:
         register(fake_vendor, second[kind])
         run_attempt(
-            mine, task_id, claude, request, cap=CONFIG.cap, clock=clock, start=fake_vendor.start
+            mine,
+            task_id,
+            claude,
+            request,
+            cap=CONFIG.cap,
+            clock=clock,
+            start=fake_vendor.start,
+            lane=None,
         )
     for _, kind in again:
         register(fake_vendor, second[kind])
@@ -188,6 +204,72 @@ def test_fifty_tasks_end_as_the_dispatcher_leaves_them(
         assert ending(mine, task_id, clock.now) == ending(
             theirs, by_title[f"board:ISS-{n}"], clock.now
         ), kinds[n]
+
+
+def lane_ending(ledger: AnyLedger) -> list[tuple[Any, ...]]:
+    """Every lane's state and history, without the names (each ledger keys its own
+    fingerprints) and the actors (the caller's own words)."""
+    return [
+        (
+            view.state,
+            view.reason,
+            view.opens_at,
+            [(e.kind, e.at, e.until, e.reason) for e in ledger.lane_history(view.lane)],
+        )
+        for view in ledger.list_lanes(now=0.0)
+    ]
+
+
+def test_with_lanes_one_attempt_a_task_ends_as_the_dispatcher_leaves_it(
+    new_target: Callable[[], str], fake_vendor: FakeVendor
+) -> None:
+    """Lanes on, on both sides: the same vendor answers stop the same lane, the tasks behind
+    it are refused before anything is written (run_attempt raises the lane's error, the
+    dispatcher holds the issue), and both ledgers end alike, lanes included."""
+    kinds = ["529", "success", "missing", "success", "bad key", "wrong answer"] * 3
+    clock = Clock()
+    claude = get_adapter("claude")
+    request = AgentRequest(prompt="fix the failing test")
+
+    mine = open_at(new_target())
+    mine.backoff = CONFIG.backoff
+    tasks = [mine.create_task(f"task {n}", actor="runner").id for n in range(len(kinds))]
+    refused: list[str] = []
+    for kind in kinds[:3]:  # what the vendor answers before the lane stops
+        register(fake_vendor, kind)
+    for task_id in tasks:
+        try:
+            run_attempt(
+                mine, task_id, claude, request, cap=CONFIG.cap, clock=clock, start=fake_vendor.start
+            )
+        except (LaneWaiting, LaneStopped) as refusal:
+            refused.append(type(refusal).__name__)
+    # The missing CLI stops the lane on this host: no task after it reaches the vendor.
+    assert fake_vendor.call_count("claude") == 3
+    assert refused == ["LaneStopped"] * (len(kinds) - 3)
+
+    clock_b = Clock()
+    theirs = open_at(new_target())
+    board = InMemoryBoard(
+        [
+            BoardIssue(f"ISS-{n}", f"task {n}", "todo", prompt=request.prompt)
+            for n in range(len(kinds))
+        ]
+    )
+    runner = AdapterRunner(claude, start=fake_vendor.start, sleep=fake_vendor.sleep, clock=clock_b)
+    dispatcher = Dispatcher(board, runner, theirs, CONFIG, clock_b, executor=InlineExecutor())
+    for kind in kinds[:3]:
+        register(fake_vendor, kind)
+    dispatcher.tick()
+    assert fake_vendor.call_count("claude") == 3 + 3
+    by_title = {t.title: t.id for t in theirs.list_tasks()}
+
+    for n, task_id in enumerate(tasks):
+        assert ending(mine, task_id, clock.now) == ending(
+            theirs, by_title[f"board:ISS-{n}"], clock.now
+        ), kinds[n]
+    assert lane_ending(mine) == lane_ending(theirs)
+    assert any(state == "stopped" for state, *_ in lane_ending(mine))
 
 
 @pytest.fixture
@@ -361,3 +443,21 @@ def test_the_lease_is_renewed_while_the_agent_runs(
     outcome = run_attempt(ledger_at, task.id, GenericAdapter(), request, lease_s=0.6)
     assert outcome.succeeded
     assert len(renewals) >= 2 and set(renewals) == {outcome.run_id}
+
+
+def test_lane_none_runs_each_task_on_its_own(ledger_at: AnyLedger, fake_vendor: FakeVendor) -> None:
+    """Without a lane (`lane=None`) nothing is shared across tasks: the second task meets
+    the missing CLI itself, and no lane is recorded."""
+    claude = get_adapter("claude")
+    request = AgentRequest(prompt="p")
+    ends = []
+    for n in range(2):
+        task_id = ledger_at.create_task(f"t{n}", actor="runner").id
+        register(fake_vendor, "missing")
+        outcome = run_attempt(
+            ledger_at, task_id, claude, request, lane=None, start=fake_vendor.start
+        )
+        ends.append(outcome.state)
+    assert ends == [TaskState.BLOCKED, TaskState.BLOCKED]
+    assert fake_vendor.call_count("claude") == 2
+    assert ledger_at.list_lanes() == []

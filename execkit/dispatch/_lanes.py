@@ -22,9 +22,10 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 
-from execkit._adapter import credential_env_of, credential_files_of
+from execkit._adapter import Adapter
+from execkit._attempt import adapter_lane
 from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
-from execkit._lanes import LaneView, lane_for
+from execkit._lanes import LaneView
 from execkit._registry import get_adapter
 from execkit.ledger import LANES_CAPABILITY, Ledger
 
@@ -53,7 +54,7 @@ class DispatchLanes:
         *,
         enabled: bool = True,
         env: Mapping[str, str] | None = None,
-        find: Callable[[str], object] = get_adapter,
+        find: Callable[[str], Adapter] = get_adapter,
     ) -> None:
         self._ledger = ledger
         self._enabled = enabled
@@ -81,15 +82,7 @@ class DispatchLanes:
             except ExecKitError:
                 self._lanes[adapter] = None
             else:
-                self._lanes[adapter] = str(
-                    lane_for(
-                        adapter,
-                        key=self._key,
-                        env=self._env,
-                        credential_env=credential_env_of(found),
-                        credential_files=credential_files_of(found),
-                    )
-                )
+                self._lanes[adapter] = adapter_lane(found, ledger_id=self._key, env=self._env)
         return self._lanes[adapter]
 
     def new_pass(self) -> None:

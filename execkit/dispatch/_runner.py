@@ -1,5 +1,6 @@
 """Runners: what one dispatch of a board issue does (`Runner`), what it is handed (`Slot`),
-and how it ended (`RunOutcome`)."""
+and how it ended (`RunOutcome`, the same value `run_attempt` records: one path from an
+agent's proof to the ledger, `execkit._attempt`)."""
 
 from __future__ import annotations
 
@@ -12,74 +13,16 @@ from typing import Protocol
 import attrs
 
 from execkit._adapter import Adapter, AgentRequest
-from execkit._agent import run_agent
-from execkit._classify import FailureClass, Reason
-from execkit._errors import ExecKitError, InvalidInput, UnknownAdapter
+from execkit._attempt import RunOutcome, attempt_agent, outcome_of
+from execkit._classify import FailureClass
+from execkit._errors import ExecKitError, UnknownAdapter
 from execkit._exec import Cancellation, ProcessStarter
-from execkit._proof import AgentFailed, AgentProof, RunStatus
-from execkit._redact import redact
+from execkit._proof import RunStatus
 from execkit._registry import adapter_names, get_adapter
 from execkit._validate import integer_arg
 from execkit.dispatch._board import BoardIssue
 
-__all__ = ["AdapterRunner", "RunOutcome", "Runner", "Slot", "last_line"]
-
-_MAX_DETAIL = 160
-
-
-def _to_status(value: object) -> RunStatus:
-    if isinstance(value, str) and value in RunStatus.__members__.values():
-        return RunStatus(value)
-    raise InvalidInput(f"status must be 'succeeded' or 'failed', got {value!r}", field="status")
-
-
-def _redact_text(value: str | None) -> str | None:
-    return redact(value) if isinstance(value, str) else value
-
-
-@attrs.frozen
-class RunOutcome:
-    """How one dispatch of an issue ended.
-
-    `failure_class` is None for a success; a failure with no class is a charged work
-    failure. `precondition` names what is missing (environment: binary and install hint).
-    `detail` is a short line of the failure text, kept for the operator. `not_before` is the
-    vendor's reset time, when it named one: the next dispatch is not before it.
-    `lane_cause` is what the vendor's structure said of the run's vendor lane (the ledger
-    parks or stops the lane on it); never set from free text.
-    """
-
-    status: RunStatus = attrs.field(converter=_to_status)
-    failure_class: FailureClass | None = None
-    # Redacted here: a custom runner's text reaches events and logs, not only the ledger.
-    reason: str | None = attrs.field(default=None, converter=_redact_text)
-    precondition: str | None = attrs.field(default=None, converter=_redact_text)
-    detail: str | None = attrs.field(default=None, converter=_redact_text)
-    not_before: float | None = None
-    # What the vendor's structure said of the run's lane (issue #28): `reset` (with
-    # `not_before`), `credentials`, `billing`, `binary_missing`; None for nothing.
-    lane_cause: str | None = None
-
-    def __attrs_post_init__(self) -> None:
-        if self.status is RunStatus.SUCCEEDED and self.failure_class is not None:
-            raise InvalidInput(
-                "failure_class must be None for a succeeded outcome", field="failure_class"
-            )
-
-    @property
-    def charged(self) -> bool:
-        """True unless the failure is positively classed as uncharged (ADR 0046)."""
-        return self.failure_class is None or self.failure_class.charged
-
-    def ledger_reason(self) -> str | None:
-        """The reason stored on the run: the precondition for environment (what to fix),
-        else the class reason with the detail line."""
-        if self.status is RunStatus.SUCCEEDED:
-            return None
-        if self.precondition:
-            return self.precondition
-        parts = [p for p in (self.reason, self.detail) if p]
-        return ": ".join(parts) or None
+__all__ = ["AdapterRunner", "RunOutcome", "Runner", "Slot"]
 
 
 @attrs.frozen
@@ -111,16 +54,6 @@ class Runner(Protocol):
     `slot.cancel`, which records the run as stopped by its dispatcher (uncharged)."""
 
     def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome: ...
-
-
-def last_line(text: str | None) -> str | None:
-    if not text:
-        return None
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if not lines:
-        return None
-    line = lines[-1]
-    return line if len(line) <= _MAX_DETAIL else line[: _MAX_DETAIL - 1] + "…"
 
 
 class AdapterRunner:
@@ -239,64 +172,18 @@ class AdapterRunner:
         refused = self._vendor_through_generic(issue, found)
         if refused is not None:
             return refused
-        request = self.request_for(issue)
-        proof: AgentProof
-        try:
-            proof = run_agent(
-                found,
-                request,
-                max_attempts=self._agent_attempts,
-                sleep=self._sleep,
-                start=self._start,
-                heartbeat=slot.heartbeat,
-                heartbeat_s=slot.heartbeat_s,
-                cancel=slot.cancel,
-            )
-        except AgentFailed as failed:
-            proof = failed.proof
-        if proof.productive:
-            return RunOutcome(RunStatus.SUCCEEDED)
-        failure_class = proof.effective_class
-        wait = proof.retry_after_s
-        not_before = None
-        if failure_class is FailureClass.UPSTREAM and wait is not None:
-            not_before = self._clock() + wait
-        return RunOutcome(
-            RunStatus.FAILED,
-            failure_class=failure_class,
-            reason=proof.reason,
-            precondition=proof.precondition,
-            detail=last_line(proof.error),
-            not_before=not_before,
-            lane_cause=lane_cause(found, proof, not_before),
+        proof = attempt_agent(
+            found,
+            self.request_for(issue),
+            heartbeat=slot.heartbeat,
+            heartbeat_s=slot.heartbeat_s,
+            cancel=slot.cancel,
+            agent_attempts=self._agent_attempts,
+            start=self._start,
+            clock=self._clock,
+            sleep=self._sleep,
         )
-
-
-# Environment reasons that belong to the vendor lane (the account or the host), not the task.
-_LANE_STOPS = {
-    Reason.CREDENTIALS: "credentials",
-    "http 401": "credentials",
-    "http 403": "credentials",
-    Reason.BILLING: "billing",
-    "http 402": "billing",
-    Reason.MISSING_BINARY: "binary_missing",
-}
-
-
-def lane_cause(adapter: Adapter, proof: AgentProof, not_before: float | None) -> str | None:
-    """What a failed agent's proof says of its vendor lane, from structure only: a reset
-    from the vendor's own field parks it; refused credentials, billing, or the vendor's
-    CLI missing on this host stop it. The generic adapter runs any program, so a missing
-    one is that issue's alone."""
-    klass = proof.effective_class
-    if klass is FailureClass.UPSTREAM:
-        return "reset" if not_before is not None and proof.reset_from_structure else None
-    if klass is not FailureClass.ENVIRONMENT or proof.reason is None:
-        return None
-    cause = _LANE_STOPS.get(proof.reason)
-    if cause == "binary_missing" and adapter.name == "generic":
-        return None
-    return cause
+        return outcome_of(found, proof, self._clock)
 
 
 def _misconfigured(issue: BoardIssue, reason: str, fix: str) -> RunOutcome:

@@ -60,6 +60,7 @@ from typing import Any
 
 import attrs
 
+from execkit._attempt import record_outcome, record_stopped, runner_error
 from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._errors import (
@@ -83,7 +84,7 @@ from execkit._validate import is_number
 from execkit.dispatch._board import BindableBoard, BoardIssue, JsonFileBoard, Tracker, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes
-from execkit.dispatch._runner import Runner, RunOutcome, Slot, last_line
+from execkit.dispatch._runner import Runner, RunOutcome, Slot
 from execkit.dispatch._slots import SlotExecutor, ThreadPerSlot
 from execkit.ledger import (
     DEFAULT_LEASE_S,
@@ -757,20 +758,14 @@ class Dispatcher:
         try:
             outcome = self.runner.run(issue, slot)
         except SpawnCancelled:
-            self._stopped(run)
+            record_stopped(self.ledger, run.id, STOPPED_REASON, now=self.clock())
             return _STOPPED
         except Exception as exc:
             _log.exception("issue %s: the runner raised on attempt %d", issue.id, run.attempt)
-            # Not positively identified as uninformative: it charges (ADR 0046).
-            outcome = RunOutcome(
-                RunStatus.FAILED,
-                failure_class=FailureClass.WORK,
-                reason="runner error",
-                detail=last_line(f"{type(exc).__name__}: {exc}"),
-            )
+            outcome = runner_error(exc)
         except BaseException:
             # Interrupted mid-run (Ctrl-C in an inline slot): no proof of what happened.
-            self._stopped(run)
+            record_stopped(self.ledger, run.id, STOPPED_REASON, now=self.clock())
             raise
         with self._unrecorded_lock:
             self._unrecorded[run.id] = _Unrecorded(run.id, outcome, self.clock())
@@ -781,32 +776,10 @@ class Dispatcher:
             return _NotRecorded(outcome, exc)
         return outcome
 
-    def _stopped(self, run: Run) -> None:
-        """Record a run this dispatcher stopped before its agent ended. If the ledger cannot
-        take it either, the run's lease runs out and the next admission abandons it."""
-        with suppress(ExecKitError):
-            self.ledger.finish_run(
-                run.id,
-                AttemptStatus.ABANDONED,
-                reason=STOPPED_REASON,
-                now=self.clock(),
-                stopped=True,
-            )
-
     def _record(self, run_id: str) -> None:
         with self._unrecorded_lock:
             pending = self._unrecorded[run_id]
-        outcome = pending.outcome
-        failed = outcome.status is RunStatus.FAILED
-        self.ledger.finish_run(
-            run_id,
-            AttemptStatus(outcome.status),
-            failure_class=outcome.failure_class if failed else None,
-            reason=outcome.ledger_reason(),
-            not_before=outcome.not_before if failed else None,
-            now=pending.ended_at,
-            lane_cause=outcome.lane_cause if failed else None,
-        )
+        record_outcome(self.ledger, run_id, pending.outcome, now=pending.ended_at)
         with self._unrecorded_lock:
             self._unrecorded.pop(run_id, None)
 
