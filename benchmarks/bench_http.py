@@ -50,7 +50,8 @@ else:
     async def hello(request):
         return JSONResponse(body)
     minimal = Starlette(routes=[Route("/", hello)])
-    config = _serve._config(type("App", (), {"app": minimal})())
+    # The same uvicorn configuration, serving the minimal app where execkit's front is.
+    config = _serve._config(type("App", (), {"front": type("Front", (), {"asgi": minimal})})())
 config.http = http_impl
 config.port = port
 uvicorn.Server(config).run()

@@ -1248,3 +1248,30 @@ def test_the_engine_makes_calls_in_proportion_to_the_text(
     for calls in _calls_per_size(head, unit, sizes):
         for smaller, larger in itertools.pairwise(calls):
             assert larger <= 2 * smaller + 64, calls
+
+
+def test_a_short_text_is_redacted_once_per_process_and_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Server answers and listing lines repeat short strings (keys, states, ids): each is
+    traced once, later calls take the remembered result, and a secret is still masked."""
+    from execkit._redact import front
+
+    traced: list[str] = []
+    real = front.redact_text
+
+    def counting(text: str, secrets: Any) -> str:
+        traced.append(text)
+        return real(text, secrets)
+
+    monkeypatch.setattr(front, "redact_text", counting)
+    front._redact_short.cache_clear()
+    key = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z"
+    texts = ["schema_version", "ledger_id", f"token {key}", "x" * front._SHORT]
+    for _ in range(50):
+        out = [redact(t) for t in texts]
+    assert traced == texts  # once each, whatever the number of calls
+    assert key not in out[2] and out[0] == "schema_version"
+    redact("y" * (front._SHORT + 1))
+    redact("y" * (front._SHORT + 1))
+    assert len(traced) == len(texts) + 2  # a long text is never remembered

@@ -34,6 +34,16 @@ def _cut_tail() -> Callable[[str, str, Sequence[str]], str]:
     return cut_tail
 
 
+# Short texts recur: JSON keys, states, ids and reasons in every server answer and listing
+# line. Their redaction is remembered (a bounded cache, in this process's memory only).
+_SHORT = 256
+
+
+@functools.lru_cache(maxsize=8192)
+def _redact_short(text: str) -> str:
+    return redact_text(text, ())
+
+
 def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:
     """`text` with credentials replaced by `[REDACTED]`.
 
@@ -43,6 +53,8 @@ def redact(text: str, extra_secrets: Iterable[str] = ()) -> str:
     shapes listed in the package docstring. Idempotent: redacting twice changes nothing
     more.
     """
+    if not extra_secrets and len(text) <= _SHORT and type(text) is str:
+        return _redact_short(text)
     return redact_text(text, literal_secrets(extra_secrets))
 
 
