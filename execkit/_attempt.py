@@ -4,21 +4,23 @@
 without a board:
 
 1. admit: `start_run` with a request key (deterministic per attempt unless one is given:
-   `attempt:<task>:<n>`) and a lease, in the ledger's one transaction. A run the key
-   replays that is not this process's to run (another runner admitted it) is a `Conflict`;
-   nothing is written for it;
+   `attempt:<task>:<n>`), a lease and the run's vendor lane, in the ledger's one
+   transaction. A run the key replays that is not this process's to run (another runner
+   admitted it) is a `Conflict`; nothing is written for it;
 2. run: `run_agent` with the lease kept alive by one renewer (a storage hiccup is logged
    and left to the next beat; a `Conflict`, the run abandoned meanwhile, stops the agent);
 3. finish: `finish_run` with the class, the reason (the precondition for environment,
-   else the class reason and the last line of the error), and the vendor's reset time
-   (`not_before`) that the proof carries;
+   else the class reason and the last line of the error), the vendor's reset time
+   (`not_before`) and what the vendor's structure said of the lane, as the proof carries
+   them (`outcome_of`, written by `record_outcome`);
 4. tell: an `AttemptOutcome` with the run's result and what the ledger decided next
    (done; retry at `next_attempt_at`; blocked on what, with the fix).
 
 Failures of the agent are outcomes, never exceptions. What raises:
 
 - the ledger's refusals, before anything runs and with nothing written: `NotFound` (no such
-  task), `TaskFinished`, `TaskBlocked`, `AttemptLimitReached`, `TaskBackingOff`, and
+  task), `TaskFinished`, `TaskBlocked`, `AttemptLimitReached`, `TaskBackingOff`,
+  `LaneWaiting` and `LaneStopped` (the run's vendor lane does not admit), and
   `Conflict` (a request key that admitted a run of another task or another actor, or a
   run another runner is running);
 - `SpawnCancelled` (sync) or `asyncio.CancelledError` (async) after a cancel: the agent's
@@ -27,6 +29,10 @@ Failures of the agent are outcomes, never exceptions. What raises:
   finished as a charged work failure (reason `runner error`) where the ledger still
   takes it; a ledger that cannot take the result (`StorageError`) leaves the run to its
   lease, and the next admission abandons it.
+
+The dispatcher runs each issue through the same pieces (`attempt_agent`, `outcome_of`,
+`record_outcome`, `record_stopped`, `runner_error`, `adapter_lane`): it adds the board,
+not another way to turn a proof into a ledger write.
 
 The async forms run the same code in a thread of their own (the ledger and the agent block),
 so an asyncio runner needs no executor of its own; cancelling the awaiting task stops the
