@@ -39,6 +39,7 @@ from setups import applies  # noqa: E402
 
 from execkit import AgentProof, AgentStatus, get_adapter, run_command  # noqa: E402
 from execkit._classify import FailureClass  # noqa: E402
+from execkit.dispatch._runner import lane_cause  # noqa: E402
 
 HANG_S = 1.0
 PATHS = sorted(p.parent for p in RECORDED.glob("*/*/meta.json"))
@@ -212,3 +213,34 @@ def test_matrix_md_holds_the_current_classes() -> None:
     assert text.index(measure.MATRIX_BEGIN) > text.index("| cli | scenario |")
     corpus_figures = measure.figures((v.expected, v.adapter) for v in corpus)
     assert corpus_figures.upstream_precision == 1.0
+
+
+# What each recorded refusal does to its vendor lane, through the adapter (issue #28): only a
+# reset from the vendor's own structure parks it; refused credentials or billing stop it.
+LANE_CAUSES = {
+    "claude/usage_limit_gateway": "reset",  # stream-json `rate_limit_event` with `resetsAt`
+    "claude/usage_limit": None,  # a 429 in prose only: it waits, never parks
+    "claude/auth_401": "credentials",
+    "claude/payment_402": "billing",
+    "gemini/auth_401": "credentials",
+    "gemini/no_credentials": "credentials",  # exit 41
+    "gemini/untrusted_workspace": None,  # exit 55: the workspace's fix, not the lane's
+    "gemini/rate_limit_429": "reset",  # the error's RetryInfo delay (`retryDelayMs`)
+    "gemini/usage_limit": None,  # gemini-cli 0.61 prints `retryDelayMs: undefined` here
+    "codex/usage_limit": "reset",  # its fixed "try again at <time>" usage-limit sentence
+}
+
+
+@pytest.mark.parametrize("key", sorted(LANE_CAUSES))
+def test_recorded_refusals_park_or_stop_the_lane_from_structure_only(
+    key: str, proofs: dict[str, AgentProof]
+) -> None:
+    proof = proofs[key]
+    not_before = None if proof.retry_after_s is None else 1.0 + proof.retry_after_s
+    cause = lane_cause(get_adapter(stand_in_cli(key)), proof, not_before)
+    assert cause == LANE_CAUSES[key], (key, proof.to_dict())
+    assert proof.reset_from_structure is (cause == "reset"), key
+
+
+def stand_in_cli(key: str) -> str:
+    return key.split("/", 1)[0]

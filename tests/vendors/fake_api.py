@@ -101,6 +101,9 @@ class Scenario:
     `no_key`: the CLI's credential variable and files are left out. `logged_out`: the CLI
     is not pointed at any API either (its default vendor, which the proxy refuses).
     `untrusted`: the working directory is not marked trusted (only for CLIs that ask).
+    `gateway`: the CLI signs in as an enterprise gateway session and streams its events
+    (only claude: the sign-in under which claude-code 2.1 reads the vendor's unified
+    rate-limit headers and prints a `rate_limit_event`; with an API key it never does).
     """
 
     name: str
@@ -114,6 +117,7 @@ class Scenario:
     no_key: bool = False
     logged_out: bool = False
     untrusted: bool = False
+    gateway: bool = False
 
     @property
     def reaches_api(self) -> bool:
@@ -219,6 +223,13 @@ _WIDER = (
         "expired_credential",
         "the vendor says the key or token expired or was revoked",
         ("expired_401",),
+    ),
+    Scenario(
+        "usage_limit_gateway",
+        "a usage limit with its reset, to a gateway session that streams its events "
+        "(claude's stream-json `rate_limit_event`)",
+        ("usage_limit",),
+        gateway=True,
     ),
     Scenario(
         "untrusted_workspace",

@@ -56,7 +56,7 @@ from clis import (  # noqa: E402
     write_versions,
 )
 from fake_api import SCENARIOS, FakeAPI, Scenario, dead_port  # noqa: E402
-from setups import KEYS, SETUPS, TIMEOUT_S, VENDOR_OF, Sandbox, Setup, applies  # noqa: E402
+from setups import GATEWAY_TOKEN, KEYS, SETUPS, TIMEOUT_S, VENDOR_OF, Sandbox, Setup, applies  # noqa: E402
 
 REPO = HERE.parent.parent
 RECORDED = REPO / "fixtures" / "recorded"
@@ -295,7 +295,7 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
         env = {**base_env(box, api.url, cli.path.parent), **setup.env}
         outcome = run_bounded([str(cli.path), *argv[1:]], env, box.work, timeout_s)
         log = api.requests()
-    scrub = Scrubber(box, ports, KEYS.values())
+    scrub = Scrubber(box, ports, [*KEYS.values(), GATEWAY_TOKEN])
     stdout, stdout_cut = cut(scrub.bytes(outcome.stdout))
     stderr, stderr_cut = cut(scrub.bytes(outcome.stderr))
     model_calls = [entry for entry in log if entry["role"] == "model"]

@@ -16,6 +16,7 @@ here, once as it is installed. tests/vendors/README.md tells the same per CLI.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from fake_api import SCENARIOS, Scenario, Vendor
 
 __all__ = [
     "APPLIES",
+    "GATEWAY_TOKEN",
     "KEYS",
     "SETUPS",
     "TIMEOUT_S",
@@ -36,7 +38,18 @@ __all__ = [
     "applies",
 ]
 
+
 # The fake keys: recognisable, never real, scrubbed to <KEY> in every recorded byte.
+def _jwt_part(value: dict[str, str]) -> str:
+    raw = json.dumps(value, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+# An unsigned gateway-session token (JWT audience `claude-gateway`): a credential stand-in
+# like KEYS, scrubbed from recordings like them.
+GATEWAY_TOKEN = (
+    f"{_jwt_part({'alg': 'none', 'typ': 'JWT'})}.{_jwt_part({'aud': 'claude-gateway'})}.fake"
+)
 KEYS: dict[str, str] = {
     "codex": "sk-test-execkit-openai-0000",
     "claude": "sk-ant-api03-test-execkit-0000",
@@ -95,6 +108,8 @@ def applies(cli: str, scenario: str) -> bool:
         return False
     if scenario == "untrusted_workspace":
         return cli in _TRUSTING
+    if SCENARIOS[scenario].gateway:
+        return cli == "claude"
     return scenario in _ALL
 
 
@@ -212,9 +227,16 @@ def setup_claude(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
     }
     if not scenario.logged_out:
         env["ANTHROPIC_BASE_URL"] = base_url
-    _key(env, "ANTHROPIC_API_KEY", "claude", scenario)
     if not scenario.keep_retries:
         env["CLAUDE_CODE_MAX_RETRIES"] = "1"
+    if scenario.gateway:
+        # claude-code 2.1 tracks the unified limits (and prints `rate_limit_event`) only for
+        # a claude.ai sign-in or a gateway session: a bearer token whose JWT audience is
+        # `claude-gateway`, sent to a base URL that is not api.anthropic.com. The token is
+        # an unsigned stand-in: only the fake API reads it.
+        env["ANTHROPIC_AUTH_TOKEN"] = GATEWAY_TOKEN
+        return Setup(env, extra_args=("--output-format", "stream-json", "--verbose"))
+    _key(env, "ANTHROPIC_API_KEY", "claude", scenario)
     return Setup(env)
 
 
