@@ -5,6 +5,7 @@ issue blocked on environment, one blocked on work, one backing off on upstream, 
 running, one done, one never dispatched), a tokens file with an operator (`agent.operate`)
 and a viewer (no role), and returns them with a `LedgerApp` over them. `extra_tasks` adds
 that many more dispatched issues (one failed attempt each), for the size checks.
+`add_lanes(ledger, ids)` adds runs on two vendor lanes, one left parked and one stopped.
 
 `chromium()` launches Debian's /usr/bin/chromium through Playwright with the flags this
 machine's closed network needs (never the library's own browser download).
@@ -73,6 +74,59 @@ def _fail(
         )
 
 
+PARKED_LANE = "claude/default"
+STOPPED_LANE = "codex/default"
+STOP_REASON = "codex: the API key was refused (HTTP 401): log in again with `codex login`"
+
+
+def add_lanes(ledger: Ledger, ids: dict[str, str]) -> dict[str, str]:
+    """Two vendor lanes with different histories, made through the library: on
+    `PARKED_LANE` a task succeeds and another fails upstream with the vendor's stated reset
+    an hour away (the lane parks until then); on `STOPPED_LANE` a task fails twice on its
+    work and then on its credentials (the lane stops, the reason is the fix). Returns
+    {task id: lane} for every task that ran on a lane."""
+    lane_of: dict[str, str] = {}
+
+    def run_on(name: str, lane: str, status: str, **finish: Any) -> None:
+        if name not in ids:
+            ids[name] = ledger.create_task(f"board:{name}", actor="dispatcher").id
+        task_id = ids[name]
+        n = len(ledger.runs(task_id))
+        run = ledger.start_run(
+            task_id,
+            request_key=f"{task_id}-lane-{n}",
+            actor="dispatcher",
+            ignore_backoff=True,
+            lane=lane,
+        )
+        ledger.finish_run(run.id, status, **finish)
+        lane_of[task_id] = lane
+
+    run_on("ENG-201", PARKED_LANE, "succeeded")
+    run_on(
+        "ENG-202",
+        PARKED_LANE,
+        "failed",
+        failure_class=FailureClass.UPSTREAM,
+        reason="claude: usage limit reached",
+        not_before=time.time() + 3600.0,
+        lane_cause="reset",
+    )
+    for _ in range(2):
+        run_on(
+            "ENG-203", STOPPED_LANE, "failed", failure_class=FailureClass.WORK, reason=WORK_REASON
+        )
+    run_on(
+        "ENG-203",
+        STOPPED_LANE,
+        "failed",
+        failure_class=FailureClass.ENVIRONMENT,
+        reason=STOP_REASON,
+        lane_cause="credentials",
+    )
+    return lane_of
+
+
 def make_scene(folder: Path, *, extra_tasks: int = 0) -> Scene:
     folder.mkdir(parents=True, exist_ok=True)
     ledger = open_ledger(folder / "ledger.db")
@@ -117,6 +171,7 @@ def screenshot(target: Path) -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         made = make_scene(Path(folder), extra_tasks=16)
+        add_lanes(made.ledger, made.ids)
         try:
             with ServerThread(made.app) as running, sync_playwright() as playwright:
                 browser = launch(playwright)

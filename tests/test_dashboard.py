@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +18,30 @@ from typing import Any, cast
 
 import attrs
 import pytest
-from dashboard_scene import ME, Scene, make_scene
+from dashboard_scene import (
+    ME,
+    PARKED_LANE,
+    STOP_REASON,
+    STOPPED_LANE,
+    Scene,
+    add_lanes,
+    make_scene,
+)
 from starlette.testclient import TestClient
 
 from execkit._budget import AttemptStatus, TaskState
 from execkit._classify import FailureClass
-from execkit._errors import NotFound, StorageError
+from execkit._errors import StorageError
 from execkit.ledger import Ledger, Run, Task, TaskStatus
 from execkit.server import ServerThread, token_hash
-from execkit.server._dashboard import LedgerView
+from execkit.server._dashboard import (
+    CHART_BUCKETS,
+    CHART_MAX_LANES,
+    NO_LANE,
+    OTHER_LANES,
+    LedgerView,
+    chart,
+)
 
 ORIGIN = "http://testserver"
 
@@ -385,65 +401,163 @@ def test_the_access_log_is_json_and_never_holds_a_token(
 # -- lanes ------------------------------------------------------------------------------
 
 
-class WithLanes:
-    """A ledger with vendor lanes as branch `lanes` gives it (`list_lanes`, `resume_lane`
-    returning views with `to_dict()`), over a real one; records each resume."""
+def _lane_scene(scene: Scene) -> dict[str, str]:
+    return add_lanes(scene.ledger, scene.ids)
+
+
+def _truth(ledger: Ledger, lane_of: dict[str, str]) -> dict[str, tuple[int, int, int]]:
+    """Finished runs per lane as the ledger holds them: (attempts, charged, uncharged)."""
+    counted: dict[str, list[int]] = {}
+    for task in ledger.list_tasks():
+        for run in ledger.runs(task.id):
+            if run.status is AttemptStatus.RUNNING:
+                continue
+            was = run.status is not AttemptStatus.FAILED or (
+                run.failure_class is None or run.failure_class.charged
+            )
+            row = counted.setdefault(lane_of.get(task.id, NO_LANE), [0, 0, 0])
+            row[0] += 1
+            row[1 if was else 2] += 1
+    return {lane: (a, c, u) for lane, (a, c, u) in counted.items()}
+
+
+def test_the_chart_per_lane_counts_the_runs_the_ledger_holds(
+    scene: Scene, client: TestClient
+) -> None:
+    lane_of = _lane_scene(scene)
+    snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
+    chart = snap["chart"]
+    shown = {s["lane"]: (s["attempts"], s["charged"], s["uncharged"]) for s in chart["lanes"]}
+    assert shown == _truth(scene.ledger, lane_of)
+    assert shown[PARKED_LANE] == (2, 1, 1)  # a success, an upstream reset
+    assert shown[STOPPED_LANE] == (3, 2, 1)  # two work failures, one on credentials
+    assert [s["lane"] for s in chart["lanes"]] == [PARKED_LANE, STOPPED_LANE, NO_LANE]
+    for series in chart["lanes"]:
+        assert len(series["buckets"]) == CHART_BUCKETS
+        assert sum(b["charged"] + b["uncharged"] for b in series["buckets"]) == series["attempts"]
+    for key in ("work", "environment", "upstream", "succeeded", "charged", "uncharged"):
+        for i, bucket in enumerate(chart["buckets"]):  # the lanes add up to the whole
+            assert bucket[key] == sum(s["buckets"][i][key] for s in chart["lanes"])
+
+
+def _run(run_id: str, at: float, klass: FailureClass | None) -> Run:
+    return Run(
+        id=run_id,
+        task_id="t",
+        attempt=1,
+        status=AttemptStatus.FAILED if klass else AttemptStatus.SUCCEEDED,
+        failure_class=klass,
+        reason=None,
+        request_key=run_id,
+        actor="d",
+        forced=False,
+        started_at=at,
+        ended_at=at + 1,
+    )
+
+
+def test_the_chart_per_lane_is_bounded() -> None:
+    # Twelve lanes, lane i with i + 1 runs, and three runs on no lane.
+    runs, lane_of = [], {}
+    for i in range(12):
+        for j in range(i + 1):
+            run_id = f"r-{i}-{j}"
+            runs.append(_run(run_id, 1000.0 + 100 * j, FailureClass.UPSTREAM))
+            lane_of[run_id] = f"a{i:02d}/default"
+    runs += [_run(f"free-{k}", 1000.0, None) for k in range(3)]
+    doc = chart(runs, 5000.0, lane_of=lane_of)
+    names = [s["lane"] for s in doc["lanes"]]
+    kept = [f"a{i:02d}/default" for i in range(4, 12)]  # the eight with the most runs
+    assert names == [*kept, OTHER_LANES, NO_LANE]
+    assert len(names) == CHART_MAX_LANES + 2
+    by_name = {s["lane"]: s["attempts"] for s in doc["lanes"]}
+    assert by_name[OTHER_LANES] == 1 + 2 + 3 + 4 and by_name[NO_LANE] == 3
+    assert all(len(s["buckets"]) == CHART_BUCKETS for s in doc["lanes"])
+    unread = chart(runs, 5000.0, lane_of=lane_of, lanes_unread=2)
+    assert unread["lanes"][-1]["lane"] == "no lane or an unread lane"
+    assert unread["lanes_unread"] == 2
+    assert chart(runs, 5000.0)["lanes"] is None  # a ledger with no lanes
+
+
+class _CountingHistory:
+    """A real ledger, counting the lane histories read from it."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        self.lanes = {"claude": "open", "codex": "parked", "gemini": "cooling"}
-        self.resumed: list[tuple[str, str, str | None]] = []
+        self.histories = 0
 
-    def _view(self, lane: str) -> Any:
-        state = self.lanes[lane]
-        doc = {
-            "lane": lane,
-            "state": state,
-            "admits": state == "open",
-            "opens_at": None if state == "open" else 4_000_000_000.0,
-            "reason": None if state == "open" else "HTTP 429: usage limit",
-        }
-        return type("LaneView", (), {"to_dict": lambda _self: dict(doc)})()
-
-    def list_lanes(self, *, now: float | None = None) -> list[Any]:
-        return [self._view(lane) for lane in sorted(self.lanes)]
-
-    def resume_lane(self, lane: str, *, actor: Any, reason: str | None = None) -> Any:
-        if lane not in self.lanes:
-            raise NotFound(f"no lane {lane!r}")
-        self.resumed.append((lane, str(actor), reason))
-        self.lanes[lane] = "open"
-        return self._view(lane)
+    def lane_history(self, lane: str) -> Any:
+        self.histories += 1
+        return self._ledger.lane_history(lane)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ledger, name)
 
 
-def test_a_ledger_with_lanes_gets_a_panel_series_and_resume(scene: Scene) -> None:
-    """The hook for branch `lanes`: a ledger with `list_lanes` and `resume_lane`."""
-    lanes = WithLanes(scene.ledger)
-    scene.app.front.view.ledger = cast(Ledger, lanes)  # a stand-in with lanes
+def test_a_board_that_stands_still_reads_no_lane_history(scene: Scene) -> None:
+    _lane_scene(scene)
+    counting = _CountingHistory(scene.ledger)
+    now = [time.time()]
+    view = LedgerView(cast(Ledger, counting), clock=lambda: now[0])
+    view.snapshot()
+    assert counting.histories == 2  # one per lane
+    now[0] += 5
+    view.snapshot()
+    assert counting.histories == 2  # nothing changed: none read
+    # A run ends (on no lane): the histories are read again, once.
+    (running,) = [r for r in scene.ledger.runs(scene.ids["ENG-104"]) if r.status == "running"]
+    scene.ledger.finish_run(running.id, "succeeded")
+    now[0] += 5
+    view.snapshot()
+    assert counting.histories == 4
+    now[0] += 5
+    view.snapshot()
+    assert counting.histories == 4
+
+
+def test_a_real_lane_shows_why_and_when_and_an_operator_resumes_it(scene: Scene) -> None:
+    lane_of = _lane_scene(scene)
+    (stopped_task,) = [t for t, lane in lane_of.items() if lane == STOPPED_LANE]
     client = TestClient(scene.app.front.asgi, base_url=ORIGIN)
     snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
-    assert [(lane["lane"], lane["state"]) for lane in snap["lanes"]] == [
-        ("claude", "open"),
-        ("codex", "parked"),
-        ("gemini", "cooling"),
-    ]
+    lanes = {lane["lane"]: lane for lane in snap["lanes"]}
+    parked, stopped = lanes[PARKED_LANE], lanes[STOPPED_LANE]
+    assert (parked["state"], parked["reason"]) == ("parked", "claude: usage limit reached")
+    assert parked["opens_at"] == scene.ledger.get_lane(PARKED_LANE).opens_at
+    assert parked["opens_at"] > snap["now"] + 3000
+    assert (stopped["state"], stopped["reason"], stopped["opens_at"]) == (
+        "stopped",
+        STOP_REASON,
+        None,
+    )
     text = client.get("/metrics", headers=_bearer(scene.viewer)).text
     assert 'execkit_lanes{state="parked"} 1.0' in text
-    resume = "/dashboard/api/lanes/codex/resume"
+    assert 'execkit_lanes{state="stopped"} 1.0' in text
+
+    resume = f"/dashboard/api/lanes/{STOPPED_LANE}/resume"
+    before = scene.ledger.audit_events()
     assert _code(client.post(resume, headers=_bearer(scene.viewer))) == (403, "forbidden")
     csrf = _sign_in(client, scene.operator)
     assert _code(client.post(resume, headers={"Origin": ORIGIN})) == (403, "forbidden")
-    assert lanes.resumed == []
+    assert scene.ledger.audit_events() == before
+    assert scene.ledger.get_lane(STOPPED_LANE).state == "stopped"
     done = client.post(resume, headers={"Origin": ORIGIN, "X-CSRF-Token": csrf})
-    assert done.status_code == 200 and done.json()["lane"]["state"] == "open"
-    assert lanes.resumed == [("codex", ME, "resume (dashboard)")]
-    missing = client.post(
-        "/dashboard/api/lanes/nope/resume", headers={"Origin": ORIGIN, "X-CSRF-Token": csrf}
-    )
+    assert done.status_code == 200, done.text
+    assert done.json()["lane"]["state"] == "open"
+    assert scene.ledger.get_lane(STOPPED_LANE).state == "open"
+    (entry,) = [e for e in scene.ledger.audit_events() if e.action == "lane.resume"]
+    assert entry.actor == ME and entry.detail["lane"] == STOPPED_LANE
+    assert entry.detail["reason"] == "resume (dashboard)"
+    assert scene.ledger.get_task(stopped_task).retry_pending  # the stopping task retries
+    snap = client.get("/dashboard/api/snapshot").json()  # the action took a fresh snapshot
+    assert {lane["lane"]: lane["state"] for lane in snap["lanes"]}[STOPPED_LANE] == "open"
+    headers = {"Origin": ORIGIN, "X-CSRF-Token": csrf}
+    missing = client.post("/dashboard/api/lanes/nope/default/resume", headers=headers)
     assert _code(missing) == (404, "not_found")
+    assert _code(client.post("/dashboard/api/lanes/nope/resume", headers=headers)) == (
+        400,
+        "invalid",
+    )
 
 
 def test_resuming_a_lane_no_run_has_used_changes_nothing(scene: Scene, client: TestClient) -> None:

@@ -3,7 +3,11 @@
 
 Click-throughs: a blocked card shows its fix; "retry once" runs it (audited with the
 operator) and the card moves to `ready`; a viewer sees no action button and is refused
-(403, nothing changed) when it posts one anyway; the chart and every panel draw. Waits are
+(403, nothing changed) when it posts one anyway; the chart and every panel draw. Vendor
+lanes are real ones, made through the library (`start_run(lane=)`, `finish_run(lane_cause=)`):
+two lanes with different histories draw different counts in the chart per lane, a parked
+and a stopped lane show their state, why and when they open, an operator's "resume"
+re-opens the stopped one (audited), and a viewer has no resume and is refused one. Waits are
 bounded by Playwright's timeouts; nothing here measures time.
 
 Under `CI=true` a missing browser fails the run: it is never skipped there.
@@ -12,15 +16,24 @@ Under `CI=true` a missing browser fails the run: it is never skipped there.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from dashboard_scene import CHROMIUM, ME, Scene, launch, make_scene
-from test_dashboard import WithLanes
+from dashboard_scene import (
+    CHROMIUM,
+    ME,
+    PARKED_LANE,
+    STOP_REASON,
+    STOPPED_LANE,
+    Scene,
+    add_lanes,
+    launch,
+    make_scene,
+)
 
-from execkit.ledger import Ledger
 from execkit.server import ServerThread
 
 if not os.access(CHROMIUM, os.X_OK):
@@ -163,17 +176,88 @@ def test_no_page_or_answer_carries_the_token_or_the_session(
     page.wait_for_selector("#sign-in:not([hidden])")
 
 
-def test_lanes_show_when_the_ledger_has_them_and_resume_is_a_click(
+def _lane_figure(page: Page, lane: str) -> dict[str, str]:
+    figure = page.locator(f"#lane-charts .lane-chart[data-lane='{lane}']")
+    found: dict[str, str] = figure.evaluate("(node) => ({...node.dataset})")
+    found["caption"] = figure.locator("figcaption").inner_text()
+    found["bars"] = str(figure.locator("rect[data-class]").count())
+    return found
+
+
+def test_two_lanes_draw_their_own_counts(browser: Any, scene: tuple[Scene, str]) -> None:
+    made, url = scene
+    add_lanes(made.ledger, made.ids)
+    page = _sign_in(browser, url, made.viewer)
+    page.wait_for_selector("#lane-charts:not([hidden]) .lane-chart")
+    lanes = page.eval_on_selector_all(
+        "#lane-charts .lane-chart", "(nodes) => nodes.map((n) => n.dataset.lane)"
+    )
+    assert lanes == [PARKED_LANE, STOPPED_LANE, "no lane"]
+    parked, stopped = _lane_figure(page, PARKED_LANE), _lane_figure(page, STOPPED_LANE)
+    assert (parked["attempts"], parked["charged"], parked["uncharged"]) == ("2", "1", "1")
+    assert (stopped["attempts"], stopped["charged"], stopped["uncharged"]) == ("3", "2", "1")
+    assert "2 attempts" in parked["caption"] and "3 attempts" in stopped["caption"]
+    classes = page.eval_on_selector_all(
+        f"#lane-charts .lane-chart[data-lane='{STOPPED_LANE}'] rect[data-class]",
+        "(nodes) => nodes.map((n) => [n.dataset.class, Number(n.dataset.count)])",
+    )
+    drawn: dict[str, int] = {}
+    for klass, count in classes:
+        drawn[klass] = drawn.get(klass, 0) + count
+    assert drawn == {"work": 2, "environment": 1}
+    assert _lane_figure(page, "no lane")["attempts"] == "6"
+
+
+def _lane_row(page: Page, lane: str) -> Any:
+    return page.locator(f"#lanes tbody tr[data-lane='{lane}']")
+
+
+def test_a_real_lane_shows_why_and_when_and_an_operator_resumes_it(
     browser: Any, scene: tuple[Scene, str]
 ) -> None:
     made, url = scene
-    lanes = WithLanes(made.ledger)
-    made.app.front.view.ledger = cast(Ledger, lanes)  # a stand-in with lanes
+    lane_of = add_lanes(made.ledger, made.ids)
+    (stopped_task,) = [t for t, lane in lane_of.items() if lane == STOPPED_LANE]
     page = _sign_in(browser, url, made.operator)
     page.wait_for_selector("#lanes-panel:not([hidden]) #lanes tbody tr")
-    assert page.locator("#lanes tbody tr").count() == 3
-    assert page.locator("button.resume-lane").count() == 2  # not for the open lane
-    page.click("button.resume-lane[data-lane=codex]")
-    page.wait_for_selector("button.resume-lane[data-lane=codex]", state="detached")
-    assert page.locator("button.resume-lane").count() == 1
-    assert lanes.resumed == [("codex", ME, "resume (dashboard)")]
+    parked, stopped = _lane_row(page, PARKED_LANE), _lane_row(page, STOPPED_LANE)
+    assert parked.get_attribute("data-state") == "parked"
+    assert "claude: usage limit reached" in parked.inner_text()
+    assert re.search(r"in (59|60)m", parked.inner_text())  # opens at the vendor's reset
+    assert stopped.get_attribute("data-state") == "stopped"
+    assert STOP_REASON in stopped.inner_text()
+    assert "when an operator resumes it" in stopped.inner_text()
+    assert page.locator("button.resume-lane").count() == 2
+
+    stopped.locator("button.resume-lane").click()
+    page.wait_for_selector(f"#lanes tbody tr[data-lane='{STOPPED_LANE}'][data-state=open]")
+    assert made.ledger.get_lane(STOPPED_LANE).state == "open"
+    assert made.ledger.get_lane(PARKED_LANE).state == "parked"
+    (entry,) = [e for e in made.ledger.audit_events() if e.action == "lane.resume"]
+    assert (entry.actor, entry.detail["lane"]) == (ME, STOPPED_LANE)
+    assert made.ledger.get_task(stopped_task).retry_pending
+    assert page.locator("button.resume-lane").count() == 1  # the open lane has none
+
+
+def test_a_viewer_sees_no_resume_and_is_refused_when_it_posts_one(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    made, url = scene
+    add_lanes(made.ledger, made.ids)
+    page = _sign_in(browser, url, made.viewer)
+    page.wait_for_selector(f"#lanes tbody tr[data-lane='{STOPPED_LANE}']")
+    assert page.locator("button.resume-lane").count() == 0
+    before = made.ledger.audit_events()
+    status = page.evaluate(
+        """async (lane) => {
+            const session = await (await fetch('/dashboard/api/session')).json();
+            const answer = await fetch(`/dashboard/api/lanes/${lane}/resume`, {
+                method: 'POST', body: '{}',
+                headers: {'Content-Type': 'application/json', 'X-CSRF-Token': session.csrf}});
+            return answer.status;
+        }""",
+        STOPPED_LANE,
+    )
+    assert status == 403
+    assert made.ledger.audit_events() == before
+    assert made.ledger.get_lane(STOPPED_LANE).state == "stopped"

@@ -13,9 +13,20 @@ bounded too: each column lists at most `max_cards` cards and says how many more 
 A view that cannot read the ledger raises the ledger's `ExecKitError`; nothing is cached
 from a failed read.
 
-Lanes: `LedgerView.lanes()` and `resume_lane()` are the hook for the vendor lanes branch
-`lanes` adds to the ledger (`list_lanes`, `resume_lane`); a ledger without them has no
-lanes panel, no lanes series and no resume action (404).
+Lanes: `LedgerView.lanes()` and `resume_lane()` read the ledger's vendor lanes
+(`list_lanes`, `resume_lane`, issue #28); a ledger without them (a stand-in) has no lanes
+panel, no lanes series and no resume action (404).
+
+The chart per lane. A run does not carry its lane; each lane's history does (every run
+bound to a lane leaves one result event there, with its run id, when it ends: a missing
+binary's on `lane@host`, counted under `lane`). So a refresh reads `lane_history` for at
+most `MAX_LANES_READ` lanes (the most recently changed first), and only when a lane or
+the set of finished runs changed since the last refresh: a board that stands still reads
+no history. The chart has at most `CHART_MAX_LANES` lane series (those with the most
+attempts), then "other lanes" and "no lane", each of `CHART_BUCKETS` slices. When more
+lanes exist than are read, the runs of the unread ones cannot be told from runs with no
+lane: the chart says how many lanes went unread, and its last series is named "no lane or
+an unread lane".
 """
 
 from __future__ import annotations
@@ -26,15 +37,22 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from execkit._budget import AttemptStatus, BlockedOn, TaskState
-from execkit._errors import NotFound
+from execkit._errors import InvalidInput, NotFound
+from execkit._lanes import LaneKey
 from execkit.dispatch import task_key
 from execkit.ledger import Actor, Ledger, Run, Task
 
 __all__ = [
+    "CHART_BUCKETS",
+    "CHART_MAX_LANES",
     "COLUMNS",
     "DEFAULT_MAX_CARDS",
+    "MAX_LANES_READ",
+    "NO_LANE",
+    "OTHER_LANES",
     "LedgerView",
     "charged",
+    "chart",
     "fix_for",
     "issue_of",
     "run_row",
@@ -54,6 +72,15 @@ TASK_TITLE_PREFIX = task_key("")
 DEFAULT_MAX_CARDS = 100
 DEFAULT_TTL_S = 1.0
 CHART_BUCKETS = 24
+# The chart's lane series: at most this many lanes drawn on their own (those with the most
+# attempts), the rest summed as OTHER_LANES, runs bound to no lane as NO_LANE.
+CHART_MAX_LANES = 8
+# The lane histories one refresh reads at most (one query each): lanes are an adapter and
+# a credential (and a host for a missing binary), a handful on any real ledger.
+MAX_LANES_READ = 64
+NO_LANE = "no lane"
+OTHER_LANES = "other lanes"
+UNREAD_LANE = "no lane or an unread lane"
 
 # What each blocked card tells the operator to do. An environment block's reason names the
 # missing precondition and its fix already (the adapter's precondition): the fix says so.
@@ -146,6 +173,11 @@ class LedgerView:
         self._snapshot_at = 0.0
         self._tasks: list[Task] = []
         self._all_runs: list[Run] = []
+        self._lanes: list[dict[str, Any]] | None = None
+        # run id -> its lane (without a host), from the lanes' histories; None: no lanes.
+        self._lane_of: dict[str, str] | None = None
+        self._lanes_unread = 0
+        self._finished: frozenset[str] = frozenset()
 
     # -- reading ------------------------------------------------------------------------
 
@@ -165,6 +197,41 @@ class LedgerView:
         self._runs = seen  # tasks gone from the list drop out of the cache
         self._tasks = tasks
         self._all_runs = [run for _key, runs in seen.values() for run in runs]
+        # The lanes' histories are read again only when a lane or the set of finished
+        # runs changed (a run's lane is known once it has ended).
+        finished = frozenset(r.id for r in self._all_runs if r.status is not AttemptStatus.RUNNING)
+        lanes = self._read_lanes(now)
+        if lanes != self._lanes or finished != self._finished or self._lane_of is None:
+            self._lane_of = self._read_lane_runs(lanes)
+        self._lanes = lanes
+        self._finished = finished
+
+    def _read_lanes(self, now: float) -> list[dict[str, Any]] | None:
+        list_lanes = getattr(self.ledger, "list_lanes", None)
+        if list_lanes is None or not callable(list_lanes):
+            return None
+        return [lane.to_dict() for lane in list_lanes(now=now)]
+
+    def _read_lane_runs(self, lanes: list[dict[str, Any]] | None) -> dict[str, str] | None:
+        """Which lane each finished run went through, from the lanes' histories."""
+        history = getattr(self.ledger, "lane_history", None)
+        if lanes is None or history is None or not callable(history):
+            self._lanes_unread = 0
+            return None
+        # The most recently changed lanes first: those are the ones with recent attempts.
+        ordered = sorted(lanes, key=lambda lane: (-(lane.get("updated_at") or 0.0), lane["lane"]))
+        read = ordered[:MAX_LANES_READ]
+        self._lanes_unread = len(ordered) - len(read)
+        lane_of: dict[str, str] = {}
+        for lane in read:
+            try:
+                name = str(LaneKey.parse(lane["lane"]).without_host())
+            except InvalidInput:
+                name = str(lane["lane"])
+            for event in history(lane["lane"]):
+                if event.run_id is not None:
+                    lane_of[event.run_id] = name
+        return lane_of
 
     def snapshot(self) -> dict[str, Any]:
         """The whole page's data (JSON-safe), at most `ttl_s` old."""
@@ -199,14 +266,12 @@ class LedgerView:
         }
 
     def lanes(self) -> list[dict[str, Any]] | None:
-        """The vendor lanes (`lane`, `state`, `reason`, `opens_at`...), or None when the
-        ledger has none: the hook for branch `lanes`, whose ledgers have `list_lanes(now=)`
-        returning `LaneView`s (anything with `to_dict()`); today's ledgers have no such
-        method, and the page shows no lanes panel."""
-        list_lanes = getattr(self.ledger, "list_lanes", None)
-        if list_lanes is None or not callable(list_lanes):
-            return None
-        return [lane.to_dict() for lane in list_lanes(now=self.clock())]
+        """The vendor lanes of the last snapshot (`LaneView.to_dict()`: `lane`, `state`,
+        `reason`, `opens_at`...; taken now if it is stale), or None when the ledger has no
+        `list_lanes` (a stand-in): the page then shows no lanes panel."""
+        self.snapshot()
+        with self._lock:
+            return None if self._lanes is None else list(self._lanes)
 
     def resume_lane(self, lane: str, actor: Actor) -> dict[str, Any]:
         """An operator's resume of one lane (`resume_lane`, audited by the ledger);
@@ -282,8 +347,10 @@ class LedgerView:
             "retries_more": max(0, len(retrying) - self.max_cards),
             "blocked": [self._card(t, self._last(t)) for t in blocked[: self.max_cards]],
             "in_flight": self._in_flight(),
-            "chart": chart(self._all_runs, now),
-            "lanes": self.lanes(),
+            "chart": chart(
+                self._all_runs, now, lane_of=self._lane_of, lanes_unread=self._lanes_unread
+            ),
+            "lanes": self._lanes,
         }
 
     def _in_flight(self) -> list[dict[str, Any]]:
@@ -314,14 +381,8 @@ class LedgerView:
 _CHART_CLASSES = ("work", "environment", "upstream", "succeeded", "abandoned")
 
 
-def chart(runs: Iterable[Run], now: float, buckets: int = CHART_BUCKETS) -> dict[str, Any]:
-    """Finished attempts over time: `buckets` equal slices from the first attempt to `now`,
-    each with its count per class and charged/uncharged (the running ones are left out)."""
-    finished = [run for run in runs if run.status is not AttemptStatus.RUNNING]
-    start = min((run.started_at for run in finished), default=now)
-    span = max(now - start, 60.0)
-    width = span / buckets
-    series: list[dict[str, Any]] = [
+def _empty_series(start: float, width: float, buckets: int) -> list[dict[str, Any]]:
+    return [
         {
             "start": start + i * width,
             **dict.fromkeys(_CHART_CLASSES, 0),
@@ -330,12 +391,72 @@ def chart(runs: Iterable[Run], now: float, buckets: int = CHART_BUCKETS) -> dict
         }
         for i in range(buckets)
     ]
+
+
+def chart(
+    runs: Iterable[Run],
+    now: float,
+    buckets: int = CHART_BUCKETS,
+    *,
+    lane_of: Mapping[str, str] | None = None,
+    lanes_unread: int = 0,
+    max_lanes: int = CHART_MAX_LANES,
+) -> dict[str, Any]:
+    """Finished attempts over time: `buckets` equal slices from the first attempt to `now`,
+    each with its count per class and charged/uncharged (the running ones are left out).
+
+    With `lane_of` (run id -> lane), `lanes` holds the same slices per lane: at most
+    `max_lanes` lanes (the most attempts first, then by name), then `OTHER_LANES` for the
+    rest and `NO_LANE` for runs `lane_of` does not name (`UNREAD_LANE` when `lanes_unread`
+    lanes were not read), each `{lane, attempts, charged, uncharged, buckets}`; without it
+    (a ledger with no lanes) `lanes` is None."""
+    finished = [run for run in runs if run.status is not AttemptStatus.RUNNING]
+    start = min((run.started_at for run in finished), default=now)
+    span = max(now - start, 60.0)
+    width = span / buckets
+    series = _empty_series(start, width, buckets)
+    slot_of: list[int] = []
     for run in finished:
         at = run.ended_at if run.ended_at is not None else run.started_at
-        slot = series[min(buckets - 1, max(0, int((at - start) / width)))]
+        index = min(buckets - 1, max(0, int((at - start) / width)))
+        slot_of.append(index)
+        slot = series[index]
         slot[_class_of(run)] += 1
         slot["charged" if charged(run) else "uncharged"] += 1
-    return {"start": start, "end": start + span, "width_s": width, "buckets": series}
+    doc: dict[str, Any] = {
+        "start": start,
+        "end": start + span,
+        "width_s": width,
+        "buckets": series,
+        "lanes": None,
+    }
+    if lane_of is None:
+        return doc
+    nameless = UNREAD_LANE if lanes_unread else NO_LANE
+    names = [lane_of.get(run.id, nameless) for run in finished]
+    counts: dict[str, int] = {}
+    for name in names:
+        if name != nameless:
+            counts[name] = counts.get(name, 0) + 1
+    ranked = sorted(counts, key=lambda name: (-counts[name], name))
+    own = set(ranked[:max_lanes])
+    order = [*sorted(own), *([OTHER_LANES] if len(ranked) > max_lanes else [])]
+    if nameless in names:
+        order.append(nameless)
+    per_lane = {name: _empty_series(start, width, buckets) for name in order}
+    totals_of = {name: {"attempts": 0, "charged": 0, "uncharged": 0} for name in order}
+    for run, name, index in zip(finished, names, slot_of, strict=True):
+        if name != nameless and name not in own:
+            name = OTHER_LANES
+        slot = per_lane[name][index]
+        slot[_class_of(run)] += 1
+        side = "charged" if charged(run) else "uncharged"
+        slot[side] += 1
+        totals_of[name]["attempts"] += 1
+        totals_of[name][side] += 1
+    doc["lanes"] = [{"lane": name, **totals_of[name], "buckets": per_lane[name]} for name in order]
+    doc["lanes_unread"] = lanes_unread
+    return doc
 
 
 def totals(runs: Sequence[Run]) -> dict[tuple[str, bool], int]:

@@ -355,5 +355,6 @@ def dashboard_routes(tokens: TokenFile, view: LedgerView, sessions: Sessions) ->
         Route("/dashboard/api/snapshot", g(board.snapshot), methods=["GET"]),
         Route("/dashboard/api/tasks/{task_id}", g(board.task), methods=["GET"]),
         Route("/dashboard/api/tasks/{task_id}/retry-once", g(board.retry_once), methods=["POST"]),
-        Route("/dashboard/api/lanes/{lane}/resume", g(board.resume_lane), methods=["POST"]),
+        # A lane's name has a slash in it (`adapter/credential[@host]`).
+        Route("/dashboard/api/lanes/{lane:path}/resume", g(board.resume_lane), methods=["POST"]),
     ]

@@ -115,7 +115,8 @@ function resumeButton(lane) {
   const button = el("button", { class: "resume-lane", type: "button", "data-lane": lane }, "resume");
   button.addEventListener("click", async () => {
     button.disabled = true;
-    const { status, doc } = await call("POST", `${API}/lanes/${encodeURIComponent(lane)}/resume`, {});
+    const path = lane.split("/").map(encodeURIComponent).join("/");
+    const { status, doc } = await call("POST", `${API}/lanes/${path}/resume`, {});
     $("status").textContent = status === 200 ? `${lane}: resumed`
       : `resume refused: ${doc && doc.error ? doc.error.message : status}`;
     refresh();
@@ -181,10 +182,22 @@ function drawTables(snap) {
   // Hidden until some run has used a lane (or when the ledger has none).
   $("lanes-panel").hidden = !snap.lanes || snap.lanes.length === 0;
   if (snap.lanes) {
-    rows("lanes", snap.lanes, (l) => [l.lane || "-", l.state || "-", l.reason || "-",
-      l.opens_at ? when(l.opens_at, snap.now) : "-",
+    rows("lanes", snap.lanes, (l) => [l.lane || "-", l.state || "-",
+      (l.reason || "-") + (l.capped ? " (the vendor's reset was further away: capped)" : ""),
+      opens(l, snap.now),
       snap.can_operate && l.state !== "open" ? resumeButton(l.lane) : ""]);
+    const lines = $("lanes").querySelectorAll("tbody tr");
+    snap.lanes.forEach((l, i) => { lines[i].dataset.lane = l.lane; lines[i].dataset.state = l.state; });
   }
+}
+
+// When a lane opens: at its time (parked, cooling), on its probe's result (half open), or
+// only when an operator resumes it (stopped).
+function opens(lane, now) {
+  if (lane.state === "open") return "-";
+  if (lane.state === "stopped") return "when an operator resumes it";
+  if (lane.opens_at) return `${when(lane.opens_at, now)} (${clock(lane.opens_at)})`;
+  return lane.admits ? "now: one probe attempt first" : "on its probe attempt's result";
 }
 
 function svg(tag, attrs) {
@@ -194,14 +207,12 @@ function svg(tag, attrs) {
 }
 
 // Stacked bars per time slice (one colour per class); beneath each bar a thin strip
-// splits the same attempts into charged (dark) and uncharged (light).
-function drawChart(chart) {
-  const width = 760, height = 180, pad = 28, strip = 10;
-  const buckets = chart.buckets;
-  const peak = Math.max(1, ...buckets.map((b) => CLASSES.reduce((n, k) => n + b[k], 0)));
+// splits the same attempts into charged (dark) and uncharged (light). `peak` is the scale
+// (shared by the lanes' small charts, so their bars compare).
+function bars(buckets, peak, size) {
+  const { width, height, pad, strip } = size;
   const barW = (width - pad * 2) / buckets.length;
-  const root = svg("svg", { width, height: height + strip + 30, role: "img",
-    "aria-label": "attempts over time by class, charged against uncharged", id: "chart-svg" });
+  const root = svg("svg", { width, height: height + strip + 8, role: "img" });
   root.append(svg("line", { x1: pad, y1: height, x2: width - pad, y2: height, stroke: "#999" }));
   const label = svg("text", { x: 2, y: 12, "font-size": 10 });
   label.textContent = String(peak);
@@ -214,7 +225,7 @@ function drawChart(chart) {
       const h = (b[klass] / peak) * (height - 10);
       y -= h;
       const rect = svg("rect", { x, y, width: Math.max(1, barW - 2), height: h,
-        fill: COLORS[klass], "data-class": klass });
+        fill: COLORS[klass], "data-class": klass, "data-count": b[klass] });
       const title = svg("title", {});
       title.textContent = `${klass}: ${b[klass]}`;
       rect.append(title);
@@ -229,10 +240,23 @@ function drawChart(chart) {
         fill: "#bbb", "data-uncharged": b.uncharged }));
     }
   });
-  const start = svg("text", { x: pad, y: height + strip + 24, "font-size": 10 });
+  return root;
+}
+
+function peakOf(buckets) {
+  return Math.max(1, ...buckets.map((b) => CLASSES.reduce((n, k) => n + b[k], 0)));
+}
+
+function drawChart(chart) {
+  const size = { width: 760, height: 180, pad: 28, strip: 10 };
+  const root = bars(chart.buckets, peakOf(chart.buckets), size);
+  root.setAttribute("id", "chart-svg");
+  root.setAttribute("height", String(size.height + size.strip + 30));
+  root.setAttribute("aria-label", "attempts over time by class, charged against uncharged");
+  const start = svg("text", { x: size.pad, y: size.height + size.strip + 24, "font-size": 10 });
   start.textContent = clock(chart.start);
-  const end = svg("text", { x: width - pad, y: height + strip + 24, "font-size": 10,
-    "text-anchor": "end" });
+  const end = svg("text", { x: size.width - size.pad, y: size.height + size.strip + 24,
+    "font-size": 10, "text-anchor": "end" });
   end.textContent = clock(chart.end);
   root.append(start, end);
   const legend = el("div", { class: "legend" },
@@ -243,6 +267,32 @@ function drawChart(chart) {
     }),
     el("span", {}, "strip: charged (dark) / uncharged (light)"));
   $("chart").replaceChildren(root, legend);
+  drawLaneCharts(chart);
+}
+
+// Small multiples: the same slices once per lane (at most 8 lanes, then "other lanes" and
+// "no lane"; the server bounds them), on one shared scale.
+function drawLaneCharts(chart) {
+  const box = $("lane-charts");
+  const lanes = chart.lanes || [];
+  box.hidden = lanes.length === 0;
+  if (!lanes.length) { box.replaceChildren(); return; }
+  const peak = Math.max(1, ...lanes.map((l) => peakOf(l.buckets)));
+  const size = { width: 250, height: 70, pad: 18, strip: 5 };
+  const items = lanes.map((lane) => {
+    const root = bars(lane.buckets, peak, size);
+    root.setAttribute("aria-label", `attempts over time on ${lane.lane}`);
+    return el("figure", { class: "lane-chart", "data-lane": lane.lane,
+      "data-attempts": lane.attempts, "data-charged": lane.charged,
+      "data-uncharged": lane.uncharged },
+    el("figcaption", {}, el("b", {}, lane.lane),
+      ` · ${lane.attempts} attempts · ${lane.charged} charged · ${lane.uncharged} uncharged`),
+    root);
+  });
+  if (chart.lanes_unread) {
+    items.push(el("p", { class: "muted" }, `${chart.lanes_unread} lanes not read (the page reads at most 64)`));
+  }
+  box.replaceChildren(el("h3", {}, "per lane"), ...items);
 }
 
 async function refresh() {
