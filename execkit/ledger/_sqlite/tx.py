@@ -368,6 +368,13 @@ class SqliteTx:
         row = self._conn.execute("SELECT value FROM ledger_meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
+    def set_meta(self, key: str, value: str) -> None:
+        self._conn.execute(
+            "INSERT INTO ledger_meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
     # -- vendor lanes (issue #28) --------------------------------------------------------
 
     def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
@@ -386,6 +393,15 @@ class SqliteTx:
             params = (name,)
         rows = self._named(sql + " ORDER BY seq", params).fetchall()
         return [lane_event_from_row(row) for row in rows]
+
+    def numbered_lane_events(self) -> list[tuple[int, LaneEvent]]:
+        sql = f"SELECT seq, {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events ORDER BY seq"
+        return [(int(row["seq"]), lane_event_from_row(row)) for row in self._named(sql)]
+
+    def lane_event_barrier(self) -> int:
+        # A write transaction holds the file's write lock: no other one adds a lane event.
+        row = self._conn.execute("SELECT coalesce(max(seq), 0) FROM lane_events").fetchone()
+        return int(row[0])
 
     def add_lane_event(self, event: LaneEvent) -> None:
         self._conn.execute(_LANE_EVENT_INSERT, lane_event_row(event))
