@@ -80,7 +80,14 @@ from execkit._json import to_json
 from execkit._proof import RunStatus
 from execkit._redact import redact
 from execkit._validate import is_number
-from execkit.dispatch._board import BindableBoard, BoardIssue, JsonFileBoard, Tracker, task_key
+from execkit.dispatch._board import (
+    BindableBoard,
+    Board,
+    BoardIssue,
+    JsonFileBoard,
+    Tracker,
+    task_key,
+)
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes
 from execkit.dispatch._runner import Runner, RunOutcome, Slot, last_line
@@ -251,6 +258,10 @@ class Dispatcher:
         # Per issue, the (attempts, state) of the last "not moved" warning: one warning per
         # exhaustion, not one per pass that finds the same history again.
         self._warned: dict[str, tuple[int, str | None]] = {}
+        # Per issue given up by this dispatcher, the column it was taken from: where an
+        # operator's retry in the ledger brings it back (`_restore_retried`). Lost on exit,
+        # when the board's first eligible column is used instead.
+        self._gave_up_from: dict[str, str] = {}
         self._bound = False
         self._ledger_id = ""  # read when the first pass binds
         self._running: dict[str, _Running] = {}  # by run id, in the order started
@@ -423,6 +434,41 @@ class Dispatcher:
         self._lanes.new_pass()
         self.ledger.abandon_expired_runs(now=self.clock())
         self._record_pending()
+        self._restore_retried()
+
+    def _restore_retried(self) -> None:
+        """Bring back to an eligible column each issue this dispatcher gave up (it stands
+        in `failed_state` at the attempt count it was given up at) whose task an operator
+        let run again in the ledger: `execkit task retry`, the dashboard's "retry once", or
+        `execkit lane resume` on the lane its run stopped (each a pending forced retry).
+        The card goes back to the column it was taken from (the board's first eligible one
+        when this process did not take it), and the pending retry is what the next pass
+        admits: the same path as a card an operator moves back by hand, from the other
+        end. A board that cannot list its issues or columns is left as it is."""
+        failed = self.config.failed_state
+        if failed is None or not isinstance(self.tracker, Board):
+            return
+        for issue in self.tracker.list_issues():
+            if issue.state != failed:
+                continue
+            task = self.ledger.get_task(self._task_id(issue), now=self.clock(), cap=self._cap)
+            if not (
+                task.retry_pending
+                and task.status is TaskStatus.OPEN
+                and task.gave_up_at_attempt == task.attempts_started
+            ):
+                continue
+            back = self._gave_up_from.get(issue.id) or self._first_eligible()
+            if back is None:
+                continue
+            why = f"an operator's retry is pending ({task.reason or 'retry'})"
+            if self._move(issue, task, back, why=why) is not None:
+                self._gave_up_from.pop(issue.id, None)
+                _log.info("issue %s: moved back to %r: %s", issue.id, back, why)
+
+    def _first_eligible(self) -> str | None:
+        states = getattr(self.tracker, "states", ())
+        return next((state.name for state in states if state.eligible), None)
 
     def _wait_for_a_slot(self, timeout_s: float | None) -> None:
         """Until a slot ends (or `timeout_s`). A slot that ended before the wait began is
@@ -620,6 +666,7 @@ class Dispatcher:
         why = task.reason or f"blocked on {task.blocked_on}"
         moved = self._move(issue, task, self.config.failed_state, why=why)
         if moved is not None:
+            self._gave_up_from[issue.id] = issue.state
             # Moved first, recorded second: a record without the move would later read as
             # an operator's re-open of an issue that never left its column.
             try:
