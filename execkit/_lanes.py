@@ -51,7 +51,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 from attrs.validators import ge, le, optional
@@ -68,10 +68,12 @@ __all__ = [
     "LaneConfigHistory",
     "LaneEvent",
     "LaneEventKind",
+    "LaneGate",
     "LaneKey",
     "LaneState",
     "LaneSummary",
     "LaneView",
+    "admission",
     "credential_fingerprint",
     "credential_material",
     "fold",
@@ -590,20 +592,40 @@ class LaneView:
         return to_json(self)
 
 
-def view(summary: LaneSummary, now: float) -> LaneView:
-    """`summary` projected onto `now` (see `LaneView`). Pure."""
-    state = summary.state
+class LaneGate(NamedTuple):
+    """What admission reads of a stored lane: its name, state, `until` and probe run (the
+    rest of its row words a refusal, and is read only then)."""
+
+    lane: str
+    state: str
+    until: float | None
+    probe_run: str | None
+
+
+def admission(
+    state: LaneState, until: float | None, probe_run: str | None, now: float
+) -> tuple[LaneState, bool, bool, float | None]:
+    """A stored lane at `now`: (its state shown, whether the next admission may go,
+    whether that one is the probe, when it opens). The one rule `view` and admission
+    share: a parked or cooling lane whose time passed is `half_open` and admits its probe;
+    a half-open lane admits one probe at a time; a stopped one nothing. Pure."""
     admits, probe, opens_at = True, False, None
     if state is LaneState.STOPPED:
         admits = False
-    elif state in (LaneState.PARKED, LaneState.COOLING):
-        until = summary.until if summary.until is not None else now
-        if until > now:
-            admits, opens_at = False, until
+    elif state is LaneState.PARKED or state is LaneState.COOLING:
+        ends = until if until is not None else now
+        if ends > now:
+            admits, opens_at = False, ends
         else:
             state, probe = LaneState.HALF_OPEN, True
     elif state is LaneState.HALF_OPEN:
-        admits = probe = summary.probe_run is None
+        admits = probe = probe_run is None
+    return state, admits, probe, opens_at
+
+
+def view(summary: LaneSummary, now: float) -> LaneView:
+    """`summary` projected onto `now` (see `LaneView`, `admission`). Pure."""
+    state, admits, probe, opens_at = admission(summary.state, summary.until, summary.probe_run, now)
     return LaneView(
         lane=summary.lane,
         state=state,

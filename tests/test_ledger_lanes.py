@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -445,3 +446,28 @@ def test_any_interleaving_folds_to_the_stored_lane_and_refusals_never_charge(
         if lanes:
             history = ledger.lane_history(LANE)
             assert fold(LANE, history, ledger.lane_config()).events == len(history)
+
+
+def test_a_lane_adds_two_statements_to_an_admission_and_reads_no_whole_row(
+    tmp_path: Path,
+) -> None:
+    """Counted, not timed: on an open lane with its stored row (as every lane a dispatcher
+    has used), admission adds one read of the lane's gate columns and the run's binding;
+    the lane's whole row (its failures' JSON) is read only to word a refusal."""
+    from execkit.ledger import SqliteLedger
+
+    with SqliteLedger(tmp_path / "l.db") as ledger:
+        seed = ledger.create_task("seed", actor="d").id
+        ledger.finish_run(
+            ledger.start_run(seed, request_key="s", actor="d", lane=LANE).id, "succeeded"
+        )
+        tasks = [ledger.create_task(f"t{n}", actor="d").id for n in range(2)]
+        counted: dict[str | None, list[str]] = {}
+        for task_id, lane in zip(tasks, (None, LANE), strict=True):
+            statements: list[str] = []
+            ledger._sqlite._conn.set_trace_callback(statements.append)
+            ledger.start_run(task_id, request_key=f"k-{task_id}", actor="d", lane=lane)
+            ledger._sqlite._conn.set_trace_callback(None)
+            counted[lane] = statements
+    assert len(counted[LANE]) == len(counted[None]) + 2
+    assert not [s for s in counted[LANE] if "failures" in s]

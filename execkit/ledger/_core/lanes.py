@@ -18,6 +18,7 @@ The states and the fold are `execkit._lanes`; this module only stores them.
 
 from __future__ import annotations
 
+import functools
 import socket
 from typing import Any
 
@@ -38,6 +39,7 @@ from execkit._lanes import (
     LaneState,
     LaneSummary,
     LaneView,
+    admission,
     open_lane,
     step,
     view,
@@ -57,6 +59,12 @@ def check_lane(value: object) -> str | None:
     ledger's to add). InvalidInput (field `lane`) otherwise."""
     if value is None:
         return None
+    if isinstance(value, str):
+        return _checked_lane(value)
+    return _lane_without_host(value)
+
+
+def _lane_without_host(value: object) -> str:
     key = LaneKey.parse(value)
     if key.host is not None:
         raise InvalidInput(
@@ -65,6 +73,11 @@ def check_lane(value: object) -> str | None:
             field="lane",
         )
     return str(key)
+
+
+# A dispatcher admits every run of an adapter on the same few lanes: each name is parsed
+# once (a bad one raises, which is not cached, so it is refused every time).
+_checked_lane = functools.lru_cache(maxsize=256)(_lane_without_host)
 
 
 def check_lane_cause(value: object) -> LaneCause | None:
@@ -104,22 +117,34 @@ def _refusal(shown: LaneView, task_id: str) -> LaneWaiting | LaneStopped:
 class LaneOps(CoreBase):
     """Lanes at admission and on a run's result, and the operators' lane operations."""
 
+    _hostname: str | None = None
+
     # -- inside other operations' transactions -------------------------------------------
 
     def _lane_gate(self, tx: Tx, lane: str, task_id: str, at: float) -> list[str]:
         """Before a run is admitted on `lane`: raise the refusal when the lane (or the same
         lane on this host) does not admit; else the lanes whose next run is their probe."""
         probes: list[str] = []
-        for name in (lane, f"{lane}@{socket.gethostname()}"):
-            stored = tx.lane(name, lock=True)
-            if stored is None:
-                continue
-            shown = view(stored, at)
-            if not shown.admits:
-                raise _refusal(shown, task_id)
-            if shown.probe:
-                probes.append(name)
+        # Both rows in one statement (locked, in name order), and of each only what
+        # admission reads: the whole row (its failures' JSON, its reason) only to word a
+        # refusal. Admission's one lane read.
+        for gate in tx.lane_gates((lane, f"{lane}@{self._host()}"), lock=True):
+            _state, admits, probe, _opens = admission(
+                LaneState(gate.state), gate.until, gate.probe_run, at
+            )
+            if not admits:
+                stored = tx.lane(gate.lane)
+                assert stored is not None  # read, and locked, in this transaction
+                raise _refusal(view(stored, at), task_id)
+            if probe:
+                probes.append(gate.lane)
         return probes
+
+    def _host(self) -> str:
+        # The host a fact local to it is keyed by (a missing binary): asked once a ledger.
+        if self._hostname is None:
+            self._hostname = socket.gethostname()
+        return self._hostname
 
     def _lane_admitted(self, tx: Tx, lane: str, probes: list[str], run: Run, at: float) -> None:
         tx.set_run_lane(run.id, lane)

@@ -20,7 +20,7 @@ import attrs
 
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
-from execkit._lanes import LaneEvent, LaneSummary
+from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 
 __all__ = ["Store", "TaskRecord", "Tx"]
@@ -108,6 +108,9 @@ class Tx(Protocol):
         self, name: str, *, lock: bool = False, create: bool = False
     ) -> LaneSummary | None: ...
     def lanes(self) -> list[LaneSummary]: ...
+    # What admission reads of the stored lanes among `names` (those with a row), in name
+    # order; `lock` as `lane`.
+    def lane_gates(self, names: tuple[str, ...], *, lock: bool) -> list[LaneGate]: ...
     def lane_events(self, name: str | None) -> list[LaneEvent]: ...
     # Every lane event with its number (`seq`), in order: what `db check` folds.
     def numbered_lane_events(self) -> list[tuple[int, LaneEvent]]: ...

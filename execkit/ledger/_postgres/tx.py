@@ -30,7 +30,7 @@ import attrs
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
-from execkit._lanes import LaneEvent, LaneSummary, open_lane
+from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
@@ -429,6 +429,15 @@ class PostgresTx:
         suffix = " FOR UPDATE" if (lock or create) and self._write else ""
         row = self._named_one(f"{_LANE_SELECT} WHERE lane = %s{suffix}", (name,))
         return None if row is None else lane_from_row(row)
+
+    def lane_gates(self, names: tuple[str, ...], *, lock: bool) -> list[LaneGate]:
+        suffix = " FOR UPDATE" if lock and self._write else ""
+        rows = self._all(
+            "SELECT lane, state, until_at, probe_run FROM lane_summaries "
+            f"WHERE lane = ANY(%s) ORDER BY lane{suffix}",
+            (list(names),),
+        )
+        return [LaneGate(*row) for row in rows]
 
     def lanes(self) -> list[LaneSummary]:
         return [lane_from_row(row) for row in self._named_all(f"{_LANE_SELECT} ORDER BY lane")]

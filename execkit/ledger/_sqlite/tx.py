@@ -18,7 +18,7 @@ import attrs
 
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
-from execkit._lanes import LaneEvent, LaneSummary
+from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
@@ -380,6 +380,15 @@ class SqliteTx:
     def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
         row = self._named(f"{_LANE_SELECT} WHERE lane = ?", (name,)).fetchone()
         return None if row is None else lane_from_row(row)
+
+    def lane_gates(self, names: tuple[str, ...], *, lock: bool) -> list[LaneGate]:
+        marks = ", ".join("?" for _ in names)
+        rows = self._conn.execute(
+            "SELECT lane, state, until_at, probe_run FROM lane_summaries "
+            f"WHERE lane IN ({marks}) ORDER BY lane",
+            names,
+        ).fetchall()
+        return [LaneGate(*row) for row in rows]
 
     def lanes(self) -> list[LaneSummary]:
         rows = self._named(f"{_LANE_SELECT} ORDER BY lane").fetchall()
