@@ -471,3 +471,59 @@ def test_a_lane_adds_two_statements_to_an_admission_and_reads_no_whole_row(
             counted[lane] = statements
     assert len(counted[LANE]) == len(counted[None]) + 2
     assert not [s for s in counted[LANE] if "failures" in s]
+
+
+def test_a_config_change_on_postgres_waits_out_a_lane_event_in_flight(
+    backend: str, ledger_target: str, opener: Opener
+) -> None:
+    """A lane event's transaction still open (its row inserted, not committed) holds a
+    configuration change back: the change numbers its epoch after that event, so the
+    event keeps the configuration it was folded with. Observed through PostgreSQL's own
+    lock view, not a clock."""
+    if backend != "postgres":
+        pytest.skip("SQLite serialises every write transaction: nothing to wait out")
+    import threading
+
+    import psycopg
+
+    with opener() as ledger:
+        task = ledger.create_task("t", actor="d").id
+        _upstream(ledger, task, "a", 1)  # one event: seq 1
+    in_flight = psycopg.connect(ledger_target)
+    done: list[object] = []
+    try:
+        seq = in_flight.execute(
+            "INSERT INTO lane_events (lane, kind, at, actor) "
+            "VALUES ('claude/default', 'upstream', 2, 'd') RETURNING seq"
+        ).fetchone()
+        assert seq is not None
+
+        def change() -> None:
+            with opener() as own:
+                done.append(own.set_lane_config(actor=OWNER, breaker_k=7))
+
+        changer = threading.Thread(target=change)
+        changer.start()
+        waiting = False
+        with psycopg.connect(ledger_target, autocommit=True) as watcher:
+            for _ in range(2000):  # a bound, not a timing: until the change waits
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'"
+                ).fetchone()
+                if row is not None and row[0] > 0:
+                    waiting = True
+                    break
+                changer.join(timeout=0.01)
+                if not changer.is_alive():
+                    break
+        assert waiting and done == []  # held back by the event in flight
+        in_flight.commit()
+        changer.join(timeout=60)
+        assert not changer.is_alive() and len(done) == 1
+    finally:
+        in_flight.close()
+    with psycopg.connect(ledger_target, autocommit=True) as reader:
+        row = reader.execute("SELECT value FROM ledger_meta WHERE key = 'lane_config'").fetchone()
+    assert row is not None
+    [epoch] = json.loads(row[0])
+    assert epoch["breaker_k"] == 7 and epoch["from_seq"] == seq[0] + 1
