@@ -103,7 +103,7 @@ def test_a_card_blocked_by_a_lane_stop_comes_back_after_lane_resume(
         assert len(vendor.calls) == 4  # the one refusal, then each task once
 
 
-def test_a_card_given_up_comes_back_after_task_retry_even_from_a_new_dispatcher(
+def test_a_card_given_up_comes_back_after_task_retry_and_no_card_is_read_without_one(
     bench: ModuleType, tmp_path: Path
 ) -> None:
     from execkit._classify import FailureClass
@@ -138,13 +138,15 @@ def test_a_card_given_up_comes_back_after_task_retry_even_from_a_new_dispatcher(
     )
     config = DispatchConfig(max_concurrent_agents=1)
     with open_ledger(tmp_path / "l.db") as ledger:
-        Dispatcher(board, Vendor(), ledger, config, clock, executor=InlineExecutor()).tick()
+        dispatcher = Dispatcher(board, Vendor(), ledger, config, clock, executor=InlineExecutor())
+        dispatcher.tick()
         assert [i.state for i in board.list_issues()] == ["blocked"]
+        dispatcher.tick()  # nothing pending: the card stays where it is
+        assert [i.state for i in board.list_issues()] == ["blocked"] and Vendor.calls == 1
         [task] = ledger.list_tasks(now=clock.now)
         ledger.retry_task(task.id, actor=bench.user_name_now(), force=True, now=clock.now)
-        # A dispatcher that did not give it up: the board's first eligible column.
-        again = Dispatcher(board, Vendor(), ledger, config, clock, executor=InlineExecutor())
-        again.tick()
-        again.tick()
+        assert not dispatcher.idle()  # the retry is due: `--until-idle` waits for it
+        dispatcher.tick()
         assert [i.state for i in board.list_issues()] == ["done"]
-        assert ("I-0", "todo") in board.moves and Vendor.calls == 2
+        assert ("I-0", "doing") in board.moves and Vendor.calls == 2
+        assert dispatcher.idle()
