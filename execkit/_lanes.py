@@ -34,7 +34,8 @@ before the lane closed changes nothing but a success (the vendor answered, so th
 open). `view` projects a stored state onto a moment: a parked or cooling lane whose time
 has passed is `half_open` and admits its probe. The fold reads no clock, so `db check` can
 recompute every lane's state from its events and compare it with the stored one; it does
-depend on `LaneConfig`, so the check runs with the ledger's configuration.
+depend on `LaneConfig`, which lives in the ledger (`LaneConfigHistory`): every event is
+folded, and rechecked, with the configuration in force for its number.
 
 Nothing parks for ever (a stated reset is capped; an operator's park is refused past the
 cap), and nothing retries without end (each failed probe lengthens the wait up to
@@ -46,15 +47,16 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 from attrs.validators import ge, le, optional
 
-from execkit._errors import InvalidInput
+from execkit._errors import InvalidInput, StorageError
 from execkit._json import to_json
 from execkit._validate import checked, finite, integer, opt_checked
 
@@ -63,12 +65,15 @@ __all__ = [
     "DEFAULT_LANES",
     "LaneCause",
     "LaneConfig",
+    "LaneConfigHistory",
     "LaneEvent",
     "LaneEventKind",
+    "LaneGate",
     "LaneKey",
     "LaneState",
     "LaneSummary",
     "LaneView",
+    "admission",
     "credential_fingerprint",
     "credential_material",
     "fold",
@@ -280,12 +285,76 @@ class LaneConfig:
                 field="cool_max_s",
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
     def cooling_wait(self, trips: int) -> float:
         """How long the breaker's `trips`-th closing in a row lasts."""
         return min(self.cool_max_s, self.cool_base_s * 2.0 ** min(max(trips - 1, 0), 32))
 
 
 DEFAULT_LANES = LaneConfig()
+
+LANE_CONFIG_FIELDS = tuple(field.name for field in attrs.fields(LaneConfig))
+
+
+@attrs.frozen
+class LaneConfigHistory:
+    """Every `LaneConfig` the ledger has had and the first lane event each one folded:
+    `epochs` is ((from_seq, config), ...) by `from_seq`, and the event numbered `seq`
+    (its `lane_events.seq`) was folded with the last config whose `from_seq <= seq`.
+    No epoch at all is `DEFAULT_LANES` for every event. Stored in `ledger_meta` under
+    `lane_config` as a JSON list of `{"from_seq": N, <the config's fields>}`
+    (`to_stored`, `from_stored`)."""
+
+    epochs: tuple[tuple[int, LaneConfig], ...] = ()
+
+    @property
+    def current(self) -> LaneConfig:
+        """The config a new lane event is folded with."""
+        return self.epochs[-1][1] if self.epochs else DEFAULT_LANES
+
+    def at(self, seq: int) -> LaneConfig:
+        """The config the event numbered `seq` was folded with."""
+        found = DEFAULT_LANES
+        for from_seq, config in self.epochs:
+            if from_seq > seq:
+                break
+            found = config
+        return found
+
+    def changed(self, config: LaneConfig, from_seq: int) -> LaneConfigHistory:
+        """This history with `config` in force from the event numbered `from_seq` on. An
+        epoch no event was folded with (the same `from_seq`) is replaced, so a run of
+        changes with no lane traffic between them stores one epoch, not one each."""
+        kept = tuple(epoch for epoch in self.epochs if epoch[0] < from_seq)
+        return LaneConfigHistory((*kept, (from_seq, config)))
+
+    def to_stored(self) -> str:
+        return json.dumps(
+            [{"from_seq": from_seq, **to_json(config)} for from_seq, config in self.epochs],
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_stored(cls, text: str | None) -> LaneConfigHistory:
+        """The stored history (None: no epoch); StorageError for a value that is not one."""
+        if text is None:
+            return cls()
+        try:
+            rows = json.loads(text)
+            epochs = tuple(
+                (
+                    int(row["from_seq"]),
+                    LaneConfig(**{name: row[name] for name in LANE_CONFIG_FIELDS}),
+                )
+                for row in rows
+            )
+        except (ValueError, TypeError, KeyError, InvalidInput) as exc:
+            raise StorageError(
+                f"the ledger's stored lane configuration is unreadable: {exc}"
+            ) from None
+        return cls(epochs)
 
 
 @attrs.frozen(kw_only=True)
@@ -523,20 +592,40 @@ class LaneView:
         return to_json(self)
 
 
-def view(summary: LaneSummary, now: float) -> LaneView:
-    """`summary` projected onto `now` (see `LaneView`). Pure."""
-    state = summary.state
+class LaneGate(NamedTuple):
+    """What admission reads of a stored lane: its name, state, `until` and probe run (the
+    rest of its row words a refusal, and is read only then)."""
+
+    lane: str
+    state: str
+    until: float | None
+    probe_run: str | None
+
+
+def admission(
+    state: LaneState, until: float | None, probe_run: str | None, now: float
+) -> tuple[LaneState, bool, bool, float | None]:
+    """A stored lane at `now`: (its state shown, whether the next admission may go,
+    whether that one is the probe, when it opens). The one rule `view` and admission
+    share: a parked or cooling lane whose time passed is `half_open` and admits its probe;
+    a half-open lane admits one probe at a time; a stopped one nothing. Pure."""
     admits, probe, opens_at = True, False, None
     if state is LaneState.STOPPED:
         admits = False
-    elif state in (LaneState.PARKED, LaneState.COOLING):
-        until = summary.until if summary.until is not None else now
-        if until > now:
-            admits, opens_at = False, until
+    elif state is LaneState.PARKED or state is LaneState.COOLING:
+        ends = until if until is not None else now
+        if ends > now:
+            admits, opens_at = False, ends
         else:
             state, probe = LaneState.HALF_OPEN, True
     elif state is LaneState.HALF_OPEN:
-        admits = probe = summary.probe_run is None
+        admits = probe = probe_run is None
+    return state, admits, probe, opens_at
+
+
+def view(summary: LaneSummary, now: float) -> LaneView:
+    """`summary` projected onto `now` (see `LaneView`, `admission`). Pure."""
+    state, admits, probe, opens_at = admission(summary.state, summary.until, summary.probe_run, now)
     return LaneView(
         lane=summary.lane,
         state=state,

@@ -174,6 +174,7 @@ DB_COMMANDS = [
     ["lane", "show", "claude/default"],
     ["lane", "resume", "claude/default"],
     ["lane", "park", "claude/default", "--for", "60"],
+    ["lane", "config"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],

@@ -74,3 +74,28 @@ def test_resume_and_park_and_their_bad_input(
     assert code == EXIT_CODES["invalid"]
     with open_ledger(db) as ledger:
         assert [event.kind for event in ledger.lane_history(LANE)] == ["reset", "resume", "park"]
+
+
+def test_lane_config_shows_changes_and_refuses_bad_values_storing_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "l.db")
+    _parked(Path(db))
+    assert main(["lane", "config", "--db", db]) == 0
+    assert "breaker-k       3 " in capsys.readouterr().out
+    code, doc = _json(capsys, "lane", "config", "--db", db, "--breaker-k", "5", "--cool-max", "600")
+    assert code == 0 and doc["breaker_k"] == 5 and doc["cool_max_s"] == 600
+    for flag, value, says in (
+        ("--breaker-k", "0", "breaker_k must be an integer in 1..1000"),
+        ("--breaker-k", "two", "--breaker-k must be a whole number"),
+        ("--breaker-window", "0", "breaker_window_s must be a number of seconds in 1..86400"),
+        ("--max-park", "soon", "--max-park must be a number of seconds"),
+        ("--cool-max", "5", "cool_max_s must be >= cool_base_s"),
+    ):
+        code, error = _json(capsys, "lane", "config", "--db", db, flag, value)
+        assert code == EXIT_CODES["invalid"]
+        assert error["error"]["code"] == "invalid"  # type: ignore[index]
+        assert says in error["error"]["message"]  # type: ignore[index]
+    with open_ledger(db) as ledger:
+        assert ledger.lane_config().breaker_k == 5 and ledger.lane_config().cool_max_s == 600
+        assert [e.action for e in ledger.audit_events()].count("lane.config") == 1

@@ -41,8 +41,9 @@ def test_an_expired_credential_is_met_once_until_the_lane_is_resumed(
     on = bench.scenario(lanes=True, credentials=True, db=tmp_path / "on.db")
     off = bench.scenario(lanes=False, credentials=True, db=tmp_path / "off.db")
     assert on["calls_before_open"] == 1 and off["calls_before_open"] == 50
-    # The task that hit the stop is blocked as before (its card moved); the 49 held ones ran.
-    assert on["done"] == 49 and on["charged_failures"] == 0
+    # The task that hit the stop was blocked (its card moved); the resume let it run once
+    # (its card came back) and the 49 held ones ran: all 50 done, nothing charged.
+    assert on["done"] == 50 and on["charged_failures"] == 0
 
 
 def test_the_dashboard_says_which_lane_an_issue_waits_on(bench: ModuleType, tmp_path: Path) -> None:
@@ -60,3 +61,92 @@ def test_the_dashboard_says_which_lane_an_issue_waits_on(bench: ModuleType, tmp_
     waiting = [row for row in rows if (row.reason or "").startswith("waiting on lane ")]
     assert len(waiting) == len(rows) == 50  # the one that met the limit waits on it too
     assert all(row.board_state == "todo" for row in rows)  # no card was moved
+
+
+def test_a_card_blocked_by_a_lane_stop_comes_back_after_lane_resume(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    from execkit.dispatch import DispatchConfig, Dispatcher, InlineExecutor, InMemoryBoard
+    from execkit.dispatch._board import BoardIssue, BoardState
+    from execkit.ledger import open_ledger
+
+    clock = bench.Clock()
+    vendor = bench.LimitedVendor(clock, clock.now + 3600, credentials=True)
+    board = InMemoryBoard(
+        [BoardIssue(f"I-{n}", f"issue {n}", "doing", prompt="do it") for n in range(3)],
+        states=[
+            BoardState("todo", eligible=True),
+            BoardState("doing", eligible=True),
+            BoardState("blocked", terminal=True),
+            BoardState("done", terminal=True),
+        ],
+    )
+    config = DispatchConfig(max_concurrent_agents=1)
+    with open_ledger(tmp_path / "l.db") as ledger:
+        dispatcher = Dispatcher(board, vendor, ledger, config, clock, executor=InlineExecutor())
+        dispatcher.tick()
+        states = {issue.id: issue.state for issue in board.list_issues()}
+        assert states == {"I-0": "blocked", "I-1": "doing", "I-2": "doing"}
+        assert len(vendor.calls) == 1
+        # The operator logs in again and resumes the lane: every task may run, the blocked
+        # one once; its card goes back to the column it came from and it runs.
+        vendor.opens_at = clock.now
+        [lane] = ledger.list_lanes(now=clock.now)
+        ledger.resume_lane(lane.lane, actor=bench.user_name_now(), now=clock.now)
+        clock.now += 1
+        for _ in range(5):
+            dispatcher.tick()
+            clock.now += 1
+        states = {issue.id: issue.state for issue in board.list_issues()}
+        assert states == {"I-0": "done", "I-1": "done", "I-2": "done"}
+        assert ("I-0", "doing") in board.moves
+        assert len(vendor.calls) == 4  # the one refusal, then each task once
+
+
+def test_a_card_given_up_comes_back_after_task_retry_and_no_card_is_read_without_one(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    from execkit._classify import FailureClass
+    from execkit.dispatch import (
+        DispatchConfig,
+        Dispatcher,
+        InlineExecutor,
+        InMemoryBoard,
+        RunOutcome,
+    )
+    from execkit.dispatch._board import BoardIssue, BoardState
+    from execkit.ledger import open_ledger
+
+    answers = [RunOutcome("failed", FailureClass.ENVIRONMENT, "no disk", precondition="df")]
+
+    class Vendor:
+        calls = 0
+
+        def run(self, issue: BoardIssue, slot: object) -> RunOutcome:
+            Vendor.calls += 1
+            return answers.pop(0) if answers else RunOutcome("succeeded")
+
+    clock = bench.Clock()
+    board = InMemoryBoard(
+        [BoardIssue("I-0", "issue", "doing", prompt="do it")],
+        states=[
+            BoardState("todo", eligible=True),
+            BoardState("doing", eligible=True),
+            BoardState("blocked", terminal=True),
+            BoardState("done"),
+        ],
+    )
+    config = DispatchConfig(max_concurrent_agents=1)
+    with open_ledger(tmp_path / "l.db") as ledger:
+        dispatcher = Dispatcher(board, Vendor(), ledger, config, clock, executor=InlineExecutor())
+        dispatcher.tick()
+        assert [i.state for i in board.list_issues()] == ["blocked"]
+        dispatcher.tick()  # nothing pending: the card stays where it is
+        assert [i.state for i in board.list_issues()] == ["blocked"] and Vendor.calls == 1
+        [task] = ledger.list_tasks(now=clock.now)
+        ledger.retry_task(task.id, actor=bench.user_name_now(), force=True, now=clock.now)
+        assert not dispatcher.idle()  # the retry is due: `--until-idle` waits for it
+        dispatcher.tick()
+        assert [i.state for i in board.list_issues()] == ["done"]
+        assert ("I-0", "doing") in board.moves and Vendor.calls == 2
+        assert dispatcher.idle()

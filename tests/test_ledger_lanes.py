@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -105,22 +106,95 @@ def test_a_failed_probe_parks_the_lane_again_for_longer(ledger: AnyLedger) -> No
     assert ledger.validate(now=12) == []
 
 
-def test_k_upstream_failures_across_tasks_cool_the_lane(opener: Opener) -> None:
+def _upstream(ledger: AnyLedger, task_id: str, key: str, at: float) -> None:
+    run = ledger.start_run(task_id, request_key=key, actor="d", lane=LANE, now=at)
+    ledger.finish_run(
+        run.id,
+        "failed",
+        failure_class="upstream",  # type: ignore[arg-type]
+        reason="overloaded",
+        now=at + 0.5,
+    )
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_a_configured_k_trips_the_breaker_at_k_across_tasks_not_before(
+    opener: Opener, k: int
+) -> None:
     with opener() as ledger:
-        ledger.lane_config = LaneConfig(breaker_k=2, breaker_window_s=60)
-        tasks = [ledger.create_task(f"t{n}", actor="d", now=0).id for n in range(3)]
-        for n, task in enumerate(tasks[:2]):
-            run = ledger.start_run(task, request_key=f"k{n}", actor="d", lane=LANE, now=n)
-            ledger.finish_run(
-                run.id,
-                "failed",
-                failure_class="upstream",  # type: ignore[arg-type]
-                reason="overloaded",
-                now=n + 0.5,
-            )
-        with pytest.raises(LaneWaiting, match="breaker"):
-            ledger.start_run(tasks[2], request_key="k2", actor="d", lane=LANE, now=2)
-        assert ledger.validate(now=2) == []
+        configured = ledger.set_lane_config(actor=OWNER, breaker_k=k, breaker_window_s=60, now=0)
+        assert configured == LaneConfig(breaker_k=k, breaker_window_s=60)
+    # Another process (another host) opening the same ledger folds with the same K.
+    with opener() as ledger:
+        assert ledger.lane_config().breaker_k == k
+        tasks = [ledger.create_task(f"t{n}", actor="d", now=0).id for n in range(k + 1)]
+        for n, task in enumerate(tasks[: k - 1]):
+            _upstream(ledger, task, f"k{n}", n)
+        # K-1 failures: still open, the next task is admitted.
+        assert ledger.get_lane(LANE, now=k).state is LaneState.OPEN
+        _upstream(ledger, tasks[k - 1], f"k{k - 1}", k - 1)
+        # The K-th, across tasks: cooling, the last task is refused.
+        with pytest.raises(LaneWaiting, match=f"breaker: {k} upstream failures"):
+            ledger.start_run(tasks[k], request_key="last", actor="d", lane=LANE, now=k)
+        assert ledger.validate(now=k) == []
+
+
+def test_db_check_agrees_after_a_config_change_each_event_with_its_own(
+    opener: Opener, raw_sql: RawSql
+) -> None:
+    with opener() as ledger:
+        tasks = [ledger.create_task(f"t{n}", actor="d", now=0).id for n in range(6)]
+        # Two failures under the default K (3): open, two failures in the window.
+        _upstream(ledger, tasks[0], "a", 1)
+        _upstream(ledger, tasks[1], "b", 2)
+        ledger.set_lane_config(actor=OWNER, breaker_k=2, now=3)
+        # The next failure folds with K=2: it trips with the two before it in the window.
+        _upstream(ledger, tasks[2], "c", 4)
+        assert ledger.get_lane(LANE, now=5).state is LaneState.COOLING
+        assert ledger.validate(now=5) == []
+        # Raising K again does not reopen the lane: history keeps its configuration.
+        ledger.set_lane_config(actor=OWNER, breaker_k=10, now=6)
+        assert ledger.get_lane(LANE, now=6).state is LaneState.COOLING
+        assert ledger.validate(now=6) == []
+        # Folding the whole history with today's K=10 would say open: check finds damage.
+        raw_sql("UPDATE lane_summaries SET state = 'open', until_at = NULL")
+        assert any("lane claude/default" in p for p in ledger.validate(now=6))
+        assert ledger.repair(now=6)
+        assert ledger.get_lane(LANE, now=6).state is LaneState.COOLING
+        assert ledger.validate(now=6) == []
+
+
+def test_lane_config_changes_are_operators_audited_and_bad_values_change_nothing(
+    ledger: AnyLedger,
+) -> None:
+    before = ledger.lane_config()
+    assert before == LaneConfig()
+    audits = len(ledger.audit_events())
+    with pytest.raises(Forbidden, match=r"agent\.operate"):
+        ledger.set_lane_config(actor="someone", breaker_k=4)
+    for field, value, shown in (
+        ("breaker_k", 0, "1..1000"),
+        ("breaker_k", 1001, "1..1000"),
+        ("breaker_k", 2.5, "1..1000"),
+        ("breaker_window_s", 0.5, "1..86400"),
+        ("cool_base_s", 3601, "1..3600"),
+        ("cool_max_s", 10, ">= cool_base_s"),
+        ("max_park_s", 59, "60..2592000"),
+        ("max_park_s", float("nan"), "60..2592000"),
+        ("breaker_k", "3", "a number"),
+    ):
+        with pytest.raises(InvalidInput, match=shown) as bad:
+            ledger.set_lane_config(actor=OWNER, **{field: value})  # type: ignore[arg-type]
+        assert bad.value.field == field
+    assert ledger.lane_config() == before
+    assert len(ledger.audit_events()) == audits
+    changed = ledger.set_lane_config(actor=OWNER, breaker_k=4, cool_max_s=600, now=5)
+    assert (changed.breaker_k, changed.cool_max_s, changed.cool_base_s) == (4, 600, 30)
+    # The same values again: a no-op that writes nothing.
+    assert ledger.set_lane_config(actor=OWNER, breaker_k=4, now=6) == changed
+    entries = [e for e in ledger.audit_events() if e.action == "lane.config"]
+    assert len(entries) == 1
+    assert entries[0].detail["from"]["breaker_k"] == 3 and entries[0].detail["to"]["breaker_k"] == 4
 
 
 def test_lane_environment_stops_it_until_an_operator_resumes(
@@ -218,7 +292,7 @@ def test_bad_input_is_refused_and_changes_nothing(ledger: AnyLedger, raw_sql: Ra
         now=2,
     )
     capped = ledger.get_lane(LANE, now=3)
-    assert capped.capped and capped.opens_at == 2 + ledger.lane_config.max_park_s
+    assert capped.capped and capped.opens_at == 2 + ledger.lane_config().max_park_s
     assert ledger.validate(now=3) == []
 
 
@@ -371,4 +445,85 @@ def test_any_interleaving_folds_to_the_stored_lane_and_refusals_never_charge(
         lanes = ledger.list_lanes(now=at + 1)
         if lanes:
             history = ledger.lane_history(LANE)
-            assert fold(LANE, history, ledger.lane_config).events == len(history)
+            assert fold(LANE, history, ledger.lane_config()).events == len(history)
+
+
+def test_a_lane_adds_two_statements_to_an_admission_and_reads_no_whole_row(
+    tmp_path: Path,
+) -> None:
+    """Counted, not timed: on an open lane with its stored row (as every lane a dispatcher
+    has used), admission adds one read of the lane's gate columns and the run's binding;
+    the lane's whole row (its failures' JSON) is read only to word a refusal."""
+    from execkit.ledger import SqliteLedger
+
+    with SqliteLedger(tmp_path / "l.db") as ledger:
+        seed = ledger.create_task("seed", actor="d").id
+        ledger.finish_run(
+            ledger.start_run(seed, request_key="s", actor="d", lane=LANE).id, "succeeded"
+        )
+        tasks = [ledger.create_task(f"t{n}", actor="d").id for n in range(2)]
+        counted: dict[str | None, list[str]] = {}
+        for task_id, lane in zip(tasks, (None, LANE), strict=True):
+            statements: list[str] = []
+            ledger._sqlite._conn.set_trace_callback(statements.append)
+            ledger.start_run(task_id, request_key=f"k-{task_id}", actor="d", lane=lane)
+            ledger._sqlite._conn.set_trace_callback(None)
+            counted[lane] = statements
+    assert len(counted[LANE]) == len(counted[None]) + 2
+    assert not [s for s in counted[LANE] if "failures" in s]
+
+
+def test_a_config_change_on_postgres_waits_out_a_lane_event_in_flight(
+    backend: str, ledger_target: str, opener: Opener
+) -> None:
+    """A lane event's transaction still open (its row inserted, not committed) holds a
+    configuration change back: the change numbers its epoch after that event, so the
+    event keeps the configuration it was folded with. Observed through PostgreSQL's own
+    lock view, not a clock."""
+    if backend != "postgres":
+        pytest.skip("SQLite serialises every write transaction: nothing to wait out")
+    import threading
+
+    import psycopg
+
+    with opener() as ledger:
+        task = ledger.create_task("t", actor="d").id
+        _upstream(ledger, task, "a", 1)  # one event: seq 1
+    in_flight = psycopg.connect(ledger_target)
+    done: list[object] = []
+    try:
+        seq = in_flight.execute(
+            "INSERT INTO lane_events (lane, kind, at, actor) "
+            "VALUES ('claude/default', 'upstream', 2, 'd') RETURNING seq"
+        ).fetchone()
+        assert seq is not None
+
+        def change() -> None:
+            with opener() as own:
+                done.append(own.set_lane_config(actor=OWNER, breaker_k=7))
+
+        changer = threading.Thread(target=change)
+        changer.start()
+        waiting = False
+        with psycopg.connect(ledger_target, autocommit=True) as watcher:
+            for _ in range(2000):  # a bound, not a timing: until the change waits
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'"
+                ).fetchone()
+                if row is not None and row[0] > 0:
+                    waiting = True
+                    break
+                changer.join(timeout=0.01)
+                if not changer.is_alive():
+                    break
+        assert waiting and done == []  # held back by the event in flight
+        in_flight.commit()
+        changer.join(timeout=60)
+        assert not changer.is_alive() and len(done) == 1
+    finally:
+        in_flight.close()
+    with psycopg.connect(ledger_target, autocommit=True) as reader:
+        row = reader.execute("SELECT value FROM ledger_meta WHERE key = 'lane_config'").fetchone()
+    assert row is not None
+    [epoch] = json.loads(row[0])
+    assert epoch["breaker_k"] == 7 and epoch["from_seq"] == seq[0] + 1

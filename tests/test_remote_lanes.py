@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
-from execkit._errors import LaneStopped, LaneWaiting, StorageError
-from execkit._lanes import LaneState
+from execkit._errors import InvalidInput, LaneStopped, LaneWaiting, StorageError
+from execkit._lanes import LaneConfig, LaneState
 from execkit.ledger import LANES_CAPABILITY
 
 LANE = "claude/default"
@@ -71,3 +71,25 @@ def test_a_server_without_lanes_is_never_sent_a_lane(remote: Remote) -> None:  #
         client.list_lanes()
     run = client.start_run(task.id, request_key="2", actor=ME)  # without a lane: as before
     assert run.attempt == 1
+
+
+def test_the_lanes_configuration_through_the_server(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    assert client.lane_config() == LaneConfig()
+    changed = client.set_lane_config(actor=ME, breaker_k=7, cool_max_s=900)
+    assert (changed.breaker_k, changed.cool_max_s) == (7, 900)
+    # It is the ledger's: the server's own ledger and every other client read the same.
+    assert remote.ledger.lane_config() == changed == remote.client("memory").lane_config()
+    with pytest.raises(InvalidInput, match=r"breaker_k must be an integer in 1\.\.1000"):
+        client.set_lane_config(actor=ME, breaker_k=0)
+    assert remote.ledger.lane_config() == changed
+    [entry] = [e for e in remote.ledger.audit_events() if e.action == "lane.config"]
+    assert entry.detail["to"]["breaker_k"] == 7
+
+
+@pytest.mark.parametrize("remote", [frozenset({LANES_CAPABILITY})], indirect=True)
+def test_a_server_without_lanes_is_never_sent_a_lane_config(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    with pytest.raises(StorageError, match=r"vendor\.lanes"):
+        client.set_lane_config(actor=ME, breaker_k=7)
+    assert remote.ledger.lane_config() == LaneConfig()

@@ -22,7 +22,7 @@ import attrs
 from execkit._api.routes import ENDPOINTS
 from execkit._api.row import Endpoint, Field
 from execkit._budget import Backoff, WorkBudget
-from execkit._lanes import LaneEvent, LaneView
+from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit.ledger import AuditEvent, Grant, Run, RunOwner, Task
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
@@ -103,6 +103,13 @@ _DESCRIPTIONS: dict[type, dict[str, str]] = {
         "operator opens it",
         "capped": "the vendor's stated reset was further than the cap and was cut to it",
     },
+    LaneConfig: {
+        "breaker_k": "upstream failures on a lane within breaker_window_s that cool it (1..1000)",
+        "breaker_window_s": "the breaker's window in seconds (1..86400)",
+        "cool_base_s": "the first cooling's length; it doubles per trip in a row (1..3600)",
+        "cool_max_s": "the longest cooling (cool_base_s..86400)",
+        "max_park_s": "a stated reset further away is capped here (60..2592000)",
+    },
 }
 
 
@@ -153,6 +160,7 @@ def _components() -> dict[str, Any]:
         "LaneList": _object({"lanes": _array_of("Lane")}),
         "LaneHistory": _object({"lane": {"type": "string"}, "events": _array_of("LaneEvent")}),
         "TaskLane": _object({"lane": {"oneOf": [_ref("Lane"), {"type": "null"}]}}),
+        "LaneConfig": _wire_schema(LaneConfig),
         "Capabilities": _object(
             {
                 "capabilities": {"type": "array", "items": {"type": "string"}},

@@ -23,6 +23,7 @@ applies its own rule with the actor's grants (its owner holds every role):
     POST /v1/grants, /v1/grants/revoke      ledger.admin        owner or ledger.admin
     POST /v1/check/repair                   ledger.admin        -
     POST /v1/lanes/park, /v1/lanes/resume   agent.operate       agent.operate
+    POST /v1/lanes/config                   agent.operate       agent.operate
     every other route                       any valid token     -
 """
 
@@ -47,7 +48,7 @@ from execkit._api.wire import (
 )
 from execkit._budget import DispatchCap
 from execkit._errors import InvalidInput
-from execkit._lanes import LaneEvent, LaneView
+from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit.ledger import (
     ADMIN_ROLE,
     OPERATE_ROLE,
@@ -275,6 +276,23 @@ def _resume_lane(call: Call) -> tuple[int, dict[str, Any]]:
     body = call.body
     lane = call.ledger.resume_lane(body["lane"], actor=call.actor, reason=body.get("reason"))
     return 200, lane.to_dict()
+
+
+def _lane_config(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, call.ledger.lane_config().to_dict()
+
+
+def _set_lane_config(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    config = call.ledger.set_lane_config(
+        actor=call.actor,
+        breaker_k=body.get("breaker_k"),
+        breaker_window_s=body.get("breaker_window_s"),
+        cool_base_s=body.get("cool_base_s"),
+        cool_max_s=body.get("cool_max_s"),
+        max_park_s=body.get("max_park_s"),
+    )
+    return 200, config.to_dict()
 
 
 def _check(call: Call) -> tuple[int, dict[str, Any]]:
@@ -679,6 +697,36 @@ class LedgerRoutes:
         binds=Ledger.resume_lane,
         read=_LANE,
         needs=_NEEDS_LANES,
+    )
+    lane_config = Endpoint(
+        "GET",
+        "/v1/lanes/config",
+        "laneConfig",
+        "The lanes' configuration in force: the breaker and the bounds of every wait",
+        _lane_config,
+        "LaneConfig",
+        binds=Ledger.lane_config,
+        read=one(LaneConfig),
+        needs=_NEEDS_LANES,
+    )
+    set_lane_config = Endpoint(
+        "POST",
+        "/v1/lanes/config",
+        "setLaneConfig",
+        "Change the fields given of the lanes' configuration, for every host (audited)",
+        _set_lane_config,
+        "LaneConfig",
+        role=OPERATE_ROLE,
+        body=(
+            Field("breaker_k", "integer", nullable=True, omit_none=True),
+            Field("breaker_window_s", "number", nullable=True, omit_none=True),
+            Field("cool_base_s", "number", nullable=True, omit_none=True),
+            Field("cool_max_s", "number", nullable=True, omit_none=True),
+            Field("max_park_s", "number", nullable=True, omit_none=True),
+        ),
+        binds=Ledger.set_lane_config,
+        read=one(LaneConfig),
+        needs=Needs(LANES, "the lanes' configuration"),
     )
     validate = Endpoint(
         "GET",

@@ -1,10 +1,12 @@
-"""`execkit lane list|show|resume|park`: the vendor lanes of a ledger (issue #28), local or
-through `--remote`, each with `--json`.
+"""`execkit lane list|show|resume|park|config`: the vendor lanes of a ledger (issue #28),
+local or through `--remote`, each with `--json`.
 
 `resume` and `park` need the role `agent.operate` in the ledger and are audited; `resume`
 on an open lane changes nothing (and says so); `park` takes `--until` (POSIX seconds or an
-ISO-8601 time with its zone) or `--for SECONDS`. Every rule is the ledger's: this module
-parses flags and prints.
+ISO-8601 time with its zone) or `--for SECONDS`. `config` shows the lanes' configuration
+(the breaker's K and W, the bounds of every wait) with no flag, and changes the fields given
+(role `agent.operate`, audited; it lives in the ledger, so every host uses it). Every rule is
+the ledger's: this module parses flags and prints.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import Any
 
 from execkit._errors import InvalidInput
+from execkit._json import to_json
 from execkit._lanes import LaneEvent, LaneView
 from execkit.cli._args import parse_seconds
 from execkit.cli._ledger import _acting, _actor, _common, _using
@@ -56,6 +59,25 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     park.add_argument("--reason", default=None, help="why (shown to its waiting tasks)")
     _acting(park)
     park.set_defaults(handler=_park)
+
+    config = lane_sub.add_parser(
+        "config",
+        parents=[common],
+        help="show, or change (agent.operate; audited), the breaker and the bounds of every wait",
+    )
+    for flag, field, what in _CONFIG_FLAGS:
+        config.add_argument(flag, dest=field, default=None, metavar="N", help=what)
+    _acting(config)
+    config.set_defaults(handler=_config)
+
+
+_CONFIG_FLAGS = (
+    ("--breaker-k", "breaker_k", "K: upstream failures that cool a lane (1..1000)"),
+    ("--breaker-window", "breaker_window_s", "W: seconds they count within (1..86400)"),
+    ("--cool-base", "cool_base_s", "seconds of the first cooling (1..3600)"),
+    ("--cool-max", "cool_max_s", "longest cooling in seconds (cool-base..86400)"),
+    ("--max-park", "max_park_s", "longest park in seconds (60..2592000)"),
+)
 
 
 def _until(args: argparse.Namespace) -> float:
@@ -146,3 +168,34 @@ def _park(args: argparse.Namespace) -> int:
     with _using(args) as ledger:
         lane = ledger.park_lane(args.lane, until=until, actor=actor, reason=args.reason)
     return _print_lane(args, lane)
+
+
+def _config_value(flag: str, raw: str, *, whole: bool) -> float:
+    try:
+        return int(raw) if whole else float(raw)
+    except ValueError:
+        kind = "a whole number" if whole else "a number of seconds"
+        raise InvalidInput(
+            f"{flag} must be {kind}, got {raw!r}", field=flag.lstrip("-").replace("-", "_")
+        ) from None
+
+
+def _config(args: argparse.Namespace) -> int:
+    given = {
+        field: _config_value(flag, getattr(args, field), whole=field == "breaker_k")
+        for flag, field, _ in _CONFIG_FLAGS
+        if getattr(args, field) is not None
+    }
+    if given:
+        actor = _actor(args)
+        with _using(args) as ledger:
+            config = ledger.set_lane_config(actor=actor, **given)  # type: ignore[arg-type]
+    else:
+        with _using(args, write=False) as ledger:
+            config = ledger.lane_config()
+    if args.json:
+        print_json(to_json(config))
+    else:
+        for flag, field, what in _CONFIG_FLAGS:
+            emit(f"{flag[2:]:<15} {getattr(config, field):<8g} {what}")
+    return 0

@@ -81,7 +81,14 @@ from execkit._json import to_json
 from execkit._proof import RunStatus
 from execkit._redact import redact
 from execkit._validate import is_number
-from execkit.dispatch._board import BindableBoard, BoardIssue, JsonFileBoard, Tracker, task_key
+from execkit.dispatch._board import (
+    BindableBoard,
+    Board,
+    BoardIssue,
+    JsonFileBoard,
+    Tracker,
+    task_key,
+)
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes
 from execkit.dispatch._runner import Runner, RunOutcome, Slot
@@ -252,6 +259,9 @@ class Dispatcher:
         # Per issue, the (attempts, state) of the last "not moved" warning: one warning per
         # exhaustion, not one per pass that finds the same history again.
         self._warned: dict[str, tuple[int, str | None]] = {}
+        # Per issue given up by this dispatcher, the column it was taken from: where an
+        # operator's retry in the ledger brings it back (`_restore_retried`). Lost on exit.
+        self._gave_up_from: dict[str, str] = {}
         self._bound = False
         self._ledger_id = ""  # read when the first pass binds
         self._running: dict[str, _Running] = {}  # by run id, in the order started
@@ -386,7 +396,8 @@ class Dispatcher:
                 return False
             if task.state is TaskState.BLOCKED and task.gave_up_at_attempt == task.attempts_started:
                 return False  # moved back by an operator: a forced retry is due
-        return True
+        # Retried by an operator in the ledger: the next pass brings its card back.
+        return not self._retried_given_up()
 
     def shutdown(
         self, drain_timeout_s: float, *, wait: Callable[[float], object] | None = None
@@ -424,6 +435,49 @@ class Dispatcher:
         self._lanes.new_pass()
         self.ledger.abandon_expired_runs(now=self.clock())
         self._record_pending()
+        self._restore_retried()
+
+    def _restore_retried(self) -> None:
+        """Bring back to the column it was taken from each issue this dispatcher gave up
+        (it still stands in `failed_state` at the attempt count it was given up at) whose
+        task an operator let run again in the ledger: `execkit task retry`, the dashboard's
+        "retry once", or `execkit lane resume` on the lane its run stopped (each a pending
+        forced retry). The pending retry is then what the next admission does: the same
+        path as a card an operator moves back by hand, from the other end. Only the issues
+        this process gave up are looked at (nothing when there are none: no read, and no
+        task is ever made for a card); one given up by a dispatcher that has since exited
+        is moved back by hand, as before. A board that cannot list its issues is left as
+        it is."""
+        for issue, task in self._retried_given_up():
+            back = self._gave_up_from[issue.id]
+            why = f"an operator's retry is pending ({task.reason or 'retry'})"
+            if self._move(issue, task, back, why=why) is not None:
+                self._gave_up_from.pop(issue.id, None)
+                _log.info("issue %s: moved back to %r: %s", issue.id, back, why)
+
+    def _retried_given_up(self) -> list[tuple[BoardIssue, Task]]:
+        """The issues this dispatcher gave up that stand in `failed_state` at the count
+        they were given up at and whose task has an operator's retry pending."""
+        failed = self.config.failed_state
+        if not self._gave_up_from or failed is None or not isinstance(self.tracker, Board):
+            return []
+        found = []
+        for issue in self.tracker.list_issues():
+            task_id = self._task_ids.get(issue.id)
+            if issue.id not in self._gave_up_from or task_id is None:
+                continue
+            if issue.state != failed:
+                # Moved on by hand (back to work, or elsewhere): nothing left to restore.
+                del self._gave_up_from[issue.id]
+                continue
+            task = self.ledger.get_task(task_id, now=self.clock(), cap=self._cap)
+            if (
+                task.retry_pending
+                and task.status is TaskStatus.OPEN
+                and task.gave_up_at_attempt == task.attempts_started
+            ):
+                found.append((issue, task))
+        return found
 
     def _wait_for_a_slot(self, timeout_s: float | None) -> None:
         """Until a slot ends (or `timeout_s`). A slot that ended before the wait began is
@@ -621,6 +675,7 @@ class Dispatcher:
         why = task.reason or f"blocked on {task.blocked_on}"
         moved = self._move(issue, task, self.config.failed_state, why=why)
         if moved is not None:
+            self._gave_up_from[issue.id] = issue.state
             # Moved first, recorded second: a record without the move would later read as
             # an operator's re-open of an issue that never left its column.
             try:

@@ -30,7 +30,7 @@ from execkit._budget import (
 )
 from execkit._classify import FailureClass
 from execkit._json import to_json
-from execkit._lanes import LaneEvent, LaneView
+from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit._validate import checked, finite, integer, non_blank
 
 __all__ = [
@@ -295,6 +295,7 @@ class AuditAction(enum.StrEnum):
     ROLE_REVOKE = "role.revoke"
     LANE_PARK = "lane.park"
     LANE_RESUME = "lane.resume"
+    LANE_CONFIG = "lane.config"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -495,6 +496,19 @@ class Ledger(Protocol):
         reason: str | None = None,
         now: float | None = None,
     ) -> LaneView: ...
+
+    def lane_config(self) -> LaneConfig: ...
+    def set_lane_config(
+        self,
+        *,
+        actor: Actor | str,
+        breaker_k: int | None = None,
+        breaker_window_s: float | None = None,
+        cool_base_s: float | None = None,
+        cool_max_s: float | None = None,
+        max_park_s: float | None = None,
+        now: float | None = None,
+    ) -> LaneConfig: ...
 
     def audit_events(self, task_id: str | None = None) -> list[AuditEvent]: ...
     def validate(self, *, now: float | None = None) -> list[str]: ...

@@ -28,7 +28,7 @@ from execkit._budget import (
     summarize,
 )
 from execkit._errors import Conflict, HistoryError, NotFound
-from execkit._lanes import DEFAULT_LANES, LaneConfig
+from execkit._lanes import LaneConfigHistory
 from execkit.ledger._core.store import Store, TaskRecord, Tx
 from execkit.ledger._model import KNOWN_ROLES, Actor, AuditAction, Run, Task, TaskStatus
 
@@ -76,12 +76,14 @@ class CoreBase:
         *,
         budget: WorkBudget = DEFAULT_BUDGET,
         backoff: Backoff = SCHEDULER_BACKOFF,
-        lanes: LaneConfig = DEFAULT_LANES,
     ) -> None:
         self._store = store
         self.budget = budget
         self.backoff = backoff
-        self.lane_config = lanes
+        # The lanes' configuration lives in the ledger (every host folds lane events with
+        # the same one); the last stored text read and its parse, so an unchanged one is
+        # not parsed again at each lane event.
+        self._lane_settings: tuple[str | None, LaneConfigHistory] = (None, LaneConfigHistory())
 
     def _task(self, tx: Tx, task_id: str, *, lock: bool = False) -> TaskRecord:
         task = tx.task(task_id, lock=lock)

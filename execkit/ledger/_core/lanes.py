@@ -18,21 +18,28 @@ The states and the fold are `execkit._lanes`; this module only stores them.
 
 from __future__ import annotations
 
+import functools
 import socket
+from typing import Any
+
+import attrs
 
 from execkit._budget import AttemptStatus
 from execkit._classify import FailureClass
 from execkit._errors import Conflict, Forbidden, InvalidInput, LaneStopped, LaneWaiting, NotFound
 from execkit._lanes import (
+    LANE_CONFIG_FIELDS,
     STOPPING_CAUSES,
     LaneCause,
+    LaneConfig,
+    LaneConfigHistory,
     LaneEvent,
     LaneEventKind,
     LaneKey,
     LaneState,
     LaneSummary,
     LaneView,
-    fold,
+    admission,
     open_lane,
     step,
     view,
@@ -44,12 +51,20 @@ from execkit.ledger._model import OPERATE_ROLE, Actor, AuditAction, AuditEntry, 
 
 __all__ = ["LaneOps", "check_lane", "check_lane_cause"]
 
+_LANE_CONFIG_KEY = "lane_config"  # ledger_meta: the `LaneConfigHistory`, stored
+
 
 def check_lane(value: object) -> str | None:
     """A lane given to `start_run`: None, or `ADAPTER/CREDENTIAL` (the host part is the
     ledger's to add). InvalidInput (field `lane`) otherwise."""
     if value is None:
         return None
+    if isinstance(value, str):
+        return _checked_lane(value)
+    return _lane_without_host(value)
+
+
+def _lane_without_host(value: object) -> str:
     key = LaneKey.parse(value)
     if key.host is not None:
         raise InvalidInput(
@@ -58,6 +73,11 @@ def check_lane(value: object) -> str | None:
             field="lane",
         )
     return str(key)
+
+
+# A dispatcher admits every run of an adapter on the same few lanes: each name is parsed
+# once (a bad one raises, which is not cached, so it is refused every time).
+_checked_lane = functools.lru_cache(maxsize=256)(_lane_without_host)
 
 
 def check_lane_cause(value: object) -> LaneCause | None:
@@ -97,22 +117,34 @@ def _refusal(shown: LaneView, task_id: str) -> LaneWaiting | LaneStopped:
 class LaneOps(CoreBase):
     """Lanes at admission and on a run's result, and the operators' lane operations."""
 
+    _hostname: str | None = None
+
     # -- inside other operations' transactions -------------------------------------------
 
     def _lane_gate(self, tx: Tx, lane: str, task_id: str, at: float) -> list[str]:
         """Before a run is admitted on `lane`: raise the refusal when the lane (or the same
         lane on this host) does not admit; else the lanes whose next run is their probe."""
         probes: list[str] = []
-        for name in (lane, f"{lane}@{socket.gethostname()}"):
-            stored = tx.lane(name, lock=True)
-            if stored is None:
-                continue
-            shown = view(stored, at)
-            if not shown.admits:
-                raise _refusal(shown, task_id)
-            if shown.probe:
-                probes.append(name)
+        # Both rows in one statement (locked, in name order), and of each only what
+        # admission reads: the whole row (its failures' JSON, its reason) only to word a
+        # refusal. Admission's one lane read.
+        for gate in tx.lane_gates((lane, f"{lane}@{self._host()}"), lock=True):
+            _state, admits, probe, _opens = admission(
+                LaneState(gate.state), gate.until, gate.probe_run, at
+            )
+            if not admits:
+                stored = tx.lane(gate.lane)
+                assert stored is not None  # read, and locked, in this transaction
+                raise _refusal(view(stored, at), task_id)
+            if probe:
+                probes.append(gate.lane)
         return probes
+
+    def _host(self) -> str:
+        # The host a fact local to it is keyed by (a missing binary): asked once a ledger.
+        if self._hostname is None:
+            self._hostname = socket.gethostname()
+        return self._hostname
 
     def _lane_admitted(self, tx: Tx, lane: str, probes: list[str], run: Run, at: float) -> None:
         tx.set_run_lane(run.id, lane)
@@ -131,10 +163,22 @@ class LaneOps(CoreBase):
 
     def _lane_event(self, tx: Tx, event: LaneEvent) -> LaneSummary:
         stored = tx.lane(event.lane, lock=True, create=True) or open_lane(event.lane)
-        after = step(stored, event, self.lane_config)
+        # The event first, then the configuration it folds with: on PostgreSQL the INSERT
+        # waits out a configuration change in flight (`lane_event_barrier`), so the
+        # configuration read after it is the one in force for the event's number.
         tx.add_lane_event(event)
+        after = step(stored, event, self._lane_configs(tx).current)
         tx.write_lane(after)
         return after
+
+    def _lane_configs(self, tx: Tx) -> LaneConfigHistory:
+        raw = tx.meta(_LANE_CONFIG_KEY)
+        cached_raw, cached = self._lane_settings
+        if raw is not None and raw == cached_raw:
+            return cached
+        found = LaneConfigHistory.from_stored(raw)
+        self._lane_settings = (raw, found)
+        return found
 
     def _lane_result(self, tx: Tx, ended: Run, cause: LaneCause | None, at: float) -> None:
         """Feed `ended` (a run that just finished or was abandoned) to its lane, if any."""
@@ -294,13 +338,14 @@ class LaneOps(CoreBase):
                 f"until must be in the future, got {when(until) if until > -1e11 else until}",
                 field="until",
             )
-        if until - at > self.lane_config.max_park_s:
-            raise InvalidInput(
-                f"until must be within {self.lane_config.max_park_s:g}s of now "
-                f"(at most {when(at + self.lane_config.max_park_s)}), got {until!r}",
-                field="until",
-            )
         with self._store.write() as tx:
+            max_park_s = self._lane_configs(tx).current.max_park_s
+            if until - at > max_park_s:
+                raise InvalidInput(
+                    f"until must be within {max_park_s:g}s of now "
+                    f"(at most {when(at + max_park_s)}), got {until!r}",
+                    field="until",
+                )
             self._operator(tx, who, f"parking lane {name}")
             stored = tx.lane(name, lock=True, create=True) or open_lane(name)
             if stored.state is LaneState.STOPPED:
@@ -326,18 +371,92 @@ class LaneOps(CoreBase):
             )
             return view(after, at)
 
+    # -- configuration -------------------------------------------------------------------
+
+    def lane_config(self) -> LaneConfig:
+        """The lanes' configuration in force (the breaker and the bounds of every wait),
+        the same for every host of this ledger; `LaneConfig()` until an operator sets one."""
+        with self._store.read() as tx:
+            return self._lane_configs(tx).current
+
+    def set_lane_config(
+        self,
+        *,
+        actor: Actor | str,
+        breaker_k: int | None = None,
+        breaker_window_s: float | None = None,
+        cool_base_s: float | None = None,
+        cool_max_s: float | None = None,
+        max_park_s: float | None = None,
+        now: float | None = None,
+    ) -> LaneConfig:
+        """Change some of the lanes' configuration (role `agent.operate`, audited): each
+        field given replaces the one in force, the others stay. It applies to every lane
+        event from now on, on every host; events before keep the configuration they were
+        folded with (`db check` folds each with its own). InvalidInput naming the field and
+        its range for a value out of range (nothing stored); the same values as now are a
+        no-op that writes nothing. Returns the configuration in force afterwards."""
+        who = as_actor(actor)
+        at = moment(now)
+        given: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("breaker_k", breaker_k),
+                ("breaker_window_s", breaker_window_s),
+                ("cool_base_s", cool_base_s),
+                ("cool_max_s", cool_max_s),
+                ("max_park_s", max_park_s),
+            )
+            if value is not None
+        }
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidInput(f"{name} must be a number, got {value!r}", field=name)
+        with self._store.write() as tx:
+            self._operator(tx, who, "changing the lanes' configuration")
+            history = self._lane_configs(tx)
+            before = history.current
+            after = attrs.evolve(before, **given)  # InvalidInput: the field and its range
+            if after == before:
+                return before
+            from_seq = tx.lane_event_barrier() + 1
+            tx.set_meta(_LANE_CONFIG_KEY, history.changed(after, from_seq).to_stored())
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.LANE_CONFIG,
+                    detail={
+                        "from": {name: getattr(before, name) for name in LANE_CONFIG_FIELDS},
+                        "to": {name: getattr(after, name) for name in LANE_CONFIG_FIELDS},
+                        "from_event": from_seq,
+                    },
+                )
+            )
+            return after
+
     # -- db check ------------------------------------------------------------------------
+
+    def _lane_folds(self, tx: Tx) -> tuple[dict[str, LaneSummary], dict[str, LaneSummary]]:
+        """Every stored lane, and the fold of every lane's history, each event with the
+        configuration in force for its number."""
+        configs = self._lane_configs(tx)
+        stored = {lane.lane: lane for lane in tx.lanes()}
+        expected: dict[str, LaneSummary] = {}
+        for seq, event in tx.numbered_lane_events():
+            before = expected.get(event.lane) or open_lane(event.lane)
+            expected[event.lane] = step(before, event, configs.at(seq))
+        for name in stored:
+            expected.setdefault(name, open_lane(name))
+        return stored, expected
 
     def _lane_problems(self) -> list[str]:
         """Every stored lane against the fold of its history (and history with no lane)."""
         with self._store.read() as tx:
-            stored = {lane.lane: lane for lane in tx.lanes()}
-            events: dict[str, list[LaneEvent]] = {}
-            for event in tx.lane_events(None):
-                events.setdefault(event.lane, []).append(event)
+            stored, folded = self._lane_folds(tx)
         problems = []
-        for name in sorted(set(stored) | set(events)):
-            expected = fold(name, events.get(name, []), self.lane_config)
+        for name in sorted(folded):
+            expected = folded[name]
             found = stored.get(name)
             if found is None:
                 problems.append(f"lane {name}: it has a history but no stored state")
@@ -351,13 +470,9 @@ class LaneOps(CoreBase):
 
     def _repair_lanes(self, tx: Tx) -> list[str]:
         done = []
-        stored = {lane.lane: lane for lane in tx.lanes()}
-        events: dict[str, list[LaneEvent]] = {}
-        for event in tx.lane_events(None):
-            events.setdefault(event.lane, []).append(event)
-        for name in sorted(set(stored) | set(events)):
-            expected = fold(name, events.get(name, []), self.lane_config)
-            if stored.get(name) != expected:
-                tx.write_lane(expected)
+        stored, folded = self._lane_folds(tx)
+        for name in sorted(folded):
+            if stored.get(name) != folded[name]:
+                tx.write_lane(folded[name])
                 done.append(f"lane {name}: rebuilt its state from its history")
         return done

@@ -10,7 +10,6 @@ from typing import Any
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
 from execkit._budget import WorkBudget
 from execkit._errors import InvalidInput
-from execkit._lanes import DEFAULT_LANES, LaneConfig
 from execkit.ledger._core import LedgerCore
 from execkit.ledger._postgres import schema
 from execkit.ledger._postgres.migrate import PostgresMigration
@@ -36,7 +35,6 @@ class PostgresLedger(LedgerCore):
         upgrade: bool = False,
         connect_timeout_s: float = 10.0,
         lock_timeout_s: float = 30.0,
-        lanes: LaneConfig = DEFAULT_LANES,
     ) -> None:
         store = PostgresStore(
             url,
@@ -45,7 +43,7 @@ class PostgresLedger(LedgerCore):
             connect_timeout_s=connect_timeout_s,
             lock_timeout_s=lock_timeout_s,
         )
-        super().__init__(store, budget=budget, backoff=backoff, lanes=lanes)
+        super().__init__(store, budget=budget, backoff=backoff)
         self._postgres = store
         self.url = store.location()
         self.migration = store.migration

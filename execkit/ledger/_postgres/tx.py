@@ -30,7 +30,7 @@ import attrs
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
-from execkit._lanes import LaneEvent, LaneSummary, open_lane
+from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
@@ -409,6 +409,13 @@ class PostgresTx:
         row = self._one("SELECT value FROM ledger_meta WHERE key = %s", (key,))
         return None if row is None else str(row[0])
 
+    def set_meta(self, key: str, value: str) -> None:
+        self._send(
+            "INSERT INTO ledger_meta (key, value) VALUES (%s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, nul_free(value)),
+        )
+
     # -- vendor lanes (issue #28) --------------------------------------------------------
     # A lane's row is locked after the task rows of the transaction (admission and a
     # run's result lock their task first; an operator's resume locks the task it retries
@@ -423,6 +430,15 @@ class PostgresTx:
         row = self._named_one(f"{_LANE_SELECT} WHERE lane = %s{suffix}", (name,))
         return None if row is None else lane_from_row(row)
 
+    def lane_gates(self, names: tuple[str, ...], *, lock: bool) -> list[LaneGate]:
+        suffix = " FOR UPDATE" if lock and self._write else ""
+        rows = self._all(
+            "SELECT lane, state, until_at, probe_run FROM lane_summaries "
+            f"WHERE lane = ANY(%s) ORDER BY lane{suffix}",
+            (list(names),),
+        )
+        return [LaneGate(*row) for row in rows]
+
     def lanes(self) -> list[LaneSummary]:
         return [lane_from_row(row) for row in self._named_all(f"{_LANE_SELECT} ORDER BY lane")]
 
@@ -433,6 +449,21 @@ class PostgresTx:
             sql += " WHERE lane = %s"
             params = (name,)
         return [lane_event_from_row(row) for row in self._named_all(sql + " ORDER BY seq", params)]
+
+    def numbered_lane_events(self) -> list[tuple[int, LaneEvent]]:
+        sql = f"SELECT seq, {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events ORDER BY seq"
+        return [(int(row["seq"]), lane_event_from_row(row)) for row in self._named_all(sql)]
+
+    def lane_event_barrier(self) -> int:
+        # SHARE conflicts with the ROW EXCLUSIVE lock an INSERT takes: this waits for every
+        # transaction that added a lane event to end, and an INSERT after it waits for this
+        # one to commit and only then draws its number, above the maximum read here. A lane
+        # event's transaction reads the configuration after its INSERT (`_lane_event`), so
+        # it folds with the configuration its number says.
+        self._send("LOCK TABLE lane_events IN SHARE MODE")
+        row = self._one("SELECT coalesce(max(seq), 0) FROM lane_events")
+        assert row is not None
+        return int(row[0])
 
     def add_lane_event(self, event: LaneEvent) -> None:
         self._send(_LANE_EVENT_INSERT, _clean(lane_event_row(event)))

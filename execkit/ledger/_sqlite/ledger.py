@@ -10,7 +10,6 @@ from typing import Any
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
 from execkit._budget import WorkBudget
-from execkit._lanes import DEFAULT_LANES, LaneConfig
 from execkit.ledger._core import LedgerCore
 from execkit.ledger._sqlite import schema
 from execkit.ledger._sqlite.migrate import Migration
@@ -35,12 +34,11 @@ class SqliteLedger(LedgerCore):
         upgrade: bool = True,
         init: bool = False,
         busy_timeout_s: float = 30.0,
-        lanes: LaneConfig = DEFAULT_LANES,
     ) -> None:
         store = SqliteStore(
             path, create=create, upgrade=upgrade, init=init, busy_timeout_s=busy_timeout_s
         )
-        super().__init__(store, budget=budget, backoff=backoff, lanes=lanes)
+        super().__init__(store, budget=budget, backoff=backoff)
         self._sqlite = store
         self.path = store.path
         self.migration = store.migration

@@ -18,7 +18,7 @@ import attrs
 
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
-from execkit._lanes import LaneEvent, LaneSummary
+from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._core import TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
@@ -368,11 +368,27 @@ class SqliteTx:
         row = self._conn.execute("SELECT value FROM ledger_meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
+    def set_meta(self, key: str, value: str) -> None:
+        self._conn.execute(
+            "INSERT INTO ledger_meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
     # -- vendor lanes (issue #28) --------------------------------------------------------
 
     def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
         row = self._named(f"{_LANE_SELECT} WHERE lane = ?", (name,)).fetchone()
         return None if row is None else lane_from_row(row)
+
+    def lane_gates(self, names: tuple[str, ...], *, lock: bool) -> list[LaneGate]:
+        marks = ", ".join("?" for _ in names)
+        rows = self._conn.execute(
+            "SELECT lane, state, until_at, probe_run FROM lane_summaries "
+            f"WHERE lane IN ({marks}) ORDER BY lane",
+            names,
+        ).fetchall()
+        return [LaneGate(*row) for row in rows]
 
     def lanes(self) -> list[LaneSummary]:
         rows = self._named(f"{_LANE_SELECT} ORDER BY lane").fetchall()
@@ -386,6 +402,15 @@ class SqliteTx:
             params = (name,)
         rows = self._named(sql + " ORDER BY seq", params).fetchall()
         return [lane_event_from_row(row) for row in rows]
+
+    def numbered_lane_events(self) -> list[tuple[int, LaneEvent]]:
+        sql = f"SELECT seq, {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events ORDER BY seq"
+        return [(int(row["seq"]), lane_event_from_row(row)) for row in self._named(sql)]
+
+    def lane_event_barrier(self) -> int:
+        # A write transaction holds the file's write lock: no other one adds a lane event.
+        row = self._conn.execute("SELECT coalesce(max(seq), 0) FROM lane_events").fetchone()
+        return int(row[0])
 
     def add_lane_event(self, event: LaneEvent) -> None:
         self._conn.execute(_LANE_EVENT_INSERT, lane_event_row(event))

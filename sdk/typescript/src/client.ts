@@ -31,6 +31,7 @@ import {
   type FinalRunStatus,
   type Grant,
   type Lane,
+  type LaneConfig,
   type LaneEvent,
   type Run,
   type Task,
@@ -58,6 +59,7 @@ import {
   type RetryTaskBody,
   type RevokeRoleBody,
   type SetAttemptLimitBody,
+  type SetLaneConfigBody,
   type StartRunBody,
 } from "./wire.js";
 
@@ -126,6 +128,20 @@ export interface StartRunOptions extends IdempotentOptions {
 
 export interface ResumeLaneOptions extends IdempotentOptions {
   reason?: string | null | undefined;
+}
+
+/** The fields of the lanes' configuration to change; the others stay as they are. */
+export interface SetLaneConfigOptions extends IdempotentOptions {
+  /** K: upstream failures on a lane within the window that cool it (1..1000). */
+  breakerK?: number | undefined;
+  /** W: the breaker's window in seconds (1..86400). */
+  breakerWindowS?: number | undefined;
+  /** The first cooling's length in seconds (1..3600). */
+  coolBaseS?: number | undefined;
+  /** The longest cooling in seconds (coolBaseS..86400). */
+  coolMaxS?: number | undefined;
+  /** A stated reset further away is capped here, in seconds (60..2592000). */
+  maxParkS?: number | undefined;
 }
 
 export interface ParkLaneOptions extends IdempotentOptions {
@@ -802,6 +818,42 @@ export class ExeckitClient {
     return this.#lane(await this.#send("resumeLane", { body, idempotencyKey: key }));
   }
 
+  /** The lanes' configuration in force, the same for every host (needs `vendor.lanes`). */
+  async laneConfig(): Promise<LaneConfig> {
+    await this.#require(LANES, "read the lanes' configuration", "vendor lanes");
+    return this.#laneConfig(await this.#send("laneConfig", {}));
+  }
+
+  /** Change the fields given of the lanes' configuration, for every host, from the next
+   * lane event on (needs agent.operate; audited). The server checks the ranges. */
+  async setLaneConfig(options: SetLaneConfigOptions): Promise<LaneConfig> {
+    const given = optionsOf(
+      "setLaneConfig",
+      options,
+      ["breakerK", "breakerWindowS", "coolBaseS", "coolMaxS", "maxParkS", "idempotencyKey"],
+      true,
+    );
+    const body: SetLaneConfigBody = {};
+    if (given.breakerK !== undefined) {
+      body.breaker_k = wholeNumber("breakerK", given.breakerK);
+    }
+    if (given.breakerWindowS !== undefined) {
+      body.breaker_window_s = finite("breakerWindowS", given.breakerWindowS);
+    }
+    if (given.coolBaseS !== undefined) {
+      body.cool_base_s = finite("coolBaseS", given.coolBaseS);
+    }
+    if (given.coolMaxS !== undefined) {
+      body.cool_max_s = finite("coolMaxS", given.coolMaxS);
+    }
+    if (given.maxParkS !== undefined) {
+      body.max_park_s = finite("maxParkS", given.maxParkS);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(LANES, "change the lanes' configuration", "vendor lanes");
+    return this.#laneConfig(await this.#send("setLaneConfig", { body, idempotencyKey: key }));
+  }
+
   // -- plumbing --------------------------------------------------------------------------
 
   async #readCapabilities(): Promise<Capabilities> {
@@ -845,6 +897,13 @@ export class ExeckitClient {
       throw unexpected("a vendor lane");
     }
     return doc as unknown as Lane;
+  }
+
+  #laneConfig(doc: unknown): LaneConfig {
+    if (!isObject(doc) || typeof doc["breaker_k"] !== "number") {
+      throw unexpected("a lane configuration");
+    }
+    return doc as unknown as LaneConfig;
   }
 
   #run(doc: unknown): Run {

@@ -16,6 +16,7 @@ export {
   type ResumeLaneOptions,
   type RetryTaskOptions,
   type SetAttemptLimitOptions,
+  type SetLaneConfigOptions,
   type StartRunOptions,
 } from "./client.js";
 export {
@@ -55,6 +56,7 @@ export {
   type FinalRunStatus,
   type Grant,
   type Lane,
+  type LaneConfig,
   type LaneEvent,
   type Run,
   type RunList,

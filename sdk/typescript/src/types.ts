@@ -51,6 +51,9 @@ export type RunList = Required<wire.RunList>;
 /** A vendor lane as it stands now (`LaneView.to_dict()`, issue #28). */
 export type Lane = wire.Lane;
 
+/** The lanes' configuration: the breaker and the bounds of every wait (`LaneConfig`). */
+export type LaneConfig = wire.LaneConfig;
+
 /** One row of a vendor lane's history (`LaneEvent.to_dict()`). */
 export type LaneEvent = wire.LaneEvent;
 

@@ -172,6 +172,19 @@ export interface Lane {
   readonly updated_at: number | null;
 }
 
+export interface LaneConfig {
+  /** Upstream failures on a lane within breaker_window_s that cool it (1..1000). */
+  readonly breaker_k: number;
+  /** The breaker's window in seconds (1..86400). */
+  readonly breaker_window_s: number;
+  /** The first cooling's length; it doubles per trip in a row (1..3600). */
+  readonly cool_base_s: number;
+  /** The longest cooling (cool_base_s..86400). */
+  readonly cool_max_s: number;
+  /** A stated reset further away is capped here (60..2592000). */
+  readonly max_park_s: number;
+}
+
 export interface LaneEvent {
   readonly actor: string;
   readonly at: number;
@@ -296,6 +309,8 @@ export const OPERATIONS = {
   grantRole: { method: "POST", path: "/v1/grants", status: 201 },
   revokeRole: { method: "POST", path: "/v1/grants/revoke", status: 200 },
   listLanes: { method: "GET", path: "/v1/lanes", status: 200 },
+  laneConfig: { method: "GET", path: "/v1/lanes/config", status: 200 },
+  setLaneConfig: { method: "POST", path: "/v1/lanes/config", status: 200 },
   laneHistory: { method: "GET", path: "/v1/lanes/history", status: 200 },
   parkLane: { method: "POST", path: "/v1/lanes/park", status: 200 },
   resumeLane: { method: "POST", path: "/v1/lanes/resume", status: 200 },
@@ -364,6 +379,14 @@ export interface GrantRoleBody {
 export interface RevokeRoleBody {
   principal: string;
   role: string;
+}
+
+export interface SetLaneConfigBody {
+  breaker_k?: number | null;
+  breaker_window_s?: number | null;
+  cool_base_s?: number | null;
+  cool_max_s?: number | null;
+  max_park_s?: number | null;
 }
 
 export interface ParkLaneBody {
@@ -447,6 +470,8 @@ export interface Queries {
   grantRole: never;
   revokeRole: never;
   listLanes: never;
+  laneConfig: never;
+  setLaneConfig: never;
   laneHistory: LaneHistoryQuery;
   parkLane: never;
   resumeLane: never;
@@ -480,6 +505,8 @@ export interface Bodies {
   grantRole: GrantRoleBody;
   revokeRole: RevokeRoleBody;
   listLanes: never;
+  laneConfig: never;
+  setLaneConfig: SetLaneConfigBody;
   laneHistory: never;
   parkLane: ParkLaneBody;
   resumeLane: ResumeLaneBody;
@@ -513,6 +540,8 @@ export interface Answers {
   grantRole: Grant;
   revokeRole: Revoked;
   listLanes: LaneList;
+  laneConfig: LaneConfig;
+  setLaneConfig: LaneConfig;
   laneHistory: LaneHistory;
   parkLane: Lane;
   resumeLane: Lane;

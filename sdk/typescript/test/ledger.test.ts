@@ -457,6 +457,23 @@ describe("attempt limits", () => {
   });
 });
 
+describe("vendor lanes", () => {
+  test("the lanes' configuration: read, changed by an operator, refused out of range", async () => {
+    const before = await worker.laneConfig();
+    assert.equal(before.breaker_k, 3);
+    await rejects(worker.setLaneConfig({ breakerK: 5 }), Forbidden);
+    const bad = await rejects(operator.setLaneConfig({ breakerK: 0 }), InvalidInput);
+    assert.match(bad.message, /breaker_k must be an integer in 1\.\.1000/);
+    await rejects(operator.setLaneConfig({ breakerK: 2.5 }), InvalidInput); // checked here
+    assert.deepEqual(await worker.laneConfig(), before);
+    const changed = await operator.setLaneConfig({ breakerK: 5, coolMaxS: 900 });
+    assert.equal(changed.breaker_k, 5);
+    assert.equal(changed.cool_max_s, 900);
+    assert.equal(changed.cool_base_s, before.cool_base_s);
+    assert.deepEqual(await worker.laneConfig(), changed);
+  });
+});
+
 describe("authentication", () => {
   test("no or unknown token: Unauthenticated, and nothing changed", async () => {
     const before = await owner.listTasks();
