@@ -29,11 +29,11 @@ from execkit.dispatch import (
 ME = "bench"
 
 
-def _dispatched(ledger: AnyLedger, count: int) -> list[str]:
+def _dispatched(ledger: AnyLedger, count: int, first: int = 0) -> list[str]:
     """`count` dispatched tasks (`board:I-n`): every third new, every third done, the rest
     failed upstream twice."""
     ids = []
-    for n in range(count):
+    for n in range(first, first + count):
         task = ledger.create_task(task_key(f"I-{n}"), actor=ME, now=1000.0)
         ids.append(task.id)
         for attempt in range(n % 3):
@@ -169,3 +169,60 @@ def test_the_status_table_is_aligned_a_block_at_a_time_and_streamed(
     assert len({line.index("t-") for line in first[1:]}) == 1, "a block is aligned"
     small = format_status_table([_row(n, "I" * (n + 1)) for n in range(3)], 0.0).splitlines()
     assert len({line.index("t-") for line in small[1:]}) == 1
+
+
+# -- listing and checking: statements and objects per task ---------------------------------
+
+
+def _statements(ledger: AnyLedger, read: Any) -> int:
+    """How many SQL statements `read()` makes on a SQLite ledger's connection."""
+    made: list[str] = []
+    conn = ledger._store._conn
+    conn.set_trace_callback(made.append)
+    try:
+        read()
+    finally:
+        conn.set_trace_callback(None)
+    return len(made)
+
+
+def _sqlite_tasks(tmp_path: Any, count: int, more: int) -> tuple[Any, Any]:
+    from execkit.ledger import open_ledger
+
+    ledger = open_ledger(str(tmp_path / "l.db"))
+    _dispatched(ledger, count)
+    return ledger, lambda: _dispatched(ledger, more, count)
+
+
+def test_a_listing_makes_as_many_statements_for_thirty_tasks_as_for_three(
+    tmp_path: Any,
+) -> None:
+    ledger, grow = _sqlite_tasks(tmp_path, 3, 27)
+    with ledger:
+        reads = {
+            "iter_tasks": lambda: list(ledger.iter_tasks(now=2e9)),
+            "with_last": lambda: list(ledger.iter_tasks_with_last(now=2e9)),
+            "status": lambda: issue_statuses(ledger, DispatchConfig(), now=2e9),
+        }
+        before = {name: _statements(ledger, read) for name, read in reads.items()}
+        grow()
+        after = {name: _statements(ledger, read) for name, read in reads.items()}
+    assert after == before, "a page is one read, whatever it holds"
+
+
+def test_db_check_evolves_nothing_per_run(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import attrs
+
+    _dispatched(ledger, 12)
+    calls: list[type] = []
+    real = attrs.evolve
+
+    def counted(inst: Any, **changes: Any) -> Any:
+        calls.append(type(inst))
+        return real(inst, **changes)
+
+    monkeypatch.setattr(attrs, "evolve", counted)
+    assert ledger.validate(now=2e9) == []
+    assert calls == [], "a history is folded by building each summary, never by evolving one"
