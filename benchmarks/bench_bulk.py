@@ -60,33 +60,34 @@ with open_ledger(sys.argv[1]) as ledger:
 
 
 def _copy_rows(path: Path, tasks: int) -> None:
-    """Each of the two template tasks (and its summary, run and run extras) copied
-    `tasks // 2` times under new ids."""
+    """Each of the two template tasks, with every row keyed by it or by its run (summary,
+    limits, run, run extras, owners, lanes: whatever tables the schema has), copied
+    `tasks // 2` times under new ids. The columns are read from the schema, so a table or
+    column a later version adds is copied too."""
     half = tasks // 2
     conn = sqlite3.connect(path)
+    keyed = {"tasks": "id", "runs": "id"}
+    for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+        if table not in keyed and columns[0] in ("task_id", "run_id"):
+            keyed[table] = columns[0]
+    statements = []
+    for table, key in keyed.items():
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+        columns = [c for c in columns if c != "seq"]  # a new rowid for each copy
+        suffixed = {key, "task_id", "title"} if table in ("tasks", "runs") else {key}
+        values = [f"x.{c} || '-' || n.i" if c in suffixed else f"x.{c}" for c in columns]
+        statements.append(
+            f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"SELECT {', '.join(values)} FROM n, {table} x;"
+        )
     conn.executescript(
         f"""
         BEGIN;
         CREATE TEMP TABLE n (i INTEGER PRIMARY KEY);
         WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {half})
           INSERT INTO n SELECT i FROM s;
-        INSERT INTO tasks (id, title, status, created_by, created_at, updated_at)
-          SELECT t.id || '-' || n.i, t.title || '-' || n.i, t.status, t.created_by,
-                 t.created_at, t.updated_at FROM n, tasks t;
-        INSERT INTO task_summaries
-          SELECT s.task_id || '-' || n.i, attempts_used, charged_attempts, uncharged_streak,
-                 streak_reason, running, last_number, last_status, last_class, last_reason,
-                 last_started_at, last_ended_at, last_forced, last_not_before
-          FROM n, task_summaries s;
-        INSERT INTO runs (id, task_id, attempt, status, failure_class, reason, request_key,
-                          actor, forced, owner_host, owner_pid, owner_started_at, started_at,
-                          ended_at)
-          SELECT r.id || '-' || n.i, r.task_id || '-' || n.i, attempt, status, failure_class,
-                 reason, request_key, actor, forced, owner_host, owner_pid, owner_started_at,
-                 started_at, ended_at FROM n, runs r;
-        INSERT INTO run_extras
-          SELECT x.run_id || '-' || n.i, lease_expires_at, lease_s, not_before
-          FROM n, run_extras x;
+        {chr(10).join(statements)}
         COMMIT;
         """
     )

@@ -25,9 +25,10 @@ The redactor is imported on first use, not with this module (start-up time matte
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["mask_json", "mask_name", "mask_text"]
+__all__ = ["json_masker", "mask_json", "mask_name", "mask_text"]
 
 _TAG_HEX = 16
 
@@ -56,6 +57,18 @@ def mask_json(value: Any) -> Any:
     Each distinct string is masked once per call: a document of many rows repeats its keys
     and most of its values (a 200,000-row `status --json` holds 3.8 million strings, a
     tenth of them distinct), and the redactor's cost is per call."""
+    return json_masker()(value)
+
+
+# A streamed document's masker forgets what it masked after this many distinct strings, so
+# its memory stays bounded however long the stream is (it only masks some strings twice).
+_MASKED_CACHE = 65_536
+
+
+def json_masker() -> Callable[[Any], Any]:
+    """`mask_json` for the items of one streamed document (a listing written item by
+    item): each distinct string masked once across the items, up to `_MASKED_CACHE`
+    distinct strings held at a time."""
     from execkit._redact import redact
 
     masked: dict[str, str] = {}
@@ -63,6 +76,8 @@ def mask_json(value: Any) -> Any:
     def text(item: str) -> str:
         found = masked.get(item)
         if found is None:
+            if len(masked) >= _MASKED_CACHE:
+                masked.clear()
             found = masked[item] = redact(item)
         return found
 
@@ -77,4 +92,4 @@ def mask_json(value: Any) -> Any:
             return [walk(part) for part in item]
         return item
 
-    return walk(value)
+    return walk

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import attrs
-from attrs.validators import and_, optional
 
 from execkit._errors import InvalidInput
 
@@ -72,15 +71,28 @@ def non_blank(_inst: object, attribute: attrs.Attribute[Any], value: object) -> 
 
 
 def checked(allowed: str, *validators: Validator) -> Validator:
-    """All of `validators`, each failure reported as `InvalidInput` naming the field.
+    """All of `validators`, in order, each failure reported as `InvalidInput` naming the
+    field.
 
     The message is `"{field} must be {allowed}, got {value!r}"`, whichever check failed.
+    The validators are called from one loop (not through `attrs.validators.and_`): every
+    value type's fields pass through here, and `db check` builds one `Attempt` a run.
     """
-    combined = and_(*validators)
+    return _checked(allowed, tuple(validators), optional=False)
 
+
+def opt_checked(allowed: str, *validators: Validator) -> Validator:
+    """`checked` for an optional field: None passes, anything else must be `allowed`."""
+    return _checked(f"{allowed} or None", tuple(validators), optional=True)
+
+
+def _checked(allowed: str, validators: tuple[Validator, ...], *, optional: bool) -> Validator:
     def check(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if optional and value is None:
+            return
         try:
-            combined(inst, attribute, value)
+            for validator in validators:
+                validator(inst, attribute, value)
         except (TypeError, ValueError) as exc:
             if isinstance(exc, InvalidInput):
                 raise
@@ -89,11 +101,6 @@ def checked(allowed: str, *validators: Validator) -> Validator:
             ) from None
 
     return check
-
-
-def opt_checked(allowed: str, *validators: Validator) -> Validator:
-    """`checked` for an optional field: None passes, anything else must be `allowed`."""
-    return checked(f"{allowed} or None", optional(and_(*validators)))
 
 
 def integer_arg(name: str, value: object, low: int | None = None, high: int | None = None) -> int:

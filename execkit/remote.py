@@ -53,7 +53,7 @@ import attrs
 
 from execkit._api import ATTEMPT_LIMITS, CAPABILITIES, Endpoint, LedgerRoutes, Needs
 from execkit._backoff import Backoff
-from execkit._budget import Attempt, WorkBudget
+from execkit._budget import Attempt, DispatchCap, WorkBudget
 from execkit._errors import (
     ExecKitError,
     InvalidInput,
@@ -316,6 +316,22 @@ class RemoteLedger(LedgerRoutes):
             if len(page) < LIST_PAGE:
                 return
             after = page[-1].id
+
+    def iter_tasks_with_last(
+        self,
+        *,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+        title_prefix: str | None = None,
+    ) -> Iterator[tuple[Task, Attempt | None]]:
+        """`Ledger.iter_tasks_with_last` over the API: the API has no such listing, so each
+        task (whose title starts with `title_prefix`) is read again with `cap` and its
+        history: three requests a task, as `execkit status --remote` always made."""
+        for listed in self.iter_tasks(now=now):
+            if title_prefix is None or listed.title.startswith(title_prefix):
+                task = self.get_task(listed.id, now=now, cap=cap)
+                history = self.history(listed.id)
+                yield task, history[-1] if history else None
 
     # -- the one call path --------------------------------------------------------------
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
-from execkit._mask import mask_text
+from execkit._mask import mask_json, mask_text
 from execkit._proof import AgentFailed
 
 if TYPE_CHECKING:
@@ -140,18 +140,33 @@ def log_handler(prefix: str) -> logging.Handler:
     return handler
 
 
-def print_json_list(key: str, items: Iterable[Any]) -> None:
+def print_json_list(
+    key: str,
+    items: Iterable[Any],
+    *,
+    head: Mapping[str, Any] | None = None,
+    masked: bool = False,
+) -> None:
     """`{key: [items]}` on stdout, the bytes `print_json` writes for it, item by item as
-    `items` yields them: a listing of any length is never held whole. An exception from
-    `items` leaves the document unfinished (the error goes to stderr with its exit code)."""
+    `items` yields them: a listing of any length is never held whole. `head` adds members
+    written before the list (masked, as `print_json` masks); `masked` masks every string
+    of every item (`_mask.json_masker`: each distinct string once), for items that hold
+    text from outside the ledger (a board's titles). An exception from `items` leaves the
+    document unfinished (the error goes to stderr with its exit code)."""
     import json
 
+    from execkit._mask import json_masker
+
     encode = json.JSONEncoder(sort_keys=True).encode  # one encoder, not one a call
+    mask = json_masker() if masked else None
     write = sys.stdout.write
-    write("{" + encode(key) + ": [")
+    start = "{"
+    for name, value in sorted((head or {}).items()):
+        start += f"{encode(mask_text(name))}: {encode(mask_json(value))}, "
+    write(start + encode(key) + ": [")
     pending: list[str] = []
     for item in items:
-        pending.append(encode(item))
+        pending.append(encode(item if mask is None else mask(item)))
         if len(pending) == 512:  # a write per 512 items (see `write_lines`)
             write(", ".join(pending))
             pending.clear()
@@ -160,20 +175,24 @@ def print_json_list(key: str, items: Iterable[Any]) -> None:
     sys.stdout.flush()
 
 
-def write_lines(lines: Iterable[str], batch: int = 512) -> None:
+def write_lines(lines: Iterable[str], batch: int = 512, *, masked: bool = False) -> None:
     """Each of `lines` on stdout, `batch` lines a write (a write costs more than the line
-    it writes when there are 100,000 of them); flushed at the end."""
+    it writes when there are 100,000 of them); flushed at the end. `masked` masks each
+    batch as `emit` masks its text (lines are masked a batch at a time: the caller escapes
+    control characters, so no credential spans two lines)."""
     write = sys.stdout.write
     pending: list[str] = []
     for line in lines:
         pending.append(line)
         if len(pending) == batch:
             pending.append("")
-            write("\n".join(pending))
+            text = "\n".join(pending)
+            write(mask_text(text) if masked else text)
             pending.clear()
     if pending:
         pending.append("")
-        write("\n".join(pending))
+        text = "\n".join(pending)
+        write(mask_text(text) if masked else text)
     sys.stdout.flush()
 
 

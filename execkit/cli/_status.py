@@ -12,18 +12,20 @@ is escaped (`safe_text`): ids, states and reasons come from the board and the ag
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from execkit._errors import Conflict, InvalidInput, NotFound
 from execkit.cli._dispatch import _add_common, _clip, _config, _when
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
-from execkit.cli._output import emit, print_json, safe_text, utc_stamp
-from execkit.dispatch import DispatchConfig, IssueStatus, JsonFileBoard, issue_statuses
-from execkit.ledger import DB_ENV_VAR, Ledger, TaskState
+from execkit.cli._output import emit, print_json_list, safe_text, utc_stamp, write_lines
+from execkit.dispatch import DispatchConfig, IssueStatus, JsonFileBoard, iter_issue_statuses
+from execkit.ledger import DB_ENV_VAR, LIST_PAGE, Ledger, TaskState
 
 __all__ = ["format_status_table", "register"]
 
@@ -95,12 +97,20 @@ def _reason(row: IssueStatus) -> str | None:
     return row.reason
 
 
-def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
-    """The dashboard as an aligned text table (the reason column is not padded).
+def format_status_table(rows: Iterable[IssueStatus], now: float) -> str:
+    """The dashboard as an aligned text table: `status_table_lines` joined."""
+    return "\n".join(status_table_lines(rows, now))
+
+
+def status_table_lines(rows: Iterable[IssueStatus], now: float) -> Iterator[str]:
+    """The dashboard as the lines of an aligned text table (the reason column is not
+    padded), yielded as `rows` yields them.
 
     Every cell is escaped (`safe_text`) before the columns are measured, so a control
     character in an issue id, state or reason neither rewrites the terminal nor breaks the
-    alignment.
+    alignment. Columns are measured over a block of `LIST_PAGE` rows at a time and never
+    narrow from one block to the next: a table of up to that many rows is aligned as a
+    whole, a longer one is printed a block at a time, never held whole.
     """
     header = (
         "ISSUE",
@@ -114,9 +124,10 @@ def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
         "LAST CLASS",
         "REASON",
     )
-    table = [header]
+    widths = [0] * (len(header) - 1)
+    block: list[tuple[str, ...]] = [header]
     for row in rows:
-        table.append(
+        block.append(
             (
                 safe_text(row.issue_id),
                 row.task_id or "-",
@@ -130,34 +141,59 @@ def format_status_table(rows: Sequence[IssueStatus], now: float) -> str:
                 _clip(safe_text(_reason(row) or "-"), 160),
             )
         )
-    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
-    lines = []
-    for line in table:
+        if len(block) >= LIST_PAGE:
+            yield from _aligned(block, widths)
+            block.clear()
+    if block:
+        yield from _aligned(block, widths)
+
+
+def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> Iterator[str]:
+    """`block`'s lines, each column padded to its widest cell so far (`widths`, updated)."""
+    for i in range(len(widths)):
+        widths[i] = max(widths[i], *(len(line[i]) for line in block))
+    for line in block:
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
-        lines.append("  ".join([*cells, line[-1]]).rstrip())
-    return "\n".join(lines)
+        yield "  ".join([*cells, line[-1]]).rstrip()
 
 
-def _read(args: argparse.Namespace) -> tuple[float, DispatchConfig, list[IssueStatus], str]:
+@contextlib.contextmanager
+def _rows(
+    args: argparse.Namespace,
+) -> Iterator[tuple[float, DispatchConfig, Iterator[IssueStatus]]]:
+    """The dashboard's rows, read while the ledger is open: streamed from one pass over it
+    without a board; with one, every issue's row first (a ledger that has no task for any
+    of them is refused before anything is printed)."""
     board = JsonFileBoard(args.board) if args.board else None
     config = _config(args, board)
     now = time.time()
     ledger = _status_ledger(args, board)
     try:
         ledger.backoff = config.backoff
-        rows = issue_statuses(ledger, config, board=board, now=now)
-        if board is not None and not any(row.task_id for row in rows) and rows:
-            # A ledger that never saw this board would print a table of blanks.
-            raise NotFound(
-                f"the ledger at {ledger.location()} has no task for any issue of "
-                f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
-            )
+        rows = iter_issue_statuses(ledger, config, board=board, now=now)
+        if board is not None:
+            held = list(rows)
+            if held and not any(row.task_id for row in held):
+                # A ledger that never saw this board would print a table of blanks.
+                raise NotFound(
+                    f"the ledger at {ledger.location()} has no task for any issue of "
+                    f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
+                )
+            rows = iter(held)
+        yield now, config, rows
     finally:
         ledger.close()
-    if not rows:
-        empty = "no issues" if board is not None else "no dispatched issues in the ledger"
-        return now, config, rows, empty
-    return now, config, rows, format_status_table(rows, now)
+
+
+def _empty(args: argparse.Namespace) -> str:
+    return "no issues" if args.board else "no dispatched issues in the ledger"
+
+
+def _read(args: argparse.Namespace) -> tuple[float, str]:
+    """The table as one text (what `--watch` draws), and the time it was read at."""
+    with _rows(args) as (now, _, rows):
+        text = format_status_table(rows, now)
+    return now, text if "\n" in text else _empty(args)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -167,11 +203,18 @@ def _status(args: argparse.Namespace) -> int:
         return watch(args, sys.stdout, time.sleep)
     if args.count is not None:
         raise InvalidInput("execkit status: --count goes with --watch", field="count")
-    now, config, rows, text = _read(args)
-    if args.json:
-        print_json({"now": now, "config": config.to_dict(), "issues": [r.to_dict() for r in rows]})
-        return 0
-    emit(text)
+    with _rows(args) as (now, config, rows):
+        first = list(itertools.islice(rows, 1))  # an error at the first read prints nothing
+        if args.json:
+            head = {"now": now, "config": config.to_dict()}
+            issues = (row.to_dict() for row in itertools.chain(first, rows))
+            # A board's issues are text from outside: every string masked. Without one,
+            # every string is the ledger's (masked as it was stored), as `task list --json`.
+            print_json_list("issues", issues, head=head, masked=args.board is not None)
+        elif not first:
+            emit(_empty(args))
+        else:
+            write_lines(status_table_lines(itertools.chain(first, rows), now), masked=True)
     return 0
 
 
@@ -182,7 +225,7 @@ def watch(args: argparse.Namespace, out: Any, sleep: Callable[[float], None]) ->
     drawn = 0
     try:
         while True:
-            now, _, _, text = _read(args)
+            now, text = _read(args)
             stamp = f"every {args.interval:g}s, Ctrl-C to stop · {utc_stamp(now)}"
             if terminal:
                 out.write(f"{REDRAW}{text}\n\n{stamp}\n")

@@ -29,7 +29,7 @@ from execkit.dispatch._scheduler import (
     EventKind,
 )
 from execkit.dispatch._slots import InlineExecutor, SlotExecutor, ThreadPerSlot
-from execkit.dispatch._status import IssueStatus, issue_statuses
+from execkit.dispatch._status import IssueStatus, issue_statuses, iter_issue_statuses
 
 __all__ = [
     "DEFAULT_STATES",
@@ -56,5 +56,6 @@ __all__ = [
     "ThreadPerSlot",
     "Tracker",
     "issue_statuses",
+    "iter_issue_statuses",
     "task_key",
 ]

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
 
-from execkit._budget import AttemptStatus, BlockedOn
+from execkit._budget import Attempt, AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._json import to_json
 from execkit._mask import mask_text
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes, waiting_reason
-from execkit.ledger import LANES_CAPABILITY, Ledger, Run, Task, TaskState
+from execkit.ledger import LANES_CAPABILITY, Ledger, Task, TaskState
 
-__all__ = ["IssueStatus", "issue_statuses"]
+__all__ = ["IssueStatus", "issue_statuses", "iter_issue_statuses"]
 
 
 @attrs.frozen
@@ -49,10 +49,9 @@ def _status_row(
     title: str,
     board_state: str | None,
     task: Task | None,
-    runs: Sequence[Run],
+    last: Attempt | None,
     config: DispatchConfig,
 ) -> IssueStatus:
-    last = runs[-1] if runs else None
     return IssueStatus(
         issue_id=issue_id,
         title=title,
@@ -79,22 +78,39 @@ def issue_statuses(
     board: Board | None = None,
     now: float | None = None,
 ) -> list[IssueStatus]:
+    """`iter_issue_statuses` as a list."""
+    return list(iter_issue_statuses(ledger, config, board=board, now=now))
+
+
+def iter_issue_statuses(
+    ledger: Ledger | None,
+    config: DispatchConfig,
+    *,
+    board: Board | None = None,
+    now: float | None = None,
+) -> Iterator[IssueStatus]:
     """The dashboard rows: every board issue (with `board`), else every ledger task the
     dispatcher created. Reads only; an issue never dispatched has no task (`task_id` None),
     and `ledger=None` (no ledger yet) means no issue was.
 
+    The ledger is read in one pass (`Ledger.iter_tasks_with_last`: a page of tasks a read,
+    each with its last attempt from its summary), never a read per issue. Without a board
+    the rows are yielded as that pass reads them, so memory does not grow with the ledger;
+    with one, the dispatched tasks are held by title to be matched with the board's issues
+    (the board is held whole anyway).
+
     A blocked row whose issue still stands in an eligible board state shows what the
     dispatcher will do with it, not a stop that will not happen: an issue an operator moved
     back after a give-up, or one whose board offers no state to give up into (ADR 015's
-    legacy retry), shows the forced retry it gets.
+    legacy retry), shows the forced retry it gets (that task alone is read again).
     """
     at = time.time() if now is None else now
     cap = config.cap
-    tasks = {
-        t.title: t
-        for t in (ledger.list_tasks(now=at) if ledger is not None else [])
-        if t.title.startswith(TASK_TITLE_PREFIX)
-    }
+    dispatched: Iterator[tuple[Task, Attempt | None]] = (
+        iter(())
+        if ledger is None
+        else ledger.iter_tasks_with_last(now=at, cap=cap, title_prefix=TASK_TITLE_PREFIX)
+    )
     still_eligible = {i.id for i in board.list_candidates()} if board is not None else set()
     states = getattr(board, "states", None)
     can_give_up = config.failed_state is not None and (
@@ -109,7 +125,7 @@ def issue_statuses(
             lanes = DispatchLanes(ledger)
             lanes.bind(ledger.ledger_id())
 
-    def waiting(issue_id: str, task: Task, adapter: str | None) -> str | None:
+    def waiting(task: Task, adapter: str | None) -> str | None:
         if not closed or task.status != "open" or task.state is TaskState.RUNNING:
             return None
         view = ledger.task_lane(task.id, now=at) if ledger is not None else None
@@ -121,32 +137,37 @@ def issue_statuses(
         issue_id: str,
         title: str,
         board_state: str | None,
-        found: Task | None,
+        found: tuple[Task, Attempt | None] | None,
         adapter: str | None = None,
     ) -> IssueStatus:
         if ledger is None or found is None:
-            return _status_row(issue_id, title, board_state, None, [], config)
-        task = ledger.get_task(found.id, now=at, cap=cap)
+            return _status_row(issue_id, title, board_state, None, None, config)
+        task, last = found
         if (
             task.state is TaskState.BLOCKED
             and task.blocked_on is not BlockedOn.ATTEMPT_LIMIT
             and issue_id in still_eligible
             and (not can_give_up or task.gave_up_at_attempt == task.attempts_started)
         ):
-            task = ledger.get_task(found.id, now=at, cap=cap, force=True)
-        shown = _status_row(issue_id, title, board_state, task, ledger.runs(found.id), config)
-        held = waiting(issue_id, task, adapter)
+            task = ledger.get_task(task.id, now=at, cap=cap, force=True)
+        shown = _status_row(issue_id, title, board_state, task, last, config)
+        held = waiting(task, adapter)
         return shown if held is None else attrs.evolve(shown, reason=held)
 
-    if board is not None:
-        return [
-            row(
-                issue.id,
-                issue.title,
-                issue.state,
-                tasks.get(mask_text(task_key(issue.id))),
-                config.adapter_of(issue),
-            )
-            for issue in board.list_issues()
-        ]
-    return [row(title[len(TASK_TITLE_PREFIX) :], "", None, t) for title, t in tasks.items()]
+    if board is None:
+        for task, last in dispatched:
+            yield row(task.title[len(TASK_TITLE_PREFIX) :], "", None, (task, last))
+        return
+    tasks = {task.title: (task, last) for task, last in dispatched}
+    # A task's title is its issue's key as stored, masked: the key itself unless the issue
+    # id held a credential. Only then (a stored title holds the mask) is a key masked to be
+    # looked up, so a board of 200,000 issues is not 200,000 calls of the redactor.
+    from execkit._redact import REDACTED  # the redactor loads on first use
+
+    any_masked = any(REDACTED in title for title in tasks)
+    for issue in board.list_issues():
+        key = task_key(issue.id)
+        found = tasks.get(key)
+        if found is None and any_masked:
+            found = tasks.get(mask_text(key))
+        yield row(issue.id, issue.title, issue.state, found, config.adapter_of(issue))

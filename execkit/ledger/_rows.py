@@ -177,22 +177,42 @@ def run_from_row(row: NamedRow) -> Run:
     )
 
 
-_ATTEMPT_FIELDS = frozenset(field.name for field in attrs.fields(Attempt))
+_ATTEMPT_FIELDS = tuple(field.name for field in attrs.fields(Attempt))
+# `_summary_from_row` gives the fields in this order: a change to `Attempt` must change it.
+_ATTEMPT_ORDER = (
+    "number",
+    "status",
+    "failure_class",
+    "reason",
+    "started_at",
+    "ended_at",
+    "forced",
+    "not_before",
+    "stopped",
+)
+if _ATTEMPT_FIELDS != _ATTEMPT_ORDER:  # pragma: no cover - a guard for whoever edits Attempt
+    raise ImportError(f"Attempt's fields are {_ATTEMPT_FIELDS}; _rows.py reads {_ATTEMPT_ORDER}")
+_SET = object.__setattr__
+# Each stored enum's members by value, looked up first on every row (`domain` is the
+# fallback that names a value this execkit does not know).
+_ATTEMPT_STATUSES = _members(AttemptStatus)
+_FAILURE_CLASSES = _members(FailureClass)
+_TASK_STATUSES = _members(TaskStatus)
 
 
-def _stored_attempt(**values: Any) -> Attempt:
-    """A summary's last attempt as its columns hold it, without `Attempt`'s validators:
-    every listed task has one, and validating it cost half of listing 100,000 tasks. What
-    they check is held by the schema (the enums, each read through `domain`; the number;
-    the flag) or was checked when the attempt was written; `db check` validates every
-    history and compares each stored summary with it, so a summary edited by hand is
-    reported there. Every field is given: a missing one is a KeyError, not a half-built
-    value."""
-    if values.keys() != _ATTEMPT_FIELDS:
-        raise KeyError(sorted(_ATTEMPT_FIELDS ^ values.keys()))
+def _stored_attempt(*values: Any) -> Attempt:
+    """A summary's last attempt as its columns hold it (`values` in the order of
+    `Attempt`'s fields), without `Attempt`'s validators: every listed task has one, and
+    validating it cost half of listing 100,000 tasks. What they check is held by the
+    schema (the enums, each read through `domain`; the number; the flag) or was checked
+    when the attempt was written; `db check` validates every history and compares each
+    stored summary with it, so a summary edited by hand is reported there. Every field is
+    given: a missing one is a KeyError, not a half-built value."""
+    if len(values) != len(_ATTEMPT_FIELDS):
+        raise KeyError(_ATTEMPT_FIELDS[len(values) :])
     attempt = object.__new__(Attempt)
-    for name, value in values.items():
-        object.__setattr__(attempt, name, value)
+    for name, value in zip(_ATTEMPT_FIELDS, values, strict=True):
+        _SET(attempt, name, value)
     return attempt
 
 
@@ -201,19 +221,22 @@ def _summary_from_row(row: NamedRow) -> HistorySummary:
         return HistorySummary()
     last = None
     if row["last_number"] is not None:
-        last_class = row["last_class"]
+        status, last_class = row["last_status"], row["last_class"]
+        # The fields in `Attempt`'s order: number, status, failure_class, reason,
+        # started_at, ended_at, forced, not_before, stopped.
         last = _stored_attempt(
-            number=row["last_number"],
-            status=domain(AttemptStatus, row["last_status"], "summary last_status"),
-            failure_class=None
+            row["last_number"],
+            _ATTEMPT_STATUSES.get(status) or domain(AttemptStatus, status, "summary last_status"),
+            None
             if last_class is None
-            else domain(FailureClass, last_class, "summary last_class"),
-            reason=row["last_reason"],
-            started_at=row["last_started_at"],
-            ended_at=row["last_ended_at"],
-            forced=bool(row["last_forced"]),
-            not_before=row["last_not_before"],
-            stopped=bool(row["last_stopped"]),
+            else _FAILURE_CLASSES.get(last_class)
+            or domain(FailureClass, last_class, "summary last_class"),
+            row["last_reason"],
+            row["last_started_at"],
+            row["last_ended_at"],
+            bool(row["last_forced"]),
+            row["last_not_before"],
+            bool(row["last_stopped"]),
         )
     return HistorySummary(
         attempts_used=row["attempts_used"],
@@ -253,7 +276,8 @@ def task_from_row(row: NamedRow) -> TaskRecord:
     return TaskRecord(
         id=row["id"],
         title=row["title"],
-        status=domain(TaskStatus, row["status"], "task {!r} status", row["id"]),
+        status=_TASK_STATUSES.get(row["status"])
+        or domain(TaskStatus, row["status"], "task {!r} status", row["id"]),
         created_by=row["created_by"],
         created_at=row["created_at"],
         max_attempts=row["max_attempts"],

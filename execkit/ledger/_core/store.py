@@ -26,13 +26,19 @@ from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 __all__ = ["Store", "TaskRecord", "Tx"]
 
 
+def _as_task_status(value: Any) -> TaskStatus:
+    """`value` as a TaskStatus: as it is when it is one already (every row read is: the
+    enum's own call costs more than the rest of building the record)."""
+    return value if type(value) is TaskStatus else TaskStatus(value)
+
+
 @attrs.frozen
 class TaskRecord:
     """What a backend stores of a task: the task row, its limit and its history's summary."""
 
     id: str
     title: str
-    status: TaskStatus = attrs.field(converter=TaskStatus)
+    status: TaskStatus = attrs.field(converter=_as_task_status)
     created_by: str
     created_at: float
     max_attempts: int  # 0 = no explicit limit

@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from execkit._budget import BlockedOn, DispatchCap, TaskState
+from execkit._budget import Attempt, BlockedOn, DispatchCap, TaskState
 from execkit._errors import AttemptLimitReached, Conflict, Forbidden, TaskBlocked, TaskFinished
 from execkit.ledger._core.base import FINISHED_STATUSES, CoreBase
 from execkit.ledger._core.inputs import (
@@ -33,6 +33,7 @@ from execkit.ledger._core.inputs import (
     fingerprint_of,
     moment,
 )
+from execkit.ledger._core.store import TaskRecord
 from execkit.ledger._model import (
     LIST_PAGE,
     OPERATE_ROLE,
@@ -154,6 +155,33 @@ class TaskOps(CoreBase):
             if wanted in (TaskState.DONE, TaskState.CANCELLED)
             else TaskStatus.OPEN
         )
+        for record in self._task_records(after, status):
+            task = self._project(record, at, None)
+            if wanted is None or task.state is wanted:
+                yield task
+
+    def iter_tasks_with_last(
+        self,
+        *,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+        title_prefix: str | None = None,
+    ) -> Iterator[tuple[Task, Attempt | None]]:
+        """Every task in creation order (whose title starts with `title_prefix`, if given),
+        projected at one `now` with `cap` (as `get_task` does), beside its last attempt as
+        its summary holds it (no history is read; `db check` compares each summary with
+        its history). Read `LIST_PAGE` tasks at a time, as `iter_tasks`: what a dashboard
+        of every dispatched task reads in one pass."""
+        at = moment(now)
+        if title_prefix is not None:  # masked as a stored title is, so the two compare
+            title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
+        for record in self._task_records(None, None):
+            if title_prefix is None or record.title.startswith(title_prefix):
+                yield self._project(record, at, cap), record.summary.last
+
+    def _task_records(self, after: str | None, status: TaskStatus | None) -> Iterator[TaskRecord]:
+        """The stored tasks after task `after` (NotFound if it is no task), of `status`, a
+        page of `LIST_PAGE` a read."""
         if after is not None:
             after = check_text("after", after, MAX_KEY)
             with self._store.read() as tx:
@@ -161,10 +189,7 @@ class TaskOps(CoreBase):
         while True:
             with self._store.read() as tx:
                 page = tx.task_page(after, LIST_PAGE, status)
-            for record in page:
-                task = self._project(record, at, None)
-                if wanted is None or task.state is wanted:
-                    yield task
+            yield from page
             if len(page) < LIST_PAGE:
                 return
             after = page[-1].id
