@@ -177,7 +177,7 @@ def test_the_status_table_is_aligned_a_block_at_a_time_and_streamed(
 def _statements(ledger: AnyLedger, read: Any) -> int:
     """How many SQL statements `read()` makes on a SQLite ledger's connection."""
     made: list[str] = []
-    conn = ledger._store._conn
+    conn = ledger._store._conn  # type: ignore[attr-defined]  # the SQLite store's own
     conn.set_trace_callback(made.append)
     try:
         read()

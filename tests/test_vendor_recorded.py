@@ -38,8 +38,8 @@ from replay import Recording, load, write_replay  # noqa: E402
 from setups import applies  # noqa: E402
 
 from execkit import AgentProof, AgentStatus, get_adapter, run_command  # noqa: E402
+from execkit._attempt import lane_cause  # noqa: E402
 from execkit._classify import FailureClass  # noqa: E402
-from execkit.dispatch._runner import lane_cause  # noqa: E402
 
 HANG_S = 1.0
 PATHS = sorted(p.parent for p in RECORDED.glob("*/*/meta.json"))
