@@ -36,6 +36,7 @@ _STORED_ACTIONS = {
     "run.abandon",
     "role.grant",
     "role.revoke",
+    "lane.config",
     "lane.park",
     "lane.resume",
 }
@@ -109,6 +110,7 @@ def test_every_action_the_ledger_writes_is_a_member_stored_as_before(
     ledger.cancel_task(lost.id, actor=owner, now=101.0)
     ledger.park_lane("claude/default", until=500.0, actor=owner, now=101.0)
     ledger.resume_lane("claude/default", actor=owner, now=101.0)
+    ledger.set_lane_config(actor=owner, breaker_k=4, now=101.0)
     summaries = "task_summaries" if backend == "sqlite" else "tasks"
     raw_sql(f"UPDATE {summaries} SET uncharged_streak = 3")
     assert ledger.repair(now=102.0)

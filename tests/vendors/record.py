@@ -179,6 +179,8 @@ class Scrubber:
         pairs: list[tuple[str, str]] = [
             (str(box.home), "<HOME>"),
             (str(box.work), "<WORK>"),
+            # Claude names its per-project memory folder after the path, slashes as dashes.
+            (str(box.work).replace("/", "-"), "-<WORK>"),
             (str(box.tmp), "<TMP>"),
             (str(box.root), "<SANDBOX>"),
             (str(REPO), "<REPO>"),
