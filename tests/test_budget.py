@@ -324,6 +324,20 @@ def test_dispatch_cap_counts_every_dispatch() -> None:
     assert at_far(hist("U", "W"), cap=DispatchCap(3)).state == "ready"
 
 
+def test_negative_cap_lifts_the_charged_budget_but_not_the_uncharged_ceiling() -> None:
+    # The example hypothesis found (tests/test_budget_properties.py, Scheduler): with a
+    # budget of one charged attempt and cap -1, a charged failure does not block; the
+    # operator asked for "retry forever" on work failures (ADR 015). A cap of 0 does not.
+    budget = WorkBudget(1, 1)
+    spent = hist("W")
+    assert at_far(spent, budget=budget).blocked_on == "work"
+    assert at_far(spent, budget=budget, cap=DispatchCap(0)).blocked_on == "work"
+    d = at_far(spent, budget=budget, cap=DispatchCap(-1))
+    assert (d.state, d.charged_attempts) == ("ready", 1)
+    # Nothing uninformative retries without end: the upstream ceiling still binds.
+    assert at_far(hist("W", "U"), budget=budget, cap=DispatchCap(-1)).blocked_on == "upstream"
+
+
 @pytest.mark.parametrize("no_cap", [-1, 0])
 def test_dispatch_cap_negative_or_zero_means_no_cap(no_cap: int) -> None:
     history = hist(*("U", "W") * 20)

@@ -158,7 +158,10 @@ class Scheduler(RuleBasedStateMachine):
 
     @invariant()
     def charged_runs_within_budget(self) -> None:
-        if self.limit is None:
+        # A negative dispatch cap is the operator's "retry forever": it lifts the charged
+        # budget on purpose (execkit/_budget.py, decide), so only the other bounds hold.
+        retry_forever = self.cap is not None and self.cap.unbounded
+        if self.limit is None and not retry_forever:
             for k, attempt in enumerate(self.history):
                 if not attempt.forced:
                     assert sum(map(is_charged, self.history[:k])) < self.budget.max_attempts
