@@ -268,7 +268,7 @@ class Dispatcher:
         self._slot_done = threading.Event()  # set by a slot as it ends (and by a stop)
         self._stopping = False  # no new work
         self._hurry = False  # no more waiting for the running agents either
-        self._lanes = DispatchLanes(ledger, enabled=lanes)  # vendor lanes (issue #28)
+        self._lanes = DispatchLanes(ledger, enabled=lanes, host=self.owner.host)  # issue #28
 
     # -- public --------------------------------------------------------------------------
 
