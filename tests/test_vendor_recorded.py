@@ -222,6 +222,8 @@ LANE_CAUSES = {
     "claude/usage_limit": None,  # a 429 in prose only: it waits, never parks
     "claude/auth_401": "credentials",
     "claude/payment_402": "billing",
+    "claude/auth_401_stream": "credentials",  # stream-json: `error: authentication_failed`
+    "claude/payment_402_stream": "billing",  # stream-json: `error: billing_error`
     "gemini/auth_401": "credentials",
     "gemini/no_credentials": "credentials",  # exit 41
     "gemini/untrusted_workspace": None,  # exit 55: the workspace's fix, not the lane's
