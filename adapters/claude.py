@@ -19,6 +19,14 @@ sentences `API Error: Unable to connect to API (...)`, `API Error: Connection re
 ...`, `API Error: Can't reach the API server ...` and `API Error: Connection to the API
 was lost ...`, matched by prefix.
 
+In `--output-format stream-json` (recorded: `claude/auth_401_stream`,
+`claude/payment_402_stream`) the API's refusal is also an `assistant` event with
+`is_api_error_message: true`, its `error` (`authentication_failed`, `billing_error`,
+`rate_limit`, `server_error`, ...) and `api_error_status`: read when the result envelope
+names no error type, and in place of the envelope when the stream ends before its
+`result` (a run killed after the refusal), so a refused credential or billing still stops
+the lane with its fix named.
+
 Resets read from structure (issue #28: only these park a vendor lane): a `rate_limit_event`
 (stream-json or `--verbose`: `{"type": "rate_limit_event", "rate_limit_info": {"status",
 "resetsAt", "rateLimitType"}}`) whose status is not `allowed`/`allowed_warning` gives the
@@ -54,6 +62,13 @@ _ERROR_TYPES = {
     "rate_limit_error": ErrorKind.RATE_LIMITED,
     "overloaded_error": ErrorKind.OVERLOADED,
     "api_error": ErrorKind.SERVER_ERROR,
+}
+# The stream-json `assistant` event's `error` (the Agent SDK's `SDKAssistantMessageError`).
+_STREAM_ERRORS = {
+    "authentication_failed": ErrorKind.CREDENTIALS,
+    "billing_error": ErrorKind.BILLING,
+    "rate_limit": ErrorKind.RATE_LIMITED,
+    "server_error": ErrorKind.SERVER_ERROR,
 }
 # `api_error` values the CLI sets when the request never reached the API.
 _CONNECTION_ERRORS = frozenset({"connection_failed", "connection_error"})
@@ -120,6 +135,56 @@ def _rate_limit_events(stdout: str, document: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _stream_api_error(stdout: str, document: Any) -> dict[str, Any] | None:
+    """The last stream-json `assistant` event that is the API's refusal
+    (`is_api_error_message` with an `error` the CLI names), or None."""
+    if isinstance(document, list) or '"is_api_error_message"' not in stdout:
+        return None
+    found = None
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{") or '"is_api_error_message"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            isinstance(entry, dict)
+            and entry.get("type") == "assistant"
+            and entry.get("is_api_error_message") is True
+            and isinstance(entry.get("error"), str)
+        ):
+            found = entry
+    return found
+
+
+def _message_text(event: dict[str, Any]) -> str | None:
+    message = event.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return None
+    texts = [
+        part["text"]
+        for part in content
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
+    return " ".join(texts) or None
+
+
+def _stream_error_envelope(event: dict[str, Any]) -> Envelope:
+    """A stream that ended before its `result`, from its refusal event alone."""
+    text = _message_text(event)
+    return Envelope(
+        found=True,
+        is_error=True,
+        error_message=text or str(event["error"]),
+        http_status=http_status(number_field(event, "api_error_status")),
+        error_kind=_STREAM_ERRORS.get(str(event["error"]))
+        or _ERROR_TYPES.get(str_field(event, "api_error_type") or ""),
+    )
+
+
 def _stated_reset(stdout: str, document: Any, result_text: str | None) -> float | None:
     """The reset epoch the CLI's structure states: its last refusing `rate_limit_event`'s
     `resetsAt`, else the epoch of its `usage limit reached|<epoch>` form; None otherwise."""
@@ -140,11 +205,16 @@ def read_result(stdout: str) -> Envelope:
     document = load_json_document(stdout)
     envelope = _result_object(document)
     if envelope is None:
-        return Envelope()
+        refusal = _stream_api_error(stdout, document)
+        return Envelope() if refusal is None else _stream_error_envelope(refusal)
     subtype = str_field(envelope, "subtype") or ""
     is_error = envelope.get("is_error") is True or subtype.startswith("error")
     result_text = str_field(envelope, "result")
     kind = _kind(envelope, result_text) if is_error else None
+    if is_error and kind is None:
+        refusal = _stream_api_error(stdout, document)
+        if refusal is not None:
+            kind = _STREAM_ERRORS.get(str(refusal["error"]))
     reset = _stated_reset(stdout, document, result_text) if is_error else None
     wait = None if reset is None else max(0.0, reset - time.time())
     if wait is not None and kind in (None, ErrorKind.RATE_LIMITED):

@@ -77,6 +77,7 @@ __all__ = [
     "credential_fingerprint",
     "credential_material",
     "fold",
+    "host_lane",
     "lane_for",
     "open_lane",
     "step",
@@ -185,6 +186,24 @@ class LaneKey:
             return cls(adapter, credential, host if at else None)
         except InvalidInput as exc:
             raise InvalidInput(f"lane {text!r}: {exc.message}", field="lane") from None
+
+
+_NOT_HOST = r"[^A-Za-z0-9._-]"
+
+
+def host_lane(lane: str, host: str) -> str:
+    """`lane` (`ADAPTER/CREDENTIAL`) narrowed to `host`: the name of the lane where a fact
+    is local to that host (a missing binary). The host is the one the run's owner named
+    (a dispatcher's `RunOwner.host`, sent with its admission): the admission that checks
+    the lane and the result that stops it name it from the same stored words. A host name
+    a lane cannot hold (a character outside `[A-Za-z0-9._-]`, a leading `.`, `_` or `-`,
+    or none at all) is written with each such character as `-`, prefixed with `h` where it
+    must start with a letter or digit, and cut to 253 characters: the same host always
+    gives the same lane. InvalidInput (field `lane`) for a lane name that is not one."""
+    cleaned = re.sub(_NOT_HOST, "-", host)
+    if not cleaned[:1].isalnum():
+        cleaned = "h" + cleaned
+    return str(LaneKey.parse(lane).on_host(cleaned[:253]))
 
 
 def _match(pattern: str, value: object) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
+import pytest
 from _support import spawn_result
 
 from adapters.claude import ClaudeAdapter
 from execkit import SpawnResult
+from execkit._attempt import _LANE_STOPS
 from execkit._classify import FailureClass
 
 
@@ -48,3 +51,34 @@ def test_an_allowed_rate_limit_event_and_a_prose_reset_do_not_count_as_structure
     ]
     mapped = ClaudeAdapter().parse(_spawn("\n".join(json.dumps(line) for line in lines)))
     assert not mapped.reset_from_structure
+
+
+RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "claude"
+
+
+@pytest.mark.parametrize(
+    ("cell", "cause", "fix"),
+    [
+        ("auth_401_stream", "credentials", "ANTHROPIC_API_KEY"),
+        ("payment_402_stream", "billing", "billing: add credits"),
+    ],
+)
+def test_a_stream_json_refusal_stops_the_lane_from_its_error_event(
+    cell: str, cause: str, fix: str
+) -> None:
+    # The recorded stream (claude-code 2.1.332 against the loopback fake API), as recorded,
+    # then with its result envelope naming no error type, then cut before the envelope (a
+    # run killed after the refusal): each time the assistant event's `error` names the
+    # cause, and the lane stops with the fix named.
+    lines = (RECORDED / cell / "stdout").read_text(encoding="utf-8").splitlines()
+    events = [json.loads(line) for line in lines]
+    untyped = [
+        {k: v for k, v in e.items() if k != "api_error_type"} if e["type"] == "result" else e
+        for e in events
+    ]
+    cut = [e for e in events if e["type"] != "result"]
+    for stream in (events, untyped, cut):
+        mapped = ClaudeAdapter().parse(_spawn("\n".join(json.dumps(e) for e in stream)))
+        assert mapped.failure_class is FailureClass.ENVIRONMENT, (cell, mapped)
+        assert _LANE_STOPS.get(mapped.reason or "") == cause, mapped.reason
+        assert fix in (mapped.precondition or ""), mapped.precondition

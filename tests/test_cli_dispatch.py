@@ -318,3 +318,46 @@ def test_a_bad_concurrency_is_one_clear_error(
     err = capsys.readouterr().err
     assert "--concurrency" in err and "1 to 256" in err
     assert states(board) == {"OK": "todo", "ENV": "todo", "BAD": "todo"}  # nothing ran
+
+
+def test_a_restarted_dispatcher_brings_back_the_card_it_gave_up(tmp_path: Path) -> None:
+    # The agent's binary is missing: the dispatcher gives the card up (from `doing` to
+    # `blocked`), and the board file keeps where it came from. The dispatcher is killed
+    # (SIGKILL: nothing of it survives but the board and the ledger); the operator installs
+    # the binary and retries the task; a new dispatcher process moves the card back to
+    # `doing`, where it runs and is done.
+    db, agent = tmp_path / "ledger.db", tmp_path / "acme-agent"
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "ENV", "title": "t", "state": "doing", "argv": [str(agent)]}],
+        states=[
+            {"name": "todo", "eligible": True},
+            {"name": "doing", "eligible": True},
+            {"name": "blocked", "terminal": True},
+            {"name": "done", "terminal": True},
+        ],
+    )
+    proc = _dispatcher_process(board, "--interval", "0.05", "--db", str(db))
+    try:
+        for _ in range(6000):  # bounded: at most a minute of 10 ms polls
+            if states(board)["ENV"] == "blocked" and proc.poll() is None:
+                break
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    [issue] = json.loads(board.read_text())["issues"]
+    assert (issue["state"], issue["given_up_from"]) == ("blocked", "doing")
+    agent.write_text("#!/bin/sh\nexit 0\n")
+    agent.chmod(0o700)
+    retried = run_execkit("task", "retry", "t-1", "--db", str(db), "--reason", "installed")
+    assert retried.returncode == 0, retried.stderr
+    again = run_execkit("dispatch", "--board", str(board), "--until-idle", "--db", str(db))
+    assert again.returncode == 0, again.stderr
+    [issue] = json.loads(board.read_text())["issues"]
+    assert issue["state"] == "done" and "given_up_from" not in issue
+    # Only a card back in an eligible column runs: it ran once more, forced, and was done.
+    assert "ENV  attempt 2/10  succeeded -> moved to done" in again.stdout

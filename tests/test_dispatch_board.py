@@ -20,6 +20,7 @@ from execkit.dispatch import (
     BoardIssue,
     BoardState,
     DispatchConfig,
+    GiveUpBoard,
     InMemoryBoard,
     JsonFileBoard,
     Tracker,
@@ -264,3 +265,24 @@ def test_cap_matches_the_sign_of_max_attempts(value: int) -> None:
     assert cap.capped == (value > 0)
     if value > 0:
         assert cap.max_attempts == value
+
+
+def test_a_give_up_keeps_the_column_on_the_card_and_the_next_move_drops_it(
+    tmp_path: Path,
+) -> None:
+    path = write_board(tmp_path / "board.json", [{"id": "A", "title": "a", "state": "in_progress"}])
+    board = JsonFileBoard(path)
+    assert isinstance(board, GiveUpBoard)
+    assert board.give_up("A", "blocked") is True
+    assert json.loads(path.read_text())["issues"][0]["given_up_from"] == "in_progress"
+    # A fresh reader (a restarted dispatcher) reads it back.
+    assert JsonFileBoard(path).list_issues()[0].given_up_from == "in_progress"
+    assert board.give_up("A", "nowhere") is False  # unknown state: nothing changes
+    assert board.move("A", "in_progress") is True
+    assert "given_up_from" not in json.loads(path.read_text())["issues"][0]
+    memory = InMemoryBoard([BoardIssue("A", "a", "todo")])
+    assert memory.give_up("A", "blocked") and memory.get("A").given_up_from == "todo"
+    assert memory.move("A", "todo") and memory.get("A").given_up_from is None
+    bad = write_board(tmp_path / "bad.json", [{"id": "A", "state": "todo", "given_up_from": 7}])
+    with pytest.raises(InvalidInput, match="given_up_from"):
+        JsonFileBoard(bad)

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import attrs
 from test_dispatch_fleet import server  # noqa: F401 - the fixture
 
 from execkit._classify import FailureClass
@@ -23,7 +24,7 @@ from execkit.dispatch import (
     RunOutcome,
     Slot,
 )
-from execkit.ledger import open_ledger
+from execkit.ledger import current_owner, open_ledger
 from execkit.remote import RemoteLedger
 
 ISSUES = 3
@@ -96,4 +97,67 @@ def test_two_dispatchers_through_one_server_share_a_lane(
         }
     with open_ledger(tmp_path / "ledger.db") as ledger:
         assert len(ledger.lane_history(lane.lane)) == 1  # the one reset
+        assert ledger.validate() == []
+
+
+class MissingBinary:
+    """A host whose vendor CLI is not installed: every call is the environment stop the
+    adapter reads from the spawn (`binary_missing`). Counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+        self.calls.append(issue.id)
+        return RunOutcome(
+            "failed",
+            FailureClass.ENVIRONMENT,
+            "claude CLI not found on PATH; install it on this host",
+            lane_cause="binary_missing",
+        )
+
+
+class Succeeds:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+        self.calls.append(issue.id)
+        return RunOutcome("succeeded")
+
+
+def test_a_missing_binary_through_one_server_holds_that_hosts_tasks_only(
+    tmp_path: Path,
+    server: tuple[str, str],  # noqa: F811
+) -> None:
+    """Two dispatchers on two hosts (their host names injected as their `RunOwner`) through
+    one server process: the binary missing on host A stops the lane on host A, which the
+    server checks at A's admissions (A's host, sent with them, not the server's own), and
+    B's tasks on the same vendor lane run."""
+    url, token = server
+    host_a, host_b = (attrs.evolve(current_owner(), host=name) for name in ("host-a", "host-b"))
+    missing, works = MissingBinary(), Succeeds()
+    config = DispatchConfig(max_concurrent_agents=1)
+    board_a, board_b = _board("A"), _board("B")
+    with RemoteLedger(url, token) as first, RemoteLedger(url, token) as second:
+        on_a = Dispatcher(board_a, missing, first, config, executor=InlineExecutor(), owner=host_a)
+        on_b = Dispatcher(board_b, works, second, config, executor=InlineExecutor(), owner=host_b)
+        events_a = on_a.tick()
+        # One call found the binary missing; A's other tasks are held by the stopped lane
+        # on host A, refused at admission (no run), before any reached the host's CLI.
+        assert missing.calls == ["A-0"]
+        [stopped] = [lane for lane in first.list_lanes() if lane.state == "stopped"]
+        assert stopped.lane.endswith("@host-a")
+        refused = [e for e in events_a if e.kind is EventKind.REFUSED]
+        assert {e.issue_id for e in refused} == {"A-1", "A-2"}
+        assert all(f"waits on lane {stopped.lane}" in (e.reason or "") for e in refused)
+        on_b.tick()
+        assert works.calls == [f"B-{n}" for n in range(ISSUES)]
+        # A's next pass: still held, still no call, and host B's tasks all done.
+        on_a.tick()
+        assert missing.calls == ["A-0"]
+        assert {i.state for i in board_b.list_issues()} == {"done"}
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        held = [t for t in ledger.list_tasks() if t.title in ("board:A-1", "board:A-2")]
+        assert len(held) == 2 and all(ledger.runs(t.id) == [] for t in held)
         assert ledger.validate() == []

@@ -20,6 +20,7 @@ from execkit._lanes import (
     credential_fingerprint,
     credential_material,
     fold,
+    host_lane,
     lane_for,
     open_lane,
     step,
@@ -34,6 +35,19 @@ def _event(kind: str, at: float, **kw: object) -> LaneEvent:
 
 
 # -- names --------------------------------------------------------------------------------
+
+
+def test_any_host_name_names_one_host_lane() -> None:
+    # The owner's host is a client's word: whatever it is, admission and the stop name the
+    # same valid lane from it, and a name already valid is kept as it is.
+    assert host_lane(LANE, "build-7.example") == "claude/default@build-7.example"
+    assert host_lane(LANE, "my host/ü") == "claude/default@my-host--"
+    assert host_lane(LANE, "-x") == "claude/default@h-x"
+    assert host_lane(LANE, "") == "claude/default@h"
+    long = host_lane(LANE, "a" * 400)
+    assert LaneKey.parse(long).host == "a" * 253
+    with pytest.raises(InvalidInput):
+        host_lane("claude", "h")
 
 
 def test_a_lane_name_round_trips_and_bad_names_are_refused() -> None:

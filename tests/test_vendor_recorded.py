@@ -222,11 +222,15 @@ LANE_CAUSES = {
     "claude/usage_limit": None,  # a 429 in prose only: it waits, never parks
     "claude/auth_401": "credentials",
     "claude/payment_402": "billing",
+    "claude/auth_401_stream": "credentials",  # stream-json: `error: authentication_failed`
+    "claude/payment_402_stream": "billing",  # stream-json: `error: billing_error`
     "gemini/auth_401": "credentials",
     "gemini/no_credentials": "credentials",  # exit 41
     "gemini/untrusted_workspace": None,  # exit 55: the workspace's fix, not the lane's
     "gemini/rate_limit_429": "reset",  # the error's RetryInfo delay (`retryDelayMs`)
-    "gemini/usage_limit": None,  # gemini-cli 0.61 prints `retryDelayMs: undefined` here
+    # The fake's 429 carries RetryInfo as the real API does (below); gemini-cli 0.61 drops
+    # it for a per-day quota id and prints `retryDelayMs: undefined`: it waits, never parks.
+    "gemini/usage_limit": None,
     "codex/usage_limit": "reset",  # its fixed "try again at <time>" usage-limit sentence
 }
 
@@ -244,3 +248,23 @@ def test_recorded_refusals_park_or_stop_the_lane_from_structure_only(
 
 def stand_in_cli(key: str) -> str:
     return key.split("/", 1)[0]
+
+
+def test_the_fake_google_usage_limit_carries_retry_info_and_gemini_cli_drops_it() -> None:
+    # Issue #28 (d): the fake API's Google usage limit answers as the real API does, a 429
+    # RESOURCE_EXHAUSTED with a QuotaFailure (a per-day quota id) and a google.rpc.RetryInfo
+    # `retryDelay`. gemini-cli 0.61.0 (`classifyGoogleError`) returns its TerminalQuotaError
+    # for any `PerDay`/`Daily` quota id before it reads RetryInfo, so the recorded cell
+    # says `retryDelayMs: undefined`; with a per-minute quota (`rate_limit_429`) it reads
+    # the delay, and that one parks the lane.
+    from fake_api import _google_reply
+
+    for kind, printed in (("usage_limit", "undefined"), ("rate_limit_429", "17000")):
+        reply = _google_reply(kind)
+        details = json.loads(reply.body)["error"]["details"]
+        delays = [d["retryDelay"] for d in details if d["@type"].endswith("google.rpc.RetryInfo")]
+        assert reply.status == 429 and len(delays) == 1, (kind, details)
+        quota_ids = [v["quotaId"] for d in details for v in d.get("violations", [])]
+        assert ("PerDay" in quota_ids[0]) is (kind == "usage_limit")
+        stderr = (RECORDED / "gemini" / kind / "stderr").read_text(encoding="utf-8")
+        assert f"retryDelayMs: {printed}" in stderr

@@ -36,6 +36,7 @@ __all__ = [
     "Board",
     "BoardIssue",
     "BoardState",
+    "GiveUpBoard",
     "InMemoryBoard",
     "JsonFileBoard",
     "Tracker",
@@ -123,7 +124,10 @@ class BoardIssue:
     command the runner starts for this issue (the `generic` adapter's program and flags;
     a vendor adapter's extra arguments). `adapter` names the agent CLI this issue runs on
     (None: the dispatcher's default, `DispatchConfig.default_adapter`) and `model` the
-    model it asks for (None: the CLI's own default).
+    model it asks for (None: the CLI's own default). `given_up_from` is the column a
+    dispatcher gave the issue up from (`GiveUpBoard.give_up`): where it moves the card
+    back when an operator lets its task run again, also after a restart; any other move
+    clears it.
     """
 
     id: str = attrs.field(validator=_ID)
@@ -137,12 +141,13 @@ class BoardIssue:
     )
     adapter: str | None = attrs.field(default=None, validator=_NAME)
     model: str | None = attrs.field(default=None, validator=_NAME)
+    given_up_from: str | None = attrs.field(default=None, validator=_NAME)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON shape; `adapter` and `model` only when set (a board written before they
-        existed reads and writes back the same)."""
+        """The JSON shape; `adapter`, `model` and `given_up_from` only when set (a board
+        written before they existed reads and writes back the same)."""
         doc = to_json(self)
-        for key in ("adapter", "model"):
+        for key in ("adapter", "model", "given_up_from"):
             if doc[key] is None:
                 del doc[key]
         return doc
@@ -166,6 +171,18 @@ class Board(Tracker, Protocol):
     """A tracker that can also list every issue (for the status table)."""
 
     def list_issues(self) -> list[BoardIssue]: ...
+
+
+@runtime_checkable
+class GiveUpBoard(Protocol):
+    """A board that keeps, on the issue itself, the column a dispatcher gave it up from
+    (`BoardIssue.given_up_from`), so that a restarted dispatcher, or another one, can still
+    bring the card back when an operator lets its task run again."""
+
+    def give_up(self, issue_id: str, state: str) -> bool:
+        """Move the issue to terminal `state` and record the column it stood in as its
+        `given_up_from`; False (nothing changed) for an unknown issue or state."""
+        ...
 
 
 @runtime_checkable
@@ -257,9 +274,19 @@ class InMemoryBoard:
             issue = self._issues.get(issue_id)
             if issue is None or state not in {s.name for s in self._states}:
                 return False
-            self._issues[issue_id] = attrs.evolve(issue, state=state)
+            self._issues[issue_id] = attrs.evolve(issue, state=state, given_up_from=None)
             self.moves.append((issue_id, state))
             return True
+
+    def give_up(self, issue_id: str, state: str) -> bool:
+        # Through `move`, so a board that refuses a move (a subclass) refuses this too.
+        origin = self._issues[issue_id].state if issue_id in self._issues else None
+        if not self.move(issue_id, state):
+            return False
+        with self._lock:
+            moved = self._issues[issue_id]
+            self._issues[issue_id] = attrs.evolve(moved, given_up_from=origin)
+        return True
 
 
 def _state_from_json(index: int, raw: object) -> BoardState:
@@ -293,7 +320,10 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
     where = f"issues[{index}]"
     if not isinstance(raw, Mapping):
         raise InvalidInput(f"{where}: must be an object, got {raw!r}", field=where)
-    allowed = {"id", "title", "state", "prompt", "body", "argv", "adapter", "model"}
+    allowed = {
+        *("id", "title", "state", "prompt", "body", "argv", "adapter", "model"),
+        "given_up_from",
+    }
     unknown = set(raw) - allowed
     if unknown:
         raise InvalidInput(
@@ -314,6 +344,7 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
             argv=argv,
             adapter=raw.get("adapter"),
             model=raw.get("model"),
+            given_up_from=raw.get("given_up_from"),
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.{exc.field}") from None
@@ -369,8 +400,9 @@ class JsonFileBoard:
 
     The file is `{"states": [...], "issues": [...], "dispatch": {...}}`: a state is a name
     or `{"name", "eligible", "terminal"}`; an issue is `{"id", "title", "state", "prompt"
-    (or "body"), "argv", "adapter", "model"}`; the optional `dispatch` object holds
-    `DispatchConfig` settings.
+    (or "body"), "argv", "adapter", "model", "given_up_from"}` (the last written by a
+    dispatcher's give-up, `give_up`, and removed by any other move); the optional
+    `dispatch` object holds `DispatchConfig` settings.
     Moves take an exclusive lock on a sidecar `FILE.lock` and replace the file atomically
     (temp file + `os.replace`), so two dispatcher processes never lose each other's moves
     and a reader never sees half a file. Unknown keys are kept on rewrite.
@@ -583,8 +615,16 @@ class JsonFileBoard:
             raise StorageError(f"cannot write board file {self.path}: {exc}") from exc
 
     def move(self, issue_id: str, state: str) -> bool:
-        """Move one issue; False for an unknown issue or state. ExecKitError naming the
-        file when it cannot be written."""
+        """Move one issue (and drop its `given_up_from`); False for an unknown issue or
+        state. ExecKitError naming the file when it cannot be written."""
+        return self._move(issue_id, state, given_up=False)
+
+    def give_up(self, issue_id: str, state: str) -> bool:
+        """Move one issue to `state`, writing the column it stood in as its
+        `given_up_from` (see `GiveUpBoard`); otherwise as `move`."""
+        return self._move(issue_id, state, given_up=True)
+
+    def _move(self, issue_id: str, state: str, *, given_up: bool) -> bool:
         try:
             with self._locked():
                 doc = self._read(fresh=True)
@@ -592,6 +632,10 @@ class JsonFileBoard:
                     return False
                 for raw_issue in doc.raw.get("issues", []):
                     if raw_issue.get("id") == issue_id:
+                        if given_up:
+                            raw_issue["given_up_from"] = raw_issue.get("state")
+                        else:
+                            raw_issue.pop("given_up_from", None)
                         raw_issue["state"] = state
                         break
                 else:

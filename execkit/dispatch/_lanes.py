@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from execkit._adapter import Adapter
 from execkit._attempt import adapter_lane
 from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
-from execkit._lanes import LaneView
+from execkit._lanes import LaneView, host_lane
 from execkit._registry import get_adapter
 from execkit.ledger import LANES_CAPABILITY, Ledger
 
@@ -55,8 +55,12 @@ class DispatchLanes:
         enabled: bool = True,
         env: Mapping[str, str] | None = None,
         find: Callable[[str], Adapter] = get_adapter,
+        host: str | None = None,
     ) -> None:
         self._ledger = ledger
+        # The host whose host-local lanes (a missing binary) this dispatcher meets: the
+        # one its runs' owner names (`RunOwner.host`), the ledger's key for them.
+        self._host = socket.gethostname() if host is None else host
         self._enabled = enabled
         self._env = os.environ if env is None else env
         self._find = find
@@ -106,11 +110,11 @@ class DispatchLanes:
 
     def closed(self, adapter: str, views: Mapping[str, LaneView]) -> LaneView | None:
         """Of `views` (lanes that do not admit, by name), the one a run on `adapter` would
-        meet here: its lane, or the same lane on this host."""
+        meet here: its lane, or the same lane on this dispatcher's host."""
         lane = self.lane_of(adapter)
         if lane is None:
             return None
-        return views.get(lane) or views.get(f"{lane}@{socket.gethostname()}")
+        return views.get(lane) or views.get(host_lane(lane, self._host))
 
     def wake_times(self) -> list[float]:
         """When the held lanes open (for `Dispatcher.next_due`)."""

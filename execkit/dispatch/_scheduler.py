@@ -85,6 +85,7 @@ from execkit.dispatch._board import (
     BindableBoard,
     Board,
     BoardIssue,
+    GiveUpBoard,
     JsonFileBoard,
     Tracker,
     task_key,
@@ -259,16 +260,18 @@ class Dispatcher:
         # Per issue, the (attempts, state) of the last "not moved" warning: one warning per
         # exhaustion, not one per pass that finds the same history again.
         self._warned: dict[str, tuple[int, str | None]] = {}
-        # Per issue given up by this dispatcher, the column it was taken from: where an
-        # operator's retry in the ledger brings it back (`_restore_retried`). Lost on exit.
+        # Per issue given up, the column it was taken from: where an operator's retry in
+        # the ledger brings it back (`_restore_retried`). Kept on the board too when it can
+        # (`GiveUpBoard`), and read back from there at the first pass, so a restart keeps it.
         self._gave_up_from: dict[str, str] = {}
+        self._recalled = False  # the board's kept give-ups read (`_recall_given_up`)
         self._bound = False
         self._ledger_id = ""  # read when the first pass binds
         self._running: dict[str, _Running] = {}  # by run id, in the order started
         self._slot_done = threading.Event()  # set by a slot as it ends (and by a stop)
         self._stopping = False  # no new work
         self._hurry = False  # no more waiting for the running agents either
-        self._lanes = DispatchLanes(ledger, enabled=lanes)  # vendor lanes (issue #28)
+        self._lanes = DispatchLanes(ledger, enabled=lanes, host=self.owner.host)  # issue #28
 
     # -- public --------------------------------------------------------------------------
 
@@ -386,6 +389,7 @@ class Dispatcher:
         what `execkit dispatch --until-idle` waits for."""
         if self._running:
             return False
+        self._recall_given_up()
         now = self.clock()
         for issue in self.tracker.list_candidates():
             task_id = self._task_id(issue)
@@ -432,6 +436,7 @@ class Dispatcher:
 
     def _prepare(self) -> None:
         self._bind()
+        self._recall_given_up()
         self._lanes.new_pass()
         self.ledger.abandon_expired_runs(now=self.clock())
         self._record_pending()
@@ -444,10 +449,12 @@ class Dispatcher:
         "retry once", or `execkit lane resume` on the lane its run stopped (each a pending
         forced retry). The pending retry is then what the next admission does: the same
         path as a card an operator moves back by hand, from the other end. Only the issues
-        this process gave up are looked at (nothing when there are none: no read, and no
-        task is ever made for a card); one given up by a dispatcher that has since exited
-        is moved back by hand, as before. A board that cannot list its issues is left as
-        it is."""
+        dispatcher gave up are looked at (nothing when there are none: no read, and no
+        task is ever made for a card that has none): those this process gave up, and,
+        on a board that keeps where each came from (`GiveUpBoard`), those any dispatcher
+        gave up before this one started. A card given up on a board that keeps nothing,
+        by a dispatcher that has since exited, is moved back by hand. A board that cannot
+        list its issues is left as it is."""
         for issue, task in self._retried_given_up():
             back = self._gave_up_from[issue.id]
             why = f"an operator's retry is pending ({task.reason or 'retry'})"
@@ -463,13 +470,14 @@ class Dispatcher:
             return []
         found = []
         for issue in self.tracker.list_issues():
-            task_id = self._task_ids.get(issue.id)
-            if issue.id not in self._gave_up_from or task_id is None:
+            if issue.id not in self._gave_up_from:
                 continue
             if issue.state != failed:
                 # Moved on by hand (back to work, or elsewhere): nothing left to restore.
                 del self._gave_up_from[issue.id]
                 continue
+            # Its task exists (it was given up): after a restart, found by its key.
+            task_id = self._task_id(issue)
             task = self.ledger.get_task(task_id, now=self.clock(), cap=self._cap)
             if (
                 task.retry_pending
@@ -554,6 +562,23 @@ class Dispatcher:
             self.tracker.bind_ledger(self._ledger_id, self.ledger.location())
         self._abandon_lost_runs()
         self._bound = True
+
+    def _recall_given_up(self) -> None:
+        """At start: the cards a dispatcher (this one before a restart, or another) gave
+        up and the board still holds in `failed_state`, with the column each came from,
+        as the board kept it (`BoardIssue.given_up_from`); `_restore_retried` then brings
+        one back when an operator lets its task run again. One read of the board, none
+        of the ledger, before the first pass or the first `idle` (`--until-idle` asks it
+        before any pass)."""
+        if self._recalled:
+            return
+        self._recalled = True
+        failed = self.config.failed_state
+        if failed is None or not isinstance(self.tracker, Board):
+            return
+        for issue in self.tracker.list_issues():
+            if issue.state == failed and issue.given_up_from is not None:
+                self._gave_up_from.setdefault(issue.id, issue.given_up_from)
 
     def _abandon_lost_runs(self) -> None:
         """At start: abandon at once the runs owned on this host whose process is gone
@@ -673,7 +698,7 @@ class Dispatcher:
         """Move a given-up issue to the failed state and remember it in the ledger; the
         state moved to, or None when the move is unavailable."""
         why = task.reason or f"blocked on {task.blocked_on}"
-        moved = self._move(issue, task, self.config.failed_state, why=why)
+        moved = self._move(issue, task, self.config.failed_state, why=why, give_up=True)
         if moved is not None:
             self._gave_up_from[issue.id] = issue.state
             # Moved first, recorded second: a record without the move would later read as
@@ -691,8 +716,11 @@ class Dispatcher:
                 )
         return moved
 
-    def _move(self, issue: BoardIssue, task: Task, state: str | None, *, why: str) -> str | None:
+    def _move(
+        self, issue: BoardIssue, task: Task, state: str | None, *, why: str, give_up: bool = False
+    ) -> str | None:
         """Move the issue; when that is unavailable, log a WARNING naming issue and state.
+        A `give_up` on a `GiveUpBoard` also keeps the column it came from on the board.
 
         Logged once for each attempt count at which the move fails, so every exhaustion of
         a bound is heard (a board that cannot take the move keeps retrying, ADR 015)
@@ -702,7 +730,11 @@ class Dispatcher:
             problem = "no failed_state is configured (failed_state: none)"
         else:
             try:
-                if self.tracker.move(issue.id, state):
+                if give_up and isinstance(self.tracker, GiveUpBoard):
+                    moved = self.tracker.give_up(issue.id, state)
+                else:
+                    moved = self.tracker.move(issue.id, state)
+                if moved:
                     self._warned.pop(issue.id, None)
                     return state
                 problem = f"the board has no state {state!r} or refused the move"

@@ -104,6 +104,9 @@ class Scenario:
     `gateway`: the CLI signs in as an enterprise gateway session and streams its events
     (only claude: the sign-in under which claude-code 2.1 reads the vendor's unified
     rate-limit headers and prints a `rate_limit_event`; with an API key it never does).
+    `stream_json`: the CLI streams its events with its API key (only claude:
+    `--output-format stream-json --verbose`, where its assistant message carries the SDK's
+    `error` field, `authentication_failed` or `billing_error`).
     """
 
     name: str
@@ -118,6 +121,7 @@ class Scenario:
     logged_out: bool = False
     untrusted: bool = False
     gateway: bool = False
+    stream_json: bool = False
 
     @property
     def reaches_api(self) -> bool:
@@ -230,6 +234,18 @@ _WIDER = (
         "(claude's stream-json `rate_limit_event`)",
         ("usage_limit",),
         gateway=True,
+    ),
+    Scenario(
+        "auth_401_stream",
+        "401 invalid API key, to a CLI that streams its events (claude's stream-json)",
+        ("auth_401",),
+        stream_json=True,
+    ),
+    Scenario(
+        "payment_402_stream",
+        "402 payment required, to a CLI that streams its events (claude's stream-json)",
+        ("payment_402",),
+        stream_json=True,
     ),
     Scenario(
         "untrusted_workspace",

@@ -248,6 +248,8 @@ _BY_SCENARIO: dict[str, tuple[str | None, str]] = {
     "not_found_404": ("work", "model not found: the request's own fault, charged"),
     "billing": ("environment", "credit or quota exhausted with no reset: stop"),
     "payment_402": ("environment", "payment required with no reset: stop"),
+    "auth_401_stream": ("environment", "invalid key: a missing precondition, stop"),
+    "payment_402_stream": ("environment", "payment required with no reset: stop"),
     "context_length": ("work", "the prompt is too long: charged"),
     "midstream_error": ("upstream", "the vendor failed mid-stream: retry later"),
     "connection_refused": ("upstream", "the API is unreachable: retry later"),

@@ -179,8 +179,9 @@ class Scrubber:
         pairs: list[tuple[str, str]] = [
             (str(box.home), "<HOME>"),
             (str(box.work), "<WORK>"),
-            # Claude names its per-project memory folder after the path, slashes as dashes.
-            (str(box.work).replace("/", "-"), "-<WORK>"),
+            # Claude names its per-project memory folder after the path, every character
+            # but a letter or digit (slashes, and a scenario name's underscores) a dash.
+            (re.sub(r"[^A-Za-z0-9]", "-", str(box.work)), "-<WORK>"),
             (str(box.tmp), "<TMP>"),
             (str(box.root), "<SANDBOX>"),
             (str(REPO), "<REPO>"),

@@ -108,7 +108,7 @@ def applies(cli: str, scenario: str) -> bool:
         return False
     if scenario == "untrusted_workspace":
         return cli in _TRUSTING
-    if SCENARIOS[scenario].gateway:
+    if SCENARIOS[scenario].gateway or SCENARIOS[scenario].stream_json:
         return cli == "claude"
     return scenario in _ALL
 
@@ -237,6 +237,8 @@ def setup_claude(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
         env["ANTHROPIC_AUTH_TOKEN"] = GATEWAY_TOKEN
         return Setup(env, extra_args=("--output-format", "stream-json", "--verbose"))
     _key(env, "ANTHROPIC_API_KEY", "claude", scenario)
+    if scenario.stream_json:
+        return Setup(env, extra_args=("--output-format", "stream-json", "--verbose"))
     return Setup(env)
 
 

@@ -3,7 +3,8 @@ that admits the run, a run's result feeds it, operators read, park and resume la
 `db check` compares every stored lane with the fold of its history.
 
 A run admitted with `start_run(lane=...)` is bound to that lane (`run_lanes`). Admission
-reads the lane and the same lane on this host (where a missing binary is a fact), both
+reads the lane and the same lane on the host of the run's owner (where a missing binary is
+a fact: the dispatcher's host, sent with its admission, also through a server), both
 locked in name order after the task row: a lane that does not admit refuses with
 `LaneWaiting` (parked, cooling, or half-open with its probe in flight) or `LaneStopped`
 (with the fix), before the run is inserted, so a refusal writes nothing (no run, no
@@ -19,7 +20,6 @@ The states and the fold are `execkit._lanes`; this module only stores them.
 from __future__ import annotations
 
 import functools
-import socket
 from typing import Any
 
 import attrs
@@ -40,6 +40,7 @@ from execkit._lanes import (
     LaneSummary,
     LaneView,
     admission,
+    host_lane,
     open_lane,
     step,
     view,
@@ -48,6 +49,7 @@ from execkit.ledger._core.base import CoreBase, when
 from execkit.ledger._core.inputs import as_actor, clean_reason, moment
 from execkit.ledger._core.store import Tx
 from execkit.ledger._model import OPERATE_ROLE, Actor, AuditAction, AuditEntry, Run
+from execkit.ledger._owner import process_owner
 
 __all__ = ["LaneOps", "check_lane", "check_lane_cause"]
 
@@ -117,18 +119,18 @@ def _refusal(shown: LaneView, task_id: str) -> LaneWaiting | LaneStopped:
 class LaneOps(CoreBase):
     """Lanes at admission and on a run's result, and the operators' lane operations."""
 
-    _hostname: str | None = None
-
     # -- inside other operations' transactions -------------------------------------------
 
-    def _lane_gate(self, tx: Tx, lane: str, task_id: str, at: float) -> list[str]:
+    def _lane_gate(self, tx: Tx, lane: str, task_id: str, at: float, host: str) -> list[str]:
         """Before a run is admitted on `lane`: raise the refusal when the lane (or the same
-        lane on this host) does not admit; else the lanes whose next run is their probe."""
+        lane on `host`, the host of the run's owner: a dispatcher's own, sent with its
+        admission, never this process's when the ledger is a server's) does not admit;
+        else the lanes whose next run is their probe."""
         probes: list[str] = []
         # Both rows in one statement (locked, in name order), and of each only what
         # admission reads: the whole row (its failures' JSON, its reason) only to word a
         # refusal. Admission's one lane read.
-        for gate in tx.lane_gates((lane, f"{lane}@{self._host()}"), lock=True):
+        for gate in tx.lane_gates((lane, host_lane(lane, host)), lock=True):
             _state, admits, probe, _opens = admission(
                 LaneState(gate.state), gate.until, gate.probe_run, at
             )
@@ -139,12 +141,6 @@ class LaneOps(CoreBase):
             if probe:
                 probes.append(gate.lane)
         return probes
-
-    def _host(self) -> str:
-        # The host a fact local to it is keyed by (a missing binary): asked once a ledger.
-        if self._hostname is None:
-            self._hostname = socket.gethostname()
-        return self._hostname
 
     def _lane_admitted(self, tx: Tx, lane: str, probes: list[str], run: Run, at: float) -> None:
         tx.set_run_lane(run.id, lane)
@@ -196,7 +192,7 @@ class LaneOps(CoreBase):
             elif ended.failure_class is FailureClass.ENVIRONMENT and cause in STOPPING_CAUSES:
                 kind = LaneEventKind.STOP
                 if cause is LaneCause.BINARY_MISSING and ended.owner_host:
-                    name = str(LaneKey.parse(lane).on_host(ended.owner_host))
+                    name = host_lane(lane, ended.owner_host)
         self._lane_event(
             tx,
             LaneEvent(
@@ -234,16 +230,19 @@ class LaneOps(CoreBase):
             return tx.lane_events(name)
 
     def task_lane(self, task_id: str, *, now: float | None = None) -> LaneView | None:
-        """The lane of the task's last run, as it stands now; None when it used none."""
+        """The lane of the task's last run, as it stands now (or that lane on the host of
+        the run's owner, when only there it does not admit); None when it used none."""
         at = moment(now)
         with self._store.read() as tx:
             self._task(tx, task_id)
             name = tx.task_lane(task_id)
             if name is None:
                 return None
+            runs = tx.runs(task_id)
+            host = runs[-1].owner_host if runs else process_owner().host
             found = [
                 view(tx.lane(candidate) or open_lane(candidate), at)
-                for candidate in (name, f"{name}@{socket.gethostname()}")
+                for candidate in (name, host_lane(name, host))
             ]
         closed = [shown for shown in found if not shown.admits]
         return closed[0] if closed else found[0]

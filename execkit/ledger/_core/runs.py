@@ -131,11 +131,12 @@ class RunOps(LeaseOps):
         `RunOwner`); by default the calling process.
 
         `lane` (`ADAPTER/CREDENTIAL`, issue #28) binds the run to its vendor lane: the
-        lane, and the same lane on this host, are read in this transaction after the task's
-        own refusals, and one that does not admit refuses with `LaneWaiting` or
-        `LaneStopped` (before a backoff's refusal); nothing is written. Neither `forced`
-        nor `ignore_backoff` lifts a lane: an operator resumes it (`resume_lane`). Without
-        a lane, admission is as it was.
+        lane, and the same lane on the owner's host (`owner.host`: a dispatcher's own,
+        through a server too; the host name only names the lane, it proves nothing), are
+        read in this transaction after the task's own refusals, and one that does not
+        admit refuses with `LaneWaiting` or `LaneStopped` (before a backoff's refusal);
+        nothing is written. Neither `forced` nor `ignore_backoff` lifts a lane: an operator
+        resumes it (`resume_lane`). Without a lane, admission is as it was.
         """
         request_key = check_name("request_key", request_key, MAX_KEY)
         lane_name = check_lane(lane)
@@ -151,6 +152,9 @@ class RunOps(LeaseOps):
                 boot_id=mask_text(owner.boot_id),
                 instance=mask_text(owner.instance),
             )
+        # The process that will run it: the host-local lane (a missing binary) is its
+        # host's, so a server admits a remote dispatcher's run on that dispatcher's host.
+        owner = owner or process_owner()
         who = as_actor(actor)
         check_bool("forced", forced)
         check_bool("ignore_backoff", ignore_backoff)
@@ -175,7 +179,7 @@ class RunOps(LeaseOps):
             probes: list[str] = []
             if refused is None and lane_name is not None:
                 try:
-                    probes = self._lane_gate(tx, lane_name, task.id, at)
+                    probes = self._lane_gate(tx, lane_name, task.id, at, owner.host)
                 except (LaneWaiting, LaneStopped) as lane_refusal:
                     refused = lane_refusal
             if refused is None:
@@ -191,7 +195,7 @@ class RunOps(LeaseOps):
                     fingerprint,
                     forced,
                     lease,
-                    owner or process_owner(),
+                    owner,
                 )
                 if lane_name is not None:
                     self._lane_admitted(tx, lane_name, probes, run, at)
