@@ -146,3 +146,43 @@ def test_every_rule_example_opens_with_its_rule_literal() -> None:
             example, _ = example_of(shape)
             matches = list(step.pattern.finditer(example))
             assert all(m.group().startswith(literal) for m in matches), step.name
+
+
+@pytest.mark.parametrize(
+    ("source", "literals"),
+    [
+        (
+            r"((?:accountkey(?<!\waccountkey)|sharedaccesskey)[ \t]{0,8}=)[^\s;]+",
+            ("accountkey", "sharedaccesskey"),
+        ),
+        (r"(authorization(?<!\wauthorization)[ \t]*:)", ()),  # `re` finds one itself
+        (r"(?:abcd|ef)x", ()),  # a word too short to gain
+        (r"(?i:abcd|efgh)x", ()),
+        (r"(?:abcd|[ef]ghi)x", ()),
+        (r"(?:abcd)?efgh", ()),
+    ],
+)
+def test_the_words_a_pattern_opens_with_are_read_by_its_parser(
+    source: str, literals: tuple[str, ...]
+) -> None:
+    assert engine.branch_openings(source) == literals
+
+
+def test_a_pass_that_opens_with_words_finds_what_its_scan_finds() -> None:
+    text = _dense_text(3000) + "".join(
+        f" {word}={word}AccountKey=abc SharedAccessKey=q{index} cookie: a=b"
+        for index, word in enumerate(("accountkey", "set-cookie", "https://x", "discord"))
+    )
+    low = text.lower()
+    checked = 0
+    for step in engine.REFERENCE_PASSES + engine.EXTRA_PASSES:
+        if step.lead or step.named or step.nearby is not None or step.alternative_sources:
+            continue
+        literals = engine.branch_openings(step.source)
+        if not literals:
+            continue
+        subject = low if step.folded else text
+        tried = engine.matches_from(step.pattern, subject, engine._places(subject, literals))
+        assert [m.span() for m in tried] == [m.span() for m in step.pattern.finditer(subject)]
+        checked += 1
+    assert checked >= 2

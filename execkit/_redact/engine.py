@@ -18,6 +18,8 @@ masks in a text, choosing among ways that all give `pattern.finditer`'s matches:
 - a pass of phase 3 that opens with a literal (`opening`), under the compiled engine and
   when at least `_OPENINGS_WORTH` such passes run on a text, is tried only where its
   literal occurs (scan.py's `Openings` finds them all in one scan);
+- a pass that opens with a group of words (`branch_openings`: `(?:accountkey|...)`) is
+  tried where each word occurs, found by substring search, on a long text;
 - any other pass scans the text (or its fold) with its pattern.
 
 `reference_rules` runs phase 2 over a text as plain strings, each pass over the output of
@@ -35,6 +37,7 @@ import functools
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from execkit._redact import scan
 from execkit._redact.gate import EAGER_CHARS, Gate, anchor_ids, fold, name_starts
@@ -244,6 +247,52 @@ def opening(source: str) -> str:
     return "".join(chars)
 
 
+# A pass that opens with a choice of words is searched for each word when every word has
+# this many characters or more (shorter ones would be tried too often to gain).
+_BRANCH_CHARS = 4
+
+
+@functools.cache
+def branch_openings(source: str) -> tuple[str, ...]:
+    """The literals every match of the pattern `source` opens with one of, when it opens
+    with a choice (in a group or not) whose every alternative opens with a literal of
+    `_BRANCH_CHARS` characters or more, as `re`'s own parser reads it (sorted, two or
+    more); () when it opens otherwise, or with any flag."""
+    from re import _constants, _parser
+
+    def openings(items: Any) -> set[str] | None:
+        if not len(items):
+            return None
+        op, value = items[0]
+        if op is _constants.LITERAL:
+            run: list[str] = []
+            for item_op, item_value in items:
+                if item_op is not _constants.LITERAL:
+                    break
+                run.append(chr(item_value))
+            return {"".join(run)}
+        if op is _constants.SUBPATTERN:
+            _, added, removed, inner = value
+            return None if added or removed else openings(inner)
+        if op is _constants.BRANCH:
+            found: set[str] = set()
+            for alternative in value[1]:
+                more = openings(alternative)
+                if not more:
+                    return None
+                found |= more
+            return found
+        return None
+
+    parsed = _parser.parse(source)
+    if parsed.state.flags & _constants.SRE_FLAG_IGNORECASE:
+        return ()
+    literals = openings(parsed)
+    if not literals or len(literals) < 2 or min(map(len, literals)) < _BRANCH_CHARS:
+        return ()  # one literal: `re` searches for it itself (a group's prefix included)
+    return tuple(sorted(literals))
+
+
 def _opens_with_a_literal(step: Pass) -> bool:
     return (
         step.lead
@@ -398,9 +447,26 @@ def _find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> Sp
             if checks is None or checks.may_hold(lead, step.folded)
         ]
         matches = alternation_matches(alternatives, subject)
+    elif (
+        not step.lead and len(subject) > EAGER_CHARS and (literals := branch_openings(step.source))
+    ):
+        # `re` tries a pattern that opens with a group of words at every position; each
+        # word's places are found by substring search instead.
+        matches = matches_from(step.pattern, subject, _places(subject, literals))
     else:
         matches = step.pattern.finditer(subject)
     return _spans_of(step, matches)
+
+
+def _places(text: str, literals: tuple[str, ...]) -> list[int]:
+    """Every place in `text` where one of `literals` occurs, ascending, each once."""
+    found: set[int] = set()
+    for literal in literals:
+        at = text.find(literal)
+        while at >= 0:
+            found.add(at)
+            at = text.find(literal, at + 1)
+    return sorted(found)
 
 
 def _spans_of(step: Pass, matches: Iterable[re.Match[str]]) -> SpanList:
