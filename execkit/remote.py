@@ -95,7 +95,8 @@ for _kind in error_types():
 
 
 def error_from_wire(status: int, doc: object) -> ExecKitError:
-    """The typed exception for an error answer `{"error": {"code", "message"}}`."""
+    """The typed exception for an error answer `{"error": {"code", "message"}}`, with what
+    the answer carries beside them (`ready_at`, `lane`, `opens_at`, `fix`, `field`)."""
     error = doc.get("error") if isinstance(doc, dict) else None
     if not isinstance(error, dict) or not isinstance(error.get("code"), str):
         return StorageError(f"the server answered HTTP {status} without an execkit error")
@@ -110,6 +111,9 @@ def error_from_wire(status: int, doc: object) -> ExecKitError:
         opens = error.get("opens_at")
         opens_at = float(opens) if isinstance(opens, int | float) else None
         return kind(message, lane=str(error.get("lane", "")), opens_at=opens_at)
+    if issubclass(kind, InvalidInput):
+        field = error.get("field")
+        return kind(message, field=field if isinstance(field, str) else None)
     if issubclass(kind, LaneStopped):
         fix = error.get("fix")
         return kind(

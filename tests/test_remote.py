@@ -14,7 +14,7 @@ import os
 import pwd
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,36 @@ def test_refusals_come_back_as_the_same_typed_errors(remote: Remote, transport: 
     assert (refused.value.code, refused.value.exit_code) == ("unauthenticated", 15)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_invalid_input_through_the_server_names_its_field_as_the_local_one(
+    remote: Remote, transport: str
+) -> None:
+    client = remote.client(transport)
+    task = remote.ledger.create_task("t", actor=ME)
+    run = remote.ledger.start_run(task.id, request_key="a", actor=ME)
+    refusals: tuple[Callable[[Any], object], ...] = (
+        lambda ledger: ledger.finish_run(run.id, "failed", failure_class="cosmic"),
+        lambda ledger: ledger.set_attempt_limit(task.id, 10**6, expected_max_attempts=0, actor=ME),
+        lambda ledger: ledger.create_task("u", max_attempts=-1, actor=ME),
+    )
+    for refuse in refusals:
+        with pytest.raises(InvalidInput) as local:
+            refuse(remote.ledger)
+        with pytest.raises(InvalidInput) as far:
+            refuse(client)
+        assert local.value.field is not None
+        assert (type(far.value), far.value.message, far.value.field) == (
+            type(local.value),
+            local.value.message,
+            local.value.field,
+        )
+
+
 def test_error_codes_map_to_their_types() -> None:
+    invalid = error_from_wire(400, {"error": {"code": "invalid", "message": "m", "field": "f"}})
+    assert type(invalid) is InvalidInput and invalid.field == "f"
+    unnamed = error_from_wire(400, {"error": {"code": "invalid", "message": "m", "field": 7}})
+    assert isinstance(unnamed, InvalidInput) and unnamed.field is None
     assert type(error_from_wire(404, {"error": {"code": "not_found", "message": "m"}})) is NotFound
     backoff = error_from_wire(409, {"error": {"code": "backoff", "message": "m", "ready_at": 5}})
     assert isinstance(backoff, TaskBackingOff) and backoff.ready_at == 5.0

@@ -111,7 +111,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
 
 def _error(doc: Any) -> str:
     assert set(doc) == {"error"}, doc
-    assert {"code", "message"} <= set(doc["error"]) <= {"code", "message", "ready_at"}
+    assert {"code", "message"} <= set(doc["error"]) <= {"code", "message", "ready_at", "field"}
     code: str = doc["error"]["code"]
     return code
 

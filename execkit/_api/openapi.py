@@ -185,6 +185,7 @@ def _components() -> dict[str, Any]:
                         "lane": {"type": "string"},
                         "opens_at": {"type": ["number", "null"]},
                         "fix": {"type": ["string", "null"]},
+                        "field": {"type": "string"},
                     },
                 )
             }

@@ -15,14 +15,20 @@ masks in a text, choosing among ways that all give `pattern.finditer`'s matches:
   alternation whose shapes begin differently;
 - a shape with `nearby` words (the AWS secret key) is searched only in the stretches of
   text after a word on its line, each stretch once;
+- a pass of phase 3 that opens with a literal (`opening`), under the compiled engine and
+  when at least `_OPENINGS_WORTH` such passes run on a text, is tried only where its
+  literal occurs (scan.py's `Openings` finds them all in one scan);
+- a pass that opens with a group of words (`branch_openings`: `(?:accountkey|...)`) is
+  tried where each word occurs, found by substring search, on a long text;
 - any other pass scans the text (or its fold) with its pattern.
 
 `reference_rules` runs phase 2 over a text as plain strings, each pass over the output of
 the one before; `extra_spans` finds phase 3's spans in the text as phase 1 left it (the
 JSON-escaped forms of the literal secrets, then each added shape). What a long text costs
-is a fixed number of substring searches over it and a scan per pass that has matches,
-whatever it holds (tests/test_exec_tree.py bounds the whole post-exit work as a number of
-decodes of the same bytes).
+is a fixed number of substring searches over it and a scan per pass that has matches (or,
+for a pass tried where its literal occurs, a try per occurrence), whatever it holds
+(tests/test_exec_tree.py bounds the whole post-exit work as a number of decodes of the
+same bytes).
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ import functools
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
+from execkit._redact import scan
 from execkit._redact.gate import EAGER_CHARS, Gate, anchor_ids, fold, name_starts
 from execkit._redact.record import (
     Anchor,
@@ -212,6 +220,107 @@ def escaped_forms(secret: str) -> tuple[str, ...]:
     return tuple(form for form in forms if form != secret and form not in REDACTED)
 
 
+# A pass whose every match opens with a literal of this many characters or more may be
+# tried only where the literal occurs (a shorter one, `sk`, `gl`, occurs about once a KiB
+# in random text: each occurrence costs Python calls, where its pass's own scan costs one
+# call); one `Openings` scan pays for itself once this many such passes run on a text
+# (each would scan it, about as long as that one scan takes).
+_OPENING_CHARS = 3
+_OPENINGS_WORTH = 3
+
+
+@functools.cache
+def opening(source: str) -> str:
+    """The literal every match of the pattern `source` opens with: the plain characters
+    it starts with, as `re`'s own parser reads them (each one character, matched once and
+    as written: no group, class, repeat or flag), '' when it opens with anything else."""
+    from re import _constants, _parser
+
+    parsed = _parser.parse(source)
+    if parsed.state.flags & _constants.SRE_FLAG_IGNORECASE:
+        return ""
+    chars: list[str] = []
+    for op, value in parsed:
+        if op is not _constants.LITERAL:
+            break
+        chars.append(chr(value))
+    return "".join(chars)
+
+
+# A pass that opens with a choice of words is searched for each word when every word has
+# this many characters or more (shorter ones would be tried too often to gain).
+_BRANCH_CHARS = 4
+
+
+@functools.cache
+def branch_openings(source: str) -> tuple[str, ...]:
+    """The literals every match of the pattern `source` opens with one of, when it opens
+    with a choice (in a group or not) whose every alternative opens with a literal of
+    `_BRANCH_CHARS` characters or more, as `re`'s own parser reads it (sorted, two or
+    more); () when it opens otherwise, or with any flag."""
+    from re import _constants, _parser
+
+    def openings(items: Any) -> set[str] | None:
+        if not len(items):
+            return None
+        op, value = items[0]
+        if op is _constants.LITERAL:
+            run: list[str] = []
+            for item_op, item_value in items:
+                if item_op is not _constants.LITERAL:
+                    break
+                run.append(chr(item_value))
+            return {"".join(run)}
+        if op is _constants.SUBPATTERN:
+            _, added, removed, inner = value
+            return None if added or removed else openings(inner)
+        if op is _constants.BRANCH:
+            found: set[str] = set()
+            for alternative in value[1]:
+                more = openings(alternative)
+                if not more:
+                    return None
+                found |= more
+            return found
+        return None
+
+    parsed = _parser.parse(source)
+    if parsed.state.flags & _constants.SRE_FLAG_IGNORECASE:
+        return ()
+    literals = openings(parsed)
+    if not literals or len(literals) < 2 or min(map(len, literals)) < _BRANCH_CHARS:
+        return ()  # one literal: `re` searches for it itself (a group's prefix included)
+    return tuple(sorted(literals))
+
+
+def _opens_with_a_literal(step: Pass) -> bool:
+    return (
+        step.lead
+        and not step.alternative_sources
+        and not step.folded
+        and not step.named
+        and step.nearby is None
+    )
+
+
+@functools.cache
+def _opening_literals() -> tuple[str, ...]:
+    """Every phase 3 pass's opening literal long enough to look for, once each, sorted
+    (parsed on the first text that needs them, never at import)."""
+    found = {opening(step.source) for step in EXTRA_PASSES if _opens_with_a_literal(step)}
+    return tuple(sorted(literal for literal in found if len(literal) >= _OPENING_CHARS))
+
+
+def _openings_of(text: str, steps: Sequence[Pass]) -> dict[str, list[int]] | None:
+    """Where each opening literal occurs in `text`, when the compiled engine is in use and
+    enough of `steps` open with a literal for one scan to cost less than theirs."""
+    if len(text) <= EAGER_CHARS or sum(map(_opens_with_a_literal, steps)) < _OPENINGS_WORTH:
+        return None
+    literals = _opening_literals()
+    finder = scan.openings(literals)
+    return None if finder is None else finder.starts(text)
+
+
 def extra_spans(text: str, gate: Gate, secrets: Sequence[str]) -> SpanList:
     """Phase 3 over `text` (as phase 1 left it; `gate` is its gate): the JSON-escaped forms
     of the literal secrets, then each added shape."""
@@ -222,9 +331,19 @@ def extra_spans(text: str, gate: Gate, secrets: Sequence[str]) -> SpanList:
             while found >= 0:
                 found_spans.append((found, found + len(form), found, found + len(form)))
                 found = text.find(form, found + len(form))
-    for step in EXTRA_PASSES:
-        if gate.opens(step):
-            found_spans.extend(find_spans(step, text, gate.fold() if step.reads_fold else "", gate))
+    steps = [step for step in EXTRA_PASSES if gate.opens(step)]
+    starts = _openings_of(text, steps)
+    literals = _opening_literals() if starts is not None else ()
+    for step in steps:
+        low = gate.fold() if step.reads_fold else ""
+        literal = opening(step.source) if starts is not None and _opens_with_a_literal(step) else ""
+        if starts is not None and literal in literals:
+            # Every match opens with `literal`: it is tried only where that occurs.
+            where = starts.get(literal, [])
+            spans = _spans_of(step, matches_from(step.pattern, text, where)) if where else []
+            found_spans.extend(_kept(text, spans))
+        else:
+            found_spans.extend(find_spans(step, text, low, gate))
     return found_spans
 
 
@@ -256,7 +375,12 @@ def find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> Spa
     `text`, whose fold is `low` (the two have the same length); `gate`, when given, is
     the gate of `text` or of the text `low` is the fold of. No masked part ends or starts
     inside a backslash escape (`keep_escapes`)."""
-    found = _find_spans(step, text, low, gate)
+    return _kept(text, _find_spans(step, text, low, gate))
+
+
+def _kept(text: str, found: SpanList) -> SpanList:
+    """`found`, its masked parts kept off backslash escapes (`keep_escapes`) where one
+    touches them."""
     for _, _, start, end in found:
         if (text[end - 1] == "\\" and text[end : end + 1] in _QUOTES) or (
             start and text[start - 1] == "\\"
@@ -305,8 +429,6 @@ def keep_escapes(text: str, spans: SpanList) -> SpanList:
 def _find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
     if step.nearby is not None:
         return _nearby_spans(step, step.nearby, text, low)
-    found_spans: SpanList = []
-    span = step.span
     subject = low if step.folded else text
     matches: Iterable[re.Match[str]]
     if step.named:
@@ -325,8 +447,33 @@ def _find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> Sp
             if checks is None or checks.may_hold(lead, step.folded)
         ]
         matches = alternation_matches(alternatives, subject)
+    elif (
+        not step.lead and len(subject) > EAGER_CHARS and (literals := branch_openings(step.source))
+    ):
+        # `re` tries a pattern that opens with a group of words at every position; each
+        # word's places are found by substring search instead.
+        matches = matches_from(step.pattern, subject, _places(subject, literals))
     else:
         matches = step.pattern.finditer(subject)
+    return _spans_of(step, matches)
+
+
+def _places(text: str, literals: tuple[str, ...]) -> list[int]:
+    """Every place in `text` where one of `literals` occurs, ascending, each once."""
+    found: set[int] = set()
+    for literal in literals:
+        at = text.find(literal)
+        while at >= 0:
+            found.add(at)
+            at = text.find(literal, at + 1)
+    return sorted(found)
+
+
+def _spans_of(step: Pass, matches: Iterable[re.Match[str]]) -> SpanList:
+    """(match start, match end, masked start, masked end) of each of `step`'s matches
+    that masks something."""
+    span = step.span
+    found_spans: SpanList = []
     # The two common shapes are inlined: on a text full of credentials this loop is most
     # of the work, a few calls per match.
     if span is _whole:

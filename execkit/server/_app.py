@@ -40,7 +40,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
-from execkit._errors import ExecKitError, LaneStopped, LaneWaiting, StorageError, TaskBackingOff
+from execkit._errors import (
+    ExecKitError,
+    InvalidInput,
+    LaneStopped,
+    LaneWaiting,
+    StorageError,
+    TaskBackingOff,
+)
 from execkit._mask import mask_json, mask_name
 from execkit.ledger import Actor, Ledger
 from execkit.server._front import Front
@@ -108,6 +115,8 @@ def error_answer(exc: ExecKitError) -> tuple[int, dict[str, Any]]:
         extra.update(lane=exc.lane, opens_at=exc.opens_at)
     if isinstance(exc, LaneStopped):
         extra.update(lane=exc.lane, fix=exc.fix)
+    if isinstance(exc, InvalidInput) and exc.field is not None:
+        extra["field"] = exc.field  # so a remote caller's error names the value, as a local one
     return status, _error_doc(exc.code, exc.message, **extra)
 
 

@@ -22,7 +22,8 @@ One concern a file:
 - `tx.py`: `PostgresTx`, every statement of one transaction and the locks it takes;
 - `store.py`: `PostgresStore`, the connection, its transactions and their failures, and
   what opening does;
-- `check.py`: the tables and stored values outside their domain (`db check`);
+- `check.py`: the tables, columns and privileges a schema's version and every write need
+  (read once at open), and the stored values outside their domain (`db check`);
 - `ledger.py`: `PostgresLedger`, the rules over the store, and `migrate_postgres`.
 
 Rooms outside this package import from `execkit.ledger._postgres` only, never from its

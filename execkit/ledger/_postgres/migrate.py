@@ -58,9 +58,7 @@ def read_version(tx: PostgresTx, where: str) -> tuple[int, str]:
     row = tx._one("SELECT current_schema()")
     current = row[0] if row is not None else None
     if current is None:
-        raise StorageError(
-            f"the ledger at {where} has no schema to live in: no schema of its search_path exists"
-        )
+        raise StorageError(_no_schema(tx, where))
     name = str(current)
     names = {
         table
@@ -80,6 +78,34 @@ def read_version(tx: PostgresTx, where: str) -> tuple[int, str]:
         return 0, name
     row = tx._one("SELECT MAX(version) FROM schema_version")
     return (int(row[0] or 0) if row is not None else 0), name
+
+
+def _no_schema(tx: PostgresTx, where: str) -> str:
+    """Why the connection has no current schema: the role lacks USAGE on the schemas of
+    its search_path (PostgreSQL then skips them), or none of them exists."""
+    user = str(tx._conn.info.user)
+    row = tx._one("SHOW search_path")
+    named = [
+        user if name == "$user" else name
+        for name in (part.strip().strip('"') for part in str(row[0] if row else "").split(","))
+        if name
+    ]
+    closed = [
+        str(name)
+        for (name,) in tx._all(
+            "SELECT nspname FROM pg_namespace "
+            "WHERE nspname = ANY(%s) AND NOT has_schema_privilege(oid, 'USAGE') "
+            "ORDER BY array_position(%s, nspname::text)",
+            (named, named),
+        )
+    ]
+    if closed:
+        return (
+            f"the role {user} lacks USAGE on schema {closed[0]} of the ledger at {where}; "
+            f"nothing was written. An administrator grants it: GRANT USAGE ON SCHEMA "
+            f"{closed[0]} TO {user}"
+        )
+    return f"the ledger at {where} has no schema to live in: no schema of its search_path exists"
 
 
 def backup_command(schema_name: str, where: str, version: int) -> str:

@@ -22,13 +22,15 @@ psycopg (3) is imported when a store is opened, never when this module is import
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from execkit._errors import InvalidInput, NotFound, SchemaTooNew, StorageError
 from execkit._redact import redact
-from execkit.ledger._model import CAPABILITIES
+from execkit.ledger._model import CAPABILITIES, user_name
 from execkit.ledger._postgres import check, migrate, schema
 from execkit.ledger._postgres.tx import PostgresTx
 from execkit.ledger._postgres.url import INSTALL_HINT, is_postgres_url, password_of, public_url
@@ -49,8 +51,11 @@ class PostgresStore:
     `upgrade=True` migrates an older schema (additive, one transaction under an advisory
     lock) and records the backup command in `self.migration`; without it an older schema
     refuses every transaction, naming the `pg_dump` command to run first. A newer schema is
-    `SchemaTooNew`, nothing written. One connection, shared by the threads of one owner: each
-    transaction holds the store's lock for its length.
+    `SchemaTooNew`, nothing written. A schema missing a table or column of its version, or
+    a role lacking a privilege every write needs, is found at open (one query,
+    `check.fitness`) and refuses every write transaction with a StorageError naming it and
+    the fix. One connection, shared by the threads of one owner: each transaction holds the
+    store's lock for its length.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class PostgresStore:
         self._outdated: int | None = None  # the older schema found, until migrated
         self._owner: str | None = None
         self._schema = ""
+        self._fitness = check.Fitness(role="", missing=(), lacking=(), grants=())
         self.migration: migrate.PostgresMigration | None = None
         with self._lock:
             self._open(create=create, upgrade=upgrade)
@@ -120,6 +126,14 @@ class PostgresStore:
         try:
             conn = psycopg.connect(self._url, autocommit=True, **extra)
         except psycopg.Error as exc:
+            denied = re.search(r'permission denied for database "([^"]+)"', str(exc))
+            if denied is not None:
+                role = given.get("user") or user_name(os.geteuid())
+                raise self._error(
+                    f"the role {role} lacks CONNECT on database {denied[1]}; an administrator "
+                    f"grants it: GRANT CONNECT ON DATABASE {denied[1]} TO {role}",
+                    exc,
+                ) from None
             raise self._error("cannot connect to the PostgreSQL server", exc) from None
         try:
             conn.execute(f"SET lock_timeout = {int(self._lock_timeout_s * 1000)}")
@@ -191,6 +205,17 @@ class PostgresStore:
                 "transaction; it was rolled back and nothing was written",
                 exc,
             )
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            # A privilege opening does not check (an administrator's write) or one revoked
+            # since: the server's message names the table.
+            role = conn.info.user
+            denied = re.search(r"permission denied for (\w+) (\S+)", str(exc))
+            target = f"{denied[1]} {denied[2]}" if denied else "the object named below"
+            return self._error(
+                f"the role {role} lacks a privilege on {target} (schema {self._schema}); "
+                "nothing was written; an administrator grants it with GRANT",
+                exc,
+            )
         if isinstance(exc, psycopg.IntegrityError):
             return self._error("the database refused the write; nothing was written", exc)
         return self._error("ledger transaction failed; nothing was written", exc)
@@ -202,6 +227,8 @@ class PostgresStore:
         with self._lock:
             if current:
                 self._current()
+                if write:
+                    self._fit_to_write()
             if not write:
                 conn = self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 try:
@@ -266,9 +293,46 @@ class PostgresStore:
             self.migration = self._upgrade()
         elif found < schema.SCHEMA_VERSION:
             self._outdated = found
-        if self._outdated is None:
-            with self._transaction(write=False, current=False) as tx:
+        self._read_fitness()
+
+    def _read_fitness(self) -> None:
+        """The one query opening adds: the tables, columns and privileges found against
+        those the schema's version and every write need (`check.fitness`), kept for
+        `_fit_to_write`; then the owner, when the schema is current and lets it be read."""
+        with self._transaction(write=False, current=False) as tx:
+            version = self._outdated or schema.SCHEMA_VERSION
+            self._fitness = check.fitness(tx, version, self._schema)
+            unreadable = "table ledger_meta" in self._fitness.missing or (
+                "SELECT on table ledger_meta" in self._fitness.lacking
+            )
+            if self._outdated is None and not unreadable:
                 self._owner = tx.meta("owner")
+
+    def _unfit(self, fitness: check.Fitness) -> StorageError | None:
+        """The error that names what a write would lack, None when nothing is lacking."""
+        if fitness.missing:
+            return StorageError(
+                f"the ledger at {self._where} (schema {self._schema}) is not usable: "
+                f"{', '.join(fitness.missing)} missing; nothing was written. "
+                "`execkit db check --db URL` lists what is wrong: restore the ledger from "
+                "its last dump (pg_restore), or use the execkit version that wrote it"
+            )
+        if fitness.lacking:
+            return StorageError(
+                f"the role {fitness.role} of the ledger at {self._where} lacks "
+                f"{', '.join(fitness.lacking)} (schema {self._schema}); nothing was written. "
+                f"An administrator grants it: {'; '.join(fitness.grants)}"
+            )
+        return None
+
+    def _fit_to_write(self) -> None:
+        """Before a write transaction begins: refuse it when opening found a table or
+        column missing, or a privilege every write needs not held, so nothing is half
+        written and the error names what to fix (checked once, at open: schemas and
+        grants do not change under a running execkit)."""
+        refused = self._unfit(self._fitness)
+        if refused is not None:
+            raise refused
 
     def _read_version(self, tx: PostgresTx) -> int:
         version, self._schema = migrate.read_version(tx, self._where)
@@ -303,8 +367,7 @@ class PostgresStore:
         None when it was already current, nothing written."""
         with self._lock:
             done = self._upgrade()
-            with self._transaction(write=False, current=False) as tx:
-                self._owner = tx.meta("owner")  # not read while the schema was outdated
+            self._read_fitness()  # the owner was not read while the schema was outdated
         if done is not None:
             self.migration = done
         return done
@@ -332,9 +395,14 @@ class PostgresStore:
         return problems
 
     def info(self) -> dict[str, Any]:
-        """Facts for an operator's status view (JSON-safe); works on an older schema too."""
+        """Facts for an operator's status view (JSON-safe); works on an older schema too.
+        StorageError naming what is missing when a table or column of the schema's version
+        is, or the role lacks a privilege every write needs."""
         with self._transaction(write=False, current=False) as tx:
             version = self._read_version(tx)
+            refused = self._unfit(check.fitness(tx, version, self._schema))
+            if refused is not None:
+                raise refused
             counts = tx._one(
                 "SELECT (SELECT COUNT(*) FROM tasks), (SELECT COUNT(*) FROM runs), "
                 "(SELECT COUNT(*) FROM runs WHERE status = 'running')"

@@ -1021,6 +1021,7 @@ export class ExeckitClient {
       lane: typeof error["lane"] === "string" ? error["lane"] : null,
       opensAt: typeof error["opens_at"] === "number" ? error["opens_at"] : null,
       fix: typeof error["fix"] === "string" ? this.#scrub(error["fix"]) : null,
+      field: typeof error["field"] === "string" ? error["field"] : null,
     };
     throw errorFromAnswer(error["code"], this.#scrub(message), status, readyAt, lane);
   }

@@ -219,6 +219,7 @@ type ErrorOptions = {
   lane?: string | null;
   opensAt?: number | null;
   fix?: string | null;
+  field?: string | null;
 };
 type Factory = (message: string, options: ErrorOptions) => ExeckitError;
 
@@ -252,7 +253,12 @@ export function errorFromAnswer(
   message: string,
   httpStatus: number,
   readyAt: number | null = null,
-  lane: { lane?: string | null; opensAt?: number | null; fix?: string | null } = {},
+  lane: {
+    lane?: string | null;
+    opensAt?: number | null;
+    fix?: string | null;
+    field?: string | null;
+  } = {},
 ): ExeckitError {
   const options: ErrorOptions = { code, httpStatus, readyAt, ...lane };
   return isKnown(code) ? FACTORIES[code](message, options) : new ExeckitError(message, options);

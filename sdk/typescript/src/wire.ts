@@ -140,7 +140,7 @@ export interface Check {
 }
 
 export interface ErrorAnswer {
-  readonly error: { readonly code: ErrorCode; readonly fix?: string | null; readonly lane?: string; readonly message: string; readonly opens_at?: number | null; readonly ready_at?: number };
+  readonly error: { readonly code: ErrorCode; readonly field?: string; readonly fix?: string | null; readonly lane?: string; readonly message: string; readonly opens_at?: number | null; readonly ready_at?: number };
 }
 
 export interface Grant {

@@ -89,6 +89,15 @@ test("lane refusals carry their lane, when it opens and the fix", () => {
   assert.equal(stopped.fix, "run `claude /login`");
 });
 
+test("an invalid answer carries the field it names, as the local error does", () => {
+  const refused = errorFromAnswer("invalid", "bad", 400, null, { field: "max_attempts" });
+  assert.ok(refused instanceof InvalidInput);
+  assert.equal(refused.field, "max_attempts");
+  const unnamed = errorFromAnswer("invalid", "bad", 400);
+  assert.ok(unnamed instanceof InvalidInput);
+  assert.equal(unnamed.field, null);
+});
+
 test("backoff carries readyAt; unknown codes and 'error' are the base class", () => {
   const backoff = errorFromAnswer("backoff", "wait", 409, 1_700_000_000.5);
   assert.ok(backoff instanceof TaskBackingOff);
