@@ -7,7 +7,6 @@ scheduler computes the same retry time, or a random number) and in their default
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -90,6 +89,10 @@ class Backoff:
 
 def _unit_jitter(seed: str) -> float:
     """A value in [-1, 1] that depends only on `seed` (not on PYTHONHASHSEED)."""
+    # Imported at the first use: `hashlib` loads OpenSSL (2 ms), which a ledger listing
+    # that waits on no backoff never needs.
+    import hashlib
+
     digest = hashlib.blake2b(seed.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / float(2**64 - 1) * 2.0 - 1.0
 

@@ -24,7 +24,6 @@ The redactor is imported on first use, not with this module (start-up time matte
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +45,8 @@ def mask_name(name: str) -> str:
     masked = mask_text(name)
     if masked == name:
         return name
+    import hashlib  # only a masked name needs it: OpenSSL's loading is no CLI start's cost
+
     tag = hashlib.sha256(name.encode("utf-8", errors="surrogatepass")).hexdigest()[:_TAG_HEX]
     return f"{masked}~{tag}"
 

@@ -16,7 +16,6 @@ import attrs
 from attrs.validators import ge, instance_of, max_len
 
 from execkit._json import json_key, to_json
-from execkit._redact import redact
 from execkit._validate import checked, finite, non_blank, opt_checked
 
 EVIDENCE_CHARS = 200
@@ -85,6 +84,10 @@ def _redacted_evidence(value: str | None) -> str | None:
     # pushes an evidence that fit past EVIDENCE_CHARS.
     if not isinstance(value, str):
         return value
+    # Imported here: a reader that only loads the types (a ledger listing) never needs
+    # the redactor.
+    from execkit._redact import redact
+
     masked = redact(value)
     return masked[:EVIDENCE_CHARS] if len(value) <= EVIDENCE_CHARS else masked
 

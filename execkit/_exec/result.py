@@ -22,7 +22,6 @@ import enum
 import errno
 import functools
 import os
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -220,6 +219,8 @@ def _describe_spawn_error(
 
 def _describe_enoent(options: SpawnOptions, path: str) -> tuple[SpawnFailure, str]:
     """ENOENT for a program that is there means exec could not find its #! interpreter."""
+    import shutil  # only a failed start looks the program up (a spawn that runs never does)
+
     found = shutil.which(path, path=os.pathsep.join(os.get_exec_path(options.env)))
     if found is None:
         return SpawnFailure.PROGRAM_NOT_FOUND, f"executable not found: {path}"

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
     from types import FrameType
-    from typing import Any, NoReturn
+    from typing import Any
 
     from execkit._exec import ProcessStarter
 
@@ -158,21 +158,10 @@ class _Interrupts:
 
 
 def _new_parser(**kwargs: Any) -> argparse.ArgumentParser:
-    """An argparse parser whose usage errors are `invalid` input like any other.
+    """A `CliParser` (`execkit.cli._args`): usage errors are `invalid` input."""
+    from execkit.cli._args import CliParser
 
-    Plain argparse prints usage and exits 2; raising instead gives a bad flag value the
-    same documented exit code and, with `--json`, the same JSON error object as every
-    other invalid input. Subparsers inherit the class.
-    """
-    import argparse
-
-    from execkit._errors import InvalidInput
-
-    class _Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> NoReturn:
-            raise InvalidInput(f"{self.prog}: {message} (see '{self.prog} --help')")
-
-    return _Parser(**kwargs)
+    return CliParser(**kwargs)
 
 
 def _help_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from execkit._errors import InvalidInput, NotFound, StorageError
-from execkit.cli._args import parse_int, parse_seconds
+from execkit.cli._args import CliParser, parse_int, parse_seconds
 from execkit.cli._output import (
     EXIT_CODES,
     emit,
@@ -65,7 +65,7 @@ _REMOTE_SCHEMES = ("http://", "https://")
 
 
 def _common() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = CliParser(add_help=False)
     parent.add_argument(
         "--db",
         metavar="PATH",

@@ -16,16 +16,16 @@ character already.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
 from execkit._mask import mask_json, mask_text
-from execkit._proof import AgentFailed
 
 if TYPE_CHECKING:
+    import logging
+
     from execkit._lanes import LaneView
 
 __all__ = [
@@ -43,9 +43,10 @@ __all__ = [
 ]
 
 # One distinct, documented exit code per error code (README "Exit codes"), read off the
-# error types themselves so the table cannot drift from them (`AgentFailed` named: it is
-# defined in `_proof`, which may not have been imported yet).
-_ERROR_TYPES: tuple[type[ExecKitError], ...] = (*error_types(), AgentFailed)
+# error types themselves so the table cannot drift from them. `AgentFailed` (`agent_failed`,
+# exit 1) is not in it: it lives in `_proof`, which no command needs to import for this
+# table, and an error is reported with its own `exit_code` (`report_error`) in any case.
+_ERROR_TYPES: tuple[type[ExecKitError], ...] = error_types()
 EXIT_CODES: dict[str, int] = {kind.code: kind.exit_code for kind in _ERROR_TYPES}
 
 # C0 controls, DEL and C1 controls, each written as a visible escape: the usual short
@@ -118,25 +119,26 @@ def show_credential(value: str) -> None:
     sys.stdout.flush()
 
 
-class _SafeFormatter(logging.Formatter):
-    """Log lines masked, with their control characters escaped (a traceback keeps its
-    newlines)."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return safe_text(mask_text(super().formatMessage(record)))
-
-    def formatException(self, ei: Any) -> str:
-        return safe_text(mask_text(super().formatException(ei)), multiline=True)
-
-    def formatStack(self, stack_info: str) -> str:
-        return safe_text(mask_text(super().formatStack(stack_info)), multiline=True)
-
-
 def log_handler(prefix: str) -> logging.Handler:
     """A handler writing each log record on stderr as `PREFIX: LEVEL: message`, masked and
     escaped: the only way a CLI command puts log lines on the terminal."""
+    import logging  # only the commands that log (dispatch, serve) pay for it
+
+    class SafeFormatter(logging.Formatter):
+        """Log lines masked, with their control characters escaped (a traceback keeps its
+        newlines)."""
+
+        def formatMessage(self, record: logging.LogRecord) -> str:
+            return safe_text(mask_text(super().formatMessage(record)))
+
+        def formatException(self, ei: Any) -> str:
+            return safe_text(mask_text(super().formatException(ei)), multiline=True)
+
+        def formatStack(self, stack_info: str) -> str:
+            return safe_text(mask_text(super().formatStack(stack_info)), multiline=True)
+
     handler = logging.StreamHandler()
-    handler.setFormatter(_SafeFormatter(f"{prefix}: %(levelname)s: %(message)s"))
+    handler.setFormatter(SafeFormatter(f"{prefix}: %(levelname)s: %(message)s"))
     return handler
 
 

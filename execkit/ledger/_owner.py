@@ -16,7 +16,6 @@ the same boot (another container with the same host name) are never judged.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 
 from execkit.ledger._model import Run, RunOwner
@@ -51,6 +50,8 @@ def _pid_namespace() -> int:
 def current_owner(instance: str | None = None) -> RunOwner:
     """The calling process as a `RunOwner`; `instance` is a fresh random id unless given
     (a caller that admits several runs passes the one it drew, so they share it)."""
+    import secrets  # with hmac and random under it: only a command that admits pays
+
     import psutil
 
     pid = os.getpid()

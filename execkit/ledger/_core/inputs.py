@@ -21,7 +21,6 @@ with another request is told apart.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from typing import Any
@@ -201,6 +200,8 @@ def as_task_state(value: object) -> TaskState:
 
 
 def fingerprint_of(request: dict[str, Any]) -> str:
+    import hashlib  # at the first write: loading OpenSSL is no read-only command's cost
+
     canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     # surrogatepass: a lone surrogate (an argument that was not UTF-8) is refused later, by
     # the check of the value itself; valid text hashes exactly as before.
