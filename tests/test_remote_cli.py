@@ -17,7 +17,7 @@ from _support import REPO, table_columns, write_board
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
 from execkit.ledger import CAPABILITIES, SqliteLedger, open_ledger
-from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
+from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
 BIN = REPO / "fixtures" / "bin"
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -39,7 +39,7 @@ def _serve(
     monkeypatch.setenv("EXECKIT_TOKEN", add_token(tokens, ME, ["agent.operate", "ledger.admin"]))
     monkeypatch.delenv("EXECKIT_DB", raising=False)
     monkeypatch.delenv("EXECKIT_REMOTE", raising=False)
-    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(where / "idem.db"), without=without)
+    app = LedgerApp(ledger, TokenFile(tokens), without=without)
     with ServerThread(app) as running:
         yield Served(running.url, ledger)
     app.close()
