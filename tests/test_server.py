@@ -7,6 +7,7 @@ real listener does (the access log, the CLI) start one on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -827,3 +828,51 @@ def test_a_retry_after_the_server_was_killed_replays_and_no_file_but_the_ledger_
         assert ledger.get_task("t-1").max_attempts == 3
     written = set(os.listdir(tmp_path)) - before
     assert {name for name in written if not name.startswith("ledger.db")} == set()
+
+
+def test_ledger_calls_run_on_at_most_workers_threads(tmp_path: Path) -> None:
+    """Eight requests at once on a server of two workers: every one is answered, by at
+    most two threads, never more than two ledger calls at once."""
+    running: list[str] = []
+    seen: set[str] = set()
+    most = 0
+    guard = threading.Lock()
+    two_in = threading.Barrier(2, timeout=30)
+
+    class CountingLedger(SqliteLedger):
+        def create_task(self, title: str, **kwargs: Any) -> Task:
+            nonlocal most
+            with guard:
+                running.append(threading.current_thread().name)
+                seen.add(running[-1])
+                most = max(most, len(running))
+            with contextlib.suppress(threading.BrokenBarrierError):
+                two_in.wait()  # the first two meet: both workers are busy at once
+            try:
+                return super().create_task(title, **kwargs)
+            finally:
+                with guard:
+                    running.remove(threading.current_thread().name)
+
+    ledger = CountingLedger(tmp_path / "ledger.db")
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME)
+    app = LedgerApp(ledger, TokenFile(tokens), workers=2)
+    client = TestClient(app.app)
+    answers: list[int] = []
+
+    def send(n: int) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        answers.append(
+            client.post("/v1/tasks", json={"title": f"t{n}"}, headers=headers).status_code
+        )
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    app.close()
+    ledger.close()
+    assert answers == [201] * 8
+    assert most == 2 and len(seen) == 2
