@@ -254,3 +254,20 @@ def test_a_give_up_is_remembered_with_the_attempt_count(ledger: AnyLedger) -> No
         "blocked",
         "environment",
     )
+
+
+def test_abandoning_a_run_again_with_the_same_reason_returns_it(ledger: AnyLedger) -> None:
+    """A retried abandon (its answer lost) is answered as the first; another reason, or a
+    run that ended otherwise, is a Conflict; only one abandonment is recorded."""
+    task = ledger.create_task("t", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a", now=100)
+    first = ledger.abandon_run(run.id, reason="pid 7 is gone", actor="d", now=101)
+    again = ledger.abandon_run(run.id, reason="pid 7 is gone", actor="d", now=102)
+    assert again == first and first.status == "abandoned"
+    with pytest.raises(Conflict, match="not running"):
+        ledger.abandon_run(run.id, reason="another reason", actor="d", now=103)
+    assert [e.action for e in ledger.audit_events(task.id)].count("run.abandon") == 1
+    done = ledger.start_run(task.id, request_key="2", actor="a", now=200, ignore_backoff=True)
+    ledger.finish_run(done.id, "succeeded", now=201)
+    with pytest.raises(Conflict, match="not running"):
+        ledger.abandon_run(done.id, reason="pid 7 is gone", actor="d", now=202)
