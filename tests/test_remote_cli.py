@@ -4,6 +4,7 @@ the client refusing an older server (one that does not advertise attempt limits)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pwd
 import re
@@ -39,6 +40,9 @@ def _serve(
     monkeypatch.setenv("EXECKIT_TOKEN", add_token(tokens, ME, ["agent.operate", "ledger.admin"]))
     monkeypatch.delenv("EXECKIT_DB", raising=False)
     monkeypatch.delenv("EXECKIT_REMOTE", raising=False)
+    # An in-process `execkit serve` run by an earlier test leaves the access log writing to
+    # whatever stderr is: this server's lines would mix into the CLI's captured stderr.
+    monkeypatch.setattr(logging.getLogger("execkit.server.access"), "handlers", [])
     app = LedgerApp(ledger, TokenFile(tokens), without=without)
     with ServerThread(app) as running:
         yield Served(running.url, ledger)
