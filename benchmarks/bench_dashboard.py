@@ -35,7 +35,7 @@ from pathlib import Path
 
 from execkit._classify import FailureClass
 from execkit.ledger import Ledger, open_ledger
-from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
+from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
 ME = pwd.getpwuid(os.geteuid()).pw_name
 CHROMIUM = "/usr/bin/chromium"
@@ -98,7 +98,7 @@ def main() -> int:
         build(ledger, args.tasks)
         print(f"built {args.tasks} tasks in {time.perf_counter() - built:.1f} s", file=sys.stderr)
         token = add_token(where / "tokens.json", ME, ["agent.operate"])
-        app = LedgerApp(ledger, TokenFile(where / "tokens.json"), IdempotencyStore(where / "i.db"))
+        app = LedgerApp(ledger, TokenFile(where / "tokens.json"))
         rows: list[tuple[str, str]] = []
         with ServerThread(app) as running:
             snapshot_url = f"{running.url}/dashboard/api/snapshot"

@@ -38,9 +38,8 @@ from execkit.server import _serve
 if kind == "execkit":
     from execkit.ledger import open_ledger
     from execkit.server._app import LedgerApp
-    from execkit.server._idempotency import IdempotencyStore
     from execkit.server._tokens import TokenFile
-    app = LedgerApp(open_ledger(sys.argv[5]), TokenFile(sys.argv[6]), IdempotencyStore(":memory:"))
+    app = LedgerApp(open_ledger(sys.argv[5]), TokenFile(sys.argv[6]))
     config = _serve._config(app)
 else:
     from starlette.applications import Starlette

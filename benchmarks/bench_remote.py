@@ -1,15 +1,17 @@
 """Admissions per second through `execkit serve`, next to direct library calls on the same
-ledger (the floor), with 1 and 16 clients, on SQLite and (when one is at hand) PostgreSQL.
+ledger (the floor), with 1, 4 and 16 clients, on SQLite and (when one is at hand)
+PostgreSQL.
 
 An admission is `start_run` + `finish_run` (two write transactions), as in
 bench_ledger.py. Each client admits on tasks of its own (50 of them, in turn), so the
 figures measure the path, not a contended task. The floor is the same calls on the ledger
-object itself, from 1 and from 16 threads sharing it (as the server's worker threads share
-its one ledger). Through the server, the clients are threads of this process, each with its
-own `RemoteLedger` (one keep-alive connection), and the server is a separate
-`python -m execkit serve` process on 127.0.0.1 (a free port).
+object itself, from as many threads sharing it (as the server's worker threads share its
+one ledger: on PostgreSQL each transaction takes a connection of the ledger's pool).
+Through the server, the clients are threads of this process, each with its own
+`RemoteLedger` (one keep-alive connection), and the server is a separate `python -m
+execkit serve` process on 127.0.0.1 (a free port).
 
-    python benchmarks/bench_remote.py [--admissions N] [--clients C] [--pg URL | --no-pg]
+    python benchmarks/bench_remote.py [--admissions N] [--clients 1,4,16] [--pg URL | --no-pg]
 
 PostgreSQL is measured with `--pg URL`, else in a throwaway cluster (tests/pgcluster.py)
 when server binaries are installed; `--no-pg` skips it. Prints a markdown table and the
@@ -153,11 +155,18 @@ def _measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--admissions", type=int, default=200, help="per client")
-    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument(
+        "--clients", default="1,4,16", help="client counts, comma-separated (each 1..256)"
+    )
     parser.add_argument("--pg", metavar="URL", help="a postgresql:// URL to measure too")
     parser.add_argument("--no-pg", action="store_true", help="SQLite only")
     args = parser.parse_args()
-    counts = (1, args.clients)
+    try:
+        counts = tuple(int(part) for part in args.clients.split(","))
+    except ValueError:
+        parser.error("--clients: whole numbers separated by commas, e.g. 1,4,16")
+    if not counts or any(not 1 <= count <= 256 for count in counts):
+        parser.error("--clients: each count must be in 1..256")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-remote-") as tmp:
         where = Path(tmp)

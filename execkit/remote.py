@@ -27,7 +27,8 @@ or raises `OSError` when no answer came back (the seam, as in httpx's
 thread (the dispatcher renews leases from a second thread), so calls from several threads
 never share a connection. Every POST carries a fresh `Idempotency-Key` per logical call;
 when no answer arrives the call is sent again with the same key, at most `retries` times
-after a pause (`sleep`), and the server replays its stored answer instead of acting twice.
+after a pause (`sleep`), and the server's ledger answers the key as it answered it first
+instead of acting twice (docs/remote.md, "Idempotency").
 A server that cannot be reached (or answers something that is not the API) is
 `StorageError`. An unknown token (401) is `Unauthenticated` (a `Forbidden`).
 

@@ -23,7 +23,7 @@ import attrs
 
 from execkit._classify import FailureClass
 from execkit.ledger import Ledger, open_ledger
-from execkit.server import IdempotencyStore, LedgerApp, TokenFile, add_token
+from execkit.server import LedgerApp, TokenFile, add_token
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -152,7 +152,7 @@ def make_scene(folder: Path, *, extra_tasks: int = 0) -> Scene:
     tokens = folder / "tokens.json"
     operator = add_token(tokens, ME, ["agent.operate"])
     viewer = add_token(tokens, "viola", [])
-    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(folder / "idem.db"))
+    app = LedgerApp(ledger, TokenFile(tokens))
     return Scene(folder, ledger, app, operator, viewer, ids)
 
 

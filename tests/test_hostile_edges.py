@@ -26,7 +26,7 @@ from _support import REPO, write_board
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
 from execkit.ledger import open_ledger
-from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
+from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
 _BOUND_S = 60  # a backstop for a call that must not hang, never a measured figure
 
@@ -217,7 +217,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, int, str]]:
     ledger = open_ledger(tmp_path / "ledger.db")
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, "op", ["agent.operate", "ledger.admin"])
-    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "idem.db"))
+    app = LedgerApp(ledger, TokenFile(tokens))
     with ServerThread(app) as running:
         host, _, port = running.url.removeprefix("http://").partition(":")
         yield host, int(port), token

@@ -40,6 +40,33 @@ def fail(
 # -- task retry -------------------------------------------------------------------------
 
 
+def test_a_keyed_retry_replayed_after_its_run_was_admitted_asks_for_no_second_one(
+    ledger: AnyLedger,
+) -> None:
+    """A client whose answer to a retry was lost sends it again with the same key, after a
+    dispatcher already admitted the run it asked for: the ledger replays (no second forced
+    attempt, no second audit record); a different request with the key is a Conflict."""
+    task = ledger.create_task("t", actor="a")
+    fail(ledger, task.id, "1", FailureClass.WORK, at=100)
+    fail(ledger, task.id, "2", FailureClass.WORK, at=110)
+    fail(ledger, task.id, "3", FailureClass.WORK, at=120)
+    assert ledger.get_task(task.id, now=FAR).blocked_on == "work"
+    first = ledger.retry_task(task.id, actor="op", force=True, idempotency_key="r1", now=200)
+    assert first.retry_pending
+    run = ledger.start_run(task.id, request_key="4", actor="dispatcher", now=201)
+    assert run.forced
+    ledger.finish_run(run.id, "failed", failure_class=FailureClass.WORK, now=202)
+    again = ledger.retry_task(task.id, actor="op", force=True, idempotency_key="r1", now=203)
+    assert (again.id, again.retry_pending, again.blocked_on) == (task.id, False, "work")
+    retries = [e for e in ledger.audit_events(task.id) if e.action == "task.retry"]
+    assert len(retries) == 1
+    for other in ({"actor": "eve", "force": True}, {"actor": "op", "force": False}):
+        with pytest.raises(Conflict, match="idempotency key 'r1'"):
+            ledger.retry_task(task.id, idempotency_key="r1", now=204, **other)  # type: ignore[arg-type]
+    # Without the key the same request asks again.
+    assert ledger.retry_task(task.id, actor="op", force=True, now=205).retry_pending
+
+
 def test_a_retry_after_an_environment_stop_runs_once_with_the_budget_intact(
     ledger: AnyLedger,
 ) -> None:
@@ -227,3 +254,20 @@ def test_a_give_up_is_remembered_with_the_attempt_count(ledger: AnyLedger) -> No
         "blocked",
         "environment",
     )
+
+
+def test_abandoning_a_run_again_with_the_same_reason_returns_it(ledger: AnyLedger) -> None:
+    """A retried abandon (its answer lost) is answered as the first; another reason, or a
+    run that ended otherwise, is a Conflict; only one abandonment is recorded."""
+    task = ledger.create_task("t", actor="a")
+    run = ledger.start_run(task.id, request_key="1", actor="a", now=100)
+    first = ledger.abandon_run(run.id, reason="pid 7 is gone", actor="d", now=101)
+    again = ledger.abandon_run(run.id, reason="pid 7 is gone", actor="d", now=102)
+    assert again == first and first.status == "abandoned"
+    with pytest.raises(Conflict, match="not running"):
+        ledger.abandon_run(run.id, reason="another reason", actor="d", now=103)
+    assert [e.action for e in ledger.audit_events(task.id)].count("run.abandon") == 1
+    done = ledger.start_run(task.id, request_key="2", actor="a", now=200, ignore_backoff=True)
+    ledger.finish_run(done.id, "succeeded", now=201)
+    with pytest.raises(Conflict, match="not running"):
+        ledger.abandon_run(done.id, reason="pid 7 is gone", actor="d", now=202)

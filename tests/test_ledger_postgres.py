@@ -751,3 +751,43 @@ def test_a_server_crash_in_a_stream_of_admissions_loses_and_doubles_nothing(
         assert stored == acked
         keys = sql(pg_url, "SELECT COUNT(*) FROM idempotency WHERE scope = 'run.start'")
         assert keys == [(len(stored),)]
+
+
+def test_threads_of_one_ledger_run_side_by_side_on_a_bounded_pool(pg_url: str) -> None:
+    """A transaction left open in one thread does not hold up another thread's (each takes
+    a connection of its own); with every one of the `pool_size` connections lent, the next
+    transaction waits at most the lock timeout and is a StorageError, nothing written."""
+    url = f"{pg_url}&application_name=pooled"
+    release = threading.Event()
+    with PostgresLedger(url, pool_size=2, lock_timeout_s=1) as ledger:
+        task = ledger.create_task("t", max_attempts=5, actor="a")
+        opened: list[threading.Event] = []
+
+        def hold() -> None:
+            with ledger._store.read():  # a transaction left open
+                opened[-1].set()
+                release.wait(60)
+
+        holders: list[threading.Thread] = []
+        try:
+            for _ in range(2):
+                opened.append(threading.Event())
+                holders.append(threading.Thread(target=hold))
+                holders[-1].start()
+                assert opened[-1].wait(30)
+                if len(holders) == 1:
+                    # One transaction open: another thread's admission goes ahead.
+                    run = ledger.start_run(task.id, request_key="k", actor="a")
+                    assert run.attempt == 1
+            assert len(_backend_pids(pg_url, "pooled")) == 2
+            with pytest.raises(StorageError, match="none of the 2 connections"):
+                ledger.finish_run(run.id, "succeeded")
+        finally:
+            release.set()
+            for holder in holders:
+                holder.join(30)
+        assert ledger.run(run.id).status == "running"  # the refused finish wrote nothing
+        assert ledger.finish_run(run.id, "succeeded").status == "succeeded"
+        assert len(_backend_pids(pg_url, "pooled")) == 2  # kept open, reused
+    with pytest.raises(InvalidInput, match="pool_size"):
+        PostgresLedger(pg_url, pool_size=0)

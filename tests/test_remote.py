@@ -46,7 +46,7 @@ from execkit.dispatch import (
 )
 from execkit.ledger import Actor, Ledger, SqliteLedger, open_ledger
 from execkit.remote import HttpAnswer, HttpRequest, RemoteLedger, error_from_wire
-from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
+from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
 ME = pwd.getpwuid(os.geteuid()).pw_name
 TRANSPORTS = ["socket", "memory"]
@@ -89,9 +89,7 @@ def remote(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Remote]:
     ledger = open_ledger(tmp_path / "ledger.db")
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
-    app = LedgerApp(
-        ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "idem.db"), without=without
-    )
+    app = LedgerApp(ledger, TokenFile(tokens), without=without)
     with ServerThread(app) as running:
         yield Remote(ledger, app, running.url, token)
     app.close()

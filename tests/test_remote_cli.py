@@ -4,6 +4,7 @@ the client refusing an older server (one that does not advertise attempt limits)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pwd
 import re
@@ -17,7 +18,7 @@ from _support import REPO, table_columns, write_board
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
 from execkit.ledger import CAPABILITIES, SqliteLedger, open_ledger
-from execkit.server import IdempotencyStore, LedgerApp, ServerThread, TokenFile, add_token
+from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
 BIN = REPO / "fixtures" / "bin"
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -39,7 +40,10 @@ def _serve(
     monkeypatch.setenv("EXECKIT_TOKEN", add_token(tokens, ME, ["agent.operate", "ledger.admin"]))
     monkeypatch.delenv("EXECKIT_DB", raising=False)
     monkeypatch.delenv("EXECKIT_REMOTE", raising=False)
-    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(where / "idem.db"), without=without)
+    # An in-process `execkit serve` run by an earlier test leaves the access log writing to
+    # whatever stderr is: this server's lines would mix into the CLI's captured stderr.
+    monkeypatch.setattr(logging.getLogger("execkit.server.access"), "handlers", [])
+    app = LedgerApp(ledger, TokenFile(tokens), without=without)
     with ServerThread(app) as running:
         yield Served(running.url, ledger)
     app.close()

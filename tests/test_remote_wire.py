@@ -31,7 +31,7 @@ from execkit._classify import FailureClass
 from execkit._errors import NotFound, StorageError
 from execkit.ledger import Actor, Ledger, SqliteLedger, Task
 from execkit.remote import HttpAnswer, HttpRequest, RemoteLedger
-from execkit.server import IdempotencyStore, LedgerApp, TokenFile, add_token
+from execkit.server import LedgerApp, TokenFile, add_token
 
 ME = pwd.getpwuid(os.geteuid()).pw_name
 URL = "http://ledger.invalid:8750/prefix"
@@ -344,7 +344,7 @@ def app(tmp_path: Path) -> Iterator[tuple[LedgerApp, str]]:
     ledger = SqliteLedger(tmp_path / "ledger.db")
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
-    served = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "idem.db"))
+    served = LedgerApp(ledger, TokenFile(tokens))
     yield served, token
     served.close()
     ledger.close()

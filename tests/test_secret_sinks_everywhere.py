@@ -5,9 +5,9 @@ The doors: task titles, run finish reasons, retry reasons, `--on-behalf-of` and
 `X-On-Behalf-Of`, role principals, a board's issue titles and ids (and the agent's
 output they dispatch), keys, a task id, a wrong-typed field, an unknown field name and a
 finish status sent to the server. The bytes: the SQLite ledger file and its -wal, the
-server's idempotency file and tokens file, a `pg_dump` of a PostgreSQL ledger, the CLI's
-stdout and stderr (text and `--json`), the HTTP answers of a real `execkit serve` on
-loopback (the audit among them) and its stderr.
+server's tokens file (and any other file in its directory), a `pg_dump` of a PostgreSQL
+ledger, the CLI's stdout and stderr (text and `--json`), the HTTP answers of a real
+`execkit serve` on loopback (the audit among them) and its stderr.
 
 Each world is built once with every sample at once (one task, one run, one issue per
 sample), then each sample is looked for in each blob: the test for a sample names the
@@ -190,10 +190,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Blobs]:
     tokens = where / "tokens.json"
     token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
     db = where / "ledger.db"
-    idem = where / "idem.db"
     log = where / "serve.log"
     argv = [sys.executable, "-m", "execkit", "serve", "--db", str(db), "--tokens", str(tokens)]
-    argv += ["--idempotency-db", str(idem), "--listen", "127.0.0.1:0", "--json"]
+    argv += ["--listen", "127.0.0.1:0", "--json"]
     with log.open("w") as err:
         process = subprocess.Popen(
             argv,
@@ -242,8 +241,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Blobs]:
         "http answers": http.answers.getvalue(),
         "server stderr": log.read_text(errors="replace"),
         "sqlite ledger and -wal": _stored(db),
-        "idempotency store": _stored(idem),
         "tokens file": tokens.read_text(),
+        # The server keeps no file of its own (the ledger holds the Idempotency-Keys):
+        # anything else written beside the ledger is looked in too.
+        "other files": "".join(
+            path.read_text(errors="replace")
+            for path in sorted(where.iterdir())
+            if path.is_file() and path not in (db, db.with_name(db.name + "-wal"), tokens, log)
+        ),
     }
 
 

@@ -7,12 +7,12 @@ real listener does (the access log, the CLI) start one on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pwd
 import re
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -34,12 +34,10 @@ from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
 from execkit.ledger import CAPABILITIES, SqliteLedger, Task, open_ledger
 from execkit.server import (
-    IdempotencyStore,
     LedgerApp,
     ServerThread,
     TokenFile,
     add_token,
-    default_idempotency_path,
     parse_listen,
     token_hash,
 )
@@ -81,14 +79,8 @@ class Served:
         return answer.status_code, answer.json()
 
     def state(self) -> list[str]:
-        """Every row of the ledger and of the idempotency store."""
-        rows = list(self.ledger._conn.iterdump())
-        conn = sqlite3.connect(self.app.idempotency.path)
-        try:
-            rows += list(conn.iterdump())
-        finally:
-            conn.close()
-        return rows
+        """Every row of the ledger (the server keeps no rows of its own)."""
+        return list(self.ledger._conn.iterdump())
 
 
 def _served(tmp_path: Path, **options: Any) -> Served:
@@ -97,7 +89,7 @@ def _served(tmp_path: Path, **options: Any) -> Served:
     owner = add_token(tokens, ME, BOTH)
     plain = add_token(tokens, "alice")
     operator = add_token(tokens, "alice", ["agent.operate"])
-    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "idem.db"), **options)
+    app = LedgerApp(ledger, TokenFile(tokens), **options)
     return Served(tmp_path, ledger, tokens, app, TestClient(app.app), owner, plain, operator)
 
 
@@ -407,27 +399,29 @@ def test_unknown_paths_and_methods_keep_the_error_shape(served: Served) -> None:
 
 def test_a_request_past_its_time_is_503_and_its_answer_replays_later(tmp_path: Path) -> None:
     class SlowLedger(SqliteLedger):
+        slow = True
+
         def create_task(self, title: str, **kwargs: Any) -> Task:
-            time.sleep(0.6)
-            return super().create_task(title, **kwargs)
+            task = super().create_task(title, **kwargs)
+            if self.slow:  # the first: committed, answered too late
+                self.slow = False
+                time.sleep(0.6)
+            return task
 
     ledger = SlowLedger(tmp_path / "ledger.db")
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME)
-    app = LedgerApp(
-        ledger, TokenFile(tokens), IdempotencyStore(tmp_path / "i.db"), request_timeout_s=0.2
-    )
+    app = LedgerApp(ledger, TokenFile(tokens), request_timeout_s=0.2)
     client = TestClient(app.app)
     headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "slow-1"}
     answer = client.post("/v1/tasks", json={"title": "x"}, headers=headers)
     assert answer.status_code == 503
     assert "outcome is unknown" in answer.json()["error"]["message"]
     deadline = time.monotonic() + 10
-    while len(app.idempotency) == 0 and time.monotonic() < deadline:
+    while not ledger.list_tasks() and time.monotonic() < deadline:
         time.sleep(0.05)
     again = client.post("/v1/tasks", json={"title": "x"}, headers=headers)
-    assert again.status_code == 201
-    assert again.headers["idempotency-replayed"] == "true"
+    assert (again.status_code, again.json()["id"]) == (201, "t-1")
     assert [t.id for t in ledger.list_tasks()] == ["t-1"]
     app.close()
     ledger.close()
@@ -443,7 +437,7 @@ def test_an_unexpected_exception_is_a_json_500(
     ledger = BrokenLedger(tmp_path / "ledger.db")
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME)
-    app = LedgerApp(ledger, TokenFile(tokens), IdempotencyStore(":memory:"))
+    app = LedgerApp(ledger, TokenFile(tokens))
     with caplog.at_level(logging.ERROR, logger="execkit.server"):
         answer = TestClient(app.app).get("/v1/tasks", headers={"Authorization": f"Bearer {token}"})
     assert answer.status_code == 500
@@ -456,31 +450,19 @@ def test_an_unexpected_exception_is_a_json_500(
 # -- idempotency ------------------------------------------------------------------------
 
 
-def test_a_key_replays_the_stored_answer_and_a_different_request_is_409(served: Served) -> None:
+def test_a_key_replays_the_first_answer_and_a_different_request_is_409(served: Served) -> None:
     body = {"title": "x", "max_attempts": 2}
-    first = served.client.post(
-        "/v1/tasks",
-        json=body,
-        headers={"Authorization": f"Bearer {served.owner}", "Idempotency-Key": "a"},
-    )
-    assert first.status_code == 201 and "idempotency-replayed" not in first.headers
+    status, first = served.call("POST", "/v1/tasks", served.owner, body, Idempotency_Key="a")
+    assert status == 201
     served.ledger.start_run("t-1", request_key="r", actor=ME)  # the task moves on
-    again = served.client.post(
-        "/v1/tasks",
-        json=body,
-        headers={"Authorization": f"Bearer {served.owner}", "Idempotency-Key": "a"},
-    )
-    assert again.status_code == 201
-    assert again.headers["idempotency-replayed"] == "true"
-    assert again.content == first.content  # the stored answer, byte for byte
     before = served.state()
+    status, again = served.call("POST", "/v1/tasks", served.owner, body, Idempotency_Key="a")
+    # The same task, as it is now (the ledger's replay): nothing written.
+    assert (status, again["id"], again["attempts_started"]) == (201, first["id"], 1)
+    assert served.state() == before
     for changed in ({"title": "y", "max_attempts": 2}, {"title": "x"}):
         status, doc = served.call("POST", "/v1/tasks", served.owner, changed, Idempotency_Key="a")
         assert (status, _error(doc)) == (409, "conflict")
-    status, doc = served.call(
-        "POST", "/v1/tasks", served.owner, body, Idempotency_Key="a", X_On_Behalf_Of="bob"
-    )
-    assert (status, _error(doc)) == (409, "conflict")
     assert served.state() == before
     status, doc = served.call("POST", "/v1/tasks", served.owner, body, Idempotency_Key="!" * 201)
     assert (status, _error(doc)) == (400, "invalid")
@@ -498,20 +480,19 @@ def test_a_refusal_is_not_stored(served: Served) -> None:
     assert (status, run["attempt"], run["request_key"]) == (201, 2, "c")
 
 
-def test_stored_answers_survive_a_restart(tmp_path: Path) -> None:
+def test_answers_survive_a_restart(tmp_path: Path) -> None:
     first = _served(tmp_path)
     status, task = first.call("POST", "/v1/tasks", first.owner, {"title": "x"}, Idempotency_Key="k")
     assert status == 201
     first.app.close()
     first.ledger.close()
     ledger = open_ledger(tmp_path / "ledger.db")
-    app = LedgerApp(ledger, TokenFile(first.tokens), IdempotencyStore(tmp_path / "idem.db"))
+    app = LedgerApp(ledger, TokenFile(first.tokens))
     answer = TestClient(app.app).post(
         "/v1/tasks",
         json={"title": "x"},
         headers={"Authorization": f"Bearer {first.owner}", "Idempotency-Key": "k"},
     )
-    assert answer.headers["idempotency-replayed"] == "true"
     assert answer.json() == task
     assert len(ledger.list_tasks()) == 1
     app.close()
@@ -540,22 +521,24 @@ def test_the_key_is_the_runs_request_key_when_the_body_gives_none(served: Served
     served.ledger.create_task("t", actor=ME)
     status, run = served.call("POST", "/v1/tasks/t-1/runs", served.owner, {}, Idempotency_Key="rk")
     assert (status, run["request_key"]) == (201, "rk")
-    # The ledger's own replay: the same run, even with the server's store emptied.
-    served.app.idempotency._conn.execute("DELETE FROM responses")
     status, again = served.call(
         "POST", "/v1/tasks/t-1/runs", served.owner, {}, Idempotency_Key="rk"
     )
     assert (status, again["id"]) == (201, run["id"])
 
 
-def test_answers_are_kept_per_actor(served: Served) -> None:
+def test_a_key_is_the_ledgers_not_the_tokens(served: Served) -> None:
     served.call("POST", "/v1/tasks", served.owner, {"title": "x"}, Idempotency_Key="k")
     status, doc = served.call(
         "POST", "/v1/tasks", served.plain, {"title": "x"}, Idempotency_Key="k"
     )
-    # Not alice's stored answer: her request reaches the ledger, whose key replays the task.
+    # One key space per ledger (docs/remote.md): the same creation replays the task.
     assert (status, doc["id"]) == (201, "t-1")
-    assert len(served.app.idempotency) == 2
+    assert len(served.ledger.list_tasks()) == 1
+    # An admission's key names its actor: another token's request with it is a conflict.
+    served.call("POST", "/v1/tasks/t-1/runs", served.owner, {}, Idempotency_Key="rk")
+    status, doc = served.call("POST", "/v1/tasks/t-1/runs", served.plain, {}, Idempotency_Key="rk")
+    assert (status, _error(doc)) == (409, "conflict")
 
 
 # -- capabilities -----------------------------------------------------------------------
@@ -662,10 +645,6 @@ def test_other_addresses_are_refused_unless_allowed(text: str) -> None:
         assert parse_listen(text, allow_non_loopback=True)[1] > 0
 
 
-def test_the_default_idempotency_file_is_beside_the_tokens(tmp_path: Path) -> None:
-    assert default_idempotency_path(tmp_path / "tokens.json") == tmp_path / "tokens.idempotency.db"
-
-
 # -- the command ------------------------------------------------------------------------
 
 
@@ -763,10 +742,137 @@ def test_serve_listens_where_it_says_and_stops_on_sigint(tmp_path: Path) -> None
         )
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert json.loads(answer.read())["ledger_id"] == ready["ledger_id"]
-        assert (tmp_path / "tokens.idempotency.db").is_file()
-        assert stat.S_IMODE((tmp_path / "tokens.idempotency.db").stat().st_mode) == 0o600
     finally:
         process.send_signal(2)
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
     assert token not in err and "Traceback" not in err
+
+
+def _serve_process(tmp_path: Path, tokens: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`execkit serve` on the ledger in `tmp_path`, and the URL it listens on."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "execkit",
+            "serve",
+            "--db",
+            str(tmp_path / "ledger.db"),
+            "--tokens",
+            str(tokens),
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert process.stdout is not None
+    return process, str(json.loads(process.stdout.readline())["url"])
+
+
+def _post(url: str, token: str, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Idempotency-Key": key,
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return answer.status, json.loads(answer.read())
+
+
+def test_a_retry_after_the_server_was_killed_replays_and_no_file_but_the_ledger_is_written(
+    tmp_path: Path,
+) -> None:
+    """The retry a client sends when its first request's answer was lost to a crash: the
+    server is killed (SIGKILL: nothing of its own flushed), another one started on the
+    same ledger answers the same key with the same task and run, and written nothing but
+    the ledger's own files (no `tokens.idempotency.db`, even when `--idempotency-db` names
+    one: it is deprecated and ignored)."""
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME, BOTH)
+    before = set(os.listdir(tmp_path))
+    answers: list[tuple[int, dict[str, Any]]] = []
+    for extra in ((), ("--idempotency-db", str(tmp_path / "answers.db"))):
+        process, url = _serve_process(tmp_path, tokens, *extra)
+        try:
+            answers.append(_post(f"{url}/v1/tasks", token, {"title": "x"}, "task-1"))
+            answers.append(_post(f"{url}/v1/tasks/t-1/runs", token, {}, "run-1"))
+            answers.append(
+                _post(
+                    f"{url}/v1/tasks/t-1/attempt-limit",
+                    token,
+                    {"max_attempts": 3, "expected_max_attempts": 0},
+                    "limit-1",
+                )
+            )
+        finally:
+            process.kill()
+            _, err = process.communicate(timeout=30)
+        assert "Traceback" not in err
+    first, second = answers[:3], answers[3:]
+    assert [status for status, _ in first + second] == [201, 201, 200] * 2
+    assert [doc["id"] for _, doc in second] == [doc["id"] for _, doc in first]
+    with SqliteLedger(tmp_path / "ledger.db") as ledger:
+        assert [task.id for task in ledger.list_tasks()] == ["t-1"]
+        assert [run.id for run in ledger.runs("t-1")] == ["r-1"]
+        assert ledger.get_task("t-1").max_attempts == 3
+    written = set(os.listdir(tmp_path)) - before
+    assert {name for name in written if not name.startswith("ledger.db")} == set()
+
+
+def test_ledger_calls_run_on_at_most_workers_threads(tmp_path: Path) -> None:
+    """Eight requests at once on a server of two workers: every one is answered, by at
+    most two threads, never more than two ledger calls at once."""
+    running: list[str] = []
+    seen: set[str] = set()
+    most = 0
+    guard = threading.Lock()
+    two_in = threading.Barrier(2, timeout=30)
+
+    class CountingLedger(SqliteLedger):
+        def create_task(self, title: str, **kwargs: Any) -> Task:
+            nonlocal most
+            with guard:
+                running.append(threading.current_thread().name)
+                seen.add(running[-1])
+                most = max(most, len(running))
+            with contextlib.suppress(threading.BrokenBarrierError):
+                two_in.wait()  # the first two meet: both workers are busy at once
+            try:
+                return super().create_task(title, **kwargs)
+            finally:
+                with guard:
+                    running.remove(threading.current_thread().name)
+
+    ledger = CountingLedger(tmp_path / "ledger.db")
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME)
+    app = LedgerApp(ledger, TokenFile(tokens), workers=2)
+    client = TestClient(app.app)
+    answers: list[int] = []
+
+    def send(n: int) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        answers.append(
+            client.post("/v1/tasks", json={"title": f"t{n}"}, headers=headers).status_code
+        )
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    app.close()
+    ledger.close()
+    assert answers == [201] * 8
+    assert most == 2 and len(seen) == 2

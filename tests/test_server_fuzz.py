@@ -22,7 +22,6 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from execkit.ledger import open_ledger  # noqa: E402
 from execkit.server import (  # noqa: E402
-    IdempotencyStore,
     LedgerApp,
     ServerThread,
     TokenFile,
@@ -41,9 +40,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     token = add_token(tokens, ME, ["agent.operate", "ledger.admin"])
     ledger.create_task("seed", max_attempts=3, actor=ME)
     ledger.start_run("t-1", request_key="seed", actor=ME)
-    app = LedgerApp(
-        ledger, TokenFile(tokens), IdempotencyStore(where / "idem.db"), request_timeout_s=20
-    )
+    app = LedgerApp(ledger, TokenFile(tokens), request_timeout_s=20)
     with ServerThread(app) as running:
         assert running.url.startswith("http://127.0.0.1:")
         yield running.url, token

@@ -152,6 +152,7 @@ def _retry(call: Call) -> tuple[int, dict[str, Any]]:
         actor=call.actor,
         reason=call.body.get("reason"),
         force=call.body.get("force", False),
+        idempotency_key=call.body.get("idempotency_key") or call.idempotency_key,
     )
     return 200, task.to_dict()
 
@@ -437,7 +438,7 @@ class LedgerRoutes:
         _retry,
         "Task",
         role_if=("force", OPERATE_ROLE),
-        body=(Field("reason", "string", nullable=True), Field("force", "boolean")),
+        body=(Field("reason", "string", nullable=True), Field("force", "boolean"), _KEY),
         binds=Ledger.retry_task,
         read=_TASK,
     )

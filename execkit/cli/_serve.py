@@ -63,8 +63,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--idempotency-db",
         metavar="PATH",
         default=None,
-        help="where answers to Idempotency-Key requests are kept (default: beside the tokens "
-        "file, FILE's name with .idempotency.db)",
+        help="deprecated and ignored: the ledger keeps the answers to Idempotency-Key "
+        "requests in its own transactions",
     )
     serve.add_argument(
         "--without-capability",

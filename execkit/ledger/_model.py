@@ -452,6 +452,7 @@ class Ledger(Protocol):
         actor: Actor | str,
         reason: str | None = None,
         force: bool = False,
+        idempotency_key: str | None = None,
         now: float | None = None,
     ) -> Task: ...
 

@@ -4,9 +4,9 @@ The route table (every endpoint, its token role, its fields, its ledger call) an
 OpenAPI 3.1 document generated from it live in `execkit._api`, the one description of the
 API, which the client (`execkit.remote`) is built from too. The rooms here: `_app` (the
 Starlette application over that table: authentication, checks, idempotency, bounds),
-`_tokens` (the hashed tokens file), `_idempotency` (the stored answers) and `_serve`
-(uvicorn, the listening address, a server in a thread). `python -m execkit.server
---openapi` prints the document without starting a server.
+`_tokens` (the hashed tokens file) and `_serve` (uvicorn, the listening address, a server
+in a thread). Idempotency-Key answers are the ledger's own (docs/remote.md). `python -m
+execkit.server --openapi` prints the document without starting a server.
 
 Starlette and uvicorn are the optional extra `execkit-runner[server]`; the names that need
 them load on first use, so `add_token`, `TokenFile` (`execkit serve --add-token`) and
@@ -17,24 +17,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from execkit.server._idempotency import IdempotencyStore
 from execkit.server._listen import DEFAULT_LISTEN, parse_listen
 from execkit.server._tokens import Principal, TokenFile, add_token, token_hash
 
 if TYPE_CHECKING:
     from execkit._api import openapi_document
     from execkit.server._app import LedgerApp
-    from execkit.server._serve import ServerThread, default_idempotency_path, serve, serving
+    from execkit.server._serve import ServerThread, serve, serving
 
 __all__ = [
     "DEFAULT_LISTEN",
-    "IdempotencyStore",
     "LedgerApp",
     "Principal",
     "ServerThread",
     "TokenFile",
     "add_token",
-    "default_idempotency_path",
     "openapi_document",
     "parse_listen",
     "serve",
@@ -48,7 +45,6 @@ _LAZY = {
     "LedgerApp": "execkit.server._app",
     "openapi_document": "execkit._api",
     "ServerThread": "execkit.server._serve",
-    "default_idempotency_path": "execkit.server._serve",
     "serve": "execkit.server._serve",
     "serving": "execkit.server._serve",
 }

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from types import TracebackType
 
 import uvicorn
@@ -31,7 +31,6 @@ from execkit.server._app import (
     DEFAULT_REQUEST_TIMEOUT_S,
     LedgerApp,
 )
-from execkit.server._idempotency import IdempotencyStore
 from execkit.server._listen import DEFAULT_LISTEN, parse_listen
 from execkit.server._tokens import TokenFile
 
@@ -39,13 +38,13 @@ __all__ = [
     "DEFAULT_LISTEN",
     "ServerThread",
     "bind",
-    "default_idempotency_path",
     "parse_listen",
     "serve",
     "serving",
     "url_of",
 ]
 
+_log = logging.getLogger("execkit.server")
 _LIMIT_CONCURRENCY = 1024
 _KEEP_ALIVE_S = 5
 _MAX_HEAD_BYTES = 16 * 1024
@@ -72,13 +71,6 @@ def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
-
-
-def default_idempotency_path(tokens: str | os.PathLike[str]) -> Path:
-    """Where the stored answers live unless `--idempotency-db` says: beside the tokens
-    file, named after it (`tokens.json` -> `tokens.idempotency.db`)."""
-    path = Path(tokens)
-    return path.with_name(f"{path.stem}.idempotency.db")
 
 
 def _http_protocol() -> type[asyncio.Protocol] | str:
@@ -167,7 +159,10 @@ def serve(
     ready: Callable[[str, Ledger], None] | None = None,
 ) -> None:
     """Serve the ledger `target` names (`open_ledger`: a file, a postgresql:// URL, None for
-    the default) until interrupted; `ready(url, ledger)` is called once the socket listens."""
+    the default) until interrupted; `ready(url, ledger)` is called once the socket listens.
+
+    `idempotency_db` is deprecated and ignored: the ledger keeps every Idempotency-Key in
+    its own transactions (docs/remote.md, "Idempotency"); no file is opened or written."""
     host, port = parse_listen(listen, allow_non_loopback=allow_non_loopback)
     token_file = TokenFile(tokens)
     with contextlib.ExitStack() as stack:
@@ -175,12 +170,14 @@ def serve(
         stack.callback(sock.close)
         ledger = open_ledger(target)
         stack.callback(ledger.close)
-        store = IdempotencyStore(idempotency_db or default_idempotency_path(tokens))
-        stack.callback(store.close)
+        if idempotency_db is not None:
+            _log.warning(
+                "--idempotency-db is deprecated and ignored: the ledger keeps the "
+                "Idempotency-Key answers in its own transactions"
+            )
         app = LedgerApp(
             ledger,
             token_file,
-            store,
             without=frozenset(without),
             max_body_bytes=max_body_bytes,
             request_timeout_s=request_timeout_s,

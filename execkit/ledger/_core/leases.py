@@ -106,7 +106,9 @@ class LeaseOps(LaneOps):
         """Abandon a running run at once because its owner is known to be gone (`reason`
         says how it is known; it is redacted and stored). It counts and charges as an
         abandoned run (nothing identified it as uninformative), audited with `actor`.
-        Conflict when the run is no longer running; NotFound when there is none."""
+        Abandoning it again with the same reason returns it unchanged (a retried request:
+        as `finish_run` with the same values); Conflict when the run ended otherwise;
+        NotFound when there is none."""
         who = as_actor(actor)
         why = clean_reason(reason)
         if not why:
@@ -115,6 +117,8 @@ class LeaseOps(LaneOps):
         with self._store.write() as tx:
             run = self._run(tx, run_id)
             if run.status is not AttemptStatus.RUNNING:
+                if run.status is AttemptStatus.ABANDONED and run.reason == why:
+                    return run
                 raise Conflict(f"run {run_id} is {run.status}, not running: nothing to abandon")
             task = self._task(tx, run.task_id, lock=True)
             self._abandon(tx, task, run, at, why, str(who))

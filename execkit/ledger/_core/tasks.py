@@ -303,6 +303,7 @@ class TaskOps(CoreBase):
         actor: Actor | str,
         reason: str | None = None,
         force: bool = False,
+        idempotency_key: str | None = None,
         now: float | None = None,
     ) -> Task:
         """An operator asks for one forced retry of a stopped task; the next admission (by
@@ -314,12 +315,26 @@ class TaskOps(CoreBase):
         `agent.operate`, and raises the limit by one (ADR 0033: a run never passes the
         limit; the operator extends it). A running, done or cancelled task refuses.
         Everything is audited with the actor and `reason` (redacted).
+
+        Replaying `idempotency_key` with the same request returns the task (as it is now)
+        and asks for nothing more, even after the retry it asked for was admitted; with a
+        different request it is a Conflict. Without a key every call asks again.
         """
         who = as_actor(actor)
         check_bool("force", force)
         note = clean_reason(reason)
+        if idempotency_key is not None:
+            idempotency_key = check_name("idempotency_key", idempotency_key, MAX_KEY)
         at = moment(now)
+        # The reason as given (only the hash is stored), the actor, and the force: a key
+        # reused by another operator, or with another force, is another request.
+        fingerprint = fingerprint_of(
+            {"task_id": task_id, "actor": str(who), "force": force, "reason": reason}
+        )
         with self._store.write() as tx:
+            replay = self._replayed(tx, AuditAction.TASK_RETRY, idempotency_key, fingerprint)
+            if replay is not None:
+                return self._load_task(tx, replay["task_id"], at, None)
             task = self._task(tx, task_id, lock=True)
             if task.status in FINISHED_STATUSES:
                 raise TaskFinished(f"task {task_id} is {task.status}; there is nothing to retry")
@@ -371,6 +386,9 @@ class TaskOps(CoreBase):
                         "state": decision.state,
                     },
                 )
+            )
+            self._remember(
+                tx, AuditAction.TASK_RETRY, idempotency_key, fingerprint, {"task_id": task_id}, at
             )
             return self._load_task(tx, task_id, at, None)
 

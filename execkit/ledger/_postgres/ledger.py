@@ -13,7 +13,7 @@ from execkit._errors import InvalidInput
 from execkit.ledger._core import LedgerCore
 from execkit.ledger._postgres import schema
 from execkit.ledger._postgres.migrate import PostgresMigration
-from execkit.ledger._postgres.store import PostgresStore
+from execkit.ledger._postgres.store import DEFAULT_POOL_SIZE, PostgresStore
 
 __all__ = ["PostgresLedger", "migrate_postgres"]
 
@@ -22,8 +22,8 @@ _DEFAULT_BUDGET = WorkBudget()
 
 class PostgresLedger(LedgerCore):
     """The shared ledger over one PostgreSQL database (see `PostgresStore` for what opening
-    creates, migrates or refuses). One per thread or
-    process, as `SqliteLedger`; its lease renewals may come from a second thread."""
+    creates, migrates or refuses). Thread-safe: its threads' transactions run side by side
+    on a pool of at most `pool_size` connections (1..256, default 8; `PostgresStore`)."""
 
     def __init__(
         self,
@@ -35,6 +35,7 @@ class PostgresLedger(LedgerCore):
         upgrade: bool = False,
         connect_timeout_s: float = 10.0,
         lock_timeout_s: float = 30.0,
+        pool_size: int = DEFAULT_POOL_SIZE,
     ) -> None:
         store = PostgresStore(
             url,
@@ -42,6 +43,7 @@ class PostgresLedger(LedgerCore):
             upgrade=upgrade,
             connect_timeout_s=connect_timeout_s,
             lock_timeout_s=lock_timeout_s,
+            pool_size=pool_size,
         )
         super().__init__(store, budget=budget, backoff=backoff)
         self._postgres = store

@@ -1,8 +1,12 @@
-"""The PostgreSQL store: one connection to one server, its transactions, and what opening
-a ledger there creates, migrates or refuses.
+"""The PostgreSQL store: a small pool of connections to one server, its transactions, and
+what opening a ledger there creates, migrates or refuses.
 
-One connection per store, shared by the threads of one owner (a dispatcher renewing its
-runs' leases from a second thread): each transaction holds the store's lock for its length.
+A store's threads (a dispatcher renewing its runs' leases from a second thread, the worker
+threads of `execkit serve`) each take a connection of their own for one transaction and
+give it back: at most `pool_size` at once, opened when first needed and kept open while
+idle, so threads do not wait on one another's transactions, only on the database's own
+locks. A thread that finds every connection taken waits for one, at most the lock timeout
+(then a StorageError, nothing written).
 Writes run at READ COMMITTED, in pipeline mode, with COMMIT sent alone; reads run at
 REPEATABLE READ, READ ONLY: one snapshot per read transaction (the locks a write takes are
 `tx.py`'s).
@@ -25,6 +29,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +43,10 @@ from execkit.ledger._postgres.url import INSTALL_HINT, is_postgres_url, password
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresStore"]
+__all__ = ["DEFAULT_POOL_SIZE", "MAX_POOL_SIZE", "PostgresStore"]
+
+DEFAULT_POOL_SIZE = 8
+MAX_POOL_SIZE = 256
 
 
 class PostgresStore:
@@ -54,8 +62,8 @@ class PostgresStore:
     `SchemaTooNew`, nothing written. A schema missing a table or column of its version, or
     a role lacking a privilege every write needs, is found at open (one query,
     `check.fitness`) and refuses every write transaction with a StorageError naming it and
-    the fix. One connection, shared by the threads of one owner: each transaction holds the
-    store's lock for its length.
+    the fix. Thread-safe: each transaction runs on a connection of its own from a pool of
+    at most `pool_size` (1..256; InvalidInput otherwise), see the module docstring.
     """
 
     def __init__(
@@ -66,7 +74,17 @@ class PostgresStore:
         upgrade: bool = False,
         connect_timeout_s: float = 10.0,
         lock_timeout_s: float = 30.0,
+        pool_size: int = DEFAULT_POOL_SIZE,
     ) -> None:
+        if (
+            isinstance(pool_size, bool)
+            or not isinstance(pool_size, int)
+            or not 1 <= pool_size <= MAX_POOL_SIZE
+        ):
+            raise InvalidInput(
+                f"pool_size must be a whole number in 1..{MAX_POOL_SIZE}, got {pool_size!r}",
+                field="pool_size",
+            )
         if not is_postgres_url(url):
             raise InvalidInput(
                 f"a PostgreSQL ledger is named by a postgresql:// URL, got {redact(str(url))!r}",
@@ -83,8 +101,13 @@ class PostgresStore:
         self._where = public_url(url)
         self._connect_timeout_s = connect_timeout_s
         self._lock_timeout_s = lock_timeout_s
+        # `_lock` guards the schema state (open, migrate); `_pool` the idle connections.
         self._lock = threading.RLock()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._pool = threading.Condition(threading.Lock())
+        self._pool_size = pool_size
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._opened = 0  # connections open now, idle or lent
+        self._closed = False
         self._outdated: int | None = None  # the older schema found, until migrated
         self._owner: str | None = None
         self._schema = ""
@@ -145,49 +168,84 @@ class PostgresStore:
             raise self._error("cannot set up the PostgreSQL session", exc) from None
         return conn
 
-    def _drop(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-        self._conn = None
+    def _take(self) -> psycopg.Connection[Any] | None:
+        """An idle connection, or None when a new one may be opened; waits (at most the
+        lock timeout) while all `pool_size` are lent."""
+        deadline = time.monotonic() + self._lock_timeout_s
+        with self._pool:
+            while True:
+                if self._closed:
+                    raise StorageError(f"the ledger {self._where} is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if self._opened < self._pool_size:
+                    self._opened += 1
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StorageError(
+                        f"ledger busy: none of the {self._pool_size} connections to "
+                        f"{self._where} was free within {self._lock_timeout_s:g}s; "
+                        "nothing was written"
+                    )
+                self._pool.wait(left)
 
-    def _usable(self) -> psycopg.Connection[Any]:
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            self._drop()
-            conn = self._conn = self._connect()
-        return conn
+    def _give_back(self, conn: psycopg.Connection[Any] | None) -> None:
+        """Return a lent connection (None: one that was dropped) and wake a waiter."""
+        with self._pool:
+            if conn is not None and not (conn.closed or conn.broken) and not self._closed:
+                self._idle.append(conn)
+            else:
+                self._opened -= 1
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+            self._pool.notify()
+
+    @staticmethod
+    def _discard(conn: psycopg.Connection[Any] | None) -> None:
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _begin(self, statement: str) -> psycopg.Connection[Any]:
-        """A connection with `statement` (BEGIN ...) run on it. A connection the server
-        dropped since the last transaction (a restart, a terminated backend) is replaced
-        once: nothing has been sent in this transaction yet, so nothing can be doubled."""
+        """A connection of the pool's with `statement` (BEGIN ...) run on it; the caller
+        gives it back (`_give_back`). A connection the server dropped since its last
+        transaction (a restart, a terminated backend) is replaced once: nothing has been
+        sent in this transaction yet, so nothing can be doubled."""
         import psycopg
 
-        conn = self._usable()
+        conn = self._take()
         try:
-            conn.execute(statement)
+            if conn is not None and not (conn.closed or conn.broken):
+                try:
+                    conn.execute(statement)
+                    return conn
+                except psycopg.OperationalError:
+                    pass
+            self._discard(conn)
+            conn = None
+            conn = self._connect()
+            try:
+                conn.execute(statement)
+            except psycopg.Error as exc:
+                self._discard(conn)
+                conn = None
+                raise self._error("cannot start a transaction", exc) from None
             return conn
-        except psycopg.OperationalError:
-            self._drop()
-        conn = self._usable()
-        try:
-            conn.execute(statement)
-        except psycopg.Error as exc:
-            self._drop()
-            raise self._error("cannot start a transaction", exc) from None
-        return conn
+        except BaseException:
+            self._give_back(conn)
+            raise
 
     def _rollback(self, conn: psycopg.Connection[Any]) -> None:
         import psycopg
 
         if conn.broken or conn.closed:
-            self._drop()
             return
         try:
             conn.execute("ROLLBACK")
         except psycopg.Error:
-            self._drop()
+            self._discard(conn)
 
     def _failure(self, conn: psycopg.Connection[Any], exc: BaseException) -> StorageError:
         """A psycopg error inside a transaction, as the StorageError to raise."""
@@ -224,45 +282,48 @@ class PostgresStore:
     def _transaction(self, *, write: bool, current: bool = True) -> Iterator[PostgresTx]:
         import psycopg
 
-        with self._lock:
-            if current:
-                self._current()
-                if write:
-                    self._fit_to_write()
-            if not write:
-                conn = self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                try:
-                    yield PostgresTx(conn, write=False)
-                    conn.execute("COMMIT")
-                except BaseException as exc:
-                    self._rollback(conn)
-                    if isinstance(exc, psycopg.Error):
-                        raise self._failure(conn, exc) from None
-                    raise
-                return
-            # BEGIN alone first: a dropped connection is replaced before anything is sent.
-            conn = self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
-            committing = False
+        if current:
+            self._current()
+            if write:
+                self._fit_to_write()
+        if not write:
+            conn = self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
-                with conn.pipeline():
-                    yield PostgresTx(conn, write=True)
-                # Leaving the pipeline waited for every queued write. COMMIT goes alone, so
-                # a failure before it is a certain rollback, and only one during it is not.
-                committing = True
+                yield PostgresTx(conn, write=False)
                 conn.execute("COMMIT")
             except BaseException as exc:
-                broken = conn.broken
                 self._rollback(conn)
-                if not isinstance(exc, psycopg.Error):
-                    raise
-                if committing and broken:
-                    raise self._error(
-                        "the connection to the PostgreSQL server failed while committing: the "
-                        "transaction may or may not have been applied (replaying its request "
-                        "key returns what was done)",
-                        exc,
-                    ) from None
-                raise self._failure(conn, exc) from None
+                if isinstance(exc, psycopg.Error):
+                    raise self._failure(conn, exc) from None
+                raise
+            finally:
+                self._give_back(conn)
+            return
+        # BEGIN alone first: a dropped connection is replaced before anything is sent.
+        conn = self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
+        committing = False
+        try:
+            with conn.pipeline():
+                yield PostgresTx(conn, write=True)
+            # Leaving the pipeline waited for every queued write. COMMIT goes alone, so
+            # a failure before it is a certain rollback, and only one during it is not.
+            committing = True
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            broken = conn.broken
+            self._rollback(conn)
+            if not isinstance(exc, psycopg.Error):
+                raise
+            if committing and broken:
+                raise self._error(
+                    "the connection to the PostgreSQL server failed while committing: the "
+                    "transaction may or may not have been applied (replaying its request "
+                    "key returns what was done)",
+                    exc,
+                ) from None
+            raise self._failure(conn, exc) from None
+        finally:
+            self._give_back(conn)
 
     def write(self) -> contextlib.AbstractContextManager[PostgresTx]:
         """One write transaction (READ COMMITTED; admissions lock their task row)."""
@@ -273,21 +334,27 @@ class PostgresStore:
         return self._transaction(write=False)
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        """Close the idle connections; a lent one is closed when given back."""
+        with self._pool:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._opened -= len(idle)
+            self._pool.notify_all()
+        for conn in idle:
+            self._discard(conn)
 
     def _open(self, *, create: bool, upgrade: bool) -> None:
         with self._transaction(write=False, current=False) as tx:
             found = self._read_version(tx)
         if found > schema.SCHEMA_VERSION:
-            self._drop()
+            self.close()
             raise SchemaTooNew(
                 f"the ledger at {self._where} has schema version {found}, newer than this "
                 f"execkit knows ({schema.SCHEMA_VERSION}); upgrade execkit, or restore the dump "
                 "taken before the upgrade"
             )
         if found == 0 and not create:
-            self._drop()
+            self.close()
             raise NotFound(f"no ledger at {self._where} (schema {self._schema or '?'})")
         if found == 0 or (found < schema.SCHEMA_VERSION and upgrade):
             self.migration = self._upgrade()

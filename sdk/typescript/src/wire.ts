@@ -444,6 +444,8 @@ export interface GiveUpBody {
 
 export interface RetryTaskBody {
   force?: boolean;
+  /** The ledger's own idempotency key (default: the request's Idempotency-Key). */
+  idempotency_key?: string | null;
   reason?: string | null;
 }
 

@@ -266,13 +266,15 @@ describe("runs", () => {
     assert.equal(first.request_key, "start-once"); // the key is the run's request key too
     assert.equal((await worker.runs(task.id)).length, 1);
 
-    // The same key for a different request is a Conflict, and changes nothing.
+    // The same key for a different request (another task) is a Conflict, and changes nothing.
+    const other = await worker.createTask({ title: "another" });
     const error = await rejects(
-      worker.startRun(task.id, { idempotencyKey: "start-once", leaseS: 30 }),
+      worker.startRun(other.id, { idempotencyKey: "start-once" }),
       Conflict,
     );
     assert.equal(error.httpStatus, 409);
     assert.equal((await worker.runs(task.id)).length, 1);
+    assert.equal((await worker.runs(other.id)).length, 0);
   });
 
   test("an answer lost on the way back: the client repeats with the same key, once", async () => {

@@ -170,8 +170,6 @@ export async function startServer(options: StartOptions): Promise<Server> {
     join(dir, "ledger.db"),
     "--tokens",
     tokensFile,
-    "--idempotency-db",
-    join(dir, "idempotency.db"),
     "--listen",
     "127.0.0.1:0",
     "--json",
