@@ -128,7 +128,7 @@ class LaneOps(CoreBase):
         # Both rows in one statement (locked, in name order), and of each only what
         # admission reads: the whole row (its failures' JSON, its reason) only to word a
         # refusal. Admission's one lane read.
-        for gate in tx.lane_gates((lane, f"{lane}@{self._host()}"), lock=True):
+        for gate in tx.lane_gates(self._gate_names(lane), lock=True):
             _state, admits, probe, _opens = admission(
                 LaneState(gate.state), gate.until, gate.probe_run, at
             )
@@ -139,6 +139,10 @@ class LaneOps(CoreBase):
             if probe:
                 probes.append(gate.lane)
         return probes
+
+    def _gate_names(self, lane: str) -> tuple[str, str]:
+        """The lanes whose gates an admission on `lane` reads: it, and it on this host."""
+        return (lane, f"{lane}@{self._host()}")
 
     def _host(self) -> str:
         # The host a fact local to it is keyed by (a missing binary): asked once a ledger.

@@ -3,13 +3,15 @@ a ledger there creates, migrates or refuses.
 
 One connection per store, shared by the threads of one owner (a dispatcher renewing its
 runs' leases from a second thread): each transaction holds the store's lock for its length.
-Writes run at READ COMMITTED, in pipeline mode, with COMMIT sent alone; reads run at
+Writes run at READ COMMITTED, in pipeline mode, BEGIN sent with the first reads and COMMIT
+with the last writes; reads run at
 REPEATABLE READ, READ ONLY: one snapshot per read transaction (the locks a write takes are
 `tx.py`'s).
 
 A failed transaction rolls back and consumes nothing: a connection that breaks in the
 middle (the server restarted, the backend was terminated) is a `StorageError` saying the
-transaction was rolled back; one that breaks while committing says the outcome is unknown,
+transaction was rolled back; one that breaks in the batch that commits says the outcome is
+unknown,
 and replaying the request key after the reconnect returns the run if it was admitted. A
 broken connection is replaced at the start of the next transaction, before anything is
 sent. A lock not granted within the lock timeout is a StorageError, nothing written.
@@ -37,6 +39,17 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = ["PostgresStore"]
+
+
+def _unasked(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server sent something nobody asked for yet (no round trip): a closed
+    connection's farewell or end of stream, or, in a pipeline, an answer it sent early."""
+    import select
+
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 class PostgresStore:
@@ -164,12 +177,27 @@ class PostgresStore:
             raise self._error("cannot start a transaction", exc) from None
         return conn
 
+    def _fresh(self) -> psycopg.Connection[Any]:
+        """A connection to start a write transaction on, without a round trip of its own.
+        One the server closed since the last transaction (a restart, a terminated backend)
+        has something to read while idle (its farewell, or the end of the stream): it is
+        replaced before anything is sent, so nothing can be doubled. (Anything else unasked
+        for, a notice say, costs a reconnection, never a write.)"""
+        conn = self._usable()
+        if _unasked(conn):
+            self._drop()
+            conn = self._usable()
+        return conn
+
     def _rollback(self, conn: psycopg.Connection[Any]) -> None:
         import psycopg
+        from psycopg import pq
 
         if conn.broken or conn.closed:
             self._drop()
             return
+        if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            return  # the ROLLBACK went with the pipeline's last batch
         try:
             conn.execute("ROLLBACK")
         except psycopg.Error:
@@ -213,19 +241,56 @@ class PostgresStore:
                         raise self._failure(conn, exc) from None
                     raise
                 return
-            # BEGIN alone first: a dropped connection is replaced before anything is sent.
-            conn = self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
+            # BEGIN goes with the first reads, and COMMIT with the last writes (two round
+            # trips for an admission, `tx.py`). A failure before the last batch is a
+            # certain rollback; in it, a write the server refused skips the COMMIT after
+            # it (a pipeline stops at its first error), so only a connection lost during
+            # that batch leaves the outcome unknown.
+            stack = contextlib.ExitStack()  # the pipeline of the connection in use
+
+            def opener(*, batched: bool) -> tuple[psycopg.Connection[Any], psycopg.Pipeline]:
+                with contextlib.suppress(psycopg.Error):
+                    stack.close()  # again: the connection was dropped in the first batch
+                if batched:
+                    conn = self._fresh()
+                else:
+                    conn = self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
+                pipeline = stack.enter_context(conn.pipeline())
+                if batched:
+                    conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                return conn, pipeline
+
+            tx = PostgresTx(None, write=True, opener=opener)
             committing = False
             try:
-                with conn.pipeline():
-                    yield PostgresTx(conn, write=True)
-                # Leaving the pipeline waited for every queued write. COMMIT goes alone, so
-                # a failure before it is a certain rollback, and only one during it is not.
+                try:
+                    yield tx
+                except BaseException:
+                    # A refusal: the ROLLBACK goes in the batch that ends the pipeline
+                    # (after a failed statement the server skips it: `_rollback`).
+                    if tx._connection is not None:
+                        with contextlib.suppress(psycopg.Error):
+                            tx._connection.execute("ROLLBACK")
+                    raise
+                last = tx._connection
+                if last is None:
+                    return  # nothing was sent
+                if _unasked(last) and tx._pipeline is not None:
+                    # The server spoke before this batch asked: a terminated backend's
+                    # farewell, or a refused write. One batch without COMMIT first, so
+                    # that such a failure is a certain rollback, not an unknown.
+                    tx._pipeline.sync()
                 committing = True
-                conn.execute("COMMIT")
+                last.execute("COMMIT")
+                stack.close()  # the last batch, and its answers
             except BaseException as exc:
-                broken = conn.broken
-                self._rollback(conn)
+                with contextlib.suppress(psycopg.Error):
+                    stack.close()
+                used = tx._connection
+                if used is None:
+                    raise
+                broken = used.broken
+                self._rollback(used)
                 if not isinstance(exc, psycopg.Error):
                     raise
                 if committing and broken:
@@ -235,7 +300,7 @@ class PostgresStore:
                         "key returns what was done)",
                         exc,
                     ) from None
-                raise self._failure(conn, exc) from None
+                raise self._failure(used, exc) from None
 
     def write(self) -> contextlib.AbstractContextManager[PostgresTx]:
         """One write transaction (READ COMMITTED; admissions lock their task row)."""
