@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from execkit._errors import TaskBackingOff
+from execkit._errors import StorageError, TaskBackingOff
 from execkit.ledger import PostgresLedger, Run, open_ledger
 
 
@@ -110,3 +110,77 @@ def test_a_finish_and_an_abandonment_after_a_lost_lease_stay_in_two(pg: Postgres
     assert pg.run(first.id).status == "abandoned"
     assert round_trips(pg, lambda: pg.finish_run(second[0].id, "succeeded", now=5001.0)) == 2
     assert pg.validate() == []
+
+
+def _terminate(pg_url: str, application: str) -> None:
+    """Terminate the backend serving `application` and wait (bounded) until it is gone."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        (pid,) = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application,)
+        ).fetchone() or (None,)
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(1000):  # bounded: the backend is gone within a few polls
+            left = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if left.fetchone() == (0,):
+                return
+
+
+def test_a_connection_dropped_unseen_is_replaced_and_the_reads_sent_again(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch (BEGIN, reads, locks) meets a connection the server closed: it is
+    sent again, once, on a new one; nothing is doubled."""
+    import execkit.ledger._postgres.store as pg_store
+
+    url = f"{pg_url}&application_name=unseen"
+    ledger = open_ledger(url)
+    assert isinstance(ledger, PostgresLedger)
+    with ledger:
+        task = ledger.create_task("t", max_attempts=3, actor="a")
+        first = ledger.start_run(task.id, request_key="k1", actor="a", now=1000.0)
+        # Not noticed before sending (as when the server's farewell is still on its way).
+        monkeypatch.setattr(pg_store, "_unasked", lambda conn: False)
+        _terminate(pg_url, "unseen")
+        finished = ledger.finish_run(first.id, "failed", now=1001.0)
+        assert finished.status == "failed"
+        second = ledger.start_run(task.id, request_key="k2", actor="a", now=9000.0)
+        assert [(r.id, r.attempt) for r in ledger.runs(task.id)] == [
+            (first.id, 1),
+            (second.id, 2),
+        ]
+        assert len(ledger.audit_events(task.id)) == 4  # create, start, finish, start
+
+
+def test_a_connection_lost_in_the_commit_batch_is_resolved_by_the_server(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend dies after the writes, before the batch with COMMIT, unseen: the outcome
+    is asked of the server (the transaction's status), and a rollback is said as one."""
+    import execkit.ledger._postgres.store as pg_store
+    import execkit.ledger._postgres.tx as pg_tx
+
+    url = f"{pg_url}&application_name=lost"
+    ledger = open_ledger(url)
+    assert isinstance(ledger, PostgresLedger)
+    with ledger:
+        task = ledger.create_task("t", max_attempts=3, actor="a")
+        inserted: list[bool] = []
+
+        def unasked(conn: Any) -> bool:
+            # Asked before the COMMIT batch: the backend dies now, and it is not seen.
+            if inserted:
+                _terminate(pg_url, "lost")
+                inserted.clear()
+            return False
+
+        monkeypatch.setattr(pg_store, "_unasked", unasked)
+        monkeypatch.setattr(pg_tx, "_after_admission_insert", lambda: inserted.append(True))
+        with pytest.raises(StorageError) as failure:
+            ledger.start_run(task.id, request_key="k", actor="a", now=1000.0)
+        assert "rolled back and nothing was written" in failure.value.message
+        monkeypatch.setattr(pg_tx, "_after_admission_insert", None)
+        assert ledger.runs(task.id) == []
+        run = ledger.start_run(task.id, request_key="k", actor="a", now=1000.0)
+        assert run.attempt == 1

@@ -189,6 +189,28 @@ class PostgresStore:
             conn = self._usable()
         return conn
 
+    def _aborted(self, xid: int | None) -> bool:
+        """Whether transaction `xid`, whose connection broke in its COMMIT batch, is known
+        to have been rolled back: asked on a new connection (a backend that is still
+        ending is waited for, a bounded number of times). False when it committed or
+        nothing can be known (no id, the server unreachable)."""
+        import psycopg
+
+        if xid is None:
+            return False
+        self._drop()
+        try:
+            conn = self._usable()
+            for _ in range(100):
+                row = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()
+                status = None if row is None else row[0]
+                if status != "in progress":
+                    return status == "aborted"
+                conn.execute("SELECT pg_sleep(0.01)")  # its backend is still ending
+        except (psycopg.Error, StorageError):
+            self._drop()
+        return False
+
     def _rollback(self, conn: psycopg.Connection[Any]) -> None:
         import psycopg
         from psycopg import pq
@@ -293,6 +315,8 @@ class PostgresStore:
                 self._rollback(used)
                 if not isinstance(exc, psycopg.Error):
                     raise
+                if committing and broken and self._aborted(tx.xid):
+                    raise self._failure(used, exc) from None
                 if committing and broken:
                     raise self._error(
                         "the connection to the PostgreSQL server failed while committing: the "

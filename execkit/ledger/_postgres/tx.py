@@ -150,6 +150,9 @@ class PostgresTx:
         self._locked_tasks: set[str] = set()  # task rows locked in this transaction
         self._held_runs: set[str] = set()  # runs read running under their task's lock
         self._run_number: int | None = None  # drawn ahead for the admission's INSERT
+        # The transaction's id, read in the first batch of an admission or a result: what
+        # the store asks the server about when the connection breaks in the COMMIT batch.
+        self.xid: int | None = None
 
     @property
     def _conn(self) -> psycopg.Connection[Any]:
@@ -170,16 +173,17 @@ class PostgresTx:
         if self._connection is not None:
             return send()
         assert self._opener is not None
-        self._connection, self._pipeline = self._opener(batched=True)
         try:
+            self._connection, self._pipeline = self._opener(batched=True)
             return send()
         except psycopg.OperationalError:
-            if not self._connection.broken:
+            if self._connection is not None and not self._connection.broken:
                 raise
         self._ahead.clear()
         self._locked_tasks.clear()
         self._held_runs.clear()
         self._run_number = None
+        self.xid = None
         self._connection, self._pipeline = self._opener(batched=True)
         return send()
 
@@ -208,6 +212,7 @@ class PostgresTx:
         new = (scope, stored_key)
         execute = self._conn.execute
         named = self._conn.cursor(row_factory=dict_row).execute
+        xid = execute("SELECT txid_current()")
         execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",))
         found = execute(
             "SELECT fingerprint, response FROM idempotency WHERE scope = %s AND key = %s", new
@@ -242,6 +247,7 @@ class PostgresTx:
             (task_id, [str(status) for status in FINISHED_STATUSES], *new),
         )
         self._pipeline.sync()
+        self.xid = _int_of(xid.fetchone())
         row = found.fetchone()
         self._ahead[("idempotent", scope, key)] = (
             None if row is None else (str(row[0]), dict(row[1]))
@@ -276,6 +282,7 @@ class PostgresTx:
         from psycopg.rows import dict_row
 
         assert self._pipeline is not None
+        xid = self._conn.execute("SELECT txid_current()")
         task = self._conn.cursor(row_factory=dict_row)
         task.execute(
             f"{_TASK_SELECT} WHERE id = (SELECT task_id FROM runs WHERE id = %s) FOR UPDATE",
@@ -285,6 +292,7 @@ class PostgresTx:
         run.execute(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
         lane = self._conn.execute("SELECT lane FROM run_lanes WHERE run_id = %s", (run_id,))
         self._pipeline.sync()
+        self.xid = _int_of(xid.fetchone())
         task_row, run_row, lane_row = task.fetchone(), run.fetchone(), lane.fetchone()
         if task_row is None or run_row is None:
             return  # no such run: `run()` asks the server, and finds none
@@ -732,6 +740,10 @@ class PostgresTx:
             (task_id,),
         )
         return None if row is None else str(row[0])
+
+
+def _int_of(row: tuple[Any, ...] | None) -> int | None:
+    return None if row is None else int(row[0])
 
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:
