@@ -91,7 +91,10 @@ _SUMMARY_UPDATE = (
 # Read again, in `expect_admission`, only when the key is new: a replayed key locks no task
 # (the run it names may be another task's, and task locks are taken in task order).
 _KEY_IS_NEW = "NOT EXISTS (SELECT 1 FROM idempotency WHERE scope = %s AND key = %s)"
-_ABSENT = object()  # an answer not read ahead (None is an answer: no such row)
+_ABSENT = object()
+_RUN_OF_KEY = ", ".join(
+    f"r.{column} AS r_{column}" for column in RUN_COLUMNS
+)  # an answer not read ahead (None is an answer: no such row)
 
 _LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
 _LANE_UPSERT = (
@@ -212,16 +215,12 @@ class PostgresTx:
         new = (scope, stored_key)
         execute = self._conn.execute
         named = self._conn.cursor(row_factory=dict_row).execute
-        xid = execute("SELECT txid_current()")
         execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",))
-        found = execute(
-            "SELECT fingerprint, response FROM idempotency WHERE scope = %s AND key = %s", new
-        )
-        # A replay reads the run its key admitted (no write follows, so no lock).
-        replayed = self._conn.cursor(row_factory=dict_row)
-        replayed.execute(
-            f"{_RUN_SELECT} WHERE id = (SELECT response->>'run_id' FROM idempotency "
-            "WHERE scope = %s AND key = %s)",
+        # With the key, the run it admitted: a replay reads it (no write follows, no lock).
+        found = self._conn.cursor(row_factory=dict_row)
+        found.execute(
+            f"SELECT i.fingerprint, i.response, {_RUN_OF_KEY} FROM idempotency i "
+            "LEFT JOIN runs r ON r.id = i.response->>'run_id' WHERE i.scope = %s AND i.key = %s",
             new,
         )
         task = self._conn.cursor(row_factory=dict_row)
@@ -242,20 +241,22 @@ class PostgresTx:
         )
         # Drawn after the task's lock: a task's runs are numbered in their order.
         number = execute(
-            "SELECT nextval('run_numbers') FROM tasks "
-            f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW}",
+            "SELECT txid_current(), (SELECT nextval('run_numbers') FROM tasks "
+            f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW})",
             (task_id, [str(status) for status in FINISHED_STATUSES], *new),
         )
         self._pipeline.sync()
-        self.xid = _int_of(xid.fetchone())
+        drawn = number.fetchone()
+        assert drawn is not None
+        self.xid = int(drawn[0])
         row = found.fetchone()
         self._ahead[("idempotent", scope, key)] = (
-            None if row is None else (str(row[0]), dict(row[1]))
+            None if row is None else (str(row["fingerprint"]), dict(row["response"]))
         )
         if row is not None:
-            replayed_row = replayed.fetchone()
-            if replayed_row is not None:
-                self._ahead[("run", str(replayed_row["id"]))] = run_from_row(replayed_row)
+            if row["r_id"] is not None:
+                replayed = run_from_row({column: row[f"r_{column}"] for column in RUN_COLUMNS})
+                self._ahead[("run", replayed.id)] = replayed
             return
         task_row = task.fetchone()
         record = None if task_row is None else task_from_row(task_row)
@@ -271,8 +272,7 @@ class PostgresTx:
                 self._held_runs.add(run.id)
         if gates is not None:
             self._ahead[("lane_gates", lanes)] = [LaneGate(*gate) for gate in gates.fetchall()]
-        drawn = number.fetchone()
-        self._run_number = None if drawn is None else int(drawn[0])
+        self._run_number = None if drawn[1] is None else int(drawn[1])
 
     def expect_result(self, run_id: str) -> None:
         if self._batch():
@@ -282,7 +282,6 @@ class PostgresTx:
         from psycopg.rows import dict_row
 
         assert self._pipeline is not None
-        xid = self._conn.execute("SELECT txid_current()")
         task = self._conn.cursor(row_factory=dict_row)
         task.execute(
             f"{_TASK_SELECT} WHERE id = (SELECT task_id FROM runs WHERE id = %s) FOR UPDATE",
@@ -290,17 +289,20 @@ class PostgresTx:
         )
         run = self._conn.cursor(row_factory=dict_row)
         run.execute(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
-        lane = self._conn.execute("SELECT lane FROM run_lanes WHERE run_id = %s", (run_id,))
+        lane = self._conn.execute(
+            "SELECT txid_current(), (SELECT lane FROM run_lanes WHERE run_id = %s)", (run_id,)
+        )
         self._pipeline.sync()
-        self.xid = _int_of(xid.fetchone())
         task_row, run_row, lane_row = task.fetchone(), run.fetchone(), lane.fetchone()
+        assert lane_row is not None
+        self.xid = int(lane_row[0])
         if task_row is None or run_row is None:
             return  # no such run: `run()` asks the server, and finds none
         record, found = task_from_row(task_row), run_from_row(run_row)
         self._locked_tasks.add(record.id)
         self._ahead[("task", record.id)] = record
         self._ahead[("run", run_id)] = found
-        self._ahead[("run_lane", run_id)] = None if lane_row is None else str(lane_row[0])
+        self._ahead[("run_lane", run_id)] = None if lane_row[1] is None else str(lane_row[1])
         if found.status is AttemptStatus.RUNNING and found.task_id == record.id:
             self._held_runs.add(run_id)
 
@@ -740,10 +742,6 @@ class PostgresTx:
             (task_id,),
         )
         return None if row is None else str(row[0])
-
-
-def _int_of(row: tuple[Any, ...] | None) -> int | None:
-    return None if row is None else int(row[0])
 
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:
