@@ -130,7 +130,7 @@ class LaneOps(CoreBase):
         # Both rows in one statement (locked, in name order), and of each only what
         # admission reads: the whole row (its failures' JSON, its reason) only to word a
         # refusal. Admission's one lane read.
-        for gate in tx.lane_gates((lane, host_lane(lane, host)), lock=True):
+        for gate in tx.lane_gates(self._gate_names(lane, host), lock=True):
             _state, admits, probe, _opens = admission(
                 LaneState(gate.state), gate.until, gate.probe_run, at
             )
@@ -141,6 +141,11 @@ class LaneOps(CoreBase):
             if probe:
                 probes.append(gate.lane)
         return probes
+
+    def _gate_names(self, lane: str, host: str) -> tuple[str, str]:
+        """The lanes whose gates an admission on `lane` reads: it, and it on `host` (the
+        host of the run's owner)."""
+        return (lane, host_lane(lane, host))
 
     def _lane_admitted(self, tx: Tx, lane: str, probes: list[str], run: Run, at: float) -> None:
         tx.set_run_lane(run.id, lane)

@@ -163,6 +163,8 @@ class RunOps(LeaseOps):
         fingerprint = fingerprint_of({"task_id": task_id, "actor": str(who), "forced": forced})
         refused: AdmissionRefused | None = None
         with self._store.write() as tx:
+            lanes = () if lane_name is None else self._gate_names(lane_name, owner.host)
+            tx.expect_admission(AuditAction.RUN_START, request_key, task_id, lanes)
             found = tx.idempotent(AuditAction.RUN_START, request_key)
             if found is not None:
                 return self._replay_start(tx, request_key, found, task_id, who, forced)
@@ -376,6 +378,7 @@ class RunOps(LeaseOps):
         stored_reason = clean_reason(reason)
         at = moment(now)
         with self._store.write() as tx:
+            tx.expect_result(run_id)
             run = self._run(tx, run_id)
             if run.status is not AttemptStatus.RUNNING:
                 if (run.status, run.failure_class, run.reason, run.stopped) == (

@@ -58,6 +58,16 @@ class Tx(Protocol):
     `runs_of` is the runs of a page's tasks, in creation order.
     """
 
+    # Hints, made first in an admission's and a run result's transaction: a backend that
+    # pays a round trip per statement (PostgreSQL) sends, together, the reads (and their
+    # locks) the rules are about to make, in the order they make them, and answers those
+    # calls with what it got; one without (SQLite) does nothing. The rules never depend
+    # on a hint: a read it did not foresee is made as it comes.
+    def expect_admission(
+        self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]
+    ) -> None: ...
+    def expect_result(self, run_id: str) -> None: ...
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None: ...
     def tasks(self) -> list[TaskRecord]: ...
     def task_page(

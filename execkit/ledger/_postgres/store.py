@@ -7,13 +7,15 @@ give it back: at most `pool_size` at once, opened when first needed and kept ope
 idle, so threads do not wait on one another's transactions, only on the database's own
 locks. A thread that finds every connection taken waits for one, at most the lock timeout
 (then a StorageError, nothing written).
-Writes run at READ COMMITTED, in pipeline mode, with COMMIT sent alone; reads run at
+Writes run at READ COMMITTED, in pipeline mode, BEGIN sent with the first reads and COMMIT
+with the last writes; reads run at
 REPEATABLE READ, READ ONLY: one snapshot per read transaction (the locks a write takes are
 `tx.py`'s).
 
 A failed transaction rolls back and consumes nothing: a connection that breaks in the
 middle (the server restarted, the backend was terminated) is a `StorageError` saying the
-transaction was rolled back; one that breaks while committing says the outcome is unknown,
+transaction was rolled back; one that breaks in the batch that commits says the outcome is
+unknown,
 and replaying the request key after the reconnect returns the run if it was admitted. A
 broken connection is replaced at the start of the next transaction, before anything is
 sent. A lock not granted within the lock timeout is a StorageError, nothing written.
@@ -47,6 +49,17 @@ __all__ = ["DEFAULT_POOL_SIZE", "MAX_POOL_SIZE", "PostgresStore"]
 
 DEFAULT_POOL_SIZE = 8
 MAX_POOL_SIZE = 256
+
+
+def _unasked(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server sent something nobody asked for yet (no round trip): a closed
+    connection's farewell or end of stream, or, in a pipeline, an answer it sent early."""
+    import select
+
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 class PostgresStore:
@@ -237,11 +250,54 @@ class PostgresStore:
             self._give_back(conn)
             raise
 
+    def _fresh(self) -> psycopg.Connection[Any]:
+        """A connection to start a write transaction on, without a round trip of its own.
+        One the server closed since the last transaction (a restart, a terminated backend)
+        has something to read while idle (its farewell, or the end of the stream): it is
+        replaced before anything is sent, so nothing can be doubled. (Anything else unasked
+        for, a notice say, costs a reconnection, never a write.)"""
+        conn = self._take()
+        if conn is not None and not (conn.closed or conn.broken) and not _unasked(conn):
+            return conn
+        self._discard(conn)  # its place in the pool is kept for the new one
+        try:
+            return self._connect()
+        except BaseException:
+            self._give_back(None)
+            raise
+
+    def _aborted(self, xid: int | None) -> bool:
+        """Whether transaction `xid`, whose connection broke in its COMMIT batch, is known
+        to have been rolled back: asked on a new connection (a backend that is still
+        ending is waited for, a bounded number of times). False when it committed or
+        nothing can be known (no id, the server unreachable)."""
+        import psycopg
+
+        if xid is None:
+            return False
+        conn = None
+        try:
+            conn = self._connect()  # outside the pool: asked once, then closed
+            for _ in range(100):
+                row = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()
+                status = None if row is None else row[0]
+                if status != "in progress":
+                    return status == "aborted"
+                conn.execute("SELECT pg_sleep(0.01)")  # its backend is still ending
+        except (psycopg.Error, StorageError):
+            pass
+        finally:
+            self._discard(conn)
+        return False
+
     def _rollback(self, conn: psycopg.Connection[Any]) -> None:
         import psycopg
+        from psycopg import pq
 
         if conn.broken or conn.closed:
             return
+        if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            return  # the ROLLBACK went with the pipeline's last batch
         try:
             conn.execute("ROLLBACK")
         except psycopg.Error:
@@ -299,21 +355,61 @@ class PostgresStore:
             finally:
                 self._give_back(conn)
             return
-        # BEGIN alone first: a dropped connection is replaced before anything is sent.
-        conn = self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
+        # BEGIN goes with the first reads, and COMMIT with the last writes (two round
+        # trips for an admission, `tx.py`). A failure before the last batch is a
+        # certain rollback; in it, a write the server refused skips the COMMIT after
+        # it (a pipeline stops at its first error), so only a connection lost during
+        # that batch leaves the outcome unknown.
+        stack = contextlib.ExitStack()  # the pipeline of the connection in use
+        lent: list[psycopg.Connection[Any]] = []  # the pool's connection this one holds
+
+        def opener(*, batched: bool) -> tuple[psycopg.Connection[Any], psycopg.Pipeline]:
+            with contextlib.suppress(psycopg.Error):
+                stack.close()  # again: the connection was dropped in the first batch
+            if lent:
+                self._give_back(lent.pop())  # dropped: its place goes to the next one
+            conn = self._fresh() if batched else self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
+            lent.append(conn)
+            pipeline = stack.enter_context(conn.pipeline())
+            if batched:
+                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            return conn, pipeline
+
+        tx = PostgresTx(None, write=True, opener=opener)
         committing = False
         try:
-            with conn.pipeline():
-                yield PostgresTx(conn, write=True)
-            # Leaving the pipeline waited for every queued write. COMMIT goes alone, so
-            # a failure before it is a certain rollback, and only one during it is not.
+            try:
+                yield tx
+            except BaseException:
+                # A refusal: the ROLLBACK goes in the batch that ends the pipeline
+                # (after a failed statement the server skips it: `_rollback`).
+                if tx._connection is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        tx._connection.execute("ROLLBACK")
+                raise
+            last = tx._connection
+            if last is None:
+                return  # nothing was sent
+            if _unasked(last) and tx._pipeline is not None:
+                # The server spoke before this batch asked: a terminated backend's
+                # farewell, or a refused write. One batch without COMMIT first, so
+                # that such a failure is a certain rollback, not an unknown.
+                tx._pipeline.sync()
             committing = True
-            conn.execute("COMMIT")
+            last.execute("COMMIT")
+            stack.close()  # the last batch, and its answers
         except BaseException as exc:
-            broken = conn.broken
-            self._rollback(conn)
+            with contextlib.suppress(psycopg.Error):
+                stack.close()
+            used = tx._connection
+            if used is None:
+                raise
+            broken = used.broken
+            self._rollback(used)
             if not isinstance(exc, psycopg.Error):
                 raise
+            if committing and broken and self._aborted(tx.xid):
+                raise self._failure(used, exc) from None
             if committing and broken:
                 raise self._error(
                     "the connection to the PostgreSQL server failed while committing: the "
@@ -321,9 +417,10 @@ class PostgresStore:
                     "key returns what was done)",
                     exc,
                 ) from None
-            raise self._failure(conn, exc) from None
+            raise self._failure(used, exc) from None
         finally:
-            self._give_back(conn)
+            if lent:
+                self._give_back(lent.pop())
 
     def write(self) -> contextlib.AbstractContextManager[PostgresTx]:
         """One write transaction (READ COMMITTED; admissions lock their task row)."""

@@ -15,15 +15,26 @@ before any row lock, so the locking cannot deadlock.
 
 A write transaction runs in pipeline mode: the statements whose results nothing needs
 (summary, audit, keys) are sent without waiting (`_send`), and the client waits only at the
-next read and before COMMIT. PostgreSQL text cannot hold NUL: text is stored with U+FFFD in
-its place (`nul_free`, `jsonb`).
+next read and at COMMIT (`store.py` sends BEGIN with the first read and COMMIT with the last
+writes). An admission and a run's result make two round trips (issue #33): the rules say
+first what they are about to read (`expect_admission`, `expect_result`), and every one of
+those reads, with its lock, goes in one batch in the order the rules take them (advisory key
+lock, task row, its running run, the lane rows, and the number of the run to admit); the
+rules then read the answers from memory and decide in Python (one source of the rule), and
+their writes go with COMMIT. An answer is kept until the first write of the transaction (a
+run's lane, written only at its admission, until that write): a read after a write goes to
+the server. The run's number is drawn before the decision, so a refused admission leaves a
+gap in the run numbers, as a rolled-back one always did. A run read running under its
+task's lock cannot change before this transaction ends, so finishing it waits for nothing.
+PostgreSQL text cannot hold NUL: text is stored with U+FFFD in its place (`nul_free`,
+`jsonb`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
@@ -32,6 +43,7 @@ from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
 from execkit.ledger._core import TaskRecord
+from execkit.ledger._core.base import FINISHED_STATUSES
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
     LANE_COLUMNS,
@@ -53,7 +65,18 @@ from execkit.ledger._rows import (
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresTx", "jsonb", "nul_free"]
+__all__ = ["Opener", "PostgresTx", "jsonb", "nul_free"]
+
+_T = TypeVar("_T")
+
+
+class Opener(Protocol):
+    """How a write transaction gets its connection, in a pipeline, BEGIN sent: `batched`
+    queues BEGIN to go with the first batch (and, called again, replaces the connection:
+    `_first_batch`); otherwise BEGIN goes alone first."""
+
+    def __call__(self, *, batched: bool) -> tuple[psycopg.Connection[Any], psycopg.Pipeline]: ...
+
 
 # Rows are read by column name (`_rows.py`); here every column of a row shape is a column
 # of one table under the same name.
@@ -64,6 +87,14 @@ _SUMMARY_UPDATE = (
     + ", ".join(f"{column} = %({column})s" for column in SUMMARY_COLUMNS)
     + " WHERE id = %(task_id)s"
 )
+
+# Read again, in `expect_admission`, only when the key is new: a replayed key locks no task
+# (the run it names may be another task's, and task locks are taken in task order).
+_KEY_IS_NEW = "NOT EXISTS (SELECT 1 FROM idempotency WHERE scope = %s AND key = %s)"
+_ABSENT = object()
+_RUN_OF_KEY = ", ".join(
+    f"r.{column} AS r_{column}" for column in RUN_COLUMNS
+)  # an answer not read ahead (None is an answer: no such row)
 
 _LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
 _LANE_UPSERT = (
@@ -106,15 +137,181 @@ class PostgresTx:
     idempotency key is read under an advisory lock on it: see the module docstring.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], *, write: bool) -> None:
-        self._conn = conn
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any] | None,
+        *,
+        write: bool,
+        opener: Opener | None = None,
+    ) -> None:
+        self._connection = conn
         self._write = write
+        self._pipeline: psycopg.Pipeline | None = None
+        self._opener = opener
+        # Answers read ahead (`expect_*`), by the call they answer; each is taken once.
+        self._ahead: dict[tuple[Any, ...], Any] = {}
+        self._locked_tasks: set[str] = set()  # task rows locked in this transaction
+        self._held_runs: set[str] = set()  # runs read running under their task's lock
+        self._run_number: int | None = None  # drawn ahead for the admission's INSERT
+        # The transaction's id, read in the first batch of an admission or a result: what
+        # the store asks the server about when the connection breaks in the COMMIT batch.
+        self.xid: int | None = None
+
+    @property
+    def _conn(self) -> psycopg.Connection[Any]:
+        """The transaction's connection; a write transaction opens it at its first
+        statement, with BEGIN sent alone (a dropped connection replaced once first)."""
+        if self._connection is None:
+            assert self._opener is not None
+            self._connection, self._pipeline = self._opener(batched=False)
+        return self._connection
+
+    def _first_batch(self, send: Callable[[], _T]) -> _T:
+        """`send()` (statements queued, then one sync) as the transaction's first batch,
+        BEGIN in it. Such a batch only reads and locks: when the connection turns out to
+        have been dropped since the last transaction (a terminated backend, a restart),
+        it is replaced and the batch sent again, once; nothing can be doubled."""
+        import psycopg
+
+        if self._connection is not None:
+            return send()
+        assert self._opener is not None
+        try:
+            self._connection, self._pipeline = self._opener(batched=True)
+            return send()
+        except psycopg.OperationalError:
+            if self._connection is not None and not self._connection.broken:
+                raise
+        self._ahead.clear()
+        self._locked_tasks.clear()
+        self._held_runs.clear()
+        self._run_number = None
+        self.xid = None
+        self._connection, self._pipeline = self._opener(batched=True)
+        return send()
+
+    def _take(self, key: tuple[Any, ...]) -> Any:
+        """The answer read ahead for `key`, or `_ABSENT`."""
+        return self._ahead.pop(key, _ABSENT)
+
+    def _written(self) -> None:
+        """A write (or a lock) was sent: every answer read ahead may be stale now, but a
+        run's lane (written once, at its admission: `set_run_lane` drops it)."""
+        self._ahead = {key: value for key, value in self._ahead.items() if key[0] == "run_lane"}
+
+    def _batch(self) -> bool:
+        """Whether reads can be sent ahead here (a write transaction, in a pipeline)."""
+        return self._write and self._opener is not None
+
+    def expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
+        if self._batch():
+            self._first_batch(lambda: self._expect_admission(scope, key, task_id, lanes))
+
+    def _expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
+        from psycopg.rows import dict_row
+
+        assert self._pipeline is not None
+        stored_key = nul_free(key)
+        new = (scope, stored_key)
+        execute = self._conn.execute
+        named = self._conn.cursor(row_factory=dict_row).execute
+        execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",))
+        # With the key, the run it admitted: a replay reads it (no write follows, no lock).
+        found = self._conn.cursor(row_factory=dict_row)
+        found.execute(
+            f"SELECT i.fingerprint, i.response, {_RUN_OF_KEY} FROM idempotency i "
+            "LEFT JOIN runs r ON r.id = i.response->>'run_id' WHERE i.scope = %s AND i.key = %s",
+            new,
+        )
+        task = self._conn.cursor(row_factory=dict_row)
+        task.execute(f"{_TASK_SELECT} WHERE id = %s AND {_KEY_IS_NEW} FOR UPDATE", (task_id, *new))
+        running = named(
+            f"{_RUN_SELECT} WHERE task_id = %s "
+            f"AND attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}",
+            (task_id, task_id, *new),
+        )
+        gates = (
+            execute(
+                "SELECT lane, state, until_at, probe_run FROM lane_summaries "
+                f"WHERE lane = ANY(%s) AND {_KEY_IS_NEW} ORDER BY lane FOR UPDATE",
+                (list(lanes), *new),
+            )
+            if lanes
+            else None
+        )
+        # Drawn after the task's lock: a task's runs are numbered in their order.
+        number = execute(
+            "SELECT txid_current(), (SELECT nextval('run_numbers') FROM tasks "
+            f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW})",
+            (task_id, [str(status) for status in FINISHED_STATUSES], *new),
+        )
+        self._pipeline.sync()
+        drawn = number.fetchone()
+        assert drawn is not None
+        self.xid = int(drawn[0])
+        row = found.fetchone()
+        self._ahead[("idempotent", scope, key)] = (
+            None if row is None else (str(row["fingerprint"]), dict(row["response"]))
+        )
+        if row is not None:
+            if row["r_id"] is not None:
+                replayed = run_from_row({column: row[f"r_{column}"] for column in RUN_COLUMNS})
+                self._ahead[("run", replayed.id)] = replayed
+            return
+        task_row = task.fetchone()
+        record = None if task_row is None else task_from_row(task_row)
+        self._ahead[("task", task_id)] = record
+        if record is None:
+            return
+        self._locked_tasks.add(task_id)
+        if record.summary.running is not None:
+            run_row = running.fetchone()
+            run = None if run_row is None else run_from_row(run_row)
+            self._ahead[("run_at", task_id, record.summary.running)] = run
+            if run is not None and run.status is AttemptStatus.RUNNING:
+                self._held_runs.add(run.id)
+        if gates is not None:
+            self._ahead[("lane_gates", lanes)] = [LaneGate(*gate) for gate in gates.fetchall()]
+        self._run_number = None if drawn[1] is None else int(drawn[1])
+
+    def expect_result(self, run_id: str) -> None:
+        if self._batch():
+            self._first_batch(lambda: self._expect_result(run_id))
+
+    def _expect_result(self, run_id: str) -> None:
+        from psycopg.rows import dict_row
+
+        assert self._pipeline is not None
+        task = self._conn.cursor(row_factory=dict_row)
+        task.execute(
+            f"{_TASK_SELECT} WHERE id = (SELECT task_id FROM runs WHERE id = %s) FOR UPDATE",
+            (run_id,),
+        )
+        run = self._conn.cursor(row_factory=dict_row)
+        run.execute(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
+        lane = self._conn.execute(
+            "SELECT txid_current(), (SELECT lane FROM run_lanes WHERE run_id = %s)", (run_id,)
+        )
+        self._pipeline.sync()
+        task_row, run_row, lane_row = task.fetchone(), run.fetchone(), lane.fetchone()
+        assert lane_row is not None
+        self.xid = int(lane_row[0])
+        if task_row is None or run_row is None:
+            return  # no such run: `run()` asks the server, and finds none
+        record, found = task_from_row(task_row), run_from_row(run_row)
+        self._locked_tasks.add(record.id)
+        self._ahead[("task", record.id)] = record
+        self._ahead[("run", run_id)] = found
+        self._ahead[("run_lane", run_id)] = None if lane_row[1] is None else str(lane_row[1])
+        if found.status is AttemptStatus.RUNNING and found.task_id == record.id:
+            self._held_runs.add(run_id)
 
     # A write transaction runs in pipeline mode: `_send` queues a statement whose result
     # nothing needs (its errors surface at the next read or at COMMIT, inside the
     # transaction all the same); a read waits for everything queued before it, in order.
 
     def _send(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
+        self._written()
         self._conn.execute(sql, params)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
@@ -137,6 +334,7 @@ class PostgresTx:
 
     def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
         """The rows a statement ending in `RETURNING 1` changed."""
+        self._written()
         return len(self._all(sql, params))
 
     def _lock_task_of(self, run_id: str) -> None:
@@ -148,6 +346,12 @@ class PostgresTx:
             )
 
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
+        ahead = self._take(("task", task_id))  # read locked
+        if ahead is not _ABSENT:
+            record: TaskRecord | None = ahead
+            return record
+        if lock and self._write:
+            self._locked_tasks.add(task_id)
         suffix = " FOR UPDATE" if lock and self._write else ""
         row = self._named_one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
         return None if row is None else task_from_row(row)
@@ -184,11 +388,24 @@ class PostgresTx:
         return [run_from_row(row) for row in self._named_all(f"{_RUN_SELECT} ORDER BY seq")]
 
     def run(self, run_id: str) -> Run | None:
+        ahead = self._take(("run", run_id))
+        if ahead is not _ABSENT:
+            found: Run | None = ahead
+            return found
         self._lock_task_of(run_id)
         row = self._named_one(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
-        return None if row is None else run_from_row(row)
+        if row is None:
+            return None
+        run = run_from_row(row)
+        if self._write and run.status is AttemptStatus.RUNNING:
+            self._held_runs.add(run.id)  # its task is locked: nothing else can finish it
+        return run
 
     def run_at(self, task_id: str, attempt: int) -> Run | None:
+        ahead = self._take(("run_at", task_id, attempt))
+        if ahead is not _ABSENT:
+            found: Run | None = ahead
+            return found
         row = self._named_one(
             f"{_RUN_SELECT} WHERE task_id = %s AND attempt = %s", (task_id, attempt)
         )
@@ -222,6 +439,7 @@ class PostgresTx:
     def insert_task(
         self, title: str, actor: str, at: float, max_uncharged_attempts: int | None
     ) -> str:
+        self._written()
         row = self._one(
             "WITH n AS (SELECT nextval('task_numbers') AS seq) "
             "INSERT INTO tasks (seq, id, title, status, created_by, created_at, updated_at, "
@@ -264,6 +482,43 @@ class PostgresTx:
     def insert_run(self, run: Run, lease_s: float) -> Run:
         # The limit in force is read from the task row this transaction has locked, in the
         # INSERT itself, so the CHECK holds the attempt to the limit the task has now.
+        values = (
+            run.attempt,
+            str(run.status),
+            nul_free(run.request_key),
+            nul_free(run.actor),
+            run.forced,
+            nul_free(run.owner_host),
+            run.owner_pid,
+            run.started_at,
+            run.lease_expires_at,
+            lease_s,
+            nul_free(run.owner_boot_id),
+            run.owner_pid_namespace,
+            run.owner_pid_started_at,
+            nul_free(run.owner_instance),
+            run.task_id,
+        )
+        number, self._run_number = self._run_number, None
+        if number is not None and run.task_id in self._locked_tasks:
+            # Its number was drawn ahead and its task is locked: nothing to wait for. (A
+            # task that vanished would make the limit NULL, which the table refuses.)
+            self._send(
+                "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
+                "request_key, actor, forced, owner_host, owner_pid, started_at, "
+                "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
+                "owner_pid_started_at, owner_instance) "
+                "SELECT %s, %s, %s, %s, (SELECT max_attempts FROM tasks WHERE id = %s), "
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s",
+                (number, f"r-{number}", run.task_id, run.attempt, run.task_id, *values[1:-1]),
+            )
+            stored = attrs.evolve(run, id=f"r-{number}")
+            if _after_admission_insert is not None:
+                assert self._pipeline is not None
+                self._pipeline.sync()  # the seam holds the transaction after the INSERT ran
+                _after_admission_insert()
+            return stored
+        self._written()
         row = self._one(
             "WITH n AS (SELECT nextval('run_numbers') AS seq) "
             "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
@@ -272,23 +527,7 @@ class PostgresTx:
             "owner_pid_started_at, owner_instance) "
             "SELECT n.seq, 'r-' || n.seq, t.id, %s, t.max_attempts, %s, %s, %s, %s, %s, %s, "
             "%s, %s, %s, %s, %s, %s, %s FROM n, tasks t WHERE t.id = %s RETURNING id",
-            (
-                run.attempt,
-                str(run.status),
-                nul_free(run.request_key),
-                nul_free(run.actor),
-                run.forced,
-                nul_free(run.owner_host),
-                run.owner_pid,
-                run.started_at,
-                run.lease_expires_at,
-                lease_s,
-                nul_free(run.owner_boot_id),
-                run.owner_pid_namespace,
-                run.owner_pid_started_at,
-                nul_free(run.owner_instance),
-                run.task_id,
-            ),
+            values,
         )
         if row is None:
             raise StorageError(f"task {run.task_id} vanished during its admission")
@@ -307,21 +546,26 @@ class PostgresTx:
         at: float,
         stopped: bool = False,
     ) -> bool:
-        changed = self._count(
+        sql = (
             "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
             "not_before = COALESCE(%s, not_before), stopped = %s "
-            "WHERE id = %s AND status = 'running' RETURNING 1",
-            (
-                str(status),
-                None if failure_class is None else str(failure_class),
-                nul_free(reason),
-                at,
-                not_before,
-                stopped,
-                run_id,
-            ),
+            "WHERE id = %s AND status = 'running'"
         )
-        return bool(changed)
+        params = (
+            str(status),
+            None if failure_class is None else str(failure_class),
+            nul_free(reason),
+            at,
+            not_before,
+            stopped,
+            run_id,
+        )
+        if run_id in self._held_runs:
+            # Read running under its task's lock in this transaction: it still is.
+            self._held_runs.discard(run_id)
+            self._send(sql, params)
+            return True
+        return bool(self._count(sql + " RETURNING 1", params))
 
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:
         changed = self._count(
@@ -359,6 +603,10 @@ class PostgresTx:
         return [audit_event_from_row(row, dict(row["detail"])) for row in rows]
 
     def idempotent(self, scope: str, key: str) -> tuple[str, dict[str, Any]] | None:
+        ahead = self._take(("idempotent", scope, key))  # read under the key's lock
+        if ahead is not _ABSENT:
+            found: tuple[str, dict[str, Any]] | None = ahead
+            return found
         if self._write:
             # Two first uses of one key queue here; the second reads the first one's answer.
             self._send(
@@ -431,6 +679,10 @@ class PostgresTx:
         return None if row is None else lane_from_row(row)
 
     def lane_gates(self, names: tuple[str, ...], *, lock: bool) -> list[LaneGate]:
+        ahead = self._take(("lane_gates", names))  # read locked
+        if ahead is not _ABSENT:
+            gates: list[LaneGate] = ahead
+            return gates
         suffix = " FOR UPDATE" if lock and self._write else ""
         rows = self._all(
             "SELECT lane, state, until_at, probe_run FROM lane_summaries "
@@ -472,9 +724,14 @@ class PostgresTx:
         self._send(_LANE_UPSERT, _clean(lane_row(summary)))
 
     def set_run_lane(self, run_id: str, lane: str) -> None:
+        self._ahead.pop(("run_lane", run_id), None)
         self._send("INSERT INTO run_lanes (run_id, lane) VALUES (%s, %s)", (run_id, lane))
 
     def run_lane(self, run_id: str) -> str | None:
+        ahead = self._take(("run_lane", run_id))
+        if ahead is not _ABSENT:
+            lane: str | None = ahead
+            return lane
         row = self._one("SELECT lane FROM run_lanes WHERE run_id = %s", (run_id,))
         return None if row is None else str(row[0])
 

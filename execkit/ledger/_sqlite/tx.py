@@ -120,6 +120,13 @@ class SqliteTx:
         names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
+    # SQLite reads in-process: a hint has no round trip to save.
+    def expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
+        pass
+
+    def expect_result(self, run_id: str) -> None:
+        pass
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
         return None if row is None else task_from_row(row)

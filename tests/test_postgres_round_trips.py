@@ -1,0 +1,188 @@
+"""Round trips to the PostgreSQL server per admission (issue #33 goal 1), counted on the wire.
+
+libpq's own protocol trace (`PQtrace`) records every message between client and server. The
+client waits for the server only after a message that asks for answers: `Sync` (the end of
+a statement, or of a pipeline's batch, answered by `ReadyForQuery`), `Query` (the simple
+protocol, the same) or `Flush` (a pipeline read). A round trip is such a request sent while
+no earlier one is still unanswered (a `Flush` that psycopg adds behind a `Sync` it is
+already waiting for is the same wait). No timing is involved.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from execkit._errors import StorageError, TaskBackingOff
+from execkit.ledger import PostgresLedger, Run, open_ledger
+
+
+def _trace(ledger: PostgresLedger, call: Callable[[], Any]) -> list[tuple[str, str]]:
+    """(F or B, message kind) for every protocol message during `call`, in order."""
+    from psycopg import pq
+
+    # The connection the next transaction takes: the pool lends its last idle one first,
+    # and a test's one thread leaves exactly one idle (opening the ledger used it).
+    conn = ledger._postgres._idle[-1]
+    with tempfile.TemporaryFile(mode="w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            call()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        lines = [line.split("\t") for line in trace.read().splitlines()]
+    # A traced line is "F|B <tab> length <tab> kind ...".
+    return [(fields[0], fields[2].split(" ")[0]) for fields in lines if len(fields) > 2]
+
+
+def round_trips(ledger: PostgresLedger, call: Callable[[], Any]) -> int:
+    trips = 0
+    unanswered_syncs = 0  # Sync/Query sent, their ReadyForQuery not yet received
+    flushing = False  # a Flush sent, nothing received since
+    for side, kind in _trace(ledger, call):
+        if side == "B":
+            flushing = False
+            if kind == "ReadyForQuery":
+                unanswered_syncs -= 1
+        elif kind in ("Sync", "Query", "Flush"):
+            if unanswered_syncs == 0 and not flushing:
+                trips += 1
+            if kind == "Flush":
+                flushing = True
+            else:
+                unanswered_syncs += 1
+    return trips
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[PostgresLedger]:
+    ledger = open_ledger(pg_url)
+    assert isinstance(ledger, PostgresLedger)
+    with ledger:
+        yield ledger
+
+
+def test_start_and_finish_take_two_round_trips_each(pg: PostgresLedger) -> None:
+    task = pg.create_task("t", max_attempts=10, actor="a")
+    runs: list[Run] = []
+
+    def start(key: str, at: float, lane: str | None = None) -> None:
+        runs.append(pg.start_run(task.id, request_key=key, actor="a", now=at, lane=lane))
+
+    assert round_trips(pg, lambda: start("k1", 1000.0)) == 2
+    assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "failed", now=1001.0)) == 2
+    # A replay of the same key, and a refusal (the failure backs the task off): two each.
+    assert round_trips(pg, lambda: start("k1", 1002.0)) == 2
+    assert runs[-1] == pg.run(runs[0].id)  # the run the key admitted, as it is now
+    refusals: list[BaseException] = []
+
+    def refused_start() -> None:
+        try:
+            start("k2", 1002.0)
+        except TaskBackingOff as exc:
+            refusals.append(exc)
+
+    assert round_trips(pg, refused_start) == 2
+    assert len(refusals) == 1
+    # On a lane (no row yet: open), on a history.
+    assert round_trips(pg, lambda: start("k3", 9000.0, lane="claude/default")) == 2
+    assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "succeeded", now=9001.0)) <= 4
+    assert [(r.attempt, r.status) for r in pg.runs(task.id)] == [(1, "failed"), (2, "succeeded")]
+    assert pg.get_lane("claude/default").state == "open"
+    assert pg.validate() == []
+
+
+def test_a_finish_and_an_abandonment_after_a_lost_lease_stay_in_two(pg: PostgresLedger) -> None:
+    task = pg.create_task("t", max_attempts=10, actor="a")
+    first = pg.start_run(task.id, request_key="k1", actor="a", now=1000.0, lease_s=10)
+    # The lease expired: the next admission abandons the run first, in its own transaction.
+    second: list[Run] = []
+    trips = round_trips(
+        pg,
+        lambda: second.append(
+            pg.start_run(task.id, request_key="k2", actor="a", now=5000.0, ignore_backoff=True)
+        ),
+    )
+    assert trips <= 3  # the abandonment is a write: the backoff's decision reads after it
+    assert pg.run(first.id).status == "abandoned"
+    assert round_trips(pg, lambda: pg.finish_run(second[0].id, "succeeded", now=5001.0)) == 2
+    assert pg.validate() == []
+
+
+def _terminate(pg_url: str, application: str) -> None:
+    """Terminate the backend serving `application` and wait (bounded) until it is gone."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        (pid,) = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application,)
+        ).fetchone() or (None,)
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(1000):  # bounded: the backend is gone within a few polls
+            left = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if left.fetchone() == (0,):
+                return
+
+
+def test_a_connection_dropped_unseen_is_replaced_and_the_reads_sent_again(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch (BEGIN, reads, locks) meets a connection the server closed: it is
+    sent again, once, on a new one; nothing is doubled."""
+    import execkit.ledger._postgres.store as pg_store
+
+    url = f"{pg_url}&application_name=unseen"
+    ledger = open_ledger(url)
+    assert isinstance(ledger, PostgresLedger)
+    with ledger:
+        task = ledger.create_task("t", max_attempts=3, actor="a")
+        first = ledger.start_run(task.id, request_key="k1", actor="a", now=1000.0)
+        # Not noticed before sending (as when the server's farewell is still on its way).
+        monkeypatch.setattr(pg_store, "_unasked", lambda conn: False)
+        _terminate(pg_url, "unseen")
+        finished = ledger.finish_run(first.id, "failed", now=1001.0)
+        assert finished.status == "failed"
+        second = ledger.start_run(task.id, request_key="k2", actor="a", now=9000.0)
+        assert [(r.id, r.attempt) for r in ledger.runs(task.id)] == [
+            (first.id, 1),
+            (second.id, 2),
+        ]
+        assert len(ledger.audit_events(task.id)) == 4  # create, start, finish, start
+
+
+def test_a_connection_lost_in_the_commit_batch_is_resolved_by_the_server(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend dies after the writes, before the batch with COMMIT, unseen: the outcome
+    is asked of the server (the transaction's status), and a rollback is said as one."""
+    import execkit.ledger._postgres.store as pg_store
+    import execkit.ledger._postgres.tx as pg_tx
+
+    url = f"{pg_url}&application_name=lost"
+    ledger = open_ledger(url)
+    assert isinstance(ledger, PostgresLedger)
+    with ledger:
+        task = ledger.create_task("t", max_attempts=3, actor="a")
+        inserted: list[bool] = []
+
+        def unasked(conn: Any) -> bool:
+            # Asked before the COMMIT batch: the backend dies now, and it is not seen.
+            if inserted:
+                _terminate(pg_url, "lost")
+                inserted.clear()
+            return False
+
+        monkeypatch.setattr(pg_store, "_unasked", unasked)
+        monkeypatch.setattr(pg_tx, "_after_admission_insert", lambda: inserted.append(True))
+        with pytest.raises(StorageError) as failure:
+            ledger.start_run(task.id, request_key="k", actor="a", now=1000.0)
+        assert "rolled back and nothing was written" in failure.value.message
+        monkeypatch.setattr(pg_tx, "_after_admission_insert", None)
+        assert ledger.runs(task.id) == []
+        run = ledger.start_run(task.id, request_key="k", actor="a", now=1000.0)
+        assert run.attempt == 1
