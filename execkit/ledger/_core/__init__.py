@@ -28,8 +28,15 @@ A new concern is a new file: its operations in a class over `CoreBase`, added to
 Rooms outside this package import from `execkit.ledger._core` only, never from its files.
 """
 
-from execkit.ledger._core.base import attempt_from_run
+from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run
 from execkit.ledger._core.ledger import LedgerCore
 from execkit.ledger._core.store import Store, TaskRecord, Tx
 
-__all__ = ["LedgerCore", "Store", "TaskRecord", "Tx", "attempt_from_run"]
+__all__ = [
+    "FINISHED_STATUSES",
+    "LedgerCore",
+    "Store",
+    "TaskRecord",
+    "Tx",
+    "attempt_from_run",
+]

@@ -42,8 +42,7 @@ from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
-from execkit.ledger._core import TaskRecord
-from execkit.ledger._core.base import FINISHED_STATUSES
+from execkit.ledger._core import FINISHED_STATUSES, TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
     LANE_COLUMNS,

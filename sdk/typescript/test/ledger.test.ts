@@ -603,6 +603,7 @@ describe("arguments", () => {
       InvalidInput,
     );
     assert.equal(refused.httpStatus, 400);
-    assert.equal(refused.field, null);
+    // The server names the value to blame, as the local ledger does.
+    assert.equal(refused.field, "failure_class");
   });
 });
