@@ -715,28 +715,8 @@ def test_add_token_prints_the_token_once(
 def test_serve_listens_where_it_says_and_stops_on_sigint(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "execkit",
-            "serve",
-            "--db",
-            str(tmp_path / "ledger.db"),
-            "--tokens",
-            str(tokens),
-            "--listen",
-            "127.0.0.1:0",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    process, ready = _serve_ready(tmp_path, tokens)
     try:
-        assert process.stdout is not None
-        ready = json.loads(process.stdout.readline())
         request = urllib.request.Request(
             f"{ready['url']}/v1/capabilities", headers={"Authorization": f"Bearer {token}"}
         )
@@ -751,6 +731,14 @@ def test_serve_listens_where_it_says_and_stops_on_sigint(tmp_path: Path) -> None
 
 def _serve_process(tmp_path: Path, tokens: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     """`execkit serve` on the ledger in `tmp_path`, and the URL it listens on."""
+    process, ready = _serve_ready(tmp_path, tokens, *extra)
+    return process, str(ready["url"])
+
+
+def _serve_ready(
+    tmp_path: Path, tokens: Path, *extra: str
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """`execkit serve` on the ledger in `tmp_path`, and the line it prints when ready."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -772,7 +760,8 @@ def _serve_process(tmp_path: Path, tokens: Path, *extra: str) -> tuple[subproces
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert process.stdout is not None
-    return process, str(json.loads(process.stdout.readline())["url"])
+    ready: dict[str, Any] = json.loads(process.stdout.readline())
+    return process, ready
 
 
 def _post(url: str, token: str, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
