@@ -45,8 +45,6 @@ cap), and nothing retries without end (each failed probe lengthens the wait up t
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -222,6 +220,10 @@ def credential_fingerprint(material: Sequence[tuple[str, bytes]], key: str) -> s
     this function: only the keyed digest does, and without the key it names nothing."""
     if not material:
         return DEFAULT_CREDENTIAL
+    # OpenSSL's hashes load here, not at import: a listing or a plain run never asks.
+    import hashlib
+    import hmac
+
     mac = hmac.new(key.encode("utf-8"), digestmod=hashlib.sha256)
     for name, value in sorted(material):
         # Length-prefixed, so no two different materials feed the same bytes.

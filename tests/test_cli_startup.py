@@ -235,13 +235,15 @@ NOT_FOR_A_LISTING = {
     "importlib.metadata",
     # What a listing of tasks whose text holds no credential never needs: the redactor
     # (loaded at the first string that could hold one), the proof types, the log
-    # machinery, `secrets` (a run owner's id) and shutil (argparse's terminal width).
-    # OpenSSL's hashes still come with execkit._lanes (hmac, imported at its top).
+    # machinery, `secrets` (a run owner's id), shutil (argparse's terminal width) and
+    # OpenSSL's hashes (a lane's credential fingerprint, a masked name's tag).
     "execkit._redact",
     "execkit._proof",
     "logging",
     "secrets",
     "shutil",
+    "hashlib",
+    "hmac",
 }
 # `--version` reads the installed distribution's metadata and nothing of execkit beyond
 # its front door, the CLI's and the version's modules (importlib.metadata imports shutil).
