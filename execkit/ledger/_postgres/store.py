@@ -367,7 +367,10 @@ class PostgresStore:
             with contextlib.suppress(psycopg.Error):
                 stack.close()  # again: the connection was dropped in the first batch
             if lent:
-                self._give_back(lent.pop())  # dropped: its place goes to the next one
+                # Dropped in the first batch: closed, never put back idle mid-transaction;
+                # its place in the pool goes to the next one.
+                self._discard(lent.pop())
+                self._give_back(None)
             conn = self._fresh() if batched else self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
             lent.append(conn)
             pipeline = stack.enter_context(conn.pipeline())
