@@ -10,12 +10,15 @@ already waiting for is the same wait). No timing is involved.
 
 from __future__ import annotations
 
+import functools
+import getpass
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from execkit._classify import FailureClass
 from execkit._errors import StorageError, TaskBackingOff
 from execkit.ledger import PostgresLedger, Run, open_ledger
 
@@ -91,9 +94,30 @@ def test_start_and_finish_take_two_round_trips_each(pg: PostgresLedger) -> None:
     assert len(refusals) == 1
     # On a lane (no row yet: open), on a history.
     assert round_trips(pg, lambda: start("k3", 9000.0, lane="claude/default")) == 2
-    assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "succeeded", now=9001.0)) <= 4
+    # The lane's first event creates its row: one more round trip, once per lane.
+    assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "succeeded", now=9001.0)) == 3
     assert [(r.attempt, r.status) for r in pg.runs(task.id)] == [(1, "failed"), (2, "succeeded")]
     assert pg.get_lane("claude/default").state == "open"
+    assert pg.validate() == []
+
+
+def test_a_result_on_a_lane_takes_two_round_trips(pg: PostgresLedger) -> None:
+    """A run bound to a lane feeds it an event: the lane's row and configuration are read
+    with the run's, so the finish stays at two whatever it does to the lane."""
+    pg.set_lane_config(breaker_k=2, actor=getpass.getuser())  # the owner operates
+    lane = "codex/default"
+    first = pg.create_task("first", actor="a")
+    run = pg.start_run(first.id, request_key="f", actor="a", now=1000.0, lane=lane)
+    pg.finish_run(run.id, "succeeded", now=1001.0)  # the lane's row exists from here on
+    for n, at in enumerate((2000.0, 2010.0)):  # two upstream failures trip a breaker of 2
+        task = pg.create_task(f"t{n}", actor="a")
+        run = pg.start_run(task.id, request_key=f"k{n}", actor="a", now=at, lane=lane)
+        finish = functools.partial(
+            pg.finish_run, run.id, "failed", failure_class=FailureClass.UPSTREAM, now=at + 1
+        )
+        assert round_trips(pg, finish) == 2
+    assert pg.get_lane(lane, now=2012.0).state != "open"  # the configuration read ahead held
+    assert [e.kind for e in pg.lane_history(lane)] == ["success", "upstream", "upstream"]
     assert pg.validate() == []
 
 

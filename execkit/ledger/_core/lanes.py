@@ -47,13 +47,11 @@ from execkit._lanes import (
 )
 from execkit.ledger._core.base import CoreBase, when
 from execkit.ledger._core.inputs import as_actor, clean_reason, moment
-from execkit.ledger._core.store import Tx
+from execkit.ledger._core.store import LANE_CONFIG_META_KEY, Tx
 from execkit.ledger._model import OPERATE_ROLE, Actor, AuditAction, AuditEntry, Run
 from execkit.ledger._owner import process_owner
 
 __all__ = ["LaneOps", "check_lane", "check_lane_cause"]
-
-_LANE_CONFIG_KEY = "lane_config"  # ledger_meta: the `LaneConfigHistory`, stored
 
 
 def check_lane(value: object) -> str | None:
@@ -166,14 +164,15 @@ class LaneOps(CoreBase):
         stored = tx.lane(event.lane, lock=True, create=True) or open_lane(event.lane)
         # The event first, then the configuration it folds with: on PostgreSQL the INSERT
         # waits out a configuration change in flight (`lane_event_barrier`), so the
-        # configuration read after it is the one in force for the event's number.
+        # configuration read after it is the one in force for the event's number (a run's
+        # result reads it ahead, after taking the lock that INSERT takes: `expect_result`).
         tx.add_lane_event(event)
         after = step(stored, event, self._lane_configs(tx).current)
         tx.write_lane(after)
         return after
 
     def _lane_configs(self, tx: Tx) -> LaneConfigHistory:
-        raw = tx.meta(_LANE_CONFIG_KEY)
+        raw = tx.meta(LANE_CONFIG_META_KEY)
         cached_raw, cached = self._lane_settings
         if raw is not None and raw == cached_raw:
             return cached
@@ -424,7 +423,7 @@ class LaneOps(CoreBase):
             if after == before:
                 return before
             from_seq = tx.lane_event_barrier() + 1
-            tx.set_meta(_LANE_CONFIG_KEY, history.changed(after, from_seq).to_stored())
+            tx.set_meta(LANE_CONFIG_META_KEY, history.changed(after, from_seq).to_stored())
             tx.audit(
                 AuditEntry(
                     at=at,

@@ -23,6 +23,10 @@ from execkit._classify import FailureClass
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 
+# ledger_meta's key for the lane configuration (`LaneConfigHistory`, stored): a backend
+# that reads ahead reads it with a lane-bound run's result (`Tx.expect_result`).
+LANE_CONFIG_META_KEY = "lane_config"
+
 __all__ = ["Store", "TaskRecord", "Tx"]
 
 

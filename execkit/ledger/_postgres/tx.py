@@ -42,7 +42,7 @@ from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
-from execkit.ledger._core import FINISHED_STATUSES, TaskRecord
+from execkit.ledger._core import FINISHED_STATUSES, LANE_CONFIG_META_KEY, TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
     LANE_COLUMNS,
@@ -91,6 +91,8 @@ _SUMMARY_UPDATE = (
 # (the run it names may be another task's, and task locks are taken in task order).
 _KEY_IS_NEW = "NOT EXISTS (SELECT 1 FROM idempotency WHERE scope = %s AND key = %s)"
 _ABSENT = object()
+# Answers read ahead that stay true through this transaction's own writes (`_written`).
+_HELD = frozenset({"run_lane", "locked_lane", "meta"})
 _RUN_OF_KEY = ", ".join(
     f"r.{column} AS r_{column}" for column in RUN_COLUMNS
 )  # an answer not read ahead (None is an answer: no such row)
@@ -194,9 +196,12 @@ class PostgresTx:
         return self._ahead.pop(key, _ABSENT)
 
     def _written(self) -> None:
-        """A write (or a lock) was sent: every answer read ahead may be stale now, but a
-        run's lane (written once, at its admission: `set_run_lane` drops it)."""
-        self._ahead = {key: value for key, value in self._ahead.items() if key[0] == "run_lane"}
+        """A write (or a lock) was sent: every answer read ahead may be stale now, but those
+        no other transaction can change while this one lives and this one changes only
+        through the method that drops them: a run's lane (written once, at its admission:
+        `set_run_lane`), a lane row read locked (`lane`, `write_lane`), the lane
+        configuration read under the lane events' lock (`set_meta`)."""
+        self._ahead = {key: value for key, value in self._ahead.items() if key[0] in _HELD}
 
     def _batch(self) -> bool:
         """Whether reads can be sent ahead here (a write transaction, in a pipeline)."""
@@ -291,8 +296,23 @@ class PostgresTx:
         lane = self._conn.execute(
             "SELECT txid_current(), (SELECT lane FROM run_lanes WHERE run_id = %s)", (run_id,)
         )
+        # A run bound to a lane feeds it an event (`_lane_result`): its row, locked, and
+        # the configuration the event folds with are read here too. The lane events'
+        # lock comes first, as the event's INSERT would take it: a configuration change
+        # (`lane_event_barrier`) waits for this transaction, or ended before the read.
+        self._conn.execute("LOCK TABLE lane_events IN ROW EXCLUSIVE MODE")
+        summary = self._conn.cursor(row_factory=dict_row)
+        summary.execute(
+            f"{_LANE_SELECT} WHERE lane = (SELECT lane FROM run_lanes WHERE run_id = %s) "
+            "FOR UPDATE",
+            (run_id,),
+        )
+        config = self._conn.execute(
+            "SELECT value FROM ledger_meta WHERE key = %s", (LANE_CONFIG_META_KEY,)
+        )
         self._pipeline.sync()
         task_row, run_row, lane_row = task.fetchone(), run.fetchone(), lane.fetchone()
+        summary_row, config_row = summary.fetchone(), config.fetchone()
         assert lane_row is not None
         self.xid = int(lane_row[0])
         if task_row is None or run_row is None:
@@ -302,6 +322,12 @@ class PostgresTx:
         self._ahead[("task", record.id)] = record
         self._ahead[("run", run_id)] = found
         self._ahead[("run_lane", run_id)] = None if lane_row[1] is None else str(lane_row[1])
+        if summary_row is not None:  # none: a lane's first event creates its row
+            self._ahead[("locked_lane", str(lane_row[1]))] = lane_from_row(summary_row)
+        if lane_row[1] is not None:
+            self._ahead[("meta", LANE_CONFIG_META_KEY)] = (
+                None if config_row is None else str(config_row[0])
+            )
         if found.status is AttemptStatus.RUNNING and found.task_id == record.id:
             self._held_runs.add(run_id)
 
@@ -653,10 +679,15 @@ class PostgresTx:
         return bool(changed)
 
     def meta(self, key: str) -> str | None:
+        ahead = self._take(("meta", key))
+        if ahead is not _ABSENT:
+            value: str | None = ahead
+            return value
         row = self._one("SELECT value FROM ledger_meta WHERE key = %s", (key,))
         return None if row is None else str(row[0])
 
     def set_meta(self, key: str, value: str) -> None:
+        self._ahead.pop(("meta", key), None)
         self._send(
             "INSERT INTO ledger_meta (key, value) VALUES (%s, %s) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -669,6 +700,10 @@ class PostgresTx:
     # before the lane), so the lock order stays tasks, then lanes, and cannot deadlock.
 
     def lane(self, name: str, *, lock: bool = False, create: bool = False) -> LaneSummary | None:
+        ahead = self._take(("locked_lane", name))  # read locked: nobody else changed it
+        if ahead is not _ABSENT:
+            locked: LaneSummary = ahead
+            return locked
         if create and self._write:
             # Two first results on one lane: the second INSERT waits on the first one's
             # key, then does nothing, and the SELECT below reads (and locks) its row.
@@ -709,8 +744,9 @@ class PostgresTx:
         # SHARE conflicts with the ROW EXCLUSIVE lock an INSERT takes: this waits for every
         # transaction that added a lane event to end, and an INSERT after it waits for this
         # one to commit and only then draws its number, above the maximum read here. A lane
-        # event's transaction reads the configuration after its INSERT (`_lane_event`), so
-        # it folds with the configuration its number says.
+        # event's transaction reads the configuration after its INSERT (`_lane_event`), or
+        # after taking the INSERT's lock (`_expect_result`), so it folds with the
+        # configuration its number says.
         self._send("LOCK TABLE lane_events IN SHARE MODE")
         row = self._one("SELECT coalesce(max(seq), 0) FROM lane_events")
         assert row is not None
@@ -720,6 +756,7 @@ class PostgresTx:
         self._send(_LANE_EVENT_INSERT, _clean(lane_event_row(event)))
 
     def write_lane(self, summary: LaneSummary) -> None:
+        self._ahead.pop(("locked_lane", summary.lane), None)
         self._send(_LANE_UPSERT, _clean(lane_row(summary)))
 
     def set_run_lane(self, run_id: str, lane: str) -> None:
