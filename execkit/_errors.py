@@ -36,7 +36,7 @@ nothing of execkit still catch it sensibly (`except ValueError`).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "INTERNAL_ERROR_EXIT",
@@ -80,6 +80,12 @@ class ExecKitError(Exception):
         super().__init__(masked)
         self.message = masked
 
+    def details(self) -> dict[str, Any]:
+        """What the error says beyond its code and message, by name (JSON values): what a
+        caller acts on (`field`, `ready_at`, `lane`...). The CLI's `--json` error and the
+        server's error document both carry it, so both name the same things."""
+        return {}
+
 
 class InvalidInput(ExecKitError, ValueError):
     """A value is outside its allowed range or of the wrong shape; nothing was changed.
@@ -94,6 +100,9 @@ class InvalidInput(ExecKitError, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+    def details(self) -> dict[str, Any]:
+        return {} if self.field is None else {"field": self.field}
 
 
 class HistoryError(InvalidInput):
@@ -174,6 +183,9 @@ class TaskBackingOff(AdmissionRefused):
         super().__init__(message)
         self.ready_at = ready_at
 
+    def details(self) -> dict[str, Any]:
+        return {"ready_at": self.ready_at}
+
 
 class LaneWaiting(AdmissionRefused):
     """The task's vendor lane is parked (until a reset the vendor stated), cooling (its
@@ -189,6 +201,9 @@ class LaneWaiting(AdmissionRefused):
         self.lane = lane
         self.opens_at = opens_at
 
+    def details(self) -> dict[str, Any]:
+        return {"lane": self.lane, "opens_at": self.opens_at}
+
 
 class LaneStopped(AdmissionRefused):
     """The task's vendor lane is stopped on environment that belongs to it (credentials,
@@ -202,6 +217,9 @@ class LaneStopped(AdmissionRefused):
         super().__init__(message)
         self.lane = lane
         self.fix = fix
+
+    def details(self) -> dict[str, Any]:
+        return {"lane": self.lane, "fix": self.fix}
 
 
 class StorageError(ExecKitError):

@@ -325,3 +325,38 @@ def test_hostile_files_get_one_clear_error_and_change_nothing(
     assert json.loads(line)["error"]["code"] in {"invalid", "storage"}
     after = sorted((p.name, p.stat().st_size) for p in tmp_path.iterdir())
     assert after == before
+
+
+def test_a_json_error_names_what_the_server_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--json` errors carry the error's details (the bad value's field, a refusal's
+    ready_at): the same object the server answers with, so a script reads one shape."""
+    db = str(tmp_path / "l.db")
+    # A flag's value, checked by the CLI; a value checked by the library.
+    assert main(["--db", db, "task", "create", "t", "--max-attempts", "-2", "--json"]) == 3
+    flag = json.loads(capsys.readouterr().err)["error"]
+    assert flag["field"] == "--max-attempts"
+    assert main(["--db", db, "task", "create", "x" * 5000, "--json"]) == 3
+    library = json.loads(capsys.readouterr().err)["error"]
+    assert library["field"] == "title"
+    # A refusal with a time: a failed attempt backs the task off.
+    assert main(["--db", db, "task", "create", "t", "--json"]) == 0
+    task_id = json.loads(capsys.readouterr().out)["id"]
+    assert main(["--db", db, "run", "start", task_id, "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["id"]
+    assert main(["--db", db, "run", "finish", run_id, "failed", "--class", "work"]) == 0
+    capsys.readouterr()
+    assert main(["--db", db, "run", "start", task_id, "--json"]) == 14
+    refusal = json.loads(capsys.readouterr().err)["error"]
+    assert refusal["code"] == "backoff"
+    assert isinstance(refusal["ready_at"], float)
+    # The server's error document for the same errors says the same.
+    from execkit._errors import InvalidInput, TaskBackingOff
+    from execkit.server._app import error_answer
+
+    for said, exc in (
+        (library, InvalidInput(library["message"], field="title")),
+        (refusal, TaskBackingOff(refusal["message"], ready_at=refusal["ready_at"])),
+    ):
+        assert error_answer(exc)[1] == {"error": said}

@@ -297,13 +297,15 @@ def _apply_common(args: argparse.Namespace, given: dict[str, str | bool], prog: 
         flag = f"--{dest.replace('_', '-')}"
         if not hasattr(args, dest):
             raise InvalidInput(
-                f"{prog}: {flag} does not apply to this command (see '{prog} --help')"
+                f"{prog}: {flag} does not apply to this command (see '{prog} --help')",
+                field=flag,
             )
         current = getattr(args, dest)
         if dest != "json" and current is not None and current != value:
             raise InvalidInput(
                 f"{prog}: {flag} given both before and after the command, with different "
-                f"values ({value!r}, {current!r})"
+                f"values ({value!r}, {current!r})",
+                field=flag,
             )
         setattr(args, dest, value)
 

@@ -76,7 +76,9 @@ def parse_seconds(flag: str, raw: object, *, allow_zero: bool) -> float | None:
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidInput(f"{flag} must be a finite number of seconds {bound}, got {raw!r}")
+        raise InvalidInput(
+            f"{flag} must be a finite number of seconds {bound}, got {raw!r}", field=flag
+        )
     return seconds
 
 
@@ -91,10 +93,10 @@ def parse_int(
     if allowed is None:
         allowed = f">= {low}" if high is None else f"{low}..{high}"
     if not re.fullmatch(_INT, text.strip()):
-        raise InvalidInput(f"{flag} must be a whole number, {allowed}; got {text!r}")
+        raise InvalidInput(f"{flag} must be a whole number, {allowed}; got {text!r}", field=flag)
     value = int(text)
     if value < low or (high is not None and value > high):
-        raise InvalidInput(f"{flag} must be {allowed}; got {value}")
+        raise InvalidInput(f"{flag} must be {allowed}; got {value}", field=flag)
     return value
 
 
@@ -108,11 +110,14 @@ def parse_db(raw: str | None) -> str | None:
     """
     if raw is not None and raw != "":
         if os.path.isdir(raw):
-            raise InvalidInput(f"--db must name a ledger file, got the directory {raw}")
+            raise InvalidInput(
+                f"--db must name a ledger file, got the directory {raw}", field="--db"
+            )
         return raw
     from_env = os.environ.get(DB_ENV_VAR)
     if from_env and os.path.isdir(from_env):
         raise InvalidInput(
-            f"--db not given and ${DB_ENV_VAR} names a directory, not a ledger file: {from_env}"
+            f"--db not given and ${DB_ENV_VAR} names a directory, not a ledger file: {from_env}",
+            field=DB_ENV_VAR,
         )
     return raw

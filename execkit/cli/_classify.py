@@ -72,7 +72,9 @@ def _read_tail(path: str) -> str:
     except FileNotFoundError:
         raise NotFound(f"FILE not found: {path}") from None
     except IsADirectoryError:
-        raise InvalidInput(f"FILE must be a file or '-', got the directory {path}") from None
+        raise InvalidInput(
+            f"FILE must be a file or '-', got the directory {path}", field="FILE"
+        ) from None
     except OSError as exc:
         raise ExecKitError(f"cannot read FILE {path}: {exc.strerror or exc}") from None
     return data.decode("utf-8", errors="replace")

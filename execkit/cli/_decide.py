@@ -105,7 +105,7 @@ def _read(path: str) -> str:
     except FileNotFoundError:
         raise NotFound(f"--history: no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"--history: cannot read {path}: {exc}") from None
+        raise InvalidInput(f"--history: cannot read {path}: {exc}", field="--history") from None
 
 
 def attempt_to_json(attempt: Attempt) -> dict[str, Any]:
@@ -131,7 +131,8 @@ def _parse_history(text: str) -> list[Attempt]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidInput(
-            f"--history: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            f"--history: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            field="--history",
         ) from None
     except RecursionError:
         # json.loads recurses: a history nested thousands deep is hostile, not a history.

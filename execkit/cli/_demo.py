@@ -174,7 +174,7 @@ def _workdir(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] |
         return Path(holder.name), holder
     path = Path(keep)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise InvalidInput(f"--keep: {path} must be a new or empty directory")
+        raise InvalidInput(f"--keep: {path} must be a new or empty directory", field="--keep")
     path.mkdir(parents=True, exist_ok=True)
     return path, None
 

@@ -199,7 +199,8 @@ def write_lines(lines: Iterable[str], batch: int = 512, *, masked: bool = False)
 
 
 def report_error(exc: ExecKitError, *, as_json: bool) -> int:
-    """Write the error (JSON on stderr with --json) and return its exit code.
+    """Write the error (JSON on stderr with --json: its code, message and `details()`, as
+    the server's error document) and return its exit code.
 
     The message is redacted first (a task id that is a token, a path holding a password
     never reaches the terminal), and the text form escapes its control characters.
@@ -208,7 +209,7 @@ def report_error(exc: ExecKitError, *, as_json: bool) -> int:
     if as_json:
         import json
 
-        payload = {"error": {"code": exc.code, "message": message}}
+        payload = {"error": {"code": exc.code, "message": message, **exc.details()}}
         sys.stderr.write(json.dumps(payload, sort_keys=True) + "\n")
     else:
         sys.stderr.write(f"execkit: {exc.code}: {safe_text(message)}\n")

@@ -46,10 +46,6 @@ from starlette.routing import Route
 from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
 from execkit._errors import (
     ExecKitError,
-    InvalidInput,
-    LaneStopped,
-    LaneWaiting,
-    TaskBackingOff,
 )
 from execkit._mask import mask_json, mask_name
 from execkit.ledger import Actor, Ledger
@@ -102,16 +98,7 @@ def error_answer(exc: ExecKitError) -> tuple[int, dict[str, Any]]:
     status = ERROR_STATUSES.get(exc.code)
     if status is None or exc.code == "error":
         return 500, _error_doc("error", exc.message)
-    extra: dict[str, Any] = {}
-    if isinstance(exc, TaskBackingOff):
-        extra["ready_at"] = exc.ready_at
-    if isinstance(exc, LaneWaiting):
-        extra.update(lane=exc.lane, opens_at=exc.opens_at)
-    if isinstance(exc, LaneStopped):
-        extra.update(lane=exc.lane, fix=exc.fix)
-    if isinstance(exc, InvalidInput) and exc.field is not None:
-        extra["field"] = exc.field  # so a remote caller's error names the value, as a local one
-    return status, _error_doc(exc.code, exc.message, **extra)
+    return status, _error_doc(exc.code, exc.message, **exc.details())
 
 
 def _response(status: int, text: str, headers: Mapping[str, str] | None = None) -> Response:
