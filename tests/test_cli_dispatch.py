@@ -280,6 +280,58 @@ def test_a_stopped_dispatcher_leaves_no_agent_and_no_running_run(
     assert (run["status"], run["reason"]) == ("abandoned", "dispatcher stopped")
 
 
+# The dispatcher's command in this process, and a thread that, once the agent runs, sends
+# SIGTERM to itself: the signal's C handler runs in that thread, not the main one.
+_SIGNAL_TO_ANOTHER_THREAD = """
+import signal, sys, threading, time
+import psutil
+from execkit.cli import main
+
+def stop_from_this_thread():
+    for _ in range(6000):  # bounded: a minute of 10 ms polls
+        if any(c.name() == "sleep" for c in psutil.Process().children(recursive=True)):
+            break
+        time.sleep(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=stop_from_this_thread, daemon=True).start()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_signal_delivered_to_another_thread_still_stops_the_dispatcher(
+    tmp_path: Path,
+) -> None:
+    # The kernel gives a process's SIGTERM to any of its threads (a slot's, a lease
+    # renewer's); Python runs the handler only when the main thread runs again. A main
+    # thread waiting for a slot without a bound slept through it until the agent ended.
+    db = tmp_path / "ledger.db"
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "LONG", "title": "t", "state": "todo", "argv": ["sleep", "600"]}],
+    )
+    argv = ["dispatch", "--board", str(board), "--once", "--db", str(db), "--drain-timeout", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGNAL_TO_ANOTHER_THREAD, *argv],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        err = "still running after 60 s"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopping" in err and "Traceback" not in err
+    assert states(board) == {"LONG": "todo"}
+
+
 def test_until_idle_runs_every_retry_then_says_whether_an_issue_ended_blocked(
     board: Path, tmp_path: Path
 ) -> None:

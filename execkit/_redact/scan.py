@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from execkit._redact.record import Anchor
@@ -52,11 +52,12 @@ __all__ = [
 ]
 
 ENGINES = ("hyperscan", "python")
+_T = TypeVar("_T")
 
 _chosen: str | None = None  # None: the best engine that loads
 _loaded: dict[str, bool] = {}
-_built: Scanner | None = None
-_built_openings: Openings | None = None
+# What `_built_once` built, by kind: (the key it was built for, the thing).
+_built: dict[str, tuple[object, Any]] = {}
 
 
 def _loads(name: str) -> bool:
@@ -147,18 +148,24 @@ class Scanner:
 _lock = threading.Lock()
 
 
+def _built_once(kind: str, key: object, build: Callable[[], _T]) -> _T:
+    """The `kind` built for `key`: built once, by one thread, and again only when the key
+    changes (double-checked under `_lock`, so a scan never waits on a lock once built)."""
+    held = _built.get(kind)
+    if held is None or held[0] != key:
+        with _lock:
+            held = _built.get(kind)
+            if held is None or held[0] != key:
+                held = _built[kind] = (key, build())
+    built: _T = held[1]
+    return built
+
+
 def scanner(anchors: Sequence[Anchor]) -> Scanner | None:
     """The scanner for `anchors` under the engine in use (None: the pure-Python gate)."""
-    global _built
     if engine_in_use() != "hyperscan":
         return None
-    built = _built
-    if built is None or built.count != len(anchors):
-        with _lock:
-            built = _built
-            if built is None or built.count != len(anchors):
-                built = _built = Scanner(anchors)
-    return built
+    return _built_once("scanner", len(anchors), lambda: Scanner(anchors))
 
 
 # Reports an `Openings` scan may make per text: this many, and one per this many characters.
@@ -250,13 +257,6 @@ class Openings:
 def openings(literals: Sequence[str]) -> Openings | None:
     """The `Openings` for `literals` under the engine in use (None: the pure-Python gate,
     whose rules scan as before)."""
-    global _built_openings
     if engine_in_use() != "hyperscan":
         return None
-    built = _built_openings
-    if built is None or built.literals != tuple(literals):
-        with _lock:
-            built = _built_openings
-            if built is None or built.literals != tuple(literals):
-                built = _built_openings = Openings(literals)
-    return built
+    return _built_once("openings", tuple(literals), lambda: Openings(literals))

@@ -111,6 +111,12 @@ __all__ = ["DISPATCH_ACTOR", "DispatchEvent", "Dispatcher", "EventKind"]
 
 _log = logging.getLogger("execkit.dispatch")
 
+# The longest the dispatcher's thread blocks in one wait. The kernel gives a process's
+# SIGTERM or SIGINT to any of its threads (a slot's, a lease renewer's) and Python runs the
+# handler (`request_stop`, which ends the wait) only when the main thread next runs: a wait
+# without a bound could sleep through a stop until its agent ended.
+_SIGNAL_CHECK_S = 0.2
+
 DISPATCH_ACTOR = "dispatcher"
 """The actor the dispatcher records on the tasks it creates and the runs it starts."""
 
@@ -488,11 +494,18 @@ class Dispatcher:
         return found
 
     def _wait_for_a_slot(self, timeout_s: float | None) -> None:
-        """Until a slot ends (or `timeout_s`). A slot that ended before the wait began is
-        seen at once: the flag is cleared only here, after a reap found it."""
+        """Until a slot ends, a stop is asked for (or `timeout_s`). A slot that ended
+        before the wait began is seen at once: the flag is cleared only here, after a reap
+        found it. The wait never blocks longer than `_SIGNAL_CHECK_S` at once (below)."""
         if self._hurry or any(r.future.done() for r in self._running.values()):
             return
-        self._slot_done.wait(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = _SIGNAL_CHECK_S
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+            if left <= 0 or self._slot_done.wait(left):
+                break
         self._slot_done.clear()
 
     def _room_for(self, adapter: str) -> bool:
