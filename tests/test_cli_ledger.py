@@ -43,6 +43,10 @@ def hand_over(db: Path) -> str:
     return owner
 
 
+# What a `--json` error object may hold: its code and message, and the details it names.
+_ERROR_KEYS = {"code", "message", "field", "ready_at", "lane", "opens_at", "fix"}
+
+
 @attrs.frozen
 class Server:
     """`execkit serve` in a subprocess, on a free loopback port."""
@@ -127,7 +131,8 @@ class Cli:
         code, out, err = self(*argv)
         assert out is None
         assert err is not None and set(err) == {"error"}, err
-        assert set(err["error"]) == {"code", "message"}
+        # Code and message, and beside them only the details an error may name.
+        assert {"code", "message"} <= set(err["error"]) <= _ERROR_KEYS, err
         assert err["error"]["code"] == expected, err
         assert code == EXIT_CODES[expected]
         message: str = err["error"]["message"]
