@@ -186,3 +186,45 @@ def test_a_pass_that_opens_with_words_finds_what_its_scan_finds() -> None:
         assert [m.span() for m in tried] == [m.span() for m in step.pattern.finditer(subject)]
         checked += 1
     assert checked >= 2
+
+
+@pytest.mark.parametrize("engine_name", scan.available_engines())
+def test_texts_holding_the_same_anchors_ask_each_pass_whether_it_opens_once(
+    engine_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Request keys, ids and messages of one kind hold the same anchors: which passes
+    open is remembered for them, not asked of every pass again for each text (it cost
+    ~65 us a key, more than the rest of masking one). The output is the same."""
+    from execkit._redact import gate
+
+    _redact_package.use_engine(engine_name)
+    monkeypatch.setattr(gate, "_OPEN_BY_ANCHORS", {})
+    asked: list[object] = []
+    original = gate.Gate.opens
+
+    def counted(self: gate.Gate, step: gate.Opening) -> bool:
+        asked.append(step)
+        return original(self, step)
+
+    monkeypatch.setattr(gate.Gate, "opens", counted)
+    passes = len(engine.EXTRA_PASSES) + len(engine.REFERENCE_PASSES)
+    secret = example_of(engine.EXTRA_PASSES[0].shapes[0])[0]
+    try:
+        for n in range(50):
+            assert redact(f"admission-{n:04}-of-task-t-{n}") == f"admission-{n:04}-of-task-t-{n}"
+            assert "[REDACTED" in redact(f"key {n}: {secret}")
+    finally:
+        _redact_package.use_engine(None)
+    # Each kind's first text asks every pass once (phase 2 and phase 3); the rest ask none.
+    assert len(asked) <= 2 * passes
+
+
+def test_the_memory_of_open_passes_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execkit._redact import gate
+
+    monkeypatch.setattr(gate, "_OPEN_BY_ANCHORS", {})
+    monkeypatch.setattr(gate, "_OPEN_BY_ANCHORS_MAX", 3)
+    words = ["token", "secret", "password", "bearer", "apikey", "cookie", "sk-"]
+    for count in range(1, len(words) + 1):
+        redact(" ".join(words[:count]) + " = x")
+        assert len(gate._OPEN_BY_ANCHORS) <= 3

@@ -331,7 +331,7 @@ def extra_spans(text: str, gate: Gate, secrets: Sequence[str]) -> SpanList:
             while found >= 0:
                 found_spans.append((found, found + len(form), found, found + len(form)))
                 found = text.find(form, found + len(form))
-    steps = [step for step in EXTRA_PASSES if gate.opens(step)]
+    steps = gate.open_among(EXTRA_PASSES)
     starts = _openings_of(text, steps)
     literals = _opening_literals() if starts is not None else ()
     for step in steps:
@@ -351,9 +351,7 @@ def reference_rules(text: str, gate: Gate) -> str:
     """Phase 2 over `text` (`gate` is its gate), each rule over what the one before left."""
     current = text
     low: str | None = None
-    for step in REFERENCE_PASSES:
-        if not gate.opens(step):
-            continue
+    for step in gate.open_among(REFERENCE_PASSES):
         if step.folded and low is None:
             low = gate.fold() if current is text else fold(current)
         found = find_spans(step, current, low or "", gate)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from execkit._redact import scan
 from execkit._redact.record import Anchor
@@ -134,6 +134,15 @@ class Opening(Protocol):
     def lead(self) -> bool: ...
 
 
+_O = TypeVar("_O", bound=Opening)
+
+# `Gate.open_among`'s memory: per (passes, anchors found), the passes that open. A text
+# whose anchors were all looked for opens the passes its anchors decide, and texts of one
+# kind (request keys, ids, messages) hold the same few sets of anchors.
+_OPEN_BY_ANCHORS: dict[tuple[int, int], tuple[Sequence[Any], tuple[Any, ...]]] = {}
+_OPEN_BY_ANCHORS_MAX = 4096  # sets remembered; past it, the memory starts again
+
+
 class Gate:
     """Which anchors occur in one text; each is looked for at most once."""
 
@@ -166,6 +175,24 @@ class Gate:
     def empty(self) -> bool:
         """True when the text is short and holds no anchor at all."""
         return not self._state and not self._bits
+
+    def open_among(self, passes: tuple[_O, ...]) -> tuple[_O, ...]:
+        """The passes of `passes` that `opens`, in order. When every anchor was looked for
+        (a short text, or any text under Hyperscan) the answer depends only on which were
+        found, and is remembered for them: hundreds of passes are not asked one by one
+        again for each key or message of the same kind."""
+        if self._state:
+            return tuple(step for step in passes if self.opens(step))
+        key = (id(passes), self._bits)
+        held = _OPEN_BY_ANCHORS.get(key)
+        if held is not None and held[0] is passes:  # not another tuple at a reused id
+            opening: tuple[_O, ...] = held[1]
+            return opening
+        opening = tuple(step for step in passes if self.opens(step))
+        if len(_OPEN_BY_ANCHORS) >= _OPEN_BY_ANCHORS_MAX:
+            _OPEN_BY_ANCHORS.clear()
+        _OPEN_BY_ANCHORS[key] = (passes, opening)
+        return opening
 
     def opens(self, step: Opening) -> bool:
         """True when each of the pass's anchor groups has a member in the text. For a

@@ -204,17 +204,16 @@ class Trace:
         self.phase1 = (self.pieces, self.current)
         if self.current is not self.original:
             self.gate = Gate(self.current)
-        for step in REFERENCE_PASSES:
-            if self.gate.opens(step):
-                if self.current is self.phase1[1]:
-                    low = self.gate.fold() if step.folded else ""
-                else:
-                    if self._low is None and step.folded:
-                        self._low = fold(self.current)
-                    low = self._low or ""
-                spans = find_spans(step, self.current, low, self.gate)
-                if spans:
-                    self._replace(spans)
+        for step in self.gate.open_among(REFERENCE_PASSES):
+            if self.current is self.phase1[1]:
+                low = self.gate.fold() if step.folded else ""
+            else:
+                if self._low is None and step.folded:
+                    self._low = fold(self.current)
+                low = self._low or ""
+            spans = find_spans(step, self.current, low, self.gate)
+            if spans:
+                self._replace(spans)
 
     def extra_masks(self, secrets: Sequence[str]) -> list[Mask]:
         """Phase 3: what the added shapes mask in the text as phase 1 left it."""
