@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
+import operator
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -36,6 +37,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "TASK_COLUMNS",
+    "TASK_ROW",
     "NamedRow",
     "audit_event_from_row",
     "domain",
@@ -47,6 +49,7 @@ __all__ = [
     "run_from_row",
     "summary_row",
     "task_from_row",
+    "task_from_values",
 ]
 
 
@@ -178,7 +181,9 @@ def run_from_row(row: NamedRow) -> Run:
 
 
 _ATTEMPT_FIELDS = tuple(field.name for field in attrs.fields(Attempt))
-# `_summary_from_row` gives the fields in this order: a change to `Attempt` must change it.
+# `_stored_attempt` sets the fields in this order, and `task_from_values` builds a summary
+# and a record positionally: a change to `Attempt`, `HistorySummary` or `TaskRecord` must
+# change them (the guards below fail at import otherwise).
 _ATTEMPT_ORDER = (
     "number",
     "status",
@@ -192,6 +197,19 @@ _ATTEMPT_ORDER = (
 )
 if _ATTEMPT_FIELDS != _ATTEMPT_ORDER:  # pragma: no cover - a guard for whoever edits Attempt
     raise ImportError(f"Attempt's fields are {_ATTEMPT_FIELDS}; _rows.py reads {_ATTEMPT_ORDER}")
+_SUMMARY_ORDER = (
+    "attempts_used",
+    "charged_attempts",
+    "uncharged_streak",
+    "streak_reason",
+    "running",
+    "last",
+)
+if tuple(f.name for f in attrs.fields(HistorySummary)) != _SUMMARY_ORDER:  # pragma: no cover
+    raise ImportError(f"HistorySummary's fields changed; _rows.py builds {_SUMMARY_ORDER}")
+_RECORD_ORDER = (*TASK_COLUMNS, "summary")
+if tuple(f.name for f in attrs.fields(TaskRecord)) != _RECORD_ORDER:  # pragma: no cover
+    raise ImportError("TaskRecord's fields changed; _rows.py builds TASK_COLUMNS, summary")
 _SET = object.__setattr__
 # Each stored enum's members by value, looked up first on every row (`domain` is the
 # fallback that names a value this execkit does not know).
@@ -200,51 +218,107 @@ _FAILURE_CLASSES = _members(FailureClass)
 _TASK_STATUSES = _members(TaskStatus)
 
 
-def _stored_attempt(*values: Any) -> Attempt:
-    """A summary's last attempt as its columns hold it (`values` in the order of
-    `Attempt`'s fields), without `Attempt`'s validators: every listed task has one, and
-    validating it cost half of listing 100,000 tasks. What they check is held by the
-    schema (the enums, each read through `domain`; the number; the flag) or was checked
-    when the attempt was written; `db check` validates every history and compares each
-    stored summary with it, so a summary edited by hand is reported there. Every field is
-    given: a missing one is a KeyError, not a half-built value."""
-    if len(values) != len(_ATTEMPT_FIELDS):
-        raise KeyError(_ATTEMPT_FIELDS[len(values) :])
-    attempt = object.__new__(Attempt)
-    for name, value in zip(_ATTEMPT_FIELDS, values, strict=True):
-        _SET(attempt, name, value)
+def _stored_attempt(
+    number: int,
+    status: AttemptStatus,
+    failure_class: FailureClass | None,
+    reason: str | None,
+    started_at: float | None,
+    ended_at: float | None,
+    forced: bool,
+    not_before: float | None,
+    stopped: bool,
+) -> Attempt:
+    """A summary's last attempt as its columns hold it, without `Attempt`'s validators:
+    every listed task has one, and validating it cost half of listing 100,000 tasks. What
+    they check is held by the schema (the enums, each read through `domain`; the number;
+    the flag) or was checked when the attempt was written; `db check` validates every
+    history and compares each stored summary with it, so a summary edited by hand is
+    reported there. One statement a field (no loop): the fields are `_ATTEMPT_ORDER`."""
+    attempt = _NEW(Attempt)
+    _SET(attempt, "number", number)
+    _SET(attempt, "status", status)
+    _SET(attempt, "failure_class", failure_class)
+    _SET(attempt, "reason", reason)
+    _SET(attempt, "started_at", started_at)
+    _SET(attempt, "ended_at", ended_at)
+    _SET(attempt, "forced", forced)
+    _SET(attempt, "not_before", not_before)
+    _SET(attempt, "stopped", stopped)
     return attempt
 
 
-def _summary_from_row(row: NamedRow) -> HistorySummary:
-    if row["attempts_used"] is None:  # no summary row (a left join): no history yet
-        return HistorySummary()
-    last = None
-    if row["last_number"] is not None:
-        status, last_class = row["last_status"], row["last_class"]
-        # The fields in `Attempt`'s order: number, status, failure_class, reason,
-        # started_at, ended_at, forced, not_before, stopped.
-        last = _stored_attempt(
-            row["last_number"],
-            _ATTEMPT_STATUSES.get(status) or domain(AttemptStatus, status, "summary last_status"),
-            None
-            if last_class is None
-            else _FAILURE_CLASSES.get(last_class)
-            or domain(FailureClass, last_class, "summary last_class"),
-            row["last_reason"],
-            row["last_started_at"],
-            row["last_ended_at"],
-            bool(row["last_forced"]),
-            row["last_not_before"],
-            bool(row["last_stopped"]),
+_NEW = object.__new__
+_EMPTY_SUMMARY = HistorySummary()
+# The columns of a task row in the order `task_from_values` reads them: a SELECT that
+# names `TASK_ROW` in this order may give its rows as plain tuples (SQLite's listing does:
+# building a dict a row cost more than reading it).
+TASK_ROW = TASK_COLUMNS + SUMMARY_COLUMNS
+
+
+def task_from_values(values: tuple[Any, ...]) -> TaskRecord:
+    """A task row as the values of `TASK_ROW`, in that order (NULL summary columns when
+    it has no summary yet); a tuple of another length is a ValueError."""
+    (
+        task_id,
+        title,
+        status,
+        created_by,
+        created_at,
+        max_attempts,
+        max_uncharged_attempts,
+        retry_requested_by,
+        gave_up_at_attempt,
+        attempts_used,
+        charged_attempts,
+        uncharged_streak,
+        streak_reason,
+        running,
+        last_number,
+        last_status,
+        last_class,
+        last_reason,
+        last_started_at,
+        last_ended_at,
+        last_forced,
+        last_not_before,
+        last_stopped,
+    ) = values
+    if attempts_used is None:  # no summary row (a left join): no history yet
+        summary = _EMPTY_SUMMARY
+    else:
+        last = None
+        if last_number is not None:
+            last = _stored_attempt(
+                last_number,
+                _ATTEMPT_STATUSES.get(last_status)
+                or domain(AttemptStatus, last_status, "summary last_status"),
+                None
+                if last_class is None
+                else _FAILURE_CLASSES.get(last_class)
+                or domain(FailureClass, last_class, "summary last_class"),
+                last_reason,
+                last_started_at,
+                last_ended_at,
+                bool(last_forced),
+                last_not_before,
+                bool(last_stopped),
+            )
+        # Positional, in the field order (HistorySummary has no validators to skip).
+        summary = HistorySummary(
+            attempts_used, charged_attempts, uncharged_streak, streak_reason, running, last
         )
-    return HistorySummary(
-        attempts_used=row["attempts_used"],
-        charged_attempts=row["charged_attempts"],
-        uncharged_streak=row["uncharged_streak"],
-        streak_reason=row["streak_reason"],
-        running=row["running"],
-        last=last,
+    return TaskRecord(
+        task_id,
+        title,
+        _TASK_STATUSES.get(status) or domain(TaskStatus, status, "task {!r} status", task_id),
+        created_by,
+        created_at,
+        max_attempts,
+        max_uncharged_attempts,
+        retry_requested_by,
+        gave_up_at_attempt,
+        summary,
     )
 
 
@@ -272,20 +346,12 @@ def summary_row(summary: HistorySummary) -> dict[str, Any]:
 
 
 def task_from_row(row: NamedRow) -> TaskRecord:
-    """A task row: `TASK_COLUMNS` and `SUMMARY_COLUMNS` (NULL when it has no summary yet)."""
-    return TaskRecord(
-        id=row["id"],
-        title=row["title"],
-        status=_TASK_STATUSES.get(row["status"])
-        or domain(TaskStatus, row["status"], "task {!r} status", row["id"]),
-        created_by=row["created_by"],
-        created_at=row["created_at"],
-        max_attempts=row["max_attempts"],
-        max_uncharged_attempts=row["max_uncharged_attempts"],
-        retry_requested_by=row["retry_requested_by"],
-        gave_up_at_attempt=row["gave_up_at_attempt"],
-        summary=_summary_from_row(row),
-    )
+    """A task row by name: `TASK_COLUMNS` and `SUMMARY_COLUMNS` (NULL when it has no
+    summary yet), read as `task_from_values` reads them in order."""
+    return task_from_values(_task_row_values(row))
+
+
+_task_row_values = operator.itemgetter(*TASK_ROW)  # by name, in one C call
 
 
 def audit_event_from_row(row: NamedRow, detail: dict[str, Any]) -> AuditEvent:

@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 FINISHED_STATUSES = (TaskStatus.DONE, TaskStatus.CANCELLED)
+# The state each finished status shows (`_project`): its own name.
+_FINISHED_STATES = {status: TaskState(status) for status in FINISHED_STATUSES}
 DEFAULT_BUDGET = WorkBudget()
 # The actor of what the ledger does by itself (abandoning an expired run, a repair).
 SYSTEM_ACTOR = "execkit"
@@ -160,34 +162,66 @@ class CoreBase:
     def _project(
         self, task: TaskRecord, now: float, cap: DispatchCap | None, *, force: bool = False
     ) -> Task:
+        """The `Task` that `task` shows at `now`: the one mapping from a stored task to what
+        every surface prints (`get_task`, the listings, the dashboard). A done or cancelled
+        task shows its status with nothing to decide (no bound, reason or next time: the
+        policies' verdict on it is not shown), so no decision is made for it; an open
+        one shows the decision on its summary."""
+        summary = task.summary
         pending = task.retry_requested_by is not None
+        ceiling = task.max_uncharged_attempts
+        if ceiling is None:
+            ceiling = self.budget.max_uncharged_attempts
+        finished = _FINISHED_STATES.get(task.status)
+        if finished is not None:
+            # What `decide_summary` counts for any history: an explicit limit bounds runs
+            # started, the budget bounds charged attempts.
+            used, charged = summary.attempts_used, summary.charged_attempts
+            limit = task.max_attempts
+            remaining = max(0, limit - used if limit else self.budget.max_attempts - charged)
+            return Task(
+                id=task.id,
+                title=task.title,
+                status=task.status,
+                state=finished,
+                blocked_on=None,
+                reason=None,
+                ready=False,
+                max_attempts=limit,
+                attempts_started=used,
+                charged_attempts=charged,
+                uncharged_streak=summary.uncharged_streak,
+                remaining=remaining,
+                next_attempt_at=None,
+                created_by=task.created_by,
+                created_at=task.created_at,
+                max_uncharged_attempts=ceiling,
+                retry_pending=pending,
+                gave_up_at_attempt=task.gave_up_at_attempt,
+            )
         decision = self._decide(task, now, cap, force=force)
-        if task.status in FINISHED_STATUSES:
-            state, blocked_on, reason, next_at = TaskState(task.status), None, None, None
-        else:
-            state, blocked_on = decision.state, decision.blocked_on
-            reason, next_at = decision.reason, decision.next_attempt_at
-            if pending and state is TaskState.READY:
-                reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
+        state, reason = decision.state, decision.reason
+        if pending and state is TaskState.READY:
+            reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
         return Task(
             id=task.id,
             title=task.title,
             status=task.status,
             state=state,
-            blocked_on=blocked_on,
+            blocked_on=decision.blocked_on,
             reason=reason,
             # ADR 0033: `ready` includes that an attempt is still available, and here it is
             # exactly what admission does now: a task in backoff is not ready.
             ready=state is TaskState.READY,
             max_attempts=task.max_attempts,
-            attempts_started=task.summary.attempts_used,
+            attempts_started=summary.attempts_used,
             charged_attempts=decision.charged_attempts,
             uncharged_streak=decision.uncharged_streak,
             remaining=decision.remaining,
-            next_attempt_at=next_at,
+            next_attempt_at=decision.next_attempt_at,
             created_by=task.created_by,
             created_at=task.created_at,
-            max_uncharged_attempts=self._budget_for(task).max_uncharged_attempts,
+            max_uncharged_attempts=ceiling,
             retry_pending=pending,
             gave_up_at_attempt=task.gave_up_at_attempt,
         )

@@ -25,6 +25,7 @@ from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
     SUMMARY_COLUMNS,
+    TASK_ROW,
     audit_event_from_row,
     grant_from_row,
     lane_event_from_row,
@@ -33,13 +34,14 @@ from execkit.ledger._rows import (
     lane_row,
     run_from_row,
     summary_row,
-    task_from_row,
+    task_from_values,
 )
 
 __all__ = ["SqliteTx"]
 
 # Rows are read by column name (`_rows.py`): each SELECT below names every column of its
-# row shape, with the facts schema 3 added taken from the tables it added them in.
+# row shape, with the facts schema 3 added taken from the tables it added them in. A task's
+# row is read in order instead (`TASK_ROW`), and `_task_rows` checks the names of that order.
 _RUN_SELECT = (
     "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
     "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
@@ -127,20 +129,26 @@ class SqliteTx:
     def expect_result(self, run_id: str) -> None:
         pass
 
+    def _task_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[TaskRecord]:
+        """The tasks `sql` (a `_TASK_SELECT`) reads: its rows are plain tuples in the order
+        of `TASK_ROW` (`task_from_values`), checked against the cursor's column names."""
+        cursor = self._conn.execute(sql, params)
+        if tuple(column[0] for column in cursor.description) != TASK_ROW:
+            raise AssertionError(f"{sql!r} does not read TASK_ROW in its order")
+        return [task_from_values(row) for row in cursor.fetchall()]
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
-        row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
-        return None if row is None else task_from_row(row)
+        found = self._task_rows(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,))
+        return found[0] if found else None
 
     def tasks(self) -> list[TaskRecord]:
-        rows = self._named(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
-        return [task_from_row(row) for row in rows]
+        return self._task_rows(f"{_TASK_SELECT} ORDER BY t.seq")
 
     def task_page(
         self, after: str | None, limit: int, status: TaskStatus | None
     ) -> list[TaskRecord]:
         where, params = _page_filter("t.", after, status)
-        sql = f"{_TASK_SELECT}{where} ORDER BY t.seq LIMIT ?"
-        return [task_from_row(row) for row in self._dicts(sql, (*params, limit))]
+        return self._task_rows(f"{_TASK_SELECT}{where} ORDER BY t.seq LIMIT ?", (*params, limit))
 
     def runs(self, task_id: str) -> list[Run]:
         rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
