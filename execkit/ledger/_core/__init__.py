@@ -30,7 +30,7 @@ Rooms outside this package import from `execkit.ledger._core` only, never from i
 
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run
 from execkit.ledger._core.ledger import LedgerCore
-from execkit.ledger._core.store import Store, TaskRecord, Tx
+from execkit.ledger._core.store import Store, TaskRecord, Tx, domain, stored_attempt, summary_row
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -39,4 +39,7 @@ __all__ = [
     "TaskRecord",
     "Tx",
     "attempt_from_run",
+    "domain",
+    "stored_attempt",
+    "summary_row",
 ]

@@ -167,22 +167,23 @@ class CoreBase:
         task shows its status with nothing to decide (no bound, reason or next time: the
         policies' verdict on it is not shown), so no decision is made for it; an open
         one shows the decision on its summary."""
-        summary = task.summary
+        status = task.status
         pending = task.retry_requested_by is not None
         ceiling = task.max_uncharged_attempts
         if ceiling is None:
             ceiling = self.budget.max_uncharged_attempts
-        finished = _FINISHED_STATES.get(task.status)
+        finished = _FINISHED_STATES.get(status)
         if finished is not None:
-            # What `decide_summary` counts for any history: an explicit limit bounds runs
-            # started, the budget bounds charged attempts.
-            used, charged = summary.attempts_used, summary.charged_attempts
+            # Read from the record's columns (no summary built). What `decide_summary`
+            # counts for any history: an explicit limit bounds runs started, the budget
+            # bounds charged attempts.
+            used, charged = task.attempts_used or 0, task.charged_attempts or 0
             limit = task.max_attempts
             remaining = max(0, limit - used if limit else self.budget.max_attempts - charged)
             return Task(
                 id=task.id,
                 title=task.title,
-                status=task.status,
+                status=status,
                 state=finished,
                 blocked_on=None,
                 reason=None,
@@ -190,7 +191,7 @@ class CoreBase:
                 max_attempts=limit,
                 attempts_started=used,
                 charged_attempts=charged,
-                uncharged_streak=summary.uncharged_streak,
+                uncharged_streak=task.uncharged_streak or 0,
                 remaining=remaining,
                 next_attempt_at=None,
                 created_by=task.created_by,
@@ -206,7 +207,7 @@ class CoreBase:
         return Task(
             id=task.id,
             title=task.title,
-            status=task.status,
+            status=status,
             state=state,
             blocked_on=decision.blocked_on,
             reason=reason,
@@ -214,7 +215,7 @@ class CoreBase:
             # exactly what admission does now: a task in backoff is not ready.
             ready=state is TaskState.READY,
             max_attempts=task.max_attempts,
-            attempts_started=summary.attempts_used,
+            attempts_started=decision.attempts_used,
             charged_attempts=decision.charged_attempts,
             uncharged_streak=decision.uncharged_streak,
             remaining=decision.remaining,

@@ -14,38 +14,185 @@ each backend implements them in its own SQL.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Protocol
+import enum
+import functools
+from typing import Any, NamedTuple, Protocol, TypeVar
 
-import attrs
-
-from execkit._budget import AttemptStatus, HistorySummary
+from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
+from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 
-__all__ = ["Store", "TaskRecord", "Tx"]
+__all__ = ["Store", "TaskRecord", "Tx", "domain", "stored_attempt", "summary_row"]
 
 
-def _as_task_status(value: Any) -> TaskStatus:
-    """`value` as a TaskStatus: as it is when it is one already (every row read is: the
-    enum's own call costs more than the rest of building the record)."""
-    return value if type(value) is TaskStatus else TaskStatus(value)
+_E = TypeVar("_E", bound=enum.Enum)
 
 
-@attrs.frozen
-class TaskRecord:
-    """What a backend stores of a task: the task row, its limit and its history's summary."""
+@functools.cache
+def _members(kind: type[_E]) -> dict[Any, _E]:
+    return {member.value: member for member in kind}
+
+
+def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
+    """A stored value as its enum; one this execkit does not know is a StorageError
+    naming the row: `where`, formatted with `keys` (`"run {!r} status", run_id`) only
+    then, as every row read passes through here (a dict lookup, not the enum's call)."""
+    member: _E | None = _members(kind).get(value)
+    if member is not None:
+        return member
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in kind)
+        raise StorageError(
+            f"{where.format(*keys)} holds {value!r}, which is not one of {allowed}; "
+            "`execkit db check` lists every such row"
+        ) from None
+
+
+_NEW = object.__new__
+_SET = object.__setattr__
+_EMPTY_SUMMARY = HistorySummary()
+_ATTEMPT_STATUSES = _members(AttemptStatus)
+_FAILURE_CLASSES = _members(FailureClass)
+_TASK_STATUSES = _members(TaskStatus)
+
+
+def stored_attempt(
+    number: int,
+    status: AttemptStatus,
+    failure_class: FailureClass | None,
+    reason: str | None,
+    started_at: float | None,
+    ended_at: float | None,
+    forced: bool,
+    not_before: float | None,
+    stopped: bool,
+) -> Attempt:
+    """An attempt as the ledger stored it, without `Attempt`'s validators: every listed
+    task has one, and validating it cost half of listing 100,000 tasks. What they check
+    is held by the schema (the enums, each read through `domain`; the number; the flag)
+    or was checked when the attempt was written; `db check` validates every history and
+    compares each stored summary with it, so a summary edited by hand is reported there.
+    One statement a field, in `Attempt`'s field order (tests/test_ledger_rows.py pins it)."""
+    attempt = _NEW(Attempt)
+    _SET(attempt, "number", number)
+    _SET(attempt, "status", status)
+    _SET(attempt, "failure_class", failure_class)
+    _SET(attempt, "reason", reason)
+    _SET(attempt, "started_at", started_at)
+    _SET(attempt, "ended_at", ended_at)
+    _SET(attempt, "forced", forced)
+    _SET(attempt, "not_before", not_before)
+    _SET(attempt, "stopped", stopped)
+    return attempt
+
+
+class TaskRecord(NamedTuple):
+    """What a backend stores of a task: the task row, its limit and its history's summary,
+    as the columns hold them (in the order of `_rows.TASK_ROW`; the summary's are None
+    when the task has no history yet).
+
+    A tuple, made from a row in one call (`TaskRecord._make(row)`): a listing of 100,000
+    tasks makes one per task, and most of them are shown from their columns alone (a done
+    task needs no decision). `status` and `summary` are read from the columns when asked
+    (a value outside its enum is a StorageError naming the row); `with_summary` is the
+    record with another summary.
+    """
 
     id: str
     title: str
-    status: TaskStatus = attrs.field(converter=_as_task_status)
+    stored_status: str
     created_by: str
     created_at: float
     max_attempts: int  # 0 = no explicit limit
     max_uncharged_attempts: int | None  # None = the ledger's budget
     retry_requested_by: str | None  # an operator's pending forced retry, if any
     gave_up_at_attempt: int | None  # a dispatcher moved it to a terminal state here
-    summary: HistorySummary
+    attempts_used: int | None  # None: no summary yet, and so every summary column
+    charged_attempts: int | None
+    uncharged_streak: int | None
+    streak_reason: str | None
+    running: int | None
+    last_number: int | None  # None: no last attempt, and so every last_ column
+    last_status: str | None
+    last_class: str | None
+    last_reason: str | None
+    last_started_at: float | None
+    last_ended_at: float | None
+    last_forced: bool | int | None
+    last_not_before: float | None
+    last_stopped: bool | int | None
+
+    @property
+    def status(self) -> TaskStatus:
+        stored = self.stored_status
+        return _TASK_STATUSES.get(stored) or domain(
+            TaskStatus, stored, "task {!r} status", self.id
+        )
+
+    @property
+    def summary(self) -> HistorySummary:
+        """The history's summary as its columns hold it (built at each call)."""
+        if self.attempts_used is None:  # no summary row (a left join): no history yet
+            return _EMPTY_SUMMARY
+        last = None
+        if self.last_number is not None:
+            status, klass = self.last_status, self.last_class
+            last = stored_attempt(
+                self.last_number,
+                _ATTEMPT_STATUSES.get(status)
+                or domain(AttemptStatus, status, "task {!r} summary last_status", self.id),
+                None
+                if klass is None
+                else _FAILURE_CLASSES.get(klass)
+                or domain(FailureClass, klass, "task {!r} summary last_class", self.id),
+                self.last_reason,
+                self.last_started_at,
+                self.last_ended_at,
+                bool(self.last_forced),
+                self.last_not_before,
+                bool(self.last_stopped),
+            )
+        # Positional, in the field order (HistorySummary has no validators to skip).
+        return HistorySummary(
+            self.attempts_used,
+            self.charged_attempts or 0,
+            self.uncharged_streak or 0,
+            self.streak_reason,
+            self.running,
+            last,
+        )
+
+    def with_summary(self, summary: HistorySummary) -> TaskRecord:
+        """This record with `summary` in its summary columns."""
+        return self._replace(**summary_row(summary))
+
+
+def summary_row(summary: HistorySummary) -> dict[str, Any]:
+    """`summary` as the values of its columns (`_rows.SUMMARY_COLUMNS`), by name (enums
+    as their strings): what a backend writes, and what a `TaskRecord` holds."""
+    last = summary.last
+    return {
+        "attempts_used": summary.attempts_used,
+        "charged_attempts": summary.charged_attempts,
+        "uncharged_streak": summary.uncharged_streak,
+        "streak_reason": summary.streak_reason,
+        "running": summary.running,
+        "last_number": None if last is None else last.number,
+        "last_status": None if last is None else str(last.status),
+        "last_class": None
+        if last is None or last.failure_class is None
+        else str(last.failure_class),
+        "last_reason": None if last is None else last.reason,
+        "last_started_at": None if last is None else last.started_at,
+        "last_ended_at": None if last is None else last.ended_at,
+        "last_forced": last is not None and last.forced,
+        "last_not_before": None if last is None else last.not_before,
+        "last_stopped": last is not None and last.stopped,
+    }
 
 
 class Tx(Protocol):

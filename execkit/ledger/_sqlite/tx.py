@@ -34,7 +34,6 @@ from execkit.ledger._rows import (
     lane_row,
     run_from_row,
     summary_row,
-    task_from_values,
 )
 
 __all__ = ["SqliteTx"]
@@ -131,11 +130,13 @@ class SqliteTx:
 
     def _task_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[TaskRecord]:
         """The tasks `sql` (a `_TASK_SELECT`) reads: its rows are plain tuples in the order
-        of `TASK_ROW` (`task_from_values`), checked against the cursor's column names."""
+        of `TASK_ROW`, each a `TaskRecord` as it is (checked against the cursor's column
+        names, once a statement)."""
         cursor = self._conn.execute(sql, params)
         if tuple(column[0] for column in cursor.description) != TASK_ROW:
             raise AssertionError(f"{sql!r} does not read TASK_ROW in its order")
-        return [task_from_values(row) for row in cursor.fetchall()]
+        make = TaskRecord._make
+        return [make(row) for row in cursor.fetchall()]
 
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         found = self._task_rows(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,))
