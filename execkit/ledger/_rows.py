@@ -121,6 +121,7 @@ LANE_COLUMNS = (
 )
 LANE_EVENT_COLUMNS = ("lane", "kind", "at", "actor", "run_id", "task_id", "until_at", "reason")
 
+
 def run_from_row(row: NamedRow) -> Run:
     run_id = row["id"]
     failure_class = row["failure_class"]

@@ -129,9 +129,7 @@ class TaskRecord(NamedTuple):
     @property
     def status(self) -> TaskStatus:
         stored = self.stored_status
-        return _TASK_STATUSES.get(stored) or domain(
-            TaskStatus, stored, "task {!r} status", self.id
-        )
+        return _TASK_STATUSES.get(stored) or domain(TaskStatus, stored, "task {!r} status", self.id)
 
     @property
     def summary(self) -> HistorySummary:
