@@ -614,10 +614,15 @@ def _task_retry(args: argparse.Namespace) -> int:
 
 
 def _task_line(task: Task) -> str:
+    limit = task.max_attempts
     return (
-        f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
-        f"{_limit_text(task)}  {safe_text(task.title)}"
+        f"{task.id}  {_PADDED_STATES[task.state]} attempts {task.attempts_started}/"
+        f"{limit if limit else '-'}  {safe_text(task.title)}"
     )
+
+
+# Each state as a listing line shows it, padded to 9 (`f"{state:<9}"`, once a state).
+_PADDED_STATES = {state: f"{state:<9}" for state in TaskState}
 
 
 def task_json(task: Task) -> str:

@@ -71,6 +71,8 @@ def safe_text(text: str, *, multiline: bool = False) -> str:
     With `multiline`, newlines and tabs are kept as they are. Text without controls is
     returned unchanged.
     """
+    if text.isprintable():  # no control at all (each is unprintable): the common case
+        return text
     return text.translate(_ESCAPES_MULTILINE if multiline else _ESCAPES)
 
 

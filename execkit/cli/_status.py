@@ -149,12 +149,14 @@ def status_table_lines(rows: Iterable[IssueStatus], now: float) -> Iterator[str]
 
 
 def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> Iterator[str]:
-    """`block`'s lines, each column padded to its widest cell so far (`widths`, updated)."""
-    for i in range(len(widths)):
-        widths[i] = max(widths[i], *(len(line[i]) for line in block))
+    """`block`'s lines, each column padded to its widest cell so far (`widths`, updated).
+    Measured a column at a time and written with one format a line (its pads in it): a
+    status of 100,000 issues writes 100,000 lines."""
+    for i, column in enumerate(list(zip(*block, strict=True))[:-1]):
+        widths[i] = max(widths[i], *map(len, column))
+    line_format = "".join(f"{{:<{width}}}  " for width in widths) + "{}"
     for line in block:
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
-        yield "  ".join([*cells, line[-1]]).rstrip()
+        yield line_format.format(*line).rstrip()
 
 
 @contextlib.contextmanager

@@ -132,28 +132,32 @@ class TaskRecord(NamedTuple):
         return _TASK_STATUSES.get(stored) or domain(TaskStatus, stored, "task {!r} status", self.id)
 
     @property
+    def last(self) -> Attempt | None:
+        """The history's last attempt as the summary columns hold it (built at each call)."""
+        if self.last_number is None:
+            return None
+        status, klass = self.last_status, self.last_class
+        return stored_attempt(
+            self.last_number,
+            _ATTEMPT_STATUSES.get(status)
+            or domain(AttemptStatus, status, "task {!r} summary last_status", self.id),
+            None
+            if klass is None
+            else _FAILURE_CLASSES.get(klass)
+            or domain(FailureClass, klass, "task {!r} summary last_class", self.id),
+            self.last_reason,
+            self.last_started_at,
+            self.last_ended_at,
+            bool(self.last_forced),
+            self.last_not_before,
+            bool(self.last_stopped),
+        )
+
+    @property
     def summary(self) -> HistorySummary:
         """The history's summary as its columns hold it (built at each call)."""
         if self.attempts_used is None:  # no summary row (a left join): no history yet
             return _EMPTY_SUMMARY
-        last = None
-        if self.last_number is not None:
-            status, klass = self.last_status, self.last_class
-            last = stored_attempt(
-                self.last_number,
-                _ATTEMPT_STATUSES.get(status)
-                or domain(AttemptStatus, status, "task {!r} summary last_status", self.id),
-                None
-                if klass is None
-                else _FAILURE_CLASSES.get(klass)
-                or domain(FailureClass, klass, "task {!r} summary last_class", self.id),
-                self.last_reason,
-                self.last_started_at,
-                self.last_ended_at,
-                bool(self.last_forced),
-                self.last_not_before,
-                bool(self.last_stopped),
-            )
         # Positional, in the field order (HistorySummary has no validators to skip).
         return HistorySummary(
             self.attempts_used,
@@ -161,7 +165,7 @@ class TaskRecord(NamedTuple):
             self.uncharged_streak or 0,
             self.streak_reason,
             self.running,
-            last,
+            self.last,
         )
 
     def with_summary(self, summary: HistorySummary) -> TaskRecord:
