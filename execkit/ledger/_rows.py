@@ -18,6 +18,8 @@ import json
 import operator
 from typing import Any, Protocol
 
+import attrs
+
 from execkit._budget import AttemptStatus
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, StorageError
@@ -43,6 +45,7 @@ __all__ = [
     "lane_from_row",
     "lane_row",
     "run_from_row",
+    "run_from_values",
     "summary_row",
     "task_from_row",
 ]
@@ -123,32 +126,64 @@ LANE_EVENT_COLUMNS = ("lane", "kind", "at", "actor", "run_id", "task_id", "until
 
 
 def run_from_row(row: NamedRow) -> Run:
-    run_id = row["id"]
-    failure_class = row["failure_class"]
+    """A run row by name (`RUN_COLUMNS`)."""
+    return run_from_values(_run_row_values(row))
+
+
+def run_from_values(values: tuple[Any, ...]) -> Run:
+    """A run row as the values of `RUN_COLUMNS`, in that order (`Run`'s own field order:
+    built positionally); a tuple of another length is a ValueError."""
+    (
+        run_id,
+        task_id,
+        attempt,
+        status,
+        failure_class,
+        reason,
+        request_key,
+        actor,
+        forced,
+        started_at,
+        ended_at,
+        owner_host,
+        owner_pid,
+        lease_expires_at,
+        not_before,
+        owner_boot_id,
+        owner_pid_namespace,
+        owner_pid_started_at,
+        owner_instance,
+        stopped,
+    ) = values
     return Run(
-        id=run_id,
-        task_id=row["task_id"],
-        attempt=row["attempt"],
-        status=domain(AttemptStatus, row["status"], "run {!r} status", run_id),
-        failure_class=None
+        run_id,
+        task_id,
+        attempt,
+        domain(AttemptStatus, status, "run {!r} status", run_id),
+        None
         if failure_class is None
         else domain(FailureClass, failure_class, "run {!r} class", run_id),
-        reason=row["reason"],
-        request_key=row["request_key"],
-        actor=row["actor"],
-        forced=bool(row["forced"]),
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        owner_host=row["owner_host"],
-        owner_pid=row["owner_pid"],
-        lease_expires_at=row["lease_expires_at"],
-        not_before=row["not_before"],
-        owner_boot_id=row["owner_boot_id"],
-        owner_pid_namespace=row["owner_pid_namespace"],
-        owner_pid_started_at=row["owner_pid_started_at"],
-        owner_instance=row["owner_instance"],
-        stopped=bool(row["stopped"]),
+        reason,
+        request_key,
+        actor,
+        bool(forced),
+        started_at,
+        ended_at,
+        owner_host,
+        owner_pid,
+        lease_expires_at,
+        not_before,
+        owner_boot_id,
+        owner_pid_namespace,
+        owner_pid_started_at,
+        owner_instance,
+        bool(stopped),
     )
+
+
+_run_row_values = operator.itemgetter(*RUN_COLUMNS)  # by name, in one C call
+if tuple(field.name for field in attrs.fields(Run)) != RUN_COLUMNS:  # pragma: no cover
+    raise ImportError("Run's fields are not RUN_COLUMNS in order; _rows.py builds them so")
 
 
 # The columns of a task row, in the order of `TaskRecord`'s fields: a backend reads a task

@@ -24,6 +24,7 @@ from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
+    RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_ROW,
     audit_event_from_row,
@@ -33,6 +34,7 @@ from execkit.ledger._rows import (
     lane_from_row,
     lane_row,
     run_from_row,
+    run_from_values,
     summary_row,
 )
 
@@ -151,17 +153,24 @@ class SqliteTx:
         where, params = _page_filter("t.", after, status)
         return self._task_rows(f"{_TASK_SELECT}{where} ORDER BY t.seq LIMIT ?", (*params, limit))
 
+    def _run_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Run]:
+        """The runs `sql` (a `_RUN_SELECT`) reads, as plain tuples in the order of
+        `RUN_COLUMNS` (checked against the cursor's column names, once a statement)."""
+        cursor = self._conn.execute(sql, params)
+        if tuple(column[0] for column in cursor.description) != RUN_COLUMNS:
+            raise AssertionError(f"{sql!r} does not read RUN_COLUMNS in their order")
+        return [run_from_values(row) for row in cursor.fetchall()]
+
     def runs(self, task_id: str) -> list[Run]:
-        rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
-        return [run_from_row(row) for row in rows.fetchall()]
+        return self._run_rows(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
 
     def runs_of(self, task_ids: list[str]) -> list[Run]:
         marks = ", ".join("?" * len(task_ids))
         sql = f"{_RUN_SELECT} WHERE r.task_id IN ({marks}) ORDER BY r.seq"
-        return [run_from_row(row) for row in self._dicts(sql, tuple(task_ids))]
+        return self._run_rows(sql, tuple(task_ids))
 
     def all_runs(self) -> list[Run]:
-        return [run_from_row(row) for row in self._dicts(f"{_RUN_SELECT} ORDER BY r.seq")]
+        return self._run_rows(f"{_RUN_SELECT} ORDER BY r.seq")
 
     def run(self, run_id: str) -> Run | None:
         row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
