@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import enum
 import functools
 import itertools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from execkit._budget import BlockedOn
 from execkit._errors import InvalidInput, NotFound, StorageError
 from execkit.cli._args import CliParser, parse_int, parse_seconds
 from execkit.cli._output import (
@@ -51,7 +49,6 @@ from execkit.ledger import (
     Run,
     Task,
     TaskState,
-    TaskStatus,
     ledger_status,
     open_ledger,
     user_name,
@@ -629,91 +626,76 @@ def task_json(task: Task) -> str:
     """`json.dumps(task.to_dict(), sort_keys=True)`, written from the fields directly: a
     JSON listing of 100,000 tasks writes one per task, and building the dict and sorting
     its keys cost more than reading the task. The keys in sorted order, each value as
-    `json.dumps` writes it (ASCII, `float.__repr__`); tests/test_bulk_reads.py compares the
-    two on every kind of task. A field of a type this does not expect (a subclass, a value
-    from a caller that built the Task by hand) is written by `json.dumps` itself."""
-    fields = (
-        task.attempts_started,
-        task.blocked_on,
-        task.charged_attempts,
-        task.created_at,
-        task.created_by,
-        task.gave_up_at_attempt,
-        task.id,
-        task.max_attempts,
-        task.max_uncharged_attempts,
-        task.next_attempt_at,
-        task.ready,
-        task.reason,
-        task.remaining,
-        task.retry_pending,
-        task.state,
-        task.status,
-        task.title,
-        task.uncharged_streak,
-    )
+    `json.dumps` writes it (ASCII, `float.__repr__`); tests/test_bulk_projection.py
+    compares the two on every kind of task. A field of a type this does not expect (a
+    value a caller put in a Task built by hand: a bool for an int, NaN) is written by
+    `json.dumps` itself, the whole task."""
     try:
-        scalars = _json_scalars()
-        writers = [scalars[type(value)] for value in fields]
-    except KeyError:  # a type with no entry: the general encoder, key order and all
+        return _task_json_text(task, *_json_writers())
+    except TypeError:  # a field of another type: the general encoder, key order and all
         import json
 
         return json.dumps(task.to_dict(), sort_keys=True)
-    return _TASK_JSON.format(*[write(value) for write, value in zip(writers, fields, strict=True)])
+
+
+def _task_json_text(
+    t: Task,
+    text: Callable[[str], str],
+    whole: Callable[[int], str],
+    real: Callable[[float], str],
+    flag: Callable[[bool], str],
+) -> str:
+    """The JSON text of `t`; TypeError for a field whose type it does not write."""
+    return (
+        f'{{"attempts_started": {whole(t.attempts_started)}, '
+        f'"blocked_on": {"null" if t.blocked_on is None else text(t.blocked_on)}, '
+        f'"charged_attempts": {whole(t.charged_attempts)}, '
+        f'"created_at": {real(t.created_at)}, "created_by": {text(t.created_by)}, '
+        '"gave_up_at_attempt": '
+        f"{'null' if t.gave_up_at_attempt is None else whole(t.gave_up_at_attempt)}, "
+        f'"id": {text(t.id)}, "max_attempts": {whole(t.max_attempts)}, '
+        f'"max_uncharged_attempts": {whole(t.max_uncharged_attempts)}, '
+        '"next_attempt_at": '
+        f"{'null' if t.next_attempt_at is None else real(t.next_attempt_at)}, "
+        f'"ready": {flag(t.ready)}, '
+        f'"reason": {"null" if t.reason is None else text(t.reason)}, '
+        f'"remaining": {"null" if t.remaining is None else whole(t.remaining)}, '
+        f'"retry_pending": {flag(t.retry_pending)}, '
+        f'"state": {text(t.state)}, "status": {text(t.status)}, "title": {text(t.title)}, '
+        f'"uncharged_streak": {whole(t.uncharged_streak)}}}'
+    )
 
 
 @functools.cache
-def _json_scalars() -> dict[type[Any], Callable[[Any], str]]:
-    """How `json.dumps` writes each scalar a Task holds, by exact type (a bool is no int
-    here, an enum member is its value): read at the first JSON listing, as `json` is."""
-    import json
+def _json_writers() -> tuple[
+    Callable[[str], str], Callable[[int], str], Callable[[float], str], Callable[[bool], str]
+]:
+    """How `json.dumps` writes a str (an enum member is its value), an int, a finite float
+    and a bool; each raises TypeError for any other value. Made at the first JSON listing,
+    as `json` is imported."""
     from json.encoder import encode_basestring_ascii  # C: the encoder's own
 
-    def string(value: str) -> str:
-        return str(encode_basestring_ascii(value))
+    def text(value: str) -> str:
+        return str(encode_basestring_ascii(value))  # TypeError for anything but a str
 
-    def member(value: enum.Enum) -> str:
-        return str(encode_basestring_ascii(value.value))
+    def whole(value: int) -> str:
+        if value.__class__ is bool:  # an int to Python, `true` to JSON
+            raise TypeError("a bool where an int belongs")
+        return int.__repr__(value)  # TypeError for anything but an int
 
-    def number(value: float) -> str:
-        if value - value == 0:  # finite: what the encoder writes, `float.__repr__`
-            return float.__repr__(value)
-        return json.dumps(value)  # NaN, Infinity: the encoder's own words
+    def real(value: float) -> str:
+        if value.__class__ is not float or value - value != 0:  # an int, NaN, Infinity
+            raise TypeError("not a finite float")
+        return float.__repr__(value)
 
-    return {
-        str: string,
-        int: int.__repr__,
-        float: number,
-        TaskState: member,
-        TaskStatus: member,
-        BlockedOn: member,
-        bool: lambda value: "true" if value else "false",
-        type(None): lambda _value: "null",
-    }
+    def flag(value: bool) -> str:
+        if value is True:
+            return "true"
+        if value is False:
+            return "false"
+        raise TypeError("not a bool")
 
-
-_TASK_KEYS = (
-    "attempts_started",
-    "blocked_on",
-    "charged_attempts",
-    "created_at",
-    "created_by",
-    "gave_up_at_attempt",
-    "id",
-    "max_attempts",
-    "max_uncharged_attempts",
-    "next_attempt_at",
-    "ready",
-    "reason",
-    "remaining",
-    "retry_pending",
-    "state",
-    "status",
-    "title",
-    "uncharged_streak",
-)
-# A format string: the document's own braces doubled, one `{}` a value.
-_TASK_JSON = "{{" + ", ".join(f'"{key}": {{}}' for key in _TASK_KEYS) + "}}"
+    return text, whole, real, flag
 
 
 def _primed(items: Iterator[_T]) -> Iterator[_T]:
