@@ -588,14 +588,18 @@ def _verdict(
     next_at = None
     if reference is not None:
         next_at = reference + backoff.delay(used, f"{last.number}:{last.started_at!r}")
-    waiting = f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}"
-    if last.not_before is not None and (next_at is None or last.not_before > next_at):
+    vendor = last.not_before is not None and (next_at is None or last.not_before > next_at)
+    if vendor:
         # The vendor named the time it takes requests again: never earlier than that.
         next_at = last.not_before
-        waiting = f"waiting for the vendor's reset time after attempt {last.number}"
     if next_at is None:  # a legacy record without times: nothing to wait from
         return TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}", None, None
     if now < next_at and not ignore_backoff:
+        waiting = (
+            f"waiting for the vendor's reset time after attempt {last.number}"
+            if vendor
+            else f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}"
+        )
         return TaskState.BACKOFF, NextAction.WAIT, waiting, None, next_at
     return TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}", None, next_at
 

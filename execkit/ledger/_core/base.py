@@ -44,6 +44,30 @@ __all__ = [
 FINISHED_STATUSES = (TaskStatus.DONE, TaskStatus.CANCELLED)
 # The state each finished status shows (`_project`): its own name.
 _FINISHED_STATES = {status: TaskState(status) for status in FINISHED_STATUSES}
+# `_project` builds a Task positionally (keywords cost a third more, once a listed task):
+# in this order, which a change to `Task` must keep or change there too.
+_TASK_FIELDS = (
+    "id",
+    "title",
+    "status",
+    "state",
+    "blocked_on",
+    "reason",
+    "ready",
+    "max_attempts",
+    "attempts_started",
+    "charged_attempts",
+    "uncharged_streak",
+    "remaining",
+    "next_attempt_at",
+    "created_by",
+    "created_at",
+    "max_uncharged_attempts",
+    "retry_pending",
+    "gave_up_at_attempt",
+)
+if tuple(field.name for field in attrs.fields(Task)) != _TASK_FIELDS:  # pragma: no cover
+    raise ImportError(f"Task's fields are not {_TASK_FIELDS}: _project builds them so")
 DEFAULT_BUDGET = WorkBudget()
 # The actor of what the ledger does by itself (abandoning an expired run, a repair).
 SYSTEM_ACTOR = "execkit"
@@ -180,51 +204,51 @@ class CoreBase:
             used, charged = task.attempts_used or 0, task.charged_attempts or 0
             limit = task.max_attempts
             remaining = max(0, limit - used if limit else self.budget.max_attempts - charged)
-            return Task(
-                id=task.id,
-                title=task.title,
-                status=status,
-                state=finished,
-                blocked_on=None,
-                reason=None,
-                ready=False,
-                max_attempts=limit,
-                attempts_started=used,
-                charged_attempts=charged,
-                uncharged_streak=task.uncharged_streak or 0,
-                remaining=remaining,
-                next_attempt_at=None,
-                created_by=task.created_by,
-                created_at=task.created_at,
-                max_uncharged_attempts=ceiling,
-                retry_pending=pending,
-                gave_up_at_attempt=task.gave_up_at_attempt,
+            return Task(  # positional, in `_TASK_FIELDS` order: one a listed task
+                task.id,  # id
+                task.title,  # title
+                status,  # status
+                finished,  # state
+                None,  # blocked_on
+                None,  # reason
+                False,  # ready
+                limit,  # max_attempts
+                used,  # attempts_started
+                charged,  # charged_attempts
+                task.uncharged_streak or 0,  # uncharged_streak
+                remaining,  # remaining
+                None,  # next_attempt_at
+                task.created_by,  # created_by
+                task.created_at,  # created_at
+                ceiling,  # max_uncharged_attempts
+                pending,  # retry_pending
+                task.gave_up_at_attempt,  # gave_up_at_attempt
             )
         decision = self._decide(task, now, cap, force=force)
         state, reason = decision.state, decision.reason
         if pending and state is TaskState.READY:
             reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
-        return Task(
-            id=task.id,
-            title=task.title,
-            status=status,
-            state=state,
-            blocked_on=decision.blocked_on,
-            reason=reason,
+        return Task(  # positional, in `_TASK_FIELDS` order
+            task.id,  # id
+            task.title,  # title
+            status,  # status
+            state,  # state
+            decision.blocked_on,  # blocked_on
+            reason,  # reason
             # ADR 0033: `ready` includes that an attempt is still available, and here it is
             # exactly what admission does now: a task in backoff is not ready.
-            ready=state is TaskState.READY,
-            max_attempts=task.max_attempts,
-            attempts_started=decision.attempts_used,
-            charged_attempts=decision.charged_attempts,
-            uncharged_streak=decision.uncharged_streak,
-            remaining=decision.remaining,
-            next_attempt_at=decision.next_attempt_at,
-            created_by=task.created_by,
-            created_at=task.created_at,
-            max_uncharged_attempts=ceiling,
-            retry_pending=pending,
-            gave_up_at_attempt=task.gave_up_at_attempt,
+            state is TaskState.READY,  # ready
+            task.max_attempts,  # max_attempts
+            decision.attempts_used,  # attempts_started
+            decision.charged_attempts,  # charged_attempts
+            decision.uncharged_streak,  # uncharged_streak
+            decision.remaining,  # remaining
+            decision.next_attempt_at,  # next_attempt_at
+            task.created_by,  # created_by
+            task.created_at,  # created_at
+            ceiling,  # max_uncharged_attempts
+            pending,  # retry_pending
+            task.gave_up_at_attempt,  # gave_up_at_attempt
         )
 
     def _load_task(
