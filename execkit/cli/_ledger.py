@@ -716,7 +716,7 @@ def _task_list(args: argparse.Namespace) -> int:
             if args.json:
                 print_json_list("tasks", tasks, encoded=task_json)
             else:
-                write_lines(_task_line(task) for task in tasks)
+                write_lines(map(_task_line, tasks))
             return 0
         page = list(itertools.islice(tasks, limit + 1))
     more = len(page) > limit
@@ -725,7 +725,7 @@ def _task_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"next_after": next_after, "tasks": [task.to_dict() for task in page]})
         return 0
-    write_lines(_task_line(task) for task in page)
+    write_lines(map(_task_line, page))
     if next_after is not None:
         emit(f"more: continue with --after {safe_text(next_after)}")
     return 0
