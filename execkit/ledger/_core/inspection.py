@@ -21,7 +21,7 @@ from execkit._errors import HistoryError, InvalidInput
 from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
 from execkit.ledger._core.inputs import moment
 from execkit.ledger._core.leases import LeaseOps
-from execkit.ledger._core.store import TaskRecord, stored_attempt, summary_row
+from execkit.ledger._core.store import SUMMARY_AT, TaskRecord, stored_attempt, summary_values
 from execkit.ledger._model import LIST_PAGE, AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
 
 __all__ = ["InspectionOps"]
@@ -150,16 +150,15 @@ class InspectionOps(LeaseOps):
 
 _ABANDONED = AttemptStatus.ABANDONED
 _EMPTY_SUMMARY = HistorySummary()
-_SUMMARY_AT = TaskRecord._fields.index("attempts_used")  # the summary's columns from here
 
 
 def _stored_as(task: TaskRecord, expected: HistorySummary) -> bool:
     """Whether `task`'s stored summary is `expected` (`task.summary == expected`), compared
-    column by column as `summary_row` writes it (no summary built a task: `db check`
+    column by column as `summary_values` gives it (no summary built a task: `db check`
     compares every task's). A task with no summary row holds the empty summary."""
     if task.attempts_used is None:
         return expected == _EMPTY_SUMMARY
-    return task[_SUMMARY_AT:] == tuple(summary_row(expected).values())
+    return task[SUMMARY_AT:] == summary_values(expected)
 
 
 def _checked_attempt(run: Run) -> Attempt:

@@ -24,7 +24,16 @@ from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 
-__all__ = ["Store", "TaskRecord", "Tx", "domain", "stored_attempt", "summary_row"]
+__all__ = [
+    "SUMMARY_AT",
+    "Store",
+    "TaskRecord",
+    "Tx",
+    "domain",
+    "stored_attempt",
+    "summary_row",
+    "summary_values",
+]
 
 
 _E = TypeVar("_E", bound=enum.Enum)
@@ -170,31 +179,56 @@ class TaskRecord(NamedTuple):
 
     def with_summary(self, summary: HistorySummary) -> TaskRecord:
         """This record with `summary` in its summary columns."""
-        return self._replace(**summary_row(summary))
+        return TaskRecord._make(self[:SUMMARY_AT] + summary_values(summary))
+
+
+# Where a record's summary columns start: `attempts_used` and every field after it.
+SUMMARY_AT = TaskRecord._fields.index("attempts_used")
+
+
+def summary_values(summary: HistorySummary) -> tuple[Any, ...]:
+    """`summary` as the values of its columns, in `TaskRecord`'s order from `SUMMARY_AT`
+    (enums as their strings): what a backend writes (`summary_row`), what a record holds,
+    and what `db check` compares a stored summary with."""
+    last = summary.last
+    if last is None:
+        return (
+            summary.attempts_used,
+            summary.charged_attempts,
+            summary.uncharged_streak,
+            summary.streak_reason,
+            summary.running,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            None,
+            False,
+        )
+    return (
+        summary.attempts_used,
+        summary.charged_attempts,
+        summary.uncharged_streak,
+        summary.streak_reason,
+        summary.running,
+        last.number,
+        str(last.status),
+        None if last.failure_class is None else str(last.failure_class),
+        last.reason,
+        last.started_at,
+        last.ended_at,
+        last.forced,
+        last.not_before,
+        last.stopped,
+    )
 
 
 def summary_row(summary: HistorySummary) -> dict[str, Any]:
-    """`summary` as the values of its columns (`_rows.SUMMARY_COLUMNS`), by name (enums
-    as their strings): what a backend writes, and what a `TaskRecord` holds."""
-    last = summary.last
-    return {
-        "attempts_used": summary.attempts_used,
-        "charged_attempts": summary.charged_attempts,
-        "uncharged_streak": summary.uncharged_streak,
-        "streak_reason": summary.streak_reason,
-        "running": summary.running,
-        "last_number": None if last is None else last.number,
-        "last_status": None if last is None else str(last.status),
-        "last_class": None
-        if last is None or last.failure_class is None
-        else str(last.failure_class),
-        "last_reason": None if last is None else last.reason,
-        "last_started_at": None if last is None else last.started_at,
-        "last_ended_at": None if last is None else last.ended_at,
-        "last_forced": last is not None and last.forced,
-        "last_not_before": None if last is None else last.not_before,
-        "last_stopped": last is not None and last.stopped,
-    }
+    """`summary` as the values of its columns (`_rows.SUMMARY_COLUMNS`), by name."""
+    return dict(zip(TaskRecord._fields[SUMMARY_AT:], summary_values(summary), strict=True))
 
 
 class Tx(Protocol):
