@@ -10,6 +10,10 @@ below, never positions, so a column added to a table or a SELECT cannot shift th
 `%(name)s`). A column missing from a row is a KeyError: a bug in a SELECT, which the contract
 tests meet on their first read. A stored value outside its enum (a newer writer, a hand
 edit) is a StorageError naming the row, never a traceback.
+
+A backend whose SELECT names the columns in these orders may read its rows as plain tuples
+instead (`TaskRecord._make(row)`, `run_from_values(row)`): SQLite does, for the listings of
+100,000 rows, and checks the cursor's column names against `TASK_ROW` and `RUN_COLUMNS`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from execkit._budget import AttemptStatus
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, StorageError
 from execkit._lanes import LaneEvent, LaneEventKind, LaneState, LaneSummary
-from execkit.ledger._core import TaskRecord, domain, summary_row
+from execkit.ledger._core import SUMMARY_AT, TaskRecord, domain, summary_row
 from execkit.ledger._model import AuditEvent, Grant, Run
 
 __all__ = [
@@ -190,8 +194,11 @@ if tuple(field.name for field in attrs.fields(Run)) != RUN_COLUMNS:  # pragma: n
 # row as `TaskRecord._make(row)` when its SELECT names them in this order (SQLite's does),
 # else by name (`task_from_row`).
 TASK_ROW = TASK_COLUMNS + SUMMARY_COLUMNS
-if len(TaskRecord._fields) != len(TASK_ROW):  # pragma: no cover - a guard for an editor
-    raise ImportError(f"TaskRecord has {len(TaskRecord._fields)} fields; TASK_ROW names {TASK_ROW}")
+_RECORD_FIELDS = TaskRecord._fields
+if (  # pragma: no cover - a guard for whoever edits either
+    len(_RECORD_FIELDS) != len(TASK_ROW) or _RECORD_FIELDS[SUMMARY_AT:] != SUMMARY_COLUMNS
+):
+    raise ImportError(f"TaskRecord's fields {_RECORD_FIELDS} are not the columns {TASK_ROW}")
 
 
 def task_from_row(row: NamedRow) -> TaskRecord:

@@ -30,10 +30,19 @@ Rooms outside this package import from `execkit.ledger._core` only, never from i
 
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run
 from execkit.ledger._core.ledger import LedgerCore
-from execkit.ledger._core.store import Store, TaskRecord, Tx, domain, stored_attempt, summary_row
+from execkit.ledger._core.store import (
+    SUMMARY_AT,
+    Store,
+    TaskRecord,
+    Tx,
+    domain,
+    stored_attempt,
+    summary_row,
+)
 
 __all__ = [
     "FINISHED_STATUSES",
+    "SUMMARY_AT",
     "LedgerCore",
     "Store",
     "TaskRecord",
