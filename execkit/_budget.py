@@ -82,6 +82,7 @@ __all__ = [
     "decide",
     "decide_replans",
     "decide_summary",
+    "decision_fields",
     "summarize",
     "validate_history",
 ]
@@ -519,6 +520,29 @@ def decide_summary(
 
     Raises `InvalidInput` for a non-finite `now`.
     """
+    # Positional, in the field order: the admission path decides once per admission.
+    return Decision(
+        *decision_fields(
+            summary, budget, limit, backoff, now, cap, force=force, ignore_backoff=ignore_backoff
+        )
+    )
+
+
+def decision_fields(
+    summary: HistorySummary,
+    budget: WorkBudget,
+    limit: ExplicitLimit | None,
+    backoff: Backoff,
+    now: float | None,
+    cap: DispatchCap | None,
+    *,
+    force: bool,
+    ignore_backoff: bool,
+) -> tuple[TaskState, BlockedOn | None, NextAction, float | None, str | None, int, int, int, int]:
+    """`decide_summary`'s Decision as the tuple of its fields, in their order (`state`,
+    `blocked_on`, `next_action`, `next_attempt_at`, `reason`, `attempts_used`,
+    `charged_attempts`, `uncharged_streak`, `remaining`): what a listing of 100,000 tasks
+    reads of each decision, without the Decision. Raises as `decide_summary` does."""
     if now is None:
         now = time.time()
     # A float is checked with one comparison; anything else as `is_number` checks it.
@@ -534,8 +558,7 @@ def decide_summary(
     state, next_action, reason, blocked_on, next_attempt_at = _verdict(
         summary, budget, limit, backoff, now, cap, force, ignore_backoff
     )
-    # Positional, in the field order: a listing decides once per task it shows.
-    return Decision(
+    return (
         state,
         blocked_on,
         next_action,

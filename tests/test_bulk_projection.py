@@ -20,6 +20,7 @@ from ledger_backends import AnyLedger
 import execkit.ledger._core.base as base_module
 from execkit._budget import (
     Attempt,
+    Decision,
     ExplicitLimit,
     HistorySummary,
     TaskState,
@@ -203,12 +204,14 @@ def test_a_listing_decides_and_builds_a_summary_only_for_open_tasks(
 ) -> None:
     made = _every_kind(ledger)
     open_ids = {t.id for t in ledger.iter_tasks(now=NOW) if t.status is TaskStatus.OPEN}
-    decisions = _count_calls(monkeypatch, base_module, "decide_summary")
+    decisions = _count_calls(monkeypatch, base_module, "decision_fields")
+    built = _count_calls(monkeypatch, Decision, "__init__")
     summaries = _count_calls(monkeypatch, HistorySummary, "__init__")
     attempts = _count_calls(monkeypatch, Attempt, "__init__")
     listed = list(ledger.iter_tasks(now=NOW))
     assert len(listed) == len(made) > len(open_ids)
     assert len(decisions) == len(open_ids), "a done or cancelled task is not decided on"
+    assert built == [], "a listed task is shown from the decision's fields, no Decision made"
     # At most one summary an open task (the one its decision reads; a task with no summary
     # row yet has the empty one), none for a done or cancelled task.
     assert len(summaries) <= len(open_ids), "a summary only where a decision reads it"

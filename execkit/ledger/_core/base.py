@@ -24,7 +24,7 @@ from execkit._budget import (
     HistorySummary,
     TaskState,
     WorkBudget,
-    decide_summary,
+    decision_fields,
     summarize,
 )
 from execkit._errors import Conflict, HistoryError, NotFound
@@ -168,11 +168,26 @@ class CoreBase:
         force: bool = False,
         ignore_backoff: bool = False,
     ) -> Decision:
+        return Decision(
+            *self._decision_fields(task, now, cap, force=force, ignore_backoff=ignore_backoff)
+        )
+
+    def _decision_fields(
+        self,
+        task: TaskRecord,
+        now: float,
+        cap: DispatchCap | None,
+        *,
+        force: bool = False,
+        ignore_backoff: bool = False,
+    ) -> tuple[Any, ...]:
+        """The decision on `task`'s summary, as `decision_fields` gives it (a listing shows
+        it without building the Decision)."""
         limit = ExplicitLimit(task.max_attempts) if task.max_attempts else None
         # An operator's pending retry is forced and runs when the operator asked, not after
         # the backoff: it is what the next admission does, so it is what the task shows.
         pending = task.retry_requested_by is not None
-        return decide_summary(
+        return decision_fields(
             task.summary,
             self._budget_for(task),
             limit,
@@ -224,8 +239,17 @@ class CoreBase:
                 pending,  # retry_pending
                 task.gave_up_at_attempt,  # gave_up_at_attempt
             )
-        decision = self._decide(task, now, cap, force=force)
-        state, reason = decision.state, decision.reason
+        (
+            state,
+            blocked_on,
+            _,
+            next_attempt_at,
+            reason,
+            used,
+            charged,
+            streak,
+            remaining,
+        ) = self._decision_fields(task, now, cap, force=force)
         if pending and state is TaskState.READY:
             reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
         return Task(  # positional, in `_TASK_FIELDS` order
@@ -233,17 +257,17 @@ class CoreBase:
             task.title,  # title
             status,  # status
             state,  # state
-            decision.blocked_on,  # blocked_on
+            blocked_on,  # blocked_on
             reason,  # reason
             # ADR 0033: `ready` includes that an attempt is still available, and here it is
             # exactly what admission does now: a task in backoff is not ready.
             state is TaskState.READY,  # ready
             task.max_attempts,  # max_attempts
-            decision.attempts_used,  # attempts_started
-            decision.charged_attempts,  # charged_attempts
-            decision.uncharged_streak,  # uncharged_streak
-            decision.remaining,  # remaining
-            decision.next_attempt_at,  # next_attempt_at
+            used,  # attempts_started
+            charged,  # charged_attempts
+            streak,  # uncharged_streak
+            remaining,  # remaining
+            next_attempt_at,  # next_attempt_at
             task.created_by,  # created_by
             task.created_at,  # created_at
             ceiling,  # max_uncharged_attempts
