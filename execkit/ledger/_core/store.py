@@ -18,6 +18,8 @@ import enum
 import functools
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+import attrs
+
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
@@ -85,7 +87,7 @@ def stored_attempt(
     is held by the schema (the enums, each read through `domain`; the number; the flag)
     or was checked when the attempt was written; `db check` validates every history and
     compares each stored summary with it, so a summary edited by hand is reported there.
-    One statement a field, in `Attempt`'s field order (tests/test_ledger_rows.py pins it)."""
+    One statement a field: every field of `Attempt` (`_ATTEMPT_FIELDS`, checked at import)."""
     attempt = _NEW(Attempt)
     _SET(attempt, "number", number)
     _SET(attempt, "status", status)
@@ -97,6 +99,22 @@ def stored_attempt(
     _SET(attempt, "not_before", not_before)
     _SET(attempt, "stopped", stopped)
     return attempt
+
+
+# The fields `stored_attempt` sets: a field added to `Attempt` must be set there too.
+_ATTEMPT_FIELDS = (
+    "number",
+    "status",
+    "failure_class",
+    "reason",
+    "started_at",
+    "ended_at",
+    "forced",
+    "not_before",
+    "stopped",
+)
+if tuple(field.name for field in attrs.fields(Attempt)) != _ATTEMPT_FIELDS:  # pragma: no cover
+    raise ImportError(f"Attempt's fields are not {_ATTEMPT_FIELDS}: stored_attempt sets those")
 
 
 class TaskRecord(NamedTuple):
