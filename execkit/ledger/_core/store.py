@@ -64,7 +64,6 @@ def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
 
 
 _NEW = object.__new__
-_SET = object.__setattr__
 _EMPTY_SUMMARY = HistorySummary()
 _ATTEMPT_STATUSES = _members(AttemptStatus)
 _FAILURE_CLASSES = _members(FailureClass)
@@ -89,15 +88,15 @@ def stored_attempt(
     compares each stored summary with it, so a summary edited by hand is reported there.
     One statement a field: every field of `Attempt` (`_ATTEMPT_FIELDS`, checked at import)."""
     attempt = _NEW(Attempt)
-    _SET(attempt, "number", number)
-    _SET(attempt, "status", status)
-    _SET(attempt, "failure_class", failure_class)
-    _SET(attempt, "reason", reason)
-    _SET(attempt, "started_at", started_at)
-    _SET(attempt, "ended_at", ended_at)
-    _SET(attempt, "forced", forced)
-    _SET(attempt, "not_before", not_before)
-    _SET(attempt, "stopped", stopped)
+    _SET_NUMBER(attempt, number)
+    _SET_STATUS(attempt, status)
+    _SET_CLASS(attempt, failure_class)
+    _SET_REASON(attempt, reason)
+    _SET_STARTED(attempt, started_at)
+    _SET_ENDED(attempt, ended_at)
+    _SET_FORCED(attempt, forced)
+    _SET_NOT_BEFORE(attempt, not_before)
+    _SET_STOPPED(attempt, stopped)
     return attempt
 
 
@@ -115,6 +114,19 @@ _ATTEMPT_FIELDS = (
 )
 if tuple(field.name for field in attrs.fields(Attempt)) != _ATTEMPT_FIELDS:  # pragma: no cover
     raise ImportError(f"Attempt's fields are not {_ATTEMPT_FIELDS}: stored_attempt sets those")
+# Each slot's own setter (what `object.__setattr__` finds by name, a third cheaper without
+# the lookup): `Attempt` is a slotted class, frozen only through its `__setattr__`.
+(
+    _SET_NUMBER,
+    _SET_STATUS,
+    _SET_CLASS,
+    _SET_REASON,
+    _SET_STARTED,
+    _SET_ENDED,
+    _SET_FORCED,
+    _SET_NOT_BEFORE,
+    _SET_STOPPED,
+) = (vars(Attempt)[name].__set__ for name in _ATTEMPT_FIELDS)
 
 
 class TaskRecord(NamedTuple):
