@@ -17,14 +17,16 @@ its floor: a `python -c` that opens the same file with `sqlite3` and reads the s
 4. `execkit db check` (<= 3x the task and run rows)
 
 Each child runs with its bytecode cached under a temporary PYTHONPYCACHEPREFIX (written by
-a warm-up run), whatever PYTHONDONTWRITEBYTECODE says, and its peak memory (ru_maxrss of
-the child) is printed beside its time. Prints the commands, then a markdown table.
+a warm-up run), whatever PYTHONDONTWRITEBYTECODE says. Its median wall time and median CPU
+time (user and system, which a loaded machine moves less) are printed beside the floor's,
+with its peak memory (ru_maxrss of the child). Prints the commands, then a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import sqlite3
 import statistics
@@ -99,14 +101,21 @@ def _floor(sql: list[str], db: Path) -> list[str]:
     return [sys.executable, "-c", f"import sqlite3\nconn = sqlite3.connect({str(db)!r}){loops}"]
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: str) -> float:
-    """Wall seconds of one run of `argv`."""
+def _cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user and system) of one run of `argv`: on a machine
+    shared with other work, the CPU seconds move less than the wall time."""
+    cpu = _cpu_of_children()
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, check=False)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{shlex.join(argv)} exited {done.returncode}")
-    return elapsed
+    return elapsed, _cpu_of_children() - cpu
 
 
 def main() -> None:
@@ -150,27 +159,36 @@ def main() -> None:
             print(f"  $ {shlex.join(argv)}")
             _run(argv, command_env, scratch)  # warm-up: the bytecode cache, the page cache
         times: dict[str, list[float]] = {name: [] for name in commands}
+        cpus: dict[str, list[float]] = {name: [] for name in commands}
         peaks: dict[str, float] = {}
         names = list(commands)
         for round_no in range(opts.rounds):
             shift = round_no % len(names)
             for name in names[shift:] + names[:shift]:
                 argv, command_env = commands[name]
-                times[name].append(_run(argv, command_env, scratch))
+                wall, cpu = _run(argv, command_env, scratch)
+                times[name].append(wall)
+                cpus[name].append(cpu)
         for name in names:  # peak memory alone, one child at a time
             argv, command_env = commands[name]
             peaks[name] = _peak(argv, command_env, scratch)
     medians = {name: statistics.median(samples) for name, samples in times.items()}
-    check_floor = medians["floor: read the rows of `db check`"]
-    list_floor = medians["floor: read the rows of `task list`"]
-    floor_of = {name: check_floor if "db check" in name else list_floor for name in names}
-    print(f"\n{opts.rounds} interleaved rounds, median wall time per process\n")
-    print("| command | median s | peak MiB | x floor |")
-    print("|---|---:|---:|---:|")
+    cpu_medians = {name: statistics.median(samples) for name, samples in cpus.items()}
+    floor_names = {
+        name: "floor: read the rows of `db check`"
+        if "db check" in name
+        else "floor: read the rows of `task list`"
+        for name in names
+    }
+    print(f"\n{opts.rounds} interleaved rounds, median wall and CPU time per process\n")
+    print("| command | median s | x floor | median CPU s | CPU x floor | peak MiB |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name in names:
+        floor = floor_names[name]
         print(
-            f"| {name} | {medians[name]:.2f} | {peaks[name]:.0f} | "
-            f"{medians[name] / floor_of[name]:.2f}x |"
+            f"| {name} | {medians[name]:.2f} | {medians[name] / medians[floor]:.2f}x | "
+            f"{cpu_medians[name]:.2f} | {cpu_medians[name] / cpu_medians[floor]:.2f}x | "
+            f"{peaks[name]:.0f} |"
         )
 
 

@@ -82,6 +82,7 @@ __all__ = [
     "decide",
     "decide_replans",
     "decide_summary",
+    "decision_fields",
     "summarize",
     "validate_history",
 ]
@@ -519,77 +520,111 @@ def decide_summary(
 
     Raises `InvalidInput` for a non-finite `now`.
     """
+    # Positional, in the field order: the admission path decides once per admission.
+    return Decision(
+        *decision_fields(
+            summary, budget, limit, backoff, now, cap, force=force, ignore_backoff=ignore_backoff
+        )
+    )
+
+
+def decision_fields(
+    summary: HistorySummary,
+    budget: WorkBudget,
+    limit: ExplicitLimit | None,
+    backoff: Backoff,
+    now: float | None,
+    cap: DispatchCap | None,
+    *,
+    force: bool,
+    ignore_backoff: bool,
+) -> tuple[TaskState, BlockedOn | None, NextAction, float | None, str | None, int, int, int, int]:
+    """`decide_summary`'s Decision as the tuple of its fields, in their order (`state`,
+    `blocked_on`, `next_action`, `next_attempt_at`, `reason`, `attempts_used`,
+    `charged_attempts`, `uncharged_streak`, `remaining`): what a listing of 100,000 tasks
+    reads of each decision, without the Decision. Raises as `decide_summary` does."""
     if now is None:
         now = time.time()
-    elif not is_number(now):
+    # A float is checked with one comparison; anything else as `is_number` checks it.
+    elif (type(now) is not float or not -_INF < now < _INF) and not is_number(now):
         raise InvalidInput(
             f"now: must be a finite number of POSIX seconds, got {now!r}", field="now"
         )
     used, charged = summary.attempts_used, summary.charged_attempts
-    streak = summary.uncharged_streak
     if limit is not None:
         remaining = max(0, limit.max_attempts - used)
     else:
         remaining = max(0, budget.max_attempts - charged)
+    state, next_action, reason, blocked_on, next_attempt_at = _verdict(
+        summary, budget, limit, backoff, now, cap, force, ignore_backoff
+    )
+    return (
+        state,
+        blocked_on,
+        next_action,
+        next_attempt_at,
+        reason,
+        used,
+        charged,
+        summary.uncharged_streak,
+        remaining,
+    )
 
-    def result(
-        state: TaskState,
-        next_action: NextAction,
-        reason: str | None,
-        blocked_on: BlockedOn | None = None,
-        next_attempt_at: float | None = None,
-    ) -> Decision:
-        return Decision(
-            state=state,
-            blocked_on=blocked_on,
-            next_action=next_action,
-            next_attempt_at=next_attempt_at,
-            reason=reason,
-            attempts_used=used,
-            charged_attempts=charged,
-            uncharged_streak=streak,
-            remaining=remaining,
-        )
 
+_INF = float("inf")
+_Verdict = tuple[TaskState, NextAction, "str | None", "BlockedOn | None", "float | None"]
+
+
+def _verdict(
+    summary: HistorySummary,
+    budget: WorkBudget,
+    limit: ExplicitLimit | None,
+    backoff: Backoff,
+    now: float,
+    cap: DispatchCap | None,
+    force: bool,
+    ignore_backoff: bool,
+) -> _Verdict:
+    """`decide_summary`'s state, next action, reason, bound and next attempt time."""
     last = summary.last
     if last is None:
         # Every bound is >= 1, so nothing can bind an empty history.
-        return result(TaskState.READY, NextAction.RUN, "no attempts yet")
+        return TaskState.READY, NextAction.RUN, "no attempts yet", None, None
     if last.status is AttemptStatus.SUCCEEDED:
         # Finished stays finished: raising a limit never reopens it (ADR 0033).
-        return result(TaskState.DONE, NextAction.NONE, f"succeeded on attempt {last.number}")
+        return TaskState.DONE, NextAction.NONE, f"succeeded on attempt {last.number}", None, None
     if summary.running is not None:
-        return result(TaskState.RUNNING, NextAction.WAIT, f"attempt {summary.running} is running")
+        running = f"attempt {summary.running} is running"
+        return TaskState.RUNNING, NextAction.WAIT, running, None, None
 
     blocked = _blocked(summary, budget, limit, cap, force)
     if blocked is not None:
-        return result(TaskState.BLOCKED, NextAction.NONE, blocked[1], blocked_on=blocked[0])
+        return TaskState.BLOCKED, NextAction.NONE, blocked[1], blocked[0], None
 
     if last.stopped:
         # Stopped by its own runner: nothing was learnt, so nothing to back off from.
-        return result(
-            TaskState.READY, NextAction.RUN, f"retry after attempt {last.number} (stopped)"
-        )
+        retry = f"retry after attempt {last.number} (stopped)"
+        return TaskState.READY, NextAction.RUN, retry, None, None
     # Every attempt here ended without success, so the failure run is the whole history.
+    used = summary.attempts_used
     reference = last.ended_at if last.ended_at is not None else last.started_at
     next_at = None
     if reference is not None:
         next_at = reference + backoff.delay(used, f"{last.number}:{last.started_at!r}")
-    waiting = f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}"
-    if last.not_before is not None and (next_at is None or last.not_before > next_at):
+    vendor = last.not_before is not None and (next_at is None or last.not_before > next_at)
+    if vendor:
         # The vendor named the time it takes requests again: never earlier than that.
         next_at = last.not_before
-        waiting = f"waiting for the vendor's reset time after attempt {last.number}"
     if next_at is None:  # a legacy record without times: nothing to wait from
-        return result(TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}")
+        return TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}", None, None
     if now < next_at and not ignore_backoff:
-        return result(TaskState.BACKOFF, NextAction.WAIT, waiting, next_attempt_at=next_at)
-    return result(
-        TaskState.READY,
-        NextAction.RUN,
-        f"retry after attempt {last.number}",
-        next_attempt_at=next_at,
-    )
+        waiting = (
+            f"waiting for the vendor's reset time after attempt {last.number}"
+            if vendor
+            else f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}"
+        )
+        return TaskState.BACKOFF, NextAction.WAIT, waiting, None, next_at
+    return TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}", None, next_at
 
 
 def _blocked(

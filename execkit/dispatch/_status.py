@@ -52,23 +52,52 @@ def _status_row(
     last: Attempt | None,
     config: DispatchConfig,
 ) -> IssueStatus:
+    # Positional, in `IssueStatus`'s field order (pinned below): one a dashboard row.
+    if task is None:
+        bound = config.bound_for(None)
+        return IssueStatus(
+            issue_id, title, board_state, None, None, None, 0, bound, 0, 0, None, None, None,
+            None, None,
+        )  # fmt: skip
+    state = task.state
     return IssueStatus(
-        issue_id=issue_id,
-        title=title,
-        board_state=board_state,
-        task_id=task.id if task else None,
-        ledger_state=task.state if task else None,
-        blocked_on=task.blocked_on if task else None,
-        attempts=task.attempts_started if task else 0,
-        max_attempts=config.bound_for(task),
-        charged_attempts=task.charged_attempts if task else 0,
-        uncharged_streak=task.uncharged_streak if task else 0,
-        next_attempt_at=task.next_attempt_at if task and task.state is TaskState.BACKOFF else None,
-        last_class=last.failure_class if last else None,
-        last_status=last.status if last else None,
-        last_reason=last.reason if last else None,
-        reason=task.reason if task else None,
+        issue_id,
+        title,
+        board_state,
+        task.id,  # task_id
+        state,  # ledger_state
+        task.blocked_on,
+        task.attempts_started,  # attempts
+        config.bound_for(task),  # max_attempts
+        task.charged_attempts,
+        task.uncharged_streak,
+        task.next_attempt_at if state is TaskState.BACKOFF else None,
+        None if last is None else last.failure_class,  # last_class
+        None if last is None else last.status,  # last_status
+        None if last is None else last.reason,  # last_reason
+        task.reason,
     )
+
+
+_ROW_FIELDS = (
+    "issue_id",
+    "title",
+    "board_state",
+    "task_id",
+    "ledger_state",
+    "blocked_on",
+    "attempts",
+    "max_attempts",
+    "charged_attempts",
+    "uncharged_streak",
+    "next_attempt_at",
+    "last_class",
+    "last_status",
+    "last_reason",
+    "reason",
+)
+if tuple(field.name for field in attrs.fields(IssueStatus)) != _ROW_FIELDS:  # pragma: no cover
+    raise ImportError(f"IssueStatus's fields are not {_ROW_FIELDS}: _status_row builds them so")
 
 
 def issue_statuses(

@@ -10,23 +10,26 @@ below, never positions, so a column added to a table or a SELECT cannot shift th
 `%(name)s`). A column missing from a row is a KeyError: a bug in a SELECT, which the contract
 tests meet on their first read. A stored value outside its enum (a newer writer, a hand
 edit) is a StorageError naming the row, never a traceback.
+
+A backend whose SELECT names the columns in these orders may read its rows as plain tuples
+instead (`TaskRecord._make(row)`, `run_from_values(row)`): SQLite does, for the listings of
+100,000 rows, and checks the cursor's column names against `TASK_ROW` and `RUN_COLUMNS`.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
 import json
-from typing import Any, Protocol, TypeVar
+import operator
+from typing import Any, Protocol
 
 import attrs
 
-from execkit._budget import Attempt, AttemptStatus, HistorySummary
+from execkit._budget import AttemptStatus
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, StorageError
 from execkit._lanes import LaneEvent, LaneEventKind, LaneState, LaneSummary
-from execkit.ledger._core import TaskRecord
-from execkit.ledger._model import AuditEvent, Grant, Run, TaskStatus
+from execkit.ledger._core import SUMMARY_AT, TaskRecord, domain, summary_row
+from execkit.ledger._model import AuditEvent, Grant, Run
 
 __all__ = [
     "AUDIT_COLUMNS",
@@ -36,6 +39,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "TASK_COLUMNS",
+    "TASK_ROW",
     "NamedRow",
     "audit_event_from_row",
     "domain",
@@ -45,6 +49,7 @@ __all__ = [
     "lane_from_row",
     "lane_row",
     "run_from_row",
+    "run_from_values",
     "summary_row",
     "task_from_row",
 ]
@@ -123,169 +128,86 @@ LANE_COLUMNS = (
 )
 LANE_EVENT_COLUMNS = ("lane", "kind", "at", "actor", "run_id", "task_id", "until_at", "reason")
 
-_E = TypeVar("_E", bound=enum.Enum)
-
-
-@functools.cache
-def _members(kind: type[_E]) -> dict[Any, _E]:
-    return {member.value: member for member in kind}
-
-
-def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
-    """A stored value as its enum; one this execkit does not know is a StorageError
-    naming the row: `where`, formatted with `keys` (`"run {!r} status", run_id`) only
-    then, as every row read passes through here (a dict lookup, not the enum's call)."""
-    member: _E | None = _members(kind).get(value)
-    if member is not None:
-        return member
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(str(member.value) for member in kind)
-        raise StorageError(
-            f"{where.format(*keys)} holds {value!r}, which is not one of {allowed}; "
-            "`execkit db check` lists every such row"
-        ) from None
-
 
 def run_from_row(row: NamedRow) -> Run:
-    run_id = row["id"]
-    failure_class = row["failure_class"]
+    """A run row by name (`RUN_COLUMNS`)."""
+    return run_from_values(_run_row_values(row))
+
+
+def run_from_values(values: tuple[Any, ...]) -> Run:
+    """A run row as the values of `RUN_COLUMNS`, in that order (`Run`'s own field order:
+    built positionally); a tuple of another length is a ValueError."""
+    (
+        run_id,
+        task_id,
+        attempt,
+        status,
+        failure_class,
+        reason,
+        request_key,
+        actor,
+        forced,
+        started_at,
+        ended_at,
+        owner_host,
+        owner_pid,
+        lease_expires_at,
+        not_before,
+        owner_boot_id,
+        owner_pid_namespace,
+        owner_pid_started_at,
+        owner_instance,
+        stopped,
+    ) = values
     return Run(
-        id=run_id,
-        task_id=row["task_id"],
-        attempt=row["attempt"],
-        status=domain(AttemptStatus, row["status"], "run {!r} status", run_id),
-        failure_class=None
+        run_id,
+        task_id,
+        attempt,
+        domain(AttemptStatus, status, "run {!r} status", run_id),
+        None
         if failure_class is None
         else domain(FailureClass, failure_class, "run {!r} class", run_id),
-        reason=row["reason"],
-        request_key=row["request_key"],
-        actor=row["actor"],
-        forced=bool(row["forced"]),
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        owner_host=row["owner_host"],
-        owner_pid=row["owner_pid"],
-        lease_expires_at=row["lease_expires_at"],
-        not_before=row["not_before"],
-        owner_boot_id=row["owner_boot_id"],
-        owner_pid_namespace=row["owner_pid_namespace"],
-        owner_pid_started_at=row["owner_pid_started_at"],
-        owner_instance=row["owner_instance"],
-        stopped=bool(row["stopped"]),
+        reason,
+        request_key,
+        actor,
+        bool(forced),
+        started_at,
+        ended_at,
+        owner_host,
+        owner_pid,
+        lease_expires_at,
+        not_before,
+        owner_boot_id,
+        owner_pid_namespace,
+        owner_pid_started_at,
+        owner_instance,
+        bool(stopped),
     )
 
 
-_ATTEMPT_FIELDS = tuple(field.name for field in attrs.fields(Attempt))
-# `_summary_from_row` gives the fields in this order: a change to `Attempt` must change it.
-_ATTEMPT_ORDER = (
-    "number",
-    "status",
-    "failure_class",
-    "reason",
-    "started_at",
-    "ended_at",
-    "forced",
-    "not_before",
-    "stopped",
-)
-if _ATTEMPT_FIELDS != _ATTEMPT_ORDER:  # pragma: no cover - a guard for whoever edits Attempt
-    raise ImportError(f"Attempt's fields are {_ATTEMPT_FIELDS}; _rows.py reads {_ATTEMPT_ORDER}")
-_SET = object.__setattr__
-# Each stored enum's members by value, looked up first on every row (`domain` is the
-# fallback that names a value this execkit does not know).
-_ATTEMPT_STATUSES = _members(AttemptStatus)
-_FAILURE_CLASSES = _members(FailureClass)
-_TASK_STATUSES = _members(TaskStatus)
+_run_row_values = operator.itemgetter(*RUN_COLUMNS)  # by name, in one C call
+if tuple(field.name for field in attrs.fields(Run)) != RUN_COLUMNS:  # pragma: no cover
+    raise ImportError("Run's fields are not RUN_COLUMNS in order; _rows.py builds them so")
 
 
-def _stored_attempt(*values: Any) -> Attempt:
-    """A summary's last attempt as its columns hold it (`values` in the order of
-    `Attempt`'s fields), without `Attempt`'s validators: every listed task has one, and
-    validating it cost half of listing 100,000 tasks. What they check is held by the
-    schema (the enums, each read through `domain`; the number; the flag) or was checked
-    when the attempt was written; `db check` validates every history and compares each
-    stored summary with it, so a summary edited by hand is reported there. Every field is
-    given: a missing one is a KeyError, not a half-built value."""
-    if len(values) != len(_ATTEMPT_FIELDS):
-        raise KeyError(_ATTEMPT_FIELDS[len(values) :])
-    attempt = object.__new__(Attempt)
-    for name, value in zip(_ATTEMPT_FIELDS, values, strict=True):
-        _SET(attempt, name, value)
-    return attempt
-
-
-def _summary_from_row(row: NamedRow) -> HistorySummary:
-    if row["attempts_used"] is None:  # no summary row (a left join): no history yet
-        return HistorySummary()
-    last = None
-    if row["last_number"] is not None:
-        status, last_class = row["last_status"], row["last_class"]
-        # The fields in `Attempt`'s order: number, status, failure_class, reason,
-        # started_at, ended_at, forced, not_before, stopped.
-        last = _stored_attempt(
-            row["last_number"],
-            _ATTEMPT_STATUSES.get(status) or domain(AttemptStatus, status, "summary last_status"),
-            None
-            if last_class is None
-            else _FAILURE_CLASSES.get(last_class)
-            or domain(FailureClass, last_class, "summary last_class"),
-            row["last_reason"],
-            row["last_started_at"],
-            row["last_ended_at"],
-            bool(row["last_forced"]),
-            row["last_not_before"],
-            bool(row["last_stopped"]),
-        )
-    return HistorySummary(
-        attempts_used=row["attempts_used"],
-        charged_attempts=row["charged_attempts"],
-        uncharged_streak=row["uncharged_streak"],
-        streak_reason=row["streak_reason"],
-        running=row["running"],
-        last=last,
-    )
-
-
-def summary_row(summary: HistorySummary) -> dict[str, Any]:
-    """`summary` as the values of `SUMMARY_COLUMNS`, by name (enums as their strings)."""
-    last = summary.last
-    return {
-        "attempts_used": summary.attempts_used,
-        "charged_attempts": summary.charged_attempts,
-        "uncharged_streak": summary.uncharged_streak,
-        "streak_reason": summary.streak_reason,
-        "running": summary.running,
-        "last_number": None if last is None else last.number,
-        "last_status": None if last is None else str(last.status),
-        "last_class": None
-        if last is None or last.failure_class is None
-        else str(last.failure_class),
-        "last_reason": None if last is None else last.reason,
-        "last_started_at": None if last is None else last.started_at,
-        "last_ended_at": None if last is None else last.ended_at,
-        "last_forced": last is not None and last.forced,
-        "last_not_before": None if last is None else last.not_before,
-        "last_stopped": last is not None and last.stopped,
-    }
+# The columns of a task row, in the order of `TaskRecord`'s fields: a backend reads a task
+# row as `TaskRecord._make(row)` when its SELECT names them in this order (SQLite's does),
+# else by name (`task_from_row`).
+TASK_ROW = TASK_COLUMNS + SUMMARY_COLUMNS
+_RECORD_FIELDS = TaskRecord._fields
+if (  # pragma: no cover - a guard for whoever edits either
+    len(_RECORD_FIELDS) != len(TASK_ROW) or _RECORD_FIELDS[SUMMARY_AT:] != SUMMARY_COLUMNS
+):
+    raise ImportError(f"TaskRecord's fields {_RECORD_FIELDS} are not the columns {TASK_ROW}")
 
 
 def task_from_row(row: NamedRow) -> TaskRecord:
-    """A task row: `TASK_COLUMNS` and `SUMMARY_COLUMNS` (NULL when it has no summary yet)."""
-    return TaskRecord(
-        id=row["id"],
-        title=row["title"],
-        status=_TASK_STATUSES.get(row["status"])
-        or domain(TaskStatus, row["status"], "task {!r} status", row["id"]),
-        created_by=row["created_by"],
-        created_at=row["created_at"],
-        max_attempts=row["max_attempts"],
-        max_uncharged_attempts=row["max_uncharged_attempts"],
-        retry_requested_by=row["retry_requested_by"],
-        gave_up_at_attempt=row["gave_up_at_attempt"],
-        summary=_summary_from_row(row),
-    )
+    """A task row by name: `TASK_COLUMNS` and `SUMMARY_COLUMNS` (NULL when it has no
+    summary yet), in `TaskRecord`'s order."""
+    return TaskRecord._make(_task_row_values(row))
+
+
+_task_row_values = operator.itemgetter(*TASK_ROW)  # by name, in one C call
 
 
 def audit_event_from_row(row: NamedRow, detail: dict[str, Any]) -> AuditEvent:

@@ -30,14 +30,27 @@ Rooms outside this package import from `execkit.ledger._core` only, never from i
 
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run
 from execkit.ledger._core.ledger import LedgerCore
-from execkit.ledger._core.store import LANE_CONFIG_META_KEY, Store, TaskRecord, Tx
+from execkit.ledger._core.store import (
+    LANE_CONFIG_META_KEY,
+    SUMMARY_AT,
+    Store,
+    TaskRecord,
+    Tx,
+    domain,
+    stored_attempt,
+    summary_row,
+)
 
 __all__ = [
     "FINISHED_STATUSES",
     "LANE_CONFIG_META_KEY",
+    "SUMMARY_AT",
     "LedgerCore",
     "Store",
     "TaskRecord",
     "Tx",
     "attempt_from_run",
+    "domain",
+    "stored_attempt",
+    "summary_row",
 ]

@@ -24,7 +24,7 @@ from execkit._budget import (
     HistorySummary,
     TaskState,
     WorkBudget,
-    decide_summary,
+    decision_fields,
     summarize,
 )
 from execkit._errors import Conflict, HistoryError, NotFound
@@ -42,6 +42,32 @@ __all__ = [
 ]
 
 FINISHED_STATUSES = (TaskStatus.DONE, TaskStatus.CANCELLED)
+# The state each finished status shows (`_project`): its own name.
+_FINISHED_STATES = {status: TaskState(status) for status in FINISHED_STATUSES}
+# `_project` builds a Task positionally (keywords cost a third more, once a listed task):
+# in this order, which a change to `Task` must keep or change there too.
+_TASK_FIELDS = (
+    "id",
+    "title",
+    "status",
+    "state",
+    "blocked_on",
+    "reason",
+    "ready",
+    "max_attempts",
+    "attempts_started",
+    "charged_attempts",
+    "uncharged_streak",
+    "remaining",
+    "next_attempt_at",
+    "created_by",
+    "created_at",
+    "max_uncharged_attempts",
+    "retry_pending",
+    "gave_up_at_attempt",
+)
+if tuple(field.name for field in attrs.fields(Task)) != _TASK_FIELDS:  # pragma: no cover
+    raise ImportError(f"Task's fields are not {_TASK_FIELDS}: _project builds them so")
 DEFAULT_BUDGET = WorkBudget()
 # The actor of what the ledger does by itself (abandoning an expired run, a repair).
 SYSTEM_ACTOR = "execkit"
@@ -142,11 +168,26 @@ class CoreBase:
         force: bool = False,
         ignore_backoff: bool = False,
     ) -> Decision:
+        return Decision(
+            *self._decision_fields(task, now, cap, force=force, ignore_backoff=ignore_backoff)
+        )
+
+    def _decision_fields(
+        self,
+        task: TaskRecord,
+        now: float,
+        cap: DispatchCap | None,
+        *,
+        force: bool = False,
+        ignore_backoff: bool = False,
+    ) -> tuple[Any, ...]:
+        """The decision on `task`'s summary, as `decision_fields` gives it (a listing shows
+        it without building the Decision)."""
         limit = ExplicitLimit(task.max_attempts) if task.max_attempts else None
         # An operator's pending retry is forced and runs when the operator asked, not after
         # the backoff: it is what the next admission does, so it is what the task shows.
         pending = task.retry_requested_by is not None
-        return decide_summary(
+        return decision_fields(
             task.summary,
             self._budget_for(task),
             limit,
@@ -160,36 +201,78 @@ class CoreBase:
     def _project(
         self, task: TaskRecord, now: float, cap: DispatchCap | None, *, force: bool = False
     ) -> Task:
+        """The `Task` that `task` shows at `now`: the one mapping from a stored task to what
+        every surface prints (`get_task`, the listings, the dashboard). A done or cancelled
+        task shows its status with nothing to decide (no bound, reason or next time: the
+        policies' verdict on it is not shown), so no decision is made for it; an open
+        one shows the decision on its summary."""
+        status = task.status
         pending = task.retry_requested_by is not None
-        decision = self._decide(task, now, cap, force=force)
-        if task.status in FINISHED_STATUSES:
-            state, blocked_on, reason, next_at = TaskState(task.status), None, None, None
-        else:
-            state, blocked_on = decision.state, decision.blocked_on
-            reason, next_at = decision.reason, decision.next_attempt_at
-            if pending and state is TaskState.READY:
-                reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
-        return Task(
-            id=task.id,
-            title=task.title,
-            status=task.status,
-            state=state,
-            blocked_on=blocked_on,
-            reason=reason,
+        ceiling = task.max_uncharged_attempts
+        if ceiling is None:
+            ceiling = self.budget.max_uncharged_attempts
+        finished = _FINISHED_STATES.get(status)
+        if finished is not None:
+            # Read from the record's columns (no summary built). What `decide_summary`
+            # counts for any history: an explicit limit bounds runs started, the budget
+            # bounds charged attempts.
+            used, charged = task.attempts_used or 0, task.charged_attempts or 0
+            limit = task.max_attempts
+            remaining = max(0, limit - used if limit else self.budget.max_attempts - charged)
+            return Task(  # positional, in `_TASK_FIELDS` order: one a listed task
+                task.id,  # id
+                task.title,  # title
+                status,  # status
+                finished,  # state
+                None,  # blocked_on
+                None,  # reason
+                False,  # ready
+                limit,  # max_attempts
+                used,  # attempts_started
+                charged,  # charged_attempts
+                task.uncharged_streak or 0,  # uncharged_streak
+                remaining,  # remaining
+                None,  # next_attempt_at
+                task.created_by,  # created_by
+                task.created_at,  # created_at
+                ceiling,  # max_uncharged_attempts
+                pending,  # retry_pending
+                task.gave_up_at_attempt,  # gave_up_at_attempt
+            )
+        (
+            state,
+            blocked_on,
+            _,
+            next_attempt_at,
+            reason,
+            used,
+            charged,
+            streak,
+            remaining,
+        ) = self._decision_fields(task, now, cap, force=force)
+        if pending and state is TaskState.READY:
+            reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
+        return Task(  # positional, in `_TASK_FIELDS` order
+            task.id,  # id
+            task.title,  # title
+            status,  # status
+            state,  # state
+            blocked_on,  # blocked_on
+            reason,  # reason
             # ADR 0033: `ready` includes that an attempt is still available, and here it is
             # exactly what admission does now: a task in backoff is not ready.
-            ready=state is TaskState.READY,
-            max_attempts=task.max_attempts,
-            attempts_started=task.summary.attempts_used,
-            charged_attempts=decision.charged_attempts,
-            uncharged_streak=decision.uncharged_streak,
-            remaining=decision.remaining,
-            next_attempt_at=next_at,
-            created_by=task.created_by,
-            created_at=task.created_at,
-            max_uncharged_attempts=self._budget_for(task).max_uncharged_attempts,
-            retry_pending=pending,
-            gave_up_at_attempt=task.gave_up_at_attempt,
+            state is TaskState.READY,  # ready
+            task.max_attempts,  # max_attempts
+            used,  # attempts_started
+            charged,  # charged_attempts
+            streak,  # uncharged_streak
+            remaining,  # remaining
+            next_attempt_at,  # next_attempt_at
+            task.created_by,  # created_by
+            task.created_at,  # created_at
+            ceiling,  # max_uncharged_attempts
+            pending,  # retry_pending
+            task.gave_up_at_attempt,  # gave_up_at_attempt
         )
 
     def _load_task(

@@ -16,11 +16,12 @@ memory does not grow with the ledger.
 from __future__ import annotations
 
 from execkit._budget import Attempt, AttemptStatus, HistorySummary, summarize, validate_history
+from execkit._classify import FailureClass
 from execkit._errors import HistoryError, InvalidInput
 from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
 from execkit.ledger._core.inputs import moment
 from execkit.ledger._core.leases import LeaseOps
-from execkit.ledger._core.store import TaskRecord
+from execkit.ledger._core.store import SUMMARY_AT, TaskRecord, stored_attempt, summary_values
 from execkit.ledger._model import LIST_PAGE, AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
 
 __all__ = ["InspectionOps"]
@@ -79,7 +80,7 @@ class InspectionOps(LeaseOps):
         history: list[Attempt] = []
         for run in runs:
             try:
-                history.append(attempt_from_run(run))
+                history.append(_checked_attempt(run))
             except InvalidInput as exc:  # a stored value of the wrong shape
                 problems.append(f"{task.id}: run {run.id}: {exc.message}")
         if problems:
@@ -89,7 +90,7 @@ class InspectionOps(LeaseOps):
         except HistoryError as exc:
             return [f"{task.id}: {exc.message}"]
         expected = summarize(history)
-        if expected != task.summary:
+        if not _stored_as(task, expected):
             problems.append(
                 f"{task.id}: its stored summary differs from its history "
                 f"(stored {_summary_text(task.summary)}; history {_summary_text(expected)}); "
@@ -145,6 +146,55 @@ class InspectionOps(LeaseOps):
                     done.append(f"{task.id}: rebuilt its summary from its history")
             done.extend(self._repair_lanes(tx))
         return done
+
+
+_ABANDONED = AttemptStatus.ABANDONED
+_EMPTY_SUMMARY = HistorySummary()
+
+
+def _stored_as(task: TaskRecord, expected: HistorySummary) -> bool:
+    """Whether `task`'s stored summary is `expected` (`task.summary == expected`), compared
+    column by column as `summary_values` gives it (no summary built a task: `db check`
+    compares every task's). A task with no summary row holds the empty summary."""
+    if task.attempts_used is None:
+        return expected == _EMPTY_SUMMARY
+    return task[SUMMARY_AT:] == summary_values(expected)
+
+
+def _checked_attempt(run: Run) -> Attempt:
+    """`attempt_from_run(run)`, which validates every field, in fewer steps for a run whose
+    fields are plainly what `Attempt` accepts as they are (the number an int >= 1, each
+    time a finite float or None, the reason a str or None, the flags bools, the enums read
+    through `domain` already, stopped only when abandoned): `db check` checks every run of
+    the ledger. Anything else goes through `attempt_from_run`, so a run it refuses is
+    refused with its own message."""
+    number, reason = run.attempt, run.reason
+    started, ended, not_before = run.started_at, run.ended_at, run.not_before
+    if (
+        type(number) is int
+        and number >= 1
+        and type(run.status) is AttemptStatus
+        and (run.failure_class is None or type(run.failure_class) is FailureClass)
+        and (reason is None or type(reason) is str)
+        and (started is None or (type(started) is float and started - started == 0))
+        and (ended is None or (type(ended) is float and ended - ended == 0))
+        and (not_before is None or (type(not_before) is float and not_before - not_before == 0))
+        and type(run.forced) is bool
+        and type(run.stopped) is bool
+        and (not run.stopped or run.status is _ABANDONED)
+    ):
+        return stored_attempt(
+            number,
+            run.status,
+            run.failure_class,
+            reason,
+            started,
+            ended,
+            run.forced,
+            not_before,
+            run.stopped,
+        )
+    return attempt_from_run(run)
 
 
 def _summary_text(summary: HistorySummary) -> str:

@@ -50,7 +50,7 @@ class LeaseOps(LaneOps):
                 detail={"reason": why},
             )
         )
-        return attrs.evolve(task, summary=summary)
+        return task.with_summary(summary)
 
     def _expired_running_run(self, tx: Tx, task: TaskRecord, at: float) -> Run | None:
         if task.summary.running is None:

@@ -14,12 +14,15 @@ each backend implements them in its own SQL.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Protocol
+import enum
+import functools
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import attrs
 
-from execkit._budget import AttemptStatus, HistorySummary
+from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
+from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 
@@ -27,29 +30,240 @@ from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 # that reads ahead reads it with a lane-bound run's result (`Tx.expect_result`).
 LANE_CONFIG_META_KEY = "lane_config"
 
-__all__ = ["Store", "TaskRecord", "Tx"]
+__all__ = [
+    "LANE_CONFIG_META_KEY",
+    "SUMMARY_AT",
+    "Store",
+    "TaskRecord",
+    "Tx",
+    "domain",
+    "stored_attempt",
+    "summary_row",
+    "summary_values",
+]
 
 
-def _as_task_status(value: Any) -> TaskStatus:
-    """`value` as a TaskStatus: as it is when it is one already (every row read is: the
-    enum's own call costs more than the rest of building the record)."""
-    return value if type(value) is TaskStatus else TaskStatus(value)
+_E = TypeVar("_E", bound=enum.Enum)
 
 
-@attrs.frozen
-class TaskRecord:
-    """What a backend stores of a task: the task row, its limit and its history's summary."""
+@functools.cache
+def _members(kind: type[_E]) -> dict[Any, _E]:
+    return {member.value: member for member in kind}
+
+
+def domain(kind: type[_E], value: Any, where: str, *keys: object) -> _E:
+    """A stored value as its enum; one this execkit does not know is a StorageError
+    naming the row: `where`, formatted with `keys` (`"run {!r} status", run_id`) only
+    then, as every row read passes through here (a dict lookup, not the enum's call)."""
+    member: _E | None = _members(kind).get(value)
+    if member is not None:
+        return member
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in kind)
+        raise StorageError(
+            f"{where.format(*keys)} holds {value!r}, which is not one of {allowed}; "
+            "`execkit db check` lists every such row"
+        ) from None
+
+
+_NEW = object.__new__
+_EMPTY_SUMMARY = HistorySummary()
+_ATTEMPT_STATUSES = _members(AttemptStatus)
+_FAILURE_CLASSES = _members(FailureClass)
+_TASK_STATUSES = _members(TaskStatus)
+
+
+def stored_attempt(
+    number: int,
+    status: AttemptStatus,
+    failure_class: FailureClass | None,
+    reason: str | None,
+    started_at: float | None,
+    ended_at: float | None,
+    forced: bool,
+    not_before: float | None,
+    stopped: bool,
+) -> Attempt:
+    """An attempt as the ledger stored it, without `Attempt`'s validators: every listed
+    task has one, and validating it cost half of listing 100,000 tasks. What they check
+    is held by the schema (the enums, each read through `domain`; the number; the flag)
+    or was checked when the attempt was written; `db check` validates every history and
+    compares each stored summary with it, so a summary edited by hand is reported there.
+    One statement a field: every field of `Attempt` (`_ATTEMPT_FIELDS`, checked at import)."""
+    attempt = _NEW(Attempt)
+    _SET_NUMBER(attempt, number)
+    _SET_STATUS(attempt, status)
+    _SET_CLASS(attempt, failure_class)
+    _SET_REASON(attempt, reason)
+    _SET_STARTED(attempt, started_at)
+    _SET_ENDED(attempt, ended_at)
+    _SET_FORCED(attempt, forced)
+    _SET_NOT_BEFORE(attempt, not_before)
+    _SET_STOPPED(attempt, stopped)
+    return attempt
+
+
+# The fields `stored_attempt` sets: a field added to `Attempt` must be set there too.
+_ATTEMPT_FIELDS = (
+    "number",
+    "status",
+    "failure_class",
+    "reason",
+    "started_at",
+    "ended_at",
+    "forced",
+    "not_before",
+    "stopped",
+)
+if tuple(field.name for field in attrs.fields(Attempt)) != _ATTEMPT_FIELDS:  # pragma: no cover
+    raise ImportError(f"Attempt's fields are not {_ATTEMPT_FIELDS}: stored_attempt sets those")
+# Each slot's own setter (what `object.__setattr__` finds by name, a third cheaper without
+# the lookup): `Attempt` is a slotted class, frozen only through its `__setattr__`.
+(
+    _SET_NUMBER,
+    _SET_STATUS,
+    _SET_CLASS,
+    _SET_REASON,
+    _SET_STARTED,
+    _SET_ENDED,
+    _SET_FORCED,
+    _SET_NOT_BEFORE,
+    _SET_STOPPED,
+) = (vars(Attempt)[name].__set__ for name in _ATTEMPT_FIELDS)
+
+
+class TaskRecord(NamedTuple):
+    """What a backend stores of a task: the task row, its limit and its history's summary,
+    as the columns hold them (in the order of `_rows.TASK_ROW`; the summary's are None
+    when the task has no history yet).
+
+    A tuple, made from a row in one call (`TaskRecord._make(row)`): a listing of 100,000
+    tasks makes one per task, and most of them are shown from their columns alone (a done
+    task needs no decision). `status` and `summary` are read from the columns when asked
+    (a value outside its enum is a StorageError naming the row); `with_summary` is the
+    record with another summary.
+    """
 
     id: str
     title: str
-    status: TaskStatus = attrs.field(converter=_as_task_status)
+    stored_status: str
     created_by: str
     created_at: float
     max_attempts: int  # 0 = no explicit limit
     max_uncharged_attempts: int | None  # None = the ledger's budget
     retry_requested_by: str | None  # an operator's pending forced retry, if any
     gave_up_at_attempt: int | None  # a dispatcher moved it to a terminal state here
-    summary: HistorySummary
+    attempts_used: int | None  # None: no summary yet, and so every summary column
+    charged_attempts: int | None
+    uncharged_streak: int | None
+    streak_reason: str | None
+    running: int | None
+    last_number: int | None  # None: no last attempt, and so every last_ column
+    last_status: str | None
+    last_class: str | None
+    last_reason: str | None
+    last_started_at: float | None
+    last_ended_at: float | None
+    last_forced: bool | int | None
+    last_not_before: float | None
+    last_stopped: bool | int | None
+
+    @property
+    def status(self) -> TaskStatus:
+        stored = self.stored_status
+        return _TASK_STATUSES.get(stored) or domain(TaskStatus, stored, "task {!r} status", self.id)
+
+    @property
+    def last(self) -> Attempt | None:
+        """The history's last attempt as the summary columns hold it (built at each call)."""
+        if self.last_number is None:
+            return None
+        status, klass = self.last_status, self.last_class
+        return stored_attempt(
+            self.last_number,
+            _ATTEMPT_STATUSES.get(status)
+            or domain(AttemptStatus, status, "task {!r} summary last_status", self.id),
+            None
+            if klass is None
+            else _FAILURE_CLASSES.get(klass)
+            or domain(FailureClass, klass, "task {!r} summary last_class", self.id),
+            self.last_reason,
+            self.last_started_at,
+            self.last_ended_at,
+            bool(self.last_forced),
+            self.last_not_before,
+            bool(self.last_stopped),
+        )
+
+    @property
+    def summary(self) -> HistorySummary:
+        """The history's summary as its columns hold it (built at each call)."""
+        if self.attempts_used is None:  # no summary row (a left join): no history yet
+            return _EMPTY_SUMMARY
+        # Positional, in the field order (HistorySummary has no validators to skip).
+        return HistorySummary(
+            self.attempts_used,
+            self.charged_attempts or 0,
+            self.uncharged_streak or 0,
+            self.streak_reason,
+            self.running,
+            self.last,
+        )
+
+    def with_summary(self, summary: HistorySummary) -> TaskRecord:
+        """This record with `summary` in its summary columns."""
+        return TaskRecord._make(self[:SUMMARY_AT] + summary_values(summary))
+
+
+# Where a record's summary columns start: `attempts_used` and every field after it.
+SUMMARY_AT = TaskRecord._fields.index("attempts_used")
+
+
+def summary_values(summary: HistorySummary) -> tuple[Any, ...]:
+    """`summary` as the values of its columns, in `TaskRecord`'s order from `SUMMARY_AT`
+    (enums as their strings): what a backend writes (`summary_row`), what a record holds,
+    and what `db check` compares a stored summary with."""
+    last = summary.last
+    if last is None:
+        return (
+            summary.attempts_used,
+            summary.charged_attempts,
+            summary.uncharged_streak,
+            summary.streak_reason,
+            summary.running,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            None,
+            False,
+        )
+    return (
+        summary.attempts_used,
+        summary.charged_attempts,
+        summary.uncharged_streak,
+        summary.streak_reason,
+        summary.running,
+        last.number,
+        str(last.status),
+        None if last.failure_class is None else str(last.failure_class),
+        last.reason,
+        last.started_at,
+        last.ended_at,
+        last.forced,
+        last.not_before,
+        last.stopped,
+    )
+
+
+def summary_row(summary: HistorySummary) -> dict[str, Any]:
+    """`summary` as the values of its columns (`_rows.SUMMARY_COLUMNS`), by name."""
+    return dict(zip(TaskRecord._fields[SUMMARY_AT:], summary_values(summary), strict=True))
 
 
 class Tx(Protocol):

@@ -177,7 +177,7 @@ class TaskOps(CoreBase):
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
         for record in self._task_records(None, None):
             if title_prefix is None or record.title.startswith(title_prefix):
-                yield self._project(record, at, cap), record.summary.last
+                yield self._project(record, at, cap), record.last
 
     def _task_records(self, after: str | None, status: TaskStatus | None) -> Iterator[TaskRecord]:
         """The stored tasks after task `after` (NotFound if it is no task), of `status`, a

@@ -24,7 +24,9 @@ from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
+    RUN_COLUMNS,
     SUMMARY_COLUMNS,
+    TASK_ROW,
     audit_event_from_row,
     grant_from_row,
     lane_event_from_row,
@@ -32,14 +34,15 @@ from execkit.ledger._rows import (
     lane_from_row,
     lane_row,
     run_from_row,
+    run_from_values,
     summary_row,
-    task_from_row,
 )
 
 __all__ = ["SqliteTx"]
 
 # Rows are read by column name (`_rows.py`): each SELECT below names every column of its
-# row shape, with the facts schema 3 added taken from the tables it added them in.
+# row shape, with the facts schema 3 added taken from the tables it added them in. A task's
+# row is read in order instead (`TASK_ROW`), and `_task_rows` checks the names of that order.
 _RUN_SELECT = (
     "SELECT r.id, r.task_id, r.attempt, r.status, r.failure_class, r.reason, r.request_key, "
     "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
@@ -127,32 +130,47 @@ class SqliteTx:
     def expect_result(self, run_id: str) -> None:
         pass
 
+    def _task_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[TaskRecord]:
+        """The tasks `sql` (a `_TASK_SELECT`) reads: its rows are plain tuples in the order
+        of `TASK_ROW`, each a `TaskRecord` as it is (checked against the cursor's column
+        names, once a statement)."""
+        cursor = self._conn.execute(sql, params)
+        if tuple(column[0] for column in cursor.description) != TASK_ROW:
+            raise AssertionError(f"{sql!r} does not read TASK_ROW in its order")
+        make = TaskRecord._make
+        return [make(row) for row in cursor.fetchall()]
+
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
-        row = self._named(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,)).fetchone()
-        return None if row is None else task_from_row(row)
+        found = self._task_rows(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,))
+        return found[0] if found else None
 
     def tasks(self) -> list[TaskRecord]:
-        rows = self._named(f"{_TASK_SELECT} ORDER BY t.seq").fetchall()
-        return [task_from_row(row) for row in rows]
+        return self._task_rows(f"{_TASK_SELECT} ORDER BY t.seq")
 
     def task_page(
         self, after: str | None, limit: int, status: TaskStatus | None
     ) -> list[TaskRecord]:
         where, params = _page_filter("t.", after, status)
-        sql = f"{_TASK_SELECT}{where} ORDER BY t.seq LIMIT ?"
-        return [task_from_row(row) for row in self._dicts(sql, (*params, limit))]
+        return self._task_rows(f"{_TASK_SELECT}{where} ORDER BY t.seq LIMIT ?", (*params, limit))
+
+    def _run_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Run]:
+        """The runs `sql` (a `_RUN_SELECT`) reads, as plain tuples in the order of
+        `RUN_COLUMNS` (checked against the cursor's column names, once a statement)."""
+        cursor = self._conn.execute(sql, params)
+        if tuple(column[0] for column in cursor.description) != RUN_COLUMNS:
+            raise AssertionError(f"{sql!r} does not read RUN_COLUMNS in their order")
+        return [run_from_values(row) for row in cursor.fetchall()]
 
     def runs(self, task_id: str) -> list[Run]:
-        rows = self._named(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
-        return [run_from_row(row) for row in rows.fetchall()]
+        return self._run_rows(f"{_RUN_SELECT} WHERE r.task_id = ? ORDER BY r.seq", (task_id,))
 
     def runs_of(self, task_ids: list[str]) -> list[Run]:
         marks = ", ".join("?" * len(task_ids))
         sql = f"{_RUN_SELECT} WHERE r.task_id IN ({marks}) ORDER BY r.seq"
-        return [run_from_row(row) for row in self._dicts(sql, tuple(task_ids))]
+        return self._run_rows(sql, tuple(task_ids))
 
     def all_runs(self) -> list[Run]:
-        return [run_from_row(row) for row in self._dicts(f"{_RUN_SELECT} ORDER BY r.seq")]
+        return self._run_rows(f"{_RUN_SELECT} ORDER BY r.seq")
 
     def run(self, run_id: str) -> Run | None:
         row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()

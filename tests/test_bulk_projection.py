@@ -1,0 +1,279 @@
+"""The listing's one projection, from a stored row to what is shown, checked against the
+rule it replaced, on both backends: every kind of task lists as a decision on its whole
+history says it stands (`decide` over its runs, the projection before the listing skipped
+anything), its `--json` text is what `json.dumps` writes for it and its line is the line
+the listing printed, while a done or cancelled task is shown without a decision or a
+summary built, and `db check` validates a sound run without `Attempt`'s validators.
+
+Nothing here is timed (benchmarks/bench_bulk.py measures the commands at 100,000 tasks);
+the counts are of the work done per task and per run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from ledger_backends import AnyLedger
+
+import execkit.ledger._core.base as base_module
+from execkit._budget import (
+    Attempt,
+    Decision,
+    ExplicitLimit,
+    HistorySummary,
+    TaskState,
+    WorkBudget,
+    decide_summary,
+    summarize,
+)
+from execkit._classify import FailureClass
+from execkit.cli._ledger import _task_line, task_json
+from execkit.cli._output import safe_text
+from execkit.ledger import Task, TaskStatus
+
+ME = "bench"
+OPERATOR = "operator"
+NOW = 5000.0
+
+
+def _every_kind(ledger: AnyLedger) -> dict[str, str]:
+    """One task of every kind a listing shows, by name: its id."""
+    made: dict[str, str] = {}
+    keys = iter(range(1000))
+
+    def task(name: str, **limits: Any) -> str:
+        made[name] = ledger.create_task(f"task {name}", actor=ME, now=1000.0, **limits).id
+        return made[name]
+
+    def run(task_id: str, status: str | None, at: float = 1001.0, **result: Any) -> None:
+        started = ledger.start_run(
+            task_id, actor=ME, request_key=f"k{next(keys)}", ignore_backoff=True, now=at
+        )
+        if status is not None:
+            ledger.finish_run(started.id, status, now=at + 1.0, **result)
+
+    upstream: dict[str, Any] = {"failure_class": FailureClass.UPSTREAM, "reason": "HTTP 503"}
+    environment: dict[str, Any] = {
+        "failure_class": FailureClass.ENVIRONMENT,
+        "reason": "no credentials",
+    }
+    task("new")
+    run(task("running"), None)
+    run(task("done"), "succeeded")
+    run(task("work failed, backoff over"), "failed", reason="tests failed")
+    run(task("upstream, backing off"), "failed", at=NOW - 2.0, **upstream)
+    run(task("vendor reset"), "failed", not_before=9000.0, **upstream)
+    run(task("environment"), "failed", **environment)
+    run(task("own ceiling", max_uncharged_attempts=1), "failed", **upstream)
+    run(task("explicit limit", max_attempts=1), "failed")
+    spent = task("work budget spent")
+    for _ in range(3):
+        run(spent, "failed")
+    run(task("stopped"), "abandoned", stopped=True)
+    pending = task("retry pending")
+    run(pending, "failed", **environment)
+    ledger.retry_task(pending, actor=OPERATOR, reason="fixed", now=2000.0)
+    given_up = task("given up")
+    run(given_up, "failed", **environment)
+    ledger.record_give_up(given_up, state="blocked", actor=ME, now=2000.0)
+    ledger.cancel_task(task("cancelled"), actor=ME, now=2000.0)
+    cancelled_after = task("cancelled after a run")
+    run(cancelled_after, "failed", **upstream)
+    ledger.cancel_task(cancelled_after, actor=ME, now=2000.0)
+    made["odd title"] = ledger.create_task(
+        'naïve "quoted" \\ ☃ \u2028 tab\tend', actor=ME, now=1000.0
+    ).id
+    return made
+
+
+def _reference(ledger: AnyLedger, task: Task) -> dict[str, Any]:
+    """What the task showed before the listing was made fast: the decision on the summary
+    of its whole history (read run by run here), for every task, done or not."""
+    history: list[Attempt] = ledger.history(task.id)
+    pending = task.retry_pending
+    decision = decide_summary(
+        summarize(history),
+        WorkBudget(max_uncharged_attempts=task.max_uncharged_attempts),
+        ExplicitLimit(task.max_attempts) if task.max_attempts else None,
+        ledger.backoff,
+        NOW,
+        None,
+        force=pending,
+        ignore_backoff=pending,
+    )
+    finished = task.status in (TaskStatus.DONE, TaskStatus.CANCELLED)
+    state = TaskState(task.status) if finished else decision.state
+    reason = None if finished else decision.reason
+    if pending and state is TaskState.READY:
+        reason = f"an operator's forced retry is pending ({OPERATOR})"
+    return {
+        **task.to_dict(),
+        "state": str(state),
+        "blocked_on": None if finished or decision.blocked_on is None else str(decision.blocked_on),
+        "reason": reason,
+        "ready": state is TaskState.READY,
+        "attempts_started": len(history),
+        "charged_attempts": decision.charged_attempts,
+        "uncharged_streak": decision.uncharged_streak,
+        "remaining": decision.remaining,
+        "next_attempt_at": None if finished else decision.next_attempt_at,
+    }
+
+
+def test_every_kind_of_task_lists_as_its_whole_history_decides(ledger: AnyLedger) -> None:
+    made = _every_kind(ledger)
+    listed = {task.id: task for task in ledger.iter_tasks(now=NOW)}
+    assert set(listed) == set(made.values())
+    states = set()
+    for name, task_id in made.items():
+        task = listed[task_id]
+        states.add((task.state, task.blocked_on))
+        assert task.to_dict() == _reference(ledger, task), name
+        assert task == ledger.get_task(task_id, now=NOW), name
+    # The kinds above are not all alike: every state and bound a listing can show.
+    assert {state for state, _ in states} == set(TaskState)
+    assert {bound for _, bound in states} >= {
+        None,
+        "environment",
+        "upstream",
+        "attempt_limit",
+        "work",
+    }
+
+
+def test_the_json_text_is_what_json_dumps_writes_for_every_kind(ledger: AnyLedger) -> None:
+    _every_kind(ledger)
+    for task in ledger.iter_tasks(now=NOW):
+        assert task_json(task) == json.dumps(task.to_dict(), sort_keys=True)
+        line = (
+            f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
+            f"{task.max_attempts or '-'}  {safe_text(task.title)}"
+        )
+        assert _task_line(task) == line
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"next_attempt_at": float("nan")},
+        {"next_attempt_at": 1e16, "created_at": 0.1},
+        {"title": "\x00\x1b[2J\U0001f600", "reason": "\ud800"},
+        {"max_attempts": True},  # a bool where an int is: written as json.dumps writes it
+        {"created_by": TaskStatus.OPEN},  # an enum where a str is
+    ],
+)
+def test_a_hand_made_task_is_written_as_json_dumps_writes_it(changes: dict[str, Any]) -> None:
+    fields: dict[str, Any] = {
+        "id": "t-1",
+        "title": "t",
+        "status": TaskStatus.OPEN,
+        "state": TaskState.BACKOFF,
+        "blocked_on": None,
+        "reason": "r",
+        "ready": False,
+        "max_attempts": 0,
+        "attempts_started": 1,
+        "charged_attempts": 0,
+        "uncharged_streak": 1,
+        "remaining": 3,
+        "next_attempt_at": 1010.5,
+        "created_by": ME,
+        "created_at": 1000.0,
+        "max_uncharged_attempts": 3,
+    }
+    task = Task(**{**fields, **changes})
+    assert task_json(task) == json.dumps(task.to_dict(), sort_keys=True)
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int]:
+    calls: list[int] = []
+    real = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_a_listing_decides_and_builds_a_summary_only_for_open_tasks(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _every_kind(ledger)
+    open_ids = {t.id for t in ledger.iter_tasks(now=NOW) if t.status is TaskStatus.OPEN}
+    decisions = _count_calls(monkeypatch, base_module, "decision_fields")
+    built = _count_calls(monkeypatch, Decision, "__init__")
+    summaries = _count_calls(monkeypatch, HistorySummary, "__init__")
+    attempts = _count_calls(monkeypatch, Attempt, "__init__")
+    listed = list(ledger.iter_tasks(now=NOW))
+    assert len(listed) == len(made) > len(open_ids)
+    assert len(decisions) == len(open_ids), "a done or cancelled task is not decided on"
+    assert built == [], "a listed task is shown from the decision's fields, no Decision made"
+    # At most one summary an open task (the one its decision reads; a task with no summary
+    # row yet has the empty one), none for a done or cancelled task.
+    assert len(summaries) <= len(open_ids), "a summary only where a decision reads it"
+    assert attempts == [], "a stored attempt is not validated again at each listing"
+
+
+def test_db_check_validates_a_sound_run_without_the_validating_constructor(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tasks = len(_every_kind(ledger))
+    runs = sum(len(ledger.history(t.id)) for t in ledger.iter_tasks(now=NOW))
+    attempts = _count_calls(monkeypatch, Attempt, "__init__")
+    summaries = _count_calls(monkeypatch, HistorySummary, "__init__")
+    assert ledger.validate(now=1200.0) == []  # before the running run's lease ends
+    assert attempts == []
+    # The fold of each history (one a run, and one empty to start from), never one more
+    # per task to compare the stored summary with it.
+    assert len(summaries) == runs + tasks
+
+
+def test_a_run_that_is_no_attempt_is_still_refused_by_its_own_message() -> None:
+    from execkit._budget import AttemptStatus
+    from execkit._errors import InvalidInput
+    from execkit.ledger import Run
+    from execkit.ledger._core.base import attempt_from_run
+    from execkit.ledger._core.inspection import _checked_attempt
+
+    sound = Run(
+        id="r-1",
+        task_id="t-1",
+        attempt=1,
+        status=AttemptStatus.FAILED,
+        failure_class=None,
+        reason="x",
+        request_key="k",
+        actor=ME,
+        forced=False,
+        started_at=1.0,
+        ended_at=2.0,
+    )
+    assert _checked_attempt(sound) == attempt_from_run(sound)
+    for bad in (
+        {"attempt": 0},
+        {"attempt": True},
+        {"reason": 5},
+        {"started_at": float("inf")},
+        {"ended_at": "2"},
+        {"forced": 1},
+        {"stopped": True},
+    ):
+        broken = Run(**{**_run_fields(sound), **bad})
+        with pytest.raises(InvalidInput) as fast:
+            _checked_attempt(broken)
+        with pytest.raises(InvalidInput) as slow:
+            attempt_from_run(broken)
+        assert fast.value.message == slow.value.message, bad
+    # An int time is what `Attempt` converts: the same attempt either way.
+    whole = Run(**{**_run_fields(sound), "started_at": 1})
+    assert _checked_attempt(whole) == attempt_from_run(whole)
+
+
+def _run_fields(run: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(run, recurse=False)
