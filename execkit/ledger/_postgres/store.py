@@ -390,6 +390,7 @@ class PostgresStore:
                     with contextlib.suppress(psycopg.Error):
                         tx._connection.execute("ROLLBACK")
                 raise
+            tx.send_writes()  # the writes still queued go in the batch with COMMIT
             last = tx._connection
             if last is None:
                 return  # nothing was sent
