@@ -10,6 +10,7 @@ already waiting for is the same wait). No timing is involved.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -186,3 +187,64 @@ def test_a_connection_lost_in_the_commit_batch_is_resolved_by_the_server(
         assert ledger.runs(task.id) == []
         run = ledger.start_run(task.id, request_key="k", actor="a", now=1000.0)
         assert run.attempt == 1
+
+
+def statements(ledger: PostgresLedger, call: Callable[[], Any]) -> tuple[int, int]:
+    """(statements sent, statements parsed) during `call`: a statement of the extended
+    protocol is one `Bind` (a simple `Query` counts as one too); a `Parse` prepares one."""
+    sent = parsed = 0
+    for side, kind in _trace(ledger, call):
+        if side == "F" and kind in ("Bind", "Query"):
+            sent += 1
+        elif side == "F" and kind == "Parse":
+            parsed += 1
+    return sent, parsed
+
+
+def test_an_admission_sends_twelve_statements_all_prepared(pg: PostgresLedger) -> None:
+    """Start: BEGIN, the key's lock, the key, the task's lock, the number with the running
+    run, the four writes as one, COMMIT. Finish: BEGIN, the task's lock, the run with its
+    lane, the three writes as one, COMMIT. Once each has run a few times on the connection
+    (psycopg prepares a statement at its fifth use), none is parsed again."""
+    task = pg.create_task("t", max_attempts=100, actor="a")
+    counts: list[tuple[int, int]] = []
+    runs: list[Run] = []
+
+    def start(n: int) -> None:
+        runs.append(pg.start_run(task.id, request_key=f"k{n}", actor="a", now=1000.0 + n * 3600))
+
+    def finish(n: int) -> None:
+        pg.finish_run(runs[-1].id, "failed", now=1001.0 + n * 3600)
+
+    for n in range(8):
+        counts.append(statements(pg, functools.partial(start, n)))
+        counts.append(statements(pg, functools.partial(finish, n)))
+    assert [sent for sent, _ in counts] == [7, 5] * 8
+    assert [parsed for _, parsed in counts[-4:]] == [0, 0, 0, 0]
+    assert [(r.attempt, r.status) for r in pg.runs(task.id)] == [
+        (n + 1, "failed") for n in range(8)
+    ]
+
+
+def test_writes_to_one_table_in_one_transaction_each_take_effect(pg: PostgresLedger) -> None:
+    """A success updates its task twice (the summary, then the status): never folded into
+    one statement, where one of the two changes would be lost. An abandonment and an
+    admission in one transaction both write the run table and the audit: in their order."""
+    task = pg.create_task("t", max_attempts=10, actor="a")
+    run = pg.start_run(task.id, request_key="k1", actor="a", now=1000.0)
+    assert statements(pg, lambda: pg.finish_run(run.id, "succeeded", now=1001.0))[0] == 6
+    assert (pg.get_task(task.id).status, pg.get_task(task.id).attempts_started) == ("done", 1)
+    with pg._postgres.read() as tx:
+        record = tx.task(task.id)
+    assert record is not None
+    assert record.summary.last is not None
+    assert (record.summary.last.status, record.summary.running) == ("succeeded", None)
+    other = pg.create_task("u", max_attempts=10, actor="a")
+    first = pg.start_run(other.id, request_key="k2", actor="a", now=1000.0, lease_s=10)
+    second = pg.start_run(other.id, request_key="k3", actor="a", now=5000.0, ignore_backoff=True)
+    assert [(r.id, r.status) for r in pg.runs(other.id)] == [
+        (first.id, "abandoned"),
+        (second.id, "running"),
+    ]
+    actions = [e.action for e in pg.audit_events(other.id)]
+    assert actions == ["task.create", "run.start", "run.abandon", "run.start"], actions
