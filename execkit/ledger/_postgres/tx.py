@@ -70,17 +70,19 @@ from execkit.ledger._rows import (
 if TYPE_CHECKING:
     import psycopg
 
+    from execkit.ledger._postgres.wire import Answer, Wire
+
 __all__ = ["Opener", "PostgresTx", "jsonb", "nul_free"]
 
 _T = TypeVar("_T")
 
 
 class Opener(Protocol):
-    """How a write transaction gets its connection, in a pipeline, BEGIN sent: `batched`
-    queues BEGIN to go with the first batch (and, called again, replaces the connection:
-    `_first_batch`); otherwise BEGIN goes alone first."""
+    """How a write transaction gets its connection, on libpq's pipeline (`wire.py`), BEGIN
+    sent: `batched` queues BEGIN to go with the first batch (and, called again, replaces
+    the connection: `_first_batch`); otherwise BEGIN goes alone first."""
 
-    def __call__(self, *, batched: bool) -> tuple[psycopg.Connection[Any], psycopg.Pipeline]: ...
+    def __call__(self, *, batched: bool) -> tuple[psycopg.Connection[Any], Wire]: ...
 
 
 # Rows are read by column name (`_rows.py`); here every column of a row shape is a column
@@ -210,7 +212,7 @@ class PostgresTx:
     ) -> None:
         self._connection = conn
         self._write = write
-        self._pipeline: psycopg.Pipeline | None = None
+        self._wire: Wire | None = None  # a write transaction's statements go on it
         self._opener = opener
         # Answers read ahead (`expect_*`), by the call they answer; each is taken once.
         self._ahead: dict[tuple[Any, ...], Any] = {}
@@ -229,7 +231,7 @@ class PostgresTx:
         statement, with BEGIN sent alone (a dropped connection replaced once first)."""
         if self._connection is None:
             assert self._opener is not None
-            self._connection, self._pipeline = self._opener(batched=False)
+            self._connection, self._wire = self._opener(batched=False)
         if self._queued:
             self.send_writes()
         return self._connection
@@ -259,12 +261,26 @@ class PostgresTx:
         if not self._queued:
             return
         queued, self._queued = self._queued, []
-        conn = self._conn
+        wire = self._on_wire()
         for group in _groups(queued):
-            conn.execute(
+            wire.execute(
                 _folded(tuple(write[0] for write in group)),
                 tuple(value for write in group for value in write[1]),
             )
+
+    def _on_wire(self) -> Wire:
+        """A write transaction's wire, its connection opened (`_conn`)."""
+        self._conn  # noqa: B018  (opens it, and sends the queued writes)
+        assert self._wire is not None
+        return self._wire
+
+    def _answer(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Answer:
+        """`sql` queued on the write transaction's wire; its answer read when needed."""
+        wire = self._on_wire()
+        if isinstance(params, Mapping):
+            sql, names = _positional(sql)
+            params = tuple(params[name] for name in names)
+        return wire.execute(sql, params)
 
     def _first_batch(self, send: Callable[[], _T]) -> _T:
         """`send()` (statements queued, then one sync) as the transaction's first batch,
@@ -277,7 +293,7 @@ class PostgresTx:
             return send()
         assert self._opener is not None
         try:
-            self._connection, self._pipeline = self._opener(batched=True)
+            self._connection, self._wire = self._opener(batched=True)
             return send()
         except psycopg.OperationalError:
             if self._connection is not None and not self._connection.broken:
@@ -287,7 +303,7 @@ class PostgresTx:
         self._held_runs.clear()
         self._run_number = None
         self.xid = None
-        self._connection, self._pipeline = self._opener(batched=True)
+        self._connection, self._wire = self._opener(batched=True)
         return send()
 
     def _take(self, key: tuple[Any, ...]) -> Any:
@@ -308,23 +324,20 @@ class PostgresTx:
             self._first_batch(lambda: self._expect_admission(scope, key, task_id, lanes))
 
     def _expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
-        from psycopg.rows import dict_row
-
-        assert self._pipeline is not None
         stored_key = nul_free(key)
         new = (scope, stored_key)
-        execute = self._conn.execute
-        named = self._conn.cursor(row_factory=dict_row).execute
+        wire = self._on_wire()
+        execute = wire.execute
         execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",))
         # With the key, the run it admitted: a replay reads it (no write follows, no lock).
-        found = self._conn.cursor(row_factory=dict_row)
-        found.execute(
+        found = execute(
             f"SELECT i.fingerprint, i.response, {_RUN_OF_KEY} FROM idempotency i "
             "LEFT JOIN runs r ON r.id = i.response->>'run_id' WHERE i.scope = %s AND i.key = %s",
             new,
         )
-        task = self._conn.cursor(row_factory=dict_row)
-        task.execute(f"{_TASK_SELECT} WHERE id = %s AND {_KEY_IS_NEW} FOR UPDATE", (task_id, *new))
+        task = execute(
+            f"{_TASK_SELECT} WHERE id = %s AND {_KEY_IS_NEW} FOR UPDATE", (task_id, *new)
+        )
         gates = (
             execute(
                 "SELECT lane, state, until_at, probe_run FROM lane_summaries "
@@ -336,12 +349,12 @@ class PostgresTx:
         )
         # Drawn after the task's lock: a task's runs are numbered in their order. With
         # it, the task's running run, if any (read under that lock).
-        number = named(_NUMBER_AND_RUNNING, (task_id, _FINISHED, *new, task_id, task_id, *new))
-        self._pipeline.sync()
-        drawn = number.fetchone()
+        number = execute(_NUMBER_AND_RUNNING, (task_id, _FINISHED, *new, task_id, task_id, *new))
+        wire.sync()
+        drawn = number.named_one()
         assert drawn is not None
         self.xid = int(drawn["tx_xid"])
-        row = found.fetchone()
+        row = found.named_one()
         self._ahead[("idempotent", scope, key)] = (
             None if row is None else (str(row["fingerprint"]), dict(row["response"]))
         )
@@ -350,7 +363,7 @@ class PostgresTx:
                 replayed = run_from_row({column: row[f"r_{column}"] for column in RUN_COLUMNS})
                 self._ahead[("run", replayed.id)] = replayed
             return
-        task_row = task.fetchone()
+        task_row = task.named_one()
         record = None if task_row is None else task_from_row(task_row)
         self._ahead[("task", task_id)] = record
         if record is None:
@@ -362,7 +375,7 @@ class PostgresTx:
             if run is not None and run.status is AttemptStatus.RUNNING:
                 self._held_runs.add(run.id)
         if gates is not None:
-            self._ahead[("lane_gates", lanes)] = [LaneGate(*gate) for gate in gates.fetchall()]
+            self._ahead[("lane_gates", lanes)] = [LaneGate(*gate) for gate in gates.rows()]
         self._run_number = None if drawn["tx_number"] is None else int(drawn["tx_number"])
 
     def expect_result(self, run_id: str) -> None:
@@ -370,18 +383,14 @@ class PostgresTx:
             self._first_batch(lambda: self._expect_result(run_id))
 
     def _expect_result(self, run_id: str) -> None:
-        from psycopg.rows import dict_row
-
-        assert self._pipeline is not None
-        task = self._conn.cursor(row_factory=dict_row)
-        task.execute(
+        wire = self._on_wire()
+        task = wire.execute(
             f"{_TASK_SELECT} WHERE id = (SELECT task_id FROM runs WHERE id = %s) FOR UPDATE",
             (run_id,),
         )
-        run = self._conn.cursor(row_factory=dict_row)
-        run.execute(_RUN_AND_LANE, (run_id, run_id))
-        self._pipeline.sync()
-        task_row, run_row = task.fetchone(), run.fetchone()
+        run = wire.execute(_RUN_AND_LANE, (run_id, run_id))
+        wire.sync()
+        task_row, run_row = task.named_one(), run.named_one()
         assert run_row is not None
         self.xid = int(run_row["tx_xid"])
         if task_row is None or run_row["id"] is None:
@@ -395,31 +404,50 @@ class PostgresTx:
         if found.status is AttemptStatus.RUNNING and found.task_id == record.id:
             self._held_runs.add(run_id)
 
-    # A write transaction runs in pipeline mode: `_send` queues a statement whose result
-    # nothing needs (its errors surface at the next read or at COMMIT, inside the
-    # transaction all the same); a read waits for everything queued before it, in order.
+    # A write transaction runs on libpq's pipeline (`wire.py`): `_send` queues a statement
+    # whose result nothing needs (its errors surface at the next read or at COMMIT, inside
+    # the transaction all the same); a read sends everything queued before it, in order,
+    # and waits. A read transaction runs on psycopg's cursors.
 
     def _send(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
         self._written()
-        self._conn.execute(sql, params)
+        if self._batch():
+            self._answer(sql, params)
+        else:
+            self._conn.execute(sql, params)
+
+    def send_once(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """`_send` for a statement run once (a migration's): never prepared."""
+        self._written()
+        if self._batch():
+            self._on_wire().execute(sql, params, prepare=False)
+        else:
+            self._conn.execute(sql, params)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        if self._batch():
+            return self._answer(sql, params).one()
         return self._conn.execute(sql, params).fetchone()
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self._batch():
+            return self._answer(sql, params).rows()
         return self._conn.execute(sql, params).fetchall()
 
-    def _named(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[dict[str, Any]]:
-        """`sql` run on a cursor whose rows are dicts by column name (`dict_row`)."""
+    def _named_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """`sql`'s rows as dicts by column name."""
+        if self._batch():
+            return self._answer(sql, params).named()
         from psycopg.rows import dict_row
 
-        return self._conn.cursor(row_factory=dict_row).execute(sql, params)
+        return self._conn.cursor(row_factory=dict_row).execute(sql, params).fetchall()
 
     def _named_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
-        return self._named(sql, params).fetchone()
+        if self._batch():
+            return self._answer(sql, params).named_one()
+        from psycopg.rows import dict_row
 
-    def _named_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        return self._named(sql, params).fetchall()
+        return self._conn.cursor(row_factory=dict_row).execute(sql, params).fetchone()
 
     def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
         """The rows a statement ending in `RETURNING 1` changed."""
@@ -610,9 +638,8 @@ class PostgresTx:
             )
             stored = attrs.evolve(run, id=f"r-{number}")
             if _after_admission_insert is not None:
-                assert self._pipeline is not None
                 self.send_writes()
-                self._pipeline.sync()  # the seam holds the transaction after the INSERT ran
+                self._on_wire().sync()  # the seam holds the transaction after the INSERT ran
                 _after_admission_insert()
             return stored
         self._written()
