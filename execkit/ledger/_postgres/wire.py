@@ -150,7 +150,6 @@ class Wire:
             select.select([], [pgconn.socket], [])
         queue, self._queue = self._queue, []
         self._waiting.clear()
-        encoding = self._conn.info.encoding
         first: psycopg.Error | None = None
         for waiting in queue:
             result = self._next()
@@ -159,6 +158,7 @@ class Wire:
             while self._next() is not None:  # the NULL that ends each command's results
                 pass
             if result.status == pq.ExecStatus.FATAL_ERROR and first is None:
+                encoding = self._conn.info.encoding
                 first = psycopg.errors.error_from_result(result, encoding=encoding)
             if isinstance(waiting, Answer):
                 waiting._result = result
