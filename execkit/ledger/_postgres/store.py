@@ -7,8 +7,9 @@ give it back: at most `pool_size` at once, opened when first needed and kept ope
 idle, so threads do not wait on one another's transactions, only on the database's own
 locks. A thread that finds every connection taken waits for one, at most the lock timeout
 (then a StorageError, nothing written).
-Writes run at READ COMMITTED, in pipeline mode, BEGIN sent with the first reads and COMMIT
-with the last writes; reads run at
+Writes run at READ COMMITTED, on libpq's pipeline (`wire.py`: one send per batch, statements
+prepared once per connection), BEGIN sent with the first reads and COMMIT with the last
+writes; reads run at
 REPEATABLE READ, READ ONLY: one snapshot per read transaction (the locks a write takes are
 `tx.py`'s).
 

@@ -17,9 +17,10 @@ pipeline mode; a connection that cannot leave it is closed, never lent again.
 
 from __future__ import annotations
 
+import itertools
 import select
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +31,11 @@ if TYPE_CHECKING:
 __all__ = ["Answer", "Wire"]
 
 # Prepared statements per connection (they live as long as its session): text and
-# parameter types -> name. Bounded: past it a statement is sent unnamed, parsed each time.
+# parameter types -> name, and the numbers names are drawn from (never one used twice).
+# Bounded: past it a statement is sent unnamed, parsed each time.
 _MAX_PREPARED = 200
-_prepared: weakref.WeakKeyDictionary[Any, dict[tuple[str, tuple[int, ...]], bytes]] = (
+_Names = dict[tuple[str, tuple[int, ...]], bytes]
+_prepared: weakref.WeakKeyDictionary[Any, tuple[_Names, Iterator[int]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -103,7 +106,7 @@ class Wire:
         self._conn = conn
         self._pgconn = conn.pgconn
         self._transformer = Transformer(conn)
-        self._names = _prepared.setdefault(conn, {})
+        self._names, self._numbers = _prepared.setdefault(conn, ({}, itertools.count()))
         # What each queued command answers, in order: an Answer, or the key of a statement
         # being prepared (dropped from the names if its Parse was skipped or refused).
         self._queue: list[Answer | tuple[str, tuple[int, ...]]] = []
@@ -125,7 +128,7 @@ class Wire:
         key = (sql, types)
         name = self._names.get(key)
         if name is None and prepare and len(self._names) < _MAX_PREPARED:
-            name = f"ek_{len(self._names)}".encode()
+            name = f"ek_{next(self._numbers)}".encode()
             self._names[key] = name
             self._pgconn.send_prepare(name, text, param_types=types)
             self._queue.append(key)
@@ -190,6 +193,6 @@ class Wire:
             if not (self._conn.closed or self._conn.broken):
                 try:
                     self._pgconn.exit_pipeline_mode()
-                except Exception:
+                except BaseException:
                     self._conn.close()
                     raise
