@@ -35,9 +35,23 @@ __all__ = ["Answer", "Wire"]
 # Bounded: past it a statement is sent unnamed, parsed each time.
 _MAX_PREPARED = 200
 _Names = dict[tuple[str, tuple[int, ...]], bytes]
-_prepared: weakref.WeakKeyDictionary[Any, tuple[_Names, Iterator[int]]] = (
-    weakref.WeakKeyDictionary()
-)
+
+
+class _Session:
+    """What a connection keeps across its transactions: its prepared statements, and
+    psycopg's adapters for it (a Transformer caches the dumper of each type it met)."""
+
+    __slots__ = ("names", "numbers", "transformer")
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        from psycopg.adapt import Transformer
+
+        self.names: _Names = {}
+        self.numbers: Iterator[int] = itertools.count()
+        self.transformer = Transformer(conn)
+
+
+_sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
 
 @lru_cache(maxsize=256)
@@ -101,12 +115,13 @@ class Wire:
     own pipeline), entered now and left by `close()`."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        from psycopg.adapt import Transformer
-
         self._conn = conn
         self._pgconn = conn.pgconn
-        self._transformer = Transformer(conn)
-        self._names, self._numbers = _prepared.setdefault(conn, ({}, itertools.count()))
+        session = _sessions.get(conn)
+        if session is None:
+            session = _sessions[conn] = _Session(conn)
+        self._transformer = session.transformer
+        self._names, self._numbers = session.names, session.numbers
         # What each queued command answers, in order: an Answer, or the key of a statement
         # being prepared (dropped from the names if its Parse was skipped or refused).
         self._queue: list[Answer | tuple[str, tuple[int, ...]]] = []
