@@ -11,6 +11,7 @@ already waiting for is the same wait). No timing is involved.
 from __future__ import annotations
 
 import functools
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -248,3 +249,36 @@ def test_writes_to_one_table_in_one_transaction_each_take_effect(pg: PostgresLed
     ]
     actions = [e.action for e in pg.audit_events(other.id)]
     assert actions == ["task.create", "run.start", "run.abandon", "run.start"], actions
+
+
+def test_a_connection_numbered_past_select_s_limit_is_kept_and_works(pg_url: str) -> None:
+    """A process holding more than 1024 files (a server, a dispatcher with many agents):
+    its sockets are numbered past what select(2) can watch. Admissions work and keep their
+    one connection (a check that failed would open a new one per transaction)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:  # bounded: each dup takes the next number
+            held.append(os.dup(0 if not held else held[0]))
+        ledger = open_ledger(pg_url)
+        assert isinstance(ledger, PostgresLedger)
+        with ledger:
+            conn = ledger._postgres._idle[-1]
+            assert conn.fileno() > 1024
+            backend = conn.info.backend_pid
+            task = ledger.create_task("t", max_attempts=10, actor="a")
+            for n in range(3):
+                run = ledger.start_run(task.id, request_key=f"k{n}", actor="a", now=n * 9000.0)
+                ledger.finish_run(run.id, "failed", now=n * 9000.0 + 1)
+            assert ledger._postgres._idle == [conn]
+            assert conn.info.backend_pid == backend
+            assert [r.attempt for r in ledger.runs(task.id)] == [1, 2, 3]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -42,7 +42,7 @@ from execkit.ledger._model import CAPABILITIES, user_name
 from execkit.ledger._postgres import check, migrate, schema
 from execkit.ledger._postgres.tx import PostgresTx
 from execkit.ledger._postgres.url import INSTALL_HINT, is_postgres_url, password_of, public_url
-from execkit.ledger._postgres.wire import Wire
+from execkit.ledger._postgres.wire import Wire, ready
 
 if TYPE_CHECKING:
     import psycopg
@@ -56,10 +56,8 @@ MAX_POOL_SIZE = 256
 def _unasked(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server sent something nobody asked for yet (no round trip): a closed
     connection's farewell or end of stream, or, in a pipeline, an answer it sent early."""
-    import select
-
     try:
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
+        return ready(conn.fileno(), timeout_ms=0)
     except (OSError, ValueError):
         return True
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg import pq
 
-__all__ = ["Answer", "Wire"]
+__all__ = ["Answer", "Wire", "ready"]
 
 # Prepared statements per connection (they live as long as its session): text and
 # parameter types -> name, and the numbers names are drawn from (never one used twice).
@@ -52,6 +52,19 @@ class _Session:
 
 
 _sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
+
+
+def ready(fd: int, *, write: bool = False, timeout_ms: int | None = None) -> bool:
+    """Whether `fd` can be read (or written), waiting at most `timeout_ms` (None: until it
+    can). poll(2), not select(2): a process holding many files (a server, a dispatcher
+    with many agents) has sockets numbered past select's limit of 1024."""
+    if not hasattr(select, "poll"):  # pragma: no cover (Windows)
+        wanted = ([], [fd]) if write else ([fd], [])
+        wait = None if timeout_ms is None else timeout_ms / 1000
+        return any(select.select(*wanted, [], wait)[:2])
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    return bool(poller.poll(timeout_ms))
 
 
 @lru_cache(maxsize=256)
@@ -165,7 +178,7 @@ class Wire:
         pgconn = self._pgconn
         pgconn.pipeline_sync()
         while pgconn.flush():  # the socket's buffer is full: wait until it drains
-            select.select([], [pgconn.socket], [])
+            ready(pgconn.socket, write=True)
         queue, self._queue = self._queue, []
         self._waiting.clear()
         first: psycopg.Error | None = None
@@ -193,7 +206,7 @@ class Wire:
         connection is an OperationalError (`consume_input` raises it)."""
         pgconn = self._pgconn
         while pgconn.is_busy():
-            select.select([pgconn.socket], [], [])
+            ready(pgconn.socket)
             pgconn.consume_input()
         return pgconn.get_result()
 
