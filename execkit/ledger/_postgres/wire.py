@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import select
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
@@ -41,17 +42,19 @@ class _Session:
     """What a connection keeps across its transactions: its prepared statements, and
     psycopg's adapters for it (a Transformer caches the dumper of each type it met)."""
 
-    __slots__ = ("names", "numbers", "transformer")
+    __slots__ = ("columns", "names", "numbers", "transformer")
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         from psycopg.adapt import Transformer
 
         self.names: _Names = {}
+        self.columns: dict[bytes, list[str]] = {}  # a prepared statement's column names
         self.numbers: Iterator[int] = itertools.count()
         self.transformer = Transformer(conn)
 
 
 _sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
+_sessions_lock = threading.Lock()  # a store's threads each hold a connection of their own
 
 
 def ready(fd: int, *, write: bool = False, timeout_ms: int | None = None) -> bool:
@@ -86,10 +89,11 @@ def _numbered(sql: str) -> bytes:
 class Answer:
     """One statement's answer, read when its batch is synced (reading it syncs)."""
 
-    __slots__ = ("_result", "_wire")
+    __slots__ = ("_name", "_result", "_wire")
 
-    def __init__(self, wire: Wire) -> None:
+    def __init__(self, wire: Wire, name: bytes | None) -> None:
         self._wire = wire
+        self._name = name  # the prepared statement's, None when sent unnamed
         self._result: pq.abc.PGresult | None = None
 
     def _ready(self) -> pq.abc.PGresult | None:
@@ -115,7 +119,11 @@ class Answer:
         result = self._ready()
         if result is None or not result.ntuples:
             return []
-        names = [(result.fname(n) or b"").decode() for n in range(result.nfields)]
+        names = None if self._name is None else self._wire._columns.get(self._name)
+        if names is None:
+            names = [(result.fname(n) or b"").decode() for n in range(result.nfields)]
+            if self._name is not None:
+                self._wire._columns[self._name] = names
         return [dict(zip(names, row, strict=True)) for row in self.rows()]
 
     def named_one(self) -> dict[str, Any] | None:
@@ -130,11 +138,13 @@ class Wire:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
         self._pgconn = conn.pgconn
-        session = _sessions.get(conn)
-        if session is None:
-            session = _sessions[conn] = _Session(conn)
+        with _sessions_lock:
+            session = _sessions.get(conn)
+            if session is None:
+                session = _sessions[conn] = _Session(conn)
         self._transformer = session.transformer
         self._names, self._numbers = session.names, session.numbers
+        self._columns = session.columns
         # What each queued command answers, in order: an Answer, or the key of a statement
         # being prepared (dropped from the names if its Parse was skipped or refused).
         self._queue: list[Answer | tuple[str, tuple[int, ...]]] = []
@@ -160,7 +170,7 @@ class Wire:
             self._names[key] = name
             self._pgconn.send_prepare(name, text, param_types=types)
             self._queue.append(key)
-        answer = Answer(self)
+        answer = Answer(self, name)
         if name is None:
             self._pgconn.send_query_params(text, values, param_types=types, param_formats=formats)
         else:
