@@ -65,12 +65,14 @@ def _prepare_ledger(url: str, workers: int) -> list[list[str]]:
         ]
 
 
-def _admit(url: str, task_ids: list[str], count: int, tag: str, start_at: float) -> float:
+def _admit(
+    url: str, task_ids: list[str], count: int, tag: str, start_at: float
+) -> tuple[float, float]:
     ledger = open_ledger(url)
     round_number = int(tag.partition("p")[0][1:] or 0)
     while time.time() < start_at:
         time.sleep(0.001)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for n in range(count):
         # The clock an hour apart per admission, as bench_ledger.py (and on from one round
         # to the next): a failed run backs its task off, and this measures admissions, not
@@ -79,9 +81,9 @@ def _admit(url: str, task_ids: list[str], count: int, tag: str, start_at: float)
         task_id = task_ids[n % len(task_ids)]
         run = ledger.start_run(task_id, request_key=f"{tag}-{n}", actor="bench", now=at)
         ledger.finish_run(run.id, "failed", reason="benchmark", now=at + 1.0)
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     ledger.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def _prepare_floor(url: str) -> None:
@@ -94,20 +96,22 @@ def _prepare_floor(url: str) -> None:
         )
 
 
-def _floor(url: str, _unused: list[str], count: int, tag: str, start_at: float) -> float:
+def _floor(
+    url: str, _unused: list[str], count: int, tag: str, start_at: float
+) -> tuple[float, float]:
     import psycopg
 
     conn = psycopg.connect(url, autocommit=True)
     while time.time() < start_at:
         time.sleep(0.001)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for _ in range(count):
         conn.execute("BEGIN")
         conn.execute("INSERT INTO t (tag, at) VALUES (%s, %s)", (tag, time.time()))
         conn.execute("COMMIT")
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     conn.close()
-    return elapsed
+    return elapsed, cpu
 
 
 # The writes of `start_run` (run, summary, audit, key) and of `finish_run` (run, summary,
@@ -157,13 +161,15 @@ def _prepare_functions(url: str, workers: int) -> list[list[str]]:
     return tasks
 
 
-def _functions(url: str, task_ids: list[str], count: int, tag: str, start_at: float) -> float:
+def _functions(
+    url: str, task_ids: list[str], count: int, tag: str, start_at: float
+) -> tuple[float, float]:
     import psycopg
 
     conn = psycopg.connect(url, autocommit=True)
     while time.time() < start_at:
         time.sleep(0.001)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for n in range(count):
         at = 1_000_000.0 + n * 3600.0
         row = conn.execute(
@@ -171,9 +177,9 @@ def _functions(url: str, task_ids: list[str], count: int, tag: str, start_at: fl
         ).fetchone()
         assert row is not None
         conn.execute("SELECT bench_finish(%s, %s)", (row[0], at + 1.0))
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     conn.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def _rate(
@@ -183,8 +189,10 @@ def _rate(
     count: int,
     processes: int,
     round_number: int = 0,
-) -> float:
-    """Operations per second over all processes (wall time of the slowest one)."""
+) -> tuple[float, float]:
+    """Operations per second over all processes (wall time of the slowest one), and the
+    client processes' CPU time per operation in ms (what a faster machine would not hide:
+    the load of a shared one moves the rates much more than it moves this)."""
     target = {"ledger": _admit, "functions": _functions}.get(kind, _floor)
     ctx = multiprocessing.get_context("spawn")
     start_at = time.time() + 2.0 + processes * 0.2  # let every process connect first
@@ -193,8 +201,10 @@ def _rate(
             pool.apply_async(target, (url, per_worker[p], count, f"r{round_number}p{p}", start_at))
             for p in range(processes)
         ]
-        elapsed = max(r.get(timeout=900) for r in results)
-    return processes * count / elapsed
+        measured = [r.get(timeout=900) for r in results]
+    elapsed = max(wall for wall, _ in measured)
+    cpu = sum(cpu for _, cpu in measured)
+    return processes * count / elapsed, cpu / (processes * count) * 1000.0
 
 
 def _sqlite_rates(count: int, processes: int) -> tuple[float, float]:
@@ -241,7 +251,7 @@ def main() -> None:
             _prepare_floor(floor_url)
             functions_url = _schema(url, "bench_functions")
             function_tasks = _prepare_functions(functions_url, processes)
-            floor = _rate("floor", floor_url, tasks, args.admissions * 2, processes)
+            floor, _ = _rate("floor", floor_url, tasks, args.admissions * 2, processes)
             # Alternating rounds, the ratio taken in each: a load that drifts on a shared
             # machine moves both sides of a round alike.
             paired = []
@@ -261,11 +271,13 @@ def main() -> None:
                         ),
                     )
                 )
-            functions = statistics.median(f for f, _ in paired)
-            admitted = statistics.median(a for _, a in paired)
-            ratios.append(statistics.median(a / f for f, a in paired))
+            functions = statistics.median(f for (f, _), _ in paired)
+            admitted = statistics.median(a for _, (a, _) in paired)
+            ratios.append(statistics.median(a / f for (f, _), (a, _) in paired))
+            cpu = statistics.median(c for _, (_, c) in paired)
+            floor_cpu = statistics.median(c for (_, c), _ in paired)
             lite, lite_floor = _sqlite_rates(args.admissions, processes)
-            rows.append((processes, admitted, floor, functions, lite, lite_floor))
+            rows.append((processes, admitted, floor, functions, cpu, floor_cpu, lite, lite_floor))
     finally:
         if cluster is not None:
             cluster.stop()
@@ -278,16 +290,17 @@ def main() -> None:
     print()
     print(
         "| processes | PostgreSQL admissions/s | same writes as 2 functions/s | ratio (goal "
-        ">= 0.5x) | PG floor txn/s | PG floor txns per admission | SQLite admissions/s "
+        ">= 0.5x) | client CPU ms per admission (functions) | PG floor txn/s "
+        "| PG floor txns per admission | SQLite admissions/s "
         "| SQLite floor txn/s | SQLite floor txns per admission |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for (processes, admitted, floor, functions, lite, lite_floor), ratio in zip(
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (processes, admitted, floor, functions, cpu, floor_cpu, lite, lite_floor), ratio in zip(
         rows, ratios, strict=True
     ):
         print(
             f"| {processes} | {admitted:,.0f} | {functions:,.0f} | {ratio:.2f}x "
-            f"| {floor:,.0f} | {floor / admitted:.1f}x "
+            f"| {cpu:.2f} ({floor_cpu:.2f}) | {floor:,.0f} | {floor / admitted:.1f}x "
             f"| {lite:,.0f} | {lite_floor:,.0f} | {lite_floor / lite:.1f}x |"
         )
     print()

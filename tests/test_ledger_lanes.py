@@ -527,3 +527,51 @@ def test_a_config_change_on_postgres_waits_out_a_lane_event_in_flight(
     assert row is not None
     [epoch] = json.loads(row[0])
     assert epoch["breaker_k"] == 7 and epoch["from_seq"] == seq[0] + 1
+
+
+def test_a_config_change_on_postgres_waits_for_a_result_that_read_it_ahead(
+    backend: str, ledger_target: str, opener: Opener
+) -> None:
+    """A run's result on a lane reads the configuration in its first batch, before its
+    lane event exists, under the configuration's lock held shared: a change waits for
+    that transaction (seen in PostgreSQL's lock view), so the event it folds is numbered
+    before the change's epoch."""
+    if backend != "postgres":
+        pytest.skip("SQLite serialises every write transaction: nothing to wait out")
+    import threading
+
+    import psycopg
+
+    from execkit.ledger._postgres.tx import _LANE_CONFIG_LOCK
+
+    with opener() as ledger:
+        ledger.create_task("t", actor="d")
+    in_flight = psycopg.connect(ledger_target)
+    done: list[object] = []
+    try:
+        in_flight.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", _LANE_CONFIG_LOCK)
+
+        def change() -> None:
+            with opener() as own:
+                done.append(own.set_lane_config(actor=OWNER, breaker_k=7))
+
+        changer = threading.Thread(target=change)
+        changer.start()
+        waiting = False
+        with psycopg.connect(ledger_target, autocommit=True) as watcher:
+            for _ in range(2000):  # a bound, not a timing: until the change waits
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory'"
+                ).fetchone()
+                if row is not None and row[0] > 0:
+                    waiting = True
+                    break
+                changer.join(timeout=0.01)
+                if not changer.is_alive():
+                    break
+        assert waiting and done == []  # held back by the result in flight
+        in_flight.commit()
+        changer.join(timeout=60)
+        assert not changer.is_alive() and len(done) == 1
+    finally:
+        in_flight.close()

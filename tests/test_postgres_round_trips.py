@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -94,8 +95,9 @@ def test_start_and_finish_take_two_round_trips_each(pg: PostgresLedger) -> None:
     assert len(refusals) == 1
     # On a lane (no row yet: open), on a history.
     assert round_trips(pg, lambda: start("k3", 9000.0, lane="claude/default")) == 2
-    # The lane's first event creates its row: one more round trip, once per lane.
-    assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "succeeded", now=9001.0)) == 3
+    # The lane's first event creates its row and reads the configuration: two more round
+    # trips, once per lane.
+    assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "succeeded", now=9001.0)) == 4
     assert [(r.attempt, r.status) for r in pg.runs(task.id)] == [(1, "failed"), (2, "succeeded")]
     assert pg.get_lane("claude/default").state == "open"
     assert pg.validate() == []
@@ -210,3 +212,98 @@ def test_a_connection_lost_in_the_commit_batch_is_resolved_by_the_server(
         assert ledger.runs(task.id) == []
         run = ledger.start_run(task.id, request_key="k", actor="a", now=1000.0)
         assert run.attempt == 1
+
+
+def statements(ledger: PostgresLedger, call: Callable[[], Any]) -> tuple[int, int]:
+    """(statements sent, statements parsed) during `call`: a statement of the extended
+    protocol is one `Bind` (a simple `Query` counts as one too); a `Parse` prepares one."""
+    sent = parsed = 0
+    for side, kind in _trace(ledger, call):
+        if side == "F" and kind in ("Bind", "Query"):
+            sent += 1
+        elif side == "F" and kind == "Parse":
+            parsed += 1
+    return sent, parsed
+
+
+def test_an_admission_sends_twelve_statements_all_prepared(pg: PostgresLedger) -> None:
+    """Start: BEGIN, the key's lock, the key, the task's lock, the number with the running
+    run, the four writes as one, COMMIT. Finish: BEGIN, the task's lock, the run with its
+    lane, the three writes as one, COMMIT. Once each has run a few times on the connection
+    (psycopg prepares a statement at its fifth use), none is parsed again."""
+    task = pg.create_task("t", max_attempts=100, actor="a")
+    counts: list[tuple[int, int]] = []
+    runs: list[Run] = []
+
+    def start(n: int) -> None:
+        runs.append(pg.start_run(task.id, request_key=f"k{n}", actor="a", now=1000.0 + n * 3600))
+
+    def finish(n: int) -> None:
+        pg.finish_run(runs[-1].id, "failed", now=1001.0 + n * 3600)
+
+    for n in range(8):
+        counts.append(statements(pg, functools.partial(start, n)))
+        counts.append(statements(pg, functools.partial(finish, n)))
+    # A result's first batch also reads its lane's row and configuration (none here).
+    assert [sent for sent, _ in counts] == [7, 6] * 8
+    assert [parsed for _, parsed in counts[-4:]] == [0, 0, 0, 0]
+    assert [(r.attempt, r.status) for r in pg.runs(task.id)] == [
+        (n + 1, "failed") for n in range(8)
+    ]
+
+
+def test_writes_to_one_table_in_one_transaction_each_take_effect(pg: PostgresLedger) -> None:
+    """A success updates its task twice (the summary, then the status): never folded into
+    one statement, where one of the two changes would be lost. An abandonment and an
+    admission in one transaction both write the run table and the audit: in their order."""
+    task = pg.create_task("t", max_attempts=10, actor="a")
+    run = pg.start_run(task.id, request_key="k1", actor="a", now=1000.0)
+    assert statements(pg, lambda: pg.finish_run(run.id, "succeeded", now=1001.0))[0] == 7
+    assert (pg.get_task(task.id).status, pg.get_task(task.id).attempts_started) == ("done", 1)
+    with pg._postgres.read() as tx:
+        record = tx.task(task.id)
+    assert record is not None
+    assert record.summary.last is not None
+    assert (record.summary.last.status, record.summary.running) == ("succeeded", None)
+    other = pg.create_task("u", max_attempts=10, actor="a")
+    first = pg.start_run(other.id, request_key="k2", actor="a", now=1000.0, lease_s=10)
+    second = pg.start_run(other.id, request_key="k3", actor="a", now=5000.0, ignore_backoff=True)
+    assert [(r.id, r.status) for r in pg.runs(other.id)] == [
+        (first.id, "abandoned"),
+        (second.id, "running"),
+    ]
+    actions = [e.action for e in pg.audit_events(other.id)]
+    assert actions == ["task.create", "run.start", "run.abandon", "run.start"], actions
+
+
+def test_a_connection_numbered_past_select_s_limit_is_kept_and_works(pg_url: str) -> None:
+    """A process holding more than 1024 files (a server, a dispatcher with many agents):
+    its sockets are numbered past what select(2) can watch. Admissions work and keep their
+    one connection (a check that failed would open a new one per transaction)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:  # bounded: each dup takes the next number
+            held.append(os.dup(0 if not held else held[0]))
+        ledger = open_ledger(pg_url)
+        assert isinstance(ledger, PostgresLedger)
+        with ledger:
+            conn = ledger._postgres._idle[-1]
+            assert conn.fileno() > 1024
+            backend = conn.info.backend_pid
+            task = ledger.create_task("t", max_attempts=10, actor="a")
+            for n in range(3):
+                run = ledger.start_run(task.id, request_key=f"k{n}", actor="a", now=n * 9000.0)
+                ledger.finish_run(run.id, "failed", now=n * 9000.0 + 1)
+            assert ledger._postgres._idle == [conn]
+            assert conn.info.backend_pid == backend
+            assert [r.attempt for r in ledger.runs(task.id)] == [1, 2, 3]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -165,7 +165,7 @@ class LaneOps(CoreBase):
         # The event first, then the configuration it folds with: on PostgreSQL the INSERT
         # waits out a configuration change in flight (`lane_event_barrier`), so the
         # configuration read after it is the one in force for the event's number (a run's
-        # result reads it ahead, after taking the lock that INSERT takes: `expect_result`).
+        # result reads it ahead, under a lock the change waits for: `expect_result`).
         tx.add_lane_event(event)
         after = step(stored, event, self._lane_configs(tx).current)
         tx.write_lane(after)

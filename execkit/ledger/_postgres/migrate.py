@@ -128,7 +128,7 @@ def upgrade(tx: PostgresTx, where: str) -> PostgresMigration | None:
     """Inside `tx` (a write transaction the caller commits): take the migration lock, then
     bring the ledger to SCHEMA_VERSION, a new one with its identity and owner (the
     operating-system user creating it). None when it was already current."""
-    tx._conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _MIGRATION_LOCK)
+    tx._send("SELECT pg_advisory_xact_lock(%s, %s)", _MIGRATION_LOCK)
     # Re-read under the lock: another process may have created or migrated the
     # ledger meanwhile, and no other migration can start until this one commits.
     current, schema_name = read_version(tx, where)
@@ -140,13 +140,13 @@ def upgrade(tx: PostgresTx, where: str) -> PostgresMigration | None:
     now = time.time()
     for version in range(current + 1, schema.SCHEMA_VERSION + 1):
         for statement in schema.SCHEMA_STEPS[version]:
-            tx._conn.execute(statement)
+            tx.send_once(statement)
         if version == 1:
-            tx._conn.execute(
+            tx.send_once(
                 "INSERT INTO ledger_meta (key, value) VALUES ('ledger_id', %s), ('owner', %s)",
                 (uuid.uuid4().hex, nul_free(user_name(os.geteuid()))),
             )
-        tx._conn.execute(
+        tx.send_once(
             "INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)",
             (version, now),
         )

@@ -7,8 +7,9 @@ give it back: at most `pool_size` at once, opened when first needed and kept ope
 idle, so threads do not wait on one another's transactions, only on the database's own
 locks. A thread that finds every connection taken waits for one, at most the lock timeout
 (then a StorageError, nothing written).
-Writes run at READ COMMITTED, in pipeline mode, BEGIN sent with the first reads and COMMIT
-with the last writes; reads run at
+Writes run at READ COMMITTED, on libpq's pipeline (`wire.py`: one send per batch, statements
+prepared once per connection), BEGIN sent with the first reads and COMMIT with the last
+writes; reads run at
 REPEATABLE READ, READ ONLY: one snapshot per read transaction (the locks a write takes are
 `tx.py`'s).
 
@@ -41,6 +42,7 @@ from execkit.ledger._model import CAPABILITIES, user_name
 from execkit.ledger._postgres import check, migrate, schema
 from execkit.ledger._postgres.tx import PostgresTx
 from execkit.ledger._postgres.url import INSTALL_HINT, is_postgres_url, password_of, public_url
+from execkit.ledger._postgres.wire import Wire, ready
 
 if TYPE_CHECKING:
     import psycopg
@@ -54,10 +56,8 @@ MAX_POOL_SIZE = 256
 def _unasked(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server sent something nobody asked for yet (no round trip): a closed
     connection's farewell or end of stream, or, in a pipeline, an answer it sent early."""
-    import select
-
     try:
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
+        return ready(conn.fileno(), timeout_ms=0)
     except (OSError, ValueError):
         return True
 
@@ -356,16 +356,13 @@ class PostgresStore:
                 self._give_back(conn)
             return
         # BEGIN goes with the first reads, and COMMIT with the last writes (two round
-        # trips for an admission, `tx.py`). A failure before the last batch is a
-        # certain rollback; in it, a write the server refused skips the COMMIT after
-        # it (a pipeline stops at its first error), so only a connection lost during
-        # that batch leaves the outcome unknown.
-        stack = contextlib.ExitStack()  # the pipeline of the connection in use
+        # trips for an admission, `tx.py`), on libpq's pipeline (`wire.py`). A failure
+        # before the last batch is a certain rollback; in it, a write the server refused
+        # skips the COMMIT after it (a pipeline stops at its first error), so only a
+        # connection lost during that batch leaves the outcome unknown.
         lent: list[psycopg.Connection[Any]] = []  # the pool's connection this one holds
 
-        def opener(*, batched: bool) -> tuple[psycopg.Connection[Any], psycopg.Pipeline]:
-            with contextlib.suppress(psycopg.Error):
-                stack.close()  # again: the connection was dropped in the first batch
+        def opener(*, batched: bool) -> tuple[psycopg.Connection[Any], Wire]:
             if lent:
                 # Dropped in the first batch: closed, never put back idle mid-transaction;
                 # its place in the pool goes to the next one.
@@ -373,10 +370,10 @@ class PostgresStore:
                 self._give_back(None)
             conn = self._fresh() if batched else self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
             lent.append(conn)
-            pipeline = stack.enter_context(conn.pipeline())
+            wire = Wire(conn)
             if batched:
-                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            return conn, pipeline
+                wire.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            return conn, wire
 
         tx = PostgresTx(None, write=True, opener=opener)
         committing = False
@@ -384,29 +381,32 @@ class PostgresStore:
             try:
                 yield tx
             except BaseException:
-                # A refusal: the ROLLBACK goes in the batch that ends the pipeline
-                # (after a failed statement the server skips it: `_rollback`).
-                if tx._connection is not None:
+                # A refusal: its writes are never sent; the ROLLBACK goes in the batch
+                # that ends the pipeline (after a failed statement the server skips it:
+                # `_rollback`).
+                if tx._wire is not None:
                     with contextlib.suppress(psycopg.Error):
-                        tx._connection.execute("ROLLBACK")
+                        tx._wire.execute("ROLLBACK")
                 raise
-            last = tx._connection
-            if last is None:
+            tx.send_writes()  # the writes still queued go in the batch with COMMIT
+            last, wire = tx._connection, tx._wire
+            if last is None or wire is None:
                 return  # nothing was sent
-            if _unasked(last) and tx._pipeline is not None:
+            if _unasked(last):
                 # The server spoke before this batch asked: a terminated backend's
                 # farewell, or a refused write. One batch without COMMIT first, so
                 # that such a failure is a certain rollback, not an unknown.
-                tx._pipeline.sync()
+                wire.sync()
             committing = True
-            last.execute("COMMIT")
-            stack.close()  # the last batch, and its answers
+            wire.execute("COMMIT")
+            wire.close()  # the last batch, and its answers
         except BaseException as exc:
-            with contextlib.suppress(psycopg.Error):
-                stack.close()
             used = tx._connection
             if used is None:
                 raise
+            if tx._wire is not None:
+                with contextlib.suppress(psycopg.Error):
+                    tx._wire.close()
             broken = used.broken
             self._rollback(used)
             if not isinstance(exc, psycopg.Error):

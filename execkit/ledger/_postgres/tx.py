@@ -14,9 +14,13 @@ the first one's answer. Row locks are always taken in task order and advisory ke
 before any row lock, so the locking cannot deadlock.
 
 A write transaction runs in pipeline mode: the statements whose results nothing needs
-(summary, audit, keys) are sent without waiting (`_send`), and the client waits only at the
-next read and at COMMIT (`store.py` sends BEGIN with the first read and COMMIT with the last
-writes). An admission and a run's result make two round trips (issue #33): the rules say
+(summary, audit, keys) are sent without waiting, and the client waits only at the next read
+and at COMMIT (`store.py` sends BEGIN with the first read and COMMIT with the last writes).
+Plain INSERTs and UPDATEs are queued (`_queue`) and sent together before the next statement
+or with COMMIT, folded into as few statements as keeps their effect (`_groups`, `_folded`:
+data-modifying `WITH` queries): an admission's four writes are one statement, a result's
+three another (issue #33: each statement costs the client and the server more than the
+rows it writes). An admission and a run's result make two round trips (issue #33): the rules say
 first what they are about to read (`expect_admission`, `expect_result`), and every one of
 those reads, with its lock, goes in one batch in the order the rules take them (advisory key
 lock, task row, its running run, the lane rows, and the number of the run to admit); the
@@ -33,7 +37,9 @@ PostgreSQL text cannot hold NUL: text is stored with U+FFFD in its place (`nul_f
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -64,17 +70,19 @@ from execkit.ledger._rows import (
 if TYPE_CHECKING:
     import psycopg
 
+    from execkit.ledger._postgres.wire import Answer, Wire
+
 __all__ = ["Opener", "PostgresTx", "jsonb", "nul_free"]
 
 _T = TypeVar("_T")
 
 
 class Opener(Protocol):
-    """How a write transaction gets its connection, in a pipeline, BEGIN sent: `batched`
-    queues BEGIN to go with the first batch (and, called again, replaces the connection:
-    `_first_batch`); otherwise BEGIN goes alone first."""
+    """How a write transaction gets its connection, on libpq's pipeline (`wire.py`), BEGIN
+    sent: `batched` queues BEGIN to go with the first batch (and, called again, replaces
+    the connection: `_first_batch`); otherwise BEGIN goes alone first."""
 
-    def __call__(self, *, batched: bool) -> tuple[psycopg.Connection[Any], psycopg.Pipeline]: ...
+    def __call__(self, *, batched: bool) -> tuple[psycopg.Connection[Any], Wire]: ...
 
 
 # Rows are read by column name (`_rows.py`); here every column of a row shape is a column
@@ -97,7 +105,40 @@ _RUN_OF_KEY = ", ".join(
     f"r.{column} AS r_{column}" for column in RUN_COLUMNS
 )  # an answer not read ahead (None is an answer: no such row)
 
+# An admission's last read, after its locks: the transaction's id, the run's number drawn
+# (none for a task that is finished or gone, or a key already used) and the task's running
+# run (its columns NULL when it has none).
+_FINISHED = [str(status) for status in FINISHED_STATUSES]
+_NUMBER_AND_RUNNING = (
+    "SELECT txid_current() AS tx_xid, (SELECT nextval('run_numbers') FROM tasks "
+    f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW}) AS tx_number, "
+    + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
+    + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.task_id = %s "
+    f"AND r.attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}"
+)
+# pg_advisory_xact_lock(int, int) key, beside migrate.py's (0x65786b74, 1): held shared by
+# a result that reads the lane configuration ahead of its lane event, exclusively by a
+# configuration change (`lane_event_barrier`).
+_LANE_CONFIG_LOCK = (0x65786B74, 2)
+# A result's read after its task's lock: the transaction's id, the run's lane and the run;
+# for a run bound to a lane, the configuration's lock taken (shared) on the way.
+_RUN_AND_LANE = (
+    "SELECT txid_current() AS tx_xid, "
+    "(SELECT lane FROM run_lanes WHERE run_id = %s) AS tx_lane, "
+    "(SELECT pg_advisory_xact_lock_shared(%s, %s) IS NULL FROM run_lanes "
+    "WHERE run_id = %s) AS tx_lane_lock, "
+    + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
+    + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.id = %s"
+)
+
 _LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
+# A result's lane row, locked, and the lane configuration (None: no lane, or no row yet).
+# After the lane events' lock: no configuration change commits between the two.
+_LANE_OF_RUN = (
+    f"SELECT {', '.join(LANE_COLUMNS)}, "
+    "(SELECT value FROM ledger_meta WHERE key = %s) AS tx_config FROM lane_summaries "
+    "WHERE lane = (SELECT lane FROM run_lanes WHERE run_id = %s) FOR UPDATE"
+)
 _LANE_UPSERT = (
     f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
     f"VALUES ({', '.join(f'%({column})s' for column in LANE_COLUMNS)}) "
@@ -117,6 +158,46 @@ _LANE_EVENT_INSERT = (
 # Testing seam: the crash tests set this to hold the admission transaction open after the
 # INSERT (before COMMIT), then kill the process or its server connection there.
 _after_admission_insert: Callable[[], None] | None = None
+
+# A write waiting to be sent (`_queue`): its SQL (positional parameters), their values, the
+# table it writes and the other tables it reads (a foreign key's included).
+_Write = tuple[str, tuple[Any, ...], str, frozenset[str]]
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+@lru_cache(maxsize=64)
+def _positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """`sql` with its `%(name)s` placeholders as `%s`, and the names in their order."""
+    return _NAMED.sub("%s", sql), tuple(_NAMED.findall(sql))
+
+
+@lru_cache(maxsize=256)
+def _folded(statements: tuple[str, ...]) -> str:
+    """Plain INSERT and UPDATE statements as one: every one but the last a data-modifying
+    `WITH` query. PostgreSQL runs each of them once, all on the statement's one snapshot,
+    and checks foreign keys at its end."""
+    if len(statements) == 1:
+        return statements[0]
+    head = ", ".join(f"w{n} AS ({sql})" for n, sql in enumerate(statements[:-1]))
+    return f"WITH {head} {statements[-1]}"
+
+
+def _groups(writes: list[_Write]) -> list[list[_Write]]:
+    """Consecutive writes, grouped so that each group can run as one statement with the
+    effect they have one after another: a write joins the group before it unless it reads
+    or writes a table an earlier write of the group wrote (on one snapshot it would not
+    see that write, and one row changed twice in a statement keeps one change only)."""
+    groups: list[list[_Write]] = []
+    written: set[str] = set()
+    for write in writes:
+        _sql, _values, table, reads = write
+        if groups and table not in written and written.isdisjoint(reads):
+            groups[-1].append(write)
+        else:
+            groups.append([write])
+            written = set()
+        written.add(table)
+    return groups
 
 
 def nul_free(value: str | None) -> str | None:
@@ -147,25 +228,75 @@ class PostgresTx:
     ) -> None:
         self._connection = conn
         self._write = write
-        self._pipeline: psycopg.Pipeline | None = None
+        self._wire: Wire | None = None  # a write transaction's statements go on it
         self._opener = opener
         # Answers read ahead (`expect_*`), by the call they answer; each is taken once.
         self._ahead: dict[tuple[Any, ...], Any] = {}
         self._locked_tasks: set[str] = set()  # task rows locked in this transaction
         self._held_runs: set[str] = set()  # runs read running under their task's lock
         self._run_number: int | None = None  # drawn ahead for the admission's INSERT
+        self._queued: list[_Write] = []  # writes not sent yet (`_queue`)
         # The transaction's id, read in the first batch of an admission or a result: what
         # the store asks the server about when the connection breaks in the COMMIT batch.
         self.xid: int | None = None
 
     @property
     def _conn(self) -> psycopg.Connection[Any]:
-        """The transaction's connection; a write transaction opens it at its first
+        """The transaction's connection, every queued write sent on it first (anything
+        sent after them must see them); a write transaction opens it at its first
         statement, with BEGIN sent alone (a dropped connection replaced once first)."""
         if self._connection is None:
             assert self._opener is not None
-            self._connection, self._pipeline = self._opener(batched=False)
+            self._connection, self._wire = self._opener(batched=False)
+        if self._queued:
+            self.send_writes()
         return self._connection
+
+    def _queue(
+        self,
+        table: str,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any],
+        reads: frozenset[str] = frozenset(),
+    ) -> None:
+        """Queue a plain INSERT or UPDATE of `table` whose result nothing needs (`reads`:
+        the other tables it reads, a referenced one included). Queued writes go out
+        together, as few statements as `_groups` allows, before the next statement or
+        with COMMIT (`send_writes`); their errors surface there, inside the transaction
+        all the same."""
+        self._written()
+        if isinstance(params, Mapping):
+            sql, names = _positional(sql)
+            values = tuple(params[name] for name in names)
+        else:
+            values = tuple(params)
+        self._queued.append((sql, values, table, reads))
+
+    def send_writes(self) -> None:
+        """Send the queued writes (`_queue`), in the pipeline, without waiting."""
+        if not self._queued:
+            return
+        queued, self._queued = self._queued, []
+        wire = self._on_wire()
+        for group in _groups(queued):
+            wire.execute(
+                _folded(tuple(write[0] for write in group)),
+                tuple(value for write in group for value in write[1]),
+            )
+
+    def _on_wire(self) -> Wire:
+        """A write transaction's wire, its connection opened (`_conn`)."""
+        self._conn  # noqa: B018  (opens it, and sends the queued writes)
+        assert self._wire is not None
+        return self._wire
+
+    def _answer(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Answer:
+        """`sql` queued on the write transaction's wire; its answer read when needed."""
+        wire = self._on_wire()
+        if isinstance(params, Mapping):
+            sql, names = _positional(sql)
+            params = tuple(params[name] for name in names)
+        return wire.execute(sql, params)
 
     def _first_batch(self, send: Callable[[], _T]) -> _T:
         """`send()` (statements queued, then one sync) as the transaction's first batch,
@@ -178,7 +309,7 @@ class PostgresTx:
             return send()
         assert self._opener is not None
         try:
-            self._connection, self._pipeline = self._opener(batched=True)
+            self._connection, self._wire = self._opener(batched=True)
             return send()
         except psycopg.OperationalError:
             if self._connection is not None and not self._connection.broken:
@@ -188,7 +319,7 @@ class PostgresTx:
         self._held_runs.clear()
         self._run_number = None
         self.xid = None
-        self._connection, self._pipeline = self._opener(batched=True)
+        self._connection, self._wire = self._opener(batched=True)
         return send()
 
     def _take(self, key: tuple[Any, ...]) -> Any:
@@ -212,27 +343,19 @@ class PostgresTx:
             self._first_batch(lambda: self._expect_admission(scope, key, task_id, lanes))
 
     def _expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
-        from psycopg.rows import dict_row
-
-        assert self._pipeline is not None
         stored_key = nul_free(key)
         new = (scope, stored_key)
-        execute = self._conn.execute
-        named = self._conn.cursor(row_factory=dict_row).execute
+        wire = self._on_wire()
+        execute = wire.execute
         execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",))
         # With the key, the run it admitted: a replay reads it (no write follows, no lock).
-        found = self._conn.cursor(row_factory=dict_row)
-        found.execute(
+        found = execute(
             f"SELECT i.fingerprint, i.response, {_RUN_OF_KEY} FROM idempotency i "
             "LEFT JOIN runs r ON r.id = i.response->>'run_id' WHERE i.scope = %s AND i.key = %s",
             new,
         )
-        task = self._conn.cursor(row_factory=dict_row)
-        task.execute(f"{_TASK_SELECT} WHERE id = %s AND {_KEY_IS_NEW} FOR UPDATE", (task_id, *new))
-        running = named(
-            f"{_RUN_SELECT} WHERE task_id = %s "
-            f"AND attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}",
-            (task_id, task_id, *new),
+        task = execute(
+            f"{_TASK_SELECT} WHERE id = %s AND {_KEY_IS_NEW} FOR UPDATE", (task_id, *new)
         )
         gates = (
             execute(
@@ -243,17 +366,14 @@ class PostgresTx:
             if lanes
             else None
         )
-        # Drawn after the task's lock: a task's runs are numbered in their order.
-        number = execute(
-            "SELECT txid_current(), (SELECT nextval('run_numbers') FROM tasks "
-            f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW})",
-            (task_id, [str(status) for status in FINISHED_STATUSES], *new),
-        )
-        self._pipeline.sync()
-        drawn = number.fetchone()
+        # Drawn after the task's lock: a task's runs are numbered in their order. With
+        # it, the task's running run, if any (read under that lock).
+        number = execute(_NUMBER_AND_RUNNING, (task_id, _FINISHED, *new, task_id, task_id, *new))
+        wire.sync()
+        drawn = number.named_one()
         assert drawn is not None
-        self.xid = int(drawn[0])
-        row = found.fetchone()
+        self.xid = int(drawn["tx_xid"])
+        row = found.named_one()
         self._ahead[("idempotent", scope, key)] = (
             None if row is None else (str(row["fingerprint"]), dict(row["response"]))
         )
@@ -262,100 +382,101 @@ class PostgresTx:
                 replayed = run_from_row({column: row[f"r_{column}"] for column in RUN_COLUMNS})
                 self._ahead[("run", replayed.id)] = replayed
             return
-        task_row = task.fetchone()
+        task_row = task.named_one()
         record = None if task_row is None else task_from_row(task_row)
         self._ahead[("task", task_id)] = record
         if record is None:
             return
         self._locked_tasks.add(task_id)
         if record.summary.running is not None:
-            run_row = running.fetchone()
-            run = None if run_row is None else run_from_row(run_row)
+            run = None if drawn["id"] is None else run_from_row(drawn)
             self._ahead[("run_at", task_id, record.summary.running)] = run
             if run is not None and run.status is AttemptStatus.RUNNING:
                 self._held_runs.add(run.id)
         if gates is not None:
-            self._ahead[("lane_gates", lanes)] = [LaneGate(*gate) for gate in gates.fetchall()]
-        self._run_number = None if drawn[1] is None else int(drawn[1])
+            self._ahead[("lane_gates", lanes)] = [LaneGate(*gate) for gate in gates.rows()]
+        self._run_number = None if drawn["tx_number"] is None else int(drawn["tx_number"])
 
     def expect_result(self, run_id: str) -> None:
         if self._batch():
             self._first_batch(lambda: self._expect_result(run_id))
 
     def _expect_result(self, run_id: str) -> None:
-        from psycopg.rows import dict_row
-
-        assert self._pipeline is not None
-        task = self._conn.cursor(row_factory=dict_row)
-        task.execute(
+        wire = self._on_wire()
+        task = wire.execute(
             f"{_TASK_SELECT} WHERE id = (SELECT task_id FROM runs WHERE id = %s) FOR UPDATE",
             (run_id,),
         )
-        run = self._conn.cursor(row_factory=dict_row)
-        run.execute(f"{_RUN_SELECT} WHERE id = %s", (run_id,))
-        lane = self._conn.execute(
-            "SELECT txid_current(), (SELECT lane FROM run_lanes WHERE run_id = %s)", (run_id,)
-        )
+        run = wire.execute(_RUN_AND_LANE, (run_id, *_LANE_CONFIG_LOCK, run_id, run_id))
         # A run bound to a lane feeds it an event (`_lane_result`): its row, locked, and
-        # the configuration the event folds with are read here too. The lane events'
-        # lock comes first, as the event's INSERT would take it: a configuration change
-        # (`lane_event_barrier`) waits for this transaction, or ended before the read.
-        self._conn.execute("LOCK TABLE lane_events IN ROW EXCLUSIVE MODE")
-        summary = self._conn.cursor(row_factory=dict_row)
-        summary.execute(
-            f"{_LANE_SELECT} WHERE lane = (SELECT lane FROM run_lanes WHERE run_id = %s) "
-            "FOR UPDATE",
-            (run_id,),
-        )
-        config = self._conn.execute(
-            "SELECT value FROM ledger_meta WHERE key = %s", (LANE_CONFIG_META_KEY,)
-        )
-        self._pipeline.sync()
-        task_row, run_row, lane_row = task.fetchone(), run.fetchone(), lane.fetchone()
-        summary_row, config_row = summary.fetchone(), config.fetchone()
-        assert lane_row is not None
-        self.xid = int(lane_row[0])
-        if task_row is None or run_row is None:
+        # the configuration the event folds with are read here too, in a statement after
+        # the one that took the configuration's lock (a statement reads what committed
+        # before it began): a configuration change (`lane_event_barrier`) waits for this
+        # transaction, or ended before the read.
+        summary = wire.execute(_LANE_OF_RUN, (LANE_CONFIG_META_KEY, run_id))
+        wire.sync()
+        task_row, run_row, summary_row = task.named_one(), run.named_one(), summary.named_one()
+        assert run_row is not None
+        self.xid = int(run_row["tx_xid"])
+        if task_row is None or run_row["id"] is None:
             return  # no such run: `run()` asks the server, and finds none
         record, found = task_from_row(task_row), run_from_row(run_row)
         self._locked_tasks.add(record.id)
         self._ahead[("task", record.id)] = record
         self._ahead[("run", run_id)] = found
-        self._ahead[("run_lane", run_id)] = None if lane_row[1] is None else str(lane_row[1])
-        if summary_row is not None:  # none: a lane's first event creates its row
-            self._ahead[("locked_lane", str(lane_row[1]))] = lane_from_row(summary_row)
-        if lane_row[1] is not None:
-            self._ahead[("meta", LANE_CONFIG_META_KEY)] = (
-                None if config_row is None else str(config_row[0])
-            )
+        lane = run_row["tx_lane"]
+        self._ahead[("run_lane", run_id)] = None if lane is None else str(lane)
+        if summary_row is not None:  # none: no lane, or a lane's first event creates its row
+            config = summary_row.pop("tx_config")
+            self._ahead[("locked_lane", str(lane))] = lane_from_row(summary_row)
+            self._ahead[("meta", LANE_CONFIG_META_KEY)] = None if config is None else str(config)
         if found.status is AttemptStatus.RUNNING and found.task_id == record.id:
             self._held_runs.add(run_id)
 
-    # A write transaction runs in pipeline mode: `_send` queues a statement whose result
-    # nothing needs (its errors surface at the next read or at COMMIT, inside the
-    # transaction all the same); a read waits for everything queued before it, in order.
+    # A write transaction runs on libpq's pipeline (`wire.py`): `_send` queues a statement
+    # whose result nothing needs (its errors surface at the next read or at COMMIT, inside
+    # the transaction all the same); a read sends everything queued before it, in order,
+    # and waits. A read transaction runs on psycopg's cursors.
 
     def _send(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
         self._written()
-        self._conn.execute(sql, params)
+        if self._batch():
+            self._answer(sql, params)
+        else:
+            self._conn.execute(sql, params)
+
+    def send_once(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """`_send` for a statement run once (a migration's): never prepared."""
+        self._written()
+        if self._batch():
+            self._on_wire().execute(sql, params, prepare=False)
+        else:
+            self._conn.execute(sql, params)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        if self._batch():
+            return self._answer(sql, params).one()
         return self._conn.execute(sql, params).fetchone()
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self._batch():
+            return self._answer(sql, params).rows()
         return self._conn.execute(sql, params).fetchall()
 
-    def _named(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[dict[str, Any]]:
-        """`sql` run on a cursor whose rows are dicts by column name (`dict_row`)."""
+    def _named_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """`sql`'s rows as dicts by column name."""
+        if self._batch():
+            return self._answer(sql, params).named()
         from psycopg.rows import dict_row
 
-        return self._conn.cursor(row_factory=dict_row).execute(sql, params)
+        return self._conn.cursor(row_factory=dict_row).execute(sql, params).fetchall()
 
     def _named_one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
-        return self._named(sql, params).fetchone()
+        if self._batch():
+            return self._answer(sql, params).named_one()
+        from psycopg.rows import dict_row
 
-    def _named_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        return self._named(sql, params).fetchall()
+        return self._conn.cursor(row_factory=dict_row).execute(sql, params).fetchone()
 
     def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
         """The rows a statement ending in `RETURNING 1` changed."""
@@ -476,22 +597,27 @@ class PostgresTx:
         return str(row[0])
 
     def set_task_status(self, task_id: str, status: TaskStatus, at: float) -> None:
-        self._send(
+        self._queue(
+            "tasks",
             "UPDATE tasks SET status = %s, updated_at = %s WHERE id = %s",
             (str(status), at, task_id),
         )
 
     def set_retry(self, task_id: str, requested_by: str | None, at: float | None) -> None:
-        self._send(
+        self._queue(
+            "tasks",
             "UPDATE tasks SET retry_requested_by = %s, retry_requested_at = %s WHERE id = %s",
             (nul_free(requested_by), at, task_id),
         )
 
     def set_gave_up(self, task_id: str, attempts: int | None) -> None:
-        self._send("UPDATE tasks SET gave_up_at_attempt = %s WHERE id = %s", (attempts, task_id))
+        self._queue(
+            "tasks", "UPDATE tasks SET gave_up_at_attempt = %s WHERE id = %s", (attempts, task_id)
+        )
 
     def upsert_limit(self, task_id: str, max_attempts: int, actor: str, at: float) -> None:
-        self._send(
+        self._queue(
+            "tasks",
             "UPDATE tasks SET max_attempts = %s, limit_updated_by = %s, limit_updated_at = %s "
             "WHERE id = %s",
             (max_attempts, nul_free(actor), at, task_id),
@@ -502,7 +628,7 @@ class PostgresTx:
             column: nul_free(value) if isinstance(value, str) else value
             for column, value in summary_row(summary).items()
         }
-        self._send(_SUMMARY_UPDATE, {**values, "task_id": task_id})
+        self._queue("tasks", _SUMMARY_UPDATE, {**values, "task_id": task_id})
 
     def insert_run(self, run: Run, lease_s: float) -> Run:
         # The limit in force is read from the task row this transaction has locked, in the
@@ -528,7 +654,8 @@ class PostgresTx:
         if number is not None and run.task_id in self._locked_tasks:
             # Its number was drawn ahead and its task is locked: nothing to wait for. (A
             # task that vanished would make the limit NULL, which the table refuses.)
-            self._send(
+            self._queue(
+                "runs",
                 "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
                 "request_key, actor, forced, owner_host, owner_pid, started_at, "
                 "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
@@ -536,11 +663,12 @@ class PostgresTx:
                 "SELECT %s, %s, %s, %s, (SELECT max_attempts FROM tasks WHERE id = %s), "
                 "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s",
                 (number, f"r-{number}", run.task_id, run.attempt, run.task_id, *values[1:-1]),
+                reads=frozenset({"tasks"}),
             )
             stored = attrs.evolve(run, id=f"r-{number}")
             if _after_admission_insert is not None:
-                assert self._pipeline is not None
-                self._pipeline.sync()  # the seam holds the transaction after the INSERT ran
+                self.send_writes()
+                self._on_wire().sync()  # the seam holds the transaction after the INSERT ran
                 _after_admission_insert()
             return stored
         self._written()
@@ -588,7 +716,7 @@ class PostgresTx:
         if run_id in self._held_runs:
             # Read running under its task's lock in this transaction: it still is.
             self._held_runs.discard(run_id)
-            self._send(sql, params)
+            self._queue("runs", sql, params)
             return True
         return bool(self._count(sql + " RETURNING 1", params))
 
@@ -605,7 +733,8 @@ class PostgresTx:
         return float(row[0]) if row is not None and row[0] is not None else DEFAULT_LEASE_S
 
     def audit(self, entry: AuditEntry) -> None:
-        self._send(
+        self._queue(
+            "audit",
             "INSERT INTO audit (at, actor, action, task_id, run_id, detail) "
             "VALUES (%s, %s, %s, %s, %s, %s::jsonb)",
             (
@@ -648,7 +777,8 @@ class PostgresTx:
     def remember(
         self, scope: str, key: str, fingerprint: str, response: dict[str, Any], at: float
     ) -> None:
-        self._send(
+        self._queue(
+            "idempotency",
             "INSERT INTO idempotency (scope, key, fingerprint, response, created_at) "
             "VALUES (%s, %s, %s, %s::jsonb, %s)",
             (scope, nul_free(key), fingerprint, jsonb(response), at),
@@ -688,7 +818,8 @@ class PostgresTx:
 
     def set_meta(self, key: str, value: str) -> None:
         self._ahead.pop(("meta", key), None)
-        self._send(
+        self._queue(
+            "ledger_meta",
             "INSERT INTO ledger_meta (key, value) VALUES (%s, %s) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (key, nul_free(value)),
@@ -745,23 +876,30 @@ class PostgresTx:
         # transaction that added a lane event to end, and an INSERT after it waits for this
         # one to commit and only then draws its number, above the maximum read here. A lane
         # event's transaction reads the configuration after its INSERT (`_lane_event`), or
-        # after taking the INSERT's lock (`_expect_result`), so it folds with the
-        # configuration its number says.
+        # after taking the configuration's lock, shared (`_expect_result`: waited for
+        # here, before the table's lock), so it folds with the configuration its number
+        # says.
+        self._send("SELECT pg_advisory_xact_lock(%s, %s)", _LANE_CONFIG_LOCK)
         self._send("LOCK TABLE lane_events IN SHARE MODE")
         row = self._one("SELECT coalesce(max(seq), 0) FROM lane_events")
         assert row is not None
         return int(row[0])
 
     def add_lane_event(self, event: LaneEvent) -> None:
-        self._send(_LANE_EVENT_INSERT, _clean(lane_event_row(event)))
+        self._queue("lane_events", _LANE_EVENT_INSERT, _clean(lane_event_row(event)))
 
     def write_lane(self, summary: LaneSummary) -> None:
         self._ahead.pop(("locked_lane", summary.lane), None)
-        self._send(_LANE_UPSERT, _clean(lane_row(summary)))
+        self._queue("lane_summaries", _LANE_UPSERT, _clean(lane_row(summary)))
 
     def set_run_lane(self, run_id: str, lane: str) -> None:
         self._ahead.pop(("run_lane", run_id), None)
-        self._send("INSERT INTO run_lanes (run_id, lane) VALUES (%s, %s)", (run_id, lane))
+        self._queue(
+            "run_lanes",
+            "INSERT INTO run_lanes (run_id, lane) VALUES (%s, %s)",
+            (run_id, lane),
+            reads=frozenset({"runs"}),  # its run, by foreign key
+        )
 
     def run_lane(self, run_id: str) -> str | None:
         ahead = self._take(("run_lane", run_id))
