@@ -57,6 +57,22 @@ class Request:
         }
 
 
+class _Line:
+    """A request's log line, serialized when a handler formats the record (once, whatever
+    the number of handlers; never, when every handler drops the record)."""
+
+    __slots__ = ("_request", "_text")
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = json.dumps(self._request.to_dict(), sort_keys=True)
+        return self._text
+
+
 def _code(body: bytes) -> str | None:
     try:
         doc = json.loads(body)
@@ -117,6 +133,7 @@ class AccessLog:
                 bytes_sent=sent,
                 seconds=max(0.0, self.clock() - started),
             )
-            _log.info("%s", json.dumps(done.to_dict(), sort_keys=True))
+            if _log.isEnabledFor(logging.INFO):  # the line is built only when it is written
+                _log.info("%s", _Line(done))
             for observe in self.observers:
                 observe(done)
