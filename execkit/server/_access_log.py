@@ -73,6 +73,13 @@ class _Line:
         return self._text
 
 
+def _write(request: Request) -> None:
+    # As `Logger.info` does it, less looking up the caller's frame (`findCaller`): the
+    # line names no source file, so the walk up the stack was the record's dearest part.
+    record = _log.makeRecord(_log.name, logging.INFO, "", 0, "%s", (_Line(request),), None)
+    _log.handle(record)
+
+
 def _code(body: bytes) -> str | None:
     try:
         doc = json.loads(body)
@@ -134,6 +141,6 @@ class AccessLog:
                 seconds=max(0.0, self.clock() - started),
             )
             if _log.isEnabledFor(logging.INFO):  # the line is built only when it is written
-                _log.info("%s", _Line(done))
+                _write(done)
             for observe in self.observers:
                 observe(done)

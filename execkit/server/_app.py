@@ -498,6 +498,8 @@ class LedgerApp:
         return checked
 
     def _query(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
+        if not request.scope.get("query_string"):
+            return {}  # most requests: no query to parse
         fields = {field.name: field for field in endpoint.query}
         found: dict[str, Any] = {}
         for name, raw in request.query_params.multi_items():
@@ -537,6 +539,7 @@ class LedgerApp:
             body=body,
             idempotency_key=key,
             capabilities=self.capabilities,
+            ledger_id=self.ledger_id,
         )
         status, text = await self._workers.run(self._call_ledger, endpoint, call)
         return _response(status, text)
