@@ -13,8 +13,9 @@ execkit serve` process on 127.0.0.1 (a free port).
 
     python benchmarks/bench_remote.py [--admissions N] [--clients 1,4,16] [--pg URL | --no-pg]
 
-PostgreSQL is measured with `--pg URL`, else in a throwaway cluster (tests/pgcluster.py)
-when server binaries are installed; `--no-pg` skips it. Prints a markdown table and the
+PostgreSQL is measured with `--pg URL`, else in the cluster `tests/pgcluster.py --run`
+names in the environment, else in a throwaway cluster of its own (tests/pgcluster.py) when
+server binaries are installed; `--no-pg` skips it. Prints a markdown table and the
 command that produced it.
 """
 
@@ -207,6 +208,11 @@ def _postgres(
     sys.path.insert(0, str(helper.parent))
     import pgcluster
 
+    named = os.environ.get(pgcluster.ENV_VAR)
+    if named:  # run under `tests/pgcluster.py --run`: its cluster, not a second one
+        return _measure(
+            "postgres", pgcluster.Cluster.from_env(named).url(), where, args.admissions, counts
+        )
     if pgcluster.find_bindir() is None:
         print("(no PostgreSQL server binaries: PostgreSQL not measured)", file=sys.stderr)
         return []
