@@ -11,7 +11,8 @@ Through the server, the clients are threads of this process, each with its own
 `RemoteLedger` (one keep-alive connection), and the server is a separate `python -m
 execkit serve` process on 127.0.0.1 (a free port).
 
-    python benchmarks/bench_remote.py [--admissions N] [--clients 1,4,16] [--pg URL | --no-pg]
+    python benchmarks/bench_remote.py [--admissions N] [--clients 1,4,16] [--rounds N]
+                                      [--pg URL | --no-pg]
 
 PostgreSQL is measured with `--pg URL`, else in the cluster `tests/pgcluster.py --run`
 names in the environment, else in a throwaway cluster of its own (tests/pgcluster.py) when
@@ -26,6 +27,7 @@ import contextlib
 import json
 import os
 import pwd
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -135,21 +137,42 @@ def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
         log.close()
 
 
+Row = tuple[str, int, float, float, float]  # backend, clients, floor/s, served/s, ratio
+
+
 def _measure(
-    name: str, target: str, where: Path, count: int, counts: tuple[int, ...]
-) -> list[tuple[str, int, float, float]]:
+    name: str, target: str, where: Path, count: int, counts: tuple[int, ...], rounds: int
+) -> list[Row]:
+    """Per client count: `rounds` rounds, each the floor then the server (one server for
+    all rounds); the median of each rate and of the rounds' ratios (on a shared machine the
+    floor itself moves between rounds, and a ratio within a round moves less)."""
     rows = []
     with contextlib.closing(open_ledger(target)) as direct:
         for clients in counts:
             per_client = _tasks(direct, clients, f"direct{clients}")
-            floor = _rate(per_client, count, lambda _c: direct, f"d{clients}")
             remote_tasks = _tasks(direct, clients, f"remote{clients}")
+            floors, served, ratios = [], [], []
             with _server(target, where / f"{name}-{clients}") as (url, token):
                 clients_of = [RemoteLedger(url, token, timeout_s=120) for _ in range(clients)]
-                served = _rate(remote_tasks, count, clients_of.__getitem__, f"r{clients}")
+                for round_no in range(rounds):
+                    floor = _rate(per_client, count, lambda _c: direct, f"d{clients}.{round_no}")
+                    rate = _rate(
+                        remote_tasks, count, clients_of.__getitem__, f"r{clients}.{round_no}"
+                    )
+                    floors.append(floor)
+                    served.append(rate)
+                    ratios.append(rate / floor)
                 for client in clients_of:
                     client.close()
-            rows.append((name, clients, floor, served))
+            rows.append(
+                (
+                    name,
+                    clients,
+                    statistics.median(floors),
+                    statistics.median(served),
+                    statistics.median(ratios),
+                )
+            )
     return rows
 
 
@@ -158,6 +181,9 @@ def main() -> None:
     parser.add_argument("--admissions", type=int, default=200, help="per client")
     parser.add_argument(
         "--clients", default="1,4,16", help="client counts, comma-separated (each 1..256)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds per client count (1..50)"
     )
     parser.add_argument("--pg", metavar="URL", help="a postgresql:// URL to measure too")
     parser.add_argument("--no-pg", action="store_true", help="SQLite only")
@@ -168,12 +194,16 @@ def main() -> None:
         parser.error("--clients: whole numbers separated by commas, e.g. 1,4,16")
     if not counts or any(not 1 <= count <= 256 for count in counts):
         parser.error("--clients: each count must be in 1..256")
+    if not 1 <= args.rounds <= 50:
+        parser.error("--rounds: must be in 1..50")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-remote-") as tmp:
         where = Path(tmp)
         for clients in counts:
             (where / f"sqlite-{clients}").mkdir()
-        rows += _measure("sqlite", str(where / "ledger.db"), where, args.admissions, counts)
+        rows += _measure(
+            "sqlite", str(where / "ledger.db"), where, args.admissions, counts, args.rounds
+        )
         pg_rows = _postgres(args, where, counts)
         rows += pg_rows
 
@@ -184,24 +214,24 @@ def main() -> None:
         "| server / direct |"
     )
     print("|---|---:|---:|---:|---:|")
-    for name, clients, floor, served in rows:
-        print(f"| {name} | {clients} | {floor:,.0f} | {served:,.0f} | {served / floor:.2f}x |")
+    for name, clients, floor, served, ratio in rows:
+        print(f"| {name} | {clients} | {floor:,.0f} | {served:,.0f} | {ratio:.2f}x |")
     print()
     print(
-        f"{args.admissions} admissions (start_run + finish_run) per client; the server is a "
-        "separate process on 127.0.0.1, the clients threads of this one."
+        f"{args.admissions} admissions (start_run + finish_run) per client and round; "
+        f"medians of {args.rounds} rounds (floor, then server; the ratio is the median of "
+        "the rounds' ratios); the server is a separate process on 127.0.0.1, the clients "
+        "threads of this one."
     )
 
 
-def _postgres(
-    args: argparse.Namespace, where: Path, counts: tuple[int, ...]
-) -> list[tuple[str, int, float, float]]:
+def _postgres(args: argparse.Namespace, where: Path, counts: tuple[int, ...]) -> list[Row]:
     if args.no_pg:
         return []
     for clients in counts:
         (where / f"postgres-{clients}").mkdir()
     if args.pg:
-        return _measure("postgres", args.pg, where, args.admissions, counts)
+        return _measure("postgres", args.pg, where, args.admissions, counts, args.rounds)
     helper = REPO / "tests" / "pgcluster.py"
     if not helper.exists():
         return []
@@ -210,15 +240,14 @@ def _postgres(
 
     named = os.environ.get(pgcluster.ENV_VAR)
     if named:  # run under `tests/pgcluster.py --run`: its cluster, not a second one
-        return _measure(
-            "postgres", pgcluster.Cluster.from_env(named).url(), where, args.admissions, counts
-        )
+        url = pgcluster.Cluster.from_env(named).url()
+        return _measure("postgres", url, where, args.admissions, counts, args.rounds)
     if pgcluster.find_bindir() is None:
         print("(no PostgreSQL server binaries: PostgreSQL not measured)", file=sys.stderr)
         return []
     cluster = pgcluster.Cluster.start()
     try:
-        return _measure("postgres", cluster.url(), where, args.admissions, counts)
+        return _measure("postgres", cluster.url(), where, args.admissions, counts, args.rounds)
     finally:
         cluster.stop()
 
