@@ -317,3 +317,25 @@ def test_one_hop_to_a_worker_thread_per_ledger_request(
     http.get("/v1/tasks")  # no token: refused before the ledger
     http.get("/healthz")
     assert len(hops) == 6
+
+
+def test_an_answer_leaves_the_server_in_one_write(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvicorn writes an answer's head and body apart; the server joins them, so the client
+    is woken once per answer (asyncio's socket transport counts the writes)."""
+    import asyncio.selector_events
+
+    transport = asyncio.selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+    writes: list[int] = []
+    real_write = transport.write
+
+    def counting(self: Any, data: bytes) -> None:
+        writes.append(len(data))
+        real_write(self, data)
+
+    monkeypatch.setattr(transport, "write", counting)
+    with RemoteLedger(served.url, served.token) as client:
+        _admit(client, served.ledger, 3)
+        assert client.list_tasks()
+    assert len(writes) == 7 and min(writes) > 200  # each a head and its body
