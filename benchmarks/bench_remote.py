@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
+
 from execkit._classify import FailureClass
 from execkit.ledger import Ledger, open_ledger
 from execkit.remote import RemoteLedger
@@ -69,10 +71,25 @@ def _admit(ledger: Ledger, task_ids: list[str], count: int, tag: str) -> None:
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, reason="bench")
 
 
+def _cpu_s(server: psutil.Process | None) -> float:
+    """CPU seconds used so far by this process (every thread) and the server's, if any."""
+    used = time.process_time()
+    if server is not None:
+        times = server.cpu_times()
+        used += times.user + times.system
+    return used
+
+
 def _rate(
-    per_client: list[list[str]], count: int, ledger_for: Callable[[int], Ledger], tag: str
-) -> float:
-    """Admissions per second over all clients (threads), started together."""
+    per_client: list[list[str]],
+    count: int,
+    ledger_for: Callable[[int], Ledger],
+    tag: str,
+    server: psutil.Process | None = None,
+) -> tuple[float, float]:
+    """Admissions per second over all clients (threads), started together, and the CPU
+    seconds per admission of this process and `server` (the database's own not counted:
+    it does the same work either way)."""
     clients = len(per_client)
     ledgers = [ledger_for(c) for c in range(clients)]
     barrier = threading.Barrier(clients + 1)
@@ -89,17 +106,18 @@ def _rate(
     for thread in threads:
         thread.start()
     barrier.wait()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), _cpu_s(server)
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - began
+    cpu = _cpu_s(server) - cpu
     if errors:
         raise errors[0]
-    return clients * count / elapsed
+    return clients * count / elapsed, cpu / (clients * count)
 
 
 @contextlib.contextmanager
-def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
+def _server(target: str, where: Path) -> Iterator[tuple[str, str, psutil.Process]]:
     tokens = where / "tokens.json"
     token = add_token(tokens, ME)
     log = (where / "serve.log").open("w")
@@ -127,7 +145,7 @@ def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
         line = process.stdout.readline()
         if not line:
             raise SystemExit(f"execkit serve did not start: {(where / 'serve.log').read_text()}")
-        yield json.loads(line)["url"], token
+        yield json.loads(line)["url"], token, psutil.Process(process.pid)
     finally:
         process.send_signal(2)
         try:
@@ -137,7 +155,8 @@ def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
         log.close()
 
 
-Row = tuple[str, int, float, float, float]  # backend, clients, floor/s, served/s, ratio
+# backend, clients, floor/s, served/s, ratio, CPU ms per admission direct, through the server
+Row = tuple[str, int, float, float, float, float, float]
 
 
 def _measure(
@@ -145,32 +164,44 @@ def _measure(
 ) -> list[Row]:
     """Per client count: `rounds` rounds, each the floor then the server (one server for
     all rounds); the median of each rate and of the rounds' ratios (on a shared machine the
-    floor itself moves between rounds, and a ratio within a round moves less)."""
+    floor itself moves between rounds, and a ratio within a round moves less), and the
+    median CPU per admission of each (less moved by other load than either rate)."""
     rows = []
     with contextlib.closing(open_ledger(target)) as direct:
         for clients in counts:
             per_client = _tasks(direct, clients, f"direct{clients}")
             remote_tasks = _tasks(direct, clients, f"remote{clients}")
-            floors, served, ratios = [], [], []
-            with _server(target, where / f"{name}-{clients}") as (url, token):
+            floors, served, ratios, cpu_direct, cpu_served = [], [], [], [], []
+            with _server(target, where / f"{name}-{clients}") as (url, token, server):
                 clients_of = [RemoteLedger(url, token, timeout_s=120) for _ in range(clients)]
                 for round_no in range(rounds):
-                    floor = _rate(per_client, count, lambda _c: direct, f"d{clients}.{round_no}")
-                    rate = _rate(
-                        remote_tasks, count, clients_of.__getitem__, f"r{clients}.{round_no}"
+                    floor, cpu = _rate(
+                        per_client, count, lambda _c: direct, f"d{clients}.{round_no}"
+                    )
+                    rate, cpu_through = _rate(
+                        remote_tasks,
+                        count,
+                        clients_of.__getitem__,
+                        f"r{clients}.{round_no}",
+                        server,
                     )
                     floors.append(floor)
                     served.append(rate)
                     ratios.append(rate / floor)
+                    cpu_direct.append(cpu)
+                    cpu_served.append(cpu_through)
                 for client in clients_of:
                     client.close()
+            median = statistics.median
             rows.append(
                 (
                     name,
                     clients,
-                    statistics.median(floors),
-                    statistics.median(served),
-                    statistics.median(ratios),
+                    median(floors),
+                    median(served),
+                    median(ratios),
+                    median(cpu_direct) * 1000,
+                    median(cpu_served) * 1000,
                 )
             )
     return rows
@@ -211,17 +242,20 @@ def main() -> None:
     print()
     print(
         "| backend | clients | direct admissions/s (floor) | through the server admissions/s "
-        "| server / direct |"
+        "| server / direct | CPU ms per admission, direct / through the server |"
     )
-    print("|---|---:|---:|---:|---:|")
-    for name, clients, floor, served, ratio in rows:
-        print(f"| {name} | {clients} | {floor:,.0f} | {served:,.0f} | {ratio:.2f}x |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, clients, floor, served, ratio, cpu, cpu_through in rows:
+        print(
+            f"| {name} | {clients} | {floor:,.0f} | {served:,.0f} | {ratio:.2f}x "
+            f"| {cpu:.2f} / {cpu_through:.2f} |"
+        )
     print()
     print(
         f"{args.admissions} admissions (start_run + finish_run) per client and round; "
         f"medians of {args.rounds} rounds (floor, then server; the ratio is the median of "
         "the rounds' ratios); the server is a separate process on 127.0.0.1, the clients "
-        "threads of this one."
+        "threads of this one; CPU is this process's and the server's, not the database's."
     )
 
 
