@@ -312,8 +312,9 @@ class RouteTable:
 
 class LedgerApp:
     """The application over one ledger; `app` is the ASGI callable (see the module
-    docstring). `capabilities` is what `/v1/capabilities` advertises: the ledger's less
-    `without` (`--without-capability`, a stand-in for an older server)."""
+    docstring), `api` the same with its route table in front (what `front` serves).
+    `capabilities` is what `/v1/capabilities` advertises: the ledger's less `without`
+    (`--without-capability`, a stand-in for an older server)."""
 
     def __init__(
         self,
