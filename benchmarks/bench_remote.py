@@ -11,10 +11,12 @@ Through the server, the clients are threads of this process, each with its own
 `RemoteLedger` (one keep-alive connection), and the server is a separate `python -m
 execkit serve` process on 127.0.0.1 (a free port).
 
-    python benchmarks/bench_remote.py [--admissions N] [--clients 1,4,16] [--pg URL | --no-pg]
+    python benchmarks/bench_remote.py [--admissions N] [--clients 1,4,16] [--rounds N]
+                                      [--pg URL | --no-pg]
 
-PostgreSQL is measured with `--pg URL`, else in a throwaway cluster (tests/pgcluster.py)
-when server binaries are installed; `--no-pg` skips it. Prints a markdown table and the
+PostgreSQL is measured with `--pg URL`, else in the cluster `tests/pgcluster.py --run`
+names in the environment, else in a throwaway cluster of its own (tests/pgcluster.py) when
+server binaries are installed; `--no-pg` skips it. Prints a markdown table and the
 command that produced it.
 """
 
@@ -25,6 +27,7 @@ import contextlib
 import json
 import os
 import pwd
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import psutil
 
 from execkit._classify import FailureClass
 from execkit.ledger import Ledger, open_ledger
@@ -66,10 +71,25 @@ def _admit(ledger: Ledger, task_ids: list[str], count: int, tag: str) -> None:
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, reason="bench")
 
 
+def _cpu_s(server: psutil.Process | None) -> float:
+    """CPU seconds used so far by this process (every thread) and the server's, if any."""
+    used = time.process_time()
+    if server is not None:
+        times = server.cpu_times()
+        used += times.user + times.system
+    return used
+
+
 def _rate(
-    per_client: list[list[str]], count: int, ledger_for: Callable[[int], Ledger], tag: str
-) -> float:
-    """Admissions per second over all clients (threads), started together."""
+    per_client: list[list[str]],
+    count: int,
+    ledger_for: Callable[[int], Ledger],
+    tag: str,
+    server: psutil.Process | None = None,
+) -> tuple[float, float]:
+    """Admissions per second over all clients (threads), started together, and the CPU
+    seconds per admission of this process and `server` (the database's own not counted:
+    it does the same work either way)."""
     clients = len(per_client)
     ledgers = [ledger_for(c) for c in range(clients)]
     barrier = threading.Barrier(clients + 1)
@@ -86,17 +106,18 @@ def _rate(
     for thread in threads:
         thread.start()
     barrier.wait()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), _cpu_s(server)
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - began
+    cpu = _cpu_s(server) - cpu
     if errors:
         raise errors[0]
-    return clients * count / elapsed
+    return clients * count / elapsed, cpu / (clients * count)
 
 
 @contextlib.contextmanager
-def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
+def _server(target: str, where: Path) -> Iterator[tuple[str, str, psutil.Process]]:
     tokens = where / "tokens.json"
     token = add_token(tokens, ME)
     log = (where / "serve.log").open("w")
@@ -124,7 +145,7 @@ def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
         line = process.stdout.readline()
         if not line:
             raise SystemExit(f"execkit serve did not start: {(where / 'serve.log').read_text()}")
-        yield json.loads(line)["url"], token
+        yield json.loads(line)["url"], token, psutil.Process(process.pid)
     finally:
         process.send_signal(2)
         try:
@@ -134,21 +155,55 @@ def _server(target: str, where: Path) -> Iterator[tuple[str, str]]:
         log.close()
 
 
+# backend, clients, floor/s, served/s, ratio, CPU ms per admission direct, through the server
+Row = tuple[str, int, float, float, float, float, float]
+
+
 def _measure(
-    name: str, target: str, where: Path, count: int, counts: tuple[int, ...]
-) -> list[tuple[str, int, float, float]]:
+    name: str, target: str, where: Path, count: int, counts: tuple[int, ...], rounds: int
+) -> list[Row]:
+    """Per client count: `rounds` rounds, each the floor then the server (one server for
+    all rounds); the median of each rate and of the rounds' ratios (on a shared machine the
+    floor itself moves between rounds, and a ratio within a round moves less), and the
+    median CPU per admission of each (less moved by other load than either rate)."""
     rows = []
     with contextlib.closing(open_ledger(target)) as direct:
         for clients in counts:
             per_client = _tasks(direct, clients, f"direct{clients}")
-            floor = _rate(per_client, count, lambda _c: direct, f"d{clients}")
             remote_tasks = _tasks(direct, clients, f"remote{clients}")
-            with _server(target, where / f"{name}-{clients}") as (url, token):
+            floors, served, ratios, cpu_direct, cpu_served = [], [], [], [], []
+            with _server(target, where / f"{name}-{clients}") as (url, token, server):
                 clients_of = [RemoteLedger(url, token, timeout_s=120) for _ in range(clients)]
-                served = _rate(remote_tasks, count, clients_of.__getitem__, f"r{clients}")
+                for round_no in range(rounds):
+                    floor, cpu = _rate(
+                        per_client, count, lambda _c: direct, f"d{clients}.{round_no}"
+                    )
+                    rate, cpu_through = _rate(
+                        remote_tasks,
+                        count,
+                        clients_of.__getitem__,
+                        f"r{clients}.{round_no}",
+                        server,
+                    )
+                    floors.append(floor)
+                    served.append(rate)
+                    ratios.append(rate / floor)
+                    cpu_direct.append(cpu)
+                    cpu_served.append(cpu_through)
                 for client in clients_of:
                     client.close()
-            rows.append((name, clients, floor, served))
+            median = statistics.median
+            rows.append(
+                (
+                    name,
+                    clients,
+                    median(floors),
+                    median(served),
+                    median(ratios),
+                    median(cpu_direct) * 1000,
+                    median(cpu_served) * 1000,
+                )
+            )
     return rows
 
 
@@ -157,6 +212,9 @@ def main() -> None:
     parser.add_argument("--admissions", type=int, default=200, help="per client")
     parser.add_argument(
         "--clients", default="1,4,16", help="client counts, comma-separated (each 1..256)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds per client count (1..50)"
     )
     parser.add_argument("--pg", metavar="URL", help="a postgresql:// URL to measure too")
     parser.add_argument("--no-pg", action="store_true", help="SQLite only")
@@ -167,12 +225,16 @@ def main() -> None:
         parser.error("--clients: whole numbers separated by commas, e.g. 1,4,16")
     if not counts or any(not 1 <= count <= 256 for count in counts):
         parser.error("--clients: each count must be in 1..256")
+    if not 1 <= args.rounds <= 50:
+        parser.error("--rounds: must be in 1..50")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-remote-") as tmp:
         where = Path(tmp)
         for clients in counts:
             (where / f"sqlite-{clients}").mkdir()
-        rows += _measure("sqlite", str(where / "ledger.db"), where, args.admissions, counts)
+        rows += _measure(
+            "sqlite", str(where / "ledger.db"), where, args.admissions, counts, args.rounds
+        )
         pg_rows = _postgres(args, where, counts)
         rows += pg_rows
 
@@ -180,39 +242,46 @@ def main() -> None:
     print()
     print(
         "| backend | clients | direct admissions/s (floor) | through the server admissions/s "
-        "| server / direct |"
+        "| server / direct | CPU ms per admission, direct / through the server |"
     )
-    print("|---|---:|---:|---:|---:|")
-    for name, clients, floor, served in rows:
-        print(f"| {name} | {clients} | {floor:,.0f} | {served:,.0f} | {served / floor:.2f}x |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, clients, floor, served, ratio, cpu, cpu_through in rows:
+        print(
+            f"| {name} | {clients} | {floor:,.0f} | {served:,.0f} | {ratio:.2f}x "
+            f"| {cpu:.2f} / {cpu_through:.2f} |"
+        )
     print()
     print(
-        f"{args.admissions} admissions (start_run + finish_run) per client; the server is a "
-        "separate process on 127.0.0.1, the clients threads of this one."
+        f"{args.admissions} admissions (start_run + finish_run) per client and round; "
+        f"medians of {args.rounds} rounds (floor, then server; the ratio is the median of "
+        "the rounds' ratios); the server is a separate process on 127.0.0.1, the clients "
+        "threads of this one; CPU is this process's and the server's, not the database's."
     )
 
 
-def _postgres(
-    args: argparse.Namespace, where: Path, counts: tuple[int, ...]
-) -> list[tuple[str, int, float, float]]:
+def _postgres(args: argparse.Namespace, where: Path, counts: tuple[int, ...]) -> list[Row]:
     if args.no_pg:
         return []
     for clients in counts:
         (where / f"postgres-{clients}").mkdir()
     if args.pg:
-        return _measure("postgres", args.pg, where, args.admissions, counts)
+        return _measure("postgres", args.pg, where, args.admissions, counts, args.rounds)
     helper = REPO / "tests" / "pgcluster.py"
     if not helper.exists():
         return []
     sys.path.insert(0, str(helper.parent))
     import pgcluster
 
+    named = os.environ.get(pgcluster.ENV_VAR)
+    if named:  # run under `tests/pgcluster.py --run`: its cluster, not a second one
+        url = pgcluster.Cluster.from_env(named).url()
+        return _measure("postgres", url, where, args.admissions, counts, args.rounds)
     if pgcluster.find_bindir() is None:
         print("(no PostgreSQL server binaries: PostgreSQL not measured)", file=sys.stderr)
         return []
     cluster = pgcluster.Cluster.start()
     try:
-        return _measure("postgres", cluster.url(), where, args.admissions, counts)
+        return _measure("postgres", cluster.url(), where, args.admissions, counts, args.rounds)
     finally:
         cluster.stop()
 

@@ -40,9 +40,7 @@ ledger cannot do that", exit 13), nothing sent. The rows say which calls need wh
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -64,6 +62,7 @@ from execkit._errors import (
     TaskBackingOff,
     error_types,
 )
+from execkit._http1 import Connection
 from execkit._proof import AgentFailed
 from execkit.ledger import LIST_PAGE, Actor, Task, TaskState, attempt_from_run
 
@@ -159,81 +158,51 @@ class Transport(Protocol):
     def send(self, request: HttpRequest) -> HttpAnswer: ...
 
 
-def _no_delay(conn: http.client.HTTPConnection) -> None:
-    # Small requests go out at once instead of waiting on the peer's delayed ACK.
-    if conn.sock is not None:
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _HTTPConnection(http.client.HTTPConnection):
-    def connect(self) -> None:
-        super().connect()
-        _no_delay(self)
-
-
-class _HTTPSConnection(http.client.HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        _no_delay(self)
-
-
 class HTTPTransport:
-    """The default transport: `http.client`, one keep-alive connection per thread to the
-    host and port of `url`, each request bounded by `timeout_s`. A connection that fails,
-    or that the server will close, is dropped (the next request opens a new one);
-    `http.client`'s protocol errors are raised as `ConnectionError`."""
+    """The default transport: one keep-alive HTTP/1.1 connection per thread to the host
+    and port of `url` (`execkit._http1`: a request is one write), each socket operation
+    bounded by `timeout_s`. A connection that fails, or that the server will close, is
+    dropped (the next request opens a new one); an answer that is not HTTP is raised as
+    `ConnectionError`."""
 
     def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
         parts = urllib.parse.urlsplit(url)
-        self._kind = _HTTPSConnection if parts.scheme == "https" else _HTTPConnection
+        self._tls = parts.scheme == "https"
         self._host = parts.hostname or ""
         self._port = parts.port
         self.timeout_s = timeout_s
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._connections: list[http.client.HTTPConnection] = []
+        self._connections: list[Connection] = []
 
-    def _connection(self) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+    def _connection(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._kind(self._host, self._port, timeout=self.timeout_s)
+            conn = Connection(self._host, self._port, tls=self._tls, timeout_s=self.timeout_s)
             self._local.conn = conn
             with self._lock:
                 self._connections.append(conn)
         return conn
 
-    def _drop(self) -> None:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-            with self._lock:
-                if conn in self._connections:
-                    self._connections.remove(conn)
-
     def send(self, request: HttpRequest) -> HttpAnswer:
+        conn = self._connection()
         try:
-            conn = self._connection()
-            conn.request(
-                request.method, request.target, body=request.body, headers=dict(request.headers)
+            answer, _closed = conn.request(
+                request.method,
+                request.target,
+                dict(request.headers),
+                request.body,
+                _MAX_ANSWER_BYTES,
             )
-            answer = conn.getresponse()
-            body = answer.read(_MAX_ANSWER_BYTES + 1)
-            if answer.will_close:
-                self._drop()
-            return HttpAnswer(answer.status, dict(answer.getheaders()), body)
-        except OSError:
-            self._drop()
-            raise
-        except http.client.HTTPException as exc:
-            self._drop()
-            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:  # nothing was sent: a header or target no request can hold
+            raise InvalidInput(f"cannot send this request: {exc}", field="remote") from None
+        return HttpAnswer(answer.status, answer.headers, answer.body)
 
     def close(self) -> None:
         """Close every connection this transport opened (in any thread); a later request
         opens a new one."""
         with self._lock:
-            connections, self._connections = self._connections, []
+            connections = list(self._connections)
         for conn in connections:
             conn.close()
 

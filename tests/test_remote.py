@@ -9,7 +9,6 @@ to the same application (`AppTransport`, test_remote_wire.py has more of those).
 
 from __future__ import annotations
 
-import http.client
 import os
 import pwd
 import threading
@@ -37,6 +36,7 @@ from execkit._errors import (
     TaskFinished,
     Unauthenticated,
 )
+from execkit._http1 import Answer, Connection
 from execkit.dispatch import (
     BoardIssue,
     DispatchConfig,
@@ -224,28 +224,28 @@ def test_who_acts_is_the_token_and_on_behalf_of_is_sent(remote: Remote) -> None:
 def test_a_dropped_connection_is_retried_with_the_same_key(
     remote: Remote, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = http.client.HTTPConnection.getresponse
+    real_request = Connection.request
     sent_keys: list[str] = []
-    real_request = http.client.HTTPConnection.request
-
-    def request(self: http.client.HTTPConnection, method: str, url: str, **kwargs: Any) -> None:
-        headers = kwargs.get("headers") or {}
-        if "Idempotency-Key" in headers:
-            sent_keys.append(headers["Idempotency-Key"])
-        real_request(self, method, url, **kwargs)
-
     dropped: list[bool] = []
 
-    def flaky(self: http.client.HTTPConnection) -> http.client.HTTPResponse:
-        if not dropped:
+    def flaky(
+        self: Connection,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        limit: int,
+    ) -> tuple[Answer, bool]:
+        if "Idempotency-Key" in headers:
+            sent_keys.append(headers["Idempotency-Key"])
+        answer = real_request(self, method, target, headers, body, limit)
+        if not dropped:  # the server acted, and its answer is lost on the way back
             dropped.append(True)
-            time.sleep(0.3)  # the server acts meanwhile
             self.close()
-            raise http.client.RemoteDisconnected("dropped before the answer")
-        return real(self)
+            raise ConnectionResetError("dropped before the answer")
+        return answer
 
-    monkeypatch.setattr(http.client.HTTPConnection, "request", request)
-    monkeypatch.setattr(http.client.HTTPConnection, "getresponse", flaky)
+    monkeypatch.setattr(Connection, "request", flaky)
     task = remote.client().create_task("once", actor=ME)
     assert len(sent_keys) == 2 and sent_keys[0] == sent_keys[1]
     assert [t.id for t in remote.ledger.list_tasks()] == [task.id]

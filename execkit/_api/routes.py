@@ -94,7 +94,7 @@ def _capabilities(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, {
         "capabilities": sorted(call.capabilities),
         "schema_version": ledger.schema_version(),
-        "ledger_id": ledger.ledger_id(),
+        "ledger_id": call.ledger_id or ledger.ledger_id(),
         "backoff": attrs.asdict(ledger.backoff),
         "budget": attrs.asdict(ledger.budget),
     }

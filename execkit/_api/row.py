@@ -107,6 +107,8 @@ class Call:
     body: Mapping[str, Any]
     idempotency_key: str | None
     capabilities: frozenset[str]
+    # The ledger's id when the caller knows it (it never changes): one read less.
+    ledger_id: str | None = None
 
 
 Handler = Callable[[Call], tuple[int, dict[str, Any]]]

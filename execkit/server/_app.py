@@ -34,7 +34,7 @@ import logging
 import math
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -42,12 +42,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from execkit._api import ENDPOINTS, ERROR_STATUSES, Call, Endpoint, Field, openapi_document
 from execkit._errors import (
     ExecKitError,
 )
-from execkit._mask import mask_json, mask_name
+from execkit._mask import mask_json
 from execkit.ledger import Actor, Ledger
 from execkit.server._front import Front
 from execkit.server._tokens import Principal, TokenFile
@@ -236,10 +237,71 @@ def _route(endpoint: Endpoint[..., Any], handle: Callable[[Request], Awaitable[R
     return route
 
 
+Handle = Callable[[Request], Awaitable[Response]]
+_Found = tuple[Handle, Route, dict[str, str]]
+
+
+class RouteTable:
+    """The API's routes by the request's method and path, as Starlette's router picks
+    them (the first route of the table whose path and method match), without trying each
+    route's pattern in turn: a path without parameters is one dict lookup, one with
+    parameters is compared segment by segment with the routes of as many segments (a
+    parameter is one non-empty segment, as Starlette's `{name}`).
+
+    `find` answers None for what no route matches with its method (a 404 or 405, which
+    the Starlette application answers); the caller hands such a request to it."""
+
+    def __init__(self, routes: Sequence[tuple[Route, Handle]]) -> None:
+        self._static: dict[tuple[str, str], tuple[Handle, Route]] = {}
+        # Per segment count: each segment a literal, or (for a parameter) its name and True.
+        self._shaped: dict[int, list[tuple[tuple[tuple[str, bool], ...], str, Handle, Route]]]
+        self._shaped = {}
+        for route, handle in routes:
+            (method,) = route.methods or {"GET"}
+            shape = tuple(
+                (part[1:-1], True) if part.startswith("{") else (part, False)
+                for part in route.path.split("/")
+            )
+            if not any(is_param for _, is_param in shape):
+                self._static.setdefault((method, route.path), (handle, route))
+            else:
+                self._shaped.setdefault(len(shape), []).append((shape, method, handle, route))
+        # A static path that a route with parameters listed before it also matches would
+        # be that route's in Starlette's order: the table has none (checked, not assumed).
+        for method, path in self._static:
+            if self._match_shaped(method, path) is not None:
+                raise ValueError(f"{method} {path} is shadowed by a route with parameters")
+
+    def _match_shaped(self, method: str, path: str) -> _Found | None:
+        segments = path.split("/")
+        for shape, wanted, handle, route in self._shaped.get(len(segments), ()):
+            if wanted != method:
+                continue
+            params: dict[str, str] = {}
+            for (text, is_param), part in zip(shape, segments, strict=True):
+                if is_param:
+                    if not part:
+                        break
+                    params[text] = part
+                elif text != part:
+                    break
+            else:
+                return handle, route, params
+        return None
+
+    def find(self, method: str, path: str) -> _Found | None:
+        """The handler, route and path parameters of `method` `path`, or None."""
+        static = self._static.get((method, path))
+        if static is not None:
+            return static[0], static[1], {}
+        return self._match_shaped(method, path)
+
+
 class LedgerApp:
     """The application over one ledger; `app` is the ASGI callable (see the module
-    docstring). `capabilities` is what `/v1/capabilities` advertises: the ledger's less
-    `without` (`--without-capability`, a stand-in for an older server)."""
+    docstring), `api` the same with its route table in front (what `front` serves).
+    `capabilities` is what `/v1/capabilities` advertises: the ledger's less `without`
+    (`--without-capability`, a stand-in for an older server)."""
 
     def __init__(
         self,
@@ -261,19 +323,42 @@ class LedgerApp:
         self.openapi = openapi_document(version)
         self._openapi_text = _dumps(self.openapi)
         self._workers = WorkerThreads(workers)
-        routes = [_route(endpoint, self._endpoint(endpoint)) for endpoint in ENDPOINTS]
+        handles = [self._endpoint(endpoint) for endpoint in ENDPOINTS]
+        routes = [
+            _route(endpoint, handle) for endpoint, handle in zip(ENDPOINTS, handles, strict=True)
+        ]
+        self.routes = RouteTable(list(zip(routes, handles, strict=True)))
         self.app = Starlette(
-            routes=routes, exception_handlers={HTTPException: self._http_exception}
+            routes=list(routes), exception_handlers={HTTPException: self._http_exception}
         )
         # A path the API does not have is 404, with or without a trailing slash: a 307 to
         # the other spelling would invite a client to resend its token and body.
         self.app.router.redirect_slashes = False
-        # What the listener serves: the dashboard and monitoring in front of `app` (_front).
-        self.front = Front(self.app, ledger, tokens, self._http_exception)
+        # What the listener serves: the dashboard and monitoring in front of the API (_front).
+        self.front = Front(self.api, ledger, tokens, self._http_exception)
 
     def close(self) -> None:
         """Stop the worker threads (after the ones running finish)."""
         self._workers.close()
+
+    async def api(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The API as an ASGI application: `app`, with a request its route table finds
+        handed straight to the route's handler (Starlette's router tries each route's
+        pattern in turn, and wraps each request in two middlewares whose work the handler
+        does: it answers every exception itself). A request the table does not find (a
+        404 or a 405) goes to `app`, which answers it."""
+        found = None
+        if scope["type"] == "http" and not scope.get("root_path"):
+            found = self.routes.find(scope["method"], scope["path"])
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        handle, route, params = found
+        scope["app"] = self.app
+        scope["route"] = route  # as Starlette's router sets it: the access log's template
+        scope["path_params"] = params
+        response = await handle(Request(scope, receive))
+        await response(scope, receive, send)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -344,9 +429,12 @@ class LedgerApp:
             return None
         if not _KEY.fullmatch(raw):
             raise _invalid("Idempotency-Key must be 1..200 visible ASCII characters")
-        # Masked as the ledger masks its own keys (a key is stored, and echoed in a
-        # conflict): unique and stable, so a replay still finds its first answer.
-        return mask_name(raw)
+        # Handed to the ledger as sent: every ledger operation that keeps a key masks it
+        # as it enters (`mask_name`: unique and stable, so a replay still finds its first
+        # answer), and nothing else here writes it anywhere. Masking it here too redacted
+        # each request's fresh key twice, and a finish's key, which no operation keeps,
+        # once for nothing.
+        return raw
 
     async def _body(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
         limit = self.max_body_bytes
@@ -398,6 +486,8 @@ class LedgerApp:
         return checked
 
     def _query(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
+        if not request.scope.get("query_string"):
+            return {}  # most requests: no query to parse
         fields = {field.name: field for field in endpoint.query}
         found: dict[str, Any] = {}
         for name, raw in request.query_params.multi_items():
@@ -437,6 +527,7 @@ class LedgerApp:
             body=body,
             idempotency_key=key,
             capabilities=self.capabilities,
+            ledger_id=self.ledger_id,
         )
         status, text = await self._workers.run(self._call_ledger, endpoint, call)
         return _response(status, text)

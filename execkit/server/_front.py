@@ -1,7 +1,8 @@
 """What `execkit serve` serves: the API (`_app.LedgerApp.app`, exactly its route table)
 behind the dashboard's and the monitoring's own routes, all inside the access log.
 
-    AccessLog (_access_log) ─► /healthz /readyz /metrics (_metrics)
+    AccessLog (_access_log) ─► /v1/..., /openapi.json ─► the API (its route table)
+                               /healthz /readyz /metrics (_metrics)
                                /, /dashboard... (_dashboard_http)
                                everything else ─► the API (its 404 and 405 answers)
 
@@ -13,12 +14,12 @@ docs/remote.md, "Monitoring and the dashboard".
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from execkit.ledger import Ledger
 from execkit.server._access_log import AccessLog
@@ -29,6 +30,9 @@ from execkit.server._tokens import TokenFile
 
 __all__ = ["Front"]
 
+_API_PREFIX = "/v1/"
+_API_DOCUMENT = "/openapi.json"
+
 
 class Front:
     """The served ASGI application (`asgi`) and the parts a test or a benchmark reaches:
@@ -36,7 +40,7 @@ class Front:
 
     def __init__(
         self,
-        api: Any,
+        api: ASGIApp,
         ledger: Ledger,
         tokens: TokenFile,
         http_exception: Callable[[Request, Exception], Awaitable[Response]],
@@ -48,8 +52,23 @@ class Front:
             *self.monitoring.routes(),
             *dashboard_routes(tokens, self.view, self.sessions),
         ]
+        for route in routes:
+            path = getattr(route, "path", "")
+            if path.startswith(_API_PREFIX) or path == _API_DOCUMENT:
+                raise ValueError(f"the route {path} is in the API's paths")
         site = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
         # What no route here matches goes to the API, whose 404 and 405 answers it keeps
         # (a wrong method on a route here is this router's 405, before the API is asked).
         site.router.default = api
-        self.asgi = AccessLog(site, (self.monitoring.observe,))
+        self.site = site
+        self.api = api
+        self.asgi = AccessLog(self._serve, (self.monitoring.observe,))
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # No route here is under /v1/ or is /openapi.json (checked at construction): such a
+        # path would go through this router's patterns to reach the API; it goes there at once.
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.startswith(_API_PREFIX) or path == _API_DOCUMENT:
+            await self.api(scope, receive, send)
+        else:
+            await self.site(scope, receive, send)

@@ -111,12 +111,21 @@ class Monitoring:
             registry=self.registry,
         )
         self.registry.register(_LedgerCollector(view))
+        # Bounded: methods are the seven HTTP ones or OTHER, routes the templates or
+        # "(unmatched)", statuses the few the server answers.
+        self._latency_series: dict[tuple[str, str, int], Histogram] = {}
 
     def observe(self, request: Request) -> None:
-        """One answered request (an `AccessLog` observer)."""
-        self.latency.labels(request.method, request.route, str(request.status)).observe(
-            request.seconds
-        )
+        """One answered request (an `AccessLog` observer). The histogram's series for a
+        (method, route, status) is looked up once and kept: `labels` takes the metric's
+        lock and builds its key on every call."""
+        key = (request.method, request.route, request.status)
+        series = self._latency_series.get(key)
+        if series is None:
+            series = self._latency_series[key] = self.latency.labels(
+                request.method, request.route, str(request.status)
+            )
+        series.observe(request.seconds)
         if request.method == "POST" and request.route == ADMISSION_ROUTE:
             if 200 <= request.status < 300:
                 self.admissions.inc()

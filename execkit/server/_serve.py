@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 
@@ -73,6 +74,41 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}"
 
 
+class _CoalescedWrites:
+    """A connection's transport whose writes in one turn of the event loop go out as one:
+    uvicorn writes an answer's head and its body apart, and each write on an idle socket is
+    a `send` of its own, so the client woke for the head and again for the body. The
+    writes are joined and handed on when the loop turns (`call_soon`), or at once when the
+    connection is closed. Everything else is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def _http_protocol() -> type[asyncio.Protocol] | str:
     """uvicorn's httptools protocol with the request head bounded to `_MAX_HEAD_BYTES`,
     where httptools is installed (the `server` extra installs it: it parses a request in C,
@@ -99,6 +135,10 @@ def _http_protocol() -> type[asyncio.Protocol] | str:
             self._head_bytes += size
             if self._head_bytes > _MAX_HEAD_BYTES:  # answered 400 by data_received's caller
                 raise httptools.HttpParserError("request head too large")
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            coalesced = _CoalescedWrites(transport, asyncio.get_running_loop())
+            super().connection_made(coalesced)  # type: ignore[arg-type]
 
         def on_message_begin(self) -> None:
             super().on_message_begin()

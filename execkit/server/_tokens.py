@@ -45,6 +45,7 @@ _MAX_ACTOR = 200
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _TOKEN_PREFIX = "ekt_"
+_MAX_CACHED = 1024
 
 
 @attrs.frozen
@@ -137,6 +138,7 @@ class TokenFile:
         self._lock = threading.Lock()
         self._seen: tuple[int, int, int, int] | None = None
         self._principals: dict[str, Principal] = {}
+        self._digests: dict[str, str] = {}  # token -> its hash, for tokens found
         self._load()
 
     def _load(self) -> None:
@@ -161,10 +163,18 @@ class TokenFile:
         self._seen = seen
 
     def lookup(self, token: str) -> Principal | None:
-        """The principal `token` stands for, or None for an unknown token."""
+        """The principal `token` stands for, or None for an unknown token. The file is
+        checked for a change on every call; a token's hash is computed once per process
+        (the first time it is found in the file) and kept in memory, never written."""
         if not token or len(token) > _MAX_TOKEN:
             return None
-        digest = token_hash(token)
+        # Keyed by the token itself: Python's string hash is keyed per process (SipHash),
+        # so the string comparison behind a hit only runs for the token that is there, and
+        # timing tells nothing of a stored token. Only found tokens are kept, at most
+        # _MAX_CACHED: a stream of wrong guesses cannot grow it.
+        digest = self._digests.get(token)
+        if digest is None:
+            digest = token_hash(token)
         with self._lock:
             try:
                 self._load()
@@ -177,6 +187,10 @@ class TokenFile:
                 self._principals = {}
                 raise
             found = self._principals.get(digest)
+            if found is not None and token not in self._digests:
+                if len(self._digests) >= _MAX_CACHED:
+                    self._digests.clear()
+                self._digests[token] = digest
         # The dict lookup compares hashes, not tokens: timing tells nothing of a token.
         return found
 
