@@ -53,13 +53,13 @@ TRANSPORTS = ["socket", "memory"]
 
 
 class AppTransport:
-    """The in-memory transport: each request handed to the application itself (Starlette's
-    TestClient), no socket in between."""
+    """The in-memory transport: each request handed to the API as it is served
+    (`LedgerApp.api`, through Starlette's TestClient), no socket in between."""
 
     def __init__(self, app: LedgerApp) -> None:
         from starlette.testclient import TestClient
 
-        self.client = TestClient(app.app)
+        self.client = TestClient(app.api)
         self.sent: list[HttpRequest] = []
 
     def send(self, request: HttpRequest) -> HttpAnswer:

@@ -90,7 +90,7 @@ def _served(tmp_path: Path, **options: Any) -> Served:
     plain = add_token(tokens, "alice")
     operator = add_token(tokens, "alice", ["agent.operate"])
     app = LedgerApp(ledger, TokenFile(tokens), **options)
-    return Served(tmp_path, ledger, tokens, app, TestClient(app.app), owner, plain, operator)
+    return Served(tmp_path, ledger, tokens, app, TestClient(app.api), owner, plain, operator)
 
 
 @pytest.fixture
@@ -412,7 +412,7 @@ def test_a_request_past_its_time_is_503_and_its_answer_replays_later(tmp_path: P
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME)
     app = LedgerApp(ledger, TokenFile(tokens), request_timeout_s=0.2)
-    client = TestClient(app.app)
+    client = TestClient(app.api)
     headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "slow-1"}
     answer = client.post("/v1/tasks", json={"title": "x"}, headers=headers)
     assert answer.status_code == 503
@@ -439,7 +439,7 @@ def test_an_unexpected_exception_is_a_json_500(
     token = add_token(tokens, ME)
     app = LedgerApp(ledger, TokenFile(tokens))
     with caplog.at_level(logging.ERROR, logger="execkit.server"):
-        answer = TestClient(app.app).get("/v1/tasks", headers={"Authorization": f"Bearer {token}"})
+        answer = TestClient(app.api).get("/v1/tasks", headers={"Authorization": f"Bearer {token}"})
     assert answer.status_code == 500
     assert answer.json() == {"error": {"code": "error", "message": "internal server error"}}
     assert "a bug" in caplog.text and token not in caplog.text
@@ -488,7 +488,7 @@ def test_answers_survive_a_restart(tmp_path: Path) -> None:
     first.ledger.close()
     ledger = open_ledger(tmp_path / "ledger.db")
     app = LedgerApp(ledger, TokenFile(first.tokens))
-    answer = TestClient(app.app).post(
+    answer = TestClient(app.api).post(
         "/v1/tasks",
         json={"title": "x"},
         headers={"Authorization": f"Bearer {first.owner}", "Idempotency-Key": "k"},
@@ -847,7 +847,7 @@ def test_ledger_calls_run_on_at_most_workers_threads(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.json"
     token = add_token(tokens, ME)
     app = LedgerApp(ledger, TokenFile(tokens), workers=2)
-    client = TestClient(app.app)
+    client = TestClient(app.api)
     answers: list[int] = []
 
     def send(n: int) -> None:
