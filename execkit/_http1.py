@@ -201,9 +201,10 @@ class Connection:
             except ValueError:
                 raise _bad("a chunk size is not hexadecimal") from None
             if chunk == 0:
-                while self._line(file) not in (b"\r\n", b"\n"):  # trailers, unread
-                    pass
-                return b"".join(parts), True
+                for _ in range(_MAX_HEADERS + 1):  # trailers, unread (as many as headers)
+                    if self._line(file) in (b"\r\n", b"\n"):
+                        return b"".join(parts), True
+                raise _bad(f"more than {_MAX_HEADERS} trailers")
             if size + chunk > limit + 1:
                 parts.append(file.read(limit + 1 - size))
                 return b"".join(parts), False

@@ -135,7 +135,11 @@ def test_an_answer_over_the_limit_is_cut_and_its_connection_dropped(
 
 @pytest.mark.parametrize(
     "reply",
-    [b"NOT HTTP\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort", b""],
+    [
+        b"NOT HTTP\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort",
+        b"",
+    ],
 )
 def test_a_broken_answer_is_a_connection_error(
     peer_of: Callable[[Script], Peer], reply: bytes
@@ -147,6 +151,20 @@ def test_a_broken_answer_is_a_connection_error(
     peer = peer_of(script)
     conn = Connection("127.0.0.1", peer.port, tls=False, timeout_s=10)
     with pytest.raises(ConnectionError):
+        conn.request("GET", "/", {}, None, 1000)
+
+
+def test_trailers_without_end_are_refused_not_read_forever(
+    peer_of: Callable[[Script], Peer],
+) -> None:
+    def script(peer: socket.socket, _n: int) -> bool:
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"
+        peer.sendall(head + b"T: x\r\n" * 200)
+        return True  # the connection stays open: a reader that goes on waits for more
+
+    peer = peer_of(script)
+    conn = Connection("127.0.0.1", peer.port, tls=False, timeout_s=30)
+    with pytest.raises(ConnectionError, match="trailers"):
         conn.request("GET", "/", {}, None, 1000)
 
 
