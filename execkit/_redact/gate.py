@@ -181,14 +181,16 @@ class Gate:
         (a short text, or any text under Hyperscan) the answer depends only on which were
         found, and is remembered for them: hundreds of passes are not asked one by one
         again for each key or message of the same kind."""
+        # A list made and then frozen, not a generator: one call, where a generator is
+        # resumed once a pass (tests count the calls of the work after a process exits).
         if self._state:
-            return tuple(step for step in passes if self.opens(step))
+            return tuple([step for step in passes if self.opens(step)])
         key = (id(passes), self._bits)
         held = _OPEN_BY_ANCHORS.get(key)
         if held is not None and held[0] is passes:  # not another tuple at a reused id
             opening: tuple[_O, ...] = held[1]
             return opening
-        opening = tuple(step for step in passes if self.opens(step))
+        opening = tuple([step for step in passes if self.opens(step)])
         if len(_OPEN_BY_ANCHORS) >= _OPEN_BY_ANCHORS_MAX:
             _OPEN_BY_ANCHORS.clear()
         _OPEN_BY_ANCHORS[key] = (passes, opening)
