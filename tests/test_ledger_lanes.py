@@ -575,3 +575,37 @@ def test_a_config_change_on_postgres_waits_for_a_result_that_read_it_ahead(
         assert not changer.is_alive() and len(done) == 1
     finally:
         in_flight.close()
+
+
+def test_a_result_on_a_lane_holds_the_configuration_lock_from_its_first_batch(
+    backend: str, ledger_target: str, opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the test above waits on is taken by the result itself: right after its first
+    batch, a lane-bound result holds the configuration's lock shared; one without a lane
+    takes none."""
+    if backend != "postgres":
+        pytest.skip("a PostgreSQL lock")
+    import psycopg
+
+    import execkit.ledger._postgres.tx as pg_tx
+
+    held: list[int] = []
+    read_ahead = pg_tx.PostgresTx._expect_result
+
+    def spied(tx: pg_tx.PostgresTx, run_id: str) -> None:
+        read_ahead(tx, run_id)
+        with psycopg.connect(ledger_target, autocommit=True) as watcher:
+            row = watcher.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND mode = 'ShareLock' AND classid = %s AND objid = %s",
+                pg_tx._LANE_CONFIG_LOCK,
+            ).fetchone()
+        held.append(0 if row is None else int(row[0]))
+
+    monkeypatch.setattr(pg_tx.PostgresTx, "_expect_result", spied)
+    with opener() as ledger:
+        for n, lane in enumerate((LANE, None)):
+            task = ledger.create_task(f"t{n}", actor="d")
+            run = ledger.start_run(task.id, actor="d", request_key=f"k{n}", now=1000.0, lane=lane)
+            ledger.finish_run(run.id, "succeeded", now=1001.0)
+    assert held == [1, 0]
