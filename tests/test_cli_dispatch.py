@@ -372,6 +372,36 @@ def test_a_bad_concurrency_is_one_clear_error(
     assert states(board) == {"OK": "todo", "ENV": "todo", "BAD": "todo"}  # nothing ran
 
 
+def test_a_give_up_whose_record_a_kill_lost_is_still_brought_back(tmp_path: Path) -> None:
+    # A give-up moves the card, then records it in the ledger: a dispatcher killed between
+    # the two leaves the board's `given_up_from` and no record. The operator's retry still
+    # brings the card back (it stayed blocked: seen once in the suite under load).
+    import sqlite3
+
+    db, agent = tmp_path / "ledger.db", tmp_path / "acme-agent"
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "ENV", "title": "t", "state": "doing", "argv": [str(agent)]}],
+        states=[
+            {"name": "doing", "eligible": True},
+            {"name": "blocked", "terminal": True},
+            {"name": "done", "terminal": True},
+        ],
+    )
+    first = run_execkit("dispatch", "--board", str(board), "--until-idle", "--db", str(db))
+    assert first.returncode == 8, first.stderr  # given up: blocked
+    with sqlite3.connect(db) as conn:  # the record the kill lost
+        assert conn.execute("UPDATE task_extras SET gave_up_at_attempt = NULL").rowcount == 1
+    agent.write_text("#!/bin/sh\nexit 0\n")
+    agent.chmod(0o700)
+    retried = run_execkit("task", "retry", "t-1", "--db", str(db), "--reason", "installed")
+    assert retried.returncode == 0, retried.stderr
+    again = run_execkit("dispatch", "--board", str(board), "--until-idle", "--db", str(db))
+    assert again.returncode == 0, again.stderr
+    [issue] = json.loads(board.read_text())["issues"]
+    assert issue["state"] == "done" and "given_up_from" not in issue
+
+
 def test_a_restarted_dispatcher_brings_back_the_card_it_gave_up(tmp_path: Path) -> None:
     # The agent's binary is missing: the dispatcher gives the card up (from `doing` to
     # `blocked`), and the board file keeps where it came from. The dispatcher is killed

@@ -485,10 +485,13 @@ class Dispatcher:
             # Its task exists (it was given up): after a restart, found by its key.
             task_id = self._task_id(issue)
             task = self.ledger.get_task(task_id, now=self.clock(), cap=self._cap)
+            # Given up at this count, or its record missing: a give-up moves the card first
+            # and records second, so a dispatcher killed in between left the board's
+            # `given_up_from` as the only trace (the card has not moved since).
             if (
                 task.retry_pending
                 and task.status is TaskStatus.OPEN
-                and task.gave_up_at_attempt == task.attempts_started
+                and task.gave_up_at_attempt in (None, task.attempts_started)
             ):
                 found.append((issue, task))
         return found
