@@ -142,3 +142,12 @@ def _shown(value: object) -> str:
     # A huge value (a 1 MB string) must not make a huge error message.
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def fields_in_order(cls: type, names: tuple[str, ...], built_by: str) -> None:
+    """ImportError unless `cls`'s attrs fields are `names`, in that order: for code that
+    builds `cls` positionally (`built_by`, to skip its validators on rows the ledger wrote),
+    so a field added or moved there fails at import, not as a wrong value."""
+    found = tuple(field.name for field in attrs.fields(cls))
+    if found != names:  # pragma: no cover
+        raise ImportError(f"{cls.__name__}'s fields are {found}, not {names}: {built_by}")

@@ -12,6 +12,7 @@ from execkit._budget import Attempt, AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._json import to_json
 from execkit._mask import mask_text
+from execkit._validate import fields_in_order
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes, waiting_reason
@@ -96,8 +97,7 @@ _ROW_FIELDS = (
     "last_reason",
     "reason",
 )
-if tuple(field.name for field in attrs.fields(IssueStatus)) != _ROW_FIELDS:  # pragma: no cover
-    raise ImportError(f"IssueStatus's fields are not {_ROW_FIELDS}: _status_row builds them so")
+fields_in_order(IssueStatus, _ROW_FIELDS, "_status_row builds them so")
 
 
 def issue_statuses(

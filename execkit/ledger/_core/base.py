@@ -29,6 +29,7 @@ from execkit._budget import (
 )
 from execkit._errors import Conflict, HistoryError, NotFound
 from execkit._lanes import LaneConfigHistory
+from execkit._validate import fields_in_order
 from execkit.ledger._core.store import Store, TaskRecord, Tx
 from execkit.ledger._model import KNOWN_ROLES, Actor, AuditAction, Run, Task, TaskStatus
 
@@ -66,8 +67,7 @@ _TASK_FIELDS = (
     "retry_pending",
     "gave_up_at_attempt",
 )
-if tuple(field.name for field in attrs.fields(Task)) != _TASK_FIELDS:  # pragma: no cover
-    raise ImportError(f"Task's fields are not {_TASK_FIELDS}: _project builds them so")
+fields_in_order(Task, _TASK_FIELDS, "_project builds them so")
 DEFAULT_BUDGET = WorkBudget()
 # The actor of what the ledger does by itself (abandoning an expired run, a repair).
 SYSTEM_ACTOR = "execkit"

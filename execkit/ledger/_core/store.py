@@ -18,12 +18,11 @@ import enum
 import functools
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-import attrs
-
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
+from execkit._validate import fields_in_order
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 
 # ledger_meta's key for the lane configuration (`LaneConfigHistory`, stored): a backend
@@ -117,8 +116,7 @@ _ATTEMPT_FIELDS = (
     "not_before",
     "stopped",
 )
-if tuple(field.name for field in attrs.fields(Attempt)) != _ATTEMPT_FIELDS:  # pragma: no cover
-    raise ImportError(f"Attempt's fields are not {_ATTEMPT_FIELDS}: stored_attempt sets those")
+fields_in_order(Attempt, _ATTEMPT_FIELDS, "stored_attempt sets those")
 # Each slot's own setter (what `object.__setattr__` finds by name, a third cheaper without
 # the lookup): `Attempt` is a slotted class, frozen only through its `__setattr__`.
 (
@@ -225,30 +223,18 @@ def summary_values(summary: HistorySummary) -> tuple[Any, ...]:
     """`summary` as the values of its columns, in `TaskRecord`'s order from `SUMMARY_AT`
     (enums as their strings): what a backend writes (`summary_row`), what a record holds,
     and what `db check` compares a stored summary with."""
-    last = summary.last
-    if last is None:
-        return (
-            summary.attempts_used,
-            summary.charged_attempts,
-            summary.uncharged_streak,
-            summary.streak_reason,
-            summary.running,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            False,
-            None,
-            False,
-        )
-    return (
+    counts = (
         summary.attempts_used,
         summary.charged_attempts,
         summary.uncharged_streak,
         summary.streak_reason,
         summary.running,
+    )
+    last = summary.last
+    if last is None:
+        return (*counts, None, None, None, None, None, None, False, None, False)
+    return (
+        *counts,
         last.number,
         str(last.status),
         None if last.failure_class is None else str(last.failure_class),
