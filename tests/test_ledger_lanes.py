@@ -473,6 +473,40 @@ def test_a_lane_adds_two_statements_to_an_admission_and_reads_no_whole_row(
     assert not [s for s in counted[LANE] if "failures" in s]
 
 
+def _held_back_then_done(ledger_target: str, opener: Opener, in_flight: Any, locktype: str) -> None:
+    """A lane configuration change, in a thread, waits (seen in pg_locks: a `locktype`
+    lock not granted) while `in_flight`'s transaction is open, and is made once it
+    commits."""
+    import threading
+
+    import psycopg
+
+    done: list[object] = []
+
+    def change() -> None:
+        with opener() as own:
+            done.append(own.set_lane_config(actor=OWNER, breaker_k=7))
+
+    changer = threading.Thread(target=change)
+    changer.start()
+    waiting = False
+    with psycopg.connect(ledger_target, autocommit=True) as watcher:
+        for _ in range(2000):  # a bound, not a timing: until the change waits
+            row = watcher.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = %s", (locktype,)
+            ).fetchone()
+            if row is not None and row[0] > 0:
+                waiting = True
+                break
+            changer.join(timeout=0.01)
+            if not changer.is_alive():
+                break
+    assert waiting and done == []  # held back by the transaction in flight
+    in_flight.commit()
+    changer.join(timeout=60)
+    assert not changer.is_alive() and len(done) == 1
+
+
 def test_a_config_change_on_postgres_waits_out_a_lane_event_in_flight(
     backend: str, ledger_target: str, opener: Opener
 ) -> None:
@@ -482,7 +516,6 @@ def test_a_config_change_on_postgres_waits_out_a_lane_event_in_flight(
     lock view, not a clock."""
     if backend != "postgres":
         pytest.skip("SQLite serialises every write transaction: nothing to wait out")
-    import threading
 
     import psycopg
 
@@ -490,36 +523,13 @@ def test_a_config_change_on_postgres_waits_out_a_lane_event_in_flight(
         task = ledger.create_task("t", actor="d").id
         _upstream(ledger, task, "a", 1)  # one event: seq 1
     in_flight = psycopg.connect(ledger_target)
-    done: list[object] = []
     try:
         seq = in_flight.execute(
             "INSERT INTO lane_events (lane, kind, at, actor) "
             "VALUES ('claude/default', 'upstream', 2, 'd') RETURNING seq"
         ).fetchone()
         assert seq is not None
-
-        def change() -> None:
-            with opener() as own:
-                done.append(own.set_lane_config(actor=OWNER, breaker_k=7))
-
-        changer = threading.Thread(target=change)
-        changer.start()
-        waiting = False
-        with psycopg.connect(ledger_target, autocommit=True) as watcher:
-            for _ in range(2000):  # a bound, not a timing: until the change waits
-                row = watcher.execute(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'"
-                ).fetchone()
-                if row is not None and row[0] > 0:
-                    waiting = True
-                    break
-                changer.join(timeout=0.01)
-                if not changer.is_alive():
-                    break
-        assert waiting and done == []  # held back by the event in flight
-        in_flight.commit()
-        changer.join(timeout=60)
-        assert not changer.is_alive() and len(done) == 1
+        _held_back_then_done(ledger_target, opener, in_flight, "relation")
     finally:
         in_flight.close()
     with psycopg.connect(ledger_target, autocommit=True) as reader:
@@ -538,7 +548,6 @@ def test_a_config_change_on_postgres_waits_for_a_result_that_read_it_ahead(
     before the change's epoch."""
     if backend != "postgres":
         pytest.skip("SQLite serialises every write transaction: nothing to wait out")
-    import threading
 
     import psycopg
 
@@ -547,32 +556,9 @@ def test_a_config_change_on_postgres_waits_for_a_result_that_read_it_ahead(
     with opener() as ledger:
         ledger.create_task("t", actor="d")
     in_flight = psycopg.connect(ledger_target)
-    done: list[object] = []
     try:
         in_flight.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", _LANE_CONFIG_LOCK)
-
-        def change() -> None:
-            with opener() as own:
-                done.append(own.set_lane_config(actor=OWNER, breaker_k=7))
-
-        changer = threading.Thread(target=change)
-        changer.start()
-        waiting = False
-        with psycopg.connect(ledger_target, autocommit=True) as watcher:
-            for _ in range(2000):  # a bound, not a timing: until the change waits
-                row = watcher.execute(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory'"
-                ).fetchone()
-                if row is not None and row[0] > 0:
-                    waiting = True
-                    break
-                changer.join(timeout=0.01)
-                if not changer.is_alive():
-                    break
-        assert waiting and done == []  # held back by the result in flight
-        in_flight.commit()
-        changer.join(timeout=60)
-        assert not changer.is_alive() and len(done) == 1
+        _held_back_then_done(ledger_target, opener, in_flight, "advisory")
     finally:
         in_flight.close()
 
