@@ -11,8 +11,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -168,3 +169,24 @@ class BeatingRunner:
             slot.heartbeat()
             self.beats_done[issue.id] = self.beats_done.get(issue.id, 0) + 1
         return self.outcomes.get(issue.id, RunOutcome("succeeded"))
+
+
+def protocol_trace(conn: Any, call: Callable[[], object]) -> list[tuple[str, str]]:
+    """(F or B, message kind) of every PostgreSQL protocol message on psycopg connection
+    `conn` while `call` runs, in order, from libpq's own trace (`PQtrace`): what went to
+    the server (F) and came back (B), no timing."""
+    import tempfile
+
+    from psycopg import pq
+
+    with tempfile.TemporaryFile(mode="w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            call()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        lines = [line.split("\t") for line in trace.read().splitlines()]
+    # A traced line is "F|B <tab> length <tab> kind ...".
+    return [(fields[0], fields[2].split(" ")[0]) for fields in lines if len(fields) > 2]

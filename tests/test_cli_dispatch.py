@@ -372,22 +372,30 @@ def test_a_bad_concurrency_is_one_clear_error(
     assert states(board) == {"OK": "todo", "ENV": "todo", "BAD": "todo"}  # nothing ran
 
 
+def _missing_agent_board(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(ledger, agent, board): one issue in `doing` whose agent binary is not there yet,
+    `blocked` the terminal state a give-up moves it to."""
+    db, agent = tmp_path / "ledger.db", tmp_path / "acme-agent"
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "ENV", "title": "t", "state": "doing", "argv": [str(agent)]}],
+        states=[
+            {"name": "todo", "eligible": True},
+            {"name": "doing", "eligible": True},
+            {"name": "blocked", "terminal": True},
+            {"name": "done", "terminal": True},
+        ],
+    )
+    return db, agent, board
+
+
 def test_a_give_up_whose_record_a_kill_lost_is_still_brought_back(tmp_path: Path) -> None:
     # A give-up moves the card, then records it in the ledger: a dispatcher killed between
     # the two leaves the board's `given_up_from` and no record. The operator's retry still
     # brings the card back (it stayed blocked: seen once in the suite under load).
     import sqlite3
 
-    db, agent = tmp_path / "ledger.db", tmp_path / "acme-agent"
-    board = write_board(
-        tmp_path / "board.json",
-        [{"id": "ENV", "title": "t", "state": "doing", "argv": [str(agent)]}],
-        states=[
-            {"name": "doing", "eligible": True},
-            {"name": "blocked", "terminal": True},
-            {"name": "done", "terminal": True},
-        ],
-    )
+    db, agent, board = _missing_agent_board(tmp_path)
     first = run_execkit("dispatch", "--board", str(board), "--until-idle", "--db", str(db))
     assert first.returncode == 8, first.stderr  # given up: blocked
     with sqlite3.connect(db) as conn:  # the record the kill lost
@@ -408,17 +416,7 @@ def test_a_restarted_dispatcher_brings_back_the_card_it_gave_up(tmp_path: Path) 
     # (SIGKILL: nothing of it survives but the board and the ledger); the operator installs
     # the binary and retries the task; a new dispatcher process moves the card back to
     # `doing`, where it runs and is done.
-    db, agent = tmp_path / "ledger.db", tmp_path / "acme-agent"
-    board = write_board(
-        tmp_path / "board.json",
-        [{"id": "ENV", "title": "t", "state": "doing", "argv": [str(agent)]}],
-        states=[
-            {"name": "todo", "eligible": True},
-            {"name": "doing", "eligible": True},
-            {"name": "blocked", "terminal": True},
-            {"name": "done", "terminal": True},
-        ],
-    )
+    db, agent, board = _missing_agent_board(tmp_path)
     proc = _dispatcher_process(board, "--interval", "0.05", "--db", str(db))
     try:
         for _ in range(6000):  # bounded: at most a minute of 10 ms polls

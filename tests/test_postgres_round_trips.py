@@ -13,11 +13,11 @@ from __future__ import annotations
 import functools
 import getpass
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _support import protocol_trace
 
 from execkit._classify import FailureClass
 from execkit._errors import StorageError, TaskBackingOff
@@ -26,22 +26,9 @@ from execkit.ledger import PostgresLedger, Run, open_ledger
 
 def _trace(ledger: PostgresLedger, call: Callable[[], Any]) -> list[tuple[str, str]]:
     """(F or B, message kind) for every protocol message during `call`, in order."""
-    from psycopg import pq
-
     # The connection the next transaction takes: the pool lends its last idle one first,
     # and a test's one thread leaves exactly one idle (opening the ledger used it).
-    conn = ledger._postgres._idle[-1]
-    with tempfile.TemporaryFile(mode="w+") as trace:
-        conn.pgconn.trace(trace.fileno())
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            call()
-        finally:
-            conn.pgconn.untrace()
-        trace.seek(0)
-        lines = [line.split("\t") for line in trace.read().splitlines()]
-    # A traced line is "F|B <tab> length <tab> kind ...".
-    return [(fields[0], fields[2].split(" ")[0]) for fields in lines if len(fields) > 2]
+    return protocol_trace(ledger._postgres._idle[-1], call)
 
 
 def round_trips(ledger: PostgresLedger, call: Callable[[], Any]) -> int:

@@ -5,11 +5,11 @@ skipped, and a connection that leaves the pipeline usable."""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _support import protocol_trace
 
 from execkit.ledger._postgres.wire import Wire, _numbered
 
@@ -25,18 +25,7 @@ def conn(pg_url: str) -> Iterator[Any]:
 
 def _messages(conn: Any, call: Any) -> list[str]:
     """The kinds of the protocol messages the client sent during `call` (libpq's trace)."""
-    from psycopg import pq
-
-    with tempfile.TemporaryFile(mode="w+") as trace:
-        conn.pgconn.trace(trace.fileno())
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            call()
-        finally:
-            conn.pgconn.untrace()
-        trace.seek(0)
-        lines = [line.split("\t") for line in trace.read().splitlines()]
-    return [fields[2].split(" ")[0] for fields in lines if len(fields) > 2 and fields[0] == "F"]
+    return [kind for side, kind in protocol_trace(conn, call) if side == "F"]
 
 
 def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
