@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import bench_ledger
@@ -65,25 +66,36 @@ def _prepare_ledger(url: str, workers: int) -> list[list[str]]:
         ]
 
 
+def _timed_from(start_at: float, work: Callable[[], object]) -> tuple[float, float]:
+    """`work()` run once the common start time `start_at` has come (every process of a
+    measurement begins together): its wall and CPU seconds."""
+    while time.time() < start_at:
+        time.sleep(0.001)
+    began, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - began, time.process_time() - cpu
+
+
 def _admit(
     url: str, task_ids: list[str], count: int, tag: str, start_at: float
 ) -> tuple[float, float]:
     ledger = open_ledger(url)
     round_number = int(tag.partition("p")[0][1:] or 0)
-    while time.time() < start_at:
-        time.sleep(0.001)
-    began, cpu = time.perf_counter(), time.process_time()
-    for n in range(count):
-        # The clock an hour apart per admission, as bench_ledger.py (and on from one round
-        # to the next): a failed run backs its task off, and this measures admissions, not
-        # waiting.
-        at = 1_000_000.0 + (round_number * count + n) * 3600.0
-        task_id = task_ids[n % len(task_ids)]
-        run = ledger.start_run(task_id, request_key=f"{tag}-{n}", actor="bench", now=at)
-        ledger.finish_run(run.id, "failed", reason="benchmark", now=at + 1.0)
-    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
-    ledger.close()
-    return elapsed, cpu
+
+    def admissions() -> None:
+        for n in range(count):
+            # The clock an hour apart per admission, as bench_ledger.py (and on from one
+            # round to the next): a failed run backs its task off, and this measures
+            # admissions, not waiting.
+            at = 1_000_000.0 + (round_number * count + n) * 3600.0
+            task_id = task_ids[n % len(task_ids)]
+            run = ledger.start_run(task_id, request_key=f"{tag}-{n}", actor="bench", now=at)
+            ledger.finish_run(run.id, "failed", reason="benchmark", now=at + 1.0)
+
+    try:
+        return _timed_from(start_at, admissions)
+    finally:
+        ledger.close()
 
 
 def _prepare_floor(url: str) -> None:
@@ -102,16 +114,17 @@ def _floor(
     import psycopg
 
     conn = psycopg.connect(url, autocommit=True)
-    while time.time() < start_at:
-        time.sleep(0.001)
-    began, cpu = time.perf_counter(), time.process_time()
-    for _ in range(count):
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO t (tag, at) VALUES (%s, %s)", (tag, time.time()))
-        conn.execute("COMMIT")
-    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
-    conn.close()
-    return elapsed, cpu
+
+    def transactions() -> None:
+        for _ in range(count):
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t (tag, at) VALUES (%s, %s)", (tag, time.time()))
+            conn.execute("COMMIT")
+
+    try:
+        return _timed_from(start_at, transactions)
+    finally:
+        conn.close()
 
 
 # The writes of `start_run` (run, summary, audit, key) and of `finish_run` (run, summary,
@@ -167,19 +180,20 @@ def _functions(
     import psycopg
 
     conn = psycopg.connect(url, autocommit=True)
-    while time.time() < start_at:
-        time.sleep(0.001)
-    began, cpu = time.perf_counter(), time.process_time()
-    for n in range(count):
-        at = 1_000_000.0 + n * 3600.0
-        row = conn.execute(
-            "SELECT bench_start(%s, %s, %s)", (task_ids[n % len(task_ids)], f"{tag}-{n}", at)
-        ).fetchone()
-        assert row is not None
-        conn.execute("SELECT bench_finish(%s, %s)", (row[0], at + 1.0))
-    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
-    conn.close()
-    return elapsed, cpu
+
+    def calls() -> None:
+        for n in range(count):
+            at = 1_000_000.0 + n * 3600.0
+            row = conn.execute(
+                "SELECT bench_start(%s, %s, %s)", (task_ids[n % len(task_ids)], f"{tag}-{n}", at)
+            ).fetchone()
+            assert row is not None
+            conn.execute("SELECT bench_finish(%s, %s)", (row[0], at + 1.0))
+
+    try:
+        return _timed_from(start_at, calls)
+    finally:
+        conn.close()
 
 
 def _rate(

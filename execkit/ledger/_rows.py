@@ -22,12 +22,11 @@ import json
 import operator
 from typing import Any, Protocol
 
-import attrs
-
 from execkit._budget import AttemptStatus
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, StorageError
 from execkit._lanes import LaneEvent, LaneEventKind, LaneState, LaneSummary
+from execkit._validate import fields_in_order
 from execkit.ledger._core import SUMMARY_AT, TaskRecord, domain, summary_row
 from execkit.ledger._model import AuditEvent, Grant, Run
 
@@ -186,8 +185,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
 
 
 _run_row_values = operator.itemgetter(*RUN_COLUMNS)  # by name, in one C call
-if tuple(field.name for field in attrs.fields(Run)) != RUN_COLUMNS:  # pragma: no cover
-    raise ImportError("Run's fields are not RUN_COLUMNS in order; _rows.py builds them so")
+fields_in_order(Run, RUN_COLUMNS, "run_from_values builds them so")
 
 
 # The columns of a task row, in the order of `TaskRecord`'s fields: a backend reads a task
