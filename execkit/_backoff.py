@@ -7,6 +7,7 @@ scheduler computes the same retry time, or a random number) and in their default
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +68,8 @@ class Backoff:
         retry_after_s: float | None = None,
     ) -> float:
         """Seconds to wait after `failures` (>= 1) consecutive failures (see the class)."""
-        integer_arg("failures", failures, 1)
+        if failures.__class__ is not int or failures < 1:  # a plain int passes in one test
+            integer_arg("failures", failures, 1)
         if retry_after_s is not None and math.isfinite(retry_after_s):
             return min(max(retry_after_s, 0.0), self.max_s)
         exponent = failures - 1
@@ -89,12 +91,21 @@ class Backoff:
 
 def _unit_jitter(seed: str) -> float:
     """A value in [-1, 1] that depends only on `seed` (not on PYTHONHASHSEED)."""
-    # Imported at the first use: `hashlib` loads OpenSSL (2 ms), which a ledger listing
-    # that waits on no backoff never needs.
+    digest = _blake2b()(seed.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / _SPAN * 2.0 - 1.0
+
+
+_SPAN = float(2**64 - 1)
+
+
+@functools.cache
+def _blake2b() -> Callable[..., Any]:
+    """`hashlib.blake2b`, imported at the first use: `hashlib` loads OpenSSL (2 ms), which
+    a ledger listing that waits on no backoff never needs; once (a listing of open tasks
+    hashes one seed a task)."""
     import hashlib
 
-    digest = hashlib.blake2b(seed.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / float(2**64 - 1) * 2.0 - 1.0
+    return hashlib.blake2b
 
 
 SCHEDULER_BACKOFF = Backoff()

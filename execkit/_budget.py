@@ -70,10 +70,12 @@ __all__ = [
     "Backoff",
     "BlockedOn",
     "Decision",
+    "DecisionFields",
     "DecisionState",
     "DispatchCap",
     "ExplicitLimit",
     "HistorySummary",
+    "LastAttempt",
     "NextAction",
     "Plan",
     "ReplanDecision",
@@ -83,6 +85,7 @@ __all__ = [
     "decide_replans",
     "decide_summary",
     "decision_fields",
+    "decision_values",
     "summarize",
     "validate_history",
 ]
@@ -538,11 +541,84 @@ def decision_fields(
     *,
     force: bool,
     ignore_backoff: bool,
-) -> tuple[TaskState, BlockedOn | None, NextAction, float | None, str | None, int, int, int, int]:
+) -> DecisionFields:
     """`decide_summary`'s Decision as the tuple of its fields, in their order (`state`,
     `blocked_on`, `next_action`, `next_attempt_at`, `reason`, `attempts_used`,
-    `charged_attempts`, `uncharged_streak`, `remaining`): what a listing of 100,000 tasks
-    reads of each decision, without the Decision. Raises as `decide_summary` does."""
+    `charged_attempts`, `uncharged_streak`, `remaining`), without the Decision: the
+    summary read as `decision_values` reads it. Raises as `decide_summary` does."""
+    last = summary.last
+    return decision_values(
+        summary.attempts_used,
+        summary.charged_attempts,
+        summary.uncharged_streak,
+        summary.streak_reason,
+        summary.running,
+        None
+        if last is None
+        else (
+            last.number,
+            last.status,
+            last.failure_class,
+            last.reason,
+            last.started_at,
+            last.ended_at,
+            last.not_before,
+            last.stopped,
+        ),
+        budget.max_attempts,
+        budget.max_uncharged_attempts,
+        0 if limit is None else limit.max_attempts,
+        backoff,
+        now,
+        cap,
+        force=force,
+        ignore_backoff=ignore_backoff,
+    )
+
+
+# A history's last attempt as `decision_values` reads it: number, status, failure class,
+# reason, start, end, the vendor's not-before time, stopped (no `forced`: nothing decided
+# on it reads it).
+LastAttempt = tuple[
+    int,
+    "AttemptStatus",
+    "FailureClass | None",
+    "str | None",
+    "float | None",
+    "float | None",
+    "float | None",
+    bool,
+]
+DecisionFields = tuple[
+    "TaskState", "BlockedOn | None", "NextAction", "float | None", "str | None", int, int, int, int
+]
+
+
+def decision_values(
+    used: int,
+    charged: int,
+    streak: int,
+    streak_reason: str | None,
+    running: int | None,
+    last: LastAttempt | None,
+    max_attempts: int,
+    max_uncharged_attempts: int,
+    limit: int,
+    backoff: Backoff,
+    now: float | None,
+    cap: DispatchCap | None,
+    *,
+    force: bool,
+    ignore_backoff: bool,
+) -> DecisionFields:
+    """The one decision rule (`decide_summary` and every listing decide through it), on a
+    summary given as its values: `used`, `charged`, `streak` (and its reason) and `running`
+    as `HistorySummary` holds them, its `last` attempt (`LastAttempt`, None for an empty
+    history), the budget's two bounds, the explicit limit (0: none), the backoff, `now`,
+    the dispatch cap. A ledger decides on a stored task's columns with no summary or
+    attempt built (a listing decides on every open task it shows). The values are trusted
+    as a summary's (the caller read them from one, or from a stored one); `now` is checked:
+    InvalidInput for a non-finite one. Returns the Decision's fields in its order."""
     if now is None:
         now = time.time()
     # A float is checked with one comparison; anything else as `is_number` checks it.
@@ -550,111 +626,87 @@ def decision_fields(
         raise InvalidInput(
             f"now: must be a finite number of POSIX seconds, got {now!r}", field="now"
         )
-    used, charged = summary.attempts_used, summary.charged_attempts
-    if limit is not None:
-        remaining = max(0, limit.max_attempts - used)
-    else:
-        remaining = max(0, budget.max_attempts - charged)
-    state, next_action, reason, blocked_on, next_attempt_at = _verdict(
-        summary, budget, limit, backoff, now, cap, force, ignore_backoff
-    )
-    return (
-        state,
-        blocked_on,
-        next_action,
-        next_attempt_at,
-        reason,
-        used,
-        charged,
-        summary.uncharged_streak,
-        remaining,
-    )
-
-
-_INF = float("inf")
-_Verdict = tuple[TaskState, NextAction, "str | None", "BlockedOn | None", "float | None"]
-
-
-def _verdict(
-    summary: HistorySummary,
-    budget: WorkBudget,
-    limit: ExplicitLimit | None,
-    backoff: Backoff,
-    now: float,
-    cap: DispatchCap | None,
-    force: bool,
-    ignore_backoff: bool,
-) -> _Verdict:
-    """`decide_summary`'s state, next action, reason, bound and next attempt time."""
-    last = summary.last
+    remaining = max(0, limit - used if limit else max_attempts - charged)
     if last is None:
         # Every bound is >= 1, so nothing can bind an empty history.
-        return TaskState.READY, NextAction.RUN, "no attempts yet", None, None
-    if last.status is AttemptStatus.SUCCEEDED:
+        return (
+            TaskState.READY, None, NextAction.RUN, None, "no attempts yet",
+            used, charged, streak, remaining,
+        )  # fmt: skip
+    number, status, failure_class, last_reason, started_at, ended_at, not_before, stopped = last
+    if status is AttemptStatus.SUCCEEDED:
         # Finished stays finished: raising a limit never reopens it (ADR 0033).
-        return TaskState.DONE, NextAction.NONE, f"succeeded on attempt {last.number}", None, None
-    if summary.running is not None:
-        running = f"attempt {summary.running} is running"
-        return TaskState.RUNNING, NextAction.WAIT, running, None, None
+        return (
+            TaskState.DONE, None, NextAction.NONE, None, f"succeeded on attempt {number}",
+            used, charged, streak, remaining,
+        )  # fmt: skip
+    if running is not None:
+        return (
+            TaskState.RUNNING, None, NextAction.WAIT, None, f"attempt {running} is running",
+            used, charged, streak, remaining,
+        )  # fmt: skip
 
-    blocked = _blocked(summary, budget, limit, cap, force)
-    if blocked is not None:
-        return TaskState.BLOCKED, NextAction.NONE, blocked[1], blocked[0], None
+    # The most specific bound that holds, in the module docstring's order.
+    blocked_on: BlockedOn | None = None
+    reason: str | None = None
+    if not force and status is AttemptStatus.FAILED and failure_class is FailureClass.ENVIRONMENT:
+        blocked_on, reason = BlockedOn.ENVIRONMENT, _environment_reason(last_reason)
+    elif limit and used >= limit:
+        blocked_on = BlockedOn.ATTEMPT_LIMIT
+        reason = f"attempt limit reached: {used} of {limit} runs"
+    elif force:
+        pass
+    elif streak >= max_uncharged_attempts:
+        blocked_on, reason = BlockedOn.UPSTREAM, _upstream_reason(streak_reason, streak)
+    elif not limit and not (cap is not None and cap.unbounded) and charged >= max_attempts:
+        blocked_on = BlockedOn.WORK
+        reason = f"charged budget spent: {charged} of {max_attempts} attempts"
+    elif cap is not None and cap.capped and used >= cap.max_attempts:
+        blocked_on = BlockedOn.DISPATCH_CAP
+        reason = f"dispatch cap reached: {used} of {cap.max_attempts} dispatches"
+    if blocked_on is not None:
+        return (
+            TaskState.BLOCKED, blocked_on, NextAction.NONE, None, reason,
+            used, charged, streak, remaining,
+        )  # fmt: skip
 
-    if last.stopped:
+    if stopped:
         # Stopped by its own runner: nothing was learnt, so nothing to back off from.
-        retry = f"retry after attempt {last.number} (stopped)"
-        return TaskState.READY, NextAction.RUN, retry, None, None
+        return (
+            TaskState.READY, None, NextAction.RUN, None,
+            f"retry after attempt {number} (stopped)", used, charged, streak, remaining,
+        )  # fmt: skip
     # Every attempt here ended without success, so the failure run is the whole history.
-    used = summary.attempts_used
-    reference = last.ended_at if last.ended_at is not None else last.started_at
+    reference = ended_at if ended_at is not None else started_at
     next_at = None
     if reference is not None:
-        next_at = reference + backoff.delay(used, f"{last.number}:{last.started_at!r}")
-    vendor = last.not_before is not None and (next_at is None or last.not_before > next_at)
+        next_at = reference + backoff.delay(used, f"{number}:{started_at!r}")
+    vendor = not_before is not None and (next_at is None or not_before > next_at)
     if vendor:
         # The vendor named the time it takes requests again: never earlier than that.
-        next_at = last.not_before
+        next_at = not_before
     if next_at is None:  # a legacy record without times: nothing to wait from
-        return TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}", None, None
+        return (
+            TaskState.READY, None, NextAction.RUN, None, f"retry after attempt {number}",
+            used, charged, streak, remaining,
+        )  # fmt: skip
     if now < next_at and not ignore_backoff:
         waiting = (
-            f"waiting for the vendor's reset time after attempt {last.number}"
+            f"waiting for the vendor's reset time after attempt {number}"
             if vendor
             else f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}"
         )
-        return TaskState.BACKOFF, NextAction.WAIT, waiting, None, next_at
-    return TaskState.READY, NextAction.RUN, f"retry after attempt {last.number}", None, next_at
+        return (
+            TaskState.BACKOFF, None, NextAction.WAIT, next_at, waiting,
+            used, charged, streak, remaining,
+        )  # fmt: skip
+    return (
+        TaskState.READY, None, NextAction.RUN, next_at, f"retry after attempt {number}",
+        used, charged, streak, remaining,
+    )  # fmt: skip
 
 
-def _blocked(
-    summary: HistorySummary,
-    budget: WorkBudget,
-    limit: ExplicitLimit | None,
-    cap: DispatchCap | None,
-    force: bool,
-) -> tuple[BlockedOn, str] | None:
-    """The most specific bound that holds, as (blocked_on, reason), or None."""
-    last, used = summary.last, summary.attempts_used
-    assert last is not None
-    if not force and _is_environment(last.status, last.failure_class):
-        return BlockedOn.ENVIRONMENT, _environment_reason(last.reason)
-    if limit is not None and used >= limit.max_attempts:
-        reason = f"attempt limit reached: {used} of {limit.max_attempts} runs"
-        return BlockedOn.ATTEMPT_LIMIT, reason
-    if force:
-        return None
-    if summary.uncharged_streak >= budget.max_uncharged_attempts:
-        return BlockedOn.UPSTREAM, _upstream_reason(summary.streak_reason, summary.uncharged_streak)
-    charged = summary.charged_attempts
-    unbounded = cap is not None and cap.unbounded
-    if limit is None and not unbounded and charged >= budget.max_attempts:
-        reason = f"charged budget spent: {charged} of {budget.max_attempts} attempts"
-        return BlockedOn.WORK, reason
-    if cap is not None and cap.capped and used >= cap.max_attempts:
-        reason = f"dispatch cap reached: {used} of {cap.max_attempts} dispatches"
-        return BlockedOn.DISPATCH_CAP, reason
-    return None
+_INF = float("inf")
 
 
 # --- the governor's replan budget ------------------------------------------------------

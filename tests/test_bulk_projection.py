@@ -18,6 +18,7 @@ import pytest
 from ledger_backends import AnyLedger
 
 import execkit.ledger._core.base as base_module
+import execkit.ledger._core.store as store_module
 from execkit._budget import (
     Attempt,
     Decision,
@@ -204,7 +205,7 @@ def test_a_listing_decides_and_builds_a_summary_only_for_open_tasks(
 ) -> None:
     made = _every_kind(ledger)
     open_ids = {t.id for t in ledger.iter_tasks(now=NOW) if t.status is TaskStatus.OPEN}
-    decisions = _count_calls(monkeypatch, base_module, "decision_fields")
+    decisions = _count_calls(monkeypatch, base_module, "decision_values")
     built = _count_calls(monkeypatch, Decision, "__init__")
     summaries = _count_calls(monkeypatch, HistorySummary, "__init__")
     attempts = _count_calls(monkeypatch, Attempt, "__init__")
@@ -212,10 +213,13 @@ def test_a_listing_decides_and_builds_a_summary_only_for_open_tasks(
     assert len(listed) == len(made) > len(open_ids)
     assert len(decisions) == len(open_ids), "a done or cancelled task is not decided on"
     assert built == [], "a listed task is shown from the decision's fields, no Decision made"
-    # At most one summary an open task (the one its decision reads; a task with no summary
-    # row yet has the empty one), none for a done or cancelled task.
-    assert len(summaries) <= len(open_ids), "a summary only where a decision reads it"
+    # The decision reads an open task's summary columns as they are: no summary and no
+    # attempt is built for any task (`TaskRecord.summary` and `.last` are not read).
+    assert summaries == [], "a listing builds no summary"
     assert attempts == [], "a stored attempt is not validated again at each listing"
+    stored = _count_calls(monkeypatch, store_module, "stored_attempt")
+    listed = list(ledger.iter_tasks(now=NOW))
+    assert stored == [], "nor built without its validators"
 
 
 def test_db_check_validates_a_sound_run_without_the_validating_constructor(

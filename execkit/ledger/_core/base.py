@@ -13,24 +13,25 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-import attrs
-
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
 from execkit._budget import (
     Attempt,
+    AttemptStatus,
     Decision,
+    DecisionFields,
     DispatchCap,
-    ExplicitLimit,
     HistorySummary,
+    LastAttempt,
     TaskState,
     WorkBudget,
-    decision_fields,
+    decision_values,
     summarize,
 )
+from execkit._classify import FailureClass
 from execkit._errors import Conflict, HistoryError, NotFound
 from execkit._lanes import LaneConfigHistory
 from execkit._validate import fields_in_order
-from execkit.ledger._core.store import Store, TaskRecord, Tx
+from execkit.ledger._core.store import Store, TaskRecord, Tx, domain
 from execkit.ledger._model import KNOWN_ROLES, Actor, AuditAction, Run, Task, TaskStatus
 
 __all__ = [
@@ -75,6 +76,33 @@ SYSTEM_ACTOR = "execkit"
 
 def when(at: float) -> str:
     return datetime.datetime.fromtimestamp(at, tz=datetime.UTC).isoformat(timespec="seconds")
+
+
+_ATTEMPT_STATUSES = {str(member): member for member in AttemptStatus}
+_FAILURE_CLASSES = {str(member): member for member in FailureClass}
+
+
+def _last_values(task: TaskRecord) -> LastAttempt | None:
+    """The record's last attempt as `decision_values` reads it (`TaskRecord.last`'s
+    values, without the Attempt); a status or class outside its enum is a StorageError."""
+    number = task.last_number
+    if number is None:
+        return None
+    status, klass = task.last_status, task.last_class
+    return (
+        number,
+        _ATTEMPT_STATUSES.get(status)  # type: ignore[arg-type]
+        or domain(AttemptStatus, status, "task {!r} summary last_status", task.id),
+        None
+        if klass is None
+        else _FAILURE_CLASSES.get(klass)
+        or domain(FailureClass, klass, "task {!r} summary last_class", task.id),
+        task.last_reason,
+        task.last_started_at,
+        task.last_ended_at,
+        task.last_not_before,
+        bool(task.last_stopped),
+    )
 
 
 def attempt_from_run(run: Run) -> Attempt:
@@ -154,11 +182,6 @@ class CoreBase:
         if key is not None:
             tx.remember(scope, key, fingerprint, response, at)
 
-    def _budget_for(self, task: TaskRecord) -> WorkBudget:
-        if task.max_uncharged_attempts is None:
-            return self.budget
-        return attrs.evolve(self.budget, max_uncharged_attempts=task.max_uncharged_attempts)
-
     def _decide(
         self,
         task: TaskRecord,
@@ -180,17 +203,35 @@ class CoreBase:
         *,
         force: bool = False,
         ignore_backoff: bool = False,
-    ) -> tuple[Any, ...]:
-        """The decision on `task`'s summary, as `decision_fields` gives it (a listing shows
-        it without building the Decision)."""
-        limit = ExplicitLimit(task.max_attempts) if task.max_attempts else None
+    ) -> DecisionFields:
+        """The decision on `task`'s summary, as `decision_fields` gives it, read from the
+        record's columns (`decision_values`: no summary, attempt, limit or budget built; a
+        listing decides on every open task it shows). A stored status or class outside its
+        enum is a StorageError naming the row, as `TaskRecord.last` raises it."""
         # An operator's pending retry is forced and runs when the operator asked, not after
         # the backoff: it is what the next admission does, so it is what the task shows.
         pending = task.retry_requested_by is not None
-        return decision_fields(
-            task.summary,
-            self._budget_for(task),
-            limit,
+        budget = self.budget
+        ceiling = task.max_uncharged_attempts
+        used = task.attempts_used
+        if used is None:  # no summary row (a left join): no history yet
+            return decision_values(
+                0, 0, 0, None, None, None,
+                budget.max_attempts,
+                budget.max_uncharged_attempts if ceiling is None else ceiling,
+                task.max_attempts, self.backoff, now, cap,
+                force=force or pending, ignore_backoff=ignore_backoff or pending,
+            )  # fmt: skip
+        return decision_values(
+            used,
+            task.charged_attempts or 0,
+            task.uncharged_streak or 0,
+            task.streak_reason,
+            task.running,
+            _last_values(task),
+            budget.max_attempts,
+            budget.max_uncharged_attempts if ceiling is None else ceiling,
+            task.max_attempts,
             self.backoff,
             now,
             cap,
