@@ -61,10 +61,16 @@ with open_ledger(sys.argv[1]) as ledger:
 """
 
 
+# The times each copy moves by a millisecond a copy (a run's start and end, and the summary
+# columns that repeat them): no two runs of a real ledger start at the same time, and the
+# backoff's jitter is a hash of the start, so a copy must not repeat what a cache could hit.
+_MOVED = {"started_at", "ended_at", "last_started_at", "last_ended_at"}
+
+
 def _copy_rows(path: Path, tasks: int) -> None:
     """Each of the two template tasks, with every row keyed by it or by its run (summary,
     limits, run, run extras, owners, lanes: whatever tables the schema has), copied
-    `tasks // 2` times under new ids. The columns are read from the schema, so a table or
+    `tasks // 2` times under new ids, its times moved (`_MOVED`). The columns are read from the schema, so a table or
     column a later version adds is copied too."""
     half = tasks // 2
     conn = sqlite3.connect(path)
@@ -78,7 +84,14 @@ def _copy_rows(path: Path, tasks: int) -> None:
         columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
         columns = [c for c in columns if c != "seq"]  # a new rowid for each copy
         suffixed = {key, "task_id", "title"} if table in ("tasks", "runs") else {key}
-        values = [f"x.{c} || '-' || n.i" if c in suffixed else f"x.{c}" for c in columns]
+        values = [
+            f"x.{c} || '-' || n.i"
+            if c in suffixed
+            else f"x.{c} + n.i / 1000.0"
+            if c in _MOVED
+            else f"x.{c}"
+            for c in columns
+        ]
         statements.append(
             f"INSERT INTO {table} ({', '.join(columns)}) "
             f"SELECT {', '.join(values)} FROM n, {table} x;"
