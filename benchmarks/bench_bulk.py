@@ -70,8 +70,8 @@ _MOVED = {"started_at", "ended_at", "last_started_at", "last_ended_at"}
 def _copy_rows(path: Path, tasks: int) -> None:
     """Each of the two template tasks, with every row keyed by it or by its run (summary,
     limits, run, run extras, owners, lanes: whatever tables the schema has), copied
-    `tasks // 2` times under new ids, its times moved (`_MOVED`). The columns are read from the schema, so a table or
-    column a later version adds is copied too."""
+    `tasks // 2` times under new ids, its times moved (`_MOVED`). The columns are read
+    from the schema, so a table or column a later version adds is copied too."""
     half = tasks // 2
     conn = sqlite3.connect(path)
     keyed = {"tasks": "id", "runs": "id"}

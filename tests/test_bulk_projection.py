@@ -12,6 +12,7 @@ the counts are of the work done per task and per run.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from execkit._budget import (
 from execkit._classify import FailureClass
 from execkit.cli._ledger import _task_line, task_json
 from execkit.cli._output import safe_text
-from execkit.ledger import Task, TaskStatus
+from execkit.ledger import Task, TaskStatus, iter_task_values, task_values
 
 ME = "bench"
 OPERATOR = "operator"
@@ -153,6 +154,36 @@ def test_the_json_text_is_what_json_dumps_writes_for_every_kind(ledger: AnyLedge
             f"{task.max_attempts or '-'}  {safe_text(task.title)}"
         )
         assert _task_line(task) == line
+
+
+def test_a_listing_writes_each_task_from_its_values_as_from_its_task(ledger: AnyLedger) -> None:
+    """The listing's values (no Task built) are the Task's fields, and each is written as
+    its Task is: the values a local ledger makes, and those read from any other ledger
+    (a server's) through its Tasks."""
+    _every_kind(ledger)
+    tasks = list(ledger.iter_tasks(now=NOW))
+
+    class Elsewhere:  # a ledger of another process: only its Tasks can be listed
+        def iter_tasks(self, **kwargs: Any) -> Iterator[Task]:
+            return ledger.iter_tasks(**kwargs)
+
+    local = list(iter_task_values(ledger, now=NOW))
+    remote = list(iter_task_values(Elsewhere(), now=NOW))  # type: ignore[arg-type]
+    assert local == remote == [task_values(task) for task in tasks]
+    for values, task in zip(local, tasks, strict=True):
+        assert Task(*values) == task
+        assert task_json(values) == json.dumps(task.to_dict(), sort_keys=True)
+        assert _task_line(values) == _task_line(task)
+    for state in TaskState:
+        listed = list(ledger.iter_task_values(now=NOW, state=state))
+        assert listed == [task_values(task) for task in tasks if task.state is state]
+
+
+def test_a_listing_builds_no_task(ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _every_kind(ledger)
+    built = _count_calls(monkeypatch, Task, "__init__")
+    assert len(list(iter_task_values(ledger, now=NOW))) == len(made)
+    assert built == []
 
 
 @pytest.mark.parametrize(

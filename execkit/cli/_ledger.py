@@ -49,8 +49,11 @@ from execkit.ledger import (
     Run,
     Task,
     TaskState,
+    TaskValues,
+    iter_task_values,
     ledger_status,
     open_ledger,
+    task_values,
     user_name,
 )
 
@@ -610,7 +613,8 @@ def _task_retry(args: argparse.Namespace) -> int:
     )
 
 
-def _task_line(task: Task) -> str:
+def _task_line(task: Task | TaskValues) -> str:
+    """A listing's line for a task (its values, or a Task: one line either way)."""
     limit = task.max_attempts
     return (
         f"{task.id}  {_PADDED_STATES[task.state]} attempts {task.attempts_started}/"
@@ -622,80 +626,84 @@ def _task_line(task: Task) -> str:
 _PADDED_STATES = {state: f"{state:<9}" for state in TaskState}
 
 
-def task_json(task: Task) -> str:
-    """`json.dumps(task.to_dict(), sort_keys=True)`, written from the fields directly: a
-    JSON listing of 100,000 tasks writes one per task, and building the dict and sorting
-    its keys cost more than reading the task. The keys in sorted order, each value as
-    `json.dumps` writes it (ASCII, `float.__repr__`); tests/test_bulk_projection.py
-    compares the two on every kind of task. A field of a type this does not expect (a
-    value a caller put in a Task built by hand: a bool for an int, NaN) is written by
-    `json.dumps` itself, the whole task."""
+def task_json(task: Task | TaskValues) -> str:
+    """`json.dumps(task.to_dict(), sort_keys=True)` (for values, of `Task(*values)`),
+    written from the fields directly: a JSON listing of 100,000 tasks writes one per task,
+    and building the dict and sorting its keys cost more than reading the task. The keys
+    in sorted order, each value as `json.dumps` writes it (ASCII, `float.__repr__`);
+    tests/test_bulk_projection.py compares the two on every kind of task. A field of a
+    type this does not expect (a value a caller put in a Task built by hand: a bool for an
+    int, NaN) is written by `json.dumps` itself, the whole task."""
+    values = task if isinstance(task, TaskValues) else task_values(task)
     try:
-        return _task_json_text(task, *_json_writers())
+        return _task_json_text(values, _escape())
     except TypeError:  # a field of another type: the general encoder, key order and all
         import json
 
-        return json.dumps(task.to_dict(), sort_keys=True)
+        return json.dumps(Task(*values).to_dict(), sort_keys=True)
 
 
-def _task_json_text(
-    t: Task,
-    text: Callable[[str], str],
-    whole: Callable[[int], str],
-    real: Callable[[float], str],
-    flag: Callable[[bool], str],
-) -> str:
-    """The JSON text of `t`; TypeError for a field whose type it does not write."""
+def _task_json_text(values: TaskValues, text: Callable[[str], str]) -> str:
+    """The JSON text of `values`; TypeError for a field whose type it does not write: each
+    int field an int (not a bool), each time a finite float, each flag a bool, each text
+    a str (`text` raises for anything else)."""
+    (
+        task_id,
+        title,
+        status,
+        state,
+        blocked_on,
+        reason,
+        ready,
+        max_attempts,
+        started,
+        charged,
+        streak,
+        remaining,
+        next_at,
+        created_by,
+        created_at,
+        ceiling,
+        pending,
+        gave_up,
+    ) = values
+    if not (
+        max_attempts.__class__ is started.__class__ is charged.__class__ is int
+        and streak.__class__ is ceiling.__class__ is int
+        and (remaining is None or remaining.__class__ is int)
+        and (gave_up is None or gave_up.__class__ is int)
+        and created_at.__class__ is float
+        and created_at - created_at == 0  # not NaN or an infinity
+        and (next_at is None or (next_at.__class__ is float and next_at - next_at == 0))
+        and ready.__class__ is pending.__class__ is bool
+    ):
+        raise TypeError("a field of a type json.dumps writes otherwise")
     return (
-        f'{{"attempts_started": {whole(t.attempts_started)}, '
-        f'"blocked_on": {"null" if t.blocked_on is None else text(t.blocked_on)}, '
-        f'"charged_attempts": {whole(t.charged_attempts)}, '
-        f'"created_at": {real(t.created_at)}, "created_by": {text(t.created_by)}, '
-        '"gave_up_at_attempt": '
-        f"{'null' if t.gave_up_at_attempt is None else whole(t.gave_up_at_attempt)}, "
-        f'"id": {text(t.id)}, "max_attempts": {whole(t.max_attempts)}, '
-        f'"max_uncharged_attempts": {whole(t.max_uncharged_attempts)}, '
-        '"next_attempt_at": '
-        f"{'null' if t.next_attempt_at is None else real(t.next_attempt_at)}, "
-        f'"ready": {flag(t.ready)}, '
-        f'"reason": {"null" if t.reason is None else text(t.reason)}, '
-        f'"remaining": {"null" if t.remaining is None else whole(t.remaining)}, '
-        f'"retry_pending": {flag(t.retry_pending)}, '
-        f'"state": {text(t.state)}, "status": {text(t.status)}, "title": {text(t.title)}, '
-        f'"uncharged_streak": {whole(t.uncharged_streak)}}}'
+        f'{{"attempts_started": {started}, '
+        f'"blocked_on": {"null" if blocked_on is None else text(blocked_on)}, '
+        f'"charged_attempts": {charged}, "created_at": {created_at!r}, '
+        f'"created_by": {text(created_by)}, '
+        f'"gave_up_at_attempt": {"null" if gave_up is None else gave_up}, '
+        f'"id": {text(task_id)}, "max_attempts": {max_attempts}, '
+        f'"max_uncharged_attempts": {ceiling}, '
+        f'"next_attempt_at": {"null" if next_at is None else repr(next_at)}, '
+        f'"ready": {"true" if ready else "false"}, '
+        f'"reason": {"null" if reason is None else text(reason)}, '
+        f'"remaining": {"null" if remaining is None else remaining}, '
+        f'"retry_pending": {"true" if pending else "false"}, '
+        f'"state": {text(state)}, "status": {text(status)}, "title": {text(title)}, '
+        f'"uncharged_streak": {streak}}}'
     )
 
 
 @functools.cache
-def _json_writers() -> tuple[
-    Callable[[str], str], Callable[[int], str], Callable[[float], str], Callable[[bool], str]
-]:
-    """How `json.dumps` writes a str (an enum member is its value), an int, a finite float
-    and a bool; each raises TypeError for any other value. Made at the first JSON listing,
-    as `json` is imported."""
-    from json.encoder import encode_basestring_ascii  # C: the encoder's own
+def _escape() -> Callable[[str], str]:
+    """How `json.dumps` writes a str (an enum member is its value; TypeError for anything
+    but a str): the encoder's own C function, found at the first JSON listing, as `json`
+    is imported."""
+    from json.encoder import encode_basestring_ascii
 
-    def text(value: str) -> str:
-        return str(encode_basestring_ascii(value))  # TypeError for anything but a str
-
-    def whole(value: int) -> str:
-        if value.__class__ is bool:  # an int to Python, `true` to JSON
-            raise TypeError("a bool where an int belongs")
-        return int.__repr__(value)  # TypeError for anything but an int
-
-    def real(value: float) -> str:
-        if value.__class__ is not float or value - value != 0:  # an int, NaN, Infinity
-            raise TypeError("not a finite float")
-        return float.__repr__(value)
-
-    def flag(value: bool) -> str:
-        if value is True:
-            return "true"
-        if value is False:
-            return "false"
-        raise TypeError("not a bool")
-
-    return text, whole, real, flag
+    return encode_basestring_ascii
 
 
 def _primed(items: Iterator[_T]) -> Iterator[_T]:
@@ -711,13 +719,14 @@ def _task_list(args: argparse.Namespace) -> int:
     page of --limit N is N tasks, and one more read to know whether another page follows)."""
     limit = None if args.limit is None else parse_int("--limit", args.limit, 1, MAX_ATTEMPT_LIMIT)
     with _using(args, create=False, write=False) as ledger:
-        tasks = _primed(ledger.iter_tasks(state=args.state, after=args.after))
         if limit is None:
+            listed = _primed(iter_task_values(ledger, state=args.state, after=args.after))
             if args.json:
-                print_json_list("tasks", tasks, encoded=task_json)
+                print_json_list("tasks", listed, encoded=task_json)
             else:
-                write_lines(map(_task_line, tasks))
+                write_lines(map(_task_line, listed))
             return 0
+        tasks = _primed(ledger.iter_tasks(state=args.state, after=args.after))
         page = list(itertools.islice(tasks, limit + 1))
     more = len(page) > limit
     del page[limit:]

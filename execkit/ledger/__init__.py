@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from execkit.ledger._core import attempt_from_run
+from execkit.ledger._core import attempt_from_run, iter_task_values
 from execkit.ledger._model import (
     ADMIN_ROLE,
     CAPABILITIES,
@@ -58,6 +58,8 @@ from execkit.ledger._model import (
     Task,
     TaskState,
     TaskStatus,
+    TaskValues,
+    task_values,
     user_name,
 )
 from execkit.ledger._open import (
@@ -102,13 +104,16 @@ __all__ = [
     "Task",
     "TaskState",
     "TaskStatus",
+    "TaskValues",
     "attempt_from_run",
     "current_owner",
     "default_db_path",
+    "iter_task_values",
     "ledger_status",
     "migrate",
     "open_ledger",
     "owner_lost",
+    "task_values",
     "user_name",
 ]
 

@@ -40,6 +40,7 @@ from execkit.ledger._core.store import (
     stored_attempt,
     summary_row,
 )
+from execkit.ledger._core.tasks import iter_task_values
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -51,6 +52,7 @@ __all__ = [
     "Tx",
     "attempt_from_run",
     "domain",
+    "iter_task_values",
     "stored_attempt",
     "summary_row",
 ]

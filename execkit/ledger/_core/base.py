@@ -11,6 +11,7 @@ operation that calls it, so an operation stays one transaction whatever it reuse
 from __future__ import annotations
 
 import datetime
+import functools
 from typing import Any
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
@@ -30,9 +31,16 @@ from execkit._budget import (
 from execkit._classify import FailureClass
 from execkit._errors import Conflict, HistoryError, NotFound
 from execkit._lanes import LaneConfigHistory
-from execkit._validate import fields_in_order
 from execkit.ledger._core.store import Store, TaskRecord, Tx, domain
-from execkit.ledger._model import KNOWN_ROLES, Actor, AuditAction, Run, Task, TaskStatus
+from execkit.ledger._model import (
+    KNOWN_ROLES,
+    Actor,
+    AuditAction,
+    Run,
+    Task,
+    TaskStatus,
+    TaskValues,
+)
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -46,29 +54,9 @@ __all__ = [
 FINISHED_STATUSES = (TaskStatus.DONE, TaskStatus.CANCELLED)
 # The state each finished status shows (`_project`): its own name.
 _FINISHED_STATES = {status: TaskState(status) for status in FINISHED_STATUSES}
-# `_project` builds a Task positionally (keywords cost a third more, once a listed task):
-# in this order, which a change to `Task` must keep or change there too.
-_TASK_FIELDS = (
-    "id",
-    "title",
-    "status",
-    "state",
-    "blocked_on",
-    "reason",
-    "ready",
-    "max_attempts",
-    "attempts_started",
-    "charged_attempts",
-    "uncharged_streak",
-    "remaining",
-    "next_attempt_at",
-    "created_by",
-    "created_at",
-    "max_uncharged_attempts",
-    "retry_pending",
-    "gave_up_at_attempt",
-)
-fields_in_order(Task, _TASK_FIELDS, "_project builds them so")
+# `_task_values` makes a task's `TaskValues` as a tuple of its fields in their order (a
+# NamedTuple's own constructor costs twice as much, once a listed task).
+_values_of = functools.partial(tuple.__new__, TaskValues)
 DEFAULT_BUDGET = WorkBudget()
 # The actor of what the ledger does by itself (abandoning an expired run, a repair).
 SYSTEM_ACTOR = "execkit"
@@ -242,11 +230,17 @@ class CoreBase:
     def _project(
         self, task: TaskRecord, now: float, cap: DispatchCap | None, *, force: bool = False
     ) -> Task:
-        """The `Task` that `task` shows at `now`: the one mapping from a stored task to what
-        every surface prints (`get_task`, the listings, the dashboard). A done or cancelled
-        task shows its status with nothing to decide (no bound, reason or next time: the
-        policies' verdict on it is not shown), so no decision is made for it; an open
-        one shows the decision on its summary."""
+        """The `Task` that `task` shows at `now`: `Task(*self._task_values(...))`."""
+        return Task(*self._task_values(task, now, cap, force=force))
+
+    def _task_values(
+        self, task: TaskRecord, now: float, cap: DispatchCap | None, *, force: bool = False
+    ) -> TaskValues:
+        """The fields of the `Task` that `task` shows at `now`: the one mapping from a stored
+        task to what every surface prints (`get_task`, the listings, the dashboard). A done
+        or cancelled task shows its status with nothing to decide (no bound, reason or next
+        time: the policies' verdict on it is not shown), so no decision is made for it; an
+        open one shows the decision on its summary."""
         status = task.status
         pending = task.retry_requested_by is not None
         ceiling = task.max_uncharged_attempts
@@ -260,25 +254,27 @@ class CoreBase:
             used, charged = task.attempts_used or 0, task.charged_attempts or 0
             limit = task.max_attempts
             remaining = max(0, limit - used if limit else self.budget.max_attempts - charged)
-            return Task(  # positional, in `_TASK_FIELDS` order: one a listed task
-                task.id,  # id
-                task.title,  # title
-                status,  # status
-                finished,  # state
-                None,  # blocked_on
-                None,  # reason
-                False,  # ready
-                limit,  # max_attempts
-                used,  # attempts_started
-                charged,  # charged_attempts
-                task.uncharged_streak or 0,  # uncharged_streak
-                remaining,  # remaining
-                None,  # next_attempt_at
-                task.created_by,  # created_by
-                task.created_at,  # created_at
-                ceiling,  # max_uncharged_attempts
-                pending,  # retry_pending
-                task.gave_up_at_attempt,  # gave_up_at_attempt
+            return _values_of(  # in `TaskValues` order
+                (
+                    task.id,  # id
+                    task.title,  # title
+                    status,  # status
+                    finished,  # state
+                    None,  # blocked_on
+                    None,  # reason
+                    False,  # ready
+                    limit,  # max_attempts
+                    used,  # attempts_started
+                    charged,  # charged_attempts
+                    task.uncharged_streak or 0,  # uncharged_streak
+                    remaining,  # remaining
+                    None,  # next_attempt_at
+                    task.created_by,  # created_by
+                    task.created_at,  # created_at
+                    ceiling,  # max_uncharged_attempts
+                    pending,  # retry_pending
+                    task.gave_up_at_attempt,  # gave_up_at_attempt
+                )
             )
         (
             state,
@@ -293,27 +289,29 @@ class CoreBase:
         ) = self._decision_fields(task, now, cap, force=force)
         if pending and state is TaskState.READY:
             reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
-        return Task(  # positional, in `_TASK_FIELDS` order
-            task.id,  # id
-            task.title,  # title
-            status,  # status
-            state,  # state
-            blocked_on,  # blocked_on
-            reason,  # reason
-            # ADR 0033: `ready` includes that an attempt is still available, and here it is
-            # exactly what admission does now: a task in backoff is not ready.
-            state is TaskState.READY,  # ready
-            task.max_attempts,  # max_attempts
-            used,  # attempts_started
-            charged,  # charged_attempts
-            streak,  # uncharged_streak
-            remaining,  # remaining
-            next_attempt_at,  # next_attempt_at
-            task.created_by,  # created_by
-            task.created_at,  # created_at
-            ceiling,  # max_uncharged_attempts
-            pending,  # retry_pending
-            task.gave_up_at_attempt,  # gave_up_at_attempt
+        return _values_of(  # in `TaskValues` order
+            (
+                task.id,  # id
+                task.title,  # title
+                status,  # status
+                state,  # state
+                blocked_on,  # blocked_on
+                reason,  # reason
+                # ADR 0033: `ready` includes that an attempt is still available, and here it is
+                # exactly what admission does now: a task in backoff is not ready.
+                state is TaskState.READY,  # ready
+                task.max_attempts,  # max_attempts
+                used,  # attempts_started
+                charged,  # charged_attempts
+                streak,  # uncharged_streak
+                remaining,  # remaining
+                next_attempt_at,  # next_attempt_at
+                task.created_by,  # created_by
+                task.created_at,  # created_at
+                ceiling,  # max_uncharged_attempts
+                pending,  # retry_pending
+                task.gave_up_at_attempt,  # gave_up_at_attempt
+            )
         )
 
     def _load_task(

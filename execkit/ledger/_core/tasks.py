@@ -40,11 +40,14 @@ from execkit.ledger._model import (
     Actor,
     AuditAction,
     AuditEntry,
+    Ledger,
     Task,
     TaskStatus,
+    TaskValues,
+    task_values,
 )
 
-__all__ = ["TaskOps"]
+__all__ = ["TaskOps", "iter_task_values"]
 
 
 class TaskOps(CoreBase):
@@ -145,6 +148,18 @@ class TaskOps(CoreBase):
         """`list_tasks` as it is read: `LIST_PAGE` rows at a time, each page its own read,
         so a listing of any length holds one page in memory. All are projected at one
         `now`; a task created meanwhile is listed if its page is read after it."""
+        for values in self.iter_task_values(now=now, state=state, after=after):
+            yield Task(*values)
+
+    def iter_task_values(
+        self,
+        *,
+        now: float | None = None,
+        state: TaskState | str | None = None,
+        after: str | None = None,
+    ) -> Iterator[TaskValues]:
+        """`iter_tasks`, each task as its `TaskValues` (no Task built): what a listing
+        writes each task from. Raises as `iter_tasks` does."""
         at = moment(now)
         wanted = None if state is None else as_task_state(state)
         # done and cancelled are stored; every other state is an open task's projection.
@@ -155,10 +170,11 @@ class TaskOps(CoreBase):
             if wanted in (TaskState.DONE, TaskState.CANCELLED)
             else TaskStatus.OPEN
         )
+        project = self._task_values
         for record in self._task_records(after, status):
-            task = self._project(record, at, None)
-            if wanted is None or task.state is wanted:
-                yield task
+            values = project(record, at, None)
+            if wanted is None or values.state is wanted:
+                yield values
 
     def iter_tasks_with_last(
         self,
@@ -417,3 +433,19 @@ class TaskOps(CoreBase):
                 )
             )
             return self._load_task(tx, task_id, at, None)
+
+
+def iter_task_values(
+    ledger: Ledger,
+    *,
+    now: float | None = None,
+    state: TaskState | str | None = None,
+    after: str | None = None,
+) -> Iterator[TaskValues]:
+    """`ledger.iter_tasks(...)`, each task as its `TaskValues`: a ledger of this process
+    makes them from its rows with no Task built (`TaskOps.iter_task_values`); any other
+    (a server's, through `execkit.remote`) lists its Tasks, each read as its values. What
+    a listing writes is then one function of the values, whichever ledger it read."""
+    if isinstance(ledger, TaskOps):
+        return ledger.iter_task_values(now=now, state=state, after=after)
+    return map(task_values, ledger.iter_tasks(now=now, state=state, after=after))
