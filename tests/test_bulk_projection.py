@@ -40,13 +40,14 @@ OPERATOR = "operator"
 NOW = 5000.0
 
 
-def _every_kind(ledger: AnyLedger) -> dict[str, str]:
-    """One task of every kind a listing shows, by name: its id."""
+def _every_kind(ledger: AnyLedger, prefix: str = "task ") -> dict[str, str]:
+    """One task of every kind a listing shows, by name: its id (its title `prefix` and
+    the name)."""
     made: dict[str, str] = {}
     keys = iter(range(1000))
 
     def task(name: str, **limits: Any) -> str:
-        made[name] = ledger.create_task(f"task {name}", actor=ME, now=1000.0, **limits).id
+        made[name] = ledger.create_task(f"{prefix}{name}", actor=ME, now=1000.0, **limits).id
         return made[name]
 
     def run(task_id: str, status: str | None, at: float = 1001.0, **result: Any) -> None:
@@ -72,7 +73,7 @@ def _every_kind(ledger: AnyLedger) -> dict[str, str]:
     run(task("explicit limit", max_attempts=1), "failed")
     spent = task("work budget spent")
     for _ in range(3):
-        run(spent, "failed")
+        run(spent, "failed", reason="tests failed again")
     run(task("stopped"), "abandoned", stopped=True)
     pending = task("retry pending")
     run(pending, "failed", **environment)
@@ -184,6 +185,43 @@ def test_a_listing_builds_no_task(ledger: AnyLedger, monkeypatch: pytest.MonkeyP
     built = _count_calls(monkeypatch, Task, "__init__")
     assert len(list(iter_task_values(ledger, now=NOW))) == len(made)
     assert built == []
+
+
+class _Elsewhere:
+    """A ledger of another process (a server's): only its Tasks can be listed, each
+    task's values read from its Task. Every other call goes to `ledger`."""
+
+    def __init__(self, ledger: AnyLedger) -> None:
+        self._ledger = ledger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def test_the_status_of_every_kind_of_task_is_the_same_read_from_values_or_tasks(
+    ledger: AnyLedger,
+) -> None:
+    from execkit.cli._status import status_table_lines
+    from execkit.dispatch import DispatchConfig, issue_statuses
+
+    _every_kind(ledger, prefix="board:")
+    config = DispatchConfig(max_attempts=2)
+    rows = issue_statuses(ledger, config, now=NOW)
+    through_tasks = issue_statuses(_Elsewhere(ledger), config, now=NOW)  # type: ignore[arg-type]
+    assert len(rows) == len(through_tasks) > 10
+    assert rows == through_tasks
+    assert list(status_table_lines(rows, NOW)) == list(status_table_lines(through_tasks, NOW))
+    assert {row.ledger_state for row in rows} == set(TaskState)
+
+
+def test_a_status_builds_no_task(ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+    from execkit.dispatch import DispatchConfig, issue_statuses
+
+    made = _every_kind(ledger, prefix="board:")
+    built = _count_calls(monkeypatch, Task, "__init__")
+    rows = issue_statuses(ledger, DispatchConfig(), now=NOW)
+    assert len(rows) == len(made) - 1  # every task but the odd title, which is no issue
+    assert built == [], "each dashboard row is made from its task's values"
 
 
 @pytest.mark.parametrize(

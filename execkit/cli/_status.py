@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from execkit._budget import BlockedOn
 from execkit._errors import Conflict, InvalidInput, NotFound
 from execkit.cli._dispatch import _add_common, _clip, _config, _when
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
@@ -77,26 +78,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     status.set_defaults(handler=_status)
 
 
-def _attempts(row: IssueStatus) -> str:
-    return f"{row.attempts}/{row.max_attempts}" if row.max_attempts else f"{row.attempts}/-"
-
-
-def _ledger_state(row: IssueStatus) -> str:
-    if row.ledger_state is None:
-        return "-"
-    if row.blocked_on:
-        return f"{row.ledger_state} ({row.blocked_on})"
-    return row.ledger_state
-
-
-def _reason(row: IssueStatus) -> str | None:
-    if row.ledger_state is not TaskState.BLOCKED:
-        return row.last_reason
-    if row.blocked_on == "work" and row.last_reason and row.last_reason != row.reason:
-        return f"{row.reason or 'blocked on work'}; last failure: {row.last_reason}"
-    return row.reason
-
-
 def format_status_table(rows: Iterable[IssueStatus], now: float) -> str:
     """The dashboard as an aligned text table: `status_table_lines` joined."""
     return "\n".join(status_table_lines(rows, now))
@@ -127,20 +108,28 @@ def status_table_lines(rows: Iterable[IssueStatus], now: float) -> Iterator[str]
     widths = [0] * (len(header) - 1)
     block: list[tuple[str, ...]] = [header]
     append = block.append
+    blocked, work = TaskState.BLOCKED, BlockedOn.WORK
     for row in rows:
+        # The reason: the last failure's, or the block's (a work block names both).
         at, last_class, board_state = row.next_attempt_at, row.last_class, row.board_state
+        state, bound, attempts = row.ledger_state, row.blocked_on, row.max_attempts
+        reason = row.last_reason
+        if state is blocked:
+            reason = row.reason
+            if bound == work and row.last_reason and row.last_reason != reason:
+                reason = f"{reason or 'blocked on work'}; last failure: {row.last_reason}"
         append(
             (
                 safe_text(row.issue_id),
                 row.task_id or "-",
                 "-" if board_state is None else safe_text(board_state),
-                _ledger_state(row),
-                _attempts(row),
+                "-" if state is None else f"{state} ({bound})" if bound else state,
+                f"{row.attempts}/{attempts}" if attempts else f"{row.attempts}/-",
                 str(row.charged_attempts),
                 str(row.uncharged_streak),
                 "-" if at is None else _when(at, now),
                 last_class.value if last_class else (row.last_status or "-"),
-                _clip(safe_text(_reason(row) or "-"), 160),
+                _clip(safe_text(reason or "-"), 160),
             )
         )
         if len(block) >= LIST_PAGE:

@@ -13,7 +13,7 @@ from execkit._errors import InvalidInput
 from execkit._json import to_json
 from execkit._validate import checked, finite, integer, non_blank
 from execkit.dispatch._board import BoardIssue
-from execkit.ledger import Task
+from execkit.ledger import Task, TaskValues
 
 __all__ = ["DispatchConfig"]
 
@@ -131,7 +131,7 @@ class DispatchConfig:
         """The retry backoff the ledger computes `next_attempt_at` with."""
         return Backoff(base_s=float(self.base_backoff_s), max_s=float(self.max_retry_backoff_s))
 
-    def bound_for(self, task: Task | None) -> int | None:
+    def bound_for(self, task: Task | TaskValues | None) -> int | None:
         """The binding bound on a task's attempts: the dispatch cap or its explicit limit,
         whichever is lower; None when neither bounds it."""
         bounds = [self.max_attempts] if self.max_attempts > 0 else []

@@ -16,7 +16,14 @@ from execkit._validate import fields_in_order
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes, waiting_reason
-from execkit.ledger import LANES_CAPABILITY, Ledger, Task, TaskState
+from execkit.ledger import (
+    LANES_CAPABILITY,
+    Ledger,
+    Task,
+    TaskState,
+    TaskValues,
+    iter_task_values_with_last,
+)
 
 __all__ = ["IssueStatus", "issue_statuses", "iter_issue_statuses"]
 
@@ -49,7 +56,7 @@ def _status_row(
     issue_id: str,
     title: str,
     board_state: str | None,
-    task: Task | None,
+    task: Task | TaskValues | None,
     last: Attempt | None,
     config: DispatchConfig,
 ) -> IssueStatus:
@@ -122,8 +129,9 @@ def iter_issue_statuses(
     dispatcher created. Reads only; an issue never dispatched has no task (`task_id` None),
     and `ledger=None` (no ledger yet) means no issue was.
 
-    The ledger is read in one pass (`Ledger.iter_tasks_with_last`: a page of tasks a read,
-    each with its last attempt from its summary), never a read per issue. Without a board
+    The ledger is read in one pass (`Ledger.iter_tasks_with_last`, each task as its values:
+    a page of tasks a read, each with its last attempt from its summary), never a read per
+    issue. Without a board
     the rows are yielded as that pass reads them, so memory does not grow with the ledger;
     with one, the dispatched tasks are held by title to be matched with the board's issues
     (the board is held whole anyway).
@@ -135,10 +143,10 @@ def iter_issue_statuses(
     """
     at = time.time() if now is None else now
     cap = config.cap
-    dispatched: Iterator[tuple[Task, Attempt | None]] = (
+    dispatched: Iterator[tuple[TaskValues, Attempt | None]] = (
         iter(())
         if ledger is None
-        else ledger.iter_tasks_with_last(now=at, cap=cap, title_prefix=TASK_TITLE_PREFIX)
+        else iter_task_values_with_last(ledger, now=at, cap=cap, title_prefix=TASK_TITLE_PREFIX)
     )
     still_eligible = {i.id for i in board.list_candidates()} if board is not None else set()
     states = getattr(board, "states", None)
@@ -154,7 +162,7 @@ def iter_issue_statuses(
             lanes = DispatchLanes(ledger)
             lanes.bind(ledger.ledger_id())
 
-    def waiting(task: Task, adapter: str | None) -> str | None:
+    def waiting(task: Task | TaskValues, adapter: str | None) -> str | None:
         if not closed or task.status != "open" or task.state is TaskState.RUNNING:
             return None
         view = ledger.task_lane(task.id, now=at) if ledger is not None else None
@@ -166,11 +174,12 @@ def iter_issue_statuses(
         issue_id: str,
         title: str,
         board_state: str | None,
-        found: tuple[Task, Attempt | None] | None,
+        found: tuple[TaskValues, Attempt | None] | None,
         adapter: str | None = None,
     ) -> IssueStatus:
         if ledger is None or found is None:
             return _status_row(issue_id, title, board_state, None, None, config)
+        task: Task | TaskValues
         task, last = found
         if (
             task.state is TaskState.BLOCKED

@@ -34,7 +34,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from execkit.ledger._core import attempt_from_run, iter_task_values
+from execkit.ledger._core import (
+    attempt_from_run,
+    iter_task_values,
+    iter_task_values_with_last,
+)
 from execkit.ledger._model import (
     ADMIN_ROLE,
     CAPABILITIES,
@@ -109,6 +113,7 @@ __all__ = [
     "current_owner",
     "default_db_path",
     "iter_task_values",
+    "iter_task_values_with_last",
     "ledger_status",
     "migrate",
     "open_ledger",

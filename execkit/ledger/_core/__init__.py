@@ -40,7 +40,7 @@ from execkit.ledger._core.store import (
     stored_attempt,
     summary_row,
 )
-from execkit.ledger._core.tasks import iter_task_values
+from execkit.ledger._core.tasks import iter_task_values, iter_task_values_with_last
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -53,6 +53,7 @@ __all__ = [
     "attempt_from_run",
     "domain",
     "iter_task_values",
+    "iter_task_values_with_last",
     "stored_attempt",
     "summary_row",
 ]

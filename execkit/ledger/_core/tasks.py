@@ -47,7 +47,7 @@ from execkit.ledger._model import (
     task_values,
 )
 
-__all__ = ["TaskOps", "iter_task_values"]
+__all__ = ["TaskOps", "iter_task_values", "iter_task_values_with_last"]
 
 
 class TaskOps(CoreBase):
@@ -188,12 +188,26 @@ class TaskOps(CoreBase):
         its summary holds it (no history is read; `db check` compares each summary with
         its history). Read `LIST_PAGE` tasks at a time, as `iter_tasks`: what a dashboard
         of every dispatched task reads in one pass."""
+        for values, last in self.iter_task_values_with_last(
+            now=now, cap=cap, title_prefix=title_prefix
+        ):
+            yield Task(*values), last
+
+    def iter_task_values_with_last(
+        self,
+        *,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+        title_prefix: str | None = None,
+    ) -> Iterator[tuple[TaskValues, Attempt | None]]:
+        """`iter_tasks_with_last`, each task as its `TaskValues` (no Task built)."""
         at = moment(now)
         if title_prefix is not None:  # masked as a stored title is, so the two compare
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
+        project = self._task_values
         for record in self._task_records(None, None):
             if title_prefix is None or record.title.startswith(title_prefix):
-                yield self._project(record, at, cap), record.last
+                yield project(record, at, cap), record.last
 
     def _task_records(self, after: str | None, status: TaskStatus | None) -> Iterator[TaskRecord]:
         """The stored tasks after task `after` (NotFound if it is no task), of `status`, a
@@ -449,3 +463,21 @@ def iter_task_values(
     if isinstance(ledger, TaskOps):
         return ledger.iter_task_values(now=now, state=state, after=after)
     return map(task_values, ledger.iter_tasks(now=now, state=state, after=after))
+
+
+def iter_task_values_with_last(
+    ledger: Ledger,
+    *,
+    now: float | None = None,
+    cap: DispatchCap | None = None,
+    title_prefix: str | None = None,
+) -> Iterator[tuple[TaskValues, Attempt | None]]:
+    """`ledger.iter_tasks_with_last(...)`, each task as its `TaskValues`, as
+    `iter_task_values` reads them: from the rows of a ledger of this process, else from
+    the Tasks of any other."""
+    if isinstance(ledger, TaskOps):
+        return ledger.iter_task_values_with_last(now=now, cap=cap, title_prefix=title_prefix)
+    return (
+        (task_values(task), last)
+        for task, last in ledger.iter_tasks_with_last(now=now, cap=cap, title_prefix=title_prefix)
+    )
