@@ -207,7 +207,7 @@ def test_the_status_of_every_kind_of_task_is_the_same_read_from_values_or_tasks(
     _every_kind(ledger, prefix="board:")
     config = DispatchConfig(max_attempts=2)
     rows = issue_statuses(ledger, config, now=NOW)
-    through_tasks = issue_statuses(_Elsewhere(ledger), config, now=NOW)  # type: ignore[arg-type]
+    through_tasks = issue_statuses(_Elsewhere(ledger), config, now=NOW)
     assert len(rows) == len(through_tasks) > 10
     assert rows == through_tasks
     assert list(status_table_lines(rows, NOW)) == list(status_table_lines(through_tasks, NOW))
