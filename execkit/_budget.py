@@ -81,6 +81,7 @@ __all__ = [
     "ReplanDecision",
     "TaskState",
     "WorkBudget",
+    "counted_after",
     "decide",
     "decide_replans",
     "decide_summary",
@@ -347,6 +348,31 @@ def _is_environment(status: AttemptStatus, failure_class: FailureClass | None) -
     return status is AttemptStatus.FAILED and failure_class is FailureClass.ENVIRONMENT
 
 
+def counted_after(
+    charged: int,
+    streak: int,
+    streak_reason: str | None,
+    status: AttemptStatus,
+    failure_class: FailureClass | None,
+    reason: str | None,
+    forced: bool,
+    stopped: bool,
+) -> tuple[int, int, str | None]:
+    """The charged count, the uncharged streak and its reason after an ended attempt
+    (`status`, `failure_class`, `reason`, `forced`, `stopped`) follows a history that
+    had `charged`, `streak` and `streak_reason`: the one fold rule, which
+    `HistorySummary` applies (see its `_counted`) and `db check` applies to the stored
+    runs' values as they are read."""
+    charged += _charged(status, failure_class, stopped)
+    if forced:
+        streak, streak_reason = 0, None
+    if _is_upstream(status, failure_class):
+        return charged, streak + 1, reason
+    if not (stopped or _is_environment(status, failure_class)):
+        return charged, 0, None
+    return charged, streak, streak_reason
+
+
 @attrs.frozen
 class HistorySummary:
     """Everything the policies read of a history, folded attempt by attempt.
@@ -414,21 +440,16 @@ class HistorySummary:
         charged attempt ends it. A stopped attempt (its runner stopped it on purpose)
         neither charges nor moves the streak, as it met neither the work nor the vendor.
         """
-        charged = self.charged_attempts + _charged(
-            attempt.status, attempt.failure_class, attempt.stopped
+        charged, streak, reason = counted_after(
+            self.charged_attempts,
+            self.uncharged_streak,
+            self.streak_reason,
+            attempt.status,
+            attempt.failure_class,
+            attempt.reason,
+            attempt.forced,
+            attempt.stopped,
         )
-        streak, reason = (
-            (0, None)
-            if attempt.forced
-            else (
-                self.uncharged_streak,
-                self.streak_reason,
-            )
-        )
-        if _is_upstream(attempt.status, attempt.failure_class):
-            streak, reason = streak + 1, attempt.reason
-        elif not (attempt.stopped or _is_environment(attempt.status, attempt.failure_class)):
-            streak, reason = 0, None
         return HistorySummary(
             attempts_used=attempts_used,
             charged_attempts=charged,

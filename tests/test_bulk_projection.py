@@ -300,9 +300,10 @@ def test_db_check_validates_a_sound_run_without_the_validating_constructor(
     summaries = _count_calls(monkeypatch, HistorySummary, "__init__")
     assert ledger.validate(now=1200.0) == []  # before the running run's lease ends
     assert attempts == []
-    # The fold of each history (one a run, and one empty to start from), never one more
-    # per task to compare the stored summary with it.
-    assert len(summaries) == runs + tasks
+    # Each sound history is folded from its runs' values (`counted_after`) and compared
+    # with the stored columns: no summary built, one fold step a run that ended.
+    assert summaries == []
+    assert runs and tasks
 
 
 def test_a_run_that_is_no_attempt_is_still_refused_by_its_own_message() -> None:
@@ -350,3 +351,56 @@ def _run_fields(run: Any) -> dict[str, Any]:
     import attrs
 
     return attrs.asdict(run, recurse=False)
+
+
+def test_db_checks_fold_of_run_values_is_summarize_for_every_short_history() -> None:
+    """`db check` folds a sound history from its runs' values: for every history of up
+    to three runs of every kind, what `summarize` gives (as the stored columns hold it),
+    and None exactly where `validate_history` refuses the history."""
+    import itertools
+
+    from execkit._budget import AttemptStatus, validate_history
+    from execkit._errors import HistoryError
+    from execkit.ledger import Run
+    from execkit.ledger._core.base import attempt_from_run
+    from execkit.ledger._core.inspection import _sound_summary_values
+    from execkit.ledger._core.store import summary_values
+
+    kinds = [
+        (status, klass, forced, stopped)
+        for status in AttemptStatus
+        for klass in (None, *FailureClass)
+        for forced in (False, True)
+        for stopped in (False, True)
+        if not stopped or status is AttemptStatus.ABANDONED
+    ]
+    checked = 0
+    for length in range(4):
+        for history in itertools.product(kinds, repeat=length):
+            runs = [
+                Run(
+                    id=f"r-{n}",
+                    task_id="t-1",
+                    attempt=n,
+                    status=status,
+                    failure_class=klass,
+                    reason=f"reason {n}",
+                    request_key=f"k{n}",
+                    actor=ME,
+                    forced=forced,
+                    started_at=1000.0 + n,
+                    ended_at=None if status is AttemptStatus.RUNNING else 1000.5 + n,
+                    not_before=None,
+                    stopped=stopped,
+                )
+                for n, (status, klass, forced, stopped) in enumerate(history, 1)
+            ]
+            attempts = [attempt_from_run(run) for run in runs]
+            try:
+                validate_history(attempts)
+            except HistoryError:
+                assert _sound_summary_values(runs) is None, history
+                continue
+            assert _sound_summary_values(runs) == summary_values(summarize(attempts)), history
+            checked += 1
+    assert checked > 1000

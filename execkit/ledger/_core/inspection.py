@@ -15,7 +15,16 @@ memory does not grow with the ledger.
 
 from __future__ import annotations
 
-from execkit._budget import Attempt, AttemptStatus, HistorySummary, summarize, validate_history
+from typing import Any
+
+from execkit._budget import (
+    Attempt,
+    AttemptStatus,
+    HistorySummary,
+    counted_after,
+    summarize,
+    validate_history,
+)
 from execkit._classify import FailureClass
 from execkit._errors import HistoryError, InvalidInput
 from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
@@ -77,25 +86,29 @@ class InspectionOps(LeaseOps):
 
     def _task_problems(self, task: TaskRecord, runs: list[Run], at: float) -> list[str]:
         problems: list[str] = []
-        history: list[Attempt] = []
-        for run in runs:
+        folded = _sound_summary_values(runs)
+        if folded is None or not _stored_values_are(task, folded):
+            # Not plainly sound, or the stored summary differs: each problem found and
+            # named as the validating constructors and `summarize` name it.
+            history: list[Attempt] = []
+            for run in runs:
+                try:
+                    history.append(_checked_attempt(run))
+                except InvalidInput as exc:  # a stored value of the wrong shape
+                    problems.append(f"{task.id}: run {run.id}: {exc.message}")
+            if problems:
+                return problems
             try:
-                history.append(_checked_attempt(run))
-            except InvalidInput as exc:  # a stored value of the wrong shape
-                problems.append(f"{task.id}: run {run.id}: {exc.message}")
-        if problems:
-            return problems
-        try:
-            validate_history(history)
-        except HistoryError as exc:
-            return [f"{task.id}: {exc.message}"]
-        expected = summarize(history)
-        if not _stored_as(task, expected):
-            problems.append(
-                f"{task.id}: its stored summary differs from its history "
-                f"(stored {_summary_text(task.summary)}; history {_summary_text(expected)}); "
-                "`execkit db check --repair` rebuilds it"
-            )
+                validate_history(history)
+            except HistoryError as exc:
+                return [f"{task.id}: {exc.message}"]
+            expected = summarize(history)
+            if not _stored_as(task, expected):
+                problems.append(
+                    f"{task.id}: its stored summary differs from its history "
+                    f"(stored {_summary_text(task.summary)}; history "
+                    f"{_summary_text(expected)}); `execkit db check --repair` rebuilds it"
+                )
         succeeded = any(run.status is AttemptStatus.SUCCEEDED for run in runs)
         if task.status is TaskStatus.DONE and not succeeded:
             problems.append(f"{task.id}: task is done but no run succeeded")
@@ -150,6 +163,7 @@ class InspectionOps(LeaseOps):
 
 _ABANDONED = AttemptStatus.ABANDONED
 _EMPTY_SUMMARY = HistorySummary()
+_EMPTY_VALUES = summary_values(_EMPTY_SUMMARY)
 
 
 def _stored_as(task: TaskRecord, expected: HistorySummary) -> bool:
@@ -161,16 +175,13 @@ def _stored_as(task: TaskRecord, expected: HistorySummary) -> bool:
     return task[SUMMARY_AT:] == summary_values(expected)
 
 
-def _checked_attempt(run: Run) -> Attempt:
-    """`attempt_from_run(run)`, which validates every field, in fewer steps for a run whose
-    fields are plainly what `Attempt` accepts as they are (the number an int >= 1, each
-    time a finite float or None, the reason a str or None, the flags bools, the enums read
-    through `domain` already, stopped only when abandoned): `db check` checks every run of
-    the ledger. Anything else goes through `attempt_from_run`, so a run it refuses is
-    refused with its own message."""
+def _plainly_sound(run: Run) -> bool:
+    """Whether `run`'s fields are plainly what `Attempt` accepts as they are: the number an
+    int >= 1, each time a finite float or None, the reason a str or None, the flags bools,
+    the enums read through `domain` already, stopped only when abandoned."""
     number, reason = run.attempt, run.reason
     started, ended, not_before = run.started_at, run.ended_at, run.not_before
-    if (
+    return (
         type(number) is int
         and number >= 1
         and type(run.status) is AttemptStatus
@@ -182,19 +193,92 @@ def _checked_attempt(run: Run) -> Attempt:
         and type(run.forced) is bool
         and type(run.stopped) is bool
         and (not run.stopped or run.status is _ABANDONED)
-    ):
+    )
+
+
+def _checked_attempt(run: Run) -> Attempt:
+    """`attempt_from_run(run)`, which validates every field, in fewer steps for a run that
+    is plainly sound (`_plainly_sound`). Anything else goes through `attempt_from_run`,
+    so a run it refuses is refused with its own message."""
+    if _plainly_sound(run):
         return stored_attempt(
-            number,
+            run.attempt,
             run.status,
             run.failure_class,
-            reason,
-            started,
-            ended,
+            run.reason,
+            run.started_at,
+            run.ended_at,
             run.forced,
-            not_before,
+            run.not_before,
             run.stopped,
         )
     return attempt_from_run(run)
+
+
+_RUNNING = AttemptStatus.RUNNING
+_SUCCEEDED = AttemptStatus.SUCCEEDED
+
+
+def _sound_summary_values(runs: list[Run]) -> tuple[Any, ...] | None:
+    """`summary_values(summarize(history))` of the runs' history, folded from the runs'
+    values (`counted_after`, the fold `summarize` makes; no Attempt or summary built: `db
+    check` folds every run of the ledger), when every run is plainly sound
+    (`_plainly_sound`) and the history is what `validate_history` accepts (numbered 1..N,
+    at most one running, nothing after a success); else None, and the caller checks them
+    the validating way, which names what is wrong."""
+    charged = streak = 0
+    streak_reason: str | None = None
+    running: int | None = None
+    last: Run | None = None
+    for number, run in enumerate(runs, 1):
+        if run.attempt != number or not _plainly_sound(run):
+            return None
+        if last is not None and last.status is _SUCCEEDED:
+            return None  # nothing may follow a success
+        status = run.status
+        if status is _RUNNING:
+            if running is not None:
+                return None  # two running
+            running = number  # a running attempt neither charges nor moves the streak
+        else:
+            charged, streak, streak_reason = counted_after(
+                charged,
+                streak,
+                streak_reason,
+                status,
+                run.failure_class,
+                run.reason,
+                run.forced,
+                run.stopped,
+            )
+        last = run
+    if last is None:
+        return _EMPTY_VALUES
+    klass = last.failure_class
+    return (
+        len(runs),
+        charged,
+        streak,
+        streak_reason,
+        running,
+        last.attempt,
+        str(last.status),
+        None if klass is None else str(klass),
+        last.reason,
+        last.started_at,
+        last.ended_at,
+        last.forced,
+        last.not_before,
+        last.stopped,
+    )
+
+
+def _stored_values_are(task: TaskRecord, values: tuple[Any, ...]) -> bool:
+    """Whether `task`'s stored summary is the one `values` (`summary_values`) gives, as
+    `_stored_as` compares them. A task with no summary row holds the empty summary."""
+    if task.attempts_used is None:
+        return values == _EMPTY_VALUES
+    return task[SUMMARY_AT:] == values
 
 
 def _summary_text(summary: HistorySummary) -> str:
