@@ -50,59 +50,65 @@ def storage_problems(conn: sqlite3.Connection, path: Path) -> list[str]:
         tables = _tables(conn)
         for missing in missing_tables(conn, path):
             problems.append(f"storage: table {missing} is missing")
-        if "runs" in tables:
-            problems += _domain_problems(
-                conn, "runs", "id", "status", AttemptStatus, "status of run"
-            )
-            problems += _domain_problems(
-                conn, "runs", "id", "failure_class", FailureClass, "class of run"
-            )
-        if "tasks" in tables:
-            problems += _domain_problems(
-                conn, "tasks", "id", "status", TaskStatus, "status of task"
-            )
-        problems += _shape_problems(conn, tables)
+        problems += _value_problems(conn, tables)
     except sqlite3.Error as exc:
         problems.append(f"storage: {exc}")
     return problems
 
 
-def _shape_problems(conn: sqlite3.Connection, tables: set[str]) -> list[str]:
-    """Stored values of the wrong type (SQLite keeps whatever it is given)."""
-    checks = {
-        "runs": (
-            ("attempt", "typeof(attempt) != 'integer' OR attempt < 1", "attempt"),
-            ("reason", "reason IS NOT NULL AND typeof(reason) != 'text'", "reason"),
-            ("started_at", "typeof(started_at) NOT IN ('real', 'integer')", "start time"),
-            (
-                "ended_at",
-                "ended_at IS NOT NULL AND typeof(ended_at) NOT IN ('real', 'integer')",
-                "end time",
-            ),
+def _domain(column: str, kind: type[enum.Enum], what: str) -> tuple[str, str, str, str]:
+    """A check that `column` holds one of `kind`'s values (or NULL)."""
+    allowed = ", ".join(str(member.value) for member in kind)
+    quoted = ", ".join(f"'{member.value}'" for member in kind)  # execkit's own constants
+    bad = f"{column} IS NOT NULL AND {column} NOT IN ({quoted})"
+    return column, bad, f"{what} is {{!r}}, not one of {allowed}", "domain"
+
+
+def _shape(column: str, bad: str, what: str) -> tuple[str, str, str, str]:
+    """A check that `column` holds a value of its type (SQLite keeps whatever it is given)."""
+    return column, bad, f"the {what} stored is {{!r}}", "shape"
+
+
+# Per table, each check of a stored value: its column, the SQL that finds a bad one, the
+# message (formatted with the value) and its kind. The domain problems are reported
+# first, then the shapes, each table's in this order.
+_VALUE_CHECKS = {
+    "runs": (
+        _domain("status", AttemptStatus, "status of run"),
+        _domain("failure_class", FailureClass, "class of run"),
+        _shape("attempt", "typeof(attempt) != 'integer' OR attempt < 1", "attempt"),
+        _shape("reason", "reason IS NOT NULL AND typeof(reason) != 'text'", "reason"),
+        _shape("started_at", "typeof(started_at) NOT IN ('real', 'integer')", "start time"),
+        _shape(
+            "ended_at",
+            "ended_at IS NOT NULL AND typeof(ended_at) NOT IN ('real', 'integer')",
+            "end time",
         ),
-        "tasks": (
-            ("title", "typeof(title) != 'text'", "title"),
-            ("created_at", "typeof(created_at) NOT IN ('real', 'integer')", "creation time"),
-        ),
-    }
-    problems: list[str] = []
-    for table, columns in checks.items():
+    ),
+    "tasks": (
+        _domain("status", TaskStatus, "status of task"),
+        _shape("title", "typeof(title) != 'text'", "title"),
+        _shape("created_at", "typeof(created_at) NOT IN ('real', 'integer')", "creation time"),
+    ),
+}
+
+
+def _value_problems(conn: sqlite3.Connection, tables: set[str]) -> list[str]:
+    """Every stored value outside its domain or of the wrong type (`_VALUE_CHECKS`): one
+    scan a table, each row that fails a check named once for each check it fails."""
+    found: dict[str, dict[str, list[str]]] = {"domain": {}, "shape": {}}
+    for table, checks in _VALUE_CHECKS.items():
         if table not in tables:
             continue
-        for column, bad, what in columns:
-            rows = conn.execute(f"SELECT id, {column} FROM {table} WHERE {bad}").fetchall()
-            problems += [f"{row[0]}: the {what} stored is {row[1]!r}" for row in rows]
-    return problems
-
-
-def _domain_problems(
-    conn: sqlite3.Connection, table: str, key: str, column: str, kind: type[enum.Enum], what: str
-) -> list[str]:
-    allowed = tuple(str(member.value) for member in kind)
-    marks = ", ".join("?" * len(allowed))
-    rows = conn.execute(
-        f"SELECT {key}, {column} FROM {table} "
-        f"WHERE {column} IS NOT NULL AND {column} NOT IN ({marks})",
-        allowed,
-    ).fetchall()
-    return [f"{row[0]}: {what} is {row[1]!r}, not one of {', '.join(allowed)}" for row in rows]
+        columns = ", ".join(column for column, _, _, _ in checks)
+        flags = ", ".join(f"({bad})" for _, bad, _, _ in checks)
+        where = " OR ".join(f"({bad})" for _, bad, _, _ in checks)
+        rows = conn.execute(f"SELECT id, {columns}, {flags} FROM {table} WHERE {where}")
+        lists = [found[kind].setdefault(f"{table}.{column}", []) for column, _, _, kind in checks]
+        for row in rows.fetchall():
+            for n, (_, _, message, _) in enumerate(checks):
+                if row[1 + len(checks) + n]:
+                    lists[n].append(f"{row[0]}: {message.format(row[1 + n])}")
+    return [
+        line for kind in ("domain", "shape") for lines in found[kind].values() for line in lines
+    ]
