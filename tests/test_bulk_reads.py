@@ -226,3 +226,19 @@ def test_db_check_evolves_nothing_per_run(
     monkeypatch.setattr(attrs, "evolve", counted)
     assert ledger.validate(now=2e9) == []
     assert calls == [], "a history is folded by building each summary, never by evolving one"
+
+
+def test_db_checks_stored_values_are_read_in_one_scan_a_table(tmp_path: Any) -> None:
+    """The domain and type checks of the stored values read each table once (they were a
+    scan a check: six of the runs, three of the tasks)."""
+    ledger, _ = _sqlite_tasks(tmp_path, 3, 0)
+    with ledger:
+        made: list[str] = []
+        conn = ledger._store._conn  # type: ignore[attr-defined]  # the SQLite store's own
+        conn.set_trace_callback(made.append)
+        try:
+            assert ledger._store.storage_problems() == []
+        finally:
+            conn.set_trace_callback(None)
+    scans = [sql for sql in made if " FROM runs " in sql or " FROM tasks " in sql]
+    assert len(scans) == 2, scans
