@@ -234,7 +234,7 @@ def test_db_checks_stored_values_are_read_in_one_scan_a_table(tmp_path: Any) -> 
     ledger, _ = _sqlite_tasks(tmp_path, 3, 0)
     with ledger:
         made: list[str] = []
-        conn = ledger._store._conn  # type: ignore[attr-defined]  # the SQLite store's own
+        conn = ledger._store._conn  # the SQLite store's own
         conn.set_trace_callback(made.append)
         try:
             assert ledger._store.storage_problems() == []
