@@ -634,7 +634,11 @@ def task_json(task: Task | TaskValues) -> str:
     tests/test_bulk_projection.py compares the two on every kind of task. A field of a
     type this does not expect (a value a caller put in a Task built by hand: a bool for an
     int, NaN) is written by `json.dumps` itself, the whole task."""
-    values = task if isinstance(task, TaskValues) else task_values(task)
+    return values_json(task if isinstance(task, TaskValues) else task_values(task))
+
+
+def values_json(values: TaskValues) -> str:
+    """`task_json` of a task's values (what a listing writes each task with)."""
     try:
         return _task_json_text(values, _escape())
     except TypeError:  # a field of another type: the general encoder, key order and all
@@ -722,7 +726,7 @@ def _task_list(args: argparse.Namespace) -> int:
         if limit is None:
             listed = _primed(iter_task_values(ledger, state=args.state, after=args.after))
             if args.json:
-                print_json_list("tasks", listed, encoded=task_json)
+                print_json_list("tasks", listed, encoded=values_json)
             else:
                 write_lines(map(_task_line, listed))
             return 0

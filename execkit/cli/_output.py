@@ -175,8 +175,8 @@ def print_json_list(
         start += f"{encode(mask_text(name))}: {encode(mask_json(value))}, "
     write(start + encode(key) + ": [")
     pending: list[str] = []
-    for item in items:
-        pending.append(encode_item(item if mask is None else mask(item)))
+    for text in map(encode_item, items if mask is None else map(mask, items)):
+        pending.append(text)
         if len(pending) == 512:  # a write per 512 items (see `write_lines`)
             write(", ".join(pending))
             pending.clear()

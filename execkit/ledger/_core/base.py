@@ -67,6 +67,7 @@ def when(at: float) -> str:
 
 
 _ATTEMPT_STATUSES = {str(member): member for member in AttemptStatus}
+_TASK_STATUSES = {str(member): member for member in TaskStatus}
 _FAILURE_CLASSES = {str(member): member for member in FailureClass}
 
 
@@ -241,7 +242,8 @@ class CoreBase:
         or cancelled task shows its status with nothing to decide (no bound, reason or next
         time: the policies' verdict on it is not shown), so no decision is made for it; an
         open one shows the decision on its summary."""
-        status = task.status
+        # The stored status as its member (one lookup; `task.status` names a bad one).
+        status = _TASK_STATUSES.get(task.stored_status) or task.status
         pending = task.retry_requested_by is not None
         ceiling = task.max_uncharged_attempts
         if ceiling is None:

@@ -188,9 +188,10 @@ class TaskOps(CoreBase):
         its summary holds it (no history is read; `db check` compares each summary with
         its history). Read `LIST_PAGE` tasks at a time, as `iter_tasks`: what a dashboard
         of every dispatched task reads in one pass."""
-        for values, last in self.iter_task_values_with_last(
-            now=now, cap=cap, title_prefix=title_prefix
-        ):
+        at = moment(now)
+        if title_prefix is not None:  # masked as a stored title is, so the two compare
+            title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
+        for values, last in self._values_with_last(at, cap, title_prefix):
             yield Task(*values), last
 
     def iter_task_values_with_last(
@@ -204,6 +205,13 @@ class TaskOps(CoreBase):
         at = moment(now)
         if title_prefix is not None:  # masked as a stored title is, so the two compare
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
+        return self._values_with_last(at, cap, title_prefix)
+
+    def _values_with_last(
+        self, at: float, cap: DispatchCap | None, title_prefix: str | None
+    ) -> Iterator[tuple[TaskValues, Attempt | None]]:
+        """Each stored task whose title starts with `title_prefix` (checked) as its values
+        at `at`, beside its last attempt."""
         project = self._task_values
         for record in self._task_records(None, None):
             if title_prefix is None or record.title.startswith(title_prefix):

@@ -9,6 +9,7 @@ nothing more here. Rows are read by column name (`_rows.py`).
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Callable
@@ -80,6 +81,10 @@ _LANE_EVENT_INSERT = (
     f"VALUES ({', '.join(f':{column}' for column in LANE_EVENT_COLUMNS)})"
 )
 
+# A row as its `TaskRecord` (`TaskRecord._make`, without the classmethod's own call: a
+# listing makes one a task).
+_record_of = functools.partial(tuple.__new__, TaskRecord)
+
 # Testing seam: the crash test sets this in a child process to hold the admission
 # transaction open after the INSERT (before COMMIT) and kills the child there.
 _after_admission_insert: Callable[[], None] | None = None
@@ -137,8 +142,7 @@ class SqliteTx:
         cursor = self._conn.execute(sql, params)
         if tuple(column[0] for column in cursor.description) != TASK_ROW:
             raise AssertionError(f"{sql!r} does not read TASK_ROW in its order")
-        make = TaskRecord._make
-        return [make(row) for row in cursor.fetchall()]
+        return list(map(_record_of, cursor.fetchall()))
 
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
         found = self._task_rows(f"{_TASK_SELECT} WHERE t.id = ?", (task_id,))
