@@ -142,3 +142,39 @@ def test_status_watch_redraws_in_place_on_a_terminal(
     text = drawn.decode()
     assert text.count(REDRAW) == 4  # each redraw goes home and clears, in place
     assert text.count("ISSUE ") == 4 and "Ctrl-C to stop" in text
+
+
+def test_the_status_table_is_masked_with_a_board_once_or_watched_and_not_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A board's issue ids are outside text: masked in the table printed once and in each
+    `--watch` redraw (as in `--json`). Without a board every cell is the ledger's, masked
+    when it was stored, and the table is printed as `task list` prints its lines, with no
+    redactor run over it."""
+    import execkit._mask as mask_module
+    import execkit.cli._output as output_module
+
+    secret = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    monkeypatch.setenv("EXECKIT_DB", str(tmp_path / "ledger.db"))
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        ledger.create_task(f"board:{secret}", actor="dispatcher")
+        ledger.create_task("board:PLAIN", actor="dispatcher")
+    issues = [{"id": i, "title": "t", "state": "todo"} for i in (secret, "PLAIN")]
+    board = write_board(tmp_path / "board.json", issues)
+    masked: list[str] = []
+    real = mask_module.mask_text
+
+    def counted(text: str) -> str:
+        masked.append(text)
+        return real(text)
+
+    monkeypatch.setattr(output_module, "mask_text", counted)
+    for argv in (["--board", str(board)], ["--board", str(board), "--watch", "--count", "1"]):
+        assert main(["status", *argv]) == 0
+        out = capsys.readouterr().out
+        assert "PLAIN" in out and secret not in out, argv
+    masked.clear()
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "PLAIN" in out and secret not in out  # its title was masked when stored
+    assert masked == [], "the ledger's own cells are not masked again"

@@ -22,6 +22,7 @@ from typing import Any
 
 from execkit._budget import BlockedOn
 from execkit._errors import Conflict, InvalidInput, NotFound
+from execkit._mask import mask_text
 from execkit.cli._dispatch import _add_common, _clip, _config, _when
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import emit, print_json_list, safe_text, utc_stamp, write_lines
@@ -186,6 +187,8 @@ def _read(args: argparse.Namespace) -> tuple[float, str]:
     """The table as one text (what `--watch` draws), and the time it was read at."""
     with _rows(args) as (now, _, rows):
         text = format_status_table(rows, now)
+    if args.board is not None:  # masked as the table `status` prints once is
+        text = mask_text(text)
     return now, text if "\n" in text else _empty(args)
 
 
@@ -207,7 +210,11 @@ def _status(args: argparse.Namespace) -> int:
         elif not first:
             emit(_empty(args))
         else:
-            write_lines(status_table_lines(itertools.chain(first, rows), now), masked=True)
+            # The table as the JSON: masked with a board (its ids and states are outside
+            # text), not without (every cell is the ledger's, masked as it was stored, or
+            # execkit's own words), as `task list` prints it.
+            lines = status_table_lines(itertools.chain(first, rows), now)
+            write_lines(lines, masked=args.board is not None)
     return 0
 
 
