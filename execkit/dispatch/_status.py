@@ -189,7 +189,7 @@ def iter_issue_statuses(
         ):
             task = ledger.get_task(task.id, now=at, cap=cap, force=True)
         shown = _status_row(issue_id, title, board_state, task, last, config)
-        held = waiting(task, adapter)
+        held = waiting(task, adapter) if closed else None  # no lane closed: none waits
         return shown if held is None else attrs.evolve(shown, reason=held)
 
     if board is None:
