@@ -58,11 +58,12 @@ def _status_row(
     board_state: str | None,
     task: Task | TaskValues | None,
     last: Attempt | None,
-    config: DispatchConfig,
+    bound: int | None,
 ) -> IssueStatus:
+    """The dashboard row of an issue and its task (None: never dispatched); `bound` is
+    `DispatchConfig.bound_for(task)`."""
     # Positional, in `IssueStatus`'s field order (pinned below): one a dashboard row.
     if task is None:
-        bound = config.bound_for(None)
         return IssueStatus(
             issue_id, title, board_state, None, None, None, 0, bound, 0, 0, None, None, None,
             None, None,
@@ -76,7 +77,7 @@ def _status_row(
         state,  # ledger_state
         task.blocked_on,
         task.attempts_started,  # attempts
-        config.bound_for(task),  # max_attempts
+        bound,  # max_attempts
         task.charged_attempts,
         task.uncharged_streak,
         task.next_attempt_at if state is TaskState.BACKOFF else None,
@@ -162,6 +163,8 @@ def iter_issue_statuses(
             lanes = DispatchLanes(ledger)
             lanes.bind(ledger.ledger_id())
 
+    bounds: dict[int, int | None] = {}
+
     def waiting(task: Task | TaskValues, adapter: str | None) -> str | None:
         if not closed or task.status != "open" or task.state is TaskState.RUNNING:
             return None
@@ -178,7 +181,7 @@ def iter_issue_statuses(
         adapter: str | None = None,
     ) -> IssueStatus:
         if ledger is None or found is None:
-            return _status_row(issue_id, title, board_state, None, None, config)
+            return _status_row(issue_id, title, board_state, None, None, config.bound_for(None))
         task: Task | TaskValues
         task, last = found
         if (
@@ -188,7 +191,12 @@ def iter_issue_statuses(
             and (not can_give_up or task.gave_up_at_attempt == task.attempts_started)
         ):
             task = ledger.get_task(task.id, now=at, cap=cap, force=True)
-        shown = _status_row(issue_id, title, board_state, task, last, config)
+        limit = task.max_attempts  # the binding bound depends on the limit alone
+        if limit in bounds:
+            bound = bounds[limit]
+        else:
+            bound = bounds[limit] = config.bound_for(task)
+        shown = _status_row(issue_id, title, board_state, task, last, bound)
         held = waiting(task, adapter) if closed else None  # no lane closed: none waits
         return shown if held is None else attrs.evolve(shown, reason=held)
 
