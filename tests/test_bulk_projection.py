@@ -214,14 +214,18 @@ def test_the_status_of_every_kind_of_task_is_the_same_read_from_values_or_tasks(
     assert {row.ledger_state for row in rows} == set(TaskState)
 
 
-def test_a_status_builds_no_task(ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_status_builds_no_task_and_no_attempt(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from execkit.dispatch import DispatchConfig, issue_statuses
 
     made = _every_kind(ledger, prefix="board:")
     built = _count_calls(monkeypatch, Task, "__init__")
+    attempts = _count_calls(monkeypatch, store_module, "stored_attempt")
     rows = issue_statuses(ledger, DispatchConfig(), now=NOW)
     assert len(rows) == len(made) - 1  # every task but the odd title, which is no issue
     assert built == [], "each dashboard row is made from its task's values"
+    assert attempts == [], "and its last attempt's outcome from its summary's columns"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from execkit._budget import Attempt, AttemptStatus, BlockedOn
+from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._json import to_json
 from execkit._mask import mask_text
@@ -18,6 +18,7 @@ from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes, waiting_reason
 from execkit.ledger import (
     LANES_CAPABILITY,
+    LastOutcome,
     Ledger,
     Task,
     TaskState,
@@ -57,7 +58,7 @@ def _status_row(
     title: str,
     board_state: str | None,
     task: Task | TaskValues | None,
-    last: Attempt | None,
+    last: LastOutcome | None,
     bound: int | None,
 ) -> IssueStatus:
     """The dashboard row of an issue and its task (None: never dispatched); `bound` is
@@ -144,7 +145,7 @@ def iter_issue_statuses(
     """
     at = time.time() if now is None else now
     cap = config.cap
-    dispatched: Iterator[tuple[TaskValues, Attempt | None]] = (
+    dispatched: Iterator[tuple[TaskValues, LastOutcome | None]] = (
         iter(())
         if ledger is None
         else iter_task_values_with_last(ledger, now=at, cap=cap, title_prefix=TASK_TITLE_PREFIX)
@@ -177,7 +178,7 @@ def iter_issue_statuses(
         issue_id: str,
         title: str,
         board_state: str | None,
-        found: tuple[TaskValues, Attempt | None] | None,
+        found: tuple[TaskValues, LastOutcome | None] | None,
         adapter: str | None = None,
     ) -> IssueStatus:
         if ledger is None or found is None:

@@ -50,6 +50,7 @@ __all__ = [
     "AuditEntry",
     "AuditEvent",
     "Grant",
+    "LastOutcome",
     "Ledger",
     "Role",
     "Run",
@@ -58,6 +59,7 @@ __all__ = [
     "TaskState",
     "TaskStatus",
     "TaskValues",
+    "last_outcome",
     "task_values",
     "user_name",
 ]
@@ -316,6 +318,23 @@ def task_values(task: Task) -> TaskValues:
     """`task`'s fields as `TaskValues` (what a listing reads of a Task from elsewhere: a
     server's answer)."""
     return TaskValues._make(_task_getter(task))
+
+
+class LastOutcome(NamedTuple):
+    """How a task's last attempt stands, as a dashboard row shows it: its status, failure
+    class and reason (read from the task's summary columns; `last_outcome(attempt)` gives
+    an `Attempt`'s)."""
+
+    status: AttemptStatus
+    failure_class: FailureClass | None
+    reason: str | None
+
+
+def last_outcome(attempt: Attempt | None) -> LastOutcome | None:
+    """`attempt`'s `LastOutcome` (None for None)."""
+    if attempt is None:
+        return None
+    return LastOutcome(attempt.status, attempt.failure_class, attempt.reason)
 
 
 class AuditAction(enum.StrEnum):

@@ -11,11 +11,13 @@ key returns the same task.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from execkit._budget import Attempt, BlockedOn, DispatchCap, TaskState
+from execkit._budget import Attempt, AttemptStatus, BlockedOn, DispatchCap, TaskState
+from execkit._classify import FailureClass
 from execkit._errors import AttemptLimitReached, Conflict, Forbidden, TaskBlocked, TaskFinished
 from execkit.ledger._core.base import FINISHED_STATUSES, CoreBase
 from execkit.ledger._core.inputs import (
@@ -33,17 +35,19 @@ from execkit.ledger._core.inputs import (
     fingerprint_of,
     moment,
 )
-from execkit.ledger._core.store import TaskRecord
+from execkit.ledger._core.store import TaskRecord, domain
 from execkit.ledger._model import (
     LIST_PAGE,
     OPERATE_ROLE,
     Actor,
     AuditAction,
     AuditEntry,
+    LastOutcome,
     Ledger,
     Task,
     TaskStatus,
     TaskValues,
+    last_outcome,
     task_values,
 )
 
@@ -191,8 +195,8 @@ class TaskOps(CoreBase):
         at = moment(now)
         if title_prefix is not None:  # masked as a stored title is, so the two compare
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
-        for values, last in self._values_with_last(at, cap, title_prefix):
-            yield Task(*values), last
+        for values, record in self._titled(at, cap, title_prefix):
+            yield Task(*values), record.last
 
     def iter_task_values_with_last(
         self,
@@ -200,22 +204,26 @@ class TaskOps(CoreBase):
         now: float | None = None,
         cap: DispatchCap | None = None,
         title_prefix: str | None = None,
-    ) -> Iterator[tuple[TaskValues, Attempt | None]]:
-        """`iter_tasks_with_last`, each task as its `TaskValues` (no Task built)."""
+    ) -> Iterator[tuple[TaskValues, LastOutcome | None]]:
+        """`iter_tasks_with_last`, each task as its `TaskValues` and its last attempt as
+        its `LastOutcome` (no Task or Attempt built). Raises as `iter_tasks_with_last`."""
         at = moment(now)
         if title_prefix is not None:  # masked as a stored title is, so the two compare
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
-        return self._values_with_last(at, cap, title_prefix)
+        return (
+            (values, _last_outcome(record))
+            for values, record in self._titled(at, cap, title_prefix)
+        )
 
-    def _values_with_last(
+    def _titled(
         self, at: float, cap: DispatchCap | None, title_prefix: str | None
-    ) -> Iterator[tuple[TaskValues, Attempt | None]]:
-        """Each stored task whose title starts with `title_prefix` (checked) as its values
-        at `at`, beside its last attempt."""
+    ) -> Iterator[tuple[TaskValues, TaskRecord]]:
+        """Each stored task whose title starts with `title_prefix` (checked): its values at
+        `at` beside its record."""
         project = self._task_values
         for record in self._task_records(None, None):
             if title_prefix is None or record.title.startswith(title_prefix):
-                yield project(record, at, cap), record.last
+                yield project(record, at, cap), record
 
     def _task_records(self, after: str | None, status: TaskStatus | None) -> Iterator[TaskRecord]:
         """The stored tasks after task `after` (NotFound if it is no task), of `status`, a
@@ -479,13 +487,39 @@ def iter_task_values_with_last(
     now: float | None = None,
     cap: DispatchCap | None = None,
     title_prefix: str | None = None,
-) -> Iterator[tuple[TaskValues, Attempt | None]]:
-    """`ledger.iter_tasks_with_last(...)`, each task as its `TaskValues`, as
-    `iter_task_values` reads them: from the rows of a ledger of this process, else from
-    the Tasks of any other."""
+) -> Iterator[tuple[TaskValues, LastOutcome | None]]:
+    """`ledger.iter_tasks_with_last(...)`, each task as its `TaskValues` and its last
+    attempt as its `LastOutcome`, as `iter_task_values` reads them: from the rows of a
+    ledger of this process, else from the Tasks and Attempts of any other."""
     if isinstance(ledger, TaskOps):
         return ledger.iter_task_values_with_last(now=now, cap=cap, title_prefix=title_prefix)
     return (
-        (task_values(task), last)
+        (task_values(task), last_outcome(last))
         for task, last in ledger.iter_tasks_with_last(now=now, cap=cap, title_prefix=title_prefix)
     )
+
+
+_STATUSES = {str(member): member for member in AttemptStatus}
+_CLASSES = {str(member): member for member in FailureClass}
+
+
+def _last_outcome(record: TaskRecord) -> LastOutcome | None:
+    """The record's last attempt's outcome, from its summary columns (`record.last`'s
+    status, class and reason; a value outside its enum is the StorageError it raises)."""
+    if record.last_number is None:
+        return None
+    status, klass = record.last_status, record.last_class
+    return _outcome_of(
+        (
+            _STATUSES.get(status)  # type: ignore[arg-type]
+            or domain(AttemptStatus, status, "task {!r} summary last_status", record.id),
+            None
+            if klass is None
+            else _CLASSES.get(klass)
+            or domain(FailureClass, klass, "task {!r} summary last_class", record.id),
+            record.last_reason,
+        )
+    )
+
+
+_outcome_of = functools.partial(tuple.__new__, LastOutcome)
