@@ -55,6 +55,9 @@ class KeptText(NamedTuple):
     """Bytes of binary output just before `text` that are not kept (0: none)."""
 
 
+_NOTHING = KeptText("", "", 0)
+
+
 class TailBuffer:
     """The last `limit` bytes fed, the exact byte total, and whether anything was dropped.
 
@@ -197,6 +200,8 @@ class TailBuffer:
         was cut; or, when the tail is binary output, only the text after its last NUL or
         undecodable byte, with the text before that as `context`. Never raises.
         """
+        if not self.total:
+            return _NOTHING  # a silent stream (most stderr): nothing to slice or decode
         raw = self._text_bytes()
         text = _decode(raw)
         binary = text.count("\ufffd")  # no cost on text that cannot hold one (ASCII)
