@@ -138,7 +138,8 @@ class TailBuffer:
         pos = self._pos
         if pos < 0 or self._keep < _GROW_READ:  # growing, or a ring smaller than a read
             chunk = os.read(fd, _GROW_READ)
-            self.feed(chunk)
+            if chunk:  # an end of file (the last read of every stream) feeds nothing
+                self.feed(chunk)
             return len(chunk)
         view = self._view
         assert view is not None
