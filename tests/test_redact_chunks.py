@@ -8,6 +8,8 @@ speed is in benchmarks/bench_exec.py."""
 from __future__ import annotations
 
 import random
+import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,18 +109,35 @@ def test_any_text_in_small_chunks_redacts_as_the_pure_python_engine(
     assert chunked == whole
 
 
+class _Reading:
+    """A pass's compiled pattern that records how many characters each search may read."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.sizes: list[int] = []
+
+    def _note(self, text: str, pos: int, endpos: int) -> None:
+        self.sizes.append(min(endpos, len(text)) - pos)
+
+    def finditer(self, text: str, pos: int = 0, endpos: int = sys.maxsize) -> Any:
+        self._note(text, pos, endpos)
+        return self.pattern.finditer(text, pos, endpos)
+
+    def search(self, text: str, pos: int = 0, endpos: int = sys.maxsize) -> Any:
+        self._note(text, pos, endpos)
+        return self.pattern.search(text, pos, endpos)
+
+    def match(self, text: str, pos: int = 0, endpos: int = sys.maxsize) -> Any:
+        self._note(text, pos, min(endpos, pos + 1))  # a match at one place reads on from it
+        return self.pattern.match(text, pos, endpos)
+
+
 def _given_chars(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """The length of each text the pass `name` is asked to find its matches in."""
-    sizes: list[int] = []
-    original = engine._find_spans
-
-    def counted(step: engine.Pass, text: str, *args: Any) -> engine.SpanList:
-        if step.name == name:
-            sizes.append(len(text))
-        return original(step, text, *args)
-
-    monkeypatch.setattr(engine, "_find_spans", counted)
-    return sizes
+    """How many characters each search of the pass `name`'s pattern may read."""
+    (step,) = [step for step in engine.EXTRA_PASSES if step.name == name]
+    reading = _Reading(step.pattern)
+    monkeypatch.setattr(step, "_pattern", reading)
+    return reading.sizes
 
 
 def test_a_rule_whose_anchor_occurs_once_reads_about_a_chunk(
