@@ -14,14 +14,17 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import attrs
 import psutil
 import pytest
 from _support import REPO, gone, wait_gone
 
 from execkit import InvalidInput
 from execkit._exec import SpawnResult, spawn, supervisor
+from execkit._exec.options import SpawnOptions
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "exec"
 # -I -S: no site import, so the fixture is up (and has its signal handlers) quickly.
@@ -475,6 +478,62 @@ def test_bad_arguments_name_the_argument_and_spawn_nothing(
     assert names in str(info.value)
     if error is InvalidInput:
         assert isinstance(info.value, ValueError)
+
+
+def test_every_default_passes_the_check_a_spawn_skips_for_it() -> None:
+    # A field left at its default object is not checked (most of a spawn's checks): that
+    # is sound only while each default passes its field's own check.
+    plain = SpawnOptions(argv=["true"])
+    fields = attrs.fields(SpawnOptions)
+    defaulted = [field for field in fields if field.default is not attrs.NOTHING]
+    assert len(defaulted) == 14
+    for field in defaulted:
+        skipped = field.validator.validator  # type: ignore[union-attr]
+        skipped(plain, field, getattr(plain, field.name))
+    # An equal value that is not the default object is checked as any other.
+    with pytest.raises(TypeError, match="tail_bytes"):
+        SpawnOptions(argv=["true"], tail_bytes=float(plain.tail_bytes))  # type: ignore[arg-type]
+
+
+def test_a_spawn_left_at_its_defaults_costs_a_call_per_field_to_check() -> None:
+    # Counted in Python calls while the options are built (75 when every check ran in
+    # full: a tenth of a spawn's Python work beyond subprocess.run's, in a cold cache).
+    SpawnOptions(argv=["true"])
+    calls = 0
+
+    def profile(_frame: FrameType, event: str, _arg: object) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(profile)
+    try:
+        SpawnOptions(argv=["true"])
+    finally:
+        sys.setprofile(None)
+    assert calls <= 24, calls
+
+
+def test_a_spawn_of_true_costs_a_bounded_count_of_execkits_own_python_calls() -> None:
+    # Its Python work beyond subprocess.run's is most of what a short spawn costs over it
+    # (benchmarks/bench_exec.py); counted in calls to execkit's own code (attrs' generated
+    # __init__ included): 79 now under the default mechanism, 89 while a spawn's tree
+    # hashed itself in Python, 114 while every argument was checked in full.
+    package = os.path.dirname(os.path.dirname(supervisor.__file__))
+    spawn(["true"])
+    calls = 0
+
+    def profile(frame: FrameType, event: str, _arg: object) -> None:
+        nonlocal calls
+        name = frame.f_code.co_filename
+        if event == "call" and (name.startswith(package) or name.startswith("<attrs")):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        assert spawn(["true"]).ok
+    finally:
+        sys.setprofile(None)
+    assert calls <= 82, calls
 
 
 def test_huge_finite_timeout_and_grace_are_honoured_not_overflowed() -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from secrets_corpus import SAMPLES, Sample, leaked
 
 from execkit._exec import BINARY_NOTICE, result
+from execkit._exec import tail as tail_module
 from execkit._exec.tail import KeptText, TailBuffer
 from execkit._redact import redact
 
@@ -251,3 +252,23 @@ def test_binary_output_never_lets_a_secret_through(
     stored = result._stored_tail(kept, sample.extra_secrets)
     assert stored.startswith(BINARY_NOTICE.format(kept.binary_bytes))
     assert not leaked(sample.secret, stored), stored
+
+
+def test_a_silent_stream_is_kept_as_nothing_without_slicing_or_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Most spawns leave stderr (and many stdout) empty: nothing to join, decode or search.
+    decoded: list[int] = []
+    real = tail_module._decode
+
+    def counted(data: bytes | memoryview) -> str:
+        decoded.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(tail_module, "_decode", counted)
+    assert TailBuffer(64, 16).kept() == KeptText("", "", 0)
+    assert decoded == []
+    fed = TailBuffer(64, 16)
+    fed.feed(b"x")
+    assert fed.kept() == KeptText("x", "", 0)
+    assert decoded == [1]

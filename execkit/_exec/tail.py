@@ -55,6 +55,9 @@ class KeptText(NamedTuple):
     """Bytes of binary output just before `text` that are not kept (0: none)."""
 
 
+_NOTHING = KeptText("", "", 0)
+
+
 class TailBuffer:
     """The last `limit` bytes fed, the exact byte total, and whether anything was dropped.
 
@@ -135,7 +138,8 @@ class TailBuffer:
         pos = self._pos
         if pos < 0 or self._keep < _GROW_READ:  # growing, or a ring smaller than a read
             chunk = os.read(fd, _GROW_READ)
-            self.feed(chunk)
+            if chunk:  # an end of file (the last read of every stream) feeds nothing
+                self.feed(chunk)
             return len(chunk)
         view = self._view
         assert view is not None
@@ -197,6 +201,8 @@ class TailBuffer:
         was cut; or, when the tail is binary output, only the text after its last NUL or
         undecodable byte, with the text before that as `context`. Never raises.
         """
+        if not self.total:
+            return _NOTHING  # a silent stream (most stderr): nothing to slice or decode
         raw = self._text_bytes()
         text = _decode(raw)
         binary = text.count("\ufffd")  # no cost on text that cannot hold one (ASCII)

@@ -106,8 +106,11 @@ must END the name), base64 data without a key context, certificates and public k
 
 Engines. Which passes run on a text is decided by its anchors (gate.py): under the
 compiled engine (scan.py, when Hyperscan loads) one scan finds every anchor; under the
-pure-Python one, a substring search each. The passes, and so the output, are the same
-byte for byte (tests/test_redact.py runs its checks under both).
+pure-Python one, a substring search each; the compiled engine also looks at a long text a
+chunk at a time, and a rule that matches within a line then reads only the chunks that
+hold its anchors. The passes, and so the output, are the same byte for byte
+(tests/test_redact.py runs its checks under both, tests/test_redact_chunks.py compares
+chunked texts).
 
 Masks keep syntax: a mask never ends inside an escape (`\\"` stays whole: a masked JSON
 string stays a JSON string with its closing quote), and the shape-free rules stop a value

@@ -65,6 +65,7 @@ __all__ = [
     "extra_spans",
     "find_spans",
     "keep_escapes",
+    "line_reach",
     "matches_from",
     "names_dense",
     "reference_rules",
@@ -343,8 +344,122 @@ def extra_spans(text: str, gate: Gate, secrets: Sequence[str]) -> SpanList:
             spans = _spans_of(step, matches_from(step.pattern, text, where)) if where else []
             found_spans.extend(_kept(text, spans))
         else:
-            found_spans.extend(find_spans(step, text, low, gate))
+            regions = _regions_of(step, text, gate)
+            if regions is None:
+                found_spans.extend(find_spans(step, text, low, gate))
+            else:
+                found_spans.extend(_kept(text, _spans_in(step, text, low, regions)))
     return found_spans
+
+
+class _LooksFar(Exception):
+    """A pattern looks at the ends of the string, or without a bound."""
+
+
+# A look-around wider than this is treated as unbounded (no rule has one over 32).
+_REACH_MAX = 4096
+
+
+@functools.cache
+def line_reach(source: str) -> tuple[int, int] | None:
+    r"""(before, after): at most how many characters before a match's start and after its
+    end the pattern `source` reads (its look-behinds and look-aheads, nested ones too; a
+    word boundary reads one; each bound one more than that), as `re`'s own parser reads
+    it; None when it asserts an end of the string (`^`, `$`, `\A`, `\Z`) or looks around
+    without a bound. A match found in a slice of a text with that much text around it is
+    the match `re` finds in the whole text at the same place."""
+    from re import _constants, _parser
+
+    before = after = 1  # a word boundary reads the character on either side
+
+    def walk(items: Any) -> None:
+        nonlocal before, after
+        for op, value in items:
+            if op in (_constants.ASSERT, _constants.ASSERT_NOT):
+                direction, inner = value
+                width = inner.getwidth()[1]
+                if width > _REACH_MAX:
+                    raise _LooksFar
+                if direction < 0:
+                    before = max(before, width + 1)
+                else:
+                    after = max(after, width + 1)
+                walk(inner)
+            elif op is _constants.AT:
+                if value not in (_constants.AT_BOUNDARY, _constants.AT_NON_BOUNDARY):
+                    raise _LooksFar
+            elif op is _constants.SUBPATTERN:
+                walk(value[3])
+            elif op is _constants.BRANCH:
+                for branch in value[1]:
+                    walk(branch)
+            elif op in (
+                _constants.MAX_REPEAT,
+                _constants.MIN_REPEAT,
+                _constants.POSSESSIVE_REPEAT,
+            ):
+                walk(value[2])
+            elif op is _constants.ATOMIC_GROUP:
+                walk(value)
+            elif op is _constants.GROUPREF_EXISTS:
+                walk(value[1])
+                if value[2] is not None:
+                    walk(value[2])
+            elif op not in (
+                _constants.LITERAL,
+                _constants.NOT_LITERAL,
+                _constants.ANY,
+                _constants.IN,
+                _constants.GROUPREF,
+            ):
+                raise _LooksFar  # an operator not accounted for: not bounded here
+
+    try:
+        walk(_parser.parse(source))
+    except _LooksFar:
+        return None
+    return before, after
+
+
+def _regions_of(step: Pass, text: str, gate: Gate) -> list[tuple[int, int]] | None:
+    """The runs of lines of `text` where `step` can match (gate.Gate.regions), for a pass
+    that matches within a line and reads a bounded way around its matches; else None."""
+    if gate.text is not text or step.shapes[0].crosses_lines:
+        return None
+    regions = gate.regions(step)
+    return None if regions is None or _reaches()[step.name] is None else regions
+
+
+@functools.cache
+def _reaches() -> dict[str, tuple[int, int] | None]:
+    """`line_reach` of every phase 3 pass, by name: read all at once, on the first long
+    text with a pass to search in chunks (once per process, never at import)."""
+    return {step.name: line_reach(step.source) for step in EXTRA_PASSES}
+
+
+def _spans_in(step: Pass, text: str, low: str, regions: list[tuple[int, int]]) -> SpanList:
+    """`_find_spans(step, text, low)` for a pass that can match only within `regions`
+    (runs of whole lines; `_regions_of`): each searched as a slice of the text with what
+    the pattern reads around it (`line_reach`), and only the matches that start inside
+    it kept (no match runs over a newline, so none starts in one region and ends in
+    another). Each match is the one the whole text has there: it reads the same
+    characters, and from where the last one ended the whole text holds no other match
+    before it."""
+    reach = _reaches()[step.name]
+    assert reach is not None
+    before, after = reach
+    # A `nearby` shape reads its line before a token: a region starts a line, and the
+    # character before it is a newline, which the slice holds (before >= 1).
+    found: SpanList = []
+    size = len(text)
+    for start, end in regions:
+        lo, hi = max(0, start - before), min(size, end + after)
+        piece = text[lo:hi]
+        piece_low = low[lo:hi] if low else ""
+        for match_start, match_end, masked_start, masked_end in _find_spans(step, piece, piece_low):
+            if start <= match_start + lo < end:
+                found.append((match_start + lo, match_end + lo, masked_start + lo, masked_end + lo))
+    return found
 
 
 def reference_rules(text: str, gate: Gate) -> str:

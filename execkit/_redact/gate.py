@@ -27,6 +27,18 @@ time, so that its copies stay small: what it costs is one string of the text's s
 Under the compiled engine (scan.py), every anchor of a text of any length is looked for
 at once, in one scan: the gate then knows them all, as it knows a short text's.
 
+Chunks. Under the compiled engine a text of `CHUNKED_FROM` characters or more is scanned
+once more, a chunk at a time (about `CHUNK_CHARS` characters, each ending just after a
+newline), for its anchors of three characters or more, so the gate knows which of those
+each chunk holds (`regions`; a shorter anchor is in nearly every chunk, and counts as in
+each when the text holds it). No anchor holds a newline, so an anchor occurs in a chunk
+exactly when an occurrence of it in the text lies in that chunk. A pass whose
+matches never run over a newline can only match on a line that holds a member of each
+of its anchor groups (a match holds them, or, for a `nearby` shape, its line does before
+it): it need not look at chunks that lack one (engine.py). On a long text, the anchor
+of a rule that matched nothing was mostly chance (`NRAL` inside a random token): its
+pattern then reads a few chunks instead of the whole text.
+
 Named passes start only a few characters before a name word with a `:` or `=` soon after
 it on its line; `name_starts` finds those places (once per text, through its gate).
 """
@@ -44,6 +56,8 @@ from execkit._redact.words import NAME_STARTS
 
 __all__ = [
     "ANCHORS",
+    "CHUNKED_FROM",
+    "CHUNK_CHARS",
     "EAGER_CHARS",
     "FOLD_FIXES",
     "FOLD_PIECE",
@@ -51,6 +65,7 @@ __all__ = [
     "Opening",
     "anchor_ids",
     "fold",
+    "line_chunks",
     "name_starts",
 ]
 
@@ -119,6 +134,44 @@ def _rarity(char: str) -> int:
 # Up to this length a gate looks for all anchors up front (argv items, error messages).
 EAGER_CHARS = 2048
 
+# Under the compiled engine, a text this long or longer is scanned in chunks of about
+# `CHUNK_CHARS` characters (each a scan call; a chunk reports each anchor it holds once,
+# a Python call each: some 60 per chunk of a log full of credentials).
+CHUNK_CHARS = 1 << 15
+CHUNKED_FROM = 4 * CHUNK_CHARS
+# A pass whose chunks hold more than 1/`_WHOLE_SHARE` of the text searches it whole.
+_WHOLE_SHARE = 2
+
+
+def line_chunks(text: str, size: int) -> list[tuple[int, int]]:
+    """[start, end) of consecutive chunks of `text`, each ending just after the first
+    newline at or after `size` characters into it (the last one at the text's end)."""
+    chunks: list[tuple[int, int]] = []
+    start, length = 0, len(text)
+    while start < length:
+        newline = text.find("\n", start + size - 1)
+        end = length if newline < 0 else newline + 1
+        chunks.append((start, end))
+        start = end
+    return chunks
+
+
+@functools.cache
+def _short_anchors(count: int) -> int:
+    """The bits of the first `count` anchors that chunks are not scanned for."""
+    return sum(
+        1 << index
+        for index, (literal, _) in enumerate(ANCHORS[:count])
+        if len(literal) < scan.CHUNK_ANCHOR_CHARS
+    )
+
+
+@functools.cache
+def _newline_anchor(count: int) -> bool:
+    """Whether one of the first `count` anchors holds a newline (none does: chunks rely
+    on it, and check it for each table)."""
+    return any("\n" in literal for literal, _ in ANCHORS[:count])
+
 
 class Opening(Protocol):
     """What the gate reads of a pass (engine.py's `Pass`): its anchor groups, as anchor ids
@@ -146,7 +199,7 @@ _OPEN_BY_ANCHORS_MAX = 4096  # sets remembered; past it, the memory starts again
 class Gate:
     """Which anchors occur in one text; each is looked for at most once."""
 
-    __slots__ = ("_bits", "_chars", "_low", "_names", "_state", "_text")
+    __slots__ = ("_bits", "_chars", "_chunk_bits", "_chunks", "_low", "_names", "_state", "_text")
 
     def __init__(self, text: str) -> None:
         self._text = text
@@ -155,10 +208,16 @@ class Gate:
         self._state: list[int] = []  # per anchor id: -1 not looked for yet, 0 absent, 1 found
         self._chars: dict[tuple[str, bool], bool] = {}  # (character, in the fold): present
         self._bits = 0  # bit i set: anchor i found (a short text's anchors, all looked for)
+        self._chunks: list[tuple[int, int]] = []  # a long text's chunks, under Hyperscan
+        self._chunk_bits: list[int] = []  # per chunk, its `_bits`
         found = scan.scanner(ANCHORS)
         if found is not None:
-            # The compiled engine: every anchor looked for in one scan, whatever the length.
-            self._bits = found.bits(text, self.fold)
+            # The compiled engine: every anchor looked for in one scan, whatever the length
+            # (and a long text's longer anchors again, a chunk at a time).
+            encoded = scan.ascii_bytes(text)
+            self._bits = found.bits(text, encoded, self.fold)
+            if len(text) >= CHUNKED_FROM and not _newline_anchor(len(ANCHORS)):
+                self._scan_chunks(encoded)
             return
         if len(text) > EAGER_CHARS:
             self._state = [-1] * len(ANCHORS)
@@ -227,6 +286,47 @@ class Gate:
             else:
                 return False
         return True
+
+    def _scan_chunks(self, encoded: bytes | None) -> None:
+        """Which of the longer anchors each chunk holds (`scan.chunk_scanner`; `encoded`
+        is the text's `scan.ascii_bytes`); a shorter
+        one counts as held by every chunk when the text holds it (`regions` may then
+        search more than it need, never less)."""
+        chunks = line_chunks(self._text, CHUNK_CHARS)
+        finder = scan.chunk_scanner(ANCHORS)
+        if len(chunks) < 2 or finder is None:
+            return
+        everywhere = self._bits & _short_anchors(len(ANCHORS))
+        per_chunk = finder.chunk_bits(self._text, encoded, self.fold, chunks)
+        self._chunks = chunks
+        self._chunk_bits = [bits | everywhere for bits in per_chunk]
+
+    def regions(self, step: Opening) -> list[tuple[int, int]] | None:
+        """Where in the text a pass that never matches over a newline can match: the runs
+        of consecutive chunks that each hold a member of each of its anchor groups (whole
+        lines, in order), or None when the text was not scanned in chunks or those runs
+        hold more than half of it (a search of the whole text then costs no more)."""
+        per_chunk = self._chunk_bits
+        if not per_chunk:
+            return None
+        masks = step.masks
+        runs: list[tuple[int, int]] = []
+        covered = 0
+        last_end = -1
+        for (start, end), bits in zip(self._chunks, per_chunk, strict=True):
+            for mask in masks:
+                if not bits & mask:
+                    break
+            else:
+                covered += end - start
+                if start == last_end:
+                    runs[-1] = (runs[-1][0], end)
+                else:
+                    runs.append((start, end))
+                last_end = end
+        if covered * _WHOLE_SHARE > len(self._text):
+            return None
+        return runs
 
     def _look(self, anchor: int) -> int:
         if not self._has_chars(anchor):

@@ -44,7 +44,9 @@ __all__ = [
     "ENGINES",
     "Openings",
     "Scanner",
+    "ascii_bytes",
     "available_engines",
+    "chunk_scanner",
     "engine_in_use",
     "openings",
     "scanner",
@@ -96,10 +98,10 @@ def engine_in_use() -> str:
 
 
 class Scanner:
-    """Every anchor compiled into one Hyperscan database (block mode, one report per
-    anchor and scan)."""
+    """Every anchor (or those numbered in `only`) compiled into one Hyperscan database
+    (block mode, one report per anchor and scan); bit i of what it finds is anchor i."""
 
-    def __init__(self, anchors: Sequence[Anchor]) -> None:
+    def __init__(self, anchors: Sequence[Anchor], only: Sequence[int] | None = None) -> None:
         import hyperscan
 
         self.count = len(anchors)
@@ -107,16 +109,14 @@ class Scanner:
         for literal, _ in anchors:
             if not literal.isascii():
                 raise ValueError(f"anchor {literal!r} is not ASCII")
-        expressions = [literal.encode("ascii") for literal, _ in anchors]
+        ids = list(range(self.count)) if only is None else list(only)
+        expressions = [anchors[index][0].encode("ascii") for index in ids]
         single = hyperscan.HS_FLAG_SINGLEMATCH
-        flags = [single | (hyperscan.HS_FLAG_CASELESS if f else 0) for _, f in anchors]
+        caseless = hyperscan.HS_FLAG_CASELESS
+        flags = [single | (caseless if anchors[index][1] else 0) for index in ids]
         self._database: Any = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._database.compile(
-            expressions=expressions,
-            ids=list(range(self.count)),
-            elements=self.count,
-            flags=flags,
-            literal=True,
+            expressions=expressions, ids=ids, elements=len(ids), flags=flags, literal=True
         )
         self._folded = sum(1 << index for index, (_, f) in enumerate(anchors) if f)
         self._local = threading.local()
@@ -127,7 +127,7 @@ class Scanner:
             scratch = self._local.scratch = self._hyperscan.Scratch(self._database)
         return scratch
 
-    def _hits(self, data: bytes) -> int:
+    def _hits(self, data: bytes | memoryview) -> int:
         found: list[int] = []
         on_match: Callable[..., None] = lambda index, *_: found.append(index)  # noqa: E731
         self._database.scan(data, match_event_handler=on_match, scratch=self._scratch())
@@ -136,13 +136,43 @@ class Scanner:
             bits |= 1 << index
         return bits
 
-    def bits(self, text: str, fold: Callable[[], str]) -> int:
+    def chunk_bits(
+        self,
+        text: str,
+        ascii_bytes: bytes | None,
+        fold: Callable[[], str],
+        chunks: Sequence[tuple[int, int]],
+    ) -> list[int]:
+        """`bits` of each chunk [start, end) of `text`, one scan each: slices of
+        `ascii_bytes` (`text` encoded, for an ASCII text); outside ASCII (None), each
+        chunk and its fold encoded on its own, so that offsets count characters."""
+        if ascii_bytes is not None:
+            data = memoryview(ascii_bytes)
+            return [self._hits(data[start:end]) for start, end in chunks]
+        low = fold()
+        folded = self._folded
+        exact = ~folded
+        found: list[int] = []
+        for start, end in chunks:
+            bits = self._hits(text[start:end].encode("utf-8", "surrogatepass")) & exact
+            found.append(
+                bits | self._hits(low[start:end].encode("utf-8", "surrogatepass")) & folded
+            )
+        return found
+
+    def bits(self, text: str, ascii_bytes: bytes | None, fold: Callable[[], str]) -> int:
         """Bit i set when anchor i occurs: an exact one in `text`, a folded one in
-        `fold()` (called only for a text outside ASCII)."""
-        if text.isascii():
-            return self._hits(text.encode("ascii"))
+        `fold()` (called only for a text outside ASCII). `ascii_bytes` is `text` encoded,
+        for an ASCII text (`ascii_bytes`), else None."""
+        if ascii_bytes is not None:
+            return self._hits(ascii_bytes)
         exact = self._hits(text.encode("utf-8", "surrogatepass")) & ~self._folded
         return exact | (self._hits(fold().encode("utf-8", "surrogatepass")) & self._folded)
+
+
+def ascii_bytes(text: str) -> bytes | None:
+    """`text` encoded as ASCII, or None when it is not ASCII: what the scanners read."""
+    return text.encode("ascii") if text.isascii() else None
 
 
 _lock = threading.Lock()
@@ -166,6 +196,24 @@ def scanner(anchors: Sequence[Anchor]) -> Scanner | None:
     if engine_in_use() != "hyperscan":
         return None
     return _built_once("scanner", len(anchors), lambda: Scanner(anchors))
+
+
+# Anchors of this many characters or more are looked for a chunk at a time (gate.py): a
+# shorter one (`-`, `=`, `sk`) is in nearly every chunk of a long text, and reporting it
+# for each would cost a Python call per chunk and rule out no chunk.
+CHUNK_ANCHOR_CHARS = 3
+
+
+def chunk_scanner(anchors: Sequence[Anchor]) -> Scanner | None:
+    """The scanner for the anchors of `CHUNK_ANCHOR_CHARS` or more characters among
+    `anchors` (bits numbered as in `anchors`), under the engine in use (None: the
+    pure-Python gate, which does not look at chunks)."""
+    if engine_in_use() != "hyperscan":
+        return None
+    only = [
+        index for index, (literal, _) in enumerate(anchors) if len(literal) >= CHUNK_ANCHOR_CHARS
+    ]
+    return _built_once("chunk_scanner", len(anchors), lambda: Scanner(anchors, only))
 
 
 # Reports an `Openings` scan may make per text: this many, and one per this many characters.

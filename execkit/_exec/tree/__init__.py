@@ -75,14 +75,16 @@ class _Containment:
             return TreeMechanism.SUBREAPER
         return TreeMechanism.SESSION
 
-    def tree(self, mechanism: TreeMechanism, keep: bool) -> Tree:
+    def tree(self, mechanism: TreeMechanism | None, keep: bool) -> Tree:
+        """A new spawn's tree under `mechanism` (None: the default, the strongest there is)."""
+        self._find()
         if mechanism is TreeMechanism.SESSION:
             return Tree()
-        reaper = self.reaper()
+        reaper = self._reaper
         if reaper is None:
             return Tree()
-        home = self.cgroups()
-        if mechanism is TreeMechanism.CGROUP and home is not None:
+        home = self._home
+        if home is not None and not home.broken and mechanism is not TreeMechanism.SUBREAPER:
             return CgroupTree(reaper, home, keep)
         return SubreaperTree(reaper, keep)
 
@@ -127,4 +129,4 @@ def force_mechanism(mechanism: str | None) -> bool:
 
 def new_tree(keep: bool) -> Tree:
     """The tree a new spawn's child is held in (`keep`: its `keep_descendants`)."""
-    return _CONTAINMENT.tree(_CONTAINMENT.forced or _CONTAINMENT.default(), keep)
+    return _CONTAINMENT.tree(_CONTAINMENT.forced, keep)

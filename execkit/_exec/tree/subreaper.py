@@ -201,15 +201,9 @@ class SubreaperTree(Tree):
             return start, {}
         return start, {"preexec_fn": self._reaper.pdeathsig_preexec()}
 
-    def __hash__(self) -> int:
-        return id(self)
-
     def snapshot(self) -> list[Proc]:
         self._owned = False  # who owns which child changes between snapshots
         return super().snapshot()
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
 
     def _claims(self, proc: Proc, child: Proc | None) -> bool:
         if super()._claims(proc, child):
