@@ -8,11 +8,13 @@ application: access log, monitoring, dashboard, API) or the same application in 
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import pwd
 import socket
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -300,23 +302,89 @@ def test_one_hop_to_a_worker_thread_per_ledger_request(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A request that calls the ledger hops to a worker thread once (and back); one that
-    does not (the OpenAPI document, a refusal before the ledger, /healthz) never."""
+    does not (the OpenAPI document, a refusal before the ledger, /healthz) never. Through
+    the listener and through ASGI alike."""
     hops: list[str] = []
-    real_run = WorkerThreads.run
+    real_submit = WorkerThreads.submit
 
-    def counting(self: WorkerThreads, function: Any, *args: Any) -> Any:
+    def counting(self: WorkerThreads, loop: Any, done: Any, function: Any, *args: Any) -> Any:
         hops.append(getattr(function, "__name__", "?"))
-        return real_run(self, function, *args)
+        return real_submit(self, loop, done, function, *args)
 
-    monkeypatch.setattr(WorkerThreads, "run", counting)
+    monkeypatch.setattr(WorkerThreads, "submit", counting)
     with RemoteLedger(served.url, served.token) as client:
         _admit(client, served.ledger, 3)
-    assert hops == ["_call_ledger"] * 6
+    assert hops == ["call_ledger"] * 6
     http = TestClient(served.app.front.asgi)
     http.get("/openapi.json")
     http.get("/v1/tasks")  # no token: refused before the ledger
     http.get("/healthz")
     assert len(hops) == 6
+    http.get("/v1/tasks", headers={"Authorization": f"Bearer {served.token}"})
+    assert hops == ["call_ledger"] * 7
+    statuses = [_get(served.url, path) for path in ("/openapi.json", "/v1/tasks", "/healthz")]
+    assert statuses == [200, 401, 200] and len(hops) == 7
+
+
+def _get(url: str, path: str) -> int:
+    """The status of a GET of `path` through the listener at `url`, without a token."""
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    conn = http.client.HTTPConnection(host or "", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        conn.close()
+
+
+def test_an_api_request_through_the_listener_makes_no_task_and_no_starlette_objects(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the listener an API request is served from the parser's callbacks
+    (`_api_cycle`): no asyncio task, no Starlette request or response, no future per
+    request. What is not the API's (/healthz) still runs as an ASGI task."""
+    import asyncio.base_events
+
+    made: list[str] = []
+    loop_class = asyncio.base_events.BaseEventLoop
+    real_task, real_future = loop_class.create_task, WorkerThreads.run
+    real_request, real_response = StarletteRequest.__init__, Response.__init__
+
+    def task(self: Any, coro: Any, **kwargs: Any) -> Any:
+        # uvicorn's own ticks make tasks and futures too (a sleep every 0.1 s): only a
+        # request's ASGI task and a future awaited for a ledger call are counted.
+        if "run_asgi" in getattr(coro, "__qualname__", ""):
+            made.append("task")
+        return real_task(self, coro, **kwargs)
+
+    def future(self: WorkerThreads, function: Any, *args: Any) -> Any:
+        made.append("future")
+        return real_future(self, function, *args)
+
+    def request(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append("request")
+        real_request(self, *args, **kwargs)
+
+    def response(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append("response")
+        real_response(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop_class, "create_task", task)
+    monkeypatch.setattr(WorkerThreads, "run", future)
+    monkeypatch.setattr(StarletteRequest, "__init__", request)
+    monkeypatch.setattr(Response, "__init__", response)
+    with RemoteLedger(served.url, served.token) as client:
+        _admit(client, served.ledger, 3)
+        client.list_tasks()
+        client.get_task("t-1")
+    assert made == []
+    assert _get(served.url, "/openapi.json") == 200
+    assert _get(served.url, "/v1/tasks") == 401
+    assert made == []
+    assert _get(served.url, "/healthz") == 200
+    assert "task" in made
 
 
 def test_an_answer_leaves_the_server_in_one_write(
