@@ -6,11 +6,12 @@ uvicorn, with each HTTP parser uvicorn can use here (h11; httptools when install
 Each server runs in a process of its own on 127.0.0.1 (a free port), configured as
 `execkit serve` configures uvicorn (`execkit.server._serve._config`): with httptools,
 execkit runs its own protocol (the API's requests served from the parser's callbacks,
-`execkit.server._api_cycle`) and the minimal app uvicorn's; with h11 both run uvicorn's. One keep-alive client (http.client, in this process) sends `--requests`
-sequential `GET`s per round, servers in a rotating order; the figure is the median per
-request over the rounds. execkit answers an authenticated `GET /v1/capabilities` (token
-check, role gate, the ledger's schema and id, in a worker thread); the minimal app answers
-`GET /` with a JSON document of the same size. The overhead is execkit's time less the
+`execkit.server._api_cycle`) and the minimal app uvicorn's; with h11 both run uvicorn's.
+One keep-alive client (http.client, in this process) sends `--requests` sequential `GET`s
+per round, servers in a rotating order; the figure is the median per request over the
+rounds. execkit answers an authenticated `GET /v1/capabilities` (token check, role gate,
+the ledger's schema and id, in a worker thread); the minimal app answers `GET /` with a
+JSON document of the same size. The overhead is execkit's time less the
 minimal app's with the same parser (target <= 0.2 ms).
 """
 

@@ -153,6 +153,39 @@ def test_a_token_is_hashed_once_per_process(
     assert len(hashed) == 4
 
 
+def test_the_tokens_file_is_looked_at_once_a_request_and_read_when_it_changed(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten requests: ten looks at the tokens file (its inode, size, mode and time), no
+    read; once it changed, one read, then none again."""
+    where = os.fspath(served.app.tokens.path)
+    looked: list[str] = []
+    parsed: list[str] = []
+    real_stat, real_parse = os.stat, execkit.server._tokens._parse
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if os.fspath(path) == where:
+            looked.append(where)
+        return real_stat(path, *args, **kwargs)
+
+    def parse(text: str, name: str) -> Any:
+        parsed.append(name)
+        return real_parse(text, name)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(execkit.server._tokens, "_parse", parse)
+    with RemoteLedger(served.url, served.token) as client:
+        for _ in range(10):
+            client.list_tasks()
+        assert (len(looked), parsed) == (10, [])
+        add_token(where, "bob")  # reads the file itself
+        looked.clear()
+        parsed.clear()
+        for _ in range(10):
+            client.list_tasks()
+    assert (len(looked), parsed) == (10, [where])
+
+
 def test_a_removed_token_is_refused_though_its_hash_was_kept(served: Served) -> None:
     tokens = served.app.tokens
     client = TestClient(served.app.front.asgi)
