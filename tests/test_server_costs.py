@@ -440,3 +440,68 @@ def test_an_answer_leaves_the_server_in_one_write(
         _admit(client, served.ledger, 3)
         assert client.list_tasks()
     assert len(writes) == 7 and min(writes) > 200  # each a head and its body
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[bytes]:
+    """`count` whole answers (head and Content-Length body) read from `sock`, in order."""
+    data = b""
+    answers: list[bytes] = []
+    for _ in range(1000):  # bounded: each round reads at least one byte or ends
+        while b"\r\n\r\n" in data and len(answers) < count:
+            head, _, rest = data.partition(b"\r\n\r\n")
+            if head.startswith(b"HTTP/1.1 100 "):
+                answers.append(head)
+                data = rest
+                continue
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(rest) < length:
+                break
+            answers.append(head + b"\r\n\r\n" + rest[:length])
+            data = rest[length:]
+        if len(answers) == count:
+            return answers
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return answers
+
+
+def test_the_api_cycle_keeps_pipelining_expect_continue_and_http_1_0(served: Served) -> None:
+    """What uvicorn's cycle did for a connection, the API's own cycle does too: two requests
+    sent at once are answered in order; `Expect: 100-continue` is answered 100 before the
+    body is sent; an HTTP/1.0 request is answered and its connection closed."""
+    parts = urllib.parse.urlsplit(served.url)
+    address = (parts.hostname or "", parts.port)
+    auth = f"Authorization: Bearer {served.token}\r\n".encode()
+    body = b'{"title": "piped"}'
+    post = (
+        b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    get = b"GET /v1/tasks HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(post + get)
+        created, listed = _read_answers(sock, 2)
+    assert created.startswith(b"HTTP/1.1 201 ") and listed.startswith(b"HTTP/1.1 200 ")
+    assert b'"piped"' in listed
+
+    with socket.create_connection(address, timeout=30) as sock:
+        head, _, _ = post.partition(b"\r\n\r\n")
+        sock.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n")
+        (interim,) = _read_answers(sock, 1)
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        sock.sendall(body)
+        (answer,) = _read_answers(sock, 1)
+        assert answer.startswith(b"HTTP/1.1 201 ")
+
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(get.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        (answer,) = _read_answers(sock, 1)
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower()
+        assert sock.recv(1) == b""  # closed after the answer
+    assert len(served.ledger.list_tasks()) == 2
