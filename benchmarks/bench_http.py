@@ -4,12 +4,14 @@ uvicorn, with each HTTP parser uvicorn can use here (h11; httptools when install
     python benchmarks/bench_http.py [--requests N] [--rounds N]
 
 Each server runs in a process of its own on 127.0.0.1 (a free port), configured as
-`execkit serve` configures uvicorn (`execkit.server._serve._config`) with `http` set to the
-parser measured. One keep-alive client (http.client, in this process) sends `--requests`
-sequential `GET`s per round, servers in a rotating order; the figure is the median per
-request over the rounds. execkit answers an authenticated `GET /v1/capabilities` (token
-check, role gate, the ledger's schema and id, in a worker thread); the minimal app answers
-`GET /` with a JSON document of the same size. The overhead is execkit's time less the
+`execkit serve` configures uvicorn (`execkit.server._serve._config`): with httptools,
+execkit runs its own protocol (the API's requests served from the parser's callbacks,
+`execkit.server._api_cycle`) and the minimal app uvicorn's; with h11 both run uvicorn's.
+One keep-alive client (http.client, in this process) sends `--requests` sequential `GET`s
+per round, servers in a rotating order; the figure is the median per request over the
+rounds. execkit answers an authenticated `GET /v1/capabilities` (token check, role gate,
+the ledger's schema and id, in a worker thread); the minimal app answers `GET /` with a
+JSON document of the same size. The overhead is execkit's time less the
 minimal app's with the same parser (target <= 0.2 ms).
 """
 
@@ -51,7 +53,9 @@ else:
     minimal = Starlette(routes=[Route("/", hello)])
     # The same uvicorn configuration, serving the minimal app where execkit's front is.
     config = _serve._config(type("App", (), {"front": type("Front", (), {"asgi": minimal})})())
-config.http = http_impl
+if kind == "minimal" or http_impl == "h11":
+    config.http = http_impl  # uvicorn's own protocol
+# else: execkit's httptools protocol, as `execkit serve` runs it (the API's own cycle)
 config.port = port
 uvicorn.Server(config).run()
 """

@@ -8,11 +8,13 @@ application: access log, monitoring, dashboard, API) or the same application in 
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import pwd
 import socket
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,39 @@ def test_a_token_is_hashed_once_per_process(
     for _ in range(3):
         assert client.get("/v1/capabilities", headers=bad).status_code == 401
     assert len(hashed) == 4
+
+
+def test_the_tokens_file_is_looked_at_once_a_request_and_read_when_it_changed(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten requests: ten looks at the tokens file (its inode, size, mode and time), no
+    read; once it changed, one read, then none again."""
+    where = os.fspath(served.app.tokens.path)
+    looked: list[str] = []
+    parsed: list[str] = []
+    real_stat, real_parse = os.stat, execkit.server._tokens._parse
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if os.fspath(path) == where:
+            looked.append(where)
+        return real_stat(path, *args, **kwargs)
+
+    def parse(text: str, name: str) -> Any:
+        parsed.append(name)
+        return real_parse(text, name)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(execkit.server._tokens, "_parse", parse)
+    with RemoteLedger(served.url, served.token) as client:
+        for _ in range(10):
+            client.list_tasks()
+        assert (len(looked), parsed) == (10, [])
+        add_token(where, "bob")  # reads the file itself
+        looked.clear()
+        parsed.clear()
+        for _ in range(10):
+            client.list_tasks()
+    assert (len(looked), parsed) == (10, [where])
 
 
 def test_a_removed_token_is_refused_though_its_hash_was_kept(served: Served) -> None:
@@ -300,23 +335,89 @@ def test_one_hop_to_a_worker_thread_per_ledger_request(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A request that calls the ledger hops to a worker thread once (and back); one that
-    does not (the OpenAPI document, a refusal before the ledger, /healthz) never."""
+    does not (the OpenAPI document, a refusal before the ledger, /healthz) never. Through
+    the listener and through ASGI alike."""
     hops: list[str] = []
-    real_run = WorkerThreads.run
+    real_submit = WorkerThreads.submit
 
-    def counting(self: WorkerThreads, function: Any, *args: Any) -> Any:
+    def counting(self: WorkerThreads, loop: Any, done: Any, function: Any, *args: Any) -> Any:
         hops.append(getattr(function, "__name__", "?"))
-        return real_run(self, function, *args)
+        return real_submit(self, loop, done, function, *args)
 
-    monkeypatch.setattr(WorkerThreads, "run", counting)
+    monkeypatch.setattr(WorkerThreads, "submit", counting)
     with RemoteLedger(served.url, served.token) as client:
         _admit(client, served.ledger, 3)
-    assert hops == ["_call_ledger"] * 6
+    assert hops == ["call_ledger"] * 6
     http = TestClient(served.app.front.asgi)
     http.get("/openapi.json")
     http.get("/v1/tasks")  # no token: refused before the ledger
     http.get("/healthz")
     assert len(hops) == 6
+    http.get("/v1/tasks", headers={"Authorization": f"Bearer {served.token}"})
+    assert hops == ["call_ledger"] * 7
+    statuses = [_get(served.url, path) for path in ("/openapi.json", "/v1/tasks", "/healthz")]
+    assert statuses == [200, 401, 200] and len(hops) == 7
+
+
+def _get(url: str, path: str) -> int:
+    """The status of a GET of `path` through the listener at `url`, without a token."""
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    conn = http.client.HTTPConnection(host or "", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        conn.close()
+
+
+def test_an_api_request_through_the_listener_makes_no_task_and_no_starlette_objects(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the listener an API request is served from the parser's callbacks
+    (`_api_cycle`): no asyncio task, no Starlette request or response, no future per
+    request. What is not the API's (/healthz) still runs as an ASGI task."""
+    import asyncio.base_events
+
+    made: list[str] = []
+    loop_class = asyncio.base_events.BaseEventLoop
+    real_task, real_future = loop_class.create_task, WorkerThreads.run
+    real_request, real_response = StarletteRequest.__init__, Response.__init__
+
+    def task(self: Any, coro: Any, **kwargs: Any) -> Any:
+        # uvicorn's own ticks make tasks and futures too (a sleep every 0.1 s): only a
+        # request's ASGI task and a future awaited for a ledger call are counted.
+        if "run_asgi" in getattr(coro, "__qualname__", ""):
+            made.append("task")
+        return real_task(self, coro, **kwargs)
+
+    def future(self: WorkerThreads, function: Any, *args: Any) -> Any:
+        made.append("future")
+        return real_future(self, function, *args)
+
+    def request(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append("request")
+        real_request(self, *args, **kwargs)
+
+    def response(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append("response")
+        real_response(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop_class, "create_task", task)
+    monkeypatch.setattr(WorkerThreads, "run", future)
+    monkeypatch.setattr(StarletteRequest, "__init__", request)
+    monkeypatch.setattr(Response, "__init__", response)
+    with RemoteLedger(served.url, served.token) as client:
+        _admit(client, served.ledger, 3)
+        client.list_tasks()
+        client.get_task("t-1")
+    assert made == []
+    assert _get(served.url, "/openapi.json") == 200
+    assert _get(served.url, "/v1/tasks") == 401
+    assert made == []
+    assert _get(served.url, "/healthz") == 200
+    assert "task" in made
 
 
 def test_an_answer_leaves_the_server_in_one_write(
@@ -339,3 +440,68 @@ def test_an_answer_leaves_the_server_in_one_write(
         _admit(client, served.ledger, 3)
         assert client.list_tasks()
     assert len(writes) == 7 and min(writes) > 200  # each a head and its body
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[bytes]:
+    """`count` whole answers (head and Content-Length body) read from `sock`, in order."""
+    data = b""
+    answers: list[bytes] = []
+    for _ in range(1000):  # bounded: each round reads at least one byte or ends
+        while b"\r\n\r\n" in data and len(answers) < count:
+            head, _, rest = data.partition(b"\r\n\r\n")
+            if head.startswith(b"HTTP/1.1 100 "):
+                answers.append(head)
+                data = rest
+                continue
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(rest) < length:
+                break
+            answers.append(head + b"\r\n\r\n" + rest[:length])
+            data = rest[length:]
+        if len(answers) == count:
+            return answers
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return answers
+
+
+def test_the_api_cycle_keeps_pipelining_expect_continue_and_http_1_0(served: Served) -> None:
+    """What uvicorn's cycle did for a connection, the API's own cycle does too: two requests
+    sent at once are answered in order; `Expect: 100-continue` is answered 100 before the
+    body is sent; an HTTP/1.0 request is answered and its connection closed."""
+    parts = urllib.parse.urlsplit(served.url)
+    address = (parts.hostname or "", parts.port)
+    auth = f"Authorization: Bearer {served.token}\r\n".encode()
+    body = b'{"title": "piped"}'
+    post = (
+        b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    get = b"GET /v1/tasks HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(post + get)
+        created, listed = _read_answers(sock, 2)
+    assert created.startswith(b"HTTP/1.1 201 ") and listed.startswith(b"HTTP/1.1 200 ")
+    assert b'"piped"' in listed
+
+    with socket.create_connection(address, timeout=30) as sock:
+        head, _, _ = post.partition(b"\r\n\r\n")
+        sock.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n")
+        (interim,) = _read_answers(sock, 1)
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        sock.sendall(body)
+        (answer,) = _read_answers(sock, 1)
+        assert answer.startswith(b"HTTP/1.1 201 ")
+
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(get.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        (answer,) = _read_answers(sock, 1)
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower()
+        assert sock.recv(1) == b""  # closed after the answer
+    assert len(served.ledger.list_tasks()) == 2

@@ -132,15 +132,31 @@ class AccessLog:
             route = scope.get("route")
             template = getattr(route, "path", None) if route is not None else None
             method = str(scope.get("method", ""))
-            done = Request(
-                method=method if method in _METHODS else "OTHER",
-                route=template if isinstance(template, str) and template else "(unmatched)",
-                status=status,
-                code=_code(bytes(error_body)) if error_body else None,
-                bytes_sent=sent,
-                seconds=max(0.0, self.clock() - started),
+            self.record(
+                method,
+                template if isinstance(template, str) and template else "(unmatched)",
+                status,
+                bytes(error_body),
+                sent,
+                started,
             )
-            if _log.isEnabledFor(logging.INFO):  # the line is built only when it is written
-                _write(done)
-            for observe in self.observers:
-                observe(done)
+
+    def record(
+        self, method: str, route: str, status: int, error_body: bytes, sent: int, started: float
+    ) -> None:
+        """One answered request: logged and handed to the observers. `error_body` is the
+        start of an error answer's body (else empty), `sent` the body's bytes, `started`
+        when the request began by `clock` (what serves the API without this middleware,
+        `_serve`'s own cycle, records its requests here)."""
+        done = Request(
+            method=method if method in _METHODS else "OTHER",
+            route=route,
+            status=status,
+            code=_code(error_body[:_MAX_ERROR_BODY]) if error_body else None,
+            bytes_sent=sent,
+            seconds=max(0.0, self.clock() - started),
+        )
+        if _log.isEnabledFor(logging.INFO):  # the line is built only when it is written
+            _write(done)
+        for observe in self.observers:
+            observe(done)

@@ -34,7 +34,7 @@ import logging
 import math
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -58,8 +58,14 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "DEFAULT_WORKERS",
+    "Answer",
+    "Head",
     "LedgerApp",
+    "Refused",
     "error_answer",
+    "headers_of",
+    "raw_head",
+    "refusal",
 ]
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -75,7 +81,7 @@ _JSON = "application/json"
 _ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """An answer that is an error, before the ledger is called."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -106,17 +112,62 @@ def _response(status: int, text: str, headers: Mapping[str, str] | None = None) 
     return Response(text, status_code=status, media_type=_JSON, headers=dict(headers or {}))
 
 
-def _refusal(exc: _Refused) -> Response:
+# An answer before it is sent: status, JSON text, extra headers (or None).
+Answer = tuple[int, str, Mapping[str, str] | None]
+
+
+def refusal(exc: Refused) -> Answer:
+    """The answer to a refused request (401s say which scheme to use)."""
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return _response(exc.status, _dumps(_error_doc(exc.code, exc.message)), headers)
+    return exc.status, _dumps(_error_doc(exc.code, exc.message)), headers
+
+
+def raw_head(body: bytes, headers: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
+    """An answer's headers as sent (those a Starlette `Response` of `body` would send):
+    its length, its type, then `headers`."""
+    head = [
+        (b"content-length", str(len(body)).encode("ascii")),
+        (b"content-type", _JSON.encode("ascii")),
+    ]
+    for name, value in (headers or {}).items():
+        head.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+    return head
+
+
+def headers_of(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """A request's headers by lower-case name, the first of a repeated one (as Starlette's
+    `Headers.get` reads them), latin-1 decoded."""
+    found: dict[str, str] = {}
+    for name, value in raw:
+        found.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return found
+
+
+class Head:
+    """A request past the checks made before its body (`LedgerApp.head`): its route, who
+    sent it, its path parameters and query, checked."""
+
+    __slots__ = ("endpoint", "path", "principal", "query")
+
+    def __init__(
+        self,
+        endpoint: Endpoint[..., Any],
+        principal: Principal,
+        path: dict[str, str],
+        query: dict[str, Any],
+    ) -> None:
+        self.endpoint = endpoint
+        self.principal = principal
+        self.path = path
+        self.query = query
 
 
 # An object member (a `RunOwner`) is a few scalars: anything bigger is not one.
 _MAX_OBJECT_MEMBERS = 16
 
 
-def _invalid(message: str) -> _Refused:
-    return _Refused(400, "invalid", message)
+def _invalid(message: str) -> Refused:
+    return Refused(400, "invalid", message)
 
 
 def _checked_text(where: str, value: str) -> str:
@@ -230,6 +281,67 @@ def _check_minimum(where: str, name: str, value: Any) -> None:
         )
 
 
+def _body(raw: bytes, headers: Mapping[str, str], endpoint: Endpoint[..., Any]) -> dict[str, Any]:
+    if not raw.strip():
+        doc: Any = {}
+    else:
+        kind = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != _JSON:
+            raise Refused(415, "invalid", f"a request body must be sent as Content-Type: {_JSON}")
+        try:
+            doc = json.loads(
+                raw.decode("utf-8"),
+                parse_constant=_reject_constant,
+                object_pairs_hook=_unique_members,
+            )
+        except (ValueError, RecursionError) as exc:
+            raise _invalid(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _invalid("the request body must be a JSON object")
+    fields = {field.name: field for field in endpoint.body or ()}
+    unknown = sorted(set(doc) - set(fields))
+    if unknown:
+        raise _invalid(f"unknown field(s) in the request body: {', '.join(unknown)}")
+    checked: dict[str, Any] = {}
+    for name, field in fields.items():
+        if name not in doc:
+            if field.required:
+                raise _invalid(f"the request body needs {name!r}")
+            continue
+        checked[name] = _checked_value(name, field, doc[name])
+        _check_minimum(name, name, checked[name])
+    return checked
+
+
+def _on_behalf_of(headers: Mapping[str, str]) -> str | None:
+    raw = headers.get("x-on-behalf-of")
+    if raw is None:
+        return None
+    try:
+        name = urllib.parse.unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise _invalid("X-On-Behalf-Of must be UTF-8, percent-encoded") from None
+    if not name.strip() or len(name) > _MAX_NAME:
+        raise _invalid(f"X-On-Behalf-Of must be a name of 1..{_MAX_NAME} characters")
+    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in name):
+        raise _invalid("X-On-Behalf-Of must not hold control characters")
+    return _checked_text("X-On-Behalf-Of", name)
+
+
+def _idempotency_key(headers: Mapping[str, str]) -> str | None:
+    raw = headers.get("idempotency-key")
+    if raw is None:
+        return None
+    if not _KEY.fullmatch(raw):
+        raise _invalid("Idempotency-Key must be 1..200 visible ASCII characters")
+    # Handed to the ledger as sent: every ledger operation that keeps a key masks it as it
+    # enters (`mask_name`: unique and stable, so a replay still finds its first answer),
+    # and nothing else here writes it anywhere. Masking it here too redacted each
+    # request's fresh key twice, and a finish's key, which no operation keeps, once for
+    # nothing.
+    return raw
+
+
 def _route(endpoint: Endpoint[..., Any], handle: Callable[[Request], Awaitable[Response]]) -> Route:
     route = Route(endpoint.path, handle, methods=[endpoint.method])
     # Starlette answers HEAD for every GET route; the API documents no HEAD (405).
@@ -328,6 +440,7 @@ class LedgerApp:
             _route(endpoint, handle) for endpoint, handle in zip(ENDPOINTS, handles, strict=True)
         ]
         self.routes = RouteTable(list(zip(routes, handles, strict=True)))
+        self.endpoints = {(endpoint.path, endpoint.method): endpoint for endpoint in ENDPOINTS}
         self.app = Starlette(
             routes=list(routes), exception_handlers={HTTPException: self._http_exception}
         )
@@ -353,12 +466,17 @@ class LedgerApp:
         if found is None:
             await self.app(scope, receive, send)
             return
-        handle, route, params = found
+        _handle, route, params = found
         scope["app"] = self.app
         scope["route"] = route  # as Starlette's router sets it: the access log's template
         scope["path_params"] = params
-        response = await handle(Request(scope, receive))
-        await response(scope, receive, send)
+        endpoint = self.endpoints[route.path, scope["method"]]
+        status, text, headers = await self._answer(endpoint, scope, receive, params)
+        body = text.encode("utf-8")
+        await send(
+            {"type": "http.response.start", "status": status, "headers": raw_head(body, headers)}
+        )
+        await send({"type": "http.response.body", "body": body})
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -374,123 +492,179 @@ class LedgerApp:
 
     def _endpoint(self, endpoint: Endpoint[..., Any]) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
-            try:
-                # A deadline on this task, not `wait_for` (which wraps the request in a
-                # task of its own: about 5% of a GET's time on the event loop).
-                async with asyncio.timeout(self.request_timeout_s):
-                    return await self._handle(endpoint, request)
-            except TimeoutError:
-                message = (
-                    f"the request did not finish within {self.request_timeout_s:g} s; its "
-                    "outcome is unknown: repeat it with the same Idempotency-Key"
-                )
-                return _response(503, _dumps(_error_doc("storage", message)))
-            except _Refused as exc:
-                return _refusal(exc)
-            except Exception:  # the last line of defence: a JSON 500, never a traceback
-                _log.exception("internal error serving %s %s", endpoint.method, endpoint.path)
-                return _response(500, _dumps(_error_doc("error", "internal server error")))
+            status, text, headers = await self._answer(
+                endpoint, request.scope, request.receive, request.path_params
+            )
+            return _response(status, text, headers)
 
         handle.__name__ = endpoint.operation_id
         return handle
 
-    def _authenticate(self, request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise _Refused(401, "unauthenticated", "send Authorization: Bearer TOKEN")
+    async def _answer(
+        self,
+        endpoint: Endpoint[..., Any],
+        scope: Scope,
+        receive: Receive,
+        params: Mapping[str, str],
+    ) -> Answer:
+        """One request of `endpoint` over ASGI, answered whatever happens: its checks, its
+        body read from `receive`, its ledger call in a worker thread, all within
+        `request_timeout_s`."""
         try:
-            principal = self.tokens.lookup(token.strip())
-        except ExecKitError as exc:
-            raise _Refused(
-                503, "storage", f"the server cannot check tokens: {exc.message}"
-            ) from None
-        if principal is None:
-            raise _Refused(401, "unauthenticated", "unknown token")
-        return principal
+            # A deadline on this task, not `wait_for` (which wraps the request in a
+            # task of its own: about 5% of a GET's time on the event loop).
+            async with asyncio.timeout(self.request_timeout_s):
+                headers = headers_of(scope["headers"])
+                head = self.head(
+                    endpoint,
+                    headers,
+                    params,
+                    scope.get("query_string", b""),
+                    scope.get("raw_path", b""),
+                )
+                if head is None:
+                    return 200, self._openapi_text, None
+                raw = b""
+                if endpoint.body is not None:
+                    raw = await self._read_body(headers, receive)
+                call = self.call_of(head, headers, raw)
+                status, text = await self._workers.run(self.call_ledger, endpoint, call)
+                return status, text, None
+        except TimeoutError:
+            return self.timed_out()
+        except Refused as exc:
+            return refusal(exc)
+        except Exception:  # the last line of defence: a JSON 500, never a traceback
+            return self.internal_error(endpoint)
 
-    def _on_behalf_of(self, request: Request) -> str | None:
-        raw = request.headers.get("x-on-behalf-of")
-        if raw is None:
+    def timed_out(self) -> Answer:
+        """The answer to a request not answered within `request_timeout_s`."""
+        message = (
+            f"the request did not finish within {self.request_timeout_s:g} s; its "
+            "outcome is unknown: repeat it with the same Idempotency-Key"
+        )
+        return 503, _dumps(_error_doc("storage", message)), None
+
+    def internal_error(
+        self, endpoint: Endpoint[..., Any], error: BaseException | None = None
+    ) -> Answer:
+        """The answer to an exception no check expected: `error`, else the one being
+        handled (logged here, with its traceback: no request header is in it)."""
+        _log.error(
+            "internal error serving %s %s",
+            endpoint.method,
+            endpoint.path,
+            exc_info=error if error is not None else True,
+        )
+        return 500, _dumps(_error_doc("error", "internal server error")), None
+
+    def head(
+        self,
+        endpoint: Endpoint[..., Any],
+        headers: Mapping[str, str],
+        params: Mapping[str, str],
+        query_string: bytes,
+        raw_path: bytes,
+    ) -> Head | None:
+        """The checks a request passes before its body is read, in order: the path, the
+        token (401), the token role the route always needs (403), the path parameters and
+        the query (400). None for the route that needs no token (the OpenAPI document,
+        answered `openapi_text`). Raises `Refused`."""
+        if not endpoint.authenticated:
             return None
-        try:
-            name = urllib.parse.unquote(raw, errors="strict")
-        except UnicodeDecodeError:
-            raise _invalid("X-On-Behalf-Of must be UTF-8, percent-encoded") from None
-        if not name.strip() or len(name) > _MAX_NAME:
-            raise _invalid(f"X-On-Behalf-Of must be a name of 1..{_MAX_NAME} characters")
-        if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in name):
-            raise _invalid("X-On-Behalf-Of must not hold control characters")
-        return _checked_text("X-On-Behalf-Of", name)
+        if _ENCODED_SLASH.search(raw_path):
+            # The server decodes `%2F` before routing, so `/v1/tasks/a%2Fruns` would reach
+            # another endpoint than the one the client named. No id holds a `/`: 404.
+            raise Refused(404, "not_found", "no such endpoint: a path segment holds %2F")
+        principal = self._authenticate(headers)
+        self._check_roles(principal, endpoint.roles_needed({}), endpoint)
+        path = {name: _checked_text(name, str(value)) for name, value in params.items()}
+        query = self._query(query_string, endpoint)
+        return Head(endpoint, principal, path, query)
 
-    def _idempotency_key(self, request: Request) -> str | None:
-        raw = request.headers.get("idempotency-key")
-        if raw is None:
-            return None
-        if not _KEY.fullmatch(raw):
-            raise _invalid("Idempotency-Key must be 1..200 visible ASCII characters")
-        # Handed to the ledger as sent: every ledger operation that keeps a key masks it
-        # as it enters (`mask_name`: unique and stable, so a replay still finds its first
-        # answer), and nothing else here writes it anywhere. Masking it here too redacted
-        # each request's fresh key twice, and a finish's key, which no operation keeps,
-        # once for nothing.
-        return raw
+    @property
+    def openapi_text(self) -> str:
+        """The OpenAPI document's answer body."""
+        return self._openapi_text
 
-    async def _body(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
-        limit = self.max_body_bytes
-        declared = request.headers.get("content-length")
-        too_large = _Refused(413, "invalid", f"the request body is over {limit} bytes")
+    def check_declared_length(self, headers: Mapping[str, str]) -> None:
+        """Refuses a body whose `Content-Length` is not a number (400) or over the limit
+        (413) before any of it is read."""
+        declared = headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
                 raise _invalid("Content-Length must be a number of bytes")
-            if int(declared) > limit:
-                raise too_large
+            if int(declared) > self.max_body_bytes:
+                raise self.too_large()
+
+    def too_large(self) -> Refused:
+        """The refusal of a body over `max_body_bytes` (413)."""
+        return Refused(413, "invalid", f"the request body is over {self.max_body_bytes} bytes")
+
+    async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes:
+        self.check_declared_length(headers)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                raise _invalid("the client disconnected before its request body was whole")
+            chunk = message.get("body", b"")
             size += len(chunk)
-            if size > limit:
-                raise too_large
+            if size > self.max_body_bytes:
+                raise self.too_large()
             chunks.append(chunk)
-        raw = b"".join(chunks)
-        if not raw.strip():
-            doc: Any = {}
-        else:
-            kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-            if kind != _JSON:
-                raise _Refused(
-                    415, "invalid", f"a request body must be sent as Content-Type: {_JSON}"
-                )
-            try:
-                doc = json.loads(
-                    raw.decode("utf-8"),
-                    parse_constant=_reject_constant,
-                    object_pairs_hook=_unique_members,
-                )
-            except (ValueError, RecursionError) as exc:
-                raise _invalid(f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise _invalid("the request body must be a JSON object")
-        fields = {field.name: field for field in endpoint.body or ()}
-        unknown = sorted(set(doc) - set(fields))
-        if unknown:
-            raise _invalid(f"unknown field(s) in the request body: {', '.join(unknown)}")
-        checked: dict[str, Any] = {}
-        for name, field in fields.items():
-            if name not in doc:
-                if field.required:
-                    raise _invalid(f"the request body needs {name!r}")
-                continue
-            checked[name] = _checked_value(name, field, doc[name])
-            _check_minimum(name, name, checked[name])
-        return checked
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
-    def _query(self, request: Request, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
-        if not request.scope.get("query_string"):
+    def call_of(self, head: Head, headers: Mapping[str, str], raw: bytes) -> Call:
+        """The ledger call of a request that passed `head`, with its whole body `raw` (its
+        size already bounded): the body checked (415, 400), the token roles it needs
+        (403), `X-On-Behalf-Of` and `Idempotency-Key` (400). Raises `Refused`."""
+        endpoint = head.endpoint
+        body = _body(raw, headers, endpoint) if endpoint.body is not None else {}
+        self._check_roles(head.principal, endpoint.roles_needed(body), endpoint)
+        on_behalf_of = _on_behalf_of(headers)
+        key = _idempotency_key(headers) if endpoint.method == "POST" else None
+        return Call(
+            ledger=self.ledger,
+            actor=Actor(head.principal.actor, on_behalf_of=on_behalf_of),
+            path=head.path,
+            query=head.query,
+            body=body,
+            idempotency_key=key,
+            capabilities=self.capabilities,
+            ledger_id=self.ledger_id,
+        )
+
+    @property
+    def workers(self) -> WorkerThreads:
+        """The worker threads the ledger calls run on."""
+        return self._workers
+
+    def _authenticate(self, headers: Mapping[str, str]) -> Principal:
+        header = headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Refused(401, "unauthenticated", "send Authorization: Bearer TOKEN")
+        try:
+            principal = self.tokens.lookup(token.strip())
+        except ExecKitError as exc:
+            raise Refused(
+                503, "storage", f"the server cannot check tokens: {exc.message}"
+            ) from None
+        if principal is None:
+            raise Refused(401, "unauthenticated", "unknown token")
+        return principal
+
+    def _query(self, query_string: bytes, endpoint: Endpoint[..., Any]) -> dict[str, Any]:
+        if not query_string:
             return {}  # most requests: no query to parse
         fields = {field.name: field for field in endpoint.query}
         found: dict[str, Any] = {}
-        for name, raw in request.query_params.multi_items():
+        # As Starlette's `QueryParams` reads it: latin-1, blank values kept.
+        pairs = urllib.parse.parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
+        for name, raw in pairs:
             field = fields.get(name)
             if field is None:
                 raise _invalid(f"unknown query parameter {name!r}")
@@ -500,44 +674,12 @@ class LedgerApp:
             _check_minimum(f"query parameter {name}", name, found[name])
         return found
 
-    # -- one request -------------------------------------------------------------------
-
-    async def _handle(self, endpoint: Endpoint[..., Any], request: Request) -> Response:
-        if not endpoint.authenticated:
-            return _response(200, self._openapi_text)
-        if _ENCODED_SLASH.search(request.scope.get("raw_path", b"")):
-            # The server decodes `%2F` before routing, so `/v1/tasks/a%2Fruns` would reach
-            # another endpoint than the one the client named. No id holds a `/`: 404.
-            raise _Refused(404, "not_found", "no such endpoint: a path segment holds %2F")
-        principal = self._authenticate(request)
-        self._check_roles(principal, endpoint.roles_needed({}), endpoint)
-        path = {
-            name: _checked_text(name, str(value)) for name, value in request.path_params.items()
-        }
-        query = self._query(request, endpoint)
-        body = await self._body(request, endpoint) if endpoint.body is not None else {}
-        self._check_roles(principal, endpoint.roles_needed(body), endpoint)
-        on_behalf_of = self._on_behalf_of(request)
-        key = self._idempotency_key(request) if endpoint.method == "POST" else None
-        call = Call(
-            ledger=self.ledger,
-            actor=Actor(principal.actor, on_behalf_of=on_behalf_of),
-            path=path,
-            query=query,
-            body=body,
-            idempotency_key=key,
-            capabilities=self.capabilities,
-            ledger_id=self.ledger_id,
-        )
-        status, text = await self._workers.run(self._call_ledger, endpoint, call)
-        return _response(status, text)
-
     def _check_roles(
         self, principal: Principal, needed: frozenset[str], endpoint: Endpoint[..., Any]
     ) -> None:
         missing = sorted(needed - principal.roles)
         if missing:
-            raise _Refused(
+            raise Refused(
                 403,
                 "forbidden",
                 f"{endpoint.method} {endpoint.path} needs the token role(s) "
@@ -545,7 +687,9 @@ class LedgerApp:
                 f"{', '.join(sorted(principal.roles)) or 'none'}",
             )
 
-    def _call_ledger(self, endpoint: Endpoint[..., Any], call: Call) -> tuple[int, str]:
+    def call_ledger(self, endpoint: Endpoint[..., Any], call: Call) -> tuple[int, str]:
+        """The ledger call (in a worker thread): its answer's status and masked JSON; a
+        refusal of the ledger is its error answer, any other exception raised."""
         try:
             status, doc = endpoint.handler(call)
         except ExecKitError as exc:

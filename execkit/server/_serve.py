@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -31,6 +32,7 @@ from execkit.server._app import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REQUEST_TIMEOUT_S,
     LedgerApp,
+    headers_of,
 )
 from execkit.server._listen import DEFAULT_LISTEN, parse_listen
 from execkit.server._tokens import TokenFile
@@ -98,6 +100,14 @@ class _CoalescedWrites:
             if not self._transport.is_closing():
                 self._transport.write(data)
 
+    def write_now(self, data: bytes) -> None:
+        """`data` written at once, after anything pending (an answer made whole already)."""
+        if self._pending:
+            self._pending.append(bytes(data))
+            self._flush()
+        elif not self._transport.is_closing():
+            self._transport.write(data)
+
     def close(self) -> None:
         self._flush()
         self._transport.close()
@@ -109,10 +119,13 @@ class _CoalescedWrites:
         return getattr(self._transport, name)
 
 
-def _http_protocol() -> type[asyncio.Protocol] | str:
+def _http_protocol(app: LedgerApp | None = None) -> type[asyncio.Protocol] | str:
     """uvicorn's httptools protocol with the request head bounded to `_MAX_HEAD_BYTES`,
     where httptools is installed (the `server` extra installs it: it parses a request in C,
     about 0.1 ms less per request than h11 here); else h11, bounded by its own option.
+    With `app`, a request its API's route table routes is served by `_api_cycle.ApiCycle`
+    straight from the parser's callbacks (everything else, and everything under h11, goes
+    through uvicorn's ASGI cycle to `app.front.asgi`).
 
     uvicorn bounds only h11's incomplete head; its httptools protocol takes a head of any
     size, and httptools buffers a header until it is whole. So the head is counted twice:
@@ -123,8 +136,12 @@ def _http_protocol() -> type[asyncio.Protocol] | str:
     try:
         import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        from execkit.server._api_cycle import ApiCycle, route_of
     except ImportError:  # no httptools: uvicorn's h11 protocol
         return "h11"
+    # The application, its route table's lookup and its access log, for the API's cycle.
+    api = (app, route_of(app), app.front.asgi) if app is not None else None
 
     class BoundedHttpTools(HttpToolsProtocol):
         _head_open = False
@@ -137,8 +154,67 @@ def _http_protocol() -> type[asyncio.Protocol] | str:
                 raise httptools.HttpParserError("request head too large")
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            coalesced = _CoalescedWrites(transport, asyncio.get_running_loop())
-            super().connection_made(coalesced)  # type: ignore[arg-type]
+            self._writes = _CoalescedWrites(transport, asyncio.get_running_loop())
+            super().connection_made(self._writes)  # type: ignore[arg-type]
+
+        # -- the API's own cycle (_api_cycle): what it needs of the connection
+
+        def write_now(self, data: bytes) -> None:
+            self._writes.write_now(data)
+
+        def is_closing(self) -> bool:
+            return self.transport.is_closing()
+
+        def close(self) -> None:
+            self.transport.close()
+
+        def default_headers(self) -> list[tuple[bytes, bytes]]:
+            return self.server_state.default_headers
+
+        def response_complete(self) -> None:
+            self.on_response_complete()
+
+        def _api_cycle(self) -> bool:
+            """Start an `ApiCycle` for the request whose head was just parsed when it is
+            one: a route of the API's table, no request of the connection still in
+            flight, no upgrade, the server within its connection limit. False leaves it
+            to uvicorn's ASGI cycle."""
+            if api is None or self.root_path:
+                return False
+            served, find, access = api
+            if self.cycle is not None and not self.cycle.response_complete:
+                return False  # pipelined behind one in flight: uvicorn queues it
+            limit = self.limit_concurrency
+            if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+                return False  # answered 503 by uvicorn
+            if self.parser.should_upgrade():
+                return False
+            url = httptools.parse_url(self.url)
+            raw_path: bytes = url.path
+            path = raw_path.decode("ascii")
+            if not (path.startswith("/v1/") or path == "/openapi.json"):
+                return False
+            if "%" in path:
+                path = urllib.parse.unquote(path)
+            method = self.parser.get_method().decode("ascii")
+            found = find(method, path)
+            if found is None:
+                return False  # the API's 404 or 405, answered through ASGI
+            endpoint, route, params = found
+            version = self.parser.get_http_version()
+            cycle = ApiCycle(
+                self,
+                served,
+                access,
+                endpoint,
+                route,
+                headers_of(self.headers),
+                keep_alive=version != "1.0" and self.parser.should_keep_alive(),
+                expect_100=self.expect_100_continue,
+            )
+            self.cycle = cycle  # type: ignore[assignment]
+            cycle.start(params, url.query or b"", raw_path)
+            return True
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -155,7 +231,26 @@ def _http_protocol() -> type[asyncio.Protocol] | str:
 
         def on_headers_complete(self) -> None:
             self._head_open = False
-            super().on_headers_complete()
+            try:
+                taken = self._api_cycle()
+            except (UnicodeDecodeError, httptools.HttpParserInvalidURLError):
+                taken = False  # as uvicorn would take it
+            if not taken:
+                super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            cycle = self.cycle
+            if isinstance(cycle, ApiCycle):
+                cycle.body(body)
+            else:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            cycle = self.cycle
+            if isinstance(cycle, ApiCycle):
+                cycle.complete()
+            else:
+                super().on_message_complete()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -171,7 +266,7 @@ def _http_protocol() -> type[asyncio.Protocol] | str:
 def _config(app: LedgerApp) -> uvicorn.Config:
     return uvicorn.Config(
         app.front.asgi,  # the API behind the dashboard, monitoring and access log (_front)
-        http=_http_protocol(),
+        http=_http_protocol(app),
         loop="asyncio",
         lifespan="off",
         # uvicorn's access log prints the raw path and query; execkit's own (_access_log)

@@ -135,6 +135,7 @@ class TokenFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._where = os.fspath(self.path)  # os.stat on a str: no pathlib on each request
         self._lock = threading.Lock()
         self._seen: tuple[int, int, int, int] | None = None
         self._principals: dict[str, Principal] = {}
@@ -143,7 +144,7 @@ class TokenFile:
 
     def _load(self) -> None:
         try:
-            info = self.path.stat()
+            info = os.stat(self._where)
         except FileNotFoundError:
             raise NotFound(
                 f"no tokens file at {self.path}: create one with `execkit serve --add-token` "

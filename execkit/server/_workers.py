@@ -3,8 +3,9 @@
 Why not `loop.run_in_executor` with a `ThreadPoolExecutor`: a request's hop there (a
 concurrent future, `submit` looking for an idle thread, the future chained back to the
 loop) was a fifth of the event loop's time on a GET. Here one hop is a `SimpleQueue.put`
-and a `call_soon_threadsafe`: the call and the loop's future go on the queue, a worker
-runs it and sets the future's result (or exception) on the loop.
+and a `call_soon_threadsafe`: the call and what to do with its outcome go on the queue, a
+worker runs it and hands the outcome to the loop in one callback (`submit`: no future,
+no task; `run` wraps it in a future for a coroutine to await).
 
 At most `size` threads, started when a call finds none idle; each lives until `close`.
 """
@@ -22,16 +23,21 @@ __all__ = ["WorkerThreads"]
 
 T = TypeVar("T")
 
-_Item = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+# What is done on the loop with a call's outcome: its value, or the exception it raised.
+Done = Callable[[Any, BaseException | None], None]
+_Item = tuple[asyncio.AbstractEventLoop, Done, Callable[..., Any], tuple[Any, ...]]
 
 
-def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
-    if future.cancelled():  # the request's deadline passed: nobody waits for the answer
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
+def _settler(future: asyncio.Future[Any]) -> Done:
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.cancelled():  # the request's deadline passed: nobody waits for the answer
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    return settle
 
 
 class WorkerThreads:
@@ -53,6 +59,15 @@ class WorkerThreads:
         """`function(*args)` in a worker thread, as a future of the running loop."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self.submit(loop, _settler(future), function, *args)
+        return future
+
+    def submit(
+        self, loop: asyncio.AbstractEventLoop, done: Done, function: Callable[..., Any], *args: Any
+    ) -> None:
+        """`function(*args)` in a worker thread, then `done(value, None)` (or `done(None,
+        exception)`) on `loop` (not called when the loop has closed). RuntimeError once
+        closed."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the worker threads are closed")
@@ -63,8 +78,7 @@ class WorkerThreads:
                 )
                 self._threads.append(thread)
                 thread.start()
-            self._queue.put((loop, future, function, args))
-        return future
+            self._queue.put((loop, done, function, args))
 
     def _work(self) -> None:
         while True:
@@ -77,14 +91,14 @@ class WorkerThreads:
                     self._queued -= 1
             if item is None:
                 return
-            loop, future, function, args = item
+            loop, done, function, args = item
             try:
                 value, error = function(*args), None
             except BaseException as exc:  # handed to the awaiting request
                 value, error = None, exc
             del item, function, args
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                loop.call_soon_threadsafe(_settle, future, value, error)
+                loop.call_soon_threadsafe(done, value, error)
 
     def close(self) -> None:
         """Stop every thread once the calls queued before have run; wait for them."""
