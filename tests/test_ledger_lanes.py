@@ -589,9 +589,10 @@ def test_a_result_on_a_lane_holds_the_configuration_lock_from_its_first_batch(
         held.append(0 if row is None else int(row[0]))
 
     monkeypatch.setattr(pg_tx.PostgresTx, "_expect_result", spied)
-    with opener() as ledger:
-        for n, lane in enumerate((LANE, None)):
+    for n, lane in enumerate((LANE, None)):
+        with opener() as ledger:
             task = ledger.create_task(f"t{n}", actor="d")
             run = ledger.start_run(task.id, actor="d", request_key=f"k{n}", now=1000.0, lane=lane)
+        with opener() as ledger:  # another store: no copy of the run to finish it on
             ledger.finish_run(run.id, "succeeded", now=1001.0)
     assert held == [1, 0]

@@ -58,15 +58,18 @@ def pg(pg_url: str) -> Iterator[PostgresLedger]:
         yield ledger
 
 
-def test_start_and_finish_take_two_round_trips_each(pg: PostgresLedger) -> None:
+def test_start_and_finish_take_two_round_trips_each(pg: PostgresLedger, pg_url: str) -> None:
     task = pg.create_task("t", max_attempts=10, actor="a")
+    other = pg.create_task("other", max_attempts=10, actor="a")
     runs: list[Run] = []
 
     def start(key: str, at: float, lane: str | None = None) -> None:
         runs.append(pg.start_run(task.id, request_key=key, actor="a", now=at, lane=lane))
 
     assert round_trips(pg, lambda: start("k1", 1000.0)) == 2
-    assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "failed", now=1001.0)) == 2
+    # Another store finished it: this store's copy of the task is no copy of the row.
+    with open_ledger(pg_url) as elsewhere:
+        elsewhere.finish_run(runs[-1].id, "failed", now=1001.0)
     # A replay of the same key, and a refusal (the failure backs the task off): two each.
     assert round_trips(pg, lambda: start("k1", 1002.0)) == 2
     assert runs[-1] == pg.run(runs[0].id)  # the run the key admitted, as it is now
@@ -80,12 +83,17 @@ def test_start_and_finish_take_two_round_trips_each(pg: PostgresLedger) -> None:
 
     assert round_trips(pg, refused_start) == 2
     assert len(refusals) == 1
+    # A task whose last transaction was this store's: one round trip each (`copies.py`).
+    first = pg.start_run(other.id, request_key="o1", actor="a", now=1000.0)
+    assert round_trips(pg, lambda: pg.finish_run(first.id, "failed", now=1001.0)) == 1
+    assert round_trips(pg, lambda: pg.start_run(other.id, request_key="o2", actor="a")) == 1
     # On a lane (no row yet: open), on a history.
     assert round_trips(pg, lambda: start("k3", 9000.0, lane="claude/default")) == 2
     # The lane's first event creates its row and reads the configuration: two more round
     # trips, once per lane.
     assert round_trips(pg, lambda: pg.finish_run(runs[-1].id, "succeeded", now=9001.0)) == 4
     assert [(r.attempt, r.status) for r in pg.runs(task.id)] == [(1, "failed"), (2, "succeeded")]
+    assert [(r.attempt, r.status) for r in pg.runs(other.id)] == [(1, "failed"), (2, "running")]
     assert pg.get_lane("claude/default").state == "open"
     assert pg.validate() == []
 
@@ -123,7 +131,8 @@ def test_a_finish_and_an_abandonment_after_a_lost_lease_stay_in_two(pg: Postgres
     )
     assert trips <= 3  # the abandonment is a write: the backoff's decision reads after it
     assert pg.run(first.id).status == "abandoned"
-    assert round_trips(pg, lambda: pg.finish_run(second[0].id, "succeeded", now=5001.0)) == 2
+    # Finished on the copy the admission left: one.
+    assert round_trips(pg, lambda: pg.finish_run(second[0].id, "succeeded", now=5001.0)) == 1
     assert pg.validate() == []
 
 
@@ -214,12 +223,15 @@ def statements(ledger: PostgresLedger, call: Callable[[], Any]) -> tuple[int, in
 
 
 def test_an_admission_sends_twelve_statements_all_prepared(pg: PostgresLedger) -> None:
-    """Start: BEGIN, the key's lock, the key, the task's lock, the number with the running
-    run, the four writes as one, COMMIT. Finish: BEGIN, the task's lock, the run with its
-    lane, the three writes as one, COMMIT. Once each has run a few times on the connection
-    (psycopg prepares a statement at its fifth use), none is parsed again."""
+    """The first start, on rows read: BEGIN, the key's lock, the key, the task's lock, the
+    number with the running run, the four writes as one, the task read back, COMMIT. Then
+    each on the copy the last one left: start: BEGIN, the key's lock, the task's guard,
+    the four writes as one, the read back, COMMIT; finish: BEGIN, the task's guard, the
+    run's guard, the three writes as one, the read back, COMMIT. Once each has run on the
+    connection, none is parsed again; each after the first is one round trip."""
     task = pg.create_task("t", max_attempts=100, actor="a")
     counts: list[tuple[int, int]] = []
+    trips: list[int] = []
     runs: list[Run] = []
 
     def start(n: int) -> None:
@@ -231,11 +243,14 @@ def test_an_admission_sends_twelve_statements_all_prepared(pg: PostgresLedger) -
     for n in range(8):
         counts.append(statements(pg, functools.partial(start, n)))
         counts.append(statements(pg, functools.partial(finish, n)))
-    # A result's first batch also reads its lane's row and configuration (none here).
-    assert [sent for sent, _ in counts] == [7, 6] * 8
+    for n in range(8, 10):
+        trips.append(round_trips(pg, functools.partial(start, n)))
+        trips.append(round_trips(pg, functools.partial(finish, n)))
+    assert [sent for sent, _ in counts] == [8] + [6] * 15
+    assert trips == [1, 1, 1, 1]
     assert [parsed for _, parsed in counts[-4:]] == [0, 0, 0, 0]
     assert [(r.attempt, r.status) for r in pg.runs(task.id)] == [
-        (n + 1, "failed") for n in range(8)
+        (n + 1, "failed") for n in range(10)
     ]
 
 

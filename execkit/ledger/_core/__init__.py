@@ -33,6 +33,7 @@ from execkit.ledger._core.ledger import LedgerCore
 from execkit.ledger._core.store import (
     LANE_CONFIG_META_KEY,
     SUMMARY_AT,
+    StaleCopy,
     Store,
     TaskRecord,
     Tx,
@@ -47,6 +48,7 @@ __all__ = [
     "LANE_CONFIG_META_KEY",
     "SUMMARY_AT",
     "LedgerCore",
+    "StaleCopy",
     "Store",
     "TaskRecord",
     "Tx",

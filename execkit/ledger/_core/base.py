@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import datetime
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
 from execkit._budget import (
@@ -31,7 +32,7 @@ from execkit._budget import (
 from execkit._classify import FailureClass
 from execkit._errors import Conflict, HistoryError, NotFound
 from execkit._lanes import LaneConfigHistory
-from execkit.ledger._core.store import Store, TaskRecord, Tx, domain
+from execkit.ledger._core.store import StaleCopy, Store, TaskRecord, Tx, domain
 from execkit.ledger._model import (
     KNOWN_ROLES,
     Actor,
@@ -109,6 +110,9 @@ def attempt_from_run(run: Run) -> Attempt:
     )
 
 
+_T = TypeVar("_T")
+
+
 class CoreBase:
     """The store and the policies every concern's operations read (see the module
     docstring). Not thread-safe: one per thread or process, as its store."""
@@ -127,6 +131,17 @@ class CoreBase:
         # the same one); the last stored text read and its parse, so an unchanged one is
         # not parsed again at each lane event.
         self._lane_settings: tuple[str | None, LaneConfigHistory] = (None, LaneConfigHistory())
+
+    @staticmethod
+    def _copy_first(transaction: Callable[[bool], _T]) -> _T:
+        """`transaction(True)`: its write transaction may decide on the store's copy of the
+        rows (`Store.write(remembered=True)`); run again on rows read under the lock
+        (`transaction(False)`) when that copy was stale (nothing written) or its connection
+        broke, so `transaction` must be idempotent (`Store.write`)."""
+        try:
+            return transaction(True)
+        except StaleCopy:
+            return transaction(False)
 
     def _task(self, tx: Tx, task_id: str, *, lock: bool = False) -> TaskRecord:
         task = tx.task(task_id, lock=lock)

@@ -154,59 +154,67 @@ class RunOps(LeaseOps):
             )
         # The process that will run it: the host-local lane (a missing binary) is its
         # host's, so a server admits a remote dispatcher's run on that dispatcher's host.
-        owner = owner or process_owner()
+        runner = owner or process_owner()
         who = as_actor(actor)
         check_bool("forced", forced)
         check_bool("ignore_backoff", ignore_backoff)
         lease = check_lease("lease_s", lease_s)
         at = moment(now)
         fingerprint = fingerprint_of({"task_id": task_id, "actor": str(who), "forced": forced})
-        refused: AdmissionRefused | None = None
-        with self._store.write() as tx:
-            lanes = () if lane_name is None else self._gate_names(lane_name, owner.host)
-            tx.expect_admission(AuditAction.RUN_START, request_key, task_id, lanes)
-            found = tx.idempotent(AuditAction.RUN_START, request_key)
-            if found is not None:
-                return self._replay_start(tx, request_key, found, task_id, who, forced)
-            task = self._task(tx, task_id, lock=True)
-            if task.status in FINISHED_STATUSES:
-                raise TaskFinished(f"task {task_id} is {task.status}; it admits no more runs")
-            expired = self._expired_running_run(tx, task, at)
-            if expired is not None:
-                why = f"lease expired at {when(expired.lease_expires_at or at)}: not renewed"
-                task = self._abandon(tx, task, expired, at, why)
-            # Decided once: the refusal and the admission's audit read the same decision.
-            decision = self._decide(task, at, cap, force=forced)
-            refused = _refusal(task, decision)
-            probes: list[str] = []
-            if refused is None and lane_name is not None:
-                try:
-                    probes = self._lane_gate(tx, lane_name, task.id, at, owner.host)
-                except (LaneWaiting, LaneStopped) as lane_refusal:
-                    refused = lane_refusal
-            if refused is None:
-                refused = self._admission_refusal(task, decision, at, ignore_backoff)
-            if refused is None:
-                run = self._admit(
-                    tx,
-                    task,
-                    decision,
-                    at,
-                    who,
-                    request_key,
-                    fingerprint,
-                    forced,
-                    lease,
-                    owner,
-                )
-                if lane_name is not None:
-                    self._lane_admitted(tx, lane_name, probes, run, at)
-                return run
-            if expired is None:
-                raise refused
-            # Leaving the block commits the abandonment: it stands whether or not this
-            # admission goes ahead, or an expired run could never be abandoned by one.
-        raise refused
+
+        def admit(remembered: bool) -> Run | AdmissionRefused:
+            """The admission, or the refusal to raise once its transaction committed."""
+            refused: AdmissionRefused | None = None
+            with self._store.write(remembered=remembered) as tx:
+                lanes = () if lane_name is None else self._gate_names(lane_name, runner.host)
+                tx.expect_admission(AuditAction.RUN_START, request_key, task_id, lanes)
+                found = tx.idempotent(AuditAction.RUN_START, request_key)
+                if found is not None:
+                    return self._replay_start(tx, request_key, found, task_id, who, forced)
+                task = self._task(tx, task_id, lock=True)
+                if task.status in FINISHED_STATUSES:
+                    raise TaskFinished(f"task {task_id} is {task.status}; it admits no more runs")
+                expired = self._expired_running_run(tx, task, at)
+                if expired is not None:
+                    why = f"lease expired at {when(expired.lease_expires_at or at)}: not renewed"
+                    task = self._abandon(tx, task, expired, at, why)
+                # Decided once: the refusal and the admission's audit read the same decision.
+                decision = self._decide(task, at, cap, force=forced)
+                refused = _refusal(task, decision)
+                probes: list[str] = []
+                if refused is None and lane_name is not None:
+                    try:
+                        probes = self._lane_gate(tx, lane_name, task.id, at, runner.host)
+                    except (LaneWaiting, LaneStopped) as lane_refusal:
+                        refused = lane_refusal
+                if refused is None:
+                    refused = self._admission_refusal(task, decision, at, ignore_backoff)
+                if refused is None:
+                    run = self._admit(
+                        tx,
+                        task,
+                        decision,
+                        at,
+                        who,
+                        request_key,
+                        fingerprint,
+                        forced,
+                        lease,
+                        runner,
+                    )
+                    if lane_name is not None:
+                        self._lane_admitted(tx, lane_name, probes, run, at)
+                    return run
+                if expired is None:
+                    raise refused
+                # Leaving the block commits the abandonment: it stands whether or not this
+                # admission goes ahead, or an expired run could never be abandoned by one.
+            return refused
+
+        outcome = self._copy_first(admit)
+        if isinstance(outcome, AdmissionRefused):
+            raise outcome
+        return outcome
 
     def _admission_refusal(
         self, task: TaskRecord, decision: Decision, at: float, ignore_backoff: bool
@@ -377,50 +385,71 @@ class RunOps(LeaseOps):
             )
         stored_reason = clean_reason(reason)
         at = moment(now)
-        with self._store.write() as tx:
-            tx.expect_result(run_id)
-            run = self._run(tx, run_id)
-            if run.status is not AttemptStatus.RUNNING:
-                if (run.status, run.failure_class, run.reason, run.stopped) == (
-                    final,
-                    klass,
-                    stored_reason,
-                    stopped,
-                ):
-                    return run
-                shown = run.failure_class.value if run.failure_class else "-"
-                raise Conflict(
-                    f"run {run_id} already finished as {run.status} (class {shown}); "
-                    "a finished run is immutable"
-                    + (f" ({run.reason})" if run.status is AttemptStatus.ABANDONED else "")
+
+        def finish(remembered: bool) -> Run:
+            with self._store.write(remembered=remembered) as tx:
+                return self._finish(
+                    tx, run_id, final, klass, stored_reason, reset, stopped, cause, at
                 )
-            task = self._task(tx, run.task_id, lock=True)
-            tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped)
-            ended = attrs.evolve(
-                run,
-                status=final,
-                failure_class=klass,
-                reason=stored_reason,
-                ended_at=at,
-                not_before=reset,
-                stopped=stopped,
+
+        return self._copy_first(finish)
+
+    def _finish(
+        self,
+        tx: Tx,
+        run_id: str,
+        final: AttemptStatus,
+        klass: FailureClass | None,
+        stored_reason: str | None,
+        reset: float | None,
+        stopped: bool,
+        cause: LaneCause | None,
+        at: float,
+    ) -> Run:
+        """`finish_run` in its transaction, its arguments checked."""
+        tx.expect_result(run_id)
+        run = self._run(tx, run_id)
+        if run.status is not AttemptStatus.RUNNING:
+            if (run.status, run.failure_class, run.reason, run.stopped) == (
+                final,
+                klass,
+                stored_reason,
+                stopped,
+            ):
+                return run
+            shown = run.failure_class.value if run.failure_class else "-"
+            raise Conflict(
+                f"run {run_id} already finished as {run.status} (class {shown}); "
+                "a finished run is immutable"
+                + (f" ({run.reason})" if run.status is AttemptStatus.ABANDONED else "")
             )
-            self._summary_after(tx, task, ended)
-            self._lane_result(tx, ended, cause, at)
-            if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
-                tx.set_task_status(run.task_id, TaskStatus.DONE, at)
-            tx.audit(
-                AuditEntry(
-                    at=at,
-                    actor=run.actor,
-                    action=AuditAction.RUN_FINISH,
-                    task_id=run.task_id,
-                    run_id=run_id,
-                    detail={
-                        "status": final,
-                        "failure_class": klass.value if klass else None,
-                        **({"stopped": True, "reason": stored_reason} if stopped else {}),
-                    },
-                )
+        task = self._task(tx, run.task_id, lock=True)
+        tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped)
+        ended = attrs.evolve(
+            run,
+            status=final,
+            failure_class=klass,
+            reason=stored_reason,
+            ended_at=at,
+            not_before=reset,
+            stopped=stopped,
+        )
+        self._summary_after(tx, task, ended)
+        self._lane_result(tx, ended, cause, at)
+        if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
+            tx.set_task_status(run.task_id, TaskStatus.DONE, at)
+        tx.audit(
+            AuditEntry(
+                at=at,
+                actor=run.actor,
+                action=AuditAction.RUN_FINISH,
+                task_id=run.task_id,
+                run_id=run_id,
+                detail={
+                    "status": final,
+                    "failure_class": klass.value if klass else None,
+                    **({"stopped": True, "reason": stored_reason} if stopped else {}),
+                },
             )
-            return ended
+        )
+        return ended

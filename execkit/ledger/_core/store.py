@@ -32,6 +32,7 @@ LANE_CONFIG_META_KEY = "lane_config"
 __all__ = [
     "LANE_CONFIG_META_KEY",
     "SUMMARY_AT",
+    "StaleCopy",
     "Store",
     "TaskRecord",
     "Tx",
@@ -345,11 +346,31 @@ class Tx(Protocol):
     def task_lane(self, task_id: str) -> str | None: ...
 
 
+class StaleCopy(Exception):
+    """A write transaction that decided on the store's copy of a row (`Store.write(
+    remembered=True)`) found the row changed since (nothing was written), or lost its
+    connection in its one batch: run it again with `remembered=False`. Never leaves the
+    ledger."""
+
+
 class Store(Protocol):
-    """A backend: transactions over its storage, its schema and its own checks."""
+    """A backend: transactions over its storage, its schema and its own checks.
+
+    `write(remembered=True)` lets the transaction's hinted reads (`Tx.expect_admission`,
+    `Tx.expect_result`) be answered from the rows this store's own last transaction on
+    that task left, without asking the database (PostgreSQL: a round trip saved); the
+    database checks them when the transaction writes. If they changed, or the block ended
+    before anything was checked, the transaction raises `StaleCopy` and nothing is
+    written: the caller runs the same block again with `remembered=False`, on rows read
+    under the lock. It also raises `StaleCopy` when the connection broke in the batch
+    that carried the whole transaction, whose outcome is then unknown: so only a block
+    that is idempotent asks for copies (an admission by its request key, a result by its
+    values), and its second run finds what the first one did. A backend without copies
+    (SQLite) ignores it and never raises it.
+    """
 
     def read(self) -> contextlib.AbstractContextManager[Tx]: ...
-    def write(self) -> contextlib.AbstractContextManager[Tx]: ...
+    def write(self, *, remembered: bool = False) -> contextlib.AbstractContextManager[Tx]: ...
     def schema_version(self) -> int: ...
     def location(self) -> str: ...
     def owner(self) -> str | None: ...

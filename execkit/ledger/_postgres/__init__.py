@@ -20,6 +20,8 @@ One concern a file:
 - `migrate.py`: `PostgresMigration`, the version a database holds, the `pg_dump` command,
   and an older ledger brought up to date under the migration lock;
 - `tx.py`: `PostgresTx`, every statement of one transaction and the locks it takes;
+- `copies.py`: the rows a store's own admissions and results left, which the next one on
+  the same task decides on (one round trip) behind a guard that checks them;
 - `store.py`: `PostgresStore`, the connection, its transactions and their failures, and
   what opening does;
 - `check.py`: the tables, columns and privileges a schema's version and every write need

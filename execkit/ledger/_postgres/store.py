@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from execkit._errors import InvalidInput, NotFound, SchemaTooNew, StorageError
 from execkit._redact import redact
+from execkit.ledger._core import StaleCopy
 from execkit.ledger._model import CAPABILITIES, user_name
 from execkit.ledger._postgres import check, migrate, schema
+from execkit.ledger._postgres.copies import Copies
 from execkit.ledger._postgres.tx import PostgresTx
 from execkit.ledger._postgres.url import INSTALL_HINT, is_postgres_url, password_of, public_url
 from execkit.ledger._postgres.wire import Wire, ready
@@ -126,6 +128,9 @@ class PostgresStore:
         self._schema = ""
         self._fitness = check.Fitness(role="", missing=(), lacking=(), grants=())
         self.migration: migrate.PostgresMigration | None = None
+        # The rows its admissions and results left (`copies.py`): the next one on the
+        # same task decides on its copy, in one round trip, when `write(remembered=True)`.
+        self._copies = Copies()
         with self._lock:
             self._open(create=create, upgrade=upgrade)
 
@@ -298,9 +303,16 @@ class PostgresStore:
             return
         if conn.info.transaction_status == pq.TransactionStatus.IDLE:
             return  # the ROLLBACK went with the pipeline's last batch
+        # Sent by libpq itself: psycopg, seeing a ROLLBACK go through its own `execute`,
+        # deallocates every prepared statement of the session when it prepared any (its
+        # own, after a few reads), and with them the wire's (`wire.py`), which would then
+        # be executed by names the server no longer knows.
         try:
-            conn.execute("ROLLBACK")
+            result = conn.pgconn.exec_(b"ROLLBACK")
         except psycopg.Error:
+            self._discard(conn)
+            return
+        if result.status != pq.ExecStatus.COMMAND_OK:
             self._discard(conn)
 
     def _failure(self, conn: psycopg.Connection[Any], exc: BaseException) -> StorageError:
@@ -335,7 +347,9 @@ class PostgresStore:
         return self._error("ledger transaction failed; nothing was written", exc)
 
     @contextlib.contextmanager
-    def _transaction(self, *, write: bool, current: bool = True) -> Iterator[PostgresTx]:
+    def _transaction(
+        self, *, write: bool, current: bool = True, remembered: bool = False
+    ) -> Iterator[PostgresTx]:
         import psycopg
 
         if current:
@@ -375,12 +389,16 @@ class PostgresStore:
                 wire.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
             return conn, wire
 
-        tx = PostgresTx(None, write=True, opener=opener)
+        tx = PostgresTx(None, write=True, opener=opener, copies=self._copies, remembered=remembered)
         committing = False
         try:
             try:
                 yield tx
-            except BaseException:
+            except BaseException as exc:
+                if tx.unchecked() and isinstance(exc, Exception):
+                    # Decided on a copy, and nothing sent that could check it: whatever
+                    # the block concluded, it concludes again on rows read under the lock.
+                    raise StaleCopy from None
                 # A refusal: its writes are never sent; the ROLLBACK goes in the batch
                 # that ends the pipeline (after a failed statement the server skips it:
                 # `_rollback`).
@@ -388,7 +406,7 @@ class PostgresStore:
                     with contextlib.suppress(psycopg.Error):
                         tx._wire.execute("ROLLBACK")
                 raise
-            tx.send_writes()  # the writes still queued go in the batch with COMMIT
+            tx.closing()  # the writes still queued go in the batch with COMMIT
             last, wire = tx._connection, tx._wire
             if last is None or wire is None:
                 return  # nothing was sent
@@ -400,6 +418,7 @@ class PostgresStore:
             committing = True
             wire.execute("COMMIT")
             wire.close()  # the last batch, and its answers
+            tx.committed()
         except BaseException as exc:
             used = tx._connection
             if used is None:
@@ -409,6 +428,13 @@ class PostgresStore:
                     tx._wire.close()
             broken = used.broken
             self._rollback(used)
+            if tx.copied is not None and isinstance(exc, Exception) and (tx.stale() or broken):
+                # A guard found the row changed (nothing was written), or the connection
+                # broke in the one batch (a dropped one not seen before sending, or one
+                # lost while committing): decided again on rows read on a new connection,
+                # which finds what a committed batch did (`Store.write`).
+                tx.drop_copy()
+                raise StaleCopy from None
             if not isinstance(exc, psycopg.Error):
                 raise
             if committing and broken and self._aborted(tx.xid):
@@ -425,9 +451,12 @@ class PostgresStore:
             if lent:
                 self._give_back(lent.pop())
 
-    def write(self) -> contextlib.AbstractContextManager[PostgresTx]:
-        """One write transaction (READ COMMITTED; admissions lock their task row)."""
-        return self._transaction(write=True)
+    def write(self, *, remembered: bool = False) -> contextlib.AbstractContextManager[PostgresTx]:
+        """One write transaction (READ COMMITTED; admissions lock their task row).
+        `remembered`: its hinted reads may be answered from this store's copies
+        (`copies.py`), checked when it writes; `StaleCopy` (nothing written) when they
+        changed: see `Store.write`."""
+        return self._transaction(write=True, remembered=remembered)
 
     def read(self) -> contextlib.AbstractContextManager[PostgresTx]:
         """One read transaction (REPEATABLE READ, READ ONLY): one snapshot."""

@@ -30,6 +30,13 @@ run's lane, written only at its admission, until that write): a read after a wri
 the server. The run's number is drawn before the decision, so a refused admission leaves a
 gap in the run numbers, as a rolled-back one always did. A run read running under its
 task's lock cannot change before this transaction ends, so finishing it waits for nothing.
+Those reads are not even sent when the store holds a copy of the task as its own last
+admission or result left it (`copies.py`, `Store.write(remembered=True)`): the rules decide
+on the copy, and the whole transaction is one batch, its guards first (the key's lock, then
+the task row, the run and the admission's lanes, each locked and checked to be what the
+copy says), then the writes, the task read back for the next copy, and COMMIT; a guard that
+finds its row changed fails its statement, the server skips the rest, and the store raises
+`StaleCopy` for the rules to decide again on rows read (two round trips, as above).
 PostgreSQL text cannot hold NUL: text is stored with U+FFFD in its place (`nul_free`,
 `jsonb`).
 """
@@ -50,12 +57,14 @@ from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
 from execkit.ledger._core import FINISHED_STATUSES, LANE_CONFIG_META_KEY, TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
+from execkit.ledger._postgres.copies import Copies, TaskCopy
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_COLUMNS,
+    TASK_ROW,
     audit_event_from_row,
     grant_from_row,
     lane_event_from_row,
@@ -115,6 +124,46 @@ _NUMBER_AND_RUNNING = (
     + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
     + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.task_id = %s "
     f"AND r.attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}"
+)
+# A transaction answered from the store's copy of its task (`copies.py`) sends these
+# first, in its one batch: each locks a row and checks it is still the version the copy
+# was taken at. `1 / count(*)` fails (division_by_zero) when it is not, and a pipeline
+# skips everything after a failed statement, COMMIT included: nothing is written, and the
+# store says `StaleCopy`. A run's guard comes after its task's, in a statement of its own:
+# it reads what committed while the task's lock was waited for.
+_KEY_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_TASK_GUARD = (
+    "SELECT 1 / count(*) FROM (SELECT 1 FROM tasks WHERE id = %s AND xmin = %s::text::xid "
+    "FOR UPDATE) AS fresh"
+)
+_NEW_KEY_TASK_GUARD = (
+    "SELECT 1 / count(*) FROM (SELECT 1 FROM tasks WHERE id = %s AND xmin = %s::text::xid "
+    f"AND {_KEY_IS_NEW} FOR UPDATE) AS fresh"
+)
+_RUN_GUARD = (
+    "SELECT 1 / count(*) FROM (SELECT 1 FROM runs WHERE id = %s AND xmin = %s::text::xid "
+    "AND status = 'running' FOR UPDATE) AS fresh"
+)
+# An admission's lanes, on a copy: every one that has a row is open, so it admits with no
+# probe (`admission`, `_lanes.py`); locked, in name order, as `expect_admission` locks them.
+_OPEN_LANES_GUARD = (
+    "SELECT 1 / (count(*) FILTER (WHERE state <> 'open') = 0)::int FROM (SELECT state "
+    "FROM lane_summaries WHERE lane = ANY(%s) ORDER BY lane FOR UPDATE) AS gates"
+)
+_STALE = "22012"  # division_by_zero: a guard's, and nothing else in its statement divides
+# Sent before COMMIT by an admission or a result, under its task's lock: the task row as
+# the transaction leaves it, with its version, its running run (with the run's version and
+# lane), and the next run's number for an open task with none running (the store's copy).
+_READ_BACK = (
+    "SELECT t.xmin::text::bigint AS tx_version, CASE WHEN t.running IS NULL AND "
+    "t.status <> ALL(%s) THEN nextval('run_numbers') END AS tx_number, "
+    "r.xmin::text::bigint AS tx_run_version, "
+    "(SELECT lane FROM run_lanes WHERE run_id = r.id) AS tx_run_lane, "
+    + ", ".join(f"t.{column}" for column in TASK_ROW)
+    + ", "
+    + ", ".join(f"r.{column} AS r_{column}" for column in RUN_COLUMNS)
+    + " FROM tasks t LEFT JOIN runs r ON r.task_id = t.id AND r.attempt = t.running "
+    "WHERE t.id = %s"
 )
 # pg_advisory_xact_lock(int, int) key, beside migrate.py's (0x65786b74, 1): held shared by
 # a result that reads the lane configuration ahead of its lane event, exclusively by a
@@ -225,6 +274,8 @@ class PostgresTx:
         *,
         write: bool,
         opener: Opener | None = None,
+        copies: Copies | None = None,
+        remembered: bool = False,
     ) -> None:
         self._connection = conn
         self._write = write
@@ -239,6 +290,16 @@ class PostgresTx:
         # The transaction's id, read in the first batch of an admission or a result: what
         # the store asks the server about when the connection breaks in the COMMIT batch.
         self.xid: int | None = None
+        # The store's copies (`copies.py`): read back at COMMIT (`_read_back_task`), and,
+        # when `remembered`, the hints answered from one (`copied`: its task) behind the
+        # guards sent first.
+        self._copies = copies
+        self._remembered = remembered and copies is not None
+        self.copied: str | None = None
+        self._guards: list[tuple[str, tuple[Any, ...]]] = []
+        self._guard_answers: list[Answer] = []
+        self._read_back_task: str | None = None
+        self._read_back: Answer | None = None
 
     @property
     def _conn(self) -> psycopg.Connection[Any]:
@@ -247,7 +308,11 @@ class PostgresTx:
         statement, with BEGIN sent alone (a dropped connection replaced once first)."""
         if self._connection is None:
             assert self._opener is not None
-            self._connection, self._wire = self._opener(batched=False)
+            # A copy's guards go first, with BEGIN, before anything it checks for.
+            self._connection, self._wire = self._opener(batched=bool(self._guards))
+            guards, self._guards = self._guards, []
+            for sql, params in guards:
+                self._guard_answers.append(self._wire.execute(sql, params))
         if self._queued:
             self.send_writes()
         return self._connection
@@ -283,6 +348,51 @@ class PostgresTx:
                 _folded(tuple(write[0] for write in group)),
                 tuple(value for write in group for value in write[1]),
             )
+
+    def closing(self) -> None:
+        """Before COMMIT: the queued writes sent, and the task's row read back for the
+        store's copy (an admission's or a result's; `copies.py`)."""
+        self.send_writes()
+        task_id = self._read_back_task
+        sent = self._connection is not None or self.copied is not None
+        if task_id is not None and self._copies is not None and sent:
+            self._read_back = self._on_wire().execute(_READ_BACK, (_FINISHED, task_id))
+
+    def committed(self) -> None:
+        """After COMMIT: the store's copy of the task replaced by the row read back."""
+        if self._read_back is None or self._copies is None:
+            return
+        row = self._read_back.named_one()
+        if row is None or row["status"] in _FINISHED:
+            self._copies.drop(self._read_back_task or "")
+            return
+        run = None
+        if row["r_id"] is not None:
+            run = run_from_row({column: row[f"r_{column}"] for column in RUN_COLUMNS})
+        number, run_version = row["tx_number"], row["tx_run_version"]
+        self._copies.put(
+            TaskCopy(
+                record=task_from_row({column: row[column] for column in TASK_ROW}),
+                version=int(row["tx_version"]),
+                next_number=None if number is None else int(number),
+                run=run,
+                run_version=None if run_version is None else int(run_version),
+                run_lane=None if row["tx_run_lane"] is None else str(row["tx_run_lane"]),
+            )
+        )
+
+    def unchecked(self) -> bool:
+        """Whether this transaction decided on a copy and sent nothing the database could
+        check it with (its outcome must not stand)."""
+        return self.copied is not None and self._connection is None
+
+    def stale(self) -> bool:
+        """Whether a guard found the copy this transaction decided on changed."""
+        return any(answer.sqlstate() == _STALE for answer in self._guard_answers)
+
+    def drop_copy(self) -> None:
+        if self._copies is not None and self.copied is not None:
+            self._copies.drop(self.copied)
 
     def _on_wire(self) -> Wire:
         """A write transaction's wire, its connection opened (`_conn`)."""
@@ -339,15 +449,42 @@ class PostgresTx:
         return self._write and self._opener is not None
 
     def expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
-        if self._batch():
-            self._first_batch(lambda: self._expect_admission(scope, key, task_id, lanes))
+        if not self._batch():
+            return
+        if self._remembered and self._admission_from_copy(scope, key, task_id, lanes):
+            return
+        self._first_batch(lambda: self._expect_admission(scope, key, task_id, lanes))
+
+    def _admission_from_copy(
+        self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]
+    ) -> bool:
+        """Answer an admission's reads from the store's copy of its task, when there is
+        one to admit on (open, nothing running, its next run's number drawn): the key taken
+        for new, the task as copied and its lanes open, checked by the guards sent first."""
+        assert self._copies is not None
+        copy = self._copies.of_task(task_id)
+        if copy is None or copy.next_number is None or copy.record.summary.running is not None:
+            return False
+        self._ahead[("idempotent", scope, key)] = None
+        self._ahead[("task", task_id)] = copy.record
+        self._locked_tasks.add(task_id)  # by the guard, the first statement sent
+        self._run_number = copy.next_number
+        self._guards = [
+            (_KEY_LOCK, (f"{scope}\x1f{key}",)),
+            (_NEW_KEY_TASK_GUARD, (task_id, copy.version, scope, nul_free(key))),
+        ]
+        if lanes:
+            self._ahead[("lane_gates", lanes)] = []  # none stored that is not open
+            self._guards.append((_OPEN_LANES_GUARD, (list(lanes),)))
+        self.copied = self._read_back_task = task_id
+        return True
 
     def _expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
         stored_key = nul_free(key)
         new = (scope, stored_key)
         wire = self._on_wire()
         execute = wire.execute
-        execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",))
+        execute(_KEY_LOCK, (f"{scope}\x1f{key}",))
         # With the key, the run it admitted: a replay reads it (no write follows, no lock).
         found = execute(
             f"SELECT i.fingerprint, i.response, {_RUN_OF_KEY} FROM idempotency i "
@@ -388,6 +525,7 @@ class PostgresTx:
         if record is None:
             return
         self._locked_tasks.add(task_id)
+        self._read_back_task = task_id
         if record.summary.running is not None:
             run = None if drawn["id"] is None else run_from_row(drawn)
             self._ahead[("run_at", task_id, record.summary.running)] = run
@@ -398,8 +536,39 @@ class PostgresTx:
         self._run_number = None if drawn["tx_number"] is None else int(drawn["tx_number"])
 
     def expect_result(self, run_id: str) -> None:
-        if self._batch():
-            self._first_batch(lambda: self._expect_result(run_id))
+        if not self._batch():
+            return
+        if self._remembered and self._result_from_copy(run_id):
+            return
+        self._first_batch(lambda: self._expect_result(run_id))
+
+    def _result_from_copy(self, run_id: str) -> bool:
+        """Answer a result's reads from the store's copy of the run's task, when the run
+        is its running run, bound to no lane: the task and the run as copied, checked by
+        the guards sent first."""
+        assert self._copies is not None
+        copy = self._copies.of_run(run_id)
+        if (
+            copy is None
+            or copy.run is None
+            or copy.run.id != run_id
+            or copy.run_version is None
+            or copy.run_lane is not None
+            or copy.run.status is not AttemptStatus.RUNNING
+        ):
+            return False
+        task_id = copy.record.id
+        self._ahead[("task", task_id)] = copy.record
+        self._ahead[("run", run_id)] = copy.run
+        self._ahead[("run_lane", run_id)] = None
+        self._locked_tasks.add(task_id)
+        self._held_runs.add(run_id)
+        self._guards = [
+            (_TASK_GUARD, (task_id, copy.version)),
+            (_RUN_GUARD, (run_id, copy.run_version)),
+        ]
+        self.copied = self._read_back_task = task_id
+        return True
 
     def _expect_result(self, run_id: str) -> None:
         wire = self._on_wire()
@@ -422,6 +591,7 @@ class PostgresTx:
             return  # no such run: `run()` asks the server, and finds none
         record, found = task_from_row(task_row), run_from_row(run_row)
         self._locked_tasks.add(record.id)
+        self._read_back_task = record.id
         self._ahead[("task", record.id)] = record
         self._ahead[("run", run_id)] = found
         lane = run_row["tx_lane"]

@@ -130,6 +130,17 @@ class Answer:
         rows = self.named()
         return rows[0] if rows else None
 
+    def sqlstate(self) -> str | None:
+        """The SQLSTATE of the error this statement met; None when it met none (or its
+        batch never came back)."""
+        from psycopg import pq
+
+        result = None if self in self._wire._waiting else self._result
+        if result is None or result.status != pq.ExecStatus.FATAL_ERROR:
+            return None
+        code = result.error_field(pq.DiagnosticField.SQLSTATE)
+        return None if code is None else code.decode()
+
 
 class Wire:
     """libpq's pipeline mode on `conn` (a psycopg connection, idle, not in psycopg's

@@ -109,8 +109,9 @@ class SqliteStore:
             )
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[SqliteTx]:
-        """One write transaction: BEGIN IMMEDIATE takes the write lock before any read."""
+    def write(self, *, remembered: bool = False) -> Iterator[SqliteTx]:
+        """One write transaction: BEGIN IMMEDIATE takes the write lock before any read.
+        (`remembered` is ignored: every read is local, there is no round trip to save.)"""
         with self._lock:
             yield from self._write()
 
