@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
 from execkit._budget import (
     Attempt,
-    AttemptStatus,
     Decision,
     DecisionFields,
     DispatchCap,
@@ -29,10 +28,9 @@ from execkit._budget import (
     decision_values,
     summarize,
 )
-from execkit._classify import FailureClass
 from execkit._errors import Conflict, HistoryError, NotFound
 from execkit._lanes import LaneConfigHistory
-from execkit.ledger._core.store import StaleCopy, Store, TaskRecord, Tx, domain
+from execkit.ledger._core.store import StaleCopy, Store, TaskRecord, Tx
 from execkit.ledger._model import (
     KNOWN_ROLES,
     Actor,
@@ -67,9 +65,7 @@ def when(at: float) -> str:
     return datetime.datetime.fromtimestamp(at, tz=datetime.UTC).isoformat(timespec="seconds")
 
 
-_ATTEMPT_STATUSES = {str(member): member for member in AttemptStatus}
 _TASK_STATUSES = {str(member): member for member in TaskStatus}
-_FAILURE_CLASSES = {str(member): member for member in FailureClass}
 
 
 def _last_values(task: TaskRecord) -> LastAttempt | None:
@@ -78,15 +74,11 @@ def _last_values(task: TaskRecord) -> LastAttempt | None:
     number = task.last_number
     if number is None:
         return None
-    status, klass = task.last_status, task.last_class
+    status, klass = task.last_kind()
     return (
         number,
-        _ATTEMPT_STATUSES.get(status)  # type: ignore[arg-type]
-        or domain(AttemptStatus, status, "task {!r} summary last_status", task.id),
-        None
-        if klass is None
-        else _FAILURE_CLASSES.get(klass)
-        or domain(FailureClass, klass, "task {!r} summary last_class", task.id),
+        status,
+        klass,
         task.last_reason,
         task.last_started_at,
         task.last_ended_at,

@@ -174,20 +174,29 @@ class TaskRecord(NamedTuple):
         stored = self.stored_status
         return _TASK_STATUSES.get(stored) or domain(TaskStatus, stored, "task {!r} status", self.id)
 
-    @property
-    def last(self) -> Attempt | None:
-        """The history's last attempt as the summary columns hold it (built at each call)."""
-        if self.last_number is None:
-            return None
+    def last_kind(self) -> tuple[AttemptStatus, FailureClass | None]:
+        """The last attempt's stored status and class as their enums (a task with a last
+        attempt); a value outside its enum is a StorageError naming the task."""
         status, klass = self.last_status, self.last_class
-        return stored_attempt(
-            self.last_number,
+        return (
             _ATTEMPT_STATUSES.get(status)
             or domain(AttemptStatus, status, "task {!r} summary last_status", self.id),
             None
             if klass is None
             else _FAILURE_CLASSES.get(klass)
             or domain(FailureClass, klass, "task {!r} summary last_class", self.id),
+        )
+
+    @property
+    def last(self) -> Attempt | None:
+        """The history's last attempt as the summary columns hold it (built at each call)."""
+        if self.last_number is None:
+            return None
+        status, klass = self.last_kind()
+        return stored_attempt(
+            self.last_number,
+            status,
+            klass,
             self.last_reason,
             self.last_started_at,
             self.last_ended_at,

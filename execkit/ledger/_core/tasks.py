@@ -16,8 +16,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from execkit._budget import Attempt, AttemptStatus, BlockedOn, DispatchCap, TaskState
-from execkit._classify import FailureClass
+from execkit._budget import Attempt, BlockedOn, DispatchCap, TaskState
 from execkit._errors import AttemptLimitReached, Conflict, Forbidden, TaskBlocked, TaskFinished
 from execkit.ledger._core.base import FINISHED_STATUSES, CoreBase
 from execkit.ledger._core.inputs import (
@@ -35,7 +34,7 @@ from execkit.ledger._core.inputs import (
     fingerprint_of,
     moment,
 )
-from execkit.ledger._core.store import TaskRecord, domain
+from execkit.ledger._core.store import TaskRecord
 from execkit.ledger._model import (
     LIST_PAGE,
     OPERATE_ROLE,
@@ -499,27 +498,12 @@ def iter_task_values_with_last(
     )
 
 
-_STATUSES = {str(member): member for member in AttemptStatus}
-_CLASSES = {str(member): member for member in FailureClass}
-
-
 def _last_outcome(record: TaskRecord) -> LastOutcome | None:
     """The record's last attempt's outcome, from its summary columns (`record.last`'s
     status, class and reason; a value outside its enum is the StorageError it raises)."""
     if record.last_number is None:
         return None
-    status, klass = record.last_status, record.last_class
-    return _outcome_of(
-        (
-            _STATUSES.get(status)  # type: ignore[arg-type]
-            or domain(AttemptStatus, status, "task {!r} summary last_status", record.id),
-            None
-            if klass is None
-            else _CLASSES.get(klass)
-            or domain(FailureClass, klass, "task {!r} summary last_class", record.id),
-            record.last_reason,
-        )
-    )
+    return _outcome_of((*record.last_kind(), record.last_reason))
 
 
 _outcome_of = functools.partial(tuple.__new__, LastOutcome)
