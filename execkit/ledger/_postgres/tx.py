@@ -43,6 +43,7 @@ PostgreSQL text cannot hold NUL: text is stored with U+FFFD in its place (`nul_f
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +73,7 @@ from execkit.ledger._rows import (
     lane_from_row,
     lane_row,
     run_from_row,
+    run_from_values,
     summary_row,
     task_from_row,
 )
@@ -154,17 +156,20 @@ _STALE = "22012"  # division_by_zero: a guard's, and nothing else in its stateme
 # Sent before COMMIT by an admission or a result, under its task's lock: the task row as
 # the transaction leaves it, with its version, its running run (with the run's version and
 # lane), and the next run's number for an open task with none running (the store's copy).
+# Read by position: these four, then `TASK_ROW`, then `RUN_COLUMNS` (all NULL: none running).
 _READ_BACK = (
-    "SELECT t.xmin::text::bigint AS tx_version, CASE WHEN t.running IS NULL AND "
-    "t.status <> ALL(%s) THEN nextval('run_numbers') END AS tx_number, "
-    "r.xmin::text::bigint AS tx_run_version, "
-    "(SELECT lane FROM run_lanes WHERE run_id = r.id) AS tx_run_lane, "
+    "SELECT t.xmin::text::bigint, CASE WHEN t.running IS NULL AND t.status NOT IN ("
+    + ", ".join(f"'{status}'" for status in FINISHED_STATUSES)
+    + ") THEN nextval('run_numbers') END, r.xmin::text::bigint, "
+    "(SELECT lane FROM run_lanes WHERE run_id = r.id), "
     + ", ".join(f"t.{column}" for column in TASK_ROW)
     + ", "
-    + ", ".join(f"r.{column} AS r_{column}" for column in RUN_COLUMNS)
+    + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
     + " FROM tasks t LEFT JOIN runs r ON r.task_id = t.id AND r.attempt = t.running "
     "WHERE t.id = %s"
 )
+_RUN_AT = 4 + len(TASK_ROW)
+_STATUS_AT = TASK_ROW.index("status")
 # pg_advisory_xact_lock(int, int) key, beside migrate.py's (0x65786b74, 1): held shared by
 # a result that reads the lane configuration ahead of its lane event, exclusively by a
 # configuration change (`lane_event_barrier`).
@@ -344,10 +349,13 @@ class PostgresTx:
         queued, self._queued = self._queued, []
         wire = self._on_wire()
         for group in _groups(queued):
-            wire.execute(
-                _folded(tuple(write[0] for write in group)),
-                tuple(value for write in group for value in write[1]),
-            )
+            if len(group) == 1:
+                wire.execute(group[0][0], group[0][1])
+            else:
+                wire.execute(
+                    _folded(tuple(write[0] for write in group)),
+                    tuple(itertools.chain.from_iterable(write[1] for write in group)),
+                )
 
     def closing(self) -> None:
         """Before COMMIT: the queued writes sent, and the task's row read back for the
@@ -356,28 +364,27 @@ class PostgresTx:
         task_id = self._read_back_task
         sent = self._connection is not None or self.copied is not None
         if task_id is not None and self._copies is not None and sent:
-            self._read_back = self._on_wire().execute(_READ_BACK, (_FINISHED, task_id))
+            self._read_back = self._on_wire().execute(_READ_BACK, (task_id,))
 
     def committed(self) -> None:
         """After COMMIT: the store's copy of the task replaced by the row read back."""
         if self._read_back is None or self._copies is None:
             return
-        row = self._read_back.named_one()
-        if row is None or row["status"] in _FINISHED:
+        row = self._read_back.one()
+        if row is None or row[4 + _STATUS_AT] in _FINISHED:
             self._copies.drop(self._read_back_task or "")
             return
-        run = None
-        if row["r_id"] is not None:
-            run = run_from_row({column: row[f"r_{column}"] for column in RUN_COLUMNS})
-        number, run_version = row["tx_number"], row["tx_run_version"]
+        record = TaskRecord._make(row[4:_RUN_AT])
+        version, number, run_version, run_lane = row[:4]
+        run = None if row[_RUN_AT] is None else run_from_values(row[_RUN_AT:])
         self._copies.put(
             TaskCopy(
-                record=task_from_row({column: row[column] for column in TASK_ROW}),
-                version=int(row["tx_version"]),
+                record=record,
+                version=int(version),
                 next_number=None if number is None else int(number),
                 run=run,
                 run_version=None if run_version is None else int(run_version),
-                run_lane=None if row["tx_run_lane"] is None else str(row["tx_run_lane"]),
+                run_lane=None if run_lane is None else str(run_lane),
             )
         )
 
