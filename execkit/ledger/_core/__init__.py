@@ -40,6 +40,7 @@ from execkit.ledger._core.store import (
     domain,
     stored_attempt,
     summary_row,
+    summary_values,
 )
 from execkit.ledger._core.tasks import iter_task_values, iter_task_values_with_last
 
@@ -58,4 +59,5 @@ __all__ = [
     "iter_task_values_with_last",
     "stored_attempt",
     "summary_row",
+    "summary_values",
 ]

@@ -56,7 +56,12 @@ from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
-from execkit.ledger._core import FINISHED_STATUSES, LANE_CONFIG_META_KEY, TaskRecord
+from execkit.ledger._core import (
+    FINISHED_STATUSES,
+    LANE_CONFIG_META_KEY,
+    TaskRecord,
+    summary_values,
+)
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._postgres.copies import Copies, TaskCopy
 from execkit.ledger._rows import (
@@ -74,7 +79,6 @@ from execkit.ledger._rows import (
     lane_row,
     run_from_row,
     run_from_values,
-    summary_row,
     task_from_row,
 )
 
@@ -100,10 +104,11 @@ class Opener(Protocol):
 # of one table under the same name.
 _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 _TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
+# The values of `summary_values`, in `SUMMARY_COLUMNS` order, then the task's id.
 _SUMMARY_UPDATE = (
     "UPDATE tasks SET "
-    + ", ".join(f"{column} = %({column})s" for column in SUMMARY_COLUMNS)
-    + " WHERE id = %(task_id)s"
+    + ", ".join(f"{column} = %s" for column in SUMMARY_COLUMNS)
+    + " WHERE id = %s"
 )
 
 # Read again, in `expect_admission`, only when the key is new: a replayed key locks no task
@@ -470,7 +475,7 @@ class PostgresTx:
         for new, the task as copied and its lanes open, checked by the guards sent first."""
         assert self._copies is not None
         copy = self._copies.of_task(task_id)
-        if copy is None or copy.next_number is None or copy.record.summary.running is not None:
+        if copy is None or copy.next_number is None or copy.record.running is not None:
             return False
         self._ahead[("idempotent", scope, key)] = None
         self._ahead[("task", task_id)] = copy.record
@@ -533,9 +538,9 @@ class PostgresTx:
             return
         self._locked_tasks.add(task_id)
         self._read_back_task = task_id
-        if record.summary.running is not None:
+        if record.running is not None:
             run = None if drawn["id"] is None else run_from_row(drawn)
-            self._ahead[("run_at", task_id, record.summary.running)] = run
+            self._ahead[("run_at", task_id, record.running)] = run
             if run is not None and run.status is AttemptStatus.RUNNING:
                 self._held_runs.add(run.id)
         if gates is not None:
@@ -803,11 +808,10 @@ class PostgresTx:
         )
 
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
-        values = {
-            column: nul_free(value) if isinstance(value, str) else value
-            for column, value in summary_row(summary).items()
-        }
-        self._queue("tasks", _SUMMARY_UPDATE, {**values, "task_id": task_id})
+        values = [
+            nul_free(value) if type(value) is str else value for value in summary_values(summary)
+        ]
+        self._queue("tasks", _SUMMARY_UPDATE, (*values, task_id))
 
     def insert_run(self, run: Run, lease_s: float) -> Run:
         # The limit in force is read from the task row this transaction has locked, in the

@@ -160,6 +160,12 @@ class Wire:
         # being prepared (dropped from the names if its Parse was skipped or refused).
         self._queue: list[Answer | tuple[str, tuple[int, ...]]] = []
         self._waiting: set[Answer] = set()
+        # Waited on for each answer the server has not sent yet: one poller, registered
+        # once (poll(2), as `ready`).
+        self._readable: Any = None
+        if hasattr(select, "poll"):
+            self._readable = select.poll()
+            self._readable.register(self._pgconn.socket, select.POLLIN)
         self._pgconn.enter_pipeline_mode()
 
     def execute(self, sql: str, params: Sequence[Any] = (), *, prepare: bool = True) -> Answer:
@@ -227,7 +233,10 @@ class Wire:
         connection is an OperationalError (`consume_input` raises it)."""
         pgconn = self._pgconn
         while pgconn.is_busy():
-            ready(pgconn.socket)
+            if self._readable is None:  # pragma: no cover (Windows)
+                ready(pgconn.socket)
+            else:
+                self._readable.poll()
             pgconn.consume_input()
         return pgconn.get_result()
 
