@@ -776,9 +776,7 @@ class PostgresTx:
             (nul_free(title), nul_free(actor), at, at, max_uncharged_attempts),
         )
         assert row is not None
-        task_id = str(row[0])
-        self._read_back_task = task_id  # the store's copy: its first admission decides on it
-        return task_id
+        return str(row[0])
 
     def set_task_status(self, task_id: str, status: TaskStatus, at: float) -> None:
         self._queue(
