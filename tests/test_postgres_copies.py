@@ -154,3 +154,18 @@ def test_an_admission_on_a_lane_is_decided_on_a_copy_only_while_the_lane_is_open
     with pytest.raises(LaneWaiting):
         start(request_key="h4", now=4000.0)
     assert [r.attempt for r in here.runs(task.id)] == [1, 2, 3]
+
+
+def test_a_store_that_meets_a_task_once_draws_no_run_number(pg_url: str) -> None:
+    """One process a command (the CLI): each transaction's store is new, keeps its copy
+    of nothing it uses again, and draws no number for it: the run ids have no gaps."""
+    with PostgresLedger(pg_url) as ledger:
+        task = ledger.create_task("t", max_attempts=10, actor="a")
+    ids = []
+    for n in range(3):
+        with PostgresLedger(pg_url) as ledger:
+            run = ledger.start_run(task.id, request_key=f"k{n}", actor="a", now=1000.0 + n * 3600)
+            ids.append(run.id)
+        with PostgresLedger(pg_url) as ledger:
+            ledger.finish_run(run.id, "failed", now=1001.0 + n * 3600)
+    assert ids == ["r-1", "r-2", "r-3"]

@@ -4,8 +4,10 @@ without reading them first (issue #33: an admission and a result in one round tr
 An admission or a run's result that commits reads back, in the batch that commits and
 under its task's lock, the task row as it leaves it, the row's version (`xmin`, the id of
 the transaction that wrote it), its running run if any (with its version and its lane),
-and, for an open task with nothing running, the number its next run will take (drawn
-under that lock, so a task's runs stay numbered in their order). The next admission of
+and, for an open task with nothing running that this store worked before, the number its
+next run will take (drawn under that lock, so a task's runs stay numbered in their order;
+a store that meets a task once, as a CLI command does, draws none, so its run ids have no
+gaps). The next admission of
 that task, or the result of that run, from this store decides in Python on that copy
 (the rule has one source) and sends its writes behind a guard that locks the row and
 checks its version: the database admits it only if nobody changed the row since the copy

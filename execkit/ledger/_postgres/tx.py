@@ -158,21 +158,33 @@ _OPEN_LANES_GUARD = (
     "FROM lane_summaries WHERE lane = ANY(%s) ORDER BY lane FOR UPDATE) AS gates"
 )
 _STALE = "22012"  # division_by_zero: a guard's, and nothing else in its statement divides
+
+
 # Sent before COMMIT by an admission or a result, under its task's lock: the task row as
 # the transaction leaves it, with its version, its running run (with the run's version and
 # lane), and the next run's number for an open task with none running (the store's copy).
 # Read by position: these four, then `TASK_ROW`, then `RUN_COLUMNS` (all NULL: none running).
-_READ_BACK = (
-    "SELECT t.xmin::text::bigint, CASE WHEN t.running IS NULL AND t.status NOT IN ("
+# The number is drawn only by a store that worked the task before (`_DRAWING`): a number
+# never used is a gap in the run ids, and a store that met the task once (a CLI command,
+# one process a transaction) would leave one at every result.
+def _read_back(number: str) -> str:
+    return (
+        f"SELECT t.xmin::text::bigint, {number}, r.xmin::text::bigint, "
+        "(SELECT lane FROM run_lanes WHERE run_id = r.id), "
+        + ", ".join(f"t.{column}" for column in TASK_ROW)
+        + ", "
+        + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
+        + " FROM tasks t LEFT JOIN runs r ON r.task_id = t.id AND r.attempt = t.running "
+        "WHERE t.id = %s"
+    )
+
+
+_DRAWING = _read_back(
+    "CASE WHEN t.running IS NULL AND t.status NOT IN ("
     + ", ".join(f"'{status}'" for status in FINISHED_STATUSES)
-    + ") THEN nextval('run_numbers') END, r.xmin::text::bigint, "
-    "(SELECT lane FROM run_lanes WHERE run_id = r.id), "
-    + ", ".join(f"t.{column}" for column in TASK_ROW)
-    + ", "
-    + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
-    + " FROM tasks t LEFT JOIN runs r ON r.task_id = t.id AND r.attempt = t.running "
-    "WHERE t.id = %s"
+    + ") THEN nextval('run_numbers') END"
 )
+_NOT_DRAWING = _read_back("NULL::bigint")
 _RUN_AT = 4 + len(TASK_ROW)
 _STATUS_AT = TASK_ROW.index("status")
 # pg_advisory_xact_lock(int, int) key, beside migrate.py's (0x65786b74, 1): held shared by
@@ -369,7 +381,9 @@ class PostgresTx:
         task_id = self._read_back_task
         sent = self._connection is not None or self.copied is not None
         if task_id is not None and self._copies is not None and sent:
-            self._read_back = self._on_wire().execute(_READ_BACK, (task_id,))
+            worked = self.copied is not None or self._copies.of_task(task_id) is not None
+            read_back = _DRAWING if worked else _NOT_DRAWING
+            self._read_back = self._on_wire().execute(read_back, (task_id,))
 
     def committed(self) -> None:
         """After COMMIT: the store's copy of the task replaced by the row read back."""
