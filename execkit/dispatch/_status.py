@@ -15,7 +15,6 @@ from execkit._mask import mask_text
 from execkit._validate import fields_in_order
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
-from execkit.dispatch._lanes import DispatchLanes, waiting_reason
 from execkit.ledger import (
     LANES_CAPABILITY,
     LastOutcome,
@@ -161,6 +160,9 @@ def iter_issue_statuses(
     if ledger is not None and LANES_CAPABILITY in ledger.capabilities():
         closed = {view.lane: view for view in ledger.list_lanes(now=at) if not view.admits}
         if closed:
+            # Only then the dispatcher's lanes (and the adapter registry they read) load.
+            from execkit.dispatch._lanes import DispatchLanes
+
             lanes = DispatchLanes(ledger)
             lanes.bind(ledger.ledger_id())
 
@@ -169,6 +171,8 @@ def iter_issue_statuses(
     def waiting(task: Task | TaskValues, adapter: str | None) -> str | None:
         if not closed or task.status != "open" or task.state is TaskState.RUNNING:
             return None
+        from execkit.dispatch._lanes import waiting_reason  # loaded above: a lane is closed
+
         view = ledger.task_lane(task.id, now=at) if ledger is not None else None
         if (view is None or view.admits) and lanes is not None and adapter is not None:
             view = lanes.closed(adapter, closed)
