@@ -41,7 +41,10 @@ _EXPORTS: dict[str, str] = {
     "SlotExecutor": "execkit.dispatch._slots",
     "ThreadPerSlot": "execkit.dispatch._slots",
     "IssueStatus": "execkit.dispatch._status",
+    "IssueStatusValues": "execkit.dispatch._status",
+    "issue_status_values": "execkit.dispatch._status",
     "issue_statuses": "execkit.dispatch._status",
+    "iter_issue_status_values": "execkit.dispatch._status",
     "iter_issue_statuses": "execkit.dispatch._status",
 }
 
@@ -70,7 +73,10 @@ if TYPE_CHECKING:
     from execkit.dispatch._slots import InlineExecutor, SlotExecutor, ThreadPerSlot
     from execkit.dispatch._status import (
         IssueStatus,
+        IssueStatusValues,
+        issue_status_values,
         issue_statuses,
+        iter_issue_status_values,
         iter_issue_statuses,
     )
 
@@ -92,6 +98,7 @@ __all__ = [
     "InMemoryBoard",
     "InlineExecutor",
     "IssueStatus",
+    "IssueStatusValues",
     "JsonFileBoard",
     "RunOutcome",
     "Runner",
@@ -99,7 +106,9 @@ __all__ = [
     "SlotExecutor",
     "ThreadPerSlot",
     "Tracker",
+    "issue_status_values",
     "issue_statuses",
+    "iter_issue_status_values",
     "iter_issue_statuses",
     "task_key",
 ]
