@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import execkit
+import execkit.dispatch
 
 
 @pytest.mark.parametrize("name", execkit.__all__)
@@ -47,3 +48,20 @@ def test_lazy_exports_are_the_library_objects() -> None:
 
     assert execkit.run_agent is run_agent
     assert execkit.Dispatcher is Dispatcher
+
+
+@pytest.mark.parametrize("name", execkit.dispatch.__all__)
+def test_every_dispatch_name_resolves_to_its_rooms_object(name: str) -> None:
+    """`execkit.dispatch` loads a room on first use of one of its names: each name is the
+    object its room defines, and listed by `dir`."""
+    import importlib
+
+    room = importlib.import_module(execkit.dispatch._EXPORTS[name])
+    assert getattr(execkit.dispatch, name) is getattr(room, name)
+    assert name in dir(execkit.dispatch)
+    assert set(execkit.dispatch._EXPORTS) == set(execkit.dispatch.__all__)
+
+
+def test_an_unknown_dispatch_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        _ = execkit.dispatch.no_such_thing

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 from ledger_backends import AnyLedger
 
@@ -22,6 +23,7 @@ import execkit.ledger._core.base as base_module
 import execkit.ledger._core.store as store_module
 from execkit._budget import (
     Attempt,
+    BlockedOn,
     Decision,
     ExplicitLimit,
     HistorySummary,
@@ -212,6 +214,148 @@ def test_the_status_of_every_kind_of_task_is_the_same_read_from_values_or_tasks(
     assert rows == through_tasks
     assert list(status_table_lines(rows, NOW)) == list(status_table_lines(through_tasks, NOW))
     assert {row.ledger_state for row in rows} == set(TaskState)
+
+
+@pytest.mark.parametrize("cap", [2, -1])
+def test_a_dashboard_row_is_its_tasks_fields_with_a_board_or_without(
+    ledger: AnyLedger, cap: int
+) -> None:
+    """Each row `status` reads without a board (each task's values unpacked in one loop)
+    is what its Task and last Attempt say, field by field, and what the board's way
+    (each issue matched with its task, then the same row rule) makes of it."""
+    from execkit.dispatch import (
+        BoardIssue,
+        BoardState,
+        DispatchConfig,
+        InMemoryBoard,
+        IssueStatus,
+        issue_statuses,
+    )
+
+    _every_kind(ledger, prefix="board:")
+    config = DispatchConfig(max_attempts=cap)
+    expected = []
+    for task, last in ledger.iter_tasks_with_last(now=NOW, cap=config.cap, title_prefix="board:"):
+        expected.append(
+            IssueStatus(
+                issue_id=task.title.removeprefix("board:"),
+                title="",
+                board_state=None,
+                task_id=task.id,
+                ledger_state=task.state,
+                blocked_on=task.blocked_on,
+                attempts=task.attempts_started,
+                max_attempts=config.bound_for(task),
+                charged_attempts=task.charged_attempts,
+                uncharged_streak=task.uncharged_streak,
+                next_attempt_at=task.next_attempt_at if task.state is TaskState.BACKOFF else None,
+                last_class=None if last is None else last.failure_class,
+                last_status=None if last is None else last.status,
+                last_reason=None if last is None else last.reason,
+                reason=task.reason,
+            )
+        )
+    rows = issue_statuses(ledger, config, now=NOW)
+    assert rows == expected
+    assert {row.max_attempts for row in rows} == ({1, 2} if cap == 2 else {1, None})
+    # The board's way: every issue in a state the dispatcher never takes (no forced retry).
+    board = InMemoryBoard(
+        [BoardIssue(row.issue_id, f"title {n}", "parked") for n, row in enumerate(rows)],
+        [BoardState("todo", eligible=True), BoardState("parked")],
+    )
+    by_board = issue_statuses(ledger, config, board=board, now=NOW)
+    assert by_board == [
+        attrs.evolve(row, title=f"title {n}", board_state="parked") for n, row in enumerate(rows)
+    ]
+
+
+def _reference_table(rows: list[Any], now: float) -> list[str]:
+    """The status table as it was written from each `IssueStatus` before the rows were
+    values: each cell from the row's fields, each column padded with `str.format` to its
+    widest cell (one block: fewer than `LIST_PAGE` rows), the reason clipped at 160."""
+    from execkit.cli._dispatch import _when
+
+    lines = [
+        (
+            "ISSUE", "TASK", "BOARD", "LEDGER", "ATTEMPT", "CHARGED", "UNCHARGED", "NEXT",
+            "LAST CLASS", "REASON",
+        )
+    ]  # fmt: skip
+    for row in rows:
+        reason = row.last_reason
+        if row.ledger_state is TaskState.BLOCKED:
+            reason = row.reason
+            if row.blocked_on == "work" and row.last_reason and row.last_reason != reason:
+                reason = f"{reason or 'blocked on work'}; last failure: {row.last_reason}"
+        reason = safe_text(reason or "-")
+        state, bound = row.ledger_state, row.blocked_on
+        lines.append(
+            (
+                safe_text(row.issue_id),
+                row.task_id or "-",
+                "-" if row.board_state is None else safe_text(row.board_state),
+                "-" if state is None else f"{state} ({bound})" if bound else state,
+                f"{row.attempts}/{row.max_attempts or '-'}",
+                str(row.charged_attempts),
+                str(row.uncharged_streak),
+                _when(row.next_attempt_at, now),
+                row.last_class.value if row.last_class else (row.last_status or "-"),
+                reason if len(reason) <= 160 else reason[:159] + "\u2026",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(9)]
+    padded = [
+        "".join(f"{cell:<{w}}  " for cell, w in zip(line, widths, strict=False)) for line in lines
+    ]
+    return [(pads + line[9]).rstrip() for pads, line in zip(padded, lines, strict=True)]
+
+
+def test_the_status_table_is_written_as_it_was_from_each_row(ledger: AnyLedger) -> None:
+    """The table `status` writes from its rows' values is, byte for byte, the table
+    written from each `IssueStatus` before: every kind of task, an issue never
+    dispatched, and rows of hostile text (controls, `%` and `{}` in a cell, a reason too
+    long or ending in spaces, wide characters)."""
+    from execkit.cli._status import status_table_lines, status_value_lines
+    from execkit.dispatch import (
+        BoardIssue,
+        BoardState,
+        DispatchConfig,
+        InMemoryBoard,
+        issue_status_values,
+        issue_statuses,
+    )
+
+    _every_kind(ledger, prefix="board:")
+    dispatched = issue_statuses(ledger, DispatchConfig(max_attempts=2), now=NOW)
+    board = InMemoryBoard(
+        [
+            *(BoardIssue(row.issue_id, "t", "parked") for row in dispatched),
+            BoardIssue("never dispatched", "t", "todo"),
+        ],
+        [BoardState("todo", eligible=True), BoardState("parked")],
+    )
+    rows = issue_statuses(ledger, DispatchConfig(), board=board, now=NOW)
+    first = rows[0]
+    hostile = [
+        attrs.evolve(first, issue_id="I-\x1b[2J\x9b%s{0}", board_state="to\rdo"),
+        attrs.evolve(first, issue_id="\u2603 wide \U0001f600", last_reason="x" * 300),
+        attrs.evolve(first, last_reason="ends in spaces   ", last_class=None),
+        attrs.evolve(
+            first,
+            ledger_state=TaskState.BLOCKED,
+            blocked_on=BlockedOn.WORK,
+            reason=None,
+            last_reason="tests failed\n%d",
+        ),
+        attrs.evolve(first, ledger_state=TaskState.BACKOFF, next_attempt_at=NOW + 7200.0),
+        attrs.evolve(first, ledger_state=TaskState.BACKOFF, next_attempt_at=NOW - 1.0),
+        attrs.evolve(first, max_attempts=None, attempts=12, charged_attempts=10),
+    ]
+    every = [*dispatched, *rows, *hostile]
+    assert {row.ledger_state for row in every} >= set(TaskState) | {None}
+    expected = _reference_table(every, NOW)
+    assert list(status_table_lines(every, NOW)) == expected
+    assert list(status_value_lines(map(issue_status_values, every), NOW)) == expected
 
 
 def test_a_status_builds_no_task_and_no_attempt(

@@ -275,6 +275,91 @@ def test_task_list_imports_only_the_ledger_it_reads(tmp_path: Path) -> None:
     assert len(_own(loaded)) <= LISTING_MODULES_MAX, sorted(_own(loaded))
 
 
+def _loaded(*args: str) -> set[str]:
+    """The modules in `sys.modules` once `python -m execkit ARGS` has run (exit code 0).
+    Unlike `-X importtime`, this sees the modules a package's `__getattr__` imports on
+    first use of a name (`execkit.dispatch`'s rooms), which `importlib` loads unreported."""
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['execkit', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('execkit', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print(' '.join(sorted(sys.modules)), file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(done.stderr.strip().splitlines()[-1].split())
+
+
+# What `execkit status` must not import: what only a running dispatcher needs (the
+# scheduler, the runner and its slots, the lanes it admits through, the adapter registry
+# and the adapters, the spawner, the agent loop, the proof types, the log machinery), the
+# classifier's rules, the package metadata, a board write's `secrets`, the server, the
+# remote client, PostgreSQL. (The redactor loads: the ledger masks the title prefix the
+# dashboard reads by.)
+NOT_FOR_A_STATUS = {
+    "execkit.dispatch._scheduler",
+    "execkit.dispatch._runner",
+    "execkit.dispatch._slots",
+    "execkit.dispatch._lanes",
+    "execkit._registry",
+    "execkit._adapter",
+    "execkit._agent",
+    "execkit._attempt",
+    "execkit._exec",
+    "execkit._proof",
+    "execkit._classify.rules",
+    "execkit.server",
+    "execkit.remote",
+    "execkit.ledger._postgres",
+    "importlib.metadata",
+    "subprocess",
+    "concurrent.futures",
+    "logging",
+    "secrets",
+    "asyncio",
+    "psutil",
+    "psycopg",
+}
+# How many of execkit's own modules `status` has loaded when it ends (56 when this was
+# written, 85 before).
+STATUS_MODULES_MAX = 56
+
+
+def test_status_imports_the_dashboard_and_nothing_of_a_running_dispatcher(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    for title in ("board:I-1", "board:I-2"):
+        subprocess.run(
+            [sys.executable, "-m", "execkit", "task", "create", title, "--db", str(db)],
+            env=_env(),
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+    for args in (["status"], ["status", "--json"]):
+        loaded = _loaded(*args, "--db", str(db))
+        assert {"execkit.cli._status", "execkit.dispatch._status", "execkit._redact"} <= loaded
+        assert not loaded & NOT_FOR_A_STATUS, sorted(loaded & NOT_FOR_A_STATUS)
+        assert len(_own(loaded)) <= STATUS_MODULES_MAX, sorted(_own(loaded))
+
+
+def test_importing_the_dispatch_package_imports_none_of_its_rooms() -> None:
+    code = "import sys, execkit.dispatch; print(sorted(m for m in sys.modules if 'dispatch' in m))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "['execkit.dispatch']", done.stderr
+
+
 def test_version_imports_only_the_metadata() -> None:
     loaded = _imported("--version")
     assert "importlib.metadata" in loaded

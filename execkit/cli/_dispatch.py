@@ -9,30 +9,26 @@ backoff is then the server's, and a board asking for another one is refused.
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execkit._budget import BlockedOn
 from execkit._errors import InvalidInput, TaskBlocked
-from execkit._proof import RunStatus
-from execkit._registry import get_adapter
 from execkit.cli._ledger import open_remote, remote_url
-from execkit.cli._output import emit, log_handler, print_json, safe_text
-from execkit.dispatch import (
-    MAX_CONCURRENT_AGENTS,
-    AdapterRunner,
-    DispatchConfig,
-    Dispatcher,
-    DispatchEvent,
-    EventKind,
-    JsonFileBoard,
-)
+from execkit.cli._output import emit, print_json, safe_text
+from execkit.dispatch import MAX_CONCURRENT_AGENTS, DispatchConfig, JsonFileBoard
 from execkit.ledger import Ledger, open_ledger
+
+# What only a running dispatcher needs (the scheduler, the runner and through them the
+# adapter registry, the redactor and the log machinery) is imported where it runs (each
+# name of `execkit.dispatch` loads its own room): `execkit status` reads its options and
+# helpers from this module and runs none of it.
+if TYPE_CHECKING:
+    from execkit.dispatch import Dispatcher, DispatchEvent
 
 __all__ = ["describe_event", "register"]
 
@@ -221,6 +217,9 @@ def describe_event(event: DispatchEvent, now: float | None = None) -> str:
 
 
 def _describe(event: DispatchEvent, now: float | None) -> str:
+    from execkit._proof import RunStatus
+    from execkit.dispatch import EventKind
+
     at = event.at if now is None else now
     cap = f"/{event.max_attempts}" if event.max_attempts else ""
     attempt = f"attempt {event.attempt}{cap}" if event.attempt else "-"
@@ -260,6 +259,10 @@ def _clip(text: str, width: int) -> str:
 
 
 def _setup_logging() -> None:
+    import logging
+
+    from execkit.cli._output import log_handler
+
     # The give-up warnings are for the operator: show them on stderr (basicConfig is a
     # no-op when the embedding program configured logging already).
     logging.basicConfig(level=logging.WARNING, handlers=[log_handler("execkit")])
@@ -272,14 +275,22 @@ def _dispatch(args: argparse.Namespace) -> int:
             "(see 'execkit dispatch --help')",
             field="until_idle",
         )
+    from execkit._registry import get_adapter
+    from execkit.dispatch import AdapterRunner, Dispatcher
+
     _setup_logging()
     board = JsonFileBoard(args.board)
     config = _config(args, board)
     # The default adapter is the command's own choice: a name nobody knows stops here
     # (not_found), before anything runs. An issue's own unknown adapter stops that issue.
-    runner = AdapterRunner(
-        get_adapter(config.default_adapter), timeout_s=args.timeout, start=args.start
-    )
+    # `main` takes the default starter from `subprocess` where the group's import loaded
+    # it; this group loads the spawner only here, so the default is taken here too.
+    start = args.start
+    if start is None:
+        import subprocess
+
+        start = subprocess.Popen
+    runner = AdapterRunner(get_adapter(config.default_adapter), timeout_s=args.timeout, start=start)
     ended_blocked: dict[str, bool] = {}
 
     def show(event: DispatchEvent) -> None:
@@ -324,6 +335,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _ends_blocked(event: DispatchEvent, config: DispatchConfig) -> bool:
     """Whether the issue stands blocked after `event` (given up into the failed state,
     blocked where it stands, or at its explicit limit)."""
+    from execkit.dispatch import EventKind
+
     if event.kind in (EventKind.GAVE_UP, EventKind.BLOCKED, EventKind.ATTEMPT_LIMIT):
         return True
     if event.kind is EventKind.DISPATCHED:

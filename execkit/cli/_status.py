@@ -26,14 +26,22 @@ from execkit._mask import mask_text
 from execkit.cli._dispatch import _add_common, _clip, _config, _when
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import emit, print_json_list, safe_text, utc_stamp, write_lines
-from execkit.dispatch import DispatchConfig, IssueStatus, JsonFileBoard, iter_issue_statuses
+from execkit.dispatch import (
+    DispatchConfig,
+    IssueStatus,
+    IssueStatusValues,
+    JsonFileBoard,
+    issue_status_values,
+    iter_issue_status_values,
+)
 from execkit.ledger import DB_ENV_VAR, LIST_PAGE, Ledger, TaskState
 
-__all__ = ["format_status_table", "register"]
+__all__ = ["format_status_table", "register", "status_table_lines", "status_value_lines"]
 
 # Cursor home, then clear the screen: the next table is drawn where the last one was.
 REDRAW = "\x1b[H\x1b[2J"
 _DEFAULT_WATCH_S = 2.0
+_REASON_WIDTH = 160  # a longer reason is clipped with an ellipsis
 
 
 def _positive_seconds(text: str) -> float:
@@ -85,14 +93,26 @@ def format_status_table(rows: Iterable[IssueStatus], now: float) -> str:
 
 
 def status_table_lines(rows: Iterable[IssueStatus], now: float) -> Iterator[str]:
+    """`status_value_lines` of the rows' values."""
+    return status_value_lines(map(issue_status_values, rows), now)
+
+
+def status_value_lines(rows: Iterable[IssueStatusValues], now: float) -> Iterator[str]:
     """The dashboard as the lines of an aligned text table (the reason column is not
-    padded), yielded as `rows` yields them.
+    padded), yielded as `rows` yields them: each row from its values, as `status` reads
+    them (no `IssueStatus` built). `status_value_blocks`, a line at a time."""
+    return itertools.chain.from_iterable(status_value_blocks(rows, now))
+
+
+def status_value_blocks(rows: Iterable[IssueStatusValues], now: float) -> Iterator[list[str]]:
+    """The lines of `status_value_lines`, a block of up to `LIST_PAGE` at a time (the
+    header in the first), each block as soon as its rows are read.
 
     Every cell is escaped (`safe_text`) before the columns are measured, so a control
     character in an issue id, state or reason neither rewrites the terminal nor breaks the
-    alignment. Columns are measured over a block of `LIST_PAGE` rows at a time and never
-    narrow from one block to the next: a table of up to that many rows is aligned as a
-    whole, a longer one is printed a block at a time, never held whole.
+    alignment. Columns are measured over a block at a time and never narrow from one block
+    to the next: a table of up to `LIST_PAGE` rows is aligned as a whole, a longer one is
+    printed a block at a time, never held whole.
     """
     header = (
         "ISSUE",
@@ -110,51 +130,54 @@ def status_table_lines(rows: Iterable[IssueStatus], now: float) -> Iterator[str]
     block: list[tuple[str, ...]] = [header]
     append = block.append
     blocked, work = TaskState.BLOCKED, BlockedOn.WORK
-    for row in rows:
+    for (
+        issue_id, _, board_state, task_id, state, bound, attempts, limit, charged, streak, at,
+        last_class, last_status, last_reason, reason,
+    ) in rows:  # fmt: skip
         # The reason: the last failure's, or the block's (a work block names both).
-        at, last_class, board_state = row.next_attempt_at, row.last_class, row.board_state
-        state, bound, attempts = row.ledger_state, row.blocked_on, row.max_attempts
-        reason = row.last_reason
-        if state is blocked:
-            reason = row.reason
-            if bound == work and row.last_reason and row.last_reason != reason:
-                reason = f"{reason or 'blocked on work'}; last failure: {row.last_reason}"
+        if state is not blocked:
+            reason = last_reason
+        elif bound == work and last_reason and last_reason != reason:
+            reason = f"{reason or 'blocked on work'}; last failure: {last_reason}"
+        reason = reason or "-"
+        if not reason.isprintable():  # `safe_text`'s own test, saving its call on a row
+            reason = safe_text(reason)
         append(
             (
-                safe_text(row.issue_id),
-                row.task_id or "-",
+                issue_id if issue_id.isprintable() else safe_text(issue_id),
+                task_id or "-",
                 "-" if board_state is None else safe_text(board_state),
                 "-" if state is None else f"{state} ({bound})" if bound else state,
-                f"{row.attempts}/{attempts}" if attempts else f"{row.attempts}/-",
-                str(row.charged_attempts),
-                str(row.uncharged_streak),
+                f"{attempts}/{limit}" if limit else f"{attempts}/-",
+                str(charged),
+                str(streak),
                 "-" if at is None else _when(at, now),
-                last_class.value if last_class else (row.last_status or "-"),
-                _clip(safe_text(reason or "-"), 160),
+                last_class or last_status or "-",  # a StrEnum: `%s` writes its value
+                reason if len(reason) <= _REASON_WIDTH else _clip(reason, _REASON_WIDTH),
             )
         )
         if len(block) >= LIST_PAGE:
-            yield from _aligned(block, widths)
+            yield _aligned(block, widths)
             block.clear()
     if block:
-        yield from _aligned(block, widths)
+        yield _aligned(block, widths)
 
 
-def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> Iterator[str]:
+def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> list[str]:
     """`block`'s lines, each column padded to its widest cell so far (`widths`, updated).
-    Measured a column at a time and written with one format a line (its pads in it): a
-    status of 100,000 issues writes 100,000 lines."""
+    Measured a column at a time and written with one `%` format a line (its pads in it; a
+    cell is a `str`, which `%s` writes as it is): a status of 100,000 issues writes 100,000
+    lines."""
     for i, column in enumerate(list(zip(*block, strict=True))[:-1]):
         widths[i] = max(widths[i], *map(len, column))
-    line_format = "".join(f"{{:<{width}}}  " for width in widths) + "{}"
-    for line in block:
-        yield line_format.format(*line).rstrip()
+    line_format = "".join(f"%-{width}s  " for width in widths) + "%s"
+    return [(line_format % line).rstrip() for line in block]
 
 
 @contextlib.contextmanager
 def _rows(
     args: argparse.Namespace,
-) -> Iterator[tuple[float, DispatchConfig, Iterator[IssueStatus]]]:
+) -> Iterator[tuple[float, DispatchConfig, Iterator[IssueStatusValues]]]:
     """The dashboard's rows, read while the ledger is open: streamed from one pass over it
     without a board; with one, every issue's row first (a ledger that has no task for any
     of them is refused before anything is printed)."""
@@ -164,7 +187,7 @@ def _rows(
     ledger = _status_ledger(args, board)
     try:
         ledger.backoff = config.backoff
-        rows = iter_issue_statuses(ledger, config, board=board, now=now)
+        rows = iter_issue_status_values(ledger, config, board=board, now=now)
         if board is not None:
             held = list(rows)
             if held and not any(row.task_id for row in held):
@@ -186,7 +209,7 @@ def _empty(args: argparse.Namespace) -> str:
 def _read(args: argparse.Namespace) -> tuple[float, str]:
     """The table as one text (what `--watch` draws), and the time it was read at."""
     with _rows(args) as (now, _, rows):
-        text = format_status_table(rows, now)
+        text = "\n".join(status_value_lines(rows, now))
     if args.board is not None:  # masked as the table `status` prints once is
         text = mask_text(text)
     return now, text if "\n" in text else _empty(args)
@@ -203,7 +226,7 @@ def _status(args: argparse.Namespace) -> int:
         first = list(itertools.islice(rows, 1))  # an error at the first read prints nothing
         if args.json:
             head = {"now": now, "config": config.to_dict()}
-            issues = (row.to_dict() for row in itertools.chain(first, rows))
+            issues = (IssueStatus(*row).to_dict() for row in itertools.chain(first, rows))
             # A board's issues are text from outside: every string masked. Without one,
             # every string is the ledger's (masked as it was stored), as `task list --json`.
             print_json_list("issues", issues, head=head, masked=args.board is not None)
@@ -213,7 +236,7 @@ def _status(args: argparse.Namespace) -> int:
             # The table as the JSON: masked with a board (its ids and states are outside
             # text), not without (every cell is the ledger's, masked as it was stored, or
             # execkit's own words), as `task list` prints it.
-            lines = status_table_lines(itertools.chain(first, rows), now)
+            lines = status_value_lines(itertools.chain(first, rows), now)
             write_lines(lines, masked=args.board is not None)
     return 0
 

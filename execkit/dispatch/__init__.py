@@ -4,33 +4,81 @@ Rooms: `_board` (trackers and board files), `_config` (the knobs), `_runner` (wh
 dispatch does), `_slots` (where agents run side by side), `_status` (the operator's
 dashboard), `_scheduler` (the loop itself).
 `import execkit` does not import this package: it loads on first use of a dispatcher name.
+Nor does this package import its rooms: each name loads its own room on first use, so
+`execkit status` (the board, the knobs, the dashboard) does not pay for the scheduler, the
+runner, the adapter registry or the redactor that only a running dispatcher needs.
 """
 
 from __future__ import annotations
 
-from execkit.dispatch._board import (
-    DEFAULT_STATES,
-    BindableBoard,
-    Board,
-    BoardIssue,
-    BoardState,
-    GiveUpBoard,
-    InMemoryBoard,
-    JsonFileBoard,
-    Tracker,
-    task_key,
-)
-from execkit.dispatch._config import MAX_CONCURRENT_AGENTS, DispatchConfig
-from execkit.dispatch._runner import AdapterRunner, Runner, RunOutcome, Slot
-from execkit.dispatch._scheduler import (
-    DISPATCH_ACTOR,
-    STOPPED_REASON,
-    Dispatcher,
-    DispatchEvent,
-    EventKind,
-)
-from execkit.dispatch._slots import InlineExecutor, SlotExecutor, ThreadPerSlot
-from execkit.dispatch._status import IssueStatus, issue_statuses, iter_issue_statuses
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the room that defines it
+_EXPORTS: dict[str, str] = {
+    "DEFAULT_STATES": "execkit.dispatch._board",
+    "BindableBoard": "execkit.dispatch._board",
+    "Board": "execkit.dispatch._board",
+    "BoardIssue": "execkit.dispatch._board",
+    "BoardState": "execkit.dispatch._board",
+    "GiveUpBoard": "execkit.dispatch._board",
+    "InMemoryBoard": "execkit.dispatch._board",
+    "JsonFileBoard": "execkit.dispatch._board",
+    "Tracker": "execkit.dispatch._board",
+    "task_key": "execkit.dispatch._board",
+    "MAX_CONCURRENT_AGENTS": "execkit.dispatch._config",
+    "DispatchConfig": "execkit.dispatch._config",
+    "AdapterRunner": "execkit.dispatch._runner",
+    "Runner": "execkit.dispatch._runner",
+    "RunOutcome": "execkit.dispatch._runner",
+    "Slot": "execkit.dispatch._runner",
+    "DISPATCH_ACTOR": "execkit.dispatch._scheduler",
+    "STOPPED_REASON": "execkit.dispatch._scheduler",
+    "Dispatcher": "execkit.dispatch._scheduler",
+    "DispatchEvent": "execkit.dispatch._scheduler",
+    "EventKind": "execkit.dispatch._scheduler",
+    "InlineExecutor": "execkit.dispatch._slots",
+    "SlotExecutor": "execkit.dispatch._slots",
+    "ThreadPerSlot": "execkit.dispatch._slots",
+    "IssueStatus": "execkit.dispatch._status",
+    "IssueStatusValues": "execkit.dispatch._status",
+    "issue_status_values": "execkit.dispatch._status",
+    "issue_statuses": "execkit.dispatch._status",
+    "iter_issue_status_values": "execkit.dispatch._status",
+    "iter_issue_statuses": "execkit.dispatch._status",
+}
+
+if TYPE_CHECKING:
+    from execkit.dispatch._board import (
+        DEFAULT_STATES,
+        BindableBoard,
+        Board,
+        BoardIssue,
+        BoardState,
+        GiveUpBoard,
+        InMemoryBoard,
+        JsonFileBoard,
+        Tracker,
+        task_key,
+    )
+    from execkit.dispatch._config import MAX_CONCURRENT_AGENTS, DispatchConfig
+    from execkit.dispatch._runner import AdapterRunner, Runner, RunOutcome, Slot
+    from execkit.dispatch._scheduler import (
+        DISPATCH_ACTOR,
+        STOPPED_REASON,
+        Dispatcher,
+        DispatchEvent,
+        EventKind,
+    )
+    from execkit.dispatch._slots import InlineExecutor, SlotExecutor, ThreadPerSlot
+    from execkit.dispatch._status import (
+        IssueStatus,
+        IssueStatusValues,
+        issue_status_values,
+        issue_statuses,
+        iter_issue_status_values,
+        iter_issue_statuses,
+    )
 
 __all__ = [
     "DEFAULT_STATES",
@@ -50,6 +98,7 @@ __all__ = [
     "InMemoryBoard",
     "InlineExecutor",
     "IssueStatus",
+    "IssueStatusValues",
     "JsonFileBoard",
     "RunOutcome",
     "Runner",
@@ -57,7 +106,22 @@ __all__ = [
     "SlotExecutor",
     "ThreadPerSlot",
     "Tracker",
+    "issue_status_values",
     "issue_statuses",
+    "iter_issue_status_values",
     "iter_issue_statuses",
     "task_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'execkit.dispatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import stat
 import threading
 from collections import Counter
@@ -652,6 +651,8 @@ def _write_atomic(path: Path, doc: Mapping[str, Any]) -> None:
     The new file keeps the old one's permission bits (a board shared by a team must not
     turn private on the dispatcher's first move); a new board gets the umask's.
     """
+    import secrets  # only a board that is written needs it (`status` reads one)
+
     try:
         mode: int | None = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:

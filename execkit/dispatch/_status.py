@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -15,7 +17,6 @@ from execkit._mask import mask_text
 from execkit._validate import fields_in_order
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
-from execkit.dispatch._lanes import DispatchLanes, waiting_reason
 from execkit.ledger import (
     LANES_CAPABILITY,
     LastOutcome,
@@ -26,7 +27,14 @@ from execkit.ledger import (
     iter_task_values_with_last,
 )
 
-__all__ = ["IssueStatus", "issue_statuses", "iter_issue_statuses"]
+__all__ = [
+    "IssueStatus",
+    "IssueStatusValues",
+    "issue_status_values",
+    "issue_statuses",
+    "iter_issue_status_values",
+    "iter_issue_statuses",
+]
 
 
 @attrs.frozen
@@ -53,6 +61,41 @@ class IssueStatus:
         return to_json(self)
 
 
+class IssueStatusValues(NamedTuple):
+    """An `IssueStatus`'s fields as a tuple, in its order (checked at import): what the
+    terminal table writes each row from (`iter_issue_status_values`) without building the
+    row, since a status of 100,000 issues built 100,000 of them to write each once.
+    `IssueStatus(*values)` is the row; `issue_status_values(row)` gives a row's."""
+
+    issue_id: str
+    title: str
+    board_state: str | None
+    task_id: str | None
+    ledger_state: TaskState | None
+    blocked_on: BlockedOn | None
+    attempts: int
+    max_attempts: int | None
+    charged_attempts: int
+    uncharged_streak: int
+    next_attempt_at: float | None
+    last_class: FailureClass | None
+    last_status: AttemptStatus | None
+    last_reason: str | None
+    reason: str | None
+
+
+fields_in_order(IssueStatus, IssueStatusValues._fields, "IssueStatusValues holds them so")
+_row_getter = operator.attrgetter(*IssueStatusValues._fields)
+# A tuple of the fields, in order, as the row's values: one C call (no Python `__new__`).
+_values_of = functools.partial(tuple.__new__, IssueStatusValues)
+_NO_LAST = (None, None, None)  # a task never attempted: no last status, class or reason
+
+
+def issue_status_values(row: IssueStatus) -> IssueStatusValues:
+    """`row`'s fields as `IssueStatusValues`."""
+    return _values_of(_row_getter(row))
+
+
 def _status_row(
     issue_id: str,
     title: str,
@@ -60,53 +103,35 @@ def _status_row(
     task: Task | TaskValues | None,
     last: LastOutcome | None,
     bound: int | None,
-) -> IssueStatus:
+) -> IssueStatusValues:
     """The dashboard row of an issue and its task (None: never dispatched); `bound` is
     `DispatchConfig.bound_for(task)`."""
-    # Positional, in `IssueStatus`'s field order (pinned below): one a dashboard row.
     if task is None:
-        return IssueStatus(
-            issue_id, title, board_state, None, None, None, 0, bound, 0, 0, None, None, None,
-            None, None,
+        return _values_of(
+            (issue_id, title, board_state, None, None, None, 0, bound, 0, 0, None, None, None,
+             None, None)
         )  # fmt: skip
     state = task.state
-    return IssueStatus(
-        issue_id,
-        title,
-        board_state,
-        task.id,  # task_id
-        state,  # ledger_state
-        task.blocked_on,
-        task.attempts_started,  # attempts
-        bound,  # max_attempts
-        task.charged_attempts,
-        task.uncharged_streak,
-        task.next_attempt_at if state is TaskState.BACKOFF else None,
-        None if last is None else last.failure_class,  # last_class
-        None if last is None else last.status,  # last_status
-        None if last is None else last.reason,  # last_reason
-        task.reason,
+    last_status, last_class, last_reason = _NO_LAST if last is None else last
+    return _values_of(
+        (
+            issue_id,
+            title,
+            board_state,
+            task.id,  # task_id
+            state,  # ledger_state
+            task.blocked_on,
+            task.attempts_started,  # attempts
+            bound,  # max_attempts
+            task.charged_attempts,
+            task.uncharged_streak,
+            task.next_attempt_at if state is TaskState.BACKOFF else None,
+            last_class,
+            last_status,
+            last_reason,
+            task.reason,
+        )
     )
-
-
-_ROW_FIELDS = (
-    "issue_id",
-    "title",
-    "board_state",
-    "task_id",
-    "ledger_state",
-    "blocked_on",
-    "attempts",
-    "max_attempts",
-    "charged_attempts",
-    "uncharged_streak",
-    "next_attempt_at",
-    "last_class",
-    "last_status",
-    "last_reason",
-    "reason",
-)
-fields_in_order(IssueStatus, _ROW_FIELDS, "_status_row builds them so")
 
 
 def issue_statuses(
@@ -127,9 +152,24 @@ def iter_issue_statuses(
     board: Board | None = None,
     now: float | None = None,
 ) -> Iterator[IssueStatus]:
-    """The dashboard rows: every board issue (with `board`), else every ledger task the
-    dispatcher created. Reads only; an issue never dispatched has no task (`task_id` None),
-    and `ledger=None` (no ledger yet) means no issue was.
+    """`iter_issue_status_values`, each row an `IssueStatus`. Raises as it does."""
+    return (
+        IssueStatus(*values)
+        for values in iter_issue_status_values(ledger, config, board=board, now=now)
+    )
+
+
+def iter_issue_status_values(
+    ledger: Ledger | None,
+    config: DispatchConfig,
+    *,
+    board: Board | None = None,
+    now: float | None = None,
+) -> Iterator[IssueStatusValues]:
+    """The dashboard rows, each as its `IssueStatusValues`: every board issue (with
+    `board`), else every ledger task the dispatcher created. Reads only; an issue never
+    dispatched has no task (`task_id` None), and `ledger=None` (no ledger yet) means no
+    issue was.
 
     The ledger is read in one pass (`Ledger.iter_tasks_with_last`, each task as its values:
     a page of tasks a read, each with its last attempt from its summary), never a read per
@@ -161,6 +201,9 @@ def iter_issue_statuses(
     if ledger is not None and LANES_CAPABILITY in ledger.capabilities():
         closed = {view.lane: view for view in ledger.list_lanes(now=at) if not view.admits}
         if closed:
+            # Only then the dispatcher's lanes (and the adapter registry they read) load.
+            from execkit.dispatch._lanes import DispatchLanes
+
             lanes = DispatchLanes(ledger)
             lanes.bind(ledger.ledger_id())
 
@@ -169,6 +212,8 @@ def iter_issue_statuses(
     def waiting(task: Task | TaskValues, adapter: str | None) -> str | None:
         if not closed or task.status != "open" or task.state is TaskState.RUNNING:
             return None
+        from execkit.dispatch._lanes import waiting_reason  # loaded above: a lane is closed
+
         view = ledger.task_lane(task.id, now=at) if ledger is not None else None
         if (view is None or view.admits) and lanes is not None and adapter is not None:
             view = lanes.closed(adapter, closed)
@@ -180,7 +225,7 @@ def iter_issue_statuses(
         board_state: str | None,
         found: tuple[TaskValues, LastOutcome | None] | None,
         adapter: str | None = None,
-    ) -> IssueStatus:
+    ) -> IssueStatusValues:
         if ledger is None or found is None:
             return _status_row(issue_id, title, board_state, None, None, config.bound_for(None))
         task: Task | TaskValues
@@ -199,8 +244,11 @@ def iter_issue_statuses(
             bound = bounds[limit] = config.bound_for(task)
         shown = _status_row(issue_id, title, board_state, task, last, bound)
         held = waiting(task, adapter) if closed else None  # no lane closed: none waits
-        return shown if held is None else attrs.evolve(shown, reason=held)
+        return shown if held is None else shown._replace(reason=held)
 
+    if board is None and not closed:  # no forced retry to show, no lane to wait on
+        yield from _ledger_rows(dispatched, config)
+        return
     if board is None:
         for task, last in dispatched:
             yield row(task.title[len(TASK_TITLE_PREFIX) :], "", None, (task, last))
@@ -218,3 +266,33 @@ def iter_issue_statuses(
         if found is None and any_masked:
             found = tasks.get(mask_text(key))
         yield row(issue.id, issue.title, issue.state, found, config.adapter_of(issue))
+
+
+def _ledger_rows(
+    dispatched: Iterator[tuple[TaskValues, LastOutcome | None]], config: DispatchConfig
+) -> Iterator[IssueStatusValues]:
+    """The rows of the dispatched tasks as `row` makes them when no board is read (so no
+    issue stands eligible: no forced retry to show) and no lane is closed (no task waits
+    on one): each task's values unpacked at once, its row one tuple. The dashboard of a
+    ledger of 100,000 tasks is this loop; tests/test_bulk_projection.py holds it to
+    `row`'s fields."""
+    start = len(TASK_TITLE_PREFIX)
+    backoff = TaskState.BACKOFF
+    bounds: dict[int, int | None] = {}
+    for task, last in dispatched:
+        (
+            task_id, title, _, state, blocked_on, reason, _, limit, attempts, charged, streak,
+            _, next_at, _, _, _, _, _,
+        ) = task  # fmt: skip
+        if limit in bounds:  # the binding bound depends on the limit alone
+            bound = bounds[limit]
+        else:
+            bound = bounds[limit] = config.bound_for(task)
+        last_status, last_class, last_reason = _NO_LAST if last is None else last
+        yield _values_of(
+            (
+                title[start:], "", None, task_id, state, blocked_on, attempts, bound, charged,
+                streak, next_at if state is backoff else None, last_class, last_status,
+                last_reason, reason,
+            )
+        )  # fmt: skip
