@@ -1,4 +1,5 @@
-"""Bulk reads: `list_tasks` pages and filters, `iter_tasks` and `db check` a page at a time,
+"""Bulk reads: `list_tasks` pages and filters, `iter_tasks` a page at a time (`db check`
+streams: test_ledger_check_stream.py),
 and the JSON writer they print with, on both backends.
 
 Nothing here is timed (benchmarks/bench_bulk.py measures them at 100,000 tasks); what makes
@@ -142,17 +143,6 @@ def test_iter_tasks_holds_one_page_at_a_time(
     pages.clear()
     assert len(ledger.list_tasks(limit=4)) == 4
     assert pages == [3, 3], "a page of 4 reads no more pages than it needs"
-
-
-def test_db_check_reads_a_page_of_tasks_and_their_runs_at_a_time(
-    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _tasks(ledger, 7)
-    assert ledger.validate() == []
-    monkeypatch.setattr(inspection, "LIST_PAGE", 3)
-    pages = _counting_pages(monkeypatch, ledger)
-    assert ledger.validate(now=5000.0) == []
-    assert pages == [3, 3, 1]
 
 
 def test_the_listing_page_is_a_thousand() -> None:

@@ -31,6 +31,7 @@ Rooms outside this package import from `execkit.ledger._core` only, never from i
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run
 from execkit.ledger._core.ledger import LedgerCore
 from execkit.ledger._core.store import (
+    HISTORY_ROW,
     LANE_CONFIG_META_KEY,
     SUMMARY_AT,
     StaleCopy,
@@ -46,6 +47,7 @@ from execkit.ledger._core.tasks import iter_task_values, iter_task_values_with_l
 
 __all__ = [
     "FINISHED_STATUSES",
+    "HISTORY_ROW",
     "LANE_CONFIG_META_KEY",
     "SUMMARY_AT",
     "LedgerCore",

@@ -9,12 +9,19 @@ granter and time was not made through execkit (another user with write access to
 inserting one for themselves) and is reported, never honoured silently. `repair`
 fixes what can be fixed without guessing: it abandons expired runs and rebuilds a summary
 from its history (the history is the truth); a broken history is reported, never touched.
-Tasks are read a page of `LIST_PAGE` at a time with their runs (each page one read), so
-memory does not grow with the ledger.
+`validate` reads every task with its runs in one streamed statement (`Tx.history_rows`:
+only the columns the fold reads, a row at a time, so memory does not grow with the ledger)
+and folds each history from the values as stored (`_history_is_clean`: no run, attempt or
+summary built). A task it doubts, plainly wrong or merely unusual, is read again in the
+same snapshot (its record, and its runs a page of `LIST_PAGE` doubtful tasks a statement)
+and checked the validating way (`_task_problems`), which names every problem: so a problem
+is named the same whichever way it was first seen.
 """
 
 from __future__ import annotations
 
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from execkit._budget import (
@@ -30,7 +37,13 @@ from execkit._errors import HistoryError, InvalidInput
 from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
 from execkit.ledger._core.inputs import moment
 from execkit.ledger._core.leases import LeaseOps
-from execkit.ledger._core.store import SUMMARY_AT, TaskRecord, stored_attempt, summary_values
+from execkit.ledger._core.store import (
+    HISTORY_ROW,
+    SUMMARY_AT,
+    TaskRecord,
+    stored_attempt,
+    summary_values,
+)
 from execkit.ledger._model import LIST_PAGE, AuditAction, AuditEntry, AuditEvent, Run, TaskStatus
 
 __all__ = ["InspectionOps"]
@@ -53,18 +66,21 @@ class InspectionOps(LeaseOps):
         problems = self._store.storage_problems()
         if problems:
             return problems  # rows the code cannot read: the checks below would only crash
-        after: str | None = None
-        while True:  # a page of tasks and their runs at a time: memory stays flat
-            with self._store.read() as tx:
-                tasks = tx.task_page(after, LIST_PAGE, None)
-                runs_by_task: dict[str, list[Run]] = {task.id: [] for task in tasks}
-                for run in tx.runs_of(list(runs_by_task)) if tasks else ():
+        with self._store.read() as tx:  # one snapshot: the stream, then its doubtful tasks
+            doubtful = [
+                task_id
+                for task_id, rows in groupby(tx.history_rows(), _TASK_OF_ROW)
+                if not _history_is_clean(list(rows), at)
+            ]
+            for start in range(0, len(doubtful), LIST_PAGE):
+                page = doubtful[start : start + LIST_PAGE]
+                runs_by_task: dict[str, list[Run]] = {task_id: [] for task_id in page}
+                for run in tx.runs_of(page):
                     runs_by_task[run.task_id].append(run)
-            for task in tasks:
-                problems.extend(self._task_problems(task, runs_by_task[task.id], at))
-            if len(tasks) < LIST_PAGE:
-                break
-            after = tasks[-1].id
+                for task_id in page:
+                    task = tx.task(task_id)
+                    if task is not None:  # read in the same snapshot as the stream
+                        problems.extend(self._task_problems(task, runs_by_task[task_id], at))
         with self._store.read() as tx:
             grants = tx.grants(None)
             audited = {
@@ -85,30 +101,28 @@ class InspectionOps(LeaseOps):
         return problems
 
     def _task_problems(self, task: TaskRecord, runs: list[Run], at: float) -> list[str]:
+        """Every problem of `task` and its `runs`, each named as the validating constructors
+        and `summarize` name it: the check of a task `_history_is_clean` doubts."""
         problems: list[str] = []
-        folded = _sound_summary_values(runs)
-        if folded is None or not _stored_values_are(task, folded):
-            # Not plainly sound, or the stored summary differs: each problem found and
-            # named as the validating constructors and `summarize` name it.
-            history: list[Attempt] = []
-            for run in runs:
-                try:
-                    history.append(_checked_attempt(run))
-                except InvalidInput as exc:  # a stored value of the wrong shape
-                    problems.append(f"{task.id}: run {run.id}: {exc.message}")
-            if problems:
-                return problems
+        history: list[Attempt] = []
+        for run in runs:
             try:
-                validate_history(history)
-            except HistoryError as exc:
-                return [f"{task.id}: {exc.message}"]
-            expected = summarize(history)
-            if not _stored_as(task, expected):
-                problems.append(
-                    f"{task.id}: its stored summary differs from its history "
-                    f"(stored {_summary_text(task.summary)}; history "
-                    f"{_summary_text(expected)}); `execkit db check --repair` rebuilds it"
-                )
+                history.append(_checked_attempt(run))
+            except InvalidInput as exc:  # a stored value of the wrong shape
+                problems.append(f"{task.id}: run {run.id}: {exc.message}")
+        if problems:
+            return problems
+        try:
+            validate_history(history)
+        except HistoryError as exc:
+            return [f"{task.id}: {exc.message}"]
+        expected = summarize(history)
+        if not _stored_as(task, expected):
+            problems.append(
+                f"{task.id}: its stored summary differs from its history "
+                f"(stored {_summary_text(task.summary)}; history "
+                f"{_summary_text(expected)}); `execkit db check --repair` rebuilds it"
+            )
         succeeded = any(run.status is AttemptStatus.SUCCEEDED for run in runs)
         if task.status is TaskStatus.DONE and not succeeded:
             problems.append(f"{task.id}: task is done but no run succeeded")
@@ -217,68 +231,122 @@ def _checked_attempt(run: Run) -> Attempt:
 
 _RUNNING = AttemptStatus.RUNNING
 _SUCCEEDED = AttemptStatus.SUCCEEDED
+_ATTEMPT_STATUSES = {str(member): member for member in AttemptStatus}
+_FAILURE_CLASSES = {str(member): member for member in FailureClass}
+_TASK_STATUSES = {str(member): member for member in TaskStatus}
+_TASK_OF_ROW = itemgetter(HISTORY_ROW.index("task_id"))
+_TASK_STATUS_AT = HISTORY_ROW.index("task_status")
+_SUMMARY = slice(HISTORY_ROW.index("attempts_used"), HISTORY_ROW.index("run_id"))
+_RUN_AT = HISTORY_ROW.index("run_id")
+_LEASE_AT = HISTORY_ROW.index("lease_expires_at")
+_STOPPED_AT = HISTORY_ROW.index("stopped")
+# Where the folded values (`summary_values`' order) hold the running number and the last
+# attempt's status.
+_RUNNING_AT = TaskRecord._fields[SUMMARY_AT:].index("running")
+_LAST_STATUS_AT = TaskRecord._fields[SUMMARY_AT:].index("last_status")
 
 
-def _sound_summary_values(runs: list[Run]) -> tuple[Any, ...] | None:
-    """`summary_values(summarize(history))` of the runs' history, folded from the runs'
-    values (`counted_after`, the fold `summarize` makes; no Attempt or summary built: `db
-    check` folds every run of the ledger), when every run is plainly sound
-    (`_plainly_sound`) and the history is what `validate_history` accepts (numbered 1..N,
-    at most one running, nothing after a success); else None, and the caller checks them
-    the validating way, which names what is wrong."""
+def _history_is_clean(rows: list[tuple[Any, ...]], at: float) -> bool:
+    """Whether one task's rows of `Tx.history_rows` (its runs in order) are plainly free of
+    every problem `_task_problems` names: each run plainly sound, the history one
+    `validate_history` accepts, the stored summary the one its history folds to, the task's
+    status agreeing with a success, no running run's lease expired at `at`. Read from the
+    values as stored (no run, attempt or summary built: `db check` reads every run of the
+    ledger). False for anything else, plainly wrong or merely unusual (a value of another
+    type, a status this execkit does not know): the caller reads that task again and
+    checks it the validating way, which names what is wrong."""
+    first = rows[0]
+    if first[_RUN_AT] is None:  # no run
+        folded: tuple[Any, ...] | None = _EMPTY_VALUES
+    else:
+        folded = _sound_summary_values(rows)
+        if folded is None:
+            return False
+    stored = first[_SUMMARY]
+    if stored[0] is None:  # no summary row: the empty summary
+        if folded != _EMPTY_VALUES:
+            return False
+    elif stored != folded:
+        return False
+    # A history `validate_history` accepts can only succeed at its last attempt.
+    succeeded = folded[_LAST_STATUS_AT] == _SUCCEEDED
+    status = _TASK_STATUSES.get(first[_TASK_STATUS_AT])
+    if status is None:
+        return False  # not a status this execkit knows: `TaskRecord.status` names it
+    if status is not TaskStatus.CANCELLED and (status is TaskStatus.DONE) is not succeeded:
+        return False  # done with no success, or open after one
+    running = folded[_RUNNING_AT]
+    if running is not None:  # the one running run, its number its place
+        lease = rows[running - 1][_LEASE_AT]
+        if lease is not None and (type(lease) is not float or lease <= at):
+            return False
+    return True
+
+
+def _sound_summary_values(rows: list[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    """`summary_values(summarize(history))` of one task's runs (its rows of
+    `Tx.history_rows`, in order), folded from their values (`counted_after`, the fold
+    `summarize` makes; no Attempt or summary built: `db check` folds every run of the
+    ledger), when every run is plainly what `Attempt` accepts as the ledger reads it (the
+    number an int equal to its place, the status and class known, the reason a str or
+    None, each time a finite float or None, stopped only when abandoned) and the history
+    is what `validate_history` accepts (numbered 1..N, at most one running, nothing after
+    a success); else None, and the caller checks them the validating way."""
     charged = streak = 0
     streak_reason: str | None = None
     running: int | None = None
-    last: Run | None = None
-    for number, run in enumerate(runs, 1):
-        if run.attempt != number or not _plainly_sound(run):
-            return None
-        if last is not None and last.status is _SUCCEEDED:
+    last: tuple[Any, ...] = ()
+    status: AttemptStatus | None = None
+    klass: FailureClass | None = None
+    for number, row in enumerate(rows, 1):
+        if status is _SUCCEEDED:
             return None  # nothing may follow a success
-        status = run.status
+        (_, attempt, raw_status, raw_class, reason, forced, started, ended, not_before) = row[
+            _RUN_AT : _RUN_AT + 9
+        ]
+        stopped = bool(row[_STOPPED_AT])
+        status = _ATTEMPT_STATUSES.get(raw_status)
+        klass = None if raw_class is None else _FAILURE_CLASSES.get(raw_class)
+        if not (
+            type(attempt) is int
+            and attempt == number
+            and status is not None
+            and (klass is not None or raw_class is None)
+            and (reason is None or type(reason) is str)
+            and (started is None or (type(started) is float and started - started == 0))
+            and (ended is None or (type(ended) is float and ended - ended == 0))
+            and (not_before is None or (type(not_before) is float and not_before - not_before == 0))
+            and (not stopped or status is _ABANDONED)
+        ):
+            return None
         if status is _RUNNING:
             if running is not None:
                 return None  # two running
             running = number  # a running attempt neither charges nor moves the streak
         else:
             charged, streak, streak_reason = counted_after(
-                charged,
-                streak,
-                streak_reason,
-                status,
-                run.failure_class,
-                run.reason,
-                run.forced,
-                run.stopped,
+                charged, streak, streak_reason, status, klass, reason, bool(forced), stopped
             )
-        last = run
-    if last is None:
+        last = row
+    if not last:
         return _EMPTY_VALUES
-    klass = last.failure_class
+    (_, number, _, _, reason, forced, started, ended, not_before) = last[_RUN_AT : _RUN_AT + 9]
     return (
-        len(runs),
+        len(rows),
         charged,
         streak,
         streak_reason,
         running,
-        last.attempt,
-        str(last.status),
+        number,
+        str(status),
         None if klass is None else str(klass),
-        last.reason,
-        last.started_at,
-        last.ended_at,
-        last.forced,
-        last.not_before,
-        last.stopped,
+        reason,
+        started,
+        ended,
+        bool(forced),
+        not_before,
+        bool(last[_STOPPED_AT]),
     )
-
-
-def _stored_values_are(task: TaskRecord, values: tuple[Any, ...]) -> bool:
-    """Whether `task`'s stored summary is the one `values` (`summary_values`) gives, as
-    `_stored_as` compares them. A task with no summary row holds the empty summary."""
-    if task.attempts_used is None:
-        return values == _EMPTY_VALUES
-    return task[SUMMARY_AT:] == values
 
 
 def _summary_text(summary: HistorySummary) -> str:

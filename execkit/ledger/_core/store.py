@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+from collections.abc import Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
@@ -30,6 +31,7 @@ from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
 LANE_CONFIG_META_KEY = "lane_config"
 
 __all__ = [
+    "HISTORY_ROW",
     "LANE_CONFIG_META_KEY",
     "SUMMARY_AT",
     "StaleCopy",
@@ -229,6 +231,27 @@ class TaskRecord(NamedTuple):
 SUMMARY_AT = TaskRecord._fields.index("attempts_used")
 
 
+# The columns of a row of `Tx.history_rows`, in order: a task's id and stored status, its
+# stored summary's columns (`TaskRecord`'s from `SUMMARY_AT`, None when it has no summary
+# row), then the values of one of its runs that `db check` folds (None when it has no run).
+HISTORY_ROW = (
+    "task_id",
+    "task_status",
+    *TaskRecord._fields[SUMMARY_AT:],
+    "run_id",
+    "attempt",
+    "status",
+    "failure_class",
+    "reason",
+    "forced",
+    "started_at",
+    "ended_at",
+    "not_before",
+    "lease_expires_at",
+    "stopped",
+)
+
+
 def summary_values(summary: HistorySummary) -> tuple[Any, ...]:
     """`summary` as the values of its columns, in `TaskRecord`'s order from `SUMMARY_AT`
     (enums as their strings): what a backend writes (`summary_row`), what a record holds,
@@ -270,6 +293,13 @@ class Tx(Protocol):
     at most `limit` tasks in creation order after task `after` (None: from the first), of
     `status` only (None: any): how a listing reads 100,000 tasks a page at a time;
     `runs_of` is the runs of a page's tasks, in creation order.
+
+    `history_rows` is every task in creation order, each followed by its runs in creation
+    order: one row a run (a task with none: one row, its run's columns None), the columns
+    of `HISTORY_ROW` in that order, as stored (enums as their strings, flags as the backend
+    holds them). Streamed: rows are read from the database as they are iterated, never all
+    held (a batch at a time), so it is iterated inside its transaction. What `db check`
+    folds: one statement for the whole ledger, and only the columns the fold reads.
     """
 
     # Hints, made first in an admission's and a run result's transaction: a backend that
@@ -289,6 +319,7 @@ class Tx(Protocol):
     ) -> list[TaskRecord]: ...
     def runs(self, task_id: str) -> list[Run]: ...
     def runs_of(self, task_ids: list[str]) -> list[Run]: ...
+    def history_rows(self) -> Iterator[tuple[Any, ...]]: ...
     def all_runs(self) -> list[Run]: ...
     def run(self, run_id: str) -> Run | None: ...
     def run_at(self, task_id: str, attempt: int) -> Run | None: ...

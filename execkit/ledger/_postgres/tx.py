@@ -46,7 +46,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -728,6 +728,25 @@ class PostgresTx:
 
     def all_runs(self) -> list[Run]:
         return [run_from_row(row) for row in self._named_all(f"{_RUN_SELECT} ORDER BY seq")]
+
+    def history_rows(self) -> Iterator[tuple[Any, ...]]:
+        # `HISTORY_ROW`'s columns, in its order: every one a column of tasks or runs.
+        sql = (
+            "SELECT t.id AS task_id, t.status AS task_status, "
+            + ", ".join(f"t.{column}" for column in SUMMARY_COLUMNS)
+            + ", r.id AS run_id, r.attempt, r.status, r.failure_class, r.reason, r.forced, "
+            "r.started_at, r.ended_at, r.not_before, r.lease_expires_at, r.stopped "
+            "FROM tasks t LEFT JOIN runs r ON r.task_id = t.id ORDER BY t.seq, r.seq"
+        )
+        if self._batch():  # a write transaction's pipeline has no server-side cursor
+            yield from self._all(sql)
+            return
+        # A server-side cursor: the rows come a batch at a time (FETCH), so memory does not
+        # grow with the ledger; closed when the iteration ends or is dropped.
+        with self._conn.cursor(name="execkit_history_rows") as cursor:
+            cursor.itersize = 2000
+            cursor.execute(sql)
+            yield from cursor
 
     def run(self, run_id: str) -> Run | None:
         ahead = self._take(("run", run_id))

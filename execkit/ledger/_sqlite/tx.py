@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -20,7 +20,7 @@ import attrs
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
-from execkit.ledger._core import TaskRecord
+from execkit.ledger._core import HISTORY_ROW, TaskRecord
 from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
 from execkit.ledger._rows import (
     LANE_COLUMNS,
@@ -61,6 +61,18 @@ _TASK_SELECT = (
     + " FROM tasks t LEFT JOIN task_attempt_limits l ON l.task_id = t.id "
     "LEFT JOIN task_extras e ON e.task_id = t.id "
     "LEFT JOIN task_summaries s ON s.task_id = t.id"
+)
+# Every task with its runs, in order (`Tx.history_rows`): the summary's and the runs'
+# tables only, never the task's other facts or a run's owner (`db check` folds none of them).
+_HISTORY_SELECT = (
+    "SELECT t.id AS task_id, t.status AS task_status, "
+    + ", ".join(f"s.{column}" for column in SUMMARY_COLUMNS)
+    + ", r.id AS run_id, r.attempt, r.status, r.failure_class, r.reason, r.forced, "
+    "r.started_at, r.ended_at, x.not_before, x.lease_expires_at, "
+    "st.run_id IS NOT NULL AS stopped FROM tasks t "
+    "LEFT JOIN task_summaries s ON s.task_id = t.id LEFT JOIN runs r ON r.task_id = t.id "
+    "LEFT JOIN run_extras x ON x.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
+    "ORDER BY t.seq, r.seq"
 )
 _SUMMARY_UPSERT = (
     f"INSERT INTO task_summaries (task_id, {', '.join(SUMMARY_COLUMNS)}) "
@@ -175,6 +187,14 @@ class SqliteTx:
 
     def all_runs(self) -> list[Run]:
         return self._run_rows(f"{_RUN_SELECT} ORDER BY r.seq")
+
+    def history_rows(self) -> Iterator[tuple[Any, ...]]:
+        # The cursor itself: sqlite3 steps the statement a row at a time as it is iterated
+        # (tasks in `seq` order, each task's runs through `runs_by_task_creation`: no sort).
+        cursor = self._conn.execute(_HISTORY_SELECT)
+        if tuple(column[0] for column in cursor.description) != HISTORY_ROW:
+            raise AssertionError(f"{_HISTORY_SELECT!r} does not read HISTORY_ROW in its order")
+        return cursor
 
     def run(self, run_id: str) -> Run | None:
         row = self._named(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone()
