@@ -190,3 +190,21 @@ def protocol_trace(conn: Any, call: Callable[[], object]) -> list[tuple[str, str
         lines = [line.split("\t") for line in trace.read().splitlines()]
     # A traced line is "F|B <tab> length <tab> kind ...".
     return [(fields[0], fields[2].split(" ")[0]) for fields in lines if len(fields) > 2]
+
+
+def spy_on_reads(monkeypatch: Any, store: Any, spy: Callable[[Any], Any]) -> None:
+    """Every read transaction of `store` (`store.read()`) hands its block `spy(tx)` instead
+    of the transaction: a test wraps the `Tx` reads it counts (the rest pass through)."""
+    real_read = store.read
+
+    class Reading:
+        def __init__(self) -> None:
+            self._inner = real_read()
+
+        def __enter__(self) -> Any:
+            return spy(self._inner.__enter__())
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self._inner.__exit__(*exc)
+
+    monkeypatch.setattr(store, "read", Reading)

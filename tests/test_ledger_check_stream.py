@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _support import spy_on_reads
 from ledger_backends import AnyLedger, RawSql, is_postgres_url
 from test_bulk_projection import _every_kind
 from test_ledger_listing import _tasks
@@ -28,8 +29,6 @@ def _counting_tx(monkeypatch: pytest.MonkeyPatch, ledger: AnyLedger) -> Counter[
     """How many times each `Tx` read is called through the ledger's store, and
     (`"history row"`) how many rows the callers take from `history_rows`."""
     calls: Counter[str] = Counter()
-    store = ledger._store
-    real_read = store.read
 
     class Counting:
         def __init__(self, tx: Any) -> None:
@@ -45,17 +44,7 @@ def _counting_tx(monkeypatch: pytest.MonkeyPatch, ledger: AnyLedger) -> Counter[
                 calls["history row"] += 1
                 yield row
 
-    class Reading:
-        def __init__(self) -> None:
-            self._inner = real_read()
-
-        def __enter__(self) -> Counting:
-            return Counting(self._inner.__enter__())
-
-        def __exit__(self, *exc: Any) -> Any:
-            return self._inner.__exit__(*exc)
-
-    monkeypatch.setattr(store, "read", Reading)
+    spy_on_reads(monkeypatch, ledger._store, Counting)
     return calls
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 import pytest
-from _support import REPO
+from _support import REPO, spy_on_reads
 from ledger_backends import AnyLedger
 
 import execkit.ledger._core.inspection as inspection
@@ -100,8 +100,6 @@ def test_a_page_after_a_task_that_is_not_there_is_not_found(ledger: AnyLedger) -
 def _counting_pages(monkeypatch: pytest.MonkeyPatch, ledger: AnyLedger) -> list[int]:
     """The rows of each `task_page` the ledger's store reads, in order."""
     pages: list[int] = []
-    store = ledger._store
-    real_read = store.read
 
     class Counting:
         def __init__(self, tx: Any) -> None:
@@ -115,17 +113,7 @@ def _counting_pages(monkeypatch: pytest.MonkeyPatch, ledger: AnyLedger) -> list[
             pages.append(len(page))
             return page
 
-    class Reading:
-        def __init__(self) -> None:
-            self._inner = real_read()
-
-        def __enter__(self) -> Counting:
-            return Counting(self._inner.__enter__())
-
-        def __exit__(self, *exc: Any) -> Any:
-            return self._inner.__exit__(*exc)
-
-    monkeypatch.setattr(store, "read", Reading)
+    spy_on_reads(monkeypatch, ledger._store, Counting)
     return pages
 
 
