@@ -389,6 +389,22 @@ def _missing_agent_board(tmp_path: Path) -> tuple[Path, Path, Path]:
     return db, agent, board
 
 
+def _installed_retried_and_dispatched(
+    agent: Path, db: Path, board: Path
+) -> subprocess.CompletedProcess[str]:
+    """The operator installs the missing agent and retries task t-1; a new dispatcher brings
+    the given-up card back and finishes it (asserted): that dispatcher's run."""
+    agent.write_text("#!/bin/sh\nexit 0\n")
+    agent.chmod(0o700)
+    retried = run_execkit("task", "retry", "t-1", "--db", str(db), "--reason", "installed")
+    assert retried.returncode == 0, retried.stderr
+    again = run_execkit("dispatch", "--board", str(board), "--until-idle", "--db", str(db))
+    assert again.returncode == 0, again.stderr
+    [issue] = json.loads(board.read_text())["issues"]
+    assert issue["state"] == "done" and "given_up_from" not in issue
+    return again
+
+
 def test_a_give_up_whose_record_a_kill_lost_is_still_brought_back(tmp_path: Path) -> None:
     # A give-up moves the card, then records it in the ledger: a dispatcher killed between
     # the two leaves the board's `given_up_from` and no record. The operator's retry still
@@ -400,14 +416,7 @@ def test_a_give_up_whose_record_a_kill_lost_is_still_brought_back(tmp_path: Path
     assert first.returncode == 8, first.stderr  # given up: blocked
     with sqlite3.connect(db) as conn:  # the record the kill lost
         assert conn.execute("UPDATE task_extras SET gave_up_at_attempt = NULL").rowcount == 1
-    agent.write_text("#!/bin/sh\nexit 0\n")
-    agent.chmod(0o700)
-    retried = run_execkit("task", "retry", "t-1", "--db", str(db), "--reason", "installed")
-    assert retried.returncode == 0, retried.stderr
-    again = run_execkit("dispatch", "--board", str(board), "--until-idle", "--db", str(db))
-    assert again.returncode == 0, again.stderr
-    [issue] = json.loads(board.read_text())["issues"]
-    assert issue["state"] == "done" and "given_up_from" not in issue
+    _installed_retried_and_dispatched(agent, db, board)
 
 
 def test_a_restarted_dispatcher_brings_back_the_card_it_gave_up(tmp_path: Path) -> None:
@@ -431,13 +440,6 @@ def test_a_restarted_dispatcher_brings_back_the_card_it_gave_up(tmp_path: Path) 
             proc.wait()
     [issue] = json.loads(board.read_text())["issues"]
     assert (issue["state"], issue["given_up_from"]) == ("blocked", "doing")
-    agent.write_text("#!/bin/sh\nexit 0\n")
-    agent.chmod(0o700)
-    retried = run_execkit("task", "retry", "t-1", "--db", str(db), "--reason", "installed")
-    assert retried.returncode == 0, retried.stderr
-    again = run_execkit("dispatch", "--board", str(board), "--until-idle", "--db", str(db))
-    assert again.returncode == 0, again.stderr
-    [issue] = json.loads(board.read_text())["issues"]
-    assert issue["state"] == "done" and "given_up_from" not in issue
+    again = _installed_retried_and_dispatched(agent, db, board)
     # Only a card back in an eligible column runs: it ran once more, forced, and was done.
     assert "ENV  attempt 2/10  succeeded -> moved to done" in again.stdout
