@@ -139,18 +139,20 @@ _NUMBER_AND_RUNNING = (
 # store says `StaleCopy`. A run's guard comes after its task's, in a statement of its own:
 # it reads what committed while the task's lock was waited for.
 _KEY_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-_TASK_GUARD = (
-    "SELECT 1 / count(*) FROM (SELECT 1 FROM tasks WHERE id = %s AND xmin = %s::text::xid "
-    "FOR UPDATE) AS fresh"
-)
-_NEW_KEY_TASK_GUARD = (
-    "SELECT 1 / count(*) FROM (SELECT 1 FROM tasks WHERE id = %s AND xmin = %s::text::xid "
-    f"AND {_KEY_IS_NEW} FOR UPDATE) AS fresh"
-)
-_RUN_GUARD = (
-    "SELECT 1 / count(*) FROM (SELECT 1 FROM runs WHERE id = %s AND xmin = %s::text::xid "
-    "AND status = 'running' FOR UPDATE) AS fresh"
-)
+
+
+def _guard(table: str, condition: str = "") -> str:
+    """The row of `table` with the id and version (`xmin`) given, locked, failing its
+    statement (division_by_zero) unless it is there and meets `condition` too."""
+    return (
+        f"SELECT 1 / count(*) FROM (SELECT 1 FROM {table} WHERE id = %s "
+        f"AND xmin = %s::text::xid{condition} FOR UPDATE) AS fresh"
+    )
+
+
+_TASK_GUARD = _guard("tasks")
+_NEW_KEY_TASK_GUARD = _guard("tasks", f" AND {_KEY_IS_NEW}")
+_RUN_GUARD = _guard("runs", " AND status = 'running'")
 # An admission's lanes, on a copy: every one that has a row is open, so it admits with no
 # probe (`admission`, `_lanes.py`); locked, in name order, as `expect_admission` locks them.
 _OPEN_LANES_GUARD = (
@@ -366,13 +368,10 @@ class PostgresTx:
         queued, self._queued = self._queued, []
         wire = self._on_wire()
         for group in _groups(queued):
-            if len(group) == 1:
-                wire.execute(group[0][0], group[0][1])
-            else:
-                wire.execute(
-                    _folded(tuple(write[0] for write in group)),
-                    tuple(itertools.chain.from_iterable(write[1] for write in group)),
-                )
+            wire.execute(
+                _folded(tuple(write[0] for write in group)),
+                tuple(itertools.chain.from_iterable(write[1] for write in group)),
+            )
 
     def closing(self) -> None:
         """Before COMMIT: the queued writes sent, and the task's row read back for the
