@@ -165,7 +165,15 @@ class TaskOps(CoreBase):
         after: str | None = None,
     ) -> Iterator[TaskValues]:
         """`iter_tasks`, each task as its `TaskValues` (no Task built): what a listing
-        writes each task from. Raises as `iter_tasks` does."""
+        writes each task from. Raises as `iter_tasks` does, at the first task read."""
+        # The pages' values chained (a task at a time without a generator's step each).
+        return itertools.chain.from_iterable(self._value_pages(now, state, after))
+
+    def _value_pages(
+        self, now: float | None, state: TaskState | str | None, after: str | None
+    ) -> Iterator[Iterable[TaskValues]]:
+        """`iter_task_values`'s tasks, a page at a time (its arguments checked at the
+        first page)."""
         at = moment(now)
         wanted = None if state is None else as_task_state(state)
         # done and cancelled are stored; every other state is an open task's projection.
@@ -179,9 +187,9 @@ class TaskOps(CoreBase):
         for page in self._task_pages(after, status):
             values = self._projected(page, at, None)
             if wanted is None:
-                yield from values
+                yield values
             else:
-                yield from (task for task in values if task[_STATE] is wanted)
+                yield (task for task in values if task[_STATE] is wanted)
 
     def iter_tasks_with_last(
         self,
