@@ -17,6 +17,7 @@ character already.
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -175,18 +176,19 @@ def print_json_list(
     for name, value in sorted((head or {}).items()):
         start += f"{encode(mask_text(name))}: {encode(mask_json(value))}, "
     write(start + encode(key) + ": [")
-    pending: list[str] = []
+    texts = map(encode_item, items if mask is None else map(mask, items))
+    separator = ""  # before each batch but the first
     threshold = _fewer_collections()
     try:
-        for text in map(encode_item, items if mask is None else map(mask, items)):
-            pending.append(text)
-            if len(pending) == 512:  # a write per 512 items (see `write_lines`)
-                write(", ".join(pending))
-                pending.clear()
-                pending.append("")  # the next batch starts with its separator
+        # A write per 512 items (see `write_lines`), each batch taken in one call.
+        batch = list(itertools.islice(texts, 512))
+        while len(batch) == 512:
+            write(separator + ", ".join(batch))
+            separator = ", "
+            batch = list(itertools.islice(texts, 512))
     finally:
         gc.set_threshold(*threshold)
-    write(", ".join(pending) + "]}\n")
+    write((separator + ", ".join(batch) if batch else "") + "]}\n")
     sys.stdout.flush()
 
 
