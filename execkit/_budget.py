@@ -631,6 +631,7 @@ def decision_values(
     *,
     force: bool,
     ignore_backoff: bool,
+    timed: bool = True,
 ) -> DecisionFields:
     """The one decision rule (`decide_summary` and every listing decide through it), on a
     summary given as its values: `used`, `charged`, `streak` (and its reason) and `running`
@@ -639,7 +640,13 @@ def decision_values(
     the dispatch cap. A ledger decides on a stored task's columns with no summary or
     attempt built (a listing decides on every open task it shows). The values are trusted
     as a summary's (the caller read them from one, or from a stored one); `now` is checked:
-    InvalidInput for a non-finite one. Returns the Decision's fields in its order."""
+    InvalidInput for a non-finite one. Returns the Decision's fields in its order.
+
+    `timed=False`, for a caller that shows no time for a ready task (a dashboard shows one
+    only for a task backing off): a task that is ready again after a failure has None for
+    its `next_attempt_at` when its time was not needed to tell it from one backing off
+    (its wait, at most `backoff.max_s`, and any vendor's time are behind `now`), so its
+    backoff is not computed (a hash of its start); every other field is the same."""
     if now is None:
         now = time.time()
     # A float is checked with one comparison; anything else as `is_number` checks it.
@@ -651,26 +658,26 @@ def decision_values(
     if last is None:
         # Every bound is >= 1, so nothing can bind an empty history.
         return (
-            TaskState.READY, None, NextAction.RUN, None, "no attempts yet",
+            _READY, None, _RUN, None, "no attempts yet",
             used, charged, streak, remaining,
         )  # fmt: skip
     number, status, failure_class, last_reason, started_at, ended_at, not_before, stopped = last
-    if status is AttemptStatus.SUCCEEDED:
+    if status is _SUCCEEDED:
         # Finished stays finished: raising a limit never reopens it (ADR 0033).
         return (
-            TaskState.DONE, None, NextAction.NONE, None, f"succeeded on attempt {number}",
+            _DONE, None, _NONE, None, f"succeeded on attempt {number}",
             used, charged, streak, remaining,
         )  # fmt: skip
     if running is not None:
         return (
-            TaskState.RUNNING, None, NextAction.WAIT, None, f"attempt {running} is running",
+            _RUNNING, None, _WAIT, None, f"attempt {running} is running",
             used, charged, streak, remaining,
         )  # fmt: skip
 
     # The most specific bound that holds, in the module docstring's order.
     blocked_on: BlockedOn | None = None
     reason: str | None = None
-    if not force and status is AttemptStatus.FAILED and failure_class is FailureClass.ENVIRONMENT:
+    if not force and status is _FAILED and failure_class is _ENVIRONMENT:
         blocked_on, reason = BlockedOn.ENVIRONMENT, _environment_reason(last_reason)
     elif limit and used >= limit:
         blocked_on = BlockedOn.ATTEMPT_LIMIT
@@ -687,18 +694,37 @@ def decision_values(
         reason = f"dispatch cap reached: {used} of {cap.max_attempts} dispatches"
     if blocked_on is not None:
         return (
-            TaskState.BLOCKED, blocked_on, NextAction.NONE, None, reason,
+            _BLOCKED, blocked_on, _NONE, None, reason,
             used, charged, streak, remaining,
         )  # fmt: skip
 
     if stopped:
         # Stopped by its own runner: nothing was learnt, so nothing to back off from.
         return (
-            TaskState.READY, None, NextAction.RUN, None,
+            _READY, None, _RUN, None,
             f"retry after attempt {number} (stopped)", used, charged, streak, remaining,
         )  # fmt: skip
     # Every attempt here ended without success, so the failure run is the whole history.
     reference = ended_at if ended_at is not None else started_at
+    if (
+        not timed
+        and reference.__class__ is float
+        and used.__class__ is int
+        and used >= 1  # `backoff.delay` takes it, as below
+        and backoff.__class__ is Backoff  # whose delay is at most its `max_s`
+        and (not_before is None or not_before.__class__ is float)
+        and (
+            ignore_backoff
+            or (now >= reference + backoff.max_s and (not_before is None or now >= not_before))
+        )
+    ):
+        # Ready whatever the backoff's jitter: the wait and the vendor's time both ended by
+        # `now` (a float sum grows with what is added: reference + delay <= reference +
+        # max_s). A NaN time compares false, so it is decided below, as ever.
+        return (
+            _READY, None, _RUN, None, f"retry after attempt {number}",
+            used, charged, streak, remaining,
+        )  # fmt: skip
     next_at = None
     if reference is not None:
         next_at = reference + backoff.delay(used, f"{number}:{started_at!r}")
@@ -708,7 +734,7 @@ def decision_values(
         next_at = not_before
     if next_at is None:  # a legacy record without times: nothing to wait from
         return (
-            TaskState.READY, None, NextAction.RUN, None, f"retry after attempt {number}",
+            _READY, None, _RUN, None, f"retry after attempt {number}",
             used, charged, streak, remaining,
         )  # fmt: skip
     if now < next_at and not ignore_backoff:
@@ -718,16 +744,23 @@ def decision_values(
             else f"backing off after {used} consecutive failed attempt{'' if used == 1 else 's'}"
         )
         return (
-            TaskState.BACKOFF, None, NextAction.WAIT, next_at, waiting,
+            _BACKOFF, None, _WAIT, next_at, waiting,
             used, charged, streak, remaining,
         )  # fmt: skip
     return (
-        TaskState.READY, None, NextAction.RUN, next_at, f"retry after attempt {number}",
+        _READY, None, _RUN, next_at, f"retry after attempt {number}",
         used, charged, streak, remaining,
     )  # fmt: skip
 
 
 _INF = float("inf")
+# The members `decision_values` returns and compares with, as names of this module (a
+# module name is one lookup, an enum's member two: a listing decides once an open task).
+_READY, _DONE, _RUNNING = TaskState.READY, TaskState.DONE, TaskState.RUNNING
+_BLOCKED, _BACKOFF = TaskState.BLOCKED, TaskState.BACKOFF
+_RUN, _NONE, _WAIT = NextAction.RUN, NextAction.NONE, NextAction.WAIT
+_SUCCEEDED, _FAILED = AttemptStatus.SUCCEEDED, AttemptStatus.FAILED
+_ENVIRONMENT = FailureClass.ENVIRONMENT
 
 
 # --- the governor's replan budget ------------------------------------------------------

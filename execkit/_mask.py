@@ -27,13 +27,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["json_masker", "mask_json", "mask_name", "mask_text"]
+__all__ = ["PLAIN_TEXTS", "json_masker", "mask_json", "mask_name", "mask_text"]
 
 _TAG_HEX = 16
 
 
+# Texts of execkit's own that reach `mask_text` as any text does, and that the redactor
+# leaves as they are: returned as they are without loading it (its rule table costs a
+# process some 60 ms, all of what a dashboard masks). The dispatcher's task title prefix
+# (`dispatch._board.TASK_TITLE_PREFIX`), masked by the ledger as every title prefix it is
+# given is. Constants only: tests/test_redact.py checks that each is its own redaction
+# under every engine, and tests/test_cli_startup.py that `status` loads no redactor.
+PLAIN_TEXTS = frozenset({"board:"})
+
+
 def mask_text(text: str) -> str:
     """`text` with every credential the redactor knows masked."""
+    if text in PLAIN_TEXTS and type(text) is str:  # not a str subclass with its own `==`
+        return text
     from execkit._redact import redact
 
     return redact(text)

@@ -24,9 +24,11 @@ from execkit._budget import (
     DispatchCap,
     ExplicitLimit,
     Plan,
+    TaskState,
     WorkBudget,
     decide,
     decide_replans,
+    decision_values,
     validate_history,
 )
 from execkit._classify import FailureClass
@@ -356,3 +358,62 @@ def test_replans_are_the_same_projection_as_attempts(
         d.uncharged_streak,
         d.remaining,
     )
+
+
+# Backoffs whose wait is at or near their `max_s` (a small multiple of the base, little or
+# no jitter), and where `now` stands about the end of the longest wait, as shares of it.
+near_max_backoffs = st.builds(
+    lambda base, mult, jitter: Backoff(base, 2.0, base * mult, jitter),
+    st.floats(0.001, 1000),
+    st.sampled_from([1.0, 1.5, 4.0, 100.0]),
+    st.sampled_from([0.0, 0.1, 0.9]),
+)
+shares = st.sampled_from([-1.0, 0.0, 0.5, 0.9, 0.999999, 1.0, 1.000001, 3.0])
+
+
+@settings(max_examples=500)
+@given(
+    st.integers(1, 12),
+    st.sampled_from(OUTCOMES[:5]),
+    st.none() | times,
+    near_max_backoffs | backoffs,
+    shares,
+    st.none() | shares,
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_an_untimed_decision_differs_only_by_a_ready_tasks_time(
+    used: int,
+    outcome: tuple[AttemptStatus, FailureClass | None],
+    started: float | None,
+    backoff: Backoff,
+    share: float,
+    vendor_share: float | None,
+    ended: bool,
+    force: bool,
+    ignore_backoff: bool,
+) -> None:
+    """`decision_values(timed=False)` (a dashboard's: it shows a time only for a task
+    backing off) decides a task whose last attempt failed as `timed=True` does, field by
+    field, but for a ready task's time, which is the same or None. The budget never binds
+    here, so the backoff decides; `now` stands about the end of the longest wait the
+    backoff allows (`share` of `max_s` after the attempt), the vendor's time about it too."""
+    status, klass = outcome
+    ended_at = None if started is None or not ended else started + 1.0
+    reference = ended_at if ended_at is not None else started
+    base = 0.0 if reference is None else reference
+    now = base + share * backoff.max_s
+    not_before = None if vendor_share is None else base + vendor_share * backoff.max_s
+    last = (used, status, klass, "r", started, ended_at, not_before, False)
+
+    def decided(timed: bool) -> tuple[object, ...]:
+        return decision_values(
+            used, used, 0, None, None, last, 1000, 1000, 0, backoff, now, None,
+            force=force, ignore_backoff=ignore_backoff, timed=timed,
+        )  # fmt: skip
+
+    timed, untimed = decided(True), decided(False)
+    assert untimed[:3] == timed[:3] and untimed[4:] == timed[4:]
+    if untimed[3] != timed[3]:
+        assert timed[0] is TaskState.READY and untimed[3] is None

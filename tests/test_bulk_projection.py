@@ -563,3 +563,28 @@ def _history_row(run: Any) -> tuple[Any, ...]:
     task = {"task_id": run.task_id, "task_status": "open", "run_id": run.id}
     values = {**_run_fields(run), **task, "status": str(run.status), "failure_class": klass}
     return tuple(values.get(column) for column in HISTORY_ROW)
+
+
+def test_a_status_computes_a_backoff_only_where_the_wait_may_not_be_over(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dashboard shows a time only for a task backing off: of the tasks ready to retry
+    after a failure, it computes the backoff (a hash of the attempt's start) only of those
+    whose longest wait (`max_s`) or vendor's time is not yet behind it, where a listing
+    (which shows every time) computes it for each, and the rows are the same."""
+    from execkit._backoff import Backoff
+    from execkit.dispatch import DispatchConfig, issue_statuses
+
+    _every_kind(ledger, prefix="board:")
+    config = DispatchConfig()
+    through_tasks = issue_statuses(_Elsewhere(ledger), config, now=NOW)
+    delays = _count_calls(monkeypatch, Backoff, "delay")
+    listed = list(iter_task_values(ledger, now=NOW))
+    # Every failed task not blocked: the work failure, the two upstream ones (one backing
+    # off, one waiting on its vendor's time), the one whose forced retry is pending.
+    assert len(delays) == 4, [task.title for task in listed]
+    delays.clear()
+    rows = issue_statuses(ledger, config, now=NOW)
+    # The one backing off (its wait ends after NOW) and the vendor's (its time is 9000).
+    assert len(delays) == 2
+    assert rows == through_tasks

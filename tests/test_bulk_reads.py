@@ -242,3 +242,31 @@ def test_db_checks_stored_values_are_read_in_one_scan_a_table(tmp_path: Any) -> 
             conn.set_trace_callback(None)
     scans = [sql for sql in made if " FROM runs " in sql or " FROM tasks " in sql]
     assert len(scans) == 2, scans
+
+
+@pytest.mark.parametrize("writer", ["lines", "json"])
+def test_a_streamed_listing_starts_no_collection_per_page(
+    writer: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A listing holds a page of rows in flight (a few tuples a row, none in a cycle): the
+    collector's first threshold is raised while it is written, so 20 pages of 1,000 rows
+    start no collection, where the default threshold (700) started one every 700 tuples;
+    the thresholds are as they were afterwards."""
+    import gc
+
+    from execkit.cli._output import print_json_list, write_lines
+
+    def pages() -> Any:
+        for page in range(20):
+            held = [(page, row, [row]) for row in range(1000)]  # a page in flight
+            yield from (f"{row}" for row in held)
+
+    before = gc.get_threshold()
+    collections = gc.get_stats()[0]["collections"]
+    if writer == "lines":
+        write_lines(pages())
+    else:
+        print_json_list("items", pages())
+    assert gc.get_stats()[0]["collections"] - collections <= 1
+    assert gc.get_threshold() == before
+    assert len(capsys.readouterr().out) > 20_000

@@ -1275,3 +1275,19 @@ def test_a_short_text_is_redacted_once_per_process_and_the_same(
     redact("y" * (front._SHORT + 1))
     redact("y" * (front._SHORT + 1))
     assert len(traced) == len(texts) + 2  # a long text is never remembered
+
+
+def test_each_plain_text_is_its_own_redaction_so_mask_text_may_skip_the_redactor() -> None:
+    """`_mask.PLAIN_TEXTS` are returned by `mask_text` without the redactor: each must be
+    what the redactor makes of it (phases 2 and 3 themselves, under this engine, not the
+    front's cache of short texts), and the dispatcher's title prefix is one of them (the
+    ledger masks it at every dashboard read)."""
+    from execkit._mask import PLAIN_TEXTS, mask_text
+    from execkit._redact.trace import later_phases
+    from execkit.dispatch._board import TASK_TITLE_PREFIX
+
+    assert TASK_TITLE_PREFIX in PLAIN_TEXTS
+    for text in PLAIN_TEXTS:
+        assert later_phases(text, ()) == text
+        assert front.redact_text(text, ()) == text
+        assert mask_text(text) == text

@@ -16,6 +16,8 @@ character already.
 
 from __future__ import annotations
 
+import gc
+import itertools
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -174,15 +176,42 @@ def print_json_list(
     for name, value in sorted((head or {}).items()):
         start += f"{encode(mask_text(name))}: {encode(mask_json(value))}, "
     write(start + encode(key) + ": [")
-    pending: list[str] = []
-    for text in map(encode_item, items if mask is None else map(mask, items)):
-        pending.append(text)
-        if len(pending) == 512:  # a write per 512 items (see `write_lines`)
-            write(", ".join(pending))
-            pending.clear()
-            pending.append("")  # the next batch starts with its separator
-    write(", ".join(pending) + "]}\n")
+    texts = map(encode_item, items if mask is None else map(mask, items))
+    separator = ""  # before each batch but the first
+    threshold = _fewer_collections()
+    try:
+        # A write per 512 items (see `write_lines`), each batch taken in one call.
+        batch = list(itertools.islice(texts, 512))
+        while len(batch) == 512:
+            write(separator + ", ".join(batch))
+            separator = ", "
+            batch = list(itertools.islice(texts, 512))
+    finally:
+        gc.set_threshold(*threshold)
+    write((separator + ", ".join(batch) if batch else "") + "]}\n")
     sys.stdout.flush()
+
+
+# The collector's first threshold while a listing is written: that many more objects made
+# than freed before a collection (the default is 700).
+BULK_GC_THRESHOLD = 100_000
+
+
+def _fewer_collections() -> tuple[int, int, int]:
+    """Raise the collector's first threshold to `BULK_GC_THRESHOLD` for a listing, and
+    return the thresholds to restore after it.
+
+    A listing reads a page of rows at a time and makes a few tuples a row (a record, its
+    values, its line), none in a reference cycle: each is freed when the next page is read.
+    At the default threshold a page in flight starts a collection every 700 of them, each
+    walking the page, some 8% of a listing of 100,000 tasks. Memory is no different: what
+    a listing frees it frees as ever (reference counts), and garbage in a cycle is still
+    collected, after 100,000 objects instead of 700. A threshold of 0 (automatic
+    collection off) is left as it is."""
+    threshold = gc.get_threshold()
+    if 0 < threshold[0] < BULK_GC_THRESHOLD:
+        gc.set_threshold(BULK_GC_THRESHOLD, *threshold[1:])
+    return threshold
 
 
 def write_lines(lines: Iterable[str], batch: int = 512, *, masked: bool = False) -> None:
@@ -192,13 +221,17 @@ def write_lines(lines: Iterable[str], batch: int = 512, *, masked: bool = False)
     control characters, so no credential spans two lines)."""
     write = sys.stdout.write
     pending: list[str] = []
-    for line in lines:
-        pending.append(line)
-        if len(pending) == batch:
-            pending.append("")
-            text = "\n".join(pending)
-            write(mask_text(text) if masked else text)
-            pending.clear()
+    threshold = _fewer_collections()
+    try:
+        for line in lines:
+            pending.append(line)
+            if len(pending) == batch:
+                pending.append("")
+                text = "\n".join(pending)
+                write(mask_text(text) if masked else text)
+                pending.clear()
+    finally:
+        gc.set_threshold(*threshold)
     if pending:
         pending.append("")
         text = "\n".join(pending)

@@ -188,7 +188,10 @@ def iter_issue_status_values(
     dispatched: Iterator[tuple[TaskValues, LastOutcome | None]] = (
         iter(())
         if ledger is None
-        else iter_task_values_with_last(ledger, now=at, cap=cap, title_prefix=TASK_TITLE_PREFIX)
+        # No row shows a time for a ready task (`_status_row`): none is computed for one.
+        else iter_task_values_with_last(
+            ledger, now=at, cap=cap, title_prefix=TASK_TITLE_PREFIX, ready_times=False
+        )
     )
     still_eligible = {i.id for i in board.list_candidates()} if board is not None else set()
     states = getattr(board, "states", None)

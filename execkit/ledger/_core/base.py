@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
@@ -30,7 +30,14 @@ from execkit._budget import (
 )
 from execkit._errors import Conflict, HistoryError, NotFound
 from execkit._lanes import LaneConfigHistory
-from execkit.ledger._core.store import StaleCopy, Store, TaskRecord, Tx
+from execkit.ledger._core.store import (
+    _ATTEMPT_STATUSES,
+    _FAILURE_CLASSES,
+    StaleCopy,
+    Store,
+    TaskRecord,
+    Tx,
+)
 from execkit.ledger._model import (
     KNOWN_ROLES,
     Actor,
@@ -244,84 +251,119 @@ class CoreBase:
     def _task_values(
         self, task: TaskRecord, now: float, cap: DispatchCap | None, *, force: bool = False
     ) -> TaskValues:
-        """The fields of the `Task` that `task` shows at `now`: the one mapping from a stored
-        task to what every surface prints (`get_task`, the listings, the dashboard). A done
-        or cancelled task shows its status with nothing to decide (no bound, reason or next
-        time: the policies' verdict on it is not shown), so no decision is made for it; an
-        open one shows the decision on its summary."""
-        # The stored status as its member (one lookup; `task.status` names a bad one).
-        status = _TASK_STATUSES.get(task.stored_status) or task.status
-        pending = task.retry_requested_by is not None
-        ceiling = task.max_uncharged_attempts
-        if ceiling is None:
-            ceiling = self.budget.max_uncharged_attempts
-        finished = _FINISHED_STATES.get(status)
-        if finished is not None:
-            # Read from the record's columns (no summary built). What `decide_summary`
-            # counts for any history: an explicit limit bounds runs started, the budget
-            # bounds charged attempts.
-            used, charged = task.attempts_used or 0, task.charged_attempts or 0
-            limit = task.max_attempts
-            remaining = max(0, limit - used if limit else self.budget.max_attempts - charged)
-            return _values_of(  # in `TaskValues` order
-                (
-                    task.id,  # id
-                    task.title,  # title
-                    status,  # status
-                    finished,  # state
-                    None,  # blocked_on
-                    None,  # reason
-                    False,  # ready
-                    limit,  # max_attempts
-                    used,  # attempts_started
-                    charged,  # charged_attempts
-                    task.uncharged_streak or 0,  # uncharged_streak
-                    remaining,  # remaining
-                    None,  # next_attempt_at
-                    task.created_by,  # created_by
-                    task.created_at,  # created_at
-                    ceiling,  # max_uncharged_attempts
-                    pending,  # retry_pending
-                    task.gave_up_at_attempt,  # gave_up_at_attempt
-                )
-            )
-        (
-            state,
-            blocked_on,
-            _,
-            next_attempt_at,
-            reason,
-            used,
-            charged,
-            streak,
-            remaining,
-        ) = self._decision_fields(task, now, cap, force=force)
-        if pending and state is TaskState.READY:
-            reason = f"an operator's forced retry is pending ({task.retry_requested_by})"
-        return _values_of(  # in `TaskValues` order
+        """The fields of the `Task` that `task` shows at `now`: `_page_values` of it alone."""
+        return self._page_values((task,), now, cap, force=force)[0]
+
+    def _page_values(
+        self,
+        records: Sequence[TaskRecord],
+        now: float,
+        cap: DispatchCap | None,
+        *,
+        force: bool = False,
+        timed: bool = True,
+    ) -> list[TaskValues]:
+        """The fields of the `Task` each record shows at `now`, in order: the one mapping
+        from a stored task to what every surface prints (`get_task`, the listings, the
+        dashboard). A done or cancelled task shows its status with nothing to decide (no
+        bound, reason or next time: the policies' verdict on it is not shown), so no
+        decision is made for it; an open one shows the decision on its summary, as
+        `_decision_fields` reads it (its columns, no summary or attempt built).
+        `timed=False`: a ready task's `next_attempt_at` may be None, as `decision_values`
+        says (for a caller that shows no time for a ready task).
+
+        A page at a time (a listing's `LIST_PAGE`): the policies are read once a page and
+        each record is unpacked once, since a listing of 100,000 tasks is this loop. Raises
+        as `_decision_fields` does: a stored status or class outside its enum is a
+        StorageError naming the row."""
+        budget = self.budget
+        max_attempts, budget_ceiling = budget.max_attempts, budget.max_uncharged_attempts
+        backoff = self.backoff
+        statuses, finished_states = _TASK_STATUSES, _FINISHED_STATES
+        attempt_statuses, failure_classes = _ATTEMPT_STATUSES, _FAILURE_CLASSES
+        ready_state = TaskState.READY
+        decide = decision_values
+        values: list[TaskValues] = []
+        append = values.append
+        for task in records:
             (
-                task.id,  # id
-                task.title,  # title
-                status,  # status
-                state,  # state
-                blocked_on,  # blocked_on
-                reason,  # reason
-                # ADR 0033: `ready` includes that an attempt is still available, and here it is
-                # exactly what admission does now: a task in backoff is not ready.
-                state is TaskState.READY,  # ready
-                task.max_attempts,  # max_attempts
-                used,  # attempts_started
-                charged,  # charged_attempts
-                streak,  # uncharged_streak
-                remaining,  # remaining
-                next_attempt_at,  # next_attempt_at
-                task.created_by,  # created_by
-                task.created_at,  # created_at
-                ceiling,  # max_uncharged_attempts
-                pending,  # retry_pending
-                task.gave_up_at_attempt,  # gave_up_at_attempt
+                task_id, title, stored_status, created_by, created_at, limit, ceiling,
+                retry_requested_by, gave_up, used, charged, streak, streak_reason, running,
+                last_number, last_status, last_class, last_reason, last_started_at,
+                last_ended_at, _, last_not_before, last_stopped,
+            ) = task  # fmt: skip
+            # The stored status as its member (one lookup; `task.status` names a bad one).
+            status = statuses.get(stored_status) or task.status
+            pending = retry_requested_by is not None
+            if ceiling is None:
+                ceiling = budget_ceiling
+            finished = finished_states.get(status)
+            if finished is not None:
+                # Read from the record's columns (no summary built). What `decide_summary`
+                # counts for any history: an explicit limit bounds runs started, the budget
+                # bounds charged attempts.
+                used, charged = used or 0, charged or 0
+                append(
+                    _values_of(  # in `TaskValues` order
+                        (
+                            task_id, title, status, finished,
+                            None,  # blocked_on
+                            None,  # reason
+                            False,  # ready
+                            limit, used, charged,
+                            streak or 0,  # uncharged_streak
+                            max(0, limit - used if limit else max_attempts - charged),
+                            None,  # next_attempt_at
+                            created_by, created_at, ceiling, pending, gave_up,
+                        )
+                    )
+                )  # fmt: skip
+                continue
+            # An operator's pending retry is forced and runs when the operator asked, not
+            # after the backoff: it is what the next admission does, so it is what the task
+            # shows.
+            if used is None:  # no summary row (a left join): no history yet
+                decided = decide(
+                    0, 0, 0, None, None, None, max_attempts, ceiling, limit, backoff, now, cap,
+                    force=force or pending, ignore_backoff=pending, timed=timed,
+                )  # fmt: skip
+            else:
+                last: LastAttempt | None = None
+                if last_number is not None:
+                    # The last attempt as `decision_values` reads it (`TaskRecord.last`'s
+                    # values, without the Attempt); `last_kind` raises for a bad one.
+                    kind = attempt_statuses.get(last_status)
+                    klass = None if last_class is None else failure_classes.get(last_class)
+                    if kind is None or (klass is None and last_class is not None):
+                        kind, klass = task.last_kind()
+                    last = (
+                        last_number, kind, klass, last_reason, last_started_at,
+                        last_ended_at, last_not_before, bool(last_stopped),
+                    )  # fmt: skip
+                decided = decide(
+                    used, charged or 0, streak or 0, streak_reason, running, last,
+                    max_attempts, ceiling, limit, backoff, now, cap,
+                    force=force or pending, ignore_backoff=pending, timed=timed,
+                )  # fmt: skip
+            state, blocked_on, _, next_attempt_at, reason, used, charged, streak, remaining = (
+                decided
             )
-        )
+            if pending and state is ready_state:
+                reason = f"an operator's forced retry is pending ({retry_requested_by})"
+            append(
+                _values_of(  # in `TaskValues` order
+                    (
+                        task_id, title, status, state, blocked_on, reason,
+                        # ADR 0033: `ready` includes that an attempt is still available, and
+                        # here it is exactly what admission does now: a task in backoff is
+                        # not ready.
+                        state is ready_state,
+                        limit, used, charged, streak, remaining, next_attempt_at, created_by,
+                        created_at, ceiling, pending, gave_up,
+                    )
+                )
+            )  # fmt: skip
+        return values
 
     def _load_task(
         self, tx: Tx, task_id: str, now: float, cap: DispatchCap | None, *, force: bool = False

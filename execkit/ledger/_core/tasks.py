@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from execkit._budget import Attempt, BlockedOn, DispatchCap, TaskState
@@ -34,7 +34,7 @@ from execkit.ledger._core.inputs import (
     fingerprint_of,
     moment,
 )
-from execkit.ledger._core.store import TaskRecord
+from execkit.ledger._core.store import _ATTEMPT_STATUSES, _FAILURE_CLASSES, TaskRecord
 from execkit.ledger._model import (
     LIST_PAGE,
     OPERATE_ROLE,
@@ -51,6 +51,9 @@ from execkit.ledger._model import (
 )
 
 __all__ = ["TaskOps", "iter_task_values", "iter_task_values_with_last"]
+
+# Where a task's values hold its state (a page is filtered by it).
+_STATE = TaskValues._fields.index("state")
 
 
 class TaskOps(CoreBase):
@@ -162,7 +165,15 @@ class TaskOps(CoreBase):
         after: str | None = None,
     ) -> Iterator[TaskValues]:
         """`iter_tasks`, each task as its `TaskValues` (no Task built): what a listing
-        writes each task from. Raises as `iter_tasks` does."""
+        writes each task from. Raises as `iter_tasks` does, at the first task read."""
+        # The pages' values chained (a task at a time without a generator's step each).
+        return itertools.chain.from_iterable(self._value_pages(now, state, after))
+
+    def _value_pages(
+        self, now: float | None, state: TaskState | str | None, after: str | None
+    ) -> Iterator[Iterable[TaskValues]]:
+        """`iter_task_values`'s tasks, a page at a time (its arguments checked at the
+        first page)."""
         at = moment(now)
         wanted = None if state is None else as_task_state(state)
         # done and cancelled are stored; every other state is an open task's projection.
@@ -173,11 +184,12 @@ class TaskOps(CoreBase):
             if wanted in (TaskState.DONE, TaskState.CANCELLED)
             else TaskStatus.OPEN
         )
-        project = self._task_values
-        for record in self._task_records(after, status):
-            values = project(record, at, None)
-            if wanted is None or values.state is wanted:
+        for page in self._task_pages(after, status):
+            values = self._projected(page, at, None)
+            if wanted is None:
                 yield values
+            else:
+                yield (task for task in values if task[_STATE] is wanted)
 
     def iter_tasks_with_last(
         self,
@@ -194,8 +206,9 @@ class TaskOps(CoreBase):
         at = moment(now)
         if title_prefix is not None:  # masked as a stored title is, so the two compare
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
-        for values, record in self._titled(at, cap, title_prefix):
-            yield Task(*values), record.last
+        for values, records in self._titled(at, cap, title_prefix):
+            for task, record in zip(values, records, strict=True):
+                yield Task(*task), record.last
 
     def iter_task_values_with_last(
         self,
@@ -203,30 +216,50 @@ class TaskOps(CoreBase):
         now: float | None = None,
         cap: DispatchCap | None = None,
         title_prefix: str | None = None,
+        ready_times: bool = True,
     ) -> Iterator[tuple[TaskValues, LastOutcome | None]]:
         """`iter_tasks_with_last`, each task as its `TaskValues` and its last attempt as
-        its `LastOutcome` (no Task or Attempt built). Raises as `iter_tasks_with_last`."""
+        its `LastOutcome` (no Task or Attempt built). Raises as `iter_tasks_with_last`.
+
+        `ready_times=False`, for a reader that shows no time for a ready task (a dashboard
+        shows one only for a task backing off): a ready task's `next_attempt_at` may be
+        None where its time was not needed to decide its state (`decision_values`'s
+        `timed`), which spares computing it; every other value is the same."""
         at = moment(now)
         if title_prefix is not None:  # masked as a stored title is, so the two compare
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
-        return (
-            (values, _last_outcome(record))
-            for values, record in self._titled(at, cap, title_prefix)
+        return itertools.chain.from_iterable(
+            zip(values, _last_outcomes(records), strict=True)
+            for values, records in self._titled(at, cap, title_prefix, ready_times)
         )
 
     def _titled(
-        self, at: float, cap: DispatchCap | None, title_prefix: str | None
-    ) -> Iterator[tuple[TaskValues, TaskRecord]]:
-        """Each stored task whose title starts with `title_prefix` (checked): its values at
-        `at` beside its record."""
-        project = self._task_values
-        for record in self._task_records(None, None):
-            if title_prefix is None or record.title.startswith(title_prefix):
-                yield project(record, at, cap), record
+        self, at: float, cap: DispatchCap | None, title_prefix: str | None, timed: bool = True
+    ) -> Iterator[tuple[Iterable[TaskValues], list[TaskRecord]]]:
+        """The stored tasks whose title starts with `title_prefix` (checked), a page at a
+        time: their values at `at` (`timed`: as `_page_values` takes it) beside their
+        records."""
+        for page in self._task_pages(None, None):
+            if title_prefix is not None:
+                page = [record for record in page if record.title.startswith(title_prefix)]
+            yield self._projected(page, at, cap, timed), page
 
-    def _task_records(self, after: str | None, status: TaskStatus | None) -> Iterator[TaskRecord]:
+    def _projected(
+        self, page: list[TaskRecord], at: float, cap: DispatchCap | None, timed: bool = True
+    ) -> Iterable[TaskValues]:
+        """`_page_values` of `page`; when one of its records raises (a value outside its
+        enum), the page a task at a time instead, so that the tasks before that one are
+        listed and then its error raised, as a listing a task at a time would."""
+        try:
+            return self._page_values(page, at, cap, timed=timed)
+        except Exception:
+            return (self._page_values((record,), at, cap, timed=timed)[0] for record in page)
+
+    def _task_pages(
+        self, after: str | None, status: TaskStatus | None
+    ) -> Iterator[list[TaskRecord]]:
         """The stored tasks after task `after` (NotFound if it is no task), of `status`, a
-        page of `LIST_PAGE` a read."""
+        page of `LIST_PAGE` a read, each page as it is read."""
         if after is not None:
             after = check_text("after", after, MAX_KEY)
             with self._store.read() as tx:
@@ -234,7 +267,7 @@ class TaskOps(CoreBase):
         while True:
             with self._store.read() as tx:
                 page = tx.task_page(after, LIST_PAGE, status)
-            yield from page
+            yield page
             if len(page) < LIST_PAGE:
                 return
             after = page[-1].id
@@ -486,24 +519,43 @@ def iter_task_values_with_last(
     now: float | None = None,
     cap: DispatchCap | None = None,
     title_prefix: str | None = None,
+    ready_times: bool = True,
 ) -> Iterator[tuple[TaskValues, LastOutcome | None]]:
     """`ledger.iter_tasks_with_last(...)`, each task as its `TaskValues` and its last
     attempt as its `LastOutcome`, as `iter_task_values` reads them: from the rows of a
-    ledger of this process, else from the Tasks and Attempts of any other."""
+    ledger of this process (`ready_times` as `TaskOps.iter_task_values_with_last` takes
+    it), else from the Tasks and Attempts of any other (each with its times)."""
     if isinstance(ledger, TaskOps):
-        return ledger.iter_task_values_with_last(now=now, cap=cap, title_prefix=title_prefix)
+        return ledger.iter_task_values_with_last(
+            now=now, cap=cap, title_prefix=title_prefix, ready_times=ready_times
+        )
     return (
         (task_values(task), last_outcome(last))
         for task, last in ledger.iter_tasks_with_last(now=now, cap=cap, title_prefix=title_prefix)
     )
 
 
-def _last_outcome(record: TaskRecord) -> LastOutcome | None:
-    """The record's last attempt's outcome, from its summary columns (`record.last`'s
-    status, class and reason; a value outside its enum is the StorageError it raises)."""
-    if record.last_number is None:
-        return None
-    return _outcome_of((*record.last_kind(), record.last_reason))
+def _last_outcomes(records: Iterable[TaskRecord]) -> Iterator[LastOutcome | None]:
+    """Each record's last attempt's outcome, from its summary columns (`record.last`'s
+    status, class and reason; a value outside its enum is the StorageError `last_kind`
+    raises, when its record is reached)."""
+    statuses, classes = _ATTEMPT_STATUSES, _FAILURE_CLASSES
+    for record in records:
+        number, status, stored_class, reason = record[_LAST_NUMBER:_LAST_REASON_END]
+        if number is None:
+            yield None
+            continue
+        kind = statuses.get(status)
+        klass = None if stored_class is None else classes.get(stored_class)
+        if kind is None or (klass is None and stored_class is not None):
+            kind, klass = record.last_kind()
+        yield _outcome_of((kind, klass, reason))
 
 
+# Where a record's last attempt's number, status, class and reason are, in that order.
+_LAST_NUMBER = TaskRecord._fields.index("last_number")
+_LAST_REASON_END = TaskRecord._fields.index("last_reason") + 1
+_LAST = ("last_number", "last_status", "last_class", "last_reason")
+if TaskRecord._fields[_LAST_NUMBER:_LAST_REASON_END] != _LAST:  # pragma: no cover
+    raise ImportError(f"TaskRecord holds {_LAST} apart: _last_outcomes reads them in a row")
 _outcome_of = functools.partial(tuple.__new__, LastOutcome)
