@@ -10,7 +10,9 @@ execkit's should reach at least half of. Each process admits on its own 50 tasks
 (histories stay short, as in real use). The SQLite rows are `bench_ledger.py`'s
 measurement (one file, WAL), taken in the same run, so both backends are read against
 their own floor. The package is compiled first (this machine sets PYTHONDONTWRITEBYTECODE:
-otherwise each worker would compile it).
+otherwise each worker would compile it). Beside each rate, the CPU an admission costs the
+clients and, for a cluster on this machine, the server (its postmaster's and backends'
+CPU time over the measurement): on shared CPUs the rate is their sum.
 
     python benchmarks/bench_postgres.py [--admissions N] [--url postgresql://...]
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -196,6 +199,30 @@ def _functions(
         conn.close()
 
 
+def _cluster_cpu(data: Path | None) -> float | None:
+    """CPU seconds the cluster whose data folder is `data` has spent so far: its
+    postmaster's, its backends' that have ended (the postmaster reaps them) and its live
+    ones'. None for a cluster this machine does not run (`--url`)."""
+    if data is None:
+        return None
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        if str(data) not in (process.info["cmdline"] or ()):
+            continue
+        try:
+            own = process.cpu_times()
+            total = own.user + own.system + own.children_user + own.children_system
+            for child in process.children():
+                with contextlib.suppress(psutil.Error):
+                    times = child.cpu_times()
+                    total += times.user + times.system
+        except psutil.Error:
+            continue
+        return total
+    return None
+
+
 def _rate(
     kind: str,
     url: str,
@@ -203,10 +230,13 @@ def _rate(
     count: int,
     processes: int,
     round_number: int = 0,
-) -> tuple[float, float]:
-    """Operations per second over all processes (wall time of the slowest one), and the
+    data: Path | None = None,
+) -> tuple[float, float, float | None]:
+    """Operations per second over all processes (wall time of the slowest one), the
     client processes' CPU time per operation in ms (what a faster machine would not hide:
-    the load of a shared one moves the rates much more than it moves this)."""
+    the load of a shared one moves the rates much more than it moves this), and the
+    server's (the cluster whose data folder is `data`; None without one)."""
+    server_before = _cluster_cpu(data)
     target = {"ledger": _admit, "functions": _functions}.get(kind, _floor)
     ctx = multiprocessing.get_context("spawn")
     start_at = time.time() + 2.0 + processes * 0.2  # let every process connect first
@@ -216,9 +246,22 @@ def _rate(
             for p in range(processes)
         ]
         measured = [r.get(timeout=900) for r in results]
+    server_after = _cluster_cpu(data)
     elapsed = max(wall for wall, _ in measured)
     cpu = sum(cpu for _, cpu in measured)
-    return processes * count / elapsed, cpu / (processes * count) * 1000.0
+    server = None
+    if server_before is not None and server_after is not None:
+        server = (server_after - server_before) / (processes * count) * 1000.0
+    return processes * count / elapsed, cpu / (processes * count) * 1000.0, server
+
+
+def _cpu_cell(ledger: list[float | None], functions: list[float | None]) -> str:
+    """The medians of a CPU column's rounds, the functions' beside the ledger's: "n/a" for
+    a server this machine does not run."""
+    known = [c for c in ledger if c is not None], [c for c in functions if c is not None]
+    if not known[0] or not known[1]:
+        return "n/a"
+    return f"{statistics.median(known[0]):.2f} ({statistics.median(known[1]):.2f})"
 
 
 def _sqlite_rates(count: int, processes: int) -> tuple[float, float]:
@@ -250,11 +293,13 @@ def main() -> None:
 
     cluster: pgcluster.Cluster | None = None
     url = args.url
+    data: Path | None = None  # the cluster's data folder, for its CPU time
     if url is None and os.environ.get(pgcluster.ENV_VAR):
-        url = pgcluster.Cluster.from_env(os.environ[pgcluster.ENV_VAR]).url()
+        shared = pgcluster.Cluster.from_env(os.environ[pgcluster.ENV_VAR])
+        url, data = shared.url(), shared.data
     if url is None:
         cluster = pgcluster.Cluster.start()
-        url = cluster.url()
+        url, data = cluster.url(), cluster.data
     rows = []
     ratios: list[float] = []
     try:
@@ -265,7 +310,7 @@ def main() -> None:
             _prepare_floor(floor_url)
             functions_url = _schema(url, "bench_functions")
             function_tasks = _prepare_functions(functions_url, processes)
-            floor, _ = _rate("floor", floor_url, tasks, args.admissions * 2, processes)
+            floor, _, _ = _rate("floor", floor_url, tasks, args.admissions * 2, processes)
             # Alternating rounds, the ratio taken in each: a load that drifts on a shared
             # machine moves both sides of a round alike.
             paired = []
@@ -279,19 +324,28 @@ def main() -> None:
                             args.admissions,
                             processes,
                             round_number,
+                            data,
                         ),
                         _rate(
-                            "ledger", ledger_url, tasks, args.admissions, processes, round_number
+                            "ledger",
+                            ledger_url,
+                            tasks,
+                            args.admissions,
+                            processes,
+                            round_number,
+                            data,
                         ),
                     )
                 )
-            functions = statistics.median(f for (f, _), _ in paired)
-            admitted = statistics.median(a for _, (a, _) in paired)
-            ratios.append(statistics.median(a / f for (f, _), (a, _) in paired))
-            cpu = statistics.median(c for _, (_, c) in paired)
-            floor_cpu = statistics.median(c for (_, c), _ in paired)
+            functions = statistics.median(f[0] for f, _ in paired)
+            admitted = statistics.median(a[0] for _, a in paired)
+            ratios.append(statistics.median(a[0] / f[0] for f, a in paired))
+            cpu = (
+                _cpu_cell([a[1] for _, a in paired], [f[1] for f, _ in paired]),
+                _cpu_cell([a[2] for _, a in paired], [f[2] for f, _ in paired]),
+            )
             lite, lite_floor = _sqlite_rates(args.admissions, processes)
-            rows.append((processes, admitted, floor, functions, cpu, floor_cpu, lite, lite_floor))
+            rows.append((processes, admitted, floor, functions, cpu, lite, lite_floor))
     finally:
         if cluster is not None:
             cluster.stop()
@@ -304,17 +358,18 @@ def main() -> None:
     print()
     print(
         "| processes | PostgreSQL admissions/s | same writes as 2 functions/s | ratio (goal "
-        ">= 0.5x) | client CPU ms per admission (functions) | PG floor txn/s "
+        ">= 0.5x) | client CPU ms per admission (functions) "
+        "| server CPU ms per admission (functions) | PG floor txn/s "
         "| PG floor txns per admission | SQLite admissions/s "
         "| SQLite floor txn/s | SQLite floor txns per admission |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for (processes, admitted, floor, functions, cpu, floor_cpu, lite, lite_floor), ratio in zip(
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (processes, admitted, floor, functions, cpu, lite, lite_floor), ratio in zip(
         rows, ratios, strict=True
     ):
         print(
             f"| {processes} | {admitted:,.0f} | {functions:,.0f} | {ratio:.2f}x "
-            f"| {cpu:.2f} ({floor_cpu:.2f}) | {floor:,.0f} | {floor / admitted:.1f}x "
+            f"| {cpu[0]} | {cpu[1]} | {floor:,.0f} | {floor / admitted:.1f}x "
             f"| {lite:,.0f} | {lite_floor:,.0f} | {lite_floor / lite:.1f}x |"
         )
     print()
