@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import attrs
 import hypothesis.strategies as st
@@ -417,3 +418,35 @@ def test_an_untimed_decision_differs_only_by_a_ready_tasks_time(
     assert untimed[:3] == timed[:3] and untimed[4:] == timed[4:]
     if untimed[3] != timed[3]:
         assert timed[0] is TaskState.READY and untimed[3] is None
+
+
+class _LongerThanItsCap(Backoff):
+    """A backoff of a caller's own whose wait runs past its `max_s` (the untimed shortcut
+    may not assume the cap of execkit's own `Backoff` for it)."""
+
+    def delay(
+        self,
+        failures: int,
+        seed: str | None = None,
+        *,
+        rng: Callable[[], float] | None = None,
+        retry_after_s: float | None = None,
+    ) -> float:
+        return self.max_s * 10.0
+
+
+def test_an_untimed_decision_computes_the_wait_of_a_backoff_it_does_not_know() -> None:
+    """The shortcut is taken only for execkit's `Backoff`, whose wait is at most its
+    `max_s`: a task whose wait of another kind runs past it stays backing off."""
+    backoff = _LongerThanItsCap(1.0, 2.0, 60.0, 0.0)
+    now = 1_000.0 + 2 * backoff.max_s  # past the cap, before the wait this one asks for
+    last = (1, AttemptStatus.FAILED, FailureClass.WORK, "r", 999.0, 1_000.0, None, False)
+
+    def decided(timed: bool) -> tuple[object, ...]:
+        return decision_values(
+            1, 1, 0, None, None, last, 1000, 1000, 0, backoff, now, None,
+            force=False, ignore_backoff=False, timed=timed,
+        )  # fmt: skip
+
+    assert decided(True)[0] is TaskState.BACKOFF
+    assert decided(False) == decided(True)
