@@ -75,25 +75,6 @@ def when(at: float) -> str:
 _TASK_STATUSES = {str(member): member for member in TaskStatus}
 
 
-def _last_values(task: TaskRecord) -> LastAttempt | None:
-    """The record's last attempt as `decision_values` reads it (`TaskRecord.last`'s
-    values, without the Attempt); a status or class outside its enum is a StorageError."""
-    number = task.last_number
-    if number is None:
-        return None
-    status, klass = task.last_kind()
-    return (
-        number,
-        status,
-        klass,
-        task.last_reason,
-        task.last_started_at,
-        task.last_ended_at,
-        task.last_not_before,
-        bool(task.last_stopped),
-    )
-
-
 def attempt_from_run(run: Run) -> Attempt:
     """A stored run as the `Attempt` the budget policies read."""
     return Attempt(
@@ -206,41 +187,44 @@ class CoreBase:
         *,
         force: bool = False,
         ignore_backoff: bool = False,
+        timed: bool = True,
     ) -> DecisionFields:
         """The decision on `task`'s summary, as `decision_fields` gives it, read from the
         record's columns (`decision_values`: no summary, attempt, limit or budget built; a
-        listing decides on every open task it shows). A stored status or class outside its
-        enum is a StorageError naming the row, as `TaskRecord.last` raises it."""
+        listing decides on every open task it shows; `timed` as `decision_values` takes
+        it). A stored status or class outside its enum is a StorageError naming the row,
+        as `TaskRecord.last` raises it."""
+        (
+            _, _, _, _, _, limit, ceiling, retry_requested_by, _, used, charged, streak,
+            streak_reason, running, number, last_status, last_class, last_reason, started_at,
+            ended_at, _, not_before, stopped,
+        ) = task  # fmt: skip
         # An operator's pending retry is forced and runs when the operator asked, not after
         # the backoff: it is what the next admission does, so it is what the task shows.
-        pending = task.retry_requested_by is not None
+        pending = retry_requested_by is not None
         budget = self.budget
-        ceiling = task.max_uncharged_attempts
-        used = task.attempts_used
+        if ceiling is None:
+            ceiling = budget.max_uncharged_attempts
+        last: LastAttempt | None = None
         if used is None:  # no summary row (a left join): no history yet
-            return decision_values(
-                0, 0, 0, None, None, None,
-                budget.max_attempts,
-                budget.max_uncharged_attempts if ceiling is None else ceiling,
-                task.max_attempts, self.backoff, now, cap,
-                force=force or pending, ignore_backoff=ignore_backoff or pending,
+            used = charged = streak = 0
+        elif number is not None:
+            # The last attempt as `decision_values` reads it (`TaskRecord.last`'s values,
+            # without the Attempt): its status and class by one lookup each (a listing
+            # decides on every open task), `last_kind` naming a value outside its enum.
+            kind = _ATTEMPT_STATUSES.get(last_status)
+            klass = None if last_class is None else _FAILURE_CLASSES.get(last_class)
+            if kind is None or (klass is None and last_class is not None):
+                kind, klass = task.last_kind()
+            last = (
+                number, kind, klass, last_reason, started_at, ended_at, not_before,
+                bool(stopped),
             )  # fmt: skip
         return decision_values(
-            used,
-            task.charged_attempts or 0,
-            task.uncharged_streak or 0,
-            task.streak_reason,
-            task.running,
-            _last_values(task),
-            budget.max_attempts,
-            budget.max_uncharged_attempts if ceiling is None else ceiling,
-            task.max_attempts,
-            self.backoff,
-            now,
-            cap,
-            force=force or pending,
-            ignore_backoff=ignore_backoff or pending,
-        )
+            used, charged or 0, streak or 0, streak_reason, running, last,
+            budget.max_attempts, ceiling, limit, self.backoff, now, cap,
+            force=force or pending, ignore_backoff=ignore_backoff or pending, timed=timed,
+        )  # fmt: skip
 
     def _project(
         self, task: TaskRecord, now: float, cap: DispatchCap | None, *, force: bool = False
@@ -278,19 +262,17 @@ class CoreBase:
         StorageError naming the row."""
         budget = self.budget
         max_attempts, budget_ceiling = budget.max_attempts, budget.max_uncharged_attempts
-        backoff = self.backoff
         statuses, finished_states = _TASK_STATUSES, _FINISHED_STATES
-        attempt_statuses, failure_classes = _ATTEMPT_STATUSES, _FAILURE_CLASSES
         ready_state = TaskState.READY
-        decide = decision_values
+        decision_fields = self._decision_fields
         values: list[TaskValues] = []
         append = values.append
         for task in records:
             (
                 task_id, title, stored_status, created_by, created_at, limit, ceiling,
-                retry_requested_by, gave_up, used, charged, streak, streak_reason, running,
-                last_number, last_status, last_class, last_reason, last_started_at,
-                last_ended_at, _, last_not_before, last_stopped,
+                retry_requested_by, gave_up, used, charged, streak,
+                # The rest `_decision_fields` reads, for an open task.
+                _, _, _, _, _, _, _, _, _, _, _,
             ) = task  # fmt: skip
             # The stored status as its member (one lookup; `task.status` names a bad one).
             status = statuses.get(stored_status) or task.status
@@ -319,32 +301,7 @@ class CoreBase:
                     )
                 )  # fmt: skip
                 continue
-            # An operator's pending retry is forced and runs when the operator asked, not
-            # after the backoff: it is what the next admission does, so it is what the task
-            # shows.
-            if used is None:  # no summary row (a left join): no history yet
-                decided = decide(
-                    0, 0, 0, None, None, None, max_attempts, ceiling, limit, backoff, now, cap,
-                    force=force or pending, ignore_backoff=pending, timed=timed,
-                )  # fmt: skip
-            else:
-                last: LastAttempt | None = None
-                if last_number is not None:
-                    # The last attempt as `decision_values` reads it (`TaskRecord.last`'s
-                    # values, without the Attempt); `last_kind` raises for a bad one.
-                    kind = attempt_statuses.get(last_status)
-                    klass = None if last_class is None else failure_classes.get(last_class)
-                    if kind is None or (klass is None and last_class is not None):
-                        kind, klass = task.last_kind()
-                    last = (
-                        last_number, kind, klass, last_reason, last_started_at,
-                        last_ended_at, last_not_before, bool(last_stopped),
-                    )  # fmt: skip
-                decided = decide(
-                    used, charged or 0, streak or 0, streak_reason, running, last,
-                    max_attempts, ceiling, limit, backoff, now, cap,
-                    force=force or pending, ignore_backoff=pending, timed=timed,
-                )  # fmt: skip
+            decided = decision_fields(task, now, cap, force=force, timed=timed)
             state, blocked_on, _, next_attempt_at, reason, used, charged, streak, remaining = (
                 decided
             )
