@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -637,12 +638,10 @@ def task_json(task: Task | TaskValues) -> str:
 
 
 def values_json(values: TaskValues) -> str:
-    """`task_json` of a task's values (what a listing writes each task with): its text
-    (`_task_json_text`), or, for a field of another type, the general encoder's, key order
-    and all. One call a task, the string encoder found once (`_text`)."""
+    """`task_json` of a task's values (what a listing writes each task with)."""
     try:
-        return _task_json_text(values, _text or _escape())
-    except TypeError:
+        return _task_json_text(values, _escape())
+    except TypeError:  # a field of another type: the general encoder, key order and all
         import json
 
         return json.dumps(Task(*values).to_dict(), sort_keys=True)
@@ -701,18 +700,14 @@ def _task_json_text(values: TaskValues, text: Callable[[str], str]) -> str:
     )
 
 
+@functools.cache
 def _escape() -> Callable[[str], str]:
     """How `json.dumps` writes a str (an enum member is its value; TypeError for anything
     but a str): the encoder's own C function, found at the first JSON listing, as `json`
-    is imported, and kept as `_text`."""
-    global _text
+    is imported."""
     from json.encoder import encode_basestring_ascii
 
-    _text = encode_basestring_ascii
     return encode_basestring_ascii
-
-
-_text: Callable[[str], str] | None = None  # `_escape()`, once it is found
 
 
 def _primed(items: Iterator[_T]) -> Iterator[_T]:
