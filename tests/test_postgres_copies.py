@@ -169,3 +169,44 @@ def test_a_store_that_meets_a_task_once_draws_no_run_number(pg_url: str) -> None
         with PostgresLedger(pg_url) as ledger:
             ledger.finish_run(run.id, "failed", now=1001.0 + n * 3600)
     assert ids == ["r-1", "r-2", "r-3"]
+
+
+def _rows_visited(plan: dict[str, Any], table: str) -> int:
+    """The rows the nodes of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan read from `table`."""
+    own = plan["Actual Rows"] * plan["Actual Loops"] if plan.get("Relation Name") == table else 0
+    return own + sum(_rows_visited(child, table) for child in plan.get("Plans", ()))
+
+
+@pytest.mark.parametrize("plans", ["force_custom_plan", "force_generic_plan"])
+def test_reading_a_task_back_visits_its_running_run_only_whatever_its_history(
+    pg_url: str, plans: str
+) -> None:
+    """The copy's read-back (`tx._read_back`), on a new ledger whose tables have no
+    statistics yet, finds the task's running run by its number: one row of the task's
+    runs, not all of them (joined on `t.running` it read all 121 and filtered them)."""
+    import psycopg
+    from psycopg import sql
+
+    from execkit.ledger._postgres import tx as pg_tx
+
+    with PostgresLedger(pg_url) as ledger:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            # No statistics, whenever autovacuum would have come by.
+            conn.execute("ALTER TABLE runs SET (autovacuum_enabled = false)")
+            conn.execute("ALTER TABLE tasks SET (autovacuum_enabled = false)")
+        task = ledger.create_task("t", max_attempts=1000, actor="a")
+        for n in range(120):
+            at = 1000.0 + n * 3600
+            run = ledger.start_run(task.id, request_key=f"k{n}", actor="a", now=at)
+            ledger.finish_run(run.id, "failed", now=at + 1.0)
+        ledger.start_run(task.id, request_key="last", actor="a", now=1000.0 + 120 * 3600)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.SQL(plans)))
+        conn.execute(f"PREPARE read_back(text) AS {pg_tx._NOT_DRAWING.replace('%s', '$1')}")
+        found = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE read_back({})").format(
+                sql.Literal(task.id)
+            )
+        ).fetchone()
+    assert found is not None
+    assert _rows_visited(found[0][0]["Plan"], "runs") == 1

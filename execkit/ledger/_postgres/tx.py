@@ -176,8 +176,12 @@ def _read_back(number: str) -> str:
         + ", ".join(f"t.{column}" for column in TASK_ROW)
         + ", "
         + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
-        + " FROM tasks t LEFT JOIN runs r ON r.task_id = t.id AND r.attempt = t.running "
-        "WHERE t.id = %s"
+        # The running run by its number as a value (an InitPlan), both columns of its
+        # unique index: joined on `t.running`, a planner without statistics (a new ledger,
+        # until autovacuum analyses it) scans every run of the task and filters them, a
+        # read-back that grew with the task's history.
+        + " FROM tasks t LEFT JOIN runs r ON r.task_id = t.id "
+        "AND r.attempt = (SELECT running FROM tasks WHERE id = %s) WHERE t.id = %s"
     )
 
 
@@ -382,7 +386,7 @@ class PostgresTx:
         if task_id is not None and self._copies is not None and sent:
             worked = self.copied is not None or self._copies.of_task(task_id) is not None
             read_back = _DRAWING if worked else _NOT_DRAWING
-            self._read_back = self._on_wire().execute(read_back, (task_id,))
+            self._read_back = self._on_wire().execute(read_back, (task_id, task_id))
 
     def committed(self) -> None:
         """After COMMIT: the store's copy of the task replaced by the row read back."""
