@@ -302,6 +302,64 @@ def _sqlite_rates(count: int, processes: int) -> tuple[float, float]:
     return admitted, floor
 
 
+def _statements(admissions: int) -> None:
+    """`--statements`: where the server's time goes, statement by statement. A cluster of
+    its own with pg_stat_statements loaded (inner statements of functions counted too);
+    one process makes `admissions` admissions on 50 tasks, then as many pairs of the
+    floor's function calls, each after its warm-up; prints each statement's execution and
+    planning time per admission (the time a statement spends outside both, receiving its
+    parameters and sending its answer, is not counted)."""
+    import psycopg
+
+    cluster = pgcluster.Cluster.start()
+    try:
+        with (cluster.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                "shared_preload_libraries = 'pg_stat_statements'\n"
+                "pg_stat_statements.track = all\n"
+                "pg_stat_statements.track_planning = on\n"
+            )
+        cluster.restart("fast")
+        url = cluster.url()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_stat_statements")
+        ledger_url, functions_url = _schema(url, "ledger"), _schema(url, "functions")
+        tasks = _prepare_ledger(ledger_url, 1)[0]
+        function_tasks = _prepare_functions(functions_url, 1)[0]
+        measured = {}
+        for kind, target, schema_url, ids in (
+            ("execkit", _admit, ledger_url, tasks),
+            ("functions", _functions, functions_url, function_tasks),
+        ):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
+            target(schema_url, ids, admissions, "r0p0", time.time())
+            with psycopg.connect(url, autocommit=True) as conn:
+                measured[kind] = conn.execute(
+                    "SELECT calls, total_exec_time, total_plan_time, toplevel, "
+                    "regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements "
+                    "WHERE calls >= %s ORDER BY total_exec_time DESC",
+                    (max(1, admissions // 100),),  # each task's first admission's too
+                ).fetchall()
+    finally:
+        cluster.stop()
+    print(f"    python benchmarks/bench_postgres.py --statements --admissions {admissions}")
+    print()
+    print("| side | calls per admission | exec µs per admission | plan µs | statement |")
+    print("|---|---:|---:|---:|---|")
+    for kind, rows in measured.items():
+        for calls, exec_ms, plan_ms, toplevel, query in rows:
+            shown = query if len(query) <= 90 else query[:87] + "..."
+            inner = "" if toplevel else " (in a function)"
+            print(
+                f"| {kind}{inner} | {calls / admissions:.2f} "
+                f"| {exec_ms * 1000 / admissions:.1f} | {plan_ms * 1000 / admissions:.1f} "
+                f"| `{shown.replace('|', '/')}` |"
+            )
+        total = sum(row[1] for row in rows if row[3]) * 1000 / admissions
+        print(f"| {kind}, all sent | | {total:.1f} | | |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--admissions", type=int, default=300, help="per process")
@@ -312,7 +370,15 @@ def main() -> None:
         default=3,
         help="rounds of (functions floor, ledger), alternating; the medians are shown",
     )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="instead: each statement's server time per admission (pg_stat_statements)",
+    )
     args = parser.parse_args()
+    if args.statements:
+        _statements(args.admissions)
+        return
     # Workers are spawned: compiled once here, they read the bytecode, not the sources.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
