@@ -15,13 +15,17 @@ measurement (one file, WAL), taken in the same run, so both backends are read ag
 their own floor. The package is compiled first (this machine sets PYTHONDONTWRITEBYTECODE:
 otherwise each worker would compile it). Beside each rate, the CPU an admission costs the
 clients and, for a cluster on this machine, the server (its postmaster's and backends'
-CPU time over the measurement): on shared CPUs the rate is their sum.
+CPU time over the whole measurement, each worker's connection and warm-up included): on
+shared CPUs the rate is their sum.
 
     python benchmarks/bench_postgres.py [--admissions N] [--url postgresql://...]
+    python benchmarks/bench_postgres.py --statements [--admissions N]
 
 Without --url (or a cluster named by TEST_PG_CLUSTER, as `python tests/pgcluster.py
 --run -- ...` sets) it starts a throwaway cluster of its own (tests/pgcluster.py: fsync
 off, like the test cluster) and stops it at the end. Prints a markdown table.
+`--statements` prints instead the server's execution time of each statement an admission
+sends, beside the functions' (pg_stat_statements, on a cluster of its own).
 """
 
 from __future__ import annotations
