@@ -33,6 +33,7 @@ from execkit._lanes import LaneConfigHistory
 from execkit.ledger._core.store import (
     _ATTEMPT_STATUSES,
     _FAILURE_CLASSES,
+    _TASK_STATUSES,
     StaleCopy,
     Store,
     TaskRecord,
@@ -70,9 +71,6 @@ SYSTEM_ACTOR = "execkit"
 
 def when(at: float) -> str:
     return datetime.datetime.fromtimestamp(at, tz=datetime.UTC).isoformat(timespec="seconds")
-
-
-_TASK_STATUSES = {str(member): member for member in TaskStatus}
 
 
 def attempt_from_run(run: Run) -> Attempt:

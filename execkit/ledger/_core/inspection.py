@@ -38,6 +38,9 @@ from execkit.ledger._core.base import SYSTEM_ACTOR, attempt_from_run, when
 from execkit.ledger._core.inputs import moment
 from execkit.ledger._core.leases import LeaseOps
 from execkit.ledger._core.store import (
+    _ATTEMPT_STATUSES,
+    _FAILURE_CLASSES,
+    _TASK_STATUSES,
     HISTORY_ROW,
     SUMMARY_AT,
     TaskRecord,
@@ -231,9 +234,6 @@ def _checked_attempt(run: Run) -> Attempt:
 
 _RUNNING = AttemptStatus.RUNNING
 _SUCCEEDED = AttemptStatus.SUCCEEDED
-_ATTEMPT_STATUSES = {str(member): member for member in AttemptStatus}
-_FAILURE_CLASSES = {str(member): member for member in FailureClass}
-_TASK_STATUSES = {str(member): member for member in TaskStatus}
 _TASK_OF_ROW = itemgetter(HISTORY_ROW.index("task_id"))
 _TASK_STATUS_AT = HISTORY_ROW.index("task_status")
 _SUMMARY = slice(HISTORY_ROW.index("attempts_used"), HISTORY_ROW.index("run_id"))
