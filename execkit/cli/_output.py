@@ -16,10 +16,11 @@ character already.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from execkit._errors import INTERNAL_ERROR_EXIT, ExecKitError, error_types
@@ -178,16 +179,13 @@ def print_json_list(
     write(start + encode(key) + ": [")
     texts = map(encode_item, items if mask is None else map(mask, items))
     separator = ""  # before each batch but the first
-    threshold = _fewer_collections()
-    try:
+    with _fewer_collections():
         # A write per 512 items (see `write_lines`), each batch taken in one call.
         batch = list(itertools.islice(texts, 512))
         while len(batch) == 512:
             write(separator + ", ".join(batch))
             separator = ", "
             batch = list(itertools.islice(texts, 512))
-    finally:
-        gc.set_threshold(*threshold)
     write((separator + ", ".join(batch) if batch else "") + "]}\n")
     sys.stdout.flush()
 
@@ -197,9 +195,10 @@ def print_json_list(
 BULK_GC_THRESHOLD = 100_000
 
 
-def _fewer_collections() -> tuple[int, int, int]:
-    """Raise the collector's first threshold to `BULK_GC_THRESHOLD` for a listing, and
-    return the thresholds to restore after it.
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """The collector's first threshold raised to `BULK_GC_THRESHOLD` while a listing is
+    written, and restored after it.
 
     A listing reads a page of rows at a time and makes a few tuples a row (a record, its
     values, its line), none in a reference cycle: each is freed when the next page is read.
@@ -211,7 +210,10 @@ def _fewer_collections() -> tuple[int, int, int]:
     threshold = gc.get_threshold()
     if 0 < threshold[0] < BULK_GC_THRESHOLD:
         gc.set_threshold(BULK_GC_THRESHOLD, *threshold[1:])
-    return threshold
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
 
 
 def write_lines(lines: Iterable[str], batch: int = 512, *, masked: bool = False) -> None:
@@ -221,8 +223,7 @@ def write_lines(lines: Iterable[str], batch: int = 512, *, masked: bool = False)
     control characters, so no credential spans two lines)."""
     write = sys.stdout.write
     pending: list[str] = []
-    threshold = _fewer_collections()
-    try:
+    with _fewer_collections():
         for line in lines:
             pending.append(line)
             if len(pending) == batch:
@@ -230,8 +231,6 @@ def write_lines(lines: Iterable[str], batch: int = 512, *, masked: bool = False)
                 text = "\n".join(pending)
                 write(mask_text(text) if masked else text)
                 pending.clear()
-    finally:
-        gc.set_threshold(*threshold)
     if pending:
         pending.append("")
         text = "\n".join(pending)
