@@ -116,7 +116,7 @@ _WARM_UP = 2
 def _warm_up(ledger: Ledger, tag: str) -> None:
     """A process's first admissions, before its clock starts, as the floors connect before
     theirs: the first one loads what a process loads once (the redactor's rules, about
-    40 ms; psycopg's adapters; the connection's prepared statements), a start-up cost,
+    50 ms; psycopg's adapters; the connection's prepared statements), a start-up cost,
     not a rate. On a task of its own: each measured task's first admission, which reads
     its rows in two round trips, is still measured."""
     task = ledger.create_task(f"warm-up {tag}", max_attempts=_WARM_UP, actor="bench")
@@ -310,9 +310,10 @@ def _statements(admissions: int) -> None:
     """`--statements`: where the server's time goes, statement by statement. A cluster of
     its own with pg_stat_statements loaded (inner statements of functions counted too);
     one process makes `admissions` admissions on 50 tasks, then as many pairs of the
-    floor's function calls, each after its warm-up; prints each statement's execution and
-    planning time per admission (the time a statement spends outside both, receiving its
-    parameters and sending its answer, is not counted)."""
+    floor's function calls, each side's two warm-up admissions counted with them (divided
+    by `admissions` all the same); prints each statement's execution and planning time per
+    admission (the time a statement spends outside both, receiving its parameters and
+    sending its answer, is not counted)."""
     import psycopg
 
     cluster = pgcluster.Cluster.start()
