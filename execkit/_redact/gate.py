@@ -46,6 +46,7 @@ it on its line; `name_starts` finds those places (once per text, through its gat
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
@@ -212,12 +213,22 @@ class Gate:
         self._chunk_bits: list[int] = []  # per chunk, its `_bits`
         found = scan.scanner(ANCHORS)
         if found is not None:
-            # The compiled engine: every anchor looked for in one scan, whatever the length
-            # (and a long text's longer anchors again, a chunk at a time).
-            encoded = scan.ascii_bytes(text)
-            self._bits = found.bits(text, encoded, self.fold)
-            if len(text) >= CHUNKED_FROM and not _newline_anchor(len(ANCHORS)):
-                self._scan_chunks(encoded)
+            # The compiled engine: every anchor looked for in one scan, whatever the length;
+            # a long text's a chunk at a time, each chunk scanned for its longer anchors too.
+            chunks = (
+                line_chunks(text, CHUNK_CHARS)
+                if len(text) >= CHUNKED_FROM and not _newline_anchor(len(ANCHORS))
+                else []
+            )
+            if len(chunks) < 2:
+                self._bits = found.bits(text, scan.ascii_bytes(text), self.fold)
+            else:
+                # A chunk at a time, never the whole text encoded at once (`chunk_bits`):
+                # no anchor holds a newline, so none lies across a chunk's end.
+                self._bits = functools.reduce(
+                    operator.or_, found.chunk_bits(text, self.fold, chunks), 0
+                )
+                self._scan_chunks(chunks)
             return
         if len(text) > EAGER_CHARS:
             self._state = [-1] * len(ANCHORS)
@@ -287,17 +298,15 @@ class Gate:
                 return False
         return True
 
-    def _scan_chunks(self, encoded: bytes | None) -> None:
-        """Which of the longer anchors each chunk holds (`scan.chunk_scanner`; `encoded`
-        is the text's `scan.ascii_bytes`); a shorter
-        one counts as held by every chunk when the text holds it (`regions` may then
-        search more than it need, never less)."""
-        chunks = line_chunks(self._text, CHUNK_CHARS)
+    def _scan_chunks(self, chunks: list[tuple[int, int]]) -> None:
+        """Which of the longer anchors each of `chunks` holds (`scan.chunk_scanner`); a
+        shorter one counts as held by every chunk when the text holds it (`regions` may
+        then search more than it need, never less)."""
         finder = scan.chunk_scanner(ANCHORS)
-        if len(chunks) < 2 or finder is None:
+        if finder is None:
             return
         everywhere = self._bits & _short_anchors(len(ANCHORS))
-        per_chunk = finder.chunk_bits(self._text, encoded, self.fold, chunks)
+        per_chunk = finder.chunk_bits(self._text, self.fold, chunks)
         self._chunks = chunks
         self._chunk_bits = [bits | everywhere for bits in per_chunk]
 
