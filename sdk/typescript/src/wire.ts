@@ -284,7 +284,7 @@ export interface Task {
 }
 
 export interface TaskLane {
-  readonly lane: Readonly<Record<string, unknown>>;
+  readonly lane: Lane | null;
 }
 
 export interface TaskList {
