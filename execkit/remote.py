@@ -58,6 +58,7 @@ from execkit._errors import (
     InvalidInput,
     LaneStopped,
     LaneWaiting,
+    NotFound,
     StorageError,
     TaskBackingOff,
     error_types,
@@ -298,12 +299,34 @@ class RemoteLedger(LedgerRoutes):
         cap: DispatchCap | None = None,
         title_prefix: str | None = None,
     ) -> Iterator[tuple[Task, Attempt | None]]:
-        """`Ledger.iter_tasks_with_last` over the API: the API has no such listing, so each
-        task (whose title starts with `title_prefix`) is read again with `cap` and its
-        history: three requests a task, as `execkit status --remote` always made."""
-        for listed in self.iter_tasks(now=now):
+        """`Ledger.iter_tasks_with_last` over the API: `list_tasks_with_last` a page of
+        `LIST_PAGE` at a time, one request a page (each page projected at the server's
+        `now`). A server older than that route answers its first page 404 (no ledger
+        answers NotFound for a first page: only `after` can name no task); its tasks are
+        then read as they were before it, each again with `cap` and its history."""
+        after = None
+        while True:
+            try:
+                page = self.list_tasks_with_last(
+                    cap=cap, title_prefix=title_prefix, limit=LIST_PAGE, after=after
+                )
+            except NotFound:
+                if after is not None:
+                    raise
+                yield from self._with_last_task_by_task(cap, title_prefix)
+                return
+            yield from page
+            if len(page) < LIST_PAGE:
+                return
+            after = page[-1][0].id
+
+    def _with_last_task_by_task(
+        self, cap: DispatchCap | None, title_prefix: str | None
+    ) -> Iterator[tuple[Task, Attempt | None]]:
+        """The listing from a server without `/v1/tasks-with-last`: three requests a task."""
+        for listed in self.iter_tasks():
             if title_prefix is None or listed.title.startswith(title_prefix):
-                task = self.get_task(listed.id, now=now, cap=cap)
+                task = self.get_task(listed.id, cap=cap)
                 history = self.history(listed.id)
                 yield task, history[-1] if history else None
 

@@ -97,6 +97,80 @@ def test_a_page_after_a_task_that_is_not_there_is_not_found(ledger: AnyLedger) -
         ledger.list_tasks(after="t-999")
 
 
+def _mixed(ledger: AnyLedger) -> list[str]:
+    """Ten tasks as `_tasks` makes them, and after each third one a task titled "other":
+    their ids in order."""
+    ids = []
+    for n in range(10):
+        task = ledger.create_task(f"task {n}", actor=ME, now=1000.0)
+        ids.append(task.id)
+        if n % 3 == 2:
+            ids.append(ledger.create_task(f"other {n}", actor=ME, now=1000.0).id)
+        if n % 3 == 0:
+            continue
+        run = ledger.start_run(task.id, actor=ME, request_key=f"k{n}", now=1001.0)
+        if n % 3 == 1:
+            ledger.finish_run(run.id, "succeeded", now=1002.0)
+        else:
+            ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, now=1002.0)
+    return ids
+
+
+def test_list_tasks_with_last_pages_every_task_once_in_creation_order(
+    ledger: AnyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = _mixed(ledger)
+    every = list(ledger.iter_tasks_with_last(now=5000.0))
+    assert [task.id for task, _ in every] == ids
+    assert ledger.list_tasks_with_last(now=5000.0) == every
+    assert [last is None for _, last in every] == [task.attempts_started == 0 for task, _ in every]
+    # Pages smaller than the store's, and store pages smaller than a page (3 rows a read).
+    for store_page in (LIST_PAGE, 3):
+        monkeypatch.setattr(tasks_module, "LIST_PAGE", store_page)
+        for prefix in (None, "task ", "other "):
+            wanted = [pair for pair in every if prefix is None or pair[0].title.startswith(prefix)]
+            paged: list[Any] = []
+            after = None
+            while True:
+                page = ledger.list_tasks_with_last(
+                    now=5000.0, title_prefix=prefix, limit=2, after=after
+                )
+                paged += page
+                if len(page) < 2:
+                    break
+                after = page[-1][0].id
+            assert paged == wanted, (store_page, prefix)
+    # A page may start after a task its prefix does not list.
+    other = next(task.id for task, _ in every if task.title.startswith("other "))
+    after_other = ledger.list_tasks_with_last(now=5000.0, title_prefix="task ", after=other)
+    assert [task.id for task, _ in after_other] == [
+        task.id for task, _ in every[ids.index(other) + 1 :] if task.title.startswith("task ")
+    ]
+    assert ledger.list_tasks_with_last(after=ids[-1]) == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field", "words"),
+    [
+        ({"limit": 0}, "limit", "1..10000"),
+        ({"limit": 10_001}, "limit", "1..10000"),
+        ({"limit": True}, "limit", "1..10000"),
+        ({"limit": "3"}, "limit", "1..10000"),
+        ({"after": ""}, "after", "after"),
+        ({"title_prefix": ""}, "title_prefix", "title_prefix"),
+    ],
+)
+def test_a_bad_page_of_tasks_with_last_is_invalid_input(
+    ledger: AnyLedger, arguments: dict[str, Any], field: str, words: str
+) -> None:
+    _tasks(ledger, 1)
+    with pytest.raises(InvalidInput, match=words) as caught:
+        ledger.list_tasks_with_last(**arguments)
+    assert caught.value.field == field
+    with pytest.raises(NotFound):
+        ledger.list_tasks_with_last(after="t-999")
+
+
 def _counting_pages(monkeypatch: pytest.MonkeyPatch, ledger: AnyLedger) -> list[int]:
     """The rows of each `task_page` the ledger's store reads, in order."""
     pages: list[int] = []

@@ -20,9 +20,11 @@ from typing import Any
 import attrs
 import pytest
 from _support import BeatingRunner
+from test_bulk_projection import _every_kind
 
+import execkit.remote as remote_module
 from execkit._backoff import Backoff
-from execkit._budget import AttemptStatus
+from execkit._budget import Attempt, AttemptStatus, DispatchCap
 from execkit._classify import FailureClass
 from execkit._errors import (
     AttemptLimitReached,
@@ -44,8 +46,8 @@ from execkit.dispatch import (
     InMemoryBoard,
     RunOutcome,
 )
-from execkit.ledger import Actor, Ledger, SqliteLedger, open_ledger
-from execkit.remote import HttpAnswer, HttpRequest, RemoteLedger, error_from_wire
+from execkit.ledger import Actor, Ledger, SqliteLedger, Task, open_ledger
+from execkit.remote import HttpAnswer, HttpRequest, HTTPTransport, RemoteLedger, error_from_wire
 from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -344,3 +346,108 @@ def test_the_dispatcher_runs_unchanged_over_a_remote_ledger(remote: Remote) -> N
     assert renewed is not None and renewed > run_b[0].started_at + 0.3
     # A second pass: B backs off, A is done; nothing is dispatched again.
     assert all(e.kind != "dispatched" for e in dispatcher.tick())
+
+
+# -- the status listing -----------------------------------------------------------------
+
+
+def _board_of_every_kind(ledger: SqliteLedger) -> None:
+    """Dispatched tasks (titled `board:`) of every kind a status row shows, against the
+    real clock: never run, running, done, failed for good, and backing off from an upstream
+    failure just now; `_every_kind`'s (test_bulk_projection.py) besides, and tasks no
+    dispatcher made."""
+    _every_kind(ledger, prefix="board:")
+    ledger.create_task("by hand", actor=ME)
+    now = time.time()
+    backing = ledger.create_task("board:backing off now", actor=ME, now=now).id
+    run = ledger.start_run(backing, request_key="now", actor=ME, now=now)
+    ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, now=now + 1.0)
+    ledger.create_task("board:never run", actor=ME)
+    ledger.create_task("by hand too", actor=ME)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("title_prefix", [None, "board:", "by hand"])
+def test_the_status_listing_through_the_server_is_the_local_one(
+    remote: Remote, transport: str, title_prefix: str | None
+) -> None:
+    _board_of_every_kind(remote.ledger)
+    client = remote.client(transport)
+    cap = DispatchCap(max_attempts=2)
+    listed = list(client.iter_tasks_with_last(cap=cap, title_prefix=title_prefix))
+    local = list(
+        remote.ledger.iter_tasks_with_last(now=time.time(), cap=cap, title_prefix=title_prefix)
+    )
+    assert listed == local
+    # The pages the server answers, read by hand: the ledger's own pages.
+    paged: list[tuple[Task, Attempt | None]] = []
+    while page := client.list_tasks_with_last(
+        cap=cap, title_prefix=title_prefix, limit=4, after=paged[-1][0].id if paged else None
+    ):
+        paged += page
+    assert paged == local
+    states = {task.state for task, _ in listed}
+    if title_prefix == "board:":
+        assert {"ready", "running", "backoff", "blocked", "done", "cancelled"} <= states
+        assert any(last is None for _, last in listed)
+        assert any(last is not None and last.failure_class for _, last in listed)
+    client.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_status_listing_is_a_request_a_page_never_one_a_task(
+    remote: Remote, transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50 dispatched tasks, pages of 20 (the client's `LIST_PAGE` shrunk): three requests
+    (20, 20, 10), where reading each task again with its history made two a task more."""
+    for n in range(50):
+        task = remote.ledger.create_task(f"board:I-{n}", actor=ME)
+        if n % 2:
+            run = remote.ledger.start_run(task.id, request_key=f"k{n}", actor=ME)
+            remote.ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM)
+    monkeypatch.setattr(remote_module, "LIST_PAGE", 20)
+    sent: list[HttpRequest] = []
+    real = HTTPTransport.send
+
+    def counted(self: HTTPTransport, request: HttpRequest) -> HttpAnswer:
+        sent.append(request)
+        return real(self, request)
+
+    monkeypatch.setattr(HTTPTransport, "send", counted)
+    client = remote.client(transport)
+    if isinstance(client._transport, AppTransport):
+        sent = client._transport.sent
+    listed = list(client.iter_tasks_with_last(title_prefix="board:"))
+    assert len(listed) == 50
+    assert [request.target.split("?")[0] for request in sent] == ["/v1/tasks-with-last"] * 3
+    client.close()
+
+
+class _OlderServer(AppTransport):
+    """The application as a server from before `/v1/tasks-with-last`: that path is 404."""
+
+    def send(self, request: HttpRequest) -> HttpAnswer:
+        if request.target.startswith("/v1/tasks-with-last"):
+            self.sent.append(request)
+            body = b'{"error": {"code": "not_found", "message": "no such path"}}'
+            return HttpAnswer(404, {"content-type": "application/json"}, body)
+        return super().send(request)
+
+
+def test_a_server_without_the_listing_route_is_read_task_by_task(remote: Remote) -> None:
+    _board_of_every_kind(remote.ledger)
+    older = _OlderServer(remote.app)
+    client = RemoteLedger(remote.url, remote.token, transport=older)
+    cap = DispatchCap(max_attempts=2)
+    listed = list(client.iter_tasks_with_last(cap=cap, title_prefix="board:"))
+    local = list(
+        remote.ledger.iter_tasks_with_last(now=time.time(), cap=cap, title_prefix="board:")
+    )
+    assert listed == local
+    tried = [request.target.split("?")[0] for request in older.sent]
+    assert tried[0] == "/v1/tasks-with-last" and tried.count("/v1/tasks-with-last") == 1
+    assert len(tried) == 2 + 2 * len(local)  # the page tried, the task list, two reads a task
+    # A later page that is 404 is the ledger's NotFound (its `after` vanished), not an old
+    # server: raised, not read again another way.
+    with pytest.raises(NotFound):
+        client.list_tasks_with_last(after="t-999")

@@ -15,9 +15,11 @@ import attrs
 import pytest
 from _support import REPO, table_columns, write_board
 
+from execkit._classify import FailureClass
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
 from execkit.ledger import CAPABILITIES, SqliteLedger, open_ledger
+from execkit.remote import HttpAnswer, HttpRequest, HTTPTransport
 from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
 BIN = REPO / "fixtures" / "bin"
@@ -129,3 +131,41 @@ def test_an_older_server_is_refused_before_a_limit_is_relied_on(
     assert main(["capabilities", *where]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["capabilities"] == sorted(CAPABILITIES - {"tasks.attempt_limits"})
+
+
+def test_status_through_the_remote_makes_as_many_requests_for_50_tasks_as_for_5(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`execkit status --remote` reads the tasks a page a request (`/v1/tasks-with-last`),
+    never each task again with its history: 5 dispatched tasks or 50 (fewer than a page),
+    the same requests. Counted at the client's transport, nothing timed."""
+    paths: list[str] = []
+    real = HTTPTransport.send
+
+    def counted(self: HTTPTransport, request: HttpRequest) -> HttpAnswer:
+        paths.append(request.target.split("?")[0])
+        return real(self, request)
+
+    monkeypatch.setattr(HTTPTransport, "send", counted)
+
+    def dispatched(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            task = served.ledger.create_task(f"board:I-{n}", actor=ME)
+            if n % 2:
+                run = served.ledger.start_run(task.id, request_key=f"k{n}", actor=ME)
+                served.ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM)
+
+    def status() -> list[str]:
+        paths.clear()
+        assert main(["status", "--remote", served.url, "--json"]) == 0
+        return list(paths)
+
+    dispatched(0, 5)
+    few = status()
+    assert len(json.loads(capsys.readouterr().out)["issues"]) == 5
+    dispatched(5, 45)
+    many = status()
+    assert len(json.loads(capsys.readouterr().out)["issues"]) == 50
+    assert many == few
+    assert many.count("/v1/tasks-with-last") == 1
+    assert not [path for path in many if path.startswith("/v1/tasks/")], many

@@ -45,7 +45,7 @@ BY_HAND = {
     "history",
     "close",
     "iter_tasks",  # list_tasks a page at a time
-    "iter_tasks_with_last",  # no bulk route: each task's last run read the per-task way
+    "iter_tasks_with_last",  # list_tasks_with_last a page at a time
 }
 
 

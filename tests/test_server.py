@@ -31,6 +31,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from execkit._api import ENDPOINTS
+from execkit._budget import Attempt
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError
 from execkit.cli import main
@@ -313,6 +314,42 @@ def test_reads_need_a_token_too_but_not_the_document(served: Served) -> None:
         assert served.call("GET", path)[0] == 401, path
         assert served.call("GET", path, served.plain)[0] == 200, path
     assert served.call("GET", "/openapi.json")[0] == 200
+
+
+def test_a_viewer_reads_the_tasks_with_their_last_attempts_a_page_a_request(
+    served: Served,
+) -> None:
+    """`GET /v1/tasks-with-last` (what `execkit status --remote` reads): any valid token,
+    each task beside its last attempt or null, `title_prefix`, `limit` and `after` as the
+    ledger takes them; a bad `limit` is 400 naming the field and its range."""
+    ledger = served.ledger
+    ledger.create_task("board:A", actor=ME)
+    ledger.create_task("other", actor=ME)
+    ledger.create_task("board:B", actor=ME)
+    run = ledger.start_run("t-3", request_key="k", actor=ME)
+    ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, reason="HTTP 503")
+    path = "/v1/tasks-with-last?title_prefix=board%3A"
+    assert served.call("GET", path)[0] == 401
+    status, doc = served.call("GET", f"{path}&limit=1", served.plain)
+    assert status == 200
+    assert [(item["task"]["id"], item["last_attempt"]) for item in doc["tasks"]] == [("t-1", None)]
+    status, doc = served.call("GET", f"{path}&limit=1&after=t-1&cap=5", served.plain)
+    assert status == 200
+    [item] = doc["tasks"]
+    assert item["task"]["id"] == "t-3" and item["task"]["attempts_started"] == 1
+    assert Attempt(**item["last_attempt"]) == ledger.history("t-3")[-1]
+    status, doc = served.call("GET", "/v1/tasks-with-last", served.plain)
+    assert [item["task"]["title"] for item in doc["tasks"]] == ["board:A", "other", "board:B"]
+    for bad in ("0", "10001"):
+        status, doc = served.call("GET", f"/v1/tasks-with-last?limit={bad}", served.plain)
+        assert (status, _error(doc), doc["error"]["field"]) == (400, "invalid", "limit")
+        assert "1..10000" in doc["error"]["message"]
+    for bad_query in ("limit=many", "cap=-1", "surprise=1"):
+        status, doc = served.call("GET", f"/v1/tasks-with-last?{bad_query}", served.plain)
+        assert (status, _error(doc)) == (400, "invalid"), bad_query
+        assert bad_query.split("=")[0] in doc["error"]["message"]
+    status, doc = served.call("GET", "/v1/tasks-with-last?after=t-9", served.plain)
+    assert (status, _error(doc)) == (404, "not_found")
 
 
 # -- errors -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of the HTTP API, generated from the route table (routes.py)
-and from the ledger's own wire types (`Task`, `Run`, `Grant`, `AuditEvent`, and the
-`Backoff` and `WorkBudget` in the capabilities: their attrs fields and annotations), so the
+and from the ledger's own wire types (`Task`, `Run`, `Attempt`, `Grant`, `AuditEvent`, and
+the `Backoff` and `WorkBudget` in the capabilities: their attrs fields and annotations), so the
 document describes exactly what the server routes and answers. Served at
 `GET /openapi.json` without authentication; `python -m execkit.server --openapi` prints it,
 and the TypeScript SDK's wire types are generated from it (sdk/typescript/scripts/).
@@ -21,7 +21,7 @@ import attrs
 
 from execkit._api.routes import ENDPOINTS
 from execkit._api.row import Endpoint, Field
-from execkit._budget import Backoff, WorkBudget
+from execkit._budget import Attempt, Backoff, WorkBudget
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit.ledger import AuditEvent, Grant, Run, RunOwner, Task
 
@@ -90,6 +90,11 @@ _DESCRIPTIONS: dict[type, dict[str, str]] = {
         "attempt": "gapless 1..N per task",
         "stopped": "abandoned by its own runner on purpose: uncharged",
     },
+    Attempt: {
+        "number": "the attempt's number, 1..N per task (its run's attempt)",
+        "not_before": "the vendor's reset time: the next attempt waits for it",
+        "stopped": "abandoned by its own runner on purpose: uncharged",
+    },
     RunOwner: {
         "boot_id": "the kernel's boot id: with pid_namespace, where pid means something",
         "pid_started_at": "the process's start time (a reused pid has another)",
@@ -147,6 +152,11 @@ def _components() -> dict[str, Any]:
         "Grant": _wire_schema(Grant),
         "AuditEvent": _wire_schema(AuditEvent),
         "TaskList": _object({"tasks": _array_of("Task")}),
+        "Attempt": _wire_schema(Attempt),
+        "TaskWithLast": _object(
+            {"task": _ref("Task"), "last_attempt": {"oneOf": [_ref("Attempt"), {"type": "null"}]}}
+        ),
+        "TaskWithLastList": _object({"tasks": _array_of("TaskWithLast")}),
         "RunList": _object({"runs": _array_of("Run")}, optional={"task_id": {"type": "string"}}),
         "AuditList": _object({"events": _array_of("AuditEvent")}),
         "GrantList": _object({"grants": _array_of("Grant")}),

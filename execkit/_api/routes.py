@@ -38,16 +38,19 @@ from execkit._api.row import Call, Endpoint, Field, Needs
 from execkit._api.wire import (
     ATTEMPT_LIMITS,
     LANES,
+    both,
     cap_number,
     document,
     flag,
     listed,
+    member,
     one,
     optional,
     text,
 )
-from execkit._budget import DispatchCap
+from execkit._budget import Attempt, DispatchCap
 from execkit._errors import InvalidInput
+from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit.ledger import (
     ADMIN_ROLE,
@@ -118,6 +121,22 @@ def _list_tasks(call: Call) -> tuple[int, dict[str, Any]]:
         state=query.get("state"), limit=query.get("limit"), after=query.get("after")
     )
     return 200, {"tasks": [task.to_dict() for task in tasks]}
+
+
+def _list_tasks_with_last(call: Call) -> tuple[int, dict[str, Any]]:
+    query = call.query
+    page = call.ledger.list_tasks_with_last(
+        cap=_cap(query.get("cap")),
+        title_prefix=query.get("title_prefix"),
+        limit=query.get("limit"),
+        after=query.get("after"),
+    )
+    return 200, {
+        "tasks": [
+            {"task": task.to_dict(), "last_attempt": None if last is None else to_json(last)}
+            for task, last in page
+        ]
+    }
 
 
 def _get_task(call: Call) -> tuple[int, dict[str, Any]]:
@@ -331,6 +350,7 @@ def _true_or_none(value: object) -> bool | None:
 
 
 _TASK = one(Task)
+_ATTEMPT = one(Attempt)
 _RUN = one(Run)
 _LANE = one(LaneView)
 _NEEDS_LANES = Needs(LANES, "a vendor lane")
@@ -383,6 +403,29 @@ class LedgerRoutes:
         ),
         binds=Ledger.list_tasks,
         read=listed("tasks", _TASK),
+    )
+    # Beside /v1/tasks, not under it: a path /v1/tasks/NAME is a task's (getTask).
+    list_tasks_with_last = Endpoint(
+        "GET",
+        "/v1/tasks-with-last",
+        "listTasksWithLast",
+        "Tasks in creation order, each with its last attempt (null before its first run): "
+        "every one, or a page",
+        _list_tasks_with_last,
+        "TaskWithLastList",
+        query=(
+            Field(
+                "cap",
+                "integer",
+                description="a dispatch cap to add to the bounds",
+                encode=cap_number,
+            ),
+            Field("title_prefix", "string", description="only tasks whose title starts with this"),
+            Field("limit", "integer", description="at most this many (1..10000)"),
+            Field("after", "string", description="after this task (a page's last id)"),
+        ),
+        binds=Ledger.list_tasks_with_last,
+        read=listed("tasks", both(member("task", _TASK), optional("last_attempt", _ATTEMPT))),
     )
     get_task = Endpoint(
         "GET",

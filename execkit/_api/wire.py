@@ -3,10 +3,11 @@ that are not plain JSON into JSON.
 
 A reader takes the answer's JSON object and returns what the bound `Ledger` method returns:
 `one(Task)` the Task itself, `listed("tasks", one(Task))` its list member, `flag("revoked")`
-a boolean member. A wire shape is read by its attrs fields: keys a newer server adds are
-ignored, a missing key with a default takes it, enum fields become their enum and whole
-numbers in float fields floats. An answer that does not read is `StorageError` (the server
-answered something that is not the API).
+a boolean member, `both(member("task", one(Task)), optional("last_attempt", one(Attempt)))`
+an object's two members as a pair. A wire shape is read by its attrs fields: keys a newer
+server adds are ignored, a missing key with a default takes it, enum fields become their
+enum and whole numbers in float fields floats. An answer that does not read is
+`StorageError` (the server answered something that is not the API).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from execkit._errors import StorageError
 __all__ = [
     "ATTEMPT_LIMITS",
     "LANES",
+    "both",
     "cap_number",
     "document",
     "flag",
     "listed",
+    "member",
     "one",
     "optional",
     "text",
@@ -41,6 +44,7 @@ LANES = "vendor.lanes"
 """The capability a lane needs (issue #28; `execkit.ledger.CAPABILITIES` holds it)."""
 
 T = TypeVar("T")
+U = TypeVar("U")
 A = TypeVar("A", bound=attrs.AttrsInstance)
 
 Convert = Callable[[Any], Any]
@@ -117,6 +121,31 @@ def optional(member: str, item: Callable[[object], T]) -> Callable[[dict[str, An
     def read(doc: dict[str, Any]) -> T | None:
         found = doc.get(member)
         return None if found is None else item(found)
+
+    return read
+
+
+def member(name: str, item: Callable[[object], T]) -> Callable[[dict[str, Any]], T]:
+    """The reader of a member that must be there, read by `item`."""
+
+    def read(doc: dict[str, Any]) -> T:
+        if name not in doc:
+            raise StorageError(f"the server's answer has no member {name!r}")
+        return item(doc[name])
+
+    return read
+
+
+def both(
+    first: Callable[[dict[str, Any]], T], second: Callable[[dict[str, Any]], U]
+) -> Callable[[object], tuple[T, U]]:
+    """The reader of one object as a pair: what `first` and `second` read of it (each a
+    reader of a member: `member`, `optional`)."""
+
+    def read(doc: object) -> tuple[T, U]:
+        if not isinstance(doc, dict):
+            raise StorageError("the server answered something that is not a JSON object")
+        return first(doc), second(doc)
 
     return read
 

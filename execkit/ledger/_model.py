@@ -452,6 +452,15 @@ class Ledger(Protocol):
         state: TaskState | str | None = None,
         after: str | None = None,
     ) -> Iterator[Task]: ...
+    def list_tasks_with_last(
+        self,
+        *,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+        title_prefix: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[tuple[Task, Attempt | None]]: ...
     def iter_tasks_with_last(
         self,
         *,

@@ -191,6 +191,23 @@ class TaskOps(CoreBase):
             else:
                 yield (task for task in values if task[_STATE] is wanted)
 
+    def list_tasks_with_last(
+        self,
+        *,
+        now: float | None = None,
+        cap: DispatchCap | None = None,
+        title_prefix: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[tuple[Task, Attempt | None]]:
+        """`iter_tasks_with_last` as a page: at most `limit` (1..10000) of its tasks, after
+        task `after` (the last id of the previous page; it need not start with
+        `title_prefix`). InvalidInput for a bad limit, prefix or `after`, NotFound for an
+        `after` that is no task. What a client of a server reads a page a request."""
+        if limit is not None:
+            limit = check_limit("limit", limit, allow_zero=False)
+        return list(itertools.islice(self._with_last(now, cap, title_prefix, after), limit))
+
     def iter_tasks_with_last(
         self,
         *,
@@ -203,10 +220,21 @@ class TaskOps(CoreBase):
         its summary holds it (no history is read; `db check` compares each summary with
         its history). Read `LIST_PAGE` tasks at a time, as `iter_tasks`: what a dashboard
         of every dispatched task reads in one pass."""
+        return self._with_last(now, cap, title_prefix, None)
+
+    def _with_last(
+        self,
+        now: float | None,
+        cap: DispatchCap | None,
+        title_prefix: str | None,
+        after: str | None,
+    ) -> Iterator[tuple[Task, Attempt | None]]:
+        """`iter_tasks_with_last`'s tasks after task `after` (its arguments checked at the
+        first task read)."""
         at = moment(now)
         if title_prefix is not None:  # masked as a stored title is, so the two compare
             title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
-        for values, records in self._titled(at, cap, title_prefix):
+        for values, records in self._titled(at, cap, title_prefix, after=after):
             for task, record in zip(values, records, strict=True):
                 yield Task(*task), record.last
 
@@ -234,12 +262,18 @@ class TaskOps(CoreBase):
         )
 
     def _titled(
-        self, at: float, cap: DispatchCap | None, title_prefix: str | None, timed: bool = True
+        self,
+        at: float,
+        cap: DispatchCap | None,
+        title_prefix: str | None,
+        timed: bool = True,
+        *,
+        after: str | None = None,
     ) -> Iterator[tuple[Iterable[TaskValues], list[TaskRecord]]]:
-        """The stored tasks whose title starts with `title_prefix` (checked), a page at a
-        time: their values at `at` (`timed`: as `_page_values` takes it) beside their
-        records."""
-        for page in self._task_pages(None, None):
+        """The stored tasks after task `after` whose title starts with `title_prefix`
+        (checked), a page at a time: their values at `at` (`timed`: as `_page_values` takes
+        it) beside their records."""
+        for page in self._task_pages(after, None):
             if title_prefix is not None:
                 page = [record for record in page if record.title.startswith(title_prefix)]
             yield self._projected(page, at, cap, timed), page

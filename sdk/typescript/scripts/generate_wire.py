@@ -17,8 +17,9 @@ ordered), with no runtime dependencies:
 - every named enum (a schema with `enum` and `title`: `TaskState`, `ErrorCode`) as a
   union of its values, and its values as `<Name>Values`;
 - every component schema as a readonly interface (a property's `description` as its doc
-  comment; an object without properties as `Readonly<Record<string, unknown>>`; `Error`
-  as `ErrorAnswer`, not to shadow the global);
+  comment; an object without properties as `Readonly<Record<string, unknown>>`; a `oneOf`
+  or `anyOf` as the union of its schemas' types, so a schema or null is `Name | null`;
+  `Error` as `ErrorAnswer`, not to shadow the global);
 - `OPERATIONS`: each operation id's method, path and success status; `Queries`, `Bodies`
   and `Answers`: each operation's query parameters, request body (`<Op>Body`) and answer
   (`never` where it has none).
@@ -111,10 +112,15 @@ class Generator:
         if "$ref" in schema:
             name = str(schema["$ref"]).rsplit("/", 1)[1]
             return RENAMED.get(name, name)
+        alternatives = schema.get("oneOf") or schema.get("anyOf")
+        if alternatives:  # `{"oneOf": [{"$ref": ".../Lane"}, {"type": "null"}]}`: Lane | null
+            return " | ".join(self.type_of(part, readonly=readonly) for part in alternatives)
         kinds = schema.get("type", "object")
         kinds = kinds if isinstance(kinds, list) else [kinds]
         nullable = "null" in kinds
         kinds = [kind for kind in kinds if kind != "null"]
+        if nullable and not kinds:
+            return "null"
         if "title" in schema and "enum" in schema:
             named = str(schema["title"])
         elif "enum" in schema:

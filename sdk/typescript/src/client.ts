@@ -36,6 +36,7 @@ import {
   type Run,
   type Task,
   type TaskState,
+  type TaskWithLast,
 } from "./types.js";
 import {
   AttemptStatusValues,
@@ -52,6 +53,7 @@ import {
   type GrantsQuery,
   type HeartbeatBody,
   type ListTasksQuery,
+  type ListTasksWithLastQuery,
   type OperationId,
   type ParkLaneBody,
   type ResumeLaneBody,
@@ -107,6 +109,17 @@ export interface GetTaskOptions {
 export interface ListTasksOptions {
   /** Only tasks in this state. */
   state?: TaskState | undefined;
+  /** At most this many, 1..MAX_ATTEMPT_LIMIT (a page). */
+  limit?: number | undefined;
+  /** Start after this task id (the previous page's last). */
+  after?: string | undefined;
+}
+
+export interface ListTasksWithLastOptions {
+  /** A dispatch cap to add to the bounds (a whole number, 0 or more). */
+  cap?: number | undefined;
+  /** Only tasks whose title starts with this (e.g. "board:", a dispatcher's tasks). */
+  titlePrefix?: string | undefined;
   /** At most this many, 1..MAX_ATTEMPT_LIMIT (a page). */
   limit?: number | undefined;
   /** Start after this task id (the previous page's last). */
@@ -520,6 +533,32 @@ export class ExeckitClient {
     return this.#list(doc, "tasks").map((task) => this.#task(task));
   }
 
+  /** Tasks in creation order, each beside its last attempt (null before its first run),
+   * read from the task's summary, no history: what `execkit status` shows. Every one, or a
+   * page (`limit`, continued with `after`: the last task id of the page before), or those
+   * whose title starts with `titlePrefix`. */
+  async listTasksWithLast(options?: ListTasksWithLastOptions): Promise<TaskWithLast[]> {
+    const given =
+      options === undefined
+        ? {}
+        : optionsOf("listTasksWithLast", options, ["cap", "titlePrefix", "limit", "after"]);
+    const query: ListTasksWithLastQuery = {};
+    if (given.cap !== undefined) {
+      query.cap = wholeNumber("cap", given.cap);
+    }
+    if (given.titlePrefix !== undefined) {
+      query.title_prefix = text("titlePrefix", given.titlePrefix, MAX_TITLE);
+    }
+    if (given.limit !== undefined) {
+      query.limit = integerIn("limit", given.limit, 1, MAX_ATTEMPT_LIMIT);
+    }
+    if (given.after !== undefined) {
+      query.after = identifier("after", given.after);
+    }
+    const doc = await this.#send("listTasksWithLast", { query });
+    return this.#list(doc, "tasks").map((item) => this.#taskWithLast(item));
+  }
+
   /** A task's runs, attempt 1 first. */
   async runs(taskId: string): Promise<Run[]> {
     const id = identifier("taskId", taskId);
@@ -890,6 +929,18 @@ export class ExeckitClient {
       throw unexpected("a task");
     }
     return doc as unknown as Task;
+  }
+
+  #taskWithLast(doc: unknown): TaskWithLast {
+    if (!isObject(doc)) {
+      throw unexpected("a task with its last attempt");
+    }
+    this.#task(doc["task"]);
+    const last = doc["last_attempt"];
+    if (last !== null && (!isObject(last) || typeof last["number"] !== "number")) {
+      throw unexpected("a task's last attempt");
+    }
+    return doc as unknown as TaskWithLast;
   }
 
   #lane(doc: unknown): Lane {

@@ -12,6 +12,7 @@ export {
   type GetTaskOptions,
   type HeartbeatOptions,
   type IdempotentOptions,
+  type ListTasksWithLastOptions,
   type ParkLaneOptions,
   type ResumeLaneOptions,
   type RetryTaskOptions,
@@ -49,6 +50,7 @@ export {
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
   MAX_UNCHARGED_LIMIT,
+  type Attempt,
   type AuditEvent,
   type BlockedOn,
   type Capabilities,
@@ -64,4 +66,5 @@ export {
   type Task,
   type TaskState,
   type TaskStatus,
+  type TaskWithLast,
 } from "./types.js";

@@ -33,6 +33,12 @@ export type Task = wire.Task;
 /** One admitted run: a row of the immutable history (`Run.to_dict()`). */
 export type Run = wire.Run;
 
+/** A run as the budget reads it (`Attempt`): a task's last, as its summary holds it. */
+export type Attempt = wire.Attempt;
+
+/** `GET /v1/tasks-with-last`: a task beside its last attempt (null before its first run). */
+export type TaskWithLast = wire.TaskWithLast;
+
 /** A role held by a principal (`Grant.to_dict()`). */
 export type Grant = wire.Grant;
 

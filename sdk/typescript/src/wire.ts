@@ -105,6 +105,21 @@ export const TaskStatusValues: readonly TaskStatus[] = ["open", "done", "cancell
 
 // -- the schemas ---------------------------------------------------------------------------------
 
+export interface Attempt {
+  readonly ended_at: number | null;
+  readonly failure_class: FailureClass | null;
+  readonly forced: boolean;
+  /** The vendor's reset time: the next attempt waits for it. */
+  readonly not_before: number | null;
+  /** The attempt's number, 1..N per task (its run's attempt). */
+  readonly number: number;
+  readonly reason: string | null;
+  readonly started_at: number | null;
+  readonly status: AttemptStatus;
+  /** Abandoned by its own runner on purpose: uncharged. */
+  readonly stopped: boolean;
+}
+
 export interface AuditEvent {
   readonly action: string;
   readonly actor: string;
@@ -284,11 +299,20 @@ export interface Task {
 }
 
 export interface TaskLane {
-  readonly lane: Readonly<Record<string, unknown>>;
+  readonly lane: Lane | null;
 }
 
 export interface TaskList {
   readonly tasks: readonly Task[];
+}
+
+export interface TaskWithLast {
+  readonly last_attempt: Attempt | null;
+  readonly task: Task;
+}
+
+export interface TaskWithLastList {
+  readonly tasks: readonly TaskWithLast[];
 }
 
 export interface WorkBudget {
@@ -323,6 +347,7 @@ export const OPERATIONS = {
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
   createTask: { method: "POST", path: "/v1/tasks", status: 201 },
+  listTasksWithLast: { method: "GET", path: "/v1/tasks-with-last", status: 200 },
   getTask: { method: "GET", path: "/v1/tasks/{task_id}", status: 200 },
   setAttemptLimit: { method: "POST", path: "/v1/tasks/{task_id}/attempt-limit", status: 200 },
   cancelTask: { method: "POST", path: "/v1/tasks/{task_id}/cancel", status: 200 },
@@ -360,6 +385,17 @@ export interface ListTasksQuery {
   limit?: number;
   /** Only tasks in this state. */
   state?: string;
+}
+
+export interface ListTasksWithLastQuery {
+  /** After this task (a page's last id). */
+  after?: string;
+  /** A dispatch cap to add to the bounds. */
+  cap?: number;
+  /** At most this many (1..10000). */
+  limit?: number;
+  /** Only tasks whose title starts with this. */
+  title_prefix?: string;
 }
 
 export interface GetTaskQuery {
@@ -486,6 +522,7 @@ export interface Queries {
   heartbeat: never;
   listTasks: ListTasksQuery;
   createTask: never;
+  listTasksWithLast: ListTasksWithLastQuery;
   getTask: GetTaskQuery;
   setAttemptLimit: never;
   cancelTask: never;
@@ -521,6 +558,7 @@ export interface Bodies {
   heartbeat: HeartbeatBody;
   listTasks: never;
   createTask: CreateTaskBody;
+  listTasksWithLast: never;
   getTask: never;
   setAttemptLimit: SetAttemptLimitBody;
   cancelTask: CancelTaskBody;
@@ -556,6 +594,7 @@ export interface Answers {
   heartbeat: Run;
   listTasks: TaskList;
   createTask: Task;
+  listTasksWithLast: TaskWithLastList;
   getTask: Task;
   setAttemptLimit: Task;
   cancelTask: Task;

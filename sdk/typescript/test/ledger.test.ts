@@ -133,6 +133,62 @@ describe("tasks", () => {
     await rejects(worker.listTasks({ after: "t-does-not-exist" }), NotFound);
   });
 
+  test("listTasksWithLast: each task with its last attempt, a page a request", async () => {
+    const fresh = await worker.createTask({ title: "wl:fresh" });
+    await worker.createTask({ title: "not wl" });
+    const failed = await worker.createTask({ title: "wl:failed" });
+    const run = await failOnce(worker, failed.id);
+    const every = await worker.listTasksWithLast();
+    assert.deepEqual(
+      every.map((item) => item.task.id),
+      (await worker.listTasks()).map((task) => task.id),
+    );
+    const { fetch, calls } = recordingFetch();
+    const recorded = new ExeckitClient({
+      baseUrl: server.url,
+      token: server.tokens["worker"] ?? "",
+      fetch,
+    });
+    const mine = await recorded.listTasksWithLast({ titlePrefix: "wl:", cap: 5 });
+    assert.deepEqual(
+      mine.map((item) => item.task.id),
+      [fresh.id, failed.id],
+    );
+    assert.equal(calls.length, 1);
+    assert.equal(
+      new URL(calls[0]!.url).pathname + new URL(calls[0]!.url).search,
+      "/v1/tasks-with-last?cap=5&title_prefix=wl%3A",
+    );
+    assert.equal(mine[0]!.last_attempt, null);
+    assert.deepEqual(mine[1]!.task, await worker.getTask(failed.id, { cap: 5 }));
+    assert.deepEqual(mine[1]!.last_attempt, {
+      number: run.attempt,
+      status: run.status,
+      failure_class: run.failure_class,
+      reason: run.reason,
+      started_at: run.started_at,
+      ended_at: run.ended_at,
+      forced: run.forced,
+      not_before: run.not_before,
+      stopped: run.stopped,
+    });
+    const first = await worker.listTasksWithLast({ titlePrefix: "wl:", limit: 1 });
+    assert.deepEqual(first, mine.slice(0, 1));
+    const next = await worker.listTasksWithLast({
+      titlePrefix: "wl:",
+      limit: 1,
+      after: first[0]!.task.id,
+    });
+    assert.deepEqual(next, mine.slice(1, 2));
+    const limit = await rejects(worker.listTasksWithLast({ limit: 0 }), InvalidInput);
+    assert.equal(limit.field, "limit");
+    await rejects(worker.listTasksWithLast({ titlePrefix: " " }), InvalidInput);
+    await rejects(worker.listTasksWithLast({ cap: 1.5 }), InvalidInput);
+    await rejects(worker.listTasksWithLast({ after: "t-does-not-exist" }), NotFound);
+    const negative = await rejects(worker.listTasksWithLast({ cap: -1 }), InvalidInput);
+    assert.equal(negative.httpStatus, 400);
+  });
+
   test("an unknown task is NotFound (404)", async () => {
     const error = await rejects(worker.getTask("t-does-not-exist"), NotFound);
     assert.equal(error.code, "not_found");
