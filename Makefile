@@ -64,6 +64,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_dashboard.py
 	$(PY) benchmarks/bench_bulk.py
 	$(PY) benchmarks/bench_http.py
+	$(PY) benchmarks/bench_dispatch.py
+	$(PY) benchmarks/bench_lanes.py
+	$(PY) benchmarks/bench_status.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.
