@@ -37,14 +37,19 @@ def _tasks(ledger: AnyLedger, count: int) -> list[str]:
     for n in range(count):
         task = ledger.create_task(f"task {n}", actor=ME, now=1000.0)
         ids.append(task.id)
-        if n % 3 == 0:
-            continue
-        run = ledger.start_run(task.id, actor=ME, request_key=f"k{n}", now=1001.0)
-        if n % 3 == 1:
-            ledger.finish_run(run.id, "succeeded", now=1002.0)
-        else:
-            ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, now=1002.0)
+        _run_the_nth(ledger, task.id, n)
     return ids
+
+
+def _run_the_nth(ledger: AnyLedger, task_id: str, n: int) -> None:
+    """The `n`th task of `_tasks`: left new, done, or failed upstream, by `n % 3`."""
+    if n % 3 == 0:
+        return
+    run = ledger.start_run(task_id, actor=ME, request_key=f"k{n}", now=1001.0)
+    if n % 3 == 1:
+        ledger.finish_run(run.id, "succeeded", now=1002.0)
+    else:
+        ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, now=1002.0)
 
 
 def test_list_tasks_pages_in_creation_order(ledger: AnyLedger) -> None:
@@ -106,13 +111,7 @@ def _mixed(ledger: AnyLedger) -> list[str]:
         ids.append(task.id)
         if n % 3 == 2:
             ids.append(ledger.create_task(f"other {n}", actor=ME, now=1000.0).id)
-        if n % 3 == 0:
-            continue
-        run = ledger.start_run(task.id, actor=ME, request_key=f"k{n}", now=1001.0)
-        if n % 3 == 1:
-            ledger.finish_run(run.id, "succeeded", now=1002.0)
-        else:
-            ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM, now=1002.0)
+        _run_the_nth(ledger, task.id, n)
     return ids
 
 

@@ -349,6 +349,14 @@ def _true_or_none(value: object) -> bool | None:
     return True if value else None
 
 
+# Query fields more than one listing takes: a dispatch cap, and a page's bounds.
+_CAP_QUERY = Field(
+    "cap", "integer", description="a dispatch cap to add to the bounds", encode=cap_number
+)
+_PAGE_QUERY = (
+    Field("limit", "integer", description="at most this many (1..10000)"),
+    Field("after", "string", description="after this task (a page's last id)"),
+)
 _TASK = one(Task)
 _ATTEMPT = one(Attempt)
 _RUN = one(Run)
@@ -398,8 +406,7 @@ class LedgerRoutes:
         "TaskList",
         query=(
             Field("state", "string", description="only tasks in this state"),
-            Field("limit", "integer", description="at most this many (1..10000)"),
-            Field("after", "string", description="after this task (a page's last id)"),
+            *_PAGE_QUERY,
         ),
         binds=Ledger.list_tasks,
         read=listed("tasks", _TASK),
@@ -414,15 +421,9 @@ class LedgerRoutes:
         _list_tasks_with_last,
         "TaskWithLastList",
         query=(
-            Field(
-                "cap",
-                "integer",
-                description="a dispatch cap to add to the bounds",
-                encode=cap_number,
-            ),
+            _CAP_QUERY,
             Field("title_prefix", "string", description="only tasks whose title starts with this"),
-            Field("limit", "integer", description="at most this many (1..10000)"),
-            Field("after", "string", description="after this task (a page's last id)"),
+            *_PAGE_QUERY,
         ),
         binds=Ledger.list_tasks_with_last,
         read=listed("tasks", both(member("task", _TASK), optional("last_attempt", _ATTEMPT))),
@@ -435,12 +436,7 @@ class LedgerRoutes:
         _get_task,
         "Task",
         query=(
-            Field(
-                "cap",
-                "integer",
-                description="a dispatch cap to add to the bounds",
-                encode=cap_number,
-            ),
+            _CAP_QUERY,
             Field("force", "boolean", description="what a forced admission would meet"),
         ),
         binds=Ledger.get_task,
