@@ -214,7 +214,7 @@ class Gate:
         found = scan.scanner(ANCHORS)
         if found is not None:
             # The compiled engine: every anchor looked for in one scan, whatever the length;
-            # a long text's a chunk at a time, each chunk scanned for its longer anchors too.
+            # a long text's a chunk at a time, which also says where its longer ones are.
             chunks = (
                 line_chunks(text, CHUNK_CHARS)
                 if len(text) >= CHUNKED_FROM and not _newline_anchor(len(ANCHORS))
@@ -223,12 +223,7 @@ class Gate:
             if len(chunks) < 2:
                 self._bits = found.bits(text, scan.ascii_bytes(text), self.fold)
             else:
-                # A chunk at a time, never the whole text encoded at once (`chunk_bits`):
-                # no anchor holds a newline, so none lies across a chunk's end.
-                self._bits = functools.reduce(
-                    operator.or_, found.chunk_bits(text, self.fold, chunks), 0
-                )
-                self._scan_chunks(chunks)
+                self._scan_chunks(found, chunks)
             return
         if len(text) > EAGER_CHARS:
             self._state = [-1] * len(ANCHORS)
@@ -298,17 +293,18 @@ class Gate:
                 return False
         return True
 
-    def _scan_chunks(self, chunks: list[tuple[int, int]]) -> None:
-        """Which of the longer anchors each of `chunks` holds (`scan.chunk_scanner`); a
-        shorter one counts as held by every chunk when the text holds it (`regions` may
-        then search more than it need, never less)."""
-        finder = scan.chunk_scanner(ANCHORS)
-        if finder is None:
-            return
-        everywhere = self._bits & _short_anchors(len(ANCHORS))
-        per_chunk = finder.chunk_bits(self._text, self.fold, chunks)
+    def _scan_chunks(self, found: scan.Scanner, chunks: list[tuple[int, int]]) -> None:
+        """The anchors of a long text, one scan a chunk (`chunk_bits`: never the whole
+        text encoded at once; no anchor holds a newline, so none lies across a chunk's
+        end), and which of the longer ones each chunk holds; a shorter one counts as held
+        by every chunk when the text holds it (`regions` may then search more than it
+        need, never less)."""
+        per_chunk = found.chunk_bits(self._text, self.fold, chunks)
+        self._bits = functools.reduce(operator.or_, per_chunk, 0)
+        short = _short_anchors(len(ANCHORS))
+        everywhere = self._bits & short
         self._chunks = chunks
-        self._chunk_bits = [bits | everywhere for bits in per_chunk]
+        self._chunk_bits = [bits & ~short | everywhere for bits in per_chunk]
 
     def regions(self, step: Opening) -> list[tuple[int, int]] | None:
         """Where in the text a pass that never matches over a newline can match: the runs

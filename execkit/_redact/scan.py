@@ -46,7 +46,6 @@ __all__ = [
     "Scanner",
     "ascii_bytes",
     "available_engines",
-    "chunk_scanner",
     "engine_in_use",
     "openings",
     "scanner",
@@ -98,10 +97,10 @@ def engine_in_use() -> str:
 
 
 class Scanner:
-    """Every anchor (or those numbered in `only`) compiled into one Hyperscan database
-    (block mode, one report per anchor and scan); bit i of what it finds is anchor i."""
+    """Every anchor compiled into one Hyperscan database (block mode, one report per
+    anchor and scan); bit i of what it finds is anchor i."""
 
-    def __init__(self, anchors: Sequence[Anchor], only: Sequence[int] | None = None) -> None:
+    def __init__(self, anchors: Sequence[Anchor]) -> None:
         import hyperscan
 
         self.count = len(anchors)
@@ -109,7 +108,7 @@ class Scanner:
         for literal, _ in anchors:
             if not literal.isascii():
                 raise ValueError(f"anchor {literal!r} is not ASCII")
-        ids = list(range(self.count)) if only is None else list(only)
+        ids = list(range(self.count))
         expressions = [anchors[index][0].encode("ascii") for index in ids]
         single = hyperscan.HS_FLAG_SINGLEMATCH
         caseless = hyperscan.HS_FLAG_CASELESS
@@ -195,22 +194,10 @@ def scanner(anchors: Sequence[Anchor]) -> Scanner | None:
     return _built_once("scanner", len(anchors), lambda: Scanner(anchors))
 
 
-# Anchors of this many characters or more are looked for a chunk at a time (gate.py): a
-# shorter one (`-`, `=`, `sk`) is in nearly every chunk of a long text, and reporting it
-# for each would cost a Python call per chunk and rule out no chunk.
+# Anchors of this many characters or more say which chunks of a long text a rule can
+# match in (gate.py): a shorter one (`-`, `=`, `sk`) is in nearly every chunk, and would
+# rule out none.
 CHUNK_ANCHOR_CHARS = 3
-
-
-def chunk_scanner(anchors: Sequence[Anchor]) -> Scanner | None:
-    """The scanner for the anchors of `CHUNK_ANCHOR_CHARS` or more characters among
-    `anchors` (bits numbered as in `anchors`), under the engine in use (None: the
-    pure-Python gate, which does not look at chunks)."""
-    if engine_in_use() != "hyperscan":
-        return None
-    only = [
-        index for index, (literal, _) in enumerate(anchors) if len(literal) >= CHUNK_ANCHOR_CHARS
-    ]
-    return _built_once("chunk_scanner", len(anchors), lambda: Scanner(anchors, only))
 
 
 # Reports an `Openings` scan may make per text: this many, and one per this many characters.

@@ -206,6 +206,8 @@ class TaskOps(CoreBase):
         `after` that is no task. What a client of a server reads a page a request."""
         if limit is not None:
             limit = check_limit("limit", limit, allow_zero=False)
+        if title_prefix is not None:  # masked as a stored title is, so the two compare
+            title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
         return list(itertools.islice(self._with_last(now, cap, title_prefix, after), limit))
 
     def iter_tasks_with_last(
@@ -220,6 +222,8 @@ class TaskOps(CoreBase):
         its summary holds it (no history is read; `db check` compares each summary with
         its history). Read `LIST_PAGE` tasks at a time, as `iter_tasks`: what a dashboard
         of every dispatched task reads in one pass."""
+        if title_prefix is not None:  # masked as a stored title is, so the two compare
+            title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
         return self._with_last(now, cap, title_prefix, None)
 
     def _with_last(
@@ -229,11 +233,9 @@ class TaskOps(CoreBase):
         title_prefix: str | None,
         after: str | None,
     ) -> Iterator[tuple[Task, Attempt | None]]:
-        """`iter_tasks_with_last`'s tasks after task `after` (its arguments checked at the
-        first task read)."""
+        """`iter_tasks_with_last`'s tasks after task `after` (`title_prefix` checked by the
+        caller; `now` and `after` at the first task read)."""
         at = moment(now)
-        if title_prefix is not None:  # masked as a stored title is, so the two compare
-            title_prefix = check_text("title_prefix", title_prefix, MAX_TITLE)
         for values, records in self._titled(at, cap, title_prefix, after=after):
             for task, record in zip(values, records, strict=True):
                 yield Task(*task), record.last
