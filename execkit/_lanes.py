@@ -61,6 +61,7 @@ from execkit._validate import checked, finite, integer, opt_checked
 __all__ = [
     "DEFAULT_CREDENTIAL",
     "DEFAULT_LANES",
+    "LANE_WAIT",
     "LaneCause",
     "LaneConfig",
     "LaneConfigHistory",
@@ -81,6 +82,10 @@ __all__ = [
     "step",
     "view",
 ]
+
+# How the reason of an open task held by a lane that does not admit begins (the dispatcher's
+# `waiting_reason` words it): the operator's table shows it before the last failure.
+LANE_WAIT = "waiting on lane "
 
 DEFAULT_CREDENTIAL = "default"
 """The credential identity of a lane whose adapter would use no credential at all."""

@@ -99,3 +99,34 @@ def test_lane_config_shows_changes_and_refuses_bad_values_storing_nothing(
     with open_ledger(db) as ledger:
         assert ledger.lane_config().breaker_k == 5 and ledger.lane_config().cool_max_s == 600
         assert [e.action for e in ledger.audit_events()].count("lane.config") == 1
+
+
+def test_the_status_table_says_which_open_task_waits_on_a_lane(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A dispatched issue whose last attempt parked its lane (a usage limit with a reset):
+    # the operator's table names the wait before the last failure, as --json does, and an
+    # issue on no lane keeps its last failure alone.
+    db = tmp_path / "l.db"
+    with open_ledger(db) as ledger:
+        for issue, lane in (("ISS-1", LANE), ("ISS-2", None)):
+            task = ledger.create_task(f"board:{issue}", actor="d")
+            run = ledger.start_run(task.id, request_key=issue, actor="d", lane=lane)
+            ledger.finish_run(
+                run.id,
+                "failed",
+                failure_class="upstream",  # type: ignore[arg-type]
+                reason=f"usage limit {issue}",
+                not_before=time.time() + 3600,
+                lane_cause="reset" if lane else None,
+            )
+    assert main(["status", "--db", str(db)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert f"waiting on lane {LANE} until " in lines["ISS-1"]
+    assert lines["ISS-1"].endswith("; last failure: usage limit ISS-1")
+    assert "waiting on lane" not in lines["ISS-2"]
+    assert lines["ISS-2"].endswith(" usage limit ISS-2")
+    code, doc = _json(capsys, "status", "--db", str(db))
+    assert code == 0
+    reasons = {row["issue_id"]: row["reason"] for row in doc["issues"]}  # type: ignore[attr-defined]
+    assert reasons["ISS-1"].startswith(f"waiting on lane {LANE} until ")

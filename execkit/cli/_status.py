@@ -22,6 +22,7 @@ from typing import Any
 
 from execkit._budget import BlockedOn
 from execkit._errors import Conflict, InvalidInput, NotFound
+from execkit._lanes import LANE_WAIT
 from execkit._mask import mask_text
 from execkit.cli._dispatch import _add_common, _clip, _config, _when
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
@@ -134,9 +135,13 @@ def status_value_blocks(rows: Iterable[IssueStatusValues], now: float) -> Iterat
         issue_id, _, board_state, task_id, state, bound, attempts, limit, charged, streak, at,
         last_class, last_status, last_reason, reason,
     ) in rows:  # fmt: skip
-        # The reason: the last failure's, or the block's (a work block names both).
+        # The reason: the last failure's, or the block's (a work block names both); an open
+        # task held by a vendor lane says so first.
         if state is not blocked:
-            reason = last_reason
+            if reason is None or not reason.startswith(LANE_WAIT):
+                reason = last_reason
+            elif last_reason:
+                reason = f"{reason}; last failure: {last_reason}"
         elif bound == work and last_reason and last_reason != reason:
             reason = f"{reason or 'blocked on work'}; last failure: {last_reason}"
         reason = reason or "-"

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from execkit._adapter import Adapter
 from execkit._attempt import adapter_lane
 from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
-from execkit._lanes import LaneView, host_lane
+from execkit._lanes import LANE_WAIT, LaneView, host_lane
 from execkit._registry import get_adapter
 from execkit.ledger import LANES_CAPABILITY, Ledger
 
@@ -41,7 +41,7 @@ def waiting_reason(lane: LaneView) -> str:
         until = "until an operator resumes it"
     else:
         until = "until its probe attempt's result"
-    return f"waiting on lane {lane.lane} {until}" + (f" ({lane.reason})" if lane.reason else "")
+    return f"{LANE_WAIT}{lane.lane} {until}" + (f" ({lane.reason})" if lane.reason else "")
 
 
 class DispatchLanes:
