@@ -45,7 +45,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -64,6 +64,7 @@ from execkit._errors import (
     error_types,
 )
 from execkit._http1 import Connection
+from execkit._lanes import LaneView
 from execkit._proof import AgentFailed
 from execkit.ledger import LIST_PAGE, Actor, Task, TaskState, attempt_from_run
 
@@ -319,6 +320,22 @@ class RemoteLedger(LedgerRoutes):
             if len(page) < LIST_PAGE:
                 return
             after = page[-1][0].id
+
+    def task_lanes(
+        self, task_ids: Sequence[str], *, now: float | None = None
+    ) -> dict[str, LaneView]:
+        """`Ledger.task_lanes` over the API: the API reads one task's lane a request
+        (`task_lane`), so this is a request a task; a task that is not there is left out,
+        as locally (`now` is the server's, as everywhere)."""
+        found: dict[str, LaneView] = {}
+        for task_id in task_ids:
+            try:
+                lane = self.task_lane(task_id)
+            except NotFound:
+                continue
+            if lane is not None:
+                found[task_id] = lane
+        return found
 
     def _with_last_task_by_task(
         self, cap: DispatchCap | None, title_prefix: str | None

@@ -63,6 +63,46 @@ def test_the_dashboard_says_which_lane_an_issue_waits_on(bench: ModuleType, tmp_
     assert all(row.board_state == "todo" for row in rows)  # no card was moved
 
 
+@pytest.mark.parametrize("with_board", [True, False])
+def test_the_dashboard_reads_the_lanes_a_page_of_tasks_at_a_time(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_board: bool
+) -> None:
+    # While a lane is closed each open task's row says what it waits on: its lane is read
+    # with a page of others (`Ledger.task_lanes`), not a read a task (50 tasks, pages of 8:
+    # 7 reads, where `task_lane` was asked 50 times).
+    import execkit.dispatch._status as status
+    from execkit.dispatch import DispatchConfig, Dispatcher, InlineExecutor, issue_statuses
+    from execkit.ledger import open_ledger
+
+    monkeypatch.setattr(status, "LIST_PAGE", 8, raising=False)
+    clock = bench.Clock()
+    vendor = bench.LimitedVendor(clock, clock.now + 3600)
+    board = bench._board()
+    config = DispatchConfig(max_concurrent_agents=8)
+    with open_ledger(tmp_path / "l.db") as ledger:
+        Dispatcher(board, vendor, ledger, config, clock, executor=InlineExecutor()).tick()
+        asked: dict[str, list[int]] = {"task_lane": [], "task_lanes": []}
+        for name, calls in asked.items():
+            read = getattr(ledger, name)
+            monkeypatch.setattr(
+                ledger,
+                name,
+                lambda first, *rest, _read=read, _calls=calls, **named: (
+                    _calls.append(len(first) if isinstance(first, list) else 1),
+                    _read(first, *rest, **named),
+                )[1],
+            )
+        rows = issue_statuses(
+            ledger, config, board=board if with_board else None, now=clock.now + 1
+        )
+    assert asked == {"task_lane": [], "task_lanes": [8, 8, 8, 8, 8, 8, 2]}
+    assert len(rows) == 50
+    # Without the board no issue names its adapter: only the task that ran on the lane
+    # (the one that met the limit) is known to wait on it.
+    waiting = [row for row in rows if (row.reason or "").startswith("waiting on lane ")]
+    assert len(waiting) == (50 if with_board else 1)
+
+
 def test_a_card_blocked_by_a_lane_stop_comes_back_after_lane_resume(
     bench: ModuleType, tmp_path: Path
 ) -> None:

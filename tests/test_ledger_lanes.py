@@ -28,7 +28,7 @@ from execkit._errors import (
     NotFound,
 )
 from execkit._lanes import LaneConfig, LaneState, fold
-from execkit.ledger import OPERATE_ROLE
+from execkit.ledger import LIST_PAGE, OPERATE_ROLE
 
 LANE = "claude/default"
 OWNER = getpass.getuser()
@@ -596,3 +596,43 @@ def test_a_result_on_a_lane_holds_the_configuration_lock_from_its_first_batch(
         with opener() as ledger:  # another store: no copy of the run to finish it on
             ledger.finish_run(run.id, "succeeded", now=1001.0)
     assert held == [1, 0]
+
+
+def test_task_lanes_reads_each_tasks_lane_as_task_lane_does(ledger: AnyLedger) -> None:
+    # Tasks that never ran, ran on no lane, ran on a lane that parked, on an open one, on
+    # one whose host lane stopped, and on a lane then on none (its last run with a lane
+    # counts): read together, each is what `task_lane` says of it alone.
+    def ran(title: str, *lanes: str | None, cause: str | None = None) -> str:
+        task = ledger.create_task(title, actor="d", now=0).id
+        for n, lane in enumerate(lanes):
+            at = n * 1000.0
+            run = ledger.start_run(task, request_key=f"{title}{n}", actor="d", lane=lane, now=at)
+            ledger.finish_run(
+                run.id,
+                "failed",
+                failure_class="environment" if cause else "work",  # type: ignore[arg-type]
+                reason="no binary" if cause else "wrong",
+                lane_cause=cause,
+                now=at + 0.5,
+            )
+        return task
+
+    never = ran("never")
+    plain = ran("plain", None)
+    parked = ledger.create_task("parked", actor="d", now=0).id
+    _park(ledger, parked, at=0, reset=10**6)
+    opened = ran("opened", "codex/default")
+    hosted = ran("hosted", "gemini/default", cause="binary_missing")
+    earlier = ran("earlier", "codex/default", None)
+    ids = [never, plain, parked, opened, hosted, earlier, "t-999999"]
+    alone = {task: ledger.task_lane(task, now=5000) for task in ids[:-1]}
+    together = ledger.task_lanes(ids, now=5000)
+    assert together == {task: lane for task, lane in alone.items() if lane is not None}
+    assert set(together) == {parked, opened, hosted, earlier}
+    assert together[parked].state is LaneState.PARKED and not together[parked].admits
+    assert together[opened].admits and together[earlier].lane == "codex/default"
+    assert ledger.task_lanes([], now=5000) == {}
+    with pytest.raises(InvalidInput, match=r"task_ids: at most 1000 .*1\.\.1000"):
+        ledger.task_lanes([parked] * (LIST_PAGE + 1))
+    with pytest.raises(InvalidInput, match="task_ids"):
+        ledger.task_lanes([7])  # type: ignore[list-item]

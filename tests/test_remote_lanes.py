@@ -37,6 +37,10 @@ def test_two_clients_of_one_server_share_a_lane(remote: Remote) -> None:  # noqa
     assert [lane.lane for lane in first.list_lanes()] == [LANE]
     assert [event.kind for event in first.lane_history(LANE)] == ["reset"]
     assert first.task_lane(a.id) is not None and first.task_lane(b.id) is None
+    # Read together (a task a request through the API), as the ledger reads them.
+    together = first.task_lanes([a.id, b.id, "t-999999"])
+    assert list(together) == [a.id] and together[a.id].state is LaneState.PARKED
+    assert together == remote.ledger.task_lanes([a.id, b.id], now=together[a.id].updated_at)
 
 
 def test_a_stopped_lane_comes_back_with_its_fix_and_resumes(remote: Remote) -> None:  # noqa: F811

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import time
 from collections.abc import Iterator
@@ -13,12 +14,14 @@ import attrs
 from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._json import to_json
+from execkit._lanes import LaneView
 from execkit._mask import mask_text
 from execkit._validate import fields_in_order
 from execkit.dispatch._board import TASK_TITLE_PREFIX, Board, task_key
 from execkit.dispatch._config import DispatchConfig
 from execkit.ledger import (
     LANES_CAPABILITY,
+    LIST_PAGE,
     LastOutcome,
     Ledger,
     Task,
@@ -211,13 +214,25 @@ def iter_issue_status_values(
             lanes.bind(ledger.ledger_id())
 
     bounds: dict[int, int | None] = {}
+    # While a lane is closed: the lane of each open task that is not running, read a page
+    # of tasks at a time (`Ledger.task_lanes`), never a read a task.
+    task_lanes: dict[str, LaneView] = {}
+
+    def may_wait(task: Task | TaskValues) -> bool:
+        return task.status == "open" and task.state is not TaskState.RUNNING
+
+    def read_lanes(page: list[tuple[TaskValues, LastOutcome | None]]) -> None:
+        if closed and ledger is not None:
+            ids = [task.id for task, _ in page if may_wait(task)]
+            if ids:
+                task_lanes.update(ledger.task_lanes(ids, now=at))
 
     def waiting(task: Task | TaskValues, adapter: str | None) -> str | None:
-        if not closed or task.status != "open" or task.state is TaskState.RUNNING:
+        if not closed or not may_wait(task):
             return None
         from execkit.dispatch._lanes import waiting_reason  # loaded above: a lane is closed
 
-        view = ledger.task_lane(task.id, now=at) if ledger is not None else None
+        view = task_lanes.get(task.id)
         if (view is None or view.admits) and lanes is not None and adapter is not None:
             view = lanes.closed(adapter, closed)
         return None if view is None or view.admits else waiting_reason(view)
@@ -253,10 +268,16 @@ def iter_issue_status_values(
         yield from _ledger_rows(dispatched, config)
         return
     if board is None:
-        for task, last in dispatched:
-            yield row(task.title[len(TASK_TITLE_PREFIX) :], "", None, (task, last))
+        for page in _pages(dispatched):
+            read_lanes(page)
+            for task, last in page:
+                yield row(task.title[len(TASK_TITLE_PREFIX) :], "", None, (task, last))
+            task_lanes.clear()
         return
-    tasks = {task.title: (task, last) for task, last in dispatched}
+    tasks: dict[str, tuple[TaskValues, LastOutcome | None]] = {}
+    for page in _pages(dispatched):
+        read_lanes(page)
+        tasks.update((task.title, (task, last)) for task, last in page)
     # A task's title is its issue's key as stored, masked: the key itself unless the issue
     # id held a credential. Only then (a stored title holds the mask) is a key masked to be
     # looked up, so a board of 200,000 issues is not 200,000 calls of the redactor.
@@ -269,6 +290,14 @@ def iter_issue_status_values(
         if found is None and any_masked:
             found = tasks.get(mask_text(key))
         yield row(issue.id, issue.title, issue.state, found, config.adapter_of(issue))
+
+
+def _pages(
+    dispatched: Iterator[tuple[TaskValues, LastOutcome | None]],
+) -> Iterator[list[tuple[TaskValues, LastOutcome | None]]]:
+    """`dispatched` a list of at most `LIST_PAGE` at a time."""
+    while page := list(itertools.islice(dispatched, LIST_PAGE)):
+        yield page
 
 
 def _ledger_rows(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import attrs
@@ -554,6 +554,9 @@ class Ledger(Protocol):
     def get_lane(self, lane: str, *, now: float | None = None) -> LaneView: ...
     def lane_history(self, lane: str) -> list[LaneEvent]: ...
     def task_lane(self, task_id: str, *, now: float | None = None) -> LaneView | None: ...
+    def task_lanes(
+        self, task_ids: Sequence[str], *, now: float | None = None
+    ) -> dict[str, LaneView]: ...
     def park_lane(
         self,
         lane: str,

@@ -1134,6 +1134,31 @@ class PostgresTx:
         )
         return None if row is None else str(row[0])
 
+    def task_lanes(self, task_ids: list[str]) -> dict[str, tuple[str, str]]:
+        if not task_ids:
+            return {}
+        # Each task's last run with a lane, and its last run (`runs_by_task`'s order).
+        lanes = {
+            str(task_id): str(lane)
+            for task_id, lane in self._all(
+                "SELECT DISTINCT ON (r.task_id) r.task_id, l.lane FROM run_lanes l "
+                "JOIN runs r ON r.id = l.run_id WHERE r.task_id = ANY(%s) "
+                "ORDER BY r.task_id, r.seq DESC",
+                (task_ids,),
+            )
+        }
+        if not lanes:
+            return {}
+        hosts = {
+            str(task_id): str(host)
+            for task_id, host in self._all(
+                "SELECT DISTINCT ON (task_id) task_id, owner_host FROM runs "
+                "WHERE task_id = ANY(%s) ORDER BY task_id, seq DESC",
+                (list(lanes),),
+            )
+        }
+        return {task_id: (lane, hosts[task_id]) for task_id, lane in lanes.items()}
+
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:
     return {key: nul_free(value) if isinstance(value, str) else value for key, value in row.items()}

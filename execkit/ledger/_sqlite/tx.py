@@ -485,3 +485,29 @@ class SqliteTx:
             (task_id,),
         ).fetchone()
         return None if row is None else str(row[0])
+
+    def task_lanes(self, task_ids: list[str]) -> dict[str, tuple[str, str]]:
+        if not task_ids:
+            return {}
+        marks = ", ".join("?" * len(task_ids))
+        # In run order: each task's last run with a lane, and its last run, come last.
+        lanes = {
+            str(task_id): str(lane)
+            for task_id, lane in self._conn.execute(
+                "SELECT r.task_id, l.lane FROM run_lanes l JOIN runs r ON r.id = l.run_id "
+                f"WHERE r.task_id IN ({marks}) ORDER BY r.seq",
+                tuple(task_ids),
+            )
+        }
+        if not lanes:
+            return {}
+        laned = tuple(lanes)
+        hosts = {
+            str(task_id): str(host)
+            for task_id, host in self._conn.execute(
+                f"SELECT task_id, owner_host FROM runs WHERE task_id IN "
+                f"({', '.join('?' * len(laned))}) ORDER BY seq",
+                laned,
+            )
+        }
+        return {task_id: (lane, hosts[task_id]) for task_id, lane in lanes.items()}
