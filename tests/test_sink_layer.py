@@ -214,8 +214,9 @@ _MASKERS = {"check_text", "check_name", "as_actor", "clean_reason"}
 # Only a hash of what they are given is stored (a request's fingerprint).
 _HASHERS = {"creation_fingerprint", "fingerprint_of"}
 # Arguments that are only looked up (a miss is NotFound, whose message is masked when it is
-# built, or for `task_ids` a task left out of the answer), or checked against a closed set or a strict format before use (a lane name is
-# ADAPTER/HEX-FINGERPRINT, a lane cause and a state are enum members).
+# built, or for `task_ids` a task left out of the answer), or checked against a closed set
+# or a strict format before use (a lane name is ADAPTER/HEX-FINGERPRINT, a lane cause and a
+# state are enum members).
 _NOT_STORED = {
     "task_id",
     "task_ids",
