@@ -5,10 +5,13 @@ without their cards moving. The scenarios are benchmarks/bench_lanes.py's (count
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -46,16 +49,26 @@ def test_an_expired_credential_is_met_once_until_the_lane_is_resumed(
     assert on["done"] == 50 and on["charged_failures"] == 0
 
 
-def test_the_dashboard_says_which_lane_an_issue_waits_on(bench: ModuleType, tmp_path: Path) -> None:
-    from execkit.dispatch import DispatchConfig, Dispatcher, InlineExecutor, issue_statuses
+@contextlib.contextmanager
+def _after_a_usage_limit(bench: ModuleType, db: Path) -> Iterator[tuple[Any, ...]]:
+    """bench_lanes.py's 50 issues after one pass on a virtual clock, whose first call met a
+    usage limit with a reset an hour away: (ledger, board, config, clock, vendor)."""
+    from execkit.dispatch import DispatchConfig, Dispatcher, InlineExecutor
     from execkit.ledger import open_ledger
 
     clock = bench.Clock()
     vendor = bench.LimitedVendor(clock, clock.now + 3600)
     board = bench._board()
     config = DispatchConfig(max_concurrent_agents=8)
-    with open_ledger(tmp_path / "l.db") as ledger:
+    with open_ledger(db) as ledger:
         Dispatcher(board, vendor, ledger, config, clock, executor=InlineExecutor()).tick()
+        yield ledger, board, config, clock, vendor
+
+
+def test_the_dashboard_says_which_lane_an_issue_waits_on(bench: ModuleType, tmp_path: Path) -> None:
+    from execkit.dispatch import issue_statuses
+
+    with _after_a_usage_limit(bench, tmp_path / "l.db") as (ledger, board, config, clock, vendor):
         rows = issue_statuses(ledger, config, board=board, now=clock.now + 1)
     assert len(vendor.calls) == 1
     waiting = [row for row in rows if (row.reason or "").startswith("waiting on lane ")]
@@ -71,16 +84,10 @@ def test_the_dashboard_reads_the_lanes_a_page_of_tasks_at_a_time(
     # with a page of others (`Ledger.task_lanes`), not a read a task (50 tasks, pages of 8:
     # 7 reads, where `task_lane` was asked 50 times).
     import execkit.dispatch._status as status
-    from execkit.dispatch import DispatchConfig, Dispatcher, InlineExecutor, issue_statuses
-    from execkit.ledger import open_ledger
+    from execkit.dispatch import issue_statuses
 
     monkeypatch.setattr(status, "LIST_PAGE", 8, raising=False)
-    clock = bench.Clock()
-    vendor = bench.LimitedVendor(clock, clock.now + 3600)
-    board = bench._board()
-    config = DispatchConfig(max_concurrent_agents=8)
-    with open_ledger(tmp_path / "l.db") as ledger:
-        Dispatcher(board, vendor, ledger, config, clock, executor=InlineExecutor()).tick()
+    with _after_a_usage_limit(bench, tmp_path / "l.db") as (ledger, board, config, clock, _):
         asked: dict[str, list[int]] = {"task_lane": [], "task_lanes": []}
         for name, calls in asked.items():
             read = getattr(ledger, name)
