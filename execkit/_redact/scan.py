@@ -108,14 +108,15 @@ class Scanner:
         for literal, _ in anchors:
             if not literal.isascii():
                 raise ValueError(f"anchor {literal!r} is not ASCII")
-        ids = list(range(self.count))
-        expressions = [anchors[index][0].encode("ascii") for index in ids]
         single = hyperscan.HS_FLAG_SINGLEMATCH
         caseless = hyperscan.HS_FLAG_CASELESS
-        flags = [single | (caseless if anchors[index][1] else 0) for index in ids]
         self._database: Any = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._database.compile(
-            expressions=expressions, ids=ids, elements=len(ids), flags=flags, literal=True
+            expressions=[literal.encode("ascii") for literal, _ in anchors],
+            ids=list(range(self.count)),
+            elements=self.count,
+            flags=[single | (caseless if folded else 0) for _, folded in anchors],
+            literal=True,
         )
         self._folded = sum(1 << index for index, (_, f) in enumerate(anchors) if f)
         self._local = threading.local()
@@ -126,7 +127,7 @@ class Scanner:
             scratch = self._local.scratch = self._hyperscan.Scratch(self._database)
         return scratch
 
-    def _hits(self, data: bytes | memoryview) -> int:
+    def _hits(self, data: bytes) -> int:
         found: list[int] = []
         on_match: Callable[..., None] = lambda index, *_: found.append(index)  # noqa: E731
         self._database.scan(data, match_event_handler=on_match, scratch=self._scratch())
