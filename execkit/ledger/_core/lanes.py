@@ -258,7 +258,7 @@ class LaneOps(CoreBase):
         ids = list(task_ids)
         if len(ids) > LIST_PAGE:
             raise InvalidInput(
-                f"task_ids: at most {LIST_PAGE} at once (1..{LIST_PAGE}), got {len(ids)}",
+                f"task_ids: at most {LIST_PAGE} at once (0..{LIST_PAGE}), got {len(ids)}",
                 field="task_ids",
             )
         if not all(type(task_id) is str for task_id in ids):
