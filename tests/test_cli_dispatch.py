@@ -443,3 +443,47 @@ def test_a_restarted_dispatcher_brings_back_the_card_it_gave_up(tmp_path: Path) 
     again = _installed_retried_and_dispatched(agent, db, board)
     # Only a card back in an eligible column runs: it ran once more, forced, and was done.
     assert "ENV  attempt 2/10  succeeded -> moved to done" in again.stdout
+
+
+def _wait_for_file(path: Path) -> None:
+    for _ in range(12000):  # bounded: two minutes of 10 ms polls
+        if path.exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_a_result_that_ends_during_the_drain_is_reported_once(
+    tmp_path: Path, json_output: bool
+) -> None:
+    # The agent runs until the test lets it go, which it does only once the dispatcher
+    # has said it is stopping: its result arrives during the drain. The ledger has one run;
+    # the output must have one line (one JSON event) for it, not one from the event hook
+    # and a second from the list `shutdown` returns.
+    started, go = tmp_path / "started", tmp_path / "go"
+    script = f"touch {started}; while [ ! -e {go} ]; do sleep 0.02; done; exit 0"
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "DRAINED", "title": "t", "state": "todo", "argv": ["sh", "-c", script]}],
+    )
+    extra = ["--json"] if json_output else []
+    db = tmp_path / "ledger.db"
+    proc = _dispatcher_process(board, "--once", "--db", str(db), "--drain-timeout", "120", *extra)
+    try:
+        _wait_for_file(started)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stderr is not None
+        assert "stopping" in proc.stderr.readline()
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in out.splitlines() if "DRAINED" in line]
+    assert len(lines) == 1, out
+    assert states(board) == {"DRAINED": "done"}
+    listed = run_execkit("task", "runs", "t-1", "--db", str(db), "--json")
+    assert [run["status"] for run in json.loads(listed.stdout)["runs"]] == ["succeeded"]
