@@ -197,3 +197,50 @@ def test_a_card_given_up_comes_back_after_task_retry_and_no_card_is_read_without
         assert [i.state for i in board.list_issues()] == ["done"]
         assert ("I-0", "doing") in board.moves and Vendor.calls == 2
         assert dispatcher.idle()
+
+
+def test_a_lanes_wait_is_said_once_for_the_issue_that_met_it_and_again_when_it_changes(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    # 50 issues, one lane, a usage limit with a reset 60 s (virtual) away. Each pass before
+    # the reset finds the 49 held issues again: no event for them (the status lists them).
+    # The one event names its own issue's task. At the reset the probe goes; the vendor
+    # still refuses with a later reset: that is a new wait, said once more.
+    import re
+
+    from execkit.dispatch import DispatchConfig, Dispatcher, EventKind, InlineExecutor
+    from execkit.ledger import open_ledger
+
+    clock = bench.Clock()
+    vendor = bench.LimitedVendor(clock, clock.now + 60)
+    events: list[Any] = []
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        dispatcher = Dispatcher(
+            bench._board(),
+            vendor,
+            ledger,
+            DispatchConfig(max_concurrent_agents=8),
+            clock,
+            on_event=events.append,
+            executor=InlineExecutor(),
+        )
+        for _ in range(5):  # five passes while the lane is parked
+            dispatcher.tick()
+            clock.now += 5
+        said = [e for e in events if e.kind is EventKind.WAITING]
+        assert len(said) == 1, [e.reason for e in said]
+        assert not [e for e in events if e.kind is EventKind.REFUSED]
+        (waiting,) = said
+        named = re.search(r"task (t-\d+) waits on lane", waiting.reason or "")
+        assert named is not None and named.group(1) == waiting.task_id
+        # The reset passes, but the vendor moved its reset on: the probe meets a new wait.
+        vendor.opens_at = clock.now + 600
+        clock.now = bench.T0 + 60 + 10
+        for _ in range(3):
+            dispatcher.tick()
+            clock.now += 5
+        said = [e for e in events if e.kind is EventKind.WAITING]
+        assert len(said) == 2, [e.reason for e in said]
+        for event in said:
+            named = re.search(r"task (t-\d+) waits on lane", event.reason or "")
+            assert named is not None and named.group(1) == event.task_id

@@ -250,6 +250,12 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
     if event.kind is EventKind.DONE:
         where = f" -> moved to {event.moved_to}" if event.moved_to else " (board move failed)"
         return f"{event.issue_id}  already succeeded{where}"
+    if event.kind is EventKind.WAITING:
+        # Said once a lane's wait: the lane's other issues wait with it, unprinted.
+        return (
+            f"{event.issue_id}  waiting: {event.reason or '-'} "
+            "(its lane's other issues wait too: `execkit status` lists them)"
+        )
     reason = event.decision or event.reason or "-"
     return f"{event.issue_id}  {event.kind}: {reason}"
 

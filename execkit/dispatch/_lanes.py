@@ -68,6 +68,9 @@ class DispatchLanes:
         self._lanes: dict[str, str | None] = {}
         # lane -> (the refusal, when it opens: None = at the next pass)
         self._held: dict[str, tuple[ExecKitError, float | None]] = {}
+        # lane -> the wait last said (its kind and opening, or its fix): said again only
+        # when it changes, and forgotten when the lane admits a run
+        self._said: dict[str, tuple[str, float | str | None]] = {}
 
     def bind(self, ledger_id: str) -> None:
         """Once the ledger is known: lanes need its identity, and its capability."""
@@ -103,10 +106,25 @@ class DispatchLanes:
             return None
         return refusal
 
-    def refused(self, lane: str | None, refusal: LaneWaiting | LaneStopped) -> None:
+    def refused(self, lane: str | None, refusal: LaneWaiting | LaneStopped) -> bool:
+        """Hold `lane` after the ledger refused a run on it; True when this wait is news
+        (the lane's first refusal since it last admitted a run, or a wait that differs from
+        the one last said: another opening time, a stop), False for the same wait again."""
+        if lane is None:
+            return True
+        opens_at = refusal.opens_at if isinstance(refusal, LaneWaiting) else None
+        self._held[lane] = (refusal, opens_at)
+        wait: tuple[str, float | str | None] = (
+            ("waiting", opens_at) if isinstance(refusal, LaneWaiting) else ("stopped", refusal.fix)
+        )
+        news = self._said.get(lane) != wait
+        self._said[lane] = wait
+        return news
+
+    def admitted(self, lane: str | None) -> None:
+        """A run was admitted on `lane`: its next closing is news again."""
         if lane is not None:
-            opens_at = refusal.opens_at if isinstance(refusal, LaneWaiting) else None
-            self._held[lane] = (refusal, opens_at)
+            self._said.pop(lane, None)
 
     def closed(self, adapter: str, views: Mapping[str, LaneView]) -> LaneView | None:
         """Of `views` (lanes that do not admit, by name), the one a run on `adapter` would

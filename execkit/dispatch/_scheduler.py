@@ -139,6 +139,7 @@ class EventKind(enum.StrEnum):
     ATTEMPT_LIMIT = "attempt_limit"
     DONE = "done"
     REFUSED = "refused"
+    WAITING = "waiting"
     ERROR = "error"
 
 
@@ -156,6 +157,11 @@ class DispatchEvent:
     - `attempt_limit`: the explicit task limit is used up; it stays in progress.
     - `done`: the task had already succeeded; the issue was moved to the done state.
     - `refused`: the ledger refused the admission (e.g. another dispatcher is running it).
+    - `waiting`: the issue's vendor lane does not admit (parked, cooling, waiting on its
+      probe, or stopped); `reason` is the ledger's refusal for this issue's own task. Said
+      once when a lane's wait begins and once each time it changes, for the issue that met
+      it: the other issues the lane holds wait without an event (`execkit status` lists
+      each), and their cards stay where they are.
     - `error`: a ledger or board error for this issue; the other issues went on.
     """
 
@@ -774,9 +780,10 @@ class Dispatcher:
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
         lane = self._lanes.lane_of(self.config.adapter_of(issue))
-        held = self._lanes.holding(lane, self.clock())
-        if held is not None:  # a lane that does not admit: no ledger call, no slot
-            return [self._event(EventKind.REFUSED, issue, task, reason=held.message)]
+        if self._lanes.holding(lane, self.clock()) is not None:
+            # A lane that does not admit: no ledger call, no slot, and no event (its wait
+            # was said when it began; the status lists the issues it holds).
+            return []
         try:
             run = self.ledger.start_run(
                 task.id,
@@ -790,8 +797,9 @@ class Dispatcher:
                 lane=lane,
             )
         except (LaneWaiting, LaneStopped) as waiting:
-            self._lanes.refused(lane, waiting)
-            return [self._event(EventKind.REFUSED, issue, task, reason=waiting.message)]
+            if not self._lanes.refused(lane, waiting):
+                return []  # the same wait, said already
+            return [self._event(EventKind.WAITING, issue, task, reason=waiting.message)]
         except AttemptLimitReached:
             now_task = self.ledger.get_task(task.id, now=self.clock())
             return [self._attempt_limit_event(issue, now_task)]
@@ -818,6 +826,7 @@ class Dispatcher:
             and run.owner_instance == self.owner.instance
             and run.id not in self._running
         )
+        self._lanes.admitted(lane)
         if not mine:
             return [
                 self._event(
