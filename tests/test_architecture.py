@@ -48,6 +48,8 @@ RANKS = {
     "execkit._backoff": 0,
     "execkit._version": 0,
     "execkit._trace": 0,
+    # The one printer of a time and of a length of time, total (`utc_stamp`, `span`).
+    "execkit._stamp": 0,
     # The client's HTTP/1.1 connection (`execkit.remote`'s transport): the standard library only.
     "execkit._http1": 0,
     "execkit._exec": 1,

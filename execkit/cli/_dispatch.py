@@ -200,11 +200,9 @@ def _when(at: float | None, now: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
+    from execkit._stamp import span
+
+    return span(seconds)
 
 
 def describe_event(event: DispatchEvent, now: float | None = None) -> str:

@@ -81,10 +81,11 @@ def safe_text(text: str, *, multiline: bool = False) -> str:
 
 def utc_stamp(epoch_s: float) -> str:
     """`epoch_s` as an ISO 8601 UTC time to the second (`2026-12-03T18:21:51+00:00`): what
-    a human line prints for a time; JSON output keeps the epoch seconds."""
-    import datetime  # only the commands that print a time need it
+    a human line prints for a time; JSON output keeps the epoch seconds. Total: a time
+    no calendar holds is worded, never raised (`execkit._stamp`)."""
+    from execkit._stamp import utc_stamp as stamp  # only the commands that print a time
 
-    return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat(timespec="seconds")
+    return stamp(epoch_s)
 
 
 def emit(text: str = "", *, err: bool = False, lead: str = "") -> None:

@@ -17,7 +17,6 @@ ledger advertises `vendor.lanes` (an older server is sent none) and `enabled` is
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -27,6 +26,7 @@ from execkit._attempt import adapter_lane
 from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
 from execkit._lanes import LANE_WAIT, LaneView, host_lane
 from execkit._registry import get_adapter
+from execkit._stamp import utc_stamp
 from execkit.ledger import LANES_CAPABILITY, Ledger
 
 __all__ = ["DispatchLanes", "waiting_reason"]
@@ -35,8 +35,7 @@ __all__ = ["DispatchLanes", "waiting_reason"]
 def waiting_reason(lane: LaneView) -> str:
     """ "waiting on lane claude/default until 2026-12-05T15:00:00+00:00 (usage limit)"."""
     if lane.opens_at is not None:
-        stamp = datetime.datetime.fromtimestamp(lane.opens_at, tz=datetime.UTC)
-        until = f"until {stamp.isoformat(timespec='seconds')}"
+        until = f"until {utc_stamp(lane.opens_at)}"
     elif lane.state == "stopped":
         until = "until an operator resumes it"
     else:

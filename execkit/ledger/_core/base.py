@@ -10,7 +10,6 @@ operation that calls it, so an operation stays one transaction whatever it reuse
 
 from __future__ import annotations
 
-import datetime
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from execkit._budget import (
 )
 from execkit._errors import Conflict, HistoryError, NotFound
 from execkit._lanes import LaneConfigHistory
+from execkit._stamp import utc_stamp
 from execkit.ledger._core.store import (
     _ATTEMPT_STATUSES,
     _FAILURE_CLASSES,
@@ -70,7 +70,7 @@ SYSTEM_ACTOR = "execkit"
 
 
 def when(at: float) -> str:
-    return datetime.datetime.fromtimestamp(at, tz=datetime.UTC).isoformat(timespec="seconds")
+    return utc_stamp(at)
 
 
 def attempt_from_run(run: Run) -> Attempt:

@@ -181,8 +181,16 @@ class LaneOps(CoreBase):
         self._lane_settings = (raw, found)
         return found
 
-    def _lane_result(self, tx: Tx, ended: Run, cause: LaneCause | None, at: float) -> None:
-        """Feed `ended` (a run that just finished or was abandoned) to its lane, if any."""
+    def _lane_result(
+        self,
+        tx: Tx,
+        ended: Run,
+        cause: LaneCause | None,
+        at: float,
+        stated: float | None = None,
+    ) -> None:
+        """Feed `ended` (a run that just finished or was abandoned) to its lane, if any;
+        `stated` is the reset as the vendor stated it, before the run's own bound."""
         lane = tx.run_lane(ended.id)
         if lane is None:
             return
@@ -193,7 +201,7 @@ class LaneOps(CoreBase):
             if ended.failure_class is FailureClass.UPSTREAM:
                 kind = LaneEventKind.UPSTREAM
                 if cause is LaneCause.RESET and ended.not_before is not None:
-                    kind, until = LaneEventKind.RESET, ended.not_before
+                    kind, until = LaneEventKind.RESET, stated or ended.not_before
             elif ended.failure_class is FailureClass.ENVIRONMENT and cause in STOPPING_CAUSES:
                 kind = LaneEventKind.STOP
                 if cause is LaneCause.BINARY_MISSING and ended.owner_host:

@@ -61,6 +61,9 @@ from execkit.ledger._owner import process_owner
 __all__ = ["RunOps"]
 
 _FINAL_RUN_STATUSES = (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.ABANDONED)
+# `LaneConfig.max_park_s`'s lower bound: a stated reset nearer than this is within every
+# configuration's longest park, so it needs neither the cap nor a read of the configuration.
+_SHORTEST_PARK_S = 60.0
 
 
 def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
@@ -340,6 +343,10 @@ class RunOps(LeaseOps):
         values returns it unchanged; with different values it is a Conflict (an abandoned
         run's lease expired: its runner's late result cannot rewrite the history).
 
+        A `not_before` further than the lanes' longest park (`LaneConfig.max_park_s`, a
+        day by default) is stored at that bound, as its lane's park is: a vendor's absurd
+        reset never strands a task.
+
         A run bound to a lane feeds it (issue #28). `lane_cause` is what the adapter read
         from the vendor's structure, never from free text: `reset` (an upstream failure
         whose `not_before` the vendor stated: the lane parks until then), `credentials`,
@@ -424,6 +431,12 @@ class RunOps(LeaseOps):
                 + (f" ({run.reason})" if run.status is AttemptStatus.ABANDONED else "")
             )
         task = self._task(tx, run.task_id, lock=True)
+        stated = reset
+        if reset is not None and reset - at > _SHORTEST_PARK_S:
+            # A vendor's reset is bounded as its lane's park is: a task never waits longer
+            # than the lanes' longest park (an absurd `resetsAt` would strand it for ever).
+            # Its lane is told the reset as stated: the lane's fold caps it and says so.
+            reset = min(reset, at + self._lane_configs(tx).current.max_park_s)
         tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped)
         ended = attrs.evolve(
             run,
@@ -435,7 +448,7 @@ class RunOps(LeaseOps):
             stopped=stopped,
         )
         self._summary_after(tx, task, ended)
-        self._lane_result(tx, ended, cause, at)
+        self._lane_result(tx, ended, cause, at, stated)
         if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
             tx.set_task_status(run.task_id, TaskStatus.DONE, at)
         tx.audit(

@@ -34,13 +34,20 @@ function when(at, now) {
   if (at === null || at === undefined) return "-";
   const delta = at - now;
   const abs = Math.abs(delta);
+  if (Number.isNaN(abs)) return "-";
+  // The same words as the CLI's (execkit/_stamp.py `span`), whatever the value.
   const text = abs < 90 ? `${abs.toFixed(0)}s` : abs < 5400 ? `${(abs / 60).toFixed(0)}m`
-    : `${(abs / 3600).toFixed(1)}h`;
+    : abs < 172800 ? `${(abs / 3600).toFixed(1)}h`
+    : abs < 100 * 365.25 * 86400 ? `${(abs / 86400).toFixed(1)}d` : "over 100 years";
   return delta > 0 ? `in ${text}` : `${text} ago`;
 }
 
 function clock(at) {
-  return at === null || at === undefined ? "-" : new Date(at * 1000).toLocaleString();
+  if (at === null || at === undefined) return "-";
+  // A time no calendar holds (a vendor's absurd reset) is worded, never "Invalid Date".
+  const date = new Date(at * 1000);
+  if (Number.isNaN(date.getTime())) return Number.isFinite(at) && at > 0 ? "far in the future" : "an unreadable time";
+  return date.toLocaleString();
 }
 
 function attempts(card) {
