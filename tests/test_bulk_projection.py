@@ -152,9 +152,11 @@ def test_the_json_text_is_what_json_dumps_writes_for_every_kind(ledger: AnyLedge
     _every_kind(ledger)
     for task in ledger.iter_tasks(now=NOW):
         assert task_json(task) == json.dumps(task.to_dict(), sort_keys=True)
-        line = (
-            f"{task.id}  {task.state:<9} attempts {task.attempts_started}/"
-            f"{task.max_attempts or '-'}  {safe_text(task.title)}"
+        limit = task.max_attempts
+        started = f"{task.attempts_started}/{limit} limit" if limit else task.attempts_started
+        charged = task.charged_attempts if limit else f"{task.charged_attempts}/3"
+        line = f"{task.id}  {task.state:<9} started {started}, charged {charged}  " + safe_text(
+            task.title
         )
         assert _task_line(task) == line
 
@@ -253,6 +255,9 @@ def test_a_dashboard_row_is_its_tasks_fields_with_a_board_or_without(
                 last_status=None if last is None else last.status,
                 last_reason=None if last is None else last.reason,
                 reason=task.reason,
+                explicit_limit=task.max_attempts,
+                max_uncharged_attempts=task.max_uncharged_attempts,
+                waits_on="backoff" if task.state is TaskState.BACKOFF else None,
             )
         )
     rows = issue_statuses(ledger, config, now=NOW)
@@ -277,7 +282,7 @@ def _reference_table(rows: list[Any], now: float) -> list[str]:
 
     lines = [
         (
-            "ISSUE", "TASK", "BOARD", "LEDGER", "ATTEMPT", "CHARGED", "UNCHARGED", "NEXT",
+            "ISSUE", "TASK", "BOARD", "LEDGER", "STARTED", "CHARGED", "UNCHARGED", "NEXT",
             "LAST CLASS", "REASON",
         )
     ]  # fmt: skip
@@ -295,9 +300,16 @@ def _reference_table(rows: list[Any], now: float) -> list[str]:
                 row.task_id or "-",
                 "-" if row.board_state is None else safe_text(row.board_state),
                 "-" if state is None else f"{state} ({bound})" if bound else state,
-                f"{row.attempts}/{row.max_attempts or '-'}",
-                str(row.charged_attempts),
-                str(row.uncharged_streak),
+                (
+                    f"{row.attempts}/{row.max_attempts} "
+                    + ("limit" if row.max_attempts == row.explicit_limit else "cap")
+                    if row.max_attempts
+                    else str(row.attempts)
+                ),
+                str(row.charged_attempts) if row.explicit_limit else f"{row.charged_attempts}/3",
+                str(row.uncharged_streak)
+                if row.max_uncharged_attempts is None
+                else f"{row.uncharged_streak}/{row.max_uncharged_attempts}",
                 _when(row.next_attempt_at, now),
                 row.last_class.value if row.last_class else (row.last_status or "-"),
                 reason if len(reason) <= 160 else reason[:159] + "\u2026",

@@ -55,7 +55,7 @@ def test_dispatch_once_then_status(board: Path, capsys: pytest.CaptureFixture[st
         "TASK",
         "BOARD",
         "LEDGER",
-        "ATTEMPT",
+        "STARTED",
         "CHARGED",
         "UNCHARGED",
         "NEXT",
@@ -70,29 +70,29 @@ def test_dispatch_once_then_status(board: Path, capsys: pytest.CaptureFixture[st
     assert rows["OK"] == {
         "BOARD": "done",
         "LEDGER": "done",
-        "ATTEMPT": "1/5",
-        "CHARGED": "1",
-        "UNCHARGED": "0",
+        "STARTED": "1/5 cap",
+        "CHARGED": "1/3",
+        "UNCHARGED": "0/3",
         "NEXT": "-",
         "LAST CLASS": "succeeded",
         "REASON": "-",
     }
     env = rows["ENV"]
-    assert [env[c] for c in ("BOARD", "LEDGER", "ATTEMPT", "CHARGED", "NEXT", "LAST CLASS")] == [
+    assert [env[c] for c in ("BOARD", "LEDGER", "STARTED", "CHARGED", "NEXT", "LAST CLASS")] == [
         "blocked",
         "blocked (environment)",
-        "1/5",
-        "0",
+        "1/5 cap",
+        "0/3",
         "-",
         "environment",
     ]
     assert "acme-not-here CLI not found on PATH" in env["REASON"]
     bad = rows["BAD"]
-    assert [bad[c] for c in ("BOARD", "LEDGER", "ATTEMPT", "CHARGED", "LAST CLASS")] == [
+    assert [bad[c] for c in ("BOARD", "LEDGER", "STARTED", "CHARGED", "LAST CLASS")] == [
         "todo",
         "backoff",
-        "1/5",
-        "1",
+        "1/5 cap",
+        "1/3",
         "work",
     ]
     assert re.fullmatch(r"in \d+s", bad["NEXT"])  # the next attempt, relative to now
@@ -487,3 +487,56 @@ def test_a_result_that_ends_during_the_drain_is_reported_once(
     assert states(board) == {"DRAINED": "done"}
     listed = run_execkit("task", "runs", "t-1", "--db", str(db), "--json")
     assert [run["status"] for run in json.loads(listed.stdout)["runs"]] == ["succeeded"]
+
+
+@pytest.mark.parametrize(
+    ("limit", "status_cells", "listed", "shown"),
+    [
+        (
+            None,
+            ("1/10 cap", "1/3", "0/3"),
+            "started 1, charged 1/3",
+            "started 1, charged 1/3 (work budget), uncharged streak 0/3; 2 left",
+        ),
+        (
+            5,
+            ("1/5 limit", "1", "0/3"),
+            "started 1/5 limit, charged 1",
+            "started 1/5 (explicit limit), charged 1 (the explicit limit replaces the work "
+            "budget), uncharged streak 0/3; 4 left",
+        ),
+    ],
+)
+def test_every_surface_names_a_tasks_counts_the_same_way(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    limit: int | None,
+    status_cells: tuple[str, str, str],
+    listed: str,
+    shown: str,
+) -> None:
+    # One task, one charged failure: `status` showed ATTEMPT 1/10, `task list` attempts
+    # 1/-, `task show` limit - ... remaining 2, three numbers naming three bounds unnamed.
+    # Now each surface says attempts started against the bound that binds them (the
+    # dispatch cap or the explicit limit, named), charged attempts against the work budget
+    # (when no limit replaces it) and the uncharged streak against its ceiling.
+    db = str(tmp_path / "ledger.db")
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "BAD", "title": "t", "state": "todo", "argv": [f"{BIN}/fake-agent-wrong"]}],
+        dispatch={"max_attempts": 10},
+    )
+    assert main(["dispatch", "--board", str(board), "--once", "--db", db]) == 0
+    if limit is not None:
+        assert (
+            main(["task", "set-attempt-limit", "t-1", str(limit), "--expected", "0", "--db", db])
+            == 0
+        )
+    capsys.readouterr()
+    assert main(["status", "--board", str(board), "--db", db]) == 0
+    (row,) = table_columns(capsys.readouterr().out)
+    assert (row["STARTED"], row["CHARGED"], row["UNCHARGED"]) == status_cells
+    assert main(["task", "list", "--db", db]) == 0
+    assert listed in capsys.readouterr().out
+    assert main(["task", "show", "BAD", "--db", db]) == 0
+    assert f"  {shown}\n" in capsys.readouterr().out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -130,3 +131,84 @@ def test_the_status_table_says_which_open_task_waits_on_a_lane(
     assert code == 0
     reasons = {row["issue_id"]: row["reason"] for row in doc["issues"]}  # type: ignore[attr-defined]
     assert reasons["ISS-1"].startswith(f"waiting on lane {LANE} until ")
+
+
+def test_next_is_the_later_of_a_tasks_backoff_and_its_lanes_opening_and_says_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ISS-1's own backoff ends in about 10 s, but the lane another task parked opens in 54 s:
+    # its NEXT is the lane's, said so (it showed `in 10s` while nothing could run for 54).
+    # ISS-3 is held by a stopped lane: no time, and the row says it waits on its lane.
+    # ISS-2, on no lane, shows its own backoff.
+    from _support import table_columns
+
+    db = tmp_path / "l.db"
+    now = time.time()
+    stopped_lane = "codex/default"
+    with open_ledger(db) as ledger:
+        cases = (
+            ("ISS-0", LANE, "usage limit"),
+            ("ISS-1", LANE, "http 503"),
+            ("ISS-2", None, "http 503"),
+            ("ISS-3", stopped_lane, "credentials"),
+        )
+        runs = []  # all admitted first: the lane parks at ISS-0's result
+        for issue, lane, _ in cases:
+            task = ledger.create_task(f"board:{issue}", actor="d")
+            runs.append(ledger.start_run(task.id, request_key=issue, actor="d", lane=lane, now=now))
+        for run, (issue, _, reason) in zip(runs, cases, strict=True):
+            environment = reason == "credentials"
+            ledger.finish_run(
+                run.id,
+                "failed",
+                failure_class="environment" if environment else "upstream",  # type: ignore[arg-type]
+                reason=reason,
+                not_before=now + 54 if issue == "ISS-0" else None,
+                lane_cause=(
+                    "credentials" if environment else "reset" if issue == "ISS-0" else None
+                ),
+                now=now,
+            )
+        ledger.retry_task("t-4", actor="d", force=True, now=now)  # open, held by the stop
+    assert main(["status", "--db", str(db)]) == 0
+    rows = {row["ISSUE"]: row for row in table_columns(capsys.readouterr().out)}
+    assert re.fullmatch(r"in (5[0-4])s \(lane\)", rows["ISS-1"]["NEXT"]), rows["ISS-1"]
+    assert re.fullmatch(r"in \d+s", rows["ISS-2"]["NEXT"]), rows["ISS-2"]
+    assert rows["ISS-3"]["NEXT"] == "on its lane", rows["ISS-3"]
+    code, doc = _json(capsys, "status", "--db", str(db))
+    assert code == 0
+    by_issue = {row["issue_id"]: row for row in doc["issues"]}  # type: ignore[attr-defined]
+    assert by_issue["ISS-1"]["waits_on"] == "lane"
+    assert by_issue["ISS-1"]["next_attempt_at"] == pytest.approx(now + 54)
+    assert by_issue["ISS-2"]["waits_on"] == "backoff"
+
+
+def test_lane_show_says_when_the_lane_closed_and_why_and_how_many_events_it_shows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 25 upstream failures spread out (none trips the breaker), then a usage limit with a
+    # reset: the text names the event that parked the lane and what it became, and says it
+    # shows the last 20 of 26 (only --json had said how many there were).
+    db = tmp_path / "l.db"
+    now = time.time() - 10_000
+    with open_ledger(db) as ledger:
+        for n in range(26):
+            task = ledger.create_task(f"t{n}", actor="d")
+            at = now + 100 * n
+            run = ledger.start_run(task.id, request_key=str(n), actor="d", lane=LANE, now=at)
+            last = n == 25
+            ledger.finish_run(
+                run.id,
+                "failed",
+                failure_class="upstream",  # type: ignore[arg-type]
+                reason="usage limit" if last else "http 503",
+                not_before=at + 20_000 if last else None,
+                lane_cause="reset" if last else None,
+                now=at + 1,
+            )
+    assert main(["lane", "show", LANE, "--db", str(db)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  the last 20 of 26 events (--json lists them all):" in out
+    moved = [line for line in out if " -> " in line]
+    assert len(moved) == 1 and " reset until " in moved[0]
+    assert moved[0].endswith("(usage limit)") and "-> parked until " in moved[0]

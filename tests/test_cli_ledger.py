@@ -506,7 +506,7 @@ def test_human_output(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("r-1  t-1 attempt 1  running")
     assert main(["run", "finish", "r-1", "failed", "--reason", "boom", *where]) == 0
     assert main(["task", "list", *where]) == 0
-    assert "attempts 1/2" in capsys.readouterr().out
+    assert "started 1/2 limit, charged 1  hello" in capsys.readouterr().out
     assert main(["db", "check", *where]) == 0
     assert "ok" in capsys.readouterr().out
     assert main(["task", "show", "t-9", *where]) == EXIT_CODES["not_found"]

@@ -46,20 +46,20 @@ def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
     out, where = kept
     rows = {row["ISSUE"]: row for row in table_columns(out)}
     assert set(rows) == {"DEMO-1", "DEMO-2", "DEMO-3", "DEMO-4"}
-    columns = ["BOARD", "LEDGER", "ATTEMPT", "CHARGED", "UNCHARGED", "NEXT", "LAST CLASS"]
+    columns = ["BOARD", "LEDGER", "STARTED", "CHARGED", "UNCHARGED", "NEXT", "LAST CLASS"]
 
     def cells(issue: str) -> list[str]:
         return [rows[issue][c] for c in columns]
 
     # One succeeds at once.
-    assert cells("DEMO-1") == ["done", "done", "1/10", "1", "0", "-", "succeeded"]
+    assert cells("DEMO-1") == ["done", "done", "1/10 cap", "1/3", "0/3", "-", "succeeded"]
     # The missing binary stops at once, uncharged, naming the install hint.
     assert cells("DEMO-2") == [
         "blocked",
         "blocked (environment)",
-        "1/10",
-        "0",
-        "0",
+        "1/10 cap",
+        "0/3",
+        "0/3",
         "-",
         "environment",
     ]
@@ -67,7 +67,7 @@ def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
         "environment: acme-agent CLI not found on PATH; install: pip install acme-agent"
     )
     # A vendor 503 twice, then success: three dispatches, only the success charged.
-    assert cells("DEMO-3") == ["done", "done", "3/10", "1", "0", "-", "succeeded"]
+    assert cells("DEMO-3") == ["done", "done", "3/10 cap", "1/3", "0/3", "-", "succeeded"]
     events = event_lines(out)
     assert [line.split()[3:5] for line in events if "DEMO-3" in line] == [
         ["attempt", "1/10"],
@@ -77,7 +77,7 @@ def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
     upstream = [line for line in events if "upstream (uncharged): http 503" in line]
     assert [line.split()[2] for line in upstream] == ["DEMO-3", "DEMO-3"]
     # Always wrong: charged until the charged budget is spent, then Blocked.
-    assert cells("DEMO-4") == ["blocked", "blocked (work)", "3/10", "3", "0", "-", "work"]
+    assert cells("DEMO-4") == ["blocked", "blocked (work)", "3/10 cap", "3/3", "0/3", "-", "work"]
     # The block and then the last failure itself (issue #31: the block alone hides it).
     assert rows["DEMO-4"]["REASON"] == (
         "charged budget spent: 3 of 3 attempts; last failure: default: check failed: "

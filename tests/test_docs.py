@@ -408,3 +408,19 @@ def test_the_documentation_stays_inside_the_repository(path: Path) -> None:
         if re.match(r"[a-z]+:", target):
             continue  # an absolute URL
         assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+
+
+def test_the_board_key_tables_name_every_key_the_code_reads() -> None:
+    # `dispatch.default_adapter` (and the concurrency keys) were accepted by the schema and
+    # `--help` but missing from the table; a new key must come with its row, and an issue
+    # key with its words.
+    import attrs
+
+    from execkit.dispatch import BoardIssue, DispatchConfig
+
+    text = (REPO / "docs" / "formats.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.MULTILINE))
+    assert {field.name for field in attrs.fields(DispatchConfig)} <= rows
+    issue_keys = {field.name for field in attrs.fields(BoardIssue)} - {"prompt"}
+    for key in issue_keys | {"prompt", "body"}:
+        assert f"`{key}`" in text, key

@@ -91,7 +91,7 @@ def test_dispatch_and_status_through_the_remote(
     # The board remembers the server: status finds it without --remote.
     assert main(["status", "--board", str(board)]) == 0
     rows = {row.pop("ISSUE"): row for row in table_columns(capsys.readouterr().out)}
-    assert (rows["OK"]["LEDGER"], rows["OK"]["ATTEMPT"]) == ("done", "1/5")
+    assert (rows["OK"]["LEDGER"], rows["OK"]["STARTED"]) == ("done", "1/5 cap")
     assert (rows["BAD"]["LEDGER"], rows["BAD"]["LAST CLASS"]) == ("backoff", "work")
     assert re.fullmatch(r"in \d+s", rows["BAD"]["NEXT"])
     assert main(["status", "--remote", served.url, "--json"]) == 0

@@ -267,9 +267,10 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
     emit(f"\nstatus after {clock() - clock.start:.0f}s of virtual time ({elapsed:.1f}s real):\n")
     emit(format_status_table(rows, clock()))
     emit(
-        "\nATTEMPT counts every dispatch against the cap; CHARGED only the attempts that said "
-        "something about the work;\nUNCHARGED is the current run of upstream failures. "
-        "Missing binaries and vendor outages cost no budget."
+        "\nSTARTED counts every dispatch against the dispatch cap; CHARGED only the attempts "
+        "that said something about the work,\nagainst the work budget; UNCHARGED is the "
+        "current run of upstream failures against its ceiling.\nMissing binaries and vendor "
+        "outages cost no budget."
     )
     return status
 

@@ -18,7 +18,15 @@ from typing import Any
 
 from execkit._errors import InvalidInput
 from execkit._json import to_json
-from execkit._lanes import LaneEvent, LaneView
+from execkit._lanes import (
+    LaneConfig,
+    LaneEvent,
+    LaneState,
+    LaneSummary,
+    LaneView,
+    open_lane,
+    step,
+)
 from execkit.cli._args import parse_seconds
 from execkit.cli._ledger import _acting, _actor, _common, _using
 from execkit.cli._output import emit, print_json, safe_text, utc_stamp, waiting_text
@@ -108,11 +116,52 @@ def lane_line(lane: LaneView) -> str:
     return safe_text(f"{lane.lane}  {lane.state:<9}  opens {opens}  {lane.reason or '-'}{capped}")
 
 
-def _event_line(event: LaneEvent) -> str:
+# How many of a lane's events `lane show` prints (the newest; `--json` has them all).
+SHOWN_EVENTS = 20
+
+
+def _event_line(event: LaneEvent, after: LaneSummary | None) -> str:
     until = f" until {utc_stamp(event.until)}" if event.until is not None else ""
     run = f" {event.run_id}" if event.run_id else ""
     why = f"  {event.reason}" if event.reason else ""
-    return safe_text(f"  {utc_stamp(event.at)}  {event.kind}{until}{run} by {event.actor}{why}")
+    moved = f"  -> {_state_words(after)}" if after is not None else ""
+    return safe_text(
+        f"  {utc_stamp(event.at)}  {event.kind}{until}{run} by {event.actor}{why}{moved}"
+    )
+
+
+def _state_words(summary: LaneSummary) -> str:
+    """What a lane became: `parked until T (usage limit)`, `cooling until T (breaker: ...)`,
+    `stopped (fix ...)`, `half-open (probe r-9)`, `open`."""
+    if summary.state in (LaneState.PARKED, LaneState.COOLING):
+        until = utc_stamp(summary.until) if summary.until is not None else "-"
+        capped = ", capped" if summary.capped else ""
+        return f"{summary.state} until {until} ({summary.reason or '-'}{capped})"
+    if summary.state is LaneState.STOPPED:
+        return f"stopped ({summary.reason or '-'})"
+    if summary.state is LaneState.HALF_OPEN:
+        return f"half-open (probe {summary.probe_run or '-'})"
+    return str(summary.state)
+
+
+def _changes(events: list[LaneEvent], config: LaneConfig) -> list[LaneSummary | None]:
+    """For each event, the lane's state after it where the event changed the state (None
+    where it did not): the lane's history folded as the ledger folds it (with `config`, the
+    lanes' configuration in force now: an event folded under an older one may have moved
+    the lane otherwise, which `execkit db check` compares exactly)."""
+    moved: list[LaneSummary | None] = []
+    summary: LaneSummary | None = None
+    for event in events:
+        before = summary or open_lane(event.lane)
+        summary = step(before, event, config)
+        changed = (summary.state, summary.until, summary.reason, summary.probe_run) != (
+            before.state,
+            before.until,
+            before.reason,
+            before.probe_run,
+        )
+        moved.append(summary if changed else None)
+    return moved
 
 
 def _print_lane(args: argparse.Namespace, lane: LaneView, **extra: Any) -> int:
@@ -142,12 +191,19 @@ def _show(args: argparse.Namespace) -> int:
     with _using(args, write=False) as ledger:
         lane = ledger.get_lane(args.lane)
         events = ledger.lane_history(args.lane)
-    if args.json:
+        config = None if args.json else ledger.lane_config()
+    if args.json or config is None:
         print_json({**lane.to_dict(), "events": [event.to_dict() for event in events]})
         return 0
     _print_lane(args, lane)
-    for event in events[-20:]:
-        emit(_event_line(event))
+    shown = events[-SHOWN_EVENTS:]
+    if len(shown) < len(events):
+        emit(f"  the last {len(shown)} of {len(events)} events (--json lists them all):")
+    else:
+        emit(f"  its {len(events)} event{'s' if len(events) != 1 else ''}:")
+    moved = _changes(events, config)[-len(shown) :] if shown else []
+    for event, after in zip(shown, moved, strict=True):
+        emit(_event_line(event, after))
     return 0
 
 

@@ -22,14 +22,18 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from execkit._budget import WorkBudget
 from execkit._errors import InvalidInput, NotFound, StorageError
 from execkit.cli._args import CliParser, parse_int, parse_seconds
 from execkit.cli._output import (
     EXIT_CODES,
+    charged_cell,
+    counts_phrase,
     emit,
     print_json,
     print_json_list,
     safe_text,
+    started_cell,
     utc_stamp,
     waiting_text,
     write_lines,
@@ -459,22 +463,22 @@ def _with_ledger(args: argparse.Namespace, *, create: bool, action: Callable[[Le
 # -- output -----------------------------------------------------------------------------
 
 
-def _limit_text(task: Task) -> str:
-    return str(task.max_attempts) if task.max_attempts else "-"
-
-
-def _print_task(task: Task, *, as_json: bool) -> None:
+def _print_task(task: Task, *, as_json: bool, budget: int | None) -> None:
     if as_json:
         print_json(task.to_dict())
         return
     emit(f"{safe_text(task.id)}  {safe_text(task.title)}")
     emit(f"  status {task.status}, state {task.state}, ready {'yes' if task.ready else 'no'}")
-    emit(
-        f"  attempts started {task.attempts_started}, limit {_limit_text(task)}, "
-        f"charged {task.charged_attempts}, uncharged streak {task.uncharged_streak}, "
-        f"remaining {task.remaining if task.remaining is not None else '-'}"
+    counts = counts_phrase(
+        task.attempts_started,
+        task.charged_attempts,
+        task.uncharged_streak,
+        explicit_limit=task.max_attempts,
+        ceiling=task.max_uncharged_attempts,
+        budget=budget,
     )
-    emit(f"  uncharged ceiling {task.max_uncharged_attempts}")
+    left = f"; {task.remaining} left" if task.remaining is not None else ""
+    emit(f"  {counts}{left}")
     if task.retry_pending:
         emit("  an operator's forced retry is pending")
     if task.blocked_on:
@@ -538,7 +542,7 @@ def _print_result(
         if isinstance(result, Run):
             _print_run(result, as_json=args.json)
         else:
-            _print_task(result, as_json=args.json)
+            _print_task(result, as_json=args.json, budget=ledger.budget.max_attempts)
     return 0
 
 
@@ -580,7 +584,7 @@ def _task_create(args: argparse.Namespace) -> int:
 def _task_show(args: argparse.Namespace) -> int:
     with _using(args, write=False) as ledger:
         task = _task_or_issue(ledger, args.task_id)
-        _print_task(task, as_json=args.json)
+        _print_task(task, as_json=args.json, budget=ledger.budget.max_attempts)
         if not args.json and LANES_CAPABILITY in ledger.capabilities():
             lane = ledger.task_lane(task.id)
             if lane is not None and not lane.admits and task.status == "open":
@@ -613,12 +617,17 @@ def _task_retry(args: argparse.Namespace) -> int:
     )
 
 
-def _task_line(task: Task | TaskValues) -> str:
-    """A listing's line for a task (its values, or a Task: one line either way)."""
+def _task_line(task: Task | TaskValues, budget: int | None = WorkBudget().max_attempts) -> str:
+    """A listing's line for a task (its values, or a Task: one line either way): its
+    attempts started (against its explicit limit, when it has one) and its charged
+    attempts (against the work budget, `budget`, when no limit replaces it), named as on
+    every surface (`started_cell`, `charged_cell`)."""
     limit = task.max_attempts
+    started = started_cell(task.attempts_started, limit, limit or None)
+    charged = charged_cell(task.charged_attempts, None if limit else budget)
     return (
-        f"{task.id}  {_PADDED_STATES[task.state]} attempts {task.attempts_started}/"
-        f"{limit if limit else '-'}  {safe_text(task.title)}"
+        f"{task.id}  {_PADDED_STATES[task.state]} started {started}, charged {charged}  "
+        f"{safe_text(task.title)}"
     )
 
 
@@ -728,17 +737,19 @@ def _task_list(args: argparse.Namespace) -> int:
             if args.json:
                 print_json_list("tasks", listed, encoded=values_json)
             else:
-                write_lines(map(_task_line, listed))
+                budget = ledger.budget.max_attempts
+                write_lines(_task_line(task, budget) for task in listed)
             return 0
         tasks = _primed(ledger.iter_tasks(state=args.state, after=args.after))
         page = list(itertools.islice(tasks, limit + 1))
+        budget = ledger.budget.max_attempts
     more = len(page) > limit
     del page[limit:]
     next_after = page[-1].id if more else None
     if args.json:
         print_json({"next_after": next_after, "tasks": [task.to_dict() for task in page]})
         return 0
-    write_lines(map(_task_line, page))
+    write_lines(_task_line(task, budget) for task in page)
     if next_after is not None:
         emit(f"more: continue with --after {safe_text(next_after)}")
     return 0

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_CODES",
     "INTERNAL_ERROR_EXIT",
+    "charged_cell",
+    "counts_phrase",
     "emit",
     "log_handler",
     "print_json",
@@ -41,6 +43,8 @@ __all__ = [
     "report_internal_error",
     "safe_text",
     "show_credential",
+    "started_cell",
+    "uncharged_cell",
     "utc_stamp",
     "waiting_text",
 ]
@@ -77,6 +81,55 @@ def safe_text(text: str, *, multiline: bool = False) -> str:
     if text.isprintable():  # no control at all (each is unprintable): the common case
         return text
     return text.translate(_ESCAPES_MULTILINE if multiline else _ESCAPES)
+
+
+def started_cell(started: int, explicit_limit: int, bound: int | None) -> str:
+    """Attempts started against the bound that binds them, named: `1/10 cap` (the dispatch
+    cap), `1/5 limit` (the task's explicit limit, when it is the lower), `1` (neither).
+    Every surface words the three counts of a task with these (`counts_phrase`)."""
+    if bound is None:
+        return str(started)
+    return f"{started}/{bound} {'limit' if explicit_limit and bound == explicit_limit else 'cap'}"
+
+
+def charged_cell(charged: int, budget: int | None) -> str:
+    """Charged attempts against the work budget (`1/3`); `1` where no budget applies (an
+    explicit limit replaces it, or a negative dispatch cap lifts it)."""
+    return str(charged) if budget is None else f"{charged}/{budget}"
+
+
+def uncharged_cell(streak: int, ceiling: int | None) -> str:
+    """The uncharged streak against its ceiling (`0/3`)."""
+    return str(streak) if ceiling is None else f"{streak}/{ceiling}"
+
+
+def counts_phrase(
+    started: int,
+    charged: int,
+    streak: int,
+    *,
+    explicit_limit: int,
+    ceiling: int | None,
+    budget: int | None,
+    cap: int | None = None,
+) -> str:
+    """A task's three counts in a line, each named: `started 1/10 (dispatch cap), charged
+    1/3 (work budget), uncharged streak 0/3`. `budget` is the work budget's charged bound
+    (None when none applies); an explicit limit replaces it, and is then named as the
+    bound on attempts started. `cap` is the dispatch cap, where a dispatcher applies one."""
+    bounds = [b for b in (cap, explicit_limit) if b]
+    bound = min(bounds) if bounds else None
+    started_text = f"started {started}"
+    if bound is not None:
+        what = "explicit limit" if explicit_limit and bound == explicit_limit else "dispatch cap"
+        started_text += f"/{bound} ({what})"
+    if explicit_limit:
+        charged_text = f"charged {charged} (the explicit limit replaces the work budget)"
+    elif budget is None:
+        charged_text = f"charged {charged}"
+    else:
+        charged_text = f"charged {charged}/{budget} (work budget)"
+    return f"{started_text}, {charged_text}, uncharged streak {uncharged_cell(streak, ceiling)}"
 
 
 def utc_stamp(epoch_s: float) -> str:

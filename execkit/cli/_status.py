@@ -20,13 +20,22 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from execkit._budget import BlockedOn
+from execkit._budget import BlockedOn, WorkBudget
 from execkit._errors import Conflict, InvalidInput, NotFound
 from execkit._lanes import LANE_WAIT
 from execkit._mask import mask_text
 from execkit.cli._dispatch import _add_common, _clip, _config, _when
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
-from execkit.cli._output import emit, print_json_list, safe_text, utc_stamp, write_lines
+from execkit.cli._output import (
+    charged_cell,
+    emit,
+    print_json_list,
+    safe_text,
+    started_cell,
+    uncharged_cell,
+    utc_stamp,
+    write_lines,
+)
 from execkit.dispatch import (
     DispatchConfig,
     IssueStatus,
@@ -88,26 +97,49 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     status.set_defaults(handler=_status)
 
 
-def format_status_table(rows: Iterable[IssueStatus], now: float) -> str:
+# The work budget's charged bound when the caller names none: `WorkBudget()`'s.
+_DEFAULT_BUDGET = WorkBudget().max_attempts
+
+
+def format_status_table(
+    rows: Iterable[IssueStatus], now: float, *, budget: int | None = _DEFAULT_BUDGET
+) -> str:
     """The dashboard as an aligned text table: `status_table_lines` joined."""
-    return "\n".join(status_table_lines(rows, now))
+    return "\n".join(status_table_lines(rows, now, budget=budget))
 
 
-def status_table_lines(rows: Iterable[IssueStatus], now: float) -> Iterator[str]:
+def status_table_lines(
+    rows: Iterable[IssueStatus], now: float, *, budget: int | None = _DEFAULT_BUDGET
+) -> Iterator[str]:
     """`status_value_lines` of the rows' values."""
-    return status_value_lines(map(issue_status_values, rows), now)
+    return status_value_lines(map(issue_status_values, rows), now, budget=budget)
 
 
-def status_value_lines(rows: Iterable[IssueStatusValues], now: float) -> Iterator[str]:
+def status_value_lines(
+    rows: Iterable[IssueStatusValues], now: float, *, budget: int | None = _DEFAULT_BUDGET
+) -> Iterator[str]:
     """The dashboard as the lines of an aligned text table (the reason column is not
     padded), yielded as `rows` yields them: each row from its values, as `status` reads
     them (no `IssueStatus` built). `status_value_blocks`, a line at a time."""
-    return itertools.chain.from_iterable(status_value_blocks(rows, now))
+    return itertools.chain.from_iterable(status_value_blocks(rows, now, budget=budget))
 
 
-def status_value_blocks(rows: Iterable[IssueStatusValues], now: float) -> Iterator[list[str]]:
+def budget_shown(ledger: Ledger, config: DispatchConfig) -> int | None:
+    """The work budget's charged bound a status row shows: the ledger's, or None where a
+    negative dispatch cap lifts it (ADR 015's escape hatch)."""
+    return None if config.max_attempts < 0 else ledger.budget.max_attempts
+
+
+def status_value_blocks(
+    rows: Iterable[IssueStatusValues], now: float, *, budget: int | None = _DEFAULT_BUDGET
+) -> Iterator[list[str]]:
     """The lines of `status_value_lines`, a block of up to `LIST_PAGE` at a time (the
-    header in the first), each block as soon as its rows are read.
+    header in the first), each block as soon as its rows are read. The counts are named
+    as on every surface (`started_cell`, `charged_cell`, `uncharged_cell`): attempts
+    started against the binding bound (`1/10 cap`, `1/5 limit`), charged attempts against
+    `budget` (the work budget's bound; a row with an explicit limit has none), the
+    uncharged streak against its ceiling. NEXT is the later of a task's own backoff and
+    its vendor lane's opening, and says which (`in 54s (lane)`).
 
     Every cell is escaped (`safe_text`) before the columns are measured, so a control
     character in an issue id, state or reason neither rewrites the terminal nor breaks the
@@ -120,7 +152,7 @@ def status_value_blocks(rows: Iterable[IssueStatusValues], now: float) -> Iterat
         "TASK",
         "BOARD",
         "LEDGER",
-        "ATTEMPT",
+        "STARTED",
         "CHARGED",
         "UNCHARGED",
         "NEXT",
@@ -133,7 +165,7 @@ def status_value_blocks(rows: Iterable[IssueStatusValues], now: float) -> Iterat
     blocked, work = TaskState.BLOCKED, BlockedOn.WORK
     for (
         issue_id, _, board_state, task_id, state, bound, attempts, limit, charged, streak, at,
-        last_class, last_status, last_reason, reason,
+        last_class, last_status, last_reason, reason, explicit, ceiling, waits_on,
     ) in rows:  # fmt: skip
         # The reason: the last failure's, or the block's (a work block names both); an open
         # task held by a vendor lane says so first.
@@ -153,10 +185,10 @@ def status_value_blocks(rows: Iterable[IssueStatusValues], now: float) -> Iterat
                 task_id or "-",
                 "-" if board_state is None else safe_text(board_state),
                 "-" if state is None else f"{state} ({bound})" if bound else state,
-                f"{attempts}/{limit}" if limit else f"{attempts}/-",
-                str(charged),
-                str(streak),
-                "-" if at is None else _when(at, now),
+                started_cell(attempts, explicit, limit),
+                charged_cell(charged, None if explicit else budget),
+                uncharged_cell(streak, ceiling),
+                _next_cell(at, waits_on, now),
                 last_class or last_status or "-",  # a StrEnum: `%s` writes its value
                 reason if len(reason) <= _REASON_WIDTH else _clip(reason, _REASON_WIDTH),
             )
@@ -182,10 +214,11 @@ def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> list[str]:
 @contextlib.contextmanager
 def _rows(
     args: argparse.Namespace,
-) -> Iterator[tuple[float, DispatchConfig, Iterator[IssueStatusValues]]]:
+) -> Iterator[tuple[float, DispatchConfig, int | None, Iterator[IssueStatusValues]]]:
     """The dashboard's rows, read while the ledger is open: streamed from one pass over it
     without a board; with one, every issue's row first (a ledger that has no task for any
-    of them is refused before anything is printed)."""
+    of them is refused before anything is printed). With them the time they were read at,
+    the dispatch configuration and the work budget's bound the rows show (`budget_shown`)."""
     board = JsonFileBoard(args.board) if args.board else None
     config = _config(args, board)
     now = time.time()
@@ -202,9 +235,19 @@ def _rows(
                     f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
                 )
             rows = iter(held)
-        yield now, config, rows
+        yield now, config, budget_shown(ledger, config), rows
     finally:
         ledger.close()
+
+
+def _next_cell(at: float | None, waits_on: str | None, now: float) -> str:
+    """NEXT: when the row's task is next due (`in 14s`), and on what, where a lane holds
+    it (`in 54s (lane)`; a lane only an operator or its probe opens: `on its lane`)."""
+    on_lane = waits_on == "lane"  # `IssueStatus.waits_on`
+    if at is None:
+        return "on its lane" if on_lane else "-"
+    shown = _when(at, now)
+    return f"{shown} (lane)" if on_lane else shown
 
 
 def _empty(args: argparse.Namespace) -> str:
@@ -213,8 +256,8 @@ def _empty(args: argparse.Namespace) -> str:
 
 def _read(args: argparse.Namespace) -> tuple[float, str]:
     """The table as one text (what `--watch` draws), and the time it was read at."""
-    with _rows(args) as (now, _, rows):
-        text = "\n".join(status_value_lines(rows, now))
+    with _rows(args) as (now, _, budget, rows):
+        text = "\n".join(status_value_lines(rows, now, budget=budget))
     if args.board is not None:  # masked as the table `status` prints once is
         text = mask_text(text)
     return now, text if "\n" in text else _empty(args)
@@ -227,7 +270,7 @@ def _status(args: argparse.Namespace) -> int:
         return watch(args, sys.stdout, time.sleep)
     if args.count is not None:
         raise InvalidInput("execkit status: --count goes with --watch", field="count")
-    with _rows(args) as (now, config, rows):
+    with _rows(args) as (now, config, budget, rows):
         first = list(itertools.islice(rows, 1))  # an error at the first read prints nothing
         if args.json:
             head = {"now": now, "config": config.to_dict()}
@@ -241,7 +284,7 @@ def _status(args: argparse.Namespace) -> int:
             # The table as the JSON: masked with a board (its ids and states are outside
             # text), not without (every cell is the ledger's, masked as it was stored, or
             # execkit's own words), as `task list` prints it.
-            lines = status_value_lines(itertools.chain(first, rows), now)
+            lines = status_value_lines(itertools.chain(first, rows), now, budget=budget)
             write_lines(lines, masked=args.board is not None)
     return 0
 

@@ -59,6 +59,11 @@ class IssueStatus:
     last_status: AttemptStatus | None
     last_reason: str | None
     reason: str | None
+    explicit_limit: int = 0  # the task's own limit on attempts started; 0 = none
+    max_uncharged_attempts: int | None = None  # the ceiling on the uncharged streak
+    # What `next_attempt_at` waits for: `backoff` (the task's own retry delay) or `lane`
+    # (its vendor lane's opening, when that is later); None when it waits for neither.
+    waits_on: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -85,6 +90,9 @@ class IssueStatusValues(NamedTuple):
     last_status: AttemptStatus | None
     last_reason: str | None
     reason: str | None
+    explicit_limit: int
+    max_uncharged_attempts: int | None
+    waits_on: str | None
 
 
 fields_in_order(IssueStatus, IssueStatusValues._fields, "IssueStatusValues holds them so")
@@ -92,6 +100,8 @@ _row_getter = operator.attrgetter(*IssueStatusValues._fields)
 # A tuple of the fields, in order, as the row's values: one C call (no Python `__new__`).
 _values_of = functools.partial(tuple.__new__, IssueStatusValues)
 _NO_LAST = (None, None, None)  # a task never attempted: no last status, class or reason
+BACKOFF_WAIT = "backoff"  # `IssueStatus.waits_on`: the task's own retry delay
+LANE_WAIT_ON = "lane"  # `IssueStatus.waits_on`: its vendor lane's opening (or an operator)
 
 
 def issue_status_values(row: IssueStatus) -> IssueStatusValues:
@@ -112,10 +122,11 @@ def _status_row(
     if task is None:
         return _values_of(
             (issue_id, title, board_state, None, None, None, 0, bound, 0, 0, None, None, None,
-             None, None)
+             None, None, 0, None, None)
         )  # fmt: skip
     state = task.state
     last_status, last_class, last_reason = _NO_LAST if last is None else last
+    backoff = state is TaskState.BACKOFF
     return _values_of(
         (
             issue_id,
@@ -128,11 +139,14 @@ def _status_row(
             bound,  # max_attempts
             task.charged_attempts,
             task.uncharged_streak,
-            task.next_attempt_at if state is TaskState.BACKOFF else None,
+            task.next_attempt_at if backoff else None,
             last_class,
             last_status,
             last_reason,
             task.reason,
+            task.max_attempts,  # explicit_limit
+            task.max_uncharged_attempts,
+            BACKOFF_WAIT if backoff else None,  # waits_on
         )
     )
 
@@ -227,15 +241,13 @@ def iter_issue_status_values(
             if ids:
                 task_lanes.update(ledger.task_lanes(ids, now=at))
 
-    def waiting(task: Task | TaskValues, adapter: str | None) -> str | None:
+    def waiting(task: Task | TaskValues, adapter: str | None) -> LaneView | None:
         if not closed or not may_wait(task):
             return None
-        from execkit.dispatch._lanes import waiting_reason  # loaded above: a lane is closed
-
         view = task_lanes.get(task.id)
         if (view is None or view.admits) and lanes is not None and adapter is not None:
             view = lanes.closed(adapter, closed)
-        return None if view is None or view.admits else waiting_reason(view)
+        return None if view is None or view.admits else view
 
     def row(
         issue_id: str,
@@ -262,7 +274,7 @@ def iter_issue_status_values(
             bound = bounds[limit] = config.bound_for(task)
         shown = _status_row(issue_id, title, board_state, task, last, bound)
         held = waiting(task, adapter) if closed else None  # no lane closed: none waits
-        return shown if held is None else shown._replace(reason=held)
+        return shown if held is None else _held(shown, held)
 
     if board is None and not closed:  # no forced retry to show, no lane to wait on
         yield from _ledger_rows(dispatched, config)
@@ -292,6 +304,20 @@ def iter_issue_status_values(
         yield row(issue.id, issue.title, issue.state, found, config.adapter_of(issue))
 
 
+def _held(shown: IssueStatusValues, lane: LaneView) -> IssueStatusValues:
+    """`shown`, an open task's row, held by `lane` (which does not admit): its reason says
+    so, and its next attempt is the later of its own backoff and the lane's opening (a lane
+    only an operator or a probe's result opens has none: the row waits on the lane)."""
+    from execkit.dispatch._lanes import waiting_reason  # loaded by the caller: a lane is closed
+
+    own = shown.next_attempt_at
+    if lane.opens_at is not None and own is not None and own >= lane.opens_at:
+        return shown._replace(reason=waiting_reason(lane))
+    return shown._replace(
+        reason=waiting_reason(lane), next_attempt_at=lane.opens_at, waits_on=LANE_WAIT_ON
+    )
+
+
 def _pages(
     dispatched: Iterator[tuple[TaskValues, LastOutcome | None]],
 ) -> Iterator[list[tuple[TaskValues, LastOutcome | None]]]:
@@ -310,21 +336,23 @@ def _ledger_rows(
     `row`'s fields."""
     start = len(TASK_TITLE_PREFIX)
     backoff = TaskState.BACKOFF
+    backoff_wait = BACKOFF_WAIT
     bounds: dict[int, int | None] = {}
     for task, last in dispatched:
         (
             task_id, title, _, state, blocked_on, reason, _, limit, attempts, charged, streak,
-            _, next_at, _, _, _, _, _,
+            _, next_at, _, _, ceiling, _, _,
         ) = task  # fmt: skip
         if limit in bounds:  # the binding bound depends on the limit alone
             bound = bounds[limit]
         else:
             bound = bounds[limit] = config.bound_for(task)
         last_status, last_class, last_reason = _NO_LAST if last is None else last
+        waits = state is backoff
         yield _values_of(
             (
                 title[start:], "", None, task_id, state, blocked_on, attempts, bound, charged,
-                streak, next_at if state is backoff else None, last_class, last_status,
-                last_reason, reason,
+                streak, next_at if waits else None, last_class, last_status,
+                last_reason, reason, limit, ceiling, backoff_wait if waits else None,
             )
         )  # fmt: skip
