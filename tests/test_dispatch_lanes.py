@@ -244,3 +244,67 @@ def test_a_lanes_wait_is_said_once_for_the_issue_that_met_it_and_again_when_it_c
         for event in said:
             named = re.search(r"task (t-\d+) waits on lane", event.reason or "")
             assert named is not None and named.group(1) == event.task_id
+
+
+def test_after_one_resume_every_card_a_lane_stop_blocked_or_held_runs_again(
+    tmp_path: Path,
+) -> None:
+    # Four issues run at once and all four meet refused credentials (the first stops the
+    # lane, three meet the stop after it: each card moved to blocked); eight more are held.
+    # After one `lane resume` and a fixed login, all twelve run and end done: the three
+    # late ones stayed blocked until their cards were moved by hand.
+    import threading
+
+    from execkit._classify import FailureClass
+    from execkit.dispatch import (
+        BoardIssue,
+        DispatchConfig,
+        Dispatcher,
+        InMemoryBoard,
+        RunOutcome,
+        Slot,
+    )
+    from execkit.ledger import open_ledger, user_name
+
+    class Vendor:
+        def __init__(self) -> None:
+            self.logged_in = False
+            self.calls = 0
+            self.lock = threading.Lock()
+            self.together = threading.Barrier(4)
+
+        def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+            with self.lock:
+                self.calls += 1
+                first_four = self.calls <= 4
+            if first_four:
+                self.together.wait(timeout=60)  # the four are in flight together
+            if self.logged_in:
+                return RunOutcome("succeeded")
+            return RunOutcome(
+                "failed",
+                FailureClass.ENVIRONMENT,
+                "credentials refused",
+                precondition="claude refused the credentials; run `claude /login`",
+                lane_cause="credentials",
+            )
+
+    import os
+
+    vendor = Vendor()
+    board = InMemoryBoard([BoardIssue(f"I-{n}", f"issue {n}", "todo") for n in range(12)])
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        dispatcher = Dispatcher(board, vendor, ledger, DispatchConfig(max_concurrent_agents=4))
+        dispatcher.tick()
+        assert vendor.calls == 4
+        assert sum(1 for i in board.list_issues() if i.state == "blocked") == 4
+        (stopped,) = [lane for lane in ledger.list_lanes() if lane.state == "stopped"]
+        vendor.logged_in = True
+        ledger.resume_lane(stopped.lane, actor=user_name(os.geteuid()))
+        for _ in range(10):  # bounded: each pass runs up to four
+            dispatcher.tick()
+            if all(i.state == "done" for i in board.list_issues()):
+                break
+        assert {i.state for i in board.list_issues()} == {"done"}
+        assert vendor.calls == 16
+        assert sum(t.charged_attempts for t in ledger.list_tasks()) == 12  # the successes

@@ -227,6 +227,7 @@ def test_lane_environment_stops_it_until_an_operator_resumes(
     assert ledger.get_task(hit, now=6).retry_pending
     audit = ledger.audit_events()[-1]
     assert (audit.action, audit.task_id, audit.detail["lane"]) == ("lane.resume", hit, LANE)
+    assert audit.detail["retried_tasks"] == [hit]
     assert ledger.start_run(held, request_key="4", actor="d", lane=LANE, now=6).attempt == 1
     assert ledger.start_run(hit, request_key="5", actor="d", lane=LANE, now=6).forced
     # Resume on an open lane: a documented no-op, nothing written.
@@ -234,6 +235,47 @@ def test_lane_environment_stops_it_until_an_operator_resumes(
     assert ledger.resume_lane(LANE, actor=OWNER, now=7).state is LaneState.OPEN
     assert len(ledger.audit_events()) == count
     assert ledger.validate(now=8) == []
+
+
+def test_a_resume_retries_every_task_the_stop_blocked_not_only_the_first(
+    ledger: AnyLedger,
+) -> None:
+    # Four runs admitted at once on one lane all meet refused credentials: the first stops
+    # the lane, the other three meet the stop after it (blocked on environment each). One
+    # resume gives each of the four one forced retry (only the first got it: the other
+    # three stayed blocked until their cards were moved by hand). A task that moved on
+    # since (it succeeded on another lane) gets none, nor does one never blocked by it.
+    tasks = [ledger.create_task(f"t{n}", actor="d", now=0).id for n in range(5)]
+    runs = [
+        ledger.start_run(task, request_key=f"k{n}", actor="d", lane=LANE, now=1)
+        for n, task in enumerate(tasks[:4])
+    ]
+    fix = "claude: credentials refused; run `claude /login`"
+    for n, run in enumerate(runs):
+        ledger.finish_run(
+            run.id,
+            "failed",
+            failure_class="environment",  # type: ignore[arg-type]
+            reason=fix,
+            lane_cause="credentials",
+            now=2 + n,
+        )
+    assert all(ledger.get_task(task, now=9).state == "blocked" for task in tasks[:4])
+    # t3 moves on: retried by hand and done on another lane before the resume.
+    ledger.retry_task(tasks[3], actor=OWNER, force=True, now=10)
+    moved_on = ledger.start_run(
+        tasks[3], request_key="other", actor="d", lane="codex/default", now=11
+    )
+    ledger.finish_run(moved_on.id, "succeeded", now=12)
+    ledger.resume_lane(LANE, actor=OWNER, reason="logged in again", now=20)
+    pending = [ledger.get_task(task, now=21).retry_pending for task in tasks]
+    assert pending == [True, True, True, False, False]
+    audit = ledger.audit_events()[-1]
+    assert audit.action == "lane.resume"
+    assert audit.detail["retried_tasks"] == tasks[:3]
+    for n, task in enumerate(tasks[:3]):
+        assert ledger.start_run(task, request_key=f"again{n}", actor="d", lane=LANE, now=22).forced
+    assert ledger.validate(now=23) == []
 
 
 def test_a_missing_binary_stops_the_lane_on_that_host_only(ledger: AnyLedger) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "GRANT_COLUMNS",
     "LANE_COLUMNS",
     "LANE_EVENT_COLUMNS",
+    "LANE_STOPS",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "TASK_COLUMNS",
@@ -126,6 +127,13 @@ LANE_COLUMNS = (
     "updated_at",
 )
 LANE_EVENT_COLUMNS = ("lane", "kind", "at", "actor", "run_id", "task_id", "until_at", "reason")
+# The (task, run) of each `stop` event on a lane since its last `resume` (both parameters
+# the lane's name; `%s` placeholders, written `?` on SQLite): `Tx.lane_stops`.
+LANE_STOPS = (
+    "SELECT task_id, run_id FROM lane_events WHERE lane = %s AND kind = 'stop' "
+    "AND task_id IS NOT NULL AND run_id IS NOT NULL AND seq > coalesce("
+    "(SELECT max(seq) FROM lane_events WHERE lane = %s AND kind = 'resume'), 0) ORDER BY seq"
+)
 
 
 def run_from_row(row: NamedRow) -> Run:

@@ -297,9 +297,11 @@ class LaneOps(CoreBase):
         reason: str | None = None,
         now: float | None = None,
     ) -> LaneView:
-        """Re-open a lane (role `agent.operate`, audited): its held tasks run again, and the
-        task whose run stopped it gets one forced retry. On an open lane it is a no-op that
-        writes nothing. NotFound for a lane never seen."""
+        """Re-open a lane (role `agent.operate`, audited): its held tasks run again, and every
+        task its stop blocked gets one forced retry: the task whose run stopped it and each
+        whose run met the stop after (runs admitted before the lane stopped, on any host),
+        while it stands open, not running, with that environment failure its last outcome.
+        On an open lane it is a no-op that writes nothing. NotFound for a lane never seen."""
         name = str(LaneKey.parse(lane))
         who = as_actor(actor)
         note = clean_reason(reason)
@@ -307,11 +309,14 @@ class LaneOps(CoreBase):
         with self._store.write() as tx:
             seen = self._known_lane(tx, name)
             self._operator(tx, who, f"resuming lane {name}")
-            # Lock order: the task to retry before the lane (see the backends' Tx).
-            retried = None
-            if seen.state is LaneState.STOPPED and seen.stopped_task is not None:
-                retried = tx.task(seen.stopped_task, lock=True)
-            stored = self._known_lane(tx, name) if retried is None else tx.lane(name, lock=True)
+            blocked: list[str] = []
+            if seen.state is LaneState.STOPPED:
+                blocked = list(dict.fromkeys(task for task, _run in tx.lane_stops(name)))
+                if seen.stopped_task is not None and seen.stopped_task not in blocked:
+                    blocked.insert(0, seen.stopped_task)  # a stop recorded before its run's id
+            # Lock order: the tasks to retry (by id) before the lane (see the backends' Tx).
+            tasks = [tx.task(task_id, lock=True) for task_id in sorted(blocked)]
+            stored = self._known_lane(tx, name) if not blocked else tx.lane(name, lock=True)
             assert stored is not None
             if stored.state is LaneState.OPEN:
                 return view(stored, at)
@@ -322,20 +327,24 @@ class LaneOps(CoreBase):
             detail: dict[str, object] = {"lane": name, "from": str(stored.state)}
             if note is not None:
                 detail["reason"] = note
-            if (
-                retried is not None
-                and retried.id == stored.stopped_task
-                and retried.status == "open"
-                and retried.summary.running is None
-            ):
-                tx.set_retry(retried.id, str(who), at)
-                detail["retried_task"] = retried.id
+            retried = [
+                task.id
+                for task in tasks
+                if task is not None
+                and task.status == "open"
+                and task.running is None
+                and task.last_class == FailureClass.ENVIRONMENT
+            ]
+            for task_id in retried:
+                tx.set_retry(task_id, str(who), at)
+            if retried:
+                detail["retried_tasks"] = retried
             tx.audit(
                 AuditEntry(
                     at=at,
                     actor=str(who),
                     action=AuditAction.LANE_RESUME,
-                    task_id=detail.get("retried_task"),  # type: ignore[arg-type]
+                    task_id=retried[0] if len(retried) == 1 else None,
                     detail=detail,
                 )
             )

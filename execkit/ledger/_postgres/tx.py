@@ -67,6 +67,7 @@ from execkit.ledger._postgres.copies import Copies, TaskCopy
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
+    LANE_STOPS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_COLUMNS,
@@ -1083,6 +1084,10 @@ class PostgresTx:
             sql += " WHERE lane = %s"
             params = (name,)
         return [lane_event_from_row(row) for row in self._named_all(sql + " ORDER BY seq", params)]
+
+    def lane_stops(self, name: str) -> list[tuple[str, str]]:
+        rows = self._all(LANE_STOPS, (name, name))
+        return [(str(task), str(run)) for task, run in rows]
 
     def numbered_lane_events(self) -> list[tuple[int, LaneEvent]]:
         sql = f"SELECT seq, {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events ORDER BY seq"

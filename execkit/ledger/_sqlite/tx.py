@@ -25,6 +25,7 @@ from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
+    LANE_STOPS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_ROW,
@@ -451,6 +452,10 @@ class SqliteTx:
             params = (name,)
         rows = self._named(sql + " ORDER BY seq", params).fetchall()
         return [lane_event_from_row(row) for row in rows]
+
+    def lane_stops(self, name: str) -> list[tuple[str, str]]:
+        rows = self._conn.execute(LANE_STOPS.replace("%s", "?"), (name, name)).fetchall()
+        return [(str(task), str(run)) for task, run in rows]
 
     def numbered_lane_events(self) -> list[tuple[int, LaneEvent]]:
         sql = f"SELECT seq, {', '.join(LANE_EVENT_COLUMNS)} FROM lane_events ORDER BY seq"
