@@ -16,6 +16,7 @@ import pytest
 from _support import REPO, run_execkit, table_columns, write_board
 
 from execkit.cli import main
+from execkit.cli._output import EXIT_CODES
 
 BIN = REPO / "fixtures" / "bin"
 
@@ -286,6 +287,7 @@ _SIGNAL_TO_ANOTHER_THREAD = """
 import signal, sys, threading, time
 import psutil
 from execkit.cli import main
+from execkit.cli._output import EXIT_CODES
 
 def stop_from_this_thread():
     for _ in range(6000):  # bounded: a minute of 10 ms polls
@@ -540,3 +542,46 @@ def test_every_surface_names_a_tasks_counts_the_same_way(
     assert listed in capsys.readouterr().out
     assert main(["task", "show", "BAD", "--db", db]) == 0
     assert f"  {shown}\n" in capsys.readouterr().out
+
+
+def test_until_idle_ends_when_only_a_person_can_let_the_rest_run(tmp_path: Path) -> None:
+    # The first claude issue meets refused credentials (structured: a 401 envelope): the
+    # lane stops, the issue is given up, the other two are held by the stopped lane. Nothing
+    # more can run until an operator fixes the login and resumes the lane: `--until-idle`
+    # ends (it ran on, printing "refused" lines, for as long as it was let), with the lane's
+    # own exit code and one message naming the command; the attempt's line names the same
+    # fix (it said "move the card back", which a resume does for it).
+    envelope = REPO / "fixtures" / "claude" / "auth_failure.json"
+    agent = ["sh", "-c", f"cat {envelope}; exit 1"]
+    board = write_board(
+        tmp_path / "board.json",
+        [
+            {"id": f"C-{n}", "title": "t", "state": "todo", "adapter": "claude", "argv": agent}
+            for n in range(3)
+        ],
+        dispatch={"max_concurrent_agents": 1},
+    )
+    done = run_execkit(
+        "dispatch", "--board", str(board), "--until-idle", "--interval", "0.05",
+        "--db", str(tmp_path / "ledger.db"),
+    )  # fmt: skip
+    assert done.returncode == EXIT_CODES["lane_stopped"] == 17, done.stderr
+    assert states(board) == {"C-0": "blocked", "C-1": "todo", "C-2": "todo"}
+    (message,) = [line for line in done.stderr.splitlines() if "a person acts" in line]
+    lane = re.search(r"lane (claude/\S+) is stopped", message)
+    assert lane is not None and f"`execkit lane resume {lane.group(1)}`" in message
+    (attempt,) = [line for line in done.stdout.splitlines() if line.startswith("C-0")]
+    assert f"fix it, then `execkit lane resume {lane.group(1)}`" in attempt
+    assert "move the card back" not in attempt
+    assert done.stdout.count("waiting") == 1  # the lane's wait, said once
+
+
+def test_until_idle_with_nothing_due_says_so_in_one_line(tmp_path: Path) -> None:
+    board = write_board(
+        tmp_path / "board.json", [{"id": "D", "title": "t", "state": "done", "argv": ["true"]}]
+    )
+    done = run_execkit(
+        "dispatch", "--board", str(board), "--until-idle", "--db", str(tmp_path / "l.db")
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "nothing due: no issue is eligible or backing off\n"

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from execkit._budget import BlockedOn
-from execkit._errors import InvalidInput, TaskBlocked
+from execkit._errors import InvalidInput, LaneStopped, TaskBlocked
 from execkit.cli._ledger import open_remote, remote_url
 from execkit.cli._output import emit, print_json, safe_text
 from execkit.dispatch import MAX_CONCURRENT_AGENTS, DispatchConfig, JsonFileBoard
@@ -36,6 +36,9 @@ _DEFAULT_INTERVAL_S = 10.0
 _DEFAULT_DRAIN_S = 30.0
 # `--until-idle`'s exit when an issue ended blocked: the `blocked` error's exit code.
 _BLOCKED_EXIT = TaskBlocked.exit_code
+# `--until-idle`'s exit when issues are left that a stopped vendor lane holds (only a
+# person opens it): the `lane_stopped` error's exit code.
+_LANE_STOPPED_EXIT = LaneStopped.exit_code
 
 
 def _max_attempts_arg(text: str) -> int:
@@ -136,7 +139,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--until-idle",
         action="store_true",
         help="run until no agent runs and no issue is ready or backing off, then exit: "
-        f"{_BLOCKED_EXIT} when an issue ended blocked, else 0 (for cron and CI)",
+        f"{_LANE_STOPPED_EXIT} when issues are left that only a person can let run (a "
+        f"stopped vendor lane: the message names the fix), {_BLOCKED_EXIT} when an issue "
+        "ended blocked, else 0 (for cron and CI)",
     )
     mode.add_argument(
         "--interval",
@@ -230,7 +235,12 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
             head = f"{event.issue_id}  {attempt}  {klass} ({charged}): {event.reason or '-'}"
         if event.moved_to:
             tail = f" -> moved to {event.moved_to}"
-            if event.blocked_on and event.blocked_on is not BlockedOn.ENVIRONMENT:
+            if event.lane_stopped:
+                # The fix said one way: the lane's resume brings this card back too.
+                tail += (
+                    f" (its lane stopped: fix it, then `execkit lane resume {event.lane_stopped}`)"
+                )
+            elif event.blocked_on and event.blocked_on is not BlockedOn.ENVIRONMENT:
                 tail += f" ({event.decision or event.blocked_on}; move the card back to retry once)"
             elif event.blocked_on:
                 tail += " (blocked on environment: fix it, then move the card back to retry once)"
@@ -296,6 +306,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         start = subprocess.Popen
     runner = AdapterRunner(get_adapter(config.default_adapter), timeout_s=args.timeout, start=start)
     ended_blocked: dict[str, bool] = {}
+    people: list[LaneStopped] = []
 
     def show(event: DispatchEvent) -> None:
         ended_blocked[event.issue_id] = _ends_blocked(event, config)
@@ -320,7 +331,13 @@ def _dispatch(args: argparse.Namespace) -> int:
                         emit(nothing_due_line(board, ledger, config))
                 elif args.until_idle:
                     interval = args.interval or _DEFAULT_INTERVAL_S
+                    if dispatcher.idle() and not args.json:
+                        # Nothing to do from the start: one line, not a silent exit.
+                        from execkit.cli._due import nothing_due_line
+
+                        emit(nothing_due_line(board, ledger, config))
                     dispatcher.run_forever(interval, stop=dispatcher.idle)
+                    people = dispatcher.waiting_on_people()
                 else:
                     interval = args.interval if args.interval is not None else _DEFAULT_INTERVAL_S
                     dispatcher.run_forever(interval)
@@ -333,9 +350,22 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 128 + signals.received
     finally:
         ledger.close()
+    if args.until_idle and people:
+        for stopped in people:
+            emit(f"execkit: {_people_line(stopped)}", err=True)
+        return _LANE_STOPPED_EXIT
     if args.until_idle and any(ended_blocked.values()):
         return _BLOCKED_EXIT
     return 0
+
+
+def _people_line(stopped: LaneStopped) -> str:
+    """Why `--until-idle` ended with work left: the stopped lane, its fix, the command."""
+    fix = f" ({stopped.fix})" if stopped.fix else ""
+    return safe_text(
+        f"nothing more can run until a person acts: lane {stopped.lane} is stopped{fix}; "
+        f"fix it, then `execkit lane resume {stopped.lane}`"
+    )
 
 
 def _ends_blocked(event: DispatchEvent, config: DispatchConfig) -> bool:

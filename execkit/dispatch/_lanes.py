@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from execkit._adapter import Adapter
 from execkit._attempt import adapter_lane
 from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
-from execkit._lanes import LANE_WAIT, LaneView, host_lane
+from execkit._lanes import LANE_WAIT, LaneCause, LaneView, host_lane
 from execkit._registry import get_adapter
 from execkit._stamp import utc_stamp
 from execkit.ledger import LANES_CAPABILITY, Ledger
@@ -124,6 +124,15 @@ class DispatchLanes:
         """A run was admitted on `lane`: its next closing is news again."""
         if lane is not None:
             self._said.pop(lane, None)
+
+    def stopped_by(self, adapter: str, cause: str) -> str | None:
+        """The lane a run on `adapter` stopped with `cause` (a stopping `LaneCause`): its
+        lane, or that lane on this dispatcher's host for a missing binary (as the ledger
+        names it); None when lanes are off."""
+        lane = self.lane_of(adapter)
+        if lane is None or cause != LaneCause.BINARY_MISSING:
+            return lane
+        return host_lane(lane, self._host)
 
     def closed(self, adapter: str, views: Mapping[str, LaneView]) -> LaneView | None:
         """Of `views` (lanes that do not admit, by name), the one a run on `adapter` would

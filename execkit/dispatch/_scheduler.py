@@ -78,6 +78,7 @@ from execkit._errors import (
 )
 from execkit._exec import Cancellation, SpawnCancelled
 from execkit._json import to_json
+from execkit._lanes import STOPPING_CAUSES
 from execkit._proof import RunStatus
 from execkit._redact import redact
 from execkit._validate import is_number
@@ -125,6 +126,10 @@ STOPPED_REASON = "dispatcher stopped"
 
 # How long a cancelled slot may take to end after its tree was killed: a backstop only.
 _STOP_BACKSTOP_S = 60.0
+
+# The lane causes that stop a lane (`execkit._lanes.STOPPING_CAUSES`, by value): only an
+# operator's `lane resume` opens it again.
+_STOPPING_CAUSES = frozenset(str(cause) for cause in STOPPING_CAUSES)
 
 # What a slot stopped by its own dispatcher returns: recorded already, nothing to report.
 _STOPPED = RunOutcome(RunStatus.FAILED, failure_class=FailureClass.WORK, reason=STOPPED_REASON)
@@ -184,6 +189,9 @@ class DispatchEvent:
     decision: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
     moved_to: str | None = None
     next_attempt_at: float | None = None
+    # The vendor lane this run stopped (refused credentials, no billing, a missing binary):
+    # the fix is that lane's `execkit lane resume`, which brings this card back too.
+    lane_stopped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -397,8 +405,9 @@ class Dispatcher:
         return self._stopping
 
     def idle(self) -> bool:
-        """True when no agent runs and no eligible issue is ready or waiting in backoff:
-        what `execkit dispatch --until-idle` waits for."""
+        """True when no agent runs and no eligible issue is ready or waiting in backoff, but
+        those a stopped vendor lane holds (only a person opens it: `waiting_on_people` says
+        which): what `execkit dispatch --until-idle` waits for."""
         if self._running:
             return False
         self._recall_given_up()
@@ -409,11 +418,31 @@ class Dispatcher:
             if task.state is TaskState.BLOCKED and self._legacy(issue, task):
                 task = self.ledger.get_task(task_id, now=now, cap=self._cap, force=True)
             if task.state in (TaskState.READY, TaskState.BACKOFF):
+                if self._stopped_lane(issue, now) is not None:
+                    continue  # nothing runs it until an operator resumes its lane
                 return False
             if task.state is TaskState.BLOCKED and task.gave_up_at_attempt == task.attempts_started:
                 return False  # moved back by an operator: a forced retry is due
         # Retried by an operator in the ledger: the next pass brings its card back.
         return not self._retried_given_up()
+
+    def waiting_on_people(self) -> list[LaneStopped]:
+        """The stopped vendor lanes that hold eligible issues now, each once (its refusal
+        names the lane and the fix): what `--until-idle` names when it ends with work left
+        that only a person can let run (`execkit lane resume LANE` after the fix)."""
+        now = self.clock()
+        found: dict[str, LaneStopped] = {}
+        for issue in self.tracker.list_candidates():
+            stopped = self._stopped_lane(issue, now)
+            if stopped is not None and stopped.lane is not None:
+                found.setdefault(stopped.lane, stopped)
+        return list(found.values())
+
+    def _stopped_lane(self, issue: BoardIssue, now: float) -> LaneStopped | None:
+        """The stopped lane's refusal that holds `issue`, if any (as this dispatcher's last
+        admission on that lane met it)."""
+        held = self._lanes.holding(self._lanes.lane_of(self.config.adapter_of(issue)), now)
+        return held if isinstance(held, LaneStopped) else None
 
     def shutdown(
         self, drain_timeout_s: float, *, wait: Callable[[float], object] | None = None
@@ -921,6 +950,10 @@ class Dispatcher:
             "reason": outcome.ledger_reason(),
             "precondition": outcome.precondition,
         }
+        if failed and outcome.lane_cause in _STOPPING_CAUSES:
+            fields["lane_stopped"] = self._lanes.stopped_by(
+                self.config.adapter_of(issue), str(outcome.lane_cause)
+            )
         if not failed:
             fields["moved_to"] = self._move(
                 issue, after, self.config.done_state, why="it succeeded"
