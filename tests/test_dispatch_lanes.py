@@ -308,3 +308,67 @@ def test_after_one_resume_every_card_a_lane_stop_blocked_or_held_runs_again(
         assert {i.state for i in board.list_issues()} == {"done"}
         assert vendor.calls == 16
         assert sum(t.charged_attempts for t in ledger.list_tasks()) == 12  # the successes
+
+
+class _Deferred:
+    """A slot executor that runs nothing until the test says which slot runs (`run`): the
+    order in which in-flight attempts report is the test's, not the threads'."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import Future
+
+        self.pending: list[tuple[Any, Future[Any]]] = []
+
+    def submit(self, work: Any, /) -> Any:
+        from concurrent.futures import Future
+
+        future: Future[Any] = Future()
+        self.pending.append((work, future))
+        return future
+
+    def run(self, index: int = 0) -> None:
+        work, future = self.pending.pop(index)
+        future.set_result(work())
+
+
+def test_no_slot_on_a_lane_is_refilled_until_its_attempts_in_flight_have_reported(
+    tmp_path: Path,
+) -> None:
+    # A 429 storm with no stated reset (the breaker, K = 3) at concurrency 4: the first
+    # refusal comes while three more attempts are in flight. The freed slot is not refilled
+    # on that lane until those three have reported (it was: 6-7 vendor calls for 4 slots);
+    # the third failure trips the breaker and the lane cools. Vendor calls before the lane
+    # closed: the four in flight, no more. Another lane's issue still takes the free slot.
+    from execkit._classify import FailureClass
+    from execkit.dispatch import BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard, RunOutcome
+    from execkit.ledger import open_ledger
+
+    class Storm:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def run(self, issue: BoardIssue, slot: Any) -> RunOutcome:
+            self.calls.append(issue.id)
+            if issue.adapter == "codex":
+                return RunOutcome("succeeded")
+            return RunOutcome("failed", FailureClass.UPSTREAM, "http 429: rate limited")
+
+    vendor, slots = Storm(), _Deferred()
+    issues = [BoardIssue(f"I-{n}", "t", "todo", adapter="claude") for n in range(8)]
+    issues.append(BoardIssue("OTHER", "t", "todo", adapter="codex"))
+    board = InMemoryBoard(issues)
+    config = DispatchConfig(max_concurrent_agents=4)
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        dispatcher = Dispatcher(board, vendor, ledger, config, executor=slots)
+        dispatcher.pass_once()
+        assert len(slots.pending) == 4  # I-0..I-3 in flight, nothing ran yet
+        slots.run()  # I-0 reports the first refusal
+        dispatcher.pass_once()
+        # The free slot went to the other lane's issue, not to a fifth claude attempt.
+        assert [work.args[0].id for work, _ in slots.pending] == ["I-1", "I-2", "I-3", "OTHER"]
+        while slots.pending:
+            slots.run()
+            dispatcher.pass_once()
+        (lane,) = [lane for lane in ledger.list_lanes() if lane.lane.startswith("claude/")]
+        assert lane.state == "cooling"
+    assert [call for call in vendor.calls if call != "OTHER"] == ["I-0", "I-1", "I-2", "I-3"]

@@ -197,6 +197,13 @@ class DispatchEvent:
         return to_json(self)
 
 
+def _met_upstream(outcome: RunOutcome | _NotRecorded) -> bool:
+    """Whether a slot's outcome was an upstream failure (recorded or not)."""
+    if isinstance(outcome, _NotRecorded):
+        outcome = outcome.outcome
+    return outcome.status is RunStatus.FAILED and outcome.failure_class is FailureClass.UPSTREAM
+
+
 @attrs.frozen
 class _Unrecorded:
     run_id: str
@@ -220,6 +227,7 @@ class _Running:
     issue: BoardIssue
     run: Run
     adapter: str
+    lane: str | None
     cancel: Cancellation
     future: Future[RunOutcome | _NotRecorded]
 
@@ -292,6 +300,9 @@ class Dispatcher:
         self._stopping = False  # no new work
         self._hurry = False  # no more waiting for the running agents either
         self._lanes = DispatchLanes(ledger, enabled=lanes, host=self.owner.host)  # issue #28
+        # Lanes an upstream failure was met on while other attempts on them were in flight:
+        # no new run goes out on such a lane until those have reported (`_in_doubt`).
+        self._doubted: set[str] = set()
 
     # -- public --------------------------------------------------------------------------
 
@@ -582,6 +593,8 @@ class Dispatcher:
             outcome = running.future.result()  # the slot's work never raises
             if outcome is _STOPPED:
                 continue  # stopped by this dispatcher: nothing to move, nothing to say
+            if running.lane is not None and _met_upstream(outcome):
+                self._doubted.add(running.lane)
             if isinstance(outcome, _NotRecorded):
                 exc = outcome.error
                 _log.warning("issue %s: %s", running.issue.id, exc.message)
@@ -813,6 +826,8 @@ class Dispatcher:
             # A lane that does not admit: no ledger call, no slot, and no event (its wait
             # was said when it began; the status lists the issues it holds).
             return []
+        if self._in_doubt(lane):
+            return []  # the lane's attempts in flight report first: no event, no slot
         try:
             run = self.ledger.start_run(
                 task.id,
@@ -880,8 +895,28 @@ class Dispatcher:
             cancel=Cancellation(),
         )
         future = self._executor.submit(functools.partial(self._work, issue, run, slot))
-        self._running[run.id] = _Running(issue, run, slot.adapter, slot.cancel, future)
+        lane = self._lanes.lane_of(slot.adapter)
+        self._running[run.id] = _Running(issue, run, slot.adapter, lane, slot.cancel, future)
         future.add_done_callback(lambda _done: self._slot_done.set())
+
+    def _in_doubt(self, lane: str | None) -> bool:
+        """Whether `lane` met an upstream failure while attempts on it are still in flight:
+        then no new run goes out on it until they have all reported (the ledger's breaker
+        or a stated reset may be about to close it). A slot of the lane that ended upstream
+        and is not reaped yet counts too. So the vendor calls made before a lane closes are
+        at most the attempts in flight when its first refusal came."""
+        if lane is None:
+            return False
+        mine = [r for r in self._running.values() if r.lane == lane]
+        if lane not in self._doubted and not any(
+            r.future.done() and _met_upstream(r.future.result()) for r in mine
+        ):
+            return False
+        if any(not r.future.done() for r in mine):
+            self._doubted.add(lane)
+            return True
+        self._doubted.discard(lane)  # all reported: the ledger decides from here
+        return False
 
     def _renew(self, run_id: str) -> None:
         """The one lease renewer, called by the slot's spawn loop. A storage hiccup is
