@@ -26,7 +26,11 @@ How each attempt is read:
 
 Uncharged streak: the consecutive upstream attempts at the end of the history. A charged
 attempt (work failure, abandoned, succeeded) resets it. An environment attempt neither adds
-to it nor resets it: it says nothing about the outside service. A forced attempt (an
+to it nor resets it: it says nothing about the outside service. Nor does an upstream
+failure its vendor lane absorbed (`lane_held`: it closed the lane, met it closed, or was the
+probe that found it still closed): that refusal was the lane's, which bounds it by its own
+waits and stops after `LaneConfig.max_trips` closings in a row, so a task is stopped on
+`upstream` only by refusals that were its own. A forced attempt (an
 operator's retry after a stop) starts a fresh streak: the operator has looked and decided to
 try again, so the ceiling applies anew to what follows it.
 
@@ -224,12 +228,21 @@ class Attempt:
     not_before: float | None = _time_field()
     # Abandoned by its own runner on purpose (see the module docstring): uncharged.
     stopped: bool = attrs.field(default=False, validator=checked("true or false", truth))
+    # An upstream failure its vendor lane absorbed (see the module docstring): it moves
+    # no streak.
+    lane_held: bool = attrs.field(default=False, validator=checked("true or false", truth))
 
     def __attrs_post_init__(self) -> None:
         if self.stopped and self.status is not AttemptStatus.ABANDONED:
             raise InvalidInput(
                 f"stopped: only an abandoned attempt can be stopped, not a {self.status} one",
                 field="stopped",
+            )
+        if self.lane_held and not _is_upstream(self.status, self.failure_class):
+            raise InvalidInput(
+                "lane_held: only an upstream failure can be held by its lane, "
+                f"not a {self.status} one ({self.failure_class or 'no class'})",
+                field="lane_held",
             )
 
 
@@ -357,16 +370,19 @@ def counted_after(
     reason: str | None,
     forced: bool,
     stopped: bool,
+    lane_held: bool = False,
 ) -> tuple[int, int, str | None]:
     """The charged count, the uncharged streak and its reason after an ended attempt
-    (`status`, `failure_class`, `reason`, `forced`, `stopped`) follows a history that
-    had `charged`, `streak` and `streak_reason`: the one fold rule, which
+    (`status`, `failure_class`, `reason`, `forced`, `stopped`, `lane_held`) follows a
+    history that had `charged`, `streak` and `streak_reason`: the one fold rule, which
     `HistorySummary` applies (see its `_counted`) and `db check` applies to the stored
     runs' values as they are read."""
     charged += _charged(status, failure_class, stopped)
     if forced:
         streak, streak_reason = 0, None
     if _is_upstream(status, failure_class):
+        if lane_held:
+            return charged, streak, streak_reason  # the lane's refusal, not the task's
         return charged, streak + 1, reason
     if not (stopped or _is_environment(status, failure_class)):
         return charged, 0, None
@@ -449,6 +465,7 @@ class HistorySummary:
             attempt.reason,
             attempt.forced,
             attempt.stopped,
+            attempt.lane_held,
         )
         return HistorySummary(
             attempts_used=attempts_used,

@@ -276,6 +276,10 @@ def lane_for(
     return LaneKey(adapter, credential_fingerprint(material, key))
 
 
+FOLD_RULES = 2
+"""The version of the fold's rules a new `LaneConfig` folds with (`LaneConfig.rules`)."""
+
+
 @attrs.frozen
 class LaneConfig:
     """The breaker and the bounds of every wait. InvalidInput for a value out of range.
@@ -283,7 +287,19 @@ class LaneConfig:
     `breaker_k` upstream failures (1..1000) within `breaker_window_s` seconds (1..86400)
     cool the lane for `cool_base_s` (1..3600) doubling per trip in a row up to
     `cool_max_s` (`cool_base_s`..86400); a stated reset further than `max_park_s`
-    (60..30 days) away is capped there."""
+    (60..30 days) away is capped there. The probe after a stated reset goes
+    `reset_margin_s` (0..300) past it, plus a jitter of up to as much again (a vendor lifts
+    its limit a little after the second it named, and lanes of one vendor should not all
+    probe on that second); a probe that meets the vendor's limit again waits `recheck_s`
+    (1..3600), doubling per such probe in a row up to `cool_max_s`, not the breaker's
+    doubled cool; a lane that closes `max_trips` times in a row (1..1000) with no answer
+    between them stops until an operator resumes it, so nothing probes without end.
+
+    `rules` is the version of the fold's rules (1..`FOLD_RULES`): 1 is how lanes folded
+    before these three knobs (a stated reset already past opened the lane, a failed probe
+    always waited the breaker's cool, nothing stopped a lane that kept closing); a ledger's
+    events from then keep folding so (`LaneConfigHistory`), new ones fold with the rules
+    of today. It is not an operator's setting."""
 
     breaker_k: int = attrs.field(
         default=3, validator=checked("an integer in 1..1000", integer, ge(1), le(1000))
@@ -302,6 +318,19 @@ class LaneConfig:
         default=86400.0,
         validator=checked("a number of seconds in 60..2592000", finite, ge(60), le(2592000)),
     )
+    reset_margin_s: float = attrs.field(
+        default=2.0, validator=checked("a number of seconds in 0..300", finite, ge(0), le(300))
+    )
+    recheck_s: float = attrs.field(
+        default=5.0, validator=checked("a number of seconds in 1..3600", finite, ge(1), le(3600))
+    )
+    max_trips: int = attrs.field(
+        default=20, validator=checked("an integer in 1..1000", integer, ge(1), le(1000))
+    )
+    rules: int = attrs.field(
+        default=FOLD_RULES,
+        validator=checked(f"an integer in 1..{FOLD_RULES}", integer, ge(1), le(FOLD_RULES)),
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.cool_max_s < self.cool_base_s:
@@ -318,10 +347,32 @@ class LaneConfig:
         """How long the breaker's `trips`-th closing in a row lasts."""
         return min(self.cool_max_s, self.cool_base_s * 2.0 ** min(max(trips - 1, 0), 32))
 
+    def recheck_wait(self, trips: int) -> float:
+        """How long a lane waits after its `trips`-th closing in a row when that closing was
+        a probe meeting the vendor's limit again: `recheck_s`, doubling from the second
+        closing on (the first is the park itself), up to `cool_max_s`."""
+        return min(self.cool_max_s, self.recheck_s * 2.0 ** min(max(trips - 2, 0), 32))
+
+    def probe_at(self, stated: float, lane: str, seed: str) -> float:
+        """When the probe after a reset stated for `stated` goes: `reset_margin_s` past it,
+        plus a jitter in [0, reset_margin_s) drawn from `lane` and `seed` (the run whose
+        result stated it): the same event always folds to the same time."""
+        if self.rules < 2 or self.reset_margin_s <= 0:
+            return stated
+        import zlib  # only a lane event that states a reset needs it
+
+        share = zlib.crc32(f"{lane}|{seed}".encode()) / 2**32
+        return stated + self.reset_margin_s * (1.0 + share)
+
 
 DEFAULT_LANES = LaneConfig()
 
 LANE_CONFIG_FIELDS = tuple(field.name for field in attrs.fields(LaneConfig))
+# The fields an operator sets (`set_lane_config`): all but the fold's rules version.
+LANE_SETTINGS = tuple(name for name in LANE_CONFIG_FIELDS if name != "rules")
+# What a stored epoch that predates a field folded with: the rules of version 1 (the three
+# knobs they added have no effect there, so their defaults stand for them).
+_LEGACY_FIELDS: dict[str, Any] = {"rules": 1}
 
 
 @attrs.frozen
@@ -356,6 +407,20 @@ class LaneConfigHistory:
         kept = tuple(epoch for epoch in self.epochs if epoch[0] < from_seq)
         return LaneConfigHistory((*kept, (from_seq, config)))
 
+    def upgraded(self, last_seq: int) -> LaneConfigHistory:
+        """This history, from a ledger written before the rules of version 2, as the
+        migration to them stores it: every event up to `last_seq` (the last there is) keeps
+        folding with the rules of version 1 (an epoch stored before `rules` existed is read
+        as version 1), and every later event folds with today's rules and the knobs in
+        force. A ledger with no lane event and no stored configuration needs no epoch."""
+        history = self
+        if not history.epochs:
+            if last_seq == 0:
+                return history
+            history = LaneConfigHistory(((0, LaneConfig(rules=1)),))
+        today = attrs.evolve(history.current, rules=FOLD_RULES)
+        return history.changed(today, last_seq + 1)
+
     def to_stored(self) -> str:
         return json.dumps(
             [{"from_seq": from_seq, **to_json(config)} for from_seq, config in self.epochs],
@@ -372,7 +437,13 @@ class LaneConfigHistory:
             epochs = tuple(
                 (
                     int(row["from_seq"]),
-                    LaneConfig(**{name: row[name] for name in LANE_CONFIG_FIELDS}),
+                    LaneConfig(
+                        **{
+                            name: row[name] if name in row else _LEGACY_FIELDS[name]
+                            for name in LANE_CONFIG_FIELDS
+                            if name in row or name in _LEGACY_FIELDS
+                        }
+                    ),
                 )
                 for row in rows
             )
@@ -483,9 +554,11 @@ def _is_probe(summary: LaneSummary, event: LaneEvent) -> bool:
 
 def step(summary: LaneSummary, event: LaneEvent, config: LaneConfig = DEFAULT_LANES) -> LaneSummary:
     """The lane's state after `event` (see the module docstring). Pure and total: any
-    event on any state gives a valid state, so any interleaving folds."""
+    event on any state gives a valid state, so any interleaving folds. `config.rules` says
+    which version of the rules folds it (see `LaneConfig`)."""
     kind = event.kind
     state = summary.state
+    v2 = config.rules >= 2
     counted = attrs.evolve(summary, events=summary.events + 1, updated_at=event.at)
     if kind is LaneEventKind.RESUME:
         return _opened(summary, event)
@@ -514,6 +587,10 @@ def step(summary: LaneSummary, event: LaneEvent, config: LaneConfig = DEFAULT_LA
         )
         return attrs.evolve(stopped, until=None, stopped_task=event.task_id)
     if kind is LaneEventKind.PROBE:
+        if v2 and state in (LaneState.PARKED, LaneState.COOLING):
+            # The probe in flight is kept on the closed state, so its result knows what
+            # closed the lane (a stated limit or the breaker); `admission` shows it half-open.
+            return attrs.evolve(counted, probe_run=event.run_id)
         return attrs.evolve(counted, state=LaneState.HALF_OPEN, probe_run=event.run_id)
     if kind is LaneEventKind.ABANDON:
         if _is_probe(summary, event):
@@ -523,30 +600,38 @@ def step(summary: LaneSummary, event: LaneEvent, config: LaneConfig = DEFAULT_LA
     if kind is LaneEventKind.RESET:
         stated = event.until if event.until is not None else event.at
         if stated <= event.at:
-            # A reset already past: the vendor says the lane is open again.
-            return _opened(summary, event) if state is not LaneState.OPEN else counted
+            if not v2:
+                # Rules 1: a reset already past opened the lane.
+                return _opened(summary, event) if state is not LaneState.OPEN else counted
+            # A reset stated for a moment already past is no opening: the vendor still
+            # refuses. A probe that meets it waits a short while; on an open lane it counts
+            # toward the breaker as any upstream failure does.
+            if probe:
+                return _limit_held(summary, event, config)
+            return _counted_upstream(summary, event, counted, config)
         capped = stated - event.at > config.max_park_s
-        stated = min(stated, event.at + config.max_park_s)
+        stated = min(config.probe_at(stated, summary.lane, event.run_id or repr(event.at)),
+                     event.at + config.max_park_s)  # fmt: skip
         if state is LaneState.OPEN:
-            return _closed(
+            return _tripped(
                 summary,
                 event,
                 LaneState.PARKED,
                 stated,
                 event.reason or "usage limit",
-                trips=summary.trips + 1,
+                config,
                 capped=capped,
             )
         if probe:
             trips = summary.trips + 1
-            until = max(stated, event.at + config.cooling_wait(trips))
-            return _closed(
+            wait = config.recheck_wait(trips) if v2 else config.cooling_wait(trips)
+            return _tripped(
                 summary,
                 event,
                 LaneState.PARKED,
-                until,
+                max(stated, event.at + wait),
                 event.reason or "usage limit",
-                trips=trips,
+                config,
                 capped=capped,
             )
         # A late result on a closed lane: a later stated reset still holds the lane.
@@ -560,31 +645,84 @@ def step(summary: LaneSummary, event: LaneEvent, config: LaneConfig = DEFAULT_LA
         return counted
     # UPSTREAM with no stated reset.
     if probe:
+        if v2 and state is LaneState.PARKED:
+            # The lane was parked on a limit the vendor stated; its probe meeting the vendor
+            # refusing again is that limit lifting late, not a storm: a short wait.
+            return _limit_held(summary, event, config)
         trips = summary.trips + 1
-        return _closed(
+        return _tripped(
             summary,
             event,
             LaneState.COOLING,
             event.at + config.cooling_wait(trips),
             f"breaker: the probe failed upstream again ({event.reason or 'upstream'})",
-            trips=trips,
+            config,
         )
-    if state is not LaneState.OPEN:
+    return _counted_upstream(summary, event, counted, config)
+
+
+def _counted_upstream(
+    summary: LaneSummary, event: LaneEvent, counted: LaneSummary, config: LaneConfig
+) -> LaneSummary:
+    """An upstream failure that is not the probe's: on an open lane it joins the breaker's
+    window (and trips it at `breaker_k`); on a closed lane it only counts."""
+    if summary.state is not LaneState.OPEN:
         return counted
     window = tuple(t for t in summary.failures if t > event.at - config.breaker_window_s)
     window = (*window, event.at)[-_MAX_FAILURES:]
     if len(window) >= config.breaker_k:
-        trips = summary.trips + 1
-        return _closed(
+        return _tripped(
             summary,
             event,
             LaneState.COOLING,
-            event.at + config.cooling_wait(trips),
+            event.at + config.cooling_wait(summary.trips + 1),
             f"breaker: {len(window)} upstream failures within "
             f"{config.breaker_window_s:g}s ({event.reason or 'upstream'})",
-            trips=trips,
+            config,
         )
     return attrs.evolve(counted, failures=window)
+
+
+def _limit_held(summary: LaneSummary, event: LaneEvent, config: LaneConfig) -> LaneSummary:
+    """The probe after a stated reset met the vendor refusing again (its reset now past,
+    or none stated): parked again for `recheck_wait`, not the breaker's doubled cool."""
+    trips = summary.trips + 1
+    return _tripped(
+        summary,
+        event,
+        LaneState.PARKED,
+        event.at + config.recheck_wait(trips),
+        f"the vendor's limit held past its stated reset ({event.reason or 'upstream'})",
+        config,
+    )
+
+
+def _tripped(
+    summary: LaneSummary,
+    event: LaneEvent,
+    state: LaneState,
+    until: float,
+    reason: str,
+    config: LaneConfig,
+    *,
+    capped: bool = False,
+) -> LaneSummary:
+    """The lane closed once more (`trips` + 1) as `state` until `until`; under the rules of
+    version 2, the closing past `max_trips` in a row stops it instead (nothing probes a
+    vendor that never answers without end: a person looks, then resumes it)."""
+    trips = summary.trips + 1
+    if config.rules >= 2 and trips > config.max_trips:
+        stopped = _closed(
+            summary,
+            event,
+            LaneState.STOPPED,
+            event.at,
+            f"closed {trips} times in a row with no answer between them (last: {reason}); "
+            "resume the lane once the vendor answers",
+            trips=trips,
+        )
+        return attrs.evolve(stopped, until=None)
+    return _closed(summary, event, state, until, reason, trips=trips, capped=capped)
 
 
 def fold(lane: str, events: Iterable[LaneEvent], config: LaneConfig = DEFAULT_LANES) -> LaneSummary:
@@ -643,7 +781,10 @@ def admission(
         if ends > now:
             admits, opens_at = False, ends
         else:
-            state, probe = LaneState.HALF_OPEN, True
+            # Half-open: one probe, and while it is in flight (kept on the closed state
+            # by the rules of version 2) nothing else.
+            state = LaneState.HALF_OPEN
+            admits = probe = probe_run is None
     elif state is LaneState.HALF_OPEN:
         admits = probe = probe_run is None
     return state, admits, probe, opens_at

@@ -172,14 +172,14 @@ def test_next_is_the_later_of_a_tasks_backoff_and_its_lanes_opening_and_says_whi
         ledger.retry_task("t-4", actor="d", force=True, now=now)  # open, held by the stop
     assert main(["status", "--db", str(db)]) == 0
     rows = {row["ISSUE"]: row for row in table_columns(capsys.readouterr().out)}
-    assert re.fullmatch(r"in (5[0-4])s \(lane\)", rows["ISS-1"]["NEXT"]), rows["ISS-1"]
+    assert re.fullmatch(r"in (5\d)s \(lane\)", rows["ISS-1"]["NEXT"]), rows["ISS-1"]
     assert re.fullmatch(r"in \d+s", rows["ISS-2"]["NEXT"]), rows["ISS-2"]
     assert rows["ISS-3"]["NEXT"] == "on its lane", rows["ISS-3"]
     code, doc = _json(capsys, "status", "--db", str(db))
     assert code == 0
     by_issue = {row["issue_id"]: row for row in doc["issues"]}  # type: ignore[attr-defined]
     assert by_issue["ISS-1"]["waits_on"] == "lane"
-    assert by_issue["ISS-1"]["next_attempt_at"] == pytest.approx(now + 54)
+    assert now + 54 <= by_issue["ISS-1"]["next_attempt_at"] < now + 58  # the probe's margin
     assert by_issue["ISS-2"]["waits_on"] == "backoff"
 
 

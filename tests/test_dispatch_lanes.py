@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -372,3 +373,67 @@ def test_no_slot_on_a_lane_is_refilled_until_its_attempts_in_flight_have_reporte
         (lane,) = [lane for lane in ledger.list_lanes() if lane.lane.startswith("claude/")]
         assert lane.state == "cooling"
     assert [call for call in vendor.calls if call != "OTHER"] == ["I-0", "I-1", "I-2", "I-3"]
+
+
+def test_refusals_a_lane_absorbed_never_block_a_task_on_upstream(tmp_path: Path) -> None:
+    # One issue and a vendor whose usage limit lifts 50 s after the reset it states (a
+    # late vendor, or codex's rounded time): the park, then probes that meet the limit
+    # still. Each of those refusals was the lane's (it parked it, or was the probe that
+    # found it closed still): the task's own ceiling of three upstream attempts in a row is
+    # not spent on them (it was: blocked on upstream before the vendor recovered), and a
+    # later probe succeeds. No wait is the breaker's doubled cool.
+    from execkit._classify import FailureClass
+    from execkit.dispatch import (
+        BoardIssue,
+        DispatchConfig,
+        Dispatcher,
+        InlineExecutor,
+        InMemoryBoard,
+        RunOutcome,
+    )
+    from execkit.ledger import open_ledger
+
+    T0 = 1_800_000_000.0
+    clock = [T0]
+    stated, lifted = T0 + 10, T0 + 60
+    calls: list[float] = []
+
+    class LateVendor:
+        def run(self, issue: BoardIssue, slot: Any) -> RunOutcome:
+            calls.append(clock[0])
+            if clock[0] >= lifted:
+                return RunOutcome("succeeded")
+            return RunOutcome(
+                "failed",
+                FailureClass.UPSTREAM,
+                "usage limit",
+                not_before=stated,
+                lane_cause="reset",
+            )
+
+    board = InMemoryBoard([BoardIssue("I-1", "t", "todo")])
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        dispatcher = Dispatcher(
+            board,
+            LateVendor(),
+            ledger,
+            DispatchConfig(),
+            lambda: clock[0],
+            executor=InlineExecutor(),
+        )
+        for _ in range(20):  # bounded: each pass at the next due time
+            dispatcher.tick()
+            if board.list_issues()[0].state != "todo":
+                break
+            due = dispatcher.next_due()
+            assert due is not None
+            clock[0] = max(clock[0] + 0.5, due)
+        (issue,) = board.list_issues()
+        assert issue.state == "done", [t.reason for t in ledger.list_tasks()]
+        (task,) = ledger.list_tasks()
+        runs = ledger.runs(task.id)
+        assert [run.lane_held for run in runs[:-1]] == [True] * (len(runs) - 1)
+        assert len(runs) >= 4 and task.charged_attempts == 1  # the success alone
+    # Every call after the park waited past the stated reset; none waited a breaker's cool.
+    assert all(at >= stated for at in calls[1:])
+    assert max(b - a for a, b in itertools.pairwise(calls)) < 60

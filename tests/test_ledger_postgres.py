@@ -791,3 +791,36 @@ def test_threads_of_one_ledger_run_side_by_side_on_a_bounded_pool(pg_url: str) -
         assert len(_backend_pids(pg_url, "pooled")) == 2  # kept open, reused
     with pytest.raises(InvalidInput, match="pool_size"):
         PostgresLedger(pg_url, pool_size=0)
+
+
+def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did_on_postgres(
+    pg_url: str,
+) -> None:
+    # As on SQLite (test_ledger_schema.py): a version-3 ledger whose lane met a reset stated
+    # for a moment already past. Migrated, its events keep folding with the rules of
+    # version 1 (`db check` clean), later ones with today's.
+    from execkit._lanes import LaneConfigHistory
+    from execkit.ledger._core.store import LANE_CONFIG_META_KEY
+
+    lane = "claude/default"
+    open_pg(pg_url).close()
+    for statement in (
+        "ALTER TABLE runs DROP CONSTRAINT runs_lane_held_upstream",
+        "ALTER TABLE runs DROP COLUMN lane_held",
+        "ALTER TABLE tasks DROP COLUMN last_lane_held",
+        f"DELETE FROM schema_version WHERE version = {CURRENT}",
+        "INSERT INTO lane_events (lane, kind, at, actor, run_id, until_at) VALUES "
+        f"('{lane}', 'upstream', 10, 'd', 'r-8', NULL), ('{lane}', 'reset', 20, 'd', 'r-9', 5)",
+        "INSERT INTO lane_summaries (lane, state, until_at, reason, trips, failures, "
+        "probe_run, stopped_task, capped, events, updated_at) "
+        f"VALUES ('{lane}', 'open', NULL, NULL, 0, '[10.0]', NULL, NULL, false, 2, 20.0)",
+    ):
+        sql(pg_url, statement)
+    done = migrate(pg_url, backed_up=True)
+    assert isinstance(done, PostgresMigration) and done.from_version == CURRENT - 1
+    with open_pg(pg_url) as migrated:
+        assert migrated.validate(now=30) == []
+        assert migrated.lane_config().rules == 2
+    (stored,) = sql(pg_url, "SELECT value FROM ledger_meta WHERE key = %s", (LANE_CONFIG_META_KEY,))
+    history = LaneConfigHistory.from_stored(stored[0])
+    assert [config.rules for _, config in history.epochs] == [1, 2]

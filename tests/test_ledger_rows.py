@@ -41,6 +41,7 @@ _RUN: dict[str, Any] = {
     "owner_pid_started_at": 5.0,
     "owner_instance": "i",
     "stopped": 0,
+    "lane_held": 1,
 }
 
 _SUMMARY = HistorySummary(

@@ -141,7 +141,7 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -183,6 +183,7 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "lane_events_by_lane",
         "lane_summaries",
         "run_lanes",
+        "run_lane_holds",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 
@@ -349,3 +350,55 @@ def test_an_older_file_opened_as_is_is_read_only_until_migrated_in_place(tmp_pat
         assert ledger.create_task("now it writes", actor="a").id == "t-3"
         assert ledger.migrate().backup_path is None  # current now: nothing more
     assert ledger_status(db)["schema_version"] == SCHEMA_VERSION
+
+
+def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did(
+    tmp_path: Path,
+) -> None:
+    # A version-5 file whose lane met a reset already past when it was stated: under the
+    # rules of version 1 that said the lane was open; under today's it is a refusal that
+    # counts toward the breaker (two within its window, of three). The
+    # migration keeps those events folding with the rules they were stored under, so
+    # `db check` is clean, and the events after it fold with today's.
+    import sqlite3
+
+    from execkit._lanes import LaneConfig, LaneConfigHistory, LaneEvent, LaneEventKind, fold
+    from execkit.ledger._core.store import LANE_CONFIG_META_KEY
+
+    db = tmp_path / "ledger.db"
+    lane = "claude/default"
+    with open_ledger(db) as ledger:
+        task = ledger.create_task("t", actor="d", now=0).id
+    with sqlite3.connect(db) as raw:  # the version-5 file, as version 5 left it
+        raw.execute("DROP TABLE run_lane_holds")
+        raw.execute("ALTER TABLE task_summaries DROP COLUMN last_lane_held")
+        raw.execute("DELETE FROM schema_version WHERE version = 6")
+        events = [
+            LaneEvent(lane=lane, kind=LaneEventKind.UPSTREAM, at=10, run_id="r-8", task_id=task),
+            LaneEvent(lane=lane, kind=LaneEventKind.RESET, at=20, until=5, run_id="r-9"),
+        ]
+        for event in events:
+            raw.execute(
+                "INSERT INTO lane_events (lane, kind, at, actor, run_id, task_id, until_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (lane, str(event.kind), event.at, "d", event.run_id, event.task_id, event.until),
+            )
+        legacy = fold(lane, events, LaneConfig(rules=1))
+        assert legacy.state == "open" and legacy.failures == (10.0,)  # v1: the reset passed
+        assert fold(lane, events).failures == (10.0, 20.0)  # today's rules would not
+        raw.execute(
+            "INSERT INTO lane_summaries (lane, state, until_at, reason, trips, failures, "
+            "probe_run, stopped_task, capped, events, updated_at) "
+            "VALUES (?, 'open', NULL, NULL, 0, '[10.0]', NULL, NULL, 0, 2, 20.0)",
+            (lane,),
+        )
+    with open_ledger(db) as ledger:
+        assert ledger.migration is not None and ledger.migration.from_version == 5
+        assert ledger.validate(now=30) == []
+        with sqlite3.connect(db) as raw:
+            (stored,) = raw.execute(
+                "SELECT value FROM ledger_meta WHERE key = ?", (LANE_CONFIG_META_KEY,)
+            ).fetchone()
+        history = LaneConfigHistory.from_stored(stored)
+        assert [(seq, config.rules) for seq, config in history.epochs] == [(0, 1), (3, 2)]
+        assert ledger.lane_config().rules == 2

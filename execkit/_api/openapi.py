@@ -114,6 +114,13 @@ _DESCRIPTIONS: dict[type, dict[str, str]] = {
         "cool_base_s": "the first cooling's length; it doubles per trip in a row (1..3600)",
         "cool_max_s": "the longest cooling (cool_base_s..86400)",
         "max_park_s": "a stated reset further away is capped here (60..2592000)",
+        "reset_margin_s": "the probe after a stated reset goes this far past it, plus a "
+        "jitter of up to as much again (0..300)",
+        "recheck_s": "a probe that meets the vendor's limit again waits this, doubling per "
+        "such probe in a row up to cool_max_s (1..3600)",
+        "max_trips": "closings in a row with no answer before the lane stops for a person "
+        "(1..1000)",
+        "rules": "the version of the fold's rules (2; 1 for events from before it)",
     },
 }
 

@@ -311,6 +311,9 @@ def _set_lane_config(call: Call) -> tuple[int, dict[str, Any]]:
         cool_base_s=body.get("cool_base_s"),
         cool_max_s=body.get("cool_max_s"),
         max_park_s=body.get("max_park_s"),
+        reset_margin_s=body.get("reset_margin_s"),
+        recheck_s=body.get("recheck_s"),
+        max_trips=body.get("max_trips"),
     )
     return 200, config.to_dict()
 
@@ -763,6 +766,9 @@ class LedgerRoutes:
             Field("cool_base_s", "number", nullable=True, omit_none=True),
             Field("cool_max_s", "number", nullable=True, omit_none=True),
             Field("max_park_s", "number", nullable=True, omit_none=True),
+            Field("reset_margin_s", "number", nullable=True, omit_none=True),
+            Field("recheck_s", "number", nullable=True, omit_none=True),
+            Field("max_trips", "integer", nullable=True, omit_none=True),
         ),
         binds=Ledger.set_lane_config,
         read=one(LaneConfig),

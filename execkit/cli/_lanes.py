@@ -85,6 +85,9 @@ _CONFIG_FLAGS = (
     ("--cool-base", "cool_base_s", "seconds of the first cooling (1..3600)"),
     ("--cool-max", "cool_max_s", "longest cooling in seconds (cool-base..86400)"),
     ("--max-park", "max_park_s", "longest park in seconds (60..2592000)"),
+    ("--reset-margin", "reset_margin_s", "seconds past a stated reset the probe waits (0..300)"),
+    ("--recheck", "recheck_s", "first wait after a probe meets the limit again (1..3600)"),
+    ("--max-trips", "max_trips", "closings in a row before a lane stops for a person (1..1000)"),
 )
 
 
@@ -226,6 +229,9 @@ def _park(args: argparse.Namespace) -> int:
     return _print_lane(args, lane)
 
 
+_WHOLE = frozenset({"breaker_k", "max_trips"})
+
+
 def _config_value(flag: str, raw: str, *, whole: bool) -> float:
     try:
         return int(raw) if whole else float(raw)
@@ -238,7 +244,7 @@ def _config_value(flag: str, raw: str, *, whole: bool) -> float:
 
 def _config(args: argparse.Namespace) -> int:
     given = {
-        field: _config_value(flag, getattr(args, field), whole=field == "breaker_k")
+        field: _config_value(flag, getattr(args, field), whole=field in _WHOLE)
         for flag, field, _ in _CONFIG_FLAGS
         if getattr(args, field) is not None
     }

@@ -208,7 +208,9 @@ class Run:
     one) complete its `RunOwner`: a dispatcher recognises its own runs by `owner_instance`
     and, on its host, finds the runs whose process is gone. `not_before` is the vendor's
     reset time recorded with a failure: the next attempt waits for it. `stopped`: an
-    abandoned run its own runner stopped on purpose (uncharged; `_budget`).
+    abandoned run its own runner stopped on purpose (uncharged; `_budget`). `lane_held`: an
+    upstream failure its vendor lane absorbed (it closed the lane, met it closed, or was the
+    probe that found it still closed), set by the ledger: it moves no streak (`_budget`).
     """
 
     id: str
@@ -231,6 +233,7 @@ class Run:
     owner_pid_started_at: float | None = None
     owner_instance: str | None = None
     stopped: bool = False
+    lane_held: bool = False
 
     @property
     def owner(self) -> RunOwner | None:
@@ -585,6 +588,9 @@ class Ledger(Protocol):
         cool_base_s: float | None = None,
         cool_max_s: float | None = None,
         max_park_s: float | None = None,
+        reset_margin_s: float | None = None,
+        recheck_s: float | None = None,
+        max_trips: int | None = None,
         now: float | None = None,
     ) -> LaneConfig: ...
 

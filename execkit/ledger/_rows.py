@@ -82,6 +82,7 @@ RUN_COLUMNS = (
     "owner_pid_started_at",
     "owner_instance",
     "stopped",
+    "lane_held",
 )
 TASK_COLUMNS = (
     "id",
@@ -109,6 +110,7 @@ SUMMARY_COLUMNS = (
     "last_forced",
     "last_not_before",
     "last_stopped",
+    "last_lane_held",
 )
 AUDIT_COLUMNS = ("id", "at", "actor", "action", "task_id", "run_id", "detail")
 GRANT_COLUMNS = ("principal", "role", "granted_by", "granted_at")
@@ -165,6 +167,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         owner_pid_started_at,
         owner_instance,
         stopped,
+        lane_held,
     ) = values
     return Run(
         run_id,
@@ -189,6 +192,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         owner_pid_started_at,
         owner_instance,
         bool(stopped),
+        bool(lane_held),
     )
 
 

@@ -85,6 +85,7 @@ def attempt_from_run(run: Run) -> Attempt:
         forced=run.forced,
         not_before=run.not_before,
         stopped=run.stopped,
+        lane_held=run.lane_held,
     )
 
 
@@ -195,7 +196,7 @@ class CoreBase:
         (
             _, _, _, _, _, limit, ceiling, retry_requested_by, _, used, charged, streak,
             streak_reason, running, number, last_status, last_class, last_reason, started_at,
-            ended_at, _, not_before, stopped,
+            ended_at, _, not_before, stopped, _,
         ) = task  # fmt: skip
         # An operator's pending retry is forced and runs when the operator asked, not after
         # the backoff: it is what the next admission does, so it is what the task shows.
@@ -270,7 +271,7 @@ class CoreBase:
                 task_id, title, stored_status, created_by, created_at, limit, ceiling,
                 retry_requested_by, gave_up, used, charged, streak,
                 # The rest `_decision_fields` reads, for an open task.
-                _, _, _, _, _, _, _, _, _, _, _,
+                _, _, _, _, _, _, _, _, _, _, _, _,
             ) = task  # fmt: skip
             # The stored status as its member (one lookup; `task.status` names a bad one).
             status = statuses.get(stored_status) or task.status

@@ -210,6 +210,11 @@ def _plainly_sound(run: Run) -> bool:
         and type(run.forced) is bool
         and type(run.stopped) is bool
         and (not run.stopped or run.status is _ABANDONED)
+        and type(run.lane_held) is bool
+        and (
+            not run.lane_held
+            or (run.status is AttemptStatus.FAILED and run.failure_class is FailureClass.UPSTREAM)
+        )
     )
 
 
@@ -228,18 +233,22 @@ def _checked_attempt(run: Run) -> Attempt:
             run.forced,
             run.not_before,
             run.stopped,
+            run.lane_held,
         )
     return attempt_from_run(run)
 
 
 _RUNNING = AttemptStatus.RUNNING
 _SUCCEEDED = AttemptStatus.SUCCEEDED
+_FAILED = AttemptStatus.FAILED
+_UPSTREAM = FailureClass.UPSTREAM
 _TASK_OF_ROW = itemgetter(HISTORY_ROW.index("task_id"))
 _TASK_STATUS_AT = HISTORY_ROW.index("task_status")
 _SUMMARY = slice(HISTORY_ROW.index("attempts_used"), HISTORY_ROW.index("run_id"))
 _RUN_AT = HISTORY_ROW.index("run_id")
 _LEASE_AT = HISTORY_ROW.index("lease_expires_at")
 _STOPPED_AT = HISTORY_ROW.index("stopped")
+_LANE_HELD_AT = HISTORY_ROW.index("lane_held")
 # Where the folded values (`summary_values`' order) hold the running number and the last
 # attempt's status.
 _RUNNING_AT = TaskRecord._fields[SUMMARY_AT:].index("running")
@@ -305,6 +314,7 @@ def _sound_summary_values(rows: list[tuple[Any, ...]]) -> tuple[Any, ...] | None
             _RUN_AT : _RUN_AT + 9
         ]
         stopped = bool(row[_STOPPED_AT])
+        lane_held = bool(row[_LANE_HELD_AT])
         status = _ATTEMPT_STATUSES.get(raw_status)
         klass = None if raw_class is None else _FAILURE_CLASSES.get(raw_class)
         if not (
@@ -317,6 +327,7 @@ def _sound_summary_values(rows: list[tuple[Any, ...]]) -> tuple[Any, ...] | None
             and (ended is None or (type(ended) is float and ended - ended == 0))
             and (not_before is None or (type(not_before) is float and not_before - not_before == 0))
             and (not stopped or status is _ABANDONED)
+            and (not lane_held or (status is _FAILED and klass is _UPSTREAM))
         ):
             return None
         if status is _RUNNING:
@@ -325,8 +336,9 @@ def _sound_summary_values(rows: list[tuple[Any, ...]]) -> tuple[Any, ...] | None
             running = number  # a running attempt neither charges nor moves the streak
         else:
             charged, streak, streak_reason = counted_after(
-                charged, streak, streak_reason, status, klass, reason, bool(forced), stopped
-            )
+                charged, streak, streak_reason, status, klass, reason, bool(forced), stopped,
+                lane_held,
+            )  # fmt: skip
         last = row
     if not last:
         return _EMPTY_VALUES
@@ -346,6 +358,7 @@ def _sound_summary_values(rows: list[tuple[Any, ...]]) -> tuple[Any, ...] | None
         bool(forced),
         not_before,
         bool(last[_STOPPED_AT]),
+        bool(last[_LANE_HELD_AT]),
     )
 
 

@@ -188,12 +188,13 @@ class LaneOps(CoreBase):
         cause: LaneCause | None,
         at: float,
         stated: float | None = None,
-    ) -> None:
+    ) -> LaneSummary | None:
         """Feed `ended` (a run that just finished or was abandoned) to its lane, if any;
-        `stated` is the reset as the vendor stated it, before the run's own bound."""
+        `stated` is the reset as the vendor stated it, before the run's own bound. The
+        lane's state after it; None when the run used no lane."""
         lane = tx.run_lane(ended.id)
         if lane is None:
-            return
+            return None
         name, kind, until = lane, LaneEventKind.SUCCESS, None
         if ended.status is AttemptStatus.ABANDONED:
             kind = LaneEventKind.ABANDON
@@ -206,7 +207,7 @@ class LaneOps(CoreBase):
                 kind = LaneEventKind.STOP
                 if cause is LaneCause.BINARY_MISSING and ended.owner_host:
                     name = host_lane(lane, ended.owner_host)
-        self._lane_event(
+        return self._lane_event(
             tx,
             LaneEvent(
                 lane=name,
@@ -428,6 +429,9 @@ class LaneOps(CoreBase):
         cool_base_s: float | None = None,
         cool_max_s: float | None = None,
         max_park_s: float | None = None,
+        reset_margin_s: float | None = None,
+        recheck_s: float | None = None,
+        max_trips: int | None = None,
         now: float | None = None,
     ) -> LaneConfig:
         """Change some of the lanes' configuration (role `agent.operate`, audited): each
@@ -446,6 +450,9 @@ class LaneOps(CoreBase):
                 ("cool_base_s", cool_base_s),
                 ("cool_max_s", cool_max_s),
                 ("max_park_s", max_park_s),
+                ("reset_margin_s", reset_margin_s),
+                ("recheck_s", recheck_s),
+                ("max_trips", max_trips),
             )
             if value is not None
         }

@@ -29,7 +29,7 @@ from execkit._errors import (
     TaskBlocked,
     TaskFinished,
 )
-from execkit._lanes import LaneCause
+from execkit._lanes import LaneCause, LaneState
 from execkit._mask import mask_text
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
 from execkit.ledger._core.inputs import (
@@ -437,7 +437,6 @@ class RunOps(LeaseOps):
             # than the lanes' longest park (an absurd `resetsAt` would strand it for ever).
             # Its lane is told the reset as stated: the lane's fold caps it and says so.
             reset = min(reset, at + self._lane_configs(tx).current.max_park_s)
-        tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped)
         ended = attrs.evolve(
             run,
             status=final,
@@ -447,8 +446,14 @@ class RunOps(LeaseOps):
             not_before=reset,
             stopped=stopped,
         )
+        # The lane first: whether its lane absorbed an upstream failure (the lane is closed
+        # after it: this failure closed it, met it closed, or was the probe that found it
+        # closed still) decides whether the failure moves the task's streak.
+        lane = self._lane_result(tx, ended, cause, at, stated)
+        if lane is not None and lane.state is not LaneState.OPEN and klass is FailureClass.UPSTREAM:
+            ended = attrs.evolve(ended, lane_held=True)
+        tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held)
         self._summary_after(tx, task, ended)
-        self._lane_result(tx, ended, cause, at, stated)
         if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
             tx.set_task_status(run.task_id, TaskStatus.DONE, at)
         tx.audit(

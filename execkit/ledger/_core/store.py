@@ -87,6 +87,7 @@ def stored_attempt(
     forced: bool,
     not_before: float | None,
     stopped: bool,
+    lane_held: bool = False,
 ) -> Attempt:
     """An attempt as the ledger stored it, without `Attempt`'s validators: every listed
     task has one, and validating it cost half of listing 100,000 tasks. What they check
@@ -104,6 +105,7 @@ def stored_attempt(
     _SET_FORCED(attempt, forced)
     _SET_NOT_BEFORE(attempt, not_before)
     _SET_STOPPED(attempt, stopped)
+    _SET_LANE_HELD(attempt, lane_held)
     return attempt
 
 
@@ -118,6 +120,7 @@ _ATTEMPT_FIELDS = (
     "forced",
     "not_before",
     "stopped",
+    "lane_held",
 )
 fields_in_order(Attempt, _ATTEMPT_FIELDS, "stored_attempt sets those")
 # Each slot's own setter (what `object.__setattr__` finds by name, a third cheaper without
@@ -132,6 +135,7 @@ fields_in_order(Attempt, _ATTEMPT_FIELDS, "stored_attempt sets those")
     _SET_FORCED,
     _SET_NOT_BEFORE,
     _SET_STOPPED,
+    _SET_LANE_HELD,
 ) = (vars(Attempt)[name].__set__ for name in _ATTEMPT_FIELDS)
 
 
@@ -170,6 +174,7 @@ class TaskRecord(NamedTuple):
     last_forced: bool | int | None
     last_not_before: float | None
     last_stopped: bool | int | None
+    last_lane_held: bool | int | None
 
     @property
     def status(self) -> TaskStatus:
@@ -205,6 +210,7 @@ class TaskRecord(NamedTuple):
             bool(self.last_forced),
             self.last_not_before,
             bool(self.last_stopped),
+            bool(self.last_lane_held),
         )
 
     @property
@@ -249,6 +255,7 @@ HISTORY_ROW = (
     "not_before",
     "lease_expires_at",
     "stopped",
+    "lane_held",
 )
 
 
@@ -265,7 +272,7 @@ def summary_values(summary: HistorySummary) -> tuple[Any, ...]:
     )
     last = summary.last
     if last is None:
-        return (*counts, None, None, None, None, None, None, False, None, False)
+        return (*counts, None, None, None, None, None, None, False, None, False, False)
     return (
         *counts,
         last.number,
@@ -277,6 +284,7 @@ def summary_values(summary: HistorySummary) -> tuple[Any, ...]:
         last.forced,
         last.not_before,
         last.stopped,
+        last.lane_held,
     )
 
 
@@ -344,6 +352,7 @@ class Tx(Protocol):
         not_before: float | None,
         at: float,
         stopped: bool = False,
+        lane_held: bool = False,
     ) -> bool: ...
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool: ...
     def lease_of(self, run_id: str) -> float: ...

@@ -26,6 +26,8 @@ import attrs
 
 from execkit._errors import SchemaTooNew, StorageError
 from execkit._json import to_json
+from execkit._lanes import LaneConfigHistory
+from execkit.ledger._core.store import LANE_CONFIG_META_KEY
 from execkit.ledger._model import user_name
 from execkit.ledger._postgres import schema
 from execkit.ledger._postgres.tx import PostgresTx, nul_free
@@ -124,6 +126,21 @@ def backup_command(schema_name: str, where: str, version: int) -> str:
     )
 
 
+def _lane_rules_of_version_1(tx: PostgresTx) -> None:
+    """Version 4's data step: the lane events so far keep folding with the lanes' rules of
+    version 1 (`LaneConfigHistory.upgraded`), so `db check` recomputes them as stored."""
+    row = tx._one("SELECT value FROM ledger_meta WHERE key = %s", (LANE_CONFIG_META_KEY,))
+    last = tx._one("SELECT coalesce(max(seq), 0) FROM lane_events")
+    history = LaneConfigHistory.from_stored(None if row is None else str(row[0]))
+    upgraded = history.upgraded(int(last[0]) if last is not None else 0)
+    if upgraded.epochs:
+        tx.send_once(
+            "INSERT INTO ledger_meta (key, value) VALUES (%s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (LANE_CONFIG_META_KEY, upgraded.to_stored()),
+        )
+
+
 def upgrade(tx: PostgresTx, where: str) -> PostgresMigration | None:
     """Inside `tx` (a write transaction the caller commits): take the migration lock, then
     bring the ledger to SCHEMA_VERSION, a new one with its identity and owner (the
@@ -146,6 +163,8 @@ def upgrade(tx: PostgresTx, where: str) -> PostgresMigration | None:
                 "INSERT INTO ledger_meta (key, value) VALUES ('ledger_id', %s), ('owner', %s)",
                 (uuid.uuid4().hex, nul_free(user_name(os.geteuid()))),
             )
+        if version == 4 and current > 0:
+            _lane_rules_of_version_1(tx)
         tx.send_once(
             "INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)",
             (version, now),

@@ -175,6 +175,15 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             lane text NOT NULL
         )""",
     ),
+    4: (
+        # An upstream failure its vendor lane absorbed: it moves no streak (the summary
+        # keeps its last attempt's flag). The data step keeps the lane events so far
+        # folding with the lanes' rules of version 1.
+        "ALTER TABLE runs ADD COLUMN lane_held boolean NOT NULL DEFAULT false, "
+        "ADD CONSTRAINT runs_lane_held_upstream "
+        "CHECK (NOT lane_held OR (status = 'failed' AND failure_class = 'upstream'))",
+        "ALTER TABLE tasks ADD COLUMN last_lane_held boolean NOT NULL DEFAULT false",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 

@@ -739,8 +739,8 @@ class PostgresTx:
             "SELECT t.id AS task_id, t.status AS task_status, "
             + ", ".join(f"t.{column}" for column in SUMMARY_COLUMNS)
             + ", r.id AS run_id, r.attempt, r.status, r.failure_class, r.reason, r.forced, "
-            "r.started_at, r.ended_at, r.not_before, r.lease_expires_at, r.stopped "
-            "FROM tasks t LEFT JOIN runs r ON r.task_id = t.id ORDER BY t.seq, r.seq"
+            "r.started_at, r.ended_at, r.not_before, r.lease_expires_at, r.stopped, "
+            "r.lane_held FROM tasks t LEFT JOIN runs r ON r.task_id = t.id ORDER BY t.seq, r.seq"
         )
         if self._batch():  # a write transaction's pipeline has no server-side cursor
             yield from self._all(sql)
@@ -916,10 +916,11 @@ class PostgresTx:
         not_before: float | None,
         at: float,
         stopped: bool = False,
+        lane_held: bool = False,
     ) -> bool:
         sql = (
             "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
-            "not_before = COALESCE(%s, not_before), stopped = %s "
+            "not_before = COALESCE(%s, not_before), stopped = %s, lane_held = %s "
             "WHERE id = %s AND status = 'running'"
         )
         params = (
@@ -929,6 +930,7 @@ class PostgresTx:
             at,
             not_before,
             stopped,
+            lane_held,
             run_id,
         )
         if run_id in self._held_runs:

@@ -35,6 +35,8 @@ def missing_tables(conn: sqlite3.Connection, path: Path) -> list[str]:
         needed |= {"run_owners", "run_stops"}
     if read_version(conn, path) >= 5:
         needed |= {"lane_events", "lane_summaries", "run_lanes"}
+    if read_version(conn, path) >= 6:
+        needed |= {"run_lane_holds"}
     return sorted(needed - _tables(conn))
 
 

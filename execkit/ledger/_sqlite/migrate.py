@@ -27,7 +27,9 @@ import attrs
 from execkit._budget import summarize
 from execkit._errors import SchemaTooNew, StorageError
 from execkit._json import to_json
+from execkit._lanes import LaneConfigHistory
 from execkit.ledger._core import attempt_from_run
+from execkit.ledger._core.store import LANE_CONFIG_META_KEY
 from execkit.ledger._model import DEFAULT_LEASE_S
 from execkit.ledger._sqlite import schema
 from execkit.ledger._sqlite.files import create_owner_only
@@ -155,7 +157,26 @@ def _after_schema_3(conn: sqlite3.Connection, now: float) -> None:
 
 
 # The data a version's statements cannot write by themselves, by version.
-_DATA_STEPS: dict[int, Callable[[sqlite3.Connection, float], None]] = {3: _after_schema_3}
+def _after_schema_6(conn: sqlite3.Connection, _now: float) -> None:
+    """Version 6's data step: the lane events so far keep folding with the lanes' rules of
+    version 1 (`LaneConfigHistory.upgraded`), so `db check` recomputes them as stored."""
+    row = conn.execute("SELECT value FROM ledger_meta WHERE key = ?", (LANE_CONFIG_META_KEY,))
+    found = row.fetchone()
+    (last_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM lane_events").fetchone()
+    history = LaneConfigHistory.from_stored(None if found is None else str(found[0]))
+    upgraded = history.upgraded(int(last_seq))
+    if upgraded.epochs:
+        conn.execute(
+            "INSERT INTO ledger_meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (LANE_CONFIG_META_KEY, upgraded.to_stored()),
+        )
+
+
+_DATA_STEPS: dict[int, Callable[[sqlite3.Connection, float], None]] = {
+    3: _after_schema_3,
+    6: _after_schema_6,
+}
 
 
 def _new_id() -> str:

@@ -184,5 +184,16 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             lane TEXT NOT NULL
         )""",
     ),
+    6: (
+        # An upstream failure its vendor lane absorbed (it closed the lane, met it closed,
+        # or was the probe that found it closed still): it moves no streak. A row a run,
+        # as `run_stops`; the summary keeps its last attempt's flag. The data step keeps
+        # the lane events so far folding with the lanes' rules of version 1.
+        """CREATE TABLE run_lane_holds (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id)
+        )""",
+        "ALTER TABLE task_summaries ADD COLUMN last_lane_held INTEGER NOT NULL DEFAULT 0"
+        " CHECK (last_lane_held IN (0, 1))",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

@@ -50,9 +50,11 @@ _RUN_SELECT = (
     "r.actor, r.forced, r.started_at, r.ended_at, r.owner_host, r.owner_pid, "
     "x.lease_expires_at, x.not_before, o.boot_id AS owner_boot_id, "
     "o.pid_namespace AS owner_pid_namespace, o.pid_started_at AS owner_pid_started_at, "
-    "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped "
+    "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped, "
+    "lh.run_id IS NOT NULL AS lane_held "
     "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id "
-    "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id"
+    "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
+    "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
@@ -70,9 +72,10 @@ _HISTORY_SELECT = (
     + ", ".join(f"s.{column}" for column in SUMMARY_COLUMNS)
     + ", r.id AS run_id, r.attempt, r.status, r.failure_class, r.reason, r.forced, "
     "r.started_at, r.ended_at, x.not_before, x.lease_expires_at, "
-    "st.run_id IS NOT NULL AS stopped FROM tasks t "
+    "st.run_id IS NOT NULL AS stopped, lh.run_id IS NOT NULL AS lane_held FROM tasks t "
     "LEFT JOIN task_summaries s ON s.task_id = t.id LEFT JOIN runs r ON r.task_id = t.id "
     "LEFT JOIN run_extras x ON x.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
+    "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id "
     "ORDER BY t.seq, r.seq"
 )
 _SUMMARY_UPSERT = (
@@ -318,6 +321,7 @@ class SqliteTx:
         not_before: float | None,
         at: float,
         stopped: bool = False,
+        lane_held: bool = False,
     ) -> bool:
         changed = self._conn.execute(
             "UPDATE runs SET status = ?, failure_class = ?, reason = ?, ended_at = ? "
@@ -332,6 +336,8 @@ class SqliteTx:
             )
         if changed and stopped:
             self._conn.execute("INSERT INTO run_stops (run_id) VALUES (?)", (run_id,))
+        if changed and lane_held:
+            self._conn.execute("INSERT INTO run_lane_holds (run_id) VALUES (?)", (run_id,))
         return bool(changed)
 
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:

@@ -155,6 +155,12 @@ export interface SetLaneConfigOptions extends IdempotentOptions {
   coolMaxS?: number | undefined;
   /** A stated reset further away is capped here, in seconds (60..2592000). */
   maxParkS?: number | undefined;
+  /** How far past a stated reset the probe goes, plus a jitter of up to as much again (0..300). */
+  resetMarginS?: number | undefined;
+  /** The first wait after a probe meets the vendor's limit again, doubling (1..3600). */
+  recheckS?: number | undefined;
+  /** Closings in a row with no answer before the lane stops for a person (1..1000). */
+  maxTrips?: number | undefined;
 }
 
 export interface ParkLaneOptions extends IdempotentOptions {
@@ -869,7 +875,17 @@ export class ExeckitClient {
     const given = optionsOf(
       "setLaneConfig",
       options,
-      ["breakerK", "breakerWindowS", "coolBaseS", "coolMaxS", "maxParkS", "idempotencyKey"],
+      [
+        "breakerK",
+        "breakerWindowS",
+        "coolBaseS",
+        "coolMaxS",
+        "maxParkS",
+        "resetMarginS",
+        "recheckS",
+        "maxTrips",
+        "idempotencyKey",
+      ],
       true,
     );
     const body: SetLaneConfigBody = {};
@@ -887,6 +903,15 @@ export class ExeckitClient {
     }
     if (given.maxParkS !== undefined) {
       body.max_park_s = finite("maxParkS", given.maxParkS);
+    }
+    if (given.resetMarginS !== undefined) {
+      body.reset_margin_s = finite("resetMarginS", given.resetMarginS);
+    }
+    if (given.recheckS !== undefined) {
+      body.recheck_s = finite("recheckS", given.recheckS);
+    }
+    if (given.maxTrips !== undefined) {
+      body.max_trips = wholeNumber("maxTrips", given.maxTrips);
     }
     const key = idempotencyKey(given.idempotencyKey);
     await this.#require(LANES, "change the lanes' configuration", "vendor lanes");

@@ -109,6 +109,7 @@ export interface Attempt {
   readonly ended_at: number | null;
   readonly failure_class: FailureClass | null;
   readonly forced: boolean;
+  readonly lane_held: boolean;
   /** The vendor's reset time: the next attempt waits for it. */
   readonly not_before: number | null;
   /** The attempt's number, 1..N per task (its run's attempt). */
@@ -198,6 +199,14 @@ export interface LaneConfig {
   readonly cool_max_s: number;
   /** A stated reset further away is capped here (60..2592000). */
   readonly max_park_s: number;
+  /** Closings in a row with no answer before the lane stops for a person (1..1000). */
+  readonly max_trips: number;
+  /** A probe that meets the vendor's limit again waits this, doubling per such probe in a row up to cool_max_s (1..3600). */
+  readonly recheck_s: number;
+  /** The probe after a stated reset goes this far past it, plus a jitter of up to as much again (0..300). */
+  readonly reset_margin_s: number;
+  /** The version of the fold's rules (2; 1 for events from before it). */
+  readonly rules: number;
 }
 
 export interface LaneEvent {
@@ -238,6 +247,7 @@ export interface Run {
   readonly failure_class: FailureClass | null;
   readonly forced: boolean;
   readonly id: string;
+  readonly lane_held: boolean;
   readonly lease_expires_at: number | null;
   readonly not_before: number | null;
   readonly owner_boot_id: string | null;
@@ -423,6 +433,9 @@ export interface SetLaneConfigBody {
   cool_base_s?: number | null;
   cool_max_s?: number | null;
   max_park_s?: number | null;
+  max_trips?: number | null;
+  recheck_s?: number | null;
+  reset_margin_s?: number | null;
 }
 
 export interface ParkLaneBody {
