@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -26,7 +27,15 @@ from typing import NamedTuple
 import kept_tails
 import psutil
 import pytest
-from _support import REPO, gone, wait_gone
+from _support import (
+    REPO,
+    daemonizing_agent,
+    gone,
+    kill_marked,
+    marked_left,
+    wait_gone,
+    written_pids,
+)
 
 import execkit._redact as _redact
 from execkit._exec import TREE_MECHANISMS, TreeMechanism, spawn, tree, tree_mechanism
@@ -261,6 +270,139 @@ def test_concurrent_spawns_end_their_own_leftovers_and_nobody_elses(mechanism: s
         assert all(wait_gone(job) for job in jobs)
     finally:
         kill_all(jobs)
+
+
+def _wait_until(predicate: Callable[[], bool], what: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+# A spawn that waits for the file argv[1] (at most a minute), for as long as a test needs
+# one running: created first, then polled.
+WAITS_FOR_FILE = 'for _ in $(seq 3000); do [ -e "$0" ] && exit 0; sleep 0.02; done'
+
+
+@pytest.mark.parametrize("clear_env", [False, True], ids=["daemon-inherits-env", "env-i"])
+def test_concurrent_spawns_each_end_the_daemons_they_left(
+    mechanism: str, tmp_path: Path, clear_env: bool
+) -> None:
+    # Issue 44: four spawns from four threads, each child leaving a setsid daemon that is
+    # re-parented to execkit at once. No spawn is ever alone while they end: another one
+    # runs throughout (the keeper, started after the daemons so it can claim none of
+    # them). Each spawn's daemon must be gone when the spawns have returned.
+    _mechanisms_that_find_orphans(mechanism)
+    marker = f"execkit-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    go, stop, keeper_up = tmp_path / "go", tmp_path / "stop", tmp_path / "keeper-up"
+    pidfiles = [tmp_path / f"daemon-{n}" for n in range(4)]
+    wait_go = f'for _ in $(seq 3000); do [ -e "{go}" ] && exit 0; sleep 0.02; done'
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        try:
+            spawns = [
+                pool.submit(
+                    spawn,
+                    [
+                        "bash",
+                        "-c",
+                        daemonizing_agent(
+                            f"{marker}-{n}", pidfiles[n], wait_go, clear_env=clear_env
+                        ),
+                    ],
+                    timeout=120,
+                )
+                for n in range(4)
+            ]
+            _wait_until(lambda: len(written_pids(pidfiles)) == 4, "every daemon")
+            keeper = pool.submit(
+                spawn,
+                ["bash", "-c", f': > "{keeper_up}"; {WAITS_FOR_FILE}', str(stop)],
+                timeout=120,
+            )
+            _wait_until(keeper_up.exists, "the keeper to start")
+            go.touch()
+            results = [future.result(timeout=120) for future in spawns]
+            left = marked_left(marker)
+            stop.touch()
+            assert keeper.result(timeout=120).ok
+        finally:
+            go.touch()
+            stop.touch()
+            kill_marked(marker)
+    assert all(result.ok for result in results), results
+    assert left == [], f"{len(left)} of 4 daemons outlived the spawns that made them"
+    assert zombie_children() == []
+
+
+def test_a_spawn_that_keeps_its_descendants_keeps_its_daemon_beside_others(
+    mechanism: str, tmp_path: Path
+) -> None:
+    # The marks cut both ways: the daemons of the spawns beside it end with them, and the
+    # daemon of the one that keeps its descendants is nobody else's to end, also once that
+    # spawn is over while the others still run and look at what execkit adopted.
+    _mechanisms_that_find_orphans(mechanism)
+    marker = f"execkit-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    gos = [tmp_path / "go-keeper", tmp_path / "go-others"]
+    pidfiles = [tmp_path / f"daemon-{n}" for n in range(4)]
+
+    def agent(n: int) -> list[str]:
+        go = gos[min(n, 1)]
+        wait_go = f'for _ in $(seq 3000); do [ -e "{go}" ] && exit 0; sleep 0.02; done'
+        return ["bash", "-c", daemonizing_agent(f"{marker}-{n}", pidfiles[n], wait_go)]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        try:
+            spawns = [
+                pool.submit(spawn, agent(n), timeout=120, keep_descendants=n == 0) for n in range(4)
+            ]
+            _wait_until(lambda: len(written_pids(pidfiles)) == 4, "every daemon")
+            gos[0].touch()
+            keeping = spawns[0].result(timeout=120)
+            gos[1].touch()
+            results = [keeping, *(future.result(timeout=120) for future in spawns[1:])]
+            left = marked_left(marker, within=2.0)
+            kept = marked_left(f"{marker}-0", within=0.0)
+        finally:
+            for go in gos:
+                go.touch()
+            kill_marked(marker)
+    assert all(result.ok for result in results), results
+    assert len(kept) == 1 and left == kept, (left, kept)
+
+
+def test_the_childs_environment_carries_its_spawns_mark_after_an_outer_one(
+    mechanism: str,
+) -> None:
+    show = ["sh", "-c", 'printf %s "$EXECKIT_SPAWN"']
+    own = spawn(show).stdout_tail
+    nested = spawn(show, env={**os.environ, "EXECKIT_SPAWN": "outer.1"}).stdout_tail
+    if mechanism == TreeMechanism.SESSION:
+        # Nothing is attributed by mark there: the environment is left as it was asked for.
+        assert (own, nested) == (os.environ.get("EXECKIT_SPAWN", ""), "outer.1")
+        return
+    mark = r"[0-9]+-[0-9a-f]{8}[.][0-9]+"
+    assert re.fullmatch(mark, own.split()[-1]), own
+    assert re.fullmatch(rf"outer[.]1 {mark}", nested), nested
+    assert own.split()[-1] != nested.split()[-1], "two spawns, one mark"
+
+
+def test_an_injected_starter_is_handed_the_marked_environment_as_str(mechanism: str) -> None:
+    seen: list[object] = []
+
+    def start(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        seen.append(kwargs["env"])
+        return subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    assert spawn(["true"], start=start).ok
+    (env,) = seen
+    if mechanism == TreeMechanism.SESSION:
+        assert env is None
+        return
+    assert isinstance(env, dict)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    assert env.pop("EXECKIT_SPAWN") and env == {
+        k: v for k, v in os.environ.items() if k != "EXECKIT_SPAWN"
+    }
 
 
 # ---------------------------------------------------------------------- the kill grace

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from execkit._exec import proctable
@@ -54,6 +55,10 @@ class Tree:
     def starter(self, options: SpawnOptions) -> tuple[ProcessStarter, dict[str, Any]]:
         """What to start the child with: a starter and arguments to add to its call."""
         return options.start, {}
+
+    def environment(self, options: SpawnOptions) -> Mapping[Any, Any] | None:
+        """The environment to start the child with (None: execkit's own, inherited)."""
+        return options.env
 
     def adopt(self, proc: subprocess.Popen[bytes]) -> Tree:
         """Take the started child in; returns the tree that now holds it."""
