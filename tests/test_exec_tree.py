@@ -370,6 +370,67 @@ def test_a_spawn_that_keeps_its_descendants_keeps_its_daemon_beside_others(
     assert len(kept) == 1 and left == kept, (left, kept)
 
 
+def test_a_kept_daemon_evicted_from_its_cgroup_stays_kept_beside_other_spawns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Under `cgroup`, a spawn that keeps its descendants moves them out of its cgroup when
+    # its child exits. Spawns still running beside it, not moved into cgroups of their own
+    # (each looks at what execkit adopted when its child exits), must take that daemon for
+    # a kept one: not end it, and it is reaped once it dies.
+    if not tree.force_mechanism("cgroup"):
+        pytest.skip("no cgroup v2 this process may write to")
+    marker = f"execkit-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    made, go_keeper, go_others = tmp_path / "make", tmp_path / "go-keeper", tmp_path / "go-2"
+    child, pidfiles = tmp_path / "keeper-child", [tmp_path / f"daemon-{n}" for n in range(3)]
+
+    def waits_for(path: Path) -> str:
+        return f'for _ in $(seq 3000); do [ -e "{path}" ] && break; sleep 0.02; done'
+
+    keeper_agent = f'printf "%s\\n" $$ > "{child}"; {waits_for(made)}; ' + daemonizing_agent(
+        f"{marker}-0", pidfiles[0], waits_for(go_keeper)
+    )
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        try:
+            keeping = pool.submit(
+                spawn, ["bash", "-c", keeper_agent], timeout=120, keep_descendants=True
+            )
+            _wait_until(lambda: len(written_pids([child])) == 1, "the keeping spawn")
+            (keeper_pid,) = written_pids([child])
+            cgroup_file = Path(f"/proc/{keeper_pid}/cgroup")
+            _wait_until(lambda: "/execkit-" in cgroup_file.read_text(), "its cgroup")
+            monkeypatch.setattr(cgroup, "_CGROUP_AFTER_S", 3600.0)  # the others stay out
+            others = [
+                pool.submit(
+                    spawn,
+                    [
+                        "bash",
+                        "-c",
+                        daemonizing_agent(f"{marker}-{n}", pidfiles[n], waits_for(go_others)),
+                    ],
+                    timeout=120,
+                )
+                for n in (1, 2)
+            ]
+            _wait_until(lambda: len(written_pids(pidfiles[1:])) == 2, "the others' daemons")
+            made.touch()  # the kept daemon, made after the others started
+            _wait_until(lambda: len(written_pids(pidfiles)) == 3, "the kept daemon")
+            go_keeper.touch()
+            assert keeping.result(timeout=120).ok
+            go_others.touch()
+            assert all(future.result(timeout=120).ok for future in others)
+            left = marked_left(marker, within=2.0)
+            kept = marked_left(f"{marker}-0", within=0.0)
+        finally:
+            for path in (made, go_keeper, go_others):
+                path.touch()
+            kill_marked(marker)
+            tree.force_mechanism(None)
+    assert len(kept) == 1 and left == kept, (left, kept)
+    assert wait_gone(kept[0])
+    assert spawn(["sh", "-c", "sleep 0.1 & wait"]).ok  # a spawn reaps the kept that died
+    assert zombie_children() == []
+
+
 def test_the_childs_environment_carries_its_spawns_mark_after_an_outer_one(
     mechanism: str,
 ) -> None:

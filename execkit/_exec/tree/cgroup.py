@@ -421,7 +421,12 @@ class CgroupTree(SubreaperTree):
         self._reaper.exiting(self)
         if keep:
             if cgroup.populated():
+                members = [p for p in map(proctable.read_stat, cgroup.members()) if p]
                 cgroup.evict(self._home.own_procs)
+                # Kept as under `subreaper`: reaped once dead, never another spawn's to end.
+                reaper = self._reaper
+                kept = (p for p in members if p.ppid == reaper.me and not p.zombie)
+                reaper.keep(kept, self.mark)
             return
         # The group too: a background job made before the move and missed is in it.
         proctable.killpg(self.pid, signal.SIGKILL)
