@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import kept_tails
 import psutil
@@ -45,6 +45,7 @@ from execkit._exec.tree import cgroup
 from execkit._redact import gate
 
 PY = [sys.executable, "-I", "-S"]
+T = TypeVar("T")
 EXECKIT = [sys.executable, "-m", "execkit"]
 
 # Writes its pids, one a line, to the file argv[1] (atomically, when all are started).
@@ -431,12 +432,19 @@ def test_a_kept_daemon_evicted_from_its_cgroup_stays_kept_beside_other_spawns(
     assert zombie_children() == []
 
 
+def _in_a_thread(work: Callable[[], T]) -> T:
+    """`work()` run in a thread of its own: a spawn that may run beside others."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(work).result(timeout=120)
+
+
 def test_the_childs_environment_carries_its_spawns_mark_after_an_outer_one(
     mechanism: str,
 ) -> None:
     show = ["sh", "-c", 'printf %s "$EXECKIT_SPAWN"']
-    own = spawn(show).stdout_tail
-    nested = spawn(show, env={**os.environ, "EXECKIT_SPAWN": "outer.1"}).stdout_tail
+    own = _in_a_thread(lambda: spawn(show).stdout_tail)
+    env = {**os.environ, "EXECKIT_SPAWN": "outer.1"}
+    nested = _in_a_thread(lambda: spawn(show, env=env).stdout_tail)
     if mechanism == TreeMechanism.SESSION:
         # Nothing is attributed by mark there: the environment is left as it was asked for.
         assert (own, nested) == (os.environ.get("EXECKIT_SPAWN", ""), "outer.1")
@@ -447,6 +455,27 @@ def test_the_childs_environment_carries_its_spawns_mark_after_an_outer_one(
     assert own.split()[-1] != nested.split()[-1], "two spawns, one mark"
 
 
+def test_a_spawn_alone_in_a_single_threaded_process_leaves_the_environment_as_it_is() -> None:
+    # No spawn can run beside it (`execkit run`, a script calling spawn): its orphans are
+    # its own, so it needs no mark, and Popen inherits the environment as it is.
+    show = 'printf %s "${EXECKIT_SPAWN-unset}"'
+    script = f"from execkit._exec import spawn; print(spawn(['sh', '-c', {show!r}]).stdout_tail)"
+    env = {k: v for k, v in os.environ.items() if k != "EXECKIT_SPAWN"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (0, "unset\n"), done.stderr
+    run = subprocess.run(
+        [*EXECKIT, "run", "--", "sh", "-c", show],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (run.returncode, run.stdout) == (0, "unset"), run.stderr
+
+
 def test_an_injected_starter_is_handed_the_marked_environment_as_str(mechanism: str) -> None:
     seen: list[object] = []
 
@@ -454,7 +483,7 @@ def test_an_injected_starter_is_handed_the_marked_environment_as_str(mechanism: 
         seen.append(kwargs["env"])
         return subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload,no-any-return]
 
-    assert spawn(["true"], start=start).ok
+    assert _in_a_thread(lambda: spawn(["true"], start=start)).ok
     (env,) = seen
     if mechanism == TreeMechanism.SESSION:
         assert env is None

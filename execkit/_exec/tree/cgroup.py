@@ -426,7 +426,7 @@ class CgroupTree(SubreaperTree):
                 # Kept as under `subreaper`: reaped once dead, never another spawn's to end.
                 reaper = self._reaper
                 kept = (p for p in members if p.ppid == reaper.me and not p.zombie)
-                reaper.keep(kept, self.mark)
+                reaper.keep(kept, self.mark or None)
             return
         # The group too: a background job made before the move and missed is in it.
         proctable.killpg(self.pid, signal.SIGKILL)

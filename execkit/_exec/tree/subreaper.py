@@ -10,16 +10,19 @@ started and is that spawn's by its mark.
 
 The mark: subreaping is process-wide, so when several spawns run at once (the dispatcher's
 slots, threads calling `spawn`) every one's orphans come to the same process, and where an
-orphan came from is gone with its parent. So each spawn's child is started with
+orphan came from is gone with its parent. So a spawn that may run beside others (started
+while this process runs another thread, or another spawn) starts its child with
 `EXECKIT_SPAWN` in its environment (`MARK_VAR`, a mark unique to the spawn, after any
 inherited from an outer execkit), which every descendant inherits however it daemonizes,
 and an adopted orphan is the spawn's whose mark its /proc/PID/environ carries (the way
-Jenkins' ProcessTreeKiller finds a build's daemons). One that dropped the mark (`env -i`,
-an environment written over) is a leftover of one of the spawns that were running when it
-was made: the only such spawn still running claims it (so a lone spawn, `execkit run`,
-ends it as its own), and while there are several it waits, noted in the reaper, until the
-last of them ends, which ends it (keeps it, only when every one of them keeps its
-descendants: which of them made it cannot be told, and ending is the promise).
+Jenkins' ProcessTreeKiller finds a build's daemons). A spawn alone in a single-threaded
+process (`execkit run`) needs none: what comes back while it runs is its own. An orphan
+without a mark (it dropped it: `env -i`, an environment written over; or its spawn had
+none) is a leftover of one of the spawns that were running when it was made: the only
+such spawn still running claims it (so a lone spawn ends it as its own), and while there
+are several it waits, noted in the reaper, until the last of them ends, which ends it
+(keeps it, only when every one of them keeps its descendants: which of them made it
+cannot be told, and ending is the promise).
 Never taken: a process in execkit's own session, a running spawn's child, a kept leftover,
 another spawn's marked process, and an unmarked child a live `subprocess.Popen` owns (nor
 any new unmarked child while some Popen is still starting one). Killed leftovers are
@@ -196,10 +199,15 @@ class Reaper:
 
     def enter(self, tree: SubreaperTree, hold: bool) -> None:
         """`tree`'s spawn starts (and needs this process to be a subreaper if `hold`): it
-        gets its mark."""
+        gets its mark, where another spawn may run beside it."""
         with self._lock:
-            self._marks += 1
-            tree.mark = f"{self._prefix}{self._marks}"
+            # With one thread and no other spawn, none can start beside it (a spawn blocks
+            # its thread): the orphans are its own, unmarked, and Popen keeps its fast path
+            # (an environment handed to it is encoded variable by variable, 6% of the
+            # parent's work for a short child).
+            if self._live or threading.active_count() > 1:
+                self._marks += 1
+                tree.mark = f"{self._prefix}{self._marks}"
             self._live.add(tree)
             if hold:
                 if self._holders == 0 and not self._already:
@@ -281,7 +289,7 @@ class SubreaperTree(Tree):
         self._holds = not keep
         self._released = False
         self._owned: set[int] | bool | None = False  # False: not looked up (per snapshot)
-        self.mark = ""  # given by `enter`
+        self.mark = ""  # given by `enter` where spawns may run at once; "": none
         self.child_start: float | None = None  # the child's start, once read
         self.exited = False  # the child has exited (set under the reaper's lock)
         # Before the start: an orphan made at once comes here too.
@@ -289,6 +297,8 @@ class SubreaperTree(Tree):
 
     def environment(self, options: SpawnOptions) -> Mapping[Any, Any] | None:
         env: Mapping[str, str] | None = options.env
+        if not self.mark:
+            return env
         if env is None:
             # Popen is handed the bytes os.environ keeps: a copy of os.environ itself
             # decodes every name and value, a hundred times the cost (450 us against
@@ -365,7 +375,8 @@ class SubreaperTree(Tree):
                 return
         procs = self.snapshot()
         if keep:
-            reaper.keep((p for p in procs if p.ppid == reaper.me and not p.zombie), self.mark)
+            kept = (p for p in procs if p.ppid == reaper.me and not p.zombie)
+            reaper.keep(kept, self.mark or None)
             return
         proctable.killpg(self.pid, signal.SIGKILL)
         until = time.monotonic() + KILL_WAIT_S
