@@ -7,8 +7,8 @@ is still alive: a timeout's snapshot remembers what it saw, and an orphan seen o
 found again through that memory. A daemon that left the session before any snapshot is
 out of this mechanism's reach; the two stronger ones (`subreaper`, `cgroup`) exist for it.
 
-The life of a tree, as the supervisor drives it: `starter` (before the start), `adopt`
-(right after it), then any of `signal`/`kill` (a timeout, a cancel), `settle` (when
+The life of a tree, as the supervisor drives it: `starter` and `environment` (before the
+start), `adopt` (right after it), then any of `signal`/`kill` (a timeout, a cancel), `settle` (when
 `settle_at` comes, if set), `child_exited` (the child is a zombie: its pid, session and
 group cannot be reused until it is reaped, which the caller does next), and `release`
 (always, last).
