@@ -6,6 +6,7 @@ imports a test module from it (the default `prepend` import mode).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -208,3 +209,55 @@ def spy_on_reads(monkeypatch: Any, store: Any, spy: Callable[[Any], Any]) -> Non
             return self._inner.__exit__(*exc)
 
     monkeypatch.setattr(store, "read", Reading)
+
+
+# ------------------------------------------------------------ descendants left behind
+
+
+def daemonizing_agent(marker: str, pidfile: Path, then: str, *, clear_env: bool = False) -> str:
+    """A bash script for `bash -c`: the issue-44 agent. It leaves a daemon behind, as
+    `( setsid bash -c "exec -a NAME sleep 600" & )` does (its own session, re-parented at
+    once), named `marker` in its argv[0] so it can be found, its pid written to `pidfile`
+    before it becomes the sleeper; then it runs `then` (a bash command list). With
+    `clear_env` the daemon starts from an empty environment (`env -i`)."""
+    inner = 'printf "%s\\n" $$ > "$0"; exec -a "$1" /usr/bin/sleep 600'
+    prefix = "env -i " if clear_env else ""
+    quoted = " ".join(f"'{part}'" for part in (inner, str(pidfile), marker))
+    return f"( setsid {prefix}/usr/bin/bash -c {quoted} & ); {then}"
+
+
+def marked_alive(marker: str) -> list[int]:
+    """Pids of the live processes (zombies aside) whose argv[0] starts with `marker`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        alive = proc.info["status"] != psutil.STATUS_ZOMBIE
+        if cmdline and cmdline[0].startswith(marker) and alive:
+            found.append(proc.pid)
+    return found
+
+
+def marked_left(marker: str, within: float = 15.0) -> list[int]:
+    """The processes named `marker` still alive once those being killed have had
+    `within` seconds to go (polled: a bound, never a timing assertion)."""
+    deadline = time.monotonic() + within
+    while (left := marked_alive(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def kill_marked(marker: str) -> None:
+    """Clean-up: SIGKILL every process named `marker` (a failing test leaves none)."""
+    for pid in marked_alive(marker):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+
+
+def written_pids(paths: Sequence[Path]) -> list[int]:
+    """The pids in those of `paths` that hold a whole line (written by `daemonizing_agent`)."""
+    pids = []
+    for path in paths:
+        text = path.read_text() if path.exists() else ""
+        if text.endswith("\n"):
+            pids.append(int(text))
+    return pids

@@ -9,13 +9,16 @@ with nothing written; an asyncio cancel kills the agent's whole tree.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import wait_gone
+from _support import daemonizing_agent, kill_marked, marked_left, wait_gone, written_pids
 from ledger_backends import AnyLedger, open_at
 
 from adapters import GenericAdapter
@@ -30,8 +33,10 @@ from execkit import (
     SpawnCancelled,
     TaskFinished,
     get_adapter,
+    open_ledger,
     run_attempt,
     run_attempt_async,
+    spawn,
 )
 from execkit._attempt import CANCELLED_REASON
 from execkit._budget import AttemptStatus, BlockedOn, TaskState
@@ -461,3 +466,50 @@ def test_lane_none_runs_each_task_on_its_own(ledger_at: AnyLedger, fake_vendor: 
     assert ends == [TaskState.BLOCKED, TaskState.BLOCKED]
     assert fake_vendor.call_count("claude") == 2
     assert ledger_at.list_lanes() == []
+
+
+def test_attempts_run_in_threads_each_end_the_daemon_their_agent_left(tmp_path: Path) -> None:
+    # Issue 44, through the one-attempt call: four attempts at once from four threads, each
+    # agent leaving a setsid daemon, and another spawn running throughout that started after
+    # the daemons (so no attempt's spawn is ever alone). None of the daemons is left.
+    db = tmp_path / "ledger.db"
+    with open_ledger(db) as ledger:
+        tasks = [ledger.create_task(f"t{n}", actor="runner").id for n in range(4)]
+    marker = f"execkit-attempt-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    go, stop, keeper_up = tmp_path / "go", tmp_path / "stop", tmp_path / "keeper-up"
+    pidfiles = [tmp_path / f"daemon-{n}" for n in range(4)]
+
+    def wait_file(path: Path) -> str:
+        return f'for _ in $(seq 3000); do [ -e "{path}" ] && exit 0; sleep 0.02; done'
+
+    def attempt(n: int) -> AttemptOutcome:
+        agent = daemonizing_agent(f"{marker}-{n}", pidfiles[n], wait_file(go))
+        request = AgentRequest(prompt="", extra_args=["bash", "-c", agent])
+        with open_ledger(db) as mine:
+            return run_attempt(mine, tasks[n], GenericAdapter(), request, lane=None)
+
+    def until(predicate: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not predicate():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        try:
+            attempts = [pool.submit(attempt, n) for n in range(4)]
+            until(lambda: len(written_pids(pidfiles)) == 4)
+            keeper = pool.submit(
+                spawn, ["bash", "-c", f': > "{keeper_up}"; {wait_file(stop)}'], timeout=120
+            )
+            until(keeper_up.exists)
+            go.touch()
+            outcomes = [future.result(timeout=120) for future in attempts]
+            left = marked_left(marker)
+            stop.touch()
+            assert keeper.result(timeout=120).ok
+        finally:
+            go.touch()
+            stop.touch()
+            kill_marked(marker)
+    assert all(outcome.succeeded for outcome in outcomes), outcomes
+    assert left == [], f"{len(left)} of 4 daemons outlived their attempts"

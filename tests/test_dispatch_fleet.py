@@ -1,6 +1,7 @@
 """A fleet of dispatchers: three `execkit dispatch` processes, concurrency 4 each, over one
 30-issue board, sharing one ledger through one `execkit serve` in its own process, or one
-PostgreSQL ledger; and a dispatcher that starts where another was killed.
+PostgreSQL ledger; a dispatcher that starts where another was killed; and one dispatcher
+at concurrency 4 whose agents each leave a daemon behind, however it ends.
 
 What the ledger must show afterwards: every issue ran exactly once (one run, succeeded),
 each run's owner is the dispatcher process that ran it (never the server), nothing is left
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -21,7 +23,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _support import REPO, write_board
+from _support import (
+    REPO,
+    daemonizing_agent,
+    kill_marked,
+    marked_left,
+    write_board,
+    written_pids,
+)
 from test_dispatch_multihost import (
     SLOW,
     assert_never_twice_at_once,
@@ -220,3 +229,88 @@ def test_run_list_needs_running_and_says_when_nothing_runs(tmp_path: Path) -> No
         [*base, "--running"], env=ENV, capture_output=True, text=True, timeout=60
     )
     assert (quiet.returncode, quiet.stdout) == (0, "nothing is running\n"), quiet.stderr
+
+
+# ------------------------------------------- no descendant left, at concurrency above 1
+
+# `execkit dispatch` with the tree mechanism argv[1] forced (tests only), then the CLI.
+_FORCED_DISPATCH = """
+import sys
+from execkit._exec.tree import force_mechanism
+if not force_mechanism(sys.argv[1]):
+    sys.exit(99)
+from execkit.cli import main
+sys.argv = ["execkit", *sys.argv[2:]]
+sys.exit(main())
+"""
+
+# How the dispatcher ends: the agents' last command, its flags, and the exit it gives.
+_ENDINGS = {
+    "normal-exit": ("sleep 1", ["--until-idle"], 0),
+    "timeout": ("sleep 600", ["--until-idle", "--timeout", "3", "--max-attempts", "1"], 8),
+    "sigterm-drain": ("sleep 600", ["--drain-timeout", "0.5"], 128 + signal.SIGTERM),
+    "second-signal": ("sleep 600", ["--drain-timeout", "600"], 128 + signal.SIGINT),
+}
+
+
+def _read_line(stream: object, within: float) -> str:
+    """One line of the dispatcher's stderr, waited for at most `within` seconds."""
+    assert hasattr(stream, "readline")
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)  # type: ignore[arg-type]
+        assert selector.select(within), "the dispatcher said nothing"
+    line: str = stream.readline()
+    return line
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup", "subreaper"])
+@pytest.mark.parametrize("ending", list(_ENDINGS))
+def test_dispatch_at_concurrency_4_leaves_no_descendant(
+    tmp_path: Path, ending: str, mechanism: str
+) -> None:
+    # Issue 44: four agents at once, each leaving a setsid daemon (re-parented to the
+    # dispatcher at once, as `( setsid bash -c "exec -a NAME sleep 600" & )` does). Counted
+    # by the name each daemon carries in its argv: 0 left, however the dispatcher ends.
+    from execkit._exec import tree
+
+    if not tree.force_mechanism(mechanism):
+        pytest.skip(f"the {mechanism} mechanism is not available here")
+    tree.force_mechanism(None)
+    then, flags, expected = _ENDINGS[ending]
+    marker = f"execkit-fleet-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    pidfiles = [tmp_path / f"daemon-{n}" for n in range(4)]
+    issues = [
+        {
+            "id": f"I{n}",
+            "title": "t",
+            "state": "todo",
+            "argv": ["bash", "-c", daemonizing_agent(f"{marker}-{n}", pidfiles[n], then)],
+        }
+        for n in range(4)
+    ]
+    board = write_board(tmp_path / "board.json", issues)
+    board.chmod(0o600)
+    command = [sys.executable, "-c", _FORCED_DISPATCH, mechanism, "dispatch"]
+    command += ["--board", str(board), "--db", str(tmp_path / "ledger.db"), "--adapter"]
+    command += ["generic", "--concurrency", "4", "--interval", "0.05", *flags]
+    dispatcher = subprocess.Popen(
+        command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: len(written_pids(pidfiles)) == 4, 60, "every agent's daemon")
+        if ending in ("sigterm-drain", "second-signal"):
+            dispatcher.send_signal(signal.SIGTERM)
+        if ending == "second-signal":
+            assert dispatcher.stderr is not None
+            assert "stopping" in _read_line(dispatcher.stderr, 60)
+            dispatcher.send_signal(signal.SIGINT)
+        _out, err = dispatcher.communicate(timeout=120)
+        left = marked_left(marker)
+    finally:
+        if dispatcher.poll() is None:
+            dispatcher.kill()
+            dispatcher.communicate(timeout=60)
+        kill_marked(marker)
+    assert "Traceback" not in err, err
+    assert dispatcher.returncode == expected, err
+    assert left == [], f"{len(left)} of 4 daemons left by dispatch ({ending}, {mechanism})"

@@ -516,8 +516,11 @@ def test_a_spawn_left_at_its_defaults_costs_a_call_per_field_to_check() -> None:
 def test_a_spawn_of_true_costs_a_bounded_count_of_execkits_own_python_calls() -> None:
     # Its Python work beyond subprocess.run's is most of what a short spawn costs over it
     # (benchmarks/bench_exec.py); counted in calls to execkit's own code (attrs' generated
-    # __init__ included): 79 now under the default mechanism, 89 while a spawn's tree
-    # hashed itself in Python, 114 while every argument was checked in full.
+    # __init__ included): 80 now under the default mechanism (79 before its tree was asked
+    # for the child's environment, for a mark), 89 while a spawn's tree hashed itself in
+    # Python, 114 while every argument was checked in full. When any other process on the
+    # machine was created while the child ran (a busy CI host), its tree lists execkit's
+    # children to learn that it left nothing: 85, which the bound allows.
     package = os.path.dirname(os.path.dirname(supervisor.__file__))
     spawn(["true"])
     calls = 0
@@ -533,7 +536,7 @@ def test_a_spawn_of_true_costs_a_bounded_count_of_execkits_own_python_calls() ->
         assert spawn(["true"]).ok
     finally:
         sys.setprofile(None)
-    assert calls <= 82, calls
+    assert calls <= 86, calls
 
 
 def test_huge_finite_timeout_and_grace_are_honoured_not_overflowed() -> None:

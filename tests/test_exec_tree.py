@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -21,12 +22,20 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import kept_tails
 import psutil
 import pytest
-from _support import REPO, gone, wait_gone
+from _support import (
+    REPO,
+    daemonizing_agent,
+    gone,
+    kill_marked,
+    marked_left,
+    wait_gone,
+    written_pids,
+)
 
 import execkit._redact as _redact
 from execkit._exec import TREE_MECHANISMS, TreeMechanism, spawn, tree, tree_mechanism
@@ -36,6 +45,7 @@ from execkit._exec.tree import cgroup
 from execkit._redact import gate
 
 PY = [sys.executable, "-I", "-S"]
+T = TypeVar("T")
 EXECKIT = [sys.executable, "-m", "execkit"]
 
 # Writes its pids, one a line, to the file argv[1] (atomically, when all are started).
@@ -261,6 +271,228 @@ def test_concurrent_spawns_end_their_own_leftovers_and_nobody_elses(mechanism: s
         assert all(wait_gone(job) for job in jobs)
     finally:
         kill_all(jobs)
+
+
+def _wait_until(predicate: Callable[[], bool], what: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+# A spawn that waits for the file argv[1] (at most a minute), for as long as a test needs
+# one running: created first, then polled.
+WAITS_FOR_FILE = 'for _ in $(seq 3000); do [ -e "$0" ] && exit 0; sleep 0.02; done'
+
+
+@pytest.mark.parametrize("clear_env", [False, True], ids=["daemon-inherits-env", "env-i"])
+def test_concurrent_spawns_each_end_the_daemons_they_left(
+    mechanism: str, tmp_path: Path, clear_env: bool
+) -> None:
+    # Issue 44: four spawns from four threads, each child leaving a setsid daemon that is
+    # re-parented to execkit at once. No spawn is ever alone while they end: another one
+    # runs throughout (the keeper, started after the daemons so it can claim none of
+    # them). Each spawn's daemon must be gone when the spawns have returned.
+    _mechanisms_that_find_orphans(mechanism)
+    marker = f"execkit-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    go, stop, keeper_up = tmp_path / "go", tmp_path / "stop", tmp_path / "keeper-up"
+    pidfiles = [tmp_path / f"daemon-{n}" for n in range(4)]
+    wait_go = f'for _ in $(seq 3000); do [ -e "{go}" ] && exit 0; sleep 0.02; done'
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        try:
+            spawns = [
+                pool.submit(
+                    spawn,
+                    [
+                        "bash",
+                        "-c",
+                        daemonizing_agent(
+                            f"{marker}-{n}", pidfiles[n], wait_go, clear_env=clear_env
+                        ),
+                    ],
+                    timeout=120,
+                )
+                for n in range(4)
+            ]
+            _wait_until(lambda: len(written_pids(pidfiles)) == 4, "every daemon")
+            keeper = pool.submit(
+                spawn,
+                ["bash", "-c", f': > "{keeper_up}"; {WAITS_FOR_FILE}', str(stop)],
+                timeout=120,
+            )
+            _wait_until(keeper_up.exists, "the keeper to start")
+            go.touch()
+            results = [future.result(timeout=120) for future in spawns]
+            left = marked_left(marker)
+            stop.touch()
+            assert keeper.result(timeout=120).ok
+        finally:
+            go.touch()
+            stop.touch()
+            kill_marked(marker)
+    assert all(result.ok for result in results), results
+    assert left == [], f"{len(left)} of 4 daemons outlived the spawns that made them"
+    assert zombie_children() == []
+
+
+def test_a_spawn_that_keeps_its_descendants_keeps_its_daemon_beside_others(
+    mechanism: str, tmp_path: Path
+) -> None:
+    # The marks cut both ways: the daemons of the spawns beside it end with them, and the
+    # daemon of the one that keeps its descendants is nobody else's to end, also once that
+    # spawn is over while the others still run and look at what execkit adopted.
+    _mechanisms_that_find_orphans(mechanism)
+    marker = f"execkit-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    gos = [tmp_path / "go-keeper", tmp_path / "go-others"]
+    pidfiles = [tmp_path / f"daemon-{n}" for n in range(4)]
+
+    def agent(n: int) -> list[str]:
+        go = gos[min(n, 1)]
+        wait_go = f'for _ in $(seq 3000); do [ -e "{go}" ] && exit 0; sleep 0.02; done'
+        return ["bash", "-c", daemonizing_agent(f"{marker}-{n}", pidfiles[n], wait_go)]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        try:
+            spawns = [
+                pool.submit(spawn, agent(n), timeout=120, keep_descendants=n == 0) for n in range(4)
+            ]
+            _wait_until(lambda: len(written_pids(pidfiles)) == 4, "every daemon")
+            gos[0].touch()
+            keeping = spawns[0].result(timeout=120)
+            gos[1].touch()
+            results = [keeping, *(future.result(timeout=120) for future in spawns[1:])]
+            left = marked_left(marker, within=2.0)
+            kept = marked_left(f"{marker}-0", within=0.0)
+        finally:
+            for go in gos:
+                go.touch()
+            kill_marked(marker)
+    assert all(result.ok for result in results), results
+    assert len(kept) == 1 and left == kept, (left, kept)
+
+
+def test_a_kept_daemon_evicted_from_its_cgroup_stays_kept_beside_other_spawns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Under `cgroup`, a spawn that keeps its descendants moves them out of its cgroup when
+    # its child exits. Spawns still running beside it, not moved into cgroups of their own
+    # (each looks at what execkit adopted when its child exits), must take that daemon for
+    # a kept one: not end it, and it is reaped once it dies.
+    if not tree.force_mechanism("cgroup"):
+        pytest.skip("no cgroup v2 this process may write to")
+    marker = f"execkit-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    made, go_keeper, go_others = tmp_path / "make", tmp_path / "go-keeper", tmp_path / "go-2"
+    child, pidfiles = tmp_path / "keeper-child", [tmp_path / f"daemon-{n}" for n in range(3)]
+
+    def waits_for(path: Path) -> str:
+        return f'for _ in $(seq 3000); do [ -e "{path}" ] && break; sleep 0.02; done'
+
+    keeper_agent = f'printf "%s\\n" $$ > "{child}"; {waits_for(made)}; ' + daemonizing_agent(
+        f"{marker}-0", pidfiles[0], waits_for(go_keeper)
+    )
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        try:
+            keeping = pool.submit(
+                spawn, ["bash", "-c", keeper_agent], timeout=120, keep_descendants=True
+            )
+            _wait_until(lambda: len(written_pids([child])) == 1, "the keeping spawn")
+            (keeper_pid,) = written_pids([child])
+            cgroup_file = Path(f"/proc/{keeper_pid}/cgroup")
+            _wait_until(lambda: "/execkit-" in cgroup_file.read_text(), "its cgroup")
+            monkeypatch.setattr(cgroup, "_CGROUP_AFTER_S", 3600.0)  # the others stay out
+            others = [
+                pool.submit(
+                    spawn,
+                    [
+                        "bash",
+                        "-c",
+                        daemonizing_agent(f"{marker}-{n}", pidfiles[n], waits_for(go_others)),
+                    ],
+                    timeout=120,
+                )
+                for n in (1, 2)
+            ]
+            _wait_until(lambda: len(written_pids(pidfiles[1:])) == 2, "the others' daemons")
+            made.touch()  # the kept daemon, made after the others started
+            _wait_until(lambda: len(written_pids(pidfiles)) == 3, "the kept daemon")
+            go_keeper.touch()
+            assert keeping.result(timeout=120).ok
+            go_others.touch()
+            assert all(future.result(timeout=120).ok for future in others)
+            left = marked_left(marker, within=2.0)
+            kept = marked_left(f"{marker}-0", within=0.0)
+        finally:
+            for path in (made, go_keeper, go_others):
+                path.touch()
+            kill_marked(marker)
+            tree.force_mechanism(None)
+    assert len(kept) == 1 and left == kept, (left, kept)
+    assert wait_gone(kept[0])
+    assert spawn(["sh", "-c", "sleep 0.1 & wait"]).ok  # a spawn reaps the kept that died
+    assert zombie_children() == []
+
+
+def _in_a_thread(work: Callable[[], T]) -> T:
+    """`work()` run in a thread of its own: a spawn that may run beside others."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(work).result(timeout=120)
+
+
+def test_the_childs_environment_carries_its_spawns_mark_after_an_outer_one(
+    mechanism: str,
+) -> None:
+    show = ["sh", "-c", 'printf %s "$EXECKIT_SPAWN"']
+    own = _in_a_thread(lambda: spawn(show).stdout_tail)
+    env = {**os.environ, "EXECKIT_SPAWN": "outer.1"}
+    nested = _in_a_thread(lambda: spawn(show, env=env).stdout_tail)
+    if mechanism == TreeMechanism.SESSION:
+        # Nothing is attributed by mark there: the environment is left as it was asked for.
+        assert (own, nested) == (os.environ.get("EXECKIT_SPAWN", ""), "outer.1")
+        return
+    mark = r"[0-9]+-[0-9a-f]{8}[.][0-9]+"
+    assert re.fullmatch(mark, own.split()[-1]), own
+    assert re.fullmatch(rf"outer[.]1 {mark}", nested), nested
+    assert own.split()[-1] != nested.split()[-1], "two spawns, one mark"
+
+
+def test_a_spawn_alone_in_a_single_threaded_process_leaves_the_environment_as_it_is() -> None:
+    # No spawn can run beside it (`execkit run`, a script calling spawn): its orphans are
+    # its own, so it needs no mark, and Popen inherits the environment as it is.
+    show = 'printf %s "${EXECKIT_SPAWN-unset}"'
+    script = f"from execkit._exec import spawn; print(spawn(['sh', '-c', {show!r}]).stdout_tail)"
+    env = {k: v for k, v in os.environ.items() if k != "EXECKIT_SPAWN"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (0, "unset\n"), done.stderr
+    run = subprocess.run(
+        [*EXECKIT, "run", "--", "sh", "-c", show],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (run.returncode, run.stdout) == (0, "unset"), run.stderr
+
+
+def test_an_injected_starter_is_handed_the_marked_environment_as_str(mechanism: str) -> None:
+    seen: list[object] = []
+
+    def start(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        seen.append(kwargs["env"])
+        return subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    assert _in_a_thread(lambda: spawn(["true"], start=start)).ok
+    (env,) = seen
+    if mechanism == TreeMechanism.SESSION:
+        assert env is None
+        return
+    assert isinstance(env, dict)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    assert env.pop("EXECKIT_SPAWN") and env == {
+        k: v for k, v in os.environ.items() if k != "EXECKIT_SPAWN"
+    }
 
 
 # ---------------------------------------------------------------------- the kill grace

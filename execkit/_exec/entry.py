@@ -114,7 +114,7 @@ def _spawn(options: SpawnOptions, cancel_fd: int | None = None) -> SpawnResult:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=options.cwd,
-                env=options.env,
+                env=tree.environment(options),
                 start_new_session=True,
                 bufsize=0,
                 **extra,
@@ -158,7 +158,10 @@ def spawn(
 ) -> SpawnResult:
     """Run `argv` directly (never through a shell) and report how it ended.
 
-    - `env` replaces the environment (as with Popen); None inherits it. The child's stdin
+    - `env` replaces the environment (as with Popen); None inherits it. Under the `cgroup`
+      and `subreaper` mechanisms, started while this process runs another thread or
+      spawn, the child's also holds `EXECKIT_SPAWN`, the mark that tells its leftovers
+      from those of spawns running beside it. The child's stdin
       is `input` (str is UTF-8 encoded), or /dev/null so it never waits on a terminal or
       a pipe nobody closes. `inherit_stdin=True` hands it the caller's own stdin instead
       (a wrapper such as `execkit run`); spawn never reads it, so it cannot wait on it.

@@ -70,7 +70,11 @@ that honours those arguments (real pipes, its own session), or raise OSError whe
 program could not be started (its errno, or its type for an OSError without one, becomes
 `spawn_errno`). Anything else it raises propagates out of `spawn` unchanged. (Only the
 default starter, the real `subprocess.Popen`, is ever also given a `preexec_fn`: see
-PR_SET_PDEATHSIG in `execkit._exec.tree.subreaper`.)
+PR_SET_PDEATHSIG in `execkit._exec.tree.subreaper`.) Where spawns may run at once (under
+the `cgroup` and `subreaper` mechanisms, a spawn started while this process runs another
+thread or spawn), `env` is never None: it is the environment asked for (or execkit's own)
+with the spawn's mark, `EXECKIT_SPAWN`, added; an injected starter gets it as str, the
+real Popen as the bytes os.environ holds where none was asked for.
 """
 
 POPEN_TYPES: tuple[type[subprocess.Popen[bytes]]] = (subprocess.Popen,)

@@ -31,6 +31,8 @@ __all__ = [
     "Proc",
     "created_since",
     "descendants",
+    "end_below",
+    "environ_value",
     "kill_and_wait",
     "killpg",
     "open_last_pid",
@@ -86,6 +88,32 @@ def read_stat(pid: int) -> Proc | None:
         )
     except (IndexError, ValueError):
         return None
+
+
+def environ_value(pid: int, name: bytes) -> bytes | None:
+    """The value of `name` in the environment process `pid` was started with (its
+    /proc/PID/environ: what its last exec was given, unless it wrote over it since), or
+    None: not set, an empty environment (a zombie's), gone, or not readable (another
+    user's process, no /proc)."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    data = b"\0" + b"".join(chunks)
+    at = data.find(b"\0" + name + b"=")
+    if at < 0:
+        return None
+    start = at + len(name) + 2
+    end = data.find(b"\0", start)
+    return data[start:] if end < 0 else data[start:end]
 
 
 def _read_int(path: str) -> int | None:
@@ -276,6 +304,25 @@ def kill_and_wait(procs: Sequence[Proc], until: float) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def end_below(root: Proc, until: float, rounds: int) -> None:
+    """SIGKILL `root` (if it is still that process) and everything below it, reaping what
+    of it is execkit's; up to `rounds` rounds for what forks meanwhile (what a killed
+    process had started is found again through what was seen of it). The whole table is
+    read each round: for the rare leftover attributed to no spawn in particular."""
+    seen = {root.pid: root.start}
+    for _ in range(rounds):
+        procs = table()
+        roots = [pid for pid, start in seen.items() if (p := procs.get(pid)) and p.start == start]
+        found = [procs[pid] for pid in set(roots) | descendants(procs, roots)]
+        seen.update((p.pid, p.start) for p in found)
+        alive = [p for p in found if not p.zombie]
+        if alive:
+            kill_and_wait(alive, until)
+        reap(seen.items())
+        if not alive:
+            return
 
 
 def _wait_stat_gone(procs: Sequence[Proc], until: float) -> None:

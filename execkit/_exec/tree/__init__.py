@@ -7,7 +7,9 @@ each:
 - `cgroup` (`cgroup.py`): a cgroup v2 of its own, from 50 ms after the start on; whatever
   the child starts is born in it however it daemonizes, and `cgroup.kill` ends it all;
 - `subreaper` (`subreaper.py`): this process a child subreaper while the spawn runs, so
-  the tree's orphans are re-parented to execkit, found in /proc and killed;
+  the tree's orphans are re-parented to execkit, found in /proc and killed; where spawns
+  may run at once, the child's environment carries the spawn's mark (`EXECKIT_SPAWN`),
+  which tells whose an orphan is (a subreaper is process-wide);
 - `session` (`session.py`): the child's session and process group, plus whatever a
   timeout's snapshot of its tree found (a daemon that left the session is out of reach).
 

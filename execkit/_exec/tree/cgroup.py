@@ -15,8 +15,10 @@ just before (here ~20 us back to back, 7-20 ms otherwise: a lone `spawn(["true"]
 take five to seven times as long), and Python cannot start a child straight into a cgroup
 (subprocess has no CLONE_INTO_CGROUP, glibc 2.36 no posix_spawnattr_setcgroup_np, and a
 `preexec_fn` is unsafe with threads and rules out vfork). Until the move, the child's tree
-is held as under `subreaper` (`CgroupTree` is a `SubreaperTree` until then), so a short
-command that leaves a daemon behind is covered too.
+is held as under `subreaper` (`CgroupTree` is a `SubreaperTree` until then, its child's
+environment marked the same way), so a short command that leaves a daemon behind is
+covered too, and what a child made before the move is told by its mark from what spawns
+running beside it made.
 
 With `keep_descendants=True`, what is left in the cgroup when the child exits is moved out
 into execkit's own cgroup and left running.
@@ -416,9 +418,15 @@ class CgroupTree(SubreaperTree):
         if cgroup is None:
             super().child_exited(keep)
             return
+        self._reaper.exiting(self)
         if keep:
             if cgroup.populated():
+                members = [p for p in map(proctable.read_stat, cgroup.members()) if p]
                 cgroup.evict(self._home.own_procs)
+                # Kept as under `subreaper`: reaped once dead, never another spawn's to end.
+                reaper = self._reaper
+                kept = (p for p in members if p.ppid == reaper.me and not p.zombie)
+                reaper.keep(kept, self.mark or None)
             return
         # The group too: a background job made before the move and missed is in it.
         proctable.killpg(self.pid, signal.SIGKILL)

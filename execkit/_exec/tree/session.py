@@ -7,8 +7,8 @@ is still alive: a timeout's snapshot remembers what it saw, and an orphan seen o
 found again through that memory. A daemon that left the session before any snapshot is
 out of this mechanism's reach; the two stronger ones (`subreaper`, `cgroup`) exist for it.
 
-The life of a tree, as the supervisor drives it: `starter` (before the start), `adopt`
-(right after it), then any of `signal`/`kill` (a timeout, a cancel), `settle` (when
+The life of a tree, as the supervisor drives it: `starter` and `environment` (before the
+start), `adopt` (right after it), then any of `signal`/`kill` (a timeout, a cancel), `settle` (when
 `settle_at` comes, if set), `child_exited` (the child is a zombie: its pid, session and
 group cannot be reused until it is reaped, which the caller does next), and `release`
 (always, last).
@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from execkit._exec import proctable
@@ -54,6 +55,10 @@ class Tree:
     def starter(self, options: SpawnOptions) -> tuple[ProcessStarter, dict[str, Any]]:
         """What to start the child with: a starter and arguments to add to its call."""
         return options.start, {}
+
+    def environment(self, options: SpawnOptions) -> Mapping[Any, Any] | None:
+        """The environment to start the child with (None: execkit's own, inherited)."""
+        return options.env
 
     def adopt(self, proc: subprocess.Popen[bytes]) -> Tree:
         """Take the started child in; returns the tree that now holds it."""
