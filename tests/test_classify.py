@@ -717,3 +717,34 @@ def test_a_per_day_quota_in_text_charges_and_a_per_minute_one_does_not() -> None
     assert per_day.failure_class is FailureClass.WORK
     assert per_day.reason in ("insufficient quota", "billing")
     assert (per_minute.failure_class, per_minute.reason) == (FailureClass.UPSTREAM, "rate limited")
+
+
+_LADDER = "".join(
+    f'  ⎿  API Error (529 {{"type":"error","error":{{"type":"overloaded_error",'
+    f'"message":"Overloaded"}}}}) · Retrying in {2**n} seconds… (attempt {n + 1}/10)\n'
+    for n in range(3)
+)
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "API Error: Operation aborted",
+        "API Error: Operation aborted\nInterrupted by user",
+        "[Request interrupted by user]",
+        "Connection error.",
+        "API Error: Connection error.\nTypeError (fetch failed)",
+        "TypeError: fetch failed",
+        "Error: This operation was aborted",
+    ],
+)
+def test_a_retry_ladder_ending_in_a_generic_abort_is_still_the_vendors_refusal(
+    ending: str,
+) -> None:
+    # Issue 44 item 10: the CLI gave up on (or was stopped in) a request the vendor kept
+    # refusing; its last line says nothing about the work, so the ladder above decides.
+    assert_text_verdict(_LADDER + ending + "\n", FailureClass.UPSTREAM, "http 529")
+    # The same line alone, or after the work's own output, stays work.
+    assert_text_verdict(ending + "\n", FailureClass.WORK, "default")
+    after_work = _LADDER + "⏺ Bash(pytest -q)\n  ⎿  1 failed, 7 passed\n" + ending + "\n"
+    assert_text_verdict(after_work, FailureClass.WORK, "default")
