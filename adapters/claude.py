@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
 import attrs
@@ -50,6 +49,7 @@ from execkit.adapterkit import (
     load_json_document,
     number_field,
     request_argv,
+    reset_wait_s,
     str_field,
 )
 
@@ -216,8 +216,10 @@ def read_result(stdout: str) -> Envelope:
         if refusal is not None:
             kind = _STREAM_ERRORS.get(str(refusal["error"]))
     reset = _stated_reset(stdout, document, result_text) if is_error else None
-    wait = None if reset is None else max(0.0, reset - time.time())
-    if wait is not None and kind in (None, ErrorKind.RATE_LIMITED):
+    # To the end of the stated second; a reset already past states no wait (None, not 0):
+    # the refusal stays the account's limit, and the lane's breaker and backoff apply.
+    wait = reset_wait_s(reset)
+    if reset is not None and kind in (None, ErrorKind.RATE_LIMITED):
         kind = ErrorKind.USAGE_LIMIT  # a refusal with its reset: the account's limit
     return Envelope(
         found=True,

@@ -46,6 +46,7 @@ from execkit.adapterkit import (
     json_object,
     number_field,
     request_argv,
+    reset_wait_s,
     str_field,
 )
 
@@ -95,8 +96,7 @@ def _body_wait(body: dict[str, Any] | None, now: float) -> float | None:
     seconds = number_field(error, "resets_in_seconds")
     if seconds is not None:
         return max(0.0, seconds)
-    resets_at = number_field(error, "resets_at")
-    return None if resets_at is None else max(0.0, resets_at - now)
+    return reset_wait_s(number_field(error, "resets_at"), now=now)
 
 
 def _error_of(event: dict[str, Any], now: float) -> _Error:
