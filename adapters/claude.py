@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -199,9 +201,10 @@ def _stated_reset(stdout: str, document: Any, result_text: str | None) -> float 
     return None
 
 
-def read_result(stdout: str) -> Envelope:
+def read_result(stdout: str, *, now: float | None = None) -> Envelope:
     """The envelope of a claude-style `result` object (the last JSON value of `stdout`);
-    shared with the claude-compatible CLIs (droid, amp, qwen)."""
+    shared with the claude-compatible CLIs (droid, amp, qwen). `now` is the clock a
+    stated reset is read against (default `time.time()`)."""
     document = load_json_document(stdout)
     envelope = _result_object(document)
     if envelope is None:
@@ -218,7 +221,7 @@ def read_result(stdout: str) -> Envelope:
     reset = _stated_reset(stdout, document, result_text) if is_error else None
     # To the end of the stated second; a reset already past states no wait (None, not 0):
     # the refusal stays the account's limit, and the lane's breaker and backoff apply.
-    wait = reset_wait_s(reset)
+    wait = reset_wait_s(reset, now=now)
     if reset is not None and kind in (None, ErrorKind.RATE_LIMITED):
         kind = ErrorKind.USAGE_LIMIT  # a refusal with its reset: the account's limit
     return Envelope(
@@ -252,10 +255,14 @@ class ClaudeAdapter:
         "CLAUDE_CODE_OAUTH_TOKEN",
     )
     credential_files: tuple[str, ...] = ("~/.claude/.credentials.json",)
+    # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
+    # own time when one is replayed.
+    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]
         return request_argv([self.binary, "-p", "--output-format", "json"], request, options=turns)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, read_result(result.stdout_tail))
+        now = self.clock()
+        return map_result(self, result, read_result(result.stdout_tail, now=now), now=now)

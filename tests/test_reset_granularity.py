@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from zoneinfo import ZoneInfo
 
+import attrs
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -220,3 +221,35 @@ def test_a_claude_reset_in_an_unknown_zone_states_nothing() -> None:
     assert stated_wait_s("reset decision 3", now=1_796_356_400.0) is None
     # A bare claude time whose minute just ended is that message read late, not tomorrow.
     assert stated_wait_s("resets 3:52am (UTC)", now=1_796_356_400.0) is None
+
+
+def test_the_vendor_adapters_read_a_reset_against_their_clock() -> None:
+    # The seam a replay uses (tests/vendors/replay.py: adapter_for): the same output read at
+    # two clocks gives the waits of those clocks, not of the machine's.
+    from _support import spawn_result
+
+    from execkit import get_adapter
+
+    now = 1_796_356_330.0  # 03:52:10 UTC
+    codex_out = (
+        '{"type":"turn.failed","error":{"message":"'
+        + codex_prints(now + 20.0, now).replace('"', '\\"')
+        + '"}}\n'
+    )
+    claude_out = (
+        '{"type":"rate_limit_event","rate_limit_info":{"status":"rejected",'
+        f'"resetsAt":{int(now) + 20}}}}}\n'
+        '{"type":"result","subtype":"success","is_error":true,"result":"limit"}\n'
+    )
+    for name, out, wait in (("codex", codex_out, 50.0), ("claude", claude_out, 21.0)):
+        adapter = get_adapter(name)
+        result = spawn_result((name,), exit_code=1, stdout=out)
+        with local_zone("UTC"):
+            at_now = attrs.evolve(adapter, clock=lambda: now).parse(result)  # type: ignore[misc]
+            later = attrs.evolve(adapter, clock=lambda: now + 3600).parse(result)  # type: ignore[misc]
+        assert at_now.failure_class is FailureClass.UPSTREAM, name
+        assert at_now.retry_after_s == pytest.approx(wait), name
+        assert at_now.reset_from_structure, name
+        # An hour later the same text states a reset long over: upstream, no wait.
+        assert later.failure_class is FailureClass.UPSTREAM, name
+        assert later.retry_after_s is None, name

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +35,14 @@ if str(VENDORS) not in sys.path:
 import measure  # noqa: E402
 from clis import CLI_NAMES  # noqa: E402
 from fake_api import SCENARIOS  # noqa: E402
-from replay import Recording, load, write_replay  # noqa: E402
+from replay import (  # noqa: E402
+    Recording,
+    adapter_for,
+    load,
+    recorded_at,
+    recorded_zone,
+    write_replay,
+)
 from setups import applies  # noqa: E402
 
 from execkit import AgentProof, AgentStatus, get_adapter, run_command  # noqa: E402
@@ -91,15 +99,17 @@ def proofs(stand_ins: dict[str, tuple[Recording, Path]]) -> dict[str, AgentProof
     def run(key: str) -> AgentProof:
         cell, bin_dir = stand_ins[key]
         timeout = HANG_S if cell.meta.get("timed_out") else 60.0
+        # Each cell's stated resets are read against its recording's clock and zone, so a
+        # `try again at 4:00 PM` classes the same at any hour (replay.adapter_for).
         return run_command(
-            get_adapter(cell.cli),
+            adapter_for(cell),
             cell.argv,
             timeout_s=timeout,
             kill_grace=1.0,
             start=_starter(bin_dir),
         )
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
+    with recorded_zone(), ThreadPoolExecutor(max_workers=16) as pool:
         return dict(zip(KEYS, pool.map(run, KEYS), strict=True))
 
 
@@ -169,13 +179,27 @@ def test_upstream_precision_and_every_class_on_the_adapter_path(
     assert figures.agreement == 1.0
 
 
+def _zone_of_the_recording_hour(cell: Recording) -> str:
+    """A POSIX TZ whose wall clock reads now what UTC read when `cell` was recorded (to
+    within half a day): a fresh `execkit run` reads a wall-clock reset such as `try again
+    at 4:00 PM` as far ahead as it was then, whatever the hour of this run."""
+    shift = (recorded_at(cell) - time.time()) % 86400
+    if shift > 43200:
+        shift -= 86400
+    seconds = abs(round(shift))
+    sign = "-" if shift >= 0 else "+"  # POSIX counts west of Greenwich as positive
+    return f"<REC>{sign}{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def _cli_proof(cell: Recording, bin_dir: Path, timeout: float | None) -> dict[str, Any]:
     command = [sys.executable, "-m", "execkit", "run", "--adapter", cell.cli, "--json"]
     if timeout is not None:
         command += ["--timeout", str(timeout), "--kill-grace", "1"]
+    env = _path_env(bin_dir)
+    env["TZ"] = _zone_of_the_recording_hour(cell)
     done = subprocess.run(
         [*command, "--", *cell.argv[1:]],
-        env=_path_env(bin_dir),
+        env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from replay import load, write_replay  # noqa: E402
+from replay import adapter_for, load, recorded_at, recorded_zone, write_replay  # noqa: E402
 
 if TYPE_CHECKING:
     from execkit import SpawnResult
@@ -162,14 +162,16 @@ def replay_all(
 
 
 def _measure_one(path: Path, result: SpawnResult, expected: dict[str, dict[str, Any]]) -> Verdict:
-    from execkit import classify, get_adapter
+    from execkit import classify
 
     cell = load(path)
     key = f"{cell.cli}/{cell.scenario}"
     if key not in expected:
         raise SystemExit(f"{EXPECTED.name} has no entry for {key}: run --write-expected")
-    mapped = get_adapter(cell.cli).parse(result)
-    plain = classify(result)
+    # Stated resets are read against the recording's own clock and zone (replay.py).
+    with recorded_zone():
+        mapped = adapter_for(cell).parse(result)
+        plain = classify(result, now=recorded_at(cell))
     return Verdict(
         key,
         expected[key]["class"],
