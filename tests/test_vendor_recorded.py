@@ -5,7 +5,8 @@ fixtures/recorded/expected.json.
 Each cell's recorded output is reproduced by its stand-in (tests/vendors/replay.py: Python,
 no node), put first on the PATH the child is started with, and run by
 `execkit.run_command(get_adapter(cli), argv)` exactly as argv.json says, and a few cells
-through `execkit run --adapter CLI --json -- ...` in a fresh interpreter. All stand-ins are
+through `execkit run --adapter CLI --json -- PROMPT` in a fresh interpreter (which builds the
+adapter's argv around the prompt; the stand-in ignores its arguments). All stand-ins are
 written before the first starts (an open script forked into another thread's child fails
 to exec with ETXTBSY), then the cells run in parallel; a recorded hang is killed after
 `HANG_S`, as execkit kills a real one.
@@ -50,6 +51,7 @@ from execkit._attempt import lane_cause  # noqa: E402
 from execkit._classify import FailureClass  # noqa: E402
 
 HANG_S = 1.0
+PROMPT = "Reply with one short sentence."  # record.py's
 PATHS = sorted(p.parent for p in RECORDED.glob("*/*/meta.json"))
 EXPECTED: dict[str, dict[str, Any]] = json.loads(
     (RECORDED / "expected.json").read_text(encoding="utf-8")
@@ -198,7 +200,7 @@ def _cli_proof(cell: Recording, bin_dir: Path, timeout: float | None) -> dict[st
     env = _path_env(bin_dir)
     env["TZ"] = _zone_of_the_recording_hour(cell)
     done = subprocess.run(
-        [*command, "--", *cell.argv[1:]],
+        [*command, "--", *(cell.argv[1:] if cell.cli == "generic" else [PROMPT])],
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
