@@ -258,6 +258,12 @@ LANE_CAUSES = {
     # it for a per-day quota id and prints `retryDelayMs: undefined`: it waits, never parks.
     "gemini/usage_limit": None,
     "codex/usage_limit": "reset",  # its fixed "try again at <time>" usage-limit sentence
+    # Issue 52: printed to the minute, read to the minute's end: each parks the lane, the
+    # one inside the current minute too (it read as a reset already past, `now`).
+    "codex/usage_limit_this_minute": "reset",
+    "codex/usage_limit_later_minute": "reset",
+    "codex/usage_limit_on_minute": "reset",
+    "claude/overloaded_529_then_dropped": None,  # unreachable: neither parks nor stops
 }
 
 

@@ -267,6 +267,25 @@ _BY_SCENARIO: dict[str, tuple[str | None, str]] = {
     "dns_failure": ("upstream", "the API host cannot be resolved: unreachable, retry later"),
     "tls_failure": ("upstream", "the TLS handshake failed: unreachable, retry later"),
     "not_installed": ("environment", "the CLI's binary is not installed: stop"),
+    "usage_limit_this_minute": (
+        "upstream",
+        "a usage limit whose reset falls inside the current minute: printed as that minute "
+        "(rounded down), read to its end, so the lane parks until the minute is over",
+    ),
+    "usage_limit_later_minute": (
+        "upstream",
+        "a usage limit 40 s into the minute after next: printed to the minute, read to its "
+        "end (never before the reset)",
+    ),
+    "usage_limit_on_minute": (
+        "upstream",
+        "a usage limit exactly on the minute after next: printed to the minute, read to its "
+        "end (up to a minute late, never early)",
+    ),
+    "overloaded_529_then_dropped": (
+        "upstream",
+        "a 529, then the retry's connection dropped: unreachable, retry later",
+    ),
 }
 # Cells whose class is not the scenario's, decided by what the vendor or the CLI did
 # (reviewed by hand; the `why` says what happened).
