@@ -5,8 +5,9 @@ chrono's `%-I:%M %p`, with `%b %-d<suffix>, %Y` before it when the reset is not 
 claude prints `resets 3:31pm`, `resets 1pm` (the minute left out when it is 0), `resets Dec
 4, 3:31pm`, `resets Dec 4` (its `JN` formatter), with the zone in parentheses; epochs are
 whole seconds. For any clock and any true reset the printed text could stand for, the wait
-read from it is never earlier than that reset, never 0 while the printed time has not
-ended, and at most one granularity later; a printed time already over is no wait (None),
+read from it (a wall-clock time, a date, an epoch, an ISO 8601 time) is never earlier
+than that reset, never 0 while the printed time has not ended, and at most one granularity
+later; a printed time already over is no wait (None),
 never 0. Each property runs with the local zone set (the codex form is local time).
 """
 
@@ -182,12 +183,19 @@ def test_an_epoch_in_whole_seconds_is_read_to_the_end_of_its_second(
 ) -> None:
     reset = round(now + ahead, 3)
     stated = math.floor(reset)  # the vendor floors its epoch to the second
+    iso = datetime.datetime.fromtimestamp(stated, datetime.UTC)
     for wait in (
         reset_wait_s(stated, now=now),
         stated_wait_s(f'{{"error": {{"resets_at": {stated}}}}}', now=now),
         stated_wait_s(f"Claude AI usage limit reached|{stated}", now=now),
+        stated_wait_s(f'{{"resets_at": "{iso:%Y-%m-%dT%H:%M:%SZ}"}}', now=now),
+        stated_wait_s(f"limit resets at {iso:%Y-%m-%d %H:%M:%S}+00:00", now=now),
     ):
         assert_read_to_the_end(wait, reset, now, stated, stated + 1.0)
+    # An ISO time to the minute is read to the end of that minute.
+    start = _floor(reset, MINUTE)
+    minute = stated_wait_s(f'"resets_at": "{iso:%Y-%m-%dT%H:%MZ}"', now=now)
+    assert_read_to_the_end(minute, reset, now, start, start + MINUTE)
 
 
 def test_a_stated_reset_already_over_is_no_wait_and_the_verdict_stays() -> None:

@@ -3,7 +3,8 @@
 The forms read: `Retry-After: 30`, `retry-after-ms: 1500`, `"retryDelay": "17s"`,
 `retryDelayMs: 17000`, `try again in 14.036s`, `Please retry in 7200.0s`, `try again in 4
 days 10 hours 3 minutes`, `reset after 2h52m39s`, `"resets_in_seconds": 4123`,
-`"resets_at": 1796313600` and `usage limit reached|1753459200` (epoch seconds), and codex's
+`"resets_at": 1796313600` and `usage limit reached|1753459200` (epoch seconds),
+`"resets_at": "2026-12-04T16:00:00Z"` / `resets at 2026-12-04 16:00` (ISO 8601), and codex's
 `try again at 4:00 PM` / `try again at Dec 4th, 2026 4:00 PM` (the local time of this
 machine, which is the CLI's: codex prints the bare time only for a reset later the same
 day), and claude's `resets 3:31pm`, `resets 1pm (Europe/Lisbon)`, `resets at Dec 4, 3:31pm
@@ -54,23 +55,6 @@ _DURATION = (
 )
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _WAIT_SEP = r"[\"']?[ \t]{0,4}[:=]?[ \t]{0,4}[\"']?"
-# Each pattern starts with a literal, so the engine finds candidates with a fast prefix
-# search (one alternation over all of them would try every position).
-WAIT_SOURCES = (
-    # A relative wait after a key or phrase.
-    r"retry(?:[-_ ]?after(?P<ms1>[-_]?ms)?|[-_ ]?delay(?P<ms2>[-_]?ms)?| (?:in|after))"
-    rf"{_WAIT_SEP}{_DURATION}",
-    r"reset(?:s? (?:in|after)|s?_in_seconds)"
-    rf"{_WAIT_SEP}{_DURATION}"
-    # An absolute reset in epoch seconds.
-    r"|resets?_at[\"']?[ \t]{0,2}[:=][ \t]{0,2}[\"']?(?P<epoch>\d{9,11})(?!\d)",
-    r"usage limit reached\|(?P<epoch>\d{9,11})(?!\d)",
-    # codex's local wall-clock reset (with the date when it is not today), or a duration.
-    rf"try again (?:(?:in|after){_WAIT_SEP}{_DURATION}"
-    rf"|at (?:(?P<mon>{'|'.join(_MONTHS)})[a-z]{{0,6}}\.? (?P<day>\d{{1,2}})"
-    r"(?:st|nd|rd|th)?,? (?P<year>\d{4}),? )?(?P<hour>\d{1,2}):(?P<minute>\d{2})"
-    r"[ \t]{0,2}(?P<ampm>am|pm)\b)",
-)
 # claude's reset as its formatter prints it (claude-code 2.1.332, `JN` in the bundle): a
 # time within the next 24 h as `3:31pm` or, on the hour, `1pm` (the minute left out when
 # it is 0: still a time to the minute); further out with the date, `Dec 4, 3:31pm`, and the
@@ -81,12 +65,33 @@ _FULL_MONTHS = (
     r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
     r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
 )
-WAIT_SOURCES = (
-    *WAIT_SOURCES,
+_CLAUDE_RESET = (
     rf"(?P<resets>reset)s?(?: at)? (?:(?P<mon>{_FULL_MONTHS})\.? (?P<day>\d{{1,2}})\b"
     r"(?:,? (?P<year>\d{4})\b)?(?:,? (?=\d))?)?"
     r"(?:(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?[ \t]?(?P<ampm>am|pm)\b)?"
-    r"(?:[ \t]{0,2}\((?P<zone>[a-z][a-z0-9_+\-/]{0,63})\))?",
+    r"(?:[ \t]{0,2}\((?P<zone>[a-z][a-z0-9_+\-/]{0,63})\))?"
+)
+# Each pattern starts with a literal, so the engine finds candidates with a fast prefix
+# search (one alternation over all of them would try every position).
+WAIT_SOURCES = (
+    # A relative wait after a key or phrase.
+    r"retry(?:[-_ ]?after(?P<ms1>[-_]?ms)?|[-_ ]?delay(?P<ms2>[-_]?ms)?| (?:in|after))"
+    rf"{_WAIT_SEP}{_DURATION}",
+    r"reset(?:s? (?:in|after)|s?_in_seconds)"
+    rf"{_WAIT_SEP}{_DURATION}"
+    # An absolute reset in epoch seconds.
+    r"|resets?_at[\"']?[ \t]{0,2}[:=][ \t]{0,2}[\"']?(?P<epoch>\d{9,11})(?!\d)"
+    # An absolute reset as an ISO 8601 time, to the minute, second or a fraction of one.
+    r"|resets?(?:_at|[ \t]at)[\"']?[ \t]{0,2}[:=]?[ \t]{0,2}[\"']?"
+    r"(?P<iso>\d{4}-\d{2}-\d{2}[t ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?"
+    r"(?:z|[+-]\d{2}:?\d{2})?)(?![\d:.])",
+    r"usage limit reached\|(?P<epoch>\d{9,11})(?!\d)",
+    # codex's local wall-clock reset (with the date when it is not today), or a duration.
+    rf"try again (?:(?:in|after){_WAIT_SEP}{_DURATION}"
+    rf"|at (?:(?P<mon>{'|'.join(_MONTHS)})[a-z]{{0,6}}\.? (?P<day>\d{{1,2}})"
+    r"(?:st|nd|rd|th)?,? (?P<year>\d{4}),? )?(?P<hour>\d{1,2}):(?P<minute>\d{2})"
+    r"[ \t]{0,2}(?P<ampm>am|pm)\b)",
+    _CLAUDE_RESET,
 )
 PART_SOURCE = rf"({_NUMBER})[ \t]{{0,2}}({_UNIT})?"
 # A bare claude time is within the 24 h after it was printed; one whose minute ended up to
@@ -247,6 +252,29 @@ def _claude_reset(match: re.Match[str], now: float) -> tuple[float, float] | Non
     return None
 
 
+def _iso_reset(text: str) -> tuple[float, float] | None:
+    """(start, granularity) of an ISO 8601 reset: to the minute (60 s), the second (1 s) or
+    a fraction of one (exact); without an offset it is local time (the later of a repeated
+    wall time). None when it is not a real time."""
+    try:
+        when = datetime.datetime.fromisoformat(text.upper())
+    except ValueError:
+        return None
+    clock = text[11:]
+    if "." in clock:
+        granularity = 0.0
+    elif clock[:8].count(":") == 2:
+        granularity = SECOND_S
+    else:
+        granularity = MINUTE_S
+    if when.tzinfo is None:
+        when = when.replace(fold=1)
+    try:
+        return when.timestamp(), granularity
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def _wait_of(match: re.Match[str], now: float) -> float | None:
     groups = match.groupdict()
     duration = groups.get("dur")
@@ -255,6 +283,9 @@ def _wait_of(match: re.Match[str], now: float) -> float | None:
         return _duration_seconds(duration, 0.001 if millis else 1.0)
     if groups.get("epoch") is not None:
         return epoch_wait(float(groups["epoch"]), now)
+    if groups.get("iso") is not None:
+        iso = _iso_reset(groups["iso"])
+        return None if iso is None else wait_until(iso[0], now, iso[1])
     if groups.get("resets") is not None:
         found = _claude_reset(match, now)
         return None if found is None else wait_until(found[0], now, found[1])
@@ -270,6 +301,8 @@ def _readable(match: re.Match[str], now: float) -> bool:
     groups = match.groupdict()
     if groups.get("dur") is not None or groups.get("epoch") is not None:
         return True
+    if groups.get("iso") is not None:
+        return _iso_reset(groups["iso"]) is not None
     if groups.get("resets") is not None:
         return _claude_reset(match, now) is not None
     return groups.get("hour") is not None and _clock_reset(match, now) is not None

@@ -140,7 +140,8 @@ def adapter_for(cell: Recording) -> Adapter:
     from execkit import get_adapter
 
     adapter = get_adapter(cell.cli)
-    if attrs.has(type(adapter)) and "clock" in attrs.fields_dict(type(adapter)):
+    kind: type[Any] = type(adapter)
+    if attrs.has(kind) and "clock" in attrs.fields_dict(kind):
         when = recorded_at(cell)
         return attrs.evolve(adapter, clock=lambda: when)  # type: ignore[misc]
     return adapter
