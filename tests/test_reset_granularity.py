@@ -261,3 +261,20 @@ def test_the_vendor_adapters_read_a_reset_against_their_clock() -> None:
         # An hour later the same text states a reset long over: upstream, no wait.
         assert later.failure_class is FailureClass.UPSTREAM, name
         assert later.retry_after_s is None, name
+
+
+def test_claude_s_own_limit_sentence_with_its_reset_is_upstream_until_the_minute_ends() -> None:
+    # claude's words for its plan's limits, with the reset its formatter prints (to the
+    # minute, `1pm` being 13:00): upstream, waiting until the end of that minute.
+    now = datetime.datetime(2026, 12, 4, 12, 59, 30, tzinfo=ZoneInfo("Europe/Lisbon"))
+    for text in (
+        "You've hit your limit · resets 1pm (Europe/Lisbon)",
+        "You've hit your 5-hour limit · resets 1pm (Europe/Lisbon)",
+        "Claude usage limit reached. Your limit will reset at 1pm (Europe/Lisbon).",
+    ):
+        verdict = classify_text(text, now=now.timestamp())
+        assert verdict.failure_class is FailureClass.UPSTREAM, text
+        assert verdict.reason == "usage limit", text
+        assert verdict.retry_after_s == pytest.approx(90.0), text
+    # Without a reset it is an account limit: charged, as the text list says.
+    assert classify_text("You've hit your limit").failure_class is FailureClass.WORK
