@@ -1,4 +1,11 @@
-"""Anthropic Claude Code: `claude -p --output-format json`, one result envelope.
+"""Anthropic Claude Code: `claude -p --output-format stream-json --verbose`, its events.
+
+The default argv runs the output format that carries the most structure (issue 51): only
+stream-json (which needs `--verbose` with `-p`) prints the `rate_limit_event` with its
+`resetsAt` (for a claude.ai or gateway sign-in; with an API key no output format states a
+reset), the `api_retry` events of its own retries and the refusal as an `assistant` event;
+its last event is the same result envelope `--output-format json` prints alone, so a run
+given `--output-format json` in its argv is read the same way.
 
 The envelope is `{"type": "result", "subtype", "is_error", "result", "session_id",
 "total_cost_usd", "api_error_status"?, "api_error_type"?, "api_error"?...}`; with `--verbose`
@@ -19,13 +26,18 @@ sentences `API Error: Unable to connect to API (...)`, `API Error: Connection re
 ...`, `API Error: Can't reach the API server ...` and `API Error: Connection to the API
 was lost ...`, matched by prefix.
 
+An error subtype's envelope has no `result`: its `errors` (a list of sentences, such as
+`Reached maximum number of turns (12)`) are the message.
+
 In `--output-format stream-json` (recorded: `claude/auth_401_stream`,
 `claude/payment_402_stream`) the API's refusal is also an `assistant` event with
 `is_api_error_message: true`, its `error` (`authentication_failed`, `billing_error`,
 `rate_limit`, `server_error`, ...) and `api_error_status`: read when the result envelope
 names no error type, and in place of the envelope when the stream ends before its
 `result` (a run killed after the refusal), so a refused credential or billing still stops
-the lane with its fix named.
+the lane with its fix named. A stream that ends (killed on timeout) while its last event
+is an `api_retry` (`{"type": "system", "subtype": "api_retry", "attempt", "max_retries",
+"error_status", "error"}`) was still retrying that status: `ErrorKind.RETRYING`, upstream.
 
 Resets read from structure (issue #28: only these park a vendor lane): a `rate_limit_event`
 (stream-json or `--verbose`: `{"type": "rate_limit_event", "rate_limit_info": {"status",
@@ -39,6 +51,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -50,6 +63,7 @@ from execkit.adapterkit import (
     load_json_document,
     number_field,
     request_argv,
+    reset_wait_s,
     str_field,
 )
 
@@ -159,6 +173,42 @@ def _stream_api_error(stdout: str, document: Any) -> dict[str, Any] | None:
     return found
 
 
+def _last_event(stdout: str, document: Any) -> dict[str, Any] | None:
+    """The last stream-json event (a JSON object line with a `type`), or None."""
+    if isinstance(document, list):
+        return None
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("type"), str):
+            return entry
+    return None
+
+
+def _retry_notice_envelope(event: dict[str, Any]) -> Envelope | None:
+    """A stream whose last event is the CLI's own `api_retry`: it was still retrying."""
+    if event.get("type") != "system" or event.get("subtype") != "api_retry":
+        return None
+    status = http_status(number_field(event, "error_status"))
+    error = str_field(event, "error") or "api error"
+    said = f"{status} " if status is not None else ""
+    attempt = number_field(event, "attempt")
+    most = number_field(event, "max_retries")
+    count = f" (attempt {attempt:g}/{most:g})" if attempt is not None and most else ""
+    return Envelope(
+        found=True,
+        is_error=True,
+        error_message=f"API Error: {said}{error}; still retrying{count}",
+        http_status=status,
+        error_kind=ErrorKind.RETRYING,
+    )
+
+
 def _message_text(event: dict[str, Any]) -> str | None:
     message = event.get("message")
     content = message.get("content") if isinstance(message, dict) else None
@@ -199,25 +249,38 @@ def _stated_reset(stdout: str, document: Any, result_text: str | None) -> float 
     return None
 
 
-def read_result(stdout: str) -> Envelope:
+def read_result(stdout: str, *, now: float | None = None) -> Envelope:
     """The envelope of a claude-style `result` object (the last JSON value of `stdout`);
-    shared with the claude-compatible CLIs (droid, amp, qwen)."""
+    shared with the claude-compatible CLIs (droid, amp, qwen). `now` is the clock a
+    stated reset is read against (default `time.time()`)."""
     document = load_json_document(stdout)
     envelope = _result_object(document)
     if envelope is None:
         refusal = _stream_api_error(stdout, document)
-        return Envelope() if refusal is None else _stream_error_envelope(refusal)
+        if refusal is not None:
+            return _stream_error_envelope(refusal)
+        last = _last_event(stdout, document)
+        retrying = None if last is None else _retry_notice_envelope(last)
+        return Envelope() if retrying is None else retrying
     subtype = str_field(envelope, "subtype") or ""
     is_error = envelope.get("is_error") is True or subtype.startswith("error")
     result_text = str_field(envelope, "result")
+    errors = envelope.get("errors")
+    said = (
+        "; ".join(e for e in errors if isinstance(e, str) and e.strip())
+        if isinstance(errors, list)
+        else ""
+    )
     kind = _kind(envelope, result_text) if is_error else None
     if is_error and kind is None:
         refusal = _stream_api_error(stdout, document)
         if refusal is not None:
             kind = _STREAM_ERRORS.get(str(refusal["error"]))
     reset = _stated_reset(stdout, document, result_text) if is_error else None
-    wait = None if reset is None else max(0.0, reset - time.time())
-    if wait is not None and kind in (None, ErrorKind.RATE_LIMITED):
+    # To the end of the stated second; a reset already past states no wait (None, not 0):
+    # the refusal stays the account's limit, and the lane's breaker and backoff apply.
+    wait = reset_wait_s(reset, now=now)
+    if reset is not None and kind in (None, ErrorKind.RATE_LIMITED):
         kind = ErrorKind.USAGE_LIMIT  # a refusal with its reset: the account's limit
     return Envelope(
         found=True,
@@ -225,7 +288,9 @@ def read_result(stdout: str) -> Envelope:
         text=None if is_error else (result_text or ""),
         session_id=str_field(envelope, "session_id"),
         cost_usd=number_field(envelope, "total_cost_usd", "cost_usd"),
-        error_message=(result_text or subtype or "claude reported an error") if is_error else None,
+        error_message=(result_text or said or subtype or "claude reported an error")
+        if is_error
+        else None,
         http_status=http_status(number_field(envelope, "api_error_status")),
         error_kind=kind,
         retry_after_s=wait,
@@ -235,9 +300,12 @@ def read_result(stdout: str) -> Envelope:
 
 @attrs.frozen
 class ClaudeAdapter:
-    """`claude -p --output-format json [--model M] [--max-turns N] ARGS... PROMPT`.
+    """`claude -p --output-format stream-json --verbose [--model M] [--max-turns N] ARGS...
+    PROMPT`.
 
-    The working directory is the spawn's cwd (claude has no directory flag).
+    The working directory is the spawn's cwd (claude has no directory flag). ARGS that
+    name another `--output-format` (claude takes the last one) are read too: `json` prints
+    the same envelope alone.
     """
 
     name: str = "claude"
@@ -250,10 +318,15 @@ class ClaudeAdapter:
         "CLAUDE_CODE_OAUTH_TOKEN",
     )
     credential_files: tuple[str, ...] = ("~/.claude/.credentials.json",)
+    # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
+    # own time when one is replayed.
+    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]
-        return request_argv([self.binary, "-p", "--output-format", "json"], request, options=turns)
+        head = [self.binary, "-p", "--output-format", "stream-json", "--verbose"]
+        return request_argv(head, request, options=turns)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, read_result(result.stdout_tail))
+        now = self.clock()
+        return map_result(self, result, read_result(result.stdout_tail, now=now), now=now)

@@ -25,6 +25,8 @@ credential failure. A message that is a JSON error body is read for its type.
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -113,7 +115,7 @@ def _item_text(item: Any) -> str | None:
     return str_field(item, "text", "message")
 
 
-def _read(stdout: str) -> Envelope:
+def _read(stdout: str, now: float) -> Envelope:
     session_id: str | None = None
     reply: str | None = None
     completed = False
@@ -152,7 +154,7 @@ def _read(stdout: str) -> Envelope:
     # (issue #28: it parks the vendor lane; a time in any other message does not).
     wait = None
     if error is not None and error.kind is ErrorKind.USAGE_LIMIT:
-        wait = parse_retry_after(error.message)
+        wait = parse_retry_after(error.message, now=now)
     return Envelope(
         found=seen and (completed or error is not None),
         is_error=failed is not None or (error is not None and not completed),
@@ -176,10 +178,14 @@ class CodexAdapter:
     login_hint: str | None = "codex login"
     credential_env: tuple[str, ...] = ("OPENAI_API_KEY", "CODEX_API_KEY")
     credential_files: tuple[str, ...] = ("~/.codex/auth.json",)
+    # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
+    # own time when one is replayed.
+    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         cd = ["--cd", request.cwd] if request.cwd else []
         return request_argv([self.binary, "exec", "--json"], request, options=cd)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, _read(result.stdout_tail))
+        now = self.clock()
+        return map_result(self, result, _read(result.stdout_tail, now), now=now)

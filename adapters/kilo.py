@@ -10,6 +10,7 @@ are bounded by `KILO_SESSION_RETRY_LIMIT`; set it low in the runner's environmen
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import attrs
 
@@ -35,9 +36,13 @@ class KiloAdapter:
         "OPENROUTER_API_KEY",
     )
     credential_files: tuple[str, ...] = ("~/.local/share/kilo/auth.json",)
+    # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
+    # own time when one is replayed.
+    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         return request_argv([self.binary, "run", "--format", "json"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, read_events(result.stdout_tail, time.time()))
+        now = self.clock()
+        return map_result(self, result, read_events(result.stdout_tail, now), now=now)

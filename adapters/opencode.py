@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -46,6 +47,7 @@ from execkit.adapterkit import (
     json_object,
     number_field,
     request_argv,
+    reset_wait_s,
     str_field,
 )
 
@@ -95,8 +97,7 @@ def _body_wait(body: dict[str, Any] | None, now: float) -> float | None:
     seconds = number_field(error, "resets_in_seconds")
     if seconds is not None:
         return max(0.0, seconds)
-    resets_at = number_field(error, "resets_at")
-    return None if resets_at is None else max(0.0, resets_at - now)
+    return reset_wait_s(number_field(error, "resets_at"), now=now)
 
 
 def _error_of(event: dict[str, Any], now: float) -> _Error:
@@ -247,9 +248,13 @@ class OpencodeAdapter:
         "OPENROUTER_API_KEY",
     )
     credential_files: tuple[str, ...] = ("~/.local/share/opencode/auth.json",)
+    # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
+    # own time when one is replayed.
+    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         return request_argv([self.binary, "run", "--format", "json"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, read_events(result.stdout_tail, time.time()))
+        now = self.clock()
+        return map_result(self, result, read_events(result.stdout_tail, now), now=now)

@@ -18,8 +18,10 @@ package file raises `FileNotFoundError` / `ValueError` naming it.
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
+import math
 from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
@@ -68,7 +70,10 @@ class RecordedCell:
     ended (a timed-out run was sent SIGTERM). `expected_class` is the class an operator
     needs (None: the run succeeded), with `expected_reason` (execkit's reason on its
     adapter path), `expected_retry_after_s` (a number, a `(low, high)` range for a reset
-    stated as a wall-clock time, or None) and `why`.
+    stated as a wall-clock time, or None) and `why`. `recorded_at` is when the CLI ended
+    (epoch seconds, None when unknown): a reset it stated (a wall-clock time, printed in
+    UTC, or an epoch) gives `expected_retry_after_s` when read against that clock; read
+    now, one long past states no wait at all.
     """
 
     cli: str
@@ -87,6 +92,7 @@ class RecordedCell:
     why: str
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    recorded_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -136,6 +142,7 @@ class RecordedCell:
             why=str(expected.get("why") or ""),
             stdout_truncated=bool(value.get("stdout_truncated")),
             stderr_truncated=bool(value.get("stderr_truncated")),
+            recorded_at=_when(value.get("recorded_at")),
         )
 
 
@@ -144,6 +151,25 @@ def _tail(data: bytes) -> tuple[str, bool]:
     if len(text) <= STREAM_CHARS:
         return text, False
     return text[-STREAM_CHARS:], True
+
+
+def _when(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) else None
+    return None
+
+
+def _ended_at(meta: Mapping[str, Any]) -> float | None:
+    """When a recorded CLI ended: meta `ended_at`, else `date` plus `duration_s`."""
+    ended = _when(meta.get("ended_at"))
+    if ended is not None:
+        return ended
+    try:
+        started = datetime.datetime.strptime(str(meta["date"]), "%Y-%m-%dT%H:%M:%SZ")
+    except (KeyError, ValueError):
+        return None
+    started = started.replace(tzinfo=datetime.UTC)
+    return started.timestamp() + float(meta.get("duration_s") or 0.0)
 
 
 def build_corpus(recorded: Path) -> dict[str, Any]:
@@ -173,6 +199,7 @@ def build_corpus(recorded: Path) -> dict[str, Any]:
                 "timed_out": bool(meta.get("timed_out")),
                 "duration_s": meta.get("duration_s"),
                 "expected": expected.get(key, {}),
+                "recorded_at": _ended_at(meta),
             }
         )
     return {"format": _FORMAT, "cells": cells}

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from execkit._adapter import AgentRequest, ErrorKind
-from execkit._classify import stated_wait_s
+from execkit._classify import epoch_wait, stated_wait_s
 
 __all__ = [
     "ErrorKind",
@@ -37,6 +37,7 @@ __all__ = [
     "parse_retry_after",
     "prompt_args",
     "request_argv",
+    "reset_wait_s",
     "str_field",
 ]
 
@@ -48,14 +49,28 @@ def parse_retry_after(text: str | None, *, now: float | None = None) -> float | 
     codex's `try again at 4:00 PM` (local time).
 
     Units default to seconds (milliseconds after an `-ms` key); `now` is the clock for an
-    absolute reset (default `time.time()`), one already past waits 0. None when absent.
+    absolute reset (default `time.time()`). An absolute reset is read to the end of what
+    was printed (a time to the minute: the end of that minute; an epoch in whole seconds:
+    the end of that second), and one still past after that gives None, not 0: nothing
+    stated is left to wait for. None when absent.
     """
     return stated_wait_s(text, now=now)
 
 
+def reset_wait_s(epoch: float | None, *, now: float | None = None) -> float | None:
+    """The wait (seconds) until a reset a vendor stated as an epoch in a structured field
+    (claude's `resetsAt`, OpenAI's `resets_at`): to the end of its second when it is whole
+    seconds. None when `epoch` is None, not finite, or already past (never 0); `now` is the
+    clock (default `time.time()`)."""
+    if epoch is None:
+        return None
+    return epoch_wait(epoch, time.time() if now is None else now)
+
+
 def header_wait_s(headers: object, *, now: float | None = None) -> float | None:
     """The wait a response's headers ask for: `retry-after-ms`, then `retry-after` (seconds
-    or an HTTP date). Keys are matched case-insensitively; None when absent or malformed."""
+    or an HTTP date, read to the end of its second). Keys are matched case-insensitively;
+    None when absent, malformed, or a date already past."""
     if not isinstance(headers, Mapping):
         return None
     lowered = {str(key).lower(): value for key, value in headers.items()}
@@ -78,7 +93,9 @@ def header_wait_s(headers: object, *, now: float | None = None) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     clock = time.time() if now is None else now
-    return max(0.0, when.timestamp() - clock)
+    # An HTTP date is whole seconds: read to the end of its second; one already past
+    # states nothing left to wait for (None, not 0).
+    return epoch_wait(when.timestamp(), clock)
 
 
 def _finite(value: str | float) -> float | None:

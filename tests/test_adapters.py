@@ -350,11 +350,14 @@ def test_build_argv_per_vendor() -> None:
         "--flag",
         "fix it",
     ]
+    # The output format with the most structure (issue 51): stream-json, which -p runs
+    # only with --verbose.
     assert get_adapter("claude").build_argv(request) == [
         "claude",
         "-p",
         "--output-format",
-        "json",
+        "stream-json",
+        "--verbose",
         "--model",
         "m1",
         "--max-turns",

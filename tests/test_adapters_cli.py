@@ -64,7 +64,7 @@ def test_run_adapter_missing_binary_prints_the_precondition(
     fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_vendor.register("codex", missing=True)
-    code = run_adapter_command(ns("codex", "exec", "fix the test"), start=fake_vendor.start)
+    code = run_adapter_command(ns("codex", "fix the test"), start=fake_vendor.start)
     out = json.loads(capsys.readouterr().out)
     assert code == 127
     assert out["class"] == "environment"
@@ -72,7 +72,7 @@ def test_run_adapter_missing_binary_prints_the_precondition(
     assert out["precondition"].startswith(
         "codex CLI not found on PATH; install: npm install -g @openai/codex"
     )
-    assert fake_vendor.calls("codex") == [("codex", "exec", "fix the test")]
+    assert fake_vendor.calls("codex") == [("codex", "exec", "--json", "fix the test")]
 
 
 def test_run_adapter_upstream_and_success(
@@ -81,22 +81,69 @@ def test_run_adapter_upstream_and_success(
     fake_vendor.register("claude", stdout=FIXTURES / "claude" / "overloaded.json", exit_code=1)
     fake_vendor.register("claude", stdout=FIXTURES / "claude" / "success.json")
     start = fake_vendor.start
-    assert run_adapter_command(ns("claude", "-p", "x", "--output-format", "json"), start=start) == 1
+    assert run_adapter_command(ns("claude", "x"), start=start) == 1
     failed = json.loads(capsys.readouterr().out)
     assert (failed["class"], failed["reason"], failed["precondition"]) == (
         "upstream",
         "http 529",
         None,
     )
-    assert run_adapter_command(ns("claude", "-p", "x", as_json=False), start=start) == 0
+    assert run_adapter_command(ns("claude", "x", as_json=False), start=start) == 0
     assert "Renamed `fetch_rows`" in capsys.readouterr().out
+
+
+def test_run_adapter_builds_the_argv_dispatch_builds_and_classes_a_429_the_same(
+    fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 51 item 8: `run --adapter claude -- "say hi"` ran bare `claude "say hi"` (no -p,
+    # no output format), so claude's 429 was charged work while dispatch classed it upstream.
+    from execkit import AgentRequest, get_adapter
+    from execkit.dispatch import AdapterRunner, BoardIssue
+
+    recorded = FIXTURES / "recorded" / "claude" / "rate_limit_429"
+    fake_vendor.register("claude", stdout=recorded / "stdout", exit_code=1)
+    code = run_adapter_command(ns("claude", "--model", "m1", "say hi"), start=fake_vendor.start)
+    proof = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert (proof["class"], proof["reason"]) == ("upstream", "http 429")
+    # The argv is the dispatcher's for the same issue, the extra ARGS added, not instead.
+    issue = BoardIssue(id="ISS-1", title="t", state="todo", prompt="say hi", argv=("--model", "m1"))
+    dispatch_argv = get_adapter("claude").build_argv(AdapterRunner().request_for(issue))
+    assert fake_vendor.calls("claude") == [tuple(dispatch_argv)]
+    assert dispatch_argv == get_adapter("claude").build_argv(
+        AgentRequest(prompt="say hi", extra_args=("--model", "m1"))
+    )
+    assert dispatch_argv[:5] == ["claude", "-p", "--output-format", "stream-json", "--verbose"]
+
+
+@pytest.mark.parametrize(
+    ("adapter", "given", "field", "named"),
+    [
+        ("claude", [], "prompt", "needs a prompt after --"),
+        ("claude", ["--output-format", "text", "say hi"], "extra_args", "'--output-format'"),
+        ("claude", ["--output-format=text", "say hi"], "extra_args", "'--output-format=text'"),
+        ("claude", ["say hi", "-p"], "extra_args", "'-p'"),
+        ("codex", ["exec", "fix it"], "extra_args", "'exec'"),
+        ("codex", ["--json", "fix it"], "extra_args", "'--json'"),
+        ("gemini", ["--prompt=x", "y"], "extra_args", "'--prompt=x'"),
+        ("generic", [], "extra_args", "needs the command after --"),
+    ],
+)
+def test_run_adapter_refuses_what_its_adapter_could_not_read(
+    fake_vendor: FakeVendor, adapter: str, given: list[str], field: str, named: str
+) -> None:
+    fake_vendor.register(adapter, stdout="never run\n")
+    with pytest.raises(InvalidInput, match=named) as raised:
+        run_adapter_command(ns(adapter, *given), start=fake_vendor.start)
+    assert raised.value.field == field
+    assert fake_vendor.calls(adapter) == []
 
 
 def test_run_adapter_human_failure_line(
     fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_vendor.register("gemini", missing=True)
-    args = ns("gemini", "-p", "x", as_json=False)
+    args = ns("gemini", "x", as_json=False)
     assert run_adapter_command(args, start=fake_vendor.start) == 127
     err = capsys.readouterr().err
     assert err.startswith("execkit: gemini failed (environment: spawn errno ENOENT): gemini CLI")
@@ -128,7 +175,7 @@ def test_run_adapter_timeout_kills_a_hung_vendor(
     fake_vendor: FakeVendor, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_vendor.register("opencode", hang=True)
-    args = ns("opencode", "run", "x", timeout="0.5")  # a real process: a real timeout
+    args = ns("opencode", "x", timeout="0.5")  # a real process: a real timeout
     args.kill_grace = "0"
     assert run_adapter_command(args, start=fake_vendor.start) == 124
     assert json.loads(capsys.readouterr().out)["reason"] == "timeout"
@@ -139,12 +186,12 @@ def test_main_hands_its_starter_to_run_and_run_adapter(
 ) -> None:
     fake_vendor.register("codex", missing=True)
     fake_vendor.register("mycli", stdout="hi\n", exit_code=3)
-    argv = ["run", "--adapter", "codex", "--json", "--", "exec", "x"]
+    argv = ["run", "--adapter", "codex", "--json", "--", "x"]
     assert main(argv, start=fake_vendor.start) == 127
     assert json.loads(capsys.readouterr().out)["reason"] == "spawn errno ENOENT"
     assert main(["run", "--json", "--", "mycli", "a"], start=fake_vendor.start) == 3
     assert json.loads(capsys.readouterr().out)["stdout_tail"] == "hi\n"
-    assert fake_vendor.calls("codex") == [("codex", "exec", "x")]
+    assert fake_vendor.calls("codex") == [("codex", "exec", "--json", "x")]
     assert fake_vendor.calls("mycli") == [("mycli", "a")]
 
 

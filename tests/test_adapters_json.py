@@ -176,7 +176,7 @@ def test_json_object_reads_only_a_whole_object() -> None:
         ({"Retry-After": "17"}, 17.0),
         ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
         ({"retry-after": 30}, 30.0),
-        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),  # a date long past
+        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, None),  # a date long past: no wait
         ({"retry-after": "soon"}, None),
         ({"retry-after": "nan"}, None),
         ({"retry-after": True}, None),
@@ -192,7 +192,8 @@ def test_header_wait_s(headers: object, wait: float | None) -> None:
 def test_header_wait_s_reads_an_http_date_on_the_given_clock() -> None:
     date = "Thu, 03 Dec 2026 16:00:00 GMT"
     now = 1796313600.0 - 4123.0  # that date in epoch seconds, minus 4123 s
-    assert header_wait_s({"retry-after": date}, now=now) == pytest.approx(4123.0)
+    # An HTTP date is whole seconds: read to the end of that second.
+    assert header_wait_s({"retry-after": date}, now=now) == pytest.approx(4124.0)
 
 
 @pytest.mark.parametrize(
@@ -201,7 +202,7 @@ def test_header_wait_s_reads_an_http_date_on_the_given_clock() -> None:
         ("try again in 4 days 10 hours 3 minutes", 4 * 86400 + 10 * 3600 + 180),
         ("try again in 4 days", 4 * 86400),  # not 4 seconds
         ('"retryDelay": "17s"', 17.0),
-        ("Claude AI usage limit reached|1753459200", 9200.0),
+        ("Claude AI usage limit reached|1753459200", 9201.0),  # to the end of its second
         ("retry in 3 attempts", None),
     ],
 )

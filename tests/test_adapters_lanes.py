@@ -40,7 +40,8 @@ def test_a_claude_rate_limit_event_gives_a_structured_reset() -> None:
     ]
     mapped = ClaudeAdapter().parse(_spawn("\n".join(json.dumps(line) for line in lines)))
     assert mapped.failure_class is FailureClass.UPSTREAM
-    assert mapped.retry_after_s is not None and 3500 < mapped.retry_after_s <= 3600
+    # Whole seconds: read to the end of the stated second.
+    assert mapped.retry_after_s is not None and 3500 < mapped.retry_after_s <= 3601
     assert mapped.reset_from_structure
 
 
@@ -82,3 +83,63 @@ def test_a_stream_json_refusal_stops_the_lane_from_its_error_event(
         assert mapped.failure_class is FailureClass.ENVIRONMENT, (cell, mapped)
         assert _LANE_STOPS.get(mapped.reason or "") == cause, mapped.reason
         assert fix in (mapped.precondition or ""), mapped.precondition
+
+
+def test_claude_stream_json_reads_what_json_reads() -> None:
+    # Issue 51 item 7: stream-json is the default argv; its last event is the envelope json
+    # prints alone, so every field read from one is read from the other.
+    envelope = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": True,
+        "api_error_status": 529,
+        "api_error_type": "overloaded_error",
+        "result": "API Error: Repeated 529 Overloaded errors",
+        "session_id": "s-1",
+    }
+    stream = "\n".join(
+        json.dumps(line)
+        for line in (
+            {"type": "system", "subtype": "init", "session_id": "s-1"},
+            {"type": "system", "subtype": "api_retry", "attempt": 1, "error_status": 529},
+            envelope,
+        )
+    )
+    as_json = ClaudeAdapter().parse(_spawn(json.dumps(envelope)))
+    as_stream = ClaudeAdapter().parse(_spawn(stream))
+    assert as_stream == as_json
+    assert (as_stream.failure_class, as_stream.reason) == (FailureClass.UPSTREAM, "http 529")
+
+
+def test_claude_error_subtypes_say_their_errors() -> None:
+    # An error subtype's envelope has no `result`: its `errors` are the message.
+    envelope = {
+        "type": "result",
+        "subtype": "error_during_execution",
+        "is_error": True,
+        "errors": ["API Error: 529 Overloaded"],
+    }
+    mapped = ClaudeAdapter().parse(_spawn(json.dumps(envelope)))
+    assert mapped.error is not None and "529 Overloaded" in mapped.error
+    assert (mapped.failure_class, mapped.reason) == (FailureClass.UPSTREAM, "http 529")
+
+
+def test_a_claude_stream_killed_while_retrying_is_upstream() -> None:
+    # The stream's last event is claude's own retry of a 503: it was killed still retrying.
+    lines = [
+        {"type": "system", "subtype": "init"},
+        {
+            "type": "system",
+            "subtype": "api_retry",
+            "attempt": 3,
+            "max_retries": 10,
+            "retry_delay_ms": 2400,
+            "error_status": 503,
+            "error": "server_error",
+        },
+    ]
+    stdout = "\n".join(json.dumps(line) for line in lines)
+    timed_out = spawn_result(("claude", "-p"), exit_code=None, stdout=stdout, timed_out=True)
+    mapped = ClaudeAdapter().parse(timed_out)
+    assert (mapped.failure_class, mapped.reason) == (FailureClass.UPSTREAM, "http 503")
+    assert mapped.error is not None and "still retrying (attempt 3/10)" in mapped.error

@@ -243,9 +243,11 @@ NOW = 1_753_450_000.0
 @pytest.mark.parametrize(
     ("text", "reason", "wait"),
     [
-        ("API Error: 529 overloaded; Claude AI usage limit reached|1753459200", "http 529", 9200),
-        ("Claude AI usage limit reached|1753459200", "usage limit", 9200),
-        ("Claude AI usage limit reached|1753000000", "usage limit", 0),
+        # An epoch in whole seconds is read to the end of its second.
+        ("API Error: 529 overloaded; Claude AI usage limit reached|1753459200", "http 529", 9201),
+        ("Claude AI usage limit reached|1753459200", "usage limit", 9201),
+        # A reset already past still lifts the veto, but states nothing to wait for.
+        ("Claude AI usage limit reached|1753000000", "usage limit", "past"),
         (
             "You've hit your usage limit. Upgrade to Pro or try again in "
             "4 days 10 hours 3 minutes.",
@@ -268,7 +270,7 @@ NOW = 1_753_450_000.0
     ],
 )
 def test_a_stated_reset_after_an_account_limit_makes_it_upstream(
-    text: str, reason: str, wait: float | None
+    text: str, reason: str, wait: float | str | None
 ) -> None:
     verdict = classify_text(text, now=NOW)
     if wait is None:
@@ -276,7 +278,10 @@ def test_a_stated_reset_after_an_account_limit_makes_it_upstream(
         assert verdict.failure_class is FailureClass.WORK
         return
     assert (verdict.failure_class, verdict.reason) == (FailureClass.UPSTREAM, reason)
-    assert verdict.retry_after_s == pytest.approx(wait)
+    if wait == "past":
+        assert verdict.retry_after_s is None
+    else:
+        assert verdict.retry_after_s == pytest.approx(wait)
 
 
 @pytest.mark.parametrize(
@@ -291,8 +296,9 @@ def test_a_stated_reset_after_an_account_limit_makes_it_upstream(
         ("try again in 4 days 10 hours 3 minutes", 4 * 86400 + 10 * 3600 + 180),
         ("Your quota will reset after 2h52m39s.", 2 * 3600 + 52 * 60 + 39),
         ('"resets_in_seconds": 4123', 4123.0),
-        ('"resets_at": 1753459200', 9200.0),
-        ("usage limit reached|1753459200", 9200.0),
+        ('"resets_at": 1753459200', 9201.0),  # to the end of the stated second
+        ("usage limit reached|1753459200", 9201.0),
+        ('"resets_at": 1753000000', None),  # already past: no wait, not 0
         ("Retrying in 8 seconds… (attempt 4/10)", None),  # the CLI's own backoff
         ("retry in 5 attempts", None),  # a count, not a duration
         ("try again later", None),
@@ -308,12 +314,13 @@ def test_codex_wall_clock_resets_are_local_time() -> None:
     import time
 
     now = time.mktime((2026, 12, 3, 14, 51, 0, 0, 0, -1))
+    # Printed to the minute (rounded down): read to the end of that minute.
     same_day = stated_wait_s("or try again at 4:00 PM.", now=now)
-    assert same_day == pytest.approx(69 * 60)
+    assert same_day == pytest.approx(70 * 60)
     dated = stated_wait_s("try again at Dec 4th, 2026 4:00 PM.", now=now)
-    assert dated == pytest.approx(69 * 60 + 86400, abs=3600)  # a DST change moves it an hour
-    # Printed today but already past when read (a clock or zone mismatch): no wait.
-    assert stated_wait_s("try again at 9:15 AM", now=now) == 0.0
+    assert dated == pytest.approx(70 * 60 + 86400, abs=3600)  # a DST change moves it an hour
+    # Printed today but already past when read (a clock or zone mismatch): no wait at all.
+    assert stated_wait_s("try again at 9:15 AM", now=now) is None
     assert stated_wait_s("try again at 13:00 PM", now=now) is None
 
 
@@ -717,3 +724,34 @@ def test_a_per_day_quota_in_text_charges_and_a_per_minute_one_does_not() -> None
     assert per_day.failure_class is FailureClass.WORK
     assert per_day.reason in ("insufficient quota", "billing")
     assert (per_minute.failure_class, per_minute.reason) == (FailureClass.UPSTREAM, "rate limited")
+
+
+_LADDER = "".join(
+    f'  ⎿  API Error (529 {{"type":"error","error":{{"type":"overloaded_error",'
+    f'"message":"Overloaded"}}}}) · Retrying in {2**n} seconds… (attempt {n + 1}/10)\n'
+    for n in range(3)
+)
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "API Error: Operation aborted",
+        "API Error: Operation aborted\nInterrupted by user",
+        "[Request interrupted by user]",
+        "Connection error.",
+        "API Error: Connection error.\nTypeError (fetch failed)",
+        "TypeError: fetch failed",
+        "Error: This operation was aborted",
+    ],
+)
+def test_a_retry_ladder_ending_in_a_generic_abort_is_still_the_vendors_refusal(
+    ending: str,
+) -> None:
+    # Issue 44 item 10: the CLI gave up on (or was stopped in) a request the vendor kept
+    # refusing; its last line says nothing about the work, so the ladder above decides.
+    assert_text_verdict(_LADDER + ending + "\n", FailureClass.UPSTREAM, "http 529")
+    # The same line alone, or after the work's own output, stays work.
+    assert_text_verdict(ending + "\n", FailureClass.WORK, "default")
+    after_work = _LADDER + "⏺ Bash(pytest -q)\n  ⎿  1 failed, 7 passed\n" + ending + "\n"
+    assert_text_verdict(after_work, FailureClass.WORK, "default")

@@ -96,7 +96,7 @@ def test_run_with_an_adapter_reports_the_missing_binary_and_its_install_hint(
     tmp_path: Path,
 ) -> None:
     done = execkit(
-        "run", "--adapter", "codex", "--json", "--", "exec", "fix the test",
+        "run", "--adapter", "codex", "--json", "--", "fix the test",
         env={"PATH": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 127
@@ -111,8 +111,7 @@ def test_run_with_an_adapter_runs_the_vendor_binary(tmp_path: Path) -> None:
     fake.write_text(f"#!/bin/sh\necho '{json.dumps(envelope)}'\n")
     fake.chmod(0o755)
     done = execkit(
-        "run", "--adapter", "claude", "--json", "--", "-p", "fix it",
-        "--output-format", "json",
+        "run", "--adapter", "claude", "--json", "--", "fix it",
         env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

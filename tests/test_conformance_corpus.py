@@ -7,9 +7,12 @@ the `recorded_cell` fixture parametrizes a user's own test over them.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
+import os
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,30 @@ def test_a_wrong_marker_argument_is_named(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*recorded_cells takes cli= and scenario=*"])
     assert result.ret != 0
+
+
+def test_a_recorded_reset_reads_as_recorded_against_the_cells_own_clock() -> None:
+    # A stated reset is what the CLI printed then: against `recorded_at` (in UTC, the zone
+    # the recorder runs every CLI in) it gives the expected wait whatever the day today.
+    import attrs
+
+    cells = [c for c in recorded_cells() if isinstance(c.expected_retry_after_s, tuple)]
+    assert {"codex/usage_limit_this_minute", "claude/usage_limit_gateway"} <= {c.key for c in cells}
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    try:
+        for cell in cells:
+            assert cell.recorded_at is not None, cell.key
+            clock = functools.partial(float, cell.recorded_at)
+            adapter = attrs.evolve(get_adapter(cell.cli), clock=clock)  # type: ignore[misc]
+            mapped = adapter.parse(cell.spawn_result())
+            low, high = cell.expected_retry_after_s  # type: ignore[misc]
+            assert mapped.retry_after_s is not None, cell.key
+            assert low <= mapped.retry_after_s <= high, (cell.key, mapped.retry_after_s)
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()

@@ -5,7 +5,8 @@ fixtures/recorded/expected.json.
 Each cell's recorded output is reproduced by its stand-in (tests/vendors/replay.py: Python,
 no node), put first on the PATH the child is started with, and run by
 `execkit.run_command(get_adapter(cli), argv)` exactly as argv.json says, and a few cells
-through `execkit run --adapter CLI --json -- ...` in a fresh interpreter. All stand-ins are
+through `execkit run --adapter CLI --json -- PROMPT` in a fresh interpreter (which builds the
+adapter's argv around the prompt; the stand-in ignores its arguments). All stand-ins are
 written before the first starts (an open script forked into another thread's child fails
 to exec with ETXTBSY), then the cells run in parallel; a recorded hang is killed after
 `HANG_S`, as execkit kills a real one.
@@ -18,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +36,14 @@ if str(VENDORS) not in sys.path:
 import measure  # noqa: E402
 from clis import CLI_NAMES  # noqa: E402
 from fake_api import SCENARIOS  # noqa: E402
-from replay import Recording, load, write_replay  # noqa: E402
+from replay import (  # noqa: E402
+    Recording,
+    adapter_for,
+    load,
+    recorded_at,
+    recorded_zone,
+    write_replay,
+)
 from setups import applies  # noqa: E402
 
 from execkit import AgentProof, AgentStatus, get_adapter, run_command  # noqa: E402
@@ -42,6 +51,7 @@ from execkit._attempt import lane_cause  # noqa: E402
 from execkit._classify import FailureClass  # noqa: E402
 
 HANG_S = 1.0
+PROMPT = "Reply with one short sentence."  # record.py's
 PATHS = sorted(p.parent for p in RECORDED.glob("*/*/meta.json"))
 EXPECTED: dict[str, dict[str, Any]] = json.loads(
     (RECORDED / "expected.json").read_text(encoding="utf-8")
@@ -91,15 +101,17 @@ def proofs(stand_ins: dict[str, tuple[Recording, Path]]) -> dict[str, AgentProof
     def run(key: str) -> AgentProof:
         cell, bin_dir = stand_ins[key]
         timeout = HANG_S if cell.meta.get("timed_out") else 60.0
+        # Each cell's stated resets are read against its recording's clock and zone, so a
+        # `try again at 4:00 PM` classes the same at any hour (replay.adapter_for).
         return run_command(
-            get_adapter(cell.cli),
+            adapter_for(cell),
             cell.argv,
             timeout_s=timeout,
             kill_grace=1.0,
             start=_starter(bin_dir),
         )
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
+    with recorded_zone(), ThreadPoolExecutor(max_workers=16) as pool:
         return dict(zip(KEYS, pool.map(run, KEYS), strict=True))
 
 
@@ -169,13 +181,27 @@ def test_upstream_precision_and_every_class_on_the_adapter_path(
     assert figures.agreement == 1.0
 
 
+def _zone_of_the_recording_hour(cell: Recording) -> str:
+    """A POSIX TZ whose wall clock reads now what UTC read when `cell` was recorded (to
+    within half a day): a fresh `execkit run` reads a wall-clock reset such as `try again
+    at 4:00 PM` as far ahead as it was then, whatever the hour of this run."""
+    shift = (recorded_at(cell) - time.time()) % 86400
+    if shift > 43200:
+        shift -= 86400
+    seconds = abs(round(shift))
+    sign = "-" if shift >= 0 else "+"  # POSIX counts west of Greenwich as positive
+    return f"<REC>{sign}{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def _cli_proof(cell: Recording, bin_dir: Path, timeout: float | None) -> dict[str, Any]:
     command = [sys.executable, "-m", "execkit", "run", "--adapter", cell.cli, "--json"]
     if timeout is not None:
         command += ["--timeout", str(timeout), "--kill-grace", "1"]
+    env = _path_env(bin_dir)
+    env["TZ"] = _zone_of_the_recording_hour(cell)
     done = subprocess.run(
-        [*command, "--", *cell.argv[1:]],
-        env=_path_env(bin_dir),
+        [*command, "--", *(cell.argv[1:] if cell.cli == "generic" else [PROMPT])],
+        env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -232,6 +258,12 @@ LANE_CAUSES = {
     # it for a per-day quota id and prints `retryDelayMs: undefined`: it waits, never parks.
     "gemini/usage_limit": None,
     "codex/usage_limit": "reset",  # its fixed "try again at <time>" usage-limit sentence
+    # Issue 52: printed to the minute, read to the minute's end: each parks the lane, the
+    # one inside the current minute too (it read as a reset already past, `now`).
+    "codex/usage_limit_this_minute": "reset",
+    "codex/usage_limit_later_minute": "reset",
+    "codex/usage_limit_on_minute": "reset",
+    "claude/overloaded_529_then_dropped": None,  # unreachable: neither parks nor stops
 }
 
 

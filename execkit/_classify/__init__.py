@@ -31,7 +31,8 @@ One concern a file:
 - `scan.py`: one tail scanned, and which match decides (the veto, the last status);
 - `notices.py`: the retry notices more output followed (stale: an upstream signal or a
   reset on one is skipped; an account limit on one still vetoes);
-- `resets.py`: the reset times a vendor states (`stated_wait_s`);
+- `resets.py`: the reset times a vendor states (`stated_wait_s`), each read to the end
+  of its granularity (`epoch_wait`, `wait_until`);
 - `verdict.py`: `FailureClass`, `Reason`, `Classification`, `EVIDENCE_CHARS`,
   `ACCOUNT_LIMIT_REASONS`, `never_started`.
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
         classify,
         classify_text,
     )
-    from execkit._classify.resets import stated_wait_s
+    from execkit._classify.resets import epoch_wait, stated_wait_s, wait_until
     from execkit._classify.rules import is_upstream_status
     from execkit._classify.structure import ENVIRONMENT_ERRNOS
 
@@ -69,6 +70,8 @@ _LAZY = {
     "classify": "entry",
     "classify_text": "entry",
     "stated_wait_s": "resets",
+    "epoch_wait": "resets",
+    "wait_until": "resets",
     "is_upstream_status": "rules",
     "ENVIRONMENT_ERRNOS": "structure",
 }
@@ -100,7 +103,9 @@ __all__ = [
     "classification_fields",
     "classify",
     "classify_text",
+    "epoch_wait",
     "is_upstream_status",
     "never_started",
     "stated_wait_s",
+    "wait_until",
 ]

@@ -9,6 +9,13 @@ the stack frames (`    at ...`) and the inspected error object printed under eac
 answers `is_stale_notice(offset)` by bisection. A notice that is the last thing in the text
 (the run ended while still retrying) is not stale, and counts.
 
+Nor is a notice followed only by a generic ending (issue 44): the line a CLI prints when
+the request it was retrying was abandoned, which says nothing about the work: claude's
+`API Error: Operation aborted`, `Interrupted by user`, `[Request interrupted by user]`,
+`Connection error.`, `TypeError (fetch failed)`, node's `This operation was aborted`. A
+ladder of 529 notices that ends in one of them was still the vendor's refusal; the same
+line after anything else (a tool's output, the work's own error) is just more output.
+
 Linear time: each keyword (`retrying`, `reconnecting`) is searched again only once the scan
 has passed its last occurrence, and each line is read once.
 """
@@ -17,7 +24,43 @@ from __future__ import annotations
 
 import bisect
 
+from execkit._classify import patterns
+
 _NOTICE_WORDS = ("retrying", "reconnecting")
+# A whole (lowered) line that is only a CLI abandoning its request: an abort, an interrupt,
+# a lost connection, with the decorations claude puts around it. Bounded and anchored, so
+# matching a line is linear in it; only short lines are tried.
+GENERIC_ENDING_SOURCE = (
+    r"[ \t\u23bf\u23fa\u25cf>\[]{0,8}(?:(?:api )?error:[ \t]{0,4})?"
+    r"(?:(?:the|this) )?(?:(?:operation|request) (?:was )?aborted"
+    r"|(?:request )?interrupted by user(?: for tool use)?"
+    r"|(?:api )?connection error|typeerror[ \t]{0,2}[(:][ \t]{0,2}fetch failed\)?"
+    r"|fetch failed)"
+    r"[ \t.!\]]{0,8}"
+)
+_ENDING_WORDS = ("abort", "interrupted", "connection error", "fetch failed")
+_ENDING_LINE_CHARS = 120
+
+
+def is_generic_ending(line: str) -> bool:
+    """Whether a lowered line is only a CLI abandoning its request (see the docstring)."""
+    if len(line) > _ENDING_LINE_CHARS or not any(word in line for word in _ENDING_WORDS):
+        return False
+    return patterns.compiled(GENERIC_ENDING_SOURCE).fullmatch(line) is not None
+
+
+def content_end(low: str) -> int:
+    """Where a lowered text's content ends: its end without trailing blank lines and
+    trailing generic endings (each character read at most twice, from the end)."""
+    end = len(low.rstrip())
+    while end > 0:
+        start = low.rfind("\n", 0, end) + 1
+        if not is_generic_ending(low[start:end].strip()):
+            return end
+        end = start - 1
+        while end > 0 and low[end - 1].isspace():
+            end -= 1
+    return max(end, 0)
 
 
 def _next_line(low: str, line_end: int) -> tuple[int, int]:
@@ -54,7 +97,8 @@ class NoticeIndex:
     def __init__(self, low: str) -> None:
         self._starts: list[int] = []
         self._ends: list[int] = []
-        content_end = len(low.rstrip())
+        # Output after a notice makes it stale; a generic ending after it does not.
+        ending = content_end(low)
         position = 0
         upcoming = [low.find(word) for word in _NOTICE_WORDS]
         while True:
@@ -71,7 +115,7 @@ class NoticeIndex:
             line_end = low.find("\n", found)
             line_end = len(low) if line_end < 0 else line_end
             end = _continuation_end(low, line_start, line_end)
-            if end < content_end:  # output followed: the retry went on
+            if end < ending:  # output followed: the retry went on
                 self._starts.append(line_start)
                 self._ends.append(end)
             position = end + 1

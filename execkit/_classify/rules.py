@@ -63,6 +63,7 @@ files`, `line 503`, `max_tokens: 4290`, `port 5000` stay work).
 | | | | `billing_hard_limit_reached`, `402 Payment Required` |
 | `usage-limit` | work | `usage limit` | `Claude AI usage limit reached` |
 | | | | `You've hit your usage limit` |
+| | | | `You've hit your limit`, `You've hit your 5-hour limit` |
 | `retry-notice` | ignored | | `status 503; retrying 1/5` with more output after that line |
 | | | | `Reconnecting... 1/5 (unexpected status 503 ...)` with more output after it |
 | (none) | work | `default` | `HTTP 404`, `401 Unauthorized`, `400 invalid_request_error` |
@@ -416,7 +417,14 @@ ACCOUNT_LIMITS = (
         ("payment required", r"\bpayment required\b"),
     ),
     _rule(
-        "usage-limit", Reason.USAGE_LIMIT, (("usage limit", "usage_limit"), r"\busage[ _]limit\b")
+        "usage-limit",
+        Reason.USAGE_LIMIT,
+        (("usage limit", "usage_limit"), r"\busage[ _]limit\b"),
+        # claude's own words for its plan's limits (`You've hit your limit · resets 1pm`).
+        (
+            "hit your",
+            r"\bhit your (?:session |weekly |daily |monthly |5-hour |opus |sonnet )?limit\b",
+        ),
     ),
 )
 """The account-limit rows (class work): each vetoes upstream unless a reset follows it."""

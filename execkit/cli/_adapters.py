@@ -4,9 +4,12 @@
 whether its credentials look present: one of its documented variables (`credential_env`)
 is set, or one of its credential files (`credential_files`) exists. Only names are ever
 printed, never a value.
-`run_adapter_command` runs `BINARY ARGS...` once through the adapter and reports the
-AgentProof: with `--json` the whole proof (with `"class"`, `"reason"`, `"precondition"`),
-otherwise the reply on stdout, or one line on stderr naming the class and what to fix.
+`run_adapter_command` runs one prompt once through the adapter, with the argv the
+dispatcher would build (`adapter.build_argv`: the last ARG is the prompt, the ARGS before
+it are added as the request's `extra_args`), and reports the AgentProof: with `--json` the
+whole proof (with `"class"`, `"reason"`, `"precondition"`), otherwise the reply on stdout,
+or one line on stderr naming the class and what to fix. The `generic` adapter takes the
+program and its arguments as ARGS, as before.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from execkit._adapter import Adapter, credential_env_of, credential_files_of
+from execkit._adapter import Adapter, AgentRequest, credential_env_of, credential_files_of
 from execkit._agent import run_command
 from execkit._classify import Reason, never_started
 from execkit._errors import InvalidInput
@@ -150,29 +153,79 @@ def _exit_code(proof: AgentProof) -> int:
     return _FAILED_EXIT
 
 
+# A prompt no one types: the adapter's own argv is what build_argv gives around it.
+_PROBE = "\x00execkit-prompt\x00"
+
+
+def _own_tokens(adapter: Adapter) -> tuple[set[str], set[str]]:
+    """(flags, words) the adapter puts in every argv it builds: its options (a flag's name
+    before any `=`) and its subcommand words, the program and the prompt left out."""
+    flags: set[str] = set()
+    words: set[str] = set()
+    for token in adapter.build_argv(AgentRequest(prompt=_PROBE))[1:]:
+        if token == "--":
+            continue
+        if token.startswith("-"):
+            flags.add(token.split("=", 1)[0])
+        elif _PROBE not in token:
+            words.add(token)
+    return flags, words
+
+
+def _adapter_argv(adapter: Adapter, given: list[str]) -> list[str]:
+    """The argv `execkit run --adapter` runs: the dispatcher's for the prompt in `given`."""
+    name = adapter.name
+    if not adapter.binary:
+        # generic: the program comes with the request (its extra_args), the prompt is none.
+        if not given:
+            raise InvalidInput(
+                f"adapter {name!r} needs the command after --: "
+                f"execkit run --adapter {name} -- PROGRAM [ARGS...]",
+                field="extra_args",
+            )
+        return adapter.build_argv(AgentRequest(prompt="", extra_args=given))
+    usage = f"execkit run --adapter {name} -- [ARGS...] PROMPT"
+    if not given:
+        raise InvalidInput(f"adapter {name!r} needs a prompt after --: {usage}", field="prompt")
+    flags, words = _own_tokens(adapter)
+    *extra, prompt = given
+    for index, arg in enumerate(given):
+        flag = arg.startswith("-")
+        own = arg.split("=", 1)[0] in flags if flag else arg in words
+        # The last ARG is the prompt: a word there is its text, a flag of the adapter's not.
+        if own and (index < len(extra) or flag):
+            shown = " ".join(adapter.build_argv(AgentRequest(prompt="PROMPT")))
+            raise InvalidInput(
+                f"{arg!r} is set by the {name} adapter itself ({shown}); give only the "
+                f"prompt and any other arguments: {usage}",
+                field="extra_args",
+            )
+    return adapter.build_argv(AgentRequest(prompt=prompt, extra_args=extra))
+
+
 def run_adapter_command(
     args: argparse.Namespace, *, start: ProcessStarter = subprocess.Popen
 ) -> int:
-    """`execkit run --adapter NAME [--json] [--timeout S] -- ARGS...`.
+    """`execkit run --adapter NAME [--json] [--timeout S] -- [ARGS...] PROMPT`.
 
     Reads `args.adapter`, `args.command_argv` (a leading `--` is dropped), `args.json`
     and, when present, `args.timeout` and `args.kill_grace` (strings, as `execkit run`
-    parses them). The adapter's binary is prepended to ARGS
-    (`generic` takes the program as the first ARG); `start` starts it (`spawn`'s seam).
-    Exit status: 0 on success, 127 when the binary could not be started, 124 on timeout,
-    1 for any other failure (a refused credential included: the program ran).
-    Raises UnknownAdapter / InvalidInput (the CLI reports them) for bad input.
+    parses them). The argv is the dispatcher's (issue 51): `adapter.build_argv` of a
+    request whose prompt is the last ARG and whose `extra_args` are the ARGS before it,
+    added after the adapter's own (`claude -p --output-format stream-json --verbose ARGS...
+    PROMPT`), never in their place; `generic` takes the program and its arguments as ARGS.
+    `start` starts it (`spawn`'s seam). Exit status: 0 on success, 127 when the binary
+    could not be started, 124 on timeout, 1 for any other failure (a refused credential
+    included: the program ran).
+    Raises UnknownAdapter / InvalidInput (the CLI reports them) for bad input: no ARGS
+    (field `prompt`), or an ARG the adapter sets itself (field `extra_args`: its output
+    format, its subcommand; the adapter could not read what another one prints).
     """
     adapter = get_adapter(args.adapter)
     raw_args = list(getattr(args, "command_argv", None) or [])
     if raw_args and raw_args[0] == "--":
         raw_args = raw_args[1:]
-    argv = [adapter.binary, *raw_args] if adapter.binary else raw_args
-    if not argv:
-        raise InvalidInput(
-            f"adapter {adapter.name!r} needs the command after --: "
-            f"execkit run --adapter {adapter.name} -- PROGRAM [ARGS...]"
-        )
+    argv = _adapter_argv(adapter, raw_args)
     timeout = parse_seconds("--timeout", getattr(args, "timeout", None), allow_zero=False)
     grace = parse_seconds("--kill-grace", getattr(args, "kill_grace", None), allow_zero=True)
     proof = run_command(

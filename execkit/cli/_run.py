@@ -8,7 +8,10 @@ child its own stdin, so `... | execkit run -- CMD` feeds CMD; execkit never read
 a stdin nobody closes cannot hold execkit up (`--timeout` still bounds the child).
 With `--json` the object carries the failure's `class`, `reason` and `evidence` (null
 when the run succeeded).
-With `--adapter NAME` the ARGS go to that vendor's binary through its adapter instead.
+With `--adapter NAME` the command is the adapter's, as `dispatch` builds it: the last ARG
+is the prompt and the ARGS before it are added to the adapter's own argv (`execkit run
+--adapter claude -- "say hi"` runs `claude -p --output-format stream-json --verbose "say
+hi"`); an ARG the adapter sets itself is refused. `generic` takes CMD [ARGS...] as ever.
 
 When CMD exits, whatever it left running in its process tree is ended too, unless
 `--keep-descendants` is given. A signal that would end execkit (each of `_ENDING_SIGNALS`:
@@ -105,8 +108,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--adapter",
         metavar="NAME",
-        help="run the vendor binary of adapter NAME with ARGS and print its AgentProof "
-        "(class, reason, precondition); see `execkit adapters`",
+        help="run adapter NAME's argv for the prompt (the last ARG; the ARGS before it are "
+        "added to the adapter's own, as dispatch does) and print its AgentProof (class, "
+        "reason, precondition); `generic` runs CMD [ARGS...]; see `execkit adapters`",
     )
     parser.add_argument(
         "--json",

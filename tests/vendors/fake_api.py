@@ -107,6 +107,8 @@ class Scenario:
     `stream_json`: the CLI streams its events with its API key (only claude:
     `--output-format stream-json --verbose`, where its assistant message carries the SDK's
     `error` field, `authentication_failed` or `billing_error`).
+    `only`: the CLIs it is recorded for (issue 52: codex's minute-rounded reset, claude's
+    retry ladder ending in a dropped connection), empty for all.
     """
 
     name: str
@@ -122,6 +124,8 @@ class Scenario:
     untrusted: bool = False
     gateway: bool = False
     stream_json: bool = False
+    # The CLIs this scenario is recorded for (empty: every CLI setups.applies allows).
+    only: tuple[str, ...] = ()
 
     @property
     def reaches_api(self) -> bool:
@@ -147,6 +151,9 @@ ERROR_KINDS = (
     "context_length",
     "expired_401",
     "quota_per_day",
+    "usage_limit_this_minute",
+    "usage_limit_later_minute",
+    "usage_limit_on_minute",
 )
 # Steps that answer 200 and then fail inside the stream.
 STREAM_FAILURES = ("midstream_error", "overloaded_in_stream", "stream_cut")
@@ -276,7 +283,37 @@ _WIDER = (
         logged_out=True,
     ),
 )
-_SCENARIO_LIST = _SCENARIO_LIST + _WIDER
+# Issue 52: codex prints its usage-limit reset rounded down to the minute; the reset falls
+# inside the current minute, later in a coming minute, or exactly on one. Issue 44: claude's
+# retries of a 529 that end in a dropped connection.
+_RESETS_AND_LADDERS: tuple[Scenario, ...] = (
+    Scenario(
+        "usage_limit_this_minute",
+        "a usage limit whose reset falls inside the current minute (printed to the minute, "
+        "that minute is already under way)",
+        ("usage_limit_this_minute",),
+        only=("codex",),
+    ),
+    Scenario(
+        "usage_limit_later_minute",
+        "a usage limit whose reset is 40 s into the minute after next",
+        ("usage_limit_later_minute",),
+        only=("codex",),
+    ),
+    Scenario(
+        "usage_limit_on_minute",
+        "a usage limit whose reset is exactly on the minute after next",
+        ("usage_limit_on_minute",),
+        only=("codex",),
+    ),
+    Scenario(
+        "overloaded_529_then_dropped",
+        "529 overloaded, then every retry's connection closed with no answer",
+        ("overloaded_529", "connection_drop"),
+        only=("claude",),
+    ),
+)
+_SCENARIO_LIST = _SCENARIO_LIST + _WIDER + _RESETS_AND_LADDERS
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _SCENARIO_LIST}
 
 
@@ -339,6 +376,19 @@ _RATE_HEADERS_OPENAI = (
 
 def _reset_epoch() -> int:
     return (int(time.time()) // 3600) * 3600 + USAGE_RESET_S
+
+
+def _minute_reset(kind: str) -> int:
+    """The reset of a `usage_limit_*_minute` kind, in whole seconds as the API states it:
+    inside the current minute (half-way to its end), 40 s into the minute after next, or
+    exactly on the minute after next."""
+    now = time.time()
+    minute = int(now // 60) * 60
+    if kind == "usage_limit_this_minute":
+        return int(now) + max(1, (minute + 59 - int(now)) // 2)
+    if kind == "usage_limit_later_minute":
+        return minute + 160
+    return minute + 120
 
 
 def _rfc3339(epoch: float) -> str:
@@ -467,6 +517,9 @@ def _anthropic_reply(kind: str) -> Reply:
     raise KeyError(kind)
 
 
+_MINUTE_KINDS = ("usage_limit_this_minute", "usage_limit_later_minute", "usage_limit_on_minute")
+
+
 def _openai_reply(kind: str) -> Reply:
     if kind == "server_500":
         return _openai_error(
@@ -494,8 +547,8 @@ def _openai_reply(kind: str) -> Reply:
             None,
             *_RATE_HEADERS_OPENAI,
         )
-    if kind == "usage_limit":
-        reset = _reset_epoch()
+    if kind in ("usage_limit", *_MINUTE_KINDS):
+        reset = _reset_epoch() if kind == "usage_limit" else _minute_reset(kind)
         return _openai_error(
             429,
             "The usage limit has been reached",
@@ -1254,6 +1307,13 @@ class _Handler(BaseHTTPRequestHandler):
             remaining = max(0.0, state.deadline - time.monotonic())
             state.stop.wait(remaining)
             self.close_connection = True
+            return
+        if step == "connection_drop":
+            # The request is read, then the connection closes with no answer at all.
+            self._record("model", None, **info)
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
             return
         if step in ("midstream_error", "overloaded_in_stream") and not stream:
             # A non-streaming request (a CLI's fallback after the failed stream) cannot

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from replay import load, write_replay  # noqa: E402
+from replay import adapter_for, load, recorded_at, recorded_zone, write_replay  # noqa: E402
 
 if TYPE_CHECKING:
     from execkit import SpawnResult
@@ -162,14 +162,16 @@ def replay_all(
 
 
 def _measure_one(path: Path, result: SpawnResult, expected: dict[str, dict[str, Any]]) -> Verdict:
-    from execkit import classify, get_adapter
+    from execkit import classify
 
     cell = load(path)
     key = f"{cell.cli}/{cell.scenario}"
     if key not in expected:
         raise SystemExit(f"{EXPECTED.name} has no entry for {key}: run --write-expected")
-    mapped = get_adapter(cell.cli).parse(result)
-    plain = classify(result)
+    # Stated resets are read against the recording's own clock and zone (replay.py).
+    with recorded_zone():
+        mapped = adapter_for(cell).parse(result)
+        plain = classify(result, now=recorded_at(cell))
     return Verdict(
         key,
         expected[key]["class"],
@@ -265,6 +267,25 @@ _BY_SCENARIO: dict[str, tuple[str | None, str]] = {
     "dns_failure": ("upstream", "the API host cannot be resolved: unreachable, retry later"),
     "tls_failure": ("upstream", "the TLS handshake failed: unreachable, retry later"),
     "not_installed": ("environment", "the CLI's binary is not installed: stop"),
+    "usage_limit_this_minute": (
+        "upstream",
+        "a usage limit whose reset falls inside the current minute: printed as that minute "
+        "(rounded down), read to its end, so the lane parks until the minute is over",
+    ),
+    "usage_limit_later_minute": (
+        "upstream",
+        "a usage limit 40 s into the minute after next: printed to the minute, read to its "
+        "end (never before the reset)",
+    ),
+    "usage_limit_on_minute": (
+        "upstream",
+        "a usage limit exactly on the minute after next: printed to the minute, read to its "
+        "end (up to a minute late, never early)",
+    ),
+    "overloaded_529_then_dropped": (
+        "upstream",
+        "a 529, then the retry's connection dropped: unreachable, retry later",
+    ),
 }
 # Cells whose class is not the scenario's, decided by what the vendor or the CLI did
 # (reviewed by hand; the `why` says what happened).

@@ -83,6 +83,9 @@ def base_env(box: Sandbox, sink_url: str, bin_dir: Path | None = None) -> dict[s
         "LOGNAME": "execkit",
         "SHELL": "/bin/sh",
         "LANG": "C.UTF-8",
+        # Wall-clock resets (codex's `try again at 3:52 AM`) are printed in UTC, so a replay
+        # reads them in the zone they were printed in (replay.recorded_zone).
+        "TZ": "UTC",
         "TERM": "dumb",
         "NO_COLOR": "1",
         "CI": "1",
@@ -312,6 +315,8 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
         "vendor_api": vendor,
         "steps": list(scenario.steps),
         "date": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # When the CLI ended (epoch seconds): the clock a replay reads its stated resets by.
+        "ended_at": round(started_at.timestamp() + outcome.duration_s, 3),
         "exit_code": outcome.exit_code,
         "signal": outcome.signal,
         "timed_out": outcome.timed_out,

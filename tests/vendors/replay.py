@@ -12,23 +12,41 @@ recorder sent SIGTERM. Its arguments are ignored. It needs only this Python, no 
 
 `replay_spawn(recording, timeout_s=...)` does it all in one call through `execkit.spawn`
 and returns the `SpawnResult` (what `measure.py` and the tests read).
+
+A recording states its resets as the CLI printed them then (`try again at 4:00 PM`, a
+`resetsAt` epoch): `adapter_for(recording)` is the cell's adapter reading them against the
+recording's own clock (`recorded_at`: when the CLI ended), and `recorded_zone()` the zone
+they were printed in (UTC), so a replay classes the same whatever day or hour it runs.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from execkit import SpawnResult
+    from execkit import Adapter, SpawnResult
 
-__all__ = ["MAX_SLEEP_S", "Recording", "load", "replay_spawn", "write_replay"]
+__all__ = [
+    "MAX_SLEEP_S",
+    "Recording",
+    "adapter_for",
+    "load",
+    "recorded_at",
+    "recorded_zone",
+    "replay_spawn",
+    "write_replay",
+]
 
 # A replayed hang sleeps at most this long, so a forgotten one cannot outlive a test run.
 MAX_SLEEP_S = 600.0
@@ -101,6 +119,49 @@ def load(path: Path) -> Recording:
     if not isinstance(meta, dict):
         raise ValueError(f"{path}/meta.json is not an object")
     return Recording(path.resolve(), argv, meta)
+
+
+def recorded_at(cell: Recording) -> float:
+    """When the recorded CLI ended (epoch seconds): meta `ended_at`, else (recordings made
+    before it was kept) `date` plus `duration_s`."""
+    ended = cell.meta.get("ended_at")
+    if isinstance(ended, int | float):
+        return float(ended)
+    started = datetime.datetime.strptime(str(cell.meta["date"]), "%Y-%m-%dT%H:%M:%SZ")
+    started = started.replace(tzinfo=datetime.UTC)
+    return started.timestamp() + float(cell.meta.get("duration_s") or 0.0)
+
+
+def adapter_for(cell: Recording) -> Adapter:
+    """The cell's adapter, reading stated resets against the recording's clock when it
+    takes one (its `clock` field), else as registered."""
+    import attrs
+
+    from execkit import get_adapter
+
+    adapter = get_adapter(cell.cli)
+    kind: type[Any] = type(adapter)
+    if attrs.has(kind) and "clock" in attrs.fields_dict(kind):
+        when = recorded_at(cell)
+        return attrs.evolve(adapter, clock=lambda: when)  # type: ignore[misc]
+    return adapter
+
+
+@contextmanager
+def recorded_zone() -> Iterator[None]:
+    """This process's local zone set to the recorder's (UTC: record.py sets `TZ=UTC`), for
+    a wall-clock reset read as local time; restored after."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
 
 
 def write_replay(recording: Path, bin_dir: Path) -> Path:

@@ -108,6 +108,8 @@ def applies(cli: str, scenario: str) -> bool:
         return False
     if scenario == "untrusted_workspace":
         return cli in _TRUSTING
+    if SCENARIOS[scenario].only:
+        return cli in SCENARIOS[scenario].only
     if SCENARIOS[scenario].gateway or SCENARIOS[scenario].stream_json:
         return cli == "claude"
     return scenario in _ALL
@@ -235,10 +237,10 @@ def setup_claude(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
         # `claude-gateway`, sent to a base URL that is not api.anthropic.com. The token is
         # an unsigned stand-in: only the fake API reads it.
         env["ANTHROPIC_AUTH_TOKEN"] = GATEWAY_TOKEN
-        return Setup(env, extra_args=("--output-format", "stream-json", "--verbose"))
+        return Setup(env)
+    # stream-json --verbose is the adapter's own argv (issue 51): the `*_stream` scenarios
+    # (recorded when it was not) now run what every claude cell runs.
     _key(env, "ANTHROPIC_API_KEY", "claude", scenario)
-    if scenario.stream_json:
-        return Setup(env, extra_args=("--output-format", "stream-json", "--verbose"))
     return Setup(env)
 
 
