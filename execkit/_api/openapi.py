@@ -178,6 +178,7 @@ def _components() -> dict[str, Any]:
         "LaneHistory": _object({"lane": {"type": "string"}, "events": _array_of("LaneEvent")}),
         "TaskLane": _object({"lane": {"oneOf": [_ref("Lane"), {"type": "null"}]}}),
         "LaneConfig": _wire_schema(LaneConfig),
+        "Wake": _object({"wake": {"type": "integer"}}),
         "Capabilities": _object(
             {
                 "capabilities": {"type": "array", "items": {"type": "string"}},

@@ -29,6 +29,7 @@ applies its own rule with the actor's grants (its owner holds every role):
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -38,6 +39,7 @@ from execkit._api.row import Call, Endpoint, Field, Needs
 from execkit._api.wire import (
     ATTEMPT_LIMITS,
     LANES,
+    WAKE,
     both,
     cap_number,
     document,
@@ -49,7 +51,7 @@ from execkit._api.wire import (
     text,
 )
 from execkit._budget import Attempt, DispatchCap
-from execkit._errors import InvalidInput
+from execkit._errors import InvalidInput, StorageError
 from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit.ledger import (
@@ -316,6 +318,35 @@ def _set_lane_config(call: Call) -> tuple[int, dict[str, Any]]:
         max_trips=body.get("max_trips"),
     )
     return 200, config.to_dict()
+
+
+# A wait holds a worker thread: at most this many wait at once, and a request past them is
+# answered at once with the number as it is (its client waits a moment before asking again).
+_WAKE_WAITERS = threading.BoundedSemaphore(4)
+# The longest a request waits, well inside the server's request timeout.
+_WAKE_WAIT_CAP_S = 25.0
+
+
+def _wake_number(value: object) -> int:
+    """A wake number on the wire: a whole number (a server's garbage is a StorageError)."""
+    if type(value) is not int:
+        raise StorageError(f"the server's wake number is not a whole number: {value!r}")
+    return value
+
+
+def _wake_seq(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {"wake": call.ledger.wake_seq()}
+
+
+def _wait_for_wake(call: Call) -> tuple[int, dict[str, Any]]:
+    seen, timeout_s = call.query.get("seen"), call.query.get("timeout_s")
+    if not _WAKE_WAITERS.acquire(blocking=False):
+        return 200, {"wake": call.ledger.wake_seq()}
+    try:
+        wait = min(float(timeout_s), _WAKE_WAIT_CAP_S) if timeout_s is not None else 0.0
+        return 200, {"wake": call.ledger.wait_for_wake(seen, wait)}  # type: ignore[arg-type]
+    finally:
+        _WAKE_WAITERS.release()
 
 
 def _check(call: Call) -> tuple[int, dict[str, Any]]:
@@ -773,6 +804,32 @@ class LedgerRoutes:
         binds=Ledger.set_lane_config,
         read=one(LaneConfig),
         needs=Needs(LANES, "the lanes' configuration"),
+    )
+    wake_seq = Endpoint(
+        "GET",
+        "/v1/wake",
+        "wakeSeq",
+        "The ledger's wake number: it grows when an operator lets work run again",
+        _wake_seq,
+        "Wake",
+        binds=Ledger.wake_seq,
+        read=member("wake", _wake_number),
+        needs=Needs(WAKE, "wake-ups"),
+    )
+    wait_for_wake = Endpoint(
+        "GET",
+        "/v1/wake/wait",
+        "waitForWake",
+        "The wake number once it differs from seen, or after timeout_s (at most 25 s here)",
+        _wait_for_wake,
+        "Wake",
+        query=(
+            Field("seen", "integer", required=True, description="the number last seen"),
+            Field("timeout_s", "number", required=True, description="0..300 seconds"),
+        ),
+        binds=Ledger.wait_for_wake,
+        read=member("wake", _wake_number),
+        needs=Needs(WAKE, "wake-ups"),
     )
     validate = Endpoint(
         "GET",

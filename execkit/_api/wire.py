@@ -26,6 +26,7 @@ from execkit._errors import StorageError
 __all__ = [
     "ATTEMPT_LIMITS",
     "LANES",
+    "WAKE",
     "both",
     "cap_number",
     "document",
@@ -42,6 +43,9 @@ ATTEMPT_LIMITS = "tasks.attempt_limits"
 
 LANES = "vendor.lanes"
 """The capability a lane needs (issue #28; `execkit.ledger.CAPABILITIES` holds it)."""
+
+WAKE = "ledger.wake"
+"""The capability a wake-up needs (issue #51; `execkit.ledger.CAPABILITIES` holds it)."""
 
 T = TypeVar("T")
 U = TypeVar("U")

@@ -91,6 +91,11 @@ class DispatchLanes:
                 self._lanes[adapter] = adapter_lane(found, ledger_id=self._key, env=self._env)
         return self._lanes[adapter]
 
+    def release(self) -> None:
+        """Hold no lane any longer: each is asked again at its next admission (an operator
+        may have resumed or re-opened it before the time its refusal named)."""
+        self._held.clear()
+
     def new_pass(self) -> None:
         """A new pass: lanes held until "the next pass" are asked again."""
         self._held = {lane: held for lane, held in self._held.items() if held[1] is not None}

@@ -97,6 +97,7 @@ from execkit.dispatch._runner import Runner, RunOutcome, Slot
 from execkit.dispatch._slots import SlotExecutor, ThreadPerSlot
 from execkit.ledger import (
     DEFAULT_LEASE_S,
+    WAKE_CAPABILITY,
     Actor,
     Ledger,
     Run,
@@ -195,6 +196,52 @@ class DispatchEvent:
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
+
+
+class _Waker:
+    """A thread that waits on the ledger's wake-up (`Ledger.wait_for_wake`) while the
+    dispatcher runs and calls `woken` each time the wake number moves. A ledger without
+    the capability gets no thread. A failed wait (a server restarting) is retried a second
+    later; a wait answered at once with nothing new (a server whose waits are all taken)
+    is asked again a second later, so the thread never spins."""
+
+    _WAIT_S = 20.0  # each wait: a long poll through a server, inside its request timeout
+    _PAUSE_S = 1.0
+
+    def __init__(self, ledger: Ledger, woken: Callable[[], None]) -> None:
+        self._ledger = ledger
+        self._woken = woken
+        self._stopped = threading.Event()
+        try:
+            active = WAKE_CAPABILITY in ledger.capabilities()
+            seen = ledger.wake_seq() if active else 0
+        except ExecKitError as exc:
+            _log.warning("no wake-ups from the ledger (passes keep their interval): %s", exc)
+            active, seen = False, 0
+        if active:
+            threading.Thread(
+                target=self._run, args=(seen,), name="execkit-dispatch-waker", daemon=True
+            ).start()
+
+    def _run(self, seen: int) -> None:
+        while not self._stopped.is_set():
+            asked = time.monotonic()
+            try:
+                current = self._ledger.wait_for_wake(seen, self._WAIT_S)
+            except ExecKitError:
+                self._stopped.wait(self._PAUSE_S)
+                continue
+            if self._stopped.is_set():
+                return
+            if current != seen:
+                seen = current
+                self._woken()
+            elif time.monotonic() - asked < self._PAUSE_S:
+                self._stopped.wait(self._PAUSE_S)
+
+    def stop(self) -> None:
+        """No more wake-ups; the thread ends after its wait in progress (it is a daemon)."""
+        self._stopped.set()
 
 
 def _met_upstream(outcome: RunOutcome | _NotRecorded) -> bool:
@@ -303,6 +350,7 @@ class Dispatcher:
         # Lanes an upstream failure was met on while other attempts on them were in flight:
         # no new run goes out on such a lane until those have reported (`_in_doubt`).
         self._doubted: set[str] = set()
+        self._wake_pending = False  # set by the waker thread (`_woken`), read by the loop
 
     # -- public --------------------------------------------------------------------------
 
@@ -369,37 +417,56 @@ class Dispatcher:
         interval_s: float,
         *,
         stop: Callable[[], bool] = lambda: False,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         """Pass, then wait, until `stop()` is true (checked before each pass); the agents
         still running then are left to `shutdown`.
 
-        The wait ends early when a slot ends (its place is refilled at once) or a backoff
-        ends sooner than `interval_s`. With no agent running the wait is `sleep`. An
-        ExecKitError from a pass (a board file caught mid-edit, a busy ledger) is logged as
-        a WARNING and the loop goes on. InvalidInput for an interval that is not a positive
-        number.
+        The wait ends early when a slot ends (its place is refilled at once), when a backoff
+        ends or a held lane opens sooner than `interval_s`, and when an operator lets work
+        run again (a lane resume, a task retry, a raised limit: the ledger's wake-up,
+        `Ledger.wait_for_wake`, waited on in a thread of this dispatcher's while it runs;
+        a ledger without the `ledger.wake` capability keeps to the interval). An injected
+        `sleep` (tests and the demo, on a virtual clock) is the wait with no agent running,
+        and then no wake-up is waited on. An ExecKitError from a pass (a board file caught
+        mid-edit, a busy ledger) is logged as a WARNING and the loop goes on. InvalidInput
+        for an interval that is not a positive number.
         """
         if not is_number(interval_s) or interval_s <= 0:
             raise InvalidInput(
                 f"interval_s: must be a number of seconds > 0, got {interval_s!r}",
                 field="interval_s",
             )
-        while not stop() and not self._stopping:
-            wait = interval_s
-            try:
-                self.pass_once()
-                if stop():
-                    return
-                due = self.next_due()
-                if due is not None:
-                    wait = min(wait, max(due - self.clock(), 0.0))
-            except ExecKitError as exc:
-                _log.warning("dispatch pass failed, retrying in %gs: %s", wait, exc.message)
-            if self._running:
-                self._wait_for_a_slot(max(wait, 0.01))
-            else:
-                sleep(max(wait, 0.01))
+        waker = _Waker(self.ledger, self._woken) if sleep is None else None
+        try:
+            while not stop() and not self._stopping:
+                wait = interval_s
+                if self._wake_pending:
+                    # An operator let work run: a lane held until a later opening is asked
+                    # again now (it may have been resumed).
+                    self._wake_pending = False
+                    self._lanes.release()
+                try:
+                    self.pass_once()
+                    if stop():
+                        return
+                    due = self.next_due()
+                    if due is not None:
+                        wait = min(wait, max(due - self.clock(), 0.0))
+                except ExecKitError as exc:
+                    _log.warning("dispatch pass failed, retrying in %gs: %s", wait, exc.message)
+                if self._running or sleep is None:
+                    self._wait_for_a_slot(max(wait, 0.01))
+                else:
+                    sleep(max(wait, 0.01))
+        finally:
+            if waker is not None:
+                waker.stop()
+
+    def _woken(self) -> None:
+        """The waker's call (its own thread): the ledger says an operator let work run."""
+        self._wake_pending = True
+        self._slot_done.set()
 
     def request_stop(self, *, hurry: bool = False) -> None:
         """Ask the loop to stop taking new work (`tick` and `run_forever` return, leaving

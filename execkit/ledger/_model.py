@@ -45,6 +45,7 @@ __all__ = [
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
     "OPERATE_ROLE",
+    "WAKE_CAPABILITY",
     "Actor",
     "AuditAction",
     "AuditEntry",
@@ -64,6 +65,11 @@ __all__ = [
     "user_name",
 ]
 
+WAKE_CAPABILITY = "ledger.wake"
+"""Wake-ups (issue #51): `wake_seq` and `wait_for_wake`, which a dispatcher waits on to run
+a pass at once when an operator lets work run again. A client of a server that does not
+advertise it keeps to its pass interval."""
+
 LANES_CAPABILITY = "vendor.lanes"
 """Vendor lanes (issue #28): admission consults a run's lane, results feed it, operators
 park and resume it. A client sends a lane only to a server that advertises it."""
@@ -76,6 +82,7 @@ CAPABILITIES = frozenset(
         "roles.grants",
         LANES_CAPABILITY,
         "runs.owners",
+        WAKE_CAPABILITY,
     }
 )
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
@@ -579,6 +586,8 @@ class Ledger(Protocol):
     ) -> LaneView: ...
 
     def lane_config(self) -> LaneConfig: ...
+    def wake_seq(self) -> int: ...
+    def wait_for_wake(self, seen: int, timeout_s: float) -> int: ...
     def set_lane_config(
         self,
         *,

@@ -46,9 +46,10 @@ from execkit._lanes import (
     step,
     view,
 )
-from execkit.ledger._core.base import CoreBase, when
+from execkit.ledger._core.base import when
 from execkit.ledger._core.inputs import as_actor, clean_reason, moment
 from execkit.ledger._core.store import LANE_CONFIG_META_KEY, Tx
+from execkit.ledger._core.wake import WakeOps
 from execkit.ledger._model import LIST_PAGE, OPERATE_ROLE, Actor, AuditAction, AuditEntry, Run
 from execkit.ledger._owner import process_owner
 
@@ -115,7 +116,7 @@ def _refusal(shown: LaneView, task_id: str) -> LaneWaiting | LaneStopped:
     )
 
 
-class LaneOps(CoreBase):
+class LaneOps(WakeOps):
     """Lanes at admission and on a run's result, and the operators' lane operations."""
 
     # -- inside other operations' transactions -------------------------------------------
@@ -338,6 +339,7 @@ class LaneOps(CoreBase):
             ]
             for task_id in retried:
                 tx.set_retry(task_id, str(who), at)
+            self._wake(tx)
             if retried:
                 detail["retried_tasks"] = retried
             tx.audit(
@@ -468,6 +470,7 @@ class LaneOps(CoreBase):
                 return before
             from_seq = tx.lane_event_barrier() + 1
             tx.set_meta(LANE_CONFIG_META_KEY, history.changed(after, from_seq).to_stored())
+            self._wake(tx)  # a shorter wait may open a lane now
             tx.audit(
                 AuditEntry(
                     at=at,

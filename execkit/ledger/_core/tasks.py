@@ -18,7 +18,7 @@ from typing import Any
 
 from execkit._budget import Attempt, BlockedOn, DispatchCap, TaskState
 from execkit._errors import AttemptLimitReached, Conflict, Forbidden, TaskBlocked, TaskFinished
-from execkit.ledger._core.base import FINISHED_STATUSES, CoreBase
+from execkit.ledger._core.base import FINISHED_STATUSES
 from execkit.ledger._core.inputs import (
     MAX_KEY,
     MAX_TITLE,
@@ -35,6 +35,7 @@ from execkit.ledger._core.inputs import (
     moment,
 )
 from execkit.ledger._core.store import _ATTEMPT_STATUSES, _FAILURE_CLASSES, TaskRecord
+from execkit.ledger._core.wake import WakeOps
 from execkit.ledger._model import (
     LIST_PAGE,
     OPERATE_ROLE,
@@ -56,7 +57,7 @@ __all__ = ["TaskOps", "iter_task_values", "iter_task_values_with_last"]
 _STATE = TaskValues._fields.index("state")
 
 
-class TaskOps(CoreBase):
+class TaskOps(WakeOps):
     """Creating, reading and cancelling tasks; attempt limits, retries and give-ups."""
 
     def create_task(
@@ -366,6 +367,8 @@ class TaskOps(CoreBase):
                     f"limit of task {task_id}: {task.max_attempts}"
                 )
             tx.upsert_limit(task_id, max_attempts, str(who), at)
+            if max_attempts == 0 or max_attempts > task.max_attempts:
+                self._wake(tx)  # raised (or lifted): a task held at its limit may run
             tx.audit(
                 AuditEntry(
                     at=at,
@@ -487,6 +490,7 @@ class TaskOps(CoreBase):
                     )
                 )
             tx.set_retry(task_id, str(who), at)
+            self._wake(tx)
             tx.audit(
                 AuditEntry(
                     at=at,

@@ -33,7 +33,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from execkit._errors import InvalidInput, NotFound, SchemaTooNew, StorageError
@@ -44,6 +44,7 @@ from execkit.ledger._postgres import check, migrate, schema
 from execkit.ledger._postgres.copies import Copies
 from execkit.ledger._postgres.tx import PostgresTx
 from execkit.ledger._postgres.url import INSTALL_HINT, is_postgres_url, password_of, public_url
+from execkit.ledger._postgres.wake import WakeListener
 from execkit.ledger._postgres.wire import Wire, ready
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ class PostgresStore:
         # The rows its admissions and results left (`copies.py`): the next one on the
         # same task decides on its copy, in one round trip, when `write(remembered=True)`.
         self._copies = Copies()
+        self._listener: WakeListener | None = None  # opened by the first wait_for_wake
         with self._lock:
             self._open(create=create, upgrade=upgrade)
 
@@ -462,8 +464,19 @@ class PostgresStore:
         """One read transaction (REPEATABLE READ, READ ONLY): one snapshot."""
         return self._transaction(write=False)
 
+    def wait_for_wake(self, seen: int, timeout_s: float, read: Callable[[], int]) -> int:
+        """`LISTEN` for the wake notification on a connection of its own (`wake.py`)."""
+        with self._pool:
+            if self._listener is None:
+                self._listener = WakeListener(self._connect)
+            listener = self._listener
+        return listener.wait(seen, timeout_s, read)
+
     def close(self) -> None:
         """Close the idle connections; a lent one is closed when given back."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         with self._pool:
             self._closed = True
             idle, self._idle = self._idle, []

@@ -1087,6 +1087,11 @@ class PostgresTx:
             params = (name,)
         return [lane_event_from_row(row) for row in self._named_all(sql + " ORDER BY seq", params)]
 
+    def notify(self, channel: str, payload: str) -> None:
+        # NOTIFY is delivered at COMMIT, and dropped with a rollback: a waiter never wakes
+        # for a change that was not made.
+        self._send("SELECT pg_notify(%s, %s)", (channel, payload))
+
     def lane_stops(self, name: str) -> list[tuple[str, str]]:
         rows = self._all(LANE_STOPS, (name, name))
         return [(str(task), str(run)) for task, run in rows]

@@ -17,7 +17,8 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ from execkit.ledger._sqlite.files import prepare_file
 from execkit.ledger._sqlite.tx import SqliteTx
 
 __all__ = ["SqliteStore"]
+
+# How often a waiting dispatcher reads the wake number (`wait_for_wake`): one small read,
+# a fraction of a millisecond, five times a second.
+_WAKE_POLL_S = 0.2
 
 
 def _not_text(exc: UnicodeEncodeError) -> InvalidInput:
@@ -99,6 +104,17 @@ class SqliteStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    def wait_for_wake(self, seen: int, timeout_s: float, read: Callable[[], int]) -> int:
+        """SQLite has no notifications: the wake number is read every `_WAKE_POLL_S`
+        (a one-row read), until it differs from `seen` or `timeout_s` has passed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            current = read()
+            left = deadline - time.monotonic()
+            if current != seen or left <= 0:
+                return current
+            time.sleep(min(_WAKE_POLL_S, left))
 
     def _current(self) -> None:
         if self._outdated:

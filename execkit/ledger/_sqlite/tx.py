@@ -459,6 +459,9 @@ class SqliteTx:
         rows = self._named(sql + " ORDER BY seq", params).fetchall()
         return [lane_event_from_row(row) for row in rows]
 
+    def notify(self, channel: str, payload: str) -> None:
+        """SQLite has no notifications: its waiters poll (`SqliteStore.wait_for_wake`)."""
+
     def lane_stops(self, name: str) -> list[tuple[str, str]]:
         rows = self._conn.execute(LANE_STOPS.replace("%s", "?"), (name, name)).fetchall()
         return [(str(task), str(run)) for task, run in rows]

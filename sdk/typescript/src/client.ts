@@ -22,6 +22,7 @@ import {
   ATTEMPT_LIMITS,
   RUN_OWNERS,
   LANES,
+  WAKE,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
   MAX_UNCHARGED_LIMIT,
@@ -863,6 +864,22 @@ export class ExeckitClient {
     return this.#lane(await this.#send("resumeLane", { body, idempotencyKey: key }));
   }
 
+  /** The ledger's wake number: it grows when an operator lets work run again (a lane
+   * resume, a task retry, a raised limit, a lane configuration change; needs `ledger.wake`). */
+  async wakeSeq(): Promise<number> {
+    await this.#require(WAKE, "read the wake number", "wake-ups");
+    return this.#wake(await this.#send("wakeSeq", {}));
+  }
+
+  /** The wake number once it differs from `seen`, or after `timeoutS` seconds (0..300; the
+   * server waits at most 25 s): a runner's loop waits on it to act at once on an operator's
+   * resume instead of at its next pass. */
+  async waitForWake(seen: number, timeoutS: number): Promise<number> {
+    const query = { seen: wholeNumber("seen", seen), timeout_s: finite("timeoutS", timeoutS) };
+    await this.#require(WAKE, "wait for a wake-up", "wake-ups");
+    return this.#wake(await this.#send("waitForWake", { query }));
+  }
+
   /** The lanes' configuration in force, the same for every host (needs `vendor.lanes`). */
   async laneConfig(): Promise<LaneConfig> {
     await this.#require(LANES, "read the lanes' configuration", "vendor lanes");
@@ -973,6 +990,13 @@ export class ExeckitClient {
       throw unexpected("a vendor lane");
     }
     return doc as unknown as Lane;
+  }
+
+  #wake(doc: unknown): number {
+    if (!isObject(doc) || typeof doc["wake"] !== "number" || !Number.isInteger(doc["wake"])) {
+      throw unexpected("a wake number");
+    }
+    return doc["wake"];
   }
 
   #laneConfig(doc: unknown): LaneConfig {

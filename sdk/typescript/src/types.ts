@@ -66,6 +66,9 @@ export type LaneEvent = wire.LaneEvent;
 /** The capability vendor lanes need: the client sends a lane only to a server with it. */
 export const LANES = "vendor.lanes";
 
+/** The capability of wake-ups: `wakeSeq` and `waitForWake` (issue #51). */
+export const WAKE = "ledger.wake";
+
 
 /** The capability a limit needs (docs/remote.md, "Capabilities"; ADR 0033). */
 export const ATTEMPT_LIMITS = "tasks.attempt_limits";

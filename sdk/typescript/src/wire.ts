@@ -325,6 +325,10 @@ export interface TaskWithLastList {
   readonly tasks: readonly TaskWithLast[];
 }
 
+export interface Wake {
+  readonly wake: number;
+}
+
 export interface WorkBudget {
   readonly max_attempts: number;
   readonly max_uncharged_attempts: number;
@@ -366,6 +370,8 @@ export const OPERATIONS = {
   retryTask: { method: "POST", path: "/v1/tasks/{task_id}/retry", status: 200 },
   taskRuns: { method: "GET", path: "/v1/tasks/{task_id}/runs", status: 200 },
   startRun: { method: "POST", path: "/v1/tasks/{task_id}/runs", status: 201 },
+  wakeSeq: { method: "GET", path: "/v1/wake", status: 200 },
+  waitForWake: { method: "GET", path: "/v1/wake/wait", status: 200 },
 } as const;
 
 export type OperationId = keyof typeof OPERATIONS;
@@ -413,6 +419,13 @@ export interface GetTaskQuery {
   cap?: number;
   /** What a forced admission would meet. */
   force?: boolean;
+}
+
+export interface WaitForWakeQuery {
+  /** The number last seen. */
+  seen?: number;
+  /** 0..300 seconds. */
+  timeout_s?: number;
 }
 
 export type RepairBody = Record<string, never>;
@@ -544,6 +557,8 @@ export interface Queries {
   retryTask: never;
   taskRuns: never;
   startRun: never;
+  wakeSeq: never;
+  waitForWake: WaitForWakeQuery;
 }
 
 /** Each operation's request body (`never`: it takes none). */
@@ -580,6 +595,8 @@ export interface Bodies {
   retryTask: RetryTaskBody;
   taskRuns: never;
   startRun: StartRunBody;
+  wakeSeq: never;
+  waitForWake: never;
 }
 
 /** What each operation answers on success. */
@@ -616,4 +633,6 @@ export interface Answers {
   retryTask: Task;
   taskRuns: RunList;
   startRun: Run;
+  wakeSeq: Wake;
+  waitForWake: Wake;
 }

@@ -171,6 +171,7 @@ describe("tasks", () => {
       forced: run.forced,
       not_before: run.not_before,
       stopped: run.stopped,
+      lane_held: run.lane_held,
     });
     const first = await worker.listTasksWithLast({ titlePrefix: "wl:", limit: 1 });
     assert.deepEqual(first, mine.slice(0, 1));
@@ -529,6 +530,17 @@ describe("vendor lanes", () => {
     assert.equal(changed.cool_max_s, 900);
     assert.equal(changed.cool_base_s, before.cool_base_s);
     assert.deepEqual(await worker.laneConfig(), changed);
+  });
+
+  test("waitForWake returns once an operator lets work run again", async () => {
+    const seen = await worker.wakeSeq();
+    assert.equal(await worker.waitForWake(seen, 0), seen); // nothing new: what it was given
+    const waiting = worker.waitForWake(seen, 15);
+    await operator.setLaneConfig({ recheckS: 7, maxTrips: 25, resetMarginS: 1 });
+    assert.equal(await waiting, seen + 1); // a wait not woken would have returned `seen`
+    const config = await worker.laneConfig();
+    assert.deepEqual([config.recheck_s, config.max_trips, config.reset_margin_s], [7, 25, 1]);
+    await rejects(worker.waitForWake(1.5, 1), InvalidInput);
   });
 });
 
