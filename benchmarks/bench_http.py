@@ -5,8 +5,10 @@ uvicorn, with each HTTP parser uvicorn can use here (h11; httptools when install
 
 Each server runs in a process of its own on 127.0.0.1 (a free port), configured as
 `execkit serve` configures uvicorn (`execkit.server._serve._config`): with httptools,
-execkit runs its own protocol (the API's requests served from the parser's callbacks,
-`execkit.server._api_cycle`) and the minimal app uvicorn's; with h11 both run uvicorn's.
+execkit runs its own protocol (`execkit.server._protocol`: the connection's bounds, the
+API's requests served from the parser's callbacks, `execkit.server._api_cycle`) and the
+minimal app uvicorn's; with h11 both run uvicorn's (`execkit serve` itself no longer runs
+on h11: the row is kept as a point of comparison).
 One keep-alive client (http.client, in this process) sends `--requests` sequential `GET`s
 per round, servers in a rotating order; the figure is the median per request over the
 rounds. execkit answers an authenticated `GET /v1/capabilities` (token check, role gate,
@@ -42,7 +44,7 @@ if kind == "execkit":
     from execkit.server._app import LedgerApp
     from execkit.server._tokens import TokenFile
     app = LedgerApp(open_ledger(sys.argv[5]), TokenFile(sys.argv[6]))
-    config = _serve._config(app)
+    config = _serve._config(app, _serve.DEFAULT_LIMITS)
 else:
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
@@ -52,7 +54,8 @@ else:
         return JSONResponse(body)
     minimal = Starlette(routes=[Route("/", hello)])
     # The same uvicorn configuration, serving the minimal app where execkit's front is.
-    config = _serve._config(type("App", (), {"front": type("Front", (), {"asgi": minimal})})())
+    fake = type("App", (), {"front": type("Front", (), {"asgi": minimal}), "request_timeout_s": 60})
+    config = _serve._config(fake(), _serve.DEFAULT_LIMITS)
 if kind == "minimal" or http_impl == "h11":
     config.http = http_impl  # uvicorn's own protocol
 # else: execkit's httptools protocol, as `execkit serve` runs it (the API's own cycle)
