@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pwd
 import select
@@ -27,6 +28,8 @@ import pytest
 from execkit._errors import InvalidInput
 from execkit.ledger import SqliteLedger, open_ledger
 from execkit.server import ConnectionLimits, LedgerApp, ServerThread, TokenFile, add_token
+from execkit.server._access_log import ACCESS_LOGGER
+from execkit.server._protocol import UNPARSED
 
 ME = pwd.getpwuid(os.geteuid()).pw_name
 WAIT_S = 60.0  # the bound on any wait for a state: only a broken server reaches it
@@ -349,3 +352,44 @@ def test_the_connection_limits_are_checked() -> None:
     ):
         with pytest.raises(InvalidInput):
             ConnectionLimits(**bad)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[dict[str, object]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(record.getMessage()))
+
+
+def test_answers_made_before_a_route_are_in_the_access_log_as_unparsed(
+    app: tuple[LedgerApp, str],
+) -> None:
+    """A malformed request, one past the connection limit and a head that timed out are
+    each one access line, route `(unparsed)`, with their status and code (and nothing of
+    what was sent)."""
+    logger = logging.getLogger(ACCESS_LOGGER)
+    handler, level = _Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    limits = ConnectionLimits(max_connections=1, idle_timeout_s=600, head_timeout_s=0.5)
+    try:
+        with _serving(app, limits) as served, _connect(served.url) as first:
+            first.sendall(b"GET /v1/tasks HTTP/1.1\r\n")  # holds the one place, then times out
+            _wait_for("the place held", lambda: served.running.connections >= 1)
+            assert _get(served.url, "/v1/tasks", served.token).status == 503
+            assert _parse(_read_to_end(first)).status == 408
+            assert _exchange(served.url, b"\x16\x03 garbage\r\n\r\n").status == 400
+            _wait_for("three lines", lambda: len(handler.lines) >= 3)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    unparsed = [line for line in handler.lines if line["route"] == UNPARSED]
+    assert [(line["status"], line["code"]) for line in unparsed] == [
+        (503, "storage"),
+        (408, "invalid"),
+        (400, "invalid"),
+    ]
+    assert [line["method"] for line in unparsed] == ["GET", "GET", "OTHER"]
+    assert "garbage" not in json.dumps(handler.lines)

@@ -190,6 +190,7 @@ def http_protocol(app: LedgerApp, limits: ConnectionLimits) -> type[asyncio.Prot
                     408,
                     "invalid",
                     f"the request head did not arrive whole within {limits.head_timeout_s:g} s",
+                    method=self._method_or_blank(),
                 )
                 return
             cycle = self.cycle
@@ -264,7 +265,8 @@ def http_protocol(app: LedgerApp, limits: ConnectionLimits) -> type[asyncio.Prot
                 )
                 self._writes.close()
             if logged:
-                access.record(method, UNPARSED, status, body, len(body), self._started)
+                sent = 0 if method == "HEAD" else len(body)
+                access.record(method, UNPARSED, status, body, sent, self._started)
 
         def _refuse(
             self, status: int, message: str, extra: Mapping[str, str] | None = None
@@ -330,9 +332,13 @@ def http_protocol(app: LedgerApp, limits: ConnectionLimits) -> type[asyncio.Prot
             self._answer_unparsed(status, code, message, method=method, logged=not in_body)
 
         def _method_or_blank(self) -> str:
+            """The request's method once the parser has read it (its target began), else
+            "" (before that, httptools answers its first method, DELETE, whatever came)."""
+            if not self._url_bytes:
+                return ""
             try:
                 return str(self.parser.get_method().decode("ascii"))
-            except Exception:  # no request line parsed yet
+            except Exception:  # pragma: no cover - the method precedes the target
                 return ""
 
         def _begin_head(self) -> None:
