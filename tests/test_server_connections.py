@@ -400,3 +400,25 @@ def test_answers_made_before_a_route_are_in_the_access_log_as_unparsed(
         ("OTHER", 400, "invalid"),
     ]
     assert "garbage" not in json.dumps(handler.lines)
+
+
+def test_serve_raises_its_open_file_limit_to_hold_its_connections(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A soft limit of 1,024 would make the kernel refuse the connections past
+    `max_connections` (and /healthz with them): it is raised towards the hard limit, to
+    twice the places and 256; a hard limit below the places is said in a warning."""
+    import resource
+
+    from execkit.server import _serve
+
+    limits: list[tuple[int, int]] = [(1024, 1_000_000)]
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: limits[-1])
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, pair: limits.append(pair))
+    _serve._raise_file_limit(ConnectionLimits(max_connections=1024))
+    assert limits[-1] == (2 * 1024 + 256, 1_000_000)
+    limits[:] = [(1024, 1500)]
+    with caplog.at_level(logging.WARNING, logger="execkit.server"):
+        _serve._raise_file_limit(ConnectionLimits(max_connections=4000))
+    assert limits[-1] == (1500, 1500)
+    assert "below --max-connections 4000" in caplog.text
