@@ -27,6 +27,7 @@ from dashboard_scene import (
     add_lanes,
     make_scene,
 )
+from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from execkit._budget import AttemptStatus, TaskState
@@ -42,6 +43,7 @@ from execkit.server._dashboard import (
     LedgerView,
     chart,
 )
+from execkit.server._dashboard_http import MAX_SESSIONS_PER_TOKEN, Sessions, dashboard_routes
 
 ORIGIN = "http://testserver"
 
@@ -631,3 +633,70 @@ def test_a_slow_snapshot_does_not_hold_the_server(scene: Scene) -> None:
             held.release.set()
             reader.join(60)
     assert answers == [200]
+
+
+# -- sessions: bounded per token, never another token's -------------------------------------
+
+
+def test_a_token_signing_in_again_and_again_never_signs_another_out() -> None:
+    """A pool of 5 sessions: the operator signs in once, a viewer 1,001 times. The
+    operator's session stays; the viewer's sign-ins replace the viewer's own oldest."""
+    sessions = Sessions(limit=5)
+    operator, _ = sessions.open("operator-token")
+    viewer = [sessions.open("viewer-token")[0] for _ in range(1001)]
+    assert sessions.get(operator) is not None
+    assert sessions.get(viewer[-1]) is not None
+    assert sessions.get(viewer[0]) is None
+    assert sum(sessions.get(sid) is not None for sid in viewer) == 4
+    assert sessions.count() == 5
+
+
+def test_sessions_are_bounded_per_token_and_a_full_pool_refuses_a_new_token() -> None:
+    """3 sessions a token, 5 in all, 10 s each (a clock of our own): a token's fourth
+    sign-in drops its own first; with the pool full of two tokens' sessions a third token
+    is refused (StorageError, the 503 the page shows) until sessions expire, and nobody
+    else's was dropped to make room."""
+    now = [0.0]
+    sessions = Sessions(clock=lambda: now[0], ttl_s=10, limit=5, per_token=3)
+    a = [sessions.open("a")[0] for _ in range(4)]
+    assert [sessions.get(sid) is not None for sid in a] == [False, True, True, True]
+    assert sessions.count("a") == 3
+    b = [sessions.open("b")[0] for _ in range(2)]
+    with pytest.raises(StorageError, match="limit of 5 dashboard sessions"):
+        sessions.open("c")
+    assert all(sessions.get(sid) is not None for sid in a[1:] + b)
+    assert sessions.count("c") == 0 and sessions.count() == 5
+    now[0] = 11.0  # every session has expired: room again
+    c, _ = sessions.open("c")
+    assert sessions.get(c) is not None and sessions.get(b[0]) is None
+    assert sessions.count() == 1
+    sessions.close(c)
+    assert sessions.count() == 0 and sessions.count("c") == 0
+
+
+def test_signing_in_past_a_tokens_bound_over_http_keeps_the_others(
+    scene: Scene, client: TestClient
+) -> None:
+    operator = TestClient(scene.app.front.asgi, base_url=ORIGIN)
+    _sign_in(operator, scene.operator)
+    _sign_in(client, scene.viewer)
+    first = dict(client.cookies)
+    for _ in range(MAX_SESSIONS_PER_TOKEN):
+        _sign_in(client, scene.viewer)
+    assert client.get("/dashboard/api/snapshot").status_code == 200  # the latest
+    assert operator.get("/dashboard/api/snapshot").status_code == 200
+    stale = TestClient(scene.app.front.asgi, base_url=ORIGIN, cookies=first)
+    assert _code(stale.get("/dashboard/api/snapshot")) == (401, "unauthenticated")
+    assert scene.app.front.sessions.count() == MAX_SESSIONS_PER_TOKEN + 1
+
+
+def test_a_full_session_pool_answers_a_json_503(scene: Scene) -> None:
+    """A pool full of other tokens' sessions refuses a sign-in in the error shape."""
+    full = Sessions(limit=1)
+    full.open("someone else")
+    routes = dashboard_routes(scene.app.tokens, scene.app.front.view, full)
+    client = TestClient(Starlette(routes=routes), base_url=ORIGIN)
+    answer = client.post(
+        "/dashboard/api/session", json={"token": scene.viewer}, headers={"Origin": ORIGIN}
+    )
+    assert _code(answer) == (503, "storage")

@@ -15,6 +15,7 @@ import logging
 import os
 import pwd
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -457,6 +458,73 @@ def test_unknown_paths_and_methods_keep_the_error_shape(served: Served) -> None:
     assert (status, _error(doc)) == (405, "invalid")
 
 
+def _get_paths(served: Served) -> list[str]:
+    """Every GET route of the server, its parameters filled from `_seed`'s rows."""
+    run = served.ledger.runs("t-1")[0]
+    fill = {"task_id": "t-1", "run_id": run.id}
+    api = [re.sub(r"\{([^}]+)\}", lambda m: fill[m.group(1)], e.path) for e in ENDPOINTS]
+    api = [path for path, e in zip(api, ENDPOINTS, strict=True) if e.method == "GET"]
+    front = ["/healthz", "/readyz", "/metrics", "/", "/dashboard", "/dashboard/tasks/t-1"]
+    front += ["/dashboard/static/dashboard.js", "/dashboard/api/session"]
+    front += ["/dashboard/api/snapshot", "/dashboard/api/tasks/t-1"]
+    return [*api, "/v1/tasks/t-404", "/v1/lanes/show?lane=a", *front]
+
+
+def test_head_answers_as_get_without_the_body_on_every_get_route(tmp_path: Path) -> None:
+    """Through the listener, every GET route (the API's, the monitoring's, the dashboard's)
+    answers HEAD with the GET's status, type and, where the answer does not change from
+    one request to the next, length; no body."""
+    served = _served(tmp_path)
+    _seed(served)
+    with _listening(served) as listening:
+        client = listening.client
+        auth = {"Authorization": f"Bearer {served.owner}"}
+        for path in _get_paths(served):
+            got = client.get(path, headers=auth)
+            head = client.head(path, headers=auth)
+            assert head.status_code == got.status_code, (path, head.status_code, got.text)
+            assert head.headers.get("content-type") == got.headers.get("content-type"), path
+            assert head.content == b"", path
+            if path.startswith(("/v1/", "/openapi.json")):
+                assert head.headers["content-length"] == got.headers["content-length"], path
+    # In-process too (the API's ASGI path, as a pipelined request or one under h11 takes).
+    client = TestClient(served.app.front.asgi)
+    for path in _get_paths(served):
+        if path.startswith("/v1/"):
+            head = client.head(path, headers={"Authorization": f"Bearer {served.owner}"})
+            got = client.get(path, headers={"Authorization": f"Bearer {served.owner}"})
+            assert head.status_code == got.status_code, path
+            assert head.headers["content-length"] == got.headers["content-length"], path
+    served.app.close()
+    served.ledger.close()
+
+
+def test_an_exception_no_route_expected_is_a_json_500_on_every_route(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A route outside the API (here /readyz, whose ledger read raises what it does not
+    expect) answers a JSON 500 in the error shape, not Starlette's text page."""
+
+    class BrokenLedger(SqliteLedger):
+        def schema_version(self) -> int:
+            raise RuntimeError("a bug")
+
+    ledger = BrokenLedger(tmp_path / "ledger.db")
+    add_token(tmp_path / "tokens.json", ME)
+    app = LedgerApp(ledger, TokenFile(tmp_path / "tokens.json"))
+    with caplog.at_level(logging.ERROR):
+        answer = TestClient(app.front.asgi, raise_server_exceptions=False).get("/readyz")
+    assert answer.status_code == 500
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json() == {"error": {"code": "error", "message": "internal server error"}}
+    with ServerThread(app) as running, caplog.at_level(logging.ERROR):
+        answer = httpx2.get(running.url + "/readyz")
+    assert answer.status_code == 500
+    assert answer.json() == {"error": {"code": "error", "message": "internal server error"}}
+    app.close()
+    ledger.close()
+
+
 @pytest.mark.parametrize("via", ["asgi", "listener"])
 def test_a_request_past_its_time_is_503_and_its_answer_replays_later(
     tmp_path: Path, via: str
@@ -771,6 +839,13 @@ def test_serve_refuses_a_non_loopback_address_before_anything(
         (["serve", "--add-token", "t.json", "--actor", "a", "--role", "root"], "unknown role"),
         (["serve", "--add-token", "t.json", "--actor", "a", "--tokens", "x"], "does not apply"),
         (["serve", "--tokens", "t.json", "--request-timeout", "0"], "--request-timeout"),
+        (["serve", "--tokens", "t.json", "--max-connections", "0"], "--max-connections"),
+        (["serve", "--tokens", "t.json", "--max-connections", "many"], "--max-connections"),
+        (["serve", "--tokens", "t.json", "--max-connections", "2000000"], "--max-connections"),
+        (["serve", "--tokens", "t.json", "--idle-timeout", "0"], "--idle-timeout"),
+        (["serve", "--tokens", "t.json", "--head-timeout", "nan"], "--head-timeout"),
+        (["serve", "--tokens", "t.json", "--head-timeout", "3601"], "--head-timeout"),
+        (["serve", "--add-token", "t.json", "--actor", "a", "--idle-timeout", "1"], "does not"),
     ],
 )
 def test_serve_flags_are_checked(
@@ -828,6 +903,29 @@ def test_serve_listens_where_it_says_and_stops_on_sigint(tmp_path: Path) -> None
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
     assert token not in err and "Traceback" not in err
+
+
+def test_serve_bounds_its_connections_as_its_flags_say(tmp_path: Path) -> None:
+    """`--max-connections 1`: with one connection held (sending nothing; `--idle-timeout`
+    long enough to keep it), a request on a second is 503 in the error shape and /healthz
+    still answers."""
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, ME)
+    flags = ("--max-connections", "1", "--idle-timeout", "600", "--head-timeout", "600")
+    process, url = _serve_process(tmp_path, tokens, *flags)
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30):
+            refused = httpx2.get(
+                url + "/v1/capabilities", headers={"Authorization": f"Bearer {token}"}
+            )
+            assert refused.status_code == 503
+            assert "limit of 1 connections" in refused.json()["error"]["message"]
+            assert httpx2.get(url + "/healthz").json() == {"status": "ok"}
+    finally:
+        process.send_signal(2)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
 
 
 def _serve_process(tmp_path: Path, tokens: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:

@@ -1,6 +1,7 @@
 """`execkit serve`: one ledger over HTTP (docs/remote.md), and `--add-token` to mint tokens.
 
     execkit serve --db TARGET --listen 127.0.0.1:8750 --tokens FILE [--without-capability NAME]
+                  [--max-connections N] [--idle-timeout S] [--head-timeout S]
     execkit serve --add-token FILE --actor NAME [--role ROLE ...]
 
 The server is `execkit.server` (Starlette on uvicorn, the optional extra
@@ -24,6 +25,7 @@ from execkit.ledger import CAPABILITIES, KNOWN_ROLES, Ledger
 __all__ = ["register"]
 
 _MAX_BODY_LIMIT = 64 * 1024 * 1024
+_MAX_TIMEOUT_S = 3600.0  # as `ConnectionLimits` allows
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -88,6 +90,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="seconds one request may take before it is answered 503 (default 60)",
     )
     serve.add_argument(
+        "--max-connections",
+        default=None,
+        metavar="N",
+        help="connections served at once (default 1024); a request on one past them is "
+        "answered 503, except /healthz and /readyz",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        default=None,
+        metavar="S",
+        help="seconds a connection with no request under way stays open (default 5)",
+    )
+    serve.add_argument(
+        "--head-timeout",
+        default=None,
+        metavar="S",
+        help="seconds a request's head may take, in all, from its first byte (default 10; "
+        "past it 408 and closed)",
+    )
+    serve.add_argument(
         "--add-token",
         metavar="FILE",
         default=None,
@@ -145,6 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
         options["request_timeout_s"] = parse_seconds(
             "--request-timeout", args.request_timeout, allow_zero=False
         )
+    options["limits"] = _limits(args)
     # ExecKitError naming the extra when Starlette or uvicorn is not installed.
     from execkit.server import serve
 
@@ -168,6 +191,29 @@ def _serve(args: argparse.Namespace) -> int:
         **options,
     )
     return 0
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    """`--max-connections`, `--idle-timeout` and `--head-timeout` as `ConnectionLimits`."""
+    from execkit.server import MAX_CONNECTIONS_LIMIT, ConnectionLimits
+
+    given: dict[str, Any] = {}
+    if args.max_connections is not None:
+        given["max_connections"] = parse_int(
+            "--max-connections", args.max_connections, 1, MAX_CONNECTIONS_LIMIT
+        )
+    for flag, name, raw in (
+        ("--idle-timeout", "idle_timeout_s", args.idle_timeout),
+        ("--head-timeout", "head_timeout_s", args.head_timeout),
+    ):
+        seconds = parse_seconds(flag, raw, allow_zero=False)
+        if seconds is not None:
+            if seconds > _MAX_TIMEOUT_S:
+                raise InvalidInput(
+                    f"{flag} must be at most {_MAX_TIMEOUT_S:g} seconds, got {raw!r}", field=flag
+                )
+            given[name] = seconds
+    return ConnectionLimits(**given)
 
 
 class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -214,6 +260,9 @@ def _add_token(args: argparse.Namespace) -> int:
             "--without-capability": args.without_capability,
             "--max-body-bytes": args.max_body_bytes,
             "--request-timeout": args.request_timeout,
+            "--max-connections": args.max_connections,
+            "--idle-timeout": args.idle_timeout,
+            "--head-timeout": args.head_timeout,
             "--allow-non-loopback": args.allow_non_loopback,
         },
     )

@@ -21,7 +21,8 @@ A refusal is answered as soon as it is known, as the ASGI path answers it. Past 
 deadline the answer is the same 503 as through ASGI and the ledger call's answer, when it
 comes, is dropped (the worker finishes its transaction: the same key replays it). A client
 gone before its answer gets none; the connection's keep-alive, pipelining and shutdown
-stay uvicorn's (this object has what its protocol reads of a cycle).
+stay the protocol's (`_protocol`; this object has what it reads of a cycle). A `HEAD` of a
+`GET` route is that route's answer without its body (`head_only`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from execkit._api import Endpoint
 from execkit.server._access_log import AccessLog
 from execkit.server._app import Answer, Head, LedgerApp, Refused, raw_head, refusal
 
-__all__ = ["ApiCycle", "Connection"]
+__all__ = ["ApiCycle", "Connection", "answer_bytes", "route_of"]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -72,6 +73,31 @@ class _NoEvent:
 _NO_EVENT = _NoEvent()
 
 
+def answer_bytes(
+    status: int,
+    body: bytes,
+    extra: Mapping[str, str] | None,
+    default_headers: list[tuple[bytes, bytes]],
+    *,
+    close: bool,
+    head_only: bool = False,
+) -> bytes:
+    """A whole JSON answer as written on the connection: the status line, the server's
+    headers, the body's length and type and `extra`, `connection: close` when `close`,
+    then the body (not for `head_only`: a HEAD's answer says the length it would have)."""
+    head = [STATUS_LINE[status]]
+    for name, value in default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    for name, value in raw_head(body, extra):
+        head += [name, b": ", value, b"\r\n"]
+    if close:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    if not head_only:
+        head.append(body)
+    return b"".join(head)
+
+
 class ApiCycle:
     """One request of `endpoint` (see the module docstring). `response_complete`,
     `disconnected`, `keep_alive` and `message_event` are what uvicorn's protocol reads and
@@ -85,6 +111,7 @@ class ApiCycle:
         "_endpoint",
         "_expect_100",
         "_head",
+        "_head_only",
         "_headers",
         "_method",
         "_route",
@@ -107,12 +134,14 @@ class ApiCycle:
         *,
         keep_alive: bool,
         expect_100: bool,
+        head_only: bool = False,
     ) -> None:
         self._conn = conn
         self._app = app
         self._access = access
         self._endpoint = endpoint
-        self._method = endpoint.method
+        self._head_only = head_only
+        self._method = "HEAD" if head_only else endpoint.method
         self._route = route
         self._headers = headers
         self._expect_100 = expect_100
@@ -191,24 +220,28 @@ class ApiCycle:
             self._timer = None
         body = text.encode("utf-8")
         conn = self._conn
+        # Answered before its body was whole (a refusal, the deadline), the connection
+        # reads the rest and throws it away, within the protocol's bound (`_protocol`).
+        close = not self.keep_alive
         if not conn.is_closing():
-            head = [STATUS_LINE[status]]
-            for name, value in conn.default_headers():
-                head += [name, b": ", value, b"\r\n"]
-            for name, value in raw_head(body, extra):
-                head += [name, b": ", value, b"\r\n"]
-            if not self.keep_alive:
-                head.append(b"connection: close\r\n")
-            head += [b"\r\n", body]
-            conn.write_now(b"".join(head))
-            if not self.keep_alive:
+            conn.write_now(
+                answer_bytes(
+                    status,
+                    body,
+                    extra,
+                    conn.default_headers(),
+                    close=close,
+                    head_only=self._head_only,
+                )
+            )
+            if close:
                 conn.close()
         self._access.record(
             self._method,
             self._route,
             status,
             body if status >= 400 else b"",
-            len(body),
+            0 if self._head_only else len(body),
             self._started,
         )
         conn.response_complete()
@@ -217,13 +250,14 @@ class ApiCycle:
 def route_of(
     app: LedgerApp,
 ) -> Callable[[str, str], tuple[Endpoint[..., Any], str, dict[str, str]] | None]:
-    """The route table's `find` as (endpoint, route template, path parameters)."""
+    """The route table's `find` as (endpoint, route template, path parameters); a `HEAD`
+    finds the `GET` route of its path."""
 
     def find(method: str, path: str) -> tuple[Endpoint[..., Any], str, dict[str, str]] | None:
         found = app.routes.find(method, path)
         if found is None:
             return None
         _handle, route, params = found
-        return app.endpoints[route.path, method], route.path, params
+        return app.endpoints[route.path, "GET" if method == "HEAD" else method], route.path, params
 
     return find

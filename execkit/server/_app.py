@@ -50,7 +50,7 @@ from execkit._errors import (
 )
 from execkit._mask import mask_json
 from execkit.ledger import Actor, Ledger
-from execkit.server._front import Front
+from execkit.server._front import Front, server_error
 from execkit.server._tokens import Principal, TokenFile
 from execkit.server._workers import WorkerThreads
 
@@ -343,10 +343,9 @@ def _idempotency_key(headers: Mapping[str, str]) -> str | None:
 
 
 def _route(endpoint: Endpoint[..., Any], handle: Callable[[Request], Awaitable[Response]]) -> Route:
-    route = Route(endpoint.path, handle, methods=[endpoint.method])
-    # Starlette answers HEAD for every GET route; the API documents no HEAD (405).
-    route.methods = {endpoint.method}
-    return route
+    # Starlette answers HEAD for every GET route (the GET's answer, without its body), as
+    # every other route of the server does; docs/remote.md says so once for them all.
+    return Route(endpoint.path, handle, methods=[endpoint.method])
 
 
 Handle = Callable[[Request], Awaitable[Response]]
@@ -361,7 +360,8 @@ class RouteTable:
     parameter is one non-empty segment, as Starlette's `{name}`).
 
     `find` answers None for what no route matches with its method (a 404 or 405, which
-    the Starlette application answers); the caller hands such a request to it."""
+    the Starlette application answers); the caller hands such a request to it. A `HEAD`
+    finds the `GET` route of its path (whose answer it gets without the body)."""
 
     def __init__(self, routes: Sequence[tuple[Route, Handle]]) -> None:
         self._static: dict[tuple[str, str], tuple[Handle, Route]] = {}
@@ -369,7 +369,7 @@ class RouteTable:
         self._shaped: dict[int, list[tuple[tuple[tuple[str, bool], ...], str, Handle, Route]]]
         self._shaped = {}
         for route, handle in routes:
-            (method,) = route.methods or {"GET"}
+            (method,) = (route.methods or {"GET"}) - {"HEAD"}
             shape = tuple(
                 (part[1:-1], True) if part.startswith("{") else (part, False)
                 for part in route.path.split("/")
@@ -403,6 +403,8 @@ class RouteTable:
 
     def find(self, method: str, path: str) -> _Found | None:
         """The handler, route and path parameters of `method` `path`, or None."""
+        if method == "HEAD":
+            method = "GET"
         static = self._static.get((method, path))
         if static is not None:
             return static[0], static[1], {}
@@ -442,7 +444,11 @@ class LedgerApp:
         self.routes = RouteTable(list(zip(routes, handles, strict=True)))
         self.endpoints = {(endpoint.path, endpoint.method): endpoint for endpoint in ENDPOINTS}
         self.app = Starlette(
-            routes=list(routes), exception_handlers={HTTPException: self._http_exception}
+            routes=list(routes),
+            exception_handlers={
+                HTTPException: self._http_exception,
+                Exception: server_error,
+            },
         )
         # A path the API does not have is 404, with or without a trailing slash: a 307 to
         # the other spelling would invite a client to resend its token and body.
@@ -470,12 +476,14 @@ class LedgerApp:
         scope["app"] = self.app
         scope["route"] = route  # as Starlette's router sets it: the access log's template
         scope["path_params"] = params
-        endpoint = self.endpoints[route.path, scope["method"]]
+        method = scope["method"]
+        endpoint = self.endpoints[route.path, "GET" if method == "HEAD" else method]
         status, text, headers = await self._answer(endpoint, scope, receive, params)
         body = text.encode("utf-8")
         await send(
             {"type": "http.response.start", "status": status, "headers": raw_head(body, headers)}
         )
+        # A HEAD's body is dropped by the server (uvicorn's cycle, as for Starlette's routes).
         await send({"type": "http.response.body", "body": body})
 
     # -- plumbing ---------------------------------------------------------------------

@@ -43,7 +43,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from execkit._api import ERROR_STATUSES
-from execkit._errors import ExecKitError
+from execkit._errors import ExecKitError, StorageError
 from execkit._mask import mask_json
 from execkit._redact import redact
 from execkit.ledger import OPERATE_ROLE, Actor
@@ -54,7 +54,8 @@ __all__ = ["SESSION_COOKIE", "Sessions", "dashboard_routes"]
 
 SESSION_COOKIE = "execkit_session"
 SESSION_TTL_S = 12 * 3600.0
-MAX_SESSIONS = 1000
+MAX_SESSIONS = 10_000
+MAX_SESSIONS_PER_TOKEN = 64
 _MAX_LOGIN_BYTES = 4096
 _log = logging.getLogger("execkit.server")
 _STATIC = {
@@ -83,8 +84,15 @@ class _Session:
 
 
 class Sessions:
-    """Browser sessions in memory (a restart signs everyone out): at most `limit`, the
-    oldest dropped first, each valid for `ttl_s`. Thread-safe."""
+    """Browser sessions in memory (a restart signs everyone out), each valid for `ttl_s`.
+    Thread-safe.
+
+    Bounded per token and in all, and a token's sign-ins never sign another token out: a
+    token holds at most `per_token` sessions (a new one drops its own oldest), and the
+    server at most `limit`. When the pool is full even after the expired sessions are
+    dropped, a token that holds sessions gives up its own oldest for the new one; a token
+    that holds none is refused (`StorageError`, 503: "try again later"), since making room
+    would sign out someone else."""
 
     def __init__(
         self,
@@ -92,21 +100,64 @@ class Sessions:
         clock: Callable[[], float] = time.monotonic,
         ttl_s: float = SESSION_TTL_S,
         limit: int = MAX_SESSIONS,
+        per_token: int = MAX_SESSIONS_PER_TOKEN,
     ) -> None:
         self._clock = clock
         self._ttl_s = ttl_s
         self._limit = limit
+        self._per_token = min(per_token, limit)
         self._lock = threading.Lock()
-        self._by_id: OrderedDict[str, _Session] = OrderedDict()
+        self._by_id: dict[str, _Session] = {}
+        # Each token's session ids, oldest first (one TTL for all, so also the first to
+        # expire): the bounds are kept by popping from the front.
+        self._by_token: dict[str, OrderedDict[str, None]] = {}
 
     def open(self, token: str) -> tuple[str, str]:
-        """A new session for a token already checked: (session id, CSRF token)."""
+        """A new session for a token already checked: (session id, CSRF token).
+        StorageError when the pool is full of other tokens' sessions."""
         sid, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        now = self._clock()
         with self._lock:
-            self._by_id[sid] = _Session(token, csrf, self._clock() + self._ttl_s)
-            while len(self._by_id) > self._limit:
-                self._by_id.popitem(last=False)
+            mine = self._by_token.get(token)
+            if mine is not None:
+                self._expire(mine, now)
+            if len(self._by_id) >= self._limit:
+                for held in list(self._by_token.values()):
+                    self._expire(held, now)
+            mine = self._by_token.setdefault(token, OrderedDict())
+            if len(self._by_id) >= self._limit and not mine:
+                self._drop_empty(token)
+                raise StorageError(
+                    f"the server holds its limit of {self._limit} dashboard sessions, none "
+                    "of them this token's: sign out elsewhere, or try again later"
+                )
+            while mine and (len(mine) >= self._per_token or len(self._by_id) >= self._limit):
+                self._by_id.pop(mine.popitem(last=False)[0], None)
+            self._by_id[sid] = _Session(token, csrf, now + self._ttl_s)
+            mine[sid] = None
         return sid, csrf
+
+    def _expire(self, held: OrderedDict[str, None], now: float) -> None:
+        """Drop `held`'s expired sessions (the oldest first; the lock is held)."""
+        while held:
+            sid = next(iter(held))
+            session = self._by_id.get(sid)
+            if session is not None and session.expires_at > now:
+                return
+            held.popitem(last=False)
+            if session is not None:
+                self._drop(sid, session)
+
+    def _drop(self, sid: str, session: _Session) -> None:
+        del self._by_id[sid]
+        held = self._by_token.get(session.token)
+        if held is not None:
+            held.pop(sid, None)
+            self._drop_empty(session.token)
+
+    def _drop_empty(self, token: str) -> None:
+        if not self._by_token.get(token, True):
+            del self._by_token[token]
 
     def get(self, sid: str | None) -> _Session | None:
         if not sid:
@@ -114,13 +165,22 @@ class Sessions:
         with self._lock:
             session = self._by_id.get(sid)
             if session is not None and session.expires_at <= self._clock():
-                del self._by_id[sid]
+                self._drop(sid, session)
                 return None
             return session
 
     def close(self, sid: str | None) -> None:
         with self._lock:
-            self._by_id.pop(sid or "", None)
+            session = self._by_id.get(sid or "")
+            if session is not None:
+                self._drop(sid or "", session)
+
+    def count(self, token: str | None = None) -> int:
+        """Sessions held (expired ones not yet dropped included): all, or `token`'s."""
+        with self._lock:
+            if token is None:
+                return len(self._by_id)
+            return len(self._by_token.get(token, ()))
 
 
 class _Refused(Exception):

@@ -28,10 +28,21 @@ from execkit.server._dashboard_http import Sessions, dashboard_routes
 from execkit.server._metrics import Monitoring
 from execkit.server._tokens import TokenFile
 
-__all__ = ["Front"]
+__all__ = ["Front", "server_error"]
 
 _API_PREFIX = "/v1/"
 _API_DOCUMENT = "/openapi.json"
+
+
+async def server_error(_request: Request, _exc: Exception) -> Response:
+    """Starlette's answer to an exception no route caught (its `ServerErrorMiddleware` logs
+    it and re-raises it to the server, which closes the connection): a JSON 500 in the
+    API's error shape, never Starlette's text page or a traceback."""
+    return Response(
+        '{"error": {"code": "error", "message": "internal server error"}}',
+        status_code=500,
+        media_type="application/json",
+    )
 
 
 class Front:
@@ -56,7 +67,10 @@ class Front:
             path = getattr(route, "path", "")
             if path.startswith(_API_PREFIX) or path == _API_DOCUMENT:
                 raise ValueError(f"the route {path} is in the API's paths")
-        site = Starlette(routes=routes, exception_handlers={HTTPException: http_exception})
+        site = Starlette(
+            routes=routes,
+            exception_handlers={HTTPException: http_exception, Exception: server_error},
+        )
         # What no route here matches goes to the API, whose 404 and 405 answers it keeps
         # (a wrong method on a route here is this router's 405, before the API is asked).
         site.router.default = api
