@@ -416,7 +416,7 @@ class PostgresStore:
                 # that such a failure is a certain rollback, not an unknown.
                 wire.sync()
             committing = True
-            wire.execute("COMMIT")
+            wire.commit()
             wire.close()  # the last batch, and its answers
             tx.committed()
         except BaseException as exc:

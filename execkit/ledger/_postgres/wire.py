@@ -12,7 +12,9 @@ names (`error_from_result`): what a caller catches is what psycopg would have ra
 A batch that meets an error stops there (the server skips the rest until the sync) and
 `sync()` raises that first error once every answer of the batch is read. A connection lost
 raises `psycopg.OperationalError` and leaves the connection `broken`. `close()` leaves
-pipeline mode; a connection that cannot leave it is closed, never lent again.
+pipeline mode; a connection that cannot leave it is closed, never lent again. `commit()`
+queues COMMIT, whose answer (`Answer.command`) says whether the transaction committed even
+when the batch failed after it was read.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import itertools
 import select
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,12 @@ __all__ = ["Answer", "Wire", "ready"]
 # Bounded: past it a statement is sent unnamed, parsed each time.
 _MAX_PREPARED = 200
 _Names = dict[tuple[str, tuple[int, ...]], bytes]
+
+# Testing seam: called once a batch has left and before the sync that asks for its answers,
+# with its backend's pid, the connection's socket and whether the batch carries COMMIT.
+# The tests hold the window there (the server runs the batch, its answers not yet read) and
+# end the backend, or the connection, in it.
+_sent: Callable[[int, int, bool], None] | None = None
 
 
 class _Session:
@@ -130,6 +138,20 @@ class Answer:
         rows = self.named()
         return rows[0] if rows else None
 
+    def command(self) -> str | None:
+        """How the server ended this statement, once its batch was read: its command tag
+        ("COMMIT"; "ROLLBACK" for a COMMIT in a failed transaction), "" when it failed or
+        was skipped, None when its answer never came back (the connection was lost before
+        it, or its batch was not read)."""
+        from psycopg import pq
+
+        result = self._result
+        if result is None:
+            return None
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            return ""
+        return (result.command_status or b"").decode()
+
     def sqlstate(self) -> str | None:
         """The SQLSTATE of the error this statement met; None when it met none (or its
         batch never came back)."""
@@ -160,6 +182,7 @@ class Wire:
         # being prepared (dropped from the names if its Parse was skipped or refused).
         self._queue: list[Answer | tuple[str, tuple[int, ...]]] = []
         self._waiting: set[Answer] = set()
+        self._commits = False  # COMMIT is queued (`commit`)
         # Waited on for each answer the server has not sent yet: one poller, registered
         # once (poll(2), as `ready`).
         self._readable: Any = None
@@ -196,6 +219,12 @@ class Wire:
         self._waiting.add(answer)
         return answer
 
+    def commit(self) -> Answer:
+        """Queue COMMIT. Its answer, once read, says whether the transaction committed
+        (`Answer.command`), even when the connection is lost before the batch's sync is."""
+        self._commits = True
+        return self.execute("COMMIT")
+
     def sync(self) -> None:
         """Send everything queued and a sync, in one write, and read every answer; the
         batch's first error is raised once they all are."""
@@ -203,6 +232,10 @@ class Wire:
         from psycopg import pq
 
         pgconn = self._pgconn
+        if _sent is not None:
+            while pgconn.flush():
+                ready(pgconn.socket, write=True)
+            _sent(pgconn.backend_pid, pgconn.socket, self._commits)
         pgconn.pipeline_sync()
         while pgconn.flush():  # the socket's buffer is full: wait until it drains
             ready(pgconn.socket, write=True)
@@ -213,15 +246,15 @@ class Wire:
             result = self._next()
             if result is None:
                 raise psycopg.OperationalError("the server's answers ended before the sync")
+            if isinstance(waiting, Answer):
+                waiting._result = result  # kept even if the connection is lost next
+            elif result.status != pq.ExecStatus.COMMAND_OK:
+                self._names.pop(waiting, None)  # not prepared: prepared again next time
             while self._next() is not None:  # the NULL that ends each command's results
                 pass
             if result.status == pq.ExecStatus.FATAL_ERROR and first is None:
                 encoding = self._conn.info.encoding
                 first = psycopg.errors.error_from_result(result, encoding=encoding)
-            if isinstance(waiting, Answer):
-                waiting._result = result
-            elif result.status != pq.ExecStatus.COMMAND_OK:
-                self._names.pop(waiting, None)  # not prepared: prepared again next time
         synced = self._next()
         if synced is None or synced.status != pq.ExecStatus.PIPELINE_SYNC:
             raise psycopg.OperationalError("the server's answers did not end at the sync")
