@@ -28,7 +28,7 @@ from execkit._budget import (
     decision_values,
     summarize,
 )
-from execkit._errors import Conflict, HistoryError, NotFound
+from execkit._errors import Conflict, HistoryError, NotFound, StorageError
 from execkit._lanes import LaneConfigHistory
 from execkit.ledger._core.store import (
     _ATTEMPT_STATUSES,
@@ -115,11 +115,21 @@ class CoreBase:
         """`transaction(True)`: its write transaction may decide on the store's copy of the
         rows (`Store.write(remembered=True)`); run again on rows read under the lock
         (`transaction(False)`) when that copy was stale (nothing written) or its connection
-        broke, so `transaction` must be idempotent (`Store.write`)."""
+        was lost, so `transaction` must be idempotent (`Store.write`). When the first one's
+        outcome is unknown and the second fails on the storage too, the caller hears the
+        first one's doubt: what the second found says nothing of what the first did."""
         try:
             return transaction(True)
-        except StaleCopy:
+        except StaleCopy as stale:
+            doubt = stale.in_doubt
+        if doubt is None:
             return transaction(False)
+        try:
+            return transaction(False)
+        except StorageError as again:
+            raise StorageError(
+                f"{doubt.message}; reading it back failed too: {again.message}"
+            ) from None
 
     def _task(self, tx: Tx, task_id: str, *, lock: bool = False) -> TaskRecord:
         task = tx.task(task_id, lock=lock)

@@ -395,7 +395,16 @@ class StaleCopy(Exception):
     """A write transaction that decided on the store's copy of a row (`Store.write(
     remembered=True)`) found the row changed since (nothing was written), or lost its
     connection in its one batch: run it again with `remembered=False`. Never leaves the
-    ledger."""
+    ledger.
+
+    `in_doubt` is set when nobody could tell whether the lost batch committed: the error
+    the caller hears if the second run fails too (what it found out says nothing of the
+    first), so that a failure is never reported as nothing written when something may
+    have been."""
+
+    def __init__(self, in_doubt: StorageError | None = None) -> None:
+        super().__init__()
+        self.in_doubt = in_doubt
 
 
 class Store(Protocol):
@@ -407,11 +416,12 @@ class Store(Protocol):
     database checks them when the transaction writes. If they changed, or the block ended
     before anything was checked, the transaction raises `StaleCopy` and nothing is
     written: the caller runs the same block again with `remembered=False`, on rows read
-    under the lock. It also raises `StaleCopy` when the connection broke in the batch
-    that carried the whole transaction, whose outcome is then unknown: so only a block
-    that is idempotent asks for copies (an admission by its request key, a result by its
-    values), and its second run finds what the first one did. A backend without copies
-    (SQLite) ignores it and never raises it.
+    under the lock. It also raises `StaleCopy` when the connection was lost in the batch
+    that carried the whole transaction and the outcome is not known to be a commit (a
+    commit it knows of is answered as one): so only a block that is idempotent asks for
+    copies (an admission by its request key, a result by its values), and its second run
+    finds what the first one did. A backend without copies (SQLite) ignores it and never
+    raises it.
     """
 
     def read(self) -> contextlib.AbstractContextManager[Tx]: ...

@@ -93,11 +93,11 @@ _T = TypeVar("_T")
 
 
 class Opener(Protocol):
-    """How a write transaction gets its connection, on libpq's pipeline (`wire.py`), BEGIN
-    sent: `batched` queues BEGIN to go with the first batch (and, called again, replaces
-    the connection: `_first_batch`); otherwise BEGIN goes alone first."""
+    """How a write transaction gets its connection, on libpq's pipeline (`wire.py`), with
+    BEGIN queued to go in its first batch; called again, it replaces the connection
+    (`_first_batch`)."""
 
-    def __call__(self, *, batched: bool) -> tuple[psycopg.Connection[Any], Wire]: ...
+    def __call__(self) -> tuple[psycopg.Connection[Any], Wire]: ...
 
 
 # Rows are read by column name (`_rows.py`); here every column of a row shape is a column
@@ -315,8 +315,9 @@ class PostgresTx:
         self._held_runs: set[str] = set()  # runs read running under their task's lock
         self._run_number: int | None = None  # drawn ahead for the admission's INSERT
         self._queued: list[_Write] = []  # writes not sent yet (`_queue`)
-        # The transaction's id, read in the first batch of an admission or a result: what
-        # the store asks the server about when the connection breaks in the COMMIT batch.
+        # The transaction's id, read in its first batch (none when it decided on a copy:
+        # its one batch carries COMMIT): what the store asks the server about when the
+        # batch with COMMIT loses its answer.
         self.xid: int | None = None
         # The store's copies (`copies.py`): read back at COMMIT (`_read_back_task`), and,
         # when `remembered`, the hints answered from one (`copied`: its task) behind the
@@ -333,17 +334,36 @@ class PostgresTx:
     def _conn(self) -> psycopg.Connection[Any]:
         """The transaction's connection, every queued write sent on it first (anything
         sent after them must see them); a write transaction opens it at its first
-        statement, with BEGIN sent alone (a dropped connection replaced once first)."""
+        statement: BEGIN and the transaction's id, one round trip (a dropped connection
+        replaced once first), or, decided on a copy, BEGIN and its guards, sent with the
+        rest of the transaction."""
         if self._connection is None:
             assert self._opener is not None
-            # A copy's guards go first, with BEGIN, before anything it checks for.
-            self._connection, self._wire = self._opener(batched=bool(self._guards))
-            guards, self._guards = self._guards, []
-            for sql, params in guards:
-                self._guard_answers.append(self._wire.execute(sql, params))
+            if self._guards:
+                # A copy's guards go first, with BEGIN, before anything it checks for.
+                self._connection, self._wire = self._opener()
+                guards, self._guards = self._guards, []
+                for sql, params in guards:
+                    self._guard_answers.append(self._wire.execute(sql, params))
+            else:
+                self._first_batch(self._begun)
         if self._queued:
             self.send_writes()
+        assert self._connection is not None
         return self._connection
+
+    def _begun(self) -> None:
+        """The first batch of a transaction the rules gave no hint for: BEGIN, and the
+        transaction's id, so that the batch with COMMIT, should it lose its answer, can be
+        asked about (`txid_current` gives it an id now; it would take one at its first
+        write anyway)."""
+        wire = self._wire
+        assert wire is not None
+        xid = wire.execute("SELECT txid_current()")
+        wire.sync()
+        row = xid.one()
+        assert row is not None
+        self.xid = int(row[0])
 
     def _queue(
         self,
@@ -448,7 +468,7 @@ class PostgresTx:
             return send()
         assert self._opener is not None
         try:
-            self._connection, self._wire = self._opener(batched=True)
+            self._connection, self._wire = self._opener()
             return send()
         except psycopg.OperationalError:
             if self._connection is not None and not self._connection.broken:
@@ -458,7 +478,7 @@ class PostgresTx:
         self._held_runs.clear()
         self._run_number = None
         self.xid = None
-        self._connection, self._wire = self._opener(batched=True)
+        self._connection, self._wire = self._opener()
         return send()
 
     def _take(self, key: tuple[Any, ...]) -> Any:

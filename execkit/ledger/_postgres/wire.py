@@ -139,18 +139,26 @@ class Answer:
         return rows[0] if rows else None
 
     def command(self) -> str | None:
-        """How the server ended this statement, once its batch was read: its command tag
-        ("COMMIT"; "ROLLBACK" for a COMMIT in a failed transaction), "" when it failed or
-        was skipped, None when its answer never came back (the connection was lost before
-        it, or its batch was not read)."""
+        """How the server ended this statement, as far as its answers tell, once its batch
+        was read: its command tag ("COMMIT"; "ROLLBACK" for a COMMIT in a failed
+        transaction); "" when the server refused it, or skipped it after refusing one
+        before it (a session ended at an earlier statement included: this one never
+        ran); None when they cannot tell: its answer never came back, it is the client's
+        own error (the connection was lost), or the session ended as it ran."""
         from psycopg import pq
 
         result = self._result
         if result is None:
             return None
-        if result.status != pq.ExecStatus.COMMAND_OK:
-            return ""
-        return (result.command_status or b"").decode()
+        status = result.status
+        if status == pq.ExecStatus.COMMAND_OK:
+            return (result.command_status or b"").decode()
+        if status == pq.ExecStatus.FATAL_ERROR:
+            code = result.error_field(pq.DiagnosticField.SQLSTATE)
+            return None if code is None or code.startswith((b"08", b"57P")) else ""
+        if status == pq.ExecStatus.PIPELINE_ABORTED:
+            return "" if self._wire._refused else None
+        return ""
 
     def sqlstate(self) -> str | None:
         """The SQLSTATE of the error this statement met; None when it met none (or its
@@ -183,6 +191,9 @@ class Wire:
         self._queue: list[Answer | tuple[str, tuple[int, ...]]] = []
         self._waiting: set[Answer] = set()
         self._commits = False  # COMMIT is queued (`commit`)
+        # The last batch's first error was the server's own (an error it answered), not
+        # the client's (a lost connection): the statements after it were not run.
+        self._refused = False
         # Waited on for each answer the server has not sent yet: one poller, registered
         # once (poll(2), as `ready`).
         self._readable: Any = None
@@ -241,6 +252,7 @@ class Wire:
             ready(pgconn.socket, write=True)
         queue, self._queue = self._queue, []
         self._waiting.clear()
+        self._refused = False
         first: psycopg.Error | None = None
         for waiting in queue:
             result = self._next()
@@ -255,6 +267,7 @@ class Wire:
             if result.status == pq.ExecStatus.FATAL_ERROR and first is None:
                 encoding = self._conn.info.encoding
                 first = psycopg.errors.error_from_result(result, encoding=encoding)
+                self._refused = result.error_field(pq.DiagnosticField.SQLSTATE) is not None
         synced = self._next()
         if synced is None or synced.status != pq.ExecStatus.PIPELINE_SYNC:
             raise psycopg.OperationalError("the server's answers did not end at the sync")
@@ -276,14 +289,18 @@ class Wire:
     def close(self) -> None:
         """Sync what is still queued, then leave pipeline mode. A broken connection is left
         as it is (its owner discards it); one that cannot leave the mode (its answers
-        unread, after an interruption) is closed, never lent again."""
+        unread, after an interruption) is closed, never lent again. When the sync failed,
+        its error is the one raised (not the mode's that follows from it)."""
+        synced = False
         try:
             if self._queue:
                 self.sync()
+            synced = True
         finally:
             if not (self._conn.closed or self._conn.broken):
                 try:
                     self._pgconn.exit_pipeline_mode()
                 except BaseException:
                     self._conn.close()
-                    raise
+                    if synced:
+                        raise
