@@ -400,11 +400,15 @@ class StaleCopy(Exception):
     `in_doubt` is set when nobody could tell whether the lost batch committed: the error
     the caller hears if the second run fails too (what it found out says nothing of the
     first), so that a failure is never reported as nothing written when something may
-    have been."""
+    have been. `deadline` is the backend's own (when the caller's wait ends): handed back
+    to `Store.write(after=...)`, the second run waits only what is left of it."""
 
-    def __init__(self, in_doubt: StorageError | None = None) -> None:
+    def __init__(
+        self, in_doubt: StorageError | None = None, *, deadline: float | None = None
+    ) -> None:
         super().__init__()
         self.in_doubt = in_doubt
+        self.deadline = deadline
 
 
 class Store(Protocol):
@@ -421,11 +425,15 @@ class Store(Protocol):
     commit it knows of is answered as one): so only a block that is idempotent asks for
     copies (an admission by its request key, a result by its values), and its second run
     finds what the first one did. A backend without copies (SQLite) ignores it and never
-    raises it.
+    raises it. `after` is the `StaleCopy` the first run raised, given to the second: a
+    backend that bounds a caller's whole wait (PostgreSQL: one lock timeout for the pool
+    and every lock) bounds both runs by it; SQLite ignores it.
     """
 
     def read(self) -> contextlib.AbstractContextManager[Tx]: ...
-    def write(self, *, remembered: bool = False) -> contextlib.AbstractContextManager[Tx]: ...
+    def write(
+        self, *, remembered: bool = False, after: StaleCopy | None = None
+    ) -> contextlib.AbstractContextManager[Tx]: ...
     def schema_version(self) -> int: ...
     def location(self) -> str: ...
     def owner(self) -> str | None: ...

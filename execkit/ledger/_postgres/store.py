@@ -5,8 +5,11 @@ A store's threads (a dispatcher renewing its runs' leases from a second thread, 
 threads of `execkit serve`) each take a connection of their own for one transaction and
 give it back: at most `pool_size` at once, opened when first needed and kept open while
 idle, so threads do not wait on one another's transactions, only on the database's own
-locks. A thread that finds every connection taken waits for one, at most the lock timeout
-(then a StorageError, nothing written).
+locks. A caller's whole wait, the pool's and every lock's, is bounded by the one lock
+timeout (issue #50): a deadline taken when its call begins (carried to the transaction
+run again after a stale copy); a thread that finds every connection taken waits for one
+until it, and every statement that asks for a lock is given what is left of it (`tx.py`).
+Past it: a StorageError saying the ledger is busy, nothing written.
 Writes run at READ COMMITTED, on libpq's pipeline (`wire.py`: one send per batch, statements
 prepared once per connection), BEGIN sent with the first reads and COMMIT with the last
 writes; reads run at
@@ -36,7 +39,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from execkit._errors import InvalidInput, NotFound, SchemaTooNew, StorageError
@@ -96,6 +99,7 @@ class PostgresStore:
     `check.fitness`) and refuses every write transaction with a StorageError naming it and
     the fix. Thread-safe: each transaction runs on a connection of its own from a pool of
     at most `pool_size` (1..256; InvalidInput otherwise), see the module docstring.
+    `lock_timeout_s` bounds a caller's whole wait, read on `clock` (monotonic seconds).
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class PostgresStore:
         connect_timeout_s: float = 10.0,
         lock_timeout_s: float = 30.0,
         pool_size: int = DEFAULT_POOL_SIZE,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if (
             isinstance(pool_size, bool)
@@ -133,6 +138,7 @@ class PostgresStore:
         self._where = public_url(url)
         self._connect_timeout_s = connect_timeout_s
         self._lock_timeout_s = lock_timeout_s
+        self._clock = clock  # what the deadlines are read on
         # `_lock` guards the schema state (open, migrate); `_pool` the idle connections.
         self._lock = threading.RLock()
         self._pool = threading.Condition(threading.Lock())
@@ -203,10 +209,21 @@ class PostgresStore:
             raise self._error("cannot set up the PostgreSQL session", exc) from None
         return conn
 
-    def _take(self) -> psycopg.Connection[Any] | None:
-        """An idle connection, or None when a new one may be opened; waits (at most the
-        lock timeout) while all `pool_size` are lent."""
-        deadline = time.monotonic() + self._lock_timeout_s
+    def _deadline(self, after: StaleCopy | None = None) -> float:
+        """When the wait of a caller who starts now ends, on the store's clock: the lock
+        timeout from now, or, for a transaction that repeats one that raised `after`, the
+        one that began its call (a caller's whole wait is one timeout)."""
+        if after is not None and after.deadline is not None:
+            return after.deadline
+        return self._clock() + self._lock_timeout_s
+
+    def _left_ms(self, deadline: float) -> float:
+        """What is left of a caller's wait, in milliseconds (none: 0)."""
+        return max(0.0, deadline - self._clock()) * 1000
+
+    def _take(self, deadline: float) -> psycopg.Connection[Any] | None:
+        """An idle connection, or None when a new one may be opened; waits (until the
+        caller's `deadline`) while all `pool_size` are lent."""
         with self._pool:
             while True:
                 if self._closed:
@@ -216,7 +233,7 @@ class PostgresStore:
                 if self._opened < self._pool_size:
                     self._opened += 1
                     return None
-                left = deadline - time.monotonic()
+                left = deadline - self._clock()
                 if left <= 0:
                     raise StorageError(
                         f"ledger busy: none of the {self._pool_size} connections to "
@@ -243,14 +260,14 @@ class PostgresStore:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _begin(self, statement: str) -> psycopg.Connection[Any]:
+    def _begin(self, statement: str, deadline: float) -> psycopg.Connection[Any]:
         """A connection of the pool's with `statement` (BEGIN ...) run on it; the caller
         gives it back (`_give_back`). A connection the server dropped since its last
         transaction (a restart, a terminated backend) is replaced once: nothing has been
         sent in this transaction yet, so nothing can be doubled."""
         import psycopg
 
-        conn = self._take()
+        conn = self._take(deadline)
         try:
             if conn is not None and not (conn.closed or conn.broken):
                 try:
@@ -272,13 +289,13 @@ class PostgresStore:
             self._give_back(conn)
             raise
 
-    def _fresh(self) -> psycopg.Connection[Any]:
+    def _fresh(self, deadline: float) -> psycopg.Connection[Any]:
         """A connection to start a write transaction on, without a round trip of its own.
         One the server closed since the last transaction (a restart, a terminated backend)
         has something to read while idle (its farewell, or the end of the stream): it is
         replaced before anything is sent, so nothing can be doubled. (Anything else unasked
         for, a notice say, costs a reconnection, never a write.)"""
-        conn = self._take()
+        conn = self._take(deadline)
         if conn is not None and not (conn.closed or conn.broken) and not _unasked(conn):
             return conn
         self._discard(conn)  # its place in the pool is kept for the new one
@@ -372,7 +389,12 @@ class PostgresStore:
 
     @contextlib.contextmanager
     def _transaction(
-        self, *, write: bool, current: bool = True, remembered: bool = False
+        self,
+        *,
+        write: bool,
+        current: bool = True,
+        remembered: bool = False,
+        after: StaleCopy | None = None,
     ) -> Iterator[PostgresTx]:
         import psycopg
 
@@ -380,8 +402,11 @@ class PostgresStore:
             self._current()
             if write:
                 self._fit_to_write()
+        # The caller's whole wait (the pool's, then every lock a statement asks for) ends
+        # here: one lock timeout from now, or from the call's first transaction.
+        deadline = self._deadline(after)
         if not write:
-            conn = self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn = self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", deadline)
             try:
                 yield PostgresTx(conn, write=False)
                 conn.execute("COMMIT")
@@ -405,13 +430,20 @@ class PostgresStore:
                 # its place in the pool goes to the next one.
                 self._discard(lent.pop())
                 self._give_back(None)
-            conn = self._fresh()
+            conn = self._fresh(deadline)
             lent.append(conn)
             wire = Wire(conn)
             wire.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
             return conn, wire
 
-        tx = PostgresTx(None, write=True, opener=opener, copies=self._copies, remembered=remembered)
+        tx = PostgresTx(
+            None,
+            write=True,
+            opener=opener,
+            copies=self._copies,
+            remembered=remembered,
+            left=lambda: self._left_ms(deadline),
+        )
         commit: Answer | None = None  # COMMIT's answer, once it is queued
         try:
             try:
@@ -420,7 +452,7 @@ class PostgresStore:
                 if tx.unchecked() and isinstance(exc, Exception):
                     # Decided on a copy, and nothing sent that could check it: whatever
                     # the block concluded, it concludes again on rows read under the lock.
-                    raise StaleCopy from None
+                    raise StaleCopy(deadline=deadline) from None
                 # A refusal: its writes are never sent; the ROLLBACK goes in the batch
                 # that ends the pipeline (after a failed statement the server skips it:
                 # `_rollback`).
@@ -454,14 +486,14 @@ class PostgresStore:
             if (
                 commit is not None
                 and isinstance(exc, Exception)
-                and self._settle(tx, used, commit, exc, lost)
+                and self._settle(tx, used, commit, exc, lost, deadline)
             ):
                 return  # it committed: the block's result is what was done
             if tx.copied is not None and isinstance(exc, Exception) and (tx.stale() or lost):
                 # A guard found the row changed, or the connection was lost before COMMIT
                 # went: nothing was written, and the block is decided again on rows read.
                 tx.drop_copy()
-                raise StaleCopy from None
+                raise StaleCopy(deadline=deadline) from None
             if not isinstance(exc, psycopg.Error):
                 raise
             raise self._failure(used, exc, lost=lost) from None
@@ -476,6 +508,7 @@ class PostgresStore:
         commit: Answer,
         exc: Exception,
         lost: bool,
+        deadline: float,
     ) -> bool:
         """A transaction whose batch with COMMIT failed: True when it committed (COMMIT's
         own answer said so, or the server, asked about its id on a new connection: the
@@ -495,7 +528,7 @@ class PostgresStore:
         if committed is False:
             if tx.copied is not None and (tx.stale() or lost):
                 tx.drop_copy()
-                raise StaleCopy from None
+                raise StaleCopy(deadline=deadline) from None
             if isinstance(exc, psycopg.Error):
                 raise self._failure(used, exc, lost=lost) from None
             raise exc
@@ -507,15 +540,18 @@ class PostgresStore:
         )
         if tx.copied is not None:
             tx.drop_copy()
-            raise StaleCopy(unknown) from None
+            raise StaleCopy(unknown, deadline=deadline) from None
         raise unknown from None
 
-    def write(self, *, remembered: bool = False) -> contextlib.AbstractContextManager[PostgresTx]:
+    def write(
+        self, *, remembered: bool = False, after: StaleCopy | None = None
+    ) -> contextlib.AbstractContextManager[PostgresTx]:
         """One write transaction (READ COMMITTED; admissions lock their task row).
         `remembered`: its hinted reads may be answered from this store's copies
         (`copies.py`), checked when it writes; `StaleCopy` (nothing written) when they
-        changed: see `Store.write`."""
-        return self._transaction(write=True, remembered=remembered)
+        changed: see `Store.write`. `after`: the `StaleCopy` of the transaction this one
+        repeats, whose caller's wait goes on (its deadline)."""
+        return self._transaction(write=True, remembered=remembered, after=after)
 
     def read(self) -> contextlib.AbstractContextManager[PostgresTx]:
         """One read transaction (REPEATABLE READ, READ ONLY): one snapshot."""
