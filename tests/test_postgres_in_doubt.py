@@ -4,9 +4,11 @@
 
 Each window is held open through the wire's seam (`wire._sent`: a batch has left, its sync
 not yet sent): the test waits, on a connection of its own, until the server has run the
-batch (or is waiting on a lock in it), terminates the backend with pg_terminate_backend,
-waits until it is gone, and only then lets the client read the answers. Nothing is timed:
-every wait is bounded by a count of polls.
+batch (or is waiting on a lock in it), terminates the backend with pg_terminate_backend (or
+shuts the client's end of the socket, so that no answer at all is read), waits until it is
+gone, and only then lets the client read the answers. Last, a chaos test: kills hunting
+COMMITs while workers admit and finish, every error they hear checked against the ledger.
+Nothing is timed: every wait is bounded by a count of polls, tries or kills.
 """
 
 from __future__ import annotations

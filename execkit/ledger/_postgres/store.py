@@ -534,8 +534,8 @@ class PostgresStore:
             raise exc
         unknown = self._error(
             "the connection to the PostgreSQL server failed while committing, and the "
-            "server cannot say how the transaction ended: it may or may not have been "
-            "applied (replaying its request key returns what was done)",
+            "server could not be asked how the transaction ended: it may or may not have "
+            "been applied (replaying its request key returns what was done)",
             exc,
         )
         if tx.copied is not None:
