@@ -20,12 +20,17 @@ shared CPUs the rate is their sum.
 
     python benchmarks/bench_postgres.py [--admissions N] [--url postgresql://...]
     python benchmarks/bench_postgres.py --statements [--admissions N]
+    python benchmarks/bench_postgres.py --lock-wait [--lock-timeout S] [--url ...]
 
 Without --url (or a cluster named by TEST_PG_CLUSTER, as `python tests/pgcluster.py
 --run -- ...` sets) it starts a throwaway cluster of its own (tests/pgcluster.py: fsync
 off, like the test cluster) and stops it at the end. Prints a markdown table.
 `--statements` prints instead the server's execution time of each statement an admission
-sends, beside the functions' (pg_stat_statements, on a cluster of its own).
+sends, beside the functions' (pg_stat_statements, on a cluster of its own). `--lock-wait`
+prints instead how long callers refused as busy waited, against the one `lock_timeout_s`
+they configured (issue #50: the pool's wait and every lock's are one wait): admissions on
+a task whose row another session holds, more callers than the pool has connections; and
+an admission whose request key another session holds first, then the row.
 """
 
 from __future__ import annotations
@@ -365,6 +370,80 @@ def _statements(admissions: int) -> None:
         print(f"| {kind}, all sent | | {total:.1f} | | |")
 
 
+def _waited(call: Callable[[], object]) -> float:
+    """How long `call` took to be refused as busy (it must be)."""
+    from execkit._errors import StorageError
+
+    began = time.perf_counter()
+    try:
+        call()
+    except StorageError as exc:
+        assert "ledger busy" in exc.message, exc.message
+        return time.perf_counter() - began
+    raise AssertionError("the call was not refused")
+
+
+def _lock_wait(url: str, timeout_s: float) -> None:
+    """`--lock-wait`: each scenario's callers' waits, as multiples of `timeout_s`."""
+    import threading
+
+    import psycopg
+
+    from execkit.ledger import AuditAction, PostgresLedger
+
+    rows: list[tuple[str, int, list[float]]] = []
+    ledger_url = _schema(url, "bench_lock_wait")
+    with PostgresLedger(ledger_url) as ledger:
+        # A process's first admissions load what they need (the redactor's rules: a second
+        # on a busy machine), which is not waiting.
+        _warm_up(ledger, "lock-wait")
+    # 1. A task's row held by another session; 8 callers, a pool of 2 connections: the
+    #    callers past the pool's two wait for a connection, then for the row.
+    callers, pool = 8, 2
+    with PostgresLedger(ledger_url, lock_timeout_s=timeout_s, pool_size=pool) as ledger:
+        task = ledger.create_task("held", max_attempts=100, actor="bench").id
+        waits: list[float] = []
+        with psycopg.connect(ledger_url) as holder:
+            holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task,))
+            threads = [
+                threading.Thread(
+                    target=lambda n=n: waits.append(
+                        _waited(lambda: ledger.start_run(task, request_key=f"k{n}", actor="bench"))
+                    )
+                )
+                for n in range(callers)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        rows.append((f"row held, {callers} callers, pool of {pool}", callers, waits))
+    # 2. The request key held by another session for 60% of the timeout (its own
+    #    admission, say, itself waiting), and the task's row held throughout.
+    with PostgresLedger(ledger_url, lock_timeout_s=timeout_s) as ledger:
+        task = ledger.create_task("keyed", max_attempts=100, actor="bench").id
+        key = f"{AuditAction.RUN_START}\x1fk"
+        with psycopg.connect(ledger_url) as row_holder, psycopg.connect(ledger_url) as key_holder:
+            row_holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task,))
+            key_holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+            release = threading.Timer(0.6 * timeout_s, key_holder.commit)
+            release.start()
+            waited = _waited(lambda: ledger.start_run(task, request_key="k", actor="bench"))
+            release.join()
+        rows.append(("key held 0.6x, then the row", 1, [waited]))
+    print(f"    {' '.join(['python', *sys.argv])}")
+    print(f"    lock_timeout_s = {timeout_s:g}; {os.cpu_count()} CPUs")
+    print()
+    print("| scenario | callers | median wait | longest wait | longest / lock_timeout_s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, count, waits in rows:
+        longest = max(waits)
+        print(
+            f"| {name} | {count} | {statistics.median(waits):.2f} s | {longest:.2f} s "
+            f"| {longest / timeout_s:.2f}x |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--admissions", type=int, default=300, help="per process")
@@ -380,9 +459,29 @@ def main() -> None:
         action="store_true",
         help="instead: each statement's server time per admission (pg_stat_statements)",
     )
+    parser.add_argument(
+        "--lock-wait",
+        action="store_true",
+        help="instead: how long callers refused as busy waited, against their lock timeout",
+    )
+    parser.add_argument("--lock-timeout", type=float, default=2.0, help="for --lock-wait (s)")
     args = parser.parse_args()
     if args.statements:
         _statements(args.admissions)
+        return
+    if args.lock_wait:
+        own: pgcluster.Cluster | None = None
+        lock_url = args.url
+        if lock_url is None and os.environ.get(pgcluster.ENV_VAR):
+            lock_url = pgcluster.Cluster.from_env(os.environ[pgcluster.ENV_VAR]).url()
+        if lock_url is None:
+            own = pgcluster.Cluster.start()
+            lock_url = own.url()
+        try:
+            _lock_wait(lock_url, args.lock_timeout)
+        finally:
+            if own is not None:
+                own.stop()
         return
     # Workers are spawned: compiled once here, they read the bytecode, not the sources.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

@@ -41,8 +41,8 @@ DB_ENV_VAR = "EXECKIT_DB"
 
 _URL_SCHEMES = ("postgresql://", "postgres://")
 
-# How long a transaction waits for another writer's lock (SQLite's busy timeout, PostgreSQL's
-# lock_timeout) before it is a StorageError with nothing written.
+# How long a call waits for other writers (SQLite's busy timeout; on PostgreSQL the whole
+# wait, for a pooled connection and every lock) before it is a StorageError, nothing written.
 _LOCK_TIMEOUT_S = 30.0
 _CONNECT_TIMEOUT_S = 10.0
 
@@ -122,7 +122,8 @@ def open_ledger(
     empty file one. `upgrade` migrates an older schema: None (default) does for a file
     (after writing a backup beside it) and not for a server's ledger (take the `pg_dump`
     its `backup_command()` names, then pass True or call `migrate`); False writes nothing
-    on open. `lock_timeout_s` bounds how long a transaction waits for another's lock;
+    on open. `lock_timeout_s` bounds how long a call waits for other writers (PostgreSQL: its
+    whole wait, for a pooled connection and every lock);
     `connect_timeout_s` how long a PostgreSQL server may take to answer (a file has none).
 
     Raises SchemaTooNew, writing nothing, when the ledger was written by a newer execkit;

@@ -27,7 +27,7 @@ from execkit._budget import (
     decision_values,
     summarize,
 )
-from execkit._errors import Conflict, HistoryError, NotFound
+from execkit._errors import Conflict, HistoryError, NotFound, StorageError
 from execkit._lanes import LaneConfigHistory
 from execkit._stamp import utc_stamp
 from execkit.ledger._core.store import (
@@ -112,15 +112,27 @@ class CoreBase:
         self._lane_settings: tuple[str | None, LaneConfigHistory] = (None, LaneConfigHistory())
 
     @staticmethod
-    def _copy_first(transaction: Callable[[bool], _T]) -> _T:
-        """`transaction(True)`: its write transaction may decide on the store's copy of the
+    def _copy_first(transaction: Callable[[StaleCopy | None], _T]) -> _T:
+        """`transaction(None)`: its write transaction may decide on the store's copy of the
         rows (`Store.write(remembered=True)`); run again on rows read under the lock
-        (`transaction(False)`) when that copy was stale (nothing written) or its connection
-        broke, so `transaction` must be idempotent (`Store.write`)."""
+        (`transaction(stale)`: `Store.write(after=stale)`, within what is left of the
+        caller's wait) when that copy was stale (nothing written) or its connection was
+        lost, so `transaction` must be idempotent (`Store.write`). When the first one's
+        outcome is unknown and the second fails on the storage too, the caller hears the
+        first one's doubt: what the second found says nothing of what the first did."""
         try:
-            return transaction(True)
-        except StaleCopy:
-            return transaction(False)
+            return transaction(None)
+        except StaleCopy as raised:
+            stale = raised
+        if stale.in_doubt is None:
+            return transaction(stale)
+        doubt = stale.in_doubt
+        try:
+            return transaction(stale)
+        except StorageError as again:
+            raise StorageError(
+                f"{doubt.message}; reading it back failed too: {again.message}"
+            ) from None
 
     def _task(self, tx: Tx, task_id: str, *, lock: bool = False) -> TaskRecord:
         task = tx.task(task_id, lock=lock)

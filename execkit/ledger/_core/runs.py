@@ -46,7 +46,7 @@ from execkit.ledger._core.inputs import (
 )
 from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
-from execkit.ledger._core.store import TaskRecord, Tx
+from execkit.ledger._core.store import StaleCopy, TaskRecord, Tx
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
     Actor,
@@ -165,10 +165,10 @@ class RunOps(LeaseOps):
         at = moment(now)
         fingerprint = fingerprint_of({"task_id": task_id, "actor": str(who), "forced": forced})
 
-        def admit(remembered: bool) -> Run | AdmissionRefused:
+        def admit(after: StaleCopy | None) -> Run | AdmissionRefused:
             """The admission, or the refusal to raise once its transaction committed."""
             refused: AdmissionRefused | None = None
-            with self._store.write(remembered=remembered) as tx:
+            with self._store.write(remembered=after is None, after=after) as tx:
                 lanes = () if lane_name is None else self._gate_names(lane_name, runner.host)
                 tx.expect_admission(AuditAction.RUN_START, request_key, task_id, lanes)
                 found = tx.idempotent(AuditAction.RUN_START, request_key)
@@ -393,8 +393,8 @@ class RunOps(LeaseOps):
         stored_reason = clean_reason(reason)
         at = moment(now)
 
-        def finish(remembered: bool) -> Run:
-            with self._store.write(remembered=remembered) as tx:
+        def finish(after: StaleCopy | None) -> Run:
+            with self._store.write(remembered=after is None, after=after) as tx:
                 return self._finish(
                     tx, run_id, final, klass, stored_reason, reset, stopped, cause, at
                 )

@@ -410,7 +410,20 @@ class StaleCopy(Exception):
     """A write transaction that decided on the store's copy of a row (`Store.write(
     remembered=True)`) found the row changed since (nothing was written), or lost its
     connection in its one batch: run it again with `remembered=False`. Never leaves the
-    ledger."""
+    ledger.
+
+    `in_doubt` is set when nobody could tell whether the lost batch committed: the error
+    the caller hears if the second run fails too (what it found out says nothing of the
+    first), so that a failure is never reported as nothing written when something may
+    have been. `deadline` is the backend's own (when the caller's wait ends): handed back
+    to `Store.write(after=...)`, the second run waits only what is left of it."""
+
+    def __init__(
+        self, in_doubt: StorageError | None = None, *, deadline: float | None = None
+    ) -> None:
+        super().__init__()
+        self.in_doubt = in_doubt
+        self.deadline = deadline
 
 
 class Store(Protocol):
@@ -422,15 +435,20 @@ class Store(Protocol):
     database checks them when the transaction writes. If they changed, or the block ended
     before anything was checked, the transaction raises `StaleCopy` and nothing is
     written: the caller runs the same block again with `remembered=False`, on rows read
-    under the lock. It also raises `StaleCopy` when the connection broke in the batch
-    that carried the whole transaction, whose outcome is then unknown: so only a block
-    that is idempotent asks for copies (an admission by its request key, a result by its
-    values), and its second run finds what the first one did. A backend without copies
-    (SQLite) ignores it and never raises it.
+    under the lock. It also raises `StaleCopy` when the connection was lost in the batch
+    that carried the whole transaction and the outcome is not known to be a commit (a
+    commit it knows of is answered as one): so only a block that is idempotent asks for
+    copies (an admission by its request key, a result by its values), and its second run
+    finds what the first one did. A backend without copies (SQLite) ignores it and never
+    raises it. `after` is the `StaleCopy` the first run raised, given to the second: a
+    backend that bounds a caller's whole wait (PostgreSQL: one lock timeout for the pool
+    and every lock) bounds both runs by it; SQLite ignores it.
     """
 
     def read(self) -> contextlib.AbstractContextManager[Tx]: ...
-    def write(self, *, remembered: bool = False) -> contextlib.AbstractContextManager[Tx]: ...
+    def write(
+        self, *, remembered: bool = False, after: StaleCopy | None = None
+    ) -> contextlib.AbstractContextManager[Tx]: ...
     # The ledger's wake number once it differs from `seen`, or after `timeout_s`; `read`
     # reads it (`_core/wake.py`): PostgreSQL listens for its notification, SQLite polls.
     def wait_for_wake(self, seen: int, timeout_s: float, read: Callable[[], int]) -> int: ...

@@ -5,10 +5,11 @@ A peer of the SQLite backend, not a port of it: the same rules (`LedgerCore`,
 hosts share one ledger. The database enforces the ledger's invariants itself (one running
 run per task, no run past the limit in force at its admission); admissions on one task
 queue on its row lock; a failed transaction rolls back and consumes nothing, and a
-connection lost while committing says the outcome is unknown (replaying the request key
-tells). Schema versions are this backend's own; execkit cannot copy a server's database,
-so an existing ledger is migrated only when asked, once the operator took the `pg_dump` it
-names. Passwords never leave this package.
+connection lost while committing is answered with what the server did (a commit as one, a
+rollback only when the server says so, an unknown outcome only when it cannot be asked:
+replaying the request key tells). Schema versions are this backend's own; execkit cannot
+copy a server's database, so an existing ledger is migrated only when asked, once the
+operator took the `pg_dump` it names. Passwords never leave this package.
 
 psycopg (3) is imported when a store is opened, never when this package is imported.
 

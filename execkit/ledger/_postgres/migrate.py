@@ -145,7 +145,7 @@ def upgrade(tx: PostgresTx, where: str) -> PostgresMigration | None:
     """Inside `tx` (a write transaction the caller commits): take the migration lock, then
     bring the ledger to SCHEMA_VERSION, a new one with its identity and owner (the
     operating-system user creating it). None when it was already current."""
-    tx._send("SELECT pg_advisory_xact_lock(%s, %s)", _MIGRATION_LOCK)
+    tx.lock_advisory(*_MIGRATION_LOCK)
     # Re-read under the lock: another process may have created or migrated the
     # ledger meanwhile, and no other migration can start until this one commits.
     current, schema_name = read_version(tx, where)

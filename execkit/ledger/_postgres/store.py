@@ -5,19 +5,25 @@ A store's threads (a dispatcher renewing its runs' leases from a second thread, 
 threads of `execkit serve`) each take a connection of their own for one transaction and
 give it back: at most `pool_size` at once, opened when first needed and kept open while
 idle, so threads do not wait on one another's transactions, only on the database's own
-locks. A thread that finds every connection taken waits for one, at most the lock timeout
-(then a StorageError, nothing written).
+locks. A caller's whole wait, the pool's and every lock's, is bounded by the one lock
+timeout (issue #50): a deadline taken when its call begins (carried to the transaction
+run again after a stale copy); a thread that finds every connection taken waits for one
+until it, and every statement that asks for a lock is given what is left of it (`tx.py`).
+Past it: a StorageError saying the ledger is busy, nothing written.
 Writes run at READ COMMITTED, on libpq's pipeline (`wire.py`: one send per batch, statements
 prepared once per connection), BEGIN sent with the first reads and COMMIT with the last
 writes; reads run at
 REPEATABLE READ, READ ONLY: one snapshot per read transaction (the locks a write takes are
 `tx.py`'s).
 
-A failed transaction rolls back and consumes nothing: a connection that breaks in the
-middle (the server restarted, the backend was terminated) is a `StorageError` saying the
-transaction was rolled back; one that breaks in the batch that commits says the outcome is
-unknown,
-and replaying the request key after the reconnect returns the run if it was admitted. A
+A failed transaction rolls back and consumes nothing: a connection that breaks before
+COMMIT is sent (the server restarted, the backend was terminated) is a `StorageError`
+saying the transaction was rolled back. Once COMMIT is sent, any failure before its answer
+is read leaves the outcome to the server (issue #50): COMMIT's own answer when it came
+back, else the transaction's status asked on a new connection (`txid_status`). A commit
+is answered as one (the block's result, as a replay by its key would return it), a
+rollback only when the server says so, and "may or may not have been applied" only when
+it cannot be asked; replaying the request key then returns what was done. A
 broken connection is replaced at the start of the next transaction, before anything is
 sent. A lock not granted within the lock timeout is a StorageError, nothing written.
 Passwords never leave this backend: `location()` and every message carry the URL without
@@ -45,7 +51,7 @@ from execkit.ledger._postgres.copies import Copies
 from execkit.ledger._postgres.tx import PostgresTx
 from execkit.ledger._postgres.url import INSTALL_HINT, is_postgres_url, password_of, public_url
 from execkit.ledger._postgres.wake import WakeListener
-from execkit.ledger._postgres.wire import Wire, ready
+from execkit.ledger._postgres.wire import Answer, Wire, ready
 
 if TYPE_CHECKING:
     import psycopg
@@ -54,6 +60,20 @@ __all__ = ["DEFAULT_POOL_SIZE", "MAX_POOL_SIZE", "PostgresStore"]
 
 DEFAULT_POOL_SIZE = 8
 MAX_POOL_SIZE = 256
+
+
+def _lost(exc: BaseException) -> bool:
+    """Whether `exc` says the connection failed rather than a statement: the client's own
+    error (the stream ended, an answer missing: no SQLSTATE), a connection exception (08)
+    or the server ending the session (57P: shut down, terminated)."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.Error):
+        return False
+    code = exc.sqlstate
+    if code is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return code.startswith(("08", "57P"))
 
 
 def _unasked(conn: psycopg.Connection[Any]) -> bool:
@@ -80,6 +100,7 @@ class PostgresStore:
     `check.fitness`) and refuses every write transaction with a StorageError naming it and
     the fix. Thread-safe: each transaction runs on a connection of its own from a pool of
     at most `pool_size` (1..256; InvalidInput otherwise), see the module docstring.
+    `lock_timeout_s` bounds a caller's whole wait, read on `clock` (monotonic seconds).
     """
 
     def __init__(
@@ -91,6 +112,7 @@ class PostgresStore:
         connect_timeout_s: float = 10.0,
         lock_timeout_s: float = 30.0,
         pool_size: int = DEFAULT_POOL_SIZE,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if (
             isinstance(pool_size, bool)
@@ -117,6 +139,7 @@ class PostgresStore:
         self._where = public_url(url)
         self._connect_timeout_s = connect_timeout_s
         self._lock_timeout_s = lock_timeout_s
+        self._clock = clock  # what the deadlines are read on
         # `_lock` guards the schema state (open, migrate); `_pool` the idle connections.
         self._lock = threading.RLock()
         self._pool = threading.Condition(threading.Lock())
@@ -188,10 +211,21 @@ class PostgresStore:
             raise self._error("cannot set up the PostgreSQL session", exc) from None
         return conn
 
-    def _take(self) -> psycopg.Connection[Any] | None:
-        """An idle connection, or None when a new one may be opened; waits (at most the
-        lock timeout) while all `pool_size` are lent."""
-        deadline = time.monotonic() + self._lock_timeout_s
+    def _deadline(self, after: StaleCopy | None = None) -> float:
+        """When the wait of a caller who starts now ends, on the store's clock: the lock
+        timeout from now, or, for a transaction that repeats one that raised `after`, the
+        one that began its call (a caller's whole wait is one timeout)."""
+        if after is not None and after.deadline is not None:
+            return after.deadline
+        return self._clock() + self._lock_timeout_s
+
+    def _left_ms(self, deadline: float) -> float:
+        """What is left of a caller's wait, in milliseconds (none: 0)."""
+        return max(0.0, deadline - self._clock()) * 1000
+
+    def _take(self, deadline: float) -> psycopg.Connection[Any] | None:
+        """An idle connection, or None when a new one may be opened; waits (until the
+        caller's `deadline`) while all `pool_size` are lent."""
         with self._pool:
             while True:
                 if self._closed:
@@ -201,7 +235,7 @@ class PostgresStore:
                 if self._opened < self._pool_size:
                     self._opened += 1
                     return None
-                left = deadline - time.monotonic()
+                left = deadline - self._clock()
                 if left <= 0:
                     raise StorageError(
                         f"ledger busy: none of the {self._pool_size} connections to "
@@ -228,14 +262,14 @@ class PostgresStore:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _begin(self, statement: str) -> psycopg.Connection[Any]:
+    def _begin(self, statement: str, deadline: float) -> psycopg.Connection[Any]:
         """A connection of the pool's with `statement` (BEGIN ...) run on it; the caller
         gives it back (`_give_back`). A connection the server dropped since its last
         transaction (a restart, a terminated backend) is replaced once: nothing has been
         sent in this transaction yet, so nothing can be doubled."""
         import psycopg
 
-        conn = self._take()
+        conn = self._take(deadline)
         try:
             if conn is not None and not (conn.closed or conn.broken):
                 try:
@@ -257,13 +291,13 @@ class PostgresStore:
             self._give_back(conn)
             raise
 
-    def _fresh(self) -> psycopg.Connection[Any]:
+    def _fresh(self, deadline: float) -> psycopg.Connection[Any]:
         """A connection to start a write transaction on, without a round trip of its own.
         One the server closed since the last transaction (a restart, a terminated backend)
         has something to read while idle (its farewell, or the end of the stream): it is
         replaced before anything is sent, so nothing can be doubled. (Anything else unasked
         for, a notice say, costs a reconnection, never a write.)"""
-        conn = self._take()
+        conn = self._take(deadline)
         if conn is not None and not (conn.closed or conn.broken) and not _unasked(conn):
             return conn
         self._discard(conn)  # its place in the pool is kept for the new one
@@ -273,29 +307,33 @@ class PostgresStore:
             self._give_back(None)
             raise
 
-    def _aborted(self, xid: int | None) -> bool:
-        """Whether transaction `xid`, whose connection broke in its COMMIT batch, is known
-        to have been rolled back: asked on a new connection (a backend that is still
-        ending is waited for, a bounded number of times). False when it committed or
-        nothing can be known (no id, the server unreachable)."""
+    def _committed(self, xid: int | None) -> bool | None:
+        """Whether transaction `xid`, whose batch with COMMIT lost its answer, committed,
+        asked on a new connection (`txid_status`; a backend that is still ending is waited
+        for, a bounded number of times). None when nothing can be known: no id (it decided
+        on a copy), the server unreachable, or still in progress after the waits."""
         import psycopg
 
         if xid is None:
-            return False
+            return None
         conn = None
         try:
             conn = self._connect()  # outside the pool: asked once, then closed
             for _ in range(100):
                 row = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()
                 status = None if row is None else row[0]
+                if status == "committed":
+                    return True
+                if status == "aborted":
+                    return False
                 if status != "in progress":
-                    return status == "aborted"
+                    return None  # too old to be known (never: it was just asked)
                 conn.execute("SELECT pg_sleep(0.01)")  # its backend is still ending
         except (psycopg.Error, StorageError):
             pass
         finally:
             self._discard(conn)
-        return False
+        return None
 
     def _rollback(self, conn: psycopg.Connection[Any]) -> None:
         import psycopg
@@ -317,8 +355,11 @@ class PostgresStore:
         if result.status != pq.ExecStatus.COMMAND_OK:
             self._discard(conn)
 
-    def _failure(self, conn: psycopg.Connection[Any], exc: BaseException) -> StorageError:
-        """A psycopg error inside a transaction, as the StorageError to raise."""
+    def _failure(
+        self, conn: psycopg.Connection[Any], exc: BaseException, *, lost: bool = False
+    ) -> StorageError:
+        """A psycopg error inside a transaction that did not commit, as the StorageError to
+        raise (`lost`: the connection failed, not a statement)."""
         import psycopg
 
         if isinstance(exc, psycopg.errors.LockNotAvailable):
@@ -327,7 +368,7 @@ class PostgresStore:
                 "nothing was written",
                 exc,
             )
-        if isinstance(exc, psycopg.OperationalError) or conn.broken:
+        if lost or isinstance(exc, psycopg.OperationalError) or conn.broken:
             return self._error(
                 "the connection to the PostgreSQL server failed in the middle of a "
                 "transaction; it was rolled back and nothing was written",
@@ -350,7 +391,12 @@ class PostgresStore:
 
     @contextlib.contextmanager
     def _transaction(
-        self, *, write: bool, current: bool = True, remembered: bool = False
+        self,
+        *,
+        write: bool,
+        current: bool = True,
+        remembered: bool = False,
+        after: StaleCopy | None = None,
     ) -> Iterator[PostgresTx]:
         import psycopg
 
@@ -358,8 +404,11 @@ class PostgresStore:
             self._current()
             if write:
                 self._fit_to_write()
+        # The caller's whole wait (the pool's, then every lock a statement asks for) ends
+        # here: one lock timeout from now, or from the call's first transaction.
+        deadline = self._deadline(after)
         if not write:
-            conn = self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn = self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", deadline)
             try:
                 yield PostgresTx(conn, write=False)
                 conn.execute("COMMIT")
@@ -373,26 +422,31 @@ class PostgresStore:
             return
         # BEGIN goes with the first reads, and COMMIT with the last writes (two round
         # trips for an admission, `tx.py`), on libpq's pipeline (`wire.py`). A failure
-        # before the last batch is a certain rollback; in it, a write the server refused
-        # skips the COMMIT after it (a pipeline stops at its first error), so only a
-        # connection lost during that batch leaves the outcome unknown.
+        # before COMMIT is sent is a certain rollback. Once it is sent, whatever fails
+        # before its answer is read leaves the outcome to the server: `_settle`.
         lent: list[psycopg.Connection[Any]] = []  # the pool's connection this one holds
 
-        def opener(*, batched: bool) -> tuple[psycopg.Connection[Any], Wire]:
+        def opener() -> tuple[psycopg.Connection[Any], Wire]:
             if lent:
                 # Dropped in the first batch: closed, never put back idle mid-transaction;
                 # its place in the pool goes to the next one.
                 self._discard(lent.pop())
                 self._give_back(None)
-            conn = self._fresh() if batched else self._begin("BEGIN ISOLATION LEVEL READ COMMITTED")
+            conn = self._fresh(deadline)
             lent.append(conn)
             wire = Wire(conn)
-            if batched:
-                wire.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            wire.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
             return conn, wire
 
-        tx = PostgresTx(None, write=True, opener=opener, copies=self._copies, remembered=remembered)
-        committing = False
+        tx = PostgresTx(
+            None,
+            write=True,
+            opener=opener,
+            copies=self._copies,
+            remembered=remembered,
+            left=lambda: self._left_ms(deadline),
+        )
+        commit: Answer | None = None  # COMMIT's answer, once it is queued
         try:
             try:
                 yield tx
@@ -400,7 +454,7 @@ class PostgresStore:
                 if tx.unchecked() and isinstance(exc, Exception):
                     # Decided on a copy, and nothing sent that could check it: whatever
                     # the block concluded, it concludes again on rows read under the lock.
-                    raise StaleCopy from None
+                    raise StaleCopy(deadline=deadline) from None
                 # A refusal: its writes are never sent; the ROLLBACK goes in the batch
                 # that ends the pipeline (after a failed statement the server skips it:
                 # `_rollback`).
@@ -417,8 +471,7 @@ class PostgresStore:
                 # farewell, or a refused write. One batch without COMMIT first, so
                 # that such a failure is a certain rollback, not an unknown.
                 wire.sync()
-            committing = True
-            wire.execute("COMMIT")
+            commit = wire.commit()
             wire.close()  # the last batch, and its answers
             tx.committed()
         except BaseException as exc:
@@ -426,39 +479,81 @@ class PostgresStore:
             if used is None:
                 raise
             if tx._wire is not None:
-                with contextlib.suppress(psycopg.Error):
+                with contextlib.suppress(Exception):
                     tx._wire.close()
-            broken = used.broken
+            # Lost: the connection, not a statement, failed (a statement's own error
+            # leaves it working; the wire closes one it cannot read to the end).
+            lost = used.broken or used.closed or _lost(exc)
             self._rollback(used)
-            if tx.copied is not None and isinstance(exc, Exception) and (tx.stale() or broken):
-                # A guard found the row changed (nothing was written), or the connection
-                # broke in the one batch (a dropped one not seen before sending, or one
-                # lost while committing): decided again on rows read on a new connection,
-                # which finds what a committed batch did (`Store.write`).
+            if (
+                commit is not None
+                and isinstance(exc, Exception)
+                and self._settle(tx, used, commit, exc, lost, deadline)
+            ):
+                return  # it committed: the block's result is what was done
+            if tx.copied is not None and isinstance(exc, Exception) and (tx.stale() or lost):
+                # A guard found the row changed, or the connection was lost before COMMIT
+                # went: nothing was written, and the block is decided again on rows read.
                 tx.drop_copy()
-                raise StaleCopy from None
+                raise StaleCopy(deadline=deadline) from None
             if not isinstance(exc, psycopg.Error):
                 raise
-            if committing and broken and self._aborted(tx.xid):
-                raise self._failure(used, exc) from None
-            if committing and broken:
-                raise self._error(
-                    "the connection to the PostgreSQL server failed while committing: the "
-                    "transaction may or may not have been applied (replaying its request "
-                    "key returns what was done)",
-                    exc,
-                ) from None
-            raise self._failure(used, exc) from None
+            raise self._failure(used, exc, lost=lost) from None
         finally:
             if lent:
                 self._give_back(lent.pop())
 
-    def write(self, *, remembered: bool = False) -> contextlib.AbstractContextManager[PostgresTx]:
+    def _settle(
+        self,
+        tx: PostgresTx,
+        used: psycopg.Connection[Any],
+        commit: Answer,
+        exc: Exception,
+        lost: bool,
+        deadline: float,
+    ) -> bool:
+        """A transaction whose batch with COMMIT failed: True when it committed (COMMIT's
+        own answer said so, or the server, asked about its id on a new connection: the
+        caller is answered as if nothing had failed). Otherwise raises what the caller is
+        told: a refused write or a certain rollback as such (decided again on rows read
+        when it decided on a copy, `StaleCopy`), and an outcome nobody can tell as one
+        that may or may not have been applied (decided again on rows read, which find
+        what it did, when it decided on a copy)."""
+        import psycopg
+
+        said = commit.command()
+        committed = (said == "COMMIT") if said is not None else self._committed(tx.xid)
+        if committed:
+            if tx._read_back is not None:
+                tx.committed()  # the row read back, when its answer came; else dropped
+            return True
+        if committed is False:
+            if tx.copied is not None and (tx.stale() or lost):
+                tx.drop_copy()
+                raise StaleCopy(deadline=deadline) from None
+            if isinstance(exc, psycopg.Error):
+                raise self._failure(used, exc, lost=lost) from None
+            raise exc
+        unknown = self._error(
+            "the connection to the PostgreSQL server failed while committing, and the "
+            "server could not be asked how the transaction ended: it may or may not have "
+            "been applied (replaying its request key returns what was done)",
+            exc,
+        )
+        if tx.copied is not None:
+            tx.drop_copy()
+            raise StaleCopy(unknown, deadline=deadline) from None
+        raise unknown from None
+
+    def write(
+        self, *, remembered: bool = False, after: StaleCopy | None = None
+    ) -> contextlib.AbstractContextManager[PostgresTx]:
         """One write transaction (READ COMMITTED; admissions lock their task row).
         `remembered`: its hinted reads may be answered from this store's copies
         (`copies.py`), checked when it writes; `StaleCopy` (nothing written) when they
-        changed: see `Store.write`."""
-        return self._transaction(write=True, remembered=remembered)
+        changed: see `Store.write`. `after`: the `StaleCopy` of the transaction this one
+        repeats, whose caller's wait goes on (its deadline)."""
+        return self._transaction(write=True, remembered=remembered, after=after)
 
     def read(self) -> contextlib.AbstractContextManager[PostgresTx]:
         """One read transaction (REPEATABLE READ, READ ONLY): one snapshot."""

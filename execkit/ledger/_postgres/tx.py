@@ -37,6 +37,13 @@ the task row, the run and the admission's lanes, each locked and checked to be w
 copy says), then the writes, the task read back for the next copy, and COMMIT; a guard that
 finds its row changed fails its statement, the server skips the rest, and the store raises
 `StaleCopy` for the rules to decide again on rows read (two round trips, as above).
+Every statement that asks for a lock (a row's FOR UPDATE, an advisory lock; a table's
+lock, in a statement of its own before it) sets its own `lock_timeout` first (`_WAIT`): what
+is left of the caller's wait, counted down by the server from when the transaction began,
+so a caller waits at most its one timeout however many locks it meets (PostgreSQL's
+timeout bounds each lock wait alone). Several rows locked in one statement are asked for a
+row at a time (a LATERAL subquery) where an admission locks them; a repair's and an
+abandonment sweep's rows are each given what was left when they were read.
 PostgreSQL text cannot hold NUL: text is stored with U+FFFD in its place (`nul_free`,
 `jsonb`).
 """
@@ -94,11 +101,11 @@ _T = TypeVar("_T")
 
 
 class Opener(Protocol):
-    """How a write transaction gets its connection, on libpq's pipeline (`wire.py`), BEGIN
-    sent: `batched` queues BEGIN to go with the first batch (and, called again, replaces
-    the connection: `_first_batch`); otherwise BEGIN goes alone first."""
+    """How a write transaction gets its connection, on libpq's pipeline (`wire.py`), with
+    BEGIN queued to go in its first batch; called again, it replaces the connection
+    (`_first_batch`)."""
 
-    def __call__(self, *, batched: bool) -> tuple[psycopg.Connection[Any], Wire]: ...
+    def __call__(self) -> tuple[psycopg.Connection[Any], Wire]: ...
 
 
 # Rows are read by column name (`_rows.py`); here every column of a row shape is a column
@@ -133,13 +140,29 @@ _NUMBER_AND_RUNNING = (
     + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.task_id = %s "
     f"AND r.attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}"
 )
+# What every statement that asks for a lock gives itself as its lock timeout (issue #50):
+# what is left of the caller's wait, on the server's clock, as the statement asks. `%s`
+# is what was left (ms) when the transaction began (`PostgresTx.waits`: the pool's wait
+# already spent), less the time since (`now()` is when it began), at least 1 ms (0 would
+# be no timeout). PostgreSQL's `lock_timeout` bounds each lock wait on its own and
+# restarts at the next: given this way, a caller's waits, however many, end by its one
+# deadline. Placed where the server evaluates it before the lock it bounds (a row's filter,
+# a target before the lock's), and for several rows one at a time (a LATERAL per row).
+_WAIT = (
+    "set_config('lock_timeout', greatest(1, %s::float8 - 1000 * extract(epoch FROM "
+    "clock_timestamp() - now()))::bigint::text, true)"
+)
+_WAITS = f"{_WAIT} IS NOT NULL"  # as a condition
+# Its parameter in a statement's values, until the statement is sent: what was left when
+# the transaction began is known only once its connection is open (`PostgresTx.waits`).
+_LEFT: Any = object()
 # A transaction answered from the store's copy of its task (`copies.py`) sends these
 # first, in its one batch: each locks a row and checks it is still the version the copy
 # was taken at. `1 / count(*)` fails (division_by_zero) when it is not, and a pipeline
 # skips everything after a failed statement, COMMIT included: nothing is written, and the
 # store says `StaleCopy`. A run's guard comes after its task's, in a statement of its own:
 # it reads what committed while the task's lock was waited for.
-_KEY_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_KEY_LOCK = f"SELECT {_WAIT}, pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
 def _guard(table: str, condition: str = "") -> str:
@@ -147,7 +170,7 @@ def _guard(table: str, condition: str = "") -> str:
     statement (division_by_zero) unless it is there and meets `condition` too."""
     return (
         f"SELECT 1 / count(*) FROM (SELECT 1 FROM {table} WHERE id = %s "
-        f"AND xmin = %s::text::xid{condition} FOR UPDATE) AS fresh"
+        f"AND xmin = %s::text::xid{condition} AND {_WAITS} FOR UPDATE) AS fresh"
     )
 
 
@@ -157,9 +180,25 @@ _RUN_GUARD = _guard("runs", " AND status = 'running'")
 # An admission's lanes, on a copy: every one that has a row is open, so it admits with no
 # probe (`admission`, `_lanes.py`); locked, in name order, as `expect_admission` locks them.
 _OPEN_LANES_GUARD = (
-    "SELECT 1 / (count(*) FILTER (WHERE state <> 'open') = 0)::int FROM (SELECT state "
-    "FROM lane_summaries WHERE lane = ANY(%s) ORDER BY lane FOR UPDATE) AS gates"
+    "SELECT 1 / (count(*) FILTER (WHERE state <> 'open') = 0)::int "
+    "FROM unnest(%s::text[]) AS n(lane) CROSS JOIN LATERAL (SELECT state FROM "
+    f"lane_summaries l WHERE l.lane = n.lane AND {_WAITS} FOR UPDATE) AS gates"
 )
+
+
+def _lane_gates(condition: str = "") -> str:
+    """The gates of the lanes named (a sorted array), each row locked in that order and
+    given what is left of the wait as it is asked for; in that order."""
+    return (
+        "SELECT g.lane, g.state, g.until_at, g.probe_run FROM unnest(%s::text[]) "
+        "WITH ORDINALITY AS n(lane, at) CROSS JOIN LATERAL (SELECT lane, state, until_at, "
+        f"probe_run FROM lane_summaries l WHERE l.lane = n.lane{condition} AND {_WAITS} "
+        "FOR UPDATE) AS g ORDER BY n.at"
+    )
+
+
+_LANE_GATES = _lane_gates()
+_NEW_KEY_LANE_GATES = _lane_gates(f" AND {_KEY_IS_NEW}")
 _STALE = "22012"  # division_by_zero: a guard's, and nothing else in its statement divides
 
 
@@ -204,7 +243,7 @@ _RUN_AND_LANE = (
     "SELECT txid_current() AS tx_xid, "
     "(SELECT lane FROM run_lanes WHERE run_id = %s) AS tx_lane, "
     "(SELECT pg_advisory_xact_lock_shared(%s, %s) IS NULL FROM run_lanes "
-    "WHERE run_id = %s) AS tx_lane_lock, "
+    f"WHERE run_id = %s AND {_WAITS}) AS tx_lane_lock, "
     + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
     + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.id = %s"
 )
@@ -215,7 +254,7 @@ _LANE_SELECT = f"SELECT {', '.join(LANE_COLUMNS)} FROM lane_summaries"
 _LANE_OF_RUN = (
     f"SELECT {', '.join(LANE_COLUMNS)}, "
     "(SELECT value FROM ledger_meta WHERE key = %s) AS tx_config FROM lane_summaries "
-    "WHERE lane = (SELECT lane FROM run_lanes WHERE run_id = %s) FOR UPDATE"
+    f"WHERE lane = (SELECT lane FROM run_lanes WHERE run_id = %s) AND {_WAITS} FOR UPDATE"
 )
 _LANE_UPSERT = (
     f"INSERT INTO lane_summaries ({', '.join(LANE_COLUMNS)}) "
@@ -305,19 +344,25 @@ class PostgresTx:
         opener: Opener | None = None,
         copies: Copies | None = None,
         remembered: bool = False,
+        left: Callable[[], float] | None = None,
     ) -> None:
         self._connection = conn
         self._write = write
         self._wire: Wire | None = None  # a write transaction's statements go on it
         self._opener = opener
+        # What is left of the caller's wait (ms), read as the transaction begins: what the
+        # server counts down from at every lock this transaction asks for (`_WAIT`).
+        self._left = left
+        self.waits = 0.0
         # Answers read ahead (`expect_*`), by the call they answer; each is taken once.
         self._ahead: dict[tuple[Any, ...], Any] = {}
         self._locked_tasks: set[str] = set()  # task rows locked in this transaction
         self._held_runs: set[str] = set()  # runs read running under their task's lock
         self._run_number: int | None = None  # drawn ahead for the admission's INSERT
         self._queued: list[_Write] = []  # writes not sent yet (`_queue`)
-        # The transaction's id, read in the first batch of an admission or a result: what
-        # the store asks the server about when the connection breaks in the COMMIT batch.
+        # The transaction's id, read in its first batch (none when it decided on a copy:
+        # its one batch carries COMMIT): what the store asks the server about when the
+        # batch with COMMIT loses its answer.
         self.xid: int | None = None
         # The store's copies (`copies.py`): read back at COMMIT (`_read_back_task`), and,
         # when `remembered`, the hints answered from one (`copied`: its task) behind the
@@ -334,17 +379,51 @@ class PostgresTx:
     def _conn(self) -> psycopg.Connection[Any]:
         """The transaction's connection, every queued write sent on it first (anything
         sent after them must see them); a write transaction opens it at its first
-        statement, with BEGIN sent alone (a dropped connection replaced once first)."""
+        statement: BEGIN and the transaction's id, one round trip (a dropped connection
+        replaced once first), or, decided on a copy, BEGIN and its guards, sent with the
+        rest of the transaction."""
         if self._connection is None:
             assert self._opener is not None
-            # A copy's guards go first, with BEGIN, before anything it checks for.
-            self._connection, self._wire = self._opener(batched=bool(self._guards))
-            guards, self._guards = self._guards, []
-            for sql, params in guards:
-                self._guard_answers.append(self._wire.execute(sql, params))
+            if self._guards:
+                # A copy's guards go first, with BEGIN, before anything it checks for.
+                wire = self._open()
+                guards, self._guards = self._guards, []
+                for sql, params in guards:
+                    self._guard_answers.append(wire.execute(sql, self._waiting(params)))
+            else:
+                self._first_batch(self._begun)
         if self._queued:
             self.send_writes()
+        assert self._connection is not None
         return self._connection
+
+    def _open(self) -> Wire:
+        """The connection opened (BEGIN queued on its wire), and what is left of the
+        caller's wait as it begins (`waits`)."""
+        assert self._opener is not None
+        self._connection, self._wire = self._opener()
+        if self._left is not None:
+            self.waits = self._left()
+        return self._wire
+
+    def _waiting(self, params: Sequence[Any]) -> Sequence[Any]:
+        """`params` with what is left of the wait in place of `_LEFT`."""
+        if any(value is _LEFT for value in params):
+            return tuple(self.waits if value is _LEFT else value for value in params)
+        return params
+
+    def _begun(self) -> None:
+        """The first batch of a transaction the rules gave no hint for: BEGIN, and the
+        transaction's id, so that the batch with COMMIT, should it lose its answer, can be
+        asked about (`txid_current` gives it an id now; it would take one at its first
+        write anyway)."""
+        wire = self._wire
+        assert wire is not None
+        xid = wire.execute("SELECT txid_current()")
+        wire.sync()
+        row = xid.one()
+        assert row is not None
+        self.xid = int(row[0])
 
     def _queue(
         self,
@@ -436,7 +515,7 @@ class PostgresTx:
         if isinstance(params, Mapping):
             sql, names = _positional(sql)
             params = tuple(params[name] for name in names)
-        return wire.execute(sql, params)
+        return wire.execute(sql, self._waiting(params))
 
     def _first_batch(self, send: Callable[[], _T]) -> _T:
         """`send()` (statements queued, then one sync) as the transaction's first batch,
@@ -449,7 +528,7 @@ class PostgresTx:
             return send()
         assert self._opener is not None
         try:
-            self._connection, self._wire = self._opener(batched=True)
+            self._open()
             return send()
         except psycopg.OperationalError:
             if self._connection is not None and not self._connection.broken:
@@ -459,7 +538,7 @@ class PostgresTx:
         self._held_runs.clear()
         self._run_number = None
         self.xid = None
-        self._connection, self._wire = self._opener(batched=True)
+        self._open()
         return send()
 
     def _take(self, key: tuple[Any, ...]) -> Any:
@@ -500,12 +579,12 @@ class PostgresTx:
         self._locked_tasks.add(task_id)  # by the guard, the first statement sent
         self._run_number = copy.next_number
         self._guards = [
-            (_KEY_LOCK, (f"{scope}\x1f{key}",)),
-            (_NEW_KEY_TASK_GUARD, (task_id, copy.version, scope, nul_free(key))),
+            (_KEY_LOCK, (_LEFT, f"{scope}\x1f{key}")),
+            (_NEW_KEY_TASK_GUARD, (task_id, copy.version, scope, nul_free(key), _LEFT)),
         ]
         if lanes:
             self._ahead[("lane_gates", lanes)] = []  # none stored that is not open
-            self._guards.append((_OPEN_LANES_GUARD, (list(lanes),)))
+            self._guards.append((_OPEN_LANES_GUARD, (sorted(lanes), _LEFT)))
         self.copied = self._read_back_task = task_id
         return True
 
@@ -514,7 +593,8 @@ class PostgresTx:
         new = (scope, stored_key)
         wire = self._on_wire()
         execute = wire.execute
-        execute(_KEY_LOCK, (f"{scope}\x1f{key}",))
+        waits = self.waits
+        execute(_KEY_LOCK, (waits, f"{scope}\x1f{key}"))
         # With the key, the run it admitted: a replay reads it (no write follows, no lock).
         found = execute(
             f"SELECT i.fingerprint, i.response, {_RUN_OF_KEY} FROM idempotency i "
@@ -522,17 +602,10 @@ class PostgresTx:
             new,
         )
         task = execute(
-            f"{_TASK_SELECT} WHERE id = %s AND {_KEY_IS_NEW} FOR UPDATE", (task_id, *new)
+            f"{_TASK_SELECT} WHERE id = %s AND {_KEY_IS_NEW} AND {_WAITS} FOR UPDATE",
+            (task_id, *new, waits),
         )
-        gates = (
-            execute(
-                "SELECT lane, state, until_at, probe_run FROM lane_summaries "
-                f"WHERE lane = ANY(%s) AND {_KEY_IS_NEW} ORDER BY lane FOR UPDATE",
-                (list(lanes), *new),
-            )
-            if lanes
-            else None
-        )
+        gates = execute(_NEW_KEY_LANE_GATES, (sorted(lanes), *new, waits)) if lanes else None
         # Drawn after the task's lock: a task's runs are numbered in their order. With
         # it, the task's running run, if any (read under that lock).
         number = execute(_NUMBER_AND_RUNNING, (task_id, _FINISHED, *new, task_id, task_id, *new))
@@ -594,25 +667,27 @@ class PostgresTx:
         self._locked_tasks.add(task_id)
         self._held_runs.add(run_id)
         self._guards = [
-            (_TASK_GUARD, (task_id, copy.version)),
-            (_RUN_GUARD, (run_id, copy.run_version)),
+            (_TASK_GUARD, (task_id, copy.version, _LEFT)),
+            (_RUN_GUARD, (run_id, copy.run_version, _LEFT)),
         ]
         self.copied = self._read_back_task = task_id
         return True
 
     def _expect_result(self, run_id: str) -> None:
         wire = self._on_wire()
+        waits = self.waits
         task = wire.execute(
-            f"{_TASK_SELECT} WHERE id = (SELECT task_id FROM runs WHERE id = %s) FOR UPDATE",
-            (run_id,),
+            f"{_TASK_SELECT} WHERE id = (SELECT task_id FROM runs WHERE id = %s) "
+            f"AND {_WAITS} FOR UPDATE",
+            (run_id, waits),
         )
-        run = wire.execute(_RUN_AND_LANE, (run_id, *_LANE_CONFIG_LOCK, run_id, run_id))
+        run = wire.execute(_RUN_AND_LANE, (run_id, *_LANE_CONFIG_LOCK, run_id, waits, run_id))
         # A run bound to a lane feeds it an event (`_lane_result`): its row, locked, and
         # the configuration the event folds with are read here too, in a statement after
         # the one that took the configuration's lock (a statement reads what committed
         # before it began): a configuration change (`lane_event_barrier`) waits for this
         # transaction, or ended before the read.
-        summary = wire.execute(_LANE_OF_RUN, (LANE_CONFIG_META_KEY, run_id))
+        summary = wire.execute(_LANE_OF_RUN, (LANE_CONFIG_META_KEY, run_id, waits))
         wire.sync()
         task_row, run_row, summary_row = task.named_one(), run.named_one(), summary.named_one()
         assert run_row is not None
@@ -644,6 +719,11 @@ class PostgresTx:
             self._answer(sql, params)
         else:
             self._conn.execute(sql, params)
+
+    def lock_advisory(self, first: int, second: int) -> None:
+        """Take the transaction-scoped advisory lock (`first`, `second`), waiting at most
+        what is left of the caller's wait."""
+        self._send(f"SELECT {_WAIT}, pg_advisory_xact_lock(%s, %s)", (_LEFT, first, second))
 
     def send_once(self, sql: str, params: Sequence[Any] = ()) -> None:
         """`_send` for a statement run once (a migration's): never prepared."""
@@ -687,8 +767,8 @@ class PostgresTx:
         if self._write:
             self._send(
                 "SELECT 1 FROM tasks WHERE id = (SELECT task_id FROM runs WHERE id = %s) "
-                "FOR UPDATE",
-                (run_id,),
+                f"AND {_WAITS} FOR UPDATE",
+                (run_id, _LEFT),
             )
 
     def task(self, task_id: str, *, lock: bool = False) -> TaskRecord | None:
@@ -698,13 +778,21 @@ class PostgresTx:
             return record
         if lock and self._write:
             self._locked_tasks.add(task_id)
-        suffix = " FOR UPDATE" if lock and self._write else ""
-        row = self._named_one(f"{_TASK_SELECT} WHERE id = %s{suffix}", (task_id,))
+            row = self._named_one(
+                f"{_TASK_SELECT} WHERE id = %s AND {_WAITS} FOR UPDATE", (task_id, _LEFT)
+            )
+        else:
+            row = self._named_one(f"{_TASK_SELECT} WHERE id = %s", (task_id,))
         return None if row is None else task_from_row(row)
 
     def tasks(self) -> list[TaskRecord]:
-        suffix = " FOR UPDATE" if self._write else ""
-        rows = self._named_all(f"{_TASK_SELECT} ORDER BY seq{suffix}")
+        if self._write:
+            # Every row: each one's wait is given what was left as the rows were read.
+            rows = self._named_all(
+                f"{_TASK_SELECT} WHERE {_WAITS} ORDER BY seq FOR UPDATE", (_LEFT,)
+            )
+        else:
+            rows = self._named_all(f"{_TASK_SELECT} ORDER BY seq")
         return [task_from_row(row) for row in rows]
 
     def task_page(
@@ -789,8 +877,8 @@ class PostgresTx:
             row[0]
             for row in self._all(
                 f"SELECT id FROM tasks WHERE id IN (SELECT task_id FROM runs WHERE {expired}) "
-                "ORDER BY seq FOR UPDATE",
-                (now,),
+                f"AND {_WAITS} ORDER BY seq FOR UPDATE",
+                (now, _LEFT),
             )
         ]
         if not locked:
@@ -983,9 +1071,7 @@ class PostgresTx:
             return found
         if self._write:
             # Two first uses of one key queue here; the second reads the first one's answer.
-            self._send(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{scope}\x1f{key}",)
-            )
+            self._send(_KEY_LOCK, (_LEFT, f"{scope}\x1f{key}"))
         row = self._one(
             "SELECT fingerprint, response FROM idempotency WHERE scope = %s AND key = %s",
             (scope, nul_free(key)),
@@ -1058,9 +1144,15 @@ class PostgresTx:
         if create and self._write:
             # Two first results on one lane: the second INSERT waits on the first one's
             # key, then does nothing, and the SELECT below reads (and locks) its row.
+            # (A wait too: what is left of it is given in a statement of its own first.)
+            self._send(f"SELECT {_WAIT}", (_LEFT,))
             self._send(_LANE_CREATE, _clean(lane_row(open_lane(name))))
-        suffix = " FOR UPDATE" if (lock or create) and self._write else ""
-        row = self._named_one(f"{_LANE_SELECT} WHERE lane = %s{suffix}", (name,))
+        if (lock or create) and self._write:
+            row = self._named_one(
+                f"{_LANE_SELECT} WHERE lane = %s AND {_WAITS} FOR UPDATE", (name, _LEFT)
+            )
+        else:
+            row = self._named_one(f"{_LANE_SELECT} WHERE lane = %s", (name,))
         return None if row is None else lane_from_row(row)
 
     def lane_gates(self, names: tuple[str, ...], *, lock: bool) -> list[LaneGate]:
@@ -1068,12 +1160,14 @@ class PostgresTx:
         if ahead is not _ABSENT:
             gates: list[LaneGate] = ahead
             return gates
-        suffix = " FOR UPDATE" if lock and self._write else ""
-        rows = self._all(
-            "SELECT lane, state, until_at, probe_run FROM lane_summaries "
-            f"WHERE lane = ANY(%s) ORDER BY lane{suffix}",
-            (list(names),),
-        )
+        if lock and self._write:
+            rows = self._all(_LANE_GATES, (sorted(names), _LEFT))
+        else:
+            rows = self._all(
+                "SELECT lane, state, until_at, probe_run FROM lane_summaries "
+                "WHERE lane = ANY(%s) ORDER BY lane",
+                (list(names),),
+            )
         return [LaneGate(*row) for row in rows]
 
     def lanes(self) -> list[LaneSummary]:
@@ -1108,7 +1202,8 @@ class PostgresTx:
         # after taking the configuration's lock, shared (`_expect_result`: waited for
         # here, before the table's lock), so it folds with the configuration its number
         # says.
-        self._send("SELECT pg_advisory_xact_lock(%s, %s)", _LANE_CONFIG_LOCK)
+        self.lock_advisory(*_LANE_CONFIG_LOCK)
+        self._send(f"SELECT {_WAIT}", (_LEFT,))  # for the table's lock: a statement of its own
         self._send("LOCK TABLE lane_events IN SHARE MODE")
         row = self._one("SELECT coalesce(max(seq), 0) FROM lane_events")
         assert row is not None

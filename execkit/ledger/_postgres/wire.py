@@ -12,7 +12,9 @@ names (`error_from_result`): what a caller catches is what psycopg would have ra
 A batch that meets an error stops there (the server skips the rest until the sync) and
 `sync()` raises that first error once every answer of the batch is read. A connection lost
 raises `psycopg.OperationalError` and leaves the connection `broken`. `close()` leaves
-pipeline mode; a connection that cannot leave it is closed, never lent again.
+pipeline mode; a connection that cannot leave it is closed, never lent again. `commit()`
+queues COMMIT, whose answer (`Answer.command`) says whether the transaction committed even
+when the batch failed after it was read.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import itertools
 import select
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,12 @@ __all__ = ["Answer", "Wire", "ready"]
 # Bounded: past it a statement is sent unnamed, parsed each time.
 _MAX_PREPARED = 200
 _Names = dict[tuple[str, tuple[int, ...]], bytes]
+
+# Testing seam: called once a batch has left and before the sync that asks for its answers,
+# with its backend's pid, the connection's socket and whether the batch carries COMMIT.
+# The tests hold the window there (the server runs the batch, its answers not yet read) and
+# end the backend, or the connection, in it.
+_sent: Callable[[int, int, bool], None] | None = None
 
 
 class _Session:
@@ -130,6 +138,28 @@ class Answer:
         rows = self.named()
         return rows[0] if rows else None
 
+    def command(self) -> str | None:
+        """How the server ended this statement, as far as its answers tell, once its batch
+        was read: its command tag ("COMMIT"; "ROLLBACK" for a COMMIT in a failed
+        transaction); "" when the server refused it, or skipped it after refusing one
+        before it (a session ended at an earlier statement included: this one never
+        ran); None when they cannot tell: its answer never came back, it is the client's
+        own error (the connection was lost), or the session ended as it ran."""
+        from psycopg import pq
+
+        result = self._result
+        if result is None:
+            return None
+        status = result.status
+        if status == pq.ExecStatus.COMMAND_OK:
+            return (result.command_status or b"").decode()
+        if status == pq.ExecStatus.FATAL_ERROR:
+            code = result.error_field(pq.DiagnosticField.SQLSTATE)
+            return None if code is None or code.startswith((b"08", b"57P")) else ""
+        if status == pq.ExecStatus.PIPELINE_ABORTED:
+            return "" if self._wire._refused else None
+        return ""
+
     def sqlstate(self) -> str | None:
         """The SQLSTATE of the error this statement met; None when it met none (or its
         batch never came back)."""
@@ -160,6 +190,10 @@ class Wire:
         # being prepared (dropped from the names if its Parse was skipped or refused).
         self._queue: list[Answer | tuple[str, tuple[int, ...]]] = []
         self._waiting: set[Answer] = set()
+        self._commits = False  # COMMIT is queued (`commit`)
+        # The last batch's first error was the server's own (an error it answered), not
+        # the client's (a lost connection): the statements after it were not run.
+        self._refused = False
         # Waited on for each answer the server has not sent yet: one poller, registered
         # once (poll(2), as `ready`).
         self._readable: Any = None
@@ -196,6 +230,12 @@ class Wire:
         self._waiting.add(answer)
         return answer
 
+    def commit(self) -> Answer:
+        """Queue COMMIT. Its answer, once read, says whether the transaction committed
+        (`Answer.command`), even when the connection is lost before the batch's sync is."""
+        self._commits = True
+        return self.execute("COMMIT")
+
     def sync(self) -> None:
         """Send everything queued and a sync, in one write, and read every answer; the
         batch's first error is raised once they all are."""
@@ -203,25 +243,31 @@ class Wire:
         from psycopg import pq
 
         pgconn = self._pgconn
+        if _sent is not None:
+            while pgconn.flush():
+                ready(pgconn.socket, write=True)
+            _sent(pgconn.backend_pid, pgconn.socket, self._commits)
         pgconn.pipeline_sync()
         while pgconn.flush():  # the socket's buffer is full: wait until it drains
             ready(pgconn.socket, write=True)
         queue, self._queue = self._queue, []
         self._waiting.clear()
+        self._refused = False
         first: psycopg.Error | None = None
         for waiting in queue:
             result = self._next()
             if result is None:
                 raise psycopg.OperationalError("the server's answers ended before the sync")
+            if isinstance(waiting, Answer):
+                waiting._result = result  # kept even if the connection is lost next
+            elif result.status != pq.ExecStatus.COMMAND_OK:
+                self._names.pop(waiting, None)  # not prepared: prepared again next time
             while self._next() is not None:  # the NULL that ends each command's results
                 pass
             if result.status == pq.ExecStatus.FATAL_ERROR and first is None:
                 encoding = self._conn.info.encoding
                 first = psycopg.errors.error_from_result(result, encoding=encoding)
-            if isinstance(waiting, Answer):
-                waiting._result = result
-            elif result.status != pq.ExecStatus.COMMAND_OK:
-                self._names.pop(waiting, None)  # not prepared: prepared again next time
+                self._refused = result.error_field(pq.DiagnosticField.SQLSTATE) is not None
         synced = self._next()
         if synced is None or synced.status != pq.ExecStatus.PIPELINE_SYNC:
             raise psycopg.OperationalError("the server's answers did not end at the sync")
@@ -243,14 +289,18 @@ class Wire:
     def close(self) -> None:
         """Sync what is still queued, then leave pipeline mode. A broken connection is left
         as it is (its owner discards it); one that cannot leave the mode (its answers
-        unread, after an interruption) is closed, never lent again."""
+        unread, after an interruption) is closed, never lent again. When the sync failed,
+        its error is the one raised (not the mode's that follows from it)."""
+        synced = False
         try:
             if self._queue:
                 self.sync()
+            synced = True
         finally:
             if not (self._conn.closed or self._conn.broken):
                 try:
                     self._pgconn.exit_pipeline_mode()
                 except BaseException:
                     self._conn.close()
-                    raise
+                    if synced:
+                        raise

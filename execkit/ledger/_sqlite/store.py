@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from execkit._errors import InvalidInput, SchemaTooNew, StorageError
+from execkit.ledger._core import StaleCopy
 from execkit.ledger._model import CAPABILITIES, user_name
 from execkit.ledger._sqlite import check, migrate, schema
 from execkit.ledger._sqlite.files import prepare_file
@@ -125,9 +126,12 @@ class SqliteStore:
             )
 
     @contextlib.contextmanager
-    def write(self, *, remembered: bool = False) -> Iterator[SqliteTx]:
+    def write(
+        self, *, remembered: bool = False, after: StaleCopy | None = None
+    ) -> Iterator[SqliteTx]:
         """One write transaction: BEGIN IMMEDIATE takes the write lock before any read.
-        (`remembered` is ignored: every read is local, there is no round trip to save.)"""
+        (`remembered` and `after` are ignored: every read is local, there is no round trip
+        to save, so no copy, and one wait, the busy timeout at BEGIN.)"""
         with self._lock:
             yield from self._write()
 
