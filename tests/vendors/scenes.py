@@ -135,6 +135,8 @@ class Scene:
     setup: str = "success"
     # extra arguments on every board issue (the issue's own `argv`)
     argv: tuple[str, ...] = ()
+    # whether the CLI prints the limit's reset at all (claude to an API key does not)
+    prints_reset: bool = True
 
     @property
     def key(self) -> str:
@@ -157,8 +159,9 @@ class Scene:
 
 
 # claude: the gateway sign-in with `--output-format stream-json --verbose` on every issue
-# (the only claude output that states a reset in structure: its `rate_limit_event`). The
-# argv is explicit on each issue so the recording does not depend on the adapter's default.
+# (the only claude output that states a reset in structure: its `rate_limit_event`), and
+# once with an API key (no reset in any format). The argv is explicit on each issue so
+# the recording does not depend on the adapter's default.
 _CLAUDE_ARGV = ("--output-format", "stream-json", "--verbose")
 SCENES: tuple[Scene, ...] = (
     Scene(
@@ -169,6 +172,16 @@ SCENES: tuple[Scene, ...] = (
         40.0,
         setup="usage_limit_gateway",
         argv=_CLAUDE_ARGV,
+    ),
+    Scene(
+        "claude",
+        "usage_limit_api_key",
+        "the same usage limit to an API key: claude prints no reset in any output format "
+        "(issue 51.7), so nothing parks the lane",
+        "limit",
+        40.0,
+        argv=_CLAUDE_ARGV,
+        prints_reset=False,
     ),
     Scene(
         "claude",
