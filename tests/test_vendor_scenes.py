@@ -63,6 +63,7 @@ _EARLY = "52.1: codex's reset rounded down to the minute opens the lane before t
 _SLEEPS = "52.3: gemini sleeps out the vendor's delay in its slot: nothing is refused"
 _COOLS = "52.3: the killed attempt's reset is read from prose only: the lane cools, probes early"
 _OWN_STREAK = "52.2: the lane's refusals spend the tasks' own upstream streak"
+_WRONG_LINE = "52.4: a killed gemini attempt's reason is a startup diagnostic"
 RACE = "race on main"
 XFAIL: dict[tuple[str, str], str] = {
     **{(f"{cli}/credentials", "done"): _STOP_BLOCKS for cli in ("claude", "codex", "gemini")},
@@ -78,6 +79,7 @@ XFAIL: dict[tuple[str, str], str] = {
     ("gemini/usage_limit_attempts_2", "in_flight"): _SLEEPS,
     ("gemini/usage_limit_attempts_2", "early_probe"): _SLEEPS,
     ("gemini/usage_limit_past_timeout", "early_probe"): _COOLS,
+    ("gemini/usage_limit_past_timeout", "reason"): _WRONG_LINE,
     ("gemini/usage_limit_past_timeout", "in_flight"): f"{_REFILL} ({RACE})",
 }
 
@@ -190,6 +192,14 @@ def test_until_idle_ends(replays: _Replays, key: str) -> None:
         assert after and after[0]["ended_by_itself"] and after[0]["exit_code"] == 0
     else:
         assert first["exit_code"] == 0, facts.until_idle
+
+
+@pytest.mark.parametrize("key", _params(KEYS, "reason"))
+def test_a_reason_is_never_a_startup_diagnostic(replays: _Replays, key: str) -> None:
+    # Issue 52.4: the reason is the line the class was read from, never a line the CLI
+    # prints on every start (gemini's `[STARTUP] Cannot measure phase ...`).
+    reasons = [run["reason"] or "" for run in replays.run(key).runs]
+    assert not [reason for reason in reasons if "[STARTUP]" in reason], reasons
 
 
 # --------------------------------------------------------------------------- the parts
