@@ -9,9 +9,10 @@ A **scene** is what an operator meets: the real `execkit dispatch --concurrency 
 vendor (scene_api.py: the loopback fake API on a timeline) goes through phases by itself:
 a usage limit that lifts at the reset it stated, some seconds of 529 overload (no reset
 stated), or a 401 that lasts until an operator renews the credentials and runs `execkit
-lane resume` (then a second `--until-idle` run). Every call of the CLI, every request
-the vendor saw (its time and phase), the dispatcher's output and the ledger's facts are
-kept.
+lane resume` (then a second `--until-idle` run). The scene's clock starts at the vendor's
+first model call (a codex limit's, at the wall-clock second its minute needs). Every call
+of the CLI, every request the vendor saw (its time and phase), the dispatcher's output and
+the ledger's facts are kept.
 
 `record` runs the real claude-code, codex and gemini (tests/vendors/node_modules; `python
 tests/vendors/clis.py install`) through a wrapper that keeps each call's bytes
@@ -34,11 +35,12 @@ so the replay's reset falls at the same place in the local minute without waitin
 Facts (`Facts`), each from the vendor's log and the ledger, never from timing asserts:
 the vendor calls per phase (an attempt is counted once, in the phase of its first
 request), the charged failures, the issues done and blocked (and on what), the attempts
-in flight when the first refusal was recorded and the attempts that reached the vendor
-before the lane closed (issue 51.3), the calls that arrived before the vendor's reset
-from attempts admitted after the first refusal (issue 52.1: probes before the reset),
-how each `--until-idle` run ended (issue 51.2), and the time from the vendor's recovery
-to its first successful call (a figure for the README, never asserted).
+in flight when the first refusal was recorded and the attempts admitted before the lane
+closed (those and any admitted after the first refusal: issue 51.3), the calls that
+arrived before the vendor's reset from attempts admitted after the first refusal (issue
+52.1: probes before the reset), how each `--until-idle` run ended (issue 51.2), and the
+time from the vendor's recovery to its first successful call (a figure for the README,
+never asserted).
 """
 
 from __future__ import annotations
