@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean record-vendors test-vendors drift-vendors
+.PHONY: demo test lint typecheck unit bench clean record-vendors record-scenes test-vendors drift-vendors
 
 # The dashboard's browser tests (tests/test_dashboard_browser.py) drive Debian's Chromium
 # through Playwright (the `test` extra); Playwright's own browser download is never used.
@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_idle.py
 	$(PY) benchmarks/bench_dispatch.py
 	$(PY) benchmarks/bench_lanes.py
+	$(PY) benchmarks/bench_scenes.py
 	$(PY) benchmarks/bench_status.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
@@ -78,6 +79,13 @@ record-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install
 	$(PY) tests/vendors/record.py
 	$(PY) tests/vendors/measure.py --write-corpus --write-matrix --no-table
+
+# Whole dispatches against a vendor that recovers by itself (issues 51, 52): the real
+# claude, codex and gemini under `execkit dispatch --until-idle`, into
+# fixtures/recorded/scenes (~30 min; replayed by `make test`, measured by `make bench`).
+record-scenes: $(STAMP)
+	$(PY) tests/vendors/clis.py install
+	$(PY) tests/vendors/scenes.py record
 
 test-vendors: $(STAMP)
 	$(PY) tests/vendors/clis.py install

@@ -38,6 +38,7 @@ import socket
 import sys
 import threading
 import time
+import typing
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ __all__ = [
     "FakeAPI",
     "Reply",
     "Scenario",
+    "SceneHook",
     "dead_port",
     "error_reply",
 ]
@@ -78,6 +80,22 @@ class Reply:
     body: bytes
     content_type: str = "application/json"
     headers: tuple[tuple[str, str], ...] = ()
+
+
+class SceneHook(typing.Protocol):
+    """A timeline that answers in place of a `Scenario`'s steps (tests/vendors/scenes.py).
+
+    `step(body, helper)` is the step of a model call arriving now (its request body; a
+    CLI's helper call still succeeds) and the fields its log entry gets (the phase, the
+    time); `reply(vendor, step)` the error reply for that step (a usage limit's reset is
+    the timeline's own); `aux(method, path)` answers a path of its own, logged as a model
+    call with the fields it returns (None: not one of its paths; no fields: not logged)."""
+
+    def step(self, body: bytes, helper: bool) -> tuple[str, dict[str, object]]: ...
+
+    def reply(self, vendor: Vendor, step: str) -> Reply: ...
+
+    def aux(self, method: str, path: str) -> tuple[Reply, dict[str, object] | None] | None: ...
 
 
 @dataclass(frozen=True)
@@ -1031,6 +1049,7 @@ class _State:
     requests: int = 0
     dump_dir: str | None = None
     tool_less_helpers: bool = True
+    scene: SceneHook | None = None
 
 
 _NON_STREAM_FAILURE: dict[Vendor, str] = {
@@ -1219,6 +1238,12 @@ class _Handler(BaseHTTPRequestHandler):
         """The calls around the model call: model lists, token counts, anything else."""
         state = self._state()
         path = urlsplit(self.path).path.rstrip("/")
+        answer = None if state.scene is None else state.scene.aux(self.command, self.path)
+        if answer is not None:
+            if answer[1] is not None:
+                self._record("model", answer[0].status, **answer[1])
+            self._send(answer[0])
+            return
         if self.command == "GET" and path.endswith("/models"):
             reply = Reply(200, _json(self._models_list()))
         elif path.endswith("/messages/count_tokens"):
@@ -1290,6 +1315,9 @@ class _Handler(BaseHTTPRequestHandler):
                 state.model_calls += 1
         steps = state.scenario.steps
         step = steps[min(index, len(steps) - 1)]
+        scene_fields: dict[str, object] = {}
+        if state.scene is not None:
+            step, scene_fields = state.scene.step(body, helper)
         if helper and not state.scenario.helpers_fail:
             step = "success"
         model = str(request.get("model") or "")
@@ -1302,6 +1330,7 @@ class _Handler(BaseHTTPRequestHandler):
         info: dict[str, object] = {"step": step, "call": index + 1, "model": model}
         if helper:
             info["helper"] = True
+        info.update(scene_fields)
         if step == "hang":
             self._record("model", None, **info)
             remaining = max(0.0, state.deadline - time.monotonic())
@@ -1335,7 +1364,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._success(protocol, model or "fake-model", stream, fail)
             return
-        reply = error_reply(state.vendor, step)
+        if state.scene is not None:
+            reply = state.scene.reply(state.vendor, step)
+        else:
+            reply = error_reply(state.vendor, step)
         self._record("model", reply.status, **info)
         self._send(reply)
 
@@ -1392,7 +1424,8 @@ class FakeAPI:
     """One bounded fake vendor API on 127.0.0.1 (a context manager).
 
     `url` is `http://127.0.0.1:PORT`; `requests()` a copy of the log. Stops after
-    `lifetime_s` or `max_requests` on its own, and on `close()`.
+    `lifetime_s` or `max_requests` on its own, and on `close()`. With `scene`, a
+    timeline answers the model calls in place of the scenario's steps (`SceneHook`).
     """
 
     def __init__(
@@ -1404,6 +1437,7 @@ class FakeAPI:
         max_requests: int = 2000,
         dump_dir: str | None = None,
         tool_less_helpers: bool = True,
+        scene: SceneHook | None = None,
     ) -> None:
         self.vendor = vendor
         self.scenario = scenario
@@ -1415,6 +1449,7 @@ class FakeAPI:
             deadline=time.monotonic() + lifetime_s,
             dump_dir=dump_dir,
             tool_less_helpers=tool_less_helpers,
+            scene=scene,
         )
         self._lifetime_s = lifetime_s
         self._serving = threading.Thread(target=self._serve, name="fake-api", daemon=True)
