@@ -95,7 +95,42 @@ def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
         "DEMO-3": "done",
         "DEMO-4": "blocked",
     }
-    assert (where / "ledger.db").exists()
+    # Kept where the commands look: `execkit status` in the folder finds its ledger.
+    assert (where / ".execkit" / "ledger.db").exists()
+
+
+def run_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`execkit ARGS` as a user runs it in `folder`, with no $EXECKIT_DB set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXECKIT_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "execkit", *args],
+        env=env, cwd=folder, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_the_kept_demo_answers_the_commands_run_in_its_folder(kept: tuple[str, Path]) -> None:
+    # Issue 44, item 14: `cd DIR && execkit status` said "no ledger database at
+    # DIR/.execkit/ledger.db", as the demo kept its ledger as DIR/ledger.db.
+    out, where = kept
+    assert f"cd {where} && execkit status" in out.splitlines()[-1]
+    for args in (["status"], ["status", "--board", "board.json"]):
+        done = run_in(where, *args)
+        assert done.returncode == 0, done.stderr
+        rows = {row["ISSUE"]: row for row in table_columns(done.stdout)}
+        assert set(rows) == {"DEMO-1", "DEMO-2", "DEMO-3", "DEMO-4"}
+        assert rows["DEMO-4"]["LEDGER"] == "blocked (work)"
+    shown = run_in(where, "task", "show", "DEMO-4")
+    assert shown.returncode == 0, shown.stderr
+    assert "blocked" in shown.stdout
+
+
+def test_a_missing_ledger_names_the_command_that_makes_one(tmp_path: Path) -> None:
+    done = run_in(tmp_path, "status")
+    assert done.returncode == 4
+    assert "no ledger database at" in done.stderr and "`execkit db init" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / ".execkit").exists()  # nothing is created by a read
 
 
 def _readme_demo_block() -> list[str]:
@@ -161,7 +196,7 @@ def test_demo_json_with_keep_names_the_kept_files(tmp_path: Path) -> None:
     assert final["kept"] == {
         "dir": str(where),
         "board": str(where / "board.json"),
-        "db": str(where / "ledger.db"),
+        "db": str(where / ".execkit" / "ledger.db"),
         "histories": [str(where / "history" / f"DEMO-{n}.json") for n in range(1, 5)],
     }
     assert all(Path(path).is_file() for path in final["kept"]["histories"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -179,13 +180,19 @@ def _workdir(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] |
     return path, None
 
 
+def _ledger_path(workdir: Path) -> Path:
+    """Where the demo keeps its ledger: where `execkit` looks when run in `workdir` with no
+    --db (`./.execkit/ledger.db`), so `cd DIR && execkit status` reads the kept demo."""
+    return workdir / ".execkit" / "ledger.db"
+
+
 def _demo(args: argparse.Namespace) -> int:
     workdir, holder = _workdir(args.keep)
     try:
         status = _run(workdir, args.start, as_json=args.json)
         kept: dict[str, Any] | None = None
         if args.keep:
-            board, db = workdir / "board.json", workdir / "ledger.db"
+            board, db = workdir / "board.json", _ledger_path(workdir)
             histories = _write_histories(workdir)
             kept = {
                 "dir": str(workdir),
@@ -194,9 +201,11 @@ def _demo(args: argparse.Namespace) -> int:
                 "histories": [str(path) for path in histories],
             }
             if not args.json:
+                last = histories[-1].relative_to(workdir)
                 line = (
-                    f"kept: execkit status --board {board} --db {db}; "
-                    f"execkit decide --history {histories[-1]}"
+                    f"kept in {workdir}: cd {shlex.quote(str(workdir))} && execkit status; "
+                    f"then execkit status --board board.json, execkit task show "
+                    f"{last.stem}, execkit decide --history {last}"
                 )
                 emit(f"\n{safe_text(line)}")
         if args.json:
@@ -233,7 +242,7 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
             emit(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}")
 
     started = time.monotonic()
-    with open_ledger(workdir / "ledger.db", backoff=config.backoff) as ledger:
+    with open_ledger(_ledger_path(workdir), backoff=config.backoff) as ledger:
         budget = ledger.budget
         intro = (
             "execkit demo: 4 board issues; the generic adapter runs small scripts "
@@ -281,7 +290,7 @@ def _write_histories(workdir: Path) -> list[Path]:
     out = workdir / "history"
     out.mkdir()
     written: list[Path] = []
-    with open_ledger(workdir / "ledger.db") as ledger:
+    with open_ledger(_ledger_path(workdir)) as ledger:
         tasks = {task.title: task.id for task in ledger.list_tasks()}
         for issue in JsonFileBoard(workdir / "board.json").list_issues():
             task_id = tasks.get(task_key(issue.id))
