@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +182,37 @@ def _workdir(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] |
     return path, None
 
 
+def run_hint(which: Callable[[str], str | None], executable: str, cwd: Path) -> str | None:
+    """How to run the `execkit` the demo ran as, when typing `execkit` would not run it
+    (None when it would). `make demo` runs `.venv/bin/python -m execkit demo` from a shell
+    whose PATH does not hold `.venv/bin`, so the README's `execkit ...` was "command not
+    found" right after it. `which` is `shutil.which`, `executable` this interpreter and
+    `cwd` the folder the user types in (a path under it is shown relative to it)."""
+    bin_dir = Path(executable).parent
+    command = bin_dir / "execkit"
+    found = which("execkit")
+    if found is not None and Path(found).resolve() == command.resolve():
+        return None
+    try:
+        shown = bin_dir.relative_to(cwd)
+    except ValueError:
+        shown = bin_dir
+    where = "" if found is None else f" (the `execkit` on your PATH is {found}, another one)"
+    if not command.is_file():
+        python = shown / Path(executable).name
+        return f"execkit is not installed as a command here{where}: run `{python} -m execkit ...`"
+    if (bin_dir / "activate").is_file():
+        return (
+            f"execkit is installed in {shown.parent}, which is not on your PATH{where}: run "
+            f"`. {shown}/activate` first (then `execkit ...` as the README shows), or call "
+            f"`{shown}/execkit ...`"
+        )
+    return (
+        f"execkit is installed in {shown}{where}: add {shown} to your PATH, or call "
+        f"`{shown}/execkit ...`"
+    )
+
+
 def _ledger_path(workdir: Path) -> Path:
     """Where the demo keeps its ledger: where `execkit` looks when run in `workdir` with no
     --db (`./.execkit/ledger.db`), so `cd DIR && execkit status` reads the kept demo."""
@@ -210,6 +243,10 @@ def _demo(args: argparse.Namespace) -> int:
                 emit(f"\n{safe_text(line)}")
         if args.json:
             print_json({"status": status, "kept": kept})
+        else:
+            hint = run_hint(shutil.which, sys.executable, Path.cwd())
+            if hint is not None:
+                emit(f"\n{safe_text(hint)}")
     finally:
         if holder is not None:
             holder.cleanup()
