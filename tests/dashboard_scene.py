@@ -7,8 +7,10 @@ and a viewer (no role), and returns them with a `LedgerApp` over them. `extra_ta
 that many more dispatched issues (one failed attempt each), for the size checks.
 `add_lanes(ledger, ids)` adds runs on two vendor lanes, one left parked and one stopped.
 
-`chromium()` launches Debian's /usr/bin/chromium through Playwright with the flags this
-machine's closed network needs (never the library's own browser download).
+`launch(playwright)` starts the Chromium `tests/chromium.py` finds (Debian's, one on PATH,
+one in Playwright's cache, or the one `make unit` installed without root) through
+Playwright, headless, with the flags this machine's closed network needs (never the
+library's own browser download). `CHROMIUM` is that path, or None when there is none.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from chromium import find_chromium
 
 from execkit._classify import FailureClass
 from execkit.ledger import Ledger, open_ledger
 from execkit.server import LedgerApp, TokenFile, add_token
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM: Path | None = find_chromium()
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -157,8 +160,10 @@ def make_scene(folder: Path, *, extra_tasks: int = 0) -> Scene:
 
 
 def launch(playwright: Any) -> Any:
-    """Debian's Chromium, headless, under Playwright."""
-    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    """The Chromium `find_chromium` found, headless, under Playwright."""
+    if CHROMIUM is None:
+        raise RuntimeError("no Chromium found: `python tests/chromium.py ensure` installs one")
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
 
 
 def screenshot(target: Path) -> None:

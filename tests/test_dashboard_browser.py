@@ -1,5 +1,6 @@
-"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright against
-`execkit serve` on loopback (`make test` installs /usr/bin/chromium; see the Makefile).
+"""The dashboard in a real browser: a headless Chromium driven by Playwright against
+`execkit serve` on loopback (the one tests/chromium.py finds; `make test` installs one when
+there is none, with or without root).
 
 Click-throughs: a blocked card shows its fix; "retry once" runs it (audited with the
 operator) and the card moves to `ready`; a viewer sees no action button and is refused
@@ -36,10 +37,13 @@ from dashboard_scene import (
 
 from execkit.server import ServerThread
 
-if not os.access(CHROMIUM, os.X_OK):
+if CHROMIUM is None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        raise RuntimeError(f"{CHROMIUM} is missing: `make test` installs it (apt-get)")
-    pytest.skip(f"{CHROMIUM} is missing (make unit installs it)", allow_module_level=True)
+        raise RuntimeError("no Chromium found: `make test` installs one (tests/chromium.py)")
+    pytest.skip(
+        "no Chromium found (`python tests/chromium.py ensure` installs one)",
+        allow_module_level=True,
+    )
 
 from playwright.sync_api import Page, sync_playwright
 
