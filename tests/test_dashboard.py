@@ -680,6 +680,16 @@ def test_with_its_board_the_columns_and_titles_are_the_boards(tmp_path: Path) ->
         snap = client.get("/dashboard/api/snapshot", headers=_bearer(made.viewer)).json()
         cards = {card["issue"]: card for c in snap["columns"] for card in c["cards"]}
         assert cards["ENG-105"]["issue_title"] == "Bump the lock file"
+        assert snap["board_error"] is None
+        # A board file broken by a hand edit: the last good one stays, the page says why,
+        # and the metrics go on.
+        board.write_text(board.read_text()[:-10])
+        made.app.front.view.invalidate()
+        snap = client.get("/dashboard/api/snapshot", headers=_bearer(made.viewer)).json()
+        assert [c["state"] for c in snap["columns"]] == BOARD_COLUMNS
+        error = snap["board_error"]
+        assert error.startswith("invalid: board file") and "not valid JSON" in error
+        assert client.get("/metrics", headers=_bearer(made.viewer)).status_code == 200
     finally:
         made.close()
 

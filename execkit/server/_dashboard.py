@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from execkit._budget import AttemptStatus, BlockedOn, TaskState
-from execkit._errors import Conflict, InvalidInput, NotFound
+from execkit._errors import Conflict, ExecKitError, InvalidInput, NotFound
 from execkit._lanes import LaneKey
 from execkit.dispatch import BindableBoard, Board, BoardIssue, task_key
 from execkit.ledger import Actor, Ledger, Run, Task
@@ -184,6 +184,8 @@ class LedgerView:
         self.board = board
         self._issues: list[BoardIssue] = []
         self._titles: dict[str, str] = {}
+        self._board_error: str | None = None
+        self._column_names: list[str] = []
         self.ledger = ledger
         self.clock = clock
         self.ttl_s = ttl_s
@@ -219,7 +221,15 @@ class LedgerView:
         self._tasks = tasks
         if self.board is not None:
             # A board file is re-read only when it changed (JsonFileBoard keeps its parse).
-            self._issues = self.board.list_issues()
+            # One that cannot be read (a hand edit half saved, a typo) leaves the last
+            # good one shown, and says why: the ledger's panels and /metrics go on.
+            try:
+                issues = self.board.list_issues()
+                states = getattr(self.board, "states", ())
+                self._issues, self._column_names = issues, [state.name for state in states]
+                self._board_error = None
+            except ExecKitError as exc:
+                self._board_error = f"{exc.code}: {exc.message}"
             self._titles = {issue.id: issue.title for issue in self._issues if issue.title}
         self._all_runs = [run for _key, runs in seen.values() for run in runs]
         # The lanes' histories are read again only when a lane or the set of finished
@@ -372,9 +382,7 @@ class LedgerView:
     def _board_columns(self) -> list[dict[str, Any]]:
         """The board's own columns, in its order, each with its issues in the board's
         order (at most `max_cards`)."""
-        assert self.board is not None
-        names = [state.name for state in getattr(self.board, "states", ())]
-        by_column: dict[str, list[BoardIssue]] = {name: [] for name in names}
+        by_column: dict[str, list[BoardIssue]] = {name: [] for name in self._column_names}
         for issue in self._issues:
             by_column.setdefault(issue.state, []).append(issue)
         tasks = {issue_of(task): task for task in self._tasks}
@@ -422,6 +430,7 @@ class LedgerView:
             "counts": {state.value: len(by_state[state]) for state in COLUMNS},
             # The board's own columns when it is given, else the ledger's task states.
             "columns_from": "ledger" if self.board is None else "board",
+            "board_error": self._board_error,
             "columns": columns if self.board is None else self._board_columns(),
             "retries": [self._card(t, self._last(t)) for t in retrying[: self.max_cards]],
             "retries_more": max(0, len(retrying) - self.max_cards),

@@ -319,6 +319,8 @@ async function refresh() {
     drawBoard(doc);
     drawTables(doc);
     document.body.dataset.refreshedAt = String(doc.now);
+    // A board file that cannot be read: its last good reading stays, and the reason shows.
+    if (doc.board_error) $("status").textContent = `the board file: ${doc.board_error}`;
     if (openTask) showTask(openTask, true);
   } else {
     $("status").textContent = `the server answered ${status}: ${doc && doc.error ? doc.error.message : ""}`;
