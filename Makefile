@@ -10,13 +10,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean record-vendors record-scenes test-vendors drift-vendors
-
-# The dashboard's browser tests (tests/test_dashboard_browser.py) drive Debian's Chromium
-# through Playwright (the `test` extra); Playwright's own browser download is never used.
-# The file is the stamp: installed once, by apt-get, when it is missing (as root, else
-# through sudo), so `make test` and .ci/run get it without a step of their own.
-CHROMIUM := /usr/bin/chromium
+.PHONY: demo test lint typecheck unit chromium bench clean record-vendors record-scenes test-vendors drift-vendors
 
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,15 +32,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# The dashboard's browser tests (tests/test_dashboard_browser.py) drive a Chromium through
+# Playwright (the `test` extra); Playwright's own browser download is never used.
+# tests/chromium.py finds one (PATH, /usr/bin, Playwright's cache, .venv/chromium, or
+# $$EXECKIT_CHROMIUM) or installs one: as root Debian's chromium (apt-get, waiting for the
+# apt lock); otherwise, without root, the Chromium the npm package @sparticuz/chromium
+# ships, into .venv/chromium. A found one costs a `--version` run.
+chromium: $(STAMP)
+	DEBIAN_FRONTEND=noninteractive $(PY) tests/chromium.py ensure
+
 # The suite runs inside a throwaway PostgreSQL cluster (tests/pgcluster.py), stopped when
 # pytest ends however it ends; without server binaries the PostgreSQL tests skip.
-$(CHROMIUM):
-	@echo "installing Debian's chromium for the dashboard's browser tests"
-	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c \
-		'apt-get install -y --no-install-recommends chromium || \
-		 (apt-get update && apt-get install -y --no-install-recommends chromium)'
-
-unit: $(STAMP) $(CHROMIUM)
+unit: $(STAMP) chromium
 	$(PY) tests/pgcluster.py --run -- $(PY) -m pytest -q
 
 test: lint typecheck unit

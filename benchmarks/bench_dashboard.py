@@ -8,7 +8,7 @@ environment, running, done and never dispatched. `execkit serve` runs it in a th
 - the snapshot (`GET /dashboard/api/snapshot`, bearer token, over loopback): cold (the
   first, which reads every task's runs) and warm (after the shared snapshot's ttl: one task
   list, the runs of unchanged tasks from the cache), the median of `--repeat`;
-- in Debian's headless Chromium (Playwright, /usr/bin/chromium), signed in: the page's
+- in a headless Chromium (Playwright; the one tests/chromium.py finds), signed in: the page's
   first contentful paint (the browser's own `paint` entry) and the time from navigation
   start until the board's cards are drawn (data fetched, parsed and rendered), each the
   median of `--repeat` fresh page loads.
@@ -37,8 +37,10 @@ from execkit._classify import FailureClass
 from execkit.ledger import Ledger, open_ledger
 from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from chromium import find_chromium  # tests/chromium.py, through the line above
+
 ME = pwd.getpwuid(os.geteuid()).pw_name
-CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -111,7 +113,12 @@ def main() -> int:
             rows.append(("snapshot, warm (median)", f"{statistics.median(warm) * 1000:.0f} ms"))
             rows.append(("snapshot size", f"{size / 1024:.0f} KiB"))
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                chrome = find_chromium()
+                if chrome is None:
+                    raise SystemExit("no Chromium: `python tests/chromium.py ensure` installs one")
+                browser = playwright.chromium.launch(
+                    executable_path=str(chrome), args=CHROMIUM_ARGS
+                )
                 context = browser.new_context(viewport={"width": 1400, "height": 900})
                 page = context.new_page()
                 page.goto(f"{running.url}/dashboard")

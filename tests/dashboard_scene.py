@@ -6,13 +6,18 @@ running, one done, one never dispatched), a tokens file with an operator (`agent
 and a viewer (no role), and returns them with a `LedgerApp` over them. `extra_tasks` adds
 that many more dispatched issues (one failed attempt each), for the size checks.
 `add_lanes(ledger, ids)` adds runs on two vendor lanes, one left parked and one stopped.
+With `board=True` the app shows `BOARD`, a board file of those issues in columns of its
+own, with titles, and one issue never dispatched (`UNDISPATCHED`).
 
-`chromium()` launches Debian's /usr/bin/chromium through Playwright with the flags this
-machine's closed network needs (never the library's own browser download).
+`launch(playwright)` starts the Chromium `tests/chromium.py` finds (Debian's, one on PATH,
+one in Playwright's cache, or the one `make unit` installed without root) through
+Playwright, headless, with the flags this machine's closed network needs (never the
+library's own browser download). `CHROMIUM` is that path, or None when there is none.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import time
@@ -20,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from chromium import find_chromium
 
 from execkit._classify import FailureClass
+from execkit.dispatch import JsonFileBoard
 from execkit.ledger import Ledger, open_ledger
 from execkit.server import LedgerApp, TokenFile, add_token
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM: Path | None = find_chromium()
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -55,7 +62,7 @@ class Scene:
         self.ledger.close()
 
 
-def _fail(
+def fail(
     ledger: Ledger,
     task_id: str,
     n: int,
@@ -127,7 +134,38 @@ def add_lanes(ledger: Ledger, ids: dict[str, str]) -> dict[str, str]:
     return lane_of
 
 
-def make_scene(folder: Path, *, extra_tasks: int = 0) -> Scene:
+# The scene's board: its own columns (not the ledger's states), each issue with a title.
+BOARD_COLUMNS = ["Backlog", "In progress", "Needs a human", "Shipped"]
+BOARD_ISSUES = {
+    "ENG-101": ("Needs a human", "Port the parser to the new tokenizer"),
+    "ENG-102": ("Needs a human", "Fix the date parsing of invoices"),
+    "ENG-103": ("In progress", "Rate-limit the importer"),
+    "ENG-104": ("In progress", "Rename fetch_rows"),
+    "ENG-105": ("Shipped", "Bump the lockfile"),
+    "ENG-106": ("Backlog", "Write the changelog"),
+    "ENG-107": ("Backlog", "Profile the exporter"),
+}
+UNDISPATCHED = "ENG-107"
+
+
+def write_board(path: Path) -> Path:
+    doc = {
+        "states": [
+            {"name": "Backlog", "eligible": True},
+            "In progress",
+            {"name": "Needs a human", "terminal": True},
+            {"name": "Shipped", "terminal": True},
+        ],
+        "issues": [
+            {"id": issue, "title": title, "state": column}
+            for issue, (column, title) in BOARD_ISSUES.items()
+        ],
+    }
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def make_scene(folder: Path, *, extra_tasks: int = 0, board: bool = False) -> Scene:
     folder.mkdir(parents=True, exist_ok=True)
     ledger = open_ledger(folder / "ledger.db")
     ids: dict[str, str] = {}
@@ -136,9 +174,9 @@ def make_scene(folder: Path, *, extra_tasks: int = 0) -> Scene:
         ids[name] = ledger.create_task(f"board:{name}", actor="dispatcher").id
         return ids[name]
 
-    _fail(ledger, issue("ENG-101"), 1, FailureClass.ENVIRONMENT, ENV_REASON)
-    _fail(ledger, issue("ENG-102"), 3, FailureClass.WORK, WORK_REASON)
-    _fail(ledger, issue("ENG-103"), 1, FailureClass.UPSTREAM, "HTTP 429: rate limited")
+    fail(ledger, issue("ENG-101"), 1, FailureClass.ENVIRONMENT, ENV_REASON)
+    fail(ledger, issue("ENG-102"), 3, FailureClass.WORK, WORK_REASON)
+    fail(ledger, issue("ENG-103"), 1, FailureClass.UPSTREAM, "HTTP 429: rate limited")
     ledger.start_run(issue("ENG-104"), request_key="running", actor="dispatcher")
     done = ledger.start_run(issue("ENG-105"), request_key="done", actor="dispatcher")
     ledger.finish_run(done.id, "succeeded")
@@ -148,17 +186,20 @@ def make_scene(folder: Path, *, extra_tasks: int = 0) -> Scene:
         task = ledger.create_task(f"board:BULK-{i}", actor="dispatcher")
         klass = FailureClass.WORK if i % 4 == 3 else FailureClass.UPSTREAM
         reason = WORK_REASON if klass is FailureClass.WORK else "HTTP 503: overloaded"
-        _fail(ledger, task.id, 1, klass, reason, ago_s=3600.0 * (1 + i % 6))
+        fail(ledger, task.id, 1, klass, reason, ago_s=3600.0 * (1 + i % 6))
     tokens = folder / "tokens.json"
     operator = add_token(tokens, ME, ["agent.operate"])
     viewer = add_token(tokens, "viola", [])
-    app = LedgerApp(ledger, TokenFile(tokens))
+    shown = JsonFileBoard(write_board(folder / "board.json")) if board else None
+    app = LedgerApp(ledger, TokenFile(tokens), board=shown)
     return Scene(folder, ledger, app, operator, viewer, ids)
 
 
 def launch(playwright: Any) -> Any:
-    """Debian's Chromium, headless, under Playwright."""
-    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    """The Chromium `find_chromium` found, headless, under Playwright."""
+    if CHROMIUM is None:
+        raise RuntimeError("no Chromium found: `python tests/chromium.py ensure` installs one")
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
 
 
 def screenshot(target: Path) -> None:

@@ -159,6 +159,39 @@ def test_bad_input_is_a_clear_error(
     assert board.read_text() == before
 
 
+def test_dispatch_keeps_the_board_file_as_its_author_wrote_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 44, item 16: a pass re-indented the whole file and added a `ledger` key.
+    monkeypatch.delenv("EXECKIT_DB", raising=False)
+    board = tmp_path / "board.json"
+    written = (
+        '{"states": [{"name": "todo", "eligible": true}, {"name": "done", "terminal": true},\n'
+        '            {"name": "blocked", "terminal": true}],\n'
+        ' "team": "parsers",\n'
+        ' "issues": [\n'
+        f'   {{"id": "OK", "title": "fine", "state": "todo", "argv": ["{BIN}/fake-agent-ok"]}},\n'
+        '   {"id": "ENV", "title": "gone", "state": "todo", "argv": ["acme-not-here"]}]}'
+    )
+    board.write_text(written, encoding="utf-8")
+    db = tmp_path / "ledger.db"
+    argv = ["dispatch", "--board", str(board), "--adapter", "generic", "--once", "--db", str(db)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    after = board.read_text(encoding="utf-8")
+    assert after == written.replace(
+        '"OK", "title": "fine", "state": "todo"', '"OK", "title": "fine", "state": "done"'
+    ).replace(
+        '"state": "todo", "argv": ["acme-not-here"]',
+        '"state": "blocked", "given_up_from": "todo", "argv": ["acme-not-here"]',
+    )
+    # The board still knows its ledger: status needs no --db.
+    assert main(["status", "--board", str(board)]) == 0
+    rows = {row["ISSUE"]: row for row in table_columns(capsys.readouterr().out)}
+    assert (rows["OK"]["LEDGER"], rows["ENV"]["BOARD"]) == ("done", "blocked")
+    assert json.loads((tmp_path / "board.json.ledger").read_text())["location"] == str(db)
+
+
 def test_status_before_any_dispatch_refuses_and_creates_no_ledger(
     board: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,21 +19,26 @@ from typing import Any, cast
 import attrs
 import pytest
 from dashboard_scene import (
+    BOARD_COLUMNS,
+    BOARD_ISSUES,
     ME,
     PARKED_LANE,
     STOP_REASON,
     STOPPED_LANE,
+    UNDISPATCHED,
     Scene,
     add_lanes,
     make_scene,
+    write_board,
 )
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from execkit._budget import AttemptStatus, TaskState
 from execkit._classify import FailureClass
-from execkit._errors import StorageError
-from execkit.ledger import Ledger, Run, Task, TaskStatus
+from execkit._errors import Conflict, StorageError
+from execkit.dispatch import JsonFileBoard
+from execkit.ledger import Ledger, Run, Task, TaskStatus, open_ledger
 from execkit.server import ServerThread, token_hash
 from execkit.server._dashboard import (
     CHART_BUCKETS,
@@ -700,3 +705,90 @@ def test_a_full_session_pool_answers_a_json_503(scene: Scene) -> None:
         "/dashboard/api/session", json={"token": scene.viewer}, headers={"Origin": ORIGIN}
     )
     assert _code(answer) == (503, "storage")
+
+
+# -- the board's own columns and titles (issue 44, item 15) ---------------------------
+
+
+def test_with_its_board_the_columns_and_titles_are_the_boards(tmp_path: Path) -> None:
+    # A card was titled by its task (`board:ENG-101`, shown as the id) and placed in the
+    # ledger's state columns, whatever the board the operator works from calls them.
+    made = make_scene(tmp_path, board=True)
+    try:
+        client = TestClient(made.app.front.asgi, base_url=ORIGIN)
+        snap = client.get("/dashboard/api/snapshot", headers=_bearer(made.viewer)).json()
+        assert snap["columns_from"] == "board"
+        assert [c["state"] for c in snap["columns"]] == BOARD_COLUMNS
+        placed = {c["state"]: [card["issue"] for card in c["cards"]] for c in snap["columns"]}
+        assert placed == {
+            column: [i for i, (where, _title) in BOARD_ISSUES.items() if where == column]
+            for column in BOARD_COLUMNS
+        }
+        cards = {card["issue"]: card for c in snap["columns"] for card in c["cards"]}
+        for issue, (column, title) in BOARD_ISSUES.items():
+            assert (cards[issue]["issue_title"], cards[issue]["board_state"]) == (title, column)
+        # The ledger's state and history ride on the card; a never-dispatched issue has none.
+        assert cards["ENG-102"]["state"] == "blocked" and cards["ENG-102"]["charged"] == 3
+        assert cards["ENG-102"]["last_reason"] == "tests failed: 3 of 41 (test_parse_dates)"
+        assert cards[UNDISPATCHED]["task_id"] is None and cards[UNDISPATCHED]["state"] is None
+        # Every other panel names the issue's title too.
+        blocked = {card["issue"]: card["issue_title"] for card in snap["blocked"]}
+        assert blocked["ENG-101"] == BOARD_ISSUES["ENG-101"][1]
+        assert snap["retries"][0]["issue_title"] == BOARD_ISSUES["ENG-103"][1]
+        assert snap["in_flight"][0]["issue_title"] == BOARD_ISSUES["ENG-104"][1]
+        task = client.get(
+            f"/dashboard/api/tasks/{made.ids['ENG-105']}", headers=_bearer(made.viewer)
+        ).json()
+        assert task["card"]["issue_title"] == BOARD_ISSUES["ENG-105"][1]
+        # The counts (and the metrics) stay the ledger's.
+        assert snap["counts"]["blocked"] == 2
+        # An edit of the board shows at the next snapshot.
+        board = made.folder / "board.json"
+        board.write_text(board.read_text().replace("Bump the lockfile", "Bump the lock file"))
+        made.app.front.view.invalidate()
+        snap = client.get("/dashboard/api/snapshot", headers=_bearer(made.viewer)).json()
+        cards = {card["issue"]: card for c in snap["columns"] for card in c["cards"]}
+        assert cards["ENG-105"]["issue_title"] == "Bump the lock file"
+        assert snap["board_error"] is None
+        # A board file broken by a hand edit: the last good one stays, the page says why,
+        # and the metrics go on.
+        board.write_text(board.read_text()[:-10])
+        made.app.front.view.invalidate()
+        snap = client.get("/dashboard/api/snapshot", headers=_bearer(made.viewer)).json()
+        assert [c["state"] for c in snap["columns"]] == BOARD_COLUMNS
+        error = snap["board_error"]
+        assert error.startswith("invalid: board file") and "not valid JSON" in error
+        assert client.get("/metrics", headers=_bearer(made.viewer)).status_code == 200
+    finally:
+        made.close()
+
+
+def test_a_board_dispatched_with_another_ledger_is_refused(tmp_path: Path) -> None:
+    board = JsonFileBoard(write_board(tmp_path / "board.json"))
+    with open_ledger(tmp_path / "other.db") as other:
+        board.bind_ledger(other.ledger_id(), other.location())
+    with open_ledger(tmp_path / "served.db") as served:
+        with pytest.raises(Conflict, match="dispatched with ledger"):
+            LedgerView(served, board=board)
+        board_of_served = JsonFileBoard(write_board(tmp_path / "mine.json"))
+        board_of_served.bind_ledger(served.ledger_id(), served.location())
+        LedgerView(served, board=board_of_served)  # its own ledger: fine
+
+
+def test_serve_refuses_a_board_it_cannot_show(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from execkit.cli import main
+    from execkit.server import add_token
+
+    tokens = tmp_path / "tokens.json"
+    add_token(tokens, ME, [])
+    db = tmp_path / "served.db"
+    argv = ["serve", "--db", str(db), "--tokens", str(tokens), "--listen", "127.0.0.1:0"]
+    assert main([*argv, "--board", str(tmp_path / "absent.json")]) == 4
+    assert "no board file" in capsys.readouterr().err
+    board = JsonFileBoard(write_board(tmp_path / "board.json"))
+    board.bind_ledger("L-another", str(tmp_path / "another.db"))
+    assert main([*argv, "--board", str(board.path)]) == 5
+    assert "dispatched with ledger L-another" in capsys.readouterr().err
+    assert main(["serve", "--add-token", str(tokens), "--actor", "a", "--board", "x"]) == 3

@@ -1,5 +1,6 @@
-"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright against
-`execkit serve` on loopback (`make test` installs /usr/bin/chromium; see the Makefile).
+"""The dashboard in a real browser: a headless Chromium driven by Playwright against
+`execkit serve` on loopback (the one tests/chromium.py finds; `make test` installs one when
+there is none, with or without root).
 
 Click-throughs: a blocked card shows its fix; "retry once" runs it (audited with the
 operator) and the card moves to `ready`; a viewer sees no action button and is refused
@@ -15,6 +16,7 @@ Under `CI=true` a missing browser fails the run: it is never skipped there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -23,23 +25,31 @@ from typing import Any
 
 import pytest
 from dashboard_scene import (
+    BOARD_COLUMNS,
+    BOARD_ISSUES,
     CHROMIUM,
     ME,
     PARKED_LANE,
     STOP_REASON,
     STOPPED_LANE,
+    UNDISPATCHED,
     Scene,
     add_lanes,
+    fail,
     launch,
     make_scene,
 )
 
+from execkit._classify import FailureClass
 from execkit.server import ServerThread
 
-if not os.access(CHROMIUM, os.X_OK):
+if CHROMIUM is None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        raise RuntimeError(f"{CHROMIUM} is missing: `make test` installs it (apt-get)")
-    pytest.skip(f"{CHROMIUM} is missing (make unit installs it)", allow_module_level=True)
+        raise RuntimeError("no Chromium found: `make test` installs one (tests/chromium.py)")
+    pytest.skip(
+        "no Chromium found (`python tests/chromium.py ensure` installs one)",
+        allow_module_level=True,
+    )
 
 from playwright.sync_api import Page, sync_playwright
 
@@ -261,3 +271,85 @@ def test_a_viewer_sees_no_resume_and_is_refused_when_it_posts_one(
     assert status == 403
     assert made.ledger.audit_events() == before
     assert made.ledger.get_lane(STOPPED_LANE).state == "stopped"
+
+
+# -- issue 44, item 15: the board's own columns and titles; long text wraps ------------
+
+
+def test_with_its_board_the_page_shows_its_columns_and_titles(browser: Any, tmp_path: Path) -> None:
+    made = make_scene(tmp_path, board=True)
+    try:
+        with ServerThread(made.app) as running:
+            page = _sign_in(browser, running.url, made.viewer)
+            columns = page.eval_on_selector_all(
+                "#board .column", "(nodes) => nodes.map((n) => n.dataset.column)"
+            )
+            assert columns == BOARD_COLUMNS
+            for issue, (column, title) in BOARD_ISSUES.items():
+                card = page.locator(
+                    f"#board .column[data-column='{column}'] .card[data-issue='{issue}']"
+                )
+                assert title in card.inner_text()
+            assert (
+                "not dispatched yet"
+                in page.locator(f"#board .card[data-issue='{UNDISPATCHED}']").inner_text()
+            )
+            # The board's title names the issue in the other panels too.
+            assert BOARD_ISSUES["ENG-103"][1] in page.inner_text("#retries")
+            assert BOARD_ISSUES["ENG-101"][1] in page.inner_text("#blocked")
+    finally:
+        made.close()
+
+
+LONG = "x" * 4000  # one unbroken word: a base64 blob, a minified stack line, a URL
+# What every holder of it shows, whatever its prefix (a stored reason is cut to its last
+# 4,000 characters).
+PROBE = "x" * 3000
+
+
+def test_long_text_wraps_inside_its_cell_at_every_width(browser: Any, tmp_path: Path) -> None:
+    # One 4,000-character reason made the page 40,410 px wide.
+    made = make_scene(tmp_path, board=True)
+    board = made.folder / "board.json"
+    doc = json.loads(board.read_text())
+    doc["issues"].append({"id": "ENG-900", "title": f"title {LONG}", "state": "Needs a human"})
+    board.write_text(json.dumps(doc))
+    long_task = made.ledger.create_task("board:ENG-900", actor="dispatcher").id
+    fail(made.ledger, long_task, 3, FailureClass.WORK, LONG)
+    retrying = made.ledger.create_task("board:ENG-901", actor="dispatcher").id
+    fail(made.ledger, retrying, 1, FailureClass.UPSTREAM, f"HTTP 503: {LONG}")
+    try:
+        with ServerThread(made.app) as running:
+            for width in (320, 768, 1280, 1920):
+                context = browser.new_context(viewport={"width": width, "height": 800})
+                page = context.new_page()
+                page.set_default_timeout(WAIT_MS)
+                page.goto(f"{running.url}/dashboard?refresh_ms=60000")
+                page.fill("#token", made.operator)
+                page.click("#sign-in-form button[type=submit]")
+                page.wait_for_selector(f"#board .card[data-task-id='{long_task}']")
+                page.locator(f"#board .card[data-task-id='{long_task}']").click()
+                page.wait_for_selector("#task-panel:not([hidden]) #task-runs tbody tr")
+                measured = page.evaluate(
+                    """(long) => {
+                        const holders = [...document.querySelectorAll('body *')].filter(
+                            (n) => n.children.length === 0 && n.textContent.includes(long));
+                        return {
+                            page: document.documentElement.scrollWidth,
+                            window: window.innerWidth,
+                            holders: holders.length,
+                            widest: Math.max(...holders.map(
+                                (n) => n.getBoundingClientRect().right)),
+                        };
+                    }""",
+                    PROBE,
+                )
+                # The board's card (its title, its last failure), the blocked panel's (the
+                # same two), the retries row, the task panel's title and its three runs:
+                # each wrapped within the window.
+                assert measured["holders"] == 9, measured
+                assert measured["page"] <= measured["window"] == width, measured
+                assert measured["widest"] <= width, measured
+                context.close()
+    finally:
+        made.close()

@@ -42,3 +42,8 @@ def test_the_dashboard_block_runs_as_written(tmp_path: Path) -> None:
         folders = sorted((tmp_path / "scratch").iterdir(), key=lambda p: p.stat().st_mtime)
         token = (folders[-1] / "viewer.token").read_text().strip()
         assert '"route": "/metrics"' in done.stderr and token not in done.stderr
+        # Each token file is the holder's whole identity: owner-only, as the PostgreSQL
+        # example writes its own (issue 44, item 16).
+        for name in ("operator.token", "viewer.token", "tokens.json"):
+            mode = (folders[-1] / name).stat().st_mode
+            assert mode & 0o077 == 0, f"{name} is readable by others: {oct(mode)}"

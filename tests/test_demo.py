@@ -95,7 +95,42 @@ def test_demo_shows_the_four_outcomes(kept: tuple[str, Path]) -> None:
         "DEMO-3": "done",
         "DEMO-4": "blocked",
     }
-    assert (where / "ledger.db").exists()
+    # Kept where the commands look: `execkit status` in the folder finds its ledger.
+    assert (where / ".execkit" / "ledger.db").exists()
+
+
+def run_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`execkit ARGS` as a user runs it in `folder`, with no $EXECKIT_DB set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXECKIT_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "execkit", *args],
+        env=env, cwd=folder, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_the_kept_demo_answers_the_commands_run_in_its_folder(kept: tuple[str, Path]) -> None:
+    # Issue 44, item 14: `cd DIR && execkit status` said "no ledger database at
+    # DIR/.execkit/ledger.db", as the demo kept its ledger as DIR/ledger.db.
+    out, where = kept
+    assert any(f"cd {where} && execkit status" in line for line in out.splitlines()[-3:])
+    for args in (["status"], ["status", "--board", "board.json"]):
+        done = run_in(where, *args)
+        assert done.returncode == 0, done.stderr
+        rows = {row["ISSUE"]: row for row in table_columns(done.stdout)}
+        assert set(rows) == {"DEMO-1", "DEMO-2", "DEMO-3", "DEMO-4"}
+        assert rows["DEMO-4"]["LEDGER"] == "blocked (work)"
+    shown = run_in(where, "task", "show", "DEMO-4")
+    assert shown.returncode == 0, shown.stderr
+    assert "blocked" in shown.stdout
+
+
+def test_a_missing_ledger_names_the_command_that_makes_one(tmp_path: Path) -> None:
+    done = run_in(tmp_path, "status")
+    assert done.returncode == 4
+    assert "no ledger database at" in done.stderr and "`execkit db init" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / ".execkit").exists()  # nothing is created by a read
 
 
 def _readme_demo_block() -> list[str]:
@@ -161,7 +196,7 @@ def test_demo_json_with_keep_names_the_kept_files(tmp_path: Path) -> None:
     assert final["kept"] == {
         "dir": str(where),
         "board": str(where / "board.json"),
-        "db": str(where / "ledger.db"),
+        "db": str(where / ".execkit" / "ledger.db"),
         "histories": [str(where / "history" / f"DEMO-{n}.json") for n in range(1, 5)],
     }
     assert all(Path(path).is_file() for path in final["kept"]["histories"])
@@ -223,3 +258,71 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     assert demo.returncode == 0, demo.stderr
     assert event_lines(demo.stdout) == event_lines(run_demo().stdout)
     assert (site / "adapters" / "py.typed").is_file()
+
+
+def test_the_last_lines_say_how_to_run_execkit_when_it_is_not_on_path(tmp_path: Path) -> None:
+    # Issue 44, item 12: after `make demo` (which runs .venv/bin/python -m execkit demo),
+    # `execkit ...` from the README was `command not found`. The demo's last lines say how.
+    from execkit.cli._demo import run_hint
+
+    venv = tmp_path / "proj" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    for name in ("python", "execkit", "activate"):
+        (venv / name).write_text("")
+    python = str(venv / "python")
+
+    def nowhere(_name: str) -> str | None:
+        return None
+
+    # Run from the project folder: the paths it names are the ones to type there.
+    hint = run_hint(nowhere, python, tmp_path / "proj")
+    assert hint is not None
+    assert "`. .venv/bin/activate`" in hint and "`.venv/bin/execkit ...`" in hint
+    # From a folder below it: relative to there; from elsewhere: the full paths.
+    hint = run_hint(nowhere, python, tmp_path)
+    assert hint is not None and "`. proj/.venv/bin/activate`" in hint
+    hint = run_hint(nowhere, python, tmp_path / "elsewhere")
+    assert hint is not None and f"`. {venv}/activate`" in hint and f"`{venv}/execkit ...`" in hint
+    # Another execkit first on PATH is not this one: say so too.
+    other = tmp_path / "elsewhere" / "execkit"
+    hint = run_hint(lambda _n: str(other), python, tmp_path / "proj")
+    assert hint is not None and str(other) in hint and "`.venv/bin/execkit ...`" in hint
+    # This one on PATH: nothing to say.
+    assert run_hint(lambda _n: str(venv / "execkit"), python, tmp_path / "proj") is None
+    # Installed without the command beside the interpreter (a wheel unpacked on
+    # PYTHONPATH): `python -m execkit`.
+    (venv / "execkit").unlink()
+    hint = run_hint(nowhere, python, tmp_path / "proj")
+    assert hint is not None and "`.venv/bin/python -m execkit ...`" in hint
+    # A bin folder that is not a virtual environment (pip install --user): add it to PATH.
+    (venv / "execkit").write_text("")
+    (venv / "activate").unlink()
+    hint = run_hint(nowhere, python, tmp_path / "proj")
+    assert hint is not None and "add .venv/bin to your PATH" in hint
+
+
+def test_make_demo_ends_saying_how_to_use_the_venv(tmp_path: Path) -> None:
+    """The demo as `make demo` runs it: this interpreter's bin folder not on PATH."""
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "execkit").is_file():
+        pytest.skip("this interpreter has no execkit command beside it (not an install)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXECKIT_")}
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p) != bin_dir
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "execkit", "demo"],
+        env=env, cwd=bin_dir.parent.parent, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.rstrip().splitlines()[-1]
+    assert f"{bin_dir.relative_to(bin_dir.parent.parent)}/execkit ..." in last
+    # With it on PATH (an activated venv), the README's commands work as written.
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    again = subprocess.run(
+        [sys.executable, "-m", "execkit", "demo"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "execkit ..." not in again.stdout

@@ -15,7 +15,7 @@ from _support import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execkit._errors import ExecKitError, InvalidInput, NotFound
+from execkit._errors import Conflict, ExecKitError, InvalidInput, NotFound
 from execkit.dispatch import (
     BoardIssue,
     BoardState,
@@ -286,3 +286,146 @@ def test_a_give_up_keeps_the_column_on_the_card_and_the_next_move_drops_it(
     bad = write_board(tmp_path / "bad.json", [{"id": "A", "state": "todo", "given_up_from": 7}])
     with pytest.raises(InvalidInput, match="given_up_from"):
         JsonFileBoard(bad)
+
+
+# A board as a person writes one: tabs, arrays on one line, an unknown key first, keys in
+# their own order, spaces around a colon, an escape and non-ASCII text, no final newline.
+HAND_WRITTEN = (
+    "{\n"
+    '\t"owner": "ops-team",\n'
+    '\t"states": ["icebox", {"name": "todo", "eligible": true},\n'
+    '\t           {"name": "done", "terminal": true}, {"name": "blocked", "terminal": true}],\n'
+    '\t"issues": [\n'
+    '\t\t{"state": "todo", "id": "A", "title": "Caf\\u00e9 menu \u2014 fix", "argv": ["x"]},\n'
+    '\t\t{ "id" : "B" , "title" : "b" , "state" : "todo" },\n'
+    '\t\t{"id": "C",\n'
+    '\t\t "state": "icebox"}\n'
+    "\t],\n"
+    '\t"dispatch": {"max_attempts": 4}\n'
+    "}"
+)
+
+
+def test_a_move_changes_only_the_moved_value_of_a_hand_written_board(tmp_path: Path) -> None:
+    # Issue 44, item 16: every move rewrote the whole file (re-indented, keys reordered
+    # by nothing but json.dump, the escapes undone) and the first pass added a `ledger` key.
+    path = tmp_path / "board.json"
+    path.write_text(HAND_WRITTEN, encoding="utf-8")
+    board = JsonFileBoard(path)
+    assert board.move("A", "done")
+    moved_a = HAND_WRITTEN.replace('{"state": "todo", "id": "A"', '{"state": "done", "id": "A"')
+    assert path.read_text(encoding="utf-8") == moved_a
+    # A give-up writes its column beside the state, in the object's own spacing...
+    assert board.give_up("B", "blocked")
+    assert path.read_text(encoding="utf-8") == moved_a.replace(
+        '"state" : "todo" }', '"state" : "blocked" , "given_up_from" : "todo" }'
+    )
+    # ...and the next move takes it out again: the file is the one before the give-up.
+    assert board.move("B", "todo")
+    assert path.read_text(encoding="utf-8") == moved_a
+    assert board.give_up("C", "blocked") and board.move("C", "icebox")
+    assert path.read_text(encoding="utf-8") == moved_a
+    # Binding a ledger writes beside the board, not into it.
+    board.bind_ledger("L-1", "/srv/ledger.db")
+    assert path.read_text(encoding="utf-8") == moved_a
+    assert JsonFileBoard(path).ledger_binding() == ("L-1", "/srv/ledger.db")
+    board.bind_ledger("L-1", "/srv/ledger.db")  # the same ledger again: nothing to do
+    with pytest.raises(Conflict, match="belongs to ledger L-1"):
+        board.bind_ledger("L-2", "/elsewhere.db")
+    assert JsonFileBoard(path).ledger_binding() == ("L-1", "/srv/ledger.db")
+    assert path.read_text(encoding="utf-8") == moved_a
+
+
+def test_a_board_bound_in_the_file_keeps_its_binding(tmp_path: Path) -> None:
+    # Boards bound before the binding moved beside the file keep theirs, and win.
+    path = write_board(
+        tmp_path / "board.json",
+        [{"id": "A", "title": "a", "state": "todo"}],
+        ledger={"id": "L-old", "location": "/old.db"},
+    )
+    before = path.read_text()
+    board = JsonFileBoard(path)
+    assert board.ledger_binding() == ("L-old", "/old.db")
+    board.bind_ledger("L-old", "/old.db")
+    with pytest.raises(Conflict, match="belongs to ledger L-old"):
+        board.bind_ledger("L-new", "/new.db")
+    assert path.read_text() == before
+    assert not (tmp_path / "board.json.ledger").exists()
+
+
+def test_a_bad_binding_file_is_one_clear_error(tmp_path: Path) -> None:
+    path = write_board(tmp_path / "board.json", [{"id": "A", "title": "a", "state": "todo"}])
+    for junk in ("not json", "[1]", '{"id": 1, "location": "x"}'):
+        (tmp_path / "board.json.ledger").write_text(junk)
+        with pytest.raises(InvalidInput, match=r"board\.json\.ledger"):
+            JsonFileBoard(path).ledger_binding()
+        with pytest.raises(InvalidInput, match=r"board\.json\.ledger"):
+            JsonFileBoard(path).bind_ledger("L-1", "/x.db")
+
+
+_ISSUE_KEYS = ("id", "title", "state", "prompt", "argv")
+_STATE_NAMES = ("todo", "doing", "done", "blocked", "Ünïcode \u2028 state")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.data(),
+    st.lists(st.sampled_from(_STATE_NAMES), min_size=1, max_size=6),
+    st.sampled_from([None, 0, 1, 2, 4, "\t"]),
+    st.sampled_from([(",", ":"), (", ", ": "), (" , ", " : ")]),
+    st.booleans(),
+)
+def test_prop_moves_change_only_the_moved_values(
+    data: st.DataObject,
+    initial: list[str],
+    indent: int | str | None,
+    separators: tuple[str, str],
+    ascii_only: bool,
+) -> None:
+    import tempfile
+
+    states: list[object] = [
+        {"name": "todo", "eligible": True},
+        "doing",
+        {"name": "done", "terminal": True},
+        {"name": "blocked", "terminal": True},
+        "Ünïcode \u2028 state",
+    ]
+    issues = []
+    for n, state in enumerate(initial):
+        full = {"id": f"I-{n}", "title": f't\\{n} "q"', "state": state, "prompt": "p", "argv": []}
+        keys = data.draw(st.permutations(_ISSUE_KEYS))
+        kept = [k for k in keys if k in ("id", "state") or data.draw(st.booleans())]
+        issues.append({k: full[k] for k in kept})
+    doc = {"x-first": [1, {"nested": "}"}], "states": states, "issues": issues, "x-last": None}
+    text = json.dumps(doc, indent=indent, separators=separators, ensure_ascii=ascii_only)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "board.json"
+        path.write_text(text, encoding="utf-8")
+        board = JsonFileBoard(path)
+        model = json.loads(text)
+        ops = data.draw(
+            st.lists(
+                st.tuples(
+                    st.booleans(),
+                    st.integers(0, len(issues) - 1),
+                    st.sampled_from(_STATE_NAMES),
+                ),
+                max_size=8,
+            )
+        )
+        for give_up, index, target in ops:
+            raw = model["issues"][index]
+            if give_up:
+                assert board.give_up(raw["id"], target)
+                raw["given_up_from"] = raw["state"]
+            else:
+                assert board.move(raw["id"], target)
+                raw.pop("given_up_from", None)
+            raw["state"] = target
+            after = path.read_text(encoding="utf-8")
+            assert json.loads(after) == model
+        # Every issue moved back where it stood: the file is the one written.
+        for index, state in enumerate(initial):
+            assert board.move(f"I-{index}", state)
+        assert path.read_text(encoding="utf-8") == text

@@ -370,9 +370,9 @@ def test_status_parses_a_large_board_once(
     parsed: list[int] = []
     original = JsonFileBoard._parse
 
-    def counting(self: JsonFileBoard, data: bytes) -> Any:
-        parsed.append(len(data))
-        return original(self, data)
+    def counting(self: JsonFileBoard, text: str) -> Any:
+        parsed.append(len(text))
+        return original(self, text)
 
     monkeypatch.setattr(JsonFileBoard, "_parse", counting)
     assert main(["status", "--board", str(board), "--db", str(db), "--json"]) == 0

@@ -105,8 +105,9 @@ def test_a_non_ledger_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_open_options_mean_the_same_on_either_backend(ledger_target: str, backend: str) -> None:
-    # Nothing there yet: neither a read nor `create=False` makes a ledger.
-    with pytest.raises(NotFound, match="no ledger"):
+    # Nothing there yet: neither a read nor `create=False` makes a ledger, and the error
+    # names the command that does (issue 44, item 14).
+    with pytest.raises(NotFound, match=r"no ledger.*`execkit db init"):
         open_ledger(ledger_target, create=False)
     with pytest.raises(NotFound, match="no ledger"):
         ledger_status(ledger_target)

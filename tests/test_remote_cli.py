@@ -18,6 +18,7 @@ from _support import REPO, table_columns, write_board
 from execkit._classify import FailureClass
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
+from execkit.dispatch import JsonFileBoard
 from execkit.ledger import CAPABILITIES, SqliteLedger, open_ledger
 from execkit.remote import HttpAnswer, HttpRequest, HTTPTransport
 from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
@@ -84,10 +85,9 @@ def test_dispatch_and_status_through_the_remote(
     assert "BAD  attempt 1/5  work (charged)" in out and "retry in" in out
     tasks = {t.title: t for t in served.ledger.list_tasks()}
     assert tasks["board:OK"].status == "done"
-    assert json.loads(board.read_text())["ledger"] == {
-        "id": served.ledger.ledger_id(),
-        "location": served.url,
-    }
+    # The board remembers the server beside itself (FILE.ledger), its own text untouched.
+    assert "ledger" not in json.loads(board.read_text())
+    assert JsonFileBoard(board).ledger_binding() == (served.ledger.ledger_id(), served.url)
     # The board remembers the server: status finds it without --remote.
     assert main(["status", "--board", str(board)]) == 0
     rows = {row.pop("ISSUE"): row for row in table_columns(capsys.readouterr().out)}

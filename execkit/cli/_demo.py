@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,13 +182,50 @@ def _workdir(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] |
     return path, None
 
 
+def run_hint(which: Callable[[str], str | None], executable: str, cwd: Path) -> str | None:
+    """How to run the `execkit` the demo ran as, when typing `execkit` would not run it
+    (None when it would). `make demo` runs `.venv/bin/python -m execkit demo` from a shell
+    whose PATH does not hold `.venv/bin`, so the README's `execkit ...` was "command not
+    found" right after it. `which` is `shutil.which`, `executable` this interpreter and
+    `cwd` the folder the user types in (a path under it is shown relative to it)."""
+    bin_dir = Path(executable).parent
+    command = bin_dir / "execkit"
+    found = which("execkit")
+    if found is not None and Path(found).resolve() == command.resolve():
+        return None
+    try:
+        shown = bin_dir.relative_to(cwd)
+    except ValueError:
+        shown = bin_dir
+    where = "" if found is None else f" (the `execkit` on your PATH is {found}, another one)"
+    if not command.is_file():
+        python = shown / Path(executable).name
+        return f"execkit is not installed as a command here{where}: run `{python} -m execkit ...`"
+    if (bin_dir / "activate").is_file():
+        return (
+            f"execkit is installed in {shown.parent}, which is not on your PATH{where}: run "
+            f"`. {shown}/activate` first (then `execkit ...` as the README shows), or call "
+            f"`{shown}/execkit ...`"
+        )
+    return (
+        f"execkit is installed in {shown}{where}: add {shown} to your PATH, or call "
+        f"`{shown}/execkit ...`"
+    )
+
+
+def _ledger_path(workdir: Path) -> Path:
+    """Where the demo keeps its ledger: where `execkit` looks when run in `workdir` with no
+    --db (`./.execkit/ledger.db`), so `cd DIR && execkit status` reads the kept demo."""
+    return workdir / ".execkit" / "ledger.db"
+
+
 def _demo(args: argparse.Namespace) -> int:
     workdir, holder = _workdir(args.keep)
     try:
         status = _run(workdir, args.start, as_json=args.json)
         kept: dict[str, Any] | None = None
         if args.keep:
-            board, db = workdir / "board.json", workdir / "ledger.db"
+            board, db = workdir / "board.json", _ledger_path(workdir)
             histories = _write_histories(workdir)
             kept = {
                 "dir": str(workdir),
@@ -194,13 +234,19 @@ def _demo(args: argparse.Namespace) -> int:
                 "histories": [str(path) for path in histories],
             }
             if not args.json:
+                last = histories[-1].relative_to(workdir)
                 line = (
-                    f"kept: execkit status --board {board} --db {db}; "
-                    f"execkit decide --history {histories[-1]}"
+                    f"kept in {workdir}: cd {shlex.quote(str(workdir))} && execkit status; "
+                    f"then execkit status --board board.json, execkit task show "
+                    f"{last.stem}, execkit decide --history {last}"
                 )
                 emit(f"\n{safe_text(line)}")
         if args.json:
             print_json({"status": status, "kept": kept})
+        else:
+            hint = run_hint(shutil.which, sys.executable, Path.cwd())
+            if hint is not None:
+                emit(f"\n{safe_text(hint)}")
     finally:
         if holder is not None:
             holder.cleanup()
@@ -233,7 +279,7 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
             emit(f"t+{event.at - clock.start:>4.0f}s  {describe_event(event)}")
 
     started = time.monotonic()
-    with open_ledger(workdir / "ledger.db", backoff=config.backoff) as ledger:
+    with open_ledger(_ledger_path(workdir), backoff=config.backoff) as ledger:
         budget = ledger.budget
         intro = (
             "execkit demo: 4 board issues; the generic adapter runs small scripts "
@@ -282,7 +328,7 @@ def _write_histories(workdir: Path) -> list[Path]:
     out = workdir / "history"
     out.mkdir()
     written: list[Path] = []
-    with open_ledger(workdir / "ledger.db") as ledger:
+    with open_ledger(_ledger_path(workdir)) as ledger:
         tasks = {task.title: task.id for task in ledger.list_tasks()}
         for issue in JsonFileBoard(workdir / "board.json").list_issues():
             task_id = tasks.get(task_key(issue.id))

@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument("--tokens", metavar="FILE", help="the tokens file (hashes, actors, roles)")
     serve.add_argument(
+        "--board",
+        metavar="FILE",
+        default=None,
+        help="the board file the ledger's tasks were dispatched from: the dashboard shows its "
+        "columns and its issues' titles (default: the ledger's task states)",
+    )
+    serve.add_argument(
         "--idempotency-db",
         metavar="PATH",
         default=None,
@@ -188,6 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
         without=args.without_capability,
         allow_non_loopback=args.allow_non_loopback,
         ready=ready,
+        board=args.board,
         **options,
     )
     return 0
@@ -264,6 +272,7 @@ def _add_token(args: argparse.Namespace) -> int:
             "--idle-timeout": args.idle_timeout,
             "--head-timeout": args.head_timeout,
             "--allow-non-loopback": args.allow_non_loopback,
+            "--board": args.board,
         },
     )
     if not args.actor:

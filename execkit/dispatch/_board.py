@@ -404,7 +404,10 @@ class JsonFileBoard:
     `dispatch` object holds `DispatchConfig` settings.
     Moves take an exclusive lock on a sidecar `FILE.lock` and replace the file atomically
     (temp file + `os.replace`), so two dispatcher processes never lose each other's moves
-    and a reader never sees half a file. Unknown keys are kept on rewrite.
+    and a reader never sees half a file. A move edits the file's text, not a re-encoding
+    of it: only the moved issue's `state` and `given_up_from` change; the layout, the key
+    order, the escapes and unknown keys are the author's. The ledger that dispatched the
+    board is recorded beside it, in `FILE.ledger` (`bind_ledger`).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -460,12 +463,11 @@ class JsonFileBoard:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _read(self, *, fresh: bool = False) -> _BoardDoc:
-        cached = None if fresh else self._cached
+    def _fetch(self, known: _Version | None) -> tuple[_Version, bytes | None]:
+        """The file's version and bytes (None when its version is `known`), or the error
+        a reader gets, naming the file."""
         try:
-            found = _read_regular_file(
-                self.path, _MAX_BOARD_BYTES + 1, cached[0] if cached else None
-            )
+            found = _read_regular_file(self.path, _MAX_BOARD_BYTES + 1, known)
         except FileNotFoundError:
             raise NotFound(f"no board file at {self.path}") from None
         except IsADirectoryError:
@@ -478,27 +480,39 @@ class JsonFileBoard:
                 "socket): a board must be a JSON file",
                 field="board",
             )
-        version, data = found
+        return found
+
+    def _read(self) -> _BoardDoc:
+        cached = self._cached
+        version, data = self._fetch(cached[0] if cached else None)
         if data is None:
             assert cached is not None  # only a known version reads nothing
             return cached[1]
-        doc = self._parse(data)
-        if not fresh:
-            self._cached = (version, doc)
+        doc = self._parse(self._decode(data))
+        self._cached = (version, doc)
         return doc
 
-    def _parse(self, data: bytes) -> _BoardDoc:
+    def _read_fresh(self) -> tuple[str, _BoardDoc]:
+        """The file's text and its document, read now (for a writer, under the lock)."""
+        _version, data = self._fetch(None)
+        assert data is not None  # nothing is known: the file is read
+        text = self._decode(data)
+        return text, self._parse(text)
+
+    def _decode(self, data: bytes) -> str:
         if len(data) > _MAX_BOARD_BYTES:
             raise InvalidInput(
                 f"board file {self.path} is {len(data)} bytes; at most {_MAX_BOARD_BYTES}",
                 field="board",
             )
         try:
-            text = data.decode("utf-8")
+            return data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidInput(
                 f"board file {self.path} is not UTF-8 text (byte {exc.start})", field="board"
             ) from None
+
+    def _parse(self, text: str) -> _BoardDoc:
         if _nesting(text) > _MAX_NESTING:
             # json.loads recurses: a 100,000-deep file would end in RecursionError.
             raise InvalidInput(
@@ -577,39 +591,78 @@ class JsonFileBoard:
                     f"`chmod go-w {target}` to dispatch it"
                 )
 
+    @property
+    def binding_path(self) -> Path:
+        """Where the ledger that dispatched this board is recorded: `FILE.ledger`, beside
+        the board, so the board file stays as its author wrote it."""
+        return self.path.with_name(self.path.name + ".ledger")
+
     def ledger_binding(self) -> tuple[str, str] | None:
-        """(ledger id, where it was) of the ledger that dispatched this board, or None."""
-        bound = self._read().raw.get("ledger")
-        if not isinstance(bound, Mapping):
-            return None
+        """(ledger id, where it was) of the ledger that dispatched this board, or None:
+        the board's own `ledger` key when it is an object (a board bound before the
+        binding moved beside it, or bound by hand), else `FILE.ledger`. InvalidInput for
+        either when it is not `{"id": str, "location": str}`."""
+        inside = self._read().raw.get("ledger")
+        if isinstance(inside, Mapping):
+            return self._binding_of(inside, f"board file {self.path}: `ledger`")
+        return self._read_binding_file()
+
+    def _binding_of(self, bound: Mapping[str, Any], where: str) -> tuple[str, str]:
         ledger_id, location = bound.get("id"), bound.get("location")
         if not isinstance(ledger_id, str) or not isinstance(location, str):
-            raise InvalidInput(
-                f'board file {self.path}: `ledger` must be {{"id": str, "location": str}}',
-                field="ledger",
-            )
+            raise InvalidInput(f'{where} must be {{"id": str, "location": str}}', field="ledger")
         return ledger_id, location
 
-    def bind_ledger(self, ledger_id: str, location: str) -> None:
-        """Record the ledger dispatching this board (written once, under the file lock).
+    def _read_binding_file(self) -> tuple[str, str] | None:
+        where = self.binding_path
+        try:
+            found = _read_regular_file(where, _MAX_BINDING_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"cannot read {where}: {exc}") from exc
+        bound: object = None
+        if found is not None and found[1] is not None and len(found[1]) <= _MAX_BINDING_BYTES:
+            with suppress(ValueError):  # UnicodeDecodeError is a ValueError too
+                bound = json.loads(found[1].decode("utf-8"))
+        what = f"{where} (the ledger that dispatched board {self.path.name})"
+        if not isinstance(bound, Mapping):
+            raise InvalidInput(
+                f'{what} must be a JSON object {{"id": str, "location": str}}; delete it to '
+                "bind the board afresh",
+                field="ledger",
+            )
+        return self._binding_of(bound, what)
 
-        Conflict when the board already belongs to another ledger: dispatching it from
-        two ledgers would split its history in two.
+    def bind_ledger(self, ledger_id: str, location: str) -> None:
+        """Record the ledger dispatching this board (written once, under the file lock) in
+        `FILE.ledger` beside it: the board file itself is not changed.
+
+        Conflict when the board already belongs to another ledger (its own `ledger` key,
+        else `FILE.ledger`): dispatching it from two ledgers would split its history in
+        two.
         """
         try:
             with self._locked():
-                doc = self._read(fresh=True)
-                bound = doc.raw.get("ledger")
-                if isinstance(bound, Mapping) and bound.get("id") == ledger_id:
+                _text, doc = self._read_fresh()
+                inside = doc.raw.get("ledger")
+                bound: tuple[str, str] | None
+                if isinstance(inside, Mapping):
+                    bound = self._binding_of(inside, f"board file {self.path}: `ledger`")
+                    undo = "delete the board's `ledger` key"
+                else:
+                    bound = self._read_binding_file()
+                    undo = f"delete {self.binding_path}"
+                if bound is not None and bound[0] == ledger_id:
                     return
-                if isinstance(bound, Mapping) and bound.get("id"):
+                if bound is not None:
                     raise Conflict(
-                        f"board file {self.path} belongs to ledger {bound.get('id')} at "
-                        f"{bound.get('location')}; dispatch it with that ledger (--db), or "
-                        "delete its `ledger` key to move it to a new one"
+                        f"board file {self.path} belongs to ledger {bound[0]} at "
+                        f"{bound[1]}; dispatch it with that ledger (--db), or {undo} to move "
+                        "it to a new one"
                     )
-                doc.raw["ledger"] = {"id": ledger_id, "location": location}
-                _write_atomic(self.path, doc.raw)
+                record = {"id": ledger_id, "location": location}
+                _write_text_atomic(self.binding_path, json.dumps(record, indent=2) + "\n")
         except OSError as exc:
             raise StorageError(f"cannot write board file {self.path}: {exc}") from exc
 
@@ -624,32 +677,162 @@ class JsonFileBoard:
         return self._move(issue_id, state, given_up=True)
 
     def _move(self, issue_id: str, state: str, *, given_up: bool) -> bool:
+        """The move as an edit of the file's text: the issue's `state` value replaced, its
+        `given_up_from` written beside it or taken out; every other byte of the file is
+        kept (its layout, key order, escapes and unknown keys are its author's)."""
         try:
             with self._locked():
-                doc = self._read(fresh=True)
+                text, doc = self._read_fresh()
                 if state not in {s.name for s in doc.states}:
                     return False
-                for raw_issue in doc.raw.get("issues", []):
-                    if raw_issue.get("id") == issue_id:
-                        if given_up:
-                            raw_issue["given_up_from"] = raw_issue.get("state")
-                        else:
-                            raw_issue.pop("given_up_from", None)
-                        raw_issue["state"] = state
-                        break
-                else:
+                issues = doc.raw.get("issues", [])
+                index = next((n for n, i in enumerate(issues) if i.get("id") == issue_id), None)
+                if index is None:
                     return False
-                _write_atomic(self.path, doc.raw)
+                origin = issues[index].get("state") if given_up else None
+                _write_text_atomic(self.path, _edit_issue(text, index, state, origin))
                 return True
         except OSError as exc:
             raise StorageError(f"cannot write board file {self.path}: {exc}") from exc
 
 
+# A binding file is a line of JSON; anything much longer is not one.
+_MAX_BINDING_BYTES = 64 * 1024
+
+# A move edits the board's text where its values are, found by walking the text (already
+# parsed, so well formed): JSON whitespace, strings, and any other value through the
+# decoder's C scanner, which returns where the value ends.
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_DECODER = json.JSONDecoder()
+
+
+@attrs.frozen
+class _Member:
+    """Where one `"key": value` member of an object is in a text."""
+
+    key: str
+    start: int  # the key's opening quote
+    key_end: int  # after the key's closing quote
+    value_start: int
+    value_end: int
+
+
+def _skip(text: str, at: int) -> int:
+    match = _WHITESPACE.match(text, at)
+    assert match is not None  # `*`: it always matches
+    return match.end()
+
+
+def _value_end(text: str, at: int) -> int:
+    if text[at] == '"':
+        match = _STRING.match(text, at)
+        assert match is not None
+        return match.end()
+    _value, end = _DECODER.raw_decode(text, at)
+    return end
+
+
+def _members(text: str, at: int) -> list[_Member]:
+    """The members of the object whose `{` is at `at`, in the order written."""
+    members: list[_Member] = []
+    at = _skip(text, at + 1)
+    while text[at] != "}":
+        key = _STRING.match(text, at)
+        assert key is not None
+        value_start = _skip(text, _skip(text, key.end()) + 1)  # past the colon
+        value_end = _value_end(text, value_start)
+        members.append(_Member(json.loads(key.group()), at, key.end(), value_start, value_end))
+        at = _skip(text, value_end)
+        if text[at] == ",":
+            at = _skip(text, at + 1)
+    return members
+
+
+def _element(text: str, at: int, wanted: int) -> int:
+    """Where element `wanted` of the array whose `[` is at `at` starts."""
+    at = _skip(text, at + 1)
+    for _ in range(wanted):
+        at = _skip(text, _skip(text, _value_end(text, at)) + 1)  # past the comma
+    return at
+
+
+def _last(members: Sequence[_Member], key: str) -> _Member | None:
+    # Of two members with one name, JSON parsers (and so the board) keep the last.
+    found = [member for member in members if member.key == key]
+    return found[-1] if found else None
+
+
+def _edit_issue(text: str, index: int, state: str, origin: str | None) -> str:
+    """`text` with issue `index` moved to `state`: its `state` value replaced; with an
+    `origin`, `given_up_from` set to it (beside the state, in the object's own spacing),
+    else every `given_up_from` member taken out. Nothing else of the text changes."""
+    issues = _last(_members(text, _skip(text, 0)), "issues")
+    assert issues is not None  # the issue was found in the parsed document
+    members = _members(text, _element(text, issues.value_start, index))
+    # A file written in ASCII (non-ASCII text as \u escapes) stays so.
+    ascii_only = text.isascii()
+
+    def set_to(key: str, value: str) -> list[tuple[int, int, str]]:
+        # A value that is already `value` keeps its author's spelling.
+        return [
+            (m.value_start, m.value_end, json.dumps(value, ensure_ascii=ascii_only))
+            for m in members
+            if m.key == key and json.loads(text[m.value_start : m.value_end]) != value
+        ]
+
+    edits = set_to("state", state)
+    given = {n for n, m in enumerate(members) if m.key == "given_up_from"}
+    if origin is None:
+        edits += _removals(members, given)
+    elif given:
+        edits += set_to("given_up_from", origin)
+    else:
+        value = json.dumps(origin, ensure_ascii=ascii_only)
+        edits.append(_inserted_beside(text, members, "given_up_from", value))
+    for start, end, new in sorted(edits, reverse=True):  # from the end: offsets hold
+        text = text[:start] + new + text[end:]
+    return text
+
+
+def _inserted_beside(
+    text: str, members: Sequence[_Member], key: str, value: str
+) -> tuple[int, int, str]:
+    """The edit that adds `key: value` right after the (last) `state` member, with the
+    separator and the colon that member is written with."""
+    state = _last(members, "state")
+    assert state is not None  # a parsed issue has a state
+    n = members.index(state)
+    if n > 0:
+        separator = text[members[n - 1].value_end : state.start]
+    else:  # the first member: the separator after it (an issue has an id too)
+        separator = text[state.value_end : members[n + 1].start]
+    colon = text[state.key_end : state.value_start]
+    return state.value_end, state.value_end, f'{separator}"{key}"{colon}{value}'
+
+
+def _removals(members: Sequence[_Member], gone: set[int]) -> list[tuple[int, int, str]]:
+    """The edits that take out the members numbered `gone`, each with the separator
+    before it (leading ones with the separator after them); never all of them (an issue
+    keeps its id and state)."""
+    lead = 0
+    while lead in gone:
+        lead += 1
+    edits = [(members[0].start, members[lead].start, "")] if lead else []
+    edits += [(members[n - 1].value_end, members[n].value_end, "") for n in gone if n > lead]
+    return edits
+
+
 def _write_atomic(path: Path, doc: Mapping[str, Any]) -> None:
-    """Replace `path` with `doc` so a reader sees the old file or the new one, never half.
+    """Write `doc` as a new board file at `path` (indented JSON), as `_write_text_atomic`."""
+    _write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` so a reader sees the old file or the new one, never half.
 
     The new file keeps the old one's permission bits (a board shared by a team must not
-    turn private on the dispatcher's first move); a new board gets the umask's.
+    turn private on the dispatcher's first move); a new file gets the umask's.
     """
     import secrets  # only a board that is written needs it (`status` reads one)
 
@@ -664,8 +847,7 @@ def _write_atomic(path: Path, doc: Mapping[str, Any]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             if mode is not None:
                 os.fchmod(handle.fileno(), mode)
-            json.dump(doc, handle, indent=2, sort_keys=False)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

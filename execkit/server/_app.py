@@ -49,6 +49,7 @@ from execkit._errors import (
     ExecKitError,
 )
 from execkit._mask import mask_json
+from execkit.dispatch import Board
 from execkit.ledger import Actor, Ledger
 from execkit.server._front import Front, server_error
 from execkit.server._tokens import Principal, TokenFile
@@ -415,7 +416,8 @@ class LedgerApp:
     """The application over one ledger; `app` is the ASGI callable (see the module
     docstring), `api` the same with its route table in front (what `front` serves).
     `capabilities` is what `/v1/capabilities` advertises: the ledger's less `without`
-    (`--without-capability`, a stand-in for an older server)."""
+    (`--without-capability`, a stand-in for an older server). `board` is the board the
+    dashboard takes its columns and titles from (`execkit serve --board`)."""
 
     def __init__(
         self,
@@ -427,6 +429,7 @@ class LedgerApp:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         workers: int = DEFAULT_WORKERS,
         version: str = "0",
+        board: Board | None = None,
     ) -> None:
         self.ledger = ledger
         self.tokens = tokens
@@ -454,7 +457,8 @@ class LedgerApp:
         # the other spelling would invite a client to resend its token and body.
         self.app.router.redirect_slashes = False
         # What the listener serves: the dashboard and monitoring in front of the API (_front).
-        self.front = Front(self.api, ledger, tokens, self._http_exception)
+        # `board`: the board the dashboard shows its columns and titles from (_dashboard).
+        self.front = Front(self.api, ledger, tokens, self._http_exception, board=board)
 
     def close(self) -> None:
         """Stop the worker threads (after the ones running finish)."""

@@ -3,6 +3,14 @@ cards, the retries table, the blocked cards with their fix, the runs in flight, 
 history and the attempts over time by class (docs/dashboard.md). No HTTP here: the routes
 (`_dashboard_http`) and the metrics (`_metrics`) both read a `LedgerView`.
 
+The board. Given the board the ledger's tasks were dispatched from (`execkit serve --board
+FILE`), the board panel is that board: its own columns in its order, each issue a card
+under the column the board has it in, titled with the issue's title, with its task's
+attempts and last failure once it has been dispatched. Every card, row and task page then
+carries the issue's title too. A board bound to another ledger (`BindableBoard`) is
+refused (Conflict): its cards would be a table of blanks. Without one the columns are the
+ledger's task states and a card is named by its issue id (a task's title is `board:<id>`).
+
 Cost. A snapshot is one `list_tasks` plus one `runs(task_id)` per task whose summary
 changed since the last snapshot: the runs of a task are cached under its summary (state,
 attempts started, charged, streak, next attempt, status), which every finished or admitted
@@ -37,9 +45,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from execkit._budget import AttemptStatus, BlockedOn, TaskState
-from execkit._errors import InvalidInput, NotFound
+from execkit._errors import Conflict, ExecKitError, InvalidInput, NotFound
 from execkit._lanes import LaneKey
-from execkit.dispatch import task_key
+from execkit.dispatch import BindableBoard, Board, BoardIssue, task_key
 from execkit.ledger import Actor, Ledger, Run, Task
 
 __all__ = [
@@ -152,17 +160,32 @@ class LedgerView:
     """A cached reading of one ledger for the dashboard and the metrics (thread-safe).
 
     `clock` is the wall clock (injected for tests); `ttl_s` how long one snapshot serves
-    every viewer; `max_cards` the cards per column a snapshot lists.
+    every viewer; `max_cards` the cards per column a snapshot lists; `board` the board the
+    tasks were dispatched from, whose columns and titles the page then shows (Conflict
+    when it is bound to another ledger).
     """
 
     def __init__(
         self,
         ledger: Ledger,
         *,
+        board: Board | None = None,
         clock: Callable[[], float] = time.time,
         ttl_s: float = DEFAULT_TTL_S,
         max_cards: int = DEFAULT_MAX_CARDS,
     ) -> None:
+        if isinstance(board, BindableBoard):
+            bound = board.ledger_binding()
+            if bound is not None and bound[0] != ledger.ledger_id():
+                raise Conflict(
+                    f"the board was dispatched with ledger {bound[0]} at {bound[1]}, not "
+                    f"with the one served ({ledger.location()}): serve that ledger (--db)"
+                )
+        self.board = board
+        self._issues: list[BoardIssue] = []
+        self._titles: dict[str, str] = {}
+        self._board_error: str | None = None
+        self._column_names: list[str] = []
         self.ledger = ledger
         self.clock = clock
         self.ttl_s = ttl_s
@@ -196,6 +219,18 @@ class LedgerView:
                 seen[task.id] = (key, self.ledger.runs(task.id))
         self._runs = seen  # tasks gone from the list drop out of the cache
         self._tasks = tasks
+        if self.board is not None:
+            # A board file is re-read only when it changed (JsonFileBoard keeps its parse).
+            # One that cannot be read (a hand edit half saved, a typo) leaves the last
+            # good one shown, and says why: the ledger's panels and /metrics go on.
+            try:
+                issues = self.board.list_issues()
+                states = getattr(self.board, "states", ())
+                self._issues, self._column_names = issues, [state.name for state in states]
+                self._board_error = None
+            except ExecKitError as exc:
+                self._board_error = f"{exc.code}: {exc.message}"
+            self._titles = {issue.id: issue.title for issue in self._issues if issue.title}
         self._all_runs = [run for _key, runs in seen.values() for run in runs]
         # The lanes' histories are read again only when a lane or the set of finished
         # runs changed (a run's lane is known once it has ended).
@@ -295,9 +330,12 @@ class LedgerView:
             AttemptStatus.FAILED,
             AttemptStatus.ABANDONED,
         )
+        issue = issue_of(task)
         return {
             "task_id": task.id,
-            "issue": issue_of(task),
+            "issue": issue,
+            "issue_title": self._titles.get(issue) if issue is not None else None,
+            "board_state": None,
             "title": task.title,
             "state": task.state.value,
             "blocked_on": task.blocked_on.value if task.blocked_on else None,
@@ -313,12 +351,60 @@ class LedgerView:
             "last_reason": last.reason if last is not None and last_failed else None,
         }
 
+    def _issue_card(self, issue: BoardIssue, task: Task | None) -> dict[str, Any]:
+        """A board issue's card: its task's card with the board's column, or (never
+        dispatched) the issue alone."""
+        if task is not None:
+            card = self._card(task, self._last(task))
+        else:
+            card = {
+                "task_id": None,
+                "issue": issue.id,
+                "issue_title": None,
+                "title": task_key(issue.id),
+                "state": None,
+                "blocked_on": None,
+                "reason": None,
+                "fix": None,
+                "attempts": 0,
+                "max_attempts": None,
+                "charged": 0,
+                "uncharged_streak": 0,
+                "next_attempt_at": None,
+                "retry_pending": False,
+                "last_class": None,
+                "last_reason": None,
+            }
+        card["issue_title"] = issue.title or None
+        card["board_state"] = issue.state
+        return card
+
+    def _board_columns(self) -> list[dict[str, Any]]:
+        """The board's own columns, in its order, each with its issues in the board's
+        order (at most `max_cards`)."""
+        by_column: dict[str, list[BoardIssue]] = {name: [] for name in self._column_names}
+        for issue in self._issues:
+            by_column.setdefault(issue.state, []).append(issue)
+        tasks = {issue_of(task): task for task in self._tasks}
+        columns = []
+        for name, issues in by_column.items():
+            shown = issues[: self.max_cards]
+            columns.append(
+                {
+                    "state": name,
+                    "count": len(issues),
+                    "more": len(issues) - len(shown),
+                    "cards": [self._issue_card(i, tasks.get(i.id)) for i in shown],
+                }
+            )
+        return columns
+
     def _build(self, now: float) -> dict[str, Any]:
         by_state: dict[TaskState, list[Task]] = {state: [] for state in COLUMNS}
         for task in self._tasks:
             by_state.setdefault(task.state, []).append(task)
         columns = []
-        for state in COLUMNS:
+        for state in COLUMNS if self.board is None else ():
             tasks = by_state[state]
             # The newest first: what just changed is what the operator looks for.
             shown = sorted(tasks, key=lambda t: t.created_at, reverse=True)[: self.max_cards]
@@ -342,7 +428,10 @@ class LedgerView:
         return {
             "now": now,
             "counts": {state.value: len(by_state[state]) for state in COLUMNS},
-            "columns": columns,
+            # The board's own columns when it is given, else the ledger's task states.
+            "columns_from": "ledger" if self.board is None else "board",
+            "board_error": self._board_error,
+            "columns": columns if self.board is None else self._board_columns(),
             "retries": [self._card(t, self._last(t)) for t in retrying[: self.max_cards]],
             "retries_more": max(0, len(retrying) - self.max_cards),
             "blocked": [self._card(t, self._last(t)) for t in blocked[: self.max_cards]],
@@ -365,6 +454,7 @@ class LedgerView:
                         {
                             "task_id": task.id,
                             "issue": issue_of(task),
+                            "issue_title": self._titles.get(issue_of(task) or ""),
                             "run_id": run.id,
                             "attempt": run.attempt,
                             "host": run.owner_host,

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from execkit.dispatch import Board
 from execkit.ledger import Ledger
 from execkit.server._access_log import AccessLog
 from execkit.server._dashboard import LedgerView
@@ -55,8 +56,10 @@ class Front:
         ledger: Ledger,
         tokens: TokenFile,
         http_exception: Callable[[Request, Exception], Awaitable[Response]],
+        *,
+        board: Board | None = None,
     ) -> None:
-        self.view = LedgerView(ledger)
+        self.view = LedgerView(ledger, board=board)
         self.monitoring = Monitoring(ledger, tokens, self.view)
         self.sessions = Sessions()
         routes = [

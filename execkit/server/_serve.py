@@ -26,6 +26,7 @@ import uvicorn
 
 from execkit._api import package_version
 from execkit._errors import StorageError
+from execkit.dispatch import JsonFileBoard
 from execkit.ledger import Ledger, open_ledger
 from execkit.server._app import (
     DEFAULT_MAX_BODY_BYTES,
@@ -132,11 +133,14 @@ def serve(
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     limits: ConnectionLimits = DEFAULT_LIMITS,
     ready: Callable[[str, Ledger], None] | None = None,
+    board: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serve the ledger `target` names (`open_ledger`: a file, a postgresql:// URL, None for
     the default) until interrupted; `ready(url, ledger)` is called once the socket listens.
     `limits` bounds the connections (`ConnectionLimits`); the process's open-file limit is
     raised to hold them.
+    `board` is a board file whose columns and titles the dashboard shows (`JsonFileBoard`;
+    Conflict when it was dispatched with another ledger).
 
     `idempotency_db` is deprecated and ignored: the ledger keeps every Idempotency-Key in
     its own transactions (docs/remote.md, "Idempotency"); no file is opened or written."""
@@ -159,6 +163,7 @@ def serve(
             max_body_bytes=max_body_bytes,
             request_timeout_s=request_timeout_s,
             version=package_version(),
+            board=None if board is None else JsonFileBoard(board),
         )
         stack.callback(app.close)
         _raise_file_limit(limits)

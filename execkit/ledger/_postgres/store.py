@@ -592,7 +592,10 @@ class PostgresStore:
             )
         if found == 0 and not create:
             self.close()
-            raise NotFound(f"no ledger at {self._where} (schema {self._schema or '?'})")
+            raise NotFound(
+                f"no ledger at {self._where} (schema {self._schema or '?'}); `execkit db "
+                "init` with this --db or $EXECKIT_DB makes a new one there"
+            )
         if found == 0 or (found < schema.SCHEMA_VERSION and upgrade):
             self.migration = self._upgrade()
         elif found < schema.SCHEMA_VERSION:

@@ -20,6 +20,7 @@ one host is a documented setup, and any member may have created the sidecars.
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 from pathlib import Path
 
@@ -61,7 +62,11 @@ def prepare_file(path: Path, *, create: bool, init: bool) -> None:
         raise StorageError(f"cannot reach ledger database {path}: {exc}") from exc
     if info is None:
         if not (create or init):
-            raise NotFound(f"no ledger database at {path}")
+            # The fix named: a new user's first `execkit status` lands here.
+            raise NotFound(
+                f"no ledger database at {path}; `execkit db init --db {shlex.quote(str(path))}` "
+                "makes a new one there, or name the one you meant with --db or $EXECKIT_DB"
+            )
         try:
             create_owner_only(path)
         except (FileExistsError, NotADirectoryError):

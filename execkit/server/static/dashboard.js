@@ -50,6 +50,12 @@ function clock(at) {
   return date.toLocaleString();
 }
 
+// An issue as a row names it: its id and, when the board gave one, its title.
+function issueName(item) {
+  if (!item.issue) return "-";
+  return item.issue_title ? `${item.issue} ${item.issue_title}` : item.issue;
+}
+
 function attempts(card) {
   return `${card.attempts}/${card.max_attempts === null ? "-" : card.max_attempts}`;
 }
@@ -133,10 +139,14 @@ function resumeButton(lane) {
 
 function cardNode(card, now, canOperate) {
   const klass = card.blocked_on || card.last_class;
+  // A board issue never dispatched has no task yet: nothing to open.
   const node = el("div", { class: `card c-${klass || "none"}`, "data-task-id": card.task_id,
-    "data-state": card.state, onclick: () => showTask(card.task_id) },
+    "data-issue": card.issue, "data-state": card.state,
+    onclick: card.task_id ? () => showTask(card.task_id) : null },
   el("div", { class: "id" }, card.issue || card.title),
-  el("div", { class: "meta" }, `${card.task_id} · attempt ${attempts(card)} · charged ${card.charged}`
+  card.issue_title ? el("div", { class: "title" }, card.issue_title) : null,
+  el("div", { class: "meta" }, card.task_id === null ? "not dispatched yet"
+    : `${card.task_id} · ${card.state} · attempt ${attempts(card)} · charged ${card.charged}`
     + (card.uncharged_streak ? ` · uncharged ${card.uncharged_streak}` : "")
     + (card.next_attempt_at ? ` · next ${when(card.next_attempt_at, now)}` : "")));
   if (card.state === "blocked") {
@@ -180,10 +190,10 @@ function rows(tbody, items, cells) {
 }
 
 function drawTables(snap) {
-  rows("retries", snap.retries, (c) => [c.issue || "-", c.task_id, attempts(c), c.charged,
+  rows("retries", snap.retries, (c) => [issueName(c), c.task_id, attempts(c), c.charged,
     c.uncharged_streak, c.next_attempt_at ? when(c.next_attempt_at, snap.now) : "due",
     c.last_class || "-", c.last_reason || "-"]);
-  rows("in-flight", snap.in_flight, (r) => [r.issue || "-", r.task_id, r.run_id, r.attempt,
+  rows("in-flight", snap.in_flight, (r) => [issueName(r), r.task_id, r.run_id, r.attempt,
     r.host ? `${r.host}:${r.pid}` : "-", r.dispatcher, when(r.since, snap.now),
     when(r.lease_expires_at, snap.now)]);
   // Hidden until some run has used a lane (or when the ledger has none).
@@ -219,7 +229,9 @@ function svg(tag, attrs) {
 function bars(buckets, peak, size) {
   const { width, height, pad, strip } = size;
   const barW = (width - pad * 2) / buckets.length;
-  const root = svg("svg", { width, height: height + strip + 8, role: "img" });
+  // A viewBox, so the stylesheet can shrink the chart to a narrow window (max-width).
+  const root = svg("svg", { width, height: height + strip + 8, role: "img",
+    viewBox: `0 0 ${width} ${height + strip + 8}` });
   root.append(svg("line", { x1: pad, y1: height, x2: width - pad, y2: height, stroke: "#999" }));
   const label = svg("text", { x: 2, y: 12, "font-size": 10 });
   label.textContent = String(peak);
@@ -259,6 +271,7 @@ function drawChart(chart) {
   const root = bars(chart.buckets, peakOf(chart.buckets), size);
   root.setAttribute("id", "chart-svg");
   root.setAttribute("height", String(size.height + size.strip + 30));
+  root.setAttribute("viewBox", `0 0 ${size.width} ${size.height + size.strip + 30}`);
   root.setAttribute("aria-label", "attempts over time by class, charged against uncharged");
   const start = svg("text", { x: size.pad, y: size.height + size.strip + 24, "font-size": 10 });
   start.textContent = clock(chart.start);
@@ -313,6 +326,8 @@ async function refresh() {
     drawBoard(doc);
     drawTables(doc);
     document.body.dataset.refreshedAt = String(doc.now);
+    // A board file that cannot be read: its last good reading stays, and the reason shows.
+    if (doc.board_error) $("status").textContent = `the board file: ${doc.board_error}`;
     if (openTask) showTask(openTask, true);
   } else {
     $("status").textContent = `the server answered ${status}: ${doc && doc.error ? doc.error.message : ""}`;
@@ -329,7 +344,7 @@ async function showTask(taskId, quiet) {
   openTask = taskId;
   const card = doc.card;
   $("task-panel").hidden = false;
-  $("task-title").textContent = `${card.task_id} ${card.issue ? `(${card.issue})` : card.title}`;
+  $("task-title").textContent = `${card.task_id} ${card.issue ? `(${issueName(card)})` : card.title}`;
   $("task-summary").textContent = `${card.state}${card.blocked_on ? ` on ${card.blocked_on}` : ""}`
     + ` · attempt ${attempts(card)} · charged ${card.charged} · ${card.reason || ""}`;
   rows("task-runs", doc.runs, (r) => [r.attempt, r.status, r.class,
