@@ -30,6 +30,7 @@ from attrs.validators import deep_iterable, ge, gt, instance_of, optional
 
 from execkit._classify import (
     ACCOUNT_LIMIT_REASONS,
+    EVIDENCE_CHARS,
     Classification,
     FailureClass,
     Reason,
@@ -55,6 +56,7 @@ __all__ = [
     "credential_env_of",
     "credential_files_of",
     "credentials_precondition",
+    "headline",
     "install_precondition",
     "map_result",
     "precondition_for",
@@ -166,7 +168,10 @@ class MappedResult:
     `failure_class` is None exactly when `ok`; `precondition` names what is missing and
     how to fix it for environment (the binary and how to install it, the credentials and
     how to log in, the billing); `retry_after_s` is, for upstream only, the wait until a
-    reset the vendor stated, if it stated one.
+    reset the vendor stated, if it stated one. `evidence` is the line the class was read
+    from (masked, at most `EVIDENCE_CHARS`): the line of the output a text rule matched,
+    the first line of the vendor's structured error (`Envelope.error_message`), the start
+    failure; None when no line decided (a timeout or a failure nothing identified).
     """
 
     ok: bool
@@ -192,6 +197,7 @@ class MappedResult:
     timed_out: bool = False
     # `retry_after_s` came from the vendor's own reset field (`Envelope.reset_structured`).
     reset_from_structure: bool = False
+    evidence: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe mapping; the class is under `"class"`."""
@@ -384,6 +390,17 @@ def precondition_for(adapter: Adapter, result: SpawnResult) -> str:
     return f"{binary} CLI could not be started ({code}); {fix}"
 
 
+def headline(message: str | None) -> str | None:
+    """The first non-blank line of a vendor's error message, cut to `EVIDENCE_CHARS`: the
+    line a structured error is read from (its status, its type, its fixed sentence), never
+    a later one (a stack frame, a help link, a retry notice)."""
+    for line in (message or "").splitlines():
+        line = line.strip()
+        if line:
+            return line if len(line) <= EVIDENCE_CHARS else line[: EVIDENCE_CHARS - 1] + "…"
+    return None
+
+
 def _failed(
     result: SpawnResult,
     envelope: Envelope,
@@ -392,6 +409,7 @@ def _failed(
     error: str,
     precondition: str | None = None,
     retry_after_s: float | None = None,
+    evidence: str | None = None,
 ) -> MappedResult:
     error = redact(_tail(error))
     upstream = failure_class is FailureClass.UPSTREAM
@@ -413,12 +431,14 @@ def _failed(
         and retry_after_s is not None
         and envelope.retry_after_s is not None
         and envelope.reset_structured,
+        evidence=evidence,
     )
 
 
 def _from_verdict(
     result: SpawnResult, envelope: Envelope, verdict: Classification, error: str
 ) -> MappedResult:
+    # The classifier's evidence is the line its deciding rule matched (None: nothing did).
     return _failed(
         result,
         envelope,
@@ -426,6 +446,7 @@ def _from_verdict(
         verdict.reason,
         error,
         retry_after_s=verdict.retry_after_s,
+        evidence=verdict.evidence,
     )
 
 
@@ -442,7 +463,15 @@ def _not_started(adapter: Adapter, result: SpawnResult, envelope: Envelope) -> M
             else precondition_for(adapter, result)
         )
     error = result.failure_text(_ERROR_CHARS) or (precondition or "")
-    return _failed(result, envelope, verdict.failure_class, verdict.reason, error, precondition)
+    return _failed(
+        result,
+        envelope,
+        verdict.failure_class,
+        verdict.reason,
+        error,
+        precondition,
+        evidence=headline(result.spawn_error),
+    )
 
 
 # The upstream kinds and the reason each gives when no upstream status is there to name.
@@ -554,7 +583,14 @@ def map_result(
             up = FailureClass.UPSTREAM
             wait = envelope.retry_after_s
             return _failed(
-                result, envelope, up, _reason(status, up, kind_reason), message, None, wait
+                result,
+                envelope,
+                up,
+                _reason(status, up, kind_reason),
+                message,
+                None,
+                wait,
+                headline(envelope.error_message),
             )
         verdict = classify(result, now=now)
         if verdict is None:  # pragma: no cover - the classifier classes every failure
@@ -581,7 +617,15 @@ def map_result(
         elif decided.precondition == "trust":
             precondition = trust_precondition(adapter)
         return _failed(
-            result, envelope, decided.failure_class, decided.reason, message, precondition, wait
+            result,
+            envelope,
+            decided.failure_class,
+            decided.reason,
+            message,
+            precondition,
+            wait,
+            # Read from the vendor's structure: its error's own first line says it.
+            headline(envelope.error_message) or verdict.evidence,
         )
 
     if not result.ok:

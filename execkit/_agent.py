@@ -348,6 +348,8 @@ def _proof(
     # A reset the vendor stated is when to retry: only an uncharged upstream agent has one.
     wait = decisive.raw.retry_after_s if agent_class is FailureClass.UPSTREAM else None
     error = decisive.error
+    # The line the class was read from; a schema rejection's reason is its own message.
+    evidence = decisive.raw.evidence if decisive.schema_error is None else None
     return AgentProof(
         status=AgentStatus.FAILED,
         failure_class=agent_class,
@@ -356,6 +358,7 @@ def _proof(
         precondition=precondition,
         retry_after_s=wait,
         reset_from_structure=wait is not None and decisive.raw.reset_from_structure,
+        evidence=redact(evidence, secrets) if evidence else None,
         **common,
     )
 
