@@ -28,6 +28,15 @@ Structure read (gemini-cli 0.61, recorded in fixtures/recorded/gemini):
   retry notice, never the final error; a run that ends (timeout) on one was still
   retrying (`fetch failed`: the API is unreachable). The reset of a quota error is its
   `retryDelayMs`, else the `Please retry in Ns` of the final error.
+- `Attempt N failed: <message>. Retrying after Xms...` is its quota retry (a
+  RetryableQuotaError: a 429/499/503 whose RetryInfo delay, or `Please retry in`, is at
+  most 300 s; the message's last line, `Suggested retry after Ns.`, quotes the vendor's
+  delay): it then sleeps X ms, the delay plus up to 20% jitter. `watch` stops a CLI that
+  announces more than `LONG_WAIT_S` (with `general.maxAttempts` 2, a limit lifting in
+  298 s held the slot for 310 s, and `--timeout` killed it mid-sleep): the attempt is
+  upstream with the vendor's delay as its reset, from the CLI's fixed announcement, so
+  the lane parks. A run killed (timeout) during a shorter announced sleep is read the
+  same way (`pending`).
 """
 
 from __future__ import annotations
@@ -39,7 +48,9 @@ import attrs
 
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
+    LONG_WAIT_S,
     ErrorKind,
+    Line,
     http_status,
     json_object,
     last_json_value,
@@ -73,6 +84,10 @@ _EXIT_STATUS = {145: 401, 147: 403}
 _NOTICE = re.compile(r"^Attempt \d+ failed(?: with status (?P<code>\d{3}))?[.:].*$", re.M)
 _FINAL = "Error when talking to Gemini API"
 _RETRY_DELAY_MS = re.compile(r"^\s*retryDelayMs: (\d{1,9}),?$", re.M)
+# The quota retry's announcement, ending the line its message's last line is printed on.
+_ANNOUNCED = "Retrying after "
+_ANNOUNCEMENT = re.compile(r"^.*Retrying after (?P<ms>\d{1,12})ms\.\.\.[ \t]*$", re.M)
+_SUGGESTED = re.compile(r"Suggested retry after (?P<s>\d{1,9}(?:\.\d{1,6})?)s\.")
 
 
 def _envelope_of(document: Any) -> dict[str, Any] | None:
@@ -149,18 +164,53 @@ def _structured_delay(stderr: str) -> bool:
     return bool(_RETRY_DELAY_MS.findall(_final_block(stderr)))
 
 
+def _announced(line: str) -> Envelope | None:
+    """The quota retry announcement `line` as the error it waits out: rate limited, its
+    reset the vendor's delay the CLI quotes (`Suggested retry after Ns.`), else the sleep
+    it announces; None when `line` is no announcement."""
+    found = _ANNOUNCEMENT.match(line)
+    if found is None:
+        return None
+    suggested = _SUGGESTED.search(line)
+    wait = float(suggested.group("s")) if suggested else int(found.group("ms")) / 1000.0
+    return Envelope(
+        found=True,
+        is_error=True,
+        error_message=line.strip(),
+        error_kind=ErrorKind.RATE_LIMITED,
+        retry_after_s=wait,
+        # The CLI's fixed announcement of the delay it read from the vendor's RetryInfo.
+        reset_structured=True,
+    )
+
+
+def _still_pending(after: str) -> bool:
+    """Whether only a notice's own stack frames and inspected error (indented, or the `}`
+    closing it) and the CLI's startup timing lines follow it: it was still pending."""
+    for later in after.splitlines():
+        if later.strip() and not later.startswith((" ", "\t", "}", "[STARTUP]")):
+            return False
+    return True
+
+
 def _retrying(stderr: str) -> Envelope | None:
     """The last retry notice, when nothing final came after it (the CLI was still at it)."""
     notice = None
     for notice in _NOTICE.finditer(stderr):  # noqa: B007 - the last one is wanted
         continue
+    announced = None
+    for announced in _ANNOUNCEMENT.finditer(stderr):  # noqa: B007 - the last one is wanted
+        continue
+    if announced is not None and (notice is None or announced.end() >= notice.end()):
+        # A quota retry, sleeping when the run ended: its message ran onto this line.
+        waiting = _announced(announced.group(0))
+        if waiting is not None and _still_pending(stderr[announced.end() :]):
+            return attrs.evolve(waiting, pending=True)
+        return None
     if notice is None or "Retrying" not in notice.group(0):
         return None
-    for later in stderr[notice.end() :].splitlines():
-        # Only the notice's own stack frames and inspected error (indented, or the `}`
-        # closing it) and the CLI's startup timing lines may follow a notice still pending.
-        if later.strip() and not later.startswith((" ", "\t", "}", "[STARTUP]")):
-            return None
+    if not _still_pending(stderr[notice.end() :]):
+        return None
     line = notice.group(0)
     kind = ErrorKind.UNREACHABLE if "fetch failed" in line else ErrorKind.RETRYING
     code = notice.group("code")
@@ -241,3 +291,13 @@ class GeminiAdapter:
         return map_result(
             self, result, _read(result.stdout_tail, result.stderr_tail, result.exit_code)
         )
+
+    def watch(self, line: Line) -> Envelope | None:
+        """The CLI announced a quota retry longer than `LONG_WAIT_S` on stderr: the
+        error it would sleep out, to end the attempt with (else None)."""
+        if line.stream != "stderr" or _ANNOUNCED not in line.text:
+            return None
+        waiting = _announced(line.text)
+        if waiting is None or waiting.retry_after_s is None:
+            return None
+        return waiting if waiting.retry_after_s > LONG_WAIT_S else None

@@ -10,11 +10,15 @@ text list of the classifier. Upstream wording never lives in a vendor module, an
 alone never yields environment: credentials and billing stop a run only when an adapter
 read them from the vendor's structure.
 
-Besides the `Adapter` protocol's members, the contract reads two optional attributes with
+Besides the `Adapter` protocol's members, the contract reads optional attributes with
 `getattr` defaults, so an adapter that lacks them needs no change: `credential_env` (the
 environment variables the vendor CLI takes credentials from) and `credential_files` (its
-credential files, `~` allowed). They name what to fix in an environment precondition and
-let `execkit adapters` say whether credentials look present; their values are never read.
+credential files, `~` allowed) name what to fix in an environment precondition and let
+`execkit adapters` say whether credentials look present (their values are never read);
+`trust_hint` words the untrusted-workspace fix; `watch(line)` reads the CLI's output as
+it is printed (`AdapterWatch`): a CLI that announces it will sleep out a limit longer
+than `LONG_WAIT_S` is stopped there, and the attempt ends as `upstream` with the
+announced reset, so the slot is freed and the vendor lane parks instead.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 from attrs.validators import deep_iterable, ge, gt, instance_of, optional
 
+from execkit._backoff import AGENT_BACKOFF
 from execkit._classify import (
     ACCOUNT_LIMIT_REASONS,
     EVIDENCE_CHARS,
@@ -40,18 +45,21 @@ from execkit._classify import (
     stated_wait_s,
 )
 from execkit._errors import InvalidInput
-from execkit._exec import SpawnFailure, SpawnResult
+from execkit._exec import Line, SpawnFailure, SpawnResult, StopTree
 from execkit._json import json_key, to_json
 from execkit._redact import redact
 from execkit._validate import checked, finite, integer, opt_checked
 
 __all__ = [
+    "LONG_WAIT_S",
     "NO_ENVELOPE",
     "Adapter",
+    "AdapterWatch",
     "AgentRequest",
     "Envelope",
     "ErrorKind",
     "MappedResult",
+    "adapter_watch",
     "billing_precondition",
     "credential_env_of",
     "credential_files_of",
@@ -550,8 +558,10 @@ def map_result(
     2. a timeout or a signal: upstream when the CLI was killed on timeout while its last
        event was a retry or reconnect notice (`error_kind` retrying or unreachable: the
        uncharged ceiling bounds it); an error the envelope marks `pending` (the CLI was
-       still waiting out a refusal, or waiting for a login, when it was killed) goes on
-       to step 3 as if the CLI had reported it; else the classifier's verdict.
+       still waiting out a refusal, or waiting for a login, when it was killed), and the
+       envelope of an adapter's `watch` that stopped the CLI (`result.stopped_by`: it
+       announced a wait longer than `LONG_WAIT_S`), go on to step 3 as if the CLI had
+       reported it; else the classifier's verdict.
     3. the envelope reported an error (or the failed process's envelope carried one): the
        structured fields decide. Credentials (`error_kind` credentials, status 401/403) are
        environment naming the vendor's variables and login; billing (`error_kind` billing,
@@ -575,6 +585,8 @@ def map_result(
     # ended in the middle of that error: its structure decides, below.
     pending = result.timed_out and envelope.pending
     pending = pending and (envelope.error_kind is not None or envelope.http_status is not None)
+    # Stopped by the adapter's own watch: the envelope it read from the line is the error.
+    pending = pending or (result.stopped_by is not None and envelope.is_error)
     if (result.timed_out or result.signal is not None) and not pending:
         if result.timed_out and envelope.error_kind in _STILL_TRYING:
             message = envelope.error_message or result.failure_text(_ERROR_CHARS)
@@ -642,3 +654,74 @@ def map_result(
         cost_usd=envelope.cost_usd,
         duration_s=result.duration_s,
     )
+
+
+# --- reading the output as it is printed --------------------------------------------------
+
+LONG_WAIT_S = AGENT_BACKOFF.max_s
+"""The longest wait a CLI may sleep out inside an attempt (60 s): an adapter's `watch`
+ends the attempt when its CLI announces a longer one.
+
+Why this bound: it is the in-agent loop's own backoff ceiling (`AGENT_BACKOFF.max_s`),
+beyond which `run_agent` hands a vendor's stated wait to the durable scheduler instead of
+sleeping it. A CLI's own short retry is worth keeping (it keeps its session, its context
+and its place in the turn, and costs no new admission); a longer one holds a slot, and the
+vendor lane stays open, for as long as the vendor asked every caller to wait: a daily limit
+would hold every slot for hours. Handed back, the attempt is `upstream` with that reset and
+the lane parks until it."""
+
+
+def _watch_of(adapter: object) -> Any:
+    watch = getattr(adapter, "watch", None)
+    return watch if callable(watch) else None
+
+
+@attrs.define
+class AdapterWatch:
+    """One spawn of an adapter that reads its CLI's output as it is printed.
+
+    `on_line` is the spawn's line hook (`spawn(on_line=...)`): each line goes to the
+    adapter's `watch(line)`, which returns None, or an `Envelope` saying the CLI announced
+    a wait it should not sleep out in the attempt (`is_error`, the kind, `retry_after_s`
+    and, when the wait is the vendor's or the CLI's fixed announcement of it,
+    `reset_structured`). The first envelope stops the tree (`StopTree`), and `parse` maps
+    the stopped spawn from that envelope; any other spawn is the adapter's own `parse`.
+    An adapter's `watch` that raises is the spawn's exception (the tree is killed first).
+    """
+
+    adapter: Adapter
+    _watch: Any
+    envelope: Envelope | None = None
+
+    def on_line(self, line: Line) -> StopTree | None:
+        """The line hook: the adapter reads `line`; its first envelope stops the tree."""
+        if self.envelope is not None:
+            return None
+        envelope = self._watch(line)
+        if envelope is None:
+            return None
+        if not isinstance(envelope, Envelope) or not envelope.is_error:
+            raise TypeError(
+                f"{_adapter_name(self.adapter)}.watch must return None or an Envelope with "
+                f"is_error set, got {envelope!r}"
+            )
+        self.envelope = envelope
+        wait = envelope.retry_after_s
+        said = "" if wait is None else f" of {wait:g} s"
+        return StopTree(
+            f"{_adapter_name(self.adapter)} announced a wait{said}, longer than an attempt "
+            f"sleeps ({LONG_WAIT_S:g} s): stopped to hand it back"
+        )
+
+    def parse(self, result: SpawnResult) -> MappedResult:
+        """The stopped spawn mapped from the watch's envelope; else the adapter's `parse`."""
+        if result.stopped_by is not None and self.envelope is not None:
+            return map_result(self.adapter, result, self.envelope)
+        return self.adapter.parse(result)
+
+
+def adapter_watch(adapter: Adapter) -> AdapterWatch | None:
+    """The `AdapterWatch` of an adapter with a `watch` method, else None (the spawn then
+    takes no line hook and costs what it did)."""
+    watch = _watch_of(adapter)
+    return None if watch is None else AdapterWatch(adapter, watch)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from execkit._adapter import Adapter, AgentRequest, MappedResult
+from execkit._adapter import Adapter, AgentRequest, MappedResult, adapter_watch
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
@@ -268,6 +268,9 @@ def _spawn_once(
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
 ) -> MappedResult:
+    # An adapter that reads its CLI's output as it is printed (`watch`) stops a CLI that
+    # announces it will sleep out a long limit; others take no line hook at all.
+    watching = adapter_watch(adapter)
     result = spawn(
         list(argv),
         cwd=cwd,
@@ -275,12 +278,13 @@ def _spawn_once(
         timeout=timeout_s,
         kill_grace=kill_grace,
         tail_bytes=_ENVELOPE_TAIL_BYTES,
+        on_line=None if watching is None else watching.on_line,
         heartbeat=None if beat is None else beat.renew,
         heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else beat.every_s,
         start=start,
         cancel=cancel,
     )
-    return adapter.parse(result)
+    return adapter.parse(result) if watching is None else watching.parse(result)
 
 
 @attrs.frozen
