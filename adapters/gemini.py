@@ -37,6 +37,12 @@ Structure read (gemini-cli 0.61, recorded in fixtures/recorded/gemini):
   upstream with the vendor's delay as its reset, from the CLI's fixed announcement, so
   the lane parks. A run killed (timeout) during a shorter announced sleep is read the
   same way (`pending`).
+- An unreachable API is gemini's fixed rendering of undici's failure, `exception
+  TypeError: fetch failed sending request`: in 0.61 only in its retry notices; older
+  releases (0.20, 0.30) give up at once with an error object whose message is the
+  unprintable `[object Object]` (code 1), the cause on the final error's line (0.30) or
+  only on the failed routing call's (0.20). The rendering, in the message or beside such
+  a message, is the unreachable kind, and the line it is on becomes the message.
 """
 
 from __future__ import annotations
@@ -77,6 +83,10 @@ _ERROR_TYPES = {"FatalAuthenticationError": ErrorKind.CREDENTIALS}
 _CODE_KINDS = {41: ErrorKind.CREDENTIALS, 55: ErrorKind.UNTRUSTED}
 _KEY_REASONS = frozenset({"API_KEY_INVALID", "API_KEY_EXPIRED"})
 _DAILY_QUOTA = "You have exhausted your daily quota"
+# undici's connection failure as gemini-cli renders it (`exception TypeError: fetch failed
+# sending request`), and what older releases print for an error object they cannot show.
+_FETCH_FAILED = "fetch failed sending request"
+_UNPRINTABLE = "[object Object]"
 _NO_FINISH = "Model stream ended without a finish reason."
 # gemini-cli exits with the HTTP status mod 256, and 41 for FatalAuthenticationError.
 _EXIT_STATUS = {145: 401, 147: 403}
@@ -135,6 +145,8 @@ def _kind(envelope: dict[str, Any], error: dict[str, Any], message: str | None) 
         return named
     if (message or "").startswith(_DAILY_QUOTA):
         return ErrorKind.BILLING
+    if _FETCH_FAILED in (message or ""):
+        return ErrorKind.UNREACHABLE
     body = json_object(message)
     api_error = body.get("error") if body is not None else None
     details = api_error.get("details") if isinstance(api_error, dict) else None
@@ -223,6 +235,20 @@ def _retrying(stderr: str) -> Envelope | None:
     )
 
 
+def _cause_line(stderr: str) -> str | None:
+    """For an error object older releases print as `[object Object]`: the line of stderr
+    that renders its cause, the final error's own first, else the last one that renders an
+    unreachable API (a routing call's failure, the only cause 0.20 prints)."""
+    block = _final_block(stderr)
+    first = block.splitlines()[0] if block else ""
+    if _FETCH_FAILED in first:
+        return first.strip()
+    for line in reversed(stderr.splitlines()):
+        if _FETCH_FAILED in line:
+            return line.strip()
+    return None
+
+
 def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
     envelope = _envelope_of(load_json_document(stdout)) or _envelope_of(last_json_value(stderr))
     if envelope is None:
@@ -236,6 +262,8 @@ def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
     session_id = str_field(envelope, "session_id", "sessionId")
     if isinstance(error, dict | str):
         message = error if isinstance(error, str) else str_field(error, "message", "type")
+        if message == _UNPRINTABLE:
+            message = _cause_line(stderr) or message
         fields = error if isinstance(error, dict) else {}
         status = http_status(number_field(fields, "code", "status"))
         return Envelope(

@@ -18,6 +18,13 @@ error...`, `429 Rate limit reached...`) and an unreachable API as `Connection er
 here as that status and that kind. A run that ends (a timeout) while its last event is a
 retry notice was still retrying.
 
+Text mode (`pi -p PROMPT`, no `--mode json`: what a runner that passes its own argv, or
+`--mode text` in `extra_args`, gets) prints the reply on stdout, and a failed turn's
+`errorMessage` alone on stderr with exit 1 (its print mode's `console.error`): the same
+SDK rendering, read the same way from the last stderr line that starts like one. The
+adapter asks for `--mode json` (it carries the retry events and the session), and reads
+either.
+
 `auto_retry_start` announces pi's own retry sleep, `delayMs` (`retry.baseDelayMs`, 2 s by
 default, doubling for `retry.maxRetries`, 3): `watch` ends the attempt on one longer than
 `LONG_WAIT_S` (a runner that raised those settings), upstream with that wait as its
@@ -94,7 +101,20 @@ def _reply(message: dict[str, Any]) -> str:
     )
 
 
-def _read(stdout: str, stderr: str, now: float) -> Envelope:
+def _text_mode_error(stderr: str) -> _Error | None:
+    """Text mode's failed turn: its `errorMessage` on stderr, from the last line that
+    starts like the SDK's rendering (a status, an unreachable API) or a start-up refusal,
+    to the end (an HTML error page runs on over several lines)."""
+    lines = stderr.strip().splitlines()
+    starts = tuple(prefix for prefix, _ in _FIXED_PREFIXES) + _UNREACHABLE
+    for at in range(len(lines) - 1, -1, -1):
+        line = lines[at].strip()
+        if _SDK_STATUS.match(line) or line.startswith(starts):
+            return _read_error("\n".join(lines[at:]).strip())
+    return None
+
+
+def _read(stdout: str, stderr: str, now: float, failed: bool = False) -> Envelope:
     session_id: str | None = None
     reply: str | None = None
     error: _Error | None = None  # the last assistant turn's error, or the retry's final one
@@ -138,6 +158,8 @@ def _read(stdout: str, stderr: str, now: float) -> Envelope:
         said = stderr.strip()
         if said.startswith(tuple(prefix for prefix, _ in _FIXED_PREFIXES)):
             final = _read_error(said.splitlines()[0])
+        elif not seen and failed:
+            final = _text_mode_error(stderr)
     if final is None:
         return Envelope(found=seen and reply is not None, text=reply, session_id=session_id)
     return Envelope(
@@ -175,7 +197,8 @@ class PiAdapter:
         return request_argv([self.binary, "-p", "--mode", "json", "--no-session"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, _read(result.stdout_tail, result.stderr_tail, time.time()))
+        envelope = _read(result.stdout_tail, result.stderr_tail, time.time(), not result.ok)
+        return map_result(self, result, envelope)
 
     def watch(self, line: Line) -> Envelope | None:
         """An `auto_retry_start` event announcing a sleep longer than `LONG_WAIT_S`: the

@@ -14,6 +14,12 @@ reason.]` (a cut stream) or `[API Error: Overloaded]`; its fixed start-up refusa
 retries it prints `Retrying in Ns (attempt a/b): [API Error: ...]` on stderr: a run
 killed after one with no result was still retrying that error (`pending`).
 
+The same events in its other modes: `--output-format json` prints them as one JSON array
+on stdout (the `result` element carries the same `error.message`), or, when it fails
+before that array, a gemini-style `{"error": {"type", "message", "code"}}` object on
+stderr; text mode (no `--output-format`) prints the reply on stdout and the error alone on
+stderr, `[API Error: ...]` or a start-up refusal, with exit 1. Each is read the same way.
+
 Its retry loops (qwen-code 0.24, `packages/core`): a failed call is first retried by
 `retryWithBackoff`, 7 attempts, no setting, sleeping a 429's or 503's `Retry-After` in full
 (up to 24.8 days) and printing nothing (its log goes to a debug file), so no watch can see
@@ -44,6 +50,8 @@ from execkit.adapterkit import (
     Line,
     http_status,
     iter_json_objects,
+    last_json_value,
+    load_json_document,
     parse_retry_after,
     request_argv,
     str_field,
@@ -60,6 +68,8 @@ _CAPACITY = re.compile(
     r"\[qwen-code\] Waiting for API capacity\.\.\. attempt \d+, retry in (?P<s>\d{1,9})s"
 )
 _CAPACITY_NOTICE = re.compile(r"^\[qwen-code\] Waiting for API capacity\.\.\..*$", re.M)
+# How text mode's error starts: qwen's own rendering, or a start-up refusal.
+_TEXT_ERROR = ("[API Error: ", "Missing API key", "No auth type is selected")
 _FIXED = (
     ("Missing API key", ErrorKind.CREDENTIALS),
     ("No auth type is selected", ErrorKind.CREDENTIALS),
@@ -84,6 +94,36 @@ def _error(message: str, now: float, *, pending: bool = False) -> Envelope:
         retry_after_s=parse_retry_after(message, now=now),
         pending=pending,
     )
+
+
+def _events(stdout: str) -> list[dict[str, Any]]:
+    """stream-json's events, one a line; else json mode's one array of them."""
+    events = list(iter_json_objects(stdout))
+    if events:
+        return events
+    document = load_json_document(stdout)
+    if isinstance(document, list):
+        return [event for event in document if isinstance(event, dict)]
+    return []
+
+
+def _stderr_error(stderr: str) -> str | None:
+    """json mode's error object on stderr (`{"error": {"type", "message", "code"}}`), when
+    it failed before printing its array: the message."""
+    document = last_json_value(stderr)
+    error = document.get("error") if isinstance(document, dict) else None
+    return str_field(error, "message") if isinstance(error, dict) else None
+
+
+def _text_error(stderr: str) -> tuple[int, str] | None:
+    """Text mode's error: (where it starts, the text from its first line to the end)."""
+    at = len(stderr)
+    while at > 0:
+        start = stderr.rfind("\n", 0, at - 1) + 1
+        if stderr[start:at].lstrip().startswith(_TEXT_ERROR):
+            return start, stderr[start:].strip()
+        at = start
+    return None
 
 
 def _pending(stderr: str, now: float, session_id: str | None) -> Envelope | None:
@@ -114,15 +154,23 @@ def _capacity(line: str) -> Envelope:
     )
 
 
-def _read(stdout: str, stderr: str, now: float) -> Envelope:
+def _read(stdout: str, stderr: str, now: float, failed: bool = False) -> Envelope:
     result: dict[str, Any] | None = None
     session_id: str | None = None
-    for event in iter_json_objects(stdout):
+    for event in _events(stdout):
         session_id = str_field(event, "session_id") or session_id
         if event.get("type") == "result":
             result = event
     if result is None:
-        return _pending(stderr, now, session_id) or Envelope(session_id=session_id)
+        said = _stderr_error(stderr)
+        if said is not None:
+            return attrs.evolve(_error(said, now), session_id=session_id)
+        # A run that exited 0 with its reply (text mode) recovered from what it retried.
+        pending = _pending(stderr, now, session_id) if failed else None
+        final = _text_error(stderr) if failed else None
+        if final is not None and (pending is None or final[0] > _last_notice(stderr)):
+            return attrs.evolve(_error(final[1], now), session_id=session_id)
+        return pending or Envelope(session_id=session_id)
     failed = result.get("is_error") is True or (str_field(result, "subtype") or "").startswith(
         "error"
     )
@@ -134,6 +182,15 @@ def _read(stdout: str, stderr: str, now: float) -> Envelope:
         or "qwen reported an error"
     )
     return attrs.evolve(_error(message, now), session_id=session_id)
+
+
+def _last_notice(stderr: str) -> int:
+    """Where the last retry announcement starts (-1: none)."""
+    return max(
+        stderr.rfind("\nRetrying in "),
+        stderr.rfind("\n[qwen-code] Waiting for API capacity"),
+        0 if stderr.startswith(("Retrying in ", "[qwen-code] Waiting")) else -1,
+    )
 
 
 @attrs.frozen
@@ -156,7 +213,7 @@ class QwenAdapter:
         return request_argv([self.binary, "--output-format", "stream-json"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        envelope = _read(result.stdout_tail, result.stderr_tail, time.time())
+        envelope = _read(result.stdout_tail, result.stderr_tail, time.time(), not result.ok)
         return map_result(self, result, envelope)
 
     def watch(self, line: Line) -> Envelope | None:
