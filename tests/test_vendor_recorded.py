@@ -57,6 +57,8 @@ CLI_CELLS = [
     "pi/server_500",
     "amp/no_credentials",
     "crush/not_installed",
+    # Stopped by the gemini adapter's watch: its quota retry announced a 298 s sleep.
+    "gemini/limit_longer_than_timeout",
 ]
 
 
@@ -232,6 +234,16 @@ LANE_CAUSES = {
     # it for a per-day quota id and prints `retryDelayMs: undefined`: it waits, never parks.
     "gemini/usage_limit": None,
     "codex/usage_limit": "reset",  # its fixed "try again at <time>" usage-limit sentence
+    # Issue 52: a limit the CLI would sleep out. Its announcement, read as it is printed,
+    # ends the attempt with the announced reset: the lane parks instead of a slot sleeping.
+    "gemini/limit_longer_than_timeout": "reset",  # `Suggested retry after 298s.. Retrying ...`
+    "gemini/limit_longer_than_timeout_one_attempt": "reset",  # `retryDelayMs: 298000`
+    "qwen/limit_longer_than_timeout_unattended": "reset",  # `Waiting for API capacity...`
+    # Slept silently inside the CLI: nothing to read, charged as a timeout.
+    "qwen/limit_longer_than_timeout": None,
+    "pi/limit_longer_than_timeout": None,
+    # Handed back by pi's setting, its wait in the vendor's prose: it waits, never parks.
+    "pi/limit_longer_than_timeout_no_sdk_retries": None,
 }
 
 
