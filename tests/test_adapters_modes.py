@@ -7,17 +7,19 @@ must not take for an error, and what they must not take for structure.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from execkit import AgentStatus, get_adapter, run_command
+from execkit import AgentProof, AgentStatus, get_adapter, run_command
 from execkit._classify import FailureClass
 from execkit.testing import FakeVendor
 
 NOTICE = "Retrying in 1s (attempt 1/1): [API Error: 503 The server is overloaded.]\n"
 
 
-def _proof(fake_vendor: FakeVendor, name: str, **behaviour: object) -> object:
-    fake_vendor.register(name, **behaviour)  # type: ignore[arg-type]
+def _proof(fake_vendor: FakeVendor, name: str, **behaviour: Any) -> AgentProof:
+    fake_vendor.register(name, **behaviour)
     return run_command(get_adapter(name), [name, "say hello"], start=fake_vendor.start)
 
 
@@ -28,14 +30,14 @@ def test_qwen_text_mode_error_after_a_retry_notice_is_final(fake_vendor: FakeVen
         stderr=NOTICE + "[API Error: 400 Unsupported parameter: 'temperature'.]\n",
         exit_code=1,
     )
-    assert (proof.failure_class, proof.reason) == (FailureClass.WORK, "http 400")  # type: ignore[attr-defined]
+    assert (proof.failure_class, proof.reason) == (FailureClass.WORK, "http 400")
 
 
 def test_qwen_text_mode_reply_is_a_success_whatever_stderr_says(fake_vendor: FakeVendor) -> None:
     # A retry it recovered from leaves its notice on stderr; the exit and the reply decide.
     proof = _proof(fake_vendor, "qwen", stdout="pong\n", stderr=NOTICE, exit_code=0)
-    assert proof.status is AgentStatus.SUCCEEDED  # type: ignore[attr-defined]
-    assert proof.output == "pong"  # type: ignore[attr-defined]
+    assert proof.status is AgentStatus.SUCCEEDED
+    assert proof.output == "pong"
 
 
 def test_qwen_json_mode_success_is_read_from_its_array(fake_vendor: FakeVendor) -> None:
@@ -45,8 +47,8 @@ def test_qwen_json_mode_success_is_read_from_its_array(fake_vendor: FakeVendor) 
         '"result":"pong"}]\n'
     )
     proof = _proof(fake_vendor, "qwen", stdout=array)
-    assert proof.status is AgentStatus.SUCCEEDED  # type: ignore[attr-defined]
-    assert (proof.output, proof.session_id) == ("pong", "s-1")  # type: ignore[attr-defined]
+    assert proof.status is AgentStatus.SUCCEEDED
+    assert (proof.output, proof.session_id) == ("pong", "s-1")
 
 
 @pytest.mark.parametrize(
@@ -66,12 +68,12 @@ def test_pi_text_mode_reads_the_sdk_rendering_on_stderr(
     fake_vendor: FakeVendor, stderr: str, klass: str, reason: str
 ) -> None:
     proof = _proof(fake_vendor, "pi", stderr=stderr, exit_code=1)
-    assert (proof.failure_class, proof.reason) == (FailureClass(klass), reason)  # type: ignore[attr-defined]
+    assert (proof.failure_class, proof.reason) == (FailureClass(klass), reason)
 
 
 def test_pi_text_mode_reply_is_a_success(fake_vendor: FakeVendor) -> None:
     proof = _proof(fake_vendor, "pi", stdout="pong\n", stderr="401 ignored on a success\n")
-    assert proof.status is AgentStatus.SUCCEEDED  # type: ignore[attr-defined]
+    assert proof.status is AgentStatus.SUCCEEDED
 
 
 def test_an_unprintable_gemini_error_without_a_cause_stays_unidentified(
@@ -79,7 +81,7 @@ def test_an_unprintable_gemini_error_without_a_cause_stays_unidentified(
 ) -> None:
     error = '{"error": {"type": "Error", "message": "[object Object]", "code": 1}}\n'
     proof = _proof(fake_vendor, "gemini", stderr="something else broke\n" + error, exit_code=1)
-    assert (proof.failure_class, proof.reason) == (FailureClass.WORK, "default")  # type: ignore[attr-defined]
+    assert (proof.failure_class, proof.reason) == (FailureClass.WORK, "default")
 
 
 def test_gemini_fetch_failed_in_its_json_error_is_unreachable(fake_vendor: FakeVendor) -> None:
@@ -88,7 +90,7 @@ def test_gemini_fetch_failed_in_its_json_error_is_unreachable(fake_vendor: FakeV
         '"message": "exception TypeError: fetch failed sending request", "code": 1}}\n'
     )
     proof = _proof(fake_vendor, "gemini", stderr=error, exit_code=1)
-    assert (proof.failure_class, proof.reason) == (  # type: ignore[attr-defined]
+    assert (proof.failure_class, proof.reason) == (
         FailureClass.UPSTREAM,
         "vendor unreachable",
     )

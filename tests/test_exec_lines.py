@@ -48,7 +48,7 @@ def test_any_chunking_hands_over_the_same_lines(pieces: list[bytes], data: st.Da
     whole = b"".join(pieces)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(whole)), max_size=12)))
     seen: list[Line] = []
-    splitter = LineSplitter("stdout", lambda line: seen.append(line))  # type: ignore[func-returns-value]
+    splitter = LineSplitter("stdout", lambda line: seen.append(line))
     start = 0
     for cut in [*cuts, len(whole)]:
         splitter.feed(whole[start:cut])
@@ -67,7 +67,7 @@ def test_any_chunking_hands_over_the_same_lines(pieces: list[bytes], data: st.Da
 
 def test_a_line_longer_than_the_bound_is_cut_and_its_rest_skipped() -> None:
     seen: list[Line] = []
-    splitter = LineSplitter("stderr", lambda line: seen.append(line))  # type: ignore[func-returns-value]
+    splitter = LineSplitter("stderr", lambda line: seen.append(line))
     # 10 MiB with no newline, fed as a pipe hands it over, then a short line.
     for _ in range(160):
         splitter.feed(b"y" * 65536)
@@ -89,7 +89,7 @@ def test_lines_arrive_live_per_stream_and_the_last_one_without_a_newline() -> No
         "sys.stderr.write('warn: é\\n'); sys.stderr.flush()\n"
         "sys.stdout.write('three, no newline')\n"
     )
-    result = spawn([*PY, "-c", code], on_line=lambda line: seen.append(line))  # type: ignore[func-returns-value]
+    result = spawn([*PY, "-c", code], on_line=lambda line: seen.append(line))
     assert result.ok and result.stopped_by is None
     assert [(line.stream, line.text) for line in seen if line.stream == "stdout"] == [
         ("stdout", "one"),
@@ -164,7 +164,7 @@ def test_a_hook_sees_lines_unredacted_while_the_tails_are_masked() -> None:
     seen: list[str] = []
     result = spawn(
         [*PY, "-c", f"print('key {secret}')"],
-        on_line=lambda line: seen.append(line.text),  # type: ignore[func-returns-value]
+        on_line=lambda line: seen.append(line.text),
     )
     assert seen == [f"key {secret}"]
     assert secret not in result.stdout_tail
@@ -177,7 +177,7 @@ def test_a_hook_and_a_chunk_callback_both_see_the_output() -> None:
     result = spawn(
         [*PY, "-c", code],
         on_stdout=chunks.append,
-        on_line=lambda line: seen.append(line.text),  # type: ignore[func-returns-value]
+        on_line=lambda line: seen.append(line.text),
     )
     assert result.ok
     assert b"".join(chunks) == b"x" * 200000 + b"\nend\n"
