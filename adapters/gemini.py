@@ -28,6 +28,21 @@ Structure read (gemini-cli 0.61, recorded in fixtures/recorded/gemini):
   retry notice, never the final error; a run that ends (timeout) on one was still
   retrying (`fetch failed`: the API is unreachable). The reset of a quota error is its
   `retryDelayMs`, else the `Please retry in Ns` of the final error.
+- `Attempt N failed: <message>. Retrying after Xms...` is its quota retry (a
+  RetryableQuotaError: a 429/499/503 whose RetryInfo delay, or `Please retry in`, is at
+  most 300 s; the message's last line, `Suggested retry after Ns.`, quotes the vendor's
+  delay): it then sleeps X ms, the delay plus up to 20% jitter. `watch` stops a CLI that
+  announces more than `LONG_WAIT_S` (with `general.maxAttempts` 2, a limit lifting in
+  298 s held the slot for 310 s, and `--timeout` killed it mid-sleep): the attempt is
+  upstream with the vendor's delay as its reset, from the CLI's fixed announcement, so
+  the lane parks. A run killed (timeout) during a shorter announced sleep is read the
+  same way (`pending`).
+- An unreachable API is gemini's fixed rendering of undici's failure, `exception
+  TypeError: fetch failed sending request`: in 0.61 only in its retry notices; older
+  releases (0.20, 0.30) give up at once with an error object whose message is the
+  unprintable `[object Object]` (code 1), the cause on the final error's line (0.30) or
+  only on the failed routing call's (0.20). The rendering, in the message or beside such
+  a message, is the unreachable kind, and the line it is on becomes the message.
 """
 
 from __future__ import annotations
@@ -39,7 +54,9 @@ import attrs
 
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
+    LONG_WAIT_S,
     ErrorKind,
+    Line,
     http_status,
     json_object,
     last_json_value,
@@ -66,6 +83,10 @@ _ERROR_TYPES = {"FatalAuthenticationError": ErrorKind.CREDENTIALS}
 _CODE_KINDS = {41: ErrorKind.CREDENTIALS, 55: ErrorKind.UNTRUSTED}
 _KEY_REASONS = frozenset({"API_KEY_INVALID", "API_KEY_EXPIRED"})
 _DAILY_QUOTA = "You have exhausted your daily quota"
+# undici's connection failure as gemini-cli renders it (`exception TypeError: fetch failed
+# sending request`), and what older releases print for an error object they cannot show.
+_FETCH_FAILED = "fetch failed sending request"
+_UNPRINTABLE = "[object Object]"
 _NO_FINISH = "Model stream ended without a finish reason."
 # gemini-cli exits with the HTTP status mod 256, and 41 for FatalAuthenticationError.
 _EXIT_STATUS = {145: 401, 147: 403}
@@ -73,6 +94,10 @@ _EXIT_STATUS = {145: 401, 147: 403}
 _NOTICE = re.compile(r"^Attempt \d+ failed(?: with status (?P<code>\d{3}))?[.:].*$", re.M)
 _FINAL = "Error when talking to Gemini API"
 _RETRY_DELAY_MS = re.compile(r"^\s*retryDelayMs: (\d{1,9}),?$", re.M)
+# The quota retry's announcement, ending the line its message's last line is printed on.
+_ANNOUNCED = "Retrying after "
+_ANNOUNCEMENT = re.compile(r"^.*Retrying after (?P<ms>\d{1,12})ms\.\.\.[ \t]*$", re.M)
+_SUGGESTED = re.compile(r"Suggested retry after (?P<s>\d{1,9}(?:\.\d{1,6})?)s\.")
 
 
 def _envelope_of(document: Any) -> dict[str, Any] | None:
@@ -120,6 +145,8 @@ def _kind(envelope: dict[str, Any], error: dict[str, Any], message: str | None) 
         return named
     if (message or "").startswith(_DAILY_QUOTA):
         return ErrorKind.BILLING
+    if _FETCH_FAILED in (message or ""):
+        return ErrorKind.UNREACHABLE
     body = json_object(message)
     api_error = body.get("error") if body is not None else None
     details = api_error.get("details") if isinstance(api_error, dict) else None
@@ -149,18 +176,53 @@ def _structured_delay(stderr: str) -> bool:
     return bool(_RETRY_DELAY_MS.findall(_final_block(stderr)))
 
 
+def _announced(line: str) -> Envelope | None:
+    """The quota retry announcement `line` as the error it waits out: rate limited, its
+    reset the vendor's delay the CLI quotes (`Suggested retry after Ns.`), else the sleep
+    it announces; None when `line` is no announcement."""
+    found = _ANNOUNCEMENT.match(line)
+    if found is None:
+        return None
+    suggested = _SUGGESTED.search(line)
+    wait = float(suggested.group("s")) if suggested else int(found.group("ms")) / 1000.0
+    return Envelope(
+        found=True,
+        is_error=True,
+        error_message=line.strip(),
+        error_kind=ErrorKind.RATE_LIMITED,
+        retry_after_s=wait,
+        # The CLI's fixed announcement of the delay it read from the vendor's RetryInfo.
+        reset_structured=True,
+    )
+
+
+def _still_pending(after: str) -> bool:
+    """Whether only a notice's own stack frames and inspected error (indented, or the `}`
+    closing it) and the CLI's startup timing lines follow it: it was still pending."""
+    for later in after.splitlines():
+        if later.strip() and not later.startswith((" ", "\t", "}", "[STARTUP]")):
+            return False
+    return True
+
+
 def _retrying(stderr: str) -> Envelope | None:
     """The last retry notice, when nothing final came after it (the CLI was still at it)."""
     notice = None
     for notice in _NOTICE.finditer(stderr):  # noqa: B007 - the last one is wanted
         continue
+    announced = None
+    for announced in _ANNOUNCEMENT.finditer(stderr):  # noqa: B007 - the last one is wanted
+        continue
+    if announced is not None and (notice is None or announced.end() >= notice.end()):
+        # A quota retry, sleeping when the run ended: its message ran onto this line.
+        waiting = _announced(announced.group(0))
+        if waiting is not None and _still_pending(stderr[announced.end() :]):
+            return attrs.evolve(waiting, pending=True)
+        return None
     if notice is None or "Retrying" not in notice.group(0):
         return None
-    for later in stderr[notice.end() :].splitlines():
-        # Only the notice's own stack frames and inspected error (indented, or the `}`
-        # closing it) and the CLI's startup timing lines may follow a notice still pending.
-        if later.strip() and not later.startswith((" ", "\t", "}", "[STARTUP]")):
-            return None
+    if not _still_pending(stderr[notice.end() :]):
+        return None
     line = notice.group(0)
     kind = ErrorKind.UNREACHABLE if "fetch failed" in line else ErrorKind.RETRYING
     code = notice.group("code")
@@ -171,6 +233,20 @@ def _retrying(stderr: str) -> Envelope | None:
         http_status=http_status(float(code)) if code else None,
         error_kind=kind,
     )
+
+
+def _cause_line(stderr: str) -> str | None:
+    """For an error object older releases print as `[object Object]`: the line of stderr
+    that renders its cause, the final error's own first, else the last one that renders an
+    unreachable API (a routing call's failure, the only cause 0.20 prints)."""
+    block = _final_block(stderr)
+    first = block.splitlines()[0] if block else ""
+    if _FETCH_FAILED in first:
+        return first.strip()
+    for line in reversed(stderr.splitlines()):
+        if _FETCH_FAILED in line:
+            return line.strip()
+    return None
 
 
 def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
@@ -186,6 +262,8 @@ def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
     session_id = str_field(envelope, "session_id", "sessionId")
     if isinstance(error, dict | str):
         message = error if isinstance(error, str) else str_field(error, "message", "type")
+        if message == _UNPRINTABLE:
+            message = _cause_line(stderr) or message
         fields = error if isinstance(error, dict) else {}
         status = http_status(number_field(fields, "code", "status"))
         return Envelope(
@@ -241,3 +319,13 @@ class GeminiAdapter:
         return map_result(
             self, result, _read(result.stdout_tail, result.stderr_tail, result.exit_code)
         )
+
+    def watch(self, line: Line) -> Envelope | None:
+        """The CLI announced a quota retry longer than `LONG_WAIT_S` on stderr: the
+        error it would sleep out, to end the attempt with (else None)."""
+        if line.stream != "stderr" or _ANNOUNCED not in line.text:
+            return None
+        waiting = _announced(line.text)
+        if waiting is None or waiting.retry_after_s is None:
+            return None
+        return waiting if waiting.retry_after_s > LONG_WAIT_S else None

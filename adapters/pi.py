@@ -17,10 +17,24 @@ Anthropic clients print a status error as `<status> <message>` (`500 The server 
 error...`, `429 Rate limit reached...`) and an unreachable API as `Connection error.`, read
 here as that status and that kind. A run that ends (a timeout) while its last event is a
 retry notice was still retrying.
+
+Text mode (`pi -p PROMPT`, no `--mode json`: what a runner that passes its own argv, or
+`--mode text` in `extra_args`, gets) prints the reply on stdout, and a failed turn's
+`errorMessage` alone on stderr with exit 1 (its print mode's `console.error`): the same
+SDK rendering, read the same way from the last stderr line that starts like one. The
+adapter asks for `--mode json` (it carries the retry events and the session), and reads
+either.
+
+`auto_retry_start` announces pi's own retry sleep, `delayMs` (`retry.baseDelayMs`, 2 s by
+default, doubling for `retry.maxRetries`, 3): `watch` ends the attempt on one longer than
+`LONG_WAIT_S` (a runner that raised those settings), upstream with that wait as its
+reset. The provider SDKs' own retries before it (the OpenAI client's two, which wait a
+`Retry-After` of at most 60 s) print nothing, and text mode prints no retry at all.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
@@ -30,9 +44,12 @@ import attrs
 from adapters._vendor_errors import sentence_kind
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
+    LONG_WAIT_S,
     ErrorKind,
+    Line,
     http_status,
     iter_json_objects,
+    number_field,
     parse_retry_after,
     request_argv,
     str_field,
@@ -48,6 +65,8 @@ _FIXED_PREFIXES = (
     ("No API key found", ErrorKind.CREDENTIALS),
     ("No API key for provider", ErrorKind.CREDENTIALS),
 )
+# How the retry announcement's JSON line starts (pi writes `JSON.stringify(event)`).
+_RETRY_START = '{"type":"auto_retry_start"'
 
 
 @attrs.frozen
@@ -82,7 +101,20 @@ def _reply(message: dict[str, Any]) -> str:
     )
 
 
-def _read(stdout: str, stderr: str, now: float) -> Envelope:
+def _text_mode_error(stderr: str) -> _Error | None:
+    """Text mode's failed turn: its `errorMessage` on stderr, from the last line that
+    starts like the SDK's rendering (a status, an unreachable API) or a start-up refusal,
+    to the end (an HTML error page runs on over several lines)."""
+    lines = stderr.strip().splitlines()
+    starts = tuple(prefix for prefix, _ in _FIXED_PREFIXES) + _UNREACHABLE
+    for at in range(len(lines) - 1, -1, -1):
+        line = lines[at].strip()
+        if _SDK_STATUS.match(line) or line.startswith(starts):
+            return _read_error("\n".join(lines[at:]).strip())
+    return None
+
+
+def _read(stdout: str, stderr: str, now: float, failed: bool = False) -> Envelope:
     session_id: str | None = None
     reply: str | None = None
     error: _Error | None = None  # the last assistant turn's error, or the retry's final one
@@ -126,6 +158,8 @@ def _read(stdout: str, stderr: str, now: float) -> Envelope:
         said = stderr.strip()
         if said.startswith(tuple(prefix for prefix, _ in _FIXED_PREFIXES)):
             final = _read_error(said.splitlines()[0])
+        elif not seen and failed:
+            final = _text_mode_error(stderr)
     if final is None:
         return Envelope(found=seen and reply is not None, text=reply, session_id=session_id)
     return Envelope(
@@ -163,4 +197,32 @@ class PiAdapter:
         return request_argv([self.binary, "-p", "--mode", "json", "--no-session"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        return map_result(self, result, _read(result.stdout_tail, result.stderr_tail, time.time()))
+        envelope = _read(result.stdout_tail, result.stderr_tail, time.time(), not result.ok)
+        return map_result(self, result, envelope)
+
+    def watch(self, line: Line) -> Envelope | None:
+        """An `auto_retry_start` event announcing a sleep longer than `LONG_WAIT_S`: the
+        error it would sleep out, to end the attempt with (else None)."""
+        if line.stream != "stdout" or not line.text.startswith(_RETRY_START):
+            return None
+        try:
+            event = json.loads(line.text)
+        except (ValueError, RecursionError):
+            return None
+        delay_ms = number_field(event, "delayMs")
+        if delay_ms is None or delay_ms / 1000.0 <= LONG_WAIT_S:
+            return None
+        said = _read_error(str_field(event, "errorMessage") or "retrying")
+        kind = said.kind
+        if kind is None and said.status is None:
+            kind = ErrorKind.RETRYING
+        return Envelope(
+            found=True,
+            is_error=True,
+            error_message=said.message,
+            http_status=said.status,
+            error_kind=kind,
+            retry_after_s=delay_ms / 1000.0,
+            # pi's own fixed retry event states the wait it is about to sleep.
+            reset_structured=True,
+        )

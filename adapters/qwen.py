@@ -14,9 +14,24 @@ reason.]` (a cut stream) or `[API Error: Overloaded]`; its fixed start-up refusa
 retries it prints `Retrying in Ns (attempt a/b): [API Error: ...]` on stderr: a run
 killed after one with no result was still retrying that error (`pending`).
 
-Its retry loop is `model.generationConfig.maxRetries` / `retryInitialDelayMs` /
-`retryMaxDelayMs` in `~/.qwen/settings.json` (default 10 tries 60 s apart for a 429);
-lower them so that a refusal is reported before the runner's timeout.
+The same events in its other modes: `--output-format json` prints them as one JSON array
+on stdout (the `result` element carries the same `error.message`), or, when it fails
+before that array, a gemini-style `{"error": {"type", "message", "code"}}` object on
+stderr; text mode (no `--output-format`) prints the reply on stdout and the error alone on
+stderr, `[API Error: ...]` or a start-up refusal, with exit 1. Each is read the same way.
+
+Its retry loops (qwen-code 0.24, `packages/core`): a failed call is first retried by
+`retryWithBackoff`, 7 attempts, no setting, sleeping a 429's or 503's `Retry-After` in full
+(up to 24.8 days) and printing nothing (its log goes to a debug file), so no watch can see
+it; then its rate-limit loop, `model.generationConfig.maxRetries` /
+`retryInitialDelayMs` / `retryMaxDelayMs` in `~/.qwen/settings.json` (default 10 tries
+from 60 s, doubling to 5 min, at least the `Retry-After`), announces each sleep as
+`Retrying in Ns (attempt a/b): [API Error: ...]` on stderr. With
+`QWEN_CODE_UNATTENDED_RETRY=1` a 429 or 529 is retried for up to 6 h and its sleep
+announced every 30 s as `[qwen-code] Waiting for API capacity... attempt N, retry in Ns`.
+`watch` ends the attempt on either announcement of more than `LONG_WAIT_S`, upstream with
+that wait as its reset. Lower the settings so that a refusal is reported before the
+runner's timeout.
 """
 
 from __future__ import annotations
@@ -30,9 +45,13 @@ import attrs
 from adapters._vendor_errors import sentence_kind
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
+    LONG_WAIT_S,
     ErrorKind,
+    Line,
     http_status,
     iter_json_objects,
+    last_json_value,
+    load_json_document,
     parse_retry_after,
     request_argv,
     str_field,
@@ -42,6 +61,15 @@ __all__ = ["QwenAdapter"]
 
 _API_ERROR = re.compile(r"\[API Error: (?:(?P<code>[1-5]\d\d) )?(?P<rest>.*?)\]?\s*$", re.S)
 _NOTICE = re.compile(r"^Retrying in \d+s \(attempt \d+/\d+\): (?P<error>\[API Error: .*)$", re.M)
+# The rate-limit loop's announcement, with the error it waits out when there is one.
+_RETRY_IN = re.compile(r"Retrying in (?P<s>\d{1,9})s \(attempt \d+/\d+\)(?:: (?P<error>.*))?")
+# QWEN_CODE_UNATTENDED_RETRY's heartbeat while it waits for a 429 or 529 to lift.
+_CAPACITY = re.compile(
+    r"\[qwen-code\] Waiting for API capacity\.\.\. attempt \d+, retry in (?P<s>\d{1,9})s"
+)
+_CAPACITY_NOTICE = re.compile(r"^\[qwen-code\] Waiting for API capacity\.\.\..*$", re.M)
+# How text mode's error starts: qwen's own rendering, or a start-up refusal.
+_TEXT_ERROR = ("[API Error: ", "Missing API key", "No auth type is selected")
 _FIXED = (
     ("Missing API key", ErrorKind.CREDENTIALS),
     ("No auth type is selected", ErrorKind.CREDENTIALS),
@@ -68,18 +96,81 @@ def _error(message: str, now: float, *, pending: bool = False) -> Envelope:
     )
 
 
-def _read(stdout: str, stderr: str, now: float) -> Envelope:
+def _events(stdout: str) -> list[dict[str, Any]]:
+    """stream-json's events, one a line; else json mode's one array of them."""
+    events = list(iter_json_objects(stdout))
+    if events:
+        return events
+    document = load_json_document(stdout)
+    if isinstance(document, list):
+        return [event for event in document if isinstance(event, dict)]
+    return []
+
+
+def _stderr_error(stderr: str) -> str | None:
+    """json mode's error object on stderr (`{"error": {"type", "message", "code"}}`), when
+    it failed before printing its array: the message."""
+    document = last_json_value(stderr)
+    error = document.get("error") if isinstance(document, dict) else None
+    return str_field(error, "message") if isinstance(error, dict) else None
+
+
+def _text_error(stderr: str) -> tuple[int, str] | None:
+    """Text mode's error: (where it starts, the text from its first line to the end)."""
+    at = len(stderr)
+    while at > 0:
+        start = stderr.rfind("\n", 0, at - 1) + 1
+        if stderr[start:at].lstrip().startswith(_TEXT_ERROR):
+            return start, stderr[start:].strip()
+        at = start
+    return None
+
+
+def _pending(stderr: str, now: float, session_id: str | None) -> Envelope | None:
+    """A retry announcement with nothing final after it: the error it was waiting out."""
+    notice = None
+    for notice in _NOTICE.finditer(stderr):  # noqa: B007 - the last one is wanted
+        continue
+    capacity = None
+    for capacity in _CAPACITY_NOTICE.finditer(stderr):  # noqa: B007 - the last one too
+        continue
+    if capacity is not None and (notice is None or capacity.start() > notice.start()):
+        waiting = attrs.evolve(_capacity(capacity.group(0)), pending=True)
+        return attrs.evolve(waiting, session_id=session_id)
+    if notice is None:
+        return None
+    return attrs.evolve(_error(notice.group("error"), now, pending=True), session_id=session_id)
+
+
+def _capacity(line: str) -> Envelope:
+    found = _CAPACITY.search(line)
+    return Envelope(
+        found=True,
+        is_error=True,
+        error_message=line.strip(),
+        error_kind=ErrorKind.RATE_LIMITED,
+        retry_after_s=float(found.group("s")) if found else None,
+        reset_structured=found is not None,
+    )
+
+
+def _read(stdout: str, stderr: str, now: float, failed: bool = False) -> Envelope:
     result: dict[str, Any] | None = None
     session_id: str | None = None
-    for event in iter_json_objects(stdout):
+    for event in _events(stdout):
         session_id = str_field(event, "session_id") or session_id
         if event.get("type") == "result":
             result = event
     if result is None:
-        notices = _NOTICE.findall(stderr)
-        if notices:
-            return attrs.evolve(_error(notices[-1], now, pending=True), session_id=session_id)
-        return Envelope(session_id=session_id)
+        said = _stderr_error(stderr)
+        if said is not None:
+            return attrs.evolve(_error(said, now), session_id=session_id)
+        # A run that exited 0 with its reply (text mode) recovered from what it retried.
+        pending = _pending(stderr, now, session_id) if failed else None
+        final = _text_error(stderr) if failed else None
+        if final is not None and (pending is None or final[0] > _last_notice(stderr)):
+            return attrs.evolve(_error(final[1], now), session_id=session_id)
+        return pending or Envelope(session_id=session_id)
     failed = result.get("is_error") is True or (str_field(result, "subtype") or "").startswith(
         "error"
     )
@@ -91,6 +182,15 @@ def _read(stdout: str, stderr: str, now: float) -> Envelope:
         or "qwen reported an error"
     )
     return attrs.evolve(_error(message, now), session_id=session_id)
+
+
+def _last_notice(stderr: str) -> int:
+    """Where the last retry announcement starts (-1: none)."""
+    return max(
+        stderr.rfind("\nRetrying in "),
+        stderr.rfind("\n[qwen-code] Waiting for API capacity"),
+        0 if stderr.startswith(("Retrying in ", "[qwen-code] Waiting")) else -1,
+    )
 
 
 @attrs.frozen
@@ -113,5 +213,30 @@ class QwenAdapter:
         return request_argv([self.binary, "--output-format", "stream-json"], request)
 
     def parse(self, result: SpawnResult) -> MappedResult:
-        envelope = _read(result.stdout_tail, result.stderr_tail, time.time())
+        envelope = _read(result.stdout_tail, result.stderr_tail, time.time(), not result.ok)
         return map_result(self, result, envelope)
+
+    def watch(self, line: Line) -> Envelope | None:
+        """A retry announcement on stderr of a sleep longer than `LONG_WAIT_S`: the error
+        it would sleep out, to end the attempt with (else None)."""
+        if line.stream != "stderr":
+            return None
+        text = line.text
+        if text.startswith("Retrying in "):
+            found = _RETRY_IN.match(text)
+            if found is None or int(found.group("s")) <= LONG_WAIT_S:
+                return None
+            envelope = _error(found.group("error") or text, time.time())
+            return attrs.evolve(
+                envelope,
+                error_kind=envelope.error_kind
+                or (None if envelope.http_status else ErrorKind.RATE_LIMITED),
+                retry_after_s=float(found.group("s")),
+                # qwen's own fixed announcement of the sleep it is about to take.
+                reset_structured=True,
+            )
+        if text.startswith("[qwen-code] Waiting for API capacity"):
+            waiting = _capacity(text)
+            wait = waiting.retry_after_s
+            return waiting if wait is not None and wait > LONG_WAIT_S else None
+        return None

@@ -44,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "spawn": "execkit._exec",
     "Cancellation": "execkit._exec",
     "SpawnCancelled": "execkit._exec",
+    "Line": "execkit._exec",
+    "StopTree": "execkit._exec",
     "spawn_async": "execkit._exec",
     "Classification": "execkit._classify",
     "FailureClass": "execkit._classify",
@@ -186,10 +188,12 @@ if TYPE_CHECKING:
     )
     from execkit._exec import (
         Cancellation,
+        Line,
         ProcessStarter,
         SpawnCancelled,
         SpawnFailure,
         SpawnResult,
+        StopTree,
         spawn,
         spawn_async,
     )
@@ -281,6 +285,7 @@ __all__ = [
     "LaneStopped",
     "LaneWaiting",
     "Ledger",
+    "Line",
     "MappedResult",
     "NextAction",
     "NotFound",
@@ -299,6 +304,7 @@ __all__ = [
     "SpawnCancelled",
     "SpawnFailure",
     "SpawnResult",
+    "StopTree",
     "StorageError",
     "Task",
     "TaskBackingOff",

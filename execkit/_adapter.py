@@ -10,11 +10,15 @@ text list of the classifier. Upstream wording never lives in a vendor module, an
 alone never yields environment: credentials and billing stop a run only when an adapter
 read them from the vendor's structure.
 
-Besides the `Adapter` protocol's members, the contract reads two optional attributes with
+Besides the `Adapter` protocol's members, the contract reads optional attributes with
 `getattr` defaults, so an adapter that lacks them needs no change: `credential_env` (the
 environment variables the vendor CLI takes credentials from) and `credential_files` (its
-credential files, `~` allowed). They name what to fix in an environment precondition and
-let `execkit adapters` say whether credentials look present; their values are never read.
+credential files, `~` allowed) name what to fix in an environment precondition and let
+`execkit adapters` say whether credentials look present (their values are never read);
+`trust_hint` words the untrusted-workspace fix; `watch(line)` reads the CLI's output as
+it is printed (`AdapterWatch`): a CLI that announces it will sleep out a limit longer
+than `LONG_WAIT_S` is stopped there, and the attempt ends as `upstream` with the
+announced reset, so the slot is freed and the vendor lane parks instead.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 from attrs.validators import deep_iterable, ge, gt, instance_of, optional
 
+from execkit._backoff import AGENT_BACKOFF
 from execkit._classify import (
     ACCOUNT_LIMIT_REASONS,
+    EVIDENCE_CHARS,
     Classification,
     FailureClass,
     Reason,
@@ -39,22 +45,26 @@ from execkit._classify import (
     stated_wait_s,
 )
 from execkit._errors import InvalidInput
-from execkit._exec import SpawnFailure, SpawnResult
+from execkit._exec import Line, SpawnFailure, SpawnResult, StopTree
 from execkit._json import json_key, to_json
 from execkit._redact import redact
 from execkit._validate import checked, finite, integer, opt_checked
 
 __all__ = [
+    "LONG_WAIT_S",
     "NO_ENVELOPE",
     "Adapter",
+    "AdapterWatch",
     "AgentRequest",
     "Envelope",
     "ErrorKind",
     "MappedResult",
+    "adapter_watch",
     "billing_precondition",
     "credential_env_of",
     "credential_files_of",
     "credentials_precondition",
+    "headline",
     "install_precondition",
     "map_result",
     "precondition_for",
@@ -166,7 +176,10 @@ class MappedResult:
     `failure_class` is None exactly when `ok`; `precondition` names what is missing and
     how to fix it for environment (the binary and how to install it, the credentials and
     how to log in, the billing); `retry_after_s` is, for upstream only, the wait until a
-    reset the vendor stated, if it stated one.
+    reset the vendor stated, if it stated one. `evidence` is the line the class was read
+    from (masked, at most `EVIDENCE_CHARS`): the line of the output a text rule matched,
+    the first line of the vendor's structured error (`Envelope.error_message`), the start
+    failure; None when no line decided (a timeout or a failure nothing identified).
     """
 
     ok: bool
@@ -192,6 +205,7 @@ class MappedResult:
     timed_out: bool = False
     # `retry_after_s` came from the vendor's own reset field (`Envelope.reset_structured`).
     reset_from_structure: bool = False
+    evidence: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe mapping; the class is under `"class"`."""
@@ -384,6 +398,17 @@ def precondition_for(adapter: Adapter, result: SpawnResult) -> str:
     return f"{binary} CLI could not be started ({code}); {fix}"
 
 
+def headline(message: str | None) -> str | None:
+    """The first non-blank line of a vendor's error message, cut to `EVIDENCE_CHARS`: the
+    line a structured error is read from (its status, its type, its fixed sentence), never
+    a later one (a stack frame, a help link, a retry notice)."""
+    for line in (message or "").splitlines():
+        line = line.strip()
+        if line:
+            return line if len(line) <= EVIDENCE_CHARS else line[: EVIDENCE_CHARS - 1] + "…"
+    return None
+
+
 def _failed(
     result: SpawnResult,
     envelope: Envelope,
@@ -392,6 +417,7 @@ def _failed(
     error: str,
     precondition: str | None = None,
     retry_after_s: float | None = None,
+    evidence: str | None = None,
 ) -> MappedResult:
     error = redact(_tail(error))
     upstream = failure_class is FailureClass.UPSTREAM
@@ -413,12 +439,14 @@ def _failed(
         and retry_after_s is not None
         and envelope.retry_after_s is not None
         and envelope.reset_structured,
+        evidence=evidence,
     )
 
 
 def _from_verdict(
     result: SpawnResult, envelope: Envelope, verdict: Classification, error: str
 ) -> MappedResult:
+    # The classifier's evidence is the line its deciding rule matched (None: nothing did).
     return _failed(
         result,
         envelope,
@@ -426,6 +454,7 @@ def _from_verdict(
         verdict.reason,
         error,
         retry_after_s=verdict.retry_after_s,
+        evidence=verdict.evidence,
     )
 
 
@@ -442,7 +471,15 @@ def _not_started(adapter: Adapter, result: SpawnResult, envelope: Envelope) -> M
             else precondition_for(adapter, result)
         )
     error = result.failure_text(_ERROR_CHARS) or (precondition or "")
-    return _failed(result, envelope, verdict.failure_class, verdict.reason, error, precondition)
+    return _failed(
+        result,
+        envelope,
+        verdict.failure_class,
+        verdict.reason,
+        error,
+        precondition,
+        evidence=headline(result.spawn_error),
+    )
 
 
 # The upstream kinds and the reason each gives when no upstream status is there to name.
@@ -521,8 +558,10 @@ def map_result(
     2. a timeout or a signal: upstream when the CLI was killed on timeout while its last
        event was a retry or reconnect notice (`error_kind` retrying or unreachable: the
        uncharged ceiling bounds it); an error the envelope marks `pending` (the CLI was
-       still waiting out a refusal, or waiting for a login, when it was killed) goes on
-       to step 3 as if the CLI had reported it; else the classifier's verdict.
+       still waiting out a refusal, or waiting for a login, when it was killed), and the
+       envelope of an adapter's `watch` that stopped the CLI (`result.stopped_by`: it
+       announced a wait longer than `LONG_WAIT_S`), go on to step 3 as if the CLI had
+       reported it; else the classifier's verdict.
     3. the envelope reported an error (or the failed process's envelope carried one): the
        structured fields decide. Credentials (`error_kind` credentials, status 401/403) are
        environment naming the vendor's variables and login; billing (`error_kind` billing,
@@ -546,6 +585,8 @@ def map_result(
     # ended in the middle of that error: its structure decides, below.
     pending = result.timed_out and envelope.pending
     pending = pending and (envelope.error_kind is not None or envelope.http_status is not None)
+    # Stopped by the adapter's own watch: the envelope it read from the line is the error.
+    pending = pending or (result.stopped_by is not None and envelope.is_error)
     if (result.timed_out or result.signal is not None) and not pending:
         if result.timed_out and envelope.error_kind in _STILL_TRYING:
             message = envelope.error_message or result.failure_text(_ERROR_CHARS)
@@ -554,7 +595,14 @@ def map_result(
             up = FailureClass.UPSTREAM
             wait = envelope.retry_after_s
             return _failed(
-                result, envelope, up, _reason(status, up, kind_reason), message, None, wait
+                result,
+                envelope,
+                up,
+                _reason(status, up, kind_reason),
+                message,
+                None,
+                wait,
+                headline(envelope.error_message),
             )
         verdict = classify(result, now=now)
         if verdict is None:  # pragma: no cover - the classifier classes every failure
@@ -581,7 +629,15 @@ def map_result(
         elif decided.precondition == "trust":
             precondition = trust_precondition(adapter)
         return _failed(
-            result, envelope, decided.failure_class, decided.reason, message, precondition, wait
+            result,
+            envelope,
+            decided.failure_class,
+            decided.reason,
+            message,
+            precondition,
+            wait,
+            # Read from the vendor's structure: its error's own first line says it.
+            headline(envelope.error_message) or verdict.evidence,
         )
 
     if not result.ok:
@@ -598,3 +654,74 @@ def map_result(
         cost_usd=envelope.cost_usd,
         duration_s=result.duration_s,
     )
+
+
+# --- reading the output as it is printed --------------------------------------------------
+
+LONG_WAIT_S = AGENT_BACKOFF.max_s
+"""The longest wait a CLI may sleep out inside an attempt (60 s): an adapter's `watch`
+ends the attempt when its CLI announces a longer one.
+
+Why this bound: it is the in-agent loop's own backoff ceiling (`AGENT_BACKOFF.max_s`),
+beyond which `run_agent` hands a vendor's stated wait to the durable scheduler instead of
+sleeping it. A CLI's own short retry is worth keeping (it keeps its session, its context
+and its place in the turn, and costs no new admission); a longer one holds a slot, and the
+vendor lane stays open, for as long as the vendor asked every caller to wait: a daily limit
+would hold every slot for hours. Handed back, the attempt is `upstream` with that reset and
+the lane parks until it."""
+
+
+def _watch_of(adapter: object) -> Any:
+    watch = getattr(adapter, "watch", None)
+    return watch if callable(watch) else None
+
+
+@attrs.define
+class AdapterWatch:
+    """One spawn of an adapter that reads its CLI's output as it is printed.
+
+    `on_line` is the spawn's line hook (`spawn(on_line=...)`): each line goes to the
+    adapter's `watch(line)`, which returns None, or an `Envelope` saying the CLI announced
+    a wait it should not sleep out in the attempt (`is_error`, the kind, `retry_after_s`
+    and, when the wait is the vendor's or the CLI's fixed announcement of it,
+    `reset_structured`). The first envelope stops the tree (`StopTree`), and `parse` maps
+    the stopped spawn from that envelope; any other spawn is the adapter's own `parse`.
+    An adapter's `watch` that raises is the spawn's exception (the tree is killed first).
+    """
+
+    adapter: Adapter
+    _watch: Any
+    envelope: Envelope | None = None
+
+    def on_line(self, line: Line) -> StopTree | None:
+        """The line hook: the adapter reads `line`; its first envelope stops the tree."""
+        if self.envelope is not None:
+            return None
+        envelope = self._watch(line)
+        if envelope is None:
+            return None
+        if not isinstance(envelope, Envelope) or not envelope.is_error:
+            raise TypeError(
+                f"{_adapter_name(self.adapter)}.watch must return None or an Envelope with "
+                f"is_error set, got {envelope!r}"
+            )
+        self.envelope = envelope
+        wait = envelope.retry_after_s
+        said = "" if wait is None else f" of {wait:g} s"
+        return StopTree(
+            f"{_adapter_name(self.adapter)} announced a wait{said}, longer than an attempt "
+            f"sleeps ({LONG_WAIT_S:g} s): stopped to hand it back"
+        )
+
+    def parse(self, result: SpawnResult) -> MappedResult:
+        """The stopped spawn mapped from the watch's envelope; else the adapter's `parse`."""
+        if result.stopped_by is not None and self.envelope is not None:
+            return map_result(self.adapter, result, self.envelope)
+        return self.adapter.parse(result)
+
+
+def adapter_watch(adapter: Adapter) -> AdapterWatch | None:
+    """The `AdapterWatch` of an adapter with a `watch` method, else None (the spawn then
+    takes no line hook and costs what it did)."""
+    watch = _watch_of(adapter)
+    return None if watch is None else AdapterWatch(adapter, watch)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from execkit._adapter import Adapter, AgentRequest, MappedResult
+from execkit._adapter import Adapter, AgentRequest, MappedResult, adapter_watch
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
@@ -268,6 +268,9 @@ def _spawn_once(
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
 ) -> MappedResult:
+    # An adapter that reads its CLI's output as it is printed (`watch`) stops a CLI that
+    # announces it will sleep out a long limit; others take no line hook at all.
+    watching = adapter_watch(adapter)
     result = spawn(
         list(argv),
         cwd=cwd,
@@ -275,12 +278,13 @@ def _spawn_once(
         timeout=timeout_s,
         kill_grace=kill_grace,
         tail_bytes=_ENVELOPE_TAIL_BYTES,
+        on_line=None if watching is None else watching.on_line,
         heartbeat=None if beat is None else beat.renew,
         heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else beat.every_s,
         start=start,
         cancel=cancel,
     )
-    return adapter.parse(result)
+    return adapter.parse(result) if watching is None else watching.parse(result)
 
 
 @attrs.frozen
@@ -348,6 +352,8 @@ def _proof(
     # A reset the vendor stated is when to retry: only an uncharged upstream agent has one.
     wait = decisive.raw.retry_after_s if agent_class is FailureClass.UPSTREAM else None
     error = decisive.error
+    # The line the class was read from; a schema rejection's reason is its own message.
+    evidence = decisive.raw.evidence if decisive.schema_error is None else None
     return AgentProof(
         status=AgentStatus.FAILED,
         failure_class=agent_class,
@@ -356,6 +362,7 @@ def _proof(
         precondition=precondition,
         retry_after_s=wait,
         reset_from_structure=wait is not None and decisive.raw.reset_from_structure,
+        evidence=redact(evidence, secrets) if evidence else None,
         **common,
     )
 

@@ -82,6 +82,7 @@ __all__ = [
     "RunOutcome",
     "adapter_lane",
     "attempt_agent",
+    "failure_detail",
     "lane_cause",
     "last_line",
     "outcome_of",
@@ -252,10 +253,20 @@ def lane_cause(adapter: Adapter, proof: AgentProof, not_before: float | None) ->
     return cause
 
 
+def failure_detail(proof: AgentProof) -> str | None:
+    """The line kept with a failed agent's reason: the line its class was read from
+    (`AgentProof.evidence`), cut to 160 characters; when no line decided (a timeout, a
+    failure nothing identified), the failure's last line. Never a line beside the one that
+    decided: a start-up diagnostic printed after a usage limit is not its reason."""
+    if proof.evidence:
+        return last_line(proof.evidence)
+    return last_line(proof.error)
+
+
 def outcome_of(adapter: Adapter, proof: AgentProof, clock: Callable[[], float]) -> RunOutcome:
-    """The run's outcome from the agent's proof: its class, reason, precondition, the
-    failure's last line, the vendor's reset as a time (`clock() + retry_after_s`, upstream
-    only) and what it says of the lane."""
+    """The run's outcome from the agent's proof: its class, reason, precondition, the line
+    the class was read from (`failure_detail`), the vendor's reset as a time (`clock() +
+    retry_after_s`, upstream only) and what it says of the lane."""
     if proof.productive:
         return RunOutcome(RunStatus.SUCCEEDED)
     failure_class = proof.effective_class
@@ -268,7 +279,7 @@ def outcome_of(adapter: Adapter, proof: AgentProof, clock: Callable[[], float]) 
         failure_class=failure_class,
         reason=proof.reason,
         precondition=proof.precondition,
-        detail=last_line(proof.error),
+        detail=failure_detail(proof),
         not_before=not_before,
         lane_cause=lane_cause(adapter, proof, not_before),
     )

@@ -86,7 +86,8 @@ class AgentProof:
     (a proof loaded from an older writer included).
     `precondition` names what is missing and how to fix it (environment only).
     `retry_after_s` is the wait until a reset the vendor stated (upstream only): the
-    scheduler retries no earlier.
+    scheduler retries no earlier. `evidence` is the line the class was read from (the
+    adapter's `MappedResult.evidence`; masked like `error`), None when no line decided.
     """
 
     id: str
@@ -114,6 +115,7 @@ class AgentProof:
     # The reset came from the vendor's own structured field, not its message (issue #28:
     # only such a reset parks a vendor lane).
     reset_from_structure: bool = False
+    evidence: str | None = attrs.field(default=None, converter=_redacted)
 
     @property
     def productive(self) -> bool:
@@ -380,6 +382,7 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         output=_opt_str(data, "output"),
         retry_after_s=_opt_number(data, "retry_after_s") if failure_class else None,
         reset_from_structure=bool(data.get("reset_from_structure")) if failure_class else False,
+        evidence=_opt_str(data, "evidence") if failure_class else None,
     )
 
 

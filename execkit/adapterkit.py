@@ -8,6 +8,11 @@ Public, for adapter authors (the built-in adapters use nothing else):
 (an error type field, the CLI's own credential or connection error event); it goes on
 `Envelope.error_kind` and `map_result` turns it into a class the same way for every vendor.
 
+`Line` is what an adapter's optional `watch(line)` reads: one line of the CLI's output as
+it is printed. A `watch` returns an `Envelope` (is_error, the kind, `retry_after_s`) when
+its CLI announces a wait longer than `LONG_WAIT_S` that it would sleep out in the attempt;
+the attempt then ends there, `upstream` with that reset (`execkit._adapter.AdapterWatch`).
+
 Every function here is pure (a clock, where one is read, can be passed as `now`), never
 raises for malformed vendor output, and runs in time linear in its input.
 """
@@ -22,11 +27,14 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from execkit._adapter import AgentRequest, ErrorKind
+from execkit._adapter import LONG_WAIT_S, AgentRequest, ErrorKind
 from execkit._classify import epoch_wait, stated_wait_s
+from execkit._exec import Line
 
 __all__ = [
+    "LONG_WAIT_S",
     "ErrorKind",
+    "Line",
     "header_wait_s",
     "http_status",
     "iter_json_objects",

@@ -120,8 +120,10 @@ def test_a_recorded_reset_reads_as_recorded_against_the_cells_own_clock() -> Non
     try:
         for cell in cells:
             assert cell.recorded_at is not None, cell.key
-            clock = functools.partial(float, cell.recorded_at)
-            adapter = attrs.evolve(get_adapter(cell.cli), clock=clock)  # type: ignore[misc]
+            adapter = get_adapter(cell.cli)
+            if "clock" in attrs.fields_dict(type(adapter)):  # a reset read from a clock time
+                clock = functools.partial(float, cell.recorded_at)
+                adapter = attrs.evolve(adapter, clock=clock)  # type: ignore[misc]
             mapped = adapter.parse(cell.spawn_result())
             low, high = cell.expected_retry_after_s  # type: ignore[misc]
             assert mapped.retry_after_s is not None, cell.key

@@ -486,7 +486,7 @@ def test_every_default_passes_the_check_a_spawn_skips_for_it() -> None:
     plain = SpawnOptions(argv=["true"])
     fields = attrs.fields(SpawnOptions)
     defaulted = [field for field in fields if field.default is not attrs.NOTHING]
-    assert len(defaulted) == 14
+    assert len(defaulted) == 15
     for field in defaulted:
         skipped = field.validator.validator  # type: ignore[union-attr]
         skipped(plain, field, getattr(plain, field.name))

@@ -67,6 +67,8 @@ CLI_CELLS = [
     "pi/server_500",
     "amp/no_credentials",
     "crush/not_installed",
+    # Stopped by the gemini adapter's watch: its quota retry announced a 298 s sleep.
+    "gemini/limit_longer_than_timeout",
 ]
 
 
@@ -264,6 +266,16 @@ LANE_CAUSES = {
     "codex/usage_limit_later_minute": "reset",
     "codex/usage_limit_on_minute": "reset",
     "claude/overloaded_529_then_dropped": None,  # unreachable: neither parks nor stops
+    # Issue 52: a limit the CLI would sleep out. Its announcement, read as it is printed,
+    # ends the attempt with the announced reset: the lane parks instead of a slot sleeping.
+    "gemini/limit_longer_than_timeout": "reset",  # `Suggested retry after 298s.. Retrying ...`
+    "gemini/limit_longer_than_timeout_one_attempt": "reset",  # `retryDelayMs: 298000`
+    "qwen/limit_longer_than_timeout_unattended": "reset",  # `Waiting for API capacity...`
+    # Slept silently inside the CLI: nothing to read, charged as a timeout.
+    "qwen/limit_longer_than_timeout": None,
+    "pi/limit_longer_than_timeout": None,
+    # Handed back by pi's setting, its wait in the vendor's prose: it waits, never parks.
+    "pi/limit_longer_than_timeout_no_sdk_retries": None,
 }
 
 

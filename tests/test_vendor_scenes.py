@@ -47,19 +47,21 @@ LIMITS = [s.key for s in RECORDED if s.trouble == "limit" and s.prints_reset]
 # Scenes replayed at once: each is mostly waiting (a timeline, backoffs), little CPU.
 PARALLEL = 3
 
-# What fails on today's main, by scene and invariant (remove a mark when its fix lands).
-# The lane defects of issues 51 and 52 (51.1-51.3, 52.1, 52.2) are fixed: every scene
-# holds them. What is left is gemini's own sleep (52.3) and the line a reason is read from
-# (52.4), until those land.
-_SLEEPS = "52.3: gemini sleeps out the vendor's delay in its slot: nothing is refused"
-_COOLS = "52.3: the killed attempt's reset is read from prose only: the lane cools, probes early"
-_WRONG_LINE = "52.4: a killed gemini attempt's reason is a startup diagnostic"
+# What does not hold, by scene and invariant. The lane defects of issues 51 and 52
+# (51.1-51.3, 52.1-52.4) are fixed: every scene holds them, but one. gemini with
+# `general.maxAttempts` 2 announces its retry wait and sleeps it; replayed ten times faster,
+# the wait it announces is under `LONG_WAIT_S` (60 s), which a CLI is let sleep (a short
+# in-CLI retry keeps its session), so the lane never closes in the replay. Its recorded cell
+# at full length (`gemini/limit_longer_than_timeout`) is stopped at the announcement and
+# parks the lane (tests/test_vendor_recorded.py).
+_SHORT_SLEEP = (
+    "52.3: replayed ten times faster, gemini's announced wait is under LONG_WAIT_S and is "
+    "let be slept: the lane never closes (the full-length cell parks it)"
+)
 RACE = "race on main"
 XFAIL: dict[tuple[str, str], str] = {
-    ("gemini/usage_limit_attempts_2", "in_flight"): _SLEEPS,
-    ("gemini/usage_limit_attempts_2", "early_probe"): _SLEEPS,
-    ("gemini/usage_limit_past_timeout", "early_probe"): _COOLS,
-    ("gemini/usage_limit_past_timeout", "reason"): _WRONG_LINE,
+    ("gemini/usage_limit_attempts_2", "in_flight"): _SHORT_SLEEP,
+    ("gemini/usage_limit_attempts_2", "early_probe"): _SHORT_SLEEP,
 }
 
 

@@ -22,6 +22,8 @@ One concern a file, in the order a spawn meets them:
 - `proctable.py`: /proc read, descendants found, processes signalled and reaped by pid
   and start time;
 - `tail.py`: the bounded tail of each stream (a ring), and what of it is kept as text;
+- `lines.py`: the line hook (`on_line`): each complete line handed over as it arrives,
+  cut at `LINE_BYTES`, and `StopTree`, the hook's way to end the spawn;
 - `cancel.py`: `Cancellation`, a one-shot signal from any thread that a spawn watches.
 - `result.py`: `SpawnResult`, `SpawnFailure`, `TreeMechanism`, the wording of a failed
   start and the redaction of everything a result keeps.
@@ -31,6 +33,7 @@ Rooms outside this package import from `execkit._exec` only, never from its file
 
 from execkit._exec.cancel import Cancellation
 from execkit._exec.entry import spawn, spawn_async, spawn_cancellable
+from execkit._exec.lines import LINE_BYTES, Line, LineHook, StopTree
 from execkit._exec.options import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_KILL_GRACE_S,
@@ -54,14 +57,18 @@ __all__ = [
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_KILL_GRACE_S",
     "DEFAULT_TAIL_BYTES",
+    "LINE_BYTES",
     "MAX_TAIL_BYTES",
     "TREE_MECHANISMS",
     "Cancellation",
+    "Line",
+    "LineHook",
     "OutputCallback",
     "ProcessStarter",
     "SpawnCancelled",
     "SpawnFailure",
     "SpawnResult",
+    "StopTree",
     "TreeMechanism",
     "spawn",
     "spawn_async",

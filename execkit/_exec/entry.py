@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from execkit._exec.cancel import Cancellation
+from execkit._exec.lines import LineHook
 from execkit._exec.options import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_KILL_GRACE_S,
@@ -135,7 +136,18 @@ def _spawn(options: SpawnOptions, cancel_fd: int | None = None) -> SpawnResult:
             raise
     finally:
         tree.release()
-    return finished(options, proc.pid, returncode, timed_out, out, err, started, tree.mechanism)
+    stop = supervisor.stopped_by
+    return finished(
+        options,
+        proc.pid,
+        returncode,
+        timed_out,
+        out,
+        err,
+        started,
+        tree.mechanism,
+        None if stop is None else stop.why,
+    )
 
 
 def spawn(
@@ -150,6 +162,7 @@ def spawn(
     tail_bytes: int = DEFAULT_TAIL_BYTES,
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
+    on_line: LineHook | None = None,
     keep_descendants: bool = False,
     heartbeat: Callable[[], object] | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
@@ -179,6 +192,11 @@ def spawn(
       after its last such byte, behind `[binary output: N bytes not kept]`.
     - `on_stdout`/`on_stderr` get every raw chunk live, unredacted, in the calling thread.
       If one raises, the process tree is SIGKILLed and the exception propagates.
+    - `on_line` gets each complete line of either stream live (`Line`: the stream, the
+      text decoded but unredacted, cut at `LINE_BYTES`), in the calling thread; returning
+      a `StopTree` ends the spawn as a timeout would (SIGTERM, `kill_grace`, SIGKILL) and
+      the result's `stopped_by` keeps its `why` (see `execkit._exec.lines`). If it raises,
+      the tree is SIGKILLed and the exception propagates.
     - `heartbeat` is called every `heartbeat_s` (> 0 s) while the child lives, first after
       one interval, in the calling thread: how a run's ledger lease is renewed for as long
       as its process runs (`heartbeat=lambda: ledger.heartbeat(run.id)`). If it raises
@@ -210,6 +228,7 @@ def spawn(
         tail_bytes=tail_bytes,
         on_stdout=on_stdout,
         on_stderr=on_stderr,
+        on_line=on_line,
         start=start,
         keep_descendants=keep_descendants,
         heartbeat=heartbeat,
@@ -234,18 +253,19 @@ async def spawn_async(
     tail_bytes: int = DEFAULT_TAIL_BYTES,
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
+    on_line: LineHook | None = None,
     keep_descendants: bool = False,
     heartbeat: Callable[[], object] | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
 ) -> SpawnResult:
-    """`spawn` for asyncio runners: same arguments (`start`, `keep_descendants` and
-    `heartbeat` included), same result, same errors.
+    """`spawn` for asyncio runners: same arguments (`start`, `keep_descendants`,
+    `on_line` and `heartbeat` included), same result, same errors.
 
-    The process is supervised in a dedicated thread, so the callbacks (`heartbeat` too)
-    run in that thread (use `loop.call_soon_threadsafe` to touch loop state). Cancelling
-    the awaiting task SIGKILLs the whole process tree and reaps the child before
-    `CancelledError` propagates.
+    The process is supervised in a dedicated thread, so the callbacks (`on_line` and
+    `heartbeat` too) run in that thread (use `loop.call_soon_threadsafe` to touch loop
+    state). Cancelling the awaiting task SIGKILLs the whole process tree and reaps the
+    child before `CancelledError` propagates.
     """
     import asyncio  # only asyncio runners pay for importing it
 
@@ -260,6 +280,7 @@ async def spawn_async(
         tail_bytes=tail_bytes,
         on_stdout=on_stdout,
         on_stderr=on_stderr,
+        on_line=on_line,
         start=start,
         keep_descendants=keep_descendants,
         heartbeat=heartbeat,

@@ -30,6 +30,7 @@ import attrs
 from attrs.validators import and_, ge, gt, instance_of, is_callable, le, optional
 
 from execkit._errors import InvalidInput
+from execkit._exec.lines import LineHook
 from execkit._validate import checked, finite, integer_arg, is_integer
 
 __all__ = [
@@ -279,6 +280,10 @@ class SpawnOptions:
         validator=_unless_default(None, _typed("callable or None", optional(is_callable()))),
     )
     on_stderr: OutputCallback | None = attrs.field(
+        default=None,
+        validator=_unless_default(None, _typed("callable or None", optional(is_callable()))),
+    )
+    on_line: LineHook | None = attrs.field(
         default=None,
         validator=_unless_default(None, _typed("callable or None", optional(is_callable()))),
     )

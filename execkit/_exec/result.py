@@ -135,13 +135,16 @@ class SpawnResult:
     stderr_truncated: bool
     spawn_failure: SpawnFailure | None = None
     tree_mechanism: TreeMechanism | None = None
+    stopped_by: str | None = None
 
     @property
     def ok(self) -> bool:
-        """True when the process started, was not timed out and exited 0."""
+        """True when the process started, was neither timed out nor stopped by the line
+        hook, and exited 0."""
         return (
             self.spawn_errno is None
             and not self.timed_out
+            and self.stopped_by is None
             and self.signal is None
             and self.exit_code == 0
         )
@@ -361,8 +364,10 @@ def finished(
     err: TailBuffer,
     started: float,
     mechanism: TreeMechanism,
+    stopped_by: str | None = None,
 ) -> SpawnResult:
-    """The result of a child that was reaped with `returncode` (negative: a signal)."""
+    """The result of a child that was reaped with `returncode` (negative: a signal);
+    `stopped_by`: the line hook's reason, when it stopped the tree."""
     out_kept, err_kept = out.kept(), err.kept()
     longest = max(
         len(out_kept.text) + len(out_kept.context),
@@ -386,6 +391,7 @@ def finished(
         stdout_truncated=out.truncated,
         stderr_truncated=err.truncated,
         tree_mechanism=mechanism,
+        stopped_by=None if stopped_by is None else redact(stopped_by, secrets),
     )
 
 

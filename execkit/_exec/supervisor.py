@@ -4,11 +4,13 @@ One `poll` loop in the calling thread over stdout, stderr, stdin and a pidfd for
 child's exit (where the kernel has no pidfds, the exit is polled every `_POLL_S`). There
 is one supervision path, over real file descriptors: a starter must hand back a real
 `subprocess.Popen`. A stream nobody watches live is read by the kernel straight into its
-bounded tail (a ring, `tail.py`); a watched one in chunks of at most 64 KiB that are
-handed to the callback and the tail. Memory stays flat whatever the child prints.
+bounded tail (a ring, `tail.py`); a watched one (a chunk callback, or the line hook) in
+chunks of at most 64 KiB that are handed to the callback, the line splitter (`lines.py`)
+and the tail. Memory stays flat whatever the child prints.
 
 The loop also keeps three appointments: the timeout (SIGTERM to the tree, the pipes served
-through `kill_grace`, then SIGKILL), the tree's `settle_at` (the cgroup move) and the
+through `kill_grace`, then SIGKILL; a `StopTree` from the line hook ends the tree the
+same way, at once), the tree's `settle_at` (the cgroup move) and the
 `heartbeat` (a ledger lease renewed every `heartbeat_s`, first after one interval, never
 after the child is reaped). When the child exits, the tree ends what it left (the child is
 still unreaped, so its pid, session and group cannot be reused meanwhile), then the
@@ -30,6 +32,7 @@ import signal
 import subprocess
 import time
 
+from execkit._exec.lines import LineSplitter, StopTree
 from execkit._exec.options import OutputCallback, SpawnOptions
 from execkit._exec.proctable import POLLIN
 from execkit._exec.tail import TailBuffer
@@ -50,6 +53,11 @@ _MAX_WAIT_S = 3600.0
 
 class SpawnCancelled(Exception):
     """The spawn was cancelled through its cancel descriptor; the tree has been killed."""
+
+
+class _LineStop(Exception):
+    """The line hook asked for the tree to be stopped (raised out of the poll loop only
+    while the child runs, so the loop ends where a timeout would end it)."""
 
 
 def _set_nonblocking(fd: int) -> None:
@@ -81,20 +89,36 @@ class Supervisor:
         self._pending_input = memoryview(options.input) if options.input is not None else None
         self._stdin_fd = -1
         assert proc.stdout is not None and proc.stderr is not None
-        self._streams: dict[int, tuple[TailBuffer, OutputCallback | None]] = {
-            proc.stdout.fileno(): (out, options.on_stdout),
-            proc.stderr.fileno(): (err, options.on_stderr),
+        hook = options.on_line
+        self._streams: dict[int, tuple[TailBuffer, OutputCallback | None, LineSplitter | None]] = {
+            proc.stdout.fileno(): (
+                out,
+                options.on_stdout,
+                None if hook is None else LineSplitter("stdout", hook),
+            ),
+            proc.stderr.fileno(): (
+                err,
+                options.on_stderr,
+                None if hook is None else LineSplitter("stderr", hook),
+            ),
         }
         self._cancel_fd = -1 if cancel_fd is None else cancel_fd
+        # The line hook's StopTree, once it has stopped the tree for it.
+        self.stopped_by: StopTree | None = None
 
     def run(self, started: float) -> tuple[int, bool]:
-        """Return (returncode, timed_out). Closes every fd it holds, whatever happens;
-        killing the tree on an exception is the caller's job (`kill_now`)."""
+        """Return (returncode, timed_out); `stopped_by` says whether the line hook stopped
+        the tree. Closes every fd it holds, whatever happens; killing the tree on an
+        exception is the caller's job (`kill_now`)."""
         try:
             self._register()
             deadline = None if self._options.timeout is None else started + self._options.timeout
-            timed_out = not self._pump(deadline)
-            if timed_out:
+            try:
+                timed_out = not self._pump(deadline)
+            except _LineStop as stop:
+                timed_out = False
+                self.stopped_by = stop.args[0]
+            if timed_out or self.stopped_by is not None:
                 self._stop_tree()
             self._drain()
             returncode = self._proc.returncode
@@ -203,8 +227,8 @@ class Supervisor:
         so this never blocks, and one read takes all a pipe holds (a 64 KiB pipe, a read
         of up to 64 KiB, or of the whole ring). A flood thus costs a poll and a read per
         pipe's worth, and can never starve the timeout."""
-        tail, callback = self._streams[fd]
-        if callback is None:
+        tail, callback, lines = self._streams[fd]
+        if callback is None and lines is None:
             if not tail.fill(fd):  # straight into the tail's ring
                 self._end_of(fd)
             return
@@ -213,11 +237,22 @@ class Supervisor:
             self._end_of(fd)
             return
         tail.feed(chunk)
-        callback(chunk)
+        if callback is not None:
+            callback(chunk)
+        if lines is not None:
+            self._asked(lines.feed(chunk))
+
+    def _asked(self, stop: StopTree | None) -> None:
+        """The line hook asked to stop the tree: end the poll loop there, unless the child
+        already exited by itself or the tree is being stopped anyway."""
+        if stop is not None and not self._exited and not self._stopping:
+            raise _LineStop(stop)
 
     def _end_of(self, fd: int) -> None:
         self._poll.unregister(fd)
-        del self._streams[fd]
+        _, _, lines = self._streams.pop(fd)
+        if lines is not None:
+            self._asked(lines.end())
 
     def _write_input(self) -> None:
         data = self._pending_input

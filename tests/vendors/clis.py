@@ -18,7 +18,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CLI", "CLI_NAMES", "HERE", "NODE_MODULES", "PACKAGES", "find_cli", "install"]
+__all__ = [
+    "CLI",
+    "CLI_NAMES",
+    "HERE",
+    "NODE_MODULES",
+    "PACKAGES",
+    "find_cli",
+    "find_older",
+    "install",
+]
 
 HERE = Path(__file__).resolve().parent
 NODE_MODULES = HERE / "node_modules"
@@ -260,7 +269,45 @@ def install() -> str | None:
 
 
 LATEST = HERE / "latest"
+OLDER = HERE / "older"
 VERSIONS = HERE.parent.parent / "fixtures" / "recorded" / "versions.json"
+
+
+def find_older(name: str, version: str) -> CLI:
+    """CLI `name` at an older `version` (a scenario that records how an older release
+    prints a failure), installed into tests/vendors/older/<name>-<version>/ (git-ignored)
+    when it is not there yet; `missing` says why when it cannot be."""
+    package = PACKAGES[name]
+    missing = _tool_missing()
+    if missing:
+        return CLI(name, package, version, missing=missing)
+    prefix = OLDER / f"{name}-{version}"
+    binary = prefix / "node_modules" / ".bin" / name
+    if not binary.exists():
+        npm = shutil.which("npm")
+        assert npm is not None
+        prefix.mkdir(parents=True, exist_ok=True)
+        (prefix / "package.json").write_text('{"private": true}\n', encoding="utf-8")
+        spec = f"{package}@{version}"
+        problem = _run(
+            [
+                npm,
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--ignore-scripts",
+                "--prefix",
+                str(prefix),
+                spec,
+            ],
+            f"npm install {spec}",
+        )
+        if problem:
+            return CLI(name, package, version, missing=problem)
+    found, problem = _run_version(binary)
+    if problem:
+        return CLI(name, package, version, path=binary, missing=problem)
+    return CLI(name, package, version, path=binary, version=found)
 
 
 def newest_served(name: str) -> str | None:

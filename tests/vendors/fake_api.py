@@ -41,7 +41,7 @@ import time
 import typing
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
@@ -125,8 +125,17 @@ class Scenario:
     `stream_json`: the CLI streams its events with its API key (only claude:
     `--output-format stream-json --verbose`, where its assistant message carries the SDK's
     `error` field, `authentication_failed` or `billing_error`).
-    `only`: the CLIs it is recorded for (issue 52: codex's minute-rounded reset, claude's
-    retry ladder ending in a dropped connection), empty for all.
+    `clis`: the CLIs the scenario is recorded for (None: every CLI it applies to).
+    `cli_attempts`: the CLI's own attempts per call, where a setting says it (gemini
+    `general.maxAttempts`; qwen and pi one more than their `maxRetries`), its retry delays
+    left at their defaults.
+    `output`: the CLI's output mode instead of the adapter's (`text`: none asked for, what
+    `pi -p` or a bare `qwen PROMPT` prints; `json`: qwen's one JSON array).
+    `version`: the CLI's version for this cell instead of the pinned one (an older release
+    whose output differs), installed under tests/vendors/older/.
+    `cli_env`: variables added to the CLI's environment (a setting only a variable sets).
+    `sdk_retries`: the retries of the provider SDK inside the CLI, where a setting says it
+    (pi `retry.provider.maxRetries`).
     """
 
     name: str
@@ -142,8 +151,12 @@ class Scenario:
     untrusted: bool = False
     gateway: bool = False
     stream_json: bool = False
-    # The CLIs this scenario is recorded for (empty: every CLI setups.applies allows).
-    only: tuple[str, ...] = ()
+    clis: frozenset[str] | None = None
+    cli_attempts: int | None = None
+    output: Literal["text", "json"] | None = None
+    version: str | None = None
+    cli_env: tuple[tuple[str, str], ...] = ()
+    sdk_retries: int | None = None
 
     @property
     def reaches_api(self) -> bool:
@@ -172,6 +185,7 @@ ERROR_KINDS = (
     "usage_limit_this_minute",
     "usage_limit_later_minute",
     "usage_limit_on_minute",
+    "usage_limit_298",
 )
 # Steps that answer 200 and then fail inside the stream.
 STREAM_FAILURES = ("midstream_error", "overloaded_in_stream", "stream_cut")
@@ -310,28 +324,112 @@ _RESETS_AND_LADDERS: tuple[Scenario, ...] = (
         "a usage limit whose reset falls inside the current minute (printed to the minute, "
         "that minute is already under way)",
         ("usage_limit_this_minute",),
-        only=("codex",),
+        clis=frozenset({"codex"}),
     ),
     Scenario(
         "usage_limit_later_minute",
         "a usage limit whose reset is 40 s into the minute after next",
         ("usage_limit_later_minute",),
-        only=("codex",),
+        clis=frozenset({"codex"}),
     ),
     Scenario(
         "usage_limit_on_minute",
         "a usage limit whose reset is exactly on the minute after next",
         ("usage_limit_on_minute",),
-        only=("codex",),
+        clis=frozenset({"codex"}),
     ),
     Scenario(
         "overloaded_529_then_dropped",
         "529 overloaded, then every retry's connection closed with no answer",
         ("overloaded_529", "connection_drop"),
-        only=("claude",),
+        clis=frozenset({"claude"}),
     ),
 )
-_SCENARIO_LIST = _SCENARIO_LIST + _WIDER + _RESETS_AND_LADDERS
+# Issue 52: a limit a CLI sleeps out itself. 298 s is within gemini-cli's own patience
+# (it retries a quota error whose delay is at most 300 s, sleeping the delay plus up to 20%
+# jitter) and qwen's (its rate-limit loop waits the Retry-After, up to 5 minutes), and far
+# beyond the recorder's 60 s timeout: a CLI that sleeps it out is killed mid-sleep.
+_LONG_LIMIT = "a usage limit that lifts in 298 s (Google: RetryInfo 298s on an hourly quota; "
+_LONG_LIMIT += (
+    "OpenAI and Anthropic: 429 with Retry-After: 298), longer than the run's 60 s timeout"
+)
+_SLEEPERS = (
+    Scenario(
+        "limit_longer_than_timeout",
+        _LONG_LIMIT + "; the CLI's own retries as docs/vendors.md sets them (2 attempts)",
+        ("usage_limit_298",),
+        cli_attempts=2,
+        clis=frozenset({"gemini", "qwen", "pi"}),
+    ),
+    Scenario(
+        "limit_longer_than_timeout_no_sdk_retries",
+        _LONG_LIMIT + "; pi with retry.provider.maxRetries 0, so its OpenAI client does not "
+        "sleep the Retry-After itself",
+        ("usage_limit_298",),
+        cli_attempts=2,
+        sdk_retries=0,
+        clis=frozenset({"pi"}),
+    ),
+    Scenario(
+        "limit_longer_than_timeout_one_attempt",
+        _LONG_LIMIT + "; gemini's general.maxAttempts 1 (it then reports the limit at once)",
+        ("usage_limit_298",),
+        cli_attempts=1,
+        clis=frozenset({"gemini"}),
+    ),
+    Scenario(
+        "limit_longer_than_timeout_unattended",
+        _LONG_LIMIT + "; qwen with QWEN_CODE_UNATTENDED_RETRY=1, which announces its wait "
+        "every 30 s",
+        ("usage_limit_298",),
+        cli_attempts=2,
+        clis=frozenset({"qwen"}),
+        cli_env=(("QWEN_CODE_UNATTENDED_RETRY", "1"),),
+    ),
+)
+
+
+def _in_mode(name: str, output: Literal["text", "json"], clis: set[str]) -> Scenario:
+    """Scenario `name` with the CLI asked for another output mode (issue 44: a runner that
+    passes its own argv gets these)."""
+    base = next(s for s in _SCENARIO_LIST + _WIDER if s.name == name)
+    said = "its text mode (no output format asked for)" if output == "text" else "json mode"
+    return replace(
+        base,
+        name=f"{name}_{output}",
+        description=f"{base.description}; the CLI in {said}",
+        output=output,
+        clis=frozenset(clis),
+    )
+
+
+_MODES = (
+    _in_mode("auth_401", "text", {"pi", "qwen"}),
+    _in_mode("no_credentials", "text", {"pi", "qwen"}),
+    _in_mode("server_500", "text", {"pi", "qwen"}),
+    _in_mode("connection_refused", "text", {"pi", "qwen"}),
+    # pi's OpenAI client waits the 17 s Retry-After twice on each of its own two tries.
+    replace(_in_mode("rate_limit_429", "text", {"pi"}), timeout_s=120.0),
+    _in_mode("auth_401", "json", {"qwen"}),
+    _in_mode("no_credentials", "json", {"qwen"}),
+    _in_mode("server_500", "json", {"qwen"}),
+    _in_mode("connection_refused", "json", {"qwen"}),
+)
+# Older gemini-cli releases give up on an unreachable API at once, printing the error
+# object as `[object Object]` (issue 44). They send even loopback calls through
+# HTTP(S)_PROXY, which the recorder points here (CONNECT, refused): only a scenario that
+# never reaches an API records them as they behave without one.
+_OLDER = tuple(
+    replace(
+        next(s for s in _SCENARIO_LIST if s.name == "connection_refused"),
+        name=f"connection_refused_gemini_{version.rsplit('.', 1)[0].replace('.', '_')}",
+        description=f"the base URL's port has no listener; gemini-cli {version}",
+        clis=frozenset({"gemini"}),
+        version=version,
+    )
+    for version in ("0.20.2", "0.30.1")
+)
+_SCENARIO_LIST = _SCENARIO_LIST + _WIDER + _RESETS_AND_LADDERS + _SLEEPERS + _MODES + _OLDER
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _SCENARIO_LIST}
 
 
@@ -532,6 +630,15 @@ def _anthropic_reply(kind: str) -> Reply:
             ("anthropic-ratelimit-unified-7d-reset", reset),
             ("anthropic-ratelimit-unified-representative-claim", "seven_day"),
         )
+    if kind == "usage_limit_298":
+        return _anthropic_error(
+            429,
+            "rate_limit_error",
+            "This request would exceed your account's rate limit. Please try again later.",
+            ("retry-after", "298"),
+            ("anthropic-ratelimit-unified-status", "rejected"),
+            ("anthropic-ratelimit-unified-reset", str(int(now) + 298)),
+        )
     raise KeyError(kind)
 
 
@@ -654,6 +761,20 @@ def _openai_reply(kind: str) -> Reply:
             ("x-ratelimit-remaining-requests", "0"),
             ("x-ratelimit-reset-requests", "7m12s"),
         )
+    if kind == "usage_limit_298":
+        return _openai_error(
+            429,
+            "Rate limit reached for gpt-fake in organization org-fakeexeckit on requests per "
+            "hour (RPH): Limit 100, Used 100, Requested 1. Please try again in 4m58s. Visit "
+            "https://platform.openai.com/account/rate-limits to learn more.",
+            "requests",
+            "rate_limit_exceeded",
+            None,
+            ("retry-after", "298"),
+            ("x-ratelimit-limit-requests", "100"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "4m58s"),
+        )
     raise KeyError(kind)
 
 
@@ -771,6 +892,25 @@ def _google_reply(kind: str) -> Reply:
                 50,
             ),
             _GOOGLE_HELP,
+        )
+    if kind == "usage_limit_298":
+        # Neither a per-day nor a per-minute quota id: gemini-cli reads the RetryInfo delay
+        # and, at most 300 s, retries after it (sleeping it out).
+        return _google_error(
+            429,
+            "RESOURCE_EXHAUSTED",
+            "You exceeded your current quota, please check your plan and billing details. "
+            "For more information on this error, head to: "
+            "https://ai.google.dev/gemini-api/docs/rate-limits.\n* Quota exceeded for metric: "
+            "generativelanguage.googleapis.com/generate_content_requests, limit: 100, "
+            "model: gemini-2.5-pro\nPlease retry in 298.0s.",
+            _google_quota(
+                "GenerateRequestsPerHourPerProjectPerModel",
+                "generate_content_requests",
+                100,
+            ),
+            _GOOGLE_HELP,
+            retry="298s",
         )
     raise KeyError(kind)
 

@@ -286,10 +286,49 @@ _BY_SCENARIO: dict[str, tuple[str | None, str]] = {
         "upstream",
         "a 529, then the retry's connection dropped: unreachable, retry later",
     ),
+    "limit_longer_than_timeout": (
+        "upstream",
+        "the CLI announced it would sleep out a limit longer than an attempt sleeps (60 s): "
+        "stopped there and handed back, upstream with the announced reset, so the lane parks",
+    ),
+    "limit_longer_than_timeout_one_attempt": (
+        "upstream",
+        "a usage limit with its reset, reported at once (one attempt): retry after the reset",
+    ),
+    "limit_longer_than_timeout_unattended": (
+        "upstream",
+        "the CLI's unattended retry announced its wait for capacity, longer than an attempt "
+        "sleeps: stopped there and handed back with that reset",
+    ),
+    "limit_longer_than_timeout_no_sdk_retries": (
+        "upstream",
+        "a usage limit reported with its reset once the CLI's client does not sleep it out",
+    ),
 }
+# Scenarios that are another one in another output mode or CLI version: the same class.
+_VARIANT = re.compile(r"_(?:text|json|gemini_\d+_\d+)$")
+
+
+def _by_scenario(scenario: str) -> tuple[str | None, str]:
+    return _BY_SCENARIO.get(scenario) or _BY_SCENARIO[_VARIANT.sub("", scenario)]
+
+
 # Cells whose class is not the scenario's, decided by what the vendor or the CLI did
 # (reviewed by hand; the `why` says what happened).
 _OVERRIDES: dict[str, tuple[str | None, str]] = {
+    "qwen/limit_longer_than_timeout": (
+        "work",
+        "qwen's first retry loop (retryWithBackoff: 7 attempts, no setting) sleeps a 429's "
+        "Retry-After in full and prints nothing (its log goes to a debug file): killed by the "
+        "timeout in a silent sleep, indistinguishable from a hang, so charged as a timeout; "
+        "QWEN_CODE_UNATTENDED_RETRY=1 makes it announce the wait (the _unattended cell)",
+    ),
+    "pi/limit_longer_than_timeout": (
+        "work",
+        "pi's OpenAI client (openai 6.26) sleeps any Retry-After before pi sees the 429, and "
+        "prints nothing: killed by the timeout in a silent sleep, charged as a timeout; "
+        "retry.provider.maxRetries 0 hands it back (the _no_sdk_retries cell)",
+    ),
     "gemini/quota_per_day": (
         "environment",
         "Google's per-day quota with no retry delay: the structure says the account's "
@@ -402,7 +441,7 @@ def expected_for(
     if silent and meta.get("timed_out") and scenario != "hang":
         return _SILENT
     if scenario not in _BY_OUTCOME:
-        return _BY_SCENARIO[scenario]
+        return _by_scenario(scenario)
     main = [e for e in meta["requests"] if e.get("role") == "model" and not e.get("helper")]
     last = main[-1] if main else None
     if last is None:

@@ -51,12 +51,23 @@ from clis import (  # noqa: E402
     PACKAGES,
     VERSIONS,
     find_cli,
+    find_older,
     install_latest,
     node_bin_dir,
     write_versions,
 )
 from fake_api import SCENARIOS, FakeAPI, Scenario, dead_port  # noqa: E402
-from setups import GATEWAY_TOKEN, KEYS, SETUPS, TIMEOUT_S, VENDOR_OF, Sandbox, Setup, applies  # noqa: E402
+from setups import (  # noqa: E402
+    GATEWAY_TOKEN,
+    KEYS,
+    SETUPS,
+    TIMEOUT_S,
+    VENDOR_OF,
+    Sandbox,
+    Setup,
+    applies,
+    output_argv,
+)
 
 REPO = HERE.parent.parent
 RECORDED = REPO / "fixtures" / "recorded"
@@ -163,13 +174,16 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def adapter_argv(cli: str, setup: Setup | None = None) -> list[str]:
-    """The adapter's argv for the prompt, with what the cell's setup adds (a model, args)."""
+def adapter_argv(cli: str, setup: Setup | None = None, output: str | None = None) -> list[str]:
+    """The adapter's argv for the prompt, with what the cell's setup adds (a model, args)
+    and, for a scenario that asks for another output mode, that mode instead of the
+    adapter's (`setups.output_argv`)."""
     from execkit import AgentRequest, get_adapter
 
     model = setup.model if setup else None
     extra = setup.extra_args if setup else ()
-    return get_adapter(cli).build_argv(AgentRequest(prompt=PROMPT, model=model, extra_args=extra))
+    request = AgentRequest(prompt=PROMPT, model=model, extra_args=extra)
+    return output_argv(cli, get_adapter(cli).build_argv(request), output)
 
 
 # --------------------------------------------------------------------------- scrubbing
@@ -297,7 +311,8 @@ def _record_in(cli: CLI, scenario: Scenario, out_root: Path, box: Sandbox) -> di
         elif scenario.endpoint == "tls":
             base_url = f"https://127.0.0.1:{api.port}"
         setup = SETUPS[cli.name](box, base_url, scenario)
-        argv = adapter_argv(cli.name, setup)
+        argv = adapter_argv(cli.name, setup, scenario.output)
+        setup.env.update(scenario.cli_env)
         env = {**base_env(box, api.url, cli.path.parent), **setup.env}
         outcome = run_bounded([str(cli.path), *argv[1:]], env, box.work, timeout_s)
         log = api.requests()
@@ -562,6 +577,10 @@ def drift(cells: list[tuple[str, Scenario]], jobs: int) -> int:
 # --------------------------------------------------------------------------- main
 
 
+def _binary_key(name: str, scenario: Scenario) -> str:
+    return name if scenario.version is None else f"{name}@{scenario.version}"
+
+
 def _select(only: Sequence[str]) -> list[tuple[str, Scenario]]:
     cells: list[tuple[str, Scenario]] = []
     for name in CLI_NAMES:
@@ -624,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.latest:
         return drift(cells, args.jobs)
     found = {name: find_cli(name) for name in sorted({name for name, _ in cells})}
+    # A scenario that records an older release of its CLI runs that release instead.
+    for name, scenario in cells:
+        if scenario.version is not None:
+            found[f"{name}@{scenario.version}"] = find_older(name, scenario.version)
     usable = {name: cli for name, cli in found.items() if cli.ok}
     for name, cli in found.items():
         if not cli.ok:
@@ -637,7 +660,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out_root = args.out or RECORDED
     mismatches = 0
-    runnable = [(usable[name], scenario) for name, scenario in cells if name in usable]
+    runnable = [
+        (usable[_binary_key(name, scenario)], scenario)
+        for name, scenario in cells
+        if _binary_key(name, scenario) in usable
+    ]
 
     def run(cell: tuple[CLI, Scenario]) -> tuple[str, Scenario, dict[str, Any]]:
         return cell[0].name, cell[1], record_cell(cell[0], cell[1], out_root)

@@ -5,8 +5,11 @@ sandbox and returns the variables it runs with (`Setup`). A scenario shapes it:
 `no_key` leaves the credential out, `logged_out` also leaves the base URL out (the CLI's
 own default vendor, refused by the proxy), `keep_retries` keeps the CLI's own retry
 policy (otherwise lowered where the CLI lets it be), `untrusted` leaves the working
-directory unmarked. `base_url` is where the CLI is pointed: the fake API, a dead port, a
-host name that cannot resolve, or `https://` to the plain-HTTP fake.
+directory unmarked, `cli_attempts` sets the CLI's own attempts (its delays left at their
+defaults), `output` asks the CLI for another output mode than the adapter's (`MODE_FLAGS`:
+the flag and value each adapter passes, dropped for `text`). `base_url` is where the CLI
+is pointed: the fake API, a dead port, a host name that cannot resolve, or `https://` to
+the plain-HTTP fake.
 
 `APPLIES` says which scenarios each CLI is recorded in: a CLI that cannot be pointed at
 a loopback API (auggie, amp's own service) is recorded only where it never needs one
@@ -30,6 +33,7 @@ __all__ = [
     "APPLIES",
     "GATEWAY_TOKEN",
     "KEYS",
+    "MODE_FLAGS",
     "SETUPS",
     "TIMEOUT_S",
     "VENDOR_OF",
@@ -100,16 +104,37 @@ APPLIES: dict[str, frozenset[str]] = {
 }
 
 
+# The output-mode flag and value each adapter's argv carries (`Scenario.output` swaps it).
+MODE_FLAGS: dict[str, tuple[str, str]] = {
+    "pi": ("--mode", "json"),
+    "qwen": ("--output-format", "stream-json"),
+    "gemini": ("--output-format", "json"),
+}
+
+
+def output_argv(cli: str, argv: list[str], output: str | None) -> list[str]:
+    """`argv` with the adapter's output mode swapped for `output` (`text`: the flag and
+    its value dropped, the CLI's default; else the value replaced)."""
+    if output is None:
+        return argv
+    flag, value = MODE_FLAGS[cli]
+    at = next(i for i in range(len(argv) - 1) if argv[i] == flag and argv[i + 1] == value)
+    if output == "text":
+        return argv[:at] + argv[at + 2 :]
+    return [*argv[: at + 1], output, *argv[at + 2 :]]
+
+
 def applies(cli: str, scenario: str) -> bool:
     """Whether `cli` is recorded in `scenario`."""
+    chosen = SCENARIOS[scenario].clis
+    if chosen is not None:
+        return cli in chosen
     if cli in APPLIES:
         return scenario in APPLIES[cli]
     if scenario == "not_installed":
         return False
     if scenario == "untrusted_workspace":
         return cli in _TRUSTING
-    if SCENARIOS[scenario].only:
-        return cli in SCENARIOS[scenario].only
     if SCENARIOS[scenario].gateway or SCENARIOS[scenario].stream_json:
         return cli == "claude"
     return scenario in _ALL
@@ -247,7 +272,9 @@ def setup_claude(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
 def _gemini_like(
     box: Sandbox, scenario: Scenario, folder: str, auth: str, general: dict[str, object]
 ) -> tuple[dict[str, object], Path]:
-    if not scenario.keep_retries:
+    if scenario.cli_attempts is not None:
+        general["maxAttempts"] = scenario.cli_attempts
+    elif not scenario.keep_retries:
         general["maxAttempts"] = 2
     settings: dict[str, object] = {
         "general": general,
@@ -319,7 +346,11 @@ def setup_opencode(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
 def setup_qwen(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
     general: dict[str, object] = {"disableAutoUpdate": True, "disableUpdateNag": True}
     settings, path = _gemini_like(box, scenario, ".qwen", "openai", general)
-    if not scenario.keep_retries:
+    if scenario.cli_attempts is not None:
+        # Its rate-limit loop with its own delays (60 s doubling to 5 min, at least the
+        # Retry-After): only the count of retries is set.
+        settings["model"] = {"generationConfig": {"maxRetries": scenario.cli_attempts - 1}}
+    elif not scenario.keep_retries:
         # qwen's own rate-limit and 5xx loop (10 tries from 60 s apart by default):
         # `model.generationConfig` lowers it (packages/core/src/models/constants.ts).
         settings["model"] = {
@@ -348,7 +379,12 @@ def setup_pi(box: Sandbox, base_url: str, scenario: Scenario) -> Setup:
     _key(env, "FAKE_API_KEY", "pi", scenario)
     setup = Setup(env)
     settings: dict[str, object] = {"quietStartup": True}
-    if not scenario.keep_retries:
+    if scenario.cli_attempts is not None:
+        retry: dict[str, object] = {"enabled": True, "maxRetries": scenario.cli_attempts - 1}
+        if scenario.sdk_retries is not None:
+            retry["provider"] = {"maxRetries": scenario.sdk_retries}
+        settings["retry"] = retry
+    elif not scenario.keep_retries:
         settings["retry"] = {"enabled": True, "maxRetries": 1, "baseDelayMs": 500}
     if not scenario.logged_out:
         models = {
