@@ -27,12 +27,13 @@ How each attempt is read:
 Uncharged streak: the consecutive upstream attempts at the end of the history. A charged
 attempt (work failure, abandoned, succeeded) resets it. An environment attempt neither adds
 to it nor resets it: it says nothing about the outside service. Nor does an upstream
-failure its vendor lane absorbed (`lane_held`: it closed the lane, met it closed, or was the
-probe that found it still closed): that refusal was the lane's, which bounds it by its own
-waits and stops after `LaneConfig.max_trips` closings in a row, so a task is stopped on
-`upstream` only by refusals that were its own. A forced attempt (an
-operator's retry after a stop) starts a fresh streak: the operator has looked and decided to
-try again, so the ceiling applies anew to what follows it.
+failure its vendor lane absorbed (`lane_held`: it met the lane closed, in flight when
+another result closed it, or it was the probe that found it closed still): that refusal was
+the lane's, which bounds it by its own waits and stops after `LaneConfig.max_trips` closings
+in a row, so a task is stopped on `upstream` only by refusals that were its own. The refusal
+that closes an open lane is its task's own: a lone task's refusals still reach its ceiling.
+A forced attempt (an operator's retry after a stop) starts a fresh streak: the operator has
+looked and decided to try again, so the ceiling applies anew to what follows it.
 
 When several bounds hold at once the decision names the most specific one, in this order:
 environment, attempt_limit, upstream, work, dispatch_cap. Environment first because only a

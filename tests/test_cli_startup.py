@@ -332,9 +332,10 @@ NOT_FOR_A_STATUS = {
     "psycopg",
 }
 # How many of execkit's own modules `status` has loaded when it ends (56 when this was
-# written, 85 before), and the table alone without the redactor's (44, 56 before).
-STATUS_MODULES_MAX = 56
-STATUS_TABLE_MODULES_MAX = 44
+# written, 85 before), and the table alone without the redactor's (44, 56 before; 45 with
+# the ledger's wake-ups, `ledger/_core/wake.py`, a concern of its own since issue 51).
+STATUS_MODULES_MAX = 57
+STATUS_TABLE_MODULES_MAX = 45
 
 
 def test_status_imports_the_dashboard_and_nothing_of_a_running_dispatcher(tmp_path: Path) -> None:
@@ -393,8 +394,10 @@ NOT_FOR_A_PLAIN_RUN = {
 }
 # How many of execkit's own modules `run -- true` and `task list` import (27 and 38 when
 # this was written; 30 and 45 before): a new module on either path has to be worth it.
-RUN_MODULES_MAX = 27
-LISTING_MODULES_MAX = 38
+# 28 and 39 since issues 51 and 52: the exec stage's line hook (`_exec/lines.py`, which
+# every spawn's supervisor splits lines with when asked) and the ledger's wake-ups.
+RUN_MODULES_MAX = 28
+LISTING_MODULES_MAX = 39
 
 
 def _own(modules: set[str]) -> set[str]:

@@ -378,8 +378,8 @@ def test_no_slot_on_a_lane_is_refilled_until_its_attempts_in_flight_have_reporte
 def test_refusals_a_lane_absorbed_never_block_a_task_on_upstream(tmp_path: Path) -> None:
     # One issue and a vendor whose usage limit lifts 50 s after the reset it states (a
     # late vendor, or codex's rounded time): the park, then probes that meet the limit
-    # still. Each of those refusals was the lane's (it parked it, or was the probe that
-    # found it closed still): the task's own ceiling of three upstream attempts in a row is
+    # still. The park was the task's own refusal; each probe's was the lane's (it found the
+    # lane closed still): the task's own ceiling of three upstream attempts in a row is
     # not spent on them (it was: blocked on upstream before the vendor recovered), and a
     # later probe succeeds. No wait is the breaker's doubled cool.
     from execkit._classify import FailureClass
@@ -432,7 +432,9 @@ def test_refusals_a_lane_absorbed_never_block_a_task_on_upstream(tmp_path: Path)
         assert issue.state == "done", [t.reason for t in ledger.list_tasks()]
         (task,) = ledger.list_tasks()
         runs = ledger.runs(task.id)
-        assert [run.lane_held for run in runs[:-1]] == [True] * (len(runs) - 1)
+        # The park was the task's own refusal (it closed the open lane); every probe after
+        # it met the lane closed: the lane's.
+        assert [run.lane_held for run in runs[:-1]] == [False] + [True] * (len(runs) - 2)
         assert len(runs) >= 4 and task.charged_attempts == 1  # the success alone
     # Every call after the park waited past the stated reset; none waited a breaker's cool.
     assert all(at >= stated for at in calls[1:])

@@ -5,6 +5,7 @@ leases are renewed while a run runs, and a board remembers its ledger."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from execkit.dispatch import (
     RunOutcome,
     Slot,
 )
-from execkit.ledger import open_ledger
+from execkit.ledger import open_ledger, user_name
 
 T0 = 1_700_000_000.0
 WORK = RunOutcome("failed", FailureClass.WORK, "default", detail="wrong answer")
@@ -104,10 +105,12 @@ def test_a_card_moved_back_after_an_environment_stop_is_run_once_more(
 def test_a_card_moved_back_runs_once_and_stops_again_on_the_same_bound(
     tmp_path: Path, outcome: RunOutcome, stop: str
 ) -> None:
+    # Without vendor lanes, as ADR 0046 states the ceiling (with lanes, the refusals after
+    # the first three meet the lane closed and are the lane's: the next test).
     board = InMemoryBoard([BoardIssue("ISS-1", "t", "todo")])
     runner, clock = Scripted(outcome), Clock()
     with open_ledger(tmp_path / "ledger.db") as ledger:
-        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(), clock)
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(), clock, lanes=False)
         drive(dispatcher, clock, passes=10)
         assert (runner.calls, board.get("ISS-1").state) == (3, "blocked")
         board.move("ISS-1", "todo")
@@ -119,6 +122,32 @@ def test_a_card_moved_back_runs_once_and_stops_again_on_the_same_bound(
         else:
             assert len(dispatched) == 1  # the budget is spent: it ran once
         assert (dispatched[-1].blocked_on, board.get("ISS-1").state) == (stop, "blocked")
+
+
+def test_a_card_moved_back_during_an_outage_waits_on_its_lane_not_its_own_ceiling(
+    tmp_path: Path,
+) -> None:
+    # With lanes: three 503s in a row are the task's own (the third closes the open lane:
+    # the breaker) and block it. Moved back while the vendor still fails, its refusals meet
+    # the lane closed (each is the lane's probe): the lane's, not the task's. The card stays
+    # eligible while the lane's waits grow (the breaker's doubling cool), and the lane, not
+    # the task's ceiling, bounds it: after `max_trips` closings in a row it stops for a person.
+    board = InMemoryBoard([BoardIssue("ISS-1", "t", "todo")])
+    runner, clock = Scripted(UPSTREAM), Clock()
+    with open_ledger(tmp_path / "ledger.db") as ledger:
+        ledger.set_lane_config(actor=user_name(os.geteuid()), max_trips=4)
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(), clock)
+        drive(dispatcher, clock, passes=10)
+        assert (runner.calls, board.get("ISS-1").state) == (3, "blocked")
+        board.move("ISS-1", "todo")
+        drive(dispatcher, clock, passes=30)
+        (task,) = ledger.list_tasks()
+        runs = ledger.runs(task.id)
+        assert [run.lane_held for run in runs] == [False] * 3 + [True] * (len(runs) - 3)
+        assert board.get("ISS-1").state == "todo" and task.uncharged_streak == 0
+        (lane,) = ledger.list_lanes()
+        assert lane.state == "stopped" and "times in a row" in (lane.reason or "")
+        assert len(runs) == 3 + 4  # a probe a closing until the fifth closing stops it
 
 
 def test_the_dispatch_cap_is_lifted_once_by_a_moved_back_card(tmp_path: Path) -> None:

@@ -216,8 +216,8 @@ class Run:
     and, on its host, finds the runs whose process is gone. `not_before` is the vendor's
     reset time recorded with a failure: the next attempt waits for it. `stopped`: an
     abandoned run its own runner stopped on purpose (uncharged; `_budget`). `lane_held`: an
-    upstream failure its vendor lane absorbed (it closed the lane, met it closed, or was the
-    probe that found it still closed), set by the ledger: it moves no streak (`_budget`).
+    upstream failure its vendor lane absorbed (it met the lane closed, or was the probe that
+    found it closed still), set by the ledger: it moves no streak (`_budget`).
     """
 
     id: str

@@ -29,7 +29,6 @@ from execkit._budget import (
 )
 from execkit._errors import Conflict, HistoryError, NotFound, StorageError
 from execkit._lanes import LaneConfigHistory
-from execkit._stamp import utc_stamp
 from execkit.ledger._core.store import (
     _ATTEMPT_STATUSES,
     _FAILURE_CLASSES,
@@ -70,6 +69,10 @@ SYSTEM_ACTOR = "execkit"
 
 
 def when(at: float) -> str:
+    """`at` as a message words it (`execkit._stamp.utc_stamp`, loaded by the first message
+    that names a time: a listing names none)."""
+    from execkit._stamp import utc_stamp
+
     return utc_stamp(at)
 
 

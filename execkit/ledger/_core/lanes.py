@@ -163,6 +163,10 @@ class LaneOps(WakeOps):
             )
 
     def _lane_event(self, tx: Tx, event: LaneEvent) -> LaneSummary:
+        return self._lane_step(tx, event)[1]
+
+    def _lane_step(self, tx: Tx, event: LaneEvent) -> tuple[LaneSummary, LaneSummary]:
+        """Append `event` and store the state it folds to: (the lane before, after)."""
         stored = tx.lane(event.lane, lock=True, create=True) or open_lane(event.lane)
         # The event first, then the configuration it folds with: on PostgreSQL the INSERT
         # waits out a configuration change in flight (`lane_event_barrier`), so the
@@ -171,7 +175,7 @@ class LaneOps(WakeOps):
         tx.add_lane_event(event)
         after = step(stored, event, self._lane_configs(tx).current)
         tx.write_lane(after)
-        return after
+        return stored, after
 
     def _lane_configs(self, tx: Tx) -> LaneConfigHistory:
         raw = tx.meta(LANE_CONFIG_META_KEY)
@@ -192,7 +196,7 @@ class LaneOps(WakeOps):
     ) -> LaneSummary | None:
         """Feed `ended` (a run that just finished or was abandoned) to its lane, if any;
         `stated` is the reset as the vendor stated it, before the run's own bound. The
-        lane's state after it; None when the run used no lane."""
+        lane's state before it (what the result met); None when the run used no lane."""
         lane = tx.run_lane(ended.id)
         if lane is None:
             return None
@@ -208,7 +212,7 @@ class LaneOps(WakeOps):
                 kind = LaneEventKind.STOP
                 if cause is LaneCause.BINARY_MISSING and ended.owner_host:
                     name = host_lane(lane, ended.owner_host)
-        return self._lane_event(
+        return self._lane_step(
             tx,
             LaneEvent(
                 lane=name,
@@ -220,7 +224,7 @@ class LaneOps(WakeOps):
                 until=until,
                 reason=ended.reason,
             ),
-        )
+        )[0]
 
     # -- operators -----------------------------------------------------------------------
 

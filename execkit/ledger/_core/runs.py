@@ -446,11 +446,13 @@ class RunOps(LeaseOps):
             not_before=reset,
             stopped=stopped,
         )
-        # The lane first: whether its lane absorbed an upstream failure (the lane is closed
-        # after it: this failure closed it, met it closed, or was the probe that found it
-        # closed still) decides whether the failure moves the task's streak.
-        lane = self._lane_result(tx, ended, cause, at, stated)
-        if lane is not None and lane.state is not LaneState.OPEN and klass is FailureClass.UPSTREAM:
+        # The lane first: whether its lane absorbed an upstream failure decides whether the
+        # failure moves the task's streak. A failure that met its lane closed (in flight when
+        # another's result closed it, or the probe that found it closed still) was the
+        # lane's; the one that closes an open lane is the task's own, so a lone task's
+        # refusals still reach its ceiling as ADR 0046 bounds them.
+        met = self._lane_result(tx, ended, cause, at, stated)
+        if met is not None and met.state is not LaneState.OPEN and klass is FailureClass.UPSTREAM:
             ended = attrs.evolve(ended, lane_held=True)
         tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held)
         self._summary_after(tx, task, ended)

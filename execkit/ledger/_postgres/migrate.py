@@ -27,7 +27,7 @@ import attrs
 from execkit._errors import SchemaTooNew, StorageError
 from execkit._json import to_json
 from execkit._lanes import LaneConfigHistory
-from execkit.ledger._core.store import LANE_CONFIG_META_KEY
+from execkit.ledger._core import LANE_CONFIG_META_KEY
 from execkit.ledger._model import user_name
 from execkit.ledger._postgres import schema
 from execkit.ledger._postgres.tx import PostgresTx, nul_free

@@ -28,8 +28,7 @@ from execkit._budget import summarize
 from execkit._errors import SchemaTooNew, StorageError
 from execkit._json import to_json
 from execkit._lanes import LaneConfigHistory
-from execkit.ledger._core import attempt_from_run
-from execkit.ledger._core.store import LANE_CONFIG_META_KEY
+from execkit.ledger._core import LANE_CONFIG_META_KEY, attempt_from_run
 from execkit.ledger._model import DEFAULT_LEASE_S
 from execkit.ledger._sqlite import schema
 from execkit.ledger._sqlite.files import create_owner_only
