@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from ledger_backends import AnyLedger, Opener
+from test_remote import Remote, remote  # noqa: F401 - the fixture
 
 from execkit._errors import InvalidInput, NotFound
 from execkit._lanes import LaneState
@@ -161,3 +162,22 @@ def test_a_delivery_wakes_once(ledger: AnyLedger) -> None:
     assert ledger.note_delivery("github", "72d3162e-cc78-11e3-81ab-4c9367dc0958", now=1)
     assert not ledger.note_delivery("github", "72d3162e-cc78-11e3-81ab-4c9367dc0958", now=2)
     assert ledger.wake_seq() == seen + 1
+
+
+def test_the_outbox_and_a_tracker_lane_through_the_server(remote: Remote) -> None:  # noqa: F811
+    """Two clients of one `execkit serve`: what one puts the other claims, a claim is
+    exclusive, a lane call is shared, a delivery counts once."""
+    first, second = remote.client(), remote.client("memory")
+    assert OUTBOX_CAPABILITY in first.capabilities()
+    put = first.outbox_put(BOARD, "i1", {"state": "done", "attempt": 2, "running": False})
+    assert put.pending and put.payload == {"state": "done", "attempt": 2, "running": False}
+    [claimed] = second.outbox_claim(BOARD, owner="B", lease_s=60)
+    assert first.outbox_claim(BOARD, owner="A") == []
+    settled = second.outbox_settle(BOARD, "i1", claimed.seq, owner="B", ref="77")
+    assert (settled.pending, settled.ref) == (False, "77")
+    assert first.outbox_entries(BOARD, pending=True) == []
+    parked = first.record_lane_call(LANE, "reset", until=10**10, reason="rate limited")
+    assert parked.state is LaneState.PARKED
+    assert second.get_lane(LANE).state is LaneState.PARKED
+    assert first.note_delivery("github", "d-1") is True
+    assert second.note_delivery("github", "d-1") is False

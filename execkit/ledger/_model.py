@@ -441,7 +441,7 @@ class OutboxEntry:
     item: str
     seq: int
     sent_seq: int
-    payload: Mapping[str, Any]
+    payload: dict[str, Any]
     ref: str | None = None
     sends: int = 0
     tries: int = 0
