@@ -361,3 +361,26 @@ def test_two_dispatchers_through_execkit_serve(tmp_path: Path, remote: Remote) -
         assert remote.ledger.outbox_entries("github:acme/widgets", pending=True) == []
     finally:
         fake.close()
+
+
+def test_execkit_dispatch_takes_a_github_board(
+    fake: FakeGitHub, tmp_path: Path, fake_vendor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`execkit dispatch --board github:OWNER/REPO`: the token and the API from the
+    environment, the issue's title and body the prompt, the claude CLI faked."""
+    from execkit.cli import main
+
+    number = fake.add_issue("Say hi", "Just say hi.")
+    fixture = REPO / "fixtures" / "claude" / "success.json"
+    fake_vendor.register("claude", stdout=fixture, exit_code=0, occurrences=1)
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_API_URL", fake.url)
+    db = str(tmp_path / "ledger.db")
+    argv = ["dispatch", "--board", "github:acme/widgets", "--db", db, "--adapter", "claude"]
+    assert main([*argv, "--once"], start=fake_vendor.start) == 0
+    assert fake.labels_of(number) == {"execkit:done"}
+    [comment] = fake.status_comments(number)
+    assert "succeeded" in comment["body"]
+    monkeypatch.delenv("GITHUB_TOKEN")
+    monkeypatch.delenv("GH_TOKEN", raising=False)
+    assert main([*argv, "--once"], start=fake_vendor.start) == 3  # no token: named, nothing sent
