@@ -377,12 +377,10 @@ def _github_repo(spec: str) -> str | None:
 def _github_board(repo: str | None, ledger: Ledger) -> Board:
     """The GitHub board of `repo` (docs/formats.md): the token from $GITHUB_TOKEN or
     $GH_TOKEN, the API from $GITHUB_API_URL. InvalidInput naming what is missing."""
-    from execkit.dispatch import GitHubBoard, GitHubConfig
-    from execkit.dispatch._github import token_from
+    from execkit.dispatch import GitHubBoard
 
     assert repo is not None
-    config = GitHubConfig.from_mapping(repo, {}, os.environ)
-    return GitHubBoard(config, ledger, token_from(os.environ))
+    return GitHubBoard.from_env(repo, ledger, os.environ)
 
 
 def _people_line(stopped: LaneStopped) -> str:

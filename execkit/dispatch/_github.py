@@ -419,6 +419,14 @@ class GitHubBoard:
         self._suspect = True  # the lane may need telling that GitHub answers again
         self._lock = threading.RLock()
 
+    @classmethod
+    def from_env(cls, repo: str, ledger: Ledger, env: Mapping[str, str]) -> GitHubBoard:
+        """The board `github:REPO` as `execkit dispatch` opens it: the token from
+        `GITHUB_TOKEN` (else `GH_TOKEN`), the API from `GITHUB_API_URL`. InvalidInput
+        naming what is missing or wrong, before anything is sent."""
+        config = GitHubConfig.from_mapping(repo, {}, env)
+        return cls(config, ledger, token_from(env))
+
     # -- the board protocol -----------------------------------------------------------
 
     @property
