@@ -105,8 +105,8 @@ class FakeGitHub:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
 
     def close(self) -> None:
         self._server.shutdown()
@@ -319,7 +319,7 @@ class FakeGitHub:
     def _route(
         self, method: str, path: str, base: str, data: Any, query: dict[str, str]
     ) -> tuple[int, dict[str, str], Any]:
-        not_found = (
+        not_found: tuple[int, dict[str, str], Any] = (
             404,
             {},
             {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"},
