@@ -10,7 +10,8 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit chromium bench clean record-vendors record-scenes test-vendors drift-vendors
+.PHONY: demo test lint typecheck unit chromium bench clean record-vendors record-scenes \
+	test-vendors drift-vendors live-github
 
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +67,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_lanes.py
 	$(PY) benchmarks/bench_scenes.py
 	$(PY) benchmarks/bench_status.py
+	$(PY) benchmarks/bench_github.py
+
+# The GitHub board against real GitHub (issue #47): reads only; SKIP without GITHUB_TOKEN and
+# EXECKIT_LIVE_REPO=OWNER/NAME. Never part of `make test`.
+live-github: $(STAMP)
+	$(PY) tests/live_github.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.

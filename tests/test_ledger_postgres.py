@@ -808,7 +808,8 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         "ALTER TABLE runs DROP CONSTRAINT runs_lane_held_upstream",
         "ALTER TABLE runs DROP COLUMN lane_held",
         "ALTER TABLE tasks DROP COLUMN last_lane_held",
-        f"DELETE FROM schema_version WHERE version = {CURRENT}",
+        "DROP TABLE board_outbox",  # version 5's, made after
+        "DELETE FROM schema_version WHERE version >= 4",
         "INSERT INTO lane_events (lane, kind, at, actor, run_id, until_at) VALUES "
         f"('{lane}', 'upstream', 10, 'd', 'r-8', NULL), ('{lane}', 'reset', 20, 'd', 'r-9', 5)",
         "INSERT INTO lane_summaries (lane, state, until_at, reason, trips, failures, "
@@ -817,7 +818,7 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
     ):
         sql(pg_url, statement)
     done = migrate(pg_url, backed_up=True)
-    assert isinstance(done, PostgresMigration) and done.from_version == CURRENT - 1
+    assert isinstance(done, PostgresMigration) and done.from_version == 3
     with open_pg(pg_url) as migrated:
         assert migrated.validate(now=30) == []
         assert migrated.lane_config().rules == 2

@@ -210,7 +210,7 @@ def test_no_error_type_sets_its_message_past_the_mask() -> None:
 
 # ------------------------------------------------------------------ into the ledger
 
-_MASKERS = {"check_text", "check_name", "as_actor", "clean_reason"}
+_MASKERS = {"check_text", "check_name", "check_json", "as_actor", "clean_reason"}
 # Only a hash of what they are given is stored (a request's fingerprint).
 _HASHERS = {"creation_fingerprint", "fingerprint_of"}
 # Arguments that are only looked up (a miss is NotFound, whose message is masked when it is
@@ -227,6 +227,7 @@ _NOT_STORED = {
     "state",
     "lane",
     "lane_cause",
+    "outcome",
 }
 # A lookup by a name that was masked when it was stored.
 _LOOKUPS = {("grants", "principal")}

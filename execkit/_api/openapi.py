@@ -23,7 +23,7 @@ from execkit._api.routes import ENDPOINTS
 from execkit._api.row import Endpoint, Field
 from execkit._budget import Attempt, Backoff, WorkBudget
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
-from execkit.ledger import AuditEvent, Grant, Run, RunOwner, Task
+from execkit.ledger import AuditEvent, Grant, OutboxEntry, Run, RunOwner, Task
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
 
@@ -179,6 +179,9 @@ def _components() -> dict[str, Any]:
         "TaskLane": _object({"lane": {"oneOf": [_ref("Lane"), {"type": "null"}]}}),
         "LaneConfig": _wire_schema(LaneConfig),
         "Wake": _object({"wake": {"type": "integer"}}),
+        "OutboxEntry": _wire_schema(OutboxEntry),
+        "OutboxEntryList": _object({"entries": _array_of("OutboxEntry")}),
+        "Delivery": _object({"new": {"type": "boolean"}}),
         "Capabilities": _object(
             {
                 "capabilities": {"type": "array", "items": {"type": "string"}},

@@ -60,6 +60,7 @@ from execkit.ledger import (
     AuditEvent,
     Grant,
     Ledger,
+    OutboxEntry,
     Run,
     RunOwner,
     Task,
@@ -320,6 +321,62 @@ def _set_lane_config(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, config.to_dict()
 
 
+# -- tracker boards (issue #47) ----------------------------------------------------------
+
+
+def _record_lane_call(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    lane = call.ledger.record_lane_call(
+        body["lane"],
+        body["outcome"],
+        until=body.get("until"),
+        reason=body.get("reason"),
+        actor=call.actor,
+    )
+    return 200, lane.to_dict()
+
+
+def _outbox_put(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    return 200, call.ledger.outbox_put(body["board"], body["item"], body["fields"]).to_dict()
+
+
+def _outbox_claim(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    claimed = call.ledger.outbox_claim(
+        body["board"],
+        owner=body["owner"],
+        lease_s=body.get("lease_s", 60.0),
+        limit=body.get("limit", 50),
+    )
+    return 200, {"entries": [entry.to_dict() for entry in claimed]}
+
+
+def _outbox_settle(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    entry = call.ledger.outbox_settle(
+        body["board"],
+        body["item"],
+        body["seq"],
+        owner=body["owner"],
+        ref=body.get("ref"),
+        error=body.get("error"),
+        retry_at=body.get("retry_at"),
+    )
+    return 200, entry.to_dict()
+
+
+def _outbox_entries(call: Call) -> tuple[int, dict[str, Any]]:
+    board, pending = call.query.get("board"), bool(call.query.get("pending"))
+    entries = call.ledger.outbox_entries(board, pending=pending)  # type: ignore[arg-type]
+    return 200, {"entries": [entry.to_dict() for entry in entries]}
+
+
+def _note_delivery(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    return 200, {"new": call.ledger.note_delivery(body["source"], body["delivery"])}
+
+
 # A wait holds a worker thread: at most this many wait at once, and a request past them is
 # answered at once with the number as it is (its client waits a moment before asking again).
 _WAKE_WAITERS = threading.BoundedSemaphore(4)
@@ -397,6 +454,8 @@ _RUN = one(Run)
 _LANE = one(LaneView)
 _NEEDS_LANES = Needs(LANES, "a vendor lane")
 _LANE_QUERY = Field("lane", "string", required=True, description="ADAPTER/CREDENTIAL[@HOST]")
+_OUTBOX_ENTRY = one(OutboxEntry)
+OUTBOX = "boards.outbox"
 
 CAPABILITIES: Endpoint[[], dict[str, Any]] = Endpoint(
     "GET",
@@ -804,6 +863,100 @@ class LedgerRoutes:
         binds=Ledger.set_lane_config,
         read=one(LaneConfig),
         needs=Needs(LANES, "the lanes' configuration"),
+    )
+    record_lane_call = Endpoint(
+        "POST",
+        "/v1/lanes/calls",
+        "recordLaneCall",
+        "What a call to an outside service met on its own lane (a tracker's API)",
+        _record_lane_call,
+        "Lane",
+        body=(
+            Field("lane", "string", required=True),
+            Field("outcome", "string", required=True, description="success, upstream, reset, stop"),
+            Field("until", "number", nullable=True, omit_none=True),
+            Field("reason", "string", nullable=True, omit_none=True),
+        ),
+        binds=Ledger.record_lane_call,
+        read=_LANE,
+        needs=Needs(OUTBOX, "a tracker's lane"),
+    )
+    outbox_put = Endpoint(
+        "POST",
+        "/v1/outbox/put",
+        "outboxPut",
+        "Record what a board item must show on its tracker (merged over the last put)",
+        _outbox_put,
+        "OutboxEntry",
+        body=(
+            Field("board", "string", required=True),
+            Field("item", "string", required=True),
+            Field("fields", "object", required=True, description="at most 16 scalar members"),
+        ),
+        binds=Ledger.outbox_put,
+        read=_OUTBOX_ENTRY,
+        needs=Needs(OUTBOX, "the board outbox"),
+    )
+    outbox_claim = Endpoint(
+        "POST",
+        "/v1/outbox/claim",
+        "outboxClaim",
+        "Claim the due entries of a board for sending (a lease)",
+        _outbox_claim,
+        "OutboxEntryList",
+        body=(
+            Field("board", "string", required=True),
+            Field("owner", "string", required=True),
+            Field("lease_s", "number"),
+            Field("limit", "integer"),
+        ),
+        binds=Ledger.outbox_claim,
+        read=listed("entries", _OUTBOX_ENTRY),
+        needs=Needs(OUTBOX, "the board outbox"),
+    )
+    outbox_settle = Endpoint(
+        "POST",
+        "/v1/outbox/settle",
+        "outboxSettle",
+        "What came of sending one put of an entry: delivered, or failed and when to retry",
+        _outbox_settle,
+        "OutboxEntry",
+        body=(
+            Field("board", "string", required=True),
+            Field("item", "string", required=True),
+            Field("seq", "integer", required=True),
+            Field("owner", "string", required=True),
+            Field("ref", "string", nullable=True, omit_none=True),
+            Field("error", "string", nullable=True, omit_none=True),
+            Field("retry_at", "number", nullable=True, omit_none=True),
+        ),
+        binds=Ledger.outbox_settle,
+        read=_OUTBOX_ENTRY,
+        needs=Needs(OUTBOX, "the board outbox"),
+    )
+    outbox_entries = Endpoint(
+        "GET",
+        "/v1/outbox",
+        "outboxEntries",
+        "A board's outbox entries by item (pending: only those not delivered yet)",
+        _outbox_entries,
+        "OutboxEntryList",
+        query=(Field("board", "string", required=True), Field("pending", "boolean")),
+        binds=Ledger.outbox_entries,
+        read=listed("entries", _OUTBOX_ENTRY),
+        needs=Needs(OUTBOX, "the board outbox"),
+    )
+    note_delivery = Endpoint(
+        "POST",
+        "/v1/deliveries",
+        "noteDelivery",
+        "A tracker's webhook delivery: true (and the dispatchers woken) the first time",
+        _note_delivery,
+        "Delivery",
+        body=(Field("source", "string", required=True), Field("delivery", "string", required=True)),
+        binds=Ledger.note_delivery,
+        read=flag("new"),
+        needs=Needs(OUTBOX, "a webhook delivery"),
     )
     wake_seq = Endpoint(
         "GET",

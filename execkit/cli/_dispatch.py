@@ -28,7 +28,7 @@ from execkit.ledger import Ledger, open_ledger
 # name of `execkit.dispatch` loads its own room): `execkit status` reads its options and
 # helpers from this module and runs none of it.
 if TYPE_CHECKING:
-    from execkit.dispatch import Dispatcher, DispatchEvent
+    from execkit.dispatch import Board, Dispatcher, DispatchEvent
 
 __all__ = ["describe_event", "register"]
 
@@ -103,7 +103,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "back to an eligible state retries it once."
         ),
     )
-    dispatch.add_argument("--board", required=True, metavar="FILE", help="board JSON file")
+    dispatch.add_argument(
+        "--board",
+        required=True,
+        metavar="BOARD",
+        help="a board JSON file, or github:OWNER/REPO (a repository's issues; the token in "
+        "$GITHUB_TOKEN or $GH_TOKEN, the API in $GITHUB_API_URL)",
+    )
     dispatch.add_argument(
         "--adapter",
         metavar="NAME",
@@ -293,8 +299,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     from execkit.dispatch import AdapterRunner, Dispatcher
 
     _setup_logging()
-    board = JsonFileBoard(args.board)
-    config = _config(args, board)
+    github = _github_repo(args.board)
+    board_file = None if github is not None else JsonFileBoard(args.board)
+    config = _config(args, board_file)
     # The default adapter is the command's own choice: a name nobody knows stops here
     # (not_found), before anything runs. An issue's own unknown adapter stops that issue.
     # `main` takes the default starter from `subprocess` where the group's import loaded
@@ -320,6 +327,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         open_remote(url) if url is not None else open_ledger(args.db, backoff=config.backoff)
     )
     try:
+        board: Board = board_file if board_file is not None else _github_board(github, ledger)
         dispatcher = Dispatcher(board, runner, ledger, config, time.time, on_event=show)
         with _StopOnSignals(dispatcher) as signals:
             try:
@@ -357,6 +365,22 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.until_idle and any(ended_blocked.values()):
         return _BLOCKED_EXIT
     return 0
+
+
+def _github_repo(spec: str) -> str | None:
+    """`OWNER/REPO` of a `github:OWNER/REPO` board, else None (a board file's path)."""
+    if not spec.startswith("github:"):
+        return None
+    return spec.removeprefix("github:")
+
+
+def _github_board(repo: str | None, ledger: Ledger) -> Board:
+    """The GitHub board of `repo` (docs/formats.md): the token from $GITHUB_TOKEN or
+    $GH_TOKEN, the API from $GITHUB_API_URL. InvalidInput naming what is missing."""
+    from execkit.dispatch import GitHubBoard
+
+    assert repo is not None
+    return GitHubBoard.from_env(repo, ledger, os.environ)
 
 
 def _people_line(stopped: LaneStopped) -> str:

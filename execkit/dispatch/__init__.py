@@ -1,8 +1,10 @@
 """The dispatcher (ADR 015): bounded retries over a board that give up into a terminal state.
 
-Rooms: `_board` (trackers and board files), `_config` (the knobs), `_runner` (what one
-dispatch does), `_slots` (where agents run side by side), `_status` (the operator's
-dashboard), `_scheduler` (the loop itself).
+Rooms: `_board` (the board protocol and board files), `_github` (GitHub Issues as a
+board, behind that protocol; its client loads githubkit, the extra
+`execkit-runner[github]`, only when one is opened), `_config` (the knobs), `_runner` (what
+one dispatch does), `_slots` (where agents run side by side), `_status` (the operator's
+dashboard), `_scheduler` (the loop itself, which names no tracker).
 `import execkit` does not import this package: it loads on first use of a dispatcher name.
 Nor does this package import its rooms: each name loads its own room on first use, so
 `execkit status` (the board, the knobs, the dashboard) does not pay for the scheduler, the
@@ -20,6 +22,10 @@ _EXPORTS: dict[str, str] = {
     "BindableBoard": "execkit.dispatch._board",
     "Board": "execkit.dispatch._board",
     "BoardIssue": "execkit.dispatch._board",
+    "BoardReport": "execkit.dispatch._board",
+    "ReportingBoard": "execkit.dispatch._board",
+    "GitHubBoard": "execkit.dispatch._github",
+    "GitHubConfig": "execkit.dispatch._github",
     "BoardState": "execkit.dispatch._board",
     "GiveUpBoard": "execkit.dispatch._board",
     "InMemoryBoard": "execkit.dispatch._board",
@@ -54,14 +60,17 @@ if TYPE_CHECKING:
         BindableBoard,
         Board,
         BoardIssue,
+        BoardReport,
         BoardState,
         GiveUpBoard,
         InMemoryBoard,
         JsonFileBoard,
+        ReportingBoard,
         Tracker,
         task_key,
     )
     from execkit.dispatch._config import MAX_CONCURRENT_AGENTS, DispatchConfig
+    from execkit.dispatch._github import GitHubBoard, GitHubConfig
     from execkit.dispatch._runner import AdapterRunner, Runner, RunOutcome, Slot
     from execkit.dispatch._scheduler import (
         DISPATCH_ACTOR,
@@ -89,17 +98,21 @@ __all__ = [
     "BindableBoard",
     "Board",
     "BoardIssue",
+    "BoardReport",
     "BoardState",
     "DispatchConfig",
     "DispatchEvent",
     "Dispatcher",
     "EventKind",
+    "GitHubBoard",
+    "GitHubConfig",
     "GiveUpBoard",
     "InMemoryBoard",
     "InlineExecutor",
     "IssueStatus",
     "IssueStatusValues",
     "JsonFileBoard",
+    "ReportingBoard",
     "RunOutcome",
     "Runner",
     "Slot",

@@ -34,10 +34,12 @@ __all__ = [
     "BindableBoard",
     "Board",
     "BoardIssue",
+    "BoardReport",
     "BoardState",
     "GiveUpBoard",
     "InMemoryBoard",
     "JsonFileBoard",
+    "ReportingBoard",
     "Tracker",
     "task_key",
 ]
@@ -89,6 +91,16 @@ def _no_nul(_inst: object, attribute: attrs.Attribute[Any], value: tuple[str, ..
             raise InvalidInput(
                 f"argv[{index}] must not contain a NUL character", field=attribute.name
             )
+
+
+def _redacted(text: str) -> str:
+    from execkit._redact import redact  # only a board that reports loads the redactor
+
+    return redact(text)
+
+
+def _redacted_lines(lines: Iterable[str]) -> tuple[str, ...]:
+    return tuple(_redacted(line) for line in lines)
 
 
 def _to_argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -192,6 +204,45 @@ class BindableBoard(Protocol):
     def ledger_binding(self) -> tuple[str, str] | None: ...
 
     def bind_ledger(self, ledger_id: str, location: str) -> None: ...
+
+
+@attrs.frozen(kw_only=True)
+class BoardReport:
+    """What the dispatcher tells a board that shows its work (`ReportingBoard`) about one
+    issue: the claim while an agent runs (`running`, the `host` and `attempt`), and after
+    each run what came of it (`status`, the `failure_class` and `reason` of a failure,
+    the `fix` to make for an environment failure, where the card was moved, when the next
+    attempt is due). `lines` are further lines to show ("fell back", "resumed"), `spend`
+    what the run cost when it is known. Text is redacted on construction."""
+
+    attempt: int
+    running: bool = False
+    host: str | None = None
+    max_attempts: int | None = None
+    status: str | None = None
+    failure_class: str | None = None
+    reason: str | None = attrs.field(default=None, converter=attrs.converters.optional(_redacted))
+    fix: str | None = attrs.field(default=None, converter=attrs.converters.optional(_redacted))
+    moved_to: str | None = None
+    next_attempt_at: float | None = None
+    lines: tuple[str, ...] = attrs.field(default=(), converter=_redacted_lines)
+    spend: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@runtime_checkable
+class ReportingBoard(Protocol):
+    """A board that shows the dispatcher's work on its issues (a tracker's labels and
+    status comment). `report` records what an issue must show and returns at once (a
+    tracker board records it in the ledger's outbox: nothing is lost if the tracker is
+    down); `catch_up` sends what is recorded and not shown yet, once per pass, and never
+    raises for one issue's failed write (it is retried at a later pass)."""
+
+    def report(self, issue_id: str, report: BoardReport) -> None: ...
+
+    def catch_up(self) -> None: ...
 
 
 def _duplicates(values: Iterable[str]) -> list[str]:

@@ -86,8 +86,10 @@ from execkit.dispatch._board import (
     BindableBoard,
     Board,
     BoardIssue,
+    BoardReport,
     GiveUpBoard,
     JsonFileBoard,
+    ReportingBoard,
     Tracker,
     task_key,
 )
@@ -351,6 +353,7 @@ class Dispatcher:
         # no new run goes out on such a lane until those have reported (`_in_doubt`).
         self._doubted: set[str] = set()
         self._wake_pending = False  # set by the waker thread (`_woken`), read by the loop
+        self._catch_up_said: str | None = None  # the last write-back wait logged
 
     # -- public --------------------------------------------------------------------------
 
@@ -380,6 +383,7 @@ class Dispatcher:
         while True:
             events.extend(self._reap())
             waiting = self._fill(waiting, events)
+            self._catch_up()  # the claims just made, the results just reaped
             if not self._running or self._stopping:
                 break  # a stop leaves the running agents to `shutdown`
             self._wait_for_a_slot(None)
@@ -393,6 +397,7 @@ class Dispatcher:
         events = self._reap()
         busy = {r.issue.id for r in self._running.values()}
         self._fill([i for i in self.tracker.list_candidates() if i.id not in busy], events)
+        self._catch_up()
         return events
 
     def next_due(self) -> float | None:
@@ -961,6 +966,17 @@ class Dispatcher:
             heartbeat_s=self._lease_s / 3,
             cancel=Cancellation(),
         )
+        # The claim is the ledger's (admitted above, under the task's lease); a board that
+        # shows work shows it now, before the agent starts.
+        self._report(
+            issue,
+            BoardReport(
+                attempt=run.attempt,
+                running=True,
+                host=self.owner.host,
+                max_attempts=self.config.bound_for(None),
+            ),
+        )
         future = self._executor.submit(functools.partial(self._work, issue, run, slot))
         lane = self._lanes.lane_of(slot.adapter)
         self._running[run.id] = _Running(issue, run, slot.adapter, lane, slot.cancel, future)
@@ -1073,4 +1089,44 @@ class Dispatcher:
                     fields["next_attempt_at"] = forced.next_attempt_at
         else:
             fields["next_attempt_at"] = after.next_attempt_at
+        self._report(
+            issue,
+            BoardReport(
+                attempt=run.attempt,
+                max_attempts=self.config.bound_for(after),
+                status=str(outcome.status),
+                failure_class=None
+                if fields["failure_class"] is None
+                else str(fields["failure_class"]),
+                reason=fields["reason"] if failed else None,
+                fix=outcome.precondition,
+                moved_to=fields.get("moved_to"),
+                next_attempt_at=fields.get("next_attempt_at"),
+            ),
+        )
         return self._event(EventKind.DISPATCHED, issue, after, **fields)
+
+    def _report(self, issue: BoardIssue, report: BoardReport) -> None:
+        """Tell a board that shows work (`ReportingBoard`) what this issue must show. A
+        board that cannot record it is logged: the ledger holds the run either way."""
+        if not isinstance(self.tracker, ReportingBoard):
+            return
+        try:
+            self.tracker.report(issue.id, report)
+        except ExecKitError as exc:
+            _log.warning("issue %s: the board did not record its status: %s", issue.id, exc.message)
+
+    def _catch_up(self) -> None:
+        """Let a board that shows work send what it recorded (its outbox). A tracker that
+        waits (its lane parked, cooling or stopped) or fails is logged once per message and
+        left to a later pass: the agents go on, and nothing recorded is lost."""
+        if not isinstance(self.tracker, ReportingBoard):
+            return
+        try:
+            self.tracker.catch_up()
+        except ExecKitError as exc:
+            if self._catch_up_said != exc.message:
+                self._catch_up_said = exc.message
+                _log.warning("the board's write-back waits: %s", exc.message)
+        else:
+            self._catch_up_said = None

@@ -45,6 +45,7 @@ __all__ = [
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
     "OPERATE_ROLE",
+    "OUTBOX_CAPABILITY",
     "WAKE_CAPABILITY",
     "Actor",
     "AuditAction",
@@ -53,6 +54,7 @@ __all__ = [
     "Grant",
     "LastOutcome",
     "Ledger",
+    "OutboxEntry",
     "Role",
     "Run",
     "RunOwner",
@@ -70,6 +72,11 @@ WAKE_CAPABILITY = "ledger.wake"
 a pass at once when an operator lets work run again. A client of a server that does not
 advertise it keeps to its pass interval."""
 
+OUTBOX_CAPABILITY = "boards.outbox"
+"""Board write-back (issue #47): the outbox a tracker board records its writes in
+(`outbox_put`, drained with `outbox_claim` and `outbox_settle`), the calls a tracker makes
+on its own lane (`record_lane_call`) and its webhook deliveries (`note_delivery`)."""
+
 LANES_CAPABILITY = "vendor.lanes"
 """Vendor lanes (issue #28): admission consults a run's lane, results feed it, operators
 park and resume it. A client sends a lane only to a server that advertises it."""
@@ -83,6 +90,7 @@ CAPABILITIES = frozenset(
         LANES_CAPABILITY,
         "runs.owners",
         WAKE_CAPABILITY,
+        OUTBOX_CAPABILITY,
     }
 )
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
@@ -413,6 +421,45 @@ LIST_PAGE = 1000
 one page in memory."""
 
 
+@attrs.frozen(kw_only=True)
+class OutboxEntry:
+    """What a tracker board still owes its tracker for one item (issue #47): the state it
+    must show, kept in the ledger until it is sent.
+
+    One row per (`board`, `item`): `payload` is the JSON object the board wants the item
+    to show (each `outbox_put` merges its keys over the last ones, so the latest move and
+    the latest status both stand), `seq` counts the puts and `sent_seq` is the last one
+    delivered, so the entry is `pending` while `seq > sent_seq` and a put made while a
+    send is in flight stays pending after it. `ref` is the tracker's own handle the board
+    keeps for the item (a status comment's id); `sends` counts the claims ever made (a
+    first send knows no earlier one can have landed); `tries` the failed sends since the
+    last success, `next_at` when the next may go and `last_error` why the last failed;
+    `claimed_by`/`claimed_until` the drainer sending it now.
+    """
+
+    board: str
+    item: str
+    seq: int
+    sent_seq: int
+    payload: dict[str, Any]
+    ref: str | None = None
+    sends: int = 0
+    tries: int = 0
+    next_at: float | None = None
+    claimed_by: str | None = None
+    claimed_until: float | None = None
+    last_error: str | None = None
+    updated_at: float = 0.0
+
+    @property
+    def pending(self) -> bool:
+        """Whether the tracker does not show the latest put yet."""
+        return self.seq > self.sent_seq
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
 class Ledger(Protocol):
     """Durable tasks and runs. Every method is one transaction; errors are ExecKitError.
 
@@ -584,6 +631,44 @@ class Ledger(Protocol):
         reason: str | None = None,
         now: float | None = None,
     ) -> LaneView: ...
+
+    def record_lane_call(
+        self,
+        lane: str,
+        outcome: str,
+        *,
+        until: float | None = None,
+        reason: str | None = None,
+        actor: Actor | str = "execkit",
+        now: float | None = None,
+    ) -> LaneView: ...
+
+    def outbox_put(
+        self, board: str, item: str, fields: Mapping[str, Any], *, now: float | None = None
+    ) -> OutboxEntry: ...
+    def outbox_claim(
+        self,
+        board: str,
+        *,
+        owner: str,
+        lease_s: float = 60.0,
+        limit: int = 50,
+        now: float | None = None,
+    ) -> list[OutboxEntry]: ...
+    def outbox_settle(
+        self,
+        board: str,
+        item: str,
+        seq: int,
+        *,
+        owner: str,
+        ref: str | None = None,
+        error: str | None = None,
+        retry_at: float | None = None,
+        now: float | None = None,
+    ) -> OutboxEntry: ...
+    def outbox_entries(self, board: str, *, pending: bool = False) -> list[OutboxEntry]: ...
+    def note_delivery(self, source: str, delivery: str, *, now: float | None = None) -> bool: ...
 
     def lane_config(self) -> LaneConfig: ...
     def wake_seq(self) -> int: ...

@@ -28,7 +28,7 @@ from execkit._errors import InvalidInput, StorageError
 from execkit._lanes import LaneEvent, LaneEventKind, LaneState, LaneSummary
 from execkit._validate import fields_in_order
 from execkit.ledger._core import SUMMARY_AT, TaskRecord, domain, summary_row
-from execkit.ledger._model import AuditEvent, Grant, Run
+from execkit.ledger._model import AuditEvent, Grant, OutboxEntry, Run
 
 __all__ = [
     "AUDIT_COLUMNS",
@@ -36,6 +36,7 @@ __all__ = [
     "LANE_COLUMNS",
     "LANE_EVENT_COLUMNS",
     "LANE_STOPS",
+    "OUTBOX_COLUMNS",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "TASK_COLUMNS",
@@ -48,6 +49,8 @@ __all__ = [
     "lane_event_row",
     "lane_from_row",
     "lane_row",
+    "outbox_from_row",
+    "outbox_row",
     "run_from_row",
     "run_from_values",
     "summary_row",
@@ -311,4 +314,73 @@ def lane_event_row(event: LaneEvent) -> dict[str, Any]:
         "task_id": event.task_id,
         "until_at": event.until,
         "reason": event.reason,
+    }
+
+
+# The board outbox (issue #47): one row per (board, item), `payload` a JSON object.
+OUTBOX_COLUMNS = (
+    "board",
+    "item",
+    "seq",
+    "sent_seq",
+    "payload",
+    "ref",
+    "sends",
+    "tries",
+    "next_at",
+    "claimed_by",
+    "claimed_until",
+    "last_error",
+    "updated_at",
+)
+
+
+def outbox_from_row(row: NamedRow) -> OutboxEntry:
+    """An outbox row (`OUTBOX_COLUMNS`); a payload that is not a JSON object, or a count
+    that is not a whole number, is a StorageError naming the row."""
+    where = f"outbox entry {row['board']!r} {row['item']!r}"
+    try:
+        payload = row["payload"]
+        if isinstance(payload, str):
+            payload = json.loads(payload)
+        if not isinstance(payload, dict):
+            raise TypeError("its payload is not a JSON object")
+        counts = [row[name] for name in ("seq", "sent_seq", "sends", "tries")]
+        if any(type(count) is not int or count < 0 for count in counts):
+            raise TypeError(f"its counts {counts} are not whole numbers >= 0")
+        return OutboxEntry(
+            board=row["board"],
+            item=row["item"],
+            seq=row["seq"],
+            sent_seq=row["sent_seq"],
+            payload=payload,
+            ref=row["ref"],
+            sends=row["sends"],
+            tries=row["tries"],
+            next_at=row["next_at"],
+            claimed_by=row["claimed_by"],
+            claimed_until=row["claimed_until"],
+            last_error=row["last_error"],
+            updated_at=row["updated_at"],
+        )
+    except (TypeError, ValueError) as exc:
+        raise StorageError(f"{where} holds a value of the wrong shape ({exc})") from None
+
+
+def outbox_row(entry: OutboxEntry) -> dict[str, Any]:
+    """`entry` as the values of `OUTBOX_COLUMNS`, by name (the payload as JSON text)."""
+    return {
+        "board": entry.board,
+        "item": entry.item,
+        "seq": entry.seq,
+        "sent_seq": entry.sent_seq,
+        "payload": json.dumps(dict(entry.payload), sort_keys=True),
+        "ref": entry.ref,
+        "sends": entry.sends,
+        "tries": entry.tries,
+        "next_at": entry.next_at,
+        "claimed_by": entry.claimed_by,
+        "claimed_until": entry.claimed_until,
+        "last_error": entry.last_error,
+        "updated_at": entry.updated_at,
     }

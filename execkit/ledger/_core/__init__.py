@@ -21,6 +21,11 @@ One concern a file; `LedgerCore` is composed from one class of operations per co
 - `leases.py`: `LeaseOps`, a run's lease renewed (`heartbeat`) and an expired one abandoned;
 - `roles.py`: `RoleOps`, roles granted in the ledger;
 - `inspection.py`: `InspectionOps`, the audit trail, `db check` and its repair;
+- `lanes.py`: `LaneOps`, vendor lanes at admission and on a result, operators' lane
+  operations, and the calls a tracker records on its own lane (`record_lane_call`);
+- `wake.py`: `WakeOps`, the wake number dispatchers wait on;
+- `outbox.py`: `OutboxOps`, the board outbox a tracker board records its writes in before
+  they are sent (issue #47), and its webhook deliveries;
 - `ledger.py`: `LedgerCore` composed from them, and what the ledger says about itself.
 
 A new concern is a new file: its operations in a class over `CoreBase`, added to

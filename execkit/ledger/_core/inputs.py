@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from execkit._budget import TaskState
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
-from execkit._mask import mask_name, mask_text
+from execkit._mask import mask_json, mask_name, mask_text
 from execkit._validate import is_integer, is_number
 from execkit.ledger._model import MAX_ATTEMPT_LIMIT, MAX_LEASE_S, MAX_UNCHARGED_LIMIT, Actor
 
@@ -87,6 +88,23 @@ def check_name(field: str, value: object, max_len: int) -> str:
     """Like `check_text` for a name or a key: masked with a tag (`mask_name`), so two
     different names never become one."""
     return mask_name(_checked(field, value, max_len))
+
+
+def check_json(field: str, value: object, max_bytes: int) -> dict[str, Any]:
+    """`value`, a JSON object (string keys) of at most `max_bytes` as JSON, with every
+    string in it masked (`mask_json`, keys included). InvalidInput naming `field`
+    otherwise."""
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise InvalidInput(f"{field} must be a JSON object (string keys)", field=field)
+    masked = mask_json(dict(value))
+    try:
+        size = len(json.dumps(masked, sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{field} must be JSON: {exc}", field=field) from None
+    if size > max_bytes:
+        raise InvalidInput(f"{field} are {size} bytes as JSON; at most {max_bytes}", field=field)
+    result: dict[str, Any] = masked
+    return result
 
 
 def check_limit(field: str, value: object, *, allow_zero: bool) -> int:

@@ -47,7 +47,7 @@ from execkit._lanes import (
     view,
 )
 from execkit.ledger._core.base import when
-from execkit.ledger._core.inputs import as_actor, clean_reason, moment
+from execkit.ledger._core.inputs import as_actor, clean_reason, moment, optional_time
 from execkit.ledger._core.store import LANE_CONFIG_META_KEY, Tx
 from execkit.ledger._core.wake import WakeOps
 from execkit.ledger._model import LIST_PAGE, OPERATE_ROLE, Actor, AuditAction, AuditEntry, Run
@@ -416,6 +416,80 @@ class LaneOps(WakeOps):
                     detail={"lane": name, "until": float(until), "reason": note},
                 )
             )
+            return view(after, at)
+
+    # -- a tracker's own lane (issue #47) ------------------------------------------------
+
+    def record_lane_call(
+        self,
+        lane: str,
+        outcome: str,
+        *,
+        until: float | None = None,
+        reason: str | None = None,
+        actor: Actor | str = "execkit",
+        now: float | None = None,
+    ) -> LaneView:
+        """What a call to an outside service that is not a run met on its lane (a tracker's
+        API on `github/<fingerprint>`): `success`, `upstream` (5xx, a dropped connection),
+        `reset` (a limit with the reset it stated, `until`) or `stop` (a refused credential;
+        `reason` names the fix). The same fold as a run's result: a stated reset parks the
+        lane, a storm of upstream calls trips its breaker, a stop holds it until an
+        operator's `resume_lane`. A call made when the lane's wait has passed is its probe
+        (recorded as one, so a probe that fails again waits longer, and the closings in a
+        row are bounded). A success on an open lane with nothing counted writes nothing;
+        a call that opens a closed lane wakes every waiting dispatcher. The lane as it
+        stands after. InvalidInput for an unknown outcome or a lane with a host."""
+        name = _lane_without_host(lane)
+        kinds = {
+            "success": LaneEventKind.SUCCESS,
+            "upstream": LaneEventKind.UPSTREAM,
+            "reset": LaneEventKind.RESET,
+            "stop": LaneEventKind.STOP,
+        }
+        kind = kinds.get(outcome) if isinstance(outcome, str) else None
+        if kind is None:
+            raise InvalidInput(
+                f"outcome must be one of {', '.join(kinds)}, got {outcome!r}", field="outcome"
+            )
+        stated = optional_time("until", until)
+        who = as_actor(actor)
+        note = clean_reason(reason)
+        at = moment(now)
+        with self._store.write() as tx:
+            stored = tx.lane(name, lock=True)
+            if kind is LaneEventKind.SUCCESS and (
+                stored is None or (stored.state is LaneState.OPEN and not stored.failures)
+            ):
+                return view(stored or open_lane(name), at)
+            if stored is None:
+                stored = tx.lane(name, lock=True, create=True) or open_lane(name)
+            _state, _admits, probe, _opens = admission(
+                stored.state, stored.until, stored.probe_run, at
+            )
+            call = None
+            if probe:
+                import secrets
+
+                call = f"call-{secrets.token_hex(8)}"
+                self._lane_event(
+                    tx, LaneEvent(lane=name, kind=LaneEventKind.PROBE, at=at, actor=str(who),
+                                  run_id=call),
+                )  # fmt: skip
+            after = self._lane_event(
+                tx,
+                LaneEvent(
+                    lane=name,
+                    kind=kind,
+                    at=at,
+                    actor=str(who),
+                    run_id=call,
+                    until=stated if kind is LaneEventKind.RESET else None,
+                    reason=note,
+                ),
+            )
+            if after.state is LaneState.OPEN and stored.state is not LaneState.OPEN:
+                self._wake(tx)
             return view(after, at)
 
     # -- configuration -------------------------------------------------------------------

@@ -24,7 +24,7 @@ from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit._validate import fields_in_order
-from execkit.ledger._model import AuditEntry, AuditEvent, Grant, Run, TaskStatus
+from execkit.ledger._model import AuditEntry, AuditEvent, Grant, OutboxEntry, Run, TaskStatus
 
 # ledger_meta's key for the lane configuration (`LaneConfigHistory`, stored): a backend
 # that reads ahead reads it with a lane-bound run's result (`Tx.expect_result`).
@@ -399,6 +399,22 @@ class Tx(Protocol):
     def set_run_lane(self, run_id: str, lane: str) -> None: ...
     def run_lane(self, run_id: str) -> str | None: ...
     def task_lane(self, task_id: str) -> str | None: ...
+    # -- the board outbox (issue #47) ----------------------------------------------------
+    def outbox(self, board: str, item: str, *, lock: bool = False) -> OutboxEntry | None: ...
+    def outbox_rows(self, board: str, *, pending: bool) -> list[OutboxEntry]:
+        """A board's entries by item (only those not delivered yet with `pending`)."""
+        ...
+
+    def due_outbox(
+        self, board: str, at: float, owner: str, limit: int, max_tries: int
+    ) -> list[OutboxEntry]:
+        """Up to `limit` pending entries of `board` that may be sent at `at` (no `next_at`
+        after it, fewer than `max_tries` failures in a row, unclaimed, claimed by `owner`,
+        or their claim run out), oldest put first, locked."""
+        ...
+
+    def write_outbox(self, entry: OutboxEntry) -> None: ...
+
     def task_lanes(self, task_ids: list[str]) -> dict[str, tuple[str, str]]:
         """Of each of `task_ids` that ran on a lane: the lane of its last run that had one
         and the owner host of its last run, by task id (`task_lane`, and `runs(...)[-1]`'s

@@ -184,6 +184,27 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         "CHECK (NOT lane_held OR (status = 'failed' AND failure_class = 'upstream'))",
         "ALTER TABLE tasks ADD COLUMN last_lane_held boolean NOT NULL DEFAULT false",
     ),
+    5: (
+        # Issue #47: what a tracker board still owes its tracker, one row per item (the
+        # state it must show, a JSON object), recorded in the ledger before it is sent.
+        # A table of its own, nothing else touched: the step stands alone.
+        """CREATE TABLE board_outbox (
+            board text NOT NULL,
+            item text NOT NULL,
+            seq bigint NOT NULL CHECK (seq >= 1),
+            sent_seq bigint NOT NULL DEFAULT 0 CHECK (sent_seq >= 0 AND sent_seq <= seq),
+            payload text NOT NULL,
+            ref text,
+            sends bigint NOT NULL DEFAULT 0 CHECK (sends >= 0),
+            tries integer NOT NULL DEFAULT 0 CHECK (tries >= 0),
+            next_at double precision,
+            claimed_by text,
+            claimed_until double precision,
+            last_error text,
+            updated_at double precision NOT NULL,
+            PRIMARY KEY (board, item)
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 
@@ -199,4 +220,5 @@ TABLES = (
     "lane_events",
     "lane_summaries",
     "run_lanes",
+    "board_outbox",
 )

@@ -69,12 +69,21 @@ from execkit.ledger._core import (
     TaskRecord,
     summary_values,
 )
-from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
+from execkit.ledger._model import (
+    DEFAULT_LEASE_S,
+    AuditEntry,
+    AuditEvent,
+    Grant,
+    OutboxEntry,
+    Run,
+    TaskStatus,
+)
 from execkit.ledger._postgres.copies import Copies, TaskCopy
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
     LANE_STOPS,
+    OUTBOX_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_COLUMNS,
@@ -85,6 +94,8 @@ from execkit.ledger._rows import (
     lane_event_row,
     lane_from_row,
     lane_row,
+    outbox_from_row,
+    outbox_row,
     run_from_row,
     run_from_values,
     task_from_row,
@@ -1266,6 +1277,51 @@ class PostgresTx:
         }
         return {task_id: (lane, hosts[task_id]) for task_id, lane in lanes.items()}
 
+    # -- the board outbox (issue #47) ----------------------------------------------------
+    # A row is read FOR UPDATE by the write that changes it; `due_outbox` skips the rows
+    # another drainer holds locked (it is claiming them), so two never claim one entry.
+
+    def outbox(self, board: str, item: str, *, lock: bool = False) -> OutboxEntry | None:
+        suffix = " FOR UPDATE" if lock and self._write else ""
+        row = self._named_one(
+            f"{_OUTBOX_SELECT} WHERE board = %s AND item = %s{suffix}",
+            (nul_free(board), nul_free(item)),
+        )
+        return None if row is None else outbox_from_row(row)
+
+    def outbox_rows(self, board: str, *, pending: bool) -> list[OutboxEntry]:
+        where = " AND sent_seq < seq" if pending else ""
+        rows = self._named_all(
+            f"{_OUTBOX_SELECT} WHERE board = %s{where} ORDER BY item", (nul_free(board),)
+        )
+        return [outbox_from_row(row) for row in rows]
+
+    def due_outbox(
+        self, board: str, at: float, owner: str, limit: int, max_tries: int
+    ) -> list[OutboxEntry]:
+        suffix = " FOR UPDATE SKIP LOCKED" if self._write else ""
+        rows = self._named_all(
+            f"{_OUTBOX_SELECT} WHERE board = %s AND sent_seq < seq AND tries < %s "
+            "AND (next_at IS NULL OR next_at <= %s) "
+            "AND (claimed_by IS NULL OR claimed_by = %s OR claimed_until <= %s) "
+            f"ORDER BY updated_at, item LIMIT %s{suffix}",
+            (nul_free(board), max_tries, at, nul_free(owner), at, limit),
+        )
+        return [outbox_from_row(row) for row in rows]
+
+    def write_outbox(self, entry: OutboxEntry) -> None:
+        row = _clean(outbox_row(entry))
+        self._send(_OUTBOX_UPSERT, tuple(row[name] for name in OUTBOX_COLUMNS))
+
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:
     return {key: nul_free(value) if isinstance(value, str) else value for key, value in row.items()}
+
+
+_OUTBOX_SELECT = f"SELECT {', '.join(OUTBOX_COLUMNS)} FROM board_outbox"
+_OUTBOX_UPSERT = (
+    f"INSERT INTO board_outbox ({', '.join(OUTBOX_COLUMNS)}) "
+    f"VALUES ({', '.join('%s' for _ in OUTBOX_COLUMNS)}) "
+    "ON CONFLICT (board, item) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in OUTBOX_COLUMNS[2:])
+)

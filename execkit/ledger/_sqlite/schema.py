@@ -22,6 +22,8 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # table version 3 made (an older execkit refuses a version-4 file: its backup, written
 # before the step, is the way back). Version 5 (issue #28): vendor lanes, their
 # history, their stored state (the fold of that history) and the lane each run used.
+# Version 6: the upstream failures a lane absorbed. Version 7 (issue #47): the board
+# outbox, what a tracker board owes its tracker until it is sent.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -194,6 +196,27 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         )""",
         "ALTER TABLE task_summaries ADD COLUMN last_lane_held INTEGER NOT NULL DEFAULT 0"
         " CHECK (last_lane_held IN (0, 1))",
+    ),
+    7: (
+        # Issue #47: what a tracker board still owes its tracker, one row per item (the
+        # state it must show, a JSON object), recorded in the ledger before it is sent.
+        # A table of its own, nothing else touched: the step stands alone.
+        """CREATE TABLE board_outbox (
+            board TEXT NOT NULL,
+            item TEXT NOT NULL,
+            seq INTEGER NOT NULL CHECK (seq >= 1),
+            sent_seq INTEGER NOT NULL DEFAULT 0 CHECK (sent_seq >= 0 AND sent_seq <= seq),
+            payload TEXT NOT NULL,
+            ref TEXT,
+            sends INTEGER NOT NULL DEFAULT 0 CHECK (sends >= 0),
+            tries INTEGER NOT NULL DEFAULT 0 CHECK (tries >= 0),
+            next_at REAL,
+            claimed_by TEXT,
+            claimed_until REAL,
+            last_error TEXT,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (board, item)
+        )""",
     ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

@@ -21,11 +21,20 @@ from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit.ledger._core import HISTORY_ROW, TaskRecord
-from execkit.ledger._model import DEFAULT_LEASE_S, AuditEntry, AuditEvent, Grant, Run, TaskStatus
+from execkit.ledger._model import (
+    DEFAULT_LEASE_S,
+    AuditEntry,
+    AuditEvent,
+    Grant,
+    OutboxEntry,
+    Run,
+    TaskStatus,
+)
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
     LANE_STOPS,
+    OUTBOX_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     TASK_ROW,
@@ -35,6 +44,8 @@ from execkit.ledger._rows import (
     lane_event_row,
     lane_from_row,
     lane_row,
+    outbox_from_row,
+    outbox_row,
     run_from_row,
     run_from_values,
     summary_row,
@@ -525,3 +536,41 @@ class SqliteTx:
             )
         }
         return {task_id: (lane, hosts[task_id]) for task_id, lane in lanes.items()}
+
+    # -- the board outbox (issue #47) ----------------------------------------------------
+    # Every write here runs under the database's write lock (BEGIN IMMEDIATE): a row read
+    # in a write transaction is the row the transaction writes back.
+
+    def outbox(self, board: str, item: str, *, lock: bool = False) -> OutboxEntry | None:
+        row = self._named(f"{_OUTBOX_SELECT} WHERE board = ? AND item = ?", (board, item))
+        found = row.fetchone()
+        return None if found is None else outbox_from_row(found)
+
+    def outbox_rows(self, board: str, *, pending: bool) -> list[OutboxEntry]:
+        where = " AND sent_seq < seq" if pending else ""
+        rows = self._named(f"{_OUTBOX_SELECT} WHERE board = ?{where} ORDER BY item", (board,))
+        return [outbox_from_row(row) for row in rows]
+
+    def due_outbox(
+        self, board: str, at: float, owner: str, limit: int, max_tries: int
+    ) -> list[OutboxEntry]:
+        rows = self._named(
+            f"{_OUTBOX_SELECT} WHERE board = ? AND sent_seq < seq AND tries < ? "
+            "AND (next_at IS NULL OR next_at <= ?) "
+            "AND (claimed_by IS NULL OR claimed_by = ? OR claimed_until <= ?) "
+            "ORDER BY updated_at, item LIMIT ?",
+            (board, max_tries, at, owner, at, limit),
+        )
+        return [outbox_from_row(row) for row in rows]
+
+    def write_outbox(self, entry: OutboxEntry) -> None:
+        self._conn.execute(_OUTBOX_UPSERT, outbox_row(entry))
+
+
+_OUTBOX_SELECT = f"SELECT {', '.join(OUTBOX_COLUMNS)} FROM board_outbox"
+_OUTBOX_UPSERT = (
+    f"INSERT INTO board_outbox ({', '.join(OUTBOX_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + name for name in OUTBOX_COLUMNS)}) "
+    "ON CONFLICT (board, item) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in OUTBOX_COLUMNS[2:])
+)

@@ -155,6 +155,10 @@ export interface Check {
   readonly problems: readonly string[];
 }
 
+export interface Delivery {
+  readonly new: boolean;
+}
+
 export interface ErrorAnswer {
   readonly error: { readonly code: ErrorCode; readonly field?: string; readonly fix?: string | null; readonly lane?: string; readonly message: string; readonly opens_at?: number | null; readonly ready_at?: number };
 }
@@ -230,6 +234,26 @@ export interface LaneList {
 }
 
 export type OpenApi = Readonly<Record<string, unknown>>;
+
+export interface OutboxEntry {
+  readonly board: string;
+  readonly claimed_by: string | null;
+  readonly claimed_until: number | null;
+  readonly item: string;
+  readonly last_error: string | null;
+  readonly next_at: number | null;
+  readonly payload: Readonly<Record<string, unknown>>;
+  readonly ref: string | null;
+  readonly sends: number;
+  readonly sent_seq: number;
+  readonly seq: number;
+  readonly tries: number;
+  readonly updated_at: number;
+}
+
+export interface OutboxEntryList {
+  readonly entries: readonly OutboxEntry[];
+}
 
 export interface Repaired {
   readonly repaired: readonly string[];
@@ -343,16 +367,22 @@ export const OPERATIONS = {
   capabilities: { method: "GET", path: "/v1/capabilities", status: 200 },
   check: { method: "GET", path: "/v1/check", status: 200 },
   repair: { method: "POST", path: "/v1/check/repair", status: 200 },
+  noteDelivery: { method: "POST", path: "/v1/deliveries", status: 200 },
   grants: { method: "GET", path: "/v1/grants", status: 200 },
   grantRole: { method: "POST", path: "/v1/grants", status: 201 },
   revokeRole: { method: "POST", path: "/v1/grants/revoke", status: 200 },
   listLanes: { method: "GET", path: "/v1/lanes", status: 200 },
+  recordLaneCall: { method: "POST", path: "/v1/lanes/calls", status: 200 },
   laneConfig: { method: "GET", path: "/v1/lanes/config", status: 200 },
   setLaneConfig: { method: "POST", path: "/v1/lanes/config", status: 200 },
   laneHistory: { method: "GET", path: "/v1/lanes/history", status: 200 },
   parkLane: { method: "POST", path: "/v1/lanes/park", status: 200 },
   resumeLane: { method: "POST", path: "/v1/lanes/resume", status: 200 },
   getLane: { method: "GET", path: "/v1/lanes/show", status: 200 },
+  outboxEntries: { method: "GET", path: "/v1/outbox", status: 200 },
+  outboxClaim: { method: "POST", path: "/v1/outbox/claim", status: 200 },
+  outboxPut: { method: "POST", path: "/v1/outbox/put", status: 200 },
+  outboxSettle: { method: "POST", path: "/v1/outbox/settle", status: 200 },
   runningRuns: { method: "GET", path: "/v1/running", status: 200 },
   abandonExpired: { method: "POST", path: "/v1/runs/abandon-expired", status: 200 },
   getRun: { method: "GET", path: "/v1/runs/{run_id}", status: 200 },
@@ -394,6 +424,11 @@ export interface GetLaneQuery {
   lane?: string;
 }
 
+export interface OutboxEntriesQuery {
+  board?: string;
+  pending?: boolean;
+}
+
 export interface ListTasksQuery {
   /** After this task (a page's last id). */
   after?: string;
@@ -430,6 +465,11 @@ export interface WaitForWakeQuery {
 
 export type RepairBody = Record<string, never>;
 
+export interface NoteDeliveryBody {
+  delivery: string;
+  source: string;
+}
+
 export interface GrantRoleBody {
   principal: string;
   role: string;
@@ -438,6 +478,14 @@ export interface GrantRoleBody {
 export interface RevokeRoleBody {
   principal: string;
   role: string;
+}
+
+export interface RecordLaneCallBody {
+  lane: string;
+  /** Success, upstream, reset, stop. */
+  outcome: string;
+  reason?: string | null;
+  until?: number | null;
 }
 
 export interface SetLaneConfigBody {
@@ -460,6 +508,30 @@ export interface ParkLaneBody {
 export interface ResumeLaneBody {
   lane: string;
   reason?: string | null;
+}
+
+export interface OutboxClaimBody {
+  board: string;
+  lease_s?: number;
+  limit?: number;
+  owner: string;
+}
+
+export interface OutboxPutBody {
+  board: string;
+  /** At most 16 scalar members. */
+  fields: Readonly<Record<string, unknown>>;
+  item: string;
+}
+
+export interface OutboxSettleBody {
+  board: string;
+  error?: string | null;
+  item: string;
+  owner: string;
+  ref?: string | null;
+  retry_at?: number | null;
+  seq: number;
 }
 
 export type AbandonExpiredBody = Record<string, never>;
@@ -530,16 +602,22 @@ export interface Queries {
   capabilities: never;
   check: never;
   repair: never;
+  noteDelivery: never;
   grants: GrantsQuery;
   grantRole: never;
   revokeRole: never;
   listLanes: never;
+  recordLaneCall: never;
   laneConfig: never;
   setLaneConfig: never;
   laneHistory: LaneHistoryQuery;
   parkLane: never;
   resumeLane: never;
   getLane: GetLaneQuery;
+  outboxEntries: OutboxEntriesQuery;
+  outboxClaim: never;
+  outboxPut: never;
+  outboxSettle: never;
   runningRuns: never;
   abandonExpired: never;
   getRun: never;
@@ -568,16 +646,22 @@ export interface Bodies {
   capabilities: never;
   check: never;
   repair: RepairBody;
+  noteDelivery: NoteDeliveryBody;
   grants: never;
   grantRole: GrantRoleBody;
   revokeRole: RevokeRoleBody;
   listLanes: never;
+  recordLaneCall: RecordLaneCallBody;
   laneConfig: never;
   setLaneConfig: SetLaneConfigBody;
   laneHistory: never;
   parkLane: ParkLaneBody;
   resumeLane: ResumeLaneBody;
   getLane: never;
+  outboxEntries: never;
+  outboxClaim: OutboxClaimBody;
+  outboxPut: OutboxPutBody;
+  outboxSettle: OutboxSettleBody;
   runningRuns: never;
   abandonExpired: AbandonExpiredBody;
   getRun: never;
@@ -606,16 +690,22 @@ export interface Answers {
   capabilities: Capabilities;
   check: Check;
   repair: Repaired;
+  noteDelivery: Delivery;
   grants: GrantList;
   grantRole: Grant;
   revokeRole: Revoked;
   listLanes: LaneList;
+  recordLaneCall: Lane;
   laneConfig: LaneConfig;
   setLaneConfig: LaneConfig;
   laneHistory: LaneHistory;
   parkLane: Lane;
   resumeLane: Lane;
   getLane: Lane;
+  outboxEntries: OutboxEntryList;
+  outboxClaim: OutboxEntryList;
+  outboxPut: OutboxEntry;
+  outboxSettle: OutboxEntry;
   runningRuns: RunList;
   abandonExpired: RunList;
   getRun: Run;

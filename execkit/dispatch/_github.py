@@ -1,0 +1,841 @@
+"""GitHub Issues as a board (issue #47), one file behind the board protocol.
+
+The dispatcher never names GitHub: it sees a `Board` (`list_candidates`, `list_issues`,
+`move`, `give_up`) that also shows its work (`ReportingBoard`: `report`, `catch_up`). The
+issues of one repository are the cards; labels are the columns (every name configurable,
+`GitHubConfig`):
+
+    state     what the issue carries                    eligible  terminal
+    todo      open, labelled `execkit`                  yes       no
+    done      `execkit:done` (closing it is the PR's)   no        yes
+    blocked   `execkit:blocked` (given up)              no        yes
+    closed    closed, neither of the two                no        yes
+
+While an agent works on an issue, `execkit:running` is on it too and one status comment
+(found again by its hidden marker, edited in place) names the host and the attempt. Pull
+requests are not issues. An operator puts an issue back by labelling it `execkit` again.
+
+The ledger is the claim authority: the dispatcher admits a run under its task's lease
+first, and only then does the board show the claim. A label never decides anything.
+
+Reads: the board keeps a copy of the repository's open issues, read once (paginated), then
+kept current by one conditional request per poll: the issues updated since the newest one
+seen, with `If-None-Match` (the ETag of the last answer to that very request), so an
+unchanged repository answers `304 Not Modified`, which GitHub does not count against the
+rate limit. REST, not GraphQL, for exactly that reason.
+
+Writes: `move` and `report` record what the issue must show in the ledger's outbox
+(`Ledger.outbox_put`) and return; `catch_up` claims the due entries and sends them, label
+moves first (one request: add, remove or set the labels as the difference needs), then the
+status comment (edited by its id once known; created once; a retried create looks for its
+marker first, so a write that landed before its answer was lost is found, not doubled), and
+settles each entry with what came of it. Nothing is lost when GitHub is down: the entry
+stays in the ledger until a send settles it.
+
+Rate limits are a lane of their own (`github/<fingerprint of the token>`, the same lane
+machinery as a vendor's): every answer is read for `x-ratelimit-remaining` and
+`x-ratelimit-reset` (a spent primary limit parks the lane until its reset), a secondary
+limit (403 or 429 with `retry-after`) parks it for that long, 5xx and a dropped connection
+count toward its breaker, and a refused token (401) stops it with the fix named (only
+`execkit lane resume` opens it). While the lane does not admit, `list_candidates` and
+`catch_up` raise `LaneWaiting` or `LaneStopped`: no new issue is claimed and nothing is
+written, while the agents already running go on.
+
+The client (`GitHubClient`) is githubkit (typed models generated from GitHub's OpenAPI
+description), the extra `execkit-runner[github]`, loaded only when a board is opened; it
+never retries or sleeps on its own (the lane does), and tests hand it a loopback fake.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import functools
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from execkit._errors import ExecKitError, InvalidInput, LaneStopped, LaneWaiting, NotFound
+from execkit._validate import checked, non_blank
+from execkit.dispatch._board import BoardIssue, BoardReport, BoardState
+
+if TYPE_CHECKING:
+    import httpx
+
+    from execkit.ledger import Ledger
+
+__all__ = [
+    "GITHUB_API_URL",
+    "STATUS_MARKER",
+    "GitHubBoard",
+    "GitHubClient",
+    "GitHubConfig",
+    "github_lane",
+]
+
+GITHUB_API_URL = "https://api.github.com"
+STATUS_MARKER = "<!-- execkit:status -->"
+"""The hidden first line of the one status comment execkit keeps on an issue."""
+
+_TOKEN_VARS = ("GITHUB_TOKEN", "GH_TOKEN")
+_REPO = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}\Z")
+_PER_PAGE = 100
+# A first read of more open issues than this stops with an error naming the bound: a board
+# is read into memory.
+_MAX_PAGES = 500
+_FENCE = re.compile(r"```execkit[ \t]*\n(.*?)```", re.DOTALL)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,199}\Z")
+
+
+def _label_name(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value.strip() or len(value) > 50 or "," in value:
+        raise InvalidInput(
+            f"{attribute.name} must be a GitHub label name (1..50 characters, no comma), "
+            f"got {value!r}",
+            field=attribute.name,
+        )
+
+
+def _repo_name(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or _REPO.match(value) is None:
+        raise InvalidInput(f"repo must be OWNER/NAME, got {value!r}", field="repo")
+
+
+@attrs.frozen(kw_only=True)
+class GitHubConfig:
+    """A GitHub Issues board: the repository (`OWNER/NAME`), the API (GitHub Enterprise's
+    `https://HOST/api/v3` works the same way), the label of each state, and whether a done
+    issue is closed (off: closing is its pull request's job)."""
+
+    repo: str = attrs.field(validator=_repo_name)
+    api_url: str = attrs.field(default=GITHUB_API_URL, validator=checked("a URL", non_blank))
+    label: str = attrs.field(default="execkit", validator=_label_name)
+    running_label: str = attrs.field(default="execkit:running", validator=_label_name)
+    done_label: str = attrs.field(default="execkit:done", validator=_label_name)
+    blocked_label: str = attrs.field(default="execkit:blocked", validator=_label_name)
+    close_on_done: bool = False
+
+    @property
+    def name(self) -> str:
+        """The board's name in the ledger's outbox and on the command line."""
+        return f"github:{self.repo}"
+
+    @property
+    def ours(self) -> frozenset[str]:
+        return frozenset({self.label, self.running_label, self.done_label, self.blocked_label})
+
+    @classmethod
+    def from_mapping(
+        cls, repo: str, raw: Mapping[str, Any], env: Mapping[str, str]
+    ) -> GitHubConfig:
+        """The `github` object of a board configuration file (docs/formats.md) for `repo`;
+        the API from `api_url`, else `GITHUB_API_URL`, else api.github.com. InvalidInput
+        naming the key for anything else."""
+        allowed = {"api_url", "labels", "close_on_done"}
+        unknown = set(raw) - allowed
+        if unknown:
+            raise InvalidInput(
+                f"github: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}",
+                field="github",
+            )
+        labels = raw.get("labels", {})
+        if not isinstance(labels, Mapping):
+            raise InvalidInput("github.labels must be an object", field="github.labels")
+        names = {"eligible": "label", "running": "running_label", "done": "done_label"}
+        names["blocked"] = "blocked_label"
+        unknown = set(labels) - set(names)
+        if unknown:
+            raise InvalidInput(
+                f"github.labels: unknown keys {sorted(unknown)}; allowed: {sorted(names)}",
+                field="github.labels",
+            )
+        close = raw.get("close_on_done", False)
+        if not isinstance(close, bool):
+            raise InvalidInput("github.close_on_done must be true or false", field="github")
+        api = raw.get("api_url") or env.get("GITHUB_API_URL") or GITHUB_API_URL
+        return cls(
+            repo=repo,
+            api_url=api,
+            close_on_done=close,
+            **{names[key]: value for key, value in labels.items()},
+        )
+
+
+def token_from(env: Mapping[str, str]) -> str:
+    """The token from `GITHUB_TOKEN`, else `GH_TOKEN`; InvalidInput naming both when
+    neither is set (nothing is sent without one)."""
+    for name in _TOKEN_VARS:
+        value = env.get(name)
+        if value:
+            return value
+    raise InvalidInput(
+        "a GitHub board needs a token: set GITHUB_TOKEN (or GH_TOKEN) to a token that may "
+        "read and write the repository's issues",
+        field="GITHUB_TOKEN",
+    )
+
+
+def github_lane(token: str, ledger_id: str) -> str:
+    """The tracker lane of `token` on the ledger `ledger_id`: `github/<fingerprint>`, the
+    fingerprint an HMAC keyed by the ledger's identity (the token never leaves it)."""
+    from execkit._lanes import credential_fingerprint
+
+    return f"github/{credential_fingerprint([('env:GITHUB_TOKEN', token.encode())], ledger_id)}"
+
+
+# -- the client ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Answer:
+    status: int
+    headers: Mapping[str, str]
+    data: Any
+
+
+@attrs.frozen
+class _Refusal(Exception):
+    """A call GitHub refused or never answered, and what it means for the lane:
+    `outcome` is `upstream`, `reset` (with `until`), `stop` (with the fix in `reason`),
+    or `item` (this issue only: 404, 410, 422)."""
+
+    outcome: str
+    reason: str
+    status: int | None = None
+    until: float | None = None
+
+
+def _header_time(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _refusal(status: int, headers: Mapping[str, str], message: str, now: float) -> _Refusal:
+    """What an error answer means (GitHub's documented rate-limit rules)."""
+    what = f"GitHub answered {status}" + (f" ({message})" if message else "")
+    retry_after = _header_time(headers.get("retry-after"))
+    remaining = headers.get("x-ratelimit-remaining")
+    reset = _header_time(headers.get("x-ratelimit-reset"))
+    if status in (403, 429):
+        if retry_after is not None:
+            return _Refusal("reset", f"{what}: secondary rate limit", status, now + retry_after)
+        if remaining == "0" and reset is not None:
+            return _Refusal("reset", f"{what}: rate limit spent", status, reset)
+        if status == 429:
+            # No header said when: GitHub's documentation says to wait at least a minute.
+            return _Refusal("reset", f"{what}: rate limited", status, now + 60)
+        return _Refusal(
+            "stop",
+            f"{what}: the token may not write this repository's issues; give it issues "
+            "read and write, then `execkit lane resume` this lane",
+            status,
+        )
+    if status == 401:
+        return _Refusal(
+            "stop",
+            f"{what}: GitHub refused the token (expired or revoked); set GITHUB_TOKEN (or "
+            "GH_TOKEN) to a valid one, then `execkit lane resume` this lane",
+            status,
+        )
+    if status >= 500:
+        return _Refusal("upstream", what, status)
+    return _Refusal("item", what, status)
+
+
+class GitHubClient:
+    """The one client the board speaks to GitHub through: githubkit's typed REST API (the
+    extra `execkit-runner[github]`), with no cache, no retry and no sleep of its own.
+    `requests` counts what it sent. `transport` is the test seam (an httpx transport);
+    tests usually point `api_url` at a loopback fake instead. Every error becomes a
+    `_Refusal` saying what it means for the lane."""
+
+    def __init__(
+        self,
+        token: str,
+        api_url: str = GITHUB_API_URL,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        try:
+            from githubkit import GitHub
+        except ImportError:
+            raise InvalidInput(
+                "a GitHub board needs githubkit: pip install 'execkit-runner[github]'",
+                field="board",
+            ) from None
+        self._gh = GitHub(
+            token,
+            base_url=api_url.rstrip("/") + "/",
+            http_cache=False,
+            auto_retry=False,
+            timeout=timeout_s,
+            transport=transport,
+            user_agent="execkit",
+        )
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.requests = 0
+
+    @property
+    def rest(self) -> Any:
+        return self._gh.rest
+
+    def call(self, send: Callable[[], Any]) -> _Answer:
+        """Run one githubkit call; its answer (a 304 included), or `_Refusal`."""
+        from githubkit.exception import RequestError, RequestFailed
+
+        with self._lock:
+            self.requests += 1
+        try:
+            response = send()
+        except RequestFailed as exc:
+            raw = exc.response.raw_response
+            message = ""
+            try:
+                body = raw.json()
+                message = str(body.get("message", "")) if isinstance(body, dict) else ""
+            except ValueError:
+                pass
+            raise _refusal(raw.status_code, raw.headers, message[:200], self._clock()) from None
+        except RequestError as exc:
+            raise _Refusal("upstream", f"GitHub did not answer: {type(exc.exc).__name__}") from None
+        return _Answer(response.status_code, response.headers, response)
+
+
+# -- the board ----------------------------------------------------------------------------
+
+
+@attrs.define
+class _Seen:
+    """One issue as the last answer about it showed it."""
+
+    number: int
+    title: str
+    body: str
+    labels: frozenset[str]
+    open: bool
+    updated_at: str
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _when(moment: float | None) -> str:
+    if moment is None:
+        return ""
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _settings(body: str, labels: Iterable[str], prefix: str) -> dict[str, str]:
+    """The adapter and model an issue names: a label `execkit:adapter=codex`, or a fenced
+    ```execkit block of `key: value` lines in its body (the body wins)."""
+    found: dict[str, str] = {}
+    for label in labels:
+        key, eq, value = label.removeprefix(prefix + ":").partition("=")
+        if label.startswith(prefix + ":") and eq and key in ("adapter", "model"):
+            found[key] = value.strip()
+    fence = _FENCE.search(body)
+    if fence is not None:
+        for line in fence.group(1).splitlines():
+            key, colon, value = line.partition(":")
+            if colon and key.strip() in ("adapter", "model"):
+                found[key.strip()] = value.strip()
+    return {key: value for key, value in found.items() if _NAME.match(value)}
+
+
+def render_status(payload: Mapping[str, Any]) -> str:
+    """The status comment's text for an outbox payload (`BoardReport` fields)."""
+    attempt = payload.get("attempt")
+    bound = payload.get("max_attempts")
+    head = f"**execkit** · attempt {attempt}" + (f" of {bound}" if bound else "")
+    lines = [STATUS_MARKER]
+    if payload.get("running"):
+        host = payload.get("host") or "a dispatcher"
+        lines.append(f"{head} · running on `{host}`")
+    else:
+        state = payload.get("moved_to") or payload.get("state")
+        outcome = payload.get("status") or "ended"
+        lines.append(f"{head} · {outcome}" + (f" · moved to `{state}`" if state else ""))
+    if payload.get("failure_class"):
+        lines.append(f"- last failure: `{payload['failure_class']}`: {payload.get('reason') or ''}")
+    if payload.get("fix"):
+        lines.append(f"- to fix: {payload['fix']}")
+    if payload.get("next_attempt_at") and not payload.get("running"):
+        lines.append(f"- next attempt: {_when(payload['next_attempt_at'])}")
+    for line in str(payload.get("lines") or "").splitlines():
+        lines.append(f"- {line}")
+    if payload.get("spend"):
+        lines.append(f"- spend: {payload['spend']}")
+    return "\n".join(lines) + "\n"
+
+
+class GitHubBoard:
+    """The issues of one GitHub repository as a board (see the module docstring).
+
+    `ledger` holds the outbox and the lane; `token` authenticates (never stored or shown:
+    the lane is named by its keyed fingerprint); `client` is the seam (default: a
+    `GitHubClient` on `config.api_url`); `owner` names this process's claims on outbox
+    entries; `clock` gives POSIX seconds; a write that failed for its issue alone is
+    retried after `retry_base_s`, doubling per failure in a row up to ten minutes.
+    """
+
+    def __init__(
+        self,
+        config: GitHubConfig,
+        ledger: Ledger,
+        token: str,
+        *,
+        client: GitHubClient | None = None,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.time,
+        outbox_lease_s: float = 120.0,
+        retry_base_s: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.client = client if client is not None else GitHubClient(token, config.api_url)
+        self.clock = clock
+        self.lane = github_lane(token, ledger.ledger_id())
+        self._owner = owner or f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
+        self._lease_s = outbox_lease_s
+        self._retry_base_s = retry_base_s
+        self._owner_repo = tuple(config.repo.split("/", 1))
+        self._issues: dict[int, _Seen] = {}
+        self._loaded = False
+        self._since: str | None = None
+        self._etags: dict[str, str] = {}
+        self._moved: dict[str, str] = {}  # moves recorded and not shown yet, by issue id
+        self._comments: dict[str, str] = {}  # the last status text sent, by issue id
+        self._suspect = True  # the lane may need telling that GitHub answers again
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_env(cls, repo: str, ledger: Ledger, env: Mapping[str, str]) -> GitHubBoard:
+        """The board `github:REPO` as `execkit dispatch` opens it: the token from
+        `GITHUB_TOKEN` (else `GH_TOKEN`), the API from `GITHUB_API_URL`. InvalidInput
+        naming what is missing or wrong, before anything is sent."""
+        config = GitHubConfig.from_mapping(repo, {}, env)
+        return cls(config, ledger, token_from(env))
+
+    # -- the board protocol -----------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def states(self) -> tuple[BoardState, ...]:
+        return (
+            BoardState("todo", eligible=True),
+            BoardState("done", terminal=True),
+            BoardState("blocked", terminal=True),
+            BoardState("closed", terminal=True),
+        )
+
+    def list_candidates(self) -> list[BoardIssue]:
+        """The open issues labelled eligible (a conditional poll first: one request,
+        answered 304 when nothing changed). LaneWaiting or LaneStopped while the tracker's
+        lane does not admit."""
+        return [issue for issue in self.list_issues() if issue.state == "todo"]
+
+    def list_issues(self) -> list[BoardIssue]:
+        """Every issue carrying one of the board's labels, by number."""
+        with self._lock:
+            self._refresh()
+            return [
+                issue
+                for number in sorted(self._issues)
+                if (issue := self._issue(self._issues[number])) is not None
+            ]
+
+    def move(self, issue_id: str, state: str) -> bool:
+        """Record the move in the ledger's outbox (sent by `catch_up`); False for a state
+        the board does not have or an issue it has never listed."""
+        if state not in {s.name for s in self.states} or state == "closed":
+            return False
+        with self._lock:
+            if self._number(issue_id) not in self._issues:
+                return False
+            self.ledger.outbox_put(self.name, issue_id, {"state": state}, now=self.clock())
+            self._moved[issue_id] = state
+            return True
+
+    def give_up(self, issue_id: str, state: str) -> bool:
+        """A give-up is a move (a blocked issue always came from `todo`, which
+        `BoardIssue.given_up_from` says for every blocked issue)."""
+        return self.move(issue_id, state)
+
+    def report(self, issue_id: str, report: BoardReport) -> None:
+        """Record what the issue's status comment (and running label) must show."""
+        fields: dict[str, Any] = {
+            "attempt": report.attempt,
+            "running": report.running,
+            "host": report.host,
+            "max_attempts": report.max_attempts,
+            "status": report.status,
+            "failure_class": report.failure_class,
+            "reason": (report.reason or "")[:500] or None,
+            "fix": (report.fix or "")[:500] or None,
+            "moved_to": report.moved_to,
+            "next_attempt_at": report.next_attempt_at,
+            "lines": "\n".join(report.lines)[:1000] or None,
+            "spend": report.spend,
+        }
+        self.ledger.outbox_put(self.name, issue_id, fields, now=self.clock())
+
+    def catch_up(self) -> None:
+        """Send what the outbox holds for this board and is due, each entry settled with
+        what came of it. Stops at the first refusal that closes the tracker's lane (the
+        rest wait for it to open); LaneWaiting or LaneStopped when it is closed already."""
+        with self._lock:
+            self._gate()
+            claimed = self.ledger.outbox_claim(
+                self.name, owner=self._owner, lease_s=self._lease_s, now=self.clock()
+            )
+            for entry in claimed:
+                try:
+                    ref = self._send(entry.item, dict(entry.payload), entry.ref, entry.sends)
+                except _Refusal as refused:
+                    retry = self.clock() + min(600.0, self._retry_base_s * 2**entry.tries)
+                    self.ledger.outbox_settle(
+                        self.name,
+                        entry.item,
+                        entry.seq,
+                        owner=self._owner,
+                        error=refused.reason,
+                        retry_at=refused.until or retry,
+                        now=self.clock(),
+                    )
+                    if refused.outcome != "item":
+                        self._lane_call(refused)
+                        return
+                    continue
+                self.ledger.outbox_settle(
+                    self.name, entry.item, entry.seq, owner=self._owner, ref=ref, now=self.clock()
+                )
+                moved = self._moved.get(entry.item)
+                if moved is not None and moved == entry.payload.get("state"):
+                    del self._moved[entry.item]
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _number(self, issue_id: str) -> int:
+        prefix = f"{self.config.repo}#"
+        if not issue_id.startswith(prefix) or not issue_id[len(prefix) :].isdigit():
+            return -1
+        return int(issue_id[len(prefix) :])
+
+    def _state(self, seen: _Seen) -> str | None:
+        labels = seen.labels
+        config = self.config
+        if seen.open and config.label in labels:
+            return "todo"
+        if config.done_label in labels:
+            return "done"
+        if config.blocked_label in labels:
+            return "blocked"
+        if labels & self.config.ours:
+            return "closed" if not seen.open else None
+        return None
+
+    def _issue(self, seen: _Seen) -> BoardIssue | None:
+        issue_id = f"{self.config.repo}#{seen.number}"
+        state = self._moved.get(issue_id) or self._state(seen)
+        if state is None:
+            return None
+        settings = _settings(seen.body, seen.labels, self.config.label)
+        prompt = seen.title + ("\n\n" + seen.body if seen.body else "")
+        return BoardIssue(
+            id=issue_id,
+            title=seen.title[:10_000],
+            state=state,
+            prompt=prompt,
+            adapter=settings.get("adapter"),
+            model=settings.get("model"),
+            given_up_from="todo" if state == "blocked" else None,
+        )
+
+    def _gate(self) -> None:
+        """Raise the lane's refusal when the tracker's lane does not admit a call now."""
+        from execkit._lanes import LaneState
+
+        try:
+            shown = self.ledger.get_lane(self.lane, now=self.clock())
+        except NotFound:
+            return
+        if shown.admits:
+            if shown.state is not LaneState.OPEN:
+                self._suspect = True
+            return
+        self._suspect = True
+        why = shown.reason or str(shown.state)
+        if shown.state is LaneState.STOPPED:
+            raise LaneStopped(
+                f"GitHub board {self.config.repo} waits on lane {self.lane}, stopped: {why}",
+                lane=self.lane,
+                fix=shown.reason,
+            )
+        raise LaneWaiting(
+            f"GitHub board {self.config.repo} waits on lane {self.lane} until "
+            f"{_when(shown.opens_at) or 'its probe answers'} ({why}); agents running go on",
+            lane=self.lane,
+            opens_at=shown.opens_at,
+        )
+
+    def _lane_call(self, refused: _Refusal) -> None:
+        self._suspect = True
+        self.ledger.record_lane_call(
+            self.lane, refused.outcome, until=refused.until, reason=refused.reason,
+            now=self.clock(),
+        )  # fmt: skip
+
+    def _call(self, send: Callable[[], Any]) -> _Answer:
+        """One request through the client, its rate-limit headers read: a spent primary
+        limit parks the lane until its reset even on a success."""
+        answer = self.client.call(send)
+        if answer.headers.get("x-ratelimit-remaining") == "0":
+            reset = _header_time(answer.headers.get("x-ratelimit-reset"))
+            if reset is not None and reset > self.clock():
+                self._lane_call(_Refusal("reset", "GitHub's rate limit is spent", until=reset))
+                return answer
+        if self._suspect:
+            self._suspect = False
+            self.ledger.record_lane_call(self.lane, "success", now=self.clock())
+        return answer
+
+    def _refresh(self) -> None:
+        self._gate()
+        try:
+            if not self._loaded:
+                self._load()
+            else:
+                self._poll()
+        except _Refusal as refused:
+            if refused.outcome == "item":
+                raise ExecKitError(f"GitHub board {self.config.repo}: {refused.reason}") from None
+            self._lane_call(refused)
+            self._gate()
+            raise ExecKitError(f"GitHub board {self.config.repo}: {refused.reason}") from None
+
+    def _page(self, page: int, **query: Any) -> _Answer:
+        owner, repo = self._owner_repo
+        return self._call(
+            lambda: self.client.rest.issues.list_for_repo(
+                owner, repo, per_page=_PER_PAGE, page=page, **query
+            )
+        )
+
+    def _load(self) -> None:
+        """The first read: every open issue, page by page."""
+        newest = ""
+        date = None
+        for page in range(1, _MAX_PAGES + 1):
+            answer = self._page(page, state="open", sort="updated", direction="asc")
+            date = date or answer.headers.get("date")
+            items = answer.data.parsed_data
+            for item in items:
+                newest = max(newest, self._merge(item))
+            if len(items) < _PER_PAGE or 'rel="next"' not in answer.headers.get("link", ""):
+                break
+        else:
+            raise InvalidInput(
+                f"GitHub board {self.config.repo}: more than {_MAX_PAGES * _PER_PAGE} open "
+                "issues; a board is read into memory",
+                field="board",
+            )
+        self._since = newest or _http_date(date) or _iso(self.clock())
+        self._loaded = True
+
+    def _poll(self) -> None:
+        """The issues updated since the newest seen: one conditional request (304 when
+        nothing changed), more pages only when more than a page changed."""
+        since = self._since
+        assert since is not None
+        newest = since
+        for page in range(1, _MAX_PAGES + 1):
+            key = f"{since}|{page}"
+            headers = {"If-None-Match": self._etags[key]} if key in self._etags else {}
+            owner, repo = self._owner_repo
+            answer = self._call(
+                functools.partial(
+                    self.client.rest.issues.list_for_repo,
+                    owner,
+                    repo,
+                    state="all",
+                    since=datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC),
+                    sort="updated",
+                    direction="asc",
+                    per_page=_PER_PAGE,
+                    page=page,
+                    headers=headers,
+                )
+            )
+            if answer.status == 304:
+                return
+            if "etag" in answer.headers:
+                self._etags = {k: v for k, v in self._etags.items() if k.startswith(since)}
+                self._etags[key] = answer.headers["etag"]
+            items = answer.data.parsed_data
+            for item in items:
+                newest = max(newest, self._merge(item))
+            if len(items) < _PER_PAGE or 'rel="next"' not in answer.headers.get("link", ""):
+                break
+        self._since = newest
+
+    def _merge(self, item: Any) -> str:
+        """Keep what an answer says of one issue (a pull request is not one); its
+        `updated_at` as text."""
+        updated = _iso(item.updated_at.timestamp())
+        if getattr(item, "pull_request", None):
+            return updated
+        labels = frozenset(
+            label if isinstance(label, str) else str(label.name) for label in item.labels
+        )
+        self._issues[int(item.number)] = _Seen(
+            number=int(item.number),
+            title=str(item.title),
+            body=str(item.body or ""),
+            labels=labels,
+            open=item.state == "open",
+            updated_at=updated,
+        )
+        return updated
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _wanted(self, seen: _Seen, payload: Mapping[str, Any]) -> frozenset[str]:
+        config = self.config
+        state = payload.get("state")
+        if state is None:
+            keep = seen.labels & {config.label, config.done_label, config.blocked_label}
+        else:
+            keep = frozenset(
+                {"todo": {config.label}, "done": {config.done_label}}.get(
+                    state, {config.blocked_label} if state == "blocked" else set()
+                )
+            )
+        running = payload.get("running") and state in (None, "todo")
+        return (seen.labels - config.ours) | keep | ({config.running_label} if running else set())
+
+    def _seen(self, number: int) -> _Seen:
+        seen = self._issues.get(number)
+        if seen is None:
+            owner, repo = self._owner_repo
+            answer = self._call(lambda: self.client.rest.issues.get(owner, repo, number))
+            self._merge(answer.data.parsed_data)
+            seen = self._issues[number]
+        return seen
+
+    def _send(self, item: str, payload: dict[str, Any], ref: str | None, sends: int) -> str | None:
+        """Make the issue show `payload`: labels, state, status comment. The comment's id."""
+        number = self._number(item)
+        if number < 0:
+            raise _Refusal("item", f"{item!r} is not an issue of {self.config.repo}")
+        owner, repo = self._owner_repo
+        seen = self._seen(number)
+        target = self._wanted(seen, payload)
+        added, removed = target - seen.labels, seen.labels - target
+        answer: _Answer | None = None
+        if added and not removed:
+            answer = self._call(
+                lambda: self.client.rest.issues.add_labels(
+                    owner, repo, number, data={"labels": sorted(added)}
+                )
+            )
+        elif removed and not added and len(removed) == 1:
+            (name,) = removed
+            try:
+                answer = self._call(
+                    lambda: self.client.rest.issues.remove_label(owner, repo, number, name)
+                )
+            except _Refusal as refused:
+                if refused.status != 404:  # not there: removed already
+                    raise
+        elif added or removed:
+            answer = self._call(
+                lambda: self.client.rest.issues.set_labels(
+                    owner, repo, number, data={"labels": sorted(target)}
+                )
+            )
+        if answer is not None:
+            seen.labels = frozenset(str(label.name) for label in answer.data.parsed_data)
+        elif removed:
+            seen.labels = target
+        if payload.get("state") == "done" and self.config.close_on_done and seen.open:
+            self._call(
+                lambda: self.client.rest.issues.update(
+                    owner, repo, number, data={"state": "closed"}
+                )
+            )
+            seen.open = False
+        if payload.get("attempt") is None:
+            return ref
+        return self._comment(item, number, render_status(payload), ref, sends)
+
+    def _comment(self, item: str, number: int, text: str, ref: str | None, sends: int) -> str:
+        owner, repo = self._owner_repo
+        if ref is not None and self._comments.get(item) == text:
+            return ref
+        if ref is None and sends > 1:
+            # An earlier send may have made it before its answer was lost: find it first.
+            ref = self._find_comment(number)
+        if ref is not None:
+            comment_id = int(ref)
+            try:
+                self._call(
+                    lambda: self.client.rest.issues.update_comment(
+                        owner, repo, comment_id, data={"body": text}
+                    )
+                )
+            except _Refusal as refused:
+                if refused.status != 404:
+                    raise
+                ref = None  # deleted by someone: made again below
+        if ref is None:
+            answer = self._call(
+                lambda: self.client.rest.issues.create_comment(
+                    owner, repo, number, data={"body": text}
+                )
+            )
+            ref = str(answer.data.parsed_data.id)
+        self._comments[item] = text
+        return ref
+
+    def _find_comment(self, number: int) -> str | None:
+        owner, repo = self._owner_repo
+        for page in range(1, _MAX_PAGES + 1):
+            answer = self._call(
+                lambda: self.client.rest.issues.list_comments(
+                    owner,
+                    repo,
+                    number,
+                    per_page=_PER_PAGE,
+                    page=page,  # noqa: B023
+                )
+            )
+            comments = answer.data.parsed_data
+            for comment in comments:
+                if (comment.body or "").startswith(STATUS_MARKER):
+                    return str(comment.id)
+            if len(comments) < _PER_PAGE:
+                return None
+        return None
+
+
+def _http_date(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return _iso(email.utils.parsedate_to_datetime(value).timestamp())
+    except (TypeError, ValueError):
+        return None
