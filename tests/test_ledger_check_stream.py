@@ -89,7 +89,13 @@ def test_the_history_rows_are_every_task_with_its_runs_in_order(ledger: AnyLedge
                 {
                     "task_id": task.id,
                     "task_status": task.stored_status,
-                    **dict(zip(HISTORY_ROW[2:16], task[SUMMARY_AT:], strict=True)),
+                    **dict(
+                        zip(
+                            HISTORY_ROW[2 : 2 + len(task) - SUMMARY_AT],
+                            task[SUMMARY_AT:],
+                            strict=True,
+                        )
+                    ),
                     "run_id": None if run is None else run.id,
                     "attempt": None if run is None else run.attempt,
                     "status": None if run is None else str(run.status),
@@ -103,14 +109,15 @@ def test_the_history_rows_are_every_task_with_its_runs_in_order(ledger: AnyLedge
                     "not_before": None if run is None else run.not_before,
                     "lease_expires_at": None if run is None else run.lease_expires_at,
                     "stopped": None if run is None else run.stopped,
+                    "lane_held": None if run is None else run.lane_held,
                 }
             )
     assert len(rows) == len(expected) > len(made)
     for row, want in zip(rows, expected, strict=True):
         if want["run_id"] is None:  # a task with no run: its run's columns say nothing
-            row = {**row, "forced": None, "stopped": None}
+            row = {**row, "forced": None, "stopped": None, "lane_held": None}
         # A flag as the backend holds it (SQLite: 0 or 1).
-        flags = ("forced", "stopped", "last_forced", "last_stopped")
+        flags = ("forced", "stopped", "lane_held", "last_forced", "last_stopped", "last_lane_held")
         row = {k: bool(v) if k in flags and v is not None else v for k, v in row.items()}
         want = {k: bool(v) if k in flags and v is not None else v for k, v in want.items()}
         assert row == want

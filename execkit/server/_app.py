@@ -51,7 +51,7 @@ from execkit._errors import (
 from execkit._mask import mask_json
 from execkit.dispatch import Board
 from execkit.ledger import Actor, Ledger
-from execkit.server._front import Front, server_error
+from execkit.server._front import Front
 from execkit.server._tokens import Principal, TokenFile
 from execkit.server._workers import WorkerThreads
 
@@ -111,6 +111,13 @@ def error_answer(exc: ExecKitError) -> tuple[int, dict[str, Any]]:
 
 def _response(status: int, text: str, headers: Mapping[str, str] | None = None) -> Response:
     return Response(text, status_code=status, media_type=_JSON, headers=dict(headers or {}))
+
+
+async def server_error(_request: Request, _exc: Exception) -> Response:
+    """Starlette's answer to an exception no route caught (its `ServerErrorMiddleware` logs
+    it and re-raises it to the server, which closes the connection): a JSON 500 in the
+    API's error shape, never Starlette's text page or a traceback."""
+    return _response(500, _dumps(_error_doc("error", "internal server error")))
 
 
 # An answer before it is sent: status, JSON text, extra headers (or None).
@@ -458,7 +465,9 @@ class LedgerApp:
         self.app.router.redirect_slashes = False
         # What the listener serves: the dashboard and monitoring in front of the API (_front).
         # `board`: the board the dashboard shows its columns and titles from (_dashboard).
-        self.front = Front(self.api, ledger, tokens, self._http_exception, board=board)
+        self.front = Front(
+            self.api, ledger, tokens, self._http_exception, server_error, board=board
+        )
 
     def close(self) -> None:
         """Stop the worker threads (after the ones running finish)."""

@@ -29,21 +29,10 @@ from execkit.server._dashboard_http import Sessions, dashboard_routes
 from execkit.server._metrics import Monitoring
 from execkit.server._tokens import TokenFile
 
-__all__ = ["Front", "server_error"]
+__all__ = ["Front"]
 
 _API_PREFIX = "/v1/"
 _API_DOCUMENT = "/openapi.json"
-
-
-async def server_error(_request: Request, _exc: Exception) -> Response:
-    """Starlette's answer to an exception no route caught (its `ServerErrorMiddleware` logs
-    it and re-raises it to the server, which closes the connection): a JSON 500 in the
-    API's error shape, never Starlette's text page or a traceback."""
-    return Response(
-        '{"error": {"code": "error", "message": "internal server error"}}',
-        status_code=500,
-        media_type="application/json",
-    )
 
 
 class Front:
@@ -56,6 +45,7 @@ class Front:
         ledger: Ledger,
         tokens: TokenFile,
         http_exception: Callable[[Request, Exception], Awaitable[Response]],
+        server_error: Callable[[Request, Exception], Awaitable[Response]],
         *,
         board: Board | None = None,
     ) -> None:
