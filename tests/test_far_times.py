@@ -15,6 +15,7 @@ import math
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -27,7 +28,7 @@ from execkit.cli._dispatch import describe_event
 from execkit.cli._output import waiting_text
 from execkit.dispatch import DispatchEvent, EventKind
 from execkit.dispatch._lanes import waiting_reason
-from execkit.ledger import open_ledger
+from execkit.ledger import Task, open_ledger
 
 LANE = "claude/default"
 ABSURD = (99999999999999.0, 1e308, 1.7976931348623157e308, 3e11)
@@ -92,17 +93,7 @@ def test_an_absurd_reset_waits_no_longer_than_the_lanes_longest_park(
     db = tmp_path / "l.db"
     now = time.time()
     with open_ledger(db) as ledger:
-        task = ledger.create_task("a", actor="d")
-        run = ledger.start_run(task.id, request_key="1", actor="d", lane=LANE, now=now)
-        ledger.finish_run(
-            run.id,
-            "failed",
-            failure_class="upstream",  # type: ignore[arg-type]
-            reason="usage limit",
-            not_before=absurd,
-            lane_cause="reset",
-            now=now,
-        )
+        task = _limited(ledger, reset=absurd, now=now)
         longest = ledger.lane_config().max_park_s
         shown = ledger.get_task(task.id, now=now)
         (lane,) = ledger.list_lanes(now=now)
@@ -112,6 +103,22 @@ def test_an_absurd_reset_waits_no_longer_than_the_lanes_longest_park(
         assert main(argv) == 0, argv
     out = capsys.readouterr().out
     assert "Traceback" not in out and "h" in out
+
+
+def _limited(ledger: Any, *, reset: float, now: float) -> Task:
+    """A task whose one run met a usage limit on LANE with its reset stated for `reset`."""
+    task = ledger.create_task("a", actor="d")
+    run = ledger.start_run(task.id, request_key="1", actor="d", lane=LANE, now=now)
+    ledger.finish_run(
+        run.id,
+        "failed",
+        failure_class="upstream",
+        reason="usage limit",
+        not_before=reset,
+        lane_cause="reset",
+        now=now,
+    )
+    return task  # type: ignore[no-any-return]
 
 
 def _every_reader(db: str, task_id: str) -> list[list[str]]:
@@ -134,17 +141,7 @@ def test_a_time_stored_before_the_bound_is_still_printed(
     db = tmp_path / "l.db"
     now = time.time()
     with open_ledger(db) as ledger:
-        task = ledger.create_task("a", actor="d")
-        run = ledger.start_run(task.id, request_key="1", actor="d", lane=LANE, now=now)
-        ledger.finish_run(
-            run.id,
-            "failed",
-            failure_class="upstream",  # type: ignore[arg-type]
-            reason="usage limit",
-            not_before=now + 3600,
-            lane_cause="reset",
-            now=now,
-        )
+        task = _limited(ledger, reset=now + 3600, now=now)
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE run_extras SET not_before = ?", (absurd,))
         raw.execute("UPDATE task_summaries SET last_not_before = ?", (absurd,))
