@@ -419,6 +419,40 @@ def test_a_lowered_pattern_on_the_fold_matches_what_ignorecase_matches() -> None
         assert where(letter, ALL_CODE_POINTS, re.IGNORECASE) == where(letter, low), letter
 
 
+def _reference_mask(match: re.Match[str]) -> str:
+    """The reference's mask (`_mask_value`), but for the one place the redactor masks less
+    since issue #44: a header rule's value that is a placeholder (`Bearer TOKEN`,
+    engine.is_placeholder) is kept."""
+    if match.re in (reference._AUTH_HEADER, reference._BEARER) and _placeholder(match):
+        return match.group()
+    return match.group(1) + REDACTED
+
+
+def _placeholder(match: re.Match[str]) -> bool:
+    """Whether a header rule's match masks a placeholder (what the engine reads)."""
+    return engine._placeholder_at(match.string, match.end(1), match.end())
+
+
+def reference_redact(text: str, extras: tuple[str, ...] = ()) -> str:
+    """`reference.redact`, a placeholder kept (`_reference_mask`)."""
+    with mock.patch.object(reference, "_mask_value", _reference_mask):
+        return reference.redact(text, extras)
+
+
+def reference_redact_tail(tail: str, context: str, extras: tuple[str, ...] = ()) -> str:
+    """`reference.redact_tail`, a placeholder kept (`_reference_mask`)."""
+    with mock.patch.object(reference, "_mask_value", _reference_mask):
+        return reference.redact_tail(tail, context, extras)
+
+
+def test_the_reference_keeps_what_the_redactor_keeps_and_no_more() -> None:
+    help_text = "unauthenticated: send Authorization: Bearer TOKEN"
+    assert reference.redact(help_text).endswith("Bearer [REDACTED]")  # the frozen one
+    assert reference_redact(help_text) == help_text == redact(help_text)
+    key = "Authorization: Bearer AbC123dEf456GhI789"
+    assert reference_redact(key) == reference.redact(key) == redact(key) != key
+
+
 _REFERENCE_PATTERNS = {
     "vendor_key": reference._VENDOR_KEYS,
     "authorization": reference._AUTH_HEADER,
@@ -438,6 +472,7 @@ _REFERENCE_PATTERNS = {
                 [s.text for s in SAMPLES]
                 + ["sk-", "AIza", "ghp_", "xoxb-", "token", "secret", "key", ": ", "=", "_"]
                 + ["api", "private", "access", "passw", "credential", "s ", "\t", '"']
+                + ["Authorization: ", "Bearer ", "TOKEN", "$API_KEY", "<token>", "YOUR_KEY"]
             ),
         ),
         max_size=8,
@@ -445,14 +480,22 @@ _REFERENCE_PATTERNS = {
 )
 def test_each_reference_rule_matches_as_it_did(parts: list[str]) -> None:
     # The rewritten reference rules (literal first; lowered, on the fold; `key_value`
-    # tried only where a name can start) find the very matches the old patterns find.
+    # tried only where a name can start) find the very matches the old patterns find,
+    # but for a header rule's placeholder value, which they keep (`_reference_mask`).
     text = "".join(parts)
     low = gate.fold(text)
     for step in engine.REFERENCE_PASSES:
-        old = [m.span() for m in _REFERENCE_PATTERNS[step.name].finditer(text)]
+        pattern = _REFERENCE_PATTERNS[step.name]
+        keeps = step.placeholders
+        old = [m.span() for m in pattern.finditer(text) if not (keeps and _placeholder(m))]
         new = [(start, end) for start, end, _, _ in engine.find_spans(step, text, low)]
         assert new == old, step.name
-        assert new == [m.span() for m in step.pattern.finditer(low if step.folded else text)]
+        matches = step.pattern.finditer(low if step.folded else text)
+        assert new == [
+            m.span()
+            for m in matches
+            if not (keeps and engine._placeholder_at(text, m.end(1), m.end()))
+        ]
 
 
 def test_each_look_alike_of_an_anchor_still_opens_its_pass() -> None:
@@ -616,6 +659,7 @@ def corpus_texts(samples: list[Sample]) -> st.SearchStrategy[_Case]:
     """Texts mixing corpus samples, log-like and arbitrary text; with the samples' extras."""
     part: st.SearchStrategy[_Case] = st.one_of(
         st.sampled_from(samples).map(lambda s: (s.text, s.extra_secrets)),
+        st.sampled_from(NEGATIVES).map(lambda t: (t, ())),  # placeholders among them
         _ANY_TEXT.map(lambda t: (t, ())),
         _LOG_TEXT.map(lambda t: (t, ())),
         _GLUE.map(lambda t: (t, ())),
@@ -646,8 +690,9 @@ def _redact_kept(text: str, extras: tuple[str, ...]) -> str:
 def check_against_reference(text: str, extras: tuple[str, ...], data: st.DataObject) -> None:
     """New ⊇ reference always; new == reference when no added shape masks anything (in
     the text, or for a tail in context + tail). Also after a cut, with any context. Both
-    read modulo `_escapes_kept`: masks never break an escape."""
-    new, old = _redact_kept(text, extras), _escapes_kept(reference.redact(text, extras))
+    read modulo `_escapes_kept`: masks never break an escape; and the reference keeps a
+    header's placeholder as the redactor does (`_reference_mask`)."""
+    new, old = _redact_kept(text, extras), _escapes_kept(reference_redact(text, extras))
     assert masks_at_least(new, old), (text, new, old)
     if adds_nothing(text, extras):
         assert new == old
@@ -655,7 +700,7 @@ def check_against_reference(text: str, extras: tuple[str, ...], data: st.DataObj
     start = data.draw(st.integers(min_value=0, max_value=cut), label="context start")
     tail, context = text[cut:], text[start:cut]
     new = _escapes_kept(redact_tail(tail, context, extras))
-    old = _escapes_kept(reference.redact_tail(tail, context, extras))
+    old = _escapes_kept(reference_redact_tail(tail, context, extras))
     assert masks_at_least(new, old), (tail, context, new, old)
     if adds_nothing(context + tail, extras):
         assert new == old, (tail, context)

@@ -136,9 +136,10 @@ def test_every_sample_survives_a_cut_anywhere_in_its_line(engine: str) -> None:
 
 
 def test_the_kilo_401_body_still_parses_after_masking(engine: str) -> None:
-    # The vendor's hint `Authorization: Bearer YOUR_KEY).` inside a JSON string inside a
-    # JSON line: the mask keeps the backslash of the escaped closing quote.
-    hint = "Missing API key (set header Authorization: Bearer YOUR_KEY)."
+    # A vendor's hint `Authorization: Bearer <key>).` inside a JSON string inside a JSON
+    # line: the mask keeps the backslash of the escaped closing quote. (kilo's own hint
+    # says `YOUR_KEY`, a placeholder that is kept as it is: a key stands in for it.)
+    hint = "Invalid API key (set header Authorization: Bearer k3Y7v4Lu3x9Q)."
     event = {
         "type": "error",
         "error": {
@@ -152,7 +153,7 @@ def test_the_kilo_401_body_still_parses_after_masking(engine: str) -> None:
     }
     line = json.dumps(event, separators=(",", ":"))
     out = redact(line)
-    assert "YOUR_KEY" not in out
+    assert "k3Y7v4Lu3x9Q" not in out
     parsed = json.loads(out)
     assert parsed["error"]["data"]["statusCode"] == 401
     assert json.loads(parsed["error"]["data"]["responseBody"]).keys() == {"error"}

@@ -12,11 +12,13 @@ What is recognised, in three phases over the text:
 2. The reference rules, run one after another over the output of the one before, with
    the output of the code before the coverage work (tests/_redact_reference.py holds it,
    and tests/test_redact.py checks the two agree): vendor key shapes, `Authorization:`
-   headers, `Bearer` tokens, values after secret-sounding names and flags.
+   headers, `Bearer` tokens, values after secret-sounding names and flags. One change:
+   a header's placeholder (`Bearer TOKEN`) is kept, where the reference masked it.
 3. The shapes added since, each matched against the text as phase 1 left it (so no
    earlier masking can hide one) and masked on top of phase 2's output, and the
    JSON-escaped form of each literal secret. So the output is always the reference output
-   with more spans masked, and exactly the reference output wherever phase 3 finds nothing.
+   with more spans masked, and exactly the reference output wherever phase 3 finds nothing
+   (a header's placeholder aside).
 
 The shapes of phases 2 and 3 written here, in the order of their table, `shapes.TABLE`
 (written by `record.shape_list`; tests/test_redact.py checks this list is the table's).

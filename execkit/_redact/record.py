@@ -162,6 +162,9 @@ class Shape:
     - `alternation`: shapes that share one (adjacent in the table, one anchor group each)
       run as one pattern, their sources `|`-joined in table order, tried as `re` tries an
       alternation at each position.
+    - `placeholders`: a masked part that is a placeholder (`TOKEN`, `<token>`, `$API_KEY`:
+      engine.is_placeholder) is kept: it names a credential and is none. For the header
+      rules, whose values documentation and help texts write so.
     - `example`: the shape as a tool prints it; «» marks what is masked, and `{alnum:24}`
       stands for 24 characters of an alphabet (`example_of`), so that no credential-shaped
       literal is written here.
@@ -184,6 +187,7 @@ class Shape:
     alternation: str | None = attrs.field(
         default=None, kw_only=True, validator=optional(_snake_case)
     )
+    placeholders: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
 
 
 def opening_literal(source: str) -> str:

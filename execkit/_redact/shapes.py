@@ -212,6 +212,7 @@ SHAPES: tuple[Shape, ...] = (
         masked=Masked.AFTER_GROUP_1,
         folded=True,
         boundary=True,
+        placeholders=True,
         example="curl -H 'Authorization: Basic «{b64:24}»' https://x",
     ),
     Shape(
@@ -223,6 +224,7 @@ SHAPES: tuple[Shape, ...] = (
         masked=Masked.AFTER_GROUP_1,
         folded=True,
         boundary=True,
+        placeholders=True,
         example="retrying request with bearer «{alnum:32}» after 401",
     ),
     Shape(
@@ -278,6 +280,7 @@ SHAPES: tuple[Shape, ...] = (
         masked=Masked.AFTER_GROUP_1,
         folded=True,
         boundary=True,
+        placeholders=True,
         example='{"headers": "{\\"Authorization\\": \\"Bearer «{alnum:32}»\\"}"}',
     ),
     Shape(
