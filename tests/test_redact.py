@@ -17,6 +17,7 @@ import importlib
 import itertools
 import json
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -30,7 +31,15 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from secrets_corpus import ADVERSARIAL, NEGATIVES, SAMPLES, Sample, adversarial, leaked
+from secrets_corpus import (
+    ADVERSARIAL,
+    ATTACKS,
+    NEGATIVES,
+    SAMPLES,
+    Sample,
+    adversarial,
+    leaked,
+)
 
 import execkit._redact as _redact_package
 from execkit._redact import (
@@ -304,6 +313,67 @@ def test_a_masked_sample_stays_as_it_is(sample: Sample) -> None:
     assert redact(once, sample.extra_secrets) == once
 
 
+# Issue #44's kinds (secrets_corpus.ATTACKS), where more layers of quoting hide them than
+# the placements above: a JSON string inside a JSON string, a CRLF request line.
+ATTACK_CONTEXTS = {
+    "json_in_json": lambda t: json.dumps({"body": json.dumps({"message": "a\n" + t})}),
+    "crlf_json": lambda t: json.dumps({"raw": "POST / HTTP/1.1\r\n" + t + "\r\n"}),
+    "log_line": lambda t: f"2026-01-02T03:04:05Z step 3: {t} (retrying)",
+}
+
+
+@pytest.mark.parametrize("context", list(ATTACK_CONTEXTS))
+@pytest.mark.parametrize("sample", ATTACKS, ids=[sample.name for sample in ATTACKS])
+def test_no_attack_survives_any_quoting(sample: Sample, context: str) -> None:
+    text = ATTACK_CONTEXTS[context](sample.text)
+    masked = redact(text)
+    assert not leaked(sample.secret, masked), masked
+    assert not leaked(sample.secret, masked, escaped=True), masked
+    assert not leaked(json.dumps(sample.secret)[1:-1], masked, escaped=True), masked
+    if context != "log_line":
+        json.loads(masked)  # masks keep the JSON a JSON
+
+
+# The attacks that are command lines: a flag and its value.
+_COMMAND_LINES = [sample for sample in ATTACKS if " -" in sample.text and "{" not in sample.text]
+
+
+@pytest.mark.parametrize("sample", _COMMAND_LINES, ids=[s.name for s in _COMMAND_LINES])
+def test_no_attack_survives_as_an_argv(sample: Sample) -> None:
+    # The same command line as the argv a process is started with: each argument alone
+    # may look like nothing (`-pS3cret`, `bob:S3cret`), the command line before it says.
+    argv = shlex.split(sample.text)
+    stored = redact_argv(argv)
+    assert not leaked(sample.secret, " ".join(stored)), stored
+
+
+def test_a_placeholder_where_a_header_credential_goes_is_kept() -> None:
+    # The server's 401 help text, and how documentation writes a header's credential.
+    kept = [
+        "unauthenticated: send Authorization: Bearer TOKEN",
+        "curl -H 'Authorization: Bearer $GITHUB_TOKEN' https://api.github.com",
+        'curl -H "Authorization: token ${API_KEY}" https://x.io',
+        "Authorization: Bearer <token>",
+        "set header Authorization: Bearer YOUR_API_KEY).",
+        "Authorization: Basic xxxxxxxx",
+        '{"msg": "retry\\nAuthorization: Bearer TOKEN\\n"}',
+        '{"headers": "{\\"Authorization\\": \\"Bearer YOUR_TOKEN\\"}"}',
+        "carries `Authorization: Bearer TOKEN`. The tokens file",
+    ]
+    for text in kept:
+        assert redact(text) == text
+        assert redact_tail(text[9:], text[:9]) == text[9:]
+    # A value that is a credential is masked however it is written.
+    masked = [
+        ("Authorization: Bearer TOKEN9x8Y7z6W5v", "TOKEN9x8Y7z6W5v"),  # digits: a key
+        ("Authorization: Bearer $ecretPassw0rd", "$ecretPassw0rd"),  # mixed case
+        ("Authorization: Bearer MyApiKey", "MyApiKey"),  # not a placeholder's capitals
+        ("Bearer abcdefgh12345678", "abcdefgh12345678"),
+    ]
+    for text, secret in masked:
+        assert secret not in redact(text), text
+
+
 @pytest.mark.parametrize("text", NEGATIVES)
 def test_look_alikes_are_left_alone(text: str) -> None:
     assert redact(text) == text
@@ -555,10 +625,21 @@ def test_no_anchor_hides_in_the_marker() -> None:
                 assert literal not in marker, literal
 
 
+def test_a_token_after_a_credential_word_is_as_long_as_its_finder_asks() -> None:
+    # The finder of words with a token after them looks ahead for as many characters as
+    # the shape's pattern needs at least (engine.ADJACENT_TOKEN).
+    parser: Any = importlib.import_module("re._parser")
+    (shape,) = [shape for shape in shapes.SHAPES if shape.name == "credential_word_token"]
+    assert parser.parse(shape.pattern).getwidth()[0] == engine.ADJACENT_TOKEN
+    assert f"{{{engine.ADJACENT_TOKEN}}}" in engine._adjacent_finder(("key",)).pattern
+
+
 def test_no_pattern_matches_fewer_characters_than_the_length_short_cut() -> None:
+    # A `nearby` shape's match follows one of its words on the line: the text holds both.
     parser: Any = importlib.import_module("re._parser")
     for step in ALL_PASSES:
-        assert parser.parse(step.source).getwidth()[0] >= SHORTEST_MATCH, step.name
+        word = min(map(len, step.nearby.words)) if step.nearby is not None else 0
+        assert parser.parse(step.source).getwidth()[0] + word >= SHORTEST_MATCH, step.name
 
 
 def _redact_ungated(text: str, extras: tuple[str, ...] = ()) -> str:
@@ -869,7 +950,9 @@ def test_a_long_text_dense_with_credentials_is_redacted_as_its_lines() -> None:
         for sample in SAMPLES
         if not sample.extra_secrets and "PRIVATE KEY" not in sample.text
     ]
-    lines += ["api_key=abc", "token: x y", '"password": "p4ss"', "no secret here"]
+    # Named values, often enough that the text is dense with names whatever else the
+    # corpus holds.
+    lines += ["api_key=abc", "token: x y", '"password": "p4ss"', "no secret here"] * 16
     lines = [line if line.endswith("\n") else line + "\n" for line in lines]
     text_lines = lines * (5 * engine.DENSE_SAMPLE // len("".join(lines)) + 1)
     text = "".join(text_lines)

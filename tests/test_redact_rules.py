@@ -199,14 +199,22 @@ FALSE_MASKS = {
     "base64 data": 0,
     "paths": 0,
 }
+# docs/ changes with the code, so its false masks are held as a rate: at most the 6 in its
+# 2,368 lines measured when issue #44's rules came (9 before them: `Authorization: Bearer
+# TOKEN` and two more placeholders, kept since; the 6 are `--add-token FILE` three times,
+# `token: 401`, `credential=)` and `token: the token` in prose).
+DOCS_FALSE_MASKS = (6, 2368)
 
 
 def test_clean_output_stays_readable(engine: str) -> None:
     found = {}
-    for kind, text in clean_corpus().items():
+    corpus = clean_corpus()
+    for kind, text in corpus.items():
         found[kind] = redact(text).count(REDACTED) - text.count(REDACTED)
     for kind, bound in FALSE_MASKS.items():
         assert found[kind] <= bound, (kind, found[kind])
+    masks, lines = DOCS_FALSE_MASKS
+    assert found["docs"] * lines <= masks * (corpus["docs"].count("\n") + 1), found["docs"]
 
 
 def test_the_documented_record_example_loads() -> None:

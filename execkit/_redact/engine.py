@@ -766,22 +766,31 @@ def _near_a_word(match: re.Match[str], nearby: Nearby, wording: re.Pattern[str])
     return wording.search(window) is not None
 
 
+# The fewest characters of a token after a credential word (`adjacent`): the shape's
+# pattern asks for as many (tests/test_redact.py checks the two agree).
+ADJACENT_TOKEN = 16
+
+
 @functools.cache
 def _adjacent_finder(words: tuple[str, ...]) -> re.Pattern[str]:
     # In the fold: a word where a name starts (at the start, after a blank, a quote, `_`,
-    # `-`, `.`, `$`, `,`, a bracket or a backslash: `apikey` is left to the named rules, and
-    # random text holds few), the rest of its name, separators; a token may start where this
-    # ends (one scan in C: a word with no token after it costs no Python call).
+    # `-`, `.`, `$`, `,`, a bracket or a backslash, or after an escape's `\n`, `\r`, `\t`:
+    # `apikey` is left to the named rules, and random text holds few), the rest of its
+    # name, separators, maybe `is`/`was`/`now`; a token may start where this ends (one scan
+    # in C: a word with no token after it costs no Python call).
     return re.compile(
         "(?:"
         + "|".join(
             f"{re.escape(word)}(?:(?<=[\\s\"'_.\\-$,(\\[{{\\\\]{re.escape(word)})"
-            f"|(?<![\\s\\S]{re.escape(word)}))"
+            f"|(?<=\\\\[nrt]{re.escape(word)})|(?<![\\s\\S]{re.escape(word)}))"
             for word in words
         )
         + ")"
         "[a-z0-9_.\\-]{0,32}+"
-        "[ \\t\"'`:=,>()\\\\]{1,8}+(?=[a-z0-9+/_\\-]{20})"
+        "[ \\t\"'`:=,>()\\\\]{1,8}+"
+        # `token is ...`, `password was ...`: a verb between the name and its value.
+        "(?:(?:is|was|now)[ \\t]{1,4}+)?+"
+        f"(?=[a-z0-9+/_\\-]{{{ADJACENT_TOKEN}}})"
     )
 
 
@@ -810,7 +819,13 @@ def _token_counts(token: str, nearby: Nearby) -> bool:
     """The checks of a token's own characters (cases, digit, distinct characters), each a
     call or two into C: on a text with a credential on every line this runs per line."""
     if nearby.both_cases and (token.lower() == token or token.upper() == token):
-        return False
+        # One case: a hex, base32 or base36 key counts where the shape lets it (letters
+        # and digits only, a letter, half its length in distinct characters, 8 at most).
+        if not (nearby.one_case and token.isalnum() and not token.isdigit()):
+            return False
+        if nearby.digit and _DIGIT.search(token) is None:
+            return False
+        return len(set(token)) >= min(8, len(token) // 2)
     if nearby.digit and _DIGIT.search(token) is None:
         return False
     return not (nearby.distinct and len(set(token)) < min(16, len(token) // 2))
