@@ -269,6 +269,8 @@ def _attacks() -> tuple[Sample, ...]:
     out: list[Sample] = []
 
     def add(name: str, text: str, secret: str, *, old: bool = False) -> None:
+        # No two samples' secrets share 8 characters (a prefix, a base64 head): a leak of
+        # one must not read as a leak of another.
         assert secret in text, name
         out.append(Sample(name, text, secret, covered_before=old))
 
@@ -360,7 +362,7 @@ def _attacks() -> tuple[Sample, ...]:
     # --- a vendor token inside a longer word
     token = "hvs.CAESI" + fake(_URLSAFE, 90, "k33-vault")
     add("vault_token_in_a_word", f"k33-{token}", token)
-    token = "hvs.CAESI" + fake(_URLSAFE, 60, "glued-vault")
+    token = "hvb." + fake(_URLSAFE, 64, "glued-vault")
     add("vault_token_glued_to_letters", f"prod{token}", token)
     token = "ghp_" + fake(_ALNUM, 36, "ci-ghp")
     add("github_token_in_a_word", f"ci-{token}", token, old=True)
@@ -368,7 +370,7 @@ def _attacks() -> tuple[Sample, ...]:
     add("npm_token_in_a_word", f"deploy_{token}", token)
     token = "glpat-" + fake(_URLSAFE, 20, "glued-glpat")
     add("gitlab_token_in_a_word", f"k33_{token}", token)
-    token = "sk-proj-" + fake(_URLSAFE, 48, "glued-openai")
+    token = "sk-svcacct-" + fake(_URLSAFE, 48, "glued-openai")
     add("openai_key_after_a_digit", f"build2{token}", token)
 
     # --- dotted token families: more segments, and members no record names
@@ -386,7 +388,7 @@ def _attacks() -> tuple[Sample, ...]:
     add("paseto_local_token", f"session {token}", token)
 
     # --- header lines inside a JSON string whose line breaks are written `\n`
-    token = base64.b64encode(b"deploy:" + fake(_ALNUM, 20, "json-basic").encode()).decode()
+    token = base64.b64encode(b"webhook:" + fake(_ALNUM, 20, "json-basic").encode()).decode()
     add("json_authorization_basic", http_request(f"Authorization: Basic {token}"), token)
     token = fake(_HEX, 40, "json-token")
     add("json_authorization_token", http_request(f"Authorization: Token {token}"), token)

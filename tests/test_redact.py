@@ -396,6 +396,13 @@ def test_the_corpus_holds_every_shape_asked_for() -> None:
     }  # fmt: skip
     assert asked <= names, sorted(asked - names)
     assert len({sample.secret for sample in SAMPLES}) == len(SAMPLES)
+    # No two secrets share 8 characters (`leaked`'s piece): a leak of one sample must not
+    # read as a leak of another in the sink tests.
+    seen: dict[str, str] = {}
+    for sample in SAMPLES:
+        for at in range(max(1, len(sample.secret) - 7)):
+            piece = sample.secret[at : at + 8]
+            assert seen.setdefault(piece, sample.name) == sample.name, (piece, sample.name)
 
 
 # ================================================================ the anchor pre-check
