@@ -702,7 +702,7 @@ SHAPES: tuple[Shape, ...] = (
         r"(?:=|[ \t]{1,8}+)(?:\\{0,3}[\"'])?)"
         # Not a count (`ffmpeg -pass 2`).
         rf"(?![0-9]{{1,2}}+(?!{_ARG})){_QUOTED_VALUE}",
-        anchors=(exact("-"), exact("pass", "pw")),
+        anchors=(exact("-pass", "-pw", "storepass", "keypass"),),
         masked=Masked.AFTER_GROUP_1,
         search=Search.LEAD,
         boundary=True,
@@ -722,7 +722,7 @@ SHAPES: tuple[Shape, ...] = (
         # Not a user and group by number (`docker run -u 1000:1000`), nor a URL.
         rf"|(?<![\"'])(?![0-9]{{1,10}}+:[0-9]{{1,10}}+(?!{_ARG}))"
         r"(?=[^\s:%\"'\\/@]{0,64}+[:%](?!//)[^\s\"'\\])[^\s\"'`\\]{4,300}+)",
-        anchors=(exact("-"), exact(":", "%")),
+        anchors=(exact("-u", "-U", "-a", "-A"), exact(":", "%")),
         masked=Masked.AFTER_GROUP_1,
         search=Search.LEAD,
         boundary=True,
