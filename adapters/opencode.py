@@ -21,7 +21,7 @@ Structure read (opencode 1.18, recorded in fixtures/recorded/opencode):
   its finish reason; opencode then loops on it until killed: a stream failure it was
   still retrying (`pending`).
 - An `error` event line that no longer parses because masking a credential-like value
-  inside it (`Authorization: Bearer YOUR_KEY).` in a vendor's hint) ate a quote is still
+  inside it (a key in a vendor's hint `Authorization: Bearer <key>).`) ate a quote is still
   read for its `name` and `statusCode` (`_salvage`): execkit masks every kept byte before
   an adapter sees it, so the adapter reads what survives rather than falling back to text.
 

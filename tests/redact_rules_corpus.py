@@ -12,7 +12,8 @@ credential-shaped literal.
 - `CONTEXTS`: where a credential is printed: alone, after a JSON-escaped newline (once and
   twice escaped), after `%3D` and `%20` in URL-encoded text, inside shell quotes.
 - `clean_corpus()`: ordinary output: the recorded vendor transcripts (fixtures/recorded),
-  git logs, UUIDs, base64 test data, file paths. Masks there are false masks.
+  git logs, UUIDs, base64 test data, file paths; and this repository's docs/ (prose full
+  of flags, headers and placeholders). Masks there are false masks.
 """
 
 from __future__ import annotations
@@ -272,6 +273,14 @@ def _recorded() -> str:
     return "\n".join(parts)
 
 
+def _docs() -> str:
+    return "\n".join(
+        path.read_text(encoding="utf-8")
+        for path in sorted((ROOT / "docs").rglob("*"))
+        if path.is_file() and path.suffix in (".md", ".json")
+    )
+
+
 def clean_corpus() -> dict[str, str]:
     """Ordinary output, by kind: no credential in any of it."""
     return {
@@ -280,4 +289,5 @@ def clean_corpus() -> dict[str, str]:
         "uuids": _uuids(3000),
         "base64 data": _base64_data(2000),
         "paths": _paths(),
+        "docs": _docs(),
     }

@@ -21,7 +21,16 @@ import json
 import string
 from dataclasses import dataclass
 
-__all__ = ["ADVERSARIAL", "NEGATIVES", "SAMPLES", "Sample", "adversarial", "fake", "leaked"]
+__all__ = [
+    "ADVERSARIAL",
+    "ATTACKS",
+    "NEGATIVES",
+    "SAMPLES",
+    "Sample",
+    "adversarial",
+    "fake",
+    "leaked",
+]
 
 _ALNUM = string.ascii_letters + string.digits
 _UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -252,7 +261,170 @@ def _samples() -> tuple[Sample, ...]:
     return tuple(out)
 
 
-SAMPLES: tuple[Sample, ...] = _samples()
+def _attacks() -> tuple[Sample, ...]:
+    """Credentials of the kinds issue #44 found unmasked in every sink, each written as an
+    outsider attacking the redactor would write it: the issue's own example of a kind and
+    shapes of it (and around it) that no rule was written from. `covered_before` is
+    whether the frozen reference masked it (three of the shapes around the kinds)."""
+    out: list[Sample] = []
+
+    def add(name: str, text: str, secret: str, *, old: bool = False) -> None:
+        # No two samples' secrets share 8 characters (a prefix, a base64 head): a leak of
+        # one must not read as a leak of another.
+        assert secret in text, name
+        out.append(Sample(name, text, secret, covered_before=old))
+
+    def password(label: str, length: int = 14) -> str:
+        value = _mixed(_ALNUM, length, label)
+        return value if any(c.isdigit() for c in value) else value[:-1] + "7"
+
+    def http_request(*headers: str) -> str:
+        # A logged request inside a JSON event: its line breaks are written `\n`.
+        head = "GET /v1/me HTTP/1.1\nHost: api.example.com\n"
+        return json.dumps({"type": "http", "request": head + "\n".join(headers) + "\n\n"})
+
+    # --- a password glued to its flag, or given to a short flag on a tool's command line
+    pw = password("glued-mysql")
+    add("mysql_glued_password", f"mysql -uroot -p{pw} -h db.internal shop", pw)
+    pw = password("glued-dump", 10) + "!#%" + fake(_ALNUM, 3, "glued-dump-end")
+    add("mysqldump_glued_symbols", f"mysqldump -h 10.0.0.5 -u backup -p{pw} shop > s.sql", pw)
+    pw = password("glued-maria", 8) + " " + fake(_LETTERS, 6, "glued-maria-2") + "!"
+    add("mariadb_glued_quoted", f"mariadb -uadmin -p'{pw}' -e 'show databases'", pw)
+    pw = password("glued-dq")
+    add("mysql_glued_double_quoted", f'mysql --user=root -p"{pw}" shop', pw)
+    pw = password("sshpass-glued")
+    add("sshpass_glued", f"sshpass -p{pw} ssh deploy@10.0.0.7 uptime", pw)
+    pw = password("sshpass-spaced")
+    add("sshpass_spaced", f"sshpass -p '{pw}' scp build.tgz deploy@10.0.0.7:/srv", pw)
+    pw = password("7z")
+    add("seven_zip_glued", f"7z x backup.7z -p{pw} -o/tmp/restore", pw)
+    pw = password("sqlcmd")
+    add("sqlcmd_upper_glued", f'sqlcmd -S db.internal -U sa -P{pw} -Q "select 1"', pw)
+    pw = password("docker-login")
+    add("docker_login_spaced", f"docker login -u ci-bot -p {pw} registry.example.com", pw)
+    pw = password("oc-login")
+    add("oc_login_glued", f"oc login https://api.example.com:6443 -u developer -p{pw}", pw)
+    pw = password("mongosh")
+    add("mongosh_spaced", f"mongosh mongodb://db:27017 -u admin -p {pw} --quiet", pw)
+    pw = password("redis-cli")
+    add("redis_cli_auth", f"redis-cli -h cache.internal -p 6379 -a {pw} ping", pw)
+    pw = password("ldap")
+    add("ldapsearch_bind", f"ldapsearch -x -D cn=admin,dc=example,dc=com -w {pw} -b dc=x", pw)
+    pw = password("pair")
+    add("unknown_tool_user_password_pair", f"dbtool -uops -p{pw} --migrate", pw)
+    pw = password("keytool")
+    add("keytool_storepass", f"keytool -list -keystore app.jks -storepass {pw}", pw)
+    pw = password("passphrase")
+    add("passphrase_flag_spaced", f"signer --passphrase {pw} --out release.sig", pw)
+
+    # --- `user:password` given to a user flag
+    pw = password("curl-u")
+    add("curl_user_password", f"curl -u alice:{pw} https://api.example.com/v1/me", pw)
+    pw = password("curl-u-glued")
+    add("curl_user_password_glued", f"curl -sS -ualice:{pw} https://api.example.com", pw)
+    pw = password("curl-user-q", 9) + " " + fake(_ALNUM, 5, "curl-user-q2") + "&!"
+    add("curl_user_quoted", f"curl --user 'deploy:{pw}' https://api.example.com", pw)
+    pw = password("curl-user-eq")
+    add("curl_user_equals", f"curl --user=admin:{pw} -X POST https://api.example.com", pw)
+    pw = password("curl-proxy")
+    add("curl_proxy_user", f"curl -x http://proxy:3128 -U proxyuser:{pw} https://x.io", pw)
+    pw = password("curl-proxy-long")
+    add("curl_proxy_user_long", f"curl --proxy-user bob:{pw} https://example.com", pw)
+    pw = password("httpie")
+    add("httpie_auth", f"http -a carol:{pw} GET https://api.example.com/me", pw)
+    pw = fake(string.digits, 10, "curl-digits")
+    add("curl_numeric_password", f"curl -u admin:{pw} http://localhost:9200/_health", pw)
+    pw = password("smbclient")
+    add("smbclient_user_percent", f"smbclient //fs/share -U admin%{pw} -c ls", pw)
+
+    # --- a credential word, a space and a token (any alphabet: hex, one case, base32)
+    token = fake(_HEX, 32, "word-api-token")
+    add("api_token_space_hex", f"api_token {token}", token)
+    token = fake(_HEX, 40, "word-auth-token")
+    add("auth_token_space_hex", f"auth token {token}", token)
+    token = fake(string.ascii_lowercase + string.digits, 32, "word-access-token")
+    add("access_token_space_lower", f"using access token {token} for the upload", token)
+    token = fake("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", 32, "word-client-secret")
+    add("client_secret_space_base32", f"client secret {token}", token)
+    token = fake(_HEX, 40, "word-refresh-is")
+    add("refresh_token_is_hex", f"your refresh token is {token}", token)
+    token = fake(_HEX, 16, "word-session-short")
+    add("session_token_short_hex", f"session token {token} expires in 1h", token)
+    token = fake(_HEX, 32, "word-authtoken")
+    add("authtoken_compound_hex", f"AUTHTOKEN {token}", token)
+    token = fake(_HEX, 32, "word-escaped")
+    add(
+        "api_token_after_escaped_newline",
+        json.dumps({"log": f"connecting\napi_token {token}\ndone"}),
+        token,
+    )
+
+    # --- a vendor token inside a longer word
+    token = "hvs.CAESI" + fake(_URLSAFE, 90, "k33-vault")
+    add("vault_token_in_a_word", f"k33-{token}", token)
+    token = "hvb." + fake(_URLSAFE, 64, "glued-vault")
+    add("vault_token_glued_to_letters", f"prod{token}", token)
+    token = "ghp_" + fake(_ALNUM, 36, "ci-ghp")
+    add("github_token_in_a_word", f"ci-{token}", token, old=True)
+    token = "npm_" + fake(_ALNUM, 36, "deploy-npm")
+    add("npm_token_in_a_word", f"deploy_{token}", token)
+    token = "glpat-" + fake(_URLSAFE, 20, "glued-glpat")
+    add("gitlab_token_in_a_word", f"k33_{token}", token)
+    token = "sk-svcacct-" + fake(_URLSAFE, 48, "glued-openai")
+    add("openai_key_after_a_digit", f"build2{token}", token)
+
+    # --- dotted token families: more segments, and members no record names
+    token = "dp.st.prd." + fake(_ALNUM, 40, "doppler-config")
+    add("doppler_service_token_with_config", f"DOPPLER {token}", token)
+    token = "dp.rt." + fake(_ALNUM, 44, "doppler-unknown")
+    add("doppler_unlisted_type", f"doppler run with {token}", token)
+    token = "sk.eyJ" + fake(_URLSAFE, 70, "mapbox-body") + "." + fake(_URLSAFE, 22, "mapbox-sig")
+    add("mapbox_secret_token_signature", f"mapbox {token}", token)
+    token = "sl.u." + fake(_URLSAFE, 140, "dropbox-u")
+    add("dropbox_dotted_short_token", f"dropbox token {token}", token)
+    token = "ya29.c." + fake(_URLSAFE, 120, "google-sa")
+    add("google_service_account_access_token", f"gcloud printed {token}", token)
+    token = "v4.local." + fake(_URLSAFE, 96, "paseto")
+    add("paseto_local_token", f"session {token}", token)
+
+    # --- header lines inside a JSON string whose line breaks are written `\n`
+    token = base64.b64encode(b"webhook:" + fake(_ALNUM, 20, "json-basic").encode()).decode()
+    add("json_authorization_basic", http_request(f"Authorization: Basic {token}"), token)
+    token = fake(_HEX, 40, "json-token")
+    add("json_authorization_token", http_request(f"Authorization: Token {token}"), token)
+    value = fake(_ALNUM, 32, "json-cookie")
+    add("json_cookie", http_request(f"Cookie: session={value}; theme=dark"), value)
+    value = fake(_ALNUM, 30, "json-set-cookie")
+    add("json_set_cookie", http_request(f"Set-Cookie: sid={value}; HttpOnly"), value)
+    token = fake(_ALNUM, 40, "json-crlf")
+    add(
+        "json_authorization_bearer_crlf",
+        json.dumps({"raw": f"POST /x HTTP/1.1\r\nAuthorization: Bearer {token}\r\n"}),
+        token,
+        old=True,
+    )
+    token = base64.b64encode(b"proxy:" + fake(_ALNUM, 18, "json-proxy").encode()).decode()
+    add(
+        "json_proxy_authorization",
+        http_request(f"Proxy-Authorization: Basic {token}"),
+        token,
+        old=True,
+    )
+    token = "00" + fake(_URLSAFE, 40, "okta-ssws")
+    add("authorization_unknown_scheme", f"> Authorization: SSWS {token}", token)
+    token = fake(_ALNUM, 36, "json-scheme")
+    add("json_authorization_unknown_scheme", http_request(f"Authorization: ApiKey {token}"), token)
+    token = fake(_ALNUM, 36, "json-twice")
+    add(
+        "json_in_json_authorization",
+        json.dumps({"body": http_request(f"Authorization: Token {token}")}),
+        token,
+    )
+    return tuple(out)
+
+
+ATTACKS: tuple[Sample, ...] = _attacks()
+SAMPLES: tuple[Sample, ...] = _samples() + ATTACKS
 
 
 def _negatives() -> tuple[str, ...]:
@@ -284,6 +456,18 @@ def _negatives() -> tuple[str, ...]:
         "Error: 503 Service Unavailable (overloaded)",
         '  File "/usr/lib/python3.11/site-packages/app/main.py", line 42, in <module>',
         "2024-05-01T12:00:00.123Z INFO build finished in 12.3s (node v20.11.1)",
+        # A kebab-case name running into a key's prefix (`sk-proj-`) is no key: a prefix
+        # with `-` or `_` may follow a digit or punctuation inside a word, never a letter.
+        "see task-proj-management-dashboard-settings-page-v2 for the layout",
+        # Placeholders where a header's credential goes, and command lines whose `-p`,
+        # `-u` and `-P` take no password.
+        "send Authorization: Bearer TOKEN",
+        'curl -H "Authorization: Bearer $GITHUB_TOKEN" https://api.github.com/user',
+        "Authorization: Bearer <token> (a token from `execkit serve --add-token`)",
+        "docker run -u 1000:1000 -p 8080:80 -v ./data:/data nginx",
+        "mkdir -p build/out && gcc -pthread -O2 -o build/out/app main.c",
+        "git push -u origin main && ps -u root -p 1234,5678",
+        "mysql -u root -p",
     )
 
 
@@ -303,6 +487,11 @@ ADVERSARIAL: tuple[tuple[str, str], ...] = (
             "cookie: ", "aws secret ", "Ab+/", "hooks.slack.com/services/",
             "authorization: ", "--token ", "AccountKey=", '\\"token\\": \\"', 'password=\\"',
             "sk-" + "a" * 15 + " ",
+            # Issue #44's shapes: flags and their values, headers after an escaped newline,
+            # one-case tokens after a word, prefixes inside words, dotted families.
+            "-u a ", "-uroot -p", "-u x -h y ", "mysql -p", "-p'", "--pass ", "-u a:",
+            "-u a:b", "\\nAuthorization: x", "\\nBearer ", "token is ", "key 0a1b2c3d4e5f6a7b",
+            "k33-hvs.", "dp.st.a.", "hvs.ab.", "v4.local.", "-storepass ",
         ]
     ),
     ("api_key=", "x"),

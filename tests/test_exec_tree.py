@@ -714,8 +714,9 @@ SIZE = 256 * KIB
 #   it is counted, never searched (while it was kept as text, its calls grew with it);
 # - valid UTF-8 of four bytes a character, made of every character the rules look for:
 #   only the rare candidates the rules find in it, and a scan of each chunk (about
-#   32 KiB) for the anchors it holds: at most six calls a KiB (2.8 now, 0.9 before the
-#   chunks; a call for each of its lines would be 14);
+#   32 KiB) for the anchors it holds: at most six calls a KiB (5.1 now, 4.0 before the
+#   command-line and header shapes of issue #44, 0.9 before the chunks; a call for each
+#   of its lines would be 14);
 # - a credential on every line: the masks, at most 20 calls into C and 6 Python calls
 #   each (11 and 2.4 now; 31 and 17 while the whole cut tail was traced).
 GROWTH_BOUNDS = [

@@ -12,10 +12,12 @@ Every test runs under both engines (the compiled anchor scan and the pure-Python
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import itertools
 import json
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -29,7 +31,15 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from secrets_corpus import ADVERSARIAL, NEGATIVES, SAMPLES, Sample, adversarial, leaked
+from secrets_corpus import (
+    ADVERSARIAL,
+    ATTACKS,
+    NEGATIVES,
+    SAMPLES,
+    Sample,
+    adversarial,
+    leaked,
+)
 
 import execkit._redact as _redact_package
 from execkit._redact import (
@@ -303,6 +313,67 @@ def test_a_masked_sample_stays_as_it_is(sample: Sample) -> None:
     assert redact(once, sample.extra_secrets) == once
 
 
+# Issue #44's kinds (secrets_corpus.ATTACKS), where more layers of quoting hide them than
+# the placements above: a JSON string inside a JSON string, a CRLF request line.
+ATTACK_CONTEXTS = {
+    "json_in_json": lambda t: json.dumps({"body": json.dumps({"message": "a\n" + t})}),
+    "crlf_json": lambda t: json.dumps({"raw": "POST / HTTP/1.1\r\n" + t + "\r\n"}),
+    "log_line": lambda t: f"2026-01-02T03:04:05Z step 3: {t} (retrying)",
+}
+
+
+@pytest.mark.parametrize("context", list(ATTACK_CONTEXTS))
+@pytest.mark.parametrize("sample", ATTACKS, ids=[sample.name for sample in ATTACKS])
+def test_no_attack_survives_any_quoting(sample: Sample, context: str) -> None:
+    text = ATTACK_CONTEXTS[context](sample.text)
+    masked = redact(text)
+    assert not leaked(sample.secret, masked), masked
+    assert not leaked(sample.secret, masked, escaped=True), masked
+    assert not leaked(json.dumps(sample.secret)[1:-1], masked, escaped=True), masked
+    if context != "log_line":
+        json.loads(masked)  # masks keep the JSON a JSON
+
+
+# The attacks that are command lines: a flag and its value.
+_COMMAND_LINES = [sample for sample in ATTACKS if " -" in sample.text and "{" not in sample.text]
+
+
+@pytest.mark.parametrize("sample", _COMMAND_LINES, ids=[s.name for s in _COMMAND_LINES])
+def test_no_attack_survives_as_an_argv(sample: Sample) -> None:
+    # The same command line as the argv a process is started with: each argument alone
+    # may look like nothing (`-pS3cret`, `bob:S3cret`), the command line before it says.
+    argv = shlex.split(sample.text)
+    stored = redact_argv(argv)
+    assert not leaked(sample.secret, " ".join(stored)), stored
+
+
+def test_a_placeholder_where_a_header_credential_goes_is_kept() -> None:
+    # The server's 401 help text, and how documentation writes a header's credential.
+    kept = [
+        "unauthenticated: send Authorization: Bearer TOKEN",
+        "curl -H 'Authorization: Bearer $GITHUB_TOKEN' https://api.github.com",
+        'curl -H "Authorization: token ${API_KEY}" https://x.io',
+        "Authorization: Bearer <token>",
+        "set header Authorization: Bearer YOUR_API_KEY).",
+        "Authorization: Basic xxxxxxxx",
+        '{"msg": "retry\\nAuthorization: Bearer TOKEN\\n"}',
+        '{"headers": "{\\"Authorization\\": \\"Bearer YOUR_TOKEN\\"}"}',
+        "carries `Authorization: Bearer TOKEN`. The tokens file",
+    ]
+    for text in kept:
+        assert redact(text) == text
+        assert redact_tail(text[9:], text[:9]) == text[9:]
+    # A value that is a credential is masked however it is written.
+    masked = [
+        ("Authorization: Bearer TOKEN9x8Y7z6W5v", "TOKEN9x8Y7z6W5v"),  # digits: a key
+        ("Authorization: Bearer $ecretPassw0rd", "$ecretPassw0rd"),  # mixed case
+        ("Authorization: Bearer MyApiKey", "MyApiKey"),  # not a placeholder's capitals
+        ("Bearer abcdefgh12345678", "abcdefgh12345678"),
+    ]
+    for text, secret in masked:
+        assert secret not in redact(text), text
+
+
 @pytest.mark.parametrize("text", NEGATIVES)
 def test_look_alikes_are_left_alone(text: str) -> None:
     assert redact(text) == text
@@ -325,6 +396,13 @@ def test_the_corpus_holds_every_shape_asked_for() -> None:
     }  # fmt: skip
     assert asked <= names, sorted(asked - names)
     assert len({sample.secret for sample in SAMPLES}) == len(SAMPLES)
+    # No two secrets share 8 characters (`leaked`'s piece): a leak of one sample must not
+    # read as a leak of another in the sink tests.
+    seen: dict[str, str] = {}
+    for sample in SAMPLES:
+        for at in range(max(1, len(sample.secret) - 7)):
+            piece = sample.secret[at : at + 8]
+            assert seen.setdefault(piece, sample.name) == sample.name, (piece, sample.name)
 
 
 # ================================================================ the anchor pre-check
@@ -419,6 +497,40 @@ def test_a_lowered_pattern_on_the_fold_matches_what_ignorecase_matches() -> None
         assert where(letter, ALL_CODE_POINTS, re.IGNORECASE) == where(letter, low), letter
 
 
+def _reference_mask(match: re.Match[str]) -> str:
+    """The reference's mask (`_mask_value`), but for the one place the redactor masks less
+    since issue #44: a header rule's value that is a placeholder (`Bearer TOKEN`,
+    engine.is_placeholder) is kept."""
+    if match.re in (reference._AUTH_HEADER, reference._BEARER) and _placeholder(match):
+        return match.group()
+    return match.group(1) + REDACTED
+
+
+def _placeholder(match: re.Match[str]) -> bool:
+    """Whether a header rule's match masks a placeholder (what the engine reads)."""
+    return engine._placeholder_at(match.string, match.end(1), match.end())
+
+
+def reference_redact(text: str, extras: tuple[str, ...] = ()) -> str:
+    """`reference.redact`, a placeholder kept (`_reference_mask`)."""
+    with mock.patch.object(reference, "_mask_value", _reference_mask):
+        return reference.redact(text, extras)
+
+
+def reference_redact_tail(tail: str, context: str, extras: tuple[str, ...] = ()) -> str:
+    """`reference.redact_tail`, a placeholder kept (`_reference_mask`)."""
+    with mock.patch.object(reference, "_mask_value", _reference_mask):
+        return reference.redact_tail(tail, context, extras)
+
+
+def test_the_reference_keeps_what_the_redactor_keeps_and_no_more() -> None:
+    help_text = "unauthenticated: send Authorization: Bearer TOKEN"
+    assert reference.redact(help_text).endswith("Bearer [REDACTED]")  # the frozen one
+    assert reference_redact(help_text) == help_text == redact(help_text)
+    key = "Authorization: Bearer AbC123dEf456GhI789"
+    assert reference_redact(key) == reference.redact(key) == redact(key) != key
+
+
 _REFERENCE_PATTERNS = {
     "vendor_key": reference._VENDOR_KEYS,
     "authorization": reference._AUTH_HEADER,
@@ -438,6 +550,7 @@ _REFERENCE_PATTERNS = {
                 [s.text for s in SAMPLES]
                 + ["sk-", "AIza", "ghp_", "xoxb-", "token", "secret", "key", ": ", "=", "_"]
                 + ["api", "private", "access", "passw", "credential", "s ", "\t", '"']
+                + ["Authorization: ", "Bearer ", "TOKEN", "$API_KEY", "<token>", "YOUR_KEY"]
             ),
         ),
         max_size=8,
@@ -445,14 +558,22 @@ _REFERENCE_PATTERNS = {
 )
 def test_each_reference_rule_matches_as_it_did(parts: list[str]) -> None:
     # The rewritten reference rules (literal first; lowered, on the fold; `key_value`
-    # tried only where a name can start) find the very matches the old patterns find.
+    # tried only where a name can start) find the very matches the old patterns find,
+    # but for a header rule's placeholder value, which they keep (`_reference_mask`).
     text = "".join(parts)
     low = gate.fold(text)
     for step in engine.REFERENCE_PASSES:
-        old = [m.span() for m in _REFERENCE_PATTERNS[step.name].finditer(text)]
+        pattern = _REFERENCE_PATTERNS[step.name]
+        keeps = step.placeholders
+        old = [m.span() for m in pattern.finditer(text) if not (keeps and _placeholder(m))]
         new = [(start, end) for start, end, _, _ in engine.find_spans(step, text, low)]
         assert new == old, step.name
-        assert new == [m.span() for m in step.pattern.finditer(low if step.folded else text)]
+        matches = step.pattern.finditer(low if step.folded else text)
+        assert new == [
+            m.span()
+            for m in matches
+            if not (keeps and engine._placeholder_at(text, m.end(1), m.end()))
+        ]
 
 
 def test_each_look_alike_of_an_anchor_still_opens_its_pass() -> None:
@@ -511,10 +632,21 @@ def test_no_anchor_hides_in_the_marker() -> None:
                 assert literal not in marker, literal
 
 
+def test_a_token_after_a_credential_word_is_as_long_as_its_finder_asks() -> None:
+    # The finder of words with a token after them looks ahead for as many characters as
+    # the shape's pattern needs at least (engine.ADJACENT_TOKEN).
+    parser: Any = importlib.import_module("re._parser")
+    (shape,) = [shape for shape in shapes.SHAPES if shape.name == "credential_word_token"]
+    assert parser.parse(shape.pattern).getwidth()[0] == engine.ADJACENT_TOKEN
+    assert f"{{{engine.ADJACENT_TOKEN}}}" in engine._adjacent_finder(("key",)).pattern
+
+
 def test_no_pattern_matches_fewer_characters_than_the_length_short_cut() -> None:
+    # A `nearby` shape's match follows one of its words on the line: the text holds both.
     parser: Any = importlib.import_module("re._parser")
     for step in ALL_PASSES:
-        assert parser.parse(step.source).getwidth()[0] >= SHORTEST_MATCH, step.name
+        word = min(map(len, step.nearby.words)) if step.nearby is not None else 0
+        assert parser.parse(step.source).getwidth()[0] + word >= SHORTEST_MATCH, step.name
 
 
 def _redact_ungated(text: str, extras: tuple[str, ...] = ()) -> str:
@@ -616,6 +748,7 @@ def corpus_texts(samples: list[Sample]) -> st.SearchStrategy[_Case]:
     """Texts mixing corpus samples, log-like and arbitrary text; with the samples' extras."""
     part: st.SearchStrategy[_Case] = st.one_of(
         st.sampled_from(samples).map(lambda s: (s.text, s.extra_secrets)),
+        st.sampled_from(NEGATIVES).map(lambda t: (t, ())),  # placeholders among them
         _ANY_TEXT.map(lambda t: (t, ())),
         _LOG_TEXT.map(lambda t: (t, ())),
         _GLUE.map(lambda t: (t, ())),
@@ -646,8 +779,9 @@ def _redact_kept(text: str, extras: tuple[str, ...]) -> str:
 def check_against_reference(text: str, extras: tuple[str, ...], data: st.DataObject) -> None:
     """New ⊇ reference always; new == reference when no added shape masks anything (in
     the text, or for a tail in context + tail). Also after a cut, with any context. Both
-    read modulo `_escapes_kept`: masks never break an escape."""
-    new, old = _redact_kept(text, extras), _escapes_kept(reference.redact(text, extras))
+    read modulo `_escapes_kept`: masks never break an escape; and the reference keeps a
+    header's placeholder as the redactor does (`_reference_mask`)."""
+    new, old = _redact_kept(text, extras), _escapes_kept(reference_redact(text, extras))
     assert masks_at_least(new, old), (text, new, old)
     if adds_nothing(text, extras):
         assert new == old
@@ -655,7 +789,7 @@ def check_against_reference(text: str, extras: tuple[str, ...], data: st.DataObj
     start = data.draw(st.integers(min_value=0, max_value=cut), label="context start")
     tail, context = text[cut:], text[start:cut]
     new = _escapes_kept(redact_tail(tail, context, extras))
-    old = _escapes_kept(reference.redact_tail(tail, context, extras))
+    old = _escapes_kept(reference_redact_tail(tail, context, extras))
     assert masks_at_least(new, old), (tail, context, new, old)
     if adds_nothing(context + tail, extras):
         assert new == old, (tail, context)
@@ -823,7 +957,9 @@ def test_a_long_text_dense_with_credentials_is_redacted_as_its_lines() -> None:
         for sample in SAMPLES
         if not sample.extra_secrets and "PRIVATE KEY" not in sample.text
     ]
-    lines += ["api_key=abc", "token: x y", '"password": "p4ss"', "no secret here"]
+    # Named values, often enough that the text is dense with names whatever else the
+    # corpus holds.
+    lines += ["api_key=abc", "token: x y", '"password": "p4ss"', "no secret here"] * 16
     lines = [line if line.endswith("\n") else line + "\n" for line in lines]
     text_lines = lines * (5 * engine.DENSE_SAMPLE // len("".join(lines)) + 1)
     text = "".join(text_lines)
@@ -1198,6 +1334,9 @@ def _calls(run: Callable[[], object]) -> int:
         return trace_lines
 
     tracing, profiling = sys.gettrace(), sys.getprofile()  # a coverage tool's, say
+    # No collection meanwhile: the finalizers of what earlier tests left would count.
+    collecting = gc.isenabled()
+    gc.disable()
     sys.setprofile(profile)
     sys.settrace(trace_lines)
     try:
@@ -1205,6 +1344,8 @@ def _calls(run: Callable[[], object]) -> int:
     finally:
         sys.settrace(tracing)
         sys.setprofile(profiling)
+        if collecting:
+            gc.enable()
     return count
 
 
@@ -1216,11 +1357,16 @@ def _redactions(text: str) -> list[Callable[[], object]]:
 
 
 def _calls_per_size(head: str, unit: str, sizes: tuple[int, ...]) -> list[list[int]]:
-    """Per redaction (`redact`, `redact_tail`), the calls it makes at each size."""
-    for warm_up in _redactions(adversarial(head, unit, sizes[0])):
-        warm_up()  # patterns compiled and caches filled: what every later text finds
-    texts = [adversarial(head, unit, size) for size in sizes]
-    by_size = [[_calls(run) for run in _redactions(text)] for text in texts]
+    """Per redaction (`redact`, `redact_tail`), the calls it makes at each size. Each text
+    is redacted once before its calls are counted: patterns compiled and caches filled,
+    what every later text finds (a memory that the tests before this one filled, and that
+    starts again on the counted run, would count as the text's work)."""
+    by_size: list[list[int]] = []
+    for size in sizes:
+        runs = _redactions(adversarial(head, unit, size))
+        for warm_up in runs:
+            warm_up()
+        by_size.append([_calls(run) for run in runs])
     return [list(calls) for calls in zip(*by_size, strict=True)]
 
 

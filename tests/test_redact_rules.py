@@ -136,9 +136,10 @@ def test_every_sample_survives_a_cut_anywhere_in_its_line(engine: str) -> None:
 
 
 def test_the_kilo_401_body_still_parses_after_masking(engine: str) -> None:
-    # The vendor's hint `Authorization: Bearer YOUR_KEY).` inside a JSON string inside a
-    # JSON line: the mask keeps the backslash of the escaped closing quote.
-    hint = "Missing API key (set header Authorization: Bearer YOUR_KEY)."
+    # A vendor's hint `Authorization: Bearer <key>).` inside a JSON string inside a JSON
+    # line: the mask keeps the backslash of the escaped closing quote. (kilo's own hint
+    # says `YOUR_KEY`, a placeholder that is kept as it is: a key stands in for it.)
+    hint = "Invalid API key (set header Authorization: Bearer k3Y7v4Lu3x9Q)."
     event = {
         "type": "error",
         "error": {
@@ -152,7 +153,7 @@ def test_the_kilo_401_body_still_parses_after_masking(engine: str) -> None:
     }
     line = json.dumps(event, separators=(",", ":"))
     out = redact(line)
-    assert "YOUR_KEY" not in out
+    assert "k3Y7v4Lu3x9Q" not in out
     parsed = json.loads(out)
     assert parsed["error"]["data"]["statusCode"] == 401
     assert json.loads(parsed["error"]["data"]["responseBody"]).keys() == {"error"}
@@ -201,15 +202,23 @@ FALSE_MASKS_PER_MILLION = {
     "base64 data": 0.0,
     "paths": 0.0,
 }
+# docs/ changes with the code, so its false masks are held as a rate: at most the 6 in its
+# 2,368 lines measured when issue #44's rules came (9 before them: `Authorization: Bearer
+# TOKEN` and two more placeholders, kept since; the 6 are `--add-token FILE` three times,
+# `token: 401`, `credential=)` and `token: the token` in prose).
+DOCS_FALSE_MASKS = (6, 2368)
 
 
 def test_clean_output_stays_readable(engine: str) -> None:
-    found = {}
-    for kind, text in clean_corpus().items():
-        masks = redact(text).count(REDACTED) - text.count(REDACTED)
-        found[kind] = masks * 1e6 / max(len(text), 1)
+    corpus = clean_corpus()
+    found = {
+        kind: redact(text).count(REDACTED) - text.count(REDACTED) for kind, text in corpus.items()
+    }
     for kind, bound in FALSE_MASKS_PER_MILLION.items():
-        assert found[kind] <= bound, (kind, found[kind])
+        rate = found[kind] * 1e6 / max(len(corpus[kind]), 1)
+        assert rate <= bound, (kind, found[kind], rate)
+    masks, lines = DOCS_FALSE_MASKS
+    assert found["docs"] * lines <= masks * (corpus["docs"].count("\n") + 1), found["docs"]
 
 
 def test_the_documented_record_example_loads() -> None:

@@ -1,6 +1,7 @@
 """Every corpus credential, pushed through each place execkit prints or stores text.
 
-Sinks: `execkit run --json` (argv, stderr tail, class and evidence), `execkit classify
+Sinks: `execkit run --json` (argv, stderr tail, class and evidence; a command line of
+issue #44's attacks split across the argv, as a shell splits it), `execkit classify
 --json` (evidence), `execkit run --adapter generic --json` (the proof's output and error),
 a dispatcher pass (events, logs, and the raw bytes of the SQLite ledger and its -wal
 file), `execkit run finish RUN failed --reason` (the raw ledger bytes) and error messages
@@ -18,13 +19,14 @@ import io
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from _support import REPO
-from secrets_corpus import SAMPLES, Sample, leaked
+from secrets_corpus import ATTACKS, SAMPLES, Sample, leaked
 
 from execkit._classify import FailureClass
 from execkit.cli import main
@@ -112,6 +114,21 @@ def test_execkit_run_adapter_generic_masks_the_proof(
     proof = json.loads(out)
     assert proof["error" if exit_code else "output"], proof
     assert not leaks(sample, out), proof
+
+
+# The command lines of issue #44's attacks, as the argv a process is started with: each
+# argument alone may look like nothing (`-pS3cret`, `bob:S3cret`).
+_COMMAND_LINES = [sample for sample in ATTACKS if " -" in sample.text and "{" not in sample.text]
+
+
+@pytest.mark.parametrize("sample", _COMMAND_LINES, ids=[s.name for s in _COMMAND_LINES])
+def test_execkit_run_json_masks_a_password_split_across_the_argv(
+    sample: Sample, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--json", "--", "sh", "-c", "exit 1", *shlex.split(sample.text)]
+    code, out = _run_cli(sample, argv, monkeypatch, capsys)
+    assert code == 1
+    assert not leaks(sample, out), json.loads(out)["argv"]
 
 
 _EVERYONE = Sample(

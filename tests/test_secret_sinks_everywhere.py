@@ -7,7 +7,8 @@ output they dispatch), keys, a task id, a wrong-typed field, an unknown field na
 finish status sent to the server. The bytes: the SQLite ledger file and its -wal, the
 server's tokens file (and any other file in its directory), a `pg_dump` of a PostgreSQL
 ledger, the CLI's stdout and stderr (text and `--json`), the HTTP answers of a real
-`execkit serve` on loopback (the audit among them) and its stderr.
+`execkit serve` on loopback (the audit and the dashboard's snapshot and task pages among
+them) and its stderr.
 
 Each world is built once with every sample at once (one task, one run, one issue per
 sample), then each sample is looked for in each blob: the test for a sample names the
@@ -230,6 +231,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Blobs]:
             assert give_up == (200 if fits else 400)
         for path in ("/v1/tasks", "/v1/audit", "/v1/grants", "/v1/check"):
             assert http("GET", path)[0] == 200
+        # The dashboard's answers: its snapshot, and each task's page.
+        assert http("GET", "/dashboard/api/snapshot")[0] == 200
+        for index in range(1, len(SHAPED) + 1):
+            assert http("GET", f"/dashboard/api/tasks/t-{index}")[0] == 200
     finally:
         process.send_signal(signal.SIGINT)
         try:

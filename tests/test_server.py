@@ -224,6 +224,20 @@ def test_an_unauthenticated_call_is_401_and_changes_nothing(
     assert served.state() == before
 
 
+def test_the_401_help_names_the_header_as_written(served: Served) -> None:
+    # `Bearer TOKEN` names the credential to send and is none: every answer that says so
+    # (the API, and the front's dashboard and /metrics) says it unmasked (issue #44).
+    help_text = "send Authorization: Bearer TOKEN"
+    for sent in ({}, {"Authorization": "Basic x"}):
+        status, doc = served.call("GET", "/v1/tasks", **sent)
+        assert (status, _error(doc), doc["error"]["message"]) == (401, "unauthenticated", help_text)
+    front = TestClient(served.app.front.asgi)
+    for path in ("/dashboard/api/snapshot", "/metrics"):
+        answer = front.get(path, headers={"Authorization": "Basic x"})
+        assert answer.status_code == 401
+        assert answer.json()["error"]["message"] == help_text, path
+
+
 GATED = [
     ("/v1/tasks/t-1/attempt-limit", {"max_attempts": 9, "expected_max_attempts": 2}),
     ("/v1/tasks/t-1/retry", {"force": True}),

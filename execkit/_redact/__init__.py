@@ -2,8 +2,9 @@ r"""Mask credentials before text is stored or printed.
 
 `redact(text)` replaces every credential it recognises with `[REDACTED]`; `redact_tail`
 does the same for the kept tail of a longer output, looking at the text just before the
-cut; `redact_argv` does it per argument. A false positive loses a little debugging text, a
-false negative leaks a credential, so redaction errs towards masking.
+cut; `redact_argv` does it per argument, a flag and its value with the command line
+before them in view. A false positive loses a little debugging text, a false negative
+leaks a credential, so redaction errs towards masking.
 
 What is recognised, in three phases over the text:
 
@@ -12,16 +13,18 @@ What is recognised, in three phases over the text:
 2. The reference rules, run one after another over the output of the one before, with
    the output of the code before the coverage work (tests/_redact_reference.py holds it,
    and tests/test_redact.py checks the two agree): vendor key shapes, `Authorization:`
-   headers, `Bearer` tokens, values after secret-sounding names and flags.
+   headers, `Bearer` tokens, values after secret-sounding names and flags. One change:
+   a header's placeholder (`Bearer TOKEN`) is kept, where the reference masked it.
 3. The shapes added since, each matched against the text as phase 1 left it (so no
    earlier masking can hide one) and masked on top of phase 2's output, and the
    JSON-escaped form of each literal secret. So the output is always the reference output
-   with more spans masked, and exactly the reference output wherever phase 3 finds nothing.
+   with more spans masked, and exactly the reference output wherever phase 3 finds nothing
+   (a header's placeholder aside).
 
 The shapes of phases 2 and 3 written here, in the order of their table, `shapes.TABLE`
 (written by `record.shape_list`; tests/test_redact.py checks this list is the table's).
-After them, phase 3 holds one shape per provider key format of `rules.toml` (457 records,
-363 providers; rules.py reads and checks them, docs/formats.md describes a record):
+After them, phase 3 holds one shape per provider key format of `rules.toml` (454 records,
+364 providers; rules.py reads and checks them, docs/formats.md describes a record):
 
 - `openai_key` (phase 2, masks the match): OpenAI and Anthropic keys (`sk-`, `sk-proj-`,
   `sk-ant-`)
@@ -69,6 +72,11 @@ After them, phase 3 holds one shape per provider key format of `rules.toml` (457
 - `sendgrid_key` (phase 3, masks the match): SendGrid keys (`SG.x.y`)
 - `cookie` (phase 3, masks after group 1): `Cookie:` and `Set-Cookie:` values, to the end of
   the line
+- `authorization_header` (phase 3, masks after group 1): `Authorization:` values after a
+  scheme phase 2 does not know (`SSWS`, `ApiKey`), and after any at a line's start inside a
+  JSON string (`\nAuthorization: Basic ...`)
+- `escaped_line_bearer` (phase 3, masks after group 1): a `Bearer <token>` at a line's start
+  inside a JSON string (`\nBearer ...`)
 - `secret_name_pass` (phase 3, masks after group 1): values named `...pass` in any syntax
   (`KEY=`, `"key":`, `key: `, `=>`)
 - `secret_name_pwd` (phase 3, masks after group 1): values named `...pwd` in any syntax
@@ -97,12 +105,37 @@ After them, phase 3 holds one shape per provider key format of `rules.toml` (457
   `host:port:database:user:password`
 - `putty_private_key` (phase 3, masks after group 1): PuTTY private keys: the
   `Private-Lines` body and its `Private-MAC`
-- `credential_word_token` (phase 3, masks the match): a long random token (both cases, a
-  digit, distinct characters) after a credential word
+- `credential_word_token` (phase 3, masks the match): a random token (a digit, distinct
+  characters; both cases, or hex/base32 in one) right after a credential word
+- `password_flag_after_user` (phase 3, masks after group 1): a password after `-p` (glued or
+  not) following `-u USER` or `--user USER`
+- `password_flag_p` (phase 3, masks the match): a password after `-p` (glued or not) on a
+  line naming `mysql`, `mariadb`, `sshpass`, `login`, `mongo`, `twine`
+- `password_flag_p_upper` (phase 3, masks the match): a password after `-P` (glued or not)
+  on a line naming `sqlcmd`, `bcp`, `osql`, `zip`
+- `seven_zip_password` (phase 3, masks after group 1): 7-Zip's password, glued to its `-p`
+  (`7z x a.7z -pS3cret`)
+- `password_flag_a` (phase 3, masks the match): a password after `-a` (glued or not) on a
+  line naming `redis`
+- `password_flag_w` (phase 3, masks the match): a password after `-w` (glued or not) on a
+  line naming `ldap`
+- `pass_flag` (phase 3, masks after group 1): `--pass`, `--passphrase`, `--pw`,
+  `-storepass`, `-keypass`... and their value
+- `user_password_flag` (phase 3, masks after group 1): `user:password` after `-u`, `-U`,
+  `-a`, `-A`, `--user`, `--proxy-user`, `--auth` (curl, httpie; `user%password` for
+  smbclient)
 
 Left alone on purpose: git SHAs and sha256 digests (hex has no upper and lower case mix,
-so it is never an AWS secret), UUIDs, `max_tokens=4096`, `token_count=5` (the secret word
-must END the name), base64 data without a key context, certificates and public keys.
+so it is never an AWS secret; right after a credential word, `api_token 3f9a...`, it is a
+token), UUIDs, `max_tokens=4096`, `token_count=5` (the secret word must END the name),
+base64 data without a key context, certificates and public keys; and a placeholder where
+a header's credential goes (`Authorization: Bearer TOKEN`, `$API_KEY`, `<token>`: the
+shapes marked `placeholders`, engine.is_placeholder), which the reference masked.
+
+A key's prefix is its start where it stands after a blank or punctuation; a distinctive
+one inside a longer word too (rules.py: `k33-hvs.…`; one with `_` or `-` never after a
+letter, where a kebab-case name runs into it). A dotted family's key may hold more
+dot-separated parts (`dp.st.<config>.…`, `sk.eyJ….<signature>`).
 
 Engines. Which passes run on a text is decided by its anchors (gate.py): under the
 compiled engine (scan.py, when Hyperscan loads) one scan finds every anchor; under the

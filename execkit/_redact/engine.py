@@ -64,6 +64,7 @@ __all__ = [
     "escaped_forms",
     "extra_spans",
     "find_spans",
+    "is_placeholder",
     "keep_escapes",
     "line_reach",
     "matches_from",
@@ -127,6 +128,7 @@ class Pass:
         "named",
         "nearby",
         "phase",
+        "placeholders",
         "reads_fold",
         "shapes",
         "source",
@@ -163,6 +165,7 @@ class Pass:
         self.groups = anchor_ids(self.anchors)
         self.masks = tuple(sum(1 << anchor for anchor in group) for group in self.groups)
         self.span = _SPANS[first.masked]
+        self.placeholders = first.placeholders  # a placeholder value is kept (is_placeholder)
 
     @property
     def pattern(self) -> re.Pattern[str]:
@@ -181,7 +184,9 @@ def _check_alike(name: str, shapes: tuple[Shape, ...]) -> None:
     """An alternation's shapes run as one pattern: they must agree on all but it."""
     first = shapes[0]
     for shape in shapes[1:]:
-        for fact in ("phase", "masked", "folded", "search", "nearby", "crosses_lines"):
+        for fact in (
+            "phase", "masked", "folded", "search", "nearby", "crosses_lines", "placeholders",
+        ):  # fmt: skip
             if getattr(shape, fact) != getattr(first, fact):
                 raise ValueError(f"alternation {name}: {shape.name} differs in {fact}")
     if len(shapes) > 1 and any(len(shape.anchors) != 1 for shape in shapes):
@@ -342,7 +347,7 @@ def extra_spans(text: str, gate: Gate, secrets: Sequence[str]) -> SpanList:
             # Every match opens with `literal`: it is tried only where that occurs.
             where = starts.get(literal, [])
             spans = _spans_of(step, matches_from(step.pattern, text, where)) if where else []
-            found_spans.extend(_kept(text, spans))
+            found_spans.extend(_kept(text, _real(step, text, spans)))
         else:
             regions = _regions_of(step, text, gate)
             if regions is None:
@@ -540,6 +545,58 @@ def keep_escapes(text: str, spans: SpanList) -> SpanList:
 
 
 def _find_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
+    return _real(step, text, _all_spans(step, text, low, gate))
+
+
+# A placeholder where a header's credential goes: an upper-case name that says what goes
+# there (`TOKEN`, `YOUR_API_KEY`), a variable (`$TOKEN`, `${API_KEY}`, `$env:TOKEN`,
+# `%TOKEN%`, `{{token}}`), a name in angle brackets (`<token>`), filler (`xxxx`, `***`,
+# `...`), or the scheme's word alone (`Authorization: Bearer` with nothing after it); the
+# sentence's or the markdown's closing `)`, `.`, `:` or backquote may follow. No key a
+# vendor issues reads so: upper-case letters only, or a variable's name in one case.
+_PLACEHOLDER = re.compile(
+    r"(?:(?=[A-Z_\-]{0,36}(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|JWT|PAT))"
+    r"[A-Z][A-Z_\-]{0,39}"
+    r"|\$\{?(?:env:)?(?:[A-Z_][A-Z0-9_]{0,63}|[a-z_][a-z0-9_]{0,63})\}?"
+    r"|%[A-Za-z_][A-Za-z0-9_]{0,63}%|\{\{[A-Za-z_.][A-Za-z0-9_.]{0,63}\}\}"
+    r"|<[A-Za-z][A-Za-z0-9_\-]{0,38}>|x{3,64}|X{3,64}|\*{3,64}|\.{3}|\u2026"
+    r"|(?i:bearer|basic|token|bot))[).:`]{0,3}"
+)
+_PLACEHOLDER_MAX = 74  # the longest text `_PLACEHOLDER` matches
+# The characters a placeholder opens with.
+_PLACEHOLDER_STARTS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ$%{<x*.\u2026bt")
+
+
+def is_placeholder(value: str) -> bool:
+    """Whether `value`, a credential's place in a header, holds a placeholder
+    (`_PLACEHOLDER`) instead of a credential."""
+    return len(value) <= _PLACEHOLDER_MAX and _PLACEHOLDER.fullmatch(value) is not None
+
+
+def _real(step: Pass, text: str, found: SpanList) -> SpanList:
+    """`found` without the spans whose masked part of `text` is a placeholder, for a pass
+    whose shapes keep them (`Shape.placeholders`). A masked part that ends on the
+    backslash of an escaped quote (`\\"`, a JSON string's end) is read without it."""
+    if not step.placeholders or not found:
+        return found
+    # Most values open with a character no placeholder does: one look at it decides.
+    opens = _PLACEHOLDER_STARTS
+    return [
+        span
+        for span in found
+        if text[span[2]] not in opens or not _placeholder_at(text, span[2], span[3])
+    ]
+
+
+def _placeholder_at(text: str, start: int, end: int) -> bool:
+    if end - start > _PLACEHOLDER_MAX + 1:
+        return False
+    if text[end - 1 : end] == "\\" and text[end : end + 1] in _QUOTES:
+        end -= 1
+    return is_placeholder(text[start:end])
+
+
+def _all_spans(step: Pass, text: str, low: str, gate: Gate | None = None) -> SpanList:
     if step.nearby is not None:
         return _nearby_spans(step, step.nearby, text, low)
     subject = low if step.folded else text
@@ -709,22 +766,31 @@ def _near_a_word(match: re.Match[str], nearby: Nearby, wording: re.Pattern[str])
     return wording.search(window) is not None
 
 
+# The fewest characters of a token after a credential word (`adjacent`): the shape's
+# pattern asks for as many (tests/test_redact.py checks the two agree).
+ADJACENT_TOKEN = 16
+
+
 @functools.cache
 def _adjacent_finder(words: tuple[str, ...]) -> re.Pattern[str]:
     # In the fold: a word where a name starts (at the start, after a blank, a quote, `_`,
-    # `-`, `.`, `$`, `,`, a bracket or a backslash: `apikey` is left to the named rules, and
-    # random text holds few), the rest of its name, separators; a token may start where this
-    # ends (one scan in C: a word with no token after it costs no Python call).
+    # `-`, `.`, `$`, `,`, a bracket or a backslash, or after an escape's `\n`, `\r`, `\t`:
+    # `apikey` is left to the named rules, and random text holds few), the rest of its
+    # name, separators, maybe `is`/`was`/`now`; a token may start where this ends (one scan
+    # in C: a word with no token after it costs no Python call).
     return re.compile(
         "(?:"
         + "|".join(
             f"{re.escape(word)}(?:(?<=[\\s\"'_.\\-$,(\\[{{\\\\]{re.escape(word)})"
-            f"|(?<![\\s\\S]{re.escape(word)}))"
+            f"|(?<=\\\\[nrt]{re.escape(word)})|(?<![\\s\\S]{re.escape(word)}))"
             for word in words
         )
         + ")"
         "[a-z0-9_.\\-]{0,32}+"
-        "[ \\t\"'`:=,>()\\\\]{1,8}+(?=[a-z0-9+/_\\-]{20})"
+        "[ \\t\"'`:=,>()\\\\]{1,8}+"
+        # `token is ...`, `password was ...`: a verb between the name and its value.
+        "(?:(?:is|was|now)[ \\t]{1,4}+)?+"
+        f"(?=[a-z0-9+/_\\-]{{{ADJACENT_TOKEN}}})"
     )
 
 
@@ -753,7 +819,13 @@ def _token_counts(token: str, nearby: Nearby) -> bool:
     """The checks of a token's own characters (cases, digit, distinct characters), each a
     call or two into C: on a text with a credential on every line this runs per line."""
     if nearby.both_cases and (token.lower() == token or token.upper() == token):
-        return False
+        # One case: a hex, base32 or base36 key counts where the shape lets it (letters
+        # and digits only, a letter, half its length in distinct characters, 8 at most).
+        if not (nearby.one_case and token.isalnum() and not token.isdigit()):
+            return False
+        if nearby.digit and _DIGIT.search(token) is None:
+            return False
+        return len(set(token)) >= min(8, len(token) // 2)
     if nearby.digit and _DIGIT.search(token) is None:
         return False
     return not (nearby.distinct and len(set(token)) < min(16, len(token) // 2))

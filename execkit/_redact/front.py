@@ -73,18 +73,41 @@ def redact_tail(tail: str, context: str, extra_secrets: Iterable[str] = ()) -> s
     return _cut_tail()(tail, context, secrets)
 
 
+# How much of the command line before an argument `redact_argv` reads with it.
+_ARGV_CONTEXT = 512
+
+
+def _in_context(item: str, before: Sequence[str], secrets: Sequence[str]) -> str:
+    """`item` redacted with the arguments `before` it in view. An argument is one value:
+    where the command line makes a part of it a credential (`-p` and a password with a
+    blank in it, which the shell's quotes kept whole), the rest of it is masked too."""
+    context = " ".join(before)[-_ARGV_CONTEXT:] + " "
+    seen = _cut_tail()(item, context, secrets)
+    if REDACTED not in seen or seen == (alone := redact_text(item, secrets)):
+        return seen
+    head = seen[: seen.index(REDACTED)]
+    return head + REDACTED if alone.startswith(head) else seen
+
+
 def redact_argv(argv: Sequence[str], extra_secrets: Iterable[str] = ()) -> tuple[str, ...]:
     """Each argument redacted, and the argument after a bare secret flag masked whole.
 
     `["--api-key", "abc"]` stores as `["--api-key", "[REDACTED]"]`: the value stands alone,
-    so no in-text pattern could see its name.
+    so no in-text pattern could see its name. A flag, and the argument after one, is
+    redacted with the command line before it in view (`redact_tail`, the arguments joined
+    by blanks): `["mysql", "-uroot", "-pS3cret"]` and `["curl", "-u", "bob:S3cret"]` store
+    their last argument as `[REDACTED]` (a match that starts before an argument masks it
+    from its start), where each argument alone looks like nothing; what the command line
+    makes a credential runs to the end of its argument.
     """
     secrets = literal_secrets(extra_secrets)
     out: list[str] = []
     mask_next = False
-    for item in argv:
+    for index, item in enumerate(argv):
         if mask_next and item:
             out.append(REDACTED)
+        elif index and item and (item[0] == "-" or argv[index - 1][:1] == "-"):
+            out.append(_in_context(item, argv[max(0, index - 16) : index], secrets))
         else:
             out.append(redact_text(item, secrets))
         mask_next = SECRET_FLAG_ITEM.fullmatch(item) is not None

@@ -128,7 +128,10 @@ class Nearby:
     at least half its length in distinct characters (16 at most): a random key has them,
     a name, a word or a path far fewer. `adjacent` asks for the
     word (with the rest of its name) to be followed by nothing but separators (quotes,
-    blanks, `:`, `=`) up to the token."""
+    blanks, `:`, `=`) up to the token. `one_case` lets a token in one case count too
+    when it is letters and digits only, with a letter and at least half its length in
+    distinct characters (8 at most): the alphabets of hex, base32 and base36 keys, where a
+    name would hold `_`, `-` or `.`."""
 
     words: tuple[str, ...] = attrs.field(validator=deep_iterable(_snake_case, min_len(1)))
     window: int = attrs.field(validator=instance_of(int))
@@ -137,6 +140,7 @@ class Nearby:
     digit: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
     adjacent: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
     distinct: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+    one_case: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
 
 
 def _example_marks_one_span(_inst: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -162,6 +166,9 @@ class Shape:
     - `alternation`: shapes that share one (adjacent in the table, one anchor group each)
       run as one pattern, their sources `|`-joined in table order, tried as `re` tries an
       alternation at each position.
+    - `placeholders`: a masked part that is a placeholder (`TOKEN`, `<token>`, `$API_KEY`:
+      engine.is_placeholder) is kept: it names a credential and is none. For the header
+      rules, whose values documentation and help texts write so.
     - `example`: the shape as a tool prints it; «» marks what is masked, and `{alnum:24}`
       stands for 24 characters of an alphabet (`example_of`), so that no credential-shaped
       literal is written here.
@@ -184,6 +191,7 @@ class Shape:
     alternation: str | None = attrs.field(
         default=None, kw_only=True, validator=optional(_snake_case)
     )
+    placeholders: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
 
 
 def opening_literal(source: str) -> str:

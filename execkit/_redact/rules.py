@@ -208,6 +208,45 @@ def _after_boundary(literal: str, before: str = "A-Za-z0-9") -> str:
     )
 
 
+# base64url's alphabet: what random data and names are made of.
+_URLSAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _may_not_follow(prefix: str, charset: str) -> str | None:
+    """The characters (a `re` class body) a prefix's key may not follow; None when it may
+    follow any, inside a longer word (`k33-hvs.…`).
+
+    A prefix that opens with a letter or digit is a key's start only where no longer
+    token runs into it: base64url data and names hold any short prefix. A distinctive one
+    is a key's start wherever it is: one of four characters or more holding a character
+    no base64url run or name holds (`hvs.`, `ya29.`, `dp.st.`) follows anything; one of
+    five or more holding `_` or `-` (`glpat-`, `github_pat_`) follows anything but a
+    letter (where a kebab- or snake-case name, `task-proj-…`, could run into it), and one
+    of four with a key that is not hex (`ghp_`, `npm_`; `cache_key_<digest>` is no key)
+    follows `-`, `_` or `+` too."""
+    if not prefix[0].isalnum():
+        return None
+    if len(prefix) >= 4 and not set(prefix) <= _URLSAFE:
+        return None
+    if not prefix.isalnum():
+        if len(prefix) >= 5:
+            return "A-Za-z"
+        if len(prefix) == 4 and charset not in _HEX:
+            return "A-Za-z0-9"
+    return "A-Za-z0-9+_\\-"
+
+
+_HEX = frozenset({"hex", "hexany"})
+# A dotted family's key may hold more dot-separated parts: up to three short ones after
+# the prefix (Doppler's `dp.st.<config>.`, Dropbox's `sl.u.`, Google's `ya29.c.`) and any
+# after the body (Mapbox's `.signature`, a Vault namespace's `.id`).
+_SEGMENT = "[A-Za-z0-9_\\-]"
+
+
+def _dotted(body: str) -> str:
+    return f"(?:{_SEGMENT}{{1,32}}+\\.){{0,3}}+{body}(?:\\.{_SEGMENT}{{2,}}+)*+"
+
+
 _ESCAPE = re.compile(r"\\.")
 _CLASS = re.compile(r"\[\^?\]?[^\]]*\]")
 _QUANTIFIER = re.compile(r"[*+{]|(?<!\()\?")
@@ -264,13 +303,15 @@ def shape_of(rule: Rule) -> Shape:
     if rule.prefix is not None:
         assert rule.charset is not None and rule.length is not None
         literal = re.escape(rule.prefix)
-        boundary = rule.prefix[0].isalnum()
+        before = _may_not_follow(rule.prefix, rule.charset)
+        boundary = before is not None
         cls, filler = CHARSETS[rule.charset]
-        # Not inside a longer token either (base64url data and names hold any prefix); a
-        # `/` may come before a key (a URL's path), rarely a prefix in base64 data.
-        after = _after_boundary(literal, "A-Za-z0-9+_\\-") if boundary else ""
+        after = _after_boundary(literal, before) if before is not None else ""
         padding = "={0,2}+" if rule.charset == "b64" else ""
-        pattern = f"{literal}{after}[{cls}]{{{rule.length},}}+{padding}"
+        body = f"[{cls}]{{{rule.length},}}+{padding}"
+        if "." in rule.prefix:
+            body = _dotted(body)
+        pattern = f"{literal}{after}{body}"
         return Shape(
             rule.id,
             label,

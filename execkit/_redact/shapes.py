@@ -70,6 +70,55 @@ _NAME_SEP = r"(?:\\{0,3}[\"'])?[ \t]{0,8}(?:=>|[:=])[ \t]{0,8}(?:\\{0,3}[\"'])?"
 _BARE = r"[^\s\"'`,;&\\<>{}()\[\]|]"
 
 
+def _word_start(word: str) -> str:
+    """`word` where a name starts: not after a letter, a digit or `_`, unless that one ends
+    an escape (`\\n`, `\\r`, `\\t`: a header line inside a JSON string). The look-behinds
+    come after the literal, so the engine skips ahead to it."""
+    return rf"{word}(?:(?<!\w{word})|(?<=\\[nrt]{word}))"
+
+
+# An `Authorization` header's separator (its quotes escaped or not), and a scheme's word.
+_AUTH_SEP = r"(?:\\{0,3}[\"'])?[ \t]{0,8}[:=][ \t]{0,8}(?:\\{0,3}[\"'])?"
+_SCHEME = r"(?:[a-z][a-z0-9_.\-]{0,31}+[ \t]{1,8}+(?=[^\s\"'`,;\\]))"
+
+
+# A command line's value after a flag: in single quotes (to the closing one, blanks and
+# all), in double quotes (escaped or not: `-p\"v\"` inside a JSON string), or bare (to a
+# blank, a quote, a backslash or a shell operator; never another flag, nor a port's
+# number). Four characters at least, two inside quotes: a shorter one protects nothing
+# worth the false masks.
+_ARG = r"[^\s\"'`\\;|&<>(){}]"  # a character of a bare value
+_FLAG_VALUE = (
+    r"(?:'[^'\r\n]{2,128}+'|\\{0,3}\"[^\"\\\r\n]{2,128}+\\{0,3}\""
+    rf"|(?![-'\"\\])(?![0-9]{{1,5}}+(?!{_ARG})){_ARG}{{4,128}}+)"
+)
+# A value whose opening quote, if any, ends the pattern's group 1 (read by a look-behind).
+_QUOTED_VALUE = (
+    r"(?:(?<=')[^'\r\n]{2,128}+|(?<=\")[^\"\\\r\n]{2,128}+"
+    rf"|(?<![\"'])(?!-){_ARG}{{4,128}}+)"
+)
+# A command line's word that is no flag (a user's name, an option's value).
+_WORD = r"(?![-\"'\\])[^\s\"'\\]{1,64}+"
+# Where a command-line flag starts: at the start, after a blank, a quote or `=`.
+_FLAG_START = r"-(?<![^\s\"'=]-)"
+
+
+def _tool_password_flag(flag: str, words: tuple[str, ...], example: str) -> Shape:
+    """A password given to `-flag` (glued, `-pS3cret`, or after a blank) on a line that
+    names one of `words` (the tools whose `-flag` takes a password) before it."""
+    return Shape(
+        f"password_flag_{flag.lower()}{'_upper' if flag.isupper() else ''}",
+        f"a password after `-{flag}` (glued or not) on a line naming "
+        + ", ".join(f"`{word}`" for word in words),
+        Phase.ADDED,
+        rf"(?:(?<=[\s\"'=]-{flag})|(?<=[\s\"']-{flag}[ \t])){_FLAG_VALUE}",
+        anchors=(folded(*words),),
+        boundary=True,
+        nearby=Nearby(words, window=120, longest=136, both_cases=False),
+        example=example,
+    )
+
+
 def _value(least: int, *, digit: bool = False, base64: bool = False) -> str:
     """A secret-named value of at least `least` characters; with `digit` (a weak name:
     `*_key`, `sig`), one that holds a digit or `+/=`; with `base64` too (`auth`), or one of
@@ -103,7 +152,12 @@ def _named(word: str, name: str, after: str, value: str, example: str) -> Shape:
 
 
 # A credential word before a long random token on its line (phase 3, `nearby`).
-_CREDENTIAL_WORDS = ("key", "token", "secret", "passw", "auth", "credential", "sig", "pwd")
+_CREDENTIAL_WORDS = (
+    *("key", "token", "secret", "passw", "auth", "credential", "sig", "pwd"),
+    # Names written as one word, where the credential word does not start the name.
+    *("apikey", "apitoken", "accesstoken", "accesskey", "clientsecret", "sessiontoken"),
+    "refreshtoken",
+)
 _URL_SECRET_PARAMS = (
     "sig|signature|token|access_token|refresh_token|id_token|key|apikey|api_key|secret"
     "|client_secret|password|passwd|pwd|pass|auth|x-amz-signature|x-amz-security-token"
@@ -212,6 +266,7 @@ SHAPES: tuple[Shape, ...] = (
         masked=Masked.AFTER_GROUP_1,
         folded=True,
         boundary=True,
+        placeholders=True,
         example="curl -H 'Authorization: Basic «{b64:24}»' https://x",
     ),
     Shape(
@@ -223,6 +278,7 @@ SHAPES: tuple[Shape, ...] = (
         masked=Masked.AFTER_GROUP_1,
         folded=True,
         boundary=True,
+        placeholders=True,
         example="retrying request with bearer «{alnum:32}» after 401",
     ),
     Shape(
@@ -278,6 +334,7 @@ SHAPES: tuple[Shape, ...] = (
         masked=Masked.AFTER_GROUP_1,
         folded=True,
         boundary=True,
+        placeholders=True,
         example='{"headers": "{\\"Authorization\\": \\"Bearer «{alnum:32}»\\"}"}',
     ),
     Shape(
@@ -349,8 +406,8 @@ SHAPES: tuple[Shape, ...] = (
         "azure_key",
         "Azure `AccountKey=`, `SharedAccessKey=`, `SharedAccessSignature=` values",
         Phase.ADDED,
-        r"((?:accountkey(?<!\waccountkey)|sharedaccesskey(?<!\wsharedaccesskey)"
-        r"|sharedaccesssignature(?<!\wsharedaccesssignature))[ \t]{0,8}=[ \t]{0,8})"
+        rf"((?:{_word_start('accountkey')}|{_word_start('sharedaccesskey')}"
+        rf"|{_word_start('sharedaccesssignature')})[ \t]{{0,8}}=[ \t]{{0,8}})"
         r"[^\s;\"'<>]+",
         anchors=(exact("="), folded("accountkey", "sharedaccess")),
         masked=Masked.AFTER_GROUP_1,
@@ -433,7 +490,7 @@ SHAPES: tuple[Shape, ...] = (
         "cookie",
         "`Cookie:` and `Set-Cookie:` values, to the end of the line",
         Phase.ADDED,
-        r"((?:set-cookie(?<!\wset-cookie)|cookie(?<!\wcookie))(?:\\?[\"'])?"
+        rf"((?:{_word_start('set-cookie')}|{_word_start('cookie')})(?:\\?[\"'])?"
         r"[ \t]{0,8}[:=][ \t]{0,8}(?:\\?[\"'])?)[^\r\n\"\\]+",
         anchors=(folded("cookie"), _ASSIGN),
         masked=Masked.AFTER_GROUP_1,
@@ -441,25 +498,54 @@ SHAPES: tuple[Shape, ...] = (
         boundary=True,
         example="> Cookie: «session={hex:32}; theme=dark»\n< HTTP/1.1 200",
     ),
+    Shape(
+        "authorization_header",
+        "`Authorization:` values after a scheme phase 2 does not know (`SSWS`, `ApiKey`), and "
+        "after any at a line's start inside a JSON string (`\\nAuthorization: Basic ...`)",
+        Phase.ADDED,
+        rf"(authorization(?:(?<=\\[nrt]authorization){_AUTH_SEP}{_SCHEME}?"
+        rf"|(?<!\wauthorization){_AUTH_SEP}(?!(?:bearer|basic|token|bot)[ \t]){_SCHEME}))"
+        r"[^\s\"'`,;\\]++",
+        anchors=(folded("authorization"), _ASSIGN),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        boundary=True,
+        placeholders=True,
+        example='{"request": "GET / HTTP/1.1\\nAuthorization: SSWS «{urlsafe:42}»\\n"}',
+    ),
+    Shape(
+        "escaped_line_bearer",
+        "a `Bearer <token>` at a line's start inside a JSON string (`\\nBearer ...`)",
+        Phase.ADDED,
+        r"(bearer(?<=\\[nrt]bearer)[ \t]{1,8}+)[a-z0-9\-._~+/]{8,}+=*+",
+        anchors=(folded("bearer"),),
+        masked=Masked.AFTER_GROUP_1,
+        folded=True,
+        search=Search.LEAD,
+        boundary=True,
+        placeholders=True,
+        example='{"log": "retrying\\nBearer «{alnum:32}»\\n"}',
+    ),
     # Shape-free rules: what no provider list names.
     _named(
         "pass",
         "secret_name_pass",
-        r"(?<![a-z]pass)(?:word|wd|phrase)?",
+        r"(?:(?<![a-z]pass)|(?<=\\[nrt]pass))(?:word|wd|phrase)?",
         _value(6),
         "export DB_PASS=«{alnum:14}»",
     ),
     _named(
         "pwd",
         "secret_name_pwd",
-        r"(?<=[_.;\"' \t-]pwd)(?!=/)",
+        r"(?:(?<=[_.;\"' \t-]pwd)|(?<=\\[nrt]pwd))(?!=/)",
         _value(6),
         "Server=db;User Id=app;Pwd=«{alnum:14}»;",
     ),
     _named(
         "auth",
         "secret_name_auth",
-        r"(?<![a-z]auth)",
+        r"(?:(?<![a-z]auth)|(?<=\\[nrt]auth))",
         _value(8, digit=True, base64=True),
         '{"auths": {"registry.example.com": {"auth": "«{b64:24}»"}}}',
     ),
@@ -473,14 +559,14 @@ SHAPES: tuple[Shape, ...] = (
     _named(
         "sig",
         "secret_name_sig",
-        r"(?<![a-z]sig)(?:nature)?",
+        r"(?:(?<![a-z]sig)|(?<=\\[nrt]sig))(?:nature)?",
         _value(8, digit=True),
         "webhook signature=«{hex:64}»",
     ),
     _named(
         "dsn",
         "secret_name_dsn",
-        r"(?<![a-z]dsn)",
+        r"(?:(?<![a-z]dsn)|(?<=\\[nrt]dsn))",
         _value(8),
         "SENTRY_DSN=«https://{hex:32}@o1.ingest.sentry.io/42»",
     ),
@@ -550,16 +636,97 @@ SHAPES: tuple[Shape, ...] = (
     ),
     Shape(
         "credential_word_token",
-        "a long random token (both cases, a digit, distinct characters) after a credential word",
+        "a random token (a digit, distinct characters; both cases, or hex/base32 in one) "
+        "right after a credential word",
         Phase.ADDED,
-        r"(?:(?<![A-Za-z0-9+/_\-])|(?<=\\[nrt]))(?!/)[A-Za-z0-9+/_\-]{20,200}+={0,2}+"
+        r"(?:(?<![A-Za-z0-9+/_\-])|(?<=\\[nrt]))(?!/)[A-Za-z0-9+/_\-]{16,200}+={0,2}+"
         r"(?![A-Za-z0-9+/_=\-])",
         anchors=(folded(*_CREDENTIAL_WORDS),),
         boundary=True,
         nearby=Nearby(
-            _CREDENTIAL_WORDS, window=48, longest=202, digit=True, distinct=True, adjacent=True
+            _CREDENTIAL_WORDS,
+            window=48,
+            longest=202,
+            digit=True,
+            distinct=True,
+            adjacent=True,
+            one_case=True,
         ),
-        example="signing credential: «{alnum:32}» (rotate it)",
+        example="auth token «{hex:40}» (rotate it)",
+    ),
+    # Passwords and user:password pairs on a command line (a logged command, an argv).
+    Shape(
+        "password_flag_after_user",
+        "a password after `-p` (glued or not) following `-u USER` or `--user USER`",
+        Phase.ADDED,
+        rf"({_FLAG_START}(?:u[ \t]{{0,8}}+|-user(?:=|[ \t]{{1,8}}+)){_WORD}"
+        # Options between the two (not `-p...`; `-P 3306` is one), each maybe with a value.
+        r"(?:[ \t]{1,8}+-{1,2}[A-Za-oq-z][^\s\"'\\]{0,64}+"
+        rf"(?:[ \t]{{1,8}}+{_WORD})?+){{0,4}}+"
+        # `-p VALUE` (a blank between) unless VALUE is a port or a list of numbers.
+        r"[ \t]{1,8}+-p(?:[ \t]{1,8}+(?![0-9\[][0-9.:,\[\]]{0,48}+"
+        r"(?:/[a-z]{3,4}+)?+(?![^\s\"'\\])))?+)" + _FLAG_VALUE,
+        anchors=(exact("-u"), exact("-p")),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        boundary=True,
+        example="dbtool -uops -p«{alnum:14}» --migrate",
+    ),
+    _tool_password_flag(
+        "p",
+        ("mysql", "mariadb", "sshpass", "login", "mongo", "twine"),
+        "sshpass -p«{alnum:14}» ssh deploy@host",
+    ),
+    _tool_password_flag("P", ("sqlcmd", "bcp", "osql", "zip"), "sqlcmd -U sa -P«{alnum:14}»"),
+    Shape(
+        # Not a `nearby` word: `7z` is in random text every few KiB, where a pattern that
+        # opens with it fails in C but a word's search costs Python calls.
+        "seven_zip_password",
+        "7-Zip's password, glued to its `-p` (`7z x a.7z -pS3cret`)",
+        Phase.ADDED,
+        r"(7z(?<![A-Za-z0-9]7z)[ar]?(?:[ \t]++(?!-p)[^\s;|&]{1,256}+){0,16}+[ \t]++-p)"
+        + _FLAG_VALUE,
+        anchors=(exact("7z"), exact("-p")),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        boundary=True,
+        example="7z x backup.7z -p«{alnum:14}» -o/tmp/restore",
+    ),
+    _tool_password_flag("a", ("redis",), "redis-cli -h cache -a «{alnum:14}» ping"),
+    _tool_password_flag("w", ("ldap",), "ldapsearch -D cn=admin -w «{alnum:14}» -b dc=x"),
+    Shape(
+        "pass_flag",
+        "`--pass`, `--passphrase`, `--pw`, `-storepass`, `-keypass`... and their value",
+        Phase.ADDED,
+        rf"({_FLAG_START}-?(?:(?:src|dest)?(?:store|key)?pass(?:phrase|in|out)?|pwd?)"
+        r"(?:=|[ \t]{1,8}+)(?:\\{0,3}[\"'])?)"
+        # Not a count (`ffmpeg -pass 2`).
+        rf"(?![0-9]{{1,2}}+(?!{_ARG})){_QUOTED_VALUE}",
+        anchors=(exact("-pass", "-pw", "storepass", "keypass"),),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        boundary=True,
+        example="keytool -list -keystore app.jks -storepass «{alnum:14}»",
+    ),
+    Shape(
+        "user_password_flag",
+        "`user:password` after `-u`, `-U`, `-a`, `-A`, `--user`, `--proxy-user`, `--auth` "
+        "(curl, httpie; `user%password` for smbclient)",
+        Phase.ADDED,
+        # `-u` may be glued to its value (`-ualice:pw`); `-U`, `-a`, `-A` take a blank.
+        rf"({_FLAG_START}(?:u[ \t]{{0,8}}+|[UaA][ \t]{{1,8}}+|-(?:user|proxy-user|auth)"
+        r"(?:=|[ \t]{1,8}+))"
+        r"(?:\\{0,3}[\"'])?)"
+        r"(?:(?<=')(?=[^':\s\\]{0,64}+[:%][^'\s])[^'\r\n]{4,300}+"
+        r"|(?<=\")(?=[^\":\s\\]{0,64}+[:%][^\"\s\\])[^\"\\\r\n]{4,300}+"
+        # Not a user and group by number (`docker run -u 1000:1000`), nor a URL.
+        rf"|(?<![\"'])(?![0-9]{{1,10}}+:[0-9]{{1,10}}+(?!{_ARG}))"
+        r"(?=[^\s:%\"'\\/@]{0,64}+[:%](?!//)[^\s\"'\\])[^\s\"'`\\]{4,300}+)",
+        anchors=(exact("-u", "-U", "-a", "-A"), exact(":", "%")),
+        masked=Masked.AFTER_GROUP_1,
+        search=Search.LEAD,
+        boundary=True,
+        example="curl -u «alice:{alnum:14}» https://api.example.com",
     ),
 )
 
