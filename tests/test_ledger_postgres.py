@@ -152,10 +152,12 @@ def test_execkit_dispatch_takes_a_url_for_db(pg_url: str, tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     with open_pg(pg_url) as ledger:
-        # The board is bound to this ledger: its id and its password-free URL.
-        bound = json.loads(board.read_text())
-        assert ledger.ledger_id() in json.dumps(bound)
-        assert ledger.location() in json.dumps(bound)
+        # The board is bound to this ledger, in `FILE.ledger` beside it (the board file
+        # itself stays as written): the ledger's id and its password-free URL.
+        bound = (tmp_path / "board.json.ledger").read_text()
+        assert ledger.ledger_id() in bound
+        assert ledger.location() in bound
+        assert json.loads(board.read_text())["issues"] == []
 
 
 # -- identity and secrets ----------------------------------------------------------------

@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo
 
 import attrs
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from execkit._classify import FailureClass, classify_text, stated_wait_s
@@ -35,7 +35,9 @@ from execkit.adapterkit import header_wait_s, reset_wait_s
 NOWS = st.integers(min_value=1_577_836_800_000, max_value=2_051_222_400_000).map(
     lambda ms: ms / 1000
 )
-# Zones without a DST change (a repeated wall hour is covered by its own test below).
+# Three zones without a DST change and one with a 45-minute offset that has one (Chatham:
+# 02:45..03:44 repeats each April); a printed wall time the change repeats is read as its
+# later instant (never early: test_a_repeated_wall_hour_takes_the_later_instant).
 ZONES = ("UTC", "Asia/Kolkata", "America/Phoenix", "Pacific/Chatham")
 MINUTE = 60.0
 
@@ -101,6 +103,14 @@ def _floor(reset: float, granularity: float, zone: datetime.tzinfo | None = None
     return datetime.datetime(day.year, day.month, day.day, tzinfo=zone).timestamp()
 
 
+def _printed_minute(reset: float, zone: datetime.tzinfo | None = None) -> float:
+    """The start of the minute a clock in `zone` (None: local time) prints for `reset`,
+    read back as a reader must: the later of the two instants when a DST change repeats
+    that wall minute, else the minute holding `reset`."""
+    wall = datetime.datetime.fromtimestamp(reset, zone).replace(second=0, microsecond=0)
+    return max(_floor(reset, MINUTE), wall.replace(fold=1).timestamp())
+
+
 def assert_read_to_the_end(
     wait: float | None, reset: float, now: float, start: float, end: float
 ) -> None:
@@ -128,7 +138,7 @@ def test_codex_try_again_at_is_read_to_the_end_of_its_minute(
         text = codex_prints(reset, now)
         wait = stated_wait_s(text, now=now)
         verdict = classify_text(text, now=now)
-    start = _floor(reset, MINUTE)
+        start = _printed_minute(reset)
     assert_read_to_the_end(wait, reset, now, start, start + MINUTE)
     # The usage limit with its reset is upstream whether or not there is a wait left.
     assert verdict.failure_class is FailureClass.UPSTREAM
@@ -151,9 +161,17 @@ def test_claude_resets_is_read_to_the_end_of_its_minute(
     zone: str, now: float, ahead: float
 ) -> None:
     reset = round(now + ahead, 3)  # claude states a reset still to come
+    tz = ZoneInfo(zone)
+    wall_ahead = datetime.datetime.fromtimestamp(reset, tz).replace(
+        tzinfo=None
+    ) - datetime.datetime.fromtimestamp(now, tz).replace(tzinfo=None)
+    # The same ambiguity on the wall clock: across a DST change that skips an hour, a bare
+    # time less than 24 h away may be more than a wall day away, and today's same time is
+    # then the earlier reading (the text cannot say which).
+    assume(ahead > 86400.0 or wall_ahead.total_seconds() <= 86400.0 - 2 * MINUTE)
     text = claude_prints(reset, now, zone)
     wait = stated_wait_s(text, now=now)
-    start = _floor(reset, MINUTE)
+    start = _printed_minute(reset, ZoneInfo(zone))
     assert_read_to_the_end(wait, reset, now, start, start + MINUTE)
 
 
