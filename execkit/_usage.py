@@ -1,0 +1,129 @@
+"""What one attempt cost: tokens by kind, USD, and where the USD came from.
+
+A vendor CLI reports its usage in its own structure (claude's `total_cost_usd` and
+`usage`, codex's `turn.completed` usage, gemini's `stats`, opencode's `step_finish`); an
+adapter reads it into a `Usage`, as it reads the class, from structure only. USD has a
+source (`UsdSource`): `reported` by the vendor, `priced` by execkit from a price table
+and the tokens, or `unknown`. Unknown is never zero: a caller that must bound spend
+treats an unknown cost as at least its reservation, never as free.
+
+`Usage` values add: the usage of one attempt is the sum of what its CLI reported as it
+ran (each vendor message counted once), and the spend of a task is the sum of its runs.
+A sum with any unknown USD has unknown USD (a known part is kept as `usd`, but the source
+says it is incomplete).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+from attrs.validators import ge, instance_of, optional
+
+from execkit._errors import InvalidInput
+from execkit._validate import checked, finite, integer, opt_checked
+
+__all__ = ["NO_USAGE", "Usage", "UsdSource"]
+
+
+class UsdSource(enum.StrEnum):
+    """Where a run's USD came from. Ordered from most to least certain."""
+
+    REPORTED = "reported"  # the vendor CLI printed it (claude's total_cost_usd)
+    PRICED = "priced"  # execkit priced the reported tokens from its price table
+    UNKNOWN = "unknown"  # neither: the tokens (if any) are known, the money is not
+
+
+def _source(value: object) -> UsdSource:
+    try:
+        return UsdSource(value if isinstance(value, str) else repr(value))
+    except ValueError:
+        allowed = ", ".join(source.value for source in UsdSource)
+        raise InvalidInput(
+            f"usd_source must be one of {allowed}, got {value!r}", field="usd_source"
+        ) from None
+
+
+_TOKENS = checked("an integer >= 0", integer, ge(0))
+
+
+@attrs.frozen
+class Usage:
+    """Tokens by kind and USD for one attempt (or a sum of attempts).
+
+    `usd` is None exactly when nothing priced or reported any money; `usd_source` says
+    how far to trust it (a sum of a reported and an unknown part is `unknown`, with the
+    known part kept in `usd`). `model` is the vendor's model name when it said one
+    (None for a sum over several models). Fields refuse negative or non-integer counts
+    and a non-finite or negative USD with `InvalidInput` naming the field.
+    """
+
+    input_tokens: int = attrs.field(default=0, validator=_TOKENS)
+    output_tokens: int = attrs.field(default=0, validator=_TOKENS)
+    cache_read_tokens: int = attrs.field(default=0, validator=_TOKENS)
+    cache_write_tokens: int = attrs.field(default=0, validator=_TOKENS)
+    usd: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number >= 0", finite, ge(0))
+    )
+    usd_source: UsdSource = attrs.field(default=UsdSource.UNKNOWN, converter=_source)
+    model: str | None = attrs.field(default=None, validator=optional(instance_of(str)))
+
+    @usd_source.validator
+    def _money_has_a_source(self, _attribute: attrs.Attribute[UsdSource], value: UsdSource) -> None:
+        if self.usd is None and value is not UsdSource.UNKNOWN:
+            raise InvalidInput(
+                f"usd_source: {value.value!r} needs a usd figure; with usd None it is 'unknown'",
+                field="usd_source",
+            )
+
+    @property
+    def tokens(self) -> int:
+        """Every token of every kind: what a token cap counts."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+    @property
+    def known(self) -> bool:
+        """Whether anything was reported at all (a token or a USD figure)."""
+        return self.tokens > 0 or self.usd is not None
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        if self.usd is None and other.usd is None:
+            usd = None
+        else:
+            usd = (self.usd or 0.0) + (other.usd or 0.0)
+        if not self.known:
+            source = other.usd_source
+        elif not other.known:
+            source = self.usd_source
+        else:  # the less certain of the two: a part whose money is missing is `unknown`
+            source = max(self.usd_source, other.usd_source, key=_UNCERTAINTY.index)
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            usd=usd,
+            usd_source=source,
+            model=_same(self.model, other.model, self.known, other.known),
+        )
+
+
+def _same(mine: str | None, theirs: str | None, mine_known: bool, theirs_known: bool) -> str | None:
+    """The model of a sum: the one both parts name, a part's own when the other reported
+    nothing, else None (a sum over several models has none)."""
+    if not theirs_known:
+        return mine
+    if not mine_known:
+        return theirs
+    return mine if mine == theirs else None
+
+
+_UNCERTAINTY = list(UsdSource)
+NO_USAGE = Usage()
