@@ -16,6 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from execkit._attempt import AttemptOptions
 from execkit._budget import BlockedOn
 from execkit._errors import InvalidInput, LaneStopped, TaskBlocked
 from execkit.cli._ledger import open_remote, remote_url
@@ -311,7 +312,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         import subprocess
 
         start = subprocess.Popen
-    runner = AdapterRunner(get_adapter(config.default_adapter), timeout_s=args.timeout, start=start)
+    runner = AdapterRunner(
+        get_adapter(config.default_adapter), AttemptOptions(start=start), timeout_s=args.timeout
+    )
     ended_blocked: dict[str, bool] = {}
     people: list[LaneStopped] = []
 
