@@ -36,16 +36,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from execkit._adapter import Adapter, AgentRequest, MappedResult, adapter_watch
+from execkit._adapter import Adapter, AdapterWatch, AgentRequest, MappedResult, adapter_watch
 from execkit._backoff import AGENT_BACKOFF, Backoff
-from execkit._classify import FailureClass
+from execkit._classify import FailureClass, stall_reason
 from execkit._errors import InvalidInput
 from execkit._exec import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_KILL_GRACE_S,
     Cancellation,
+    Line,
     ProcessStarter,
     SpawnCancelled,
+    SpawnResult,
+    StopTree,
     spawn,
 )
 from execkit._proof import (
@@ -75,6 +78,7 @@ __all__ = [
     "run_agent_async",
     "run_command",
     "run_in_thread",
+    "stall_timeout_of",
 ]
 
 _T = TypeVar("_T")
@@ -256,6 +260,84 @@ def _child_env(request: AgentRequest, context: AttemptContext) -> dict[str, str]
     return env
 
 
+class _InFlight:
+    """Whether the CLI has a vendor request in flight, as its adapter reads the stream.
+
+    The adapter's optional `request_in_flight(line)` answers True (from this line on a
+    request to the vendor is open: the CLI sent it and nothing of the answer came back),
+    False (the vendor answered, or the CLI went on to other work) or None (the line says
+    neither); the last answer stands. An adapter without the method never says so: a
+    stalled run of it is `work`.
+    """
+
+    def __init__(self, read: Callable[[Line], object]) -> None:
+        self._read = read
+        self.open = False
+
+    def on_line(self, line: Line) -> None:
+        said = self._read(line)
+        if said is not None:
+            self.open = said is True
+
+
+def _in_flight_reader(adapter: Adapter) -> _InFlight | None:
+    read = getattr(adapter, "request_in_flight", None)
+    return _InFlight(read) if callable(read) else None
+
+
+def stall_timeout_of(adapter: Adapter, asked: float | None) -> float | None:
+    """The stall timeout a spawn of `adapter` gets: `asked` (the options'), else the
+    adapter's own default (`stall_timeout_s`, None or > 0), else none. Raises
+    `InvalidInput` naming the adapter's attribute when its default is not a number > 0."""
+    if asked is not None:
+        return asked
+    default = getattr(adapter, "stall_timeout_s", None)
+    if default is None:
+        return None
+    return number_arg(f"{adapter.name}.stall_timeout_s", default, allow_zero=False)
+
+
+def _compose(
+    watching: AdapterWatch | None, in_flight: _InFlight | None
+) -> Callable[[Line], StopTree | None] | None:
+    """The one line hook a spawn takes, from the concerns that read lines."""
+    if in_flight is None:
+        return None if watching is None else watching.on_line
+    if watching is None:
+
+        def read(line: Line) -> StopTree | None:
+            in_flight.on_line(line)
+            return None
+
+        return read
+    watch = watching.on_line
+
+    def both(line: Line) -> StopTree | None:
+        in_flight.on_line(line)
+        return watch(line)
+
+    return both
+
+
+def _stalled(mapped: MappedResult, result: SpawnResult, in_flight: bool) -> MappedResult:
+    """A spawn its stall watchdog stopped: `work` (charged: nothing identified why it fell
+    silent) unless its adapter read that a vendor request was in flight, then `upstream`
+    (the vendor left it waiting). What the adapter's parse kept (session, cost) stays."""
+    assert result.stalled_after_s is not None
+    reason = stall_reason(result.stalled_after_s)
+    if in_flight:
+        reason += " (a vendor request in flight)"
+    return MappedResult(
+        ok=False,
+        session_id=mapped.session_id,
+        cost_usd=mapped.cost_usd,
+        duration_s=result.duration_s,
+        error=f"{reason}\n{result.failure_text(_CAUSE_CHARS)}".strip(),
+        failure_class=FailureClass.UPSTREAM if in_flight else FailureClass.WORK,
+        reason=reason,
+    )
+
+
 def _spawn_once(
     adapter: Adapter,
     argv: Sequence[str],
@@ -267,10 +349,13 @@ def _spawn_once(
     start: ProcessStarter,
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
+    stall_timeout_s: float | None = None,
 ) -> MappedResult:
     # An adapter that reads its CLI's output as it is printed (`watch`) stops a CLI that
-    # announces it will sleep out a long limit; others take no line hook at all.
+    # announces it will sleep out a long limit; others take no line hook at all, unless
+    # a stall watchdog runs and the adapter reads whether a vendor request is in flight.
     watching = adapter_watch(adapter)
+    in_flight = None if stall_timeout_s is None else _in_flight_reader(adapter)
     result = spawn(
         list(argv),
         cwd=cwd,
@@ -278,13 +363,17 @@ def _spawn_once(
         timeout=timeout_s,
         kill_grace=kill_grace,
         tail_bytes=_ENVELOPE_TAIL_BYTES,
-        on_line=None if watching is None else watching.on_line,
+        on_line=_compose(watching, in_flight),
         heartbeat=None if beat is None else beat.renew,
         heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else beat.every_s,
         start=start,
         cancel=cancel,
+        stall_timeout=stall_timeout_s,
     )
-    return adapter.parse(result) if watching is None else watching.parse(result)
+    mapped = adapter.parse(result) if watching is None else watching.parse(result)
+    if result.stalled_after_s is not None:
+        return _stalled(mapped, result, in_flight is not None and in_flight.open)
+    return mapped
 
 
 @attrs.frozen
@@ -403,6 +492,7 @@ def run_agent(
     start: ProcessStarter = subprocess.Popen,
     cancel: Cancellation | None = None,
     clock: Callable[[], float] = time.time,
+    stall_timeout_s: float | None = None,
 ) -> AgentProof:
     """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
 
@@ -417,6 +507,12 @@ def run_agent(
     and through every backoff wait between tries, so the run's lease never lapses while
     the agent is alive; if it raises, the running try is ended and the error propagates
     like a hook's (below).
+
+    `stall_timeout_s` (None or > 0; None takes the adapter's `stall_timeout_s`, if any):
+    a try that prints no byte on stdout or stderr for that long has its whole tree
+    stopped, and is `work` ("stalled: no output for S s") unless the adapter read from
+    the stream that a vendor request was in flight (its `request_in_flight(line)`), then
+    `upstream`.
 
     `cancel` (a `Cancellation`) stops the agent from another thread: the running try's
     whole tree is killed, no further try starts, and `SpawnCancelled` propagates with
@@ -433,6 +529,9 @@ def run_agent(
     """
     integer_arg("max_attempts", max_attempts, 1, MAX_AGENT_ATTEMPTS)
     beat = _check_beat(heartbeat, heartbeat_s)
+    if stall_timeout_s is not None:
+        number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
+    stall = stall_timeout_of(adapter, stall_timeout_s)
     started = time.monotonic()
     secrets = secret_env_values({**os.environ, **(request.env or {})})
     tries: list[_Try] = []
@@ -451,6 +550,7 @@ def run_agent(
             start=start,
             beat=beat,
             cancel=cancel,
+            stall_timeout_s=stall,
         )
     except SpawnCancelled:
         # Stopped from outside (a dispatcher's shutdown, a cancelled task): the try that
@@ -491,6 +591,7 @@ def run_agent_async(
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
     clock: Callable[[], float] = time.time,
+    stall_timeout_s: float | None = None,
 ) -> Awaitable[AgentProof]:
     """`run_agent` for asyncio runners: same arguments (but `cancel`), same proof, same
     errors; the loop runs in a thread of its own (the hooks, `heartbeat` too, run there),
@@ -504,6 +605,8 @@ def run_agent_async(
     """
     integer_arg("max_attempts", max_attempts, 1, MAX_AGENT_ATTEMPTS)
     _check_beat(heartbeat, heartbeat_s)
+    if stall_timeout_s is not None:
+        number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
     cancel = Cancellation()
     context = contextvars.copy_context()
 
@@ -526,6 +629,7 @@ def run_agent_async(
             start=start,
             cancel=cancel,
             clock=clock,
+            stall_timeout_s=stall_timeout_s,
         )
 
     async def running() -> AgentProof:
@@ -613,6 +717,7 @@ def _try_until_settled(
     start: ProcessStarter,
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
+    stall_timeout_s: float | None = None,
 ) -> None:
     """Spawn tries, appending each to `tries`, until one settles the agent.
 
@@ -640,6 +745,7 @@ def _try_until_settled(
                 start=start,
                 beat=beat,
                 cancel=cancel,
+                stall_timeout_s=stall_timeout_s,
             )
             outcome = _judge(raw, validate)
             failure = outcome.failure_class
@@ -683,11 +789,13 @@ def run_command(
     label: str | None = None,
     recorder: RunRecorder | None = None,
     start: ProcessStarter = subprocess.Popen,
+    stall_timeout_s: float | None = None,
 ) -> AgentProof:
     """Spawn `argv` once as given (no retry), read it through `adapter`; return the proof.
 
     For surfaces that pass vendor arguments through (`execkit run --adapter`). `start`
-    is how the process is started (`spawn`'s seam). Never raises for a failed agent: the
+    is how the process is started (`spawn`'s seam); `stall_timeout_s` is `run_agent`'s.
+    Never raises for a failed agent: the
     proof's status and class say what happened. Raises InvalidInput for an empty argv or
     a timeout that is not > 0.
     """
@@ -697,9 +805,18 @@ def run_command(
         )
     if timeout_s is not None:
         number_arg("timeout_s", timeout_s, allow_zero=False)
+    if stall_timeout_s is not None:
+        number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
     started = time.monotonic()
     raw = _spawn_once(
-        adapter, argv, cwd=cwd, env=None, timeout_s=timeout_s, kill_grace=kill_grace, start=start
+        adapter,
+        argv,
+        cwd=cwd,
+        env=None,
+        timeout_s=timeout_s,
+        kill_grace=kill_grace,
+        start=start,
+        stall_timeout_s=stall_timeout_of(adapter, stall_timeout_s),
     )
     proof = _proof(
         adapter,

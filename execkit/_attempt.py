@@ -627,6 +627,7 @@ def attempt_agent(
             recorder=recorder,
             label=options.label,
             kill_grace=options.kill_grace,
+            stall_timeout_s=options.stall_timeout_s,
             heartbeat=heartbeat,
             heartbeat_s=heartbeat_s,
             start=options.start,

@@ -145,10 +145,12 @@ def test_the_cli_tour_runs_as_written(tmp_path: Path) -> None:
     for output in _run_twice(block, work, _shell_with_execkit(tmp_path)):
         lines = output.splitlines()
         assert lines[0] == "hello"
-        assert json.loads(lines[1])["class"] == "upstream"
-        assert lines[2] == "exit 1"
-        assert json.loads(lines[3])["precondition"].startswith("acme-agent CLI not found on PATH")
-        assert lines[4] == "exit 127"
+        # The stall watchdog: one line, then silence, stopped by the stall (not the sleep).
+        assert lines[1:3] == ["one line", "exit 124"]
+        assert json.loads(lines[3])["class"] == "upstream"
+        assert lines[4] == "exit 1"
+        assert json.loads(lines[5])["precondition"].startswith("acme-agent CLI not found on PATH")
+        assert lines[6] == "exit 127"
         assert "r-1  t-1 attempt 1  failed  upstream  http 503" in lines
         assert "ci-bot  agent.operate" in output
         assert "ISS-7  attempt 1/10  succeeded -> moved to done" in lines

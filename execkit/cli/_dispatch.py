@@ -16,7 +16,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from execkit._attempt import AttemptOptions
 from execkit._budget import BlockedOn
 from execkit._errors import InvalidInput, LaneStopped, TaskBlocked
 from execkit.cli._ledger import open_remote, remote_url
@@ -160,6 +159,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     dispatch.add_argument(
         "--timeout", type=_interval_arg, metavar="S", help="kill one agent run after S seconds"
     )
+    dispatch.add_argument(
+        "--stall-timeout",
+        type=_interval_arg,
+        metavar="S",
+        help="stop an agent that prints no byte for S seconds: a charged work failure "
+        "(`stalled: no output for S s`) unless its adapter reads that a vendor request was "
+        "in flight (then upstream); default: the adapter's own, if it sets one",
+    )
     dispatch.set_defaults(handler=_dispatch)
 
 
@@ -296,6 +303,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             "(see 'execkit dispatch --help')",
             field="until_idle",
         )
+    from execkit._attempt import AttemptOptions
     from execkit._registry import get_adapter
     from execkit.dispatch import AdapterRunner, Dispatcher
 
@@ -313,7 +321,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         start = subprocess.Popen
     runner = AdapterRunner(
-        get_adapter(config.default_adapter), AttemptOptions(start=start), timeout_s=args.timeout
+        get_adapter(config.default_adapter),
+        AttemptOptions(start=start, stall_timeout_s=args.stall_timeout),
+        timeout_s=args.timeout,
     )
     ended_blocked: dict[str, bool] = {}
     people: list[LaneStopped] = []
