@@ -452,7 +452,8 @@ class JsonFileBoard:
     or `{"name", "eligible", "terminal"}`; an issue is `{"id", "title", "state", "prompt"
     (or "body"), "argv", "adapter", "model", "given_up_from"}` (the last written by a
     dispatcher's give-up, `give_up`, and removed by any other move); the optional
-    `dispatch` object holds `DispatchConfig` settings.
+    `dispatch` object holds `DispatchConfig` settings, the optional `workspace` object the
+    workspace hooks (`WorkspaceHooks`).
     Moves take an exclusive lock on a sidecar `FILE.lock` and replace the file atomically
     (temp file + `os.replace`), so two dispatcher processes never lose each other's moves
     and a reader never sees half a file. A move edits the file's text, not a re-encoding
@@ -606,6 +607,16 @@ class JsonFileBoard:
     def dispatch_settings(self) -> dict[str, Any]:
         """The file's `dispatch` object (for `DispatchConfig.from_mapping`), or {}."""
         return dict(self._read().dispatch)
+
+    def workspace_settings(self) -> dict[str, Any]:
+        """The file's `workspace` object (the workspace hooks, for
+        `WorkspaceHooks.from_mapping`), or {}; InvalidInput when it is not an object."""
+        raw = self._read().raw.get("workspace", {})
+        if not isinstance(raw, dict):
+            raise InvalidInput(
+                f"board file {self.path}: `workspace` must be an object", field="workspace"
+            )
+        return dict(raw)
 
     def list_issues(self) -> list[BoardIssue]:
         return list(self._read().issues)

@@ -42,6 +42,7 @@ class Slot:
     heartbeat: Callable[[], object]
     heartbeat_s: float
     cancel: Cancellation
+    cwd: str | None = None
 
 
 class Runner(Protocol):
@@ -166,9 +167,12 @@ class AdapterRunner:
         refused = self._vendor_through_generic(issue, found)
         if refused is not None:
             return refused
+        request = self.request_for(issue)
+        if slot.cwd is not None:
+            request = attrs.evolve(request, cwd=slot.cwd)
         proof = attempt_agent(
             found,
-            self.request_for(issue),
+            request,
             self.options,
             heartbeat=slot.heartbeat,
             heartbeat_s=slot.heartbeat_s,
