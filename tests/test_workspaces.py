@@ -29,6 +29,7 @@ from execkit.dispatch import (
     BoardIssue,
     DispatchConfig,
     Dispatcher,
+    DispatchEvent,
     InlineExecutor,
     InMemoryBoard,
     WorkspaceHooks,
@@ -123,6 +124,17 @@ def test_four_issues_at_concurrency_4_each_edit_their_own_worktree(
         assert listing == f"README,{i}.txt"
         assert (meeting / i).read_text() == str(root / i)
         assert git(root / i, "rev-parse", "--abbrev-ref", "HEAD").strip() == f"execkit/{i}"
+    # The run records where its agent worked; `task show` and `status` show it.
+    with open_ledger(tmp_path / "l.db") as ledger:
+        recorded = {r.workspace for t in ledger.list_tasks() for r in ledger.runs(t.id)}
+    assert recorded == {str(root / i) for i in ids}
+    shown = run_execkit("task", "show", "W-2", "--db", str(tmp_path / "l.db"))
+    assert f"  workspace: {root / 'W-2'} (attempt 1)" in shown.stdout.splitlines(), shown
+    status = run_execkit("status", "--board", str(board), "--workspaces", str(root), "--json")
+    rows = json.loads(status.stdout)["issues"]
+    assert {(r["issue_id"], r["workspace"]) for r in rows} == {(i, str(root / i)) for i in ids}
+    table = run_execkit("status", "--board", str(board), "--workspaces", str(root)).stdout
+    assert f"W-3    {root / 'W-3'}" in table.splitlines()
     # The repository's own checkout saw none of it.
     assert sorted(p.name for p in repo.iterdir() if p.name != ".git") == ["README"]
     listed = git(repo, "worktree", "list", "--porcelain")
@@ -144,8 +156,8 @@ def _dispatcher(
     )
 
 
-def _until_settled(dispatcher: Dispatcher, board: InMemoryBoard) -> list[object]:
-    events: list[object] = []
+def _until_settled(dispatcher: Dispatcher, board: InMemoryBoard) -> list[DispatchEvent]:
+    events: list[DispatchEvent] = []
     for _ in range(200):  # bounded: a few attempts with backoffs of 10-20 ms
         if not board.list_candidates():
             return events
@@ -183,7 +195,7 @@ def test_a_workspace_is_kept_across_attempts_and_the_hooks_run_in_it(
     workspaces = Workspaces(root, repo=repo, hooks=hooks)
     board = InMemoryBoard([BoardIssue("K-1", "k", "todo", argv=[PY, "-c", _THIRD_TIME])])
     dispatcher = _dispatcher(tmp_path, board, workspaces, max_attempts=5)
-    _until_settled(dispatcher, board)
+    events = _until_settled(dispatcher, board)
     assert board.get("K-1").state == "done"
     where = str(root / "K-1")
     assert log.read_text().splitlines() == [
@@ -195,6 +207,8 @@ def test_a_workspace_is_kept_across_attempts_and_the_hooks_run_in_it(
     ]
     # Done: the workspace is gone, its worktree pruned, its branch (the work) kept.
     assert not (root / "K-1").exists()
+    (event,) = [e for e in events if e.moved_to == "done"]
+    assert (event.workspace, event.workspace_removed) == (str(root / "K-1"), True)
     assert str(root / "K-1") not in git(repo, "worktree", "list", "--porcelain")
     assert "execkit/K-1" in git(repo, "branch", "--list", "execkit/*")
     runs = dispatcher.ledger.runs(dispatcher.ledger.list_tasks()[0].id)

@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "ThreadPerSlot": "execkit.dispatch._slots",
     "WorkspaceHooks": "execkit.dispatch._workspaces",
     "Workspaces": "execkit.dispatch._workspaces",
-    "workspace_name": "execkit.dispatch._workspaces",
+    "workspace_name": "execkit.dispatch._board",
     "IssueStatus": "execkit.dispatch._status",
     "IssueStatusValues": "execkit.dispatch._status",
     "issue_status_values": "execkit.dispatch._status",
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         ReportingBoard,
         Tracker,
         task_key,
+        workspace_name,
     )
     from execkit.dispatch._config import MAX_CONCURRENT_AGENTS, DispatchConfig
     from execkit.dispatch._github import GitHubBoard, GitHubConfig
@@ -92,7 +93,7 @@ if TYPE_CHECKING:
         iter_issue_status_values,
         iter_issue_statuses,
     )
-    from execkit.dispatch._workspaces import WorkspaceHooks, Workspaces, workspace_name
+    from execkit.dispatch._workspaces import WorkspaceHooks, Workspaces
 
 __all__ = [
     "DEFAULT_STATES",

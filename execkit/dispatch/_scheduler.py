@@ -933,6 +933,7 @@ class Dispatcher:
                 cap=self._cap,
                 owner=self.owner,
                 lane=lane,
+                workspace=self._workspace_of(issue),
             )
         except (LaneWaiting, LaneStopped) as waiting:
             if not self._lanes.refused(lane, waiting):
@@ -1084,6 +1085,10 @@ class Dispatcher:
         except OSError as exc:
             _log.warning("issue %s: its workspace was not removed: %s", issue.id, exc)
             return False
+
+    def _workspace_of(self, issue: BoardIssue) -> str | None:
+        """Where `issue`'s agent works: its workspace, recorded on its run."""
+        return None if self.workspaces is None else str(self.workspaces.path_for(issue.id))
 
     def _workspace_fields(self, issue: BoardIssue, removed: bool | None = None) -> dict[str, Any]:
         if self.workspaces is None:

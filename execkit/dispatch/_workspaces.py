@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,6 +46,7 @@ from execkit._errors import InvalidInput
 from execkit._exec import spawn
 from execkit._proof import RunStatus
 from execkit._validate import is_number
+from execkit.dispatch._board import workspace_name
 
 __all__ = [
     "DEFAULT_HOOK_TIMEOUT_S",
@@ -69,33 +68,7 @@ and counted as failed."""
 HOOK_NAMES = ("after_create", "before_attempt", "after_done")
 
 _GIT_TIMEOUT_S = 120.0
-_NAME_MAX = 80
-_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# The suffix a hashed name ends with: an id that already looks like one is hashed too, so
-# an id used as it is can never be the hashed name of another.
-_HASHED = re.compile(r".*-[0-9a-f]{16}")
 _MARKS = ".execkit"
-
-
-def workspace_name(issue_id: str) -> str:
-    """The folder (and branch) name of an issue's workspace: the id itself when it is a
-    plain name (letters, digits, `.`, `_`, `-`; no `..`, no `.lock` end, at most 80
-    characters), else its plain characters with a hash of the whole id appended, so two
-    issue ids never share a name. Raises InvalidInput for an empty id."""
-    if not isinstance(issue_id, str) or not issue_id:
-        raise InvalidInput("issue id must be a non-empty string", field="issue_id")
-    plain = (
-        _SAFE.fullmatch(issue_id) is not None
-        and len(issue_id) <= _NAME_MAX
-        and ".." not in issue_id
-        and not issue_id.endswith((".lock", "."))
-        and _HASHED.fullmatch(issue_id) is None
-    )
-    if plain:
-        return issue_id
-    kept = re.sub(r"[^A-Za-z0-9._-]+", "_", issue_id).strip("._-").replace("..", "_")
-    digest = hashlib.sha256(issue_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{kept[:40] or 'issue'}-{digest}"
 
 
 def _argv(name: str, value: object) -> tuple[str, ...] | None:
