@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _support import run_execkit, write_board
+from _support import REPO, run_execkit, write_board
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -336,3 +336,24 @@ def test_the_cli_floor_default_is_the_library_one(tmp_path: Path) -> None:
         "dispatch", "--board", str(board), "--db", str(tmp_path / "l.db"), "--once", "--repo", "."
     )
     assert refused.returncode != 0 and "--repo needs --workspaces DIR" in refused.stderr
+
+
+def test_the_board_schema_and_the_code_agree_on_the_workspace_object(tmp_path: Path) -> None:
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+
+    schema = json.loads((REPO / "docs" / "schemas" / "board.schema.json").read_text())
+    check = Draft202012Validator(schema)
+    states = [{"name": "todo", "eligible": True}]
+    good = {"states": states, "workspace": {"after_create": ["npm", "ci"], "hook_timeout_s": 60}}
+    assert list(check.iter_errors(good)) == []
+    WorkspaceHooks.from_mapping(good["workspace"])  # type: ignore[arg-type]
+    for bad in ({"after_creat": ["x"]}, {"after_done": "make"}, {"hook_timeout_s": 0}):
+        assert list(check.iter_errors({"states": states, "workspace": bad})) != []
+        with pytest.raises(InvalidInput):
+            WorkspaceHooks.from_mapping(bad)
+    board = write_board(tmp_path / "board.json", [], workspace=["not", "an", "object"])
+    refused = run_execkit(
+        "dispatch", "--board", str(board), "--db", str(tmp_path / "l.db"), "--once",
+        "--workspaces", str(tmp_path / "ws"),
+    )  # fmt: skip
+    assert refused.returncode == 3 and "`workspace` must be an object" in refused.stderr
