@@ -9,7 +9,10 @@ starts no workspace and says both numbers; a crash mid-create blocks nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -357,3 +360,66 @@ def test_the_board_schema_and_the_code_agree_on_the_workspace_object(tmp_path: P
         "--workspaces", str(tmp_path / "ws"),
     )  # fmt: skip
     assert refused.returncode == 3 and "`workspace` must be an object" in refused.stderr
+
+
+def test_a_dispatcher_killed_mid_create_leaves_nothing_that_blocks_the_next(
+    tmp_path: Path, repo: Path
+) -> None:
+    """A real crash: the dispatcher is SIGKILLed while the issue's `after_create` hook runs
+    (the worktree made, its marker not yet written). The next dispatcher on this host
+    abandons the dead one's run, clears what was left and makes the workspace anew."""
+    started = tmp_path / "hook-started"
+    hook_code = (
+        "import os, pathlib, sys, time\n"
+        f"flag = pathlib.Path({str(started)!r})\n"
+        "if not flag.exists():\n"
+        "    pathlib.Path('half-made').write_text('x')\n"
+        "    flag.write_text(str(os.getpid()))\n"
+        "    time.sleep(600)\n"
+    )
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "X-1", "title": "x", "state": "todo", "argv": [PY, "-c", "open('done', 'w')"]}],
+        workspace={"after_create": [PY, "-c", hook_code]},
+        dispatch={"base_backoff_s": 0.05, "max_retry_backoff_s": 0.1},
+    )
+    root, db = tmp_path / "ws", tmp_path / "l.db"
+    argv = [
+        sys.executable, "-m", "execkit", "dispatch", "--board", str(board), "--db", str(db),
+        "--adapter", "generic", "--until-idle", "--workspaces", str(root), "--repo", str(repo),
+        "--keep-workspaces",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(3000):  # bounded: the hook starts within seconds
+            if started.exists() and started.read_text():
+                break
+            time.sleep(0.02)
+        assert started.read_text(), "the hook never started"
+        first.kill()
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=60)
+        # The hook the kill orphaned: its own pid, never a group or -1.
+        written = started.read_text() if started.exists() else ""
+        if written.isdigit() and int(written) > 1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(written), signal.SIGKILL)
+    assert (root / "X-1" / "half-made").exists()  # what the crash left
+    # One pass abandons the run whose dispatcher is gone (`--until-idle` alone would find
+    # it still running and stop there); then attempt 2 runs.
+    once = [*(part for part in argv if part != "--until-idle"), "--once"]
+    abandoned = subprocess.run(once, env=env, capture_output=True, text=True, timeout=120)
+    assert "abandoned, its owner pid" in abandoned.stderr, abandoned.stdout + abandoned.stderr
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "X-1  attempt 2/10  succeeded -> moved to done" in done.stdout.splitlines()
+    assert sorted(p.name for p in (root / "X-1").iterdir() if p.name != ".git") == [
+        "README",
+        "done",
+    ]
+    listed = git(repo, "worktree", "list", "--porcelain")
+    assert listed.count(f"worktree {root / 'X-1'}\n") == 1

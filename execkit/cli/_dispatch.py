@@ -338,6 +338,9 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
             tail = f" -> retry {_when(event.next_attempt_at, at)}"
         else:
             tail = ""
+        if event.workspace is not None and event.blocked_on:
+            # Blocked: its workspace stays for the person who looks (issue #46).
+            tail += f"; workspace kept: {event.workspace}"
         return head + tail
     if event.kind is EventKind.GAVE_UP:
         return f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
