@@ -454,10 +454,12 @@ def options_with(
     unknown = sorted(set(legacy) - _OPTION_NAMES)
     if unknown:
         raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
-    names = ", ".join(f"{name}=" for name in sorted(legacy))
+    given = sorted(legacy)
+    names = ", ".join(f"{name}=" for name in given)
+    instead = ", ".join(f"{name}=..." for name in given)
     warnings.warn(
         f"{where}(..., {names}) is deprecated and goes in the next release: pass "
-        f"options=AttemptOptions({names.replace('=', '=..., ').rstrip(', ')})",
+        f"options=AttemptOptions({instead})",
         DeprecationWarning,
         stacklevel=3,
     )

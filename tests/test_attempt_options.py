@@ -42,10 +42,13 @@ def test_the_options_value_runs_an_attempt_and_warns_nothing(tmp_path: Path) -> 
 def test_the_older_keywords_still_work_with_a_deprecation_warning(tmp_path: Path) -> None:
     ledger = open_ledger(tmp_path / "l.db")
     task = ledger.create_task("t", actor="runner")
-    with pytest.warns(DeprecationWarning, match=r"run_attempt\(\.\.\., actor=, lane=\)"):
+    with pytest.warns(DeprecationWarning, match=r"run_attempt\(\.\.\., actor=, lane=\)") as said:
         outcome = run_attempt(
             ledger, task.id, GenericAdapter(), _fails(), actor="old-runner", lane=None
         )
+    # Pointed at the caller's line, with the replacement spelled out.
+    assert said[0].filename == __file__
+    assert "options=AttemptOptions(actor=..., lane=...)" in str(said[0].message)
     assert outcome.failure_class is FailureClass.WORK
     (run,) = ledger.runs(task.id)
     assert run.actor == "old-runner"
