@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _support import REPO, run_execkit, write_board
+from _support import REPO, kill_marked, marked_left, run_execkit, write_board
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -35,6 +35,7 @@ from execkit.dispatch import (
     DispatchEvent,
     InlineExecutor,
     InMemoryBoard,
+    RunOutcome,
     WorkspaceHooks,
     Workspaces,
     workspace_name,
@@ -423,3 +424,26 @@ def test_a_dispatcher_killed_mid_create_leaves_nothing_that_blocks_the_next(
     ]
     listed = git(repo, "worktree", "list", "--porcelain")
     assert listed.count(f"worktree {root / 'X-1'}\n") == 1
+
+
+def test_a_hook_that_runs_past_its_timeout_is_stopped_with_its_tree(
+    tmp_path: Path,
+) -> None:
+    marker = f"execkit-hook-{os.getpid()}"
+    hang = (
+        PY,
+        "-c",
+        "import subprocess, time\n"
+        f"subprocess.Popen(['bash', '-c', 'exec -a {marker} sleep 600'])\n"
+        "time.sleep(600)\n",
+    )
+    workspaces = Workspaces(tmp_path / "ws", hooks=WorkspaceHooks(before_attempt=hang, timeout_s=1))
+    try:
+        failed = workspaces.prepare("T-1")
+        assert isinstance(failed, RunOutcome) and failed.failure_class is FailureClass.ENVIRONMENT
+        assert (failed.precondition or "").startswith(
+            "workspace hook before_attempt (" + PY + ") did not finish within 1 s"
+        )
+        assert marked_left(marker) == []
+    finally:
+        kill_marked(marker)
