@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _support import kill_marked, marked_left, run_execkit, write_board
+from _support import REPO, kill_marked, marked_left, run_execkit, write_board
 
 from adapters import ClaudeAdapter, GenericAdapter
 from execkit import AgentRequest, AttemptOptions, InvalidInput, run_attempt, spawn
@@ -187,4 +187,22 @@ def test_dispatch_stall_timeout_records_the_stall(tmp_path: Path, marker: str) -
     (run,) = ledger.runs(task.id)
     assert run.failure_class is FailureClass.WORK
     assert run.reason is not None and run.reason.startswith("stalled: no output for 1 s")
+    assert marked_left(marker) == []
+
+
+def test_the_recorded_claude_hang_stalls_as_upstream(tmp_path: Path, marker: str) -> None:
+    """claude 2.1.332 against an API that accepts and never answers (the recorded cell
+    `claude/hang`) prints its `init` event and nothing more: replayed, then silent, the
+    stall is the vendor's (a request in flight), uncharged."""
+    recorded = REPO / "fixtures" / "recorded" / "claude" / "hang" / "stdout"
+    events = [json.loads(line) for line in recorded.read_text().splitlines() if line.strip()]
+    claude = _fake_claude(tmp_path / "claude", events, marker)
+    with pytest.raises(AgentFailed) as failed:
+        request = AgentRequest(prompt="p", timeout_s=RUN_TIMEOUT_S)
+        run_agent(claude, request, max_attempts=1, stall_timeout_s=1, kill_grace=1)
+    proof = failed.value.proof
+    assert (proof.failure_class, proof.reason) == (
+        FailureClass.UPSTREAM,
+        "stalled: no output for 1 s (a vendor request in flight)",
+    )
     assert marked_left(marker) == []
