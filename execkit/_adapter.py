@@ -48,7 +48,8 @@ from execkit._errors import InvalidInput
 from execkit._exec import Line, SpawnFailure, SpawnResult, StopTree
 from execkit._json import json_key, to_json
 from execkit._redact import redact
-from execkit._validate import checked, finite, integer, opt_checked
+from execkit._usage import Usage, UsdSource
+from execkit._validate import checked, finite, integer, is_number, opt_checked
 
 __all__ = [
     "LONG_WAIT_S",
@@ -69,6 +70,7 @@ __all__ = [
     "map_result",
     "precondition_for",
     "trust_precondition",
+    "usage_of",
 ]
 
 
@@ -180,6 +182,10 @@ class MappedResult:
     from (masked, at most `EVIDENCE_CHARS`): the line of the output a text rule matched,
     the first line of the vendor's structured error (`Envelope.error_message`), the start
     failure; None when no line decided (a timeout or a failure nothing identified).
+    `usage` is what the spawn cost as its CLI reported it (`Usage`: tokens by kind, USD and
+    its source), failed, timed-out and killed spawns included (what the CLI printed before
+    it ended); None when the CLI reported nothing. `cost_usd` is `usage.usd` when that is
+    known (kept for callers that read only the money).
     """
 
     ok: bool
@@ -206,6 +212,7 @@ class MappedResult:
     # `retry_after_s` came from the vendor's own reset field (`Envelope.reset_structured`).
     reset_from_structure: bool = False
     evidence: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
+    usage: Usage | None = attrs.field(default=None, validator=optional(instance_of(Usage)))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe mapping; the class is under `"class"`."""
@@ -250,6 +257,9 @@ class Envelope:
     billing, a rate limit, a connection failure, a retry in progress...); set it only from
     structure, never from searching text. `retry_after_s`: a wait the vendor stated in a
     structured field (a `Retry-After` header, `resets_in_seconds`, `retryDelay`).
+    `usage`: what the run cost as the CLI reported it (`Usage`, read from structure only:
+    claude's `total_cost_usd` and `usage`, codex's `turn.completed` usage...); an adapter
+    that sets only `cost_usd` gets a usage of that reported USD.
     `pending`: the error is one the CLI printed and had not given up on when its output
     ended (its last event was a retry or wait notice carrying a refusal: a rate limit it
     waits out, a 5xx it retries; or it stopped to ask for a login): a run killed on
@@ -271,9 +281,35 @@ class Envelope:
     # Gemini's `RetryInfo.retryDelay`, Codex's `resets_in_seconds`), not a time read from
     # its message: only such a reset may park a vendor lane (issue #28).
     reset_structured: bool = False
+    # What the run cost as the CLI's structure reported it (tokens, USD): read from every
+    # event the CLI printed, a failed or killed run's included. None: it reported nothing.
+    usage: Usage | None = None
 
 
 NO_ENVELOPE = Envelope()
+
+
+def usage_of(envelope: Envelope) -> Usage | None:
+    """The usage a mapped result carries: the envelope's `usage`; for an adapter that set
+    only `cost_usd`, that USD as `reported`; None when the envelope says nothing of cost.
+    A USD the adapter read into `cost_usd` but not into its usage is added to it as
+    reported (the vendor printed it)."""
+    usage = envelope.usage
+    cost = envelope.cost_usd
+    if cost is not None and not (is_number(cost) and cost >= 0):
+        cost = None  # not a figure we can store: the usage says what it knows without it
+    if usage is None:
+        return None if cost is None else Usage(usd=float(cost), usd_source=UsdSource.REPORTED)
+    if usage.usd is None and cost is not None:
+        return attrs.evolve(usage, usd=float(cost), usd_source=UsdSource.REPORTED)
+    return usage
+
+
+def _cost(envelope: Envelope, usage: Usage | None) -> float | None:
+    """`MappedResult.cost_usd`: the usage's USD when known, else what the adapter set."""
+    if usage is not None and usage.usd is not None:
+        return usage.usd
+    return envelope.cost_usd
 
 
 def _tail(text: str, max_chars: int = _ERROR_CHARS) -> str:
@@ -421,11 +457,13 @@ def _failed(
 ) -> MappedResult:
     error = redact(_tail(error))
     upstream = failure_class is FailureClass.UPSTREAM
+    usage = usage_of(envelope)
     return MappedResult(
         ok=False,
         text=envelope.text,
         session_id=envelope.session_id,
-        cost_usd=envelope.cost_usd,
+        cost_usd=_cost(envelope, usage),
+        usage=usage,
         duration_s=result.duration_s,
         error=error or None,
         spawn_errno=result.spawn_errno,
@@ -647,12 +685,14 @@ def map_result(
         return _from_verdict(result, envelope, verdict, result.failure_text(_ERROR_CHARS))
 
     text = envelope.text if envelope.found else result.stdout_tail.strip()
+    usage = usage_of(envelope)
     return MappedResult(
         ok=True,
         text=text,
         session_id=envelope.session_id,
-        cost_usd=envelope.cost_usd,
+        cost_usd=_cost(envelope, usage),
         duration_s=result.duration_s,
+        usage=usage,
     )
 
 

@@ -58,6 +58,7 @@ from execkit._proof import (
 )
 from execkit._redact import redact, secret_env_values
 from execkit._trace import attempt_span
+from execkit._usage import Usage, UsdSource
 from execkit._validate import integer_arg, number_arg
 
 if TYPE_CHECKING:
@@ -320,6 +321,24 @@ def _sum_costs(tries: Sequence[_Try]) -> float | None:
     return sum(costs) if costs else None
 
 
+def _sum_usage(tries: Sequence[_Try]) -> Usage | None:
+    """What the agent's spawns cost together; None when none reported any.
+
+    A spawn that started and reported nothing (its CLI prints no usage, or it was killed
+    before it printed any) cost an unknown amount: the sum's USD source is then `unknown`
+    (the known part kept), never a total that reads as complete."""
+    reported = [t.raw.usage for t in tries if t.raw.usage is not None]
+    if not reported:
+        return None
+    total = reported[0]
+    for usage in reported[1:]:
+        total = total + usage
+    silent = any(t.raw.usage is None and t.raw.spawn_errno is None for t in tries)
+    if silent and total.usd_source is not UsdSource.UNKNOWN:
+        total = attrs.evolve(total, usd_source=UsdSource.UNKNOWN)
+    return total
+
+
 def _proof(
     adapter: Adapter,
     tries: Sequence[_Try],
@@ -338,6 +357,7 @@ def _proof(
         "attempts": len(tries),
         "duration_s": max(0.0, time.monotonic() - started),
         "cost_usd": _sum_costs(tries),
+        "usage": _sum_usage(tries),
         "session_id": next((t.raw.session_id for t in reversed(tries) if t.raw.session_id), None),
     }
     if last.failure_class is None:
