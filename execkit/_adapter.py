@@ -47,6 +47,7 @@ from execkit._classify import (
 from execkit._errors import InvalidInput
 from execkit._exec import Line, SpawnFailure, SpawnResult, StopTree
 from execkit._json import json_key, to_json
+from execkit._prices import load_prices, price
 from execkit._redact import redact
 from execkit._usage import Usage, UsdSource
 from execkit._validate import checked, finite, integer, is_number, opt_checked
@@ -69,6 +70,7 @@ __all__ = [
     "install_precondition",
     "map_result",
     "precondition_for",
+    "priced",
     "trust_precondition",
     "usage_of",
 ]
@@ -293,11 +295,33 @@ def usage_of(envelope: Envelope) -> Usage | None:
     """The usage a mapped result carries: the envelope's `usage`; for an adapter that set
     only `cost_usd`, that USD as `reported`; None when the envelope says nothing of cost.
     A USD the adapter read into `cost_usd` but not into its usage is added to it as
-    reported (the vendor printed it)."""
+    reported (the vendor printed it). Tokens reported without money are priced from the
+    price table in force (`priced`), when it knows the model."""
+    usage = _reported(envelope)
+    return None if usage is None else priced(usage)
+
+
+def priced(usage: Usage) -> Usage:
+    """`usage` priced from the table in force (`execkit._prices.load_prices`: the built-in
+    table and `EXECKIT_PRICES`). A price file that does not load leaves it unpriced here
+    (the agent loop refuses that file before it spawns anything, with the error naming the
+    key): a spawn that ran is never lost to it."""
+    if usage.usd is not None or usage.tokens == 0:
+        return usage
+    try:
+        table = load_prices()
+    except InvalidInput:
+        return usage
+    return price(usage, table)
+
+
+def _reported(envelope: Envelope) -> Usage | None:
     usage = envelope.usage
     cost = envelope.cost_usd
     if cost is not None and not (is_number(cost) and cost >= 0):
         cost = None  # not a figure we can store: the usage says what it knows without it
+    if cost == 0 and usage is not None and usage.tokens > 0:
+        cost = None  # a 0 beside tokens is a CLI that did not price them: unknown, not free
     if usage is None:
         return None if cost is None else Usage(usd=float(cost), usd_source=UsdSource.REPORTED)
     if usage.usd is None and cost is not None:
@@ -306,8 +330,9 @@ def usage_of(envelope: Envelope) -> Usage | None:
 
 
 def _cost(envelope: Envelope, usage: Usage | None) -> float | None:
-    """`MappedResult.cost_usd`: the usage's USD when known, else what the adapter set."""
-    if usage is not None and usage.usd is not None:
+    """`MappedResult.cost_usd`: the usage's USD (None when unknown) when there is a usage,
+    else what the adapter set."""
+    if usage is not None:
         return usage.usd
     return envelope.cost_usd
 

@@ -31,7 +31,19 @@ import attrs
 from execkit._exec import Line, StopTree
 from execkit._usage import NO_USAGE, Usage, UsdSource
 
-__all__ = ["UsageEvent", "UsageLimit", "UsageMeter", "UsageReader", "read_usage", "usage_reader"]
+__all__ = [
+    "SPEND_LIMIT_REASON",
+    "UsageEvent",
+    "UsageLimit",
+    "UsageMeter",
+    "UsageReader",
+    "read_usage",
+    "usage_reader",
+]
+
+
+SPEND_LIMIT_REASON = "spend limit"
+"""The reason of a try a `usage_limit` stopped (`MappedResult.reason`, `AgentProof.reason`)."""
 
 
 @attrs.frozen

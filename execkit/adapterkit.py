@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from execkit._adapter import LONG_WAIT_S, AgentRequest, ErrorKind
+from execkit._adapter import LONG_WAIT_S, AgentRequest, ErrorKind, priced
 from execkit._classify import epoch_wait, stated_wait_s
 from execkit._exec import Line
 from execkit._meter import UsageEvent, read_usage
@@ -55,6 +55,7 @@ __all__ = [
     "load_json_document",
     "number_field",
     "parse_retry_after",
+    "priced",
     "prompt_args",
     "read_usage",
     "reported_usage",
@@ -361,8 +362,14 @@ def reported_usage(
 ) -> Usage:
     """A `Usage` of what a CLI reported: a USD it printed is `reported`; without one the
     money is `unknown` (execkit prices the tokens later where its price table knows the
-    model). A USD that is not a finite number >= 0 is dropped, never raised on."""
+    model). A USD that is not a finite number >= 0 is dropped, never raised on, and so is
+    a USD of 0 beside tokens: a CLI prints 0 for a model it has no price for (opencode,
+    pi, a custom provider) and for a call it did not finish pricing (claude's failed
+    stream), and unknown is never zero."""
     money = usd if usd is not None and math.isfinite(usd) and usd >= 0 else None
+    tokens = input_tokens + output_tokens + cache_read_tokens + cache_write_tokens
+    if money == 0 and tokens > 0:
+        money = None
     return Usage(
         input_tokens=input_tokens,
         output_tokens=output_tokens,

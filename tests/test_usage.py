@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 from _support import spawn_result
 
-from execkit import AgentRequest, Envelope, get_adapter, map_result, run_agent
+from execkit import AgentRequest, Envelope, MappedResult, get_adapter, map_result, run_agent
 from execkit._adapter import ErrorKind
 from execkit._proof import AgentStatus
 from execkit._usage import Usage, UsdSource
@@ -84,3 +87,157 @@ def test_the_agent_proof_sums_every_try_a_failed_one_included(fake_vendor: FakeV
     assert failed_try is not None
     assert proof.usage == failed_try + attrs.evolve(REPORTED, model="claude-opus-5-5")
     assert proof.cost_usd == pytest.approx(proof.usage.usd)
+
+
+# --- 2. each adapter reads its CLI's usage from structure -------------------------------------
+
+VENDORS_DIR = Path(__file__).resolve().parent / "vendors"
+if str(VENDORS_DIR) not in sys.path:
+    sys.path.insert(0, str(VENDORS_DIR))
+
+import fake_api  # noqa: E402
+
+
+def _fake_call_tokens() -> tuple[int, int]:
+    """What the loopback fake API bills one successful model call, read from the fake
+    itself (every protocol it speaks returns the same figures)."""
+    anthropic = json.loads(fake_api._message_json("m"))["usage"]
+    openai = json.loads(fake_api._chat_json("m"))["usage"]
+    responses = fake_api._response_object("m", "r", "completed", [])["usage"]
+    google: Any = fake_api._google_chunk("m", "x", "STOP")["usageMetadata"]
+    figures = {
+        (anthropic["input_tokens"], anthropic["output_tokens"]),
+        (openai["prompt_tokens"], openai["completion_tokens"]),
+        (responses["input_tokens"], responses["output_tokens"]),
+        (google["promptTokenCount"], google["candidatesTokenCount"]),
+    }
+    assert len(figures) == 1, figures
+    return figures.pop()
+
+
+IN, OUT = _fake_call_tokens()
+
+# cell -> (model calls whose usage the CLI reports, USD it reported, model it named).
+# opencode's second model call is its title request, which is no step of the run; qwen's
+# `result` totals its two calls; gemini's stats name its router and main models.
+CALLS: dict[str, tuple[int, float | None, str | None]] = {
+    "claude/success": (1, 0.000188, "claude-opus-5-5"),
+    "claude/flaky_503_then_success": (1, 0.000188, "claude-opus-5-5"),
+    "codex/success": (1, None, None),
+    "codex/flaky_503_then_success": (1, None, None),
+    "gemini/success": (2, None, None),
+    "opencode/success": (1, None, None),
+    "kilo/success": (1, None, None),
+    "pi/success": (1, None, "gpt-fake"),
+    "qwen/success": (2, None, None),
+    "droid/success": (1, None, None),
+}
+
+
+def _parse(key: str) -> MappedResult:
+    cell = RECORDED / key
+    adapter = get_adapter(key.split("/")[0])
+    argv = tuple(json.loads((cell / "argv.json").read_text()))
+    meta = json.loads((cell / "meta.json").read_text())
+    result = spawn_result(
+        argv,
+        stdout=(cell / "stdout").read_text(),
+        stderr=(cell / "stderr").read_text(),
+        exit_code=meta["exit_code"],
+    )
+    return adapter.parse(result)
+
+
+@pytest.mark.parametrize("key", sorted(CALLS))
+def test_each_adapter_reads_the_tokens_the_fake_api_billed(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EXECKIT_PRICES", raising=False)
+    calls, usd, model = CALLS[key]
+    usage = _parse(key).usage
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens) == (calls * IN, calls * OUT)
+    assert usage.cache_read_tokens == usage.cache_write_tokens == 0
+    assert usage.model == model
+    if usd is None:  # tokens only (or a CLI's 0 for a model it cannot price): never zero
+        assert usage.usd is None
+        assert usage.usd_source is UsdSource.UNKNOWN
+    else:
+        assert usage.usd == pytest.approx(usd)
+        assert usage.usd_source is UsdSource.REPORTED
+
+
+def test_gemini_reads_each_models_tokens_and_prices_each_on_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(
+        json.dumps(
+            {
+                "models": {
+                    "gemini-3.5-flash-lite": {"input": 1.0, "output": 2.0},
+                    "gemini-3.8-flash": {"input": 10.0, "output": 20.0},
+                }
+            }
+        )
+    )
+    monkeypatch.setenv("EXECKIT_PRICES", str(prices))
+    usage = _parse("gemini/success").usage
+    assert usage is not None
+    assert usage.usd_source is UsdSource.PRICED
+    assert usage.usd == pytest.approx((IN * 1 + OUT * 2 + IN * 10 + OUT * 20) / 1e6)
+
+
+def test_copilot_records_its_premium_requests_and_no_money() -> None:
+    usage = _parse("copilot/success").usage
+    assert usage is not None
+    assert usage.premium_requests == 0  # bring-your-own-key mode spends none
+    assert usage.model == "gpt-fake"
+    assert usage.tokens == 0
+    assert usage.usd is None
+
+
+@pytest.mark.parametrize("key", ["aider/success", "cn/usage_limit", "llm/usage_limit"])
+def test_a_cli_that_prints_no_usage_structure_reports_none(key: str) -> None:
+    assert _parse(key).usage is None
+
+
+def test_claude_counts_a_killed_streams_messages_once_each() -> None:
+    # Two messages, the first printed on three content blocks (its usage repeated, the
+    # last one grown), then killed before the `result`.
+    def event(message: str, block: int, output: int) -> str:
+        body = {
+            "type": "assistant",
+            "message": {
+                "id": message,
+                "model": "claude-opus-5-5",
+                "content": [{"type": "text", "text": f"block {block}"}],
+                "usage": {
+                    "input_tokens": 100,
+                    "output_tokens": output,
+                    "cache_read_input_tokens": 50,
+                    "cache_creation_input_tokens": 5,
+                },
+            },
+        }
+        return json.dumps(body, separators=(",", ":"))
+
+    stdout = "\n".join(
+        [event("msg_1", 1, 3), event("msg_1", 2, 3), event("msg_1", 3, 9), event("msg_2", 1, 4)]
+    )
+    mapped = CLAUDE.parse(spawn_result(stdout=stdout, exit_code=None, signal=9, timed_out=True))
+    assert mapped.usage is not None
+    assert mapped.usage.input_tokens == 200
+    assert mapped.usage.output_tokens == 9 + 4
+    assert mapped.usage.cache_read_tokens == 100
+    assert mapped.usage.cache_write_tokens == 10
+    assert mapped.usage.model == "claude-opus-5-5"
+
+
+def test_a_zero_usd_beside_tokens_is_unknown_not_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXECKIT_PRICES", raising=False)
+    mapped = _parse("claude/midstream_error")
+    assert mapped.usage is not None
+    assert mapped.usage.tokens > 0
+    assert mapped.usage.usd is None
+    assert mapped.cost_usd is None
