@@ -1,0 +1,221 @@
+"""Issue #45 part A.4: usage while a run goes (`usage_of`, `UsageMeter`) and the stop seam."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.claude import ClaudeAdapter
+from execkit import AgentRequest, MappedResult, SpawnResult, run_agent, spawn
+from execkit._exec import Line, StopTree
+from execkit._meter import SPEND_LIMIT_REASON, UsageEvent, UsageMeter, read_usage
+from execkit._proof import AgentStatus
+from execkit._usage import Usage, UsdSource
+
+RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded"
+CLAUDE = ClaudeAdapter()
+
+
+def assistant(message: str, output: int, *, text: str = "working") -> str:
+    """A claude stream-json `assistant` event in the CLI's own key order."""
+    return json.dumps(
+        {
+            "type": "assistant",
+            "message": {
+                "id": message,
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-opus-5-5",
+                "content": [{"type": "text", "text": text}],
+                "usage": {"input_tokens": 10, "output_tokens": output},
+            },
+            "session_id": "s",
+        },
+        separators=(",", ":"),
+    )
+
+
+def line(text: str) -> Line:
+    return Line("stdout", text)
+
+
+# --- the meter ---------------------------------------------------------------------------------
+
+
+def test_a_message_repeated_on_each_content_block_counts_once_at_its_latest_figure() -> None:
+    meter = UsageMeter(CLAUDE.usage_of)
+    for text in (assistant("m1", 1), assistant("m1", 1), assistant("m1", 5), assistant("m2", 2)):
+        meter.on_line(line(text))
+    assert meter.events == 4
+    assert (meter.total.input_tokens, meter.total.output_tokens) == (20, 7)
+    assert meter.total.model == "claude-opus-5-5"
+    assert meter.total.usd is None
+
+
+def test_the_clis_final_total_replaces_the_sum() -> None:
+    recorded = (RECORDED / "claude" / "success" / "stdout").read_text().splitlines()
+    meter = UsageMeter(CLAUDE.usage_of)
+    for text in recorded:
+        meter.on_line(line(text))
+    assert meter.total == Usage(
+        input_tokens=12,
+        output_tokens=7,
+        usd=0.000188,
+        usd_source="reported",
+        model="claude-opus-5-5",
+    )
+    # The parse reads the same figure from the same output.
+    assert read_usage("\n".join(recorded), CLAUDE.usage_of) == meter.total
+
+
+def test_the_limit_stops_once_at_the_first_event_past_it() -> None:
+    seen: list[int] = []
+
+    def limit(usage: Usage) -> bool:
+        seen.append(usage.output_tokens)
+        return usage.output_tokens >= 30
+
+    meter = UsageMeter(CLAUDE.usage_of, limit)
+    answers = [meter.on_line(line(assistant(f"m{i}", 10))) for i in range(5)]
+    assert answers[:2] == [None, None]
+    assert isinstance(answers[2], StopTree)
+    assert answers[3:] == [None, None]  # one stop; later events are still counted
+    assert meter.crossed is not None and meter.crossed.output_tokens == 30
+    assert meter.total.output_tokens == 50
+    assert seen == [10, 20, 30]
+
+
+def test_a_line_with_no_usage_costs_no_limit_call() -> None:
+    calls: list[Usage] = []
+
+    def never(usage: Usage) -> bool:
+        calls.append(usage)
+        return False
+
+    meter = UsageMeter(CLAUDE.usage_of, never)
+    meter.on_line(line('{"type":"system","subtype":"init"}'))
+    meter.on_line(Line("stderr", assistant("m", 3)))  # usage is read from stdout only
+    assert meter.events == 0 and calls == []
+    assert not meter.total.known
+
+
+def test_a_reader_that_returns_something_else_is_a_type_error() -> None:
+    meter = UsageMeter(lambda _line: 12)  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="usage_of must return"):
+        meter.on_line(line("x"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 1000)), max_size=40))
+def test_prop_the_meter_sums_each_messages_latest_figure(events: list[tuple[int, int]]) -> None:
+    meter = UsageMeter(lambda got: None)
+    latest: dict[int, int] = {}
+    for message, output in events:
+        meter.add(UsageEvent(Usage(output_tokens=output, model="m"), message=f"m{message}"))
+        latest[message] = output
+    assert meter.total.output_tokens == sum(latest.values())
+    assert meter.events == len(events)
+
+
+# --- the seam: a real process stopped within one usage event -----------------------------------
+
+# Prints one new message of 100 output tokens per event, forever: only a stop ends it.
+STREAMER = r"""
+import json, sys
+i = 0
+while True:
+    i += 1
+    event = {"type": "assistant", "message": {"id": "msg_%d" % i, "type": "message",
+             "role": "assistant", "model": "claude-opus-5-5",
+             "content": [{"type": "text", "text": "step %d" % i}],
+             "usage": {"input_tokens": 0, "output_tokens": 100}}}
+    sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class StreamingClaude:
+    """claude's reading of a stand-in CLI that streams usage events (a real process)."""
+
+    name = "claude"
+    binary = sys.executable
+    install_hint = "-"
+    login_hint = None
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        return [sys.executable, "-c", STREAMER]
+
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return CLAUDE.parse(result)
+
+    def usage_of(self, line: Line) -> Usage | UsageEvent | None:
+        return CLAUDE.usage_of(line)
+
+
+def test_a_real_process_is_stopped_at_the_usage_event_that_crosses_the_limit() -> None:
+    meter = UsageMeter(CLAUDE.usage_of, lambda usage: usage.output_tokens >= 1_000)
+    result = spawn([sys.executable, "-c", STREAMER], on_line=meter.on_line, timeout=120)
+    assert result.stopped_by is not None and "usage limit crossed" in result.stopped_by
+    assert not result.timed_out
+    # The decision came on the tenth event exactly: within one event of the limit.
+    assert meter.crossed is not None and meter.crossed.output_tokens == 1_000
+    # What the pipes still held was read after the stop, and counted.
+    assert meter.total.output_tokens >= 1_000
+
+
+def test_run_agent_usage_limit_stops_the_tree_and_ends_the_agent_with_what_it_spent() -> None:
+    asked: list[Usage] = []
+
+    def limit(usage: Usage) -> bool:
+        asked.append(usage)
+        return usage.output_tokens >= 500
+
+    with pytest.raises(Exception) as failed:
+        run_agent(
+            StreamingClaude(),
+            AgentRequest(prompt="go", timeout_s=120),
+            max_attempts=3,
+            usage_limit=limit,
+        )
+    proof: Any = failed.value.proof  # type: ignore[attr-defined]
+    assert proof.status is AgentStatus.FAILED
+    assert proof.reason == SPEND_LIMIT_REASON
+    assert proof.attempts == 1  # a stop by the limit is never retried
+    assert proof.usage is not None and proof.usage.output_tokens >= 500
+    assert "spend limit was crossed" in (proof.error or "")
+    # The limit saw the usage priced where the table knows the model (it does not here:
+    # the fake's model is not a real one) and each event once, up to the crossing one.
+    assert [u.output_tokens for u in asked] == [100, 200, 300, 400, 500]
+    assert all(u.usd_source is UsdSource.UNKNOWN for u in asked)
+
+
+class ReplayedClaude(StreamingClaude):
+    """claude's reading of a real process that prints a recorded claude run."""
+
+    def __init__(self, recording: Path) -> None:
+        self.recording = recording
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        script = "import sys; sys.stdout.write(open(sys.argv[1]).read())"
+        return [sys.executable, "-c", script, str(self.recording)]
+
+
+def test_a_metered_run_records_what_the_parse_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXECKIT_PRICES", raising=False)
+    recording = RECORDED / "claude" / "success" / "stdout"
+    asked: list[Usage] = []
+
+    def never(usage: Usage) -> bool:
+        asked.append(usage)
+        return False
+
+    proof = run_agent(ReplayedClaude(recording), AgentRequest(prompt="x"), usage_limit=never)
+    assert proof.usage == read_usage(recording.read_text(), CLAUDE.usage_of)
+    assert proof.usage is not None and proof.usage.usd_source is UsdSource.REPORTED
+    assert len(asked) == 2  # the assistant event, then the result's total
