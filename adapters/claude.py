@@ -290,6 +290,39 @@ def _result_usage(envelope: dict[str, Any]) -> Usage | None:
 
 
 _ASSISTANT = '{"type":"assistant","message":{"id":"'
+_USAGE_KEY = '"usage":{'
+# The last assistant event read: the CLI repeats it once per content block of a message.
+# Shared by every meter (threads included): it is returned only for the same message id
+# and the same usage text, which read to the same event whichever run printed them.
+_last_assistant: list[tuple[str, str, UsageEvent]] = []
+
+
+def _assistant_usage(text: str) -> UsageEvent | None:
+    """An `assistant` event in the CLI's own key order (type, then message.id): its id
+    and its usage object are read alone, not the whole event (its content can be
+    kilobytes), and a repeat of the last message at the same figure is the same event."""
+    end = text.find('"', len(_ASSISTANT))
+    at = text.rfind(_USAGE_KEY)
+    if end < 0 or at < 0:
+        return None
+    message = text[len(_ASSISTANT) : end]
+    close = text.find("}", at)
+    said = text[at:close]
+    if _last_assistant:
+        last_message, last_said, last_event = _last_assistant[0]
+        if last_message == message and last_said == said:
+            return last_event
+    usage = embedded_object(text, "usage")
+    if usage is None:
+        return None
+    model_at = text.find('"model":"', end)
+    model = None
+    if model_at >= 0:
+        model_end = text.find('"', model_at + 9)
+        model = text[model_at + 9 : model_end] if model_end > 0 else None
+    event = UsageEvent(_usage_fields(usage, None, model), message=message)
+    _last_assistant[:] = [(message, said, event)]
+    return event
 
 
 def usage_of(line: Line) -> Usage | UsageEvent | None:
@@ -299,19 +332,7 @@ def usage_of(line: Line) -> Usage | UsageEvent | None:
     if line.stream != "stdout" or '"usage":{' not in text:
         return None
     if text.startswith(_ASSISTANT):
-        # The CLI's own key order (type, message.id first): read the id and the usage
-        # object alone, not the whole event (its content can be kilobytes).
-        end = text.find('"', len(_ASSISTANT))
-        usage = embedded_object(text, "usage")
-        if end < 0 or usage is None:
-            return None
-        model_at = text.find('"model":"', end)
-        model = None
-        if model_at >= 0:
-            model_end = text.find('"', model_at + 9)
-            model = text[model_at + 9 : model_end] if model_end > 0 else None
-        message = text[len(_ASSISTANT) : end]
-        return UsageEvent(_usage_fields(usage, None, model), message=message)
+        return _assistant_usage(text)
     try:
         event = json.loads(text)
     except (ValueError, RecursionError):

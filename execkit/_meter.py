@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from execkit._exec import Line, StopTree
-from execkit._usage import NO_USAGE, Usage, UsdSource
+from execkit._usage import NO_USAGE, Usage, UsdSource, checked_usage
 
 __all__ = [
     "SPEND_LIMIT_REASON",
@@ -104,15 +104,16 @@ class _Sum:
         )
         models = [model for model, n in self.models.items() if n > 0]
         counts = self.counts
-        return Usage(
-            input_tokens=counts[0],
-            output_tokens=counts[1],
-            cache_read_tokens=counts[2],
-            cache_write_tokens=counts[3],
-            usd=max(0.0, self.usd) if self.usd_parts > 0 else None,
-            usd_source=source if self.usd_parts > 0 else UsdSource.UNKNOWN,
-            model=models[0] if len(models) == 1 else None,
-            premium_requests=counts[4],
+        # Sums of checked values: built without running the validators again.
+        return checked_usage(
+            counts[0],
+            counts[1],
+            counts[2],
+            counts[3],
+            max(0.0, self.usd) if self.usd_parts > 0 else None,
+            source if self.usd_parts > 0 else UsdSource.UNKNOWN,
+            models[0] if len(models) == 1 else None,
+            counts[4],
         )
 
 
@@ -147,34 +148,38 @@ class UsageMeter:
             return self._final
         return self._sum.total()
 
-    def add(self, got: Usage | UsageEvent) -> None:
-        """Count one usage event (what `on_line` does with a line's reading)."""
-        if isinstance(got, Usage):
-            event = UsageEvent(got)
-        elif isinstance(got, UsageEvent):
+    def add(self, got: Usage | UsageEvent) -> bool:
+        """Count one usage event (what `on_line` does with a line's reading); whether it
+        changed the total (a message repeated at the same figure does not)."""
+        if isinstance(got, UsageEvent):
             event = got
+        elif isinstance(got, Usage):
+            event = UsageEvent(got)
         else:
             raise TypeError(f"usage_of must return None, a Usage or a UsageEvent, got {got!r}")
         self.events += 1
         if event.final:
             self._final = event.usage
-            return
+            return True
         if event.message is not None:
             before = self._messages.get(event.message)
-            if before == event.usage:
-                return
+            if before is event.usage or before == event.usage:
+                return False
             if before is not None:
                 self._sum.add(before, -1)
             self._messages[event.message] = event.usage
         self._sum.add(event.usage)
+        return True
 
     def on_line(self, line: Line) -> StopTree | None:
-        """The line hook: read the line's usage, count it, stop the tree past the limit."""
+        """The line hook: read the line's usage, count it, stop the tree past the limit.
+        An event that changed nothing (a message repeated at the same figure) asks the
+        limit nothing: its answer would be the one it gave before."""
         got = self._read(line)
         if got is None:
             return None
-        self.add(got)
-        if self._limit is None or self.crossed is not None:
+        changed = self.add(got)
+        if not changed or self._limit is None or self.crossed is not None:
             return None
         total = self.total
         if not self._limit(total):

@@ -33,7 +33,7 @@ from importlib import resources
 import attrs
 
 from execkit._errors import InvalidInput
-from execkit._usage import Usage, UsdSource
+from execkit._usage import Usage, UsdSource, checked_usage
 
 __all__ = [
     "PRICES_ENV",
@@ -117,8 +117,24 @@ def price(usage: Usage, table: PriceTable) -> Usage:
             continue
         if rate is None:
             return usage
-        total += tokens * rate
-    return attrs.evolve(usage, usd=total / 1_000_000, usd_source=UsdSource.PRICED)
+        try:
+            total += tokens * rate
+        except OverflowError:  # a count no float holds: no figure to give
+            return usage
+    if not math.isfinite(total):
+        return usage
+    # Every field is the checked usage's own but the USD, a finite sum of counts times
+    # prices > 0: built without the validators (a metered run prices each usage event).
+    return checked_usage(
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_read_tokens,
+        usage.cache_write_tokens,
+        total / 1_000_000,
+        UsdSource.PRICED,
+        usage.model,
+        usage.premium_requests,
+    )
 
 
 def _table(data: object, origin: str) -> PriceTable:

@@ -26,7 +26,7 @@ from execkit._errors import InvalidInput
 from execkit._json import to_json
 from execkit._validate import checked, finite, integer, is_integer, is_number, opt_checked
 
-__all__ = ["NO_USAGE", "Usage", "UsdSource", "load_usage"]
+__all__ = ["NO_USAGE", "Usage", "UsdSource", "checked_usage", "load_usage"]
 
 
 class UsdSource(enum.StrEnum):
@@ -181,3 +181,40 @@ def load_usage(data: object) -> Usage | None:
         model=model,
         **counts,
     )
+
+
+_FIELDS = tuple(field.name for field in attrs.fields(Usage))
+
+
+def checked_usage(
+    input_tokens: int,
+    output_tokens: int,
+    cache_read_tokens: int,
+    cache_write_tokens: int,
+    usd: float | None,
+    usd_source: UsdSource,
+    model: str | None,
+    premium_requests: int = 0,
+) -> Usage:
+    """A `Usage` of values the caller has already checked (counts that are ints >= 0, a
+    finite USD >= 0 or None with its source, a str or None model), built without running
+    the validators again: what a meter does once per usage event, where the validators
+    were most of the cost of reading a line (benchmarks/bench_usage.py). Anything read
+    from outside (a stored proof, a file) goes through `Usage(...)` or `load_usage`."""
+    usage = object.__new__(Usage)
+    for name, value in zip(
+        _FIELDS,
+        (
+            input_tokens,
+            output_tokens,
+            cache_read_tokens,
+            cache_write_tokens,
+            usd,
+            usd_source,
+            model,
+            premium_requests,
+        ),
+        strict=True,
+    ):
+        object.__setattr__(usage, name, value)
+    return usage

@@ -36,7 +36,7 @@ from execkit._adapter import LONG_WAIT_S, AgentRequest, ErrorKind, priced
 from execkit._classify import epoch_wait, stated_wait_s
 from execkit._exec import Line
 from execkit._meter import UsageEvent, read_usage
-from execkit._usage import Usage, UsdSource
+from execkit._usage import Usage, UsdSource, checked_usage
 
 __all__ = [
     "LONG_WAIT_S",
@@ -367,9 +367,17 @@ def reported_usage(
     pi, a custom provider) and for a call it did not finish pricing (claude's failed
     stream), and unknown is never zero."""
     money = usd if usd is not None and math.isfinite(usd) and usd >= 0 else None
-    tokens = input_tokens + output_tokens + cache_read_tokens + cache_write_tokens
-    if money == 0 and tokens > 0:
+    counts = (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
+    if money == 0 and sum(counts) > 0:
         money = None
+    if all(type(count) is int and count >= 0 for count in (*counts, premium_requests)) and (
+        model is None or type(model) is str
+    ):
+        # Checked here: skip the validators (a meter reads one of these per usage event).
+        source = UsdSource.UNKNOWN if money is None else UsdSource.REPORTED
+        return checked_usage(
+            *counts, float(money) if money is not None else None, source, model, premium_requests
+        )
     return Usage(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
