@@ -245,3 +245,13 @@ def test_prop_pricing_never_turns_unknown_into_zero(table: PriceTable, usage: Us
     else:
         assert priced == usage
         assert priced.usd is None
+
+
+def test_the_example_in_docs_formats_loads_and_merges(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text()
+    section = text.split("## The price table", 1)[1]
+    example = section.split("```json", 1)[1].split("```", 1)[0]
+    path = write(tmp_path, example)
+    table = load_prices({PRICES_ENV: path})
+    assert table.models["gpt-5"] == ModelPrice(input=1.0, output=8.0, cache_read=0.1)
+    assert table.of("our-gateway-model") == ModelPrice(input=2.5, output=10.0)
