@@ -13,6 +13,8 @@ from _support import spawn_result
 
 from execkit import AgentRequest, Envelope, MappedResult, get_adapter, map_result, run_agent
 from execkit._adapter import ErrorKind
+from execkit._exec import Line
+from execkit._meter import UsageEvent, read_usage
 from execkit._proof import AgentStatus
 from execkit._usage import Usage, UsdSource
 from execkit.testing import FakeVendor
@@ -241,3 +243,62 @@ def test_a_zero_usd_beside_tokens_is_unknown_not_free(monkeypatch: pytest.Monkey
     assert mapped.usage.tokens > 0
     assert mapped.usage.usd is None
     assert mapped.cost_usd is None
+
+
+# --- the live reading agrees with the final one ----------------------------------------------
+
+LIVE = ["claude", "codex", "opencode", "kilo", "pi", "qwen", "copilot"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        f"{cli}/{cell}"
+        for cli in LIVE
+        for cell in ("success", "flaky_503_then_success", "midstream_error", "stream_cut")
+    ],
+)
+def test_usage_of_line_by_line_reads_what_parse_reads(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EXECKIT_PRICES", raising=False)
+    adapter: Any = get_adapter(key.split("/")[0])
+    stdout = (RECORDED / key / "stdout").read_text()
+    live = read_usage(stdout, adapter.usage_of)
+    final = _parse(key).usage
+    if final is None:
+        assert live is None
+        return
+    assert live is not None
+    assert (live.input_tokens, live.output_tokens, live.cache_read_tokens) == (
+        final.input_tokens,
+        final.output_tokens,
+        final.cache_read_tokens,
+    )
+    assert (live.usd, live.premium_requests) == (final.usd, final.premium_requests)
+
+
+def test_gemini_stream_json_result_stats_are_its_final_total() -> None:
+    # gemini-cli's stream-json `result` event (`--output-format stream-json`; not the
+    # adapter's default argv, so not recorded here): totals, cached tokens inside input.
+    line = json.dumps(
+        {
+            "type": "result",
+            "timestamp": "2026-12-07T10:00:00.000Z",
+            "status": "success",
+            "stats": {
+                "total_tokens": 150,
+                "input_tokens": 100,
+                "output_tokens": 50,
+                "cached": 40,
+                "input": 60,
+                "duration_ms": 900,
+                "tool_calls": 0,
+            },
+        }
+    )
+    got = get_adapter("gemini").usage_of(Line("stdout", line))  # type: ignore[attr-defined]
+    assert isinstance(got, UsageEvent) and got.final
+    assert (got.usage.input_tokens, got.usage.cache_read_tokens) == (60, 40)
+    assert got.usage.output_tokens == 50
+    assert got.usage.usd is None
