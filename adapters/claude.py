@@ -297,6 +297,20 @@ _USAGE_KEY = '"usage":{'
 _last_assistant: list[tuple[str, str, UsageEvent]] = []
 
 
+def _object_end(text: str, start: int) -> int:
+    """The index after the `}` closing the object that opens at `text[start]` (a usage
+    object holds numbers, plain words and nested objects: no brace inside a string), or
+    the text's length when it does not close."""
+    close = start
+    opened = 1
+    while opened:
+        close = text.find("}", close + 1)
+        if close < 0:
+            return len(text)
+        opened = text.count("{", start, close + 1) - text.count("}", start, close + 1)
+    return close + 1
+
+
 def _assistant_usage(text: str) -> UsageEvent | None:
     """An `assistant` event in the CLI's own key order (type, then message.id): its id
     and its usage object are read alone, not the whole event (its content can be
@@ -306,8 +320,7 @@ def _assistant_usage(text: str) -> UsageEvent | None:
     if end < 0 or at < 0:
         return None
     message = text[len(_ASSISTANT) : end]
-    close = text.find("}", at)
-    said = text[at:close]
+    said = text[at : _object_end(text, at + len(_USAGE_KEY) - 1)]
     if _last_assistant:
         last_message, last_said, last_event = _last_assistant[0]
         if last_message == message and last_said == said:

@@ -219,3 +219,26 @@ def test_a_metered_run_records_what_the_parse_reads(monkeypatch: pytest.MonkeyPa
     assert proof.usage == read_usage(recording.read_text(), CLAUDE.usage_of)
     assert proof.usage is not None and proof.usage.usd_source is UsdSource.REPORTED
     assert len(asked) == 2  # the assistant event, then the result's total
+
+
+def test_a_later_block_that_grew_only_after_a_nested_object_is_not_taken_for_a_repeat() -> None:
+    # claude-code's usage puts `cache_creation` (an object) before `output_tokens`.
+    def event(output: int) -> str:
+        usage = (
+            '{"input_tokens":3,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,'
+            '"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},'
+            f'"output_tokens":{output},"service_tier":"standard"}}'
+        )
+        return (
+            '{"type":"assistant","message":{"id":"msg_nested","type":"message",'
+            '"role":"assistant","model":"claude-opus-5-5","content":[{"type":"text",'
+            f'"text":"x"}}],"usage":{usage},"context_management":null}},'
+            f'"parent_tool_use_id":null,"session_id":"s","uuid":"u{output}"}}'
+        )
+
+    meter = UsageMeter(CLAUDE.usage_of)
+    for output in (1, 1, 40):
+        json.loads(event(output))  # the stand-in is valid JSON
+        meter.on_line(line(event(output)))
+    assert meter.total.output_tokens == 40
+    assert meter.total.input_tokens == 3
