@@ -349,7 +349,7 @@ def usage_of(line: Line) -> Usage | UsageEvent | None:
     try:
         event = json.loads(text)
     except (ValueError, RecursionError):
-        return None
+        return _cut_result(text) if line.cut else None
     if not isinstance(event, dict):
         return None
     kind = event.get("type")
@@ -363,6 +363,20 @@ def usage_of(line: Line) -> Usage | UsageEvent | None:
             message=str_field(said, "id"),
         )
     return None
+
+
+_TOTAL_COST = re.compile(r'"total_cost_usd":(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)[,}]')
+
+
+def _cut_result(text: str) -> UsageEvent | None:
+    """The start of a `result` event longer than a hooked line (its `result` text, the
+    final reply, can be long): the CLI prints `total_cost_usd` and `usage` before it, and
+    only the result envelope has `total_cost_usd`. Its run total, or None."""
+    cost = _TOTAL_COST.search(text)
+    usage = embedded_object(text, "usage")
+    if cost is None or usage is None:
+        return None
+    return UsageEvent(_usage_fields(usage, float(cost.group(1)), None), final=True)
 
 
 def _usage(stdout: str, document: Any, envelope: dict[str, Any] | None) -> Usage | None:

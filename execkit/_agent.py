@@ -350,11 +350,14 @@ def _spawn_once(
 
 
 def _with_usage(raw: MappedResult, meter: UsageMeter | None, spend: _Spend | None) -> MappedResult:
-    """The try's result with its usage: the meter's (it read every line, the parse only
-    the tail) when it counted any, priced; a try the limit stopped is a charged work
+    """The try's result with its usage: the meter's or the parse's, whichever counted
+    more tokens, priced; a try the limit stopped is a charged work
     failure with reason `SPEND_LIMIT_REASON` (the caller's cap decides what it means)."""
     usage = raw.usage
-    if meter is not None and meter.events:
+    # The meter read every line, the parse the output's tail (long runs' early events may
+    # be gone) whole (a hooked line is cut at 8 KiB): the larger reading is the one that
+    # missed less.
+    if meter is not None and meter.events and (usage is None or meter.total.tokens > usage.tokens):
         usage = meter.total
     if usage is not None and spend is not None:
         usage = spend.price(usage)

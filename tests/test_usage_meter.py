@@ -242,3 +242,16 @@ def test_a_later_block_that_grew_only_after_a_nested_object_is_not_taken_for_a_r
         meter.on_line(line(event(output)))
     assert meter.total.output_tokens == 40
     assert meter.total.input_tokens == 3
+
+
+def test_a_result_longer_than_a_hooked_line_still_gives_the_runs_total() -> None:
+    recorded = (RECORDED / "claude" / "success" / "stdout").read_text().splitlines()[-1]
+    event = json.loads(recorded)
+    event["result"] = "a long final reply " * 1000  # past LINE_BYTES: the hook cuts it
+    text = json.dumps(event, separators=(",", ":"))
+    assert len(text.encode()) > 8 * 1024 and text.index('"usage"') < 8 * 1024
+    got = CLAUDE.usage_of(Line("stdout", text[: 8 * 1024], cut=True))
+    assert isinstance(got, UsageEvent) and got.final
+    assert got.usage.usd == pytest.approx(0.000188)
+    assert got.usage.usd_source is UsdSource.REPORTED
+    assert (got.usage.input_tokens, got.usage.output_tokens) == (12, 7)
