@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _support import spawn_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -255,3 +256,77 @@ def test_a_result_longer_than_a_hooked_line_still_gives_the_runs_total() -> None
     assert got.usage.usd == pytest.approx(0.000188)
     assert got.usage.usd_source is UsdSource.REPORTED
     assert (got.usage.input_tokens, got.usage.output_tokens) == (12, 7)
+
+
+# --- vendor output never makes a reader raise ------------------------------------------------
+
+_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**30), 10**30)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_usage_keys = st.sampled_from(
+    [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "cached_input_tokens",
+        "input",
+        "output",
+        "reasoning",
+        "cache",
+        "cacheRead",
+        "cost",
+        "total_cost_usd",
+        "premiumRequests",
+        "prompt",
+        "candidates",
+        "thoughts",
+        "cached",
+    ]
+)
+_usages = st.dictionaries(_usage_keys, _values, max_size=6)
+_events = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(
+            ["assistant", "result", "turn.completed", "step_finish", "message_end", "x"]
+        ),
+        # claude's own key order (type, then message with its id first): its fast path.
+        "message": st.fixed_dictionaries(
+            {
+                "id": st.text(max_size=8) | _values,
+                "role": st.just("assistant"),
+                "usage": _usages | _values,
+            }
+        ),
+        "usage": _usages | _values,
+        "part": st.fixed_dictionaries({"tokens": _usages | _values, "cost": _values}),
+        "stats": st.dictionaries(_usage_keys | st.just("models"), _values, max_size=4),
+        "total_cost_usd": _values,
+    }
+)
+READERS = ["claude", "codex", "gemini", "opencode", "kilo", "pi", "qwen", "copilot"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_events, st.sampled_from(READERS), st.booleans())
+def test_prop_a_usage_reader_never_raises_on_vendor_output(
+    event: dict[str, Any], cli: str, cut: bool
+) -> None:
+    from execkit import get_adapter
+
+    adapter: Any = get_adapter(cli)
+    text = json.dumps(event, separators=(",", ":"))
+    got = adapter.usage_of(Line("stdout", text[: len(text) // 2] if cut else text, cut))
+    assert got is None or isinstance(got, Usage | UsageEvent)
+    meter = UsageMeter(adapter.usage_of, lambda usage: usage.tokens > 10**40)
+    meter.on_line(Line("stdout", text))
+    parsed = adapter.parse(spawn_result(("x",), stdout=text + "\n"))
+    assert parsed.usage is None or isinstance(parsed.usage, Usage)
