@@ -23,7 +23,8 @@ The vendor's own fixed sentences inside `message` name its kind
 
 Usage (issue #45): copilot prints no tokens and no money. Its `result` event's
 `usage.premiumRequests` (the plan's billing unit, a count of premium model requests) is
-kept as `Usage.premium_requests`, never turned into USD (its USD stays `unknown`); the
+kept as `Usage.premium_requests` (fractional: a model's multiplier counts one request as
+0.33 of one), never turned into USD (its USD stays `unknown`); the
 model is the one its `session.tools_updated` / `model.call_start` events name.
 """
 
@@ -40,7 +41,6 @@ from execkit.adapterkit import (
     ErrorKind,
     Line,
     Usage,
-    count_field,
     http_status,
     iter_json_objects,
     json_object,
@@ -102,9 +102,10 @@ def _result_usage(event: dict[str, Any]) -> Usage | None:
     usage = event.get("usage")
     if event.get("type") != "result" or not isinstance(usage, dict):
         return None
-    if not isinstance(usage.get("premiumRequests"), int | float):
+    premium = number_field(usage, "premiumRequests")
+    if premium is None:
         return None
-    return reported_usage(premium_requests=count_field(usage, "premiumRequests"))
+    return reported_usage(premium_requests=premium)
 
 
 def usage_of(line: Line) -> Usage | None:

@@ -68,10 +68,11 @@ class _Sum:
     """Running totals of a multiset of `Usage` values that supports removing one, so a
     replaced message costs O(1), never a re-sum."""
 
-    __slots__ = ("counts", "models", "parts", "sources", "usd", "usd_parts")
+    __slots__ = ("counts", "models", "parts", "premium", "sources", "usd", "usd_parts")
 
     def __init__(self) -> None:
-        self.counts = [0, 0, 0, 0, 0]
+        self.counts = [0, 0, 0, 0]
+        self.premium = 0.0
         self.usd = 0.0
         self.usd_parts = 0  # parts with a USD figure
         self.parts = 0  # parts that reported anything (`Usage.known`)
@@ -86,7 +87,7 @@ class _Sum:
         counts[1] += sign * usage.output_tokens
         counts[2] += sign * usage.cache_read_tokens
         counts[3] += sign * usage.cache_write_tokens
-        counts[4] += sign * usage.premium_requests
+        self.premium += sign * usage.premium_requests
         if usage.usd is not None:
             self.usd += sign * usage.usd
             self.usd_parts += sign
@@ -113,7 +114,7 @@ class _Sum:
             max(0.0, self.usd) if self.usd_parts > 0 else None,
             source if self.usd_parts > 0 else UsdSource.UNKNOWN,
             models[0] if len(models) == 1 else None,
-            counts[4],
+            max(0.0, self.premium),
         )
 
 

@@ -71,8 +71,11 @@ class Usage:
     usd_source: UsdSource = attrs.field(default=UsdSource.UNKNOWN, converter=_source)
     model: str | None = attrs.field(default=None, validator=optional(instance_of(str)))
     # GitHub Copilot bills a plan's "premium requests", not tokens or USD: its `result`
-    # event's `usage.premiumRequests`, kept as the count it is (never turned into money).
-    premium_requests: int = attrs.field(default=0, validator=_TOKENS)
+    # event's `usage.premiumRequests`, kept as the figure it is (never turned into money);
+    # fractional, as a model's multiplier makes one request count 0.33 of one.
+    premium_requests: float = attrs.field(
+        default=0.0, validator=checked("a finite number >= 0", finite, ge(0))
+    )
 
     @usd_source.validator
     def _money_has_a_source(self, _attribute: attrs.Attribute[UsdSource], value: UsdSource) -> None:
@@ -145,7 +148,6 @@ _COUNTS = (
     "output_tokens",
     "cache_read_tokens",
     "cache_write_tokens",
-    "premium_requests",
 )
 
 
@@ -168,6 +170,12 @@ def load_usage(data: object) -> Usage | None:
         if not is_integer(value):
             raise InvalidInput(f"usage.{key} must be an integer >= 0, got {value!r}", field=key)
         counts[key] = value
+    premium = data.get("premium_requests", 0)
+    if not is_number(premium) or premium < 0:
+        raise InvalidInput(
+            f"usage.premium_requests must be a number >= 0, got {premium!r}",
+            field="premium_requests",
+        )
     usd = data.get("usd")
     if usd is not None and not is_number(usd):
         raise InvalidInput(f"usage.usd must be a number >= 0 or null, got {usd!r}", field="usd")
@@ -179,6 +187,7 @@ def load_usage(data: object) -> Usage | None:
         usd=None if usd is None else float(usd),
         usd_source=_source(source),
         model=model,
+        premium_requests=float(premium),
         **counts,
     )
 
@@ -194,7 +203,7 @@ def checked_usage(
     usd: float | None,
     usd_source: UsdSource,
     model: str | None,
-    premium_requests: int = 0,
+    premium_requests: float = 0.0,
 ) -> Usage:
     """A `Usage` of values the caller has already checked (counts that are ints >= 0, a
     finite USD >= 0 or None with its source, a str or None model), built without running

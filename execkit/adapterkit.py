@@ -358,7 +358,7 @@ def reported_usage(
     cache_write_tokens: int = 0,
     usd: float | None = None,
     model: str | None = None,
-    premium_requests: int = 0,
+    premium_requests: float = 0.0,
 ) -> Usage:
     """A `Usage` of what a CLI reported: a USD it printed is `reported`; without one the
     money is `unknown` (execkit prices the tokens later where its price table knows the
@@ -370,13 +370,14 @@ def reported_usage(
     counts = (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
     if money == 0 and sum(counts) > 0:
         money = None
-    if all(type(count) is int and count >= 0 for count in (*counts, premium_requests)) and (
+    premium = premium_requests if math.isfinite(premium_requests) and premium_requests > 0 else 0.0
+    if all(type(count) is int and count >= 0 for count in counts) and (
         model is None or type(model) is str
     ):
         # Checked here: skip the validators (a meter reads one of these per usage event).
         source = UsdSource.UNKNOWN if money is None else UsdSource.REPORTED
         return checked_usage(
-            *counts, float(money) if money is not None else None, source, model, premium_requests
+            *counts, float(money) if money is not None else None, source, model, float(premium)
         )
     return Usage(
         input_tokens=input_tokens,
@@ -386,7 +387,7 @@ def reported_usage(
         usd=money,
         usd_source=UsdSource.UNKNOWN if money is None else UsdSource.REPORTED,
         model=model,
-        premium_requests=premium_requests,
+        premium_requests=float(premium),
     )
 
 

@@ -302,3 +302,12 @@ def test_gemini_stream_json_result_stats_are_its_final_total() -> None:
     assert (got.usage.input_tokens, got.usage.cache_read_tokens) == (60, 40)
     assert got.usage.output_tokens == 50
     assert got.usage.usd is None
+
+
+def test_copilot_keeps_a_fractional_premium_request_as_it_is() -> None:
+    line = '{"type":"result","sessionId":"s","exitCode":0,"usage":{"premiumRequests":0.33}}'
+    got = get_adapter("copilot").usage_of(Line("stdout", line))  # type: ignore[attr-defined]
+    assert isinstance(got, Usage)
+    assert got.premium_requests == pytest.approx(0.33)
+    assert got.usd is None and got.tokens == 0
+    assert (got + got).premium_requests == pytest.approx(0.66)
