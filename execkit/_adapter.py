@@ -750,7 +750,9 @@ class AdapterWatch:
     a wait it should not sleep out in the attempt (`is_error`, the kind, `retry_after_s`
     and, when the wait is the vendor's or the CLI's fixed announcement of it,
     `reset_structured`). The first envelope stops the tree (`StopTree`), and `parse` maps
-    the stopped spawn from that envelope; any other spawn is the adapter's own `parse`.
+    the stopped spawn from that envelope (with the usage the adapter's own `parse` reads
+    from the output, when the envelope carries none); any other spawn is the adapter's own
+    `parse`.
     An adapter's `watch` that raises is the spawn's exception (the tree is killed first).
     """
 
@@ -781,7 +783,10 @@ class AdapterWatch:
     def parse(self, result: SpawnResult) -> MappedResult:
         """The stopped spawn mapped from the watch's envelope; else the adapter's `parse`."""
         if result.stopped_by is not None and self.envelope is not None:
-            return map_result(self.adapter, result, self.envelope)
+            # The watch's envelope is the error; what the CLI cost before it announced the
+            # wait is in its output, read as the adapter reads it.
+            spent = self.envelope.usage or self.adapter.parse(result).usage
+            return map_result(self.adapter, result, attrs.evolve(self.envelope, usage=spent))
         return self.adapter.parse(result)
 
 
