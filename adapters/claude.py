@@ -301,14 +301,15 @@ def _object_end(text: str, start: int) -> int:
     """The index after the `}` closing the object that opens at `text[start]` (a usage
     object holds numbers, plain words and nested objects: no brace inside a string), or
     the text's length when it does not close."""
-    close = start
-    opened = 1
-    while opened:
-        close = text.find("}", close + 1)
+    depth = 1
+    at = start + 1
+    while depth:
+        close = text.find("}", at)
         if close < 0:
             return len(text)
-        opened = text.count("{", start, close + 1) - text.count("}", start, close + 1)
-    return close + 1
+        depth += text.count("{", at, close) - 1
+        at = close + 1
+    return at
 
 
 def _assistant_usage(text: str) -> UsageEvent | None:

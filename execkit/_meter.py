@@ -64,6 +64,9 @@ UsageLimit = Callable[[Usage], bool]
 """Says whether a run's usage so far has crossed what it may spend (True: stop it)."""
 
 
+_LEAST_CERTAIN_FIRST = tuple(reversed(UsdSource))
+
+
 class _Sum:
     """Running totals of a multiset of `Usage` values that supports removing one, so a
     replaced message costs O(1), never a re-sum."""
@@ -99,10 +102,8 @@ class _Sum:
         if self.parts <= 0:
             return NO_USAGE
         # The less certain source present wins, as `Usage.__add__` sums it.
-        source = max(
-            (source for source, n in self.sources.items() if n > 0),
-            key=list(UsdSource).index,
-        )
+        sources = self.sources
+        source = next(kind for kind in _LEAST_CERTAIN_FIRST if sources[kind] > 0)
         models = [model for model, n in self.models.items() if n > 0]
         counts = self.counts
         # Sums of checked values: built without running the validators again.

@@ -192,8 +192,6 @@ def load_usage(data: object) -> Usage | None:
     )
 
 
-_FIELDS = tuple(field.name for field in attrs.fields(Usage))
-
 
 def checked_usage(
     input_tokens: int,
@@ -211,19 +209,13 @@ def checked_usage(
     were most of the cost of reading a line (benchmarks/bench_usage.py). Anything read
     from outside (a stored proof, a file) goes through `Usage(...)` or `load_usage`."""
     usage = object.__new__(Usage)
-    for name, value in zip(
-        _FIELDS,
-        (
-            input_tokens,
-            output_tokens,
-            cache_read_tokens,
-            cache_write_tokens,
-            usd,
-            usd_source,
-            model,
-            premium_requests,
-        ),
-        strict=True,
-    ):
-        object.__setattr__(usage, name, value)
+    put = object.__setattr__
+    put(usage, "input_tokens", input_tokens)
+    put(usage, "output_tokens", output_tokens)
+    put(usage, "cache_read_tokens", cache_read_tokens)
+    put(usage, "cache_write_tokens", cache_write_tokens)
+    put(usage, "usd", usd)
+    put(usage, "usd_source", usd_source)
+    put(usage, "model", model)
+    put(usage, "premium_requests", premium_requests)
     return usage
