@@ -311,3 +311,41 @@ def test_copilot_keeps_a_fractional_premium_request_as_it_is() -> None:
     assert got.premium_requests == pytest.approx(0.33)
     assert got.usd is None and got.tokens == 0
     assert (got + got).premium_requests == pytest.approx(0.66)
+
+
+class Scripted:
+    """Spawns `true` (a real process) and reports the next scripted result."""
+
+    name = "scripted"
+    binary = "true"
+    install_hint = "-"
+    login_hint = None
+
+    def __init__(self, results: list[MappedResult]) -> None:
+        self.results = list(results)
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        return ["true"]
+
+    def parse(self, result: object) -> MappedResult:
+        return self.results.pop(0)
+
+
+def test_a_try_that_ran_and_reported_nothing_makes_the_agents_usd_unknown() -> None:
+    from execkit._classify import FailureClass
+
+    overloaded = MappedResult(
+        ok=False, failure_class=FailureClass.UPSTREAM, reason="overloaded", usage=REPORTED
+    )
+    silent = MappedResult(ok=True, text="done")  # its CLI printed no usage
+    proof = run_agent(
+        Scripted([overloaded, silent]),
+        AgentRequest(prompt="x"),
+        max_attempts=2,
+        sleep=lambda _s: None,
+    )
+    assert proof.usage is not None
+    assert proof.usage.input_tokens == REPORTED.input_tokens
+    # The known part is kept; the source says the total is not complete (never a zero).
+    assert proof.usage.usd == pytest.approx(REPORTED.usd)
+    assert proof.usage.usd_source is UsdSource.UNKNOWN
