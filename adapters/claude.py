@@ -445,8 +445,8 @@ def read_result(stdout: str, *, now: float | None = None) -> Envelope:
 
 @attrs.frozen
 class ClaudeAdapter:
-    """`claude -p --output-format stream-json --verbose [--model M] [--max-turns N] ARGS...
-    PROMPT`.
+    """`claude -p --output-format stream-json --verbose [--model M] [--max-turns N]
+    [--max-budget-usd USD] ARGS... PROMPT`.
 
     The working directory is the spawn's cwd (claude has no directory flag). ARGS that
     name another `--output-format` (claude takes the last one) are read too: `json` prints
@@ -469,8 +469,11 @@ class ClaudeAdapter:
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]
+        # The CLI's own spend bound (by its `total_cost_usd`), beside execkit's meter.
+        budget = request.max_budget_usd
+        spend = [] if budget is None else ["--max-budget-usd", f"{budget:g}"]
         head = [self.binary, "-p", "--output-format", "stream-json", "--verbose"]
-        return request_argv(head, request, options=turns)
+        return request_argv(head, request, options=[*turns, *spend])
 
     def parse(self, result: SpawnResult) -> MappedResult:
         now = self.clock()

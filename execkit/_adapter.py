@@ -134,8 +134,10 @@ class AgentRequest:
     """One agent invocation, vendor-neutral.
 
     `timeout_s` is enforced by execkit (the process tree is killed), not by the vendor.
-    `max_turns` is passed only to vendors that have such a flag. `extra_args` go before
-    the prompt, verbatim. `env` is added to the inherited environment.
+    `max_turns` is passed only to vendors that have such a flag; so is `max_budget_usd`
+    (the most the CLI may spend, by its own count: claude's `--max-budget-usd`), a bound
+    the CLI keeps itself, beside execkit's own (`run_agent(usage_limit=...)`).
+    `extra_args` go before the prompt, verbatim. `env` is added to the inherited environment.
     Raises InvalidInput naming the field for a value out of range.
     """
 
@@ -147,6 +149,9 @@ class AgentRequest:
     )
     max_turns: int | None = attrs.field(
         default=None, validator=opt_checked("an integer >= 1", integer, gt(0))
+    )
+    max_budget_usd: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number of USD > 0", finite, gt(0))
     )
     extra_args: tuple[str, ...] = attrs.field(
         default=(),

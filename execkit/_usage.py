@@ -192,7 +192,6 @@ def load_usage(data: object) -> Usage | None:
     )
 
 
-
 def checked_usage(
     input_tokens: int,
     output_tokens: int,

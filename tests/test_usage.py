@@ -349,3 +349,20 @@ def test_a_try_that_ran_and_reported_nothing_makes_the_agents_usd_unknown() -> N
     # The known part is kept; the source says the total is not complete (never a zero).
     assert proof.usage.usd == pytest.approx(REPORTED.usd)
     assert proof.usage.usd_source is UsdSource.UNKNOWN
+
+
+def test_claude_is_given_its_own_spend_bound_and_others_ignore_it() -> None:
+    request = AgentRequest(prompt="fix it", max_budget_usd=0.5, max_turns=3)
+    argv = CLAUDE.build_argv(request)
+    assert argv[argv.index("--max-budget-usd") + 1] == "0.5"
+    assert argv[-1] == "fix it"
+    assert "--max-budget-usd" not in get_adapter("codex").build_argv(request)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "1", True])
+def test_a_spend_bound_out_of_range_is_refused_naming_the_field(bad: object) -> None:
+    from execkit._errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as caught:
+        AgentRequest(prompt="x", max_budget_usd=bad)  # type: ignore[arg-type]
+    assert caught.value.field == "max_budget_usd"
