@@ -51,7 +51,13 @@ from execkit._exec import (
     StopTree,
     spawn,
 )
-from execkit._meter import SPEND_LIMIT_REASON, UsageLimit, UsageMeter, usage_reader
+from execkit._meter import (
+    SPEND_LIMIT_REASON,
+    STOPPED_BY_METER,
+    UsageLimit,
+    UsageMeter,
+    usage_reader,
+)
 from execkit._prices import PriceTable, load_prices, price
 from execkit._proof import (
     AgentFailed,
@@ -346,13 +352,19 @@ def _spawn_once(
         cancel=cancel,
     )
     raw = adapter.parse(result) if watching is None else watching.parse(result)
-    return _with_usage(raw, meter, spend)
+    # Stopped by the meter, not by the watch, nor crossing only as the CLI ended by itself
+    # (a stop asked after the exit changes nothing: the try keeps its own outcome).
+    stopped = meter is not None and meter.crossed is not None
+    stopped = stopped and (result.stopped_by or "").startswith(STOPPED_BY_METER)
+    return _with_usage(raw, meter, spend, stopped=stopped)
 
 
-def _with_usage(raw: MappedResult, meter: UsageMeter | None, spend: _Spend | None) -> MappedResult:
+def _with_usage(
+    raw: MappedResult, meter: UsageMeter | None, spend: _Spend | None, *, stopped: bool
+) -> MappedResult:
     """The try's result with its usage: the meter's or the parse's, whichever counted
-    more tokens, priced; a try the limit stopped is a charged work
-    failure with reason `SPEND_LIMIT_REASON` (the caller's cap decides what it means)."""
+    more tokens, priced; a try the limit `stopped` is a charged work failure with reason
+    `SPEND_LIMIT_REASON` (the caller's cap decides what it means)."""
     usage = raw.usage
     # The meter read every line, the parse the output's tail (long runs' early events may
     # be gone) whole (a hooked line is cut at 8 KiB): the larger reading is the one that
@@ -361,10 +373,10 @@ def _with_usage(raw: MappedResult, meter: UsageMeter | None, spend: _Spend | Non
         usage = meter.total
     if usage is not None and spend is not None:
         usage = spend.price(usage)
-    if usage is raw.usage and (meter is None or meter.crossed is None):
+    if usage is raw.usage and not stopped:
         return raw
-    cost = usage.usd if usage is not None and usage.usd is not None else raw.cost_usd
-    if meter is None or meter.crossed is None:
+    cost = raw.cost_usd if usage is None else usage.usd
+    if not stopped or meter is None or meter.crossed is None:
         return attrs.evolve(raw, usage=usage, cost_usd=cost)
     crossed = spend.price(meter.crossed) if spend is not None else meter.crossed
     return attrs.evolve(

@@ -33,6 +33,7 @@ from execkit._usage import NO_USAGE, Usage, UsdSource, checked_usage
 
 __all__ = [
     "SPEND_LIMIT_REASON",
+    "STOPPED_BY_METER",
     "UsageEvent",
     "UsageLimit",
     "UsageMeter",
@@ -44,6 +45,10 @@ __all__ = [
 
 SPEND_LIMIT_REASON = "spend limit"
 """The reason of a try a `usage_limit` stopped (`MappedResult.reason`, `AgentProof.reason`)."""
+
+
+STOPPED_BY_METER = "usage limit crossed"
+"""How `SpawnResult.stopped_by` starts for a spawn a `UsageMeter`'s limit stopped."""
 
 
 @attrs.frozen
@@ -187,7 +192,7 @@ class UsageMeter:
         if not self._limit(total):
             return None
         self.crossed = total
-        return StopTree(f"usage limit crossed at {_said(total)}")
+        return StopTree(f"{STOPPED_BY_METER} at {_said(total)}")
 
 
 def _said(usage: Usage) -> str:

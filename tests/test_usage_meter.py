@@ -330,3 +330,21 @@ def test_prop_a_usage_reader_never_raises_on_vendor_output(
     meter.on_line(Line("stdout", text))
     parsed = adapter.parse(spawn_result(("x",), stdout=text + "\n"))
     assert parsed.usage is None or isinstance(parsed.usage, Usage)
+
+
+def test_a_limit_crossed_only_as_the_cli_ended_by_itself_keeps_the_tries_outcome() -> None:
+    # The stop a hook asks after the child's exit changes nothing (the spawn says it was
+    # not stopped): the try keeps its success, with the usage it reached.
+    from execkit._agent import _with_usage
+    from execkit._prices import builtin_prices
+
+    meter = UsageMeter(CLAUDE.usage_of, lambda usage: usage.output_tokens >= 7)
+    for text in (RECORDED / "claude" / "success" / "stdout").read_text().splitlines():
+        meter.on_line(line(text))
+    assert meter.crossed is not None
+    done = MappedResult(ok=True, text="pong")
+    kept = _with_usage(done, meter, None, stopped=False)
+    assert kept.ok and kept.usage == meter.total and kept.cost_usd == pytest.approx(0.000188)
+    stopped = _with_usage(done, meter, None, stopped=True)
+    assert not stopped.ok and stopped.reason == SPEND_LIMIT_REASON
+    assert builtin_prices().of("claude-opus-5-5") is None  # the fake's model: not priced
