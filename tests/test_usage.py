@@ -120,7 +120,8 @@ def _fake_call_tokens() -> tuple[int, int]:
 IN, OUT = _fake_call_tokens()
 
 # cell -> (model calls whose usage the CLI reports, USD it reported, model it named).
-# opencode's second model call is its title request, which is no step of the run; qwen's
+# opencode reports one step for its two model calls (the other, outside the run's steps,
+# is presumably its session-title call: its events never count it); qwen's
 # `result` totals its two calls; gemini's stats name its router and main models.
 CALLS: dict[str, tuple[int, float | None, str | None]] = {
     "claude/success": (1, 0.000188, "claude-opus-5-5"),
