@@ -631,3 +631,14 @@ def test_a_bad_price_file_stops_dispatch_before_anything_runs(
     assert "EXECKIT_PRICES" in err and "Traceback" not in err
     assert not (tmp_path / "ledger.db").exists()
     assert states(board) == {"OK": "todo", "ENV": "todo", "BAD": "todo"}
+
+
+def test_a_bad_price_file_stops_run_adapter_before_the_agent_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXECKIT_PRICES", str(tmp_path / "missing.json"))
+    marker = tmp_path / "ran"
+    argv = ["run", "--adapter", "generic", "--", "sh", "-c", f"touch {marker}"]
+    assert main(argv) == 3
+    assert "EXECKIT_PRICES" in capsys.readouterr().err
+    assert not marker.exists()
