@@ -43,9 +43,10 @@ chromium: $(STAMP)
 	DEBIAN_FRONTEND=noninteractive $(PY) tests/chromium.py ensure
 
 # The suite runs inside a throwaway PostgreSQL cluster (tests/pgcluster.py), stopped when
-# pytest ends however it ends; without server binaries the PostgreSQL tests skip.
+# pytest ends however it ends; without server binaries the PostgreSQL tests skip. Two
+# pytest-xdist workers share the cluster (each test has a schema of its own).
 unit: $(STAMP) chromium
-	$(PY) tests/pgcluster.py --run -- $(PY) -m pytest -q
+	$(PY) tests/pgcluster.py --run -- $(PY) -m pytest -q -n 2
 
 test: lint typecheck unit
 

@@ -44,6 +44,16 @@ Resets read from structure (issue #28: only these park a vendor lane): a `rate_l
 "resetsAt", "rateLimitType"}}`) whose status is not `allowed`/`allowed_warning` gives the
 reset epoch `resetsAt`; the `Claude AI usage limit reached|<epoch>` form gives its epoch.
 A reset named only in prose is left to the shared text rules (it waits, never parks).
+
+Usage (issue #45): the `result` event's `usage` (`input_tokens`, `output_tokens`,
+`cache_read_input_tokens`, `cache_creation_input_tokens`) and `total_cost_usd` (USD source
+`reported`; the CLI prices it at list price even for a subscription session), the model
+the one key of its `modelUsage`. Before the result (a run killed or still going), each
+stream-json `assistant` event carries its message's `usage` as it stood then, repeated on
+every content block of that message: `usage_of` reports it under the message id, so each
+message counts once at its latest figure (tokens only); the `result` is the CLI's own
+total and replaces that sum. An event longer than the line hook's `LINE_BYTES` is cut
+before its usage (which follows the content): that message is then counted by the result.
 """
 
 from __future__ import annotations
@@ -60,9 +70,15 @@ from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_resul
 from execkit.adapterkit import (
     ErrorKind,
     Line,
+    Usage,
+    UsageEvent,
+    count_field,
+    embedded_object,
     http_status,
     load_json_document,
     number_field,
+    read_usage,
+    reported_usage,
     request_argv,
     reset_wait_s,
     str_field,
@@ -250,6 +266,131 @@ def _stated_reset(stdout: str, document: Any, result_text: str | None) -> float 
     return None
 
 
+def _usage_fields(usage: object, usd: float | None, model: str | None) -> Usage:
+    return reported_usage(
+        input_tokens=count_field(usage, "input_tokens"),
+        output_tokens=count_field(usage, "output_tokens"),
+        cache_read_tokens=count_field(usage, "cache_read_input_tokens"),
+        cache_write_tokens=count_field(usage, "cache_creation_input_tokens"),
+        usd=usd,
+        model=model,
+    )
+
+
+def _result_usage(envelope: dict[str, Any]) -> Usage | None:
+    """The run's total from a claude-style `result` event: its `usage` and its
+    `total_cost_usd` (reported); None when it carries neither."""
+    usage = envelope.get("usage")
+    usd = number_field(envelope, "total_cost_usd", "cost_usd")
+    if not isinstance(usage, dict) and usd is None:
+        return None
+    models = envelope.get("modelUsage")
+    model = next(iter(models)) if isinstance(models, dict) and len(models) == 1 else None
+    return _usage_fields(usage, usd, model if isinstance(model, str) else None)
+
+
+_ASSISTANT = '{"type":"assistant","message":{"id":"'
+_USAGE_KEY = '"usage":{'
+# The last assistant event read: the CLI repeats it once per content block of a message.
+# Shared by every meter (threads included): it is returned only for the same message id
+# and the same usage text, which read to the same event whichever run printed them.
+_last_assistant: list[tuple[str, str, UsageEvent]] = []
+
+
+def _object_end(text: str, start: int) -> int:
+    """The index after the `}` closing the object that opens at `text[start]` (a usage
+    object holds numbers, plain words and nested objects: no brace inside a string), or
+    the text's length when it does not close."""
+    depth = 1
+    at = start + 1
+    while depth:
+        close = text.find("}", at)
+        if close < 0:
+            return len(text)
+        depth += text.count("{", at, close) - 1
+        at = close + 1
+    return at
+
+
+def _assistant_usage(text: str) -> UsageEvent | None:
+    """An `assistant` event in the CLI's own key order (type, then message.id): its id
+    and its usage object are read alone, not the whole event (its content can be
+    kilobytes), and a repeat of the last message at the same figure is the same event."""
+    end = text.find('"', len(_ASSISTANT))
+    at = text.rfind(_USAGE_KEY)
+    if end < 0 or at < 0:
+        return None
+    message = text[len(_ASSISTANT) : end]
+    said = text[at : _object_end(text, at + len(_USAGE_KEY) - 1)]
+    if _last_assistant:
+        last_message, last_said, last_event = _last_assistant[0]
+        if last_message == message and last_said == said:
+            return last_event
+    usage = embedded_object(text, "usage")
+    if usage is None:
+        return None
+    model_at = text.find('"model":"', end)
+    model = None
+    if model_at >= 0:
+        model_end = text.find('"', model_at + 9)
+        model = text[model_at + 9 : model_end] if model_end > 0 else None
+    event = UsageEvent(_usage_fields(usage, None, model), message=message)
+    _last_assistant[:] = [(message, said, event)]
+    return event
+
+
+def usage_of(line: Line) -> Usage | UsageEvent | None:
+    """The usage one stream-json line reports (see the module docstring): an `assistant`
+    event's message usage under its message id, or the `result` event's run total."""
+    text = line.text
+    if line.stream != "stdout" or '"usage":{' not in text:
+        return None
+    if text.startswith(_ASSISTANT):
+        return _assistant_usage(text)
+    try:
+        event = json.loads(text)
+    except (ValueError, RecursionError):
+        return _cut_result(text) if line.cut else None
+    if not isinstance(event, dict):
+        return None
+    kind = event.get("type")
+    if kind == "result":
+        total = _result_usage(event)
+        return None if total is None else UsageEvent(total, final=True)
+    said = event.get("message")
+    if kind == "assistant" and isinstance(said, dict) and isinstance(said.get("usage"), dict):
+        return UsageEvent(
+            _usage_fields(said["usage"], None, str_field(said, "model")),
+            message=str_field(said, "id"),
+        )
+    return None
+
+
+_TOTAL_COST = re.compile(r'"total_cost_usd":(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)[,}]')
+
+
+def _cut_result(text: str) -> UsageEvent | None:
+    """The start of a `result` event longer than a hooked line (its `result` text, the
+    final reply, can be long): the CLI prints `total_cost_usd` and `usage` before it, and
+    only the result envelope has `total_cost_usd`. Its run total, or None."""
+    cost = _TOTAL_COST.search(text)
+    usage = embedded_object(text, "usage")
+    if cost is None or usage is None:
+        return None
+    return UsageEvent(_usage_fields(usage, float(cost.group(1)), None), final=True)
+
+
+def _usage(stdout: str, document: Any, envelope: dict[str, Any] | None) -> Usage | None:
+    """What the run cost: the result's total, else the stream's messages summed."""
+    if envelope is not None:
+        total = _result_usage(envelope)
+        if total is not None:
+            return total
+    if isinstance(document, list):
+        return None
+    return read_usage(stdout, usage_of)
+
+
 def read_result(stdout: str, *, now: float | None = None) -> Envelope:
     """The envelope of a claude-style `result` object (the last JSON value of `stdout`);
     shared with the claude-compatible CLIs (droid, amp, qwen). `now` is the clock a
@@ -257,12 +398,14 @@ def read_result(stdout: str, *, now: float | None = None) -> Envelope:
     document = load_json_document(stdout)
     envelope = _result_object(document)
     if envelope is None:
+        # Killed before its result: what its messages reported so far still cost.
+        usage = _usage(stdout, document, None)
         refusal = _stream_api_error(stdout, document)
         if refusal is not None:
-            return _stream_error_envelope(refusal)
+            return attrs.evolve(_stream_error_envelope(refusal), usage=usage)
         last = _last_event(stdout, document)
         retrying = None if last is None else _retry_notice_envelope(last)
-        return Envelope() if retrying is None else retrying
+        return Envelope(usage=usage) if retrying is None else attrs.evolve(retrying, usage=usage)
     subtype = str_field(envelope, "subtype") or ""
     is_error = envelope.get("is_error") is True or subtype.startswith("error")
     result_text = str_field(envelope, "result")
@@ -296,13 +439,14 @@ def read_result(stdout: str, *, now: float | None = None) -> Envelope:
         error_kind=kind,
         retry_after_s=wait,
         reset_structured=wait is not None,
+        usage=_usage(stdout, document, envelope),
     )
 
 
 @attrs.frozen
 class ClaudeAdapter:
-    """`claude -p --output-format stream-json --verbose [--model M] [--max-turns N] ARGS...
-    PROMPT`.
+    """`claude -p --output-format stream-json --verbose [--model M] [--max-turns N]
+    [--max-budget-usd USD] ARGS... PROMPT`.
 
     The working directory is the spawn's cwd (claude has no directory flag). ARGS that
     name another `--output-format` (claude takes the last one) are read too: `json` prints
@@ -329,8 +473,11 @@ class ClaudeAdapter:
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         turns = [] if request.max_turns is None else ["--max-turns", str(request.max_turns)]
+        # The CLI's own spend bound (by its `total_cost_usd`), beside execkit's meter.
+        budget = request.max_budget_usd
+        spend = [] if budget is None else ["--max-budget-usd", f"{budget:g}"]
         head = [self.binary, "-p", "--output-format", "stream-json", "--verbose"]
-        return request_argv(head, request, options=turns)
+        return request_argv(head, request, options=[*turns, *spend])
 
     def request_in_flight(self, line: Line) -> bool | None:
         """Whether a request to the API is open after this stream-json event (the stall
@@ -357,3 +504,7 @@ class ClaudeAdapter:
     def parse(self, result: SpawnResult) -> MappedResult:
         now = self.clock()
         return map_result(self, result, read_result(result.stdout_tail, now=now), now=now)
+
+    def usage_of(self, line: Line) -> Usage | UsageEvent | None:
+        """The usage one printed line reports (stream-json), for the live meter."""
+        return usage_of(line)

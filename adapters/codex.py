@@ -20,6 +20,10 @@ completion: ...` and `Error while reading the server response: ...` a broken str
 `Connection failed: ...` an unreachable API; `Your access token could not be refreshed
 ...` and `Missing environment variable: `OPENAI_API_KEY`` (no key: it never calls) a
 credential failure. A message that is a JSON error body is read for its type.
+
+Usage (issue #45): each `turn.completed` event's `usage` (tokens only: `input_tokens`,
+`cached_input_tokens`, `cache_write_input_tokens`, `output_tokens`), the turns summed; the
+events name no model (the request's model prices them, when the price table knows it).
 """
 
 from __future__ import annotations
@@ -34,9 +38,13 @@ import attrs
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
     ErrorKind,
+    Line,
+    Usage,
+    count_field,
     iter_json_objects,
     json_object,
     parse_retry_after,
+    reported_usage,
     request_argv,
     str_field,
 )
@@ -115,8 +123,39 @@ def _item_text(item: Any) -> str | None:
     return str_field(item, "text", "message")
 
 
+def _turn_usage(event: dict[str, Any]) -> Usage | None:
+    """A `turn.completed` event's usage, tokens only (codex prints no money).
+
+    OpenAI's counts overlap: `input_tokens` includes the `cached_input_tokens` (and the
+    `cache_write_input_tokens`), `output_tokens` includes the `reasoning_output_tokens`;
+    each token is counted once here, under its kind."""
+    if event.get("type") != "turn.completed":
+        return None
+    usage = event.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    cached = count_field(usage, "cached_input_tokens")
+    written = count_field(usage, "cache_write_input_tokens")
+    return reported_usage(
+        input_tokens=max(0, count_field(usage, "input_tokens") - cached - written),
+        output_tokens=count_field(usage, "output_tokens"),
+        cache_read_tokens=cached,
+        cache_write_tokens=written,
+    )
+
+
+def usage_of(line: Line) -> Usage | None:
+    """The usage one `--json` line reports: a `turn.completed` event's (each turn adds)."""
+    text = line.text
+    if line.stream != "stdout" or '"turn.completed"' not in text:
+        return None
+    event = json_object(text)
+    return None if event is None else _turn_usage(event)
+
+
 def _read(stdout: str, now: float) -> Envelope:
     session_id: str | None = None
+    usage: Usage | None = None
     reply: str | None = None
     completed = False
     failed: _Error | None = None
@@ -136,6 +175,9 @@ def _read(stdout: str, now: float) -> Envelope:
         elif kind == "turn.completed":
             completed = True
             pending = notice = None
+            turn = _turn_usage(event)
+            if turn is not None:
+                usage = turn if usage is None else usage + turn
         elif kind == "turn.failed":
             failed = _read_error(str_field(event.get("error"), "message") or "turn failed")
             notice = None
@@ -165,6 +207,7 @@ def _read(stdout: str, now: float) -> Envelope:
         error_kind=None if error is None else error.kind,
         retry_after_s=wait,
         reset_structured=wait is not None,
+        usage=usage,
     )
 
 
@@ -189,3 +232,7 @@ class CodexAdapter:
     def parse(self, result: SpawnResult) -> MappedResult:
         now = self.clock()
         return map_result(self, result, _read(result.stdout_tail, now), now=now)
+
+    def usage_of(self, line: Line) -> Usage | None:
+        """The usage one printed line reports, for the live meter."""
+        return usage_of(line)

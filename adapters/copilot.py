@@ -20,6 +20,12 @@ Events read:
 
 The vendor's own fixed sentences inside `message` name its kind
 (`adapters._vendor_errors`), and a reset it states (`try again in 7m12s`) is the wait.
+
+Usage (issue #45): copilot prints no tokens and no money. Its `result` event's
+`usage.premiumRequests` (the plan's billing unit, a count of premium model requests) is
+kept as `Usage.premium_requests` (fractional: a model's multiplier counts one request as
+0.33 of one), never turned into USD (its USD stays `unknown`); the
+model is the one its `session.tools_updated` / `model.call_start` events name.
 """
 
 from __future__ import annotations
@@ -33,10 +39,14 @@ from adapters._vendor_errors import sentence_kind
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
     ErrorKind,
+    Line,
+    Usage,
     http_status,
     iter_json_objects,
+    json_object,
     number_field,
     parse_retry_after,
+    reported_usage,
     request_argv,
     str_field,
 )
@@ -87,7 +97,47 @@ def _fixed_kind(message: str) -> ErrorKind | None:
     return next((kind for prefix, kind in _FIXED if message.startswith(prefix)), None)
 
 
+def _result_usage(event: dict[str, Any]) -> Usage | None:
+    """A `result` event's `usage.premiumRequests`, as premium requests (no tokens, no USD)."""
+    usage = event.get("usage")
+    if event.get("type") != "result" or not isinstance(usage, dict):
+        return None
+    premium = number_field(usage, "premiumRequests")
+    if premium is None:
+        return None
+    return reported_usage(premium_requests=premium)
+
+
+def usage_of(line: Line) -> Usage | None:
+    """The usage one printed line reports: the `result` event's premium requests."""
+    text = line.text
+    if line.stream != "stdout" or '"premiumRequests"' not in text:
+        return None
+    event = json_object(text)
+    return None if event is None else _result_usage(event)
+
+
+def _read_usage(events: list[dict[str, Any]]) -> Usage | None:
+    model = None
+    usage = None
+    for event in events:
+        if event.get("type") in ("session.tools_updated", "model.call_start"):
+            model = str_field(_data(event), "model") or model
+        found = _result_usage(event)
+        if found is not None:
+            usage = found if usage is None else usage + found
+    if usage is None:
+        return None
+    return attrs.evolve(usage, model=model)
+
+
 def _read(stdout: str, stderr: str, exit_code: int | None, now: float) -> Envelope:
+    envelope = _read_events(stdout, stderr, exit_code, now)
+    usage = _read_usage(list(iter_json_objects(stdout))) if "premiumRequests" in stdout else None
+    return attrs.evolve(envelope, usage=usage)
+
+
+def _read_events(stdout: str, stderr: str, exit_code: int | None, now: float) -> Envelope:
     session_id: str | None = None
     reply: str | None = None
     error: _Error | None = None
@@ -160,3 +210,7 @@ class CopilotAdapter:
     def parse(self, result: SpawnResult) -> MappedResult:
         envelope = _read(result.stdout_tail, result.stderr_tail, result.exit_code, time.time())
         return map_result(self, result, envelope)
+
+    def usage_of(self, line: Line) -> Usage | None:
+        """The usage one printed line reports, for the live meter."""
+        return usage_of(line)

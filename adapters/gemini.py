@@ -43,6 +43,12 @@ Structure read (gemini-cli 0.61, recorded in fixtures/recorded/gemini):
   unprintable `[object Object]` (code 1), the cause on the final error's line (0.30) or
   only on the failed routing call's (0.20). The rendering, in the message or beside such
   a message, is the unreachable kind, and the line it is on becomes the message.
+
+Usage (issue #45), tokens only (gemini prints no money): `stats.models.<model>.tokens`
+(`prompt` or `input`, `cached`, `candidates`, `thoughts`, `tool`) per model, each model
+priced on its own from the price table and then summed (a run uses a router model and a
+main one); stream-json's `result` event's `stats` totals (`input_tokens`, `cached`,
+`output_tokens`) name no model. The default argv (`json`) prints usage only at the end.
 """
 
 from __future__ import annotations
@@ -57,12 +63,17 @@ from execkit.adapterkit import (
     LONG_WAIT_S,
     ErrorKind,
     Line,
+    Usage,
+    UsageEvent,
+    count_field,
     http_status,
     json_object,
     last_json_value,
     load_json_document,
     number_field,
     parse_retry_after,
+    priced,
+    reported_usage,
     request_argv,
     str_field,
 )
@@ -249,7 +260,73 @@ def _cause_line(stderr: str) -> str | None:
     return None
 
 
+def _model_usage(model: str, tokens: object) -> Usage:
+    """One model's `stats.models.<model>.tokens`: `prompt` counts the cached tokens too,
+    `input` (when printed) does not; `thoughts` are billed as output, `tool` (tool-use
+    prompt) as input."""
+    cached = count_field(tokens, "cached")
+    if isinstance(tokens, dict) and "input" in tokens:
+        fresh = count_field(tokens, "input")
+    else:
+        fresh = max(0, count_field(tokens, "prompt") - cached)
+    return reported_usage(
+        input_tokens=fresh + count_field(tokens, "tool"),
+        output_tokens=count_field(tokens, "candidates", "thoughts"),
+        cache_read_tokens=cached,
+        model=model,
+    )
+
+
+def _stats_usage(stats: object) -> Usage | None:
+    """The run's usage from its `stats`, tokens only: `--output-format json` breaks it
+    down per model (each model priced on its own, then summed); stream-json's `result`
+    prints totals (`input_tokens` with the cached ones in it, `cached`, `output_tokens`)."""
+    if not isinstance(stats, dict):
+        return None
+    models = stats.get("models")
+    if isinstance(models, dict):
+        parts = [
+            priced(_model_usage(name, entry.get("tokens")))
+            for name, entry in models.items()
+            if isinstance(entry, dict) and isinstance(entry.get("tokens"), dict)
+        ]
+        if not parts:
+            return None
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return total
+    if "input_tokens" not in stats and "output_tokens" not in stats:
+        return None
+    cached = count_field(stats, "cached")
+    return reported_usage(
+        input_tokens=max(0, count_field(stats, "input_tokens") - cached),
+        output_tokens=count_field(stats, "output_tokens"),
+        cache_read_tokens=cached,
+    )
+
+
+def usage_of(line: Line) -> Usage | UsageEvent | None:
+    """The usage one stream-json line reports: the `result` event's `stats`, the CLI's
+    own total for the run (it prints no per-message usage)."""
+    text = line.text
+    if line.stream != "stdout" or '"stats"' not in text or not text.startswith("{"):
+        return None
+    event = json_object(text)
+    if event is None or event.get("type") != "result":
+        return None
+    usage = _stats_usage(event.get("stats"))
+    return None if usage is None else UsageEvent(usage, final=True)
+
+
 def _read(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
+    envelope = _read_envelope(stdout, stderr, exit_code)
+    document = _envelope_of(load_json_document(stdout))
+    usage = None if document is None else _stats_usage(document.get("stats"))
+    return envelope if usage is None else attrs.evolve(envelope, usage=usage)
+
+
+def _read_envelope(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
     envelope = _envelope_of(load_json_document(stdout)) or _envelope_of(last_json_value(stderr))
     if envelope is None:
         said = stderr.strip()[-2000:] or f"gemini exited {exit_code}"
@@ -319,6 +396,10 @@ class GeminiAdapter:
         return map_result(
             self, result, _read(result.stdout_tail, result.stderr_tail, result.exit_code)
         )
+
+    def usage_of(self, line: Line) -> Usage | UsageEvent | None:
+        """The usage one printed line reports (stream-json's `result`), for the meter."""
+        return usage_of(line)
 
     def watch(self, line: Line) -> Envelope | None:
         """The CLI announced a quota retry longer than `LONG_WAIT_S` on stderr: the

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import attrs
 
-from adapters.opencode import read_events
+from adapters.opencode import read_events, usage_of
 from execkit import AgentRequest, MappedResult, SpawnResult, map_result
-from execkit.adapterkit import request_argv
+from execkit.adapterkit import Line, Usage, request_argv
 
 __all__ = ["KiloAdapter"]
 
@@ -46,3 +46,7 @@ class KiloAdapter:
     def parse(self, result: SpawnResult) -> MappedResult:
         now = self.clock()
         return map_result(self, result, read_events(result.stdout_tail, now), now=now)
+
+    def usage_of(self, line: Line) -> Usage | None:
+        """The usage one printed line reports (opencode's `step_finish`), for the meter."""
+        return usage_of(line)

@@ -25,7 +25,12 @@ Structure read (opencode 1.18, recorded in fixtures/recorded/opencode):
   read for its `name` and `statusCode` (`_salvage`): execkit masks every kept byte before
   an adapter sees it, so the adapter reads what survives rather than falling back to text.
 
-`read_events` is shared with the opencode-derived kilo adapter.
+Usage (issue #45): each `step_finish` part's `tokens` (`input`, `output`, `reasoning`,
+`cache.read`, `cache.write`) and `cost` (USD opencode computes from its own model list:
+`reported`; a 0 beside tokens is a model it has no price for, so `unknown`), the steps
+summed; `usage_of` reads the same per line for the live meter.
+
+`read_events` and `usage_of` are shared with the opencode-derived kilo adapter.
 """
 
 from __future__ import annotations
@@ -41,11 +46,16 @@ import attrs
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
     ErrorKind,
+    Line,
+    Usage,
+    count_field,
     header_wait_s,
     http_status,
     iter_json_objects,
     json_object,
     number_field,
+    read_usage,
+    reported_usage,
     request_argv,
     reset_wait_s,
     str_field,
@@ -170,8 +180,47 @@ def _events(stdout: str) -> list[dict[str, Any]]:
     return events
 
 
+def _step_usage(part: object) -> Usage | None:
+    """A `step_finish` part's usage: its `tokens` (input, output + reasoning, cache read
+    and write; opencode keeps cached tokens out of `input`) and its `cost`, a USD opencode
+    computed from its own model list (reported; a 0 beside tokens is a model it has no
+    price for: unknown)."""
+    if not isinstance(part, dict):
+        return None
+    tokens = part.get("tokens")
+    cost = number_field(part, "cost")
+    if not isinstance(tokens, dict) and cost is None:
+        return None
+    cache = tokens.get("cache") if isinstance(tokens, dict) else None
+    return reported_usage(
+        input_tokens=count_field(tokens, "input"),
+        output_tokens=count_field(tokens, "output", "reasoning"),
+        cache_read_tokens=count_field(cache, "read"),
+        cache_write_tokens=count_field(cache, "write"),
+        usd=cost,
+        model=str_field(part, "modelID"),
+    )
+
+
+def usage_of(line: Line) -> Usage | None:
+    """The usage one `--format json` line reports: a `step_finish` event's (each step
+    adds)."""
+    text = line.text
+    if line.stream != "stdout" or '"step_finish"' not in text:
+        return None
+    event = json_object(text)
+    if event is None or event.get("type") != "step_finish":
+        return None
+    return _step_usage(event.get("part"))
+
+
 def read_events(stdout: str, now: float) -> Envelope:
     """The envelope of an opencode-style `run --format json` event stream."""
+    envelope = _read_events(stdout, now)
+    return attrs.evolve(envelope, usage=read_usage(stdout, usage_of))
+
+
+def _read_events(stdout: str, now: float) -> Envelope:
     session_id: str | None = None
     step_text: list[str] = []
     cost: float | None = None
@@ -258,3 +307,7 @@ class OpencodeAdapter:
     def parse(self, result: SpawnResult) -> MappedResult:
         now = self.clock()
         return map_result(self, result, read_events(result.stdout_tail, now), now=now)
+
+    def usage_of(self, line: Line) -> Usage | None:
+        """The usage one printed line reports, for the live meter."""
+        return usage_of(line)

@@ -47,10 +47,15 @@ from execkit.adapterkit import (
     LONG_WAIT_S,
     ErrorKind,
     Line,
+    Usage,
+    count_field,
     http_status,
     iter_json_objects,
+    json_object,
     number_field,
     parse_retry_after,
+    read_usage,
+    reported_usage,
     request_argv,
     str_field,
 )
@@ -114,7 +119,37 @@ def _text_mode_error(stderr: str) -> _Error | None:
     return None
 
 
+def _message_usage(message: object) -> Usage | None:
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return None
+    usage = message.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    return reported_usage(
+        input_tokens=count_field(usage, "input"),
+        output_tokens=count_field(usage, "output"),
+        cache_read_tokens=count_field(usage, "cacheRead"),
+        cache_write_tokens=count_field(usage, "cacheWrite"),
+        usd=number_field(usage.get("cost"), "total"),
+        model=str_field(message, "model"),
+    )
+
+
+def usage_of(line: Line) -> Usage | None:
+    """The usage one `--mode json` line reports: an assistant `message_end`'s."""
+    text = line.text
+    if line.stream != "stdout" or not text.startswith('{"type":"message_end"'):
+        return None
+    event = json_object(text)
+    return None if event is None else _message_usage(event.get("message"))
+
+
 def _read(stdout: str, stderr: str, now: float, failed: bool = False) -> Envelope:
+    envelope = _read_events(stdout, stderr, now, failed)
+    return attrs.evolve(envelope, usage=read_usage(stdout, usage_of))
+
+
+def _read_events(stdout: str, stderr: str, now: float, failed: bool = False) -> Envelope:
     session_id: str | None = None
     reply: str | None = None
     error: _Error | None = None  # the last assistant turn's error, or the retry's final one
@@ -199,6 +234,10 @@ class PiAdapter:
     def parse(self, result: SpawnResult) -> MappedResult:
         envelope = _read(result.stdout_tail, result.stderr_tail, time.time(), not result.ok)
         return map_result(self, result, envelope)
+
+    def usage_of(self, line: Line) -> Usage | None:
+        """The usage one printed line reports, for the live meter."""
+        return usage_of(line)
 
     def watch(self, line: Line) -> Envelope | None:
         """An `auto_retry_start` event announcing a sleep longer than `LONG_WAIT_S`: the

@@ -43,16 +43,20 @@ from typing import Any
 import attrs
 
 from adapters._vendor_errors import sentence_kind
+from adapters.claude import usage_of as claude_usage_of
 from execkit import AgentRequest, Envelope, MappedResult, SpawnResult, map_result
 from execkit.adapterkit import (
     LONG_WAIT_S,
     ErrorKind,
     Line,
+    Usage,
+    UsageEvent,
     http_status,
     iter_json_objects,
     last_json_value,
     load_json_document,
     parse_retry_after,
+    read_usage,
     request_argv,
     str_field,
 )
@@ -214,7 +218,13 @@ class QwenAdapter:
 
     def parse(self, result: SpawnResult) -> MappedResult:
         envelope = _read(result.stdout_tail, result.stderr_tail, time.time(), not result.ok)
-        return map_result(self, result, envelope)
+        usage = read_usage(result.stdout_tail, claude_usage_of)
+        return map_result(self, result, attrs.evolve(envelope, usage=usage))
+
+    def usage_of(self, line: Line) -> Usage | UsageEvent | None:
+        """The usage one stream-json line reports, read as claude's (qwen prints the same
+        `assistant` and `result` usage, tokens only), for the live meter."""
+        return claude_usage_of(line)
 
     def watch(self, line: Line) -> Envelope | None:
         """A retry announcement on stderr of a sleep longer than `LONG_WAIT_S`: the error

@@ -47,8 +47,10 @@ from execkit._classify import (
 from execkit._errors import InvalidInput
 from execkit._exec import Line, SpawnFailure, SpawnResult, StopTree
 from execkit._json import json_key, to_json
+from execkit._prices import load_prices, price
 from execkit._redact import redact
-from execkit._validate import checked, finite, integer, opt_checked
+from execkit._usage import Usage, UsdSource
+from execkit._validate import checked, finite, integer, is_number, opt_checked
 
 __all__ = [
     "LONG_WAIT_S",
@@ -68,7 +70,9 @@ __all__ = [
     "install_precondition",
     "map_result",
     "precondition_for",
+    "priced",
     "trust_precondition",
+    "usage_of",
 ]
 
 
@@ -130,8 +134,10 @@ class AgentRequest:
     """One agent invocation, vendor-neutral.
 
     `timeout_s` is enforced by execkit (the process tree is killed), not by the vendor.
-    `max_turns` is passed only to vendors that have such a flag. `extra_args` go before
-    the prompt, verbatim. `env` is added to the inherited environment.
+    `max_turns` is passed only to vendors that have such a flag; so is `max_budget_usd`
+    (the most the CLI may spend, by its own count: claude's `--max-budget-usd`), a bound
+    the CLI keeps itself, beside execkit's own (`run_agent(usage_limit=...)`).
+    `extra_args` go before the prompt, verbatim. `env` is added to the inherited environment.
     Raises InvalidInput naming the field for a value out of range.
     """
 
@@ -143,6 +149,9 @@ class AgentRequest:
     )
     max_turns: int | None = attrs.field(
         default=None, validator=opt_checked("an integer >= 1", integer, gt(0))
+    )
+    max_budget_usd: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number of USD > 0", finite, gt(0))
     )
     extra_args: tuple[str, ...] = attrs.field(
         default=(),
@@ -180,6 +189,10 @@ class MappedResult:
     from (masked, at most `EVIDENCE_CHARS`): the line of the output a text rule matched,
     the first line of the vendor's structured error (`Envelope.error_message`), the start
     failure; None when no line decided (a timeout or a failure nothing identified).
+    `usage` is what the spawn cost as its CLI reported it (`Usage`: tokens by kind, USD and
+    its source), failed, timed-out and killed spawns included (what the CLI printed before
+    it ended); None when the CLI reported nothing. `cost_usd` is `usage.usd` when that is
+    known (kept for callers that read only the money).
     """
 
     ok: bool
@@ -206,6 +219,7 @@ class MappedResult:
     # `retry_after_s` came from the vendor's own reset field (`Envelope.reset_structured`).
     reset_from_structure: bool = False
     evidence: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
+    usage: Usage | None = attrs.field(default=None, validator=optional(instance_of(Usage)))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe mapping; the class is under `"class"`."""
@@ -250,6 +264,9 @@ class Envelope:
     billing, a rate limit, a connection failure, a retry in progress...); set it only from
     structure, never from searching text. `retry_after_s`: a wait the vendor stated in a
     structured field (a `Retry-After` header, `resets_in_seconds`, `retryDelay`).
+    `usage`: what the run cost as the CLI reported it (`Usage`, read from structure only:
+    claude's `total_cost_usd` and `usage`, codex's `turn.completed` usage...); an adapter
+    that sets only `cost_usd` gets a usage of that reported USD.
     `pending`: the error is one the CLI printed and had not given up on when its output
     ended (its last event was a retry or wait notice carrying a refusal: a rate limit it
     waits out, a 5xx it retries; or it stopped to ask for a login): a run killed on
@@ -271,9 +288,58 @@ class Envelope:
     # Gemini's `RetryInfo.retryDelay`, Codex's `resets_in_seconds`), not a time read from
     # its message: only such a reset may park a vendor lane (issue #28).
     reset_structured: bool = False
+    # What the run cost as the CLI's structure reported it (tokens, USD): read from every
+    # event the CLI printed, a failed or killed run's included. None: it reported nothing.
+    usage: Usage | None = None
 
 
 NO_ENVELOPE = Envelope()
+
+
+def usage_of(envelope: Envelope) -> Usage | None:
+    """The usage a mapped result carries: the envelope's `usage`; for an adapter that set
+    only `cost_usd`, that USD as `reported`; None when the envelope says nothing of cost.
+    A USD the adapter read into `cost_usd` but not into its usage is added to it as
+    reported (the vendor printed it). Tokens reported without money are priced from the
+    price table in force (`priced`), when it knows the model."""
+    usage = _reported(envelope)
+    return None if usage is None else priced(usage)
+
+
+def priced(usage: Usage) -> Usage:
+    """`usage` priced from the table in force (`execkit._prices.load_prices`: the built-in
+    table and `EXECKIT_PRICES`). A price file that does not load leaves it unpriced here
+    (the agent loop refuses that file before it spawns anything, with the error naming the
+    key): a spawn that ran is never lost to it."""
+    if usage.usd is not None or usage.tokens == 0:
+        return usage
+    try:
+        table = load_prices()
+    except InvalidInput:
+        return usage
+    return price(usage, table)
+
+
+def _reported(envelope: Envelope) -> Usage | None:
+    usage = envelope.usage
+    cost = envelope.cost_usd
+    if cost is not None and not (is_number(cost) and cost >= 0):
+        cost = None  # not a figure we can store: the usage says what it knows without it
+    if cost == 0 and usage is not None and usage.tokens > 0:
+        cost = None  # a 0 beside tokens is a CLI that did not price them: unknown, not free
+    if usage is None:
+        return None if cost is None else Usage(usd=float(cost), usd_source=UsdSource.REPORTED)
+    if usage.usd is None and cost is not None:
+        return attrs.evolve(usage, usd=float(cost), usd_source=UsdSource.REPORTED)
+    return usage
+
+
+def _cost(envelope: Envelope, usage: Usage | None) -> float | None:
+    """`MappedResult.cost_usd`: the usage's USD (None when unknown) when there is a usage,
+    else what the adapter set."""
+    if usage is not None:
+        return usage.usd
+    return envelope.cost_usd
 
 
 def _tail(text: str, max_chars: int = _ERROR_CHARS) -> str:
@@ -421,11 +487,13 @@ def _failed(
 ) -> MappedResult:
     error = redact(_tail(error))
     upstream = failure_class is FailureClass.UPSTREAM
+    usage = usage_of(envelope)
     return MappedResult(
         ok=False,
         text=envelope.text,
         session_id=envelope.session_id,
-        cost_usd=envelope.cost_usd,
+        cost_usd=_cost(envelope, usage),
+        usage=usage,
         duration_s=result.duration_s,
         error=error or None,
         spawn_errno=result.spawn_errno,
@@ -647,12 +715,14 @@ def map_result(
         return _from_verdict(result, envelope, verdict, result.failure_text(_ERROR_CHARS))
 
     text = envelope.text if envelope.found else result.stdout_tail.strip()
+    usage = usage_of(envelope)
     return MappedResult(
         ok=True,
         text=text,
         session_id=envelope.session_id,
-        cost_usd=envelope.cost_usd,
+        cost_usd=_cost(envelope, usage),
         duration_s=result.duration_s,
+        usage=usage,
     )
 
 
@@ -685,7 +755,9 @@ class AdapterWatch:
     a wait it should not sleep out in the attempt (`is_error`, the kind, `retry_after_s`
     and, when the wait is the vendor's or the CLI's fixed announcement of it,
     `reset_structured`). The first envelope stops the tree (`StopTree`), and `parse` maps
-    the stopped spawn from that envelope; any other spawn is the adapter's own `parse`.
+    the stopped spawn from that envelope (with the usage the adapter's own `parse` reads
+    from the output, when the envelope carries none); any other spawn is the adapter's own
+    `parse`.
     An adapter's `watch` that raises is the spawn's exception (the tree is killed first).
     """
 
@@ -716,7 +788,10 @@ class AdapterWatch:
     def parse(self, result: SpawnResult) -> MappedResult:
         """The stopped spawn mapped from the watch's envelope; else the adapter's `parse`."""
         if result.stopped_by is not None and self.envelope is not None:
-            return map_result(self.adapter, result, self.envelope)
+            # The watch's envelope is the error; what the CLI cost before it announced the
+            # wait is in its output, read as the adapter reads it.
+            spent = self.envelope.usage or self.adapter.parse(result).usage
+            return map_result(self.adapter, result, attrs.evolve(self.envelope, usage=spent))
         return self.adapter.parse(result)
 
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from execkit._adapter import Adapter, AdapterWatch, AgentRequest, MappedResult, adapter_watch
+from execkit._adapter import Adapter, AgentRequest, MappedResult, adapter_watch
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._classify import FailureClass, stall_reason
 from execkit._errors import InvalidInput
@@ -45,12 +45,21 @@ from execkit._exec import (
     DEFAULT_KILL_GRACE_S,
     Cancellation,
     Line,
+    LineHook,
     ProcessStarter,
     SpawnCancelled,
     SpawnResult,
     StopTree,
     spawn,
 )
+from execkit._meter import (
+    SPEND_LIMIT_REASON,
+    STOPPED_BY_METER,
+    UsageLimit,
+    UsageMeter,
+    usage_reader,
+)
+from execkit._prices import PriceTable, load_prices, price
 from execkit._proof import (
     AgentFailed,
     AgentProof,
@@ -61,6 +70,7 @@ from execkit._proof import (
 )
 from execkit._redact import redact, secret_env_values
 from execkit._trace import attempt_span
+from execkit._usage import Usage, UsdSource
 from execkit._validate import integer_arg, number_arg
 
 if TYPE_CHECKING:
@@ -260,6 +270,50 @@ def _child_env(request: AgentRequest, context: AttemptContext) -> dict[str, str]
     return env
 
 
+@attrs.frozen
+class _Spend:
+    """What a run's tries know of its cost: the price table in force (checked before the
+    first spawn), the request's model (prices a CLI's tokens when its events name none),
+    and the caller's `usage_limit` with what earlier tries spent."""
+
+    table: PriceTable
+    model: str | None = None
+    limit: UsageLimit | None = None
+    spent: Usage | None = None
+
+    def price(self, usage: Usage) -> Usage:
+        """`usage` priced from the table, by its own model or else the request's."""
+        if usage.usd is not None or usage.tokens == 0:
+            return usage
+        if usage.model is None and self.model:
+            usage = attrs.evolve(usage, model=self.model)
+        return price(usage, self.table)
+
+    def crossed(self, so_far: Usage) -> bool:
+        """The limit on the agent's spend: earlier tries' plus this try's so far, priced."""
+        assert self.limit is not None
+        total = so_far if self.spent is None else self.spent + so_far
+        return bool(self.limit(self.price(total)))
+
+
+def _hooks(*hooks: LineHook | None) -> LineHook | None:
+    """One line hook that calls each of `hooks` in turn; the first `StopTree` is the
+    answer (every hook still reads the line)."""
+    present = [hook for hook in hooks if hook is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def both(line: Line) -> StopTree | None:
+        answer = None
+        for hook in present:
+            said = hook(line)
+            if answer is None:
+                answer = said
+        return answer
+
+    return both
+
+
 class _InFlight:
     """Whether the CLI has a vendor request in flight, as its adapter reads the stream.
 
@@ -274,10 +328,11 @@ class _InFlight:
         self._read = read
         self.open = False
 
-    def on_line(self, line: Line) -> None:
+    def on_line(self, line: Line) -> StopTree | None:
         said = self._read(line)
         if said is not None:
             self.open = said is True
+        return None
 
 
 def _in_flight_reader(adapter: Adapter) -> _InFlight | None:
@@ -297,44 +352,26 @@ def stall_timeout_of(adapter: Adapter, asked: float | None) -> float | None:
     return number_arg(f"{adapter.name}.stall_timeout_s", default, allow_zero=False)
 
 
-def _compose(
-    watching: AdapterWatch | None, in_flight: _InFlight | None
-) -> Callable[[Line], StopTree | None] | None:
-    """The one line hook a spawn takes, from the concerns that read lines."""
-    if in_flight is None:
-        return None if watching is None else watching.on_line
-    if watching is None:
-
-        def read(line: Line) -> StopTree | None:
-            in_flight.on_line(line)
-            return None
-
-        return read
-    watch = watching.on_line
-
-    def both(line: Line) -> StopTree | None:
-        in_flight.on_line(line)
-        return watch(line)
-
-    return both
-
-
-def _stalled(mapped: MappedResult, result: SpawnResult, in_flight: bool) -> MappedResult:
+def _stalled(raw: MappedResult, result: SpawnResult, in_flight: bool) -> MappedResult:
     """A spawn its stall watchdog stopped: `work` (charged: nothing identified why it fell
     silent) unless its adapter read that a vendor request was in flight, then `upstream`
-    (the vendor left it waiting). What the adapter's parse kept (session, cost) stays."""
+    (the vendor left it waiting). What the adapter's parse kept (session, usage) stays."""
     assert result.stalled_after_s is not None
     reason = stall_reason(result.stalled_after_s)
     if in_flight:
         reason += " (a vendor request in flight)"
-    return MappedResult(
+    return attrs.evolve(
+        raw,
         ok=False,
-        session_id=mapped.session_id,
-        cost_usd=mapped.cost_usd,
+        text=None,
         duration_s=result.duration_s,
         error=f"{reason}\n{result.failure_text(_CAUSE_CHARS)}".strip(),
         failure_class=FailureClass.UPSTREAM if in_flight else FailureClass.WORK,
         reason=reason,
+        retry_after_s=None,
+        reset_from_structure=False,
+        precondition=None,
+        evidence=None,
     )
 
 
@@ -349,6 +386,7 @@ def _spawn_once(
     start: ProcessStarter,
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
+    spend: _Spend | None = None,
     stall_timeout_s: float | None = None,
 ) -> MappedResult:
     # An adapter that reads its CLI's output as it is printed (`watch`) stops a CLI that
@@ -356,6 +394,13 @@ def _spawn_once(
     # a stall watchdog runs and the adapter reads whether a vendor request is in flight.
     watching = adapter_watch(adapter)
     in_flight = None if stall_timeout_s is None else _in_flight_reader(adapter)
+    # With a spend limit, an adapter that reads usage per line (`usage_of`) is metered
+    # as it runs and stopped within one usage event of crossing it; without one, the
+    # usage is read once, from the output, at the end (no per-line cost).
+    read = usage_reader(adapter)
+    meter = None
+    if spend is not None and spend.limit is not None and read is not None:
+        meter = UsageMeter(read, spend.crossed)
     result = spawn(
         list(argv),
         cwd=cwd,
@@ -363,17 +408,65 @@ def _spawn_once(
         timeout=timeout_s,
         kill_grace=kill_grace,
         tail_bytes=_ENVELOPE_TAIL_BYTES,
-        on_line=_compose(watching, in_flight),
+        on_line=_hooks(
+            None if watching is None else watching.on_line,
+            None if meter is None else meter.on_line,
+            None if in_flight is None else in_flight.on_line,
+        ),
         heartbeat=None if beat is None else beat.renew,
         heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else beat.every_s,
         start=start,
         cancel=cancel,
         stall_timeout=stall_timeout_s,
     )
-    mapped = adapter.parse(result) if watching is None else watching.parse(result)
+    raw = adapter.parse(result) if watching is None else watching.parse(result)
     if result.stalled_after_s is not None:
-        return _stalled(mapped, result, in_flight is not None and in_flight.open)
-    return mapped
+        raw = _stalled(raw, result, in_flight is not None and in_flight.open)
+    # Stopped by the meter, not by the watch, nor crossing only as the CLI ended by itself
+    # (a stop asked after the exit changes nothing: the try keeps its own outcome).
+    stopped = meter is not None and meter.crossed is not None
+    stopped = stopped and (result.stopped_by or "").startswith(STOPPED_BY_METER)
+    return _with_usage(raw, meter, spend, stopped=stopped)
+
+
+def _with_usage(
+    raw: MappedResult, meter: UsageMeter | None, spend: _Spend | None, *, stopped: bool
+) -> MappedResult:
+    """The try's result with its usage: the meter's or the parse's, whichever counted
+    more tokens, priced; a try the limit `stopped` is a charged work failure with reason
+    `SPEND_LIMIT_REASON` (the caller's cap decides what it means)."""
+    usage = raw.usage
+    # The meter read every line, the parse the output's tail (long runs' early events may
+    # be gone) whole (a hooked line is cut at 8 KiB): the larger reading is the one that
+    # missed less.
+    if meter is not None and meter.events and (usage is None or meter.total.tokens > usage.tokens):
+        usage = meter.total
+    if usage is not None and spend is not None:
+        usage = spend.price(usage)
+    if usage is raw.usage and not stopped:
+        return raw
+    cost = raw.cost_usd if usage is None else usage.usd
+    if not stopped or meter is None or meter.crossed is None:
+        return attrs.evolve(raw, usage=usage, cost_usd=cost)
+    crossed = spend.price(meter.crossed) if spend is not None else meter.crossed
+    return attrs.evolve(
+        raw,
+        ok=False,
+        failure_class=FailureClass.WORK,
+        reason=SPEND_LIMIT_REASON,
+        error=f"stopped: the spend limit was crossed at {_spent(crossed)}",
+        retry_after_s=None,
+        reset_from_structure=False,
+        precondition=None,
+        evidence=None,
+        usage=usage,
+        cost_usd=cost,
+    )
+
+
+def _spent(usage: Usage) -> str:
+    money = "unknown USD" if usage.usd is None else f"${usage.usd:.4f} ({usage.usd_source})"
+    return f"{money}, {usage.tokens} tokens"
 
 
 @attrs.frozen
@@ -396,6 +489,12 @@ class _Beat:
             left -= piece
 
 
+def _check_limit(limit: object) -> UsageLimit | None:
+    if limit is not None and not callable(limit):
+        raise TypeError(f"usage_limit must be callable or None, got {type(limit).__name__}")
+    return limit
+
+
 def _check_beat(heartbeat: object, heartbeat_s: object) -> _Beat | None:
     if heartbeat is None:
         return None
@@ -407,6 +506,24 @@ def _check_beat(heartbeat: object, heartbeat_s: object) -> _Beat | None:
 def _sum_costs(tries: Sequence[_Try]) -> float | None:
     costs = [t.raw.cost_usd for t in tries if t.raw.cost_usd is not None]
     return sum(costs) if costs else None
+
+
+def _sum_usage(tries: Sequence[_Try]) -> Usage | None:
+    """What the agent's spawns cost together; None when none reported any.
+
+    A spawn that started and reported nothing (its CLI prints no usage, or it was killed
+    before it printed any) cost an unknown amount: the sum's USD source is then `unknown`
+    (the known part kept), never a total that reads as complete."""
+    reported = [t.raw.usage for t in tries if t.raw.usage is not None]
+    if not reported:
+        return None
+    total = reported[0]
+    for usage in reported[1:]:
+        total = total + usage
+    silent = any(t.raw.usage is None and t.raw.spawn_errno is None for t in tries)
+    if silent and total.usd_source is not UsdSource.UNKNOWN:
+        total = attrs.evolve(total, usd_source=UsdSource.UNKNOWN)
+    return total
 
 
 def _proof(
@@ -427,6 +544,7 @@ def _proof(
         "attempts": len(tries),
         "duration_s": max(0.0, time.monotonic() - started),
         "cost_usd": _sum_costs(tries),
+        "usage": _sum_usage(tries),
         "session_id": next((t.raw.session_id for t in reversed(tries) if t.raw.session_id), None),
     }
     if last.failure_class is None:
@@ -492,6 +610,7 @@ def run_agent(
     start: ProcessStarter = subprocess.Popen,
     cancel: Cancellation | None = None,
     clock: Callable[[], float] = time.time,
+    usage_limit: UsageLimit | None = None,
     stall_timeout_s: float | None = None,
 ) -> AgentProof:
     """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
@@ -518,11 +637,22 @@ def run_agent(
     whole tree is killed, no further try starts, and `SpawnCancelled` propagates with
     nothing recorded (the caller knows why it stopped the agent).
 
+    `usage_limit(usage) -> bool` bounds what the agent may spend while it runs: each try
+    of an adapter that reads usage per printed line (`usage_of`) is metered as its CLI
+    prints (a `UsageMeter` on the spawn's line hook), and after each usage event the limit
+    is asked about the agent's usage so far (earlier tries included; tokens priced from
+    the price table, by the event's model or the request's); True stops the try's whole
+    tree within that one event, and the agent ends there: a failed work proof with reason
+    `"spend limit"` and the usage it reached (the caller's cap decides whether that
+    charges). An adapter without `usage_of` is bounded only at the end of each try.
+    Every proof carries the agent's `usage` (every try's, summed; see `AgentProof`).
+
     Raises `AgentFailed` (carrying the proof, already recorded) when the last try
     failed: always the subclass of the proof's class, `WorkFailure`, `EnvironmentFailure`
     or `UpstreamFailure` (whose `reset_at` is `clock()` plus the vendor's stated wait, in
-    POSIX seconds); `InvalidInput` for `max_attempts` outside 1..100 or `heartbeat_s` <= 0,
-    before anything runs.
+    POSIX seconds); `InvalidInput` for `max_attempts` outside 1..100, `heartbeat_s` <= 0
+    or a price file (`EXECKIT_PRICES`) that does not load (naming the key), before
+    anything runs.
     Anything else that raises inside the loop (`validate`, `prepare`, the adapter, a
     request the adapter cannot express) propagates unchanged, after a failed work proof
     (reason `error`) is recorded.
@@ -532,6 +662,7 @@ def run_agent(
     if stall_timeout_s is not None:
         number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
     stall = stall_timeout_of(adapter, stall_timeout_s)
+    spend = _Spend(load_prices(), request.model, _check_limit(usage_limit))
     started = time.monotonic()
     secrets = secret_env_values({**os.environ, **(request.env or {})})
     tries: list[_Try] = []
@@ -550,6 +681,7 @@ def run_agent(
             start=start,
             beat=beat,
             cancel=cancel,
+            spend=spend,
             stall_timeout_s=stall,
         )
     except SpawnCancelled:
@@ -591,6 +723,7 @@ def run_agent_async(
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
     clock: Callable[[], float] = time.time,
+    usage_limit: UsageLimit | None = None,
     stall_timeout_s: float | None = None,
 ) -> Awaitable[AgentProof]:
     """`run_agent` for asyncio runners: same arguments (but `cancel`), same proof, same
@@ -605,6 +738,8 @@ def run_agent_async(
     """
     integer_arg("max_attempts", max_attempts, 1, MAX_AGENT_ATTEMPTS)
     _check_beat(heartbeat, heartbeat_s)
+    load_prices()
+    _check_limit(usage_limit)
     if stall_timeout_s is not None:
         number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
     cancel = Cancellation()
@@ -629,6 +764,7 @@ def run_agent_async(
             start=start,
             cancel=cancel,
             clock=clock,
+            usage_limit=usage_limit,
             stall_timeout_s=stall_timeout_s,
         )
 
@@ -717,6 +853,7 @@ def _try_until_settled(
     start: ProcessStarter,
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
+    spend: _Spend | None = None,
     stall_timeout_s: float | None = None,
 ) -> None:
     """Spawn tries, appending each to `tries`, until one settles the agent.
@@ -745,6 +882,7 @@ def _try_until_settled(
                 start=start,
                 beat=beat,
                 cancel=cancel,
+                spend=spend,
                 stall_timeout_s=stall_timeout_s,
             )
             outcome = _judge(raw, validate)
@@ -757,6 +895,12 @@ def _try_until_settled(
         tries.append(outcome)
         if failure is None or failure is FailureClass.ENVIRONMENT or len(tries) >= max_attempts:
             return
+        if raw.reason == SPEND_LIMIT_REASON and raw.failure_class is FailureClass.WORK:
+            return  # stopped by the spend limit: another try would spend past it again
+        if spend is not None and raw.usage is not None:
+            spend = attrs.evolve(
+                spend, spent=raw.usage if spend.spent is None else spend.spent + raw.usage
+            )
         if failure is FailureClass.UPSTREAM:
             wait = raw.retry_after_s
             if wait is not None and wait > backoff.max_s:

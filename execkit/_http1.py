@@ -20,6 +20,7 @@ per thread (the transport keeps them apart).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import ssl
@@ -221,7 +222,14 @@ class Connection:
             self._line(file)  # the CRLF after the chunk
 
     def close(self) -> None:
+        """Close the connection, from any thread: a request another thread is reading the
+        answer of ends at once (`ConnectionError`), as for a server that closed."""
         file, sock, self._file, self._sock = self._file, self._sock, None, None
+        if sock is not None:
+            # The shutdown first: closing the file waits for the lock of a read in progress
+            # (a long poll), and closing the socket alone leaves that read blocked.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         if file is not None:
             file.close()
         if sock is not None:

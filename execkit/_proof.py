@@ -21,6 +21,7 @@ from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, InvalidInput
 from execkit._json import json_key, to_json
 from execkit._redact import redact
+from execkit._usage import Usage, load_usage
 from execkit._validate import checked, finite, integer, is_number
 
 __all__ = [
@@ -88,6 +89,9 @@ class AgentProof:
     `retry_after_s` is the wait until a reset the vendor stated (upstream only): the
     scheduler retries no earlier. `evidence` is the line the class was read from (the
     adapter's `MappedResult.evidence`; masked like `error`), None when no line decided.
+    `usage` is what every spawn of the agent cost, summed (`Usage`: tokens by kind, USD and
+    where it came from), failed, timed-out and killed spawns included; None when no spawn
+    reported any. `cost_usd` is its USD when known.
     """
 
     id: str
@@ -116,6 +120,9 @@ class AgentProof:
     # only such a reset parks a vendor lane).
     reset_from_structure: bool = False
     evidence: str | None = attrs.field(default=None, converter=_redacted)
+    usage: Usage | None = attrs.field(
+        default=None, validator=checked("a Usage or None", optional(instance_of(Usage)))
+    )
 
     @property
     def productive(self) -> bool:
@@ -263,7 +270,7 @@ def agent_failure(proof: AgentProof, *, now: float | None = None) -> AgentFailed
 
 @attrs.frozen
 class RunProof:
-    """One run of a script: its agents and, derived from them, its class."""
+    """One run of a script: its agents and, derived from them, its class and its usage."""
 
     id: str
     status: RunStatus
@@ -294,6 +301,18 @@ class RunProof:
                 return agent.precondition
         return None
 
+    @property
+    def usage(self) -> Usage | None:
+        """What the run's agents cost, summed (derived like the class; never stored by
+        hand); None when no agent reported any usage."""
+        reported = [agent.usage for agent in self.agents if agent.usage is not None]
+        if not reported:
+            return None
+        total = reported[0]
+        for usage in reported[1:]:
+            total = total + usage
+        return total
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe mapping with the derived `"class"` (written for readers, never read)."""
         run_class = self.run_class
@@ -303,6 +322,7 @@ class RunProof:
             "class": run_class.value if run_class else None,
             "reason": self.reason,
             "precondition": self.precondition,
+            "usage": None if (usage := self.usage) is None else usage.to_dict(),
             "agents": [agent.to_dict() for agent in self.agents],
         }
 
@@ -351,7 +371,8 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
 
     Missing `"class"` (schema 0) loads as no class, which behaves as a charged work
     failure. An unknown class string loads as work. A class on a succeeded or cached
-    agent is dropped: a success is never classed. Unknown keys are ignored.
+    agent is dropped: a success is never classed. No `"usage"` (an older writer) loads as
+    None: the cost is unknown, never zero. Unknown keys are ignored.
     Raises InvalidInput naming the field when a required field is missing or malformed.
     """
     if not isinstance(data, Mapping):
@@ -383,6 +404,7 @@ def load_agent_proof(data: Mapping[str, Any]) -> AgentProof:
         retry_after_s=_opt_number(data, "retry_after_s") if failure_class else None,
         reset_from_structure=bool(data.get("reset_from_structure")) if failure_class else False,
         evidence=_opt_str(data, "evidence") if failure_class else None,
+        usage=load_usage(data.get("usage")),
     )
 
 

@@ -16,14 +16,17 @@ says it is incomplete).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 from attrs.validators import ge, instance_of, optional
 
 from execkit._errors import InvalidInput
-from execkit._validate import checked, finite, integer, opt_checked
+from execkit._json import to_json
+from execkit._validate import checked, finite, integer, is_integer, is_number, opt_checked
 
-__all__ = ["NO_USAGE", "Usage", "UsdSource"]
+__all__ = ["NO_USAGE", "Usage", "UsdSource", "checked_usage", "load_usage"]
 
 
 class UsdSource(enum.StrEnum):
@@ -67,6 +70,12 @@ class Usage:
     )
     usd_source: UsdSource = attrs.field(default=UsdSource.UNKNOWN, converter=_source)
     model: str | None = attrs.field(default=None, validator=optional(instance_of(str)))
+    # GitHub Copilot bills a plan's "premium requests", not tokens or USD: its `result`
+    # event's `usage.premiumRequests`, kept as the figure it is (never turned into money);
+    # fractional, as a model's multiplier makes one request count 0.33 of one.
+    premium_requests: float = attrs.field(
+        default=0.0, validator=checked("a finite number >= 0", finite, ge(0))
+    )
 
     @usd_source.validator
     def _money_has_a_source(self, _attribute: attrs.Attribute[UsdSource], value: UsdSource) -> None:
@@ -89,7 +98,11 @@ class Usage:
     @property
     def known(self) -> bool:
         """Whether anything was reported at all (a token or a USD figure)."""
-        return self.tokens > 0 or self.usd is not None
+        return self.tokens > 0 or self.usd is not None or self.premium_requests > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe mapping (`usd_source` as its string); `load_usage` reads it back."""
+        return to_json(self)
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -112,6 +125,7 @@ class Usage:
             usd=usd,
             usd_source=source,
             model=_same(self.model, other.model, self.known, other.known),
+            premium_requests=self.premium_requests + other.premium_requests,
         )
 
 
@@ -127,3 +141,80 @@ def _same(mine: str | None, theirs: str | None, mine_known: bool, theirs_known: 
 
 _UNCERTAINTY = list(UsdSource)
 NO_USAGE = Usage()
+
+
+_COUNTS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+)
+
+
+def load_usage(data: object) -> Usage | None:
+    """A `Usage` from `Usage.to_dict` output (a proof's `"usage"`); None for None.
+
+    A missing count is 0, a missing `usd` is None (source `unknown`), unknown keys are
+    ignored. Raises InvalidInput naming the field for a wrong type or a value out of range
+    (a negative or fractional count, a negative USD, a source that is not one of ours).
+    """
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise InvalidInput(
+            f"usage must be an object or null; got {type(data).__name__}", field="usage"
+        )
+    counts: dict[str, int] = {}
+    for key in _COUNTS:
+        value = data.get(key, 0)
+        if not is_integer(value):
+            raise InvalidInput(f"usage.{key} must be an integer >= 0, got {value!r}", field=key)
+        counts[key] = value
+    premium = data.get("premium_requests", 0)
+    if not is_number(premium) or premium < 0:
+        raise InvalidInput(
+            f"usage.premium_requests must be a number >= 0, got {premium!r}",
+            field="premium_requests",
+        )
+    usd = data.get("usd")
+    if usd is not None and not is_number(usd):
+        raise InvalidInput(f"usage.usd must be a number >= 0 or null, got {usd!r}", field="usd")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidInput(f"usage.model must be a string or null, got {model!r}", field="model")
+    source = data.get("usd_source", UsdSource.UNKNOWN.value if usd is None else None)
+    return Usage(
+        usd=None if usd is None else float(usd),
+        usd_source=_source(source),
+        model=model,
+        premium_requests=float(premium),
+        **counts,
+    )
+
+
+def checked_usage(
+    input_tokens: int,
+    output_tokens: int,
+    cache_read_tokens: int,
+    cache_write_tokens: int,
+    usd: float | None,
+    usd_source: UsdSource,
+    model: str | None,
+    premium_requests: float = 0.0,
+) -> Usage:
+    """A `Usage` of values the caller has already checked (counts that are ints >= 0, a
+    finite USD >= 0 or None with its source, a str or None model), built without running
+    the validators again: what a meter does once per usage event, where the validators
+    were most of the cost of reading a line (benchmarks/bench_usage.py). Anything read
+    from outside (a stored proof, a file) goes through `Usage(...)` or `load_usage`."""
+    usage = object.__new__(Usage)
+    put = object.__setattr__
+    put(usage, "input_tokens", input_tokens)
+    put(usage, "output_tokens", output_tokens)
+    put(usage, "cache_read_tokens", cache_read_tokens)
+    put(usage, "cache_write_tokens", cache_write_tokens)
+    put(usage, "usd", usd)
+    put(usage, "usd_source", usd_source)
+    put(usage, "model", model)
+    put(usage, "premium_requests", premium_requests)
+    return usage

@@ -8,6 +8,11 @@ Public, for adapter authors (the built-in adapters use nothing else):
 (an error type field, the CLI's own credential or connection error event); it goes on
 `Envelope.error_kind` and `map_result` turns it into a class the same way for every vendor.
 
+`Usage` is what a run cost as the CLI reported it; an adapter puts it on `Envelope.usage`
+(from structure only), and may read it per printed line with an optional `usage_of(line)`
+returning a `Usage` or a `UsageEvent` (`execkit._meter`): `read_usage` runs that same reader
+over a finished spawn's stdout, so `parse` and the live meter agree.
+
 `Line` is what an adapter's optional `watch(line)` reads: one line of the CLI's output as
 it is printed. A `watch` returns an `Envelope` (is_error, the kind, `retry_after_s`) when
 its CLI announces a wait longer than `LONG_WAIT_S` that it would sleep out in the attempt;
@@ -27,14 +32,21 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from execkit._adapter import LONG_WAIT_S, AgentRequest, ErrorKind
+from execkit._adapter import LONG_WAIT_S, AgentRequest, ErrorKind, priced
 from execkit._classify import epoch_wait, stated_wait_s
 from execkit._exec import Line
+from execkit._meter import UsageEvent, read_usage
+from execkit._usage import Usage, UsdSource, checked_usage
 
 __all__ = [
     "LONG_WAIT_S",
     "ErrorKind",
     "Line",
+    "Usage",
+    "UsageEvent",
+    "UsdSource",
+    "count_field",
+    "embedded_object",
     "header_wait_s",
     "http_status",
     "iter_json_objects",
@@ -43,7 +55,10 @@ __all__ = [
     "load_json_document",
     "number_field",
     "parse_retry_after",
+    "priced",
     "prompt_args",
+    "read_usage",
+    "reported_usage",
     "request_argv",
     "reset_wait_s",
     "str_field",
@@ -319,3 +334,80 @@ def http_status(code: float | None) -> int | None:
     if code is None or not 100 <= code <= 599 or code != int(code):
         return None
     return int(code)
+
+
+def count_field(obj: object, *keys: str) -> int:
+    """The sum of `keys` in a mapping whose values are whole numbers >= 0 (a token count);
+    anything else (missing, negative, fractional, a bool, a string) counts 0."""
+    total = 0
+    if isinstance(obj, Mapping):
+        for key in keys:
+            value = obj.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                total += value
+            elif isinstance(value, float) and value.is_integer() and value > 0:
+                total += int(value)
+    return total
+
+
+def reported_usage(
+    *,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    cache_read_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    usd: float | None = None,
+    model: str | None = None,
+    premium_requests: float = 0.0,
+) -> Usage:
+    """A `Usage` of what a CLI reported: a USD it printed is `reported`; without one the
+    money is `unknown` (execkit prices the tokens later where its price table knows the
+    model). A USD that is not a finite number >= 0 is dropped, never raised on, and so is
+    a USD of 0 beside tokens: a CLI prints 0 for a model it has no price for (opencode,
+    pi, a custom provider) and for a call it did not finish pricing (claude's failed
+    stream), and unknown is never zero."""
+    money = usd if usd is not None and math.isfinite(usd) and usd >= 0 else None
+    counts = (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
+    if money == 0 and sum(counts) > 0:
+        money = None
+    premium = premium_requests if math.isfinite(premium_requests) and premium_requests > 0 else 0.0
+    if all(type(count) is int and count >= 0 for count in counts) and (
+        model is None or type(model) is str
+    ):
+        # Checked here: skip the validators (a meter reads one of these per usage event).
+        source = UsdSource.UNKNOWN if money is None else UsdSource.REPORTED
+        return checked_usage(
+            *counts, float(money) if money is not None else None, source, model, float(premium)
+        )
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=cache_read_tokens,
+        cache_write_tokens=cache_write_tokens,
+        usd=money,
+        usd_source=UsdSource.UNKNOWN if money is None else UsdSource.REPORTED,
+        model=model,
+        premium_requests=float(premium),
+    )
+
+
+_DECODER = json.JSONDecoder()
+
+
+def embedded_object(text: str, key: str) -> dict[str, Any] | None:
+    """The object value of the last `"key":{...}` in one line of JSON, decoded alone
+    (not the whole line): how a per-line usage reader stays cheap on long events.
+
+    Structural, not a text search: inside a JSON string every `"` is escaped, so an
+    unescaped `"key":{` is a key of the document (the last one: vendors print the usage
+    after the content). None when absent, or when the object does not decode (a line cut
+    before its end)."""
+    needle = f'"{key}":{{'
+    at = text.rfind(needle)
+    if at < 0:
+        return None
+    try:
+        value, _end = _DECODER.raw_decode(text, at + len(needle) - 1)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None

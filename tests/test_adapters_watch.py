@@ -180,3 +180,24 @@ def test_a_watch_answering_something_else_is_a_type_error_and_the_tree_is_killed
     fake_vendor.register("agent", stdout="hello\n", hang=True)
     with pytest.raises(TypeError, match="is_error"):
         run_command(Broken(), ["agent"], timeout_s=TIMEOUT_S, start=fake_vendor.start)
+
+
+def test_a_watched_stop_keeps_what_the_cli_spent_before_it(fake_vendor: FakeVendor) -> None:
+    # pi answered one message (its usage printed), then announced a long retry (#45).
+    spent = (
+        '{"type":"message_end","message":{"role":"assistant","content":[],"model":"gpt-fake",'
+        '"usage":{"input":12,"output":7,"cacheRead":0,"cacheWrite":0,"cost":{"total":0}},'
+        '"stopReason":"toolUse"}}\n'
+    )
+    event = (
+        '{"type":"auto_retry_start","attempt":3,"maxAttempts":5,"delayMs":120000,'
+        '"errorMessage":"503 The server is overloaded or not ready yet."}\n'
+    )
+    fake_vendor.register("pi", stdout=spent + event, hang=True)
+    proof = run_command(
+        get_adapter("pi"), _argv("pi"), timeout_s=TIMEOUT_S, start=fake_vendor.start
+    )
+    assert proof.failure_class is FailureClass.UPSTREAM
+    assert proof.usage is not None
+    assert (proof.usage.input_tokens, proof.usage.output_tokens) == (12, 7)
+    assert proof.usage.model == "gpt-fake"

@@ -53,6 +53,11 @@ RANKS = {
     # The client's HTTP/1.1 connection (`execkit.remote`'s transport): the standard library only.
     "execkit._http1": 0,
     "execkit._exec": 1,
+    # What a run cost (issue #45): the value and its price table are helpers; the meter
+    # reads lines from the exec stage's hook.
+    "execkit._usage": 0,
+    "execkit._prices": 0,
+    "execkit._meter": 1,
     "execkit._classify": 2,
     "execkit.adapterkit": 3,
     "execkit._adapter": 3,

@@ -618,3 +618,27 @@ def test_until_idle_with_nothing_due_says_so_in_one_line(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "nothing due: no issue is eligible or backing off\n"
+
+
+def test_a_bad_price_file_stops_dispatch_before_anything_runs(
+    board: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"models": {"m": {"input": -1}}}')
+    monkeypatch.setenv("EXECKIT_PRICES", str(prices))
+    assert main(["dispatch", "--board", str(board), "--adapter", "generic", "--once"]) == 3
+    err = capsys.readouterr().err
+    assert "EXECKIT_PRICES" in err and "Traceback" not in err
+    assert not (tmp_path / "ledger.db").exists()
+    assert states(board) == {"OK": "todo", "ENV": "todo", "BAD": "todo"}
+
+
+def test_a_bad_price_file_stops_run_adapter_before_the_agent_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXECKIT_PRICES", str(tmp_path / "missing.json"))
+    marker = tmp_path / "ran"
+    argv = ["run", "--adapter", "generic", "--", "sh", "-c", f"touch {marker}"]
+    assert main(argv) == 3
+    assert "EXECKIT_PRICES" in capsys.readouterr().err
+    assert not marker.exists()

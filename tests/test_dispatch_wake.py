@@ -159,3 +159,18 @@ def test_a_running_dispatcher_runs_the_held_issues_when_the_lane_is_resumed(
         dispatcher.shutdown(0)
     assert {issue.state for issue in board.list_issues()} == {"done"}
     assert vendor.calls == 4  # the one that stopped the lane, then the three after the resume
+
+
+def test_closing_the_ledger_ends_a_wait_in_progress(ledger: AnyLedger) -> None:
+    # A dispatcher's waker thread is waiting when the dispatcher stops and closes its
+    # ledger: the close must not wait out the wait (on PostgreSQL it held the listener for
+    # the whole wait, so three stopped dispatchers took a minute to exit).
+    seen = ledger.wake_seq()
+    thread, got = _waiting(ledger, seen)
+    closer = threading.Thread(target=ledger.close)
+    closer.start()
+    closer.join(LONG_S / 2)
+    thread.join(LONG_S / 2)
+    assert not closer.is_alive(), "close waited for the wait in progress"
+    assert not thread.is_alive(), "the wait went on after the close"
+    assert got == [seen]

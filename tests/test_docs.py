@@ -28,6 +28,8 @@ from execkit._classify import FailureClass
 from execkit._exec import BINARY_NOTICE, MAX_TAIL_BYTES
 from execkit._exec.result import REDACT_CONTEXT
 from execkit._exec.tail import _BINARY_SHARE
+from execkit._prices import PRICES_ENV, load_prices
+from execkit._usage import load_usage
 from execkit.cli import main
 from execkit.cli._decide import _parse_attempt, attempt_to_json
 from execkit.ledger import open_ledger
@@ -369,7 +371,12 @@ def _json_blocks(markdown: str) -> Iterator[object]:
 def test_the_examples_in_formats_md_are_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    board, history = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    board, history, prices, usage = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    # The price file and a proof's usage (issue #45) are read by the code that reads them.
+    price_file = tmp_path / "prices.json"
+    price_file.write_text(json.dumps(prices), encoding="utf-8")
+    assert "gpt-5" in load_prices({PRICES_ENV: str(price_file)}).models
+    assert load_usage(usage) is not None
     assert schema_errors("board", board) == []
     code, err = _status_exit(board, tmp_path, capsys)
     assert code == 0 or (code == 4 and "no task for any issue" in err), err

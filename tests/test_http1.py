@@ -205,3 +205,33 @@ def test_an_idle_connection_the_server_closed_is_replaced_without_a_retry(
     assert transport.send(request).status == 200
     transport.close()
     assert (peer.connections, len(peer.requests)) == (2, 2)
+
+
+def test_closing_a_connection_ends_a_read_another_thread_waits_in(
+    peer_of: Callable[[Script], Peer],
+) -> None:
+    # A long poll (the dispatcher's wake-up wait) is reading when the dispatcher stops and
+    # closes its client: the close must end that read, not wait for the answer (it waited
+    # for the whole poll, 20 s, per stopped dispatcher).
+    peer = peer_of(lambda _peer, _n: True)  # reads the request, never answers
+    conn = Connection("127.0.0.1", peer.port, tls=False, timeout_s=3600)
+    failed: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            conn.request("GET", "/v1/wake/wait", {}, None, 1000)
+        except BaseException as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=poll, daemon=True)
+    reader.start()
+    for _ in range(6000):  # until the request is on the wire and the reader is reading
+        if peer.requests:
+            break
+        threading.Event().wait(0.01)
+    closer = threading.Thread(target=conn.close, daemon=True)
+    closer.start()
+    closer.join(60)
+    reader.join(60)
+    assert not closer.is_alive() and not reader.is_alive()
+    assert [type(exc) for exc in failed] == [ConnectionError]

@@ -21,6 +21,7 @@ from execkit._proof import (
     load_run_proof,
     rollup_class,
 )
+from execkit._usage import Usage, UsdSource
 
 ENV, UP, WORK = FailureClass.ENVIRONMENT, FailureClass.UPSTREAM, FailureClass.WORK
 
@@ -177,7 +178,18 @@ def agents(draw: st.DrawFn) -> AgentProof:
         cost_usd=draw(st.none() | st.floats(0, 10)),
         failure_class=cls,
         reason=draw(st.none() | st.sampled_from(["http 503", "spawn errno ENOENT", "default"])),
+        usage=draw(st.none() | usages()),
     )
+
+
+@st.composite
+def usages(draw: st.DrawFn) -> Usage:
+    tokens = draw(st.lists(st.integers(0, 10**9), min_size=4, max_size=4))
+    usd = draw(st.none() | st.floats(0, 1000))
+    source = UsdSource.UNKNOWN if usd is None else draw(st.sampled_from(list(UsdSource)))
+    names = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+    counts: dict[str, Any] = dict(zip(names, tokens, strict=True))
+    return Usage(**counts, usd=usd, usd_source=source, model="gpt-fake", premium_requests=1)
 
 
 agent_lists = st.lists(agents(), max_size=6)
@@ -300,3 +312,50 @@ def test_the_vendors_reset_travels_on_the_proof_and_round_trips() -> None:
     ok = {**agent(AgentStatus.SUCCEEDED).to_dict(), "retry_after_s": 30.0}
     assert load_agent_proof(ok).retry_after_s is None
     assert agent(AgentStatus.SUCCEEDED).to_dict()["retry_after_s"] is None
+
+
+# --- usage (issue #45): what the agents cost travels on the proof ---------------------------
+
+
+def test_usage_round_trips_through_json_and_the_run_sums_its_agents() -> None:
+    import json
+
+    first = Usage(input_tokens=12, output_tokens=7, usd=0.000188, usd_source="reported")
+    second = Usage(input_tokens=5, cache_read_tokens=3)  # tokens only: the USD is unknown
+    run = failed_run(agent(cls=UP, usage=first), agent(cls=WORK, id="a2", usage=second))
+    data = json.loads(json.dumps(run.to_dict()))
+    assert data["agents"][0]["usage"]["usd_source"] == "reported"
+    assert data["usage"]["input_tokens"] == 17
+    # A known and an unknown part: the known USD is kept, the source says it is incomplete.
+    assert data["usage"]["usd"] == pytest.approx(0.000188)
+    assert data["usage"]["usd_source"] == "unknown"
+    loaded = load_run_proof(data)
+    assert loaded == run
+    assert loaded.usage == first + second
+
+
+def test_a_proof_written_before_usage_loads_with_unknown_cost() -> None:
+    data = {"id": "a", "harness": "claude", "status": "failed", "class": "work", "cost_usd": 0.1}
+    proof = load_agent_proof(data)
+    assert proof.usage is None
+    assert failed_run(proof).usage is None
+    assert failed_run(proof).to_dict()["usage"] is None
+
+
+@pytest.mark.parametrize(
+    ("usage", "field"),
+    [
+        ("12 tokens", "usage"),
+        ({"input_tokens": -1}, "input_tokens"),
+        ({"output_tokens": 1.5}, "output_tokens"),
+        ({"usd": -0.5, "usd_source": "reported"}, "usd"),
+        ({"usd": 0.5, "usd_source": "guessed"}, "usd_source"),
+        ({"usd": 0.5}, "usd_source"),
+        ({"usd_source": "priced"}, "usd_source"),
+    ],
+)
+def test_a_malformed_stored_usage_is_refused_naming_the_field(usage: object, field: str) -> None:
+    data = {"id": "a", "harness": "claude", "status": "failed", "usage": usage}
+    with pytest.raises(InvalidInput) as caught:
+        load_agent_proof(data)
+    assert caught.value.field == field

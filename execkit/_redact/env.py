@@ -29,4 +29,8 @@ def secret_env_values(env: Mapping[str, str]) -> tuple[str, ...]:
     # Names first: reading every value of os.environ decodes each one, which costs more
     # than the spawn it guards on a short-lived child.
     names = [name for name in env if _SECRET_NAME.search(name)]
-    return tuple(value for value in map(env.__getitem__, names) if len(value) >= MIN_ENV_SECRET_LEN)
+    # A list first, not `tuple(generator)`: CPython 3.11 grows a tuple built from a
+    # generator in place, and refuses (SystemError) when another thread has meanwhile
+    # taken a reference to it (seen once with spawns finishing on a thread pool).
+    values = [value for value in map(env.__getitem__, names) if len(value) >= MIN_ENV_SECRET_LEN]
+    return tuple(values)

@@ -379,9 +379,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             field="until_idle",
         )
     from execkit._attempt import AttemptOptions
+    from execkit._prices import load_prices
     from execkit._registry import get_adapter
     from execkit.dispatch import AdapterRunner, Dispatcher
 
+    # An operator's price file ($EXECKIT_PRICES) is read by each run's result: a bad one
+    # stops the command here, before anything runs, not as a runner error in every slot.
+    load_prices()
     _setup_logging()
     github = _github_repo(args.board)
     board_file = None if github is not None else JsonFileBoard(args.board)

@@ -138,7 +138,10 @@ def _handle(args: argparse.Namespace) -> int:
     if args.adapter is not None:
         # Imported here: the adapter path pulls in the adapters and the in-agent loop,
         # which a plain `execkit run` never needs.
+        from execkit._prices import load_prices
         from execkit.cli._adapters import run_adapter_command
+
+        load_prices()  # a bad $EXECKIT_PRICES is refused before the agent runs
 
         # The adapter's loop spawns through the library, which watches no cancel pipe:
         # there an ending signal raises (once), and spawn's cleanup ends the tree.

@@ -21,33 +21,42 @@ __all__ = ["WakeListener"]
 
 _CHANNEL = "execkit_wake"
 _FALLBACK_POLL_S = 1.0
+# A wait listens in slices this long, so that `close` (the ledger closing at the end of a
+# dispatcher) waits at most one slice for a waiter, never its whole timeout; a notification
+# ends a slice at once, so the slices cost no latency.
+_SLICE_S = 0.25
 
 
 class WakeListener:
     """One LISTEN connection, opened with `connect` on the first wait, used by one waiter at
-    a time (a lock: a dispatcher has one waker thread)."""
+    a time (a lock: a dispatcher has one waker thread). After `close`, a wait in progress
+    ends within a slice and every later wait answers at once."""
 
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._closing = threading.Event()
 
     def wait(self, seen: int, timeout_s: float, read: Callable[[], int]) -> int:
         """The wake number once it differs from `seen`, or after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            conn = self._listening()
+            conn = None if self._closing.is_set() else self._listening()
             current = read()
-            while current == seen:
+            while current == seen and not self._closing.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 if conn is None:
-                    time.sleep(min(_FALLBACK_POLL_S, left))
+                    self._closing.wait(min(_FALLBACK_POLL_S, left))
                 else:
                     try:
-                        for _note in conn.notifies(timeout=left, stop_after=1):
-                            break
+                        notified = False
+                        for _note in conn.notifies(timeout=min(_SLICE_S, left), stop_after=1):
+                            notified = True
+                        if not notified:
+                            continue  # a quiet slice: nothing to read again
                     except Exception:  # any failure of the listener: poll from here on
                         self._drop()
                         conn = None
@@ -72,5 +81,7 @@ class WakeListener:
                 conn.close()
 
     def close(self) -> None:
+        """Drop the connection, after the wait in progress (if any) has seen the close."""
+        self._closing.set()
         with self._lock:
             self._drop()

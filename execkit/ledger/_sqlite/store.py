@@ -71,6 +71,7 @@ class SqliteStore:
         # One connection, shared by the threads of one owner (a dispatcher renewing its
         # runs' leases while they run): each transaction holds this lock for its length.
         self._lock = threading.RLock()
+        self._closing = threading.Event()
         prepare_file(self.path, create=create, init=init)
         try:
             self._conn = sqlite3.connect(
@@ -103,19 +104,24 @@ class SqliteStore:
             raise
 
     def close(self) -> None:
+        """Close the file; a wait in progress returns what it last read."""
+        self._closing.set()
         with self._lock:
             self._conn.close()
 
     def wait_for_wake(self, seen: int, timeout_s: float, read: Callable[[], int]) -> int:
         """SQLite has no notifications: the wake number is read every `_WAKE_POLL_S`
-        (a one-row read), until it differs from `seen` or `timeout_s` has passed."""
+        (a one-row read), until it differs from `seen`, `timeout_s` has passed or the
+        ledger is closed (the number last read: a dispatcher stopping closes its ledger
+        while its waker waits)."""
         deadline = time.monotonic() + timeout_s
         while True:
             current = read()
             left = deadline - time.monotonic()
             if current != seen or left <= 0:
                 return current
-            time.sleep(min(_WAKE_POLL_S, left))
+            if self._closing.wait(min(_WAKE_POLL_S, left)):
+                return current
 
     def _current(self) -> None:
         if self._outdated:
