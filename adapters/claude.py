@@ -463,6 +463,10 @@ class ClaudeAdapter:
         "CLAUDE_CODE_OAUTH_TOKEN",
     )
     credential_files: tuple[str, ...] = ("~/.claude/.credentials.json",)
+    # The stall watchdog's default (issue #46): claude's own Bash tool stops a command after
+    # 10 minutes at most, and every other step prints an event, so 15 silent minutes are
+    # not work in progress (claude-code #75613: a stream that hangs without a byte).
+    stall_timeout_s: float | None = 900.0
     # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
     # own time when one is replayed.
     clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
@@ -474,6 +478,28 @@ class ClaudeAdapter:
         spend = [] if budget is None else ["--max-budget-usd", f"{budget:g}"]
         head = [self.binary, "-p", "--output-format", "stream-json", "--verbose"]
         return request_argv(head, request, options=[*turns, *spend])
+
+    def request_in_flight(self, line: Line) -> bool | None:
+        """Whether a request to the API is open after this stream-json event (the stall
+        watchdog's question): True after `system` `init` (the first request goes out) or
+        `api_retry`, and after a `user` event (tool results sent back: the next request);
+        False after an `assistant` event or the `result` (the answer came, or a tool runs
+        next); None for any other line."""
+        text = line.text
+        if line.stream != "stdout" or not text.startswith("{"):
+            return None
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return None
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind == "system":
+            return True if event.get("subtype") in ("init", "api_retry") else None
+        if kind == "user":
+            return True
+        if kind in ("assistant", "result"):
+            return False
+        return None
 
     def parse(self, result: SpawnResult) -> MappedResult:
         now = self.clock()

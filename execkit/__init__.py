@@ -103,6 +103,7 @@ _EXPORTS: dict[str, str] = {
     "Task": "execkit.ledger",
     "TaskStatus": "execkit.ledger",
     "open_ledger": "execkit.ledger",
+    "AttemptOptions": "execkit._attempt",
     "AttemptOutcome": "execkit._attempt",
     "run_attempt": "execkit._attempt",
     "run_attempt_async": "execkit._attempt",
@@ -139,7 +140,7 @@ if TYPE_CHECKING:
         run_agent_async,
         run_command,
     )
-    from execkit._attempt import AttemptOutcome, run_attempt, run_attempt_async
+    from execkit._attempt import AttemptOptions, AttemptOutcome, run_attempt, run_attempt_async
     from execkit._backoff import Backoff
     from execkit._budget import (
         MAX_UNCHARGED_REPLANS,
@@ -255,6 +256,7 @@ __all__ = [
     "Attempt",
     "AttemptContext",
     "AttemptLimitReached",
+    "AttemptOptions",
     "AttemptOutcome",
     "AttemptStatus",
     "Backoff",

@@ -38,7 +38,7 @@ import attrs
 
 from execkit._adapter import Adapter, AgentRequest, MappedResult, adapter_watch
 from execkit._backoff import AGENT_BACKOFF, Backoff
-from execkit._classify import FailureClass
+from execkit._classify import FailureClass, stall_reason
 from execkit._errors import InvalidInput
 from execkit._exec import (
     DEFAULT_HEARTBEAT_S,
@@ -48,6 +48,7 @@ from execkit._exec import (
     LineHook,
     ProcessStarter,
     SpawnCancelled,
+    SpawnResult,
     StopTree,
     spawn,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "run_agent_async",
     "run_command",
     "run_in_thread",
+    "stall_timeout_of",
 ]
 
 _T = TypeVar("_T")
@@ -312,6 +314,67 @@ def _hooks(*hooks: LineHook | None) -> LineHook | None:
     return both
 
 
+class _InFlight:
+    """Whether the CLI has a vendor request in flight, as its adapter reads the stream.
+
+    The adapter's optional `request_in_flight(line)` answers True (from this line on a
+    request to the vendor is open: the CLI sent it and nothing of the answer came back),
+    False (the vendor answered, or the CLI went on to other work) or None (the line says
+    neither); the last answer stands. An adapter without the method never says so: a
+    stalled run of it is `work`.
+    """
+
+    def __init__(self, read: Callable[[Line], object]) -> None:
+        self._read = read
+        self.open = False
+
+    def on_line(self, line: Line) -> StopTree | None:
+        said = self._read(line)
+        if said is not None:
+            self.open = said is True
+        return None
+
+
+def _in_flight_reader(adapter: Adapter) -> _InFlight | None:
+    read = getattr(adapter, "request_in_flight", None)
+    return _InFlight(read) if callable(read) else None
+
+
+def stall_timeout_of(adapter: Adapter, asked: float | None) -> float | None:
+    """The stall timeout a spawn of `adapter` gets: `asked` (the options'), else the
+    adapter's own default (`stall_timeout_s`, None or > 0), else none. Raises
+    `InvalidInput` naming the adapter's attribute when its default is not a number > 0."""
+    if asked is not None:
+        return asked
+    default = getattr(adapter, "stall_timeout_s", None)
+    if default is None:
+        return None
+    return number_arg(f"{adapter.name}.stall_timeout_s", default, allow_zero=False)
+
+
+def _stalled(raw: MappedResult, result: SpawnResult, in_flight: bool) -> MappedResult:
+    """A spawn its stall watchdog stopped: `work` (charged: nothing identified why it fell
+    silent) unless its adapter read that a vendor request was in flight, then `upstream`
+    (the vendor left it waiting). What the adapter's parse kept (session, usage) stays."""
+    assert result.stalled_after_s is not None
+    reason = stall_reason(result.stalled_after_s)
+    if in_flight:
+        reason += " (a vendor request in flight)"
+    return attrs.evolve(
+        raw,
+        ok=False,
+        text=None,
+        duration_s=result.duration_s,
+        error=f"{reason}\n{result.failure_text(_CAUSE_CHARS)}".strip(),
+        failure_class=FailureClass.UPSTREAM if in_flight else FailureClass.WORK,
+        reason=reason,
+        retry_after_s=None,
+        reset_from_structure=False,
+        precondition=None,
+        evidence=None,
+    )
+
+
 def _spawn_once(
     adapter: Adapter,
     argv: Sequence[str],
@@ -324,10 +387,13 @@ def _spawn_once(
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
     spend: _Spend | None = None,
+    stall_timeout_s: float | None = None,
 ) -> MappedResult:
     # An adapter that reads its CLI's output as it is printed (`watch`) stops a CLI that
-    # announces it will sleep out a long limit; others take no line hook at all.
+    # announces it will sleep out a long limit; others take no line hook at all, unless
+    # a stall watchdog runs and the adapter reads whether a vendor request is in flight.
     watching = adapter_watch(adapter)
+    in_flight = None if stall_timeout_s is None else _in_flight_reader(adapter)
     # With a spend limit, an adapter that reads usage per line (`usage_of`) is metered
     # as it runs and stopped within one usage event of crossing it; without one, the
     # usage is read once, from the output, at the end (no per-line cost).
@@ -345,13 +411,17 @@ def _spawn_once(
         on_line=_hooks(
             None if watching is None else watching.on_line,
             None if meter is None else meter.on_line,
+            None if in_flight is None else in_flight.on_line,
         ),
         heartbeat=None if beat is None else beat.renew,
         heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else beat.every_s,
         start=start,
         cancel=cancel,
+        stall_timeout=stall_timeout_s,
     )
     raw = adapter.parse(result) if watching is None else watching.parse(result)
+    if result.stalled_after_s is not None:
+        raw = _stalled(raw, result, in_flight is not None and in_flight.open)
     # Stopped by the meter, not by the watch, nor crossing only as the CLI ended by itself
     # (a stop asked after the exit changes nothing: the try keeps its own outcome).
     stopped = meter is not None and meter.crossed is not None
@@ -541,6 +611,7 @@ def run_agent(
     cancel: Cancellation | None = None,
     clock: Callable[[], float] = time.time,
     usage_limit: UsageLimit | None = None,
+    stall_timeout_s: float | None = None,
 ) -> AgentProof:
     """Run one agent through `adapter`, retrying spawn-level failures; return its proof.
 
@@ -555,6 +626,12 @@ def run_agent(
     and through every backoff wait between tries, so the run's lease never lapses while
     the agent is alive; if it raises, the running try is ended and the error propagates
     like a hook's (below).
+
+    `stall_timeout_s` (None or > 0; None takes the adapter's `stall_timeout_s`, if any):
+    a try that prints no byte on stdout or stderr for that long has its whole tree
+    stopped, and is `work` ("stalled: no output for S s") unless the adapter read from
+    the stream that a vendor request was in flight (its `request_in_flight(line)`), then
+    `upstream`.
 
     `cancel` (a `Cancellation`) stops the agent from another thread: the running try's
     whole tree is killed, no further try starts, and `SpawnCancelled` propagates with
@@ -582,6 +659,9 @@ def run_agent(
     """
     integer_arg("max_attempts", max_attempts, 1, MAX_AGENT_ATTEMPTS)
     beat = _check_beat(heartbeat, heartbeat_s)
+    if stall_timeout_s is not None:
+        number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
+    stall = stall_timeout_of(adapter, stall_timeout_s)
     spend = _Spend(load_prices(), request.model, _check_limit(usage_limit))
     started = time.monotonic()
     secrets = secret_env_values({**os.environ, **(request.env or {})})
@@ -602,6 +682,7 @@ def run_agent(
             beat=beat,
             cancel=cancel,
             spend=spend,
+            stall_timeout_s=stall,
         )
     except SpawnCancelled:
         # Stopped from outside (a dispatcher's shutdown, a cancelled task): the try that
@@ -643,6 +724,7 @@ def run_agent_async(
     start: ProcessStarter = subprocess.Popen,
     clock: Callable[[], float] = time.time,
     usage_limit: UsageLimit | None = None,
+    stall_timeout_s: float | None = None,
 ) -> Awaitable[AgentProof]:
     """`run_agent` for asyncio runners: same arguments (but `cancel`), same proof, same
     errors; the loop runs in a thread of its own (the hooks, `heartbeat` too, run there),
@@ -658,6 +740,8 @@ def run_agent_async(
     _check_beat(heartbeat, heartbeat_s)
     load_prices()
     _check_limit(usage_limit)
+    if stall_timeout_s is not None:
+        number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
     cancel = Cancellation()
     context = contextvars.copy_context()
 
@@ -681,6 +765,7 @@ def run_agent_async(
             cancel=cancel,
             clock=clock,
             usage_limit=usage_limit,
+            stall_timeout_s=stall_timeout_s,
         )
 
     async def running() -> AgentProof:
@@ -769,6 +854,7 @@ def _try_until_settled(
     beat: _Beat | None = None,
     cancel: Cancellation | None = None,
     spend: _Spend | None = None,
+    stall_timeout_s: float | None = None,
 ) -> None:
     """Spawn tries, appending each to `tries`, until one settles the agent.
 
@@ -797,6 +883,7 @@ def _try_until_settled(
                 beat=beat,
                 cancel=cancel,
                 spend=spend,
+                stall_timeout_s=stall_timeout_s,
             )
             outcome = _judge(raw, validate)
             failure = outcome.failure_class
@@ -846,11 +933,13 @@ def run_command(
     label: str | None = None,
     recorder: RunRecorder | None = None,
     start: ProcessStarter = subprocess.Popen,
+    stall_timeout_s: float | None = None,
 ) -> AgentProof:
     """Spawn `argv` once as given (no retry), read it through `adapter`; return the proof.
 
     For surfaces that pass vendor arguments through (`execkit run --adapter`). `start`
-    is how the process is started (`spawn`'s seam). Never raises for a failed agent: the
+    is how the process is started (`spawn`'s seam); `stall_timeout_s` is `run_agent`'s.
+    Never raises for a failed agent: the
     proof's status and class say what happened. Raises InvalidInput for an empty argv or
     a timeout that is not > 0.
     """
@@ -860,9 +949,18 @@ def run_command(
         )
     if timeout_s is not None:
         number_arg("timeout_s", timeout_s, allow_zero=False)
+    if stall_timeout_s is not None:
+        number_arg("stall_timeout_s", stall_timeout_s, allow_zero=False)
     started = time.monotonic()
     raw = _spawn_once(
-        adapter, argv, cwd=cwd, env=None, timeout_s=timeout_s, kill_grace=kill_grace, start=start
+        adapter,
+        argv,
+        cwd=cwd,
+        env=None,
+        timeout_s=timeout_s,
+        kill_grace=kill_grace,
+        start=start,
+        stall_timeout_s=stall_timeout_of(adapter, stall_timeout_s),
     )
     proof = _proof(
         adapter,

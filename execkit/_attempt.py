@@ -47,14 +47,22 @@ import os
 import random
 import subprocess
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
+from attrs.validators import ge, gt, instance_of, is_callable, le
 
 from execkit._adapter import Adapter, AgentRequest, credential_env_of, credential_files_of
-from execkit._agent import RunRecorder, cancellable_sleep, run_agent, run_in_thread
+from execkit._agent import (
+    MAX_AGENT_ATTEMPTS,
+    RunRecorder,
+    cancellable_sleep,
+    run_agent,
+    run_in_thread,
+)
 from execkit._backoff import AGENT_BACKOFF, Backoff
 from execkit._budget import AttemptStatus, BlockedOn, DispatchCap, TaskState
 from execkit._classify import FailureClass, Reason
@@ -63,6 +71,7 @@ from execkit._exec import DEFAULT_KILL_GRACE_S, Cancellation, ProcessStarter, Sp
 from execkit._lanes import lane_for
 from execkit._proof import AgentFailed, AgentProof, RunStatus
 from execkit._redact import redact
+from execkit._validate import checked, finite, integer, opt_checked
 from execkit.ledger import (
     DEFAULT_LEASE_S,
     LANES_CAPABILITY,
@@ -78,6 +87,7 @@ __all__ = [
     "AUTO_LANE",
     "CANCELLED_REASON",
     "RUNNER_ACTOR",
+    "AttemptOptions",
     "AttemptOutcome",
     "RunOutcome",
     "adapter_lane",
@@ -340,6 +350,122 @@ AUTO_LANE: Literal["auto"] = "auto"
 ledger keeps lanes (`vendor.lanes`); no lane otherwise."""
 
 
+def _no_bool(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool):
+        raise TypeError(f"{attribute.name}: a bool")
+
+
+def _seconds(bound: str, *limits: Any) -> Any:
+    return checked(f"a finite number of seconds {bound}", _no_bool, finite, *limits)
+
+
+def _callable(kind: str) -> Any:
+    return checked(kind, is_callable())
+
+
+def _actor_like(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, Actor | str) or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{attribute.name}: not an actor")
+
+
+@attrs.frozen
+class AttemptOptions:
+    """How an attempt is run, as one checked value (issue #46): what `run_attempt`,
+    `run_attempt_async` and the dispatcher's `AdapterRunner` share, built once and passed
+    whole (`run_attempt(ledger, task_id, adapter, request, options)`), changed with
+    `attrs.evolve`. Every field has the default the keywords had.
+
+    Admission: `actor`, `forced`, `lease_s` (> 0; renewed every `lease_s / 3`), `cap` (also
+    applied when the decision is read back) and `lane` (`AUTO_LANE`: the adapter's lane on
+    this ledger when it keeps lanes; None for none; or a lane's name). The agent:
+    `agent_attempts` (1..100, `run_agent`'s `max_attempts`: the ledger owns retries, so
+    the in-agent loop does not also re-spawn by default), `validate`, `label`, `backoff`,
+    `kill_grace` (>= 0 s), `stall_timeout_s` (None, or > 0 s: no byte on stdout or stderr
+    for that long stops the agent's whole tree, the attempt `work` with reason "stalled:
+    no output for S s" unless the adapter read that a vendor request was in flight, then
+    `upstream`; None takes the adapter's own `stall_timeout_s`, if it has one) and
+    `start` (`spawn`'s seam). `stop_reason` is recorded on a run stopped through a
+    cancel. The clocks: `clock` (POSIX seconds, dates every ledger call and the vendor's
+    reset), `sleep` and `rng` (the in-agent backoff's; `run_attempt_async` makes a
+    cancellable wait of the default `sleep`).
+
+    Raises `InvalidInput` naming the field (and what it allows) for a value out of range.
+    """
+
+    actor: Actor | str = attrs.field(
+        default=RUNNER_ACTOR, validator=checked("an Actor or a non-blank name", _actor_like)
+    )
+    forced: bool = attrs.field(default=False, validator=checked("a bool", instance_of(bool)))
+    lease_s: float = attrs.field(default=DEFAULT_LEASE_S, validator=_seconds("> 0", gt(0)))
+    cap: DispatchCap | None = attrs.field(
+        default=None, validator=opt_checked("a DispatchCap", instance_of(DispatchCap))
+    )
+    agent_attempts: int = attrs.field(
+        default=1,
+        validator=checked(
+            f"an integer between 1 and {MAX_AGENT_ATTEMPTS}",
+            integer,
+            ge(1),
+            le(MAX_AGENT_ATTEMPTS),
+        ),
+    )
+    validate: Callable[[str], str | None] | None = attrs.field(
+        default=None, validator=opt_checked("callable", is_callable())
+    )
+    label: str | None = attrs.field(default=None, validator=opt_checked("a str", instance_of(str)))
+    stop_reason: str = attrs.field(
+        default=CANCELLED_REASON, validator=checked("a str", instance_of(str))
+    )
+    backoff: Backoff = attrs.field(
+        default=AGENT_BACKOFF, validator=checked("a Backoff", instance_of(Backoff))
+    )
+    kill_grace: float = attrs.field(default=DEFAULT_KILL_GRACE_S, validator=_seconds(">= 0", ge(0)))
+    stall_timeout_s: float | None = attrs.field(
+        default=None,
+        validator=opt_checked("a finite number of seconds > 0", _no_bool, finite, gt(0)),
+    )
+    start: ProcessStarter = attrs.field(
+        default=subprocess.Popen, validator=_callable("a callable like subprocess.Popen")
+    )
+    clock: Callable[[], float] = attrs.field(default=time.time, validator=_callable("callable"))
+    sleep: Callable[[float], None] = attrs.field(
+        default=time.sleep, validator=_callable("callable")
+    )
+    rng: Callable[[], float] = attrs.field(default=random.random, validator=_callable("callable"))
+    lane: str | None = attrs.field(
+        default=AUTO_LANE, validator=opt_checked("a lane name", instance_of(str))
+    )
+
+
+_OPTION_NAMES = frozenset(field.name for field in attrs.fields(AttemptOptions))
+
+
+def options_with(
+    options: AttemptOptions | None, legacy: Mapping[str, Any], where: str
+) -> AttemptOptions:
+    """`options` (default `AttemptOptions()`) with the keywords of the older signature
+    applied, each one named in a `DeprecationWarning` (they go in the next release). A
+    keyword that was never an option is a TypeError, as Python words one."""
+    base = AttemptOptions() if options is None else options
+    if not isinstance(base, AttemptOptions):
+        raise TypeError(f"options must be an AttemptOptions, got {type(base).__name__}")
+    if not legacy:
+        return base
+    unknown = sorted(set(legacy) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+    given = sorted(legacy)
+    names = ", ".join(f"{name}=" for name in given)
+    instead = ", ".join(f"{name}=..." for name in given)
+    warnings.warn(
+        f"{where}(..., {names}) is deprecated and goes in the next release: pass "
+        f"options=AttemptOptions({instead})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return attrs.evolve(base, **legacy)
+
+
 def _lane_for_call(
     ledger: Ledger, adapter: Adapter, request: AgentRequest, lane: str | None
 ) -> str | None:
@@ -388,87 +514,54 @@ def run_attempt(
     task_id: str,
     adapter: Adapter,
     request: AgentRequest,
+    options: AttemptOptions | None = None,
     *,
     request_key: str | None = None,
-    actor: Actor | str = RUNNER_ACTOR,
-    forced: bool = False,
-    lease_s: float = DEFAULT_LEASE_S,
-    cap: DispatchCap | None = None,
-    agent_attempts: int = 1,
-    validate: Callable[[str], str | None] | None = None,
-    label: str | None = None,
     recorder: RunRecorder | None = None,
     cancel: Cancellation | None = None,
-    stop_reason: str = CANCELLED_REASON,
-    backoff: Backoff = AGENT_BACKOFF,
-    kill_grace: float = DEFAULT_KILL_GRACE_S,
-    start: ProcessStarter = subprocess.Popen,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] = time.sleep,
-    rng: Callable[[], float] = random.random,
     owner: RunOwner | None = None,
-    lane: str | None = AUTO_LANE,
+    **deprecated: Any,
 ) -> AttemptOutcome:
     """Run one attempt of `task_id` through `adapter` and record it; see the module
     docstring for the steps, the outcome and what raises.
 
-    `request_key` makes the admission idempotent (default `attempt:<task id>:<n>`, n the
-    attempt this call expects to start); `actor`, `forced`, `lease_s` and `cap` are
-    `start_run`'s (the lease is renewed every `lease_s / 3`); `cap` is also applied when the
-    decision is read back. `agent_attempts` is `run_agent`'s `max_attempts` (default 1:
-    the ledger owns retries across attempts, so the in-agent loop does not also re-spawn);
-    `validate`, `label`, `recorder`, `backoff`, `kill_grace` and `start` are passed to it.
-    `cancel` stops the agent from another thread: its tree is killed, the run is finished
-    `abandoned` with `stop_reason`, and `SpawnCancelled` propagates. `clock` (POSIX
-    seconds) dates every ledger call and the vendor's reset; `sleep` and `rng` are the
-    in-agent backoff's. `owner` is who runs it (`RunOwner`); by default this process with an
-    instance drawn for this call, so a replay of the key by another call is refused.
+    `options` is how (`AttemptOptions`: admission, the agent, the clocks); the keywords
+    are this call's own. `request_key` makes the admission idempotent (default
+    `attempt:<task id>:<n>`, n the attempt this call expects to start). `recorder` collects
+    the agent's proof (`run_agent`'s). `cancel` stops the agent from another thread: its
+    tree is killed, the run is finished `abandoned` with `options.stop_reason`, and
+    `SpawnCancelled` propagates. `owner` is who runs it (`RunOwner`); by default this
+    process with an instance drawn for this call, so a replay of the key by another call
+    is refused.
 
-    `lane` is the vendor lane the run uses (issue #28): by default (`AUTO_LANE`) the
-    adapter's lane on this ledger, the fingerprint of the credentials it would read from
-    the inherited environment plus `request.env`, when the ledger keeps lanes; `None` for
-    none; or a lane's name. A lane that does not admit refuses before anything is written
-    (`LaneWaiting`, `LaneStopped`), and what the vendor's structure says of the lane (a
-    stated reset, refused credentials, billing, the CLI missing) is recorded with the run,
-    as the dispatcher does.
+    The lane (`options.lane`, issue #28): a lane that does not admit refuses before
+    anything is written (`LaneWaiting`, `LaneStopped`), and what the vendor's structure
+    says of the lane (a stated reset, refused credentials, billing, the CLI missing) is
+    recorded with the run, as the dispatcher does.
+
+    The options as keywords (`run_attempt(..., clock=c, start=s)`, the older signature)
+    still work for one release, with a `DeprecationWarning`.
     """
+    options = options_with(options, deprecated, "run_attempt")
     owner = current_owner() if owner is None else owner
+    clock = options.clock
     if request_key is None:
         # NotFound here, before anything is written, for a task that does not exist.
-        expected = ledger.get_task(task_id, now=clock(), cap=cap).attempts_started + 1
+        expected = ledger.get_task(task_id, now=clock(), cap=options.cap).attempts_started + 1
         request_key = f"attempt:{task_id}:{expected}"
     run = ledger.start_run(
         task_id,
         request_key=request_key,
-        actor=actor,
-        forced=forced,
-        lease_s=lease_s,
+        actor=options.actor,
+        forced=options.forced,
+        lease_s=options.lease_s,
         now=clock(),
-        cap=cap,
+        cap=options.cap,
         owner=owner,
-        lane=_lane_for_call(ledger, adapter, request, lane),
+        lane=_lane_for_call(ledger, adapter, request, options.lane),
     )
     _claim(run, owner)
-    return _run_admitted(
-        ledger,
-        run,
-        adapter,
-        request,
-        lease_s=lease_s,
-        cap=cap,
-        agent_attempts=agent_attempts,
-        validate=validate,
-        label=label,
-        recorder=recorder,
-        cancel=cancel,
-        stop_reason=stop_reason,
-        backoff=backoff,
-        kill_grace=kill_grace,
-        start=start,
-        clock=clock,
-        sleep=sleep,
-        rng=rng,
-    )
+    return _run_admitted(ledger, run, adapter, request, options, recorder=recorder, cancel=cancel)
 
 
 def _run_admitted(
@@ -476,44 +569,26 @@ def _run_admitted(
     run: Run,
     adapter: Adapter,
     request: AgentRequest,
+    options: AttemptOptions,
     *,
-    lease_s: float,
-    cap: DispatchCap | None,
-    agent_attempts: int,
-    validate: Callable[[str], str | None] | None,
-    label: str | None,
     recorder: RunRecorder | None,
     cancel: Cancellation | None,
-    stop_reason: str,
-    backoff: Backoff,
-    kill_grace: float,
-    start: ProcessStarter,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
-    rng: Callable[[], float],
 ) -> AttemptOutcome:
     """Steps 2 to 4 for a run this call admitted and claimed."""
+    clock = options.clock
     try:
         proof = attempt_agent(
             adapter,
             request,
-            heartbeat=_renewer(ledger, run.id, lease_s, clock),
-            heartbeat_s=lease_s / 3,
+            options,
+            heartbeat=_renewer(ledger, run.id, options.lease_s, clock),
+            heartbeat_s=options.lease_s / 3,
             cancel=cancel,
-            agent_attempts=agent_attempts,
-            validate=validate,
-            label=label,
             recorder=recorder,
-            backoff=backoff,
-            kill_grace=kill_grace,
-            start=start,
-            clock=clock,
-            sleep=sleep,
-            rng=rng,
         )
     except SpawnCancelled:
         # Stopped by its caller: the tree is gone; the run says so.
-        record_stopped(ledger, run.id, stop_reason, now=clock())
+        record_stopped(ledger, run.id, options.stop_reason, now=clock())
         raise
     except Exception as exc:
         # Recorded before the error propagates; a ledger that cannot take it leaves the
@@ -523,49 +598,43 @@ def _run_admitted(
         raise
     outcome = outcome_of(adapter, proof, clock)
     ended = record_outcome(ledger, run.id, outcome, now=clock())
-    after = ledger.get_task(run.task_id, now=clock(), cap=cap)
+    after = ledger.get_task(run.task_id, now=clock(), cap=options.cap)
     return _attempt_outcome(ended, after, outcome, proof)
 
 
 def attempt_agent(
     adapter: Adapter,
     request: AgentRequest,
+    options: AttemptOptions,
     *,
     heartbeat: Callable[[], object] | None,
     heartbeat_s: float,
     cancel: Cancellation | None,
-    agent_attempts: int = 1,
-    validate: Callable[[str], str | None] | None = None,
-    label: str | None = None,
     recorder: RunRecorder | None = None,
-    backoff: Backoff = AGENT_BACKOFF,
-    kill_grace: float = DEFAULT_KILL_GRACE_S,
-    start: ProcessStarter = subprocess.Popen,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] = time.sleep,
-    rng: Callable[[], float] = random.random,
 ) -> AgentProof:
     """Run the agent of an admitted run and return its proof, failed or not: the one call
-    `run_attempt` and the dispatcher's `AdapterRunner` make. `heartbeat` renews the run's
-    lease every `heartbeat_s` seconds; `cancel` stops the whole tree (`SpawnCancelled`
-    propagates, as does anything a hook, the adapter or the heartbeat raised)."""
+    `run_attempt` and the dispatcher's `AdapterRunner` make, with the agent's part of
+    `options`. `heartbeat` renews the run's lease every `heartbeat_s` seconds; `cancel`
+    stops the whole tree (`SpawnCancelled` propagates, as does anything a hook, the
+    adapter or the heartbeat raised)."""
     try:
         return run_agent(
             adapter,
             request,
-            max_attempts=agent_attempts,
-            backoff=backoff,
-            sleep=sleep,
-            rng=rng,
-            validate=validate,
+            max_attempts=options.agent_attempts,
+            backoff=options.backoff,
+            sleep=options.sleep,
+            rng=options.rng,
+            validate=options.validate,
             recorder=recorder,
-            label=label,
-            kill_grace=kill_grace,
+            label=options.label,
+            kill_grace=options.kill_grace,
+            stall_timeout_s=options.stall_timeout_s,
             heartbeat=heartbeat,
             heartbeat_s=heartbeat_s,
-            start=start,
+            start=options.start,
             cancel=cancel,
-            clock=clock,
+            clock=options.clock,
         )
     except AgentFailed as failed:
         return failed.proof
@@ -598,34 +667,32 @@ async def run_attempt_async(
     task_id: str,
     adapter: Adapter,
     request: AgentRequest,
+    options: AttemptOptions | None = None,
     *,
     request_key: str | None = None,
-    actor: Actor | str = RUNNER_ACTOR,
-    forced: bool = False,
-    lease_s: float = DEFAULT_LEASE_S,
-    cap: DispatchCap | None = None,
-    agent_attempts: int = 1,
-    validate: Callable[[str], str | None] | None = None,
-    label: str | None = None,
     recorder: RunRecorder | None = None,
-    stop_reason: str = CANCELLED_REASON,
-    backoff: Backoff = AGENT_BACKOFF,
-    kill_grace: float = DEFAULT_KILL_GRACE_S,
-    start: ProcessStarter = subprocess.Popen,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] | None = None,
-    rng: Callable[[], float] = random.random,
     owner: RunOwner | None = None,
-    lane: str | None = AUTO_LANE,
+    **deprecated: Any,
 ) -> AttemptOutcome:
     """`run_attempt` for asyncio runners: same arguments (but `cancel`), same outcome, same
     errors, run in a thread of its own.
 
     Cancelling the awaiting task stops the attempt: the agent's whole tree is killed, the
-    run is finished `abandoned` with `stop_reason`, and only then does `CancelledError`
-    propagate. `sleep` (the in-agent backoff's) defaults to a wait that a cancel ends.
+    run is finished `abandoned` with `options.stop_reason`, and only then does
+    `CancelledError` propagate. Unless `options` names its own `sleep`, the in-agent
+    backoff waits in a way that a cancel ends.
     """
+    if "sleep" in deprecated and deprecated["sleep"] is None:
+        # The older signature's way of asking for the cancellable default.
+        deprecated = {name: value for name, value in deprecated.items() if name != "sleep"}
+    explicit_sleep = "sleep" in deprecated or (
+        options is not None and options.sleep is not time.sleep
+    )
+    options = options_with(options, deprecated, "run_attempt_async")
     cancel = Cancellation()
+    if not explicit_sleep:
+        options = attrs.evolve(options, sleep=cancellable_sleep(cancel))
+    chosen = options
     try:
         return await run_in_thread(
             lambda: run_attempt(
@@ -633,25 +700,11 @@ async def run_attempt_async(
                 task_id,
                 adapter,
                 request,
+                chosen,
                 request_key=request_key,
-                actor=actor,
-                forced=forced,
-                lease_s=lease_s,
-                cap=cap,
-                agent_attempts=agent_attempts,
-                validate=validate,
-                label=label,
                 recorder=recorder,
                 cancel=cancel,
-                stop_reason=stop_reason,
-                backoff=backoff,
-                kill_grace=kill_grace,
-                start=start,
-                clock=clock,
-                sleep=cancellable_sleep(cancel) if sleep is None else sleep,
-                rng=rng,
                 owner=owner,
-                lane=lane,
             ),
             cancel,
         )

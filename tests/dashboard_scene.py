@@ -177,7 +177,9 @@ def make_scene(folder: Path, *, extra_tasks: int = 0, board: bool = False) -> Sc
     fail(ledger, issue("ENG-101"), 1, FailureClass.ENVIRONMENT, ENV_REASON)
     fail(ledger, issue("ENG-102"), 3, FailureClass.WORK, WORK_REASON)
     fail(ledger, issue("ENG-103"), 1, FailureClass.UPSTREAM, "HTTP 429: rate limited")
-    ledger.start_run(issue("ENG-104"), request_key="running", actor="dispatcher")
+    ledger.start_run(
+        issue("ENG-104"), request_key="running", actor="dispatcher", workspace="/srv/ws/ENG-104"
+    )
     done = ledger.start_run(issue("ENG-105"), request_key="done", actor="dispatcher")
     ledger.finish_run(done.id, "succeeded")
     issue("ENG-106")

@@ -18,6 +18,7 @@ import pytest
 from adapters import GenericAdapter
 from execkit import AgentRequest, get_adapter, run_attempt, run_command
 from execkit._adapter import LONG_WAIT_S, Envelope, adapter_watch
+from execkit._attempt import AttemptOptions
 from execkit._classify import FailureClass
 from execkit.ledger import open_ledger
 from execkit.testing import FakeVendor
@@ -94,8 +95,7 @@ def test_the_lane_parks_until_the_announced_reset_and_the_run_says_why(
         task.id,
         get_adapter("gemini"),
         AgentRequest(prompt="p", timeout_s=TIMEOUT_S),
-        clock=lambda: now,
-        start=fake_vendor.start,
+        AttemptOptions(clock=lambda: now, start=fake_vendor.start),
     )
     assert (outcome.failure_class, outcome.charged) == (FailureClass.UPSTREAM, False)
     assert outcome.not_before == now + 298.0

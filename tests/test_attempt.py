@@ -38,7 +38,7 @@ from execkit import (
     run_attempt_async,
     spawn,
 )
-from execkit._attempt import CANCELLED_REASON
+from execkit._attempt import CANCELLED_REASON, AttemptOptions
 from execkit._budget import AttemptStatus, BlockedOn, TaskState
 from execkit._classify import FailureClass
 from execkit.dispatch import (
@@ -137,10 +137,7 @@ def test_fifty_tasks_end_as_the_dispatcher_leaves_them(
                 task_id,
                 claude,
                 request,
-                cap=CONFIG.cap,
-                clock=clock,
-                start=fake_vendor.start,
-                lane=None,
+                AttemptOptions(cap=CONFIG.cap, clock=clock, start=fake_vendor.start, lane=None),
             )
         )
 
@@ -150,7 +147,9 @@ def test_fifty_tasks_end_as_the_dispatcher_leaves_them(
     board = InMemoryBoard(
         [BoardIssue(f"ISS-{n}", f"task {n}", "todo", prompt=request.prompt) for n in range(50)]
     )
-    runner = AdapterRunner(claude, start=fake_vendor.start, sleep=fake_vendor.sleep, clock=clock_b)
+    runner = AdapterRunner(
+        claude, AttemptOptions(start=fake_vendor.start, sleep=fake_vendor.sleep, clock=clock_b)
+    )
     # Lanes off: they hold a whole lane's tasks after one vendor refusal, which is a layer
     # across tasks; this compares what one attempt of each task leaves in the ledger.
     dispatcher = Dispatcher(
@@ -195,10 +194,7 @@ def test_fifty_tasks_end_as_the_dispatcher_leaves_them(
             task_id,
             claude,
             request,
-            cap=CONFIG.cap,
-            clock=clock,
-            start=fake_vendor.start,
-            lane=None,
+            AttemptOptions(cap=CONFIG.cap, clock=clock, start=fake_vendor.start, lane=None),
         )
     for _, kind in again:
         register(fake_vendor, second[kind])
@@ -245,7 +241,11 @@ def test_with_lanes_one_attempt_a_task_ends_as_the_dispatcher_leaves_it(
     for task_id in tasks:
         try:
             run_attempt(
-                mine, task_id, claude, request, cap=CONFIG.cap, clock=clock, start=fake_vendor.start
+                mine,
+                task_id,
+                claude,
+                request,
+                AttemptOptions(cap=CONFIG.cap, clock=clock, start=fake_vendor.start),
             )
         except (LaneWaiting, LaneStopped) as refusal:
             refused.append(type(refusal).__name__)
@@ -261,7 +261,9 @@ def test_with_lanes_one_attempt_a_task_ends_as_the_dispatcher_leaves_it(
             for n in range(len(kinds))
         ]
     )
-    runner = AdapterRunner(claude, start=fake_vendor.start, sleep=fake_vendor.sleep, clock=clock_b)
+    runner = AdapterRunner(
+        claude, AttemptOptions(start=fake_vendor.start, sleep=fake_vendor.sleep, clock=clock_b)
+    )
     dispatcher = Dispatcher(board, runner, theirs, CONFIG, clock_b, executor=InlineExecutor())
     for kind in kinds[:3]:
         register(fake_vendor, kind)
@@ -287,10 +289,17 @@ def test_an_unknown_task_is_not_found_and_nothing_is_written(
 ) -> None:
     claude, request = get_adapter("claude"), AgentRequest(prompt="p")
     with pytest.raises(NotFound):
-        run_attempt(ledger_at, "no-such-task", claude, request, start=fake_vendor.start)
+        run_attempt(
+            ledger_at, "no-such-task", claude, request, AttemptOptions(start=fake_vendor.start)
+        )
     with pytest.raises(NotFound):
         run_attempt(
-            ledger_at, "no-such-task", claude, request, request_key="k", start=fake_vendor.start
+            ledger_at,
+            "no-such-task",
+            claude,
+            request,
+            AttemptOptions(start=fake_vendor.start),
+            request_key="k",
         )
     assert ledger_at.list_tasks() == []
     assert fake_vendor.call_count("claude") == 0
@@ -302,11 +311,11 @@ def test_a_finished_task_is_refused_and_nothing_is_written(
     claude, request = get_adapter("claude"), AgentRequest(prompt="p")
     task = ledger_at.create_task("t", actor="runner")
     register(fake_vendor, "success")
-    done = run_attempt(ledger_at, task.id, claude, request, start=fake_vendor.start)
+    done = run_attempt(ledger_at, task.id, claude, request, AttemptOptions(start=fake_vendor.start))
     assert (done.succeeded, done.state, done.retry_at, done.fix) == (True, "done", None, None)
     register(fake_vendor, "success")
     with pytest.raises(TaskFinished):
-        run_attempt(ledger_at, task.id, claude, request, start=fake_vendor.start)
+        run_attempt(ledger_at, task.id, claude, request, AttemptOptions(start=fake_vendor.start))
     assert [r.attempt for r in ledger_at.runs(task.id)] == [1]
     assert fake_vendor.call_count("claude") == 1
 
@@ -318,12 +327,33 @@ def test_a_request_key_reused_for_another_task_is_a_conflict(
     first = ledger_at.create_task("first", actor="runner")
     other = ledger_at.create_task("other", actor="runner")
     register(fake_vendor, "wrong answer")
-    run_attempt(ledger_at, first.id, claude, request, request_key="k", start=fake_vendor.start)
+    run_attempt(
+        ledger_at,
+        first.id,
+        claude,
+        request,
+        AttemptOptions(start=fake_vendor.start),
+        request_key="k",
+    )
     with pytest.raises(Conflict, match="a different request needs its own key"):
-        run_attempt(ledger_at, other.id, claude, request, request_key="k", start=fake_vendor.start)
+        run_attempt(
+            ledger_at,
+            other.id,
+            claude,
+            request,
+            AttemptOptions(start=fake_vendor.start),
+            request_key="k",
+        )
     # The same key again for the same task replays its finished run: not this call's.
     with pytest.raises(Conflict, match="not this call's to run"):
-        run_attempt(ledger_at, first.id, claude, request, request_key="k", start=fake_vendor.start)
+        run_attempt(
+            ledger_at,
+            first.id,
+            claude,
+            request,
+            AttemptOptions(start=fake_vendor.start),
+            request_key="k",
+        )
     assert ledger_at.runs(other.id) == []
     assert len(ledger_at.runs(first.id)) == 1
     assert fake_vendor.call_count("claude") == 1
@@ -340,8 +370,7 @@ def test_a_vendor_reset_is_the_next_attempt_time(
         task.id,
         get_adapter("claude"),
         AgentRequest(prompt="p"),
-        clock=clock,
-        start=fake_vendor.start,
+        AttemptOptions(clock=clock, start=fake_vendor.start),
     )
     assert (outcome.failure_class, outcome.charged) == (FailureClass.UPSTREAM, False)
     assert outcome.not_before == clock.now + 37.0
@@ -360,9 +389,8 @@ def test_a_cancel_abandons_the_run_with_the_stop_reason(
                 task.id,
                 get_adapter("claude"),
                 AgentRequest(prompt="p"),
+                AttemptOptions(stop_reason="dispatcher stopped", start=fake_vendor.start),
                 cancel=cancel,
-                stop_reason="dispatcher stopped",
-                start=fake_vendor.start,
             )
     (run,) = ledger_at.runs(task.id)
     assert (run.status, run.reason, run.stopped) == ("abandoned", "dispatcher stopped", True)
@@ -422,8 +450,7 @@ def test_a_hook_that_raises_is_a_charged_runner_error_then_propagates(
             task.id,
             get_adapter("claude"),
             AgentRequest(prompt="p"),
-            validate=validate,
-            start=fake_vendor.start,
+            AttemptOptions(validate=validate, start=fake_vendor.start),
         )
     (run,) = ledger_at.runs(task.id)
     assert (run.status, run.failure_class) == ("failed", FailureClass.WORK)
@@ -445,7 +472,9 @@ def test_the_lease_is_renewed_while_the_agent_runs(
     monkeypatch.setattr(ledger_at, "heartbeat", counting)
     # An agent that outlives several renewal periods (lease 0.6 s: a beat every 0.2 s).
     request = AgentRequest(prompt="", extra_args=[*PY, "-c", "import time; time.sleep(1.5)"])
-    outcome = run_attempt(ledger_at, task.id, GenericAdapter(), request, lease_s=0.6)
+    outcome = run_attempt(
+        ledger_at, task.id, GenericAdapter(), request, AttemptOptions(lease_s=0.6)
+    )
     assert outcome.succeeded
     assert len(renewals) >= 2 and set(renewals) == {outcome.run_id}
 
@@ -460,7 +489,7 @@ def test_lane_none_runs_each_task_on_its_own(ledger_at: AnyLedger, fake_vendor: 
         task_id = ledger_at.create_task(f"t{n}", actor="runner").id
         register(fake_vendor, "missing")
         outcome = run_attempt(
-            ledger_at, task_id, claude, request, lane=None, start=fake_vendor.start
+            ledger_at, task_id, claude, request, AttemptOptions(lane=None, start=fake_vendor.start)
         )
         ends.append(outcome.state)
     assert ends == [TaskState.BLOCKED, TaskState.BLOCKED]
@@ -486,7 +515,7 @@ def test_attempts_run_in_threads_each_end_the_daemon_their_agent_left(tmp_path: 
         agent = daemonizing_agent(f"{marker}-{n}", pidfiles[n], wait_file(go))
         request = AgentRequest(prompt="", extra_args=["bash", "-c", agent])
         with open_ledger(db) as mine:
-            return run_attempt(mine, tasks[n], GenericAdapter(), request, lane=None)
+            return run_attempt(mine, tasks[n], GenericAdapter(), request, AttemptOptions(lane=None))
 
     def until(predicate: Callable[[], bool]) -> None:
         deadline = time.monotonic() + 60

@@ -126,6 +126,7 @@ def test_the_snapshot_has_every_panel(scene: Scene, client: TestClient) -> None:
     assert retry["next_attempt_at"] is not None and retry["last_class"] == "upstream"
     (flight,) = snap["in_flight"]
     assert flight["issue"] == "ENG-104" and flight["host"] and flight["lease_expires_at"]
+    assert flight["workspace"] == "/srv/ws/ENG-104"  # issue #46: where its agent works
     totals = {k: sum(b[k] for b in snap["chart"]["buckets"]) for k in ("work", "charged")}
     assert totals == {"work": 3, "charged": 4}  # three work failures and one success
     assert snap["lanes"] == [] and snap["can_operate"] is False

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _support import a_slot
 
+from execkit._attempt import AttemptOptions
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
 from execkit.dispatch import (
@@ -216,7 +217,7 @@ def test_a_vendor_cli_through_the_generic_adapter_is_refused_naming_its_adapter(
         spawned.append(args)
         raise AssertionError("nothing may be spawned")
 
-    runner = AdapterRunner(get_adapter("generic"), start=start)  # type: ignore[arg-type]
+    runner = AdapterRunner(get_adapter("generic"), AttemptOptions(start=start))  # type: ignore[arg-type]
     outcome = runner.run(issue, a_slot(1, "generic"))
     assert outcome.failure_class is FailureClass.ENVIRONMENT
     assert 'set "adapter": "claude"' in (outcome.precondition or "")

@@ -11,6 +11,7 @@ import pytest
 from _support import a_slot
 
 from adapters import GenericAdapter
+from execkit._attempt import AttemptOptions
 from execkit._classify import FailureClass
 from execkit.dispatch import AdapterRunner, BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard
 from execkit.ledger import open_ledger
@@ -38,7 +39,7 @@ def _issue(argv: list[str]) -> BoardIssue:
 
 def test_a_stated_reset_becomes_not_before_on_the_runners_clock(tmp_path: Path) -> None:
     argv = _vendor(tmp_path, "HTTP/1.1 429 Too Many Requests\nRetry-After: 120\n")
-    runner = AdapterRunner(GenericAdapter(), clock=lambda: T0)
+    runner = AdapterRunner(GenericAdapter(), AttemptOptions(clock=lambda: T0))
     outcome = runner.run(_issue(argv), a_slot(1))
     assert (outcome.failure_class, outcome.reason) == (FailureClass.UPSTREAM, "http 429")
     assert outcome.not_before == T0 + 120.0
@@ -54,7 +55,7 @@ def test_a_stated_reset_becomes_not_before_on_the_runners_clock(tmp_path: Path) 
     ],
 )
 def test_no_reset_no_not_before(tmp_path: Path, stderr: str) -> None:
-    runner = AdapterRunner(GenericAdapter(), clock=lambda: T0)
+    runner = AdapterRunner(GenericAdapter(), AttemptOptions(clock=lambda: T0))
     assert runner.run(_issue(_vendor(tmp_path, stderr)), a_slot(1)).not_before is None
 
 

@@ -486,7 +486,7 @@ def test_every_default_passes_the_check_a_spawn_skips_for_it() -> None:
     plain = SpawnOptions(argv=["true"])
     fields = attrs.fields(SpawnOptions)
     defaulted = [field for field in fields if field.default is not attrs.NOTHING]
-    assert len(defaulted) == 15
+    assert len(defaulted) == 16
     for field in defaulted:
         skipped = field.validator.validator  # type: ignore[union-attr]
         skipped(plain, field, getattr(plain, field.name))
@@ -497,7 +497,8 @@ def test_every_default_passes_the_check_a_spawn_skips_for_it() -> None:
 
 def test_a_spawn_left_at_its_defaults_costs_a_call_per_field_to_check() -> None:
     # Counted in Python calls while the options are built (75 when every check ran in
-    # full: a tenth of a spawn's Python work beyond subprocess.run's, in a cold cache).
+    # full: a tenth of a spawn's Python work beyond subprocess.run's, in a cold cache;
+    # 24 before the stall timeout, issue #46, added a field and its one skipped check).
     SpawnOptions(argv=["true"])
     calls = 0
 
@@ -510,7 +511,7 @@ def test_a_spawn_left_at_its_defaults_costs_a_call_per_field_to_check() -> None:
         SpawnOptions(argv=["true"])
     finally:
         sys.setprofile(None)
-    assert calls <= 24, calls
+    assert calls <= 25, calls
 
 
 def test_a_spawn_of_true_costs_a_bounded_count_of_execkits_own_python_calls() -> None:

@@ -42,6 +42,7 @@ _RUN: dict[str, Any] = {
     "owner_instance": "i",
     "stopped": 0,
     "lane_held": 1,
+    "workspace": "/srv/ws/ISS-1",
 }
 
 _SUMMARY = HistorySummary(

@@ -145,10 +145,12 @@ def test_the_cli_tour_runs_as_written(tmp_path: Path) -> None:
     for output in _run_twice(block, work, _shell_with_execkit(tmp_path)):
         lines = output.splitlines()
         assert lines[0] == "hello"
-        assert json.loads(lines[1])["class"] == "upstream"
-        assert lines[2] == "exit 1"
-        assert json.loads(lines[3])["precondition"].startswith("acme-agent CLI not found on PATH")
-        assert lines[4] == "exit 127"
+        # The stall watchdog: one line, then silence, stopped by the stall (not the sleep).
+        assert lines[1:3] == ["one line", "exit 124"]
+        assert json.loads(lines[3])["class"] == "upstream"
+        assert lines[4] == "exit 1"
+        assert json.loads(lines[5])["precondition"].startswith("acme-agent CLI not found on PATH")
+        assert lines[6] == "exit 127"
         assert "r-1  t-1 attempt 1  failed  upstream  http 503" in lines
         assert "ci-bot  agent.operate" in output
         assert "ISS-7  attempt 1/10  succeeded -> moved to done" in lines
@@ -315,3 +317,22 @@ def test_the_retry_library_example_does_not_retry_an_environment_failure(
     code = _python_block("wait=wait_for_reset()")
     for _ in range(2):
         _matches(_run_block(code, tmp_path), _comments_after_code(code))
+
+
+def test_the_workspaces_example_runs_as_written(tmp_path: Path) -> None:
+    block = _sh_block("# A workspace per issue")
+    work = tmp_path / "work"
+    work.mkdir()
+    for output in _run_twice(block, work, _shell_with_execkit(tmp_path)):
+        lines = output.splitlines()
+        assert "WS-1  attempt 1/10  succeeded -> moved to done" in lines
+        assert "WS-2  attempt 1/10  succeeded -> moved to done" in lines
+        one, two = output.split("ws/WS-2:")
+        assert "one.txt" in one and "two.txt" not in one and ".made-by-hook" in one
+        assert "two.txt" in two and "one.txt" not in two and ".made-by-hook" in two
+        assert [line.strip("+* ") for line in lines if "execkit/WS-" in line] == [
+            "execkit/WS-1",
+            "execkit/WS-2",
+        ]
+        assert lines[-1].startswith("  workspace: ") and lines[-1].endswith("/ws/WS-1 (attempt 1)")
+    assert not list(work.iterdir()), "the example wrote outside its scratch folder"

@@ -207,6 +207,7 @@ def _start_run(call: Call) -> tuple[int, dict[str, Any]]:
         cap=_cap(body.get("cap")),
         owner=_owner(body.get("owner")),
         lane=body.get("lane"),
+        workspace=body.get("workspace"),
         **options,
     )
     return 201, run.to_dict()
@@ -624,6 +625,13 @@ class LedgerRoutes:
                 nullable=True,
                 omit_none=True,
                 description="the vendor lane ADAPTER/CREDENTIAL the run uses",
+            ),
+            Field(
+                "workspace",
+                "string",
+                nullable=True,
+                omit_none=True,
+                description="where the run's agent works (a dispatcher's workspace of the issue)",
             ),
         ),
         binds=Ledger.start_run,

@@ -34,7 +34,7 @@ One concern a file:
 - `resets.py`: the reset times a vendor states (`stated_wait_s`), each read to the end
   of its granularity (`epoch_wait`, `wait_until`);
 - `verdict.py`: `FailureClass`, `Reason`, `Classification`, `EVIDENCE_CHARS`,
-  `ACCOUNT_LIMIT_REASONS`, `never_started`.
+  `ACCOUNT_LIMIT_REASONS`, `never_started`, `stall_reason`.
 
 Rooms outside this package import from `execkit._classify` only, never from its files.
 """
@@ -48,6 +48,7 @@ from execkit._classify.verdict import (
     FailureClass,
     Reason,
     never_started,
+    stall_reason,
 )
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ __all__ = [
     "epoch_wait",
     "is_upstream_status",
     "never_started",
+    "stall_reason",
     "stated_wait_s",
     "wait_until",
 ]

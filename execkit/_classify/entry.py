@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from execkit._classify.scan import Scan, decide_scan, evidence
 from execkit._classify.structure import spawn_verdict
-from execkit._classify.verdict import Classification, FailureClass, Reason
+from execkit._classify.verdict import Classification, FailureClass, Reason, stall_reason
 from execkit._errors import InvalidInput
 from execkit._exec import SpawnResult
 from execkit._validate import integer_arg
@@ -61,7 +61,8 @@ def classify(
     """Class one spawn's failure; None when it succeeded (`result.ok`).
 
     Structural rules first (spawn errno), then `classify_text` over the last `tail_chars`
-    of `result.failure_text()` (`now` as there), then work (`timeout` or `default`).
+    of `result.failure_text()` (`now` as there), then work (`timeout` or `default`). A
+    run its stall watchdog stopped is work, "stalled: no output for S s".
     Raises `InvalidInput` for a `tail_chars` below 1.
     """
     _check_tail_chars(tail_chars)
@@ -69,6 +70,10 @@ def classify(
         return None
     if result.spawn_errno is not None:
         return spawn_verdict(result, result.spawn_errno)
+    if result.stalled_after_s is not None:
+        # Stopped for its silence: the text before the silence does not say why it fell
+        # silent, so nothing here is positively upstream (an adapter may read more).
+        return Classification(FailureClass.WORK, stall_reason(result.stalled_after_s))
     verdict = classify_text(result.failure_text(tail_chars), tail_chars=tail_chars, now=now)
     if verdict.failure_class is FailureClass.UPSTREAM or not result.timed_out:
         return verdict

@@ -37,6 +37,11 @@ class FailureClass(enum.StrEnum):
         return self is FailureClass.WORK
 
 
+def stall_reason(seconds: float) -> str:
+    """The reason of a run its stall watchdog stopped: "stalled: no output for S s"."""
+    return f"stalled: no output for {seconds:g} s"
+
+
 class Reason(enum.StrEnum):
     """The fixed reasons code compares; others are formatted (`http 503`, `spawn errno EIO`)."""
 

@@ -147,6 +147,7 @@ def _spawn(options: SpawnOptions, cancel_fd: int | None = None) -> SpawnResult:
         started,
         tree.mechanism,
         None if stop is None else stop.why,
+        supervisor.stalled,
     )
 
 
@@ -168,6 +169,7 @@ def spawn(
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
     cancel: Cancellation | None = None,
+    stall_timeout: float | None = None,
 ) -> SpawnResult:
     """Run `argv` directly (never through a shell) and report how it ended.
 
@@ -209,6 +211,10 @@ def spawn(
       value that is not a `subprocess.Popen` raises TypeError, and so does one without the
       pipes asked for (after that process is killed); anything else it raises propagates.
 
+    - `stall_timeout` (None or > 0 s): no byte on stdout or stderr for that long (from the
+      start, or from the last byte read) stops the tree as a timeout does (SIGTERM,
+      `kill_grace`, SIGKILL); the result's `stalled_after_s` is then the stall timeout.
+      A child that prints now and then is never stopped by it, however long it runs.
     - `cancel` (a `Cancellation`) ends the spawn from another thread: once it is cancelled
       the whole tree is SIGKILLed and reaped and `SpawnCancelled` is raised (at once, with
       nothing started, when it was cancelled before the start).
@@ -233,6 +239,7 @@ def spawn(
         keep_descendants=keep_descendants,
         heartbeat=heartbeat,
         heartbeat_s=heartbeat_s,
+        stall_timeout=stall_timeout,
     )
     if cancel is None:
         return _spawn(options)
@@ -258,6 +265,7 @@ async def spawn_async(
     heartbeat: Callable[[], object] | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     start: ProcessStarter = subprocess.Popen,
+    stall_timeout: float | None = None,
 ) -> SpawnResult:
     """`spawn` for asyncio runners: same arguments (`start`, `keep_descendants`,
     `on_line` and `heartbeat` included), same result, same errors.
@@ -285,6 +293,7 @@ async def spawn_async(
         keep_descendants=keep_descendants,
         heartbeat=heartbeat,
         heartbeat_s=heartbeat_s,
+        stall_timeout=stall_timeout,
     )
     loop = asyncio.get_running_loop()
     future: asyncio.Future[SpawnResult] = loop.create_future()
@@ -344,6 +353,7 @@ def spawn_cancellable(
     keep_descendants: bool = False,
     die_with_parent: bool = False,
     start: ProcessStarter = subprocess.Popen,
+    stall_timeout: float | None = None,
 ) -> SpawnResult:
     """`spawn` that also watches `cancel_fd` (for `execkit run`, whose signal handlers write
     to a pipe): once it is readable, the whole tree is SIGKILLed and reaped and
@@ -364,5 +374,6 @@ def spawn_cancellable(
         start=start,
         keep_descendants=keep_descendants,
         die_with_parent=die_with_parent,
+        stall_timeout=stall_timeout,
     )
     return _spawn(options, cancel_fd)

@@ -304,3 +304,6 @@ class SpawnOptions:
         converter=_default_beat,
         validator=_unless_default(DEFAULT_HEARTBEAT_S, _seconds("> 0", gt(0))),
     )
+    stall_timeout: float | None = attrs.field(
+        default=None, validator=_unless_default(None, _optional_seconds("> 0", gt(0)))
+    )

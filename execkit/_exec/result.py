@@ -116,7 +116,8 @@ class SpawnResult:
     `spawn_error` have credentials masked (`execkit._redact`). `spawn_failure` says, as a
     value, what `spawn_errno` meant for this start (a missing program or a missing working
     directory share ENOENT but name different preconditions). `tree_mechanism` says how
-    its process tree was contained (None when it never started).
+    its process tree was contained (None when it never started). `stalled_after_s` is the
+    stall timeout that stopped it (no byte on stdout or stderr for that long), else None.
     """
 
     argv: tuple[str, ...]
@@ -136,15 +137,17 @@ class SpawnResult:
     spawn_failure: SpawnFailure | None = None
     tree_mechanism: TreeMechanism | None = None
     stopped_by: str | None = None
+    stalled_after_s: float | None = None
 
     @property
     def ok(self) -> bool:
-        """True when the process started, was neither timed out nor stopped by the line
-        hook, and exited 0."""
+        """True when the process started, was neither timed out, stalled nor stopped by the
+        line hook, and exited 0."""
         return (
             self.spawn_errno is None
             and not self.timed_out
             and self.stopped_by is None
+            and self.stalled_after_s is None
             and self.signal is None
             and self.exit_code == 0
         )
@@ -365,9 +368,11 @@ def finished(
     started: float,
     mechanism: TreeMechanism,
     stopped_by: str | None = None,
+    stalled: bool = False,
 ) -> SpawnResult:
     """The result of a child that was reaped with `returncode` (negative: a signal);
-    `stopped_by`: the line hook's reason, when it stopped the tree."""
+    `stopped_by`: the line hook's reason, when it stopped the tree; `stalled`: the stall
+    timeout stopped it."""
     out_kept, err_kept = out.kept(), err.kept()
     longest = max(
         len(out_kept.text) + len(out_kept.context),
@@ -392,6 +397,7 @@ def finished(
         stderr_truncated=err.truncated,
         tree_mechanism=mechanism,
         stopped_by=None if stopped_by is None else redact(stopped_by, secrets),
+        stalled_after_s=options.stall_timeout if stalled else None,
     )
 
 

@@ -8,7 +8,9 @@ bounded tail (a ring, `tail.py`); a watched one (a chunk callback, or the line h
 chunks of at most 64 KiB that are handed to the callback, the line splitter (`lines.py`)
 and the tail. Memory stays flat whatever the child prints.
 
-The loop also keeps three appointments: the timeout (SIGTERM to the tree, the pipes served
+The loop also keeps four appointments: the stall timeout (no byte read from stdout or
+stderr for `stall_timeout` seconds stops the tree as a timeout does, and `stalled` says
+so), the timeout (SIGTERM to the tree, the pipes served
 through `kill_grace`, then SIGKILL; a `StopTree` from the line hook ends the tree the
 same way, at once), the tree's `settle_at` (the cgroup move) and the
 `heartbeat` (a ledger lease renewed every `heartbeat_s`, first after one interval, never
@@ -53,6 +55,11 @@ _MAX_WAIT_S = 3600.0
 
 class SpawnCancelled(Exception):
     """The spawn was cancelled through its cancel descriptor; the tree has been killed."""
+
+
+class _Stalled(Exception):
+    """No byte on stdout or stderr for the stall timeout (raised out of the poll loop only
+    while the child runs, so the loop ends where a timeout would end it)."""
 
 
 class _LineStop(Exception):
@@ -105,6 +112,9 @@ class Supervisor:
         self._cancel_fd = -1 if cancel_fd is None else cancel_fd
         # The line hook's StopTree, once it has stopped the tree for it.
         self.stopped_by: StopTree | None = None
+        # The stall watchdog: when a byte was last read from either stream.
+        self._last_output = time.monotonic()
+        self.stalled = False
 
     def run(self, started: float) -> tuple[int, bool]:
         """Return (returncode, timed_out); `stopped_by` says whether the line hook stopped
@@ -113,12 +123,16 @@ class Supervisor:
         try:
             self._register()
             deadline = None if self._options.timeout is None else started + self._options.timeout
+            self._last_output = started
             try:
                 timed_out = not self._pump(deadline)
             except _LineStop as stop:
                 timed_out = False
                 self.stopped_by = stop.args[0]
-            if timed_out or self.stopped_by is not None:
+            except _Stalled:
+                timed_out = False
+                self.stalled = True
+            if timed_out or self.stopped_by is not None or self.stalled:
                 self._stop_tree()
             self._drain()
             returncode = self._proc.returncode
@@ -171,13 +185,19 @@ class Supervisor:
         tree = self._tree
         heartbeat = self._options.heartbeat
         beat_at = None if heartbeat is None else time.monotonic() + self._options.heartbeat_s
+        # The stall watchdog only while the child runs on its own (not while it is being
+        # stopped: the grace is the timeout's, whatever the child prints meanwhile).
+        stall = None if self._stopping else self._options.stall_timeout
         while not self._exited:
             if self._pidfd is None and self._poll_exit():
                 break
             wait: float | None = None
             settle_at = tree.settle_at
-            if until is not None or settle_at is not None or beat_at is not None:
+            stall_at = None if stall is None else self._last_output + stall
+            if not (until is None and settle_at is None and beat_at is None and stall_at is None):
                 now = time.monotonic()
+                if stall_at is not None and now >= stall_at:
+                    raise _Stalled
                 if settle_at is not None and now >= settle_at:
                     tree.settle()
                     continue
@@ -190,7 +210,7 @@ class Supervisor:
                     wait = until - now
                     if wait <= 0:
                         return False
-                for due in (settle_at, beat_at):
+                for due in (settle_at, beat_at, stall_at):
                     if due is not None:
                         wait = due - now if wait is None else min(wait, due - now)
                 wait = min(wait, _MAX_WAIT_S) if wait is not None else None
@@ -231,11 +251,14 @@ class Supervisor:
         if callback is None and lines is None:
             if not tail.fill(fd):  # straight into the tail's ring
                 self._end_of(fd)
+            else:
+                self._last_output = time.monotonic()
             return
         chunk = os.read(fd, _CHUNK)
         if not chunk:
             self._end_of(fd)
             return
+        self._last_output = time.monotonic()
         tail.feed(chunk)
         if callback is not None:
             callback(chunk)

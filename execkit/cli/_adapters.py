@@ -22,7 +22,7 @@ from typing import Any
 
 from execkit._adapter import Adapter, AgentRequest, credential_env_of, credential_files_of
 from execkit._agent import run_command
-from execkit._classify import Reason, never_started
+from execkit._classify import Reason, never_started, stall_reason
 from execkit._errors import InvalidInput
 from execkit._exec import DEFAULT_KILL_GRACE_S, ProcessStarter
 from execkit._proof import AgentProof, AgentStatus
@@ -143,12 +143,16 @@ def _handle_list(args: argparse.Namespace) -> int:
     return 0
 
 
+# A stall is a timeout of its own kind: the same exit status (the reason names the seconds).
+_STALLED = stall_reason(1).split(":")[0] + ":"
+
+
 def _exit_code(proof: AgentProof) -> int:
     if proof.status is not AgentStatus.FAILED:
         return 0
     if never_started(proof.reason):
         return _NOT_STARTED_EXIT
-    if proof.reason == Reason.TIMEOUT:
+    if proof.reason == Reason.TIMEOUT or (proof.reason or "").startswith(_STALLED):
         return _TIMEOUT_EXIT
     return _FAILED_EXIT
 
@@ -228,10 +232,12 @@ def run_adapter_command(
     argv = _adapter_argv(adapter, raw_args)
     timeout = parse_seconds("--timeout", getattr(args, "timeout", None), allow_zero=False)
     grace = parse_seconds("--kill-grace", getattr(args, "kill_grace", None), allow_zero=True)
+    stall = parse_seconds("--stall-timeout", getattr(args, "stall_timeout", None), allow_zero=False)
     proof = run_command(
         adapter,
         argv,
         timeout_s=timeout,
+        stall_timeout_s=stall,
         kill_grace=DEFAULT_KILL_GRACE_S if grace is None else grace,
         start=start,
     )

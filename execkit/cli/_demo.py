@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from execkit._adapter import AgentRequest, MappedResult, map_result
+from execkit._attempt import AttemptOptions
 from execkit._errors import InvalidInput, NotFound
 from execkit._exec import ProcessStarter, SpawnResult
 from execkit.cli._decide import attempt_to_json
@@ -268,7 +269,9 @@ def _run(workdir: Path, start: ProcessStarter, *, as_json: bool) -> dict[str, An
     state_dir = workdir / "fixture-state"
     state_dir.mkdir()
     runner = AdapterRunner(
-        _StandInAdapter(), env={"EXECKIT_FIXTURE_STATE": str(state_dir)}, start=start
+        _StandInAdapter(),
+        AttemptOptions(start=start),
+        env={"EXECKIT_FIXTURE_STATE": str(state_dir)},
     )
     clock = _VirtualClock(_VIRTUAL_EPOCH)
 

@@ -28,7 +28,7 @@ from execkit.ledger import Ledger, open_ledger
 # name of `execkit.dispatch` loads its own room): `execkit status` reads its options and
 # helpers from this module and runs none of it.
 if TYPE_CHECKING:
-    from execkit.dispatch import Board, Dispatcher, DispatchEvent
+    from execkit.dispatch import Board, Dispatcher, DispatchEvent, Workspaces
 
 __all__ = ["describe_event", "register"]
 
@@ -86,6 +86,20 @@ def _interval_arg(text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0; got {text!r}")
+    return value
+
+
+# Here, not imported: `execkit status` loads this module and must not load the workspaces.
+DEFAULT_MIN_FREE_MB = 1024
+
+
+def _free_mb_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (megabytes); got {text!r}")
     return value
 
 
@@ -159,6 +173,40 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     dispatch.add_argument(
         "--timeout", type=_interval_arg, metavar="S", help="kill one agent run after S seconds"
     )
+    dispatch.add_argument(
+        "--workspaces",
+        metavar="DIR",
+        help="give each issue a workspace of its own, DIR/<issue id>, made before its first "
+        "attempt and kept across its attempts: its agent's working directory; removed when "
+        "the issue is done (unless --keep-workspaces), kept when it is blocked; hooks: the "
+        "board's `workspace` object",
+    )
+    dispatch.add_argument(
+        "--repo",
+        metavar="PATH",
+        help="with --workspaces: make each workspace a git worktree of the repository PATH "
+        "on its own branch, execkit/<issue id>",
+    )
+    dispatch.add_argument(
+        "--keep-workspaces",
+        action="store_true",
+        help="with --workspaces: keep a done issue's workspace",
+    )
+    dispatch.add_argument(
+        "--min-free-mb",
+        type=_free_mb_arg,
+        metavar="N",
+        help="with --workspaces: start no new workspace while the filesystem has less than "
+        f"N MB free (an environment stop naming both numbers; default {DEFAULT_MIN_FREE_MB})",
+    )
+    dispatch.add_argument(
+        "--stall-timeout",
+        type=_interval_arg,
+        metavar="S",
+        help="stop an agent that prints no byte for S seconds: a charged work failure "
+        "(`stalled: no output for S s`) unless its adapter reads that a vendor request was "
+        "in flight (then upstream); default: the adapter's own, if it sets one",
+    )
     dispatch.set_defaults(handler=_dispatch)
 
 
@@ -182,6 +230,38 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="board state for a given-up issue (default blocked; none = never move)",
     )
     parser.add_argument("--json", action="store_true", help="JSON output")
+
+
+def _workspaces(args: argparse.Namespace, board: JsonFileBoard | None) -> Workspaces | None:
+    """The dispatcher's workspaces from `--workspaces`, `--repo`, `--keep-workspaces`,
+    `--min-free-mb` and the board's `workspace` hooks; None without `--workspaces`."""
+    given = [
+        flag
+        for flag, value in (
+            ("--repo", args.repo),
+            ("--keep-workspaces", args.keep_workspaces),
+            ("--min-free-mb", args.min_free_mb),
+        )
+        if value not in (None, False)
+    ]
+    if args.workspaces is None:
+        if given:
+            raise InvalidInput(
+                f"execkit dispatch: {given[0]} needs --workspaces DIR (where the issues' "
+                "workspaces go)",
+                field="workspaces",
+            )
+        return None
+    from execkit.dispatch import WorkspaceHooks, Workspaces
+
+    hooks = WorkspaceHooks.from_mapping(board.workspace_settings() if board else {})
+    return Workspaces(
+        args.workspaces,
+        repo=args.repo,
+        keep=args.keep_workspaces,
+        min_free_mb=DEFAULT_MIN_FREE_MB if args.min_free_mb is None else args.min_free_mb,
+        hooks=hooks,
+    )
 
 
 def _config(args: argparse.Namespace, board: JsonFileBoard | None) -> DispatchConfig:
@@ -258,6 +338,9 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
             tail = f" -> retry {_when(event.next_attempt_at, at)}"
         else:
             tail = ""
+        if event.workspace is not None and event.blocked_on:
+            # Blocked: its workspace stays for the person who looks (issue #46).
+            tail += f"; workspace kept: {event.workspace}"
         return head + tail
     if event.kind is EventKind.GAVE_UP:
         return f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
@@ -295,6 +378,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             "(see 'execkit dispatch --help')",
             field="until_idle",
         )
+    from execkit._attempt import AttemptOptions
     from execkit._prices import load_prices
     from execkit._registry import get_adapter
     from execkit.dispatch import AdapterRunner, Dispatcher
@@ -315,7 +399,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         import subprocess
 
         start = subprocess.Popen
-    runner = AdapterRunner(get_adapter(config.default_adapter), timeout_s=args.timeout, start=start)
+    runner = AdapterRunner(
+        get_adapter(config.default_adapter),
+        AttemptOptions(start=start, stall_timeout_s=args.stall_timeout),
+        timeout_s=args.timeout,
+    )
     ended_blocked: dict[str, bool] = {}
     people: list[LaneStopped] = []
 
@@ -332,7 +420,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     )
     try:
         board: Board = board_file if board_file is not None else _github_board(github, ledger)
-        dispatcher = Dispatcher(board, runner, ledger, config, time.time, on_event=show)
+        dispatcher = Dispatcher(
+            board,
+            runner,
+            ledger,
+            config,
+            time.time,
+            on_event=show,
+            workspaces=_workspaces(args, board_file),
+        )
         with _StopOnSignals(dispatcher) as signals:
             try:
                 if args.once:

@@ -589,6 +589,12 @@ def _task_show(args: argparse.Namespace) -> int:
             lane = ledger.task_lane(task.id)
             if lane is not None and not lane.admits and task.status == "open":
                 emit(f"  {waiting_text(lane)}")
+        if not args.json:
+            # Where its agents worked (issue #46): the last run that said.
+            places = [run for run in ledger.runs(task.id) if run.workspace]
+            if places:
+                last = places[-1]
+                emit(f"  workspace: {safe_text(str(last.workspace))} (attempt {last.attempt})")
     return 0
 
 

@@ -1,9 +1,10 @@
-"""`execkit run [--timeout S] [--tail-bytes N] [--kill-grace S] [--keep-descendants]
-[--adapter NAME] [--json] -- CMD [ARGS...]`.
+"""`execkit run [--timeout S] [--stall-timeout S] [--tail-bytes N] [--kill-grace S]
+[--keep-descendants] [--adapter NAME] [--json] -- CMD [ARGS...]`.
 
 Streams the child's output through (or, with `--json`, captures it and prints the result
 as one JSON object) and exits like a shell would: the child's exit code, 127 when it could
-not be spawned, 124 on timeout, 128+N on death by signal N. Like `timeout`, it hands the
+not be spawned, 124 on timeout (or on a stall: no byte for `--stall-timeout` S), 128+N on
+death by signal N. Like `timeout`, it hands the
 child its own stdin, so `... | execkit run -- CMD` feeds CMD; execkit never reads it, so
 a stdin nobody closes cannot hold execkit up (`--timeout` still bounds the child).
 With `--json` the object carries the failure's `class`, `reason` and `evidence` (null
@@ -84,6 +85,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "--timeout", metavar="S", help="kill the process tree after S seconds (> 0)"
     )
     parser.add_argument(
+        "--stall-timeout",
+        metavar="S",
+        help="stop the process tree when it prints no byte on stdout or stderr for S seconds "
+        "(> 0): exit 124, class work (`stalled: no output for S s`) unless the adapter reads "
+        "that a vendor request was in flight",
+    )
+    parser.add_argument(
         "--tail-bytes",
         metavar="N",
         help=(
@@ -147,6 +155,7 @@ def _handle(args: argparse.Namespace) -> int:
         return code
     argv = _command(args.command_argv)
     timeout = parse_seconds("--timeout", args.timeout, allow_zero=False)
+    stall = parse_seconds("--stall-timeout", args.stall_timeout, allow_zero=False)
     grace = parse_seconds("--kill-grace", args.kill_grace, allow_zero=True)
     tail_bytes = _tail_bytes(args.tail_bytes)
     streaming = not args.json
@@ -166,6 +175,7 @@ def _handle(args: argparse.Namespace) -> int:
                 # the kernel kills the child too should execkit itself be SIGKILLed.
                 die_with_parent=True,
                 start=args.start,
+                stall_timeout=stall,
             )
         except (SpawnCancelled, _Stopped):
             if stop.signum is None:
@@ -178,6 +188,10 @@ def _handle(args: argparse.Namespace) -> int:
         emit(f"execkit: {result.spawn_error}", err=True)
     elif result.timed_out:
         emit(f"execkit: timed out after {timeout:g}s; process tree stopped", err=True)
+    elif result.stalled_after_s is not None:
+        from execkit._classify import stall_reason  # the verdict's words, loaded with it
+
+        emit(f"execkit: {stall_reason(result.stalled_after_s)}; process tree stopped", err=True)
     return _exit_status(result)
 
 
@@ -192,10 +206,11 @@ def _result_payload(result: SpawnResult) -> dict[str, Any]:
 
 
 def _exit_status(result: SpawnResult) -> int:
-    """The shell convention: 127 not spawned, 124 timed out, 128+N signal N, else the code."""
+    """The shell convention: 127 not spawned, 124 timed out (or stalled), 128+N signal N,
+    else the code."""
     if result.spawn_errno is not None:
         return SPAWN_FAILED_EXIT
-    if result.timed_out:
+    if result.timed_out or result.stalled_after_s is not None:
         return TIMEOUT_EXIT
     if result.signal is not None:
         return SIGNAL_EXIT_BASE + result.signal

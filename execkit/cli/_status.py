@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from execkit._budget import BlockedOn, WorkBudget
@@ -43,6 +44,7 @@ from execkit.dispatch import (
     JsonFileBoard,
     issue_status_values,
     iter_issue_status_values,
+    workspace_name,
 )
 from execkit.ledger import DB_ENV_VAR, LIST_PAGE, Ledger, TaskState
 
@@ -92,6 +94,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     status.add_argument(
         "--count", type=_count, metavar="N", help="with --watch: stop after N redraws"
+    )
+    status.add_argument(
+        "--workspaces",
+        metavar="DIR",
+        help="each issue's workspace under DIR (as `execkit dispatch --workspaces DIR` made "
+        "it): a WORKSPACE table after the issues (`workspace` in --json), `-` for an issue "
+        "with none (not made yet, or done and removed)",
     )
     _add_common(status)
     status.set_defaults(handler=_status)
@@ -272,6 +281,9 @@ def _status(args: argparse.Namespace) -> int:
         raise InvalidInput("execkit status: --count goes with --watch", field="count")
     with _rows(args) as (now, config, budget, rows):
         first = list(itertools.islice(rows, 1))  # an error at the first read prints nothing
+        if args.workspaces is not None:
+            held = [*first, *rows]
+            return _with_workspaces(args, now, config, budget, held, Path(args.workspaces))
         if args.json:
             head = {"now": now, "config": config.to_dict()}
             issues = (IssueStatus(*row).to_dict() for row in itertools.chain(first, rows))
@@ -286,6 +298,48 @@ def _status(args: argparse.Namespace) -> int:
             # execkit's own words), as `task list` prints it.
             lines = status_value_lines(itertools.chain(first, rows), now, budget=budget)
             write_lines(lines, masked=args.board is not None)
+    return 0
+
+
+def _workspace_at(root: Path, issue_id: str) -> str | None:
+    """Where `issue_id`'s workspace is under `root`, when it is there."""
+    place = root / workspace_name(issue_id)
+    return str(place) if place.is_dir() else None
+
+
+def _with_workspaces(
+    args: argparse.Namespace,
+    now: float,
+    config: DispatchConfig,
+    budget: int | None,
+    rows: list[IssueStatusValues],
+    root: Path,
+) -> int:
+    """`status --workspaces DIR`: the rows, and each issue's workspace under DIR (the
+    dispatcher's `--workspaces`; the ledger keeps each run's on the run too, `task
+    show`)."""
+    root = root.absolute()
+    places = [_workspace_at(root, row.issue_id) for row in rows]
+    masked = args.board is not None
+    if args.json:
+        head = {"now": now, "config": config.to_dict(), "workspaces": str(root)}
+        issues = (
+            {**IssueStatus(*row).to_dict(), "workspace": place}
+            for row, place in zip(rows, places, strict=True)
+        )
+        print_json_list("issues", issues, head=head, masked=masked)
+        return 0
+    if not rows:
+        emit(_empty(args))
+        return 0
+    write_lines(status_value_lines(rows, now, budget=budget), masked=masked)
+    widths = max(len("ISSUE"), *(len(safe_text(row.issue_id)) for row in rows))
+    lines = [f"{'ISSUE':<{widths}}  WORKSPACE ({safe_text(str(root))})"]
+    lines += [
+        f"{safe_text(row.issue_id):<{widths}}  {'-' if place is None else safe_text(place)}"
+        for row, place in zip(rows, places, strict=True)
+    ]
+    write_lines(["", *lines], masked=masked)
     return 0
 
 

@@ -3,8 +3,9 @@
 Rooms: `_board` (the board protocol and board files), `_github` (GitHub Issues as a
 board, behind that protocol; its client loads githubkit, the extra
 `execkit-runner[github]`, only when one is opened), `_config` (the knobs), `_runner` (what
-one dispatch does), `_slots` (where agents run side by side), `_status` (the operator's
-dashboard), `_scheduler` (the loop itself, which names no tracker).
+one dispatch does), `_workspaces` (a workspace per issue: a folder or a git worktree),
+`_slots` (where agents run side by side), `_status` (the operator's dashboard),
+`_scheduler` (the loop itself, which names no tracker).
 `import execkit` does not import this package: it loads on first use of a dispatcher name.
 Nor does this package import its rooms: each name loads its own room on first use, so
 `execkit status` (the board, the knobs, the dashboard) does not pay for the scheduler, the
@@ -46,6 +47,9 @@ _EXPORTS: dict[str, str] = {
     "InlineExecutor": "execkit.dispatch._slots",
     "SlotExecutor": "execkit.dispatch._slots",
     "ThreadPerSlot": "execkit.dispatch._slots",
+    "WorkspaceHooks": "execkit.dispatch._workspaces",
+    "Workspaces": "execkit.dispatch._workspaces",
+    "workspace_name": "execkit.dispatch._board",
     "IssueStatus": "execkit.dispatch._status",
     "IssueStatusValues": "execkit.dispatch._status",
     "issue_status_values": "execkit.dispatch._status",
@@ -68,6 +72,7 @@ if TYPE_CHECKING:
         ReportingBoard,
         Tracker,
         task_key,
+        workspace_name,
     )
     from execkit.dispatch._config import MAX_CONCURRENT_AGENTS, DispatchConfig
     from execkit.dispatch._github import GitHubBoard, GitHubConfig
@@ -88,6 +93,7 @@ if TYPE_CHECKING:
         iter_issue_status_values,
         iter_issue_statuses,
     )
+    from execkit.dispatch._workspaces import WorkspaceHooks, Workspaces
 
 __all__ = [
     "DEFAULT_STATES",
@@ -119,11 +125,14 @@ __all__ = [
     "SlotExecutor",
     "ThreadPerSlot",
     "Tracker",
+    "WorkspaceHooks",
+    "Workspaces",
     "issue_status_values",
     "issue_statuses",
     "iter_issue_status_values",
     "iter_issue_statuses",
     "task_key",
+    "workspace_name",
 ]
 
 

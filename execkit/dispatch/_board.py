@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -58,6 +59,36 @@ _NAME = checked(
 def task_key(issue_id: str) -> str:
     """The ledger idempotency key (and task title) of a board issue: `board:<id>`."""
     return f"{TASK_TITLE_PREFIX}{issue_id}"
+
+
+# Workspace names (`workspace_name`, issue #46): a plain issue id as it is, else its plain
+# characters and a hash of the whole id.
+_NAME_MAX = 80
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# The suffix a hashed name ends with: an id that already looks like one is hashed too, so
+# an id used as it is can never be the hashed name of another.
+_HASHED = re.compile(r".*-[0-9a-f]{16}")
+
+
+def workspace_name(issue_id: str) -> str:
+    """The folder (and branch) name of an issue's workspace: the id itself when it is a
+    plain name (letters, digits, `.`, `_`, `-`; no `..`, no `.lock` end, at most 80
+    characters), else its plain characters with a hash of the whole id appended, so two
+    issue ids never share a name. Raises InvalidInput for an empty id."""
+    if not isinstance(issue_id, str) or not issue_id:
+        raise InvalidInput("issue id must be a non-empty string", field="issue_id")
+    plain = (
+        _SAFE.fullmatch(issue_id) is not None
+        and len(issue_id) <= _NAME_MAX
+        and ".." not in issue_id
+        and not issue_id.endswith((".lock", "."))
+        and _HASHED.fullmatch(issue_id) is None
+    )
+    if plain:
+        return issue_id
+    kept = re.sub(r"[^A-Za-z0-9._-]+", "_", issue_id).strip("._-").replace("..", "_")
+    digest = hashlib.sha256(issue_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{kept[:40] or 'issue'}-{digest}"
 
 
 _MAX_BOARD_BYTES = 64 * 1024 * 1024
@@ -452,7 +483,8 @@ class JsonFileBoard:
     or `{"name", "eligible", "terminal"}`; an issue is `{"id", "title", "state", "prompt"
     (or "body"), "argv", "adapter", "model", "given_up_from"}` (the last written by a
     dispatcher's give-up, `give_up`, and removed by any other move); the optional
-    `dispatch` object holds `DispatchConfig` settings.
+    `dispatch` object holds `DispatchConfig` settings, the optional `workspace` object the
+    workspace hooks (`WorkspaceHooks`).
     Moves take an exclusive lock on a sidecar `FILE.lock` and replace the file atomically
     (temp file + `os.replace`), so two dispatcher processes never lose each other's moves
     and a reader never sees half a file. A move edits the file's text, not a re-encoding
@@ -606,6 +638,16 @@ class JsonFileBoard:
     def dispatch_settings(self) -> dict[str, Any]:
         """The file's `dispatch` object (for `DispatchConfig.from_mapping`), or {}."""
         return dict(self._read().dispatch)
+
+    def workspace_settings(self) -> dict[str, Any]:
+        """The file's `workspace` object (the workspace hooks, for
+        `WorkspaceHooks.from_mapping`), or {}; InvalidInput when it is not an object."""
+        raw = self._read().raw.get("workspace", {})
+        if not isinstance(raw, dict):
+            raise InvalidInput(
+                f"board file {self.path}: `workspace` must be an object", field="workspace"
+            )
+        return dict(raw)
 
     def list_issues(self) -> list[BoardIssue]:
         return list(self._read().issues)

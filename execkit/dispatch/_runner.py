@@ -5,21 +5,18 @@ agent's proof to the ledger, `execkit._attempt`)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
 from execkit._adapter import Adapter, AgentRequest
-from execkit._attempt import RunOutcome, attempt_agent, outcome_of
+from execkit._attempt import AttemptOptions, RunOutcome, attempt_agent, options_with, outcome_of
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, UnknownAdapter
-from execkit._exec import Cancellation, ProcessStarter
+from execkit._exec import Cancellation
 from execkit._proof import RunStatus
 from execkit._registry import adapter_names, get_adapter
-from execkit._validate import integer_arg
 from execkit.dispatch._board import BoardIssue
 
 __all__ = ["AdapterRunner", "RunOutcome", "Runner", "Slot"]
@@ -45,6 +42,7 @@ class Slot:
     heartbeat: Callable[[], object]
     heartbeat_s: float
     cancel: Cancellation
+    cwd: str | None = None
 
 
 class Runner(Protocol):
@@ -67,42 +65,39 @@ class AdapterRunner:
 
     The issue's prompt is the request's prompt, its `model` the request's model and its
     `argv` the request's `extra_args` (for the `generic` adapter: the program and its
-    flags). `agent_attempts` defaults to 1: the dispatcher owns retries across dispatches,
-    so the in-agent loop must not also re-spawn (and sleep) inside one dispatch. `start`
-    is how each agent process is started (`spawn`'s seam; a test passes
-    `fake_vendor.start`). An upstream failure whose vendor stated a reset sets
-    `RunOutcome.not_before` to `clock() + retry_after_s` (`clock`: epoch seconds,
-    `time.time` by default), so the next dispatch is no earlier.
+    flags). `options` is the agent's part of `AttemptOptions`, the value `run_attempt`
+    takes: `agent_attempts` (default 1: the dispatcher owns retries across dispatches, so
+    the in-agent loop must not also re-spawn and sleep inside one dispatch), `kill_grace`,
+    `stall_timeout_s`, `start` (how each agent process is started, `spawn`'s seam; a test
+    passes `fake_vendor.start`), `sleep` and `clock`. An upstream failure whose vendor
+    stated a reset sets `RunOutcome.not_before` to `clock() + retry_after_s` (`clock`:
+    epoch seconds), so the next dispatch is no earlier. The admission fields (lease, cap,
+    actor, lane) are the dispatcher's own. `agent_attempts=`, `sleep=`, `start=` and
+    `clock=` as keywords still work for one release, with a `DeprecationWarning`.
     """
 
     def __init__(
         self,
         adapter: Adapter | None = None,
+        options: AttemptOptions | None = None,
         *,
         find: Callable[[str], Adapter] = get_adapter,
         known: Callable[[], list[str]] = adapter_names,
-        agent_attempts: int = 1,
         timeout_s: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        start: ProcessStarter = subprocess.Popen,
-        clock: Callable[[], float] = time.time,
+        **deprecated: Any,
     ) -> None:
-        integer_arg("agent_attempts", agent_attempts, 1)
+        self.options = options_with(options, deprecated, "AdapterRunner")
         self.adapter = adapter
         self._find = find
         self._known = known
         self._binaries: dict[str, str] | None = None
         # Adapters are values (their parse and argv hold no state): one instance a name.
         self._adapters: dict[str, Adapter] = {}
-        self._agent_attempts = agent_attempts
         self._timeout_s = timeout_s
         self._cwd = cwd
         self._env = dict(env) if env is not None else None
-        self._sleep = sleep
-        self._start = start
-        self._clock = clock
 
     def request_for(self, issue: BoardIssue) -> AgentRequest:
         return AgentRequest(
@@ -172,18 +167,18 @@ class AdapterRunner:
         refused = self._vendor_through_generic(issue, found)
         if refused is not None:
             return refused
+        request = self.request_for(issue)
+        if slot.cwd is not None:
+            request = attrs.evolve(request, cwd=slot.cwd)
         proof = attempt_agent(
             found,
-            self.request_for(issue),
+            request,
+            self.options,
             heartbeat=slot.heartbeat,
             heartbeat_s=slot.heartbeat_s,
             cancel=slot.cancel,
-            agent_attempts=self._agent_attempts,
-            start=self._start,
-            clock=self._clock,
-            sleep=self._sleep,
         )
-        return outcome_of(found, proof, self._clock)
+        return outcome_of(found, proof, self.options.clock)
 
 
 def _misconfigured(issue: BoardIssue, reason: str, fix: str) -> RunOutcome:

@@ -97,6 +97,7 @@ from execkit.dispatch._config import DispatchConfig
 from execkit.dispatch._lanes import DispatchLanes
 from execkit.dispatch._runner import Runner, RunOutcome, Slot
 from execkit.dispatch._slots import SlotExecutor, ThreadPerSlot
+from execkit.dispatch._workspaces import Workspaces
 from execkit.ledger import (
     DEFAULT_LEASE_S,
     WAKE_CAPABILITY,
@@ -195,6 +196,10 @@ class DispatchEvent:
     # The vendor lane this run stopped (refused credentials, no billing, a missing binary):
     # the fix is that lane's `execkit lane resume`, which brings this card back too.
     lane_stopped: str | None = None
+    # The issue's workspace (`Dispatcher(workspaces=...)`): where its agent ran, and
+    # whether it was removed after the issue was done.
+    workspace: str | None = None
+    workspace_removed: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -292,7 +297,11 @@ class Dispatcher:
     lease of `lease_s` seconds, renewed every `lease_s / 3` by its slot while its agent
     runs: the ledger must accept calls from several threads (every ledger here does).
     `executor` runs the slots (`ThreadPerSlot` by default; `InlineExecutor` runs each at
-    once, which makes a pass deterministic for tests).
+    once, which makes a pass deterministic for tests). `workspaces` (issue #46) gives each
+    issue a workspace of its own, made in the issue's slot under its run's lease before
+    its first attempt, kept across its attempts, the agent's working directory (`Slot.cwd`)
+    and removed once the issue is done (`Workspaces`); without it agents run where the
+    runner says (the dispatcher's own directory by default).
     """
 
     def __init__(
@@ -308,6 +317,7 @@ class Dispatcher:
         executor: SlotExecutor | None = None,
         owner: RunOwner | None = None,
         lanes: bool = True,
+        workspaces: Workspaces | None = None,
     ) -> None:
         if not is_number(lease_s) or lease_s <= 0:
             raise InvalidInput(
@@ -315,6 +325,7 @@ class Dispatcher:
             )
         self.tracker = tracker
         self.runner = runner
+        self.workspaces = workspaces
         self.ledger = ledger
         self.config = DispatchConfig() if config is None else config
         self.clock = clock
@@ -763,7 +774,18 @@ class Dispatcher:
         task = self.ledger.get_task(task_id, now=now, cap=self._cap)
         if task.status is TaskStatus.DONE:
             moved = self._move(issue, task, self.config.done_state, why="it succeeded")
-            return [self._event(EventKind.DONE, issue, task, moved_to=moved, reason=task.reason)]
+            # Done before a restart that left its workspace: removed now.
+            removed = self._remove_workspace(issue)
+            return [
+                self._event(
+                    EventKind.DONE,
+                    issue,
+                    task,
+                    moved_to=moved,
+                    reason=task.reason,
+                    **self._workspace_fields(issue, removed),
+                )
+            ]
         if task.status is TaskStatus.CANCELLED:
             reason = "task cancelled in the ledger"
             return [self._event(EventKind.REFUSED, issue, task, reason=reason)]
@@ -911,6 +933,7 @@ class Dispatcher:
                 cap=self._cap,
                 owner=self.owner,
                 lane=lane,
+                workspace=self._workspace_of(issue),
             )
         except (LaneWaiting, LaneStopped) as waiting:
             if not self._lanes.refused(lane, waiting):
@@ -1012,10 +1035,12 @@ class Dispatcher:
             _log.warning("run %s: its lease was not renewed: %s", run_id, exc.message)
 
     def _work(self, issue: BoardIssue, run: Run, slot: Slot) -> RunOutcome | _NotRecorded:
-        """A slot's whole dispatch, in its own thread: the runner, then the result's write.
-        Never raises: whatever happens is an outcome."""
+        """A slot's whole dispatch, in its own thread: the issue's workspace (made or
+        reused under the run's lease), the runner in it, the workspace's `after_done` hook
+        after a success, then the result's write. Never raises: whatever happens is an
+        outcome."""
         try:
-            outcome = self.runner.run(issue, slot)
+            outcome = self._in_workspace(issue, slot)
         except SpawnCancelled:
             record_stopped(self.ledger, run.id, STOPPED_REASON, now=self.clock())
             return _STOPPED
@@ -1034,6 +1059,44 @@ class Dispatcher:
             # Kept in `_unrecorded`: the next pass writes it. Reported by the reap.
             return _NotRecorded(outcome, exc)
         return outcome
+
+    def _in_workspace(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+        """The runner's outcome, in the issue's workspace when this dispatcher has them;
+        a workspace that cannot be made, or a hook that fails, is the outcome instead."""
+        if self.workspaces is None:
+            return self.runner.run(issue, slot)
+        prepared = self.workspaces.prepare(issue.id)
+        if isinstance(prepared, RunOutcome):
+            return prepared
+        outcome = self.runner.run(issue, attrs.evolve(slot, cwd=str(prepared)))
+        if outcome.status is RunStatus.SUCCEEDED:
+            failed = self.workspaces.after_done(issue.id)
+            if failed is not None:
+                return failed
+        return outcome
+
+    def _remove_workspace(self, issue: BoardIssue) -> bool | None:
+        """Remove a done issue's workspace (unless kept); None without workspaces. A
+        failure to remove is logged: the issue is done either way."""
+        if self.workspaces is None:
+            return None
+        try:
+            return self.workspaces.remove(issue.id)
+        except OSError as exc:
+            _log.warning("issue %s: its workspace was not removed: %s", issue.id, exc)
+            return False
+
+    def _workspace_of(self, issue: BoardIssue) -> str | None:
+        """Where `issue`'s agent works: its workspace, recorded on its run."""
+        return None if self.workspaces is None else str(self.workspaces.path_for(issue.id))
+
+    def _workspace_fields(self, issue: BoardIssue, removed: bool | None = None) -> dict[str, Any]:
+        if self.workspaces is None:
+            return {}
+        return {
+            "workspace": str(self.workspaces.path_for(issue.id)),
+            "workspace_removed": removed,
+        }
 
     def _record(self, run_id: str) -> None:
         with self._unrecorded_lock:
@@ -1089,6 +1152,9 @@ class Dispatcher:
                     fields["next_attempt_at"] = forced.next_attempt_at
         else:
             fields["next_attempt_at"] = after.next_attempt_at
+        # Done: its workspace goes (unless kept); blocked or retried: it stays.
+        removed = self._remove_workspace(issue) if not failed else None
+        fields.update(self._workspace_fields(issue, removed))
         self._report(
             issue,
             BoardReport(

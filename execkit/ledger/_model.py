@@ -225,7 +225,9 @@ class Run:
     reset time recorded with a failure: the next attempt waits for it. `stopped`: an
     abandoned run its own runner stopped on purpose (uncharged; `_budget`). `lane_held`: an
     upstream failure its vendor lane absorbed (it met the lane closed, or was the probe that
-    found it closed still), set by the ledger: it moves no streak (`_budget`).
+    found it closed still), set by the ledger: it moves no streak (`_budget`). `workspace`:
+    where its agent worked (`start_run(workspace=...)`: a dispatcher's workspace of the
+    issue, issue #46), None when it was not said.
     """
 
     id: str
@@ -249,6 +251,7 @@ class Run:
     owner_instance: str | None = None
     stopped: bool = False
     lane_held: bool = False
+    workspace: str | None = None
 
     @property
     def owner(self) -> RunOwner | None:
@@ -542,6 +545,7 @@ class Ledger(Protocol):
         cap: DispatchCap | None = None,
         owner: RunOwner | None = None,
         lane: str | None = None,
+        workspace: str | None = None,
     ) -> Run: ...
 
     def heartbeat(

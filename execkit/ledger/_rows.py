@@ -86,6 +86,7 @@ RUN_COLUMNS = (
     "owner_instance",
     "stopped",
     "lane_held",
+    "workspace",
 )
 TASK_COLUMNS = (
     "id",
@@ -171,6 +172,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         owner_instance,
         stopped,
         lane_held,
+        workspace,
     ) = values
     return Run(
         run_id,
@@ -196,6 +198,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         owner_instance,
         bool(stopped),
         bool(lane_held),
+        workspace,
     )
 
 

@@ -462,6 +462,8 @@ class LedgerView:
                             "dispatcher": run.actor,
                             "since": run.started_at,
                             "lease_expires_at": run.lease_expires_at,
+                            # Where its agent works (issue #46), when the run says.
+                            "workspace": run.workspace,
                         }
                     )
         rows.sort(key=lambda row: (row["since"], row["run_id"]))

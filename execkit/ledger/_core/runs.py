@@ -39,6 +39,7 @@ from execkit.ledger._core.inputs import (
     check_bool,
     check_lease,
     check_name,
+    check_text,
     clean_reason,
     fingerprint_of,
     moment,
@@ -84,6 +85,10 @@ def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
     return None
 
 
+# A path (`start_run(workspace=...)`): Linux's PATH_MAX.
+MAX_WORKSPACE = 4096
+
+
 class RunOps(LeaseOps):
     """Admitting, finishing and reading runs; an expired lease met on the way is
     abandoned (`LeaseOps`)."""
@@ -116,6 +121,7 @@ class RunOps(LeaseOps):
         cap: DispatchCap | None = None,
         owner: RunOwner | None = None,
         lane: str | None = None,
+        workspace: str | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -140,8 +146,13 @@ class RunOps(LeaseOps):
         admit refuses with `LaneWaiting` or `LaneStopped` (before a backoff's refusal);
         nothing is written. Neither `forced` nor `ignore_backoff` lifts a lane: an operator
         resumes it (`resume_lane`). Without a lane, admission is as it was.
+
+        `workspace` (issue #46) is where the run's agent will work (a dispatcher's workspace
+        of the issue, a path of at most 4096 characters): kept on the run (`Run.workspace`),
+        masked as text.
         """
         request_key = check_name("request_key", request_key, MAX_KEY)
+        place = None if workspace is None else check_text("workspace", workspace, MAX_WORKSPACE)
         lane_name = check_lane(lane)
         if owner is not None and not isinstance(owner, RunOwner):
             raise InvalidInput(
@@ -204,6 +215,7 @@ class RunOps(LeaseOps):
                         forced,
                         lease,
                         runner,
+                        place,
                     )
                     if lane_name is not None:
                         self._lane_admitted(tx, lane_name, probes, run, at)
@@ -246,6 +258,7 @@ class RunOps(LeaseOps):
         forced: bool,
         lease: float,
         owner: RunOwner,
+        workspace: str | None = None,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
@@ -269,6 +282,7 @@ class RunOps(LeaseOps):
                 owner_pid_namespace=owner.pid_namespace,
                 owner_pid_started_at=owner.pid_started_at,
                 owner_instance=owner.instance,
+                workspace=workspace,
             ),
             lease,
         )

@@ -205,6 +205,10 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (board, item)
         )""",
     ),
+    # Issue #45's step (spend) goes here; the integrator renumbers at merge.
+    6: (),
+    # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
+    7: ("ALTER TABLE runs ADD COLUMN workspace text",),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 

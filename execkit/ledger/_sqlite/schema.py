@@ -23,7 +23,9 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # before the step, is the way back). Version 5 (issue #28): vendor lanes, their
 # history, their stored state (the fold of that history) and the lane each run used.
 # Version 6: the upstream failures a lane absorbed. Version 7 (issue #47): the board
-# outbox, what a tracker board owes its tracker until it is sent.
+# outbox, what a tracker board owes its tracker until it is sent. Version 8 is issue #45's
+# (spend; empty on this branch until they are merged). Version 9 (issue #46): the
+# workspace each run's agent worked in, a column of `run_extras`.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -218,5 +220,9 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (board, item)
         )""",
     ),
+    # Issue #45's step (spend) goes here; the integrator renumbers at merge.
+    8: (),
+    # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
+    9: ("ALTER TABLE run_extras ADD COLUMN workspace TEXT",),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

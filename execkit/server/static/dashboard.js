@@ -195,7 +195,7 @@ function drawTables(snap) {
     c.last_class || "-", c.last_reason || "-"]);
   rows("in-flight", snap.in_flight, (r) => [issueName(r), r.task_id, r.run_id, r.attempt,
     r.host ? `${r.host}:${r.pid}` : "-", r.dispatcher, when(r.since, snap.now),
-    when(r.lease_expires_at, snap.now)]);
+    when(r.lease_expires_at, snap.now), r.workspace || "-"]);
   // Hidden until some run has used a lane (or when the ledger has none).
   $("lanes-panel").hidden = !snap.lanes || snap.lanes.length === 0;
   if (snap.lanes) {

@@ -138,6 +138,8 @@ export interface StartRunOptions extends IdempotentOptions {
   cap?: number | null | undefined;
   /** The vendor lane ADAPTER/CREDENTIAL the run uses (needs `vendor.lanes`). */
   lane?: string | null | undefined;
+  /** Where the run's agent works (a path of at most 4096 characters), kept on the run. */
+  workspace?: string | null | undefined;
 }
 
 export interface ResumeLaneOptions extends IdempotentOptions {
@@ -592,6 +594,7 @@ export class ExeckitClient {
             "leaseS",
             "cap",
             "lane",
+            "workspace",
             "idempotencyKey",
           ]);
     const body: StartRunBody = {};
@@ -612,6 +615,9 @@ export class ExeckitClient {
     }
     if (given.lane !== undefined && given.lane !== null) {
       body.lane = text("lane", given.lane, 400);
+    }
+    if (given.workspace !== undefined && given.workspace !== null) {
+      body.workspace = text("workspace", given.workspace, 4096);
     }
     const key = idempotencyKey(given.idempotencyKey);
     if (body.lane !== undefined) {

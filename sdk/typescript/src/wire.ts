@@ -287,6 +287,7 @@ export interface Run {
   /** Abandoned by its own runner on purpose: uncharged. */
   readonly stopped: boolean;
   readonly task_id: string;
+  readonly workspace: string | null;
 }
 
 export interface RunList {
@@ -593,6 +594,8 @@ export interface StartRunBody {
   /** The process that will run it (default: the server's). */
   owner?: RunOwner;
   request_key?: string | null;
+  /** Where the run's agent works (a dispatcher's workspace of the issue). */
+  workspace?: string | null;
 }
 
 /** Each operation's query parameters (`never`: it takes none). */
