@@ -218,6 +218,64 @@ def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: 
         assert ledger.running_runs() == []
 
 
+def test_until_idle_abandons_what_a_killed_dispatcher_left_running_then_runs_it(
+    tmp_path: Path,
+) -> None:
+    # `--until-idle` asked "is anything due?" before its first pass had abandoned the dead
+    # dispatcher's run: the task was `running`, nothing was due, and it exited at once
+    # with the run left to its lease and the issue not done.
+    log = tmp_path / "vendor.log"
+    db = tmp_path / "ledger.db"
+    issue = {
+        "id": "LONG",
+        "title": "t",
+        "state": "todo",
+        "argv": [SLOW, "--seconds", "600", "--log", str(log), "--key", "LONG"],
+    }
+    fast = {"base_backoff_s": 0.05, "max_retry_backoff_s": 0.1}
+    board = write_board(tmp_path / "board.json", [issue], dispatch=fast)
+    board.chmod(0o600)
+    command = [sys.executable, "-m", "execkit", "dispatch", "--board", str(board)]
+    command += ["--adapter", "generic", "--db", str(db)]
+    doomed = subprocess.Popen(
+        command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: log.exists() and "start LONG" in log.read_text(), 60, "LONG to start")
+        agents = psutil.Process(doomed.pid).children(recursive=True)
+        doomed.kill()
+        for agent in agents:
+            agent.kill()
+        doomed.wait(30)
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(30)
+    # A person shortens the work before the next dispatcher takes it again.
+    written = json.loads(board.read_text())
+    written["issues"][0]["argv"][2] = "0.05"
+    board.write_text(json.dumps(written))
+
+    again = subprocess.run(
+        [*command, "--until-idle", "--interval", "0.05"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "Traceback" not in again.stderr, again.stderr
+    assert {i["id"]: i["state"] for i in json.loads(board.read_text())["issues"]} == {
+        "LONG": "done"
+    }
+    with open_ledger(db) as ledger:
+        (task,) = ledger.list_tasks()
+        first, second = ledger.runs(task.id)
+        assert (first.status, second.status) == ("abandoned", "succeeded")
+        assert f"pid {doomed.pid} on" in (first.reason or "")
+        assert ledger.running_runs() == []
+
+
 def test_run_list_needs_running_and_says_when_nothing_runs(tmp_path: Path) -> None:
     db = str(tmp_path / "ledger.db")
     base = [sys.executable, "-m", "execkit", "run", "list", "--db", db]

@@ -8,6 +8,9 @@ model of the three bounds says how many dispatches there must be and where the i
 
 from __future__ import annotations
 
+import os
+import pwd
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +27,8 @@ from execkit.dispatch import (
     Slot,
 )
 from execkit.ledger import open_ledger
+
+ME = pwd.getpwuid(os.geteuid()).pw_name
 
 T0 = 1_700_000_000.0
 
@@ -142,14 +147,17 @@ def test_the_dispatcher_follows_the_bounds_across_a_restart(
 
     ledger = open_ledger(db, budget=budget)
     try:
-        dispatcher = Dispatcher(board, runner, ledger, config, clock)
+        # The task's own bounds, as a runner with no vendor lanes sees them: with lanes, a
+        # lone task's upstream failures past the breaker's K are the lane's (the property
+        # below), and this model would not hold.
+        dispatcher = Dispatcher(board, runner, ledger, config, clock, lanes=False)
         for n in range(want_dispatches + 10):
             if want_stop in ("legacy", "unbounded") and len(runner.attempts) >= want_dispatches:
                 break  # nothing but a success would stop it: watched long enough
             if n == restart_at:
                 ledger.close()
                 ledger = open_ledger(db, budget=budget)
-                dispatcher = Dispatcher(board, runner, ledger, config, clock)
+                dispatcher = Dispatcher(board, runner, ledger, config, clock, lanes=False)
             for event in dispatcher.tick():
                 if event.kind == "dispatched":
                     assert event.at >= not_before, "dispatched before its backoff ended"
@@ -195,3 +203,65 @@ def test_the_dispatcher_follows_the_bounds_across_a_restart(
         assert board.moves == []
     else:
         assert (last.moved_to, board.get("ISS-1").state) == ("blocked", "blocked")
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    breaker_k=st.integers(min_value=1, max_value=5),
+    max_trips=st.integers(min_value=1, max_value=4),
+    ceiling=st.integers(min_value=1, max_value=6),
+    restart_at=st.integers(min_value=0, max_value=12),
+)
+def test_a_lone_task_on_a_lane_stops_at_its_ceiling_or_its_lane_stops(
+    tmp_path_factory: pytest.TempPathFactory,
+    breaker_k: int,
+    max_trips: int,
+    ceiling: int,
+    restart_at: int,
+) -> None:
+    # How the task's bound and its lane's combine (docs/architecture.md): every attempt
+    # refused upstream with no reset stated. The failures up to the one that trips the
+    # breaker (K) are the task's own, so a ceiling within K blocks it on `upstream`;
+    # past K each attempt is the lane's probe, held by the lane (`lane_held`), and the
+    # lane stops itself after `max_trips` closings in a row: K + max_trips attempts, then
+    # nothing until a person resumes the lane. Either way the retries end, and the lane's
+    # state comes from the ledger, so a restart anywhere changes neither count.
+    budget = WorkBudget(max_attempts=1, max_uncharged_attempts=ceiling)
+    config = DispatchConfig(
+        max_attempts=-1, failed_state="blocked", base_backoff_s=1.0, max_retry_backoff_s=1.0
+    )
+    db = tmp_path_factory.mktemp("lane") / "ledger.db"
+    board = InMemoryBoard([BoardIssue("ISS-1", "t", "todo")])
+    runner, clock = ByAttempt(["upstream"]), Clock()
+    ledger = open_ledger(db, budget=budget)
+    try:
+        ledger.set_lane_config(actor=ME, breaker_k=breaker_k, max_trips=max_trips)
+        dispatcher = Dispatcher(board, runner, ledger, config, clock)
+        for n in range(200):  # far more than K + max_trips: the end is the lane's or the task's
+            if n == restart_at:
+                ledger.close()
+                ledger = open_ledger(db, budget=budget)
+                dispatcher = Dispatcher(board, runner, ledger, config, clock)
+            dispatcher.tick()
+            due = dispatcher.next_due()
+            if due is None:
+                break
+            clock.now = max(clock.now, due)
+        else:
+            raise AssertionError(f"still retrying after {len(runner.attempts)} attempts")
+        stopped_lanes = dispatcher.waiting_on_people()
+    finally:
+        ledger.close()
+    assert runner.attempts == list(range(1, len(runner.attempts) + 1))
+    if ceiling <= breaker_k:
+        assert len(runner.attempts) == ceiling
+        assert board.get("ISS-1").state == "blocked"
+        assert stopped_lanes == []
+    else:
+        assert len(runner.attempts) == breaker_k + max_trips
+        assert board.get("ISS-1").state == "todo"  # held by its stopped lane, not given up
+        assert [held.lane for held in stopped_lanes] == ["generic/default"]

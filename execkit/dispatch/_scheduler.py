@@ -504,6 +504,10 @@ class Dispatcher:
         which): what `execkit dispatch --until-idle` waits for."""
         if self._running:
             return False
+        # Bound first (once): binding abandons the runs a dead dispatcher on this host left
+        # running, whose tasks are then due again; asked before the first pass (as
+        # `--until-idle` does), they read as running and nothing as due.
+        self._bind()
         self._recall_given_up()
         now = self.clock()
         for issue in self.tracker.list_candidates():
