@@ -193,6 +193,38 @@ class FakeGitHub:
             issue["state"], issue["closed_at"] = "closed", self._tick()
             issue["updated_at"] = issue["closed_at"]
 
+    def reopen_by_hand(self, number: int, labels: set[str] | None = None) -> None:
+        """An operator reopens the issue (and sets its labels, when given)."""
+        with self._lock:
+            issue = self.issues[number]
+            issue["state"], issue["closed_at"] = "open", None
+            if labels is not None:
+                issue["labels"] = [self.label(name) for name in sorted(labels)]
+            issue["updated_at"] = self._tick()
+
+    def comment_by_hand(self, number: int, body: str) -> None:
+        """A person's comment on the issue (it changes the issue's `updated_at`)."""
+        with self._lock:
+            self._next_id += 1
+            at = self._tick()
+            self.comments[number].append(self._comment(number, body, at))
+            self.issues[number]["comments"] += 1
+            self.issues[number]["updated_at"] = at
+
+    def _comment(self, number: int, body: str, at: str) -> dict[str, Any]:
+        return {
+            "id": self._next_id,
+            "node_id": f"IC_{self._next_id}",
+            "url": f"https://api.github.com/repos/{self.repo}/issues/comments/{self._next_id}",
+            "html_url": f"https://github.com/{self.repo}/issues/{number}#issuecomment-{self._next_id}",
+            "body": body,
+            "user": _USER,
+            "created_at": at,
+            "updated_at": at,
+            "issue_url": self.issues[number]["url"],
+            "author_association": "OWNER",
+        }
+
     def status_comments(self, number: int) -> list[dict[str, Any]]:
         return [c for c in self.comments[number] if c["body"].startswith("<!-- execkit:status")]
 
@@ -370,18 +402,7 @@ class FakeGitHub:
             if method == "POST":
                 self._next_id += 1
                 at = self._tick()
-                comment = {
-                    "id": self._next_id,
-                    "node_id": f"IC_{self._next_id}",
-                    "url": f"https://api.github.com/repos/{self.repo}/issues/comments/{self._next_id}",
-                    "html_url": f"https://github.com/{self.repo}/issues/{number}#issuecomment-{self._next_id}",
-                    "body": data["body"],
-                    "user": _USER,
-                    "created_at": at,
-                    "updated_at": at,
-                    "issue_url": issue["url"],
-                    "author_association": "OWNER",
-                }
+                comment = self._comment(number, data["body"], at)
                 self.comments[number].append(comment)
                 issue["comments"] += 1
                 issue["updated_at"] = at

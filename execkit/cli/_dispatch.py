@@ -111,6 +111,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "$GITHUB_TOKEN or $GH_TOKEN, the API in $GITHUB_API_URL)",
     )
     dispatch.add_argument(
+        "--board-config",
+        metavar="FILE",
+        help="with a github: board, a JSON file of its settings: a `github` object (labels, "
+        "comments in the prompt, close on done) and a `dispatch` object (docs/formats.md)",
+    )
+    dispatch.add_argument(
         "--adapter",
         metavar="NAME",
         help="the adapter of every issue that names none (default: the board's "
@@ -184,8 +190,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="JSON output")
 
 
-def _config(args: argparse.Namespace, board: JsonFileBoard | None) -> DispatchConfig:
+def _config(
+    args: argparse.Namespace, board: JsonFileBoard | None, extra: Any = None
+) -> DispatchConfig:
     settings: dict[str, Any] = board.dispatch_settings() if board is not None else {}
+    settings.update(extra or {})
     if args.max_attempts is not None:
         settings["max_attempts"] = args.max_attempts
     if args.failed_state is not None:
@@ -301,7 +310,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     _setup_logging()
     github = _github_repo(args.board)
     board_file = None if github is not None else JsonFileBoard(args.board)
-    config = _config(args, board_file)
+    board_config = board_config_of(args, github)
+    config = _config(args, board_file, board_config.get("dispatch"))
     # The default adapter is the command's own choice: a name nobody knows stops here
     # (not_found), before anything runs. An issue's own unknown adapter stops that issue.
     # `main` takes the default starter from `subprocess` where the group's import loaded
@@ -327,7 +337,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         open_remote(url) if url is not None else open_ledger(args.db, backoff=config.backoff)
     )
     try:
-        board: Board = board_file if board_file is not None else _github_board(github, ledger)
+        board: Board = (
+            board_file
+            if board_file is not None
+            else _github_board(github, ledger, board_config.get("github"))
+        )
         dispatcher = Dispatcher(board, runner, ledger, config, time.time, on_event=show)
         with _StopOnSignals(dispatcher) as signals:
             try:
@@ -374,13 +388,31 @@ def _github_repo(spec: str) -> str | None:
     return spec.removeprefix("github:")
 
 
-def _github_board(repo: str | None, ledger: Ledger) -> Board:
+def board_config_of(args: argparse.Namespace, github: str | None) -> dict[str, Any]:
+    """The `--board-config` file's settings ({} without one); refused with a board file
+    (whose settings are in the file itself)."""
+    path = getattr(args, "board_config", None)
+    if path is None:
+        return {}
+    if github is None:
+        raise InvalidInput(
+            "--board-config goes with a github:OWNER/REPO board; a board file holds its "
+            "own settings",
+            field="board_config",
+        )
+    from execkit.dispatch._github import read_board_config
+
+    return read_board_config(path)
+
+
+def _github_board(repo: str | None, ledger: Ledger, settings: Any = None) -> Board:
     """The GitHub board of `repo` (docs/formats.md): the token from $GITHUB_TOKEN or
-    $GH_TOKEN, the API from $GITHUB_API_URL. InvalidInput naming what is missing."""
+    $GH_TOKEN, the API from $GITHUB_API_URL, the rest from `settings` (the board
+    configuration file's `github` object). InvalidInput naming what is missing."""
     from execkit.dispatch import GitHubBoard
 
     assert repo is not None
-    return GitHubBoard.from_env(repo, ledger, os.environ)
+    return GitHubBoard.from_env(repo, ledger, os.environ, settings)
 
 
 def _people_line(stopped: LaneStopped) -> str:
