@@ -31,6 +31,7 @@ from execkit.cli._dispatch import (
     _github_repo,
     _when,
     board_config_of,
+    github_board,
 )
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import (
@@ -90,8 +91,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     status.add_argument(
         "--board",
         metavar="BOARD",
-        help="board JSON file (all its issues), or github:OWNER/REPO (read through the "
-        "dispatcher's client, the token in $GITHUB_TOKEN or $GH_TOKEN; with --db or --remote)",
+        help="board JSON file (all its issues), or github:OWNER/REPO or "
+        "github-project:OWNER/NUMBER (read through the dispatcher's client, the token in "
+        "$GITHUB_TOKEN or $GH_TOKEN; with --db or --remote)",
     )
     status.add_argument(
         "--board-config",
@@ -247,12 +249,8 @@ def _rows(
         ledger.backoff = config.backoff
         shown: Board | None = board
         if github is not None:
-            from execkit.dispatch._github import GitHubBoard
-
             # Read only: the table reads GitHub and the ledger, and writes to neither.
-            shown = GitHubBoard.from_env(
-                github, ledger, os.environ, settings.get("github"), read_only=True
-            )
+            shown = github_board(github, ledger, settings, read_only=True)
         rows = iter_issue_status_values(ledger, config, board=shown, now=now)
         if board is not None:
             held = list(rows)

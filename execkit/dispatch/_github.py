@@ -216,13 +216,14 @@ class GitHubConfig:
         )
 
 
-_CONFIG_KEYS = ("github", "dispatch")
+_CONFIG_KEYS = ("github", "github_project", "dispatch")
 
 
 def read_board_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A board configuration file (docs/formats.md, "A GitHub board"): a JSON object with
-    a `github` object (`GitHubConfig.from_mapping`) and a `dispatch` object (the board
-    file's, `DispatchConfig.from_mapping`), both optional. InvalidInput naming the file
+    a `github` object (`GitHubConfig.from_mapping`), a `github_project` object
+    (`GitHubProjectConfig.parse`) and a `dispatch` object (the board file's,
+    `DispatchConfig.from_mapping`), each optional. InvalidInput naming the file
     or the key for a file that cannot be read, is not JSON or has other keys."""
     import json
 
@@ -369,6 +370,10 @@ class GitHubClient:
             transport=transport,
             user_agent="execkit",
         )
+        base = api_url.rstrip("/")
+        # githubkit's own rule: Enterprise's REST root `/api/v3` has GraphQL at `/api/graphql`.
+        enterprise = base.endswith("/api/v3")
+        self._graphql_url = base[: -len("/v3")] + "/graphql" if enterprise else "/graphql"
         self._clock = clock
         self._lock = threading.Lock()
         self.requests = 0
@@ -397,6 +402,34 @@ class GitHubClient:
         except RequestError as exc:
             raise _Refusal("upstream", f"GitHub did not answer: {type(exc.exc).__name__}") from None
         return _Answer(response.status_code, response.headers, response)
+
+    def graphql_request(self, query: str, variables: Mapping[str, Any]) -> Any:
+        """Send one GraphQL document (a `send` for `call`): GitHub's GraphQL endpoint next
+        to the REST API's root (`/api/graphql` on GitHub Enterprise's `/api/v3`)."""
+        from githubkit.graphql import GraphQLNamespace, GraphQLResponse
+
+        return self._gh.request(
+            "POST",
+            self._graphql_url,
+            json=GraphQLNamespace.build_graphql_request(query, dict(variables)),
+            response_model=GraphQLResponse,
+        )
+
+
+def graphql_data(answer: _Answer, now: float) -> dict[str, Any]:
+    """The `data` of a GraphQL answer, or `_Refusal`: a rate limit GitHub names in its
+    errors (`RATE_LIMITED`, answered 200) parks the lane until the stated reset; any
+    other error is this request's alone (`item`: a project or field not found)."""
+    parsed = answer.data.parsed_data
+    if parsed.errors:
+        if any(error.type in ("RATE_LIMIT", "RATE_LIMITED") for error in parsed.errors):
+            reset = _header_time(answer.headers.get("x-ratelimit-reset"))
+            until = reset if reset is not None and reset > now else now + 60
+            raise _Refusal("reset", "GitHub's GraphQL rate limit is spent", 200, until)
+        said = "; ".join(str(error.message) for error in parsed.errors)[:300]
+        raise _Refusal("item", f"GitHub's GraphQL API answered: {said}", 200)
+    data = parsed.data
+    return data if isinstance(data, dict) else {}
 
 
 # -- the board ----------------------------------------------------------------------------
@@ -496,6 +529,7 @@ class GitHubBoard:
     ) -> None:
         self.config = config
         self.read_only = read_only
+        self._what = f"GitHub board {config.repo}"  # how messages name the board
         self.ledger = ledger
         self.client = client if client is not None else GitHubClient(token, config.api_url)
         self.clock = clock
@@ -594,9 +628,7 @@ class GitHubBoard:
     def report(self, issue_id: str, report: BoardReport) -> None:
         """Record what the issue's status comment (and running label) must show."""
         if self.read_only:
-            raise InvalidInput(
-                f"GitHub board {self.config.repo} was opened read-only", field="board"
-            )
+            raise InvalidInput(f"{self._what} was opened read-only", field="board")
         fields: dict[str, Any] = {
             "attempt": report.attempt,
             "running": report.running,
@@ -756,12 +788,12 @@ class GitHubBoard:
         why = shown.reason or str(shown.state)
         if shown.state is LaneState.STOPPED:
             raise LaneStopped(
-                f"GitHub board {self.config.repo} waits on lane {self.lane}, stopped: {why}",
+                f"{self._what} waits on lane {self.lane}, stopped: {why}",
                 lane=self.lane,
                 fix=shown.reason,
             )
         raise LaneWaiting(
-            f"GitHub board {self.config.repo} waits on lane {self.lane} until "
+            f"{self._what} waits on lane {self.lane} until "
             f"{_when(shown.opens_at) or 'its probe answers'} ({why}); agents running go on",
             lane=self.lane,
             opens_at=shown.opens_at,
@@ -804,10 +836,10 @@ class GitHubBoard:
         """A read GitHub refused: told to the lane (unless it was the issue's alone), then
         raised as the lane's refusal or an ExecKitError naming it."""
         if refused.outcome == "item":
-            raise ExecKitError(f"GitHub board {self.config.repo}: {refused.reason}") from None
+            raise ExecKitError(f"{self._what}: {refused.reason}") from None
         self._lane_call(refused)
         self._gate()
-        raise ExecKitError(f"GitHub board {self.config.repo}: {refused.reason}") from None
+        raise ExecKitError(f"{self._what}: {refused.reason}") from None
 
     def _page(self, page: int, **query: Any) -> _Answer:
         owner, repo = self._owner_repo
@@ -969,13 +1001,20 @@ class GitHubBoard:
             return ref
         return self._comment(item, number, render_status(payload), ref, sends)
 
+    def _repo_of(self, item: str) -> tuple[str, str]:
+        """The repository (owner, name) issue `item` (`OWNER/REPO#N`) is in."""
+        owner, _, rest = item.partition("/")
+        return owner, rest.rpartition("#")[0]
+
     def _comment(self, item: str, number: int, text: str, ref: str | None, sends: int) -> str:
-        owner, repo = self._owner_repo
+        """Make the issue's one status comment say `text` (edited by its id `ref`, found
+        by its marker, or created once); its id."""
+        owner, repo = self._repo_of(item)
         if ref is not None and self._comments.get(item) == text:
             return ref
         if ref is None and sends > 1:
             # An earlier send may have made it before its answer was lost: find it first.
-            ref = self._find_comment(number)
+            ref = self._find_comment(item, number)
         if ref is not None:
             comment_id = int(ref)
             try:
@@ -998,8 +1037,8 @@ class GitHubBoard:
         self._comments[item] = text
         return ref
 
-    def _find_comment(self, number: int) -> str | None:
-        owner, repo = self._owner_repo
+    def _find_comment(self, item: str, number: int) -> str | None:
+        owner, repo = self._repo_of(item)
         for page in range(1, _MAX_PAGES + 1):
             answer = self._call(
                 lambda: self.client.rest.issues.list_comments(
