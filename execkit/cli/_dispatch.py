@@ -404,11 +404,11 @@ def board_config_of(args: argparse.Namespace, github: str | None) -> dict[str, A
         )
     settings: dict[str, Any] = {}
     if path is not None:
-        from execkit.dispatch._github import read_board_config
+        from execkit.dispatch import read_board_config
 
         settings = read_board_config(path)
     if github is not None and github.startswith("github-project:"):
-        from execkit.dispatch._github_project import GitHubProjectConfig
+        from execkit.dispatch import GitHubProjectConfig
 
         project = GitHubProjectConfig.parse(
             github.removeprefix("github-project:"), settings.get("github_project", {}), os.environ
@@ -425,7 +425,7 @@ def github_board(
     configuration file). InvalidInput naming what is missing."""
     assert spec is not None
     if spec.startswith("github-project:"):
-        from execkit.dispatch._github_project import GitHubProjectBoard
+        from execkit.dispatch import GitHubProjectBoard
 
         return GitHubProjectBoard.from_env(
             spec.removeprefix("github-project:"),

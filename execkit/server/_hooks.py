@@ -30,6 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from execkit._errors import ExecKitError, InvalidInput
+from execkit._mask import mask_json
 from execkit.ledger import Ledger
 
 __all__ = ["GITHUB_HOOK_PATH", "MAX_HOOK_BODY_BYTES", "GitHubHook", "read_webhook_secret"]
@@ -73,7 +74,8 @@ def read_webhook_secret(path: str | os.PathLike[str]) -> bytes:
 
 
 def _answer(status: int, doc: dict[str, object]) -> Response:
-    return Response(json.dumps(doc), status, media_type="application/json")
+    """The one writer of this route's answers: every string masked, then JSON."""
+    return Response(json.dumps(mask_json(doc)), status, media_type="application/json")
 
 
 def _error(status: int, code: str, message: str) -> Response:
