@@ -202,3 +202,60 @@ def test_execkit_serve_takes_the_secret_file(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
     assert "github_webhook_secret_file" in done.stderr or "webhook secret" in done.stderr
+
+
+def test_a_delivery_wakes_a_dispatcher_polling_a_github_board(
+    served: tuple[str, Ledger],
+) -> None:
+    """A dispatcher whose next poll is five minutes away runs a new issue once GitHub's
+    delivery arrives: the webhook, not the interval, ran its pass."""
+    from github_fake import TOKEN, FakeGitHub
+
+    from execkit._proof import RunStatus
+    from execkit.dispatch import (
+        BoardIssue,
+        DispatchConfig,
+        Dispatcher,
+        GitHubBoard,
+        GitHubConfig,
+        InlineExecutor,
+        RunOutcome,
+        Slot,
+    )
+
+    pytest.importorskip("githubkit")
+    url, ledger = served
+    fake = FakeGitHub()
+    try:
+        fake.add_issue("first")
+        board = GitHubBoard(GitHubConfig(repo="acme/widgets", api_url=fake.url), ledger, TOKEN)
+        first_ran = threading.Event()
+        calls: list[str] = []
+
+        class Runner:
+            def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+                calls.append(issue.id)
+                first_ran.set()
+                return RunOutcome(RunStatus.SUCCEEDED)
+
+        dispatcher = Dispatcher(
+            board, Runner(), ledger, DispatchConfig(), executor=InlineExecutor()
+        )
+        loop = threading.Thread(
+            target=dispatcher.run_forever, args=(300.0,), kwargs={"stop": lambda: len(calls) >= 2}
+        )
+        loop.start()
+        try:
+            assert first_ran.wait(timeout=120)
+            fake.add_issue("second")
+            body = json.dumps({"action": "labeled"}).encode()
+            assert _deliver(url, body, "wake-1", _signature(body)).status_code == 202
+            loop.join(timeout=120)
+            assert not loop.is_alive(), "the delivery did not wake the dispatcher"
+        finally:
+            dispatcher.request_stop()
+            loop.join(timeout=60)
+            dispatcher.shutdown(5)
+        assert calls == ["acme/widgets#1", "acme/widgets#2"]
+    finally:
+        fake.close()
