@@ -278,6 +278,23 @@ def test_an_issue_closed_in_flight_that_succeeds_is_not_relabelled(
     assert fake.issues[number]["state"] == "closed"
 
 
+def test_a_claim_not_shown_before_the_issue_closed_is_never_shown(
+    fake: FakeGitHub, ledger: Ledger
+) -> None:
+    from execkit.dispatch import BoardReport
+
+    number = fake.add_issue("Closed before the write-back")
+    board = _board(fake, ledger)
+    [issue] = board.list_candidates()
+    board.report(issue.id, BoardReport(attempt=1, running=True, host="builder-1"))
+    fake.close_by_hand(number)
+    board.list_candidates()  # the pass that sends it has seen the issue closed
+    board.catch_up()
+    assert fake.labels_of(number) == {"execkit"}  # no running label on a closed issue
+    [comment] = fake.status_comments(number)
+    assert "running on `builder-1`" in comment["body"]
+
+
 # -- 4. execkit status --board github:... -------------------------------------------------
 
 

@@ -943,7 +943,7 @@ class GitHubBoard:
                     state, {config.blocked_label} if state == "blocked" else set()
                 )
             )
-        running = payload.get("running") and state in (None, "todo")
+        running = payload.get("running") and seen.open and state in (None, "todo")
         return (seen.labels - config.ours) | keep | ({config.running_label} if running else set())
 
     def _seen(self, number: int) -> _Seen:
