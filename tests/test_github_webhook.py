@@ -59,7 +59,15 @@ def test_only_the_secrets_signature_of_the_very_body_is_accepted(body: bytes, ot
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
-    ledger = open_ledger(tmp_path / "ledger.db")
+    yield from _serve(open_ledger(tmp_path / "ledger.db"), tmp_path)
+
+
+@pytest.fixture
+def served_pg(tmp_path: Path, pg_url: str) -> Iterator[tuple[str, Ledger]]:
+    yield from _serve(open_ledger(pg_url), tmp_path)
+
+
+def _serve(ledger: Ledger, tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
     tokens = tmp_path / "tokens.json"
     add_token(tokens, "me", ["agent.operate"])
     app = LedgerApp(ledger, TokenFile(tokens), github_webhook_secret=SECRET)
@@ -83,7 +91,16 @@ def _deliver(url: str, body: bytes, delivery: str | None, signature: str | None)
 def test_a_signed_delivery_wakes_a_waiting_dispatcher_once(
     served: tuple[str, Ledger],
 ) -> None:
-    url, ledger = served
+    _wakes_once(*served)
+
+
+def test_a_signed_delivery_wakes_a_waiting_dispatcher_once_on_postgres(
+    served_pg: tuple[str, Ledger],
+) -> None:
+    _wakes_once(*served_pg)
+
+
+def _wakes_once(url: str, ledger: Ledger) -> None:
     body = json.dumps({"action": "labeled", "issue": {"number": 1}}).encode()
     seen = ledger.wake_seq()
     woke: list[int] = []
@@ -100,6 +117,36 @@ def test_a_signed_delivery_wakes_a_waiting_dispatcher_once(
     other = _deliver(url, body, "another-delivery", _signature(body))
     assert other.status_code == 202
     assert ledger.wake_seq() == seen + 2
+
+
+def test_a_delivery_wakes_a_dispatcher_waiting_through_the_server(tmp_path: Path) -> None:
+    """A dispatcher on another host waits on the server (`RemoteLedger`'s long poll): the
+    delivery the server notes wakes it."""
+    from execkit.remote import RemoteLedger
+
+    ledger = open_ledger(tmp_path / "ledger.db")
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, "me", ["agent.operate"])
+    app = LedgerApp(ledger, TokenFile(tokens), github_webhook_secret=SECRET)
+    try:
+        with ServerThread(app) as running:
+            client = RemoteLedger(running.url, token)
+            try:
+                seen = client.wake_seq()
+                woke: list[int] = []
+                waiter = threading.Thread(
+                    target=lambda: woke.append(client.wait_for_wake(seen, 120))
+                )
+                waiter.start()
+                answer = _deliver(running.url, b"{}", "remote-1", _signature(b"{}"))
+                waiter.join(timeout=130)
+                assert answer.status_code == 202
+                assert woke == [seen + 1]
+            finally:
+                client.close()
+    finally:
+        app.close()
+        ledger.close()
 
 
 @pytest.mark.parametrize(
