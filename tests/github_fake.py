@@ -103,6 +103,7 @@ class FakeGitHub:
         self.fail_writes = 0  # the next this many writes answer 502, not made
         self.projects: dict[tuple[str, int], dict[str, Any]] = {}
         self.graphql_requests = 0
+        self.graphql_rate_limited = 0  # the next this many GraphQL requests: RATE_LIMITED
         self._schema: Any = None
         self._rng = random.Random(seed)
         self._max_requests = max_requests
@@ -310,6 +311,11 @@ class FakeGitHub:
                 self._schema = build_schema(handle.read())
         request = json.loads(body)
         self.graphql_requests += 1
+        if self.graphql_rate_limited:
+            # GitHub's answer to a spent GraphQL limit: 200, the error typed RATE_LIMITED.
+            self.graphql_rate_limited -= 1
+            message = "API rate limit already exceeded for user ID 1."
+            return 200, {}, {"errors": [{"type": "RATE_LIMITED", "message": message}]}
         self.remaining -= 1
         self.counted += 1
         root = {

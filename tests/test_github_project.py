@@ -282,3 +282,19 @@ def test_a_secondary_limit_on_graphql_parks_the_trackers_lane(
     with pytest.raises(LaneWaiting):
         board.list_candidates()
     assert fake.requests == before  # nothing is sent while it waits
+
+
+def test_a_rate_limited_graphql_answer_parks_the_lane_until_its_reset(
+    fake: FakeGitHub, ledger: Ledger
+) -> None:
+    from execkit._lanes import LaneState
+
+    project = fake.add_project()
+    fake.add_project_item(project, fake.add_issue("one"))
+    board = _board(fake, ledger)
+    fake.graphql_rate_limited = 1
+    with pytest.raises(ExecKitError):
+        board.list_candidates()
+    shown = ledger.get_lane(board.lane)
+    assert shown.state is LaneState.PARKED
+    assert shown.opens_at is not None and shown.opens_at >= fake.reset_at

@@ -98,7 +98,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     status.add_argument(
         "--board-config",
         metavar="FILE",
-        help="with a github: board, its settings file (as `execkit dispatch` takes it)",
+        help="with a github: or github-project: board, its settings file (as `execkit "
+        "dispatch` takes it)",
     )
     status.add_argument(
         "--watch", action="store_true", help="redraw the table in place until Ctrl-C"
