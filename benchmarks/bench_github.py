@@ -12,7 +12,10 @@ Requests are counted by the fake (every request it answered), never timed:
    last write (goal: at most 6);
 3. two dispatchers (processes) over 200 issues, one SQLite ledger, a fake that answers 10%
    of the writes with 502 (half of those after making the write): runs per issue, status
-   comments per issue, requests in all.
+   comments per issue, requests in all;
+4. a GitHub Project (v2) board of 2,000 items: GraphQL requests per idle poll (one per 100
+   items: GraphQL has no conditional request), and requests to take one item from eligible
+   to done with its status comment.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from execkit.dispatch import (  # noqa: E402
     Slot,
 )
 from execkit.dispatch._github import GitHubBoard, GitHubConfig  # noqa: E402
+from execkit.dispatch._github_project import (  # noqa: E402
+    GitHubProjectBoard,
+    GitHubProjectConfig,
+)
 from execkit.ledger import open_ledger  # noqa: E402
 
 
@@ -108,12 +115,43 @@ def two_dispatchers(tmp: Path) -> tuple[int, int, int, int, int]:
         fake.close()
 
 
+def project_board(tmp: Path) -> tuple[int, int]:
+    fake = FakeGitHub()
+    try:
+        project = fake.add_project()
+        for n in range(2000):
+            fake.add_project_item(project, fake.add_issue(f"issue {n}"), status="In Progress")
+        with open_ledger(tmp / "project.db") as ledger:
+            config = GitHubProjectConfig.parse("acme/1", {}, {"GITHUB_API_URL": fake.url})
+            board = GitHubProjectBoard(config, ledger, TOKEN)
+            board.list_candidates()
+            before = fake.requests
+            polls = 5
+            for _ in range(polls):
+                board.list_candidates()
+            per_poll = (fake.requests - before) // polls
+            fake.set_status_by_hand(project, 1, "Todo")
+            dispatcher = Dispatcher(
+                board,
+                _Done(),
+                ledger,
+                DispatchConfig.from_mapping(config.dispatch_states()),
+                executor=InlineExecutor(),
+            )
+            before = fake.requests
+            dispatcher.tick()
+            return per_poll, fake.requests - before
+    finally:
+        fake.close()
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
         per_poll, answered, counted = idle_poll(where)
         one = eligible_to_done(where)
         runs, distinct, done, most, requests = two_dispatchers(where)
+        project_poll, project_one = project_board(where)
     print("| measure | figure | goal |")
     print("|---|---|---|")
     print(f"| requests per idle poll, 2,000 issues | {per_poll} (answered {answered}, "
@@ -123,6 +161,10 @@ def main() -> None:
           f"{runs} / {distinct} / {done} | 200 / 200 / 200 |")  # fmt: skip
     print(f"| the same: most status comments on one issue, requests in all | {most}, "
           f"{requests} | 1 |")  # fmt: skip
+    print(f"| GraphQL requests per idle poll, a 2,000-item project | {project_poll} | "
+          "1 per 100 items |")  # fmt: skip
+    print(f"| requests, one project item eligible -> done with its comment | {project_one} | "
+          "- |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -15,6 +15,14 @@ spends no rate limit; a `Link` header to the next page), `GET|PATCH .../issues/{
 `POST|PUT .../issues/{n}/labels`, `DELETE .../issues/{n}/labels/{name}`,
 `GET|POST .../issues/{n}/comments`, `PATCH .../issues/comments/{id}`.
 
+GraphQL (`POST /graphql`): the documents a GitHub Project (v2) board sends are executed
+against `github_graphql.graphql`, a part of GitHub's published GraphQL schema written from
+it (graphql-core runs them: a document asking for a field the schema does not have in that
+shape is refused, as GitHub would); `add_project` and `add_project_item` make a project
+whose single-select `Status` field, items (issues of this repository, draft issues) and
+Status values the board reads and the `updateProjectV2ItemFieldValue` mutation sets. An
+unknown project is GitHub's `NOT_FOUND` error beside a null `projectV2`.
+
 Every answer carries the primary rate-limit headers (`x-ratelimit-limit`, `-remaining`,
 `-used`, `-reset`, `-resource`). What it can be made to do, for the tests: spend its limit
 (`remaining`), answer the next requests with a secondary limit (403 with `retry-after`),
@@ -93,6 +101,10 @@ class FakeGitHub:
         self.fail_next: list[tuple[int, dict[str, str]]] = []
         self.write_failure = write_failure
         self.fail_writes = 0  # the next this many writes answer 502, not made
+        self.projects: dict[tuple[str, int], dict[str, Any]] = {}
+        self.graphql_requests = 0
+        self.graphql_rate_limited = 0  # the next this many GraphQL requests: RATE_LIMITED
+        self._schema: Any = None
         self._rng = random.Random(seed)
         self._max_requests = max_requests
         self._next_id = 1000
@@ -193,6 +205,245 @@ class FakeGitHub:
             issue["state"], issue["closed_at"] = "closed", self._tick()
             issue["updated_at"] = issue["closed_at"]
 
+    def reopen_by_hand(self, number: int, labels: set[str] | None = None) -> None:
+        """An operator reopens the issue (and sets its labels, when given)."""
+        with self._lock:
+            issue = self.issues[number]
+            issue["state"], issue["closed_at"] = "open", None
+            if labels is not None:
+                issue["labels"] = [self.label(name) for name in sorted(labels)]
+            issue["updated_at"] = self._tick()
+
+    def comment_by_hand(self, number: int, body: str) -> None:
+        """A person's comment on the issue (it changes the issue's `updated_at`)."""
+        with self._lock:
+            self._next_id += 1
+            at = self._tick()
+            self.comments[number].append(self._comment(number, body, at))
+            self.issues[number]["comments"] += 1
+            self.issues[number]["updated_at"] = at
+
+    def _comment(self, number: int, body: str, at: str) -> dict[str, Any]:
+        return {
+            "id": self._next_id,
+            "node_id": f"IC_{self._next_id}",
+            "url": f"https://api.github.com/repos/{self.repo}/issues/comments/{self._next_id}",
+            "html_url": f"https://github.com/{self.repo}/issues/{number}#issuecomment-{self._next_id}",
+            "body": body,
+            "user": _USER,
+            "created_at": at,
+            "updated_at": at,
+            "issue_url": self.issues[number]["url"],
+            "author_association": "OWNER",
+        }
+
+    # -- Projects (v2) -------------------------------------------------------------------
+
+    def add_project(
+        self,
+        owner: str = "acme",
+        number: int = 1,
+        options: tuple[str, ...] = ("Todo", "In Progress", "Done", "Blocked"),
+        *,
+        field: str = "Status",
+    ) -> dict[str, Any]:
+        with self._lock:
+            self._next_id += 1
+            project: dict[str, Any] = {
+                "id": f"PVT_{self._next_id}",
+                "number": number,
+                "title": f"{owner} project {number}",
+                "closed": False,
+                "owner": owner,
+                "field": {
+                    "__typename": "ProjectV2SingleSelectField",
+                    "id": f"PVTSSF_{self._next_id}",
+                    "name": field,
+                    "options": [
+                        {"id": hashlib.sha256(name.encode()).hexdigest()[:8], "name": name}
+                        for name in options
+                    ],
+                },
+                "items": [],
+            }
+            self.projects[owner, number] = project
+            return project
+
+    def add_project_item(
+        self,
+        project: dict[str, Any],
+        issue: int | None = None,
+        *,
+        draft: str | None = None,
+        status: str | None = "Todo",
+    ) -> str:
+        """An issue of this repository (its number), or a draft issue, on the project."""
+        with self._lock:
+            self._next_id += 1
+            item = {
+                "id": f"PVTI_{self._next_id}",
+                "issue": issue,
+                "draft": draft,
+                "status": status,
+                "archived": False,
+            }
+            project["items"].append(item)
+            return str(item["id"])
+
+    def status_of(self, project: dict[str, Any], issue: int) -> str | None:
+        for item in project["items"]:
+            if item["issue"] == issue:
+                return str(item["status"]) if item["status"] is not None else None
+        raise KeyError(issue)
+
+    def set_status_by_hand(self, project: dict[str, Any], issue: int, status: str) -> None:
+        with self._lock:
+            for item in project["items"]:
+                if item["issue"] == issue:
+                    item["status"] = status
+
+    def _graphql(self, body: bytes) -> tuple[int, dict[str, str], Any]:
+        from graphql import build_schema, graphql_sync
+
+        if self._schema is None:
+            here = __file__.rsplit("/", 1)[0]
+            with open(f"{here}/github_graphql.graphql", encoding="utf-8") as handle:
+                self._schema = build_schema(handle.read())
+        request = json.loads(body)
+        self.graphql_requests += 1
+        if self.graphql_rate_limited:
+            # GitHub's answer to a spent GraphQL limit: 200, the error typed RATE_LIMITED.
+            self.graphql_rate_limited -= 1
+            message = "API rate limit already exceeded for user ID 1."
+            return 200, {}, {"errors": [{"type": "RATE_LIMITED", "message": message}]}
+        self.remaining -= 1
+        self.counted += 1
+        root = {
+            "repositoryOwner": lambda _info, login: self._owner(login),
+            "updateProjectV2ItemFieldValue": lambda _info, input: self._set_status(input),
+        }
+        result = graphql_sync(
+            self._schema, request["query"], root, variable_values=request.get("variables")
+        )
+        out: dict[str, Any] = {"data": result.data}
+        if result.errors:
+            out["errors"] = [
+                {
+                    "type": "NOT_FOUND" if "Could not resolve" in error.message else None,
+                    "message": error.message,
+                    "path": error.path,
+                    "locations": [
+                        {"line": where.line, "column": where.column}
+                        for where in error.locations or []
+                    ],
+                }
+                for error in result.errors
+            ]
+        return 200, {"x-ratelimit-resource": "graphql"}, out
+
+    def _owner(self, login: str) -> dict[str, Any] | None:
+        if not any(owner == login for owner, _ in self.projects) and login != "octocat":
+            return None
+        kind = "User" if login == "octocat" else "Organization"
+
+        def project(_info: Any, number: int) -> dict[str, Any]:
+            found = self.projects.get((login, number))
+            if found is None:
+                raise LookupError(f"Could not resolve to a ProjectV2 with the number {number}.")
+            return self._project_node(found)
+
+        return {"__typename": kind, "id": f"O_{login}", "login": login, "projectV2": project}
+
+    def _project_node(self, project: dict[str, Any]) -> dict[str, Any]:
+        def items(_info: Any, first: int = 100, after: str | None = None, **_: Any) -> Any:
+            start = int(after) if after else 0
+            chunk = project["items"][start : start + first]
+            return {
+                "totalCount": len(project["items"]),
+                "pageInfo": {
+                    "hasNextPage": start + first < len(project["items"]),
+                    "hasPreviousPage": start > 0,
+                    "startCursor": str(start),
+                    "endCursor": str(start + len(chunk)),
+                },
+                "nodes": [self._item_node(project, item) for item in chunk],
+            }
+
+        def field(_info: Any, name: str) -> Any:
+            return project["field"] if project["field"]["name"] == name else None
+
+        return {**project, "field": field, "items": items}
+
+    def _item_node(self, project: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+        content: dict[str, Any]
+        if item["issue"] is not None:
+            issue = self.issues[item["issue"]]
+            content = {
+                "__typename": "PullRequest" if "pull_request" in issue else "Issue",
+                "id": issue["node_id"],
+                "number": issue["number"],
+                "title": issue["title"],
+                "body": issue["body"] or "",
+                "state": issue["state"].upper(),
+                "updatedAt": issue["updated_at"],
+                "repository": {"id": "R_1", "nameWithOwner": self.repo},
+                "labels": lambda _info, **_: {
+                    "totalCount": len(issue["labels"]),
+                    "nodes": [
+                        {"id": lab["node_id"], "name": lab["name"]} for lab in issue["labels"]
+                    ],
+                },
+            }
+        else:
+            content = {
+                "__typename": "DraftIssue",
+                "id": f"DI_{item['id']}",
+                "title": item["draft"],
+                "body": "",
+            }
+        option = {o["name"]: o["id"] for o in project["field"]["options"]}
+
+        def value(_info: Any, name: str) -> Any:
+            if name != project["field"]["name"] or item["status"] is None:
+                return None
+            return {
+                "__typename": "ProjectV2ItemFieldSingleSelectValue",
+                "id": f"PVTFSV_{item['id']}",
+                "name": item["status"],
+                "optionId": option[item["status"]],
+            }
+
+        return {
+            "id": item["id"],
+            "isArchived": item["archived"],
+            "type": "ISSUE"
+            if content["__typename"] == "Issue"
+            else ("DRAFT_ISSUE" if content["__typename"] == "DraftIssue" else "PULL_REQUEST"),
+            "updatedAt": _iso(self._clock),
+            "content": content,
+            "fieldValueByName": value,
+        }
+
+    def _set_status(self, given: dict[str, Any]) -> dict[str, Any]:
+        self.writes += 1
+        for project in self.projects.values():
+            if project["id"] != given["projectId"]:
+                continue
+            if project["field"]["id"] != given["fieldId"]:
+                raise LookupError("Could not resolve to a node with the global id of the field")
+            names = {o["id"]: o["name"] for o in project["field"]["options"]}
+            option = given["value"].get("singleSelectOptionId")
+            if option not in names:
+                raise ValueError("The single select option Id does not belong to the field")
+            for item in project["items"]:
+                if item["id"] == given["itemId"]:
+                    item["status"] = names[option]
+                    return {
+                        "clientMutationId": None,
+                        "projectV2Item": self._item_node(project, item),
+                    }
+        raise LookupError("Could not resolve to a node with the global id of the item")
+
     def status_comments(self, number: int) -> list[dict[str, Any]]:
         return [c for c in self.comments[number] if c["body"].startswith("<!-- execkit:status")]
 
@@ -260,6 +511,8 @@ class FakeGitHub:
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         path = unquote(parts.path)
         base = f"/repos/{self.repo}/issues"
+        if method == "POST" and path == "/graphql":
+            return self._graphql(body)
         write = method in ("POST", "PUT", "PATCH", "DELETE")
         fail_after = False
         if write and self.fail_writes > 0:
@@ -370,18 +623,7 @@ class FakeGitHub:
             if method == "POST":
                 self._next_id += 1
                 at = self._tick()
-                comment = {
-                    "id": self._next_id,
-                    "node_id": f"IC_{self._next_id}",
-                    "url": f"https://api.github.com/repos/{self.repo}/issues/comments/{self._next_id}",
-                    "html_url": f"https://github.com/{self.repo}/issues/{number}#issuecomment-{self._next_id}",
-                    "body": data["body"],
-                    "user": _USER,
-                    "created_at": at,
-                    "updated_at": at,
-                    "issue_url": issue["url"],
-                    "author_association": "OWNER",
-                }
+                comment = self._comment(number, data["body"], at)
                 self.comments[number].append(comment)
                 issue["comments"] += 1
                 issue["updated_at"] = at

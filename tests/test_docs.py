@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unus
 
 from execkit._budget import Attempt, AttemptStatus
 from execkit._classify import FailureClass
+from execkit._errors import InvalidInput
 from execkit._exec import BINARY_NOTICE, MAX_TAIL_BYTES
 from execkit._exec.result import REDACT_CONTEXT
 from execkit._exec.tail import _BINARY_SHARE
@@ -92,7 +93,7 @@ def histories(kept: Path) -> list[Path]:
 # --- the schemas themselves -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["board", "attempt-history"])
+@pytest.mark.parametrize("name", ["board", "attempt-history", "board-config"])
 def test_each_schema_is_a_valid_draft_2020_12_schema(name: str) -> None:
     schema = load_json(SCHEMAS / f"{name}.schema.json")
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
@@ -360,6 +361,105 @@ def test_the_board_rules_only_the_code_can_check(
         assert code == EXIT_INVALID, (board, err)
 
 
+# --- the board configuration file (GitHub boards) -------------------------------------------
+
+
+def _config_refused(document: object, tmp_path: Path) -> bool:
+    """Whether the code refuses `document` as a board configuration file (InvalidInput)."""
+    from execkit.dispatch import (
+        DispatchConfig,
+        GitHubConfig,
+        GitHubProjectConfig,
+        read_board_config,
+    )
+
+    path = tmp_path / "board-config.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    try:
+        settings = read_board_config(path)
+        GitHubConfig.from_mapping("acme/widgets", settings.get("github", {}), {})
+        GitHubProjectConfig.parse("acme/1", settings.get("github_project", {}), {})
+        DispatchConfig.from_mapping(settings.get("dispatch", {}))
+    except InvalidInput:
+        return True
+    return False
+
+
+BAD_CONFIGS: dict[str, object] = {
+    "not an object": [],
+    "unknown top-level key": {"gitlab": {}},
+    "github not an object": {"github": []},
+    "unknown github key": {"github": {"colour": "red"}},
+    "unknown label": {"github": {"labels": {"finished": "x"}}},
+    "empty label": {"github": {"labels": {"done": ""}}},
+    "label with a comma": {"github": {"labels": {"eligible": "a,b"}}},
+    "label too long": {"github": {"labels": {"running": "x" * 51}}},
+    "close_on_done not a boolean": {"github": {"close_on_done": "yes"}},
+    "comments not a boolean": {"github": {"comments": 1}},
+    "comments_max_chars zero": {"github": {"comments_max_chars": 0}},
+    "comments_max_chars too large": {"github": {"comments_max_chars": 200001}},
+    "api_url not http": {"github": {"api_url": "ftp://example"}},
+    "unknown project key": {"github_project": {"columns": []}},
+    "no eligible option": {"github_project": {"eligible": []}},
+    "eligible not a list": {"github_project": {"eligible": "Todo"}},
+    "empty option": {"github_project": {"terminal": [""]}},
+    "done not a string": {"github_project": {"done": 3}},
+    "unknown dispatch key": {"dispatch": {"speed": 3}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_a_board_config_the_schema_refuses_the_code_refuses(case: str, tmp_path: Path) -> None:
+    document = BAD_CONFIGS[case]
+    assert schema_errors("board-config", document), f"the schema accepts {case}"
+    assert _config_refused(document, tmp_path), f"the code accepts {case}"
+
+
+GOOD_CONFIGS: dict[str, object] = {
+    "empty": {},
+    "every github key": {
+        "github": {
+            "api_url": "https://ghe.example/api/v3",
+            "labels": {"eligible": "a", "running": "b", "done": "c", "blocked": "d"},
+            "close_on_done": True,
+            "comments": True,
+            "comments_max_chars": 200000,
+        }
+    },
+    "every project key": {
+        "github_project": {
+            "api_url": "http://127.0.0.1:1",
+            "status_field": "Stage",
+            "eligible": ["Ready", "Again"],
+            "terminal": ["Shipped"],
+            "done": "Shipped",
+            "failed": None,
+        }
+    },
+    "dispatch settings": {"dispatch": {"max_attempts": 3, "failed_state": "none"}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOOD_CONFIGS))
+def test_a_board_config_the_schema_accepts_the_code_accepts(case: str, tmp_path: Path) -> None:
+    document = GOOD_CONFIGS[case]
+    assert schema_errors("board-config", document) == []
+    assert not _config_refused(document, tmp_path)
+
+
+def test_the_board_config_rules_only_the_code_can_check(tmp_path: Path) -> None:
+    for document in (
+        {"github": {"labels": {"done": "execkit"}}},  # two states, one label
+        {"github": {"labels": {"done": "   "}}},
+        {"github": {"comments_max_chars": 10.0}},
+        {"github_project": {"failed": "Done"}},
+        {"github_project": {"eligible": ["Done"]}},
+        {"dispatch": {"failed_state": "done"}},
+    ):
+        assert schema_errors("board-config", document) == [], document
+        assert _config_refused(document, tmp_path), document
+
+
 # --- the documentation ------------------------------------------------------------------
 
 
@@ -371,7 +471,17 @@ def _json_blocks(markdown: str) -> Iterator[object]:
 def test_the_examples_in_formats_md_are_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    board, history, prices, usage = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    board, github, history, prices, usage = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    # The GitHub board's configuration file (issue #47) is read by the code that reads it.
+    from execkit.dispatch import DispatchConfig
+    from execkit.dispatch._github import GitHubConfig, read_board_config
+
+    config_file = tmp_path / "board-config.json"
+    config_file.write_text(json.dumps(github), encoding="utf-8")
+    settings = read_board_config(config_file)
+    assert GitHubConfig.from_mapping("acme/widgets", settings["github"], {}).comments
+    DispatchConfig.from_mapping(settings["dispatch"])
+    assert schema_errors("board-config", github) == []
     # The price file and a proof's usage (issue #45) are read by the code that reads them.
     price_file = tmp_path / "prices.json"
     price_file.write_text(json.dumps(prices), encoding="utf-8")

@@ -154,7 +154,19 @@ def test_every_server_answer_is_serialized_by_the_masking_dumps() -> None:
         if isinstance(node, ast.FunctionDef) and node.name == "_json"
     )
     assert "mask_json(" in ast.unparse(json_answer)
-    answering = {"_app.py", "_dashboard_http.py", "_metrics.py"}
+    # GitHub's webhook route (_hooks) answers through one function that masks too.
+    hooks = ast.parse((PACKAGE / "server" / "_hooks.py").read_text("utf-8"))
+    owner = _enclosing_functions(hooks)
+    for node, name in _calls(hooks):
+        if name == "json.dumps" or name.endswith("Response"):
+            assert owner[id(node)] == "_answer", f"{name} at line {node.lineno}"
+    hook_answer = next(
+        node
+        for node in ast.walk(hooks)
+        if isinstance(node, ast.FunctionDef) and node.name == "_answer"
+    )
+    assert "mask_json(" in ast.unparse(hook_answer)
+    answering = {"_app.py", "_dashboard_http.py", "_metrics.py", "_hooks.py"}
     for other in sorted((PACKAGE / "server").glob("*.py")):
         if other.name in answering:
             continue

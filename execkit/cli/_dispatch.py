@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from execkit._budget import BlockedOn
@@ -121,8 +122,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--board",
         required=True,
         metavar="BOARD",
-        help="a board JSON file, or github:OWNER/REPO (a repository's issues; the token in "
-        "$GITHUB_TOKEN or $GH_TOKEN, the API in $GITHUB_API_URL)",
+        help="a board JSON file, github:OWNER/REPO (a repository's issues) or "
+        "github-project:OWNER/NUMBER (a GitHub Project's items; the token in $GITHUB_TOKEN or "
+        "$GH_TOKEN, the API in $GITHUB_API_URL)",
+    )
+    dispatch.add_argument(
+        "--board-config",
+        metavar="FILE",
+        help="with a github: or github-project: board, a JSON file of its settings: a "
+        "`github` object (labels, comments in the prompt, close on done), a `github_project` "
+        "object (the Status options that are eligible, terminal, done, failed) and a "
+        "`dispatch` object (docs/formats.md)",
     )
     dispatch.add_argument(
         "--adapter",
@@ -264,8 +274,11 @@ def _workspaces(args: argparse.Namespace, board: JsonFileBoard | None) -> Worksp
     )
 
 
-def _config(args: argparse.Namespace, board: JsonFileBoard | None) -> DispatchConfig:
+def _config(
+    args: argparse.Namespace, board: JsonFileBoard | None, extra: Any = None
+) -> DispatchConfig:
     settings: dict[str, Any] = board.dispatch_settings() if board is not None else {}
+    settings.update(extra or {})
     if args.max_attempts is not None:
         settings["max_attempts"] = args.max_attempts
     if args.failed_state is not None:
@@ -389,7 +402,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     _setup_logging()
     github = _github_repo(args.board)
     board_file = None if github is not None else JsonFileBoard(args.board)
-    config = _config(args, board_file)
+    board_config = board_config_of(args, github)
+    config = _config(args, board_file, board_config.get("dispatch"))
     # The default adapter is the command's own choice: a name nobody knows stops here
     # (not_found), before anything runs. An issue's own unknown adapter stops that issue.
     # `main` takes the default starter from `subprocess` where the group's import loaded
@@ -419,7 +433,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         open_remote(url) if url is not None else open_ledger(args.db, backoff=config.backoff)
     )
     try:
-        board: Board = board_file if board_file is not None else _github_board(github, ledger)
+        board: Board = (
+            board_file if board_file is not None else github_board(github, ledger, board_config)
+        )
         dispatcher = Dispatcher(
             board,
             runner,
@@ -468,19 +484,65 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _github_repo(spec: str) -> str | None:
-    """`OWNER/REPO` of a `github:OWNER/REPO` board, else None (a board file's path)."""
-    if not spec.startswith("github:"):
-        return None
-    return spec.removeprefix("github:")
+    """The spec of a GitHub board (`github:OWNER/REPO`, `github-project:OWNER/NUMBER`),
+    else None (a board file's path)."""
+    if spec.startswith(("github:", "github-project:")):
+        return spec
+    return None
 
 
-def _github_board(repo: str | None, ledger: Ledger) -> Board:
-    """The GitHub board of `repo` (docs/formats.md): the token from $GITHUB_TOKEN or
-    $GH_TOKEN, the API from $GITHUB_API_URL. InvalidInput naming what is missing."""
+def board_config_of(args: argparse.Namespace, github: str | None) -> dict[str, Any]:
+    """The `--board-config` file's settings ({} without one); refused with a board file
+    (whose settings are in the file itself). A project board's `dispatch` settings start
+    from the states its configuration names (`done_state`, `failed_state`)."""
+    path = getattr(args, "board_config", None)
+    if path is not None and github is None:
+        raise InvalidInput(
+            "--board-config goes with a github: or github-project: board; a board file "
+            "holds its own settings",
+            field="board_config",
+        )
+    settings: dict[str, Any] = {}
+    if path is not None:
+        from execkit.dispatch import read_board_config
+
+        settings = read_board_config(path)
+    if github is not None and github.startswith("github-project:"):
+        from execkit.dispatch import GitHubProjectConfig
+
+        project = GitHubProjectConfig.parse(
+            github.removeprefix("github-project:"), settings.get("github_project", {}), os.environ
+        )
+        settings["dispatch"] = {**project.dispatch_states(), **settings.get("dispatch", {})}
+    return settings
+
+
+def github_board(
+    spec: str | None, ledger: Ledger, settings: Mapping[str, Any], *, read_only: bool = False
+) -> Board:
+    """The GitHub board `spec` names (docs/formats.md): the token from $GITHUB_TOKEN or
+    $GH_TOKEN, the API from $GITHUB_API_URL, the rest from `settings` (the board
+    configuration file). InvalidInput naming what is missing."""
+    assert spec is not None
+    if spec.startswith("github-project:"):
+        from execkit.dispatch import GitHubProjectBoard
+
+        return GitHubProjectBoard.from_env(
+            spec.removeprefix("github-project:"),
+            ledger,
+            os.environ,
+            settings.get("github_project"),
+            read_only=read_only,
+        )
     from execkit.dispatch import GitHubBoard
 
-    assert repo is not None
-    return GitHubBoard.from_env(repo, ledger, os.environ)
+    return GitHubBoard.from_env(
+        spec.removeprefix("github:"),
+        ledger,
+        os.environ,
+        settings.get("github"),
+        read_only=read_only,
+    )
 
 
 def _people_line(stopped: LaneStopped) -> str:

@@ -69,6 +69,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "columns and its issues' titles (default: the ledger's task states)",
     )
     serve.add_argument(
+        "--github-webhook-secret-file",
+        metavar="FILE",
+        default=None,
+        help="the secret of a GitHub webhook (a file only its owner may read): POST "
+        "/hooks/github checks X-Hub-Signature-256, notes X-GitHub-Delivery once and wakes "
+        "the dispatchers at once (401 on a bad signature)",
+    )
+    serve.add_argument(
         "--idempotency-db",
         metavar="PATH",
         default=None,
@@ -196,6 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
         allow_non_loopback=args.allow_non_loopback,
         ready=ready,
         board=args.board,
+        github_webhook_secret_file=args.github_webhook_secret_file,
         **options,
     )
     return 0
@@ -273,6 +282,7 @@ def _add_token(args: argparse.Namespace) -> int:
             "--head-timeout": args.head_timeout,
             "--allow-non-loopback": args.allow_non_loopback,
             "--board": args.board,
+            "--github-webhook-secret-file": args.github_webhook_secret_file,
         },
     )
     if not args.actor:

@@ -25,7 +25,15 @@ from execkit._budget import BlockedOn, WorkBudget
 from execkit._errors import Conflict, InvalidInput, NotFound
 from execkit._lanes import LANE_WAIT
 from execkit._mask import mask_text
-from execkit.cli._dispatch import _add_common, _clip, _config, _when
+from execkit.cli._dispatch import (
+    _add_common,
+    _clip,
+    _config,
+    _github_repo,
+    _when,
+    board_config_of,
+    github_board,
+)
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import (
     charged_cell,
@@ -38,6 +46,7 @@ from execkit.cli._output import (
     write_lines,
 )
 from execkit.dispatch import (
+    Board,
     DispatchConfig,
     IssueStatus,
     IssueStatusValues,
@@ -81,7 +90,19 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "charged, uncharged streak, next attempt time, last class and reason (for an issue "
         "blocked on work, the last failure's reason too). --watch redraws it in place.",
     )
-    status.add_argument("--board", metavar="FILE", help="board JSON file (all its issues)")
+    status.add_argument(
+        "--board",
+        metavar="BOARD",
+        help="board JSON file (all its issues), or github:OWNER/REPO or "
+        "github-project:OWNER/NUMBER (read through the dispatcher's client, the token in "
+        "$GITHUB_TOKEN or $GH_TOKEN; with --db or --remote)",
+    )
+    status.add_argument(
+        "--board-config",
+        metavar="FILE",
+        help="with a github: or github-project: board, its settings file (as `execkit "
+        "dispatch` takes it)",
+    )
     status.add_argument(
         "--watch", action="store_true", help="redraw the table in place until Ctrl-C"
     )
@@ -228,13 +249,19 @@ def _rows(
     without a board; with one, every issue's row first (a ledger that has no task for any
     of them is refused before anything is printed). With them the time they were read at,
     the dispatch configuration and the work budget's bound the rows show (`budget_shown`)."""
-    board = JsonFileBoard(args.board) if args.board else None
-    config = _config(args, board)
+    github = _github_repo(args.board) if args.board else None
+    board = JsonFileBoard(args.board) if args.board and github is None else None
+    settings = board_config_of(args, github)
+    config = _config(args, board, settings.get("dispatch"))
     now = time.time()
     ledger = _status_ledger(args, board)
     try:
         ledger.backoff = config.backoff
-        rows = iter_issue_status_values(ledger, config, board=board, now=now)
+        shown: Board | None = board
+        if github is not None:
+            # Read only: the table reads GitHub and the ledger, and writes to neither.
+            shown = github_board(github, ledger, settings, read_only=True)
+        rows = iter_issue_status_values(ledger, config, board=shown, now=now)
         if board is not None:
             held = list(rows)
             if held and not any(row.task_id for row in held):

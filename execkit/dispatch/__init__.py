@@ -2,10 +2,11 @@
 
 Rooms: `_board` (the board protocol and board files), `_github` (GitHub Issues as a
 board, behind that protocol; its client loads githubkit, the extra
-`execkit-runner[github]`, only when one is opened), `_config` (the knobs), `_runner` (what
-one dispatch does), `_workspaces` (a workspace per issue: a folder or a git worktree),
-`_slots` (where agents run side by side), `_status` (the operator's dashboard),
-`_scheduler` (the loop itself, which names no tracker).
+`execkit-runner[github]`, only when one is opened), `_github_project` (a GitHub Project
+(v2) as a board, through GraphQL, on the same client, lane and outbox), `_config` (the
+knobs), `_runner` (what one dispatch does), `_workspaces` (a workspace per issue: a folder
+or a git worktree), `_slots` (where agents run side by side), `_status` (the operator's
+dashboard), `_scheduler` (the loop itself, which names no tracker).
 `import execkit` does not import this package: it loads on first use of a dispatcher name.
 Nor does this package import its rooms: each name loads its own room on first use, so
 `execkit status` (the board, the knobs, the dashboard) does not pay for the scheduler, the
@@ -27,6 +28,9 @@ _EXPORTS: dict[str, str] = {
     "ReportingBoard": "execkit.dispatch._board",
     "GitHubBoard": "execkit.dispatch._github",
     "GitHubConfig": "execkit.dispatch._github",
+    "GitHubProjectBoard": "execkit.dispatch._github_project",
+    "GitHubProjectConfig": "execkit.dispatch._github_project",
+    "read_board_config": "execkit.dispatch._github",
     "BoardState": "execkit.dispatch._board",
     "GiveUpBoard": "execkit.dispatch._board",
     "InMemoryBoard": "execkit.dispatch._board",
@@ -75,7 +79,8 @@ if TYPE_CHECKING:
         workspace_name,
     )
     from execkit.dispatch._config import MAX_CONCURRENT_AGENTS, DispatchConfig
-    from execkit.dispatch._github import GitHubBoard, GitHubConfig
+    from execkit.dispatch._github import GitHubBoard, GitHubConfig, read_board_config
+    from execkit.dispatch._github_project import GitHubProjectBoard, GitHubProjectConfig
     from execkit.dispatch._runner import AdapterRunner, Runner, RunOutcome, Slot
     from execkit.dispatch._scheduler import (
         DISPATCH_ACTOR,
@@ -112,6 +117,8 @@ __all__ = [
     "EventKind",
     "GitHubBoard",
     "GitHubConfig",
+    "GitHubProjectBoard",
+    "GitHubProjectConfig",
     "GiveUpBoard",
     "InMemoryBoard",
     "InlineExecutor",
@@ -131,6 +138,7 @@ __all__ = [
     "issue_statuses",
     "iter_issue_status_values",
     "iter_issue_statuses",
+    "read_board_config",
     "task_key",
     "workspace_name",
 ]

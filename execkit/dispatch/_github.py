@@ -56,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
@@ -76,6 +76,7 @@ __all__ = [
     "GitHubClient",
     "GitHubConfig",
     "github_lane",
+    "read_board_config",
 ]
 
 GITHUB_API_URL = "https://api.github.com"
@@ -106,11 +107,26 @@ def _repo_name(_inst: object, attribute: attrs.Attribute[Any], value: object) ->
         raise InvalidInput(f"repo must be OWNER/NAME, got {value!r}", field="repo")
 
 
+_COMMENTS_MAX_CHARS = 20_000
+"""The most text of an issue's comments a prompt carries by default (the newest kept)."""
+_COMMENTS_LIMIT = 200_000
+
+
+def _comment_chars(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or not 1 <= value <= _COMMENTS_LIMIT:
+        raise InvalidInput(
+            f"comments_max_chars must be an integer in 1..{_COMMENTS_LIMIT}, got {value!r}",
+            field="comments_max_chars",
+        )
+
+
 @attrs.frozen(kw_only=True)
 class GitHubConfig:
     """A GitHub Issues board: the repository (`OWNER/NAME`), the API (GitHub Enterprise's
-    `https://HOST/api/v3` works the same way), the label of each state, and whether a done
-    issue is closed (off: closing is its pull request's job)."""
+    `https://HOST/api/v3` works the same way), the label of each state, whether a done
+    issue is closed (off: closing is its pull request's job), and whether the prompt
+    carries the issue's comments (`comments`, at most `comments_max_chars` of them, the
+    newest kept; off by default: each eligible issue then costs one more request)."""
 
     repo: str = attrs.field(validator=_repo_name)
     api_url: str = attrs.field(default=GITHUB_API_URL, validator=checked("a URL", non_blank))
@@ -119,6 +135,16 @@ class GitHubConfig:
     done_label: str = attrs.field(default="execkit:done", validator=_label_name)
     blocked_label: str = attrs.field(default="execkit:blocked", validator=_label_name)
     close_on_done: bool = False
+    comments: bool = False
+    comments_max_chars: int = attrs.field(default=_COMMENTS_MAX_CHARS, validator=_comment_chars)
+
+    def __attrs_post_init__(self) -> None:
+        names = [self.label, self.running_label, self.done_label, self.blocked_label]
+        if len(set(names)) != len(names):
+            raise InvalidInput(
+                f"github.labels: the four labels must differ, got {names}",
+                field="github.labels",
+            )
 
     @property
     def name(self) -> str:
@@ -135,8 +161,10 @@ class GitHubConfig:
     ) -> GitHubConfig:
         """The `github` object of a board configuration file (docs/formats.md) for `repo`;
         the API from `api_url`, else `GITHUB_API_URL`, else api.github.com. InvalidInput
-        naming the key for anything else."""
-        allowed = {"api_url", "labels", "close_on_done"}
+        naming the key (`github.labels.done`, ...) for anything else."""
+        if not isinstance(raw, Mapping):
+            raise InvalidInput("github must be an object", field="github")
+        allowed = {"api_url", "labels", "close_on_done", "comments", "comments_max_chars"}
         unknown = set(raw) - allowed
         if unknown:
             raise InvalidInput(
@@ -154,16 +182,77 @@ class GitHubConfig:
                 f"github.labels: unknown keys {sorted(unknown)}; allowed: {sorted(names)}",
                 field="github.labels",
             )
-        close = raw.get("close_on_done", False)
-        if not isinstance(close, bool):
-            raise InvalidInput("github.close_on_done must be true or false", field="github")
+        for key, value in labels.items():
+            try:
+                _label_name(None, attrs.fields_dict(cls)[names[key]], value)
+            except InvalidInput as exc:
+                raise InvalidInput(
+                    f"github.labels.{key} must be a GitHub label name (1..50 characters, "
+                    f"no comma), got {value!r}",
+                    field=f"github.labels.{key}",
+                ) from exc
+        for key in ("close_on_done", "comments"):
+            if not isinstance(raw.get(key, False), bool):
+                raise InvalidInput(f"github.{key} must be true or false", field=f"github.{key}")
+        most = raw.get("comments_max_chars", _COMMENTS_MAX_CHARS)
+        if type(most) is not int or not 1 <= most <= _COMMENTS_LIMIT:
+            raise InvalidInput(
+                f"github.comments_max_chars must be an integer in 1..{_COMMENTS_LIMIT}, "
+                f"got {most!r}",
+                field="github.comments_max_chars",
+            )
         api = raw.get("api_url") or env.get("GITHUB_API_URL") or GITHUB_API_URL
+        if not isinstance(api, str) or not api.startswith(("https://", "http://")):
+            raise InvalidInput(
+                f"github.api_url must be an http(s) URL, got {api!r}", field="github.api_url"
+            )
         return cls(
             repo=repo,
             api_url=api,
-            close_on_done=close,
+            close_on_done=raw.get("close_on_done", False),
+            comments=raw.get("comments", False),
+            comments_max_chars=most,
             **{names[key]: value for key, value in labels.items()},
         )
+
+
+_CONFIG_KEYS = ("github", "github_project", "dispatch")
+
+
+def read_board_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A board configuration file (docs/formats.md, "A GitHub board"): a JSON object with
+    a `github` object (`GitHubConfig.from_mapping`), a `github_project` object
+    (`GitHubProjectConfig.parse`) and a `dispatch` object (the board file's,
+    `DispatchConfig.from_mapping`), each optional. InvalidInput naming the file
+    or the key for a file that cannot be read, is not JSON or has other keys."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except OSError as exc:
+        raise InvalidInput(
+            f"board config {os.fspath(path)!r} cannot be read: {exc.strerror}",
+            field="board_config",
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(
+            f"board config {os.fspath(path)!r} is not JSON: {exc}", field="board_config"
+        ) from None
+    if not isinstance(raw, dict):
+        raise InvalidInput(
+            f"board config {os.fspath(path)!r} must be a JSON object", field="board_config"
+        )
+    unknown = set(raw) - set(_CONFIG_KEYS)
+    if unknown:
+        raise InvalidInput(
+            f"board config: unknown keys {sorted(unknown)}; allowed: {list(_CONFIG_KEYS)}",
+            field="board_config",
+        )
+    for key in _CONFIG_KEYS:
+        if not isinstance(raw.get(key, {}), dict):
+            raise InvalidInput(f"board config: {key} must be an object", field=key)
+    return raw
 
 
 def token_from(env: Mapping[str, str]) -> str:
@@ -281,6 +370,10 @@ class GitHubClient:
             transport=transport,
             user_agent="execkit",
         )
+        base = api_url.rstrip("/")
+        # githubkit's own rule: Enterprise's REST root `/api/v3` has GraphQL at `/api/graphql`.
+        enterprise = base.endswith("/api/v3")
+        self._graphql_url = base[: -len("/v3")] + "/graphql" if enterprise else "/graphql"
         self._clock = clock
         self._lock = threading.Lock()
         self.requests = 0
@@ -310,6 +403,34 @@ class GitHubClient:
             raise _Refusal("upstream", f"GitHub did not answer: {type(exc.exc).__name__}") from None
         return _Answer(response.status_code, response.headers, response)
 
+    def graphql_request(self, query: str, variables: Mapping[str, Any]) -> Any:
+        """Send one GraphQL document (a `send` for `call`): GitHub's GraphQL endpoint next
+        to the REST API's root (`/api/graphql` on GitHub Enterprise's `/api/v3`)."""
+        from githubkit.graphql import GraphQLNamespace, GraphQLResponse
+
+        return self._gh.request(
+            "POST",
+            self._graphql_url,
+            json=GraphQLNamespace.build_graphql_request(query, dict(variables)),
+            response_model=GraphQLResponse,
+        )
+
+
+def graphql_data(answer: _Answer, now: float) -> dict[str, Any]:
+    """The `data` of a GraphQL answer, or `_Refusal`: a rate limit GitHub names in its
+    errors (`RATE_LIMITED`, answered 200) parks the lane until the stated reset; any
+    other error is this request's alone (`item`: a project or field not found)."""
+    parsed = answer.data.parsed_data
+    if parsed.errors:
+        if any(error.type in ("RATE_LIMIT", "RATE_LIMITED") for error in parsed.errors):
+            reset = _header_time(answer.headers.get("x-ratelimit-reset"))
+            until = reset if reset is not None and reset > now else now + 60
+            raise _Refusal("reset", "GitHub's GraphQL rate limit is spent", 200, until)
+        said = "; ".join(str(error.message) for error in parsed.errors)[:300]
+        raise _Refusal("item", f"GitHub's GraphQL API answered: {said}", 200)
+    data = parsed.data
+    return data if isinstance(data, dict) else {}
+
 
 # -- the board ----------------------------------------------------------------------------
 
@@ -324,6 +445,8 @@ class _Seen:
     labels: frozenset[str]
     open: bool
     updated_at: str
+    comments_text: str | None = None  # the prompt's comments part, as of `comments_at`
+    comments_at: str = ""
 
 
 def _iso(moment: float) -> str:
@@ -387,6 +510,8 @@ class GitHubBoard:
     `GitHubClient` on `config.api_url`); `owner` names this process's claims on outbox
     entries; `clock` gives POSIX seconds; a write that failed for its issue alone is
     retried after `retry_base_s`, doubling per failure in a row up to ten minutes.
+    `read_only` (what `execkit status` opens): the board reads GitHub and the tracker's
+    lane and writes nothing, to GitHub or to the ledger (`move` and `report` refuse).
     """
 
     def __init__(
@@ -400,8 +525,11 @@ class GitHubBoard:
         clock: Callable[[], float] = time.time,
         outbox_lease_s: float = 120.0,
         retry_base_s: float = 10.0,
+        read_only: bool = False,
     ) -> None:
         self.config = config
+        self.read_only = read_only
+        self._what = f"GitHub board {config.repo}"  # how messages name the board
         self.ledger = ledger
         self.client = client if client is not None else GitHubClient(token, config.api_url)
         self.clock = clock
@@ -420,12 +548,21 @@ class GitHubBoard:
         self._lock = threading.RLock()
 
     @classmethod
-    def from_env(cls, repo: str, ledger: Ledger, env: Mapping[str, str]) -> GitHubBoard:
+    def from_env(
+        cls,
+        repo: str,
+        ledger: Ledger,
+        env: Mapping[str, str],
+        settings: Mapping[str, Any] | None = None,
+        *,
+        read_only: bool = False,
+    ) -> GitHubBoard:
         """The board `github:REPO` as `execkit dispatch` opens it: the token from
-        `GITHUB_TOKEN` (else `GH_TOKEN`), the API from `GITHUB_API_URL`. InvalidInput
-        naming what is missing or wrong, before anything is sent."""
-        config = GitHubConfig.from_mapping(repo, {}, env)
-        return cls(config, ledger, token_from(env))
+        `GITHUB_TOKEN` (else `GH_TOKEN`), the API from `GITHUB_API_URL`, the rest from
+        `settings` (a board configuration file's `github` object). InvalidInput naming
+        what is missing or wrong, before anything is sent."""
+        config = GitHubConfig.from_mapping(repo, settings or {}, env)
+        return cls(config, ledger, token_from(env), read_only=read_only)
 
     # -- the board protocol -----------------------------------------------------------
 
@@ -452,20 +589,33 @@ class GitHubBoard:
         """Every issue carrying one of the board's labels, by number."""
         with self._lock:
             self._refresh()
-            return [
-                issue
-                for number in sorted(self._issues)
-                if (issue := self._issue(self._issues[number])) is not None
-            ]
+            try:
+                return [
+                    issue
+                    for number in sorted(self._issues)
+                    if (issue := self._issue(self._issues[number])) is not None
+                ]
+            except _Refusal as refused:  # reading an issue's comments
+                self._refused(refused)
 
     def move(self, issue_id: str, state: str) -> bool:
         """Record the move in the ledger's outbox (sent by `catch_up`); False for a state
-        the board does not have or an issue it has never listed."""
+        the board does not have or an issue it has never listed. An issue closed by a
+        person (while its run was in flight, say) is left alone: the move is taken (True,
+        so a give-up is recorded and a reopened issue labelled eligible again gets its one
+        forced retry) and nothing is recorded for it; the run's report still takes the
+        running label off."""
         if state not in {s.name for s in self.states} or state == "closed":
             return False
+        if self.read_only:
+            return False
         with self._lock:
-            if self._number(issue_id) not in self._issues:
+            seen = self._issues.get(self._number(issue_id))
+            if seen is None:
                 return False
+            if not seen.open:
+                self._moved.pop(issue_id, None)
+                return True
             self.ledger.outbox_put(self.name, issue_id, {"state": state}, now=self.clock())
             self._moved[issue_id] = state
             return True
@@ -477,6 +627,8 @@ class GitHubBoard:
 
     def report(self, issue_id: str, report: BoardReport) -> None:
         """Record what the issue's status comment (and running label) must show."""
+        if self.read_only:
+            raise InvalidInput(f"{self._what} was opened read-only", field="board")
         fields: dict[str, Any] = {
             "attempt": report.attempt,
             "running": report.running,
@@ -497,6 +649,8 @@ class GitHubBoard:
         """Send what the outbox holds for this board and is due, each entry settled with
         what came of it. Stops at the first refusal that closes the tracker's lane (the
         rest wait for it to open); LaneWaiting or LaneStopped when it is closed already."""
+        if self.read_only:
+            return
         with self._lock:
             self._gate()
             claimed = self.ledger.outbox_claim(
@@ -555,6 +709,8 @@ class GitHubBoard:
             return None
         settings = _settings(seen.body, seen.labels, self.config.label)
         prompt = seen.title + ("\n\n" + seen.body if seen.body else "")
+        if self.config.comments and state == "todo":
+            prompt += self._comments_of(seen)
         return BoardIssue(
             id=issue_id,
             title=seen.title[:10_000],
@@ -564,6 +720,57 @@ class GitHubBoard:
             model=settings.get("model"),
             given_up_from="todo" if state == "blocked" else None,
         )
+
+    def _comments_of(self, seen: _Seen) -> str:
+        """The issue's comments as the prompt's tail (`GitHubConfig.comments`): each as
+        `<login> wrote:` and its text, oldest first, the status comment left out, every
+        credential masked (the prompt reaches an agent and its logs: a sink like every
+        other), at most `comments_max_chars` of text (the newest whole comments that fit,
+        the newest one cut to fit when it alone does not; how many were left out said).
+        Read again only when the issue changed (a comment changes its `updated_at`);
+        `_Refusal` as every call."""
+        if seen.comments_at == seen.updated_at and seen.comments_text is not None:
+            return seen.comments_text
+        from execkit._mask import mask_text
+
+        owner, repo = self._owner_repo
+        found: list[str] = []
+        for page in range(1, _MAX_PAGES + 1):
+            answer = self._call(
+                functools.partial(
+                    self.client.rest.issues.list_comments,
+                    owner,
+                    repo,
+                    seen.number,
+                    per_page=_PER_PAGE,
+                    page=page,
+                )
+            )
+            comments = answer.data.parsed_data
+            for comment in comments:
+                body = str(comment.body or "")
+                if body.startswith(STATUS_MARKER):
+                    continue
+                who = str(comment.user.login) if comment.user is not None else "someone"
+                found.append(f"{who} wrote:\n{body.strip()}")
+            if len(comments) < _PER_PAGE:
+                break
+        most = self.config.comments_max_chars
+        kept: list[str] = []
+        size = 0
+        for text in reversed(found):
+            if size + len(text) > most:
+                if kept:
+                    break  # whole comments only, but for the newest, cut to fit
+                text = text[:most]
+            kept.append(text)
+            size += len(text)
+        kept.reverse()
+        left = len(found) - len(kept)
+        head = f"({left} older comments left out)\n\n" if left else ""
+        text = mask_text("\n\n## Comments\n\n" + head + "\n\n".join(kept)) if found else ""
+        seen.comments_text, seen.comments_at = text, seen.updated_at
+        return text
 
     def _gate(self) -> None:
         """Raise the lane's refusal when the tracker's lane does not admit a call now."""
@@ -581,12 +788,12 @@ class GitHubBoard:
         why = shown.reason or str(shown.state)
         if shown.state is LaneState.STOPPED:
             raise LaneStopped(
-                f"GitHub board {self.config.repo} waits on lane {self.lane}, stopped: {why}",
+                f"{self._what} waits on lane {self.lane}, stopped: {why}",
                 lane=self.lane,
                 fix=shown.reason,
             )
         raise LaneWaiting(
-            f"GitHub board {self.config.repo} waits on lane {self.lane} until "
+            f"{self._what} waits on lane {self.lane} until "
             f"{_when(shown.opens_at) or 'its probe answers'} ({why}); agents running go on",
             lane=self.lane,
             opens_at=shown.opens_at,
@@ -594,6 +801,8 @@ class GitHubBoard:
 
     def _lane_call(self, refused: _Refusal) -> None:
         self._suspect = True
+        if self.read_only:
+            return
         self.ledger.record_lane_call(
             self.lane, refused.outcome, until=refused.until, reason=refused.reason,
             now=self.clock(),
@@ -608,7 +817,7 @@ class GitHubBoard:
             if reset is not None and reset > self.clock():
                 self._lane_call(_Refusal("reset", "GitHub's rate limit is spent", until=reset))
                 return answer
-        if self._suspect:
+        if self._suspect and not self.read_only:
             self._suspect = False
             self.ledger.record_lane_call(self.lane, "success", now=self.clock())
         return answer
@@ -621,11 +830,16 @@ class GitHubBoard:
             else:
                 self._poll()
         except _Refusal as refused:
-            if refused.outcome == "item":
-                raise ExecKitError(f"GitHub board {self.config.repo}: {refused.reason}") from None
-            self._lane_call(refused)
-            self._gate()
-            raise ExecKitError(f"GitHub board {self.config.repo}: {refused.reason}") from None
+            self._refused(refused)
+
+    def _refused(self, refused: _Refusal) -> NoReturn:
+        """A read GitHub refused: told to the lane (unless it was the issue's alone), then
+        raised as the lane's refusal or an ExecKitError naming it."""
+        if refused.outcome == "item":
+            raise ExecKitError(f"{self._what}: {refused.reason}") from None
+        self._lane_call(refused)
+        self._gate()
+        raise ExecKitError(f"{self._what}: {refused.reason}") from None
 
     def _page(self, page: int, **query: Any) -> _Answer:
         owner, repo = self._owner_repo
@@ -701,7 +915,8 @@ class GitHubBoard:
         labels = frozenset(
             label if isinstance(label, str) else str(label.name) for label in item.labels
         )
-        self._issues[int(item.number)] = _Seen(
+        before = self._issues.get(int(item.number))
+        self._issues[int(item.number)] = seen = _Seen(
             number=int(item.number),
             title=str(item.title),
             body=str(item.body or ""),
@@ -709,13 +924,17 @@ class GitHubBoard:
             open=item.state == "open",
             updated_at=updated,
         )
+        if before is not None and before.comments_at == updated:
+            seen.comments_text, seen.comments_at = before.comments_text, before.comments_at
         return updated
 
     # -- writing --------------------------------------------------------------------------
 
     def _wanted(self, seen: _Seen, payload: Mapping[str, Any]) -> frozenset[str]:
         config = self.config
-        state = payload.get("state")
+        # A closed issue is left alone (a person closed it, or `close_on_done` did after
+        # its labels moved): only the running label, the claim, comes off.
+        state = payload.get("state") if seen.open else None
         if state is None:
             keep = seen.labels & {config.label, config.done_label, config.blocked_label}
         else:
@@ -724,7 +943,7 @@ class GitHubBoard:
                     state, {config.blocked_label} if state == "blocked" else set()
                 )
             )
-        running = payload.get("running") and state in (None, "todo")
+        running = payload.get("running") and seen.open and state in (None, "todo")
         return (seen.labels - config.ours) | keep | ({config.running_label} if running else set())
 
     def _seen(self, number: int) -> _Seen:
@@ -782,13 +1001,20 @@ class GitHubBoard:
             return ref
         return self._comment(item, number, render_status(payload), ref, sends)
 
+    def _repo_of(self, item: str) -> tuple[str, str]:
+        """The repository (owner, name) issue `item` (`OWNER/REPO#N`) is in."""
+        owner, _, rest = item.partition("/")
+        return owner, rest.rpartition("#")[0]
+
     def _comment(self, item: str, number: int, text: str, ref: str | None, sends: int) -> str:
-        owner, repo = self._owner_repo
+        """Make the issue's one status comment say `text` (edited by its id `ref`, found
+        by its marker, or created once); its id."""
+        owner, repo = self._repo_of(item)
         if ref is not None and self._comments.get(item) == text:
             return ref
         if ref is None and sends > 1:
             # An earlier send may have made it before its answer was lost: find it first.
-            ref = self._find_comment(number)
+            ref = self._find_comment(item, number)
         if ref is not None:
             comment_id = int(ref)
             try:
@@ -811,8 +1037,8 @@ class GitHubBoard:
         self._comments[item] = text
         return ref
 
-    def _find_comment(self, number: int) -> str | None:
-        owner, repo = self._owner_repo
+    def _find_comment(self, item: str, number: int) -> str | None:
+        owner, repo = self._repo_of(item)
         for page in range(1, _MAX_PAGES + 1):
             answer = self._call(
                 lambda: self.client.rest.issues.list_comments(

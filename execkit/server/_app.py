@@ -424,7 +424,8 @@ class LedgerApp:
     docstring), `api` the same with its route table in front (what `front` serves).
     `capabilities` is what `/v1/capabilities` advertises: the ledger's less `without`
     (`--without-capability`, a stand-in for an older server). `board` is the board the
-    dashboard takes its columns and titles from (`execkit serve --board`)."""
+    dashboard takes its columns and titles from (`execkit serve --board`);
+    `github_webhook_secret` adds `POST /hooks/github` (`_hooks`)."""
 
     def __init__(
         self,
@@ -437,6 +438,7 @@ class LedgerApp:
         workers: int = DEFAULT_WORKERS,
         version: str = "0",
         board: Board | None = None,
+        github_webhook_secret: bytes | None = None,
     ) -> None:
         self.ledger = ledger
         self.tokens = tokens
@@ -466,7 +468,13 @@ class LedgerApp:
         # What the listener serves: the dashboard and monitoring in front of the API (_front).
         # `board`: the board the dashboard shows its columns and titles from (_dashboard).
         self.front = Front(
-            self.api, ledger, tokens, self._http_exception, server_error, board=board
+            self.api,
+            ledger,
+            tokens,
+            self._http_exception,
+            server_error,
+            board=board,
+            github_webhook_secret=github_webhook_secret,
         )
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ behind the dashboard's and the monitoring's own routes, all inside the access lo
     AccessLog (_access_log) ─► /v1/..., /openapi.json ─► the API (its route table)
                                /healthz /readyz /metrics (_metrics)
                                /, /dashboard... (_dashboard_http)
+                               POST /hooks/github, with a webhook secret (_hooks)
                                everything else ─► the API (its 404 and 405 answers)
 
 The API's application keeps only the routes of its table (its OpenAPI document and
@@ -26,6 +27,7 @@ from execkit.ledger import Ledger
 from execkit.server._access_log import AccessLog
 from execkit.server._dashboard import LedgerView
 from execkit.server._dashboard_http import Sessions, dashboard_routes
+from execkit.server._hooks import GitHubHook
 from execkit.server._metrics import Monitoring
 from execkit.server._tokens import TokenFile
 
@@ -48,13 +50,19 @@ class Front:
         server_error: Callable[[Request, Exception], Awaitable[Response]],
         *,
         board: Board | None = None,
+        github_webhook_secret: bytes | None = None,
     ) -> None:
         self.view = LedgerView(ledger, board=board)
         self.monitoring = Monitoring(ledger, tokens, self.view)
         self.sessions = Sessions()
+        # GitHub's webhooks, when a secret is given (_hooks): a delivery wakes dispatchers.
+        self.github_hook = (
+            None if github_webhook_secret is None else GitHubHook(ledger, github_webhook_secret)
+        )
         routes = [
             *self.monitoring.routes(),
             *dashboard_routes(tokens, self.view, self.sessions),
+            *(self.github_hook.routes() if self.github_hook is not None else []),
         ]
         for route in routes:
             path = getattr(route, "path", "")

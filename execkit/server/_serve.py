@@ -33,6 +33,7 @@ from execkit.server._app import (
     DEFAULT_REQUEST_TIMEOUT_S,
     LedgerApp,
 )
+from execkit.server._hooks import read_webhook_secret
 from execkit.server._listen import DEFAULT_LISTEN, ConnectionLimits, parse_listen
 from execkit.server._protocol import http_protocol
 from execkit.server._tokens import TokenFile
@@ -134,18 +135,27 @@ def serve(
     limits: ConnectionLimits = DEFAULT_LIMITS,
     ready: Callable[[str, Ledger], None] | None = None,
     board: str | os.PathLike[str] | None = None,
+    github_webhook_secret_file: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serve the ledger `target` names (`open_ledger`: a file, a postgresql:// URL, None for
     the default) until interrupted; `ready(url, ledger)` is called once the socket listens.
     `limits` bounds the connections (`ConnectionLimits`); the process's open-file limit is
     raised to hold them.
     `board` is a board file whose columns and titles the dashboard shows (`JsonFileBoard`;
-    Conflict when it was dispatched with another ledger).
+    Conflict when it was dispatched with another ledger). `github_webhook_secret_file`
+    holds the secret of GitHub's webhook: `POST /hooks/github` wakes the dispatchers on each
+    signed delivery (`_hooks`; InvalidInput for a file that is unreadable, empty or open to
+    others).
 
     `idempotency_db` is deprecated and ignored: the ledger keeps every Idempotency-Key in
     its own transactions (docs/remote.md, "Idempotency"); no file is opened or written."""
     host, port = parse_listen(listen, allow_non_loopback=allow_non_loopback)
     token_file = TokenFile(tokens)
+    secret = (
+        None
+        if github_webhook_secret_file is None
+        else read_webhook_secret(github_webhook_secret_file)
+    )
     with contextlib.ExitStack() as stack:
         sock = bind(host, port)
         stack.callback(sock.close)
@@ -164,6 +174,7 @@ def serve(
             request_timeout_s=request_timeout_s,
             version=package_version(),
             board=None if board is None else JsonFileBoard(board),
+            github_webhook_secret=secret,
         )
         stack.callback(app.close)
         _raise_file_limit(limits)
