@@ -52,6 +52,8 @@ RANKS = {
     "execkit._stamp": 0,
     # The client's HTTP/1.1 connection (`execkit.remote`'s transport): the standard library only.
     "execkit._http1": 0,
+    # What an attempt cost (issue #45): a value type, read by adapters, proofs and the ledger.
+    "execkit._usage": 0,
     "execkit._exec": 1,
     "execkit._classify": 2,
     "execkit.adapterkit": 3,

@@ -141,7 +141,7 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION == 8
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -185,6 +185,11 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "run_lanes",
         "run_lane_holds",
         "board_outbox",
+        "run_costs",
+        "run_costs_by_start",
+        "run_costs_by_task",
+        "task_budgets",
+        "spend_warnings",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 
@@ -376,6 +381,9 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         raw.execute("DELETE FROM schema_version WHERE version = 6")
         raw.execute("DROP TABLE board_outbox")  # version 7's, made after
         raw.execute("DELETE FROM schema_version WHERE version = 7")
+        for table in ("run_costs", "task_budgets", "spend_warnings"):  # version 8's
+            raw.execute(f"DROP TABLE {table}")
+        raw.execute("DELETE FROM schema_version WHERE version = 8")
         events = [
             LaneEvent(lane=lane, kind=LaneEventKind.UPSTREAM, at=10, run_id="r-8", task_id=task),
             LaneEvent(lane=lane, kind=LaneEventKind.RESET, at=20, until=5, run_id="r-9"),

@@ -23,6 +23,7 @@ from execkit._api.routes import ENDPOINTS
 from execkit._api.row import Endpoint, Field
 from execkit._budget import Attempt, Backoff, WorkBudget
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
+from execkit._usage import Usage
 from execkit.ledger import AuditEvent, Grant, OutboxEntry, Run, RunOwner, Task
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
@@ -156,6 +157,7 @@ def _components() -> dict[str, Any]:
         "Task": _wire_schema(Task),
         "Run": _wire_schema(Run),
         "RunOwner": _wire_schema(RunOwner),
+        "Usage": _wire_schema(Usage),
         "Grant": _wire_schema(Grant),
         "AuditEvent": _wire_schema(AuditEvent),
         "TaskList": _object({"tasks": _array_of("Task")}),

@@ -54,6 +54,7 @@ from execkit._budget import Attempt, DispatchCap
 from execkit._errors import InvalidInput, StorageError
 from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
+from execkit._usage import Usage
 from execkit.ledger import (
     ADMIN_ROLE,
     OPERATE_ROLE,
@@ -86,6 +87,22 @@ def _owner(value: object) -> RunOwner | None:
 def owner_document(owner: RunOwner | None) -> dict[str, Any] | None:
     """A `RunOwner` on the wire (the client's encoder)."""
     return None if owner is None else owner.to_dict()
+
+
+def _usage(value: object) -> Usage | None:
+    """A run's cost from its JSON object; `Usage`'s validators word a bad member."""
+    if value is None:
+        return None
+    assert isinstance(value, dict)
+    try:
+        return Usage(**value)
+    except TypeError as exc:
+        raise InvalidInput(f"usage: {exc}", field="usage") from None
+
+
+def usage_document(usage: Usage | None) -> dict[str, Any] | None:
+    """A run's cost on the wire (the client's encoder)."""
+    return None if usage is None else to_json(usage)
 
 
 def _cap(value: object) -> DispatchCap | None:
@@ -231,6 +248,7 @@ def _finish(call: Call) -> tuple[int, dict[str, Any]]:
         not_before=body.get("not_before"),
         stopped=body.get("stopped", False),
         lane_cause=body.get("lane_cause"),
+        usage=_usage(body.get("usage")),
     )
     return 200, run.to_dict()
 
@@ -666,6 +684,14 @@ class LedgerRoutes:
                 description="reset | credentials | billing | binary_missing, from structure",
             ),
             Field("stopped", "boolean", omit_none=True, encode=_true_or_none),
+            Field(
+                "usage",
+                "object",
+                shape="Usage",
+                description="what the run cost, read from the CLI's structure (issue #45)",
+                omit_none=True,
+                encode=usage_document,
+            ),
         ),
         binds=Ledger.finish_run,
         read=_RUN,

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from execkit._budget import WorkBudget
 from execkit._errors import InvalidInput, NotFound, StorageError
-from execkit.cli._args import CliParser, parse_int, parse_seconds
+from execkit.cli._args import CliParser, parse_int, parse_seconds, parse_usage
 from execkit.cli._output import (
     EXIT_CODES,
     charged_cell,
@@ -57,6 +57,7 @@ from execkit.ledger import (
     iter_task_values,
     ledger_status,
     open_ledger,
+    spend_of,
     task_values,
     user_name,
 )
@@ -300,6 +301,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="CAUSE",
         help="what the vendor's structure said of the run's lane: reset (with --retry-after), "
         "credentials, billing, binary_missing",
+    )
+    finish.add_argument(
+        "--usage",
+        default=None,
+        metavar="JSON",
+        help="what the run cost, a JSON object: input_tokens, output_tokens, "
+        "cache_read_tokens, cache_write_tokens, usd, usd_source (reported | priced | "
+        "unknown), model; none: unknown",
     )
     finish.set_defaults(handler=_run_finish)
 
@@ -584,7 +593,13 @@ def _task_create(args: argparse.Namespace) -> int:
 def _task_show(args: argparse.Namespace) -> int:
     with _using(args, write=False) as ledger:
         task = _task_or_issue(ledger, args.task_id)
-        _print_task(task, as_json=args.json, budget=ledger.budget.max_attempts)
+        spend = spend_of(ledger.runs(task.id))
+        if args.json:
+            print_json({**task.to_dict(), "spend": spend.to_dict()})
+            return 0
+        _print_task(task, as_json=False, budget=ledger.budget.max_attempts)
+        if spend.runs:
+            emit(f"  spend {spend.phrase()}")
         if not args.json and LANES_CAPABILITY in ledger.capabilities():
             lane = ledger.task_lane(task.id)
             if lane is not None and not lane.admits and task.status == "open":
@@ -824,6 +839,7 @@ def _run_finish(args: argparse.Namespace) -> int:
 
     retry_after = parse_seconds("--retry-after", args.retry_after, allow_zero=True)
     not_before = None if retry_after is None else time.time() + retry_after
+    usage = None if args.usage is None else parse_usage("--usage", args.usage)
     return _print_result(
         args,
         lambda ledger: ledger.finish_run(
@@ -833,6 +849,7 @@ def _run_finish(args: argparse.Namespace) -> int:
             reason=args.reason,
             not_before=not_before,
             lane_cause=args.lane_cause,
+            usage=usage,
         ),
     )
 

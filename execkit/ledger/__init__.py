@@ -35,9 +35,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from execkit.ledger._core import (
+    Spend,
     attempt_from_run,
     iter_task_values,
     iter_task_values_with_last,
+    spend_of,
 )
 from execkit.ledger._model import (
     ADMIN_ROLE,
@@ -113,6 +115,7 @@ __all__ = [
     "Role",
     "Run",
     "RunOwner",
+    "Spend",
     "SqliteLedger",
     "Task",
     "TaskState",
@@ -128,6 +131,7 @@ __all__ = [
     "migrate",
     "open_ledger",
     "owner_lost",
+    "spend_of",
     "task_values",
     "user_name",
 ]

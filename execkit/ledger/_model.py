@@ -32,6 +32,7 @@ from execkit._budget import (
 from execkit._classify import FailureClass
 from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
+from execkit._usage import Usage, UsdSource
 from execkit._validate import checked, fields_in_order, finite, integer, non_blank
 
 __all__ = [
@@ -249,6 +250,26 @@ class Run:
     owner_instance: str | None = None
     stopped: bool = False
     lane_held: bool = False
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    usd: float | None = None
+    usd_source: UsdSource = UsdSource.UNKNOWN
+    model: str | None = None
+
+    @property
+    def usage(self) -> Usage:
+        """What the run cost, as one `Usage` (unknown until its result reports it)."""
+        return Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cache_read_tokens=self.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens,
+            usd=self.usd,
+            usd_source=self.usd_source,
+            model=self.model,
+        )
 
     @property
     def owner(self) -> RunOwner | None:
@@ -559,6 +580,7 @@ class Ledger(Protocol):
         now: float | None = None,
         stopped: bool = False,
         lane_cause: str | None = None,
+        usage: Usage | None = None,
     ) -> Run: ...
 
     def abandon_expired_runs(self, *, now: float | None = None) -> list[Run]: ...

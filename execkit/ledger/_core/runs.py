@@ -31,6 +31,7 @@ from execkit._errors import (
 )
 from execkit._lanes import LaneCause, LaneState
 from execkit._mask import mask_text
+from execkit._usage import Usage
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
 from execkit.ledger._core.inputs import (
     MAX_KEY,
@@ -46,6 +47,7 @@ from execkit.ledger._core.inputs import (
 )
 from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
+from execkit.ledger._core.spend import check_usage, with_usage
 from execkit.ledger._core.store import StaleCopy, TaskRecord, Tx
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
@@ -330,8 +332,15 @@ class RunOps(LeaseOps):
         now: float | None = None,
         stopped: bool = False,
         lane_cause: str | None = None,
+        usage: Usage | None = None,
     ) -> Run:
         """Record how a running run ended: succeeded | failed | abandoned.
+
+        `usage` (issue #45) is what the run cost, as its adapter read it from the CLI's
+        structure (a failed, stopped or killed run's too: what it printed before it
+        ended); stored on the run, it replaces the reservation its admission held. None
+        (and every run ended otherwise: abandoned by a lease's expiry or an operator)
+        leaves it unknown, never zero. Not a `Usage`: InvalidInput naming `usage`.
 
         `stopped=True` (abandoned only) says its own runner stopped it on purpose (a
         dispatcher shutting down, a cancelled task): the attempt is uncharged and sets no
@@ -391,12 +400,13 @@ class RunOps(LeaseOps):
                 field="lane_cause",
             )
         stored_reason = clean_reason(reason)
+        cost = check_usage(usage)
         at = moment(now)
 
         def finish(after: StaleCopy | None) -> Run:
             with self._store.write(remembered=after is None, after=after) as tx:
                 return self._finish(
-                    tx, run_id, final, klass, stored_reason, reset, stopped, cause, at
+                    tx, run_id, final, klass, stored_reason, reset, stopped, cause, at, cost
                 )
 
         return self._copy_first(finish)
@@ -412,6 +422,7 @@ class RunOps(LeaseOps):
         stopped: bool,
         cause: LaneCause | None,
         at: float,
+        cost: Usage | None = None,
     ) -> Run:
         """`finish_run` in its transaction, its arguments checked."""
         tx.expect_result(run_id)
@@ -422,7 +433,7 @@ class RunOps(LeaseOps):
                 klass,
                 stored_reason,
                 stopped,
-            ):
+            ) and (cost is None or cost == run.usage):
                 return run
             shown = run.failure_class.value if run.failure_class else "-"
             raise Conflict(
@@ -446,6 +457,8 @@ class RunOps(LeaseOps):
             not_before=reset,
             stopped=stopped,
         )
+        if cost is not None:
+            ended = with_usage(ended, cost)
         # The lane first: whether its lane absorbed an upstream failure decides whether the
         # failure moves the task's streak. A failure that met its lane closed (in flight when
         # another's result closed it, or the probe that found it closed still) was the
@@ -454,7 +467,9 @@ class RunOps(LeaseOps):
         met = self._lane_result(tx, ended, cause, at, stated)
         if met is not None and met.state is not LaneState.OPEN and klass is FailureClass.UPSTREAM:
             ended = attrs.evolve(ended, lane_held=True)
-        tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held)
+        tx.finish_run(
+            run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held, cost
+        )
         self._summary_after(tx, task, ended)
         if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
             tx.set_task_status(run.task_id, TaskStatus.DONE, at)

@@ -23,6 +23,7 @@ from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
+from execkit._usage import Usage
 from execkit._validate import fields_in_order
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, OutboxEntry, Run, TaskStatus
 
@@ -353,6 +354,7 @@ class Tx(Protocol):
         at: float,
         stopped: bool = False,
         lane_held: bool = False,
+        usage: Usage | None = None,
     ) -> bool: ...
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool: ...
     def lease_of(self, run_id: str) -> float: ...

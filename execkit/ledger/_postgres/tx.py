@@ -63,6 +63,7 @@ from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
+from execkit._usage import Usage
 from execkit.ledger._core import (
     FINISHED_STATUSES,
     LANE_CONFIG_META_KEY,
@@ -88,6 +89,7 @@ from execkit.ledger._rows import (
     SUMMARY_COLUMNS,
     TASK_COLUMNS,
     TASK_ROW,
+    USAGE_COLUMNS,
     audit_event_from_row,
     grant_from_row,
     lane_event_from_row,
@@ -123,6 +125,8 @@ class Opener(Protocol):
 # of one table under the same name.
 _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 _TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
+# A run's cost as its result reported it (issue #45), set with the result.
+_COST_SET = "".join(f", {column} = %s" for column in USAGE_COLUMNS)
 # The values of `summary_values`, in `SUMMARY_COLUMNS` order, then the task's id.
 _SUMMARY_UPDATE = (
     "UPDATE tasks SET "
@@ -1016,11 +1020,24 @@ class PostgresTx:
         at: float,
         stopped: bool = False,
         lane_held: bool = False,
+        usage: Usage | None = None,
     ) -> bool:
+        costs: tuple[Any, ...] = ()
+        if usage is not None:
+            costs = (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                usage.usd,
+                str(usage.usd_source),
+                nul_free(usage.model),
+            )
         sql = (
             "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
-            "not_before = COALESCE(%s, not_before), stopped = %s, lane_held = %s "
-            "WHERE id = %s AND status = 'running'"
+            "not_before = COALESCE(%s, not_before), stopped = %s, lane_held = %s"
+            + (_COST_SET if costs else "")
+            + " WHERE id = %s AND status = 'running'"
         )
         params = (
             str(status),
@@ -1030,6 +1047,7 @@ class PostgresTx:
             not_before,
             stopped,
             lane_held,
+            *costs,
             run_id,
         )
         if run_id in self._held_runs:

@@ -20,6 +20,7 @@ import attrs
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
+from execkit._usage import Usage
 from execkit.ledger._core import HISTORY_ROW, TaskRecord
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
@@ -62,10 +63,26 @@ _RUN_SELECT = (
     "x.lease_expires_at, x.not_before, o.boot_id AS owner_boot_id, "
     "o.pid_namespace AS owner_pid_namespace, o.pid_started_at AS owner_pid_started_at, "
     "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped, "
-    "lh.run_id IS NOT NULL AS lane_held "
+    "lh.run_id IS NOT NULL AS lane_held, "
+    "COALESCE(c.input_tokens, 0) AS input_tokens, "
+    "COALESCE(c.output_tokens, 0) AS output_tokens, "
+    "COALESCE(c.cache_read_tokens, 0) AS cache_read_tokens, "
+    "COALESCE(c.cache_write_tokens, 0) AS cache_write_tokens, c.usd, "
+    "COALESCE(c.usd_source, 'unknown') AS usd_source, c.model "
     "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id "
     "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
-    "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id"
+    "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id LEFT JOIN run_costs c ON c.run_id = r.id"
+)
+# A run's cost as its result reported it (issue #45): its row made if its admission made
+# none (a run admitted before the spend schema, or with nothing to reserve).
+_COST_UPSERT = (
+    "INSERT INTO run_costs (run_id, task_id, started_at, input_tokens, output_tokens, "
+    "cache_read_tokens, cache_write_tokens, usd, usd_source, model) "
+    "SELECT r.id, r.task_id, r.started_at, ?, ?, ?, ?, ?, ?, ? FROM runs r WHERE r.id = ? "
+    "ON CONFLICT (run_id) DO UPDATE SET input_tokens = excluded.input_tokens, "
+    "output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, "
+    "cache_write_tokens = excluded.cache_write_tokens, usd = excluded.usd, "
+    "usd_source = excluded.usd_source, model = excluded.model"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
@@ -333,6 +350,7 @@ class SqliteTx:
         at: float,
         stopped: bool = False,
         lane_held: bool = False,
+        usage: Usage | None = None,
     ) -> bool:
         changed = self._conn.execute(
             "UPDATE runs SET status = ?, failure_class = ?, reason = ?, ended_at = ? "
@@ -349,7 +367,24 @@ class SqliteTx:
             self._conn.execute("INSERT INTO run_stops (run_id) VALUES (?)", (run_id,))
         if changed and lane_held:
             self._conn.execute("INSERT INTO run_lane_holds (run_id) VALUES (?)", (run_id,))
+        if changed and usage is not None:
+            self._record_cost(run_id, usage)
         return bool(changed)
+
+    def _record_cost(self, run_id: str, usage: Usage) -> None:
+        self._conn.execute(
+            _COST_UPSERT,
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                usage.usd,
+                str(usage.usd_source),
+                usage.model,
+                run_id,
+            ),
+        )
 
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:
         changed = self._conn.execute(

@@ -64,6 +64,7 @@ import {
   type SetAttemptLimitBody,
   type SetLaneConfigBody,
   type StartRunBody,
+  type Usage,
 } from "./wire.js";
 
 /** The `fetch` the client calls (the global one unless `ClientOptions.fetch` says). */
@@ -182,6 +183,8 @@ export interface FinishRunOptions extends IdempotentOptions {
   laneCause?: "reset" | "credentials" | "billing" | "binary_missing" | null | undefined;
   /** An abandoned run its own runner stopped on purpose: uncharged (needs `runs.owners`). */
   stopped?: boolean | undefined;
+  /** What the run cost, read from the CLI's structure (issue #45): the server checks it. */
+  usage?: Usage | null | undefined;
 }
 
 export interface AbandonRunOptions extends IdempotentOptions {
@@ -628,7 +631,16 @@ export class ExeckitClient {
     const given = optionsOf(
       "finishRun",
       options,
-      ["status", "failureClass", "reason", "notBefore", "stopped", "laneCause", "idempotencyKey"],
+      [
+        "status",
+        "failureClass",
+        "reason",
+        "notBefore",
+        "stopped",
+        "laneCause",
+        "usage",
+        "idempotencyKey",
+      ],
       true,
     );
     const body: FinishRunBody = { status: oneOf("status", given.status, FINAL_STATUSES) };
@@ -646,6 +658,12 @@ export class ExeckitClient {
     }
     if (given.stopped !== undefined && bool("stopped", given.stopped)) {
       body.stopped = true;
+    }
+    if (given.usage !== undefined && given.usage !== null) {
+      if (typeof given.usage !== "object") {
+        throw invalid("usage", "must be an object (tokens by kind, usd, usd_source, model)");
+      }
+      body.usage = given.usage;
     }
     const key = idempotencyKey(given.idempotencyKey);
     if (body.stopped === true) {

@@ -103,6 +103,9 @@ export const TaskStateValues: readonly TaskState[] = [
 export type TaskStatus = "open" | "done" | "cancelled";
 export const TaskStatusValues: readonly TaskStatus[] = ["open", "done", "cancelled"];
 
+export type UsdSource = "reported" | "priced" | "unknown";
+export const UsdSourceValues: readonly UsdSource[] = ["reported", "priced", "unknown"];
+
 // -- the schemas ---------------------------------------------------------------------------------
 
 export interface Attempt {
@@ -267,13 +270,18 @@ export interface Run {
   readonly actor: string;
   /** Gapless 1..N per task. */
   readonly attempt: number;
+  readonly cache_read_tokens: number;
+  readonly cache_write_tokens: number;
   readonly ended_at: number | null;
   readonly failure_class: FailureClass | null;
   readonly forced: boolean;
   readonly id: string;
+  readonly input_tokens: number;
   readonly lane_held: boolean;
   readonly lease_expires_at: number | null;
+  readonly model: string | null;
   readonly not_before: number | null;
+  readonly output_tokens: number;
   readonly owner_boot_id: string | null;
   readonly owner_host: string;
   readonly owner_instance: string | null;
@@ -287,6 +295,8 @@ export interface Run {
   /** Abandoned by its own runner on purpose: uncharged. */
   readonly stopped: boolean;
   readonly task_id: string;
+  readonly usd: number | null;
+  readonly usd_source: UsdSource;
 }
 
 export interface RunList {
@@ -347,6 +357,16 @@ export interface TaskWithLast {
 
 export interface TaskWithLastList {
   readonly tasks: readonly TaskWithLast[];
+}
+
+export interface Usage {
+  readonly cache_read_tokens: number;
+  readonly cache_write_tokens: number;
+  readonly input_tokens: number;
+  readonly model: string | null;
+  readonly output_tokens: number;
+  readonly usd: number | null;
+  readonly usd_source: UsdSource;
 }
 
 export interface Wake {
@@ -548,6 +568,8 @@ export interface FinishRunBody {
   reason?: string | null;
   status: string;
   stopped?: boolean;
+  /** What the run cost, read from the CLI's structure (issue #45). */
+  usage?: Usage;
 }
 
 export interface HeartbeatBody {
