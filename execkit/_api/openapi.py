@@ -24,7 +24,16 @@ from execkit._api.row import Endpoint, Field
 from execkit._budget import Attempt, Backoff, WorkBudget
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit._usage import Usage
-from execkit.ledger import AuditEvent, Grant, OutboxEntry, Run, RunOwner, Task
+from execkit.ledger import (
+    AuditEvent,
+    Grant,
+    OutboxEntry,
+    Run,
+    RunOwner,
+    SpendCap,
+    Task,
+    TaskBudget,
+)
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
 
@@ -40,6 +49,7 @@ ERROR_STATUSES: dict[str, int] = {
     "backoff": 409,
     "lane_waiting": 409,
     "lane_stopped": 409,
+    "spend_cap": 409,
     "unsupported_move": 409,
     "attempt_limit": 422,
     "invalid_history": 422,
@@ -158,6 +168,16 @@ def _components() -> dict[str, Any]:
         "Run": _wire_schema(Run),
         "RunOwner": _wire_schema(RunOwner),
         "Usage": _wire_schema(Usage),
+        "SpendCap": _wire_schema(SpendCap),
+        "SpendConfig": _object(
+            {
+                "caps": _array_of("SpendCap"),
+                "floor_usd": {"type": "number"},
+                "floor_tokens": {"type": "integer"},
+                "task_budgets": {"type": "boolean"},
+            }
+        ),
+        "TaskBudget": _wire_schema(TaskBudget),
         "Grant": _wire_schema(Grant),
         "AuditEvent": _wire_schema(AuditEvent),
         "TaskList": _object({"tasks": _array_of("Task")}),

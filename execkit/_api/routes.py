@@ -58,13 +58,17 @@ from execkit._usage import Usage
 from execkit.ledger import (
     ADMIN_ROLE,
     OPERATE_ROLE,
+    SPEND_CAPABILITY,
     AuditEvent,
     Grant,
     Ledger,
     OutboxEntry,
     Run,
     RunOwner,
+    SpendCap,
+    SpendConfig,
     Task,
+    TaskBudget,
 )
 
 __all__ = ["CAPABILITIES", "ENDPOINTS", "OPENAPI", "LedgerRoutes"]
@@ -339,6 +343,64 @@ def _set_lane_config(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, config.to_dict()
 
 
+# -- spend caps (issue #45) --------------------------------------------------------------
+
+
+def _spend_cap(value: object) -> SpendCap | None:
+    """A `SpendCap` from its JSON object; its validators word a bad member."""
+    if value is None:
+        return None
+    assert isinstance(value, dict)
+    try:
+        return SpendCap(**value)
+    except TypeError as exc:
+        raise InvalidInput(f"cap: {exc}", field="cap") from None
+
+
+def cap_document(cap: SpendCap | None) -> dict[str, Any] | None:
+    """A `SpendCap` on the wire (the client's encoder)."""
+    return None if cap is None else cap.to_dict()
+
+
+def _spend_config(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, call.ledger.spend_config().to_dict()
+
+
+def _set_spend_cap(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    config = call.ledger.set_spend_cap(
+        _spend_cap(body.get("cap")),
+        actor=call.actor,
+        floor_usd=body.get("floor_usd"),
+        floor_tokens=body.get("floor_tokens"),
+    )
+    return 200, config.to_dict()
+
+
+def _task_budget(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, call.ledger.task_budget(call.path["task_id"]).to_dict()
+
+
+def _set_task_budget(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    budget = call.ledger.set_task_budget(
+        call.path["task_id"],
+        usd=body.get("usd"),
+        tokens=body.get("tokens"),
+        expected_usd=body.get("expected_usd"),
+        expected_tokens=body.get("expected_tokens"),
+        actor=call.actor,
+    )
+    return 200, budget.to_dict()
+
+
+def _read_spend_config(doc: dict[str, Any]) -> SpendConfig:
+    try:
+        return SpendConfig.from_dict(doc)
+    except InvalidInput as exc:
+        raise StorageError(f"the server's spend configuration could not be read: {exc}") from None
+
+
 # -- tracker boards (issue #47) ----------------------------------------------------------
 
 
@@ -474,6 +536,7 @@ _NEEDS_LANES = Needs(LANES, "a vendor lane")
 _LANE_QUERY = Field("lane", "string", required=True, description="ADAPTER/CREDENTIAL[@HOST]")
 _OUTBOX_ENTRY = one(OutboxEntry)
 OUTBOX = "boards.outbox"
+_NEEDS_SPEND = Needs(SPEND_CAPABILITY, "spend caps")
 
 CAPABILITIES: Endpoint[[], dict[str, Any]] = Endpoint(
     "GET",
@@ -906,6 +969,71 @@ class LedgerRoutes:
         binds=Ledger.record_lane_call,
         read=_LANE,
         needs=Needs(OUTBOX, "a tracker's lane"),
+    )
+    spend_config = Endpoint(
+        "GET",
+        "/v1/spend/caps",
+        "spendConfig",
+        "The ledger's spend caps and the floor of a run's reservation",
+        _spend_config,
+        "SpendConfig",
+        binds=Ledger.spend_config,
+        read=_read_spend_config,
+        needs=_NEEDS_SPEND,
+    )
+    set_spend_cap = Endpoint(
+        "POST",
+        "/v1/spend/caps",
+        "setSpendCap",
+        "Set one spend cap (neither usd nor tokens: remove it) and/or the reservation's "
+        "floor, for every host (audited)",
+        _set_spend_cap,
+        "SpendConfig",
+        role=OPERATE_ROLE,
+        body=(
+            Field(
+                "cap",
+                "object",
+                shape="SpendCap",
+                nullable=True,
+                omit_none=True,
+                encode=cap_document,
+                description="window (day, 5h, week), lane (null: ledger-wide), usd, tokens, tz",
+            ),
+            Field("floor_usd", "number", nullable=True, omit_none=True),
+            Field("floor_tokens", "integer", nullable=True, omit_none=True),
+        ),
+        binds=Ledger.set_spend_cap,
+        read=_read_spend_config,
+        needs=_NEEDS_SPEND,
+    )
+    task_budget = Endpoint(
+        "GET",
+        f"{_TASK_ID}/budget",
+        "taskBudget",
+        "The task's own spend cap",
+        _task_budget,
+        "TaskBudget",
+        binds=Ledger.task_budget,
+        read=one(TaskBudget),
+        needs=_NEEDS_SPEND,
+    )
+    set_task_budget = Endpoint(
+        "POST",
+        f"{_TASK_ID}/budget",
+        "setTaskBudget",
+        "Compare-and-set the task's own spend cap (audited)",
+        _set_task_budget,
+        "TaskBudget",
+        body=(
+            Field("usd", "number", nullable=True),
+            Field("tokens", "integer", nullable=True),
+            Field("expected_usd", "number", nullable=True),
+            Field("expected_tokens", "integer", nullable=True),
+        ),
+        binds=Ledger.set_task_budget,
+        read=one(TaskBudget),
+        needs=_NEEDS_SPEND,
     )
     outbox_put = Endpoint(
         "POST",

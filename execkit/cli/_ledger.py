@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from execkit._budget import WorkBudget
 from execkit._errors import InvalidInput, NotFound, StorageError
-from execkit.cli._args import CliParser, parse_int, parse_seconds, parse_usage
+from execkit.cli._args import CliParser, parse_int, parse_money, parse_seconds, parse_usage
 from execkit.cli._output import (
     EXIT_CODES,
     charged_cell,
@@ -52,6 +52,7 @@ from execkit.ledger import (
     Migration,
     Run,
     Task,
+    TaskBudget,
     TaskState,
     TaskValues,
     iter_task_values,
@@ -125,6 +126,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "(default: the ledger's, 3)",
     )
     create.add_argument("--idempotency-key", default=None, metavar="KEY")
+    create.add_argument(
+        "--budget-usd", default=None, metavar="USD", help="the task's own USD cap (issue #45)"
+    )
+    create.add_argument(
+        "--budget-tokens", default=None, metavar="N", help="the task's own token cap"
+    )
     _acting(create)
     create.set_defaults(handler=_task_create)
 
@@ -195,6 +202,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     limit.add_argument("--idempotency-key", default=None, metavar="KEY")
     _acting(limit)
     limit.set_defaults(handler=_task_set_attempt_limit)
+
+    budget = task_sub.add_parser(
+        "set-budget",
+        parents=[common],
+        help="compare-and-set a task's own spend cap (USD and/or tokens)",
+        description=(
+            "Set the task's own cap (`off` removes one; a flag not given keeps its value) if "
+            "it is still what --expected-usd/--expected-tokens say (default: what it is as "
+            "this command reads it). The creator may change it before the first run; "
+            "afterwards it needs the role agent.operate. A raise lets a task blocked on its "
+            "spend run again. Audited."
+        ),
+    )
+    budget.add_argument("task_id", metavar="TASK_ID")
+    budget.add_argument("--usd", default=None, metavar="USD")
+    budget.add_argument("--tokens", default=None, metavar="N")
+    budget.add_argument("--expected-usd", default=None, metavar="USD", help="`off`: none set")
+    budget.add_argument("--expected-tokens", default=None, metavar="N", help="`off`: none set")
+    _acting(budget)
+    budget.set_defaults(handler=_task_set_budget)
 
     cancel = task_sub.add_parser("cancel", parents=[common], help="cancel an open task")
     cancel.add_argument("task_id", metavar="TASK_ID")
@@ -576,18 +603,37 @@ def _task_create(args: argparse.Namespace) -> int:
         else parse_int("--max-uncharged-attempts", args.max_uncharged_attempts, 1,
                        MAX_UNCHARGED_LIMIT)
     )  # fmt: skip
+    budget_usd = parse_money("--budget-usd", args.budget_usd)
+    budget_tokens = (
+        None
+        if args.budget_tokens is None
+        else _budget_tokens("--budget-tokens", args.budget_tokens)
+    )
     actor = _actor(args)
-    return _print_result(
-        args,
-        lambda ledger: ledger.create_task(
+
+    def create(ledger: Ledger) -> Task:
+        task = ledger.create_task(
             args.title,
             max_attempts=max_attempts,
             max_uncharged_attempts=uncharged,
             idempotency_key=args.idempotency_key,
             actor=actor,
-        ),
-        create=True,
-    )
+        )
+        # Its budget in a second transaction, compare-and-set on none: a replayed
+        # creation whose budget is set already is left as it is.
+        wanted = TaskBudget(task.id, budget_usd, budget_tokens)
+        if (budget_usd, budget_tokens) != (None, None) and ledger.task_budget(task.id) != wanted:
+            ledger.set_task_budget(
+                task.id,
+                usd=budget_usd,
+                tokens=budget_tokens,
+                expected_usd=None,
+                expected_tokens=None,
+                actor=actor,
+            )
+        return task
+
+    return _print_result(args, create, create=True)
 
 
 def _task_show(args: argparse.Namespace) -> int:
@@ -791,6 +837,53 @@ def _task_set_attempt_limit(args: argparse.Namespace) -> int:
             idempotency_key=args.idempotency_key,
         ),
     )
+
+
+def _budget_tokens(flag: str, raw: str) -> int | None:
+    return None if raw.strip().lower() in ("off", "none") else parse_int(flag, raw, 1)
+
+
+def _task_set_budget(args: argparse.Namespace) -> int:
+    given: dict[str, Any] = {}
+    if args.usd is not None:
+        given["usd"] = parse_money("--usd", args.usd)
+    if args.tokens is not None:
+        given["tokens"] = _budget_tokens("--tokens", args.tokens)
+    if not given:
+        raise InvalidInput("task set-budget needs --usd and/or --tokens", field="--usd")
+    actor = _actor(args)
+    with _using(args) as ledger:
+        current = ledger.task_budget(args.task_id)
+        expected_usd = (
+            current.usd
+            if args.expected_usd is None
+            else parse_money("--expected-usd", args.expected_usd)
+        )
+        expected_tokens = (
+            current.tokens
+            if args.expected_tokens is None
+            else _budget_tokens("--expected-tokens", args.expected_tokens)
+        )
+        budget = ledger.set_task_budget(
+            args.task_id,
+            usd=given.get("usd", current.usd),
+            tokens=given.get("tokens", current.tokens),
+            expected_usd=expected_usd,
+            expected_tokens=expected_tokens,
+            actor=actor,
+        )
+    if args.json:
+        print_json(budget.to_dict())
+    else:
+        emit(safe_text(f"{budget.task_id}  budget {_budget_phrase(budget.usd, budget.tokens)}"))
+    return 0
+
+
+def _budget_phrase(usd: float | None, tokens: int | None) -> str:
+    parts = [] if usd is None else [f"${usd:,.2f}"]
+    if tokens is not None:
+        parts.append(f"{tokens:,} tokens")
+    return " and ".join(parts) or "none"
 
 
 def _task_cancel(args: argparse.Namespace) -> int:

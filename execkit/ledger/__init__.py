@@ -81,6 +81,14 @@ from execkit.ledger._open import (
     open_ledger,
 )
 from execkit.ledger._owner import current_owner, owner_lost
+from execkit.ledger._spend import (
+    SPEND_CAPABILITY,
+    SpendCap,
+    SpendConfig,
+    SpendWindow,
+    TaskBudget,
+    window_bounds,
+)
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger
 
 if TYPE_CHECKING:
@@ -100,6 +108,7 @@ __all__ = [
     "OPERATE_ROLE",
     "OUTBOX_CAPABILITY",
     "SCHEMA_VERSION",
+    "SPEND_CAPABILITY",
     "WAKE_CAPABILITY",
     "Actor",
     "AuditAction",
@@ -116,8 +125,12 @@ __all__ = [
     "Run",
     "RunOwner",
     "Spend",
+    "SpendCap",
+    "SpendConfig",
+    "SpendWindow",
     "SqliteLedger",
     "Task",
+    "TaskBudget",
     "TaskState",
     "TaskStatus",
     "TaskValues",
@@ -134,6 +147,7 @@ __all__ = [
     "spend_of",
     "task_values",
     "user_name",
+    "window_bounds",
 ]
 
 # The PostgreSQL backend's public names, imported on first use: a program that only ever

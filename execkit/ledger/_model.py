@@ -34,6 +34,7 @@ from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit._usage import Usage, UsdSource
 from execkit._validate import checked, fields_in_order, finite, integer, non_blank
+from execkit.ledger._spend import SPEND_CAPABILITY, SpendCap, SpendConfig, TaskBudget
 
 __all__ = [
     "ADMIN_ROLE",
@@ -92,6 +93,7 @@ CAPABILITIES = frozenset(
         "runs.owners",
         WAKE_CAPABILITY,
         OUTBOX_CAPABILITY,
+        SPEND_CAPABILITY,
     }
 )
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
@@ -393,6 +395,9 @@ class AuditAction(enum.StrEnum):
     LANE_PARK = "lane.park"
     LANE_RESUME = "lane.resume"
     LANE_CONFIG = "lane.config"
+    SPEND_CAPS = "spend.caps"
+    SPEND_WARNING = "spend.warning"
+    TASK_SET_BUDGET = "task.set_budget"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -709,6 +714,30 @@ class Ledger(Protocol):
         max_trips: int | None = None,
         now: float | None = None,
     ) -> LaneConfig: ...
+
+    # Spend caps (issue #45; `spend.caps`).
+    def spend_config(self) -> SpendConfig: ...
+    def set_spend_cap(
+        self,
+        cap: SpendCap | None = None,
+        *,
+        actor: Actor | str,
+        floor_usd: float | None = None,
+        floor_tokens: int | None = None,
+        now: float | None = None,
+    ) -> SpendConfig: ...
+    def task_budget(self, task_id: str) -> TaskBudget: ...
+    def set_task_budget(
+        self,
+        task_id: str,
+        *,
+        usd: float | None,
+        tokens: int | None,
+        expected_usd: float | None,
+        expected_tokens: int | None,
+        actor: Actor | str,
+        now: float | None = None,
+    ) -> TaskBudget: ...
 
     def audit_events(self, task_id: str | None = None) -> list[AuditEvent]: ...
     def validate(self, *, now: float | None = None) -> list[str]: ...

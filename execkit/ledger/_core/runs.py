@@ -4,10 +4,11 @@ records how it ended, and the run history is read back (`runs`, `run`, `history`
 Admission is one write transaction (ADR 0033: the count is checked in the transaction that
 starts the run; a failed transaction consumes no attempt): the task locked, a running run
 whose lease expired abandoned first, the policies decided once on the task's summary, then
-the run, the new summary, the audit record and the request key written together. Replaying
+the run, the new summary, the audit record and the request key written together; last,
+the spend caps (issue #45, `spend.py`), when the ledger has any. Replaying
 an accepted request key returns the run it admitted and creates none. The refusals are
 `AdmissionRefused`s (`TaskFinished`, `AttemptLimitReached`, `TaskBlocked`,
-`TaskBackingOff`), each caught by type.
+`TaskBackingOff`, `SpendCapReached`), each caught by type.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from execkit.ledger._core.inputs import (
 )
 from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
-from execkit.ledger._core.spend import check_usage, with_usage
+from execkit.ledger._core.spend import Reservation, SpendOps, check_usage, with_usage
 from execkit.ledger._core.store import StaleCopy, TaskRecord, Tx
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
@@ -86,7 +87,7 @@ def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
     return None
 
 
-class RunOps(LeaseOps):
+class RunOps(LeaseOps, SpendOps):
     """Admitting, finishing and reading runs; an expired lease met on the way is
     abandoned (`LeaseOps`)."""
 
@@ -194,6 +195,15 @@ class RunOps(LeaseOps):
                         refused = lane_refusal
                 if refused is None:
                     refused = self._admission_refusal(task, decision, at, ignore_backoff)
+                reservation: Reservation | None = None
+                if refused is None:
+                    # Spend last (issue #45): the one check that reads other tasks' runs,
+                    # so a run another check refuses never waits for the spend lock.
+                    gate = self._spend_gate(tx, task, lane_name, at)
+                    if isinstance(gate, AdmissionRefused):
+                        refused = gate
+                    else:
+                        reservation = gate
                 if refused is None:
                     run = self._admit(
                         tx,
@@ -209,6 +219,8 @@ class RunOps(LeaseOps):
                     )
                     if lane_name is not None:
                         self._lane_admitted(tx, lane_name, probes, run, at)
+                    if reservation is not None:
+                        self._spend_admitted(tx, run, lane_name, reservation, at)
                     return run
                 if expired is None:
                     raise refused

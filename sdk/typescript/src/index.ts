@@ -18,6 +18,8 @@ export {
   type RetryTaskOptions,
   type SetAttemptLimitOptions,
   type SetLaneConfigOptions,
+  type SetSpendCapOptions,
+  type SetTaskBudgetOptions,
   type StartRunOptions,
 } from "./client.js";
 export {
@@ -32,6 +34,7 @@ export {
   LaneStopped,
   LaneWaiting,
   NotFound,
+  SpendCapReached,
   SchemaTooNew,
   StorageError,
   TaskBackingOff,
@@ -47,6 +50,7 @@ export {
   ATTEMPT_LIMITS,
   RUN_OWNERS,
   LANES,
+  SPEND,
   WAKE,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
@@ -64,8 +68,12 @@ export {
   type Run,
   type RunList,
   type RunStatus,
+  type SpendCap,
+  type SpendConfig,
   type Task,
+  type TaskBudget,
   type TaskState,
   type TaskStatus,
   type TaskWithLast,
+  type Usage,
 } from "./types.js";

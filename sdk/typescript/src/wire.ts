@@ -36,6 +36,7 @@ export type ErrorCode =
   | "lane_waiting"
   | "not_found"
   | "schema_too_new"
+  | "spend_cap"
   | "storage"
   | "unauthenticated"
   | "unsupported_move";
@@ -53,6 +54,7 @@ export const ErrorCodeValues: readonly ErrorCode[] = [
   "lane_waiting",
   "not_found",
   "schema_too_new",
+  "spend_cap",
   "storage",
   "unauthenticated",
   "unsupported_move",
@@ -89,6 +91,9 @@ export const LaneStateValues: readonly LaneState[] = [
   "half_open",
   "stopped",
 ];
+
+export type SpendWindow = "day" | "5h" | "week";
+export const SpendWindowValues: readonly SpendWindow[] = ["day", "5h", "week"];
 
 export type TaskState = "ready" | "running" | "backoff" | "done" | "blocked" | "cancelled";
 export const TaskStateValues: readonly TaskState[] = [
@@ -316,6 +321,21 @@ export interface RunOwner {
   readonly pid_started_at: number;
 }
 
+export interface SpendCap {
+  readonly lane: string | null;
+  readonly tokens: number | null;
+  readonly tz: string;
+  readonly usd: number | null;
+  readonly window: SpendWindow;
+}
+
+export interface SpendConfig {
+  readonly caps: readonly SpendCap[];
+  readonly floor_tokens: number;
+  readonly floor_usd: number;
+  readonly task_budgets: boolean;
+}
+
 export interface Task {
   readonly attempts_started: number;
   readonly blocked_on: BlockedOn | null;
@@ -340,6 +360,12 @@ export interface Task {
   readonly status: TaskStatus;
   readonly title: string;
   readonly uncharged_streak: number;
+}
+
+export interface TaskBudget {
+  readonly task_id: string;
+  readonly tokens: number | null;
+  readonly usd: number | null;
 }
 
 export interface TaskLane {
@@ -409,11 +435,15 @@ export const OPERATIONS = {
   abandonRun: { method: "POST", path: "/v1/runs/{run_id}/abandon", status: 200 },
   finishRun: { method: "POST", path: "/v1/runs/{run_id}/finish", status: 200 },
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
+  spendConfig: { method: "GET", path: "/v1/spend/caps", status: 200 },
+  setSpendCap: { method: "POST", path: "/v1/spend/caps", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
   createTask: { method: "POST", path: "/v1/tasks", status: 201 },
   listTasksWithLast: { method: "GET", path: "/v1/tasks-with-last", status: 200 },
   getTask: { method: "GET", path: "/v1/tasks/{task_id}", status: 200 },
   setAttemptLimit: { method: "POST", path: "/v1/tasks/{task_id}/attempt-limit", status: 200 },
+  taskBudget: { method: "GET", path: "/v1/tasks/{task_id}/budget", status: 200 },
+  setTaskBudget: { method: "POST", path: "/v1/tasks/{task_id}/budget", status: 200 },
   cancelTask: { method: "POST", path: "/v1/tasks/{task_id}/cancel", status: 200 },
   giveUp: { method: "POST", path: "/v1/tasks/{task_id}/give-up", status: 200 },
   taskLane: { method: "GET", path: "/v1/tasks/{task_id}/lane", status: 200 },
@@ -576,6 +606,13 @@ export interface HeartbeatBody {
   lease_s?: number | null;
 }
 
+export interface SetSpendCapBody {
+  /** Window (day, 5h, week), lane (null: ledger-wide), usd, tokens, tz. */
+  cap?: SpendCap | null;
+  floor_tokens?: number | null;
+  floor_usd?: number | null;
+}
+
 export interface CreateTaskBody {
   /** The ledger's own idempotency key (default: the request's Idempotency-Key). */
   idempotency_key?: string | null;
@@ -590,6 +627,13 @@ export interface SetAttemptLimitBody {
   /** The ledger's own idempotency key (default: the request's Idempotency-Key). */
   idempotency_key?: string | null;
   max_attempts: number;
+}
+
+export interface SetTaskBudgetBody {
+  expected_tokens?: number | null;
+  expected_usd?: number | null;
+  tokens?: number | null;
+  usd?: number | null;
 }
 
 export type CancelTaskBody = Record<string, never>;
@@ -646,11 +690,15 @@ export interface Queries {
   abandonRun: never;
   finishRun: never;
   heartbeat: never;
+  spendConfig: never;
+  setSpendCap: never;
   listTasks: ListTasksQuery;
   createTask: never;
   listTasksWithLast: ListTasksWithLastQuery;
   getTask: GetTaskQuery;
   setAttemptLimit: never;
+  taskBudget: never;
+  setTaskBudget: never;
   cancelTask: never;
   giveUp: never;
   taskLane: never;
@@ -690,11 +738,15 @@ export interface Bodies {
   abandonRun: AbandonRunBody;
   finishRun: FinishRunBody;
   heartbeat: HeartbeatBody;
+  spendConfig: never;
+  setSpendCap: SetSpendCapBody;
   listTasks: never;
   createTask: CreateTaskBody;
   listTasksWithLast: never;
   getTask: never;
   setAttemptLimit: SetAttemptLimitBody;
+  taskBudget: never;
+  setTaskBudget: SetTaskBudgetBody;
   cancelTask: CancelTaskBody;
   giveUp: GiveUpBody;
   taskLane: never;
@@ -734,11 +786,15 @@ export interface Answers {
   abandonRun: Run;
   finishRun: Run;
   heartbeat: Run;
+  spendConfig: SpendConfig;
+  setSpendCap: SpendConfig;
   listTasks: TaskList;
   createTask: Task;
   listTasksWithLast: TaskWithLastList;
   getTask: Task;
   setAttemptLimit: Task;
+  taskBudget: TaskBudget;
+  setTaskBudget: TaskBudget;
   cancelTask: Task;
   giveUp: Task;
   taskLane: TaskLane;
