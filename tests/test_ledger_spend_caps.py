@@ -191,6 +191,9 @@ def test_caps_work_through_the_server(remote: Remote) -> None:  # noqa: F811
     with pytest.raises(SpendCapReached) as refused:
         client.start_run(b.id, request_key="2", actor=ME)
     assert refused.value.cap == "the day's budget" and refused.value.reopens_at is not None
+    (use,) = client.spend_windows()
+    assert (use.full, use.usd, use.name) == (True, 0.6, "the day's budget")
+    assert use.reopens_at == refused.value.reopens_at
     budget = client.set_task_budget(
         b.id, usd=None, tokens=5000, expected_usd=None, expected_tokens=None, actor=ME
     )

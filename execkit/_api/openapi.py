@@ -33,6 +33,7 @@ from execkit.ledger import (
     SpendCap,
     Task,
     TaskBudget,
+    WindowUse,
 )
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
@@ -178,6 +179,8 @@ def _components() -> dict[str, Any]:
             }
         ),
         "TaskBudget": _wire_schema(TaskBudget),
+        "WindowUse": _wire_schema(WindowUse),
+        "WindowUseList": _object({"windows": _array_of("WindowUse")}),
         "Grant": _wire_schema(Grant),
         "AuditEvent": _wire_schema(AuditEvent),
         "TaskList": _object({"tasks": _array_of("Task")}),

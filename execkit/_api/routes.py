@@ -69,6 +69,7 @@ from execkit.ledger import (
     SpendConfig,
     Task,
     TaskBudget,
+    WindowUse,
 )
 
 __all__ = ["CAPABILITIES", "ENDPOINTS", "OPENAPI", "LedgerRoutes"]
@@ -375,6 +376,10 @@ def _set_spend_cap(call: Call) -> tuple[int, dict[str, Any]]:
         floor_tokens=body.get("floor_tokens"),
     )
     return 200, config.to_dict()
+
+
+def _spend_windows(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {"windows": [use.to_dict() for use in call.ledger.spend_windows()]}
 
 
 def _task_budget(call: Call) -> tuple[int, dict[str, Any]]:
@@ -1005,6 +1010,17 @@ class LedgerRoutes:
         ),
         binds=Ledger.set_spend_cap,
         read=_read_spend_config,
+        needs=_NEEDS_SPEND,
+    )
+    spend_windows = Endpoint(
+        "GET",
+        "/v1/spend/windows",
+        "spendWindows",
+        "What each spend cap's window holds now, and when it reopens",
+        _spend_windows,
+        "WindowUseList",
+        binds=Ledger.spend_windows,
+        read=listed("windows", one(WindowUse)),
         needs=_NEEDS_SPEND,
     )
     task_budget = Endpoint(

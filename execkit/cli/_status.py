@@ -247,6 +247,8 @@ def _next_cell(at: float | None, waits_on: str | None, now: float) -> str:
     if at is None:
         return "on its lane" if on_lane else "-"
     shown = _when(at, now)
+    if waits_on == "spend":  # a full spend window (issue #45)
+        return f"{shown} (budget)"
     return f"{shown} (lane)" if on_lane else shown
 
 

@@ -72,6 +72,7 @@ from execkit._errors import (
     LaneStopped,
     LaneWaiting,
     NotFound,
+    SpendCapReached,
     StorageError,
     TaskBackingOff,
     UnsupportedMove,
@@ -912,7 +913,9 @@ class Dispatcher:
                 owner=self.owner,
                 lane=lane,
             )
-        except (LaneWaiting, LaneStopped) as waiting:
+        except (LaneWaiting, LaneStopped, SpendCapReached) as waiting:
+            # A spend window's refusal is uncharged and holds the issue until the window
+            # reopens, as a parked lane does (issue #45).
             if not self._lanes.refused(lane, waiting):
                 return []  # the same wait, said already
             return [self._event(EventKind.WAITING, issue, task, reason=waiting.message)]

@@ -87,6 +87,7 @@ from execkit.ledger._spend import (
     SpendConfig,
     SpendWindow,
     TaskBudget,
+    WindowUse,
     window_bounds,
 )
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger
@@ -134,6 +135,7 @@ __all__ = [
     "TaskState",
     "TaskStatus",
     "TaskValues",
+    "WindowUse",
     "attempt_from_run",
     "current_owner",
     "default_db_path",

@@ -34,6 +34,7 @@ __all__ = [
     "SpendConfig",
     "SpendWindow",
     "TaskBudget",
+    "WindowUse",
     "window_bounds",
 ]
 
@@ -218,6 +219,31 @@ class TaskBudget:
     task_id: str
     usd: float | None = attrs.field(default=None, validator=[_USD, _positive_usd])
     tokens: int | None = attrs.field(default=None, validator=_TOKENS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@attrs.frozen
+class WindowUse:
+    """What one cap's window holds now (`Ledger.spend_windows`): the cap (`window`,
+    `lane`, `cap_usd`, `cap_tokens`, `tz`, and `name` as a person reads it), when its
+    window began (`start`) and reopens (`reopens_at`), what it holds (`usd`, `tokens`:
+    each run's cost, or its reservation while it runs or when its cost is unknown), and
+    `full`: no room left for the least reservation (the floor), so no run on it is
+    admitted before it reopens or is raised."""
+
+    name: str
+    window: SpendWindow
+    lane: str | None
+    cap_usd: float | None
+    cap_tokens: int | None
+    tz: str
+    start: float
+    reopens_at: float
+    usd: float
+    tokens: int
+    full: bool
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)

@@ -48,6 +48,7 @@ from execkit.ledger._spend import (
     SpendConfig,
     SpendWindow,
     TaskBudget,
+    WindowUse,
     window_bounds,
 )
 
@@ -239,6 +240,31 @@ class SpendOps(WakeOps):
             )
             return after
 
+    def spend_windows(self, *, now: float | None = None) -> list[WindowUse]:
+        """What each cap's window holds now (`WindowUse`), in the caps' order; none
+        without a cap. `full` when the window has no room for the floor's reservation."""
+        at = moment(now)
+        with self._store.read() as tx:
+            config = self._spend_config(tx)
+            if config is None:
+                return []
+            found = []
+            for cap in config.caps:
+                start, reopens = window_bounds(cap, at)
+                usd, tokens, first = tx.window_spend(start, cap.lane)
+                if cap.window is SpendWindow.ROLLING_5H and first is not None:
+                    reopens = first + (at - start)
+                full = (cap.usd is not None and usd + config.floor_usd > cap.usd + 1e-9) or (
+                    cap.tokens is not None and tokens + config.floor_tokens > cap.tokens
+                )
+                found.append(
+                    WindowUse(
+                        cap.name, cap.window, cap.lane, cap.usd, cap.tokens, cap.tz, start,
+                        reopens, usd, tokens, full,
+                    )
+                )  # fmt: skip
+            return found
+
     def task_budget(self, task_id: str) -> TaskBudget:
         """The task's own spend cap (usd and tokens None: none); NotFound if no such task."""
         with self._store.read() as tx:
@@ -338,10 +364,10 @@ class SpendOps(WakeOps):
             )
             if over:
                 return SpendCapReached(
-                    f"{cap.name} has no room for this run: used "
-                    + _used(cap, used_usd, used_tokens)
-                    + f", this run reserves {_money(usd)} / {tokens:,} tokens; "
-                    f"it reopens at {when(reopens)} (or raise it: execkit budget set)",
+                    f"waiting on {cap.name} until {when(reopens)}: it has no room for this "
+                    "run (used " + _used(cap, used_usd, used_tokens) + f"; the run reserves "
+                    f"{_money(usd)} / {tokens:,} tokens); nothing was charged. An operator "
+                    "can raise it: execkit budget set",
                     cap=cap.name,
                     reopens_at=reopens,
                 )

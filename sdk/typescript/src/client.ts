@@ -71,6 +71,7 @@ import {
   type StartRunBody,
   type TaskBudget,
   type Usage,
+  type WindowUse,
 } from "./wire.js";
 
 /** The `fetch` the client calls (the global one unless `ClientOptions.fetch` says). */
@@ -1007,6 +1008,14 @@ export class ExeckitClient {
     const key = idempotencyKey(given.idempotencyKey);
     await this.#require(SPEND, "set a spend cap", "spend caps");
     return this.#spendConfig(await this.#send("setSpendCap", { body, idempotencyKey: key }));
+  }
+
+  /** What each spend cap's window holds now, and when it reopens (`full`: no room left for
+   * the least reservation). */
+  async spendWindows(): Promise<WindowUse[]> {
+    await this.#require(SPEND, "read the spend windows", "spend caps");
+    const doc = await this.#send("spendWindows", {});
+    return this.#list(doc, "windows") as WindowUse[];
   }
 
   /** The task's own spend cap (usd and tokens null: none). */

@@ -76,4 +76,5 @@ export {
   type TaskStatus,
   type TaskWithLast,
   type Usage,
+  type WindowUse,
 } from "./types.js";

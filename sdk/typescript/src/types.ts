@@ -62,6 +62,7 @@ export type Usage = wire.Usage;
 export type SpendCap = wire.SpendCap;
 export type SpendConfig = wire.SpendConfig;
 export type TaskBudget = wire.TaskBudget;
+export type WindowUse = wire.WindowUse;
 
 /** The lanes' configuration: the breaker and the bounds of every wait (`LaneConfig`). */
 export type LaneConfig = wire.LaneConfig;

@@ -399,6 +399,24 @@ export interface Wake {
   readonly wake: number;
 }
 
+export interface WindowUse {
+  readonly cap_tokens: number | null;
+  readonly cap_usd: number | null;
+  readonly full: boolean;
+  readonly lane: string | null;
+  readonly name: string;
+  readonly reopens_at: number;
+  readonly start: number;
+  readonly tokens: number;
+  readonly tz: string;
+  readonly usd: number;
+  readonly window: SpendWindow;
+}
+
+export interface WindowUseList {
+  readonly windows: readonly WindowUse[];
+}
+
 export interface WorkBudget {
   readonly max_attempts: number;
   readonly max_uncharged_attempts: number;
@@ -437,6 +455,7 @@ export const OPERATIONS = {
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
   spendConfig: { method: "GET", path: "/v1/spend/caps", status: 200 },
   setSpendCap: { method: "POST", path: "/v1/spend/caps", status: 200 },
+  spendWindows: { method: "GET", path: "/v1/spend/windows", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
   createTask: { method: "POST", path: "/v1/tasks", status: 201 },
   listTasksWithLast: { method: "GET", path: "/v1/tasks-with-last", status: 200 },
@@ -692,6 +711,7 @@ export interface Queries {
   heartbeat: never;
   spendConfig: never;
   setSpendCap: never;
+  spendWindows: never;
   listTasks: ListTasksQuery;
   createTask: never;
   listTasksWithLast: ListTasksWithLastQuery;
@@ -740,6 +760,7 @@ export interface Bodies {
   heartbeat: HeartbeatBody;
   spendConfig: never;
   setSpendCap: SetSpendCapBody;
+  spendWindows: never;
   listTasks: never;
   createTask: CreateTaskBody;
   listTasksWithLast: never;
@@ -788,6 +809,7 @@ export interface Answers {
   heartbeat: Run;
   spendConfig: SpendConfig;
   setSpendCap: SpendConfig;
+  spendWindows: WindowUseList;
   listTasks: TaskList;
   createTask: Task;
   listTasksWithLast: TaskWithLastList;

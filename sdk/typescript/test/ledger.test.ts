@@ -708,6 +708,8 @@ describe("spend (issue #45)", () => {
     const refused = await rejects(worker.startRun(held.id), SpendCapReached);
     assert.equal(refused.cap, "the day's budget");
     assert.ok(refused instanceof AdmissionRefused && refused.reopensAt !== null);
+    const [use] = await worker.spendWindows();
+    assert.deepEqual([use?.full, use?.name, use?.reopens_at], [true, "the day's budget", refused.reopensAt]);
     await operator.setSpendCap({ cap: { window: "day", lane: null, usd: null, tokens: null, tz: "UTC" } });
     assert.deepEqual((await worker.spendConfig()).caps, []);
 

@@ -1,0 +1,61 @@
+"""The dispatcher against spend caps (issue #45): a window's refusal is uncharged and
+holds the issue until the window reopens, as a parked lane does, said once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_dispatch import OK, ROOMY, Clock, ScriptedRunner
+from test_remote import ME
+
+from execkit.dispatch import (
+    BoardIssue,
+    DispatchConfig,
+    Dispatcher,
+    InMemoryBoard,
+    issue_statuses,
+)
+from execkit.ledger import SpendCap, SpendWindow, open_ledger, window_bounds
+
+T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+
+
+def test_a_window_refusal_holds_the_issue_until_the_window_reopens(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        day = SpendCap(SpendWindow.DAY, usd=1.0)
+        ledger.set_spend_cap(day, actor=ME, floor_usd=1.0)  # room for one run a day
+        board = InMemoryBoard(
+            [BoardIssue("ISS-1", "one", "todo", prompt="a"), BoardIssue("ISS-2", "two", "todo")]
+        )
+        runner, clock = ScriptedRunner(OK), Clock(T0)
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
+        events = []
+        for _ in range(6):
+            events += dispatcher.tick()
+            clock.now += 60
+        assert [call[0] for call in runner.calls] == ["ISS-1"]
+        waiting = [event for event in events if event.kind == "waiting"]
+        assert len(waiting) == 1 and waiting[0].issue_id == "ISS-2"
+        reopens = window_bounds(day, T0)[1]
+        assert f"waiting on the day's budget until {'2027-01-16T00:00:00+00:00'}" in (
+            waiting[0].reason or ""
+        )
+        second = ledger.list_tasks()[-1]
+        assert ledger.runs(second.id) == []  # uncharged: never admitted
+        starts = [e for e in ledger.audit_events() if e.action == "run.start"]
+        assert len(starts) == 1
+        # The dashboard says what it waits on, and until when.
+        config = DispatchConfig(max_attempts=3)
+        rows = {
+            row.issue_id: row for row in issue_statuses(ledger, config, board=board, now=clock.now)
+        }
+        assert rows["ISS-2"].reason == "waiting on the day's budget until 2027-01-16T00:00:00+00:00"
+        assert (rows["ISS-2"].next_attempt_at, rows["ISS-2"].waits_on) == (reopens, "spend")
+        assert rows["ISS-1"].reason != rows["ISS-2"].reason  # done: it waits on nothing
+        (use,) = ledger.spend_windows(now=clock.now)
+        assert (use.full, use.usd, use.reopens_at) == (True, 1.0, reopens)
+        clock.now = reopens + 1
+        for _ in range(3):
+            dispatcher.tick()
+            clock.now += 60
+        assert [call[0] for call in runner.calls] == ["ISS-1", "ISS-2"]
