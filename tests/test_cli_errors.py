@@ -177,6 +177,7 @@ DB_COMMANDS = [
     ["lane", "config"],
     ["budget", "show"],
     ["budget", "set", "--day-usd", "1"],
+    ["spend"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],

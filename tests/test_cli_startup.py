@@ -41,6 +41,7 @@ PUBLIC = [
     "db",
     "lane",
     "budget",
+    "spend",
     "dispatch",
     "status",
     "serve",

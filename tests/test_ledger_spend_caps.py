@@ -25,6 +25,7 @@ from execkit._errors import (
 )
 from execkit._usage import Usage, UsdSource
 from execkit.cli import main
+from execkit.dispatch import spend_report
 from execkit.ledger import SpendCap, SpendConfig, SpendWindow, TaskBudget, window_bounds
 
 # 2027-01-15 08:00:00 UTC, a Friday.
@@ -309,3 +310,72 @@ def test_budget_set_and_show_and_task_budgets_from_the_cli(
     capsys.readouterr()
     assert main(["task", "set-budget", task["id"], "--tokens", "off", *db]) == 0
     assert "budget $3.00" in capsys.readouterr().out
+
+
+# -- spend reports (item 5) ----------------------------------------------------------------
+
+
+def _spent_ledger(ledger: Any) -> None:
+    """Two issues: one done after a failed attempt (2 runs, $0.30 and $0.50), one failed
+    with an unknown cost; runs on two lanes and two models, over two days."""
+    done = ledger.create_task("board:ISS-1", actor=ME).id
+    open_ = ledger.create_task("board:ISS-2", actor=ME).id
+    one = ledger.start_run(done, request_key="1", actor=ME, now=NOW, lane=LANE)
+    ledger.finish_run(one.id, "failed", usage=Usage(input_tokens=100, usd=0.3,
+                      usd_source=UsdSource.REPORTED, model="sonnet"), now=NOW + 1)  # fmt: skip
+    two = ledger.start_run(
+        done, request_key="2", actor=ME, now=NOW + 86400, lane=LANE, ignore_backoff=True
+    )
+    ledger.finish_run(two.id, "succeeded", usage=Usage(output_tokens=50, usd=0.5,
+                      usd_source=UsdSource.PRICED, model="sonnet"), now=NOW + 86401)  # fmt: skip
+    three = ledger.start_run(open_, request_key="3", actor=ME, now=NOW + 86402,
+                             lane="codex/default")  # fmt: skip
+    ledger.finish_run(three.id, "failed", usage=Usage(input_tokens=7, model="gpt-5"),
+                      now=NOW + 86403)  # fmt: skip
+
+
+def test_a_spend_report_groups_each_run_once(ledger: AnyLedger) -> None:
+    _spent_ledger(ledger)
+    rows = ledger.spend_rows()
+    assert [row.usd for row in rows] == [0.3, 0.5, None]
+    assert [row.lane for row in rows] == [LANE, LANE, "codex/default"]
+    by_issue = spend_report(rows, "issue")
+    assert [(g.key, g.runs, g.unknown_usd) for g in by_issue.groups] == [
+        ("ISS-1", 2, 0),
+        ("ISS-2", 1, 1),
+    ]
+    assert by_issue.groups[0].usd == pytest.approx(0.8) and by_issue.total.tokens == 157
+    assert (by_issue.done, by_issue.per_done) == (1, pytest.approx(0.8))
+    assert [g.key for g in spend_report(rows, "model").groups] == ["sonnet", "gpt-5"]
+    assert [g.key for g in spend_report(rows, "day").groups] == ["2027-01-15", "2027-01-16"]
+    assert [g.runs for g in spend_report(rows, "lane").groups] == [2, 1]
+    assert len(ledger.spend_rows(since=NOW + 10)) == 2
+    with pytest.raises(InvalidInput) as refused:
+        spend_report(rows, "week")
+    assert refused.value.field == "by"
+
+
+def test_spend_rows_come_through_the_server(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    _spent_ledger(client)
+    assert client.spend_rows() == remote.ledger.spend_rows()
+    assert client.spend_rows(since=NOW + 10) == remote.ledger.spend_rows(since=NOW + 10)
+
+
+def test_execkit_spend_prints_usd_tokens_runs_and_the_cost_of_a_done_issue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ledger.db"
+    with open_at(str(db)) as ledger:
+        _spent_ledger(ledger)
+    capsys.readouterr()
+    assert main(["spend", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "ISS-1" in out and "$0.80" in out and "$0.00+?" in out
+    assert "$ per done issue: $0.80 (1 done, 2 runs, failed ones included)" in out
+    assert main(["spend", "--by", "day", "--since", "2027-01-16", "--db", str(db), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [g["key"] for g in report["groups"]] == ["2027-01-16"]
+    assert report["total"]["runs"] == 2 and report["usd_per_done_issue"] == 0.5
+    assert main(["spend", "--since", "yesterday", "--db", str(db)]) == 3
+    assert "--since" in capsys.readouterr().err

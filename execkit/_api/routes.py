@@ -67,6 +67,7 @@ from execkit.ledger import (
     RunOwner,
     SpendCap,
     SpendConfig,
+    SpendRow,
     Task,
     TaskBudget,
     WindowUse,
@@ -380,6 +381,16 @@ def _set_spend_cap(call: Call) -> tuple[int, dict[str, Any]]:
 
 def _spend_windows(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, {"windows": [use.to_dict() for use in call.ledger.spend_windows()]}
+
+
+def _spend_rows(call: Call) -> tuple[int, dict[str, Any]]:
+    raw = call.query.get("since")
+    try:
+        since = 0.0 if raw is None else float(raw)
+    except ValueError:
+        raise InvalidInput(f"since must be POSIX seconds, got {raw!r}", field="since") from None
+    rows = call.ledger.spend_rows(since=since)
+    return 200, {"runs": [row.to_dict() for row in rows]}
 
 
 def _task_budget(call: Call) -> tuple[int, dict[str, Any]]:
@@ -1021,6 +1032,18 @@ class LedgerRoutes:
         "WindowUseList",
         binds=Ledger.spend_windows,
         read=listed("windows", one(WindowUse)),
+        needs=_NEEDS_SPEND,
+    )
+    spend_rows = Endpoint(
+        "GET",
+        "/v1/spend/runs",
+        "spendRows",
+        "Every run started since a time, with its task, lane and cost",
+        _spend_rows,
+        "SpendRowList",
+        query=(Field("since", "number", nullable=True, description="POSIX seconds; 0: all"),),
+        binds=Ledger.spend_rows,
+        read=listed("runs", one(SpendRow)),
         needs=_NEEDS_SPEND,
     )
     task_budget = Endpoint(

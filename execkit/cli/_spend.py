@@ -1,5 +1,10 @@
-"""`execkit budget set|show`: the ledger's spend caps (issue #45), local or through
-`--remote`, each with `--json`.
+"""`execkit budget set|show` and `execkit spend`: the ledger's spend caps and what runs
+cost (issue #45), local or through `--remote`, each with `--json`.
+
+`spend [--by task|issue|lane|day|model] [--since TIME] [--tz ZONE]` prints USD and tokens
+and runs per group, and "$ per done issue" (every run of every done issue, failed ones
+included, each counted once); `--since` takes POSIX seconds, an ISO-8601 date or time, or
+`24h`/`7d` back from now.
 
 `set` changes the caps given (role `agent.operate`, audited; they live in the ledger, so
 every host admits against them): the ledger-wide day's with `--day-usd`/`--day-tokens`,
@@ -13,7 +18,10 @@ prints.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import time
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from execkit._errors import InvalidInput
 from execkit.cli._args import parse_int, parse_money
@@ -24,6 +32,12 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add `budget` and its actions, and `spend`."""
+    register_budget(sub)
+    register_spend(sub)
+
+
+def register_budget(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `budget` and its actions."""
     common = _common()
     budget = sub.add_parser("budget", help="spend caps: per day, rolling 5h or week; per lane")
@@ -58,6 +72,71 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     change.add_argument("--floor-tokens", default=None, metavar="N", help="ditto, in tokens")
     _acting(change)
     change.set_defaults(handler=_set)
+
+
+def register_spend(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add `spend`."""
+    spend = sub.add_parser(
+        "spend",
+        parents=[_common()],
+        help="what runs cost: USD and tokens by task, issue, lane, day or model",
+    )
+    spend.add_argument("--by", default="issue", choices=("task", "issue", "lane", "day", "model"))
+    spend.add_argument(
+        "--since", default=None, metavar="TIME", help="POSIX seconds, ISO-8601, or 24h / 7d"
+    )
+    spend.add_argument("--tz", default="UTC", metavar="ZONE", help="the days' time zone (UTC)")
+    spend.set_defaults(handler=_spend)
+
+
+_AGO = {"h": 3600.0, "d": 86400.0}
+
+
+def _since(raw: str | None, tz: str) -> float:
+    if raw is None:
+        return 0.0
+    text = raw.strip()
+    try:
+        if text[-1:] in _AGO and text[:-1].isdigit():
+            return time.time() - int(text[:-1]) * _AGO[text[-1]]
+        if text.replace(".", "", 1).isdigit():
+            return float(text)
+        stamp = dt.datetime.fromisoformat(text)
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=ZoneInfo(tz))
+        return stamp.timestamp()
+    except (ValueError, ZoneInfoNotFoundError):
+        raise InvalidInput(
+            f"--since must be POSIX seconds, an ISO-8601 date or time, or 24h / 7d; got {raw!r}",
+            field="--since",
+        ) from None
+
+
+def _spend(args: argparse.Namespace) -> int:
+    from execkit.dispatch import spend_report
+
+    try:
+        ZoneInfo(args.tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(
+            f"--tz must be an IANA time zone, got {args.tz!r}", field="--tz"
+        ) from None
+    since = _since(args.since, args.tz)
+    with _using(args, write=False) as ledger:
+        report = spend_report(ledger.spend_rows(since=since), args.by, tz=args.tz)
+    if args.json:
+        print_json(report.to_dict())
+        return 0
+    emit(f"{args.by.upper():<32} {'RUNS':>5} {'USD':>10} {'TOKENS':>13}")
+    for group in (*report.groups, report.total):
+        usd = f"${group.usd:,.2f}" + ("+?" if group.unknown_usd else "")
+        emit(safe_text(f"{group.key[:32]:<32} {group.runs:>5} {usd:>10} {group.tokens:>13,}"))
+    if report.per_done is not None:
+        emit(
+            f"$ per done issue: ${report.per_done:,.2f} ({report.done} done, "
+            f"{report.done_cost.runs} runs, failed ones included)"
+        )
+    return 0
 
 
 def _tokens(flag: str, raw: str | None) -> int | None:

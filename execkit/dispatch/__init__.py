@@ -46,6 +46,10 @@ _EXPORTS: dict[str, str] = {
     "InlineExecutor": "execkit.dispatch._slots",
     "SlotExecutor": "execkit.dispatch._slots",
     "ThreadPerSlot": "execkit.dispatch._slots",
+    "SpendBy": "execkit.dispatch._spend",
+    "SpendGroup": "execkit.dispatch._spend",
+    "SpendReport": "execkit.dispatch._spend",
+    "spend_report": "execkit.dispatch._spend",
     "IssueStatus": "execkit.dispatch._status",
     "IssueStatusValues": "execkit.dispatch._status",
     "issue_status_values": "execkit.dispatch._status",
@@ -80,6 +84,7 @@ if TYPE_CHECKING:
         EventKind,
     )
     from execkit.dispatch._slots import InlineExecutor, SlotExecutor, ThreadPerSlot
+    from execkit.dispatch._spend import SpendBy, SpendGroup, SpendReport, spend_report
     from execkit.dispatch._status import (
         IssueStatus,
         IssueStatusValues,
@@ -117,12 +122,16 @@ __all__ = [
     "Runner",
     "Slot",
     "SlotExecutor",
+    "SpendBy",
+    "SpendGroup",
+    "SpendReport",
     "ThreadPerSlot",
     "Tracker",
     "issue_status_values",
     "issue_statuses",
     "iter_issue_status_values",
     "iter_issue_statuses",
+    "spend_report",
     "task_key",
 ]
 

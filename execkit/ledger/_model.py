@@ -34,7 +34,14 @@ from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit._usage import Usage, UsdSource
 from execkit._validate import checked, fields_in_order, finite, integer, non_blank
-from execkit.ledger._spend import SPEND_CAPABILITY, SpendCap, SpendConfig, TaskBudget, WindowUse
+from execkit.ledger._spend import (
+    SPEND_CAPABILITY,
+    SpendCap,
+    SpendConfig,
+    SpendRow,
+    TaskBudget,
+    WindowUse,
+)
 
 __all__ = [
     "ADMIN_ROLE",
@@ -718,6 +725,7 @@ class Ledger(Protocol):
     # Spend caps (issue #45; `spend.caps`).
     def spend_config(self) -> SpendConfig: ...
     def spend_windows(self, *, now: float | None = None) -> list[WindowUse]: ...
+    def spend_rows(self, *, since: float = 0.0) -> list[SpendRow]: ...
     def set_spend_cap(
         self,
         cap: SpendCap | None = None,

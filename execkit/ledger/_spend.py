@@ -32,6 +32,7 @@ __all__ = [
     "SPEND_META_KEY",
     "SpendCap",
     "SpendConfig",
+    "SpendRow",
     "SpendWindow",
     "TaskBudget",
     "WindowUse",
@@ -244,6 +245,40 @@ class WindowUse:
     usd: float
     tokens: int
     full: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@attrs.frozen
+class SpendRow:
+    """One run as a spend report reads it (`Ledger.spend_rows`): its task (`task_id`,
+    `title`, `task_status`), its own `status`, `lane` and start, and its cost as stored
+    (every kind of token, `usd` None when unknown, `usd_source`, `model`)."""
+
+    run_id: str
+    task_id: str
+    title: str
+    task_status: str
+    status: str
+    lane: str | None
+    started_at: float
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    usd: float | None
+    usd_source: str
+    model: str | None
+
+    @property
+    def tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)

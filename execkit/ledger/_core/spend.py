@@ -46,6 +46,7 @@ from execkit.ledger._spend import (
     SPEND_META_KEY,
     SpendCap,
     SpendConfig,
+    SpendRow,
     SpendWindow,
     TaskBudget,
     WindowUse,
@@ -264,6 +265,20 @@ class SpendOps(WakeOps):
                     )
                 )  # fmt: skip
             return found
+
+    def spend_rows(self, *, since: float = 0.0) -> list[SpendRow]:
+        """Every run started at or after `since` (POSIX seconds), in creation order, with
+        its task, lane and cost: what a spend report groups (`spend_report`)."""
+        if (
+            isinstance(since, bool)
+            or not isinstance(since, int | float)
+            or not math.isfinite(since)
+        ):
+            raise InvalidInput(
+                f"since must be a time in POSIX seconds, got {since!r}", field="since"
+            )
+        with self._store.read() as tx:
+            return tx.spend_rows(float(since))
 
     def task_budget(self, task_id: str) -> TaskBudget:
         """The task's own spend cap (usd and tokens None: none); NotFound if no such task."""

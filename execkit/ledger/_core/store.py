@@ -26,7 +26,7 @@ from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit._usage import Usage
 from execkit._validate import fields_in_order
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, OutboxEntry, Run, TaskStatus
-from execkit.ledger._spend import TaskBudget
+from execkit.ledger._spend import SpendRow, TaskBudget
 
 # ledger_meta's key for the lane configuration (`LaneConfigHistory`, stored): a backend
 # that reads ahead reads it with a lane-bound run's result (`Tx.expect_result`).
@@ -441,6 +441,8 @@ class Tx(Protocol):
     # Records that `cap`'s window starting at `window_start` had its 80% warning; False
     # when it had one already.
     def note_spend_warning(self, cap: str, window_start: float, at: float) -> bool: ...
+    # Every run started at or after `since`, in creation order, with its task and cost.
+    def spend_rows(self, since: float) -> list[SpendRow]: ...
 
     def task_lanes(self, task_ids: list[str]) -> dict[str, tuple[str, str]]:
         """Of each of `task_ids` that ran on a lane: the lane of its last run that had one

@@ -102,7 +102,7 @@ from execkit.ledger._rows import (
     run_from_values,
     task_from_row,
 )
-from execkit.ledger._spend import SPEND_META_KEY, TaskBudget
+from execkit.ledger._spend import SPEND_META_KEY, SpendRow, TaskBudget
 
 if TYPE_CHECKING:
     import psycopg
@@ -1380,6 +1380,16 @@ class PostgresTx:
                 (nul_free(cap), window_start, at),
             )
         )
+
+    def spend_rows(self, since: float) -> list[SpendRow]:
+        rows = self._all(
+            "SELECT r.id, r.task_id, t.title, t.status, r.status, l.lane, r.started_at, "
+            "r.input_tokens, r.output_tokens, r.cache_read_tokens, r.cache_write_tokens, "
+            "r.usd, r.usd_source, r.model FROM runs r JOIN tasks t ON t.id = r.task_id "
+            "LEFT JOIN run_lanes l ON l.run_id = r.id WHERE r.started_at >= %s ORDER BY r.seq",
+            (since,),
+        )
+        return [SpendRow(*row[:7], *(int(count) for count in row[7:11]), *row[11:]) for row in rows]
 
     def task_lanes(self, task_ids: list[str]) -> dict[str, tuple[str, str]]:
         if not task_ids:

@@ -51,7 +51,7 @@ from execkit.ledger._rows import (
     run_from_values,
     summary_row,
 )
-from execkit.ledger._spend import TaskBudget
+from execkit.ledger._spend import SpendRow, TaskBudget
 
 __all__ = ["SqliteTx"]
 
@@ -447,6 +447,18 @@ class SqliteTx:
                 (cap, window_start, at),
             ).rowcount
         )
+
+    def spend_rows(self, since: float) -> list[SpendRow]:
+        rows = self._conn.execute(
+            "SELECT r.id, r.task_id, t.title, t.status, r.status, l.lane, r.started_at, "
+            "COALESCE(c.input_tokens, 0), COALESCE(c.output_tokens, 0), "
+            "COALESCE(c.cache_read_tokens, 0), COALESCE(c.cache_write_tokens, 0), c.usd, "
+            "COALESCE(c.usd_source, 'unknown'), c.model FROM runs r "
+            "JOIN tasks t ON t.id = r.task_id LEFT JOIN run_lanes l ON l.run_id = r.id "
+            "LEFT JOIN run_costs c ON c.run_id = r.id WHERE r.started_at >= ? ORDER BY r.seq",
+            (since,),
+        ).fetchall()
+        return [SpendRow(*row) for row in rows]
 
     def _record_cost(self, run_id: str, usage: Usage) -> None:
         self._conn.execute(

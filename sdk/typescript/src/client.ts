@@ -68,6 +68,7 @@ import {
   type SetTaskBudgetBody,
   type SpendCap,
   type SpendConfig,
+  type SpendRow,
   type StartRunBody,
   type TaskBudget,
   type Usage,
@@ -1016,6 +1017,18 @@ export class ExeckitClient {
     await this.#require(SPEND, "read the spend windows", "spend caps");
     const doc = await this.#send("spendWindows", {});
     return this.#list(doc, "windows") as WindowUse[];
+  }
+
+  /** Every run started since `since` (POSIX seconds; default: all), with its task, lane
+   * and cost: what a spend report groups. */
+  async spendRows(since?: number): Promise<SpendRow[]> {
+    const query: { since?: number } = {};
+    if (since !== undefined) {
+      query.since = finite("since", since);
+    }
+    await this.#require(SPEND, "read the runs' spend", "spend caps");
+    const doc = await this.#send("spendRows", { query });
+    return this.#list(doc, "runs") as SpendRow[];
   }
 
   /** The task's own spend cap (usd and tokens null: none). */

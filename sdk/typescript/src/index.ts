@@ -70,6 +70,7 @@ export {
   type RunStatus,
   type SpendCap,
   type SpendConfig,
+  type SpendRow,
   type Task,
   type TaskBudget,
   type TaskState,

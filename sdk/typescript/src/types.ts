@@ -63,6 +63,7 @@ export type SpendCap = wire.SpendCap;
 export type SpendConfig = wire.SpendConfig;
 export type TaskBudget = wire.TaskBudget;
 export type WindowUse = wire.WindowUse;
+export type SpendRow = wire.SpendRow;
 
 /** The lanes' configuration: the breaker and the bounds of every wait (`LaneConfig`). */
 export type LaneConfig = wire.LaneConfig;

@@ -336,6 +336,27 @@ export interface SpendConfig {
   readonly task_budgets: boolean;
 }
 
+export interface SpendRow {
+  readonly cache_read_tokens: number;
+  readonly cache_write_tokens: number;
+  readonly input_tokens: number;
+  readonly lane: string | null;
+  readonly model: string | null;
+  readonly output_tokens: number;
+  readonly run_id: string;
+  readonly started_at: number;
+  readonly status: string;
+  readonly task_id: string;
+  readonly task_status: string;
+  readonly title: string;
+  readonly usd: number | null;
+  readonly usd_source: string;
+}
+
+export interface SpendRowList {
+  readonly runs: readonly SpendRow[];
+}
+
 export interface Task {
   readonly attempts_started: number;
   readonly blocked_on: BlockedOn | null;
@@ -455,6 +476,7 @@ export const OPERATIONS = {
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
   spendConfig: { method: "GET", path: "/v1/spend/caps", status: 200 },
   setSpendCap: { method: "POST", path: "/v1/spend/caps", status: 200 },
+  spendRows: { method: "GET", path: "/v1/spend/runs", status: 200 },
   spendWindows: { method: "GET", path: "/v1/spend/windows", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
   createTask: { method: "POST", path: "/v1/tasks", status: 201 },
@@ -496,6 +518,11 @@ export interface GetLaneQuery {
 export interface OutboxEntriesQuery {
   board?: string;
   pending?: boolean;
+}
+
+export interface SpendRowsQuery {
+  /** POSIX seconds; 0: all. */
+  since?: number | null;
 }
 
 export interface ListTasksQuery {
@@ -711,6 +738,7 @@ export interface Queries {
   heartbeat: never;
   spendConfig: never;
   setSpendCap: never;
+  spendRows: SpendRowsQuery;
   spendWindows: never;
   listTasks: ListTasksQuery;
   createTask: never;
@@ -760,6 +788,7 @@ export interface Bodies {
   heartbeat: HeartbeatBody;
   spendConfig: never;
   setSpendCap: SetSpendCapBody;
+  spendRows: never;
   spendWindows: never;
   listTasks: never;
   createTask: CreateTaskBody;
@@ -809,6 +838,7 @@ export interface Answers {
   heartbeat: Run;
   spendConfig: SpendConfig;
   setSpendCap: SpendConfig;
+  spendRows: SpendRowList;
   spendWindows: WindowUseList;
   listTasks: TaskList;
   createTask: Task;

@@ -708,6 +708,9 @@ describe("spend (issue #45)", () => {
     const refused = await rejects(worker.startRun(held.id), SpendCapReached);
     assert.equal(refused.cap, "the day's budget");
     assert.ok(refused instanceof AdmissionRefused && refused.reopensAt !== null);
+    const rows = await worker.spendRows();
+    assert.ok(rows.some((row) => row.run_id === run.id && row.usd === 0.42));
+    assert.deepEqual(await worker.spendRows(ended.started_at + 1e6), []);
     const [use] = await worker.spendWindows();
     assert.deepEqual([use?.full, use?.name, use?.reopens_at], [true, "the day's budget", refused.reopensAt]);
     await operator.setSpendCap({ cap: { window: "day", lane: null, usd: null, tokens: null, tz: "UTC" } });
