@@ -529,8 +529,13 @@ def _run_line(run: Run) -> str:
     klass = run.failure_class.value if run.failure_class else "-"
     forced = " forced" if run.forced else ""
     reason = f"  {run.reason}" if run.reason else ""
+    cost = ""
+    if run.usd is not None or run.usage.tokens:  # what it cost, when its result said
+        usd = "$?" if run.usd is None else f"${run.usd:,.2f}"
+        cost = f"  {usd} {run.usage.tokens:,} tokens"
     return safe_text(
-        f"{run.id}  {run.task_id} attempt {run.attempt}  {run.status}  {klass}{forced}{reason}"
+        f"{run.id}  {run.task_id} attempt {run.attempt}  {run.status}  {klass}{cost}{forced}"
+        f"{reason}"
     )
 
 

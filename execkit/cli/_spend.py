@@ -134,7 +134,8 @@ def _spend(args: argparse.Namespace) -> int:
     if report.per_done is not None:
         emit(
             f"$ per done issue: ${report.per_done:,.2f} ({report.done} done, "
-            f"{report.done_cost.runs} runs, failed ones included)"
+            f"{report.done_cost.runs} run{'' if report.done_cost.runs == 1 else 's'}, "
+            "failed ones included)"
         )
     return 0
 
