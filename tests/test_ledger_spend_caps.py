@@ -379,3 +379,22 @@ def test_execkit_spend_prints_usd_tokens_runs_and_the_cost_of_a_done_issue(
     assert report["total"]["runs"] == 2 and report["usd_per_done_issue"] == 0.5
     assert main(["spend", "--since", "yesterday", "--db", str(db)]) == 3
     assert "--since" in capsys.readouterr().err
+
+
+def test_status_shows_each_tasks_spend_and_what_a_full_day_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ledger.db"
+    with open_at(str(db)) as ledger:
+        assert main(["status", "--db", str(db)]) == 0  # no cost yet: no SPEND column
+        ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.6)
+        done = ledger.create_task("board:ISS-1", actor=ME).id
+        ledger.create_task("board:ISS-2", actor=ME)
+        run = ledger.start_run(done, request_key="1", actor=ME)
+        ledger.finish_run(run.id, "succeeded", usage=paid(0.42))
+    capsys.readouterr()
+    assert main(["status", "--db", str(db)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-3:] == ["CLASS", "SPEND", "REASON"]
+    assert "$0.42" in lines[1].split()
+    assert "waiting on the day's budget until" in lines[2] and "(budget)" in lines[2]

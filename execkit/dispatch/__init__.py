@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "SpendGroup": "execkit.dispatch._spend",
     "SpendReport": "execkit.dispatch._spend",
     "spend_report": "execkit.dispatch._spend",
+    "SPEND_WAIT": "execkit.dispatch._status",
     "IssueStatus": "execkit.dispatch._status",
     "IssueStatusValues": "execkit.dispatch._status",
     "issue_status_values": "execkit.dispatch._status",
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
     from execkit.dispatch._slots import InlineExecutor, SlotExecutor, ThreadPerSlot
     from execkit.dispatch._spend import SpendBy, SpendGroup, SpendReport, spend_report
     from execkit.dispatch._status import (
+        SPEND_WAIT,
         IssueStatus,
         IssueStatusValues,
         issue_status_values,
@@ -98,6 +100,7 @@ __all__ = [
     "DEFAULT_STATES",
     "DISPATCH_ACTOR",
     "MAX_CONCURRENT_AGENTS",
+    "SPEND_WAIT",
     "STOPPED_REASON",
     "AdapterRunner",
     "BindableBoard",

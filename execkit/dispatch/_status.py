@@ -33,6 +33,7 @@ from execkit.ledger import (
 )
 
 __all__ = [
+    "SPEND_WAIT",
     "IssueStatus",
     "IssueStatusValues",
     "issue_status_values",
@@ -105,6 +106,7 @@ _NO_LAST = (None, None, None)  # a task never attempted: no last status, class o
 BACKOFF_WAIT = "backoff"  # `IssueStatus.waits_on`: the task's own retry delay
 LANE_WAIT_ON = "lane"  # `IssueStatus.waits_on`: its vendor lane's opening (or an operator)
 SPEND_WAIT_ON = "spend"  # `IssueStatus.waits_on`: a full ledger-wide spend window's reopening
+SPEND_WAIT = "waiting on the "  # how a row held by a full spend window's reason begins
 
 
 def issue_status_values(row: IssueStatus) -> IssueStatusValues:
@@ -337,7 +339,7 @@ def _spent(shown: IssueStatusValues, window: WindowUse) -> IssueStatusValues:
     on the day's budget until 2027-01-16T00:00:00+00:00" (issue #45)."""
     from execkit._stamp import utc_stamp
 
-    reason = f"waiting on {window.name} until {utc_stamp(window.reopens_at)}"
+    reason = f"{SPEND_WAIT}{window.name.removeprefix('the ')} until {utc_stamp(window.reopens_at)}"
     own = shown.next_attempt_at
     if own is not None and own >= window.reopens_at:
         return shown._replace(reason=reason)
