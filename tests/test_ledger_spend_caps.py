@@ -172,11 +172,15 @@ def test_a_task_past_its_budget_is_blocked_on_spend_until_raised(ledger: AnyLedg
     run = ledger.start_run(task, request_key="1", actor=ME, now=NOW)
     ledger.finish_run(run.id, "failed", usage=paid(1.2), now=NOW + 1)  # charged: it ran
     assert ledger.run(run.id).usd == 1.2
+    shown = ledger.get_task(task, now=NOW + 2)
+    assert (shown.state, shown.blocked_on, shown.ready) == ("blocked", "spend", False)
+    assert "execkit task set-budget" in (shown.reason or "")
     with pytest.raises(TaskBlocked, match=r"blocked on spend.*execkit task set-budget"):
         ledger.start_run(task, request_key="2", actor=ME, now=NOW + 2, ignore_backoff=True)
     ledger.set_task_budget(
         task, usd=3.0, tokens=None, expected_usd=1.0, expected_tokens=None, actor=ME
     )
+    assert ledger.get_task(task, now=NOW + 3).blocked_on is None  # raised: it may run
     assert (
         ledger.start_run(task, request_key="3", actor=ME, now=NOW + 3, ignore_backoff=True).attempt
         == 2

@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from execkit._budget import BlockedOn
 from execkit._errors import (
     AdmissionRefused,
     Conflict,
@@ -41,7 +42,16 @@ from execkit.ledger._core.base import FINISHED_STATUSES, when
 from execkit.ledger._core.inputs import as_actor, moment
 from execkit.ledger._core.store import TaskRecord, Tx
 from execkit.ledger._core.wake import WakeOps
-from execkit.ledger._model import OPERATE_ROLE, Actor, AuditAction, AuditEntry, Run
+from execkit.ledger._model import (
+    OPERATE_ROLE,
+    Actor,
+    AuditAction,
+    AuditEntry,
+    Run,
+    Task,
+    TaskState,
+    TaskStatus,
+)
 from execkit.ledger._spend import (
     SPEND_META_KEY,
     SpendCap,
@@ -143,6 +153,7 @@ def with_usage(run: Run, usage: Usage) -> Run:
     )
 
 
+_RUNNABLE = frozenset({TaskState.READY, TaskState.BACKOFF})
 # How many of a lane's latest finished runs a reservation's percentile reads, and which.
 RECENT_RUNS = 50
 _PERCENTILE = 0.9
@@ -265,6 +276,34 @@ class SpendOps(WakeOps):
                     )
                 )  # fmt: skip
             return found
+
+    def _spend_block(self, tx: Tx, task: Task) -> Task:
+        """`task` as `get_task` shows it (issue #45): an open task that would run, whose
+        own budget has no room left for the least reservation (the floor), is blocked on
+        `spend`, its reason naming the cap and the command that raises it. Read only when
+        some task has a budget (one `ledger_meta` row otherwise)."""
+        if task.status is not TaskStatus.OPEN or task.state not in _RUNNABLE:
+            return task
+        config = self._spend_config(tx)
+        if config is None or not config.task_budgets:
+            return task
+        budget = tx.task_budget(task.id)
+        if budget is None or (budget.usd is None and budget.tokens is None):
+            return task
+        spent_usd, spent_tokens = tx.task_spend(task.id)
+        refusal = _task_refusal(
+            task.id, budget, spent_usd, spent_tokens, config.floor_usd, config.floor_tokens
+        )
+        if refusal is None:
+            return task
+        return attrs.evolve(
+            task,
+            state=TaskState.BLOCKED,
+            blocked_on=BlockedOn.SPEND,
+            reason=refusal.message.removeprefix(f"task {task.id} is "),
+            ready=False,
+            next_attempt_at=None,
+        )
 
     def spend_rows(self, *, since: float = 0.0) -> list[SpendRow]:
         """Every run started at or after `since` (POSIX seconds), in creation order, with

@@ -13,13 +13,20 @@ export const AttemptStatusValues: readonly AttemptStatus[] = [
   "abandoned",
 ];
 
-export type BlockedOn = "environment" | "attempt_limit" | "upstream" | "work" | "dispatch_cap";
+export type BlockedOn =
+  | "environment"
+  | "attempt_limit"
+  | "upstream"
+  | "work"
+  | "dispatch_cap"
+  | "spend";
 export const BlockedOnValues: readonly BlockedOn[] = [
   "environment",
   "attempt_limit",
   "upstream",
   "work",
   "dispatch_cap",
+  "spend",
 ];
 
 export type ErrorCode =
