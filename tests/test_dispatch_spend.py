@@ -3,21 +3,26 @@ holds the issue until the window reopens, as a parked lane does, said once."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from test_dispatch import OK, ROOMY, Clock, ScriptedRunner
 from test_remote import ME
 
+from execkit._errors import InvalidInput
 from execkit.dispatch import (
     BoardIssue,
     DispatchConfig,
     Dispatcher,
     InMemoryBoard,
+    JsonFileBoard,
     issue_statuses,
 )
-from execkit.ledger import SpendCap, SpendWindow, open_ledger, window_bounds
+from execkit.ledger import SpendCap, SpendWindow, TaskBudget, open_ledger, window_bounds
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+STATES = [{"name": "todo", "eligible": True}, {"name": "done", "terminal": True}]
 
 
 def test_a_window_refusal_holds_the_issue_until_the_window_reopens(tmp_path: Path) -> None:
@@ -59,3 +64,40 @@ def test_a_window_refusal_holds_the_issue_until_the_window_reopens(tmp_path: Pat
             dispatcher.tick()
             clock.now += 60
         assert [call[0] for call in runner.calls] == ["ISS-1", "ISS-2"]
+
+
+def test_a_board_issues_budget_is_its_tasks_own_cap(tmp_path: Path) -> None:
+    board_file = tmp_path / "board.json"
+    board_file.write_text(
+        json.dumps(
+            {
+                "states": STATES,
+                "issues": [
+                    {"id": "ISS-1", "title": "one", "state": "todo", "budget_usd": 2.5},
+                    {"id": "ISS-2", "title": "two", "state": "todo", "budget_tokens": 9000},
+                ],
+            }
+        )
+    )
+    board = JsonFileBoard(board_file)
+    assert board.list_issues()[0].budget_usd == 2.5
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        runner, clock = ScriptedRunner(OK), Clock(T0)
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
+        dispatcher.tick()
+        first, second = ledger.list_tasks()
+        assert ledger.task_budget(first.id) == TaskBudget(first.id, 2.5, None)
+        assert ledger.task_budget(second.id) == TaskBudget(second.id, None, 9000)
+
+
+@pytest.mark.parametrize("bad", [{"budget_usd": 0}, {"budget_usd": "5"}, {"budget_tokens": 1.5}])
+def test_a_bad_board_budget_is_refused_naming_it(tmp_path: Path, bad: dict[str, object]) -> None:
+    board_file = tmp_path / "board.json"
+    board_file.write_text(
+        json.dumps(
+            {"states": STATES, "issues": [{"id": "A", "title": "a", "state": "todo", **bad}]}
+        )
+    )
+    with pytest.raises(InvalidInput) as refused:
+        JsonFileBoard(board_file).list_issues()
+    assert refused.value.field == f"issues[0].{next(iter(bad))}"

@@ -106,6 +106,7 @@ from execkit.ledger import (
     Run,
     RunOwner,
     Task,
+    TaskBudget,
     TaskState,
     TaskStatus,
     current_owner,
@@ -755,8 +756,26 @@ class Dispatcher:
         if task_id is None:
             key = task_key(issue.id)
             task = self.ledger.create_task(key, idempotency_key=key, actor=DISPATCH_ACTOR)
+            if issue.budget_usd is not None or issue.budget_tokens is not None:
+                self._board_budget(issue, task.id)
             task_id = self._task_ids[issue.id] = task.id
         return task_id
+
+    def _board_budget(self, issue: BoardIssue, task_id: str) -> None:
+        """The issue's `budget_usd`/`budget_tokens` (issue #45) as its task's own spend cap,
+        when the task has none yet (an operator's, or one set before, is kept): compare-
+        and-set on none, so two dispatchers set it once."""
+        if self.ledger.task_budget(task_id) != TaskBudget(task_id):
+            return
+        with suppress(Conflict):  # another dispatcher set it first: theirs stands
+            self.ledger.set_task_budget(
+                task_id,
+                usd=issue.budget_usd,
+                tokens=issue.budget_tokens,
+                expected_usd=None,
+                expected_tokens=None,
+                actor=DISPATCH_ACTOR,
+            )
 
     def _tick_issue(self, issue: BoardIssue) -> list[DispatchEvent]:
         task_id = self._task_id(issue)
