@@ -402,3 +402,58 @@ def test_status_shows_each_tasks_spend_and_what_a_full_day_holds(
     assert lines[0].split()[-3:] == ["CLASS", "SPEND", "REASON"]
     assert "$0.42" in lines[1].split()
     assert "waiting on the day's budget until" in lines[2] and "(budget)" in lines[2]
+
+
+def _admit_from_a_process(
+    target: str, tasks: list[str], at: float, barrier: Any, results: Any
+) -> None:
+    """A child process: admit one run of each of `tasks` at once, a thread each with its
+    own connection, after every process is ready; put how many ran."""
+    threads_ready = threading.Barrier(len(tasks), action=barrier.wait)
+    admitted: list[str] = []
+    errors: list[str] = []
+
+    def admit(task_id: str) -> None:
+        with open_at(target) as ledger:
+            threads_ready.wait()
+            try:
+                admitted.append(ledger.start_run(task_id, request_key=f"k-{task_id}", actor=ME,
+                                                 now=at).id)  # fmt: skip
+            except SpendCapReached:
+                pass
+            except Exception as exc:
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=admit, args=(task_id,)) for task_id in tasks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results.put((len(admitted), errors))
+
+
+def test_64_admissions_racing_from_8_processes_never_reserve_past_a_days_cap(
+    ledger: AnyLedger, ledger_target: str
+) -> None:
+    import multiprocessing
+
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=2.0), actor=ME, floor_usd=0.1)
+    tasks = [ledger.create_task(f"t{n}", actor=ME).id for n in range(64)]
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(8), context.Queue()
+    children = [
+        context.Process(
+            target=_admit_from_a_process,
+            args=(ledger_target, tasks[n::8], NOW, barrier, results),
+        )
+        for n in range(8)
+    ]
+    for child in children:
+        child.start()
+    outcomes = [results.get(timeout=300) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    assert [errors for _, errors in outcomes] == [[]] * 8
+    assert sum(count for count, _ in outcomes) == 20  # 20 x $0.10 fill $2.00 exactly
+    assert len(ledger.running_runs()) == 20
