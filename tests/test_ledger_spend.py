@@ -15,10 +15,18 @@ from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
 from execkit._budget import AttemptStatus
 from execkit._classify import FailureClass
-from execkit._errors import Conflict, InvalidInput
+from execkit._errors import Conflict, InvalidInput, StorageError
 from execkit._usage import Usage, UsdSource
 from execkit.cli import main
-from execkit.ledger import PostgresMigration, Run, Spend, migrate, open_ledger, spend_of
+from execkit.ledger import (
+    SPEND_CAPABILITY,
+    PostgresMigration,
+    Run,
+    Spend,
+    migrate,
+    open_ledger,
+    spend_of,
+)
 from execkit.ledger._core.spend import with_usage
 from execkit.ledger._sqlite import schema as sqlite_schema
 
@@ -180,3 +188,16 @@ def test_run_finish_takes_a_cost_and_task_show_sums_it(
     assert main(["run", "finish", "r-2", "succeeded", "--usage", "{", "--db", db]) == 3
     assert "--usage" in capsys.readouterr().err
     assert main(["run", "finish", "r-2", "succeeded", "--usage", '{"usd": -1}', "--db", db]) == 3
+
+
+@pytest.mark.parametrize("remote", [frozenset({SPEND_CAPABILITY})], indirect=True)
+def test_a_server_without_spend_is_never_sent_a_cost(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    task = client.create_task("t", actor=ME)
+    run = client.start_run(task.id, request_key="1", actor=ME)
+    with pytest.raises(StorageError, match=r"spend\.caps"):
+        client.finish_run(run.id, "succeeded", usage=COST)
+    assert remote.ledger.run(run.id).status is AttemptStatus.RUNNING  # nothing sent
+    with pytest.raises(StorageError, match=r"spend\.caps"):
+        client.spend_config()
+    assert client.finish_run(run.id, "succeeded").usage == Usage()  # without: as before

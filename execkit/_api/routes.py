@@ -777,6 +777,7 @@ class LedgerRoutes:
         needs=(
             Needs(_OWNERS, "a stopped run", when="stopped"),
             Needs(LANES, "a vendor lane", when="lane_cause"),
+            Needs(SPEND_CAPABILITY, "a run's cost", when="usage"),
         ),
     )
     running_runs = Endpoint(

@@ -695,6 +695,9 @@ export class ExeckitClient {
     if (body.lane_cause !== undefined) {
       await this.#require(LANES, "feed a vendor lane", "a vendor lane");
     }
+    if (body.usage !== undefined) {
+      await this.#require(SPEND, "record a run's cost", "a run's cost");
+    }
     return this.#run(
       await this.#send("finishRun", { params: { run_id: id }, body, idempotencyKey: key }),
     );
