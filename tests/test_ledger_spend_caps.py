@@ -299,7 +299,9 @@ def test_budget_set_and_show_and_task_budgets_from_the_cli(
     assert len(cli("budget", "show")[1]["caps"]) == 1
     capsys.readouterr()
     assert main(["budget", "show", *db]) == 0
-    assert f"5h    lane {LANE}" in capsys.readouterr().out
+    shown_text = capsys.readouterr().out
+    assert f"5h    lane {LANE}" in shown_text
+    assert f"the rolling 5h budget of lane {LANE}: $0.00 and 0 tokens since" in shown_text
     # Bad values: `invalid` naming the flag, nothing stored.
     assert main(["budget", "set", "--day-usd", "-3", *db]) == 3
     assert "--day-usd" in capsys.readouterr().err

@@ -10,9 +10,9 @@ included, each counted once); `--since` takes POSIX seconds, an ISO-8601 date or
 every host admits against them): the ledger-wide day's with `--day-usd`/`--day-tokens`,
 one window of one lane (or the whole ledger) with `--usd`/`--tokens` `--window day|5h|week`
 [`--lane NAME`], a time zone with `--tz`, and the floor of a run's reservation with
-`--floor-usd`/`--floor-tokens`; `off` removes a cap. `show` prints them, with what today's
-window holds when run locally. Every rule is the ledger's: this module parses flags and
-prints.
+`--floor-usd`/`--floor-tokens`; `off` removes a cap. `show` prints them and, as text,
+what each cap's window holds now and when it reopens. Every rule is the ledger's: this
+module parses flags and prints.
 """
 
 from __future__ import annotations
@@ -210,9 +210,21 @@ def _floor_usd(raw: str) -> float:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from execkit._stamp import utc_stamp
+
     with _using(args, write=False) as ledger:
         config = ledger.spend_config()
-    return _print(args, config)
+        windows = [] if args.json else ledger.spend_windows()
+    _print(args, config)
+    for use in windows:
+        full = "  full" if use.full else ""
+        emit(
+            safe_text(
+                f"{use.name}: ${use.usd:,.2f} and {use.tokens:,} tokens since "
+                f"{utc_stamp(use.start)}, reopens {utc_stamp(use.reopens_at)}{full}"
+            )
+        )
+    return 0
 
 
 def _print(args: argparse.Namespace, config: Any) -> int:
