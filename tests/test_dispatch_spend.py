@@ -101,3 +101,26 @@ def test_a_bad_board_budget_is_refused_naming_it(tmp_path: Path, bad: dict[str, 
     with pytest.raises(InvalidInput) as refused:
         JsonFileBoard(board_file).list_issues()
     assert refused.value.field == f"issues[0].{next(iter(bad))}"
+
+
+def test_an_issue_its_budget_stops_comes_back_when_an_operator_raises_it(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        ledger.set_spend_cap(actor=ME, floor_usd=0.6)  # every run reserves $0.60
+        issue = BoardIssue("ISS-1", "one", "todo", prompt="a", budget_usd=0.5)
+        board = InMemoryBoard([issue])
+        runner, clock = ScriptedRunner(OK), Clock(T0)
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
+        events = dispatcher.tick()
+        assert runner.calls == [] and board.get("ISS-1").state == "blocked"
+        (task,) = ledger.list_tasks()
+        shown = ledger.get_task(task.id, now=clock.now)
+        assert shown.blocked_on == "spend" and "execkit task set-budget" in (shown.reason or "")
+        assert any(event.kind in ("blocked", "gave_up") for event in events)
+        ledger.set_task_budget(
+            task.id, usd=5.0, tokens=None, expected_usd=0.5, expected_tokens=None, actor=ME
+        )
+        for _ in range(3):
+            dispatcher.tick()
+            clock.now += 60
+        assert [call[0] for call in runner.calls] == ["ISS-1"]
+        assert board.get("ISS-1").state == "done"

@@ -180,11 +180,13 @@ def test_a_task_past_its_budget_is_blocked_on_spend_until_raised(ledger: AnyLedg
     ledger.set_task_budget(
         task, usd=3.0, tokens=None, expected_usd=1.0, expected_tokens=None, actor=ME
     )
-    assert ledger.get_task(task, now=NOW + 3).blocked_on is None  # raised: it may run
-    assert (
-        ledger.start_run(task, request_key="3", actor=ME, now=NOW + 3, ignore_backoff=True).attempt
-        == 2
-    )
+    raised = ledger.get_task(task, now=NOW + 3)
+    # Raised: it may run, and it is an operator's retry (a given-up card comes back).
+    assert (raised.blocked_on, raised.retry_pending) == (None, True)
+    again = ledger.start_run(task, request_key="3", actor=ME, now=NOW + 3)  # no backoff wait
+    assert (again.attempt, again.forced) == (2, True)
+    audited = [e for e in ledger.audit_events(task) if e.action == "task.set_budget"]
+    assert [e.detail.get("retry", False) for e in audited] == [False, True]
 
 
 def test_caps_work_through_the_server(remote: Remote) -> None:  # noqa: F811

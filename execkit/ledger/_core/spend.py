@@ -340,8 +340,9 @@ class SpendOps(WakeOps):
         `expected_usd`/`expected_tokens` must be the current ones (None: none set), else
         Conflict naming them. The creator may set it before the first run; afterwards it
         needs the role `agent.operate` (Forbidden). A done or cancelled task refuses
-        (`TaskFinished`). Audited (`task.set_budget`). A raise lets a task blocked on its
-        spend run again."""
+        (`TaskFinished`). Audited (`task.set_budget`). A raise that lets a task blocked on
+        its spend run again also asks for one forced retry of it (`retry_pending`), as
+        resuming a lane does: a dispatcher that gave its issue up brings the card back."""
         wanted = TaskBudget(task_id, usd, tokens)  # InvalidInput: the field and its range
         who = as_actor(actor)
         at = moment(now)
@@ -371,6 +372,18 @@ class SpendOps(WakeOps):
             config = self._spend_config(tx) or SpendConfig()
             if not config.task_budgets:
                 tx.set_meta(SPEND_META_KEY, attrs.evolve(config, task_budgets=True).to_stored())
+            # A raise that lets a task its spend blocked run again is an operator's retry,
+            # as a lane's resume is: its card comes back, and its next run goes (once).
+            retried = task.retry_requested_by is None
+            if retried:
+                spent_usd, spent_tokens = tx.task_spend(task_id)
+                floor = (spent_usd, spent_tokens, config.floor_usd, config.floor_tokens)
+                retried = (
+                    _task_refusal(task_id, current, *floor) is not None
+                    and _task_refusal(task_id, wanted, *floor) is None
+                )
+            if retried:
+                tx.set_retry(task_id, str(who), at)
             self._wake(tx)
             tx.audit(
                 AuditEntry(
@@ -379,7 +392,7 @@ class SpendOps(WakeOps):
                     action=AuditAction.TASK_SET_BUDGET,
                     task_id=task_id,
                     detail={"from": current.to_dict(), "to": wanted.to_dict(),
-                            "roles": sorted(roles)},
+                            "roles": sorted(roles), **({"retry": True} if retried else {})},
                 )
             )  # fmt: skip
             return wanted
