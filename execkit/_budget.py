@@ -142,6 +142,10 @@ class BlockedOn(enum.StrEnum):
     UPSTREAM = "upstream"
     WORK = "work"
     DISPATCH_CAP = "dispatch_cap"
+    # Issue #45: the task's own spend cap has no room for another run. Not one of the
+    # policies' bounds (`decide` never names it): the ledger shows it on a task whose
+    # budget its runs have spent (`get_task`), and admission refuses such a run.
+    SPEND = "spend"
 
 
 class NextAction(enum.StrEnum):

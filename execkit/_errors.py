@@ -14,7 +14,8 @@
     │   ├── TaskFinished              "finished"              9
     │   ├── TaskBackingOff            "backoff"               14   `.ready_at` says when
 │   ├── LaneWaiting               "lane_waiting"          16   `.lane`, `.opens_at`
-│   └── LaneStopped               "lane_stopped"          17   `.lane`, `.fix`
+│   ├── LaneStopped               "lane_stopped"          17   `.lane`, `.fix`
+│   └── SpendCapReached           "spend_cap"             18   `.cap`, `.reopens_at`
     ├── StorageError                  "storage"               13   I/O, locks, corruption
     │   └── SchemaTooNew              "schema_too_new"        10
     ├── UnsupportedMove               "unsupported_move"      12
@@ -220,6 +221,23 @@ class LaneStopped(AdmissionRefused):
 
     def details(self) -> dict[str, Any]:
         return {"lane": self.lane, "fix": self.fix}
+
+
+class SpendCapReached(AdmissionRefused):
+    """A spend cap on a window (the day's, the week's, a rolling 5 hours'; ledger-wide or
+    a lane's) has no room for the run's reservation: no run is admitted and nothing is
+    charged. `cap` names it; `reopens_at` is when its window reopens (issue #45)."""
+
+    code = "spend_cap"
+    exit_code = 18
+
+    def __init__(self, message: str, *, cap: str = "", reopens_at: float | None = None) -> None:
+        super().__init__(message)
+        self.cap = cap
+        self.reopens_at = reopens_at
+
+    def details(self) -> dict[str, Any]:
+        return {"cap": self.cap, "reopens_at": self.reopens_at}
 
 
 class StorageError(ExecKitError):

@@ -59,6 +59,7 @@ from execkit._errors import (
     LaneStopped,
     LaneWaiting,
     NotFound,
+    SpendCapReached,
     StorageError,
     TaskBackingOff,
     error_types,
@@ -113,6 +114,10 @@ def error_from_wire(status: int, doc: object) -> ExecKitError:
         opens = error.get("opens_at")
         opens_at = float(opens) if isinstance(opens, int | float) else None
         return kind(message, lane=str(error.get("lane", "")), opens_at=opens_at)
+    if issubclass(kind, SpendCapReached):
+        reopens = error.get("reopens_at")
+        reopens_at = float(reopens) if isinstance(reopens, int | float) else None
+        return kind(message, cap=str(error.get("cap", "")), reopens_at=reopens_at)
     if issubclass(kind, InvalidInput):
         field = error.get("field")
         return kind(message, field=field if isinstance(field, str) else None)

@@ -155,6 +155,7 @@ DB_COMMANDS = [
     ["task", "list"],
     ["task", "runs", "t-1"],
     ["task", "set-attempt-limit", "t-1", "2", "--expected", "0"],
+    ["task", "set-budget", "t-1", "--usd", "1"],
     ["task", "cancel", "t-1"],
     ["task", "retry", "t-1"],
     ["role", "grant", "bob", "agent.operate"],
@@ -174,6 +175,9 @@ DB_COMMANDS = [
     ["lane", "resume", "claude/default"],
     ["lane", "park", "claude/default", "--for", "60"],
     ["lane", "config"],
+    ["budget", "show"],
+    ["budget", "set", "--day-usd", "1"],
+    ["spend"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],
@@ -206,7 +210,7 @@ def test_the_db_list_covers_every_command_that_takes_db() -> None:
     covered = set()
     for argv in DB_COMMANDS:
         words = [w for w in argv[:2] if not w.startswith("-")]
-        if words[0] in {"task", "db", "run", "role", "lane"}:
+        if words[0] in {"task", "db", "run", "role", "lane", "budget"}:
             covered.add(f"execkit {' '.join(words[:2])}")
         else:
             covered.add(f"execkit {words[0]}")

@@ -44,7 +44,17 @@ def hand_over(db: Path) -> str:
 
 
 # What a `--json` error object may hold: its code and message, and the details it names.
-_ERROR_KEYS = {"code", "message", "field", "ready_at", "lane", "opens_at", "fix"}
+_ERROR_KEYS = {
+    "code",
+    "message",
+    "field",
+    "ready_at",
+    "lane",
+    "opens_at",
+    "fix",
+    "cap",
+    "reopens_at",
+}
 
 
 @attrs.frozen

@@ -385,6 +385,24 @@ def test_metrics_need_a_token_and_count_what_operators_watch(
     assert scene.operator not in text and scene.viewer not in text
 
 
+def test_metrics_count_what_runs_cost_by_lane_model_and_kind(
+    scene: Scene, client: TestClient
+) -> None:
+    op = _bearer(scene.operator)
+    ready = scene.ids["ENG-106"]
+    run = client.post(f"/v1/tasks/{ready}/runs", json={}, headers=op).json()
+    usage = {"input_tokens": 1000, "cache_read_tokens": 20, "usd": 0.25,
+             "usd_source": "reported", "model": "sonnet"}  # fmt: skip
+    finished = client.post(
+        f"/v1/runs/{run['id']}/finish", json={"status": "succeeded", "usage": usage}, headers=op
+    )
+    assert finished.status_code == 200 and finished.json()["usd"] == 0.25
+    text = client.get("/metrics", headers=_bearer(scene.viewer)).text
+    assert 'execkit_spend_usd_total{lane="-",model="sonnet"} 0.25' in text
+    assert 'execkit_spend_tokens_total{kind="input",lane="-"} 1000.0' in text
+    assert 'execkit_spend_tokens_total{kind="cache_read",lane="-"} 20.0' in text
+
+
 def test_the_access_log_is_json_and_never_holds_a_token(
     scene: Scene, client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:

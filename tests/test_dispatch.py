@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from execkit._budget import AttemptStatus, WorkBudget
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, UnsupportedMove
+from execkit._usage import Usage
 from execkit.dispatch import (
     BoardIssue,
     BoardState,
@@ -394,6 +395,7 @@ class FlakyFinishLedger(SqliteLedger):
         now: float | None = None,
         stopped: bool = False,
         lane_cause: str | None = None,
+        usage: Usage | None = None,
     ) -> Run:
         if self.fail_next_finish:
             self.fail_next_finish = False
@@ -407,6 +409,7 @@ class FlakyFinishLedger(SqliteLedger):
             now=now,
             stopped=stopped,
             lane_cause=lane_cause,
+            usage=usage,
         )
 
 

@@ -43,6 +43,13 @@ _RUN: dict[str, Any] = {
     "stopped": 0,
     "lane_held": 1,
     "workspace": "/srv/ws/ISS-1",
+    "input_tokens": 100,
+    "output_tokens": 20,
+    "cache_read_tokens": 0,
+    "cache_write_tokens": 3,
+    "usd": 0.25,
+    "usd_source": "priced",
+    "model": "gpt-5",
 }
 
 _SUMMARY = HistorySummary(

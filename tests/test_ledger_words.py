@@ -21,6 +21,8 @@ from execkit.ledger import (
     AuditAction,
     AuditEntry,
     Role,
+    SpendCap,
+    SpendWindow,
 )
 
 # The audit actions as stored before they were an enum: a stored value must never change.
@@ -39,6 +41,9 @@ _STORED_ACTIONS = {
     "lane.config",
     "lane.park",
     "lane.resume",
+    "spend.caps",
+    "spend.warning",
+    "task.set_budget",
 }
 
 
@@ -111,6 +116,12 @@ def test_every_action_the_ledger_writes_is_a_member_stored_as_before(
     ledger.park_lane("claude/default", until=500.0, actor=owner, now=101.0)
     ledger.resume_lane("claude/default", actor=owner, now=101.0)
     ledger.set_lane_config(actor=owner, breaker_k=4, now=101.0)
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=owner, floor_usd=0.9, now=101.0)
+    spender = ledger.create_task("spender", actor=owner, now=101.0)
+    ledger.set_task_budget(
+        spender.id, usd=5.0, tokens=None, expected_usd=None, expected_tokens=None, actor=owner
+    )
+    ledger.start_run(spender.id, request_key="3", actor=owner, now=101.0)  # 90% of the day's
     summaries = "task_summaries" if backend == "sqlite" else "tasks"
     raw_sql(f"UPDATE {summaries} SET uncharged_streak = 3")
     assert ledger.repair(now=102.0)

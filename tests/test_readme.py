@@ -137,6 +137,21 @@ def test_the_operator_loop_runs_as_written(tmp_path: Path) -> None:
         assert json.loads(board.read_text(encoding="utf-8"))["issues"][0]["state"] == "done"
 
 
+def test_the_spend_tour_runs_as_written(tmp_path: Path) -> None:
+    block = _sh_block("# Spend: caps held when a run is admitted")
+    work = tmp_path / "work"
+    work.mkdir()
+    for output in _run_twice(block, work, _shell_with_execkit(tmp_path)):
+        lines = output.splitlines()
+        assert lines[0].split() == ["day", "ledger-wide", "$1.00", "(UTC)"]
+        assert "r-1  t-1 attempt 1  succeeded  -  $0.42 1,500 tokens" in lines
+        refused = next(line for line in lines if "spend_cap" in line)
+        assert "waiting on the day's budget until" in refused and "nothing was charged" in refused
+        assert "exit 18" in lines
+        assert any(line.split()[-3:] == ["1", "$0.42", "1,500"] for line in lines)
+        assert "$ per done issue: $0.42 (1 done, 1 run, failed ones included)" in lines
+
+
 def test_the_cli_tour_runs_as_written(tmp_path: Path) -> None:
     block = _sh_block("# Run a command directly")
     work = tmp_path / "work"

@@ -23,7 +23,19 @@ from execkit._api.routes import ENDPOINTS
 from execkit._api.row import Endpoint, Field
 from execkit._budget import Attempt, Backoff, WorkBudget
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
-from execkit.ledger import AuditEvent, Grant, OutboxEntry, Run, RunOwner, Task
+from execkit._usage import Usage
+from execkit.ledger import (
+    AuditEvent,
+    Grant,
+    OutboxEntry,
+    Run,
+    RunOwner,
+    SpendCap,
+    SpendRow,
+    Task,
+    TaskBudget,
+    WindowUse,
+)
 
 __all__ = ["ERROR_STATUSES", "openapi_document", "package_version"]
 
@@ -39,6 +51,7 @@ ERROR_STATUSES: dict[str, int] = {
     "backoff": 409,
     "lane_waiting": 409,
     "lane_stopped": 409,
+    "spend_cap": 409,
     "unsupported_move": 409,
     "attempt_limit": 422,
     "invalid_history": 422,
@@ -156,6 +169,21 @@ def _components() -> dict[str, Any]:
         "Task": _wire_schema(Task),
         "Run": _wire_schema(Run),
         "RunOwner": _wire_schema(RunOwner),
+        "Usage": _wire_schema(Usage),
+        "SpendCap": _wire_schema(SpendCap),
+        "SpendConfig": _object(
+            {
+                "caps": _array_of("SpendCap"),
+                "floor_usd": {"type": "number"},
+                "floor_tokens": {"type": "integer"},
+                "task_budgets": {"type": "boolean"},
+            }
+        ),
+        "TaskBudget": _wire_schema(TaskBudget),
+        "WindowUse": _wire_schema(WindowUse),
+        "SpendRow": _wire_schema(SpendRow),
+        "SpendRowList": _object({"runs": _array_of("SpendRow")}),
+        "WindowUseList": _object({"windows": _array_of("WindowUse")}),
         "Grant": _wire_schema(Grant),
         "AuditEvent": _wire_schema(AuditEvent),
         "TaskList": _object({"tasks": _array_of("Task")}),

@@ -54,16 +54,23 @@ from execkit._budget import Attempt, DispatchCap
 from execkit._errors import InvalidInput, StorageError
 from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
+from execkit._usage import Usage
 from execkit.ledger import (
     ADMIN_ROLE,
     OPERATE_ROLE,
+    SPEND_CAPABILITY,
     AuditEvent,
     Grant,
     Ledger,
     OutboxEntry,
     Run,
     RunOwner,
+    SpendCap,
+    SpendConfig,
+    SpendRow,
     Task,
+    TaskBudget,
+    WindowUse,
 )
 
 __all__ = ["CAPABILITIES", "ENDPOINTS", "OPENAPI", "LedgerRoutes"]
@@ -86,6 +93,22 @@ def _owner(value: object) -> RunOwner | None:
 def owner_document(owner: RunOwner | None) -> dict[str, Any] | None:
     """A `RunOwner` on the wire (the client's encoder)."""
     return None if owner is None else owner.to_dict()
+
+
+def _usage(value: object) -> Usage | None:
+    """A run's cost from its JSON object; `Usage`'s validators word a bad member."""
+    if value is None:
+        return None
+    assert isinstance(value, dict)
+    try:
+        return Usage(**value)
+    except TypeError as exc:
+        raise InvalidInput(f"usage: {exc}", field="usage") from None
+
+
+def usage_document(usage: Usage | None) -> dict[str, Any] | None:
+    """A run's cost on the wire (the client's encoder)."""
+    return None if usage is None else to_json(usage)
 
 
 def _cap(value: object) -> DispatchCap | None:
@@ -232,6 +255,7 @@ def _finish(call: Call) -> tuple[int, dict[str, Any]]:
         not_before=body.get("not_before"),
         stopped=body.get("stopped", False),
         lane_cause=body.get("lane_cause"),
+        usage=_usage(body.get("usage")),
     )
     return 200, run.to_dict()
 
@@ -320,6 +344,78 @@ def _set_lane_config(call: Call) -> tuple[int, dict[str, Any]]:
         max_trips=body.get("max_trips"),
     )
     return 200, config.to_dict()
+
+
+# -- spend caps (issue #45) --------------------------------------------------------------
+
+
+def _spend_cap(value: object) -> SpendCap | None:
+    """A `SpendCap` from its JSON object; its validators word a bad member."""
+    if value is None:
+        return None
+    assert isinstance(value, dict)
+    try:
+        return SpendCap(**value)
+    except TypeError as exc:
+        raise InvalidInput(f"cap: {exc}", field="cap") from None
+
+
+def cap_document(cap: SpendCap | None) -> dict[str, Any] | None:
+    """A `SpendCap` on the wire (the client's encoder)."""
+    return None if cap is None else cap.to_dict()
+
+
+def _spend_config(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, call.ledger.spend_config().to_dict()
+
+
+def _set_spend_cap(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    config = call.ledger.set_spend_cap(
+        _spend_cap(body.get("cap")),
+        actor=call.actor,
+        floor_usd=body.get("floor_usd"),
+        floor_tokens=body.get("floor_tokens"),
+    )
+    return 200, config.to_dict()
+
+
+def _spend_windows(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {"windows": [use.to_dict() for use in call.ledger.spend_windows()]}
+
+
+def _spend_rows(call: Call) -> tuple[int, dict[str, Any]]:
+    raw = call.query.get("since")
+    try:
+        since = 0.0 if raw is None else float(raw)
+    except ValueError:
+        raise InvalidInput(f"since must be POSIX seconds, got {raw!r}", field="since") from None
+    rows = call.ledger.spend_rows(since=since)
+    return 200, {"runs": [row.to_dict() for row in rows]}
+
+
+def _task_budget(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, call.ledger.task_budget(call.path["task_id"]).to_dict()
+
+
+def _set_task_budget(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    budget = call.ledger.set_task_budget(
+        call.path["task_id"],
+        usd=body.get("usd"),
+        tokens=body.get("tokens"),
+        expected_usd=body.get("expected_usd"),
+        expected_tokens=body.get("expected_tokens"),
+        actor=call.actor,
+    )
+    return 200, budget.to_dict()
+
+
+def _read_spend_config(doc: dict[str, Any]) -> SpendConfig:
+    try:
+        return SpendConfig.from_dict(doc)
+    except InvalidInput as exc:
+        raise StorageError(f"the server's spend configuration could not be read: {exc}") from None
 
 
 # -- tracker boards (issue #47) ----------------------------------------------------------
@@ -457,6 +553,7 @@ _NEEDS_LANES = Needs(LANES, "a vendor lane")
 _LANE_QUERY = Field("lane", "string", required=True, description="ADAPTER/CREDENTIAL[@HOST]")
 _OUTBOX_ENTRY = one(OutboxEntry)
 OUTBOX = "boards.outbox"
+_NEEDS_SPEND = Needs(SPEND_CAPABILITY, "spend caps")
 
 CAPABILITIES: Endpoint[[], dict[str, Any]] = Endpoint(
     "GET",
@@ -674,12 +771,21 @@ class LedgerRoutes:
                 description="reset | credentials | billing | binary_missing, from structure",
             ),
             Field("stopped", "boolean", omit_none=True, encode=_true_or_none),
+            Field(
+                "usage",
+                "object",
+                shape="Usage",
+                description="what the run cost, read from the CLI's structure (issue #45)",
+                omit_none=True,
+                encode=usage_document,
+            ),
         ),
         binds=Ledger.finish_run,
         read=_RUN,
         needs=(
             Needs(_OWNERS, "a stopped run", when="stopped"),
             Needs(LANES, "a vendor lane", when="lane_cause"),
+            Needs(SPEND_CAPABILITY, "a run's cost", when="usage"),
         ),
     )
     running_runs = Endpoint(
@@ -888,6 +994,94 @@ class LedgerRoutes:
         binds=Ledger.record_lane_call,
         read=_LANE,
         needs=Needs(OUTBOX, "a tracker's lane"),
+    )
+    spend_config = Endpoint(
+        "GET",
+        "/v1/spend/caps",
+        "spendConfig",
+        "The ledger's spend caps and the floor of a run's reservation",
+        _spend_config,
+        "SpendConfig",
+        binds=Ledger.spend_config,
+        read=_read_spend_config,
+        needs=_NEEDS_SPEND,
+    )
+    set_spend_cap = Endpoint(
+        "POST",
+        "/v1/spend/caps",
+        "setSpendCap",
+        "Set one spend cap (neither usd nor tokens: remove it) and/or the reservation's "
+        "floor, for every host (audited)",
+        _set_spend_cap,
+        "SpendConfig",
+        role=OPERATE_ROLE,
+        body=(
+            Field(
+                "cap",
+                "object",
+                shape="SpendCap",
+                nullable=True,
+                omit_none=True,
+                encode=cap_document,
+                description="window (day, 5h, week), lane (null: ledger-wide), usd, tokens, tz",
+            ),
+            Field("floor_usd", "number", nullable=True, omit_none=True),
+            Field("floor_tokens", "integer", nullable=True, omit_none=True),
+        ),
+        binds=Ledger.set_spend_cap,
+        read=_read_spend_config,
+        needs=_NEEDS_SPEND,
+    )
+    spend_windows = Endpoint(
+        "GET",
+        "/v1/spend/windows",
+        "spendWindows",
+        "What each spend cap's window holds now, and when it reopens",
+        _spend_windows,
+        "WindowUseList",
+        binds=Ledger.spend_windows,
+        read=listed("windows", one(WindowUse)),
+        needs=_NEEDS_SPEND,
+    )
+    spend_rows = Endpoint(
+        "GET",
+        "/v1/spend/runs",
+        "spendRows",
+        "Every run started since a time, with its task, lane and cost",
+        _spend_rows,
+        "SpendRowList",
+        query=(Field("since", "number", nullable=True, description="POSIX seconds; 0: all"),),
+        binds=Ledger.spend_rows,
+        read=listed("runs", one(SpendRow)),
+        needs=_NEEDS_SPEND,
+    )
+    task_budget = Endpoint(
+        "GET",
+        f"{_TASK_ID}/budget",
+        "taskBudget",
+        "The task's own spend cap",
+        _task_budget,
+        "TaskBudget",
+        binds=Ledger.task_budget,
+        read=one(TaskBudget),
+        needs=_NEEDS_SPEND,
+    )
+    set_task_budget = Endpoint(
+        "POST",
+        f"{_TASK_ID}/budget",
+        "setTaskBudget",
+        "Compare-and-set the task's own spend cap (audited)",
+        _set_task_budget,
+        "TaskBudget",
+        body=(
+            Field("usd", "number", nullable=True),
+            Field("tokens", "integer", nullable=True),
+            Field("expected_usd", "number", nullable=True),
+            Field("expected_tokens", "integer", nullable=True),
+        ),
+        binds=Ledger.set_task_budget,
+        read=one(TaskBudget),
+        needs=_NEEDS_SPEND,
     )
     outbox_put = Endpoint(
         "POST",

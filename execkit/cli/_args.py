@@ -15,7 +15,15 @@ from typing import Any, NoReturn
 
 from execkit._errors import InvalidInput
 
-__all__ = ["DB_ENV_VAR", "CliParser", "parse_db", "parse_int", "parse_seconds"]
+__all__ = [
+    "DB_ENV_VAR",
+    "CliParser",
+    "parse_db",
+    "parse_int",
+    "parse_money",
+    "parse_seconds",
+    "parse_usage",
+]
 
 
 class CliParser(argparse.ArgumentParser):
@@ -98,6 +106,44 @@ def parse_int(
     if value < low or (high is not None and value > high):
         raise InvalidInput(f"{flag} must be {allowed}; got {value}", field=flag)
     return value
+
+
+def parse_money(flag: str, raw: object) -> float | None:
+    """`raw` as a USD amount > 0 ("1.50", "$1.50"); None stays None, and `off` or `none`
+    is None too (no cap). Anything else is InvalidInput naming `flag` and the range."""
+    if raw is None or str(raw).strip().lower() in ("off", "none"):
+        return None
+    text = str(raw).strip().removeprefix("$")
+    try:
+        usd = float(text)
+    except ValueError:
+        usd = math.nan
+    if not math.isfinite(usd) or usd <= 0:
+        raise InvalidInput(f"{flag} must be a USD amount > 0 (or off), got {raw!r}", field=flag)
+    return usd
+
+
+def parse_usage(flag: str, raw: str) -> Any:
+    """`raw` (a JSON object of `Usage`'s fields) as a `Usage`; InvalidInput naming `flag`
+    for text that is not such an object, and `Usage`'s own for a bad field."""
+    import json
+
+    from execkit._usage import Usage
+
+    try:
+        fields = json.loads(raw)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        raise InvalidInput(
+            f"{flag} must be a JSON object of input_tokens, output_tokens, cache_read_tokens, "
+            f"cache_write_tokens, usd, usd_source, model; got {raw!r}",
+            field=flag,
+        )
+    try:
+        return Usage(**fields)
+    except TypeError as exc:
+        raise InvalidInput(f"{flag}: {exc}", field=flag) from None
 
 
 def parse_db(raw: str | None) -> str | None:

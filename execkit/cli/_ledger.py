@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from execkit._budget import WorkBudget
 from execkit._errors import InvalidInput, NotFound, StorageError
-from execkit.cli._args import CliParser, parse_int, parse_seconds
+from execkit.cli._args import CliParser, parse_int, parse_money, parse_seconds, parse_usage
 from execkit.cli._output import (
     EXIT_CODES,
     charged_cell,
@@ -52,11 +52,13 @@ from execkit.ledger import (
     Migration,
     Run,
     Task,
+    TaskBudget,
     TaskState,
     TaskValues,
     iter_task_values,
     ledger_status,
     open_ledger,
+    spend_of,
     task_values,
     user_name,
 )
@@ -124,6 +126,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "(default: the ledger's, 3)",
     )
     create.add_argument("--idempotency-key", default=None, metavar="KEY")
+    create.add_argument(
+        "--budget-usd", default=None, metavar="USD", help="the task's own USD cap (issue #45)"
+    )
+    create.add_argument(
+        "--budget-tokens", default=None, metavar="N", help="the task's own token cap"
+    )
     _acting(create)
     create.set_defaults(handler=_task_create)
 
@@ -194,6 +202,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     limit.add_argument("--idempotency-key", default=None, metavar="KEY")
     _acting(limit)
     limit.set_defaults(handler=_task_set_attempt_limit)
+
+    budget = task_sub.add_parser(
+        "set-budget",
+        parents=[common],
+        help="compare-and-set a task's own spend cap (USD and/or tokens)",
+        description=(
+            "Set the task's own cap (`off` removes one; a flag not given keeps its value) if "
+            "it is still what --expected-usd/--expected-tokens say (default: what it is as "
+            "this command reads it). The creator may change it before the first run; "
+            "afterwards it needs the role agent.operate. A raise lets a task blocked on its "
+            "spend run again. Audited."
+        ),
+    )
+    budget.add_argument("task_id", metavar="TASK_ID")
+    budget.add_argument("--usd", default=None, metavar="USD")
+    budget.add_argument("--tokens", default=None, metavar="N")
+    budget.add_argument("--expected-usd", default=None, metavar="USD", help="`off`: none set")
+    budget.add_argument("--expected-tokens", default=None, metavar="N", help="`off`: none set")
+    _acting(budget)
+    budget.set_defaults(handler=_task_set_budget)
 
     cancel = task_sub.add_parser("cancel", parents=[common], help="cancel an open task")
     cancel.add_argument("task_id", metavar="TASK_ID")
@@ -300,6 +328,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="CAUSE",
         help="what the vendor's structure said of the run's lane: reset (with --retry-after), "
         "credentials, billing, binary_missing",
+    )
+    finish.add_argument(
+        "--usage",
+        default=None,
+        metavar="JSON",
+        help="what the run cost, a JSON object: input_tokens, output_tokens, "
+        "cache_read_tokens, cache_write_tokens, usd, usd_source (reported | priced | "
+        "unknown), model; none: unknown",
     )
     finish.set_defaults(handler=_run_finish)
 
@@ -493,8 +529,13 @@ def _run_line(run: Run) -> str:
     klass = run.failure_class.value if run.failure_class else "-"
     forced = " forced" if run.forced else ""
     reason = f"  {run.reason}" if run.reason else ""
+    cost = ""
+    if run.usd is not None or run.usage.tokens:  # what it cost, when its result said
+        usd = "$?" if run.usd is None else f"${run.usd:,.2f}"
+        cost = f"  {usd} {run.usage.tokens:,} tokens"
     return safe_text(
-        f"{run.id}  {run.task_id} attempt {run.attempt}  {run.status}  {klass}{forced}{reason}"
+        f"{run.id}  {run.task_id} attempt {run.attempt}  {run.status}  {klass}{cost}{forced}"
+        f"{reason}"
     )
 
 
@@ -567,24 +608,49 @@ def _task_create(args: argparse.Namespace) -> int:
         else parse_int("--max-uncharged-attempts", args.max_uncharged_attempts, 1,
                        MAX_UNCHARGED_LIMIT)
     )  # fmt: skip
+    budget_usd = parse_money("--budget-usd", args.budget_usd)
+    budget_tokens = (
+        None
+        if args.budget_tokens is None
+        else _budget_tokens("--budget-tokens", args.budget_tokens)
+    )
     actor = _actor(args)
-    return _print_result(
-        args,
-        lambda ledger: ledger.create_task(
+
+    def create(ledger: Ledger) -> Task:
+        task = ledger.create_task(
             args.title,
             max_attempts=max_attempts,
             max_uncharged_attempts=uncharged,
             idempotency_key=args.idempotency_key,
             actor=actor,
-        ),
-        create=True,
-    )
+        )
+        # Its budget in a second transaction, compare-and-set on none: a replayed
+        # creation whose budget is set already is left as it is.
+        wanted = TaskBudget(task.id, budget_usd, budget_tokens)
+        if (budget_usd, budget_tokens) != (None, None) and ledger.task_budget(task.id) != wanted:
+            ledger.set_task_budget(
+                task.id,
+                usd=budget_usd,
+                tokens=budget_tokens,
+                expected_usd=None,
+                expected_tokens=None,
+                actor=actor,
+            )
+        return task
+
+    return _print_result(args, create, create=True)
 
 
 def _task_show(args: argparse.Namespace) -> int:
     with _using(args, write=False) as ledger:
         task = _task_or_issue(ledger, args.task_id)
-        _print_task(task, as_json=args.json, budget=ledger.budget.max_attempts)
+        spend = spend_of(ledger.runs(task.id))
+        if args.json:
+            print_json({**task.to_dict(), "spend": spend.to_dict()})
+            return 0
+        _print_task(task, as_json=False, budget=ledger.budget.max_attempts)
+        if spend.runs:
+            emit(f"  spend {spend.phrase()}")
         if not args.json and LANES_CAPABILITY in ledger.capabilities():
             lane = ledger.task_lane(task.id)
             if lane is not None and not lane.admits and task.status == "open":
@@ -784,6 +850,53 @@ def _task_set_attempt_limit(args: argparse.Namespace) -> int:
     )
 
 
+def _budget_tokens(flag: str, raw: str) -> int | None:
+    return None if raw.strip().lower() in ("off", "none") else parse_int(flag, raw, 1)
+
+
+def _task_set_budget(args: argparse.Namespace) -> int:
+    given: dict[str, Any] = {}
+    if args.usd is not None:
+        given["usd"] = parse_money("--usd", args.usd)
+    if args.tokens is not None:
+        given["tokens"] = _budget_tokens("--tokens", args.tokens)
+    if not given:
+        raise InvalidInput("task set-budget needs --usd and/or --tokens", field="--usd")
+    actor = _actor(args)
+    with _using(args) as ledger:
+        current = ledger.task_budget(args.task_id)
+        expected_usd = (
+            current.usd
+            if args.expected_usd is None
+            else parse_money("--expected-usd", args.expected_usd)
+        )
+        expected_tokens = (
+            current.tokens
+            if args.expected_tokens is None
+            else _budget_tokens("--expected-tokens", args.expected_tokens)
+        )
+        budget = ledger.set_task_budget(
+            args.task_id,
+            usd=given.get("usd", current.usd),
+            tokens=given.get("tokens", current.tokens),
+            expected_usd=expected_usd,
+            expected_tokens=expected_tokens,
+            actor=actor,
+        )
+    if args.json:
+        print_json(budget.to_dict())
+    else:
+        emit(safe_text(f"{budget.task_id}  budget {_budget_phrase(budget.usd, budget.tokens)}"))
+    return 0
+
+
+def _budget_phrase(usd: float | None, tokens: int | None) -> str:
+    parts = [] if usd is None else [f"${usd:,.2f}"]
+    if tokens is not None:
+        parts.append(f"{tokens:,} tokens")
+    return " and ".join(parts) or "none"
+
+
 def _task_cancel(args: argparse.Namespace) -> int:
     actor = _actor(args)
     return _print_result(args, lambda ledger: ledger.cancel_task(args.task_id, actor=actor))
@@ -830,6 +943,7 @@ def _run_finish(args: argparse.Namespace) -> int:
 
     retry_after = parse_seconds("--retry-after", args.retry_after, allow_zero=True)
     not_before = None if retry_after is None else time.time() + retry_after
+    usage = None if args.usage is None else parse_usage("--usage", args.usage)
     return _print_result(
         args,
         lambda ledger: ledger.finish_run(
@@ -839,6 +953,7 @@ def _run_finish(args: argparse.Namespace) -> int:
             reason=args.reason,
             not_before=not_before,
             lane_cause=args.lane_cause,
+            usage=usage,
         ),
     )
 

@@ -17,7 +17,7 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from execkit.cli._output import (
     write_lines,
 )
 from execkit.dispatch import (
+    SPEND_WAIT,
     Board,
     DispatchConfig,
     IssueStatus,
@@ -55,7 +56,7 @@ from execkit.dispatch import (
     iter_issue_status_values,
     workspace_name,
 )
-from execkit.ledger import DB_ENV_VAR, LIST_PAGE, Ledger, TaskState
+from execkit.ledger import DB_ENV_VAR, LIST_PAGE, SPEND_CAPABILITY, Ledger, TaskState
 
 __all__ = ["format_status_table", "register", "status_table_lines", "status_value_lines"]
 
@@ -146,12 +147,16 @@ def status_table_lines(
 
 
 def status_value_lines(
-    rows: Iterable[IssueStatusValues], now: float, *, budget: int | None = _DEFAULT_BUDGET
+    rows: Iterable[IssueStatusValues],
+    now: float,
+    *,
+    budget: int | None = _DEFAULT_BUDGET,
+    spend: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """The dashboard as the lines of an aligned text table (the reason column is not
     padded), yielded as `rows` yields them: each row from its values, as `status` reads
     them (no `IssueStatus` built). `status_value_blocks`, a line at a time."""
-    return itertools.chain.from_iterable(status_value_blocks(rows, now, budget=budget))
+    return itertools.chain.from_iterable(status_value_blocks(rows, now, budget=budget, spend=spend))
 
 
 def budget_shown(ledger: Ledger, config: DispatchConfig) -> int | None:
@@ -161,7 +166,11 @@ def budget_shown(ledger: Ledger, config: DispatchConfig) -> int | None:
 
 
 def status_value_blocks(
-    rows: Iterable[IssueStatusValues], now: float, *, budget: int | None = _DEFAULT_BUDGET
+    rows: Iterable[IssueStatusValues],
+    now: float,
+    *,
+    budget: int | None = _DEFAULT_BUDGET,
+    spend: Mapping[str, str] | None = None,
 ) -> Iterator[list[str]]:
     """The lines of `status_value_lines`, a block of up to `LIST_PAGE` at a time (the
     header in the first), each block as soon as its rows are read. The counts are named
@@ -171,13 +180,16 @@ def status_value_blocks(
     uncharged streak against its ceiling. NEXT is the later of a task's own backoff and
     its vendor lane's opening, and says which (`in 54s (lane)`).
 
+    `spend` (issue #45), by task id, is each task's SPEND cell (`$0.42`, `$0.42+?` when
+    some run's USD is unknown; `task_spend_cells`): the column is shown only with it.
+
     Every cell is escaped (`safe_text`) before the columns are measured, so a control
     character in an issue id, state or reason neither rewrites the terminal nor breaks the
     alignment. Columns are measured over a block at a time and never narrow from one block
     to the next: a table of up to `LIST_PAGE` rows is aligned as a whole, a longer one is
     printed a block at a time, never held whole.
     """
-    header = (
+    header: tuple[str, ...] = (
         "ISSUE",
         "TASK",
         "BOARD",
@@ -189,7 +201,9 @@ def status_value_blocks(
         "LAST CLASS",
         "REASON",
     )
-    widths = [0] * (len(header) - 1)
+    if spend:
+        header = (*header[:-1], "SPEND", header[-1])
+    widths = [0] * (len(header) - 1)  # after `header` is final (a SPEND column or not)
     block: list[tuple[str, ...]] = [header]
     append = block.append
     blocked, work = TaskState.BLOCKED, BlockedOn.WORK
@@ -200,7 +214,7 @@ def status_value_blocks(
         # The reason: the last failure's, or the block's (a work block names both); an open
         # task held by a vendor lane says so first.
         if state is not blocked:
-            if reason is None or not reason.startswith(LANE_WAIT):
+            if reason is None or not reason.startswith((LANE_WAIT, SPEND_WAIT)):
                 reason = last_reason
             elif last_reason:
                 reason = f"{reason}; last failure: {last_reason}"
@@ -209,25 +223,47 @@ def status_value_blocks(
         reason = reason or "-"
         if not reason.isprintable():  # `safe_text`'s own test, saving its call on a row
             reason = safe_text(reason)
-        append(
-            (
-                issue_id if issue_id.isprintable() else safe_text(issue_id),
-                task_id or "-",
-                "-" if board_state is None else safe_text(board_state),
-                "-" if state is None else f"{state} ({bound})" if bound else state,
-                started_cell(attempts, explicit, limit),
-                charged_cell(charged, None if explicit else budget),
-                uncharged_cell(streak, ceiling),
-                _next_cell(at, waits_on, now),
-                last_class or last_status or "-",  # a StrEnum: `%s` writes its value
-                reason if len(reason) <= _REASON_WIDTH else _clip(reason, _REASON_WIDTH),
-            )
+        cells: tuple[Any, ...] = (
+            issue_id if issue_id.isprintable() else safe_text(issue_id),
+            task_id or "-",
+            "-" if board_state is None else safe_text(board_state),
+            "-" if state is None else f"{state} ({bound})" if bound else state,
+            started_cell(attempts, explicit, limit),
+            charged_cell(charged, None if explicit else budget),
+            uncharged_cell(streak, ceiling),
+            _next_cell(at, waits_on, now),
+            last_class or last_status or "-",  # a StrEnum: `%s` writes its value
+            reason if len(reason) <= _REASON_WIDTH else _clip(reason, _REASON_WIDTH),
         )
+        if spend:
+            cells = (*cells[:-1], spend.get(task_id or "", "-"), cells[-1])
+        append(cells)
         if len(block) >= LIST_PAGE:
             yield _aligned(block, widths)
             block.clear()
     if block:
         yield _aligned(block, widths)
+
+
+def task_spend_cells(ledger: Ledger) -> dict[str, str]:
+    """Each task's SPEND cell (issue #45): the USD its runs reported (`+?` when some run's
+    is unknown), by task id; empty when no run of the ledger reported a cost (the table
+    then shows no SPEND column) or the ledger cannot say (a server without `spend.caps`)."""
+    if SPEND_CAPABILITY not in ledger.capabilities():
+        return {}
+    usd: dict[str, float] = {}
+    unknown: set[str] = set()
+    reported = False
+    for row in ledger.spend_rows():
+        usd[row.task_id] = usd.get(row.task_id, 0.0) + (row.usd or 0.0)
+        if row.usd is None:
+            unknown.add(row.task_id)
+        reported = reported or row.usd is not None or row.tokens > 0
+    if not reported:
+        return {}
+    return {
+        task: f"${total:,.2f}" + ("+?" if task in unknown else "") for task, total in usd.items()
+    }
 
 
 def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> list[str]:
@@ -244,11 +280,14 @@ def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> list[str]:
 @contextlib.contextmanager
 def _rows(
     args: argparse.Namespace,
-) -> Iterator[tuple[float, DispatchConfig, int | None, Iterator[IssueStatusValues]]]:
+) -> Iterator[
+    tuple[float, DispatchConfig, int | None, Iterator[IssueStatusValues], dict[str, str]]
+]:
     """The dashboard's rows, read while the ledger is open: streamed from one pass over it
     without a board; with one, every issue's row first (a ledger that has no task for any
     of them is refused before anything is printed). With them the time they were read at,
-    the dispatch configuration and the work budget's bound the rows show (`budget_shown`)."""
+    the dispatch configuration, the work budget's bound the rows show (`budget_shown`) and
+    each task's SPEND cell (`task_spend_cells`)."""
     github = _github_repo(args.board) if args.board else None
     board = JsonFileBoard(args.board) if args.board and github is None else None
     settings = board_config_of(args, github)
@@ -271,7 +310,7 @@ def _rows(
                     f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
                 )
             rows = iter(held)
-        yield now, config, budget_shown(ledger, config), rows
+        yield now, config, budget_shown(ledger, config), rows, task_spend_cells(ledger)
     finally:
         ledger.close()
 
@@ -283,6 +322,8 @@ def _next_cell(at: float | None, waits_on: str | None, now: float) -> str:
     if at is None:
         return "on its lane" if on_lane else "-"
     shown = _when(at, now)
+    if waits_on == "spend":  # a full spend window (issue #45)
+        return f"{shown} (budget)"
     return f"{shown} (lane)" if on_lane else shown
 
 
@@ -292,8 +333,8 @@ def _empty(args: argparse.Namespace) -> str:
 
 def _read(args: argparse.Namespace) -> tuple[float, str]:
     """The table as one text (what `--watch` draws), and the time it was read at."""
-    with _rows(args) as (now, _, budget, rows):
-        text = "\n".join(status_value_lines(rows, now, budget=budget))
+    with _rows(args) as (now, _, budget, rows, spend):
+        text = "\n".join(status_value_lines(rows, now, budget=budget, spend=spend))
     if args.board is not None:  # masked as the table `status` prints once is
         text = mask_text(text)
     return now, text if "\n" in text else _empty(args)
@@ -306,7 +347,7 @@ def _status(args: argparse.Namespace) -> int:
         return watch(args, sys.stdout, time.sleep)
     if args.count is not None:
         raise InvalidInput("execkit status: --count goes with --watch", field="count")
-    with _rows(args) as (now, config, budget, rows):
+    with _rows(args) as (now, config, budget, rows, spend):
         first = list(itertools.islice(rows, 1))  # an error at the first read prints nothing
         if args.workspaces is not None:
             held = [*first, *rows]
@@ -323,7 +364,9 @@ def _status(args: argparse.Namespace) -> int:
             # The table as the JSON: masked with a board (its ids and states are outside
             # text), not without (every cell is the ledger's, masked as it was stored, or
             # execkit's own words), as `task list` prints it.
-            lines = status_value_lines(itertools.chain(first, rows), now, budget=budget)
+            lines = status_value_lines(
+                itertools.chain(first, rows), now, budget=budget, spend=spend
+            )
             write_lines(lines, masked=args.board is not None)
     return 0
 

@@ -54,6 +54,11 @@ _EXPORTS: dict[str, str] = {
     "WorkspaceHooks": "execkit.dispatch._workspaces",
     "Workspaces": "execkit.dispatch._workspaces",
     "workspace_name": "execkit.dispatch._board",
+    "SpendBy": "execkit.dispatch._spend",
+    "SpendGroup": "execkit.dispatch._spend",
+    "SpendReport": "execkit.dispatch._spend",
+    "spend_report": "execkit.dispatch._spend",
+    "SPEND_WAIT": "execkit.dispatch._status",
     "IssueStatus": "execkit.dispatch._status",
     "IssueStatusValues": "execkit.dispatch._status",
     "issue_status_values": "execkit.dispatch._status",
@@ -90,7 +95,9 @@ if TYPE_CHECKING:
         EventKind,
     )
     from execkit.dispatch._slots import InlineExecutor, SlotExecutor, ThreadPerSlot
+    from execkit.dispatch._spend import SpendBy, SpendGroup, SpendReport, spend_report
     from execkit.dispatch._status import (
+        SPEND_WAIT,
         IssueStatus,
         IssueStatusValues,
         issue_status_values,
@@ -104,6 +111,7 @@ __all__ = [
     "DEFAULT_STATES",
     "DISPATCH_ACTOR",
     "MAX_CONCURRENT_AGENTS",
+    "SPEND_WAIT",
     "STOPPED_REASON",
     "AdapterRunner",
     "BindableBoard",
@@ -130,6 +138,9 @@ __all__ = [
     "Runner",
     "Slot",
     "SlotExecutor",
+    "SpendBy",
+    "SpendGroup",
+    "SpendReport",
     "ThreadPerSlot",
     "Tracker",
     "WorkspaceHooks",
@@ -139,6 +150,7 @@ __all__ = [
     "iter_issue_status_values",
     "iter_issue_statuses",
     "read_board_config",
+    "spend_report",
     "task_key",
     "workspace_name",
 ]

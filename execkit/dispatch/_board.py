@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
-from attrs.validators import deep_iterable, instance_of, max_len, optional
+from attrs.validators import deep_iterable, ge, gt, instance_of, max_len, optional
 
 from execkit._errors import Conflict, Forbidden, InvalidInput, NotFound, StorageError
 from execkit._json import to_json
-from execkit._validate import checked, non_blank
+from execkit._validate import checked, finite, integer, non_blank, opt_checked
 
 __all__ = [
     "DEFAULT_STATES",
@@ -184,12 +184,20 @@ class BoardIssue:
     adapter: str | None = attrs.field(default=None, validator=_NAME)
     model: str | None = attrs.field(default=None, validator=_NAME)
     given_up_from: str | None = attrs.field(default=None, validator=_NAME)
+    # Issue #45: the task's own spend cap, set on the task the dispatcher makes for it
+    # (when the task has none yet): USD > 0 and/or tokens >= 1.
+    budget_usd: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number > 0 (USD)", finite, gt(0))
+    )
+    budget_tokens: int | None = attrs.field(
+        default=None, validator=opt_checked("an integer >= 1", integer, ge(1))
+    )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON shape; `adapter`, `model` and `given_up_from` only when set (a board
-        written before they existed reads and writes back the same)."""
+        """The JSON shape; `adapter`, `model`, `given_up_from` and the budget only when set
+        (a board written before they existed reads and writes back the same)."""
         doc = to_json(self)
-        for key in ("adapter", "model", "given_up_from"):
+        for key in ("adapter", "model", "given_up_from", "budget_usd", "budget_tokens"):
             if doc[key] is None:
                 del doc[key]
         return doc
@@ -403,7 +411,7 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
         raise InvalidInput(f"{where}: must be an object, got {raw!r}", field=where)
     allowed = {
         *("id", "title", "state", "prompt", "body", "argv", "adapter", "model"),
-        "given_up_from",
+        *("given_up_from", "budget_usd", "budget_tokens"),
     }
     unknown = set(raw) - allowed
     if unknown:
@@ -426,6 +434,8 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
             adapter=raw.get("adapter"),
             model=raw.get("model"),
             given_up_from=raw.get("given_up_from"),
+            budget_usd=raw.get("budget_usd"),
+            budget_tokens=raw.get("budget_tokens"),
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.{exc.field}") from None

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 from execkit._adapter import Adapter
 from execkit._attempt import adapter_lane
-from execkit._errors import ExecKitError, LaneStopped, LaneWaiting
+from execkit._errors import ExecKitError, LaneStopped, LaneWaiting, SpendCapReached
 from execkit._lanes import LANE_WAIT, LaneCause, LaneView, host_lane
 from execkit._registry import get_adapter
 from execkit._stamp import utc_stamp
@@ -101,34 +101,46 @@ class DispatchLanes:
         self._held = {lane: held for lane, held in self._held.items() if held[1] is not None}
 
     def holding(self, lane: str | None, now: float) -> ExecKitError | None:
-        """The refusal that holds `lane` now, if any (the issue then waits, unasked)."""
-        if lane is None or lane not in self._held:
+        """The refusal that holds `lane` now, if any (the issue then waits, unasked); the
+        runs on no lane are held by a spend window's refusal as one lane (`""`)."""
+        key = "" if lane is None else lane
+        if key not in self._held:
             return None
-        refusal, opens_at = self._held[lane]
+        refusal, opens_at = self._held[key]
         if opens_at is not None and opens_at <= now:
-            del self._held[lane]
+            del self._held[key]
             return None
         return refusal
 
-    def refused(self, lane: str | None, refusal: LaneWaiting | LaneStopped) -> bool:
+    def refused(
+        self, lane: str | None, refusal: LaneWaiting | LaneStopped | SpendCapReached
+    ) -> bool:
         """Hold `lane` after the ledger refused a run on it; True when this wait is news
         (the lane's first refusal since it last admitted a run, or a wait that differs from
-        the one last said: another opening time, a stop), False for the same wait again."""
-        if lane is None:
+        the one last said: another opening time, a stop), False for the same wait again.
+        A spend window's refusal (issue #45) holds the lane until the window reopens, as a
+        parked lane is held: the runs on no lane together, as one."""
+        if lane is None and not isinstance(refusal, SpendCapReached):
             return True
-        opens_at = refusal.opens_at if isinstance(refusal, LaneWaiting) else None
-        self._held[lane] = (refusal, opens_at)
-        wait: tuple[str, float | str | None] = (
-            ("waiting", opens_at) if isinstance(refusal, LaneWaiting) else ("stopped", refusal.fix)
-        )
-        news = self._said.get(lane) != wait
-        self._said[lane] = wait
+        key = "" if lane is None else lane
+        wait: tuple[str, float | str | None]
+        if isinstance(refusal, SpendCapReached):
+            opens_at = refusal.reopens_at
+            wait = ("spend", opens_at)
+        elif isinstance(refusal, LaneWaiting):
+            opens_at = refusal.opens_at
+            wait = ("waiting", opens_at)
+        else:
+            opens_at = None
+            wait = ("stopped", refusal.fix)
+        self._held[key] = (refusal, opens_at)
+        news = self._said.get(key) != wait
+        self._said[key] = wait
         return news
 
     def admitted(self, lane: str | None) -> None:
         """A run was admitted on `lane`: its next closing is news again."""
-        if lane is not None:
-            self._said.pop(lane, None)
+        self._said.pop("" if lane is None else lane, None)
 
     def stopped_by(self, adapter: str, cause: str) -> str | None:
         """The lane a run on `adapter` stopped with `cause` (a stopping `LaneCause`): its

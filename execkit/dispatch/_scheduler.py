@@ -72,6 +72,7 @@ from execkit._errors import (
     LaneStopped,
     LaneWaiting,
     NotFound,
+    SpendCapReached,
     StorageError,
     TaskBackingOff,
     UnsupportedMove,
@@ -106,6 +107,7 @@ from execkit.ledger import (
     Run,
     RunOwner,
     Task,
+    TaskBudget,
     TaskState,
     TaskStatus,
     current_owner,
@@ -769,8 +771,26 @@ class Dispatcher:
         if task_id is None:
             key = task_key(issue.id)
             task = self.ledger.create_task(key, idempotency_key=key, actor=DISPATCH_ACTOR)
+            if issue.budget_usd is not None or issue.budget_tokens is not None:
+                self._board_budget(issue, task.id)
             task_id = self._task_ids[issue.id] = task.id
         return task_id
+
+    def _board_budget(self, issue: BoardIssue, task_id: str) -> None:
+        """The issue's `budget_usd`/`budget_tokens` (issue #45) as its task's own spend cap,
+        when the task has none yet (an operator's, or one set before, is kept): compare-
+        and-set on none, so two dispatchers set it once."""
+        if self.ledger.task_budget(task_id) != TaskBudget(task_id):
+            return
+        with suppress(Conflict):  # another dispatcher set it first: theirs stands
+            self.ledger.set_task_budget(
+                task_id,
+                usd=issue.budget_usd,
+                tokens=issue.budget_tokens,
+                expected_usd=None,
+                expected_tokens=None,
+                actor=DISPATCH_ACTOR,
+            )
 
     def _tick_issue(self, issue: BoardIssue) -> list[DispatchEvent]:
         task_id = self._task_id(issue)
@@ -939,7 +959,9 @@ class Dispatcher:
                 lane=lane,
                 workspace=self._workspace_of(issue),
             )
-        except (LaneWaiting, LaneStopped) as waiting:
+        except (LaneWaiting, LaneStopped, SpendCapReached) as waiting:
+            # A spend window's refusal is uncharged and holds the issue until the window
+            # reopens, as a parked lane does (issue #45).
             if not self._lanes.refused(lane, waiting):
                 return []  # the same wait, said already
             return [self._event(EventKind.WAITING, issue, task, reason=waiting.message)]

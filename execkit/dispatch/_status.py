@@ -22,15 +22,18 @@ from execkit.dispatch._config import DispatchConfig
 from execkit.ledger import (
     LANES_CAPABILITY,
     LIST_PAGE,
+    SPEND_CAPABILITY,
     LastOutcome,
     Ledger,
     Task,
     TaskState,
     TaskValues,
+    WindowUse,
     iter_task_values_with_last,
 )
 
 __all__ = [
+    "SPEND_WAIT",
     "IssueStatus",
     "IssueStatusValues",
     "issue_status_values",
@@ -102,6 +105,8 @@ _values_of = functools.partial(tuple.__new__, IssueStatusValues)
 _NO_LAST = (None, None, None)  # a task never attempted: no last status, class or reason
 BACKOFF_WAIT = "backoff"  # `IssueStatus.waits_on`: the task's own retry delay
 LANE_WAIT_ON = "lane"  # `IssueStatus.waits_on`: its vendor lane's opening (or an operator)
+SPEND_WAIT_ON = "spend"  # `IssueStatus.waits_on`: a full ledger-wide spend window's reopening
+SPEND_WAIT = "waiting on the "  # how a row held by a full spend window's reason begins
 
 
 def issue_status_values(row: IssueStatus) -> IssueStatusValues:
@@ -227,6 +232,12 @@ def iter_issue_status_values(
             lanes = DispatchLanes(ledger)
             lanes.bind(ledger.ledger_id())
 
+    # A ledger-wide spend window with no room for a run (issue #45): every open task that
+    # is not running waits for it to reopen (the one that reopens last, if several).
+    spend_full: WindowUse | None = None
+    if ledger is not None and SPEND_CAPABILITY in ledger.capabilities():
+        full = [use for use in ledger.spend_windows(now=at) if use.full and use.lane is None]
+        spend_full = max(full, key=lambda use: use.reopens_at, default=None)
     bounds: dict[int, int | None] = {}
     # While a lane is closed: the lane of each open task that is not running, read a page
     # of tasks at a time (`Ledger.task_lanes`), never a read a task.
@@ -274,9 +285,14 @@ def iter_issue_status_values(
             bound = bounds[limit] = config.bound_for(task)
         shown = _status_row(issue_id, title, board_state, task, last, bound)
         held = waiting(task, adapter) if closed else None  # no lane closed: none waits
-        return shown if held is None else _held(shown, held)
+        if held is not None:
+            return _held(shown, held)
+        if spend_full is not None and may_wait(task) and task.state is not TaskState.BLOCKED:
+            return _spent(shown, spend_full)
+        return shown
 
-    if board is None and not closed:  # no forced retry to show, no lane to wait on
+    if board is None and not closed and spend_full is None:
+        # No forced retry to show, no lane nor spend window to wait on.
         yield from _ledger_rows(dispatched, config)
         return
     if board is None:
@@ -316,6 +332,18 @@ def _held(shown: IssueStatusValues, lane: LaneView) -> IssueStatusValues:
     return shown._replace(
         reason=waiting_reason(lane), next_attempt_at=lane.opens_at, waits_on=LANE_WAIT_ON
     )
+
+
+def _spent(shown: IssueStatusValues, window: WindowUse) -> IssueStatusValues:
+    """`shown`, an open task's row, held by a full spend window until it reopens: "waiting
+    on the day's budget until 2027-01-16T00:00:00+00:00" (issue #45)."""
+    from execkit._stamp import utc_stamp
+
+    reason = f"{SPEND_WAIT}{window.name.removeprefix('the ')} until {utc_stamp(window.reopens_at)}"
+    own = shown.next_attempt_at
+    if own is not None and own >= window.reopens_at:
+        return shown._replace(reason=reason)
+    return shown._replace(reason=reason, next_attempt_at=window.reopens_at, waits_on=SPEND_WAIT_ON)
 
 
 def _pages(

@@ -35,9 +35,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from execkit.ledger._core import (
+    Spend,
     attempt_from_run,
     iter_task_values,
     iter_task_values_with_last,
+    spend_of,
 )
 from execkit.ledger._model import (
     ADMIN_ROLE,
@@ -79,6 +81,16 @@ from execkit.ledger._open import (
     open_ledger,
 )
 from execkit.ledger._owner import current_owner, owner_lost
+from execkit.ledger._spend import (
+    SPEND_CAPABILITY,
+    SpendCap,
+    SpendConfig,
+    SpendRow,
+    SpendWindow,
+    TaskBudget,
+    WindowUse,
+    window_bounds,
+)
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger
 
 if TYPE_CHECKING:
@@ -98,6 +110,7 @@ __all__ = [
     "OPERATE_ROLE",
     "OUTBOX_CAPABILITY",
     "SCHEMA_VERSION",
+    "SPEND_CAPABILITY",
     "WAKE_CAPABILITY",
     "Actor",
     "AuditAction",
@@ -113,11 +126,18 @@ __all__ = [
     "Role",
     "Run",
     "RunOwner",
+    "Spend",
+    "SpendCap",
+    "SpendConfig",
+    "SpendRow",
+    "SpendWindow",
     "SqliteLedger",
     "Task",
+    "TaskBudget",
     "TaskState",
     "TaskStatus",
     "TaskValues",
+    "WindowUse",
     "attempt_from_run",
     "current_owner",
     "default_db_path",
@@ -128,8 +148,10 @@ __all__ = [
     "migrate",
     "open_ledger",
     "owner_lost",
+    "spend_of",
     "task_values",
     "user_name",
+    "window_bounds",
 ]
 
 # The PostgreSQL backend's public names, imported on first use: a program that only ever

@@ -32,7 +32,16 @@ from execkit._budget import (
 from execkit._classify import FailureClass
 from execkit._json import to_json
 from execkit._lanes import LaneConfig, LaneEvent, LaneView
+from execkit._usage import Usage, UsdSource
 from execkit._validate import checked, fields_in_order, finite, integer, non_blank
+from execkit.ledger._spend import (
+    SPEND_CAPABILITY,
+    SpendCap,
+    SpendConfig,
+    SpendRow,
+    TaskBudget,
+    WindowUse,
+)
 
 __all__ = [
     "ADMIN_ROLE",
@@ -91,6 +100,7 @@ CAPABILITIES = frozenset(
         "runs.owners",
         WAKE_CAPABILITY,
         OUTBOX_CAPABILITY,
+        SPEND_CAPABILITY,
     }
 )
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
@@ -252,6 +262,26 @@ class Run:
     stopped: bool = False
     lane_held: bool = False
     workspace: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    usd: float | None = None
+    usd_source: UsdSource = UsdSource.UNKNOWN
+    model: str | None = None
+
+    @property
+    def usage(self) -> Usage:
+        """What the run cost, as one `Usage` (unknown until its result reports it)."""
+        return Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cache_read_tokens=self.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens,
+            usd=self.usd,
+            usd_source=self.usd_source,
+            model=self.model,
+        )
 
     @property
     def owner(self) -> RunOwner | None:
@@ -375,6 +405,9 @@ class AuditAction(enum.StrEnum):
     LANE_PARK = "lane.park"
     LANE_RESUME = "lane.resume"
     LANE_CONFIG = "lane.config"
+    SPEND_CAPS = "spend.caps"
+    SPEND_WARNING = "spend.warning"
+    TASK_SET_BUDGET = "task.set_budget"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -563,6 +596,7 @@ class Ledger(Protocol):
         now: float | None = None,
         stopped: bool = False,
         lane_cause: str | None = None,
+        usage: Usage | None = None,
     ) -> Run: ...
 
     def abandon_expired_runs(self, *, now: float | None = None) -> list[Run]: ...
@@ -691,6 +725,32 @@ class Ledger(Protocol):
         max_trips: int | None = None,
         now: float | None = None,
     ) -> LaneConfig: ...
+
+    # Spend caps (issue #45; `spend.caps`).
+    def spend_config(self) -> SpendConfig: ...
+    def spend_windows(self, *, now: float | None = None) -> list[WindowUse]: ...
+    def spend_rows(self, *, since: float = 0.0) -> list[SpendRow]: ...
+    def set_spend_cap(
+        self,
+        cap: SpendCap | None = None,
+        *,
+        actor: Actor | str,
+        floor_usd: float | None = None,
+        floor_tokens: int | None = None,
+        now: float | None = None,
+    ) -> SpendConfig: ...
+    def task_budget(self, task_id: str) -> TaskBudget: ...
+    def set_task_budget(
+        self,
+        task_id: str,
+        *,
+        usd: float | None,
+        tokens: int | None,
+        expected_usd: float | None,
+        expected_tokens: int | None,
+        actor: Actor | str,
+        now: float | None = None,
+    ) -> TaskBudget: ...
 
     def audit_events(self, task_id: str | None = None) -> list[AuditEvent]: ...
     def validate(self, *, now: float | None = None) -> list[str]: ...

@@ -26,6 +26,7 @@ from execkit._budget import AttemptStatus
 from execkit._classify import FailureClass
 from execkit._errors import InvalidInput, StorageError
 from execkit._lanes import LaneEvent, LaneEventKind, LaneState, LaneSummary
+from execkit._usage import UsdSource
 from execkit._validate import fields_in_order
 from execkit.ledger._core import SUMMARY_AT, TaskRecord, domain, summary_row
 from execkit.ledger._model import AuditEvent, Grant, OutboxEntry, Run
@@ -41,6 +42,7 @@ __all__ = [
     "SUMMARY_COLUMNS",
     "TASK_COLUMNS",
     "TASK_ROW",
+    "USAGE_COLUMNS",
     "NamedRow",
     "audit_event_from_row",
     "domain",
@@ -64,6 +66,17 @@ class NamedRow(Protocol):
     def __getitem__(self, column: str, /) -> Any: ...
 
 
+# What a run cost (issue #45), in `Run`'s field order: a run with no cost stored reads
+# 0 tokens, usd NULL, source 'unknown', model NULL.
+USAGE_COLUMNS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "usd",
+    "usd_source",
+    "model",
+)
 RUN_COLUMNS = (
     "id",
     "task_id",
@@ -87,6 +100,7 @@ RUN_COLUMNS = (
     "stopped",
     "lane_held",
     "workspace",
+    *USAGE_COLUMNS,
 )
 TASK_COLUMNS = (
     "id",
@@ -173,6 +187,13 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         stopped,
         lane_held,
         workspace,
+        input_tokens,
+        output_tokens,
+        cache_read_tokens,
+        cache_write_tokens,
+        usd,
+        usd_source,
+        model,
     ) = values
     return Run(
         run_id,
@@ -199,6 +220,15 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         bool(stopped),
         bool(lane_held),
         workspace,
+        int(input_tokens or 0),
+        int(output_tokens or 0),
+        int(cache_read_tokens or 0),
+        int(cache_write_tokens or 0),
+        None if usd is None else float(usd),
+        UsdSource.UNKNOWN
+        if usd_source is None
+        else domain(UsdSource, usd_source, "run {!r} usd_source", run_id),
+        model,
     )
 
 

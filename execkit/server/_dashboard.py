@@ -102,6 +102,8 @@ _FIXES: Mapping[BlockedOn, str] = {
     "(raises it by one) or raise it with `execkit task limit`",
     BlockedOn.DISPATCH_CAP: "the dispatcher's cap per issue is reached: retry once, or "
     "raise --max-attempts",
+    BlockedOn.SPEND: "the task's own spend cap is spent: raise it with `execkit task "
+    "set-budget`, then retry once",
 }
 
 

@@ -15,8 +15,10 @@ admitted through `POST /v1/tasks/{task_id}/runs`) and `execkit_refusals_total{co
 route's error answers by code). From the ledger, at each scrape (the dashboard's cached
 `LedgerView`, so a scrape reads only the tasks that changed): `execkit_attempts_total`
 (every finished attempt in the history by `class` and `charged`), `execkit_runs_in_flight`,
-`execkit_tasks{state}`, and `execkit_lanes{state}` when the ledger has lanes. A ledger that
-cannot be read leaves its series out and sets `execkit_ledger_up` to 0.
+`execkit_tasks{state}`, `execkit_lanes{state}` when the ledger has lanes, and what its runs
+cost (issue #45): `execkit_spend_usd_total{lane,model}` and
+`execkit_spend_tokens_total{lane,kind}` (kind: input, output, cache_read, cache_write). A
+ledger that cannot be read leaves its series out and sets `execkit_ledger_up` to 0.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from execkit.server._tokens import TokenFile
 __all__ = ["Monitoring"]
 
 ADMISSION_ROUTE = "/v1/tasks/{task_id}/runs"
+_TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 _log = logging.getLogger("execkit.server")
 
 
@@ -86,6 +89,40 @@ class _LedgerCollector(Collector):
             for key, count in sorted(by_state.items()):
                 family.add_metric([key], count)
             yield family
+        yield from self._spend()
+
+    def _spend(self) -> Iterator[Metric]:
+        """What every run of the ledger cost (issue #45): USD by lane and model, tokens by
+        lane and kind; a run with no USD figure adds none (its tokens still count)."""
+        try:
+            rows = self.view.ledger.spend_rows()
+        except ExecKitError as exc:
+            _log.warning("metrics: the ledger's spend did not answer: %s", exc.message)
+            return
+        usd: dict[tuple[str, str], float] = {}
+        tokens: dict[tuple[str, str], int] = {}
+        for row in rows:
+            lane = row.lane or "-"
+            key = (lane, row.model or "unknown")
+            usd[key] = usd.get(key, 0.0) + (row.usd or 0.0)
+            for kind in _TOKEN_KINDS:
+                count = getattr(row, f"{kind}_tokens")
+                tokens[(lane, kind)] = tokens.get((lane, kind), 0) + count
+        money = CounterMetricFamily(
+            "execkit_spend_usd",
+            "USD the ledger's runs cost, by lane and model",
+            labels=["lane", "model"],
+        )
+        for (lane, model), total in sorted(usd.items()):
+            money.add_metric([lane, model], total)
+        yield money
+        counted = CounterMetricFamily(
+            "execkit_spend_tokens", "tokens the ledger's runs used, by lane and kind",
+            labels=["lane", "kind"],
+        )  # fmt: skip
+        for (lane, kind), total in sorted(tokens.items()):
+            counted.add_metric([lane, kind], total)
+        yield counted
 
 
 class Monitoring:

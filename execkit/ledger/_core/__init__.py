@@ -26,6 +26,8 @@ One concern a file; `LedgerCore` is composed from one class of operations per co
 - `wake.py`: `WakeOps`, the wake number dispatchers wait on;
 - `outbox.py`: `OutboxOps`, the board outbox a tracker board records its writes in before
   they are sent (issue #47), and its webhook deliveries;
+- `spend.py`: what runs cost (issue #45): a run's cost checked and stored with its
+  result, and `Spend`, what runs cost together (`spend_of`);
 - `ledger.py`: `LedgerCore` composed from them, and what the ledger says about itself.
 
 A new concern is a new file: its operations in a class over `CoreBase`, added to
@@ -35,6 +37,7 @@ Rooms outside this package import from `execkit.ledger._core` only, never from i
 
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run
 from execkit.ledger._core.ledger import LedgerCore
+from execkit.ledger._core.spend import Spend, spend_of
 from execkit.ledger._core.store import (
     HISTORY_ROW,
     LANE_CONFIG_META_KEY,
@@ -56,6 +59,7 @@ __all__ = [
     "LANE_CONFIG_META_KEY",
     "SUMMARY_AT",
     "LedgerCore",
+    "Spend",
     "StaleCopy",
     "Store",
     "TaskRecord",
@@ -64,6 +68,7 @@ __all__ = [
     "domain",
     "iter_task_values",
     "iter_task_values_with_last",
+    "spend_of",
     "stored_attempt",
     "summary_row",
     "summary_values",

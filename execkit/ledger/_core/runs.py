@@ -4,10 +4,11 @@ records how it ended, and the run history is read back (`runs`, `run`, `history`
 Admission is one write transaction (ADR 0033: the count is checked in the transaction that
 starts the run; a failed transaction consumes no attempt): the task locked, a running run
 whose lease expired abandoned first, the policies decided once on the task's summary, then
-the run, the new summary, the audit record and the request key written together. Replaying
+the run, the new summary, the audit record and the request key written together; last,
+the spend caps (issue #45, `spend.py`), when the ledger has any. Replaying
 an accepted request key returns the run it admitted and creates none. The refusals are
 `AdmissionRefused`s (`TaskFinished`, `AttemptLimitReached`, `TaskBlocked`,
-`TaskBackingOff`), each caught by type.
+`TaskBackingOff`, `SpendCapReached`), each caught by type.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from execkit._errors import (
 )
 from execkit._lanes import LaneCause, LaneState
 from execkit._mask import mask_text
+from execkit._usage import Usage
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run, when
 from execkit.ledger._core.inputs import (
     MAX_KEY,
@@ -47,6 +49,7 @@ from execkit.ledger._core.inputs import (
 )
 from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
+from execkit.ledger._core.spend import Reservation, SpendOps, check_usage, with_usage
 from execkit.ledger._core.store import StaleCopy, TaskRecord, Tx
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
@@ -89,7 +92,7 @@ def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
 MAX_WORKSPACE = 4096
 
 
-class RunOps(LeaseOps):
+class RunOps(LeaseOps, SpendOps):
     """Admitting, finishing and reading runs; an expired lease met on the way is
     abandoned (`LeaseOps`)."""
 
@@ -203,6 +206,15 @@ class RunOps(LeaseOps):
                         refused = lane_refusal
                 if refused is None:
                     refused = self._admission_refusal(task, decision, at, ignore_backoff)
+                reservation: Reservation | None = None
+                if refused is None:
+                    # Spend last (issue #45): the one check that reads other tasks' runs,
+                    # so a run another check refuses never waits for the spend lock.
+                    gate = self._spend_gate(tx, task, lane_name, at)
+                    if isinstance(gate, AdmissionRefused):
+                        refused = gate
+                    else:
+                        reservation = gate
                 if refused is None:
                     run = self._admit(
                         tx,
@@ -219,6 +231,8 @@ class RunOps(LeaseOps):
                     )
                     if lane_name is not None:
                         self._lane_admitted(tx, lane_name, probes, run, at)
+                    if reservation is not None:
+                        self._spend_admitted(tx, run, lane_name, reservation, at)
                     return run
                 if expired is None:
                     raise refused
@@ -344,8 +358,15 @@ class RunOps(LeaseOps):
         now: float | None = None,
         stopped: bool = False,
         lane_cause: str | None = None,
+        usage: Usage | None = None,
     ) -> Run:
         """Record how a running run ended: succeeded | failed | abandoned.
+
+        `usage` (issue #45) is what the run cost, as its adapter read it from the CLI's
+        structure (a failed, stopped or killed run's too: what it printed before it
+        ended); stored on the run, it replaces the reservation its admission held. None
+        (and every run ended otherwise: abandoned by a lease's expiry or an operator)
+        leaves it unknown, never zero. Not a `Usage`: InvalidInput naming `usage`.
 
         `stopped=True` (abandoned only) says its own runner stopped it on purpose (a
         dispatcher shutting down, a cancelled task): the attempt is uncharged and sets no
@@ -405,12 +426,13 @@ class RunOps(LeaseOps):
                 field="lane_cause",
             )
         stored_reason = clean_reason(reason)
+        cost = check_usage(usage)
         at = moment(now)
 
         def finish(after: StaleCopy | None) -> Run:
             with self._store.write(remembered=after is None, after=after) as tx:
                 return self._finish(
-                    tx, run_id, final, klass, stored_reason, reset, stopped, cause, at
+                    tx, run_id, final, klass, stored_reason, reset, stopped, cause, at, cost
                 )
 
         return self._copy_first(finish)
@@ -426,6 +448,7 @@ class RunOps(LeaseOps):
         stopped: bool,
         cause: LaneCause | None,
         at: float,
+        cost: Usage | None = None,
     ) -> Run:
         """`finish_run` in its transaction, its arguments checked."""
         tx.expect_result(run_id)
@@ -436,7 +459,7 @@ class RunOps(LeaseOps):
                 klass,
                 stored_reason,
                 stopped,
-            ):
+            ) and (cost is None or cost == run.usage):
                 return run
             shown = run.failure_class.value if run.failure_class else "-"
             raise Conflict(
@@ -460,6 +483,8 @@ class RunOps(LeaseOps):
             not_before=reset,
             stopped=stopped,
         )
+        if cost is not None:
+            ended = with_usage(ended, cost)
         # The lane first: whether its lane absorbed an upstream failure decides whether the
         # failure moves the task's streak. A failure that met its lane closed (in flight when
         # another's result closed it, or the probe that found it closed still) was the
@@ -468,7 +493,9 @@ class RunOps(LeaseOps):
         met = self._lane_result(tx, ended, cause, at, stated)
         if met is not None and met.state is not LaneState.OPEN and klass is FailureClass.UPSTREAM:
             ended = attrs.evolve(ended, lane_held=True)
-        tx.finish_run(run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held)
+        tx.finish_run(
+            run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held, cost
+        )
         self._summary_after(tx, task, ended)
         if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
             tx.set_task_status(run.task_id, TaskStatus.DONE, at)

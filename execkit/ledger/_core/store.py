@@ -23,8 +23,10 @@ from execkit._budget import Attempt, AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
+from execkit._usage import Usage
 from execkit._validate import fields_in_order
 from execkit.ledger._model import AuditEntry, AuditEvent, Grant, OutboxEntry, Run, TaskStatus
+from execkit.ledger._spend import SpendRow, TaskBudget
 
 # ledger_meta's key for the lane configuration (`LaneConfigHistory`, stored): a backend
 # that reads ahead reads it with a lane-bound run's result (`Tx.expect_result`).
@@ -353,6 +355,7 @@ class Tx(Protocol):
         at: float,
         stopped: bool = False,
         lane_held: bool = False,
+        usage: Usage | None = None,
     ) -> bool: ...
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool: ...
     def lease_of(self, run_id: str) -> float: ...
@@ -414,6 +417,32 @@ class Tx(Protocol):
         ...
 
     def write_outbox(self, entry: OutboxEntry) -> None: ...
+
+    # -- spend (issue #45) ---------------------------------------------------------------
+    # A run's effective cost, what every sum below counts: a running run, and a finished
+    # one whose result reported no USD (tokens), counts what its admission reserved; any
+    # other its reported cost. A run with no cost stored counts nothing.
+    def task_budget(self, task_id: str) -> TaskBudget | None: ...
+    def put_task_budget(self, budget: TaskBudget, actor: str, at: float) -> None: ...
+    def reserve(
+        self, run_id: str, task_id: str, lane: str | None, started_at: float, usd: float,
+        tokens: int,
+    ) -> None: ...  # fmt: skip
+    # The admissions that read the window sums queue here (PostgreSQL: a transaction-scoped
+    # advisory lock, taken after every row lock of the admission; SQLite: its write lock).
+    def lock_spend(self) -> None: ...
+    # (USD, tokens, the earliest start counted) of the runs started at or after `since`,
+    # on `lane` only when one is given.
+    def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]: ...
+    def task_spend(self, task_id: str) -> tuple[float, int]: ...
+    # The (USD or None, tokens) of up to `limit` finished runs (of `lane` when given, else
+    # of every lane), the latest first: what a reservation's percentile reads.
+    def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]: ...
+    # Records that `cap`'s window starting at `window_start` had its 80% warning; False
+    # when it had one already.
+    def note_spend_warning(self, cap: str, window_start: float, at: float) -> bool: ...
+    # Every run started at or after `since`, in creation order, with its task and cost.
+    def spend_rows(self, since: float) -> list[SpendRow]: ...
 
     def task_lanes(self, task_ids: list[str]) -> dict[str, tuple[str, str]]:
         """Of each of `task_ids` that ran on a lane: the lane of its last run that had one

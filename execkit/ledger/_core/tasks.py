@@ -34,8 +34,8 @@ from execkit.ledger._core.inputs import (
     fingerprint_of,
     moment,
 )
+from execkit.ledger._core.spend import SpendOps
 from execkit.ledger._core.store import _ATTEMPT_STATUSES, _FAILURE_CLASSES, TaskRecord
-from execkit.ledger._core.wake import WakeOps
 from execkit.ledger._model import (
     LIST_PAGE,
     OPERATE_ROLE,
@@ -57,7 +57,7 @@ __all__ = ["TaskOps", "iter_task_values", "iter_task_values_with_last"]
 _STATE = TaskValues._fields.index("state")
 
 
-class TaskOps(WakeOps):
+class TaskOps(SpendOps):
     """Creating, reading and cancelling tasks; attempt limits, retries and give-ups."""
 
     def create_task(
@@ -123,11 +123,13 @@ class TaskOps(WakeOps):
 
         `cap` adds a dispatch cap to the bounds; `force=True` shows what a forced admission
         would meet (every stop lifted but an explicit limit; the backoff still applies).
+        A task whose own spend cap has no room left shows blocked on `spend` (issue #45;
+        the listings show the policies' state alone: admission refuses it all the same).
         """
         check_bool("force", force)
         at = moment(now)
         with self._store.read() as tx:
-            return self._load_task(tx, task_id, at, cap, force=force)
+            return self._spend_block(tx, self._load_task(tx, task_id, at, cap, force=force))
 
     def list_tasks(
         self,

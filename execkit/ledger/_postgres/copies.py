@@ -43,6 +43,9 @@ class TaskCopy(NamedTuple):
     run_lane: str | None
 
 
+UNREAD = object()
+
+
 class Copies:
     """The copies of one store, by task id (and their running run's id); thread-safe."""
 
@@ -50,6 +53,10 @@ class Copies:
         self._lock = threading.Lock()
         self._by_task: dict[str, TaskCopy] = {}
         self._task_of_run: dict[str, str] = {}
+        # The spend configuration's stored text as this store's last admission read it
+        # (issue #45), `_UNREAD` before any: an admission on a copy answers its read
+        # from it, behind a guard that finds it unchanged.
+        self.spend: str | object | None = UNREAD
 
     def __len__(self) -> int:
         return len(self._by_task)

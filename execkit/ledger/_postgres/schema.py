@@ -29,6 +29,9 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
 # columns, so every row stored before reads the same.
 # Version 3 (issue #28): vendor lanes, their history, their stored state (the fold of that
 # history, a row locked FOR UPDATE by whoever changes it) and the lane each run used.
+# Version 6 (issue #45): spend. What each run cost and what its admission reserved (new
+# defaulted columns of runs: a run stored before cost an unknown amount, reserved
+# nothing), a task's own caps, and which cap's 80% warning each window has had.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -205,8 +208,34 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (board, item)
         )""",
     ),
-    # Issue #45's step (spend) goes here; the integrator renumbers at merge.
-    6: (),
+    6: (
+        "ALTER TABLE runs "
+        "ADD COLUMN reserved_usd double precision NOT NULL DEFAULT 0 CHECK (reserved_usd >= 0), "
+        "ADD COLUMN reserved_tokens bigint NOT NULL DEFAULT 0 CHECK (reserved_tokens >= 0), "
+        "ADD COLUMN input_tokens bigint NOT NULL DEFAULT 0 CHECK (input_tokens >= 0), "
+        "ADD COLUMN output_tokens bigint NOT NULL DEFAULT 0 CHECK (output_tokens >= 0), "
+        "ADD COLUMN cache_read_tokens bigint NOT NULL DEFAULT 0 CHECK (cache_read_tokens >= 0), "
+        "ADD COLUMN cache_write_tokens bigint NOT NULL DEFAULT 0 "
+        "CHECK (cache_write_tokens >= 0), "
+        "ADD COLUMN usd double precision CHECK (usd IS NULL OR usd >= 0), "
+        "ADD COLUMN usd_source text NOT NULL DEFAULT 'unknown' "
+        "CHECK (usd_source IN ('reported', 'priced', 'unknown')), "
+        "ADD COLUMN model text",
+        "CREATE INDEX runs_by_start ON runs (started_at)",
+        """CREATE TABLE task_budgets (
+            task_id text PRIMARY KEY REFERENCES tasks (id),
+            budget_usd double precision CHECK (budget_usd IS NULL OR budget_usd > 0),
+            budget_tokens bigint CHECK (budget_tokens IS NULL OR budget_tokens > 0),
+            updated_by text NOT NULL,
+            updated_at double precision NOT NULL
+        )""",
+        """CREATE TABLE spend_warnings (
+            cap text NOT NULL,
+            window_start double precision NOT NULL,
+            at double precision NOT NULL,
+            PRIMARY KEY (cap, window_start)
+        )""",
+    ),
     # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
     7: ("ALTER TABLE runs ADD COLUMN workspace text",),
 }
@@ -225,4 +254,6 @@ TABLES = (
     "lane_summaries",
     "run_lanes",
     "board_outbox",
+    "task_budgets",
+    "spend_warnings",
 )

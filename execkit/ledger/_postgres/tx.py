@@ -63,6 +63,7 @@ from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._errors import StorageError
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary, open_lane
+from execkit._usage import Usage
 from execkit.ledger._core import (
     FINISHED_STATUSES,
     LANE_CONFIG_META_KEY,
@@ -78,7 +79,7 @@ from execkit.ledger._model import (
     Run,
     TaskStatus,
 )
-from execkit.ledger._postgres.copies import Copies, TaskCopy
+from execkit.ledger._postgres.copies import UNREAD, Copies, TaskCopy
 from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
@@ -88,6 +89,7 @@ from execkit.ledger._rows import (
     SUMMARY_COLUMNS,
     TASK_COLUMNS,
     TASK_ROW,
+    USAGE_COLUMNS,
     audit_event_from_row,
     grant_from_row,
     lane_event_from_row,
@@ -100,6 +102,7 @@ from execkit.ledger._rows import (
     run_from_values,
     task_from_row,
 )
+from execkit.ledger._spend import SPEND_META_KEY, SpendRow, TaskBudget
 
 if TYPE_CHECKING:
     import psycopg
@@ -123,6 +126,19 @@ class Opener(Protocol):
 # of one table under the same name.
 _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 _TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
+# A run's effective cost (`Tx`'s spend section): its reservation while it runs or when its
+# result reported no USD (no tokens either, for the tokens), else what it reported.
+_TOKENS_OF = "(r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens)"
+_EFFECTIVE = (
+    "coalesce(sum(CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd "
+    "ELSE r.usd END), 0), coalesce(sum(CASE WHEN r.status = 'running' OR (r.usd IS NULL "
+    f"AND {_TOKENS_OF} = 0) THEN r.reserved_tokens ELSE {_TOKENS_OF} END), 0)"
+)
+# pg_advisory_xact_lock(int, int) key, beside the lane configuration's: the admissions
+# that read the spend windows queue on it (`lock_spend`).
+_SPEND_LOCK = (0x65786B74, 3)
+# A run's cost as its result reported it (issue #45), set with the result.
+_COST_SET = "".join(f", {column} = %s" for column in USAGE_COLUMNS)
 # The values of `summary_values`, in `SUMMARY_COLUMNS` order, then the task's id.
 _SUMMARY_UPDATE = (
     "UPDATE tasks SET "
@@ -130,6 +146,8 @@ _SUMMARY_UPDATE = (
     + " WHERE id = %s"
 )
 
+# The spend configuration's stored text (issue #45), read with an admission's last read.
+_SPEND_VALUE = f"SELECT value FROM ledger_meta WHERE key = '{SPEND_META_KEY}'"
 # Read again, in `expect_admission`, only when the key is new: a replayed key locks no task
 # (the run it names may be another task's, and task locks are taken in task order).
 _KEY_IS_NEW = "NOT EXISTS (SELECT 1 FROM idempotency WHERE scope = %s AND key = %s)"
@@ -147,6 +165,7 @@ _FINISHED = [str(status) for status in FINISHED_STATUSES]
 _NUMBER_AND_RUNNING = (
     "SELECT txid_current() AS tx_xid, (SELECT nextval('run_numbers') FROM tasks "
     f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW}) AS tx_number, "
+    f"({_SPEND_VALUE}) AS tx_spend, "
     + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
     + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.task_id = %s "
     f"AND r.attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}"
@@ -186,7 +205,11 @@ def _guard(table: str, condition: str = "") -> str:
 
 
 _TASK_GUARD = _guard("tasks")
-_NEW_KEY_TASK_GUARD = _guard("tasks", f" AND {_KEY_IS_NEW}")
+# An admission on a copy also finds the spend configuration as the copy's store last read
+# it (issue #45: its text, or none), or decides again on what is stored.
+_NEW_KEY_TASK_GUARD = _guard(
+    "tasks", f" AND {_KEY_IS_NEW} AND ({_SPEND_VALUE}) IS NOT DISTINCT FROM %s"
+)
 _RUN_GUARD = _guard("runs", " AND status = 'running'")
 # An admission's lanes, on a copy: every one that has a row is open, so it admits with no
 # probe (`admission`, `_lanes.py`); locked, in name order, as `expect_admission` locks them.
@@ -583,15 +606,22 @@ class PostgresTx:
         for new, the task as copied and its lanes open, checked by the guards sent first."""
         assert self._copies is not None
         copy = self._copies.of_task(task_id)
-        if copy is None or copy.next_number is None or copy.record.running is not None:
+        spend = self._copies.spend
+        if (
+            copy is None
+            or copy.next_number is None
+            or copy.record.running is not None
+            or spend is UNREAD
+        ):
             return False
+        self._ahead[("meta", SPEND_META_KEY)] = spend
         self._ahead[("idempotent", scope, key)] = None
         self._ahead[("task", task_id)] = copy.record
         self._locked_tasks.add(task_id)  # by the guard, the first statement sent
         self._run_number = copy.next_number
         self._guards = [
             (_KEY_LOCK, (_LEFT, f"{scope}\x1f{key}")),
-            (_NEW_KEY_TASK_GUARD, (task_id, copy.version, scope, nul_free(key), _LEFT)),
+            (_NEW_KEY_TASK_GUARD, (task_id, copy.version, scope, nul_free(key), spend, _LEFT)),
         ]
         if lanes:
             self._ahead[("lane_gates", lanes)] = []  # none stored that is not open
@@ -624,6 +654,10 @@ class PostgresTx:
         drawn = number.named_one()
         assert drawn is not None
         self.xid = int(drawn["tx_xid"])
+        spend = drawn.pop("tx_spend")
+        self._ahead[("meta", SPEND_META_KEY)] = spend
+        if self._copies is not None:
+            self._copies.spend = spend
         row = found.named_one()
         self._ahead[("idempotent", scope, key)] = (
             None if row is None else (str(row["fingerprint"]), dict(row["response"]))
@@ -1017,11 +1051,24 @@ class PostgresTx:
         at: float,
         stopped: bool = False,
         lane_held: bool = False,
+        usage: Usage | None = None,
     ) -> bool:
+        costs: tuple[Any, ...] = ()
+        if usage is not None:
+            costs = (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                usage.usd,
+                str(usage.usd_source),
+                nul_free(usage.model),
+            )
         sql = (
             "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
-            "not_before = COALESCE(%s, not_before), stopped = %s, lane_held = %s "
-            "WHERE id = %s AND status = 'running'"
+            "not_before = COALESCE(%s, not_before), stopped = %s, lane_held = %s"
+            + (_COST_SET if costs else "")
+            + " WHERE id = %s AND status = 'running'"
         )
         params = (
             str(status),
@@ -1031,6 +1078,7 @@ class PostgresTx:
             not_before,
             stopped,
             lane_held,
+            *costs,
             run_id,
         )
         if run_id in self._held_runs:
@@ -1252,6 +1300,97 @@ class PostgresTx:
             (task_id,),
         )
         return None if row is None else str(row[0])
+
+    # -- spend (issue #45) ---------------------------------------------------------------
+
+    def task_budget(self, task_id: str) -> TaskBudget | None:
+        row = self._one(
+            "SELECT budget_usd, budget_tokens FROM task_budgets WHERE task_id = %s", (task_id,)
+        )
+        return None if row is None else TaskBudget(task_id, row[0], row[1])
+
+    def put_task_budget(self, budget: TaskBudget, actor: str, at: float) -> None:
+        self._queue(
+            "task_budgets",
+            "INSERT INTO task_budgets (task_id, budget_usd, budget_tokens, updated_by, "
+            "updated_at) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id) DO UPDATE SET "
+            "budget_usd = excluded.budget_usd, budget_tokens = excluded.budget_tokens, "
+            "updated_by = excluded.updated_by, updated_at = excluded.updated_at",
+            (budget.task_id, budget.usd, budget.tokens, nul_free(actor), at),
+            reads=frozenset({"tasks"}),
+        )
+
+    def reserve(
+        self, run_id: str, task_id: str, lane: str | None, started_at: float, usd: float,
+        tokens: int,
+    ) -> None:  # fmt: skip
+        # The run's lane and start are its own columns and `run_lanes`' row here.
+        self._queue(
+            "runs",
+            "UPDATE runs SET reserved_usd = %s, reserved_tokens = %s WHERE id = %s",
+            (usd, tokens, run_id),
+        )
+
+    def lock_spend(self) -> None:
+        # Exclusive, transaction-scoped, taken after every row lock of the admission, and
+        # nothing waits for a lock after it: the admissions that read the windows' sums
+        # queue on it, each sum read (a statement after the lock) sees every admission
+        # that committed before.
+        self.lock_advisory(*_SPEND_LOCK)
+
+    def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
+        if lane is None:
+            row = self._one(
+                f"SELECT {_EFFECTIVE}, min(r.started_at) FROM runs r WHERE r.started_at >= %s",
+                (since,),
+            )
+        else:
+            row = self._one(
+                f"SELECT {_EFFECTIVE}, min(r.started_at) FROM runs r JOIN run_lanes l "
+                "ON l.run_id = r.id WHERE r.started_at >= %s AND l.lane = %s",
+                (since, lane),
+            )
+        assert row is not None
+        return float(row[0]), int(row[1]), None if row[2] is None else float(row[2])
+
+    def task_spend(self, task_id: str) -> tuple[float, int]:
+        row = self._one(f"SELECT {_EFFECTIVE} FROM runs r WHERE r.task_id = %s", (task_id,))
+        assert row is not None
+        return float(row[0]), int(row[1])
+
+    def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
+        if lane is None:
+            rows = self._all(
+                f"SELECT r.usd, {_TOKENS_OF} FROM runs r WHERE r.status <> 'running' "
+                "ORDER BY r.started_at DESC LIMIT %s",
+                (limit,),
+            )
+        else:
+            rows = self._all(
+                f"SELECT r.usd, {_TOKENS_OF} FROM runs r JOIN run_lanes l ON l.run_id = r.id "
+                "WHERE l.lane = %s AND r.status <> 'running' ORDER BY r.started_at DESC LIMIT %s",
+                (lane, limit),
+            )
+        return [(None if row[0] is None else float(row[0]), int(row[1])) for row in rows]
+
+    def note_spend_warning(self, cap: str, window_start: float, at: float) -> bool:
+        return bool(
+            self._count(
+                "INSERT INTO spend_warnings (cap, window_start, at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (cap, window_start) DO NOTHING RETURNING 1",
+                (nul_free(cap), window_start, at),
+            )
+        )
+
+    def spend_rows(self, since: float) -> list[SpendRow]:
+        rows = self._all(
+            "SELECT r.id, r.task_id, t.title, t.status, r.status, l.lane, r.started_at, "
+            "r.input_tokens, r.output_tokens, r.cache_read_tokens, r.cache_write_tokens, "
+            "r.usd, r.usd_source, r.model FROM runs r JOIN tasks t ON t.id = r.task_id "
+            "LEFT JOIN run_lanes l ON l.run_id = r.id WHERE r.started_at >= %s ORDER BY r.seq",
+            (since,),
+        )
+        return [SpendRow(*row[:7], *(int(count) for count in row[7:11]), *row[11:]) for row in rows]
 
     def task_lanes(self, task_ids: list[str]) -> dict[str, tuple[str, str]]:
         if not task_ids:

@@ -37,6 +37,8 @@ def missing_tables(conn: sqlite3.Connection, path: Path) -> list[str]:
         needed |= {"lane_events", "lane_summaries", "run_lanes"}
     if read_version(conn, path) >= 6:
         needed |= {"run_lane_holds"}
+    if read_version(conn, path) >= 8:
+        needed |= {"run_costs", "task_budgets", "spend_warnings"}
     return sorted(needed - _tables(conn))
 
 

@@ -23,8 +23,10 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # before the step, is the way back). Version 5 (issue #28): vendor lanes, their
 # history, their stored state (the fold of that history) and the lane each run used.
 # Version 6: the upstream failures a lane absorbed. Version 7 (issue #47): the board
-# outbox, what a tracker board owes its tracker until it is sent. Version 8 is issue #45's
-# (spend; empty on this branch until they are merged). Version 9 (issue #46): the
+# outbox, what a tracker board owes its tracker until it is sent. Version 8 (issue #45):
+# spend. What each run cost (tokens by kind, USD and its source, the model) and what its
+# admission reserved, with its lane and start (the windows' sums read them); a task's own
+# caps; and which cap's 80% warning each window has had. Version 9 (issue #46): the
 # workspace each run's agent worked in, a column of `run_extras`.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
@@ -220,8 +222,42 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (board, item)
         )""",
     ),
-    # Issue #45's step (spend) goes here; the integrator renumbers at merge.
-    8: (),
+    8: (
+        # Issue #45: a run's cost, a row a run written when it is admitted (its
+        # reservation) and completed when it ends (what it cost). A run with no row (every
+        # run older than this step) cost an unknown amount and reserved nothing.
+        """CREATE TABLE run_costs (
+            run_id TEXT PRIMARY KEY REFERENCES runs (id),
+            task_id TEXT NOT NULL REFERENCES tasks (id),
+            lane TEXT,
+            started_at REAL NOT NULL,
+            reserved_usd REAL NOT NULL DEFAULT 0 CHECK (reserved_usd >= 0),
+            reserved_tokens INTEGER NOT NULL DEFAULT 0 CHECK (reserved_tokens >= 0),
+            input_tokens INTEGER NOT NULL DEFAULT 0 CHECK (input_tokens >= 0),
+            output_tokens INTEGER NOT NULL DEFAULT 0 CHECK (output_tokens >= 0),
+            cache_read_tokens INTEGER NOT NULL DEFAULT 0 CHECK (cache_read_tokens >= 0),
+            cache_write_tokens INTEGER NOT NULL DEFAULT 0 CHECK (cache_write_tokens >= 0),
+            usd REAL CHECK (usd IS NULL OR usd >= 0),
+            usd_source TEXT NOT NULL DEFAULT 'unknown'
+                CHECK (usd_source IN ('reported', 'priced', 'unknown')),
+            model TEXT
+        )""",
+        "CREATE INDEX run_costs_by_start ON run_costs (started_at)",
+        "CREATE INDEX run_costs_by_task ON run_costs (task_id)",
+        """CREATE TABLE task_budgets (
+            task_id TEXT PRIMARY KEY REFERENCES tasks (id),
+            budget_usd REAL CHECK (budget_usd IS NULL OR budget_usd > 0),
+            budget_tokens INTEGER CHECK (budget_tokens IS NULL OR budget_tokens > 0),
+            updated_by TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TABLE spend_warnings (
+            cap TEXT NOT NULL,
+            window_start REAL NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (cap, window_start)
+        )""",
+    ),
     # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
     9: ("ALTER TABLE run_extras ADD COLUMN workspace TEXT",),
 }

@@ -20,6 +20,7 @@ import attrs
 from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
+from execkit._usage import Usage
 from execkit.ledger._core import HISTORY_ROW, TaskRecord
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
@@ -50,6 +51,7 @@ from execkit.ledger._rows import (
     run_from_values,
     summary_row,
 )
+from execkit.ledger._spend import SpendRow, TaskBudget
 
 __all__ = ["SqliteTx"]
 
@@ -62,10 +64,27 @@ _RUN_SELECT = (
     "x.lease_expires_at, x.not_before, o.boot_id AS owner_boot_id, "
     "o.pid_namespace AS owner_pid_namespace, o.pid_started_at AS owner_pid_started_at, "
     "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped, "
-    "lh.run_id IS NOT NULL AS lane_held, x.workspace "
+    "lh.run_id IS NOT NULL AS lane_held, x.workspace, "
+    "COALESCE(c.input_tokens, 0) AS input_tokens, "
+    "COALESCE(c.output_tokens, 0) AS output_tokens, "
+    "COALESCE(c.cache_read_tokens, 0) AS cache_read_tokens, "
+    "COALESCE(c.cache_write_tokens, 0) AS cache_write_tokens, c.usd, "
+    "COALESCE(c.usd_source, 'unknown') AS usd_source, c.model "
     "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id "
     "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
-    "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id"
+    "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id LEFT JOIN run_costs c ON c.run_id = r.id"
+)
+# A run's cost as its result reported it (issue #45): its row made if its admission made
+# none (a run admitted before the spend schema, or with nothing to reserve).
+_COST_UPSERT = (
+    "INSERT INTO run_costs (run_id, task_id, started_at, lane, input_tokens, output_tokens, "
+    "cache_read_tokens, cache_write_tokens, usd, usd_source, model) "
+    "SELECT r.id, r.task_id, r.started_at, (SELECT lane FROM run_lanes WHERE run_id = r.id), "
+    "?, ?, ?, ?, ?, ?, ? FROM runs r WHERE r.id = ? "
+    "ON CONFLICT (run_id) DO UPDATE SET input_tokens = excluded.input_tokens, "
+    "output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, "
+    "cache_write_tokens = excluded.cache_write_tokens, usd = excluded.usd, "
+    "usd_source = excluded.usd_source, model = excluded.model"
 )
 _TASK_SELECT = (
     "SELECT t.id, t.title, t.status, t.created_by, t.created_at, "
@@ -106,6 +125,15 @@ _LANE_UPSERT = (
 _LANE_EVENT_INSERT = (
     f"INSERT INTO lane_events ({', '.join(LANE_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join(f':{column}' for column in LANE_EVENT_COLUMNS)})"
+)
+
+# A run's effective cost (`Tx`'s spend section): its reservation while it runs or when its
+# result reported no USD (no tokens either, for the tokens), else what it reported.
+_TOKENS_OF = "c.input_tokens + c.output_tokens + c.cache_read_tokens + c.cache_write_tokens"
+_EFFECTIVE = (
+    "COALESCE(SUM(CASE WHEN r.status = 'running' OR c.usd IS NULL THEN c.reserved_usd "
+    "ELSE c.usd END), 0), COALESCE(SUM(CASE WHEN r.status = 'running' OR (c.usd IS NULL "
+    f"AND {_TOKENS_OF} = 0) THEN c.reserved_tokens ELSE {_TOKENS_OF} END), 0)"
 )
 
 # A row as its `TaskRecord` (`TaskRecord._make`, without the classmethod's own call: a
@@ -334,6 +362,7 @@ class SqliteTx:
         at: float,
         stopped: bool = False,
         lane_held: bool = False,
+        usage: Usage | None = None,
     ) -> bool:
         changed = self._conn.execute(
             "UPDATE runs SET status = ?, failure_class = ?, reason = ?, ended_at = ? "
@@ -350,7 +379,102 @@ class SqliteTx:
             self._conn.execute("INSERT INTO run_stops (run_id) VALUES (?)", (run_id,))
         if changed and lane_held:
             self._conn.execute("INSERT INTO run_lane_holds (run_id) VALUES (?)", (run_id,))
+        if changed and usage is not None:
+            self._record_cost(run_id, usage)
         return bool(changed)
+
+    def task_budget(self, task_id: str) -> TaskBudget | None:
+        row = self._conn.execute(
+            "SELECT budget_usd, budget_tokens FROM task_budgets WHERE task_id = ?", (task_id,)
+        ).fetchone()
+        return None if row is None else TaskBudget(task_id, row[0], row[1])
+
+    def put_task_budget(self, budget: TaskBudget, actor: str, at: float) -> None:
+        self._conn.execute(
+            "INSERT INTO task_budgets (task_id, budget_usd, budget_tokens, updated_by, "
+            "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
+            "budget_usd = excluded.budget_usd, budget_tokens = excluded.budget_tokens, "
+            "updated_by = excluded.updated_by, updated_at = excluded.updated_at",
+            (budget.task_id, budget.usd, budget.tokens, actor, at),
+        )
+
+    def reserve(
+        self, run_id: str, task_id: str, lane: str | None, started_at: float, usd: float,
+        tokens: int,
+    ) -> None:  # fmt: skip
+        self._conn.execute(
+            "INSERT INTO run_costs (run_id, task_id, lane, started_at, reserved_usd, "
+            "reserved_tokens) VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, task_id, lane, started_at, usd, tokens),
+        )
+
+    def lock_spend(self) -> None:
+        """Nothing: a write transaction holds the database's write lock from BEGIN."""
+
+    def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
+        sql = (
+            f"SELECT {_EFFECTIVE}, MIN(c.started_at) FROM run_costs c "
+            "JOIN runs r ON r.id = c.run_id WHERE c.started_at >= ?"
+        )
+        params: tuple[Any, ...] = (since,)
+        if lane is not None:
+            sql += " AND c.lane = ?"
+            params += (lane,)
+        usd, tokens, first = self._conn.execute(sql, params).fetchone()
+        return float(usd), int(tokens), first
+
+    def task_spend(self, task_id: str) -> tuple[float, int]:
+        usd, tokens = self._conn.execute(
+            f"SELECT {_EFFECTIVE} FROM run_costs c JOIN runs r ON r.id = c.run_id "
+            "WHERE c.task_id = ?",
+            (task_id,),
+        ).fetchone()
+        return float(usd), int(tokens)
+
+    def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
+        where = "" if lane is None else " AND c.lane = ?"
+        rows = self._conn.execute(
+            f"SELECT c.usd, {_TOKENS_OF} FROM run_costs c JOIN runs r ON r.id = c.run_id "
+            f"WHERE r.status <> 'running'{where} ORDER BY c.started_at DESC LIMIT ?",
+            (limit,) if lane is None else (lane, limit),
+        ).fetchall()
+        return [(row[0], int(row[1])) for row in rows]
+
+    def note_spend_warning(self, cap: str, window_start: float, at: float) -> bool:
+        return bool(
+            self._conn.execute(
+                "INSERT INTO spend_warnings (cap, window_start, at) VALUES (?, ?, ?) "
+                "ON CONFLICT (cap, window_start) DO NOTHING",
+                (cap, window_start, at),
+            ).rowcount
+        )
+
+    def spend_rows(self, since: float) -> list[SpendRow]:
+        rows = self._conn.execute(
+            "SELECT r.id, r.task_id, t.title, t.status, r.status, l.lane, r.started_at, "
+            "COALESCE(c.input_tokens, 0), COALESCE(c.output_tokens, 0), "
+            "COALESCE(c.cache_read_tokens, 0), COALESCE(c.cache_write_tokens, 0), c.usd, "
+            "COALESCE(c.usd_source, 'unknown'), c.model FROM runs r "
+            "JOIN tasks t ON t.id = r.task_id LEFT JOIN run_lanes l ON l.run_id = r.id "
+            "LEFT JOIN run_costs c ON c.run_id = r.id WHERE r.started_at >= ? ORDER BY r.seq",
+            (since,),
+        ).fetchall()
+        return [SpendRow(*row) for row in rows]
+
+    def _record_cost(self, run_id: str, usage: Usage) -> None:
+        self._conn.execute(
+            _COST_UPSERT,
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                usage.usd,
+                str(usage.usd_source),
+                usage.model,
+                run_id,
+            ),
+        )
 
     def renew_lease(self, run_id: str, expires_at: float, lease_s: float | None) -> bool:
         changed = self._conn.execute(

@@ -22,6 +22,7 @@ import {
   ATTEMPT_LIMITS,
   RUN_OWNERS,
   LANES,
+  SPEND,
   WAKE,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
@@ -63,7 +64,15 @@ import {
   type RevokeRoleBody,
   type SetAttemptLimitBody,
   type SetLaneConfigBody,
+  type SetSpendCapBody,
+  type SetTaskBudgetBody,
+  type SpendCap,
+  type SpendConfig,
+  type SpendRow,
   type StartRunBody,
+  type TaskBudget,
+  type Usage,
+  type WindowUse,
 } from "./wire.js";
 
 /** The `fetch` the client calls (the global one unless `ClientOptions.fetch` says). */
@@ -146,6 +155,21 @@ export interface ResumeLaneOptions extends IdempotentOptions {
   reason?: string | null | undefined;
 }
 
+/** One spend cap to set (neither usd nor tokens: remove it) and/or the reservation's floor. */
+export interface SetSpendCapOptions extends IdempotentOptions {
+  cap?: SpendCap | null | undefined;
+  floorUsd?: number | null | undefined;
+  floorTokens?: number | null | undefined;
+}
+
+/** A task's own spend cap, compare-and-set: the expected values are the current ones. */
+export interface SetTaskBudgetOptions extends IdempotentOptions {
+  usd: number | null;
+  tokens: number | null;
+  expectedUsd: number | null;
+  expectedTokens: number | null;
+}
+
 /** The fields of the lanes' configuration to change; the others stay as they are. */
 export interface SetLaneConfigOptions extends IdempotentOptions {
   /** K: upstream failures on a lane within the window that cool it (1..1000). */
@@ -184,6 +208,8 @@ export interface FinishRunOptions extends IdempotentOptions {
   laneCause?: "reset" | "credentials" | "billing" | "binary_missing" | null | undefined;
   /** An abandoned run its own runner stopped on purpose: uncharged (needs `runs.owners`). */
   stopped?: boolean | undefined;
+  /** What the run cost, read from the CLI's structure (issue #45): the server checks it. */
+  usage?: Usage | null | undefined;
 }
 
 export interface AbandonRunOptions extends IdempotentOptions {
@@ -634,7 +660,16 @@ export class ExeckitClient {
     const given = optionsOf(
       "finishRun",
       options,
-      ["status", "failureClass", "reason", "notBefore", "stopped", "laneCause", "idempotencyKey"],
+      [
+        "status",
+        "failureClass",
+        "reason",
+        "notBefore",
+        "stopped",
+        "laneCause",
+        "usage",
+        "idempotencyKey",
+      ],
       true,
     );
     const body: FinishRunBody = { status: oneOf("status", given.status, FINAL_STATUSES) };
@@ -653,12 +688,21 @@ export class ExeckitClient {
     if (given.stopped !== undefined && bool("stopped", given.stopped)) {
       body.stopped = true;
     }
+    if (given.usage !== undefined && given.usage !== null) {
+      if (typeof given.usage !== "object") {
+        throw invalid("usage", "must be an object (tokens by kind, usd, usd_source, model)");
+      }
+      body.usage = given.usage;
+    }
     const key = idempotencyKey(given.idempotencyKey);
     if (body.stopped === true) {
       await this.#require(RUN_OWNERS, "record a stopped run");
     }
     if (body.lane_cause !== undefined) {
       await this.#require(LANES, "feed a vendor lane", "a vendor lane");
+    }
+    if (body.usage !== undefined) {
+      await this.#require(SPEND, "record a run's cost", "a run's cost");
     }
     return this.#run(
       await this.#send("finishRun", { params: { run_id: id }, body, idempotencyKey: key }),
@@ -941,6 +985,100 @@ export class ExeckitClient {
     return this.#laneConfig(await this.#send("setLaneConfig", { body, idempotencyKey: key }));
   }
 
+  // -- spend caps (issue #45) -----------------------------------------------------------
+
+  /** The ledger's spend caps and the floor of a run's reservation (needs `spend.caps`). */
+  async spendConfig(): Promise<SpendConfig> {
+    await this.#require(SPEND, "read the spend caps", "spend caps");
+    return this.#spendConfig(await this.#send("spendConfig", {}));
+  }
+
+  /** Set one spend cap (neither usd nor tokens: remove it) and/or the floor of a run's
+   * reservation, for every host (needs agent.operate; audited). The server checks them. */
+  async setSpendCap(options: SetSpendCapOptions): Promise<SpendConfig> {
+    const given = optionsOf(
+      "setSpendCap",
+      options,
+      ["cap", "floorUsd", "floorTokens", "idempotencyKey"],
+      true,
+    );
+    const body: SetSpendCapBody = {};
+    if (given.cap !== undefined && given.cap !== null) {
+      if (typeof given.cap !== "object") {
+        throw invalid("cap", "must be an object: window, lane, usd, tokens, tz");
+      }
+      body.cap = given.cap;
+    }
+    if (given.floorUsd !== undefined && given.floorUsd !== null) {
+      body.floor_usd = finite("floorUsd", given.floorUsd);
+    }
+    if (given.floorTokens !== undefined && given.floorTokens !== null) {
+      body.floor_tokens = wholeNumber("floorTokens", given.floorTokens);
+    }
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(SPEND, "set a spend cap", "spend caps");
+    return this.#spendConfig(await this.#send("setSpendCap", { body, idempotencyKey: key }));
+  }
+
+  /** What each spend cap's window holds now, and when it reopens (`full`: no room left for
+   * the least reservation). */
+  async spendWindows(): Promise<WindowUse[]> {
+    await this.#require(SPEND, "read the spend windows", "spend caps");
+    const doc = await this.#send("spendWindows", {});
+    return this.#list(doc, "windows") as WindowUse[];
+  }
+
+  /** Every run started since `since` (POSIX seconds; default: all), with its task, lane
+   * and cost: what a spend report groups. */
+  async spendRows(since?: number): Promise<SpendRow[]> {
+    const query: { since?: number } = {};
+    if (since !== undefined) {
+      query.since = finite("since", since);
+    }
+    await this.#require(SPEND, "read the runs' spend", "spend caps");
+    const doc = await this.#send("spendRows", { query });
+    return this.#list(doc, "runs") as SpendRow[];
+  }
+
+  /** The task's own spend cap (usd and tokens null: none). */
+  async taskBudget(taskId: string): Promise<TaskBudget> {
+    const id = identifier("taskId", taskId);
+    await this.#require(SPEND, "read a task's budget", "spend caps");
+    return (await this.#send("taskBudget", { params: { task_id: id } })) as unknown as TaskBudget;
+  }
+
+  /** Compare-and-set the task's own spend cap: `expectedUsd`/`expectedTokens` are the
+   * current ones (null: none). After its first run this needs agent.operate; audited. */
+  async setTaskBudget(taskId: string, options: SetTaskBudgetOptions): Promise<TaskBudget> {
+    const id = identifier("taskId", taskId);
+    const given = optionsOf(
+      "setTaskBudget",
+      options,
+      ["usd", "tokens", "expectedUsd", "expectedTokens", "idempotencyKey"],
+      true,
+    );
+    const orNull = (field: string, value: unknown, whole: boolean): number | null =>
+      value === undefined || value === null
+        ? null
+        : whole
+          ? wholeNumber(field, value)
+          : finite(field, value);
+    const body: SetTaskBudgetBody = {
+      usd: orNull("usd", given.usd, false),
+      tokens: orNull("tokens", given.tokens, true),
+      expected_usd: orNull("expectedUsd", given.expectedUsd, false),
+      expected_tokens: orNull("expectedTokens", given.expectedTokens, true),
+    };
+    const key = idempotencyKey(given.idempotencyKey);
+    await this.#require(SPEND, "set a task's budget", "spend caps");
+    const doc = await this.#send("setTaskBudget", {
+      params: { task_id: id },
+      body,
+      idempotencyKey: key,
+    });
+    return doc as unknown as TaskBudget;
+  }
+
   // -- plumbing --------------------------------------------------------------------------
 
   async #readCapabilities(): Promise<Capabilities> {
@@ -1003,6 +1141,13 @@ export class ExeckitClient {
       throw unexpected("a wake number");
     }
     return doc["wake"];
+  }
+
+  #spendConfig(doc: unknown): SpendConfig {
+    if (!isObject(doc) || !Array.isArray(doc["caps"])) {
+      throw unexpected("a spend configuration");
+    }
+    return doc as unknown as SpendConfig;
   }
 
   #laneConfig(doc: unknown): LaneConfig {
@@ -1128,6 +1273,8 @@ export class ExeckitClient {
       opensAt: typeof error["opens_at"] === "number" ? error["opens_at"] : null,
       fix: typeof error["fix"] === "string" ? this.#scrub(error["fix"]) : null,
       field: typeof error["field"] === "string" ? error["field"] : null,
+      cap: typeof error["cap"] === "string" ? error["cap"] : null,
+      reopensAt: typeof error["reopens_at"] === "number" ? error["reopens_at"] : null,
     };
     throw errorFromAnswer(error["code"], this.#scrub(message), status, readyAt, lane);
   }

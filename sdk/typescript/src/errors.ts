@@ -15,7 +15,8 @@
  *   │   ├── AttemptLimitReached  "attempt_limit"      422
  *   │   ├── TaskBlocked          "blocked"            409
  *   │   ├── TaskFinished         "finished"           409
- *   │   └── TaskBackingOff       "backoff"            409   `.readyAt` says when
+ *   │   ├── TaskBackingOff       "backoff"            409   `.readyAt` says when
+ *   │   └── SpendCapReached      "spend_cap"          409   `.cap`, `.reopensAt`
  *   ├── UnsupportedMove          "unsupported_move"   409
  *   └── StorageError             "storage"            503
  *       ├── SchemaTooNew         "schema_too_new"     503
@@ -143,6 +144,23 @@ export class LaneWaiting extends AdmissionRefused {
   }
 }
 
+/** A spend cap on a window (the day's, the week's, a rolling 5 hours'; ledger-wide or a
+ * lane's) has no room for the run's reservation: no run was admitted and nothing was
+ * charged. `cap` names it; `reopensAt` is when its window reopens (issue #45). */
+export class SpendCapReached extends AdmissionRefused {
+  static override readonly code: string = "spend_cap";
+  /** The cap, e.g. "the day's budget". */
+  readonly cap: string | null;
+  /** When its window reopens, in POSIX seconds. */
+  readonly reopensAt: number | null;
+
+  constructor(message: string, options: Partial<ErrorOptions> = {}) {
+    super(message, options);
+    this.cap = options.cap ?? null;
+    this.reopensAt = options.reopensAt ?? null;
+  }
+}
+
 /** The task's vendor lane is stopped on environment that belongs to it (credentials,
  * billing, a missing binary): `fix` says what to do, then an operator resumes the lane. */
 export class LaneStopped extends AdmissionRefused {
@@ -220,6 +238,8 @@ type ErrorOptions = {
   opensAt?: number | null;
   fix?: string | null;
   field?: string | null;
+  cap?: string | null;
+  reopensAt?: number | null;
 };
 type Factory = (message: string, options: ErrorOptions) => ExeckitError;
 
@@ -238,6 +258,7 @@ const FACTORIES = {
   backoff: (m, o) => new TaskBackingOff(m, o),
   lane_waiting: (m, o) => new LaneWaiting(m, o),
   lane_stopped: (m, o) => new LaneStopped(m, o),
+  spend_cap: (m, o) => new SpendCapReached(m, o),
   unsupported_move: (m, o) => new UnsupportedMove(m, o),
   storage: (m, o) => new StorageError(m, o),
   schema_too_new: (m, o) => new SchemaTooNew(m, o),
@@ -258,6 +279,8 @@ export function errorFromAnswer(
     opensAt?: number | null;
     fix?: string | null;
     field?: string | null;
+    cap?: string | null;
+    reopensAt?: number | null;
   } = {},
 ): ExeckitError {
   const options: ErrorOptions = { code, httpStatus, readyAt, ...lane };

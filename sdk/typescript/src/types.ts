@@ -57,6 +57,14 @@ export type RunList = Required<wire.RunList>;
 /** A vendor lane as it stands now (`LaneView.to_dict()`, issue #28). */
 export type Lane = wire.Lane;
 
+/** What a run cost (issue #45), the ledger's spend caps and a task's own budget. */
+export type Usage = wire.Usage;
+export type SpendCap = wire.SpendCap;
+export type SpendConfig = wire.SpendConfig;
+export type TaskBudget = wire.TaskBudget;
+export type WindowUse = wire.WindowUse;
+export type SpendRow = wire.SpendRow;
+
 /** The lanes' configuration: the breaker and the bounds of every wait (`LaneConfig`). */
 export type LaneConfig = wire.LaneConfig;
 
@@ -65,6 +73,10 @@ export type LaneEvent = wire.LaneEvent;
 
 /** The capability vendor lanes need: the client sends a lane only to a server with it. */
 export const LANES = "vendor.lanes";
+
+/** The capability of spend caps (issue #45): `spendConfig`, `setSpendCap`, `taskBudget`,
+ * `setTaskBudget`; admission against them. */
+export const SPEND = "spend.caps";
 
 /** The capability of wake-ups: `wakeSeq` and `waitForWake` (issue #51). */
 export const WAKE = "ledger.wake";

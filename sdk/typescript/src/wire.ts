@@ -13,13 +13,20 @@ export const AttemptStatusValues: readonly AttemptStatus[] = [
   "abandoned",
 ];
 
-export type BlockedOn = "environment" | "attempt_limit" | "upstream" | "work" | "dispatch_cap";
+export type BlockedOn =
+  | "environment"
+  | "attempt_limit"
+  | "upstream"
+  | "work"
+  | "dispatch_cap"
+  | "spend";
 export const BlockedOnValues: readonly BlockedOn[] = [
   "environment",
   "attempt_limit",
   "upstream",
   "work",
   "dispatch_cap",
+  "spend",
 ];
 
 export type ErrorCode =
@@ -36,6 +43,7 @@ export type ErrorCode =
   | "lane_waiting"
   | "not_found"
   | "schema_too_new"
+  | "spend_cap"
   | "storage"
   | "unauthenticated"
   | "unsupported_move";
@@ -53,6 +61,7 @@ export const ErrorCodeValues: readonly ErrorCode[] = [
   "lane_waiting",
   "not_found",
   "schema_too_new",
+  "spend_cap",
   "storage",
   "unauthenticated",
   "unsupported_move",
@@ -90,6 +99,9 @@ export const LaneStateValues: readonly LaneState[] = [
   "stopped",
 ];
 
+export type SpendWindow = "day" | "5h" | "week";
+export const SpendWindowValues: readonly SpendWindow[] = ["day", "5h", "week"];
+
 export type TaskState = "ready" | "running" | "backoff" | "done" | "blocked" | "cancelled";
 export const TaskStateValues: readonly TaskState[] = [
   "ready",
@@ -102,6 +114,9 @@ export const TaskStateValues: readonly TaskState[] = [
 
 export type TaskStatus = "open" | "done" | "cancelled";
 export const TaskStatusValues: readonly TaskStatus[] = ["open", "done", "cancelled"];
+
+export type UsdSource = "reported" | "priced" | "unknown";
+export const UsdSourceValues: readonly UsdSource[] = ["reported", "priced", "unknown"];
 
 // -- the schemas ---------------------------------------------------------------------------------
 
@@ -267,13 +282,18 @@ export interface Run {
   readonly actor: string;
   /** Gapless 1..N per task. */
   readonly attempt: number;
+  readonly cache_read_tokens: number;
+  readonly cache_write_tokens: number;
   readonly ended_at: number | null;
   readonly failure_class: FailureClass | null;
   readonly forced: boolean;
   readonly id: string;
+  readonly input_tokens: number;
   readonly lane_held: boolean;
   readonly lease_expires_at: number | null;
+  readonly model: string | null;
   readonly not_before: number | null;
+  readonly output_tokens: number;
   readonly owner_boot_id: string | null;
   readonly owner_host: string;
   readonly owner_instance: string | null;
@@ -287,6 +307,8 @@ export interface Run {
   /** Abandoned by its own runner on purpose: uncharged. */
   readonly stopped: boolean;
   readonly task_id: string;
+  readonly usd: number | null;
+  readonly usd_source: UsdSource;
   readonly workspace: string | null;
 }
 
@@ -305,6 +327,42 @@ export interface RunOwner {
   readonly pid_namespace: number;
   /** The process's start time (a reused pid has another). */
   readonly pid_started_at: number;
+}
+
+export interface SpendCap {
+  readonly lane: string | null;
+  readonly tokens: number | null;
+  readonly tz: string;
+  readonly usd: number | null;
+  readonly window: SpendWindow;
+}
+
+export interface SpendConfig {
+  readonly caps: readonly SpendCap[];
+  readonly floor_tokens: number;
+  readonly floor_usd: number;
+  readonly task_budgets: boolean;
+}
+
+export interface SpendRow {
+  readonly cache_read_tokens: number;
+  readonly cache_write_tokens: number;
+  readonly input_tokens: number;
+  readonly lane: string | null;
+  readonly model: string | null;
+  readonly output_tokens: number;
+  readonly run_id: string;
+  readonly started_at: number;
+  readonly status: string;
+  readonly task_id: string;
+  readonly task_status: string;
+  readonly title: string;
+  readonly usd: number | null;
+  readonly usd_source: string;
+}
+
+export interface SpendRowList {
+  readonly runs: readonly SpendRow[];
 }
 
 export interface Task {
@@ -333,6 +391,12 @@ export interface Task {
   readonly uncharged_streak: number;
 }
 
+export interface TaskBudget {
+  readonly task_id: string;
+  readonly tokens: number | null;
+  readonly usd: number | null;
+}
+
 export interface TaskLane {
   readonly lane: Lane | null;
 }
@@ -350,8 +414,37 @@ export interface TaskWithLastList {
   readonly tasks: readonly TaskWithLast[];
 }
 
+export interface Usage {
+  readonly cache_read_tokens: number;
+  readonly cache_write_tokens: number;
+  readonly input_tokens: number;
+  readonly model: string | null;
+  readonly output_tokens: number;
+  readonly premium_requests: number;
+  readonly usd: number | null;
+  readonly usd_source: UsdSource;
+}
+
 export interface Wake {
   readonly wake: number;
+}
+
+export interface WindowUse {
+  readonly cap_tokens: number | null;
+  readonly cap_usd: number | null;
+  readonly full: boolean;
+  readonly lane: string | null;
+  readonly name: string;
+  readonly reopens_at: number;
+  readonly start: number;
+  readonly tokens: number;
+  readonly tz: string;
+  readonly usd: number;
+  readonly window: SpendWindow;
+}
+
+export interface WindowUseList {
+  readonly windows: readonly WindowUse[];
 }
 
 export interface WorkBudget {
@@ -390,11 +483,17 @@ export const OPERATIONS = {
   abandonRun: { method: "POST", path: "/v1/runs/{run_id}/abandon", status: 200 },
   finishRun: { method: "POST", path: "/v1/runs/{run_id}/finish", status: 200 },
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
+  spendConfig: { method: "GET", path: "/v1/spend/caps", status: 200 },
+  setSpendCap: { method: "POST", path: "/v1/spend/caps", status: 200 },
+  spendRows: { method: "GET", path: "/v1/spend/runs", status: 200 },
+  spendWindows: { method: "GET", path: "/v1/spend/windows", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
   createTask: { method: "POST", path: "/v1/tasks", status: 201 },
   listTasksWithLast: { method: "GET", path: "/v1/tasks-with-last", status: 200 },
   getTask: { method: "GET", path: "/v1/tasks/{task_id}", status: 200 },
   setAttemptLimit: { method: "POST", path: "/v1/tasks/{task_id}/attempt-limit", status: 200 },
+  taskBudget: { method: "GET", path: "/v1/tasks/{task_id}/budget", status: 200 },
+  setTaskBudget: { method: "POST", path: "/v1/tasks/{task_id}/budget", status: 200 },
   cancelTask: { method: "POST", path: "/v1/tasks/{task_id}/cancel", status: 200 },
   giveUp: { method: "POST", path: "/v1/tasks/{task_id}/give-up", status: 200 },
   taskLane: { method: "GET", path: "/v1/tasks/{task_id}/lane", status: 200 },
@@ -428,6 +527,11 @@ export interface GetLaneQuery {
 export interface OutboxEntriesQuery {
   board?: string;
   pending?: boolean;
+}
+
+export interface SpendRowsQuery {
+  /** POSIX seconds; 0: all. */
+  since?: number | null;
 }
 
 export interface ListTasksQuery {
@@ -549,10 +653,19 @@ export interface FinishRunBody {
   reason?: string | null;
   status: string;
   stopped?: boolean;
+  /** What the run cost, read from the CLI's structure (issue #45). */
+  usage?: Usage;
 }
 
 export interface HeartbeatBody {
   lease_s?: number | null;
+}
+
+export interface SetSpendCapBody {
+  /** Window (day, 5h, week), lane (null: ledger-wide), usd, tokens, tz. */
+  cap?: SpendCap | null;
+  floor_tokens?: number | null;
+  floor_usd?: number | null;
 }
 
 export interface CreateTaskBody {
@@ -569,6 +682,13 @@ export interface SetAttemptLimitBody {
   /** The ledger's own idempotency key (default: the request's Idempotency-Key). */
   idempotency_key?: string | null;
   max_attempts: number;
+}
+
+export interface SetTaskBudgetBody {
+  expected_tokens?: number | null;
+  expected_usd?: number | null;
+  tokens?: number | null;
+  usd?: number | null;
 }
 
 export type CancelTaskBody = Record<string, never>;
@@ -627,11 +747,17 @@ export interface Queries {
   abandonRun: never;
   finishRun: never;
   heartbeat: never;
+  spendConfig: never;
+  setSpendCap: never;
+  spendRows: SpendRowsQuery;
+  spendWindows: never;
   listTasks: ListTasksQuery;
   createTask: never;
   listTasksWithLast: ListTasksWithLastQuery;
   getTask: GetTaskQuery;
   setAttemptLimit: never;
+  taskBudget: never;
+  setTaskBudget: never;
   cancelTask: never;
   giveUp: never;
   taskLane: never;
@@ -671,11 +797,17 @@ export interface Bodies {
   abandonRun: AbandonRunBody;
   finishRun: FinishRunBody;
   heartbeat: HeartbeatBody;
+  spendConfig: never;
+  setSpendCap: SetSpendCapBody;
+  spendRows: never;
+  spendWindows: never;
   listTasks: never;
   createTask: CreateTaskBody;
   listTasksWithLast: never;
   getTask: never;
   setAttemptLimit: SetAttemptLimitBody;
+  taskBudget: never;
+  setTaskBudget: SetTaskBudgetBody;
   cancelTask: CancelTaskBody;
   giveUp: GiveUpBody;
   taskLane: never;
@@ -715,11 +847,17 @@ export interface Answers {
   abandonRun: Run;
   finishRun: Run;
   heartbeat: Run;
+  spendConfig: SpendConfig;
+  setSpendCap: SpendConfig;
+  spendRows: SpendRowList;
+  spendWindows: WindowUseList;
   listTasks: TaskList;
   createTask: Task;
   listTasksWithLast: TaskWithLastList;
   getTask: Task;
   setAttemptLimit: Task;
+  taskBudget: TaskBudget;
+  setTaskBudget: TaskBudget;
   cancelTask: Task;
   giveUp: Task;
   taskLane: TaskLane;

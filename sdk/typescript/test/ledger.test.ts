@@ -20,6 +20,7 @@ import {
   Forbidden,
   InvalidInput,
   NotFound,
+  SpendCapReached,
   TaskBackingOff,
   TaskBlocked,
   TaskFinished,
@@ -673,5 +674,59 @@ describe("arguments", () => {
     assert.equal(refused.httpStatus, 400);
     // The server names the value to blame, as the local ledger does.
     assert.equal(refused.field, "failure_class");
+  });
+});
+
+describe("spend (issue #45)", () => {
+  test("a run's cost is recorded, a day's cap refuses typed, a task's budget is compare-and-set", async () => {
+    const task = await worker.createTask({ title: "spend: costed" });
+    const run = await worker.startRun(task.id);
+    const usage = {
+      input_tokens: 1200,
+      output_tokens: 300,
+      cache_read_tokens: 0,
+      cache_write_tokens: 0,
+      usd: 0.42,
+      usd_source: "reported" as const,
+      model: "claude-sonnet-4",
+    };
+    const ended = await worker.finishRun(run.id, { status: "succeeded", usage });
+    assert.deepEqual(
+      [ended.usd, ended.usd_source, ended.input_tokens, ended.model],
+      [0.42, "reported", 1200, "claude-sonnet-4"],
+    );
+    await rejects(worker.finishRun(run.id, { status: "succeeded", usage: 5 as never }), InvalidInput);
+
+    await rejects(worker.setSpendCap({ floorUsd: 1 }), Forbidden);
+    const config = await operator.setSpendCap({
+      cap: { window: "day", lane: null, usd: 0.5, tokens: null, tz: "UTC" },
+      floorUsd: 0.6,
+    });
+    assert.equal(config.caps.length, 1);
+    assert.deepEqual(await worker.spendConfig(), config);
+    const held = await worker.createTask({ title: "spend: held" });
+    const refused = await rejects(worker.startRun(held.id), SpendCapReached);
+    assert.equal(refused.cap, "the day's budget");
+    assert.ok(refused instanceof AdmissionRefused && refused.reopensAt !== null);
+    const rows = await worker.spendRows();
+    assert.ok(rows.some((row) => row.run_id === run.id && row.usd === 0.42));
+    assert.deepEqual(await worker.spendRows(ended.started_at + 1e6), []);
+    const [use] = await worker.spendWindows();
+    assert.deepEqual([use?.full, use?.name, use?.reopens_at], [true, "the day's budget", refused.reopensAt]);
+    await operator.setSpendCap({ cap: { window: "day", lane: null, usd: null, tokens: null, tz: "UTC" } });
+    assert.deepEqual((await worker.spendConfig()).caps, []);
+
+    const budget = await worker.setTaskBudget(held.id, {
+      usd: 2,
+      tokens: null,
+      expectedUsd: null,
+      expectedTokens: null,
+    });
+    assert.deepEqual(budget, { task_id: held.id, usd: 2, tokens: null });
+    assert.deepEqual(await worker.taskBudget(held.id), budget);
+    await rejects(
+      worker.setTaskBudget(held.id, { usd: 3, tokens: null, expectedUsd: null, expectedTokens: null }),
+      Conflict,
+    );
   });
 });

@@ -1,0 +1,496 @@
+"""Spend (issue #45): what a run cost, recorded with its result, and the caps admission
+holds it to.
+
+A run's cost is a `Usage` (`execkit._usage`) its adapter read from the CLI's structure;
+`finish_run(usage=...)` stores it on the run, and a run ended without one keeps an
+unknown cost (never zero).
+
+Caps are enforced at admission, in the transaction that starts the run (`_spend_gate`,
+after every other check of `start_run`): with no spend configuration stored, admission
+reads its key and nothing else. Otherwise the run's reservation is the larger of the
+operator's floor and the 90th percentile of its lane's recent costs; the task's own budget
+and every window cap that applies (ledger-wide and the run's lane's) must have room for it
+beside what their window already holds (each run's actual cost once it ended with one,
+its reservation while it runs or when its cost is unknown). The window sums are read
+after a lock every capped admission takes (SQLite: the write lock; PostgreSQL: an advisory
+lock taken after the admission's row locks), so racing admissions never together reserve
+past a cap. The reservation is stored with the run and replaced by its cost at its result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from execkit._budget import BlockedOn
+from execkit._errors import (
+    AdmissionRefused,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    SpendCapReached,
+    TaskBlocked,
+    TaskFinished,
+)
+from execkit._json import to_json
+from execkit._mask import mask_text
+from execkit._usage import NO_USAGE, Usage, UsdSource
+from execkit.ledger._core.base import FINISHED_STATUSES, when
+from execkit.ledger._core.inputs import as_actor, moment
+from execkit.ledger._core.store import TaskRecord, Tx
+from execkit.ledger._core.wake import WakeOps
+from execkit.ledger._model import (
+    OPERATE_ROLE,
+    Actor,
+    AuditAction,
+    AuditEntry,
+    Run,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from execkit.ledger._spend import (
+    SPEND_META_KEY,
+    SpendCap,
+    SpendConfig,
+    SpendRow,
+    SpendWindow,
+    TaskBudget,
+    WindowUse,
+    window_bounds,
+)
+
+__all__ = ["Reservation", "Spend", "SpendOps", "check_usage", "spend_of", "with_usage"]
+
+
+@attrs.frozen
+class Spend:
+    """What some runs cost together (a task's, a lane's, a day's): their summed `usage`,
+    how many `runs`, and how many of them have no USD figure (`unknown_usd`: a run still
+    running, ended without a report, or reporting tokens only). A sum with any unknown
+    part says so in `usage.usd_source`; the known part is kept in `usage.usd`."""
+
+    usage: Usage = NO_USAGE
+    runs: int = 0
+    unknown_usd: int = 0
+
+    def __add__(self, other: Spend) -> Spend:
+        if not isinstance(other, Spend):
+            return NotImplemented
+        return Spend(
+            self.usage + other.usage, self.runs + other.runs, self.unknown_usd + other.unknown_usd
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**to_json(self), "tokens": self.usage.tokens}
+
+    def phrase(self) -> str:
+        """`$0.42, 6,000 tokens over 2 runs (1 with unknown USD)`: how a surface words it."""
+        usd = "$?" if self.usage.usd is None else f"${self.usage.usd:,.2f}"
+        if self.unknown_usd and self.usage.usd is not None:
+            usd += "+?"
+        runs = f"{self.runs} run" + ("" if self.runs == 1 else "s")
+        unknown = f" ({self.unknown_usd} with unknown USD)" if self.unknown_usd else ""
+        return f"{usd}, {self.usage.tokens:,} tokens over {runs}{unknown}"
+
+
+def spend_of(runs: Iterable[Run]) -> Spend:
+    """What `runs` cost together, each run counted once (`Spend`). A run with no USD
+    figure makes the sum's source `unknown`: unknown is never zero."""
+    total = Spend()
+    for run in runs:
+        usage = run.usage
+        unknown = usage.usd is None
+        if unknown and usage.usd_source is UsdSource.UNKNOWN and not usage.known:
+            # A run that reported nothing still makes the sum's money unknown.
+            usage = Usage(usd_source=UsdSource.UNKNOWN)
+        total = Spend(
+            _summed(total.usage, usage, total.runs == 0),
+            total.runs + 1,
+            total.unknown_usd + int(unknown),
+        )
+    return total
+
+
+def _summed(total: Usage, usage: Usage, first: bool) -> Usage:
+    """`total + usage`, where a part with unknown USD makes the sum's source unknown."""
+    summed = usage if first else total + usage
+    if usage.usd is None and summed.usd_source is not UsdSource.UNKNOWN:
+        summed = attrs.evolve(summed, usd_source=UsdSource.UNKNOWN)
+    return summed
+
+
+def check_usage(usage: object) -> Usage | None:
+    """`usage` as a run's cost to store (its model name masked, as every vendor word the
+    ledger stores), None for none; anything but a `Usage` is InvalidInput naming it."""
+    if usage is None:
+        return None
+    if not isinstance(usage, Usage):
+        raise InvalidInput(
+            f"usage: must be a Usage (tokens by kind, usd, usd_source, model), "
+            f"got {type(usage).__name__}",
+            field="usage",
+        )
+    if usage.model is not None:
+        return attrs.evolve(usage, model=mask_text(usage.model))
+    return usage
+
+
+def with_usage(run: Run, usage: Usage) -> Run:
+    """`run` with `usage` as its cost."""
+    return attrs.evolve(
+        run,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        usd=usage.usd,
+        usd_source=usage.usd_source,
+        model=usage.model,
+    )
+
+
+_RUNNABLE = frozenset({TaskState.READY, TaskState.BACKOFF})
+# How many of a lane's latest finished runs a reservation's percentile reads, and which.
+RECENT_RUNS = 50
+_PERCENTILE = 0.9
+# A window's spend at this share of a cap is an audited `spend.warning`, once a window.
+WARN_SHARE = 0.8
+
+
+@attrs.frozen
+class Reservation:
+    """What an admission holds for its run while it runs (replaced by the actual cost
+    when it ends), and the caps it counted against (each with its window's start and
+    the share of it used with the reservation: the 80% warnings read it)."""
+
+    usd: float
+    tokens: int
+    counted: tuple[tuple[SpendCap, float, float], ...] = ()
+
+
+def reservation_of(
+    config: SpendConfig, recent: Sequence[tuple[float | None, int]]
+) -> tuple[float, int]:
+    """A run's reservation: the larger of the operator's floor and the 90th percentile of
+    its lane's recent costs (a run whose USD is unknown is left out of the USD's; none
+    known: the floor alone). Unknown is never zero."""
+    usd_seen = sorted(usd for usd, _tokens in recent if usd is not None)
+    tokens_seen = sorted(tokens for _usd, tokens in recent if tokens > 0)
+    return (
+        max(config.floor_usd, _percentile(usd_seen, 0.0)),
+        max(config.floor_tokens, int(_percentile(tokens_seen, 0))),
+    )
+
+
+def _percentile(values: Sequence[float], empty: float) -> float:
+    if not values:
+        return empty
+    return values[max(0, math.ceil(_PERCENTILE * len(values)) - 1)]
+
+
+def _money(usd: float) -> str:
+    return f"${usd:,.2f}"
+
+
+class SpendOps(WakeOps):
+    """Spend caps (issue #45): the ledger's windows and floor, a task's own budget, and
+    admission against them (`_spend_gate` in `start_run`'s transaction)."""
+
+    def _spend_config(self, tx: Tx) -> SpendConfig | None:
+        raw = tx.meta(SPEND_META_KEY)
+        return None if raw is None else SpendConfig.from_stored(raw)
+
+    def spend_config(self) -> SpendConfig:
+        """The ledger's spend caps and reservation floor (the defaults: no cap)."""
+        with self._store.read() as tx:
+            return self._spend_config(tx) or SpendConfig()
+
+    def set_spend_cap(
+        self,
+        cap: SpendCap | None = None,
+        *,
+        actor: Actor | str,
+        floor_usd: float | None = None,
+        floor_tokens: int | None = None,
+        now: float | None = None,
+    ) -> SpendConfig:
+        """Set one of the ledger's spend caps and/or the reservation's floor (role
+        `agent.operate`, audited `spend.caps`): `cap` replaces the cap of its lane and
+        window (one with neither usd nor tokens removes it), and `floor_usd`/`floor_tokens`
+        replace the floor when given. Stored in the ledger, so every host admits against
+        the same caps. InvalidInput naming the field for a bad value (nothing stored); the
+        same values as now write nothing. Returns the configuration in force afterwards."""
+        who = as_actor(actor)
+        at = moment(now)
+        if cap is not None and not isinstance(cap, SpendCap):
+            raise InvalidInput(f"cap must be a SpendCap, got {type(cap).__name__}", field="cap")
+        changes: dict[str, Any] = {}
+        if floor_usd is not None:
+            changes["floor_usd"] = floor_usd
+        if floor_tokens is not None:
+            changes["floor_tokens"] = floor_tokens
+        with self._store.write() as tx:
+            if OPERATE_ROLE not in self._roles(tx, who):
+                raise Forbidden(f"changing the spend caps needs the role {OPERATE_ROLE}")
+            before = self._spend_config(tx) or SpendConfig()
+            after = attrs.evolve(before.with_caps([] if cap is None else [cap]), **changes)
+            if after == before and tx.meta(SPEND_META_KEY) is not None:
+                return before
+            tx.set_meta(SPEND_META_KEY, after.to_stored())
+            self._wake(tx)  # a raised cap may let a held issue run now
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.SPEND_CAPS,
+                    detail={"from": before.to_dict(), "to": after.to_dict()},
+                )
+            )
+            return after
+
+    def spend_windows(self, *, now: float | None = None) -> list[WindowUse]:
+        """What each cap's window holds now (`WindowUse`), in the caps' order; none
+        without a cap. `full` when the window has no room for the floor's reservation."""
+        at = moment(now)
+        with self._store.read() as tx:
+            config = self._spend_config(tx)
+            if config is None:
+                return []
+            found = []
+            for cap in config.caps:
+                start, reopens = window_bounds(cap, at)
+                usd, tokens, first = tx.window_spend(start, cap.lane)
+                if cap.window is SpendWindow.ROLLING_5H and first is not None:
+                    reopens = first + (at - start)
+                full = (cap.usd is not None and usd + config.floor_usd > cap.usd + 1e-9) or (
+                    cap.tokens is not None and tokens + config.floor_tokens > cap.tokens
+                )
+                found.append(
+                    WindowUse(
+                        cap.name, cap.window, cap.lane, cap.usd, cap.tokens, cap.tz, start,
+                        reopens, usd, tokens, full,
+                    )
+                )  # fmt: skip
+            return found
+
+    def _spend_block(self, tx: Tx, task: Task) -> Task:
+        """`task` as `get_task` shows it (issue #45): an open task that would run, whose
+        own budget has no room left for the least reservation (the floor), is blocked on
+        `spend`, its reason naming the cap and the command that raises it. Read only when
+        some task has a budget (one `ledger_meta` row otherwise)."""
+        if task.status is not TaskStatus.OPEN or task.state not in _RUNNABLE:
+            return task
+        config = self._spend_config(tx)
+        if config is None or not config.task_budgets:
+            return task
+        budget = tx.task_budget(task.id)
+        if budget is None or (budget.usd is None and budget.tokens is None):
+            return task
+        spent_usd, spent_tokens = tx.task_spend(task.id)
+        refusal = _task_refusal(
+            task.id, budget, spent_usd, spent_tokens, config.floor_usd, config.floor_tokens
+        )
+        if refusal is None:
+            return task
+        return attrs.evolve(
+            task,
+            state=TaskState.BLOCKED,
+            blocked_on=BlockedOn.SPEND,
+            reason=refusal.message.removeprefix(f"task {task.id} is "),
+            ready=False,
+            next_attempt_at=None,
+        )
+
+    def spend_rows(self, *, since: float = 0.0) -> list[SpendRow]:
+        """Every run started at or after `since` (POSIX seconds), in creation order, with
+        its task, lane and cost: what a spend report groups (`spend_report`)."""
+        if (
+            isinstance(since, bool)
+            or not isinstance(since, int | float)
+            or not math.isfinite(since)
+        ):
+            raise InvalidInput(
+                f"since must be a time in POSIX seconds, got {since!r}", field="since"
+            )
+        with self._store.read() as tx:
+            return tx.spend_rows(float(since))
+
+    def task_budget(self, task_id: str) -> TaskBudget:
+        """The task's own spend cap (usd and tokens None: none); NotFound if no such task."""
+        with self._store.read() as tx:
+            self._task(tx, task_id)
+            return tx.task_budget(task_id) or TaskBudget(task_id)
+
+    def set_task_budget(
+        self,
+        task_id: str,
+        *,
+        usd: float | None,
+        tokens: int | None,
+        expected_usd: float | None,
+        expected_tokens: int | None,
+        actor: Actor | str,
+        now: float | None = None,
+    ) -> TaskBudget:
+        """Compare-and-set the task's own spend cap, as the explicit attempt limit is:
+        `expected_usd`/`expected_tokens` must be the current ones (None: none set), else
+        Conflict naming them. The creator may set it before the first run; afterwards it
+        needs the role `agent.operate` (Forbidden). A done or cancelled task refuses
+        (`TaskFinished`). Audited (`task.set_budget`). A raise that lets a task blocked on
+        its spend run again also asks for one forced retry of it (`retry_pending`), as
+        resuming a lane does: a dispatcher that gave its issue up brings the card back."""
+        wanted = TaskBudget(task_id, usd, tokens)  # InvalidInput: the field and its range
+        who = as_actor(actor)
+        at = moment(now)
+        with self._store.write() as tx:
+            task = self._task(tx, task_id, lock=True)
+            if task.status in FINISHED_STATUSES:
+                raise TaskFinished(
+                    f"task {task_id} is {task.status}; its budget can no longer change"
+                )
+            roles = self._roles(tx, who)
+            started = task.summary.attempts_used
+            if not (started == 0 and who.name == task.created_by) and OPERATE_ROLE not in roles:
+                whom = "after its first run" if started else "by anyone but its creator"
+                raise Forbidden(
+                    f"changing the budget of task {task_id} {whom} needs the role "
+                    f"{OPERATE_ROLE} (execkit role grant {who.name} {OPERATE_ROLE})"
+                )
+            current = tx.task_budget(task_id) or TaskBudget(task_id)
+            if (current.usd, current.tokens) != (expected_usd, expected_tokens):
+                raise Conflict(
+                    f"the expected budget (usd {expected_usd}, tokens {expected_tokens}) does "
+                    f"not match task {task_id}'s: usd {current.usd}, tokens {current.tokens}"
+                )
+            if wanted == current:
+                return current
+            tx.put_task_budget(wanted, str(who), at)
+            config = self._spend_config(tx) or SpendConfig()
+            if not config.task_budgets:
+                tx.set_meta(SPEND_META_KEY, attrs.evolve(config, task_budgets=True).to_stored())
+            # A raise that lets a task its spend blocked run again is an operator's retry,
+            # as a lane's resume is: its card comes back, and its next run goes (once).
+            retried = task.retry_requested_by is None
+            if retried:
+                spent_usd, spent_tokens = tx.task_spend(task_id)
+                floor = (spent_usd, spent_tokens, config.floor_usd, config.floor_tokens)
+                retried = (
+                    _task_refusal(task_id, current, *floor) is not None
+                    and _task_refusal(task_id, wanted, *floor) is None
+                )
+            if retried:
+                tx.set_retry(task_id, str(who), at)
+            self._wake(tx)
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.TASK_SET_BUDGET,
+                    task_id=task_id,
+                    detail={"from": current.to_dict(), "to": wanted.to_dict(),
+                            "roles": sorted(roles), **({"retry": True} if retried else {})},
+                )
+            )  # fmt: skip
+            return wanted
+
+    def _spend_gate(
+        self, tx: Tx, task: TaskRecord, lane: str | None, at: float
+    ) -> Reservation | AdmissionRefused | None:
+        """Admission's spend check, in its transaction, after every other one (issue #45):
+        None when the ledger has no spend configuration (nothing read but its key), else
+        the run's reservation when every cap that applies has room for it, else the
+        refusal: `TaskBlocked` (on spend) for the task's own budget, `SpendCapReached`
+        naming a window's cap and when it reopens."""
+        config = self._spend_config(tx)
+        if config is None:
+            return None
+        usd, tokens = reservation_of(config, tx.recent_costs(lane, RECENT_RUNS))
+        if config.task_budgets:
+            budget = tx.task_budget(task.id)
+            if budget is not None and (budget.usd is not None or budget.tokens is not None):
+                spent_usd, spent_tokens = tx.task_spend(task.id)
+                refusal = _task_refusal(task.id, budget, spent_usd, spent_tokens, usd, tokens)
+                if refusal is not None:
+                    return refusal
+        caps = config.applying(lane)
+        if not caps:
+            return Reservation(usd, tokens)
+        tx.lock_spend()
+        counted: list[tuple[SpendCap, float, float]] = []
+        for cap in caps:
+            start, reopens = window_bounds(cap, at)
+            used_usd, used_tokens, first = tx.window_spend(start, cap.lane)
+            if cap.window is SpendWindow.ROLLING_5H and first is not None:
+                reopens = first + (at - start)  # when its oldest spend leaves the window
+            over = (cap.usd is not None and used_usd + usd > cap.usd + 1e-9) or (
+                cap.tokens is not None and used_tokens + tokens > cap.tokens
+            )
+            if over:
+                return SpendCapReached(
+                    f"waiting on {cap.name} until {when(reopens)}: it has no room for this "
+                    "run (used " + _used(cap, used_usd, used_tokens) + f"; the run reserves "
+                    f"{_money(usd)} / {tokens:,} tokens); nothing was charged. An operator "
+                    "can raise it: execkit budget set",
+                    cap=cap.name,
+                    reopens_at=reopens,
+                )
+            share = max(
+                (used_usd + usd) / cap.usd if cap.usd else 0.0,
+                (used_tokens + tokens) / cap.tokens if cap.tokens else 0.0,
+            )
+            counted.append((cap, start, share))
+        return Reservation(usd, tokens, tuple(counted))
+
+    def _spend_admitted(
+        self, tx: Tx, run: Run, lane: str | None, reservation: Reservation, at: float
+    ) -> None:
+        """The admitted run's reservation held, and each cap it brought to 80% of its
+        window warned of (audited `spend.warning`, once a window)."""
+        tx.reserve(run.id, run.task_id, lane, run.started_at, reservation.usd, reservation.tokens)
+        for cap, start, share in reservation.counted:
+            if share >= WARN_SHARE and tx.note_spend_warning(cap.key, start, at):
+                tx.audit(
+                    AuditEntry(
+                        at=at,
+                        actor=run.actor,
+                        action=AuditAction.SPEND_WARNING,
+                        task_id=run.task_id,
+                        run_id=run.id,
+                        detail={"cap": cap.name, "window_start": start,
+                                "share": round(share, 4), **cap.to_dict()},
+                    )
+                )  # fmt: skip
+
+
+def _used(cap: SpendCap, usd: float, tokens: int) -> str:
+    parts = []
+    if cap.usd is not None:
+        parts.append(f"{_money(usd)} of {_money(cap.usd)}")
+    if cap.tokens is not None:
+        parts.append(f"{tokens:,} of {cap.tokens:,} tokens")
+    return " and ".join(parts)
+
+
+def _task_refusal(
+    task_id: str, budget: TaskBudget, spent_usd: float, spent_tokens: int, usd: float,
+    tokens: int,
+) -> TaskBlocked | None:  # fmt: skip
+    """The refusal of a task whose own budget has no room for the run's reservation."""
+    over_usd = budget.usd is not None and spent_usd + usd > budget.usd + 1e-9
+    over_tokens = budget.tokens is not None and spent_tokens + tokens > budget.tokens
+    if not (over_usd or over_tokens):
+        return None
+    cap = (
+        f"its budget of {_money(budget.usd or 0)} (spent {_money(spent_usd)})"
+        if over_usd
+        else f"its budget of {budget.tokens or 0:,} tokens (spent {spent_tokens:,})"
+    )
+    return TaskBlocked(
+        f"task {task_id} is blocked on spend: {cap} has no room for a run reserving "
+        f"{_money(usd)} / {tokens:,} tokens; an operator can raise it "
+        f"(execkit task set-budget {task_id} --usd N --tokens N)"
+    )

@@ -1,0 +1,306 @@
+"""Spend caps (issue #45): the values the ledger stores and speaks about money and tokens
+as a budget.
+
+`SpendCap` is one cap on a window (a calendar `day` or `week` in a time zone, or a rolling
+`5h`), ledger-wide or on one vendor lane; `SpendConfig` is every cap plus the operator's
+floor for a run's reservation, stored in the ledger (`ledger_meta` key `spend`) so every
+host agrees. `TaskBudget` is one task's own cap. `window_bounds` says where a window began
+and when it reopens. Every value refuses bad input with `InvalidInput` naming the field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import attrs
+from attrs.validators import ge, instance_of
+
+from execkit._errors import InvalidInput, StorageError
+from execkit._json import to_json
+from execkit._validate import checked, finite, integer, opt_checked
+
+__all__ = [
+    "DEFAULT_FLOOR_TOKENS",
+    "DEFAULT_FLOOR_USD",
+    "SPEND_CAPABILITY",
+    "SPEND_META_KEY",
+    "SpendCap",
+    "SpendConfig",
+    "SpendRow",
+    "SpendWindow",
+    "TaskBudget",
+    "WindowUse",
+    "window_bounds",
+]
+
+SPEND_CAPABILITY = "spend.caps"
+"""Spend caps (issue #45): `spend_config`, `set_spend_caps`, `task_budget`,
+`set_task_budget`, and admission against them. A client sends none to a server that does
+not advertise it (an older server would not enforce them)."""
+
+SPEND_META_KEY = "spend"
+"""ledger_meta's key for the `SpendConfig` (JSON); no key: no cap, and admission reads no
+spend at all."""
+
+# What a run reserves when nothing better is known (its lane has no recent costs, or they
+# are unknown): unknown is never zero. The operator sets their own (`set_spend_caps`).
+DEFAULT_FLOOR_USD = 0.50
+DEFAULT_FLOOR_TOKENS = 50_000
+_WEEK_DAYS = 7
+_ROLLING_S = 5 * 3600.0
+
+
+class SpendWindow(enum.StrEnum):
+    """The window a cap counts spend over."""
+
+    DAY = "day"  # the calendar day in the cap's time zone, from 00:00
+    ROLLING_5H = "5h"  # the last five hours, rolling
+    WEEK = "week"  # the calendar week in the cap's time zone, from Monday 00:00
+
+
+def _window(value: object) -> SpendWindow:
+    try:
+        return SpendWindow(value if isinstance(value, str) else repr(value))
+    except ValueError:
+        allowed = ", ".join(window.value for window in SpendWindow)
+        raise InvalidInput(
+            f"window must be one of {allowed}, got {value!r}", field="window"
+        ) from None
+
+
+def _zone(_inst: object, _attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"tz must be an IANA time zone name, got {value!r}", field="tz")
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(
+            f"tz must be an IANA time zone name (UTC, Europe/Paris), got {value!r}", field="tz"
+        ) from None
+
+
+def _lane_name(_inst: object, _attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or "/" not in value or len(value) > 300 or value != value.strip():
+        raise InvalidInput(
+            f"lane must be a vendor lane ADAPTER/CREDENTIAL, got {value!r}", field="lane"
+        )
+
+
+_USD = opt_checked("a finite number > 0 (USD)", finite, ge(0))
+_TOKENS = opt_checked("an integer >= 1", integer, ge(1))
+
+
+def _positive_usd(_inst: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is not None and value == 0:
+        raise InvalidInput(f"{attribute.name} must be > 0, got 0", field=attribute.name)
+
+
+@attrs.frozen
+class SpendCap:
+    """A cap on the spend of one window: ledger-wide (`lane` None) or of one vendor lane,
+    in USD (`usd`) and/or tokens (`tokens`, every kind counted). A day and a week begin
+    at 00:00 in `tz` (a week on Monday); `5h` is the last five hours."""
+
+    window: SpendWindow = attrs.field(converter=_window)
+    lane: str | None = attrs.field(default=None, validator=_lane_name)
+    usd: float | None = attrs.field(default=None, validator=[_USD, _positive_usd])
+    tokens: int | None = attrs.field(default=None, validator=_TOKENS)
+    tz: str = attrs.field(default="UTC", validator=_zone)
+
+    @property
+    def key(self) -> str:
+        """What names the cap in the ledger (one cap per lane and window)."""
+        return f"{self.lane or '*'}|{self.window}"
+
+    @property
+    def name(self) -> str:
+        """How a person reads it: "the day's budget", "lane claude/x's 5h budget"."""
+        span = {"day": "day's", "5h": "rolling 5h", "week": "week's"}[self.window.value]
+        return f"the {span} budget" + (f" of lane {self.lane}" if self.lane else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+def _cap_tuple(value: Iterable[SpendCap]) -> tuple[SpendCap, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class SpendConfig:
+    """Every spend cap of the ledger, one per (lane, window), and the floor of a run's
+    reservation (`floor_usd`, `floor_tokens`: what a run reserves when its lane's recent
+    costs say less or nothing). `task_budgets` is set once any task has a budget of its
+    own (admission reads a task's budget only then)."""
+
+    caps: tuple[SpendCap, ...] = attrs.field(default=(), converter=_cap_tuple)
+    floor_usd: float = attrs.field(
+        default=DEFAULT_FLOOR_USD, validator=checked("a finite number >= 0", finite, ge(0))
+    )
+    floor_tokens: int = attrs.field(
+        default=DEFAULT_FLOOR_TOKENS, validator=checked("an integer >= 0", integer, ge(0))
+    )
+    task_budgets: bool = attrs.field(default=False, validator=instance_of(bool))
+
+    @caps.validator
+    def _one_a_window(self, _attribute: attrs.Attribute[Any], value: tuple[SpendCap, ...]) -> None:
+        keys = [cap.key for cap in value]
+        if any(not isinstance(cap, SpendCap) for cap in value) or len(set(keys)) != len(keys):
+            raise InvalidInput("caps must be SpendCaps, one per lane and window", field="caps")
+
+    def applying(self, lane: str | None) -> list[SpendCap]:
+        """The caps a run on `lane` counts against: the ledger-wide ones and its lane's."""
+        return [cap for cap in self.caps if cap.lane is None or cap.lane == lane]
+
+    def with_caps(self, changes: Sequence[SpendCap]) -> SpendConfig:
+        """This configuration with each of `changes` in place of its (lane, window)'s cap;
+        a change with neither usd nor tokens removes that cap."""
+        kept = {cap.key: cap for cap in self.caps}
+        for change in changes:
+            if change.usd is None and change.tokens is None:
+                kept.pop(change.key, None)
+            else:
+                kept[change.key] = change
+        return attrs.evolve(self, caps=tuple(kept[key] for key in sorted(kept)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "caps": [cap.to_dict() for cap in self.caps],
+            "floor_usd": self.floor_usd,
+            "floor_tokens": self.floor_tokens,
+            "task_budgets": self.task_budgets,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SpendConfig:
+        """A configuration from its JSON object; InvalidInput for a bad one."""
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("caps", []), list):
+            raise InvalidInput("a spend configuration is an object with a list of caps")
+        try:
+            return cls(
+                caps=tuple(SpendCap(**cap) for cap in doc.get("caps", [])),
+                floor_usd=float(doc.get("floor_usd", DEFAULT_FLOOR_USD)),
+                floor_tokens=int(doc.get("floor_tokens", DEFAULT_FLOOR_TOKENS)),
+                task_budgets=bool(doc.get("task_budgets", False)),
+            )
+        except TypeError as exc:
+            raise InvalidInput(f"caps: {exc}", field="caps") from None
+
+    def to_stored(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_stored(cls, text: str | None) -> SpendConfig:
+        """The stored configuration (None: none); StorageError for text that is not one."""
+        if text is None:
+            return cls()
+        try:
+            return cls.from_dict(json.loads(text))
+        except (ValueError, InvalidInput) as exc:
+            raise StorageError(
+                f"ledger_meta {SPEND_META_KEY!r} is not a spend configuration: {exc}; "
+                "`execkit budget set` writes a new one"
+            ) from None
+
+
+@attrs.frozen
+class TaskBudget:
+    """One task's own cap: USD and/or tokens over all its runs (None: no cap of that kind).
+    A run whose actual cost crosses it is charged and blocks the task on `spend` until an
+    operator raises it (`execkit task set-budget`)."""
+
+    task_id: str
+    usd: float | None = attrs.field(default=None, validator=[_USD, _positive_usd])
+    tokens: int | None = attrs.field(default=None, validator=_TOKENS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@attrs.frozen
+class WindowUse:
+    """What one cap's window holds now (`Ledger.spend_windows`): the cap (`window`,
+    `lane`, `cap_usd`, `cap_tokens`, `tz`, and `name` as a person reads it), when its
+    window began (`start`) and reopens (`reopens_at`), what it holds (`usd`, `tokens`:
+    each run's cost, or its reservation while it runs or when its cost is unknown), and
+    `full`: no room left for the least reservation (the floor), so no run on it is
+    admitted before it reopens or is raised."""
+
+    name: str
+    window: SpendWindow
+    lane: str | None
+    cap_usd: float | None
+    cap_tokens: int | None
+    tz: str
+    start: float
+    reopens_at: float
+    usd: float
+    tokens: int
+    full: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@attrs.frozen
+class SpendRow:
+    """One run as a spend report reads it (`Ledger.spend_rows`): its task (`task_id`,
+    `title`, `task_status`), its own `status`, `lane` and start, and its cost as stored
+    (every kind of token, `usd` None when unknown, `usd_source`, `model`)."""
+
+    run_id: str
+    task_id: str
+    title: str
+    task_status: str
+    status: str
+    lane: str | None
+    started_at: float
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    usd: float | None
+    usd_source: str
+    model: str | None
+
+    @property
+    def tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+def window_bounds(cap: SpendCap, at: float) -> tuple[float, float]:
+    """(when the cap's window that holds `at` began, when the next one begins) in POSIX
+    seconds. A rolling window began five hours ago and "reopens" as the spend of its
+    oldest moment leaves it: its end is given as `at` + 5 h, the latest it can be."""
+    if cap.window is SpendWindow.ROLLING_5H:
+        return at - _ROLLING_S, at + _ROLLING_S
+    zone = ZoneInfo(cap.tz)
+    local = dt.datetime.fromtimestamp(at, zone).date()
+    if cap.window is SpendWindow.WEEK:
+        start = local - dt.timedelta(days=local.weekday())
+        end = start + dt.timedelta(days=_WEEK_DAYS)
+    else:
+        start, end = local, local + dt.timedelta(days=1)
+    return _midnight(start, zone), _midnight(end, zone)
+
+
+def _midnight(day: dt.date, zone: ZoneInfo) -> float:
+    """00:00 of `day` in `zone` (a skipped midnight: the first moment of the day)."""
+    stamp = dt.datetime.combine(day, dt.time(0), zone).timestamp()
+    return math.floor(stamp)
