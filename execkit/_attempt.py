@@ -53,7 +53,7 @@ from contextlib import suppress
 from typing import Any, Literal
 
 import attrs
-from attrs.validators import ge, gt, instance_of, is_callable, le
+from attrs.validators import ge, gt, instance_of, is_callable, le, optional
 
 from execkit._adapter import Adapter, AgentRequest, credential_env_of, credential_files_of
 from execkit._agent import (
@@ -71,10 +71,12 @@ from execkit._exec import DEFAULT_KILL_GRACE_S, Cancellation, ProcessStarter, Sp
 from execkit._lanes import lane_for
 from execkit._proof import AgentFailed, AgentProof, RunStatus
 from execkit._redact import redact
+from execkit._usage import Usage
 from execkit._validate import checked, finite, integer, opt_checked
 from execkit.ledger import (
     DEFAULT_LEASE_S,
     LANES_CAPABILITY,
+    SPEND_CAPABILITY,
     Actor,
     Ledger,
     Run,
@@ -213,6 +215,9 @@ class RunOutcome:
     detail: str | None = attrs.field(default=None, converter=_redact_text)
     not_before: float | None = None
     lane_cause: str | None = None
+    # What the run cost, as its CLI reported it (issue #45), failed runs included; None
+    # when nothing was read (a custom runner's outcome, an agent that never started).
+    usage: Usage | None = attrs.field(default=None, validator=optional(instance_of(Usage)))
 
     def __attrs_post_init__(self) -> None:
         if self.status is RunStatus.SUCCEEDED and self.failure_class is not None:
@@ -278,7 +283,7 @@ def outcome_of(adapter: Adapter, proof: AgentProof, clock: Callable[[], float]) 
     the class was read from (`failure_detail`), the vendor's reset as a time (`clock() +
     retry_after_s`, upstream only) and what it says of the lane."""
     if proof.productive:
-        return RunOutcome(RunStatus.SUCCEEDED)
+        return RunOutcome(RunStatus.SUCCEEDED, usage=proof.usage)
     failure_class = proof.effective_class
     wait = proof.retry_after_s
     not_before = None
@@ -292,6 +297,7 @@ def outcome_of(adapter: Adapter, proof: AgentProof, clock: Callable[[], float]) 
         detail=failure_detail(proof),
         not_before=not_before,
         lane_cause=lane_cause(adapter, proof, not_before),
+        usage=proof.usage,
     )
 
 
@@ -311,6 +317,9 @@ def record_outcome(ledger: Ledger, run_id: str, outcome: RunOutcome, *, now: flo
     and the dispatcher alike. Raises what `finish_run` raises (`Conflict` for a run that
     ended meanwhile, `StorageError`)."""
     failed = outcome.status is RunStatus.FAILED
+    usage = outcome.usage if outcome.usage is not None and outcome.usage.known else None
+    if usage is not None and SPEND_CAPABILITY not in ledger.capabilities():
+        usage = None  # a server older than spend keeps the result, not its cost
     return ledger.finish_run(
         run_id,
         AttemptStatus(outcome.status),
@@ -319,6 +328,7 @@ def record_outcome(ledger: Ledger, run_id: str, outcome: RunOutcome, *, now: flo
         not_before=outcome.not_before if failed else None,
         now=now,
         lane_cause=outcome.lane_cause if failed else None,
+        usage=usage,
     )
 
 

@@ -367,3 +367,31 @@ def test_a_spend_bound_out_of_range_is_refused_naming_the_field(bad: object) -> 
     with pytest.raises(InvalidInput) as caught:
         AgentRequest(prompt="x", max_budget_usd=bad)  # type: ignore[arg-type]
     assert caught.value.field == "max_budget_usd"
+
+
+# --- the run's cost reaches the ledger ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("story", ["ok", "refused"])
+def test_run_attempt_records_what_the_cli_reported_on_the_run(
+    ledger: Any, fake_vendor: FakeVendor, story: str
+) -> None:
+    # What the adapter read (part A) is what the ledger keeps (part B), a refused attempt's
+    # included: the result's one write carries it, on every backend.
+    from execkit import AttemptOptions, run_attempt
+
+    scene = {"ok": ("success", 0), "refused": ("overloaded_529", 1)}[story]
+    stdout = (RECORDED / "claude" / scene[0] / "stdout").read_text()
+    fake_vendor.register("claude", stdout=stdout, exit_code=scene[1])
+    task = ledger.create_task("t", actor="me").id
+    options = AttemptOptions(actor="me", start=fake_vendor.start, agent_attempts=1)
+    run_attempt(ledger, task, CLAUDE, AgentRequest(prompt="hi"), options)
+    (run,) = ledger.runs(task)
+    read = CLAUDE.parse(spawn_result(stdout=stdout, exit_code=scene[1])).usage
+    assert read is not None and read.known
+    assert (run.input_tokens, run.output_tokens, run.usd_source) == (
+        read.input_tokens,
+        read.output_tokens,
+        read.usd_source,
+    )
+    assert run.usd == pytest.approx(read.usd)
