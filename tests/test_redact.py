@@ -790,9 +790,20 @@ def check_against_reference(text: str, extras: tuple[str, ...], data: st.DataObj
     tail, context = text[cut:], text[start:cut]
     new = _escapes_kept(redact_tail(tail, context, extras))
     old = _escapes_kept(reference_redact_tail(tail, context, extras))
-    assert masks_at_least(new, old), (tail, context, new, old)
+    # Or at least what the reference masks of the whole text, in the tail: where a cut
+    # falls inside a header's name (`x-a|pi-key: sk-ant-…`), the reference masked the tail
+    # from its start (the name's rest with the value), the redactor only the value, as it
+    # does for the text uncut; the name is no secret.
+    whole = _escapes_kept(reference_redact(context + tail, extras))
+    in_tail = whole[len(context) :] if whole.startswith(context) else None
+    assert masks_at_least(new, old) or (in_tail is not None and masks_at_least(new, in_tail)), (
+        tail,
+        context,
+        new,
+        old,
+    )
     if adds_nothing(context + tail, extras):
-        assert new == old, (tail, context)
+        assert new in (old, in_tail), (tail, context)
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
