@@ -43,6 +43,7 @@ _RUN: dict[str, Any] = {
     "stopped": 0,
     "lane_held": 1,
     "workspace": "/srv/ws/ISS-1",
+    "resumed_session": "0b1e-session",
 }
 
 _SUMMARY = HistorySummary(

@@ -208,6 +208,7 @@ def _start_run(call: Call) -> tuple[int, dict[str, Any]]:
         owner=_owner(body.get("owner")),
         lane=body.get("lane"),
         workspace=body.get("workspace"),
+        resumed_session=body.get("resumed_session"),
         **options,
     )
     return 201, run.to_dict()
@@ -632,6 +633,14 @@ class LedgerRoutes:
                 nullable=True,
                 omit_none=True,
                 description="where the run's agent works (a dispatcher's workspace of the issue)",
+            ),
+            Field(
+                "resumed_session",
+                "string",
+                nullable=True,
+                omit_none=True,
+                description="the vendor session the run's agent continues (after an upstream "
+                "refusal)",
             ),
         ),
         binds=Ledger.start_run,

@@ -60,7 +60,12 @@ from typing import Any
 
 import attrs
 
-from execkit._attempt import record_outcome, record_stopped, runner_error
+from execkit._attempt import (
+    record_outcome,
+    record_stopped,
+    resumed_after,
+    runner_error,
+)
 from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._errors import (
@@ -200,6 +205,14 @@ class DispatchEvent:
     # whether it was removed after the issue was done.
     workspace: str | None = None
     workspace_removed: bool | None = None
+    # Issue #46: the vendor session this run continued, the refusal it continued after (the
+    # previous attempt's reason: "usage limit"), and whether the vendor refused the session
+    # (unknown or expired) so that the attempt started fresh instead.
+    resumed_session: str | None = None
+    resumed_after: str | None = attrs.field(
+        default=None, converter=attrs.converters.optional(redact)
+    )
+    resume_refused: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -256,6 +269,14 @@ def _met_upstream(outcome: RunOutcome | _NotRecorded) -> bool:
     if isinstance(outcome, _NotRecorded):
         outcome = outcome.outcome
     return outcome.status is RunStatus.FAILED and outcome.failure_class is FailureClass.UPSTREAM
+
+
+@attrs.frozen
+class _Resumable:
+    """A vendor session an issue's next attempt resumes, and the adapter it was made on."""
+
+    session_id: str
+    adapter: str
 
 
 @attrs.frozen
@@ -365,6 +386,10 @@ class Dispatcher:
         self._doubted: set[str] = set()
         self._wake_pending = False  # set by the waker thread (`_woken`), read by the loop
         self._catch_up_said: str | None = None  # the last write-back wait logged
+        # Issue #46: per issue, the vendor session its last attempt ended in on an upstream
+        # refusal, to resume once in its next attempt on the same adapter. In this process
+        # only: a restarted dispatcher starts the next attempt fresh.
+        self._resumable: dict[str, _Resumable] = {}
 
     # -- public --------------------------------------------------------------------------
 
@@ -915,7 +940,13 @@ class Dispatcher:
         # Deterministic per attempt: a second dispatcher that read the same history gets
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
-        lane = self._lanes.lane_of(self.config.adapter_of(issue))
+        adapter = self.config.adapter_of(issue)
+        lane = self._lanes.lane_of(adapter)
+        # The session is resumed on the adapter it was made on only (never carried to
+        # another vendor).
+        resume = self._resumable.get(issue.id)
+        if resume is not None and resume.adapter != adapter:
+            resume = None
         if self._lanes.holding(lane, self.clock()) is not None:
             # A lane that does not admit: no ledger call, no slot, and no event (its wait
             # was said when it began; the status lists the issues it holds).
@@ -934,6 +965,7 @@ class Dispatcher:
                 owner=self.owner,
                 lane=lane,
                 workspace=self._workspace_of(issue),
+                resumed_session=None if resume is None else resume.session_id,
             )
         except (LaneWaiting, LaneStopped) as waiting:
             if not self._lanes.refused(lane, waiting):
@@ -976,11 +1008,14 @@ class Dispatcher:
                     reason=f"attempt {run.attempt} was dispatched by another dispatcher",
                 )
             ]
+        # Exactly once: this attempt takes the session; its own outcome decides the next.
+        self._resumable.pop(issue.id, None)
         self._start_slot(issue, run)
         return []
 
     def _start_slot(self, issue: BoardIssue, run: Run) -> None:
-        """Hand the admitted run to a slot of its own."""
+        """Hand the admitted run to a slot of its own (with the vendor session it resumes,
+        recorded on the run at its admission)."""
         slot = Slot(
             run_id=run.id,
             attempt=run.attempt,
@@ -988,6 +1023,7 @@ class Dispatcher:
             heartbeat=functools.partial(self._renew, run.id),
             heartbeat_s=self._lease_s / 3,
             cancel=Cancellation(),
+            resume_session=run.resumed_session,
         )
         # The claim is the ledger's (admitted above, under the task's lease); a board that
         # shows work shows it now, before the agent starts.
@@ -1131,6 +1167,19 @@ class Dispatcher:
             "reason": outcome.ledger_reason(),
             "precondition": outcome.precondition,
         }
+        self._remember_session(issue, outcome)
+        if outcome.resumed_session is not None:
+            fields["resumed_session"] = outcome.resumed_session
+            fields["resumed_after"] = resumed_after(self.ledger.runs(run.task_id), run)
+            fields["resume_refused"] = outcome.resume_refused
+            if outcome.resume_refused:
+                _log.warning(
+                    "issue %s: the vendor refused to resume session %s; attempt %d started "
+                    "fresh (uncharged)",
+                    issue.id,
+                    outcome.resumed_session,
+                    run.attempt,
+                )
         if failed and outcome.lane_cause in _STOPPING_CAUSES:
             fields["lane_stopped"] = self._lanes.stopped_by(
                 self.config.adapter_of(issue), str(outcome.lane_cause)
@@ -1171,6 +1220,22 @@ class Dispatcher:
             ),
         )
         return self._event(EventKind.DISPATCHED, issue, after, **fields)
+
+    def _remember_session(self, issue: BoardIssue, outcome: RunOutcome) -> None:
+        """Keep the vendor session of an attempt that ended on an upstream refusal for the
+        next attempt to resume (once); forget it after anything else: a `work` failure
+        starts clean, an `environment` one too, a success needs none."""
+        upstream = (
+            outcome.status is RunStatus.FAILED
+            and outcome.failure_class is FailureClass.UPSTREAM
+            and outcome.session_id is not None
+        )
+        if upstream and outcome.session_id is not None:
+            self._resumable[issue.id] = _Resumable(
+                outcome.session_id, self.config.adapter_of(issue)
+            )
+        else:
+            self._resumable.pop(issue.id, None)
 
     def _report(self, issue: BoardIssue, report: BoardReport) -> None:
         """Tell a board that shows work (`ReportingBoard`) what this issue must show. A

@@ -227,7 +227,9 @@ class Run:
     upstream failure its vendor lane absorbed (it met the lane closed, or was the probe that
     found it closed still), set by the ledger: it moves no streak (`_budget`). `workspace`:
     where its agent worked (`start_run(workspace=...)`: a dispatcher's workspace of the
-    issue, issue #46), None when it was not said.
+    issue, issue #46), None when it was not said. `resumed_session`: the vendor session its
+    agent was asked to continue (`start_run(resumed_session=...)`: the previous attempt
+    ended on an upstream refusal in it, issue #46), None for a fresh start.
     """
 
     id: str
@@ -252,6 +254,7 @@ class Run:
     stopped: bool = False
     lane_held: bool = False
     workspace: str | None = None
+    resumed_session: str | None = None
 
     @property
     def owner(self) -> RunOwner | None:
@@ -546,6 +549,7 @@ class Ledger(Protocol):
         owner: RunOwner | None = None,
         lane: str | None = None,
         workspace: str | None = None,
+        resumed_session: str | None = None,
     ) -> Run: ...
 
     def heartbeat(

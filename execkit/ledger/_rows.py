@@ -87,6 +87,7 @@ RUN_COLUMNS = (
     "stopped",
     "lane_held",
     "workspace",
+    "resumed_session",
 )
 TASK_COLUMNS = (
     "id",
@@ -173,6 +174,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         stopped,
         lane_held,
         workspace,
+        resumed_session,
     ) = values
     return Run(
         run_id,
@@ -199,6 +201,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         bool(stopped),
         bool(lane_held),
         workspace,
+        resumed_session,
     )
 
 

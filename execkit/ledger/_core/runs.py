@@ -87,6 +87,9 @@ def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
 
 # A path (`start_run(workspace=...)`): Linux's PATH_MAX.
 MAX_WORKSPACE = 4096
+# A vendor session id (`start_run(resumed_session=...)`): uuids and thread ids are far
+# shorter; `AgentRequest.resume_session` takes the same bound.
+MAX_SESSION = 200
 
 
 class RunOps(LeaseOps):
@@ -122,6 +125,7 @@ class RunOps(LeaseOps):
         owner: RunOwner | None = None,
         lane: str | None = None,
         workspace: str | None = None,
+        resumed_session: str | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -149,10 +153,16 @@ class RunOps(LeaseOps):
 
         `workspace` (issue #46) is where the run's agent will work (a dispatcher's workspace
         of the issue, a path of at most 4096 characters): kept on the run (`Run.workspace`),
-        masked as text.
+        masked as text. `resumed_session` (issue #46) is the vendor session the run's agent
+        continues (at most 200 characters), kept on the run (`Run.resumed_session`).
         """
         request_key = check_name("request_key", request_key, MAX_KEY)
         place = None if workspace is None else check_text("workspace", workspace, MAX_WORKSPACE)
+        session = (
+            None
+            if resumed_session is None
+            else check_text("resumed_session", resumed_session, MAX_SESSION)
+        )
         lane_name = check_lane(lane)
         if owner is not None and not isinstance(owner, RunOwner):
             raise InvalidInput(
@@ -216,6 +226,7 @@ class RunOps(LeaseOps):
                         lease,
                         runner,
                         place,
+                        session,
                     )
                     if lane_name is not None:
                         self._lane_admitted(tx, lane_name, probes, run, at)
@@ -259,6 +270,7 @@ class RunOps(LeaseOps):
         lease: float,
         owner: RunOwner,
         workspace: str | None = None,
+        resumed_session: str | None = None,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
@@ -283,6 +295,7 @@ class RunOps(LeaseOps):
                 owner_pid_started_at=owner.pid_started_at,
                 owner_instance=owner.instance,
                 workspace=workspace,
+                resumed_session=resumed_session,
             ),
             lease,
         )

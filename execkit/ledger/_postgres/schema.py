@@ -209,6 +209,8 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     6: (),
     # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
     7: ("ALTER TABLE runs ADD COLUMN workspace text",),
+    # Issue #46: the vendor session each run resumed (after an upstream refusal).
+    8: ("ALTER TABLE runs ADD COLUMN resumed_session text",),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 

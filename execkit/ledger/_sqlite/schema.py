@@ -25,7 +25,8 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # Version 6: the upstream failures a lane absorbed. Version 7 (issue #47): the board
 # outbox, what a tracker board owes its tracker until it is sent. Version 8 is issue #45's
 # (spend; empty on this branch until they are merged). Version 9 (issue #46): the
-# workspace each run's agent worked in, a column of `run_extras`.
+# workspace each run's agent worked in, a column of `run_extras`. Version 10 (issue #46):
+# the vendor session a run resumed, a column of `run_extras`.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -224,5 +225,7 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     8: (),
     # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
     9: ("ALTER TABLE run_extras ADD COLUMN workspace TEXT",),
+    # Issue #46: the vendor session each run resumed (after an upstream refusal).
+    10: ("ALTER TABLE run_extras ADD COLUMN resumed_session TEXT",),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

@@ -140,6 +140,8 @@ export interface StartRunOptions extends IdempotentOptions {
   lane?: string | null | undefined;
   /** Where the run's agent works (a path of at most 4096 characters), kept on the run. */
   workspace?: string | null | undefined;
+  /** The vendor session the run's agent continues (at most 200 characters), kept on the run. */
+  resumedSession?: string | null | undefined;
 }
 
 export interface ResumeLaneOptions extends IdempotentOptions {
@@ -595,6 +597,7 @@ export class ExeckitClient {
             "cap",
             "lane",
             "workspace",
+            "resumedSession",
             "idempotencyKey",
           ]);
     const body: StartRunBody = {};
@@ -618,6 +621,9 @@ export class ExeckitClient {
     }
     if (given.workspace !== undefined && given.workspace !== null) {
       body.workspace = text("workspace", given.workspace, 4096);
+    }
+    if (given.resumedSession !== undefined && given.resumedSession !== null) {
+      body.resumed_session = text("resumedSession", given.resumedSession, 200);
     }
     const key = idempotencyKey(given.idempotencyKey);
     if (body.lane !== undefined) {

@@ -288,6 +288,8 @@ export interface Run {
   readonly stopped: boolean;
   readonly task_id: string;
   readonly workspace: string | null;
+  /** The vendor session its agent continued (after an upstream refusal), or null. */
+  readonly resumed_session: string | null;
 }
 
 export interface RunList {
@@ -596,6 +598,8 @@ export interface StartRunBody {
   request_key?: string | null;
   /** Where the run's agent works (a dispatcher's workspace of the issue). */
   workspace?: string | null;
+  /** The vendor session the run's agent continues (after an upstream refusal). */
+  resumed_session?: string | null;
 }
 
 /** Each operation's query parameters (`never`: it takes none). */
