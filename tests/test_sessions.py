@@ -62,6 +62,9 @@ first = (state / "first").read_text() if (state / "first").exists() else "usage_
 if "--resume" in argv:
     sid = argv[argv.index("--resume") + 1]
     known = (state / "known").read_text() if (state / "known").exists() else ""
+    if (state / "resume_limited").exists():
+        sys.stdout.write((rec / "usage_limit" / "stdout").read_text())
+        sys.exit(1)
     if sid != known:
         print({UNKNOWN_SESSION_RESULT!r}.replace("1b4e28ba-2fa1-11d2-883f-0016d3cca427", sid))
         sys.exit(1)
@@ -90,8 +93,14 @@ def _calls(state: Path) -> list[dict[str, Any]]:
 
 
 def _dispatch(
-    ledger: AnyLedger, state: Path, board: InMemoryBoard, workspaces: Workspaces
+    ledger: AnyLedger,
+    state: Path,
+    board: InMemoryBoard,
+    workspaces: Workspaces,
+    *,
+    runs: int | None = None,
 ) -> list[DispatchEvent]:
+    """Dispatch until the board settles (or `runs` runs have ended)."""
     adapter = attrs.evolve(ClaudeAdapter(), binary=str(state.parent / "bin" / "claude"))
     config = DispatchConfig.from_mapping(
         {"default_adapter": "claude", "base_backoff_s": 0.01, "max_retry_backoff_s": 0.02}
@@ -106,7 +115,7 @@ def _dispatch(
     )
     events: list[DispatchEvent] = []
     for _ in range(200):  # bounded: two or three attempts with backoffs of 10-20 ms
-        if not board.list_candidates():
+        if not board.list_candidates() or (runs is not None and len(events) >= runs):
             return events
         events.extend(e for e in dispatcher.tick() if e.kind is EventKind.DISPATCHED)
         time.sleep(0.02)
@@ -179,6 +188,23 @@ def test_task_show_says_which_attempt_resumed_what(
     shown = run_execkit("task", "show", task_id, "--db", str(path))
     assert shown.returncode == 0, shown.stderr
     assert f"attempt 2: resumed session {SESSION} after http 429" in shown.stdout
+
+
+def test_status_shows_an_active_issue_whose_attempt_resumed(
+    fake_claude: Path, tmp_path: Path
+) -> None:
+    from execkit.ledger import open_ledger
+
+    (fake_claude / "known").write_text(SESSION)
+    (fake_claude / "resume_limited").write_text("")  # the resumed attempt is refused too
+    path = tmp_path / "l.db"
+    with open_ledger(path) as ledger:
+        board = InMemoryBoard([BoardIssue("S-5", "s", "todo", prompt="fix it")])
+        first, second = _dispatch(ledger, fake_claude, board, Workspaces(tmp_path / "ws"), runs=2)
+    assert second.resumed_session == SESSION and second.failure_class is FailureClass.UPSTREAM
+    shown = run_execkit("status", "--db", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert f"S-5  attempt 2: resumed session {SESSION} after http 429" in shown.stdout
 
 
 # -- the adapters' own flags -------------------------------------------------------------

@@ -282,14 +282,13 @@ export interface Run {
   readonly owner_pid_started_at: number | null;
   readonly reason: string | null;
   readonly request_key: string;
+  readonly resumed_session: string | null;
   readonly started_at: number;
   readonly status: AttemptStatus;
   /** Abandoned by its own runner on purpose: uncharged. */
   readonly stopped: boolean;
   readonly task_id: string;
   readonly workspace: string | null;
-  /** The vendor session its agent continued (after an upstream refusal), or null. */
-  readonly resumed_session: string | null;
 }
 
 export interface RunList {
@@ -596,10 +595,10 @@ export interface StartRunBody {
   /** The process that will run it (default: the server's). */
   owner?: RunOwner;
   request_key?: string | null;
-  /** Where the run's agent works (a dispatcher's workspace of the issue). */
-  workspace?: string | null;
   /** The vendor session the run's agent continues (after an upstream refusal). */
   resumed_session?: string | null;
+  /** Where the run's agent works (a dispatcher's workspace of the issue). */
+  workspace?: string | null;
 }
 
 /** Each operation's query parameters (`never`: it takes none). */
