@@ -320,7 +320,8 @@ def resumed_after(runs: Iterable[Run], run: Run) -> str | None:
 def resume_line(session_id: str, after: str | None, *, refused: bool = False) -> str:
     """The operator's words for a resumed run: "resumed session ID after the usage limit"
     (and, when the vendor refused it, that the attempt started fresh)."""
-    # "after the usage limit", "after http 429"
+    # "after the usage limit", "after the rate limit", "after http 429"
+    after = "rate limit" if after == "rate limited" else after
     words = (
         ""
         if not after
