@@ -57,6 +57,7 @@ def test_runs_from_before_the_column_read_as_none(tmp_path: Path) -> None:
         ledger.start_run(task.id, request_key="1", actor="me")
     conn = sqlite3.connect(path)
     conn.execute("ALTER TABLE run_extras DROP COLUMN resumed_session")
+    conn.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
     conn.execute("DELETE FROM schema_version WHERE version >= 10")
     conn.commit()
     conn.close()
@@ -64,3 +65,26 @@ def test_runs_from_before_the_column_read_as_none(tmp_path: Path) -> None:
         assert ledger.schema_version() == sqlite_schema.SCHEMA_VERSION
         (run,) = ledger.runs(task.id)
         assert run.resumed_session is None
+
+
+FELL_BACK = "fell back from claude/a1 (stopped until an operator resumes it) to codex/b2"
+
+
+def test_a_run_keeps_its_fallback_announcement(ledger: AnyLedger) -> None:
+    task = ledger.create_task("t", actor="me")
+    run = ledger.start_run(task.id, request_key="1", actor="me", fell_back=FELL_BACK)
+    assert run.fell_back == FELL_BACK and ledger.run(run.id).fell_back == FELL_BACK
+    assert ledger.run(run.id).to_dict()["fell_back"] == FELL_BACK
+    for bad in ("", "x" * 2001):
+        with pytest.raises(InvalidInput) as refused:
+            ledger.start_run(task.id, request_key="2", actor="me", fell_back=bad)
+        assert refused.value.field == "fell_back"
+
+
+def test_a_fallback_through_the_server(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    task = client.create_task("t", actor=ME)
+    run = client.start_run(task.id, request_key="1", actor=ME, fell_back=FELL_BACK)
+    assert run.fell_back == FELL_BACK
+    assert remote.ledger.run(run.id).fell_back == FELL_BACK
+    client.close()

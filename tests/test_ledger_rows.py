@@ -44,6 +44,7 @@ _RUN: dict[str, Any] = {
     "lane_held": 1,
     "workspace": "/srv/ws/ISS-1",
     "resumed_session": "0b1e-session",
+    "fell_back": "fell back from claude/a (stopped) to codex/b",
 }
 
 _SUMMARY = HistorySummary(

@@ -379,6 +379,7 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         raw.execute("DELETE FROM schema_version WHERE version = 7")
         raw.execute("ALTER TABLE run_extras DROP COLUMN workspace")  # version 9's
         raw.execute("ALTER TABLE run_extras DROP COLUMN resumed_session")  # version 10's
+        raw.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
         raw.execute("DELETE FROM schema_version WHERE version >= 8")
         events = [
             LaneEvent(lane=lane, kind=LaneEventKind.UPSTREAM, at=10, run_id="r-8", task_id=task),

@@ -200,7 +200,7 @@ def test_status_shows_an_active_issue_whose_attempt_resumed(
     path = tmp_path / "l.db"
     with open_ledger(path) as ledger:
         board = InMemoryBoard([BoardIssue("S-5", "s", "todo", prompt="fix it")])
-        first, second = _dispatch(ledger, fake_claude, board, Workspaces(tmp_path / "ws"), runs=2)
+        _first, second = _dispatch(ledger, fake_claude, board, Workspaces(tmp_path / "ws"), runs=2)
     assert second.resumed_session == SESSION and second.failure_class is FailureClass.UPSTREAM
     shown = run_execkit("status", "--db", str(path))
     assert shown.returncode == 0, shown.stderr

@@ -354,7 +354,8 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
         if event.workspace is not None and event.blocked_on:
             # Blocked: its workspace stays for the person who looks (issue #46).
             tail += f"; workspace kept: {event.workspace}"
-        return head + _resumed(event) + tail
+        fell_back = f" ({event.fell_back})" if event.fell_back else ""
+        return head + fell_back + _resumed(event) + tail
     if event.kind is EventKind.GAVE_UP:
         return f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
     if event.kind is EventKind.DONE:

@@ -229,7 +229,10 @@ class Run:
     where its agent worked (`start_run(workspace=...)`: a dispatcher's workspace of the
     issue, issue #46), None when it was not said. `resumed_session`: the vendor session its
     agent was asked to continue (`start_run(resumed_session=...)`: the previous attempt
-    ended on an upstream refusal in it, issue #46), None for a fresh start.
+    ended on an upstream refusal in it, issue #46), None for a fresh start. `fell_back`:
+    the dispatcher's announcement that the run went to a later adapter of its issue's order
+    because the earlier ones' lanes were closed ("fell back from claude/x (parked until
+    ...) to codex/y"; issue #46), None otherwise.
     """
 
     id: str
@@ -255,6 +258,7 @@ class Run:
     lane_held: bool = False
     workspace: str | None = None
     resumed_session: str | None = None
+    fell_back: str | None = None
 
     @property
     def owner(self) -> RunOwner | None:
@@ -550,6 +554,7 @@ class Ledger(Protocol):
         lane: str | None = None,
         workspace: str | None = None,
         resumed_session: str | None = None,
+        fell_back: str | None = None,
     ) -> Run: ...
 
     def heartbeat(

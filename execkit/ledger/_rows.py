@@ -88,6 +88,7 @@ RUN_COLUMNS = (
     "lane_held",
     "workspace",
     "resumed_session",
+    "fell_back",
 )
 TASK_COLUMNS = (
     "id",
@@ -175,6 +176,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         lane_held,
         workspace,
         resumed_session,
+        fell_back,
     ) = values
     return Run(
         run_id,
@@ -202,6 +204,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         bool(lane_held),
         workspace,
         resumed_session,
+        fell_back,
     )
 
 

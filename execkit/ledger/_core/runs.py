@@ -90,6 +90,8 @@ MAX_WORKSPACE = 4096
 # A vendor session id (`start_run(resumed_session=...)`): uuids and thread ids are far
 # shorter; `AgentRequest.resume_session` takes the same bound.
 MAX_SESSION = 200
+# A fallback's announcement (`start_run(fell_back=...)`): a few lane names and their waits.
+MAX_FALLBACK = 2000
 
 
 class RunOps(LeaseOps):
@@ -126,6 +128,7 @@ class RunOps(LeaseOps):
         lane: str | None = None,
         workspace: str | None = None,
         resumed_session: str | None = None,
+        fell_back: str | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -155,6 +158,9 @@ class RunOps(LeaseOps):
         of the issue, a path of at most 4096 characters): kept on the run (`Run.workspace`),
         masked as text. `resumed_session` (issue #46) is the vendor session the run's agent
         continues (at most 200 characters), kept on the run (`Run.resumed_session`).
+        `fell_back` (issue #46) is a dispatcher's announcement that the run went to a later
+        adapter of its issue's order (at most 2000 characters), kept on the run
+        (`Run.fell_back`), masked as text.
         """
         request_key = check_name("request_key", request_key, MAX_KEY)
         place = None if workspace is None else check_text("workspace", workspace, MAX_WORKSPACE)
@@ -163,6 +169,7 @@ class RunOps(LeaseOps):
             if resumed_session is None
             else check_text("resumed_session", resumed_session, MAX_SESSION)
         )
+        fallback = None if fell_back is None else check_text("fell_back", fell_back, MAX_FALLBACK)
         lane_name = check_lane(lane)
         if owner is not None and not isinstance(owner, RunOwner):
             raise InvalidInput(
@@ -227,6 +234,7 @@ class RunOps(LeaseOps):
                         runner,
                         place,
                         session,
+                        fallback,
                     )
                     if lane_name is not None:
                         self._lane_admitted(tx, lane_name, probes, run, at)
@@ -271,6 +279,7 @@ class RunOps(LeaseOps):
         owner: RunOwner,
         workspace: str | None = None,
         resumed_session: str | None = None,
+        fell_back: str | None = None,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
@@ -296,6 +305,7 @@ class RunOps(LeaseOps):
                 owner_instance=owner.instance,
                 workspace=workspace,
                 resumed_session=resumed_session,
+                fell_back=fell_back,
             ),
             lease,
         )

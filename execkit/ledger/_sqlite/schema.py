@@ -26,7 +26,7 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # outbox, what a tracker board owes its tracker until it is sent. Version 8 is issue #45's
 # (spend; empty on this branch until they are merged). Version 9 (issue #46): the
 # workspace each run's agent worked in, a column of `run_extras`. Version 10 (issue #46):
-# the vendor session a run resumed, a column of `run_extras`.
+# the vendor session a run resumed and a fallback's announcement, columns of `run_extras`.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -226,6 +226,10 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
     9: ("ALTER TABLE run_extras ADD COLUMN workspace TEXT",),
     # Issue #46: the vendor session each run resumed (after an upstream refusal).
-    10: ("ALTER TABLE run_extras ADD COLUMN resumed_session TEXT",),
+    # and the announcement of a run that fell back to a later adapter of its issue's order.
+    10: (
+        "ALTER TABLE run_extras ADD COLUMN resumed_session TEXT",
+        "ALTER TABLE run_extras ADD COLUMN fell_back TEXT",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

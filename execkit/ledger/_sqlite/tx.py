@@ -62,7 +62,7 @@ _RUN_SELECT = (
     "x.lease_expires_at, x.not_before, o.boot_id AS owner_boot_id, "
     "o.pid_namespace AS owner_pid_namespace, o.pid_started_at AS owner_pid_started_at, "
     "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped, "
-    "lh.run_id IS NOT NULL AS lane_held, x.workspace, x.resumed_session "
+    "lh.run_id IS NOT NULL AS lane_held, x.workspace, x.resumed_session, x.fell_back "
     "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id "
     "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
     "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id"
@@ -305,8 +305,15 @@ class SqliteTx:
         )
         self._conn.execute(
             "INSERT INTO run_extras (run_id, lease_expires_at, lease_s, workspace, "
-            "resumed_session) VALUES (?, ?, ?, ?, ?)",
-            (stored.id, stored.lease_expires_at, lease_s, stored.workspace, stored.resumed_session),
+            "resumed_session, fell_back) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                stored.id,
+                stored.lease_expires_at,
+                lease_s,
+                stored.workspace,
+                stored.resumed_session,
+                stored.fell_back,
+            ),
         )
         if stored.owner is not None:
             self._conn.execute(

@@ -142,6 +142,8 @@ export interface StartRunOptions extends IdempotentOptions {
   workspace?: string | null | undefined;
   /** The vendor session the run's agent continues (at most 200 characters), kept on the run. */
   resumedSession?: string | null | undefined;
+  /** A dispatcher's announcement that the run fell back to a later adapter (at most 2000). */
+  fellBack?: string | null | undefined;
 }
 
 export interface ResumeLaneOptions extends IdempotentOptions {
@@ -598,6 +600,7 @@ export class ExeckitClient {
             "lane",
             "workspace",
             "resumedSession",
+            "fellBack",
             "idempotencyKey",
           ]);
     const body: StartRunBody = {};
@@ -624,6 +627,9 @@ export class ExeckitClient {
     }
     if (given.resumedSession !== undefined && given.resumedSession !== null) {
       body.resumed_session = text("resumedSession", given.resumedSession, 200);
+    }
+    if (given.fellBack !== undefined && given.fellBack !== null) {
+      body.fell_back = text("fellBack", given.fellBack, 2000);
     }
     const key = idempotencyKey(given.idempotencyKey);
     if (body.lane !== undefined) {

@@ -269,6 +269,7 @@ export interface Run {
   readonly attempt: number;
   readonly ended_at: number | null;
   readonly failure_class: FailureClass | null;
+  readonly fell_back: string | null;
   readonly forced: boolean;
   readonly id: string;
   readonly lane_held: boolean;
@@ -587,6 +588,8 @@ export interface RetryTaskBody {
 
 export interface StartRunBody {
   cap?: number | null;
+  /** A dispatcher's announcement that the run went to a later adapter of its issue's order (its first lanes were closed). */
+  fell_back?: string | null;
   forced?: boolean;
   ignore_backoff?: boolean;
   /** The vendor lane ADAPTER/CREDENTIAL the run uses. */
