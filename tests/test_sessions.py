@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import attrs
 import pytest
 from _support import REPO, a_slot, run_execkit
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ledger_backends import AnyLedger
 
 from adapters import ClaudeAdapter, CodexAdapter, GeminiAdapter, GenericAdapter
@@ -33,6 +36,7 @@ from execkit.dispatch import (
     EventKind,
     InlineExecutor,
     InMemoryBoard,
+    RunOutcome,
     Workspaces,
 )
 
@@ -270,3 +274,36 @@ def test_the_recorded_claude_refusal_is_what_the_adapter_reads(tmp_path: Path) -
     # Refused, then started fresh: the stand-in refuses again (it knows no other answer),
     # and that fresh start's own failure is the attempt's.
     assert outcome.resume_refused is True and outcome.status == "failed"
+
+
+# -- the rule, for any history ----------------------------------------------------------
+
+_OUTCOMES = st.sampled_from(
+    [
+        RunOutcome("succeeded", session_id="s-ok"),
+        RunOutcome("failed", failure_class=FailureClass.WORK, session_id="s-work"),
+        RunOutcome("failed", failure_class=FailureClass.ENVIRONMENT, session_id="s-env"),
+        RunOutcome("failed", failure_class=FailureClass.UPSTREAM, session_id="s-up"),
+        RunOutcome("failed", failure_class=FailureClass.UPSTREAM),  # no session said
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(history=st.lists(_OUTCOMES, max_size=8))
+def test_a_session_is_kept_only_after_an_upstream_refusal_that_named_one(
+    history: list[RunOutcome],
+) -> None:
+    from execkit.ledger import open_ledger
+
+    with tempfile.TemporaryDirectory() as place, open_ledger(Path(place) / "l.db") as ledger:
+        issue = BoardIssue("P-1", "p", "todo")
+        dispatcher = Dispatcher(InMemoryBoard([issue]), AdapterRunner(), ledger)
+        for outcome in history:
+            dispatcher._remember_session(issue, outcome, "claude")
+        kept = dispatcher._resumable.get("P-1")
+        last = history[-1] if history else None
+        if last is not None and last.failure_class is FailureClass.UPSTREAM and last.session_id:
+            assert kept is not None and kept.session_id == last.session_id
+        else:
+            assert kept is None

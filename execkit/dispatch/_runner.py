@@ -77,6 +77,13 @@ class AdapterRunner:
     epoch seconds), so the next dispatch is no earlier. The admission fields (lease, cap,
     actor, lane) are the dispatcher's own. `agent_attempts=`, `sleep=`, `start=` and
     `clock=` as keywords still work for one release, with a `DeprecationWarning`.
+
+    A slot's `resume_session` (issue #46) is passed to an adapter that can resume
+    (`resumes_sessions`) as `AgentRequest.resume_session`; when the vendor refuses the
+    session (the adapter's `resume_refused` reads its words) the same attempt starts
+    fresh, and only that fresh start is the attempt's outcome (`resume_refused=True`).
+    `RunOutcome.session_id` is set only for an adapter that can resume: the dispatcher
+    resumes it after an upstream refusal.
     """
 
     def __init__(

@@ -581,9 +581,15 @@ class Dispatcher:
 
     def _stopped_lane(self, issue: BoardIssue, now: float) -> LaneStopped | None:
         """The stopped lane's refusal that holds `issue`, if any (as this dispatcher's last
-        admission on that lane met it)."""
-        held = self._lanes.holding(self._lanes.lane_of(self.config.adapter_of(issue)), now)
-        return held if isinstance(held, LaneStopped) else None
+        admission on that lane met it): with an order of adapters (issue #46), only when
+        every one of its lanes is stopped (the first's refusal), else it can still run."""
+        first: LaneStopped | None = None
+        for adapter in self.config.adapters_of(issue):
+            held = self._lanes.holding(self._lanes.lane_of(adapter), now)
+            if not isinstance(held, LaneStopped):
+                return None
+            first = first or held
+        return first
 
     def shutdown(
         self, drain_timeout_s: float, *, wait: Callable[[float], object] | None = None
