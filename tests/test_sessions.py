@@ -150,6 +150,43 @@ def test_the_next_attempt_resumes_the_session_once_in_the_same_workspace(
     assert f"succeeded (resumed session {SESSION} after http 429) -> moved to done" in line
 
 
+def test_a_usage_limit_two_seconds_from_its_reset_is_resumed_after_the_lane_opens(
+    ledger: AnyLedger, fake_claude: Path, tmp_path: Path
+) -> None:
+    # The recorded gateway usage limit: a `rate_limit_event` whose `resetsAt` parks the
+    # lane; read two seconds before that reset, so the lane opens two seconds later.
+    gateway = "b94f7332-a7ea-43c3-ac10-97bf896c5d85"
+    (fake_claude / "first").write_text("usage_limit_gateway")
+    (fake_claude / "known").write_text(gateway)
+    adapter = attrs.evolve(
+        ClaudeAdapter(),
+        binary=str(fake_claude.parent / "bin" / "claude"),
+        clock=lambda: 1796623198.0,
+    )
+    board = InMemoryBoard([BoardIssue("S-6", "s", "todo", prompt="fix it")])
+    config = DispatchConfig.from_mapping(
+        {"default_adapter": "claude", "base_backoff_s": 0.01, "max_retry_backoff_s": 0.02}
+    )
+    dispatcher = Dispatcher(
+        board, AdapterRunner(adapter), ledger, config, executor=InlineExecutor(),
+        workspaces=Workspaces(tmp_path / "ws"),
+    )  # fmt: skip
+    events: list[DispatchEvent] = []
+    for _ in range(400):  # bounded: the lane's two seconds, at 50 ms a pass
+        if not board.list_candidates():
+            break
+        events.extend(e for e in dispatcher.tick() if e.kind is EventKind.DISPATCHED)
+        time.sleep(0.05)
+    first, second = events
+    assert first.failure_class is FailureClass.UPSTREAM and first.reason is not None
+    assert second.status == "succeeded" and second.resumed_session == gateway
+    assert second.resumed_after == first.reason.split(": ", 1)[0]
+    _fresh, resumed = _calls(fake_claude)
+    assert resumed["argv"][resumed["argv"].index("--resume") + 1] == gateway
+    runs = ledger.runs(ledger.list_tasks()[0].id)
+    assert runs[0].not_before is not None and [r.resumed_session for r in runs] == [None, gateway]
+
+
 def test_a_session_the_vendor_does_not_know_starts_fresh_in_the_same_attempt(
     ledger: AnyLedger, fake_claude: Path, tmp_path: Path
 ) -> None:
