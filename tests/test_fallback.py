@@ -120,6 +120,8 @@ def test_an_issue_whose_claude_lane_is_stopped_is_done_by_codex_and_says_so(
     (task,) = [t for t in ledger.list_tasks() if t.title.endswith("B-1")]
     (run,) = ledger.runs(task.id)
     assert run.fell_back == fell.fell_back
+    (started,) = [e for e in ledger.audit_events(task.id) if e.action == "run.start"]
+    assert started.detail["fell_back"] == fell.fell_back
     assert f"succeeded ({fell.fell_back})" in _describe(fell, None)
     cards = [r for issue, r in board.reports if issue == "B-1"]
     assert all(fell.fell_back in r.lines for r in cards) and len(cards) == 2

@@ -146,6 +146,8 @@ def test_the_next_attempt_resumes_the_session_once_in_the_same_workspace(
     # The ledger keeps it on the run; the operator reads it in the dispatch line.
     runs = ledger.runs(ledger.list_tasks()[0].id)
     assert [r.resumed_session for r in runs] == [None, SESSION]
+    starts = [e for e in ledger.audit_events(runs[0].task_id) if e.action == "run.start"]
+    assert [e.detail.get("resumed_session") for e in starts] == [None, SESSION]
     line = _describe(second, None)
     assert f"succeeded (resumed session {SESSION} after http 429) -> moved to done" in line
 

@@ -322,6 +322,11 @@ class RunOps(LeaseOps):
             detail["retry_requested_by"] = pending
         if decision.state is TaskState.BACKOFF:
             detail["ignored_backoff_until"] = decision.next_attempt_at
+        # Issue #46: a fallback is announced in the audit too, and a resumed session named.
+        if run.fell_back is not None:
+            detail["fell_back"] = run.fell_back
+        if run.resumed_session is not None:
+            detail["resumed_session"] = run.resumed_session
         tx.audit(
             AuditEntry(
                 at=at,
