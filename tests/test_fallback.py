@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _support import REPO, run_execkit
+from _support import REPO, run_execkit, write_board
 from ledger_backends import AnyLedger
 
 from execkit import InvalidInput
@@ -184,6 +184,40 @@ def test_task_show_and_status_say_the_fallback(
     assert status.returncode == 0, status.stderr
     (line,) = [x for x in status.stdout.splitlines() if "fell back" in x]
     assert line.startswith("B-3  attempt 1: fell back from claude/") and "to codex/" in line
+
+
+def test_execkit_dispatch_reads_the_order_from_the_board_and_prints_the_fallback(
+    fakes: Path, tmp_path: Path
+) -> None:
+    board = write_board(
+        tmp_path / "board.json",
+        [
+            {"id": "A-4", "title": "a", "state": "todo", "prompt": "first", "adapter": "claude"},
+            {"id": "B-4", "title": "b", "state": "todo", "prompt": "second",
+             "adapters": ["claude", "codex"]},
+        ],
+        dispatch={"base_backoff_s": 0.01, "max_retry_backoff_s": 0.02},
+    )  # fmt: skip
+    # One at a time: A-4's refused credentials stop claude's lane before B-4 is admitted
+    # (an attempt that itself meets the refusal is blocked on environment, as before).
+    done = run_execkit(
+        "dispatch", "--board", str(board), "--db", str(tmp_path / "l.db"), "--until-idle",
+        "--concurrency", "1",
+    )  # fmt: skip
+    lines = [x for x in done.stdout.splitlines() if x.startswith("B-4") and "succeeded" in x]
+    assert len(lines) == 1, (done.stdout, done.stderr)
+    (line,) = lines
+    assert "succeeded (fell back from claude/" in line and "to codex/" in line
+    assert json.loads(board.read_text())["issues"][1]["adapters"] == ["claude", "codex"]
+    # A board that names both, or an empty order, is refused naming the field, nothing run.
+    for bad in ({"adapter": "claude", "adapters": ["codex"]}, {"adapters": []}):
+        write_board(tmp_path / "bad.json", [{"id": "X", "state": "todo", **bad}])
+        refused = run_execkit(
+            "dispatch", "--board", str(tmp_path / "bad.json"), "--db", str(tmp_path / "x.db"),
+            "--until-idle",
+        )  # fmt: skip
+        assert refused.returncode != 0 and "issues[0].adapters" in refused.stderr
+        assert "Traceback" not in refused.stderr
 
 
 @pytest.mark.parametrize(
