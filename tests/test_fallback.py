@@ -6,6 +6,7 @@ CLIs (claude's refused credentials, codex's success), found on PATH as the real 
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import sys
@@ -155,6 +156,37 @@ def test_the_board_default_order_and_no_fallback_after_work(
     calls = [json.loads(line)["cli"] for line in fakes.read_text().splitlines()]
     assert calls == ["claude", "claude"]
     assert all(r.fell_back is None for r in ledger.runs(ledger.list_tasks()[0].id))
+
+
+def test_a_usage_limit_falls_back_without_the_vendor_session(
+    ledger: AnyLedger, fakes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # claude's recorded 429 in session 7fe4..., then an operator parks claude's lane for an
+    # hour: the next attempt runs on codex, fresh: a session never crosses vendors.
+    monkeypatch.setenv("FAKE_CLAUDE", "claude/usage_limit")
+    board = InMemoryBoard(
+        [BoardIssue("U-1", "u", "todo", prompt="p", adapters=("claude", "codex"))]
+    )
+    config = DispatchConfig.from_mapping({"base_backoff_s": 0.01, "max_retry_backoff_s": 0.02})
+    dispatcher = Dispatcher(board, AdapterRunner(), ledger, config, executor=InlineExecutor())
+    events = [e for e in dispatcher.tick() if e.kind is EventKind.DISPATCHED]
+    (claude_lane,) = [lane.lane for lane in ledger.list_lanes()]
+    owner = getpass.getuser()  # the ledger's owner may operate its lanes
+    ledger.park_lane(claude_lane, until=time.time() + 3600, actor=owner, reason="usage limit")
+    for _ in range(200):  # bounded: one more attempt after a backoff of 10-20 ms
+        if not board.list_candidates():
+            break
+        events.extend(e for e in dispatcher.tick() if e.kind is EventKind.DISPATCHED)
+        time.sleep(0.02)
+    assert len(events) == 2, [(e.attempt, e.status, e.reason, e.fell_back) for e in events]
+    first, second = events
+    assert first.failure_class is FailureClass.UPSTREAM and first.fell_back is None
+    assert second.status == "succeeded" and second.fell_back is not None
+    assert second.resumed_session is None
+    assert f"fell back from {claude_lane} (parked until " in second.fell_back
+    calls = [json.loads(line) for line in fakes.read_text().splitlines()]
+    assert [c["cli"] for c in calls] == ["claude", "codex"]
+    assert "resume" not in calls[1]["argv"]
 
 
 def test_task_show_and_status_say_the_fallback(
