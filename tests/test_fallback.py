@@ -242,7 +242,8 @@ def test_execkit_dispatch_reads_the_order_from_the_board_and_prints_the_fallback
     assert "succeeded (fell back from claude/" in line and "to codex/" in line
     assert json.loads(board.read_text())["issues"][1]["adapters"] == ["claude", "codex"]
     # A board that names both, or an empty order, is refused naming the field, nothing run.
-    for bad in ({"adapter": "claude", "adapters": ["codex"]}, {"adapters": []}):
+    bads: list[dict[str, object]] = [{"adapter": "claude", "adapters": ["codex"]}, {"adapters": []}]
+    for bad in bads:
         write_board(tmp_path / "bad.json", [{"id": "X", "state": "todo", **bad}])
         refused = run_execkit(
             "dispatch", "--board", str(tmp_path / "bad.json"), "--db", str(tmp_path / "x.db"),
