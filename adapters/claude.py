@@ -445,8 +445,8 @@ def read_result(stdout: str, *, now: float | None = None) -> Envelope:
 
 @attrs.frozen
 class ClaudeAdapter:
-    """`claude -p --output-format stream-json --verbose [--model M] [--max-turns N]
-    [--max-budget-usd USD] ARGS... PROMPT`.
+    """`claude -p --output-format stream-json --verbose [--model M] [--resume ID]
+    [--max-turns N] [--max-budget-usd USD] ARGS... PROMPT`.
 
     The working directory is the spawn's cwd (claude has no directory flag). ARGS that
     name another `--output-format` (claude takes the last one) are read too: `json` prints
@@ -467,6 +467,8 @@ class ClaudeAdapter:
     # 10 minutes at most, and every other step prints an event, so 15 silent minutes are
     # not work in progress (claude-code #75613: a stream that hangs without a byte).
     stall_timeout_s: float | None = 900.0
+    # Issue #46: `--resume ID` continues a session (`AgentRequest.resume_session`).
+    resumes_sessions: bool = True
     # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
     # own time when one is replayed.
     clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
@@ -477,7 +479,14 @@ class ClaudeAdapter:
         budget = request.max_budget_usd
         spend = [] if budget is None else ["--max-budget-usd", f"{budget:g}"]
         head = [self.binary, "-p", "--output-format", "stream-json", "--verbose"]
-        return request_argv(head, request, options=[*turns, *spend])
+        resume = [] if request.resume_session is None else ["--resume", request.resume_session]
+        return request_argv(head, request, options=[*resume, *turns, *spend])
+
+    def resume_refused(self, failure_text: str) -> bool:
+        """The CLI refused the session it was asked to resume: claude-code 2.1.332 prints
+        `error_during_execution` with `errors: ["No conversation found with session ID:
+        <id>"]` and exits 1 before any request (recorded against the loopback API)."""
+        return "No conversation found with session ID" in failure_text
 
     def request_in_flight(self, line: Line) -> bool | None:
         """Whether a request to the API is open after this stream-json event (the stall

@@ -213,7 +213,8 @@ def _read(stdout: str, now: float) -> Envelope:
 
 @attrs.frozen
 class CodexAdapter:
-    """`codex exec --json [--model M] [--cd DIR] ARGS... PROMPT` (no max-turns flag)."""
+    """`codex exec --json [--cd DIR] [resume ID] [--model M] ARGS... PROMPT` (no max-turns
+    flag)."""
 
     name: str = "codex"
     binary: str = "codex"
@@ -221,13 +222,25 @@ class CodexAdapter:
     login_hint: str | None = "codex login"
     credential_env: tuple[str, ...] = ("OPENAI_API_KEY", "CODEX_API_KEY")
     credential_files: tuple[str, ...] = ("~/.codex/auth.json",)
+    # Issue #46: `codex exec resume ID` continues a session (`AgentRequest.resume_session`).
+    resumes_sessions: bool = True
     # The clock a stated reset is read against (epoch seconds): `time.time`, or a recording's
     # own time when one is replayed.
     clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         cd = ["--cd", request.cwd] if request.cwd else []
-        return request_argv([self.binary, "exec", "--json"], request, options=cd)
+        if request.resume_session is None:
+            return request_argv([self.binary, "exec", "--json"], request, options=cd)
+        # `exec`'s own options go before the `resume` subcommand (codex-cli 0.x parses them
+        # there); the session id is resume's first argument, the prompt its second.
+        head = [self.binary, "exec", "--json", *cd, "resume", request.resume_session]
+        return request_argv(head, request)
+
+    def resume_refused(self, failure_text: str) -> bool:
+        """The CLI refused the session it was asked to resume: codex prints `thread/resume
+        failed: no rollout found for thread id <id>` and exits 1 before any request."""
+        return "no rollout found for thread id" in failure_text
 
     def parse(self, result: SpawnResult) -> MappedResult:
         now = self.clock()

@@ -367,7 +367,8 @@ def _read_envelope(stdout: str, stderr: str, exit_code: int | None) -> Envelope:
 
 @attrs.frozen
 class GeminiAdapter:
-    """`gemini --output-format json [--model M] ARGS... --prompt=PROMPT` (no max-turns flag).
+    """`gemini --output-format json [--model M] [--resume ID] ARGS... --prompt=PROMPT` (no
+    max-turns flag).
 
     The working directory is the spawn's cwd.
     """
@@ -386,11 +387,22 @@ class GeminiAdapter:
         "set GEMINI_CLI_TRUST_WORKSPACE=true, pass --skip-trust, or trust the folder in "
         "interactive mode"
     )
+    # Issue #46: `--resume ID` (a session's uuid) continues it (`AgentRequest.resume_session`).
+    resumes_sessions: bool = True
 
     def build_argv(self, request: AgentRequest) -> list[str]:
         # `--prompt=VALUE` keeps a prompt that starts with "-" from reading as a flag.
         prompt = [f"--prompt={request.prompt}"]
-        return request_argv([self.binary, "--output-format", "json"], request, prompt=prompt)
+        resume = [] if request.resume_session is None else ["--resume", request.resume_session]
+        head = [self.binary, "--output-format", "json"]
+        return request_argv(head, request, options=resume, prompt=prompt)
+
+    def resume_refused(self, failure_text: str) -> bool:
+        """The CLI refused the session it was asked to resume (its bundle's fixed words:
+        `Invalid session identifier "<id>"`, `Error resuming session:`)."""
+        return "Invalid session identifier" in failure_text or (
+            "Error resuming session" in failure_text
+        )
 
     def parse(self, result: SpawnResult) -> MappedResult:
         return map_result(

@@ -71,6 +71,8 @@ __all__ = [
     "map_result",
     "precondition_for",
     "priced",
+    "resume_refused",
+    "resumes_sessions",
     "trust_precondition",
     "usage_of",
 ]
@@ -129,6 +131,18 @@ def _as_args(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _session_id(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    # A vendor session id goes into argv as one argument: no whitespace, no option look.
+    if not (
+        isinstance(value, str)
+        and 0 < len(value) <= 200
+        and value.isprintable()
+        and not any(c.isspace() for c in value)
+        and not value.startswith("-")
+    ):
+        raise ValueError(value)
+
+
 @attrs.frozen
 class AgentRequest:
     """One agent invocation, vendor-neutral.
@@ -138,6 +152,9 @@ class AgentRequest:
     (the most the CLI may spend, by its own count: claude's `--max-budget-usd`), a bound
     the CLI keeps itself, beside execkit's own (`run_agent(usage_limit=...)`).
     `extra_args` go before the prompt, verbatim. `env` is added to the inherited environment.
+    `resume_session` is a vendor session id to continue (issue #46): an adapter that can
+    resume (`resumes_sessions`) turns it into its CLI's own flag (claude `--resume ID`,
+    codex `exec resume ID`); one that cannot ignores it and starts fresh.
     Raises InvalidInput naming the field for a value out of range.
     """
 
@@ -159,6 +176,12 @@ class AgentRequest:
         validator=checked("only strings", deep_iterable(instance_of(str))),
     )
     env: Mapping[str, str] | None = attrs.field(default=None, eq=False, hash=False)
+    resume_session: str | None = attrs.field(
+        default=None,
+        validator=opt_checked(
+            "a session id: 1..200 printable characters, no whitespace", _session_id
+        ),
+    )
 
     def with_prompt(self, prompt: str) -> AgentRequest:
         """The same request with another prompt (the schema gate appends to it)."""
@@ -349,6 +372,25 @@ def _tail(text: str, max_chars: int = _ERROR_CHARS) -> str:
 def credential_env_of(adapter: object) -> tuple[str, ...]:
     """The adapter's `credential_env` (variable names), or () when it has none."""
     return _names(getattr(adapter, "credential_env", ()))
+
+
+def resumes_sessions(adapter: object) -> bool:
+    """Whether the adapter turns `AgentRequest.resume_session` into its CLI's resume flag
+    (its optional `resumes_sessions` attribute; False when it has none: it starts fresh)."""
+    return getattr(adapter, "resumes_sessions", False) is True
+
+
+def resume_refused(adapter: object, failure_text: str | None) -> bool:
+    """Whether a failed resumed run's text is the vendor refusing the session itself
+    (unknown or expired id: the adapter's optional `resume_refused(text)`, read from the
+    CLI's own fixed words); False when the adapter has no such method or it raises."""
+    read = getattr(adapter, "resume_refused", None)
+    if not callable(read) or not failure_text:
+        return False
+    try:
+        return read(failure_text) is True
+    except Exception:  # an adapter's bug must not turn a failure into a fresh start
+        return False
 
 
 def credential_files_of(adapter: object) -> tuple[str, ...]:

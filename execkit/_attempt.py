@@ -48,7 +48,7 @@ import random
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from typing import Any, Literal
 
@@ -100,6 +100,8 @@ __all__ = [
     "outcome_of",
     "record_outcome",
     "record_stopped",
+    "resume_line",
+    "resumed_after",
     "run_attempt",
     "run_attempt_async",
     "runner_error",
@@ -204,7 +206,10 @@ class RunOutcome:
     vendor's reset time, when it named one: the next attempt is not before it.
     `lane_cause` is what the vendor's structure said of the run's vendor lane (the ledger
     parks or stops the lane on it: `reset`, `credentials`, `billing`, `binary_missing`);
-    never set from free text.
+    never set from free text. `session_id` is the vendor session the agent ran in (its
+    proof's), which the next attempt resumes after an upstream refusal (issue #46);
+    `resumed_session` the session this attempt resumed, and `resume_refused` that the vendor
+    refused it (unknown or expired) and the attempt started fresh instead, uncharged.
     """
 
     status: RunStatus = attrs.field(converter=_to_status)
@@ -218,6 +223,9 @@ class RunOutcome:
     # What the run cost, as its CLI reported it (issue #45), failed runs included; None
     # when nothing was read (a custom runner's outcome, an agent that never started).
     usage: Usage | None = attrs.field(default=None, validator=optional(instance_of(Usage)))
+    session_id: str | None = None
+    resumed_session: str | None = None
+    resume_refused: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.status is RunStatus.SUCCEEDED and self.failure_class is not None:
@@ -283,7 +291,7 @@ def outcome_of(adapter: Adapter, proof: AgentProof, clock: Callable[[], float]) 
     the class was read from (`failure_detail`), the vendor's reset as a time (`clock() +
     retry_after_s`, upstream only) and what it says of the lane."""
     if proof.productive:
-        return RunOutcome(RunStatus.SUCCEEDED, usage=proof.usage)
+        return RunOutcome(RunStatus.SUCCEEDED, usage=proof.usage, session_id=proof.session_id)
     failure_class = proof.effective_class
     wait = proof.retry_after_s
     not_before = None
@@ -298,7 +306,39 @@ def outcome_of(adapter: Adapter, proof: AgentProof, clock: Callable[[], float]) 
         not_before=not_before,
         lane_cause=lane_cause(adapter, proof, not_before),
         usage=proof.usage,
+        session_id=proof.session_id,
     )
+
+
+def resumed_after(runs: Iterable[Run], run: Run) -> str | None:
+    """What the session `run` resumed was stopped by (issue #46): the class reason of the
+    task's previous attempt ("usage limit", "overloaded"), without its detail line; None
+    for a run that resumed nothing or whose previous attempt is not in `runs`."""
+    if run.resumed_session is None:
+        return None
+    before = [r for r in runs if r.attempt < run.attempt and r.reason]
+    if not before:
+        return None
+    reason = max(before, key=lambda r: r.attempt).reason or ""
+    return reason.split(": ", 1)[0] or None
+
+
+def resume_line(session_id: str, after: str | None, *, refused: bool = False) -> str:
+    """The operator's words for a resumed run: "resumed session ID after the usage limit"
+    (and, when the vendor refused it, that the attempt started fresh)."""
+    # "after the usage limit", "after the rate limit", "after http 429"
+    after = "rate limit" if after == "rate limited" else after
+    words = (
+        ""
+        if not after
+        else f" after {after}"
+        if after.startswith("http ")
+        else f" after the {after}"
+    )
+    said = f"resumed session {session_id}{words}"
+    if refused:
+        said += " (the vendor refused it: started fresh, uncharged)"
+    return said
 
 
 def runner_error(exc: BaseException) -> RunOutcome:

@@ -823,6 +823,8 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         "DROP TABLE board_outbox",  # version 5's, made after
         *SPEND_UNDONE,  # version 6's
         "ALTER TABLE runs DROP COLUMN workspace",  # version 7's
+        "ALTER TABLE runs DROP COLUMN resumed_session",  # version 8's
+        "ALTER TABLE runs DROP COLUMN fell_back",
         "DELETE FROM schema_version WHERE version >= 4",
         "INSERT INTO lane_events (lane, kind, at, actor, run_id, until_at) VALUES "
         f"('{lane}', 'upstream', 10, 'd', 'r-8', NULL), ('{lane}', 'reset', 20, 'd', 'r-9', 5)",

@@ -50,6 +50,8 @@ _RUN: dict[str, Any] = {
     "usd": 0.25,
     "usd_source": "priced",
     "model": "gpt-5",
+    "resumed_session": "0b1e-session",
+    "fell_back": "fell back from claude/a (stopped) to codex/b",
 }
 
 _SUMMARY = HistorySummary(

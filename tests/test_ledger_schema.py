@@ -141,8 +141,8 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    # 8 is issue #45's step (spend); 9 is issue #46's (workspaces).
-    assert SCHEMA_VERSION == 9
+    # 8 is issue #45's step (spend); 9 and 10 are issue #46's.
+    assert SCHEMA_VERSION == 10
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -383,6 +383,8 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         raw.execute("DROP TABLE board_outbox")  # version 7's, made after
         raw.execute("DELETE FROM schema_version WHERE version = 7")
         raw.execute("ALTER TABLE run_extras DROP COLUMN workspace")  # version 9's
+        raw.execute("ALTER TABLE run_extras DROP COLUMN resumed_session")  # version 10's
+        raw.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
         for table in ("run_costs", "task_budgets", "spend_warnings"):  # version 8's
             raw.execute(f"DROP TABLE {table}")
         raw.execute("DELETE FROM schema_version WHERE version >= 8")

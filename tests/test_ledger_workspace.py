@@ -66,6 +66,8 @@ def test_runs_from_before_the_column_read_as_none(tmp_path: Path) -> None:
     # Back to the schema before the step: the column and the version row gone.
     conn = sqlite3.connect(path)
     conn.execute("ALTER TABLE run_extras DROP COLUMN workspace")
+    conn.execute("ALTER TABLE run_extras DROP COLUMN resumed_session")  # version 10's
+    conn.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
     conn.execute("DELETE FROM schema_version WHERE version >= 8")
     conn.commit()
     conn.close()

@@ -231,6 +231,8 @@ def _start_run(call: Call) -> tuple[int, dict[str, Any]]:
         owner=_owner(body.get("owner")),
         lane=body.get("lane"),
         workspace=body.get("workspace"),
+        resumed_session=body.get("resumed_session"),
+        fell_back=body.get("fell_back"),
         **options,
     )
     return 201, run.to_dict()
@@ -729,6 +731,22 @@ class LedgerRoutes:
                 nullable=True,
                 omit_none=True,
                 description="where the run's agent works (a dispatcher's workspace of the issue)",
+            ),
+            Field(
+                "resumed_session",
+                "string",
+                nullable=True,
+                omit_none=True,
+                description="the vendor session the run's agent continues (after an upstream "
+                "refusal)",
+            ),
+            Field(
+                "fell_back",
+                "string",
+                nullable=True,
+                omit_none=True,
+                description="a dispatcher's announcement that the run went to a later adapter "
+                "of its issue's order (its first lanes were closed)",
             ),
         ),
         binds=Ledger.start_run,

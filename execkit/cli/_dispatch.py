@@ -318,6 +318,19 @@ def describe_event(event: DispatchEvent, now: float | None = None) -> str:
     return safe_text(_describe(event, now))
 
 
+def _resumed(event: DispatchEvent) -> str:
+    """ " (resumed session ID after the usage limit)" for a run that resumed its vendor
+    session (issue #46), else ""."""
+    if event.resumed_session is None:
+        return ""
+    from execkit._attempt import resume_line
+
+    said = resume_line(
+        event.resumed_session, event.resumed_after, refused=bool(event.resume_refused)
+    )
+    return f" ({said})"
+
+
 def _describe(event: DispatchEvent, now: float | None) -> str:
     from execkit._proof import RunStatus
     from execkit.dispatch import EventKind
@@ -354,7 +367,8 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
         if event.workspace is not None and event.blocked_on:
             # Blocked: its workspace stays for the person who looks (issue #46).
             tail += f"; workspace kept: {event.workspace}"
-        return head + tail
+        fell_back = f" ({event.fell_back})" if event.fell_back else ""
+        return head + fell_back + _resumed(event) + tail
     if event.kind is EventKind.GAVE_UP:
         return f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
     if event.kind is EventKind.DONE:

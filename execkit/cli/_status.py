@@ -364,11 +364,56 @@ def _status(args: argparse.Namespace) -> int:
             # The table as the JSON: masked with a board (its ids and states are outside
             # text), not without (every cell is the ledger's, masked as it was stored, or
             # execkit's own words), as `task list` prints it.
-            lines = status_value_lines(
-                itertools.chain(first, rows), now, budget=budget, spend=spend
-            )
+            resumable: list[IssueStatusValues] = []
+            tapped = _tap_resumable(itertools.chain(first, rows), resumable)
+            lines = status_value_lines(tapped, now, budget=budget, spend=spend)
             write_lines(lines, masked=args.board is not None)
+            if resumable:
+                write_lines(_resumed_lines(args, resumable), masked=args.board is not None)
     return 0
+
+
+# The states of an issue still being worked on: its latest attempt is in flight or due.
+_ACTIVE = frozenset({TaskState.RUNNING, TaskState.BACKOFF, TaskState.READY})
+
+
+def _tap_resumable(
+    rows: Iterable[IssueStatusValues], kept: list[IssueStatusValues]
+) -> Iterator[IssueStatusValues]:
+    """`rows` as they are, keeping in `kept` the active ones that ran: only such an issue's
+    latest attempt has a resumed session or a fallback to say (issue #46)."""
+    for row in rows:
+        if row.task_id and row.attempts >= 1 and row.ledger_state in _ACTIVE:
+            kept.append(row)
+        yield row
+
+
+def _resumed_lines(args: argparse.Namespace, rows: list[IssueStatusValues]) -> list[str]:
+    """Under the table, each active issue whose latest attempt resumed its vendor session
+    after an upstream refusal (`ISS-1  attempt 2: resumed session ID after the usage
+    limit`) or fell back to a later adapter of its order (`ISS-1  attempt 1: fell back
+    from claude/x (stopped ...) to codex/y`) (issue #46)."""
+    from execkit._attempt import resume_line, resumed_after
+
+    board = JsonFileBoard(args.board) if args.board else None
+    ledger = _status_ledger(args, board)
+    lines: list[str] = []
+    try:
+        for row in rows:
+            runs = ledger.runs(str(row.task_id))
+            last = runs[-1] if runs else None
+            if last is None:
+                continue
+            said = [last.fell_back] if last.fell_back else []
+            if last.resumed_session is not None:
+                said.append(resume_line(last.resumed_session, resumed_after(runs, last)))
+            lines += [
+                f"{safe_text(row.issue_id)}  attempt {last.attempt}: {safe_text(line)}"
+                for line in said
+            ]
+    finally:
+        ledger.close()
+    return ["", *lines] if lines else []
 
 
 def _workspace_at(root: Path, issue_id: str) -> str | None:

@@ -56,6 +56,33 @@ _NAME = checked(
 )
 
 
+# At most this many adapters in an issue's order (`BoardIssue.adapters`).
+MAX_ADAPTERS = 16
+
+
+def adapter_order(value: object, field: str = "adapters") -> tuple[str, ...]:
+    """An ordered list of adapter names (issue #46's announced fallback: the first is tried
+    first): each a non-empty name of at most 400 characters, no name twice, at most 16.
+    Raises InvalidInput naming `field`."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise InvalidInput(f"{field} must be a list of adapter names, got {value!r}", field=field)
+    names = tuple(value)
+    if len(names) > MAX_ADAPTERS:
+        raise InvalidInput(
+            f"{field} must name at most {MAX_ADAPTERS} adapters, got {len(names)}", field=field
+        )
+    for name in names:
+        if not isinstance(name, str) or not name.strip() or len(name) > _MAX_ID:
+            raise InvalidInput(
+                f"{field}: {name!r} is not an adapter name (a non-empty string of at most "
+                f"{_MAX_ID} characters)",
+                field=field,
+            )
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"{field} names an adapter twice: {list(names)}", field=field)
+    return names
+
+
 def task_key(issue_id: str) -> str:
     """The ledger idempotency key (and task title) of a board issue: `board:<id>`."""
     return f"{TASK_TITLE_PREFIX}{issue_id}"
@@ -166,7 +193,10 @@ class BoardIssue:
     command the runner starts for this issue (the `generic` adapter's program and flags;
     a vendor adapter's extra arguments). `adapter` names the agent CLI this issue runs on
     (None: the dispatcher's default, `DispatchConfig.default_adapter`) and `model` the
-    model it asks for (None: the CLI's own default). `given_up_from` is the column a
+    model it asks for (None: the CLI's own default). `adapters` (issue #46) names the
+    adapters the issue may run on, in order, instead of `adapter`: when the first's vendor
+    lane is parked, cooling or stopped, the dispatcher runs it on the next open one and says
+    so (never after a `work` failure). `given_up_from` is the column a
     dispatcher gave the issue up from (`GiveUpBoard.give_up`): where it moves the card
     back when an operator lets its task run again, also after a restart; any other move
     clears it.
@@ -192,14 +222,24 @@ class BoardIssue:
     budget_tokens: int | None = attrs.field(
         default=None, validator=opt_checked("an integer >= 1", integer, ge(1))
     )
+    adapters: tuple[str, ...] = attrs.field(default=(), converter=adapter_order)
+
+    def __attrs_post_init__(self) -> None:
+        if self.adapters and self.adapter is not None:
+            raise InvalidInput(
+                "give either adapter or adapters (an order whose first is tried first), not both",
+                field="adapters",
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON shape; `adapter`, `model`, `given_up_from` and the budget only when set
-        (a board written before they existed reads and writes back the same)."""
+        """The JSON shape; `adapter`, `model`, `given_up_from`, the budget and `adapters`
+        only when set (a board written before they existed reads and writes back the same)."""
         doc = to_json(self)
         for key in ("adapter", "model", "given_up_from", "budget_usd", "budget_tokens"):
             if doc[key] is None:
                 del doc[key]
+        if not doc["adapters"]:
+            del doc["adapters"]
         return doc
 
 
@@ -411,12 +451,18 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
         raise InvalidInput(f"{where}: must be an object, got {raw!r}", field=where)
     allowed = {
         *("id", "title", "state", "prompt", "body", "argv", "adapter", "model"),
-        *("given_up_from", "budget_usd", "budget_tokens"),
+        *("given_up_from", "budget_usd", "budget_tokens", "adapters"),
     }
     unknown = set(raw) - allowed
     if unknown:
         raise InvalidInput(
             f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}", field=where
+        )
+    if "adapters" in raw and ("adapter" in raw or raw["adapters"] == []):
+        said = "not both adapter and adapters" if "adapter" in raw else "at least one adapter"
+        raise InvalidInput(
+            f"{where}.adapters: an order of adapters, the first tried first: {said}",
+            field=f"{where}.adapters",
         )
     argv = raw.get("argv", [])
     if not isinstance(argv, list):
@@ -436,6 +482,7 @@ def _issue_from_json(index: int, raw: object) -> BoardIssue:
             given_up_from=raw.get("given_up_from"),
             budget_usd=raw.get("budget_usd"),
             budget_tokens=raw.get("budget_tokens"),
+            adapters=raw.get("adapters", ()),
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.{exc.field}") from None

@@ -12,7 +12,7 @@ from execkit._budget import Backoff, DispatchCap
 from execkit._errors import InvalidInput
 from execkit._json import to_json
 from execkit._validate import checked, finite, integer, non_blank
-from execkit.dispatch._board import BoardIssue
+from execkit.dispatch._board import BoardIssue, adapter_order
 from execkit.ledger import Task, TaskValues
 
 __all__ = ["DispatchConfig"]
@@ -85,7 +85,10 @@ class DispatchConfig:
     Concurrency: at most `max_concurrent_agents` (1..256) agents run at once, each in its
     own slot (its own process tree and lease), and at most `max_concurrent_per_adapter[name]`
     of them on one adapter (a vendor's own rate limit, a licence's seat count). An issue
-    runs on its own `adapter`, else on `default_adapter`.
+    runs on its own `adapter`, else on `default_adapter`. `adapters` (issue #46) is the
+    board's default order for an issue that names no adapter of its own: the first is
+    tried first, and the next open one runs the issue while the first's vendor lane is
+    parked, cooling or stopped (an issue's own `adapters` order does the same for it).
     """
 
     max_attempts: int = attrs.field(default=10, validator=_CAP)
@@ -98,6 +101,7 @@ class DispatchConfig:
         default=(), converter=_per_adapter
     )
     default_adapter: str = attrs.field(default="generic", validator=_ADAPTER)
+    adapters: tuple[str, ...] = attrs.field(default=(), converter=adapter_order)
 
     def __attrs_post_init__(self) -> None:
         if self.max_retry_backoff_s < self.base_backoff_s:
@@ -113,8 +117,18 @@ class DispatchConfig:
             )
 
     def adapter_of(self, issue: BoardIssue) -> str:
-        """The adapter an issue runs on: its own, else the default."""
-        return issue.adapter or self.default_adapter
+        """The adapter an issue runs on first: its own (the first of its order), else the
+        first of the board's order, else the default."""
+        return self.adapters_of(issue)[0]
+
+    def adapters_of(self, issue: BoardIssue) -> tuple[str, ...]:
+        """The adapters an issue may run on, in order (issue #46): its own `adapters`, else
+        its own `adapter` alone, else the board's `adapters`, else the default alone."""
+        if issue.adapters:
+            return issue.adapters
+        if issue.adapter:
+            return (issue.adapter,)
+        return self.adapters or (self.default_adapter,)
 
     def adapter_cap(self, adapter: str) -> int:
         """How many agents may run at once on `adapter`."""
@@ -142,6 +156,8 @@ class DispatchConfig:
     def to_dict(self) -> dict[str, Any]:
         doc = to_json(self)
         doc["max_concurrent_per_adapter"] = dict(self.max_concurrent_per_adapter)
+        if not self.adapters:
+            del doc["adapters"]  # the shape from before issue #46's order, when unused
         return doc
 
     @classmethod

@@ -10,12 +10,12 @@ from typing import Any, Protocol
 
 import attrs
 
-from execkit._adapter import Adapter, AgentRequest
+from execkit._adapter import Adapter, AgentRequest, resume_refused, resumes_sessions
 from execkit._attempt import AttemptOptions, RunOutcome, attempt_agent, options_with, outcome_of
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, UnknownAdapter
 from execkit._exec import Cancellation
-from execkit._proof import RunStatus
+from execkit._proof import AgentProof, RunStatus
 from execkit._registry import adapter_names, get_adapter
 from execkit.dispatch._board import BoardIssue
 
@@ -34,6 +34,8 @@ class Slot:
     another host abandoned it): stop then, nothing you produce can be recorded. `cancel` is
     set when the dispatcher stops and its drain time is up: pass it to `run_agent` or
     `spawn` (`cancel=`), which end the agent's whole tree and raise `SpawnCancelled`.
+    `resume_session` is the vendor session the attempt continues (issue #46: the previous
+    attempt ended on an upstream refusal in it), None to start fresh.
     """
 
     run_id: str
@@ -43,6 +45,7 @@ class Slot:
     heartbeat_s: float
     cancel: Cancellation
     cwd: str | None = None
+    resume_session: str | None = None
 
 
 class Runner(Protocol):
@@ -74,6 +77,13 @@ class AdapterRunner:
     epoch seconds), so the next dispatch is no earlier. The admission fields (lease, cap,
     actor, lane) are the dispatcher's own. `agent_attempts=`, `sleep=`, `start=` and
     `clock=` as keywords still work for one release, with a `DeprecationWarning`.
+
+    A slot's `resume_session` (issue #46) is passed to an adapter that can resume
+    (`resumes_sessions`) as `AgentRequest.resume_session`; when the vendor refuses the
+    session (the adapter's `resume_refused` reads its words) the same attempt starts
+    fresh, and only that fresh start is the attempt's outcome (`resume_refused=True`).
+    `RunOutcome.session_id` is set only for an adapter that can resume: the dispatcher
+    resumes it after an upstream refusal.
     """
 
     def __init__(
@@ -170,15 +180,33 @@ class AdapterRunner:
         request = self.request_for(issue)
         if slot.cwd is not None:
             request = attrs.evolve(request, cwd=slot.cwd)
-        proof = attempt_agent(
-            found,
+        resume = slot.resume_session if resumes_sessions(found) else None
+        proof = self._attempt(found, attrs.evolve(request, resume_session=resume), slot)
+        unknown = (
+            resume is not None
+            and not proof.productive
+            and resume_refused(found, "\n".join(t for t in (proof.error, proof.evidence) if t))
+        )
+        if unknown:
+            # The vendor does not know the session (unknown or expired): the same attempt
+            # starts fresh; the refused spawn is not the attempt's outcome (uncharged).
+            proof = self._attempt(found, request, slot)
+        outcome = outcome_of(found, proof, self.options.clock)
+        # A session only an adapter that can resume it hands on (the dispatcher resumes it).
+        session = outcome.session_id if resumes_sessions(found) else None
+        return attrs.evolve(
+            outcome, session_id=session, resumed_session=resume, resume_refused=unknown
+        )
+
+    def _attempt(self, adapter: Adapter, request: AgentRequest, slot: Slot) -> AgentProof:
+        return attempt_agent(
+            adapter,
             request,
             self.options,
             heartbeat=slot.heartbeat,
             heartbeat_s=slot.heartbeat_s,
             cancel=slot.cancel,
         )
-        return outcome_of(found, proof, self.options.clock)
 
 
 def _misconfigured(issue: BoardIssue, reason: str, fix: str) -> RunOutcome:

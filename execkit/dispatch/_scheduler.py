@@ -60,7 +60,13 @@ from typing import Any
 
 import attrs
 
-from execkit._attempt import record_outcome, record_stopped, runner_error
+from execkit._attempt import (
+    record_outcome,
+    record_stopped,
+    resume_line,
+    resumed_after,
+    runner_error,
+)
 from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
 from execkit._errors import (
@@ -82,6 +88,7 @@ from execkit._json import to_json
 from execkit._lanes import STOPPING_CAUSES
 from execkit._proof import RunStatus
 from execkit._redact import redact
+from execkit._stamp import utc_stamp
 from execkit._validate import is_number
 from execkit.dispatch._board import (
     BindableBoard,
@@ -202,6 +209,17 @@ class DispatchEvent:
     # whether it was removed after the issue was done.
     workspace: str | None = None
     workspace_removed: bool | None = None
+    # Issue #46: the vendor session this run continued, the refusal it continued after (the
+    # previous attempt's reason: "usage limit"), and whether the vendor refused the session
+    # (unknown or expired) so that the attempt started fresh instead.
+    resumed_session: str | None = None
+    resumed_after: str | None = attrs.field(
+        default=None, converter=attrs.converters.optional(redact)
+    )
+    resume_refused: bool | None = None
+    # Issue #46's announced fallback: "fell back from claude/x (parked until ...) to
+    # codex/y", when the run went to a later adapter of the issue's order.
+    fell_back: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -258,6 +276,31 @@ def _met_upstream(outcome: RunOutcome | _NotRecorded) -> bool:
     if isinstance(outcome, _NotRecorded):
         outcome = outcome.outcome
     return outcome.status is RunStatus.FAILED and outcome.failure_class is FailureClass.UPSTREAM
+
+
+def _card_lines(*said: str | None) -> tuple[str, ...]:
+    """The further lines a board card shows for a run (issue #46: its fallback, its
+    resumed session), those that were said."""
+    return tuple(line for line in said if line)
+
+
+def _closed_words(lane: str | None, refusal: LaneWaiting | LaneStopped) -> str:
+    """ "claude/x (parked until 2026-12-07T16:00:00+00:00)": a lane a fallback passed over."""
+    if isinstance(refusal, LaneStopped):
+        said = "stopped until an operator resumes it"
+    elif refusal.opens_at is not None:
+        said = f"parked until {utc_stamp(refusal.opens_at)}"
+    else:
+        said = "cooling until its probe attempt's result"
+    return f"{lane or refusal.lane} ({said})"
+
+
+@attrs.frozen
+class _Resumable:
+    """A vendor session an issue's next attempt resumes, and the adapter it was made on."""
+
+    session_id: str
+    adapter: str
 
 
 @attrs.frozen
@@ -367,6 +410,10 @@ class Dispatcher:
         self._doubted: set[str] = set()
         self._wake_pending = False  # set by the waker thread (`_woken`), read by the loop
         self._catch_up_said: str | None = None  # the last write-back wait logged
+        # Issue #46: per issue, the vendor session its last attempt ended in on an upstream
+        # refusal, to resume once in its next attempt on the same adapter. In this process
+        # only: a restarted dispatcher starts the next attempt fresh.
+        self._resumable: dict[str, _Resumable] = {}
 
     # -- public --------------------------------------------------------------------------
 
@@ -540,9 +587,15 @@ class Dispatcher:
 
     def _stopped_lane(self, issue: BoardIssue, now: float) -> LaneStopped | None:
         """The stopped lane's refusal that holds `issue`, if any (as this dispatcher's last
-        admission on that lane met it)."""
-        held = self._lanes.holding(self._lanes.lane_of(self.config.adapter_of(issue)), now)
-        return held if isinstance(held, LaneStopped) else None
+        admission on that lane met it): with an order of adapters (issue #46), only when
+        every one of its lanes is stopped (the first's refusal), else it can still run."""
+        first: LaneStopped | None = None
+        for adapter in self.config.adapters_of(issue):
+            held = self._lanes.holding(self._lanes.lane_of(adapter), now)
+            if not isinstance(held, LaneStopped):
+                return None
+            first = first or held
+        return first
 
     def shutdown(
         self, drain_timeout_s: float, *, wait: Callable[[float], object] | None = None
@@ -694,7 +747,7 @@ class Dispatcher:
                 )
                 continue
             try:
-                events.append(self._after_run(running.issue, running.run, outcome))
+                events.append(self._after_run(running.issue, running.run, outcome, running.adapter))
             except ExecKitError as exc:
                 _log.warning("issue %s: %s", running.issue.id, exc.message)
                 events.append(
@@ -935,17 +988,62 @@ class Dispatcher:
         return None
 
     def _dispatch(self, issue: BoardIssue, task: Task, *, forced: bool) -> list[DispatchEvent]:
+        """Admit the issue's next attempt on the first of its adapters whose vendor lane is
+        open (issue #46: an issue, or its board, may name several in order); a fallback past
+        a closed lane is announced on the run, the event, the board and the log."""
+        candidates = self.config.adapters_of(issue)
+        closed: list[str] = []  # "claude/x (parked until ...)": the lanes passed over
+        events: list[DispatchEvent] = []
+        for index, adapter in enumerate(candidates):
+            more = index + 1 < len(candidates)
+            lane = self._lanes.lane_of(adapter)
+            held = self._lanes.holding(lane, self.clock())
+            if held is not None:
+                # A lane that does not admit: no ledger call, no slot, and no event (its
+                # wait was said when it began; the status lists the issues it holds).
+                if more and isinstance(held, LaneWaiting | LaneStopped):
+                    closed.append(_closed_words(lane, held))
+                    continue
+                return events
+            if closed and not self._room_for(adapter):
+                return events  # the fallback's own cap is full: the issue waits for a slot
+            if self._in_doubt(lane):
+                return events  # the lane's attempts in flight report first
+            admitted = self._admit(issue, task, adapter, lane, forced=forced, closed=closed)
+            if isinstance(admitted, LaneWaiting | LaneStopped):
+                if self._lanes.refused(lane, admitted):
+                    events.append(
+                        self._event(EventKind.WAITING, issue, task, reason=admitted.message)
+                    )
+                if more:
+                    closed.append(_closed_words(lane, admitted))
+                    continue
+                return events
+            return events + admitted
+        return events
+
+    def _admit(
+        self,
+        issue: BoardIssue,
+        task: Task,
+        adapter: str,
+        lane: str | None,
+        *,
+        forced: bool,
+        closed: list[str],
+    ) -> list[DispatchEvent] | LaneWaiting | LaneStopped:
+        """Admit the attempt on `adapter`'s `lane` and start its slot; the events to say,
+        or the lane's refusal (the caller tries the issue's next adapter)."""
         expected = task.attempts_started + 1
         # Deterministic per attempt: a second dispatcher that read the same history gets
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
-        lane = self._lanes.lane_of(self.config.adapter_of(issue))
-        if self._lanes.holding(lane, self.clock()) is not None:
-            # A lane that does not admit: no ledger call, no slot, and no event (its wait
-            # was said when it began; the status lists the issues it holds).
-            return []
-        if self._in_doubt(lane):
-            return []  # the lane's attempts in flight report first: no event, no slot
+        # The session is resumed on the adapter it was made on only (never carried to
+        # another vendor).
+        resume = self._resumable.get(issue.id)
+        if resume is not None and resume.adapter != adapter:
+            resume = None
+        fell_back = f"fell back from {'; '.join(closed)} to {lane or adapter}" if closed else None
         try:
             run = self.ledger.start_run(
                 task.id,
@@ -958,10 +1056,15 @@ class Dispatcher:
                 owner=self.owner,
                 lane=lane,
                 workspace=self._workspace_of(issue),
+                resumed_session=None if resume is None else resume.session_id,
+                fell_back=fell_back,
             )
-        except (LaneWaiting, LaneStopped, SpendCapReached) as waiting:
+        except (LaneWaiting, LaneStopped) as waiting:
+            return waiting
+        except SpendCapReached as waiting:
             # A spend window's refusal is uncharged and holds the issue until the window
-            # reopens, as a parked lane does (issue #45).
+            # reopens, as a parked lane does (issue #45); no other adapter runs it instead
+            # (the window is the ledger's or the lane's budget, not a lane closed).
             if not self._lanes.refused(lane, waiting):
                 return []  # the same wait, said already
             return [self._event(EventKind.WAITING, issue, task, reason=waiting.message)]
@@ -1002,18 +1105,25 @@ class Dispatcher:
                     reason=f"attempt {run.attempt} was dispatched by another dispatcher",
                 )
             ]
-        self._start_slot(issue, run)
+        if run.fell_back is not None:
+            # Never silently: the log says it now, the run, the event and the card too.
+            _log.warning("issue %s: attempt %d %s", issue.id, run.attempt, run.fell_back)
+        # Exactly once: this attempt takes the session; its own outcome decides the next.
+        self._resumable.pop(issue.id, None)
+        self._start_slot(issue, run, adapter)
         return []
 
-    def _start_slot(self, issue: BoardIssue, run: Run) -> None:
-        """Hand the admitted run to a slot of its own."""
+    def _start_slot(self, issue: BoardIssue, run: Run, adapter: str) -> None:
+        """Hand the admitted run to a slot of its own, on `adapter` (with the vendor
+        session it resumes, recorded on the run at its admission)."""
         slot = Slot(
             run_id=run.id,
             attempt=run.attempt,
-            adapter=self.config.adapter_of(issue),
+            adapter=adapter,
             heartbeat=functools.partial(self._renew, run.id),
             heartbeat_s=self._lease_s / 3,
             cancel=Cancellation(),
+            resume_session=run.resumed_session,
         )
         # The claim is the ledger's (admitted above, under the task's lease); a board that
         # shows work shows it now, before the agent starts.
@@ -1024,6 +1134,7 @@ class Dispatcher:
                 running=True,
                 host=self.owner.host,
                 max_attempts=self.config.bound_for(None),
+                lines=_card_lines(run.fell_back, None),
             ),
         )
         future = self._executor.submit(functools.partial(self._work, issue, run, slot))
@@ -1146,7 +1257,9 @@ class Dispatcher:
             except ExecKitError as exc:
                 _log.warning("run %s: its result is still not recorded: %s", run_id, exc.message)
 
-    def _after_run(self, issue: BoardIssue, run: Run, outcome: RunOutcome) -> DispatchEvent:
+    def _after_run(
+        self, issue: BoardIssue, run: Run, outcome: RunOutcome, adapter: str
+    ) -> DispatchEvent:
         failed = outcome.status is RunStatus.FAILED
         after = self.ledger.get_task(run.task_id, now=self.clock(), cap=self._cap)
         fields: dict[str, Any] = {
@@ -1157,10 +1270,23 @@ class Dispatcher:
             "reason": outcome.ledger_reason(),
             "precondition": outcome.precondition,
         }
+        self._remember_session(issue, outcome, adapter)
+        if run.fell_back is not None:
+            fields["fell_back"] = run.fell_back
+        if outcome.resumed_session is not None:
+            fields["resumed_session"] = outcome.resumed_session
+            fields["resumed_after"] = resumed_after(self.ledger.runs(run.task_id), run)
+            fields["resume_refused"] = outcome.resume_refused
+            if outcome.resume_refused:
+                _log.warning(
+                    "issue %s: the vendor refused to resume session %s; attempt %d started "
+                    "fresh (uncharged)",
+                    issue.id,
+                    outcome.resumed_session,
+                    run.attempt,
+                )
         if failed and outcome.lane_cause in _STOPPING_CAUSES:
-            fields["lane_stopped"] = self._lanes.stopped_by(
-                self.config.adapter_of(issue), str(outcome.lane_cause)
-            )
+            fields["lane_stopped"] = self._lanes.stopped_by(adapter, str(outcome.lane_cause))
         if not failed:
             fields["moved_to"] = self._move(
                 issue, after, self.config.done_state, why="it succeeded"
@@ -1194,9 +1320,33 @@ class Dispatcher:
                 fix=outcome.precondition,
                 moved_to=fields.get("moved_to"),
                 next_attempt_at=fields.get("next_attempt_at"),
+                lines=_card_lines(
+                    run.fell_back,
+                    None
+                    if outcome.resumed_session is None
+                    else resume_line(
+                        outcome.resumed_session,
+                        fields.get("resumed_after"),
+                        refused=outcome.resume_refused,
+                    ),
+                ),
             ),
         )
         return self._event(EventKind.DISPATCHED, issue, after, **fields)
+
+    def _remember_session(self, issue: BoardIssue, outcome: RunOutcome, adapter: str) -> None:
+        """Keep the vendor session of an attempt that ended on an upstream refusal for the
+        next attempt to resume (once); forget it after anything else: a `work` failure
+        starts clean, an `environment` one too, a success needs none."""
+        upstream = (
+            outcome.status is RunStatus.FAILED
+            and outcome.failure_class is FailureClass.UPSTREAM
+            and outcome.session_id is not None
+        )
+        if upstream and outcome.session_id is not None:
+            self._resumable[issue.id] = _Resumable(outcome.session_id, adapter)
+        else:
+            self._resumable.pop(issue.id, None)
 
     def _report(self, issue: BoardIssue, report: BoardReport) -> None:
         """Tell a board that shows work (`ReportingBoard`) what this issue must show. A

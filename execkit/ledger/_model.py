@@ -237,7 +237,12 @@ class Run:
     upstream failure its vendor lane absorbed (it met the lane closed, or was the probe that
     found it closed still), set by the ledger: it moves no streak (`_budget`). `workspace`:
     where its agent worked (`start_run(workspace=...)`: a dispatcher's workspace of the
-    issue, issue #46), None when it was not said.
+    issue, issue #46), None when it was not said. `resumed_session`: the vendor session its
+    agent was asked to continue (`start_run(resumed_session=...)`: the previous attempt
+    ended on an upstream refusal in it, issue #46), None for a fresh start. `fell_back`:
+    the dispatcher's announcement that the run went to a later adapter of its issue's order
+    because the earlier ones' lanes were closed ("fell back from claude/x (parked until
+    ...) to codex/y"; issue #46), None otherwise.
     """
 
     id: str
@@ -269,6 +274,8 @@ class Run:
     usd: float | None = None
     usd_source: UsdSource = UsdSource.UNKNOWN
     model: str | None = None
+    resumed_session: str | None = None
+    fell_back: str | None = None
 
     @property
     def usage(self) -> Usage:
@@ -579,6 +586,8 @@ class Ledger(Protocol):
         owner: RunOwner | None = None,
         lane: str | None = None,
         workspace: str | None = None,
+        resumed_session: str | None = None,
+        fell_back: str | None = None,
     ) -> Run: ...
 
     def heartbeat(

@@ -101,6 +101,8 @@ RUN_COLUMNS = (
     "lane_held",
     "workspace",
     *USAGE_COLUMNS,
+    "resumed_session",
+    "fell_back",
 )
 TASK_COLUMNS = (
     "id",
@@ -194,6 +196,8 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         usd,
         usd_source,
         model,
+        resumed_session,
+        fell_back,
     ) = values
     return Run(
         run_id,
@@ -229,6 +233,8 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         if usd_source is None
         else domain(UsdSource, usd_source, "run {!r} usd_source", run_id),
         model,
+        resumed_session,
+        fell_back,
     )
 
 

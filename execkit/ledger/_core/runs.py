@@ -90,6 +90,11 @@ def _refusal(task: TaskRecord, decision: Decision) -> AdmissionRefused | None:
 
 # A path (`start_run(workspace=...)`): Linux's PATH_MAX.
 MAX_WORKSPACE = 4096
+# A vendor session id (`start_run(resumed_session=...)`): uuids and thread ids are far
+# shorter; `AgentRequest.resume_session` takes the same bound.
+MAX_SESSION = 200
+# A fallback's announcement (`start_run(fell_back=...)`): a few lane names and their waits.
+MAX_FALLBACK = 2000
 
 
 class RunOps(LeaseOps, SpendOps):
@@ -125,6 +130,8 @@ class RunOps(LeaseOps, SpendOps):
         owner: RunOwner | None = None,
         lane: str | None = None,
         workspace: str | None = None,
+        resumed_session: str | None = None,
+        fell_back: str | None = None,
     ) -> Run:
         """Admit one run of the task, in one transaction, or refuse with AdmissionRefused.
 
@@ -152,10 +159,20 @@ class RunOps(LeaseOps, SpendOps):
 
         `workspace` (issue #46) is where the run's agent will work (a dispatcher's workspace
         of the issue, a path of at most 4096 characters): kept on the run (`Run.workspace`),
-        masked as text.
+        masked as text. `resumed_session` (issue #46) is the vendor session the run's agent
+        continues (at most 200 characters), kept on the run (`Run.resumed_session`).
+        `fell_back` (issue #46) is a dispatcher's announcement that the run went to a later
+        adapter of its issue's order (at most 2000 characters), kept on the run
+        (`Run.fell_back`), masked as text.
         """
         request_key = check_name("request_key", request_key, MAX_KEY)
         place = None if workspace is None else check_text("workspace", workspace, MAX_WORKSPACE)
+        session = (
+            None
+            if resumed_session is None
+            else check_text("resumed_session", resumed_session, MAX_SESSION)
+        )
+        fallback = None if fell_back is None else check_text("fell_back", fell_back, MAX_FALLBACK)
         lane_name = check_lane(lane)
         if owner is not None and not isinstance(owner, RunOwner):
             raise InvalidInput(
@@ -228,6 +245,8 @@ class RunOps(LeaseOps, SpendOps):
                         lease,
                         runner,
                         place,
+                        session,
+                        fallback,
                     )
                     if lane_name is not None:
                         self._lane_admitted(tx, lane_name, probes, run, at)
@@ -273,6 +292,8 @@ class RunOps(LeaseOps, SpendOps):
         lease: float,
         owner: RunOwner,
         workspace: str | None = None,
+        resumed_session: str | None = None,
+        fell_back: str | None = None,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
@@ -297,6 +318,8 @@ class RunOps(LeaseOps, SpendOps):
                 owner_pid_started_at=owner.pid_started_at,
                 owner_instance=owner.instance,
                 workspace=workspace,
+                resumed_session=resumed_session,
+                fell_back=fell_back,
             ),
             lease,
         )
@@ -313,6 +336,11 @@ class RunOps(LeaseOps, SpendOps):
             detail["retry_requested_by"] = pending
         if decision.state is TaskState.BACKOFF:
             detail["ignored_backoff_until"] = decision.next_attempt_at
+        # Issue #46: a fallback is announced in the audit too, and a resumed session named.
+        if run.fell_back is not None:
+            detail["fell_back"] = run.fell_back
+        if run.resumed_session is not None:
+            detail["resumed_session"] = run.resumed_session
         tx.audit(
             AuditEntry(
                 at=at,

@@ -238,6 +238,12 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     ),
     # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
     7: ("ALTER TABLE runs ADD COLUMN workspace text",),
+    # Issue #46: the vendor session each run resumed (after an upstream refusal).
+    # and the announcement of a run that fell back to a later adapter of its issue's order.
+    8: (
+        "ALTER TABLE runs ADD COLUMN resumed_session text",
+        "ALTER TABLE runs ADD COLUMN fell_back text",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 

@@ -1000,6 +1000,8 @@ class PostgresTx:
             run.owner_pid_started_at,
             nul_free(run.owner_instance),
             None if run.workspace is None else nul_free(run.workspace),
+            None if run.resumed_session is None else nul_free(run.resumed_session),
+            None if run.fell_back is None else nul_free(run.fell_back),
             run.task_id,
         )
         number, self._run_number = self._run_number, None
@@ -1011,9 +1013,9 @@ class PostgresTx:
                 "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
                 "request_key, actor, forced, owner_host, owner_pid, started_at, "
                 "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
-                "owner_pid_started_at, owner_instance, workspace) "
+                "owner_pid_started_at, owner_instance, workspace, resumed_session, fell_back) "
                 "SELECT %s, %s, %s, %s, (SELECT max_attempts FROM tasks WHERE id = %s), "
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s",
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s",
                 (number, f"r-{number}", run.task_id, run.attempt, run.task_id, *values[1:-1]),
                 reads=frozenset({"tasks"}),
             )
@@ -1029,9 +1031,10 @@ class PostgresTx:
             "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
             "request_key, actor, forced, owner_host, owner_pid, started_at, "
             "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
-            "owner_pid_started_at, owner_instance, workspace) "
+            "owner_pid_started_at, owner_instance, workspace, resumed_session, fell_back) "
             "SELECT n.seq, 'r-' || n.seq, t.id, %s, t.max_attempts, %s, %s, %s, %s, %s, %s, "
-            "%s, %s, %s, %s, %s, %s, %s, %s FROM n, tasks t WHERE t.id = %s RETURNING id",
+            "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM n, tasks t WHERE t.id = %s "
+            "RETURNING id",
             values,
         )
         if row is None:

@@ -27,7 +27,8 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # spend. What each run cost (tokens by kind, USD and its source, the model) and what its
 # admission reserved, with its lane and start (the windows' sums read them); a task's own
 # caps; and which cap's 80% warning each window has had. Version 9 (issue #46): the
-# workspace each run's agent worked in, a column of `run_extras`.
+# workspace each run's agent worked in, a column of `run_extras`. Version 10 (issue #46):
+# the vendor session a run resumed and a fallback's announcement, columns of `run_extras`.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -260,5 +261,11 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     ),
     # Issue #46: where each run's agent worked (a dispatcher's workspace of the issue).
     9: ("ALTER TABLE run_extras ADD COLUMN workspace TEXT",),
+    # Issue #46: the vendor session each run resumed (after an upstream refusal).
+    # and the announcement of a run that fell back to a later adapter of its issue's order.
+    10: (
+        "ALTER TABLE run_extras ADD COLUMN resumed_session TEXT",
+        "ALTER TABLE run_extras ADD COLUMN fell_back TEXT",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

@@ -64,7 +64,7 @@ _RUN_SELECT = (
     "x.lease_expires_at, x.not_before, o.boot_id AS owner_boot_id, "
     "o.pid_namespace AS owner_pid_namespace, o.pid_started_at AS owner_pid_started_at, "
     "o.instance AS owner_instance, st.run_id IS NOT NULL AS stopped, "
-    "lh.run_id IS NOT NULL AS lane_held, x.workspace, "
+    "lh.run_id IS NOT NULL AS lane_held, x.workspace, x.resumed_session, x.fell_back, "
     "COALESCE(c.input_tokens, 0) AS input_tokens, "
     "COALESCE(c.output_tokens, 0) AS output_tokens, "
     "COALESCE(c.cache_read_tokens, 0) AS cache_read_tokens, "
@@ -332,9 +332,16 @@ class SqliteTx:
             ),
         )
         self._conn.execute(
-            "INSERT INTO run_extras (run_id, lease_expires_at, lease_s, workspace) "
-            "VALUES (?, ?, ?, ?)",
-            (stored.id, stored.lease_expires_at, lease_s, stored.workspace),
+            "INSERT INTO run_extras (run_id, lease_expires_at, lease_s, workspace, "
+            "resumed_session, fell_back) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                stored.id,
+                stored.lease_expires_at,
+                lease_s,
+                stored.workspace,
+                stored.resumed_session,
+                stored.fell_back,
+            ),
         )
         if stored.owner is not None:
             self._conn.execute(

@@ -149,6 +149,10 @@ export interface StartRunOptions extends IdempotentOptions {
   lane?: string | null | undefined;
   /** Where the run's agent works (a path of at most 4096 characters), kept on the run. */
   workspace?: string | null | undefined;
+  /** The vendor session the run's agent continues (at most 200 characters), kept on the run. */
+  resumedSession?: string | null | undefined;
+  /** A dispatcher's announcement that the run fell back to a later adapter (at most 2000). */
+  fellBack?: string | null | undefined;
 }
 
 export interface ResumeLaneOptions extends IdempotentOptions {
@@ -621,6 +625,8 @@ export class ExeckitClient {
             "cap",
             "lane",
             "workspace",
+            "resumedSession",
+            "fellBack",
             "idempotencyKey",
           ]);
     const body: StartRunBody = {};
@@ -644,6 +650,12 @@ export class ExeckitClient {
     }
     if (given.workspace !== undefined && given.workspace !== null) {
       body.workspace = text("workspace", given.workspace, 4096);
+    }
+    if (given.resumedSession !== undefined && given.resumedSession !== null) {
+      body.resumed_session = text("resumedSession", given.resumedSession, 200);
+    }
+    if (given.fellBack !== undefined && given.fellBack !== null) {
+      body.fell_back = text("fellBack", given.fellBack, 2000);
     }
     const key = idempotencyKey(given.idempotencyKey);
     if (body.lane !== undefined) {

@@ -286,6 +286,7 @@ export interface Run {
   readonly cache_write_tokens: number;
   readonly ended_at: number | null;
   readonly failure_class: FailureClass | null;
+  readonly fell_back: string | null;
   readonly forced: boolean;
   readonly id: string;
   readonly input_tokens: number;
@@ -302,6 +303,7 @@ export interface Run {
   readonly owner_pid_started_at: number | null;
   readonly reason: string | null;
   readonly request_key: string;
+  readonly resumed_session: string | null;
   readonly started_at: number;
   readonly status: AttemptStatus;
   /** Abandoned by its own runner on purpose: uncharged. */
@@ -706,6 +708,8 @@ export interface RetryTaskBody {
 
 export interface StartRunBody {
   cap?: number | null;
+  /** A dispatcher's announcement that the run went to a later adapter of its issue's order (its first lanes were closed). */
+  fell_back?: string | null;
   forced?: boolean;
   ignore_backoff?: boolean;
   /** The vendor lane ADAPTER/CREDENTIAL the run uses. */
@@ -714,6 +718,8 @@ export interface StartRunBody {
   /** The process that will run it (default: the server's). */
   owner?: RunOwner;
   request_key?: string | null;
+  /** The vendor session the run's agent continues (after an upstream refusal). */
+  resumed_session?: string | null;
   /** Where the run's agent works (a dispatcher's workspace of the issue). */
   workspace?: string | null;
 }
