@@ -28,6 +28,7 @@ from execkit.ledger import (
     spend_of,
 )
 from execkit.ledger._core.spend import with_usage
+from execkit.ledger._postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from execkit.ledger._sqlite import schema as sqlite_schema
 
 COST = Usage(
@@ -106,15 +107,18 @@ def test_a_ledger_from_before_spend_migrates_with_its_runs_cost_unknown(tmp_path
         task = ledger.create_task("t", actor=ME)
         run = ledger.start_run(task.id, request_key="1", actor=ME)
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.WORK)
-    # The file as version 7 left it: step 8 only adds tables (and their indexes).
+    # The file as version 7 left it: step 8 only adds tables (and their indexes); the
+    # later steps (issue #46's) add columns of `run_extras`.
     raw = sqlite3.connect(db, isolation_level=None)
     for table in ("run_costs", "task_budgets", "spend_warnings"):
         raw.execute(f"DROP TABLE {table}")
-    raw.execute("DELETE FROM schema_version WHERE version = 8")
+    for column in ("workspace", "resumed_session", "fell_back"):
+        raw.execute(f"ALTER TABLE run_extras DROP COLUMN {column}")
+    raw.execute("DELETE FROM schema_version WHERE version >= 8")
     raw.close()
     with open_ledger(db) as ledger:
         assert ledger.migration is not None and ledger.migration.from_version == 7
-        assert ledger.schema_version() == sqlite_schema.SCHEMA_VERSION == 8
+        assert ledger.schema_version() == sqlite_schema.SCHEMA_VERSION
         (stored,) = ledger.runs(task.id)
         assert stored.usage == Usage() and stored.usd_source is UsdSource.UNKNOWN
         second = ledger.start_run(task.id, request_key="2", actor=ME, ignore_backoff=True)
@@ -128,12 +132,15 @@ def test_a_postgres_ledger_from_before_spend_migrates_with_its_runs_cost_unknown
         task = ledger.create_task("t", actor=ME)
         run = ledger.start_run(task.id, request_key="1", actor=ME)
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.WORK)
-    for statement in (*SPEND_UNDONE, "DELETE FROM schema_version WHERE version = 6"):
+    later = "ALTER TABLE runs DROP COLUMN workspace, DROP COLUMN resumed_session, " + (
+        "DROP COLUMN fell_back"  # issue #46's steps, after spend's
+    )
+    for statement in (*SPEND_UNDONE, later, "DELETE FROM schema_version WHERE version >= 6"):
         sql(pg_url, statement)
     done = migrate(pg_url, backed_up=True)
     assert isinstance(done, PostgresMigration) and done.from_version == 5
     with open_ledger(pg_url) as ledger:
-        assert ledger.schema_version() == 6
+        assert ledger.schema_version() == PG_SCHEMA_VERSION
         (stored,) = ledger.runs(task.id)
         assert stored.usage == Usage() and stored.usd_source is UsdSource.UNKNOWN
         second = ledger.start_run(task.id, request_key="2", actor=ME, ignore_backoff=True)
