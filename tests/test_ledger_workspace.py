@@ -68,7 +68,7 @@ def test_runs_from_before_the_column_read_as_none(tmp_path: Path) -> None:
     conn.execute("ALTER TABLE run_extras DROP COLUMN workspace")
     conn.execute("ALTER TABLE run_extras DROP COLUMN resumed_session")  # version 10's
     conn.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
-    conn.execute("DELETE FROM schema_version WHERE version >= 8")
+    conn.execute("DELETE FROM schema_version WHERE version >= 9")
     conn.commit()
     conn.close()
     with open_ledger(path) as ledger:

@@ -689,6 +689,7 @@ describe("spend (issue #45)", () => {
       usd: 0.42,
       usd_source: "reported" as const,
       model: "claude-sonnet-4",
+      premium_requests: 0,
     };
     const ended = await worker.finishRun(run.id, { status: "succeeded", usage });
     assert.deepEqual(
