@@ -160,7 +160,11 @@ def test_three_dispatchers_on_one_postgresql_ledger_run_every_issue_once(
         _assert_each_ran_once(ledger, log, fleet, errors)
 
 
-def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: Path) -> None:
+def _killed_mid_run(
+    tmp_path: Path, dispatch: dict[str, float] | None = None
+) -> tuple[Path, Path, list[str], int]:
+    """A dispatcher SIGKILLed (its agent too) while its one issue, LONG (600 s), runs:
+    (the board, the ledger, the dispatch command, the dead dispatcher's pid)."""
     log = tmp_path / "vendor.log"
     db = tmp_path / "ledger.db"
     issue = {
@@ -169,7 +173,11 @@ def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: 
         "state": "todo",
         "argv": [SLOW, "--seconds", "600", "--log", str(log), "--key", "LONG"],
     }
-    board = write_board(tmp_path / "board.json", [issue])
+    board = tmp_path / "board.json"
+    if dispatch is None:
+        write_board(board, [issue])
+    else:
+        write_board(board, [issue], dispatch=dispatch)
     board.chmod(0o600)
     command = [sys.executable, "-m", "execkit", "dispatch", "--board", str(board)]
     command += ["--adapter", "generic", "--db", str(db)]
@@ -187,6 +195,11 @@ def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: 
         if doomed.poll() is None:
             doomed.kill()
             doomed.wait(30)
+    return board, db, command, doomed.pid
+
+
+def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: Path) -> None:
+    _board, db, command, doomed_pid = _killed_mid_run(tmp_path)
 
     listed = subprocess.run(
         [sys.executable, "-m", "execkit", "run", "list", "--running", "--db", str(db), "--json"],
@@ -197,7 +210,7 @@ def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: 
     )
     assert listed.returncode == 0, listed.stderr
     (running,) = json.loads(listed.stdout)["runs"]
-    assert (running["owner_pid"], running["status"]) == (doomed.pid, "running")
+    assert (running["owner_pid"], running["status"]) == (doomed_pid, "running")
     assert running["lease_expires_at"] > running["started_at"]
 
     # The next dispatcher on this host: the run is abandoned before its lease (60 s) ends
@@ -210,7 +223,7 @@ def test_a_dispatcher_abandons_at_once_what_a_killed_one_left_running(tmp_path: 
         (task,) = ledger.list_tasks()
         first = ledger.runs(task.id)[0]
         assert (first.status, first.stopped) == ("abandoned", False)
-        assert f"pid {doomed.pid} on" in (first.reason or "") and "gone" in (first.reason or "")
+        assert f"pid {doomed_pid} on" in (first.reason or "") and "gone" in (first.reason or "")
         assert first.ended_at is not None and first.lease_expires_at is not None
         assert first.ended_at < first.lease_expires_at  # at once, not by the lease
         abandon = [e for e in ledger.audit_events(task.id) if e.action == AuditAction.RUN_ABANDON]
@@ -224,33 +237,8 @@ def test_until_idle_abandons_what_a_killed_dispatcher_left_running_then_runs_it(
     # `--until-idle` asked "is anything due?" before its first pass had abandoned the dead
     # dispatcher's run: the task was `running`, nothing was due, and it exited at once
     # with the run left to its lease and the issue not done.
-    log = tmp_path / "vendor.log"
-    db = tmp_path / "ledger.db"
-    issue = {
-        "id": "LONG",
-        "title": "t",
-        "state": "todo",
-        "argv": [SLOW, "--seconds", "600", "--log", str(log), "--key", "LONG"],
-    }
     fast = {"base_backoff_s": 0.05, "max_retry_backoff_s": 0.1}
-    board = write_board(tmp_path / "board.json", [issue], dispatch=fast)
-    board.chmod(0o600)
-    command = [sys.executable, "-m", "execkit", "dispatch", "--board", str(board)]
-    command += ["--adapter", "generic", "--db", str(db)]
-    doomed = subprocess.Popen(
-        command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        wait_for(lambda: log.exists() and "start LONG" in log.read_text(), 60, "LONG to start")
-        agents = psutil.Process(doomed.pid).children(recursive=True)
-        doomed.kill()
-        for agent in agents:
-            agent.kill()
-        doomed.wait(30)
-    finally:
-        if doomed.poll() is None:
-            doomed.kill()
-            doomed.wait(30)
+    board, db, command, doomed_pid = _killed_mid_run(tmp_path, fast)
     # A person shortens the work before the next dispatcher takes it again.
     written = json.loads(board.read_text())
     written["issues"][0]["argv"][2] = "0.05"
@@ -272,7 +260,7 @@ def test_until_idle_abandons_what_a_killed_dispatcher_left_running_then_runs_it(
         (task,) = ledger.list_tasks()
         first, second = ledger.runs(task.id)
         assert (first.status, second.status) == ("abandoned", "succeeded")
-        assert f"pid {doomed.pid} on" in (first.reason or "")
+        assert f"pid {doomed_pid} on" in (first.reason or "")
         assert ledger.running_runs() == []
 
 
