@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import attrs
 
 from execkit._errors import ExecKitError, InvalidInput, LaneStopped, LaneWaiting, NotFound
-from execkit.dispatch._board import BoardReport
+from execkit.dispatch._board import BoardIssue, BoardReport, BoardState
 
 if TYPE_CHECKING:
     from execkit.dispatch._board import Board
@@ -274,6 +274,19 @@ class TrackerBoard:
     def name(self) -> str:  # pragma: no cover - every tracker names itself
         raise NotImplementedError
 
+    @property
+    def states(self) -> tuple[BoardState, ...]:  # pragma: no cover - every tracker's own
+        raise NotImplementedError
+
+    def list_candidates(self) -> list[BoardIssue]:  # pragma: no cover - every tracker's own
+        raise NotImplementedError
+
+    def list_issues(self) -> list[BoardIssue]:  # pragma: no cover - every tracker's own
+        raise NotImplementedError
+
+    def move(self, issue_id: str, state: str) -> bool:  # pragma: no cover - every tracker's own
+        raise NotImplementedError
+
     def _refresh(self) -> None:  # pragma: no cover - every tracker reads its own way
         raise NotImplementedError
 
@@ -294,8 +307,7 @@ class TrackerBoard:
 
     def give_up(self, issue_id: str, state: str) -> bool:
         """A give-up is a move (`BoardIssue.given_up_from` says where it came from)."""
-        move: Callable[[str, str], bool] = getattr(self, "move")  # noqa: B009 - the subclass's
-        return move(issue_id, state)
+        return self.move(issue_id, state)
 
     def report(self, issue_id: str, report: BoardReport) -> None:
         """Record what the issue's status comment (and claim) must show."""
