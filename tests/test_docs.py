@@ -471,7 +471,8 @@ def _json_blocks(markdown: str) -> Iterator[object]:
 def test_the_examples_in_formats_md_are_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    board, github, history, prices, usage = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    blocks = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    board, github, linear, history, prices, usage = blocks
     # The GitHub board's configuration file (issue #47) is read by the code that reads it.
     from execkit.dispatch import DispatchConfig
     from execkit.dispatch._github import GitHubConfig, read_board_config
@@ -482,6 +483,13 @@ def test_the_examples_in_formats_md_are_valid(
     assert GitHubConfig.from_mapping("acme/widgets", settings["github"], {}).comments
     DispatchConfig.from_mapping(settings["dispatch"])
     assert schema_errors("board-config", github) == []
+    # The Linear board's configuration (issue #48), read by the code that reads it.
+    from execkit.dispatch._linear import LinearConfig
+
+    config_file.write_text(json.dumps(linear), encoding="utf-8")
+    settings = read_board_config(config_file)
+    assert LinearConfig.parse("ENG", settings["linear"], {}).running == "In Progress"
+    assert schema_errors("board-config", linear) == []
     # The price file and a proof's usage (issue #45) are read by the code that reads them.
     price_file = tmp_path / "prices.json"
     price_file.write_text(json.dumps(prices), encoding="utf-8")
