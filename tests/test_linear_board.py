@@ -298,3 +298,34 @@ def test_execkit_dispatch_takes_a_linear_board(
     assert "succeeded" in comment["body"]
     monkeypatch.delenv("LINEAR_API_KEY")
     assert main([*argv, "--once"], start=fake_vendor.start) == 3  # no key: named
+
+
+def test_execkit_status_reads_a_linear_board_read_only(
+    fake: FakeLinear,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from execkit.cli import main
+
+    done = fake.add_issue("Done one")
+    fake.add_issue("not ours", labels=("bug",))
+    db = tmp_path / "ledger.db"
+    with open_ledger(db) as ledger:
+        board = _board(fake, ledger)
+        _dispatcher(board, ledger, Scripted(RunOutcome(RunStatus.SUCCEEDED))).tick()
+    waiting = fake.add_issue("Waiting one")
+    monkeypatch.setenv("LINEAR_API_KEY", KEY)
+    monkeypatch.setenv("LINEAR_API_URL", fake.url)
+    capsys.readouterr()
+    writes = fake.writes
+    argv = ["status", "--board", "linear:ENG", "--db", str(db), "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["issues"]
+    assert {row["issue_id"]: row["board_state"] for row in rows} == {
+        done: "completed",
+        waiting: "unstarted",
+    }
+    assert fake.writes == writes  # read only
