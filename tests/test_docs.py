@@ -372,6 +372,8 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
         GitHubProjectConfig,
         read_board_config,
     )
+    from execkit.dispatch._gitlab import GitLabConfig
+    from execkit.dispatch._linear import LinearConfig
 
     path = tmp_path / "board-config.json"
     path.write_text(json.dumps(document), encoding="utf-8")
@@ -379,6 +381,8 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
         settings = read_board_config(path)
         GitHubConfig.from_mapping("acme/widgets", settings.get("github", {}), {})
         GitHubProjectConfig.parse("acme/1", settings.get("github_project", {}), {})
+        LinearConfig.parse("ENG", settings.get("linear", {}), {})
+        GitLabConfig.parse("acme/widgets", settings.get("gitlab", {}), {})
         DispatchConfig.from_mapping(settings.get("dispatch", {}))
     except InvalidInput:
         return True
@@ -387,7 +391,13 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
 
 BAD_CONFIGS: dict[str, object] = {
     "not an object": [],
-    "unknown top-level key": {"gitlab": {}},
+    "unknown top-level key": {"jira": {}},
+    "unknown linear key": {"linear": {"colour": "red"}},
+    "linear eligible empty": {"linear": {"eligible": []}},
+    "linear done empty": {"linear": {"done": ""}},
+    "unknown gitlab key": {"gitlab": {"colour": "red"}},
+    "gitlab label with a comma": {"gitlab": {"labels": {"done": "a,b"}}},
+    "gitlab close_on_done not a boolean": {"gitlab": {"close_on_done": "yes"}},
     "github not an object": {"github": []},
     "unknown github key": {"github": {"colour": "red"}},
     "unknown label": {"github": {"labels": {"finished": "x"}}},

@@ -1,6 +1,7 @@
 """The tracker contract, one suite for every tracker (issue #48): the same scenarios run
 against each tracker's loopback fake (GitHub Issues: tests/github_fake.py; Linear:
-tests/linear_fake.py), so a further tracker is a file, a fake and a `Kit` here.
+tests/linear_fake.py; GitLab: tests/gitlab_fake.py), so a further tracker is a file, a fake
+and a `Kit` here.
 
 Scenarios: a claim race between two dispatchers on one ledger (SQLite, PostgreSQL, through
 `execkit serve`) runs the issue once with one status comment; an outage while a run ends
@@ -20,6 +21,8 @@ from typing import Any
 import pytest
 from github_fake import TOKEN as GITHUB_TOKEN
 from github_fake import FakeGitHub
+from gitlab_fake import TOKEN as GITLAB_TOKEN
+from gitlab_fake import FakeGitLab
 from linear_fake import KEY as LINEAR_KEY
 from linear_fake import FakeLinear
 from test_remote import Remote, remote  # noqa: F401 - the fixture
@@ -172,7 +175,50 @@ class LinearKit(Kit):
         return DispatchConfig(done_state="completed", failed_state="canceled", **options)
 
 
-KITS: dict[str, Callable[[], Kit]] = {"github": GitHubKit, "linear": LinearKit}
+class GitLabKit(Kit):
+    name = "gitlab"
+    token_variable = "GITLAB_TOKEN"
+    bad_token = "glpat-revoked0123456789abcdef"
+
+    def __init__(self) -> None:
+        self.fake = FakeGitLab()
+
+    def close(self) -> None:
+        self.fake.close()
+
+    def board(self, ledger: Ledger, token: str | None = None) -> TrackerBoard:
+        from execkit.dispatch._gitlab import GitLabBoard, GitLabConfig
+
+        config = GitLabConfig(project="acme/widgets", url=self.fake.url)
+        return GitLabBoard(config, ledger, token or GITLAB_TOKEN, retry_base_s=0.01)
+
+    def add(self, title: str, body: str = "") -> str:
+        return f"acme/widgets#{self.fake.add_issue(title, body)}"
+
+    def _iid(self, issue_id: str) -> int:
+        return int(issue_id.rpartition("#")[2])
+
+    def done(self, issue_id: str) -> bool:
+        return self.fake.labels_of(self._iid(issue_id)) == {"execkit::done"}
+
+    def status_comments(self, issue_id: str) -> list[str]:
+        return [str(n["body"]) for n in self.fake.status_notes(self._iid(issue_id))]
+
+    def everything_sent(self) -> str:
+        return str(self.fake.notes) + str(self.fake.issues)
+
+    def outage(self, on: bool) -> None:
+        self.fake.fail_next[:] = [502] * 10_000 if on else []
+
+    def rate_limit(self) -> None:
+        self.fake.rate_limited = 1
+
+    @property
+    def requests(self) -> int:
+        return self.fake.requests
+
+
+KITS: dict[str, Callable[[], Kit]] = {"github": GitHubKit, "gitlab": GitLabKit, "linear": LinearKit}
 
 
 @pytest.fixture(params=sorted(KITS))

@@ -71,12 +71,18 @@ TRACKERS: dict[str, str] = {
     "github": "execkit.dispatch._github:GitHubBoard",
     "github-project": "execkit.dispatch._github_project:GitHubProjectBoard",
     "linear": "execkit.dispatch._linear:LinearBoard",
+    "gitlab": "execkit.dispatch._gitlab:GitLabBoard",
 }
 """Each tracker board's spec prefix and its class (`module:Class`, loaded only when one is
 opened); the class has `from_env(spec, ledger, env, settings, read_only=...)` and, when its
 configuration implies dispatch settings, `implied_dispatch(spec, settings, env)`."""
 
-CONFIG_KEYS = {"github": "github", "github-project": "github_project", "linear": "linear"}
+CONFIG_KEYS = {
+    "github": "github",
+    "github-project": "github_project",
+    "linear": "linear",
+    "gitlab": "gitlab",
+}
 """The key of each kind's object in a board configuration file."""
 
 
