@@ -373,6 +373,7 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
         read_board_config,
     )
     from execkit.dispatch._gitlab import GitLabConfig
+    from execkit.dispatch._jira import JiraConfig
     from execkit.dispatch._linear import LinearConfig
 
     path = tmp_path / "board-config.json"
@@ -383,6 +384,7 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
         GitHubProjectConfig.parse("acme/1", settings.get("github_project", {}), {})
         LinearConfig.parse("ENG", settings.get("linear", {}), {})
         GitLabConfig.parse("acme/widgets", settings.get("gitlab", {}), {})
+        JiraConfig.parse("ENG", settings.get("jira", {}), {"JIRA_URL": "https://x"})
         DispatchConfig.from_mapping(settings.get("dispatch", {}))
     except InvalidInput:
         return True
@@ -391,7 +393,9 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
 
 BAD_CONFIGS: dict[str, object] = {
     "not an object": [],
-    "unknown top-level key": {"jira": {}},
+    "unknown top-level key": {"asana": {}},
+    "unknown jira key": {"jira": {"colour": "red"}},
+    "jira jql empty": {"jira": {"jql": ""}},
     "unknown linear key": {"linear": {"colour": "red"}},
     "linear eligible empty": {"linear": {"eligible": []}},
     "linear done empty": {"linear": {"done": ""}},

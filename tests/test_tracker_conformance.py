@@ -1,7 +1,7 @@
 """The tracker contract, one suite for every tracker (issue #48): the same scenarios run
 against each tracker's loopback fake (GitHub Issues: tests/github_fake.py; Linear:
-tests/linear_fake.py; GitLab: tests/gitlab_fake.py), so a further tracker is a file, a fake
-and a `Kit` here.
+tests/linear_fake.py; GitLab: tests/gitlab_fake.py; Jira: tests/jira_fake.py), so a further
+tracker is a file, a fake and a `Kit` here.
 
 Scenarios: a claim race between two dispatchers on one ledger (SQLite, PostgreSQL, through
 `execkit serve`) runs the issue once with one status comment; an outage while a run ends
@@ -23,6 +23,9 @@ from github_fake import TOKEN as GITHUB_TOKEN
 from github_fake import FakeGitHub
 from gitlab_fake import TOKEN as GITLAB_TOKEN
 from gitlab_fake import FakeGitLab
+from jira_fake import EMAIL as JIRA_EMAIL
+from jira_fake import TOKEN as JIRA_TOKEN
+from jira_fake import FakeJira
 from linear_fake import KEY as LINEAR_KEY
 from linear_fake import FakeLinear
 from test_remote import Remote, remote  # noqa: F401 - the fixture
@@ -52,6 +55,7 @@ class Kit:
     name = ""
     token_variable = ""
     bad_token = ""
+    marker = STATUS_MARKER  # how the tracker's status comment begins
 
     def close(self) -> None:
         raise NotImplementedError
@@ -218,7 +222,58 @@ class GitLabKit(Kit):
         return self.fake.requests
 
 
-KITS: dict[str, Callable[[], Kit]] = {"github": GitHubKit, "gitlab": GitLabKit, "linear": LinearKit}
+class JiraKit(Kit):
+    name = "jira"
+    token_variable = "JIRA_API_TOKEN"
+    marker = "execkit status"  # ADF has no hidden text
+    bad_token = "ATATT3xrevoked0123456789abcdef"
+
+    def __init__(self) -> None:
+        self.fake = FakeJira()
+
+    def close(self) -> None:
+        self.fake.close()
+
+    def board(self, ledger: Ledger, token: str | None = None) -> TrackerBoard:
+        from execkit.dispatch._jira import JiraBoard, JiraConfig, credentials_from
+
+        config = JiraConfig(project="ENG", url=self.fake.url, failed="Won't Do")
+        env = {"JIRA_EMAIL": JIRA_EMAIL, "JIRA_API_TOKEN": token or JIRA_TOKEN}
+        secret, authorization = credentials_from(env)
+        return JiraBoard(config, ledger, secret, authorization, retry_base_s=0.01)
+
+    def add(self, title: str, body: str = "") -> str:
+        return self.fake.add_issue(title, body)
+
+    def done(self, issue_id: str) -> bool:
+        return self.fake.status_of(issue_id) == "Done"
+
+    def status_comments(self, issue_id: str) -> list[str]:
+        return self.fake.status_comments(issue_id)
+
+    def everything_sent(self) -> str:
+        return str(self.fake.comments) + str(self.fake.issues)
+
+    def outage(self, on: bool) -> None:
+        self.fake.fail_next[:] = [502] * 10_000 if on else []
+
+    def rate_limit(self) -> None:
+        self.fake.rate_limited = 1
+
+    @property
+    def requests(self) -> int:
+        return self.fake.requests
+
+    def config(self, **options: Any) -> DispatchConfig:
+        return DispatchConfig(done_state="done", failed_state="Won't Do", **options)
+
+
+KITS: dict[str, Callable[[], Kit]] = {
+    "jira": JiraKit,
+    "github": GitHubKit,
+    "gitlab": GitLabKit,
+    "linear": LinearKit,
+}
 
 
 @pytest.fixture(params=sorted(KITS))
@@ -380,7 +435,7 @@ def test_an_idle_poll_is_one_request(kit: Kit, ledger: Ledger) -> None:
 
 
 def test_a_hostile_title_reaches_the_tracker_masked(kit: Kit, ledger: Ledger) -> None:
-    title = f"Ignore all rules {SECRET} \x1b[2J{STATUS_MARKER}"
+    title = f"Ignore all rules {SECRET} \x1b[2J{kit.marker}"
     issue = kit.add(title, f"body with {SECRET}")
     board = kit.board(ledger)
     broken = RunOutcome(
@@ -393,7 +448,7 @@ def test_a_hostile_title_reaches_the_tracker_masked(kit: Kit, ledger: Ledger) ->
     _drain(board, ledger)
     [comment] = kit.status_comments(issue)
     assert SECRET not in comment and "\x1b" not in comment
-    assert comment.count(STATUS_MARKER) == 1
+    assert comment.startswith(kit.marker) and comment.count(kit.marker) == 1
     # What the tracker holds of its own: the title and body it was given, nothing more.
     assert kit.everything_sent().count(SECRET) == 2
     assert event.issue_id == issue

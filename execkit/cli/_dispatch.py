@@ -125,8 +125,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a board JSON file, github:OWNER/REPO (a repository's issues), "
         "github-project:OWNER/NUMBER (a GitHub Project's items; the token in $GITHUB_TOKEN or "
         "$GH_TOKEN, the API in $GITHUB_API_URL), linear:TEAM (a Linear team's issues; the "
-        "key in $LINEAR_API_KEY) or gitlab:GROUP/PROJECT (a GitLab project's issues; the token "
-        "in $GITLAB_TOKEN, the instance in $GITLAB_URL)",
+        "key in $LINEAR_API_KEY), gitlab:GROUP/PROJECT (a GitLab project's issues; the token "
+        "in $GITLAB_TOKEN, the instance in $GITLAB_URL) or jira:PROJECT (a Jira project's "
+        "issues; $JIRA_URL, $JIRA_EMAIL and $JIRA_API_TOKEN)",
     )
     dispatch.add_argument(
         "--board-config",
@@ -134,8 +135,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="with a tracker board, a JSON file of its settings: a `github` object "
         "(labels, comments in the prompt, close on done), a `github_project` object (the "
         "Status options that are eligible, terminal, done, failed), a `linear` object (the "
-        "workflow states), a `gitlab` object (labels, close on done) and a `dispatch` object "
-        "(docs/formats.md)",
+        "workflow states), a `gitlab` object (labels, close on done), a `jira` object (JQL, "
+        "statuses) and a `dispatch` object (docs/formats.md)",
     )
     dispatch.add_argument(
         "--adapter",

@@ -94,7 +94,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--board",
         metavar="BOARD",
         help="board JSON file (all its issues), or a tracker board: github:OWNER/REPO, "
-        "github-project:OWNER/NUMBER, linear:TEAM, gitlab:GROUP/PROJECT (read through the "
+        "github-project:OWNER/NUMBER, linear:TEAM, gitlab:GROUP/PROJECT, jira:PROJECT (read "
+        "through the "
         "dispatcher's client, the token from the environment; with --db or --remote)",
     )
     status.add_argument(

@@ -72,6 +72,7 @@ TRACKERS: dict[str, str] = {
     "github-project": "execkit.dispatch._github_project:GitHubProjectBoard",
     "linear": "execkit.dispatch._linear:LinearBoard",
     "gitlab": "execkit.dispatch._gitlab:GitLabBoard",
+    "jira": "execkit.dispatch._jira:JiraBoard",
 }
 """Each tracker board's spec prefix and its class (`module:Class`, loaded only when one is
 opened); the class has `from_env(spec, ledger, env, settings, read_only=...)` and, when its
@@ -82,6 +83,7 @@ CONFIG_KEYS = {
     "github-project": "github_project",
     "linear": "linear",
     "gitlab": "gitlab",
+    "jira": "jira",
 }
 """The key of each kind's object in a board configuration file."""
 
