@@ -161,3 +161,18 @@ def test_execkit_dispatch_takes_a_jira_board(
     assert "succeeded" in text
     monkeypatch.delenv("JIRA_API_TOKEN")
     assert main([*argv, "--once"], start=fake_vendor.start) == 3  # no token: named
+
+
+def test_an_idle_poll_of_2000_issues_is_one_search(fake: FakeJira, ledger: Ledger) -> None:
+    for n in range(2000):
+        fake.add_issue(f"issue {n}", labels=("execkit",) if n % 2 else ("bug",))
+    board = _board(fake, ledger)
+    before = fake.requests
+    assert len(board.list_candidates()) == 1000
+    assert fake.requests - before == 10  # the board's issues, 100 a search
+    before = fake.requests
+    for _ in range(5):
+        assert len(board.list_candidates()) == 1000  # the newest minute read again
+    assert fake.requests - before == 5
+    fake.add_issue("a new one")
+    assert len(board.list_candidates()) == 1001

@@ -37,7 +37,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -316,16 +316,10 @@ class _Issue:
 
 
 def _jql_time(moment: str) -> str:
-    """Jira's `updated` (`2027-01-15T08:00:01.000+0000`) as a JQL minute (UTC)."""
-    parsed = datetime.strptime(moment[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
-    offset = moment[23:]
-    if offset and offset not in ("+0000", "Z"):
-        sign = 1 if offset[0] == "+" else -1
-        parsed = parsed.replace(tzinfo=None)
-        hours, minutes = int(offset[1:3]), int(offset[3:5])
-        stamp = parsed.timestamp() - sign * (hours * 3600 + minutes * 60)
-        parsed = datetime.fromtimestamp(stamp, UTC)
-    return parsed.strftime("%Y-%m-%d %H:%M")
+    """Jira's `updated` (`2027-01-15T08:00:01.000+0200`) as a JQL minute. Jira reads a JQL
+    date in the account's own time zone, the zone it writes `updated` in: the wall-clock
+    part is kept as written, not converted."""
+    return moment[:16].replace("T", " ")
 
 
 class JiraBoard(TrackerBoard):
