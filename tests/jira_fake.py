@@ -1,7 +1,10 @@
 """A loopback fake of the part of Jira Cloud's REST API v3 a Jira board uses (issue #48).
 
-Its shapes are written from Atlassian's published REST v3 reference (the OpenAPI document
-behind developer.atlassian.com/cloud/jira/platform/rest/v3), not copied: `POST
+Its shapes are written from Atlassian's published REST v3 description (the OpenAPI document
+behind developer.atlassian.com/cloud/jira/platform/rest/v3), not copied, and checked against
+it: `test_jira_board.py` validates what the fake sends against the part of that description
+in `jira_openapi_part.json` (`IssueBean`, `StatusDetails`, `IssueLinkType`, `LinkedIssue`,
+`Transitions`, `PageOfComments`, `Comment`). The endpoints: `POST
 /rest/api/3/search/jql` (`jql`, `maxResults`, `fields`, `nextPageToken`; answers `issues`,
 `nextPageToken`, `isLast`), an issue (`id`, `key`, `self`, `fields`: `summary`,
 `description` in Atlassian Document Format, `status` with its `statusCategory`, `labels`,

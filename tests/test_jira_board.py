@@ -176,3 +176,41 @@ def test_an_idle_poll_of_2000_issues_is_one_search(fake: FakeJira, ledger: Ledge
     assert fake.requests - before == 5
     fake.add_issue("a new one")
     assert len(board.list_candidates()) == 1001
+
+
+def test_the_fake_answers_in_the_descriptions_shapes(fake: FakeJira) -> None:
+    """What the fake sends validates against Atlassian's published OpenAPI description (the
+    part of it in tests/jira_openapi_part.json): an issue (with a `Blocks` link), its
+    transitions, a page of comments and a comment. The check can fail: a field the
+    description does not have is refused where its schema is closed."""
+    import base64
+    import json
+
+    import jsonschema
+
+    part = json.loads((Path(__file__).parent / "jira_openapi_part.json").read_text())
+
+    def check(name: str, value: Any) -> list[str]:
+        schema = {**part, "$ref": f"#/components/schemas/{name}"}
+        return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(value)]
+
+    blocker = fake.add_issue("first")
+    key = fake.add_issue("second", "body")
+    fake.block(blocker, key)
+    auth = {"authorization": "Basic " + base64.b64encode(f"{EMAIL}:{TOKEN}".encode()).decode()}
+    body = json.dumps({"body": {"type": "doc", "version": 1, "content": []}}).encode()
+    _s, _h, comment = fake.answer("POST", f"/rest/api/3/issue/{key}/comment", auth, body)
+    assert check("Comment", comment) == []
+    _s, _h, page = fake.answer("GET", f"/rest/api/3/issue/{key}/comment", auth, b"")
+    assert check("PageOfComments", page) == []
+    _s, _h, transitions = fake.answer("GET", f"/rest/api/3/issue/{key}/transitions", auth, b"")
+    assert check("Transitions", transitions) == []
+    issue = fake._view(fake.issues[key])
+    assert check("IssueBean", issue) == []
+    [link] = issue["fields"]["issuelinks"]
+    # `IssueLink` is also the create request's body, which needs both sides; an issue's
+    # links carry one side each: each part is checked against its own schema.
+    assert check("IssueLinkType", link["type"]) == []
+    assert check("LinkedIssue", link["inwardIssue"]) == []
+    assert check("StatusDetails", issue["fields"]["status"]) == []
+    assert check("IssueLinkType", {**link["type"], "colour": "red"}) != []
