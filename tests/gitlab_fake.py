@@ -1,10 +1,11 @@
 """A loopback fake of the part of GitLab's REST API v4 a GitLab board uses (issue #48).
 
-Its shapes follow GitLab's published API description (the `API_Entities_Issue` and
-`API_Entities_Note` entities of doc/api/openapi/openapi_v2.yaml and doc/api/issues.md,
-doc/api/notes.md), written here, not copied: an issue (`id`, `iid`, `project_id`, `title`,
-`description`, `state` `opened`/`closed`, `labels` as names, `author`, `created_at`,
-`updated_at`, `closed_at`, `web_url`), a note (`id`, `body`, `author`, `system`,
+Its shapes follow GitLab's published JSON schemas of its REST v4 answers (gitlabhq,
+spec/fixtures/api/schemas/public_api/v4/issue.json and notes.json, written out in
+`gitlab_api_schemas.json`; `test_gitlab_board.py` checks the fake's answers against
+them): an issue (`id`, `iid`, `project_id`, `title`, `description`, `state`
+`opened`/`closed`, `labels` as names, `author`, `created_at`, `updated_at`, `closed_at`,
+`web_url`, ...), a note (`id`, `body`, `author`, `system`,
 `noteable_type`, `noteable_iid`, `created_at`, `updated_at`). Authentication is the
 `PRIVATE-TOKEN` header (the description's `access_token_header`).
 
@@ -37,7 +38,7 @@ _AUTHOR = {
     "username": "root",
     "name": "Administrator",
     "state": "active",
-    "avatar_url": None,
+    "avatar_url": "https://gitlab.example.com/uploads/-/system/user/avatar/1/avatar.png",
     "web_url": "https://gitlab.example.com/root",
 }
 
@@ -99,6 +100,13 @@ class FakeGitLab:
                 "created_at": at,
                 "updated_at": at,
                 "closed_at": None,
+                "milestone": None,
+                "assignees": [],
+                "user_notes_count": 0,
+                "upvotes": 0,
+                "downvotes": 0,
+                "due_date": None,
+                "confidential": False,
                 "web_url": f"https://gitlab.example.com/{PROJECT}/-/issues/{iid}",
             }
             self.notes[iid] = []
@@ -204,9 +212,12 @@ class FakeGitLab:
             at = self._tick()
             note = {
                 "id": self._next_id,
+                "type": None,
                 "body": data["body"],
+                "attachment": None,
                 "author": _AUTHOR,
                 "system": False,
+                "noteable_id": self.issues[iid]["id"],
                 "noteable_type": "Issue",
                 "noteable_iid": iid,
                 "created_at": at,

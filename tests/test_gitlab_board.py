@@ -173,3 +173,27 @@ def test_execkit_dispatch_takes_a_gitlab_board(
     assert "succeeded" in note["body"]
     monkeypatch.delenv("GITLAB_TOKEN")
     assert main([*argv, "--once"], start=fake_vendor.start) == 3  # no token: named
+
+
+def test_the_fake_answers_in_gitlabs_published_shapes(fake: FakeGitLab) -> None:
+    """An issue and a note the fake sends validate against GitLab's published JSON schemas
+    of those answers (tests/gitlab_api_schemas.json); a note with a member GitLab's schema
+    does not have is refused (the check can fail)."""
+    import json
+
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+
+    schemas = json.loads((Path(__file__).parent / "gitlab_api_schemas.json").read_text())
+
+    def errors(name: str, value: Any) -> list[str]:
+        return [e.message for e in Draft202012Validator(schemas[name]).iter_errors(value)]
+
+    iid = fake.add_issue("t", "b")
+    auth = {"private-token": TOKEN}
+    _s, _h, issues = fake.answer("GET", "/api/v4/projects/acme%2Fwidgets/issues", auth, b"")
+    assert [errors("issue", issue) for issue in issues] == [[]]
+    body = json.dumps({"body": "hi"}).encode()
+    path = f"/api/v4/projects/acme%2Fwidgets/issues/{iid}/notes"
+    _s, _h, note = fake.answer("POST", path, auth, body)
+    assert errors("note", note) == []
+    assert errors("note", {**note, "colour": "red"}) != []
