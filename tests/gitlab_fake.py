@@ -112,6 +112,12 @@ class FakeGitLab:
             self.notes[iid] = []
             return iid
 
+    def set_labels_by_hand(self, iid: int, names: set[str]) -> None:
+        """A person's edit on the issue's page."""
+        with self._lock:
+            self.issues[iid]["labels"] = sorted(names)
+            self.issues[iid]["updated_at"] = self._tick()
+
     def labels_of(self, iid: int) -> set[str]:
         return set(self.issues[iid]["labels"])
 

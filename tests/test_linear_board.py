@@ -329,3 +329,33 @@ def test_execkit_status_reads_a_linear_board_read_only(
         waiting: "unstarted",
     }
     assert fake.writes == writes  # read only
+
+
+def test_a_given_up_issue_moved_back_by_a_person_is_a_forced_retry(
+    fake: FakeLinear, ledger: Ledger
+) -> None:
+    issue = fake.add_issue("Needs a key")
+    board = _board(fake, ledger)
+    broken = RunOutcome(
+        RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason="credentials refused"
+    )
+
+    seen: list[str] = []
+
+    class Then(Scripted):
+        def run(self, card: BoardIssue, slot: Slot) -> RunOutcome:
+            self.calls.append((card.id, slot.attempt))
+            board.catch_up()  # the claim shows
+            seen.append(fake.state_of(issue))
+            return broken if slot.attempt == 1 else RunOutcome(RunStatus.SUCCEEDED)
+
+    dispatcher = _dispatcher(board, ledger, Then(broken))
+    [event] = dispatcher.tick()
+    assert event.moved_to == "canceled" and fake.state_of(issue) == "Canceled"
+    fake.set_state(issue, "Todo")  # the operator fixed it
+    [again] = dispatcher.tick()
+    assert (again.kind, again.moved_to, again.attempt) == ("dispatched", "completed", 2)
+    assert fake.state_of(issue) == "Done"
+    # The second claim shows from where the person put the card, not the first run's move.
+    assert seen == ["In Progress", "In Progress"]
+    assert len(_status_comments(fake, issue)) == 1

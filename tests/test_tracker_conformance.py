@@ -4,7 +4,8 @@ tests/linear_fake.py; GitLab: tests/gitlab_fake.py; Jira: tests/jira_fake.py), s
 tracker is a file, a fake and a `Kit` here.
 
 Scenarios: a claim race between two dispatchers on one ledger (SQLite, PostgreSQL, through
-`execkit serve`) runs the issue once with one status comment; an outage while a run ends
+`execkit serve`) runs the issue once with one status comment; a given-up issue a person
+puts back is one forced retry, still one status comment; an outage while a run ends
 loses nothing and doubles nothing (the outbox replays it); the tracker's rate limit parks
 its lane and nothing is sent while it waits; an expired credential stops the lane naming
 the fix, the credential in no lane record; an idle poll of a board larger than a page is
@@ -78,6 +79,10 @@ class Kit:
     def outage(self, on: bool) -> None:
         raise NotImplementedError
 
+    def put_back(self, issue_id: str) -> None:
+        """A person makes a given-up issue eligible again."""
+        raise NotImplementedError
+
     def rate_limit(self) -> None:
         raise NotImplementedError
 
@@ -124,6 +129,9 @@ class GitHubKit(Kit):
     def outage(self, on: bool) -> None:
         self.fake.fail_next[:] = [(502, {})] * 10_000 if on else []
 
+    def put_back(self, issue_id: str) -> None:
+        self.fake.set_labels_by_hand(self._number(issue_id), {"execkit", "execkit:blocked"})
+
     def rate_limit(self) -> None:
         self.fake.fail_next.append((429, {"retry-after": "30"}))
 
@@ -167,6 +175,9 @@ class LinearKit(Kit):
 
     def outage(self, on: bool) -> None:
         self.fake.fail_next[:] = [502] * 10_000 if on else []
+
+    def put_back(self, issue_id: str) -> None:
+        self.fake.set_state(issue_id, "Todo")
 
     def rate_limit(self) -> None:
         self.fake.rate_limited = 1
@@ -214,6 +225,9 @@ class GitLabKit(Kit):
     def outage(self, on: bool) -> None:
         self.fake.fail_next[:] = [502] * 10_000 if on else []
 
+    def put_back(self, issue_id: str) -> None:
+        self.fake.set_labels_by_hand(self._iid(issue_id), {"execkit", "execkit::blocked"})
+
     def rate_limit(self) -> None:
         self.fake.rate_limited = 1
 
@@ -256,6 +270,9 @@ class JiraKit(Kit):
 
     def outage(self, on: bool) -> None:
         self.fake.fail_next[:] = [502] * 10_000 if on else []
+
+    def put_back(self, issue_id: str) -> None:
+        self.fake.set_status(issue_id, "To Do")
 
     def rate_limit(self) -> None:
         self.fake.rate_limited = 1
@@ -452,3 +469,22 @@ def test_a_hostile_title_reaches_the_tracker_masked(kit: Kit, ledger: Ledger) ->
     # What the tracker holds of its own: the title and body it was given, nothing more.
     assert kit.everything_sent().count(SECRET) == 2
     assert event.issue_id == issue
+
+
+def test_a_given_up_issue_put_back_by_a_person_is_a_forced_retry(kit: Kit, ledger: Ledger) -> None:
+    issue = kit.add("Needs a key")
+    board = kit.board(ledger)
+    broken = RunOutcome(
+        RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason="credentials refused"
+    )
+    runner = Scripted(broken)
+    dispatcher = _dispatcher(kit, board, ledger, runner)
+    [event] = dispatcher.tick()
+    assert event.moved_to is not None and not kit.done(issue)
+    kit.put_back(issue)
+    runner.outcome = RunOutcome(RunStatus.SUCCEEDED)
+    [again] = dispatcher.tick()
+    assert (again.kind, again.attempt) == ("dispatched", 2)
+    _drain(board, ledger)
+    assert kit.done(issue)
+    assert len(kit.status_comments(issue)) == 1

@@ -508,19 +508,26 @@ class JiraBoard(TrackerBoard):
         eligible = set(self.config.eligible)
         state = payload.get("state")
         current = self._card_state(issue)
-        if state is not None and state not in eligible:
-            return str(state)
         if payload.get("running"):
+            # A claim shows from where the card stands: a `state` still in the entry is an
+            # earlier run's move, shown already or undone by the person who put it back.
             if current in eligible:
                 self._came_from[issue.key] = issue.status
                 return self.config.running
             return None
+        if state is not None and state not in eligible:
+            return str(state)
         if current == self.config.running or issue.category == self.config.running:
             return self._came_from.pop(issue.key, None) or str(state or self.config.eligible[0])
         return None
 
     def _matches(self, issue_status: str, category: str, wanted: str) -> bool:
-        return wanted in (issue_status, category)
+        """Whether an issue in `issue_status` stands where `wanted` (a name or a category)
+        says; a status the configuration names for itself (a `failed` of category `done`,
+        say) never counts as its category's."""
+        if issue_status == wanted:
+            return True
+        return wanted in CATEGORIES and category == wanted and issue_status not in self._named()
 
     def _send(self, item: str, payload: dict[str, Any], ref: str | None, sends: int) -> str | None:
         issue = self._issues.get(item)
@@ -542,7 +549,11 @@ class JiraBoard(TrackerBoard):
             for option in options:
                 to = option.get("to") or {}
                 category = (to.get("statusCategory") or {}).get("key")
-                if (to.get("name") == wanted) if by_name else (category == wanted):
+                if by_name:
+                    found = to.get("name") == wanted
+                else:  # a category: not into a status the configuration names otherwise
+                    found = category == wanted and to.get("name") not in self._named()
+                if found:
                     chosen = option
                     break
             if chosen is not None:

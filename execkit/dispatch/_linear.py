@@ -590,14 +590,16 @@ class LinearBoard(TrackerBoard):
         eligible = set(self.config.eligible)
         state = payload.get("state")
         current = self._card_state(issue)
-        if state is not None and state not in eligible:
-            return self._resolve(state)
         running = self._resolve(self.config.running)
         if payload.get("running"):
+            # A claim shows from where the card stands: a `state` still in the entry is an
+            # earlier run's move, shown already or undone by the person who put it back.
             if current in eligible and running is not None:
                 self._came_from[issue.identifier] = issue.state_id
                 return running
             return None
+        if state is not None and state not in eligible:
+            return self._resolve(state)
         if running is not None and issue.state_id == running.id:
             # The run ended without a move: back where it was taken from, eligible again.
             back = self._came_from.pop(issue.identifier, None)
