@@ -11,7 +11,7 @@ BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit chromium bench clean record-vendors record-scenes \
-	test-vendors drift-vendors live-github
+	test-vendors drift-vendors live-github live-linear
 
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,9 @@ bench: $(STAMP)
 # EXECKIT_LIVE_REPO=OWNER/NAME. Never part of `make test`.
 live-github: $(STAMP)
 	$(PY) tests/live_github.py
+
+live-linear: $(STAMP)
+	$(PY) tests/live_linear.py
 
 # The real vendor CLIs (tests/vendors/package.json, exact versions) against a loopback fake
 # API; both need node and npm and print SKIP without them. Neither is part of `make test`.

@@ -372,6 +372,9 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
         GitHubProjectConfig,
         read_board_config,
     )
+    from execkit.dispatch._gitlab import GitLabConfig
+    from execkit.dispatch._jira import JiraConfig
+    from execkit.dispatch._linear import LinearConfig
 
     path = tmp_path / "board-config.json"
     path.write_text(json.dumps(document), encoding="utf-8")
@@ -379,6 +382,9 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
         settings = read_board_config(path)
         GitHubConfig.from_mapping("acme/widgets", settings.get("github", {}), {})
         GitHubProjectConfig.parse("acme/1", settings.get("github_project", {}), {})
+        LinearConfig.parse("ENG", settings.get("linear", {}), {})
+        GitLabConfig.parse("acme/widgets", settings.get("gitlab", {}), {})
+        JiraConfig.parse("ENG", settings.get("jira", {}), {"JIRA_URL": "https://x"})
         DispatchConfig.from_mapping(settings.get("dispatch", {}))
     except InvalidInput:
         return True
@@ -387,7 +393,15 @@ def _config_refused(document: object, tmp_path: Path) -> bool:
 
 BAD_CONFIGS: dict[str, object] = {
     "not an object": [],
-    "unknown top-level key": {"gitlab": {}},
+    "unknown top-level key": {"asana": {}},
+    "unknown jira key": {"jira": {"colour": "red"}},
+    "jira jql empty": {"jira": {"jql": ""}},
+    "unknown linear key": {"linear": {"colour": "red"}},
+    "linear eligible empty": {"linear": {"eligible": []}},
+    "linear done empty": {"linear": {"done": ""}},
+    "unknown gitlab key": {"gitlab": {"colour": "red"}},
+    "gitlab label with a comma": {"gitlab": {"labels": {"done": "a,b"}}},
+    "gitlab close_on_done not a boolean": {"gitlab": {"close_on_done": "yes"}},
     "github not an object": {"github": []},
     "unknown github key": {"github": {"colour": "red"}},
     "unknown label": {"github": {"labels": {"finished": "x"}}},
@@ -471,7 +485,8 @@ def _json_blocks(markdown: str) -> Iterator[object]:
 def test_the_examples_in_formats_md_are_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    board, github, history, prices, usage = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    blocks = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
+    board, github, linear, history, prices, usage = blocks
     # The GitHub board's configuration file (issue #47) is read by the code that reads it.
     from execkit.dispatch import DispatchConfig
     from execkit.dispatch._github import GitHubConfig, read_board_config
@@ -482,6 +497,13 @@ def test_the_examples_in_formats_md_are_valid(
     assert GitHubConfig.from_mapping("acme/widgets", settings["github"], {}).comments
     DispatchConfig.from_mapping(settings["dispatch"])
     assert schema_errors("board-config", github) == []
+    # The Linear board's configuration (issue #48), read by the code that reads it.
+    from execkit.dispatch._linear import LinearConfig
+
+    config_file.write_text(json.dumps(linear), encoding="utf-8")
+    settings = read_board_config(config_file)
+    assert LinearConfig.parse("ENG", settings["linear"], {}).running == "In Progress"
+    assert schema_errors("board-config", linear) == []
     # The price file and a proof's usage (issue #45) are read by the code that reads them.
     price_file = tmp_path / "prices.json"
     price_file.write_text(json.dumps(prices), encoding="utf-8")

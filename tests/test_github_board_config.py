@@ -127,7 +127,7 @@ def test_a_bad_setting_is_one_error_naming_its_key(settings: dict[str, Any], fie
         ("not json", "board_config"),
         ("[]", "board_config"),
         ('{"github": [], "dispatch": {}}', "github"),
-        ('{"gitlab": {}}', "board_config"),
+        ('{"asana": {}}', "board_config"),
     ],
 )
 def test_a_bad_config_file_is_refused_naming_it(tmp_path: Path, text: str, field: str) -> None:

@@ -122,17 +122,21 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--board",
         required=True,
         metavar="BOARD",
-        help="a board JSON file, github:OWNER/REPO (a repository's issues) or "
+        help="a board JSON file, github:OWNER/REPO (a repository's issues), "
         "github-project:OWNER/NUMBER (a GitHub Project's items; the token in $GITHUB_TOKEN or "
-        "$GH_TOKEN, the API in $GITHUB_API_URL)",
+        "$GH_TOKEN, the API in $GITHUB_API_URL), linear:TEAM (a Linear team's issues; the "
+        "key in $LINEAR_API_KEY), gitlab:GROUP/PROJECT (a GitLab project's issues; the token "
+        "in $GITLAB_TOKEN, the instance in $GITLAB_URL) or jira:PROJECT (a Jira project's "
+        "issues; $JIRA_URL, $JIRA_EMAIL and $JIRA_API_TOKEN)",
     )
     dispatch.add_argument(
         "--board-config",
         metavar="FILE",
-        help="with a github: or github-project: board, a JSON file of its settings: a "
-        "`github` object (labels, comments in the prompt, close on done), a `github_project` "
-        "object (the Status options that are eligible, terminal, done, failed) and a "
-        "`dispatch` object (docs/formats.md)",
+        help="with a tracker board, a JSON file of its settings: a `github` object "
+        "(labels, comments in the prompt, close on done), a `github_project` object (the "
+        "Status options that are eligible, terminal, done, failed), a `linear` object (the "
+        "workflow states), a `gitlab` object (labels, close on done), a `jira` object (JQL, "
+        "statuses) and a `dispatch` object (docs/formats.md)",
     )
     dispatch.add_argument(
         "--adapter",
@@ -414,9 +418,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     # stops the command here, before anything runs, not as a runner error in every slot.
     load_prices()
     _setup_logging()
-    github = _github_repo(args.board)
-    board_file = None if github is not None else JsonFileBoard(args.board)
-    board_config = board_config_of(args, github)
+    tracker = _tracker_spec(args.board)
+    board_file = None if tracker is not None else JsonFileBoard(args.board)
+    board_config = board_config_of(args, tracker)
     config = _config(args, board_file, board_config.get("dispatch"))
     # The default adapter is the command's own choice: a name nobody knows stops here
     # (not_found), before anything runs. An issue's own unknown adapter stops that issue.
@@ -448,7 +452,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     )
     try:
         board: Board = (
-            board_file if board_file is not None else github_board(github, ledger, board_config)
+            board_file if board_file is not None else tracker_board(tracker, ledger, board_config)
         )
         dispatcher = Dispatcher(
             board,
@@ -497,23 +501,23 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _github_repo(spec: str) -> str | None:
-    """The spec of a GitHub board (`github:OWNER/REPO`, `github-project:OWNER/NUMBER`),
-    else None (a board file's path)."""
-    if spec.startswith(("github:", "github-project:")):
-        return spec
-    return None
+def _tracker_spec(spec: str) -> str | None:
+    """The spec of a tracker board (`github:OWNER/REPO`, `linear:TEAM`, ...: the kinds
+    `execkit.dispatch.TRACKERS` names), else None (a board file's path)."""
+    from execkit.dispatch import tracker_kind
+
+    return spec if tracker_kind(spec) is not None else None
 
 
-def board_config_of(args: argparse.Namespace, github: str | None) -> dict[str, Any]:
+def board_config_of(args: argparse.Namespace, tracker: str | None) -> dict[str, Any]:
     """The `--board-config` file's settings ({} without one); refused with a board file
-    (whose settings are in the file itself). A project board's `dispatch` settings start
-    from the states its configuration names (`done_state`, `failed_state`)."""
+    (whose settings are in the file itself). A tracker whose configuration names its done
+    and failed states (a project board, Linear) starts `dispatch` from them."""
     path = getattr(args, "board_config", None)
-    if path is not None and github is None:
+    if path is not None and tracker is None:
         raise InvalidInput(
-            "--board-config goes with a github: or github-project: board; a board file "
-            "holds its own settings",
+            "--board-config goes with a tracker board (github:, github-project:, linear:, "
+            "...); a board file holds its own settings",
             field="board_config",
         )
     settings: dict[str, Any] = {}
@@ -521,42 +525,25 @@ def board_config_of(args: argparse.Namespace, github: str | None) -> dict[str, A
         from execkit.dispatch import read_board_config
 
         settings = read_board_config(path)
-    if github is not None and github.startswith("github-project:"):
-        from execkit.dispatch import GitHubProjectConfig
+    if tracker is not None:
+        from execkit.dispatch import tracker_dispatch_states
 
-        project = GitHubProjectConfig.parse(
-            github.removeprefix("github-project:"), settings.get("github_project", {}), os.environ
-        )
-        settings["dispatch"] = {**project.dispatch_states(), **settings.get("dispatch", {})}
+        implied = tracker_dispatch_states(tracker, settings, os.environ)
+        if implied:
+            settings["dispatch"] = {**implied, **settings.get("dispatch", {})}
     return settings
 
 
-def github_board(
+def tracker_board(
     spec: str | None, ledger: Ledger, settings: Mapping[str, Any], *, read_only: bool = False
 ) -> Board:
-    """The GitHub board `spec` names (docs/formats.md): the token from $GITHUB_TOKEN or
-    $GH_TOKEN, the API from $GITHUB_API_URL, the rest from `settings` (the board
-    configuration file). InvalidInput naming what is missing."""
+    """The tracker board `spec` names (docs/formats.md): its credentials from the
+    environment, the rest from `settings` (the board configuration file). InvalidInput
+    naming what is missing."""
     assert spec is not None
-    if spec.startswith("github-project:"):
-        from execkit.dispatch import GitHubProjectBoard
+    from execkit.dispatch import open_tracker
 
-        return GitHubProjectBoard.from_env(
-            spec.removeprefix("github-project:"),
-            ledger,
-            os.environ,
-            settings.get("github_project"),
-            read_only=read_only,
-        )
-    from execkit.dispatch import GitHubBoard
-
-    return GitHubBoard.from_env(
-        spec.removeprefix("github:"),
-        ledger,
-        os.environ,
-        settings.get("github"),
-        read_only=read_only,
-    )
+    return open_tracker(spec, ledger, os.environ, settings, read_only=read_only)
 
 
 def _people_line(stopped: LaneStopped) -> str:

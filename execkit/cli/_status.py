@@ -29,10 +29,10 @@ from execkit.cli._dispatch import (
     _add_common,
     _clip,
     _config,
-    _github_repo,
+    _tracker_spec,
     _when,
     board_config_of,
-    github_board,
+    tracker_board,
 )
 from execkit.cli._ledger import is_remote_url, open_remote, open_target, remote_url
 from execkit.cli._output import (
@@ -94,15 +94,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     status.add_argument(
         "--board",
         metavar="BOARD",
-        help="board JSON file (all its issues), or github:OWNER/REPO or "
-        "github-project:OWNER/NUMBER (read through the dispatcher's client, the token in "
-        "$GITHUB_TOKEN or $GH_TOKEN; with --db or --remote)",
+        help="board JSON file (all its issues), or a tracker board: github:OWNER/REPO, "
+        "github-project:OWNER/NUMBER, linear:TEAM, gitlab:GROUP/PROJECT, jira:PROJECT (read "
+        "through the "
+        "dispatcher's client, the token from the environment; with --db or --remote)",
     )
     status.add_argument(
         "--board-config",
         metavar="FILE",
-        help="with a github: or github-project: board, its settings file (as `execkit "
-        "dispatch` takes it)",
+        help="with a tracker board, its settings file (as `execkit dispatch` takes it)",
     )
     status.add_argument(
         "--watch", action="store_true", help="redraw the table in place until Ctrl-C"
@@ -288,18 +288,18 @@ def _rows(
     of them is refused before anything is printed). With them the time they were read at,
     the dispatch configuration, the work budget's bound the rows show (`budget_shown`) and
     each task's SPEND cell (`task_spend_cells`)."""
-    github = _github_repo(args.board) if args.board else None
-    board = JsonFileBoard(args.board) if args.board and github is None else None
-    settings = board_config_of(args, github)
+    tracker = _tracker_spec(args.board) if args.board else None
+    board = JsonFileBoard(args.board) if args.board and tracker is None else None
+    settings = board_config_of(args, tracker)
     config = _config(args, board, settings.get("dispatch"))
     now = time.time()
     ledger = _status_ledger(args, board)
     try:
         ledger.backoff = config.backoff
         shown: Board | None = board
-        if github is not None:
-            # Read only: the table reads GitHub and the ledger, and writes to neither.
-            shown = github_board(github, ledger, settings, read_only=True)
+        if tracker is not None:
+            # Read only: the table reads the tracker and the ledger, and writes to neither.
+            shown = tracker_board(tracker, ledger, settings, read_only=True)
         rows = iter_issue_status_values(ledger, config, board=shown, now=now)
         if board is not None:
             held = list(rows)

@@ -3,7 +3,9 @@
 Rooms: `_board` (the board protocol and board files), `_github` (GitHub Issues as a
 board, behind that protocol; its client loads githubkit, the extra
 `execkit-runner[github]`, only when one is opened), `_github_project` (a GitHub Project
-(v2) as a board, through GraphQL, on the same client, lane and outbox), `_config` (the
+(v2) as a board, through GraphQL, on the same client, lane and outbox), `_tracker` (the
+tracker contract every tracker board shares: outbox write-back, the status comment, the
+tracker's lane; and `TRACKERS`, the one table of tracker kinds), `_config` (the
 knobs), `_runner` (what one dispatch does), `_workspaces` (a workspace per issue: a folder
 or a git worktree), `_slots` (where agents run side by side), `_status` (the operator's
 dashboard), `_scheduler` (the loop itself, which names no tracker).
@@ -31,6 +33,11 @@ _EXPORTS: dict[str, str] = {
     "GitHubProjectBoard": "execkit.dispatch._github_project",
     "GitHubProjectConfig": "execkit.dispatch._github_project",
     "read_board_config": "execkit.dispatch._github",
+    "TRACKERS": "execkit.dispatch._tracker",
+    "TrackerBoard": "execkit.dispatch._tracker",
+    "open_tracker": "execkit.dispatch._tracker",
+    "tracker_dispatch_states": "execkit.dispatch._tracker",
+    "tracker_kind": "execkit.dispatch._tracker",
     "BoardState": "execkit.dispatch._board",
     "GiveUpBoard": "execkit.dispatch._board",
     "InMemoryBoard": "execkit.dispatch._board",
@@ -105,6 +112,13 @@ if TYPE_CHECKING:
         iter_issue_status_values,
         iter_issue_statuses,
     )
+    from execkit.dispatch._tracker import (
+        TRACKERS,
+        TrackerBoard,
+        open_tracker,
+        tracker_dispatch_states,
+        tracker_kind,
+    )
     from execkit.dispatch._workspaces import WorkspaceHooks, Workspaces
 
 __all__ = [
@@ -113,6 +127,7 @@ __all__ = [
     "MAX_CONCURRENT_AGENTS",
     "SPEND_WAIT",
     "STOPPED_REASON",
+    "TRACKERS",
     "AdapterRunner",
     "BindableBoard",
     "Board",
@@ -143,15 +158,19 @@ __all__ = [
     "SpendReport",
     "ThreadPerSlot",
     "Tracker",
+    "TrackerBoard",
     "WorkspaceHooks",
     "Workspaces",
     "issue_status_values",
     "issue_statuses",
     "iter_issue_status_values",
     "iter_issue_statuses",
+    "open_tracker",
     "read_board_config",
     "spend_report",
     "task_key",
+    "tracker_dispatch_states",
+    "tracker_kind",
     "workspace_name",
 ]
 

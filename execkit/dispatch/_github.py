@@ -54,15 +54,27 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from execkit._errors import ExecKitError, InvalidInput, LaneStopped, LaneWaiting, NotFound
+from execkit._errors import InvalidInput
 from execkit._validate import checked, non_blank
-from execkit.dispatch._board import BoardIssue, BoardReport, BoardState
+from execkit.dispatch._board import BoardIssue, BoardState
+from execkit.dispatch._tracker import (
+    CONFIG_KEYS,
+    STATUS_MARKER,
+    TrackerBoard,
+    _Answer,
+    _header_time,
+    _iso,
+    _Refusal,
+    _settings,
+    render_status,
+    tracker_lane,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -80,8 +92,6 @@ __all__ = [
 ]
 
 GITHUB_API_URL = "https://api.github.com"
-STATUS_MARKER = "<!-- execkit:status -->"
-"""The hidden first line of the one status comment execkit keeps on an issue."""
 
 _TOKEN_VARS = ("GITHUB_TOKEN", "GH_TOKEN")
 _REPO = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}\Z")
@@ -89,8 +99,6 @@ _PER_PAGE = 100
 # A first read of more open issues than this stops with an error naming the bound: a board
 # is read into memory.
 _MAX_PAGES = 500
-_FENCE = re.compile(r"```execkit[ \t]*\n(.*?)```", re.DOTALL)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,199}\Z")
 
 
 def _label_name(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -216,7 +224,7 @@ class GitHubConfig:
         )
 
 
-_CONFIG_KEYS = ("github", "github_project", "dispatch")
+_CONFIG_KEYS = (*dict.fromkeys(CONFIG_KEYS.values()), "dispatch")
 
 
 def read_board_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -272,38 +280,10 @@ def token_from(env: Mapping[str, str]) -> str:
 def github_lane(token: str, ledger_id: str) -> str:
     """The tracker lane of `token` on the ledger `ledger_id`: `github/<fingerprint>`, the
     fingerprint an HMAC keyed by the ledger's identity (the token never leaves it)."""
-    from execkit._lanes import credential_fingerprint
-
-    return f"github/{credential_fingerprint([('env:GITHUB_TOKEN', token.encode())], ledger_id)}"
+    return tracker_lane("github", "GITHUB_TOKEN", token, ledger_id)
 
 
 # -- the client ---------------------------------------------------------------------------
-
-
-@attrs.frozen
-class _Answer:
-    status: int
-    headers: Mapping[str, str]
-    data: Any
-
-
-@attrs.frozen
-class _Refusal(Exception):
-    """A call GitHub refused or never answered, and what it means for the lane:
-    `outcome` is `upstream`, `reset` (with `until`), `stop` (with the fix in `reason`),
-    or `item` (this issue only: 404, 410, 422)."""
-
-    outcome: str
-    reason: str
-    status: int | None = None
-    until: float | None = None
-
-
-def _header_time(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _refusal(status: int, headers: Mapping[str, str], message: str, now: float) -> _Refusal:
@@ -449,60 +429,7 @@ class _Seen:
     comments_at: str = ""
 
 
-def _iso(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _when(moment: float | None) -> str:
-    if moment is None:
-        return ""
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _settings(body: str, labels: Iterable[str], prefix: str) -> dict[str, str]:
-    """The adapter and model an issue names: a label `execkit:adapter=codex`, or a fenced
-    ```execkit block of `key: value` lines in its body (the body wins)."""
-    found: dict[str, str] = {}
-    for label in labels:
-        key, eq, value = label.removeprefix(prefix + ":").partition("=")
-        if label.startswith(prefix + ":") and eq and key in ("adapter", "model"):
-            found[key] = value.strip()
-    fence = _FENCE.search(body)
-    if fence is not None:
-        for line in fence.group(1).splitlines():
-            key, colon, value = line.partition(":")
-            if colon and key.strip() in ("adapter", "model"):
-                found[key.strip()] = value.strip()
-    return {key: value for key, value in found.items() if _NAME.match(value)}
-
-
-def render_status(payload: Mapping[str, Any]) -> str:
-    """The status comment's text for an outbox payload (`BoardReport` fields)."""
-    attempt = payload.get("attempt")
-    bound = payload.get("max_attempts")
-    head = f"**execkit** · attempt {attempt}" + (f" of {bound}" if bound else "")
-    lines = [STATUS_MARKER]
-    if payload.get("running"):
-        host = payload.get("host") or "a dispatcher"
-        lines.append(f"{head} · running on `{host}`")
-    else:
-        state = payload.get("moved_to") or payload.get("state")
-        outcome = payload.get("status") or "ended"
-        lines.append(f"{head} · {outcome}" + (f" · moved to `{state}`" if state else ""))
-    if payload.get("failure_class"):
-        lines.append(f"- last failure: `{payload['failure_class']}`: {payload.get('reason') or ''}")
-    if payload.get("fix"):
-        lines.append(f"- to fix: {payload['fix']}")
-    if payload.get("next_attempt_at") and not payload.get("running"):
-        lines.append(f"- next attempt: {_when(payload['next_attempt_at'])}")
-    for line in str(payload.get("lines") or "").splitlines():
-        lines.append(f"- {line}")
-    if payload.get("spend"):
-        lines.append(f"- spend: {payload['spend']}")
-    return "\n".join(lines) + "\n"
-
-
-class GitHubBoard:
+class GitHubBoard(TrackerBoard):
     """The issues of one GitHub repository as a board (see the module docstring).
 
     `ledger` holds the outbox and the lane; `token` authenticates (never stored or shown:
@@ -528,24 +455,22 @@ class GitHubBoard:
         read_only: bool = False,
     ) -> None:
         self.config = config
-        self.read_only = read_only
-        self._what = f"GitHub board {config.repo}"  # how messages name the board
-        self.ledger = ledger
+        super().__init__(
+            what=f"GitHub board {config.repo}",
+            lane=github_lane(token, ledger.ledger_id()),
+            ledger=ledger,
+            owner=owner,
+            clock=clock,
+            outbox_lease_s=outbox_lease_s,
+            retry_base_s=retry_base_s,
+            read_only=read_only,
+        )
         self.client = client if client is not None else GitHubClient(token, config.api_url)
-        self.clock = clock
-        self.lane = github_lane(token, ledger.ledger_id())
-        self._owner = owner or f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
-        self._lease_s = outbox_lease_s
-        self._retry_base_s = retry_base_s
         self._owner_repo = tuple(config.repo.split("/", 1))
         self._issues: dict[int, _Seen] = {}
         self._loaded = False
         self._since: str | None = None
         self._etags: dict[str, str] = {}
-        self._moved: dict[str, str] = {}  # moves recorded and not shown yet, by issue id
-        self._comments: dict[str, str] = {}  # the last status text sent, by issue id
-        self._suspect = True  # the lane may need telling that GitHub answers again
-        self._lock = threading.RLock()
 
     @classmethod
     def from_env(
@@ -588,7 +513,7 @@ class GitHubBoard:
     def list_issues(self) -> list[BoardIssue]:
         """Every issue carrying one of the board's labels, by number."""
         with self._lock:
-            self._refresh()
+            self._refreshing()
             try:
                 return [
                     issue
@@ -613,73 +538,7 @@ class GitHubBoard:
             seen = self._issues.get(self._number(issue_id))
             if seen is None:
                 return False
-            if not seen.open:
-                self._moved.pop(issue_id, None)
-                return True
-            self.ledger.outbox_put(self.name, issue_id, {"state": state}, now=self.clock())
-            self._moved[issue_id] = state
-            return True
-
-    def give_up(self, issue_id: str, state: str) -> bool:
-        """A give-up is a move (a blocked issue always came from `todo`, which
-        `BoardIssue.given_up_from` says for every blocked issue)."""
-        return self.move(issue_id, state)
-
-    def report(self, issue_id: str, report: BoardReport) -> None:
-        """Record what the issue's status comment (and running label) must show."""
-        if self.read_only:
-            raise InvalidInput(f"{self._what} was opened read-only", field="board")
-        fields: dict[str, Any] = {
-            "attempt": report.attempt,
-            "running": report.running,
-            "host": report.host,
-            "max_attempts": report.max_attempts,
-            "status": report.status,
-            "failure_class": report.failure_class,
-            "reason": (report.reason or "")[:500] or None,
-            "fix": (report.fix or "")[:500] or None,
-            "moved_to": report.moved_to,
-            "next_attempt_at": report.next_attempt_at,
-            "lines": "\n".join(report.lines)[:1000] or None,
-            "spend": report.spend,
-        }
-        self.ledger.outbox_put(self.name, issue_id, fields, now=self.clock())
-
-    def catch_up(self) -> None:
-        """Send what the outbox holds for this board and is due, each entry settled with
-        what came of it. Stops at the first refusal that closes the tracker's lane (the
-        rest wait for it to open); LaneWaiting or LaneStopped when it is closed already."""
-        if self.read_only:
-            return
-        with self._lock:
-            self._gate()
-            claimed = self.ledger.outbox_claim(
-                self.name, owner=self._owner, lease_s=self._lease_s, now=self.clock()
-            )
-            for entry in claimed:
-                try:
-                    ref = self._send(entry.item, dict(entry.payload), entry.ref, entry.sends)
-                except _Refusal as refused:
-                    retry = self.clock() + min(600.0, self._retry_base_s * 2**entry.tries)
-                    self.ledger.outbox_settle(
-                        self.name,
-                        entry.item,
-                        entry.seq,
-                        owner=self._owner,
-                        error=refused.reason,
-                        retry_at=refused.until or retry,
-                        now=self.clock(),
-                    )
-                    if refused.outcome != "item":
-                        self._lane_call(refused)
-                        return
-                    continue
-                self.ledger.outbox_settle(
-                    self.name, entry.item, entry.seq, owner=self._owner, ref=ref, now=self.clock()
-                )
-                moved = self._moved.get(entry.item)
-                if moved is not None and moved == entry.payload.get("state"):
-                    del self._moved[entry.item]
+            return self._record_move(issue_id, state, open_=seen.open)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -772,42 +631,6 @@ class GitHubBoard:
         seen.comments_text, seen.comments_at = text, seen.updated_at
         return text
 
-    def _gate(self) -> None:
-        """Raise the lane's refusal when the tracker's lane does not admit a call now."""
-        from execkit._lanes import LaneState
-
-        try:
-            shown = self.ledger.get_lane(self.lane, now=self.clock())
-        except NotFound:
-            return
-        if shown.admits:
-            if shown.state is not LaneState.OPEN:
-                self._suspect = True
-            return
-        self._suspect = True
-        why = shown.reason or str(shown.state)
-        if shown.state is LaneState.STOPPED:
-            raise LaneStopped(
-                f"{self._what} waits on lane {self.lane}, stopped: {why}",
-                lane=self.lane,
-                fix=shown.reason,
-            )
-        raise LaneWaiting(
-            f"{self._what} waits on lane {self.lane} until "
-            f"{_when(shown.opens_at) or 'its probe answers'} ({why}); agents running go on",
-            lane=self.lane,
-            opens_at=shown.opens_at,
-        )
-
-    def _lane_call(self, refused: _Refusal) -> None:
-        self._suspect = True
-        if self.read_only:
-            return
-        self.ledger.record_lane_call(
-            self.lane, refused.outcome, until=refused.until, reason=refused.reason,
-            now=self.clock(),
-        )  # fmt: skip
-
     def _call(self, send: Callable[[], Any]) -> _Answer:
         """One request through the client, its rate-limit headers read: a spent primary
         limit parks the lane until its reset even on a success."""
@@ -817,29 +640,14 @@ class GitHubBoard:
             if reset is not None and reset > self.clock():
                 self._lane_call(_Refusal("reset", "GitHub's rate limit is spent", until=reset))
                 return answer
-        if self._suspect and not self.read_only:
-            self._suspect = False
-            self.ledger.record_lane_call(self.lane, "success", now=self.clock())
+        self._answered()
         return answer
 
     def _refresh(self) -> None:
-        self._gate()
-        try:
-            if not self._loaded:
-                self._load()
-            else:
-                self._poll()
-        except _Refusal as refused:
-            self._refused(refused)
-
-    def _refused(self, refused: _Refusal) -> NoReturn:
-        """A read GitHub refused: told to the lane (unless it was the issue's alone), then
-        raised as the lane's refusal or an ExecKitError naming it."""
-        if refused.outcome == "item":
-            raise ExecKitError(f"{self._what}: {refused.reason}") from None
-        self._lane_call(refused)
-        self._gate()
-        raise ExecKitError(f"{self._what}: {refused.reason}") from None
+        if not self._loaded:
+            self._load()
+        else:
+            self._poll()
 
     def _page(self, page: int, **query: Any) -> _Answer:
         owner, repo = self._owner_repo

@@ -36,12 +36,10 @@ from execkit.dispatch._github import (
     GitHubBoard,
     GitHubClient,
     GitHubConfig,
-    _Refusal,
-    _settings,
     graphql_data,
-    render_status,
     token_from,
 )
+from execkit.dispatch._tracker import _Refusal, _settings, render_status
 
 if TYPE_CHECKING:
     from execkit.ledger import Ledger
@@ -292,6 +290,13 @@ class GitHubProjectBoard(GitHubBoard):
         project = GitHubProjectConfig.parse(spec, settings or {}, env)
         return cls(project, ledger, token_from(env), read_only=read_only)
 
+    @classmethod
+    def implied_dispatch(
+        cls, spec: str, settings: Mapping[str, Any], env: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """The dispatch settings the configuration implies (`done_state`, `failed_state`)."""
+        return GitHubProjectConfig.parse(spec, settings, env).dispatch_states()
+
     # -- the board protocol ---------------------------------------------------------------
 
     @property
@@ -320,7 +325,7 @@ class GitHubProjectBoard(GitHubBoard):
     def list_issues(self) -> list[BoardIssue]:
         """Every issue on the project that has a Status, by id."""
         with self._lock:
-            self._refresh()
+            self._refreshing()
             return [
                 issue
                 for key in sorted(self._items)
@@ -337,12 +342,7 @@ class GitHubProjectBoard(GitHubBoard):
             item = self._items.get(issue_id)
             if item is None:
                 return False
-            if not item.open:
-                self._moved.pop(issue_id, None)
-                return True
-            self.ledger.outbox_put(self.name, issue_id, {"state": state}, now=self.clock())
-            self._moved[issue_id] = state
-            return True
+            return self._record_move(issue_id, state, open_=item.open)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -365,11 +365,7 @@ class GitHubProjectBoard(GitHubBoard):
         )
 
     def _refresh(self) -> None:
-        self._gate()
-        try:
-            self._read()
-        except _Refusal as refused:
-            self._refused(refused)
+        self._read()
 
     def _read(self) -> None:
         project = self.project
