@@ -141,8 +141,9 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    # 8 is issue #45's step (spend), empty until merged; 9 is issue #46's (workspaces).
-    assert SCHEMA_VERSION == 9
+    # 8 is issue #45's step (spend), empty until merged; 9 is issue #46's (workspaces); 10
+    # is another branch's (empty here); 11 is issue #49's (notifications).
+    assert SCHEMA_VERSION == 11
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -186,6 +187,9 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "run_lanes",
         "run_lane_holds",
         "board_outbox",
+        "notify_events",
+        "notify_endpoints",
+        "notify_deliveries",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 
@@ -378,6 +382,8 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         raw.execute("DROP TABLE board_outbox")  # version 7's, made after
         raw.execute("DELETE FROM schema_version WHERE version = 7")
         raw.execute("ALTER TABLE run_extras DROP COLUMN workspace")  # version 9's
+        for table in ("notify_events", "notify_endpoints", "notify_deliveries"):
+            raw.execute(f"DROP TABLE {table}")  # version 11's
         raw.execute("DELETE FROM schema_version WHERE version >= 8")
         events = [
             LaneEvent(lane=lane, kind=LaneEventKind.UPSTREAM, at=10, run_id="r-8", task_id=task),

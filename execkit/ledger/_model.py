@@ -54,6 +54,9 @@ __all__ = [
     "Grant",
     "LastOutcome",
     "Ledger",
+    "NotifyEndpoint",
+    "NotifyEvent",
+    "NotifyKind",
     "OutboxEntry",
     "Role",
     "Run",
@@ -375,6 +378,8 @@ class AuditAction(enum.StrEnum):
     LANE_PARK = "lane.park"
     LANE_RESUME = "lane.resume"
     LANE_CONFIG = "lane.config"
+    NOTIFY_ADD = "notify.add"
+    NOTIFY_REMOVE = "notify.remove"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -458,6 +463,69 @@ class OutboxEntry:
     def pending(self) -> bool:
         """Whether the tracker does not show the latest put yet."""
         return self.seq > self.sent_seq
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+class NotifyKind(enum.StrEnum):
+    """What a notification event reports (issue #49); stored as its string."""
+
+    ISSUE_BLOCKED = "issue.blocked"
+    LANE_STOPPED = "lane.stopped"
+    LANE_PARKED = "lane.parked"
+    LANE_RESUMED = "lane.resumed"
+    DISPATCHER_STOPPED = "dispatcher.stopped"
+    TEST = "notify.test"
+
+
+@attrs.frozen(kw_only=True)
+class NotifyEvent:
+    """One event a person must act on (issue #49), written in the transaction of the change
+    it reports. `id` is stable (a receiver de-duplicates on it); `seq` orders the outbox;
+    `subject` is what it is about (a task id, a lane name, a dispatcher); `payload` the
+    JSON object the receiver gets under `data`."""
+
+    seq: int
+    id: str
+    kind: str
+    subject: str
+    payload: dict[str, Any]
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@attrs.frozen(kw_only=True)
+class NotifyEndpoint:
+    """Where events are sent (issue #49): a URL the operator gave, the event kinds it wants
+    (`("*",)`: all), its `format` (`json`: a signed webhook; `slack`: an incoming-webhook
+    message), and whether it holds a signing secret (the secret itself is never part of
+    this value). `from_seq`: events up to it were written before it existed and are not
+    sent. `stopped_reason`: it refused for good (a 4xx other than 408/429) and is sent
+    nothing until it is added again. `delivered`/`failed` count events; `last_error` the
+    last failure; `backlog` the events waiting for it (a listing fills it in)."""
+
+    id: str
+    url: str
+    format: str
+    events: tuple[str, ...]
+    has_secret: bool
+    from_seq: int
+    created_by: str
+    created_at: float
+    stopped_reason: str | None = None
+    delivered: int = 0
+    failed: int = 0
+    last_error: str | None = None
+    last_at: float | None = None
+    claimed_by: str | None = None
+    claimed_until: float | None = None
+    backlog: int = 0
+
+    def wants(self, kind: str) -> bool:
+        return kind == NotifyKind.TEST or "*" in self.events or kind in self.events
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)

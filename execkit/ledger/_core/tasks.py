@@ -44,6 +44,7 @@ from execkit.ledger._model import (
     AuditEntry,
     LastOutcome,
     Ledger,
+    NotifyKind,
     Task,
     TaskStatus,
     TaskValues,
@@ -533,6 +534,25 @@ class TaskOps(WakeOps):
                     task_id=task_id,
                     detail=detail,
                 )
+            )
+            # Issue #49: a person is told, in this transaction (never one without the other).
+            self._notify(
+                tx,
+                NotifyKind.ISSUE_BLOCKED,
+                task_id,
+                {
+                    "task_id": task_id,
+                    "title": task.title,
+                    "state": state,
+                    "attempts": attempts,
+                    "class": task.last_class,
+                    "reason": task.last_reason,
+                    "blocked_on": decision.blocked_on,
+                    # An environment failure's reason names its fix (ADR 015).
+                    "fix": task.last_reason if task.last_class == "environment" else None,
+                    "decision": decision.reason,
+                },
+                at,
             )
             return self._load_task(tx, task_id, at, None)
 
