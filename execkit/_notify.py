@@ -219,7 +219,9 @@ class NotifySender:
         """One round: every endpoint owed something and not held by another sender is
         sent its due events in order; the number of sends settled."""
         settled = 0
-        for claim in self.ledger.notify_claim(owner=self.owner, lease_s=self.lease_s):
+        for claim in self.ledger.notify_claim(
+            owner=self.owner, lease_s=self.lease_s, now=self.clock()
+        ):
             endpoint = claim.endpoint
             try:
                 for event, tries, first_at in claim.events:
