@@ -11,6 +11,7 @@ import getpass
 
 import pytest
 from ledger_backends import AnyLedger, RawSql
+from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
 from execkit._errors import Forbidden, InvalidInput, NotFound
 from execkit.ledger import ADMIN_ROLE
@@ -213,3 +214,25 @@ def test_a_dispatcher_that_stops_with_work_left_is_an_event(ledger: AnyLedger) -
         "left": 3,
         "reason": "SIGTERM",
     }
+
+
+def test_endpoints_through_the_server(remote: Remote) -> None:  # noqa: F811
+    from execkit.ledger import NOTIFY_CAPABILITY
+
+    client = remote.client()
+    assert NOTIFY_CAPABILITY in client.capabilities()
+    added = client.add_notify_endpoint(
+        HOOK, events=["lane.stopped", "issue.blocked"], format="slack", secret="s3cret", actor=ME
+    )
+    assert added.url == "https://hooks.slack.test/…" and added.has_secret
+    assert added.events == ("lane.stopped", "issue.blocked")
+    assert client.notify_endpoints() == remote.ledger.notify_endpoints()
+    event = client.notify_test(added.id, actor=ME)
+    assert event.kind == "notify.test" and event.subject == added.id
+    with pytest.raises(InvalidInput) as refused:
+        client.add_notify_endpoint("ftp://x.test/", events=["*"], actor=ME)
+    assert refused.value.field == "url"
+    assert client.remove_notify_endpoint(added.id, actor=ME)
+    assert client.notify_endpoints() == []
+    # Nothing the server stored or answered names the URL's path or the secret.
+    assert "sEcReTpAtH" not in str([a.detail for a in remote.ledger.audit_events()])

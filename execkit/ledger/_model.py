@@ -44,6 +44,7 @@ __all__ = [
     "MAX_ATTEMPT_LIMIT",
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
+    "NOTIFY_CAPABILITY",
     "OPERATE_ROLE",
     "OUTBOX_CAPABILITY",
     "WAKE_CAPABILITY",
@@ -84,8 +85,13 @@ LANES_CAPABILITY = "vendor.lanes"
 """Vendor lanes (issue #28): admission consults a run's lane, results feed it, operators
 park and resume it. A client sends a lane only to a server that advertises it."""
 
+NOTIFY_CAPABILITY = "notify.endpoints"
+"""Being told (issue #49): notification endpoints stored in the ledger (`notify add`,
+`list`, `test`, `remove`) and the event outbox they are sent from."""
+
 CAPABILITIES = frozenset(
     {
+        NOTIFY_CAPABILITY,
         "tasks.attempt_limits",
         "runs.leases",
         "tasks.retry",
@@ -678,6 +684,24 @@ class Ledger(Protocol):
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
     ) -> bool: ...
     def grants(self, principal: str | None = None) -> list[Grant]: ...
+
+    def add_notify_endpoint(
+        self,
+        url: str,
+        *,
+        events: Sequence[str],
+        format: str = "json",
+        secret: str | None = None,
+        actor: Actor | str,
+        now: float | None = None,
+    ) -> NotifyEndpoint: ...
+    def remove_notify_endpoint(
+        self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> bool: ...
+    def notify_endpoints(self) -> list[NotifyEndpoint]: ...
+    def notify_test(
+        self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> NotifyEvent: ...
 
     def list_lanes(self, *, now: float | None = None) -> list[LaneView]: ...
     def get_lane(self, lane: str, *, now: float | None = None) -> LaneView: ...

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -171,7 +171,7 @@ class NotifyOps(CoreBase):
         self,
         url: str,
         *,
-        events: Iterable[str],
+        events: Sequence[str],
         format: str = "json",
         secret: str | None = None,
         actor: Actor | str,
