@@ -62,6 +62,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "capabilities": ("_ledger", "what this ledger enforces"),
     "db": ("_ledger", "the ledger (a file or a PostgreSQL URL): schema, checks"),
     "lane": ("_lanes", "vendor lanes: list, show, resume, park"),
+    "notify": ("_notify", "notification endpoints: add, list, test, remove"),
     "dispatch": ("_dispatch", "dispatch the eligible issues of a board, with bounded retries"),
     "status": ("_status", "the dispatcher dashboard: issues, attempts, charges, next retry"),
     "serve": ("_serve", "serve a ledger over HTTP with token auth (for --remote and the SDKs)"),

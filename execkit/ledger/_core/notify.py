@@ -26,7 +26,6 @@ the URL's scheme and host only, and whether there is a secret.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -200,6 +199,8 @@ class NotifyOps(CoreBase):
         at = moment(now)
         with self._store.write() as tx:
             self._admin(tx, who, "adding a notification endpoint")
+            import uuid  # at the first endpoint: no listing loads it
+
             row: dict[str, Any] = {
                 "id": f"ep_{uuid.uuid4().hex[:12]}",
                 "url": url,
