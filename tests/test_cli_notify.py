@@ -36,7 +36,9 @@ def test_add_list_test_remove_never_print_a_secret(
     added = capsys.readouterr().out
     assert "https://hooks.slack.test/…  json (signed)  lane.stopped,issue.blocked" in added
     code, doc = _json(capsys, "notify", "list", "--db", db)
-    [endpoint] = doc["endpoints"]  # type: ignore[misc]
+    endpoints = doc["endpoints"]
+    assert isinstance(endpoints, list) and len(endpoints) == 1
+    endpoint: dict[str, str] = endpoints[0]
     assert code == 0 and endpoint["has_secret"] is True
     assert main(["notify", "test", endpoint["id"], "--db", db]) == 0
     assert main(["notify", "list", "--db", db]) == 0
