@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_remote import Remote, remote  # noqa: F401 - the fixture
@@ -38,7 +39,7 @@ def test_add_list_test_remove_never_print_a_secret(
     code, doc = _json(capsys, "notify", "list", "--db", db)
     endpoints = doc["endpoints"]
     assert isinstance(endpoints, list) and len(endpoints) == 1
-    endpoint: dict[str, str] = endpoints[0]
+    endpoint: dict[str, Any] = endpoints[0]
     assert code == 0 and endpoint["has_secret"] is True
     assert main(["notify", "test", endpoint["id"], "--db", db]) == 0
     assert main(["notify", "list", "--db", db]) == 0
