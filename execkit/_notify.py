@@ -38,7 +38,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -52,7 +52,10 @@ __all__ = [
     "NOTIFY_BACKOFF",
     "NotifySender",
     "render",
+    "sender_owner",
+    "sending",
     "sign",
+    "tell_dispatcher_stopped",
     "verify",
 ]
 
@@ -87,15 +90,15 @@ def _fix(event: NotifyEvent) -> str | None:
     return None
 
 
-def _page(event: NotifyEvent, dashboard_url: str | None) -> str | None:
-    if dashboard_url is None:
+def _page(event: NotifyEvent, server_url: str | None) -> str | None:
+    """The dashboard's page for what `event` reports (`execkit serve`'s `/dashboard`, a
+    task's own page for an issue), when the server's URL is known."""
+    if server_url is None:
         return None
-    base = dashboard_url.rstrip("/")
+    base = server_url.rstrip("/") + "/dashboard"
     data = event.payload
     if event.kind == "issue.blocked" and data.get("task_id"):
         return f"{base}/tasks/{quote(str(data['task_id']), safe='')}"
-    if event.kind.startswith("lane.") and data.get("lane"):
-        return f"{base}/lanes/{quote(str(data['lane']), safe='')}"
     return base
 
 
@@ -271,27 +274,87 @@ class NotifySender:
         return _post(url, headers, body, self.timeout_s)
 
 
-def run_notify_loop(
-    open_ledger: Callable[[], Any],
+def tell_dispatcher_stopped(
+    ledger: Any,
     owner: str,
-    stop: threading.Event,
+    *,
+    left: int,
+    signal_number: int | None,
+    stopped_lanes: Sequence[str],
+) -> str | None:
+    """A dispatcher ended with `left` issues still on its board: a signal stopped it, or
+    only a person can let them run (`stopped_lanes`). Writes `dispatcher.stopped` (its id)
+    when there is work left and the ledger keeps the outbox; None otherwise."""
+    if signal_number is None and not stopped_lanes:
+        return None
+    if not hasattr(ledger, "notify_dispatcher_stopped"):
+        return None  # a ledger behind a server: its own dispatchers are not its to tell
+    reason = (
+        f"stopped by signal {signal_number}"
+        if signal_number is not None
+        else "waiting on a person: " + ", ".join(f"lane {lane} stopped" for lane in stopped_lanes)
+    )
+    found: str | None = ledger.notify_dispatcher_stopped(owner, left=left, reason=reason)
+    return found
+
+
+def sender_owner(role: str) -> str:
+    """A sender's name in the ledger's claims: what runs it, the host and the process."""
+    import os
+    import socket
+
+    return f"{role}@{socket.gethostname()}/{os.getpid()}"
+
+
+@contextlib.contextmanager
+def sending(
+    open_ledger: Callable[[], Any] | None,
+    owner: str,
     *,
     interval_s: float = 2.0,
     dashboard_url: str | None = None,
-) -> threading.Thread:
-    """Start a daemon thread that drains the ledger's notifications every `interval_s`
-    until `stop` is set, on a ledger of its own (`open_ledger()`: a ledger is one per
-    thread). A round that fails (the storage away) is tried again at the next one."""
+    final_wait_s: float = 30.0,
+) -> Iterator[threading.Thread | None]:
+    """While the block runs, a daemon thread sends the ledger's notifications every
+    `interval_s` on a ledger of its own (`open_ledger()`: a ledger is one per thread); when
+    the block ends, one last round sends what the block's end wrote (a give-up, a
+    dispatcher's stop), waited for at most `final_wait_s`. `open_ledger` None (a ledger
+    behind `execkit serve`, whose server sends): nothing runs. A round that fails (the
+    storage away) is tried again at the next one."""
+    if open_ledger is None:
+        yield None
+        return
+    stop = threading.Event()
+    thread = _notify_loop(open_ledger, owner, stop, interval_s, dashboard_url)
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(final_wait_s)
 
+
+def _notify_loop(
+    open_ledger: Callable[[], Any],
+    owner: str,
+    stop: threading.Event,
+    interval_s: float,
+    dashboard_url: str | None,
+) -> threading.Thread:
     def loop() -> None:
-        ledger = open_ledger()
+        try:
+            ledger = open_ledger()
+        except Exception:
+            return
         try:
             sender = NotifySender(ledger, owner, dashboard_url=dashboard_url)
-            while not stop.is_set():
+            while True:
+                last = stop.is_set()
                 # A round that failed (the storage away, a bug in one send) is tried
                 # again at the next one: the sender must outlive it.
                 with contextlib.suppress(Exception):
                     sender.drain()
+                if last:
+                    return
                 stop.wait(interval_s)
         finally:
             ledger.close()

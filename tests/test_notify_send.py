@@ -8,6 +8,14 @@ id, in order. No timing is asserted: the sender's clock is the test's."""
 from __future__ import annotations
 
 import getpass
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from ledger_backends import AnyLedger, Opener
 from notify_receiver import receiving
@@ -162,7 +170,7 @@ def test_a_slack_message_says_what_why_and_the_fix() -> None:
     assert "lane *claude/default* stopped" in text
     assert "credentials refused" in text
     assert "`execkit lane resume claude/default`" in text
-    assert "http://127.0.0.1:8765/lanes/claude%2Fdefault" in text
+    assert "<http://127.0.0.1:8765/dashboard|" in text
 
 
 def test_a_slack_endpoint_gets_a_message_and_no_signature(ledger: AnyLedger) -> None:
@@ -178,3 +186,90 @@ def test_a_slack_endpoint_gets_a_message_and_no_signature(ledger: AnyLedger) -> 
         assert "x-execkit-signature" not in got["headers"]
         assert "was given up" in got["body"]["text"]
         assert "execkit task retry" in got["body"]["text"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _worker(target: str, owner: str) -> subprocess.Popen[str]:
+    worker = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("notify_worker.py")), target, owner],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+    return worker
+
+
+def _until(check: Callable[[], bool], what: str, polls: int = 600) -> None:
+    """Wait for `check` by a bounded count of polls (no time is asserted)."""
+    for _ in range(polls):
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def _kill(worker: subprocess.Popen[str]) -> None:
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(30)
+    assert worker.stdout is not None
+    worker.stdout.close()
+
+
+def test_a_sender_killed_while_the_receiver_is_down_and_mid_send_loses_nothing(
+    ledger_target: str, opener: Opener
+) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    with opener() as ledger:
+        endpoint = ledger.add_notify_endpoint(url, events=["*"], secret=SECRET, actor=OWNER, now=0)
+        ids = _events(ledger)
+        other = ledger.create_task("second issue", actor="d", now=20).id
+        ledger.record_give_up(other, state="Blocked", actor="d", now=21)
+        ids = [e.id for e in ledger.notify_events()]
+        subjects = {e.id: e.subject for e in ledger.notify_events()}
+
+        def shown() -> Any:
+            [found] = ledger.notify_endpoints()
+            return found
+
+        # The receiver is down: the first event fails and waits; the sender is killed.
+        first = _worker(ledger_target, "dispatch@one")
+        try:
+            _until(lambda: shown().last_error is not None, "a failed try recorded")
+        finally:
+            _kill(first)
+        assert shown().delivered == 0
+        with receiving(SECRET, port) as receiver:
+            # Up, but its first answer never comes: killed mid-send (sent, not settled).
+            receiver.scripts["/hook"] = ["hang"]
+            second = _worker(ledger_target, "dispatch@two")
+            try:
+                _until(receiver.hanging.is_set, "a send in flight")
+            finally:
+                _kill(second)
+            receiver.released.set()
+            third = _worker(ledger_target, "dispatch@three")
+            try:
+                _until(lambda: shown().backlog == 0, "every event delivered")
+            finally:
+                _kill(third)
+        assert receiver.bad_signatures == 0
+        # Each event once by id (the one in flight was sent again: the receiver
+        # de-duplicates), none lost, in order, so in order per issue.
+        assert receiver.ids("/hook") == ids
+        sent = [r["headers"]["x-execkit-event-id"] for r in receiver.got]
+        assert sent.count(ids[0]) == 2 and len(sent) == len(ids) + 1
+        for subject in set(subjects.values()):
+            mine = [i for i in ids if subjects[i] == subject]
+            assert [i for i in receiver.ids("/hook") if subjects[i] == subject] == mine
+        final = shown()
+        assert (final.id, final.delivered, final.failed) == (endpoint.id, len(ids), 0)
