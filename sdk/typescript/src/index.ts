@@ -4,6 +4,7 @@
 
 export {
   ExeckitClient,
+  type AddNotifyEndpointOptions,
   type ClientOptions,
   type CreateTaskOptions,
   type FetchLike,
@@ -47,6 +48,7 @@ export {
   ATTEMPT_LIMITS,
   RUN_OWNERS,
   LANES,
+  NOTIFY,
   WAKE,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
@@ -58,6 +60,8 @@ export {
   type FailureClass,
   type FinalRunStatus,
   type Grant,
+  type NotifyEndpoint,
+  type NotifyEvent,
   type Lane,
   type LaneConfig,
   type LaneEvent,
