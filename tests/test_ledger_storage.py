@@ -108,8 +108,8 @@ def test_the_summary_migration_builds_summaries_for_an_old_ledger(tmp_path: Path
         ledger._conn.execute("DELETE FROM task_summaries")
         ledger._conn.execute("DELETE FROM schema_version WHERE version >= 3")
         # every table of a step after 3
-        later = ("lane_events", "lane_summaries", "run_lanes", "run_lane_holds", "board_outbox")
-        later += ("notify_events", "notify_endpoints", "notify_deliveries")
+        later: tuple[str, ...] = ("lane_events", "lane_summaries", "run_lanes", "run_lane_holds")
+        later += ("board_outbox", "notify_events", "notify_endpoints", "notify_deliveries")
         for table in (
             "task_summaries",
             "run_extras",

@@ -156,6 +156,14 @@ def _kinds(row: Mapping[str, Any]) -> tuple[str, ...] | None:
     return None if "*" in kinds else kinds
 
 
+def _may_claim(row: Mapping[str, Any], owner: str, at: float) -> bool:
+    """Whether `owner` may claim the endpoint: not stopped, and held by nobody else."""
+    if row["stopped_reason"] is not None:
+        return False
+    held = row["claimed_by"]
+    return held is None or held == owner or (row["claimed_until"] or 0) <= at
+
+
 class NotifyOps(CoreBase):
     """The notification outbox and its endpoints (see the module docstring)."""
 
@@ -332,13 +340,20 @@ class NotifyOps(CoreBase):
                 field="lease_s",
             )
         at = moment(now)
+        # A read first: a sender asks every few seconds, and most of the time nothing is
+        # owed (or there is no endpoint): no write transaction then, so an idle sender
+        # never queues behind admissions (SQLite's one writer, PostgreSQL's row locks).
+        with self._store.read() as tx:
+            if not any(
+                _may_claim(row, owner, at)
+                and tx.notify_backlog(row["id"], int(row["from_seq"]), _kinds(row))
+                for row in tx.notify_endpoint_rows(None, lock=False)
+            ):
+                return []
         claims: list[NotifyClaim] = []
         with self._store.write() as tx:
             for row in tx.notify_endpoint_rows(None, lock=True):
-                if row["stopped_reason"] is not None:
-                    continue
-                held = row["claimed_by"]
-                if held is not None and held != owner and (row["claimed_until"] or 0) > at:
+                if not _may_claim(row, owner, at):
                     continue
                 owed: list[tuple[NotifyEvent, int, float | None]] = []
                 for event_row in tx.notify_owed(
