@@ -174,6 +174,10 @@ DB_COMMANDS = [
     ["lane", "resume", "claude/default"],
     ["lane", "park", "claude/default", "--for", "60"],
     ["lane", "config"],
+    ["notify", "add", "http://127.0.0.1:9/hook", "--events", "*"],
+    ["notify", "list"],
+    ["notify", "test", "ep_1"],
+    ["notify", "remove", "ep_1"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],
@@ -206,7 +210,7 @@ def test_the_db_list_covers_every_command_that_takes_db() -> None:
     covered = set()
     for argv in DB_COMMANDS:
         words = [w for w in argv[:2] if not w.startswith("-")]
-        if words[0] in {"task", "db", "run", "role", "lane"}:
+        if words[0] in {"task", "db", "run", "role", "lane", "notify"}:
             covered.add(f"execkit {' '.join(words[:2])}")
         else:
             covered.add(f"execkit {words[0]}")
