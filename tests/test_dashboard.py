@@ -809,3 +809,6 @@ def test_metrics_show_each_notification_endpoints_health(scene: Scene) -> None:
     assert f"execkit_notify_backlog{{{labels}}} 1.0" in text
     assert f"execkit_notify_delivered_total{{{labels}}} 0.0" in text
     assert f"execkit_notify_stopped{{{labels}}} 0.0" in text
+    snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
+    [shown] = snap["notify"]
+    assert (shown["id"], shown["url"], shown["backlog"]) == (endpoint.id, "http://127.0.0.1:9/…", 1)
