@@ -105,7 +105,8 @@ def _page(event: NotifyEvent, server_url: str | None) -> str | None:
 def _slack_text(event: NotifyEvent, dashboard_url: str | None) -> str:
     data = event.payload
     if event.kind == "issue.blocked":
-        head = f":no_entry: *{data.get('title') or data.get('task_id')}* was given up"
+        moved = f" (moved to {data['state']})" if data.get("state") else ""
+        head = f":no_entry: *{data.get('title') or data.get('task_id')}* is blocked{moved}"
         why = (
             f"{data.get('attempts')} attempts; last failure {data.get('class') or 'unknown'}: "
             f"{data.get('reason') or data.get('decision') or 'no reason recorded'}"

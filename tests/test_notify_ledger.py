@@ -36,34 +36,50 @@ def _stop_lane(ledger: AnyLedger, *, at: float = 1, fix: str = "run `claude /log
     return task
 
 
-def test_a_give_up_writes_issue_blocked_in_its_transaction(ledger: AnyLedger) -> None:
+def test_a_result_that_blocks_writes_issue_blocked_once(ledger: AnyLedger) -> None:
     task = ledger.create_task("fix the flake", actor="d", now=0).id
-    run = ledger.start_run(task, request_key="1", actor="d", now=1)
+    # A work failure with budget left blocks nothing: no event.
+    run = ledger.start_run(task, request_key="0", actor="d", now=0)
+    ledger.finish_run(run.id, "failed", failure_class="work", reason="tests failed", now=0.5)  # type: ignore[arg-type]
+    assert ledger.notify_events() == []
+    run = ledger.start_run(task, request_key="1", actor="d", now=10**6)
     ledger.finish_run(
         run.id,
         "failed",
         failure_class="environment",  # type: ignore[arg-type]
         reason=f"token {SECRET} refused; set GITHUB_TOKEN",
-        now=2,
+        now=10**6 + 1,
     )
-    assert ledger.notify_events() == []
-    ledger.record_give_up(task, state="Blocked", actor="d", now=3)
     [event] = ledger.notify_events()
-    assert event.kind == "issue.blocked" and event.subject == task and event.at == 3
+    assert event.kind == "issue.blocked" and event.subject == task and event.at == 10**6 + 1
     assert event.id.startswith("evt_") and event.seq >= 1
     data = event.payload
-    assert (data["task_id"], data["state"], data["attempts"], data["class"]) == (
+    assert (data["task_id"], data["attempts"], data["class"], data["blocked_on"]) == (
         task,
-        "Blocked",
-        1,
+        2,
+        "environment",
         "environment",
     )
     assert "set GITHUB_TOKEN" in data["fix"]
     assert SECRET not in str(data)  # masked as every stored string is
+    # The dispatcher's give-up of the same history tells nobody again.
+    ledger.record_give_up(task, state="Blocked", actor="d", now=10**6 + 2)
+    assert len(ledger.notify_events()) == 1
     # A failed give-up (an unknown task) writes no event.
     with pytest.raises(NotFound):
-        ledger.record_give_up("nope", state="Blocked", actor="d", now=4)
+        ledger.record_give_up("nope", state="Blocked", actor="d", now=10**6 + 3)
     assert len(ledger.notify_events()) == 1
+
+
+def test_a_give_up_no_result_told_writes_issue_blocked(ledger: AnyLedger) -> None:
+    task = ledger.create_task("never ran", actor="d", now=0).id
+    ledger.record_give_up(task, state="Won't do", actor="d", now=1)
+    [event] = ledger.notify_events()
+    assert (event.kind, event.payload["state"], event.payload["attempts"]) == (
+        "issue.blocked",
+        "Won't do",
+        0,
+    )
 
 
 def test_lane_stop_park_and_resume_are_events(ledger: AnyLedger) -> None:
@@ -73,13 +89,14 @@ def test_lane_stop_park_and_resume_are_events(ledger: AnyLedger) -> None:
     kinds = [(e.kind, e.subject) for e in ledger.notify_events()]
     assert kinds == [
         ("lane.stopped", LANE),
+        ("issue.blocked", "t-1"),  # the stopping failure blocked its own task too
         ("lane.resumed", LANE),
         ("lane.parked", LANE),
     ]
     stopped = ledger.notify_events()[0].payload
     assert stopped["reason"] == "run `claude /login`" and stopped["state"] == "stopped"
     ids = [e.id for e in ledger.notify_events()]
-    assert len(set(ids)) == 3
+    assert len(set(ids)) == 4
     # Read again: the same ids (stable, not made at reading).
     assert [e.id for e in ledger.notify_events()] == ids
 
@@ -168,7 +185,10 @@ def test_an_endpoint_is_owed_later_events_of_its_kinds_in_order(ledger: AnyLedge
 def test_a_given_up_event_is_counted_and_a_refusal_stops_the_endpoint(
     ledger: AnyLedger,
 ) -> None:
-    endpoint = ledger.add_notify_endpoint("http://127.0.0.1:9/a", events=["*"], actor=OWNER, now=0)
+    endpoint = ledger.add_notify_endpoint(
+        "http://127.0.0.1:9/a", events=["lane.stopped", "lane.resumed", "lane.parked"],
+        actor=OWNER, now=0,
+    )  # fmt: skip
     _stop_lane(ledger, at=1)
     ledger.resume_lane(LANE, actor=OWNER, now=4)
     [claim] = ledger.notify_claim(owner="A", now=5)

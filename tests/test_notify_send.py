@@ -37,7 +37,8 @@ class Clock:
 
 
 def _events(ledger: AnyLedger, at: float = 1) -> list[str]:
-    """A lane stopped, resumed, parked, and an issue given up: four events."""
+    """A lane stopped (its run's task blocked), resumed and parked, and that task given up
+    (told already by its result): four events."""
     task = ledger.create_task("deploy the docs", actor="d", now=at).id
     run = ledger.start_run(task, request_key="r1", actor="d", lane=LANE, now=at)
     ledger.finish_run(
@@ -101,10 +102,11 @@ def test_retries_then_delivers_each_event_once_in_order(ledger: AnyLedger) -> No
             0,
             0,
         )
-        sent = receiver.got[-1]
+        [sent] = [r for r in receiver.got if r["body"]["kind"] == "issue.blocked"]
         assert sent["headers"]["x-execkit-event"] == "issue.blocked"
-        assert sent["body"]["kind"] == "issue.blocked" and sent["body"]["id"] == ids[-1]
-        assert sent["body"]["data"]["state"] == "Blocked"
+        assert sent["body"]["id"] == ids[1]
+        assert sent["body"]["data"]["class"] == "environment"
+        assert "claude /login" in sent["body"]["data"]["fix"]
 
 
 def test_a_refusal_stops_the_endpoint_and_a_redirect_is_not_followed(
@@ -184,7 +186,7 @@ def test_a_slack_endpoint_gets_a_message_and_no_signature(ledger: AnyLedger) -> 
         _drain(NotifySender(ledger, "A", clock=clock, timeout_s=0.5), clock, 2)
         [got] = receiver.got
         assert "x-execkit-signature" not in got["headers"]
-        assert "was given up" in got["body"]["text"]
+        assert "is blocked" in got["body"]["text"] and "claude /login" in got["body"]["text"]
         assert "execkit task retry" in got["body"]["text"]
 
 

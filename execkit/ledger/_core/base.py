@@ -365,6 +365,38 @@ class CoreBase:
         tx.add_notify_event(event_id, str(kind), subject, json.dumps(body, sort_keys=True), at)
         return event_id
 
+    def _notify_blocked(
+        self, tx: Tx, task: TaskRecord, decision: Decision, at: float, state: str | None
+    ) -> None:
+        """`issue.blocked` for `task` (its record as it now stands), once per attempt count:
+        the result that blocked it writes it, and a dispatcher's give-up of the same
+        history (which moves the board's card) writes none again (a marker in the
+        idempotency table, in this transaction)."""
+        attempts = task.attempts_used or 0
+        marker = f"{task.id}#{attempts}"
+        if tx.idempotent("notify.blocked", marker) is not None:
+            return
+        tx.remember("notify.blocked", marker, "notify", {"at": at}, at)
+        environment = task.last_class == "environment"
+        self._notify(
+            tx,
+            NotifyKind.ISSUE_BLOCKED,
+            task.id,
+            {
+                "task_id": task.id,
+                "title": task.title,
+                "state": state,
+                "attempts": attempts,
+                "class": task.last_class,
+                "reason": task.last_reason,
+                "blocked_on": decision.blocked_on,
+                # An environment failure's reason names its fix (ADR 015).
+                "fix": task.last_reason if environment else None,
+                "decision": decision.reason,
+            },
+            at,
+        )
+
     def _summary_after(self, tx: Tx, task: TaskRecord, ended: Run) -> HistorySummary:
         """The task's summary once `ended` (its running run) finished, written back."""
         try:

@@ -44,7 +44,6 @@ from execkit.ledger._model import (
     AuditEntry,
     LastOutcome,
     Ledger,
-    NotifyKind,
     Task,
     TaskStatus,
     TaskValues,
@@ -535,25 +534,9 @@ class TaskOps(WakeOps):
                     detail=detail,
                 )
             )
-            # Issue #49: a person is told, in this transaction (never one without the other).
-            self._notify(
-                tx,
-                NotifyKind.ISSUE_BLOCKED,
-                task_id,
-                {
-                    "task_id": task_id,
-                    "title": task.title,
-                    "state": state,
-                    "attempts": attempts,
-                    "class": task.last_class,
-                    "reason": task.last_reason,
-                    "blocked_on": decision.blocked_on,
-                    # An environment failure's reason names its fix (ADR 015).
-                    "fix": task.last_reason if task.last_class == "environment" else None,
-                    "decision": decision.reason,
-                },
-                at,
-            )
+            # Issue #49: a person is told, in this transaction (never one without the other),
+            # unless the result that blocked it told them already.
+            self._notify_blocked(tx, task, decision, at, state)
             return self._load_task(tx, task_id, at, None)
 
 
