@@ -109,6 +109,10 @@ def test_endpoints_are_the_admins_audited_and_never_shown_whole(ledger: AnyLedge
     )
     assert endpoint.url == "https://hooks.slack.test/…" and endpoint.has_secret
     assert endpoint.events == ("lane.stopped", "issue.blocked")
+    again = ledger.add_notify_endpoint(
+        HOOK, events=["lane.stopped", "issue.blocked"], secret="s3cret", actor=OWNER, now=2
+    )
+    assert again == endpoint  # the same one again (a retry): nothing added
     [listed] = ledger.notify_endpoints()
     shown = str(listed.to_dict())
     assert "sEcReTpAtH" not in shown and "s3cret" not in shown

@@ -186,7 +186,8 @@ class NotifyOps(CoreBase):
     ) -> NotifyEndpoint:
         """Store an endpoint: sent the events of `events` (kinds of `NOTIFY_EVENT_KINDS`,
         or `*`) written from now on, as `format` (`json`: signed with `secret` when given;
-        `slack`). Admin only (Forbidden), audited (the URL's scheme and host only).
+        `slack`). Admin only (Forbidden), audited (the URL's scheme and host only). The
+        same endpoint added again (one not stopped) is the one stored: nothing is added.
         InvalidInput naming the field for a URL that is not http(s) with a host, an
         unknown kind or format, or a secret that is empty or longer than 512."""
         url = _check_url(url)
@@ -207,6 +208,17 @@ class NotifyOps(CoreBase):
         at = moment(now)
         with self._store.write() as tx:
             self._admin(tx, who, "adding a notification endpoint")
+            for found in tx.notify_endpoint_rows(None, lock=False):
+                # The same endpoint again (a client's retry after a lost answer) is the
+                # first one: never two that would each be sent every event.
+                same = (found["url"], found["format"], found["events"], found["secret"])
+                if found["stopped_reason"] is None and same == (
+                    url,
+                    format,
+                    json.dumps(list(kinds)),
+                    secret,
+                ):
+                    return _endpoint(found)
             import uuid  # at the first endpoint: no listing loads it
 
             row: dict[str, Any] = {
