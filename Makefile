@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_bulk.py
 	$(PY) benchmarks/bench_http.py
 	$(PY) benchmarks/bench_idle.py
+	$(PY) benchmarks/bench_notify.py
 	$(PY) benchmarks/bench_dispatch.py
 	$(PY) benchmarks/bench_lanes.py
 	$(PY) benchmarks/bench_scenes.py

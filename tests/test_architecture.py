@@ -72,6 +72,9 @@ RANKS = {
     # One attempt of a task end to end (`run_attempt`): the agent loop over the ledger,
     # below the dispatcher that does the same for each issue of a board.
     "execkit._attempt": 7.5,
+    # Sending the ledger's notification events (issue #49): over the ledger and the HTTP
+    # client, below the dispatcher and the server that each run a sender.
+    "execkit._notify": 7.5,
     "execkit.dispatch": 8,
     # The HTTP API described once (the route table, its OpenAPI document): above the
     # ledger it calls, below the server and the client built from it, so neither can be

@@ -178,6 +178,10 @@ DB_COMMANDS = [
     ["budget", "show"],
     ["budget", "set", "--day-usd", "1"],
     ["spend"],
+    ["notify", "add", "http://127.0.0.1:9/hook", "--events", "*"],
+    ["notify", "list"],
+    ["notify", "test", "ep_1"],
+    ["notify", "remove", "ep_1"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],
@@ -210,7 +214,7 @@ def test_the_db_list_covers_every_command_that_takes_db() -> None:
     covered = set()
     for argv in DB_COMMANDS:
         words = [w for w in argv[:2] if not w.startswith("-")]
-        if words[0] in {"task", "db", "run", "role", "lane", "budget"}:
+        if words[0] in {"task", "db", "run", "role", "lane", "budget", "notify"}:
             covered.add(f"execkit {' '.join(words[:2])}")
         else:
             covered.add(f"execkit {words[0]}")

@@ -811,3 +811,22 @@ def test_serve_refuses_a_board_it_cannot_show(
     assert main([*argv, "--board", str(board.path)]) == 5
     assert "dispatched with ledger L-another" in capsys.readouterr().err
     assert main(["serve", "--add-token", str(tokens), "--actor", "a", "--board", "x"]) == 3
+
+
+def test_metrics_show_each_notification_endpoints_health(scene: Scene) -> None:
+    import getpass
+
+    owner = getpass.getuser()
+    endpoint = scene.ledger.add_notify_endpoint(
+        "http://127.0.0.1:9/hook", events=["*"], actor=owner
+    )
+    scene.ledger.notify_test(endpoint.id, actor=owner)
+    client = TestClient(scene.app.front.asgi, base_url=ORIGIN)
+    text = client.get("/metrics", headers=_bearer(scene.viewer)).text
+    labels = f'endpoint="{endpoint.id}",format="json"'
+    assert f"execkit_notify_backlog{{{labels}}} 1.0" in text
+    assert f"execkit_notify_delivered_total{{{labels}}} 0.0" in text
+    assert f"execkit_notify_stopped{{{labels}}} 0.0" in text
+    snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
+    [shown] = snap["notify"]
+    assert (shown["id"], shown["url"], shown["backlog"]) == (endpoint.id, "http://127.0.0.1:9/…", 1)

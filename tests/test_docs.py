@@ -486,7 +486,17 @@ def test_the_examples_in_formats_md_are_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blocks = list(_json_blocks(FORMATS.read_text(encoding="utf-8")))
-    board, github, linear, history, prices, usage = blocks
+    board, github, linear, history, prices, usage, event = blocks
+    # A notification event (issue #49) is what `render` sends for one, key for key.
+    from execkit._notify import render
+    from execkit.ledger import NotifyEvent
+
+    assert isinstance(event, dict)
+    sent = NotifyEvent(
+        seq=1, id=event["id"], kind=event["kind"], subject=event["subject"],
+        payload=event["data"], at=event["at"],
+    )  # fmt: skip
+    assert json.loads(render(sent, "json")) == event
     # The GitHub board's configuration file (issue #47) is read by the code that reads it.
     from execkit.dispatch import DispatchConfig
     from execkit.dispatch._github import GitHubConfig, read_board_config

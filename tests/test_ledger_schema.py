@@ -141,8 +141,8 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    # 8 is issue #45's step (spend); 9 and 10 are issue #46's.
-    assert SCHEMA_VERSION == 10
+    # 8 is issue #45's step (spend); 9 and 10 are issue #46's; 11 is issue #49's.
+    assert SCHEMA_VERSION == 11
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -191,6 +191,9 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "run_costs_by_task",
         "task_budgets",
         "spend_warnings",
+        "notify_events",
+        "notify_endpoints",
+        "notify_deliveries",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 
@@ -387,6 +390,8 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         raw.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
         for table in ("run_costs", "task_budgets", "spend_warnings"):  # version 8's
             raw.execute(f"DROP TABLE {table}")
+        for table in ("notify_events", "notify_endpoints", "notify_deliveries"):
+            raw.execute(f"DROP TABLE {table}")  # version 11's
         raw.execute("DELETE FROM schema_version WHERE version >= 8")
         events = [
             LaneEvent(lane=lane, kind=LaneEventKind.UPSTREAM, at=10, run_id="r-8", task_id=task),

@@ -117,6 +117,9 @@ def test_the_summary_migration_builds_summaries_for_an_old_ledger(tmp_path: Path
             "run_costs",
             "task_budgets",
             "spend_warnings",
+            "notify_events",
+            "notify_endpoints",
+            "notify_deliveries",
         )
         for table in (
             "task_summaries",

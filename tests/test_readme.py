@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -351,3 +352,28 @@ def test_the_workspaces_example_runs_as_written(tmp_path: Path) -> None:
         ]
         assert lines[-1].startswith("  workspace: ") and lines[-1].endswith("/ws/WS-1 (attempt 1)")
     assert not list(work.iterdir()), "the example wrote outside its scratch folder"
+
+
+def test_the_webhook_check_accepts_execkits_signature_and_nothing_else() -> None:
+    import time
+
+    from execkit._notify import render, sign
+    from execkit.ledger import NotifyEvent
+
+    namespace: dict[str, Any] = {}
+    exec(_python_block("def verify_execkit("), namespace)
+    verify = namespace["verify_execkit"]
+    event = NotifyEvent(seq=1, id="evt_1", kind="lane.stopped", subject="c/d", payload={}, at=1.0)
+    body = render(event, "json")
+    stamp = str(int(time.time()))
+    headers = {"X-Execkit-Timestamp": stamp, "X-Execkit-Signature": sign("s3cret", stamp, body)}
+    assert verify(b"s3cret", headers, body)
+    assert not verify(b"other", headers, body)
+    assert not verify(b"s3cret", headers, body + b" ")
+    old = str(int(stamp) - 3600)
+    assert not verify(
+        b"s3cret",
+        {"X-Execkit-Timestamp": old, "X-Execkit-Signature": sign("s3cret", old, body)},
+        body,
+    )
+    assert not verify(b"s3cret", {}, body)

@@ -240,9 +240,18 @@ _NOT_STORED = {
     "lane",
     "lane_cause",
     "outcome",
+    "format",
 }
-# A lookup by a name that was masked when it was stored.
-_LOOKUPS = {("grants", "principal")}
+# A lookup by a name that was masked when it was stored; and what a notification endpoint
+# must keep as the operator gave it to be reached at all (issue #49: a Slack webhook's URL
+# is its credential, a signing secret is one): stored, never shown (a listing and the audit
+# show the URL's scheme and host, and whether there is a secret).
+_LOOKUPS = {
+    ("grants", "principal"),
+    ("add_notify_endpoint", "url"),
+    ("add_notify_endpoint", "secret"),
+    ("add_notify_endpoint", "events"),  # checked against the closed set of kinds
+}
 
 
 def _text_parameters(fn: ast.FunctionDef) -> list[str]:

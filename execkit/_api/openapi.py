@@ -27,6 +27,8 @@ from execkit._usage import Usage
 from execkit.ledger import (
     AuditEvent,
     Grant,
+    NotifyEndpoint,
+    NotifyEvent,
     OutboxEntry,
     Run,
     RunOwner,
@@ -84,6 +86,8 @@ def _schema_of(annotation: Any) -> dict[str, Any]:
         return {"type": "string"}
     if typing.get_origin(annotation) is dict or annotation is dict:
         return {"type": "object"}
+    if typing.get_origin(annotation) is tuple:  # tuple[X, ...]: a JSON array of X
+        return {"type": "array", "items": _schema_of(args[0])}
     raise TypeError(f"no JSON schema for {annotation!r}")  # pragma: no cover
 
 
@@ -210,6 +214,10 @@ def _components() -> dict[str, Any]:
         "OutboxEntry": _wire_schema(OutboxEntry),
         "OutboxEntryList": _object({"entries": _array_of("OutboxEntry")}),
         "Delivery": _object({"new": {"type": "boolean"}}),
+        "NotifyEndpoint": _wire_schema(NotifyEndpoint),
+        "NotifyEndpointList": _object({"endpoints": _array_of("NotifyEndpoint")}),
+        "NotifyEvent": _wire_schema(NotifyEvent),
+        "Removed": _object({"removed": {"type": "boolean"}}),
         "Capabilities": _object(
             {
                 "capabilities": {"type": "array", "items": {"type": "string"}},

@@ -62,6 +62,8 @@ from execkit.ledger import (
     AuditEvent,
     Grant,
     Ledger,
+    NotifyEndpoint,
+    NotifyEvent,
     OutboxEntry,
     Run,
     RunOwner,
@@ -471,6 +473,39 @@ def _outbox_entries(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, {"entries": [entry.to_dict() for entry in entries]}
 
 
+def _comma_list(kinds: object) -> str:
+    """An endpoint's event kinds on the wire: one string, comma-separated."""
+    if isinstance(kinds, str):
+        return kinds
+    return ",".join(str(kind) for kind in kinds)  # type: ignore[attr-defined]
+
+
+def _add_notify_endpoint(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    endpoint = call.ledger.add_notify_endpoint(
+        body["url"],
+        events=str(body["events"]).split(","),
+        format=body.get("format", "json"),
+        secret=body.get("secret"),
+        actor=call.actor,
+    )
+    return 201, endpoint.to_dict()
+
+
+def _remove_notify_endpoint(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {
+        "removed": call.ledger.remove_notify_endpoint(call.body["endpoint_id"], actor=call.actor)
+    }
+
+
+def _notify_endpoints(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, {"endpoints": [e.to_dict() for e in call.ledger.notify_endpoints()]}
+
+
+def _notify_test(call: Call) -> tuple[int, dict[str, Any]]:
+    return 200, call.ledger.notify_test(call.body["endpoint_id"], actor=call.actor).to_dict()
+
+
 def _note_delivery(call: Call) -> tuple[int, dict[str, Any]]:
     body = call.body
     return 200, {"new": call.ledger.note_delivery(body["source"], body["delivery"])}
@@ -556,6 +591,8 @@ _LANE_QUERY = Field("lane", "string", required=True, description="ADAPTER/CREDEN
 _OUTBOX_ENTRY = one(OutboxEntry)
 OUTBOX = "boards.outbox"
 _NEEDS_SPEND = Needs(SPEND_CAPABILITY, "spend caps")
+_NEEDS_NOTIFY = Needs("notify.endpoints", "notification endpoints")
+_NOTIFY_ENDPOINT = one(NotifyEndpoint)
 
 CAPABILITIES: Endpoint[[], dict[str, Any]] = Endpoint(
     "GET",
@@ -1165,6 +1202,69 @@ class LedgerRoutes:
         binds=Ledger.outbox_entries,
         read=listed("entries", _OUTBOX_ENTRY),
         needs=Needs(OUTBOX, "the board outbox"),
+    )
+    add_notify_endpoint = Endpoint(
+        "POST",
+        "/v1/notify/endpoints",
+        "addNotifyEndpoint",
+        "Store a notification endpoint (admin; audited): sent the events of its kinds "
+        "written from now on; its URL's path and its secret are never shown",
+        _add_notify_endpoint,
+        "NotifyEndpoint",
+        status=201,
+        role=ADMIN_ROLE,
+        body=(
+            Field("url", "string", required=True),
+            Field(
+                "events",
+                "string",
+                required=True,
+                description="event kinds, comma-separated, or *",
+                encode=_comma_list,
+            ),
+            Field("format", "string", description="json (default) or slack"),
+            Field("secret", "string", nullable=True, omit_none=True),
+        ),
+        binds=Ledger.add_notify_endpoint,
+        read=_NOTIFY_ENDPOINT,
+        needs=_NEEDS_NOTIFY,
+    )
+    remove_notify_endpoint = Endpoint(
+        "POST",
+        "/v1/notify/endpoints/remove",
+        "removeNotifyEndpoint",
+        "Remove a notification endpoint (admin; audited)",
+        _remove_notify_endpoint,
+        "Removed",
+        role=ADMIN_ROLE,
+        body=(Field("endpoint_id", "string", required=True),),
+        binds=Ledger.remove_notify_endpoint,
+        read=flag("removed"),
+        needs=_NEEDS_NOTIFY,
+    )
+    notify_endpoints = Endpoint(
+        "GET",
+        "/v1/notify/endpoints",
+        "notifyEndpoints",
+        "Every notification endpoint with its health (delivered, failed, backlog, stopped)",
+        _notify_endpoints,
+        "NotifyEndpointList",
+        binds=Ledger.notify_endpoints,
+        read=listed("endpoints", _NOTIFY_ENDPOINT),
+        needs=_NEEDS_NOTIFY,
+    )
+    notify_test = Endpoint(
+        "POST",
+        "/v1/notify/test",
+        "notifyTest",
+        "Send a notify.test event to one endpoint (admin)",
+        _notify_test,
+        "NotifyEvent",
+        role=ADMIN_ROLE,
+        body=(Field("endpoint_id", "string", required=True),),
+        binds=Ledger.notify_test,
+        read=one(NotifyEvent),
+        needs=_NEEDS_NOTIFY,
     )
     note_delivery = Endpoint(
         "POST",

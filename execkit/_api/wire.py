@@ -77,6 +77,8 @@ def _converter(annotation: Any) -> Convert | None:
         return annotation
     if annotation is float:
         return _whole_to_float
+    if typing.get_origin(annotation) is tuple:
+        return tuple
     return None
 
 

@@ -9,6 +9,8 @@ backoff is then the server's, and a board asking for another one is refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import math
 import os
 import signal
@@ -463,7 +465,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             on_event=show,
             workspaces=_workspaces(args, board_file),
         )
-        with _StopOnSignals(dispatcher) as signals:
+        from execkit._notify import sender_owner, sending
+
+        # Issue #49: this dispatcher sends the ledger's notifications while it runs (a
+        # ledger behind a server: the server sends them).
+        opener = None if url is not None else functools.partial(open_ledger, args.db)
+        with (
+            sending(opener, sender_owner("dispatch")),
+            _StopOnSignals(dispatcher) as signals,
+        ):
             try:
                 if args.once:
                     ran = dispatcher.tick() or dispatcher.running
@@ -488,6 +498,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                 # the dispatcher's event hook as it happens; the list `shutdown` returns
                 # holds the same events again (for callers with no hook), so it is not shown.
                 dispatcher.shutdown(args.drain_timeout)
+                if url is None:
+                    _tell_stopped(ledger, dispatcher, signals.received, people)
         if signals.received is not None:
             return 128 + signals.received
     finally:
@@ -507,6 +519,25 @@ def _tracker_spec(spec: str) -> str | None:
     from execkit.dispatch import tracker_kind
 
     return spec if tracker_kind(spec) is not None else None
+
+
+def _tell_stopped(
+    ledger: Ledger, dispatcher: Any, signal_number: int | None, people: list[LaneStopped]
+) -> None:
+    """Issue #49: a dispatcher that ends with work left says so (`tell_dispatcher_stopped`);
+    telling must not hide how the dispatcher ended."""
+    if signal_number is None and not people:
+        return
+    from execkit._notify import sender_owner, tell_dispatcher_stopped
+
+    with contextlib.suppress(Exception):
+        tell_dispatcher_stopped(
+            ledger,
+            sender_owner("dispatch"),
+            left=len(list(dispatcher.tracker.list_candidates())),
+            signal_number=signal_number,
+            stopped_lanes=[p.lane or "-" for p in people],
+        )
 
 
 def board_config_of(args: argparse.Namespace, tracker: str | None) -> dict[str, Any]:

@@ -53,6 +53,7 @@ __all__ = [
     "MAX_ATTEMPT_LIMIT",
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
+    "NOTIFY_CAPABILITY",
     "OPERATE_ROLE",
     "OUTBOX_CAPABILITY",
     "WAKE_CAPABILITY",
@@ -63,6 +64,9 @@ __all__ = [
     "Grant",
     "LastOutcome",
     "Ledger",
+    "NotifyEndpoint",
+    "NotifyEvent",
+    "NotifyKind",
     "OutboxEntry",
     "Role",
     "Run",
@@ -90,8 +94,13 @@ LANES_CAPABILITY = "vendor.lanes"
 """Vendor lanes (issue #28): admission consults a run's lane, results feed it, operators
 park and resume it. A client sends a lane only to a server that advertises it."""
 
+NOTIFY_CAPABILITY = "notify.endpoints"
+"""Being told (issue #49): notification endpoints stored in the ledger (`notify add`,
+`list`, `test`, `remove`) and the event outbox they are sent from."""
+
 CAPABILITIES = frozenset(
     {
+        NOTIFY_CAPABILITY,
         "tasks.attempt_limits",
         "runs.leases",
         "tasks.retry",
@@ -415,6 +424,8 @@ class AuditAction(enum.StrEnum):
     SPEND_CAPS = "spend.caps"
     SPEND_WARNING = "spend.warning"
     TASK_SET_BUDGET = "task.set_budget"
+    NOTIFY_ADD = "notify.add"
+    NOTIFY_REMOVE = "notify.remove"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -498,6 +509,69 @@ class OutboxEntry:
     def pending(self) -> bool:
         """Whether the tracker does not show the latest put yet."""
         return self.seq > self.sent_seq
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+class NotifyKind(enum.StrEnum):
+    """What a notification event reports (issue #49); stored as its string."""
+
+    ISSUE_BLOCKED = "issue.blocked"
+    LANE_STOPPED = "lane.stopped"
+    LANE_PARKED = "lane.parked"
+    LANE_RESUMED = "lane.resumed"
+    DISPATCHER_STOPPED = "dispatcher.stopped"
+    TEST = "notify.test"
+
+
+@attrs.frozen(kw_only=True)
+class NotifyEvent:
+    """One event a person must act on (issue #49), written in the transaction of the change
+    it reports. `id` is stable (a receiver de-duplicates on it); `seq` orders the outbox;
+    `subject` is what it is about (a task id, a lane name, a dispatcher); `payload` the
+    JSON object the receiver gets under `data`."""
+
+    seq: int
+    id: str
+    kind: str
+    subject: str
+    payload: dict[str, Any]
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+@attrs.frozen(kw_only=True)
+class NotifyEndpoint:
+    """Where events are sent (issue #49): a URL the operator gave, the event kinds it wants
+    (`("*",)`: all), its `format` (`json`: a signed webhook; `slack`: an incoming-webhook
+    message), and whether it holds a signing secret (the secret itself is never part of
+    this value). `from_seq`: events up to it were written before it existed and are not
+    sent. `stopped_reason`: it refused for good (a 4xx other than 408/429) and is sent
+    nothing until it is added again. `delivered`/`failed` count events; `last_error` the
+    last failure; `backlog` the events waiting for it (a listing fills it in)."""
+
+    id: str
+    url: str
+    format: str
+    events: tuple[str, ...]
+    has_secret: bool
+    from_seq: int
+    created_by: str
+    created_at: float
+    stopped_reason: str | None = None
+    delivered: int = 0
+    failed: int = 0
+    last_error: str | None = None
+    last_at: float | None = None
+    claimed_by: str | None = None
+    claimed_until: float | None = None
+    backlog: int = 0
+
+    def wants(self, kind: str) -> bool:
+        return kind == NotifyKind.TEST or "*" in self.events or kind in self.events
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -653,6 +727,24 @@ class Ledger(Protocol):
         self, principal: str, role: str, *, actor: Actor | str, now: float | None = None
     ) -> bool: ...
     def grants(self, principal: str | None = None) -> list[Grant]: ...
+
+    def add_notify_endpoint(
+        self,
+        url: str,
+        *,
+        events: Sequence[str],
+        format: str = "json",
+        secret: str | None = None,
+        actor: Actor | str,
+        now: float | None = None,
+    ) -> NotifyEndpoint: ...
+    def remove_notify_endpoint(
+        self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> bool: ...
+    def notify_endpoints(self) -> list[NotifyEndpoint]: ...
+    def notify_test(
+        self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> NotifyEvent: ...
 
     def list_lanes(self, *, now: float | None = None) -> list[LaneView]: ...
     def get_lane(self, lane: str, *, now: float | None = None) -> LaneView: ...

@@ -37,6 +37,12 @@ __all__ = [
     "LANE_COLUMNS",
     "LANE_EVENT_COLUMNS",
     "LANE_STOPS",
+    "NOTIFY_DELIVERY_COLUMNS",
+    "NOTIFY_DELIVERY_UPSERT",
+    "NOTIFY_ENDPOINT_COLUMNS",
+    "NOTIFY_ENDPOINT_SELECT",
+    "NOTIFY_ENDPOINT_UPSERT",
+    "NOTIFY_EVENT_SELECT",
     "OUTBOX_COLUMNS",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
@@ -51,6 +57,7 @@ __all__ = [
     "lane_event_row",
     "lane_from_row",
     "lane_row",
+    "notify_owed_sql",
     "outbox_from_row",
     "outbox_row",
     "run_from_row",
@@ -423,3 +430,50 @@ def outbox_row(entry: OutboxEntry) -> dict[str, Any]:
         "last_error": entry.last_error,
         "updated_at": entry.updated_at,
     }
+
+
+# Notifications (issue #49): the columns of each table, and the statements both backends
+# run, written with `?` placeholders (PostgreSQL's tx swaps them for `%s`).
+NOTIFY_ENDPOINT_COLUMNS = (
+    "id", "url", "format", "events", "secret", "from_seq", "created_by", "created_at",
+    "stopped_reason", "delivered", "failed", "last_error", "last_at", "claimed_by",
+    "claimed_until",
+)  # fmt: skip
+NOTIFY_DELIVERY_COLUMNS = (
+    "endpoint_id", "event_seq", "status", "tries", "first_at", "next_at", "last_error",
+)  # fmt: skip
+NOTIFY_EVENT_SELECT = "SELECT seq, id, kind, subject, payload, at FROM notify_events"
+NOTIFY_ENDPOINT_SELECT = f"SELECT {', '.join(NOTIFY_ENDPOINT_COLUMNS)} FROM notify_endpoints"
+NOTIFY_ENDPOINT_UPSERT = (
+    f"INSERT INTO notify_endpoints ({', '.join(NOTIFY_ENDPOINT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in NOTIFY_ENDPOINT_COLUMNS)}) "
+    "ON CONFLICT (id) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in NOTIFY_ENDPOINT_COLUMNS[1:])
+)
+NOTIFY_DELIVERY_UPSERT = (
+    f"INSERT INTO notify_deliveries ({', '.join(NOTIFY_DELIVERY_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in NOTIFY_DELIVERY_COLUMNS)}) "
+    "ON CONFLICT (endpoint_id, event_seq) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in NOTIFY_DELIVERY_COLUMNS[2:])
+)
+
+
+def notify_owed_sql(kinds: tuple[str, ...] | None, *, count: bool) -> str:
+    """What an endpoint is owed (`Tx.notify_owed`; with `count`, how many: its backlog),
+    parameters (endpoint id, endpoint id, from_seq, *kinds, endpoint id[, limit])."""
+    wanted = "e.kind <> 'notify.test'"
+    if kinds is not None:
+        wanted = f"e.kind IN ({', '.join('?' for _ in kinds)})"
+    head = (
+        "SELECT count(*)"
+        if count
+        else "SELECT e.seq, e.id, e.kind, e.subject, e.payload, e.at, d.tries, d.first_at, "
+        "d.next_at"
+    )
+    return (
+        f"{head} FROM notify_events e LEFT JOIN notify_deliveries d "
+        "ON d.endpoint_id = ? AND d.event_seq = e.seq "
+        "WHERE (d.status IS NULL OR d.status = 'retrying') AND e.seq > ? "
+        f"AND ({wanted} OR (e.kind = 'notify.test' AND e.subject = ?))"
+        + ("" if count else " ORDER BY e.seq LIMIT ?")
+    )

@@ -199,6 +199,7 @@ class LedgerView:
         self._tasks: list[Task] = []
         self._all_runs: list[Run] = []
         self._lanes: list[dict[str, Any]] | None = None
+        self._notify: list[dict[str, Any]] | None = None
         # run id -> its lane (without a host), from the lanes' histories; None: no lanes.
         self._lane_of: dict[str, str] | None = None
         self._lanes_unread = 0
@@ -242,6 +243,15 @@ class LedgerView:
             self._lane_of = self._read_lane_runs(lanes)
         self._lanes = lanes
         self._finished = finished
+        self._notify = self._read_notify()
+
+    def _read_notify(self) -> list[dict[str, Any]] | None:
+        """Each notification endpoint and its health (issue #49); None for a ledger
+        without them (a stand-in)."""
+        listing = getattr(self.ledger, "notify_endpoints", None)
+        if listing is None or not callable(listing):
+            return None
+        return [endpoint.to_dict() for endpoint in listing()]
 
     def _read_lanes(self, now: float) -> list[dict[str, Any]] | None:
         list_lanes = getattr(self.ledger, "list_lanes", None)
@@ -442,6 +452,7 @@ class LedgerView:
                 self._all_runs, now, lane_of=self._lane_of, lanes_unread=self._lanes_unread
             ),
             "lanes": self._lanes,
+            "notify": self._notify,
         }
 
     def _in_flight(self) -> list[dict[str, Any]]:

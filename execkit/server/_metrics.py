@@ -15,10 +15,13 @@ admitted through `POST /v1/tasks/{task_id}/runs`) and `execkit_refusals_total{co
 route's error answers by code). From the ledger, at each scrape (the dashboard's cached
 `LedgerView`, so a scrape reads only the tasks that changed): `execkit_attempts_total`
 (every finished attempt in the history by `class` and `charged`), `execkit_runs_in_flight`,
-`execkit_tasks{state}`, `execkit_lanes{state}` when the ledger has lanes, and what its runs
+`execkit_tasks{state}`, `execkit_lanes{state}` when the ledger has lanes, what its runs
 cost (issue #45): `execkit_spend_usd_total{lane,model}` and
-`execkit_spend_tokens_total{lane,kind}` (kind: input, output, cache_read, cache_write). A
-ledger that cannot be read leaves its series out and sets `execkit_ledger_up` to 0.
+`execkit_spend_tokens_total{lane,kind}` (kind: input, output, cache_read, cache_write), and
+per notification endpoint (issue #49) `execkit_notify_delivered_total`,
+`execkit_notify_failed_total`, `execkit_notify_backlog` and `execkit_notify_stopped` by
+`endpoint` and `format`. A ledger that cannot be read leaves its series out and sets
+`execkit_ledger_up` to 0.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class _LedgerCollector(Collector):
                 family.add_metric([key], count)
             yield family
         yield from self._spend()
+        yield from self._notify()
 
     def _spend(self) -> Iterator[Metric]:
         """What every run of the ledger cost (issue #45): USD by lane and model, tokens by
@@ -123,6 +127,37 @@ class _LedgerCollector(Collector):
         for (lane, kind), total in sorted(tokens.items()):
             counted.add_metric([lane, kind], total)
         yield counted
+
+    def _notify(self) -> Iterator[Metric]:
+        """Each notification endpoint's health (issue #49), when the ledger has them."""
+        listing = getattr(self.view.ledger, "notify_endpoints", None)
+        if listing is None or not callable(listing):
+            return
+        try:
+            endpoints = listing()
+        except ExecKitError as exc:
+            _log.warning("metrics: the notification endpoints did not answer: %s", exc.message)
+            return
+        labels = ["endpoint", "format"]
+        delivered = CounterMetricFamily(
+            "execkit_notify_delivered", "events delivered to the endpoint", labels=labels
+        )
+        failed = CounterMetricFamily(
+            "execkit_notify_failed", "events given up on the endpoint", labels=labels
+        )
+        backlog = GaugeMetricFamily(
+            "execkit_notify_backlog", "events waiting for the endpoint", labels=labels
+        )
+        stopped = GaugeMetricFamily(
+            "execkit_notify_stopped", "1 when the endpoint refused for good", labels=labels
+        )
+        for endpoint in endpoints:
+            key = [endpoint.id, endpoint.format]
+            delivered.add_metric(key, endpoint.delivered)
+            failed.add_metric(key, endpoint.failed)
+            backlog.add_metric(key, endpoint.backlog)
+            stopped.add_metric(key, 1 if endpoint.stopped_reason is not None else 0)
+        yield from (delivered, failed, backlog, stopped)
 
 
 class Monitoring:

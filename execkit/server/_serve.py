@@ -13,6 +13,7 @@ WebSocket.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -178,6 +179,19 @@ def serve(
         )
         stack.callback(app.close)
         _raise_file_limit(limits)
+        # Issue #49: the server sends the ledger's notifications while it serves (each
+        # dispatcher through it has none of its own); the lease keeps one sender per
+        # endpoint when a local dispatcher sends too.
+        from execkit._notify import sender_owner, sending
+
+        stack.enter_context(
+            sending(
+                functools.partial(open_ledger, target),
+                sender_owner("serve"),
+                dashboard_url=url_of(sock),
+                final_wait_s=5.0,
+            )
+        )
         if ready is not None:
             ready(url_of(sock), ledger)
         uvicorn.Server(_config(app, limits)).run(sockets=[sock])

@@ -11,7 +11,7 @@ operation that calls it, so an operation stays one transaction whatever it reuse
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from execkit._backoff import SCHEDULER_BACKOFF, Backoff
@@ -42,6 +42,7 @@ from execkit.ledger._model import (
     KNOWN_ROLES,
     Actor,
     AuditAction,
+    NotifyKind,
     Run,
     Task,
     TaskStatus,
@@ -347,6 +348,54 @@ class CoreBase:
         if actor.name == self._store.owner():
             return KNOWN_ROLES
         return frozenset(grant.role for grant in tx.grants(actor.name))
+
+    def _notify(
+        self, tx: Tx, kind: NotifyKind, subject: str, payload: Mapping[str, Any], at: float
+    ) -> str:
+        """Write one notification event (issue #49) in `tx`, the transaction of the change
+        it reports, so neither commits without the other; its stable id. Every string of
+        `payload` is masked (`check_json`)."""
+        import json
+        import uuid
+
+        from execkit.ledger._core.inputs import check_json
+
+        event_id = f"evt_{uuid.uuid4().hex}"
+        body = check_json("payload", payload, 64 * 1024)
+        tx.add_notify_event(event_id, str(kind), subject, json.dumps(body, sort_keys=True), at)
+        return event_id
+
+    def _notify_blocked(
+        self, tx: Tx, task: TaskRecord, decision: Decision, at: float, state: str | None
+    ) -> None:
+        """`issue.blocked` for `task` (its record as it now stands), once per attempt count:
+        the result that blocked it writes it, and a dispatcher's give-up of the same
+        history (which moves the board's card) writes none again (a marker in the
+        idempotency table, in this transaction)."""
+        attempts = task.attempts_used or 0
+        marker = f"{task.id}#{attempts}"
+        if tx.idempotent("notify.blocked", marker) is not None:
+            return
+        tx.remember("notify.blocked", marker, "notify", {"at": at}, at)
+        environment = task.last_class == "environment"
+        self._notify(
+            tx,
+            NotifyKind.ISSUE_BLOCKED,
+            task.id,
+            {
+                "task_id": task.id,
+                "title": task.title,
+                "state": state,
+                "attempts": attempts,
+                "class": task.last_class,
+                "reason": task.last_reason,
+                "blocked_on": decision.blocked_on,
+                # An environment failure's reason names its fix (ADR 015).
+                "fix": task.last_reason if environment else None,
+                "decision": decision.reason,
+            },
+            at,
+        )
 
     def _summary_after(self, tx: Tx, task: TaskRecord, ended: Run) -> HistorySummary:
         """The task's summary once `ended` (its running run) finished, written back."""

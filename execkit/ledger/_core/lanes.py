@@ -50,7 +50,15 @@ from execkit.ledger._core.base import when
 from execkit.ledger._core.inputs import as_actor, clean_reason, moment, optional_time
 from execkit.ledger._core.store import LANE_CONFIG_META_KEY, Tx
 from execkit.ledger._core.wake import WakeOps
-from execkit.ledger._model import LIST_PAGE, OPERATE_ROLE, Actor, AuditAction, AuditEntry, Run
+from execkit.ledger._model import (
+    LIST_PAGE,
+    OPERATE_ROLE,
+    Actor,
+    AuditAction,
+    AuditEntry,
+    NotifyKind,
+    Run,
+)
 from execkit.ledger._owner import process_owner
 
 __all__ = ["LaneOps", "check_lane", "check_lane_cause"]
@@ -175,7 +183,34 @@ class LaneOps(WakeOps):
         tx.add_lane_event(event)
         after = step(stored, event, self._lane_configs(tx).current)
         tx.write_lane(after)
+        self._lane_told(tx, stored, after, event)
         return stored, after
+
+    def _lane_told(self, tx: Tx, before: LaneSummary, after: LaneSummary, event: LaneEvent) -> None:
+        """Issue #49: a lane that stopped, was parked, or was resumed by an operator is an
+        event a person is told of, written in the transaction of the change."""
+        if after.state == before.state and event.kind is not LaneEventKind.RESUME:
+            return
+        kind: NotifyKind | None = None
+        if after.state is LaneState.STOPPED:
+            kind = NotifyKind.LANE_STOPPED
+        elif after.state is LaneState.PARKED:
+            kind = NotifyKind.LANE_PARKED
+        elif event.kind is LaneEventKind.RESUME:
+            kind = NotifyKind.LANE_RESUMED
+        if kind is None:
+            return
+        payload = {
+            "lane": after.lane,
+            "state": str(after.state),
+            "was": str(before.state),
+            "reason": after.reason or event.reason,
+            "until": after.until,
+            "task_id": event.task_id or after.stopped_task,
+            "run_id": event.run_id,
+            "actor": event.actor,
+        }
+        self._notify(tx, kind, after.lane, payload, event.at)
 
     def _lane_configs(self, tx: Tx) -> LaneConfigHistory:
         raw = tx.meta(LANE_CONFIG_META_KEY)

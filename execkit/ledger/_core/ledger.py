@@ -8,6 +8,7 @@ from execkit._errors import ExecKitError
 from execkit.ledger._core.inspection import InspectionOps
 from execkit.ledger._core.lanes import LaneOps
 from execkit.ledger._core.leases import LeaseOps
+from execkit.ledger._core.notify import NotifyOps
 from execkit.ledger._core.outbox import OutboxOps
 from execkit.ledger._core.roles import RoleOps
 from execkit.ledger._core.runs import RunOps
@@ -17,7 +18,7 @@ from execkit.ledger._model import CAPABILITIES
 __all__ = ["LedgerCore"]
 
 
-class LedgerCore(TaskOps, RunOps, RoleOps, InspectionOps, LeaseOps, LaneOps, OutboxOps):
+class LedgerCore(TaskOps, RunOps, RoleOps, InspectionOps, LeaseOps, LaneOps, OutboxOps, NotifyOps):
     """Every ledger operation, written once over a `Store` (see `execkit.ledger._core`).
 
     Each public method is one transaction; errors are `ExecKitError`s. Not thread-safe:

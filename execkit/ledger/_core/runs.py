@@ -524,7 +524,14 @@ class RunOps(LeaseOps, SpendOps):
         tx.finish_run(
             run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held, cost
         )
-        self._summary_after(tx, task, ended)
+        summary = self._summary_after(tx, task, ended)
+        if final is AttemptStatus.FAILED and task.status is TaskStatus.OPEN:
+            # Issue #49: a failure that leaves the task blocked (a person must act: the
+            # environment, its limit, its ceiling, its budget) is told in this transaction.
+            after = task.with_summary(summary)
+            decision = self._decide(after, at, None)
+            if decision.state is TaskState.BLOCKED:
+                self._notify_blocked(tx, after, decision, at, None)
         if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:
             tx.set_task_status(run.task_id, TaskStatus.DONE, at)
         tx.audit(

@@ -536,6 +536,9 @@ class TaskOps(SpendOps):
                     detail=detail,
                 )
             )
+            # Issue #49: a person is told, in this transaction (never one without the other),
+            # unless the result that blocked it told them already.
+            self._notify_blocked(tx, task, decision, at, state)
             return self._load_task(tx, task_id, at, None)
 
 

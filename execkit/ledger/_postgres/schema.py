@@ -244,6 +244,45 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE runs ADD COLUMN resumed_session text",
         "ALTER TABLE runs ADD COLUMN fell_back text",
     ),
+    # Issue #49: events a person must act on, written in the transaction of the change
+    # they report; the endpoints they are sent to; and what came of each send.
+    9: (
+        """CREATE TABLE notify_events (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            kind text NOT NULL,
+            subject text NOT NULL,
+            payload text NOT NULL,
+            at double precision NOT NULL
+        )""",
+        """CREATE TABLE notify_endpoints (
+            id text PRIMARY KEY,
+            url text NOT NULL,
+            format text NOT NULL CHECK (format IN ('json', 'slack')),
+            events text NOT NULL,
+            secret text,
+            from_seq bigint NOT NULL CHECK (from_seq >= 0),
+            created_by text NOT NULL,
+            created_at double precision NOT NULL,
+            stopped_reason text,
+            delivered bigint NOT NULL DEFAULT 0 CHECK (delivered >= 0),
+            failed bigint NOT NULL DEFAULT 0 CHECK (failed >= 0),
+            last_error text,
+            last_at double precision,
+            claimed_by text,
+            claimed_until double precision
+        )""",
+        """CREATE TABLE notify_deliveries (
+            endpoint_id text NOT NULL,
+            event_seq bigint NOT NULL,
+            status text NOT NULL CHECK (status IN ('retrying', 'delivered', 'failed')),
+            tries integer NOT NULL CHECK (tries >= 0),
+            first_at double precision NOT NULL,
+            next_at double precision,
+            last_error text,
+            PRIMARY KEY (endpoint_id, event_seq)
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 
@@ -262,4 +301,7 @@ TABLES = (
     "board_outbox",
     "task_budgets",
     "spend_warnings",
+    "notify_events",
+    "notify_endpoints",
+    "notify_deliveries",
 )

@@ -84,6 +84,12 @@ from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
     LANE_STOPS,
+    NOTIFY_DELIVERY_COLUMNS,
+    NOTIFY_DELIVERY_UPSERT,
+    NOTIFY_ENDPOINT_COLUMNS,
+    NOTIFY_ENDPOINT_SELECT,
+    NOTIFY_ENDPOINT_UPSERT,
+    NOTIFY_EVENT_SELECT,
     OUTBOX_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
@@ -96,6 +102,7 @@ from execkit.ledger._rows import (
     lane_event_row,
     lane_from_row,
     lane_row,
+    notify_owed_sql,
     outbox_from_row,
     outbox_row,
     run_from_row,
@@ -1455,6 +1462,81 @@ class PostgresTx:
     def write_outbox(self, entry: OutboxEntry) -> None:
         row = _clean(outbox_row(entry))
         self._send(_OUTBOX_UPSERT, tuple(row[name] for name in OUTBOX_COLUMNS))
+
+    # -- notifications (issue #49) -------------------------------------------------------
+    # An endpoint's row is read FOR UPDATE by a claim and a settle: one sender at a time.
+
+    def add_notify_event(
+        self, event_id: str, kind: str, subject: str, payload: str, at: float
+    ) -> None:
+        self._send(
+            "INSERT INTO notify_events (id, kind, subject, payload, at) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (event_id, kind, nul_free(subject), nul_free(payload), at),
+        )
+
+    def notify_event(self, event_id: str) -> dict[str, Any] | None:
+        return self._named_one(_pg(f"{NOTIFY_EVENT_SELECT} WHERE id = ?"), (event_id,))
+
+    def notify_max_seq(self) -> int:
+        row = self._one("SELECT coalesce(max(seq), 0) FROM notify_events")
+        return int(row[0]) if row is not None else 0
+
+    def notify_events_after(self, after: int, limit: int) -> list[dict[str, Any]]:
+        return self._named_all(
+            _pg(f"{NOTIFY_EVENT_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?"), (after, limit)
+        )
+
+    def notify_endpoint_rows(self, endpoint_id: str | None, *, lock: bool) -> list[dict[str, Any]]:
+        suffix = " FOR UPDATE" if lock and self._write else ""
+        if endpoint_id is None:
+            return self._named_all(f"{NOTIFY_ENDPOINT_SELECT} ORDER BY id{suffix}")
+        return self._named_all(
+            _pg(f"{NOTIFY_ENDPOINT_SELECT} WHERE id = ?{suffix}"), (nul_free(endpoint_id),)
+        )
+
+    def put_notify_endpoint(self, row: Mapping[str, Any]) -> None:
+        clean = _clean(dict(row))
+        self._send(
+            _pg(NOTIFY_ENDPOINT_UPSERT), tuple(clean[name] for name in NOTIFY_ENDPOINT_COLUMNS)
+        )
+
+    def delete_notify_endpoint(self, endpoint_id: str) -> bool:
+        self._send("DELETE FROM notify_deliveries WHERE endpoint_id = %s", (nul_free(endpoint_id),))
+        return bool(
+            self._count(
+                "DELETE FROM notify_endpoints WHERE id = %s RETURNING 1", (nul_free(endpoint_id),)
+            )
+        )
+
+    def notify_owed(
+        self, endpoint_id: str, from_seq: int, kinds: tuple[str, ...] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        params = (endpoint_id, from_seq, *(kinds or ()), endpoint_id, limit)
+        return self._named_all(_pg(notify_owed_sql(kinds, count=False)), params)
+
+    def notify_backlog(self, endpoint_id: str, from_seq: int, kinds: tuple[str, ...] | None) -> int:
+        params = (endpoint_id, from_seq, *(kinds or ()), endpoint_id)
+        row = self._one(_pg(notify_owed_sql(kinds, count=True)), params)
+        return int(row[0]) if row is not None else 0
+
+    def notify_delivery(self, endpoint_id: str, event_seq: int) -> dict[str, Any] | None:
+        return self._named_one(
+            f"SELECT {', '.join(NOTIFY_DELIVERY_COLUMNS)} FROM notify_deliveries "
+            "WHERE endpoint_id = %s AND event_seq = %s",
+            (nul_free(endpoint_id), event_seq),
+        )
+
+    def put_notify_delivery(self, row: Mapping[str, Any]) -> None:
+        clean = _clean(dict(row))
+        self._send(
+            _pg(NOTIFY_DELIVERY_UPSERT), tuple(clean[name] for name in NOTIFY_DELIVERY_COLUMNS)
+        )
+
+
+def _pg(sql: str) -> str:
+    """A statement written with `?` placeholders (`_rows`' shared ones) in psycopg's."""
+    return sql.replace("?", "%s")
 
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # caps; and which cap's 80% warning each window has had. Version 9 (issue #46): the
 # workspace each run's agent worked in, a column of `run_extras`. Version 10 (issue #46):
 # the vendor session a run resumed and a fallback's announcement, columns of `run_extras`.
+# Version 11 (issue #49): the notification outbox, its endpoints and their deliveries.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -266,6 +267,46 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     10: (
         "ALTER TABLE run_extras ADD COLUMN resumed_session TEXT",
         "ALTER TABLE run_extras ADD COLUMN fell_back TEXT",
+    ),
+    # Issue #49: events a person must act on, written in the transaction of the change
+    # they report; the endpoints they are sent to; and what came of each send. Tables of
+    # their own, nothing else touched: the step stands alone.
+    11: (
+        """CREATE TABLE notify_events (
+            seq INTEGER PRIMARY KEY,  -- never deleted: a number is never reused
+            id TEXT NOT NULL UNIQUE,
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            at REAL NOT NULL
+        )""",
+        """CREATE TABLE notify_endpoints (
+            id TEXT PRIMARY KEY,
+            url TEXT NOT NULL,
+            format TEXT NOT NULL CHECK (format IN ('json', 'slack')),
+            events TEXT NOT NULL,
+            secret TEXT,
+            from_seq INTEGER NOT NULL CHECK (from_seq >= 0),
+            created_by TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            stopped_reason TEXT,
+            delivered INTEGER NOT NULL DEFAULT 0 CHECK (delivered >= 0),
+            failed INTEGER NOT NULL DEFAULT 0 CHECK (failed >= 0),
+            last_error TEXT,
+            last_at REAL,
+            claimed_by TEXT,
+            claimed_until REAL
+        )""",
+        """CREATE TABLE notify_deliveries (
+            endpoint_id TEXT NOT NULL,
+            event_seq INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('retrying', 'delivered', 'failed')),
+            tries INTEGER NOT NULL CHECK (tries >= 0),
+            first_at REAL NOT NULL,
+            next_at REAL,
+            last_error TEXT,
+            PRIMARY KEY (endpoint_id, event_seq)
+        )""",
     ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -35,6 +35,12 @@ from execkit.ledger._rows import (
     LANE_COLUMNS,
     LANE_EVENT_COLUMNS,
     LANE_STOPS,
+    NOTIFY_DELIVERY_COLUMNS,
+    NOTIFY_DELIVERY_UPSERT,
+    NOTIFY_ENDPOINT_COLUMNS,
+    NOTIFY_ENDPOINT_SELECT,
+    NOTIFY_ENDPOINT_UPSERT,
+    NOTIFY_EVENT_SELECT,
     OUTBOX_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
@@ -45,6 +51,7 @@ from execkit.ledger._rows import (
     lane_event_row,
     lane_from_row,
     lane_row,
+    notify_owed_sql,
     outbox_from_row,
     outbox_row,
     run_from_row,
@@ -697,6 +704,68 @@ class SqliteTx:
 
     def write_outbox(self, entry: OutboxEntry) -> None:
         self._conn.execute(_OUTBOX_UPSERT, outbox_row(entry))
+
+    # -- notifications (issue #49) -------------------------------------------------------
+
+    def add_notify_event(
+        self, event_id: str, kind: str, subject: str, payload: str, at: float
+    ) -> None:
+        self._conn.execute(
+            "INSERT INTO notify_events (id, kind, subject, payload, at) VALUES (?, ?, ?, ?, ?)",
+            (event_id, kind, subject, payload, at),
+        )
+
+    def notify_event(self, event_id: str) -> dict[str, Any] | None:
+        rows = self._dicts(f"{NOTIFY_EVENT_SELECT} WHERE id = ?", (event_id,))
+        return rows[0] if rows else None
+
+    def notify_max_seq(self) -> int:
+        row = self._conn.execute("SELECT max(seq) FROM notify_events").fetchone()
+        return int(row[0] or 0)
+
+    def notify_events_after(self, after: int, limit: int) -> list[dict[str, Any]]:
+        return self._dicts(
+            f"{NOTIFY_EVENT_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+        )
+
+    def notify_endpoint_rows(self, endpoint_id: str | None, *, lock: bool) -> list[dict[str, Any]]:
+        if endpoint_id is None:
+            return self._dicts(f"{NOTIFY_ENDPOINT_SELECT} ORDER BY id")
+        return self._dicts(f"{NOTIFY_ENDPOINT_SELECT} WHERE id = ?", (endpoint_id,))
+
+    def put_notify_endpoint(self, row: Mapping[str, Any]) -> None:
+        self._conn.execute(
+            NOTIFY_ENDPOINT_UPSERT, tuple(row[name] for name in NOTIFY_ENDPOINT_COLUMNS)
+        )
+
+    def delete_notify_endpoint(self, endpoint_id: str) -> bool:
+        self._conn.execute("DELETE FROM notify_deliveries WHERE endpoint_id = ?", (endpoint_id,))
+        gone = self._conn.execute("DELETE FROM notify_endpoints WHERE id = ?", (endpoint_id,))
+        return gone.rowcount > 0
+
+    def notify_owed(
+        self, endpoint_id: str, from_seq: int, kinds: tuple[str, ...] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        params = (endpoint_id, from_seq, *(kinds or ()), endpoint_id, limit)
+        return self._dicts(notify_owed_sql(kinds, count=False), params)
+
+    def notify_backlog(self, endpoint_id: str, from_seq: int, kinds: tuple[str, ...] | None) -> int:
+        params = (endpoint_id, from_seq, *(kinds or ()), endpoint_id)
+        row = self._conn.execute(notify_owed_sql(kinds, count=True), params).fetchone()
+        return int(row[0])
+
+    def notify_delivery(self, endpoint_id: str, event_seq: int) -> dict[str, Any] | None:
+        rows = self._dicts(
+            f"SELECT {', '.join(NOTIFY_DELIVERY_COLUMNS)} FROM notify_deliveries "
+            "WHERE endpoint_id = ? AND event_seq = ?",
+            (endpoint_id, event_seq),
+        )
+        return rows[0] if rows else None
+
+    def put_notify_delivery(self, row: Mapping[str, Any]) -> None:
+        self._conn.execute(
+            NOTIFY_DELIVERY_UPSERT, tuple(row[name] for name in NOTIFY_DELIVERY_COLUMNS)
+        )
 
 
 _OUTBOX_SELECT = f"SELECT {', '.join(OUTBOX_COLUMNS)} FROM board_outbox"

@@ -206,6 +206,14 @@ function drawTables(snap) {
     const lines = $("lanes").querySelectorAll("tbody tr");
     snap.lanes.forEach((l, i) => { lines[i].dataset.lane = l.lane; lines[i].dataset.state = l.state; });
   }
+  // Where people are told (issue #49): hidden until an endpoint is added.
+  $("notify-panel").hidden = !snap.notify || snap.notify.length === 0;
+  if (snap.notify) {
+    rows("notify", snap.notify, (n) => [n.id, n.url, n.format, (n.events || []).join(", "),
+      n.stopped_reason ? `stopped: ${n.stopped_reason}` : (n.backlog && n.last_error
+        ? `retrying: ${n.last_error}` : "ok"),
+      n.delivered, n.failed, n.backlog]);
+  }
 }
 
 // When a lane opens: at its time (parked, cooling), on its probe's result (half open), or

@@ -23,6 +23,7 @@ import {
   RUN_OWNERS,
   LANES,
   SPEND,
+  NOTIFY,
   WAKE,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
@@ -35,6 +36,8 @@ import {
   type Lane,
   type LaneConfig,
   type LaneEvent,
+  type NotifyEndpoint,
+  type NotifyEvent,
   type Run,
   type Task,
   type TaskState,
@@ -46,6 +49,9 @@ import {
   OPERATIONS,
   TaskStateValues,
   type AbandonRunBody,
+  type AddNotifyEndpointBody,
+  type NotifyTestBody,
+  type RemoveNotifyEndpointBody,
   type AuditQuery,
   type Bodies,
   type CreateTaskBody,
@@ -99,6 +105,13 @@ export interface ClientOptions {
 export interface IdempotentOptions {
   /** 1..200 visible ASCII characters; default: a random UUID per call. */
   idempotencyKey?: string | undefined;
+}
+
+export interface AddNotifyEndpointOptions extends IdempotentOptions {
+  /** "json" (default: a webhook, signed when a secret is given) or "slack". */
+  format?: "json" | "slack" | undefined;
+  /** The HMAC-SHA256 signing secret of a JSON endpoint; never shown back. */
+  secret?: string | undefined;
 }
 
 export interface CreateTaskOptions extends IdempotentOptions {
@@ -865,6 +878,66 @@ export class ExeckitClient {
       throw unexpected("a revocation");
     }
     return revoked;
+  }
+
+  /** Send the ledger's notification events of `events` (kinds, or "*") to `url` (needs
+   * ledger.admin and `notify.endpoints`; audited). */
+  async addNotifyEndpoint(
+    url: string,
+    events: readonly string[],
+    options?: AddNotifyEndpointOptions,
+  ): Promise<NotifyEndpoint> {
+    if (!Array.isArray(events) || events.length === 0) {
+      throw invalid("events", `must be a non-empty list of event kinds, got ${describe(events)}`);
+    }
+    const given =
+      options === undefined
+        ? {}
+        : optionsOf("addNotifyEndpoint", options, ["format", "secret", "idempotencyKey"]);
+    const body: AddNotifyEndpointBody = {
+      url: text("url", url, 2000),
+      events: events.map((kind) => text("events", kind, 100)).join(","),
+    };
+    if (given.format !== undefined) {
+      body.format = given.format;
+    }
+    if (given.secret !== undefined) {
+      body.secret = text("secret", given.secret, 512);
+    }
+    await this.#require(NOTIFY, "add a notification endpoint", "notification endpoints");
+    const key = idempotencyKey(given.idempotencyKey);
+    const doc = await this.#send("addNotifyEndpoint", { body, idempotencyKey: key });
+    return doc as unknown as NotifyEndpoint;
+  }
+
+  /** Every notification endpoint with its health (needs `notify.endpoints`). */
+  async notifyEndpoints(): Promise<NotifyEndpoint[]> {
+    await this.#require(NOTIFY, "list notification endpoints", "notification endpoints");
+    const doc = await this.#send("notifyEndpoints", {});
+    return this.#list(doc, "endpoints") as unknown as NotifyEndpoint[];
+  }
+
+  /** A `notify.test` event for one endpoint only (needs ledger.admin). */
+  async notifyTest(endpointId: string): Promise<NotifyEvent> {
+    const body: NotifyTestBody = { endpoint_id: name("endpointId", endpointId) };
+    await this.#require(NOTIFY, "test a notification endpoint", "notification endpoints");
+    const doc = await this.#send("notifyTest", { body, idempotencyKey: idempotencyKey(undefined) });
+    return doc as unknown as NotifyEvent;
+  }
+
+  /** Remove a notification endpoint (needs ledger.admin; audited); whether there was one. */
+  async removeNotifyEndpoint(endpointId: string): Promise<boolean> {
+    const body: RemoveNotifyEndpointBody = { endpoint_id: name("endpointId", endpointId) };
+    await this.#require(NOTIFY, "remove a notification endpoint", "notification endpoints");
+    const doc = await this.#send("removeNotifyEndpoint", {
+      body,
+      idempotencyKey: idempotencyKey(undefined),
+    });
+    const removed = doc["removed"];
+    if (typeof removed !== "boolean") {
+      throw unexpected("a removal");
+    }
+    return removed;
   }
 
   /** Every vendor lane the server's ledger has seen, as it stands now (needs `vendor.lanes`). */

@@ -4,6 +4,7 @@
 
 export {
   ExeckitClient,
+  type AddNotifyEndpointOptions,
   type ClientOptions,
   type CreateTaskOptions,
   type FetchLike,
@@ -51,6 +52,7 @@ export {
   RUN_OWNERS,
   LANES,
   SPEND,
+  NOTIFY,
   WAKE,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
@@ -62,6 +64,8 @@ export {
   type FailureClass,
   type FinalRunStatus,
   type Grant,
+  type NotifyEndpoint,
+  type NotifyEvent,
   type Lane,
   type LaneConfig,
   type LaneEvent,

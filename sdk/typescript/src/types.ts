@@ -71,6 +71,16 @@ export type LaneConfig = wire.LaneConfig;
 /** One row of a vendor lane's history (`LaneEvent.to_dict()`). */
 export type LaneEvent = wire.LaneEvent;
 
+/** A notification endpoint and its health (issue #49; `NotifyEndpoint.to_dict()`): the URL as
+ * its scheme and host only, whether it signs, never its secret. */
+export type NotifyEndpoint = wire.NotifyEndpoint;
+
+/** One notification event (`NotifyEvent.to_dict()`). */
+export type NotifyEvent = wire.NotifyEvent;
+
+/** The capability of notification endpoints (issue #49). */
+export const NOTIFY = "notify.endpoints";
+
 /** The capability vendor lanes need: the client sends a lane only to a server with it. */
 export const LANES = "vendor.lanes";
 

@@ -248,6 +248,38 @@ export interface LaneList {
   readonly lanes: readonly Lane[];
 }
 
+export interface NotifyEndpoint {
+  readonly backlog: number;
+  readonly claimed_by: string | null;
+  readonly claimed_until: number | null;
+  readonly created_at: number;
+  readonly created_by: string;
+  readonly delivered: number;
+  readonly events: readonly string[];
+  readonly failed: number;
+  readonly format: string;
+  readonly from_seq: number;
+  readonly has_secret: boolean;
+  readonly id: string;
+  readonly last_at: number | null;
+  readonly last_error: string | null;
+  readonly stopped_reason: string | null;
+  readonly url: string;
+}
+
+export interface NotifyEndpointList {
+  readonly endpoints: readonly NotifyEndpoint[];
+}
+
+export interface NotifyEvent {
+  readonly at: number;
+  readonly id: string;
+  readonly kind: string;
+  readonly payload: Readonly<Record<string, unknown>>;
+  readonly seq: number;
+  readonly subject: string;
+}
+
 export type OpenApi = Readonly<Record<string, unknown>>;
 
 export interface OutboxEntry {
@@ -268,6 +300,10 @@ export interface OutboxEntry {
 
 export interface OutboxEntryList {
   readonly entries: readonly OutboxEntry[];
+}
+
+export interface Removed {
+  readonly removed: boolean;
 }
 
 export interface Repaired {
@@ -475,6 +511,10 @@ export const OPERATIONS = {
   parkLane: { method: "POST", path: "/v1/lanes/park", status: 200 },
   resumeLane: { method: "POST", path: "/v1/lanes/resume", status: 200 },
   getLane: { method: "GET", path: "/v1/lanes/show", status: 200 },
+  notifyEndpoints: { method: "GET", path: "/v1/notify/endpoints", status: 200 },
+  addNotifyEndpoint: { method: "POST", path: "/v1/notify/endpoints", status: 201 },
+  removeNotifyEndpoint: { method: "POST", path: "/v1/notify/endpoints/remove", status: 200 },
+  notifyTest: { method: "POST", path: "/v1/notify/test", status: 200 },
   outboxEntries: { method: "GET", path: "/v1/outbox", status: 200 },
   outboxClaim: { method: "POST", path: "/v1/outbox/claim", status: 200 },
   outboxPut: { method: "POST", path: "/v1/outbox/put", status: 200 },
@@ -617,6 +657,23 @@ export interface ResumeLaneBody {
   reason?: string | null;
 }
 
+export interface AddNotifyEndpointBody {
+  /** Event kinds, comma-separated, or *. */
+  events: string;
+  /** Json (default) or slack. */
+  format?: string;
+  secret?: string | null;
+  url: string;
+}
+
+export interface RemoveNotifyEndpointBody {
+  endpoint_id: string;
+}
+
+export interface NotifyTestBody {
+  endpoint_id: string;
+}
+
 export interface OutboxClaimBody {
   board: string;
   lease_s?: number;
@@ -743,6 +800,10 @@ export interface Queries {
   parkLane: never;
   resumeLane: never;
   getLane: GetLaneQuery;
+  notifyEndpoints: never;
+  addNotifyEndpoint: never;
+  removeNotifyEndpoint: never;
+  notifyTest: never;
   outboxEntries: OutboxEntriesQuery;
   outboxClaim: never;
   outboxPut: never;
@@ -793,6 +854,10 @@ export interface Bodies {
   parkLane: ParkLaneBody;
   resumeLane: ResumeLaneBody;
   getLane: never;
+  notifyEndpoints: never;
+  addNotifyEndpoint: AddNotifyEndpointBody;
+  removeNotifyEndpoint: RemoveNotifyEndpointBody;
+  notifyTest: NotifyTestBody;
   outboxEntries: never;
   outboxClaim: OutboxClaimBody;
   outboxPut: OutboxPutBody;
@@ -843,6 +908,10 @@ export interface Answers {
   parkLane: Lane;
   resumeLane: Lane;
   getLane: Lane;
+  notifyEndpoints: NotifyEndpointList;
+  addNotifyEndpoint: NotifyEndpoint;
+  removeNotifyEndpoint: Removed;
+  notifyTest: NotifyEvent;
   outboxEntries: OutboxEntryList;
   outboxClaim: OutboxEntryList;
   outboxPut: OutboxEntry;

@@ -463,6 +463,24 @@ describe("attempt limits", () => {
     assert.deepEqual(await owner.grants("someone"), []);
   });
 
+  test("notify endpoints: the owner adds, lists, tests and removes one", async () => {
+    const hook = "https://hooks.slack.test/services/T0/B0/sEcReTpAtH";
+    const added = await owner.addNotifyEndpoint(hook, ["lane.stopped", "issue.blocked"], {
+      secret: "s3cret",
+    });
+    assert.equal(added.url, "https://hooks.slack.test/…");
+    assert.equal(added.has_secret, true);
+    assert.deepEqual(added.events, ["lane.stopped", "issue.blocked"]);
+    assert.ok(!JSON.stringify(await owner.notifyEndpoints()).includes("sEcReTpAtH"));
+    const event = await owner.notifyTest(added.id);
+    assert.equal(event.kind, "notify.test");
+    await rejects(worker.addNotifyEndpoint(hook, ["*"]), Forbidden);
+    await rejects(owner.addNotifyEndpoint("ftp://x.test/", ["*"]), InvalidInput);
+    assert.equal(await owner.removeNotifyEndpoint(added.id), true);
+    assert.equal(await owner.removeNotifyEndpoint(added.id), false);
+    assert.deepEqual(await owner.notifyEndpoints(), []);
+  });
+
   test("retryTask: an operator asks for one forced retry past the limit", async () => {
     const task = await worker.createTask({ title: "one more", maxAttempts: 1 });
     await failOnce(worker, task.id);
