@@ -112,6 +112,8 @@ def test_a_ledger_from_before_spend_migrates_with_its_runs_cost_unknown(tmp_path
     raw = sqlite3.connect(db, isolation_level=None)
     for table in ("run_costs", "task_budgets", "spend_warnings"):
         raw.execute(f"DROP TABLE {table}")
+    for table in ("notify_events", "notify_endpoints", "notify_deliveries"):  # issue #49's
+        raw.execute(f"DROP TABLE {table}")
     for column in ("workspace", "resumed_session", "fell_back"):
         raw.execute(f"ALTER TABLE run_extras DROP COLUMN {column}")
     raw.execute("DELETE FROM schema_version WHERE version >= 8")
@@ -135,7 +137,9 @@ def test_a_postgres_ledger_from_before_spend_migrates_with_its_runs_cost_unknown
     later = "ALTER TABLE runs DROP COLUMN workspace, DROP COLUMN resumed_session, " + (
         "DROP COLUMN fell_back"  # issue #46's steps, after spend's
     )
-    for statement in (*SPEND_UNDONE, later, "DELETE FROM schema_version WHERE version >= 6"):
+    notify = "DROP TABLE notify_events, notify_endpoints, notify_deliveries"  # issue #49's
+    undone = (*SPEND_UNDONE, later, notify, "DELETE FROM schema_version WHERE version >= 6")
+    for statement in undone:
         sql(pg_url, statement)
     done = migrate(pg_url, backed_up=True)
     assert isinstance(done, PostgresMigration) and done.from_version == 5
