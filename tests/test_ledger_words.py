@@ -44,6 +44,8 @@ _STORED_ACTIONS = {
     "spend.caps",
     "spend.warning",
     "task.set_budget",
+    "notify.add",
+    "notify.remove",
 }
 
 
@@ -122,6 +124,10 @@ def test_every_action_the_ledger_writes_is_a_member_stored_as_before(
         spender.id, usd=5.0, tokens=None, expected_usd=None, expected_tokens=None, actor=owner
     )
     ledger.start_run(spender.id, request_key="3", actor=owner, now=101.0)  # 90% of the day's
+    endpoint = ledger.add_notify_endpoint(
+        "http://127.0.0.1:9/hook", events=["*"], actor=owner, now=101.0
+    )
+    ledger.remove_notify_endpoint(endpoint.id, actor=owner, now=101.0)
     summaries = "task_summaries" if backend == "sqlite" else "tasks"
     raw_sql(f"UPDATE {summaries} SET uncharged_streak = 3")
     assert ledger.repair(now=102.0)
