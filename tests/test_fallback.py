@@ -126,6 +126,9 @@ def test_an_issue_whose_claude_lane_is_stopped_is_done_by_codex_and_says_so(
     assert f"succeeded ({fell.fell_back})" in _describe(fell, None)
     cards = [r for issue, r in board.reports if issue == "B-1"]
     assert all(fell.fell_back in r.lines for r in cards) and len(cards) == 2
+    # The card's last status says what the run cost, as codex reported it (tokens only).
+    assert cards[-1].spend == f"USD unknown, {run.usage.tokens:,} tokens", cards[-1].spend
+    assert run.usage.tokens > 0
     # Never silently: the first's wait was said too.
     assert any(e.kind is EventKind.WAITING and e.issue_id == "B-1" for e in events)
 

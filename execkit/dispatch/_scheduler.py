@@ -89,6 +89,7 @@ from execkit._lanes import STOPPING_CAUSES
 from execkit._proof import RunStatus
 from execkit._redact import redact
 from execkit._stamp import utc_stamp
+from execkit._usage import Usage
 from execkit._validate import is_number
 from execkit.dispatch._board import (
     BindableBoard,
@@ -269,6 +270,16 @@ class _Waker:
     def stop(self) -> None:
         """No more wake-ups; the thread ends after its wait in progress (it is a daemon)."""
         self._stopped.set()
+
+
+def _spend_words(usage: Usage | None) -> str | None:
+    """What the run cost, as a card's status says it (issue #45: `$0.0421 (reported),
+    1,530 tokens`; `USD unknown, 1,530 tokens` when only tokens were reported); None when
+    the CLI reported nothing."""
+    if usage is None or not usage.known:
+        return None
+    usd = "USD unknown" if usage.usd is None else f"${usage.usd:,.4f} ({usage.usd_source})"
+    return f"{usd}, {usage.tokens:,} tokens"
 
 
 def _met_upstream(outcome: RunOutcome | _NotRecorded) -> bool:
@@ -1330,6 +1341,7 @@ class Dispatcher:
                         refused=outcome.resume_refused,
                     ),
                 ),
+                spend=_spend_words(outcome.usage),
             ),
         )
         return self._event(EventKind.DISPATCHED, issue, after, **fields)
