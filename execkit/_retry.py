@@ -78,12 +78,13 @@ def wait_for_reset(
 
 def stamina_upstream_hook(
     *, clock: Callable[[], float] = time.time, max_s: float | None = None
-) -> Callable[[Exception], bool | float]:
+) -> Callable[[BaseException], bool | float]:
     """A stamina backoff hook (`stamina.retry(on=...)`): False for anything but an
     `UpstreamFailure` (not retried); for one, the seconds left until the vendor's reset
-    when it stated one (capped at `max_s` when given), else True (stamina's own backoff)."""
+    when it stated one (capped at `max_s` when given), else True (stamina's own backoff).
+    It takes any `BaseException`, as stamina 26.2 types the hook it calls."""
 
-    def hook(exc: Exception) -> bool | float:
+    def hook(exc: BaseException) -> bool | float:
         if not isinstance(exc, UpstreamFailure):
             return False
         left = _until_reset(exc, clock)
