@@ -699,12 +699,25 @@ print(json.dumps({"acked": acked, "errors": errors}))
 """
 
 
+@pytest.fixture
+def own_cluster(pg_cluster: Cluster) -> Iterator[Cluster]:
+    """A cluster of the test's own, for a test that crashes its server: the session's
+    cluster serves the tests the other pytest-xdist worker runs meanwhile."""
+    cluster = Cluster.start(pg_cluster.bindir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.mark.slow
 def test_a_server_crash_in_a_stream_of_admissions_loses_and_doubles_nothing(
-    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+    own_cluster: Cluster, tmp_path: Path
 ) -> None:
     """`pg_ctl restart -m immediate` while 4 processes admit on 2 tasks: every run a worker
     was told about is there, nothing else is, histories are valid, and admissions resume."""
+    pg_cluster = own_cluster
+    pg_url = PgSchemas(own_cluster).new()
     with open_pg(pg_url) as ledger:
         tasks = [ledger.create_task(f"t{n}", max_attempts=10000, actor="a").id for n in (1, 2)]
     names = [f"w{n}" for n in range(4)]
