@@ -65,11 +65,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_http.py
 	$(PY) benchmarks/bench_idle.py
 	$(PY) benchmarks/bench_notify.py
+	$(PY) benchmarks/bench_usage.py
 	$(PY) benchmarks/bench_dispatch.py
 	$(PY) benchmarks/bench_lanes.py
 	$(PY) benchmarks/bench_scenes.py
 	$(PY) benchmarks/bench_status.py
 	$(PY) benchmarks/bench_github.py
+	$(PY) benchmarks/bench_trackers.py
 
 # The GitHub board against real GitHub (issue #47): reads only; SKIP without GITHUB_TOKEN and
 # EXECKIT_LIVE_REPO=OWNER/NAME. Never part of `make test`.
