@@ -69,6 +69,7 @@ from execkit._classify import FailureClass, Reason
 from execkit._errors import Conflict, ExecKitError, InvalidInput, StorageError
 from execkit._exec import DEFAULT_KILL_GRACE_S, Cancellation, ProcessStarter, SpawnCancelled
 from execkit._lanes import lane_for
+from execkit._meter import SPEND_LIMIT_REASON, UsageLimit
 from execkit._proof import AgentFailed, AgentProof, RunStatus
 from execkit._redact import redact
 from execkit._usage import Usage
@@ -77,10 +78,12 @@ from execkit.ledger import (
     DEFAULT_LEASE_S,
     LANES_CAPABILITY,
     SPEND_CAPABILITY,
+    SPEND_ROOM_CAPABILITY,
     Actor,
     Ledger,
     Run,
     RunOwner,
+    SpendRoom,
     Task,
     current_owner,
 )
@@ -92,6 +95,7 @@ __all__ = [
     "AttemptOptions",
     "AttemptOutcome",
     "RunOutcome",
+    "SpendGuard",
     "adapter_lane",
     "attempt_agent",
     "failure_detail",
@@ -105,6 +109,8 @@ __all__ = [
     "run_attempt",
     "run_attempt_async",
     "runner_error",
+    "spend_guard",
+    "with_spend_stop",
 ]
 
 _log = logging.getLogger("execkit.attempt")
@@ -210,6 +216,9 @@ class RunOutcome:
     proof's), which the next attempt resumes after an upstream refusal (issue #46);
     `resumed_session` the session this attempt resumed, and `resume_refused` that the vendor
     refused it (unknown or expired) and the attempt started fresh instead, uncharged.
+    `window_stop` is why a spend window's cap stopped the run while it ran (issue #45,
+    `with_spend_stop`): the run is recorded as stopped by its runner (abandoned,
+    uncharged), with its cost, and its task waits for the window to reopen.
     """
 
     status: RunStatus = attrs.field(converter=_to_status)
@@ -226,6 +235,7 @@ class RunOutcome:
     session_id: str | None = None
     resumed_session: str | None = None
     resume_refused: bool = False
+    window_stop: str | None = attrs.field(default=None, converter=_redact_text)
 
     def __attrs_post_init__(self) -> None:
         if self.status is RunStatus.SUCCEEDED and self.failure_class is not None:
@@ -235,7 +245,10 @@ class RunOutcome:
 
     @property
     def charged(self) -> bool:
-        """True unless the failure is positively classed as uncharged (ADR 0046)."""
+        """True unless the failure is positively classed as uncharged (ADR 0046) or a
+        spend window stopped the run."""
+        if self.window_stop is not None:
+            return False
         return self.failure_class is None or self.failure_class.charged
 
     def ledger_reason(self) -> str | None:
@@ -243,6 +256,8 @@ class RunOutcome:
         else the class reason with the detail line."""
         if self.status is RunStatus.SUCCEEDED:
             return None
+        if self.window_stop is not None:
+            return self.window_stop
         if self.precondition:
             return self.precondition
         parts = [p for p in (self.reason, self.detail) if p]
@@ -360,6 +375,16 @@ def record_outcome(ledger: Ledger, run_id: str, outcome: RunOutcome, *, now: flo
     usage = outcome.usage if outcome.usage is not None and outcome.usage.known else None
     if usage is not None and SPEND_CAPABILITY not in ledger.capabilities():
         usage = None  # a server older than spend keeps the result, not its cost
+    if outcome.window_stop is not None:
+        # Stopped by a window's cap, not by the work: uncharged, as its runner stopped it.
+        return ledger.finish_run(
+            run_id,
+            AttemptStatus.ABANDONED,
+            reason=outcome.window_stop,
+            now=now,
+            stopped=True,
+            usage=usage,
+        )
     return ledger.finish_run(
         run_id,
         AttemptStatus(outcome.status),
@@ -378,6 +403,81 @@ def record_stopped(ledger: Ledger, run_id: str, reason: str, *, now: float) -> N
     abandons it), so nothing is raised."""
     with suppress(ExecKitError):
         ledger.finish_run(run_id, AttemptStatus.ABANDONED, reason=reason, now=now, stopped=True)
+
+
+class SpendGuard:
+    """A running run held to its spend caps while it runs (issue #45): `crossed` is the
+    `usage_limit` its agent's meter asks after each usage event.
+
+    It knows the run's room (`SpendRoom`: its reservation); while the run's spend stays
+    within it, nothing is asked. Past it, the ledger is asked once (`spend_room`): it
+    grows the reservation when every cap still has room, or answers the stop, kept in
+    `stopped`, and `crossed` says True: the meter stops the whole tree within that event.
+    A ledger that cannot answer (`StorageError`) is logged and asked again at the next
+    event (a hiccup must not kill a run); anything else it raises (`Conflict`: the run
+    is no longer running) propagates and stops the agent.
+    """
+
+    __slots__ = ("_clock", "_ledger", "_run_id", "asked", "room", "stopped")
+
+    def __init__(
+        self, ledger: Ledger, run_id: str, room: SpendRoom, clock: Callable[[], float]
+    ) -> None:
+        self._ledger = ledger
+        self._run_id = run_id
+        self._clock = clock
+        self.room = room
+        self.stopped: SpendRoom | None = None
+        self.asked = 0  # calls to the ledger past the room (the first one's not counted)
+
+    def crossed(self, spent: Usage) -> bool:
+        if self.stopped is not None:
+            return True
+        if self.room.allows(spent.usd, spent.tokens):
+            return False
+        self.asked += 1
+        try:
+            room = self._ledger.spend_room(self._run_id, spent=spent, now=self._clock())
+        except StorageError as exc:
+            _log.warning("run %s: its spend was not checked: %s", self._run_id, exc.message)
+            return False
+        self.room = room
+        if room.stop is None:
+            return False
+        self.stopped = room
+        return True
+
+
+def spend_guard(ledger: Ledger, run_id: str, clock: Callable[[], float]) -> SpendGuard | None:
+    """The `SpendGuard` of admitted run `run_id`, or None when no cap applies to it (or
+    the ledger cannot hold caps while a run goes: an older server): then the run is not
+    metered at all. One read of the ledger; what it raises propagates (the caller has
+    not started the agent)."""
+    if SPEND_ROOM_CAPABILITY not in ledger.capabilities():
+        return None
+    room = ledger.spend_room(run_id, now=clock())
+    return None if room.unlimited else SpendGuard(ledger, run_id, room, clock)
+
+
+def with_spend_stop(outcome: RunOutcome, guard: SpendGuard | None) -> RunOutcome:
+    """`outcome` as the cap that stopped its run says (issue #45): the task's own budget
+    keeps it a charged work failure, its detail naming the budget and the command that
+    raises it (the task is then blocked on `spend`); a window's cap makes it a stop
+    (`window_stop`, uncharged), the task waiting for the window. Any other outcome is
+    returned as it is."""
+    stop = None if guard is None else guard.stopped
+    if stop is None or stop.stop is None or outcome.reason != SPEND_LIMIT_REASON:
+        return outcome
+    if stop.by_task:
+        return attrs.evolve(outcome, detail=stop.stop, not_before=None, lane_cause=None)
+    return attrs.evolve(
+        outcome,
+        failure_class=None,
+        detail=None,
+        not_before=None,
+        lane_cause=None,
+        window_stop=f"stopped: {stop.stop}",
+    )
 
 
 def adapter_lane(adapter: Adapter, *, ledger_id: str, env: Mapping[str, str]) -> str:
@@ -626,6 +726,9 @@ def _run_admitted(
 ) -> AttemptOutcome:
     """Steps 2 to 4 for a run this call admitted and claimed."""
     clock = options.clock
+    # Before the agent starts: a ledger that cannot say the run's room leaves the run to
+    # its lease (abandoned, uncharged) rather than running it unguarded.
+    guard = spend_guard(ledger, run.id, clock)
     try:
         proof = attempt_agent(
             adapter,
@@ -635,6 +738,7 @@ def _run_admitted(
             heartbeat_s=options.lease_s / 3,
             cancel=cancel,
             recorder=recorder,
+            usage_limit=None if guard is None else guard.crossed,
         )
     except SpawnCancelled:
         # Stopped by its caller: the tree is gone; the run says so.
@@ -646,7 +750,7 @@ def _run_admitted(
         with suppress(ExecKitError):
             record_outcome(ledger, run.id, runner_error(exc), now=clock())
         raise
-    outcome = outcome_of(adapter, proof, clock)
+    outcome = with_spend_stop(outcome_of(adapter, proof, clock), guard)
     ended = record_outcome(ledger, run.id, outcome, now=clock())
     after = ledger.get_task(run.task_id, now=clock(), cap=options.cap)
     return _attempt_outcome(ended, after, outcome, proof)
@@ -661,12 +765,14 @@ def attempt_agent(
     heartbeat_s: float,
     cancel: Cancellation | None,
     recorder: RunRecorder | None = None,
+    usage_limit: UsageLimit | None = None,
 ) -> AgentProof:
     """Run the agent of an admitted run and return its proof, failed or not: the one call
     `run_attempt` and the dispatcher's `AdapterRunner` make, with the agent's part of
     `options`. `heartbeat` renews the run's lease every `heartbeat_s` seconds; `cancel`
     stops the whole tree (`SpawnCancelled` propagates, as does anything a hook, the
-    adapter or the heartbeat raised)."""
+    adapter or the heartbeat raised); `usage_limit` is the run's `SpendGuard.crossed`
+    (its caps held while it runs), None for none."""
     try:
         return run_agent(
             adapter,
@@ -685,6 +791,7 @@ def attempt_agent(
             start=options.start,
             cancel=cancel,
             clock=options.clock,
+            usage_limit=usage_limit,
         )
     except AgentFailed as failed:
         return failed.proof
@@ -700,7 +807,9 @@ def _attempt_outcome(
         attempt=run.attempt,
         status=run.status,
         failure_class=run.failure_class,
-        charged=not failed or run.failure_class is None or run.failure_class.charged,
+        # A run its runner stopped (a spend window's stop) is uncharged, as the ledger says.
+        charged=not run.stopped
+        and (not failed or run.failure_class is None or run.failure_class.charged),
         reason=run.reason,
         precondition=outcome.precondition,
         not_before=run.not_before,

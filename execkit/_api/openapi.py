@@ -33,6 +33,7 @@ from execkit.ledger import (
     Run,
     RunOwner,
     SpendCap,
+    SpendRoom,
     SpendRow,
     Task,
     TaskBudget,
@@ -184,6 +185,7 @@ def _components() -> dict[str, Any]:
             }
         ),
         "TaskBudget": _wire_schema(TaskBudget),
+        "SpendRoom": _wire_schema(SpendRoom),
         "WindowUse": _wire_schema(WindowUse),
         "SpendRow": _wire_schema(SpendRow),
         "SpendRowList": _object({"runs": _array_of("SpendRow")}),

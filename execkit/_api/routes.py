@@ -59,6 +59,7 @@ from execkit.ledger import (
     ADMIN_ROLE,
     OPERATE_ROLE,
     SPEND_CAPABILITY,
+    SPEND_ROOM_CAPABILITY,
     AuditEvent,
     Grant,
     Ledger,
@@ -69,6 +70,7 @@ from execkit.ledger import (
     RunOwner,
     SpendCap,
     SpendConfig,
+    SpendRoom,
     SpendRow,
     Task,
     TaskBudget,
@@ -396,6 +398,16 @@ def _spend_rows(call: Call) -> tuple[int, dict[str, Any]]:
         raise InvalidInput(f"since must be POSIX seconds, got {raw!r}", field="since") from None
     rows = call.ledger.spend_rows(since=since)
     return 200, {"runs": [row.to_dict() for row in rows]}
+
+
+def _spend_room(call: Call) -> tuple[int, dict[str, Any]]:
+    spent = call.body.get("spent")
+    try:
+        used = None if spent is None else Usage(**spent)
+    except (TypeError, InvalidInput) as exc:
+        raise InvalidInput(f"spent: {exc}", field="spent") from None
+    room = call.ledger.spend_room(call.path["run_id"], spent=used)
+    return 200, room.to_dict()
 
 
 def _task_budget(call: Call) -> tuple[int, dict[str, Any]]:
@@ -1109,6 +1121,29 @@ class LedgerRoutes:
         binds=Ledger.spend_rows,
         read=listed("runs", one(SpendRow)),
         needs=_NEEDS_SPEND,
+    )
+    spend_room = Endpoint(
+        "POST",
+        f"{_RUN_ID}/spend-room",
+        "spendRoom",
+        "What a running run may spend before it asks again: its reservation grown as it "
+        "spends, or the cap that stops it",
+        _spend_room,
+        "SpendRoom",
+        body=(
+            Field(
+                "spent",
+                "object",
+                shape="Usage",
+                nullable=True,
+                omit_none=True,
+                encode=usage_document,
+                description="what the run spent so far, read from the CLI's structure",
+            ),
+        ),
+        binds=Ledger.spend_room,
+        read=one(SpendRoom),
+        needs=Needs(SPEND_ROOM_CAPABILITY, "a running run's spend"),
     )
     task_budget = Endpoint(
         "GET",

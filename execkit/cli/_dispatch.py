@@ -348,7 +348,13 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
         if event.status is RunStatus.SUCCEEDED:
             head = f"{event.issue_id}  {attempt}  succeeded"
         else:
-            klass = event.failure_class.value if event.failure_class else "work"
+            klass = (
+                event.failure_class.value
+                if event.failure_class
+                else "work"
+                if event.charged is not False
+                else "stopped"  # by a spend window (issue #45): no class, uncharged
+            )
             charged = "charged" if event.charged else "uncharged"
             head = f"{event.issue_id}  {attempt}  {klass} ({charged}): {event.reason or '-'}"
         if event.moved_to:

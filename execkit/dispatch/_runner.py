@@ -15,6 +15,7 @@ from execkit._attempt import AttemptOptions, RunOutcome, attempt_agent, options_
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, UnknownAdapter
 from execkit._exec import Cancellation
+from execkit._meter import UsageLimit
 from execkit._proof import AgentProof, RunStatus
 from execkit._registry import adapter_names, get_adapter
 from execkit.dispatch._board import BoardIssue
@@ -35,7 +36,10 @@ class Slot:
     set when the dispatcher stops and its drain time is up: pass it to `run_agent` or
     `spawn` (`cancel=`), which end the agent's whole tree and raise `SpawnCancelled`.
     `resume_session` is the vendor session the attempt continues (issue #46: the previous
-    attempt ended on an upstream refusal in it), None to start fresh.
+    attempt ended on an upstream refusal in it), None to start fresh. `usage_limit` holds
+    the run to its spend caps while it runs (issue #45; None: no cap applies): pass it to
+    `run_agent(usage_limit=...)`, which stops the whole tree within one usage event of
+    crossing them.
     """
 
     run_id: str
@@ -46,6 +50,7 @@ class Slot:
     cancel: Cancellation
     cwd: str | None = None
     resume_session: str | None = None
+    usage_limit: UsageLimit | None = None
 
 
 class Runner(Protocol):
@@ -206,6 +211,7 @@ class AdapterRunner:
             heartbeat=slot.heartbeat,
             heartbeat_s=slot.heartbeat_s,
             cancel=slot.cancel,
+            usage_limit=slot.usage_limit,
         )
 
 

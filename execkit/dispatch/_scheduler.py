@@ -66,6 +66,8 @@ from execkit._attempt import (
     resume_line,
     resumed_after,
     runner_error,
+    spend_guard,
+    with_spend_stop,
 )
 from execkit._budget import AttemptStatus, BlockedOn
 from execkit._classify import FailureClass
@@ -1188,7 +1190,17 @@ class Dispatcher:
         after a success, then the result's write. Never raises: whatever happens is an
         outcome."""
         try:
-            outcome = self._in_workspace(issue, slot)
+            try:
+                guard = spend_guard(self.ledger, run.id, self.clock)
+            except StorageError as exc:
+                # Its room unknown, the agent does not start unguarded: stopped by its
+                # dispatcher (uncharged), or left to its lease when that write fails too.
+                _log.warning("run %s: its spend room is unknown: %s", run.id, exc.message)
+                record_stopped(self.ledger, run.id, STOPPED_REASON, now=self.clock())
+                return _STOPPED
+            if guard is not None:
+                slot = attrs.evolve(slot, usage_limit=guard.crossed)
+            outcome = with_spend_stop(self._in_workspace(issue, slot), guard)
         except SpawnCancelled:
             record_stopped(self.ledger, run.id, STOPPED_REASON, now=self.clock())
             return _STOPPED
@@ -1276,7 +1288,10 @@ class Dispatcher:
         fields: dict[str, Any] = {
             "attempt": run.attempt,
             "status": outcome.status,
-            "failure_class": (outcome.failure_class or FailureClass.WORK) if failed else None,
+            # A run a spend window stopped has no class: it says nothing of the work.
+            "failure_class": (outcome.failure_class or FailureClass.WORK)
+            if failed and outcome.window_stop is None
+            else None,
             "charged": outcome.charged,
             "reason": outcome.ledger_reason(),
             "precondition": outcome.precondition,

@@ -87,8 +87,10 @@ from execkit.ledger._open import (
 from execkit.ledger._owner import current_owner, owner_lost
 from execkit.ledger._spend import (
     SPEND_CAPABILITY,
+    SPEND_ROOM_CAPABILITY,
     SpendCap,
     SpendConfig,
+    SpendRoom,
     SpendRow,
     SpendWindow,
     TaskBudget,
@@ -116,6 +118,7 @@ __all__ = [
     "OUTBOX_CAPABILITY",
     "SCHEMA_VERSION",
     "SPEND_CAPABILITY",
+    "SPEND_ROOM_CAPABILITY",
     "WAKE_CAPABILITY",
     "Actor",
     "AuditAction",
@@ -137,6 +140,7 @@ __all__ = [
     "Spend",
     "SpendCap",
     "SpendConfig",
+    "SpendRoom",
     "SpendRow",
     "SpendWindow",
     "SqliteLedger",

@@ -36,8 +36,10 @@ from execkit._usage import Usage, UsdSource
 from execkit._validate import checked, fields_in_order, finite, integer, non_blank
 from execkit.ledger._spend import (
     SPEND_CAPABILITY,
+    SPEND_ROOM_CAPABILITY,
     SpendCap,
     SpendConfig,
+    SpendRoom,
     SpendRow,
     TaskBudget,
     WindowUse,
@@ -110,6 +112,7 @@ CAPABILITIES = frozenset(
         WAKE_CAPABILITY,
         OUTBOX_CAPABILITY,
         SPEND_CAPABILITY,
+        SPEND_ROOM_CAPABILITY,
     }
 )
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
@@ -840,6 +843,9 @@ class Ledger(Protocol):
         floor_tokens: int | None = None,
         now: float | None = None,
     ) -> SpendConfig: ...
+    def spend_room(
+        self, run_id: str, *, spent: Usage | None = None, now: float | None = None
+    ) -> SpendRoom: ...
     def task_budget(self, task_id: str) -> TaskBudget: ...
     def set_task_budget(
         self,

@@ -30,8 +30,10 @@ __all__ = [
     "DEFAULT_FLOOR_USD",
     "SPEND_CAPABILITY",
     "SPEND_META_KEY",
+    "SPEND_ROOM_CAPABILITY",
     "SpendCap",
     "SpendConfig",
+    "SpendRoom",
     "SpendRow",
     "SpendWindow",
     "TaskBudget",
@@ -43,6 +45,11 @@ SPEND_CAPABILITY = "spend.caps"
 """Spend caps (issue #45): `spend_config`, `set_spend_caps`, `task_budget`,
 `set_task_budget`, and admission against them. A client sends none to a server that does
 not advertise it (an older server would not enforce them)."""
+
+SPEND_ROOM_CAPABILITY = "spend.room"
+"""Caps held while a run goes (issue #45): `spend_room`, which grows a running run's
+reservation as its CLI reports spend, or says which cap stops it. A runner meters a run
+only against a ledger that advertises it (an older server: caps hold at admission only)."""
 
 SPEND_META_KEY = "spend"
 """ledger_meta's key for the `SpendConfig` (JSON); no key: no cap, and admission reads no
@@ -220,6 +227,50 @@ class TaskBudget:
     task_id: str
     usd: float | None = attrs.field(default=None, validator=[_USD, _positive_usd])
     tokens: int | None = attrs.field(default=None, validator=_TOKENS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+_OPT_USD = opt_checked("a finite number >= 0 (USD)", finite, ge(0))
+_OPT_TOKENS = opt_checked("an integer >= 0", integer, ge(0))
+
+
+@attrs.frozen
+class SpendRoom:
+    """What a running run may spend before it asks again (`Ledger.spend_room`, issue #45).
+
+    `usd`/`tokens` are the run's reservation now (None: no cap of that kind applies to
+    it): while its spend stays within them the runner asks nothing; past either, it asks
+    the ledger, which grows the reservation if every cap still has room, or answers the
+    stop. `stop` is then the reason the run must end (which cap, what it holds), with
+    `cap` naming the cap as a person reads it, `by_task` True when it is the task's own
+    budget (the run is charged and the task blocked on `spend`) and False for a window's
+    cap (the run is stopped uncharged and its task waits for `reopens_at`).
+    `unlimited`: no cap applies to the run at all; a runner need not meter it.
+    """
+
+    usd: float | None = attrs.field(default=None, validator=_OPT_USD)
+    tokens: int | None = attrs.field(default=None, validator=_OPT_TOKENS)
+    stop: str | None = attrs.field(default=None, validator=opt_checked("a str", instance_of(str)))
+    cap: str | None = attrs.field(default=None, validator=opt_checked("a str", instance_of(str)))
+    by_task: bool = attrs.field(default=False, validator=checked("a bool", instance_of(bool)))
+    reopens_at: float | None = attrs.field(
+        default=None, validator=opt_checked("a finite number of POSIX seconds", finite)
+    )
+
+    @property
+    def unlimited(self) -> bool:
+        return self.stop is None and self.usd is None and self.tokens is None
+
+    def allows(self, usd: float | None, tokens: int) -> bool:
+        """Whether spend of `usd` (None: unknown, which no USD figure can check) and
+        `tokens` is within this room without asking the ledger again."""
+        if self.stop is not None:
+            return False
+        if self.tokens is not None and tokens > self.tokens:
+            return False
+        return not (self.usd is not None and usd is not None and usd > self.usd + 1e-9)
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from execkit._budget import BlockedOn
+from execkit._budget import AttemptStatus, BlockedOn
 from execkit._errors import (
     AdmissionRefused,
     Conflict,
@@ -56,6 +56,7 @@ from execkit.ledger._spend import (
     SPEND_META_KEY,
     SpendCap,
     SpendConfig,
+    SpendRoom,
     SpendRow,
     SpendWindow,
     TaskBudget,
@@ -452,18 +453,180 @@ class SpendOps(WakeOps):
         window warned of (audited `spend.warning`, once a window)."""
         tx.reserve(run.id, run.task_id, lane, run.started_at, reservation.usd, reservation.tokens)
         for cap, start, share in reservation.counted:
-            if share >= WARN_SHARE and tx.note_spend_warning(cap.key, start, at):
-                tx.audit(
-                    AuditEntry(
-                        at=at,
-                        actor=run.actor,
-                        action=AuditAction.SPEND_WARNING,
-                        task_id=run.task_id,
-                        run_id=run.id,
-                        detail={"cap": cap.name, "window_start": start,
-                                "share": round(share, 4), **cap.to_dict()},
-                    )
-                )  # fmt: skip
+            self._spend_warned(tx, run, cap, start, share, at)
+
+    def _spend_warned(
+        self, tx: Tx, run: Run, cap: SpendCap, start: float, share: float, at: float
+    ) -> None:
+        """`cap`'s window (begun at `start`) at `share` of it with `run`'s reservation: at
+        80% or more, an audited `spend.warning`, once a window."""
+        if share >= WARN_SHARE and tx.note_spend_warning(cap.key, start, at):
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=run.actor,
+                    action=AuditAction.SPEND_WARNING,
+                    task_id=run.task_id,
+                    run_id=run.id,
+                    detail={"cap": cap.name, "window_start": start,
+                            "share": round(share, 4), **cap.to_dict()},
+                )
+            )  # fmt: skip
+
+    def spend_room(
+        self, run_id: str, *, spent: Usage | None = None, now: float | None = None
+    ) -> SpendRoom:
+        """What running run `run_id` may spend before it asks again, given it has `spent`
+        so far (its CLI's reports, priced; None: nothing yet) (issue #45).
+
+        While `spent` is within the run's reservation this reads and writes nothing but
+        the answer. Past it, in one transaction after the lock admission takes: if the
+        task's own budget and every window cap that applies to the run's lane still have
+        room for `spent` (beside what the task's other runs and the windows' other runs
+        hold), the reservation grows to `spent` plus the floor, no further than the
+        tightest cap, and is returned; otherwise the reservation becomes `spent` (the
+        windows count it) and the answer is the stop (`SpendRoom.stop`: the task's budget
+        first, then the caps in order). So runs that spend concurrently never together
+        pass a cap by more than each one's last usage event. A cap of USD cannot check a
+        spend whose USD is unknown (a CLI reporting tokens with no price): tokens still
+        can. No spend configuration, or no cap for the run: `SpendRoom()` (unlimited).
+
+        Raises NotFound for no such run, Conflict for a run that is not running, and
+        InvalidInput naming `spent` for a value that is not a `Usage`."""
+        used = check_usage(spent) or NO_USAGE
+        at = moment(now)
+        with self._store.read() as tx:
+            held = self._room_held(tx, run_id)
+        if isinstance(held, SpendRoom):
+            return held
+        if held[0].allows(used.usd, used.tokens):
+            return held[0]
+        with self._store.write() as tx:
+            tx.lock_spend()
+            found = self._room_held(tx, run_id)
+            if isinstance(found, SpendRoom):
+                return found  # the caps went meanwhile
+            return self._grow(tx, *found, used, at)
+
+    def _room_held(
+        self, tx: Tx, run_id: str
+    ) -> SpendRoom | tuple[SpendRoom, Run, str | None, SpendConfig, TaskBudget | None]:
+        """The unlimited room when no cap applies to the run, else what it holds now
+        (its reservation, each kind only when some cap counts it) with what `_grow`
+        reads."""
+        config = self._spend_config(tx)
+        if config is None:
+            return SpendRoom()
+        run = self._run(tx, run_id)
+        if run.status is not AttemptStatus.RUNNING:
+            raise Conflict(f"run {run_id} is {run.status}; only a running run has room to spend")
+        lane = tx.run_lane(run_id)
+        budget = tx.task_budget(run.task_id) if config.task_budgets else None
+        if budget is not None and budget.usd is None and budget.tokens is None:
+            budget = None
+        caps = config.applying(lane)
+        if budget is None and not caps:
+            return SpendRoom()
+        counted: list[tuple[float | None, int | None]] = [(c.usd, c.tokens) for c in caps]
+        if budget is not None:
+            counted.append((budget.usd, budget.tokens))
+        r_usd, r_tokens = tx.reservation(run_id)
+        held = SpendRoom(
+            r_usd if any(usd is not None for usd, _tokens in counted) else None,
+            r_tokens if any(tokens is not None for _usd, tokens in counted) else None,
+        )
+        return held, run, lane, config, budget
+
+    def _grow(
+        self, tx: Tx, held: SpendRoom, run: Run, lane: str | None, config: SpendConfig,
+        budget: TaskBudget | None, used: Usage, at: float,
+    ) -> SpendRoom:  # fmt: skip
+        """`spend_room` past the reservation, in its write transaction: the grown room,
+        or the stop."""
+        r_usd, r_tokens = tx.reservation(run.id)
+        usd, tokens = used.usd, used.tokens
+        # Each limit: (USD ceiling or None, tokens ceiling or None) for this run's own
+        # spend, what its stop says, and its window.
+        limits: list[tuple[float | None, int | None, SpendCap | None, float, float | None]] = []
+        if budget is not None:
+            t_usd, t_tokens = tx.task_spend(run.task_id)
+            limits.append((
+                None if budget.usd is None else budget.usd - (t_usd - r_usd),
+                None if budget.tokens is None else budget.tokens - (t_tokens - r_tokens),
+                None, 0.0, None,
+            ))  # fmt: skip
+        for window_cap in config.applying(lane):
+            cap = window_cap
+            start, reopens_at = window_bounds(cap, at)
+            w_usd, w_tokens, first = tx.window_spend(start, cap.lane)
+            if cap.window is SpendWindow.ROLLING_5H and first is not None:
+                reopens_at = first + (at - start)
+            mine = run.started_at >= start  # the window counts this run's reservation
+            limits.append((
+                None if cap.usd is None else cap.usd - (w_usd - (r_usd if mine else 0.0)),
+                None if cap.tokens is None else cap.tokens - (w_tokens - (r_tokens if mine else 0)),
+                cap, start, reopens_at,
+            ))  # fmt: skip
+        for ceiling_usd, ceiling_tokens, limit_cap, _start, reopens in limits:
+            over_usd = ceiling_usd is not None and usd is not None and usd > ceiling_usd + 1e-9
+            over_tokens = ceiling_tokens is not None and tokens > ceiling_tokens
+            if over_usd or over_tokens:
+                # The windows count what it spent from now on, not its older reservation.
+                tx.set_reservation(
+                    run.id, r_usd if usd is None else max(r_usd, usd), max(r_tokens, tokens)
+                )
+                return _stopped(run, limit_cap, budget, used, over_usd, reopens)
+        usd_room = [c for c, _t, _c, _s, _r in limits if c is not None]
+        tokens_room = [t for _c, t, _cap, _s, _r in limits if t is not None]
+        new_usd = r_usd
+        if usd is not None and usd_room:
+            new_usd = max(usd, min(usd + config.floor_usd, *usd_room))
+        new_tokens = r_tokens
+        if tokens_room:
+            new_tokens = max(tokens, min(tokens + max(config.floor_tokens, 1), *tokens_room))
+        tx.set_reservation(run.id, new_usd, new_tokens)
+        for ceiling_usd, ceiling_tokens, counted_cap, start, _reopens in limits:
+            if counted_cap is None:
+                continue
+            cap = counted_cap
+            share = max(
+                (cap.usd - ceiling_usd + new_usd) / cap.usd
+                if cap.usd and ceiling_usd is not None else 0.0,
+                (cap.tokens - ceiling_tokens + new_tokens) / cap.tokens
+                if cap.tokens and ceiling_tokens is not None else 0.0,
+            )  # fmt: skip
+            self._spend_warned(tx, run, cap, start, share, at)
+        return SpendRoom(
+            new_usd if held.usd is not None else None,
+            new_tokens if held.tokens is not None else None,
+        )
+
+
+def _stopped(
+    run: Run, cap: SpendCap | None, budget: TaskBudget | None, used: Usage, over_usd: bool,
+    reopens: float | None,
+) -> SpendRoom:  # fmt: skip
+    """The stop of a run whose spend crossed `cap` (None: its task's own `budget`)."""
+    spent = (
+        f"{_money(used.usd)}" if over_usd and used.usd is not None else f"{used.tokens:,} tokens"
+    )
+    if cap is None:
+        assert budget is not None
+        limit = _money(budget.usd or 0) if over_usd else f"{budget.tokens or 0:,} tokens"
+        return SpendRoom(
+            stop=f"the task's budget of {limit} is spent (this run reached {spent}); "
+            f"an operator can raise it: execkit task set-budget {run.task_id} --usd N --tokens N",
+            cap="the task's budget",
+            by_task=True,
+        )
+    limit = _money(cap.usd or 0) if over_usd else f"{cap.tokens or 0:,} tokens"
+    return SpendRoom(
+        stop=f"{cap.name} of {limit} is spent (this run reached {spent}); it reopens at "
+        f"{when(reopens or 0.0)}; nothing was charged",
+        cap=cap.name,
+        by_task=False,
+        reopens_at=reopens,
+    )
 
 
 def _used(cap: SpendCap, usd: float, tokens: int) -> str:

@@ -1348,6 +1348,17 @@ class PostgresTx:
         # that committed before.
         self.lock_advisory(*_SPEND_LOCK)
 
+    def reservation(self, run_id: str) -> tuple[float, int]:
+        row = self._one("SELECT reserved_usd, reserved_tokens FROM runs WHERE id = %s", (run_id,))
+        return (0.0, 0) if row is None else (float(row[0]), int(row[1]))
+
+    def set_reservation(self, run_id: str, usd: float, tokens: int) -> None:
+        self._queue(
+            "runs",
+            "UPDATE runs SET reserved_usd = %s, reserved_tokens = %s WHERE id = %s",
+            (usd, tokens, run_id),
+        )
+
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
         if lane is None:
             row = self._one(

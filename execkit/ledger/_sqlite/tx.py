@@ -425,6 +425,18 @@ class SqliteTx:
     def lock_spend(self) -> None:
         """Nothing: a write transaction holds the database's write lock from BEGIN."""
 
+    def reservation(self, run_id: str) -> tuple[float, int]:
+        row = self._conn.execute(
+            "SELECT reserved_usd, reserved_tokens FROM run_costs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return (0.0, 0) if row is None else (float(row[0]), int(row[1]))
+
+    def set_reservation(self, run_id: str, usd: float, tokens: int) -> None:
+        self._conn.execute(
+            "UPDATE run_costs SET reserved_usd = ?, reserved_tokens = ? WHERE run_id = ?",
+            (usd, tokens, run_id),
+        )
+
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
         sql = (
             f"SELECT {_EFFECTIVE}, MIN(c.started_at) FROM run_costs c "

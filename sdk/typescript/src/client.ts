@@ -23,6 +23,7 @@ import {
   RUN_OWNERS,
   LANES,
   SPEND,
+  SPEND_ROOM,
   NOTIFY,
   WAKE,
   MAX_ATTEMPT_LIMIT,
@@ -74,6 +75,8 @@ import {
   type SetTaskBudgetBody,
   type SpendCap,
   type SpendConfig,
+  type SpendRoom,
+  type SpendRoomBody,
   type SpendRow,
   type StartRunBody,
   type TaskBudget,
@@ -1123,6 +1126,22 @@ export class ExeckitClient {
     await this.#require(SPEND, "read the runs' spend", "spend caps");
     const doc = await this.#send("spendRows", { query });
     return this.#list(doc, "runs") as SpendRow[];
+  }
+
+  /** What running run `runId` may spend before it asks again, given what it `spent` so far
+   * (issue #45): its reservation, grown while every cap has room, or `stop` naming the cap
+   * that ends it (`byTask`: the task's own budget, charged; else a window's, uncharged). */
+  async spendRoom(runId: string, spent?: Usage | null): Promise<SpendRoom> {
+    const id = identifier("runId", runId);
+    const body: SpendRoomBody = {};
+    if (spent !== undefined && spent !== null) {
+      if (typeof spent !== "object" || Array.isArray(spent)) {
+        throw invalid("spent", "must be an object (tokens by kind, usd, usd_source, model)");
+      }
+      body.spent = spent;
+    }
+    await this.#require(SPEND_ROOM, "hold a run to its spend caps", "a running run's spend");
+    return (await this.#send("spendRoom", { params: { run_id: id }, body })) as unknown as SpendRoom;
   }
 
   /** The task's own spend cap (usd and tokens null: none). */

@@ -52,6 +52,7 @@ export {
   RUN_OWNERS,
   LANES,
   SPEND,
+  SPEND_ROOM,
   NOTIFY,
   WAKE,
   MAX_ATTEMPT_LIMIT,

@@ -88,6 +88,9 @@ export const LANES = "vendor.lanes";
  * `setTaskBudget`; admission against them. */
 export const SPEND = "spend.caps";
 
+/** The capability of caps held while a run goes (issue #45): `spendRoom`. */
+export const SPEND_ROOM = "spend.room";
+
 /** The capability of wake-ups: `wakeSeq` and `waitForWake` (issue #51). */
 export const WAKE = "ledger.wake";
 

@@ -382,6 +382,15 @@ export interface SpendConfig {
   readonly task_budgets: boolean;
 }
 
+export interface SpendRoom {
+  readonly by_task: boolean;
+  readonly cap: string | null;
+  readonly reopens_at: number | null;
+  readonly stop: string | null;
+  readonly tokens: number | null;
+  readonly usd: number | null;
+}
+
 export interface SpendRow {
   readonly cache_read_tokens: number;
   readonly cache_write_tokens: number;
@@ -525,6 +534,7 @@ export const OPERATIONS = {
   abandonRun: { method: "POST", path: "/v1/runs/{run_id}/abandon", status: 200 },
   finishRun: { method: "POST", path: "/v1/runs/{run_id}/finish", status: 200 },
   heartbeat: { method: "POST", path: "/v1/runs/{run_id}/heartbeat", status: 200 },
+  spendRoom: { method: "POST", path: "/v1/runs/{run_id}/spend-room", status: 200 },
   spendConfig: { method: "GET", path: "/v1/spend/caps", status: 200 },
   setSpendCap: { method: "POST", path: "/v1/spend/caps", status: 200 },
   spendRows: { method: "GET", path: "/v1/spend/runs", status: 200 },
@@ -720,6 +730,11 @@ export interface HeartbeatBody {
   lease_s?: number | null;
 }
 
+export interface SpendRoomBody {
+  /** What the run spent so far, read from the CLI's structure. */
+  spent?: Usage | null;
+}
+
 export interface SetSpendCapBody {
   /** Window (day, 5h, week), lane (null: ledger-wide), usd, tokens, tz. */
   cap?: SpendCap | null;
@@ -814,6 +829,7 @@ export interface Queries {
   abandonRun: never;
   finishRun: never;
   heartbeat: never;
+  spendRoom: never;
   spendConfig: never;
   setSpendCap: never;
   spendRows: SpendRowsQuery;
@@ -868,6 +884,7 @@ export interface Bodies {
   abandonRun: AbandonRunBody;
   finishRun: FinishRunBody;
   heartbeat: HeartbeatBody;
+  spendRoom: SpendRoomBody;
   spendConfig: never;
   setSpendCap: SetSpendCapBody;
   spendRows: never;
@@ -922,6 +939,7 @@ export interface Answers {
   abandonRun: Run;
   finishRun: Run;
   heartbeat: Run;
+  spendRoom: SpendRoom;
   spendConfig: SpendConfig;
   setSpendCap: SpendConfig;
   spendRows: SpendRowList;

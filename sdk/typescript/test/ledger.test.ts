@@ -748,4 +748,32 @@ describe("spend (issue #45)", () => {
       Conflict,
     );
   });
+
+  test("a running run's room grows as it spends, and names the cap that stops it", async () => {
+    await operator.setSpendCap({
+      cap: { window: "week", lane: null, usd: 2, tokens: null, tz: "UTC" },
+      floorUsd: 0.25,
+    });
+    const task = await worker.createTask({ title: "spend: metered" });
+    const run = await worker.startRun(task.id);
+    const spent = (usd: number) => ({
+      input_tokens: 0,
+      output_tokens: 10,
+      cache_read_tokens: 0,
+      cache_write_tokens: 0,
+      usd,
+      usd_source: "reported" as const,
+      model: null,
+      premium_requests: 0,
+    });
+    // It reserved the p90 of the recent costs ($0.42 above), and grows by the floor.
+    assert.equal((await worker.spendRoom(run.id)).usd, 0.42);
+    assert.equal((await worker.spendRoom(run.id, spent(0.5))).usd, 0.75);
+    const stop = await worker.spendRoom(run.id, spent(1.7));
+    assert.deepEqual([stop.cap, stop.by_task], ["the week's budget", false]);
+    assert.ok(stop.stop?.includes("is spent") && stop.reopens_at !== null);
+    await rejects(worker.spendRoom(run.id, 3 as never), InvalidInput);
+    await worker.finishRun(run.id, { status: "abandoned", stopped: true, usage: spent(1.7) });
+    await operator.setSpendCap({ cap: { window: "week", lane: null, usd: null, tokens: null, tz: "UTC" } });
+  });
 });

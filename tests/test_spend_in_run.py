@@ -1,0 +1,344 @@
+"""Caps held while a run goes (issue #45): `spend_room` grows a running run's reservation as
+its CLI reports spend, or says which cap stops it; `run_attempt` and the dispatcher meter the
+run against it and stop the whole tree within one usage event. On SQLite, PostgreSQL and
+through `execkit serve`, with real processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ledger_backends import AnyLedger, open_at
+from test_dispatch import ROOMY, Clock
+from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
+
+from adapters.opencode import OpencodeAdapter
+from execkit import AgentRequest, MappedResult, SpawnResult
+from execkit._attempt import AttemptOptions, SpendGuard, run_attempt, spend_guard
+from execkit._classify import FailureClass
+from execkit._errors import Conflict, InvalidInput, NotFound, SpendCapReached
+from execkit._exec import Line
+from execkit._usage import Usage, UsdSource
+from execkit.dispatch import AdapterRunner, BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard
+from execkit.ledger import SpendCap, SpendRoom, SpendWindow, open_ledger
+
+NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+MIDNIGHT = 1_799_971_200.0
+TOMORROW = MIDNIGHT + 86400
+LANE = "opencode/default"
+
+
+def spent(usd: float | None, tokens: int = 0) -> Usage:
+    source = UsdSource.REPORTED if usd is not None else UsdSource.UNKNOWN
+    return Usage(output_tokens=tokens, usd=usd, usd_source=source)
+
+
+# -- the ledger's answer -------------------------------------------------------------------
+
+
+def test_the_room_grows_by_the_floor_up_to_the_cap_then_stops(ledger: AnyLedger) -> None:
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=2.0), actor=ME, floor_usd=0.5)
+    task = ledger.create_task("t", actor=ME).id
+    run = ledger.start_run(task, request_key="1", actor=ME, now=NOW)
+    assert ledger.spend_room(run.id, now=NOW) == SpendRoom(usd=0.5)  # its reservation
+    assert ledger.spend_room(run.id, spent=spent(0.3), now=NOW) == SpendRoom(usd=0.5)
+    assert ledger.spend_room(run.id, spent=spent(0.7), now=NOW) == SpendRoom(usd=1.2)
+    # The windows see the grown reservation at once.
+    assert ledger.spend_windows(now=NOW)[0].usd == pytest.approx(1.2)
+    assert ledger.spend_room(run.id, spent=spent(1.9), now=NOW) == SpendRoom(usd=2.0)
+    stop = ledger.spend_room(run.id, spent=spent(2.05), now=NOW)
+    assert (stop.cap, stop.by_task, stop.reopens_at) == ("the day's budget", False, TOMORROW)
+    assert stop.stop is not None and "$2.00 is spent" in stop.stop and "$2.05" in stop.stop
+    assert "nothing was charged" in stop.stop and not stop.unlimited
+    # What it spent is what the window holds from now on.
+    assert ledger.spend_windows(now=NOW)[0].usd == pytest.approx(2.05)
+
+
+def test_runs_sharing_a_cap_never_together_pass_it_by_more_than_their_last_events(
+    ledger: AnyLedger,
+) -> None:
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=2.0), actor=ME, floor_usd=0.5)
+    a, b = (ledger.create_task(name, actor=ME).id for name in "ab")
+    run_a = ledger.start_run(a, request_key="a", actor=ME, now=NOW)
+    run_b = ledger.start_run(b, request_key="b", actor=ME, now=NOW)
+    # A grows as far as B's reservation leaves: $2.00 - $0.50.
+    assert ledger.spend_room(run_a.id, spent=spent(1.2), now=NOW) == SpendRoom(usd=1.5)
+    # B, past its reservation, finds no room beside A's: stopped.
+    stop = ledger.spend_room(run_b.id, spent=spent(0.6), now=NOW)
+    assert stop.stop is not None and stop.cap == "the day's budget"
+    ledger.finish_run(run_b.id, "abandoned", stopped=True, usage=spent(0.6), now=NOW + 1)
+    # Within its room A asks nothing; past it, B's $0.60 leaves it $1.40: stopped.
+    assert ledger.spend_room(run_a.id, spent=spent(1.45), now=NOW + 2) == SpendRoom(usd=1.5)
+    stop = ledger.spend_room(run_a.id, spent=spent(1.55), now=NOW + 2)
+    assert stop.stop is not None
+    assert ledger.spend_windows(now=NOW + 2)[0].usd == pytest.approx(0.6 + 1.55)
+
+
+def test_the_tasks_own_budget_stops_its_run_charged(ledger: AnyLedger) -> None:
+    ledger.set_spend_cap(actor=ME, floor_usd=0.2)
+    task = ledger.create_task("t", actor=ME).id
+    ledger.set_task_budget(
+        task, usd=1.0, tokens=None, expected_usd=None, expected_tokens=None, actor=ME
+    )
+    first = ledger.start_run(task, request_key="1", actor=ME, now=NOW)
+    ledger.finish_run(
+        first.id, "failed", failure_class=FailureClass.WORK, usage=spent(0.3), now=NOW + 1
+    )
+    run = ledger.start_run(task, request_key="2", actor=ME, now=NOW + 2, ignore_backoff=True)
+    # It reserved the p90 of its lane's recent costs ($0.30, above the floor); it may grow
+    # by the floor, up to what the task's first run left of its budget ($0.70).
+    assert ledger.spend_room(run.id, now=NOW + 2) == SpendRoom(usd=0.3)
+    assert ledger.spend_room(run.id, spent=spent(0.45), now=NOW + 2) == SpendRoom(usd=0.65)
+    assert ledger.spend_room(run.id, spent=spent(0.69), now=NOW + 2).usd == pytest.approx(0.7)
+    stop = ledger.spend_room(run.id, spent=spent(0.75), now=NOW + 3)
+    assert (stop.by_task, stop.cap, stop.reopens_at) == (True, "the task's budget", None)
+    assert stop.stop is not None and f"execkit task set-budget {task}" in stop.stop
+
+
+def test_tokens_are_held_when_the_usd_is_unknown(ledger: AnyLedger) -> None:
+    ledger.set_spend_cap(
+        SpendCap(SpendWindow.DAY, usd=1.0, tokens=1000), actor=ME, floor_usd=0.1, floor_tokens=300
+    )
+    run = ledger.start_run(ledger.create_task("t", actor=ME).id, request_key="1", actor=ME, now=NOW)
+    assert ledger.spend_room(run.id, now=NOW) == SpendRoom(usd=0.1, tokens=300)
+    # USD unknown (tokens only, no price): the USD cap cannot check it, the tokens cap does.
+    assert ledger.spend_room(run.id, spent=spent(None, 400), now=NOW) == SpendRoom(0.1, 700)
+    stop = ledger.spend_room(run.id, spent=spent(None, 1001), now=NOW)
+    assert stop.stop is not None and "1,000 tokens is spent" in stop.stop
+
+
+def test_no_cap_for_the_run_is_unlimited_and_bad_calls_change_nothing(ledger: AnyLedger) -> None:
+    task = ledger.create_task("t", actor=ME).id
+    run = ledger.start_run(task, request_key="1", actor=ME, now=NOW, lane=LANE)
+    assert ledger.spend_room(run.id, now=NOW).unlimited  # no spend configuration
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, lane="claude/x", usd=1.0), actor=ME)
+    assert ledger.spend_room(run.id, spent=spent(9.0), now=NOW).unlimited  # another lane's
+    with pytest.raises(InvalidInput) as bad:
+        ledger.spend_room(run.id, spent=3.0, now=NOW)  # type: ignore[arg-type]
+    assert bad.value.field == "usage"
+    with pytest.raises(NotFound):
+        ledger.spend_room("no-such-run", now=NOW)
+    ledger.finish_run(run.id, "succeeded", now=NOW + 1)
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME)
+    with pytest.raises(Conflict, match="only a running run"):
+        ledger.spend_room(run.id, spent=spent(5.0), now=NOW + 2)
+
+
+def test_the_room_comes_through_the_server(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    client.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.25)
+    run = client.start_run(client.create_task("t", actor=ME).id, request_key="1", actor=ME)
+    assert client.spend_room(run.id) == SpendRoom(usd=0.25)
+    assert client.spend_room(run.id, spent=spent(0.5)) == SpendRoom(usd=0.75)
+    stop = client.spend_room(run.id, spent=spent(1.5))
+    assert stop.stop is not None and stop.cap == "the day's budget"
+    assert stop.reopens_at is not None and not stop.by_task
+    assert remote.ledger.spend_windows()[0].usd == 1.5  # what it spent, held
+
+
+# -- the invariant: concurrent runs stop within one event of what the cap leaves ------------
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    cap=st.sampled_from([1.0, 2.5, 10.0]),
+    floor=st.sampled_from([0.05, 0.2, 0.5]),
+    events=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=60),
+)
+def test_prop_concurrent_runs_pass_a_cap_by_at_most_their_crossing_events(
+    tmp_path_factory: pytest.TempPathFactory,
+    cap: float,
+    floor: float,
+    events: list[tuple[int, int]],
+) -> None:
+    target = str(tmp_path_factory.mktemp("prop") / "ledger.db")
+    with open_at(target) as ledger:
+        ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=cap), actor=ME, floor_usd=floor)
+        guards: list[SpendGuard] = []
+        totals: list[float] = []
+        crossing: list[float] = []
+        for n in range(4):
+            task = ledger.create_task(f"t{n}", actor=ME).id
+            try:
+                run = ledger.start_run(task, request_key=str(n), actor=ME, now=NOW)
+            except SpendCapReached:
+                break
+            guard = spend_guard(ledger, run.id, lambda: NOW)
+            assert guard is not None
+            guards.append(guard)
+            totals.append(0.0)
+            crossing.append(0.0)
+        for who, cents in events:
+            if who >= len(guards) or guards[who].stopped is not None:
+                continue
+            totals[who] += cents / 100
+            if guards[who].crossed(spent(totals[who])):
+                crossing[who] = cents / 100
+        # Each run's spend is held in the window (its grown reservation, or what it spent).
+        held = ledger.spend_windows(now=NOW)[0].usd
+        assert held >= sum(totals) - 1e-9
+        # Together they passed the cap by no more than the events that crossed it.
+        assert sum(totals) <= cap + sum(crossing) + 1e-9
+        for guard in guards:
+            if guard.stopped is not None:
+                # Stopped only once what it spent no longer fitted beside what the others
+                # held (and nobody's holding shrinks while all run).
+                assert guard.stopped.cap == "the day's budget"
+                assert held > cap - 1e-9
+
+
+# -- a real process stopped within one usage event ----------------------------------------
+
+# Prints an opencode `step_finish` event every `interval` seconds, each costing `usd` and
+# `tokens` output tokens, forever: only a stop ends it.
+STREAMER = r"""
+import json, sys, time
+usd, tokens, interval = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+sys.stdout.write(json.dumps({"type": "step_start", "sessionID": "ses_1"}) + "\n")
+while True:
+    part = {"type": "step-finish", "cost": usd, "tokens": {"input": 0, "output": tokens,
+            "reasoning": 0, "cache": {"read": 0, "write": 0}}, "modelID": "m"}
+    sys.stdout.write(json.dumps({"type": "step_finish", "part": part}) + "\n")
+    sys.stdout.flush()
+    time.sleep(interval)
+"""
+
+
+class StreamingOpencode:
+    """opencode's reading of a stand-in CLI that streams costed steps (a real process)."""
+
+    name = "opencode"
+    binary = sys.executable
+    install_hint = "-"
+    login_hint = None
+
+    def __init__(self, usd: float = 0.1, tokens: int = 100, interval: float = 0.0) -> None:
+        self.args = [str(usd), str(tokens), str(interval)]
+        self.reader = OpencodeAdapter()
+
+    def build_argv(self, request: AgentRequest) -> list[str]:
+        return [sys.executable, "-c", STREAMER, *self.args]
+
+    def parse(self, result: SpawnResult) -> MappedResult:
+        return self.reader.parse(result)
+
+    def usage_of(self, line: Line) -> Usage | None:
+        return self.reader.usage_of(line)
+
+
+OPTIONS = AttemptOptions(actor=ME, lane=None, clock=lambda: NOW)
+REQUEST = AgentRequest(prompt="go", timeout_s=120)
+
+
+def test_a_run_its_tasks_budget_stops_is_charged_and_blocks_the_task(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        ledger.set_spend_cap(actor=ME, floor_usd=0.25)
+        task = ledger.create_task("t", actor=ME).id
+        ledger.set_task_budget(
+            task, usd=1.0, tokens=None, expected_usd=None, expected_tokens=None, actor=ME
+        )
+        outcome = run_attempt(ledger, task, StreamingOpencode(usd=0.1), REQUEST, OPTIONS)
+        run = ledger.run(outcome.run_id)
+        # Stopped at the event that crossed $1.00: the eleventh. What the CLI printed
+        # before its tree was gone is read and counted too: the run's cost is all of it.
+        assert outcome.reason is not None and "this run reached $1.10" in outcome.reason
+        assert run.usd is not None and run.usd >= 1.1 - 1e-9
+        assert (outcome.status, outcome.failure_class, outcome.charged) == ("failed", "work", True)
+        assert outcome.reason is not None and outcome.reason.startswith("spend limit: ")
+        assert "the task's budget of $1.00 is spent" in outcome.reason
+        assert (outcome.state, outcome.blocked_on) == ("blocked", "spend")
+        assert "execkit task set-budget" in (outcome.decision or "")
+
+
+def test_a_run_a_window_stops_is_uncharged_and_its_task_waits_for_the_window(
+    tmp_path: Path,
+) -> None:
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        ledger.set_spend_cap(SpendCap(SpendWindow.DAY, tokens=1000), actor=ME, floor_tokens=200)
+        task = ledger.create_task("t", actor=ME).id
+        outcome = run_attempt(ledger, task, StreamingOpencode(tokens=100), REQUEST, OPTIONS)
+        run = ledger.run(outcome.run_id)
+        assert (run.status, run.stopped, run.failure_class) == ("abandoned", True, None)
+        assert "this run reached 1,100 tokens" in (outcome.reason or "")
+        assert run.usage.tokens >= 1100
+        assert outcome.charged is False and outcome.reason is not None
+        assert outcome.reason.startswith("stopped: the day's budget of 1,000 tokens is spent")
+        shown = ledger.get_task(task, now=NOW)
+        assert (shown.charged_attempts, shown.state) == (0, "ready")
+        with pytest.raises(SpendCapReached) as waiting:
+            run_attempt(ledger, task, StreamingOpencode(tokens=100), REQUEST, OPTIONS)
+        assert waiting.value.reopens_at == TOMORROW
+
+
+def test_a_run_with_room_is_not_stopped(tmp_path: Path) -> None:
+    finite = [
+        "import json; print(json.dumps({'type': 'step_finish', 'part': {'cost': 0.2, "
+        "'tokens': {'output': 10}}}))"
+    ]
+
+    class OneStep(StreamingOpencode):
+        def build_argv(self, request: AgentRequest) -> list[str]:
+            return [sys.executable, "-c", *finite]
+
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=5.0), actor=ME, floor_usd=0.1)
+        task = ledger.create_task("t", actor=ME).id
+        outcome = run_attempt(ledger, task, OneStep(), REQUEST, OPTIONS)
+        assert outcome.reason is None or "spend" not in outcome.reason
+        assert ledger.run(outcome.run_id).usd == pytest.approx(0.2)
+
+
+def test_the_dispatcher_stops_a_run_at_its_issues_budget(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        ledger.set_spend_cap(actor=ME, floor_usd=0.25)
+        board = InMemoryBoard(
+            [BoardIssue("ISS-1", "one", "todo", prompt="go", budget_usd=0.5, adapter="opencode")]
+        )
+        runner = AdapterRunner(StreamingOpencode(usd=0.1), timeout_s=120)
+        clock = Clock(NOW)
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
+        events = []
+        for _ in range(40):
+            events += dispatcher.tick()
+            if board.get("ISS-1").state == "blocked":
+                break
+            clock.now += 0.05
+        (run,) = ledger.runs(ledger.list_tasks()[0].id)
+        assert run.usd is not None and run.usd >= 0.6 - 1e-9
+        assert "this run reached $0.60" in (run.reason or "")
+        assert (run.status, run.failure_class) == ("failed", "work")
+        dispatched = [e for e in events if e.kind == "dispatched"]
+        assert dispatched[0].charged is True and dispatched[0].blocked_on == "spend"
+        assert "the task's budget of $0.50 is spent" in (dispatched[0].reason or "")
+        assert board.get("ISS-1").state == "blocked"
+
+
+def test_spend_stops_are_worded_for_the_operator(tmp_path: Path) -> None:
+    from execkit.cli._dispatch import describe_event
+
+    with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
+        ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=0.3), actor=ME, floor_usd=0.1)
+        board = InMemoryBoard([BoardIssue("ISS-1", "one", "todo", prompt="go", adapter="opencode")])
+        runner = AdapterRunner(StreamingOpencode(usd=0.1), timeout_s=120)
+        clock = Clock(NOW)
+        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
+        events = []
+        for _ in range(40):
+            events += dispatcher.tick()
+            if any(e.kind == "waiting" for e in events):
+                break
+            clock.now += 0.05
+        (stopped,) = [e for e in events if e.kind == "dispatched"]
+        line = describe_event(stopped, now=clock.now)
+        assert "attempt 1/3  stopped (uncharged): stopped: the day's budget of $0.30" in line
+        waiting = [e for e in events if e.kind == "waiting"]
+        assert "waiting on the day's budget until 2027-01-16T00:00" in (waiting[0].reason or "")
+        assert json.loads(json.dumps(stopped.to_dict()))["charged"] is False
