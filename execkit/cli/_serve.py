@@ -2,6 +2,8 @@
 
     execkit serve --db TARGET --listen 127.0.0.1:8750 --tokens FILE [--without-capability NAME]
                   [--max-connections N] [--idle-timeout S] [--head-timeout S]
+                  [--github-webhook-secret-file FILE] [--linear-webhook-secret-file FILE]
+                  [--gitlab-webhook-secret-file FILE]
     execkit serve --add-token FILE --actor NAME [--role ROLE ...]
 
 The server is `execkit.server` (Starlette on uvicorn, the optional extra
@@ -61,8 +63,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "from --tokens; the ledger's rules and grants apply as for a local caller, with the "
             "token's actor acting. It serves the operator's dashboard at / (any token reads, "
             "agent.operate acts), /healthz, /readyz and /metrics, and writes one JSON "
-            "access-log line per request on stderr. Listens on loopback only unless "
-            "--allow-non-loopback. "
+            "access-log line per request on stderr. With a tracker's webhook secret file it "
+            "answers that tracker's webhook on POST /hooks/github, /hooks/linear or "
+            "/hooks/gitlab: each new delivery wakes the dispatchers at once instead of at "
+            "their next poll. Listens on loopback only unless --allow-non-loopback. "
             "With --add-token FILE: mint a token for --actor with the given --role(s), store "
             "its hash in FILE and print the token once."
         ),
@@ -93,8 +97,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             f"--{tracker}-webhook-secret-file",
             metavar="FILE",
             default=None,
-            help=f"the secret of a {checks} (a file only its owner may read); each new "
-            "delivery wakes the dispatchers at once, a redelivery nobody",
+            help=f"a file only its owner may read, holding the secret of a {checks}; each "
+            "new delivery wakes the dispatchers at once, a redelivery nobody",
         )
     serve.add_argument(
         "--idempotency-db",
