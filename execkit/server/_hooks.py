@@ -60,6 +60,9 @@ __all__ = [
     "HookKind",
     "hook_path",
     "read_webhook_secret",
+    "verify_github",
+    "verify_gitlab",
+    "verify_linear",
 ]
 
 MAX_HOOK_BODY_BYTES = 25 * 1024 * 1024
@@ -104,7 +107,8 @@ def verify_linear(secret: bytes, body: bytes, headers: Mapping[str, str], now: f
     "webhookTimestamp"` are milliseconds, refused past one minute either way. The SDK
     checks the header, else the field, and skips the check when neither is there; here
     the signed field is checked too when present (the header is not signed: a replay could
-    carry a fresh one) and a delivery with neither is refused (Linear always sends them)."""
+    carry a fresh one) and a delivery with neither is refused (the SDK's payload types give
+    every delivery a `webhookTimestamp`)."""
     given = headers.get("linear-signature")
     if not _hmac_matches(secret, body, given if given and _HEX_DIGEST.match(given) else None):
         return "Linear-Signature is missing or does not match this server's webhook secret"
@@ -132,8 +136,9 @@ def verify_linear(secret: bytes, body: bytes, headers: Mapping[str, str], now: f
 
 
 def verify_gitlab(secret: bytes, body: bytes, headers: Mapping[str, str], now: float) -> str | None:
-    """GitLab: `X-Gitlab-Token` is the webhook's secret token itself (GitLab's "Webhooks",
-    "Secret token"; the body is not signed). Compared in constant time whatever the
+    """GitLab: `X-Gitlab-Token` is the webhook's secret token itself (GitLab's "Webhooks"
+    page, doc/user/project/integrations/webhooks.md, "Secret token"; the body is not
+    signed). Compared in constant time whatever the
     lengths: the digests of both are compared."""
     # A header's text is its bytes read as latin-1 (as Starlette reads them): back to bytes.
     given = (headers.get("x-gitlab-token") or "").encode("latin-1", "replace")
@@ -168,7 +173,8 @@ def hook_path(name: str) -> str:
 # GitLab: `Idempotency-Key` is "consistent across webhook retries" (GitLab 17.4+); the older
 # `X-Gitlab-Event-UUID` (14.8+) is the same for a hook and the hooks it triggered
 # ("recursive webhooks share the same value"), so it is only the fallback (GitLab's
-# "Webhooks", "Delivery headers"). A second hook sharing it wakes nobody: one poll later.
+# doc/user/project/integrations/webhooks.md, "Delivery headers"). A second hook sharing it
+# wakes nobody: its change is seen one poll later.
 HOOK_KINDS: Mapping[str, HookKind] = {
     kind.name: kind
     for kind in (
