@@ -2,6 +2,8 @@
 
     execkit serve --db TARGET --listen 127.0.0.1:8750 --tokens FILE [--without-capability NAME]
                   [--max-connections N] [--idle-timeout S] [--head-timeout S]
+                  [--github-webhook-secret-file FILE] [--linear-webhook-secret-file FILE]
+                  [--gitlab-webhook-secret-file FILE]
     execkit serve --add-token FILE --actor NAME [--role ROLE ...]
 
 The server is `execkit.server` (Starlette on uvicorn, the optional extra
@@ -26,6 +28,26 @@ __all__ = ["register"]
 
 _MAX_BODY_LIMIT = 64 * 1024 * 1024
 _MAX_TIMEOUT_S = 3600.0  # as `ConnectionLimits` allows
+# The trackers whose webhooks `execkit serve` answers (execkit.server._hooks, HOOK_KINDS),
+# each with what its route checks: `--<tracker>-webhook-secret-file`.
+_WEBHOOKS = (
+    (
+        "github",
+        "GitHub webhook: POST /hooks/github checks X-Hub-Signature-256 (401 when wrong) and "
+        "notes X-GitHub-Delivery once",
+    ),
+    (
+        "linear",
+        "Linear webhook: POST /hooks/linear checks Linear-Signature and that Linear-Timestamp "
+        "/ webhookTimestamp is within a minute of this host's clock (401 otherwise) and notes "
+        "Linear-Delivery once",
+    ),
+    (
+        "gitlab",
+        "GitLab webhook (its secret token): POST /hooks/gitlab checks X-Gitlab-Token (401 when "
+        "wrong) and notes Idempotency-Key (else X-Gitlab-Event-UUID) once",
+    ),
+)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -41,8 +63,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "from --tokens; the ledger's rules and grants apply as for a local caller, with the "
             "token's actor acting. It serves the operator's dashboard at / (any token reads, "
             "agent.operate acts), /healthz, /readyz and /metrics, and writes one JSON "
-            "access-log line per request on stderr. Listens on loopback only unless "
-            "--allow-non-loopback. "
+            "access-log line per request on stderr. With a tracker's webhook secret file it "
+            "answers that tracker's webhook on POST /hooks/github, /hooks/linear or "
+            "/hooks/gitlab: each new delivery wakes the dispatchers at once instead of at "
+            "their next poll. Listens on loopback only unless --allow-non-loopback. "
             "With --add-token FILE: mint a token for --actor with the given --role(s), store "
             "its hash in FILE and print the token once."
         ),
@@ -68,14 +92,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="the board file the ledger's tasks were dispatched from: the dashboard shows its "
         "columns and its issues' titles (default: the ledger's task states)",
     )
-    serve.add_argument(
-        "--github-webhook-secret-file",
-        metavar="FILE",
-        default=None,
-        help="the secret of a GitHub webhook (a file only its owner may read): POST "
-        "/hooks/github checks X-Hub-Signature-256, notes X-GitHub-Delivery once and wakes "
-        "the dispatchers at once (401 on a bad signature)",
-    )
+    for tracker, checks in _WEBHOOKS:
+        serve.add_argument(
+            f"--{tracker}-webhook-secret-file",
+            metavar="FILE",
+            default=None,
+            help=f"a file only its owner may read, holding the secret of a {checks}; each "
+            "new delivery wakes the dispatchers at once, a redelivery nobody",
+        )
     serve.add_argument(
         "--idempotency-db",
         metavar="PATH",
@@ -204,10 +228,16 @@ def _serve(args: argparse.Namespace) -> int:
         allow_non_loopback=args.allow_non_loopback,
         ready=ready,
         board=args.board,
-        github_webhook_secret_file=args.github_webhook_secret_file,
+        webhook_secret_files=_webhook_secret_files(args),
         **options,
     )
     return 0
+
+
+def _webhook_secret_files(args: argparse.Namespace) -> dict[str, str]:
+    """The webhook secret files given, by tracker."""
+    given = {tracker: getattr(args, f"{tracker}_webhook_secret_file") for tracker, _ in _WEBHOOKS}
+    return {tracker: path for tracker, path in given.items() if path is not None}
 
 
 def _limits(args: argparse.Namespace) -> Any:
@@ -282,7 +312,10 @@ def _add_token(args: argparse.Namespace) -> int:
             "--head-timeout": args.head_timeout,
             "--allow-non-loopback": args.allow_non_loopback,
             "--board": args.board,
-            "--github-webhook-secret-file": args.github_webhook_secret_file,
+            **{
+                f"--{tracker}-webhook-secret-file": path
+                for tracker, path in _webhook_secret_files(args).items()
+            },
         },
     )
     if not args.actor:

@@ -425,7 +425,9 @@ class LedgerApp:
     `capabilities` is what `/v1/capabilities` advertises: the ledger's less `without`
     (`--without-capability`, a stand-in for an older server). `board` is the board the
     dashboard takes its columns and titles from (`execkit serve --board`);
-    `github_webhook_secret` adds `POST /hooks/github` (`_hooks`)."""
+    `webhook_secrets` (a secret by tracker: `github`, `linear`, `gitlab`) adds each tracker's
+    `POST /hooks/<tracker>` (`_hooks`; InvalidInput naming `webhook_secrets` for a tracker
+    without a webhook); `github_webhook_secret` is `webhook_secrets={"github": ...}`."""
 
     def __init__(
         self,
@@ -439,7 +441,11 @@ class LedgerApp:
         version: str = "0",
         board: Board | None = None,
         github_webhook_secret: bytes | None = None,
+        webhook_secrets: Mapping[str, bytes] | None = None,
     ) -> None:
+        secrets = dict(webhook_secrets or {})
+        if github_webhook_secret is not None:
+            secrets["github"] = github_webhook_secret
         self.ledger = ledger
         self.tokens = tokens
         self.capabilities = frozenset(ledger.capabilities()) - without
@@ -474,7 +480,7 @@ class LedgerApp:
             self._http_exception,
             server_error,
             board=board,
-            github_webhook_secret=github_webhook_secret,
+            webhook_secrets=secrets,
         )
 
     def close(self) -> None:

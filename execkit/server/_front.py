@@ -4,7 +4,8 @@ behind the dashboard's and the monitoring's own routes, all inside the access lo
     AccessLog (_access_log) ─► /v1/..., /openapi.json ─► the API (its route table)
                                /healthz /readyz /metrics (_metrics)
                                /, /dashboard... (_dashboard_http)
-                               POST /hooks/github, with a webhook secret (_hooks)
+                               POST /hooks/github|linear|gitlab, each with its
+                               webhook secret (_hooks)
                                everything else ─► the API (its 404 and 405 answers)
 
 The API's application keeps only the routes of its table (its OpenAPI document and
@@ -14,7 +15,7 @@ docs/remote.md, "Monitoring and the dashboard".
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -27,7 +28,7 @@ from execkit.ledger import Ledger
 from execkit.server._access_log import AccessLog
 from execkit.server._dashboard import LedgerView
 from execkit.server._dashboard_http import Sessions, dashboard_routes
-from execkit.server._hooks import GitHubHook
+from execkit.server._hooks import Hook
 from execkit.server._metrics import Monitoring
 from execkit.server._tokens import TokenFile
 
@@ -39,7 +40,8 @@ _API_DOCUMENT = "/openapi.json"
 
 class Front:
     """The served ASGI application (`asgi`) and the parts a test or a benchmark reaches:
-    `view` (the cached ledger reading), `monitoring` (the registry), `sessions`."""
+    `view` (the cached ledger reading), `monitoring` (the registry), `sessions`, `hooks`
+    (the trackers' webhook routes by tracker: one per secret in `webhook_secrets`)."""
 
     def __init__(
         self,
@@ -50,19 +52,20 @@ class Front:
         server_error: Callable[[Request, Exception], Awaitable[Response]],
         *,
         board: Board | None = None,
-        github_webhook_secret: bytes | None = None,
+        webhook_secrets: Mapping[str, bytes] | None = None,
     ) -> None:
         self.view = LedgerView(ledger, board=board)
         self.monitoring = Monitoring(ledger, tokens, self.view)
         self.sessions = Sessions()
-        # GitHub's webhooks, when a secret is given (_hooks): a delivery wakes dispatchers.
-        self.github_hook = (
-            None if github_webhook_secret is None else GitHubHook(ledger, github_webhook_secret)
-        )
+        # The trackers' webhooks, each whose secret is given (_hooks): a delivery wakes the
+        # dispatchers.
+        self.hooks = {
+            name: Hook(ledger, name, secret) for name, secret in (webhook_secrets or {}).items()
+        }
         routes = [
             *self.monitoring.routes(),
             *dashboard_routes(tokens, self.view, self.sessions),
-            *(self.github_hook.routes() if self.github_hook is not None else []),
+            *(route for hook in self.hooks.values() for route in hook.routes()),
         ]
         for route in routes:
             path = getattr(route, "path", "")

@@ -20,13 +20,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
 import uvicorn
 
 from execkit._api import package_version
-from execkit._errors import StorageError
+from execkit._errors import InvalidInput, StorageError
 from execkit.dispatch import JsonFileBoard
 from execkit.ledger import Ledger, open_ledger
 from execkit.server._app import (
@@ -34,7 +34,7 @@ from execkit.server._app import (
     DEFAULT_REQUEST_TIMEOUT_S,
     LedgerApp,
 )
-from execkit.server._hooks import read_webhook_secret
+from execkit.server._hooks import HOOK_KINDS, read_webhook_secret
 from execkit.server._listen import DEFAULT_LISTEN, ConnectionLimits, parse_listen
 from execkit.server._protocol import http_protocol
 from execkit.server._tokens import TokenFile
@@ -137,26 +137,38 @@ def serve(
     ready: Callable[[str, Ledger], None] | None = None,
     board: str | os.PathLike[str] | None = None,
     github_webhook_secret_file: str | os.PathLike[str] | None = None,
+    webhook_secret_files: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> None:
     """Serve the ledger `target` names (`open_ledger`: a file, a postgresql:// URL, None for
     the default) until interrupted; `ready(url, ledger)` is called once the socket listens.
     `limits` bounds the connections (`ConnectionLimits`); the process's open-file limit is
     raised to hold them.
     `board` is a board file whose columns and titles the dashboard shows (`JsonFileBoard`;
-    Conflict when it was dispatched with another ledger). `github_webhook_secret_file`
-    holds the secret of GitHub's webhook: `POST /hooks/github` wakes the dispatchers on each
-    signed delivery (`_hooks`; InvalidInput for a file that is unreadable, empty or open to
-    others).
+    Conflict when it was dispatched with another ledger). `webhook_secret_files` holds, by
+    tracker (`github`, `linear`, `gitlab`), the file of its webhook's secret: `POST
+    /hooks/<tracker>` wakes the dispatchers on each authenticated delivery (`_hooks`;
+    InvalidInput naming `<tracker>_webhook_secret_file` for a file that is unreadable, empty
+    or open to others, and `webhook_secrets` for a tracker without a webhook);
+    `github_webhook_secret_file` is `webhook_secret_files={"github": ...}`.
 
     `idempotency_db` is deprecated and ignored: the ledger keeps every Idempotency-Key in
     its own transactions (docs/remote.md, "Idempotency"); no file is opened or written."""
     host, port = parse_listen(listen, allow_non_loopback=allow_non_loopback)
     token_file = TokenFile(tokens)
-    secret = (
-        None
-        if github_webhook_secret_file is None
-        else read_webhook_secret(github_webhook_secret_file)
-    )
+    files = dict(webhook_secret_files or {})
+    if github_webhook_secret_file is not None:
+        files["github"] = github_webhook_secret_file
+    unknown = sorted(set(files) - set(HOOK_KINDS))
+    if unknown:
+        raise InvalidInput(
+            f"no webhook for {', '.join(unknown)} (known: {', '.join(sorted(HOOK_KINDS))})",
+            field="webhook_secrets",
+        )
+    # Every secret file is read before anything listens: a bad one is refused at start.
+    secrets = {
+        name: read_webhook_secret(path, field=f"{name}_webhook_secret_file")
+        for name, path in files.items()
+    }
     with contextlib.ExitStack() as stack:
         sock = bind(host, port)
         stack.callback(sock.close)
@@ -175,7 +187,7 @@ def serve(
             request_timeout_s=request_timeout_s,
             version=package_version(),
             board=None if board is None else JsonFileBoard(board),
-            github_webhook_secret=secret,
+            webhook_secrets=secrets,
         )
         stack.callback(app.close)
         _raise_file_limit(limits)
