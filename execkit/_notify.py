@@ -87,7 +87,17 @@ def _fix(event: NotifyEvent) -> str | None:
         return f"execkit task retry {data.get('task_id')}"
     if event.kind == "dispatcher.stopped":
         return "execkit dispatch (start it again)"
+    if event.kind == "spend.capped":
+        if str(data.get("cap", "")).startswith("the budget of task"):
+            return f"execkit task set-budget {data.get('task_id')} --usd N"
+        lane = f" --lane {data['lane']}" if data.get("lane") else ""
+        return f"execkit budget set --window {data.get('window')}{lane} --usd N"
+    if event.kind == "spend.warning":
+        return "execkit spend (what the window holds)"
     return None
+
+
+_TASK_PAGES = frozenset({"issue.blocked", "run.stalled", "spend.capped"})
 
 
 def _page(event: NotifyEvent, server_url: str | None) -> str | None:
@@ -97,7 +107,7 @@ def _page(event: NotifyEvent, server_url: str | None) -> str | None:
         return None
     base = server_url.rstrip("/") + "/dashboard"
     data = event.payload
-    if event.kind == "issue.blocked" and data.get("task_id"):
+    if event.kind in _TASK_PAGES and data.get("task_id"):
         return f"{base}/tasks/{quote(str(data['task_id']), safe='')}"
     return base
 
@@ -123,6 +133,20 @@ def _slack_text(event: NotifyEvent, dashboard_url: str | None) -> str:
     elif event.kind == "dispatcher.stopped":
         head = f":warning: dispatcher *{data.get('dispatcher')}* stopped with work left"
         why = f"{data.get('left')} issues left; {data.get('reason')}"
+    elif event.kind == "run.stalled":
+        head = f":hourglass: a run of *{data.get('task_id')}* stalled"
+        lane = f" on lane {data['lane']}" if data.get("lane") else ""
+        why = (
+            f"no output for {data.get('seconds')} s{lane}: its watchdog stopped run "
+            f"{data.get('run_id')} ({data.get('class')}); the ledger retries it as its "
+            "policy says"
+        )
+    elif event.kind == "spend.warning":
+        head = f":moneybag: {data.get('cap')} is {float(data.get('share') or 0):.0%} used"
+        why = "an admitted run brought its window to 80% of the cap"
+    elif event.kind == "spend.capped":
+        head = f":money_with_wings: {data.get('cap')} is spent: runs wait"
+        why = str(data.get("reason") or "no room for a run's reservation")
     else:
         head = f":bell: execkit {event.kind}"
         why = "a test of this endpoint"

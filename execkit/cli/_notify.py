@@ -21,7 +21,10 @@ from execkit.ledger import NotifyEndpoint
 
 __all__ = ["register"]
 
-_KINDS = "issue.blocked, lane.stopped, lane.parked, lane.resumed, dispatcher.stopped, or *"
+_KINDS = (
+    "issue.blocked, lane.stopped, lane.parked, lane.resumed, dispatcher.stopped, run.stalled, "
+    "spend.warning, spend.capped, or *"
+)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

@@ -426,6 +426,7 @@ class AuditAction(enum.StrEnum):
     TASK_SET_BUDGET = "task.set_budget"
     NOTIFY_ADD = "notify.add"
     NOTIFY_REMOVE = "notify.remove"
+    NOTIFY_ENABLE = "notify.enable"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -522,6 +523,9 @@ class NotifyKind(enum.StrEnum):
     LANE_PARKED = "lane.parked"
     LANE_RESUMED = "lane.resumed"
     DISPATCHER_STOPPED = "dispatcher.stopped"
+    RUN_STALLED = "run.stalled"
+    SPEND_WARNING = "spend.warning"
+    SPEND_CAPPED = "spend.capped"
     TEST = "notify.test"
 
 

@@ -47,6 +47,7 @@ from execkit.ledger._model import (
     Actor,
     AuditAction,
     AuditEntry,
+    NotifyKind,
     Run,
     Task,
     TaskState,
@@ -452,7 +453,13 @@ class SpendOps(WakeOps):
         window warned of (audited `spend.warning`, once a window)."""
         tx.reserve(run.id, run.task_id, lane, run.started_at, reservation.usd, reservation.tokens)
         for cap, start, share in reservation.counted:
-            if share >= WARN_SHARE and tx.note_spend_warning(cap.key, start, at):
+            if share >= WARN_SHARE and tx.note_spend_warning(
+                cap.key, _window_key(tx, cap, start), at
+            ):
+                self._notify(tx, NotifyKind.SPEND_WARNING, cap.key, {
+                    "cap": cap.name, **cap.to_dict(), "window_start": start,
+                    "share": round(share, 4), "task_id": run.task_id, "run_id": run.id,
+                }, at)  # fmt: skip
                 tx.audit(
                     AuditEntry(
                         at=at,
@@ -464,6 +471,37 @@ class SpendOps(WakeOps):
                                 "share": round(share, 4), **cap.to_dict()},
                     )
                 )  # fmt: skip
+
+    def _note_capped(
+        self, tx: Tx, cap: SpendCap | TaskBudget, window_start: float, at: float,
+        task_id: str | None, run_id: str | None, *, reason: str | None = None,
+    ) -> str | None:  # fmt: skip
+        """Issue #49: `spend.capped` for `cap` (a window's cap, or a task's own budget),
+        once a window (a task's budget: once a value of it), in `tx`; its id, None when
+        this window was told already. The once is a row of the spend-warning table under
+        a key of its own (`<cap>|capped`). A refused admission's own transaction rolls
+        back: its caller writes this in a small transaction of its own."""
+        if isinstance(cap, TaskBudget):
+            key = f"task:{cap.task_id}|{cap.usd}|{cap.tokens}|capped"
+            data: dict[str, Any] = {"cap": f"the budget of task {cap.task_id}", **cap.to_dict()}
+        else:
+            key = cap.key + "|capped"
+            data = {"cap": cap.name, **cap.to_dict()}
+            window_start = _window_key(tx, cap, window_start)
+        if not tx.note_spend_warning(key, window_start, at):
+            return None
+        data.update(window_start=window_start, task_id=task_id, run_id=run_id, reason=reason)
+        return self._notify(tx, NotifyKind.SPEND_CAPPED, task_id or key, data, at)
+
+
+def _window_key(tx: Tx, cap: SpendCap, start: float) -> float:
+    """What names a cap's window once (the warnings' and caps' once-a-window rows): its
+    start, and for a rolling window (whose start moves with every moment) the moment of
+    its oldest spend, which stands until that spend leaves it."""
+    if cap.window is not SpendWindow.ROLLING_5H:
+        return start
+    first = tx.window_spend(start, cap.lane)[2]
+    return start if first is None else first
 
 
 def _used(cap: SpendCap, usd: float, tokens: int) -> str:
