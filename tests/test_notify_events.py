@@ -12,12 +12,13 @@ import getpass
 import pytest
 from ledger_backends import AnyLedger, RawSql, is_postgres_url
 from notify_receiver import receiving
+from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
 from execkit._classify import FailureClass, stall_reason, stalled_for
 from execkit._errors import ExecKitError, Forbidden, NotFound, SpendCapReached, TaskBlocked
 from execkit._notify import NotifySender, render
 from execkit._usage import Usage, UsdSource
-from execkit.ledger import SpendCap, SpendWindow
+from execkit.ledger import NOTIFY_ENABLE_CAPABILITY, SpendCap, SpendWindow
 
 LANE = "claude/default"
 OWNER = getpass.getuser()
@@ -274,3 +275,17 @@ def test_a_stopped_endpoint_is_enabled_and_its_events_resume_in_order(ledger: An
         assert sent == [first[0], first[0], first[1], later]
         [listed] = ledger.notify_endpoints()
         assert (listed.delivered, listed.backlog, listed.stopped_reason) == (3, 0, None)
+
+
+def test_enable_through_the_python_remote_client(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    assert NOTIFY_ENABLE_CAPABILITY in client.capabilities()
+    added = client.add_notify_endpoint("http://127.0.0.1:9/r", events=["*"], actor=ME)
+    event = client.notify_test(added.id, actor=ME)
+    remote.ledger.notify_settle(added.id, event.seq, "stopped", owner="s", error="answered 410")
+    assert client.notify_endpoints()[0].stopped_reason == "answered 410"
+    enabled = client.enable_notify_endpoint(added.id, actor=ME)
+    assert (enabled.stopped_reason, enabled.backlog) == (None, 1)
+    assert client.notify_endpoints() == remote.ledger.notify_endpoints()
+    with pytest.raises(NotFound):
+        client.enable_notify_endpoint("ep_nope", actor=ME)

@@ -54,6 +54,7 @@ __all__ = [
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
     "NOTIFY_CAPABILITY",
+    "NOTIFY_ENABLE_CAPABILITY",
     "OPERATE_ROLE",
     "OUTBOX_CAPABILITY",
     "WAKE_CAPABILITY",
@@ -98,9 +99,14 @@ NOTIFY_CAPABILITY = "notify.endpoints"
 """Being told (issue #49): notification endpoints stored in the ledger (`notify add`,
 `list`, `test`, `remove`) and the event outbox they are sent from."""
 
+NOTIFY_ENABLE_CAPABILITY = "notify.enable"
+"""An endpoint a refusal stopped is sent to again without being removed (`notify enable`,
+`enable_notify_endpoint`), its waiting events in order."""
+
 CAPABILITIES = frozenset(
     {
         NOTIFY_CAPABILITY,
+        NOTIFY_ENABLE_CAPABILITY,
         "tasks.attempt_limits",
         "runs.leases",
         "tasks.retry",
@@ -745,6 +751,9 @@ class Ledger(Protocol):
     def remove_notify_endpoint(
         self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
     ) -> bool: ...
+    def enable_notify_endpoint(
+        self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> NotifyEndpoint: ...
     def notify_endpoints(self) -> list[NotifyEndpoint]: ...
     def notify_test(
         self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
