@@ -8,17 +8,22 @@ stopped is enabled again without being removed: its events resume in order."""
 from __future__ import annotations
 
 import getpass
+from pathlib import Path
 
 import pytest
+from _support import marked_left, run_execkit, write_board
 from ledger_backends import AnyLedger, RawSql, is_postgres_url
 from notify_receiver import receiving
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
+from test_stall import RUN_TIMEOUT_S, _silent_agent, marker  # noqa: F401 - the fixture
 
+from adapters import GenericAdapter
+from execkit import AgentRequest, AttemptOptions, run_attempt
 from execkit._classify import FailureClass, stall_reason, stalled_for
 from execkit._errors import ExecKitError, Forbidden, NotFound, SpendCapReached, TaskBlocked
 from execkit._notify import NotifySender, render
 from execkit._usage import Usage, UsdSource
-from execkit.ledger import NOTIFY_ENABLE_CAPABILITY, SpendCap, SpendWindow
+from execkit.ledger import NOTIFY_ENABLE_CAPABILITY, SpendCap, SpendWindow, open_ledger
 
 LANE = "claude/default"
 OWNER = getpass.getuser()
@@ -289,3 +294,57 @@ def test_enable_through_the_python_remote_client(remote: Remote) -> None:  # noq
     assert client.notify_endpoints() == remote.ledger.notify_endpoints()
     with pytest.raises(NotFound):
         client.enable_notify_endpoint("ep_nope", actor=ME)
+
+
+def test_a_real_agent_that_falls_silent_is_told_as_run_stalled(
+    tmp_path: Path,
+    marker: str,  # noqa: F811
+) -> None:
+    """A real agent prints a line and sleeps: its watchdog stops it, the result and its
+    `run.stalled` are written together, and the event names the run's lane and adapter."""
+    with open_ledger(tmp_path / "l.db") as ledger:
+        task = ledger.create_task("t", actor="runner")
+        request = AgentRequest(prompt="", extra_args=_silent_agent(marker), timeout_s=RUN_TIMEOUT_S)
+        options = AttemptOptions(stall_timeout_s=1, kill_grace=1)
+        outcome = run_attempt(ledger, task.id, GenericAdapter(), request, options)
+        assert outcome.failure_class is FailureClass.WORK
+        [run] = ledger.runs(task.id)
+        [event] = ledger.notify_events()
+        assert (event.kind, event.subject) == ("run.stalled", task.id)
+        data = event.payload
+        assert (data["run_id"], data["seconds"], data["class"], data["adapter"]) == (
+            run.id,
+            1.0,
+            "work",
+            "generic",
+        )
+        assert str(data["lane"]).startswith("generic/")
+    assert marked_left(marker) == []
+
+
+def test_a_dispatcher_sends_the_stall_of_its_agent_before_it_returns(
+    tmp_path: Path,
+    marker: str,  # noqa: F811
+) -> None:
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "S-1", "title": "s", "state": "todo", "argv": _silent_agent(marker)}],
+    )
+    db = tmp_path / "l.db"
+    with receiving("s3cret") as receiver:
+        with open_ledger(db) as ledger:
+            ledger.add_notify_endpoint(
+                receiver.url("/h"), events=["run.stalled"], secret="s3cret", actor=OWNER
+            )
+        done = run_execkit(
+            "dispatch", "--board", str(board), "--db", str(db), "--once", "--stall-timeout", "1"
+        )
+        assert done.returncode == 0, done.stderr
+        with open_ledger(db) as ledger:
+            ids = [e.id for e in ledger.notify_events() if e.kind == "run.stalled"]
+            [listed] = ledger.notify_endpoints()
+        assert len(ids) == 1 and receiver.ids("/h") == ids and receiver.bad_signatures == 0
+        assert (listed.delivered, listed.backlog) == (1, 0)
+        [got] = receiver.got
+        assert got["body"]["data"]["seconds"] == 1.0 and got["body"]["data"]["class"] == "work"
+    assert marked_left(marker) == []
