@@ -17,8 +17,8 @@ What a send's answer means:
   first try is given up: counted in the endpoint's `failed`, the reason in `last_error`
   (`execkit notify list`), and the next event goes.
 - any other 4xx, or a redirect (3xx: never followed, to another host or not): the endpoint
-  refused for good; it is stopped with the reason and sent nothing more until it is added
-  again (its own lane).
+  refused for good; it is stopped with the reason and sent nothing more until an admin
+  enables it again (`execkit notify enable`: its waiting events then go, in order).
 
 The JSON format (docs/formats.md, "Notification events"): the body is
 `{"id", "kind", "subject", "at", "data"}`, sent with `X-Execkit-Event-Id`,
@@ -224,7 +224,7 @@ def _post(url: str, headers: dict[str, str], body: bytes, timeout_s: float) -> _
         return _Answer("retry", f"answered {status}", wait)
     if 300 <= status < 400:
         return _Answer("stopped", f"answered a redirect ({status}); execkit follows none")
-    return _Answer("stopped", f"answered {status}; fix the endpoint and add it again")
+    return _Answer("stopped", f"answered {status}; fix the endpoint, then `execkit notify enable`")
 
 
 @attrs.define

@@ -560,8 +560,9 @@ class NotifyEndpoint:
     message), and whether it holds a signing secret (the secret itself is never part of
     this value). `from_seq`: events up to it were written before it existed and are not
     sent. `stopped_reason`: it refused for good (a 4xx other than 408/429) and is sent
-    nothing until it is added again. `delivered`/`failed` count events; `last_error` the
-    last failure; `backlog` the events waiting for it (a listing fills it in)."""
+    nothing until an admin enables it (`enable_notify_endpoint`). `delivered`/`failed`
+    count events; `last_error` the last failure; `backlog` the events waiting for it (a
+    listing fills it in)."""
 
     id: str
     url: str

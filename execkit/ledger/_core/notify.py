@@ -2,9 +2,12 @@
 send.
 
 An event a person must act on (`issue.blocked`, `lane.stopped`, `lane.parked`,
-`lane.resumed`, `dispatcher.stopped`) is written by `_notify` in the transaction of the
-change it reports, so a change never commits without its event and an event never exists
-for a change that rolled back. Each event has a stable id (a receiver de-duplicates on it)
+`lane.resumed`, `dispatcher.stopped`, `run.stalled`, `spend.warning`, `spend.capped`) is
+written by `_notify` in the transaction of the change it reports, so a change never commits
+without its event and an event never exists for a change that rolled back. The one
+exception is `spend.capped` for a refused admission: the refusal writes nothing (its
+transaction rolls back), so the event is written right after it in a small transaction of
+its own, once a window. Each event has a stable id (a receiver de-duplicates on it)
 and a number (`seq`) that orders the outbox.
 
 Endpoints are stored in the ledger, so every host sends to the same ones, and are managed
@@ -18,6 +21,9 @@ reason in `last_error`), or the endpoint stopped for good with its reason (a ref
 no retry mends). A sender that dies leaves its claim to run out; the next one sends what
 was not settled, so an event is sent at least once and settled once: a receiver that
 de-duplicates on the id sees it exactly once.
+
+An endpoint a refusal stopped is sent to again when an admin enables it
+(`enable_notify_endpoint`): nothing it was owed is lost, and the refused event goes first.
 
 The URL and the secret are what the operator gave and are never shown: a listing shows
 the URL's scheme and host only, and whether there is a secret.
