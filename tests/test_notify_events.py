@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from _support import marked_left, run_execkit, write_board
+from hypothesis import given
+from hypothesis import strategies as st
 from ledger_backends import AnyLedger, RawSql, is_postgres_url
 from notify_receiver import receiving
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
@@ -348,3 +350,24 @@ def test_a_dispatcher_sends_the_stall_of_its_agent_before_it_returns(
         [got] = receiver.got
         assert got["body"]["data"]["seconds"] == 1.0 and got["body"]["data"]["class"] == "work"
     assert marked_left(marker) == []
+
+
+@given(st.floats(min_value=1e-3, max_value=1e7, allow_nan=False, allow_infinity=False))
+def test_a_stall_reason_reads_back_as_the_seconds_it_says(seconds: float) -> None:
+    said = stall_reason(seconds)
+    assert stalled_for(said) == float(f"{seconds:g}")
+    assert stalled_for(said + " (a vendor request in flight)") == float(f"{seconds:g}")
+    assert stalled_for("x" + said) is None
+
+
+def test_stall_and_spend_events_through_the_server(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    task = client.create_task("t", actor=ME)
+    run = client.start_run(task.id, request_key="1", actor=ME, lane=LANE)
+    client.finish_run(run.id, "failed", failure_class=FailureClass.WORK, reason=stall_reason(7))
+    client.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=2.0)
+    other = client.create_task("u", actor=ME)
+    with pytest.raises(SpendCapReached):
+        client.start_run(other.id, request_key="2", actor=ME)
+    kinds = [(e.kind, e.subject) for e in remote.ledger.notify_events()]
+    assert kinds == [("run.stalled", task.id), ("spend.capped", other.id)]
