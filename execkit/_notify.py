@@ -17,8 +17,8 @@ What a send's answer means:
   first try is given up: counted in the endpoint's `failed`, the reason in `last_error`
   (`execkit notify list`), and the next event goes.
 - any other 4xx, or a redirect (3xx: never followed, to another host or not): the endpoint
-  refused for good; it is stopped with the reason and sent nothing more until it is added
-  again (its own lane).
+  refused for good; it is stopped with the reason and sent nothing more until an admin
+  enables it again (`execkit notify enable`: its waiting events then go, in order).
 
 The JSON format (docs/formats.md, "Notification events"): the body is
 `{"id", "kind", "subject", "at", "data"}`, sent with `X-Execkit-Event-Id`,
@@ -87,7 +87,17 @@ def _fix(event: NotifyEvent) -> str | None:
         return f"execkit task retry {data.get('task_id')}"
     if event.kind == "dispatcher.stopped":
         return "execkit dispatch (start it again)"
+    if event.kind == "spend.capped":
+        if str(data.get("cap", "")).startswith("the budget of task"):
+            return f"execkit task set-budget {data.get('task_id')} --usd N"
+        lane = f" --lane {data['lane']}" if data.get("lane") else ""
+        return f"execkit budget set --window {data.get('window')}{lane} --usd N"
+    if event.kind == "spend.warning":
+        return "execkit spend (what the window holds)"
     return None
+
+
+_TASK_PAGES = frozenset({"issue.blocked", "run.stalled", "spend.capped"})
 
 
 def _page(event: NotifyEvent, server_url: str | None) -> str | None:
@@ -97,7 +107,7 @@ def _page(event: NotifyEvent, server_url: str | None) -> str | None:
         return None
     base = server_url.rstrip("/") + "/dashboard"
     data = event.payload
-    if event.kind == "issue.blocked" and data.get("task_id"):
+    if event.kind in _TASK_PAGES and data.get("task_id"):
         return f"{base}/tasks/{quote(str(data['task_id']), safe='')}"
     return base
 
@@ -123,6 +133,20 @@ def _slack_text(event: NotifyEvent, dashboard_url: str | None) -> str:
     elif event.kind == "dispatcher.stopped":
         head = f":warning: dispatcher *{data.get('dispatcher')}* stopped with work left"
         why = f"{data.get('left')} issues left; {data.get('reason')}"
+    elif event.kind == "run.stalled":
+        head = f":hourglass: a run of *{data.get('task_id')}* stalled"
+        lane = f" on lane {data['lane']}" if data.get("lane") else ""
+        why = (
+            f"no output for {data.get('seconds')} s{lane}: its watchdog stopped run "
+            f"{data.get('run_id')} ({data.get('class')}); the ledger retries it as its "
+            "policy says"
+        )
+    elif event.kind == "spend.warning":
+        head = f":moneybag: {data.get('cap')} is {float(data.get('share') or 0):.0%} used"
+        why = "an admitted run brought its window to 80% of the cap"
+    elif event.kind == "spend.capped":
+        head = f":money_with_wings: {data.get('cap')} is spent: runs wait"
+        why = str(data.get("reason") or "no room for a run's reservation")
     else:
         head = f":bell: execkit {event.kind}"
         why = "a test of this endpoint"
@@ -200,7 +224,7 @@ def _post(url: str, headers: dict[str, str], body: bytes, timeout_s: float) -> _
         return _Answer("retry", f"answered {status}", wait)
     if 300 <= status < 400:
         return _Answer("stopped", f"answered a redirect ({status}); execkit follows none")
-    return _Answer("stopped", f"answered {status}; fix the endpoint and add it again")
+    return _Answer("stopped", f"answered {status}; fix the endpoint, then `execkit notify enable`")
 
 
 @attrs.define

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_remote import Remote, remote  # noqa: F401 - the fixture
+from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
 from execkit.cli import main
 from execkit.cli._output import EXIT_CODES
@@ -94,3 +94,40 @@ def test_through_the_server(
     assert "https://hooks.slack.test/…  slack  *" in capsys.readouterr().out
     code, removed = _json(capsys, "notify", "remove", str(doc["id"]), "--remote", remote.url)
     assert code == 0 and removed["removed"] is True
+
+
+def _stopped(ledger: Any, endpoint_id: str) -> int:
+    """Stop `endpoint_id` as a sender does on a 404: its one test event refused."""
+    event = ledger.notify_test(endpoint_id, actor=ME)
+    ledger.notify_settle(endpoint_id, event.seq, "stopped", owner="s", error="answered 404")
+    return int(event.seq)
+
+
+def test_enable_sends_again_to_a_stopped_endpoint_locally_and_through_the_server(
+    tmp_path: Path,
+    remote: Remote,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    db = str(tmp_path / "l.db")
+    open_ledger(db).close()
+    assert main(["notify", "add", "http://127.0.0.1:9/h", "--events", "*", "--db", db]) == 0
+    capsys.readouterr()
+    with open_ledger(db) as ledger:
+        [endpoint] = ledger.notify_endpoints()
+        _stopped(ledger, endpoint.id)
+    assert main(["notify", "list", "--db", db]) == 0
+    assert "STOPPED: answered 404" in capsys.readouterr().out
+    assert main(["notify", "enable", endpoint.id, "--db", db]) == 0
+    enabled = capsys.readouterr().out
+    assert "STOPPED" not in enabled and "waiting 1" in enabled and "enabled" in enabled
+    code, _ = _json(capsys, "notify", "enable", "ep_nope", "--db", db)
+    assert code == EXIT_CODES["not_found"]
+    # Through the server: the same, and a token without ledger.admin is refused.
+    monkeypatch.setenv("EXECKIT_TOKEN", remote.token)
+    added = remote.ledger.add_notify_endpoint("http://127.0.0.1:9/r", events=["*"], actor=ME)
+    _stopped(remote.ledger, added.id)
+    code, doc = _json(capsys, "notify", "enable", added.id, "--remote", remote.url)
+    assert code == 0 and doc["stopped_reason"] is None and doc["backlog"] == 1
+    [audited] = [e for e in remote.ledger.audit_events() if e.action == "notify.enable"]
+    assert audited.detail == {"endpoint": added.id, "was": "answered 404"}

@@ -46,6 +46,7 @@ _STORED_ACTIONS = {
     "task.set_budget",
     "notify.add",
     "notify.remove",
+    "notify.enable",
 }
 
 
@@ -127,6 +128,9 @@ def test_every_action_the_ledger_writes_is_a_member_stored_as_before(
     endpoint = ledger.add_notify_endpoint(
         "http://127.0.0.1:9/hook", events=["*"], actor=owner, now=101.0
     )
+    sent = ledger.notify_test(endpoint.id, actor=owner, now=101.0)
+    ledger.notify_settle(endpoint.id, sent.seq, "stopped", owner="s", error="410", now=101.0)
+    ledger.enable_notify_endpoint(endpoint.id, actor=owner, now=101.0)
     ledger.remove_notify_endpoint(endpoint.id, actor=owner, now=101.0)
     summaries = "task_summaries" if backend == "sqlite" else "tasks"
     raw_sql(f"UPDATE {summaries} SET uncharged_streak = 3")

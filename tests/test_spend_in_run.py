@@ -56,6 +56,11 @@ def test_the_room_grows_by_the_floor_up_to_the_cap_then_stops(ledger: AnyLedger)
     assert "nothing was charged" in stop.stop and not stop.unlimited
     # What it spent is what the window holds from now on.
     assert ledger.spend_windows(now=NOW)[0].usd == pytest.approx(2.05)
+    # Told once a window (issue #49), in the transaction that answered the stop.
+    ledger.spend_room(run.id, spent=spent(2.2), now=NOW)
+    (capped,) = [e for e in ledger.notify_events() if e.kind == "spend.capped"]
+    assert (capped.payload["cap"], capped.payload["run_id"]) == ("the day's budget", run.id)
+    assert "this run reached $2.05" in capped.payload["reason"]
 
 
 def test_runs_sharing_a_cap_never_together_pass_it_by_more_than_their_last_events(

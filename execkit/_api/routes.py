@@ -57,6 +57,7 @@ from execkit._lanes import LaneConfig, LaneEvent, LaneView
 from execkit._usage import Usage
 from execkit.ledger import (
     ADMIN_ROLE,
+    NOTIFY_ENABLE_CAPABILITY,
     OPERATE_ROLE,
     SPEND_CAPABILITY,
     SPEND_ROOM_CAPABILITY,
@@ -518,6 +519,11 @@ def _notify_test(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, call.ledger.notify_test(call.body["endpoint_id"], actor=call.actor).to_dict()
 
 
+def _enable_notify_endpoint(call: Call) -> tuple[int, dict[str, Any]]:
+    endpoint = call.ledger.enable_notify_endpoint(call.body["endpoint_id"], actor=call.actor)
+    return 200, endpoint.to_dict()
+
+
 def _note_delivery(call: Call) -> tuple[int, dict[str, Any]]:
     body = call.body
     return 200, {"new": call.ledger.note_delivery(body["source"], body["delivery"])}
@@ -604,6 +610,7 @@ _OUTBOX_ENTRY = one(OutboxEntry)
 OUTBOX = "boards.outbox"
 _NEEDS_SPEND = Needs(SPEND_CAPABILITY, "spend caps")
 _NEEDS_NOTIFY = Needs("notify.endpoints", "notification endpoints")
+_NEEDS_NOTIFY_ENABLE = Needs(NOTIFY_ENABLE_CAPABILITY, "enabling a stopped notification endpoint")
 _NOTIFY_ENDPOINT = one(NotifyEndpoint)
 
 CAPABILITIES: Endpoint[[], dict[str, Any]] = Endpoint(
@@ -1300,6 +1307,19 @@ class LedgerRoutes:
         binds=Ledger.notify_test,
         read=one(NotifyEvent),
         needs=_NEEDS_NOTIFY,
+    )
+    enable_notify_endpoint = Endpoint(
+        "POST",
+        "/v1/notify/endpoints/enable",
+        "enableNotifyEndpoint",
+        "Send again to an endpoint a refusal stopped, its waiting events in order (admin; audited)",
+        _enable_notify_endpoint,
+        "NotifyEndpoint",
+        role=ADMIN_ROLE,
+        body=(Field("endpoint_id", "string", required=True),),
+        binds=Ledger.enable_notify_endpoint,
+        read=_NOTIFY_ENDPOINT,
+        needs=_NEEDS_NOTIFY_ENABLE,
     )
     note_delivery = Endpoint(
         "POST",

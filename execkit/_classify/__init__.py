@@ -34,7 +34,7 @@ One concern a file:
 - `resets.py`: the reset times a vendor states (`stated_wait_s`), each read to the end
   of its granularity (`epoch_wait`, `wait_until`);
 - `verdict.py`: `FailureClass`, `Reason`, `Classification`, `EVIDENCE_CHARS`,
-  `ACCOUNT_LIMIT_REASONS`, `never_started`, `stall_reason`.
+  `ACCOUNT_LIMIT_REASONS`, `never_started`, `stall_reason`, `stalled_for`.
 
 Rooms outside this package import from `execkit._classify` only, never from its files.
 """
@@ -49,6 +49,7 @@ from execkit._classify.verdict import (
     Reason,
     never_started,
     stall_reason,
+    stalled_for,
 )
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ __all__ = [
     "is_upstream_status",
     "never_started",
     "stall_reason",
+    "stalled_for",
     "stated_wait_s",
     "wait_until",
 ]

@@ -11,6 +11,7 @@ stored never carries one. Nothing here reads a result or a text.
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
 from attrs.validators import ge, instance_of, max_len
@@ -37,9 +38,29 @@ class FailureClass(enum.StrEnum):
         return self is FailureClass.WORK
 
 
+_STALLED = "stalled: no output for "
+
+
 def stall_reason(seconds: float) -> str:
     """The reason of a run its stall watchdog stopped: "stalled: no output for S s"."""
-    return f"stalled: no output for {seconds:g} s"
+    return f"{_STALLED}{seconds:g} s"
+
+
+def stalled_for(reason: str | None) -> float | None:
+    """The seconds of silence after which a stall watchdog stopped a run, read back from
+    the reason `stall_reason` wrote (what the ledger stores, whichever client finished the
+    run); None for any other reason. The words are this module's, so the one place that
+    writes them is the one that reads them."""
+    if reason is None or not reason.startswith(_STALLED):
+        return None
+    figure, unit, _rest = reason[len(_STALLED) :].partition(" s")
+    if not unit:
+        return None
+    try:
+        seconds = float(figure)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 class Reason(enum.StrEnum):

@@ -64,7 +64,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "lane": ("_lanes", "vendor lanes: list, show, resume, park"),
     "budget": ("_spend", "spend caps: per day, rolling 5h or week; per lane"),
     "spend": ("_spend", "what runs cost: USD and tokens by task, issue, lane, day or model"),
-    "notify": ("_notify", "notification endpoints: add, list, test, remove"),
+    "notify": ("_notify", "notification endpoints: add, list, test, enable, remove"),
     "dispatch": ("_dispatch", "dispatch the eligible issues of a board, with bounded retries"),
     "status": ("_status", "the dispatcher dashboard: issues, attempts, charges, next retry"),
     "serve": ("_serve", "serve a ledger over HTTP with token auth (for --remote and the SDKs)"),

@@ -21,13 +21,18 @@ from execkit.ledger import NotifyEndpoint
 
 __all__ = ["register"]
 
-_KINDS = "issue.blocked, lane.stopped, lane.parked, lane.resumed, dispatcher.stopped, or *"
+_KINDS = (
+    "issue.blocked, lane.stopped, lane.parked, lane.resumed, dispatcher.stopped, run.stalled, "
+    "spend.warning, spend.capped, or *"
+)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `notify` and its actions."""
     common = _common()
-    notify = sub.add_parser("notify", help="notification endpoints: add, list, test, remove")
+    notify = sub.add_parser(
+        "notify", help="notification endpoints: add, list, test, enable, remove"
+    )
     notify_sub = notify.add_subparsers(dest="notify_command", metavar="ACTION", required=True)
 
     add = notify_sub.add_parser(
@@ -59,6 +64,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     test.add_argument("endpoint", metavar="ID")
     _acting(test)
     test.set_defaults(handler=_test)
+
+    enable = notify_sub.add_parser(
+        "enable",
+        parents=[common],
+        help="send again to an endpoint a refusal stopped, its waiting events in order "
+        "(ledger.admin; audited)",
+    )
+    enable.add_argument("endpoint", metavar="ID")
+    _acting(enable)
+    enable.set_defaults(handler=_enable)
 
     remove = notify_sub.add_parser(
         "remove", parents=[common], help="stop sending to an endpoint (ledger.admin; audited)"
@@ -146,6 +161,24 @@ def _test(args: argparse.Namespace) -> int:
             safe_text(
                 f"test event {event.id} written for {args.endpoint}: the next sender round "
                 "(a dispatcher or execkit serve) sends it; `execkit notify list` shows how it went"
+            )
+        )
+    return 0
+
+
+def _enable(args: argparse.Namespace) -> int:
+    actor = _actor(args)
+    with _using(args) as ledger:
+        endpoint = ledger.enable_notify_endpoint(args.endpoint, actor=actor)
+    if args.json:
+        print_json(endpoint.to_dict())
+    else:
+        for line in endpoint_lines(endpoint):
+            emit(line)
+        emit(
+            safe_text(
+                f"  enabled: the next sender round sends its {endpoint.backlog} waiting "
+                "events, in order"
             )
         )
     return 0

@@ -56,6 +56,7 @@ __all__ = [
     "MAX_LEASE_S",
     "MAX_UNCHARGED_LIMIT",
     "NOTIFY_CAPABILITY",
+    "NOTIFY_ENABLE_CAPABILITY",
     "OPERATE_ROLE",
     "OUTBOX_CAPABILITY",
     "WAKE_CAPABILITY",
@@ -100,9 +101,14 @@ NOTIFY_CAPABILITY = "notify.endpoints"
 """Being told (issue #49): notification endpoints stored in the ledger (`notify add`,
 `list`, `test`, `remove`) and the event outbox they are sent from."""
 
+NOTIFY_ENABLE_CAPABILITY = "notify.enable"
+"""An endpoint a refusal stopped is sent to again without being removed (`notify enable`,
+`enable_notify_endpoint`), its waiting events in order."""
+
 CAPABILITIES = frozenset(
     {
         NOTIFY_CAPABILITY,
+        NOTIFY_ENABLE_CAPABILITY,
         "tasks.attempt_limits",
         "runs.leases",
         "tasks.retry",
@@ -429,6 +435,7 @@ class AuditAction(enum.StrEnum):
     TASK_SET_BUDGET = "task.set_budget"
     NOTIFY_ADD = "notify.add"
     NOTIFY_REMOVE = "notify.remove"
+    NOTIFY_ENABLE = "notify.enable"
 
 
 def _copied(detail: Mapping[str, Any]) -> dict[str, Any]:
@@ -525,6 +532,9 @@ class NotifyKind(enum.StrEnum):
     LANE_PARKED = "lane.parked"
     LANE_RESUMED = "lane.resumed"
     DISPATCHER_STOPPED = "dispatcher.stopped"
+    RUN_STALLED = "run.stalled"
+    SPEND_WARNING = "spend.warning"
+    SPEND_CAPPED = "spend.capped"
     TEST = "notify.test"
 
 
@@ -553,8 +563,9 @@ class NotifyEndpoint:
     message), and whether it holds a signing secret (the secret itself is never part of
     this value). `from_seq`: events up to it were written before it existed and are not
     sent. `stopped_reason`: it refused for good (a 4xx other than 408/429) and is sent
-    nothing until it is added again. `delivered`/`failed` count events; `last_error` the
-    last failure; `backlog` the events waiting for it (a listing fills it in)."""
+    nothing until an admin enables it (`enable_notify_endpoint`). `delivered`/`failed`
+    count events; `last_error` the last failure; `backlog` the events waiting for it (a
+    listing fills it in)."""
 
     id: str
     url: str
@@ -744,6 +755,9 @@ class Ledger(Protocol):
     def remove_notify_endpoint(
         self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
     ) -> bool: ...
+    def enable_notify_endpoint(
+        self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> NotifyEndpoint: ...
     def notify_endpoints(self) -> list[NotifyEndpoint]: ...
     def notify_test(
         self, endpoint_id: str, *, actor: Actor | str, now: float | None = None

@@ -2,9 +2,12 @@
 send.
 
 An event a person must act on (`issue.blocked`, `lane.stopped`, `lane.parked`,
-`lane.resumed`, `dispatcher.stopped`) is written by `_notify` in the transaction of the
-change it reports, so a change never commits without its event and an event never exists
-for a change that rolled back. Each event has a stable id (a receiver de-duplicates on it)
+`lane.resumed`, `dispatcher.stopped`, `run.stalled`, `spend.warning`, `spend.capped`) is
+written by `_notify` in the transaction of the change it reports, so a change never commits
+without its event and an event never exists for a change that rolled back. The one
+exception is `spend.capped` for a refused admission: the refusal writes nothing (its
+transaction rolls back), so the event is written right after it in a small transaction of
+its own, once a window. Each event has a stable id (a receiver de-duplicates on it)
 and a number (`seq`) that orders the outbox.
 
 Endpoints are stored in the ledger, so every host sends to the same ones, and are managed
@@ -18,6 +21,9 @@ reason in `last_error`), or the endpoint stopped for good with its reason (a ref
 no retry mends). A sender that dies leaves its claim to run out; the next one sends what
 was not settled, so an event is sent at least once and settled once: a receiver that
 de-duplicates on the id sees it exactly once.
+
+An endpoint a refusal stopped is sent to again when an admin enables it
+(`enable_notify_endpoint`): nothing it was owed is lost, and the refused event goes first.
 
 The URL and the secret are what the operator gave and are never shown: a listing shows
 the URL's scheme and host only, and whether there is a secret.
@@ -277,6 +283,60 @@ class NotifyOps(CoreBase):
                     )
                 )
             return removed
+
+    def enable_notify_endpoint(
+        self, endpoint_id: str, *, actor: Actor | str, now: float | None = None
+    ) -> NotifyEndpoint:
+        """Send to an endpoint a refusal stopped (a 4xx, a redirect) again, without
+        removing and adding it (which would lose what it was owed): its stop is lifted
+        and the events it is owed, the refused one first, go in order at the next round,
+        the refused one's give-up bound counted from now. Admin only (Forbidden), audited
+        with the reason it was stopped for; NotFound for an unknown endpoint. One that
+        was not stopped is returned as it is (nothing written)."""
+        endpoint_id = check_name("endpoint", endpoint_id, MAX_KEY)
+        who = as_actor(actor)
+        at = moment(now)
+        with self._store.write() as tx:
+            self._admin(tx, who, "enabling a notification endpoint")
+            rows = tx.notify_endpoint_rows(endpoint_id, lock=True)
+            if not rows:
+                raise NotFound(f"no notification endpoint {endpoint_id!r}; `execkit notify list`")
+            row = dict(rows[0])
+            was = row["stopped_reason"]
+            if was is None:
+                return _endpoint(
+                    row, tx.notify_backlog(row["id"], int(row["from_seq"]), _kinds(row))
+                )
+            row.update(stopped_reason=None, claimed_by=None, claimed_until=None)
+            tx.put_notify_endpoint(row)
+            # The refused event's tries were against what the operator has now mended:
+            # it starts afresh (due at once, given up no sooner than the bound from now).
+            for head in tx.notify_owed(row["id"], int(row["from_seq"]), _kinds(row), 1):
+                if head["tries"]:
+                    tx.put_notify_delivery(
+                        {
+                            "endpoint_id": row["id"],
+                            "event_seq": int(head["seq"]),
+                            "status": "retrying",
+                            "tries": 0,
+                            "first_at": at,
+                            "next_at": None,
+                            "last_error": None,
+                        }
+                    )
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.NOTIFY_ENABLE,
+                    detail={"endpoint": endpoint_id, "was": was},
+                )
+            )
+            return _endpoint(row, self._backlog(tx, row))
+
+    @staticmethod
+    def _backlog(tx: Tx, row: Mapping[str, Any]) -> int:
+        return tx.notify_backlog(row["id"], int(row["from_seq"]), _kinds(row))
 
     def notify_endpoints(self) -> list[NotifyEndpoint]:
         """Every endpoint by id, with its health: what was delivered, given up, the last

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from execkit._budget import Attempt, AttemptStatus, BlockedOn, Decision, DispatchCap, TaskState
-from execkit._classify import FailureClass
+from execkit._classify import FailureClass, stalled_for
 from execkit._errors import (
     AdmissionRefused,
     AttemptLimitReached,
@@ -26,6 +26,8 @@ from execkit._errors import (
     InvalidInput,
     LaneStopped,
     LaneWaiting,
+    SpendCapReached,
+    StorageError,
     TaskBackingOff,
     TaskBlocked,
     TaskFinished,
@@ -56,11 +58,13 @@ from execkit.ledger._model import (
     Actor,
     AuditAction,
     AuditEntry,
+    NotifyKind,
     Run,
     RunOwner,
     TaskStatus,
 )
 from execkit.ledger._owner import process_owner
+from execkit.ledger._spend import window_bounds
 
 __all__ = ["RunOps"]
 
@@ -196,9 +200,12 @@ class RunOps(LeaseOps, SpendOps):
         at = moment(now)
         fingerprint = fingerprint_of({"task_id": task_id, "actor": str(who), "forced": forced})
 
+        spend_refused: list[AdmissionRefused] = []  # the spend gate's refusal, if it refused
+
         def admit(after: StaleCopy | None) -> Run | AdmissionRefused:
             """The admission, or the refusal to raise once its transaction committed."""
             refused: AdmissionRefused | None = None
+            spend_refused.clear()
             with self._store.write(remembered=after is None, after=after) as tx:
                 lanes = () if lane_name is None else self._gate_names(lane_name, runner.host)
                 tx.expect_admission(AuditAction.RUN_START, request_key, task_id, lanes)
@@ -230,6 +237,7 @@ class RunOps(LeaseOps, SpendOps):
                     gate = self._spend_gate(tx, task, lane_name, at)
                     if isinstance(gate, AdmissionRefused):
                         refused = gate
+                        spend_refused.append(gate)
                     else:
                         reservation = gate
                 if refused is None:
@@ -259,10 +267,41 @@ class RunOps(LeaseOps, SpendOps):
                 # admission goes ahead, or an expired run could never be abandoned by one.
             return refused
 
-        outcome = self._copy_first(admit)
+        try:
+            outcome = self._copy_first(admit)
+        except AdmissionRefused as raised:
+            outcome = raised
         if isinstance(outcome, AdmissionRefused):
+            if spend_refused and outcome is spend_refused[0]:
+                self._spend_refused(task_id, lane_name, outcome, at)
             raise outcome
         return outcome
+
+    def _spend_refused(
+        self, task_id: str, lane: str | None, refusal: AdmissionRefused, at: float
+    ) -> None:
+        """Issue #49: a spend refusal (a window's cap, or the task's own budget) is told as
+        `spend.capped`, once a window, in a small write transaction of its own: the refused
+        admission's rolled back. A write that fails leaves the refusal as it was; the next
+        refused admission writes it (its once-a-window row was not written either)."""
+        try:
+            with self._store.write() as tx:
+                config = self._spend_config(tx)
+                if config is None:
+                    return
+                if isinstance(refusal, SpendCapReached):
+                    for cap in config.applying(lane):
+                        if cap.name == refusal.cap:
+                            start, _reopens = window_bounds(cap, at)
+                            self._note_capped(
+                                tx, cap, start, at, task_id, None, reason=refusal.message
+                            )
+                    return
+                budget = tx.task_budget(task_id)
+                if budget is not None:
+                    self._note_capped(tx, budget, 0.0, at, task_id, None, reason=refusal.message)
+        except StorageError:
+            return
 
     def _admission_refusal(
         self, task: TaskRecord, decision: Decision, at: float, ignore_backoff: bool
@@ -465,6 +504,35 @@ class RunOps(LeaseOps, SpendOps):
 
         return self._copy_first(finish)
 
+    def _notify_stalled(self, tx: Tx, ended: Run, at: float) -> None:
+        """Issue #49: `run.stalled` for a failed run its stall watchdog stopped (its reason
+        is `stall_reason`'s, which every client that finishes a run sends as it is: a
+        local runner, a dispatcher, a server's), in the transaction of its result."""
+        seconds = stalled_for(ended.reason)
+        if seconds is None or ended.failure_class not in (
+            FailureClass.WORK,
+            FailureClass.UPSTREAM,
+        ):
+            return
+        lane = tx.run_lane(ended.id)
+        self._notify(
+            tx,
+            NotifyKind.RUN_STALLED,
+            ended.task_id,
+            {
+                "task_id": ended.task_id,
+                "run_id": ended.id,
+                "attempt": ended.attempt,
+                "lane": lane,
+                # A lane is ADAPTER/CREDENTIAL; a run bound to none names no adapter.
+                "adapter": None if lane is None else lane.partition("/")[0],
+                "seconds": seconds,
+                "class": ended.failure_class.value if ended.failure_class else None,
+                "reason": ended.reason,
+            },
+            at,
+        )
+
     def _finish(
         self,
         tx: Tx,
@@ -525,6 +593,8 @@ class RunOps(LeaseOps, SpendOps):
             run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held, cost
         )
         summary = self._summary_after(tx, task, ended)
+        if final is AttemptStatus.FAILED:
+            self._notify_stalled(tx, ended, at)
         if final is AttemptStatus.FAILED and task.status is TaskStatus.OPEN:
             # Issue #49: a failure that leaves the task blocked (a person must act: the
             # environment, its limit, its ceiling, its budget) is told in this transaction.

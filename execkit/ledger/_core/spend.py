@@ -47,6 +47,7 @@ from execkit.ledger._model import (
     Actor,
     AuditAction,
     AuditEntry,
+    NotifyKind,
     Run,
     Task,
     TaskState,
@@ -460,7 +461,11 @@ class SpendOps(WakeOps):
     ) -> None:
         """`cap`'s window (begun at `start`) at `share` of it with `run`'s reservation: at
         80% or more, an audited `spend.warning`, once a window."""
-        if share >= WARN_SHARE and tx.note_spend_warning(cap.key, start, at):
+        if share >= WARN_SHARE and tx.note_spend_warning(cap.key, _window_key(tx, cap, start), at):
+            self._notify(tx, NotifyKind.SPEND_WARNING, cap.key, {
+                "cap": cap.name, **cap.to_dict(), "window_start": start,
+                "share": round(share, 4), "task_id": run.task_id, "run_id": run.id,
+            }, at)  # fmt: skip
             tx.audit(
                 AuditEntry(
                     at=at,
@@ -567,7 +572,7 @@ class SpendOps(WakeOps):
                 None if cap.tokens is None else cap.tokens - (w_tokens - (r_tokens if mine else 0)),
                 cap, start, reopens_at,
             ))  # fmt: skip
-        for ceiling_usd, ceiling_tokens, limit_cap, _start, reopens in limits:
+        for ceiling_usd, ceiling_tokens, limit_cap, window_start, reopens in limits:
             over_usd = ceiling_usd is not None and usd is not None and usd > ceiling_usd + 1e-9
             over_tokens = ceiling_tokens is not None and tokens > ceiling_tokens
             if over_usd or over_tokens:
@@ -575,7 +580,13 @@ class SpendOps(WakeOps):
                 tx.set_reservation(
                     run.id, r_usd if usd is None else max(r_usd, usd), max(r_tokens, tokens)
                 )
-                return _stopped(run, limit_cap, budget, used, over_usd, reopens)
+                stop = _stopped(run, limit_cap, budget, used, over_usd, reopens)
+                capped = limit_cap if limit_cap is not None else budget
+                assert capped is not None
+                self._note_capped(
+                    tx, capped, window_start, at, run.task_id, run.id, reason=stop.stop
+                )
+                return stop
         usd_room = [c for c, _t, _c, _s, _r in limits if c is not None]
         tokens_room = [t for _c, t, _cap, _s, _r in limits if t is not None]
         new_usd = r_usd
@@ -600,6 +611,37 @@ class SpendOps(WakeOps):
             new_usd if held.usd is not None else None,
             new_tokens if held.tokens is not None else None,
         )
+
+    def _note_capped(
+        self, tx: Tx, cap: SpendCap | TaskBudget, window_start: float, at: float,
+        task_id: str | None, run_id: str | None, *, reason: str | None = None,
+    ) -> str | None:  # fmt: skip
+        """Issue #49: `spend.capped` for `cap` (a window's cap, or a task's own budget),
+        once a window (a task's budget: once a value of it), in `tx`; its id, None when
+        this window was told already. The once is a row of the spend-warning table under
+        a key of its own (`<cap>|capped`). A refused admission's own transaction rolls
+        back: its caller writes this in a small transaction of its own."""
+        if isinstance(cap, TaskBudget):
+            key = f"task:{cap.task_id}|{cap.usd}|{cap.tokens}|capped"
+            data: dict[str, Any] = {"cap": f"the budget of task {cap.task_id}", **cap.to_dict()}
+        else:
+            key = cap.key + "|capped"
+            data = {"cap": cap.name, **cap.to_dict()}
+            window_start = _window_key(tx, cap, window_start)
+        if not tx.note_spend_warning(key, window_start, at):
+            return None
+        data.update(window_start=window_start, task_id=task_id, run_id=run_id, reason=reason)
+        return self._notify(tx, NotifyKind.SPEND_CAPPED, task_id or key, data, at)
+
+
+def _window_key(tx: Tx, cap: SpendCap, start: float) -> float:
+    """What names a cap's window once (the warnings' and caps' once-a-window rows): its
+    start, and for a rolling window (whose start moves with every moment) the moment of
+    its oldest spend, which stands until that spend leaves it."""
+    if cap.window is not SpendWindow.ROLLING_5H:
+        return start
+    first = tx.window_spend(start, cap.lane)[2]
+    return start if first is None else first
 
 
 def _stopped(

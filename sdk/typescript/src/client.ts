@@ -25,6 +25,7 @@ import {
   SPEND,
   SPEND_ROOM,
   NOTIFY,
+  NOTIFY_ENABLE,
   WAKE,
   MAX_ATTEMPT_LIMIT,
   MAX_LEASE_S,
@@ -51,6 +52,7 @@ import {
   TaskStateValues,
   type AbandonRunBody,
   type AddNotifyEndpointBody,
+  type EnableNotifyEndpointBody,
   type NotifyTestBody,
   type RemoveNotifyEndpointBody,
   type AuditQuery,
@@ -926,6 +928,23 @@ export class ExeckitClient {
     await this.#require(NOTIFY, "test a notification endpoint", "notification endpoints");
     const doc = await this.#send("notifyTest", { body, idempotencyKey: idempotencyKey(undefined) });
     return doc as unknown as NotifyEvent;
+  }
+
+  /** Send again to an endpoint a refusal stopped (a 4xx, a redirect), without removing it:
+   * its waiting events go in order at the next sender round (needs ledger.admin and
+   * `notify.enable`; audited). One not stopped is returned as it is. */
+  async enableNotifyEndpoint(endpointId: string): Promise<NotifyEndpoint> {
+    const body: EnableNotifyEndpointBody = { endpoint_id: name("endpointId", endpointId) };
+    await this.#require(
+      NOTIFY_ENABLE,
+      "enable a notification endpoint",
+      "enabling a stopped notification endpoint",
+    );
+    const doc = await this.#send("enableNotifyEndpoint", {
+      body,
+      idempotencyKey: idempotencyKey(undefined),
+    });
+    return doc as unknown as NotifyEndpoint;
   }
 
   /** Remove a notification endpoint (needs ledger.admin; audited); whether there was one. */

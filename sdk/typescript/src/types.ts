@@ -81,6 +81,9 @@ export type NotifyEvent = wire.NotifyEvent;
 /** The capability of notification endpoints (issue #49). */
 export const NOTIFY = "notify.endpoints";
 
+/** The capability of enabling a stopped notification endpoint again (issue #49). */
+export const NOTIFY_ENABLE = "notify.enable";
+
 /** The capability vendor lanes need: the client sends a lane only to a server with it. */
 export const LANES = "vendor.lanes";
 

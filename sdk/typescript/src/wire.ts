@@ -522,6 +522,7 @@ export const OPERATIONS = {
   getLane: { method: "GET", path: "/v1/lanes/show", status: 200 },
   notifyEndpoints: { method: "GET", path: "/v1/notify/endpoints", status: 200 },
   addNotifyEndpoint: { method: "POST", path: "/v1/notify/endpoints", status: 201 },
+  enableNotifyEndpoint: { method: "POST", path: "/v1/notify/endpoints/enable", status: 200 },
   removeNotifyEndpoint: { method: "POST", path: "/v1/notify/endpoints/remove", status: 200 },
   notifyTest: { method: "POST", path: "/v1/notify/test", status: 200 },
   outboxEntries: { method: "GET", path: "/v1/outbox", status: 200 },
@@ -676,6 +677,10 @@ export interface AddNotifyEndpointBody {
   url: string;
 }
 
+export interface EnableNotifyEndpointBody {
+  endpoint_id: string;
+}
+
 export interface RemoveNotifyEndpointBody {
   endpoint_id: string;
 }
@@ -817,6 +822,7 @@ export interface Queries {
   getLane: GetLaneQuery;
   notifyEndpoints: never;
   addNotifyEndpoint: never;
+  enableNotifyEndpoint: never;
   removeNotifyEndpoint: never;
   notifyTest: never;
   outboxEntries: OutboxEntriesQuery;
@@ -872,6 +878,7 @@ export interface Bodies {
   getLane: never;
   notifyEndpoints: never;
   addNotifyEndpoint: AddNotifyEndpointBody;
+  enableNotifyEndpoint: EnableNotifyEndpointBody;
   removeNotifyEndpoint: RemoveNotifyEndpointBody;
   notifyTest: NotifyTestBody;
   outboxEntries: never;
@@ -927,6 +934,7 @@ export interface Answers {
   getLane: Lane;
   notifyEndpoints: NotifyEndpointList;
   addNotifyEndpoint: NotifyEndpoint;
+  enableNotifyEndpoint: NotifyEndpoint;
   removeNotifyEndpoint: Removed;
   notifyTest: NotifyEvent;
   outboxEntries: OutboxEntryList;

@@ -474,6 +474,12 @@ describe("attempt limits", () => {
     assert.ok(!JSON.stringify(await owner.notifyEndpoints()).includes("sEcReTpAtH"));
     const event = await owner.notifyTest(added.id);
     assert.equal(event.kind, "notify.test");
+    // Enabling one that runs returns it as it is; only the admin may, and only a known one.
+    const enabled = await owner.enableNotifyEndpoint(added.id);
+    assert.equal(enabled.stopped_reason, null);
+    assert.equal(enabled.backlog, 1);
+    await rejects(worker.enableNotifyEndpoint(added.id), Forbidden);
+    await rejects(owner.enableNotifyEndpoint("ep_nope"), NotFound);
     await rejects(worker.addNotifyEndpoint(hook, ["*"]), Forbidden);
     await rejects(owner.addNotifyEndpoint("ftp://x.test/", ["*"]), InvalidInput);
     assert.equal(await owner.removeNotifyEndpoint(added.id), true);
