@@ -14,7 +14,7 @@ Three measurements, each against its honest floor in the same run:
 2. A fleet against a day's cap, on PostgreSQL (the cluster `tests/pgcluster.py --run`
    started, else one of its own): 20 issues on two boards, two `execkit dispatch` processes
    at `--concurrency 4` each (8 agents at once) and a $10.00 day cap; each agent would
-   spend $3.00 ($0.10 every 100 ms) if nothing stopped it. Printed: what the day holds at
+   spend $1.00 ($0.10 every 100 ms, ten steps) if nothing stopped it: $20 asked of $10. Printed: what the day holds at
    the end against $10 plus the events in flight, the runs stopped by the window, and the
    runs admitted after the window was full (must be 0).
 3. Admission with caps against admission without: `start_run` + `finish_run` (with its
@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,8 +48,10 @@ from adapters.opencode import OpencodeAdapter  # noqa: E402
 from execkit import AgentRequest  # noqa: E402
 from execkit._attempt import AttemptOptions, run_attempt  # noqa: E402
 from execkit._usage import Usage, UsdSource  # noqa: E402
-from execkit.ledger import SpendCap, SpendWindow, open_ledger  # noqa: E402
+from execkit.ledger import SpendCap, SpendWindow, open_ledger, user_name  # noqa: E402
 
+# The ledger's owner (its OS user) may set caps; runs are admitted as the same actor.
+ME = user_name(os.geteuid())
 EVENT_USD = 0.10
 EVENT_TOKENS = 500
 
@@ -88,14 +91,14 @@ def _fake_path(folder: Path) -> str:
 def _task_cap(db: Path, runs: int, *, usd: float | None, tokens: int | None) -> list[float]:
     """Each run's recorded spend (USD, or tokens) with the task's cap `usd` or `tokens`."""
     with open_ledger(db) as ledger:
-        ledger.set_spend_cap(actor="bench", floor_usd=0.25, floor_tokens=1000)
-        tasks = [ledger.create_task(f"capped {n}", actor="bench").id for n in range(runs)]
+        ledger.set_spend_cap(actor=ME, floor_usd=0.25, floor_tokens=1000)
+        tasks = [ledger.create_task(f"capped {n}", actor=ME).id for n in range(runs)]
         for task in tasks:
             ledger.set_task_budget(
                 task, usd=usd, tokens=tokens, expected_usd=None, expected_tokens=None,
-                actor="bench",
+                actor=ME,
             )  # fmt: skip
-    options = AttemptOptions(actor="bench", lane=None)
+    options = AttemptOptions(actor=ME, lane=None)
     request = AgentRequest(prompt="go", timeout_s=600)
 
     def one(task: str) -> float:
@@ -147,10 +150,10 @@ def _schema(url: str) -> str:
 def _fleet(url: str) -> str:
     ledger_url = _schema(url)
     with open_ledger(ledger_url) as ledger:
-        ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=10.0), actor="bench", floor_usd=0.5)
+        ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=10.0), actor=ME, floor_usd=0.5)
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        env = {**os.environ, "PATH": _fake_path(folder), "EXECKIT_BENCH_STEPS": "30"}
+        env = {**os.environ, "PATH": _fake_path(folder), "EXECKIT_BENCH_STEPS": "10"}
         env.pop("EXECKIT_REMOTE", None)
         states = [
             {"name": "todo", "eligible": True},
@@ -176,8 +179,26 @@ def _fleet(url: str) -> str:
                     argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
                 )
             )
+        # `--until-idle` waits for the window to reopen (tomorrow): once the day is full
+        # and no agent runs, or every issue is done, the dispatchers are stopped. Bounded.
+        deadline = time.monotonic() + 600
+        with open_ledger(ledger_url) as watcher:
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                if all(process.poll() is not None for process in dispatchers):
+                    break
+                (use,) = watcher.spend_windows()
+                if use.full and not watcher.running_runs():
+                    break
         for process in dispatchers:
-            process.communicate(timeout=600)
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in dispatchers:
+            try:
+                process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
     with open_ledger(ledger_url) as ledger:
         (window,) = ledger.spend_windows()
         runs = [run for task in ledger.list_tasks() for run in ledger.runs(task.id)]
@@ -203,16 +224,16 @@ def _admissions(db: Path, count: int, *, caps: bool, room: bool) -> float:
     paid = Usage(input_tokens=100, usd=0.001, usd_source=UsdSource.REPORTED)
     with open_ledger(db) as ledger:
         if caps:
-            ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1e6), actor="bench")
+            ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1e6), actor=ME)
             ledger.set_spend_cap(
-                SpendCap(SpendWindow.ROLLING_5H, lane="opencode/bench", usd=1e6), actor="bench"
+                SpendCap(SpendWindow.ROLLING_5H, lane="opencode/default", usd=1e6), actor=ME
             )
         tasks = [
-            ledger.create_task(f"t{n}", actor="bench", max_attempts=10).id for n in range(count)
+            ledger.create_task(f"t{n}", actor=ME, max_attempts=10).id for n in range(count)
         ]
         started = time.perf_counter()
         for n, task in enumerate(tasks):
-            run = ledger.start_run(task, request_key=str(n), actor="bench", lane="opencode/bench")
+            run = ledger.start_run(task, request_key=str(n), actor=ME, lane="opencode/default")
             if room:
                 ledger.spend_room(run.id)
             ledger.finish_run(run.id, "succeeded", usage=paid)
