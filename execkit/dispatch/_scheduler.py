@@ -63,6 +63,7 @@ import attrs
 from execkit._attempt import (
     record_outcome,
     record_stopped,
+    resumable_session,
     resume_line,
     resumed_after,
     runner_error,
@@ -307,14 +308,6 @@ def _closed_words(lane: str | None, refusal: LaneWaiting | LaneStopped) -> str:
 
 
 @attrs.frozen
-class _Resumable:
-    """A vendor session an issue's next attempt resumes, and the adapter it was made on."""
-
-    session_id: str
-    adapter: str
-
-
-@attrs.frozen
 class _Unrecorded:
     run_id: str
     outcome: RunOutcome
@@ -421,10 +414,9 @@ class Dispatcher:
         self._doubted: set[str] = set()
         self._wake_pending = False  # set by the waker thread (`_woken`), read by the loop
         self._catch_up_said: str | None = None  # the last write-back wait logged
-        # Issue #46: per issue, the vendor session its last attempt ended in on an upstream
-        # refusal, to resume once in its next attempt on the same adapter. In this process
-        # only: a restarted dispatcher starts the next attempt fresh.
-        self._resumable: dict[str, _Resumable] = {}
+        # Issue #46: the vendor session an issue's next attempt resumes is read from the
+        # ledger at its admission (`resumable_session`), never kept here: a restarted
+        # dispatcher, or another one on another host, resumes it alike.
 
     # -- public --------------------------------------------------------------------------
 
@@ -1049,11 +1041,13 @@ class Dispatcher:
         # Deterministic per attempt: a second dispatcher that read the same history gets
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
-        # The session is resumed on the adapter it was made on only (never carried to
-        # another vendor).
-        resume = self._resumable.get(issue.id)
-        if resume is not None and resume.adapter != adapter:
-            resume = None
+        # From the ledger (issue #46): the session the task's last run was refused in
+        # upstream, on the adapter it was made on only (never carried to another vendor).
+        resume = (
+            resumable_session(self.ledger, task.id, adapter, now=self.clock())
+            if task.attempts_started
+            else None
+        )
         fell_back = f"fell back from {'; '.join(closed)} to {lane or adapter}" if closed else None
         try:
             run = self.ledger.start_run(
@@ -1067,7 +1061,7 @@ class Dispatcher:
                 owner=self.owner,
                 lane=lane,
                 workspace=self._workspace_of(issue),
-                resumed_session=None if resume is None else resume.session_id,
+                resumed_session=resume,
                 fell_back=fell_back,
             )
         except (LaneWaiting, LaneStopped) as waiting:
@@ -1119,8 +1113,6 @@ class Dispatcher:
         if run.fell_back is not None:
             # Never silently: the log says it now, the run, the event and the card too.
             _log.warning("issue %s: attempt %d %s", issue.id, run.attempt, run.fell_back)
-        # Exactly once: this attempt takes the session; its own outcome decides the next.
-        self._resumable.pop(issue.id, None)
         self._start_slot(issue, run, adapter)
         return []
 
@@ -1281,7 +1273,6 @@ class Dispatcher:
             "reason": outcome.ledger_reason(),
             "precondition": outcome.precondition,
         }
-        self._remember_session(issue, outcome, adapter)
         if run.fell_back is not None:
             fields["fell_back"] = run.fell_back
         if outcome.resumed_session is not None:
@@ -1345,20 +1336,6 @@ class Dispatcher:
             ),
         )
         return self._event(EventKind.DISPATCHED, issue, after, **fields)
-
-    def _remember_session(self, issue: BoardIssue, outcome: RunOutcome, adapter: str) -> None:
-        """Keep the vendor session of an attempt that ended on an upstream refusal for the
-        next attempt to resume (once); forget it after anything else: a `work` failure
-        starts clean, an `environment` one too, a success needs none."""
-        upstream = (
-            outcome.status is RunStatus.FAILED
-            and outcome.failure_class is FailureClass.UPSTREAM
-            and outcome.session_id is not None
-        )
-        if upstream and outcome.session_id is not None:
-            self._resumable[issue.id] = _Resumable(outcome.session_id, adapter)
-        else:
-            self._resumable.pop(issue.id, None)
 
     def _report(self, issue: BoardIssue, report: BoardReport) -> None:
         """Tell a board that shows work (`ReportingBoard`) what this issue must show. A

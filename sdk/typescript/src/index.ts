@@ -52,6 +52,7 @@ export {
   RUN_OWNERS,
   LANES,
   SPEND,
+  SESSIONS,
   NOTIFY,
   WAKE,
   MAX_ATTEMPT_LIMIT,

@@ -88,6 +88,9 @@ export const LANES = "vendor.lanes";
  * `setTaskBudget`; admission against them. */
 export const SPEND = "spend.caps";
 
+/** The capability of kept vendor sessions (issue #46): `finishRun({ sessionId })`. */
+export const SESSIONS = "runs.sessions";
+
 /** The capability of wake-ups: `wakeSeq` and `waitForWake` (issue #51). */
 export const WAKE = "ledger.wake";
 
