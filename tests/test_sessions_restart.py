@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 from _support import REPO, run_execkit, write_board
+from test_remote import Remote, remote  # noqa: F401 - the fixture
 
+from execkit._backoff import Backoff
 from execkit._classify import FailureClass
-from execkit.ledger import open_ledger
+from execkit.ledger import SESSIONS_CAPABILITY, open_ledger
 
 SESSION = "7fe4ecce-cba9-4182-98c6-ce5bbc5450ae"  # the recorded usage limit's session
 RECORDED = REPO / "fixtures" / "recorded" / "claude"
@@ -164,3 +166,41 @@ def test_run_attempt_in_a_new_process_resumes_the_session(
     refused, resumed = _runs(ledger_target)
     assert (refused.failure_class, refused.session_id) == (FailureClass.UPSTREAM, SESSION)
     assert (resumed.status, resumed.resumed_session) == ("succeeded", SESSION)
+
+
+@pytest.mark.parametrize(
+    "remote", [frozenset(), frozenset({SESSIONS_CAPABILITY})], indirect=True, ids=["now", "older"]
+)
+def test_through_execkit_serve_and_against_an_older_one(
+    remote: Remote,  # noqa: F811
+    fake_claude: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two dispatcher processes on one server: the session goes through the server's finish
+    # body. A server without `runs.sessions` is not sent it: the next attempt starts fresh.
+    monkeypatch.setenv("EXECKIT_TOKEN", remote.token)
+    older = SESSIONS_CAPABILITY not in remote.app.capabilities
+    # The server decides the backoff: the board asks for the same one (`--once`: the first
+    # process never runs a second attempt itself).
+    remote.ledger.backoff = Backoff(base_s=0.01, max_s=0.01)
+    board = _board(tmp_path / "board.json", 0.01)
+    args = ("dispatch", "--board", str(board), "--remote", remote.url)
+    first = run_execkit(*args, "--once")
+    assert first.returncode == 0, first.stderr
+    (refused,) = remote.ledger.runs(remote.ledger.list_tasks()[0].id)
+    assert refused.session_id == (None if older else SESSION)
+    for _ in range(5):  # bounded: the older server's fresh start meets the limit again
+        second = run_execkit(*args, "--once")
+        assert second.returncode == 0, second.stderr
+        if len(_calls(fake_claude)) >= 2:
+            break
+        time.sleep(0.05)
+    calls = _calls(fake_claude)
+    resumed = calls[1]["argv"]
+    if older:
+        assert "--resume" not in resumed
+    else:
+        assert resumed[resumed.index("--resume") + 1] == SESSION
+        runs = remote.ledger.runs(refused.task_id)
+        assert runs[1].resumed_session == SESSION and runs[1].status == "succeeded"
