@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from _support import REPO, run_execkit, write_board
 from ledger_backends import AnyLedger
 
+from adapters import ClaudeAdapter
 from execkit import InvalidInput
 from execkit._classify import FailureClass
 from execkit.cli._dispatch import _describe
@@ -169,6 +171,35 @@ def test_an_issue_whose_own_claude_run_stops_its_lane_is_done_by_codex_and_says_
     assert any("falls back" in line for r in cards for line in r.lines)
     assert cards[-1].moved_to == "done" and second.fell_back in cards[-1].lines
     assert not any(r.moved_to == "blocked" for r in cards)
+
+
+def test_an_issue_whose_own_usage_limit_parks_its_lane_falls_back_instead_of_waiting(
+    ledger: AnyLedger, fakes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # claude's recorded gateway usage limit (`resetsAt` 1796623200), read an hour before
+    # that reset: the run parks claude's lane for an hour and the task waits for it. With
+    # codex next in its order, the issue runs there at once, announced, without the
+    # claude session.
+    monkeypatch.setenv("FAKE_CLAUDE", "claude/usage_limit_gateway")
+    claude = attrs.evolve(ClaudeAdapter(), clock=lambda: 1796623200.0 - 3600)
+    board = ReportedBoard(
+        [BoardIssue("P-1", "p", "todo", prompt="p", adapters=("claude", "codex"))]
+    )
+    config = DispatchConfig.from_mapping({"base_backoff_s": 0.01, "max_retry_backoff_s": 0.02})
+    dispatcher = Dispatcher(board, AdapterRunner(claude), ledger, config, executor=InlineExecutor())
+    events = _settle(dispatcher, board)
+    first, second = [e for e in events if e.kind is EventKind.DISPATCHED]
+    assert (first.failure_class, first.charged, first.falls_back) == (
+        FailureClass.UPSTREAM, False, True,
+    )  # fmt: skip
+    assert first.next_attempt_at is not None and first.next_attempt_at > time.time() + 3000
+    assert second.status == "succeeded" and second.resumed_session is None
+    assert second.fell_back is not None and "(parked until " in second.fell_back
+    calls = [json.loads(line) for line in fakes.read_text().splitlines()]
+    assert [c["cli"] for c in calls] == ["claude", "codex"]
+    assert "resume" not in calls[1]["argv"]
+    (task,) = ledger.list_tasks()
+    assert [r.fell_back for r in ledger.runs(task.id)] == [None, second.fell_back]
 
 
 def test_execkit_dispatch_falls_back_after_its_own_run_stops_the_lane(
