@@ -11,8 +11,10 @@ without a board:
    and left to the next beat; a `Conflict`, the run abandoned meanwhile, stops the agent);
 3. finish: `finish_run` with the class, the reason (the precondition for environment,
    else the class reason and the last line of the error), the vendor's reset time
-   (`not_before`) and what the vendor's structure said of the lane, as the proof carries
-   them (`outcome_of`, written by `record_outcome`);
+   (`not_before`), what the vendor's structure said of the lane and the vendor session the
+   agent ran in (`session_id`, issue #46: the task's next attempt, in any process, resumes
+   it after an upstream refusal, `resumable_session`), as the proof carries them
+   (`outcome_of`, written by `record_outcome`);
 4. tell: an `AttemptOutcome` with the run's result and what the ledger decided next
    (done; retry at `next_attempt_at`; blocked on what, with the fix).
 

@@ -89,8 +89,9 @@ class AdapterRunner:
     (`resumes_sessions`) as `AgentRequest.resume_session`; when the vendor refuses the
     session (the adapter's `resume_refused` reads its words) the same attempt starts
     fresh, and only that fresh start is the attempt's outcome (`resume_refused=True`).
-    `RunOutcome.session_id` is set only for an adapter that can resume: the dispatcher
-    resumes it after an upstream refusal.
+    `RunOutcome.session_id` is set only for an adapter that can resume: it is kept on the
+    run (`Run.session_id`), and the task's next attempt resumes it after an upstream
+    refusal, whichever dispatcher admits it (`execkit._attempt.resumable_session`).
     """
 
     def __init__(
