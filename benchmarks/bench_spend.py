@@ -14,9 +14,9 @@ Three measurements, each against its honest floor in the same run:
 2. A fleet against a day's cap, on PostgreSQL (the cluster `tests/pgcluster.py --run`
    started, else one of its own): 20 issues on two boards, two `execkit dispatch` processes
    at `--concurrency 4` each (8 agents at once) and a $10.00 day cap; each agent would
-   spend $1.00 ($0.10 every 100 ms, ten steps) if nothing stopped it: $20 asked of $10. Printed: what the day holds at
-   the end against $10 plus the events in flight, the runs stopped by the window, and the
-   runs admitted after the window was full (must be 0).
+   spend $1.00 ($0.10 every 100 ms, ten steps) if nothing stopped it: $20 asked of $10.
+   Printed: what the day holds at the end against $10 plus the events in flight, the runs
+   stopped by the window, and the runs admitted after the window was full (must be 0).
 3. Admission with caps against admission without: `start_run` + `finish_run` (with its
    cost) on a SQLite file, `--admissions` each, alternating rounds, the medians compared
    (target <= 1.1x), and the same with the run's `spend_room` read a guarded run adds.
@@ -228,9 +228,7 @@ def _admissions(db: Path, count: int, *, caps: bool, room: bool) -> float:
             ledger.set_spend_cap(
                 SpendCap(SpendWindow.ROLLING_5H, lane="opencode/default", usd=1e6), actor=ME
             )
-        tasks = [
-            ledger.create_task(f"t{n}", actor=ME, max_attempts=10).id for n in range(count)
-        ]
+        tasks = [ledger.create_task(f"t{n}", actor=ME, max_attempts=10).id for n in range(count)]
         started = time.perf_counter()
         for n, task in enumerate(tasks):
             run = ledger.start_run(task, request_key=str(n), actor=ME, lane="opencode/default")

@@ -11,8 +11,10 @@ without a board:
    and left to the next beat; a `Conflict`, the run abandoned meanwhile, stops the agent);
 3. finish: `finish_run` with the class, the reason (the precondition for environment,
    else the class reason and the last line of the error), the vendor's reset time
-   (`not_before`) and what the vendor's structure said of the lane, as the proof carries
-   them (`outcome_of`, written by `record_outcome`);
+   (`not_before`), what the vendor's structure said of the lane and the vendor session the
+   agent ran in (`session_id`, issue #46: the task's next attempt, in any process, resumes
+   it after an upstream refusal, `resumable_session`), as the proof carries them
+   (`outcome_of`, written by `record_outcome`);
 4. tell: an `AttemptOutcome` with the run's result and what the ledger decided next
    (done; retry at `next_attempt_at`; blocked on what, with the fix).
 
@@ -48,14 +50,21 @@ import random
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, Literal
 
 import attrs
 from attrs.validators import ge, gt, instance_of, is_callable, le, optional
 
-from execkit._adapter import Adapter, AgentRequest, credential_env_of, credential_files_of
+from execkit._adapter import (
+    Adapter,
+    AgentRequest,
+    credential_env_of,
+    credential_files_of,
+    resume_refused,
+    resumes_sessions,
+)
 from execkit._agent import (
     MAX_AGENT_ATTEMPTS,
     RunRecorder,
@@ -68,7 +77,7 @@ from execkit._budget import AttemptStatus, BlockedOn, DispatchCap, TaskState
 from execkit._classify import FailureClass, Reason
 from execkit._errors import Conflict, ExecKitError, InvalidInput, StorageError
 from execkit._exec import DEFAULT_KILL_GRACE_S, Cancellation, ProcessStarter, SpawnCancelled
-from execkit._lanes import lane_for
+from execkit._lanes import LaneKey, lane_for
 from execkit._meter import SPEND_LIMIT_REASON, UsageLimit
 from execkit._proof import AgentFailed, AgentProof, RunStatus
 from execkit._redact import redact
@@ -77,6 +86,7 @@ from execkit._validate import checked, finite, integer, opt_checked
 from execkit.ledger import (
     DEFAULT_LEASE_S,
     LANES_CAPABILITY,
+    SESSIONS_CAPABILITY,
     SPEND_CAPABILITY,
     SPEND_ROOM_CAPABILITY,
     Actor,
@@ -98,17 +108,20 @@ __all__ = [
     "SpendGuard",
     "adapter_lane",
     "attempt_agent",
+    "attempt_resuming",
     "failure_detail",
     "lane_cause",
     "last_line",
     "outcome_of",
     "record_outcome",
     "record_stopped",
+    "resumable_session",
     "resume_line",
     "resumed_after",
     "run_attempt",
     "run_attempt_async",
     "runner_error",
+    "session_after",
     "spend_guard",
     "with_spend_stop",
 ]
@@ -338,6 +351,67 @@ def resumed_after(runs: Iterable[Run], run: Run) -> str | None:
     return reason.split(": ", 1)[0] or None
 
 
+def session_after(runs: Sequence[Run]) -> str | None:
+    """The vendor session the task's next attempt resumes, read from its history alone
+    (issue #46): the session its last run ran in (`Run.session_id`) when that run ended
+    on an `upstream` refusal; None after anything else (a `work` failure starts clean, an
+    `environment` one too, a success needs none, an abandoned or stopped run proved
+    nothing) and when the run named no session. Exactly once per refusal: the refusal's
+    run is the last one, so no attempt resumed it yet; the attempt that does is the last
+    run after it, and only its own refusal (a new one) is resumed again. `runs` in attempt
+    order, as `Ledger.runs` gives them."""
+    if not runs:
+        return None
+    last = runs[-1]
+    upstream = (
+        last.status is AttemptStatus.FAILED
+        and last.failure_class is FailureClass.UPSTREAM
+        and not last.stopped
+    )
+    return last.session_id if upstream else None
+
+
+def resumable_session(ledger: Ledger, task_id: str, adapter: str, *, now: float) -> str | None:
+    """The vendor session an attempt of `task_id` on `adapter` resumes, decided from the
+    ledger (issue #46), so whichever process runs the attempt (a restarted dispatcher,
+    another host, `run_attempt`) resumes it alike: `session_after` the task's runs, on the
+    adapter its refusal was met on only (a vendor session never crosses vendors: the
+    adapter of the last run's lane; a ledger without lanes records none, and then the
+    session is the issue's one adapter's). None when there is nothing to resume."""
+    session = session_after(ledger.runs(task_id))
+    if session is None:
+        return None
+    if LANES_CAPABILITY in ledger.capabilities():
+        lane = ledger.task_lane(task_id, now=now)
+        if lane is not None and LaneKey.parse(lane.lane).adapter != adapter:
+            return None
+    return session
+
+
+def attempt_resuming(
+    adapter: Adapter,
+    request: AgentRequest,
+    resume: str | None,
+    attempt: Callable[[AgentRequest], AgentProof],
+) -> tuple[AgentProof, str | None, bool]:
+    """Run one attempt's agent (`attempt(request)`), resuming the vendor session `resume`
+    when the adapter can (`resumes_sessions`): the proof, the session actually resumed
+    (None for a fresh start) and whether the vendor refused it (unknown or expired: the
+    adapter's `resume_refused` reads its words), in which case the same attempt started
+    fresh and only that fresh start is the proof (the refused spawn is not the attempt's
+    outcome: uncharged). The dispatcher's runner and `run_attempt` alike."""
+    resume = resume if resumes_sessions(adapter) else None
+    proof = attempt(attrs.evolve(request, resume_session=resume))
+    refused = (
+        resume is not None
+        and not proof.productive
+        and resume_refused(adapter, "\n".join(t for t in (proof.error, proof.evidence) if t))
+    )
+    if refused:
+        proof = attempt(attrs.evolve(request, resume_session=None))
+    return proof, resume, refused
+
+
 def resume_line(session_id: str, after: str | None, *, refused: bool = False) -> str:
     """The operator's words for a resumed run: "resumed session ID after the usage limit"
     (and, when the vendor refused it, that the attempt started fresh)."""
@@ -375,6 +449,9 @@ def record_outcome(ledger: Ledger, run_id: str, outcome: RunOutcome, *, now: flo
     usage = outcome.usage if outcome.usage is not None and outcome.usage.known else None
     if usage is not None and SPEND_CAPABILITY not in ledger.capabilities():
         usage = None  # a server older than spend keeps the result, not its cost
+    session = outcome.session_id
+    if session is not None and SESSIONS_CAPABILITY not in ledger.capabilities():
+        session = None  # an older server keeps the result; the resume is this process's
     if outcome.window_stop is not None:
         # Stopped by a window's cap, not by the work: uncharged, as its runner stopped it.
         return ledger.finish_run(
@@ -384,6 +461,7 @@ def record_outcome(ledger: Ledger, run_id: str, outcome: RunOutcome, *, now: flo
             now=now,
             stopped=True,
             usage=usage,
+            session_id=session,
         )
     return ledger.finish_run(
         run_id,
@@ -394,6 +472,7 @@ def record_outcome(ledger: Ledger, run_id: str, outcome: RunOutcome, *, now: flo
         now=now,
         lane_cause=outcome.lane_cause if failed else None,
         usage=usage,
+        session_id=session,
     )
 
 
@@ -689,6 +768,13 @@ def run_attempt(
     says of the lane (a stated reset, refused credentials, billing, the CLI missing) is
     recorded with the run, as the dispatcher does.
 
+    The vendor session (issue #46): when the task's last run ended on an `upstream`
+    refusal in a session (`Run.session_id`, on this adapter) and the adapter can resume
+    (`resumes_sessions`), this attempt resumes it, once, recorded on the run
+    (`Run.resumed_session`); decided from the ledger, so a new process resumes what an
+    ended one was refused in. A resume the vendor refuses starts fresh in the same
+    attempt. A `request` that names its own `resume_session` is left as it is.
+
     The options as keywords (`run_attempt(..., clock=c, start=s)`, the older signature)
     still work for one release, with a `DeprecationWarning`.
     """
@@ -699,6 +785,9 @@ def run_attempt(
         # NotFound here, before anything is written, for a task that does not exist.
         expected = ledger.get_task(task_id, now=clock(), cap=options.cap).attempts_started + 1
         request_key = f"attempt:{task_id}:{expected}"
+    resume = request.resume_session
+    if resume is None and resumes_sessions(adapter):
+        resume = resumable_session(ledger, task_id, adapter.name, now=clock())
     run = ledger.start_run(
         task_id,
         request_key=request_key,
@@ -709,8 +798,10 @@ def run_attempt(
         cap=options.cap,
         owner=owner,
         lane=_lane_for_call(ledger, adapter, request, options.lane),
+        resumed_session=resume,
     )
     _claim(run, owner)
+    request = attrs.evolve(request, resume_session=resume)
     return _run_admitted(ledger, run, adapter, request, options, recorder=recorder, cancel=cancel)
 
 
@@ -726,19 +817,25 @@ def _run_admitted(
 ) -> AttemptOutcome:
     """Steps 2 to 4 for a run this call admitted and claimed."""
     clock = options.clock
+    renew = _renewer(ledger, run.id, options.lease_s, clock)
     # Before the agent starts: a ledger that cannot say the run's room leaves the run to
     # its lease (abandoned, uncharged) rather than running it unguarded.
     guard = spend_guard(ledger, run.id, clock)
     try:
-        proof = attempt_agent(
+        proof, resumed, refused = attempt_resuming(
             adapter,
-            request,
-            options,
-            heartbeat=_renewer(ledger, run.id, options.lease_s, clock),
-            heartbeat_s=options.lease_s / 3,
-            cancel=cancel,
-            recorder=recorder,
-            usage_limit=None if guard is None else guard.crossed,
+            attrs.evolve(request, resume_session=None),
+            request.resume_session,
+            lambda asked: attempt_agent(
+                adapter,
+                asked,
+                options,
+                heartbeat=renew,
+                heartbeat_s=options.lease_s / 3,
+                cancel=cancel,
+                recorder=recorder,
+                usage_limit=None if guard is None else guard.crossed,
+            ),
         )
     except SpawnCancelled:
         # Stopped by its caller: the tree is gone; the run says so.
@@ -750,7 +847,11 @@ def _run_admitted(
         with suppress(ExecKitError):
             record_outcome(ledger, run.id, runner_error(exc), now=clock())
         raise
-    outcome = with_spend_stop(outcome_of(adapter, proof, clock), guard)
+    outcome = attrs.evolve(
+        with_spend_stop(outcome_of(adapter, proof, clock), guard),
+        resumed_session=resumed,
+        resume_refused=refused,
+    )
     ended = record_outcome(ledger, run.id, outcome, now=clock())
     after = ledger.get_task(run.task_id, now=clock(), cap=options.cap)
     return _attempt_outcome(ended, after, outcome, proof)

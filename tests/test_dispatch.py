@@ -396,6 +396,7 @@ class FlakyFinishLedger(SqliteLedger):
         stopped: bool = False,
         lane_cause: str | None = None,
         usage: Usage | None = None,
+        session_id: str | None = None,
     ) -> Run:
         if self.fail_next_finish:
             self.fail_next_finish = False
@@ -410,6 +411,7 @@ class FlakyFinishLedger(SqliteLedger):
             stopped=stopped,
             lane_cause=lane_cause,
             usage=usage,
+            session_id=session_id,
         )
 
 

@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from _support import REPO, run_execkit, write_board
 from ledger_backends import AnyLedger
 
+from adapters import ClaudeAdapter
 from execkit import InvalidInput
 from execkit._classify import FailureClass
 from execkit.cli._dispatch import _describe
@@ -131,6 +133,131 @@ def test_an_issue_whose_claude_lane_is_stopped_is_done_by_codex_and_says_so(
     assert run.usage.tokens > 0
     # Never silently: the first's wait was said too.
     assert any(e.kind is EventKind.WAITING and e.issue_id == "B-1" for e in events)
+
+
+def test_an_issue_whose_own_claude_run_stops_its_lane_is_done_by_codex_and_says_so(
+    ledger: AnyLedger, fakes: Path
+) -> None:
+    # One issue: its own claude attempt is refused on credentials (environment, the lane
+    # stops). Not charged, not given up: its next attempt, in the same dispatch, falls back.
+    board = ReportedBoard(
+        [BoardIssue("O-1", "o", "todo", prompt="only", adapters=("claude", "codex"))]
+    )
+    events = _settle(_dispatcher(board, ledger), board)
+    first, second = [e for e in events if e.kind is EventKind.DISPATCHED]
+    assert (first.failure_class, first.charged) == (FailureClass.ENVIRONMENT, False)
+    assert first.lane_stopped is not None and first.falls_back is True
+    assert first.moved_to is None and first.blocked_on is None
+    assert "the next attempt falls back" in _describe(first, None)
+    assert second.status == "succeeded" and second.attempt == 2 and second.moved_to == "done"
+    assert second.fell_back is not None
+    assert (
+        f"fell back from {first.lane_stopped} (stopped until an operator resumes it) "
+        + ("to codex/")
+        in second.fell_back
+    )
+    calls = [json.loads(line) for line in fakes.read_text().splitlines()]
+    assert [c["cli"] for c in calls] == ["claude", "codex"]
+    assert calls[1]["argv"][-1] == "only"  # the prompt carried over
+    # Announced on the run, the audit and the card; nothing charged, nothing given up.
+    (task,) = ledger.list_tasks()
+    assert task.status == "done" and task.gave_up_at_attempt is None
+    assert task.charged_attempts == 1  # codex's success; claude's refusal was uncharged
+    runs = ledger.runs(task.id)
+    assert [r.fell_back for r in runs] == [None, second.fell_back]
+    starts = [e for e in ledger.audit_events(task.id) if e.action == "run.start"]
+    assert [e.detail.get("fell_back") for e in starts] == [None, second.fell_back]
+    cards = [r for _issue, r in board.reports]
+    assert any("falls back" in line for r in cards for line in r.lines)
+    assert cards[-1].moved_to == "done" and second.fell_back in cards[-1].lines
+    assert not any(r.moved_to == "blocked" for r in cards)
+
+
+def test_an_issue_whose_own_usage_limit_parks_its_lane_falls_back_instead_of_waiting(
+    ledger: AnyLedger, fakes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # claude's recorded gateway usage limit (`resetsAt` 1796623200), read an hour before
+    # that reset: the run parks claude's lane for an hour and the task waits for it. With
+    # codex next in its order, the issue runs there at once, announced, without the
+    # claude session.
+    monkeypatch.setenv("FAKE_CLAUDE", "claude/usage_limit_gateway")
+    claude = attrs.evolve(ClaudeAdapter(), clock=lambda: 1796623200.0 - 3600)
+    board = ReportedBoard(
+        [BoardIssue("P-1", "p", "todo", prompt="p", adapters=("claude", "codex"))]
+    )
+    config = DispatchConfig.from_mapping({"base_backoff_s": 0.01, "max_retry_backoff_s": 0.02})
+    dispatcher = Dispatcher(board, AdapterRunner(claude), ledger, config, executor=InlineExecutor())
+    events = _settle(dispatcher, board)
+    first, second = [e for e in events if e.kind is EventKind.DISPATCHED]
+    assert (first.failure_class, first.charged, first.falls_back) == (
+        FailureClass.UPSTREAM, False, True,
+    )  # fmt: skip
+    assert first.next_attempt_at is not None and first.next_attempt_at > time.time() + 3000
+    assert second.status == "succeeded" and second.resumed_session is None
+    assert second.fell_back is not None and "(parked until " in second.fell_back
+    calls = [json.loads(line) for line in fakes.read_text().splitlines()]
+    assert [c["cli"] for c in calls] == ["claude", "codex"]
+    assert "resume" not in calls[1]["argv"]
+    (task,) = ledger.list_tasks()
+    assert [r.fell_back for r in ledger.runs(task.id)] == [None, second.fell_back]
+
+
+def test_execkit_dispatch_falls_back_after_its_own_run_stops_the_lane(
+    fakes: Path, tmp_path: Path
+) -> None:
+    board = write_board(
+        tmp_path / "board.json",
+        [{"id": "O-4", "title": "o", "state": "todo", "prompt": "p",
+          "adapters": ["claude", "codex"]}],
+        dispatch={"base_backoff_s": 0.01, "max_retry_backoff_s": 0.02},
+    )  # fmt: skip
+    db = str(tmp_path / "l.db")
+    done = run_execkit("dispatch", "--board", str(board), "--db", db, "--until-idle")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("O-4  attempt")]
+    assert len(lines) == 2, done.stdout
+    assert "O-4  waiting: task t-1 waits on lane claude/" in done.stdout  # said, once
+    assert "environment (uncharged)" in lines[0] and "falls back" in lines[0]
+    assert "succeeded (fell back from claude/" in lines[1] and "to codex/" in lines[1]
+    assert json.loads(board.read_text())["issues"][0]["state"] == "done"
+    with open_ledger(db) as ledger:
+        (task,) = ledger.list_tasks()
+    shown = run_execkit("task", "show", task.id, "--db", db)
+    assert "attempt 2: fell back from claude/" in shown.stdout, shown.stdout
+
+
+def test_no_fallback_when_every_lane_of_the_order_is_stopped(
+    ledger: AnyLedger, fakes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # codex is refused on credentials too: once both lanes are stopped the issue is
+    # blocked and given up, as before (never a loop over closed lanes).
+    monkeypatch.setenv("FAKE_CODEX", "codex/auth_401")
+    board = InMemoryBoard(
+        [BoardIssue("O-2", "o", "todo", prompt="p", adapters=("claude", "codex"))]
+    )
+    events = _settle(_dispatcher(board, ledger), board)
+    dispatched = [e for e in events if e.kind is EventKind.DISPATCHED]
+    assert [(e.failure_class, e.falls_back) for e in dispatched] == [
+        (FailureClass.ENVIRONMENT, True),
+        (FailureClass.ENVIRONMENT, None),
+    ]
+    assert dispatched[-1].moved_to == "blocked"
+    calls = [json.loads(line)["cli"] for line in fakes.read_text().splitlines()]
+    assert calls == ["claude", "codex"]
+
+
+def test_no_fallback_after_a_work_failure_of_its_own(
+    ledger: AnyLedger, fakes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_CLAUDE", "claude/bad_request_400")
+    board = InMemoryBoard(
+        [BoardIssue("O-3", "o", "todo", prompt="p", adapters=("claude", "codex"))]
+    )
+    dispatcher = _dispatcher(board, ledger)
+    (first,) = [e for e in dispatcher.tick() if e.kind is EventKind.DISPATCHED]
+    assert first.failure_class is FailureClass.WORK and first.falls_back is None
+    (task,) = ledger.list_tasks()
+    assert not dispatcher._falls_back(board.list_candidates()[0], task, time.time())
 
 
 def test_the_board_default_order_and_no_fallback_after_work(

@@ -839,6 +839,7 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         "ALTER TABLE runs DROP COLUMN resumed_session",  # version 8's
         "ALTER TABLE runs DROP COLUMN fell_back",
         "DROP TABLE notify_events, notify_endpoints, notify_deliveries",  # version 9's
+        "ALTER TABLE runs DROP COLUMN session_id",  # version 10's
         "DELETE FROM schema_version WHERE version >= 4",
         "INSERT INTO lane_events (lane, kind, at, actor, run_id, until_at) VALUES "
         f"('{lane}', 'upstream', 10, 'd', 'r-8', NULL), ('{lane}', 'reset', 20, 'd', 'r-9', 5)",

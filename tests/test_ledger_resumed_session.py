@@ -60,6 +60,7 @@ def test_runs_from_before_the_column_read_as_none(tmp_path: Path) -> None:
     conn.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
     for table in ("notify_events", "notify_endpoints", "notify_deliveries"):  # version 11's
         conn.execute(f"DROP TABLE {table}")
+    conn.execute("ALTER TABLE run_extras DROP COLUMN session_id")  # version 12's
     conn.execute("DELETE FROM schema_version WHERE version >= 10")
     conn.commit()
     conn.close()

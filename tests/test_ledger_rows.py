@@ -52,6 +52,7 @@ _RUN: dict[str, Any] = {
     "model": "gpt-5",
     "resumed_session": "0b1e-session",
     "fell_back": "fell back from claude/a (stopped) to codex/b",
+    "session_id": "1b4e28ba-2fa1-11d2-883f-0016d3cca427",
 }
 
 _SUMMARY = HistorySummary(

@@ -141,8 +141,8 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
-    # 8 is issue #45's step (spend); 9 and 10 are issue #46's; 11 is issue #49's.
-    assert SCHEMA_VERSION == 11
+    # 8 is issue #45's step (spend); 9, 10 and 12 are issue #46's; 11 is issue #49's.
+    assert SCHEMA_VERSION == 12
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -392,6 +392,7 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
             raw.execute(f"DROP TABLE {table}")
         for table in ("notify_events", "notify_endpoints", "notify_deliveries"):
             raw.execute(f"DROP TABLE {table}")  # version 11's
+        raw.execute("ALTER TABLE run_extras DROP COLUMN session_id")  # version 12's
         raw.execute("DELETE FROM schema_version WHERE version >= 8")
         events = [
             LaneEvent(lane=lane, kind=LaneEventKind.UPSTREAM, at=10, run_id="r-8", task_id=task),

@@ -114,7 +114,7 @@ def test_a_ledger_from_before_spend_migrates_with_its_runs_cost_unknown(tmp_path
         raw.execute(f"DROP TABLE {table}")
     for table in ("notify_events", "notify_endpoints", "notify_deliveries"):  # issue #49's
         raw.execute(f"DROP TABLE {table}")
-    for column in ("workspace", "resumed_session", "fell_back"):
+    for column in ("workspace", "resumed_session", "fell_back", "session_id"):
         raw.execute(f"ALTER TABLE run_extras DROP COLUMN {column}")
     raw.execute("DELETE FROM schema_version WHERE version >= 8")
     raw.close()
@@ -135,7 +135,7 @@ def test_a_postgres_ledger_from_before_spend_migrates_with_its_runs_cost_unknown
         run = ledger.start_run(task.id, request_key="1", actor=ME)
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.WORK)
     later = "ALTER TABLE runs DROP COLUMN workspace, DROP COLUMN resumed_session, " + (
-        "DROP COLUMN fell_back"  # issue #46's steps, after spend's
+        "DROP COLUMN fell_back, DROP COLUMN session_id"  # issue #46's steps, after spend's
     )
     notify = "DROP TABLE notify_events, notify_endpoints, notify_deliveries"  # issue #49's
     undone = (*SPEND_UNDONE, later, notify, "DELETE FROM schema_version WHERE version >= 6")

@@ -251,6 +251,9 @@ _LOOKUPS = {
     ("add_notify_endpoint", "url"),
     ("add_notify_endpoint", "secret"),
     ("add_notify_endpoint", "events"),  # checked against the closed set of kinds
+    # Issue #46: a vendor session id is handed back to the vendor's CLI to resume it, so it
+    # is kept as the vendor wrote it (`check_session`: bounded, no control character).
+    ("finish_run", "session_id"),
 }
 
 

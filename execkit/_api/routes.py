@@ -59,6 +59,7 @@ from execkit.ledger import (
     ADMIN_ROLE,
     NOTIFY_ENABLE_CAPABILITY,
     OPERATE_ROLE,
+    SESSIONS_CAPABILITY,
     SPEND_CAPABILITY,
     SPEND_ROOM_CAPABILITY,
     AuditEvent,
@@ -263,6 +264,7 @@ def _finish(call: Call) -> tuple[int, dict[str, Any]]:
         stopped=body.get("stopped", False),
         lane_cause=body.get("lane_cause"),
         usage=_usage(body.get("usage")),
+        session_id=body.get("session_id"),
     )
     return 200, run.to_dict()
 
@@ -853,6 +855,14 @@ class LedgerRoutes:
                 omit_none=True,
                 encode=usage_document,
             ),
+            Field(
+                "session_id",
+                "string",
+                nullable=True,
+                omit_none=True,
+                description="the vendor session the run's agent ran in (issue #46): the "
+                "task's next attempt resumes it after an upstream refusal",
+            ),
         ),
         binds=Ledger.finish_run,
         read=_RUN,
@@ -860,6 +870,7 @@ class LedgerRoutes:
             Needs(_OWNERS, "a stopped run", when="stopped"),
             Needs(LANES, "a vendor lane", when="lane_cause"),
             Needs(SPEND_CAPABILITY, "a run's cost", when="usage"),
+            Needs(SESSIONS_CAPABILITY, "a run's vendor session", when="session_id"),
         ),
     )
     running_runs = Endpoint(

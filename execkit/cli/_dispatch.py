@@ -368,6 +368,9 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
                 tail += f" ({event.decision or event.blocked_on}; move the card back to retry once)"
             elif event.blocked_on:
                 tail += " (blocked on environment: fix it, then move the card back to retry once)"
+        elif event.falls_back:
+            # Issue #46: its own run closed its lane; another adapter of its order is open.
+            tail = " -> its lane is closed: the next attempt falls back to the next open adapter"
         elif event.blocked_on:
             tail = f" -> blocked on {event.blocked_on}, not moved: {event.decision or '-'}"
             if event.next_attempt_at is not None:

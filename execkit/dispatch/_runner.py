@@ -10,8 +10,15 @@ from typing import Any, Protocol
 
 import attrs
 
-from execkit._adapter import Adapter, AgentRequest, resume_refused, resumes_sessions
-from execkit._attempt import AttemptOptions, RunOutcome, attempt_agent, options_with, outcome_of
+from execkit._adapter import Adapter, AgentRequest, resumes_sessions
+from execkit._attempt import (
+    AttemptOptions,
+    RunOutcome,
+    attempt_agent,
+    attempt_resuming,
+    options_with,
+    outcome_of,
+)
 from execkit._classify import FailureClass
 from execkit._errors import ExecKitError, UnknownAdapter
 from execkit._exec import Cancellation
@@ -87,8 +94,9 @@ class AdapterRunner:
     (`resumes_sessions`) as `AgentRequest.resume_session`; when the vendor refuses the
     session (the adapter's `resume_refused` reads its words) the same attempt starts
     fresh, and only that fresh start is the attempt's outcome (`resume_refused=True`).
-    `RunOutcome.session_id` is set only for an adapter that can resume: the dispatcher
-    resumes it after an upstream refusal.
+    `RunOutcome.session_id` is set only for an adapter that can resume: it is kept on the
+    run (`Run.session_id`), and the task's next attempt resumes it after an upstream
+    refusal, whichever dispatcher admits it (`execkit._attempt.resumable_session`).
     """
 
     def __init__(
@@ -185,17 +193,9 @@ class AdapterRunner:
         request = self.request_for(issue)
         if slot.cwd is not None:
             request = attrs.evolve(request, cwd=slot.cwd)
-        resume = slot.resume_session if resumes_sessions(found) else None
-        proof = self._attempt(found, attrs.evolve(request, resume_session=resume), slot)
-        unknown = (
-            resume is not None
-            and not proof.productive
-            and resume_refused(found, "\n".join(t for t in (proof.error, proof.evidence) if t))
+        proof, resume, unknown = attempt_resuming(
+            found, request, slot.resume_session, lambda asked: self._attempt(found, asked, slot)
         )
-        if unknown:
-            # The vendor does not know the session (unknown or expired): the same attempt
-            # starts fresh; the refused spawn is not the attempt's outcome (uncharged).
-            proof = self._attempt(found, request, slot)
         outcome = outcome_of(found, proof, self.options.clock)
         # A session only an adapter that can resume it hands on (the dispatcher resumes it).
         session = outcome.session_id if resumes_sessions(found) else None

@@ -63,6 +63,7 @@ import attrs
 from execkit._attempt import (
     record_outcome,
     record_stopped,
+    resumable_session,
     resume_line,
     resumed_after,
     runner_error,
@@ -87,7 +88,7 @@ from execkit._errors import (
 )
 from execkit._exec import Cancellation, SpawnCancelled
 from execkit._json import to_json
-from execkit._lanes import STOPPING_CAUSES
+from execkit._lanes import STOPPING_CAUSES, LaneKey, host_lane
 from execkit._proof import RunStatus
 from execkit._redact import redact
 from execkit._stamp import utc_stamp
@@ -223,6 +224,10 @@ class DispatchEvent:
     # Issue #46's announced fallback: "fell back from claude/x (parked until ...) to
     # codex/y", when the run went to a later adapter of the issue's order.
     fell_back: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact))
+    # Issue #46: this run found its own lane stopped or parked and a later adapter of the
+    # issue's order open: the issue is neither given up nor left waiting, and its next
+    # admission falls back (announced then, on its run).
+    falls_back: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -306,14 +311,6 @@ def _closed_words(lane: str | None, refusal: LaneWaiting | LaneStopped) -> str:
     else:
         said = "cooling until its probe attempt's result"
     return f"{lane or refusal.lane} ({said})"
-
-
-@attrs.frozen
-class _Resumable:
-    """A vendor session an issue's next attempt resumes, and the adapter it was made on."""
-
-    session_id: str
-    adapter: str
 
 
 @attrs.frozen
@@ -423,10 +420,9 @@ class Dispatcher:
         self._doubted: set[str] = set()
         self._wake_pending = False  # set by the waker thread (`_woken`), read by the loop
         self._catch_up_said: str | None = None  # the last write-back wait logged
-        # Issue #46: per issue, the vendor session its last attempt ended in on an upstream
-        # refusal, to resume once in its next attempt on the same adapter. In this process
-        # only: a restarted dispatcher starts the next attempt fresh.
-        self._resumable: dict[str, _Resumable] = {}
+        # Issue #46: the vendor session an issue's next attempt resumes is read from the
+        # ledger at its admission (`resumable_session`), never kept here: a restarted
+        # dispatcher, or another one on another host, resumes it alike.
 
     # -- public --------------------------------------------------------------------------
 
@@ -879,6 +875,10 @@ class Dispatcher:
         if task.status is TaskStatus.CANCELLED:
             reason = "task cancelled in the ledger"
             return [self._event(EventKind.REFUSED, issue, task, reason=reason)]
+        if task.state is TaskState.BACKOFF and self._falls_back(issue, task, now):
+            # Its own run parked its lane (a stated reset): a later adapter of its order
+            # runs it now instead of waiting for the reset (issue #46), announced.
+            return self._dispatch(issue, task, forced=False, ignore_backoff=True)
         if task.state in (TaskState.RUNNING, TaskState.BACKOFF):
             return []  # another dispatcher runs it, or its retry is not due yet
         if task.state is not TaskState.BLOCKED:
@@ -901,6 +901,14 @@ class Dispatcher:
                 now=now,
             )
             return self._dispatch(issue, reopened, forced=False)
+        if self._falls_back(issue, task, now):
+            # Blocked by its own run's lane stop (credentials, billing), not by the work:
+            # uncharged, not given up; a later adapter of its order runs it (issue #46).
+            # Forced past the block, which was the lane's: the stopped lane itself still
+            # refuses the run (the ledger's gate), so only an open one takes it.
+            reopened = self.ledger.get_task(task_id, now=now, cap=self._cap, force=True)
+            if reopened.state in (TaskState.READY, TaskState.BACKOFF):
+                return self._dispatch(issue, reopened, forced=True, ignore_backoff=True)
         moved = self._give_up(issue, task)
         if moved is not None:
             return [self._gave_up(issue, task, moved)]
@@ -1000,7 +1008,55 @@ class Dispatcher:
             )
         return None
 
-    def _dispatch(self, issue: BoardIssue, task: Task, *, forced: bool) -> list[DispatchEvent]:
+    def _falls_back(self, issue: BoardIssue, task: Task, now: float) -> bool:
+        """Whether `issue`, blocked or waiting because its own last run found its vendor
+        lane closed, runs now on another adapter of its order instead (issue #46): its last
+        run failed `environment` (a lane stop: the task is blocked on environment) or
+        `upstream` (a reset that parked the lane: the task backs off until it), never
+        `work`; the lane that run used does not admit now; and another adapter of the
+        order has a lane that does (on this host too). Then the issue is neither given up
+        nor left waiting: its next admission falls back, announced as every fallback is."""
+        adapters = self.config.adapters_of(issue)
+        if len(adapters) < 2 or self._lanes.lane_of(adapters[0]) is None:
+            return False  # one adapter, or lanes off: nothing to fall back to
+        if task.state is TaskState.BLOCKED:
+            if task.blocked_on is not BlockedOn.ENVIRONMENT:
+                return False
+        elif task.state is not TaskState.BACKOFF:
+            return False
+        runs = self.ledger.runs(task.id)
+        last = runs[-1] if runs else None
+        if (
+            last is None
+            or last.stopped
+            or last.failure_class not in (FailureClass.ENVIRONMENT, FailureClass.UPSTREAM)
+        ):
+            return False
+        closed = self.ledger.task_lane(task.id, now=now)
+        if closed is None or closed.admits:
+            return False  # its lane is open: the block or the wait is the task's own
+        met = str(LaneKey.parse(closed.lane).without_host())
+        return any(
+            lane is not None and lane != met and self._lane_open(lane, now)
+            for lane in (self._lanes.lane_of(adapter) for adapter in adapters)
+        )
+
+    def _lane_open(self, lane: str, now: float) -> bool:
+        """Whether `lane` admits a run of this dispatcher's now: not held after a refusal
+        here, and open in the ledger, on this host as well (a lane never seen is open)."""
+        if self._lanes.holding(lane, now) is not None:
+            return False
+        for name in (lane, host_lane(lane, self.owner.host)):
+            try:
+                if not self.ledger.get_lane(name, now=now).admits:
+                    return False
+            except NotFound:
+                continue
+        return True
+
+    def _dispatch(
+        self, issue: BoardIssue, task: Task, *, forced: bool, ignore_backoff: bool = False
+    ) -> list[DispatchEvent]:
         """Admit the issue's next attempt on the first of its adapters whose vendor lane is
         open (issue #46: an issue, or its board, may name several in order); a fallback past
         a closed lane is announced on the run, the event, the board and the log."""
@@ -1022,7 +1078,10 @@ class Dispatcher:
                 return events  # the fallback's own cap is full: the issue waits for a slot
             if self._in_doubt(lane):
                 return events  # the lane's attempts in flight report first
-            admitted = self._admit(issue, task, adapter, lane, forced=forced, closed=closed)
+            admitted = self._admit(
+                issue, task, adapter, lane, forced=forced, closed=closed,
+                ignore_backoff=ignore_backoff,
+            )  # fmt: skip
             if isinstance(admitted, LaneWaiting | LaneStopped):
                 if self._lanes.refused(lane, admitted):
                     events.append(
@@ -1044,6 +1103,7 @@ class Dispatcher:
         *,
         forced: bool,
         closed: list[str],
+        ignore_backoff: bool = False,
     ) -> list[DispatchEvent] | LaneWaiting | LaneStopped:
         """Admit the attempt on `adapter`'s `lane` and start its slot; the events to say,
         or the lane's refusal (the caller tries the issue's next adapter)."""
@@ -1051,11 +1111,13 @@ class Dispatcher:
         # Deterministic per attempt: a second dispatcher that read the same history gets
         # this run back as a replay (not a new run) and sees it is not its own.
         request_key = f"dispatch:{task_key(issue.id)}:{expected}"
-        # The session is resumed on the adapter it was made on only (never carried to
-        # another vendor).
-        resume = self._resumable.get(issue.id)
-        if resume is not None and resume.adapter != adapter:
-            resume = None
+        # From the ledger (issue #46): the session the task's last run was refused in
+        # upstream, on the adapter it was made on only (never carried to another vendor).
+        resume = (
+            resumable_session(self.ledger, task.id, adapter, now=self.clock())
+            if task.attempts_started
+            else None
+        )
         fell_back = f"fell back from {'; '.join(closed)} to {lane or adapter}" if closed else None
         try:
             run = self.ledger.start_run(
@@ -1063,13 +1125,14 @@ class Dispatcher:
                 request_key=request_key,
                 actor=DISPATCH_ACTOR,
                 forced=forced,
+                ignore_backoff=ignore_backoff,
                 lease_s=self._lease_s,
                 now=self.clock(),
                 cap=self._cap,
                 owner=self.owner,
                 lane=lane,
                 workspace=self._workspace_of(issue),
-                resumed_session=None if resume is None else resume.session_id,
+                resumed_session=resume,
                 fell_back=fell_back,
             )
         except (LaneWaiting, LaneStopped) as waiting:
@@ -1121,8 +1184,6 @@ class Dispatcher:
         if run.fell_back is not None:
             # Never silently: the log says it now, the run, the event and the card too.
             _log.warning("issue %s: attempt %d %s", issue.id, run.attempt, run.fell_back)
-        # Exactly once: this attempt takes the session; its own outcome decides the next.
-        self._resumable.pop(issue.id, None)
         self._start_slot(issue, run, adapter)
         return []
 
@@ -1296,7 +1357,6 @@ class Dispatcher:
             "reason": outcome.ledger_reason(),
             "precondition": outcome.precondition,
         }
-        self._remember_session(issue, outcome, adapter)
         if run.fell_back is not None:
             fields["fell_back"] = run.fell_back
         if outcome.resumed_session is not None:
@@ -1317,6 +1377,17 @@ class Dispatcher:
             fields["moved_to"] = self._move(
                 issue, after, self.config.done_state, why="it succeeded"
             )
+        elif after.state is TaskState.BLOCKED and self._falls_back(issue, after, self.clock()):
+            # Its own run stopped its lane, and another adapter of its order is open: not
+            # given up; the next admission falls back (issue #46).
+            fields["falls_back"] = True
+            _log.warning(
+                "issue %s: attempt %d stopped its lane (%s); the next attempt falls back to "
+                "the next open adapter of its order",
+                issue.id,
+                run.attempt,
+                outcome.ledger_reason() or outcome.failure_class,
+            )
         elif after.state is TaskState.BLOCKED:
             fields["blocked_on"] = after.blocked_on
             fields["decision"] = after.reason
@@ -1330,6 +1401,8 @@ class Dispatcher:
                     fields["next_attempt_at"] = forced.next_attempt_at
         else:
             fields["next_attempt_at"] = after.next_attempt_at
+            if failed and self._falls_back(issue, after, self.clock()):
+                fields["falls_back"] = True  # not after its lane's reset: now, elsewhere
         # Done: its workspace goes (unless kept); blocked or retried: it stays.
         removed = self._remove_workspace(issue) if not failed else None
         fields.update(self._workspace_fields(issue, removed))
@@ -1348,6 +1421,9 @@ class Dispatcher:
                 next_attempt_at=fields.get("next_attempt_at"),
                 lines=_card_lines(
                     run.fell_back,
+                    "its lane is closed: the next attempt falls back to the next open adapter"
+                    if fields.get("falls_back")
+                    else None,
                     None
                     if outcome.resumed_session is None
                     else resume_line(
@@ -1360,20 +1436,6 @@ class Dispatcher:
             ),
         )
         return self._event(EventKind.DISPATCHED, issue, after, **fields)
-
-    def _remember_session(self, issue: BoardIssue, outcome: RunOutcome, adapter: str) -> None:
-        """Keep the vendor session of an attempt that ended on an upstream refusal for the
-        next attempt to resume (once); forget it after anything else: a `work` failure
-        starts clean, an `environment` one too, a success needs none."""
-        upstream = (
-            outcome.status is RunStatus.FAILED
-            and outcome.failure_class is FailureClass.UPSTREAM
-            and outcome.session_id is not None
-        )
-        if upstream and outcome.session_id is not None:
-            self._resumable[issue.id] = _Resumable(outcome.session_id, adapter)
-        else:
-            self._resumable.pop(issue.id, None)
 
     def _report(self, issue: BoardIssue, report: BoardReport) -> None:
         """Tell a board that shows work (`ReportingBoard`) what this issue must show. A

@@ -97,6 +97,11 @@ LANES_CAPABILITY = "vendor.lanes"
 """Vendor lanes (issue #28): admission consults a run's lane, results feed it, operators
 park and resume it. A client sends a lane only to a server that advertises it."""
 
+SESSIONS_CAPABILITY = "runs.sessions"
+"""Vendor sessions kept (issue #46): `finish_run(session_id=...)` stores the vendor session a
+run's agent ran in (`Run.session_id`), which the task's next attempt resumes after an
+upstream refusal. A client sends a session only to a server that advertises it."""
+
 NOTIFY_CAPABILITY = "notify.endpoints"
 """Being told (issue #49): notification endpoints stored in the ledger (`notify add`,
 `list`, `test`, `remove`) and the event outbox they are sent from."""
@@ -119,6 +124,7 @@ CAPABILITIES = frozenset(
         OUTBOX_CAPABILITY,
         SPEND_CAPABILITY,
         SPEND_ROOM_CAPABILITY,
+        SESSIONS_CAPABILITY,
     }
 )
 """What this ledger enforces; a client must see `tasks.attempt_limits` before relying on a
@@ -260,7 +266,10 @@ class Run:
     ended on an upstream refusal in it, issue #46), None for a fresh start. `fell_back`:
     the dispatcher's announcement that the run went to a later adapter of its issue's order
     because the earlier ones' lanes were closed ("fell back from claude/x (parked until
-    ...) to codex/y"; issue #46), None otherwise.
+    ...) to codex/y"; issue #46), None otherwise. `session_id`: the vendor session its agent
+    ran in, as its result said it (`finish_run(session_id=...)`, issue #46): what the task's
+    next attempt resumes after an upstream refusal, from any dispatcher; None when the run
+    said none (and on runs from before the column).
     """
 
     id: str
@@ -294,6 +303,7 @@ class Run:
     model: str | None = None
     resumed_session: str | None = None
     fell_back: str | None = None
+    session_id: str | None = None
 
     @property
     def usage(self) -> Usage:
@@ -694,6 +704,7 @@ class Ledger(Protocol):
         stopped: bool = False,
         lane_cause: str | None = None,
         usage: Usage | None = None,
+        session_id: str | None = None,
     ) -> Run: ...
 
     def abandon_expired_runs(self, *, now: float | None = None) -> list[Run]: ...

@@ -110,6 +110,7 @@ RUN_COLUMNS = (
     *USAGE_COLUMNS,
     "resumed_session",
     "fell_back",
+    "session_id",
 )
 TASK_COLUMNS = (
     "id",
@@ -205,6 +206,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         model,
         resumed_session,
         fell_back,
+        session_id,
     ) = values
     return Run(
         run_id,
@@ -242,6 +244,7 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
         model,
         resumed_session,
         fell_back,
+        session_id,
     )
 
 

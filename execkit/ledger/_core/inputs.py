@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "check_lease",
     "check_limit",
     "check_name",
+    "check_session",
     "check_text",
     "check_uncharged",
     "clean_reason",
@@ -82,6 +84,22 @@ def check_text(field: str, value: object, max_len: int) -> str:
     """`value`, a non-empty string of at most `max_len` characters, masked as text: the
     caller stores and echoes the returned value, never the argument."""
     return mask_text(_checked(field, value, max_len))
+
+
+def check_session(field: str, value: object, max_len: int) -> str:
+    """`value`, a vendor session id as the vendor wrote it (issue #46): a non-empty string
+    of at most `max_len` characters with no control character, kept verbatim (a resume
+    hands it back to the vendor's CLI, so it is never masked). InvalidInput naming
+    `field` otherwise."""
+    text = _checked(field, value, max_len)
+    bad = next((n for n, char in enumerate(text) if unicodedata.category(char) == "Cc"), None)
+    if bad is not None:
+        raise InvalidInput(
+            f"{field} must be a session id without control characters "
+            f"(character {bad} is {text[bad]!r})",
+            field=field,
+        )
+    return text
 
 
 def check_name(field: str, value: object, max_len: int) -> str:

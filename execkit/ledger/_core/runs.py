@@ -43,6 +43,7 @@ from execkit.ledger._core.inputs import (
     check_bool,
     check_lease,
     check_name,
+    check_session,
     check_text,
     clean_reason,
     fingerprint_of,
@@ -426,8 +427,16 @@ class RunOps(LeaseOps, SpendOps):
         stopped: bool = False,
         lane_cause: str | None = None,
         usage: Usage | None = None,
+        session_id: str | None = None,
     ) -> Run:
         """Record how a running run ended: succeeded | failed | abandoned.
+
+        `session_id` (issue #46) is the vendor session the run's agent ran in, as its
+        proof read it (at most 200 characters, no control character; kept verbatim, never
+        masked: a resume hands it back to the vendor). Stored on the run
+        (`Run.session_id`): the task's next attempt resumes it after an upstream refusal,
+        from whichever dispatcher or host runs it. Otherwise InvalidInput naming
+        `session_id`, nothing written.
 
         `usage` (issue #45) is what the run cost, as its adapter read it from the CLI's
         structure (a failed, stopped or killed run's too: what it printed before it
@@ -494,12 +503,25 @@ class RunOps(LeaseOps, SpendOps):
             )
         stored_reason = clean_reason(reason)
         cost = check_usage(usage)
+        session = (
+            None if session_id is None else check_session("session_id", session_id, MAX_SESSION)
+        )
         at = moment(now)
 
         def finish(after: StaleCopy | None) -> Run:
             with self._store.write(remembered=after is None, after=after) as tx:
                 return self._finish(
-                    tx, run_id, final, klass, stored_reason, reset, stopped, cause, at, cost
+                    tx,
+                    run_id,
+                    final,
+                    klass,
+                    stored_reason,
+                    reset,
+                    stopped,
+                    cause,
+                    at,
+                    cost,
+                    session,
                 )
 
         return self._copy_first(finish)
@@ -545,17 +567,23 @@ class RunOps(LeaseOps, SpendOps):
         cause: LaneCause | None,
         at: float,
         cost: Usage | None = None,
+        session: str | None = None,
     ) -> Run:
         """`finish_run` in its transaction, its arguments checked."""
         tx.expect_result(run_id)
         run = self._run(tx, run_id)
         if run.status is not AttemptStatus.RUNNING:
-            if (run.status, run.failure_class, run.reason, run.stopped) == (
-                final,
-                klass,
-                stored_reason,
-                stopped,
-            ) and (cost is None or cost == run.usage):
+            if (
+                (run.status, run.failure_class, run.reason, run.stopped)
+                == (
+                    final,
+                    klass,
+                    stored_reason,
+                    stopped,
+                )
+                and (cost is None or cost == run.usage)
+                and session in (None, run.session_id)
+            ):
                 return run
             shown = run.failure_class.value if run.failure_class else "-"
             raise Conflict(
@@ -578,6 +606,7 @@ class RunOps(LeaseOps, SpendOps):
             ended_at=at,
             not_before=reset,
             stopped=stopped,
+            session_id=session,
         )
         if cost is not None:
             ended = with_usage(ended, cost)
@@ -590,7 +619,7 @@ class RunOps(LeaseOps, SpendOps):
         if met is not None and met.state is not LaneState.OPEN and klass is FailureClass.UPSTREAM:
             ended = attrs.evolve(ended, lane_held=True)
         tx.finish_run(
-            run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held, cost
+            run_id, final, klass, stored_reason, reset, at, stopped, ended.lane_held, cost, session
         )
         summary = self._summary_after(tx, task, ended)
         if final is AttemptStatus.FAILED:

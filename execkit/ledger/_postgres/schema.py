@@ -32,6 +32,8 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
 # Version 6 (issue #45): spend. What each run cost and what its admission reserved (new
 # defaulted columns of runs: a run stored before cost an unknown amount, reserved
 # nothing), a task's own caps, and which cap's 80% warning each window has had.
+# Version 10 (issue #46): the vendor session each run's agent ran in (`runs.session_id`,
+# NULL on the runs before it), so the resume survives a restart.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -283,6 +285,9 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (endpoint_id, event_seq)
         )""",
     ),
+    # Issue #46: the vendor session each run's agent ran in, written with its result: the
+    # task's next attempt resumes it after an upstream refusal, whichever process runs it.
+    10: ("ALTER TABLE runs ADD COLUMN session_id text",),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 

@@ -1062,6 +1062,7 @@ class PostgresTx:
         stopped: bool = False,
         lane_held: bool = False,
         usage: Usage | None = None,
+        session_id: str | None = None,
     ) -> bool:
         costs: tuple[Any, ...] = ()
         if usage is not None:
@@ -1076,7 +1077,8 @@ class PostgresTx:
             )
         sql = (
             "UPDATE runs SET status = %s, failure_class = %s, reason = %s, ended_at = %s, "
-            "not_before = COALESCE(%s, not_before), stopped = %s, lane_held = %s"
+            "not_before = COALESCE(%s, not_before), stopped = %s, lane_held = %s, "
+            "session_id = %s"
             + (_COST_SET if costs else "")
             + " WHERE id = %s AND status = 'running'"
         )
@@ -1088,6 +1090,7 @@ class PostgresTx:
             not_before,
             stopped,
             lane_held,
+            None if session_id is None else nul_free(session_id),
             *costs,
             run_id,
         )

@@ -30,6 +30,8 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # workspace each run's agent worked in, a column of `run_extras`. Version 10 (issue #46):
 # the vendor session a run resumed and a fallback's announcement, columns of `run_extras`.
 # Version 11 (issue #49): the notification outbox, its endpoints and their deliveries.
+# Version 12 (issue #46): the vendor session each run's agent ran in, a column of
+# `run_extras` (runs from before it: none), so a restarted dispatcher resumes it.
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -308,5 +310,8 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (endpoint_id, event_seq)
         )""",
     ),
+    # Issue #46: the vendor session each run's agent ran in, written with its result: the
+    # task's next attempt resumes it after an upstream refusal, whichever process runs it.
+    12: ("ALTER TABLE run_extras ADD COLUMN session_id TEXT",),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

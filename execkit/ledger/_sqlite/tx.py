@@ -76,7 +76,8 @@ _RUN_SELECT = (
     "COALESCE(c.output_tokens, 0) AS output_tokens, "
     "COALESCE(c.cache_read_tokens, 0) AS cache_read_tokens, "
     "COALESCE(c.cache_write_tokens, 0) AS cache_write_tokens, c.usd, "
-    "COALESCE(c.usd_source, 'unknown') AS usd_source, c.model, x.resumed_session, x.fell_back "
+    "COALESCE(c.usd_source, 'unknown') AS usd_source, c.model, x.resumed_session, x.fell_back, "
+    "x.session_id "
     "FROM runs r LEFT JOIN run_extras x ON x.run_id = r.id "
     "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
     "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id LEFT JOIN run_costs c ON c.run_id = r.id"
@@ -377,6 +378,7 @@ class SqliteTx:
         stopped: bool = False,
         lane_held: bool = False,
         usage: Usage | None = None,
+        session_id: str | None = None,
     ) -> bool:
         changed = self._conn.execute(
             "UPDATE runs SET status = ?, failure_class = ?, reason = ?, ended_at = ? "
@@ -395,6 +397,12 @@ class SqliteTx:
             self._conn.execute("INSERT INTO run_lane_holds (run_id) VALUES (?)", (run_id,))
         if changed and usage is not None:
             self._record_cost(run_id, usage)
+        if changed and session_id is not None:
+            self._conn.execute(
+                "INSERT INTO run_extras (run_id, session_id) VALUES (?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET session_id = excluded.session_id",
+                (run_id, session_id),
+            )
         return bool(changed)
 
     def task_budget(self, task_id: str) -> TaskBudget | None:

@@ -24,6 +24,7 @@ import {
   LANES,
   SPEND,
   SPEND_ROOM,
+  SESSIONS,
   NOTIFY,
   NOTIFY_ENABLE,
   WAKE,
@@ -232,6 +233,10 @@ export interface FinishRunOptions extends IdempotentOptions {
   stopped?: boolean | undefined;
   /** What the run cost, read from the CLI's structure (issue #45): the server checks it. */
   usage?: Usage | null | undefined;
+  /** The vendor session the run's agent ran in (at most 200 characters, no control
+   * character; needs `runs.sessions`): the task's next attempt resumes it after an
+   * upstream refusal. */
+  sessionId?: string | null | undefined;
 }
 
 export interface AbandonRunOptions extends IdempotentOptions {
@@ -698,6 +703,7 @@ export class ExeckitClient {
         "stopped",
         "laneCause",
         "usage",
+        "sessionId",
         "idempotencyKey",
       ],
       true,
@@ -724,6 +730,14 @@ export class ExeckitClient {
       }
       body.usage = given.usage;
     }
+    if (given.sessionId !== undefined && given.sessionId !== null) {
+      const session = text("sessionId", given.sessionId, 200);
+      // eslint-disable-next-line no-control-regex
+      if (/[\u0000-\u001f\u007f-\u009f]/.test(session)) {
+        throw invalid("sessionId", "must be a session id without control characters");
+      }
+      body.session_id = session;
+    }
     const key = idempotencyKey(given.idempotencyKey);
     if (body.stopped === true) {
       await this.#require(RUN_OWNERS, "record a stopped run");
@@ -733,6 +747,9 @@ export class ExeckitClient {
     }
     if (body.usage !== undefined) {
       await this.#require(SPEND, "record a run's cost", "a run's cost");
+    }
+    if (body.session_id !== undefined) {
+      await this.#require(SESSIONS, "keep a run's vendor session", "a run's vendor session");
     }
     return this.#run(
       await this.#send("finishRun", { params: { run_id: id }, body, idempotencyKey: key }),

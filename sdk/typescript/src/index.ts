@@ -53,6 +53,7 @@ export {
   LANES,
   SPEND,
   SPEND_ROOM,
+  SESSIONS,
   NOTIFY,
   NOTIFY_ENABLE,
   WAKE,

@@ -93,6 +93,8 @@ export const SPEND = "spend.caps";
 
 /** The capability of caps held while a run goes (issue #45): `spendRoom`. */
 export const SPEND_ROOM = "spend.room";
+/** The capability of kept vendor sessions (issue #46): `finishRun({ sessionId })`. */
+export const SESSIONS = "runs.sessions";
 
 /** The capability of wake-ups: `wakeSeq` and `waitForWake` (issue #51). */
 export const WAKE = "ledger.wake";

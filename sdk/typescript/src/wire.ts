@@ -340,6 +340,7 @@ export interface Run {
   readonly reason: string | null;
   readonly request_key: string;
   readonly resumed_session: string | null;
+  readonly session_id: string | null;
   readonly started_at: number;
   readonly status: AttemptStatus;
   /** Abandoned by its own runner on purpose: uncharged. */
@@ -725,6 +726,8 @@ export interface FinishRunBody {
   lane_cause?: string | null;
   not_before?: number | null;
   reason?: string | null;
+  /** The vendor session the run's agent ran in (issue #46): the task's next attempt resumes it after an upstream refusal. */
+  session_id?: string | null;
   status: string;
   stopped?: boolean;
   /** What the run cost, read from the CLI's structure (issue #45). */

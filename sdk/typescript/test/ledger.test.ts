@@ -701,6 +701,26 @@ describe("arguments", () => {
   });
 });
 
+describe("sessions (issue #46)", () => {
+  test("a run keeps the vendor session its result named; a control character is refused unsent", async () => {
+    const task = await worker.createTask({ title: "session: kept" });
+    const run = await worker.startRun(task.id);
+    assert.equal(run.session_id, null);
+    const session = "7fe4ecce-cba9-4182-98c6-ce5bbc5450ae";
+    await rejects(
+      worker.finishRun(run.id, { status: "failed", failureClass: "upstream", sessionId: "a\nb" }),
+      InvalidInput,
+    );
+    const ended = await worker.finishRun(run.id, {
+      status: "failed",
+      failureClass: "upstream",
+      sessionId: session,
+    });
+    assert.equal(ended.session_id, session);
+    assert.equal((await worker.getRun(run.id)).session_id, session);
+  });
+});
+
 describe("spend (issue #45)", () => {
   test("a run's cost is recorded, a day's cap refuses typed, a task's budget is compare-and-set", async () => {
     const task = await worker.createTask({ title: "spend: costed" });
