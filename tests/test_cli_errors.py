@@ -182,6 +182,7 @@ DB_COMMANDS = [
     ["notify", "list"],
     ["notify", "test", "ep_1"],
     ["notify", "remove", "ep_1"],
+    ["notify", "enable", "ep_1"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],
