@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -137,6 +138,8 @@ _LANE_EVENT_INSERT = (
 
 # A run's effective cost (`Tx`'s spend section): its reservation while it runs or when its
 # result reported no USD (no tokens either, for the tokens), else what it reported.
+# The hours `spend_buckets` keeps a window's spend in (schema step 13).
+_HOUR = 3600
 _TOKENS_OF = "c.input_tokens + c.output_tokens + c.cache_read_tokens + c.cache_write_tokens"
 _EFFECTIVE = (
     "COALESCE(SUM(CASE WHEN r.status = 'running' OR c.usd IS NULL THEN c.reserved_usd "
@@ -446,16 +449,28 @@ class SqliteTx:
         )
 
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
-        sql = (
-            f"SELECT {_EFFECTIVE}, MIN(c.started_at) FROM run_costs c "
-            "JOIN runs r ON r.id = c.run_id WHERE c.started_at >= ?"
+        # The whole hours from `spend_buckets` (kept by triggers), the runs of the partial
+        # hour before them one by one: a constant amount of work whatever the volume.
+        whole = math.ceil(since / _HOUR) * _HOUR
+        lane_clause = "" if lane is None else " AND c.lane = ?"
+        lane_params: tuple[Any, ...] = () if lane is None else (lane,)
+        (usd, tokens), (part_usd, part_tokens), (first,) = (
+            self._conn.execute(
+                "SELECT COALESCE(SUM(usd), 0), COALESCE(SUM(tokens), 0) FROM spend_buckets "
+                "WHERE lane = ? AND bucket >= ?",
+                ("*" if lane is None else lane, whole),
+            ).fetchone(),
+            self._conn.execute(
+                f"SELECT {_EFFECTIVE} FROM run_costs c JOIN runs r ON r.id = c.run_id "
+                f"WHERE c.started_at >= ? AND c.started_at < ?{lane_clause}",
+                (since, whole, *lane_params),
+            ).fetchone(),
+            self._conn.execute(
+                f"SELECT MIN(c.started_at) FROM run_costs c WHERE c.started_at >= ?{lane_clause}",
+                (since, *lane_params),
+            ).fetchone(),
         )
-        params: tuple[Any, ...] = (since,)
-        if lane is not None:
-            sql += " AND c.lane = ?"
-            params += (lane,)
-        usd, tokens, first = self._conn.execute(sql, params).fetchone()
-        return float(usd), int(tokens), first
+        return float(usd) + float(part_usd), int(tokens) + int(part_tokens), first
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         usd, tokens = self._conn.execute(
