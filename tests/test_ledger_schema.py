@@ -195,6 +195,11 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "notify_events",
         "notify_endpoints",
         "notify_deliveries",
+        "spend_buckets",
+        "run_costs_by_lane",
+        "spend_buckets_on_cost_insert",
+        "spend_buckets_on_cost_update",
+        "spend_buckets_on_status",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 

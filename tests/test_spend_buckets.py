@@ -26,7 +26,7 @@ BIG = SpendCap(SpendWindow.WEEK, usd=1e9, tokens=10**15)
 
 def window(ledger: AnyLedger, since: float, lane: str | None) -> tuple[float, int]:
     """What the ledger's window sum says the runs started at or after `since` hold."""
-    with ledger._store.read() as tx:  # type: ignore[union-attr]
+    with ledger._store.read() as tx:
         usd, tokens, _first = tx.window_spend(since, lane)
     return usd, tokens
 
@@ -120,7 +120,7 @@ def test_a_window_reads_whole_hours_and_only_the_partial_hours_runs(ledger: AnyL
         task = ledger.create_task(f"t{n}", actor=ME).id
         ledger.start_run(task, request_key=task, actor=ME, now=T0 + n * 1200, lane=LANES[1])
     # Runs at +0, +20, +40 min (hour 0), +60, +80, +100 min (hour 1).
-    assert window(ledger, T0, LANES[1]) == (pytest.approx(3.0), 60)
-    assert window(ledger, T0 + 1, LANES[1]) == (pytest.approx(2.5), 50)  # a partial hour
-    assert window(ledger, T0 + HOUR, None) == (pytest.approx(1.5), 30)
+    assert window(ledger, T0, LANES[1]) == pytest.approx((3.0, 60))
+    assert window(ledger, T0 + 1, LANES[1]) == pytest.approx((2.5, 50))  # a partial hour
+    assert window(ledger, T0 + HOUR, None) == pytest.approx((1.5, 30))
     assert window(ledger, T0, LANES[2]) == (0.0, 0)
