@@ -1398,16 +1398,19 @@ class PostgresTx:
         return float(row[0]), int(row[1])
 
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
+        # The runs whose result reported a cost (a running run, or one that ended with
+        # none, reports nothing a percentile could read).
         if lane is None:
             rows = self._all(
-                f"SELECT r.usd, {_TOKENS_OF} FROM runs r WHERE r.status <> 'running' "
-                "ORDER BY r.started_at DESC LIMIT %s",
+                f"SELECT r.usd, {_TOKENS_OF} FROM runs r WHERE (r.usd IS NOT NULL "
+                f"OR {_TOKENS_OF} > 0) ORDER BY r.started_at DESC LIMIT %s",
                 (limit,),
             )
         else:
             rows = self._all(
                 f"SELECT r.usd, {_TOKENS_OF} FROM runs r JOIN run_lanes l ON l.run_id = r.id "
-                "WHERE l.lane = %s AND r.status <> 'running' ORDER BY r.started_at DESC LIMIT %s",
+                f"WHERE l.lane = %s AND (r.usd IS NOT NULL OR {_TOKENS_OF} > 0) "
+                "ORDER BY r.started_at DESC LIMIT %s",
                 (lane, limit),
             )
         return [(None if row[0] is None else float(row[0]), int(row[1])) for row in rows]

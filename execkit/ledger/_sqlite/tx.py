@@ -454,22 +454,15 @@ class SqliteTx:
         whole = math.ceil(since / _HOUR) * _HOUR
         lane_clause = "" if lane is None else " AND c.lane = ?"
         lane_params: tuple[Any, ...] = () if lane is None else (lane,)
-        (usd, tokens), (part_usd, part_tokens), (first,) = (
-            self._conn.execute(
-                "SELECT COALESCE(SUM(usd), 0), COALESCE(SUM(tokens), 0) FROM spend_buckets "
-                "WHERE lane = ? AND bucket >= ?",
-                ("*" if lane is None else lane, whole),
-            ).fetchone(),
-            self._conn.execute(
-                f"SELECT {_EFFECTIVE} FROM run_costs c JOIN runs r ON r.id = c.run_id "
-                f"WHERE c.started_at >= ? AND c.started_at < ?{lane_clause}",
-                (since, whole, *lane_params),
-            ).fetchone(),
-            self._conn.execute(
-                f"SELECT MIN(c.started_at) FROM run_costs c WHERE c.started_at >= ?{lane_clause}",
-                (since, *lane_params),
-            ).fetchone(),
-        )
+        usd, tokens, part_usd, part_tokens, first = self._conn.execute(
+            "SELECT b.usd, b.tokens, p.*, (SELECT MIN(c.started_at) FROM run_costs c "
+            f"WHERE c.started_at >= ?{lane_clause}) FROM (SELECT COALESCE(SUM(usd), 0) AS usd, "
+            "COALESCE(SUM(tokens), 0) AS tokens FROM spend_buckets WHERE lane = ? "
+            f"AND bucket >= ?) b, (SELECT {_EFFECTIVE} FROM run_costs c JOIN runs r "
+            f"ON r.id = c.run_id WHERE c.started_at >= ? AND c.started_at < ?{lane_clause}) p",
+            (since, *lane_params, "*" if lane is None else lane, whole, since, whole,
+             *lane_params),
+        ).fetchone()  # fmt: skip
         return float(usd) + float(part_usd), int(tokens) + int(part_tokens), first
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
@@ -481,10 +474,12 @@ class SqliteTx:
         return float(usd), int(tokens)
 
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
+        # The runs whose result reported a cost (a running run, or one that ended with none,
+        # reports nothing a percentile could read): one index, no join.
         where = "" if lane is None else " AND c.lane = ?"
         rows = self._conn.execute(
-            f"SELECT c.usd, {_TOKENS_OF} FROM run_costs c JOIN runs r ON r.id = c.run_id "
-            f"WHERE r.status <> 'running'{where} ORDER BY c.started_at DESC LIMIT ?",
+            f"SELECT c.usd, {_TOKENS_OF} FROM run_costs c WHERE (c.usd IS NOT NULL "
+            f"OR {_TOKENS_OF} > 0){where} ORDER BY c.started_at DESC LIMIT ?",
             (limit,) if lane is None else (lane, limit),
         ).fetchall()
         return [(row[0], int(row[1])) for row in rows]
