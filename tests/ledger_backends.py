@@ -73,3 +73,13 @@ class PgSchemas:
         with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
             conn.execute(f'CREATE SCHEMA "{name}"')
         return self.cluster.url(options=f"-csearch_path={name}")
+
+
+# SQLite's version 13 (issue #45's spend buckets), undone before anything they read is.
+SQLITE_BUCKETS_UNDONE = (
+    "DROP TRIGGER spend_buckets_on_status",
+    "DROP TRIGGER spend_buckets_on_cost_insert",
+    "DROP TRIGGER spend_buckets_on_cost_update",
+    "DROP INDEX run_costs_by_lane",
+    "DROP TABLE spend_buckets",
+)

@@ -50,7 +50,16 @@ REPO = Path(__file__).resolve().parent.parent
 # The schema this code writes, and a newer one a test stands in (one more additive step).
 CURRENT = pg_schema.SCHEMA_VERSION
 # Version 6 (issue #45, spend) undone: what a ledger of version 5 has.
+# Version 11's spend buckets (issue #45), undone before anything they read.
+BUCKETS_UNDONE = (
+    "DROP TRIGGER runs_spend ON runs",
+    "DROP FUNCTION execkit_runs_spend(), "
+    "execkit_spend_add(text, double precision, double precision, bigint), "
+    "execkit_spend_effective(runs, text)",
+    "DROP TABLE spend_buckets",
+)
 SPEND_UNDONE = (
+    *BUCKETS_UNDONE,
     "DROP TABLE task_budgets",
     "DROP TABLE spend_warnings",
     "DROP INDEX runs_by_start",

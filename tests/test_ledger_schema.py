@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ledger_backends import SQLITE_BUCKETS_UNDONE
 
 from execkit._errors import SchemaTooNew, StorageError
 from execkit.ledger import SCHEMA_VERSION, Migration, ledger_status, migrate, open_ledger
@@ -142,7 +143,7 @@ def _table_sql(path: Path) -> dict[str, str]:
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
     # 8 is issue #45's step (spend); 9, 10 and 12 are issue #46's; 11 is issue #49's.
-    assert SCHEMA_VERSION == 12
+    assert SCHEMA_VERSION == 13
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -194,6 +195,11 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "notify_events",
         "notify_endpoints",
         "notify_deliveries",
+        "spend_buckets",
+        "run_costs_by_lane",
+        "spend_buckets_on_cost_insert",
+        "spend_buckets_on_cost_update",
+        "spend_buckets_on_status",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 
@@ -385,6 +391,8 @@ def test_lane_events_from_before_the_rules_of_version_2_keep_folding_as_they_did
         raw.execute("DELETE FROM schema_version WHERE version = 6")
         raw.execute("DROP TABLE board_outbox")  # version 7's, made after
         raw.execute("DELETE FROM schema_version WHERE version = 7")
+        for statement in SQLITE_BUCKETS_UNDONE:  # version 13's, first
+            raw.execute(statement)
         raw.execute("ALTER TABLE run_extras DROP COLUMN workspace")  # version 9's
         raw.execute("ALTER TABLE run_extras DROP COLUMN resumed_session")  # version 10's
         raw.execute("ALTER TABLE run_extras DROP COLUMN fell_back")

@@ -10,8 +10,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from ledger_backends import AnyLedger
-from test_ledger_postgres import sql
+from ledger_backends import SQLITE_BUCKETS_UNDONE, AnyLedger
+from test_ledger_postgres import BUCKETS_UNDONE, sql
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
 from execkit import FailureClass, InvalidInput
@@ -87,15 +87,17 @@ def test_runs_from_before_the_column_read_as_none(tmp_path: Path) -> None:
         task = ledger.create_task("t", actor="me")
         run = ledger.start_run(task.id, request_key="1", actor="me")
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM)
-    # Back to version 11: the column and the version row gone.
+    # Back to version 11: the column, version 13's buckets and the version rows gone.
     conn = sqlite3.connect(path)
+    for statement in SQLITE_BUCKETS_UNDONE:
+        conn.execute(statement)
     conn.execute("ALTER TABLE run_extras DROP COLUMN session_id")
     conn.execute("DELETE FROM schema_version WHERE version >= 12")
     conn.commit()
     conn.close()
     with open_ledger(path) as ledger:
         assert ledger.migration is not None and ledger.migration.from_version == 11
-        assert ledger.schema_version() == sqlite_schema.SCHEMA_VERSION == 12
+        assert ledger.schema_version() == sqlite_schema.SCHEMA_VERSION == 13
         (old,) = ledger.runs(task.id)
         assert old.session_id is None
         new = ledger.start_run(task.id, request_key="2", actor="me", ignore_backoff=True)
@@ -107,12 +109,14 @@ def test_a_postgres_ledger_from_before_the_column_migrates(pg_url: str) -> None:
         task = ledger.create_task("t", actor="me")
         run = ledger.start_run(task.id, request_key="1", actor="me")
         ledger.finish_run(run.id, "failed", failure_class=FailureClass.UPSTREAM)
+    for statement in BUCKETS_UNDONE:  # version 11's
+        sql(pg_url, statement)
     sql(pg_url, "ALTER TABLE runs DROP COLUMN session_id")
     sql(pg_url, "DELETE FROM schema_version WHERE version >= 10")
     done = migrate(pg_url, backed_up=True)
     assert done is not None and done.from_version == 9
     with open_ledger(pg_url) as ledger:
-        assert ledger.schema_version() == pg_schema.SCHEMA_VERSION == 10
+        assert ledger.schema_version() == pg_schema.SCHEMA_VERSION == 11
         (old,) = ledger.runs(task.id)
         assert old.session_id is None
         new = ledger.start_run(task.id, request_key="2", actor="me", ignore_backoff=True)

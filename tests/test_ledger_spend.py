@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from ledger_backends import AnyLedger
+from ledger_backends import SQLITE_BUCKETS_UNDONE, AnyLedger
 from test_ledger_postgres import SPEND_UNDONE, sql
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
@@ -110,6 +110,8 @@ def test_a_ledger_from_before_spend_migrates_with_its_runs_cost_unknown(tmp_path
     # The file as version 7 left it: step 8 only adds tables (and their indexes); the
     # later steps (issue #46's) add columns of `run_extras`.
     raw = sqlite3.connect(db, isolation_level=None)
+    for statement in SQLITE_BUCKETS_UNDONE:  # version 13's, first
+        raw.execute(statement)
     for table in ("run_costs", "task_budgets", "spend_warnings"):
         raw.execute(f"DROP TABLE {table}")
     for table in ("notify_events", "notify_endpoints", "notify_deliveries"):  # issue #49's

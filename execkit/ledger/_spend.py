@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -209,13 +210,21 @@ class SpendConfig:
         """The stored configuration (None: none); StorageError for text that is not one."""
         if text is None:
             return cls()
-        try:
-            return cls.from_dict(json.loads(text))
-        except (ValueError, InvalidInput) as exc:
-            raise StorageError(
-                f"ledger_meta {SPEND_META_KEY!r} is not a spend configuration: {exc}; "
-                "`execkit budget set` writes a new one"
-            ) from None
+        return _stored_config(text)
+
+
+@functools.lru_cache(maxsize=16)
+def _stored_config(text: str) -> SpendConfig:
+    """`SpendConfig.from_stored`, read once per stored text: every capped admission reads
+    the configuration, and checking every cap's time zone again costs more than the rest
+    of the spend check (the value is frozen: sharing it is safe)."""
+    try:
+        return SpendConfig.from_dict(json.loads(text))
+    except (ValueError, InvalidInput) as exc:
+        raise StorageError(
+            f"ledger_meta {SPEND_META_KEY!r} is not a spend configuration: {exc}; "
+            "`execkit budget set` writes a new one"
+        ) from None
 
 
 @attrs.frozen

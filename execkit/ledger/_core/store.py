@@ -440,8 +440,9 @@ class Tx(Protocol):
     # on `lane` only when one is given.
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]: ...
     def task_spend(self, task_id: str) -> tuple[float, int]: ...
-    # The (USD or None, tokens) of up to `limit` finished runs (of `lane` when given, else
-    # of every lane), the latest first: what a reservation's percentile reads.
+    # The (USD or None, tokens) of up to `limit` runs whose result reported a cost (of
+    # `lane` when given, else of every lane), the latest first: what a reservation's
+    # percentile reads.
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]: ...
     # Records that `cap`'s window starting at `window_start` had its 80% warning; False
     # when it had one already.

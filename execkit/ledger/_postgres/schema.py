@@ -34,6 +34,10 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
 # nothing), a task's own caps, and which cap's 80% warning each window has had.
 # Version 10 (issue #46): the vendor session each run's agent ran in (`runs.session_id`,
 # NULL on the runs before it), so the resume survives a restart.
+# The hours `spend_buckets` keeps the spend windows in (step 11), and a run's tokens.
+_HOUR = 3600
+_TOKENS_OF = "(r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens)"
+
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -288,6 +292,73 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     # Issue #46: the vendor session each run's agent ran in, written with its result: the
     # task's next attempt resumes it after an upstream refusal, whichever process runs it.
     10: ("ALTER TABLE runs ADD COLUMN session_id text",),
+    # Issue #45: what each hour's runs hold of the spend windows, per lane ('' for runs
+    # with none) and for every lane together ('*'), kept by a trigger on whatever changes a
+    # run's effective cost (its reservation while it runs or when its cost is unknown, else
+    # what it cost). A run's lane is written at its admission before anything it holds
+    # (`_lane_admitted` before `_spend_admitted`), in that statement or an earlier one,
+    # and an AFTER trigger sees its whole statement: the trigger reads the lane there. A
+    # window's sum reads its whole hours here and only the runs of a partial first hour one
+    # by one: admission with caps costs the same whatever the day's volume.
+    11: (
+        """CREATE TABLE spend_buckets (
+            lane text NOT NULL,
+            bucket bigint NOT NULL,
+            usd double precision NOT NULL,
+            tokens bigint NOT NULL,
+            PRIMARY KEY (lane, bucket)
+        )""",
+        f"""CREATE FUNCTION execkit_spend_effective(r runs, status text,
+            OUT usd double precision, OUT tokens bigint) AS $$
+            SELECT CASE WHEN status = 'running' OR r.usd IS NULL THEN r.reserved_usd
+                   ELSE r.usd END,
+                   CASE WHEN status = 'running' OR (r.usd IS NULL AND {_TOKENS_OF} = 0)
+                   THEN r.reserved_tokens ELSE {_TOKENS_OF} END
+            $$ LANGUAGE sql IMMUTABLE""",
+        f"""CREATE FUNCTION execkit_spend_add(lane_name text, started double precision,
+            d_usd double precision, d_tokens bigint) RETURNS void AS $$
+            INSERT INTO spend_buckets AS b (lane, bucket, usd, tokens)
+            VALUES (lane_name, floor(started / {_HOUR})::bigint * {_HOUR}, d_usd, d_tokens)
+            ON CONFLICT (lane, bucket) DO UPDATE
+            SET usd = b.usd + excluded.usd, tokens = b.tokens + excluded.tokens
+            $$ LANGUAGE sql""",
+        """CREATE FUNCTION execkit_runs_spend() RETURNS trigger AS $$
+        DECLARE
+            before_usd double precision := 0;
+            before_tokens bigint := 0;
+            after_usd double precision;
+            after_tokens bigint;
+            lane_name text;
+        BEGIN
+            IF TG_OP = 'UPDATE' THEN
+                SELECT e.usd, e.tokens INTO before_usd, before_tokens
+                FROM execkit_spend_effective(OLD, OLD.status) e;
+            END IF;
+            SELECT e.usd, e.tokens INTO after_usd, after_tokens
+            FROM execkit_spend_effective(NEW, NEW.status) e;
+            IF after_usd = before_usd AND after_tokens = before_tokens THEN
+                RETURN NULL;
+            END IF;
+            SELECT l.lane INTO lane_name FROM run_lanes l WHERE l.run_id = NEW.id;
+            PERFORM execkit_spend_add(coalesce(lane_name, ''), NEW.started_at,
+                after_usd - before_usd, after_tokens - before_tokens);
+            PERFORM execkit_spend_add('*', NEW.started_at,
+                after_usd - before_usd, after_tokens - before_tokens);
+            RETURN NULL;
+        END $$ LANGUAGE plpgsql""",
+        "CREATE TRIGGER runs_spend AFTER INSERT OR UPDATE OF status, reserved_usd, "
+        "reserved_tokens, usd, input_tokens, output_tokens, cache_read_tokens, "
+        "cache_write_tokens ON runs FOR EACH ROW EXECUTE FUNCTION execkit_runs_spend()",
+        # What the runs already held, hour by hour.
+        f"""INSERT INTO spend_buckets (lane, bucket, usd, tokens)
+        SELECT CASE k.star WHEN 1 THEN '*' ELSE coalesce(l.lane, '') END,
+               floor(r.started_at / {_HOUR})::bigint * {_HOUR}, sum(e.usd), sum(e.tokens)
+        FROM runs r LEFT JOIN run_lanes l ON l.run_id = r.id
+        CROSS JOIN LATERAL execkit_spend_effective(r, r.status) e
+        CROSS JOIN (VALUES (0), (1)) AS k (star)
+        WHERE e.usd <> 0 OR e.tokens <> 0
+        GROUP BY 1, 2""",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
 
@@ -309,4 +380,5 @@ TABLES = (
     "notify_events",
     "notify_endpoints",
     "notify_deliveries",
+    "spend_buckets",
 )

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
@@ -135,6 +136,8 @@ _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 _TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
 # A run's effective cost (`Tx`'s spend section): its reservation while it runs or when its
 # result reported no USD (no tokens either, for the tokens), else what it reported.
+# The hours `spend_buckets` keeps the spend windows in (schema step 11).
+_HOUR = 3600
 _TOKENS_OF = "(r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens)"
 _EFFECTIVE = (
     "coalesce(sum(CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd "
@@ -1363,19 +1366,31 @@ class PostgresTx:
         )
 
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
+        # The whole hours from `spend_buckets` (kept by triggers), the runs of the partial
+        # hour before them one by one: a constant amount of work whatever the volume. One
+        # statement, one round trip.
+        whole = math.ceil(since / _HOUR) * _HOUR
         if lane is None:
-            row = self._one(
-                f"SELECT {_EFFECTIVE}, min(r.started_at) FROM runs r WHERE r.started_at >= %s",
-                (since,),
-            )
+            runs = "runs r WHERE r.started_at >= %s"
+            params: tuple[Any, ...] = (since,)
         else:
-            row = self._one(
-                f"SELECT {_EFFECTIVE}, min(r.started_at) FROM runs r JOIN run_lanes l "
-                "ON l.run_id = r.id WHERE r.started_at >= %s AND l.lane = %s",
-                (since, lane),
+            runs = (
+                "runs r JOIN run_lanes l ON l.run_id = r.id "
+                "WHERE r.started_at >= %s AND l.lane = %s"
             )
+            params = (since, lane)
+        row = self._one(
+            "SELECT (SELECT coalesce(sum(usd), 0) FROM spend_buckets WHERE lane = %s "
+            "AND bucket >= %s), (SELECT coalesce(sum(tokens), 0) FROM spend_buckets "
+            f"WHERE lane = %s AND bucket >= %s), p.*, (SELECT min(r.started_at) FROM {runs}) "
+            f"FROM (SELECT {_EFFECTIVE} FROM {runs} AND r.started_at < %s) p",
+            ("*" if lane is None else lane, whole, "*" if lane is None else lane, whole,
+             *params, *params, whole),
+        )  # fmt: skip
         assert row is not None
-        return float(row[0]), int(row[1]), None if row[2] is None else float(row[2])
+        usd = float(row[0]) + float(row[2])
+        tokens = int(row[1]) + int(row[3])
+        return usd, tokens, None if row[4] is None else float(row[4])
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         row = self._one(f"SELECT {_EFFECTIVE} FROM runs r WHERE r.task_id = %s", (task_id,))
@@ -1383,16 +1398,19 @@ class PostgresTx:
         return float(row[0]), int(row[1])
 
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
+        # The runs whose result reported a cost (a running run, or one that ended with
+        # none, reports nothing a percentile could read).
         if lane is None:
             rows = self._all(
-                f"SELECT r.usd, {_TOKENS_OF} FROM runs r WHERE r.status <> 'running' "
-                "ORDER BY r.started_at DESC LIMIT %s",
+                f"SELECT r.usd, {_TOKENS_OF} FROM runs r WHERE (r.usd IS NOT NULL "
+                f"OR {_TOKENS_OF} > 0) ORDER BY r.started_at DESC LIMIT %s",
                 (limit,),
             )
         else:
             rows = self._all(
                 f"SELECT r.usd, {_TOKENS_OF} FROM runs r JOIN run_lanes l ON l.run_id = r.id "
-                "WHERE l.lane = %s AND r.status <> 'running' ORDER BY r.started_at DESC LIMIT %s",
+                f"WHERE l.lane = %s AND (r.usd IS NOT NULL OR {_TOKENS_OF} > 0) "
+                "ORDER BY r.started_at DESC LIMIT %s",
                 (lane, limit),
             )
         return [(None if row[0] is None else float(row[0]), int(row[1])) for row in rows]

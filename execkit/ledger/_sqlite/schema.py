@@ -32,6 +32,51 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION"]
 # Version 11 (issue #49): the notification outbox, its endpoints and their deliveries.
 # Version 12 (issue #46): the vendor session each run's agent ran in, a column of
 # `run_extras` (runs from before it: none), so a restarted dispatcher resumes it.
+# The spend buckets' triggers (step 13). A run's effective cost in a window: its
+# reservation while it runs, or when its result reported no USD (no tokens either, for the
+# tokens), else what it reported; `_effective` says it of the run_costs row `c` whose run
+# has status `status`, as (USD, tokens) expressions.
+_HOUR = 3600
+_BUCKET_OF = f"CAST(c.started_at / {_HOUR} AS INTEGER) * {_HOUR}"
+_BOTH = "(SELECT 0 AS star UNION ALL SELECT 1 AS star) k"  # its lane's row and the '*' row
+_BUCKET_LANE = "CASE k.star WHEN 1 THEN '*' ELSE COALESCE(c.lane, '') END"
+_STATUS_OF_C = "(SELECT status FROM runs WHERE id = c.run_id)"
+
+
+def _effective(c: str, status: str) -> tuple[str, str]:
+    tokens = (
+        f"({c}.input_tokens + {c}.output_tokens + {c}.cache_read_tokens + {c}.cache_write_tokens)"
+    )
+    return (
+        f"(CASE WHEN {status} = 'running' OR {c}.usd IS NULL THEN {c}.reserved_usd "
+        f"ELSE {c}.usd END)",
+        f"(CASE WHEN {status} = 'running' OR ({c}.usd IS NULL AND {tokens} = 0) "
+        f"THEN {c}.reserved_tokens ELSE {tokens} END)",
+    )
+
+
+def _bucket_trigger(
+    name: str,
+    when: str,
+    source: str,
+    where: str,
+    after: tuple[str, str],
+    before: tuple[str, str],
+) -> str:
+    """A trigger adding to the run's hour (its lane's row and the '*' row) what its
+    effective cost became (`after`) less what it was (`before`)."""
+    usd = f"{after[0]} - {before[0]}"
+    tokens = f"{after[1]} - {before[1]}"
+    return (
+        f"CREATE TRIGGER {name} {when} BEGIN "
+        "INSERT INTO spend_buckets (lane, bucket, usd, tokens) "
+        f"SELECT {_BUCKET_LANE}, {_BUCKET_OF}, {usd}, {tokens} FROM {source}, {_BOTH} "
+        f"WHERE {where} AND ({usd} <> 0 OR {tokens} <> 0) "
+        "ON CONFLICT (lane, bucket) DO UPDATE SET usd = usd + excluded.usd, "
+        "tokens = tokens + excluded.tokens; END"
+    )
+
+
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -313,5 +358,52 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     # Issue #46: the vendor session each run's agent ran in, written with its result: the
     # task's next attempt resumes it after an upstream refusal, whichever process runs it.
     12: ("ALTER TABLE run_extras ADD COLUMN session_id TEXT",),
+    # Issue #45: what each hour's runs hold of the spend windows (each run's effective cost:
+    # its reservation while it runs or when its cost is unknown, else what it cost), per
+    # lane ('' for runs with none) and for every lane together ('*'), kept by triggers on
+    # whatever changes a run's effective cost. A window's sum reads its whole hours here and
+    # only the runs of a partial first hour one by one: admission with caps costs the same
+    # whatever the day's volume.
+    13: (
+        """CREATE TABLE spend_buckets (
+            lane TEXT NOT NULL,
+            bucket INTEGER NOT NULL,
+            usd REAL NOT NULL,
+            tokens INTEGER NOT NULL,
+            PRIMARY KEY (lane, bucket)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX run_costs_by_lane ON run_costs (lane, started_at)",
+        _bucket_trigger(
+            "spend_buckets_on_cost_insert",
+            "AFTER INSERT ON run_costs",
+            "run_costs c",
+            "c.run_id = NEW.run_id",
+            _effective("c", _STATUS_OF_C),
+            ("0", "0"),
+        ),
+        _bucket_trigger(
+            "spend_buckets_on_cost_update",
+            "AFTER UPDATE ON run_costs",
+            "run_costs c",
+            "c.run_id = NEW.run_id",
+            _effective("c", _STATUS_OF_C),
+            _effective("OLD", _STATUS_OF_C),
+        ),
+        _bucket_trigger(
+            "spend_buckets_on_status",
+            "AFTER UPDATE OF status ON runs WHEN OLD.status <> NEW.status",
+            "run_costs c",
+            "c.run_id = NEW.id",
+            _effective("c", "NEW.status"),
+            _effective("c", "OLD.status"),
+        ),
+        # What the runs already held, hour by hour.
+        "INSERT INTO spend_buckets (lane, bucket, usd, tokens) "
+        f"SELECT {_BUCKET_LANE}, {_BUCKET_OF}, SUM(u), SUM(t) FROM ("
+        "SELECT c.lane AS lane, c.started_at AS started_at, "
+        f"{_effective('c', 'r.status')[0]} AS u, {_effective('c', 'r.status')[1]} AS t "
+        "FROM run_costs c JOIN runs r ON r.id = c.run_id"
+        f") c, {_BOTH} GROUP BY 1, 2",
+    ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -137,6 +138,8 @@ _LANE_EVENT_INSERT = (
 
 # A run's effective cost (`Tx`'s spend section): its reservation while it runs or when its
 # result reported no USD (no tokens either, for the tokens), else what it reported.
+# The hours `spend_buckets` keeps a window's spend in (schema step 13).
+_HOUR = 3600
 _TOKENS_OF = "c.input_tokens + c.output_tokens + c.cache_read_tokens + c.cache_write_tokens"
 _EFFECTIVE = (
     "COALESCE(SUM(CASE WHEN r.status = 'running' OR c.usd IS NULL THEN c.reserved_usd "
@@ -446,16 +449,21 @@ class SqliteTx:
         )
 
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
-        sql = (
-            f"SELECT {_EFFECTIVE}, MIN(c.started_at) FROM run_costs c "
-            "JOIN runs r ON r.id = c.run_id WHERE c.started_at >= ?"
-        )
-        params: tuple[Any, ...] = (since,)
-        if lane is not None:
-            sql += " AND c.lane = ?"
-            params += (lane,)
-        usd, tokens, first = self._conn.execute(sql, params).fetchone()
-        return float(usd), int(tokens), first
+        # The whole hours from `spend_buckets` (kept by triggers), the runs of the partial
+        # hour before them one by one: a constant amount of work whatever the volume.
+        whole = math.ceil(since / _HOUR) * _HOUR
+        lane_clause = "" if lane is None else " AND c.lane = ?"
+        lane_params: tuple[Any, ...] = () if lane is None else (lane,)
+        usd, tokens, part_usd, part_tokens, first = self._conn.execute(
+            "SELECT b.usd, b.tokens, p.*, (SELECT MIN(c.started_at) FROM run_costs c "
+            f"WHERE c.started_at >= ?{lane_clause}) FROM (SELECT COALESCE(SUM(usd), 0) AS usd, "
+            "COALESCE(SUM(tokens), 0) AS tokens FROM spend_buckets WHERE lane = ? "
+            f"AND bucket >= ?) b, (SELECT {_EFFECTIVE} FROM run_costs c JOIN runs r "
+            f"ON r.id = c.run_id WHERE c.started_at >= ? AND c.started_at < ?{lane_clause}) p",
+            (since, *lane_params, "*" if lane is None else lane, whole, since, whole,
+             *lane_params),
+        ).fetchone()  # fmt: skip
+        return float(usd) + float(part_usd), int(tokens) + int(part_tokens), first
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         usd, tokens = self._conn.execute(
@@ -466,10 +474,12 @@ class SqliteTx:
         return float(usd), int(tokens)
 
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
+        # The runs whose result reported a cost (a running run, or one that ended with none,
+        # reports nothing a percentile could read): one index, no join.
         where = "" if lane is None else " AND c.lane = ?"
         rows = self._conn.execute(
-            f"SELECT c.usd, {_TOKENS_OF} FROM run_costs c JOIN runs r ON r.id = c.run_id "
-            f"WHERE r.status <> 'running'{where} ORDER BY c.started_at DESC LIMIT ?",
+            f"SELECT c.usd, {_TOKENS_OF} FROM run_costs c WHERE (c.usd IS NOT NULL "
+            f"OR {_TOKENS_OF} > 0){where} ORDER BY c.started_at DESC LIMIT ?",
             (limit,) if lane is None else (lane, limit),
         ).fetchall()
         return [(row[0], int(row[1])) for row in rows]

@@ -1,0 +1,126 @@
+"""The spend windows' hourly sums (issue #45, SQLite schema 13, PostgreSQL 11): triggers keep
+`spend_buckets` equal to what the runs hold, whatever changes a run's effective cost and in
+whichever order, so a window's sum reads its whole hours and only a partial first hour run by
+run. Checked against a model of every run's holding, on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ledger_backends import AnyLedger, open_at
+from test_remote import ME
+
+from execkit._classify import FailureClass
+from execkit._usage import Usage, UsdSource
+from execkit.ledger import SpendCap, SpendWindow
+
+HOUR = 3600.0
+T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC: on the hour
+LANES = [None, "claude/default", "codex/default"]
+BIG = SpendCap(SpendWindow.WEEK, usd=1e9, tokens=10**15)
+
+
+def window(ledger: AnyLedger, since: float, lane: str | None) -> tuple[float, int]:
+    """What the ledger's window sum says the runs started at or after `since` hold."""
+    with ledger._store.read() as tx:
+        usd, tokens, _first = tx.window_spend(since, lane)
+    return usd, tokens
+
+
+def effective(reserved: tuple[float, int], cost: Usage | None, running: bool) -> tuple[float, int]:
+    """The model: what a run holds of its windows."""
+    if running or cost is None:
+        return reserved
+    usd = reserved[0] if cost.usd is None else cost.usd
+    tokens = reserved[1] if cost.usd is None and cost.tokens == 0 else cost.tokens
+    return usd, tokens
+
+
+_OP = st.one_of(
+    st.tuples(st.just("start"), st.integers(0, 2), st.integers(0, 3 * 3600 - 1)),
+    st.tuples(st.just("grow"), st.integers(0, 20), st.integers(1, 300)),
+    st.tuples(
+        st.just("finish"),
+        st.integers(0, 20),
+        st.sampled_from(["priced", "tokens", "none", "abandoned", "stopped"]),
+    ),
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=st.lists(_OP, min_size=1, max_size=30))
+def test_prop_the_hourly_sums_equal_what_the_runs_hold(
+    new_target: Callable[[], str], ops: list[tuple[Any, ...]]
+) -> None:
+    with open_at(new_target()) as ledger:
+        ledger.set_spend_cap(BIG, actor=ME, floor_usd=0.25, floor_tokens=100)
+        runs: list[dict[str, Any]] = []
+        for op in ops:
+            if op[0] == "start":
+                _kind, lane_index, offset = op
+                task = ledger.create_task(f"t{len(runs)}", actor=ME).id
+                at = T0 + offset
+                lane = LANES[lane_index]
+                run = ledger.start_run(task, request_key=task, actor=ME, now=at, lane=lane)
+                room = ledger.spend_room(run.id, now=at)
+                assert room.usd is not None and room.tokens is not None
+                runs.append({"id": run.id, "at": at, "lane": lane, "running": True,
+                             "reserved": (room.usd, room.tokens), "cost": None})  # fmt: skip
+            elif not runs:
+                continue
+            elif op[0] == "grow":
+                run_model = runs[op[1] % len(runs)]
+                if not run_model["running"]:
+                    continue
+                spent = Usage(output_tokens=op[2] * 10, usd=op[2] / 100,
+                              usd_source=UsdSource.REPORTED)  # fmt: skip
+                room = ledger.spend_room(run_model["id"], spent=spent, now=T0 + 4 * HOUR)
+                assert room.stop is None and room.usd is not None and room.tokens is not None
+                run_model["reserved"] = (room.usd, room.tokens)
+            else:
+                run_model = runs[op[1] % len(runs)]
+                if not run_model["running"]:
+                    continue
+                how = op[2]
+                cost = {
+                    "priced": Usage(input_tokens=70, usd=0.07, usd_source=UsdSource.PRICED),
+                    "tokens": Usage(input_tokens=33),
+                }.get(how)
+                if how in ("abandoned", "stopped"):
+                    ledger.finish_run(run_model["id"], "abandoned", stopped=how == "stopped",
+                                      reason="gone", now=T0 + 4 * HOUR)  # fmt: skip
+                else:
+                    ledger.finish_run(run_model["id"], "failed", failure_class=FailureClass.WORK,
+                                      usage=cost, now=T0 + 4 * HOUR)  # fmt: skip
+                run_model["running"] = False
+                run_model["cost"] = cost
+        for since in (T0 - HOUR, T0, T0 + 1800, T0 + HOUR + 1, T0 + 2 * HOUR + 3599):
+            for lane in [*LANES[1:], None]:
+                held = [
+                    effective(r["reserved"], r["cost"], r["running"])
+                    for r in runs
+                    if r["at"] >= since and (lane is None or r["lane"] == lane)
+                ]
+                usd, tokens = window(ledger, since, lane)
+                assert usd == pytest.approx(sum(u for u, _t in held), abs=1e-9)
+                assert tokens == sum(t for _u, t in held)
+
+
+def test_a_window_reads_whole_hours_and_only_the_partial_hours_runs(ledger: AnyLedger) -> None:
+    ledger.set_spend_cap(BIG, actor=ME, floor_usd=0.5, floor_tokens=10)
+    for n in range(6):
+        task = ledger.create_task(f"t{n}", actor=ME).id
+        ledger.start_run(task, request_key=task, actor=ME, now=T0 + n * 1200, lane=LANES[1])
+    # Runs at +0, +20, +40 min (hour 0), +60, +80, +100 min (hour 1).
+    assert window(ledger, T0, LANES[1]) == pytest.approx((3.0, 60))
+    assert window(ledger, T0 + 1, LANES[1]) == pytest.approx((2.5, 50))  # a partial hour
+    assert window(ledger, T0 + HOUR, None) == pytest.approx((1.5, 30))
+    assert window(ledger, T0, LANES[2]) == (0.0, 0)
