@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_status.py
 	$(PY) benchmarks/bench_github.py
 	$(PY) benchmarks/bench_trackers.py
+	$(PY) tests/pgcluster.py --run -- $(PY) benchmarks/bench_spend.py
 
 # The GitHub board against real GitHub (issue #47): reads only; SKIP without GITHUB_TOKEN and
 # EXECKIT_LIVE_REPO=OWNER/NAME. Never part of `make test`.

@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from ledger_backends import AnyLedger
+from ledger_backends import SQLITE_BUCKETS_UNDONE, AnyLedger
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
 from execkit import InvalidInput
@@ -65,6 +65,8 @@ def test_runs_from_before_the_column_read_as_none(tmp_path: Path) -> None:
         ledger.start_run(task.id, request_key="1", actor="me")
     # Back to the schema before the step: the column and the version row gone.
     conn = sqlite3.connect(path)
+    for statement in SQLITE_BUCKETS_UNDONE:  # version 13's
+        conn.execute(statement)
     conn.execute("ALTER TABLE run_extras DROP COLUMN workspace")
     conn.execute("ALTER TABLE run_extras DROP COLUMN resumed_session")  # version 10's
     conn.execute("ALTER TABLE run_extras DROP COLUMN fell_back")
