@@ -206,7 +206,7 @@ def test_a_task_blocked_on_its_own_budget_is_told_once_a_budget(ledger: AnyLedge
         task, usd=3.0, tokens=None, expected_usd=1.0, expected_tokens=None, actor=OWNER
     )
     run = ledger.start_run(task, request_key="4", actor=OWNER, now=NOW + 3, ignore_backoff=True)
-    ledger.finish_run(run.id, "failed", usage=_paid(1.0), now=NOW + 4)
+    ledger.finish_run(run.id, "failed", usage=_paid(1.7), now=NOW + 4)
     with pytest.raises(TaskBlocked):
         ledger.start_run(task, request_key="5", actor=OWNER, now=NOW + 5, ignore_backoff=True)
     assert _kinds(ledger).count("spend.capped") == 2

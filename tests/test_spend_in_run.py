@@ -104,6 +104,27 @@ def test_the_tasks_own_budget_stops_its_run_charged(ledger: AnyLedger) -> None:
     assert stop.stop is not None and f"execkit task set-budget {task}" in stop.stop
 
 
+def test_a_task_whose_lane_costs_more_than_its_budget_runs_held_to_the_budget(
+    ledger: AnyLedger,
+) -> None:
+    ledger.set_spend_cap(actor=ME, floor_usd=0.2)
+    costly = ledger.create_task("costly", actor=ME).id
+    run = ledger.start_run(costly, request_key="c", actor=ME, now=NOW)
+    ledger.finish_run(run.id, "succeeded", usage=spent(1.5), now=NOW + 1)  # the lane's p90
+    task = ledger.create_task("t", actor=ME).id
+    ledger.set_task_budget(
+        task, usd=1.0, tokens=None, expected_usd=None, expected_tokens=None, actor=ME
+    )
+    # Admitted (its budget has room for the floor, as get_task shows it), it reserves the
+    # lane's $1.50 for the windows, but may spend only what its budget leaves.
+    assert ledger.get_task(task, now=NOW + 2).state == "ready"
+    held = ledger.start_run(task, request_key="t", actor=ME, now=NOW + 2)
+    assert ledger.spend_room(held.id, now=NOW + 2) == SpendRoom(usd=1.0)
+    assert ledger.spend_room(held.id, spent=spent(0.9), now=NOW + 2) == SpendRoom(usd=1.0)
+    stop = ledger.spend_room(held.id, spent=spent(1.05), now=NOW + 3)
+    assert stop.by_task and stop.stop is not None
+
+
 def test_tokens_are_held_when_the_usd_is_unknown(ledger: AnyLedger) -> None:
     ledger.set_spend_cap(
         SpendCap(SpendWindow.DAY, usd=1.0, tokens=1000), actor=ME, floor_usd=0.1, floor_tokens=300

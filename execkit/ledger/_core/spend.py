@@ -415,7 +415,12 @@ class SpendOps(WakeOps):
             budget = tx.task_budget(task.id)
             if budget is not None and (budget.usd is not None or budget.tokens is not None):
                 spent_usd, spent_tokens = tx.task_spend(task.id)
-                refusal = _task_refusal(task.id, budget, spent_usd, spent_tokens, usd, tokens)
+                # The task's own budget needs room for the floor, as `get_task` shows it:
+                # one task runs one run at a time, so nothing races for it, and the run is
+                # held to what the budget leaves while it goes (`spend_room`).
+                refusal = _task_refusal(
+                    task.id, budget, spent_usd, spent_tokens, config.floor_usd, config.floor_tokens
+                )
                 if refusal is not None:
                     return refusal
         caps = config.applying(lane)
@@ -536,9 +541,18 @@ class SpendOps(WakeOps):
         if budget is not None:
             counted.append((budget.usd, budget.tokens))
         r_usd, r_tokens = tx.reservation(run_id)
+        room_usd, room_tokens = r_usd, r_tokens
+        if budget is not None:
+            # Admitted with room for the floor, the run may reserve more than its task's
+            # budget leaves: its room is no more than that.
+            t_usd, t_tokens = tx.task_spend(run.task_id)
+            if budget.usd is not None:
+                room_usd = max(0.0, min(room_usd, budget.usd - (t_usd - r_usd)))
+            if budget.tokens is not None:
+                room_tokens = max(0, min(room_tokens, budget.tokens - (t_tokens - r_tokens)))
         held = SpendRoom(
-            r_usd if any(usd is not None for usd, _tokens in counted) else None,
-            r_tokens if any(tokens is not None for _usd, tokens in counted) else None,
+            room_usd if any(usd is not None for usd, _tokens in counted) else None,
+            room_tokens if any(tokens is not None for _usd, tokens in counted) else None,
         )
         return held, run, lane, config, budget
 
