@@ -17,9 +17,10 @@ Three measurements, each against its honest floor in the same run:
    spend $1.00 ($0.10 every 100 ms, ten steps) if nothing stopped it: $20 asked of $10.
    Printed: what the day holds at the end against $10 plus the events in flight, the runs
    stopped by the window, and the runs admitted after the window was full (must be 0).
-3. Admission with caps against admission without: `start_run` + `finish_run` (with its
-   cost) on a SQLite file, `--admissions` each, alternating rounds, the medians compared
-   (target <= 1.1x), and the same with the run's `spend_room` read a guarded run adds.
+3. Admission with caps against admission without: `start_run` (alone, and with its
+   `finish_run` and cost) on a SQLite file (`--admissions` each) and on PostgreSQL (half as
+   many), alternating rounds, the medians compared (target <= 1.1x), and the same with the
+   run's `spend_room` read a guarded run adds.
 """
 
 from __future__ import annotations
@@ -219,9 +220,10 @@ def _fleet(url: str) -> str:
 # -- 3. admission with caps against without ----------------------------------------------
 
 
-def _admissions(db: Path, count: int, *, caps: bool, room: bool) -> tuple[float, float]:
+def _admissions(db: Path | str, count: int, *, caps: bool, room: bool) -> tuple[float, float]:
     """Seconds for `count` admissions (`start_run`, with the run's `spend_room` read when
-    `room`), and for those with their results, on a fresh ledger file."""
+    `room`), and for those with their results, on a fresh ledger (a file, or a schema's
+    URL)."""
     paid = Usage(input_tokens=100, usd=0.001, usd_source=UsdSource.REPORTED)
     with open_ledger(db) as ledger:
         if caps:
@@ -242,7 +244,7 @@ def _admissions(db: Path, count: int, *, caps: bool, room: bool) -> tuple[float,
         return admitting, time.perf_counter() - started
 
 
-def _admission_rows(count: int, rounds: int) -> list[str]:
+def _admission_rows(count: int, rounds: int, url: str | None = None) -> list[str]:
     sides = {"no caps": (False, False), "caps": (True, False), "caps + spend_room": (True, True)}
     admit: dict[str, list[float]] = {name: [] for name in sides}
     whole: dict[str, list[float]] = {name: [] for name in sides}
@@ -252,8 +254,10 @@ def _admission_rows(count: int, rounds: int) -> list[str]:
             order = order[round_number % 3 :] + order[: round_number % 3]
             for name in order:
                 caps, room = sides[name]
-                db = Path(scratch) / f"{uuid.uuid4().hex}.db"
-                admitted, total = _admissions(db, count, caps=caps, room=room)
+                target: Path | str = (
+                    Path(scratch) / f"{uuid.uuid4().hex}.db" if url is None else _schema(url)
+                )
+                admitted, total = _admissions(target, count, caps=caps, room=room)
                 admit[name].append(admitted)
                 whole[name].append(total)
     floor_admit = statistics.median(admit["no caps"])
@@ -262,7 +266,8 @@ def _admission_rows(count: int, rounds: int) -> list[str]:
     for name in sides:
         a, w = statistics.median(admit[name]), statistics.median(whole[name])
         rows.append(
-            f"| {name} | {count} | {a / count * 1e6:,.0f} µs | {a / floor_admit:.3f}x "
+            f"| {'SQLite' if url is None else 'PostgreSQL'}, {name} | {count} "
+            f"| {a / count * 1e6:,.0f} µs | {a / floor_admit:.3f}x "
             f"| {w / count * 1e6:,.0f} µs | {w / floor_whole:.3f}x |"
         )
     return rows
@@ -285,33 +290,35 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for row in _overshoot_rows(args.runs):
         print(row)
-    if not args.skip_fleet:
-        print()
-        print("A fleet on PostgreSQL: 20 issues, two dispatchers x 4 agents, a $10.00 day cap:")
-        print()
-        print("| runs | done | stopped by the window | spent | the day holds "
-              "| floor: $10 + 8 events in flight | admitted after it was full |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
-        own: pgcluster.Cluster | None = None
-        url = args.url
-        if url is None and os.environ.get(pgcluster.ENV_VAR):
-            url = pgcluster.Cluster.from_env(os.environ[pgcluster.ENV_VAR]).url()
-        if url is None:
-            own = pgcluster.Cluster.start()
-            url = own.url()
-        try:
+    own: pgcluster.Cluster | None = None
+    url = args.url
+    if url is None and os.environ.get(pgcluster.ENV_VAR):
+        url = pgcluster.Cluster.from_env(os.environ[pgcluster.ENV_VAR]).url()
+    if url is None:
+        own = pgcluster.Cluster.start()
+        url = own.url()
+    try:
+        if not args.skip_fleet:
+            print()
+            print("A fleet on PostgreSQL: 20 issues, two dispatchers x 4 agents, a $10.00 day cap:")
+            print()
+            print("| runs | done | stopped by the window | spent | the day holds "
+                  "| floor: $10 + 8 events in flight | admitted after it was full |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|")
             print(_fleet(url))
-        finally:
-            if own is not None:
-                own.stop()
-    print()
-    print("Admission and result on SQLite, with caps against without (a day cap and a lane's):")
-    print()
-    print("| ledger | runs a round | admission | against no caps | admission + result "
-          "| against no caps |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
-    for row in _admission_rows(args.admissions, args.rounds):
-        print(row)
+        print()
+        print("Admission and result, with caps against without (a day cap and a lane's):")
+        print()
+        print("| ledger | runs a round | admission | against no caps | admission + result "
+              "| against no caps |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
+        for row in _admission_rows(args.admissions, args.rounds):
+            print(row)
+        for row in _admission_rows(args.admissions // 2, args.rounds, url):
+            print(row)
+    finally:
+        if own is not None:
+            own.stop()
 
 
 if __name__ == "__main__":
