@@ -53,9 +53,7 @@ CURRENT = pg_schema.SCHEMA_VERSION
 # Version 11's spend buckets (issue #45), undone before anything they read.
 BUCKETS_UNDONE = (
     "DROP TRIGGER runs_spend ON runs",
-    "DROP FUNCTION execkit_runs_spend(), "
-    "execkit_spend_add(text, double precision, double precision, bigint), "
-    "execkit_spend_effective(runs, text)",
+    "DROP FUNCTION execkit_runs_spend()",
     "DROP TABLE spend_buckets",
 )
 SPEND_UNDONE = (

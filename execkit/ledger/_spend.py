@@ -344,12 +344,22 @@ class SpendRow:
         return to_json(self)
 
 
+# The calendar window last computed per (window, time zone): (its start, its end).
+_CALENDAR: dict[tuple[SpendWindow, str], tuple[float, float]] = {}
+
+
 def window_bounds(cap: SpendCap, at: float) -> tuple[float, float]:
     """(when the cap's window that holds `at` began, when the next one begins) in POSIX
     seconds. A rolling window began five hours ago and "reopens" as the spend of its
     oldest moment leaves it: its end is given as `at` + 5 h, the latest it can be."""
     if cap.window is SpendWindow.ROLLING_5H:
         return at - _ROLLING_S, at + _ROLLING_S
+    # A calendar window stands until it ends: every capped admission asks, and a time
+    # zone's arithmetic costs more than the rest of the check's Python.
+    key = (cap.window, cap.tz)
+    known = _CALENDAR.get(key)
+    if known is not None and known[0] <= at < known[1]:
+        return known
     zone = ZoneInfo(cap.tz)
     local = dt.datetime.fromtimestamp(at, zone).date()
     if cap.window is SpendWindow.WEEK:
@@ -357,7 +367,9 @@ def window_bounds(cap: SpendCap, at: float) -> tuple[float, float]:
         end = start + dt.timedelta(days=_WEEK_DAYS)
     else:
         start, end = local, local + dt.timedelta(days=1)
-    return _midnight(start, zone), _midnight(end, zone)
+    bounds = _midnight(start, zone), _midnight(end, zone)
+    _CALENDAR[key] = bounds
+    return bounds
 
 
 def _midnight(day: dt.date, zone: ZoneInfo) -> float:

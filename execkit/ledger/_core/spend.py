@@ -410,7 +410,16 @@ class SpendOps(WakeOps):
         config = self._spend_config(tx)
         if config is None:
             return None
-        usd, tokens = reservation_of(config, tx.recent_costs(lane, RECENT_RUNS))
+        caps = config.applying(lane)
+        bounds = [window_bounds(cap, at) for cap in caps]
+        if caps:
+            # The spend lock, then every read the check needs, in one round trip where
+            # the store can: each window's sum read after the lock.
+            windows = [(start, cap.lane) for cap, (start, _) in zip(caps, bounds, strict=True)]
+            recent, sums = tx.spend_reads(lane, RECENT_RUNS, windows)
+        else:
+            recent, sums = tx.recent_costs(lane, RECENT_RUNS), []
+        usd, tokens = reservation_of(config, recent)
         if config.task_budgets:
             budget = tx.task_budget(task.id)
             if budget is not None and (budget.usd is not None or budget.tokens is not None):
@@ -423,14 +432,12 @@ class SpendOps(WakeOps):
                 )
                 if refusal is not None:
                     return refusal
-        caps = config.applying(lane)
         if not caps:
             return Reservation(usd, tokens)
-        tx.lock_spend()
         counted: list[tuple[SpendCap, float, float]] = []
-        for cap in caps:
-            start, reopens = window_bounds(cap, at)
-            used_usd, used_tokens, first = tx.window_spend(start, cap.lane)
+        for cap, (start, reopens), (used_usd, used_tokens, first) in zip(
+            caps, bounds, sums, strict=True
+        ):
             if cap.window is SpendWindow.ROLLING_5H and first is not None:
                 reopens = first + (at - start)  # when its oldest spend leaves the window
             over = (cap.usd is not None and used_usd + usd > cap.usd + 1e-9) or (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from execkit._budget import Attempt, AttemptStatus, HistorySummary
@@ -439,6 +439,11 @@ class Tx(Protocol):
     # (USD, tokens, the earliest start counted) of the runs started at or after `since`,
     # on `lane` only when one is given.
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]: ...
+    # `lock_spend`, then `recent_costs(lane, limit)` and `window_spend` of each (since, lane)
+    # of `windows`: an admission's spend reads, in one round trip where the store can.
+    def spend_reads(
+        self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
+    ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int, float | None]]]: ...
     def task_spend(self, task_id: str) -> tuple[float, int]: ...
     # The (USD or None, tokens) of up to `limit` runs whose result reported a cost (of
     # `lane` when given, else of every lane), the latest first: what a reservation's

@@ -36,7 +36,19 @@ __all__ = ["SCHEMA_STEPS", "SCHEMA_VERSION", "TABLES"]
 # NULL on the runs before it), so the resume survives a restart.
 # The hours `spend_buckets` keeps the spend windows in (step 11), and a run's tokens.
 _HOUR = 3600
-_TOKENS_OF = "(r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens)"
+
+
+def _effective_tokens(r: str) -> str:
+    """The tokens run row `r` holds of its windows: its reservation while it runs or when
+    its result reported neither USD nor tokens, else its tokens."""
+    tokens = (
+        f"({r}.input_tokens + {r}.output_tokens + {r}.cache_read_tokens + {r}.cache_write_tokens)"
+    )
+    return (
+        f"CASE WHEN {r}.status = 'running' OR ({r}.usd IS NULL AND {tokens} = 0) "
+        f"THEN {r}.reserved_tokens ELSE {tokens} END"
+    )
+
 
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
@@ -308,42 +320,32 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             tokens bigint NOT NULL,
             PRIMARY KEY (lane, bucket)
         )""",
-        f"""CREATE FUNCTION execkit_spend_effective(r runs, status text,
-            OUT usd double precision, OUT tokens bigint) AS $$
-            SELECT CASE WHEN status = 'running' OR r.usd IS NULL THEN r.reserved_usd
-                   ELSE r.usd END,
-                   CASE WHEN status = 'running' OR (r.usd IS NULL AND {_TOKENS_OF} = 0)
-                   THEN r.reserved_tokens ELSE {_TOKENS_OF} END
-            $$ LANGUAGE sql IMMUTABLE""",
-        f"""CREATE FUNCTION execkit_spend_add(lane_name text, started double precision,
-            d_usd double precision, d_tokens bigint) RETURNS void AS $$
-            INSERT INTO spend_buckets AS b (lane, bucket, usd, tokens)
-            VALUES (lane_name, floor(started / {_HOUR})::bigint * {_HOUR}, d_usd, d_tokens)
-            ON CONFLICT (lane, bucket) DO UPDATE
-            SET usd = b.usd + excluded.usd, tokens = b.tokens + excluded.tokens
-            $$ LANGUAGE sql""",
-        """CREATE FUNCTION execkit_runs_spend() RETURNS trigger AS $$
+        # PL/pgSQL throughout: its statements' plans are kept across calls (an SQL function
+        # called from it would be planned again at every row).
+        f"""CREATE FUNCTION execkit_runs_spend() RETURNS trigger AS $$
         DECLARE
-            before_usd double precision := 0;
-            before_tokens bigint := 0;
-            after_usd double precision;
-            after_tokens bigint;
+            d_usd double precision;
+            d_tokens bigint;
+            hour bigint;
             lane_name text;
         BEGIN
+            d_usd := CASE WHEN NEW.status = 'running' OR NEW.usd IS NULL
+                          THEN NEW.reserved_usd ELSE NEW.usd END;
+            d_tokens := {_effective_tokens("NEW")};
             IF TG_OP = 'UPDATE' THEN
-                SELECT e.usd, e.tokens INTO before_usd, before_tokens
-                FROM execkit_spend_effective(OLD, OLD.status) e;
+                d_usd := d_usd - CASE WHEN OLD.status = 'running' OR OLD.usd IS NULL
+                                      THEN OLD.reserved_usd ELSE OLD.usd END;
+                d_tokens := d_tokens - {_effective_tokens("OLD")};
             END IF;
-            SELECT e.usd, e.tokens INTO after_usd, after_tokens
-            FROM execkit_spend_effective(NEW, NEW.status) e;
-            IF after_usd = before_usd AND after_tokens = before_tokens THEN
+            IF d_usd = 0 AND d_tokens = 0 THEN
                 RETURN NULL;
             END IF;
             SELECT l.lane INTO lane_name FROM run_lanes l WHERE l.run_id = NEW.id;
-            PERFORM execkit_spend_add(coalesce(lane_name, ''), NEW.started_at,
-                after_usd - before_usd, after_tokens - before_tokens);
-            PERFORM execkit_spend_add('*', NEW.started_at,
-                after_usd - before_usd, after_tokens - before_tokens);
+            hour := floor(NEW.started_at / {_HOUR})::bigint * {_HOUR};
+            INSERT INTO spend_buckets AS b (lane, bucket, usd, tokens)
+            VALUES (coalesce(lane_name, ''), hour, d_usd, d_tokens), ('*', hour, d_usd, d_tokens)
+            ON CONFLICT (lane, bucket) DO UPDATE
+            SET usd = b.usd + excluded.usd, tokens = b.tokens + excluded.tokens;
             RETURN NULL;
         END $$ LANGUAGE plpgsql""",
         "CREATE TRIGGER runs_spend AFTER INSERT OR UPDATE OF status, reserved_usd, "
@@ -352,11 +354,12 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         # What the runs already held, hour by hour.
         f"""INSERT INTO spend_buckets (lane, bucket, usd, tokens)
         SELECT CASE k.star WHEN 1 THEN '*' ELSE coalesce(l.lane, '') END,
-               floor(r.started_at / {_HOUR})::bigint * {_HOUR}, sum(e.usd), sum(e.tokens)
+               floor(r.started_at / {_HOUR})::bigint * {_HOUR},
+               sum(CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd
+                   ELSE r.usd END),
+               sum({_effective_tokens("r")})
         FROM runs r LEFT JOIN run_lanes l ON l.run_id = r.id
-        CROSS JOIN LATERAL execkit_spend_effective(r, r.status) e
         CROSS JOIN (VALUES (0), (1)) AS k (star)
-        WHERE e.usd <> 0 OR e.tokens <> 0
         GROUP BY 1, 2""",
     ),
 }

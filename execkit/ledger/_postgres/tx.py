@@ -361,6 +361,55 @@ def _groups(writes: list[_Write]) -> list[list[_Write]]:
     return groups
 
 
+def _window_sql(since: float, lane: str | None) -> tuple[str, tuple[Any, ...]]:
+    """A window's sum since `since` (of `lane`, else of every lane) as one statement: the
+    whole hours from `spend_buckets` (kept by triggers), the runs of the partial hour before
+    them one by one, and its earliest start: the same work whatever the volume."""
+    whole = math.ceil(since / _HOUR) * _HOUR
+    if lane is None:
+        runs = "runs r WHERE r.started_at >= %s"
+        params: tuple[Any, ...] = (since,)
+    else:
+        runs = "runs r JOIN run_lanes l ON l.run_id = r.id WHERE r.started_at >= %s AND l.lane = %s"
+        params = (since, lane)
+    bucket = "*" if lane is None else lane
+    return (
+        "SELECT (SELECT coalesce(sum(usd), 0) FROM spend_buckets WHERE lane = %s "
+        "AND bucket >= %s), (SELECT coalesce(sum(tokens), 0) FROM spend_buckets "
+        f"WHERE lane = %s AND bucket >= %s), p.*, (SELECT min(r.started_at) FROM {runs}) "
+        f"FROM (SELECT {_EFFECTIVE} FROM {runs} AND r.started_at < %s) p",
+        (bucket, whole, bucket, whole, *params, *params, whole),
+    )
+
+
+def _window_use(row: tuple[Any, ...] | None) -> tuple[float, int, float | None]:
+    assert row is not None
+    usd = float(row[0]) + float(row[2])
+    tokens = int(row[1]) + int(row[3])
+    return usd, tokens, None if row[4] is None else float(row[4])
+
+
+def _recent_sql(lane: str | None, limit: int) -> tuple[str, tuple[Any, ...]]:
+    """The costs of up to `limit` runs that reported one (a running run, or one that ended
+    with none, reports nothing a percentile could read), the latest first."""
+    if lane is None:
+        return (
+            f"SELECT r.usd, {_TOKENS_OF} FROM runs r WHERE (r.usd IS NOT NULL "
+            f"OR {_TOKENS_OF} > 0) ORDER BY r.started_at DESC LIMIT %s",
+            (limit,),
+        )
+    return (
+        f"SELECT r.usd, {_TOKENS_OF} FROM runs r JOIN run_lanes l ON l.run_id = r.id "
+        f"WHERE l.lane = %s AND (r.usd IS NOT NULL OR {_TOKENS_OF} > 0) "
+        "ORDER BY r.started_at DESC LIMIT %s",
+        (lane, limit),
+    )
+
+
+def _recent_rows(rows: list[tuple[Any, ...]]) -> list[tuple[float | None, int]]:
+    return [(None if row[0] is None else float(row[0]), int(row[1])) for row in rows]
+
+
 def nul_free(value: str | None) -> str | None:
     """PostgreSQL text cannot hold NUL: it is stored as U+FFFD (a vendor's binary output
     in a failure reason must not make the run unrecordable)."""
@@ -1366,31 +1415,22 @@ class PostgresTx:
         )
 
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
-        # The whole hours from `spend_buckets` (kept by triggers), the runs of the partial
-        # hour before them one by one: a constant amount of work whatever the volume. One
-        # statement, one round trip.
-        whole = math.ceil(since / _HOUR) * _HOUR
-        if lane is None:
-            runs = "runs r WHERE r.started_at >= %s"
-            params: tuple[Any, ...] = (since,)
-        else:
-            runs = (
-                "runs r JOIN run_lanes l ON l.run_id = r.id "
-                "WHERE r.started_at >= %s AND l.lane = %s"
-            )
-            params = (since, lane)
-        row = self._one(
-            "SELECT (SELECT coalesce(sum(usd), 0) FROM spend_buckets WHERE lane = %s "
-            "AND bucket >= %s), (SELECT coalesce(sum(tokens), 0) FROM spend_buckets "
-            f"WHERE lane = %s AND bucket >= %s), p.*, (SELECT min(r.started_at) FROM {runs}) "
-            f"FROM (SELECT {_EFFECTIVE} FROM {runs} AND r.started_at < %s) p",
-            ("*" if lane is None else lane, whole, "*" if lane is None else lane, whole,
-             *params, *params, whole),
-        )  # fmt: skip
+        row = self._one(*_window_sql(since, lane))
         assert row is not None
-        usd = float(row[0]) + float(row[2])
-        tokens = int(row[1]) + int(row[3])
-        return usd, tokens, None if row[4] is None else float(row[4])
+        return _window_use(row)
+
+    def spend_reads(
+        self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
+    ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int, float | None]]]:
+        if not self._batch():
+            self.lock_spend()
+            return self.recent_costs(lane, limit), [self.window_spend(*w) for w in windows]
+        # One round trip: the lock, then every read, sent together; each read's snapshot
+        # is taken when it starts, after the lock.
+        self.lock_spend()
+        recent = self._answer(*_recent_sql(lane, limit))
+        sums = [self._answer(*_window_sql(since, of)) for since, of in windows]
+        return _recent_rows(recent.rows()), [_window_use(answer.one()) for answer in sums]
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         row = self._one(f"SELECT {_EFFECTIVE} FROM runs r WHERE r.task_id = %s", (task_id,))
@@ -1398,22 +1438,7 @@ class PostgresTx:
         return float(row[0]), int(row[1])
 
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
-        # The runs whose result reported a cost (a running run, or one that ended with
-        # none, reports nothing a percentile could read).
-        if lane is None:
-            rows = self._all(
-                f"SELECT r.usd, {_TOKENS_OF} FROM runs r WHERE (r.usd IS NOT NULL "
-                f"OR {_TOKENS_OF} > 0) ORDER BY r.started_at DESC LIMIT %s",
-                (limit,),
-            )
-        else:
-            rows = self._all(
-                f"SELECT r.usd, {_TOKENS_OF} FROM runs r JOIN run_lanes l ON l.run_id = r.id "
-                f"WHERE l.lane = %s AND (r.usd IS NOT NULL OR {_TOKENS_OF} > 0) "
-                "ORDER BY r.started_at DESC LIMIT %s",
-                (lane, limit),
-            )
-        return [(None if row[0] is None else float(row[0]), int(row[1])) for row in rows]
+        return _recent_rows(self._all(*_recent_sql(lane, limit)))
 
     def note_spend_warning(self, cap: str, window_start: float, at: float) -> bool:
         return bool(

@@ -13,7 +13,7 @@ import functools
 import json
 import math
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -464,6 +464,12 @@ class SqliteTx:
              *lane_params),
         ).fetchone()  # fmt: skip
         return float(usd) + float(part_usd), int(tokens) + int(part_tokens), first
+
+    def spend_reads(
+        self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
+    ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int, float | None]]]:
+        self.lock_spend()
+        return self.recent_costs(lane, limit), [self.window_spend(*w) for w in windows]
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         usd, tokens = self._conn.execute(
