@@ -26,6 +26,7 @@ Three measurements, each against its honest floor in the same run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -290,14 +291,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for row in _overshoot_rows(args.runs):
         print(row)
-    own: pgcluster.Cluster | None = None
-    url = args.url
-    if url is None and os.environ.get(pgcluster.ENV_VAR):
-        url = pgcluster.Cluster.from_env(os.environ[pgcluster.ENV_VAR]).url()
-    if url is None:
-        own = pgcluster.Cluster.start()
-        url = own.url()
-    try:
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(pgcluster.cluster_url())
         if not args.skip_fleet:
             print()
             print("A fleet on PostgreSQL: 20 issues, two dispatchers x 4 agents, a $10.00 day cap:")
@@ -316,9 +311,6 @@ def main() -> None:
             print(row)
         for row in _admission_rows(args.admissions // 2, args.rounds, url):
             print(row)
-    finally:
-        if own is not None:
-            own.stop()
 
 
 if __name__ == "__main__":

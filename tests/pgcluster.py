@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,20 @@ class Cluster:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cluster_url() -> Iterator[str]:
+    """The URL of the cluster `--run` started (named in the environment), else of one
+    started here and stopped on leaving: what a benchmark that needs a server runs on."""
+    if os.environ.get(ENV_VAR):
+        yield Cluster.from_env(os.environ[ENV_VAR]).url()
+        return
+    own = Cluster.start()
+    try:
+        yield own.url()
+    finally:
+        own.stop()
 
 
 def _watch(parent: int, cluster: Cluster) -> int:

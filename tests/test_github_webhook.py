@@ -21,13 +21,14 @@ import pytest
 from _support import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_tracker_webhooks import SECRETS, serve_with_hooks
 
 from execkit._errors import InvalidInput
 from execkit.ledger import Ledger, open_ledger
 from execkit.server import LedgerApp, ServerThread, TokenFile, add_token
 from execkit.server._hooks import GITHUB_HOOK_PATH, read_webhook_secret, verify_github
 
-SECRET = b"It's a Secret to Everybody"
+SECRET = SECRETS["github"]
 
 
 def _signature(body: bytes, secret: bytes = SECRET) -> str:
@@ -60,24 +61,12 @@ def test_only_the_secrets_signature_of_the_very_body_is_accepted(body: bytes, ot
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
-    yield from _serve(open_ledger(tmp_path / "ledger.db"), tmp_path)
+    yield from serve_with_hooks(open_ledger(tmp_path / "ledger.db"), tmp_path)
 
 
 @pytest.fixture
 def served_pg(tmp_path: Path, pg_url: str) -> Iterator[tuple[str, Ledger]]:
-    yield from _serve(open_ledger(pg_url), tmp_path)
-
-
-def _serve(ledger: Ledger, tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
-    tokens = tmp_path / "tokens.json"
-    add_token(tokens, "me", ["agent.operate"])
-    app = LedgerApp(ledger, TokenFile(tokens), github_webhook_secret=SECRET)
-    try:
-        with ServerThread(app) as running:
-            yield running.url, ledger
-    finally:
-        app.close()
-        ledger.close()
+    yield from serve_with_hooks(open_ledger(pg_url), tmp_path)
 
 
 def _deliver(url: str, body: bytes, delivery: str | None, signature: str | None) -> httpx.Response:

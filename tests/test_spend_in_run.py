@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,14 @@ from execkit._classify import FailureClass
 from execkit._errors import Conflict, InvalidInput, NotFound, SpendCapReached
 from execkit._exec import Line
 from execkit._usage import Usage, UsdSource
-from execkit.dispatch import AdapterRunner, BoardIssue, DispatchConfig, Dispatcher, InMemoryBoard
+from execkit.dispatch import (
+    AdapterRunner,
+    BoardIssue,
+    DispatchConfig,
+    Dispatcher,
+    DispatchEvent,
+    InMemoryBoard,
+)
 from execkit.ledger import SpendCap, SpendRoom, SpendWindow, open_ledger
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC
@@ -322,21 +330,30 @@ def test_a_run_with_room_is_not_stopped(tmp_path: Path) -> None:
         assert ledger.run(outcome.run_id).usd == pytest.approx(0.2)
 
 
+def _dispatch(
+    ledger: AnyLedger, board: InMemoryBoard, done: Callable[[list[DispatchEvent]], bool]
+) -> list[DispatchEvent]:
+    """The dispatcher's passes over `board`, $0.10 a step, until `done(events)` (at most
+    40 passes): the events they said."""
+    runner = AdapterRunner(StreamingOpencode(usd=0.1), timeout_s=120)
+    clock = Clock(NOW)
+    dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
+    events: list[DispatchEvent] = []
+    for _ in range(40):
+        events += dispatcher.tick()
+        if done(events):
+            break
+        clock.now += 0.05
+    return events
+
+
 def test_the_dispatcher_stops_a_run_at_its_issues_budget(tmp_path: Path) -> None:
     with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
         ledger.set_spend_cap(actor=ME, floor_usd=0.25)
         board = InMemoryBoard(
             [BoardIssue("ISS-1", "one", "todo", prompt="go", budget_usd=0.5, adapter="opencode")]
         )
-        runner = AdapterRunner(StreamingOpencode(usd=0.1), timeout_s=120)
-        clock = Clock(NOW)
-        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
-        events = []
-        for _ in range(40):
-            events += dispatcher.tick()
-            if board.get("ISS-1").state == "blocked":
-                break
-            clock.now += 0.05
+        events = _dispatch(ledger, board, lambda said: board.get("ISS-1").state == "blocked")
         (run,) = ledger.runs(ledger.list_tasks()[0].id)
         assert run.usd is not None and run.usd >= 0.6 - 1e-9
         assert "this run reached $0.60" in (run.reason or "")
@@ -353,17 +370,9 @@ def test_spend_stops_are_worded_for_the_operator(tmp_path: Path) -> None:
     with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
         ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=0.3), actor=ME, floor_usd=0.1)
         board = InMemoryBoard([BoardIssue("ISS-1", "one", "todo", prompt="go", adapter="opencode")])
-        runner = AdapterRunner(StreamingOpencode(usd=0.1), timeout_s=120)
-        clock = Clock(NOW)
-        dispatcher = Dispatcher(board, runner, ledger, DispatchConfig(max_attempts=3), clock)
-        events = []
-        for _ in range(40):
-            events += dispatcher.tick()
-            if any(e.kind == "waiting" for e in events):
-                break
-            clock.now += 0.05
+        events = _dispatch(ledger, board, lambda said: any(e.kind == "waiting" for e in said))
         (stopped,) = [e for e in events if e.kind == "dispatched"]
-        line = describe_event(stopped, now=clock.now)
+        line = describe_event(stopped, now=NOW)
         assert "attempt 1/3  stopped (uncharged): stopped: the day's budget of $0.30" in line
         waiting = [e for e in events if e.kind == "waiting"]
         assert "waiting on the day's budget until 2027-01-16T00:00" in (waiting[0].reason or "")

@@ -295,15 +295,17 @@ def test_a_linear_delivery_is_judged_by_the_servers_clock(
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
-    yield from _serve(open_ledger(tmp_path / "ledger.db"), tmp_path)
+    yield from serve_with_hooks(open_ledger(tmp_path / "ledger.db"), tmp_path)
 
 
 @pytest.fixture
 def served_pg(tmp_path: Path, pg_url: str) -> Iterator[tuple[str, Ledger]]:
-    yield from _serve(open_ledger(pg_url), tmp_path)
+    yield from serve_with_hooks(open_ledger(pg_url), tmp_path)
 
 
-def _serve(ledger: Ledger, tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
+def serve_with_hooks(ledger: Ledger, tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
+    """`ledger` served on loopback with every tracker's webhook secret (`SECRETS`): its URL
+    and the ledger, closed after."""
     tokens = tmp_path / "tokens.json"
     add_token(tokens, "me", ["agent.operate"])
     app = LedgerApp(ledger, TokenFile(tokens), webhook_secrets=SECRETS)
