@@ -21,7 +21,7 @@ import pytest
 from _support import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tracker_webhooks import SECRETS, serve_with_hooks
+from test_tracker_webhooks import SECRETS, ran_after_a_delivery, serve_with_hooks
 
 from execkit._errors import InvalidInput
 from execkit.ledger import Ledger, open_ledger
@@ -248,17 +248,7 @@ def test_a_delivery_wakes_a_dispatcher_polling_a_github_board(
     delivery arrives: the webhook, not the interval, ran its pass."""
     from github_fake import TOKEN, FakeGitHub
 
-    from execkit._proof import RunStatus
-    from execkit.dispatch import (
-        BoardIssue,
-        DispatchConfig,
-        Dispatcher,
-        GitHubBoard,
-        GitHubConfig,
-        InlineExecutor,
-        RunOutcome,
-        Slot,
-    )
+    from execkit.dispatch import GitHubBoard, GitHubConfig
 
     pytest.importorskip("githubkit")
     url, ledger = served
@@ -266,33 +256,13 @@ def test_a_delivery_wakes_a_dispatcher_polling_a_github_board(
     try:
         fake.add_issue("first")
         board = GitHubBoard(GitHubConfig(repo="acme/widgets", api_url=fake.url), ledger, TOKEN)
-        first_ran = threading.Event()
-        calls: list[str] = []
-
-        class Runner:
-            def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
-                calls.append(issue.id)
-                first_ran.set()
-                return RunOutcome(RunStatus.SUCCEEDED)
-
-        dispatcher = Dispatcher(
-            board, Runner(), ledger, DispatchConfig(), executor=InlineExecutor()
+        body = json.dumps({"action": "labeled"}).encode()
+        calls = ran_after_a_delivery(
+            ledger,
+            board,
+            lambda: fake.add_issue("second"),
+            lambda: _deliver(url, body, "wake-1", _signature(body)).status_code,
         )
-        loop = threading.Thread(
-            target=dispatcher.run_forever, args=(300.0,), kwargs={"stop": lambda: len(calls) >= 2}
-        )
-        loop.start()
-        try:
-            assert first_ran.wait(timeout=120)
-            fake.add_issue("second")
-            body = json.dumps({"action": "labeled"}).encode()
-            assert _deliver(url, body, "wake-1", _signature(body)).status_code == 202
-            loop.join(timeout=120)
-            assert not loop.is_alive(), "the delivery did not wake the dispatcher"
-        finally:
-            dispatcher.request_stop()
-            loop.join(timeout=60)
-            dispatcher.shutdown(5)
         assert calls == ["acme/widgets#1", "acme/widgets#2"]
     finally:
         fake.close()

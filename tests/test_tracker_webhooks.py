@@ -511,12 +511,13 @@ def test_a_delivery_wakes_a_dispatcher_waiting_through_the_server(tmp_path: Path
 # -- a dispatcher on a Linear or GitLab board --------------------------------------------
 
 
-@pytest.mark.parametrize("tracker", ["linear", "gitlab"])
-def test_a_delivery_wakes_a_dispatcher_polling_a_tracker_board(
-    served: tuple[str, Ledger], tracker: str
-) -> None:
-    """A dispatcher whose next poll is five minutes away runs a new issue once the
-    tracker's delivery arrives: the webhook, not the interval, ran its pass."""
+def ran_after_a_delivery(
+    ledger: Ledger, board: Any, add_second: Callable[[], object], deliver: Callable[[], int]
+) -> list[str]:
+    """What a dispatcher over `board` ran, whose next poll is five minutes away: the issue
+    on the board, then, once `add_second()` added another and `deliver()` sent the
+    tracker's delivery (its HTTP status, 202 expected), the second: the webhook, not the
+    interval, ran that pass. Bounded: two minutes a wait."""
     from execkit._proof import RunStatus
     from execkit.dispatch import (
         BoardIssue,
@@ -527,6 +528,37 @@ def test_a_delivery_wakes_a_dispatcher_polling_a_tracker_board(
         Slot,
     )
 
+    first_ran = threading.Event()
+    calls: list[str] = []
+
+    class Runner:
+        def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+            calls.append(issue.id)
+            first_ran.set()
+            return RunOutcome(RunStatus.SUCCEEDED)
+
+    dispatcher = Dispatcher(board, Runner(), ledger, DispatchConfig(), executor=InlineExecutor())
+    loop = threading.Thread(
+        target=dispatcher.run_forever, args=(300.0,), kwargs={"stop": lambda: len(calls) >= 2}
+    )
+    loop.start()
+    try:
+        assert first_ran.wait(timeout=120)
+        add_second()
+        assert deliver() == 202
+        loop.join(timeout=120)
+        assert not loop.is_alive(), "the delivery did not wake the dispatcher"
+    finally:
+        dispatcher.request_stop()
+        loop.join(timeout=60)
+        dispatcher.shutdown(5)
+    return calls
+
+
+@pytest.mark.parametrize("tracker", ["linear", "gitlab"])
+def test_a_delivery_wakes_a_dispatcher_polling_a_tracker_board(
+    served: tuple[str, Ledger], tracker: str
+) -> None:
     url, ledger = served
     fake: Any
     if tracker == "linear":
@@ -545,37 +577,18 @@ def test_a_delivery_wakes_a_dispatcher_polling_a_tracker_board(
         board = GitLabBoard(GitLabConfig(project="acme/widgets", url=fake.url), ledger, TOKEN)
     try:
         first = fake.add_issue("first")
-        first_ran = threading.Event()
-        calls: list[str] = []
-
-        class Runner:
-            def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
-                calls.append(issue.id)
-                first_ran.set()
-                return RunOutcome(RunStatus.SUCCEEDED)
-
-        dispatcher = Dispatcher(
-            board, Runner(), ledger, DispatchConfig(), executor=InlineExecutor()
+        added: list[str] = []
+        body = _linear_body(int(time.time() * 1000)) if tracker == "linear" else b"{}"
+        calls = ran_after_a_delivery(
+            ledger,
+            board,
+            lambda: added.append(fake.add_issue("second")),
+            lambda: _deliver(url, tracker, body, "wake-1").status_code,
         )
-        loop = threading.Thread(
-            target=dispatcher.run_forever, args=(300.0,), kwargs={"stop": lambda: len(calls) >= 2}
-        )
-        loop.start()
-        try:
-            assert first_ran.wait(timeout=120)
-            second = fake.add_issue("second")
-            body = _linear_body(int(time.time() * 1000)) if tracker == "linear" else b"{}"
-            assert _deliver(url, tracker, body, "wake-1").status_code == 202
-            loop.join(timeout=120)
-            assert not loop.is_alive(), "the delivery did not wake the dispatcher"
-        finally:
-            dispatcher.request_stop()
-            loop.join(timeout=60)
-            dispatcher.shutdown(5)
         if tracker == "linear":
-            assert calls == [first, second]
+            assert calls == [first, *added]
         else:
-            assert calls == [f"acme/widgets#{first}", f"acme/widgets#{second}"]
+            assert calls == [f"acme/widgets#{first}", *(f"acme/widgets#{n}" for n in added)]
     finally:
         fake.close()
 
