@@ -183,6 +183,7 @@ DB_COMMANDS = [
     ["notify", "test", "ep_1"],
     ["notify", "remove", "ep_1"],
     ["notify", "enable", "ep_1"],
+    ["budget", "override", "--window", "day"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],

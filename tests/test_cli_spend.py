@@ -26,3 +26,8 @@ def test_budget_spend_and_a_windows_refusal_locally_and_through_a_server(
     code, report, _ = cli("spend", "--by", "task")
     assert code == 0 and [g["key"] for g in report["groups"]] == ["t-1"]
     assert report["total"]["usd"] == 0.42 and report["usd_per_done_issue"] == 0.42
+    # An operator lifts the day's cap for today: the refused run is admitted now.
+    code, lifted, _ = cli("budget", "override", "--window", "day")
+    assert code == 0 and set(lifted["overrides"]) == {"*|day"}
+    assert cli("run", "start", "t-2", "--request-key", "b2")[0] == 0
+    assert "no week's budget" in cli.error("invalid", "budget", "override", "--window", "week")

@@ -21,7 +21,7 @@ from adapters.opencode import OpencodeAdapter
 from execkit import AgentRequest, MappedResult, SpawnResult
 from execkit._attempt import AttemptOptions, SpendGuard, run_attempt, spend_guard
 from execkit._classify import FailureClass
-from execkit._errors import Conflict, InvalidInput, NotFound, SpendCapReached
+from execkit._errors import Conflict, Forbidden, InvalidInput, NotFound, SpendCapReached
 from execkit._exec import Line
 from execkit._usage import Usage, UsdSource
 from execkit.dispatch import (
@@ -172,6 +172,45 @@ def test_the_room_comes_through_the_server(remote: Remote) -> None:  # noqa: F81
     assert stop.stop is not None and stop.cap == "the day's budget"
     assert stop.reopens_at is not None and not stop.by_task
     assert remote.ledger.spend_windows()[0].usd == 1.5  # what it spent, held
+
+
+def test_an_operators_override_lifts_a_cap_for_its_window_only(ledger: AnyLedger) -> None:
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.6)
+    a, b, c, d = (ledger.create_task(name, actor=ME).id for name in "abcd")
+    ledger.start_run(a, request_key="a", actor=ME, now=NOW)
+    with pytest.raises(SpendCapReached):
+        ledger.start_run(b, request_key="b", actor=ME, now=NOW + 1)
+    config = ledger.override_spend_cap("day", actor=ME, now=NOW + 2)
+    assert dict(config.overrides) == {"*|day": TOMORROW}
+    run_b = ledger.start_run(b, request_key="b2", actor=ME, now=NOW + 3)
+    # Not held while it runs either, and every surface says why.
+    assert ledger.spend_room(run_b.id, spent=spent(5.0), now=NOW + 3).unlimited
+    (use,) = ledger.spend_windows(now=NOW + 3)
+    assert (use.overridden_until, use.full) == (TOMORROW, False)
+    assert ledger.override_spend_cap("day", actor=ME, now=NOW + 4) == config  # nothing new
+    (audited,) = [e for e in ledger.audit_events() if e.action == "spend.override"]
+    assert (audited.detail["cap"], audited.detail["until"]) == ("the day's budget", TOMORROW)
+    # The next day holds to the cap again.
+    ledger.start_run(c, request_key="c", actor=ME, now=TOMORROW + 1)
+    with pytest.raises(SpendCapReached):
+        ledger.start_run(d, request_key="d", actor=ME, now=TOMORROW + 2)
+    with pytest.raises(InvalidInput) as bad:
+        ledger.override_spend_cap("week", actor=ME, now=NOW)
+    assert bad.value.field == "window"
+    with pytest.raises(Forbidden):
+        ledger.override_spend_cap("day", actor="someone-else", now=NOW)
+
+
+def test_an_override_comes_through_the_server(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    client.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.75)
+    client.start_run(client.create_task("a", actor=ME).id, request_key="a", actor=ME)
+    held = client.create_task("b", actor=ME)
+    with pytest.raises(SpendCapReached):
+        client.start_run(held.id, request_key="b", actor=ME)
+    config = client.override_spend_cap("day", actor=ME)
+    assert config == remote.ledger.spend_config() and "*|day" in dict(config.overrides)
+    assert client.start_run(held.id, request_key="b2", actor=ME).attempt == 1
 
 
 # -- the invariant: concurrent runs stop within one event of what the cap leaves ------------

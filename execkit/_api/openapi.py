@@ -182,6 +182,7 @@ def _components() -> dict[str, Any]:
                 "floor_usd": {"type": "number"},
                 "floor_tokens": {"type": "integer"},
                 "task_budgets": {"type": "boolean"},
+                "overrides": {"type": "object", "additionalProperties": {"type": "number"}},
             }
         ),
         "TaskBudget": _wire_schema(TaskBudget),

@@ -403,6 +403,12 @@ def _spend_rows(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, {"runs": [row.to_dict() for row in rows]}
 
 
+def _override_spend_cap(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    config = call.ledger.override_spend_cap(body["window"], lane=body.get("lane"), actor=call.actor)
+    return 200, config.to_dict()
+
+
 def _spend_room(call: Call) -> tuple[int, dict[str, Any]]:
     spent = call.body.get("spent")
     try:
@@ -1116,6 +1122,22 @@ class LedgerRoutes:
         binds=Ledger.set_spend_cap,
         read=_read_spend_config,
         needs=_NEEDS_SPEND,
+    )
+    override_spend_cap = Endpoint(
+        "POST",
+        "/v1/spend/override",
+        "overrideSpendCap",
+        "Lift one spend cap for the window that holds now, for every host (audited)",
+        _override_spend_cap,
+        "SpendConfig",
+        role=OPERATE_ROLE,
+        body=(
+            Field("window", "string", required=True, description="day, 5h or week"),
+            Field("lane", "string", nullable=True, omit_none=True),
+        ),
+        binds=Ledger.override_spend_cap,
+        read=_read_spend_config,
+        needs=Needs(SPEND_ROOM_CAPABILITY, "a spend cap's override"),
     )
     spend_windows = Endpoint(
         "GET",

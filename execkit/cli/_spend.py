@@ -73,6 +73,21 @@ def register_budget(sub: argparse._SubParsersAction[Any]) -> None:
     _acting(change)
     change.set_defaults(handler=_set)
 
+    override = budget_sub.add_parser(
+        "override",
+        parents=[common],
+        help="lift one cap for the window that holds now (agent.operate; audited)",
+        description=(
+            "Lift the cap of --window (ledger-wide, or --lane's) until its window ends (a "
+            "rolling 5h window: for five hours): no run is held to it meanwhile, on any "
+            "host. The next window holds to it again."
+        ),
+    )
+    override.add_argument("--window", required=True, choices=("day", "5h", "week"))
+    override.add_argument("--lane", default=None, metavar="LANE", help="ADAPTER/CREDENTIAL")
+    _acting(override)
+    override.set_defaults(handler=_override)
+
 
 def register_spend(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `spend`."""
@@ -185,6 +200,13 @@ def _set(args: argparse.Namespace) -> int:
     return _print(args, config)
 
 
+def _override(args: argparse.Namespace) -> int:
+    actor = _actor(args)
+    with _using(args) as ledger:
+        config = ledger.override_spend_cap(args.window, lane=args.lane, actor=actor)
+    return _print(args, config)
+
+
 def _fields(
     args: argparse.Namespace, usd_flag: str, tokens_flag: str, prefix: str
 ) -> dict[str, Any]:
@@ -228,6 +250,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _print(args: argparse.Namespace, config: Any) -> int:
+    from execkit._stamp import utc_stamp
+
     if args.json:
         print_json(config.to_dict())
         return 0
@@ -240,7 +264,11 @@ def _print(args: argparse.Namespace, config: Any) -> int:
         if cap.tokens is not None:
             limits.append(f"{cap.tokens:,} tokens")
         where = f"lane {cap.lane}" if cap.lane else "ledger-wide"
-        emit(safe_text(f"{cap.window:<5} {where:<30} {' and '.join(limits)}  ({cap.tz})"))
+        lifted = dict(config.overrides).get(cap.key)
+        if lifted is not None and lifted <= time.time():
+            lifted = None  # its window ended: the cap holds again
+        note = "" if lifted is None else f"  overridden until {utc_stamp(lifted)}"
+        emit(safe_text(f"{cap.window:<5} {where:<30} {' and '.join(limits)}  ({cap.tz}){note}"))
     emit(
         f"a run reserves at least ${config.floor_usd:,.2f} and {config.floor_tokens:,} tokens "
         "(more when its lane's recent runs cost more)"

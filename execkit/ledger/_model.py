@@ -41,6 +41,7 @@ from execkit.ledger._spend import (
     SpendConfig,
     SpendRoom,
     SpendRow,
+    SpendWindow,
     TaskBudget,
     WindowUse,
 )
@@ -442,6 +443,7 @@ class AuditAction(enum.StrEnum):
     LANE_CONFIG = "lane.config"
     SPEND_CAPS = "spend.caps"
     SPEND_WARNING = "spend.warning"
+    SPEND_OVERRIDE = "spend.override"
     TASK_SET_BUDGET = "task.set_budget"
     NOTIFY_ADD = "notify.add"
     NOTIFY_REMOVE = "notify.remove"
@@ -866,6 +868,14 @@ class Ledger(Protocol):
         actor: Actor | str,
         floor_usd: float | None = None,
         floor_tokens: int | None = None,
+        now: float | None = None,
+    ) -> SpendConfig: ...
+    def override_spend_cap(
+        self,
+        window: SpendWindow | str,
+        *,
+        lane: str | None = None,
+        actor: Actor | str,
         now: float | None = None,
     ) -> SpendConfig: ...
     def spend_room(

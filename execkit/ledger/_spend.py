@@ -142,6 +142,10 @@ def _cap_tuple(value: Iterable[SpendCap]) -> tuple[SpendCap, ...]:
     return tuple(value)
 
 
+def _override_pairs(value: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted((str(key), float(until)) for key, until in value))
+
+
 @attrs.frozen
 class SpendConfig:
     """Every spend cap of the ledger, one per (lane, window), and the floor of a run's
@@ -157,6 +161,9 @@ class SpendConfig:
         default=DEFAULT_FLOOR_TOKENS, validator=checked("an integer >= 0", integer, ge(0))
     )
     task_budgets: bool = attrs.field(default=False, validator=instance_of(bool))
+    # An operator's override of a cap for one window: (the cap's key, until when) pairs,
+    # sorted; a cap overridden is not applied before then.
+    overrides: tuple[tuple[str, float], ...] = attrs.field(default=(), converter=_override_pairs)
 
     @caps.validator
     def _one_a_window(self, _attribute: attrs.Attribute[Any], value: tuple[SpendCap, ...]) -> None:
@@ -164,9 +171,22 @@ class SpendConfig:
         if any(not isinstance(cap, SpendCap) for cap in value) or len(set(keys)) != len(keys):
             raise InvalidInput("caps must be SpendCaps, one per lane and window", field="caps")
 
-    def applying(self, lane: str | None) -> list[SpendCap]:
-        """The caps a run on `lane` counts against: the ledger-wide ones and its lane's."""
-        return [cap for cap in self.caps if cap.lane is None or cap.lane == lane]
+    def applying(self, lane: str | None, at: float | None = None) -> list[SpendCap]:
+        """The caps a run on `lane` counts against: the ledger-wide ones and its lane's,
+        but (at `at`) none an operator overrode for the window that holds `at`."""
+        return [
+            cap
+            for cap in self.caps
+            if (cap.lane is None or cap.lane == lane)
+            and (at is None or self.overridden_until(cap, at) is None)
+        ]
+
+    def overridden_until(self, cap: SpendCap, at: float) -> float | None:
+        """Until when an operator's override lifts `cap` at `at` (None: it applies)."""
+        for key, until in self.overrides:
+            if key == cap.key and at < until:
+                return until
+        return None
 
     def with_caps(self, changes: Sequence[SpendCap]) -> SpendConfig:
         """This configuration with each of `changes` in place of its (lane, window)'s cap;
@@ -185,6 +205,7 @@ class SpendConfig:
             "floor_usd": self.floor_usd,
             "floor_tokens": self.floor_tokens,
             "task_budgets": self.task_budgets,
+            "overrides": dict(self.overrides),
         }
 
     @classmethod
@@ -192,12 +213,21 @@ class SpendConfig:
         """A configuration from its JSON object; InvalidInput for a bad one."""
         if not isinstance(doc, Mapping) or not isinstance(doc.get("caps", []), list):
             raise InvalidInput("a spend configuration is an object with a list of caps")
+        raw_overrides = doc.get("overrides") or {}
+        if not isinstance(raw_overrides, Mapping) or not all(
+            isinstance(until, int | float) and not isinstance(until, bool)
+            for until in raw_overrides.values()
+        ):
+            raise InvalidInput(
+                "overrides must map a cap's key to a time in POSIX seconds", field="overrides"
+            )
         try:
             return cls(
                 caps=tuple(SpendCap(**cap) for cap in doc.get("caps", [])),
                 floor_usd=float(doc.get("floor_usd", DEFAULT_FLOOR_USD)),
                 floor_tokens=int(doc.get("floor_tokens", DEFAULT_FLOOR_TOKENS)),
                 task_budgets=bool(doc.get("task_budgets", False)),
+                overrides=tuple(raw_overrides.items()),
             )
         except TypeError as exc:
             raise InvalidInput(f"caps: {exc}", field="caps") from None
@@ -292,7 +322,8 @@ class WindowUse:
     window began (`start`) and reopens (`reopens_at`), what it holds (`usd`, `tokens`:
     each run's cost, or its reservation while it runs or when its cost is unknown), and
     `full`: no room left for the least reservation (the floor), so no run on it is
-    admitted before it reopens or is raised."""
+    admitted before it reopens or is raised. `overridden_until`: an operator's override
+    lifts the cap until then (None: it applies)."""
 
     name: str
     window: SpendWindow
@@ -305,6 +336,7 @@ class WindowUse:
     usd: float
     tokens: int
     full: bool
+    overridden_until: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)

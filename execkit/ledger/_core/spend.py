@@ -254,9 +254,55 @@ class SpendOps(WakeOps):
             )
             return after
 
+    def override_spend_cap(
+        self,
+        window: SpendWindow | str,
+        *,
+        lane: str | None = None,
+        actor: Actor | str,
+        now: float | None = None,
+    ) -> SpendConfig:
+        """Lift the cap of `window` (ledger-wide, or `lane`'s) for the window that holds
+        `now`: no admission and no running run is held to it until that window ends (a
+        rolling 5 h window: for the next five hours). Role `agent.operate`, audited
+        `spend.override` with the cap and until when; every host sees it. Overrides whose
+        window ended are dropped. InvalidInput naming `window` for a window with no such
+        cap; the same override again writes nothing. Returns the configuration after."""
+        who = as_actor(actor)
+        at = moment(now)
+        probe = SpendCap(window, lane=lane, usd=1.0)  # InvalidInput: the window, the lane
+        with self._store.write() as tx:
+            if OPERATE_ROLE not in self._roles(tx, who):
+                raise Forbidden(f"overriding a spend cap needs the role {OPERATE_ROLE}")
+            before = self._spend_config(tx) or SpendConfig()
+            cap = next((c for c in before.caps if c.key == probe.key), None)
+            if cap is None:
+                raise InvalidInput(
+                    f"there is no {probe.name.removeprefix('the ')} to override "
+                    "(execkit budget show lists the caps)",
+                    field="window",
+                )
+            until = window_bounds(cap, at)[1]
+            if before.overridden_until(cap, at) == until:
+                return before
+            kept = [(key, end) for key, end in before.overrides if end > at and key != cap.key]
+            after = attrs.evolve(before, overrides=(*kept, (cap.key, until)))
+            tx.set_meta(SPEND_META_KEY, after.to_stored())
+            self._wake(tx)  # a held issue may run now
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.SPEND_OVERRIDE,
+                    detail={"cap": cap.name, "until": until, **cap.to_dict()},
+                )
+            )
+            return after
+
     def spend_windows(self, *, now: float | None = None) -> list[WindowUse]:
         """What each cap's window holds now (`WindowUse`), in the caps' order; none
-        without a cap. `full` when the window has no room for the floor's reservation."""
+        without a cap. `full` when the window has no room for the floor's reservation
+        (never while an operator's override lifts the cap: `overridden_until`)."""
         at = moment(now)
         with self._store.read() as tx:
             config = self._spend_config(tx)
@@ -268,13 +314,15 @@ class SpendOps(WakeOps):
                 usd, tokens, first = tx.window_spend(start, cap.lane)
                 if cap.window is SpendWindow.ROLLING_5H and first is not None:
                     reopens = first + (at - start)
-                full = (cap.usd is not None and usd + config.floor_usd > cap.usd + 1e-9) or (
-                    cap.tokens is not None and tokens + config.floor_tokens > cap.tokens
+                lifted = config.overridden_until(cap, at)
+                full = lifted is None and (
+                    (cap.usd is not None and usd + config.floor_usd > cap.usd + 1e-9)
+                    or (cap.tokens is not None and tokens + config.floor_tokens > cap.tokens)
                 )
                 found.append(
                     WindowUse(
                         cap.name, cap.window, cap.lane, cap.usd, cap.tokens, cap.tz, start,
-                        reopens, usd, tokens, full,
+                        reopens, usd, tokens, full, lifted,
                     )
                 )  # fmt: skip
             return found
@@ -410,7 +458,7 @@ class SpendOps(WakeOps):
         config = self._spend_config(tx)
         if config is None:
             return None
-        caps = config.applying(lane)
+        caps = config.applying(lane, at)
         bounds = [window_bounds(cap, at) for cap in caps]
         if caps:
             # The spend lock, then every read the check needs, in one round trip where
@@ -513,20 +561,20 @@ class SpendOps(WakeOps):
         used = check_usage(spent) or NO_USAGE
         at = moment(now)
         with self._store.read() as tx:
-            held = self._room_held(tx, run_id)
+            held = self._room_held(tx, run_id, at)
         if isinstance(held, SpendRoom):
             return held
         if held[0].allows(used.usd, used.tokens):
             return held[0]
         with self._store.write() as tx:
             tx.lock_spend()
-            found = self._room_held(tx, run_id)
+            found = self._room_held(tx, run_id, at)
             if isinstance(found, SpendRoom):
                 return found  # the caps went meanwhile
             return self._grow(tx, *found, used, at)
 
     def _room_held(
-        self, tx: Tx, run_id: str
+        self, tx: Tx, run_id: str, at: float
     ) -> SpendRoom | tuple[SpendRoom, Run, str | None, SpendConfig, TaskBudget | None]:
         """The unlimited room when no cap applies to the run, else what it holds now
         (its reservation, each kind only when some cap counts it) with what `_grow`
@@ -541,7 +589,7 @@ class SpendOps(WakeOps):
         budget = tx.task_budget(run.task_id) if config.task_budgets else None
         if budget is not None and budget.usd is None and budget.tokens is None:
             budget = None
-        caps = config.applying(lane)
+        caps = config.applying(lane, at)
         if budget is None and not caps:
             return SpendRoom()
         counted: list[tuple[float | None, int | None]] = [(c.usd, c.tokens) for c in caps]
@@ -581,7 +629,7 @@ class SpendOps(WakeOps):
                 None if budget.tokens is None else budget.tokens - (t_tokens - r_tokens),
                 None, 0.0, None,
             ))  # fmt: skip
-        for window_cap in config.applying(lane):
+        for window_cap in config.applying(lane, at):
             cap = window_cap
             start, reopens_at = window_bounds(cap, at)
             w_usd, w_tokens, first = tx.window_spend(start, cap.lane)

@@ -74,6 +74,7 @@ import {
   type RevokeRoleBody,
   type SetAttemptLimitBody,
   type SetLaneConfigBody,
+  type OverrideSpendCapBody,
   type SetSpendCapBody,
   type SetTaskBudgetBody,
   type SpendCap,
@@ -1142,6 +1143,20 @@ export class ExeckitClient {
     const key = idempotencyKey(given.idempotencyKey);
     await this.#require(SPEND, "set a spend cap", "spend caps");
     return this.#spendConfig(await this.#send("setSpendCap", { body, idempotencyKey: key }));
+  }
+
+  /** Lift the cap of `window` (ledger-wide, or `lane`'s) until the window that holds now
+   * ends (a rolling 5h window: for five hours), on every host. Needs agent.operate; audited. */
+  async overrideSpendCap(window: "day" | "5h" | "week", lane?: string | null): Promise<SpendConfig> {
+    if (!["day", "5h", "week"].includes(window)) {
+      throw invalid("window", "must be day, 5h or week");
+    }
+    const body: OverrideSpendCapBody = { window };
+    if (lane !== undefined && lane !== null) {
+      body.lane = text("lane", lane, 400);
+    }
+    await this.#require(SPEND_ROOM, "override a spend cap", "a spend cap's override");
+    return this.#spendConfig(await this.#send("overrideSpendCap", { body }));
   }
 
   /** What each spend cap's window holds now, and when it reopens (`full`: no room left for

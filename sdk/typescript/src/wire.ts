@@ -380,6 +380,7 @@ export interface SpendConfig {
   readonly caps: readonly SpendCap[];
   readonly floor_tokens: number;
   readonly floor_usd: number;
+  readonly overrides: Readonly<Record<string, unknown>>;
   readonly task_budgets: boolean;
 }
 
@@ -483,6 +484,7 @@ export interface WindowUse {
   readonly full: boolean;
   readonly lane: string | null;
   readonly name: string;
+  readonly overridden_until: number | null;
   readonly reopens_at: number;
   readonly start: number;
   readonly tokens: number;
@@ -539,6 +541,7 @@ export const OPERATIONS = {
   spendRoom: { method: "POST", path: "/v1/runs/{run_id}/spend-room", status: 200 },
   spendConfig: { method: "GET", path: "/v1/spend/caps", status: 200 },
   setSpendCap: { method: "POST", path: "/v1/spend/caps", status: 200 },
+  overrideSpendCap: { method: "POST", path: "/v1/spend/override", status: 200 },
   spendRows: { method: "GET", path: "/v1/spend/runs", status: 200 },
   spendWindows: { method: "GET", path: "/v1/spend/windows", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
@@ -750,6 +753,12 @@ export interface SetSpendCapBody {
   floor_usd?: number | null;
 }
 
+export interface OverrideSpendCapBody {
+  lane?: string | null;
+  /** Day, 5h or week. */
+  window: string;
+}
+
 export interface CreateTaskBody {
   /** The ledger's own idempotency key (default: the request's Idempotency-Key). */
   idempotency_key?: string | null;
@@ -841,6 +850,7 @@ export interface Queries {
   spendRoom: never;
   spendConfig: never;
   setSpendCap: never;
+  overrideSpendCap: never;
   spendRows: SpendRowsQuery;
   spendWindows: never;
   listTasks: ListTasksQuery;
@@ -897,6 +907,7 @@ export interface Bodies {
   spendRoom: SpendRoomBody;
   spendConfig: never;
   setSpendCap: SetSpendCapBody;
+  overrideSpendCap: OverrideSpendCapBody;
   spendRows: never;
   spendWindows: never;
   listTasks: never;
@@ -953,6 +964,7 @@ export interface Answers {
   spendRoom: SpendRoom;
   spendConfig: SpendConfig;
   setSpendCap: SpendConfig;
+  overrideSpendCap: SpendConfig;
   spendRows: SpendRowList;
   spendWindows: WindowUseList;
   listTasks: TaskList;

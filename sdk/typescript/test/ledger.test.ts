@@ -800,6 +800,15 @@ describe("spend (issue #45)", () => {
     assert.ok(stop.stop?.includes("is spent") && stop.reopens_at !== null);
     await rejects(worker.spendRoom(run.id, 3 as never), InvalidInput);
     await worker.finishRun(run.id, { status: "abandoned", stopped: true, usage: spent(1.7) });
+    // An operator lifts the week's cap for this week: the next run is admitted.
+    const held = await worker.createTask({ title: "spend: held by the week" });
+    await rejects(worker.startRun(held.id), SpendCapReached);
+    await rejects(worker.overrideSpendCap("week"), Forbidden);
+    const lifted = await operator.overrideSpendCap("week");
+    assert.ok(typeof lifted.overrides["*|week"] === "number");
+    const admitted = await worker.startRun(held.id);
+    await worker.finishRun(admitted.id, { status: "succeeded" });
+    await rejects(operator.overrideSpendCap("day"), InvalidInput);
     await operator.setSpendCap({ cap: { window: "week", lane: null, usd: null, tokens: null, tz: "UTC" } });
   });
 });
