@@ -830,3 +830,26 @@ def test_metrics_show_each_notification_endpoints_health(scene: Scene) -> None:
     snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
     [shown] = snap["notify"]
     assert (shown["id"], shown["url"], shown["backlog"]) == (endpoint.id, "http://127.0.0.1:9/…", 1)
+
+
+def test_the_spend_panel_shows_each_windows_cap_and_each_lanes_day(scene: Scene) -> None:
+    import getpass
+
+    from execkit._usage import Usage, UsdSource
+    from execkit.ledger import SpendCap, SpendWindow
+
+    owner = getpass.getuser()
+    scene.ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=2.0), actor=owner, floor_usd=0.5)
+    task = scene.ledger.create_task("costed", actor=owner)
+    run = scene.ledger.start_run(task.id, request_key="costed-1", actor=owner)
+    cost = Usage(input_tokens=1200, usd=0.42, usd_source=UsdSource.REPORTED)
+    scene.ledger.finish_run(run.id, "succeeded", usage=cost)
+    client = TestClient(scene.app.front.asgi, base_url=ORIGIN)
+    snap = client.get("/dashboard/api/snapshot", headers=_bearer(scene.viewer)).json()
+    [window] = snap["spend"]["windows"]
+    assert (window["name"], window["cap_usd"], window["full"]) == ("the day's budget", 2.0, False)
+    assert window["usd"] >= 0.42 and window["overridden_until"] is None
+    [today] = [row for row in snap["spend"]["lanes_today"] if row["usd"] == 0.42]
+    assert (today["tokens"], today["runs"]) == (1200, 1)
+    page = client.get(f"/dashboard/api/tasks/{task.id}", headers=_bearer(scene.viewer)).json()
+    assert page["spend"]["phrase"] == "$0.42, 1,200 tokens over 1 run"

@@ -353,3 +353,25 @@ def test_long_text_wraps_inside_its_cell_at_every_width(browser: Any, tmp_path: 
                 context.close()
     finally:
         made.close()
+
+
+def test_the_spend_panel_draws_each_cap_and_a_task_page_its_cost(
+    browser: Any, scene: tuple[Scene, str]
+) -> None:
+    from execkit._usage import Usage, UsdSource
+    from execkit.ledger import SpendCap, SpendWindow
+
+    made, url = scene
+    made.ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=2.0), actor=ME, floor_usd=0.5)
+    task = made.ledger.create_task("costed", actor=ME)
+    run = made.ledger.start_run(task.id, request_key="costed-1", actor=ME)
+    cost = Usage(input_tokens=1200, usd=0.42, usd_source=UsdSource.REPORTED)
+    made.ledger.finish_run(run.id, "succeeded", usage=cost)
+    page = _sign_in(browser, url, made.viewer)
+    page.wait_for_selector("#spend-panel:not([hidden]) #spend-windows tbody tr")
+    windows = page.inner_text("#spend-windows")
+    assert "the day's budget" in windows and "$2.00" in windows and "room" in windows
+    assert "$0.42" in page.inner_text("#spend-lanes")
+    page.goto(f"{url}/dashboard/tasks/{task.id}")
+    page.wait_for_selector("#task-panel:not([hidden]) #task-runs tbody tr")
+    assert page.inner_text("#task-spend") == "cost: $0.42, 1,200 tokens over 1 run"

@@ -48,7 +48,7 @@ from execkit._budget import AttemptStatus, BlockedOn, TaskState
 from execkit._errors import Conflict, ExecKitError, InvalidInput, NotFound
 from execkit._lanes import LaneKey
 from execkit.dispatch import BindableBoard, Board, BoardIssue, task_key
-from execkit.ledger import Actor, Ledger, Run, Task
+from execkit.ledger import Actor, Ledger, Run, Task, spend_of
 
 __all__ = [
     "CHART_BUCKETS",
@@ -200,6 +200,7 @@ class LedgerView:
         self._all_runs: list[Run] = []
         self._lanes: list[dict[str, Any]] | None = None
         self._notify: list[dict[str, Any]] | None = None
+        self._spend: dict[str, Any] | None = None
         # run id -> its lane (without a host), from the lanes' histories; None: no lanes.
         self._lane_of: dict[str, str] | None = None
         self._lanes_unread = 0
@@ -244,6 +245,32 @@ class LedgerView:
         self._lanes = lanes
         self._finished = finished
         self._notify = self._read_notify()
+        self._spend = self._read_spend(now)
+
+    def _read_spend(self, now: float) -> dict[str, Any] | None:
+        """What the spend caps' windows hold now, and what each lane's runs cost today
+        (UTC) (issue #45); None for a ledger without caps (a stand-in, an older server)."""
+        windows = getattr(self.ledger, "spend_windows", None)
+        if windows is None or not callable(windows):
+            return None
+        day_start = now - now % 86400
+        today: dict[str, dict[str, Any]] = {}
+        for run in self._all_runs:
+            if run.started_at < day_start or not run.usage.known:
+                continue
+            lane = (self._lane_of or {}).get(run.id) or "-"
+            row = today.setdefault(lane, {"lane": lane, "usd": 0.0, "tokens": 0, "runs": 0,
+                                          "unknown_usd": 0})  # fmt: skip
+            row["runs"] += 1
+            row["tokens"] += run.usage.tokens
+            if run.usd is None:
+                row["unknown_usd"] += 1
+            else:
+                row["usd"] += run.usd
+        return {
+            "windows": [use.to_dict() for use in windows(now=now)],
+            "lanes_today": sorted(today.values(), key=lambda row: -row["usd"]),
+        }
 
     def _read_notify(self) -> list[dict[str, Any]] | None:
         """Each notification endpoint and its health (issue #49); None for a ledger
@@ -306,10 +333,12 @@ class LedgerView:
         """One task, its card and its run history, read now (`NotFound` if none)."""
         task = self.ledger.get_task(task_id)
         runs = self.ledger.runs(task_id)
+        cost = spend_of(runs)
         return {
             "now": self.clock(),
             "card": self._card(task, runs[-1] if runs else None),
             "runs": [run_row(run) for run in runs],
+            "spend": {**cost.to_dict(), "phrase": cost.phrase()},
         }
 
     def lanes(self) -> list[dict[str, Any]] | None:
@@ -453,6 +482,7 @@ class LedgerView:
             ),
             "lanes": self._lanes,
             "notify": self._notify,
+            "spend": self._spend,
         }
 
     def _in_flight(self) -> list[dict[str, Any]]:

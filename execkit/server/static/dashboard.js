@@ -206,6 +206,17 @@ function drawTables(snap) {
     const lines = $("lanes").querySelectorAll("tbody tr");
     snap.lanes.forEach((l, i) => { lines[i].dataset.lane = l.lane; lines[i].dataset.state = l.state; });
   }
+  // Spend (issue #45): hidden until a cap is set or a run reported a cost today.
+  const spend = snap.spend;
+  $("spend-panel").hidden = !spend || (spend.windows.length === 0 && spend.lanes_today.length === 0);
+  if (spend) {
+    rows("spend-windows", spend.windows, (w) => [w.name, money(w.usd, w.tokens),
+      money(w.cap_usd, w.cap_tokens), `${when(w.reopens_at, snap.now)} (${clock(w.reopens_at)})`,
+      w.overridden_until ? `overridden until ${clock(w.overridden_until)}` : w.full ? "full" : "room"]);
+    rows("spend-lanes", spend.lanes_today, (l) => [l.lane,
+      `$${l.usd.toFixed(2)}${l.unknown_usd ? ` (+${l.unknown_usd} unknown)` : ""}`,
+      l.tokens.toLocaleString("en-US"), l.runs]);
+  }
   // Where people are told (issue #49): hidden until an endpoint is added.
   $("notify-panel").hidden = !snap.notify || snap.notify.length === 0;
   if (snap.notify) {
@@ -214,6 +225,14 @@ function drawTables(snap) {
         ? `retrying: ${n.last_error}` : "ok"),
       n.delivered, n.failed, n.backlog]);
   }
+}
+
+// "$1.20 and 3,000 tokens", either part left out when it is null.
+function money(usd, tokens) {
+  const parts = [];
+  if (usd !== null && usd !== undefined) parts.push(`$${Number(usd).toFixed(2)}`);
+  if (tokens !== null && tokens !== undefined) parts.push(`${Number(tokens).toLocaleString("en-US")} tokens`);
+  return parts.join(" and ") || "-";
 }
 
 // When a lane opens: at its time (parked, cooling), on its probe's result (half open), or
@@ -355,6 +374,7 @@ async function showTask(taskId, quiet) {
   $("task-title").textContent = `${card.task_id} ${card.issue ? `(${issueName(card)})` : card.title}`;
   $("task-summary").textContent = `${card.state}${card.blocked_on ? ` on ${card.blocked_on}` : ""}`
     + ` · attempt ${attempts(card)} · charged ${card.charged} · ${card.reason || ""}`;
+  $("task-spend").textContent = doc.spend && doc.spend.runs ? `cost: ${doc.spend.phrase}` : "";
   rows("task-runs", doc.runs, (r) => [r.attempt, r.status, r.class,
     r.charged === null ? "-" : r.charged ? "charged" : "uncharged", r.reason || "-", r.actor,
     clock(r.started_at), clock(r.ended_at)]);
