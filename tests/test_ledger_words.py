@@ -43,6 +43,7 @@ _STORED_ACTIONS = {
     "lane.resume",
     "spend.caps",
     "spend.warning",
+    "spend.override",
     "task.set_budget",
     "notify.add",
     "notify.remove",
@@ -125,6 +126,7 @@ def test_every_action_the_ledger_writes_is_a_member_stored_as_before(
         spender.id, usd=5.0, tokens=None, expected_usd=None, expected_tokens=None, actor=owner
     )
     ledger.start_run(spender.id, request_key="3", actor=owner, now=101.0)  # 90% of the day's
+    ledger.override_spend_cap("day", actor=owner, now=101.0)
     endpoint = ledger.add_notify_endpoint(
         "http://127.0.0.1:9/hook", events=["*"], actor=owner, now=101.0
     )

@@ -241,6 +241,7 @@ _NOT_STORED = {
     "lane_cause",
     "outcome",
     "format",
+    "window",  # a spend window: day, 5h or week (`SpendWindow`)
 }
 # A lookup by a name that was masked when it was stored; and what a notification endpoint
 # must keep as the operator gave it to be reached at all (issue #49: a Slack webhook's URL
