@@ -184,6 +184,7 @@ DB_COMMANDS = [
     ["notify", "remove", "ep_1"],
     ["notify", "enable", "ep_1"],
     ["budget", "override", "--window", "day"],
+    ["budget", "subscription", "claude/default", "on"],
     ["dispatch", "--board", "board.json", "--adapter", "generic", "--once"],
     ["status"],
     ["status", "--board", "board.json"],

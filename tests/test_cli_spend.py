@@ -31,3 +31,5 @@ def test_budget_spend_and_a_windows_refusal_locally_and_through_a_server(
     assert code == 0 and set(lifted["overrides"]) == {"*|day"}
     assert cli("run", "start", "t-2", "--request-key", "b2")[0] == 0
     assert "no week's budget" in cli.error("invalid", "budget", "override", "--window", "week")
+    code, marked, _ = cli("budget", "subscription", "claude/default", "on")
+    assert code == 0 and marked["subscription_lanes"] == ["claude/default"]

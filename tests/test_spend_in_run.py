@@ -201,6 +201,35 @@ def test_an_operators_override_lifts_a_cap_for_its_window_only(ledger: AnyLedger
         ledger.override_spend_cap("day", actor="someone-else", now=NOW)
 
 
+def test_a_subscription_lanes_usd_is_recorded_but_held_to_tokens_only(ledger: AnyLedger) -> None:
+    sub, paid = "claude/default", "codex/default"
+    day = SpendCap(SpendWindow.DAY, usd=1.0, tokens=10_000)
+    ledger.set_spend_cap(day, actor=ME, floor_usd=0.4, floor_tokens=1000)
+    config = ledger.set_subscription_lane(sub, True, actor=ME, now=NOW)
+    assert config.subscription_lanes == (sub,)
+    tasks = [ledger.create_task(f"t{n}", actor=ME).id for n in range(5)]
+    # The subscription's runs cost $5 each (the CLI prices them) and 1,000 tokens.
+    for n in range(2):
+        run = ledger.start_run(tasks[n], request_key=f"s{n}", actor=ME, now=NOW, lane=sub)
+        assert ledger.spend_room(run.id, now=NOW) == SpendRoom(usd=None, tokens=1000)
+        ledger.finish_run(run.id, "succeeded", usage=spent(5.0, 1000), now=NOW + 1)
+    assert ledger.run(run.id).usd == 5.0  # recorded
+    (use,) = ledger.spend_windows(now=NOW + 2)
+    assert (use.usd, use.tokens, use.full) == (0.0, 2000, False)  # held in tokens only
+    # The paid lane has the day's whole USD room: two runs reserving the $0.40 floor fit
+    # in $1.00, a third does not.
+    ledger.start_run(tasks[2], request_key="p", actor=ME, now=NOW + 2, lane=paid)
+    ledger.start_run(tasks[3], request_key="q", actor=ME, now=NOW + 2, lane=paid)
+    with pytest.raises(SpendCapReached):
+        ledger.start_run(tasks[4], request_key="r", actor=ME, now=NOW + 3, lane=paid)
+    with pytest.raises(InvalidInput) as bad:
+        ledger.set_subscription_lane("no-slash", True, actor=ME, now=NOW)
+    assert bad.value.field == "lane"
+    with pytest.raises(Forbidden):
+        ledger.set_subscription_lane(sub, False, actor="someone-else", now=NOW)
+    assert ledger.set_subscription_lane(sub, False, actor=ME, now=NOW).subscription_lanes == ()
+
+
 def test_an_override_comes_through_the_server(remote: Remote) -> None:  # noqa: F811
     client = remote.client()
     client.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.75)

@@ -183,6 +183,7 @@ def _components() -> dict[str, Any]:
                 "floor_tokens": {"type": "integer"},
                 "task_budgets": {"type": "boolean"},
                 "overrides": {"type": "object", "additionalProperties": {"type": "number"}},
+                "subscription_lanes": {"type": "array", "items": {"type": "string"}},
             }
         ),
         "TaskBudget": _wire_schema(TaskBudget),

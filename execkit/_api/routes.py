@@ -403,6 +403,12 @@ def _spend_rows(call: Call) -> tuple[int, dict[str, Any]]:
     return 200, {"runs": [row.to_dict() for row in rows]}
 
 
+def _set_subscription_lane(call: Call) -> tuple[int, dict[str, Any]]:
+    body = call.body
+    config = call.ledger.set_subscription_lane(body["lane"], body["subscription"], actor=call.actor)
+    return 200, config.to_dict()
+
+
 def _override_spend_cap(call: Call) -> tuple[int, dict[str, Any]]:
     body = call.body
     config = call.ledger.override_spend_cap(body["window"], lane=body.get("lane"), actor=call.actor)
@@ -1122,6 +1128,22 @@ class LedgerRoutes:
         binds=Ledger.set_spend_cap,
         read=_read_spend_config,
         needs=_NEEDS_SPEND,
+    )
+    set_subscription_lane = Endpoint(
+        "POST",
+        "/v1/spend/subscription",
+        "setSubscriptionLane",
+        "Mark a vendor lane as a subscription (its USD recorded, held to tokens only) or not",
+        _set_subscription_lane,
+        "SpendConfig",
+        role=OPERATE_ROLE,
+        body=(
+            Field("lane", "string", required=True),
+            Field("subscription", "boolean", required=True),
+        ),
+        binds=Ledger.set_subscription_lane,
+        read=_read_spend_config,
+        needs=Needs(SPEND_ROOM_CAPABILITY, "a subscription lane"),
     )
     override_spend_cap = Endpoint(
         "POST",

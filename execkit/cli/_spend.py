@@ -88,6 +88,16 @@ def register_budget(sub: argparse._SubParsersAction[Any]) -> None:
     _acting(override)
     override.set_defaults(handler=_override)
 
+    subscription = budget_sub.add_parser(
+        "subscription",
+        parents=[common],
+        help="mark a lane as a subscription: its USD recorded, held to tokens only",
+    )
+    subscription.add_argument("lane", metavar="LANE", help="ADAPTER/CREDENTIAL")
+    subscription.add_argument("state", choices=("on", "off"))
+    _acting(subscription)
+    subscription.set_defaults(handler=_subscription)
+
 
 def register_spend(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `spend`."""
@@ -200,6 +210,13 @@ def _set(args: argparse.Namespace) -> int:
     return _print(args, config)
 
 
+def _subscription(args: argparse.Namespace) -> int:
+    actor = _actor(args)
+    with _using(args) as ledger:
+        config = ledger.set_subscription_lane(args.lane, args.state == "on", actor=actor)
+    return _print(args, config)
+
+
 def _override(args: argparse.Namespace) -> int:
     actor = _actor(args)
     with _using(args) as ledger:
@@ -269,6 +286,8 @@ def _print(args: argparse.Namespace, config: Any) -> int:
             lifted = None  # its window ended: the cap holds again
         note = "" if lifted is None else f"  overridden until {utc_stamp(lifted)}"
         emit(safe_text(f"{cap.window:<5} {where:<30} {' and '.join(limits)}  ({cap.tz}){note}"))
+    for lane in config.subscription_lanes:
+        emit(safe_text(f"lane {lane} is a subscription: its USD is recorded, held to tokens"))
     emit(
         f"a run reserves at least ${config.floor_usd:,.2f} and {config.floor_tokens:,} tokens "
         "(more when its lane's recent runs cost more)"

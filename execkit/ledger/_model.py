@@ -870,6 +870,9 @@ class Ledger(Protocol):
         floor_tokens: int | None = None,
         now: float | None = None,
     ) -> SpendConfig: ...
+    def set_subscription_lane(
+        self, lane: str, subscription: bool, *, actor: Actor | str, now: float | None = None
+    ) -> SpendConfig: ...
     def override_spend_cap(
         self,
         window: SpendWindow | str,

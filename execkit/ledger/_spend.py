@@ -142,6 +142,10 @@ def _cap_tuple(value: Iterable[SpendCap]) -> tuple[SpendCap, ...]:
     return tuple(value)
 
 
+def _lane_set(lanes: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(lanes)))
+
+
 def _override_pairs(value: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((str(key), float(until)) for key, until in value))
 
@@ -164,6 +168,9 @@ class SpendConfig:
     # An operator's override of a cap for one window: (the cap's key, until when) pairs,
     # sorted; a cap overridden is not applied before then.
     overrides: tuple[tuple[str, float], ...] = attrs.field(default=(), converter=_override_pairs)
+    # Lanes on a subscription (issue #45): their runs' USD is recorded (the CLI prices
+    # even a subscription's session) but held to no USD cap of a window, only to tokens.
+    subscription_lanes: tuple[str, ...] = attrs.field(default=(), converter=_lane_set)
 
     @caps.validator
     def _one_a_window(self, _attribute: attrs.Attribute[Any], value: tuple[SpendCap, ...]) -> None:
@@ -206,6 +213,7 @@ class SpendConfig:
             "floor_tokens": self.floor_tokens,
             "task_budgets": self.task_budgets,
             "overrides": dict(self.overrides),
+            "subscription_lanes": list(self.subscription_lanes),
         }
 
     @classmethod
@@ -228,6 +236,7 @@ class SpendConfig:
                 floor_tokens=int(doc.get("floor_tokens", DEFAULT_FLOOR_TOKENS)),
                 task_budgets=bool(doc.get("task_budgets", False)),
                 overrides=tuple(raw_overrides.items()),
+                subscription_lanes=tuple(str(lane) for lane in doc.get("subscription_lanes") or ()),
             )
         except TypeError as exc:
             raise InvalidInput(f"caps: {exc}", field="caps") from None

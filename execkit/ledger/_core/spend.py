@@ -299,6 +299,42 @@ class SpendOps(WakeOps):
             )
             return after
 
+    def set_subscription_lane(
+        self, lane: str, subscription: bool, *, actor: Actor | str, now: float | None = None
+    ) -> SpendConfig:
+        """Mark vendor lane `lane` as a subscription (or not): its runs' USD is recorded
+        (claude prices even a subscription's session) but held to no window's USD cap,
+        only to tokens. Role `agent.operate`, audited `spend.caps`; every host sees it.
+        InvalidInput naming `lane` for a name that is not ADAPTER/CREDENTIAL, or
+        `subscription` for a value that is not a bool. Returns the configuration after."""
+        SpendCap(SpendWindow.DAY, lane=lane, usd=1.0)  # InvalidInput naming `lane`
+        if not isinstance(subscription, bool):
+            raise InvalidInput(
+                f"subscription must be true or false, got {subscription!r}", field="subscription"
+            )
+        who = as_actor(actor)
+        at = moment(now)
+        with self._store.write() as tx:
+            if OPERATE_ROLE not in self._roles(tx, who):
+                raise Forbidden(f"marking a subscription lane needs the role {OPERATE_ROLE}")
+            before = self._spend_config(tx) or SpendConfig()
+            lanes = set(before.subscription_lanes)
+            lanes = lanes | {lane} if subscription else lanes - {lane}
+            after = attrs.evolve(before, subscription_lanes=tuple(lanes))
+            if after == before and tx.meta(SPEND_META_KEY) is not None:
+                return before
+            tx.set_meta(SPEND_META_KEY, after.to_stored())
+            self._wake(tx)  # a held issue may run now
+            tx.audit(
+                AuditEntry(
+                    at=at,
+                    actor=str(who),
+                    action=AuditAction.SPEND_CAPS,
+                    detail={"from": before.to_dict(), "to": after.to_dict()},
+                )
+            )
+            return after
+
     def spend_windows(self, *, now: float | None = None) -> list[WindowUse]:
         """What each cap's window holds now (`WindowUse`), in the caps' order; none
         without a cap. `full` when the window has no room for the floor's reservation
@@ -312,6 +348,7 @@ class SpendOps(WakeOps):
             for cap in config.caps:
                 start, reopens = window_bounds(cap, at)
                 usd, tokens, first = tx.window_spend(start, cap.lane)
+                usd = _usd_held(tx, config, cap, start, usd)
                 if cap.window is SpendWindow.ROLLING_5H and first is not None:
                     reopens = first + (at - start)
                 lifted = config.overridden_until(cap, at)
@@ -482,26 +519,29 @@ class SpendOps(WakeOps):
                     return refusal
         if not caps:
             return Reservation(usd, tokens)
+        # A subscription lane's run adds no USD to any window: it is held to tokens only.
+        run_usd = 0.0 if lane in config.subscription_lanes else usd
         counted: list[tuple[SpendCap, float, float]] = []
         for cap, (start, reopens), (used_usd, used_tokens, first) in zip(
             caps, bounds, sums, strict=True
         ):
+            used_usd = _usd_held(tx, config, cap, start, used_usd)
             if cap.window is SpendWindow.ROLLING_5H and first is not None:
                 reopens = first + (at - start)  # when its oldest spend leaves the window
-            over = (cap.usd is not None and used_usd + usd > cap.usd + 1e-9) or (
+            over = (cap.usd is not None and used_usd + run_usd > cap.usd + 1e-9) or (
                 cap.tokens is not None and used_tokens + tokens > cap.tokens
             )
             if over:
                 return SpendCapReached(
                     f"waiting on {cap.name} until {when(reopens)}: it has no room for this "
                     "run (used " + _used(cap, used_usd, used_tokens) + f"; the run reserves "
-                    f"{_money(usd)} / {tokens:,} tokens); nothing was charged. An operator "
+                    f"{_money(run_usd)} / {tokens:,} tokens); nothing was charged. An operator "
                     "can raise it: execkit budget set",
                     cap=cap.name,
                     reopens_at=reopens,
                 )
             share = max(
-                (used_usd + usd) / cap.usd if cap.usd else 0.0,
+                (used_usd + run_usd) / cap.usd if cap.usd else 0.0,
                 (used_tokens + tokens) / cap.tokens if cap.tokens else 0.0,
             )
             counted.append((cap, start, share))
@@ -592,7 +632,10 @@ class SpendOps(WakeOps):
         caps = config.applying(lane, at)
         if budget is None and not caps:
             return SpendRoom()
-        counted: list[tuple[float | None, int | None]] = [(c.usd, c.tokens) for c in caps]
+        subscribed = lane in config.subscription_lanes  # held to tokens only by windows
+        counted: list[tuple[float | None, int | None]] = [
+            (None if subscribed else c.usd, c.tokens) for c in caps
+        ]
         if budget is not None:
             counted.append((budget.usd, budget.tokens))
         r_usd, r_tokens = tx.reservation(run_id)
@@ -633,11 +676,15 @@ class SpendOps(WakeOps):
             cap = window_cap
             start, reopens_at = window_bounds(cap, at)
             w_usd, w_tokens, first = tx.window_spend(start, cap.lane)
+            w_usd = _usd_held(tx, config, cap, start, w_usd)
             if cap.window is SpendWindow.ROLLING_5H and first is not None:
                 reopens_at = first + (at - start)
             mine = run.started_at >= start  # the window counts this run's reservation
+            # A subscription lane's run is held to tokens only; its USD is not the window's.
+            subscribed = lane in config.subscription_lanes
+            mine_usd = r_usd if mine and not subscribed else 0.0
             limits.append((
-                None if cap.usd is None else cap.usd - (w_usd - (r_usd if mine else 0.0)),
+                None if cap.usd is None or subscribed else cap.usd - (w_usd - mine_usd),
                 None if cap.tokens is None else cap.tokens - (w_tokens - (r_tokens if mine else 0)),
                 cap, start, reopens_at,
             ))  # fmt: skip
@@ -738,6 +785,17 @@ def _stopped(
         by_task=False,
         reopens_at=reopens,
     )
+
+
+def _usd_held(tx: Tx, config: SpendConfig, cap: SpendCap, start: float, usd: float) -> float:
+    """What `cap`'s window holds in USD, given `usd` summed over every lane it counts: the
+    subscription lanes' USD left out (recorded, held to no USD cap)."""
+    subs = config.subscription_lanes
+    if not subs:
+        return usd
+    if cap.lane is not None:
+        return 0.0 if cap.lane in subs else usd
+    return max(0.0, usd - sum(tx.window_spend(start, lane)[0] for lane in subs))
 
 
 def _used(cap: SpendCap, usd: float, tokens: int) -> str:

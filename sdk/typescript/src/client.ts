@@ -76,6 +76,7 @@ import {
   type SetLaneConfigBody,
   type OverrideSpendCapBody,
   type SetSpendCapBody,
+  type SetSubscriptionLaneBody,
   type SetTaskBudgetBody,
   type SpendCap,
   type SpendConfig,
@@ -1143,6 +1144,17 @@ export class ExeckitClient {
     const key = idempotencyKey(given.idempotencyKey);
     await this.#require(SPEND, "set a spend cap", "spend caps");
     return this.#spendConfig(await this.#send("setSpendCap", { body, idempotencyKey: key }));
+  }
+
+  /** Mark vendor lane `lane` as a subscription (`on`) or not: its runs' USD is recorded but
+   * held to no window's USD cap, only to tokens. Needs agent.operate; audited. */
+  async setSubscriptionLane(lane: string, on: boolean): Promise<SpendConfig> {
+    if (typeof on !== "boolean") {
+      throw invalid("on", "must be true or false");
+    }
+    const body: SetSubscriptionLaneBody = { lane: text("lane", lane, 400), subscription: on };
+    await this.#require(SPEND_ROOM, "mark a subscription lane", "a subscription lane");
+    return this.#spendConfig(await this.#send("setSubscriptionLane", { body }));
   }
 
   /** Lift the cap of `window` (ledger-wide, or `lane`'s) until the window that holds now

@@ -381,6 +381,7 @@ export interface SpendConfig {
   readonly floor_tokens: number;
   readonly floor_usd: number;
   readonly overrides: Readonly<Record<string, unknown>>;
+  readonly subscription_lanes: readonly string[];
   readonly task_budgets: boolean;
 }
 
@@ -543,6 +544,7 @@ export const OPERATIONS = {
   setSpendCap: { method: "POST", path: "/v1/spend/caps", status: 200 },
   overrideSpendCap: { method: "POST", path: "/v1/spend/override", status: 200 },
   spendRows: { method: "GET", path: "/v1/spend/runs", status: 200 },
+  setSubscriptionLane: { method: "POST", path: "/v1/spend/subscription", status: 200 },
   spendWindows: { method: "GET", path: "/v1/spend/windows", status: 200 },
   listTasks: { method: "GET", path: "/v1/tasks", status: 200 },
   createTask: { method: "POST", path: "/v1/tasks", status: 201 },
@@ -759,6 +761,11 @@ export interface OverrideSpendCapBody {
   window: string;
 }
 
+export interface SetSubscriptionLaneBody {
+  lane: string;
+  subscription: boolean;
+}
+
 export interface CreateTaskBody {
   /** The ledger's own idempotency key (default: the request's Idempotency-Key). */
   idempotency_key?: string | null;
@@ -852,6 +859,7 @@ export interface Queries {
   setSpendCap: never;
   overrideSpendCap: never;
   spendRows: SpendRowsQuery;
+  setSubscriptionLane: never;
   spendWindows: never;
   listTasks: ListTasksQuery;
   createTask: never;
@@ -909,6 +917,7 @@ export interface Bodies {
   setSpendCap: SetSpendCapBody;
   overrideSpendCap: OverrideSpendCapBody;
   spendRows: never;
+  setSubscriptionLane: SetSubscriptionLaneBody;
   spendWindows: never;
   listTasks: never;
   createTask: CreateTaskBody;
@@ -966,6 +975,7 @@ export interface Answers {
   setSpendCap: SpendConfig;
   overrideSpendCap: SpendConfig;
   spendRows: SpendRowList;
+  setSubscriptionLane: SpendConfig;
   spendWindows: WindowUseList;
   listTasks: TaskList;
   createTask: Task;

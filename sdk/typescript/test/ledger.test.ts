@@ -809,6 +809,11 @@ describe("spend (issue #45)", () => {
     const admitted = await worker.startRun(held.id);
     await worker.finishRun(admitted.id, { status: "succeeded" });
     await rejects(operator.overrideSpendCap("day"), InvalidInput);
+    const marked = await operator.setSubscriptionLane("claude/default", true);
+    assert.deepEqual(marked.subscription_lanes, ["claude/default"]);
+    await rejects(worker.setSubscriptionLane("claude/default", false), Forbidden);
+    await rejects(operator.setSubscriptionLane("no-slash", true), InvalidInput);
+    assert.deepEqual((await operator.setSubscriptionLane("claude/default", false)).subscription_lanes, []);
     await operator.setSpendCap({ cap: { window: "week", lane: null, usd: null, tokens: null, tz: "UTC" } });
   });
 });
