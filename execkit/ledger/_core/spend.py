@@ -211,6 +211,26 @@ class SpendOps(WakeOps):
         with self._store.read() as tx:
             return self._spend_config(tx) or SpendConfig()
 
+    def _store_config(
+        self, tx: Tx, before: SpendConfig, after: SpendConfig, who: Actor, at: float
+    ) -> SpendConfig:
+        """Store `after` in place of `before`, audited `spend.caps` (nothing when they are
+        the same and one is stored), and wake the dispatchers: a raised cap or a lane
+        held to tokens only may let a held issue run now. Returns what is in force."""
+        if after == before and tx.meta(SPEND_META_KEY) is not None:
+            return before
+        tx.set_meta(SPEND_META_KEY, after.to_stored())
+        self._wake(tx)
+        tx.audit(
+            AuditEntry(
+                at=at,
+                actor=str(who),
+                action=AuditAction.SPEND_CAPS,
+                detail={"from": before.to_dict(), "to": after.to_dict()},
+            )
+        )
+        return after
+
     def set_spend_cap(
         self,
         cap: SpendCap | None = None,
@@ -240,19 +260,7 @@ class SpendOps(WakeOps):
                 raise Forbidden(f"changing the spend caps needs the role {OPERATE_ROLE}")
             before = self._spend_config(tx) or SpendConfig()
             after = attrs.evolve(before.with_caps([] if cap is None else [cap]), **changes)
-            if after == before and tx.meta(SPEND_META_KEY) is not None:
-                return before
-            tx.set_meta(SPEND_META_KEY, after.to_stored())
-            self._wake(tx)  # a raised cap may let a held issue run now
-            tx.audit(
-                AuditEntry(
-                    at=at,
-                    actor=str(who),
-                    action=AuditAction.SPEND_CAPS,
-                    detail={"from": before.to_dict(), "to": after.to_dict()},
-                )
-            )
-            return after
+            return self._store_config(tx, before, after, who, at)
 
     def override_spend_cap(
         self,
@@ -321,19 +329,7 @@ class SpendOps(WakeOps):
             lanes = set(before.subscription_lanes)
             lanes = lanes | {lane} if subscription else lanes - {lane}
             after = attrs.evolve(before, subscription_lanes=tuple(lanes))
-            if after == before and tx.meta(SPEND_META_KEY) is not None:
-                return before
-            tx.set_meta(SPEND_META_KEY, after.to_stored())
-            self._wake(tx)  # a held issue may run now
-            tx.audit(
-                AuditEntry(
-                    at=at,
-                    actor=str(who),
-                    action=AuditAction.SPEND_CAPS,
-                    detail={"from": before.to_dict(), "to": after.to_dict()},
-                )
-            )
-            return after
+            return self._store_config(tx, before, after, who, at)
 
     def spend_windows(self, *, now: float | None = None) -> list[WindowUse]:
         """What each cap's window holds now (`WindowUse`), in the caps' order; none
