@@ -56,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import attrs
 
@@ -67,6 +67,7 @@ from execkit.dispatch._tracker import (
     CONFIG_KEYS,
     STATUS_MARKER,
     TrackerBoard,
+    TrackerOptions,
     _Answer,
     _header_time,
     _iso,
@@ -448,22 +449,14 @@ class GitHubBoard(TrackerBoard):
         token: str,
         *,
         client: GitHubClient | None = None,
-        owner: str | None = None,
-        clock: Callable[[], float] = time.time,
-        outbox_lease_s: float = 120.0,
-        retry_base_s: float = 10.0,
-        read_only: bool = False,
+        **options: Unpack[TrackerOptions],
     ) -> None:
         self.config = config
         super().__init__(
             what=f"GitHub board {config.repo}",
             lane=github_lane(token, ledger.ledger_id()),
             ledger=ledger,
-            owner=owner,
-            clock=clock,
-            outbox_lease_s=outbox_lease_s,
-            retry_base_s=retry_base_s,
-            read_only=read_only,
+            **options,
         )
         self.client = client if client is not None else GitHubClient(token, config.api_url)
         self._owner_repo = tuple(config.repo.split("/", 1))

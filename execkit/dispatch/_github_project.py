@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Unpack
 
 import attrs
 
@@ -39,7 +38,7 @@ from execkit.dispatch._github import (
     graphql_data,
     token_from,
 )
-from execkit.dispatch._tracker import _Refusal, _settings, render_status
+from execkit.dispatch._tracker import TrackerOptions, _Refusal, _settings, render_status
 
 if TYPE_CHECKING:
     from execkit.ledger import Ledger
@@ -245,11 +244,7 @@ class GitHubProjectBoard(GitHubBoard):
         token: str,
         *,
         client: GitHubClient | None = None,
-        owner: str | None = None,
-        clock: Callable[[], float] = time.time,
-        outbox_lease_s: float = 120.0,
-        retry_base_s: float = 10.0,
-        read_only: bool = False,
+        **options: Unpack[TrackerOptions],
     ) -> None:
         # The issues board's settings that still apply (the API; no labels are moved).
         base = GitHubConfig(
@@ -260,11 +255,7 @@ class GitHubProjectBoard(GitHubBoard):
             ledger,
             token,
             client=client,
-            owner=owner,
-            clock=clock,
-            outbox_lease_s=outbox_lease_s,
-            retry_base_s=retry_base_s,
-            read_only=read_only,
+            **options,
         )
         self.project = project
         self._what = f"GitHub project {project.owner}/{project.number}"

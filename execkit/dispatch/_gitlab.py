@@ -38,7 +38,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import attrs
 
@@ -47,6 +47,7 @@ from execkit.dispatch._board import BoardIssue, BoardState
 from execkit.dispatch._tracker import (
     STATUS_MARKER,
     TrackerBoard,
+    TrackerOptions,
     _Answer,
     _header_time,
     _Refusal,
@@ -286,22 +287,14 @@ class GitLabBoard(TrackerBoard):
         token: str,
         *,
         client: GitLabClient | None = None,
-        owner: str | None = None,
-        clock: Callable[[], float] = time.time,
-        outbox_lease_s: float = 120.0,
-        retry_base_s: float = 10.0,
-        read_only: bool = False,
+        **options: Unpack[TrackerOptions],
     ) -> None:
         self.config = config
         super().__init__(
             what=f"GitLab board {config.project}",
             lane=gitlab_lane(token, ledger.ledger_id()),
             ledger=ledger,
-            owner=owner,
-            clock=clock,
-            outbox_lease_s=outbox_lease_s,
-            retry_base_s=retry_base_s,
-            read_only=read_only,
+            **options,
         )
         self.client = client if client is not None else GitLabClient(token, config.url)
         self._base = "/projects/" + urllib.parse.quote(config.project, safe="")

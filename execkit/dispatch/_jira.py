@@ -38,7 +38,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import attrs
 
@@ -46,6 +46,7 @@ from execkit._errors import InvalidInput
 from execkit.dispatch._board import BoardIssue, BoardState
 from execkit.dispatch._tracker import (
     TrackerBoard,
+    TrackerOptions,
     _Answer,
     _header_time,
     _Refusal,
@@ -334,22 +335,14 @@ class JiraBoard(TrackerBoard):
         authorization: str,
         *,
         client: JiraClient | None = None,
-        owner: str | None = None,
-        clock: Callable[[], float] = time.time,
-        outbox_lease_s: float = 120.0,
-        retry_base_s: float = 10.0,
-        read_only: bool = False,
+        **options: Unpack[TrackerOptions],
     ) -> None:
         self.config = config
         super().__init__(
             what=f"Jira board {config.project}",
             lane=jira_lane(token, ledger.ledger_id()),
             ledger=ledger,
-            owner=owner,
-            clock=clock,
-            outbox_lease_s=outbox_lease_s,
-            retry_base_s=retry_base_s,
-            read_only=read_only,
+            **options,
         )
         self.client = client if client is not None else JiraClient(authorization, config.url)
         self._issues: dict[str, _Issue] = {}

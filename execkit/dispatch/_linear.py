@@ -39,7 +39,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import attrs
 
@@ -48,6 +48,7 @@ from execkit.dispatch._board import BoardIssue, BoardState
 from execkit.dispatch._tracker import (
     STATUS_MARKER,
     TrackerBoard,
+    TrackerOptions,
     _Answer,
     _Refusal,
     _settings,
@@ -374,22 +375,14 @@ class LinearBoard(TrackerBoard):
         key: str,
         *,
         client: LinearClient | None = None,
-        owner: str | None = None,
-        clock: Callable[[], float] = time.time,
-        outbox_lease_s: float = 120.0,
-        retry_base_s: float = 10.0,
-        read_only: bool = False,
+        **options: Unpack[TrackerOptions],
     ) -> None:
         self.config = config
         super().__init__(
             what=f"Linear board {config.team}",
             lane=linear_lane(key, ledger.ledger_id()),
             ledger=ledger,
-            owner=owner,
-            clock=clock,
-            outbox_lease_s=outbox_lease_s,
-            retry_base_s=retry_base_s,
-            read_only=read_only,
+            **options,
         )
         self.client = client if client is not None else LinearClient(key, config.api_url)
         self._states: list[_State] = []

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 import attrs
 
@@ -55,6 +55,7 @@ __all__ = [
     "STATUS_MARKER",
     "TRACKERS",
     "TrackerBoard",
+    "TrackerOptions",
     "open_tracker",
     "render_status",
     "tracker_kind",
@@ -239,6 +240,18 @@ def render_status(payload: Mapping[str, Any]) -> str:
 
 
 # -- the shared board ----------------------------------------------------------------------
+
+
+class TrackerOptions(TypedDict, total=False):
+    """What every tracker board takes beside its own configuration, passed on whole to
+    `TrackerBoard` (see its docstring): `owner`, `clock`, `outbox_lease_s`,
+    `retry_base_s`, `read_only`."""
+
+    owner: str | None
+    clock: Callable[[], float]
+    outbox_lease_s: float
+    retry_base_s: float
+    read_only: bool
 
 
 class TrackerBoard:
