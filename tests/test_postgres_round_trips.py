@@ -21,7 +21,10 @@ from _support import protocol_trace
 
 from execkit._classify import FailureClass
 from execkit._errors import StorageError, TaskBackingOff
-from execkit.ledger import PostgresLedger, Run, open_ledger
+from execkit._usage import Usage, UsdSource
+from execkit.ledger import PostgresLedger, Run, SpendCap, SpendWindow, open_ledger
+
+_PAID = Usage(input_tokens=100, usd=0.01, usd_source=UsdSource.REPORTED)
 
 
 def _trace(ledger: PostgresLedger, call: Callable[[], Any]) -> list[tuple[str, str]]:
@@ -309,3 +312,28 @@ def test_a_connection_numbered_past_select_s_limit_is_kept_and_works(pg_url: str
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_capped_admission_takes_two_round_trips_too(pg: PostgresLedger) -> None:
+    # Issue #45: the spend lock and the spend reads go with the admission's first reads once
+    # the store has seen the caps; an admission on caps it has not seen (the first, or the
+    # first after they change) reads them in one more round trip.
+    me = getpass.getuser()
+    pg.set_spend_cap(SpendCap(SpendWindow.DAY, usd=100.0), floor_usd=0.0, actor=me)
+    pg.set_spend_cap(SpendCap(SpendWindow.ROLLING_5H, lane="codex/default", tokens=10**9), actor=me)
+    tasks = [pg.create_task(f"t{n}", max_attempts=5, actor=me).id for n in range(5)]
+    runs: list[Run] = []
+
+    def start(n: int, lane: str | None, at: float) -> None:
+        runs.append(pg.start_run(tasks[n], request_key=f"k{n}", actor=me, now=at, lane=lane))
+
+    assert round_trips(pg, lambda: start(0, "codex/default", 1000.0)) == 3  # the caps not seen yet
+    pg.finish_run(runs[-1].id, "succeeded", now=1001.0, usage=_PAID)
+    assert round_trips(pg, lambda: start(1, "codex/default", 1002.0)) == 2
+    assert round_trips(pg, lambda: start(2, None, 1003.0)) == 2  # the day's cap alone
+    # What the windows hold is what the reads read: $0.01 spent, and two reservations of
+    # the lane's $0.01 (all lanes' for the run with none).
+    assert pg.spend_windows(now=1004.0)[0].usd == pytest.approx(0.03)
+    pg.set_spend_cap(SpendCap(SpendWindow.DAY, usd=50.0), actor=me)
+    assert round_trips(pg, lambda: start(3, "codex/default", 1005.0)) == 3
+    assert round_trips(pg, lambda: start(4, "codex/default", 1006.0)) == 2

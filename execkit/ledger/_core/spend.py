@@ -32,6 +32,7 @@ from execkit._errors import (
     Forbidden,
     InvalidInput,
     SpendCapReached,
+    StorageError,
     TaskBlocked,
     TaskFinished,
 )
@@ -40,7 +41,7 @@ from execkit._mask import mask_text
 from execkit._usage import NO_USAGE, Usage, UsdSource
 from execkit.ledger._core.base import FINISHED_STATUSES, when
 from execkit.ledger._core.inputs import as_actor, moment
-from execkit.ledger._core.store import TaskRecord, Tx
+from execkit.ledger._core.store import SpendPlan, SpendReads, TaskRecord, Tx
 from execkit.ledger._core.wake import WakeOps
 from execkit.ledger._model import (
     OPERATE_ROLE,
@@ -65,7 +66,15 @@ from execkit.ledger._spend import (
     window_bounds,
 )
 
-__all__ = ["Reservation", "Spend", "SpendOps", "check_usage", "spend_of", "with_usage"]
+__all__ = [
+    "Reservation",
+    "Spend",
+    "SpendOps",
+    "check_usage",
+    "spend_of",
+    "spend_plan",
+    "with_usage",
+]
 
 
 @attrs.frozen
@@ -495,7 +504,8 @@ class SpendOps(WakeOps):
         bounds = [window_bounds(cap, at) for cap in caps]
         if caps:
             # The spend lock, then every read the check needs, in one round trip where
-            # the store can: each window's sum read after the lock.
+            # the store can (with the admission's first reads: `spend_plan`): each
+            # window's sum read after the lock.
             windows = [(start, cap.lane) for cap, (start, _) in zip(caps, bounds, strict=True)]
             recent, sums = tx.spend_reads(lane, RECENT_RUNS, windows)
         else:
@@ -822,3 +832,21 @@ def _task_refusal(
         f"{_money(usd)} / {tokens:,} tokens; an operator can raise it "
         f"(execkit task set-budget {task_id} --usd N --tokens N)"
     )
+
+
+def spend_plan(lane: str | None, at: float) -> SpendPlan:
+    """What an admission on `lane` at `at` will ask `Tx.spend_reads`, given the spend
+    configuration's stored text (None: no cap applies, no spend read is made; a text
+    that is not a configuration: None too, the gate itself then says so): the hint a
+    store sends the spend lock and reads with (`Tx.expect_admission`)."""
+
+    def plan(stored: str) -> SpendReads | None:
+        try:
+            caps = SpendConfig.from_stored(stored).applying(lane, at)
+        except StorageError:
+            return None
+        if not caps:
+            return None
+        return lane, RECENT_RUNS, tuple((window_bounds(cap, at)[0], cap.lane) for cap in caps)
+
+    return plan

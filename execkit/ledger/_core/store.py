@@ -32,10 +32,19 @@ from execkit.ledger._spend import SpendRow, TaskBudget
 # that reads ahead reads it with a lane-bound run's result (`Tx.expect_result`).
 LANE_CONFIG_META_KEY = "lane_config"
 
+# An admission's spend reads (`Tx.spend_reads`): the run's lane, how many recent costs,
+# and each window (its start, its lane or None: every lane).
+SpendReads = tuple[str | None, int, tuple[tuple[float, str | None], ...]]
+# Given the spend configuration's stored text, the spend reads an admission will make, or
+# None when it makes none (`Tx.expect_admission`).
+SpendPlan = Callable[[str], SpendReads | None]
+
 __all__ = [
     "HISTORY_ROW",
     "LANE_CONFIG_META_KEY",
     "SUMMARY_AT",
+    "SpendPlan",
+    "SpendReads",
     "StaleCopy",
     "Store",
     "TaskRecord",
@@ -317,8 +326,16 @@ class Tx(Protocol):
     # locks) the rules are about to make, in the order they make them, and answers those
     # calls with what it got; one without (SQLite) does nothing. The rules never depend
     # on a hint: a read it did not foresee is made as it comes.
+    # `spend`: given the spend configuration's stored text, the `spend_reads` the admission
+    # will make (lane, limit, windows), or None when it makes none: a store that knows the
+    # text may send them (and the spend lock) with its first reads.
     def expect_admission(
-        self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]
+        self,
+        scope: str,
+        key: str,
+        task_id: str,
+        lanes: tuple[str, ...],
+        spend: SpendPlan | None = None,
     ) -> None: ...
     def expect_result(self, run_id: str) -> None: ...
 

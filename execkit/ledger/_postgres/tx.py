@@ -71,6 +71,7 @@ from execkit.ledger._core import (
     TaskRecord,
     summary_values,
 )
+from execkit.ledger._core.store import SpendPlan
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
     AuditEntry,
@@ -650,12 +651,19 @@ class PostgresTx:
         """Whether reads can be sent ahead here (a write transaction, in a pipeline)."""
         return self._write and self._opener is not None
 
-    def expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
+    def expect_admission(
+        self,
+        scope: str,
+        key: str,
+        task_id: str,
+        lanes: tuple[str, ...],
+        spend: SpendPlan | None = None,
+    ) -> None:
         if not self._batch():
             return
         if self._remembered and self._admission_from_copy(scope, key, task_id, lanes):
             return
-        self._first_batch(lambda: self._expect_admission(scope, key, task_id, lanes))
+        self._first_batch(lambda: self._expect_admission(scope, key, task_id, lanes, spend))
 
     def _admission_from_copy(
         self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]
@@ -688,7 +696,9 @@ class PostgresTx:
         self.copied = self._read_back_task = task_id
         return True
 
-    def _expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
+    def _expect_admission(
+        self, scope: str, key: str, task_id: str, lanes: tuple[str, ...], spend: SpendPlan | None
+    ) -> None:
         stored_key = nul_free(key)
         new = (scope, stored_key)
         wire = self._on_wire()
@@ -709,14 +719,29 @@ class PostgresTx:
         # Drawn after the task's lock: a task's runs are numbered in their order. With
         # it, the task's running run, if any (read under that lock).
         number = execute(_NUMBER_AND_RUNNING, (task_id, _FINISHED, *new, task_id, task_id, *new))
+        # Issue #45: with the spend configuration this store last saw, a capped admission's
+        # spend lock and reads go here too, after every row lock it takes (the order the
+        # gate takes them in), and are kept when that configuration is still the one read.
+        known = None if self._copies is None else self._copies.spend
+        planned = spend(known) if spend is not None and isinstance(known, str) else None
+        if planned is not None:
+            execute(f"SELECT {_WAIT}, pg_advisory_xact_lock(%s, %s)", (waits, *_SPEND_LOCK))
+            of, limit, windows = planned
+            recent = execute(*_recent_sql(of, limit))
+            sums = [execute(*_window_sql(since, lane)) for since, lane in windows]
         wire.sync()
         drawn = number.named_one()
         assert drawn is not None
         self.xid = int(drawn["tx_xid"])
-        spend = drawn.pop("tx_spend")
-        self._ahead[("meta", SPEND_META_KEY)] = spend
+        stored = drawn.pop("tx_spend")
+        self._ahead[("meta", SPEND_META_KEY)] = stored
         if self._copies is not None:
-            self._copies.spend = spend
+            self._copies.spend = stored
+        if planned is not None and stored == known:
+            self._ahead[("spend_reads", *planned)] = (
+                _recent_rows(recent.rows()),
+                [_window_use(answer.one()) for answer in sums],
+            )
         row = found.named_one()
         self._ahead[("idempotent", scope, key)] = (
             None if row is None else (str(row["fingerprint"]), dict(row["response"]))
@@ -1422,6 +1447,9 @@ class PostgresTx:
     def spend_reads(
         self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
     ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int, float | None]]]:
+        ahead = self._take(("spend_reads", lane, limit, tuple(windows)))
+        if ahead is not _ABSENT:
+            return ahead  # type: ignore[no-any-return]
         if not self._batch():
             self.lock_spend()
             return self.recent_costs(lane, limit), [self.window_spend(*w) for w in windows]

@@ -23,6 +23,7 @@ from execkit._classify import FailureClass
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit._usage import Usage
 from execkit.ledger._core import HISTORY_ROW, TaskRecord
+from execkit.ledger._core.store import SpendPlan
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
     AuditEntry,
@@ -195,7 +196,14 @@ class SqliteTx:
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     # SQLite reads in-process: a hint has no round trip to save.
-    def expect_admission(self, scope: str, key: str, task_id: str, lanes: tuple[str, ...]) -> None:
+    def expect_admission(
+        self,
+        scope: str,
+        key: str,
+        task_id: str,
+        lanes: tuple[str, ...],
+        spend: SpendPlan | None = None,
+    ) -> None:
         pass
 
     def expect_result(self, run_id: str) -> None:
