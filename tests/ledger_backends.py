@@ -75,11 +75,12 @@ class PgSchemas:
         return self.cluster.url(options=f"-csearch_path={name}")
 
 
-# SQLite's version 13 (issue #45's spend buckets), undone before anything they read is.
+# SQLite's versions 13 and 14 (issue #45's spend buckets), undone before anything they read is.
 SQLITE_BUCKETS_UNDONE = (
     "DROP TRIGGER spend_buckets_on_status",
     "DROP TRIGGER spend_buckets_on_cost_insert",
     "DROP TRIGGER spend_buckets_on_cost_update",
+    "DROP INDEX runs_running",  # step 14's
     "DROP INDEX run_costs_by_lane",
     "DROP TABLE spend_buckets",
 )

@@ -52,6 +52,7 @@ CURRENT = pg_schema.SCHEMA_VERSION
 # Version 6 (issue #45, spend) undone: what a ledger of version 5 has.
 # Version 11's spend buckets (issue #45), undone before anything they read.
 BUCKETS_UNDONE = (
+    "DROP TRIGGER runs_spend_ended ON runs",  # step 12's
     "DROP TRIGGER runs_spend ON runs",
     "DROP FUNCTION execkit_runs_spend()",
     "DROP TABLE spend_buckets",

@@ -143,7 +143,7 @@ def _table_sql(path: Path) -> dict[str, str]:
 def test_a_fresh_file_goes_through_every_step() -> None:
     assert sorted(SCHEMA_STEPS) == list(range(1, SCHEMA_VERSION + 1))
     # 8 is issue #45's step (spend); 9, 10 and 12 are issue #46's; 11 is issue #49's.
-    assert SCHEMA_VERSION == 13
+    assert SCHEMA_VERSION == 14
 
 
 def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None:
@@ -197,6 +197,7 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "notify_deliveries",
         "spend_buckets",
         "run_costs_by_lane",
+        "runs_running",
         "spend_buckets_on_cost_insert",
         "spend_buckets_on_cost_update",
         "spend_buckets_on_status",

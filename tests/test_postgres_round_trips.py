@@ -329,11 +329,12 @@ def test_a_capped_admission_takes_two_round_trips_too(pg: PostgresLedger) -> Non
 
     assert round_trips(pg, lambda: start(0, "codex/default", 1000.0)) == 3  # the caps not seen yet
     pg.finish_run(runs[-1].id, "succeeded", now=1001.0, usage=_PAID)
-    assert round_trips(pg, lambda: start(1, "codex/default", 1002.0)) == 2
-    assert round_trips(pg, lambda: start(2, None, 1003.0)) == 2  # the day's cap alone
+    # A minute on (the lanes' estimates read again, in the same batch):
+    assert round_trips(pg, lambda: start(1, "codex/default", 1100.0)) == 2
+    assert round_trips(pg, lambda: start(2, None, 1101.0)) == 2  # the day's cap alone
     # What the windows hold is what the reads read: $0.01 spent, and two reservations of
     # the lane's $0.01 (all lanes' for the run with none).
-    assert pg.spend_windows(now=1004.0)[0].usd == pytest.approx(0.03)
+    assert pg.spend_windows(now=1102.0)[0].usd == pytest.approx(0.03)
     pg.set_spend_cap(SpendCap(SpendWindow.DAY, usd=50.0), actor=me)
-    assert round_trips(pg, lambda: start(3, "codex/default", 1005.0)) == 3
-    assert round_trips(pg, lambda: start(4, "codex/default", 1006.0)) == 2
+    assert round_trips(pg, lambda: start(3, "codex/default", 1103.0)) == 3
+    assert round_trips(pg, lambda: start(4, "codex/default", 1104.0)) == 2  # estimate kept

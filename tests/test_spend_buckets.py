@@ -5,23 +5,28 @@ run. Checked against a model of every run's holding, on both backends."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ledger_backends import AnyLedger, open_at
+from ledger_backends import SQLITE_BUCKETS_UNDONE, AnyLedger, open_at
+from test_ledger_postgres import BUCKETS_UNDONE, sql
 from test_remote import ME
 
 from execkit._classify import FailureClass
 from execkit._usage import Usage, UsdSource
-from execkit.ledger import SpendCap, SpendWindow
+from execkit.ledger import SpendCap, SpendWindow, migrate
+from execkit.ledger._postgres import schema as pg_schema
+from execkit.ledger._sqlite import schema as sqlite_schema
 
 HOUR = 3600.0
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC: on the hour
 LANES = [None, "claude/default", "codex/default"]
 BIG = SpendCap(SpendWindow.WEEK, usd=1e9, tokens=10**15)
+COST = Usage(input_tokens=70, usd=0.07, usd_source=UsdSource.PRICED)
 
 
 def window(ledger: AnyLedger, since: float, lane: str | None) -> tuple[float, int]:
@@ -124,3 +129,51 @@ def test_a_window_reads_whole_hours_and_only_the_partial_hours_runs(ledger: AnyL
     assert window(ledger, T0 + 1, LANES[1]) == pytest.approx((2.5, 50))  # a partial hour
     assert window(ledger, T0 + HOUR, None) == pytest.approx((1.5, 30))
     assert window(ledger, T0, LANES[2]) == (0.0, 0)
+
+
+def _ledger_of_step_13(backend: str, target: str) -> None:
+    """The ledger at `target` as SQLite's step 13 (PostgreSQL's 11) left it: its buckets
+    holding what its running runs reserve too, by that step's own statements."""
+    if backend == "sqlite":
+        with sqlite3.connect(target, isolation_level=None) as raw:
+            for statement in SQLITE_BUCKETS_UNDONE:
+                raw.execute(statement)
+            for statement in sqlite_schema.SCHEMA_STEPS[13]:
+                raw.execute(statement)
+            raw.execute("DELETE FROM schema_version WHERE version = 14")
+        return
+    for statement in (*BUCKETS_UNDONE, *pg_schema.SCHEMA_STEPS[11]):
+        sql(target, statement)
+    sql(target, "DELETE FROM schema_version WHERE version = 12")
+
+
+def test_a_ledger_whose_buckets_held_running_runs_migrates_to_what_they_hold(
+    backend: str, new_target: Callable[[], str]
+) -> None:
+    # SQLite's step 14 (PostgreSQL's 12): the buckets hold what ended runs hold, and a
+    # window reads its running runs' reservations from the runs; a ledger whose buckets
+    # held those reservations too is summed again, its windows holding what they held.
+    target = new_target()
+    with open_at(target) as ledger:
+        ledger.set_spend_cap(BIG, actor=ME, floor_usd=0.5, floor_tokens=10)
+        tasks = [ledger.create_task(f"t{n}", actor=ME).id for n in range(4)]
+        runs = [
+            ledger.start_run(task, request_key=task, actor=ME, now=T0 + 600 * n, lane=LANES[1])
+            for n, task in enumerate(tasks)
+        ]
+        for run in runs[:2]:
+            ledger.finish_run(run.id, "succeeded", usage=COST, now=T0 + 3000)
+        before = [window(ledger, since, lane) for since in (T0, T0 + 1) for lane in LANES]
+    assert before[0] == pytest.approx((2 * 0.07 + 2 * 0.5, 2 * 70 + 2 * 10))
+    _ledger_of_step_13(backend, target)
+    if backend == "postgres":
+        done = migrate(target, backed_up=True)
+        assert done is not None and done.from_version == 11
+    with open_at(target) as ledger:
+        if backend == "sqlite":
+            assert ledger.migration is not None and ledger.migration.from_version == 13
+        after = [window(ledger, since, lane) for since in (T0, T0 + 1) for lane in LANES]
+        for (usd, tokens), (usd_before, tokens_before) in zip(after, before, strict=True):
+            assert usd == pytest.approx(usd_before) and tokens == tokens_before
+        ledger.finish_run(runs[2].id, "succeeded", usage=COST, now=T0 + 3100)
+        assert window(ledger, T0, None) == pytest.approx((3 * 0.07 + 0.5, 3 * 70 + 10))

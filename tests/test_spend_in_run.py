@@ -101,13 +101,14 @@ def test_the_tasks_own_budget_stops_its_run_charged(ledger: AnyLedger) -> None:
     ledger.finish_run(
         first.id, "failed", failure_class=FailureClass.WORK, usage=spent(0.3), now=NOW + 1
     )
-    run = ledger.start_run(task, request_key="2", actor=ME, now=NOW + 2, ignore_backoff=True)
-    # It reserved the p90 of its lane's recent costs ($0.30, above the floor); it may grow
+    run = ledger.start_run(task, request_key="2", actor=ME, now=NOW + 62, ignore_backoff=True)
+    # A minute later (ESTIMATE_TTL_S: the lane's estimate is read again), it reserved the
+    # p90 of its lane's recent costs ($0.30, above the floor); it may grow
     # by the floor, up to what the task's first run left of its budget ($0.70).
-    assert ledger.spend_room(run.id, now=NOW + 2) == SpendRoom(usd=0.3)
-    assert ledger.spend_room(run.id, spent=spent(0.45), now=NOW + 2) == SpendRoom(usd=0.65)
-    assert ledger.spend_room(run.id, spent=spent(0.69), now=NOW + 2).usd == pytest.approx(0.7)
-    stop = ledger.spend_room(run.id, spent=spent(0.75), now=NOW + 3)
+    assert ledger.spend_room(run.id, now=NOW + 62) == SpendRoom(usd=0.3)
+    assert ledger.spend_room(run.id, spent=spent(0.45), now=NOW + 62) == SpendRoom(usd=0.65)
+    assert ledger.spend_room(run.id, spent=spent(0.69), now=NOW + 62).usd == pytest.approx(0.7)
+    stop = ledger.spend_room(run.id, spent=spent(0.75), now=NOW + 63)
     assert (stop.by_task, stop.cap, stop.reopens_at) == (True, "the task's budget", None)
     assert stop.stop is not None and f"execkit task set-budget {task}" in stop.stop
 
@@ -123,13 +124,14 @@ def test_a_task_whose_lane_costs_more_than_its_budget_runs_held_to_the_budget(
     ledger.set_task_budget(
         task, usd=1.0, tokens=None, expected_usd=None, expected_tokens=None, actor=ME
     )
-    # Admitted (its budget has room for the floor, as get_task shows it), it reserves the
-    # lane's $1.50 for the windows, but may spend only what its budget leaves.
-    assert ledger.get_task(task, now=NOW + 2).state == "ready"
-    held = ledger.start_run(task, request_key="t", actor=ME, now=NOW + 2)
-    assert ledger.spend_room(held.id, now=NOW + 2) == SpendRoom(usd=1.0)
-    assert ledger.spend_room(held.id, spent=spent(0.9), now=NOW + 2) == SpendRoom(usd=1.0)
-    stop = ledger.spend_room(held.id, spent=spent(1.05), now=NOW + 3)
+    # Admitted (its budget has room for the floor, as get_task shows it), a minute on (the
+    # lane's estimate read again), it reserves the lane's $1.50 for the windows, but may
+    # spend only what its budget leaves.
+    assert ledger.get_task(task, now=NOW + 62).state == "ready"
+    held = ledger.start_run(task, request_key="t", actor=ME, now=NOW + 62)
+    assert ledger.spend_room(held.id, now=NOW + 62) == SpendRoom(usd=1.0)
+    assert ledger.spend_room(held.id, spent=spent(0.9), now=NOW + 62) == SpendRoom(usd=1.0)
+    stop = ledger.spend_room(held.id, spent=spent(1.05), now=NOW + 63)
     assert stop.by_task and stop.stop is not None
 
 

@@ -114,6 +114,9 @@ class CoreBase:
         # the same one); the last stored text read and its parse, so an unchanged one is
         # not parsed again at each lane event.
         self._lane_settings: tuple[str | None, LaneConfigHistory] = (None, LaneConfigHistory())
+        # Issue #45: each lane's reservation estimate as last read (when, the 90th
+        # percentile of its recent USD and tokens), kept `ESTIMATE_TTL_S` (`spend.py`).
+        self._estimates: dict[str | None, tuple[float, float | None, int | None]] = {}
 
     @staticmethod
     def _copy_first(transaction: Callable[[StaleCopy | None], _T]) -> _T:

@@ -52,7 +52,7 @@ from execkit.ledger._core.inputs import (
 )
 from execkit.ledger._core.lanes import check_lane, check_lane_cause
 from execkit.ledger._core.leases import LeaseOps
-from execkit.ledger._core.spend import Reservation, SpendOps, check_usage, spend_plan, with_usage
+from execkit.ledger._core.spend import Reservation, SpendOps, check_usage, with_usage
 from execkit.ledger._core.store import StaleCopy, TaskRecord, Tx
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
@@ -209,9 +209,8 @@ class RunOps(LeaseOps, SpendOps):
             spend_refused.clear()
             with self._store.write(remembered=after is None, after=after) as tx:
                 lanes = () if lane_name is None else self._gate_names(lane_name, runner.host)
-                tx.expect_admission(
-                    AuditAction.RUN_START, request_key, task_id, lanes, spend_plan(lane_name, at)
-                )
+                spend = self._spend_plan(lane_name, at)
+                tx.expect_admission(AuditAction.RUN_START, request_key, task_id, lanes, spend)
                 found = tx.idempotent(AuditAction.RUN_START, request_key)
                 if found is not None:
                     return self._replay_start(tx, request_key, found, task_id, who, forced)

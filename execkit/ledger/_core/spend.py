@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -66,13 +66,15 @@ from execkit.ledger._spend import (
     window_bounds,
 )
 
+_N = TypeVar("_N", int, float)
+
 __all__ = [
     "Reservation",
     "Spend",
     "SpendOps",
     "check_usage",
+    "percentiles",
     "spend_of",
-    "spend_plan",
     "with_usage",
 ]
 
@@ -165,9 +167,14 @@ def with_usage(run: Run, usage: Usage) -> Run:
 
 
 _RUNNABLE = frozenset({TaskState.READY, TaskState.BACKOFF})
-# How many of a lane's latest finished runs a reservation's percentile reads, and which.
+# How many of a lane's latest runs that reported a cost its reservation estimate reads
+# (`percentiles`: the 90th), and for how long (in the ledger's clock) an estimate read is
+# used again: a run's reservation is an estimate, what the caps hold is exact (each run's
+# reservation as stored, summed under the spend lock), so a minute-old estimate costs no
+# cap anything, while the read (50 rows, under the spend lock every capped admission of
+# the fleet queues on) leaves every admission of a lane but one a minute.
 RECENT_RUNS = 50
-_PERCENTILE = 0.9
+ESTIMATE_TTL_S = 60.0
 # A window's spend at this share of a cap is an audited `spend.warning`, once a window.
 WARN_SHARE = 0.8
 
@@ -183,24 +190,29 @@ class Reservation:
     counted: tuple[tuple[SpendCap, float, float], ...] = ()
 
 
-def reservation_of(
-    config: SpendConfig, recent: Sequence[tuple[float | None, int]]
-) -> tuple[float, int]:
-    """A run's reservation: the larger of the operator's floor and the 90th percentile of
-    its lane's recent costs (a run whose USD is unknown is left out of the USD's; none
-    known: the floor alone). Unknown is never zero."""
+def percentiles(recent: Sequence[tuple[float | None, int]]) -> tuple[float | None, int | None]:
+    """The 90th percentile (nearest rank) of the USD, and of the tokens, of `recent` runs'
+    costs (None: no run reported one): what a lane's reservation estimate is."""
     usd_seen = sorted(usd for usd, _tokens in recent if usd is not None)
     tokens_seen = sorted(tokens for _usd, tokens in recent if tokens > 0)
-    return (
-        max(config.floor_usd, _percentile(usd_seen, 0.0)),
-        max(config.floor_tokens, int(_percentile(tokens_seen, 0))),
-    )
+    return _nearest_rank(usd_seen), _nearest_rank(tokens_seen)
 
 
-def _percentile(values: Sequence[float], empty: float) -> float:
+def _nearest_rank(values: Sequence[_N]) -> _N | None:
     if not values:
-        return empty
-    return values[max(0, math.ceil(_PERCENTILE * len(values)) - 1)]
+        return None
+    return values[(9 * len(values) + 9) // 10 - 1]  # the ceil(0.9 n)-th smallest
+
+
+def reservation_of(
+    config: SpendConfig, seen_usd: float | None, seen_tokens: int | None
+) -> tuple[float, int]:
+    """A run's reservation: the larger of the operator's floor and its lane's estimate
+    (`percentiles`; None: no recent run reported that kind). Unknown is never zero."""
+    return (
+        max(config.floor_usd, 0.0 if seen_usd is None else seen_usd),
+        max(config.floor_tokens, 0 if seen_tokens is None else seen_tokens),
+    )
 
 
 def _money(usd: float) -> str:
@@ -489,6 +501,32 @@ class SpendOps(WakeOps):
             )  # fmt: skip
             return wanted
 
+    def _estimate(self, lane: str | None, at: float) -> tuple[float | None, int | None] | None:
+        """`lane`'s reservation estimate as last read, when it is younger than
+        ESTIMATE_TTL_S at `at` (None: read it again)."""
+        known = self._estimates.get(lane)
+        if known is None or not 0.0 <= at - known[0] < ESTIMATE_TTL_S:
+            return None
+        return known[1], known[2]
+
+    def _spend_plan(self, lane: str | None, at: float) -> SpendPlan:
+        """What an admission on `lane` at `at` will ask `Tx.spend_reads`, given the spend
+        configuration's stored text (None: no cap applies, no spend read is made; a text
+        that is not a configuration: None too, the gate itself then says so): the hint a
+        store sends the spend lock and reads with (`Tx.expect_admission`)."""
+        limit = 0 if self._estimate(lane, at) else RECENT_RUNS
+
+        def plan(stored: str) -> SpendReads | None:
+            try:
+                caps = SpendConfig.from_stored(stored).applying(lane, at)
+            except StorageError:
+                return None
+            if not caps:
+                return None
+            return lane, limit, tuple((window_bounds(cap, at)[0], cap.lane) for cap in caps)
+
+        return plan
+
     def _spend_gate(
         self, tx: Tx, task: TaskRecord, lane: str | None, at: float
     ) -> Reservation | AdmissionRefused | None:
@@ -502,15 +540,17 @@ class SpendOps(WakeOps):
             return None
         caps = config.applying(lane, at)
         bounds = [window_bounds(cap, at) for cap in caps]
-        if caps:
-            # The spend lock, then every read the check needs, in one round trip where
-            # the store can (with the admission's first reads: `spend_plan`): each
-            # window's sum read after the lock.
-            windows = [(start, cap.lane) for cap, (start, _) in zip(caps, bounds, strict=True)]
-            recent, sums = tx.spend_reads(lane, RECENT_RUNS, windows)
-        else:
-            recent, sums = tx.recent_costs(lane, RECENT_RUNS), []
-        usd, tokens = reservation_of(config, recent)
+        # With caps, the spend lock, then every read the check needs, in one round trip
+        # where the store can (with the admission's first reads: `spend_plan`): each
+        # window's sum read after the lock. The lane's recent costs only when its estimate
+        # is older than ESTIMATE_TTL_S.
+        windows = [(start, cap.lane) for cap, (start, _) in zip(caps, bounds, strict=True)]
+        known = self._estimate(lane, at)
+        recent, sums = tx.spend_reads(lane, 0 if known else RECENT_RUNS, windows)
+        if known is None:
+            known = percentiles(recent)
+            self._estimates[lane] = (at, *known)
+        usd, tokens = reservation_of(config, *known)
         if config.task_budgets:
             budget = tx.task_budget(task.id)
             if budget is not None and (budget.usd is not None or budget.tokens is not None):
@@ -528,16 +568,15 @@ class SpendOps(WakeOps):
         # A subscription lane's run adds no USD to any window: it is held to tokens only.
         run_usd = 0.0 if lane in config.subscription_lanes else usd
         counted: list[tuple[SpendCap, float, float]] = []
-        for cap, (start, reopens), (used_usd, used_tokens, first) in zip(
-            caps, bounds, sums, strict=True
-        ):
+        for cap, (start, reopens), (used_usd, used_tokens) in zip(caps, bounds, sums, strict=True):
             used_usd = _usd_held(tx, config, cap, start, used_usd)
-            if cap.window is SpendWindow.ROLLING_5H and first is not None:
-                reopens = first + (at - start)  # when its oldest spend leaves the window
             over = (cap.usd is not None and used_usd + run_usd > cap.usd + 1e-9) or (
                 cap.tokens is not None and used_tokens + tokens > cap.tokens
             )
             if over:
+                first = tx.window_spend(start, cap.lane)[2]
+                if cap.window is SpendWindow.ROLLING_5H and first is not None:
+                    reopens = first + (at - start)  # when its oldest spend leaves the window
                 return SpendCapReached(
                     f"waiting on {cap.name} until {when(reopens)}: it has no room for this "
                     "run (used " + _used(cap, used_usd, used_tokens) + f"; the run reserves "
@@ -832,21 +871,3 @@ def _task_refusal(
         f"{_money(usd)} / {tokens:,} tokens; an operator can raise it "
         f"(execkit task set-budget {task_id} --usd N --tokens N)"
     )
-
-
-def spend_plan(lane: str | None, at: float) -> SpendPlan:
-    """What an admission on `lane` at `at` will ask `Tx.spend_reads`, given the spend
-    configuration's stored text (None: no cap applies, no spend read is made; a text
-    that is not a configuration: None too, the gate itself then says so): the hint a
-    store sends the spend lock and reads with (`Tx.expect_admission`)."""
-
-    def plan(stored: str) -> SpendReads | None:
-        try:
-            caps = SpendConfig.from_stored(stored).applying(lane, at)
-        except StorageError:
-            return None
-        if not caps:
-            return None
-        return lane, RECENT_RUNS, tuple((window_bounds(cap, at)[0], cap.lane) for cap in caps)
-
-    return plan

@@ -456,11 +456,12 @@ class Tx(Protocol):
     # (USD, tokens, the earliest start counted) of the runs started at or after `since`,
     # on `lane` only when one is given.
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]: ...
-    # `lock_spend`, then `recent_costs(lane, limit)` and `window_spend` of each (since, lane)
-    # of `windows`: an admission's spend reads, in one round trip where the store can.
+    # An admission's spend reads, in one round trip where the store can: `lock_spend` when
+    # there are `windows`, then `recent_costs(lane, limit)` (none for a limit of 0) and the
+    # (USD, tokens) each window (since, lane) holds, as `window_spend` sums it.
     def spend_reads(
         self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
-    ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int, float | None]]]: ...
+    ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int]]]: ...
     def task_spend(self, task_id: str) -> tuple[float, int]: ...
     # The (USD or None, tokens) of up to `limit` runs whose result reported a cost (of
     # `lane` when given, else of every lane), the latest first: what a reservation's

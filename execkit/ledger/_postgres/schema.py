@@ -13,7 +13,8 @@ What the database itself enforces, whatever a client does:
   run always has an end time.
 
 These versions are this backend's own, not the SQLite ledger's numbers; every step after
-the first must be additive.
+the first must be additive, but for step 12, which replaces step 11's trigger and sums its
+buckets again (derived data, rebuilt from the runs).
 """
 
 from __future__ import annotations
@@ -360,6 +361,58 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
                sum({_effective_tokens("r")})
         FROM runs r LEFT JOIN run_lanes l ON l.run_id = r.id
         CROSS JOIN (VALUES (0), (1)) AS k (star)
+        GROUP BY 1, 2""",
+    ),
+    # Issue #45: the buckets hold what ended runs hold, no longer what running ones
+    # reserve: admitting a run, and growing its reservation while it runs, then call no
+    # trigger (step 11's ran at every capped admission). A window reads its running runs'
+    # reservations from the runs themselves (`runs_running_by_lease`: a handful, whatever
+    # the volume). The function holds nothing for a running run; the triggers' WHEN skips
+    # a row that is running before and after; the buckets are summed again.
+    12: (
+        f"""CREATE OR REPLACE FUNCTION execkit_runs_spend() RETURNS trigger AS $$
+        DECLARE
+            d_usd double precision := 0;
+            d_tokens bigint := 0;
+            hour bigint;
+            lane_name text;
+        BEGIN
+            IF NEW.status <> 'running' THEN
+                d_usd := CASE WHEN NEW.usd IS NULL THEN NEW.reserved_usd ELSE NEW.usd END;
+                d_tokens := {_effective_tokens("NEW")};
+            END IF;
+            IF TG_OP = 'UPDATE' AND OLD.status <> 'running' THEN
+                d_usd := d_usd - CASE WHEN OLD.usd IS NULL THEN OLD.reserved_usd
+                                      ELSE OLD.usd END;
+                d_tokens := d_tokens - {_effective_tokens("OLD")};
+            END IF;
+            IF d_usd = 0 AND d_tokens = 0 THEN
+                RETURN NULL;
+            END IF;
+            SELECT l.lane INTO lane_name FROM run_lanes l WHERE l.run_id = NEW.id;
+            hour := floor(NEW.started_at / {_HOUR})::bigint * {_HOUR};
+            INSERT INTO spend_buckets AS b (lane, bucket, usd, tokens)
+            VALUES (coalesce(lane_name, ''), hour, d_usd, d_tokens), ('*', hour, d_usd, d_tokens)
+            ON CONFLICT (lane, bucket) DO UPDATE
+            SET usd = b.usd + excluded.usd, tokens = b.tokens + excluded.tokens;
+            RETURN NULL;
+        END $$ LANGUAGE plpgsql""",
+        "DROP TRIGGER runs_spend ON runs",
+        "CREATE TRIGGER runs_spend AFTER UPDATE OF status, reserved_usd, reserved_tokens, usd, "
+        "input_tokens, output_tokens, cache_read_tokens, cache_write_tokens ON runs "
+        "FOR EACH ROW WHEN (OLD.status <> 'running' OR NEW.status <> 'running') "
+        "EXECUTE FUNCTION execkit_runs_spend()",
+        "CREATE TRIGGER runs_spend_ended AFTER INSERT ON runs FOR EACH ROW "
+        "WHEN (NEW.status <> 'running') EXECUTE FUNCTION execkit_runs_spend()",
+        "DELETE FROM spend_buckets",
+        f"""INSERT INTO spend_buckets (lane, bucket, usd, tokens)
+        SELECT CASE k.star WHEN 1 THEN '*' ELSE coalesce(l.lane, '') END,
+               floor(r.started_at / {_HOUR})::bigint * {_HOUR},
+               sum(CASE WHEN r.usd IS NULL THEN r.reserved_usd ELSE r.usd END),
+               sum({_effective_tokens("r")})
+        FROM runs r LEFT JOIN run_lanes l ON l.run_id = r.id
+        CROSS JOIN (VALUES (0), (1)) AS k (star)
+        WHERE r.status <> 'running'
         GROUP BY 1, 2""",
     ),
 }

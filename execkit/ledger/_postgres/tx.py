@@ -140,11 +140,15 @@ _TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
 # The hours `spend_buckets` keeps the spend windows in (schema step 11).
 _HOUR = 3600
 _TOKENS_OF = "(r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens)"
-_EFFECTIVE = (
+_HELD_USD = (
     "coalesce(sum(CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd "
-    "ELSE r.usd END), 0), coalesce(sum(CASE WHEN r.status = 'running' OR (r.usd IS NULL "
+    "ELSE r.usd END), 0)"
+)
+_HELD_TOKENS = (
+    "coalesce(sum(CASE WHEN r.status = 'running' OR (r.usd IS NULL "
     f"AND {_TOKENS_OF} = 0) THEN r.reserved_tokens ELSE {_TOKENS_OF} END), 0)"
 )
+_EFFECTIVE = f"{_HELD_USD}, {_HELD_TOKENS}"
 # pg_advisory_xact_lock(int, int) key, beside the lane configuration's: the admissions
 # that read the spend windows queue on it (`lock_spend`).
 _SPEND_LOCK = (0x65786B74, 3)
@@ -362,32 +366,43 @@ def _groups(writes: list[_Write]) -> list[list[_Write]]:
     return groups
 
 
-def _window_sql(since: float, lane: str | None) -> tuple[str, tuple[Any, ...]]:
-    """A window's sum since `since` (of `lane`, else of every lane) as one statement: the
-    whole hours from `spend_buckets` (kept by triggers), the runs of the partial hour before
-    them one by one, and its earliest start: the same work whatever the volume."""
-    whole = math.ceil(since / _HOUR) * _HOUR
-    if lane is None:
-        runs = "runs r WHERE r.started_at >= %s"
-        params: tuple[Any, ...] = (since,)
-    else:
-        runs = "runs r JOIN run_lanes l ON l.run_id = r.id WHERE r.started_at >= %s AND l.lane = %s"
-        params = (since, lane)
-    bucket = "*" if lane is None else lane
-    return (
-        "SELECT (SELECT coalesce(sum(usd), 0) FROM spend_buckets WHERE lane = %s "
-        "AND bucket >= %s), (SELECT coalesce(sum(tokens), 0) FROM spend_buckets "
-        f"WHERE lane = %s AND bucket >= %s), p.*, (SELECT min(r.started_at) FROM {runs}) "
-        f"FROM (SELECT {_EFFECTIVE} FROM {runs} AND r.started_at < %s) p",
-        (bucket, whole, bucket, whole, *params, *params, whole),
-    )
+def _windows_sql(
+    windows: Sequence[tuple[float, str | None]], *, first: bool = False
+) -> tuple[str, tuple[Any, ...]]:
+    """What each window (since, lane: None for every lane) holds, as one statement, its USD
+    then its tokens: the ended runs of its whole hours from `spend_buckets` (kept by a
+    trigger), the runs of the partial hour before them one by one, and the reservations
+    of its running runs after that hour (the index of running runs): the same work
+    whatever the volume. `first`: then the earliest start in the first window."""
+    tables: list[str] = []
+    params: list[Any] = []
+    for n, (since, lane) in enumerate(windows):
+        whole = math.ceil(since / _HOUR) * _HOUR
+        of = "" if lane is None else " JOIN run_lanes l ON l.run_id = r.id AND l.lane = %s"
+        lanes: tuple[Any, ...] = () if lane is None else (lane,)
+        tables.append(
+            "(SELECT b.usd + p.usd + q.usd AS usd, b.tokens + p.tokens + q.tokens AS tokens "
+            "FROM (SELECT coalesce(sum(usd), 0) AS usd, coalesce(sum(tokens), 0) AS tokens "
+            "FROM spend_buckets WHERE lane = %s AND bucket >= %s) b, "
+            f"(SELECT {_HELD_USD} AS usd, {_HELD_TOKENS} AS tokens FROM runs r{of} "
+            "WHERE r.started_at >= %s AND r.started_at < %s) p, "
+            "(SELECT coalesce(sum(r.reserved_usd), 0) AS usd, coalesce(sum(r.reserved_tokens), "
+            f"0) AS tokens FROM runs r{of} WHERE r.status = 'running' AND r.started_at >= %s) q"
+            f") w{n}"
+        )
+        params += ["*" if lane is None else lane, whole, *lanes, since, whole, *lanes, whole]
+    columns = [f"w{n}.usd, w{n}.tokens" for n in range(len(windows))]
+    if first:
+        since, lane = windows[0]
+        of = "" if lane is None else " JOIN run_lanes l ON l.run_id = r.id AND l.lane = %s"
+        columns.append(f"(SELECT min(r.started_at) FROM runs r{of} WHERE r.started_at >= %s)")
+        params = [*(() if lane is None else (lane,)), since, *params]
+    return f"SELECT {', '.join(columns)} FROM {', '.join(tables)}", tuple(params)
 
 
-def _window_use(row: tuple[Any, ...] | None) -> tuple[float, int, float | None]:
+def _window_sums(row: tuple[Any, ...] | None, count: int) -> list[tuple[float, int]]:
     assert row is not None
-    usd = float(row[0]) + float(row[2])
-    tokens = int(row[1]) + int(row[3])
-    return usd, tokens, None if row[4] is None else float(row[4])
+    return [(float(row[2 * n]), int(row[2 * n + 1])) for n in range(count)]
 
 
 def _recent_sql(lane: str | None, limit: int) -> tuple[str, tuple[Any, ...]]:
@@ -727,8 +742,8 @@ class PostgresTx:
         if planned is not None:
             execute(f"SELECT {_WAIT}, pg_advisory_xact_lock(%s, %s)", (waits, *_SPEND_LOCK))
             of, limit, windows = planned
-            recent = execute(*_recent_sql(of, limit))
-            sums = [execute(*_window_sql(since, lane)) for since, lane in windows]
+            recent = execute(*_recent_sql(of, limit)) if limit else None
+            sums = execute(*_windows_sql(windows))
         wire.sync()
         drawn = number.named_one()
         assert drawn is not None
@@ -739,8 +754,8 @@ class PostgresTx:
             self._copies.spend = stored
         if planned is not None and stored == known:
             self._ahead[("spend_reads", *planned)] = (
-                _recent_rows(recent.rows()),
-                [_window_use(answer.one()) for answer in sums],
+                [] if recent is None else _recent_rows(recent.rows()),
+                _window_sums(sums.one(), len(windows)),
             )
         row = found.named_one()
         self._ahead[("idempotent", scope, key)] = (
@@ -1440,25 +1455,34 @@ class PostgresTx:
         )
 
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
-        row = self._one(*_window_sql(since, lane))
+        row = self._one(*_windows_sql([(since, lane)], first=True))
         assert row is not None
-        return _window_use(row)
+        ((usd, tokens),) = _window_sums(row, 1)
+        return usd, tokens, None if row[2] is None else float(row[2])
 
     def spend_reads(
         self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
-    ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int, float | None]]]:
+    ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int]]]:
         ahead = self._take(("spend_reads", lane, limit, tuple(windows)))
         if ahead is not _ABSENT:
             return ahead  # type: ignore[no-any-return]
         if not self._batch():
-            self.lock_spend()
-            return self.recent_costs(lane, limit), [self.window_spend(*w) for w in windows]
+            if windows:
+                self.lock_spend()
+            return self.recent_costs(lane, limit) if limit else [], self._window_sums(windows)
         # One round trip: the lock, then every read, sent together; each read's snapshot
         # is taken when it starts, after the lock.
-        self.lock_spend()
-        recent = self._answer(*_recent_sql(lane, limit))
-        sums = [self._answer(*_window_sql(since, of)) for since, of in windows]
-        return _recent_rows(recent.rows()), [_window_use(answer.one()) for answer in sums]
+        if windows:
+            self.lock_spend()
+        recent = self._answer(*_recent_sql(lane, limit)) if limit else None
+        sums = self._answer(*_windows_sql(windows)) if windows else None
+        return (
+            [] if recent is None else _recent_rows(recent.rows()),
+            [] if sums is None else _window_sums(sums.one(), len(windows)),
+        )
+
+    def _window_sums(self, windows: Sequence[tuple[float, str | None]]) -> list[tuple[float, int]]:
+        return _window_sums(self._one(*_windows_sql(windows)), len(windows)) if windows else []
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         row = self._one(f"SELECT {_EFFECTIVE} FROM runs r WHERE r.task_id = %s", (task_id,))

@@ -3,8 +3,10 @@ order (`migrate.py` applies them), and `SCHEMA_VERSION`, the one this code write
 
 A fresh database is built by the same steps an old one goes through, and every step is
 additive: new facts go into new tables keyed by the old rows, so every object an older
-version defined (and every row it stored) stays exactly as it was. The steps' data (a
-summary built for every task, the ledger's identity) is written by `migrate.py`.
+version defined (and every row it stored) stays exactly as it was; step 14 alone replaces
+objects (step 13's triggers, and the buckets they kept, summed again from the runs:
+derived data). The steps' data (a summary built for every task, the ledger's identity)
+is written by `migrate.py`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _BUCKET_OF = f"CAST(c.started_at / {_HOUR} AS INTEGER) * {_HOUR}"
 _BOTH = "(SELECT 0 AS star UNION ALL SELECT 1 AS star) k"  # its lane's row and the '*' row
 _BUCKET_LANE = "CASE k.star WHEN 1 THEN '*' ELSE COALESCE(c.lane, '') END"
 _STATUS_OF_C = "(SELECT status FROM runs WHERE id = c.run_id)"
+_STATUS_OF_NEW = "(SELECT status FROM runs WHERE id = NEW.run_id)"
 
 
 def _effective(c: str, status: str) -> tuple[str, str]:
@@ -52,6 +55,17 @@ def _effective(c: str, status: str) -> tuple[str, str]:
         f"ELSE {c}.usd END)",
         f"(CASE WHEN {status} = 'running' OR ({c}.usd IS NULL AND {tokens} = 0) "
         f"THEN {c}.reserved_tokens ELSE {tokens} END)",
+    )
+
+
+def _held(c: str, status: str) -> tuple[str, str]:
+    """What the run_costs row `c` of a run with status `status` holds of the buckets (step
+    14): its effective cost once it ended, nothing while it runs (a window reads a running
+    run's reservation from the run itself)."""
+    usd, tokens = _effective(c, status)
+    return (
+        f"(CASE WHEN {status} = 'running' THEN 0 ELSE {usd} END)",
+        f"(CASE WHEN {status} = 'running' THEN 0 ELSE {tokens} END)",
     )
 
 
@@ -403,6 +417,49 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         "SELECT c.lane AS lane, c.started_at AS started_at, "
         f"{_effective('c', 'r.status')[0]} AS u, {_effective('c', 'r.status')[1]} AS t "
         "FROM run_costs c JOIN runs r ON r.id = c.run_id"
+        f") c, {_BOTH} GROUP BY 1, 2",
+    ),
+    # Issue #45: the buckets hold what ended runs hold, no longer what running ones
+    # reserve: admitting a run, and growing its reservation while it runs, then change no
+    # bucket (step 13's triggers did, at every capped admission). A window reads its
+    # running runs' reservations from the runs themselves, found by the index of running
+    # runs (a handful, whatever the volume). The triggers are step 13's, by name, each
+    # skipping a running run's rows; the buckets are summed again.
+    14: (
+        "DROP TRIGGER spend_buckets_on_cost_insert",
+        "DROP TRIGGER spend_buckets_on_cost_update",
+        "DROP TRIGGER spend_buckets_on_status",
+        "CREATE INDEX runs_running ON runs (started_at) WHERE status = 'running'",
+        _bucket_trigger(
+            "spend_buckets_on_cost_insert",
+            f"AFTER INSERT ON run_costs WHEN {_STATUS_OF_NEW} <> 'running'",
+            "run_costs c",
+            "c.run_id = NEW.run_id",
+            _held("c", _STATUS_OF_C),
+            ("0", "0"),
+        ),
+        _bucket_trigger(
+            "spend_buckets_on_cost_update",
+            f"AFTER UPDATE ON run_costs WHEN {_STATUS_OF_NEW} <> 'running'",
+            "run_costs c",
+            "c.run_id = NEW.run_id",
+            _held("c", _STATUS_OF_C),
+            _held("OLD", _STATUS_OF_C),
+        ),
+        _bucket_trigger(
+            "spend_buckets_on_status",
+            "AFTER UPDATE OF status ON runs WHEN OLD.status <> NEW.status",
+            "run_costs c",
+            "c.run_id = NEW.id",
+            _held("c", "NEW.status"),
+            _held("c", "OLD.status"),
+        ),
+        "DELETE FROM spend_buckets",
+        "INSERT INTO spend_buckets (lane, bucket, usd, tokens) "
+        f"SELECT {_BUCKET_LANE}, {_BUCKET_OF}, SUM(u), SUM(t) FROM ("
+        "SELECT c.lane AS lane, c.started_at AS started_at, "
+        f"{_effective('c', 'r.status')[0]} AS u, {_effective('c', 'r.status')[1]} AS t "
+        "FROM run_costs c JOIN runs r ON r.id = c.run_id WHERE r.status <> 'running'"
         f") c, {_BOTH} GROUP BY 1, 2",
     ),
 }
