@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import calendar
 import logging
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_dispatch import ROOMY, Clock
 from test_remote import ME
@@ -251,6 +252,9 @@ def utc(year: int, month: int, day: int, hour: int) -> float:
 def test_a_days_bounds_flip_at_midnight_whichever_moment_was_asked_first() -> None:
     day = SpendCap(SpendWindow.DAY, usd=1.0)
     today, tomorrow = (TOMORROW - DAY_S, TOMORROW), (TOMORROW, TOMORROW + DAY_S)
+    # The last moment a float can say before midnight is still today, the cache cold
+    # (hypothesis found it: the local date, read to the rounded microsecond, was tomorrow's).
+    assert window_bounds(day, math.nextafter(TOMORROW, 0)) == today
     assert window_bounds(day, TOMORROW - 0.5) == today  # 23:59:59.5
     assert window_bounds(day, TOMORROW + 0.5) == tomorrow  # 00:00:00.5, the cache warm
     assert window_bounds(day, TOMORROW - 0.5) == today  # and back
@@ -267,6 +271,7 @@ def test_a_weeks_bounds_flip_at_monday_midnight() -> None:
     assert window_bounds(week, monday + 0.5) == next_
     assert window_bounds(week, monday - 0.5) == this
     assert window_bounds(week, monday) == next_
+    assert window_bounds(week, math.nextafter(monday, 0)) == this
 
 
 def test_each_window_and_time_zone_keeps_its_own_bounds() -> None:
@@ -304,6 +309,7 @@ def test_new_yorks_windows_across_a_dst_change(
     # The change itself (02:00 local) is inside the window, not an edge of it.
     assert window_bounds(cap, start + 2 * 3600 + 0.5) == (start, end)
     assert window_bounds(cap, start - 0.5)[1] == start
+    assert window_bounds(cap, math.nextafter(end, 0)) == (start, end)
 
 
 ZONES = ["UTC", "America/New_York", "Europe/Paris", "Asia/Kolkata", "Australia/Sydney"]
@@ -327,6 +333,7 @@ near_a_midnight = st.builds(
         max_size=12,
     ),
 )
+@example(window=SpendWindow.DAY, tz="UTC", moments=[TOMORROW + 1, math.nextafter(TOMORROW, 0)])
 def test_prop_a_warm_cache_answers_as_a_cold_one(
     window: SpendWindow, tz: str, moments: list[float]
 ) -> None:
