@@ -6,6 +6,7 @@ once a pass), and the calendar windows' cached bounds at their edges."""
 from __future__ import annotations
 
 import calendar
+import itertools
 import logging
 import math
 import sys
@@ -17,7 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_dispatch import ROOMY, Clock
 from test_remote import ME
-from test_spend_in_run import REQUEST, StreamingOpencode
+from test_spend_in_run import StreamingOpencode
 
 from execkit import AgentRequest
 from execkit._attempt import AttemptOptions, run_attempt, spend_guard
@@ -136,8 +137,10 @@ def test_a_real_run_goes_on_past_a_hiccup_and_is_stopped_one_event_later(
         # $0.10 a step: the ask at $1.10 (the one that would stop it) fails.
         ledger.failing = frozenset({1.1})
         options = AttemptOptions(actor=ME, lane=None, clock=lambda: NOW)
+        # Only a stop ends its agent: the timeout bounds a guard that never stops it.
+        request = AgentRequest(prompt="go", timeout_s=60)
         with caplog.at_level(logging.WARNING, logger="execkit.attempt"):
-            outcome = run_attempt(ledger, task, StreamingOpencode(usd=0.1), REQUEST, options)
+            outcome = run_attempt(ledger, task, StreamingOpencode(usd=0.1), request, options)
         run = ledger.run(outcome.run_id)
         assert "this run reached $1.20" in (outcome.reason or "")
         assert (run.status, run.stopped, run.failure_class) == ("abandoned", True, None)
@@ -224,7 +227,8 @@ def test_a_ledger_that_cannot_say_the_room_gets_one_run_a_pass_not_a_burst(
             waits.append(seconds)
             clock.now += seconds
 
-        dispatcher.run_forever(30.0, stop=lambda: len(waits) >= 3, sleep=sleep)
+        checks = itertools.count()  # a bound of its own: a regression must not hang here
+        dispatcher.run_forever(30.0, stop=lambda: len(waits) >= 3 or next(checks) > 40, sleep=sleep)
         (task,) = ledger.list_tasks()
         runs = ledger.runs(task.id)
         assert len(runs) == len(waits) == 3  # one a pass, each pass then waited its interval
