@@ -61,6 +61,7 @@ from typing import Any
 import attrs
 
 from execkit._attempt import (
+    SpendGuard,
     record_outcome,
     record_stopped,
     resumable_session,
@@ -1184,12 +1185,26 @@ class Dispatcher:
         if run.fell_back is not None:
             # Never silently: the log says it now, the run, the event and the card too.
             _log.warning("issue %s: attempt %d %s", issue.id, run.attempt, run.fell_back)
-        self._start_slot(issue, run, adapter)
+        try:
+            guard = spend_guard(self.ledger, run.id, self.clock)
+        except StorageError as exc:
+            # Its room unknown, the agent does not start unguarded: stopped by its
+            # dispatcher (uncharged; left to its lease when that write fails too), and the
+            # issue's `error` event says why. Here, before any slot: a slot that ends is
+            # refilled at once, so `run_forever` would admit and stop runs as fast as the
+            # ledger took them, until the dispatch cap gave the issue up, no agent run.
+            _log.warning("run %s: its spend room is unknown: %s", run.id, exc.message)
+            record_stopped(self.ledger, run.id, STOPPED_REASON, now=self.clock())
+            raise
+        self._start_slot(issue, run, adapter, guard)
         return []
 
-    def _start_slot(self, issue: BoardIssue, run: Run, adapter: str) -> None:
+    def _start_slot(
+        self, issue: BoardIssue, run: Run, adapter: str, guard: SpendGuard | None
+    ) -> None:
         """Hand the admitted run to a slot of its own, on `adapter` (with the vendor
-        session it resumes, recorded on the run at its admission)."""
+        session it resumes, recorded on the run at its admission), held to its spend caps
+        by `guard` (None: none applies)."""
         slot = Slot(
             run_id=run.id,
             attempt=run.attempt,
@@ -1211,7 +1226,7 @@ class Dispatcher:
                 lines=_card_lines(run.fell_back, None),
             ),
         )
-        future = self._executor.submit(functools.partial(self._work, issue, run, slot))
+        future = self._executor.submit(functools.partial(self._work, issue, run, slot, guard))
         lane = self._lanes.lane_of(slot.adapter)
         self._running[run.id] = _Running(issue, run, slot.adapter, lane, slot.cancel, future)
         future.add_done_callback(lambda _done: self._slot_done.set())
@@ -1245,20 +1260,14 @@ class Dispatcher:
         except StorageError as exc:
             _log.warning("run %s: its lease was not renewed: %s", run_id, exc.message)
 
-    def _work(self, issue: BoardIssue, run: Run, slot: Slot) -> RunOutcome | _NotRecorded:
+    def _work(
+        self, issue: BoardIssue, run: Run, slot: Slot, guard: SpendGuard | None
+    ) -> RunOutcome | _NotRecorded:
         """A slot's whole dispatch, in its own thread: the issue's workspace (made or
-        reused under the run's lease), the runner in it, the workspace's `after_done` hook
-        after a success, then the result's write. Never raises: whatever happens is an
-        outcome."""
+        reused under the run's lease), the runner in it, held to its spend caps by `guard`,
+        the workspace's `after_done` hook after a success, then the result's write. Never
+        raises: whatever happens is an outcome."""
         try:
-            try:
-                guard = spend_guard(self.ledger, run.id, self.clock)
-            except StorageError as exc:
-                # Its room unknown, the agent does not start unguarded: stopped by its
-                # dispatcher (uncharged), or left to its lease when that write fails too.
-                _log.warning("run %s: its spend room is unknown: %s", run.id, exc.message)
-                record_stopped(self.ledger, run.id, STOPPED_REASON, now=self.clock())
-                return _STOPPED
             if guard is not None:
                 slot = attrs.evolve(slot, usage_limit=guard.crossed)
             outcome = with_spend_stop(self._in_workspace(issue, slot), guard)

@@ -402,7 +402,9 @@ def window_bounds(cap: SpendCap, at: float) -> tuple[float, float]:
     if known is not None and known[0] <= at < known[1]:
         return known
     zone = ZoneInfo(cap.tz)
-    local = dt.datetime.fromtimestamp(at, zone).date()
+    # Whole seconds: `fromtimestamp` rounds to the microsecond, which read the last float
+    # before a midnight as the next day (every zone's midnight is a whole second).
+    local = dt.datetime.fromtimestamp(math.floor(at), zone).date()
     if cap.window is SpendWindow.WEEK:
         start = local - dt.timedelta(days=local.weekday())
         end = start + dt.timedelta(days=_WEEK_DAYS)
