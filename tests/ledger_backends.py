@@ -77,10 +77,12 @@ class PgSchemas:
 
 # SQLite's versions 13 and 14 (issue #45's spend buckets), undone before anything they read is.
 SQLITE_BUCKETS_UNDONE = (
-    "DROP TRIGGER spend_buckets_on_status",
+    "DROP TRIGGER run_costs_on_end",  # step 14's
     "DROP TRIGGER spend_buckets_on_cost_insert",
     "DROP TRIGGER spend_buckets_on_cost_update",
-    "DROP INDEX runs_running",  # step 14's
-    "DROP INDEX run_costs_by_lane",
+    "DROP INDEX runs_running",
+    "ALTER TABLE run_extras DROP COLUMN reserved_usd",
+    "ALTER TABLE run_extras DROP COLUMN reserved_tokens",
+    "DROP INDEX run_costs_by_lane",  # step 13's
     "DROP TABLE spend_buckets",
 )

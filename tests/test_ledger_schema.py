@@ -200,7 +200,7 @@ def test_opening_a_version_1_file_migrates_it_additively(tmp_path: Path) -> None
         "runs_running",
         "spend_buckets_on_cost_insert",
         "spend_buckets_on_cost_update",
-        "spend_buckets_on_status",
+        "run_costs_on_end",
     }
     assert _rows(db, "schema_version")[0] == ("1", "1.5")
 

@@ -136,6 +136,14 @@ def _ledger_of_step_13(backend: str, target: str) -> None:
     holding what its running runs reserve too, by that step's own statements."""
     if backend == "sqlite":
         with sqlite3.connect(target, isolation_level=None) as raw:
+            # Step 13 kept a running run's reservation in its own run_costs row.
+            raw.execute(
+                "INSERT INTO run_costs (run_id, task_id, lane, started_at, reserved_usd, "
+                "reserved_tokens) SELECT r.id, r.task_id, (SELECT lane FROM run_lanes WHERE "
+                "run_id = r.id), r.started_at, x.reserved_usd, x.reserved_tokens FROM runs r "
+                "JOIN run_extras x ON x.run_id = r.id WHERE r.status = 'running' "
+                "AND x.reserved_usd IS NOT NULL"
+            )
             for statement in SQLITE_BUCKETS_UNDONE:
                 raw.execute(statement)
             for statement in sqlite_schema.SCHEMA_STEPS[13]:

@@ -5,8 +5,9 @@ A fresh database is built by the same steps an old one goes through, and every s
 additive: new facts go into new tables keyed by the old rows, so every object an older
 version defined (and every row it stored) stays exactly as it was; step 14 alone replaces
 objects (step 13's triggers, and the buckets they kept, summed again from the runs:
-derived data). The steps' data (a summary built for every task, the ledger's identity)
-is written by `migrate.py`.
+derived data) and moves rows (a running run's reservation, to its `run_extras` row). The
+steps' data (a summary built for every task, the ledger's identity) is written by
+`migrate.py`.
 """
 
 from __future__ import annotations
@@ -43,30 +44,24 @@ _BUCKET_OF = f"CAST(c.started_at / {_HOUR} AS INTEGER) * {_HOUR}"
 _BOTH = "(SELECT 0 AS star UNION ALL SELECT 1 AS star) k"  # its lane's row and the '*' row
 _BUCKET_LANE = "CASE k.star WHEN 1 THEN '*' ELSE COALESCE(c.lane, '') END"
 _STATUS_OF_C = "(SELECT status FROM runs WHERE id = c.run_id)"
-_STATUS_OF_NEW = "(SELECT status FROM runs WHERE id = NEW.run_id)"
 
 
-def _effective(c: str, status: str) -> tuple[str, str]:
+def _effective(c: str, status: str | None) -> tuple[str, str]:
+    """(USD, tokens) expressions of what run_costs row `c` holds; `status` None: an ended
+    run's row (step 14: only those have one)."""
     tokens = (
         f"({c}.input_tokens + {c}.output_tokens + {c}.cache_read_tokens + {c}.cache_write_tokens)"
     )
+    running = "" if status is None else f"{status} = 'running' OR "
     return (
-        f"(CASE WHEN {status} = 'running' OR {c}.usd IS NULL THEN {c}.reserved_usd "
-        f"ELSE {c}.usd END)",
-        f"(CASE WHEN {status} = 'running' OR ({c}.usd IS NULL AND {tokens} = 0) "
+        f"(CASE WHEN {running}{c}.usd IS NULL THEN {c}.reserved_usd ELSE {c}.usd END)",
+        f"(CASE WHEN {running}({c}.usd IS NULL AND {tokens} = 0) "
         f"THEN {c}.reserved_tokens ELSE {tokens} END)",
     )
 
 
-def _held(c: str, status: str) -> tuple[str, str]:
-    """What the run_costs row `c` of a run with status `status` holds of the buckets (step
-    14): its effective cost once it ended, nothing while it runs (a window reads a running
-    run's reservation from the run itself)."""
-    usd, tokens = _effective(c, status)
-    return (
-        f"(CASE WHEN {status} = 'running' THEN 0 ELSE {usd} END)",
-        f"(CASE WHEN {status} = 'running' THEN 0 ELSE {tokens} END)",
-    )
+# What an ended run's `run_costs` row `c` holds (step 14: only ended runs have one).
+_ENDED = _effective("c", None)
 
 
 def _bucket_trigger(
@@ -419,48 +414,58 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         "FROM run_costs c JOIN runs r ON r.id = c.run_id"
         f") c, {_BOTH} GROUP BY 1, 2",
     ),
-    # Issue #45: the buckets hold what ended runs hold, no longer what running ones
-    # reserve: admitting a run, and growing its reservation while it runs, then change no
-    # bucket (step 13's triggers did, at every capped admission). A window reads its
-    # running runs' reservations from the runs themselves, found by the index of running
-    # runs (a handful, whatever the volume). The triggers are step 13's, by name, each
-    # skipping a running run's rows; the buckets are summed again.
+    # Issue #45: a running run's reservation moves to its `run_extras` row (written at its
+    # admission anyway: a capped admission writes no row of its own), and `run_costs`
+    # holds ended runs only: a run's row is made when it ends (by a trigger, from that
+    # reservation) or when its result reports a cost. The buckets hold what ended runs
+    # hold; a window reads its running runs' reservations from their `run_extras` rows,
+    # found by the index of running runs (a handful, whatever the volume). Step 13's
+    # triggers are replaced, the running runs' rows moved, the buckets summed again.
     14: (
         "DROP TRIGGER spend_buckets_on_cost_insert",
         "DROP TRIGGER spend_buckets_on_cost_update",
         "DROP TRIGGER spend_buckets_on_status",
+        "ALTER TABLE run_extras ADD COLUMN reserved_usd REAL"
+        " CHECK (reserved_usd IS NULL OR reserved_usd >= 0)",
+        "ALTER TABLE run_extras ADD COLUMN reserved_tokens INTEGER"
+        " CHECK (reserved_tokens IS NULL OR reserved_tokens >= 0)",
         "CREATE INDEX runs_running ON runs (started_at) WHERE status = 'running'",
+        "INSERT INTO run_extras (run_id, reserved_usd, reserved_tokens) "
+        "SELECT c.run_id, c.reserved_usd, c.reserved_tokens FROM run_costs c "
+        "JOIN runs r ON r.id = c.run_id WHERE r.status = 'running' "
+        "ON CONFLICT (run_id) DO UPDATE SET reserved_usd = excluded.reserved_usd, "
+        "reserved_tokens = excluded.reserved_tokens",
+        "DELETE FROM run_costs WHERE run_id IN (SELECT id FROM runs WHERE status = 'running')",
         _bucket_trigger(
             "spend_buckets_on_cost_insert",
-            f"AFTER INSERT ON run_costs WHEN {_STATUS_OF_NEW} <> 'running'",
+            "AFTER INSERT ON run_costs",
             "run_costs c",
             "c.run_id = NEW.run_id",
-            _held("c", _STATUS_OF_C),
+            _ENDED,
             ("0", "0"),
         ),
         _bucket_trigger(
             "spend_buckets_on_cost_update",
-            f"AFTER UPDATE ON run_costs WHEN {_STATUS_OF_NEW} <> 'running'",
+            "AFTER UPDATE ON run_costs",
             "run_costs c",
             "c.run_id = NEW.run_id",
-            _held("c", _STATUS_OF_C),
-            _held("OLD", _STATUS_OF_C),
+            _ENDED,
+            _effective("OLD", None),
         ),
-        _bucket_trigger(
-            "spend_buckets_on_status",
-            "AFTER UPDATE OF status ON runs WHEN OLD.status <> NEW.status",
-            "run_costs c",
-            "c.run_id = NEW.id",
-            _held("c", "NEW.status"),
-            _held("c", "OLD.status"),
-        ),
+        # A capped run's row, when it ends: its reservation, which it holds until (and
+        # unless) its result reports a cost. Its cost is recorded after its status.
+        "CREATE TRIGGER run_costs_on_end AFTER UPDATE OF status ON runs "
+        "WHEN OLD.status = 'running' AND NEW.status <> 'running' BEGIN "
+        "INSERT INTO run_costs (run_id, task_id, lane, started_at, reserved_usd, "
+        "reserved_tokens) SELECT NEW.id, NEW.task_id, (SELECT lane FROM run_lanes WHERE "
+        "run_id = NEW.id), NEW.started_at, x.reserved_usd, COALESCE(x.reserved_tokens, 0) "
+        "FROM run_extras x WHERE x.run_id = NEW.id AND x.reserved_usd IS NOT NULL "
+        "ON CONFLICT (run_id) DO NOTHING; END",
         "DELETE FROM spend_buckets",
         "INSERT INTO spend_buckets (lane, bucket, usd, tokens) "
         f"SELECT {_BUCKET_LANE}, {_BUCKET_OF}, SUM(u), SUM(t) FROM ("
         "SELECT c.lane AS lane, c.started_at AS started_at, "
-        f"{_effective('c', 'r.status')[0]} AS u, {_effective('c', 'r.status')[1]} AS t "
-        "FROM run_costs c JOIN runs r ON r.id = c.run_id WHERE r.status <> 'running'"
-        f") c, {_BOTH} GROUP BY 1, 2",
+        f"{_ENDED[0]} AS u, {_ENDED[1]} AS t FROM run_costs c) c, {_BOTH} GROUP BY 1, 2",
     ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)

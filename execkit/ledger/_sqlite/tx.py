@@ -84,8 +84,8 @@ _RUN_SELECT = (
     "LEFT JOIN run_owners o ON o.run_id = r.id LEFT JOIN run_stops st ON st.run_id = r.id "
     "LEFT JOIN run_lane_holds lh ON lh.run_id = r.id LEFT JOIN run_costs c ON c.run_id = r.id"
 )
-# A run's cost as its result reported it (issue #45): its row made if its admission made
-# none (a run admitted before the spend schema, or with nothing to reserve).
+# A run's cost as its result reported it (issue #45), recorded after its status: its row
+# made if its end made none (a run with no reservation: admitted with no cap).
 _COST_UPSERT = (
     "INSERT INTO run_costs (run_id, task_id, started_at, lane, input_tokens, output_tokens, "
     "cache_read_tokens, cache_write_tokens, usd, usd_source, model) "
@@ -142,40 +142,38 @@ _LANE_EVENT_INSERT = (
 # The hours `spend_buckets` keeps a window's spend in (schema step 13).
 _HOUR = 3600
 _TOKENS_OF = "c.input_tokens + c.output_tokens + c.cache_read_tokens + c.cache_write_tokens"
-# What runs hold of a window: a run's reservation while it runs or when its cost is
-# unknown, else its cost.
-_HELD_USD = (
-    "COALESCE(SUM(CASE WHEN r.status = 'running' OR c.usd IS NULL THEN c.reserved_usd "
-    "ELSE c.usd END), 0)"
-)
+# What ended runs' rows `c` hold of a window (only ended runs have one, schema step 14):
+# a run's cost, or its reservation when its result reported none.
+_HELD_USD = "COALESCE(SUM(CASE WHEN c.usd IS NULL THEN c.reserved_usd ELSE c.usd END), 0)"
 _HELD_TOKENS = (
-    "COALESCE(SUM(CASE WHEN r.status = 'running' OR (c.usd IS NULL "
-    f"AND {_TOKENS_OF} = 0) THEN c.reserved_tokens ELSE {_TOKENS_OF} END), 0)"
+    f"COALESCE(SUM(CASE WHEN c.usd IS NULL AND {_TOKENS_OF} = 0 THEN c.reserved_tokens "
+    f"ELSE {_TOKENS_OF} END), 0)"
 )
-_EFFECTIVE = f"{_HELD_USD}, {_HELD_TOKENS}"
+# Running runs' reservations (`x`: their run_extras rows), from the index of running runs
+# first: CROSS JOIN keeps SQLite's planner in that order.
+_RUNNING = "FROM runs r CROSS JOIN run_extras x ON x.run_id = r.id"
+_RUNNING_OF_LANE = f"{_RUNNING} CROSS JOIN run_lanes l ON l.run_id = r.id AND l.lane = ?"
 
 
 @functools.lru_cache(maxsize=64)
 def _windows_sql(of_lane: tuple[bool, ...]) -> str:
     """What each window holds, as one statement of scalar subqueries (`_windows_params`),
-    its USD then its tokens: the ended runs of its whole hours from `spend_buckets`, the
-    runs of the partial hour before them one by one, and the reservations of its running
-    runs after that hour (`runs_running`, read first: CROSS JOIN keeps SQLite's planner
-    from walking every run of the lane instead). As tables joined in FROM, SQLite planned
-    the same reads five times slower."""
+    its USD then its tokens: the ended runs of its whole hours from `spend_buckets`, those
+    of the partial hour before them one by one, and the reservations of its running runs.
+    As tables joined in FROM, SQLite planned the same reads five times slower."""
     columns = []
     for lane in of_lane:
         where = " AND c.lane = ?" if lane else ""
+        running = _RUNNING_OF_LANE if lane else _RUNNING
         for bucket, held, reserved in (
-            ("usd", _HELD_USD, "c.reserved_usd"),
-            ("tokens", _HELD_TOKENS, "c.reserved_tokens"),
+            ("usd", _HELD_USD, "x.reserved_usd"),
+            ("tokens", _HELD_TOKENS, "x.reserved_tokens"),
         ):
             columns.append(
                 f"(SELECT COALESCE(SUM({bucket}), 0) FROM spend_buckets WHERE lane = ? "
-                f"AND bucket >= ?) + (SELECT {held} FROM run_costs c JOIN runs r ON "
-                f"r.id = c.run_id WHERE c.started_at >= ? AND c.started_at < ?{where}) + "
-                f"(SELECT COALESCE(SUM({reserved}), 0) FROM runs r CROSS JOIN run_costs c "
-                f"ON c.run_id = r.id WHERE r.status = 'running' AND r.started_at >= ?{where})"
+                f"AND bucket >= ?) + (SELECT {held} FROM run_costs c WHERE c.started_at >= ? "
+                f"AND c.started_at < ?{where}) + (SELECT COALESCE(SUM({reserved}), 0) "
+                f"{running} WHERE r.status = 'running' AND r.started_at >= ?)"
             )
     return "SELECT " + ", ".join(columns)
 
@@ -185,7 +183,7 @@ def _windows_params(windows: Sequence[tuple[float, str | None]]) -> tuple[Any, .
     for since, lane in windows:
         whole = math.ceil(since / _HOUR) * _HOUR
         of = () if lane is None else (lane,)
-        params += [("*" if lane is None else lane), whole, since, whole, *of, whole, *of] * 2
+        params += [("*" if lane is None else lane), whole, since, whole, *of, *of, since] * 2
     return tuple(params)
 
 
@@ -476,33 +474,37 @@ class SqliteTx:
         self, run_id: str, task_id: str, lane: str | None, started_at: float, usd: float,
         tokens: int,
     ) -> None:  # fmt: skip
-        self._conn.execute(
-            "INSERT INTO run_costs (run_id, task_id, lane, started_at, reserved_usd, "
-            "reserved_tokens) VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, task_id, lane, started_at, usd, tokens),
-        )
+        # On the run's run_extras row, which its admission wrote: no row of its own.
+        self.set_reservation(run_id, usd, tokens)
 
     def lock_spend(self) -> None:
         """Nothing: a write transaction holds the database's write lock from BEGIN."""
 
     def reservation(self, run_id: str) -> tuple[float, int]:
         row = self._conn.execute(
-            "SELECT reserved_usd, reserved_tokens FROM run_costs WHERE run_id = ?", (run_id,)
+            "SELECT COALESCE(reserved_usd, 0), COALESCE(reserved_tokens, 0) FROM run_extras "
+            "WHERE run_id = ?",
+            (run_id,),
         ).fetchone()
         return (0.0, 0) if row is None else (float(row[0]), int(row[1]))
 
     def set_reservation(self, run_id: str, usd: float, tokens: int) -> None:
         self._conn.execute(
-            "UPDATE run_costs SET reserved_usd = ?, reserved_tokens = ? WHERE run_id = ?",
+            "UPDATE run_extras SET reserved_usd = ?, reserved_tokens = ? WHERE run_id = ?",
             (usd, tokens, run_id),
         )
 
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
         ((usd, tokens),) = self._window_sums([(since, lane)])
+        # The earliest start it counts: an ended run's row, or a running run's reservation.
+        where = "" if lane is None else " AND lane = ?"
+        running = _RUNNING_OF_LANE if lane else _RUNNING
+        of: tuple[Any, ...] = () if lane is None else (lane,)
         first = self._conn.execute(
-            "SELECT MIN(started_at) FROM run_costs WHERE started_at >= ?"
-            + ("" if lane is None else " AND lane = ?"),
-            (since,) if lane is None else (since, lane),
+            f"SELECT MIN(m) FROM (SELECT MIN(started_at) AS m FROM run_costs WHERE "
+            f"started_at >= ?{where} UNION ALL SELECT MIN(r.started_at) {running} WHERE "
+            "r.status = 'running' AND r.started_at >= ? AND x.reserved_usd IS NOT NULL)",
+            (since, *of, *of, since),
         ).fetchone()[0]
         return usd, tokens, first
 
@@ -520,12 +522,14 @@ class SqliteTx:
         return self.recent_costs(lane, limit) if limit else [], self._window_sums(windows)
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
-        usd, tokens = self._conn.execute(
-            f"SELECT {_EFFECTIVE} FROM run_costs c JOIN runs r ON r.id = c.run_id "
-            "WHERE c.task_id = ?",
-            (task_id,),
+        usd, tokens, running_usd, running_tokens = self._conn.execute(
+            f"SELECT {_HELD_USD}, {_HELD_TOKENS}, (SELECT COALESCE(SUM(x.reserved_usd), 0) "
+            f"{_RUNNING} WHERE r.status = 'running' AND r.task_id = ?), (SELECT "
+            f"COALESCE(SUM(x.reserved_tokens), 0) {_RUNNING} WHERE r.status = 'running' AND "
+            "r.task_id = ?) FROM run_costs c WHERE c.task_id = ?",
+            (task_id, task_id, task_id),
         ).fetchone()
-        return float(usd), int(tokens)
+        return float(usd) + float(running_usd), int(tokens) + int(running_tokens)
 
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
         # The runs whose result reported a cost (a running run, or one that ended with none,
