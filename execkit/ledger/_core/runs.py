@@ -257,11 +257,12 @@ class RunOps(LeaseOps, SpendOps):
                         place,
                         session,
                         fallback,
+                        None if reservation is None else (reservation.usd, reservation.tokens),
                     )
                     if lane_name is not None:
                         self._lane_admitted(tx, lane_name, probes, run, at)
                     if reservation is not None:
-                        self._spend_admitted(tx, run, lane_name, reservation, at)
+                        self._spend_admitted(tx, run, reservation, at)
                     return run
                 if expired is None:
                     raise refused
@@ -335,6 +336,7 @@ class RunOps(LeaseOps, SpendOps):
         workspace: str | None = None,
         resumed_session: str | None = None,
         fell_back: str | None = None,
+        reserved: tuple[float, int] | None = None,
     ) -> Run:
         pending = task.retry_requested_by
         force = forced or pending is not None
@@ -363,6 +365,7 @@ class RunOps(LeaseOps, SpendOps):
                 fell_back=fell_back,
             ),
             lease,
+            reserved,
         )
         tx.write_summary(task.id, task.summary.started(attempt_from_run(run)))
         detail: dict[str, Any] = {

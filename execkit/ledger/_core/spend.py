@@ -592,12 +592,9 @@ class SpendOps(WakeOps):
             counted.append((cap, start, share))
         return Reservation(usd, tokens, tuple(counted))
 
-    def _spend_admitted(
-        self, tx: Tx, run: Run, lane: str | None, reservation: Reservation, at: float
-    ) -> None:
-        """The admitted run's reservation held, and each cap it brought to 80% of its
-        window warned of (audited `spend.warning`, once a window)."""
-        tx.reserve(run.id, run.task_id, lane, run.started_at, reservation.usd, reservation.tokens)
+    def _spend_admitted(self, tx: Tx, run: Run, reservation: Reservation, at: float) -> None:
+        """Each cap the admitted run (its reservation written with it: `Tx.insert_run`)
+        brought to 80% of its window warned of (audited `spend.warning`, once a window)."""
         for cap, start, share in reservation.counted:
             self._spend_warned(tx, run, cap, start, share, at)
 

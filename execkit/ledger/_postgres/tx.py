@@ -68,10 +68,10 @@ from execkit._usage import Usage
 from execkit.ledger._core import (
     FINISHED_STATUSES,
     LANE_CONFIG_META_KEY,
+    SpendPlan,
     TaskRecord,
     summary_values,
 )
-from execkit.ledger._core.store import SpendPlan
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
     AuditEntry,
@@ -1080,7 +1080,9 @@ class PostgresTx:
         ]
         self._queue("tasks", _SUMMARY_UPDATE, (*values, task_id))
 
-    def insert_run(self, run: Run, lease_s: float) -> Run:
+    def insert_run(
+        self, run: Run, lease_s: float, reserved: tuple[float, int] | None = None
+    ) -> Run:
         # The limit in force is read from the task row this transaction has locked, in the
         # INSERT itself, so the CHECK holds the attempt to the limit the task has now.
         values = (
@@ -1101,6 +1103,7 @@ class PostgresTx:
             None if run.workspace is None else nul_free(run.workspace),
             None if run.resumed_session is None else nul_free(run.resumed_session),
             None if run.fell_back is None else nul_free(run.fell_back),
+            *((0.0, 0) if reserved is None else reserved),
             run.task_id,
         )
         number, self._run_number = self._run_number, None
@@ -1112,9 +1115,10 @@ class PostgresTx:
                 "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
                 "request_key, actor, forced, owner_host, owner_pid, started_at, "
                 "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
-                "owner_pid_started_at, owner_instance, workspace, resumed_session, fell_back) "
+                "owner_pid_started_at, owner_instance, workspace, resumed_session, fell_back, "
+                "reserved_usd, reserved_tokens) "
                 "SELECT %s, %s, %s, %s, (SELECT max_attempts FROM tasks WHERE id = %s), "
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s",
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s",
                 (number, f"r-{number}", run.task_id, run.attempt, run.task_id, *values[1:-1]),
                 reads=frozenset({"tasks"}),
             )
@@ -1130,9 +1134,10 @@ class PostgresTx:
             "INSERT INTO runs (seq, id, task_id, attempt, limit_at_admission, status, "
             "request_key, actor, forced, owner_host, owner_pid, started_at, "
             "lease_expires_at, lease_s, owner_boot_id, owner_pid_namespace, "
-            "owner_pid_started_at, owner_instance, workspace, resumed_session, fell_back) "
+            "owner_pid_started_at, owner_instance, workspace, resumed_session, fell_back, "
+            "reserved_usd, reserved_tokens) "
             "SELECT n.seq, 'r-' || n.seq, t.id, %s, t.max_attempts, %s, %s, %s, %s, %s, %s, "
-            "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM n, tasks t WHERE t.id = %s "
+            "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM n, tasks t WHERE t.id = %s "
             "RETURNING id",
             values,
         )
@@ -1423,17 +1428,6 @@ class PostgresTx:
             "updated_by = excluded.updated_by, updated_at = excluded.updated_at",
             (budget.task_id, budget.usd, budget.tokens, nul_free(actor), at),
             reads=frozenset({"tasks"}),
-        )
-
-    def reserve(
-        self, run_id: str, task_id: str, lane: str | None, started_at: float, usd: float,
-        tokens: int,
-    ) -> None:  # fmt: skip
-        # The run's lane and start are its own columns and `run_lanes`' row here.
-        self._queue(
-            "runs",
-            "UPDATE runs SET reserved_usd = %s, reserved_tokens = %s WHERE id = %s",
-            (usd, tokens, run_id),
         )
 
     def lock_spend(self) -> None:

@@ -22,8 +22,7 @@ from execkit._budget import AttemptStatus, HistorySummary
 from execkit._classify import FailureClass
 from execkit._lanes import LaneEvent, LaneGate, LaneSummary
 from execkit._usage import Usage
-from execkit.ledger._core import HISTORY_ROW, TaskRecord
-from execkit.ledger._core.store import SpendPlan
+from execkit.ledger._core import HISTORY_ROW, SpendPlan, TaskRecord
 from execkit.ledger._model import (
     DEFAULT_LEASE_S,
     AuditEntry,
@@ -368,7 +367,9 @@ class SqliteTx:
     def write_summary(self, task_id: str, summary: HistorySummary) -> None:
         self._conn.execute(_SUMMARY_UPSERT, {"task_id": task_id, **summary_row(summary)})
 
-    def insert_run(self, run: Run, lease_s: float) -> Run:
+    def insert_run(
+        self, run: Run, lease_s: float, reserved: tuple[float, int] | None = None
+    ) -> Run:
         seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
         stored = attrs.evolve(run, id=f"r-{seq}")
         self._conn.execute(
@@ -389,9 +390,11 @@ class SqliteTx:
                 stored.started_at,
             ),
         )
+        usd, tokens = (None, None) if reserved is None else reserved
         self._conn.execute(
             "INSERT INTO run_extras (run_id, lease_expires_at, lease_s, workspace, "
-            "resumed_session, fell_back) VALUES (?, ?, ?, ?, ?, ?)",
+            "resumed_session, fell_back, reserved_usd, reserved_tokens) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 stored.id,
                 stored.lease_expires_at,
@@ -399,6 +402,8 @@ class SqliteTx:
                 stored.workspace,
                 stored.resumed_session,
                 stored.fell_back,
+                usd,
+                tokens,
             ),
         )
         if stored.owner is not None:
@@ -469,13 +474,6 @@ class SqliteTx:
             "updated_by = excluded.updated_by, updated_at = excluded.updated_at",
             (budget.task_id, budget.usd, budget.tokens, actor, at),
         )
-
-    def reserve(
-        self, run_id: str, task_id: str, lane: str | None, started_at: float, usd: float,
-        tokens: int,
-    ) -> None:  # fmt: skip
-        # On the run's run_extras row, which its admission wrote: no row of its own.
-        self.set_reservation(run_id, usd, tokens)
 
     def lock_spend(self) -> None:
         """Nothing: a write transaction holds the database's write lock from BEGIN."""
