@@ -172,7 +172,8 @@ _RUNNABLE = frozenset({TaskState.READY, TaskState.BACKOFF})
 # used again: a run's reservation is an estimate, what the caps hold is exact (each run's
 # reservation as stored, summed under the spend lock), so a minute-old estimate costs no
 # cap anything, while the read (50 rows, under the spend lock every capped admission of
-# the fleet queues on) leaves every admission of a lane but one a minute.
+# the fleet queues on) leaves every admission of a lane but one a minute. A lane with no
+# reported cost yet has no estimate to keep: it is read again at each admission.
 RECENT_RUNS = 50
 ESTIMATE_TTL_S = 60.0
 # A window's spend at this share of a cap is an audited `spend.warning`, once a window.
@@ -549,7 +550,10 @@ class SpendOps(WakeOps):
         recent, sums = tx.spend_reads(lane, 0 if known else RECENT_RUNS, windows)
         if known is None:
             known = percentiles(recent)
-            self._estimates[lane] = (at, *known)
+            if known != (None, None):
+                # Kept once there is one: a lane none of whose runs reported a cost yet
+                # (a fleet's first minute) is read again, so its first costs count at once.
+                self._estimates[lane] = (at, *known)
         usd, tokens = reservation_of(config, *known)
         if config.task_budgets:
             budget = tx.task_budget(task.id)

@@ -366,6 +366,13 @@ def _groups(writes: list[_Write]) -> list[list[_Write]]:
     return groups
 
 
+_HELD_USD_OF = "CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd ELSE r.usd END"
+_HELD_TOKENS_OF = (
+    f"CASE WHEN r.status = 'running' OR (r.usd IS NULL AND {_TOKENS_OF} = 0) "
+    f"THEN r.reserved_tokens ELSE {_TOKENS_OF} END"
+)
+
+
 def _windows_sql(
     windows: Sequence[tuple[float, str | None]], *, first: bool = False
 ) -> tuple[str, tuple[Any, ...]]:
@@ -373,31 +380,62 @@ def _windows_sql(
     then its tokens: the ended runs of its whole hours from `spend_buckets` (kept by a
     trigger), the runs of the partial hour before them one by one, and the reservations
     of its running runs after that hour (the index of running runs): the same work
-    whatever the volume. `first`: then the earliest start in the first window."""
-    tables: list[str] = []
-    params: list[Any] = []
-    for n, (since, lane) in enumerate(windows):
+    whatever the volume. Three scans whatever the number of windows (each window's share
+    a FILTER of them). `first`: then the earliest start in the first window."""
+    bucket_sums: list[str] = []
+    bucket_params: list[Any] = []
+    partial_sums: list[str] = []
+    partial_params: list[Any] = []
+    running_sums: list[str] = []
+    running_params: list[Any] = []
+    for since, lane in windows:
         whole = math.ceil(since / _HOUR) * _HOUR
-        of = "" if lane is None else " JOIN run_lanes l ON l.run_id = r.id AND l.lane = %s"
+        of = "" if lane is None else " AND l.lane = %s"
         lanes: tuple[Any, ...] = () if lane is None else (lane,)
-        tables.append(
-            "(SELECT b.usd + p.usd + q.usd AS usd, b.tokens + p.tokens + q.tokens AS tokens "
-            "FROM (SELECT coalesce(sum(usd), 0) AS usd, coalesce(sum(tokens), 0) AS tokens "
-            "FROM spend_buckets WHERE lane = %s AND bucket >= %s) b, "
-            f"(SELECT {_HELD_USD} AS usd, {_HELD_TOKENS} AS tokens FROM runs r{of} "
-            "WHERE r.started_at >= %s AND r.started_at < %s) p, "
-            "(SELECT coalesce(sum(r.reserved_usd), 0) AS usd, coalesce(sum(r.reserved_tokens), "
-            f"0) AS tokens FROM runs r{of} WHERE r.status = 'running' AND r.started_at >= %s) q"
-            f") w{n}"
-        )
-        params += ["*" if lane is None else lane, whole, *lanes, since, whole, *lanes, whole]
-    columns = [f"w{n}.usd, w{n}.tokens" for n in range(len(windows))]
+        for column in ("usd", "tokens"):
+            bucket_sums.append(
+                f"coalesce(sum({column}) FILTER (WHERE lane = %s AND bucket >= %s), 0)"
+            )
+            bucket_params += ["*" if lane is None else lane, whole]
+        for held in (_HELD_USD_OF, _HELD_TOKENS_OF):
+            partial_sums.append(
+                f"coalesce(sum({held}) FILTER (WHERE r.started_at >= %s AND "
+                f"r.started_at < %s{of}), 0)"
+            )
+            partial_params += [since, whole, *lanes]
+        for column in ("reserved_usd", "reserved_tokens"):
+            running_sums.append(
+                f"coalesce(sum(r.{column}) FILTER (WHERE r.started_at >= %s{of}), 0)"
+            )
+            running_params += [whole, *lanes]
+    # The partial hours: from the earliest window start to the latest whole hour (empty
+    # when every window starts on the hour, as a day and a week in UTC do).
+    low = min(since for since, _lane in windows)
+    high = max(math.ceil(since / _HOUR) * _HOUR for since, _lane in windows)
+    columns = [f"b.c{n} + p.c{n} + q.c{n}" for n in range(2 * len(windows))]
+    named = ", ".join
+    sql_ = (
+        f"SELECT {named(columns)}"
+        + (", (SELECT min(r.started_at) FROM runs r{} WHERE r.started_at >= %s)" if first else "")
+        + f" FROM (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(bucket_sums))} "
+        "FROM spend_buckets WHERE lane = ANY(%s)) b, "
+        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(partial_sums))} FROM runs r "
+        "LEFT JOIN run_lanes l ON l.run_id = r.id WHERE r.started_at >= %s "
+        "AND r.started_at < %s) p, "
+        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} FROM runs r "
+        "LEFT JOIN run_lanes l ON l.run_id = r.id WHERE r.status = 'running') q"
+    )
+    head: list[Any] = []
     if first:
         since, lane = windows[0]
-        of = "" if lane is None else " JOIN run_lanes l ON l.run_id = r.id AND l.lane = %s"
-        columns.append(f"(SELECT min(r.started_at) FROM runs r{of} WHERE r.started_at >= %s)")
-        params = [*(() if lane is None else (lane,)), since, *params]
-    return f"SELECT {', '.join(columns)} FROM {', '.join(tables)}", tuple(params)
+        join = "" if lane is None else " JOIN run_lanes l ON l.run_id = r.id AND l.lane = %s"
+        sql_ = sql_.replace("FROM runs r{} WHERE", f"FROM runs r{join} WHERE", 1)
+        head = [*(() if lane is None else (lane,)), since]
+    buckets = sorted({"*" if lane is None else lane for _since, lane in windows})
+    params = (
+        *head, *bucket_params, buckets, *partial_params, low, high, *running_params,
+    )  # fmt: skip
+    return sql_, params
 
 
 def _window_sums(row: tuple[Any, ...] | None, count: int) -> list[tuple[float, int]]:
