@@ -461,3 +461,22 @@ def test_64_admissions_racing_from_8_processes_never_reserve_past_a_days_cap(
     assert [errors for _, errors in outcomes] == [[]] * 8
     assert sum(count for count, _ in outcomes) == 20  # 20 x $0.10 fill $2.00 exactly
     assert len(ledger.running_runs()) == 20
+
+
+def test_a_lanes_estimate_is_read_once_a_minute_once_it_has_one(ledger: AnyLedger) -> None:
+    # A run's reservation is its lane's estimate (the p90 of its recent reported costs),
+    # read at most once a minute (ESTIMATE_TTL_S) by a ledger handle; a lane with no cost
+    # reported yet keeps no estimate, so its first cost counts at the next admission.
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=100.0), actor=ME, floor_usd=0.1)
+    tasks = [ledger.create_task(f"t{n}", actor=ME).id for n in range(4)]
+
+    def reserved(n: int, at: float) -> float | None:
+        run = ledger.start_run(tasks[n], request_key=str(n), actor=ME, now=at, lane=LANE)
+        room = ledger.spend_room(run.id, now=at)
+        ledger.finish_run(run.id, "succeeded", usage=paid(1.0 + 2 * n), now=at + 1)
+        return room.usd
+
+    assert reserved(0, NOW) == pytest.approx(0.1)  # no cost yet: the floor
+    assert reserved(1, NOW + 2) == pytest.approx(1.0)  # read again: the first run's $1
+    assert reserved(2, NOW + 4) == pytest.approx(1.0)  # kept: $3 came after the read
+    assert reserved(3, NOW + 63) == pytest.approx(5.0)  # a minute on: p90 of 1, 3, 5
