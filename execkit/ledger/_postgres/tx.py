@@ -373,6 +373,11 @@ _HELD_TOKENS_OF = (
 )
 
 
+# A run's lane, looked up by its key: a join let the planner hash every run's lane (a
+# scan of run_lanes, growing with the volume) for the handful of runs a window reads.
+_LANE_OF_R = "(SELECT l.lane FROM run_lanes l WHERE l.run_id = r.id)"
+
+
 def _windows_sql(
     windows: Sequence[tuple[float, str | None]], *, first: bool = False
 ) -> tuple[str, tuple[Any, ...]]:
@@ -390,7 +395,7 @@ def _windows_sql(
     running_params: list[Any] = []
     for since, lane in windows:
         whole = math.ceil(since / _HOUR) * _HOUR
-        of = "" if lane is None else " AND l.lane = %s"
+        of = "" if lane is None else " AND r.lane = %s"
         lanes: tuple[Any, ...] = () if lane is None else (lane,)
         for column in ("usd", "tokens"):
             bucket_sums.append(
@@ -413,24 +418,28 @@ def _windows_sql(
     low = min(since for since, _lane in windows)
     high = max(math.ceil(since / _HOUR) * _HOUR for since, _lane in windows)
     columns = [f"b.c{n} + p.c{n} + q.c{n}" for n in range(2 * len(windows))]
-    named = ", ".join
-    sql_ = (
-        f"SELECT {named(columns)}"
-        + (", (SELECT min(r.started_at) FROM runs r{} WHERE r.started_at >= %s)" if first else "")
-        + f" FROM (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(bucket_sums))} "
-        "FROM spend_buckets WHERE lane = ANY(%s)) b, "
-        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(partial_sums))} FROM runs r "
-        "LEFT JOIN run_lanes l ON l.run_id = r.id WHERE r.started_at >= %s "
-        "AND r.started_at < %s) p, "
-        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} FROM runs r "
-        "LEFT JOIN run_lanes l ON l.run_id = r.id WHERE r.status = 'running') q"
-    )
     head: list[Any] = []
     if first:
+        # The earliest start in the first window: the start index read up to its first
+        # run (of the window's lane).
         since, lane = windows[0]
-        join = "" if lane is None else " JOIN run_lanes l ON l.run_id = r.id AND l.lane = %s"
-        sql_ = sql_.replace("FROM runs r{} WHERE", f"FROM runs r{join} WHERE", 1)
-        head = [*(() if lane is None else (lane,)), since]
+        of = "" if lane is None else f" AND {_LANE_OF_R} = %s"
+        columns.append(
+            f"(SELECT r.started_at FROM runs r WHERE r.started_at >= %s{of} "
+            "ORDER BY r.started_at LIMIT 1)"
+        )
+        head = [since, *(() if lane is None else (lane,))]
+    named = ", ".join
+    sql_ = (
+        f"SELECT {named(columns)} FROM (SELECT "
+        f"{named(f'{e} AS c{n}' for n, e in enumerate(bucket_sums))} "
+        "FROM spend_buckets WHERE lane = ANY(%s)) b, "
+        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(partial_sums))} FROM "
+        f"(SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE r.started_at >= %s "
+        "AND r.started_at < %s) r) p, "
+        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} FROM "
+        f"(SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE r.status = 'running') r) q"
+    )
     buckets = sorted({"*" if lane is None else lane for _since, lane in windows})
     params = (
         *head, *bucket_params, buckets, *partial_params, low, high, *running_params,
