@@ -542,7 +542,7 @@ class SpendOps(WakeOps):
         caps = config.applying(lane, at)
         bounds = [window_bounds(cap, at) for cap in caps]
         # With caps, the spend lock, then every read the check needs, in one round trip
-        # where the store can (with the admission's first reads: `spend_plan`): each
+        # where the store can (with the admission's first reads: `_spend_plan`): each
         # window's sum read after the lock. The lane's recent costs only when its estimate
         # is older than ESTIMATE_TTL_S.
         windows = [(start, cap.lane) for cap, (start, _) in zip(caps, bounds, strict=True)]
