@@ -51,6 +51,20 @@ def _effective_tokens(r: str) -> str:
     )
 
 
+# The end of the buckets' trigger function: the change (`d_usd`, `d_tokens`) added to the
+# run's hour, its lane's row and the '*' row.
+_ADD_TO_BUCKETS = f"""            IF d_usd = 0 AND d_tokens = 0 THEN
+                RETURN NULL;
+            END IF;
+            SELECT l.lane INTO lane_name FROM run_lanes l WHERE l.run_id = NEW.id;
+            hour := floor(NEW.started_at / {_HOUR})::bigint * {_HOUR};
+            INSERT INTO spend_buckets AS b (lane, bucket, usd, tokens)
+            VALUES (coalesce(lane_name, ''), hour, d_usd, d_tokens), ('*', hour, d_usd, d_tokens)
+            ON CONFLICT (lane, bucket) DO UPDATE
+            SET usd = b.usd + excluded.usd, tokens = b.tokens + excluded.tokens;
+            RETURN NULL;
+        END $$ LANGUAGE plpgsql"""
+
 SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE schema_version (
@@ -338,17 +352,7 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
                                       THEN OLD.reserved_usd ELSE OLD.usd END;
                 d_tokens := d_tokens - {_effective_tokens("OLD")};
             END IF;
-            IF d_usd = 0 AND d_tokens = 0 THEN
-                RETURN NULL;
-            END IF;
-            SELECT l.lane INTO lane_name FROM run_lanes l WHERE l.run_id = NEW.id;
-            hour := floor(NEW.started_at / {_HOUR})::bigint * {_HOUR};
-            INSERT INTO spend_buckets AS b (lane, bucket, usd, tokens)
-            VALUES (coalesce(lane_name, ''), hour, d_usd, d_tokens), ('*', hour, d_usd, d_tokens)
-            ON CONFLICT (lane, bucket) DO UPDATE
-            SET usd = b.usd + excluded.usd, tokens = b.tokens + excluded.tokens;
-            RETURN NULL;
-        END $$ LANGUAGE plpgsql""",
+{_ADD_TO_BUCKETS}""",
         "CREATE TRIGGER runs_spend AFTER INSERT OR UPDATE OF status, reserved_usd, "
         "reserved_tokens, usd, input_tokens, output_tokens, cache_read_tokens, "
         "cache_write_tokens ON runs FOR EACH ROW EXECUTE FUNCTION execkit_runs_spend()",
@@ -386,17 +390,7 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
                                       ELSE OLD.usd END;
                 d_tokens := d_tokens - {_effective_tokens("OLD")};
             END IF;
-            IF d_usd = 0 AND d_tokens = 0 THEN
-                RETURN NULL;
-            END IF;
-            SELECT l.lane INTO lane_name FROM run_lanes l WHERE l.run_id = NEW.id;
-            hour := floor(NEW.started_at / {_HOUR})::bigint * {_HOUR};
-            INSERT INTO spend_buckets AS b (lane, bucket, usd, tokens)
-            VALUES (coalesce(lane_name, ''), hour, d_usd, d_tokens), ('*', hour, d_usd, d_tokens)
-            ON CONFLICT (lane, bucket) DO UPDATE
-            SET usd = b.usd + excluded.usd, tokens = b.tokens + excluded.tokens;
-            RETURN NULL;
-        END $$ LANGUAGE plpgsql""",
+{_ADD_TO_BUCKETS}""",
         "DROP TRIGGER runs_spend ON runs",
         "CREATE TRIGGER runs_spend AFTER UPDATE OF status, reserved_usd, reserved_tokens, usd, "
         "input_tokens, output_tokens, cache_read_tokens, cache_write_tokens ON runs "

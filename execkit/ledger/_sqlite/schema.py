@@ -60,6 +60,29 @@ def _effective(c: str, status: str | None) -> tuple[str, str]:
     )
 
 
+def _cost_triggers(new: tuple[str, str], old: tuple[str, str]) -> tuple[str, str]:
+    """The triggers adding to the buckets what a run_costs row's insert and update change:
+    `new` and `old`, what the row `c` (after) and `OLD` (before) hold."""
+    return (
+        _bucket_trigger(
+            "spend_buckets_on_cost_insert",
+            "AFTER INSERT ON run_costs",
+            "run_costs c",
+            "c.run_id = NEW.run_id",
+            new,
+            ("0", "0"),
+        ),
+        _bucket_trigger(
+            "spend_buckets_on_cost_update",
+            "AFTER UPDATE ON run_costs",
+            "run_costs c",
+            "c.run_id = NEW.run_id",
+            new,
+            old,
+        ),
+    )
+
+
 # What an ended run's `run_costs` row `c` holds (step 14: only ended runs have one).
 _ENDED = _effective("c", None)
 
@@ -382,22 +405,7 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (lane, bucket)
         ) WITHOUT ROWID""",
         "CREATE INDEX run_costs_by_lane ON run_costs (lane, started_at)",
-        _bucket_trigger(
-            "spend_buckets_on_cost_insert",
-            "AFTER INSERT ON run_costs",
-            "run_costs c",
-            "c.run_id = NEW.run_id",
-            _effective("c", _STATUS_OF_C),
-            ("0", "0"),
-        ),
-        _bucket_trigger(
-            "spend_buckets_on_cost_update",
-            "AFTER UPDATE ON run_costs",
-            "run_costs c",
-            "c.run_id = NEW.run_id",
-            _effective("c", _STATUS_OF_C),
-            _effective("OLD", _STATUS_OF_C),
-        ),
+        *_cost_triggers(_effective("c", _STATUS_OF_C), _effective("OLD", _STATUS_OF_C)),
         _bucket_trigger(
             "spend_buckets_on_status",
             "AFTER UPDATE OF status ON runs WHEN OLD.status <> NEW.status",
@@ -436,22 +444,7 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
         "ON CONFLICT (run_id) DO UPDATE SET reserved_usd = excluded.reserved_usd, "
         "reserved_tokens = excluded.reserved_tokens",
         "DELETE FROM run_costs WHERE run_id IN (SELECT id FROM runs WHERE status = 'running')",
-        _bucket_trigger(
-            "spend_buckets_on_cost_insert",
-            "AFTER INSERT ON run_costs",
-            "run_costs c",
-            "c.run_id = NEW.run_id",
-            _ENDED,
-            ("0", "0"),
-        ),
-        _bucket_trigger(
-            "spend_buckets_on_cost_update",
-            "AFTER UPDATE ON run_costs",
-            "run_costs c",
-            "c.run_id = NEW.run_id",
-            _ENDED,
-            _effective("OLD", None),
-        ),
+        *_cost_triggers(_ENDED, _effective("OLD", None)),
         # A capped run's row, when it ends: its reservation, which it holds until (and
         # unless) its result reports a cost. Its cost is recorded after its status.
         "CREATE TRIGGER run_costs_on_end AFTER UPDATE OF status ON runs "
