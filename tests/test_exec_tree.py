@@ -315,6 +315,11 @@ def test_concurrent_spawns_each_end_the_daemons_they_left(
                 for n in range(4)
             ]
             _wait_until(lambda: len(written_pids(pidfiles)) == 4, "every daemon")
+            # /proc tells when a process started to the clock tick: a keeper started in a
+            # daemon's tick may have made it, as far as execkit can tell, and an unmarked
+            # daemon then rightly waits for the keeper too (CI met it on a loaded machine).
+            # Two ticks on, the keeper's start is after every daemon's.
+            time.sleep(2 / os.sysconf("SC_CLK_TCK"))
             keeper = pool.submit(
                 spawn,
                 ["bash", "-c", f': > "{keeper_up}"; {WAITS_FOR_FILE}', str(stop)],
