@@ -216,6 +216,15 @@ def reservation_of(
     )
 
 
+def _windows(
+    caps: Sequence[SpendCap], bounds: Sequence[tuple[float, float]]
+) -> tuple[tuple[float, str | None], ...]:
+    """The windows (start, lane) an admission's spend reads sum for `caps` (their
+    `window_bounds`): one place, so the reads a store sends ahead are the ones the gate
+    asks for (`_spend_plan`, `_spend_gate`)."""
+    return tuple((start, cap.lane) for cap, (start, _end) in zip(caps, bounds, strict=True))
+
+
 def _money(usd: float) -> str:
     return f"${usd:,.2f}"
 
@@ -524,7 +533,7 @@ class SpendOps(WakeOps):
                 return None
             if not caps:
                 return None
-            return lane, limit, tuple((window_bounds(cap, at)[0], cap.lane) for cap in caps)
+            return lane, limit, _windows(caps, [window_bounds(cap, at) for cap in caps])
 
         return plan
 
@@ -545,7 +554,7 @@ class SpendOps(WakeOps):
         # where the store can (with the admission's first reads: `_spend_plan`): each
         # window's sum read after the lock. The lane's recent costs only when its estimate
         # is older than ESTIMATE_TTL_S.
-        windows = [(start, cap.lane) for cap, (start, _) in zip(caps, bounds, strict=True)]
+        windows = _windows(caps, bounds)
         known = self._estimate(lane, at)
         recent, sums = tx.spend_reads(lane, 0 if known else RECENT_RUNS, windows)
         if known is None:

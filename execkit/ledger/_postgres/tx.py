@@ -135,20 +135,18 @@ class Opener(Protocol):
 # of one table under the same name.
 _RUN_SELECT = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 _TASK_SELECT = f"SELECT {', '.join(TASK_COLUMNS + SUMMARY_COLUMNS)} FROM tasks"
-# A run's effective cost (`Tx`'s spend section): its reservation while it runs or when its
-# result reported no USD (no tokens either, for the tokens), else what it reported.
 # The hours `spend_buckets` keeps the spend windows in (schema step 11).
 _HOUR = 3600
 _TOKENS_OF = "(r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens)"
-_HELD_USD = (
-    "coalesce(sum(CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd "
-    "ELSE r.usd END), 0)"
+# A run's effective cost (`Tx`'s spend section), what run row `r` holds of its windows: its
+# reservation while it runs or when its result reported no USD (no tokens either, for the
+# tokens), else what it reported; `_EFFECTIVE` sums it over the rows.
+_HELD_USD_OF = "CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd ELSE r.usd END"
+_HELD_TOKENS_OF = (
+    f"CASE WHEN r.status = 'running' OR (r.usd IS NULL AND {_TOKENS_OF} = 0) "
+    f"THEN r.reserved_tokens ELSE {_TOKENS_OF} END"
 )
-_HELD_TOKENS = (
-    "coalesce(sum(CASE WHEN r.status = 'running' OR (r.usd IS NULL "
-    f"AND {_TOKENS_OF} = 0) THEN r.reserved_tokens ELSE {_TOKENS_OF} END), 0)"
-)
-_EFFECTIVE = f"{_HELD_USD}, {_HELD_TOKENS}"
+_EFFECTIVE = f"coalesce(sum({_HELD_USD_OF}), 0), coalesce(sum({_HELD_TOKENS_OF}), 0)"
 # pg_advisory_xact_lock(int, int) key, beside the lane configuration's: the admissions
 # that read the spend windows queue on it (`lock_spend`).
 _SPEND_LOCK = (0x65786B74, 3)
@@ -366,13 +364,6 @@ def _groups(writes: list[_Write]) -> list[list[_Write]]:
     return groups
 
 
-_HELD_USD_OF = "CASE WHEN r.status = 'running' OR r.usd IS NULL THEN r.reserved_usd ELSE r.usd END"
-_HELD_TOKENS_OF = (
-    f"CASE WHEN r.status = 'running' OR (r.usd IS NULL AND {_TOKENS_OF} = 0) "
-    f"THEN r.reserved_tokens ELSE {_TOKENS_OF} END"
-)
-
-
 # A run's lane, looked up by its key: a join let the planner hash every run's lane (a
 # scan of run_lanes, growing with the volume) for the handful of runs a window reads.
 _LANE_OF_R = "(SELECT l.lane FROM run_lanes l WHERE l.run_id = r.id)"
@@ -447,7 +438,7 @@ def _windows_sql(
     return sql_, params
 
 
-def _window_sums(row: tuple[Any, ...] | None, count: int) -> list[tuple[float, int]]:
+def _held_sums(row: tuple[Any, ...] | None, count: int) -> list[tuple[float, int]]:
     assert row is not None
     return [(float(row[2 * n]), int(row[2 * n + 1])) for n in range(count)]
 
@@ -802,7 +793,7 @@ class PostgresTx:
         if planned is not None and stored == known:
             self._ahead[("spend_reads", *planned)] = (
                 [] if recent is None else _recent_rows(recent.rows()),
-                _window_sums(sums.one(), len(windows)),
+                _held_sums(sums.one(), len(windows)),
             )
         row = found.named_one()
         self._ahead[("idempotent", scope, key)] = (
@@ -1498,7 +1489,7 @@ class PostgresTx:
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
         row = self._one(*_windows_sql([(since, lane)], first=True))
         assert row is not None
-        ((usd, tokens),) = _window_sums(row, 1)
+        ((usd, tokens),) = _held_sums(row, 1)
         return usd, tokens, None if row[2] is None else float(row[2])
 
     def spend_reads(
@@ -1519,11 +1510,11 @@ class PostgresTx:
         sums = self._answer(*_windows_sql(windows)) if windows else None
         return (
             [] if recent is None else _recent_rows(recent.rows()),
-            [] if sums is None else _window_sums(sums.one(), len(windows)),
+            [] if sums is None else _held_sums(sums.one(), len(windows)),
         )
 
     def _window_sums(self, windows: Sequence[tuple[float, str | None]]) -> list[tuple[float, int]]:
-        return _window_sums(self._one(*_windows_sql(windows)), len(windows)) if windows else []
+        return _held_sums(self._one(*_windows_sql(windows)), len(windows)) if windows else []
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         row = self._one(f"SELECT {_EFFECTIVE} FROM runs r WHERE r.task_id = %s", (task_id,))

@@ -136,13 +136,13 @@ _LANE_EVENT_INSERT = (
     f"VALUES ({', '.join(f':{column}' for column in LANE_EVENT_COLUMNS)})"
 )
 
-# A run's effective cost (`Tx`'s spend section): its reservation while it runs or when its
-# result reported no USD (no tokens either, for the tokens), else what it reported.
 # The hours `spend_buckets` keeps a window's spend in (schema step 13).
 _HOUR = 3600
 _TOKENS_OF = "c.input_tokens + c.output_tokens + c.cache_read_tokens + c.cache_write_tokens"
-# What ended runs' rows `c` hold of a window (only ended runs have one, schema step 14):
-# a run's cost, or its reservation when its result reported none.
+# A run's effective cost (`Tx`'s spend section): its reservation while it runs (on its
+# run_extras row: `_RUNNING`), else, on its run_costs row `c` (only ended runs have one,
+# schema step 14), what it reported, or its reservation when it reported no USD (no
+# tokens either, for the tokens).
 _HELD_USD = "COALESCE(SUM(CASE WHEN c.usd IS NULL THEN c.reserved_usd ELSE c.usd END), 0)"
 _HELD_TOKENS = (
     f"COALESCE(SUM(CASE WHEN c.usd IS NULL AND {_TOKENS_OF} = 0 THEN c.reserved_tokens "
