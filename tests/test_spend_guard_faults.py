@@ -21,7 +21,7 @@ from test_remote import ME
 from test_spend_in_run import StreamingOpencode
 
 from execkit import AgentRequest
-from execkit._attempt import AttemptOptions, run_attempt, spend_guard
+from execkit._attempt import AttemptOptions, SpendGuard, run_attempt, spend_guard
 from execkit._errors import Conflict, ExecKitError, StorageError
 from execkit._usage import Usage, UsdSource
 from execkit.dispatch import (
@@ -32,7 +32,7 @@ from execkit.dispatch import (
     EventKind,
     InMemoryBoard,
 )
-from execkit.ledger import SpendCap, SpendRoom, SpendWindow, SqliteLedger, window_bounds
+from execkit.ledger import Run, SpendCap, SpendRoom, SpendWindow, SqliteLedger, window_bounds
 from execkit.ledger._spend import _CALENDAR
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC, a Friday
@@ -43,6 +43,15 @@ WEEK_S = 7 * DAY_S
 
 def spent(usd: float) -> Usage:
     return Usage(output_tokens=10, usd=usd, usd_source=UsdSource.REPORTED)
+
+
+def guarded_run(ledger: SqliteLedger, name: str, at: float) -> tuple[Run, SpendGuard]:
+    """A new task's run admitted at `at`, and its spend guard (a cap applies to it)."""
+    task = ledger.create_task(name, actor=ME).id
+    run = ledger.start_run(task, request_key=name, actor=ME, now=at)
+    guard = spend_guard(ledger, run.id, lambda: at)
+    assert guard is not None
+    return run, guard
 
 
 class FlakyRoomLedger(SqliteLedger):
@@ -78,10 +87,8 @@ def test_a_ledger_hiccup_lets_the_run_go_on_and_the_next_event_asks_again(
 ) -> None:
     with FlakyRoomLedger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
         ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.25)
-        task = ledger.create_task("t", actor=ME).id
-        run = ledger.start_run(task, request_key="1", actor=ME, now=NOW)
-        guard = spend_guard(ledger, run.id, lambda: NOW)
-        assert guard is not None and guard.room == SpendRoom(usd=0.25)
+        run, guard = guarded_run(ledger, "1", NOW)
+        assert guard.room == SpendRoom(usd=0.25)
         ledger.calls = 0
         ledger.failing = frozenset({0.5, 1.2})
         assert guard.crossed(spent(0.1)) is False and ledger.calls == 0  # within its room
@@ -109,20 +116,14 @@ def test_a_ledger_hiccup_lets_the_run_go_on_and_the_next_event_asks_again(
 def test_a_run_no_longer_running_stops_its_agent(tmp_path: Path) -> None:
     with FlakyRoomLedger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
         ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.25)
-        task = ledger.create_task("t", actor=ME).id
-        run = ledger.start_run(task, request_key="1", actor=ME, now=NOW)
-        guard = spend_guard(ledger, run.id, lambda: NOW)
-        assert guard is not None
+        run, guard = guarded_run(ledger, "1", NOW)
         # Abandoned meanwhile (its lease, an operator): nothing it spends can be recorded.
         ledger.finish_run(run.id, "abandoned", now=NOW + 1)
         with pytest.raises(Conflict):
             guard.crossed(spent(0.5))
         assert guard.stopped is None
         # Injected as the server would answer it: a Conflict propagates, not logged away.
-        other = ledger.create_task("other", actor=ME).id
-        run2 = ledger.start_run(other, request_key="2", actor=ME, now=NOW + 2)
-        guard = spend_guard(ledger, run2.id, lambda: NOW + 2)
-        assert guard is not None
+        _run2, guard = guarded_run(ledger, "2", NOW + 2)
         ledger.fault, ledger.failing = Conflict("only a running run has a room"), frozenset({0.5})
         with pytest.raises(Conflict, match="only a running run"):
             guard.crossed(spent(0.5))
