@@ -338,3 +338,26 @@ def test_a_capped_admission_takes_two_round_trips_too(pg: PostgresLedger) -> Non
     pg.set_spend_cap(SpendCap(SpendWindow.DAY, usd=50.0), actor=me)
     assert round_trips(pg, lambda: start(3, "codex/default", 1103.0)) == 3
     assert round_trips(pg, lambda: start(4, "codex/default", 1104.0)) == 2  # estimate kept
+
+
+def test_no_admission_statement_is_planned_again_at_each_run(pg: PostgresLedger) -> None:
+    # PostgreSQL plans a prepared statement for its values five times, then keeps a generic
+    # plan unless that looks dearer. A lane's gates read as `unnest` of an array always
+    # looked ten times dearer (planned for ten rows), so they were planned again at every
+    # admission: about a tenth of its time.
+    me = getpass.getuser()
+    pg.set_spend_cap(SpendCap(SpendWindow.DAY, usd=100.0), floor_usd=0.0, actor=me)
+    pg.set_spend_cap(SpendCap(SpendWindow.ROLLING_5H, lane="codex/default", tokens=10**9), actor=me)
+    for n in range(12):
+        task = pg.create_task(f"t{n}", max_attempts=5, actor=me).id
+        run = pg.start_run(
+            task, request_key=f"k{n}", actor=me, now=1000.0 + n, lane="codex/default"
+        )
+        pg.finish_run(run.id, "succeeded", now=1000.5 + n, usage=_PAID)
+    conn = pg._postgres._idle[-1]  # the one connection this thread's transactions took
+    plans = conn.execute(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+    ).fetchall()
+    run_often = [(text, custom) for text, generic, custom in plans if generic + custom >= 12]
+    assert len(run_often) >= 8  # the admission's and the result's statements
+    assert [(text, custom) for text, custom in run_often if custom > 5] == []
