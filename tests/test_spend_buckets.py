@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from execkit._classify import FailureClass
 from execkit._usage import Usage, UsdSource
 from execkit.ledger import SpendCap, SpendWindow, migrate
 from execkit.ledger._postgres import schema as pg_schema
+from execkit.ledger._postgres.tx import _windows_sql
 from execkit.ledger._sqlite import schema as sqlite_schema
 
 HOUR = 3600.0
@@ -107,16 +109,32 @@ def test_prop_the_hourly_sums_equal_what_the_runs_hold(
                                       usage=cost, now=T0 + 4 * HOUR)  # fmt: skip
                 run_model["running"] = False
                 run_model["cost"] = cost
-        for since in (T0 - HOUR, T0, T0 + 1800, T0 + HOUR + 1, T0 + 2 * HOUR + 3599):
-            for lane in [*LANES[1:], None]:
-                held = [
-                    effective(r["reserved"], r["cost"], r["running"])
-                    for r in runs
-                    if r["at"] >= since and (lane is None or r["lane"] == lane)
-                ]
-                usd, tokens = window(ledger, since, lane)
-                assert usd == pytest.approx(sum(u for u, _t in held), abs=1e-9)
-                assert tokens == sum(t for _u, t in held)
+        windows = [
+            (since, lane)
+            for since in (T0 - HOUR, T0, T0 + 1800, T0 + HOUR + 1, T0 + 2 * HOUR + 3599)
+            for lane in [*LANES[1:], None]
+        ]
+        wanted: list[tuple[float, int]] = []
+        for since, lane in windows:
+            held = [
+                effective(r["reserved"], r["cost"], r["running"])
+                for r in runs
+                if r["at"] >= since and (lane is None or r["lane"] == lane)
+            ]
+            wanted.append((sum(u for u, _t in held), sum(t for _u, t in held)))
+            usd, tokens = window(ledger, since, lane)
+            assert usd == pytest.approx(wanted[-1][0], abs=1e-9)
+            assert tokens == wanted[-1][1]
+        # As an admission reads them (under the spend lock, in a write transaction): windows
+        # of every shape (on the hour or inside one, of a lane or of all) in one statement.
+        for shape in (windows[:2], windows[2:7], windows[::-3], windows):
+            with ledger._store.write() as tx:
+                _recent, together = tx.spend_reads(None, 0, shape)
+            for (usd, tokens), (usd_wanted, tokens_wanted) in zip(
+                together, [wanted[windows.index(w)] for w in shape], strict=True
+            ):
+                assert usd == pytest.approx(usd_wanted, abs=1e-9)
+                assert tokens == tokens_wanted
 
 
 def test_a_window_reads_whole_hours_and_only_the_partial_hours_runs(ledger: AnyLedger) -> None:
@@ -185,3 +203,39 @@ def test_a_ledger_whose_buckets_held_running_runs_migrates_to_what_they_hold(
             assert usd == pytest.approx(usd_before) and tokens == tokens_before
         ledger.finish_run(runs[2].id, "succeeded", usage=COST, now=T0 + 3100)
         assert window(ledger, T0, None) == pytest.approx((3 * 0.07 + 0.5, 3 * 70 + 10))
+
+
+def _rows_read(plan: dict[str, Any], table: str) -> int:
+    """The rows every scan of `table` in an EXPLAIN (ANALYZE, FORMAT JSON) plan read: what
+    it returned and what its filters removed, over all its loops."""
+    read = 0
+    if plan.get("Relation Name") == table:
+        read += (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)) * plan[
+            "Actual Loops"
+        ] + plan.get("Rows Removed by Index Recheck", 0)
+    for child in plan.get("Plans", ()):
+        read += _rows_read(child, table)
+    return read
+
+
+def test_a_rolling_window_beside_a_day_reads_only_its_own_partial_hour(pg_url: str) -> None:
+    # PostgreSQL reads every window's partial hour in one scan of the runs. That scan once
+    # ran from the earliest window start to the latest whole hour: beside a day's cap, a
+    # rolling window read every run of the day before its own start, at every admission.
+    with open_at(pg_url) as ledger:
+        ledger.set_spend_cap(BIG, actor=ME, floor_usd=0.5, floor_tokens=10)
+        for n in range(40):  # 08:00-08:39, ended
+            task = ledger.create_task(f"t{n}", actor=ME).id
+            run = ledger.start_run(task, request_key=task, actor=ME, now=T0 + 60 * n)
+            ledger.finish_run(run.id, "succeeded", usage=COST, now=T0 + 60 * n + 30)
+    day, rolling = (T0 - 8 * HOUR, None), (T0 + 5.5 * HOUR, LANES[1])  # 00:00; 13:30 (5 h)
+    statement, params = _windows_sql([day, rolling])
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # A table this small is read whole whatever the condition: the index shows the range.
+        conn.execute("SET enable_seqscan = off")
+        [[explained]] = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
+        ).fetchall()
+    assert _rows_read(explained[0]["Plan"], "runs") == 0
+    [row] = sql(pg_url, statement, params)
+    assert row == pytest.approx((40 * 0.07, 40 * 70, 0.0, 0))

@@ -398,65 +398,86 @@ def _windows_sql(
     trigger), the runs of the partial hour before them one by one, and the reservations
     of its running runs after that hour (the index of running runs): the same work
     whatever the volume. Three scans whatever the number of windows (each window's share
-    a FILTER of them). `first`: then the earliest start in the first window."""
-    bucket_sums: list[str] = []
-    bucket_params: list[Any] = []
-    partial_sums: list[str] = []
-    partial_params: list[Any] = []
-    running_sums: list[str] = []
-    running_params: list[Any] = []
+    a FILTER of them). `first`: then the earliest start in the first window.
+
+    Each window's values are sent once (its start, its first whole hour, its lane), and
+    the text depends only on the windows' shape, so it is built once per shape
+    (`_windows_text`) and prepared once per connection."""
+    params: list[Any] = []
+    laned: list[bool] = []
+    inside: list[bool] = []
     for since, lane in windows:
         whole = math.ceil(since / _HOUR) * _HOUR
-        of = "" if lane is None else " AND r.lane = %s"
-        lanes: tuple[Any, ...] = () if lane is None else (lane,)
-        for column in ("usd", "tokens"):
+        params += [since, whole]
+        if lane is not None:
+            params.append(lane)
+        laned.append(lane is not None)
+        inside.append(whole > since)
+    return _windows_text(tuple(laned), tuple(inside), first), tuple(params)
+
+
+@lru_cache(maxsize=64)
+def _windows_text(laned: tuple[bool, ...], inside: tuple[bool, ...], first: bool) -> str:
+    """`_windows_sql`'s text for windows of this shape: `laned[n]` when window n names a
+    lane, `inside[n]` when it starts inside an hour (a rolling window; a day or a week in
+    UTC starts on one, so it has no partial hour to read run by run). The windows' values
+    are the columns of the one-row `k` (`s`: start, `h`: first whole hour, `l`: lane)."""
+    named = ", ".join
+    values: list[str] = []
+    bucket_sums: list[str] = []
+    partial_sums: list[str] = []
+    running_sums: list[str] = []
+    ranges: list[str] = []
+    for n, (lane, part) in enumerate(zip(laned, inside, strict=True)):
+        values += [f"%s::float8 AS s{n}", f"%s::bigint AS h{n}"]
+        if lane:
+            values.append(f"%s::text AS l{n}")
+        of = f" AND r.lane = k.l{n}" if lane else ""
+        bucket_lane = f"k.l{n}" if lane else "'*'"
+        span = f"r.started_at >= k.s{n} AND r.started_at < k.h{n}"
+        # Summed as float8 and bigint: a sum of bigints is a numeric, read as a Decimal.
+        for column, kind in (("usd", "float8"), ("tokens", "bigint")):
             bucket_sums.append(
-                f"coalesce(sum({column}) FILTER (WHERE lane = %s AND bucket >= %s), 0)"
+                f"coalesce(sum({column}) FILTER (WHERE lane = {bucket_lane} "
+                f"AND bucket >= k.h{n}), 0)::{kind}"
             )
-            bucket_params += ["*" if lane is None else lane, whole]
-        for held in (_HELD_USD_OF, _HELD_TOKENS_OF):
+        for held, kind in ((_HELD_USD_OF, "float8"), (_HELD_TOKENS_OF, "bigint")):
             partial_sums.append(
-                f"coalesce(sum({held}) FILTER (WHERE r.started_at >= %s AND "
-                f"r.started_at < %s{of}), 0)"
+                f"coalesce(sum({held}) FILTER (WHERE {span}{of}), 0)::{kind}"
+                if part
+                else f"0::{kind}"
             )
-            partial_params += [since, whole, *lanes]
-        for column in ("reserved_usd", "reserved_tokens"):
+        for column, kind in (("reserved_usd", "float8"), ("reserved_tokens", "bigint")):
             running_sums.append(
-                f"coalesce(sum(r.{column}) FILTER (WHERE r.started_at >= %s{of}), 0)"
+                f"coalesce(sum(r.{column}) FILTER (WHERE r.started_at >= k.h{n}{of}), 0)::{kind}"
             )
-            running_params += [whole, *lanes]
-    # The partial hours: from the earliest window start to the latest whole hour (empty
-    # when every window starts on the hour, as a day and a week in UTC do).
-    low = min(since for since, _lane in windows)
-    high = max(math.ceil(since / _HOUR) * _HOUR for since, _lane in windows)
-    columns = [f"b.c{n} + p.c{n} + q.c{n}" for n in range(2 * len(windows))]
-    head: list[Any] = []
+        if part:
+            # Each window's own partial hour: the hours between are in the buckets, and
+            # read run by run they would grow the scan with the volume.
+            ranges.append(f"({span})")
+    lanes = named(sorted({f"k.l{n}" if lane else "'*'" for n, lane in enumerate(laned)}))
+    partial = named(f"{e} AS c{n}" for n, e in enumerate(partial_sums))
+    if ranges:
+        partial += (
+            f" FROM (SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE {' OR '.join(ranges)}) r"
+        )
+    columns = [f"b.c{n} + p.c{n} + q.c{n}" for n in range(2 * len(laned))]
     if first:
         # The earliest start in the first window: the start index read up to its first
         # run (of the window's lane).
-        since, lane = windows[0]
-        of = "" if lane is None else f" AND {_LANE_OF_R} = %s"
+        of = f" AND {_LANE_OF_R} = k.l0" if laned[0] else ""
         columns.append(
-            f"(SELECT r.started_at FROM runs r WHERE r.started_at >= %s{of} "
+            f"(SELECT r.started_at FROM runs r WHERE r.started_at >= k.s0{of} "
             "ORDER BY r.started_at LIMIT 1)"
         )
-        head = [since, *(() if lane is None else (lane,))]
-    named = ", ".join
-    sql_ = (
-        f"SELECT {named(columns)} FROM (SELECT "
-        f"{named(f'{e} AS c{n}' for n, e in enumerate(bucket_sums))} "
-        "FROM spend_buckets WHERE lane = ANY(%s)) b, "
-        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(partial_sums))} FROM "
-        f"(SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE r.started_at >= %s "
-        "AND r.started_at < %s) r) p, "
-        f"(SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} FROM "
-        f"(SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE r.status = 'running') r) q"
+    return (
+        f"SELECT {named(columns)} FROM (SELECT {named(values)}) k "
+        f"CROSS JOIN LATERAL (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(bucket_sums))} "
+        f"FROM spend_buckets WHERE lane IN ({lanes})) b "
+        f"CROSS JOIN LATERAL (SELECT {partial}) p "
+        f"CROSS JOIN LATERAL (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} "
+        f"FROM (SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE r.status = 'running') r) q"
     )
-    buckets = sorted({"*" if lane is None else lane for _since, lane in windows})
-    params = (
-        *head, *bucket_params, buckets, *partial_params, low, high, *running_params,
-    )  # fmt: skip
-    return sql_, params
 
 
 def _held_sums(row: tuple[Any, ...] | None, count: int) -> list[tuple[float, int]]:
