@@ -218,17 +218,20 @@ def _rows_read(plan: dict[str, Any], table: str) -> int:
     return read
 
 
-def test_a_rolling_window_beside_a_day_reads_only_its_own_partial_hour(pg_url: str) -> None:
-    # PostgreSQL reads every window's partial hour in one scan of the runs. That scan once
-    # ran from the earliest window start to the latest whole hour: beside a day's cap, a
-    # rolling window read every run of the day before its own start, at every admission.
+def test_each_window_reads_only_its_own_hours(pg_url: str) -> None:
+    # PostgreSQL reads the windows' hours in one scan of the buckets and their partial hours
+    # in one scan of the runs. The first scan once read every bucket its lanes ever had,
+    # and the second ran from the earliest window start to the latest whole hour: both
+    # grew with the ledger, read at every capped admission.
     with open_at(pg_url) as ledger:
         ledger.set_spend_cap(BIG, actor=ME, floor_usd=0.5, floor_tokens=10)
-        for n in range(40):  # 08:00-08:39, ended
+        for n in range(40):  # one an hour, from 40 hours before T0 (08:00) to 07:01
             task = ledger.create_task(f"t{n}", actor=ME).id
-            run = ledger.start_run(task, request_key=task, actor=ME, now=T0 + 60 * n)
-            ledger.finish_run(run.id, "succeeded", usage=COST, now=T0 + 60 * n + 30)
-    day, rolling = (T0 - 8 * HOUR, None), (T0 + 5.5 * HOUR, LANES[1])  # 00:00; 13:30 (5 h)
+            at = T0 - (40 - n) * HOUR + 60
+            run = ledger.start_run(task, request_key=task, actor=ME, now=at, lane=LANES[1])
+            ledger.finish_run(run.id, "succeeded", usage=COST, now=at + 30)
+    # The day from 00:00 (its 8 runs' hours), and 5 hours of the lane to 13:30 (none).
+    day, rolling = (T0 - 8 * HOUR, None), (T0 + 0.5 * HOUR, LANES[1])
     statement, params = _windows_sql([day, rolling])
     with psycopg.connect(pg_url, autocommit=True) as conn:
         # A table this small is read whole whatever the condition: the index shows the range.
@@ -236,6 +239,7 @@ def test_a_rolling_window_beside_a_day_reads_only_its_own_partial_hour(pg_url: s
         [[explained]] = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
         ).fetchall()
-    assert _rows_read(explained[0]["Plan"], "runs") == 0
+    plan = explained[0]["Plan"]
+    assert (_rows_read(plan, "spend_buckets"), _rows_read(plan, "runs")) == (8, 0)
     [row] = sql(pg_url, statement, params)
-    assert row == pytest.approx((40 * 0.07, 40 * 70, 0.0, 0))
+    assert row == pytest.approx((8 * 0.07, 8 * 70, 0.0, 0))

@@ -428,19 +428,18 @@ def _windows_text(laned: tuple[bool, ...], inside: tuple[bool, ...], first: bool
     partial_sums: list[str] = []
     running_sums: list[str] = []
     ranges: list[str] = []
+    hour_ranges: list[str] = []
     for n, (lane, part) in enumerate(zip(laned, inside, strict=True)):
         values += [f"%s::float8 AS s{n}", f"%s::bigint AS h{n}"]
         if lane:
             values.append(f"%s::text AS l{n}")
         of = f" AND r.lane = k.l{n}" if lane else ""
-        bucket_lane = f"k.l{n}" if lane else "'*'"
+        hours_of = (f"lane = k.l{n}" if lane else "lane = '*'") + f" AND bucket >= k.h{n}"
+        hour_ranges.append(f"({hours_of})")
         span = f"r.started_at >= k.s{n} AND r.started_at < k.h{n}"
         # Summed as float8 and bigint: a sum of bigints is a numeric, read as a Decimal.
         for column, kind in (("usd", "float8"), ("tokens", "bigint")):
-            bucket_sums.append(
-                f"coalesce(sum({column}) FILTER (WHERE lane = {bucket_lane} "
-                f"AND bucket >= k.h{n}), 0)::{kind}"
-            )
+            bucket_sums.append(f"coalesce(sum({column}) FILTER (WHERE {hours_of}), 0)::{kind}")
         for held, kind in ((_HELD_USD_OF, "float8"), (_HELD_TOKENS_OF, "bigint")):
             partial_sums.append(
                 f"coalesce(sum({held}) FILTER (WHERE {span}{of}), 0)::{kind}"
@@ -455,7 +454,9 @@ def _windows_text(laned: tuple[bool, ...], inside: tuple[bool, ...], first: bool
             # Each window's own partial hour: the hours between are in the buckets, and
             # read run by run they would grow the scan with the volume.
             ranges.append(f"({span})")
-    lanes = named(sorted({f"k.l{n}" if lane else "'*'" for n, lane in enumerate(laned)}))
+    # Each window's own hours of its lane's buckets (ranges of the primary key): all of a
+    # lane's buckets would grow the scan with the ledger's age, an hour's row at a time.
+    hours = " OR ".join(hour_ranges)
     partial = named(f"{e} AS c{n}" for n, e in enumerate(partial_sums))
     if ranges:
         partial += (
@@ -473,7 +474,7 @@ def _windows_text(laned: tuple[bool, ...], inside: tuple[bool, ...], first: bool
     return (
         f"SELECT {named(columns)} FROM (SELECT {named(values)}) k "
         f"CROSS JOIN LATERAL (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(bucket_sums))} "
-        f"FROM spend_buckets WHERE lane IN ({lanes})) b "
+        f"FROM spend_buckets WHERE {hours}) b "
         f"CROSS JOIN LATERAL (SELECT {partial}) p "
         f"CROSS JOIN LATERAL (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} "
         f"FROM (SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE r.status = 'running') r) q"
