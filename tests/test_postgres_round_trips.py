@@ -338,6 +338,15 @@ def test_a_capped_admission_takes_two_round_trips_too(pg: PostgresLedger) -> Non
     pg.set_spend_cap(SpendCap(SpendWindow.DAY, usd=50.0), actor=me)
     assert round_trips(pg, lambda: start(3, "codex/default", 1103.0)) == 3
     assert round_trips(pg, lambda: start(4, "codex/default", 1104.0)) == 2  # estimate kept
+    # What caps add to an admission on a lane (ten statements: BEGIN, the key's lock, the
+    # key, the task, the lane's gates, the number, the writes as two, the read back,
+    # COMMIT) is the windows' read: the spend lock is taken by the number's statement.
+    pg.finish_run(runs[-1].id, "succeeded", now=1105.0, usage=_PAID)
+    task = pg.create_task("t5", max_attempts=5, actor=me).id
+    sent, _parsed = statements(
+        pg, lambda: pg.start_run(task, request_key="k5", actor=me, now=1106.0, lane="codex/default")
+    )
+    assert sent == 11
 
 
 def test_no_admission_statement_is_planned_again_at_each_run(pg: PostgresLedger) -> None:

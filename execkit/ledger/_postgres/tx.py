@@ -175,14 +175,24 @@ _RUN_OF_KEY = ", ".join(
 # (none for a task that is finished or gone, or a key already used) and the task's running
 # run (its columns NULL when it has none).
 _FINISHED = [str(status) for status in FINISHED_STATUSES]
-_NUMBER_AND_RUNNING = (
-    "SELECT txid_current() AS tx_xid, (SELECT nextval('run_numbers') FROM tasks "
-    f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW}) AS tx_number, "
-    f"({_SPEND_VALUE}) AS tx_spend, "
-    + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
-    + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.task_id = %s "
-    f"AND r.attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}"
-)
+
+
+def _number_and_running(spend_lock: str = "") -> str:
+    """An admission's number and running run (above), with `spend_lock` (its targets)
+    evaluated after the rest: the spend lock of a capped admission, taken in the same
+    statement (the reads it guards are the statements after: each takes its snapshot
+    when it starts, after the lock)."""
+    return (
+        "SELECT txid_current() AS tx_xid, (SELECT nextval('run_numbers') FROM tasks "
+        f"WHERE id = %s AND status <> ALL(%s) AND {_KEY_IS_NEW}) AS tx_number, "
+        f"({_SPEND_VALUE}) AS tx_spend, "
+        + ", ".join(f"r.{column}" for column in RUN_COLUMNS)
+        + spend_lock
+        + " FROM (SELECT 1) AS one LEFT JOIN runs r ON r.task_id = %s "
+        f"AND r.attempt = (SELECT t.running FROM tasks t WHERE t.id = %s) AND {_KEY_IS_NEW}"
+    )
+
+
 # What every statement that asks for a lock gives itself as its lock timeout (issue #50):
 # what is left of the caller's wait, on the server's clock, as the statement asks. `%s`
 # is what was left (ms) when the transaction began (`PostgresTx.waits`: the pool's wait
@@ -196,6 +206,10 @@ _WAIT = (
     "clock_timestamp() - now()))::bigint::text, true)"
 )
 _WAITS = f"{_WAIT} IS NOT NULL"  # as a condition
+_NUMBER_AND_RUNNING = _number_and_running()
+_NUMBER_AND_RUNNING_SPEND_LOCKED = _number_and_running(
+    f", {_WAIT} AS tx_wait, pg_advisory_xact_lock(%s, %s) AS tx_spend_lock"
+)
 # Its parameter in a statement's values, until the statement is sent: what was left when
 # the transaction began is known only once its connection is open (`PostgresTx.waits`).
 _LEFT: Any = object()
@@ -816,16 +830,25 @@ class PostgresTx:
             if lanes
             else None
         )
-        # Drawn after the task's lock: a task's runs are numbered in their order. With
-        # it, the task's running run, if any (read under that lock).
-        number = execute(_NUMBER_AND_RUNNING, (task_id, _FINISHED, *new, task_id, task_id, *new))
         # Issue #45: with the spend configuration this store last saw, a capped admission's
         # spend lock and reads go here too, after every row lock it takes (the order the
         # gate takes them in), and are kept when that configuration is still the one read.
         known = None if self._copies is None else self._copies.spend
         planned = spend(known) if spend is not None and isinstance(known, str) else None
+        # Drawn after the task's lock: a task's runs are numbered in their order. With
+        # it, the task's running run, if any (read under that lock), and the spend lock.
+        number = (
+            execute(
+                _NUMBER_AND_RUNNING,
+                (task_id, _FINISHED, *new, task_id, task_id, *new),
+            )
+            if planned is None
+            else execute(
+                _NUMBER_AND_RUNNING_SPEND_LOCKED,
+                (task_id, _FINISHED, *new, waits, *_SPEND_LOCK, task_id, task_id, *new),
+            )
+        )
         if planned is not None:
-            execute(f"SELECT {_WAIT}, pg_advisory_xact_lock(%s, %s)", (waits, *_SPEND_LOCK))
             of, limit, windows = planned
             recent = execute(*_recent_sql(of, limit)) if limit else None
             sums = execute(*_windows_sql(windows))
