@@ -117,6 +117,10 @@ class CoreBase:
         # Issue #45: each lane's reservation estimate as last read (when, the 90th
         # percentile of its recent USD and tokens), kept `ESTIMATE_TTL_S` (`spend.py`).
         self._estimates: dict[str | None, tuple[float, float | None, int | None]] = {}
+        # The caps of the last admission's (configuration, lane, time) and their windows:
+        # PostgreSQL's plan of the spend reads and the gate after them ask the same
+        # (`SpendOps._applying`); one entry, replaced whole (threads share a handle).
+        self._last_applying: tuple[Any, ...] = ()
 
     @staticmethod
     def _copy_first(transaction: Callable[[StaleCopy | None], _T]) -> _T:

@@ -528,14 +528,30 @@ class SpendOps(WakeOps):
 
         def plan(stored: str) -> SpendReads | None:
             try:
-                caps = SpendConfig.from_stored(stored).applying(lane, at)
+                caps, _bounds, windows = self._applying(SpendConfig.from_stored(stored), lane, at)
             except StorageError:
                 return None
             if not caps:
                 return None
-            return lane, limit, _windows(caps, [window_bounds(cap, at) for cap in caps])
+            return lane, limit, windows
 
         return plan
+
+    def _applying(
+        self, config: SpendConfig, lane: str | None, at: float
+    ) -> tuple[list[SpendCap], list[tuple[float, float]], tuple[tuple[float, str | None], ...]]:
+        """The caps a run on `lane` at `at` counts against under `config`, their windows'
+        bounds, and the windows (start, lane) their reads sum (`_windows`). The last answer
+        is kept: an admission's plan and its gate ask the same (a configuration is parsed
+        once per stored text, so the same one is the same object)."""
+        last = self._last_applying
+        if last and last[0] is config and last[1] == lane and last[2] == at:
+            return last[3]  # type: ignore[no-any-return]
+        caps = config.applying(lane, at)
+        bounds = [window_bounds(cap, at) for cap in caps]
+        answer = caps, bounds, _windows(caps, bounds)
+        self._last_applying = (config, lane, at, answer)
+        return answer
 
     def _spend_gate(
         self, tx: Tx, task: TaskRecord, lane: str | None, at: float
@@ -548,13 +564,11 @@ class SpendOps(WakeOps):
         config = self._spend_config(tx)
         if config is None:
             return None
-        caps = config.applying(lane, at)
-        bounds = [window_bounds(cap, at) for cap in caps]
+        caps, bounds, windows = self._applying(config, lane, at)
         # With caps, the spend lock, then every read the check needs, in one round trip
         # where the store can (with the admission's first reads: `_spend_plan`): each
         # window's sum read after the lock. The lane's recent costs only when its estimate
         # is older than ESTIMATE_TTL_S.
-        windows = _windows(caps, bounds)
         known = self._estimate(lane, at)
         recent, sums = tx.spend_reads(lane, 0 if known else RECENT_RUNS, windows)
         if known is None:
