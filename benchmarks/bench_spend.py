@@ -19,8 +19,9 @@ Three measurements, each against its honest floor in the same run:
    stopped by the window, and the runs admitted after the window was full (must be 0).
 3. Admission with caps against admission without: `start_run` (alone, and with its
    `finish_run` and cost) on a SQLite file (`--admissions` each) and on PostgreSQL (half as
-   many), alternating rounds, the medians compared (target <= 1.1x), and the same with the
-   run's `spend_room` read a guarded run adds.
+   many), the sides' ledgers open side by side and their admissions taken in turn (the
+   order rotating), the medians of `--rounds` rounds compared (target <= 1.1x), and the
+   same with the run's `spend_room` read a guarded run adds.
 """
 
 from __future__ import annotations
@@ -221,50 +222,63 @@ def _fleet(url: str) -> str:
 # -- 3. admission with caps against without ----------------------------------------------
 
 
-def _admissions(db: Path | str, count: int, *, caps: bool, room: bool) -> tuple[float, float]:
-    """Seconds for `count` admissions (`start_run`, with the run's `spend_room` read when
-    `room`), and for those with their results, on a fresh ledger (a file, or a schema's
-    URL)."""
+_SIDES = {"no caps": (False, False), "caps": (True, False), "caps + spend_room": (True, True)}
+
+
+def _admission_round(targets: dict[str, Path | str], count: int) -> dict[str, tuple[float, float]]:
+    """One round: a fresh ledger per side (a file, or a schema's URL), all open at once, and
+    `count` admissions on each taken in turn, the order rotating at each (`start_run`, with
+    the run's `spend_room` read for "caps + spend_room"), then its result. Paired so, a
+    neighbour's burst of load falls on every side alike. Each side's seconds admitting,
+    and admitting and finishing."""
     paid = Usage(input_tokens=100, usd=0.001, usd_source=UsdSource.REPORTED)
-    with open_ledger(db) as ledger:
-        if caps:
-            ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1e6), actor=ME)
-            ledger.set_spend_cap(
-                SpendCap(SpendWindow.ROLLING_5H, lane="opencode/default", usd=1e6), actor=ME
-            )
-        tasks = [ledger.create_task(f"t{n}", actor=ME, max_attempts=10).id for n in range(count)]
-        admitting = 0.0
-        started = time.perf_counter()
-        for n, task in enumerate(tasks):
-            before = time.perf_counter()
-            run = ledger.start_run(task, request_key=str(n), actor=ME, lane="opencode/default")
-            if room:
-                ledger.spend_room(run.id)
-            admitting += time.perf_counter() - before
-            ledger.finish_run(run.id, "succeeded", usage=paid)
-        return admitting, time.perf_counter() - started
+    names = list(targets)
+    admitting = dict.fromkeys(names, 0.0)
+    finishing = dict.fromkeys(names, 0.0)
+    with contextlib.ExitStack() as stack:
+        ledgers = {name: stack.enter_context(open_ledger(targets[name])) for name in names}
+        tasks: dict[str, list[str]] = {}
+        for name, ledger in ledgers.items():
+            if _SIDES[name][0]:
+                ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1e6), actor=ME)
+                ledger.set_spend_cap(
+                    SpendCap(SpendWindow.ROLLING_5H, lane="opencode/default", usd=1e6), actor=ME
+                )
+            tasks[name] = [
+                ledger.create_task(f"t{n}", actor=ME, max_attempts=10).id for n in range(count)
+            ]
+        for n in range(count):
+            for name in names[n % len(names) :] + names[: n % len(names)]:
+                ledger = ledgers[name]
+                before = time.perf_counter()
+                run = ledger.start_run(
+                    tasks[name][n], request_key=str(n), actor=ME, lane="opencode/default"
+                )
+                if _SIDES[name][1]:
+                    ledger.spend_room(run.id)
+                admitted = time.perf_counter()
+                ledger.finish_run(run.id, "succeeded", usage=paid)
+                admitting[name] += admitted - before
+                finishing[name] += time.perf_counter() - admitted
+    return {name: (admitting[name], admitting[name] + finishing[name]) for name in names}
 
 
 def _admission_rows(count: int, rounds: int, url: str | None = None) -> list[str]:
-    sides = {"no caps": (False, False), "caps": (True, False), "caps + spend_room": (True, True)}
-    admit: dict[str, list[float]] = {name: [] for name in sides}
-    whole: dict[str, list[float]] = {name: [] for name in sides}
+    admit: dict[str, list[float]] = {name: [] for name in _SIDES}
+    whole: dict[str, list[float]] = {name: [] for name in _SIDES}
     with tempfile.TemporaryDirectory() as scratch:
-        for round_number in range(rounds):
-            order = list(sides)
-            order = order[round_number % 3 :] + order[: round_number % 3]
-            for name in order:
-                caps, room = sides[name]
-                target: Path | str = (
-                    Path(scratch) / f"{uuid.uuid4().hex}.db" if url is None else _schema(url)
-                )
-                admitted, total = _admissions(target, count, caps=caps, room=room)
+        for _round in range(rounds):
+            targets: dict[str, Path | str] = {
+                name: Path(scratch) / f"{uuid.uuid4().hex}.db" if url is None else _schema(url)
+                for name in _SIDES
+            }
+            for name, (admitted, total) in _admission_round(targets, count).items():
                 admit[name].append(admitted)
                 whole[name].append(total)
     floor_admit = statistics.median(admit["no caps"])
     floor_whole = statistics.median(whole["no caps"])
     rows = []
-    for name in sides:
+    for name in _SIDES:
         a, w = statistics.median(admit[name]), statistics.median(whole[name])
         rows.append(
             f"| {'SQLite' if url is None else 'PostgreSQL'}, {name} | {count} "
