@@ -170,7 +170,15 @@ def test_a_give_up_shows_the_fix_and_a_relabel_is_a_forced_retry(
         reason="credentials refused",
         precondition=f"set ANTHROPIC_API_KEY (was {SECRET})",
     )
-    runner = Scripted(broken, RunOutcome(RunStatus.SUCCEEDED))
+    running_labels: list[set[str]] = []
+
+    class Watching(Scripted):
+        def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+            board.catch_up()  # what a pass sends while the agent runs
+            running_labels.append(fake.labels_of(number))
+            return super().run(issue, slot)
+
+    runner = Watching(broken, RunOutcome(RunStatus.SUCCEEDED))
     dispatcher = _dispatcher(board, ledger, runner)
     [event] = dispatcher.tick()
     assert event.moved_to == "blocked"
@@ -182,8 +190,33 @@ def test_a_give_up_shows_the_fix_and_a_relabel_is_a_forced_retry(
     fake.set_labels_by_hand(number, {"execkit", "execkit:blocked"})
     [again] = dispatcher.tick()
     assert (again.kind, again.moved_to, again.attempt) == ("dispatched", "done", 2)
+    # While the retry runs, the issue shows the claim, not the give-up it was put back from.
+    assert running_labels == [{"execkit", "execkit:running"}] * 2
     assert fake.labels_of(number) == {"execkit:done"}
     assert len(fake.status_comments(number)) == 1
+
+
+def test_a_forced_retry_that_fails_again_leaves_the_issue_eligible(
+    fake: FakeGitHub, ledger: Ledger
+) -> None:
+    # The give-up's move stays in the issue's outbox entry after it was shown. A retry's
+    # run that ended with no move of its own showed it again: the issue went back to
+    # `execkit:blocked`, and its next attempt was never picked up.
+    number = fake.add_issue("Needs a key")
+    board = _board(fake, ledger)
+    broken = RunOutcome(
+        RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason="credentials refused"
+    )
+    wrong = RunOutcome(RunStatus.FAILED, failure_class=FailureClass.WORK, reason="tests fail")
+    dispatcher = _dispatcher(board, ledger, Scripted(broken, wrong))
+    [event] = dispatcher.tick()
+    assert event.moved_to == "blocked"
+    fake.set_labels_by_hand(number, {"execkit", "execkit:blocked", "bug"})
+    [again] = dispatcher.tick()
+    assert (again.kind, again.moved_to, again.attempt) == ("dispatched", None, 2)
+    board.catch_up()
+    assert fake.labels_of(number) == {"execkit", "bug"}
+    assert [issue.id for issue in board.list_candidates()] == [f"acme/widgets#{number}"]
 
 
 def test_a_spent_rate_limit_parks_the_lane_until_its_reset(

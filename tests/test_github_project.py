@@ -167,6 +167,38 @@ def test_a_give_up_moves_to_failed_and_a_move_back_is_one_forced_retry(
     assert len(fake.status_comments(number)) == 1
 
 
+def test_a_forced_retry_shows_where_it_was_put_while_it_runs_and_after(
+    fake: FakeGitHub, ledger: Ledger
+) -> None:
+    # The give-up's Status stayed in the item's outbox entry after it was shown: the retry's
+    # claim set Blocked again while its agent ran, and kept it when the run failed again.
+    project = fake.add_project()
+    number = fake.add_issue("Needs a key")
+    fake.add_project_item(project, number)
+    board = _board(fake, ledger, failed="Blocked")
+    broken = RunOutcome(
+        RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason="credentials refused"
+    )
+    wrong = RunOutcome(RunStatus.FAILED, failure_class=FailureClass.WORK, reason="tests fail")
+    running: list[str | None] = []
+
+    class Watching(Scripted):
+        def run(self, issue: BoardIssue, slot: Slot) -> RunOutcome:
+            board.catch_up()  # what a pass sends while the agent runs
+            running.append(fake.status_of(project, number))
+            return super().run(issue, slot)
+
+    dispatcher = _dispatcher(board, ledger, Watching(broken, wrong))
+    [event] = dispatcher.tick()
+    assert event.moved_to == "Blocked"
+    fake.set_status_by_hand(project, number, "Todo")
+    [again] = dispatcher.tick()
+    assert (again.kind, again.moved_to, again.attempt) == ("dispatched", None, 2)
+    board.catch_up()
+    assert running == ["Todo", "Todo"]
+    assert fake.status_of(project, number) == "Todo"
+
+
 def test_a_closed_issue_is_left_alone(fake: FakeGitHub, ledger: Ledger) -> None:
     project = fake.add_project()
     number = fake.add_issue("Closed already")

@@ -75,6 +75,7 @@ from execkit.dispatch._tracker import (
     _settings,
     render_status,
     tracker_lane,
+    wanted_labels,
 )
 
 if TYPE_CHECKING:
@@ -732,20 +733,7 @@ class GitHubBoard(TrackerBoard):
     # -- writing --------------------------------------------------------------------------
 
     def _wanted(self, seen: _Seen, payload: Mapping[str, Any]) -> frozenset[str]:
-        config = self.config
-        # A closed issue is left alone (a person closed it, or `close_on_done` did after
-        # its labels moved): only the running label, the claim, comes off.
-        state = payload.get("state") if seen.open else None
-        if state is None:
-            keep = seen.labels & {config.label, config.done_label, config.blocked_label}
-        else:
-            keep = frozenset(
-                {"todo": {config.label}, "done": {config.done_label}}.get(
-                    state, {config.blocked_label} if state == "blocked" else set()
-                )
-            )
-        running = payload.get("running") and seen.open and state in (None, "todo")
-        return (seen.labels - config.ours) | keep | ({config.running_label} if running else set())
+        return wanted_labels(self.config, seen.labels, seen.open, payload)
 
     def _seen(self, number: int) -> _Seen:
         seen = self._issues.get(number)

@@ -54,6 +54,7 @@ from execkit.dispatch._tracker import (
     _settings,
     render_status,
     tracker_lane,
+    wanted_labels,
 )
 
 if TYPE_CHECKING:
@@ -487,18 +488,7 @@ class GitLabBoard(TrackerBoard):
     # -- writing ------------------------------------------------------------------------------
 
     def _wanted(self, seen: _Seen, payload: Mapping[str, Any]) -> frozenset[str]:
-        config = self.config
-        state = payload.get("state") if seen.open else None
-        if state is None:
-            keep = seen.labels & {config.label, config.done_label, config.blocked_label}
-        else:
-            keep = frozenset(
-                {"todo": {config.label}, "done": {config.done_label}}.get(
-                    state, {config.blocked_label} if state == "blocked" else set()
-                )
-            )
-        running = payload.get("running") and seen.open and state in (None, "todo")
-        return (seen.labels - config.ours) | keep | ({config.running_label} if running else set())
+        return wanted_labels(self.config, seen.labels, seen.open, payload)
 
     def _send(self, item: str, payload: dict[str, Any], ref: str | None, sends: int) -> str | None:
         """Make the issue show `payload`: labels (and closed, with `close_on_done`) in one

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypedDict
 
 import attrs
 
@@ -213,6 +213,44 @@ def _settings(body: str, labels: Iterable[str], prefix: str) -> dict[str, str]:
     return {key: value for key, value in found.items() if _NAME.match(value)}
 
 
+class _LabelColumns(Protocol):
+    """A label board's configuration (GitHub's, GitLab's): a label per column."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def running_label(self) -> str: ...
+    @property
+    def done_label(self) -> str: ...
+    @property
+    def blocked_label(self) -> str: ...
+    @property
+    def ours(self) -> frozenset[str]: ...
+
+
+def wanted_labels(
+    config: _LabelColumns, labels: frozenset[str], open_: bool, payload: Mapping[str, Any]
+) -> frozenset[str]:
+    """The labels an issue of a label board must carry to show `payload`: the labels of
+    other people's kept, the column's label, and the running label while a run holds the
+    claim. A closed issue is left alone (a person closed it, or `close_on_done` did after
+    its labels moved): only the running label, the claim, comes off. With no move to show,
+    an open issue carrying the eligible label is eligible (`_state`): a done or blocked
+    label beside it is what a person put it back from, and comes off."""
+    state = payload.get("state") if open_ else None
+    if state is None:
+        columns = {config.label, config.done_label, config.blocked_label}
+        keep = labels & ({config.label} if open_ and config.label in labels else columns)
+    else:
+        keep = frozenset(
+            {"todo": {config.label}, "done": {config.done_label}}.get(
+                state, {config.blocked_label} if state == "blocked" else set()
+            )
+        )
+    running = payload.get("running") and open_ and state in (None, "todo")
+    return (labels - config.ours) | keep | ({config.running_label} if running else set())
+
+
 def render_status(payload: Mapping[str, Any]) -> str:
     """The status comment's text (Markdown) for an outbox payload (`BoardReport` fields)."""
     attempt = payload.get("attempt")
@@ -331,7 +369,11 @@ class TrackerBoard:
         return self.move(issue_id, state)
 
     def report(self, issue_id: str, report: BoardReport) -> None:
-        """Record what the issue's status comment (and claim) must show."""
+        """Record what the issue's status comment (and claim) must show. A claim (a
+        running report) clears the entry's move: a move still there is an earlier run's,
+        one a person undid by putting the issue back, and shown again it would take the
+        card out of the column it is worked from (and, once the run ends with no move of
+        its own, keep it there)."""
         if self.read_only:
             raise InvalidInput(f"{self._what} was opened read-only", field="board")
         fields: dict[str, Any] = {
@@ -348,6 +390,8 @@ class TrackerBoard:
             "lines": "\n".join(report.lines)[:1000] or None,
             "spend": report.spend,
         }
+        if report.running:
+            fields["state"] = None
         self.ledger.outbox_put(self.name, issue_id, fields, now=self.clock())
 
     def catch_up(self) -> None:
