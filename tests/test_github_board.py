@@ -196,29 +196,6 @@ def test_a_give_up_shows_the_fix_and_a_relabel_is_a_forced_retry(
     assert len(fake.status_comments(number)) == 1
 
 
-def test_a_forced_retry_that_fails_again_leaves_the_issue_eligible(
-    fake: FakeGitHub, ledger: Ledger
-) -> None:
-    # The give-up's move stays in the issue's outbox entry after it was shown. A retry's
-    # run that ended with no move of its own showed it again: the issue went back to
-    # `execkit:blocked`, and its next attempt was never picked up.
-    number = fake.add_issue("Needs a key")
-    board = _board(fake, ledger)
-    broken = RunOutcome(
-        RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason="credentials refused"
-    )
-    wrong = RunOutcome(RunStatus.FAILED, failure_class=FailureClass.WORK, reason="tests fail")
-    dispatcher = _dispatcher(board, ledger, Scripted(broken, wrong))
-    [event] = dispatcher.tick()
-    assert event.moved_to == "blocked"
-    fake.set_labels_by_hand(number, {"execkit", "execkit:blocked", "bug"})
-    [again] = dispatcher.tick()
-    assert (again.kind, again.moved_to, again.attempt) == ("dispatched", None, 2)
-    board.catch_up()
-    assert fake.labels_of(number) == {"execkit", "bug"}
-    assert [issue.id for issue in board.list_candidates()] == [f"acme/widgets#{number}"]
-
-
 def test_a_spent_rate_limit_parks_the_lane_until_its_reset(
     fake: FakeGitHub, ledger: Ledger
 ) -> None:

@@ -331,27 +331,6 @@ def test_execkit_status_reads_a_linear_board_read_only(
     assert fake.writes == writes  # read only
 
 
-def test_a_forced_retry_that_fails_again_goes_back_where_it_was_put(
-    fake: FakeLinear, ledger: Ledger
-) -> None:
-    # The give-up's move stays in the issue's outbox entry after it was shown: a retry's run
-    # that ended with no move of its own moved the card back to Canceled.
-    issue = fake.add_issue("Needs a key")
-    board = _board(fake, ledger)
-    broken = RunOutcome(
-        RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason="credentials refused"
-    )
-    wrong = RunOutcome(RunStatus.FAILED, failure_class=FailureClass.WORK, reason="tests fail")
-    dispatcher = _dispatcher(board, ledger, Scripted(broken, wrong))
-    [event] = dispatcher.tick()
-    assert event.moved_to == "canceled"
-    fake.set_state(issue, "Todo")
-    [again] = dispatcher.tick()
-    assert (again.kind, again.moved_to, again.attempt) == ("dispatched", None, 2)
-    board.catch_up()
-    assert fake.state_of(issue) == "Todo"
-
-
 def test_a_given_up_issue_moved_back_by_a_person_is_a_forced_retry(
     fake: FakeLinear, ledger: Ledger
 ) -> None:

@@ -5,7 +5,8 @@ tracker is a file, a fake and a `Kit` here.
 
 Scenarios: a claim race between two dispatchers on one ledger (SQLite, PostgreSQL, through
 `execkit serve`) runs the issue once with one status comment; a given-up issue a person
-puts back is one forced retry, still one status comment; an outage while a run ends
+puts back is one forced retry, still one status comment, and stays eligible when that
+retry fails again; an outage while a run ends
 loses nothing and doubles nothing (the outbox replays it); the tracker's rate limit parks
 its lane and nothing is sent while it waits; an expired credential stops the lane naming
 the fix, the credential in no lane record; an idle poll of a board larger than a page is
@@ -488,3 +489,28 @@ def test_a_given_up_issue_put_back_by_a_person_is_a_forced_retry(kit: Kit, ledge
     _drain(board, ledger)
     assert kit.done(issue)
     assert len(kit.status_comments(issue)) == 1
+
+
+def test_a_forced_retry_that_fails_again_stays_eligible(kit: Kit, ledger: Ledger) -> None:
+    # The give-up's move stays in the issue's outbox entry once shown. A retry's claim was
+    # merged over it, and a run that ended with no move of its own (a work failure with
+    # attempts left) showed it again: the card went back to where it was given up, and its
+    # next attempt was never picked up.
+    issue = kit.add("Needs a key")
+    board = kit.board(ledger)
+    runner = Scripted(
+        RunOutcome(
+            RunStatus.FAILED, failure_class=FailureClass.ENVIRONMENT, reason="credentials refused"
+        )
+    )
+    dispatcher = _dispatcher(kit, board, ledger, runner)
+    [event] = dispatcher.tick()
+    assert event.moved_to is not None
+    kit.put_back(issue)
+    runner.outcome = RunOutcome(
+        RunStatus.FAILED, failure_class=FailureClass.WORK, reason="tests fail"
+    )
+    [again] = dispatcher.tick()
+    assert (again.kind, again.moved_to, again.attempt) == ("dispatched", None, 2)
+    _drain(board, ledger)
+    assert [candidate.id for candidate in board.list_candidates()] == [issue]
