@@ -35,10 +35,14 @@ def _trace(ledger: PostgresLedger, call: Callable[[], Any]) -> list[tuple[str, s
 
 
 def round_trips(ledger: PostgresLedger, call: Callable[[], Any]) -> int:
+    return _round_trips_in(_trace(ledger, call))
+
+
+def _round_trips_in(trace: list[tuple[str, str]]) -> int:
     trips = 0
     unanswered_syncs = 0  # Sync/Query sent, their ReadyForQuery not yet received
     flushing = False  # a Flush sent, nothing received since
-    for side, kind in _trace(ledger, call):
+    for side, kind in trace:
         if side == "B":
             flushing = False
             if kind == "ReadyForQuery":
@@ -216,8 +220,12 @@ def test_a_connection_lost_in_the_commit_batch_is_resolved_by_the_server(
 def statements(ledger: PostgresLedger, call: Callable[[], Any]) -> tuple[int, int]:
     """(statements sent, statements parsed) during `call`: a statement of the extended
     protocol is one `Bind` (a simple `Query` counts as one too); a `Parse` prepares one."""
+    return _statements_in(_trace(ledger, call))
+
+
+def _statements_in(trace: list[tuple[str, str]]) -> tuple[int, int]:
     sent = parsed = 0
-    for side, kind in _trace(ledger, call):
+    for side, kind in trace:
         if side == "F" and kind in ("Bind", "Query"):
             sent += 1
         elif side == "F" and kind == "Parse":
@@ -338,15 +346,29 @@ def test_a_capped_admission_takes_two_round_trips_too(pg: PostgresLedger) -> Non
     pg.set_spend_cap(SpendCap(SpendWindow.DAY, usd=50.0), actor=me)
     assert round_trips(pg, lambda: start(3, "codex/default", 1103.0)) == 3
     assert round_trips(pg, lambda: start(4, "codex/default", 1104.0)) == 2  # estimate kept
+
     # What caps add to an admission on a lane (ten statements: BEGIN, the key's lock, the
     # key, the task, the lane's gates, the number, the writes as two, the read back,
     # COMMIT) is the windows' read: the spend lock is taken by the number's statement.
-    pg.finish_run(runs[-1].id, "succeeded", now=1105.0, usage=_PAID)
-    task = pg.create_task("t5", max_attempts=5, actor=me).id
-    sent, _parsed = statements(
-        pg, lambda: pg.start_run(task, request_key="k5", actor=me, now=1106.0, lane="codex/default")
-    )
-    assert sent == 11
+    def start_on(n: int, at: float) -> None:
+        task = pg.create_task(f"t{n}", max_attempts=5, actor=me).id
+        pg.finish_run(runs[-1].id, "succeeded", now=at - 1, usage=_PAID)
+        trace = _trace(pg, lambda: runs.append(
+            pg.start_run(task, request_key=f"k{n}", actor=me, now=at, lane="codex/default")
+        ))  # fmt: skip
+        trips.append(_round_trips_in(trace))
+        sent.append(_statements_in(trace)[0])
+
+    trips: list[int] = []
+    sent: list[int] = []
+    start_on(5, 1106.0)
+    # A subscription lane's USD is left out of the day's: its share of the day is read in
+    # the same statement as the windows, not in statements (and round trips) of its own.
+    pg.set_subscription_lane("claude/default", True, actor=me)
+    start_on(6, 1110.0)  # the caps changed: read in one more round trip
+    start_on(7, 1120.0)
+    assert trips == [2, 3, 2]
+    assert (sent[0], sent[2]) == (11, 11)
 
 
 def test_no_admission_statement_is_planned_again_at_each_run(pg: PostgresLedger) -> None:

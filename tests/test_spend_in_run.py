@@ -232,6 +232,39 @@ def test_a_subscription_lanes_usd_is_recorded_but_held_to_tokens_only(ledger: An
     assert ledger.set_subscription_lane(sub, False, actor=ME, now=NOW).subscription_lanes == ()
 
 
+def test_each_ledger_wide_window_leaves_out_its_own_subscription_spend(
+    ledger: AnyLedger,
+) -> None:
+    # The subscription lanes' USD in each ledger-wide window is read with the windows, in
+    # one statement: the day's and the week's shares must each go to their own cap.
+    subs, paid = ("claude/default", "gemini/default"), "codex/default"
+    ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.4)
+    ledger.set_spend_cap(SpendCap(SpendWindow.WEEK, usd=2.0), actor=ME)
+    for lane in subs:
+        ledger.set_subscription_lane(lane, True, actor=ME, now=NOW)
+
+    def ran(lane: str, usd: float, at: float) -> None:
+        task = ledger.create_task(f"{lane} {at}", actor=ME).id
+        run = ledger.start_run(task, request_key=task, actor=ME, now=at, lane=lane)
+        ledger.finish_run(run.id, "succeeded", usage=spent(usd, 10), now=at + 1)
+
+    ran(subs[0], 3.0, NOW - 86_400)  # yesterday: the week's, not the day's
+    ran(subs[0], 5.0, NOW)
+    ran(subs[1], 5.0, NOW)
+    ran(paid, 0.5, NOW)
+    # Held: $0.50 of the day ($10.50 less $10.00) and of the week ($13.50 less $13.00). A
+    # paid run reserves its lane's $0.50: one more fits the day's $1.00, a second does not.
+    tasks = [ledger.create_task(f"p{n}", actor=ME).id for n in range(2)]
+    ledger.start_run(tasks[0], request_key="p0", actor=ME, now=NOW + 10, lane=paid)
+    with pytest.raises(SpendCapReached) as refused:
+        ledger.start_run(tasks[1], request_key="p1", actor=ME, now=NOW + 11, lane=paid)
+    assert "day" in refused.value.cap
+    assert [(use.usd, use.full) for use in ledger.spend_windows(now=NOW + 12)] == [
+        (pytest.approx(1.0), True),
+        (pytest.approx(1.0), False),
+    ]
+
+
 def test_an_override_comes_through_the_server(remote: Remote) -> None:  # noqa: F811
     client = remote.client()
     client.set_spend_cap(SpendCap(SpendWindow.DAY, usd=1.0), actor=ME, floor_usd=0.75)

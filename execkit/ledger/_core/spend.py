@@ -217,12 +217,23 @@ def reservation_of(
 
 
 def _windows(
-    caps: Sequence[SpendCap], bounds: Sequence[tuple[float, float]]
+    caps: Sequence[SpendCap], bounds: Sequence[tuple[float, float]], subscriptions: Sequence[str]
 ) -> tuple[tuple[float, str | None], ...]:
     """The windows (start, lane) an admission's spend reads sum for `caps` (their
-    `window_bounds`): one place, so the reads a store sends ahead are the ones the gate
-    asks for (`_spend_plan`, `_spend_gate`)."""
-    return tuple((start, cap.lane) for cap, (start, _end) in zip(caps, bounds, strict=True))
+    `window_bounds`), then, for each ledger-wide cap in turn, its window on each of the
+    `subscriptions` lanes (their USD is left out of it: `_less_subscriptions`): one place,
+    so the reads a store sends ahead are the ones the gate asks for (`_spend_plan`,
+    `_spend_gate`)."""
+    starts = [start for start, _end in bounds]
+    return (
+        *((start, cap.lane) for cap, start in zip(caps, starts, strict=True)),
+        *(
+            (start, lane)
+            for cap, start in zip(caps, starts, strict=True)
+            if cap.lane is None
+            for lane in subscriptions
+        ),
+    )
 
 
 def _money(usd: float) -> str:
@@ -549,7 +560,7 @@ class SpendOps(WakeOps):
             return last[3]  # type: ignore[no-any-return]
         caps = config.applying(lane, at)
         bounds = [window_bounds(cap, at) for cap in caps]
-        answer = caps, bounds, _windows(caps, bounds)
+        answer = caps, bounds, _windows(caps, bounds, config.subscription_lanes)
         self._last_applying = (config, lane, at, answer)
         return answer
 
@@ -593,10 +604,17 @@ class SpendOps(WakeOps):
         if not caps:
             return Reservation(usd, tokens)
         # A subscription lane's run adds no USD to any window: it is held to tokens only.
-        run_usd = 0.0 if lane in config.subscription_lanes else usd
+        subscriptions = config.subscription_lanes
+        run_usd = 0.0 if lane in subscriptions else usd
         counted: list[tuple[SpendCap, float, float]] = []
-        for cap, (start, reopens), (used_usd, used_tokens) in zip(caps, bounds, sums, strict=True):
-            used_usd = _usd_held(tx, config, cap, start, used_usd)
+        on_subscriptions = iter(sums[len(caps) :])  # `_windows`: each ledger-wide cap's
+        for cap, (start, reopens), (used_usd, used_tokens) in zip(
+            caps, bounds, sums[: len(caps)], strict=True
+        ):
+            left_out = (
+                [next(on_subscriptions)[0] for _ in subscriptions] if cap.lane is None else []
+            )
+            used_usd = _less_subscriptions(config, cap, used_usd, left_out)
             over = (cap.usd is not None and used_usd + run_usd > cap.usd + 1e-9) or (
                 cap.tokens is not None and used_tokens + tokens > cap.tokens
             )
@@ -858,13 +876,27 @@ def _stopped(
 
 def _usd_held(tx: Tx, config: SpendConfig, cap: SpendCap, start: float, usd: float) -> float:
     """What `cap`'s window holds in USD, given `usd` summed over every lane it counts: the
-    subscription lanes' USD left out (recorded, held to no USD cap)."""
+    subscription lanes' USD left out (recorded, held to no USD cap), each read here."""
+    return _less_subscriptions(
+        config,
+        cap,
+        usd,
+        (tx.window_spend(start, lane)[0] for lane in config.subscription_lanes),
+    )
+
+
+def _less_subscriptions(
+    config: SpendConfig, cap: SpendCap, usd: float, on_subscriptions: Iterable[float]
+) -> float:
+    """`cap`'s window's `usd` (summed over every lane it counts) less the subscription
+    lanes' (`on_subscriptions`: each one's USD in that window, read only for a ledger-wide
+    cap): a subscription lane's USD is recorded but held to no USD cap."""
     subs = config.subscription_lanes
     if not subs:
         return usd
     if cap.lane is not None:
         return 0.0 if cap.lane in subs else usd
-    return max(0.0, usd - sum(tx.window_spend(start, lane)[0] for lane in subs))
+    return max(0.0, usd - sum(on_subscriptions))
 
 
 def _used(cap: SpendCap, usd: float, tokens: int) -> str:
