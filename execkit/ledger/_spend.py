@@ -39,6 +39,7 @@ __all__ = [
     "SpendWindow",
     "TaskBudget",
     "WindowUse",
+    "check_lane_name",
     "window_bounds",
 ]
 
@@ -93,13 +94,19 @@ def _zone(_inst: object, _attribute: attrs.Attribute[str], value: object) -> Non
         ) from None
 
 
-def _lane_name(_inst: object, _attribute: attrs.Attribute[str | None], value: object) -> None:
-    if value is None:
-        return
+def check_lane_name(value: object) -> str:
+    """`value` as a vendor lane's name (ADAPTER/CREDENTIAL) a cap or a subscription names;
+    InvalidInput naming `lane` otherwise."""
     if not isinstance(value, str) or "/" not in value or len(value) > 300 or value != value.strip():
         raise InvalidInput(
             f"lane must be a vendor lane ADAPTER/CREDENTIAL, got {value!r}", field="lane"
         )
+    return value
+
+
+def _lane_name(_inst: object, _attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None:
+        check_lane_name(value)
 
 
 _USD = opt_checked("a finite number > 0 (USD)", finite, ge(0))

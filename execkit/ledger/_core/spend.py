@@ -63,6 +63,7 @@ from execkit.ledger._spend import (
     SpendWindow,
     TaskBudget,
     WindowUse,
+    check_lane_name,
     window_bounds,
 )
 
@@ -357,7 +358,7 @@ class SpendOps(WakeOps):
         only to tokens. Role `agent.operate`, audited `spend.caps`; every host sees it.
         InvalidInput naming `lane` for a name that is not ADAPTER/CREDENTIAL, or
         `subscription` for a value that is not a bool. Returns the configuration after."""
-        SpendCap(SpendWindow.DAY, lane=lane, usd=1.0)  # InvalidInput naming `lane`
+        check_lane_name(lane)
         if not isinstance(subscription, bool):
             raise InvalidInput(
                 f"subscription must be true or false, got {subscription!r}", field="subscription"
@@ -759,6 +760,8 @@ class SpendOps(WakeOps):
                 None if budget.tokens is None else budget.tokens - (t_tokens - r_tokens),
                 None, 0.0, None,
             ))  # fmt: skip
+        # A subscription lane's run is held to tokens only; its USD is not the windows'.
+        subscribed = lane in config.subscription_lanes
         for window_cap in config.applying(lane, at):
             cap = window_cap
             start, reopens_at = window_bounds(cap, at)
@@ -767,8 +770,6 @@ class SpendOps(WakeOps):
             if cap.window is SpendWindow.ROLLING_5H and first is not None:
                 reopens_at = first + (at - start)
             mine = run.started_at >= start  # the window counts this run's reservation
-            # A subscription lane's run is held to tokens only; its USD is not the window's.
-            subscribed = lane in config.subscription_lanes
             mine_usd = r_usd if mine and not subscribed else 0.0
             limits.append((
                 None if cap.usd is None or subscribed else cap.usd - (w_usd - mine_usd),
