@@ -7,6 +7,8 @@ the test arranges, not a race it hopes to win.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,6 +253,68 @@ def test_shutdown_drains_then_stops_the_running_agents(ledger: SqliteLedger) -> 
     (run,) = ledger.runs(task.id)
     assert (run.status, run.reason) == ("abandoned", STOPPED_REASON)
     assert board.get("SLOW").state == "todo"  # the card stays where it was
+
+
+class _SetIn(threading.Event):
+    """An Event that records which thread each `set` ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_in: list[threading.Thread] = []
+
+    def set(self) -> None:
+        self.set_in.append(threading.current_thread())
+        super().set()
+
+
+def test_a_stop_asked_in_the_main_thread_takes_no_lock(ledger: SqliteLedger) -> None:
+    # Python runs a signal handler in the main thread between any two of its steps, inside
+    # `Event.set` or `clear` too; a handler that set the same Event then waited for the lock
+    # its own thread held: a second Ctrl-C hung `execkit dispatch` for good.
+    runner = GatedRunner()
+    dispatcher = Dispatcher(board_of("SLOW"), runner, ledger)
+    woken = dispatcher._slot_done = _SetIn()
+    dispatcher.pass_once()
+    assert runner.has_started("SLOW").wait(BOUND_S)
+    dispatcher.request_stop()
+    dispatcher.request_stop(hurry=True)
+    assert threading.main_thread() not in woken.set_in
+    asked = threading.Thread(target=dispatcher.request_stop)  # another thread: it wakes
+    asked.start()
+    asked.join(BOUND_S)
+    assert woken.set_in[-1] is asked
+    dispatcher.shutdown(0.0)
+    assert dispatcher.running == ()
+
+
+def test_a_wait_ends_on_a_stop_asked_by_a_signal_handler(ledger: SqliteLedger) -> None:
+    # The main thread waits for a slot; the handler runs in it and wakes nothing, so the
+    # wait sees the stop at its next step (`_SIGNAL_CHECK_S`). A thread sends the signal,
+    # and wakes the wait itself only if it is still waiting much later: then it failed.
+    runner = GatedRunner()
+    dispatcher = Dispatcher(board_of("SLOW"), runner, ledger)
+    dispatcher.pass_once()
+    assert runner.has_started("SLOW").wait(BOUND_S)
+    returned = threading.Event()
+    rescued: list[bool] = []
+
+    def signal_then_rescue() -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        if not returned.wait(BOUND_S):
+            rescued.append(True)
+            dispatcher._slot_done.set()
+
+    before = signal.signal(signal.SIGUSR1, lambda _n, _f: dispatcher.request_stop())
+    try:
+        sender = threading.Thread(target=signal_then_rescue)
+        sender.start()
+        dispatcher._wait_for_a_slot(None)
+        returned.set()
+        sender.join(BOUND_S)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert rescued == [] and dispatcher.stopping
+    dispatcher.shutdown(0.0)
 
 
 def test_a_stopped_dispatcher_admits_nothing(ledger: SqliteLedger) -> None:

@@ -132,8 +132,9 @@ _log = logging.getLogger("execkit.dispatch")
 
 # The longest the dispatcher's thread blocks in one wait. The kernel gives a process's
 # SIGTERM or SIGINT to any of its threads (a slot's, a lease renewer's) and Python runs the
-# handler (`request_stop`, which ends the wait) only when the main thread next runs: a wait
-# without a bound could sleep through a stop until its agent ended.
+# handler (`request_stop`, which sets the flags each step of a wait reads, and wakes no
+# wait from the main thread) only when the main thread next runs: a wait without a bound
+# could sleep through a stop until its agent ended.
 _SIGNAL_CHECK_S = 0.2
 
 DISPATCH_ACTOR = "dispatcher"
@@ -546,11 +547,19 @@ class Dispatcher:
     def request_stop(self, *, hurry: bool = False) -> None:
         """Ask the loop to stop taking new work (`tick` and `run_forever` return, leaving
         the running agents to `shutdown`); with `hurry`, `shutdown` also stops waiting for
-        them. Safe from a signal handler or another thread: it only sets flags and wakes
-        the waits."""
+        them. Safe from a signal handler or another thread: it sets flags, and from
+        another thread wakes the waits at once.
+
+        In the main thread, where Python runs signal handlers, it takes no lock: a handler
+        runs between any two steps of that thread, inside `Event.set` or `clear` too, and
+        waking the waits there would wait for a lock the thread itself holds, forever (a
+        second Ctrl-C did hang `execkit dispatch` so). The main thread is not waiting while
+        it runs this; a wait in another thread sees the flags within `_SIGNAL_CHECK_S`."""
+        if hurry:
+            self._hurry = True
         self._stopping = True
-        self._hurry = self._hurry or hurry
-        self._slot_done.set()
+        if threading.current_thread() is not threading.main_thread():
+            self._slot_done.set()
 
     @property
     def stopping(self) -> bool:
@@ -625,7 +634,11 @@ class Dispatcher:
         events = self._reap()
         deadline = time.monotonic() + drain_timeout_s
         while self._running and not self._hurry and time.monotonic() < deadline:
-            (wait or self._wait_for_a_slot)(max(0.0, deadline - time.monotonic()))
+            left = max(0.0, deadline - time.monotonic())
+            if wait is None:
+                self._wait_for_a_slot(left, draining=True)
+            else:
+                wait(left)
             events.extend(self._reap())
         for running in self._running.values():
             running.cancel.cancel()
@@ -694,14 +707,21 @@ class Dispatcher:
                 found.append((issue, task))
         return found
 
-    def _wait_for_a_slot(self, timeout_s: float | None) -> None:
-        """Until a slot ends, a stop is asked for (or `timeout_s`). A slot that ended
-        before the wait began is seen at once: the flag is cleared only here, after a reap
-        found it. The wait never blocks longer than `_SIGNAL_CHECK_S` at once (below)."""
-        if self._hurry or any(r.future.done() for r in self._running.values()):
+    def _wait_for_a_slot(self, timeout_s: float | None, *, draining: bool = False) -> None:
+        """Until a slot ends, a stop is asked for (with `draining`, in `shutdown`: a hurried
+        one), or `timeout_s`. A slot that ended before the wait began is seen at once: the
+        flag is cleared only here, after a reap found it. The wait never blocks longer than
+        `_SIGNAL_CHECK_S` at once (below), and ends at the next such step once the stop is
+        asked for, asked before the wait began included."""
+
+        def stopped() -> bool:
+            # A stop asked in the main thread wakes no wait (`request_stop`): read here.
+            return self._hurry or (self._stopping and not draining)
+
+        if stopped() or any(r.future.done() for r in self._running.values()):
             return
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
+        while not stopped():
             left = _SIGNAL_CHECK_S
             if deadline is not None:
                 left = min(left, deadline - time.monotonic())
