@@ -243,3 +243,44 @@ def test_each_window_reads_only_its_own_hours(pg_url: str) -> None:
     assert (_rows_read(plan, "spend_buckets"), _rows_read(plan, "runs")) == (8, 0)
     [row] = sql(pg_url, statement, params)
     assert row == pytest.approx((8 * 0.07, 8 * 70, 0.0, 0))
+
+
+def _loops(plan: dict[str, Any], table: str) -> int:
+    """How many times an EXPLAIN (ANALYZE, FORMAT JSON) plan's scans of `table` ran."""
+    loops = plan["Actual Loops"] if plan.get("Relation Name") == table else 0
+    return loops + sum(_loops(child, table) for child in plan.get("Plans", ()))
+
+
+def test_each_run_a_window_reads_looks_its_lane_up_once(pg_url: str) -> None:
+    # A run's lane is read from `run_lanes` for each run a window reads one by one (its
+    # partial hour, the running runs). Named in two sums (USD, tokens) of each laned
+    # window, it was looked up once per sum: four times a running run with two laned
+    # windows, at every capped admission, growing with the fleet's concurrency.
+    with open_at(pg_url) as ledger:
+        ledger.set_spend_cap(BIG, actor=ME, floor_usd=0.5, floor_tokens=10)
+        for n in range(3):  # at 07:40-07:42, in the 5-hour window's partial hour (ended)
+            task = ledger.create_task(f"partial{n}", actor=ME).id
+            at = T0 - 20 * 60 + 60 * n
+            run = ledger.start_run(task, request_key=task, actor=ME, now=at, lane=LANES[1])
+            ledger.finish_run(run.id, "succeeded", usage=COST, now=at + 30)
+        for n in range(4):  # running, two of them on the windows' lane
+            task = ledger.create_task(f"running{n}", actor=ME).id
+            lane = LANES[1 + n % 2]
+            ledger.start_run(task, request_key=task, actor=ME, now=T0 + 60 * n, lane=lane)
+    # The day and the lane's day from 00:00, and 5 hours of the lane from 07:30.
+    windows = [(T0 - 8 * HOUR, None), (T0 - 8 * HOUR, LANES[1]), (T0 - 30 * 60, LANES[1])]
+    statement, params = _windows_sql(windows)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")
+        [[explained]] = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
+        ).fetchall()
+    plan = explained[0]["Plan"]
+    assert (_rows_read(plan, "runs"), _loops(plan, "run_lanes")) == (3 + 4, 3 + 4)
+    [row] = sql(pg_url, statement, params)
+    # A running run holds the USD floor, and tokens as its lane's runs spent (70 a run on
+    # the windows' lane, none yet on the other: the floor); the lane holds two of them.
+    assert row == pytest.approx(
+        (3 * 0.07 + 4 * 0.5, 3 * 70 + 2 * 70 + 2 * 10, 3 * 0.07 + 2 * 0.5, 3 * 70 + 2 * 70,
+         3 * 0.07 + 2 * 0.5, 3 * 70 + 2 * 70)
+    )  # fmt: skip

@@ -404,6 +404,17 @@ def _groups(writes: list[_Write]) -> list[list[_Write]]:
 _LANE_OF_R = "(SELECT l.lane FROM run_lanes l WHERE l.run_id = r.id)"
 
 
+def _runs_with_lanes(condition: str) -> str:
+    """The runs that meet `condition`, each with its `lane`, as the derived table `r`.
+    `OFFSET 0` keeps it a table of its own: flattened into the query that reads it, the
+    lookup is copied into every sum that names the lane (a laned window's USD and its
+    tokens), and run once per sum: four times a run with two laned windows."""
+    return f"(SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE {condition} OFFSET 0) r"
+
+
+_RUNNING_WITH_LANES = _runs_with_lanes("r.status = 'running'")
+
+
 def _windows_sql(
     windows: Sequence[tuple[float, str | None]], *, first: bool = False
 ) -> tuple[str, tuple[Any, ...]]:
@@ -473,9 +484,7 @@ def _windows_text(laned: tuple[bool, ...], inside: tuple[bool, ...], first: bool
     hours = " OR ".join(hour_ranges)
     partial = named(f"{e} AS c{n}" for n, e in enumerate(partial_sums))
     if ranges:
-        partial += (
-            f" FROM (SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE {' OR '.join(ranges)}) r"
-        )
+        partial += f" FROM {_runs_with_lanes(' OR '.join(ranges))}"
     columns = [f"b.c{n} + p.c{n} + q.c{n}" for n in range(2 * len(laned))]
     if first:
         # The earliest start in the first window: the start index read up to its first
@@ -491,7 +500,7 @@ def _windows_text(laned: tuple[bool, ...], inside: tuple[bool, ...], first: bool
         f"FROM spend_buckets WHERE {hours}) b "
         f"CROSS JOIN LATERAL (SELECT {partial}) p "
         f"CROSS JOIN LATERAL (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} "
-        f"FROM (SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE r.status = 'running') r) q"
+        f"FROM {_RUNNING_WITH_LANES}) q"
     )
 
 
