@@ -404,109 +404,72 @@ def _groups(writes: list[_Write]) -> list[list[_Write]]:
 _LANE_OF_R = "(SELECT l.lane FROM run_lanes l WHERE l.run_id = r.id)"
 
 
-def _runs_with_lanes(condition: str) -> str:
-    """The runs that meet `condition`, each with its `lane`, as the derived table `r`.
-    `OFFSET 0` keeps it a table of its own: flattened into the query that reads it, the
-    lookup is copied into every sum that names the lane (a laned window's USD and its
-    tokens), and run once per sum: four times a run with two laned windows."""
-    return f"(SELECT r.*, {_LANE_OF_R} AS lane FROM runs r WHERE {condition} OFFSET 0) r"
-
-
-_RUNNING_WITH_LANES = _runs_with_lanes("r.status = 'running'")
+# The running runs, each with its lane looked up once, read once by every window (a
+# handful, whatever the volume: `runs_running_by_lease`).
+_RUNNING = (
+    "running AS MATERIALIZED (SELECT r.started_at, r.reserved_usd, r.reserved_tokens, "
+    f"{_LANE_OF_R} AS lane FROM runs r WHERE r.status = 'running')"
+)
+# A window `w` (its start `s`, its first whole hour `h`, its lane `l`: NULL for every
+# lane) matches a run `r` of its lane; the lane is read only for a laned window.
+_OF_LANE = f"(w.l IS NULL OR {_LANE_OF_R} = w.l)"
 
 
 def _windows_sql(
     windows: Sequence[tuple[float, str | None]], *, first: bool = False
 ) -> tuple[str, tuple[Any, ...]]:
-    """What each window (since, lane: None for every lane) holds, as one statement, its USD
-    then its tokens: the ended runs of its whole hours from `spend_buckets` (kept by a
-    trigger), the runs of the partial hour before them one by one, and the reservations
-    of its running runs after that hour (the index of running runs): the same work
-    whatever the volume. Three scans whatever the number of windows (each window's share
-    a FILTER of them). `first`: then the earliest start in the first window.
+    """What each window (since, lane: None for every lane) holds, as one statement, a row
+    (n, USD, tokens) per window n: the ended runs of its whole hours from `spend_buckets`
+    (kept by a trigger: a range of the primary key), the runs of the partial hour before
+    them one by one (a range of the start index: empty for a window that starts on the
+    hour, as a day or a week in UTC does), and the reservations of the running runs after
+    that hour. The same work whatever the volume or the ledger's age. `first`: each row
+    then ends with the earliest start in its window.
 
-    Each window's values are sent once (its start, its first whole hour, its lane), and
-    the text depends only on the windows' shape, so it is built once per shape
-    (`_windows_text`) and prepared once per connection."""
+    Each window is a row of values, so the text depends only on how many there are: built
+    once per count (`_windows_text`), prepared once per connection, and small to plan and
+    to start (the windows were once columns of one row, each a FILTER of every sum: twice
+    the server's time)."""
     params: list[Any] = []
-    laned: list[bool] = []
-    inside: list[bool] = []
     for since, lane in windows:
-        whole = math.ceil(since / _HOUR) * _HOUR
-        params += [since, whole]
-        if lane is not None:
-            params.append(lane)
-        laned.append(lane is not None)
-        inside.append(whole > since)
-    return _windows_text(tuple(laned), tuple(inside), first), tuple(params)
+        params += [since, math.ceil(since / _HOUR) * _HOUR, lane]
+    return _windows_text(len(windows), first), tuple(params)
 
 
-@lru_cache(maxsize=64)
-def _windows_text(laned: tuple[bool, ...], inside: tuple[bool, ...], first: bool) -> str:
-    """`_windows_sql`'s text for windows of this shape: `laned[n]` when window n names a
-    lane, `inside[n]` when it starts inside an hour (a rolling window; a day or a week in
-    UTC starts on one, so it has no partial hour to read run by run). The windows' values
-    are the columns of the one-row `k` (`s`: start, `h`: first whole hour, `l`: lane)."""
-    named = ", ".join
-    values: list[str] = []
-    bucket_sums: list[str] = []
-    partial_sums: list[str] = []
-    running_sums: list[str] = []
-    ranges: list[str] = []
-    hour_ranges: list[str] = []
-    for n, (lane, part) in enumerate(zip(laned, inside, strict=True)):
-        values += [f"%s::float8 AS s{n}", f"%s::bigint AS h{n}"]
-        if lane:
-            values.append(f"%s::text AS l{n}")
-        of = f" AND r.lane = k.l{n}" if lane else ""
-        hours_of = (f"lane = k.l{n}" if lane else "lane = '*'") + f" AND bucket >= k.h{n}"
-        hour_ranges.append(f"({hours_of})")
-        span = f"r.started_at >= k.s{n} AND r.started_at < k.h{n}"
-        # Summed as float8 and bigint: a sum of bigints is a numeric, read as a Decimal.
-        for column, kind in (("usd", "float8"), ("tokens", "bigint")):
-            bucket_sums.append(f"coalesce(sum({column}) FILTER (WHERE {hours_of}), 0)::{kind}")
-        for held, kind in ((_HELD_USD_OF, "float8"), (_HELD_TOKENS_OF, "bigint")):
-            partial_sums.append(
-                f"coalesce(sum({held}) FILTER (WHERE {span}{of}), 0)::{kind}"
-                if part
-                else f"0::{kind}"
-            )
-        for column, kind in (("reserved_usd", "float8"), ("reserved_tokens", "bigint")):
-            running_sums.append(
-                f"coalesce(sum(r.{column}) FILTER (WHERE r.started_at >= k.h{n}{of}), 0)::{kind}"
-            )
-        if part:
-            # Each window's own partial hour: the hours between are in the buckets, and
-            # read run by run they would grow the scan with the volume.
-            ranges.append(f"({span})")
-    # Each window's own hours of its lane's buckets (ranges of the primary key): all of a
-    # lane's buckets would grow the scan with the ledger's age, an hour's row at a time.
-    hours = " OR ".join(hour_ranges)
-    partial = named(f"{e} AS c{n}" for n, e in enumerate(partial_sums))
-    if ranges:
-        partial += f" FROM {_runs_with_lanes(' OR '.join(ranges))}"
-    columns = [f"b.c{n} + p.c{n} + q.c{n}" for n in range(2 * len(laned))]
-    if first:
-        # The earliest start in the first window: the start index read up to its first
-        # run (of the window's lane).
-        of = f" AND {_LANE_OF_R} = k.l0" if laned[0] else ""
-        columns.append(
-            f"(SELECT r.started_at FROM runs r WHERE r.started_at >= k.s0{of} "
-            "ORDER BY r.started_at LIMIT 1)"
-        )
+@lru_cache(maxsize=16)
+def _windows_text(count: int, first: bool) -> str:
+    """`_windows_sql`'s text for `count` windows, the rows `w` (n, s, h, l)."""
+    rows = ", ".join(f"({n}, %s::float8, %s::bigint, %s::text)" for n in range(count))
+    earliest = (
+        f", (SELECT r.started_at FROM runs r WHERE r.started_at >= w.s AND {_OF_LANE} "
+        "ORDER BY r.started_at LIMIT 1)"
+        if first
+        else ""
+    )
+    # Summed as float8 and bigint: a sum of bigints is a numeric, read as a Decimal.
     return (
-        f"SELECT {named(columns)} FROM (SELECT {named(values)}) k "
-        f"CROSS JOIN LATERAL (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(bucket_sums))} "
-        f"FROM spend_buckets WHERE {hours}) b "
-        f"CROSS JOIN LATERAL (SELECT {partial}) p "
-        f"CROSS JOIN LATERAL (SELECT {named(f'{e} AS c{n}' for n, e in enumerate(running_sums))} "
-        f"FROM {_RUNNING_WITH_LANES}) q"
+        f"WITH {_RUNNING} SELECT w.n, held.usd, held.tokens{earliest} "
+        f"FROM (VALUES {rows}) AS w(n, s, h, l) CROSS JOIN LATERAL ("
+        "SELECT coalesce(sum(x.usd), 0)::float8 AS usd, coalesce(sum(x.tokens), 0)::bigint "
+        "AS tokens FROM (SELECT b.usd, b.tokens FROM spend_buckets b "
+        "WHERE b.lane = coalesce(w.l, '*') AND b.bucket >= w.h "
+        f"UNION ALL SELECT {_HELD_USD_OF}, {_HELD_TOKENS_OF} FROM runs r "
+        f"WHERE r.started_at >= w.s AND r.started_at < w.h AND {_OF_LANE} "
+        "UNION ALL SELECT q.reserved_usd, q.reserved_tokens FROM running q "
+        "WHERE q.started_at >= w.h AND (w.l IS NULL OR q.lane = w.l)) x) held"
     )
 
 
-def _held_sums(row: tuple[Any, ...] | None, count: int) -> list[tuple[float, int]]:
-    assert row is not None
-    return [(float(row[2 * n]), int(row[2 * n + 1])) for n in range(count)]
+def _held_rows(rows: list[tuple[Any, ...]], count: int) -> list[tuple[Any, ...]]:
+    """`_windows_sql`'s rows in window order, less the window's number."""
+    ordered: list[tuple[Any, ...]] = [()] * count
+    for row in rows:
+        ordered[row[0]] = row[1:]
+    return ordered
+
+
+def _held_sums(rows: list[tuple[Any, ...]], count: int) -> list[tuple[float, int]]:
+    return [(float(usd), int(tokens)) for usd, tokens, *_ in _held_rows(rows, count)]
 
 
 def _recent_sql(lane: str | None, limit: int) -> tuple[str, tuple[Any, ...]]:
@@ -872,7 +835,7 @@ class PostgresTx:
         if planned is not None and stored == known:
             self._ahead[("spend_reads", *planned)] = (
                 [] if recent is None else _recent_rows(recent.rows()),
-                _held_sums(sums.one(), len(windows)),
+                _held_sums(sums.rows(), len(windows)),
             )
         row = found.named_one()
         self._ahead[("idempotent", scope, key)] = (
@@ -1566,10 +1529,10 @@ class PostgresTx:
         )
 
     def window_spend(self, since: float, lane: str | None) -> tuple[float, int, float | None]:
-        row = self._one(*_windows_sql([(since, lane)], first=True))
-        assert row is not None
-        ((usd, tokens),) = _held_sums(row, 1)
-        return usd, tokens, None if row[2] is None else float(row[2])
+        ((usd, tokens, earliest),) = _held_rows(
+            self._all(*_windows_sql([(since, lane)], first=True)), 1
+        )
+        return float(usd), int(tokens), None if earliest is None else float(earliest)
 
     def spend_reads(
         self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
@@ -1589,11 +1552,11 @@ class PostgresTx:
         sums = self._answer(*_windows_sql(windows)) if windows else None
         return (
             [] if recent is None else _recent_rows(recent.rows()),
-            [] if sums is None else _held_sums(sums.one(), len(windows)),
+            [] if sums is None else _held_sums(sums.rows(), len(windows)),
         )
 
     def _window_sums(self, windows: Sequence[tuple[float, str | None]]) -> list[tuple[float, int]]:
-        return _held_sums(self._one(*_windows_sql(windows)), len(windows)) if windows else []
+        return _held_sums(self._all(*_windows_sql(windows)), len(windows)) if windows else []
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
         row = self._one(f"SELECT {_EFFECTIVE} FROM runs r WHERE r.task_id = %s", (task_id,))
