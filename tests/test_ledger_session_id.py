@@ -116,7 +116,7 @@ def test_a_postgres_ledger_from_before_the_column_migrates(pg_url: str) -> None:
     done = migrate(pg_url, backed_up=True)
     assert done is not None and done.from_version == 9
     with open_ledger(pg_url) as ledger:
-        assert ledger.schema_version() == pg_schema.SCHEMA_VERSION == 12
+        assert ledger.schema_version() == pg_schema.SCHEMA_VERSION == 13
         (old,) = ledger.runs(task.id)
         assert old.session_id is None
         new = ledger.start_run(task.id, request_key="2", actor="me", ignore_backoff=True)

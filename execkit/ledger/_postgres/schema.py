@@ -414,12 +414,13 @@ SCHEMA_STEPS: dict[int, tuple[str, ...]] = {
     # text || bigint is `textanycat`, an SQL function, and PostgreSQL prepares a table's
     # checks at each statement that writes it, so it parsed and inlined that function at
     # every INSERT and UPDATE of either table: four times an admission and its result, 6-7%
-    # of their time. `seq::text` makes it text || text, a built-in. The same condition.
-    13: (
-        "ALTER TABLE tasks DROP CONSTRAINT IF EXISTS tasks_check",
-        "ALTER TABLE tasks ADD CONSTRAINT tasks_id_is_its_number CHECK (id = 't-' || seq::text)",
-        "ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_check",
-        "ALTER TABLE runs ADD CONSTRAINT runs_id_is_its_number CHECK (id = 'r-' || seq::text)",
+    # of their time. `seq::text` makes it text || text, a built-in. The same condition, in
+    # one statement a table (one scan of its rows), applied again as it stands.
+    13: tuple(
+        f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_check, "
+        f"DROP CONSTRAINT IF EXISTS {table}_id_is_its_number, "
+        f"ADD CONSTRAINT {table}_id_is_its_number CHECK (id = '{prefix}-' || seq::text)"
+        for table, prefix in (("tasks", "t"), ("runs", "r"))
     ),
 }
 SCHEMA_VERSION = max(SCHEMA_STEPS)
