@@ -232,17 +232,23 @@ def test_each_window_reads_only_its_own_hours(pg_url: str) -> None:
             ledger.finish_run(run.id, "succeeded", usage=COST, now=at + 30)
     # The day from 00:00 (its 8 runs' hours), and 5 hours of the lane to 13:30 (none).
     day, rolling = (T0 - 8 * HOUR, None), (T0 + 0.5 * HOUR, LANES[1])
-    statement, params = _windows_sql([day, rolling])
+    plan, rows = _windows_read(pg_url, [day, rolling])
+    assert (_rows_read(plan, "spend_buckets"), _rows_read(plan, "runs")) == (8, 0)
+    assert rows == [(0, pytest.approx(8 * 0.07), 8 * 70), (1, 0.0, 0)]
+
+
+def _windows_read(
+    pg_url: str, windows: list[tuple[float, str | None]]
+) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The windows' statement's plan as it ran (EXPLAIN ANALYZE, as JSON) and its rows."""
+    statement, params = _windows_sql(windows)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         # A table this small is read whole whatever the condition: the index shows the range.
         conn.execute("SET enable_seqscan = off")
         [[explained]] = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
         ).fetchall()
-    plan = explained[0]["Plan"]
-    assert (_rows_read(plan, "spend_buckets"), _rows_read(plan, "runs")) == (8, 0)
-    rows = sorted(sql(pg_url, statement, params))
-    assert rows == [(0, pytest.approx(8 * 0.07), 8 * 70), (1, 0.0, 0)]
+    return explained[0]["Plan"], sorted(sql(pg_url, statement, params))
 
 
 def _loops(plan: dict[str, Any], table: str) -> int:
@@ -269,15 +275,8 @@ def test_each_run_a_window_reads_looks_its_lane_up_once(pg_url: str) -> None:
             ledger.start_run(task, request_key=task, actor=ME, now=T0 + 60 * n, lane=lane)
     # The day and the lane's day from 00:00, and 5 hours of the lane from 07:30.
     windows = [(T0 - 8 * HOUR, None), (T0 - 8 * HOUR, LANES[1]), (T0 - 30 * 60, LANES[1])]
-    statement, params = _windows_sql(windows)
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("SET enable_seqscan = off")
-        [[explained]] = conn.execute(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
-        ).fetchall()
-    plan = explained[0]["Plan"]
+    plan, rows = _windows_read(pg_url, windows)
     assert (_rows_read(plan, "runs"), _loops(plan, "run_lanes")) == (3 + 4, 3 + 4)
-    rows = sorted(sql(pg_url, statement, params))
     # A running run holds the USD floor, and tokens as its lane's runs spent (70 a run on
     # the windows' lane, none yet on the other: the floor); the lane holds two of them.
     held = (pytest.approx(3 * 0.07 + 2 * 0.5), 3 * 70 + 2 * 70)
