@@ -17,6 +17,9 @@ def test_budget_spend_and_a_windows_refusal_locally_and_through_a_server(
     assert cli("budget", "show")[1] == config
     code, budget, _ = cli("task", "set-budget", "t-1", "--usd", "3")
     assert (code, budget) == (0, {"task_id": "t-1", "usd": 3.0, "tokens": None})
+    # `task show` gives the task's own cap, as a board issue names it; none for another.
+    shown = [cli("task", "show", task)[1] for task in ("t-1", "t-2")]
+    assert [(s["budget_usd"], s["budget_tokens"]) for s in shown] == [(3.0, None), (None, None)]
     assert cli("run", "start", "t-1", "--request-key", "a")[0] == 0
     usage = '{"input_tokens": 10, "usd": 0.42, "usd_source": "reported", "model": "m"}'
     code, run, _ = cli("run", "finish", "r-1", "succeeded", "--usage", usage)

@@ -311,7 +311,9 @@ def test_budget_set_and_show_and_task_budgets_from_the_cli(
     assert main(["budget", "set", "--day-usd", "1", "--tz", "Nowhere/Else", *db]) == 3
 
     code, task = cli("task", "create", "capped", "--budget-usd", "1.5", "--budget-tokens", "9000")
-    assert code == 0
+    assert code == 0 and (task["budget_usd"], task["budget_tokens"]) == (1.5, 9000)
+    assert main(["task", "show", task["id"], *db]) == 0
+    assert "spend budget $1.50 and 9,000 tokens" in capsys.readouterr().out
     code, budget = cli("task", "set-budget", task["id"], "--usd", "3")
     assert budget == {"task_id": task["id"], "usd": 3.0, "tokens": 9000}
     assert cli("task", "set-budget", task["id"], "--usd", "4", "--expected-usd", "1")[0] == 5

@@ -46,6 +46,7 @@ from execkit.ledger import (
     MAX_LEASE_S,
     MAX_UNCHARGED_LIMIT,
     SCHEMA_VERSION,
+    SPEND_CAPABILITY,
     Actor,
     Grant,
     Ledger,
@@ -616,7 +617,8 @@ def _task_create(args: argparse.Namespace) -> int:
     )
     actor = _actor(args)
 
-    def create(ledger: Ledger) -> Task:
+    capped = (budget_usd, budget_tokens) != (None, None)
+    with _using(args, create=True) as ledger:
         task = ledger.create_task(
             args.title,
             max_attempts=max_attempts,
@@ -627,7 +629,7 @@ def _task_create(args: argparse.Namespace) -> int:
         # Its budget in a second transaction, compare-and-set on none: a replayed
         # creation whose budget is set already is left as it is.
         wanted = TaskBudget(task.id, budget_usd, budget_tokens)
-        if (budget_usd, budget_tokens) != (None, None) and ledger.task_budget(task.id) != wanted:
+        if capped and ledger.task_budget(task.id) != wanted:
             ledger.set_task_budget(
                 task.id,
                 usd=budget_usd,
@@ -636,43 +638,60 @@ def _task_create(args: argparse.Namespace) -> int:
                 expected_tokens=None,
                 actor=actor,
             )
-        return task
-
-    return _print_result(args, create, create=True)
+        if args.json:
+            print_json({**task.to_dict(), **_budget_fields(wanted if capped else None)})
+            return 0
+        _print_task(task, as_json=False, budget=ledger.budget.max_attempts)
+    if capped:
+        emit(f"  spend budget {_budget_phrase(budget_usd, budget_tokens)}")
+    return 0
 
 
 def _task_show(args: argparse.Namespace) -> int:
     with _using(args, write=False) as ledger:
         task = _task_or_issue(ledger, args.task_id)
-        spend = spend_of(ledger.runs(task.id))
+        runs = ledger.runs(task.id)
+        spend = spend_of(runs)
+        # The task's own cap (issue #45), where the ledger can say (a server without
+        # `spend.caps` cannot).
+        budget = ledger.task_budget(task.id) if SPEND_CAPABILITY in ledger.capabilities() else None
         if args.json:
-            print_json({**task.to_dict(), "spend": spend.to_dict()})
+            print_json({**task.to_dict(), "spend": spend.to_dict(), **_budget_fields(budget)})
             return 0
         _print_task(task, as_json=False, budget=ledger.budget.max_attempts)
         if spend.runs:
             emit(f"  spend {spend.phrase()}")
-        if not args.json and LANES_CAPABILITY in ledger.capabilities():
+        if budget is not None and (budget.usd, budget.tokens) != (None, None):
+            emit(f"  spend budget {_budget_phrase(budget.usd, budget.tokens)}")
+        if LANES_CAPABILITY in ledger.capabilities():
             lane = ledger.task_lane(task.id)
             if lane is not None and not lane.admits and task.status == "open":
                 emit(f"  {waiting_text(lane)}")
-        if not args.json:
-            # Where its agents worked (issue #46): the last run that said.
-            runs = ledger.runs(task.id)
-            places = [run for run in runs if run.workspace]
-            if places:
-                last = places[-1]
-                emit(f"  workspace: {safe_text(str(last.workspace))} (attempt {last.attempt})")
-            # Each attempt that fell back to a later adapter, or resumed a vendor session,
-            # and after what (issue #46).
-            from execkit._attempt import resume_line, resumed_after
+        # Where its agents worked (issue #46): the last run that said.
+        places = [run for run in runs if run.workspace]
+        if places:
+            last = places[-1]
+            emit(f"  workspace: {safe_text(str(last.workspace))} (attempt {last.attempt})")
+        # Each attempt that fell back to a later adapter, or resumed a vendor session,
+        # and after what (issue #46).
+        from execkit._attempt import resume_line, resumed_after
 
-            for run in runs:
-                if run.fell_back is not None:
-                    emit(f"  attempt {run.attempt}: {safe_text(run.fell_back)}")
-                if run.resumed_session is not None:
-                    said = resume_line(run.resumed_session, resumed_after(runs, run))
-                    emit(f"  attempt {run.attempt}: {safe_text(said)}")
+        for run in runs:
+            if run.fell_back is not None:
+                emit(f"  attempt {run.attempt}: {safe_text(run.fell_back)}")
+            if run.resumed_session is not None:
+                said = resume_line(run.resumed_session, resumed_after(runs, run))
+                emit(f"  attempt {run.attempt}: {safe_text(said)}")
     return 0
+
+
+def _budget_fields(budget: TaskBudget | None) -> dict[str, Any]:
+    """A task's own spend cap as `task show --json` gives it, named as a board issue's
+    fields are (`budget_usd`, `budget_tokens`; None: no such cap); nothing when the
+    ledger cannot say."""
+    if budget is None:
+        return {}
+    return {"budget_usd": budget.usd, "budget_tokens": budget.tokens}
 
 
 def _task_or_issue(ledger: Ledger, ref: str) -> Task:
