@@ -116,6 +116,9 @@ def test_an_issue_its_budget_stops_comes_back_when_an_operator_raises_it(tmp_pat
         shown = ledger.get_task(task.id, now=clock.now)
         assert shown.blocked_on == "spend" and "execkit task set-budget" in (shown.reason or "")
         assert any(event.kind in ("blocked", "gave_up") for event in events)
+        # The operator's table says so too (it reads a listing, not the task alone).
+        (row,) = issue_statuses(ledger, DispatchConfig(max_attempts=3), board=board, now=clock.now)
+        assert (row.ledger_state, row.blocked_on, row.reason) == ("blocked", "spend", shown.reason)
         ledger.set_task_budget(
             task.id, usd=5.0, tokens=None, expected_usd=0.5, expected_tokens=None, actor=ME
         )

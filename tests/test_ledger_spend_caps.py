@@ -26,7 +26,15 @@ from execkit._errors import (
 from execkit._usage import Usage, UsdSource
 from execkit.cli import main
 from execkit.dispatch import spend_report
-from execkit.ledger import SpendCap, SpendConfig, SpendWindow, TaskBudget, window_bounds
+from execkit.ledger import (
+    SpendCap,
+    SpendConfig,
+    SpendWindow,
+    Task,
+    TaskBudget,
+    iter_task_values_with_last,
+    window_bounds,
+)
 
 # 2027-01-15 08:00:00 UTC, a Friday.
 NOW = 1_800_000_000.0
@@ -187,6 +195,64 @@ def test_a_task_past_its_budget_is_blocked_on_spend_until_raised(ledger: AnyLedg
     assert (again.attempt, again.forced) == (2, True)
     audited = [e for e in ledger.audit_events(task) if e.action == "task.set_budget"]
     assert [e.detail.get("retry", False) for e in audited] == [False, True]
+
+
+def _budgeted(ledger: Any, title: str, usd: float | None, tokens: int | None = None) -> str:
+    task = ledger.create_task(title, actor=ME).id
+    ledger.set_task_budget(
+        task, usd=usd, tokens=tokens, expected_usd=None, expected_tokens=None, actor=ME
+    )
+    return str(task)
+
+
+def _listings_match_get_task(ledger: Any, now: float) -> dict[str, tuple[str, str | None]]:
+    """Each task's (state, blocked_on) as every listing shows it, checked to be what
+    `get_task` shows, field for field."""
+    whole = {task.id: ledger.get_task(task.id, now=now) for task in ledger.list_tasks(now=now)}
+    listed = {
+        "list_tasks": ledger.list_tasks(now=now),
+        "iter_tasks_with_last": [task for task, _ in ledger.iter_tasks_with_last(now=now)],
+        "list_tasks_with_last": [task for task, _ in ledger.list_tasks_with_last(now=now)],
+        "iter_task_values_with_last": [
+            Task(*values) for values, _ in iter_task_values_with_last(ledger, now=now)
+        ],
+    }
+    for name, tasks in listed.items():
+        assert {task.id: task for task in tasks} == whole, name
+    return {task.id: (task.state, task.blocked_on) for task in whole.values()}
+
+
+def test_a_listing_shows_a_task_its_budget_holds_as_get_task_does(ledger: AnyLedger) -> None:
+    # `execkit status`, `task list` and the dashboard read listings: a task its own budget
+    # blocks must not read `ready` there (the dispatcher gives its card up as blocked).
+    ledger.set_spend_cap(actor=ME, floor_usd=0.2, floor_tokens=100)
+    plain = ledger.create_task("no budget", actor=ME).id
+    roomy = _budgeted(ledger, "room left", 5.0)
+    spent = _budgeted(ledger, "spent", 1.0)
+    tokens = _budgeted(ledger, "tokens spent", None, 1500)
+    # Admitted on its floor; while it runs it holds its reservation (the lane's costs).
+    running = _budgeted(ledger, "held, running", 0.6)
+    done = _budgeted(ledger, "spent, done", 1.0)
+    for n, task in enumerate((plain, roomy, spent, tokens, running, done)):
+        run = ledger.start_run(task, request_key=str(n), actor=ME, now=NOW + n)
+        status = "succeeded" if task == done else "failed"
+        cost = paid(0.3) if task == running else paid(0.9, 1450)
+        ledger.finish_run(run.id, status, usage=cost, now=NOW + n + 0.5)
+    ledger.start_run(running, request_key="again", actor=ME, now=NOW + 10, ignore_backoff=True)
+    shown = _listings_match_get_task(ledger, NOW + 20)
+    assert shown == {
+        plain: ("ready", None),
+        roomy: ("ready", None),
+        spent: ("blocked", "spend"),  # $0.90 spent + the $0.20 floor > $1.00
+        tokens: ("blocked", "spend"),  # 1,450 + 100 > 1,500
+        running: ("running", None),
+        done: ("done", None),
+    }
+    # Raised, it shows what its policies say again, in the listings too.
+    ledger.set_task_budget(
+        spent, usd=2.0, tokens=None, expected_usd=1.0, expected_tokens=None, actor=ME
+    )
+    assert _listings_match_get_task(ledger, NOW + 21)[spent] == ("ready", None)
 
 
 def test_caps_work_through_the_server(remote: Remote) -> None:  # noqa: F811

@@ -53,6 +53,7 @@ from execkit.ledger._model import (
     Task,
     TaskState,
     TaskStatus,
+    TaskValues,
 )
 from execkit.ledger._spend import (
     SPEND_META_KEY,
@@ -168,6 +169,19 @@ def with_usage(run: Run, usage: Usage) -> Run:
 
 
 _RUNNABLE = frozenset({TaskState.READY, TaskState.BACKOFF})
+
+
+def _held_fields(reason: str) -> dict[str, Any]:
+    """What a task its own budget holds shows instead of its policies' answer."""
+    return {
+        "state": TaskState.BLOCKED,
+        "blocked_on": BlockedOn.SPEND,
+        "reason": reason,
+        "ready": False,
+        "next_attempt_at": None,
+    }
+
+
 # How many of a lane's latest runs that reported a cost its reservation estimate reads
 # (`percentiles`: the 90th), and for how long (in the ledger's clock) an estimate read is
 # used again: a run's reservation is an estimate, what the caps hold is exact (each run's
@@ -406,30 +420,48 @@ class SpendOps(WakeOps):
     def _spend_block(self, tx: Tx, task: Task) -> Task:
         """`task` as `get_task` shows it (issue #45): an open task that would run, whose
         own budget has no room left for the least reservation (the floor), is blocked on
-        `spend`, its reason naming the cap and the command that raises it. Read only when
-        some task has a budget (one `ledger_meta` row otherwise)."""
+        `spend`, its reason naming the cap and the command that raises it (`_spend_held`)."""
         if task.status is not TaskStatus.OPEN or task.state not in _RUNNABLE:
             return task
+        reason = self._spend_held(tx, (task.id,)).get(task.id)
+        if reason is None:
+            return task
+        return attrs.evolve(task, **_held_fields(reason))
+
+    def _spend_held(self, tx: Tx, task_ids: Iterable[str]) -> dict[str, str]:
+        """Which of `task_ids` their own budget holds (no room left for the floor), each
+        with the reason a task so blocked shows; read only when some task has a budget
+        (one `ledger_meta` row otherwise, `task_ids` not iterated), in one statement for
+        all of them."""
         config = self._spend_config(tx)
         if config is None or not config.task_budgets:
-            return task
-        budget = tx.task_budget(task.id)
-        if budget is None or (budget.usd is None and budget.tokens is None):
-            return task
-        spent_usd, spent_tokens = tx.task_spend(task.id)
-        refusal = _task_refusal(
-            task.id, budget, spent_usd, spent_tokens, config.floor_usd, config.floor_tokens
-        )
-        if refusal is None:
-            return task
-        return attrs.evolve(
-            task,
-            state=TaskState.BLOCKED,
-            blocked_on=BlockedOn.SPEND,
-            reason=refusal.message.removeprefix(f"task {task.id} is "),
-            ready=False,
-            next_attempt_at=None,
-        )
+            return {}
+        wanted = list(task_ids)
+        if not wanted:
+            return {}
+        held: dict[str, str] = {}
+        for budget, spent_usd, spent_tokens in tx.task_budgets_of(wanted):
+            task_id = budget.task_id
+            refusal = _task_refusal(
+                task_id, budget, spent_usd, spent_tokens, config.floor_usd, config.floor_tokens
+            )
+            if refusal is not None:
+                held[task_id] = refusal.message.removeprefix(f"task {task_id} is ")
+        return held
+
+    def _spend_held_values(
+        self, values: Iterable[TaskValues], held: dict[str, str]
+    ) -> Iterable[TaskValues]:
+        """A listing's page of `values` as `get_task` shows each (`_spend_block`): those
+        `held` (`_spend_held`) that would run, blocked on `spend`."""
+        if not held:
+            return values
+        return [
+            task._replace(**_held_fields(held[task.id]))
+            if task.id in held and task.status is TaskStatus.OPEN and task.state in _RUNNABLE
+            else task
+            for task in values
+        ]
 
     def spend_rows(self, *, since: float = 0.0) -> list[SpendRow]:
         """Every run started at or after `since` (POSIX seconds), in creation order, with

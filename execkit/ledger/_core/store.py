@@ -462,6 +462,9 @@ class Tx(Protocol):
         self, lane: str | None, limit: int, windows: Sequence[tuple[float, str | None]]
     ) -> tuple[list[tuple[float | None, int]], list[tuple[float, int]]]: ...
     def task_spend(self, task_id: str) -> tuple[float, int]: ...
+    # Each of `task_ids` with a budget that caps something, beside what its runs hold as
+    # `task_spend` counts it (USD, tokens): what a listing's spend block reads, a page at once.
+    def task_budgets_of(self, task_ids: Sequence[str]) -> list[tuple[TaskBudget, float, int]]: ...
     # The (USD or None, tokens) of up to `limit` runs whose result reported a cost (of
     # `lane` when given, else of every lane), the latest first: what a reservation's
     # percentile reads.

@@ -123,8 +123,8 @@ class TaskOps(SpendOps):
 
         `cap` adds a dispatch cap to the bounds; `force=True` shows what a forced admission
         would meet (every stop lifted but an explicit limit; the backoff still applies).
-        A task whose own spend cap has no room left shows blocked on `spend` (issue #45;
-        the listings show the policies' state alone: admission refuses it all the same).
+        A task whose own spend cap has no room left shows blocked on `spend` (issue #45),
+        here and in every listing (read with each page).
         """
         check_bool("force", force)
         at = moment(now)
@@ -187,8 +187,8 @@ class TaskOps(SpendOps):
             if wanted in (TaskState.DONE, TaskState.CANCELLED)
             else TaskStatus.OPEN
         )
-        for page in self._task_pages(after, status):
-            values = self._projected(page, at, None)
+        for page, held in self._task_pages(after, status):
+            values = self._spend_held_values(self._projected(page, at, None), held)
             if wanted is None:
                 yield values
             else:
@@ -278,10 +278,10 @@ class TaskOps(SpendOps):
         """The stored tasks after task `after` whose title starts with `title_prefix`
         (checked), a page at a time: their values at `at` (`timed`: as `_page_values` takes
         it) beside their records."""
-        for page in self._task_pages(after, None):
+        for page, held in self._task_pages(after, None):
             if title_prefix is not None:
                 page = [record for record in page if record.title.startswith(title_prefix)]
-            yield self._projected(page, at, cap, timed), page
+            yield self._spend_held_values(self._projected(page, at, cap, timed), held), page
 
     def _projected(
         self, page: list[TaskRecord], at: float, cap: DispatchCap | None, timed: bool = True
@@ -296,9 +296,11 @@ class TaskOps(SpendOps):
 
     def _task_pages(
         self, after: str | None, status: TaskStatus | None
-    ) -> Iterator[list[TaskRecord]]:
+    ) -> Iterator[tuple[list[TaskRecord], dict[str, str]]]:
         """The stored tasks after task `after` (NotFound if it is no task), of `status`, a
-        page of `LIST_PAGE` a read, each page as it is read."""
+        page of `LIST_PAGE` a read, each page as it is read, beside the open ones of it
+        their own budget holds (`_spend_held`, read with it): a listing shows a task as
+        `get_task` does."""
         if after is not None:
             after = check_text("after", after, MAX_KEY)
             with self._store.read() as tx:
@@ -306,7 +308,8 @@ class TaskOps(SpendOps):
         while True:
             with self._store.read() as tx:
                 page = tx.task_page(after, LIST_PAGE, status)
-            yield page
+                held = self._spend_held(tx, (r.id for r in page if r.stored_status == "open"))
+            yield page, held
             if len(page) < LIST_PAGE:
                 return
             after = page[-1].id

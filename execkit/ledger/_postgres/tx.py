@@ -1563,6 +1563,16 @@ class PostgresTx:
         assert row is not None
         return float(row[0]), int(row[1])
 
+    def task_budgets_of(self, task_ids: Sequence[str]) -> list[tuple[TaskBudget, float, int]]:
+        rows = self._all(
+            "SELECT b.task_id, b.budget_usd, b.budget_tokens, s.usd, s.tokens FROM task_budgets "
+            f"b CROSS JOIN LATERAL (SELECT {_EFFECTIVE} FROM runs r WHERE r.task_id = "
+            "b.task_id) AS s(usd, tokens) WHERE b.task_id = ANY(%s) AND (b.budget_usd IS NOT "
+            "NULL OR b.budget_tokens IS NOT NULL) ORDER BY b.task_id",
+            (list(task_ids),),
+        )
+        return [(TaskBudget(row[0], row[1], row[2]), float(row[3]), int(row[4])) for row in rows]
+
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
         return _recent_rows(self._all(*_recent_sql(lane, limit)))
 

@@ -154,6 +154,19 @@ _RUNNING = "FROM runs r CROSS JOIN run_extras x ON x.run_id = r.id"
 _RUNNING_OF_LANE = f"{_RUNNING} CROSS JOIN run_lanes l ON l.run_id = r.id AND l.lane = ?"
 
 
+def _task_held(task: str) -> str:
+    """What a task's runs hold (`Tx.task_spend`), its USD then its tokens, as two SQL
+    expressions: the ended runs' costs plus the running runs' reservations of the task
+    `task` names (a parameter, or a column of the statement around them)."""
+    ended = f"FROM run_costs c WHERE c.task_id = {task}"
+    running = f"{_RUNNING} WHERE r.status = 'running' AND r.task_id = {task}"
+    return (
+        f"(SELECT {_HELD_USD} {ended}) + (SELECT COALESCE(SUM(x.reserved_usd), 0) {running}), "
+        f"(SELECT {_HELD_TOKENS} {ended}) + "
+        f"(SELECT COALESCE(SUM(x.reserved_tokens), 0) {running})"
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def _windows_sql(of_lane: tuple[bool, ...]) -> str:
     """What each window holds, as one statement of scalar subqueries (`_windows_params`),
@@ -520,14 +533,18 @@ class SqliteTx:
         return self.recent_costs(lane, limit) if limit else [], self._window_sums(windows)
 
     def task_spend(self, task_id: str) -> tuple[float, int]:
-        usd, tokens, running_usd, running_tokens = self._conn.execute(
-            f"SELECT {_HELD_USD}, {_HELD_TOKENS}, (SELECT COALESCE(SUM(x.reserved_usd), 0) "
-            f"{_RUNNING} WHERE r.status = 'running' AND r.task_id = ?), (SELECT "
-            f"COALESCE(SUM(x.reserved_tokens), 0) {_RUNNING} WHERE r.status = 'running' AND "
-            "r.task_id = ?) FROM run_costs c WHERE c.task_id = ?",
-            (task_id, task_id, task_id),
-        ).fetchone()
-        return float(usd) + float(running_usd), int(tokens) + int(running_tokens)
+        usd, tokens = self._conn.execute(f"SELECT {_task_held('?1')}", (task_id,)).fetchone()
+        return float(usd), int(tokens)
+
+    def task_budgets_of(self, task_ids: Sequence[str]) -> list[tuple[TaskBudget, float, int]]:
+        marks = ", ".join("?" * len(task_ids))
+        rows = self._conn.execute(
+            f"SELECT b.task_id, b.budget_usd, b.budget_tokens, {_task_held('b.task_id')} FROM "
+            f"task_budgets b WHERE b.task_id IN ({marks}) AND (b.budget_usd IS NOT NULL OR "
+            "b.budget_tokens IS NOT NULL) ORDER BY b.task_id",
+            tuple(task_ids),
+        ).fetchall()
+        return [(TaskBudget(row[0], row[1], row[2]), float(row[3]), int(row[4])) for row in rows]
 
     def recent_costs(self, lane: str | None, limit: int) -> list[tuple[float | None, int]]:
         # The runs whose result reported a cost (a running run, or one that ended with none,
