@@ -67,7 +67,8 @@ from execkit._errors import (
 from execkit._http1 import Connection
 from execkit._lanes import LaneView
 from execkit._proof import AgentFailed
-from execkit.ledger import LIST_PAGE, Actor, Task, TaskState, attempt_from_run
+from execkit.ledger import LIST_PAGE, Actor, Run, Task, TaskState, attempt_from_run
+from execkit.ledger._core.inputs import check_task_ids
 
 if TYPE_CHECKING:
     from execkit.ledger import Ledger
@@ -340,6 +341,19 @@ class RemoteLedger(LedgerRoutes):
                 continue
             if lane is not None:
                 found[task_id] = lane
+        return found
+
+    def announced_runs(self, task_ids: Sequence[str]) -> dict[str, list[Run]]:
+        """`Ledger.announced_runs` over the API: the API reads one task's runs a request,
+        so this is a request a task (the checks and the answer as locally)."""
+        found: dict[str, list[Run]] = {}
+        for task_id in check_task_ids(task_ids):
+            try:
+                runs = self.runs(task_id)
+            except NotFound:
+                continue
+            if runs and (runs[-1].resumed_session is not None or runs[-1].fell_back is not None):
+                found[task_id] = runs
         return found
 
     def _with_last_task_by_task(

@@ -11,8 +11,8 @@ import pytest
 from ledger_backends import SQLITE_BUCKETS_UNDONE, AnyLedger
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
-from execkit import InvalidInput
-from execkit.ledger import open_ledger
+from execkit import FailureClass, InvalidInput
+from execkit.ledger import LIST_PAGE, open_ledger
 from execkit.ledger._sqlite import schema as sqlite_schema
 
 SESSION = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
@@ -47,6 +47,65 @@ def test_through_the_server(remote: Remote) -> None:  # noqa: F811
     assert run.resumed_session == SESSION
     assert remote.ledger.run(run.id).resumed_session == SESSION
     assert client.runs(task.id)[0].resumed_session == SESSION
+    client.close()
+
+
+def _announcing(ledger: AnyLedger) -> dict[str, list[str]]:
+    """Five tasks: the latest run resumed a session, the latest fell back, an earlier run
+    resumed but the latest did not, no run announced anything, no run at all. Returns each
+    task's id by what it is, and the run ids of the two that announce, in order."""
+    ids: dict[str, list[str]] = {}
+
+    def run(task: str, key: str, resumed: str | None = None, fell_back: str | None = None) -> str:
+        started = ledger.start_run(
+            task,
+            request_key=key,
+            actor=ME,
+            ignore_backoff=True,
+            resumed_session=resumed,
+            fell_back=fell_back,
+        )
+        ledger.finish_run(
+            started.id, "failed", failure_class=FailureClass.UPSTREAM, reason="usage limit"
+        )
+        return started.id
+
+    for name in ("resumed", "fell back", "resumed before", "plain", "no run"):
+        ids[name] = [ledger.create_task(name, actor=ME).id]
+    first = run(ids["resumed"][0], "r1")
+    ids["resumed"] += [first, run(ids["resumed"][0], "r2", resumed=SESSION)]
+    ids["fell back"].append(run(ids["fell back"][0], "f1", fell_back="fell back from a to b"))
+    run(ids["resumed before"][0], "b1", resumed=SESSION)
+    run(ids["resumed before"][0], "b2")
+    run(ids["plain"][0], "p1")
+    return ids
+
+
+def test_announced_runs_reads_the_tasks_whose_latest_run_says_something(
+    ledger: AnyLedger,
+) -> None:
+    ids = _announcing(ledger)
+    asked = [task_ids[0] for task_ids in ids.values()] + ["t-404"]
+    found = ledger.announced_runs(asked)
+    assert {task: [run.id for run in runs] for task, runs in found.items()} == {
+        ids["resumed"][0]: ids["resumed"][1:],
+        ids["fell back"][0]: ids["fell back"][1:],
+    }
+    assert found[ids["resumed"][0]] == ledger.runs(ids["resumed"][0])  # whole, as `runs`
+    assert ledger.announced_runs([]) == {}
+    with pytest.raises(InvalidInput) as refused:
+        ledger.announced_runs(["t-1"] * (LIST_PAGE + 1))
+    assert refused.value.field == "task_ids"
+    with pytest.raises(InvalidInput):
+        ledger.announced_runs([7])  # type: ignore[list-item]
+
+
+def test_announced_runs_through_the_server(remote: Remote) -> None:  # noqa: F811
+    ids = _announcing(remote.ledger)
+    asked = [task_ids[0] for task_ids in ids.values()] + ["t-404"]
+    client = remote.client()
+    assert client.announced_runs(asked) == remote.ledger.announced_runs(asked)
+    assert set(client.announced_runs(asked)) == {ids["resumed"][0], ids["fell back"][0]}
     client.close()
 
 

@@ -47,6 +47,7 @@ BY_HAND = {
     "iter_tasks",  # list_tasks a page at a time
     "iter_tasks_with_last",  # list_tasks_with_last a page at a time
     "task_lanes",  # task_lane a task at a time
+    "announced_runs",  # runs a task at a time
 }
 
 

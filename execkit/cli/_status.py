@@ -364,7 +364,7 @@ def _status(args: argparse.Namespace) -> int:
             # The table as the JSON: masked with a board (its ids and states are outside
             # text), not without (every cell is the ledger's, masked as it was stored, or
             # execkit's own words), as `task list` prints it.
-            resumable: list[IssueStatusValues] = []
+            resumable: list[tuple[str, str]] = []
             tapped = _tap_resumable(itertools.chain(first, rows), resumable)
             lines = status_value_lines(tapped, now, budget=budget, spend=spend)
             write_lines(lines, masked=args.board is not None)
@@ -378,39 +378,45 @@ _ACTIVE = frozenset({TaskState.RUNNING, TaskState.BACKOFF, TaskState.READY})
 
 
 def _tap_resumable(
-    rows: Iterable[IssueStatusValues], kept: list[IssueStatusValues]
+    rows: Iterable[IssueStatusValues], kept: list[tuple[str, str]]
 ) -> Iterator[IssueStatusValues]:
-    """`rows` as they are, keeping in `kept` the active ones that ran: only such an issue's
-    latest attempt has a resumed session or a fallback to say (issue #46)."""
+    """`rows` as they are, keeping in `kept` the issue and task ids of the active ones that
+    ran: only such an issue's latest attempt has a resumed session or a fallback to say
+    (issue #46)."""
     for row in rows:
         if row.task_id and row.attempts >= 1 and row.ledger_state in _ACTIVE:
-            kept.append(row)
+            kept.append((row.issue_id, row.task_id))
         yield row
 
 
-def _resumed_lines(args: argparse.Namespace, rows: list[IssueStatusValues]) -> list[str]:
-    """Under the table, each active issue whose latest attempt resumed its vendor session
-    after an upstream refusal (`ISS-1  attempt 2: resumed session ID after the usage
-    limit`) or fell back to a later adapter of its order (`ISS-1  attempt 1: fell back
-    from claude/x (stopped ...) to codex/y`) (issue #46)."""
+def _resumed_lines(args: argparse.Namespace, active: list[tuple[str, str]]) -> list[str]:
+    """Under the table, each active issue (`active`: its id and its task's) whose latest
+    attempt resumed its vendor session after an upstream refusal (`ISS-1  attempt 2:
+    resumed session ID after the usage limit`) or fell back to a later adapter of its order
+    (`ISS-1  attempt 1: fell back from claude/x (stopped ...) to codex/y`) (issue #46).
+    Read a page of tasks at a time (`Ledger.announced_runs`): only the tasks that have
+    something to say come back."""
     from execkit._attempt import resume_line, resumed_after
 
     board = JsonFileBoard(args.board) if args.board else None
     ledger = _status_ledger(args, board)
     lines: list[str] = []
     try:
-        for row in rows:
-            runs = ledger.runs(str(row.task_id))
-            last = runs[-1] if runs else None
-            if last is None:
-                continue
-            said = [last.fell_back] if last.fell_back else []
-            if last.resumed_session is not None:
-                said.append(resume_line(last.resumed_session, resumed_after(runs, last)))
-            lines += [
-                f"{safe_text(row.issue_id)}  attempt {last.attempt}: {safe_text(line)}"
-                for line in said
-            ]
+        for start in range(0, len(active), LIST_PAGE):
+            page = active[start : start + LIST_PAGE]
+            announced = ledger.announced_runs([task_id for _, task_id in page])
+            for issue_id, task_id in page:
+                runs = announced.get(task_id)
+                if not runs:
+                    continue
+                last = runs[-1]
+                said = [last.fell_back] if last.fell_back else []
+                if last.resumed_session is not None:
+                    said.append(resume_line(last.resumed_session, resumed_after(runs, last)))
+                lines += [
+                    f"{safe_text(issue_id)}  attempt {last.attempt}: {safe_text(line)}"
+                    for line in said
+                ]
     finally:
         ledger.close()
     return ["", *lines] if lines else []

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from execkit._budget import TaskState
@@ -32,7 +32,13 @@ from execkit._classify import FailureClass
 from execkit._errors import InvalidInput
 from execkit._mask import mask_json, mask_name, mask_text
 from execkit._validate import is_integer, is_number
-from execkit.ledger._model import MAX_ATTEMPT_LIMIT, MAX_LEASE_S, MAX_UNCHARGED_LIMIT, Actor
+from execkit.ledger._model import (
+    LIST_PAGE,
+    MAX_ATTEMPT_LIMIT,
+    MAX_LEASE_S,
+    MAX_UNCHARGED_LIMIT,
+    Actor,
+)
 
 __all__ = [
     "MAX_KEY",
@@ -123,6 +129,20 @@ def check_json(field: str, value: object, max_bytes: int) -> dict[str, Any]:
         raise InvalidInput(f"{field} are {size} bytes as JSON; at most {max_bytes}", field=field)
     result: dict[str, Any] = masked
     return result
+
+
+def check_task_ids(task_ids: Iterable[object]) -> list[str]:
+    """A bulk read's `task_ids` as a list: at most `LIST_PAGE` (InvalidInput beyond, or
+    for an id that is not text)."""
+    ids = list(task_ids)
+    if len(ids) > LIST_PAGE:
+        raise InvalidInput(
+            f"task_ids: at most {LIST_PAGE} at once (0..{LIST_PAGE}), got {len(ids)}",
+            field="task_ids",
+        )
+    if not all(type(task_id) is str for task_id in ids):
+        raise InvalidInput("task_ids: each must be a task id (text)", field="task_ids")
+    return ids  # type: ignore[return-value]
 
 
 def check_limit(field: str, value: object, *, allow_zero: bool) -> int:

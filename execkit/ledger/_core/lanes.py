@@ -47,11 +47,16 @@ from execkit._lanes import (
     view,
 )
 from execkit.ledger._core.base import when
-from execkit.ledger._core.inputs import as_actor, clean_reason, moment, optional_time
+from execkit.ledger._core.inputs import (
+    as_actor,
+    check_task_ids,
+    clean_reason,
+    moment,
+    optional_time,
+)
 from execkit.ledger._core.store import LANE_CONFIG_META_KEY, Tx
 from execkit.ledger._core.wake import WakeOps
 from execkit.ledger._model import (
-    LIST_PAGE,
     OPERATE_ROLE,
     Actor,
     AuditAction,
@@ -304,14 +309,7 @@ class LaneOps(WakeOps):
         that used no lane, or that is not there, left out. One read, whatever the count
         (the operator's dashboard asks it for a page of open tasks while a lane is closed,
         where a read a task made it slower by an order of magnitude)."""
-        ids = list(task_ids)
-        if len(ids) > LIST_PAGE:
-            raise InvalidInput(
-                f"task_ids: at most {LIST_PAGE} at once (0..{LIST_PAGE}), got {len(ids)}",
-                field="task_ids",
-            )
-        if not all(type(task_id) is str for task_id in ids):
-            raise InvalidInput("task_ids: each must be a task id (text)", field="task_ids")
+        ids = check_task_ids(task_ids)
         at = moment(now)
         with self._store.read() as tx:
             seen: dict[str, LaneView] = {}

@@ -13,6 +13,7 @@ an accepted request key returns the run it admitted and creates none. The refusa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -44,6 +45,7 @@ from execkit.ledger._core.inputs import (
     check_lease,
     check_name,
     check_session,
+    check_task_ids,
     check_text,
     clean_reason,
     fingerprint_of,
@@ -111,6 +113,22 @@ class RunOps(LeaseOps, SpendOps):
         with self._store.read() as tx:
             self._task(tx, task_id)
             return tx.runs(task_id)
+
+    def announced_runs(self, task_ids: Sequence[str]) -> dict[str, list[Run]]:
+        """For each of `task_ids` (at most `LIST_PAGE`; InvalidInput beyond, or for an id
+        that is not text) whose latest run resumed a vendor session (`Run.resumed_session`)
+        or fell back to a later adapter (`Run.fell_back`) (issue #46), its runs in creation
+        order; every other task, and one that is not there, left out. One read whatever
+        the count: what `execkit status` asks of a page of active tasks, where a read a
+        task made it three times slower at 100,000 tasks."""
+        ids = check_task_ids(task_ids)
+        if not ids:
+            return {}
+        found: dict[str, list[Run]] = {}
+        with self._store.read() as tx:
+            for run in tx.announced_runs(ids):
+                found.setdefault(run.task_id, []).append(run)
+        return found
 
     def run(self, run_id: str) -> Run:
         """One run by id; NotFound if absent."""

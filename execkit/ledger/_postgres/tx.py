@@ -1042,6 +1042,15 @@ class PostgresTx:
         rows = self._named_all(f"{_RUN_SELECT} WHERE task_id = ANY(%s) ORDER BY seq", (task_ids,))
         return [run_from_row(row) for row in rows]
 
+    def announced_runs(self, task_ids: list[str]) -> list[Run]:
+        rows = self._named_all(
+            f"{_RUN_SELECT} WHERE task_id IN (SELECT l.task_id FROM runs l WHERE l.task_id = "
+            "ANY(%s) AND (l.resumed_session IS NOT NULL OR l.fell_back IS NOT NULL) AND l.seq = "
+            "(SELECT max(m.seq) FROM runs m WHERE m.task_id = l.task_id)) ORDER BY seq",
+            (task_ids,),
+        )
+        return [run_from_row(row) for row in rows]
+
     def all_runs(self) -> list[Run]:
         return [run_from_row(row) for row in self._named_all(f"{_RUN_SELECT} ORDER BY seq")]
 

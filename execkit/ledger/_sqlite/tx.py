@@ -298,6 +298,16 @@ class SqliteTx:
         sql = f"{_RUN_SELECT} WHERE r.task_id IN ({marks}) ORDER BY r.seq"
         return self._run_rows(sql, tuple(task_ids))
 
+    def announced_runs(self, task_ids: list[str]) -> list[Run]:
+        marks = ", ".join("?" * len(task_ids))
+        return self._run_rows(
+            f"{_RUN_SELECT} WHERE r.task_id IN (SELECT l.task_id FROM runs l CROSS JOIN "
+            f"run_extras e ON e.run_id = l.id WHERE l.task_id IN ({marks}) AND "
+            "(e.resumed_session IS NOT NULL OR e.fell_back IS NOT NULL) AND l.seq = (SELECT "
+            "MAX(m.seq) FROM runs m WHERE m.task_id = l.task_id)) ORDER BY r.seq",
+            tuple(task_ids),
+        )
+
     def all_runs(self) -> list[Run]:
         return self._run_rows(f"{_RUN_SELECT} ORDER BY r.seq")
 
