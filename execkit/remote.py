@@ -68,7 +68,6 @@ from execkit._http1 import Connection
 from execkit._lanes import LaneView
 from execkit._proof import AgentFailed
 from execkit.ledger import LIST_PAGE, Actor, Run, Task, TaskState, attempt_from_run
-from execkit.ledger._core.inputs import check_task_ids
 
 if TYPE_CHECKING:
     from execkit.ledger import Ledger
@@ -345,9 +344,9 @@ class RemoteLedger(LedgerRoutes):
 
     def announced_runs(self, task_ids: Sequence[str]) -> dict[str, list[Run]]:
         """`Ledger.announced_runs` over the API: the API reads one task's runs a request,
-        so this is a request a task (the checks and the answer as locally)."""
+        so this is a request a task (each id checked by the server, as `runs` is)."""
         found: dict[str, list[Run]] = {}
-        for task_id in check_task_ids(task_ids):
+        for task_id in task_ids:
             try:
                 runs = self.runs(task_id)
             except NotFound:

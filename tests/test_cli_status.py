@@ -178,3 +178,47 @@ def test_the_status_table_is_masked_with_a_board_once_or_watched_and_not_without
     out = capsys.readouterr().out
     assert "PLAIN" in out and secret not in out  # its title was masked when stored
     assert masked == [], "the ledger's own cells are not masked again"
+
+
+def test_status_reads_spend_and_announcements_a_page_at_a_time_as_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The SPEND cells and the resumed/fell-back lines are read a page of tasks at a time
+    # (memory flat at 100,000 tasks); pages of two say what one page says.
+    from execkit._usage import Usage, UsdSource
+    from execkit.cli import _status
+
+    db = tmp_path / "ledger.db"
+    with open_ledger(db) as ledger:
+        for n in range(7):
+            task = ledger.create_task(f"board:ISS-{n}", actor="me").id
+            run = ledger.start_run(task, request_key=f"{n}a", actor="me")
+            usage = Usage(input_tokens=10, usd=0.1 * n, usd_source=UsdSource.REPORTED)
+            if n % 3:  # done: no time in its row, which moves between two reads
+                ledger.finish_run(run.id, "succeeded", usage=usage if n % 2 else None)
+            else:
+                ledger.finish_run(
+                    run.id, "failed", failure_class=FailureClass.UPSTREAM,
+                    reason="usage limit: x", usage=usage if n % 2 else None,
+                )  # fmt: skip
+                ledger.start_run(
+                    task, request_key=f"{n}b", actor="me", ignore_backoff=True,
+                    resumed_session=f"s-{n}", fell_back="fell back from a/x to b/y" if n else None,
+                )  # fmt: skip
+
+    def shown() -> list[list[str]]:
+        assert main(["status", "--db", str(db)]) == 0
+        return [line.split() for line in capsys.readouterr().out.splitlines()]
+
+    whole = shown()
+    monkeypatch.setattr(_status, "LIST_PAGE", 2)
+    assert shown() == whole
+    assert "SPEND" in whole[0] and [c for c in whole[6] if c.startswith("$")] == ["$0.50"]
+    said = [" ".join(line) for line in whole[9:]]
+    assert said == [
+        "ISS-0 attempt 2: resumed session s-0 after the usage limit",
+        "ISS-3 attempt 2: fell back from a/x to b/y",
+        "ISS-3 attempt 2: resumed session s-3 after the usage limit",
+        "ISS-6 attempt 2: fell back from a/x to b/y",
+        "ISS-6 attempt 2: resumed session s-6 after the usage limit",
+    ]

@@ -19,13 +19,17 @@ from execkit._errors import Conflict, InvalidInput, StorageError
 from execkit._usage import Usage, UsdSource
 from execkit.cli import main
 from execkit.ledger import (
+    LIST_PAGE,
     SPEND_CAPABILITY,
     PostgresMigration,
     Run,
     Spend,
+    TaskCost,
     migrate,
     open_ledger,
     spend_of,
+    task_cost_reader,
+    task_costs_of,
 )
 from execkit.ledger._core.spend import with_usage
 from execkit.ledger._postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
@@ -172,6 +176,52 @@ def test_spend_sums_runs_each_once_and_says_when_usd_is_unknown() -> None:
 def _run(run_id: str, usage: Usage | None) -> Run:
     run = Run(run_id, "t-1", 1, AttemptStatus.SUCCEEDED, None, None, run_id, ME, False, 1.0, 2.0)
     return run if usage is None else with_usage(run, usage)
+
+
+def _costed(ledger: AnyLedger) -> list[str]:
+    """Tasks whose runs reported: USD and tokens, then tokens alone; $0.00 exactly; an
+    unfinished run; no run at all. Their ids."""
+    tasks = [ledger.create_task(f"t{n}", actor=ME).id for n in range(4)]
+    paid = Usage(input_tokens=100, usd=0.25, usd_source=UsdSource.REPORTED)
+    unpriced = Usage(output_tokens=500, usd_source=UsdSource.UNKNOWN)
+    free = Usage(usd=0.0, usd_source=UsdSource.REPORTED)
+    for key, (task, usage) in enumerate(
+        [(tasks[0], paid), (tasks[0], unpriced), (tasks[1], free), (tasks[2], None)]
+    ):
+        run = ledger.start_run(task, request_key=str(key), actor=ME, ignore_backoff=True)
+        if usage is not None:
+            ledger.finish_run(run.id, "failed", failure_class=FailureClass.WORK, usage=usage)
+    return tasks
+
+
+def test_task_costs_sum_each_tasks_runs_as_its_spend_rows_do(ledger: AnyLedger) -> None:
+    tasks = [ledger.create_task("quiet", actor=ME).id]
+    ledger.start_run(tasks[0], request_key="q", actor=ME)
+    assert ledger.costs_reported() is False and task_cost_reader(ledger) is None
+    tasks += _costed(ledger)
+    assert ledger.costs_reported() is True
+    costs = ledger.task_costs([*tasks, "t-404"])
+    assert costs == task_costs_of(ledger.spend_rows())
+    assert costs[tasks[1]] == TaskCost(runs=2, usd=0.25, unknown_usd=1, tokens=600)
+    assert costs[tasks[2]] == TaskCost(runs=1, usd=0.0, unknown_usd=0, tokens=0)
+    assert costs[tasks[3]] == TaskCost(runs=1, usd=0.0, unknown_usd=1, tokens=0)  # running
+    assert tasks[4] not in costs  # no run
+    read = task_cost_reader(ledger)
+    assert read is not None and read(tasks[1:3]) == {t: costs[t] for t in tasks[1:3]}
+    assert ledger.task_costs([]) == {}
+    with pytest.raises(InvalidInput) as refused:
+        ledger.task_costs(["t-1"] * (LIST_PAGE + 1))
+    assert refused.value.field == "task_ids"
+
+
+def test_task_costs_through_the_server_are_the_ledgers(remote: Remote) -> None:  # noqa: F811
+    client = remote.client()
+    assert task_cost_reader(client) is None
+    tasks = _costed(remote.ledger)
+    here, there = task_cost_reader(remote.ledger), task_cost_reader(client)
+    assert here is not None and there is not None
+    assert there([*tasks, "t-404"]) == here([*tasks, "t-404"]) != {}
+    client.close()
 
 
 def test_run_finish_takes_a_cost_and_task_show_sums_it(

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from execkit._budget import BlockedOn, WorkBudget
 from execkit._errors import Conflict, InvalidInput, NotFound
@@ -56,7 +56,14 @@ from execkit.dispatch import (
     iter_issue_status_values,
     workspace_name,
 )
-from execkit.ledger import DB_ENV_VAR, LIST_PAGE, SPEND_CAPABILITY, Ledger, TaskState
+from execkit.ledger import (
+    DB_ENV_VAR,
+    LIST_PAGE,
+    SPEND_CAPABILITY,
+    Ledger,
+    TaskState,
+    task_cost_reader,
+)
 
 __all__ = ["format_status_table", "register", "status_table_lines", "status_value_lines"]
 
@@ -151,7 +158,7 @@ def status_value_lines(
     now: float,
     *,
     budget: int | None = _DEFAULT_BUDGET,
-    spend: Mapping[str, str] | None = None,
+    spend: SpendCells | None = None,
 ) -> Iterator[str]:
     """The dashboard as the lines of an aligned text table (the reason column is not
     padded), yielded as `rows` yields them: each row from its values, as `status` reads
@@ -170,7 +177,7 @@ def status_value_blocks(
     now: float,
     *,
     budget: int | None = _DEFAULT_BUDGET,
-    spend: Mapping[str, str] | None = None,
+    spend: SpendCells | None = None,
 ) -> Iterator[list[str]]:
     """The lines of `status_value_lines`, a block of up to `LIST_PAGE` at a time (the
     header in the first), each block as soon as its rows are read. The counts are named
@@ -180,8 +187,9 @@ def status_value_blocks(
     uncharged streak against its ceiling. NEXT is the later of a task's own backoff and
     its vendor lane's opening, and says which (`in 54s (lane)`).
 
-    `spend` (issue #45), by task id, is each task's SPEND cell (`$0.42`, `$0.42+?` when
-    some run's USD is unknown; `task_spend_cells`): the column is shown only with it.
+    `spend` (issue #45) reads the SPEND cells of a block's task ids (`$0.42`, `$0.42+?`
+    when some run's USD is unknown; `task_spend_cells`), once a block: the column is shown
+    only with it.
 
     Every cell is escaped (`safe_text`) before the columns are measured, so a control
     character in an issue id, state or reason neither rewrites the terminal nor breaks the
@@ -207,63 +215,81 @@ def status_value_blocks(
     block: list[tuple[str, ...]] = [header]
     append = block.append
     blocked, work = TaskState.BLOCKED, BlockedOn.WORK
-    for (
-        issue_id, _, board_state, task_id, state, bound, attempts, limit, charged, streak, at,
-        last_class, last_status, last_reason, reason, explicit, ceiling, waits_on,
-    ) in rows:  # fmt: skip
-        # The reason: the last failure's, or the block's (a work block names both); an open
-        # task held by a vendor lane says so first.
-        if state is not blocked:
-            if reason is None or not reason.startswith((LANE_WAIT, SPEND_WAIT)):
-                reason = last_reason
-            elif last_reason:
-                reason = f"{reason}; last failure: {last_reason}"
-        elif bound == work and last_reason and last_reason != reason:
-            reason = f"{reason or 'blocked on work'}; last failure: {last_reason}"
-        reason = reason or "-"
-        if not reason.isprintable():  # `safe_text`'s own test, saving its call on a row
-            reason = safe_text(reason)
-        cells: tuple[Any, ...] = (
-            issue_id if issue_id.isprintable() else safe_text(issue_id),
-            task_id or "-",
-            "-" if board_state is None else safe_text(board_state),
-            "-" if state is None else f"{state} ({bound})" if bound else state,
-            started_cell(attempts, explicit, limit),
-            charged_cell(charged, None if explicit else budget),
-            uncharged_cell(streak, ceiling),
-            _next_cell(at, waits_on, now),
-            last_class or last_status or "-",  # a StrEnum: `%s` writes its value
-            reason if len(reason) <= _REASON_WIDTH else _clip(reason, _REASON_WIDTH),
-        )
-        if spend:
-            cells = (*cells[:-1], spend.get(task_id or "", "-"), cells[-1])
-        append(cells)
-        if len(block) >= LIST_PAGE:
-            yield _aligned(block, widths)
-            block.clear()
+    for page, spent in _with_spend(rows, spend):
+        for (
+            issue_id, _, board_state, task_id, state, bound, attempts, limit, charged, streak,
+            at, last_class, last_status, last_reason, reason, explicit, ceiling, waits_on,
+        ) in page:  # fmt: skip
+            # The reason: the last failure's, or the block's (a work block names both); an open
+            # task held by a vendor lane says so first.
+            if state is not blocked:
+                if reason is None or not reason.startswith((LANE_WAIT, SPEND_WAIT)):
+                    reason = last_reason
+                elif last_reason:
+                    reason = f"{reason}; last failure: {last_reason}"
+            elif bound == work and last_reason and last_reason != reason:
+                reason = f"{reason or 'blocked on work'}; last failure: {last_reason}"
+            reason = reason or "-"
+            if not reason.isprintable():  # `safe_text`'s own test, saving its call on a row
+                reason = safe_text(reason)
+            cells: tuple[Any, ...] = (
+                issue_id if issue_id.isprintable() else safe_text(issue_id),
+                task_id or "-",
+                "-" if board_state is None else safe_text(board_state),
+                "-" if state is None else f"{state} ({bound})" if bound else state,
+                started_cell(attempts, explicit, limit),
+                charged_cell(charged, None if explicit else budget),
+                uncharged_cell(streak, ceiling),
+                _next_cell(at, waits_on, now),
+                last_class or last_status or "-",  # a StrEnum: `%s` writes its value
+                reason if len(reason) <= _REASON_WIDTH else _clip(reason, _REASON_WIDTH),
+            )
+            if spend:
+                cells = (*cells[:-1], spent.get(task_id or "", "-"), cells[-1])
+            append(cells)
+            if len(block) >= LIST_PAGE:
+                yield _aligned(block, widths)
+                block.clear()
     if block:
         yield _aligned(block, widths)
 
 
-def task_spend_cells(ledger: Ledger) -> dict[str, str]:
-    """Each task's SPEND cell (issue #45): the USD its runs reported (`+?` when some run's
-    is unknown), by task id; empty when no run of the ledger reported a cost (the table
-    then shows no SPEND column) or the ledger cannot say (a server without `spend.caps`)."""
+SpendCells = Callable[[list[str]], Mapping[str, str]]
+"""Reads the SPEND cells of a page of task ids (`task_spend_cells`)."""
+
+
+def task_spend_cells(ledger: Ledger) -> SpendCells | None:
+    """How to read each task's SPEND cell (issue #45): the USD its runs reported (`+?`
+    when some run's is unknown), a page of task ids at a time (`task_cost_reader`: a read
+    a page, so the table's memory does not grow with the ledger); None when no run of the
+    ledger reported a cost (the table then shows no SPEND column) or the ledger cannot say
+    (a server without `spend.caps`)."""
     if SPEND_CAPABILITY not in ledger.capabilities():
-        return {}
-    usd: dict[str, float] = {}
-    unknown: set[str] = set()
-    reported = False
-    for row in ledger.spend_rows():
-        usd[row.task_id] = usd.get(row.task_id, 0.0) + (row.usd or 0.0)
-        if row.usd is None:
-            unknown.add(row.task_id)
-        reported = reported or row.usd is not None or row.tokens > 0
-    if not reported:
-        return {}
-    return {
-        task: f"${total:,.2f}" + ("+?" if task in unknown else "") for task, total in usd.items()
-    }
+        return None
+    read = task_cost_reader(ledger)
+    if read is None:
+        return None
+
+    def cells(task_ids: list[str]) -> dict[str, str]:
+        return {
+            task: f"${cost.usd:,.2f}" + ("+?" if cost.unknown_usd else "")
+            for task, cost in read(task_ids).items()
+        }
+
+    return cells
+
+
+def _with_spend(
+    rows: Iterable[IssueStatusValues], spend: SpendCells | None
+) -> Iterator[tuple[list[IssueStatusValues], Mapping[str, str]]]:
+    """`rows`, a block's worth at a time (`status_value_blocks`: the first block's header
+    takes a line of it), each with its tasks' SPEND cells (none without `spend`): a row is
+    read no sooner than the block it is printed in."""
+    rows = iter(rows)
+    size = max(1, LIST_PAGE - 1)
+    while page := list(itertools.islice(rows, size)):
+        yield page, spend([row[3] for row in page if row[3]]) if spend else {}
+        size = LIST_PAGE
 
 
 def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> list[str]:
@@ -277,17 +303,24 @@ def _aligned(block: list[tuple[str, ...]], widths: list[int]) -> list[str]:
     return [(line_format % line).rstrip() for line in block]
 
 
+class _Table(NamedTuple):
+    """What `_rows` reads a table from (see there)."""
+
+    now: float
+    config: DispatchConfig
+    budget: int | None
+    rows: Iterator[IssueStatusValues]
+    spend: SpendCells | None
+    ledger: Ledger
+
+
 @contextlib.contextmanager
-def _rows(
-    args: argparse.Namespace,
-) -> Iterator[
-    tuple[float, DispatchConfig, int | None, Iterator[IssueStatusValues], dict[str, str]]
-]:
+def _rows(args: argparse.Namespace) -> Iterator[_Table]:
     """The dashboard's rows, read while the ledger is open: streamed from one pass over it
     without a board; with one, every issue's row first (a ledger that has no task for any
     of them is refused before anything is printed). With them the time they were read at,
-    the dispatch configuration, the work budget's bound the rows show (`budget_shown`) and
-    each task's SPEND cell (`task_spend_cells`)."""
+    the dispatch configuration, the work budget's bound the rows show (`budget_shown`),
+    the reader of the tasks' SPEND cells (`task_spend_cells`) and the open ledger."""
     tracker = _tracker_spec(args.board) if args.board else None
     board = JsonFileBoard(args.board) if args.board and tracker is None else None
     settings = board_config_of(args, tracker)
@@ -310,7 +343,9 @@ def _rows(
                     f"{board.path}: it is not the ledger this board was dispatched with (--db?)"
                 )
             rows = iter(held)
-        yield now, config, budget_shown(ledger, config), rows, task_spend_cells(ledger)
+        yield _Table(
+            now, config, budget_shown(ledger, config), rows, task_spend_cells(ledger), ledger
+        )
     finally:
         ledger.close()
 
@@ -333,8 +368,10 @@ def _empty(args: argparse.Namespace) -> str:
 
 def _read(args: argparse.Namespace) -> tuple[float, str]:
     """The table as one text (what `--watch` draws), and the time it was read at."""
-    with _rows(args) as (now, _, budget, rows, spend):
-        text = "\n".join(status_value_lines(rows, now, budget=budget, spend=spend))
+    with _rows(args) as table:
+        now = table.now
+        lines = status_value_lines(table.rows, now, budget=table.budget, spend=table.spend)
+        text = "\n".join(lines)
     if args.board is not None:  # masked as the table `status` prints once is
         text = mask_text(text)
     return now, text if "\n" in text else _empty(args)
@@ -347,7 +384,8 @@ def _status(args: argparse.Namespace) -> int:
         return watch(args, sys.stdout, time.sleep)
     if args.count is not None:
         raise InvalidInput("execkit status: --count goes with --watch", field="count")
-    with _rows(args) as (now, config, budget, rows, spend):
+    with _rows(args) as table:
+        now, config, budget, rows = table.now, table.config, table.budget, table.rows
         first = list(itertools.islice(rows, 1))  # an error at the first read prints nothing
         if args.workspaces is not None:
             held = [*first, *rows]
@@ -364,12 +402,12 @@ def _status(args: argparse.Namespace) -> int:
             # The table as the JSON: masked with a board (its ids and states are outside
             # text), not without (every cell is the ledger's, masked as it was stored, or
             # execkit's own words), as `task list` prints it.
-            resumable: list[tuple[str, str]] = []
-            tapped = _tap_resumable(itertools.chain(first, rows), resumable)
-            lines = status_value_lines(tapped, now, budget=budget, spend=spend)
+            announced: list[str] = []
+            tapped = _tap_announced(table.ledger, itertools.chain(first, rows), announced)
+            lines = status_value_lines(tapped, now, budget=budget, spend=table.spend)
             write_lines(lines, masked=args.board is not None)
-            if resumable:
-                write_lines(_resumed_lines(args, resumable), masked=args.board is not None)
+            if announced:
+                write_lines(["", *announced], masked=args.board is not None)
     return 0
 
 
@@ -377,49 +415,45 @@ def _status(args: argparse.Namespace) -> int:
 _ACTIVE = frozenset({TaskState.RUNNING, TaskState.BACKOFF, TaskState.READY})
 
 
-def _tap_resumable(
-    rows: Iterable[IssueStatusValues], kept: list[tuple[str, str]]
+def _tap_announced(
+    ledger: Ledger, rows: Iterable[IssueStatusValues], said: list[str]
 ) -> Iterator[IssueStatusValues]:
-    """`rows` as they are, keeping in `kept` the issue and task ids of the active ones that
-    ran: only such an issue's latest attempt has a resumed session or a fallback to say
-    (issue #46)."""
+    """`rows` as they are, adding to `said` the line of each active issue that ran whose
+    latest attempt resumed its vendor session after an upstream refusal (`ISS-1  attempt
+    2: resumed session ID after the usage limit`) or fell back to a later adapter of its
+    order (`ISS-1  attempt 1: fell back from claude/x (stopped ...) to codex/y`) (issue
+    #46): only such an issue has one to say. Its tasks are asked a page at a time as the
+    rows go by (`Ledger.announced_runs`), so nothing is held but those lines."""
+    active: list[tuple[str, str]] = []
     for row in rows:
         if row.task_id and row.attempts >= 1 and row.ledger_state in _ACTIVE:
-            kept.append((row.issue_id, row.task_id))
+            active.append((row.issue_id, row.task_id))
+            if len(active) >= LIST_PAGE:
+                said += _announced_lines(ledger, active)
+                active.clear()
         yield row
+    if active:
+        said += _announced_lines(ledger, active)
 
 
-def _resumed_lines(args: argparse.Namespace, active: list[tuple[str, str]]) -> list[str]:
-    """Under the table, each active issue (`active`: its id and its task's) whose latest
-    attempt resumed its vendor session after an upstream refusal (`ISS-1  attempt 2:
-    resumed session ID after the usage limit`) or fell back to a later adapter of its order
-    (`ISS-1  attempt 1: fell back from claude/x (stopped ...) to codex/y`) (issue #46).
-    Read a page of tasks at a time (`Ledger.announced_runs`): only the tasks that have
-    something to say come back."""
+def _announced_lines(ledger: Ledger, active: list[tuple[str, str]]) -> list[str]:
+    """`_tap_announced`'s lines for a page of `active` issues (their ids and their tasks')."""
     from execkit._attempt import resume_line, resumed_after
 
-    board = JsonFileBoard(args.board) if args.board else None
-    ledger = _status_ledger(args, board)
+    announced = ledger.announced_runs([task_id for _, task_id in active])
     lines: list[str] = []
-    try:
-        for start in range(0, len(active), LIST_PAGE):
-            page = active[start : start + LIST_PAGE]
-            announced = ledger.announced_runs([task_id for _, task_id in page])
-            for issue_id, task_id in page:
-                runs = announced.get(task_id)
-                if not runs:
-                    continue
-                last = runs[-1]
-                said = [last.fell_back] if last.fell_back else []
-                if last.resumed_session is not None:
-                    said.append(resume_line(last.resumed_session, resumed_after(runs, last)))
-                lines += [
-                    f"{safe_text(issue_id)}  attempt {last.attempt}: {safe_text(line)}"
-                    for line in said
-                ]
-    finally:
-        ledger.close()
-    return ["", *lines] if lines else []
+    for issue_id, task_id in active:
+        runs = announced.get(task_id)
+        if not runs:
+            continue
+        last = runs[-1]
+        said = [last.fell_back] if last.fell_back else []
+        if last.resumed_session is not None:
+            said.append(resume_line(last.resumed_session, resumed_after(runs, last)))
+        lines += [
+            f"{safe_text(issue_id)}  attempt {last.attempt}: {safe_text(line)}" for line in said
+        ]
+    return lines
 
 
 def _workspace_at(root: Path, issue_id: str) -> str | None:

@@ -36,10 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from execkit.ledger._core import (
     Spend,
+    TaskCostReader,
     attempt_from_run,
     iter_task_values,
     iter_task_values_with_last,
     spend_of,
+    task_cost_reader,
 )
 from execkit.ledger._model import (
     ADMIN_ROLE,
@@ -96,7 +98,9 @@ from execkit.ledger._spend import (
     SpendRow,
     SpendWindow,
     TaskBudget,
+    TaskCost,
     WindowUse,
+    task_costs_of,
     window_bounds,
 )
 from execkit.ledger._sqlite import SCHEMA_VERSION, Migration, SqliteLedger
@@ -150,6 +154,8 @@ __all__ = [
     "SqliteLedger",
     "Task",
     "TaskBudget",
+    "TaskCost",
+    "TaskCostReader",
     "TaskState",
     "TaskStatus",
     "TaskValues",
@@ -165,6 +171,8 @@ __all__ = [
     "open_ledger",
     "owner_lost",
     "spend_of",
+    "task_cost_reader",
+    "task_costs_of",
     "task_values",
     "user_name",
     "window_bounds",

@@ -16,7 +16,7 @@ import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
@@ -38,8 +38,10 @@ __all__ = [
     "SpendRow",
     "SpendWindow",
     "TaskBudget",
+    "TaskCost",
     "WindowUse",
     "check_lane_name",
+    "task_costs_of",
     "window_bounds",
 ]
 
@@ -390,6 +392,32 @@ class SpendRow:
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
+
+
+class TaskCost(NamedTuple):
+    """What one task's runs reported together (`Ledger.task_costs`): how many `runs`, the
+    `usd` those with a figure reported, summed (0.0 with none), how many reported no USD
+    (`unknown_usd`: a running run too), and every kind of `tokens` summed."""
+
+    runs: int
+    usd: float
+    unknown_usd: int
+    tokens: int
+
+
+def task_costs_of(rows: Iterable[SpendRow]) -> dict[str, TaskCost]:
+    """`Ledger.task_costs` from a spend report's rows (`Ledger.spend_rows`, every run):
+    each task that has a run, by its id."""
+    sums: dict[str, list[Any]] = {}
+    for row in rows:
+        cost = sums.setdefault(row.task_id, [0, 0.0, 0, 0])
+        cost[0] += 1
+        if row.usd is None:
+            cost[2] += 1
+        else:
+            cost[1] += row.usd
+        cost[3] += row.tokens
+    return {task: TaskCost(*cost) for task, cost in sums.items()}
 
 
 # The calendar window last computed per (window, time zone): (its start, its end).

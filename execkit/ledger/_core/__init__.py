@@ -37,7 +37,7 @@ Rooms outside this package import from `execkit.ledger._core` only, never from i
 
 from execkit.ledger._core.base import FINISHED_STATUSES, attempt_from_run
 from execkit.ledger._core.ledger import LedgerCore
-from execkit.ledger._core.spend import Spend, spend_of
+from execkit.ledger._core.spend import Spend, TaskCostReader, spend_of, task_cost_reader
 from execkit.ledger._core.store import (
     HISTORY_ROW,
     LANE_CONFIG_META_KEY,
@@ -64,6 +64,7 @@ __all__ = [
     "SpendPlan",
     "StaleCopy",
     "Store",
+    "TaskCostReader",
     "TaskRecord",
     "Tx",
     "attempt_from_run",
@@ -74,4 +75,5 @@ __all__ = [
     "stored_attempt",
     "summary_row",
     "summary_values",
+    "task_cost_reader",
 ]

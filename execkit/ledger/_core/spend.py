@@ -20,7 +20,7 @@ past a cap. The reservation is stored with the run and replaced by its cost at i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -40,7 +40,7 @@ from execkit._json import to_json
 from execkit._mask import mask_text
 from execkit._usage import NO_USAGE, Usage, UsdSource
 from execkit.ledger._core.base import FINISHED_STATUSES, when
-from execkit.ledger._core.inputs import as_actor, moment
+from execkit.ledger._core.inputs import as_actor, check_task_ids, moment
 from execkit.ledger._core.store import SpendPlan, SpendReads, TaskRecord, Tx
 from execkit.ledger._core.wake import WakeOps
 from execkit.ledger._model import (
@@ -48,6 +48,7 @@ from execkit.ledger._model import (
     Actor,
     AuditAction,
     AuditEntry,
+    Ledger,
     NotifyKind,
     Run,
     Task,
@@ -63,8 +64,10 @@ from execkit.ledger._spend import (
     SpendRow,
     SpendWindow,
     TaskBudget,
+    TaskCost,
     WindowUse,
     check_lane_name,
+    task_costs_of,
     window_bounds,
 )
 
@@ -110,6 +113,26 @@ class Spend:
         runs = f"{self.runs} run" + ("" if self.runs == 1 else "s")
         unknown = f" ({self.unknown_usd} with unknown USD)" if self.unknown_usd else ""
         return f"{usd}, {self.usage.tokens:,} tokens over {runs}{unknown}"
+
+
+TaskCostReader = Callable[[Sequence[str]], dict[str, TaskCost]]
+"""Reads what the runs of a page of tasks (at most `LIST_PAGE`) reported together, by task
+id (`task_cost_reader`)."""
+
+
+def task_cost_reader(ledger: Ledger) -> TaskCostReader | None:
+    """How to read what tasks' runs reported (`TaskCost`), a page of tasks at a time, or
+    None when no run of the ledger reported a cost (a USD figure or tokens). From a ledger
+    of this process, `task_costs`: a read a page, memory flat whatever the ledger's size;
+    from any other (a server), every run's spend row read once (`spend_rows`) and summed
+    here."""
+    if isinstance(ledger, SpendOps):
+        return ledger.task_costs if ledger.costs_reported() else None
+    rows = ledger.spend_rows()
+    if not any(row.usd is not None or row.tokens > 0 for row in rows):
+        return None
+    costs = task_costs_of(rows)
+    return lambda task_ids: {task: costs[task] for task in task_ids if task in costs}
 
 
 def spend_of(runs: Iterable[Run]) -> Spend:
@@ -462,6 +485,24 @@ class SpendOps(WakeOps):
             else task
             for task in values
         ]
+
+    def task_costs(self, task_ids: Sequence[str]) -> dict[str, TaskCost]:
+        """What the runs of each of `task_ids` (at most `LIST_PAGE`; InvalidInput beyond,
+        or for an id that is not text) reported together (`TaskCost`), by task id; a task
+        with no run, or that is not there, left out. Summed by the database in one read: the
+        SPEND column of `execkit status`, a page of tasks at a time (a row a run, for every
+        run, made status of 100,000 tasks hold 68 MiB more)."""
+        ids = check_task_ids(task_ids)
+        if not ids:
+            return {}
+        with self._store.read() as tx:
+            return {row[0]: TaskCost(*row[1:]) for row in tx.task_costs(ids)}
+
+    def costs_reported(self) -> bool:
+        """Whether any run of the ledger reported a cost (a USD figure or tokens): what
+        decides whether `execkit status` shows a SPEND column."""
+        with self._store.read() as tx:
+            return tx.costs_reported()
 
     def spend_rows(self, *, since: float = 0.0) -> list[SpendRow]:
         """Every run started at or after `since` (POSIX seconds), in creation order, with

@@ -1594,6 +1594,21 @@ class PostgresTx:
             )
         )
 
+    def task_costs(self, task_ids: list[str]) -> list[tuple[str, int, float, int, int]]:
+        rows = self._all(
+            "SELECT r.task_id, count(*), coalesce(sum(r.usd), 0), count(*) FILTER (WHERE "
+            f"r.usd IS NULL), coalesce(sum({_TOKENS_OF}), 0) FROM runs r WHERE r.task_id = "
+            "ANY(%s) GROUP BY r.task_id",
+            (task_ids,),
+        )
+        return [(row[0], int(row[1]), float(row[2]), int(row[3]), int(row[4])) for row in rows]
+
+    def costs_reported(self) -> bool:
+        found = self._one(
+            f"SELECT 1 FROM runs r WHERE r.usd IS NOT NULL OR {_TOKENS_OF} > 0 LIMIT 1"
+        )
+        return found is not None
+
     def spend_rows(self, since: float) -> list[SpendRow]:
         rows = self._all(
             "SELECT r.id, r.task_id, t.title, t.status, r.status, l.lane, r.started_at, "

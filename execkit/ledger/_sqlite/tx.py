@@ -588,6 +588,22 @@ class SqliteTx:
         ).fetchall()
         return [SpendRow(*row) for row in rows]
 
+    def task_costs(self, task_ids: list[str]) -> list[tuple[str, int, float, int, int]]:
+        marks = ", ".join("?" * len(task_ids))
+        return self._conn.execute(
+            "SELECT r.task_id, COUNT(*), COALESCE(SUM(c.usd), 0.0), SUM(c.usd IS NULL), "
+            f"COALESCE(SUM({_TOKENS_OF}), 0) FROM runs r LEFT JOIN run_costs c ON "
+            f"c.run_id = r.id WHERE r.task_id IN ({marks}) GROUP BY r.task_id",
+            tuple(task_ids),
+        ).fetchall()
+
+    def costs_reported(self) -> bool:
+        # Only an ended run that reported something has a run_costs row (schema step 14).
+        found = self._conn.execute(
+            f"SELECT 1 FROM run_costs c WHERE c.usd IS NOT NULL OR {_TOKENS_OF} > 0 LIMIT 1"
+        ).fetchone()
+        return found is not None
+
     def _record_cost(self, run_id: str, usage: Usage) -> None:
         self._conn.execute(
             _COST_UPSERT,
