@@ -11,6 +11,7 @@ from test_dispatch import OK, ROOMY, Clock, ScriptedRunner
 from test_remote import ME
 
 from execkit._errors import InvalidInput
+from execkit.cli._dispatch import describe_event
 from execkit.dispatch import (
     BoardIssue,
     DispatchConfig,
@@ -116,6 +117,10 @@ def test_an_issue_its_budget_stops_comes_back_when_an_operator_raises_it(tmp_pat
         shown = ledger.get_task(task.id, now=clock.now)
         assert shown.blocked_on == "spend" and "execkit task set-budget" in (shown.reason or "")
         assert any(event.kind in ("blocked", "gave_up") for event in events)
+        # Its line names the one fix, which brings the card back by itself.
+        (line,) = [describe_event(e, clock.now) for e in events if e.moved_to == "blocked"]
+        assert "execkit task set-budget" in line and "the raise brings the card back" in line
+        assert "move the card back" not in line
         # The operator's table says so too (it reads a listing, not the task alone).
         (row,) = issue_statuses(ledger, DispatchConfig(max_attempts=3), board=board, now=clock.now)
         assert (row.ledger_state, row.blocked_on, row.reason) == ("blocked", "spend", shown.reason)

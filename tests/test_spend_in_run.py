@@ -24,6 +24,7 @@ from execkit._classify import FailureClass
 from execkit._errors import Conflict, Forbidden, InvalidInput, NotFound, SpendCapReached
 from execkit._exec import Line
 from execkit._usage import Usage, UsdSource
+from execkit.cli._dispatch import describe_event
 from execkit.dispatch import (
     AdapterRunner,
     BoardIssue,
@@ -464,11 +465,13 @@ def test_the_dispatcher_stops_a_run_at_its_issues_budget(tmp_path: Path) -> None
         assert dispatched[0].charged is True and dispatched[0].blocked_on == "spend"
         assert "the task's budget of $0.50 is spent" in (dispatched[0].reason or "")
         assert board.get("ISS-1").state == "blocked"
+        # The line names the one fix, which brings the card back by itself.
+        line = describe_event(dispatched[0], now=NOW)
+        assert "execkit task set-budget" in line and "the raise brings the card back" in line
+        assert "move the card back" not in line
 
 
 def test_spend_stops_are_worded_for_the_operator(tmp_path: Path) -> None:
-    from execkit.cli._dispatch import describe_event
-
     with open_ledger(tmp_path / "ledger.db", budget=ROOMY) as ledger:
         ledger.set_spend_cap(SpendCap(SpendWindow.DAY, usd=0.3), actor=ME, floor_usd=0.1)
         board = InMemoryBoard([BoardIssue("ISS-1", "one", "todo", prompt="go", adapter="opencode")])

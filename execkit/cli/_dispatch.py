@@ -364,6 +364,9 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
                 tail += (
                     f" (its lane stopped: fix it, then `execkit lane resume {event.lane_stopped}`)"
                 )
+            elif event.blocked_on is BlockedOn.SPEND:
+                # The fix said one way: the raise its reason names brings this card back.
+                tail += f" ({event.decision or event.blocked_on}; the raise brings the card back)"
             elif event.blocked_on and event.blocked_on is not BlockedOn.ENVIRONMENT:
                 tail += f" ({event.decision or event.blocked_on}; move the card back to retry once)"
             elif event.blocked_on:
@@ -385,7 +388,10 @@ def _describe(event: DispatchEvent, now: float | None) -> str:
         fell_back = f" ({event.fell_back})" if event.fell_back else ""
         return head + fell_back + _resumed(event) + tail
     if event.kind is EventKind.GAVE_UP:
-        return f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
+        said = f"{event.issue_id}  gave up -> moved to {event.moved_to}: {event.decision or '-'}"
+        if event.blocked_on is BlockedOn.SPEND and event.moved_to:
+            said += "; the raise brings the card back"
+        return said
     if event.kind is EventKind.DONE:
         where = f" -> moved to {event.moved_to}" if event.moved_to else " (board move failed)"
         return f"{event.issue_id}  already succeeded{where}"
