@@ -121,6 +121,8 @@ def test_an_issue_its_budget_stops_comes_back_when_an_operator_raises_it(tmp_pat
         (line,) = [describe_event(e, clock.now) for e in events if e.moved_to == "blocked"]
         assert "execkit task set-budget" in line and "the raise brings the card back" in line
         assert "move the card back" not in line
+        [gave_up] = [e for e in ledger.audit_events(task.id) if e.action == "task.give_up"]
+        assert gave_up.detail["blocked_on"] == "spend"  # what a person is told too
         # The operator's table says so too (it reads a listing, not the task alone).
         (row,) = issue_statuses(ledger, DispatchConfig(max_attempts=3), board=board, now=clock.now)
         assert (row.ledger_state, row.blocked_on, row.reason) == ("blocked", "spend", shown.reason)

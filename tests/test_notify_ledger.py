@@ -13,7 +13,9 @@ import pytest
 from ledger_backends import AnyLedger, RawSql
 from test_remote import ME, Remote, remote  # noqa: F401 - the fixture
 
+from execkit._classify import FailureClass
 from execkit._errors import Forbidden, InvalidInput, NotFound
+from execkit._usage import Usage, UsdSource
 from execkit.ledger import ADMIN_ROLE
 
 LANE = "claude/default"
@@ -34,6 +36,28 @@ def _stop_lane(ledger: AnyLedger, *, at: float = 1, fix: str = "run `claude /log
         now=at + 1,
     )
     return task
+
+
+def test_a_block_by_the_tasks_own_spend_cap_is_told_as_one(ledger: AnyLedger) -> None:
+    # A charged failure that spends the task's cap blocks it on `spend` (issue #45): the
+    # person told, and the give-up's audit, name the cap, not the policies' "retry".
+    ledger.set_spend_cap(actor=ME, floor_usd=0.2)
+    task = ledger.create_task("costly", actor=ME, now=0).id
+    ledger.set_task_budget(
+        task, usd=1.0, tokens=None, expected_usd=None, expected_tokens=None, actor=ME
+    )
+    run = ledger.start_run(task, request_key="0", actor="d", now=0)
+    spent = Usage(input_tokens=10, usd=0.9, usd_source=UsdSource.REPORTED)
+    ledger.finish_run(
+        run.id, "failed", failure_class=FailureClass.WORK, reason="over", usage=spent, now=1
+    )
+    [event] = ledger.notify_events()
+    assert (event.kind, event.payload["blocked_on"]) == ("issue.blocked", "spend")
+    assert "execkit task set-budget" in event.payload["decision"]
+    ledger.record_give_up(task, state="blocked", actor="d", now=2)
+    assert len(ledger.notify_events()) == 1  # told once, by the result
+    [gave_up] = [e for e in ledger.audit_events(task) if e.action == "task.give_up"]
+    assert gave_up.detail["blocked_on"] == "spend"
 
 
 def test_a_result_that_blocks_writes_issue_blocked_once(ledger: AnyLedger) -> None:

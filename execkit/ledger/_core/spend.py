@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from execkit._budget import AttemptStatus, BlockedOn
+from execkit._budget import AttemptStatus, BlockedOn, Decision, NextAction
 from execkit._errors import (
     AdmissionRefused,
     Conflict,
@@ -450,6 +450,24 @@ class SpendOps(WakeOps):
         if reason is None:
             return task
         return attrs.evolve(task, **_held_fields(reason))
+
+    def _spend_decision(self, tx: Tx, task_id: str, decision: Decision) -> Decision:
+        """`decision`, the policies' answer for open task `task_id`, as `get_task` shows
+        it (`_spend_block`): blocked on `spend` when its own budget holds it, so what a
+        person is told of a block (the audit, `issue.blocked`) names the cap."""
+        if decision.state not in _RUNNABLE:
+            return decision
+        reason = self._spend_held(tx, (task_id,)).get(task_id)
+        if reason is None:
+            return decision
+        return attrs.evolve(
+            decision,
+            state=TaskState.BLOCKED,
+            blocked_on=BlockedOn.SPEND,
+            next_action=NextAction.NONE,
+            next_attempt_at=None,
+            reason=reason,
+        )
 
     def _spend_held(self, tx: Tx, task_ids: Iterable[str]) -> dict[str, str]:
         """Which of `task_ids` their own budget holds (no room left for the floor), each

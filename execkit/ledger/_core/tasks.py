@@ -528,7 +528,7 @@ class TaskOps(SpendOps):
             task = self._task(tx, task_id, lock=True)
             attempts = task.summary.attempts_used
             tx.set_gave_up(task_id, attempts)
-            decision = self._decide(task, at, None)
+            decision = self._spend_decision(tx, task_id, self._decide(task, at, None))
             detail = {"state": state, "attempts": attempts, "blocked_on": decision.blocked_on}
             tx.audit(
                 AuditEntry(
