@@ -99,11 +99,11 @@ _FIXES: Mapping[BlockedOn, str] = {
     "last failure, change the task or its prompt, then retry once",
     BlockedOn.UPSTREAM: "the vendor kept refusing (uncharged): retry once when it answers again",
     BlockedOn.ATTEMPT_LIMIT: "the task's explicit attempt limit is reached: retry once "
-    "(raises it by one) or raise it with `execkit task limit`",
+    "(raises it by one) or raise it with `execkit task set-attempt-limit`",
     BlockedOn.DISPATCH_CAP: "the dispatcher's cap per issue is reached: retry once, or "
     "raise --max-attempts",
     BlockedOn.SPEND: "the task's own spend cap is spent: raise it with `execkit task "
-    "set-budget`, then retry once",
+    "set-budget`, which retries it once (retry once alone meets the same cap)",
 }
 
 
