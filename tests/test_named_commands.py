@@ -43,6 +43,7 @@ def test_the_sources_name_commands_at_all() -> None:
 
 @pytest.mark.parametrize("words", sorted(NAMED), ids=" ".join)
 def test_each_named_command_exists(words: tuple[str, ...]) -> None:
+    code: object
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             code = main([*words, "--help"])
