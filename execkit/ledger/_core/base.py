@@ -121,6 +121,11 @@ class CoreBase:
         # PostgreSQL's plan of the spend reads and the gate after them ask the same
         # (`SpendOps._applying`); one entry, replaced whole (threads share a handle).
         self._last_applying: tuple[Any, ...] = ()
+        # Whether a spend configuration this handle read said some task has its own cap
+        # (it never goes back to False in a ledger): a result's check of the task's cap,
+        # for what a person is told, is read only then (`RunOps.finish_run`), so a ledger
+        # with no task cap keeps its result to the same round trips.
+        self._task_budgets_seen = False
 
     @staticmethod
     def _copy_first(transaction: Callable[[StaleCopy | None], _T]) -> _T:

@@ -650,7 +650,9 @@ class RunOps(LeaseOps, SpendOps):
             # Issue #49: a failure that leaves the task blocked (a person must act: the
             # environment, its limit, its ceiling, its budget) is told in this transaction.
             after = task.with_summary(summary)
-            decision = self._spend_decision(tx, task.id, self._decide(after, at, None))
+            decision = self._decide(after, at, None)
+            if self._task_budgets_seen:  # a ledger with no task cap: no read for it
+                decision = self._spend_decision(tx, task.id, decision)
             if decision.state is TaskState.BLOCKED:
                 self._notify_blocked(tx, after, decision, at, None)
         if final is AttemptStatus.SUCCEEDED and task.status is TaskStatus.OPEN:

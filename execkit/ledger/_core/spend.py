@@ -284,7 +284,15 @@ class SpendOps(WakeOps):
 
     def _spend_config(self, tx: Tx) -> SpendConfig | None:
         raw = tx.meta(SPEND_META_KEY)
-        return None if raw is None else SpendConfig.from_stored(raw)
+        return None if raw is None else self._parsed_config(raw)
+
+    def _parsed_config(self, stored: str) -> SpendConfig:
+        """The spend configuration `stored` holds (StorageError for one that is not),
+        noting whether some task has its own cap (`_task_budgets_seen`)."""
+        config = SpendConfig.from_stored(stored)
+        if config.task_budgets:
+            self._task_budgets_seen = True
+        return config
 
     def spend_config(self) -> SpendConfig:
         """The ledger's spend caps and reservation floor (the defaults: no cap)."""
@@ -589,6 +597,7 @@ class SpendOps(WakeOps):
             config = self._spend_config(tx) or SpendConfig()
             if not config.task_budgets:
                 tx.set_meta(SPEND_META_KEY, attrs.evolve(config, task_budgets=True).to_stored())
+            self._task_budgets_seen = True
             # A raise that lets a task its spend blocked run again is an operator's retry,
             # as a lane's resume is: its card comes back, and its next run goes (once).
             retried = task.retry_requested_by is None
@@ -631,7 +640,7 @@ class SpendOps(WakeOps):
 
         def plan(stored: str) -> SpendReads | None:
             try:
-                caps, _bounds, windows = self._applying(SpendConfig.from_stored(stored), lane, at)
+                caps, _bounds, windows = self._applying(self._parsed_config(stored), lane, at)
             except StorageError:
                 return None
             if not caps:
