@@ -15,6 +15,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -271,6 +272,42 @@ def test_concurrent_spawns_end_their_own_leftovers_and_nobody_elses(mechanism: s
         assert all(wait_gone(job) for job in jobs)
     finally:
         kill_all(jobs)
+
+
+def test_finding_popens_never_breaks_a_tuple_another_thread_builds() -> None:
+    # A spawn's sweep asks which pids live Popens wait for (`popen_owned`). Listing every
+    # object for it (`gc.get_objects`) also listed a tuple another thread was building from
+    # a generator, as `subprocess.Popen` does at each start, and that thread's `tuple(...)`
+    # failed with SystemError (seen in CI as a spawn of `sh -c 'exit 3'` failing). With it,
+    # the builder below failed within 9-21 calls; it must survive 300.
+    from execkit._exec import proctable
+
+    child = subprocess.Popen(["sleep", "30"])
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def build() -> None:
+        while not done.is_set():
+            try:
+                tuple(str(n) for n in range(50))
+            except SystemError as exc:
+                failures.append(exc)
+                return
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    try:
+        for _ in range(300):
+            owned = proctable.popen_owned()  # None while another test's Popen starts
+            assert owned is None or child.pid in owned
+            if failures:
+                break
+    finally:
+        done.set()
+        builder.join(timeout=60)
+        child.kill()
+        child.wait()
+    assert failures == []
 
 
 def _wait_until(predicate: Callable[[], bool], what: str, within: float = 60.0) -> None:

@@ -357,16 +357,28 @@ def reap(procs: Iterable[tuple[int, float]]) -> None:
 def popen_owned() -> set[int] | None:
     """Pids a live `subprocess.Popen` (or multiprocessing's) is waiting for: another part
     of this program's children, never to be taken for a spawn's leftovers. None while one
-    of them is being started (its child may exist before its pid is known)."""
+    of them is being started (its child may exist before its pid is known).
+
+    Found as the objects that refer to those classes or a subclass (an instance refers to
+    its class), never by listing every object: `gc.get_objects()` also lists a tuple that
+    another thread is still building from a generator, and the reference it holds makes
+    that thread's `tuple(...)` fail with SystemError (CPython 3.11: `subprocess.Popen`
+    builds one such tuple in each start, so a spawn's check broke another's start)."""
     import gc
 
     kinds: list[type] = [POPEN_TYPES[0]]
     forked = sys.modules.get("multiprocessing.popen_fork")
     if forked is not None:
         kinds.append(forked.Popen)
-    owners = tuple(kinds)
+    classes: list[type] = []
+    while kinds:
+        kind = kinds.pop()
+        if kind not in classes:
+            classes.append(kind)
+            kinds.extend(kind.__subclasses__())
+    owners = tuple(classes)
     owned: set[int] = set()
-    for obj in gc.get_objects():
+    for obj in gc.get_referrers(*owners):
         if isinstance(obj, owners) and getattr(obj, "returncode", 0) is None:
             pid = getattr(obj, "pid", None)
             if not isinstance(pid, int):
