@@ -107,6 +107,7 @@ __all__ = [
     "RunOutcome",
     "SpendGuard",
     "adapter_lane",
+    "announced",
     "attempt_agent",
     "attempt_resuming",
     "failure_detail",
@@ -427,6 +428,17 @@ def resume_line(session_id: str, after: str | None, *, refused: bool = False) ->
     said = f"resumed session {session_id}{words}"
     if refused:
         said += " (the vendor refused it: started fresh, uncharged)"
+    return said
+
+
+def announced(runs: Iterable[Run], run: Run) -> list[str]:
+    """What `run`, of the task whose runs are `runs`, said of itself for the operator
+    (issue #46): the fallback it was (`Run.fell_back`), then the session it resumed and
+    after what (`resume_line`); nothing for a run that did neither. `task show` says it
+    for each run, `status` for an active issue's latest."""
+    said = [run.fell_back] if run.fell_back is not None else []
+    if run.resumed_session is not None:
+        said.append(resume_line(run.resumed_session, resumed_after(runs, run)))
     return said
 
 

@@ -674,13 +674,10 @@ def _task_show(args: argparse.Namespace) -> int:
             emit(f"  workspace: {safe_text(str(last.workspace))} (attempt {last.attempt})")
         # Each attempt that fell back to a later adapter, or resumed a vendor session,
         # and after what (issue #46).
-        from execkit._attempt import resume_line, resumed_after
+        from execkit._attempt import announced
 
         for run in runs:
-            if run.fell_back is not None:
-                emit(f"  attempt {run.attempt}: {safe_text(run.fell_back)}")
-            if run.resumed_session is not None:
-                said = resume_line(run.resumed_session, resumed_after(runs, run))
+            for said in announced(runs, run):
                 emit(f"  attempt {run.attempt}: {safe_text(said)}")
     return 0
 

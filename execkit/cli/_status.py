@@ -438,21 +438,18 @@ def _tap_announced(
 
 def _announced_lines(ledger: Ledger, active: list[tuple[str, str]]) -> list[str]:
     """`_tap_announced`'s lines for a page of `active` issues (their ids and their tasks')."""
-    from execkit._attempt import resume_line, resumed_after
+    from execkit._attempt import announced
 
-    announced = ledger.announced_runs([task_id for _, task_id in active])
+    found = ledger.announced_runs([task_id for _, task_id in active])
     lines: list[str] = []
     for issue_id, task_id in active:
-        runs = announced.get(task_id)
-        if not runs:
-            continue
-        last = runs[-1]
-        said = [last.fell_back] if last.fell_back else []
-        if last.resumed_session is not None:
-            said.append(resume_line(last.resumed_session, resumed_after(runs, last)))
-        lines += [
-            f"{safe_text(issue_id)}  attempt {last.attempt}: {safe_text(line)}" for line in said
-        ]
+        runs = found.get(task_id)
+        if runs:
+            last = runs[-1]
+            lines += [
+                f"{safe_text(issue_id)}  attempt {last.attempt}: {safe_text(said)}"
+                for said in announced(runs, last)
+            ]
     return lines
 
 
