@@ -195,12 +195,13 @@ _RUNNABLE = frozenset({TaskState.READY, TaskState.BACKOFF})
 
 
 def _held_fields(reason: str) -> dict[str, Any]:
-    """What a task its own budget holds shows instead of its policies' answer."""
+    """What a task its own budget holds shows instead of its policies' answer, in the
+    fields a `Task` (and `TaskValues`) and a `Decision` share; each adds its own (`ready`,
+    `next_action`)."""
     return {
         "state": TaskState.BLOCKED,
         "blocked_on": BlockedOn.SPEND,
         "reason": reason,
-        "ready": False,
         "next_attempt_at": None,
     }
 
@@ -457,7 +458,7 @@ class SpendOps(WakeOps):
         reason = self._spend_held(tx, (task.id,)).get(task.id)
         if reason is None:
             return task
-        return attrs.evolve(task, **_held_fields(reason))
+        return attrs.evolve(task, **_held_fields(reason), ready=False)
 
     def _spend_decision(self, tx: Tx, task_id: str, decision: Decision) -> Decision:
         """`decision`, the policies' answer for open task `task_id`, as `get_task` shows
@@ -468,14 +469,7 @@ class SpendOps(WakeOps):
         reason = self._spend_held(tx, (task_id,)).get(task_id)
         if reason is None:
             return decision
-        return attrs.evolve(
-            decision,
-            state=TaskState.BLOCKED,
-            blocked_on=BlockedOn.SPEND,
-            next_action=NextAction.NONE,
-            next_attempt_at=None,
-            reason=reason,
-        )
+        return attrs.evolve(decision, **_held_fields(reason), next_action=NextAction.NONE)
 
     def _spend_held(self, tx: Tx, task_ids: Iterable[str]) -> dict[str, str]:
         """Which of `task_ids` their own budget holds (no room left for the floor), each
@@ -506,7 +500,7 @@ class SpendOps(WakeOps):
         if not held:
             return values
         return [
-            task._replace(**_held_fields(held[task.id]))
+            task._replace(**_held_fields(held[task.id]), ready=False)
             if task.id in held and task.status is TaskStatus.OPEN and task.state in _RUNNABLE
             else task
             for task in values
